@@ -1,0 +1,30 @@
+# `make demo` and `make test` each create .venv when it is missing and install clip-dcl into it.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+# torch pinned to the build available offline on our machines; override with TORCH_PIN= to skip.
+TORCH_PIN ?= torch==2.14.1 torchvision==0.29.1
+PYTEST_ARGS ?=
+
+.PHONY: test test-quick demo venv clean
+
+$(VENV)/.installed: pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(if $(TORCH_PIN),$(PY) -m pip install -q $(TORCH_PIN))
+	$(PY) -m pip install -q -e '.[dev]' $(TORCH_PIN)
+	touch $@
+
+venv: $(VENV)/.installed
+
+test: venv
+	$(PY) -m pytest tests $(PYTEST_ARGS)
+
+test-quick: venv
+	$(PY) -m pytest tests -m "not slow" $(PYTEST_ARGS)
+
+demo: venv
+	$(VENV)/bin/clip-dcl demo $(DEMO_ARGS)
+
+clean:
+	rm -rf $(VENV) build *.egg-info

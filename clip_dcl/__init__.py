@@ -1,0 +1,24 @@
+"""clip-dcl: debiased (DCL) and decomposable (DeCL) contrastive objectives for OpenCLIP.
+
+Public API::
+
+    from clip_dcl import create_loss, LOSSES, load_checkpoint
+"""
+from __future__ import annotations
+
+__version__ = "0.1.0"
+
+__all__ = ["create_loss", "LOSSES", "load_checkpoint", "__version__"]
+
+
+def __getattr__(name):
+    # Lazy so that `import clip_dcl` does not import torch/open_clip until needed.
+    if name in ("create_loss", "LOSSES"):
+        from . import losses
+
+        return getattr(losses, name)
+    if name == "load_checkpoint":
+        from .checkpoint import load_checkpoint
+
+        return load_checkpoint
+    raise AttributeError(f"module 'clip_dcl' has no attribute {name!r}")
