@@ -18,9 +18,7 @@ class InfoNCELoss(ClipLoss):
     requires_sample_ids = False
 
     def __init__(self, local_loss=False, gather_with_grad=False, cache_labels=True, rank=0, world_size=1,
-                 use_horovod=False, **unused):
-        # Loss-specific arguments of the other losses (tau_plus, accum_freq, ...) are accepted and
-        # ignored so that one argument set can build any registered loss.
+                 use_horovod=False):
         super().__init__(local_loss=local_loss, gather_with_grad=gather_with_grad, cache_labels=cache_labels,
                          rank=rank, world_size=world_size, use_horovod=use_horovod)
         self.metrics = {}
