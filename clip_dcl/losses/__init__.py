@@ -19,9 +19,13 @@ from typing import Dict, Type
 import torch.nn as nn
 
 from .clip import InfoNCELoss
+from .dcl import DebiasedClipLoss
+from .decl import DeCLLoss
 
 LOSSES: Dict[str, Type[nn.Module]] = {
     "clip": InfoNCELoss,
+    "dcl": DebiasedClipLoss,
+    "decl": DeCLLoss,
 }
 
 
@@ -46,4 +50,4 @@ def create_loss(name: str, **kwargs) -> nn.Module:
     return LOSSES[name](**kwargs)
 
 
-__all__ = ["LOSSES", "create_loss", "register_loss", "InfoNCELoss"]
+__all__ = ["LOSSES", "create_loss", "register_loss", "InfoNCELoss", "DebiasedClipLoss", "DeCLLoss"]

@@ -1,0 +1,199 @@
+"""Machinery shared by the clip-dcl losses: gathered logits and per-anchor statistics.
+
+Every loss in losses.md reduces, per anchor ``i`` and per direction (image anchors against
+texts, text anchors against images), to two numbers:
+
+- ``pos_i = l_ii``, the logit of the positive pair, and
+- ``lse_neg_i = logsumexp_{j != i} l_ij``, the log of the negatives' mass ``sum_{j != i} S_ij``.
+
+:func:`anchor_stats` computes both for both directions from one set of gathered features,
+the way OpenCLIP's ``ClipLoss`` lays out its logits (``open_clip.loss.gather_features``, with
+``local_loss`` and ``gather_with_grad`` honoured), and with three numerical choices:
+
+- the logits are computed in float32 (or float64 when the features are), outside autocast:
+  logits reach +-100 and bf16 has a resolution of 0.5 there;
+- the positive is masked out *in place* (no second G x G matrix), so one logits matrix is
+  all that autograd keeps: for the full global matrix both directions reduce the same matrix
+  along its two axes, half the matmuls of ``ClipLoss``;
+- the logit scale multiplies the (n x d) anchors, not the (n x G) product, so no extra G x G
+  tensor is saved for its gradient.
+
+This is written here rather than taken from OpenCLIP because ``ClipLoss`` only exposes the
+full cross-entropy, not the negatives' mass the debiased and decomposable losses need.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+from open_clip.loss import gather_features
+
+
+@dataclass
+class AnchorStats:
+    """Per-anchor statistics of one direction (shapes ``(n,)``, n = anchors on this rank)."""
+
+    pos: torch.Tensor  #: ``l_ii``
+    lse_neg: torch.Tensor  #: ``logsumexp_{j != i} l_ij``
+
+
+@dataclass
+class PairStats:
+    """Both directions of one batch, plus what the stateful losses need."""
+
+    image: AnchorStats  #: image anchors against texts
+    text: AnchorStats  #: text anchors against images
+    num_negatives: int  #: ``K = G - 1``
+    row_offset: int  #: global index of this rank's first anchor row (0 when rows are global)
+    all_image_features: torch.Tensor  #: gathered (G, d) image features, compute dtype
+    all_text_features: torch.Tensor  #: gathered (G, d) text features, compute dtype
+    logit_scale: torch.Tensor  #: the scale ``s`` in compute dtype
+
+
+def compute_dtype(*tensors: torch.Tensor) -> torch.dtype:
+    """float32, or float64 when any input is float64 (so that tests can compare tightly)."""
+    return torch.float64 if any(t.dtype == torch.float64 for t in tensors) else torch.float32
+
+
+def _masked_stats(logits: torch.Tensor, offset: int, both_axes: bool):
+    # logits: (n, G) with the positive of row i at column i + offset.
+    diag = logits.diagonal(offset)
+    pos = diag.clone()  # keep the positives before the in-place mask below
+    diag.fill_(float("-inf"))  # the matmul output is not saved by autograd, so in place is safe
+    lse_rows = torch.logsumexp(logits, dim=1)  # (n,)
+    lse_cols = torch.logsumexp(logits, dim=0) if both_axes else None  # (G,), square case only
+    return pos, lse_rows, lse_cols
+
+
+def anchor_stats(
+    image_features: torch.Tensor,
+    text_features: torch.Tensor,
+    logit_scale: torch.Tensor,
+    logit_bias: Optional[torch.Tensor] = None,
+    *,
+    rank: int = 0,
+    world_size: int = 1,
+    local_loss: bool = False,
+    gather_with_grad: bool = False,
+) -> PairStats:
+    """Gather features across ranks and return the per-anchor statistics of both directions.
+
+    Shapes: ``image_features``, ``text_features``: ``(B, d)`` local rows; ``logit_scale``: scalar
+    ``s`` (already exponentiated, as OpenCLIP's models return it). With ``world_size > 1`` the
+    features are gathered with ``open_clip.loss.gather_features``; with ``local_loss`` the anchors
+    are the ``B`` local rows against all ``G`` candidates, otherwise all ``G`` rows.
+    """
+    if image_features.shape != text_features.shape or image_features.dim() != 2:
+        raise ValueError(
+            f"image_features and text_features must both be (B, d); got {tuple(image_features.shape)} "
+            f"and {tuple(text_features.shape)}"
+        )
+    batch = image_features.shape[0]
+    if world_size > 1:
+        # Gather in the features' own dtype (half the traffic under bf16), as ClipLoss does.
+        all_img, all_txt = gather_features(
+            image_features, text_features, local_loss=local_loss, gather_with_grad=gather_with_grad,
+            rank=rank, world_size=world_size,
+        )
+    else:
+        all_img, all_txt = image_features, text_features
+    if all_img.shape[0] < 2:
+        raise ValueError(f"a contrastive loss needs at least 2 pairs in the global batch; got {all_img.shape[0]}")
+
+    dtype = compute_dtype(image_features, text_features)
+    device_type = image_features.device.type
+    with torch.autocast(device_type=device_type, enabled=False):
+        s = logit_scale.to(dtype) if torch.is_tensor(logit_scale) else torch.tensor(float(logit_scale), dtype=dtype)
+        all_img = all_img.to(dtype)
+        all_txt = all_txt.to(dtype)
+        if local_loss and world_size > 1:
+            offset = rank * batch
+            img, txt = image_features.to(dtype), text_features.to(dtype)
+            logits_img = (s * img) @ all_txt.T  # (B, G)
+            logits_txt = (s * txt) @ all_img.T  # (B, G)
+            if logit_bias is not None:
+                logits_img = logits_img + logit_bias
+                logits_txt = logits_txt + logit_bias
+            pos_i, lse_i, _ = _masked_stats(logits_img, offset, both_axes=False)
+            pos_t, lse_t, _ = _masked_stats(logits_txt, offset, both_axes=False)
+        else:
+            offset = 0
+            logits = (s * all_img) @ all_txt.T  # (G, G): rows are image anchors, columns text anchors
+            if logit_bias is not None:
+                logits = logits + logit_bias
+            pos_i, lse_i, lse_t = _masked_stats(logits, 0, both_axes=True)
+            pos_t = pos_i
+    return PairStats(
+        image=AnchorStats(pos_i, lse_i),
+        text=AnchorStats(pos_t, lse_t),
+        num_negatives=all_img.shape[0] - 1,
+        row_offset=offset,
+        all_image_features=all_img,
+        all_text_features=all_txt,
+        logit_scale=s,
+    )
+
+
+def all_gather_cat(tensor: torch.Tensor, world_size: int, dim: int = 0) -> torch.Tensor:
+    """Concatenate ``tensor`` from every rank in rank order, without gradient."""
+    if world_size <= 1:
+        return tensor
+    parts = [torch.empty_like(tensor) for _ in range(world_size)]
+    dist.all_gather(parts, tensor.contiguous())
+    return torch.cat(parts, dim=dim)
+
+
+def log1mexp(x: torch.Tensor) -> torch.Tensor:
+    """``log(1 - exp(x))`` for ``x < 0``, accurate at both ends (Maechler 2012)."""
+    return torch.where(x > -math.log(2.0), torch.log(-torch.expm1(x)), torch.log1p(-torch.exp(x)))
+
+
+class ContrastiveLoss(nn.Module):
+    """Base class: OpenCLIP's distributed arguments, the ``ClipLoss`` call contract, metrics.
+
+    Subclasses implement :meth:`compute` returning ``(loss, metrics)``.
+
+    Attributes:
+        metrics: dict of detached scalar tensors from the last call (not part of the loss).
+        requires_sample_ids: whether ``forward`` needs ``sample_ids``.
+    """
+
+    requires_sample_ids = False
+    #: key of the loss term in the ``output_dict=True`` result
+    output_key = "contrastive_loss"
+
+    def __init__(self, local_loss: bool = False, gather_with_grad: bool = False, cache_labels: bool = False,
+                 rank: int = 0, world_size: int = 1, use_horovod: bool = False):
+        super().__init__()
+        if use_horovod:
+            raise ValueError("use_horovod=True is not supported by clip-dcl losses; use torch.distributed")
+        if world_size < 1 or not 0 <= rank < world_size:
+            raise ValueError(f"rank={rank} and world_size={world_size} must satisfy 0 <= rank < world_size")
+        self.local_loss = bool(local_loss)
+        self.gather_with_grad = bool(gather_with_grad)
+        self.rank = int(rank)
+        self.world_size = int(world_size)
+        self.metrics: dict = {}
+
+    def stats(self, image_features, text_features, logit_scale, logit_bias=None) -> PairStats:
+        return anchor_stats(
+            image_features, text_features, logit_scale, logit_bias, rank=self.rank, world_size=self.world_size,
+            local_loss=self.local_loss, gather_with_grad=self.gather_with_grad,
+        )
+
+    def compute(self, image_features, text_features, logit_scale, logit_bias, sample_ids):
+        raise NotImplementedError
+
+    def forward(self, image_features, text_features, logit_scale, logit_bias=None, output_dict=False,
+                sample_ids=None):
+        loss, metrics = self.compute(image_features, text_features, logit_scale, logit_bias, sample_ids)
+        self.metrics = {k: (v.detach() if torch.is_tensor(v) else torch.tensor(float(v))) for k, v in metrics.items()}
+        return {self.output_key: loss} if output_dict else loss
+
+    def extra_repr(self) -> str:
+        return f"rank={self.rank}, world_size={self.world_size}, local_loss={self.local_loss}, " \
+               f"gather_with_grad={self.gather_with_grad}"

@@ -1,0 +1,392 @@
+"""The losses against slow float64 re-computations (losses.md section 5), single process."""
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+from open_clip.loss import ClipLoss
+
+import loss_reference as ref
+from clip_dcl.losses import LOSSES, DeCLLoss, DebiasedClipLoss, create_loss
+
+SCALES = [1.0, 14.3, 100.0]
+
+
+def features(n, d=16, seed=0, dtype=torch.float64, align=0.0):
+    gen = torch.Generator().manual_seed(seed)
+    f = torch.randn(n, d, generator=gen, dtype=dtype)
+    g = torch.randn(n, d, generator=gen, dtype=dtype) + align * f  # align > 0: positives dominate
+    return F.normalize(f, dim=-1), F.normalize(g, dim=-1)
+
+
+def leaves(f, g, s):
+    return (f.clone().requires_grad_(), g.clone().requires_grad_(),
+            torch.tensor(s, dtype=f.dtype, requires_grad=True))
+
+
+def grads(loss, tensors):
+    return torch.autograd.grad(loss, tensors)
+
+
+def assert_close_all(a, b, rtol=1e-9, atol=1e-10):
+    for x, y in zip(a, b):
+        torch.testing.assert_close(x, y, rtol=rtol, atol=atol)
+
+
+# --------------------------------------------------------------------------------------------
+# registry and argument checks
+
+
+def test_registry_names_and_factory():
+    assert set(LOSSES) >= {"clip", "dcl", "decl"}
+    assert isinstance(create_loss("clip"), ClipLoss)
+    assert isinstance(create_loss("dcl", tau_plus=0.2), DebiasedClipLoss)
+    assert isinstance(create_loss("decl", rate="batch"), DeCLLoss)
+    with pytest.raises(ValueError, match="'nope'"):
+        create_loss("nope")
+
+
+@pytest.mark.parametrize("kwargs, pattern", [
+    (dict(name="dcl", tau_plus=1.0), "tau_plus=1.0"),
+    (dict(name="dcl", tau_plus=-0.1), "tau_plus=-0.1"),
+    (dict(name="dcl", clamp="soft"), "clamp='soft'"),
+    (dict(name="decl", rate="momentum"), "rate='momentum'"),
+    (dict(name="decl", rate="batch", schedule="cosine"), "schedule='cosine'"),
+    (dict(name="decl", rate="index"), "num_samples"),
+    (dict(name="decl", rate="index", num_samples=0), "num_samples=0"),
+    (dict(name="decl", rate="batch", schedule="constant", lam=1.5), "lam=1.5"),
+    (dict(name="decl", rate="batch", schedule="harmonic", lam=0.0), "lam=0.0"),
+    (dict(name="decl", rate="batch", gamma=0.0), "gamma=0.0"),
+    (dict(name="decl", rate="queue", queue_size=0), "queue_size=0"),
+    (dict(name="decl", rate="batch", accum_freq=0), "accum_freq=0"),
+    (dict(name="dcl", rank=2, world_size=2), "rank=2"),
+])
+def test_bad_arguments_name_the_value(kwargs, pattern):
+    kwargs = dict(kwargs)
+    with pytest.raises(ValueError, match=pattern.replace("(", r"\(").replace(")", r"\)")):
+        create_loss(kwargs.pop("name"), **kwargs)
+
+
+def test_index_rate_needs_ids_in_range():
+    f, g = features(4, dtype=torch.float32)
+    loss = create_loss("decl", rate="index", num_samples=10)
+    with pytest.raises(ValueError, match="sample_ids"):
+        loss(f, g, torch.tensor(10.0))
+    with pytest.raises(ValueError, match="sample id 10 is outside"):
+        loss(f, g, torch.tensor(10.0), sample_ids=torch.tensor([0, 1, 2, 10]))
+    with pytest.raises(ValueError, match="5 entries"):
+        loss(f, g, torch.tensor(10.0), sample_ids=torch.arange(5))
+    assert int(loss.calls) == 0  # a refused call changes no state
+
+
+# --------------------------------------------------------------------------------------------
+# values and gradients against the slow re-computation
+
+
+@pytest.mark.parametrize("n", [2, 5, 12])
+@pytest.mark.parametrize("s", SCALES)
+def test_clip_is_openclip_infonce(n, s):
+    f, g = features(n, seed=n)
+    a = leaves(f, g, s)
+    b = leaves(f, g, s)
+    out = create_loss("clip")(*a, output_dict=True)
+    assert set(out) == {"contrastive_loss"}
+    expected = ref.infonce(*b)
+    torch.testing.assert_close(out["contrastive_loss"], expected)
+    assert_close_all(grads(out["contrastive_loss"], a), grads(expected, b))
+
+
+@pytest.mark.parametrize("n", [2, 5, 12])
+@pytest.mark.parametrize("tau_plus", [0.0, 0.05, 0.3])
+@pytest.mark.parametrize("s", SCALES)
+@pytest.mark.parametrize("clamp", ["clamp", "biased"])
+def test_dcl_matches_reference(n, tau_plus, s, clamp):
+    f, g = features(n, seed=n + 7)
+    a, b = leaves(f, g, s), leaves(f, g, s)
+    loss_fn = create_loss("dcl", tau_plus=tau_plus, clamp=clamp)
+    out = loss_fn(*a, output_dict=True)
+    assert set(out) == {"dcl_loss"}  # diagnostics are not summed into the loss
+    expected, clamp_rate = ref.dcl(*b, tau_plus, clamp)
+    torch.testing.assert_close(out["dcl_loss"], expected, rtol=1e-9, atol=1e-10)
+    assert_close_all(grads(out["dcl_loss"], a), grads(expected, b), rtol=1e-7, atol=1e-9)
+    assert float(loss_fn.metrics["clamp_rate"]) == pytest.approx(clamp_rate)
+
+
+def test_dcl_clamp_is_exercised_and_modes_differ():
+    # Partly aligned pairs with a large tau_plus: the debiased estimate goes negative for some rows.
+    f, g = features(8, seed=3, align=0.5)
+    for s in (5.0, 10.0):
+        a, b = leaves(f, g, s), leaves(f, g, s)
+        clamped = create_loss("dcl", tau_plus=0.3, clamp="clamp")
+        biased = create_loss("dcl", tau_plus=0.3, clamp="biased")
+        v1, v2 = clamped(*a), biased(*b)
+        assert 0 < float(clamped.metrics["clamp_rate"]) < 1
+        assert float(clamped.metrics["clamp_rate"]) == float(biased.metrics["clamp_rate"])
+        assert float((v2 - v1).detach()) > 0.1  # the InfoNCE fallback is larger than the floored estimate
+        for loss_fn, v, mode in ((clamped, v1, "clamp"), (biased, v2, "biased")):
+            c = leaves(f, g, s)
+            expected = ref.dcl(*c, 0.3, mode)[0]
+            torch.testing.assert_close(v, expected)
+            src = a if mode == "clamp" else b
+            assert_close_all(grads(v, src), grads(expected, c), rtol=1e-7, atol=1e-9)
+
+
+@pytest.mark.parametrize("s", SCALES)
+def test_dcl_tau_zero_is_infonce(s):
+    f, g = features(9, seed=11)
+    a, b = leaves(f, g, s), leaves(f, g, s)
+    got = create_loss("dcl", tau_plus=0.0)(*a)
+    expected = ClipLoss()(*b)
+    torch.testing.assert_close(got, expected, rtol=1e-12, atol=1e-12)
+    assert_close_all(grads(got, a), grads(expected, b), rtol=1e-10, atol=1e-12)
+
+
+def test_dcl_differs_from_infonce_when_tau_positive():
+    f, g = features(9, seed=11)
+    assert not torch.isclose(create_loss("dcl", tau_plus=0.1)(f, g, torch.tensor(10.0)),
+                             ClipLoss()(f, g, torch.tensor(10.0)))
+
+
+@pytest.mark.parametrize("n", [3, 8])
+@pytest.mark.parametrize("s", SCALES)
+@pytest.mark.parametrize("lam", [0.0, 0.3, 1.0])
+def test_decl_batch_rate_matches_reference(n, s, lam):
+    f, g = features(n, seed=n + 1)
+    a, b = leaves(f, g, s), leaves(f, g, s)
+    loss_fn = create_loss("decl", rate="batch", schedule="constant", lam=lam, sample_u=False)
+    out = loss_fn(*a, output_dict=True)
+    assert set(out) == {"decl_loss"}
+    rates = ref.batch_mean_negative_score(*b)
+    expected, l1, l2 = ref.decl(*b, rates, torch.ones_like(rates), lam)
+    torch.testing.assert_close(out["decl_loss"], expected, rtol=1e-9, atol=1e-9)
+    assert_close_all(grads(out["decl_loss"], a), grads(expected, b), rtol=1e-7, atol=1e-9)
+    torch.testing.assert_close(loss_fn.metrics["loss1"], l1.detach())
+    torch.testing.assert_close(loss_fn.metrics["loss2"], l2.detach())
+    assert float(loss_fn.metrics["lambda_t"]) == pytest.approx(lam)
+
+
+@pytest.mark.parametrize("s", SCALES)
+def test_decl_lambda_zero_is_infonce(s):
+    f, g = features(7, seed=5)
+    a, b = leaves(f, g, s), leaves(f, g, s)
+    for rate, kw in [("batch", {}), ("queue", {"queue_size": 8}), ("index", {"num_samples": 7})]:
+        a, b = leaves(f, g, s), leaves(f, g, s)
+        loss_fn = create_loss("decl", rate=rate, schedule="constant", lam=0.0, **kw)
+        got = loss_fn(*a, sample_ids=torch.arange(7))
+        expected = ClipLoss()(*b)
+        torch.testing.assert_close(got, expected, rtol=1e-12, atol=1e-12)
+        assert_close_all(grads(got, a), grads(expected, b), rtol=1e-10, atol=1e-12)
+
+
+def test_decl_index_buffer_follows_moving_average_over_steps():
+    gamma, s, n = 0.3, 20.0, 6
+    loss_fn = create_loss("decl", rate="index", num_samples=10, gamma=gamma, schedule="decl", sample_u=False)
+    tracker = ref.IndexRates(gamma)
+    id_batches = [torch.tensor([0, 1, 2, 3, 4, 5]), torch.tensor([6, 7, 2, 3, 8, 9]),
+                  torch.tensor([1, 1, 4, 9, 0, 7])]  # revisits, and a repeated id inside one batch
+    for step, ids in enumerate(id_batches):
+        f, g = features(n, seed=100 + step)
+        a, b = leaves(f, g, s), leaves(f, g, s)
+        got = loss_fn(*a, sample_ids=ids)
+        rates = tracker.visit(ids, ref.batch_mean_negative_score(*b))
+        expected, _, _ = ref.decl(*b, rates, torch.ones_like(rates), 1.0)
+        torch.testing.assert_close(got, expected.to(got.dtype), rtol=1e-5, atol=1e-5)
+        assert_close_all(grads(got, a), grads(expected, b), rtol=1e-4, atol=1e-6)
+    for d in range(2):
+        for sid in range(10):
+            torch.testing.assert_close(float(loss_fn.log_rate[d, sid]), tracker.log_rate(d, sid),
+                                       rtol=1e-5, atol=1e-5)
+    assert int(loss_fn.calls) == 3
+
+
+def test_decl_queue_rate_matches_reference():
+    s, n, q = 12.0, 5, 7
+    loss_fn = create_loss("decl", rate="queue", queue_size=q, schedule="decl", sample_u=False)
+    history_img, history_txt = [], []
+    for step in range(3):
+        f, g = features(n, seed=200 + step)
+        a, b = leaves(f, g, s), leaves(f, g, s)
+        got = loss_fn(*a)
+        fb, gb, sb = b
+        rates = []
+        for d, (anchor, cand, hist) in enumerate([(fb, gb, history_txt), (gb, fb, history_img)]):
+            queue = torch.cat(hist)[-q:].double() if hist else cand[:0]  # the queue stores float32
+            row = []
+            for i in range(n):
+                scores = [torch.exp(sb * anchor[i] @ cand[k]) for k in range(n) if k != i]
+                scores += [torch.exp(sb * anchor[i] @ queue[k]) for k in range(queue.shape[0])]
+                row.append(sum(scores) / len(scores))
+            rates.append(torch.stack(row))
+        rates = torch.stack(rates).detach()
+        expected, _, _ = ref.decl(*b, rates, torch.ones_like(rates), 1.0)
+        torch.testing.assert_close(got, expected.to(got.dtype), rtol=1e-5, atol=1e-5)
+        assert_close_all(grads(got, a), grads(expected, b), rtol=1e-4, atol=1e-6)
+        history_img.append(f.float())
+        history_txt.append(g.float())
+    assert int(loss_fn.queue_count) == q
+
+
+def test_decl_sampled_u_is_exponential_per_anchor():
+    # With rate="batch" the exponent is 0, so loss1 + mean(l_ii) is the mean of the eps draws.
+    n, steps = 64, 60
+    loss_fn = create_loss("decl", rate="batch", schedule="decl", sample_u=True, seed=3)
+    means = []
+    for step in range(steps):
+        f, g = features(n, seed=step)
+        loss_fn(f, g, torch.tensor(10.0))
+        pos = (10.0 * (f * g).sum(-1)).mean()
+        means.append(float(loss_fn.metrics["loss1"] + pos))
+    means = torch.tensor(means)
+    # mean of 2n Exp(1) draws per step: mean 1, sd 1/sqrt(2n); the steps' draws are independent.
+    assert abs(float(means.mean()) - 1.0) < 4 / math.sqrt(2 * n * steps)
+    assert float(means.std()) == pytest.approx(1 / math.sqrt(2 * n), rel=0.35)
+    # fixed seed: the same draws again
+    again = create_loss("decl", rate="batch", schedule="decl", sample_u=True, seed=3)
+    f, g = features(n, seed=0)
+    again(f, g, torch.tensor(10.0))
+    assert float(again.metrics["loss1"] + (10.0 * (f * g).sum(-1)).mean()) == pytest.approx(float(means[0]))
+
+
+# --------------------------------------------------------------------------------------------
+# schedules, optimizer steps and gradient accumulation
+
+
+def test_schedules_count_optimizer_steps():
+    f, g = features(4, dtype=torch.float32)
+    expect = {
+        "alternate": [1, 0, 1, 0, 1],
+        "decl": [1, 1, 1, 1, 1],
+        "harmonic": [1, 1, 2 / 3, 0.5, 0.4],  # min(1, 2 / t)
+        "constant": [0.25] * 5,
+    }
+    for schedule, values in expect.items():
+        lam = 2.0 if schedule == "harmonic" else 0.25
+        loss_fn = create_loss("decl", rate="batch", schedule=schedule, lam=lam, accum_freq=2)
+        seen = []
+        for _ in range(5):  # two calls per optimizer step
+            loss_fn(f, g, torch.tensor(5.0))
+            first = float(loss_fn.metrics["lambda_t"])
+            loss_fn(f, g, torch.tensor(5.0))
+            assert float(loss_fn.metrics["lambda_t"]) == first
+            seen.append(first)
+        assert seen == pytest.approx(values), schedule
+        assert int(loss_fn.calls) == 10 and loss_fn.step == 6
+
+
+def test_eval_mode_calls_change_no_state():
+    f, g = features(4, dtype=torch.float32)
+    loss_fn = create_loss("decl", rate="index", num_samples=4)
+    loss_fn.eval()
+    loss_fn(f, g, torch.tensor(5.0), sample_ids=torch.arange(4))
+    assert int(loss_fn.calls) == 0 and torch.isnan(loss_fn.log_rate).all()
+
+
+@pytest.mark.parametrize("rate", ["index", "queue", "batch"])
+def test_accumulation_matches_one_big_step(rate):
+    """OpenCLIP's --accum-freq path: call j sees all micro-batches, only block j with gradient."""
+    n, micro, s = 8, 2, 15.0
+    kw = {"num_samples": 20} if rate == "index" else {"queue_size": 16} if rate == "queue" else {}
+    big = create_loss("decl", rate=rate, schedule="decl", sample_u=True, seed=1, **kw)
+    acc = create_loss("decl", rate=rate, schedule="decl", sample_u=True, seed=1, accum_freq=micro, **kw)
+    ids = torch.tensor([3, 9, 1, 14, 7, 0, 12, 5])
+    for step in range(3):
+        f, g = features(n, seed=300 + step)
+        fa, ga, sa = leaves(f, g, s)
+        big(fa, ga, sa, sample_ids=ids).backward()
+        fb, gb, sb = leaves(f, g, s)
+        size = n // micro
+        for j in range(micro):
+            blocks_f = [f[k * size:(k + 1) * size] for k in range(micro)]
+            blocks_g = [g[k * size:(k + 1) * size] for k in range(micro)]
+            blocks_f[j] = fb[j * size:(j + 1) * size]
+            blocks_g[j] = gb[j * size:(j + 1) * size]
+            acc(torch.cat(blocks_f), torch.cat(blocks_g), sb, sample_ids=ids).backward()
+        torch.testing.assert_close(fb.grad, fa.grad)
+        torch.testing.assert_close(gb.grad, ga.grad)
+        # each block's backward also differentiates s through the whole batch: micro x the gradient
+        torch.testing.assert_close(sb.grad, micro * sa.grad)
+        ids = ids.roll(3)
+    for name, buf in big.named_buffers():
+        if name != "calls":
+            torch.testing.assert_close(dict(acc.named_buffers())[name], buf, equal_nan=True)
+    assert big.step == acc.step == 4
+
+
+# --------------------------------------------------------------------------------------------
+# state, precision and memory
+
+
+@pytest.mark.parametrize("rate", ["index", "queue"])
+def test_state_dict_round_trip_continues_exactly(rate):
+    kw = {"num_samples": 12} if rate == "index" else {"queue_size": 6}
+    a = create_loss("decl", rate=rate, schedule="alternate", seed=4, **kw)
+    for step in range(3):
+        f, g = features(6, seed=step, dtype=torch.float32)
+        a(f, g, torch.tensor(20.0), sample_ids=torch.arange(step, step + 6))
+    state = {k: v.clone() for k, v in a.state_dict().items()}
+    b = create_loss("decl", rate=rate, schedule="alternate", seed=4, **kw)
+    b.load_state_dict(state)
+    assert b.step == a.step == 4
+    for step in range(3, 5):
+        f, g = features(6, seed=step, dtype=torch.float32)
+        va = a(f, g, torch.tensor(20.0), sample_ids=torch.arange(step, step + 6))
+        vb = b(f, g, torch.tensor(20.0), sample_ids=torch.arange(step, step + 6))
+        assert torch.equal(va, vb)
+    for (name, x), (_, y) in zip(a.state_dict().items(), b.state_dict().items()):
+        assert torch.equal(torch.nan_to_num(x), torch.nan_to_num(y)), name
+
+
+@pytest.mark.parametrize("name, kwargs", [
+    ("clip", {}),
+    ("dcl", {"tau_plus": 0.1}),
+    ("dcl", {"tau_plus": 0.1, "clamp": "biased"}),
+    ("decl", {"rate": "index", "num_samples": 64}),
+    ("decl", {"rate": "queue", "queue_size": 64}),
+    ("decl", {"rate": "batch", "schedule": "harmonic"}),
+])
+@pytest.mark.parametrize("align", [0.0, 4.0])
+def test_bf16_autocast_at_max_scale_is_finite(name, kwargs, align):
+    logit_scale_param = torch.tensor(math.log(100.0), requires_grad=True)
+    f32, g32 = features(32, d=32, seed=9, dtype=torch.float32, align=align)
+    f = f32.clone().requires_grad_()
+    g = g32.clone().requires_grad_()
+    loss_fn = create_loss(name, **kwargs)
+    for _ in range(2):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            fb, gb = f.to(torch.bfloat16), g.to(torch.bfloat16)
+            loss = loss_fn(fb, gb, logit_scale_param.exp(), sample_ids=torch.arange(32))
+        loss.backward()
+    assert torch.isfinite(loss)
+    for t in (f.grad, g.grad, logit_scale_param.grad):
+        assert torch.isfinite(t).all()
+    for v in loss_fn.metrics.values():
+        assert torch.isfinite(torch.as_tensor(v)).all()
+
+
+def _saved_square_tensors(loss_fn, n):
+    f, g = features(n, d=8, dtype=torch.float32)
+    f.requires_grad_()
+    g.requires_grad_()
+    storages = set()
+
+    def pack(t):
+        if t.numel() >= n * n:
+            storages.add(t.untyped_storage().data_ptr())
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        loss_fn(f, g, torch.tensor(10.0), sample_ids=torch.arange(n))
+    return len(storages)
+
+
+@pytest.mark.parametrize("name, kwargs", [
+    ("dcl", {"tau_plus": 0.1}),
+    ("decl", {"rate": "index", "num_samples": 64}),
+    ("decl", {"rate": "queue", "queue_size": 16}),
+])
+def test_autograd_keeps_one_logits_matrix(name, kwargs):
+    """Beyond the logits matrix, the losses keep only O(batch) tensors for backward."""
+    assert _saved_square_tensors(create_loss(name, **kwargs), 64) == 1
+    assert _saved_square_tensors(create_loss("clip"), 64) >= 2  # the baseline keeps one per direction
