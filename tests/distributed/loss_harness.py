@@ -1,0 +1,117 @@
+"""Distributed loss harness: run under ``torchrun --nproc_per_node 2`` (gloo, CPU), or import.
+
+A tiny two-tower model (one linear map per modality, L2-normalised, learned logit scale) is
+trained for a few SGD steps with each loss. Under torchrun every rank sees its slice of the
+global batch, features are gathered by the loss, and DDP averages the gradients; each rank
+saves the global loss, the averaged gradients and the loss buffers of every step to
+``OUT/rank{r}.pt``. :func:`run` with ``world_size=1`` gives the single-process reference on the
+concatenated batch, which the test compares against.
+"""
+from __future__ import annotations
+
+import os
+import sys
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+import torch.nn.functional as F
+
+STEPS = 3
+GLOBAL_BATCH = 16
+NUM_SAMPLES = 40
+IN_IMG, IN_TXT, DIM = 12, 10, 8
+
+#: (name, loss name, kwargs); "openclip" is OpenCLIP's own ClipLoss, which the harness must pass too.
+CONFIGS = [
+    ("openclip", "openclip", {}),
+    ("clip", "clip", {}),
+    ("dcl", "dcl", {"tau_plus": 0.1}),
+    ("dcl_biased", "dcl", {"tau_plus": 0.4, "clamp": "biased"}),
+    ("decl_index", "decl", {"rate": "index", "num_samples": NUM_SAMPLES, "gamma": 0.5, "sample_u": True}),
+    ("decl_queue", "decl", {"rate": "queue", "queue_size": 24, "schedule": "harmonic", "lam": 2.0}),
+    ("decl_batch", "decl", {"rate": "batch", "schedule": "constant", "lam": 0.7, "sample_u": True}),
+    ("decl_alternate", "decl", {"rate": "index", "num_samples": NUM_SAMPLES, "sample_u": False}),
+]
+
+
+class Towers(nn.Module):
+    def __init__(self):
+        super().__init__()
+        gen = torch.Generator().manual_seed(0)
+        self.image = nn.Parameter(torch.randn(IN_IMG, DIM, generator=gen, dtype=torch.float64) / 3)
+        self.text = nn.Parameter(torch.randn(IN_TXT, DIM, generator=gen, dtype=torch.float64) / 3)
+        self.logit_scale = nn.Parameter(torch.tensor(2.5, dtype=torch.float64))
+
+    def forward(self, x, y):
+        return F.normalize(x @ self.image, dim=-1), F.normalize(y @ self.text, dim=-1), self.logit_scale.exp()
+
+
+def global_data(step):
+    gen = torch.Generator().manual_seed(1000 + step)
+    x = torch.randn(GLOBAL_BATCH, IN_IMG, generator=gen, dtype=torch.float64)
+    y = x[:, :IN_TXT] + 0.5 * torch.randn(GLOBAL_BATCH, IN_TXT, generator=gen, dtype=torch.float64)
+    ids = torch.randperm(NUM_SAMPLES, generator=gen)[:GLOBAL_BATCH]
+    ids[1] = ids[0]  # a repeated id inside one global batch (resampled data can do this)
+    return x, y, ids
+
+
+def build_loss(loss_name, kwargs, rank, world_size, local_loss, gather_with_grad=True):
+    dist_kwargs = dict(rank=rank, world_size=world_size, local_loss=local_loss, gather_with_grad=gather_with_grad)
+    if loss_name == "openclip":
+        from open_clip.loss import ClipLoss
+
+        return ClipLoss(**dist_kwargs)
+    from clip_dcl.losses import create_loss
+
+    return create_loss(loss_name, **dist_kwargs, **kwargs)
+
+
+def run(loss_name, kwargs, rank=0, world_size=1, local_loss=False, gather_with_grad=True):
+    """Train STEPS steps; return per-step global loss, averaged gradients and loss buffers."""
+    model = Towers()
+    train_model = model
+    if world_size > 1:
+        train_model = nn.parallel.DistributedDataParallel(model)
+    loss_fn = build_loss(loss_name, kwargs, rank, world_size, local_loss, gather_with_grad)
+    opt = torch.optim.SGD(model.parameters(), lr=0.5)
+    records = []
+    for step in range(STEPS):
+        x, y, ids = global_data(step)
+        b = GLOBAL_BATCH // world_size
+        rows = slice(rank * b, (rank + 1) * b)
+        f, g, s = train_model(x[rows], y[rows])
+        extra = {} if loss_name == "openclip" else {"sample_ids": ids[rows]}
+        loss = loss_fn(f, g, s, **extra)
+        opt.zero_grad()
+        loss.backward()
+        value = loss.detach().clone()
+        if world_size > 1 and local_loss:  # each rank holds the mean over its own anchors
+            dist.all_reduce(value)
+            value /= world_size
+        records.append({
+            "loss": value,
+            "grads": [p.grad.detach().clone() for p in model.parameters()],
+            "buffers": {k: v.detach().clone() for k, v in loss_fn.named_buffers()},
+        })
+        opt.step()
+    return records
+
+
+def main(out_dir):
+    dist.init_process_group("gloo")
+    rank, world_size = dist.get_rank(), dist.get_world_size()
+    results = {}
+    for name, loss_name, kwargs in CONFIGS:
+        for local_loss in (False, True):
+            results[(name, local_loss)] = run(loss_name, kwargs, rank, world_size, local_loss)
+    # A known mismatch, to show that the comparison can fail: without gather_with_grad the remote
+    # features carry no gradient, so the averaged gradient is not the single-process one.
+    results[("openclip_no_gather_grad", False)] = run("openclip", {}, rank, world_size, False, False)
+    torch.save(results, os.path.join(out_dir, f"rank{rank}.pt"))
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])
