@@ -1,0 +1,210 @@
+"""Forward+backward time and peak memory of ``dcl`` and ``decl`` against OpenCLIP's ``ClipLoss``.
+
+Single process, global batch G in {256, 1024, 4096}, embedding dim 512, on the CPU and on CUDA
+when present. Times are medians over interleaved repetitions (every loss once per round, so
+drift hits all alike); the ratio column divides by ``ClipLoss`` measured in the same run. Peak
+memory is the extra peak over the inputs: on CUDA ``torch.cuda.max_memory_allocated``; on the CPU
+the peak resident set of a fresh child process per (loss, G), minus its resident set just before
+the call (the CPU allocator has no peak counter).
+
+    .venv/bin/python benchmarks/loss_speed.py                 # full run, writes results/loss_speed.md
+    .venv/bin/python benchmarks/loss_speed.py --quick         # G=256,1024 and fewer repetitions
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import platform
+import resource
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from clip_dcl.losses import create_loss  # noqa: E402
+
+DIM = 512
+LOSSES = {
+    "clip (OpenCLIP ClipLoss)": ("clip", {}),
+    "dcl": ("dcl", {"tau_plus": 0.1}),
+    "decl rate=index": ("decl", {"rate": "index", "num_samples": 1_000_000}),
+    "decl rate=queue (Q=4096)": ("decl", {"rate": "queue", "queue_size": 4096}),
+    "decl rate=batch": ("decl", {"rate": "batch"}),
+}
+BASELINE = "clip (OpenCLIP ClipLoss)"
+
+
+def make_inputs(batch, device, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    f = F.normalize(torch.randn(batch, DIM, generator=gen), dim=-1).to(device).requires_grad_()
+    g = F.normalize(torch.randn(batch, DIM, generator=gen), dim=-1).to(device).requires_grad_()
+    s = torch.tensor(14.3, device=device, requires_grad=True)
+    ids = torch.randperm(1_000_000, generator=gen)[:batch].to(device)
+    return f, g, s, ids
+
+
+def step(loss_fn, f, g, s, ids):
+    loss = loss_fn(f, g, s, sample_ids=ids)
+    loss.backward()
+    f.grad = g.grad = s.grad = None
+
+
+def sync(device):
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+
+
+def time_losses(batch, device, rounds):
+    f, g, s, ids = make_inputs(batch, device)
+    fns = {name: create_loss(loss, **kw).to(device) for name, (loss, kw) in LOSSES.items()}
+    for fn in fns.values():  # warm-up (and fills the decl queue)
+        step(fn, f, g, s, ids)
+    times = {name: [] for name in fns}
+    for _ in range(rounds):
+        for name, fn in fns.items():
+            sync(device)
+            t0 = time.perf_counter()
+            step(fn, f, g, s, ids)
+            sync(device)
+            times[name].append(time.perf_counter() - t0)
+    return {name: statistics.median(v) for name, v in times.items()}
+
+
+def peak_memory_cuda(name, batch, device):
+    loss, kw = LOSSES[name]
+    f, g, s, ids = make_inputs(batch, device)
+    fn = create_loss(loss, **kw).to(device)
+    step(fn, f, g, s, ids)
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    base = torch.cuda.memory_allocated()
+    step(fn, f, g, s, ids)
+    torch.cuda.synchronize()
+    return torch.cuda.max_memory_allocated() - base
+
+
+def saved_for_backward_bytes(name, batch, device):
+    """Bytes of the distinct storages autograd keeps between forward and backward (exact)."""
+    loss, kw = LOSSES[name]
+    f, g, s, ids = make_inputs(batch, device)
+    fn = create_loss(loss, **kw).to(device)
+    step(fn, f, g, s, ids)
+    storages = {}
+
+    def pack(t):
+        storages[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        fn(f, g, s, sample_ids=ids)
+    return sum(storages.values())
+
+
+def peak_memory_cpu_child(name, batch):
+    """Run in a fresh process: extra peak RSS of one forward+backward, in bytes."""
+    loss, kw = LOSSES[name]
+    fn = create_loss(loss, **kw)
+    step(fn, *make_inputs(16, torch.device("cpu"), seed=1))  # load kernels and thread pools first
+    f, g, s, ids = make_inputs(batch, torch.device("cpu"))
+    if loss == "decl" and kw.get("rate") == "queue":
+        step(fn, f, g, s, ids)  # a full queue, as in steady state
+    with open("/proc/self/statm") as fh:
+        rss_before = int(fh.read().split()[1]) * resource.getpagesize()
+    step(fn, f, g, s, ids)
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    return max(0, peak - rss_before)
+
+
+def peak_memory_cpu(name, batch):
+    out = subprocess.run([sys.executable, __file__, "--child-memory", name, str(batch)],
+                         capture_output=True, text=True, check=True)
+    return int(out.stdout.strip().splitlines()[-1])
+
+
+def machine():
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in open("/proc/cpuinfo"):
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return f"{cpu}, {torch.get_num_threads()} torch threads, torch {torch.__version__}"
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0], allow_abbrev=False)
+    parser.add_argument("--quick", action="store_true", help="G=256,1024 only, 3 rounds")
+    parser.add_argument("--batches", type=int, nargs="+", default=None)
+    parser.add_argument("--rounds", type=int, default=None)
+    parser.add_argument("--output", default=str(Path(__file__).parent / "results" / "loss_speed.md"))
+    parser.add_argument("--child-memory", nargs=2, metavar=("LOSS", "G"), help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.child_memory:
+        print(peak_memory_cpu_child(args.child_memory[0], int(args.child_memory[1])))
+        return 0
+    batches = args.batches or ([256, 1024] if args.quick else [256, 1024, 4096])
+    devices = [torch.device("cpu")] + ([torch.device("cuda")] if torch.cuda.is_available() else [])
+    rows = []
+    for device in devices:
+        for batch in batches:
+            rounds = args.rounds or (3 if args.quick else (5 if batch >= 4096 and device.type == "cpu" else 10))
+            print(f"[{device.type}] G={batch}: timing {len(LOSSES)} losses x {rounds} rounds ...", flush=True)
+            times = time_losses(batch, device, rounds)
+            for name in LOSSES:
+                mem = peak_memory_cuda(name, batch, device) if device.type == "cuda" else peak_memory_cpu(name, batch)
+                rows.append({"device": device.type, "G": batch, "loss": name, "seconds": times[name],
+                             "peak_extra_bytes": mem,
+                             "saved_bytes": saved_for_backward_bytes(name, batch, device)})
+    base = {(r["device"], r["G"]): r for r in rows if r["loss"] == BASELINE}
+    lines = ["| device | G | loss | fwd+bwd ms | time / ClipLoss | saved for backward MiB | saved / ClipLoss "
+             "| extra peak MiB | peak / ClipLoss |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        b = base[(r["device"], r["G"])]
+        mem_ratio = r["peak_extra_bytes"] / b["peak_extra_bytes"] if b["peak_extra_bytes"] else float("nan")
+        lines.append(f"| {r['device']} | {r['G']} | {r['loss']} | {1000 * r['seconds']:.1f} | "
+                     f"{r['seconds'] / b['seconds']:.2f}x | {r['saved_bytes'] / 2**20:.1f} | "
+                     f"{r['saved_bytes'] / b['saved_bytes']:.2f}x | "
+                     f"{r['peak_extra_bytes'] / 2**20:.1f} | {mem_ratio:.2f}x |")
+    table = "\n".join(lines)
+    print(table)
+    command = "python benchmarks/loss_speed.py " + " ".join(argv if argv is not None else sys.argv[1:])
+    gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "none"
+    report = "\n".join([
+        "# Loss forward+backward: time and peak memory against OpenCLIP's ClipLoss",
+        "",
+        f"- date: {datetime.date.today().isoformat()}",
+        f"- machine: {machine()}; GPU: {gpu}",
+        f"- command: `{command.strip()}`",
+        f"- embedding dim {DIM}, one process, float32 features; medians over interleaved rounds;",
+        "- saved for backward: the distinct storages autograd keeps between forward and backward",
+        "  (exact; the G x G logits are 4 G^2 bytes: 64 MiB at G=4096);",
+        "- extra peak: over the inputs (CUDA allocator peak, or a child process's peak RSS on CPU, which",
+        "  is noisy at small G, where allocator and thread-pool start-up dominate).",
+        "",
+        table,
+        "",
+        "Raw numbers:",
+        "",
+        "```json",
+        json.dumps(rows, indent=1),
+        "```",
+        "",
+    ])
+    Path(args.output).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.output).write_text(report)
+    print(f"wrote {args.output}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
