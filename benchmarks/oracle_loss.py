@@ -1,0 +1,87 @@
+"""Benchmark-only ``unbiased`` loss: InfoNCE whose negatives exclude the anchor's latent class.
+
+The oracle of the DCL paper's Figure 2 (Chuang et al. 2020): with the true labels known, the
+sampling bias is removed exactly by dropping same-class negatives::
+
+    loss_i = -l_ii + log( exp(l_ii) + sum_{j : y_j != y_i} exp(l_ij) )
+
+for image and text anchors, averaged. Labels come from a table indexed by the sample ids the
+training plugin carries (the synthetic shards store the latent class in each sample's json). Not
+part of the package: real data have no labels, which is the point of ``dcl``.
+
+Importing this module registers the loss as ``unbiased`` in ``clip_dcl.losses.LOSSES``.
+"""
+from __future__ import annotations
+
+import json
+import tarfile
+from pathlib import Path
+
+import torch
+
+from clip_dcl.losses import LOSSES
+from clip_dcl.losses.base import ContrastiveLoss, all_gather_cat, compute_dtype
+from open_clip.loss import gather_features
+
+
+def label_table(shard_dir) -> torch.Tensor:
+    """``labels[key]`` for every sample of the ``.tar`` shards in ``shard_dir`` (json ``key``/``label``)."""
+    pairs = []
+    for shard in sorted(Path(shard_dir).glob("*.tar")):
+        with tarfile.open(shard) as tar:
+            for member in tar:
+                if member.name.endswith(".json"):
+                    meta = json.load(tar.extractfile(member))
+                    pairs.append((int(meta["key"]), int(meta["label"])))
+    if not pairs:
+        raise ValueError(f"no labelled samples found in {shard_dir}")
+    table = torch.full((max(k for k, _ in pairs) + 1,), -1, dtype=torch.long)
+    for key, label in pairs:
+        table[key] = label
+    return table
+
+
+class UnbiasedOracleLoss(ContrastiveLoss):
+    """InfoNCE without same-class negatives (needs ``labels`` and ``sample_ids``)."""
+
+    requires_sample_ids = True
+    output_key = "unbiased_loss"
+
+    def __init__(self, labels: torch.Tensor, **dist_kwargs):
+        super().__init__(**dist_kwargs)
+        self.register_buffer("labels", torch.as_tensor(labels, dtype=torch.long), persistent=False)
+        self.num_samples = int(self.labels.numel())
+
+    def compute(self, image_features, text_features, logit_scale, logit_bias, sample_ids):
+        if sample_ids is None:
+            raise ValueError("the unbiased oracle needs sample_ids= to look up labels")
+        ids = sample_ids.to(self.labels.device)
+        all_ids = all_gather_cat(ids, self.world_size)
+        if self.world_size > 1:
+            all_img, all_txt = gather_features(image_features, text_features, self.local_loss,
+                                               self.gather_with_grad, self.rank, self.world_size)
+        else:
+            all_img, all_txt = image_features, text_features
+        dtype = compute_dtype(image_features)
+        local = self.local_loss and self.world_size > 1
+        with torch.autocast(image_features.device.type, enabled=False):
+            s = logit_scale.to(dtype)
+            anchors = [(image_features, all_txt), (text_features, all_img)] if local else \
+                [(all_img, all_txt), (all_txt, all_img)]
+            row_ids = ids if local else all_ids
+            offset = self.rank * ids.numel() if local else 0
+            col_labels = self.labels[all_ids].to(image_features.device)
+            row_labels = self.labels[row_ids].to(image_features.device)
+            same = row_labels[:, None] == col_labels[None, :]
+            cols = torch.arange(row_ids.numel(), device=same.device) + offset
+            same[torch.arange(row_ids.numel(), device=same.device), cols] = False  # keep the positive
+            total = 0.0
+            for a, c in anchors:
+                logits = (s * a.to(dtype)) @ c.to(dtype).T
+                pos = logits[torch.arange(row_ids.numel()), cols]
+                total = total + (torch.logsumexp(logits.masked_fill(same, float("-inf")), 1) - pos).mean()
+        dropped = same.float().sum(1).mean() / max(1, same.shape[1] - 1)
+        return total / 2, {"same_class_share": dropped}
+
+
+LOSSES["unbiased"] = UnbiasedOracleLoss
