@@ -1,0 +1,52 @@
+"""Training with OpenCLIP's own loop and a clip / dcl / decl objective.
+
+``python -m clip_dcl.train ARGS``, ``torchrun ... -m clip_dcl.train -- ARGS`` and
+``clip-dcl train ARGS`` all call :func:`main`: OpenCLIP's ``open_clip_train.main`` with every
+OpenCLIP flag, plus ``--loss {clip,dcl,decl}`` and the loss's flags (see ``--help``)::
+
+    python -m clip_dcl.train --model clip-dcl-tiny --train-data 'shards/{00000..00003}.tar' \\
+        --loss decl --decl-rate index --batch-size 32 --epochs 2 --device cpu
+
+From Python, ``main([...])`` takes the same words and returns the exit code.
+"""
+from __future__ import annotations
+
+import logging
+import sys
+from typing import List, Optional
+
+__all__ = ["main"]
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    """Train from a command line (a list of words, as after ``python -m clip_dcl.train``).
+
+    Our flags are validated before OpenCLIP touches data or models: a bad value returns 2 with a
+    message naming it on stderr. Returns 0 when OpenCLIP's ``main`` finishes, 1 when it refuses to
+    start (e.g. the experiment name exists) or a sample id does not fit ``--decl-num-samples``.
+    """
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["--"]:  # torchrun ... -m clip_dcl.train -- ARGS
+        argv = argv[1:]
+    from .flags import FlagError, parse_train_args
+
+    try:
+        config = parse_train_args(argv)
+    except FlagError as e:
+        print(f"clip-dcl train: error: {e}", file=sys.stderr)
+        return 2
+    except SystemExit as e:  # argparse already printed why
+        return e.code if isinstance(e.code, int) else 2
+    if config is None:  # --help
+        return 0
+
+    from .patch import LossStateMismatch, SampleIdOutOfRange, run_training
+
+    try:
+        return run_training(config)
+    except (SampleIdOutOfRange, LossStateMismatch) as e:
+        if logging.getLogger().handlers:  # OpenCLIP's logging is set up: into out.log and stderr
+            logging.error(f"clip-dcl train: error: {e}")
+        else:
+            print(f"clip-dcl train: error: {e}", file=sys.stderr)
+        return 1

@@ -1,0 +1,270 @@
+"""clip-dcl's training flags, parsed beside OpenCLIP's and validated before any work starts.
+
+``python -m clip_dcl.train`` takes every flag of ``open_clip_train.main`` plus the ones built by
+:func:`build_parser`. Ours are taken out with ``parse_known_args`` on a parser with
+``allow_abbrev=False`` (with abbreviations, OpenCLIP's ``--model tiny`` would be read as
+``--model-config tiny``); the rest is parsed by OpenCLIP's own ``parse_args`` here, once, so
+that a bad OpenCLIP flag also fails before anything starts.
+
+The loss values are validated by building the loss once with ``world_size=1`` (the losses check
+their own arguments and name the bad value); the error is reported with the flag that set it.
+"""
+from __future__ import annotations
+
+import argparse
+import inspect
+import re
+import sys
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional
+
+#: The objectives ``--loss`` accepts (``clip_dcl.losses.LOSSES`` names).
+LOSS_NAMES = ("clip", "dcl", "decl")
+
+#: Our flag's ``dest`` -> (the loss it belongs to, that loss's keyword argument).
+LOSS_FLAGS = {
+    "tau_plus": ("dcl", "tau_plus"),
+    "dcl_clamp": ("dcl", "clamp"),
+    "decl_rate": ("decl", "rate"),
+    "decl_schedule": ("decl", "schedule"),
+    "decl_lambda": ("decl", "lam"),
+    "decl_gamma": ("decl", "gamma"),
+    "decl_sample_u": ("decl", "sample_u"),
+    "decl_queue_size": ("decl", "queue_size"),
+    "decl_num_samples": ("decl", "num_samples"),
+}
+#: Keyword arguments of the decl loss that come from OpenCLIP's flags rather than ours.
+OPENCLIP_LOSS_FLAGS = {"accum_freq": "--accum-freq", "seed": "--seed"}
+_DIST_KWARGS = {"rank", "world_size", "local_loss", "gather_with_grad", "cache_labels", "use_horovod"}
+
+
+class FlagError(ValueError):
+    """A flag value that cannot work; the message names the flag and the value."""
+
+
+def _flag(dest: str) -> str:
+    return "--" + dest.replace("_", "-")
+
+
+def _loss_defaults() -> Dict[str, Dict[str, object]]:
+    """``{loss name: {kwarg: default}}`` read from the loss classes' signatures (for --help)."""
+    from clip_dcl.losses import LOSSES
+
+    out = {}
+    for name, cls in LOSSES.items():
+        params = inspect.signature(cls).parameters.values()
+        out[name] = {p.name: p.default for p in params if p.default is not inspect.Parameter.empty}
+    return out
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The parser of clip-dcl's own training flags (OpenCLIP's are parsed by OpenCLIP)."""
+    defaults = _loss_defaults()
+
+    def default(flag_dest):
+        loss, kwarg = LOSS_FLAGS[flag_dest]
+        value = defaults.get(loss, {}).get(kwarg, "?")
+        return f" (default: {value})"
+
+    parser = argparse.ArgumentParser(
+        prog="python -m clip_dcl.train", add_help=False, allow_abbrev=False,
+        description="OpenCLIP's training (open_clip_train.main) with a choice of objective. "
+                    "Every OpenCLIP flag works as in OpenCLIP; clip-dcl adds these:",
+    )
+    g = parser.add_argument_group("clip-dcl objective")
+    g.add_argument("--loss", choices=LOSS_NAMES, default="clip",
+                   help="training objective: clip = OpenCLIP's own loss (InfoNCE; also SigLIP/CoCa/distillation "
+                        "as OpenCLIP picks them), dcl = debiased contrastive loss, decl = decomposable "
+                        "contrastive loss (default: clip)")
+    g.add_argument("--tau-plus", type=float, default=None,
+                   help="dcl: class prior tau+ in [0, 1), the chance that a negative shares the anchor's class"
+                        + default("tau_plus"))
+    g.add_argument("--dcl-clamp", choices=("clamp", "biased"), default=None,
+                   help="dcl: rows whose negative estimate hits the floor N e^{-1/t}: keep the floor (clamp) or "
+                        "use the InfoNCE row (biased)" + default("dcl_clamp"))
+    g.add_argument("--decl-rate", choices=("index", "queue", "batch"), default=None,
+                   help="decl: estimator of each anchor's rate r: per-sample moving average (index, needs sample "
+                        "ids from the shards), a FIFO of past embeddings (queue) or the batch alone (batch)"
+                        + default("decl_rate"))
+    g.add_argument("--decl-schedule", choices=("alternate", "decl", "harmonic", "constant"), default=None,
+                   help="decl: schedule of lambda_t, the weight of the decomposed loss against InfoNCE"
+                        + default("decl_schedule"))
+    g.add_argument("--decl-lambda", type=float, default=None,
+                   help="decl: lambda of the constant schedule, in [0, 1], or c of the harmonic one "
+                        "(lambda_t = min(1, c / t))" + default("decl_lambda"))
+    g.add_argument("--decl-gamma", type=float, default=None,
+                   help="decl: weight of the new estimate in the index rate's moving average, in (0, 1]"
+                        + default("decl_gamma"))
+    g.add_argument("--decl-sample-u", action=argparse.BooleanOptionalAction, default=None,
+                   help="decl: draw u ~ Gamma(1, r) (--decl-sample-u) or use its mean 1/r (--no-decl-sample-u)"
+                        + default("decl_sample_u"))
+    g.add_argument("--decl-queue-size", type=int, default=None,
+                   help="decl: length of the queue of the queue rate, per modality" + default("decl_queue_size"))
+    g.add_argument("--decl-num-samples", type=int, default=None,
+                   help="decl, rate index: size of the per-sample buffer; every sample id (the json 'key' of "
+                        "img2dataset shards) must be below it (default: the sum of sizes.json next to the "
+                        "training shards, which is too small when img2dataset keys have gaps)")
+    g.add_argument("--model-config", default=None, metavar="PATH",
+                   help="a model config JSON (or a folder of them) to register with OpenCLIP; the model name is "
+                        "the file name without .json, and --model defaults to it")
+    return parser
+
+
+@dataclass
+class TrainConfig:
+    """Everything the training run needs beyond OpenCLIP's own arguments."""
+
+    loss: str
+    #: the chosen loss's own keyword arguments, as passed to ``clip_dcl.losses.create_loss``
+    loss_kwargs: Dict[str, object]
+    #: ``loss_kwargs`` completed with the loss's defaults (recorded in checkpoints)
+    loss_args: Dict[str, object]
+    #: OpenCLIP's command line (ours removed; ``--model NAME`` added for ``--model-config``)
+    openclip_argv: List[str] = field(default_factory=list)
+    model_config: Optional[str] = None
+    #: the resolved ``--decl-num-samples`` (None unless the loss keeps per-sample state)
+    num_samples: Optional[int] = None
+
+
+def print_help(parser: argparse.ArgumentParser, file=None) -> None:
+    """Our flags, then OpenCLIP's own ``--help``."""
+    from open_clip_train.params import parse_args as openclip_parse_args
+
+    file = file or sys.stdout
+    file.write(parser.format_help())
+    file.write("\nOpenCLIP's flags (open_clip_train.main), all accepted:\n\n")
+    file.flush()
+    argv0 = sys.argv[:1]
+    sys.argv[:1] = [parser.prog]  # OpenCLIP's usage line names argv[0]
+    try:
+        openclip_parse_args(["--help"])
+    except SystemExit:
+        pass
+    finally:
+        sys.argv[:1] = argv0
+
+
+def _given_model(argv: List[str]) -> bool:
+    return any(a == "--model" or a.startswith("--model=") for a in argv)
+
+
+def _resolve_num_samples(oc_args, given: Optional[int]) -> Optional[int]:
+    """``--decl-num-samples``, or the training shards' sample count from ``sizes.json``."""
+    if given is not None:
+        return given
+    if not oc_args.train_data:
+        return None  # evaluation only: the loss is never built
+    kind = oc_args.dataset_type
+    if kind == "auto":
+        kind = "webdataset" if oc_args.train_data.split(".")[-1] == "tar" else "other"
+    if kind != "webdataset":
+        raise FlagError(f"--decl-rate index reads sample ids from webdataset shards, but --dataset-type is "
+                        f"{oc_args.dataset_type!r} for --train-data {oc_args.train_data!r}; use webdataset shards, "
+                        "or --decl-rate queue / batch")
+    from open_clip_train.data import get_dataset_size
+
+    try:
+        total, _ = get_dataset_size(oc_args.train_data)
+    except KeyError as e:
+        raise FlagError(f"sizes.json next to the training shards has no entry for shard {e}; fix it or set "
+                        "--decl-num-samples (the size of the per-sample buffer)") from None
+    except (OSError, ValueError) as e:
+        raise FlagError(f"cannot read the training shards' sizes.json ({e}); set --decl-num-samples") from None
+    if not total:
+        raise FlagError("--decl-rate index needs the size of its per-sample buffer and there is no sizes.json "
+                        f"(or __len__) next to the shards of {oc_args.train_data!r}: set --decl-num-samples above "
+                        "the largest sample key")
+    return int(total)
+
+
+def _explain(err: Exception, loss: str, kwargs: Dict[str, object]) -> str:
+    """The loss's own message, plus the flags that set the arguments it names."""
+    msg = str(err)
+    flags = [_flag(dest) for dest, (owner, kwarg) in LOSS_FLAGS.items()
+             if owner == loss and re.search(rf"\b{kwarg}\b", msg)]
+    flags += [flag for kwarg, flag in OPENCLIP_LOSS_FLAGS.items() if re.search(rf"\b{kwarg}\b", msg)]
+    where = f" (set by {', '.join(flags)})" if flags else ""
+    return f"--loss {loss}: {msg}{where}"
+
+
+def _full_loss_args(loss: str, kwargs: Dict[str, object]) -> Dict[str, object]:
+    """``kwargs`` completed with the defaults of the loss class's signature."""
+    from clip_dcl.losses import LOSSES
+
+    sig = inspect.signature(LOSSES[loss])
+    out = {}
+    for p in sig.parameters.values():
+        if p.kind in (p.VAR_KEYWORD, p.VAR_POSITIONAL) or p.name in _DIST_KWARGS:
+            continue
+        if p.name in kwargs:
+            out[p.name] = kwargs[p.name]
+        elif p.default is not p.empty:
+            out[p.name] = p.default
+    return out
+
+
+def parse_train_args(argv: List[str]) -> Optional[TrainConfig]:
+    """Parse and validate a training command line; ``None`` when ``--help`` was printed.
+
+    Registers clip-dcl's model configs (and ``--model-config``) with OpenCLIP in this process.
+
+    Raises:
+        FlagError: a flag value that cannot work (the message names it).
+        SystemExit: OpenCLIP's or our argparse rejected a flag (argparse prints the message).
+    """
+    parser = build_parser()
+    ours, rest = parser.parse_known_args(argv)
+    if "-h" in rest or "--help" in rest:
+        print_help(parser)
+        return None
+
+    from open_clip_train.params import parse_args as openclip_parse_args
+
+    from clip_dcl.models import register_builtin_configs, register_model_config
+
+    register_builtin_configs()
+    if ours.model_config is not None:
+        try:
+            name = register_model_config(ours.model_config)
+        except ValueError as e:
+            raise FlagError(f"--model-config: {e}") from None
+        if not _given_model(rest):
+            rest = rest + ["--model", name]
+    oc_args = openclip_parse_args(list(rest))
+
+    loss = ours.loss
+    given = {dest: getattr(ours, dest) for dest in LOSS_FLAGS if getattr(ours, dest) is not None}
+    foreign = [f"{_flag(d)}" for d in given if LOSS_FLAGS[d][0] != loss]
+    if foreign:
+        owners = sorted({LOSS_FLAGS[d][0] for d in given if LOSS_FLAGS[d][0] != loss})
+        raise FlagError(f"{', '.join(foreign)} only apply to --loss {' / '.join(owners)}, not --loss {loss}")
+    if loss != "clip":
+        for bad, why in ((oc_args.siglip, "--siglip"), (oc_args.distill_model, "--distill-model"),
+                         ("coca" in oc_args.model.lower(), f"--model {oc_args.model} (CoCa)"),
+                         (oc_args.horovod, "--horovod")):
+            if bad:
+                raise FlagError(f"--loss {loss} cannot be combined with {why}: that objective is OpenCLIP's own; "
+                                "use --loss clip")
+
+    kwargs = {LOSS_FLAGS[d][1]: v for d, v in given.items()}
+    num_samples = None
+    if loss == "decl":
+        kwargs.update(accum_freq=oc_args.accum_freq, seed=oc_args.seed)
+        if kwargs.get("rate", _loss_defaults()["decl"].get("rate")) == "index":
+            num_samples = _resolve_num_samples(oc_args, kwargs.get("num_samples"))
+            if num_samples is not None:
+                kwargs["num_samples"] = num_samples
+            elif "num_samples" not in kwargs:
+                kwargs["num_samples"] = 1  # evaluation only: validate the other values
+    if loss == "clip":
+        return TrainConfig(loss, {}, {}, list(rest), ours.model_config, None)
+
+    from clip_dcl.losses import create_loss
+
+    try:
+        probe = create_loss(loss, rank=0, world_size=1, local_loss=oc_args.local_loss,
+                            gather_with_grad=oc_args.gather_with_grad, **kwargs)
+    except (ValueError, TypeError) as e:
+        raise FlagError(_explain(e, loss, kwargs)) from None
+    del probe
+    return TrainConfig(loss, kwargs, _full_loss_args(loss, kwargs), list(rest), ours.model_config, num_samples)

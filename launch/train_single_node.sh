@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# Train on one machine with torchrun: one process per GPU, all flags passed through.
+#
+# Usage:
+#   launch/train_single_node.sh [TRAINING FLAGS...]
+#   NPROC=8 launch/train_single_node.sh --model RN50 --train-data '/data/cc3m/{00000..00331}.tar' \
+#       --dataset-type webdataset --batch-size 128 --local-loss --gather-with-grad --loss decl
+#
+# The flags are those of `python -m clip_dcl.train --help` (OpenCLIP's plus --loss and its flags).
+# torchrun's own `--logs-specs` option would swallow OpenCLIP's `--logs`, hence the `--` before them.
+#
+# Variables (environment, default in brackets):
+#   NPROC    processes on this node, one per GPU    [number of GPUs nvidia-smi lists, else 1]
+#   PYTHON   Python that has clip-dcl installed      [python]
+#   DRY_RUN  1: print the command instead of running it  [0]
+set -euo pipefail
+
+PYTHON="${PYTHON:-python}"
+if [[ -z "${NPROC:-}" ]]; then
+    NPROC=1
+    if command -v nvidia-smi >/dev/null 2>&1; then
+        gpus="$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true)"
+        if [[ "${gpus:-0}" -gt 0 ]]; then NPROC="$gpus"; fi
+    fi
+fi
+
+cmd=("$PYTHON" -m torch.distributed.run --standalone --nnodes 1 --nproc_per_node "$NPROC"
+     -m clip_dcl.train -- "$@")
+if [[ "${DRY_RUN:-0}" == 1 ]]; then
+    printf '%q ' "${cmd[@]}"; echo
+else
+    exec "${cmd[@]}"
+fi

@@ -1,0 +1,446 @@
+"""Training through OpenCLIP's loop: flags, sample ids, loss state in checkpoints, logs.
+
+The fast tests check the pieces in-process (ids, the training pipeline, the id channel around
+OpenCLIP's own ``train_one_epoch``, flag validation); the ``slow`` ones run
+``python -m clip_dcl.train`` on tiny shards written here, on CPU.
+"""
+from __future__ import annotations
+
+import io
+import json
+import logging
+import math
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import webdataset as wds
+from PIL import Image
+
+from clip_dcl.train import main
+from clip_dcl.train.ids import hashed_id, sample_id
+
+PY = sys.executable
+
+
+# -- data written by the tests ----------------------------------------------------------------------
+def write_shards(out: Path, keys_per_shard, corrupt_image=(), no_caption=()):
+    """img2dataset-style shards: ``{key}.jpg`` (64x64 noise), ``.txt`` ``"sample <key>"``, ``.json``.
+
+    Returns the brace pattern of the shards. ``sizes.json`` counts the samples written.
+    """
+    out.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(0)
+    sizes = {}
+    for s, keys in enumerate(keys_per_shard):
+        name = f"{s:05d}.tar"
+        with wds.TarWriter(str(out / name)) as w:
+            for k in keys:
+                key = f"{k:09d}"
+                buf = io.BytesIO()
+                Image.fromarray(rng.integers(0, 255, (64, 64, 3), dtype=np.uint8)).save(buf, format="JPEG")
+                sample = {"__key__": key, "jpg": buf.getvalue(), "txt": f"sample {k}",
+                          "json": json.dumps({"key": key, "caption": f"sample {k}"}).encode()}
+                if k in corrupt_image:
+                    sample["jpg"] = b"not a jpeg at all"
+                if k in no_caption:
+                    del sample["txt"]
+                w.write(sample)
+        sizes[name] = len(keys)
+    (out / "sizes.json").write_text(json.dumps(sizes))
+    return str(out / f"{{00000..{len(keys_per_shard) - 1:05d}}}.tar")
+
+
+def dense_keys(num_shards=4, per_shard=16):
+    return [list(range(s * per_shard, (s + 1) * per_shard)) for s in range(num_shards)]
+
+
+def gapped_keys(num_shards=4, per_shard=16):
+    """img2dataset's scheme for shards of 100 tried downloads of which ``per_shard`` succeeded."""
+    return [[s * 100 + i for i in range(per_shard)] for s in range(num_shards)]
+
+
+# -- sample ids ---------------------------------------------------------------------------------------
+def test_sample_id_prefers_json_key_then_numeric_key_then_hash():
+    assert sample_id({"json": {"key": "000000123"}, "__key__": "000000007", "__url__": "a.tar"}) == 123
+    assert sample_id({"json": {"caption": "x"}, "__key__": "000000007", "__url__": "a.tar"}) == 7
+    assert sample_id({"__key__": "sub/000000042", "__url__": "a.tar"}) == 42
+    hashed = sample_id({"__key__": "cat_photo", "__url__": "/data/cc3m/00012.tar"}, num_samples=1000)
+    assert hashed == hashed_id("/elsewhere/00012.tar", "cat_photo", 1000)  # only the shard's file name counts
+    assert 0 <= hashed < 1000
+    assert hashed_id("00012.tar", "cat_photo") != hashed_id("00013.tar", "cat_photo")
+
+
+def test_hash_fallback_collision_rate_matches_the_documented_figures():
+    # ids.py documents: with num_samples = n about 1 - 1/e of the samples share a row, with 10 n about 1 - e^-0.1.
+    n = 20000
+    for factor, expected in ((1, 1 - math.exp(-1)), (10, 1 - math.exp(-0.1))):
+        ids = np.array([hashed_id("00000.tar", f"img{i}", factor * n) for i in range(n)])
+        _, inverse, counts = np.unique(ids, return_inverse=True, return_counts=True)
+        shared = float(np.mean(counts[inverse] > 1))
+        assert abs(shared - expected) < 0.02, (factor, shared, expected)
+
+
+# -- the training pipeline ----------------------------------------------------------------------------
+def _pipeline_args(pattern, *extra, workers=2, batch_size=16):
+    from open_clip_train.params import parse_args
+
+    args = parse_args(["--train-data", pattern, "--dataset-type", "webdataset", "--batch-size", str(batch_size),
+                       "--workers", str(workers), *extra])
+    args.world_size, args.rank, args.decl_num_samples = 1, 0, None
+    return args
+
+
+def _caption_number(text):
+    return [torch.tensor(int(text.split()[-1]))]
+
+
+def _epoch_batches(info, epoch):
+    info.set_epoch(epoch)
+    return [(images, texts, ids) for images, texts, ids in info.dataloader]
+
+
+def test_train_pipeline_ids_stay_aligned_across_workers_and_epochs(tmp_path):
+    from clip_dcl.train.pipeline import get_wds_train_dataset
+
+    keys_per_shard = gapped_keys()
+    pattern = write_shards(tmp_path / "shards", keys_per_shard)
+    all_keys = sorted(k for keys in keys_per_shard for k in keys)
+    # The "image" is a constant and the "text" is the number in the caption, so texts == ids means aligned rows.
+    info = get_wds_train_dataset(_pipeline_args(pattern), lambda img: torch.zeros(1), epoch=0,
+                                 tokenizer=_caption_number)
+    assert info.dataloader.num_batches == 4
+    orders = []
+    for epoch in (0, 1):
+        batches = _epoch_batches(info, epoch)
+        assert len(batches) == 4
+        for _, texts, ids in batches:
+            assert ids.dtype == torch.long and ids.shape == (16,)
+            assert torch.equal(texts, ids)
+        seen = torch.cat([ids for _, _, ids in batches]).tolist()
+        assert sorted(seen) == all_keys  # every sample once per epoch
+        orders.append(seen)
+    assert orders[0] != orders[1]  # reshuffled per epoch
+    # A fresh pipeline started at epoch 1 (a resumed run) yields the same order as the first one's epoch 1.
+    fresh = get_wds_train_dataset(_pipeline_args(pattern), lambda img: torch.zeros(1), epoch=1,
+                                  tokenizer=_caption_number)
+    assert torch.cat([ids for _, _, ids in _epoch_batches(fresh, 1)]).tolist() == orders[1]
+
+
+def test_train_pipeline_resampled_ids_stay_aligned(tmp_path):
+    from clip_dcl.train.pipeline import get_wds_train_dataset
+
+    keys_per_shard = gapped_keys()
+    pattern = write_shards(tmp_path / "shards", keys_per_shard)
+    info = get_wds_train_dataset(_pipeline_args(pattern, "--dataset-resampled"), lambda img: torch.zeros(1),
+                                 tokenizer=_caption_number)
+    batches = _epoch_batches(info, 0)
+    assert len(batches) == 4
+    for _, texts, ids in batches:
+        assert torch.equal(texts, ids)
+        assert set(ids.tolist()) <= {k for keys in keys_per_shard for k in keys}
+
+
+def test_train_pipeline_logs_and_skips_corrupt_samples(tmp_path, caplog):
+    from clip_dcl.train.pipeline import get_wds_train_dataset
+
+    keys_per_shard = dense_keys(num_shards=2, per_shard=8)
+    pattern = write_shards(tmp_path / "shards", keys_per_shard, corrupt_image={3}, no_caption={10})
+    caplog.set_level(logging.WARNING)
+    info = get_wds_train_dataset(_pipeline_args(pattern, workers=0, batch_size=1), lambda img: torch.zeros(1),
+                                 tokenizer=_caption_number)
+    seen = [int(ids) for _, _, ids in _epoch_batches(info, 0)]
+    # 16 batches of 1 from 14 good samples: the epoch restarts the shards to fill up, as OpenCLIP's does
+    assert len(seen) == 16 and set(seen) == set(range(16)) - {3, 10}
+    messages = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert any("'000000010'" in m and "no caption" in m for m in messages), messages
+    assert any("Handling webdataset error" in m for m in messages), messages
+
+
+# -- ids around OpenCLIP's own train_one_epoch --------------------------------------------------------
+class _Toy(torch.nn.Module):
+    """Features = inputs (times a trainable 1), so feature column 0 is the sample id put there."""
+
+    def __init__(self):
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.ones(()))
+        self.logit_scale = torch.nn.Parameter(torch.tensor(0.0))
+
+    def forward(self, images, texts):
+        return {"image_features": images * self.w, "text_features": texts.float() * self.w,
+                "logit_scale": self.logit_scale.exp()}
+
+
+class _RecordingLoss(torch.nn.Module):
+    requires_sample_ids = True
+    num_samples = 10_000
+
+    def __init__(self):
+        super().__init__()
+        self.calls = []
+        self.metrics = {}
+
+    def forward(self, image_features, text_features, logit_scale, logit_bias=None, output_dict=False,
+                sample_ids=None):
+        self.calls.append((image_features[:, 0].detach().long().clone(), sample_ids.clone()))
+        self.metrics = {"rows": torch.tensor(float(len(sample_ids)))}
+        value = (image_features * 0).sum() + (text_features * 0).sum() + 1.0
+        return {"toy_loss": value} if output_dict else value
+
+
+class _Loader:
+    def __init__(self, batches):
+        self.batches, self.num_batches, self.num_samples = batches, len(batches), sum(len(b[2]) for b in batches)
+
+    def __iter__(self):
+        return iter(self.batches)
+
+
+class _Writer:
+    def __init__(self):
+        self.scalars = []
+
+    def add_scalar(self, name, value, step):
+        self.scalars.append((name, value, step))
+
+
+@pytest.mark.parametrize("accum_freq", [1, 2])
+def test_ids_reach_the_loss_aligned_through_openclip_train_one_epoch(accum_freq, caplog):
+    from open_clip_train.data import DataInfo
+    from open_clip_train.params import parse_args
+
+    from clip_dcl.train.flags import TrainConfig
+    from clip_dcl.train.patch import TrainingRun
+
+    gen = torch.Generator().manual_seed(0)
+    ids = torch.randperm(5000, generator=gen)[:48]
+    batches = []
+    for b in range(6):
+        chunk = ids[b * 8:(b + 1) * 8]
+        images = torch.cat([chunk[:, None].float(), torch.randn(8, 3, generator=gen)], dim=1)
+        batches.append((images, torch.zeros(8, 4, dtype=torch.long), chunk))
+    args = parse_args(["--accum-freq", str(accum_freq), "--log-every-n-steps", "1", "--batch-size", "8"])
+    args.device, args.rank, args.world_size, args.distributed, args.distill, args.wandb = "cpu", 0, 1, False, False, False
+    model, loss, writer = _Toy(), _RecordingLoss(), _Writer()
+    run = TrainingRun(TrainConfig("decl", {}, {}))
+    caplog.set_level(logging.INFO)
+    run.train_one_epoch(model, {"train": DataInfo(_Loader(batches))}, loss, 3, torch.optim.SGD(model.parameters(), 0.1),
+                        None, lambda step: None, None, args, tb_writer=writer)
+
+    assert len(loss.calls) == 6  # accum_freq calls per step, 6 / accum_freq steps
+    for c, (feature_ids, sample_ids) in enumerate(loss.calls):
+        step = c // accum_freq
+        assert torch.equal(feature_ids, sample_ids)  # rows and ids in the same order
+        assert torch.equal(sample_ids, ids[step * 8 * accum_freq:(step + 1) * 8 * accum_freq])
+    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("Train Epoch:")]
+    assert len(lines) == 6 // accum_freq
+    assert all("Toy_loss:" in line and f"Rows: {8.0 * accum_freq:#.5g}" in line for line in lines)
+    openclip_steps = [s for name, _, s in writer.scalars if name == "train/loss"]
+    assert [s for name, _, s in writer.scalars if name == "train/rows"] == openclip_steps
+    assert openclip_steps == [3 * (6 // accum_freq) + i for i in range(6 // accum_freq)]
+
+
+def test_ids_out_of_range_stop_with_the_flag_to_set():
+    from clip_dcl.train.patch import SampleIdOutOfRange, _IdChannel, _LossWithIds
+
+    channel = _IdChannel(_Loader([(torch.zeros(2, 4), torch.zeros(2, 4), torch.tensor([5, 20_000]))]), 1)
+    list(channel)
+    with pytest.raises(SampleIdOutOfRange, match="--decl-num-samples"):
+        _LossWithIds(_RecordingLoss(), channel, torch.device("cpu"))(
+            image_features=torch.zeros(2, 4), text_features=torch.zeros(2, 4), logit_scale=torch.tensor(1.0),
+            output_dict=True)
+
+
+# -- flags ----------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("flags, named", [
+    (["--loss", "dcl", "--tau-plus", "1.5"], "--tau-plus"),
+    (["--loss", "decl", "--decl-gamma", "0"], "--decl-gamma"),
+    (["--loss", "decl", "--decl-schedule", "constant", "--decl-lambda", "2"], "--decl-lambda"),
+    (["--loss", "decl", "--decl-rate", "queue", "--decl-queue-size", "0"], "--decl-queue-size"),
+    (["--loss", "decl", "--decl-num-samples", "0"], "--decl-num-samples"),
+    (["--loss", "decl", "--tau-plus", "0.1"], "--tau-plus"),
+    (["--loss", "dcl", "--siglip"], "--siglip"),
+    (["--model-config", "/nonexistent/cfg.json"], "/nonexistent/cfg.json"),
+])
+def test_bad_flag_values_fail_before_any_work(tmp_path, capsys, flags, named):
+    pattern = write_shards(tmp_path / "shards", dense_keys(num_shards=1, per_shard=2))
+    logs = tmp_path / "logs"
+    rc = main(["--train-data", pattern, "--logs", str(logs), "--device", "cpu", *flags])
+    err = capsys.readouterr().err
+    assert rc == 2
+    assert named in err
+    assert not logs.exists()  # OpenCLIP never started
+
+
+def test_decl_index_without_buffer_size_names_the_flag(tmp_path, capsys):
+    pattern = write_shards(tmp_path / "shards", dense_keys(num_shards=1, per_shard=2))
+    (tmp_path / "shards" / "sizes.json").unlink()
+    assert main(["--train-data", pattern, "--loss", "decl", "--decl-rate", "index", "--train-num-samples", "2"]) == 2
+    assert "--decl-num-samples" in capsys.readouterr().err
+
+
+def test_argparse_errors_exit_nonzero(capsys):
+    assert main(["--loss", "nonsense"]) == 2
+    assert "nonsense" in capsys.readouterr().err
+    assert main(["--decl-gamma", "high"]) == 2
+    assert "high" in capsys.readouterr().err
+
+
+def test_flags_resolve_and_pass_openclip_flags_through(tmp_path):
+    from clip_dcl.train.flags import parse_train_args
+
+    pattern = write_shards(tmp_path / "shards", dense_keys())
+    # --model must reach OpenCLIP whole (with abbreviations it would be taken for --model-config).
+    cfg = parse_train_args(["--model", "clip-dcl-tiny", "--train-data", pattern, "--loss", "decl",
+                            "--accum-freq", "2", "--seed", "7", "--decl-schedule", "harmonic", "--decl-lambda", "5",
+                            "--no-decl-sample-u"])
+    assert cfg.openclip_argv == ["--model", "clip-dcl-tiny", "--train-data", pattern, "--accum-freq", "2", "--seed", "7"]
+    assert cfg.num_samples == 64  # sum of sizes.json
+    assert cfg.loss_kwargs == {"schedule": "harmonic", "lam": 5.0, "sample_u": False, "accum_freq": 2, "seed": 7,
+                               "num_samples": 64}
+    assert cfg.loss_args["rate"] == "index" and cfg.loss_args["lam"] == 5.0  # completed with the loss's defaults
+    from clip_dcl.models import tiny_config_path
+
+    custom = tmp_path / "my-model.json"
+    custom.write_text(tiny_config_path().read_text())
+    cfg = parse_train_args(["--model-config", str(custom), "--train-data", pattern])
+    assert cfg.openclip_argv[-2:] == ["--model", "my-model"] and cfg.loss == "clip"
+    import open_clip
+
+    assert open_clip.get_model_config("my-model") == json.loads(custom.read_text())
+
+
+def test_help_lists_openclip_flags_and_ours(capsys):
+    assert main(["--help"]) == 0
+    out = capsys.readouterr().out
+    for flag in ("--loss", "--tau-plus", "--decl-rate", "--decl-num-samples", "--model-config",  # ours
+                 "--train-data", "--accum-freq", "--local-loss", "--resume"):  # OpenCLIP's
+        assert re.search(rf"^\s+{flag}(?:\s|,|$)", out, re.M), flag
+
+
+def test_cli_dispatches_to_train(capsys):
+    from clip_dcl.cli import main as cli_main
+
+    assert cli_main(["train", "--loss", "dcl", "--tau-plus", "-1"]) == 2
+    assert "--tau-plus" in capsys.readouterr().err
+
+
+# -- end to end through `python -m clip_dcl.train` ----------------------------------------------------
+def train(tmp_path, name, pattern, *flags, check=True, timeout=300):
+    cmd = [PY, "-m", "clip_dcl.train", "--model", "clip-dcl-tiny", "--train-data", pattern,
+           "--dataset-type", "webdataset", "--batch-size", "16", "--precision", "fp32", "--device", "cpu",
+           "--logs", str(tmp_path / "logs"), "--name", name, "--lr", "1e-3", "--lr-scheduler", "const",
+           "--warmup", "1", "--log-every-n-steps", "1", *flags]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": ""}
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
+    if check:
+        assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-5000:]
+    return out
+
+
+def checkpoint(tmp_path, name, epoch):
+    return torch.load(tmp_path / "logs" / name / "checkpoints" / f"epoch_{epoch}.pt", map_location="cpu",
+                      weights_only=True)
+
+
+def train_lines(tmp_path, name):
+    return [line for line in (tmp_path / "logs" / name / "out.log").read_text().splitlines() if "Train Epoch:" in line]
+
+
+def visited(loss_state):
+    """Buffer rows the index rate has written (they start NaN)."""
+    return sorted((~torch.isnan(loss_state["log_rate"]).any(0)).nonzero().flatten().tolist())
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("loss, flags, terms", [
+    ("clip", [], ["Contrastive_loss:"]),
+    ("dcl", ["--tau-plus", "0.1"], ["Dcl_loss:", "Clamp_rate:"]),
+    ("decl", ["--decl-rate", "index", "--workers", "2"],
+     ["Decl_loss:", "Lambda_t:", "Loss1:", "Loss2:", "Mean_log_rate:", "Clamp_rate:"]),
+])
+def test_one_epoch_writes_checkpoint_with_loss_state_and_logs_terms(tmp_path, loss, flags, terms):
+    import open_clip
+
+    from clip_dcl.models import register_builtin_configs
+
+    keys_per_shard = dense_keys()
+    pattern = write_shards(tmp_path / "shards", keys_per_shard)
+    train(tmp_path, loss, pattern, "--epochs", "1", "--loss", loss, *flags)
+    ckpt = checkpoint(tmp_path, loss, 1)
+    register_builtin_configs()
+    assert ckpt["clip_dcl"]["model"] == "clip-dcl-tiny"
+    assert ckpt["clip_dcl"]["model_config"] == open_clip.get_model_config("clip-dcl-tiny")
+    assert ckpt["clip_dcl"]["loss"] == loss
+    assert tuple(ckpt["clip_dcl"]["preprocess_cfg"]["size"]) == (64, 64)
+    lines = train_lines(tmp_path, loss)
+    assert len(lines) == 4  # 64 samples / batch 16, logged every step
+    for term in terms + ["Loss:"]:
+        assert all(term in line for line in lines), (term, lines[-1])
+    if loss == "dcl":
+        assert ckpt["clip_dcl"]["loss_args"] == {"tau_plus": 0.1, "clamp": "clamp"}
+    if loss == "decl":
+        state = ckpt["loss_state"]
+        assert int(state["calls"]) == 4
+        assert ckpt["clip_dcl"]["loss_args"]["num_samples"] == 64 == state["log_rate"].shape[1]  # from sizes.json
+        # every row written, exactly once per sample: ids reached the loss from both workers
+        assert visited(state) == sorted(k for keys in keys_per_shard for k in keys)
+    else:
+        assert ckpt["loss_state"] == {}
+
+
+@pytest.mark.slow
+def test_decl_with_accum_freq_2_counts_steps_and_visits_every_key(tmp_path):
+    keys_per_shard = gapped_keys()
+    pattern = write_shards(tmp_path / "shards", keys_per_shard)
+    train(tmp_path, "accum", pattern, "--epochs", "1", "--accum-freq", "2", "--batch-size", "8", "--workers", "2",
+          "--loss", "decl", "--decl-num-samples", "400")
+    state = checkpoint(tmp_path, "accum", 1)["loss_state"]
+    assert int(state["calls"]) == 8  # 8 micro-batches of 8 -> 4 optimizer steps x 2 loss calls
+    assert visited(state) == sorted(k for keys in keys_per_shard for k in keys)
+    lines = train_lines(tmp_path, "accum")
+    assert len(lines) == 4 and all("Lambda_t:" in line for line in lines)
+    # alternate schedule, one lambda per optimizer step: 1, 0, 1, 0
+    assert [float(re.search(r"Lambda_t: (\S+)", line).group(1)) for line in lines] == [1.0, 0.0, 1.0, 0.0]
+
+
+@pytest.mark.slow
+def test_resume_continues_decl_state_exactly(tmp_path):
+    pattern = write_shards(tmp_path / "shards", gapped_keys())
+    common = ["--loss", "decl", "--decl-num-samples", "400", "--workers", "2"]
+    train(tmp_path, "straight", pattern, "--epochs", "2", *common)
+    train(tmp_path, "resumed", pattern, "--epochs", "1", *common)
+    out = train(tmp_path, "resumed", pattern, "--epochs", "2", "--resume", "latest", *common)
+    assert "Restored the decl loss state" in out.stderr
+    a, b = checkpoint(tmp_path, "straight", 2), checkpoint(tmp_path, "resumed", 2)
+    assert int(a["loss_state"]["calls"]) == int(b["loss_state"]["calls"]) == 8
+    assert torch.equal(a["loss_state"]["log_rate"].nan_to_num(-1e9), b["loss_state"]["log_rate"].nan_to_num(-1e9))
+    # and the first run's epoch-1 state is not already the final one (the test can fail)
+    first = checkpoint(tmp_path, "resumed", 1)["loss_state"]
+    assert not torch.equal(first["log_rate"].nan_to_num(-1e9), b["loss_state"]["log_rate"].nan_to_num(-1e9))
+    assert all(torch.equal(a["state_dict"][k], b["state_dict"][k]) for k in a["state_dict"])
+
+
+@pytest.mark.slow
+def test_corrupt_samples_are_logged_and_skipped_and_the_run_finishes(tmp_path):
+    pattern = write_shards(tmp_path / "shards", dense_keys(), corrupt_image={5}, no_caption={20})
+    train(tmp_path, "corrupt", pattern, "--epochs", "1", "--workers", "2", "--loss", "decl")
+    log = (tmp_path / "logs" / "corrupt" / "out.log").read_text()
+    assert "Skipping sample '000000020'" in log and "no caption" in log
+    assert "Handling webdataset error" in log
+    state = checkpoint(tmp_path, "corrupt", 1)["loss_state"]
+    assert set(visited(state)) <= set(range(64)) - {5, 20}
+
+
+@pytest.mark.slow
+def test_sample_ids_beyond_the_buffer_stop_the_run_naming_the_flag(tmp_path):
+    pattern = write_shards(tmp_path / "shards", gapped_keys())  # keys up to 315, sizes.json sums to 64
+    out = train(tmp_path, "small", pattern, "--epochs", "1", "--workers", "0", "--loss", "decl", check=False)
+    assert out.returncode == 1
+    assert "--decl-num-samples" in out.stderr
+    assert not (tmp_path / "logs" / "small" / "checkpoints" / "epoch_1.pt").exists()
