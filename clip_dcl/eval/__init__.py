@@ -1,0 +1,31 @@
+"""Evaluations: retrieval, zero-shot classification, ELEVATER few-shot linear probe.
+
+Python API (each returns a flat ``dict[str, float]``)::
+
+    from clip_dcl.eval import evaluate_retrieval, evaluate_zeroshot, evaluate_fewshot
+
+    metrics = evaluate_retrieval(model, preprocess, tokenizer, "data/val/")
+    metrics = evaluate_zeroshot(model, preprocess, tokenizer, "imagenet/val")
+    metrics = evaluate_fewshot(model, preprocess, tokenizer, "elevater/", shots=5, seeds=(0, 1, 2))
+
+The metric math lives in :mod:`clip_dcl.eval.metrics` (tensors in, numbers out). Submodules are
+imported on first use, so ``import clip_dcl.eval`` stays cheap.
+"""
+from __future__ import annotations
+
+import importlib
+
+__all__ = ["evaluate_retrieval", "evaluate_zeroshot", "evaluate_fewshot", "retrieval_metrics"]
+
+_EXPORTS = {
+    "evaluate_retrieval": "retrieval",
+    "evaluate_zeroshot": "zeroshot",
+    "evaluate_fewshot": "fewshot",
+    "retrieval_metrics": "metrics",
+}
+
+
+def __getattr__(name):
+    if name in _EXPORTS:
+        return getattr(importlib.import_module(f".{_EXPORTS[name]}", __name__), name)
+    raise AttributeError(f"module 'clip_dcl.eval' has no attribute {name!r}")

@@ -1,0 +1,242 @@
+"""Load any checkpoint our training writes, and export it to OpenCLIP's ``local-dir`` layout.
+
+``load_checkpoint(path) -> (model, preprocess, tokenizer)`` reads
+
+* a checkpoint file OpenCLIP's trainer writes (``{"epoch", "name", "state_dict", "optimizer"}``,
+  keys prefixed ``module.`` after DDP; a bare state dict also works), or
+* an exported folder (``open_clip_config.json`` + weights), loaded through OpenCLIP's
+  ``local-dir:`` schema.
+
+The model name is found without any training flag at hand, in this order: the ``model``
+argument; the ``clip_dcl`` entry our training stores in every checkpoint
+(``{"model": name, "model_config": <config dict>}``); the ``params.txt`` OpenCLIP writes two
+folders up (``logs/<name>/params.txt``, line ``model: ViT-B-32``). A config dict found in the
+checkpoint (or given as ``model_config``) is registered with OpenCLIP before the model is built,
+so custom architectures load in a fresh process.
+
+``export(ckpt, out_dir)`` writes ``open_clip_config.json`` (``model_cfg`` and ``preprocess_cfg``,
+what OpenCLIP 3.3's ``create_model`` reads for ``local-dir:``) and ``open_clip_model.safetensors``
+(the first name its ``_find_checkpoint_in_dir`` prefers), so that
+``open_clip.create_model_and_transforms("local-dir:OUT_DIR")`` loads it without clip-dcl.
+"""
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import logging
+import os
+import sys
+import tempfile
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+CONFIG_NAME = "open_clip_config.json"
+WEIGHTS_NAME = "open_clip_model.safetensors"
+#: Key under which our training stores the model name and config in a checkpoint.
+CKPT_KEY = "clip_dcl"
+
+
+def _torch_load(path: Path):
+    import pickle
+
+    import torch
+
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as e:
+        # A checkpoint from one's own training run is trusted; it may pickle non-tensor objects.
+        log.warning("%s: weights-only load failed (%s); loading with full unpickling", path, str(e).splitlines()[0])
+        return torch.load(path, map_location="cpu", weights_only=False)
+
+
+def read_params_model(ckpt_path: str | os.PathLike) -> str | None:
+    """The ``model:`` line of ``params.txt`` two folders above a trainer checkpoint, if any."""
+    params = Path(ckpt_path).absolute().parent.parent / "params.txt"
+    if not params.is_file():
+        return None
+    for line in params.read_text(encoding="utf-8").splitlines():
+        key, sep, value = line.partition(":")
+        if sep and key.strip() == "model":
+            return value.strip() or None
+    return None
+
+
+def register_config_dict(name: str, config: dict) -> str:
+    """Register a model config dict with OpenCLIP under ``name`` (written to a cache JSON)."""
+    from .models import register_model_config
+
+    if not isinstance(config, dict):
+        raise ValueError(f"model config for {name!r} must be a dict, got {type(config).__name__}")
+    text = json.dumps(config, sort_keys=True)
+    digest = hashlib.sha1(text.encode()).hexdigest()[:12]
+    # One folder per distinct config, so that two configs with the same name never overwrite
+    # each other's file; OpenCLIP names the model after the file stem.
+    folder = Path(tempfile.gettempdir()) / "clip_dcl_model_configs" / digest
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"{name}.json"
+    if not path.is_file() or path.read_text() != text:
+        tmp = folder / f".{name}.{os.getpid()}.tmp"
+        tmp.write_text(text)
+        os.replace(tmp, path)
+    register_model_config(path)
+    return name
+
+
+class _QuietRandomInit(logging.Filter):
+    """Drops OpenCLIP's "No pretrained weights loaded ... initialized randomly" warning, which is
+    wrong here: the model is built empty and our weights are loaded right after."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "No pretrained weights loaded" not in record.getMessage()
+
+
+def _create_empty(name: str):
+    import open_clip
+
+    root = logging.getLogger()
+    quiet = _QuietRandomInit()
+    root.addFilter(quiet)
+    try:
+        net, _, preprocess = open_clip.create_model_and_transforms(name, pretrained=None)
+    finally:
+        root.removeFilter(quiet)
+    return net, preprocess
+
+
+def _strip_module(state_dict: dict) -> dict:
+    if state_dict and all(k.startswith("module.") for k in state_dict):
+        return {k[len("module."):]: v for k, v in state_dict.items()}
+    return state_dict
+
+
+def resolve_model(path: str | os.PathLike, ckpt: dict, model: str | None = None,
+                  model_config: str | os.PathLike | dict | None = None) -> str:
+    """The model name for a loaded checkpoint dict, registering any custom config (module docstring)."""
+    from .models import register_builtin_configs, register_model_config
+
+    register_builtin_configs()
+    entry = ckpt.get(CKPT_KEY) if isinstance(ckpt, dict) else None
+    if entry is not None and not isinstance(entry, dict):
+        raise ValueError(f"checkpoint {str(path)!r}: {CKPT_KEY!r} entry must be a dict, got {type(entry).__name__}")
+    entry = entry or {}
+    if model_config is not None:
+        if isinstance(model_config, dict):
+            name = model or entry.get("model")
+            if not name:
+                raise ValueError("a model_config dict needs a model name (model=...)")
+            return register_config_dict(name, model_config)
+        registered = register_model_config(model_config)
+        return model or registered
+    name = model or entry.get("model") or read_params_model(path)
+    if not name:
+        raise ValueError(
+            f"checkpoint {str(path)!r} does not name its model (no {CKPT_KEY!r} entry and no params.txt two "
+            f"folders up); pass model='<name>' (and model_config for a custom architecture)")
+    if entry.get("model_config") is not None and (model is None or model == entry.get("model")):
+        register_config_dict(name, entry["model_config"])
+    return name
+
+
+def load_checkpoint(path: str | os.PathLike, device: str = "cpu", model: str | None = None,
+                    model_config: str | os.PathLike | dict | None = None):
+    """Load a trained model for downstream use: ``(model, preprocess, tokenizer)``.
+
+    Args:
+        path: a trainer checkpoint (``epoch_K.pt``) or an exported folder (:func:`export`).
+        device: where the model goes; it is returned in eval mode.
+        model: the OpenCLIP model name, when the checkpoint does not say it.
+        model_config: a config JSON path or dict for a custom architecture (registered with OpenCLIP).
+
+    Returns:
+        The model, its eval image transform, its tokenizer.
+
+    Raises:
+        ValueError: a missing path, or a checkpoint whose model cannot be determined.
+    """
+    import open_clip
+
+    path = Path(path)
+    if path.is_dir():
+        if not (path / CONFIG_NAME).is_file():
+            raise ValueError(f"folder {str(path)!r} holds no {CONFIG_NAME} (not an exported model)")
+        from .models import register_builtin_configs
+
+        register_builtin_configs()
+        name = f"local-dir:{path}"
+        net, _, preprocess = open_clip.create_model_and_transforms(name, device=device)
+        return net.eval(), preprocess, open_clip.get_tokenizer(name)
+    if not path.is_file():
+        raise ValueError(f"checkpoint {str(path)!r} does not exist")
+    ckpt = _torch_load(path)
+    if not isinstance(ckpt, dict):
+        raise ValueError(f"checkpoint {str(path)!r} holds a {type(ckpt).__name__}, not a dict")
+    name = resolve_model(path, ckpt, model, model_config)
+    state_dict = ckpt.get("state_dict", ckpt)
+    state_dict = _strip_module({k: v for k, v in state_dict.items() if k != CKPT_KEY})
+    net, preprocess = _create_empty(name)
+    try:
+        net.load_state_dict(state_dict, strict=True)
+    except RuntimeError as e:
+        raise ValueError(f"checkpoint {str(path)!r} does not fit model {name!r}: {e}") from e
+    net = net.to(device).eval()
+    # Remember the name: export() writes the config registered under it.
+    net.clip_dcl_model_name = name
+    return net, preprocess, open_clip.get_tokenizer(name)
+
+
+def export(ckpt: str | os.PathLike, out_dir: str | os.PathLike, model: str | None = None,
+           model_config: str | os.PathLike | dict | None = None) -> Path:
+    """Write ``ckpt`` as OpenCLIP's ``local-dir`` layout in ``out_dir`` and return ``out_dir``.
+
+    ``open_clip_config.json`` holds ``model_cfg`` (the architecture config), ``preprocess_cfg``
+    (size, mean, std, interpolation, resize_mode) and, for provenance only, ``clip_dcl``
+    (model name, source checkpoint); ``open_clip_model.safetensors`` holds the weights.
+    """
+    import open_clip
+    from safetensors.torch import save_file
+
+    net, _, _ = load_checkpoint(ckpt, "cpu", model, model_config)
+    if Path(ckpt).is_dir():
+        cfg_doc = json.loads((Path(ckpt) / CONFIG_NAME).read_text())
+        model_cfg, name = cfg_doc["model_cfg"], cfg_doc.get(CKPT_KEY, {}).get("model")
+    else:
+        name = net.clip_dcl_model_name
+        model_cfg = open_clip.get_model_config(name)
+        if model_cfg is None:
+            raise ValueError(f"no model config registered for {name!r}")
+    pp = dict(getattr(net.visual, "preprocess_cfg", {}) or {})
+    preprocess_cfg = {k: pp[k] for k in ("size", "mode", "mean", "std", "interpolation", "resize_mode", "fill_color")
+                      if k in pp}
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    doc = {"model_cfg": model_cfg, "preprocess_cfg": preprocess_cfg,
+           CKPT_KEY: {"model": name, "source": str(Path(ckpt).absolute())}}
+    (out / CONFIG_NAME).write_text(json.dumps(doc, indent=2, default=list) + "\n")
+    # Clones: safetensors refuses tensors that share storage.
+    tensors = {k: v.detach().cpu().contiguous().clone() for k, v in net.state_dict().items()}
+    save_file(tensors, str(out / WEIGHTS_NAME))
+    log.info("exported %s (%s) to %s", ckpt, name, out)
+    return out
+
+
+def export_main(argv: list[str] | None = None) -> int:
+    """``clip-dcl export CKPT OUT_DIR [--model NAME] [--model-config PATH]``."""
+    parser = argparse.ArgumentParser(
+        prog="clip-dcl export",
+        description="Export a checkpoint to OpenCLIP's local-dir layout "
+                    "(open_clip.create_model_and_transforms('local-dir:OUT_DIR') loads it).")
+    parser.add_argument("checkpoint", help="trainer checkpoint (epoch_K.pt) or an exported folder")
+    parser.add_argument("out_dir", help="folder to write open_clip_config.json and open_clip_model.safetensors to")
+    parser.add_argument("--model", default=None,
+                        help="OpenCLIP model name, when the checkpoint does not record it")
+    parser.add_argument("--model-config", default=None, help="model config JSON for a custom architecture")
+    args = parser.parse_args(argv)
+    try:
+        out = export(args.checkpoint, args.out_dir, args.model, args.model_config)
+    except ValueError as e:
+        print(f"clip-dcl export: {e}", file=sys.stderr)
+        return 2
+    print(f"exported to {out}; load with open_clip.create_model_and_transforms('local-dir:{out}')")
+    return 0

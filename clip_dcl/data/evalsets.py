@@ -1,0 +1,553 @@
+"""Readers for the evaluation data sets: retrieval pairs, ImageFolder trees, ELEVATER index files.
+
+Three layouts are read here, each checked in full (every referenced file or zip member exists,
+every label parses) before any image is decoded, so that a bad path fails in seconds with its
+name in the message rather than an hour into an embedding loop:
+
+* **Retrieval pairs.** Webdataset ``.tar`` shards in the Conceptual Captions layout that
+  img2dataset writes (``{key}.jpg|png|jpeg|webp``, ``{key}.txt``, ``{key}.json``; the json's
+  ``"captions"`` list, when present, holds every caption of the image), or a CSV/TSV of image
+  path and caption with one row per (image, caption) pair, several rows per image allowed.
+* **ImageFolder trees** (``ROOT/<class>/<image>``), read with torchvision's folder scanner.
+* **ELEVATER "iris" index files**: ``<image_path> <label ids, comma separated>`` per line (split
+  on the last space, as ``IrisManifestAdaptor`` does), where ``image_path`` is relative to the
+  data set folder or ``<zipname>@<path inside the zip>``; images are read in place from the zip
+  (``zipfile``), never extracted. A few-shot data set is
+  ``ROOT/<name>/{labels.txt,train.txt,test.txt}`` (+ zips), a COCO-style
+  ``ROOT/<name>/{train.json,test.json}`` (the index format of three ELEVATER sets), or an
+  ImageFolder pair ``ROOT/<name>/{train,test}/<class>/<image>``.
+
+open_clip (ImageNet names), torchvision (folder scanning) and webdataset are imported where used.
+"""
+from __future__ import annotations
+
+import csv
+import glob
+import io
+import json
+import os
+import re
+import zipfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Sequence
+
+from torch.utils.data import Dataset
+
+IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
+#: Image keys accepted in a webdataset sample, in the order OpenCLIP's trainer tries them.
+WDS_IMAGE_KEYS = ("jpg", "png", "jpeg", "webp")
+_SYNSET = re.compile(r"^n\d{8}$")
+
+
+# ----------------------------------------------------------------------------------------------
+# Plain text files
+# ----------------------------------------------------------------------------------------------
+def read_lines(path: str | os.PathLike, what: str = "file") -> list[str]:
+    """Non-empty, stripped lines of a UTF-8 text file; ``ValueError`` naming it if missing or empty."""
+    path = Path(path)
+    if not path.is_file():
+        raise ValueError(f"{what} {str(path)!r} does not exist")
+    lines = [ln.strip() for ln in path.read_text(encoding="utf-8").splitlines()]
+    lines = [ln for ln in lines if ln]
+    if not lines:
+        raise ValueError(f"{what} {str(path)!r} is empty")
+    return lines
+
+
+def read_classnames(path: str | os.PathLike) -> list[str]:
+    """One class name per line (line i = label i)."""
+    return read_lines(path, "class-name file")
+
+
+def read_templates(path: str | os.PathLike) -> list[str]:
+    """One prompt template per line, with ``{c}`` (or ``{}``) where the class name goes.
+
+    Returned with ``{}`` as the placeholder, the form ``open_clip.build_zero_shot_classifier``
+    formats; a line without a placeholder raises ``ValueError`` naming the file and line.
+    """
+    out = []
+    for i, line in enumerate(read_lines(path, "template file"), 1):
+        t = line.replace("{c}", "{}")
+        if "{}" not in t:
+            raise ValueError(f"template file {str(path)!r} line {i}: {line!r} has no '{{c}}' placeholder")
+        out.append(t)
+    return out
+
+
+def normalize_templates(templates: Sequence) -> list:
+    """Templates as ``build_zero_shot_classifier`` takes them: callables kept, ``{c}`` -> ``{}``."""
+    if not templates:
+        raise ValueError("templates must not be empty")
+    out = []
+    for t in templates:
+        if callable(t):
+            out.append(t)
+        elif isinstance(t, str):
+            t2 = t.replace("{c}", "{}")
+            if "{}" not in t2:
+                raise ValueError(f"template {t!r} has no '{{c}}' placeholder")
+            out.append(t2)
+        else:
+            raise ValueError(f"template {t!r} is neither a string nor a callable")
+    return out
+
+
+# ----------------------------------------------------------------------------------------------
+# Image access: plain files and members of uncompressed zips, read in place
+# ----------------------------------------------------------------------------------------------
+def split_zip_ref(ref: str) -> tuple[str, str] | None:
+    """``'train.zip@a/b.png'`` -> ``('train.zip', 'a/b.png')``; ``None`` for a plain path."""
+    if "@" not in ref:
+        return None
+    zip_part, member = ref.split("@", 1)
+    if not zip_part.lower().endswith(".zip"):
+        return None
+    return zip_part, member
+
+
+class ImageSource:
+    """Opens images given as paths relative to ``base_dir`` or as ``zipname@member`` references.
+
+    Zip handles are opened lazily and cached per process (the cache is dropped after a fork, so
+    DataLoader workers never share a file offset with their parent).
+    """
+
+    def __init__(self, base_dir: str | os.PathLike):
+        self.base_dir = Path(base_dir)
+        self._zips: dict[str, zipfile.ZipFile] = {}
+        self._pid = os.getpid()
+
+    def __getstate__(self):
+        return {"base_dir": self.base_dir}
+
+    def __setstate__(self, state):
+        self.__init__(state["base_dir"])
+
+    def _zip(self, name: str) -> zipfile.ZipFile:
+        if os.getpid() != self._pid:
+            self._zips, self._pid = {}, os.getpid()
+        zf = self._zips.get(name)
+        if zf is None:
+            zf = self._zips[name] = zipfile.ZipFile(self.base_dir / name)
+        return zf
+
+    def open(self, ref: str):
+        """The image as an RGB ``PIL.Image``."""
+        from PIL import Image
+
+        parts = split_zip_ref(ref)
+        if parts is None:
+            with open(self.base_dir / ref, "rb") as f:
+                data = f.read()
+        else:
+            data = self._zip(parts[0]).read(parts[1])
+        img = Image.open(io.BytesIO(data))
+        return img.convert("RGB")
+
+    def check(self, refs: Sequence[str], what: str) -> None:
+        """Raise ``ValueError`` naming the first reference in ``refs`` that cannot be found."""
+        members: dict[str, set] = {}
+        for ref in refs:
+            parts = split_zip_ref(ref)
+            if parts is None:
+                if not (self.base_dir / ref).is_file():
+                    raise ValueError(f"{what}: image {str(self.base_dir / ref)!r} does not exist")
+                continue
+            zname, member = parts
+            if zname not in members:
+                zpath = self.base_dir / zname
+                if not zpath.is_file():
+                    raise ValueError(f"{what}: zip file {str(zpath)!r} does not exist (referenced as {ref!r})")
+                try:
+                    with zipfile.ZipFile(zpath) as zf:
+                        members[zname] = set(zf.namelist())
+                except zipfile.BadZipFile as e:
+                    raise ValueError(f"{what}: {str(zpath)!r} is not a valid zip file: {e}") from e
+            if member not in members[zname]:
+                raise ValueError(f"{what}: {member!r} is not in zip file {str(self.base_dir / zname)!r}")
+
+
+class ImageListDataset(Dataset):
+    """``dataset[i] -> (transform(image_i), i)`` over a list of image references."""
+
+    def __init__(self, refs: Sequence[str], source: ImageSource, transform: Callable):
+        self.refs = list(refs)
+        self.source = source
+        self.transform = transform
+
+    def __len__(self) -> int:
+        return len(self.refs)
+
+    def __getitem__(self, i: int):
+        return self.transform(self.source.open(self.refs[i])), i
+
+
+# ----------------------------------------------------------------------------------------------
+# Retrieval pairs
+# ----------------------------------------------------------------------------------------------
+@dataclass
+class RetrievalCSV:
+    """Images and their captions read from a CSV: ``images[i]`` has ``captions[i]`` (>= 1)."""
+
+    images: list[str]
+    captions: list[list[str]]
+    source: ImageSource
+
+
+_CSV_IMAGE_KEYS = ("filepath", "image", "image_path", "img", "path", "file", "filename")
+_CSV_CAPTION_KEYS = ("title", "caption", "text", "captions")
+
+
+def read_retrieval_csv(
+    path: str | os.PathLike,
+    img_key: str | None = None,
+    caption_key: str | None = None,
+    sep: str | None = None,
+) -> RetrievalCSV:
+    """Read a CSV/TSV of (image path, caption) rows, grouping rows of the same image.
+
+    The separator defaults to a tab for ``.tsv`` and to a comma otherwise; column names default to
+    the first of ``filepath|image|image_path|img|path|file|filename`` and
+    ``title|caption|text|captions`` present in the header (OpenCLIP's trainer calls them
+    ``filepath``/``title``). Image paths are relative to the CSV's folder unless absolute. Image
+    order is the order of first appearance.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise ValueError(f"retrieval CSV {str(path)!r} does not exist")
+    if sep is None:
+        sep = "\t" if path.suffix.lower() == ".tsv" else ","
+    with open(path, newline="", encoding="utf-8") as f:
+        reader = csv.DictReader(f, delimiter=sep)
+        header = reader.fieldnames or []
+
+        def pick(given, candidates, what):
+            if given is not None:
+                if given not in header:
+                    raise ValueError(f"retrieval CSV {str(path)!r} has no column {given!r} (columns: {header})")
+                return given
+            for c in candidates:
+                if c in header:
+                    return c
+            raise ValueError(
+                f"retrieval CSV {str(path)!r}: no {what} column among {header}; name it with one of "
+                f"{list(candidates)} or pass it explicitly"
+            )
+
+        ik = pick(img_key, _CSV_IMAGE_KEYS, "image")
+        ck = pick(caption_key, _CSV_CAPTION_KEYS, "caption")
+        index: dict[str, int] = {}
+        images: list[str] = []
+        captions: list[list[str]] = []
+        for lineno, row in enumerate(reader, 2):
+            img, cap = row.get(ik), row.get(ck)
+            if not img or cap is None or not cap.strip():
+                raise ValueError(f"retrieval CSV {str(path)!r} line {lineno}: empty image path or caption")
+            if img not in index:
+                index[img] = len(images)
+                images.append(img)
+                captions.append([])
+            captions[index[img]].append(cap.strip())
+    if not images:
+        raise ValueError(f"retrieval CSV {str(path)!r} has no rows")
+    source = ImageSource(path.parent)
+    source.check(images, f"retrieval CSV {str(path)!r}")
+    return RetrievalCSV(images=images, captions=captions, source=source)
+
+
+def expand_shards(data: str | os.PathLike | Sequence[str]) -> list[str]:
+    """Shard paths from a folder (its ``*.tar``, sorted), a brace pattern, ``::``-joined
+    patterns, a single ``.tar`` or a list of those; ``ValueError`` naming a missing shard."""
+    if isinstance(data, (list, tuple)):
+        out = []
+        for d in data:
+            out.extend(expand_shards(d))
+        return out
+    data = str(data)
+    if os.path.isdir(data):
+        shards = sorted(glob.glob(os.path.join(data, "*.tar")))
+        if not shards:
+            raise ValueError(f"shard folder {data!r} holds no .tar files")
+        return shards
+    import braceexpand
+
+    shards = []
+    for part in data.split("::"):
+        shards.extend(braceexpand.braceexpand(part))
+    for s in shards:
+        if not os.path.isfile(s):
+            raise ValueError(f"shard {s!r} does not exist")
+    return shards
+
+
+def _sample_captions(sample: dict) -> list[str]:
+    """A webdataset sample's captions: the json ``captions`` list when present, else the txt."""
+    meta = sample.get("json")
+    if meta is not None:
+        if isinstance(meta, (bytes, str)):
+            meta = json.loads(meta)
+        caps = meta.get("captions") if isinstance(meta, dict) else None
+        if caps:
+            if not isinstance(caps, list) or not all(isinstance(c, str) for c in caps):
+                raise ValueError(f"sample {sample.get('__key__')!r} in {sample.get('__url__')!r}: "
+                                 f"json 'captions' must be a list of strings")
+            return [c.strip() for c in caps if c.strip()]
+    txt = sample.get("txt")
+    if txt is None:
+        raise ValueError(f"sample {sample.get('__key__')!r} in {sample.get('__url__')!r} has no caption "
+                         f"(neither .txt nor json 'captions')")
+    if isinstance(txt, bytes):
+        txt = txt.decode("utf-8")
+    return [txt.strip()]
+
+
+def retrieval_wds(shards: Sequence[str], transform: Callable):
+    """Webdataset pipeline yielding ``(transform(image), captions, key)`` per sample, shards in order.
+
+    Each DataLoader worker reads whole shards (webdataset's ``split_by_worker``); every sample
+    carries its own captions, so the interleaving of workers does not matter.
+    """
+    import webdataset as wds
+
+    def to_pair(sample):
+        img = next((sample[k] for k in WDS_IMAGE_KEYS if k in sample), None)
+        if img is None:
+            raise ValueError(f"sample {sample.get('__key__')!r} in {sample.get('__url__')!r} has no image "
+                             f"({'/'.join(WDS_IMAGE_KEYS)})")
+        return transform(img), _sample_captions(sample), sample["__key__"]
+
+    return wds.WebDataset(list(shards), shardshuffle=False).decode("pilrgb").map(to_pair)
+
+
+# ----------------------------------------------------------------------------------------------
+# ImageFolder trees (zero-shot, few-shot)
+# ----------------------------------------------------------------------------------------------
+def scan_image_folder(root: str | os.PathLike, class_to_idx: dict[str, int] | None = None,
+                      allow_empty: bool = False) -> tuple[list[str], list[tuple[str, int]]]:
+    """(sorted class folders, [(absolute image path, label)]) of ``root/<class>/<image>``.
+
+    Image files are those with an extension in :data:`IMAGE_EXTENSIONS`; a class folder without
+    any raises ``ValueError`` unless ``allow_empty``.
+
+    With ``class_to_idx`` given (a test split scanned with the train split's classes), folders
+    of unknown classes raise ``ValueError``.
+    """
+    from torchvision.datasets.folder import find_classes, make_dataset
+
+    root = Path(root).absolute()
+    if not root.is_dir():
+        raise ValueError(f"image folder {str(root)!r} does not exist")
+    try:
+        classes, found = find_classes(root)
+    except FileNotFoundError as e:
+        raise ValueError(f"image folder {str(root)!r}: {e}") from e
+    if class_to_idx is None:
+        class_to_idx = found
+    else:
+        unknown = sorted(set(classes) - set(class_to_idx))
+        if unknown:
+            raise ValueError(f"image folder {str(root)!r} has class folders {unknown} absent from the train split")
+        classes = sorted(class_to_idx, key=class_to_idx.get)
+    try:
+        samples = make_dataset(str(root), class_to_idx, extensions=IMAGE_EXTENSIONS, allow_empty=allow_empty)
+    except FileNotFoundError as e:
+        raise ValueError(f"image folder {str(root)!r}: {e}") from e
+    return classes, samples
+
+
+def is_imagenet_synsets(folders: Sequence[str]) -> bool:
+    """True when every folder name is a WordNet synset id (``n01440764``)."""
+    return bool(folders) and all(_SYNSET.match(f) for f in folders)
+
+
+def imagenet_classnames_for(folders: Sequence[str]) -> list[str]:
+    """OpenCLIP's ImageNet class names for the 1000 synset folders, in sorted-synset order.
+
+    The standard ImageNet label order is the sorted list of the 1000 synsets, and
+    ``open_clip.IMAGENET_CLASSNAMES`` follows it; with fewer folders the mapping is ambiguous
+    (OpenCLIP ships no synset list), so a ``ValueError`` asks for an explicit class-name file.
+    """
+    from open_clip.zero_shot_metadata import IMAGENET_CLASSNAMES
+
+    if not is_imagenet_synsets(folders):
+        raise ValueError("folder names are not ImageNet synset ids (nXXXXXXXX)")
+    if len(folders) != len(IMAGENET_CLASSNAMES) or len(set(folders)) != len(folders):
+        raise ValueError(
+            f"found {len(folders)} synset folders; ImageNet class names need all {len(IMAGENET_CLASSNAMES)} "
+            f"(sorted synsets = label order). Give a class-name file for a subset."
+        )
+    if list(folders) != sorted(folders):
+        raise ValueError("synset folders must be given in sorted order")
+    return list(IMAGENET_CLASSNAMES)
+
+
+# ----------------------------------------------------------------------------------------------
+# Few-shot data sets (ELEVATER iris index layout, or train/test ImageFolder trees)
+# ----------------------------------------------------------------------------------------------
+def parse_index_line(line: str, where: str) -> tuple[str, list[int]]:
+    """``'<path> <ids>'`` -> ``(path, [ids])``, splitting on the last space (paths may hold spaces)."""
+    parts = line.rsplit(" ", 1)
+    if len(parts) != 2 or not parts[0].strip():
+        raise ValueError(f"{where}: expected '<image_path> <label ids>', got {line!r}")
+    path, ids = parts[0].strip(), parts[1].strip()
+    try:
+        labels = [int(x) for x in ids.split(",") if x != ""]
+    except ValueError:
+        raise ValueError(f"{where}: label ids {ids!r} are not comma-separated integers") from None
+    return path, labels
+
+
+def read_index_file(path: str | os.PathLike, num_classes: int | None = None) -> list[tuple[str, list[int]]]:
+    """Read an iris index file: ``[(image_ref, [label ids])]`` in file order.
+
+    Label ids outside ``[0, num_classes)`` raise ``ValueError`` naming the file and line.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise ValueError(f"index file {str(path)!r} does not exist")
+    items = []
+    for lineno, raw in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+        line = raw.strip()
+        if not line:
+            continue
+        ref, labels = parse_index_line(line, f"index file {str(path)!r} line {lineno}")
+        if num_classes is not None:
+            bad = [y for y in labels if not 0 <= y < num_classes]
+            if bad:
+                raise ValueError(f"index file {str(path)!r} line {lineno}: label ids {bad} outside "
+                                 f"[0, {num_classes}) (labels.txt has {num_classes} classes)")
+        items.append((ref, labels))
+    if not items:
+        raise ValueError(f"index file {str(path)!r} lists no images")
+    return items
+
+
+@dataclass
+class FewShotData:
+    """One few-shot data set read from disk, images not yet decoded.
+
+    ``train``/``test`` are ``[(image_ref, [label ids])]`` in file order (the order the few-shot
+    sampler shuffles); refs are opened with ``source``.
+    """
+
+    name: str
+    classnames: list[str]
+    train: list[tuple[str, list[int]]]
+    test: list[tuple[str, list[int]]]
+    source: ImageSource
+    layout: str
+    templates: list[str] | None = None
+    multilabel: bool = False
+    extra: dict = field(default_factory=dict)
+
+    @property
+    def num_classes(self) -> int:
+        return len(self.classnames)
+
+
+def read_coco_classification(path: str | os.PathLike) -> tuple[list[str], list[tuple[str, list[int]]]]:
+    """Read a COCO-style classification index (vision-datasets' COCO format, used by three
+    ELEVATER data sets): ``(class names, [(image_ref, [label ids])])``.
+
+    ``images[{id, file_name, zip_file?}]``, ``annotations[{image_id, category_id}]``,
+    ``categories[{id, name}]`` with ids from 1; label = position of the category in id order.
+    An image stored in a zip is referenced as ``zip_file@file_name``.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise ValueError(f"index file {str(path)!r} does not exist")
+    try:
+        doc = json.loads(path.read_text(encoding="utf-8"))
+        cats = sorted(doc["categories"], key=lambda c: c["id"])
+        cat_index = {c["id"]: i for i, c in enumerate(cats)}
+        labels: dict = {img["id"]: [] for img in doc["images"]}
+        for ann in doc.get("annotations", []):
+            if ann["image_id"] not in labels:
+                raise ValueError(f"annotation for unknown image id {ann['image_id']!r}")
+            if ann["category_id"] not in cat_index:
+                raise ValueError(f"annotation with unknown category id {ann['category_id']!r}")
+            labels[ann["image_id"]].append(cat_index[ann["category_id"]])
+        items = []
+        for img in doc["images"]:
+            ref = f"{img['zip_file']}@{img['file_name']}" if img.get("zip_file") else img["file_name"]
+            items.append((ref, sorted(set(labels[img["id"]]))))
+    except (KeyError, TypeError, json.JSONDecodeError, ValueError) as e:
+        raise ValueError(f"index file {str(path)!r} is not a valid COCO classification file: {e!r}") from e
+    if not items:
+        raise ValueError(f"index file {str(path)!r} lists no images")
+    return [c.get("name", str(c["id"])) for c in cats], items
+
+
+def fewshot_layout(folder: str | os.PathLike) -> str | None:
+    """``'iris'`` for index files, ``'coco'`` for COCO json indexes, ``'imagefolder'`` for
+    train/test trees, ``None`` otherwise."""
+    folder = Path(folder)
+    if (folder / "train.txt").is_file() and (folder / "test.txt").is_file():
+        return "iris"
+    if (folder / "train.json").is_file() and (folder / "test.json").is_file():
+        return "coco"
+    if (folder / "train").is_dir() and (folder / "test").is_dir():
+        return "imagefolder"
+    return None
+
+
+def list_fewshot_datasets(root: str | os.PathLike) -> list[str]:
+    """Names of the sub-folders of ``root`` holding a few-shot data set in any layout, sorted."""
+    root = Path(root)
+    if not root.is_dir():
+        raise ValueError(f"few-shot root {str(root)!r} does not exist")
+    return sorted(p.name for p in root.iterdir() if p.is_dir() and fewshot_layout(p) is not None)
+
+
+def read_fewshot_dataset(root: str | os.PathLike, name: str, check_files: bool = True) -> FewShotData:
+    """Read ``root/name`` in any layout; every image reference is checked before returning.
+
+    Class names come from ``labels.txt`` (required for iris index files; for COCO indexes and
+    ImageFolder trees it overrides the category or folder names, ``_`` read as spaces), and
+    templates from an optional ``templates.txt``. ``multilabel`` is set when an image carries
+    more than one label.
+    """
+    folder = Path(root) / name
+    layout = fewshot_layout(folder)
+    if layout is None:
+        raise ValueError(f"few-shot data set {str(folder)!r} holds none of train.txt+test.txt, train.json+test.json, "
+                         f"train/+test/ folders")
+    templates = read_templates(folder / "templates.txt") if (folder / "templates.txt").is_file() else None
+    source = ImageSource(folder)
+    if layout == "iris":
+        classnames = read_classnames(folder / "labels.txt")
+        train = read_index_file(folder / "train.txt", len(classnames))
+        test = read_index_file(folder / "test.txt", len(classnames))
+    elif layout == "coco":
+        classnames, train = read_coco_classification(folder / "train.json")
+        test_names, test = read_coco_classification(folder / "test.json")
+        if test_names != classnames:
+            raise ValueError(f"{str(folder / 'test.json')!r} and {str(folder / 'train.json')!r} list different categories")
+        if (folder / "labels.txt").is_file():
+            names = read_classnames(folder / "labels.txt")
+            if len(names) != len(classnames):
+                raise ValueError(f"{str(folder / 'labels.txt')!r} names {len(names)} classes but the COCO "
+                                 f"index has {len(classnames)} categories")
+            classnames = names
+    else:
+        folders, train_s = scan_image_folder(folder / "train")
+        class_to_idx = {c: i for i, c in enumerate(folders)}
+        _, test_s = scan_image_folder(folder / "test", class_to_idx, allow_empty=True)
+        if not test_s:
+            raise ValueError(f"few-shot data set {str(folder / 'test')!r} holds no images")
+        train = [(os.path.relpath(p, folder), [y]) for p, y in train_s]
+        test = [(os.path.relpath(p, folder), [y]) for p, y in test_s]
+        if (folder / "labels.txt").is_file():
+            classnames = read_classnames(folder / "labels.txt")
+            if len(classnames) != len(folders):
+                raise ValueError(f"{str(folder / 'labels.txt')!r} names {len(classnames)} classes but "
+                                 f"{str(folder / 'train')!r} has {len(folders)} class folders")
+        else:
+            classnames = [f.replace("_", " ") for f in folders]
+    if check_files:
+        source.check([r for r, _ in train], f"{name} train split")
+        source.check([r for r, _ in test], f"{name} test split")
+    multilabel = any(len(y) > 1 for _, y in train + test)
+    return FewShotData(name=name, classnames=classnames, train=train, test=test, source=source,
+                       layout=layout, templates=templates, multilabel=multilabel)

@@ -1,0 +1,172 @@
+"""``clip-dcl eval retrieval|zeroshot|fewshot``: thin wrappers over the evaluate_* functions.
+
+Each subcommand loads the model (``--checkpoint`` a trainer ``.pt`` or an exported folder, see
+:func:`clip_dcl.checkpoint.load_checkpoint`; or ``--model`` alone with OpenCLIP's
+``--pretrained`` tag/file), runs one evaluator, prints a table and, with ``--output``, writes the
+flat JSON of :mod:`clip_dcl.eval.report`.
+
+Examples::
+
+    clip-dcl eval retrieval --checkpoint logs/x/checkpoints/epoch_10.pt --data data/val/ --output r.json
+    clip-dcl eval zeroshot  --checkpoint exported/ --data /data/imagenet/val
+    clip-dcl eval fewshot   --checkpoint exported/ --data /data/elevater --datasets cifar-10 dtd --grid full
+"""
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+
+log = logging.getLogger(__name__)
+
+
+def _default_device() -> str:
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def _add_common(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("model")
+    g.add_argument("--checkpoint", default=None,
+                   help="trainer checkpoint (epoch_K.pt) or a folder written by `clip-dcl export`")
+    g.add_argument("--model", default=None,
+                   help="OpenCLIP model name; needed when the checkpoint does not record it, or with no checkpoint")
+    g.add_argument("--model-config", default=None, help="model config JSON for a custom architecture")
+    g.add_argument("--pretrained", default=None,
+                   help="OpenCLIP pretrained tag or weights file, used only without --checkpoint")
+    g = p.add_argument_group("run")
+    g.add_argument("--batch-size", type=int, default=64, help="images per encoder batch (default 64)")
+    g.add_argument("--device", default=None, help="torch device (default: cuda if available, else cpu)")
+    g.add_argument("--workers", type=int, default=0, help="data-loading worker processes (default 0)")
+    g.add_argument("--output", default=None, help="write the results as JSON to this path")
+    g.add_argument("--no-progress", action="store_true", help="no progress bars")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="clip-dcl eval", description="Evaluate a CLIP model.")
+    sub = parser.add_subparsers(dest="task", required=True, metavar="{retrieval,zeroshot,fewshot}")
+
+    p = sub.add_parser("retrieval", help="image<->text recall@k and ranks on val shards or a CSV",
+                       description="Image-to-text and text-to-image recall@1/5/10, mean and median rank.")
+    p.add_argument("--data", required=True,
+                   help="folder of .tar shards, a shard pattern ('val-{000..003}.tar'), or a CSV/TSV of image,caption")
+    p.add_argument("--csv-img-key", default=None, help="CSV image-path column (default: filepath/image/...)")
+    p.add_argument("--csv-caption-key", default=None, help="CSV caption column (default: title/caption/...)")
+    p.add_argument("--csv-separator", default=None, help="CSV separator (default: tab for .tsv, else comma)")
+    p.add_argument("--chunk-size", type=int, default=1024,
+                   help="query rows scored at once; memory ~ chunk x N x 5 bytes (default 1024)")
+    _add_common(p)
+
+    p = sub.add_parser("zeroshot", help="zero-shot top-1/top-5/mean per-class recall on an ImageFolder tree",
+                       description="Zero-shot classification; ImageNet synset folders use OpenCLIP's class "
+                                   "names and templates.")
+    p.add_argument("--data", required=True, help="ImageFolder root: ROOT/<class>/<images>")
+    p.add_argument("--classnames", default=None, help="class-name file (default: ROOT/classnames.txt or ImageNet's)")
+    p.add_argument("--templates", default=None,
+                   help="template file, one per line with {c} (default: ROOT/templates.txt or OpenAI's 80)")
+    _add_common(p)
+
+    p = sub.add_parser("fewshot", help="ELEVATER k-shot linear probe (and mean classifier)",
+                       description="ELEVATER few-shot linear probe on frozen features.")
+    p.add_argument("--data", required=True, help="root with one folder per data set (iris index, COCO json or "
+                                                 "train/test ImageFolder), optional catalog.json")
+    p.add_argument("--datasets", nargs="+", default=None, help="data set names under --data (default: all)")
+    p.add_argument("--shots", type=int, default=5, help="images per class (default 5)")
+    p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2], help="sampling seeds (default 0 1 2)")
+    p.add_argument("--grid", choices=["full", "reduced"], default="reduced",
+                   help="lr x weight-decay sweep: the toolkit's full grid or a reduced one (default reduced)")
+    p.add_argument("--epoch-selection", choices=["last", "toolkit"], default="last",
+                   help="report the final run's last epoch, or its best test epoch as the toolkit does (default last)")
+    p.add_argument("--text-init", action=argparse.BooleanOptionalAction, default=True,
+                   help="initialise the head with the zero-shot text classifier (default on)")
+    _add_common(p)
+    return parser
+
+
+def _load_model(args):
+    """(model, preprocess, tokenizer, model description) from the common flags."""
+    import open_clip
+
+    from ..models import register_builtin_configs, register_model_config
+
+    if args.checkpoint:
+        from ..checkpoint import load_checkpoint
+
+        model, preprocess, tokenizer = load_checkpoint(args.checkpoint, args.device, args.model, args.model_config)
+        name = getattr(model, "clip_dcl_model_name", args.model or f"local-dir:{args.checkpoint}")
+        return model, preprocess, tokenizer, {"name": name, "checkpoint": str(args.checkpoint)}
+    if not args.model:
+        raise ValueError("give --checkpoint, or --model (with --pretrained for weights)")
+    register_builtin_configs()
+    name = register_model_config(args.model_config) if args.model_config else args.model
+    if args.model_config and args.model != name:
+        raise ValueError(f"--model {args.model!r} differs from the config file's name {name!r}")
+    if not args.pretrained:
+        log.warning("no --checkpoint or --pretrained: evaluating randomly initialised %s", name)
+    model, _, preprocess = open_clip.create_model_and_transforms(name, pretrained=args.pretrained, device=args.device)
+    return model.eval(), preprocess, open_clip.get_tokenizer(name), {"name": name, "pretrained": args.pretrained}
+
+
+def main(argv: list[str] | None = None) -> int:
+    from .report import fewshot_table, metrics_table, result_document, retrieval_table, write_json
+
+    args = build_parser().parse_args(argv)
+    if args.batch_size < 1:
+        print(f"clip-dcl eval: --batch-size must be >= 1, got {args.batch_size}", file=sys.stderr)
+        return 2
+    if args.workers < 0:
+        print(f"clip-dcl eval: --workers must be >= 0, got {args.workers}", file=sys.stderr)
+        return 2
+    if not logging.getLogger().handlers:
+        logging.basicConfig(level=logging.INFO, format="%(message)s")
+    args.device = args.device or _default_device()
+    progress = not args.no_progress
+    common = dict(batch_size=args.batch_size, device=args.device, workers=args.workers, progress=progress)
+    settings = {"batch_size": args.batch_size, "device": args.device, "workers": args.workers}
+    details = None
+    try:
+        model, preprocess, tokenizer, model_info = _load_model(args)
+        if args.task == "retrieval":
+            from .retrieval import evaluate_retrieval
+
+            metrics, info = evaluate_retrieval(model, preprocess, tokenizer, args.data, chunk_size=args.chunk_size,
+                                               csv_img_key=args.csv_img_key, csv_caption_key=args.csv_caption_key,
+                                               csv_separator=args.csv_separator, return_info=True, **common)
+            table = retrieval_table(metrics)
+            settings.update(chunk_size=args.chunk_size, normalize=True)
+            data = {"path": str(args.data), **info}
+        elif args.task == "zeroshot":
+            from .zeroshot import evaluate_zeroshot
+
+            metrics, info = evaluate_zeroshot(model, preprocess, tokenizer, args.data, classnames=args.classnames,
+                                              templates=args.templates, return_info=True, **common)
+            table = metrics_table(metrics)
+            settings.update(classnames=info.pop("classnames_source"), templates=info.pop("templates_source"),
+                            num_templates=info.pop("num_templates"))
+            data = {"path": str(args.data), **info}
+        else:
+            from .fewshot import evaluate_fewshot
+
+            report = evaluate_fewshot(model, preprocess, tokenizer, args.data, datasets=args.datasets,
+                                      shots=args.shots, seeds=args.seeds, grid=args.grid,
+                                      epoch_selection=args.epoch_selection, text_init=args.text_init,
+                                      return_report=True, **common)
+            metrics = report.metrics
+            table = fewshot_table(metrics)
+            settings.update(report.settings)
+            data = {"path": str(args.data), "datasets": report.datasets}
+            details = report.to_dict()["probes"]
+    except ValueError as e:
+        print(f"clip-dcl eval {args.task}: {e}", file=sys.stderr)
+        return 2
+    print(table)
+    if args.output:
+        doc = result_document(metrics, model_info, data, settings, details)
+        path = write_json(args.output, doc)
+        print(f"wrote {path}")
+    return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

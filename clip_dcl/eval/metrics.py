@@ -1,0 +1,341 @@
+"""Metric functions over tensors: retrieval ranks, classification scores, ELEVATER's four metrics.
+
+Everything here takes tensors and returns tensors or floats; no files, models or processes, so
+each function is tested against scikit-learn or a slow re-computation on random inputs.
+
+Written by hand (and why):
+
+* :func:`retrieval_ranks` - OpenCLIP's ``get_clip_metrics`` materialises the full N x N logit
+  matrix and argsorts it (1:1 pairs only); CLIP_benchmark's ``recall_at_k`` builds an
+  (n, k, N) one-hot tensor. Neither scales to 100k x 100k nor does both several captions per
+  image and ranks, so ranks are counted here chunk by chunk.
+* :func:`average_precision_11point`, :func:`binary_roc_auc` - scikit-learn computes them one
+  class and one call at a time; the few-shot sweep scores hundreds of (head, epoch) pairs per
+  data set, so they are vectorised over a leading batch of heads. Both are tested against
+  scikit-learn (``precision_recall_curve``, ``roc_auc_score``).
+"""
+from __future__ import annotations
+
+import math
+from typing import Sequence
+
+import numpy as np
+import torch
+
+#: The four ELEVATER metrics (``TEST.METRIC`` acc / mpc / mAP11 / auc in the toolkit's yaml files).
+ELEVATER_METRICS = ("accuracy", "mean_per_class", "11point_mAP", "roc_auc")
+
+
+# ----------------------------------------------------------------------------------------------
+# Retrieval
+# ----------------------------------------------------------------------------------------------
+def _check_features(name: str, x: torch.Tensor) -> None:
+    if x.ndim != 2:
+        raise ValueError(f"{name} must be 2-D (N, D), got shape {tuple(x.shape)}")
+    if not torch.isfinite(x).all():
+        raise ValueError(f"{name} holds NaN or inf values")
+
+
+#: Elements compared per block when counting: the boolean block and the int64 copy that ``sum``
+#: makes of it stay around 9 MB, whatever the chunk size.
+_COUNT_BLOCK = 1 << 20
+
+
+def _count_at_least(scores: torch.Tensor, thresholds: torch.Tensor) -> torch.Tensor:
+    """Per row i, ``#{j : scores[i, j] >= thresholds[i]}``, a few rows at a time, because summing a
+    boolean tensor materialises an int64 copy of it (8 bytes an element)."""
+    rows, cols = scores.shape
+    step = max(1, _COUNT_BLOCK // max(cols, 1))
+    out = torch.empty(rows, dtype=torch.long, device=scores.device)
+    for r in range(0, rows, step):
+        out[r:r + step] = (scores[r:r + step] >= thresholds[r:r + step, None]).sum(1)
+    return out
+
+
+def retrieval_ranks(
+    image_features: torch.Tensor,
+    text_features: torch.Tensor,
+    text_to_image: torch.Tensor | None = None,
+    chunk_size: int = 1024,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """0-based rank of the best-ranked true match, per image query and per text query.
+
+    Scores are inner products ``s(i, t) = <f_i, g_t>`` (pass L2-normalised features for cosine
+    similarity; a positive logit scale does not change ranks). Text ``t`` describes image
+    ``text_to_image[t]`` (default: ``arange``, 1:1 pairs); an image may have several texts.
+
+    * image -> text: ``rank_i = #{t not of i : s(i, t) >= max_{t' of i} s(i, t')}``
+    * text -> image: ``rank_t = #{j != img(t) : s(j, t) >= s(img(t), t)}``
+
+    so that "a true item is in the top k" is ``rank < k`` (CLIP_benchmark's hit rule), and on
+    1:1 pairs without ties the ranks are those of OpenCLIP's ``get_clip_metrics``. Ties with a
+    false item count against the query (a collapsed model scores 0, not 1).
+
+    Memory: the score matrix is built ``chunk_size`` query rows at a time and counted in blocks
+    of ~1M elements, so with ``N = max(N_images, N_texts)`` and float32 features the peak extra
+    memory is bounded by ``4 x chunk_size x N`` (one chunk of scores) ``+ 4 x N x D`` (the copy
+    of the other side's features that the BLAS matmul may pack) ``+ ~9 MB`` (one counting
+    block) ``+ O(N)`` index vectors: at most 126 MB for 20k x 20k, D = 512, at the default chunk
+    of 1024 (98 MB measured), and 600 MB for 100k x 100k, against 4 N^2 bytes for the logits
+    alone in a full-matrix computation (1.6 GB and 40 GB). This is live tensor memory; glibc's
+    allocator may keep freed chunk buffers resident on top (170 MB RSS measured for 20k x 20k).
+    Work is O(N_images x N_texts x D) either way. Measurements:
+    ``benchmarks/results/retrieval_speed.md``.
+
+    Args:
+        image_features: (I, D) image embeddings.
+        text_features: (T, D) text embeddings, same device and dtype.
+        text_to_image: (T,) long, the image index of each text; every image needs >= 1 text.
+        chunk_size: query rows scored at once.
+
+    Returns:
+        ``(image_to_text_ranks (I,), text_to_image_ranks (T,))``, long tensors.
+
+    Raises:
+        ValueError: bad shapes, non-finite features, an index out of range, an image without text.
+    """
+    _check_features("image_features", image_features)
+    _check_features("text_features", text_features)
+    n_img, n_txt = image_features.shape[0], text_features.shape[0]
+    if image_features.shape[1] != text_features.shape[1]:
+        raise ValueError(f"feature sizes differ: images {image_features.shape[1]}, texts {text_features.shape[1]}")
+    if chunk_size < 1:
+        raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
+    device = image_features.device
+    if text_to_image is None:
+        if n_img != n_txt:
+            raise ValueError(f"1:1 pairs need as many texts as images, got {n_txt} texts for {n_img} images")
+        text_to_image = torch.arange(n_img, device=device)
+    text_to_image = torch.as_tensor(text_to_image, dtype=torch.long, device=device)
+    if text_to_image.shape != (n_txt,):
+        raise ValueError(f"text_to_image must have shape ({n_txt},), got {tuple(text_to_image.shape)}")
+    if n_txt and (text_to_image.min() < 0 or text_to_image.max() >= n_img):
+        raise ValueError(f"text_to_image holds indices outside [0, {n_img})")
+    counts = torch.bincount(text_to_image, minlength=n_img)
+    if (counts == 0).any():
+        missing = torch.nonzero(counts == 0).flatten()[:5].tolist()
+        raise ValueError(f"images without any text, e.g. indices {missing}")
+
+    # Texts grouped by image, so that the positives of an image chunk are one contiguous run.
+    order = torch.argsort(text_to_image, stable=True)
+    starts = torch.cumsum(counts, 0) - counts
+
+    i2t = torch.empty(n_img, dtype=torch.long, device=device)
+    for s in range(0, n_img, chunk_size):
+        e = min(s + chunk_size, n_img)
+        scores = image_features[s:e] @ text_features.T  # (c, T)
+        lo, hi = int(starts[s]), int(starts[e - 1] + counts[e - 1])
+        pos_t = order[lo:hi]  # texts of images s..e-1
+        pos_row = text_to_image[pos_t] - s
+        pos_score = scores[pos_row, pos_t]
+        best = torch.full((e - s,), -math.inf, dtype=scores.dtype, device=device)
+        best.scatter_reduce_(0, pos_row, pos_score, reduce="amax")
+        # Positives tied with the best one are not "false items ranked above".
+        n_pos_at_best = torch.zeros(e - s, dtype=torch.long, device=device)
+        n_pos_at_best.scatter_add_(0, pos_row, (pos_score >= best[pos_row]).long())
+        i2t[s:e] = _count_at_least(scores, best) - n_pos_at_best
+        del scores
+
+    t2i = torch.empty(n_txt, dtype=torch.long, device=device)
+    for s in range(0, n_txt, chunk_size):
+        e = min(s + chunk_size, n_txt)
+        scores = text_features[s:e] @ image_features.T  # (c, I)
+        true = scores.gather(1, text_to_image[s:e, None])[:, 0]
+        t2i[s:e] = _count_at_least(scores, true) - 1
+        del scores
+    return i2t, t2i
+
+
+def rank_metrics(ranks: torch.Tensor, prefix: str, ks: Sequence[int] = (1, 5, 10)) -> dict[str, float]:
+    """``{prefix}_R@k`` = P(rank < k), ``{prefix}_mean_rank`` = mean + 1, ``{prefix}_median_rank``
+    = floor(median) + 1 (numpy's median, as OpenCLIP's ``get_clip_metrics``), from 0-based ranks."""
+    r = ranks.detach().cpu().numpy()
+    out = {f"{prefix}_mean_rank": float(r.mean() + 1), f"{prefix}_median_rank": float(np.floor(np.median(r)) + 1)}
+    for k in ks:
+        out[f"{prefix}_R@{k}"] = float(np.mean(r < k))
+    return out
+
+
+def retrieval_metrics(
+    image_features: torch.Tensor,
+    text_features: torch.Tensor,
+    text_to_image: torch.Tensor | None = None,
+    ks: Sequence[int] = (1, 5, 10),
+    chunk_size: int = 1024,
+) -> dict[str, float]:
+    """Image->text and text->image recall@k, mean and median rank, under both naming schemes.
+
+    OpenCLIP's names: ``image_to_text_R@k``, ``image_to_text_mean_rank``,
+    ``image_to_text_median_rank`` and the same for ``text_to_image``. CLIP_benchmark's names:
+    ``text_retrieval_recall@k`` (= image_to_text_R@k, a hit when any true caption is in the top
+    k) and ``image_retrieval_recall@k`` (= text_to_image_R@k). See :func:`retrieval_ranks` for
+    the rank definition and the memory bound.
+    """
+    i2t, t2i = retrieval_ranks(image_features, text_features, text_to_image, chunk_size)
+    out = {}
+    out.update(rank_metrics(i2t, "image_to_text", ks))
+    out.update(rank_metrics(t2i, "text_to_image", ks))
+    for k in ks:
+        out[f"text_retrieval_recall@{k}"] = out[f"image_to_text_R@{k}"]
+        out[f"image_retrieval_recall@{k}"] = out[f"text_to_image_R@{k}"]
+    return out
+
+
+# ----------------------------------------------------------------------------------------------
+# Classification
+# ----------------------------------------------------------------------------------------------
+def topk_accuracy(logits: torch.Tensor, labels: torch.Tensor, k: int = 1) -> float:
+    """Fraction of rows whose label is among the k highest logits; NaN when k > #classes."""
+    if k > logits.shape[-1]:
+        return float("nan")
+    top = logits.topk(k, dim=-1).indices
+    return float((top == labels[:, None]).any(-1).float().mean())
+
+
+def mean_per_class_recall(preds: torch.Tensor, labels: torch.Tensor) -> float:
+    """Mean over the classes present in ``labels`` of the recall ``P(pred = c | label = c)``.
+
+    ``preds`` are predicted class ids (or logits, argmax taken). This is scikit-learn's
+    ``balanced_accuracy_score`` (CLIP_benchmark's ``mean_per_class_recall``).
+    """
+    if preds.ndim == 2:
+        preds = preds.argmax(-1)
+    preds, labels = preds.cpu(), labels.cpu()
+    classes, inverse = torch.unique(labels, return_inverse=True)
+    correct = (preds == labels).double()
+    hits = torch.zeros(len(classes), dtype=torch.double).scatter_add_(0, inverse, correct)
+    totals = torch.bincount(inverse, minlength=len(classes)).double()
+    return float((hits / totals).mean())
+
+
+def classification_metrics(logits: torch.Tensor, labels: torch.Tensor) -> dict[str, float]:
+    """``top1``, ``top5`` (NaN with fewer than 5 classes) and ``mean_per_class_recall``."""
+    return {
+        "top1": topk_accuracy(logits, labels, 1),
+        "top5": topk_accuracy(logits, labels, 5),
+        "mean_per_class_recall": mean_per_class_recall(logits.argmax(-1), labels),
+    }
+
+
+# ----------------------------------------------------------------------------------------------
+# ELEVATER metrics, batched over a leading dimension (heads)
+# ----------------------------------------------------------------------------------------------
+def targets_to_matrix(targets: torch.Tensor, num_classes: int) -> torch.Tensor:
+    """(N,) class ids -> (N, C) one-hot; (N, C) multi-hot returned as is (as a float tensor)."""
+    if targets.ndim == 1:
+        return torch.nn.functional.one_hot(targets.long(), num_classes).double()
+    return targets.double()
+
+
+def average_precision_11point(scores: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """11-point interpolated average precision per class, batched: (B, N, C) -> (B, C).
+
+    ``AP = (1/11) sum_{t in 0, 0.1, ..., 1} max{p_j : r_j >= t}`` over the points
+    ``(r_j, p_j)`` of scikit-learn's ``precision_recall_curve`` (one per distinct score, plus its
+    end point ``(r, p) = (0, 1)``, so the ``t = 0`` term is always 1), as vision-evaluation's
+    ``MeanAveragePrecisionNPointsEvaluator`` computes it; recall thresholds are numpy's
+    ``linspace(1, 0, 11)`` and recalls ``tps / P`` in float64, so the ``>=`` comparisons match it
+    bit for bit. Classes without a positive get NaN.
+
+    ``targets``: (N, C) multi-hot (or (N,) class ids).
+    """
+    if scores.ndim == 2:
+        return average_precision_11point(scores[None], targets)[0]
+    b, n, c = scores.shape
+    tmat = targets_to_matrix(targets, c).to(scores.device)  # (N, C)
+    s = scores.double().permute(0, 2, 1)  # (B, C, N)
+    s_sorted, idx = torch.sort(s, dim=-1, descending=True, stable=True)
+    t_sorted = tmat.T[None].expand(b, c, n).gather(-1, idx)
+    tps = torch.cumsum(t_sorted, -1)
+    fps = torch.cumsum(1.0 - t_sorted, -1)
+    n_pos = tps[..., -1:]
+    precision = tps / (tps + fps)
+    recall = tps / n_pos
+    # Only the last position of each run of tied scores is a point of the curve.
+    last_of_tie = torch.ones_like(s_sorted, dtype=torch.bool)
+    last_of_tie[..., :-1] = s_sorted[..., :-1] != s_sorted[..., 1:]
+    precision = torch.where(last_of_tie, precision, torch.zeros_like(precision))
+    thresholds = torch.as_tensor(np.linspace(1, 0, 11), dtype=torch.double, device=scores.device)
+    interp = []
+    for t in thresholds:
+        p = torch.where(recall >= t, precision, torch.zeros_like(precision)).amax(-1)
+        if t <= 0:  # the curve's end point (recall 0, precision 1)
+            p = torch.ones_like(p)
+        interp.append(p)
+    ap = torch.stack(interp, -1).mean(-1)  # (B, C)
+    return torch.where(n_pos[..., 0] > 0, ap, torch.full_like(ap, float("nan")))
+
+
+def binary_roc_auc(scores: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Area under the ROC curve, batched: scores (B, N), targets (N,) in {0, 1} -> (B,).
+
+    Mann-Whitney form ``AUC = (R_+ - P(P+1)/2) / (P Q)`` with ``R_+`` the sum of the (tie-averaged)
+    ranks of the P positives among the N = P + Q scores, which equals scikit-learn's
+    ``roc_auc_score`` including ties. NaN when only one class is present.
+    """
+    if scores.ndim == 1:
+        return binary_roc_auc(scores[None], targets)[0]
+    b, n = scores.shape
+    y = targets.to(scores.device).double()
+    p = float(y.sum())
+    q = n - p
+    if p == 0 or q == 0:
+        return torch.full((b,), float("nan"), dtype=torch.double, device=scores.device)
+    s, idx = torch.sort(scores.double(), dim=-1, stable=True)
+    pos = torch.arange(n, device=scores.device).expand(b, n)
+    new_run = torch.ones_like(s, dtype=torch.bool)
+    new_run[:, 1:] = s[:, 1:] != s[:, :-1]
+    end_run = torch.ones_like(s, dtype=torch.bool)
+    end_run[:, :-1] = s[:, :-1] != s[:, 1:]
+    first = torch.cummax(torch.where(new_run, pos, torch.zeros_like(pos)), -1).values
+    last = torch.flip(torch.cummin(torch.flip(torch.where(end_run, pos, torch.full_like(pos, n)), [-1]), -1).values, [-1])
+    avg_rank = (first + last).double() / 2 + 1
+    r_pos = (avg_rank * y[idx]).sum(-1)
+    return (r_pos - p * (p + 1) / 2) / (p * q)
+
+
+def elevater_scores(metric: str, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """An ELEVATER data set's metric for a batch of heads: logits (B, N, C) -> scores (B,) in [0, 1].
+
+    As the toolkit scores (``validate`` in ``full_model_finetune.py`` feeding vision-evaluation):
+    the metric sees ``softmax(logits)`` (also for VOC, trained with BCE), and classes with no
+    positive target are dropped first.
+
+    * ``accuracy``: top-1 accuracy.
+    * ``mean_per_class``: balanced accuracy, the argmax taken over the classes present only.
+    * ``11point_mAP``: mean over classes of :func:`average_precision_11point`.
+    * ``roc_auc``: :func:`binary_roc_auc` of the class-1 probability (binary data sets).
+
+    Where the toolkit's metric would raise (non-finite probabilities of a diverged head, one
+    class only for ROC-AUC) its ``try/except`` scores 0; so does this function.
+    """
+    if metric not in ELEVATER_METRICS:
+        raise ValueError(f"unknown metric {metric!r}; expected one of {ELEVATER_METRICS}")
+    squeeze = logits.ndim == 2
+    if squeeze:
+        logits = logits[None]
+    b, n, c = logits.shape
+    probs = torch.softmax(logits.double(), -1)
+    finite = torch.isfinite(probs).all(-1).all(-1)  # (B,)
+    probs = torch.nan_to_num(probs, nan=0.0, posinf=0.0, neginf=0.0)
+    tmat = targets_to_matrix(targets, c).to(logits.device)
+    present = tmat.sum(0) > 0
+    if metric == "accuracy":
+        if targets.ndim != 1:
+            raise ValueError("accuracy needs single-label targets (N,)")
+        out = (probs.argmax(-1) == targets.to(logits.device)[None]).double().mean(-1)
+    elif metric == "mean_per_class":
+        sub_t = tmat[:, present].argmax(-1)  # (N,) ids among the present classes
+        sub_p = probs[:, :, present].argmax(-1)  # (B, N)
+        k = int(present.sum())
+        hit = (sub_p == sub_t[None]).double()
+        per_class = torch.zeros(b, k, dtype=torch.double, device=logits.device).index_add_(1, sub_t, hit)
+        out = (per_class / torch.bincount(sub_t, minlength=k).double()[None]).mean(-1)
+    elif metric == "11point_mAP":
+        out = average_precision_11point(probs[:, :, present], tmat[:, present]).mean(-1)
+    else:
+        if c != 2 or targets.ndim != 1:
+            raise ValueError(f"roc_auc is for binary single-label data, got {c} classes")
+        out = binary_roc_auc(probs[:, :, 1], targets)
+    out = torch.where(finite & torch.isfinite(out), out, torch.zeros_like(out))
+    return out[0] if squeeze else out

@@ -1,0 +1,178 @@
+"""Checkpoints for downstream use: load what OpenCLIP's trainer writes, export to local-dir, reload.
+
+A module fixture trains clip-dcl-tiny for one epoch with OpenCLIP's own ``main`` (about 5 s on
+two cores); hand-made checkpoints cover an unregistered architecture and ``module.`` keys. Only
+the check in a fresh interpreter without clip_dcl is marked slow.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import uuid
+
+import pytest
+import torch
+
+from clip_dcl.checkpoint import CONFIG_NAME, WEIGHTS_NAME, export, export_main, load_checkpoint
+from clip_dcl.models import TINY_MODEL, register_builtin_configs, tiny_config_path
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    """A real checkpoint: one epoch of OpenCLIP's own training loop on synthetic data (CPU)."""
+    import open_clip_train.main
+
+    logs = tmp_path_factory.mktemp("logs")
+    register_builtin_configs()
+    open_clip_train.main.main([
+        "--dataset-type", "synthetic", "--train-num-samples", "16", "--batch-size", "4", "--epochs", "1",
+        "--workers", "0", "--model", TINY_MODEL, "--logs", str(logs), "--name", "x", "--save-frequency", "1",
+        "--report-to", "", "--seed", "0", "--warmup", "1",
+    ])
+    ckpt = logs / "x" / "checkpoints" / "epoch_1.pt"
+    assert ckpt.is_file()
+    return ckpt
+
+
+def _inputs():
+    g = torch.Generator().manual_seed(0)
+    return torch.randn(3, 3, 64, 64, generator=g), ["a red square", "two blue circles on grey", ""]
+
+
+@torch.no_grad()
+def _embed(model, tokenizer):
+    images, texts = _inputs()
+    model.eval()
+    return model.encode_image(images), model.encode_text(tokenizer(texts))
+
+
+def test_trainer_checkpoint_is_the_tiny_model(trained):
+    """main() really trained clip-dcl-tiny (it falls back to RN50 when --model is not honoured)."""
+    params = (trained.parent.parent / "params.txt").read_text()
+    assert f"model: {TINY_MODEL}" in params.splitlines()
+    ckpt = torch.load(trained, map_location="cpu", weights_only=True)
+    assert {"epoch", "name", "state_dict", "optimizer"} <= ckpt.keys()
+    assert ckpt["state_dict"]["visual.conv1.weight"].shape == (128, 3, 8, 8)
+    assert "clip_dcl" not in ckpt
+
+
+def test_load_uses_params_txt_and_matches_the_saved_weights(trained):
+    import open_clip
+
+    model, preprocess, tokenizer = load_checkpoint(trained)
+    assert not model.training and preprocess.transforms[0].size == 64
+    ref, _, _ = open_clip.create_model_and_transforms(TINY_MODEL)
+    state = torch.load(trained, map_location="cpu", weights_only=True)["state_dict"]
+    ref.load_state_dict(state)
+    for a, b in zip(_embed(model, tokenizer), _embed(ref, open_clip.get_tokenizer(TINY_MODEL))):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+
+def test_export_reloads_through_local_dir_with_same_embeddings(trained, tmp_path):
+    import open_clip
+
+    model, _, tokenizer = load_checkpoint(trained)
+    out = export(trained, tmp_path / "exported")
+    assert sorted(os.listdir(out)) == [CONFIG_NAME, WEIGHTS_NAME]
+    doc = json.loads((out / CONFIG_NAME).read_text())
+    assert doc["model_cfg"] == json.loads(tiny_config_path().read_text())
+    assert doc["preprocess_cfg"]["size"] == [64, 64] and doc["preprocess_cfg"]["interpolation"] == "bicubic"
+    name = f"local-dir:{out}"
+    reloaded, _, preprocess = open_clip.create_model_and_transforms(name)
+    assert preprocess.transforms[0].size == 64
+    for a, b in zip(_embed(model, tokenizer), _embed(reloaded, open_clip.get_tokenizer(name))):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+    # and through our loader, from the folder
+    again, _, tok2 = load_checkpoint(out)
+    for a, b in zip(_embed(model, tokenizer), _embed(again, tok2)):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+
+@pytest.mark.slow
+def test_exported_folder_loads_without_clip_dcl(trained, tmp_path):
+    """A fresh interpreter where importing clip_dcl fails still loads the export with OpenCLIP alone."""
+    model, _, tokenizer = load_checkpoint(trained)
+    out = export(trained, tmp_path / "exported")
+    expected = _embed(model, tokenizer)
+    torch.save(expected, tmp_path / "expected.pt")
+    code = f"""
+import sys
+sys.modules["clip_dcl"] = None  # any import of clip_dcl now raises
+import torch, open_clip
+name = "local-dir:{out}"
+model, _, _ = open_clip.create_model_and_transforms(name)
+model.eval()
+g = torch.Generator().manual_seed(0)
+images = torch.randn(3, 3, 64, 64, generator=g)
+with torch.no_grad():
+    got = (model.encode_image(images),
+           model.encode_text(open_clip.get_tokenizer(name)(["a red square", "two blue circles on grey", ""])))
+exp = torch.load("{tmp_path / 'expected.pt'}")
+assert all(torch.equal(a, b) for a, b in zip(got, exp))
+print("ok")
+"""
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path)
+    assert res.returncode == 0 and res.stdout.strip().endswith("ok"), res.stderr[-2000:]
+
+
+def _custom_checkpoint(tmp_path, with_entry=True, prefix="module."):
+    """A checkpoint of an architecture OpenCLIP has never heard of, DDP-style keys."""
+    import open_clip
+
+    cfg = json.loads(tiny_config_path().read_text())
+    cfg["embed_dim"] = 32
+    cfg["vision_cfg"]["layers"] = 1
+    name = f"clip-dcl-test-{uuid.uuid4().hex[:8]}"
+    model = open_clip.CLIP(**cfg)
+    ckpt = {"epoch": 3, "name": "run", "state_dict": {prefix + k: v for k, v in model.state_dict().items()},
+            "optimizer": {}}
+    if with_entry:
+        ckpt["clip_dcl"] = {"model": name, "model_config": cfg}
+    path = tmp_path / "somewhere" / "epoch_3.pt"
+    path.parent.mkdir(parents=True)
+    torch.save(ckpt, path)
+    return path, name, cfg, model
+
+
+def test_checkpoint_with_clip_dcl_entry_loads_without_model_argument(tmp_path):
+    import open_clip
+
+    path, name, cfg, model = _custom_checkpoint(tmp_path)
+    assert name not in open_clip.list_models()
+    loaded, _, tokenizer = load_checkpoint(path)
+    assert loaded.clip_dcl_model_name == name and name in open_clip.list_models()
+    for a, b in zip(_embed(loaded, tokenizer), _embed(model, tokenizer)):
+        assert a.shape[1] == 32
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+    out = export(path, tmp_path / "exp")
+    assert json.loads((out / CONFIG_NAME).read_text())["model_cfg"] == cfg
+    reloaded, _, _ = open_clip.create_model_and_transforms(f"local-dir:{out}")
+    again, _, tok2 = load_checkpoint(out)
+    for a, b, c in zip(_embed(model, tokenizer), _embed(reloaded, tokenizer), _embed(again, tok2)):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+        torch.testing.assert_close(a, c, rtol=0, atol=0)
+
+
+def test_missing_model_name_is_a_clear_error(tmp_path):
+    path, name, cfg, _ = _custom_checkpoint(tmp_path, with_entry=False, prefix="")
+    with pytest.raises(ValueError, match=r"does not name its model .* pass model="):
+        load_checkpoint(path)
+    cfg_path = tmp_path / f"{name}.json"
+    cfg_path.write_text(json.dumps(cfg))
+    model, _, _ = load_checkpoint(path, model_config=cfg_path)
+    assert model.clip_dcl_model_name == name
+    with pytest.raises(ValueError, match="does not fit model 'clip-dcl-tiny'"):
+        load_checkpoint(path, model=TINY_MODEL)
+    with pytest.raises(ValueError, match="does not exist"):
+        load_checkpoint(tmp_path / "nothere.pt")
+    assert export_main([str(tmp_path / "nothere.pt"), str(tmp_path / "o2")]) == 2
+
+
+def test_export_command(trained, tmp_path, capsys):
+    assert export_main([str(trained), str(tmp_path / "out")]) == 0
+    assert (tmp_path / "out" / WEIGHTS_NAME).is_file()
+    assert "local-dir:" in capsys.readouterr().out
+    assert export_main([str(tmp_path / "nothere.pt"), str(tmp_path / "o2")]) == 2
+    assert "does not exist" in capsys.readouterr().err

@@ -1,0 +1,92 @@
+"""Zero-shot classification: metrics against scikit-learn, class-name resolution, the evaluator and CLI."""
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pytest
+import torch
+from test_evalsets import COLOURS, ToyCLIP, ToyTokenizer, to_tensor, write_png
+
+from clip_dcl.eval.metrics import classification_metrics, mean_per_class_recall, topk_accuracy
+from clip_dcl.eval.zeroshot import evaluate_zeroshot, resolve_classnames
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_classification_metrics_match_sklearn(seed):
+    from sklearn.metrics import balanced_accuracy_score, top_k_accuracy_score
+
+    g = torch.Generator().manual_seed(seed)
+    n, c = 200, 12
+    labels = torch.randint(0, c - 2, (n,), generator=g)  # two classes never occur
+    logits = torch.randn(n, c, generator=g) + 2.0 * torch.nn.functional.one_hot(labels, c)
+    m = classification_metrics(logits, labels)
+    y, s = labels.numpy(), logits.numpy()
+    assert m["top1"] == pytest.approx(top_k_accuracy_score(y, s, k=1, labels=np.arange(c)))
+    assert m["top5"] == pytest.approx(top_k_accuracy_score(y, s, k=5, labels=np.arange(c)))
+    with pytest.warns(UserWarning):  # sklearn: predictions hold classes absent from y_true
+        ref = balanced_accuracy_score(y, s.argmax(1))
+    assert m["mean_per_class_recall"] == pytest.approx(ref)
+
+
+def test_hand_built_mean_per_class_recall_and_top5_nan():
+    labels = torch.tensor([0, 0, 0, 0, 1, 2])
+    preds = torch.tensor([0, 0, 0, 0, 0, 2])  # class 0: 4/4, class 1: 0/1, class 2: 1/1
+    assert mean_per_class_recall(preds, labels) == pytest.approx(2 / 3)
+    assert math.isnan(topk_accuracy(torch.randn(6, 4), labels, 5))
+    assert topk_accuracy(torch.randn(6, 4), labels, 4) == 1.0
+    assert math.isnan(classification_metrics(torch.randn(6, 4), labels)["top5"])
+
+
+def test_imagenet_names_for_synset_folders_and_errors(tmp_path):
+    from open_clip.zero_shot_metadata import IMAGENET_CLASSNAMES
+
+    synsets = [f"n{i:08d}" for i in range(1000)]
+    names, source = resolve_classnames(tmp_path, synsets)
+    assert names == list(IMAGENET_CLASSNAMES) and "IMAGENET_CLASSNAMES" in source
+    with pytest.raises(ValueError, match="no class names"):
+        resolve_classnames(tmp_path, ["cat", "dog"])
+    (tmp_path / "classnames.txt").write_text("cat\n")
+    with pytest.raises(ValueError, match=r"classnames.txt count 1, but .* has 2 class folders"):
+        resolve_classnames(tmp_path, ["cat", "dog"])
+    assert resolve_classnames(tmp_path, ["a"], ["x"]) == (["x"], "argument")
+
+
+def _colour_tree(root, names, per_class=3):
+    for c in names:
+        for i in range(per_class):
+            write_png(root / f"{c}_folder" / f"{i}.png", COLOURS[c], noise=20, seed=i)
+    return root
+
+
+def test_evaluate_zeroshot_uses_folder_order_for_names(tmp_path):
+    names = ["blue", "green", "red", "yellow"]
+    root = _colour_tree(tmp_path / "zs", names)
+    (root / "classnames.txt").write_text("\n".join(names) + "\n")
+    (root / "templates.txt").write_text("a {c} patch\nsomething {c}\n")
+    m, info = evaluate_zeroshot(ToyCLIP(), to_tensor, ToyTokenizer(), root, progress=False, return_info=True)
+    assert m["top1"] == 1.0 and m["mean_per_class_recall"] == 1.0 and math.isnan(m["top5"])
+    assert info["num_images"] == 12 and info["num_templates"] == 2
+    # Names in the wrong order: blue<->green swapped, those two classes are now always wrong.
+    swapped = ["green", "blue", "red", "yellow"]
+    m = evaluate_zeroshot(ToyCLIP(), to_tensor, ToyTokenizer(), root, classnames=swapped, progress=False)
+    assert m["top1"] == pytest.approx(0.5) and m["mean_per_class_recall"] == pytest.approx(0.5)
+
+
+def test_zeroshot_cli_with_tiny_model(tmp_path):
+    from clip_dcl.eval.cli import main
+
+    names = ["blue", "green", "red", "yellow", "purple", "cyan"]
+    root = _colour_tree(tmp_path / "zs", names, per_class=2)
+    (root / "classnames.txt").write_text("\n".join(names) + "\n")
+    (root / "templates.txt").write_text("a photo of a {c} thing.\n")
+    out = tmp_path / "z.json"
+    assert main(["zeroshot", "--model", "clip-dcl-tiny", "--data", str(root), "--output", str(out),
+                 "--no-progress", "--batch-size", "5"]) == 0
+    doc = json.loads(out.read_text())
+    assert {"top1", "top5", "mean_per_class_recall", "model", "data", "settings"} <= doc.keys()
+    assert doc["data"]["num_classes"] == 6 and doc["settings"]["num_templates"] == 1
+    assert 0 <= doc["top1"] <= doc["top5"] <= 1
+    (root / "classnames.txt").write_text("just one\n")
+    assert main(["zeroshot", "--model", "clip-dcl-tiny", "--data", str(root), "--no-progress"]) == 2
