@@ -9,10 +9,12 @@
 
 The model name is found without any training flag at hand, in this order: the ``model``
 argument; the ``clip_dcl`` entry our training stores in every checkpoint
-(``{"model": name, "model_config": <config dict>}``); the ``params.txt`` OpenCLIP writes two
-folders up (``logs/<name>/params.txt``, line ``model: ViT-B-32``). A config dict found in the
-checkpoint (or given as ``model_config``) is registered with OpenCLIP before the model is built,
-so custom architectures load in a fresh process.
+(``{"model": name, "model_config": <config dict>, "preprocess_cfg": ...}``); the ``params.txt``
+OpenCLIP writes two folders up (``logs/<name>/params.txt``, line ``model: ViT-B-32``). A config
+dict found in the checkpoint (or given as ``model_config``) is registered with OpenCLIP before
+the model is built, so custom architectures load in a fresh process; the entry's
+``preprocess_cfg`` (mean, std, interpolation, resize mode the model was trained with) sets the
+returned transform.
 
 ``export(ckpt, out_dir)`` writes ``open_clip_config.json`` (``model_cfg`` and ``preprocess_cfg``,
 what OpenCLIP 3.3's ``create_model`` reads for ``local-dir:``) and ``open_clip_model.safetensors``
@@ -92,14 +94,22 @@ class _QuietRandomInit(logging.Filter):
         return "No pretrained weights loaded" not in record.getMessage()
 
 
-def _create_empty(name: str):
+#: ``preprocess_cfg`` keys of a checkpoint's entry -> ``create_model_and_transforms`` arguments
+#: (the ``--image-*`` flags OpenCLIP's trainer applies; the size follows the model config).
+_PREPROCESS_ARGS = {"mean": "image_mean", "std": "image_std", "interpolation": "image_interpolation",
+                    "resize_mode": "image_resize_mode"}
+
+
+def _create_empty(name: str, preprocess_cfg: dict | None = None):
     import open_clip
 
+    kwargs = {arg: preprocess_cfg[key] for key, arg in _PREPROCESS_ARGS.items()
+              if preprocess_cfg and preprocess_cfg.get(key) is not None}
     root = logging.getLogger()
     quiet = _QuietRandomInit()
     root.addFilter(quiet)
     try:
-        net, _, preprocess = open_clip.create_model_and_transforms(name, pretrained=None)
+        net, _, preprocess = open_clip.create_model_and_transforms(name, pretrained=None, **kwargs)
     finally:
         root.removeFilter(quiet)
     return net, preprocess
@@ -174,8 +184,10 @@ def load_checkpoint(path: str | os.PathLike, device: str = "cpu", model: str | N
         raise ValueError(f"checkpoint {str(path)!r} holds a {type(ckpt).__name__}, not a dict")
     name = resolve_model(path, ckpt, model, model_config)
     state_dict = ckpt.get("state_dict", ckpt)
-    state_dict = _strip_module({k: v for k, v in state_dict.items() if k != CKPT_KEY})
-    net, preprocess = _create_empty(name)
+    state_dict = _strip_module({k: v for k, v in state_dict.items() if k not in (CKPT_KEY, "loss_state")})
+    entry = ckpt.get(CKPT_KEY) or {}
+    # The eval transform the model was trained with (--image-mean/std/interpolation/resize-mode).
+    net, preprocess = _create_empty(name, entry.get("preprocess_cfg"))
     try:
         net.load_state_dict(state_dict, strict=True)
     except RuntimeError as e:

@@ -170,6 +170,32 @@ def test_missing_model_name_is_a_clear_error(tmp_path):
     assert export_main([str(tmp_path / "nothere.pt"), str(tmp_path / "o2")]) == 2
 
 
+def test_checkpoint_of_our_training_loads_from_its_entry(tmp_path):
+    """A checkpoint written by ``clip_dcl.train`` (its ``clip_dcl`` entry, loss state beside the
+    weights) loads away from its logs folder with no model name, with the trained transform."""
+    import shutil
+
+    from clip_dcl.train import main as train_main
+
+    rc = train_main(["--dataset-type", "synthetic", "--train-num-samples", "16", "--batch-size", "4", "--epochs", "1",
+                     "--workers", "0", "--model", TINY_MODEL, "--logs", str(tmp_path / "logs"), "--name", "y",
+                     "--save-frequency", "1", "--report-to", "", "--loss", "clip", "--image-mean", "0.5", "0.5", "0.5",
+                     "--image-std", "0.25", "0.25", "0.25"])
+    assert rc == 0
+    src = tmp_path / "logs" / "y" / "checkpoints" / "epoch_1.pt"
+    ckpt = torch.load(src, map_location="cpu", weights_only=True)
+    assert ckpt["clip_dcl"]["model"] == TINY_MODEL
+    moved = tmp_path / "elsewhere" / "ckpt.pt"
+    moved.parent.mkdir()
+    shutil.copy(src, moved)  # no params.txt two folders up
+    model, preprocess, tokenizer = load_checkpoint(moved)
+    assert model.clip_dcl_model_name == TINY_MODEL
+    assert tuple(preprocess.transforms[-1].mean) == (0.5, 0.5, 0.5)
+    assert tuple(preprocess.transforms[-1].std) == (0.25, 0.25, 0.25)
+    out = export(moved, tmp_path / "exp")
+    assert json.loads((out / CONFIG_NAME).read_text())["preprocess_cfg"]["mean"] == [0.5, 0.5, 0.5]
+
+
 def test_export_command(trained, tmp_path, capsys):
     assert export_main([str(trained), str(tmp_path / "out")]) == 0
     assert (tmp_path / "out" / WEIGHTS_NAME).is_file()
