@@ -90,3 +90,5 @@ def test_zeroshot_cli_with_tiny_model(tmp_path):
     assert 0 <= doc["top1"] <= doc["top5"] <= 1
     (root / "classnames.txt").write_text("just one\n")
     assert main(["zeroshot", "--model", "clip-dcl-tiny", "--data", str(root), "--no-progress"]) == 2
+    assert main(["zeroshot", "--model", "clip-dcl-tiny", "--data", str(root), "--device", "gpu0"]) == 2
+    assert main(["zeroshot", "--model", "clip-dcl-tiny", "--data", str(root), "--batch-size", "0"]) == 2

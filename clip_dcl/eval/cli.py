@@ -26,6 +26,19 @@ def _default_device() -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
+def _check_device(device: str) -> str | None:
+    """Why ``device`` cannot be used, or None."""
+    import torch
+
+    try:
+        dev = torch.device(device)
+    except RuntimeError as e:
+        return str(e)
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        return "CUDA is not available on this machine"
+    return None
+
+
 def _add_common(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("model")
     g.add_argument("--checkpoint", default=None,
@@ -121,6 +134,10 @@ def main(argv: list[str] | None = None) -> int:
     if not logging.getLogger().handlers:
         logging.basicConfig(level=logging.INFO, format="%(message)s")
     args.device = args.device or _default_device()
+    device_error = _check_device(args.device)
+    if device_error:
+        print(f"clip-dcl eval: --device {args.device!r}: {device_error}", file=sys.stderr)
+        return 2
     progress = not args.no_progress
     common = dict(batch_size=args.batch_size, device=args.device, workers=args.workers, progress=progress)
     settings = {"batch_size": args.batch_size, "device": args.device, "workers": args.workers}

@@ -11,10 +11,12 @@ The protocol is the Elevater_Toolkit_IC linear probe (``linear_probe.py`` ->
    in subset order (multilabel: the toolkit's greedy fill), the rest trains.
 3. **Head**: ``Linear(BatchNorm1d(f(x), affine=False))`` on the frozen, un-normalised
    ``encode_image`` output, logit scale 1; weight = the zero-shot text embeddings and bias 0
-   when text-initialised (run.sh's setting), else PyTorch's default Linear init. Cross-entropy
-   (BCE-with-logits for multilabel data). SGD, momentum 0.9, no Nesterov, constant lr, weight
-   decay on every head parameter, batch 64, a batch of one skipped, order from a
-   ``torch.Generator`` seeded 0 afresh for every run (the toolkit's ``create_dataloader``).
+   when text-initialised (run.sh's setting; prompts from the data set's ``templates.txt``, else
+   ``"a photo of a {c}."``), else PyTorch's default Linear init (from a generator seeded 0, the
+   same for every run). Cross-entropy (BCE-with-logits for multilabel data). SGD, momentum 0.9,
+   no Nesterov, constant lr, weight decay on every head parameter, batch 64, a batch of one
+   skipped, order from a ``torch.Generator`` seeded 0 afresh for every run (the toolkit's
+   ``create_dataloader``).
 4. **Sweep** (:func:`sweep_hyperparameters`): for each lr in ``logspace(-6, -1, 6)``, weight decays
    from ``logspace(-6, 6, 97)``: 7 coarse points (indices 0, 16, ..., 96), then around the peak
    index +-8, +-4, +-2, +-1; a run (10 epochs) scores its best validation metric over epochs;
