@@ -1,0 +1,80 @@
+"""``clip-dcl data ...``: data-set commands, each a thin wrapper over a Python function.
+
+Subcommands:
+
+* ``synth OUT_DIR``: the synthetic image-caption data with latent classes
+  (:func:`clip_dcl.data.synth.generate`).
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+
+_SYNTH_HELP = {
+    "seed": "random seed; the same seed gives the same bytes",
+    "image_size": "image side in pixels",
+    "num_classes": "number of latent classes C (shape x colour pairs, 2..48); tau_plus = sum_c p_c^2 ~ 1/C",
+    "class_imbalance": "Zipf exponent a of the class frequencies, p_c ~ (c+1)^-a (0 = balanced)",
+    "train_samples": "training samples (written to OUT_DIR/train)",
+    "val_samples": "held-out retrieval samples (written to OUT_DIR/val)",
+    "shard_size": "samples per .tar shard",
+    "captions_per_image": "captions per training image (the first one is the .txt, all are in the json)",
+    "val_captions_per_image": "captions per retrieval image (json 'captions')",
+    "zeroshot_per_class": "zero-shot images per latent class",
+    "fewshot_train_per_class": "few-shot training images per class (>= 5 for 5-shot sampling)",
+    "fewshot_test_per_class": "few-shot test images per class",
+    "jpeg_quality": "JPEG quality (1..95)",
+}
+
+
+def _add_synth_parser(subparsers) -> None:
+    from .synth import SynthConfig
+
+    defaults, quick = SynthConfig(), SynthConfig.quick()
+    p = subparsers.add_parser(
+        "synth", help="generate the synthetic image-caption data with latent classes",
+        description="Generate synthetic captioned shapes with latent classes: train/val shards in the "
+                    "Conceptual Captions layout, a zero-shot ImageFolder set and an ELEVATER-layout few-shot "
+                    "suite (see clip_dcl.data.synth).")
+    p.add_argument("out_dir", metavar="OUT_DIR", help="output folder")
+    for field in dataclasses.fields(SynthConfig):
+        flag = "--" + field.name.replace("_", "-")
+        value, small = getattr(defaults, field.name), getattr(quick, field.name)
+        text = _SYNTH_HELP[field.name] + f" (default {value}" + (f"; {small} with --quick)" if small != value else ")")
+        p.add_argument(flag, dest=field.name, type=type(value), default=None, help=text)
+    p.add_argument("--quick", action="store_true", help="a tiny set for tests and smoke runs")
+    p.add_argument("--overwrite", action="store_true", help="replace earlier outputs in OUT_DIR")
+    p.add_argument("--reuse", action="store_true",
+                   help="keep earlier outputs in OUT_DIR when their summary.json has the same settings")
+    p.add_argument("--quiet", action="store_true", help="no progress lines")
+    p.set_defaults(func=_run_synth, parser=p)
+
+
+def _run_synth(args) -> int:
+    from .synth import generate
+
+    overrides = {f: getattr(args, f) for f in _SYNTH_HELP if getattr(args, f) is not None}
+    try:
+        summary = generate(args.out_dir, quick=args.quick, overwrite=args.overwrite, reuse=args.reuse,
+                           verbose=not args.quiet, **overrides)
+    except (ValueError, FileExistsError) as e:
+        args.parser.error(str(e))
+    print(f"tau_plus {summary['tau_plus']:.6f}")
+    print(f"train_data {summary['train_data']}")
+    print(f"val_data {summary['val_data']}")
+    print(f"summary {summary['out_dir']}/summary.json")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="clip-dcl data", description="Generate or convert data sets.")
+    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
+    subparsers.required = True
+    _add_synth_parser(subparsers)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run ``clip-dcl data`` with ``argv`` (the words after ``data``); return the exit code."""
+    args = build_parser().parse_args(argv)
+    return int(args.func(args) or 0)

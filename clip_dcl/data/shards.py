@@ -1,0 +1,185 @@
+"""Writing image-caption shards in the layout ``img2dataset`` writes for Conceptual Captions.
+
+A shard is a ``.tar`` holding, per sample, ``{key}.jpg``, ``{key}.txt`` (one caption) and
+``{key}.json`` (``{"key": key, "caption": caption, ...}``); ``sizes.json`` next to the shards maps
+each shard's basename to its sample count, which is what OpenCLIP's ``get_dataset_size`` reads.
+
+The tar entries are written by ``webdataset.TarWriter``; what is added here is only what it does
+not do: a fixed ``mtime``/owner/mode so that the same samples give the same bytes, numbering and
+rolling over shards, key checks, ``sizes.json`` and the brace pattern OpenCLIP expands.
+
+Two key schemes are in use (both give numeric keys unique across shards):
+
+* dense: ``key = running index`` over the whole split (0, 1, ..., N-1); a per-sample table
+  indexed by key then needs exactly N rows. The synthetic data uses this one.
+* img2dataset: ``key = shard_id * 10**ceil(log10(shard_size)) + index_in_shard``
+  (:func:`img2dataset_key`), what img2dataset writes; keys have gaps when the shard size is not
+  a power of ten.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+from pathlib import Path
+
+#: Shard file names: ``00000.tar``, ``00001.tar``, ... (img2dataset's naming).
+SHARD_NAME_FORMAT = "{:05d}.tar"
+#: Width of zero-padded keys (``000000123``), widened automatically for larger splits.
+KEY_WIDTH = 9
+#: Fixed tar header fields, so that identical samples give identical shard bytes.
+TAR_MTIME = 0.0
+TAR_OWNER = "clip-dcl"
+TAR_MODE = 0o444
+
+
+def format_key(index: int, width: int = KEY_WIDTH) -> str:
+    """Zero-padded decimal key, e.g. ``format_key(123) == "000000123"``."""
+    if index < 0:
+        raise ValueError(f"key index must be >= 0, got {index}")
+    return str(index).zfill(width)
+
+
+def img2dataset_key(shard_id: int, index_in_shard: int, shard_size: int) -> int:
+    """img2dataset's key: ``shard_id * 10**ceil(log10(shard_size)) + index_in_shard``."""
+    if shard_size < 1:
+        raise ValueError(f"shard_size must be >= 1, got {shard_size}")
+    if not 0 <= index_in_shard < shard_size:
+        raise ValueError(f"index_in_shard={index_in_shard} outside [0, {shard_size})")
+    return shard_id * 10 ** math.ceil(math.log10(shard_size)) + index_in_shard
+
+
+def shard_pattern(directory: str | os.PathLike, num_shards: int, name_format: str = SHARD_NAME_FORMAT) -> str:
+    """Brace pattern over ``num_shards`` numbered shards, e.g. ``dir/{00000..00007}.tar``.
+
+    A single shard gives its plain path (``braceexpand`` would also accept ``{00000..00000}``).
+    """
+    if num_shards < 1:
+        raise ValueError(f"num_shards must be >= 1, got {num_shards}")
+    return _brace(directory, name_format.format(0), name_format.format(num_shards - 1))
+
+
+def _brace(directory: str | os.PathLike, first: str, last: str) -> str:
+    if first == last:
+        return os.path.join(str(directory), first)
+    stem_first, ext = os.path.splitext(first)
+    stem_last, _ = os.path.splitext(last)
+    return os.path.join(str(directory), f"{{{stem_first}..{stem_last}}}{ext}")
+
+
+def write_sizes_json(directory: str | os.PathLike, sizes: dict[str, int]) -> Path:
+    """Write ``sizes.json`` (shard basename -> sample count) into ``directory``; return its path."""
+    path = Path(directory) / "sizes.json"
+    path.write_text(json.dumps(dict(sizes), indent=1) + "\n")
+    return path
+
+
+class CaptionShardWriter:
+    """Write ``(key, jpg bytes, caption, json dict)`` samples into numbered ``.tar`` shards.
+
+    Each shard holds ``shard_size`` samples (the last one fewer); :meth:`close` writes
+    ``sizes.json``. Keys must be decimal strings, strictly increasing over the writer's life
+    (which makes them unique across shards without keeping a set of all keys). The json entry
+    is ``{"key": key, "caption": caption, **meta}``, in that order.
+
+    Example::
+
+        with CaptionShardWriter("out/train", shard_size=1000) as w:
+            w.write("000000000", jpg_bytes, "a red circle", {"label": 3})
+        w.pattern  # 'out/train/00000.tar'
+
+    Raises:
+        ValueError: ``shard_size < 1``, a non-numeric or non-increasing key, or ``meta`` with
+            ``key``/``caption`` entries that contradict the arguments.
+    """
+
+    def __init__(self, directory: str | os.PathLike, shard_size: int, *,
+                 name_format: str = SHARD_NAME_FORMAT, start_shard: int = 0):
+        if shard_size < 1:
+            raise ValueError(f"shard_size must be >= 1, got {shard_size}")
+        self.directory = Path(directory)
+        self.directory.mkdir(parents=True, exist_ok=True)
+        self.shard_size = shard_size
+        self.name_format = name_format
+        self.start_shard = start_shard
+        self.sizes: dict[str, int] = {}
+        self._tar = None
+        self._count_in_shard = 0
+        self._last_key: int | None = None
+        self._closed = False
+
+    # -- context manager ------------------------------------------------------------------
+    def __enter__(self) -> "CaptionShardWriter":
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        self.close()
+
+    # -- writing --------------------------------------------------------------------------
+    def _open_next(self) -> None:
+        import webdataset as wds
+
+        name = self.name_format.format(self.start_shard + len(self.sizes))
+        # No compression and fixed header fields: the tar bytes depend on the samples only.
+        self._tar = wds.TarWriter(str(self.directory / name), user=TAR_OWNER, group=TAR_OWNER,
+                                  mode=TAR_MODE, compress=False, encoder=False, mtime=TAR_MTIME)
+        self.sizes[name] = 0
+        self._count_in_shard = 0
+
+    def write(self, key: str, jpg: bytes, caption: str, meta: dict | None = None) -> None:
+        """Append one sample; opens the next shard when the current one is full."""
+        if self._closed:
+            raise ValueError("write() on a closed CaptionShardWriter")
+        if not (isinstance(key, str) and key.isdigit()):
+            raise ValueError(f"key must be a decimal string such as '000000123', got {key!r}")
+        if self._last_key is not None and int(key) <= self._last_key:
+            raise ValueError(f"keys must be strictly increasing: {key!r} after {self._last_key}")
+        meta = dict(meta or {})
+        for field, value in (("key", key), ("caption", caption)):
+            if field in meta and meta[field] != value:
+                raise ValueError(f"meta[{field!r}]={meta[field]!r} contradicts the {field} argument {value!r}")
+            meta.pop(field, None)
+        record = {"key": key, "caption": caption, **meta}
+        if self._tar is None or self._count_in_shard >= self.shard_size:
+            self._close_current()
+            self._open_next()
+        self._tar.write({
+            "__key__": key,
+            "jpg": bytes(jpg),
+            "txt": caption.encode("utf-8"),
+            "json": json.dumps(record).encode("utf-8"),
+        })
+        self._count_in_shard += 1
+        self.sizes[self.name_format.format(self.start_shard + len(self.sizes) - 1)] = self._count_in_shard
+        self._last_key = int(key)
+
+    def _close_current(self) -> None:
+        if self._tar is not None:
+            self._tar.close()
+            self._tar = None
+
+    def close(self) -> dict[str, int]:
+        """Close the open shard, write ``sizes.json``; return shard name -> count. Idempotent."""
+        if not self._closed:
+            self._close_current()
+            if self.sizes:
+                write_sizes_json(self.directory, self.sizes)
+            self._closed = True
+        return dict(self.sizes)
+
+    # -- results --------------------------------------------------------------------------
+    @property
+    def num_samples(self) -> int:
+        return sum(self.sizes.values())
+
+    @property
+    def shard_paths(self) -> list[Path]:
+        return [self.directory / name for name in self.sizes]
+
+    @property
+    def pattern(self) -> str:
+        """Brace pattern over the written shards (for ``--train-data`` / ``--val-data``)."""
+        if not self.sizes:
+            raise ValueError("no sample was written, so there is no shard pattern")
+        names = list(self.sizes)
+        return _brace(self.directory, names[0], names[-1])
