@@ -400,7 +400,7 @@ def _suite(root):
 def test_evaluate_fewshot_end_to_end(tmp_path):
     root = _suite(tmp_path)
     report = fs.evaluate_fewshot(ToyCLIP(), to_tensor, ToyTokenizer(), root, shots=3, seeds=(0, 1),
-                                 progress=False, return_report=True)
+                                 grid="reduced", progress=False, return_report=True)
     m = report.metrics
     assert [p.dataset for p in report.probes] == ["colours", "colours", "halves", "halves", "pairs", "pairs"]
     assert {p.metric for p in report.probes} == {"accuracy", "11point_mAP", "mean_per_class"}
@@ -453,9 +453,10 @@ def test_fewshot_cli_with_tiny_model(tmp_path):
     out = tmp_path / "f.json"
     assert main(["fewshot", "--model", "clip-dcl-tiny", "--data", str(root), "--datasets", "colours", "pairs",
                  "--shots", "2", "--seeds", "0", "--no-text-init", "--epoch-selection", "toolkit",
-                 "--output", str(out), "--no-progress"]) == 0
+                 "--grid", "reduced", "--output", str(out), "--no-progress"]) == 0
     doc = json.loads(out.read_text())
     assert doc["settings"]["epoch_selection"] == "toolkit" and doc["settings"]["text_init"] is False
+    assert doc["settings"]["grid"] == "reduced"
     assert doc["colours/linear_probe"] == doc["colours/linear_probe_toolkit"]
     assert {d["dataset"] for d in doc["details"]} == {"colours", "pairs"}
     assert doc["data"]["datasets"]["pairs"]["metric"] == "mean_per_class"

@@ -87,8 +87,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--datasets", nargs="+", default=None, help="data set names under --data (default: all)")
     p.add_argument("--shots", type=int, default=5, help="images per class (default 5)")
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2], help="sampling seeds (default 0 1 2)")
-    p.add_argument("--grid", choices=["full", "reduced"], default="reduced",
-                   help="lr x weight-decay sweep: the toolkit's full grid or a reduced one (default reduced)")
+    p.add_argument("--grid", choices=["full", "reduced"], default="full",
+                   help="lr x weight-decay sweep: the toolkit's full grid (default) or a reduced one for quick runs")
     p.add_argument("--epoch-selection", choices=["last", "toolkit"], default="last",
                    help="report the final run's last epoch, or its best test epoch as the toolkit does (default last)")
     p.add_argument("--text-init", action=argparse.BooleanOptionalAction, default=True,

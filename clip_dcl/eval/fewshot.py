@@ -533,7 +533,7 @@ def evaluate_fewshot(
     datasets: Sequence[str] | None = None,
     shots: int = 5,
     seeds: Sequence[int] = (0, 1, 2),
-    grid: str | SweepGrid = "reduced",
+    grid: str | SweepGrid = "full",
     epoch_selection: str = "last",
     text_init: bool = True,
     batch_size: int = 64,
@@ -551,7 +551,7 @@ def evaluate_fewshot(
             built-in ELEVATER catalogue.
         datasets: names under ``root`` (default: all found).
         shots, seeds: k per class; one k-shot draw per seed.
-        grid: ``"full"`` (the toolkit's), ``"reduced"`` or a :class:`SweepGrid`.
+        grid: ``"full"`` (the toolkit's, default), ``"reduced"`` (quick runs) or a :class:`SweepGrid`.
         epoch_selection: ``"last"`` (final-run last epoch) or ``"toolkit"`` (best test epoch).
         text_init: initialise the head from the zero-shot text classifier (bias 0).
 

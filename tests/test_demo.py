@@ -1,0 +1,122 @@
+"""The demo and its comparison engine (clip_dcl.experiment, clip_dcl.demo)."""
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from clip_dcl import experiment as ex
+from clip_dcl.eval.metrics import classification_metrics, retrieval_metrics
+
+
+def _data(n_img=40, m=3, classes=7, fewshot=None):
+    return {"val": {"num_samples": n_img}, "config": {"val_captions_per_image": m},
+            "zeroshot": {"num_classes": classes},
+            "fewshot": {"datasets": fewshot or {"a": {"num_classes": 2}, "b": {"num_classes": 4}}}}
+
+
+def test_chance_levels_match_random_embeddings():
+    """The closed forms equal the mean score of content-blind embeddings (Monte Carlo, 400 draws)."""
+    n_img, m, classes = 40, 3, 7
+    chance = ex.chance_levels(_data(n_img, m, classes))
+    gen = torch.Generator().manual_seed(0)
+    t2i = torch.arange(n_img).repeat_interleave(m)
+    sums: dict[str, float] = {}
+    draws = 400
+    for _ in range(draws):
+        img = torch.randn(n_img, 8, generator=gen)
+        txt = torch.randn(n_img * m, 8, generator=gen)
+        for k, v in retrieval_metrics(img, txt, t2i).items():
+            sums[f"retrieval/{k}"] = sums.get(f"retrieval/{k}", 0.0) + v / draws
+        logits = torch.randn(200, classes, generator=gen)
+        labels = torch.arange(200) % classes
+        for k, v in classification_metrics(logits, labels).items():
+            sums[f"zeroshot/{k}"] = sums.get(f"zeroshot/{k}", 0.0) + v / draws
+    for key in ("retrieval/image_to_text_R@1", "retrieval/image_to_text_R@5", "retrieval/image_to_text_R@10",
+                "retrieval/text_to_image_R@1", "retrieval/text_to_image_R@10", "zeroshot/top1", "zeroshot/top5",
+                "zeroshot/mean_per_class_recall"):
+        assert sums[key] == pytest.approx(chance[key], abs=0.012), key
+    # image -> text with several true captions is not k * m / M: the closed form counts overlaps.
+    assert chance["retrieval/image_to_text_R@10"] < 10 * m / (n_img * m)
+    assert chance["fewshot/b/linear_probe"] == 0.25
+    assert chance["fewshot/average/linear_probe"] == pytest.approx((0.5 + 0.25) / 2)
+
+
+def test_comparison_table_means_spreads_and_best():
+    scores = {"clip": [{"x": 0.10}, {"x": 0.20}], "dcl": [{"x": 0.30}, {"x": 0.50}], "decl": [{"x": float("nan")}]}
+    table = ex.comparison_table(scores, [("x", "metric x")], {"x": 0.05})
+    row = table.splitlines()[2]
+    assert row.startswith("| metric x | 5.0 |")
+    # mean ± sample standard deviation in percent; the best mean in bold; NaN stays visible
+    assert "15.0 ± 7.1" in row and "**40.0 ± 14.1**" in row and "nan" in row
+
+
+def test_read_curves_and_val(tmp_path):
+    log = tmp_path / "out.log"
+    log.write_text(
+        "2026-01-01,00:00:00 | INFO | Train Epoch: 0 [   32/256 (12%)] Data (t): 0.1 Batch (t): 0.2, 160/s, "
+        "160/s/gpu LR: 0.001000 Logit Scale: 14.2 Contrastive_loss: 3.5 (3.5) Loss: 3.5 (3.5) Loss1: 1.0 (1.0)\n"
+        "2026-01-01,00:00:01 | INFO | Start epoch 1\n"
+        "2026-01-01,00:00:02 | INFO | Train Epoch: 1 [  256/256 (100%)] Data (t): 0.1 Batch (t): 0.2, 160/s, "
+        "160/s/gpu LR: 0.001000 Logit Scale: 14.2 Dcl_loss: 2.25 (2.3) Loss: 2.25 (2.3)\n")
+    curves = ex.read_curves(log)
+    assert curves == {"epoch": [pytest.approx(0.125), pytest.approx(2.0)], "loss": [3.5, 2.25]}
+    (tmp_path / "results.jsonl").write_text('{"epoch": 1, "image_to_text_R@1": 0.5}\n\n')
+    assert ex.read_val(tmp_path / "results.jsonl") == [{"epoch": 1, "image_to_text_R@1": 0.5}]
+    assert ex.read_val(tmp_path / "missing.jsonl") == [] and ex.read_curves(tmp_path / "missing.log")["loss"] == []
+
+
+def test_train_command_shares_the_budget():
+    data = {"train_data": "/d/train/{00000..00001}.tar", "val_data": "/d/val/00000.tar",
+            "train": {"num_samples": 100}, "val": {"num_samples": 10}}
+    budget = ex.Budget(epochs=3, seed=5, extra=("--lr-scheduler", "const"))
+    runs = ex.default_runs(0.25)
+    cmds = [ex.train_command(r, data, "/logs", budget) for r in runs]
+    assert [c[c.index("--name") + 1] for c in cmds] == ["clip", "dcl", "decl"]
+    common = [c[: c.index("--name")] for c in cmds]
+    assert common[0] == common[1] == common[2]  # same data, model, seed and budget
+    assert cmds[1][-4:] == ["--loss", "dcl", "--tau-plus", "0.25"]
+    assert cmds[0][1:4] == ["-m", "clip_dcl.train", "--"] and "--lr-scheduler" in cmds[0]
+    with pytest.raises(ValueError, match="epochs=0"):
+        ex.Budget(epochs=0).validate()
+
+
+def test_demo_rejects_bad_flags_before_work(tmp_path, capsys):
+    from clip_dcl.demo import main
+
+    assert main(["--out", str(tmp_path / "o"), "--num-classes", "1"]) == 2
+    assert "--num-classes" in capsys.readouterr().err
+    assert not (tmp_path / "o").exists()
+    with pytest.raises(SystemExit):
+        main(["--losses", "infonce"])
+
+
+@pytest.mark.slow
+def test_demo_quick_end_to_end(tmp_path):
+    out = tmp_path / "demo"
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}
+    proc = subprocess.run([sys.executable, "-m", "clip_dcl.cli", "demo", "--quick", "--out", str(out)],
+                          capture_output=True, text=True, timeout=600, env=env)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    # progress was visible, and the table was printed
+    assert "[demo] 2/4 training 3/3: decl" in proc.stdout and "| metric (%) | chance | clip | dcl | decl |" in proc.stdout
+    doc = json.loads((out / "demo.json").read_text())
+    assert list(doc["runs"]) == ["clip", "dcl", "decl"]
+    keys = list(doc["chance"])  # every scored metric with a chance level: retrieval, zero-shot, few-shot
+    assert len(keys) >= 20 and any(k.startswith("fewshot/digits/") for k in keys)
+    for name, (run,) in doc["runs"].items():
+        for key in keys:
+            assert math.isfinite(run["metrics"][key]), (name, key)
+        assert run["curves"]["loss"] and all(math.isfinite(v) for v in run["curves"]["loss"])
+        assert Path(run["checkpoint"]).is_file()
+    table = (out / "demo.md").read_text()
+    assert table.count("\n| ") >= 16 and "nan" not in table
+    png = (out / "demo.png").read_bytes()
+    assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 10_000
+
