@@ -83,5 +83,22 @@ class UnbiasedOracleLoss(ContrastiveLoss):
         dropped = same.float().sum(1).mean() / max(1, same.shape[1] - 1)
         return total / 2, {"same_class_share": dropped}
 
+    @classmethod
+    def with_labels(cls, labels: torch.Tensor) -> type:
+        """A subclass whose constructor takes only the distributed arguments, ``labels`` bound.
+
+        The training plugin builds a loss from its flags plus OpenCLIP's distributed arguments and
+        records the signature's other arguments in each checkpoint's ``loss_args``: with the label
+        table bound here there are none, so no tensor ends up in the checkpoint metadata.
+        """
+        table = torch.as_tensor(labels, dtype=torch.long)
+
+        class BoundUnbiasedOracleLoss(cls):
+            def __init__(self, **dist_kwargs):
+                super().__init__(table, **dist_kwargs)
+
+        BoundUnbiasedOracleLoss.__name__ = BoundUnbiasedOracleLoss.__qualname__ = cls.__name__
+        return BoundUnbiasedOracleLoss
+
 
 LOSSES["unbiased"] = UnbiasedOracleLoss

@@ -18,7 +18,8 @@ import sys
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional
 
-#: The objectives ``--loss`` accepts (``clip_dcl.losses.LOSSES`` names).
+#: The package's objectives. ``--loss`` accepts every name in ``clip_dcl.losses.LOSSES`` when the
+#: parser is built, so a script may register another loss and then call ``clip_dcl.train.main``.
 LOSS_NAMES = ("clip", "dcl", "decl")
 
 #: Our flag's ``dest`` -> (the loss it belongs to, that loss's keyword argument).
@@ -72,10 +73,14 @@ def build_parser() -> argparse.ArgumentParser:
                     "Every OpenCLIP flag works as in OpenCLIP; clip-dcl adds these:",
     )
     g = parser.add_argument_group("clip-dcl objective")
-    g.add_argument("--loss", choices=LOSS_NAMES, default="clip",
+    from clip_dcl.losses import LOSSES
+
+    registered = tuple(LOSS_NAMES) + tuple(name for name in LOSSES if name not in LOSS_NAMES)
+    g.add_argument("--loss", choices=registered, default="clip",
                    help="training objective: clip = OpenCLIP's own loss (InfoNCE; also SigLIP/CoCa/distillation "
                         "as OpenCLIP picks them), dcl = debiased contrastive loss, decl = decomposable "
-                        "contrastive loss (default: clip)")
+                        "contrastive loss; or any other loss registered in clip_dcl.losses.LOSSES before "
+                        "this parser is built (default: clip)")
     g.add_argument("--tau-plus", type=float, default=None,
                    help="dcl: class prior tau+ in [0, 1), the chance that a negative shares the anchor's class"
                         + default("tau_plus"))

@@ -1,0 +1,380 @@
+"""Sampling bias on the synthetic data: InfoNCE, ``dcl`` at several ``tau_plus``, and the oracle.
+
+The DCL paper's Figure 2 (Chuang et al. 2020) on clip-dcl's synthetic caption shards. With ``C``
+balanced latent classes a random negative shares the anchor's class with probability
+``tau_plus = 1 / C``; InfoNCE (``clip``) pushes those "false negatives" away, ``dcl`` corrects its
+negative term for a class prior ``--tau-plus``, and the ``unbiased`` oracle drops same-class
+negatives using the true labels (:mod:`oracle_loss`, trained through :mod:`train_oracle`).
+
+Every objective trains the tiny model through the real entry point (``python -m clip_dcl.train``,
+or ``benchmarks/train_oracle.py`` for the oracle) on the same data, under the same budget, for
+each training seed; each final checkpoint is evaluated with ``clip_dcl.experiment.evaluate``
+(retrieval, zero-shot over the latent classes, ELEVATER 5-shot probe and mean classifier).
+
+We use 4 classes by default (``tau_plus = 0.25``): with 128 pairs a batch, an anchor then meets
+about 32 same-class negatives, so the bias is large, while the zero-shot task (4 classes) and the
+few-shot suite stay well above chance for a tiny model in two epochs. Fewer classes (2, 0.5)
+leave the zero-shot task nearly trivial; many (10, 0.1) shrink the effect towards the seed noise.
+
+Writes ``sampling_bias.md`` (settings, machine, command, a table of the headline scores against
+``tau_plus`` and the full comparison table), ``sampling_bias.json`` (raw per-seed numbers, the
+training commands and curves) and ``sampling_bias.png`` (scores against the dcl ``tau_plus``;
+``clip`` drawn at ``tau_plus = 0``, where dcl equals InfoNCE; the oracle as a horizontal band).
+The report is rewritten after every finished run, and finished runs are reused on a re-run with
+the same settings (``--work`` keeps them), so an interrupted benchmark resumes.
+
+Run ``.venv/bin/python benchmarks/sampling_bias.py`` (``--quick``: a smoke run of a minute or two
+that writes its report under ``--work``, not into ``benchmarks/results``).
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import math
+import os
+import platform
+import shlex
+import sys
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Dict, List, Optional, Sequence
+
+from clip_dcl import experiment as ex
+
+HERE = Path(__file__).resolve().parent
+STEM = "sampling_bias"
+ORACLE = "unbiased (oracle)"
+#: The headline scores, in the table against tau_plus and the figure.
+HEADLINE = (
+    ("zeroshot/top1", "zero-shot top-1"),
+    ("fewshot/average/linear_probe", "5-shot probe average"),
+    ("fewshot/average/mean_classifier", "5-shot mean classifier average"),
+)
+FULL_BUDGET = ex.Budget(epochs=2, batch_size=128, lr=2e-3, warmup=20, seed=0, workers=1)
+QUICK_BUDGET = ex.Budget(epochs=1, batch_size=32, lr=2e-3, warmup=2, seed=0, workers=1, log_every_n_steps=2)
+
+
+# ------------------------------------------------------------------------------------------
+# Runs and aggregation (pure)
+# ------------------------------------------------------------------------------------------
+def dcl_name(tau_plus: float) -> str:
+    return f"dcl tau+={tau_plus:g}"
+
+
+def make_runs(tau_values: Sequence[float], oracle: bool = True) -> List[ex.Run]:
+    """``clip``, ``dcl`` at each ``tau_plus`` and (optionally) the oracle, in table order.
+
+    Raises:
+        ValueError: a ``tau_plus`` outside ``(0, 1)`` or a repeated one.
+    """
+    for t in tau_values:
+        if not (isinstance(t, (int, float)) and 0 < t < 1):
+            raise ValueError(f"tau_plus {t!r} must be in (0, 1) (tau_plus = 0 is clip itself)")
+    if len({f"{t:g}" for t in tau_values}) != len(tau_values):
+        raise ValueError(f"repeated tau_plus values in {list(tau_values)}")
+    runs = [ex.Run("clip", ("--loss", "clip"))]
+    runs += [ex.Run(dcl_name(t), ("--loss", "dcl", "--tau-plus", f"{t:g}")) for t in sorted(tau_values)]
+    if oracle:
+        runs.append(ex.Run(ORACLE, ("--loss", "unbiased")))
+    return runs
+
+
+def run_tau_plus(run: ex.Run) -> Optional[float]:
+    """The run's place on the tau_plus axis: its ``--tau-plus``, 0 for clip, None for the oracle."""
+    flags = list(run.flags)
+    if "--tau-plus" in flags:
+        return float(flags[flags.index("--tau-plus") + 1])
+    return 0.0 if run.name == "clip" else None
+
+
+def mean_std(values: Sequence[float]) -> Dict[str, float]:
+    """Mean, sample standard deviation (``ddof = 1``; nan for one value) and count of the finite values."""
+    finite = [float(v) for v in values if v is not None and math.isfinite(v)]
+    n = len(finite)
+    if n == 0:
+        return {"mean": float("nan"), "std": float("nan"), "n": 0}
+    mean = sum(finite) / n
+    std = math.sqrt(sum((v - mean) ** 2 for v in finite) / (n - 1)) if n > 1 else float("nan")
+    return {"mean": mean, "std": std, "n": n}
+
+
+def summarize(scores: Dict[str, List[Dict[str, float]]], keys: Sequence[str]) -> Dict[str, Dict[str, dict]]:
+    """``{run: {metric: mean_std over seeds}}`` for the given metric keys (missing -> nan)."""
+    return {name: {k: mean_std([s.get(k, float("nan")) for s in per_seed]) for k in keys}
+            for name, per_seed in scores.items()}
+
+
+def tau_table(runs: Sequence[ex.Run], summary: Dict[str, Dict[str, dict]], chance: Dict[str, float]) -> str:
+    """Markdown: one row per run (with its tau_plus), one column per headline score, mean ± std in %."""
+    head = "| objective | tau_plus | seeds | " + " | ".join(label for _, label in HEADLINE) + " |"
+    lines = [head, "|" + "---|" * (len(HEADLINE) + 3)]
+    lines.append("| chance | | | " + " | ".join(f"{100 * chance.get(k, float('nan')):.1f}" for k, _ in HEADLINE)
+                 + " |")
+    for run in runs:
+        if run.name not in summary:
+            continue
+        tau = run_tau_plus(run)
+        cells = []
+        for key, _ in HEADLINE:
+            s = summary[run.name][key]
+            cell = f"{100 * s['mean']:.1f}"
+            if s["n"] > 1:
+                cell += f" ± {100 * s['std']:.1f}"
+            cells.append(cell)
+        n = max(s["n"] for s in summary[run.name].values())
+        tau_cell = "labels" if tau is None else f"{tau:g}"
+        lines.append(f"| {run.name} | {tau_cell} | {n} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+# ------------------------------------------------------------------------------------------
+# Figure
+# ------------------------------------------------------------------------------------------
+def plot_tau(runs: Sequence[ex.Run], scores: Dict[str, List[Dict[str, float]]], chance: Dict[str, float],
+             true_tau: float, path: os.PathLike, title: str = "") -> Path:
+    """Each headline score against the dcl tau_plus (clip at 0), with the oracle as a band."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(HEADLINE), figsize=(5.2 * len(HEADLINE), 4.4))
+    curve = [r for r in runs if run_tau_plus(r) is not None and scores.get(r.name)]
+    oracle = [r for r in runs if run_tau_plus(r) is None and scores.get(r.name)]
+    for ax, (key, label) in zip(axes, HEADLINE):
+        xs, means, stds = [], [], []
+        for r in curve:
+            vals = [100 * s[key] for s in scores[r.name] if math.isfinite(s.get(key, float("nan")))]
+            if not vals:
+                continue
+            x = run_tau_plus(r)
+            st = mean_std(vals)
+            xs.append(x)
+            means.append(st["mean"])
+            stds.append(0.0 if st["n"] < 2 else st["std"])
+            ax.scatter([x] * len(vals), vals, s=10, color="grey", alpha=0.6, zorder=2)
+        ax.errorbar(xs, means, yerr=stds, fmt="o-", color="tab:blue", capsize=3, zorder=3,
+                    label="dcl (mean ± std over seeds)")
+        if xs and xs[0] == 0.0:
+            ax.scatter([0.0], [means[0]], marker="s", s=60, color="tab:red", zorder=4, label="clip (InfoNCE)")
+        for r in oracle:
+            vals = [100 * s[key] for s in scores[r.name] if math.isfinite(s.get(key, float("nan")))]
+            if vals:
+                st = mean_std(vals)
+                sd = 0.0 if st["n"] < 2 else st["std"]
+                ax.axhline(st["mean"], color="tab:green", lw=1.5, label="unbiased oracle (mean ± std)")
+                ax.axhspan(st["mean"] - sd, st["mean"] + sd, color="tab:green", alpha=0.15)
+        ax.axvline(true_tau, color="black", ls=":", lw=1, label=f"true class prior {true_tau:.3g}")
+        if key in chance:
+            ax.axhline(100 * chance[key], color="black", ls="--", lw=0.8, alpha=0.6, label="chance")
+        ax.set(xlabel="tau_plus of dcl (clip at 0)", ylabel="%", title=label)
+        ax.grid(alpha=0.3)
+    axes[0].legend(fontsize=7, loc="best")
+    if title:
+        fig.suptitle(title, fontsize=9)
+    fig.tight_layout()
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+# ------------------------------------------------------------------------------------------
+# Driver
+# ------------------------------------------------------------------------------------------
+def machine() -> str:
+    import open_clip
+    import torch
+
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in open("/proc/cpuinfo"):
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return (f"{cpu}, {os.cpu_count()} CPU cores, {platform.system()} {platform.release()}, Python "
+            f"{platform.python_version()}, torch {torch.__version__} ({torch.get_num_threads()} threads), "
+            f"open_clip {open_clip.__version__}")
+
+
+def _load_done(path: Path, run: ex.Run, settings: dict):
+    """A finished (run, seed) from an earlier call with the same settings, or None."""
+    if not path.is_file():
+        return None
+    doc = json.loads(path.read_text())
+    if doc.get("settings") != settings or not Path(doc["checkpoint"]).is_file():
+        return None
+    res = ex.TrainResult(run, Path(doc["checkpoint"]), Path(doc["log_dir"]), doc["seconds"], doc["command"],
+                         doc["curves"], doc["val"])
+    return res, doc["metrics"], doc.get("eval_seconds", float("nan"))
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="benchmarks/sampling_bias.py", allow_abbrev=False,
+                                description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--quick", action="store_true",
+                   help="smoke run: tiny data, 1 short epoch, seed 0, tau_plus 0.25 only; report under --work")
+    p.add_argument("--work", default="/tmp/clip_dcl_sampling_bias", help="folder for the data and the runs")
+    p.add_argument("--results", default=None,
+                   help=f"folder of the report (default: {HERE / 'results'}; with --quick: WORK/report)")
+    p.add_argument("--num-classes", type=int, default=4, help="latent classes (tau_plus = 1 / classes)")
+    p.add_argument("--train-samples", type=int, default=6000, help="training pairs (quick: the quick set's 256)")
+    p.add_argument("--epochs", type=int, default=None,
+                   help=f"training epochs (default {FULL_BUDGET.epochs}; quick {QUICK_BUDGET.epochs})")
+    p.add_argument("--seeds", type=int, nargs="+", default=None, help="training seeds (default 0 1 2; quick 0)")
+    p.add_argument("--tau-plus", type=float, nargs="+", default=None,
+                   help="dcl tau_plus values (default 0.05 0.1 0.25 0.4; quick 0.25)")
+    p.add_argument("--no-oracle", action="store_true", help="leave out the unbiased oracle")
+    p.add_argument("--fewshot-seeds", type=int, nargs="+", default=None,
+                   help="k-shot draws of the 5-shot probe (default 0 1 2; quick 0)")
+    return p
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = build_parser().parse_args(argv)
+    from clip_dcl.data.synth import MAX_CLASSES, generate
+
+    if not 2 <= args.num_classes <= MAX_CLASSES:
+        raise SystemExit(f"--num-classes must be in [2, {MAX_CLASSES}], got {args.num_classes}")
+    if args.train_samples < args.num_classes:
+        raise SystemExit(f"--train-samples must be >= --num-classes, got {args.train_samples}")
+    if args.epochs is not None and args.epochs < 1:
+        raise SystemExit(f"--epochs must be >= 1, got {args.epochs}")
+    base = QUICK_BUDGET if args.quick else FULL_BUDGET
+    budget = dataclasses.replace(base, epochs=args.epochs or base.epochs)
+    seeds = args.seeds if args.seeds is not None else ([0] if args.quick else [0, 1, 2])
+    if len(set(seeds)) != len(seeds) or any(s < 0 for s in seeds):
+        raise SystemExit(f"--seeds must be distinct and >= 0, got {seeds}")
+    taus = args.tau_plus if args.tau_plus is not None else ([0.25] if args.quick else [0.05, 0.1, 0.25, 0.4])
+    fewshot_seeds = args.fewshot_seeds or ([0] if args.quick else [0, 1, 2])
+    try:
+        runs = make_runs(taus, oracle=not args.no_oracle)
+    except ValueError as e:
+        raise SystemExit(f"--tau-plus: {e}")
+    work = Path(args.work) / ("quick" if args.quick else "full")
+    results_dir = Path(args.results) if args.results else (work / "report" if args.quick else HERE / "results")
+    command = " ".join([".venv/bin/python", "benchmarks/sampling_bias.py", *map(shlex.quote, argv)])
+    started = datetime.now(timezone.utc)
+    t_start = time.perf_counter()
+
+    print(f"[sampling_bias] data: {args.num_classes} classes -> {work / 'data'}", flush=True)
+    overrides = dict(num_classes=args.num_classes)
+    if not args.quick or args.train_samples != 6000:
+        overrides["train_samples"] = args.train_samples
+    try:
+        data = generate(work / "data", quick=args.quick, reuse=True, **overrides)
+    except FileExistsError:
+        data = generate(work / "data", quick=args.quick, overwrite=True, **overrides)
+    settings = {"budget": dataclasses.asdict(budget), "data": data["config"], "fewshot_seeds": fewshot_seeds}
+
+    entry = {ORACLE: [sys.executable, str(HERE / "train_oracle.py")]}
+    results: Dict[str, List[ex.TrainResult]] = {r.name: [] for r in runs}
+    scores: Dict[str, List[Dict[str, float]]] = {r.name: [] for r in runs}
+    eval_seconds: Dict[str, List[float]] = {r.name: [] for r in runs}
+    total = len(runs) * len(seeds)
+    done = 0
+    # Seed-major order: every objective of seed 0 first, so a partial report compares like with like.
+    for seed in seeds:
+        seed_budget = dataclasses.replace(budget, seed=seed)
+        for run in runs:
+            done += 1
+            cache = work / "scores" / f"{run.slug}-seed{seed}.json"
+            prior = _load_done(cache, run, settings)
+            if prior is not None:
+                res, metrics, secs = prior
+                print(f"[sampling_bias] {done}/{total} {run.name} seed {seed}: reused {cache}", flush=True)
+            else:
+                print(f"[sampling_bias] {done}/{total} training {run.name} ({' '.join(run.flags)}), seed {seed}, "
+                      f"{budget.epochs} epoch(s) of {data['train']['num_samples']} pairs", flush=True)
+                res = ex.train(run, data, work / "runs" / f"seed{seed}", seed_budget, entry=entry.get(run.name))
+                t0 = time.perf_counter()
+                metrics = ex.evaluate(res.checkpoint, data, fewshot_seeds=fewshot_seeds)
+                secs = time.perf_counter() - t0
+                cache.parent.mkdir(parents=True, exist_ok=True)
+                cache.write_text(json.dumps({
+                    "settings": settings, "checkpoint": str(res.checkpoint), "log_dir": str(res.log_dir),
+                    "seconds": res.seconds, "command": res.command, "curves": res.curves, "val": res.val,
+                    "metrics": metrics, "eval_seconds": secs}, default=str) + "\n")
+                print(f"[sampling_bias]     trained {res.seconds:.0f} s, evaluated {secs:.0f} s: " + ", ".join(
+                    f"{label} {100 * metrics[key]:.1f}" for key, label in HEADLINE), flush=True)
+            results[run.name].append(res)
+            scores[run.name].append({**metrics, "seed": seed})
+            eval_seconds[run.name].append(secs)
+            write(results_dir, runs, results, scores, eval_seconds, data, budget, seeds, fewshot_seeds, command,
+                  started, time.perf_counter() - t_start, complete=(done == total))
+    print(f"[sampling_bias] wrote {results_dir / (STEM + '.md')}, .json, .png", flush=True)
+    print((results_dir / f"{STEM}.md").read_text().split("## Full comparison")[0])
+    return 0
+
+
+def write(out: Path, runs, results, scores, eval_seconds, data, budget, seeds, fewshot_seeds, command, started,
+          seconds, complete: bool) -> None:
+    """(Re)write the report from the runs finished so far."""
+    have = {n: v for n, v in scores.items() if v}
+    res = {n: results[n] for n in have}
+    chance = ex.chance_levels(data)
+    keys = sorted({k for per_seed in have.values() for s in per_seed for k in s if k != "seed"})
+    summary = summarize(have, keys)
+    n_train = data["train"]["num_samples"]
+    true_tau = float(data["tau_plus"])
+    title = (f"{data['config']['num_classes']} latent classes (tau_plus {true_tau:.3g}), {n_train} pairs, "
+             f"{budget.epochs} epochs, batch {budget.batch_size}, seeds {seeds}")
+    status = "complete" if complete else (
+        "PARTIAL: still running; runs so far: " + ", ".join(f"{n} x{len(v)}" for n, v in have.items()))
+    train_s = [r.seconds for rs in res.values() for r in rs]
+    eval_s = [s for n in have for s in eval_seconds[n]]
+    header = "\n".join([
+        "# Sampling bias: clip vs dcl(tau_plus) vs the unbiased oracle",
+        "",
+        f"- Status: {status}",
+        f"- Command: `{command}`",
+        f"- Date (UTC): {started:%Y-%m-%d %H:%M}; {seconds / 60:.1f} min in all (training {sum(train_s) / 60:.1f} "
+        f"min, evaluation {sum(eval_s) / 60:.1f} min; the CPU was shared with other jobs, so times are not "
+        "speed measurements)",
+        f"- Machine: {machine()}",
+        f"- Data: clip-dcl synthetic shards, {data['config']['num_classes']} balanced latent classes "
+        f"({', '.join(data['classes']['names'])}), measured class prior tau_plus = {true_tau:.4f}; "
+        f"{n_train} training pairs, {data['val']['num_samples']} held-out retrieval images "
+        f"({data['config']['val_captions_per_image']} captions each), zero-shot over the "
+        f"{data['zeroshot']['num_classes']} classes ({data['zeroshot']['num_images']} images), few-shot suite "
+        f"{', '.join(data['fewshot']['datasets'])}.",
+        f"- Training: tiny model `{budget.model}`, {budget.epochs} epochs, batch {budget.batch_size}, lr {budget.lr}, "
+        f"wd {budget.wd}, warmup {budget.warmup}, fp32 CPU, through `python -m clip_dcl.train` "
+        "(oracle: `benchmarks/train_oracle.py`, the same entry point with the label table bound); "
+        f"training seeds {seeds} (same data). Evaluation: `clip_dcl.experiment.evaluate`, 5-shot probe over "
+        f"k-shot draws {fewshot_seeds} (reduced grid).",
+        "- Objectives: `clip` = OpenCLIP's InfoNCE (= dcl at tau_plus 0); `dcl tau+=t` = debiased contrastive loss "
+        "with class prior t; `unbiased (oracle)` = InfoNCE whose negatives exclude the anchor's latent class "
+        "(true labels; the upper reference dcl approximates).",
+        "- Raw numbers per seed, commands and training curves: `sampling_bias.json`; figure: `sampling_bias.png`.",
+    ])
+    out.mkdir(parents=True, exist_ok=True)
+    report = ex.write_report(out, STEM, data=data, budget=budget, results=res, scores=have, header=header,
+                             extra={"seeds": seeds, "fewshot_seeds": fewshot_seeds, "command": command,
+                                    "date": f"{started:%Y-%m-%d %H:%M} UTC", "machine": machine(),
+                                    "complete": complete, "minutes": seconds / 60, "true_tau_plus": true_tau,
+                                    "tau_plus_of_run": {r.name: run_tau_plus(r) for r in runs},
+                                    "eval_seconds": {n: eval_seconds[n] for n in have},
+                                    "summary": summary})
+    ordered = [r for r in runs if r.name in have]
+    plot_tau(ordered, have, chance, true_tau, out / f"{STEM}.png", title=title)
+    md = "\n\n".join([
+        header,
+        "## Headline scores against tau_plus (%, mean ± sample std over training seeds)",
+        tau_table(ordered, summary, chance),
+        f"![scores against tau_plus]({STEM}.png)",
+        "## Full comparison (%, mean ± sample std over training seeds; best mean in bold)",
+        report["table"],
+    ]) + "\n"
+    (out / f"{STEM}.md").write_text(md)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,112 @@
+"""The sampling-bias benchmark: run list, aggregation, the oracle driver through clip_dcl.train."""
+from __future__ import annotations
+
+import statistics
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+BENCH = Path(__file__).resolve().parents[1] / "benchmarks"
+sys.path.insert(0, str(BENCH))
+import sampling_bias as sb  # noqa: E402
+from oracle_loss import UnbiasedOracleLoss  # noqa: E402
+
+
+def test_runs_put_clip_at_zero_and_the_oracle_off_the_axis():
+    runs = sb.make_runs([0.4, 0.05, 0.25])
+    assert [r.name for r in runs] == ["clip", "dcl tau+=0.05", "dcl tau+=0.25", "dcl tau+=0.4", sb.ORACLE]
+    assert [sb.run_tau_plus(r) for r in runs] == [0.0, 0.05, 0.25, 0.4, None]
+    assert runs[2].flags == ("--loss", "dcl", "--tau-plus", "0.25")
+    assert runs[-1].flags == ("--loss", "unbiased")
+    assert sb.ORACLE not in [r.name for r in sb.make_runs([0.1], oracle=False)]
+
+
+@pytest.mark.parametrize("bad", [[0.0], [1.0], [-0.1], [0.1, 0.1]])
+def test_bad_tau_plus_is_named(bad):
+    with pytest.raises(ValueError, match="tau_plus"):
+        sb.make_runs(bad)
+
+
+def test_summary_matches_numpy_and_skips_missing_values():
+    rng = np.random.default_rng(0)
+    scores = {"a": [{"m": float(v), "seed": i} for i, v in enumerate(rng.random(5))],
+              "b": [{"m": 0.3}, {"m": float("nan")}, {}]}
+    out = sb.summarize(scores, ["m"])
+    vals = [s["m"] for s in scores["a"]]
+    assert out["a"]["m"]["mean"] == pytest.approx(np.mean(vals))
+    assert out["a"]["m"]["std"] == pytest.approx(statistics.stdev(vals))
+    assert out["a"]["m"]["n"] == 5
+    assert out["b"]["m"]["mean"] == pytest.approx(0.3) and out["b"]["m"]["n"] == 1
+    assert np.isnan(out["b"]["m"]["std"])
+
+
+def test_tau_table_lists_each_run_with_its_prior_and_spread():
+    runs = sb.make_runs([0.25])
+    keys = [k for k, _ in sb.HEADLINE]
+    scores = {"clip": [{k: 0.5 for k in keys}, {k: 0.7 for k in keys}],
+              "dcl tau+=0.25": [{k: 0.8 for k in keys}], sb.ORACLE: []}
+    have = {n: v for n, v in scores.items() if v}
+    table = sb.tau_table(runs, sb.summarize(have, keys), {keys[0]: 0.25})
+    rows = table.splitlines()
+    assert rows[2].startswith("| chance |") and "25.0" in rows[2]
+    assert rows[3].startswith("| clip | 0 | 2 | 60.0 ± 14.1 |")
+    assert rows[4].startswith("| dcl tau+=0.25 | 0.25 | 1 | 80.0 |")
+    assert len(rows) == 5  # the oracle has no finished run
+
+
+def test_bound_oracle_records_no_label_tensor_and_equals_the_unbound_loss():
+    from clip_dcl.train.flags import _full_loss_args
+
+    labels = torch.tensor([0, 1, 0, 1, 2, 2])
+    bound = UnbiasedOracleLoss.with_labels(labels)
+    from clip_dcl.losses import LOSSES
+
+    saved = LOSSES.get("unbiased")
+    LOSSES["unbiased"] = bound
+    try:
+        assert _full_loss_args("unbiased", {}) == {}
+    finally:
+        LOSSES["unbiased"] = saved
+    gen = torch.Generator().manual_seed(1)
+    f = torch.nn.functional.normalize(torch.randn(4, 5, generator=gen), dim=-1)
+    g = torch.nn.functional.normalize(torch.randn(4, 5, generator=gen), dim=-1)
+    ids = torch.tensor([5, 0, 2, 3])
+    s = torch.tensor(3.0)
+    torch.testing.assert_close(bound()(f, g, s, sample_ids=ids), UnbiasedOracleLoss(labels)(f, g, s, sample_ids=ids))
+    assert bound().state_dict() == {}
+
+
+def test_loss_flag_accepts_a_registered_loss_and_still_rejects_unknown_ones():
+    from clip_dcl.losses import LOSSES
+    from clip_dcl.train.flags import build_parser
+
+    saved = LOSSES.get("unbiased")
+    LOSSES["unbiased"] = UnbiasedOracleLoss.with_labels(torch.zeros(3, dtype=torch.long))
+    try:
+        parser = build_parser()
+        assert parser.parse_known_args(["--loss", "unbiased"])[0].loss == "unbiased"
+        with pytest.raises(SystemExit):
+            parser.parse_known_args(["--loss", "nonsense"])
+    finally:
+        LOSSES["unbiased"] = saved
+    assert "{clip,dcl,decl" in build_parser().format_help()
+
+
+@pytest.mark.slow
+def test_oracle_trains_through_clip_dcl_train_and_checkpoint_has_no_labels(tmp_path):
+    from clip_dcl import experiment as ex
+    from clip_dcl.data.synth import generate
+
+    data = generate(tmp_path / "data", quick=True, num_classes=3, train_samples=96, verbose=False)
+    budget = ex.Budget(epochs=1, batch_size=32, warmup=1, workers=0, log_every_n_steps=1)
+    res = ex.train(ex.Run("oracle", ("--loss", "unbiased")), data, tmp_path / "runs", budget, echo=lambda s: None,
+                   entry=[sys.executable, str(BENCH / "train_oracle.py")])
+    ckpt = torch.load(res.checkpoint, map_location="cpu", weights_only=False)
+    assert ckpt["clip_dcl"]["loss"] == "unbiased" and ckpt["clip_dcl"]["loss_args"] == {}
+    assert ckpt["loss_state"] == {}
+    log = (res.log_dir / "out.log").read_text()
+    share = [float(x) for x in __import__("re").findall(r"Same_class_share: (\S+)", log)]
+    assert share and all(0.0 < v < 1.0 for v in share)  # labels were looked up: some negatives dropped
