@@ -25,7 +25,9 @@ import re
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Dict, List, Optional, Sequence
@@ -122,6 +124,35 @@ class TrainResult:
     val: List[dict] = field(default_factory=list)
 
 
+@contextmanager
+def machine_lock(echo: Callable[[str], None] = print):
+    """Hold a machine-wide lock while a training child runs (POSIX ``flock``).
+
+    Two trainings sharing a small CPU run several times slower each than one after the other
+    (their thread pools fight for the cores), so comparisons started side by side on one
+    machine take turns. The lock file is ``$CLIP_DCL_TRAIN_LOCK`` (default
+    ``<tmp>/clip-dcl-train.lock``); set the variable to an empty string to run side by side.
+    """
+    path = os.environ.get("CLIP_DCL_TRAIN_LOCK", os.path.join(tempfile.gettempdir(), "clip-dcl-train.lock"))
+    try:
+        import fcntl
+    except ImportError:  # pragma: no cover - not POSIX
+        path = ""
+    if not path:
+        yield
+        return
+    with open(path, "a+") as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            echo(f"  waiting for another clip-dcl training on this machine to finish (lock {path})")
+            fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
 _PROGRESS = re.compile(r"Train Epoch: (\d+) \[\s*(\d+)/(\d+) \((\d+)%\)\].*?\bLoss: (\S+)")
 
 
@@ -131,7 +162,8 @@ def train(run: Run, data: dict, logs: os.PathLike, budget: Budget, *, echo: Call
 
     An earlier run of the same name under ``logs`` is replaced (OpenCLIP refuses to reuse a
     folder). The child's full output is kept in ``logs/<name>/stdout.txt``; on failure its tail
-    is raised in a ``RuntimeError``.
+    is raised in a ``RuntimeError``. Runs take turns with other trainings started through this
+    function on the same machine (:func:`machine_lock`).
     """
     budget.validate()
     logs = Path(logs)
@@ -141,13 +173,29 @@ def train(run: Run, data: dict, logs: os.PathLike, budget: Budget, *, echo: Call
     logs.mkdir(parents=True, exist_ok=True)
     cmd = train_command(run, data, logs, budget, entry)
     child_env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "PYTHONUNBUFFERED": "1", **(env or {})}
-    start = time.perf_counter()
-    tail: List[str] = []
+    with machine_lock(echo):
+        start = time.perf_counter()
+        code, lines = _stream(cmd, child_env, run, budget, echo, start)
+    seconds = time.perf_counter() - start
+    log_dir.mkdir(parents=True, exist_ok=True)  # absent when the child failed before OpenCLIP started
+    (log_dir / "stdout.txt").write_text("\n".join(lines) + "\n")
+    tail = lines[-60:]
+    checkpoint = log_dir / "checkpoints" / f"epoch_{budget.epochs}.pt"
+    if code != 0 or not checkpoint.is_file():
+        raise RuntimeError(f"training {run.name!r} failed (exit code {code}): {' '.join(cmd)}\n"
+                           + "\n".join(tail))
+    return TrainResult(run, checkpoint, log_dir, seconds, cmd, read_curves(log_dir / "out.log"),
+                       read_val(log_dir / "checkpoints" / "results.jsonl"))
+
+
+def _stream(cmd, env, run: Run, budget: Budget, echo, start: float):
+    """Run ``cmd``; echo its progress lines; return the exit code and the output's lines."""
+    lines: List[str] = []
     last_echo = 0.0
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=child_env)
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
     with proc.stdout:
         for line in proc.stdout:
-            tail = (tail + [line.rstrip()])[-60:]
+            lines.append(line.rstrip())
             match = _PROGRESS.search(line)
             now = time.perf_counter()
             if match and (now - last_echo > 5 or match.group(4) == "100"):
@@ -158,15 +206,7 @@ def train(run: Run, data: dict, logs: os.PathLike, budget: Budget, *, echo: Call
             elif "Eval Epoch:" in line and "R@1" in line:
                 found = dict(re.findall(r"(\w+_R@1|clip_val_loss): (\S+)", line))
                 echo(f"  [{run.name}] validation: " + ", ".join(f"{k} {float(v):.4f}" for k, v in found.items()))
-    code = proc.wait()
-    seconds = time.perf_counter() - start
-    (log_dir if log_dir.exists() else logs).mkdir(parents=True, exist_ok=True)
-    checkpoint = log_dir / "checkpoints" / f"epoch_{budget.epochs}.pt"
-    if code != 0 or not checkpoint.is_file():
-        raise RuntimeError(f"training {run.name!r} failed (exit code {code}): {' '.join(cmd)}\n"
-                           + "\n".join(tail))
-    return TrainResult(run, checkpoint, log_dir, seconds, cmd, read_curves(log_dir / "out.log"),
-                       read_val(log_dir / "checkpoints" / "results.jsonl"))
+    return proc.wait(), lines
 
 
 def read_curves(out_log: os.PathLike) -> Dict[str, list]:

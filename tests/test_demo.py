@@ -120,3 +120,16 @@ def test_demo_quick_end_to_end(tmp_path):
     png = (out / "demo.png").read_bytes()
     assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 10_000
 
+
+
+def test_trainings_take_turns_on_one_machine(tmp_path, monkeypatch):
+    lock = tmp_path / "train.lock"
+    monkeypatch.setenv("CLIP_DCL_TRAIN_LOCK", str(lock))
+    probe = ("import fcntl, sys\nf = open(sys.argv[1], 'a+')\n"
+             "try:\n    fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)\nexcept BlockingIOError:\n    sys.exit(3)\n")
+    with ex.machine_lock(echo=lambda s: None):
+        assert subprocess.run([sys.executable, "-c", probe, str(lock)]).returncode == 3  # held
+    assert subprocess.run([sys.executable, "-c", probe, str(lock)]).returncode == 0  # released
+    monkeypatch.setenv("CLIP_DCL_TRAIN_LOCK", "")
+    with ex.machine_lock(echo=lambda s: None):  # disabled: nothing to hold
+        assert subprocess.run([sys.executable, "-c", probe, str(lock)]).returncode == 0
