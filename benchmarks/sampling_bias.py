@@ -233,6 +233,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-oracle", action="store_true", help="leave out the unbiased oracle")
     p.add_argument("--fewshot-seeds", type=int, nargs="+", default=None,
                    help="k-shot draws of the 5-shot probe (default 0 1 2; quick 0)")
+    p.add_argument("--threads", type=int, default=0,
+                   help="torch threads of each training child (0: torch's default; trainings started through "
+                        "clip_dcl.experiment take turns on a machine, see its machine_lock)")
     return p
 
 
@@ -247,6 +250,16 @@ def main(argv: Optional[List[str]] = None) -> int:
         raise SystemExit(f"--train-samples must be >= --num-classes, got {args.train_samples}")
     if args.epochs is not None and args.epochs < 1:
         raise SystemExit(f"--epochs must be >= 1, got {args.epochs}")
+    if args.threads < 0:
+        raise SystemExit(f"--threads must be >= 0, got {args.threads}")
+    thread_env = {}
+    if args.threads:
+        thread_env = {"OMP_NUM_THREADS": str(args.threads), "MKL_NUM_THREADS": str(args.threads)}
+    import torch
+
+    # The evaluations run outside the training lock, beside other trainings: on a small shared CPU
+    # two full thread pools slowed each other's steps about tenfold, one thread does not.
+    torch.set_num_threads(1)
     base = QUICK_BUDGET if args.quick else FULL_BUDGET
     budget = dataclasses.replace(base, epochs=args.epochs or base.epochs)
     seeds = args.seeds if args.seeds is not None else ([0] if args.quick else [0, 1, 2])
@@ -293,7 +306,8 @@ def main(argv: Optional[List[str]] = None) -> int:
             else:
                 print(f"[sampling_bias] {done}/{total} training {run.name} ({' '.join(run.flags)}), seed {seed}, "
                       f"{budget.epochs} epoch(s) of {data['train']['num_samples']} pairs", flush=True)
-                res = ex.train(run, data, work / "runs" / f"seed{seed}", seed_budget, entry=entry.get(run.name))
+                res = ex.train(run, data, work / "runs" / f"seed{seed}", seed_budget, entry=entry.get(run.name),
+                               env=thread_env)
                 t0 = time.perf_counter()
                 metrics = ex.evaluate(res.checkpoint, data, fewshot_seeds=fewshot_seeds)
                 secs = time.perf_counter() - t0
