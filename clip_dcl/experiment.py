@@ -21,6 +21,7 @@ import dataclasses
 import json
 import math
 import os
+import platform
 import re
 import shutil
 import subprocess
@@ -53,9 +54,9 @@ class Run:
 class Budget:
     """What every run of a comparison shares; maps one to one onto OpenCLIP's flags."""
 
-    epochs: int = 2
+    epochs: int = 4
     batch_size: int = 128
-    lr: float = 2e-3
+    lr: float = 1e-3
     wd: float = 0.1
     warmup: int = 20
     seed: int = 0
@@ -73,6 +74,21 @@ class Budget:
             raise ValueError(f"lr={self.lr!r} must be > 0")
         if self.workers < 0 or self.warmup < 0:
             raise ValueError(f"workers={self.workers!r} and warmup={self.warmup!r} must be >= 0")
+
+
+def machine_info() -> str:
+    """One line naming this machine for results files: CPU model, cores, GPU, OS, Python, torch."""
+    import torch
+
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as f:
+            cpu = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), cpu)
+    except OSError:
+        pass
+    gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "no GPU"
+    return (f"{cpu}, {os.cpu_count()} CPU cores ({torch.get_num_threads()} torch threads), {gpu}; "
+            f"{platform.system()} {platform.release()}, Python {platform.python_version()}, torch {torch.__version__}")
 
 
 def default_runs(tau_plus: float) -> List[Run]:
@@ -420,8 +436,15 @@ def write_report(out_dir: os.PathLike, stem: str, *, data: dict, budget: Budget,
     table = comparison_table(scores, rows, chance)
     png = plot(results, scores, rows, chance, out / f"{stem}.png", title=header.splitlines()[0] if header else "")
     md = out / f"{stem}.md"
-    md.write_text((header + "\n\n" if header else "") + table + "\n\n" + f"![curves and scores]({png.name})\n")
+    about = (f"- machine: {machine_info()}\n- date: {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}\n"
+             f"- command: `{' '.join([Path(sys.argv[0]).name] + sys.argv[1:])}`\n"
+             f"- raw numbers, commands and curves: `{stem}.json`\n")
+    md.write_text((header + "\n\n" if header else "") + about + "\n" + table + "\n\n"
+                  + f"![curves and scores]({png.name})\n")
     doc = {
+        "machine": machine_info(),
+        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        "command": " ".join([Path(sys.argv[0]).name] + sys.argv[1:]),
         "budget": dataclasses.asdict(budget),
         "data": {k: data[k] for k in ("out_dir", "train_data", "val_data", "tau_plus", "config") if k in data},
         "chance": chance,
