@@ -96,8 +96,10 @@ def test_loss_flag_accepts_a_registered_loss_and_still_rejects_unknown_ones():
 
 
 @pytest.mark.slow
-def test_oracle_trains_through_clip_dcl_train_and_checkpoint_has_no_labels(tmp_path):
+def test_oracle_trains_through_clip_dcl_train_and_checkpoint_has_no_labels(tmp_path, monkeypatch):
     from clip_dcl import experiment as ex
+
+    monkeypatch.setenv("CLIP_DCL_TRAIN_LOCK", "")  # a 3-step run: no need to queue behind long trainings
     from clip_dcl.data.synth import generate
 
     data = generate(tmp_path / "data", quick=True, num_classes=3, train_samples=96, verbose=False)
