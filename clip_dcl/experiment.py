@@ -226,22 +226,26 @@ def _stream(cmd, env, run: Run, budget: Budget, echo, start: float):
 
 
 def read_curves(out_log: os.PathLike) -> Dict[str, list]:
-    """Training loss against epochs from OpenCLIP's ``out.log``: ``{"epoch": [...], "loss": [...]}``.
+    """Training loss against epochs from OpenCLIP's ``out.log``: ``{"epoch", "loss"[, "loss2"]}``.
 
     ``epoch`` is fractional (epoch index plus the share of the epoch done at the logged step);
-    ``loss`` is the step's total loss as OpenCLIP logs it.
+    ``loss`` is the step's total loss as OpenCLIP logs it; ``loss2`` is DeCL's InfoNCE term, when
+    logged (DeCL's total moves between its two terms as ``lambda_t`` changes).
     """
-    epochs, losses = [], []
+    curves: Dict[str, list] = {"epoch": [], "loss": []}
     path = Path(out_log)
     if not path.is_file():
-        return {"epoch": epochs, "loss": losses}
+        return curves
     for line in path.read_text(errors="replace").splitlines():
         match = _PROGRESS.search(line)
         if match:
             done, total = int(match.group(2)), int(match.group(3))
-            epochs.append(int(match.group(1)) + (done / total if total else 0.0))
-            losses.append(float(match.group(5)))
-    return {"epoch": epochs, "loss": losses}
+            curves["epoch"].append(int(match.group(1)) + (done / total if total else 0.0))
+            curves["loss"].append(float(match.group(5)))
+            loss2 = re.search(r"\bLoss2: (\S+)", line)
+            if loss2:
+                curves.setdefault("loss2", []).append(float(loss2.group(1)))
+    return curves
 
 
 def read_val(results_jsonl: os.PathLike) -> List[dict]:
@@ -326,8 +330,10 @@ def headline_metrics(data: dict) -> List[tuple]:
     """``(key, label)`` of the rows of the comparison table, in order."""
     rows = [(f"retrieval/image_to_text_R@{k}", f"retrieval image->text R@{k}") for k in (1, 5, 10)]
     rows += [(f"retrieval/text_to_image_R@{k}", f"retrieval text->image R@{k}") for k in (1, 5, 10)]
-    rows += [("zeroshot/top1", "zero-shot top-1"), ("zeroshot/top5", "zero-shot top-5"),
-             ("zeroshot/mean_per_class_recall", "zero-shot mean per-class recall")]
+    rows.append(("zeroshot/top1", "zero-shot top-1"))
+    if int(data["zeroshot"]["num_classes"]) > 5:  # top-5 of 5 classes or fewer is 100 % by definition
+        rows.append(("zeroshot/top5", "zero-shot top-5"))
+    rows.append(("zeroshot/mean_per_class_recall", "zero-shot mean per-class recall"))
     for name in data["fewshot"]["datasets"]:
         rows.append((f"fewshot/{name}/linear_probe", f"5-shot probe {name}"))
     rows += [("fewshot/average/linear_probe", "5-shot probe average"),
@@ -389,12 +395,14 @@ def plot(results: Dict[str, List[TrainResult]], scores: Dict[str, List[Dict[str,
         colour = colours[i % len(colours)]
         for j, res in enumerate(results[name]):
             label = name if j == 0 else None
-            axes[0].plot(res.curves["epoch"], res.curves["loss"], color=colour, alpha=0.8, lw=1, label=label)
+            curve = res.curves.get("loss2") or res.curves["loss"]
+            label = f"{name} (InfoNCE term)" if j == 0 and "loss2" in res.curves else label
+            axes[0].plot(res.curves["epoch"], curve, color=colour, alpha=0.8, lw=1, label=label)
             if res.val:
                 ep = [r.get("epoch", k + 1) for k, r in enumerate(res.val)]
                 r1 = [(r.get("image_to_text_R@1", np.nan) + r.get("text_to_image_R@1", np.nan)) / 2 for r in res.val]
                 axes[1].plot(ep, [100 * v for v in r1], "o-", color=colour, alpha=0.8, label=label)
-    axes[0].set(xlabel="epoch", ylabel="training loss (each objective's own scale)", title="training loss")
+    axes[0].set(xlabel="epoch", ylabel="loss (each objective's own)", title="training loss")
     axes[1].set(xlabel="epoch", ylabel="mean R@1 (%)", title="validation retrieval (OpenCLIP, 1 caption)")
     for ax in axes[:2]:
         ax.grid(alpha=0.3)

@@ -67,6 +67,9 @@ def test_read_curves_and_val(tmp_path):
         "160/s/gpu LR: 0.001000 Logit Scale: 14.2 Dcl_loss: 2.25 (2.3) Loss: 2.25 (2.3)\n")
     curves = ex.read_curves(log)
     assert curves == {"epoch": [pytest.approx(0.125), pytest.approx(2.0)], "loss": [3.5, 2.25]}
+    log.write_text("x | INFO | Train Epoch: 0 [  64/256 (25%)] Batch (t): 0.2 Decl_loss: -9.5 (1.0) Loss: -9.5 (1.0) "
+                   "Lambda_t: 1.0000 (0.5) Loss1: -9.5 (0.1) Loss2: 2.75 (2.8) Mean_log_rate: -1.0 (-1.0)\n")
+    assert ex.read_curves(log) == {"epoch": [0.25], "loss": [-9.5], "loss2": [2.75]}
     (tmp_path / "results.jsonl").write_text('{"epoch": 1, "image_to_text_R@1": 0.5}\n\n')
     assert ex.read_val(tmp_path / "results.jsonl") == [{"epoch": 1, "image_to_text_R@1": 0.5}]
     assert ex.read_val(tmp_path / "missing.jsonl") == [] and ex.read_curves(tmp_path / "missing.log")["loss"] == []
@@ -133,3 +136,10 @@ def test_trainings_take_turns_on_one_machine(tmp_path, monkeypatch):
     monkeypatch.setenv("CLIP_DCL_TRAIN_LOCK", "")
     with ex.machine_lock(echo=lambda s: None):  # disabled: nothing to hold
         assert subprocess.run([sys.executable, "-c", probe, str(lock)]).returncode == 0
+
+
+def test_headline_rows_follow_the_data():
+    rows = [k for k, _ in ex.headline_metrics(_data(classes=10))]
+    assert rows[:6] == [f"retrieval/{d}_R@{k}" for d in ("image_to_text", "text_to_image") for k in (1, 5, 10)]
+    assert "zeroshot/top5" in rows and "fewshot/a/linear_probe" in rows and "fewshot/b/linear_probe" in rows
+    assert "zeroshot/top5" not in [k for k, _ in ex.headline_metrics(_data(classes=4))]
