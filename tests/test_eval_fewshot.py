@@ -310,8 +310,9 @@ def _fake_trainer(table, grid, calls):
 
 @pytest.mark.parametrize("seed", range(5))
 def test_sweep_rounds_match_the_sequential_toolkit_search(monkeypatch, seed):
-    grid = fs.SweepGrid("t", (0.1, 0.2, 0.3), tuple(float(v) for v in np.logspace(-3, 3, 13)), (0, 4, 8, 12), (2, 1),
-                        epochs=3)
+    # every lr x wd below the stability bound, so the search is the toolkit's, pair for pair
+    grid = fs.SweepGrid("t", (1e-4, 2e-4, 3e-4), tuple(float(v) for v in np.logspace(-3, 3, 13)), (0, 4, 8, 12),
+                        (2, 1), epochs=3)
     rng = np.random.default_rng(seed)
     table = {(lr, j): float(rng.integers(0, 6)) / 5 for lr in grid.lrs for j in range(13)}  # many ties
     calls = []
@@ -323,6 +324,44 @@ def test_sweep_rounds_match_the_sequential_toolkit_search(monkeypatch, seed):
     assert (res.best_lr, res.best_wd, res.best_score) == (best_lr, best_wd, best_score)
     assert {(r["lr"], r["wd_index"]) for r in res.runs} == visited
     assert calls[0] == 12 and len(calls) == 3  # coarse round (3 lrs x 4), then one round per span
+
+
+def test_sweep_never_trains_or_picks_unstable_pairs(monkeypatch):
+    # lr * wd >= 2 (1 + momentum) diverges on the weight-decay term alone: not trained, NaN, not chosen
+    grid = fs.SweepGrid("t", (0.1,), (1.0, 10.0, 100.0), (0, 1, 2), (), epochs=2)
+    table = {(0.1, 0): 0.2, (0.1, 1): 0.5, (0.1, 2): 0.9}  # the unstable pair would win
+    calls = []
+    monkeypatch.setattr(fs, "train_heads", _fake_trainer(table, grid, calls))
+    x = torch.zeros(4, 2)
+    res = fs.sweep_hyperparameters(x, torch.zeros(4), x, torch.zeros(4), grid, "accuracy", False,
+                                   torch.zeros(2, 2), torch.zeros(2))
+    assert (res.best_lr, res.best_wd, res.best_score) == (0.1, 10.0, 0.5)
+    assert calls == [2]  # the pair (0.1, 100) was never trained
+    unstable = [r for r in res.runs if r.get("unstable")]
+    assert [(r["lr"], r["wd"]) for r in unstable] == [(0.1, 100.0)] and np.isnan(unstable[0]["val_score"])
+    assert fs.stable(0.1, 37.0) and not fs.stable(0.1, 38.0)
+
+
+def test_a_head_that_overflows_scores_nan_and_the_final_run_falls_back(monkeypatch):
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(20, 4, generator=g)
+    y = torch.arange(20) % 2
+    batches = fs.epoch_batches(20, 30, batch_size=8)
+    init_w, init_b = torch.randn(2, 4, generator=g), torch.zeros(2)
+    # lr * wd = 10: the weights are multiplied by about -9 a step and overflow within 30 epochs
+    scores, w, _ = fs.train_heads(x, y, [1.0, 0.01], [10.0, 0.0], batches, init_w, init_b, {"t": (x, y)}, "accuracy")
+    col = scores["t"][:, 0]
+    assert torch.isnan(col[-1]) and torch.isfinite(col[0]) and not torch.isfinite(w[0]).all()
+    assert torch.isnan(col[int(torch.isnan(col).nonzero()[0]):]).all()  # once diverged, NaN from then on
+    assert torch.isfinite(scores["t"][:, 1]).all()
+    # If the stability bound let such a pair through and it won the short sweep, the 50-epoch final
+    # run would diverge: the probe then takes the next-best pair and records the failure.
+    monkeypatch.setattr(fs, "stable", lambda lr, wd: True)
+    grid = fs.SweepGrid("t", (1.0,), (10.0, 0.0), (0, 1), (), epochs=1, final_epochs=80)  # 80 steps: overflow
+    res = fs.linear_probe(x, [[int(v)] for v in y], x, y, 2, "accuracy", False, grid, init_w, init_b)
+    assert (res.best_lr, res.best_wd) == (1.0, 0.0)
+    assert {"lr": 1.0, "wd": 10.0, "final_run_diverged": True} in res.runs
+    assert all(np.isfinite(res.test_scores))
 
 
 def test_sweep_all_zero_keeps_toolkit_defaults(monkeypatch):

@@ -24,7 +24,14 @@ The protocol is the Elevater_Toolkit_IC linear probe (``linear_probe.py`` ->
 5. **Final run**: train + val merged (subset order), the chosen (lr, wd), 50 epochs, the test
    metric after every epoch. ``toolkit`` selection reports the best test epoch (what the
    toolkit's log shows); ``last`` the last epoch (ours by default). Both are recorded.
-6. **Metrics** on ``softmax`` probabilities: accuracy, mean per class, 11-point mAP (VOC 2007),
+6. **Diverged runs** (our addition; the toolkit scores whatever the logits are): SGD with
+   momentum ``m`` on the weight-decay term alone is unstable when ``lr * wd >= 2 (1 + m)`` (3.8),
+   so such (lr, wd) pairs of the grid are not trained and score NaN; a run whose head turns
+   non-finite scores NaN from then on. A NaN run is never selected (the toolkit's strict ``>``),
+   and when the final run of the selected pair diverges, the next-best sweep pair is taken (the
+   probe record lists the pairs that diverged). Without this, a head of NaN weights would be
+   scored as a classifier (argmax of NaN logits) and report a meaningless accuracy such as 0.
+7. **Metrics** on ``softmax`` probabilities: accuracy, mean per class, 11-point mAP (VOC 2007),
    ROC-AUC (Hateful Memes), per the catalogue (:mod:`clip_dcl.eval.metrics`).
 
 Why batching is exact: the features are frozen and there is no augmentation, so every run of a
@@ -237,7 +244,8 @@ def train_heads(
         eval_sets: name -> (features, targets), scored with ``metric`` (eval-mode BatchNorm).
 
     Returns:
-        (name -> (epochs, H) scores, final weights (H, C, D), final biases (H, C)).
+        (name -> (epochs, H) scores, final weights (H, C, D), final biases (H, C)). A head whose
+        weights became non-finite scores NaN from that epoch on.
     """
     h = len(lrs)
     if len(wds) != h:
@@ -267,6 +275,7 @@ def _train_heads(x, y, lrs, wds, batches, init_weight, init_bias, eval_sets, met
     buf_w = buf_b = None
     running_mean, running_var = torch.zeros(d), torch.ones(d)
     scores = {name: torch.zeros(len(batches), h, dtype=torch.double) for name in eval_sets}
+    alive = torch.ones(h, dtype=torch.bool)  # heads whose weights stayed finite
     yf = y.float() if multilabel else y.long()
     for epoch, epoch_batches_ in enumerate(batches):
         for idx in epoch_batches_:
@@ -302,9 +311,11 @@ def _train_heads(x, y, lrs, wds, batches, init_weight, init_bias, eval_sets, met
                 w.sub_(lr[:, None, None] * buf_w)
                 b.sub_(lr[:, None] * buf_b)
         with torch.no_grad():
+            alive &= torch.isfinite(w).flatten(1).all(1) & torch.isfinite(b).all(1)
             for name, (xe, ye) in eval_sets.items():
                 xn = (xe.float() - running_mean) / torch.sqrt(running_var + BN_EPS)
-                scores[name][epoch] = elevater_scores(metric, torch.matmul(xn, w.transpose(1, 2)) + b[:, None, :], ye)
+                epoch_scores = elevater_scores(metric, torch.matmul(xn, w.transpose(1, 2)) + b[:, None, :], ye)
+                scores[name][epoch] = torch.where(alive, epoch_scores.double(), float("nan"))
     return scores, w.detach(), b.detach()
 
 
@@ -341,6 +352,11 @@ class SweepResult:
     runs: list[dict] = field(default_factory=list)
 
 
+def stable(lr: float, wd: float) -> bool:
+    """Whether SGD with momentum can converge on the weight-decay term: ``lr * wd < 2 (1 + m)``."""
+    return lr * wd < 2 * (1 + SGD_MOMENTUM)
+
+
 def sweep_hyperparameters(
     x_train: torch.Tensor, y_train: torch.Tensor, x_val: torch.Tensor, y_val: torch.Tensor,
     grid: SweepGrid, metric: str, multilabel: bool, init_weight: torch.Tensor, init_bias: torch.Tensor,
@@ -357,12 +373,17 @@ def sweep_hyperparameters(
 
     def run(pairs):
         todo = [p for p in dict.fromkeys(pairs) if p not in cache]
+        for i, j in [p for p in todo if not stable(grid.lrs[p[0]], grid.wds[p[1]])]:
+            cache[(i, j)] = float("nan")
+            runs.append({"lr": grid.lrs[i], "wd": grid.wds[j], "wd_index": j, "val_score": float("nan"),
+                         "unstable": True})
+        todo = [p for p in todo if p not in cache]
         if not todo:
             return
         scores, _, _ = train_heads(
             x_train, y_train, [grid.lrs[i] for i, _ in todo], [grid.wds[j] for _, j in todo], batches,
             init_weight, init_bias, {"val": (x_val, y_val)}, metric, multilabel)
-        best = scores["val"].amax(0)  # a run scores its best epoch
+        best = scores["val"].amax(0)  # a run scores its best epoch (NaN when it diverged)
         for (i, j), s in zip(todo, best.tolist()):
             cache[(i, j)] = s
             runs.append({"lr": grid.lrs[i], "wd": grid.wds[j], "wd_index": j, "val_score": s})
@@ -465,13 +486,27 @@ def linear_probe(
     sweep = sweep_hyperparameters(x_subset[tr], t_subset[tr], x_subset[va], t_subset[va], grid, metric,
                                   multilabel, init_weight, init_bias)
     batches = epoch_batches(len(x_subset), grid.final_epochs)
-    scores, _, _ = train_heads(x_subset, t_subset, [sweep.best_lr], [sweep.best_wd], batches, init_weight,
-                               init_bias, {"test": (x_test, t_test)}, metric, multilabel)
+    # The selected pair first, then the other trained pairs by validation score (stable sort:
+    # the toolkit's order breaks ties), in case the 50-epoch final run diverges.
+    ranked = sorted((r for r in sweep.runs if math.isfinite(r["val_score"])
+                     and (r["lr"], r["wd"]) != (sweep.best_lr, sweep.best_wd)),
+                    key=lambda r: -r["val_score"])
+    candidates = [(sweep.best_lr, sweep.best_wd, sweep.best_score)] + [(r["lr"], r["wd"], r["val_score"])
+                                                                       for r in ranked]
+    runs = list(sweep.runs)
+    for lr, wd, val_score in candidates:
+        scores, _, _ = train_heads(x_subset, t_subset, [lr], [wd], batches, init_weight,
+                                   init_bias, {"test": (x_test, t_test)}, metric, multilabel)
+        if not bool(torch.isnan(scores["test"]).any()):
+            break
+        runs.append({"lr": lr, "wd": wd, "final_run_diverged": True})
+        log.warning("%s seed %d: the final run at lr=%g wd=%g diverged; taking the next-best sweep pair",
+                    dataset, seed, lr, wd)
     mc = elevater_scores(metric, mean_classifier_logits(x_subset, t_subset, x_test, num_classes), t_test)
     return ProbeResult(
         dataset=dataset, seed=seed, metric=metric, shots=shots, n_train=len(tr), n_val=len(va), n_test=len(x_test),
-        best_lr=sweep.best_lr, best_wd=sweep.best_wd, val_score=sweep.best_score,
-        test_scores=scores["test"][:, 0].tolist(), mean_classifier=float(mc), runs=sweep.runs)
+        best_lr=lr, best_wd=wd, val_score=val_score,
+        test_scores=scores["test"][:, 0].tolist(), mean_classifier=float(mc), runs=runs)
 
 
 # ----------------------------------------------------------------------------------------------
