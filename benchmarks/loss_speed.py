@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
-import platform
 import resource
 import statistics
 import subprocess
@@ -28,6 +27,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from clip_dcl.experiment import machine_info  # noqa: E402
 from clip_dcl.losses import create_loss  # noqa: E402
 
 DIM = 512
@@ -128,18 +128,6 @@ def peak_memory_cpu(name, batch):
     return int(out.stdout.strip().splitlines()[-1])
 
 
-def machine():
-    cpu = platform.processor() or platform.machine()
-    try:
-        for line in open("/proc/cpuinfo"):
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return f"{cpu}, {torch.get_num_threads()} torch threads, torch {torch.__version__}"
-
-
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0], allow_abbrev=False)
     parser.add_argument("--quick", action="store_true", help="G=256,1024 only, 3 rounds")
@@ -178,12 +166,11 @@ def main(argv=None):
     table = "\n".join(lines)
     print(table)
     command = "python benchmarks/loss_speed.py " + " ".join(argv if argv is not None else sys.argv[1:])
-    gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "none"
     report = "\n".join([
         "# Loss forward+backward: time and peak memory against OpenCLIP's ClipLoss",
         "",
         f"- date: {datetime.date.today().isoformat()}",
-        f"- machine: {machine()}; GPU: {gpu}",
+        f"- machine: {machine_info()}",
         f"- command: `{command.strip()}`",
         f"- embedding dim {DIM}, one process, float32 features; medians over interleaved rounds;",
         "- saved for backward: the distinct storages autograd keeps between forward and backward",
