@@ -185,6 +185,10 @@ def plot_tau(runs: Sequence[ex.Run], scores: Dict[str, List[Dict[str, float]]], 
 # ------------------------------------------------------------------------------------------
 # Driver
 # ------------------------------------------------------------------------------------------
+#: torch threads of the training children (set in main before the evaluation drops to one)
+TRAIN_THREADS = 0
+
+
 def machine() -> str:
     import open_clip
     import torch
@@ -198,7 +202,7 @@ def machine() -> str:
     except OSError:
         pass
     return (f"{cpu}, {os.cpu_count()} CPU cores, {platform.system()} {platform.release()}, Python "
-            f"{platform.python_version()}, torch {torch.__version__} ({torch.get_num_threads()} threads), "
+            f"{platform.python_version()}, torch {torch.__version__} (training: {TRAIN_THREADS} threads, evaluation: 1), "
             f"open_clip {open_clip.__version__}")
 
 
@@ -257,6 +261,8 @@ def main(argv: Optional[List[str]] = None) -> int:
         thread_env = {"OMP_NUM_THREADS": str(args.threads), "MKL_NUM_THREADS": str(args.threads)}
     import torch
 
+    global TRAIN_THREADS
+    TRAIN_THREADS = args.threads or torch.get_num_threads()
     # The evaluations run outside the training lock, beside other trainings: on a small shared CPU
     # two full thread pools slowed each other's steps about tenfold, one thread does not.
     torch.set_num_threads(1)
