@@ -1,0 +1,436 @@
+"""Quality table: the demo's clip / dcl / decl comparison over several training seeds, and a DeCL ablation.
+
+The comparison of ``clip-dcl demo`` (:mod:`clip_dcl.demo`): the tiny model trained on the
+synthetic caption shards (10 balanced latent classes) with ``clip`` (OpenCLIP's InfoNCE), ``dcl``
+(``--tau-plus`` = the data's measured class prior) and ``decl`` (the package defaults: rate
+``index``, schedule ``alternate``, ``u`` drawn from its Gamma), each through the real entry point
+``python -m clip_dcl.train``, under the demo's budget, once per training seed; each final checkpoint
+is evaluated with :func:`clip_dcl.experiment.evaluate` (retrieval R@1/5/10 on the held-out split,
+zero-shot over the latent classes, ELEVATER 5-shot linear probe and mean classifier).
+
+The DeCL ablation changes one setting of the default ``decl`` at a time: ``--decl-rate queue``,
+``--decl-rate batch``, ``--decl-schedule decl``, ``--decl-schedule harmonic`` (and, on request,
+``--no-decl-sample-u``). It runs on the ablation seeds (a subset of the training seeds) and is
+compared with the main comparison's ``decl`` run of the same seed, which is the same training.
+
+Beside mean ± sample std over seeds, a paired comparison gives, for each objective against its
+reference (``clip`` for the main comparison, the default ``decl`` for the ablation), the per-seed
+differences of the headline scores (5-shot probe average, zero-shot top-1, retrieval mean R@1 =
+the mean of image->text and text->image R@1) and how many seeds it wins: seeds share the data and
+the initialisation, so the paired differences are less noisy than the two spreads suggest.
+
+Writes ``quality.md`` (settings, machine, date, command, timings, the tables), ``quality.json``
+(raw per-seed numbers, commands, curves) and ``quality.png`` (training curves, validation R@1 and
+the held-out scores). The report is rewritten after every finished run, and finished runs are
+reused on a re-run with the same settings (kept under ``--work``), so an interrupted run resumes.
+
+Run ``.venv/bin/python benchmarks/quality.py`` (``--quick``: a smoke run of a minute or two on tiny
+data that writes its report under ``--work``, not into ``benchmarks/results``).
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import math
+import shlex
+import sys
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Dict, List, Optional, Sequence
+
+from clip_dcl import experiment as ex
+from clip_dcl.demo import DEMO_BUDGET, DEMO_CLASSES, QUICK_BUDGET
+
+HERE = Path(__file__).resolve().parent
+STEM = "quality"
+MEAN_R1 = "retrieval/mean_R@1"
+#: The scores of the paired comparison.
+HEADLINE = (
+    ("fewshot/average/linear_probe", "5-shot probe average"),
+    ("zeroshot/top1", "zero-shot top-1"),
+    (MEAN_R1, "retrieval mean R@1"),
+)
+#: The default decl of the main comparison (ex.default_runs) and the reference of the ablation.
+DECL = "decl"
+#: Ablation variants: name (the run is labelled ``decl <name>``) -> flags replacing or added to the default decl's.
+ABLATIONS = {
+    "rate=queue": ("--decl-rate", "queue"),
+    "rate=batch": ("--decl-rate", "batch"),
+    "schedule=decl": ("--decl-schedule", "decl"),
+    "schedule=harmonic": ("--decl-schedule", "harmonic"),
+    "u=mean": ("--no-decl-sample-u",),
+}
+DEFAULT_ABLATIONS = ("rate=queue", "rate=batch", "schedule=decl", "schedule=harmonic")
+
+
+# ------------------------------------------------------------------------------------------
+# Runs and aggregation (pure)
+# ------------------------------------------------------------------------------------------
+def ablation_runs(names: Sequence[str], decl: ex.Run) -> List[ex.Run]:
+    """The ablation variants ``names`` (keys of :data:`ABLATIONS`) of the default ``decl`` run.
+
+    Each changes one setting: a flag the default already carries (``--decl-rate index``) gets
+    the new value, any other flag is appended.
+
+    Raises:
+        ValueError: an unknown or repeated variant name.
+    """
+    unknown = [n for n in names if n not in ABLATIONS]
+    if unknown:
+        raise ValueError(f"unknown ablation(s) {unknown}; choose from {list(ABLATIONS)}")
+    if len(set(names)) != len(names):
+        raise ValueError(f"repeated ablation in {list(names)}")
+    runs = []
+    for name in names:
+        change = ABLATIONS[name]
+        flags = list(decl.flags)
+        if change[0] in flags and len(change) == 2:
+            flags[flags.index(change[0]) + 1] = change[1]
+        else:
+            flags += change
+        runs.append(ex.Run(f"{DECL} {name}", tuple(flags)))
+    return runs
+
+
+def with_mean_r1(metrics: Dict[str, float]) -> Dict[str, float]:
+    """``metrics`` plus ``retrieval/mean_R@1``, the mean of the image->text and text->image R@1."""
+    i2t, t2i = metrics.get("retrieval/image_to_text_R@1"), metrics.get("retrieval/text_to_image_R@1")
+    out = dict(metrics)
+    out[MEAN_R1] = (i2t + t2i) / 2 if i2t is not None and t2i is not None else float("nan")
+    return out
+
+
+def mean_std(values: Sequence[float]) -> Dict[str, float]:
+    """Mean, sample standard deviation (``ddof = 1``; nan for one value) and count of the finite values."""
+    finite = [float(v) for v in values if v is not None and math.isfinite(v)]
+    n = len(finite)
+    if n == 0:
+        return {"mean": float("nan"), "std": float("nan"), "n": 0}
+    mean = sum(finite) / n
+    std = math.sqrt(sum((v - mean) ** 2 for v in finite) / (n - 1)) if n > 1 else float("nan")
+    return {"mean": mean, "std": std, "n": n}
+
+
+def paired_differences(scores: Dict[str, List[Dict[str, float]]], reference: str,
+                       keys: Sequence[str]) -> Dict[str, Dict[str, dict]]:
+    """Per-seed differences ``run - reference`` of each metric, paired by the ``"seed"`` of each record.
+
+    ``scores``: run -> one metrics dict per seed, each with a ``"seed"``. Only seeds present in
+    both runs with finite values are paired. For each run other than ``reference`` and each key:
+    ``{"seeds", "diffs", "mean", "std", "wins", "losses", "ties", "n"}`` (``wins``: seeds where the
+    run scores strictly higher; ``std``: sample std of the differences, nan below two pairs).
+
+    Raises:
+        ValueError: ``reference`` not in ``scores``, or a run repeats a seed.
+    """
+    if reference not in scores:
+        raise ValueError(f"reference run {reference!r} not among {list(scores)}")
+
+    def by_seed(name):
+        seeds = [s.get("seed") for s in scores[name]]
+        if len(set(seeds)) != len(seeds):
+            raise ValueError(f"run {name!r} repeats a seed: {seeds}")
+        return {s.get("seed"): s for s in scores[name]}
+
+    ref = by_seed(reference)
+    out: Dict[str, Dict[str, dict]] = {}
+    for name in scores:
+        if name == reference:
+            continue
+        mine = by_seed(name)
+        out[name] = {}
+        for key in keys:
+            seeds, diffs = [], []
+            for seed in sorted(set(mine) & set(ref), key=lambda s: (s is None, s)):
+                a, b = mine[seed].get(key, float("nan")), ref[seed].get(key, float("nan"))
+                if math.isfinite(a) and math.isfinite(b):
+                    seeds.append(seed)
+                    diffs.append(a - b)
+            st = mean_std(diffs)
+            out[name][key] = {"seeds": seeds, "diffs": diffs, "mean": st["mean"], "std": st["std"],
+                              "wins": sum(d > 0 for d in diffs), "losses": sum(d < 0 for d in diffs),
+                              "ties": sum(d == 0 for d in diffs), "n": len(diffs)}
+    return out
+
+
+def paired_table(paired: Dict[str, Dict[str, dict]], reference: str,
+                 headline: Sequence[tuple] = HEADLINE) -> str:
+    """Markdown: one row per run; per headline score the per-seed differences (percentage points),
+    their mean and the seeds won against ``reference``."""
+    head = f"| objective - {reference} | " + " | ".join(f"{label}: per seed / mean / wins" for _, label in headline)
+    lines = [head + " |", "|" + "---|" * (len(headline) + 1)]
+    for name, per_key in paired.items():
+        cells = []
+        for key, _ in headline:
+            d = per_key.get(key)
+            if not d or not d["n"]:
+                cells.append("n/a")
+                continue
+            seeds = ", ".join(f"s{s} {100 * v:+.1f}" for s, v in zip(d["seeds"], d["diffs"]))
+            cells.append(f"{seeds} / **{100 * d['mean']:+.1f}** / {d['wins']} of {d['n']}")
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def table_rows(data: dict) -> List[tuple]:
+    """The experiment's headline rows plus the retrieval mean R@1."""
+    rows = ex.headline_metrics(data)
+    return rows[:6] + [(MEAN_R1, "retrieval mean R@1")] + rows[6:]
+
+
+def chance_with_mean_r1(data: dict) -> Dict[str, float]:
+    chance = ex.chance_levels(data)
+    chance[MEAN_R1] = (chance["retrieval/image_to_text_R@1"] + chance["retrieval/text_to_image_R@1"]) / 2
+    return chance
+
+
+# ------------------------------------------------------------------------------------------
+# Driver
+# ------------------------------------------------------------------------------------------
+def _load_done(path: Path, run: ex.Run, settings: dict):
+    """A finished (run, seed) from an earlier call with the same settings and flags, or None."""
+    if not path.is_file():
+        return None
+    doc = json.loads(path.read_text())
+    if (doc.get("settings") != settings or doc.get("flags") != list(run.flags)
+            or not Path(doc["checkpoint"]).is_file()):
+        return None
+    res = ex.TrainResult(run, Path(doc["checkpoint"]), Path(doc["log_dir"]), doc["seconds"], doc["command"],
+                         doc["curves"], doc["val"])
+    return res, doc["metrics"], doc["eval_seconds"]
+
+
+def time_fewshot(checkpoint: Path, data: dict, fewshot_seeds: Sequence[int]) -> float:
+    """Seconds of the few-shot part of :func:`clip_dcl.experiment.evaluate` alone (same arguments)."""
+    from clip_dcl.checkpoint import load_checkpoint
+    from clip_dcl.eval.fewshot import evaluate_fewshot
+
+    model, preprocess, tokenizer = load_checkpoint(checkpoint)
+    t0 = time.perf_counter()
+    evaluate_fewshot(model, preprocess, tokenizer, Path(data["out_dir"]) / data["fewshot"]["dir"], shots=5,
+                     seeds=tuple(fewshot_seeds), grid="reduced", batch_size=256, progress=False)
+    return time.perf_counter() - t0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="benchmarks/quality.py", allow_abbrev=False,
+                                description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--quick", action="store_true",
+                   help="smoke run: tiny data, 1 short epoch, seeds 0 1, one ablation; report under --work")
+    p.add_argument("--work", default="/tmp/clip_dcl_quality", help="folder for the data and the runs")
+    p.add_argument("--results", default=None,
+                   help=f"folder of the report (default: {HERE / 'results'}; with --quick: WORK/quick/report)")
+    p.add_argument("--num-classes", type=int, default=DEMO_CLASSES, help="latent classes (tau_plus = 1 / classes)")
+    p.add_argument("--train-samples", type=int, default=None, help="training pairs (default: the demo's data set)")
+    p.add_argument("--epochs", type=int, default=None,
+                   help=f"training epochs (default the demo's {DEMO_BUDGET.epochs}; quick {QUICK_BUDGET.epochs})")
+    p.add_argument("--seeds", type=int, nargs="+", default=None, help="training seeds (default 0 1 2; quick 0 1)")
+    p.add_argument("--ablations", nargs="*", default=None, choices=list(ABLATIONS),
+                   help=f"DeCL variants (default {' '.join(DEFAULT_ABLATIONS)}; quick: rate=batch)")
+    p.add_argument("--ablation-seeds", type=int, nargs="+", default=None,
+                   help="training seeds of the ablation, among --seeds (default 0)")
+    p.add_argument("--fewshot-seeds", type=int, nargs="+", default=None,
+                   help="k-shot draws of the 5-shot probe (default 0 1 2; quick 0)")
+    p.add_argument("--eval-threads", type=int, default=1,
+                   help="torch threads of the evaluations, which run beside other trainings on a shared machine")
+    return p
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = build_parser().parse_args(argv)
+    from clip_dcl.data.synth import MAX_CLASSES, generate
+
+    if not 2 <= args.num_classes <= MAX_CLASSES:
+        raise SystemExit(f"--num-classes must be in [2, {MAX_CLASSES}], got {args.num_classes}")
+    if args.train_samples is not None and args.train_samples < args.num_classes:
+        raise SystemExit(f"--train-samples must be >= --num-classes, got {args.train_samples}")
+    if args.epochs is not None and args.epochs < 1:
+        raise SystemExit(f"--epochs must be >= 1, got {args.epochs}")
+    if args.eval_threads < 1:
+        raise SystemExit(f"--eval-threads must be >= 1, got {args.eval_threads}")
+    seeds = args.seeds if args.seeds is not None else ([0, 1] if args.quick else [0, 1, 2])
+    if len(set(seeds)) != len(seeds) or any(s < 0 for s in seeds):
+        raise SystemExit(f"--seeds must be distinct and >= 0, got {seeds}")
+    ablation_seeds = args.ablation_seeds if args.ablation_seeds is not None else [0]
+    if len(set(ablation_seeds)) != len(ablation_seeds) or not set(ablation_seeds) <= set(seeds):
+        raise SystemExit(f"--ablation-seeds must be distinct and among --seeds {seeds} (the ablation's reference "
+                         f"is the main comparison's decl run of the same seed), got {ablation_seeds}")
+    names = args.ablations if args.ablations is not None else (
+        ["rate=batch"] if args.quick else list(DEFAULT_ABLATIONS))
+    fewshot_seeds = args.fewshot_seeds or ([0] if args.quick else [0, 1, 2])
+    import torch
+
+    # The evaluations run outside the machine's training lock, beside other trainings: one thread
+    # keeps them from fighting a training's thread pool for a small CPU.
+    torch.set_num_threads(args.eval_threads)
+    base = QUICK_BUDGET if args.quick else DEMO_BUDGET
+    budget = dataclasses.replace(base, epochs=args.epochs or base.epochs)
+    work = Path(args.work) / ("quick" if args.quick else "full")
+    results_dir = Path(args.results) if args.results else (work / "report" if args.quick else HERE / "results")
+    command = " ".join([".venv/bin/python", "benchmarks/quality.py", *map(shlex.quote, argv)])
+    started = datetime.now(timezone.utc)
+    t_start = time.perf_counter()
+
+    print(f"[quality] data: {args.num_classes} classes -> {work / 'data'}", flush=True)
+    overrides = dict(num_classes=args.num_classes)
+    if args.train_samples is not None:
+        overrides["train_samples"] = args.train_samples
+    try:
+        data = generate(work / "data", quick=args.quick, reuse=True, **overrides)
+    except FileExistsError:
+        data = generate(work / "data", quick=args.quick, overwrite=True, **overrides)
+    main_runs = ex.default_runs(data["tau_plus"])
+    decl = next(r for r in main_runs if r.name == DECL)
+    try:
+        abl_runs = ablation_runs(names, decl)
+    except ValueError as e:
+        raise SystemExit(f"--ablations: {e}")
+    settings = {"budget": dataclasses.asdict(budget), "data": data["config"], "fewshot_seeds": fewshot_seeds}
+    settings = json.loads(json.dumps(settings))  # as the cache files hold it (tuples become lists)
+
+    # Every main objective of a seed before the next seed (a partial report compares like with
+    # like), then the ablation variants.
+    jobs = [(run, seed) for seed in seeds for run in main_runs] + [(run, seed) for seed in ablation_seeds
+                                                                   for run in abl_runs]
+    every = main_runs + abl_runs
+    results: Dict[str, List[ex.TrainResult]] = {r.name: [] for r in every}
+    scores: Dict[str, List[Dict[str, float]]] = {r.name: [] for r in every}
+    eval_seconds: Dict[str, List[float]] = {r.name: [] for r in every}
+    timing_file = work / "scores" / "fewshot_timing.json"
+    timing: dict = {}
+    if timing_file.is_file():
+        timing = json.loads(timing_file.read_text())
+        timing = timing if timing.get("settings") == settings else {}
+    for done, (run, seed) in enumerate(jobs, 1):
+        cache = work / "scores" / f"{run.slug}-seed{seed}.json"
+        prior = _load_done(cache, run, settings)
+        if prior is not None:
+            res, metrics, secs = prior
+            print(f"[quality] {done}/{len(jobs)} {run.name} seed {seed}: reused {cache}", flush=True)
+        else:
+            print(f"[quality] {done}/{len(jobs)} training {run.name} ({' '.join(run.flags)}), seed {seed}, "
+                  f"{budget.epochs} epoch(s) of {data['train']['num_samples']} pairs", flush=True)
+            res = ex.train(run, data, work / "runs" / f"seed{seed}", dataclasses.replace(budget, seed=seed))
+            t0 = time.perf_counter()
+            metrics = ex.evaluate(res.checkpoint, data, fewshot_seeds=fewshot_seeds)
+            secs = time.perf_counter() - t0
+            cache.parent.mkdir(parents=True, exist_ok=True)
+            cache.write_text(json.dumps({
+                "settings": settings, "flags": list(run.flags), "checkpoint": str(res.checkpoint),
+                "log_dir": str(res.log_dir), "seconds": res.seconds, "command": res.command, "curves": res.curves,
+                "val": res.val, "metrics": metrics, "eval_seconds": secs}, default=str) + "\n")
+            if not timing:
+                # The few-shot probe's share of an evaluation, measured once on this checkpoint.
+                timing = {"checkpoint": str(res.checkpoint), "evaluate_seconds": secs,
+                          "fewshot_seconds": time_fewshot(res.checkpoint, data, fewshot_seeds),
+                          "fewshot_seeds": fewshot_seeds, "torch_threads": args.eval_threads, "settings": settings}
+                timing_file.write_text(json.dumps(timing) + "\n")
+            shown = with_mean_r1(metrics)
+            print(f"[quality]     trained {res.seconds:.0f} s, evaluated {secs:.0f} s: " + ", ".join(
+                f"{label} {100 * shown[key]:.1f}" for key, label in HEADLINE), flush=True)
+        results[run.name].append(res)
+        scores[run.name].append({**with_mean_r1(metrics), "seed": seed})
+        eval_seconds[run.name].append(secs)
+        write(results_dir, main_runs, abl_runs, results, scores, eval_seconds, timing, data, budget, seeds,
+              ablation_seeds, fewshot_seeds, command, started, time.perf_counter() - t_start,
+              complete=(done == len(jobs)))
+    print(f"[quality] wrote {results_dir / (STEM + '.md')}, .json, .png", flush=True)
+    print((results_dir / f"{STEM}.md").read_text().split("![")[0])
+    return 0
+
+
+def write(out: Path, main_runs, abl_runs, results, scores, eval_seconds, timing, data, budget, seeds,
+          ablation_seeds, fewshot_seeds, command, started, seconds, complete: bool) -> None:
+    """(Re)write the report from the runs finished so far."""
+    have = {n: v for n, v in scores.items() if v}
+    rows = table_rows(data)
+    chance = chance_with_mean_r1(data)
+    keys = [k for k, _ in HEADLINE]
+    main_have = {r.name: have[r.name] for r in main_runs if r.name in have}
+    paired_main = paired_differences(main_have, "clip", keys) if "clip" in main_have else {}
+    # The ablation's reference: the default decl on the ablation seeds only.
+    abl_have = {}
+    if DECL in have:
+        abl_have[f"{DECL} (default)"] = [s for s in have[DECL] if s["seed"] in ablation_seeds]
+    abl_have.update({r.name: have[r.name] for r in abl_runs if r.name in have})
+    paired_abl = paired_differences(abl_have, f"{DECL} (default)", keys) if len(abl_have) > 1 else {}
+    summary = {name: {k: mean_std([s.get(k, float("nan")) for s in per_seed]) for k, _ in rows}
+               for name, per_seed in have.items()}
+    train_s = sum(r.seconds for rs in results.values() for r in rs)
+    eval_s = sum(s for v in eval_seconds.values() for s in v)
+    status = "complete" if complete else (
+        "PARTIAL: still running; runs so far: " + ", ".join(f"{n} x{len(v)}" for n, v in have.items()))
+    n_train = data["train"]["num_samples"]
+    tau = float(data["tau_plus"])
+    if timing:
+        fs = (f"the 5-shot probe over {len(timing['fewshot_seeds'])} k-shot draw(s) alone took "
+              f"{timing['fewshot_seconds']:.1f} s of a {timing['evaluate_seconds']:.1f} s evaluation "
+              f"({100 * timing['fewshot_seconds'] / timing['evaluate_seconds']:.0f} %; measured once, "
+              f"{timing['torch_threads']} torch thread(s))")
+    else:
+        fs = "few-shot share not measured (all runs reused)"
+    header = "\n".join([
+        f"# Quality: clip vs dcl vs decl over {len(seeds)} training seeds, and a DeCL ablation",
+        "",
+        f"- Status: {status}",
+        f"- Command: `{command}`",
+        f"- Date (UTC): {started:%Y-%m-%d %H:%M}; {seconds / 60:.1f} min in all: training {train_s / 60:.1f} min, "
+        f"evaluation {eval_s / 60:.1f} min; {fs}. The CPU was shared with other jobs (trainings take turns "
+        "through clip_dcl.experiment's machine lock), so times are not speed measurements.",
+        f"- Machine: {ex.machine_info()}",
+        f"- Data: clip-dcl synthetic shards (the demo's), {data['config']['num_classes']} balanced latent classes, "
+        f"measured class prior tau_plus = {tau:.4f}; {n_train} training pairs, {data['val']['num_samples']} "
+        f"held-out retrieval images ({data['config']['val_captions_per_image']} captions each), zero-shot over "
+        f"the {data['zeroshot']['num_classes']} classes ({data['zeroshot']['num_images']} images), few-shot "
+        f"suite {', '.join(data['fewshot']['datasets'])}.",
+        f"- Training ({'the demo budget' if budget == DEMO_BUDGET else 'not the demo budget'}): tiny model "
+        f"`{budget.model}`, {budget.epochs} epochs, batch "
+        f"{budget.batch_size}, lr {budget.lr}, wd {budget.wd}, warmup {budget.warmup}, fp32 CPU, through "
+        f"`python -m clip_dcl.train`; training seeds {seeds} on the same data. Evaluation: "
+        f"`clip_dcl.experiment.evaluate` (5-shot probe: reduced grid, k-shot draws {fewshot_seeds}).",
+        f"- Objectives: `clip` = OpenCLIP's InfoNCE; `dcl` = debiased contrastive loss with tau_plus = {tau:.4g} "
+        "(the data's prior); `decl` = DeCL with the package defaults (rate index, schedule alternate, u ~ Gamma). "
+        f"Ablation: one decl setting changed at a time, training seeds {ablation_seeds}, against the main "
+        "comparison's decl run of the same seed (the same training). With the default lambda 1, "
+        "`schedule=harmonic` is lambda_t = 1/t: DeCL's decomposed loss at the first steps, then almost pure "
+        "InfoNCE.",
+        f"- Raw numbers per seed, commands, curves: `{STEM}.json`; figure: `{STEM}.png`.",
+    ])
+    out.mkdir(parents=True, exist_ok=True)
+    res = {n: results[n] for n in have}
+    ex.write_report(out, STEM, data=data, budget=budget, results=res, scores=have, header=header,
+                    extra={"seeds": seeds, "ablation_seeds": ablation_seeds, "fewshot_seeds": fewshot_seeds,
+                           "complete": complete, "minutes": seconds / 60,
+                           "fewshot_timing": {k: v for k, v in timing.items() if k != "settings"},
+                           "eval_seconds": {n: eval_seconds[n] for n in have}, "summary": summary,
+                           "paired_vs_clip": paired_main, "paired_vs_default_decl": paired_abl})
+    main_table = ex.comparison_table(main_have, rows, chance) if main_have else "(no run finished yet)"
+    parts = [
+        header,
+        f"## Main comparison (%, mean ± sample std over training seeds {seeds}; best mean in bold)",
+        main_table,
+        "## Paired comparison against clip (percentage points, objective minus clip on the same seed)",
+        paired_table(paired_main, "clip") if paired_main else "(clip and another objective needed)",
+    ]
+    if abl_runs:
+        decl_spread = summary.get(DECL, {})
+        spread = ", ".join(f"{label} {100 * decl_spread[k]['std']:.1f}" for k, label in HEADLINE
+                           if k in decl_spread and decl_spread[k]["n"] > 1)
+        parts += [
+            f"## DeCL ablation (%, training seed(s) {ablation_seeds}; best in bold)",
+            (f"Seed-to-seed spread of the default decl in the main comparison (sample std, points): {spread}; "
+             "an ablation difference smaller than that is within the seed noise." if spread else ""),
+            ex.comparison_table(abl_have, rows, chance) if len(abl_have) > 1 else "(no ablation run finished yet)",
+            "### Paired against the default decl (percentage points, same seed)",
+            paired_table(paired_abl, f"{DECL} (default)") if paired_abl else "(no ablation run finished yet)",
+        ]
+    parts.append(f"![training curves, validation R@1 and held-out scores]({STEM}.png)")
+    (out / f"{STEM}.md").write_text("\n\n".join(p for p in parts if p) + "\n")
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())
