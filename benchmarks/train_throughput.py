@@ -1,0 +1,529 @@
+"""Training throughput (samples/s) of ``dcl`` and ``decl`` against OpenCLIP's own loss, end to end.
+
+What is timed is a whole training step as a user runs it: ``python -m clip_dcl.train`` in a child
+process (data loading, forward, loss, backward, optimizer step), one child per (round, objective),
+all with the same model, data, seed, batch size and precision. The objectives are ``--loss clip``
+(OpenCLIP's ``ClipLoss``, the baseline), ``--loss dcl`` (``--tau-plus`` = the data's class prior)
+and ``--loss decl`` with each rate estimator (``--decl-rate index``, ``queue``, ``batch``).
+
+Step times come from OpenCLIP itself: with ``--log-every-n-steps 1`` every step's training line
+holds ``Batch (t): <seconds>, <samples/s>/s, ...``, the wall time from the end of the previous
+step to the end of this one (so the wait for the data loader is included), over one step
+(:func:`parse_step_times`). Start-up (imports, model, data pipeline) never enters, and the first
+``--warmup-steps`` of every child are dropped (the shuffle buffer filling, allocator and thread
+pool warm-up, on CUDA kernel selection). Per child the median samples/s over the remaining steps
+is robust to a burst of load from elsewhere; the throughput over all of them (samples over summed
+time) is recorded beside it.
+
+Runs are interleaved: every round trains each objective once, and the order rotates by one each
+round, so that slow drift of the machine hits every objective alike. The ratio to ``clip`` is
+taken within a round (:func:`summarize`); the report gives the median over rounds and the range.
+The goal stated for the project is a ratio of at least 0.97.
+
+On a CPU (the default, and what a laptop user sees) the model is the tiny registered
+``clip-dcl-tiny`` (64x64 images) at fp32 on synthetic shards from
+:func:`clip_dcl.data.synth.generate`; the loss is then a small share of a step, and the numbers
+say how much the objective and its sample-id plumbing cost in a real step. ``--device cuda``
+(only where ``torch.cuda.is_available()``) trains OpenCLIP's ``ViT-B-32`` at 224 px with
+``--precision amp_bf16`` on synthetic shards drawn at 224 px. With ``--log-every-n-steps 1``
+OpenCLIP reads the loss with ``.item()`` every step, which waits for the GPU, so the logged step
+time is the device time and not only the launch time.
+
+Trainings started through :mod:`clip_dcl.experiment` on this machine take turns under a lock
+(:func:`clip_dcl.experiment.machine_lock`); the benchmark holds it for all its rounds, so that the
+comparison does not share the cores with another training started that way. Other load is not
+controlled: the report records the load average before and after and per child. Ratios from
+interleaved runs are robust to steady load and noisy under bursty load.
+
+    .venv/bin/python benchmarks/train_throughput.py               # CPU, writes results/train_throughput.*
+    .venv/bin/python benchmarks/train_throughput.py --quick       # smoke run, report under --work
+    .venv/bin/python benchmarks/train_throughput.py --device cuda # ViT-B-32 at 224 px, amp_bf16
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import json
+import math
+import os
+import re
+import shlex
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Callable, Dict, List, Optional, Sequence
+
+HERE = Path(__file__).resolve().parent
+STEM = "train_throughput"
+BASELINE = "clip"
+#: The project's goal: every objective at >= this share of the baseline's samples/s.
+GOAL = 0.97
+
+
+@dataclass(frozen=True)
+class Objective:
+    """One objective: a report label and its ``clip_dcl.train`` flags."""
+
+    name: str
+    flags: tuple
+
+    @property
+    def slug(self) -> str:
+        return re.sub(r"[^A-Za-z0-9_.-]+", "-", self.name).strip("-")
+
+
+def objectives(tau_plus: float) -> List[Objective]:
+    """``clip`` (the baseline, first), ``dcl`` with the data's class prior, ``decl`` with each rate."""
+    if not 0.0 <= tau_plus < 1.0:
+        raise ValueError(f"tau_plus={tau_plus!r} must be in [0, 1)")
+    return [
+        Objective(BASELINE, ("--loss", "clip")),
+        Objective("dcl", ("--loss", "dcl", "--tau-plus", f"{tau_plus:.6g}")),
+        Objective("decl rate=index", ("--loss", "decl", "--decl-rate", "index")),
+        Objective("decl rate=queue", ("--loss", "decl", "--decl-rate", "queue")),
+        Objective("decl rate=batch", ("--loss", "decl", "--decl-rate", "batch")),
+    ]
+
+
+def round_order(items: Sequence, round_index: int) -> list:
+    """``items`` rotated left by ``round_index``: round r starts with item ``r mod n``."""
+    if not items:
+        return []
+    k = round_index % len(items)
+    return list(items[k:]) + list(items[:k])
+
+
+@dataclass(frozen=True)
+class Setup:
+    """Everything the children share: device, model, precision, batch, steps, data loader workers."""
+
+    device: str = "cpu"
+    model: str = "clip-dcl-tiny"
+    image_size: int = 64
+    precision: str = "fp32"
+    batch_size: int = 128
+    warmup_steps: int = 5
+    steps: int = 20
+    workers: int = 1
+    seed: int = 0
+    #: torch threads of each child (0: torch's default)
+    threads: int = 0
+
+    def validate(self) -> None:
+        if self.device not in ("cpu", "cuda"):
+            raise ValueError(f"device={self.device!r} must be 'cpu' or 'cuda'")
+        for name in ("batch_size", "steps"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name}={getattr(self, name)!r} must be >= 1")
+        for name in ("warmup_steps", "workers", "seed", "threads"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name}={getattr(self, name)!r} must be >= 0")
+
+    @property
+    def train_steps(self) -> int:
+        return self.warmup_steps + self.steps
+
+
+CPU_SETUP = Setup()
+QUICK_SETUP = Setup(batch_size=32, warmup_steps=2, steps=6)
+CUDA_SETUP = Setup(device="cuda", model="ViT-B-32", image_size=224, precision="amp_bf16", batch_size=256,
+                   warmup_steps=10, steps=40, workers=8)
+
+
+# ------------------------------------------------------------------------------------------
+# Log parsing and statistics (pure)
+# ------------------------------------------------------------------------------------------
+_TRAIN_LINE = re.compile(
+    r"Train Epoch: (?P<epoch>\d+) \[\s*(?P<done>\d+)/(?P<total>\d+) \(\s*\d+%\)\]\s+"
+    r"Data \(t\): (?P<data>[-+0-9.eE]+|nan|inf)\s+"
+    r"Batch \(t\): (?P<batch>[-+0-9.eE]+|nan|inf), (?P<sps>[-+0-9.eE]+|nan|inf)/s,")
+
+
+@dataclass(frozen=True)
+class StepTime:
+    """One training line of OpenCLIP: epoch, samples done in the epoch, data and step seconds, samples/s."""
+
+    epoch: int
+    samples_done: int
+    data_seconds: float
+    batch_seconds: float
+    samples_per_second: float
+
+
+def parse_step_times(text: str) -> List[StepTime]:
+    """The training lines of an OpenCLIP log, in order (``open_clip_train.train.train_one_epoch``).
+
+    The line reads ``Train Epoch: E [done/total (p%)] Data (t): D Batch (t): B, S/s, S'/s/gpu ...``
+    where ``B`` and ``D`` are averages over the steps since the last line (one step with
+    ``--log-every-n-steps 1``), ``B`` printed to the millisecond, and ``S`` is the global batch
+    over the last step's time printed to six significant digits; so ``S`` is the precise figure.
+    Lines of anything else (validation, loss-state digests, warnings) are skipped.
+    """
+    out = []
+    for line in text.splitlines():
+        m = _TRAIN_LINE.search(line)
+        if m:
+            out.append(StepTime(int(m["epoch"]), int(m["done"]), float(m["data"]), float(m["batch"]),
+                                float(m["sps"])))
+    return out
+
+
+def steady_rates(steps: Sequence[StepTime], warmup_steps: int) -> List[float]:
+    """Samples/s of every step after the first ``warmup_steps`` lines; every line must be one step.
+
+    Raises ``ValueError`` when the log's step counter shows that lines stand for several steps
+    (``--log-every-n-steps`` above 1), or when no step is left after the warm-up.
+    """
+    if warmup_steps < 0:
+        raise ValueError(f"warmup_steps={warmup_steps!r} must be >= 0")
+    done = [s.samples_done for s in steps if s.epoch == steps[0].epoch] if steps else []
+    increments = {b - a for a, b in zip(done, done[1:])}
+    if len(increments) > 1 or (done and increments and done[0] != next(iter(increments))):
+        raise ValueError(f"training lines are not one per step (samples done: {done[:6]}...); "
+                         "run with --log-every-n-steps 1")
+    kept = [s.samples_per_second for s in steps[warmup_steps:]]
+    if not kept:
+        raise ValueError(f"{len(steps)} training step(s) logged, none left after {warmup_steps} warm-up step(s)")
+    return kept
+
+
+def throughput(rates: Sequence[float]) -> float:
+    """Samples over total time of equal-size steps: the harmonic mean of per-step samples/s."""
+    return len(rates) / sum(1.0 / r for r in rates)
+
+
+def upper_quartile(values: Sequence[float]) -> float:
+    """The 75th percentile (``statistics.quantiles``' default exclusive method; the value itself for one)."""
+    if len(values) < 2:
+        return float(values[0])
+    return statistics.quantiles(values, n=4)[2]
+
+
+def summarize(rounds: Sequence[Dict[str, Sequence[float]]], baseline: str = BASELINE) -> Dict[str, dict]:
+    """Per objective: samples/s per round and overall, and the ratio to ``baseline`` within each round.
+
+    ``rounds``: one ``{objective: steady per-step samples/s}`` per round. A round's figure for an
+    objective is the median of its steps (robust to a burst of outside load). Returned per
+    objective: ``per_round`` (those medians), ``median`` / ``min`` / ``max`` over rounds,
+    ``throughput`` (samples over time, all its steps pooled), ``ratios`` (per round, divided by the
+    baseline's median in the same round) and ``ratio_median`` / ``ratio_min`` / ``ratio_max``.
+    ``fast_ratios`` / ``fast_ratio_median`` do the same with each child's upper quartile of
+    samples/s (its faster steps): a cost figure less moved by outside load, which only slows steps.
+    Objectives missing from a round (a failed child) only lose that round.
+    """
+    if not rounds or not any(baseline in r for r in rounds):
+        raise ValueError(f"no round holds the baseline {baseline!r}")
+    names: List[str] = []
+    for r in rounds:
+        names += [n for n in r if n not in names]
+    out: Dict[str, dict] = {}
+    for name in names:
+        per_round, ratios, fast_ratios, pooled = [], [], [], []
+        for r in rounds:
+            if not r.get(name):
+                continue
+            med = statistics.median(r[name])
+            per_round.append(med)
+            pooled += list(r[name])
+            if r.get(baseline):
+                ratios.append(med / statistics.median(r[baseline]))
+                fast_ratios.append(upper_quartile(r[name]) / upper_quartile(r[baseline]))
+        out[name] = {
+            "per_round": per_round,
+            "median": statistics.median(per_round),
+            "min": min(per_round),
+            "max": max(per_round),
+            "throughput": throughput(pooled),
+            "ratios": ratios,
+            "ratio_median": statistics.median(ratios) if ratios else math.nan,
+            "ratio_min": min(ratios) if ratios else math.nan,
+            "ratio_max": max(ratios) if ratios else math.nan,
+            "fast_ratios": fast_ratios,
+            "fast_ratio_median": statistics.median(fast_ratios) if fast_ratios else math.nan,
+        }
+    return out
+
+
+# ------------------------------------------------------------------------------------------
+# Children
+# ------------------------------------------------------------------------------------------
+def child_command(objective: Objective, data: dict, setup: Setup, python: str = sys.executable) -> List[str]:
+    """``python -m clip_dcl.train -- ...`` of one timed child: one epoch of ``setup.train_steps`` steps.
+
+    No validation, zero-shot, checkpoint or log folder (``--logs none``): the child does nothing
+    but train, and the timing comes from its stdout. ``--dataset-resampled`` lets the epoch hold
+    exactly the steps asked for, whatever the shard sizes and the number of loader workers.
+    """
+    return [
+        python, "-m", "clip_dcl.train", "--",
+        "--model", setup.model,
+        "--train-data", data["train_data"], "--dataset-type", "webdataset", "--dataset-resampled",
+        "--train-num-samples", str(setup.batch_size * setup.train_steps),
+        "--batch-size", str(setup.batch_size), "--epochs", "1",
+        "--lr", "1e-3", "--wd", "0.1", "--warmup", "2", "--seed", str(setup.seed),
+        "--workers", str(setup.workers), "--precision", setup.precision, "--device", setup.device,
+        "--logs", "none", "--name", objective.slug, "--log-every-n-steps", "1",
+        "--save-frequency", "0", "--zeroshot-frequency", "0", "--val-frequency", "0", "--report-to", "",
+        *objective.flags,
+    ]
+
+
+def run_child(cmd: Sequence[str], setup: Setup, log_path: Path) -> dict:
+    """Run one child; keep its output in ``log_path``; return wall seconds, load average and step times."""
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    if setup.device == "cpu":
+        env["CUDA_VISIBLE_DEVICES"] = ""
+    if setup.threads:
+        env.update(OMP_NUM_THREADS=str(setup.threads), MKL_NUM_THREADS=str(setup.threads))
+    load_before = os.getloadavg()
+    start = time.perf_counter()
+    proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+    seconds = time.perf_counter() - start
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    log_path.write_text(proc.stdout)
+    if proc.returncode != 0:
+        tail = "\n".join(proc.stdout.splitlines()[-40:])
+        raise RuntimeError(f"training child failed (exit code {proc.returncode}): {shlex.join(cmd)}\n{tail}")
+    steps = parse_step_times(proc.stdout)
+    return {"wall_seconds": seconds, "load_before": load_before, "load_after": os.getloadavg(),
+            "steps": [dataclasses.asdict(s) for s in steps]}
+
+
+def measure(objs: Sequence[Objective], data: dict, setup: Setup, rounds: int, work: Path,
+            echo: Callable[[str], None] = print) -> List[dict]:
+    """Train every objective once per round, order rotated each round; one record per child."""
+    records = []
+    for r in range(rounds):
+        for obj in round_order(objs, r):
+            cmd = child_command(obj, data, setup)
+            res = run_child(cmd, setup, work / "logs" / f"round{r}" / f"{obj.slug}.txt")
+            rates = steady_rates([StepTime(**s) for s in res["steps"]], setup.warmup_steps)
+            echo(f"  round {r + 1}/{rounds}  {obj.name:<16} median {statistics.median(rates):8.1f} samples/s "
+                 f"over {len(rates)} steps  (child {res['wall_seconds']:.0f} s, load {res['load_before'][0]:.2f})")
+            records.append({"round": r, "objective": obj.name, "flags": list(obj.flags), "command": cmd,
+                            "steady_samples_per_second": rates, **res})
+    return records
+
+
+# ------------------------------------------------------------------------------------------
+# Report
+# ------------------------------------------------------------------------------------------
+def table(summary: Dict[str, dict], objs: Sequence[Objective]) -> str:
+    lines = ["| objective | samples/s (median over rounds) | range over rounds | samples/s (pooled) "
+             "| / clip (median of per-round ratios) | ratio range | >= 0.97x | / clip, faster steps (upper quartile) |",
+             "|---|---|---|---|---|---|---|---|"]
+    for obj in objs:
+        s = summary.get(obj.name)
+        if not s:
+            continue
+        meets = "baseline" if obj.name == BASELINE else ("yes" if s["ratio_median"] >= GOAL else "**no**")
+        lines.append(f"| {obj.name} | {s['median']:.1f} | {s['min']:.1f} - {s['max']:.1f} | {s['throughput']:.1f} | "
+                     f"{s['ratio_median']:.3f} | {s['ratio_min']:.3f} - {s['ratio_max']:.3f} | {meets} | "
+                     f"{s['fast_ratio_median']:.3f} |")
+    return "\n".join(lines)
+
+
+def plot(records: Sequence[dict], summary: Dict[str, dict], objs: Sequence[Objective], path: Path,
+         title: str) -> Path:
+    """Left: per-step samples/s of every child (one dot per step) and each round's median.
+    Right: each round's ratio to clip, the median over rounds, and the 0.97 goal."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = [o.name for o in objs if o.name in summary]
+    fig, (ax0, ax1) = plt.subplots(1, 2, figsize=(13, 4.6))
+    rounds = sorted({rec["round"] for rec in records})
+    for i, name in enumerate(names):
+        for rec in records:
+            if rec["objective"] != name:
+                continue
+            off = (rec["round"] - (len(rounds) - 1) / 2) * 0.8 / max(1, len(rounds))
+            y = rec["steady_samples_per_second"]
+            ax0.scatter([i + off] * len(y), y, s=6, alpha=0.35, color=f"C{rec['round']}",
+                        label=f"round {rec['round'] + 1}" if i == 0 else None)
+            ax0.plot([i + off - 0.05, i + off + 0.05], [statistics.median(y)] * 2, color="black", lw=2)
+    ax0.set_xticks(range(len(names)), names, rotation=20)
+    ax0.set(ylabel="samples/s per step (after warm-up)", title="per-step throughput (bars: round medians)")
+    ax0.grid(axis="y", alpha=0.3)
+    ax0.legend(fontsize=8)
+    for i, name in enumerate(names):
+        ratios = summary[name]["ratios"]
+        ax1.scatter([i] * len(ratios), ratios, color="C0", alpha=0.7, label="per round" if i == 0 else None)
+        ax1.plot([i - 0.25, i + 0.25], [summary[name]["ratio_median"]] * 2, color="black", lw=2,
+                 label="median" if i == 0 else None)
+    ax1.axhline(GOAL, color="red", ls="--", lw=1, label=f"goal {GOAL}x")
+    ax1.axhline(1.0, color="grey", lw=0.8)
+    ax1.set_xticks(range(len(names)), names, rotation=20)
+    ax1.set(ylabel="samples/s / clip's in the same round", title="ratio to OpenCLIP's loss")
+    ax1.grid(axis="y", alpha=0.3)
+    ax1.legend(fontsize=8)
+    fig.suptitle(title)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def write_report(out_dir: Path, records: List[dict], objs: Sequence[Objective], setup: Setup, rounds: int,
+                 data: dict, about: dict) -> Dict[str, Path]:
+    """``train_throughput.md`` (settings, machine, command, table), ``.json`` (raw steps), ``.png``."""
+    per_round: List[Dict[str, List[float]]] = [{} for _ in range(rounds)]
+    for rec in records:
+        per_round[rec["round"]][rec["objective"]] = rec["steady_samples_per_second"]
+    summary = summarize([r for r in per_round if r])
+    out_dir.mkdir(parents=True, exist_ok=True)
+    device_words = about["gpu"] if setup.device == "cuda" else "CPU"
+    title = (f"training throughput, {setup.model} {setup.precision} on {device_words}, batch {setup.batch_size}, "
+             f"{rounds} rounds")
+    png = plot(records, summary, objs, out_dir / f"{STEM}.png", title)
+    data_time = {name: statistics.median(s["data_seconds"] for rec in records if rec["objective"] == name
+                                         for s in rec["steps"][setup.warmup_steps:])
+                 for name in summary}
+    wall = {name: statistics.median(rec["wall_seconds"] for rec in records if rec["objective"] == name)
+            for name in summary}
+    lines = [
+        f"# Training throughput: dcl and decl against OpenCLIP's loss ({setup.device})",
+        "",
+        f"- machine: {about['machine']}",
+        f"- date: {about['date']}",
+        f"- command: `{about['command']}`",
+        f"- load average (1/5/15 min) before: {fmt_load(about['load_before'])}; after: {fmt_load(about['load_after'])}",
+        f"- setup: `python -m clip_dcl.train` children, model `{setup.model}` ({setup.image_size} px synthetic "
+        f"shards), `--precision {setup.precision} --device {setup.device}`, batch {setup.batch_size}, "
+        f"{setup.workers} loader worker(s), seed {setup.seed}, torch threads per child: "
+        f"{setup.threads or 'torch default'}; each child trains {setup.train_steps} steps, the first "
+        f"{setup.warmup_steps} are dropped, {setup.steps} are timed (OpenCLIP's per-step `Batch (t)` with "
+        f"`--log-every-n-steps 1`, data wait included)",
+        f"- {rounds} rounds x {len(objs)} objectives, interleaved, order rotated by one each round; ratios are "
+        f"taken within a round; raw per-step numbers and commands: `{STEM}.json`",
+        f"- goal: >= {GOAL}x the samples/s of `--loss clip`",
+        "",
+        table(summary, objs),
+        "",
+        "Median data-loader wait per step (s): "
+        + ", ".join(f"{n} {data_time[n]:.3f}" for n in summary)
+        + ". Median child wall time including start-up (s): " + ", ".join(f"{n} {wall[n]:.1f}" for n in summary) + ".",
+        "",
+        f"![per-step throughput and ratios]({png.name})",
+        "",
+        about.get("notes", ""),
+    ]
+    md = out_dir / f"{STEM}.md"
+    md.write_text("\n".join(lines).rstrip() + "\n")
+    doc = {**{k: v for k, v in about.items() if k != "notes"}, "setup": dataclasses.asdict(setup),
+           "rounds": rounds, "goal": GOAL, "baseline": BASELINE,
+           "data": {k: data.get(k) for k in ("out_dir", "train_data", "tau_plus")},
+           "summary": summary, "children": records}
+    js = out_dir / f"{STEM}.json"
+    js.write_text(json.dumps(doc, indent=1) + "\n")
+    return {"markdown": md, "json": js, "png": png, "summary": summary}
+
+
+def fmt_load(load: Sequence[float]) -> str:
+    return "/".join(f"{x:.2f}" for x in load)
+
+
+# ------------------------------------------------------------------------------------------
+# Command line
+# ------------------------------------------------------------------------------------------
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0], allow_abbrev=False,
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--quick", action="store_true",
+                   help="smoke run: batch 32, 2 warm-up + 6 timed steps, 1 round; report under --work")
+    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                   help="cpu: clip-dcl-tiny fp32; cuda: ViT-B-32 at 224 px, amp_bf16 (needs a GPU)")
+    p.add_argument("--rounds", type=int, default=None, help="rounds (default: 3, 1 with --quick)")
+    p.add_argument("--batch-size", type=int, default=None, help="per-step batch (default: 128 cpu, 256 cuda)")
+    p.add_argument("--steps", type=int, default=None, help="timed steps per child (default: 20 cpu, 40 cuda)")
+    p.add_argument("--warmup-steps", type=int, default=None, help="steps dropped per child (default: 5 cpu, 10 cuda)")
+    p.add_argument("--workers", type=int, default=None, help="data loader workers (default: 1 cpu, 8 cuda)")
+    p.add_argument("--model", default=None, help="OpenCLIP model name (default: clip-dcl-tiny cpu, ViT-B-32 cuda)")
+    p.add_argument("--threads", type=int, default=0, help="torch threads per child (0: torch's default)")
+    p.add_argument("--only", nargs="+", default=None, metavar="NAME",
+                   help="time only these objectives (clip is always added), e.g. --only dcl 'decl rate=index'")
+    p.add_argument("--no-lock", action="store_true",
+                   help="do not wait for other clip-dcl trainings on this machine (clip_dcl.experiment.machine_lock)")
+    p.add_argument("--work", default=os.path.join(tempfile.gettempdir(), "clip_dcl_train_throughput"),
+                   help="synthetic data and child logs go here")
+    p.add_argument("--out-dir", default=None,
+                   help="report folder (default: benchmarks/results, or WORK/<mode>/report with --quick)")
+    return p
+
+
+def make_setup(args) -> Setup:
+    base = CUDA_SETUP if args.device == "cuda" else (QUICK_SETUP if args.quick else CPU_SETUP)
+    if args.quick and args.device == "cuda":
+        base = dataclasses.replace(base, warmup_steps=3, steps=6, batch_size=64)
+    fields = {"batch_size": args.batch_size, "steps": args.steps, "warmup_steps": args.warmup_steps,
+              "workers": args.workers, "model": args.model}
+    setup = dataclasses.replace(base, threads=args.threads, **{k: v for k, v in fields.items() if v is not None})
+    setup.validate()
+    return setup
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    args = build_parser().parse_args(argv)
+    setup = make_setup(args)
+    rounds = args.rounds if args.rounds is not None else (1 if args.quick else 3)
+    if rounds < 1:
+        raise SystemExit(f"--rounds must be >= 1, got {rounds}")
+    import torch
+
+    if setup.device == "cuda" and not torch.cuda.is_available():
+        raise SystemExit("--device cuda: torch.cuda.is_available() is False on this machine")
+
+    from clip_dcl import experiment as ex
+    from clip_dcl.data.synth import generate
+
+    mode = f"{'quick' if args.quick else 'full'}-{setup.device}"
+    work = Path(args.work) / mode
+    out_dir = Path(args.out_dir) if args.out_dir else (work / "report" if args.quick else HERE / "results")
+    # Resampled shards: a few shards of any size do; twice a step's worth per worker keeps them varied.
+    samples = max(setup.batch_size * max(2, setup.workers) * 2, 512)
+    data = generate(work / f"data-{setup.image_size}px", quick=True, reuse=True, image_size=setup.image_size,
+                    train_samples=samples, shard_size=math.ceil(samples / max(4, setup.workers)), num_classes=10)
+    objs = objectives(float(data["tau_plus"]))
+    if args.only:
+        known = {o.name for o in objs}
+        bad = [n for n in args.only if n not in known]
+        if bad:
+            raise SystemExit(f"--only: unknown objective(s) {bad}; known: {sorted(known)}")
+        objs = [o for o in objs if o.name == BASELINE or o.name in args.only]
+
+    command = shlex.join([f"{Path(sys.executable).parent.parent.name}/bin/python",
+                          os.path.relpath(__file__), *(sys.argv[1:] if argv is None else argv)])
+    print(f"{len(objs)} objectives x {rounds} rounds, {setup.train_steps} steps each "
+          f"({setup.warmup_steps} warm-up) at batch {setup.batch_size} on {setup.device}", flush=True)
+    lock = contextlib.nullcontext() if args.no_lock else ex.machine_lock(lambda m: print(m, flush=True))
+    with lock:
+        load_before = os.getloadavg()
+        start = time.perf_counter()
+        records = measure(objs, data, setup, rounds, work, echo=lambda m: print(m, flush=True))
+        load_after = os.getloadavg()
+    about = {
+        "machine": ex.machine_info(),
+        "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else "no GPU",
+        "date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        "command": command,
+        "load_before": list(load_before),
+        "load_after": list(load_after),
+        "measure_seconds": time.perf_counter() - start,
+    }
+    report = write_report(out_dir, records, objs, setup, rounds, data, about)
+    print(table(report["summary"], objs))
+    print(f"wrote {report['markdown']}, {report['json'].name}, {report['png'].name}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

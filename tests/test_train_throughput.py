@@ -1,0 +1,122 @@
+"""The training-throughput benchmark's pure parts: OpenCLIP log parsing, statistics, run order, commands."""
+from __future__ import annotations
+
+import statistics
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+BENCH = Path(__file__).resolve().parents[1] / "benchmarks"
+sys.path.insert(0, str(BENCH))
+import train_throughput as tt  # noqa: E402
+
+
+def openclip_line(epoch, done, total, data_t, batch_t, batch_size, extra=""):
+    """A training line as open_clip_train 3.3.0's train_one_epoch formats it (one step per line)."""
+    sps = batch_size / batch_t
+    digits = len(str(total))
+    pct = 100.0 * done / total
+    return (f"2026-11-23,02:23:48 | INFO | Train Epoch: {epoch} [{done:>{digits}}/{total} ({pct:.0f}%)] "
+            f"Data (t): {data_t:.3f} Batch (t): {batch_t:.3f}, {sps:#g}/s, {sps:#g}/s/gpu "
+            f"LR: 0.000500 Logit Scale: 14.286 {extra}Loss: 3.7102 (3.7102)")
+
+
+def test_parse_step_times_reads_every_training_line_and_nothing_else():
+    rng = np.random.default_rng(0)
+    batch, n = 128, 12
+    batch_t = rng.uniform(0.2, 3.0, n)
+    data_t = rng.uniform(0.0, 0.2, n)
+    lines = ["2026-11-23,02:23:42 | INFO | Running with a single process. Device cpu."]
+    for i in range(n):
+        extra = "Decl_loss: -4.7899 (0.92886) Loss2: 3.1 (3.2) " if i % 2 else "Contrastive_loss: 3.7 (3.7) "
+        lines.append(openclip_line(0, batch * (i + 1), batch * n, data_t[i], batch_t[i], batch, extra))
+        if i == 5:
+            lines.append("2026-11-23,02:23:50 | INFO | Eval Epoch: 1 image_to_text_R@1: 0.1 clip_val_loss: 3.2")
+    steps = tt.parse_step_times("\n".join(lines))
+    assert len(steps) == n
+    assert [s.samples_done for s in steps] == [batch * (i + 1) for i in range(n)]
+    np.testing.assert_allclose([s.batch_seconds for s in steps], batch_t, atol=5e-4)
+    np.testing.assert_allclose([s.data_seconds for s in steps], data_t, atol=5e-4)
+    # samples/s is printed to 6 significant digits, more precise than the millisecond step time
+    np.testing.assert_allclose([s.samples_per_second for s in steps], batch / batch_t, rtol=1e-5)
+
+
+def test_steady_rates_drops_warmup_and_rejects_multi_step_lines():
+    text = "\n".join(openclip_line(0, 32 * (i + 1), 320, 0.01, 0.1 * (i + 1), 32) for i in range(10))
+    steps = tt.parse_step_times(text)
+    rates = tt.steady_rates(steps, warmup_steps=3)
+    np.testing.assert_allclose(rates, [32 / (0.1 * (i + 1)) for i in range(3, 10)], rtol=1e-5)
+    every_5 = tt.parse_step_times("\n".join(openclip_line(0, d, 320, 0.01, 0.5, 32) for d in (32, 192, 320)))
+    with pytest.raises(ValueError, match="log-every-n-steps 1"):
+        tt.steady_rates(every_5, 0)
+    with pytest.raises(ValueError, match="none left"):
+        tt.steady_rates(steps, warmup_steps=10)
+
+
+def test_summarize_matches_a_direct_computation():
+    rng = np.random.default_rng(1)
+    names = ["clip", "dcl", "decl"]
+    rounds = [{n: list(rng.uniform(100, 300, 9 + r)) for n in names} for r in range(4)]
+    del rounds[2]["decl"]  # a failed child loses only its round
+    out = tt.summarize(rounds)
+    for n in names:
+        kept = [r for r in rounds if n in r]
+        meds = [float(np.median(r[n])) for r in kept]
+        assert out[n]["per_round"] == pytest.approx(meds)
+        assert out[n]["median"] == pytest.approx(float(np.median(meds)))
+        ratios = [float(np.median(r[n]) / np.median(r["clip"])) for r in kept]
+        assert out[n]["ratios"] == pytest.approx(ratios)
+        assert (out[n]["ratio_min"], out[n]["ratio_max"]) == pytest.approx((min(ratios), max(ratios)))
+        # throughput: samples over time, each step one batch (any batch size cancels out)
+        rates = np.concatenate([r[n] for r in kept])
+        assert out[n]["throughput"] == pytest.approx(len(rates) / np.sum(1 / rates))
+        fast = [np.percentile(r[n], 75, method="weibull") / np.percentile(r["clip"], 75, method="weibull")
+                for r in kept]
+        assert out[n]["fast_ratios"] == pytest.approx(fast)
+    assert out["clip"]["ratios"] == pytest.approx([1.0] * 4)
+    with pytest.raises(ValueError, match="baseline"):
+        tt.summarize([{"dcl": [1.0]}])
+
+
+def test_round_order_puts_every_objective_in_every_position_once():
+    objs = tt.objectives(0.1)
+    orders = [tt.round_order(objs, r) for r in range(len(objs))]
+    assert all(sorted(o, key=objs.index) == objs for o in orders)
+    for pos in range(len(objs)):
+        assert {o[pos].name for o in orders} == {o.name for o in objs}
+    assert tt.round_order(objs, len(objs)) == objs
+    with pytest.raises(ValueError, match="tau_plus"):
+        tt.objectives(1.0)
+
+
+@pytest.fixture(scope="module")
+def tiny_data(tmp_path_factory):
+    from clip_dcl.data.synth import generate
+
+    return generate(tmp_path_factory.mktemp("synth"), quick=True, train_samples=64, shard_size=32, verbose=False)
+
+
+def test_child_commands_pass_the_training_parser(tiny_data):
+    from clip_dcl.train.flags import parse_train_args
+
+    setup = tt.Setup(batch_size=16, warmup_steps=2, steps=3)
+    for obj in tt.objectives(float(tiny_data["tau_plus"])):
+        cmd = tt.child_command(obj, tiny_data, setup)
+        assert cmd[1:4] == ["-m", "clip_dcl.train", "--"]
+        config = parse_train_args(cmd[4:])
+        assert config.loss == obj.flags[1]
+        argv = config.openclip_argv
+        assert argv[argv.index("--train-num-samples") + 1] == str(16 * 5)
+        assert argv[argv.index("--log-every-n-steps") + 1] == "1"
+    rate = {o.name: parse_train_args(tt.child_command(o, tiny_data, setup)[4:]).loss_kwargs.get("rate")
+            for o in tt.objectives(0.1)}
+    assert rate["decl rate=queue"] == "queue" and rate["decl rate=batch"] == "batch"
+
+
+@pytest.mark.parametrize("field, value", [("batch_size", 0), ("steps", 0), ("warmup_steps", -1),
+                                          ("device", "tpu")])
+def test_bad_setup_is_named(field, value):
+    with pytest.raises(ValueError, match=field):
+        tt.Setup(**{field: value}).validate()
