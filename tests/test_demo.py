@@ -103,7 +103,8 @@ def test_demo_rejects_bad_flags_before_work(tmp_path, capsys):
 @pytest.mark.slow
 def test_demo_quick_end_to_end(tmp_path):
     out = tmp_path / "demo"
-    env = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}
+    # its own lock: a test does not queue behind trainings outside it
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "CLIP_DCL_TRAIN_LOCK": str(tmp_path / "train.lock")}
     proc = subprocess.run([sys.executable, "-m", "clip_dcl.cli", "demo", "--quick", "--out", str(out)],
                           capture_output=True, text=True, timeout=600, env=env)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
