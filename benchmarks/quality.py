@@ -199,7 +199,9 @@ def _load_done(path: Path, run: ex.Run, settings: dict):
         return None
     res = ex.TrainResult(run, Path(doc["checkpoint"]), Path(doc["log_dir"]), doc["seconds"], doc["command"],
                          doc["curves"], doc["val"])
-    return res, doc["metrics"], doc["eval_seconds"]
+    # Cache files of older versions hold no finish time: the file's own time is when it was written.
+    finished = doc.get("finished") or f"{datetime.fromtimestamp(path.stat().st_mtime, timezone.utc):%Y-%m-%d %H:%M}"
+    return res, doc["metrics"], doc["eval_seconds"], finished
 
 
 def time_fewshot(checkpoint: Path, data: dict, fewshot_seeds: Sequence[int]) -> float:
@@ -300,6 +302,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     results: Dict[str, List[ex.TrainResult]] = {r.name: [] for r in every}
     scores: Dict[str, List[Dict[str, float]]] = {r.name: [] for r in every}
     eval_seconds: Dict[str, List[float]] = {r.name: [] for r in every}
+    finish_times: List[str] = []
     timing_file = work / "scores" / "fewshot_timing.json"
     timing: dict = {}
     if timing_file.is_file():
@@ -309,7 +312,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         cache = work / "scores" / f"{run.slug}-seed{seed}.json"
         prior = _load_done(cache, run, settings)
         if prior is not None:
-            res, metrics, secs = prior
+            res, metrics, secs, finished = prior
             print(f"[quality] {done}/{len(jobs)} {run.name} seed {seed}: reused {cache}", flush=True)
         else:
             print(f"[quality] {done}/{len(jobs)} training {run.name} ({' '.join(run.flags)}), seed {seed}, "
@@ -318,11 +321,13 @@ def main(argv: Optional[List[str]] = None) -> int:
             t0 = time.perf_counter()
             metrics = ex.evaluate(res.checkpoint, data, fewshot_seeds=fewshot_seeds)
             secs = time.perf_counter() - t0
+            finished = f"{datetime.now(timezone.utc):%Y-%m-%d %H:%M}"
             cache.parent.mkdir(parents=True, exist_ok=True)
             cache.write_text(json.dumps({
                 "settings": settings, "flags": list(run.flags), "checkpoint": str(res.checkpoint),
                 "log_dir": str(res.log_dir), "seconds": res.seconds, "command": res.command, "curves": res.curves,
-                "val": res.val, "metrics": metrics, "eval_seconds": secs}, default=str) + "\n")
+                "val": res.val, "metrics": metrics, "eval_seconds": secs,
+                "finished": finished}, default=str) + "\n")
             if not timing:
                 # The few-shot probe's share of an evaluation, measured once on this checkpoint.
                 timing = {"checkpoint": str(res.checkpoint), "evaluate_seconds": secs,
@@ -335,8 +340,9 @@ def main(argv: Optional[List[str]] = None) -> int:
         results[run.name].append(res)
         scores[run.name].append({**with_mean_r1(metrics), "seed": seed})
         eval_seconds[run.name].append(secs)
+        finish_times.append(finished)
         write(results_dir, main_runs, abl_runs, results, scores, eval_seconds, timing, data, budget, seeds,
-              ablation_seeds, fewshot_seeds, command, started, time.perf_counter() - t_start,
+              ablation_seeds, fewshot_seeds, command, started, time.perf_counter() - t_start, finish_times,
               complete=(done == len(jobs)))
     print(f"[quality] wrote {results_dir / (STEM + '.md')}, .json, .png", flush=True)
     print((results_dir / f"{STEM}.md").read_text().split("![")[0])
@@ -344,7 +350,7 @@ def main(argv: Optional[List[str]] = None) -> int:
 
 
 def write(out: Path, main_runs, abl_runs, results, scores, eval_seconds, timing, data, budget, seeds,
-          ablation_seeds, fewshot_seeds, command, started, seconds, complete: bool) -> None:
+          ablation_seeds, fewshot_seeds, command, started, seconds, finish_times, complete: bool) -> None:
     """(Re)write the report from the runs finished so far."""
     have = {n: v for n, v in scores.items() if v}
     rows = table_rows(data)
@@ -373,14 +379,17 @@ def write(out: Path, main_runs, abl_runs, results, scores, eval_seconds, timing,
               f"{timing['torch_threads']} torch thread(s))")
     else:
         fs = "few-shot share not measured (all runs reused)"
+    title = f"Quality: clip vs dcl vs decl over {len(seeds)} training seeds, and a DeCL ablation"
+    span = f"runs finished {min(finish_times)} to {max(finish_times)}" if finish_times else "no run finished yet"
     header = "\n".join([
-        f"# Quality: clip vs dcl vs decl over {len(seeds)} training seeds, and a DeCL ablation",
+        title,
         "",
         f"- Status: {status}",
         f"- Command: `{command}`",
-        f"- Date (UTC): {started:%Y-%m-%d %H:%M}; {seconds / 60:.1f} min in all: training {train_s / 60:.1f} min, "
-        f"evaluation {eval_s / 60:.1f} min; {fs}. The CPU was shared with other jobs (trainings take turns "
-        "through clip_dcl.experiment's machine lock), so times are not speed measurements.",
+        f"- Date (UTC): {span} (report written by a call started {started:%Y-%m-%d %H:%M}, {seconds / 60:.1f} min "
+        f"wall; runs finished by an earlier call with the same settings are reused). Time over all runs: training "
+        f"{train_s / 60:.1f} min, evaluation {eval_s / 60:.1f} min; {fs}. The CPU was shared with other jobs "
+        "(trainings take turns through clip_dcl.experiment's machine lock), so times are not speed measurements.",
         f"- Machine: {ex.machine_info()}",
         f"- Data: clip-dcl synthetic shards (the demo's), {data['config']['num_classes']} balanced latent classes, "
         f"measured class prior tau_plus = {tau:.4f}; {n_train} training pairs, {data['val']['num_samples']} "
@@ -404,7 +413,8 @@ def write(out: Path, main_runs, abl_runs, results, scores, eval_seconds, timing,
     res = {n: results[n] for n in have}
     ex.write_report(out, STEM, data=data, budget=budget, results=res, scores=have, header=header,
                     extra={"seeds": seeds, "ablation_seeds": ablation_seeds, "fewshot_seeds": fewshot_seeds,
-                           "complete": complete, "minutes": seconds / 60,
+                           "complete": complete, "wall_minutes_of_this_call": seconds / 60,
+                           "train_minutes": train_s / 60, "eval_minutes": eval_s / 60, "finished": finish_times,
                            "fewshot_timing": {k: v for k, v in timing.items() if k != "settings"},
                            "eval_seconds": {n: eval_seconds[n] for n in have}, "summary": summary,
                            "paired_vs_clip": paired_main, "paired_vs_default_decl": paired_abl})
@@ -429,7 +439,7 @@ def write(out: Path, main_runs, abl_runs, results, scores, eval_seconds, timing,
             paired_table(paired_abl, f"{DECL} (default)") if paired_abl else "(no ablation run finished yet)",
         ]
     parts.append(f"![training curves, validation R@1 and held-out scores]({STEM}.png)")
-    (out / f"{STEM}.md").write_text("\n\n".join(p for p in parts if p) + "\n")
+    (out / f"{STEM}.md").write_text("# " + "\n\n".join(p for p in parts if p) + "\n")
 
 
 if __name__ == "__main__":  # pragma: no cover
