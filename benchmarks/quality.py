@@ -54,6 +54,8 @@ HEADLINE = (
 )
 #: The default decl of the main comparison (ex.default_runs) and the reference of the ablation.
 DECL = "decl"
+#: The ablation's reference in its table: the main decl run, or decl trained again at the ablation's budget.
+ABL_REF = f"{DECL} (default)"
 #: Ablation variants: name (the run is labelled ``decl <name>``) -> flags replacing or added to the default decl's.
 ABLATIONS = {
     "rate=queue": ("--decl-rate", "queue"),
@@ -234,6 +236,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help=f"DeCL variants (default {' '.join(DEFAULT_ABLATIONS)}; quick: rate=batch)")
     p.add_argument("--ablation-seeds", type=int, nargs="+", default=None,
                    help="training seeds of the ablation, among --seeds (default 0)")
+    p.add_argument("--ablation-epochs", type=int, default=None,
+                   help="training epochs of the ablation (default: the main comparison's); when they differ, the "
+                        "default decl is trained again at that budget as the ablation's reference")
     p.add_argument("--fewshot-seeds", type=int, nargs="+", default=None,
                    help="k-shot draws of the 5-shot probe (default 0 1 2; quick 0)")
     p.add_argument("--eval-threads", type=int, default=1,
@@ -257,10 +262,11 @@ def main(argv: Optional[List[str]] = None) -> int:
     seeds = args.seeds if args.seeds is not None else ([0, 1] if args.quick else [0, 1, 2])
     if len(set(seeds)) != len(seeds) or any(s < 0 for s in seeds):
         raise SystemExit(f"--seeds must be distinct and >= 0, got {seeds}")
+    if args.ablation_epochs is not None and args.ablation_epochs < 1:
+        raise SystemExit(f"--ablation-epochs must be >= 1, got {args.ablation_epochs}")
     ablation_seeds = args.ablation_seeds if args.ablation_seeds is not None else [0]
-    if len(set(ablation_seeds)) != len(ablation_seeds) or not set(ablation_seeds) <= set(seeds):
-        raise SystemExit(f"--ablation-seeds must be distinct and among --seeds {seeds} (the ablation's reference "
-                         f"is the main comparison's decl run of the same seed), got {ablation_seeds}")
+    if len(set(ablation_seeds)) != len(ablation_seeds) or any(s < 0 for s in ablation_seeds):
+        raise SystemExit(f"--ablation-seeds must be distinct and >= 0, got {ablation_seeds}")
     names = args.ablations if args.ablations is not None else (
         ["rate=batch"] if args.quick else list(DEFAULT_ABLATIONS))
     fewshot_seeds = args.fewshot_seeds or ([0] if args.quick else [0, 1, 2])
@@ -271,6 +277,10 @@ def main(argv: Optional[List[str]] = None) -> int:
     torch.set_num_threads(args.eval_threads)
     base = QUICK_BUDGET if args.quick else DEMO_BUDGET
     budget = dataclasses.replace(base, epochs=args.epochs or base.epochs)
+    abl_budget = dataclasses.replace(budget, epochs=args.ablation_epochs or budget.epochs)
+    if abl_budget == budget and not set(ablation_seeds) <= set(seeds):
+        raise SystemExit(f"--ablation-seeds must be among --seeds {seeds} (at the main budget the ablation's "
+                         f"reference is the main comparison's decl run of the same seed), got {ablation_seeds}")
     work = Path(args.work) / ("quick" if args.quick else "full")
     results_dir = Path(args.results) if args.results else (work / "report" if args.quick else HERE / "results")
     command = " ".join([".venv/bin/python", "benchmarks/quality.py", *map(shlex.quote, argv)])
@@ -291,14 +301,19 @@ def main(argv: Optional[List[str]] = None) -> int:
         abl_runs = ablation_runs(names, decl)
     except ValueError as e:
         raise SystemExit(f"--ablations: {e}")
-    settings = {"budget": dataclasses.asdict(budget), "data": data["config"], "fewshot_seeds": fewshot_seeds}
-    settings = json.loads(json.dumps(settings))  # as the cache files hold it (tuples become lists)
+    # At another budget than the main comparison's, the ablation trains its own default decl.
+    abl_list = abl_runs if abl_budget == budget else [ex.Run(ABL_REF, decl.flags)] + abl_runs
 
+    def settings_of(b: ex.Budget) -> dict:
+        doc = {"budget": dataclasses.asdict(b), "data": data["config"], "fewshot_seeds": fewshot_seeds}
+        return json.loads(json.dumps(doc))  # as the cache files hold it (tuples become lists)
+
+    settings = settings_of(budget)
     # Every main objective of a seed before the next seed (a partial report compares like with
     # like), then the ablation variants.
-    jobs = [(run, seed) for seed in seeds for run in main_runs] + [(run, seed) for seed in ablation_seeds
-                                                                   for run in abl_runs]
-    every = main_runs + abl_runs
+    jobs = [(run, seed, budget) for seed in seeds for run in main_runs] + [
+        (run, seed, abl_budget) for seed in ablation_seeds for run in abl_list]
+    every = main_runs + abl_list
     results: Dict[str, List[ex.TrainResult]] = {r.name: [] for r in every}
     scores: Dict[str, List[Dict[str, float]]] = {r.name: [] for r in every}
     eval_seconds: Dict[str, List[float]] = {r.name: [] for r in every}
@@ -308,23 +323,23 @@ def main(argv: Optional[List[str]] = None) -> int:
     if timing_file.is_file():
         timing = json.loads(timing_file.read_text())
         timing = timing if timing.get("settings") == settings else {}
-    for done, (run, seed) in enumerate(jobs, 1):
+    for done, (run, seed, job_budget) in enumerate(jobs, 1):
         cache = work / "scores" / f"{run.slug}-seed{seed}.json"
-        prior = _load_done(cache, run, settings)
+        prior = _load_done(cache, run, settings_of(job_budget))
         if prior is not None:
             res, metrics, secs, finished = prior
             print(f"[quality] {done}/{len(jobs)} {run.name} seed {seed}: reused {cache}", flush=True)
         else:
             print(f"[quality] {done}/{len(jobs)} training {run.name} ({' '.join(run.flags)}), seed {seed}, "
-                  f"{budget.epochs} epoch(s) of {data['train']['num_samples']} pairs", flush=True)
-            res = ex.train(run, data, work / "runs" / f"seed{seed}", dataclasses.replace(budget, seed=seed))
+                  f"{job_budget.epochs} epoch(s) of {data['train']['num_samples']} pairs", flush=True)
+            res = ex.train(run, data, work / "runs" / f"seed{seed}", dataclasses.replace(job_budget, seed=seed))
             t0 = time.perf_counter()
             metrics = ex.evaluate(res.checkpoint, data, fewshot_seeds=fewshot_seeds)
             secs = time.perf_counter() - t0
             finished = f"{datetime.now(timezone.utc):%Y-%m-%d %H:%M}"
             cache.parent.mkdir(parents=True, exist_ok=True)
             cache.write_text(json.dumps({
-                "settings": settings, "flags": list(run.flags), "checkpoint": str(res.checkpoint),
+                "settings": settings_of(job_budget), "flags": list(run.flags), "checkpoint": str(res.checkpoint),
                 "log_dir": str(res.log_dir), "seconds": res.seconds, "command": res.command, "curves": res.curves,
                 "val": res.val, "metrics": metrics, "eval_seconds": secs,
                 "finished": finished}, default=str) + "\n")
@@ -341,15 +356,15 @@ def main(argv: Optional[List[str]] = None) -> int:
         scores[run.name].append({**with_mean_r1(metrics), "seed": seed})
         eval_seconds[run.name].append(secs)
         finish_times.append(finished)
-        write(results_dir, main_runs, abl_runs, results, scores, eval_seconds, timing, data, budget, seeds,
-              ablation_seeds, fewshot_seeds, command, started, time.perf_counter() - t_start, finish_times,
+        write(results_dir, main_runs, abl_list, results, scores, eval_seconds, timing, data, budget, abl_budget,
+              seeds, ablation_seeds, fewshot_seeds, command, started, time.perf_counter() - t_start, finish_times,
               complete=(done == len(jobs)))
     print(f"[quality] wrote {results_dir / (STEM + '.md')}, .json, .png", flush=True)
     print((results_dir / f"{STEM}.md").read_text().split("![")[0])
     return 0
 
 
-def write(out: Path, main_runs, abl_runs, results, scores, eval_seconds, timing, data, budget, seeds,
+def write(out: Path, main_runs, abl_runs, results, scores, eval_seconds, timing, data, budget, abl_budget, seeds,
           ablation_seeds, fewshot_seeds, command, started, seconds, finish_times, complete: bool) -> None:
     """(Re)write the report from the runs finished so far."""
     have = {n: v for n, v in scores.items() if v}
@@ -358,12 +373,12 @@ def write(out: Path, main_runs, abl_runs, results, scores, eval_seconds, timing,
     keys = [k for k, _ in HEADLINE]
     main_have = {r.name: have[r.name] for r in main_runs if r.name in have}
     paired_main = paired_differences(main_have, "clip", keys) if "clip" in main_have else {}
-    # The ablation's reference: the default decl on the ablation seeds only.
+    # The ablation's reference: the default decl on the ablation seeds, at the ablation's budget.
     abl_have = {}
-    if DECL in have:
-        abl_have[f"{DECL} (default)"] = [s for s in have[DECL] if s["seed"] in ablation_seeds]
+    if abl_budget == budget and DECL in have:
+        abl_have[ABL_REF] = [s for s in have[DECL] if s["seed"] in ablation_seeds]
     abl_have.update({r.name: have[r.name] for r in abl_runs if r.name in have})
-    paired_abl = paired_differences(abl_have, f"{DECL} (default)", keys) if len(abl_have) > 1 else {}
+    paired_abl = paired_differences(abl_have, ABL_REF, keys) if len(abl_have) > 1 and ABL_REF in abl_have else {}
     summary = {name: {k: mean_std([s.get(k, float("nan")) for s in per_seed]) for k, _ in rows}
                for name, per_seed in have.items()}
     train_s = sum(r.seconds for rs in results.values() for r in rs)
@@ -403,8 +418,11 @@ def write(out: Path, main_runs, abl_runs, results, scores, eval_seconds, timing,
         f"`clip_dcl.experiment.evaluate` (5-shot probe: reduced grid, k-shot draws {fewshot_seeds}).",
         f"- Objectives: `clip` = OpenCLIP's InfoNCE; `dcl` = debiased contrastive loss with tau_plus = {tau:.4g} "
         "(the data's prior); `decl` = DeCL with the package defaults (rate index, schedule alternate, u ~ Gamma). "
-        f"Ablation: one decl setting changed at a time, training seeds {ablation_seeds}, against the main "
-        "comparison's decl run of the same seed (the same training). With the default lambda 1, "
+        f"Ablation: one decl setting changed at a time, training seeds {ablation_seeds}, "
+        + ("against the main comparison's decl run of the same seed (the same training). " if abl_budget == budget
+           else f"{abl_budget.epochs} epochs (the main comparison's other settings), against the default decl "
+                "trained again at that budget and seed. ")
+        + "With the default lambda 1, "
         "`schedule=harmonic` is lambda_t = 1/t: DeCL's decomposed loss at the first steps, then almost pure "
         "InfoNCE.",
         f"- Raw numbers per seed, commands, curves: `{STEM}.json`; figure: `{STEM}.png`.",
@@ -412,7 +430,8 @@ def write(out: Path, main_runs, abl_runs, results, scores, eval_seconds, timing,
     out.mkdir(parents=True, exist_ok=True)
     res = {n: results[n] for n in have}
     ex.write_report(out, STEM, data=data, budget=budget, results=res, scores=have, header=header,
-                    extra={"seeds": seeds, "ablation_seeds": ablation_seeds, "fewshot_seeds": fewshot_seeds,
+                    extra={"seeds": seeds, "ablation_seeds": ablation_seeds,
+                           "ablation_budget": dataclasses.asdict(abl_budget), "fewshot_seeds": fewshot_seeds,
                            "complete": complete, "wall_minutes_of_this_call": seconds / 60,
                            "train_minutes": train_s / 60, "eval_minutes": eval_s / 60, "finished": finish_times,
                            "fewshot_timing": {k: v for k, v in timing.items() if k != "settings"},
@@ -431,12 +450,13 @@ def write(out: Path, main_runs, abl_runs, results, scores, eval_seconds, timing,
         spread = ", ".join(f"{label} {100 * decl_spread[k]['std']:.1f}" for k, label in HEADLINE
                            if k in decl_spread and decl_spread[k]["n"] > 1)
         parts += [
-            f"## DeCL ablation (%, training seed(s) {ablation_seeds}; best in bold)",
-            (f"Seed-to-seed spread of the default decl in the main comparison (sample std, points): {spread}; "
-             "an ablation difference smaller than that is within the seed noise." if spread else ""),
+            f"## DeCL ablation (%, {abl_budget.epochs} epochs, training seed(s) {ablation_seeds}; best in bold)",
+            (f"Seed-to-seed spread of the default decl in the main comparison ({budget.epochs} epochs; sample "
+             f"std, points): {spread}; an ablation difference smaller than that is within the seed noise."
+             if spread else ""),
             ex.comparison_table(abl_have, rows, chance) if len(abl_have) > 1 else "(no ablation run finished yet)",
             "### Paired against the default decl (percentage points, same seed)",
-            paired_table(paired_abl, f"{DECL} (default)") if paired_abl else "(no ablation run finished yet)",
+            paired_table(paired_abl, ABL_REF) if paired_abl else "(no ablation run finished yet)",
         ]
     parts.append(f"![training curves, validation R@1 and held-out scores]({STEM}.png)")
     (out / f"{STEM}.md").write_text("# " + "\n\n".join(p for p in parts if p) + "\n")
