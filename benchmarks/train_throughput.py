@@ -49,6 +49,7 @@ import math
 import os
 import re
 import shlex
+import shutil
 import statistics
 import subprocess
 import sys
@@ -253,12 +254,13 @@ def summarize(rounds: Sequence[Dict[str, Sequence[float]]], baseline: str = BASE
 # ------------------------------------------------------------------------------------------
 # Children
 # ------------------------------------------------------------------------------------------
-def child_command(objective: Objective, data: dict, setup: Setup, python: str = sys.executable) -> List[str]:
+def child_command(objective: Objective, data: dict, setup: Setup, logs: os.PathLike,
+                  python: str = sys.executable) -> List[str]:
     """``python -m clip_dcl.train -- ...`` of one timed child: one epoch of ``setup.train_steps`` steps.
 
-    No validation, zero-shot, checkpoint or log folder (``--logs none``): the child does nothing
-    but train, and the timing comes from its stdout. ``--dataset-resampled`` lets the epoch hold
-    exactly the steps asked for, whatever the shard sizes and the number of loader workers.
+    No validation or zero-shot evaluation: the child does nothing but train (OpenCLIP still writes
+    the final checkpoint under ``logs``, after the timed steps). ``--dataset-resampled`` lets the
+    epoch hold exactly the steps asked for, whatever the shard sizes and the loader workers.
     """
     return [
         python, "-m", "clip_dcl.train", "--",
@@ -268,7 +270,7 @@ def child_command(objective: Objective, data: dict, setup: Setup, python: str = 
         "--batch-size", str(setup.batch_size), "--epochs", "1",
         "--lr", "1e-3", "--wd", "0.1", "--warmup", "2", "--seed", str(setup.seed),
         "--workers", str(setup.workers), "--precision", setup.precision, "--device", setup.device,
-        "--logs", "none", "--name", objective.slug, "--log-every-n-steps", "1",
+        "--logs", str(logs), "--name", objective.slug, "--log-every-n-steps", "1",
         "--save-frequency", "0", "--zeroshot-frequency", "0", "--val-frequency", "0", "--report-to", "",
         *objective.flags,
     ]
@@ -276,6 +278,7 @@ def child_command(objective: Objective, data: dict, setup: Setup, python: str = 
 
 def run_child(cmd: Sequence[str], setup: Setup, log_path: Path) -> dict:
     """Run one child; keep its output in ``log_path``; return wall seconds, load average and step times."""
+    log_path.parent.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     if setup.device == "cpu":
         env["CUDA_VISIBLE_DEVICES"] = ""
@@ -285,7 +288,6 @@ def run_child(cmd: Sequence[str], setup: Setup, log_path: Path) -> dict:
     start = time.perf_counter()
     proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
     seconds = time.perf_counter() - start
-    log_path.parent.mkdir(parents=True, exist_ok=True)
     log_path.write_text(proc.stdout)
     if proc.returncode != 0:
         tail = "\n".join(proc.stdout.splitlines()[-40:])
@@ -301,8 +303,11 @@ def measure(objs: Sequence[Objective], data: dict, setup: Setup, rounds: int, wo
     records = []
     for r in range(rounds):
         for obj in round_order(objs, r):
-            cmd = child_command(obj, data, setup)
+            logs = work / "runs" / f"round{r}"
+            shutil.rmtree(logs / obj.slug, ignore_errors=True)  # OpenCLIP refuses an existing experiment
+            cmd = child_command(obj, data, setup, logs)
             res = run_child(cmd, setup, work / "logs" / f"round{r}" / f"{obj.slug}.txt")
+            shutil.rmtree(logs / obj.slug / "checkpoints", ignore_errors=True)  # only the timing is kept
             rates = steady_rates([StepTime(**s) for s in res["steps"]], setup.warmup_steps)
             echo(f"  round {r + 1}/{rounds}  {obj.name:<16} median {statistics.median(rates):8.1f} samples/s "
                  f"over {len(rates)} steps  (child {res['wall_seconds']:.0f} s, load {res['load_before'][0]:.2f})")

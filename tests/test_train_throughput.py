@@ -103,14 +103,14 @@ def test_child_commands_pass_the_training_parser(tiny_data):
 
     setup = tt.Setup(batch_size=16, warmup_steps=2, steps=3)
     for obj in tt.objectives(float(tiny_data["tau_plus"])):
-        cmd = tt.child_command(obj, tiny_data, setup)
+        cmd = tt.child_command(obj, tiny_data, setup, "/tmp/logs")
         assert cmd[1:4] == ["-m", "clip_dcl.train", "--"]
         config = parse_train_args(cmd[4:])
         assert config.loss == obj.flags[1]
         argv = config.openclip_argv
         assert argv[argv.index("--train-num-samples") + 1] == str(16 * 5)
         assert argv[argv.index("--log-every-n-steps") + 1] == "1"
-    rate = {o.name: parse_train_args(tt.child_command(o, tiny_data, setup)[4:]).loss_kwargs.get("rate")
+    rate = {o.name: parse_train_args(tt.child_command(o, tiny_data, setup, "logs")[4:]).loss_kwargs.get("rate")
             for o in tt.objectives(0.1)}
     assert rate["decl rate=queue"] == "queue" and rate["decl rate=batch"] == "batch"
 
