@@ -127,8 +127,15 @@ class Setup:
                 raise ValueError(f"{name}={getattr(self, name)!r} must be >= 0")
 
     @property
+    def tail_steps(self) -> int:
+        """Last steps of a child that are not timed: their batches were decoded before the loader
+        workers stopped (``DataLoader``'s ``prefetch_factor`` 2 per worker), so these steps run
+        without the workers competing for the cores, faster than any steady step."""
+        return 2 * self.workers
+
+    @property
     def train_steps(self) -> int:
-        return self.warmup_steps + self.steps
+        return self.warmup_steps + self.steps + self.tail_steps
 
 
 CPU_SETUP = Setup()
@@ -175,22 +182,25 @@ def parse_step_times(text: str) -> List[StepTime]:
     return out
 
 
-def steady_rates(steps: Sequence[StepTime], warmup_steps: int) -> List[float]:
-    """Samples/s of every step after the first ``warmup_steps`` lines; every line must be one step.
+def steady_rates(steps: Sequence[StepTime], warmup_steps: int, tail_steps: int = 0) -> List[float]:
+    """Samples/s of the steps between the first ``warmup_steps`` and the last ``tail_steps`` lines.
+
+    Every line must stand for one step.
 
     Raises ``ValueError`` when the log's step counter shows that lines stand for several steps
     (``--log-every-n-steps`` above 1), or when no step is left after the warm-up.
     """
-    if warmup_steps < 0:
-        raise ValueError(f"warmup_steps={warmup_steps!r} must be >= 0")
+    if warmup_steps < 0 or tail_steps < 0:
+        raise ValueError(f"warmup_steps={warmup_steps!r} and tail_steps={tail_steps!r} must be >= 0")
     done = [s.samples_done for s in steps if s.epoch == steps[0].epoch] if steps else []
     increments = {b - a for a, b in zip(done, done[1:])}
     if len(increments) > 1 or (done and increments and done[0] != next(iter(increments))):
         raise ValueError(f"training lines are not one per step (samples done: {done[:6]}...); "
                          "run with --log-every-n-steps 1")
-    kept = [s.samples_per_second for s in steps[warmup_steps:]]
+    kept = [s.samples_per_second for s in steps[warmup_steps:len(steps) - tail_steps]]
     if not kept:
-        raise ValueError(f"{len(steps)} training step(s) logged, none left after {warmup_steps} warm-up step(s)")
+        raise ValueError(f"{len(steps)} training step(s) logged, none left after {warmup_steps} warm-up and "
+                         f"{tail_steps} tail step(s)")
     return kept
 
 
@@ -308,7 +318,7 @@ def measure(objs: Sequence[Objective], data: dict, setup: Setup, rounds: int, wo
             cmd = child_command(obj, data, setup, logs)
             res = run_child(cmd, setup, work / "logs" / f"round{r}" / f"{obj.slug}.txt")
             shutil.rmtree(logs / obj.slug / "checkpoints", ignore_errors=True)  # only the timing is kept
-            rates = steady_rates([StepTime(**s) for s in res["steps"]], setup.warmup_steps)
+            rates = steady_rates([StepTime(**s) for s in res["steps"]], setup.warmup_steps, setup.tail_steps)
             echo(f"  round {r + 1}/{rounds}  {obj.name:<16} median {statistics.median(rates):8.1f} samples/s "
                  f"over {len(rates)} steps  (child {res['wall_seconds']:.0f} s, load {res['load_before'][0]:.2f})")
             records.append({"round": r, "objective": obj.name, "flags": list(obj.flags), "command": cmd,
@@ -391,7 +401,7 @@ def write_report(out_dir: Path, records: List[dict], objs: Sequence[Objective], 
              f"{rounds} rounds")
     png = plot(records, summary, objs, out_dir / f"{STEM}.png", title)
     data_time = {name: statistics.median(s["data_seconds"] for rec in records if rec["objective"] == name
-                                         for s in rec["steps"][setup.warmup_steps:])
+                                         for s in rec["steps"][setup.warmup_steps:len(rec["steps"]) - setup.tail_steps])
                  for name in summary}
     wall = {name: statistics.median(rec["wall_seconds"] for rec in records if rec["objective"] == name)
             for name in summary}
@@ -405,9 +415,10 @@ def write_report(out_dir: Path, records: List[dict], objs: Sequence[Objective], 
         f"- setup: `python -m clip_dcl.train` children, model `{setup.model}` ({setup.image_size} px synthetic "
         f"shards), `--precision {setup.precision} --device {setup.device}`, batch {setup.batch_size}, "
         f"{setup.workers} loader worker(s), seed {setup.seed}, torch threads per child: "
-        f"{setup.threads or 'torch default'}; each child trains {setup.train_steps} steps, the first "
-        f"{setup.warmup_steps} are dropped, {setup.steps} are timed (OpenCLIP's per-step `Batch (t)` with "
-        f"`--log-every-n-steps 1`, data wait included)",
+        f"{setup.threads or 'torch default'}; each child trains {setup.train_steps} steps: the first "
+        f"{setup.warmup_steps} (warm-up) and the last {setup.tail_steps} (already prefetched when the loader "
+        f"stops, so they run without it) are dropped, {setup.steps} are timed (OpenCLIP's per-step "
+        f"`Batch (t)` with `--log-every-n-steps 1`, data wait included)",
         f"- {rounds} rounds x {len(objs)} objectives, interleaved, order rotated by one each round; ratios are "
         f"taken within a round; raw per-step numbers and commands: `{STEM}.json`",
         f"- goal: >= {GOAL}x the samples/s of `--loss clip`",
@@ -433,6 +444,35 @@ def write_report(out_dir: Path, records: List[dict], objs: Sequence[Objective], 
     return {"markdown": md, "json": js, "png": png, "summary": summary}
 
 
+def notes(records: Sequence[dict], setup: Setup, about: dict) -> str:
+    """How to read the table: the baseline's own spread over rounds (the noise floor), load, the GPU path."""
+    base = [statistics.median(r["steady_samples_per_second"]) for r in records if r["objective"] == BASELINE]
+    spread = (max(base) - min(base)) / statistics.median(base) if base else math.nan
+    loads = [r["load_before"][0] for r in records]
+    lines = [
+        "## Reading it",
+        "",
+        f"- Noise floor: `clip` itself moved by {100 * spread:.1f} % (max - min over its round medians) from "
+        "round to round; a ratio within about that distance of 1.0 is no measurable difference.",
+        f"- Load: 1-minute load average {min(loads):.2f} - {max(loads):.2f} when the children started. "
+        + ("The benchmark held the clip-dcl training lock, so no other training started through "
+           "`clip_dcl.experiment` ran beside it, but other work on the machine (evaluations of other "
+           "benchmarks) was not stopped. " if about.get("locked") else
+           "Run with `--no-lock`: other trainings may have run beside it. ")
+        + "Ratios from interleaved rounds are robust to steady load and noisy under bursty load; the "
+        "upper-quartile column is less moved by bursts.",
+    ]
+    if setup.device == "cpu":
+        lines += [
+            f"- {setup.model} at {setup.image_size} px is small: the step is dominated by the encoders and the "
+            "JPEG decoding of the loader worker (which shares the cores), and the loss is a few milliseconds "
+            "of it at this batch (see `loss_speed.md` for the loss alone).",
+            "- GPU: not run here (no GPU on this machine). `--device cuda` times OpenCLIP's ViT-B-32 at 224 px "
+            "with `--precision amp_bf16`, batch 256, 8 loader workers, on synthetic shards drawn at 224 px.",
+        ]
+    return "\n".join(lines)
+
+
 def fmt_load(load: Sequence[float]) -> str:
     return "/".join(f"{x:.2f}" for x in load)
 
@@ -447,7 +487,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="smoke run: batch 32, 2 warm-up + 6 timed steps, 1 round; report under --work")
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
                    help="cpu: clip-dcl-tiny fp32; cuda: ViT-B-32 at 224 px, amp_bf16 (needs a GPU)")
-    p.add_argument("--rounds", type=int, default=None, help="rounds (default: 3, 1 with --quick)")
+    p.add_argument("--rounds", type=int, default=None, help="rounds (default: 5, 1 with --quick)")
     p.add_argument("--batch-size", type=int, default=None, help="per-step batch (default: 128 cpu, 256 cuda)")
     p.add_argument("--steps", type=int, default=None, help="timed steps per child (default: 20 cpu, 40 cuda)")
     p.add_argument("--warmup-steps", type=int, default=None, help="steps dropped per child (default: 5 cpu, 10 cuda)")
@@ -479,7 +519,7 @@ def make_setup(args) -> Setup:
 def main(argv: Optional[List[str]] = None) -> int:
     args = build_parser().parse_args(argv)
     setup = make_setup(args)
-    rounds = args.rounds if args.rounds is not None else (1 if args.quick else 3)
+    rounds = args.rounds if args.rounds is not None else (1 if args.quick else 5)
     if rounds < 1:
         raise SystemExit(f"--rounds must be >= 1, got {rounds}")
     import torch
@@ -508,7 +548,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     command = shlex.join([f"{Path(sys.executable).parent.parent.name}/bin/python",
                           os.path.relpath(__file__), *(sys.argv[1:] if argv is None else argv)])
     print(f"{len(objs)} objectives x {rounds} rounds, {setup.train_steps} steps each "
-          f"({setup.warmup_steps} warm-up) at batch {setup.batch_size} on {setup.device}", flush=True)
+          f"({setup.warmup_steps} warm-up, {setup.tail_steps} tail) at batch {setup.batch_size} on {setup.device}", flush=True)
     lock = contextlib.nullcontext() if args.no_lock else ex.machine_lock(lambda m: print(m, flush=True))
     with lock:
         load_before = os.getloadavg()
@@ -523,7 +563,9 @@ def main(argv: Optional[List[str]] = None) -> int:
         "load_before": list(load_before),
         "load_after": list(load_after),
         "measure_seconds": time.perf_counter() - start,
+        "locked": not args.no_lock,
     }
+    about["notes"] = notes(records, setup, about)
     report = write_report(out_dir, records, objs, setup, rounds, data, about)
     print(table(report["summary"], objs))
     print(f"wrote {report['markdown']}, {report['json'].name}, {report['png'].name}")

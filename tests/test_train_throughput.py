@@ -53,6 +53,12 @@ def test_steady_rates_drops_warmup_and_rejects_multi_step_lines():
         tt.steady_rates(every_5, 0)
     with pytest.raises(ValueError, match="none left"):
         tt.steady_rates(steps, warmup_steps=10)
+    np.testing.assert_allclose(tt.steady_rates(steps, 3, tail_steps=2), rates[:-2])
+    with pytest.raises(ValueError, match="none left"):
+        tt.steady_rates(steps, warmup_steps=5, tail_steps=5)
+    # the tail is what the loader workers prefetched: two batches each
+    setup = tt.Setup(warmup_steps=5, steps=20, workers=3)
+    assert setup.tail_steps == 6 and setup.train_steps == 31
 
 
 def test_summarize_matches_a_direct_computation():
@@ -108,7 +114,7 @@ def test_child_commands_pass_the_training_parser(tiny_data):
         config = parse_train_args(cmd[4:])
         assert config.loss == obj.flags[1]
         argv = config.openclip_argv
-        assert argv[argv.index("--train-num-samples") + 1] == str(16 * 5)
+        assert argv[argv.index("--train-num-samples") + 1] == str(16 * (2 + 3 + 2))  # warm-up, timed, tail
         assert argv[argv.index("--log-every-n-steps") + 1] == "1"
     rate = {o.name: parse_train_args(tt.child_command(o, tiny_data, setup, "logs")[4:]).loss_kwargs.get("rate")
             for o in tt.objectives(0.1)}
