@@ -9,9 +9,10 @@ and ``--loss decl`` with each rate estimator (``--decl-rate index``, ``queue``, 
 Step times come from OpenCLIP itself: with ``--log-every-n-steps 1`` every step's training line
 holds ``Batch (t): <seconds>, <samples/s>/s, ...``, the wall time from the end of the previous
 step to the end of this one (so the wait for the data loader is included), over one step
-(:func:`parse_step_times`). Start-up (imports, model, data pipeline) never enters, and the first
+(:func:`parse_step_times`). Start-up (imports, model, data pipeline) never enters; the first
 ``--warmup-steps`` of every child are dropped (the shuffle buffer filling, allocator and thread
-pool warm-up, on CUDA kernel selection). Per child the median samples/s over the remaining steps
+pool warm-up, on CUDA kernel selection), and so are the last two per loader worker
+(:attr:`Setup.tail_steps`: prefetched batches, trained after the workers stop). Per child the median samples/s over the remaining steps
 is robust to a burst of load from elsewhere; the throughput over all of them (samples over summed
 time) is recorded beside it.
 
