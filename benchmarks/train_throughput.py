@@ -523,6 +523,10 @@ def main(argv: Optional[List[str]] = None) -> int:
     rounds = args.rounds if args.rounds is not None else (1 if args.quick else 5)
     if rounds < 1:
         raise SystemExit(f"--rounds must be >= 1, got {rounds}")
+    known = {o.name for o in objectives(0.0)}
+    bad = [n for n in args.only or () if n not in known]
+    if bad:
+        raise SystemExit(f"--only: unknown objective(s) {bad}; known: {sorted(known)}")
     import torch
 
     if setup.device == "cuda" and not torch.cuda.is_available():
@@ -540,10 +544,6 @@ def main(argv: Optional[List[str]] = None) -> int:
                     train_samples=samples, shard_size=math.ceil(samples / max(4, setup.workers)), num_classes=10)
     objs = objectives(float(data["tau_plus"]))
     if args.only:
-        known = {o.name for o in objs}
-        bad = [n for n in args.only if n not in known]
-        if bad:
-            raise SystemExit(f"--only: unknown objective(s) {bad}; known: {sorted(known)}")
         objs = [o for o in objs if o.name == BASELINE or o.name in args.only]
 
     command = shlex.join([f"{Path(sys.executable).parent.parent.name}/bin/python",
