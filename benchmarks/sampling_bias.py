@@ -206,16 +206,26 @@ def machine() -> str:
             f"open_clip {open_clip.__version__}")
 
 
+#: Bumped when the evaluators change what they report: cached trainings are then evaluated again.
+#: 2: the few-shot probe no longer scores diverged heads (clip_dcl.eval.fewshot, step 6).
+EVALUATOR = 2
+
+
 def _load_done(path: Path, run: ex.Run, settings: dict):
-    """A finished (run, seed) from an earlier call with the same settings, or None."""
+    """A finished (run, seed) from an earlier call with the same settings, or None.
+
+    The metrics are None when they came from an older evaluator (:data:`EVALUATOR`).
+    """
     if not path.is_file():
         return None
     doc = json.loads(path.read_text())
-    if doc.get("settings") != settings or not Path(doc["checkpoint"]).is_file():
+    # compared as JSON stores them (tuples come back as lists)
+    if doc.get("settings") != json.loads(json.dumps(settings)) or not Path(doc["checkpoint"]).is_file():
         return None
     res = ex.TrainResult(run, Path(doc["checkpoint"]), Path(doc["log_dir"]), doc["seconds"], doc["command"],
                          doc["curves"], doc["val"])
-    return res, doc["metrics"], doc.get("eval_seconds", float("nan"))
+    metrics = doc["metrics"] if doc.get("evaluator") == EVALUATOR else None
+    return res, metrics, doc.get("eval_seconds", float("nan"))
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -306,14 +316,19 @@ def main(argv: Optional[List[str]] = None) -> int:
             done += 1
             cache = work / "scores" / f"{run.slug}-seed{seed}.json"
             prior = _load_done(cache, run, settings)
-            if prior is not None:
+            if prior is not None and prior[1] is not None:
                 res, metrics, secs = prior
                 print(f"[sampling_bias] {done}/{total} {run.name} seed {seed}: reused {cache}", flush=True)
             else:
-                print(f"[sampling_bias] {done}/{total} training {run.name} ({' '.join(run.flags)}), seed {seed}, "
-                      f"{budget.epochs} epoch(s) of {data['train']['num_samples']} pairs", flush=True)
-                res = ex.train(run, data, work / "runs" / f"seed{seed}", seed_budget, entry=entry.get(run.name),
-                               env=thread_env)
+                if prior is not None:
+                    res = prior[0]
+                    print(f"[sampling_bias] {done}/{total} {run.name} seed {seed}: evaluating the trained "
+                          f"{res.checkpoint} again (evaluator {EVALUATOR})", flush=True)
+                else:
+                    print(f"[sampling_bias] {done}/{total} training {run.name} ({' '.join(run.flags)}), seed {seed}, "
+                          f"{budget.epochs} epoch(s) of {data['train']['num_samples']} pairs", flush=True)
+                    res = ex.train(run, data, work / "runs" / f"seed{seed}", seed_budget, entry=entry.get(run.name),
+                                   env=thread_env)
                 t0 = time.perf_counter()
                 metrics = ex.evaluate(res.checkpoint, data, fewshot_seeds=fewshot_seeds)
                 secs = time.perf_counter() - t0
@@ -321,7 +336,7 @@ def main(argv: Optional[List[str]] = None) -> int:
                 cache.write_text(json.dumps({
                     "settings": settings, "checkpoint": str(res.checkpoint), "log_dir": str(res.log_dir),
                     "seconds": res.seconds, "command": res.command, "curves": res.curves, "val": res.val,
-                    "metrics": metrics, "eval_seconds": secs}, default=str) + "\n")
+                    "metrics": metrics, "eval_seconds": secs, "evaluator": EVALUATOR}, default=str) + "\n")
                 print(f"[sampling_bias]     trained {res.seconds:.0f} s, evaluated {secs:.0f} s: " + ", ".join(
                     f"{label} {100 * metrics[key]:.1f}" for key, label in HEADLINE), flush=True)
             results[run.name].append(res)

@@ -184,12 +184,13 @@ def train(run: Run, data: dict, logs: os.PathLike, budget: Budget, *, echo: Call
     budget.validate()
     logs = Path(logs)
     log_dir = logs / run.slug
-    if log_dir.exists():
-        shutil.rmtree(log_dir)
-    logs.mkdir(parents=True, exist_ok=True)
     cmd = train_command(run, data, logs, budget, entry)
     child_env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "PYTHONUNBUFFERED": "1", **(env or {})}
     with machine_lock(echo):
+        # Only once it is this run's turn: a run stopped while waiting leaves the earlier one intact.
+        if log_dir.exists():
+            shutil.rmtree(log_dir)
+        logs.mkdir(parents=True, exist_ok=True)
         start = time.perf_counter()
         code, lines = _stream(cmd, child_env, run, budget, echo, start)
     seconds = time.perf_counter() - start
