@@ -425,6 +425,10 @@ def write(out: Path, main_runs, abl_runs, results, scores, eval_seconds, timing,
         + "With the default lambda 1, "
         "`schedule=harmonic` is lambda_t = 1/t: DeCL's decomposed loss at the first steps, then almost pure "
         "InfoNCE.",
+        "- Sizing: the main comparison runs at the demo's own budget, not a larger one: at about 200 s a "
+        "training alone on this 2-core CPU, nine trainings already take half an hour; the ablation is sized "
+        "down to one seed (and, with --ablation-epochs, fewer epochs) to fit. Read one-seed ablation "
+        "differences against the decl seed spread given with its table.",
         f"- Raw numbers per seed, commands, curves: `{STEM}.json`; figure: `{STEM}.png`.",
     ])
     out.mkdir(parents=True, exist_ok=True)
