@@ -191,21 +191,6 @@ def chance_with_mean_r1(data: dict) -> Dict[str, float]:
 # ------------------------------------------------------------------------------------------
 # Driver
 # ------------------------------------------------------------------------------------------
-def _load_done(path: Path, run: ex.Run, settings: dict):
-    """A finished (run, seed) from an earlier call with the same settings and flags, or None."""
-    if not path.is_file():
-        return None
-    doc = json.loads(path.read_text())
-    if (doc.get("settings") != settings or doc.get("flags") != list(run.flags)
-            or not Path(doc["checkpoint"]).is_file()):
-        return None
-    res = ex.TrainResult(run, Path(doc["checkpoint"]), Path(doc["log_dir"]), doc["seconds"], doc["command"],
-                         doc["curves"], doc["val"])
-    # Cache files of older versions hold no finish time: the file's own time is when it was written.
-    finished = doc.get("finished") or f"{datetime.fromtimestamp(path.stat().st_mtime, timezone.utc):%Y-%m-%d %H:%M}"
-    return res, doc["metrics"], doc["eval_seconds"], finished
-
-
 def time_fewshot(checkpoint: Path, data: dict, fewshot_seeds: Sequence[int]) -> float:
     """Seconds of the few-shot part of :func:`clip_dcl.experiment.evaluate` alone (same arguments)."""
     from clip_dcl.checkpoint import load_checkpoint
@@ -249,7 +234,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Optional[List[str]] = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(argv)
-    from clip_dcl.data.synth import MAX_CLASSES, generate
+    from clip_dcl.data.synth import MAX_CLASSES
 
     if not 2 <= args.num_classes <= MAX_CLASSES:
         raise SystemExit(f"--num-classes must be in [2, {MAX_CLASSES}], got {args.num_classes}")
@@ -291,10 +276,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     overrides = dict(num_classes=args.num_classes)
     if args.train_samples is not None:
         overrides["train_samples"] = args.train_samples
-    try:
-        data = generate(work / "data", quick=args.quick, reuse=True, **overrides)
-    except FileExistsError:
-        data = generate(work / "data", quick=args.quick, overwrite=True, **overrides)
+    data = ex.synth_data(work / "data", quick=args.quick, **overrides)
     main_runs = ex.default_runs(data["tau_plus"])
     decl = next(r for r in main_runs if r.name == DECL)
     try:
@@ -325,24 +307,12 @@ def main(argv: Optional[List[str]] = None) -> int:
         timing = timing if timing.get("settings") == settings else {}
     for done, (run, seed, job_budget) in enumerate(jobs, 1):
         cache = work / "scores" / f"{run.slug}-seed{seed}.json"
-        prior = _load_done(cache, run, settings_of(job_budget))
-        if prior is not None:
-            res, metrics, secs, finished = prior
-            print(f"[quality] {done}/{len(jobs)} {run.name} seed {seed}: reused {cache}", flush=True)
-        else:
-            print(f"[quality] {done}/{len(jobs)} training {run.name} ({' '.join(run.flags)}), seed {seed}, "
-                  f"{job_budget.epochs} epoch(s) of {data['train']['num_samples']} pairs", flush=True)
-            res = ex.train(run, data, work / "runs" / f"seed{seed}", dataclasses.replace(job_budget, seed=seed))
-            t0 = time.perf_counter()
-            metrics = ex.evaluate(res.checkpoint, data, fewshot_seeds=fewshot_seeds)
-            secs = time.perf_counter() - t0
-            finished = f"{datetime.now(timezone.utc):%Y-%m-%d %H:%M}"
-            cache.parent.mkdir(parents=True, exist_ok=True)
-            cache.write_text(json.dumps({
-                "settings": settings_of(job_budget), "flags": list(run.flags), "checkpoint": str(res.checkpoint),
-                "log_dir": str(res.log_dir), "seconds": res.seconds, "command": res.command, "curves": res.curves,
-                "val": res.val, "metrics": metrics, "eval_seconds": secs,
-                "finished": finished}, default=str) + "\n")
+        print(f"[quality] {done}/{len(jobs)} {run.name} ({' '.join(run.flags)}), seed {seed}, "
+              f"{job_budget.epochs} epoch(s) of {data['train']['num_samples']} pairs", flush=True)
+        out = ex.train_and_evaluate(run, data, work / "runs" / f"seed{seed}", dataclasses.replace(job_budget, seed=seed),
+                                    cache, fewshot_seeds=fewshot_seeds)
+        res, metrics, secs, finished = out.result, out.metrics, out.eval_seconds, out.finished
+        if out.source != "reused":
             if not timing:
                 # The few-shot probe's share of an evaluation, measured once on this checkpoint.
                 timing = {"checkpoint": str(res.checkpoint), "evaluate_seconds": secs,

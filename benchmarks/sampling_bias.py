@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import math
 import os
 import platform
@@ -206,28 +205,6 @@ def machine() -> str:
             f"open_clip {open_clip.__version__}")
 
 
-#: Bumped when the evaluators change what they report: cached trainings are then evaluated again.
-#: 2: the few-shot probe no longer scores diverged heads (clip_dcl.eval.fewshot, step 6).
-EVALUATOR = 2
-
-
-def _load_done(path: Path, run: ex.Run, settings: dict):
-    """A finished (run, seed) from an earlier call with the same settings, or None.
-
-    The metrics are None when they came from an older evaluator (:data:`EVALUATOR`).
-    """
-    if not path.is_file():
-        return None
-    doc = json.loads(path.read_text())
-    # compared as JSON stores them (tuples come back as lists)
-    if doc.get("settings") != json.loads(json.dumps(settings)) or not Path(doc["checkpoint"]).is_file():
-        return None
-    res = ex.TrainResult(run, Path(doc["checkpoint"]), Path(doc["log_dir"]), doc["seconds"], doc["command"],
-                         doc["curves"], doc["val"])
-    metrics = doc["metrics"] if doc.get("evaluator") == EVALUATOR else None
-    return res, metrics, doc.get("eval_seconds", float("nan"))
-
-
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="benchmarks/sampling_bias.py", allow_abbrev=False,
                                 description=__doc__.split("\n\n")[0],
@@ -256,7 +233,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Optional[List[str]] = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(argv)
-    from clip_dcl.data.synth import MAX_CLASSES, generate
+    from clip_dcl.data.synth import MAX_CLASSES
 
     if not 2 <= args.num_classes <= MAX_CLASSES:
         raise SystemExit(f"--num-classes must be in [2, {MAX_CLASSES}], got {args.num_classes}")
@@ -297,11 +274,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     overrides = dict(num_classes=args.num_classes)
     if not args.quick or args.train_samples != 6000:
         overrides["train_samples"] = args.train_samples
-    try:
-        data = generate(work / "data", quick=args.quick, reuse=True, **overrides)
-    except FileExistsError:
-        data = generate(work / "data", quick=args.quick, overwrite=True, **overrides)
-    settings = {"budget": dataclasses.asdict(budget), "data": data["config"], "fewshot_seeds": fewshot_seeds}
+    data = ex.synth_data(work / "data", quick=args.quick, **overrides)
 
     entry = {ORACLE: [sys.executable, str(HERE / "train_oracle.py")]}
     results: Dict[str, List[ex.TrainResult]] = {r.name: [] for r in runs}
@@ -315,30 +288,13 @@ def main(argv: Optional[List[str]] = None) -> int:
         for run in runs:
             done += 1
             cache = work / "scores" / f"{run.slug}-seed{seed}.json"
-            prior = _load_done(cache, run, settings)
-            if prior is not None and prior[1] is not None:
-                res, metrics, secs = prior
-                print(f"[sampling_bias] {done}/{total} {run.name} seed {seed}: reused {cache}", flush=True)
-            else:
-                if prior is not None:
-                    res = prior[0]
-                    print(f"[sampling_bias] {done}/{total} {run.name} seed {seed}: evaluating the trained "
-                          f"{res.checkpoint} again (evaluator {EVALUATOR})", flush=True)
-                else:
-                    print(f"[sampling_bias] {done}/{total} training {run.name} ({' '.join(run.flags)}), seed {seed}, "
-                          f"{budget.epochs} epoch(s) of {data['train']['num_samples']} pairs", flush=True)
-                    res = ex.train(run, data, work / "runs" / f"seed{seed}", seed_budget, entry=entry.get(run.name),
-                                   env=thread_env)
-                t0 = time.perf_counter()
-                metrics = ex.evaluate(res.checkpoint, data, fewshot_seeds=fewshot_seeds)
-                secs = time.perf_counter() - t0
-                cache.parent.mkdir(parents=True, exist_ok=True)
-                cache.write_text(json.dumps({
-                    "settings": settings, "checkpoint": str(res.checkpoint), "log_dir": str(res.log_dir),
-                    "seconds": res.seconds, "command": res.command, "curves": res.curves, "val": res.val,
-                    "metrics": metrics, "eval_seconds": secs, "evaluator": EVALUATOR}, default=str) + "\n")
-                print(f"[sampling_bias]     trained {res.seconds:.0f} s, evaluated {secs:.0f} s: " + ", ".join(
-                    f"{label} {100 * metrics[key]:.1f}" for key, label in HEADLINE), flush=True)
+            print(f"[sampling_bias] {done}/{total} {run.name} ({' '.join(run.flags)}), seed {seed}, "
+                  f"{budget.epochs} epoch(s) of {data['train']['num_samples']} pairs", flush=True)
+            out = ex.train_and_evaluate(run, data, work / "runs" / f"seed{seed}", seed_budget, cache,
+                                        fewshot_seeds=fewshot_seeds, entry=entry.get(run.name), env=thread_env)
+            res, metrics, secs = out.result, out.metrics, out.eval_seconds
+            print(f"[sampling_bias]     {out.source} (trained {res.seconds:.0f} s, evaluated {secs:.0f} s): "
+                  + ", ".join(f"{label} {100 * metrics[key]:.1f}" for key, label in HEADLINE), flush=True)
             results[run.name].append(res)
             scores[run.name].append({**metrics, "seed": seed})
             eval_seconds[run.name].append(secs)

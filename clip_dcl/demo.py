@@ -54,7 +54,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         if value is not None and value < 1:
             print(f"clip-dcl demo: --{name.replace('_', '-')} must be >= 1, got {value}", file=sys.stderr)
             return 2
-    from .data.synth import MAX_CLASSES, generate
+    from .data.synth import MAX_CLASSES
 
     if not 2 <= args.num_classes <= MAX_CLASSES:
         print(f"clip-dcl demo: --num-classes must be in [2, {MAX_CLASSES}], got {args.num_classes}", file=sys.stderr)
@@ -67,11 +67,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     start = time.perf_counter()
 
     print(f"[demo] 1/4 synthetic data -> {out / 'data'}", flush=True)
-    try:
-        data = generate(out / "data", quick=args.quick, reuse=True, num_classes=args.num_classes)
-    except FileExistsError:
-        # Written by an earlier demo with other settings: these are demo outputs, regenerate them.
-        data = generate(out / "data", quick=args.quick, overwrite=True, num_classes=args.num_classes)
+    data = ex.synth_data(out / "data", quick=args.quick, num_classes=args.num_classes)
     runs = [r for r in ex.default_runs(data["tau_plus"]) if r.name in args.losses]
 
     results, scores = {}, {}

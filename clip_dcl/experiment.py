@@ -257,6 +257,71 @@ def read_val(results_jsonl: os.PathLike) -> List[dict]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
+def synth_data(out_dir: os.PathLike, *, quick: bool = False, verbose: bool = True, **overrides) -> dict:
+    """The synthetic data set under ``out_dir``: reused when written with the same config, else
+    written afresh (``out_dir`` holds outputs of a comparison, nothing else)."""
+    from .data.synth import generate
+
+    try:
+        return generate(out_dir, quick=quick, reuse=True, verbose=verbose, **overrides)
+    except FileExistsError:
+        return generate(out_dir, quick=quick, overwrite=True, verbose=verbose, **overrides)
+
+
+#: Version of what :func:`evaluate` reports; bumped when an evaluator changes its numbers, so that
+#: cached runs (:func:`train_and_evaluate`) are evaluated again. 2: the few-shot probe ignores
+#: diverged heads.
+EVALUATOR = 2
+
+
+@dataclass
+class Outcome:
+    """A trained and evaluated run (:func:`train_and_evaluate`)."""
+
+    result: TrainResult
+    metrics: Dict[str, float]
+    eval_seconds: float
+    #: UTC time the evaluation finished, ``YYYY-MM-DD HH:MM``
+    finished: str
+    #: "trained", "evaluated" (cached training, evaluated again) or "reused"
+    source: str
+
+
+def train_and_evaluate(run: Run, data: dict, logs: os.PathLike, budget: Budget, cache: os.PathLike, *,
+                       fewshot_seeds: Sequence[int] = (0, 1, 2), entry: Optional[Sequence[str]] = None,
+                       env: Optional[dict] = None, echo: Callable[[str], None] = print) -> Outcome:
+    """:func:`train` then :func:`evaluate`, remembered in the JSON file ``cache``.
+
+    A later call with the same run flags, budget, data config and few-shot seeds reuses the
+    cached training, and its scores too unless :data:`EVALUATOR` changed since (then the
+    checkpoint is evaluated again), so that an interrupted benchmark resumes where it stopped.
+    """
+    cache = Path(cache)
+    # compared as JSON holds it (tuples come back as lists)
+    key = json.loads(json.dumps({"flags": list(run.flags), "budget": dataclasses.asdict(budget),
+                                 "data": data["config"], "fewshot_seeds": list(fewshot_seeds)}))
+    doc = json.loads(cache.read_text()) if cache.is_file() else {}
+    res = None
+    if doc.get("settings") == key and Path(doc.get("checkpoint", "")).is_file():
+        res = TrainResult(run, Path(doc["checkpoint"]), Path(doc["log_dir"]), doc["seconds"], doc["command"],
+                          doc["curves"], doc["val"])
+        if doc.get("evaluator") == EVALUATOR:
+            return Outcome(res, doc["metrics"], doc["eval_seconds"], doc["finished"], "reused")
+    source = "evaluated" if res is not None else "trained"
+    if res is None:
+        res = train(run, data, logs, budget, echo=echo, env=env, entry=entry)
+    t0 = time.perf_counter()
+    metrics = evaluate(res.checkpoint, data, fewshot_seeds=fewshot_seeds)
+    secs = time.perf_counter() - t0
+    finished = time.strftime("%Y-%m-%d %H:%M", time.gmtime())
+    cache.parent.mkdir(parents=True, exist_ok=True)
+    cache.write_text(json.dumps({
+        "settings": key, "evaluator": EVALUATOR, "checkpoint": str(res.checkpoint), "log_dir": str(res.log_dir),
+        "seconds": res.seconds, "command": res.command, "curves": res.curves, "val": res.val, "metrics": metrics,
+        "eval_seconds": secs, "finished": finished}, default=str) + "\n")
+    return Outcome(res, metrics, secs, finished, source)
+
+
 # ------------------------------------------------------------------------------------------
 # Evaluation
 # ------------------------------------------------------------------------------------------

@@ -144,3 +144,33 @@ def test_headline_rows_follow_the_data():
     assert rows[:6] == [f"retrieval/{d}_R@{k}" for d in ("image_to_text", "text_to_image") for k in (1, 5, 10)]
     assert "zeroshot/top5" in rows and "fewshot/a/linear_probe" in rows and "fewshot/b/linear_probe" in rows
     assert "zeroshot/top5" not in [k for k, _ in ex.headline_metrics(_data(classes=4))]
+
+
+def test_train_and_evaluate_resumes_from_its_cache(tmp_path, monkeypatch):
+    calls = []
+    ckpt = tmp_path / "epoch_1.pt"
+    ckpt.write_bytes(b"x")
+
+    def fake_train(run, data, logs, budget, **kw):
+        calls.append(("train", run.name, budget.seed))
+        return ex.TrainResult(run, ckpt, tmp_path, 1.5, ["cmd"], {"epoch": [1.0], "loss": [2.0]}, [])
+
+    def fake_evaluate(checkpoint, data, fewshot_seeds=(0,)):
+        calls.append(("evaluate", Path(checkpoint).name))
+        return {"zeroshot/top1": 0.5}
+
+    monkeypatch.setattr(ex, "train", fake_train)
+    monkeypatch.setattr(ex, "evaluate", fake_evaluate)
+    data = {"config": {"num_classes": 4}}
+    run, budget, cache = ex.Run("dcl", ("--loss", "dcl")), ex.Budget(epochs=1, extra=("--x",)), tmp_path / "c.json"
+    out = ex.train_and_evaluate(run, data, tmp_path, budget, cache, fewshot_seeds=(0,))
+    assert out.source == "trained" and out.metrics == {"zeroshot/top1": 0.5} and len(calls) == 2
+    again = ex.train_and_evaluate(run, data, tmp_path, budget, cache, fewshot_seeds=(0,))
+    assert again.source == "reused" and again.metrics == out.metrics and len(calls) == 2  # tuples survive JSON
+    monkeypatch.setattr(ex, "EVALUATOR", ex.EVALUATOR + 1)  # the evaluators changed: score the checkpoint again
+    assert ex.train_and_evaluate(run, data, tmp_path, budget, cache, fewshot_seeds=(0,)).source == "evaluated"
+    assert calls[-1] == ("evaluate", "epoch_1.pt") and len(calls) == 3
+    other = ex.Budget(epochs=1, extra=("--x",), seed=1)  # another seed is another run
+    assert ex.train_and_evaluate(run, data, tmp_path, other, cache, fewshot_seeds=(0,)).source == "trained"
+    ckpt.unlink()  # a cache whose checkpoint is gone trains again
+    assert ex.train_and_evaluate(run, data, tmp_path, other, cache, fewshot_seeds=(0,)).source == "trained"
