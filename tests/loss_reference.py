@@ -1,4 +1,4 @@
-"""Slow, obviously-correct float64 re-computations of the losses in losses.md.
+"""Slow, obviously-correct float64 re-computations of the losses (clip_dcl/losses docstrings).
 
 Plain loops over anchors with ``exp`` and sums exactly as the equations read: no log-space
 tricks, no masking, no gathering. Used by the unit tests and the distributed harness.

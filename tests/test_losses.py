@@ -1,4 +1,4 @@
-"""The losses against slow float64 re-computations (losses.md section 5), single process."""
+"""The losses against slow float64 re-computations, single process."""
 from __future__ import annotations
 
 import math

@@ -1,4 +1,4 @@
-"""Two gloo processes on CPU equal one process on the concatenated global batch (losses.md s. 5).
+"""Two gloo processes on CPU equal one process on the concatenated global batch.
 
 For every loss, with ``gather_with_grad`` on and ``local_loss`` on and off: the loss value and the
 DDP-averaged parameter gradients of each step equal those of one process; the loss buffers (DeCL

@@ -1,6 +1,6 @@
 """Machinery shared by the clip-dcl losses: gathered logits and per-anchor statistics.
 
-Every loss in losses.md reduces, per anchor ``i`` and per direction (image anchors against
+Every loss of this package reduces, per anchor ``i`` and per direction (image anchors against
 texts, text anchors against images), to two numbers:
 
 - ``pos_i = l_ii``, the logit of the positive pair, and

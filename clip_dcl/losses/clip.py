@@ -12,7 +12,7 @@ class InfoNCELoss(ClipLoss):
     """OpenCLIP's ``ClipLoss`` with clip-dcl's uniform call signature.
 
     ``L = (L_img + L_txt) / 2`` with ``L_img = mean_i[-l_ii + logsumexp_j l_ij]``
-    (losses.md section 1). Returns ``{"contrastive_loss": L}`` with ``output_dict=True``.
+    (the InfoNCE of CLIP, both directions). Returns ``{"contrastive_loss": L}`` with ``output_dict=True``.
     """
 
     requires_sample_ids = False
