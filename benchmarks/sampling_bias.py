@@ -293,7 +293,7 @@ def main(argv: Optional[List[str]] = None) -> int:
             out = ex.train_and_evaluate(run, data, work / "runs" / f"seed{seed}", seed_budget, cache,
                                         fewshot_seeds=fewshot_seeds, entry=entry.get(run.name), env=thread_env)
             res, metrics, secs = out.result, out.metrics, out.eval_seconds
-            print(f"[sampling_bias]     {out.source} (trained {res.seconds:.0f} s, evaluated {secs:.0f} s): "
+            print(f"[sampling_bias]     {out.source}; training {res.seconds:.0f} s, evaluation {secs:.0f} s: "
                   + ", ".join(f"{label} {100 * metrics[key]:.1f}" for key, label in HEADLINE), flush=True)
             results[run.name].append(res)
             scores[run.name].append({**metrics, "seed": seed})
