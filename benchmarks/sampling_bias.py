@@ -32,7 +32,6 @@ import argparse
 import dataclasses
 import math
 import os
-import platform
 import shlex
 import sys
 import time
@@ -190,19 +189,9 @@ TRAIN_THREADS = 0
 
 def machine() -> str:
     import open_clip
-    import torch
 
-    cpu = platform.processor() or platform.machine()
-    try:
-        for line in open("/proc/cpuinfo"):
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return (f"{cpu}, {os.cpu_count()} CPU cores, {platform.system()} {platform.release()}, Python "
-            f"{platform.python_version()}, torch {torch.__version__} (training: {TRAIN_THREADS} threads, evaluation: 1), "
-            f"open_clip {open_clip.__version__}")
+    return (f"{ex.machine_info()}, open_clip {open_clip.__version__}; training: {TRAIN_THREADS} torch threads, "
+            "evaluation: 1")
 
 
 def build_parser() -> argparse.ArgumentParser:
