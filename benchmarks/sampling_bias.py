@@ -170,14 +170,7 @@ def plot_tau(runs: Sequence[ex.Run], scores: Dict[str, List[Dict[str, float]]], 
         ax.set(xlabel="tau_plus of dcl (clip at 0)", ylabel="%", title=label)
         ax.grid(alpha=0.3)
     axes[0].legend(fontsize=7, loc="best")
-    if title:
-        fig.suptitle(title, fontsize=9)
-    fig.tight_layout()
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return ex.save_figure(fig, path, title, title_size=9)
 
 
 # ------------------------------------------------------------------------------------------

@@ -489,8 +489,15 @@ def plot(results: Dict[str, List[TrainResult]], scores: Dict[str, List[Dict[str,
     ax.set(ylabel="%", title="held-out scores")
     ax.grid(axis="y", alpha=0.3)
     ax.legend(fontsize=8)
+    return save_figure(fig, path, title)
+
+
+def save_figure(fig, path: os.PathLike, title: str = "", title_size=None) -> Path:
+    """Title, lay out and write a matplotlib figure as a PNG (folders created), then free it."""
+    import matplotlib.pyplot as plt
+
     if title:
-        fig.suptitle(title)
+        fig.suptitle(title, fontsize=title_size)
     fig.tight_layout()
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
