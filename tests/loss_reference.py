@@ -80,13 +80,22 @@ def batch_mean_negative_score(f, g, s):
 
 
 class IndexRates:
-    """Dictionary re-computation of the per-sample moving-average rate buffer."""
+    """Dictionary re-computation of the per-sample moving-average rate buffer.
 
-    def __init__(self, gamma):
+    ``visit`` returns the rates a step's loss1 uses: by default those stored by earlier visits (read,
+    then update), a first visit reading its own batch estimate (``first_visit="batch"``) or the mean of
+    the previous step's log batch estimates (``"mean"``); with ``include_current`` the buffer is updated
+    first and read after.
+    """
+
+    def __init__(self, gamma, first_visit="batch", include_current=False):
         self.gamma = gamma
+        self.first_visit = first_visit
+        self.include_current = include_current
         self.rate = [{}, {}]
+        self.prev_mean_log = None  # per direction, from the previous visit() call
 
-    def visit(self, ids, batch_rates):
+    def _update(self, ids, batch_rates, gamma):
         for d in range(2):
             seen = set()
             for pos, sid in enumerate(ids.tolist()):
@@ -95,8 +104,36 @@ class IndexRates:
                 seen.add(sid)
                 r = float(batch_rates[d][pos])
                 old = self.rate[d].get(sid)
-                self.rate[d][sid] = r if old is None else (1 - self.gamma) * old + self.gamma * r
-        return torch.tensor([[self.rate[d][sid] for sid in ids.tolist()] for d in range(2)], dtype=torch.float64)
+                self.rate[d][sid] = r if old is None else (1 - gamma) * old + gamma * r
+
+    def _first_estimate_log_mean(self, ids, batch_rates):
+        out = []
+        for d in range(2):
+            firsts = {}
+            for pos, sid in enumerate(ids.tolist()):
+                firsts.setdefault(sid, pos)
+            out.append(sum(math.log(float(batch_rates[d][p])) for p in firsts.values()) / len(firsts))
+        return out
+
+    def visit(self, ids, batch_rates, gamma=None):
+        gamma = self.gamma if gamma is None else gamma
+        if self.include_current:
+            self._update(ids, batch_rates, gamma)
+        used = []
+        for d in range(2):
+            row = []
+            for pos, sid in enumerate(ids.tolist()):
+                if sid in self.rate[d]:
+                    row.append(self.rate[d][sid])
+                elif self.first_visit == "mean" and self.prev_mean_log is not None:
+                    row.append(math.exp(self.prev_mean_log[d]))
+                else:
+                    row.append(float(batch_rates[d][pos]))
+            used.append(row)
+        if not self.include_current:
+            self._update(ids, batch_rates, gamma)
+        self.prev_mean_log = self._first_estimate_log_mean(ids, batch_rates)
+        return torch.tensor(used, dtype=torch.float64)
 
     def log_rate(self, d, sid):
         return math.log(self.rate[d][sid])

@@ -59,6 +59,12 @@ def test_registry_names_and_factory():
     (dict(name="decl", rate="batch", schedule="constant", lam=1.5), "lam=1.5"),
     (dict(name="decl", rate="batch", schedule="harmonic", lam=0.0), "lam=0.0"),
     (dict(name="decl", rate="batch", gamma=0.0), "gamma=0.0"),
+    (dict(name="decl", rate="batch", gamma_schedule="cosine", gamma_decay_steps=5), "rate='batch' has no gamma"),
+    (dict(name="decl", rate="queue", gamma_schedule="cosine", gamma_decay_steps=5), "rate='queue' has no gamma"),
+    (dict(name="decl", rate="index", num_samples=4, gamma_schedule="cosine"), "gamma_decay_steps=None"),
+    (dict(name="decl", rate="index", num_samples=4, gamma_schedule="linear"), "gamma_schedule='linear'"),
+    (dict(name="decl", rate="index", num_samples=4, first_visit="zero"), "first_visit='zero'"),
+    (dict(name="decl", rate="batch", include_current=True), "include_current=True"),
     (dict(name="decl", rate="queue", queue_size=0), "queue_size=0"),
     (dict(name="decl", rate="batch", accum_freq=0), "accum_freq=0"),
     (dict(name="dcl", rank=2, world_size=2), "rank=2"),
@@ -180,30 +186,122 @@ def test_decl_lambda_zero_is_infonce(s):
         assert_close_all(grads(got, a), grads(expected, b), rtol=1e-10, atol=1e-12)
 
 
-def test_decl_index_buffer_follows_moving_average_over_steps():
-    gamma, s, n = 0.3, 20.0, 6
-    loss_fn = create_loss("decl", rate="index", num_samples=10, gamma=gamma, schedule="decl", sample_u=False)
-    tracker = ref.IndexRates(gamma)
+@pytest.mark.parametrize("first_visit, include_current, gamma_schedule", [
+    ("batch", False, "constant"), ("mean", False, "constant"), ("batch", True, "constant"),
+    ("mean", False, "cosine"),
+])
+def test_decl_index_buffer_follows_moving_average_over_steps(first_visit, include_current, gamma_schedule):
+    gamma, s, n, decay = 0.3, 20.0, 6, 3
+    loss_fn = create_loss("decl", rate="index", num_samples=10, gamma=gamma, schedule="decl", sample_u=False,
+                          first_visit=first_visit, include_current=include_current, gamma_schedule=gamma_schedule,
+                          gamma_decay_steps=decay if gamma_schedule == "cosine" else None)
+    tracker = ref.IndexRates(gamma, first_visit=first_visit, include_current=include_current)
     id_batches = [torch.tensor([0, 1, 2, 3, 4, 5]), torch.tensor([6, 7, 2, 3, 8, 9]),
-                  torch.tensor([1, 1, 4, 9, 0, 7])]  # revisits, and a repeated id inside one batch
+                  torch.tensor([1, 1, 4, 9, 0, 7]), torch.tensor([5, 6, 8, 2, 3, 1])]
+    # revisits, first visits after the first step, and a repeated id inside one batch
     for step, ids in enumerate(id_batches):
         f, g = features(n, seed=100 + step)
         a, b = leaves(f, g, s), leaves(f, g, s)
         got = loss_fn(*a, sample_ids=ids)
-        rates = tracker.visit(ids, ref.batch_mean_negative_score(*b))
+        # cosine: gamma_t = gamma + (1 - gamma) (1 + cos(pi min(1, (t - 1) / T))) / 2, t = step + 1
+        g_t = gamma if gamma_schedule == "constant" else \
+            gamma + (1 - gamma) * (1 + math.cos(math.pi * min(1.0, step / decay))) / 2
+        assert float(loss_fn.metrics["gamma_t"]) == pytest.approx(g_t)
+        rates = tracker.visit(ids, ref.batch_mean_negative_score(*b), gamma=g_t)
         expected, _, _ = ref.decl(*b, rates, torch.ones_like(rates), 1.0)
+        # the buffer holds float32 log-rates
         torch.testing.assert_close(got, expected.to(got.dtype), rtol=1e-5, atol=1e-5)
         assert_close_all(grads(got, a), grads(expected, b), rtol=1e-4, atol=1e-6)
     for d in range(2):
         for sid in range(10):
             torch.testing.assert_close(float(loss_fn.log_rate[d, sid]), tracker.log_rate(d, sid),
                                        rtol=1e-5, atol=1e-5)
-    assert int(loss_fn.calls) == 3
+    assert int(loss_fn.calls) == 4
 
 
-def test_decl_queue_rate_matches_reference():
+def test_decl_index_second_call_reads_the_rate_stored_by_the_first():
+    """Same ids, different features: the second call's loss1 uses exactly the log-rate stored after the
+    first call, not one that includes the second call's own batch."""
+    n, s = 8, 15.0
+    ids = torch.tensor([4, 0, 7, 2, 9, 5, 1, 3])
+    loss_fn = create_loss("decl", rate="index", num_samples=10, gamma=0.9, schedule="decl", sample_u=False)
+    f1, g1 = features(n, seed=1)
+    loss_fn(f1, g1, torch.tensor(s), sample_ids=ids)
+    stored = loss_fn.log_rate[:, ids].double()  # float32 in the buffer
+    # the first visit read the first batch's own estimate, and stored it
+    torch.testing.assert_close(stored, ref.batch_mean_negative_score(f1, g1, s).log(), rtol=1e-6, atol=1e-6)
+    f2, g2 = features(n, seed=2)
+    loss_fn(f2, g2, torch.tensor(s), sample_ids=ids)
+    _, loss1, _ = ref.decl(f2, g2, s, stored.exp(), torch.ones(2, n, dtype=torch.float64), 1.0)
+    torch.testing.assert_close(loss_fn.metrics["loss1"], loss1, rtol=1e-12, atol=1e-12)
+    # ... and not the rate that already holds the second batch (the coupled read order)
+    e2 = ref.batch_mean_negative_score(f2, g2, s)
+    coupled = 0.1 * stored.exp() + 0.9 * e2
+    _, loss1_coupled, _ = ref.decl(f2, g2, s, coupled, torch.ones(2, n, dtype=torch.float64), 1.0)
+    assert abs(float(loss1_coupled - loss1)) > 1e-3
+    assert float(loss_fn.metrics["first_visit_rate"]) == 0.0
+    # only now is the second estimate folded in
+    torch.testing.assert_close(loss_fn.log_rate[:, ids].double(), coupled.log(), rtol=1e-6, atol=1e-6)
+
+
+def test_decl_coupled_index_is_the_batch_rate_on_first_visits_and_the_default_is_not():
+    """include_current=True (the old read order) gives exactly rate='batch' in a first epoch; the
+    default read order differs from it as soon as an anchor is seen again."""
+    n, s = 6, 12.0
+    kw = dict(schedule="decl", sample_u=True, seed=5)
+    coupled = create_loss("decl", rate="index", num_samples=12, include_current=True, **kw)
+    default = create_loss("decl", rate="index", num_samples=12, **kw)
+    batch = create_loss("decl", rate="batch", **kw)
+    for step, ids in enumerate([torch.arange(6), torch.arange(6, 12), torch.arange(6)]):
+        f, g = features(n, seed=40 + step, dtype=torch.float32)
+        values = [fn(f, g, torch.tensor(s), sample_ids=ids) for fn in (coupled, default, batch)]
+        if step < 2:  # first visits: all three identical
+            assert float(values[0] - values[2]) == 0.0 and float(values[1] - values[2]) == 0.0
+        else:  # a revisit: the default reads the earlier epoch's rate
+            assert abs(float(values[1] - values[2])) > 1e-3
+
+
+def test_decl_first_visit_mean_reads_the_previous_steps_mean_estimate():
+    n, s = 6, 12.0
+    loss_fn = create_loss("decl", rate="index", num_samples=20, first_visit="mean", schedule="decl",
+                          sample_u=False)
+    f, g = features(n, seed=7)
+    loss_fn(f, g, torch.tensor(s), sample_ids=torch.arange(6))
+    assert float(loss_fn.metrics["first_visit_rate"]) == 1.0
+    expect = ref.batch_mean_negative_score(f, g, s).log().mean(dim=1)
+    torch.testing.assert_close(loss_fn.prev_log_rate.double(), expect, rtol=1e-6, atol=1e-6)
+    prev = loss_fn.prev_log_rate.double()  # the buffer's float32 value
+    f2, g2 = features(n, seed=8)
+    loss_fn(f2, g2, torch.tensor(s), sample_ids=torch.arange(6, 12))  # all new anchors
+    rates = prev.exp()[:, None].expand(2, n)
+    _, loss1, _ = ref.decl(f2, g2, s, rates, torch.ones(2, n, dtype=torch.float64), 1.0)
+    torch.testing.assert_close(loss_fn.metrics["loss1"], loss1, rtol=1e-12, atol=1e-12)
+
+
+def test_cosine_gamma_schedule_goes_from_one_to_gamma():
+    loss_fn = create_loss("decl", rate="index", num_samples=4, gamma=0.2, gamma_schedule="cosine",
+                          gamma_decay_steps=10)
+    assert loss_fn.gamma_at(1) == 1.0
+    assert loss_fn.gamma_at(6) == pytest.approx(0.6)  # half way: (1 + 0.2) / 2
+    assert loss_fn.gamma_at(11) == pytest.approx(0.2) and loss_fn.gamma_at(500) == pytest.approx(0.2)
+    values = [loss_fn.gamma_at(t) for t in range(1, 13)]
+    assert all(a >= b for a, b in zip(values, values[1:]))
+
+
+def test_old_checkpoint_without_prev_log_rate_loads():
+    loss_fn = create_loss("decl", rate="index", num_samples=4, first_visit="mean")
+    state = {k: v.clone() for k, v in loss_fn.state_dict().items() if k != "prev_log_rate"}
+    state["log_rate"][:, 1] = -2.0
+    fresh = create_loss("decl", rate="index", num_samples=4, first_visit="mean")
+    fresh.load_state_dict(state)
+    assert torch.isnan(fresh.prev_log_rate).all() and float(fresh.log_rate[0, 1]) == -2.0
+
+
+@pytest.mark.parametrize("include_current", [False, True])
+def test_decl_queue_rate_matches_reference(include_current):
     s, n, q = 12.0, 5, 7
-    loss_fn = create_loss("decl", rate="queue", queue_size=q, schedule="decl", sample_u=False)
+    loss_fn = create_loss("decl", rate="queue", queue_size=q, schedule="decl", sample_u=False,
+                          include_current=include_current)
     history_img, history_txt = [], []
     for step in range(3):
         f, g = features(n, seed=200 + step)
@@ -215,8 +313,10 @@ def test_decl_queue_rate_matches_reference():
             queue = torch.cat(hist)[-q:].double() if hist else cand[:0]  # the queue stores float32
             row = []
             for i in range(n):
-                scores = [torch.exp(sb * anchor[i] @ cand[k]) for k in range(n) if k != i]
-                scores += [torch.exp(sb * anchor[i] @ queue[k]) for k in range(queue.shape[0])]
+                batch = [torch.exp(sb * anchor[i] @ cand[k]) for k in range(n) if k != i]
+                queued = [torch.exp(sb * anchor[i] @ queue[k]) for k in range(queue.shape[0])]
+                # earlier steps only; the batch itself at the first step (empty queue) or when coupled
+                scores = queued + batch if (include_current or not queued) else queued
                 row.append(sum(scores) / len(scores))
             rates.append(torch.stack(row))
         rates = torch.stack(rates).detach()

@@ -263,6 +263,12 @@ def test_ids_out_of_range_stop_with_the_flag_to_set():
     (["--loss", "decl", "--decl-schedule", "constant", "--decl-lambda", "2"], "--decl-lambda"),
     (["--loss", "decl", "--decl-rate", "queue", "--decl-queue-size", "0"], "--decl-queue-size"),
     (["--loss", "decl", "--decl-num-samples", "0"], "--decl-num-samples"),
+    (["--loss", "decl", "--decl-rate", "batch", "--decl-gamma-schedule", "cosine"], "--decl-gamma-schedule"),
+    (["--loss", "decl", "--decl-gamma-decay-epochs", "2"], "--decl-gamma-decay-epochs"),
+    (["--loss", "decl", "--decl-gamma-schedule", "cosine", "--decl-gamma-decay-epochs", "0"],
+     "--decl-gamma-decay-epochs"),
+    (["--loss", "decl", "--decl-rate", "batch", "--decl-include-current"], "--decl-include-current"),
+    (["--loss", "dcl", "--decl-first-visit", "mean"], "--decl-first-visit"),
     (["--loss", "decl", "--tau-plus", "0.1"], "--tau-plus"),
     (["--loss", "dcl", "--siglip"], "--siglip"),
     (["--model-config", "/nonexistent/cfg.json"], "/nonexistent/cfg.json"),
@@ -410,9 +416,11 @@ def test_decl_with_accum_freq_2_counts_steps_and_visits_every_key(tmp_path):
 
 
 @pytest.mark.slow
-def test_resume_continues_decl_state_exactly(tmp_path):
+@pytest.mark.parametrize("decl_flags", [[], ["--decl-gamma-schedule", "cosine", "--decl-gamma", "0.2",
+                                             "--decl-first-visit", "mean"]], ids=["default", "cosine-mean"])
+def test_resume_continues_decl_state_exactly(tmp_path, decl_flags):
     pattern = write_shards(tmp_path / "shards", gapped_keys())
-    common = ["--loss", "decl", "--decl-num-samples", "400", "--workers", "2"]
+    common = ["--loss", "decl", "--decl-num-samples", "400", "--workers", "2", *decl_flags]
     train(tmp_path, "straight", pattern, "--epochs", "2", *common)
     train(tmp_path, "resumed", pattern, "--epochs", "1", *common)
     out = train(tmp_path, "resumed", pattern, "--epochs", "2", "--resume", "latest", *common)
@@ -424,6 +432,11 @@ def test_resume_continues_decl_state_exactly(tmp_path):
     first = checkpoint(tmp_path, "resumed", 1)["loss_state"]
     assert not torch.equal(first["log_rate"].nan_to_num(-1e9), b["loss_state"]["log_rate"].nan_to_num(-1e9))
     assert all(torch.equal(a["state_dict"][k], b["state_dict"][k]) for k in a["state_dict"])
+    if decl_flags:  # 64 samples / batch 16 = 4 steps an epoch; the decay defaults to half of --epochs 2
+        assert a["clip_dcl"]["loss_args"]["gamma_decay_steps"] == 4
+        assert a["clip_dcl"]["loss_args"]["gamma_schedule"] == "cosine"
+        gammas = [float(re.search(r"Gamma_t: (\S+)", line).group(1)) for line in train_lines(tmp_path, "straight")]
+        assert gammas[0] == 1.0 and gammas[-1] == pytest.approx(0.2) and gammas == sorted(gammas, reverse=True)
 
 
 @pytest.mark.slow

@@ -15,19 +15,37 @@ In log space, ``u_i * mean_k S_ik = eps_i * exp(lse_neg_i - log K - log r_i)`` w
 at ``max_log_ratio`` so that a stale rate cannot overflow; ``metrics["clamp_rate"]`` says how often
 that bites (those rows get no gradient through their negatives).
 
-Rate estimators (``rate=``):
+Rate estimators (``rate=``). With ``include_current=False`` (the default) the rate used at a step
+comes from *earlier* steps only, as the paper's Sec. 2.2.3 has it (loss1's statistics are "taken
+from previous iterations"): ``u`` is then independent of the minibatch it multiplies, and the
+gradient of loss1 is ``(eps / r) grad mean_k S_ik``, an unbiased estimate of ``grad D_i / r``.
 
 - ``"index"`` (the paper's global buffer): ``log r`` per training sample and direction, indexed by
-  the sample ids the data pipeline carries (``sample_ids=``). With the batch estimate
-  ``e_i = lse_neg_i - log K``: first visit ``log r = e_i``; later
-  ``log r = log((1 - gamma) r + gamma exp(e_i))``. The buffer is updated *before* it is read, so
-  the current batch enters the rate. Every rank keeps an identical replica, updated from the
-  all-gathered ``(id, e)`` pairs; a repeated id in one global batch takes its first occurrence's
-  estimate (deterministic on every rank).
+  the sample ids the data pipeline carries (``sample_ids=``). **Read, then update**: the step's
+  loss1 uses the ``log r`` stored by earlier visits; only then is this step's batch estimate
+  ``e_i = lse_neg_i - log K`` folded in, ``log r <- log((1 - gamma_t) r + gamma_t exp(e_i))`` (an
+  unvisited entry stores ``e_i``). An anchor seen for the first time (its entry still NaN) gets
+  ``first_visit="batch"``: its own batch estimate ``e_i`` (so the first epoch is the coupled
+  ``batch`` rate, as FastCLIP's ``gamma = 1`` first epoch is), or ``first_visit="mean"``: the mean
+  of the previous step's batch estimates over the global batch (per direction; the batch estimate
+  at the very first step), which keeps the first epoch decoupled too. Every rank keeps an identical
+  replica, updated from the all-gathered ``(id, e)`` pairs; a repeated id in one global batch reads
+  the same stored value for both rows and is updated with its first occurrence's estimate.
 - ``"queue"`` (no ids needed): a FIFO of the last ``queue_size`` gathered embeddings of each
-  modality (detached); ``log r_i = logsumexp`` over the batch negatives and the queue of the other
-  modality, minus ``log(count)``. The current batch is enqueued after it is used.
-- ``"batch"`` (ablation): ``log r_i = e_i`` from the current global batch alone.
+  modality (detached), from earlier steps; ``log r_i = logsumexp`` over the queue of the other
+  modality minus ``log(count)``; the current batch is enqueued after use. At the first step (an
+  empty queue) the batch estimate is used.
+- ``"batch"`` (ablation): ``log r_i = e_i`` from the current global batch alone: the minibatch-coupled
+  gradient ``eps grad log mean_k S_ik`` that DeCL is meant to remove.
+
+``include_current=True`` restores the coupled variants, as an ablation: ``index`` updates the buffer
+with the current estimate *before* reading it (with ``gamma = 0.9`` the rate is then at least 90 %
+the current batch's own), and ``queue`` counts the current batch's negatives with the queue's.
+
+``gamma`` may follow a schedule (``gamma_schedule``): ``"constant"``, or ``"cosine"`` from 1 down to
+``gamma`` over ``gamma_decay_steps`` optimizer steps, ``gamma_t = gamma + (1 - gamma) (1 + cos(pi
+min(1, (t - 1) / T))) / 2``: FastCLIP's ``adjust_gamma``, which steps it once per epoch, made
+continuous in the step (the training plugin sets ``T`` from ``--decl-gamma-decay-epochs``).
 
 Schedules for ``lambda_t`` (``t`` counts optimizer steps from 1):
 ``"alternate"`` (the paper's OpenCLIP setting: loss1 at odd t, InfoNCE at even t), ``"decl"``
@@ -55,6 +73,8 @@ from .base import ContrastiveLoss, PairStats, all_gather_cat
 
 RATES = ("index", "queue", "batch")
 SCHEDULES = ("alternate", "decl", "harmonic", "constant")
+GAMMA_SCHEDULES = ("constant", "cosine")
+FIRST_VISITS = ("batch", "mean")
 
 
 def schedule_lambda(schedule: str, step: int, lam: float) -> float:
@@ -68,6 +88,16 @@ def schedule_lambda(schedule: str, step: int, lam: float) -> float:
     if schedule == "constant":
         return lam
     raise ValueError(f"schedule={schedule!r} is not one of {SCHEDULES}")
+
+
+def schedule_gamma(schedule: str, step: int, gamma: float, decay_steps: Optional[int]) -> float:
+    """``gamma_t`` at optimizer step ``step`` (1-based): ``gamma``, or the cosine from 1 to ``gamma``."""
+    if schedule == "constant":
+        return gamma
+    if schedule == "cosine":
+        progress = min(1.0, (step - 1) / decay_steps)
+        return gamma + (1.0 - gamma) * 0.5 * (1.0 + math.cos(math.pi * progress))
+    raise ValueError(f"gamma_schedule={schedule!r} is not one of {GAMMA_SCHEDULES}")
 
 
 def moving_average_log_rate(old: torch.Tensor, new: torch.Tensor, gamma: float) -> torch.Tensor:
@@ -95,7 +125,14 @@ class DeCLLoss(ContrastiveLoss):
             ``"queue"`` or ``"batch"``; see the module docstring.
         schedule: ``"alternate"``, ``"decl"``, ``"harmonic"`` or ``"constant"``.
         lam: ``lambda`` for ``constant`` (in [0, 1]) and ``c`` of ``harmonic`` (> 0).
-        gamma: moving-average weight of the new estimate for ``rate="index"``, in (0, 1].
+        gamma: moving-average weight of the new estimate for ``rate="index"``, in (0, 1]; with
+            ``gamma_schedule="cosine"`` the final value of the schedule.
+        gamma_schedule: ``"constant"`` or ``"cosine"`` (from 1 down to ``gamma``; ``rate="index"`` only).
+        gamma_decay_steps: optimizer steps of the cosine schedule (required by ``"cosine"``).
+        first_visit: what an anchor's first visit reads for ``rate="index"``: ``"batch"`` (its batch
+            estimate) or ``"mean"`` (the previous step's mean estimate).
+        include_current: let the current batch enter the rate it is scored with (the coupled
+            ablation: ``index`` updates before it reads, ``queue`` counts the batch with the queue).
         sample_u: draw ``u ~ Gamma(1, r)`` (True) or use its mean ``1 / r`` (False).
         num_samples: size of the ``index`` buffer (ids must lie in ``[0, num_samples)``).
         queue_size: length of the ``queue`` FIFO per modality.
@@ -106,9 +143,12 @@ class DeCLLoss(ContrastiveLoss):
 
     Attributes:
         metrics: ``lambda_t``, ``loss1``, ``loss2`` (each averaged over directions), ``mean_log_rate``
-            and ``clamp_rate``, from the last call.
+            and ``clamp_rate``, from the last call; for ``index`` also ``gamma_t`` and ``first_visit_rate``
+            (the share of anchor rows read on their first visit).
         calls: buffer, training-mode calls so far (``t = calls // accum_freq + 1``).
         log_rate: buffer ``(2, num_samples)`` of ``log r`` (image, text), NaN where unvisited (index).
+        prev_log_rate: buffer ``(2,)``, the previous step's mean batch estimate (index,
+            ``first_visit="mean"``; NaN before the first step).
         queue, queue_ptr, queue_count: FIFO buffers (queue).
 
     Raises:
@@ -126,6 +166,8 @@ class DeCLLoss(ContrastiveLoss):
     output_key = "decl_loss"
 
     def __init__(self, rate: str = "index", schedule: str = "alternate", lam: float = 1.0, gamma: float = 0.9,
+                 gamma_schedule: str = "constant", gamma_decay_steps: Optional[int] = None,
+                 first_visit: str = "batch", include_current: bool = False,
                  sample_u: bool = True, num_samples: Optional[int] = None, queue_size: int = 4096,
                  accum_freq: int = 1, max_log_ratio: float = 20.0, seed: int = 0, **dist_kwargs):
         super().__init__(**dist_kwargs)
@@ -139,6 +181,20 @@ class DeCLLoss(ContrastiveLoss):
             raise ValueError(f"lam={lam!r} must be > 0 for schedule='harmonic' (lambda_t = min(1, lam / t))")
         if not 0.0 < gamma <= 1.0:
             raise ValueError(f"gamma={gamma!r} is outside (0, 1]")
+        if gamma_schedule not in GAMMA_SCHEDULES:
+            raise ValueError(f"gamma_schedule={gamma_schedule!r} is not one of {GAMMA_SCHEDULES}")
+        if gamma_schedule != "constant":
+            if rate != "index":
+                raise ValueError(f"gamma_schedule={gamma_schedule!r} applies to rate='index' only (the moving "
+                                 f"average of the per-sample rates); rate={rate!r} has no gamma")
+            if gamma_decay_steps is None or int(gamma_decay_steps) < 1:
+                raise ValueError(f"gamma_decay_steps={gamma_decay_steps!r} must be >= 1 for "
+                                 f"gamma_schedule={gamma_schedule!r}")
+        if first_visit not in FIRST_VISITS:
+            raise ValueError(f"first_visit={first_visit!r} is not one of {FIRST_VISITS}")
+        if include_current and rate == "batch":
+            raise ValueError("include_current=True applies to rate='index' and 'queue'; rate='batch' always "
+                             "uses the current batch")
         if rate == "index":
             if num_samples is None:
                 raise ValueError("num_samples is required for rate='index' (the size of the per-sample rate "
@@ -155,6 +211,10 @@ class DeCLLoss(ContrastiveLoss):
         self.schedule = schedule
         self.lam = float(lam)
         self.gamma = float(gamma)
+        self.gamma_schedule = gamma_schedule
+        self.gamma_decay_steps = int(gamma_decay_steps) if gamma_decay_steps is not None else None
+        self.first_visit = first_visit
+        self.include_current = bool(include_current)
         self.sample_u = bool(sample_u)
         self.num_samples = int(num_samples) if num_samples is not None else None
         self.queue_size = int(queue_size)
@@ -165,6 +225,7 @@ class DeCLLoss(ContrastiveLoss):
         self.register_buffer("calls", torch.zeros((), dtype=torch.long))
         if rate == "index":
             self.register_buffer("log_rate", torch.full((2, self.num_samples), float("nan")))
+            self.register_buffer("prev_log_rate", torch.full((2,), float("nan")))
         if rate == "queue":
             # (2, Q, d): queue[0] holds text embeddings (negatives of image anchors), queue[1] images.
             # d is known at the first call; an empty buffer until then (see _load_from_state_dict).
@@ -183,15 +244,24 @@ class DeCLLoss(ContrastiveLoss):
         key = prefix + "queue"
         if self.rate == "queue" and key in state_dict and state_dict[key].shape != self.queue.shape:
             self.queue = torch.zeros_like(state_dict[key], device=self.queue.device)
+        key = prefix + "prev_log_rate"
+        if self.rate == "index" and prefix + "log_rate" in state_dict and key not in state_dict:
+            # a checkpoint from before first_visit="mean": no previous step to read
+            state_dict[key] = torch.full((2,), float("nan"))
         self._step_cache = None
         super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
+
+    def gamma_at(self, step: int) -> float:
+        """``gamma_t`` of the moving average at optimizer step ``step`` (1-based)."""
+        return schedule_gamma(self.gamma_schedule, step, self.gamma, self.gamma_decay_steps)
 
     # -- rate estimators ---------------------------------------------------------------------
     def _batch_estimates(self, st: PairStats) -> torch.Tensor:
         # e_i = log mean_{k != i} S_ik, shape (2, n)
         return torch.stack([st.image.lse_neg, st.text.lse_neg]).detach() - math.log(st.num_negatives)
 
-    def _index_log_rate(self, st: PairStats, sample_ids, n_rows: int, update: bool) -> torch.Tensor:
+    def _index_log_rate(self, st: PairStats, sample_ids, n_rows: int, update: bool, gamma: float):
+        """``(log r of the rows, mask of rows on their first visit)``; updates the buffer when ``update``."""
         if sample_ids is None:
             raise ValueError("rate='index' needs sample_ids= (a LongTensor of the local rows' sample ids)")
         ids = torch.as_tensor(sample_ids).to(device=self.log_rate.device, dtype=torch.long).reshape(-1)
@@ -205,14 +275,27 @@ class DeCLLoss(ContrastiveLoss):
             raise ValueError(f"sample id {worst} is outside [0, num_samples={self.num_samples}); "
                              "raise num_samples (--decl-num-samples) to exceed the largest sample id")
         row_ids = all_ids if n_rows == all_ids.numel() else ids
-        if update:
-            e = self._batch_estimates(st).to(self.log_rate)  # (2, n_rows)
-            if n_rows != all_ids.numel():  # local_loss: each rank estimated its own anchors only
-                e = all_gather_cat(e, self.world_size, dim=1)
-            keep = first_occurrence(all_ids)
-            upd_ids = all_ids[keep]
-            self.log_rate[:, upd_ids] = moving_average_log_rate(self.log_rate[:, upd_ids], e[:, keep], self.gamma)
-        return self.log_rate[:, row_ids]
+        e_rows = self._batch_estimates(st).to(self.log_rate)  # (2, n_rows): this step's estimates
+        e_all = e_rows if n_rows == all_ids.numel() else all_gather_cat(e_rows, self.world_size, dim=1)
+        keep = first_occurrence(all_ids)
+        upd_ids = all_ids[keep]
+
+        def fold_in():
+            self.log_rate[:, upd_ids] = moving_average_log_rate(self.log_rate[:, upd_ids], e_all[:, keep], gamma)
+            self.prev_log_rate.copy_(e_all[:, keep].mean(dim=1))
+
+        if update and self.include_current:  # the coupled ablation: the current estimate enters the rate
+            fold_in()
+        log_r = self.log_rate[:, row_ids].clone()  # read before this step's update
+        fresh = torch.isnan(log_r)
+        if bool(fresh.any()):
+            fallback = e_rows
+            if self.first_visit == "mean" and not bool(torch.isnan(self.prev_log_rate).any()):
+                fallback = self.prev_log_rate[:, None].expand_as(log_r)
+            log_r = torch.where(fresh, fallback, log_r)
+        if update and not self.include_current:
+            fold_in()
+        return log_r, fresh
 
     def _queue_log_rate(self, st: PairStats, anchors, update: bool) -> torch.Tensor:
         dim = st.all_image_features.shape[1]
@@ -223,12 +306,16 @@ class DeCLLoss(ContrastiveLoss):
         count = int(self.queue_count)
         log_r = []
         for d, (stats, anchor) in enumerate(zip((st.image, st.text), anchors)):
-            lse = stats.lse_neg.detach()
-            if count:
-                with torch.no_grad():
-                    q = self.queue[d, :count].to(anchor)
-                    lse = torch.logaddexp(lse, torch.logsumexp((st.logit_scale.detach() * anchor.detach()) @ q.T, 1))
-            log_r.append(lse - math.log(st.num_negatives + count))
+            if not count:  # the first step: nothing earlier to read
+                log_r.append(stats.lse_neg.detach() - math.log(st.num_negatives))
+                continue
+            with torch.no_grad():
+                q = self.queue[d, :count].to(anchor)
+                lse_q = torch.logsumexp((st.logit_scale.detach() * anchor.detach()) @ q.T, 1)
+            if self.include_current:  # the coupled ablation: the batch's negatives counted with the queue's
+                log_r.append(torch.logaddexp(stats.lse_neg.detach(), lse_q) - math.log(st.num_negatives + count))
+            else:
+                log_r.append(lse_q - math.log(count))
         if update:
             with torch.no_grad():
                 for d, feats in enumerate((st.all_text_features, st.all_image_features)):
@@ -260,9 +347,10 @@ class DeCLLoss(ContrastiveLoss):
             anchors = (image_features, text_features) if local_rows else (st.all_image_features,
                                                                           st.all_text_features)
             update = training
+            fresh = None
             with torch.no_grad():
                 if self.rate == "index":
-                    log_r = self._index_log_rate(st, sample_ids, n_rows, update)
+                    log_r, fresh = self._index_log_rate(st, sample_ids, n_rows, update, self.gamma_at(step))
                 elif self.rate == "queue":
                     log_r = self._queue_log_rate(st, [a.to(st.all_image_features) for a in anchors], update)
                 else:
@@ -270,9 +358,9 @@ class DeCLLoss(ContrastiveLoss):
                 log_r = log_r.to(device=st.image.pos.device, dtype=st.image.pos.dtype)
                 eps = self._draw_eps(step, n_rows, st.row_offset, st.all_image_features.shape[0],
                                      st.image.pos.device, st.image.pos.dtype)
-            cache = (step, log_r, eps)
+            cache = (step, log_r, eps, fresh)
             self._step_cache = cache if training else None
-        _, log_r, eps = cache
+        _, log_r, eps, fresh = cache
         if training:
             self.calls += 1
 
@@ -294,9 +382,14 @@ class DeCLLoss(ContrastiveLoss):
             else torch.tensor(float("nan")),
             "clamp_rate": torch.cat(clamped).float().mean(),
         }
+        if self.rate == "index":
+            metrics["gamma_t"] = self.gamma_at(step)
+            metrics["first_visit_rate"] = fresh.float().mean()
         return loss, metrics
 
     def extra_repr(self) -> str:
         return (f"rate={self.rate!r}, schedule={self.schedule!r}, lam={self.lam}, gamma={self.gamma}, "
+                f"gamma_schedule={self.gamma_schedule!r}, gamma_decay_steps={self.gamma_decay_steps}, "
+                f"first_visit={self.first_visit!r}, include_current={self.include_current}, "
                 f"sample_u={self.sample_u}, num_samples={self.num_samples}, queue_size={self.queue_size}, "
                 f"accum_freq={self.accum_freq}, " + super().extra_repr())

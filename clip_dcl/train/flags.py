@@ -30,6 +30,9 @@ LOSS_FLAGS = {
     "decl_schedule": ("decl", "schedule"),
     "decl_lambda": ("decl", "lam"),
     "decl_gamma": ("decl", "gamma"),
+    "decl_gamma_schedule": ("decl", "gamma_schedule"),
+    "decl_first_visit": ("decl", "first_visit"),
+    "decl_include_current": ("decl", "include_current"),
     "decl_sample_u": ("decl", "sample_u"),
     "decl_queue_size": ("decl", "queue_size"),
     "decl_num_samples": ("decl", "num_samples"),
@@ -98,8 +101,20 @@ def build_parser() -> argparse.ArgumentParser:
                    help="decl: lambda of the constant schedule, in [0, 1], or c of the harmonic one "
                         "(lambda_t = min(1, c / t))" + default("decl_lambda"))
     g.add_argument("--decl-gamma", type=float, default=None,
-                   help="decl: weight of the new estimate in the index rate's moving average, in (0, 1]"
-                        + default("decl_gamma"))
+                   help="decl: weight of the new estimate in the index rate's moving average, in (0, 1]; the "
+                        "final value of the cosine schedule" + default("decl_gamma"))
+    g.add_argument("--decl-gamma-schedule", choices=("constant", "cosine"), default=None,
+                   help="decl, rate index: gamma constant, or cosine from 1 down to --decl-gamma over "
+                        "--decl-gamma-decay-epochs (FastCLIP's schedule)" + default("decl_gamma_schedule"))
+    g.add_argument("--decl-gamma-decay-epochs", type=float, default=None,
+                   help="decl, cosine gamma schedule: epochs of the decay (> 0; default: half of --epochs)")
+    g.add_argument("--decl-first-visit", choices=("batch", "mean"), default=None,
+                   help="decl, rate index: the rate an anchor reads on its first visit: its own batch estimate "
+                        "(batch) or the previous step's mean estimate (mean)" + default("decl_first_visit"))
+    g.add_argument("--decl-include-current", action=argparse.BooleanOptionalAction, default=None,
+                   help="decl: let the current batch enter the rate it is scored with (index: update the buffer, "
+                        "then read it; queue: count the batch with the queue), the coupled ablation; by default "
+                        "the rate comes from earlier steps only" + default("decl_include_current"))
     g.add_argument("--decl-sample-u", action=argparse.BooleanOptionalAction, default=None,
                    help="decl: draw u ~ Gamma(1, r) (--decl-sample-u) or use its mean 1/r (--no-decl-sample-u)"
                         + default("decl_sample_u"))
@@ -129,6 +144,9 @@ class TrainConfig:
     model_config: Optional[str] = None
     #: the resolved ``--decl-num-samples`` (None unless the loss keeps per-sample state)
     num_samples: Optional[int] = None
+    #: ``--decl-gamma-decay-epochs`` resolved (cosine gamma schedule only); turned into the loss's
+    #: ``gamma_decay_steps`` once the training data's batches per epoch are known
+    gamma_decay_epochs: Optional[float] = None
 
 
 def print_help(parser: argparse.ArgumentParser, file=None) -> None:
@@ -253,8 +271,19 @@ def parse_train_args(argv: List[str]) -> Optional[TrainConfig]:
 
     kwargs = {LOSS_FLAGS[d][1]: v for d, v in given.items()}
     num_samples = None
+    decay_epochs = None
+    if ours.decl_gamma_decay_epochs is not None and kwargs.get("gamma_schedule") != "cosine":
+        raise FlagError(f"--decl-gamma-decay-epochs {ours.decl_gamma_decay_epochs:g} needs "
+                        "--decl-gamma-schedule cosine")
     if loss == "decl":
         kwargs.update(accum_freq=oc_args.accum_freq, seed=oc_args.seed)
+        if kwargs.get("gamma_schedule") == "cosine":
+            decay_epochs = ours.decl_gamma_decay_epochs
+            if decay_epochs is None:
+                decay_epochs = max(1.0, oc_args.epochs / 2)
+            if not (decay_epochs > 0 and decay_epochs < float("inf")):
+                raise FlagError(f"--decl-gamma-decay-epochs must be > 0, got {decay_epochs:g}")
+            kwargs["gamma_decay_steps"] = 1  # validated with a placeholder; set from the data at the start
         if kwargs.get("rate", _loss_defaults()["decl"].get("rate")) == "index":
             num_samples = _resolve_num_samples(oc_args, kwargs.get("num_samples"))
             if num_samples is not None:
@@ -272,4 +301,5 @@ def parse_train_args(argv: List[str]) -> Optional[TrainConfig]:
     except (ValueError, TypeError) as e:
         raise FlagError(_explain(e, loss, kwargs)) from None
     del probe
-    return TrainConfig(loss, kwargs, _full_loss_args(loss, kwargs), list(rest), ours.model_config, num_samples)
+    return TrainConfig(loss, kwargs, _full_loss_args(loss, kwargs), list(rest), ours.model_config, num_samples,
+                       decay_epochs)

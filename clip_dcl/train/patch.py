@@ -38,6 +38,7 @@ import contextlib
 import dataclasses
 import hashlib
 import logging
+import math
 import random
 import types
 from collections import deque
@@ -235,6 +236,7 @@ class TrainingRun:
         self.resumed: Optional[dict] = None  # the resumed checkpoint's clip_dcl entries
         self.resumed_path: Optional[str] = None
         self.preprocess_cfg: Optional[dict] = None
+        self.train_num_batches: Optional[int] = None  # batches per epoch of the training data
 
     # open_clip_train.main.parse_args
     def parse_args(self, argv):
@@ -263,6 +265,10 @@ class TrainingRun:
         else:
             from clip_dcl.losses import create_loss
 
+            if cfg.gamma_decay_epochs is not None:
+                steps = self.gamma_decay_steps(args)
+                cfg.loss_kwargs["gamma_decay_steps"] = steps
+                cfg.loss_args["gamma_decay_steps"] = steps
             loss = create_loss(cfg.loss, rank=args.rank, world_size=args.world_size, local_loss=args.local_loss,
                                gather_with_grad=args.gather_with_grad, **cfg.loss_kwargs)
         loss = loss.to(args.device) if isinstance(loss, torch.nn.Module) else loss
@@ -271,6 +277,14 @@ class TrainingRun:
         if args.rank == 0:
             logging.info(f"Loss: {cfg.loss} {cfg.loss_args} -> {loss}")
         return loss
+
+    def gamma_decay_steps(self, args) -> int:
+        """``--decl-gamma-decay-epochs`` in optimizer steps: epochs x the training data's batches per epoch
+        (as OpenCLIP's scheduler counts them) / ``--accum-freq``, at least 1."""
+        batches = self.train_num_batches
+        if batches is None:  # not our webdataset pipeline: OpenCLIP's own count of the samples
+            batches = math.ceil((args.train_num_samples or 0) / (args.batch_size * args.world_size))
+        return max(1, round(self.config.gamma_decay_epochs * (batches // args.accum_freq)))
 
     def _restore(self, loss) -> None:
         if self.resumed is None:
@@ -347,11 +361,12 @@ class TrainingRun:
         }
 
     # open_clip_train.data.get_wds_dataset
-    @staticmethod
-    def get_wds_dataset(args, preprocess_img, is_train, epoch=0, floor=False, tokenizer=None):
+    def get_wds_dataset(self, args, preprocess_img, is_train, epoch=0, floor=False, tokenizer=None):
         if is_train:
-            return get_wds_train_dataset(args, preprocess_img, is_train=True, epoch=epoch, floor=floor,
+            info = get_wds_train_dataset(args, preprocess_img, is_train=True, epoch=epoch, floor=floor,
                                          tokenizer=tokenizer)
+            self.train_num_batches = info.dataloader.num_batches
+            return info
         return _OPENCLIP_GET_WDS_DATASET(args, preprocess_img, is_train, epoch=epoch, floor=floor,
                                          tokenizer=tokenizer)
 

@@ -32,6 +32,10 @@ CONFIGS = [
     ("decl_queue", "decl", {"rate": "queue", "queue_size": 24, "schedule": "harmonic", "lam": 2.0}),
     ("decl_batch", "decl", {"rate": "batch", "schedule": "constant", "lam": 0.7, "sample_u": True}),
     ("decl_alternate", "decl", {"rate": "index", "num_samples": NUM_SAMPLES, "sample_u": False}),
+    ("decl_index_mean_cosine", "decl", {"rate": "index", "num_samples": NUM_SAMPLES, "first_visit": "mean",
+                                        "gamma": 0.2, "gamma_schedule": "cosine", "gamma_decay_steps": 2}),
+    ("decl_index_coupled", "decl", {"rate": "index", "num_samples": NUM_SAMPLES, "include_current": True}),
+    ("decl_queue_coupled", "decl", {"rate": "queue", "queue_size": 24, "include_current": True}),
 ]
 
 
