@@ -211,6 +211,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--ablation-batch-size", type=int, default=None, help="batch size of part 1 (default 64; quick 16)")
     p.add_argument("--variants", nargs="+", default=None, choices=list(VARIANTS),
                    help="ablation variants (default: all)")
+    p.add_argument("--objectives", nargs="+", default=None, choices=list(OBJECTIVES),
+                   help="objectives of part 2 (default: all)")
     p.add_argument("--seeds", type=int, nargs="+", default=None, help="training seeds (default 0 1 2; quick 0 1)")
     p.add_argument("--fewshot-seeds", type=int, nargs="+", default=None,
                    help="k-shot draws of the 5-shot probe (default 0 1 2; quick 0)")
@@ -259,7 +261,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     if args.part in ("ablation", "all"):
         jobs += [("ablation", v, VARIANTS[v], abl_b, s) for s in seeds for v in variants]
     if args.part in ("batch", "all"):
-        jobs += [("batch", name, flags, b, s) for s in seeds for b in sizes for name, flags in OBJECTIVES.items()]
+        objectives = args.objectives or list(OBJECTIVES)
+        jobs += [("batch", name, OBJECTIVES[name], b, s) for s in seeds for b in sizes for name in objectives]
     abl_scores: Dict[str, List[dict]] = {}
     bs_scores: Dict[str, Dict[int, List[dict]]] = {name: {} for name in OBJECTIVES}
     records: List[dict] = []
