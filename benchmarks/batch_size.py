@@ -49,25 +49,41 @@ from clip_dcl.demo import DEMO_BUDGET, DEMO_CLASSES, QUICK_BUDGET  # noqa: E402
 
 STEM = "batch_size"
 HEADLINE = q.HEADLINE
-#: DeCL variants of the ablation: name -> flags (each a complete decl configuration, written out).
+
+
+def decl_flags(rate: str = "index", gamma: str = "0.9", gamma_schedule: str = "constant", sample_u: bool = True,
+               include_current: bool = False, drift_correction: bool = True, first_visit: str = "batch") -> tuple:
+    """A complete ``--loss decl`` configuration, every rate setting written out (so that a cached run
+    keeps its meaning when a package default changes)."""
+    if rate == "batch":
+        return ("--loss", "decl", "--decl-rate", "batch", "--decl-sample-u" if sample_u else "--no-decl-sample-u")
+    return ("--loss", "decl", "--decl-rate", rate, "--decl-gamma", gamma, "--decl-gamma-schedule", gamma_schedule,
+            "--decl-sample-u" if sample_u else "--no-decl-sample-u",
+            "--decl-include-current" if include_current else "--no-decl-include-current",
+            "--decl-drift-correction" if drift_correction else "--no-decl-drift-correction",
+            "--decl-first-visit", first_visit)
+
+
+#: DeCL variants of the ablation: name -> flags (one setting changed from ``gamma=0.9``).
 VARIANTS = {
-    "gamma=0.9": ("--loss", "decl", "--decl-rate", "index", "--decl-gamma", "0.9"),
-    "gamma=0.2": ("--loss", "decl", "--decl-rate", "index", "--decl-gamma", "0.2"),
-    "gamma=0.05": ("--loss", "decl", "--decl-rate", "index", "--decl-gamma", "0.05"),
-    "gamma=cosine": ("--loss", "decl", "--decl-rate", "index", "--decl-gamma", "0.2",
-                     "--decl-gamma-schedule", "cosine"),
-    "update-then-read": ("--loss", "decl", "--decl-rate", "index", "--decl-gamma", "0.9",
-                         "--decl-include-current"),
-    "first-visit=mean": ("--loss", "decl", "--decl-rate", "index", "--decl-gamma", "0.9",
-                         "--decl-first-visit", "mean"),
+    "gamma=0.9": decl_flags(),
+    "gamma=0.2": decl_flags(gamma="0.2"),
+    "gamma=0.05": decl_flags(gamma="0.05"),
+    "gamma=cosine": decl_flags(gamma="0.2", gamma_schedule="cosine"),
+    "update-then-read": decl_flags(include_current=True),
+    "u=mean": decl_flags(sample_u=False),
+    "no drift correction": decl_flags(drift_correction=False),
+    "first-visit=mean": decl_flags(first_visit="mean"),
 }
+DEFAULT_ABLATION = ("gamma=0.9", "gamma=0.2", "gamma=0.05", "gamma=cosine", "update-then-read", "u=mean",
+                    "no drift correction")
 #: The variant whose flags equal the package's defaults (tests/test_batch_size_bench.py checks it).
 DEFAULT_VARIANT = "gamma=0.9"
 #: The objectives of the batch-size comparison; ``decl`` is :data:`DEFAULT_VARIANT`'s flags.
 OBJECTIVES = {
     "clip": ("--loss", "clip"),
     "decl": VARIANTS[DEFAULT_VARIANT],
-    "decl rate=batch": ("--loss", "decl", "--decl-rate", "batch"),
+    "decl rate=batch": decl_flags(rate="batch"),
 }
 BATCH_SIZES = (32, 64, 128, 256)
 
@@ -210,7 +226,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help=f"batch sizes of part 2 (default {' '.join(map(str, BATCH_SIZES))}; quick 16 32)")
     p.add_argument("--ablation-batch-size", type=int, default=None, help="batch size of part 1 (default 64; quick 16)")
     p.add_argument("--variants", nargs="+", default=None, choices=list(VARIANTS),
-                   help="ablation variants (default: all)")
+                   help=f"ablation variants (default: {' '.join(DEFAULT_ABLATION)})")
     p.add_argument("--objectives", nargs="+", default=None, choices=list(OBJECTIVES),
                    help="objectives of part 2 (default: all)")
     p.add_argument("--seeds", type=int, nargs="+", default=None, help="training seeds (default 0 1 2; quick 0 1)")
@@ -237,7 +253,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         raise SystemExit(f"--epochs must be >= 1, got {args.epochs}")
     if args.eval_threads < 1:
         raise SystemExit(f"--eval-threads must be >= 1, got {args.eval_threads}")
-    variants = args.variants or list(VARIANTS)
+    variants = args.variants or list(DEFAULT_ABLATION)
     if DEFAULT_VARIANT not in variants:
         variants = [DEFAULT_VARIANT] + variants
     fewshot_seeds = args.fewshot_seeds or ([0] if args.quick else [0, 1, 2])

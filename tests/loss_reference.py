@@ -85,26 +85,17 @@ class IndexRates:
     ``visit`` returns the rates a step's loss1 uses: by default those stored by earlier visits (read,
     then update), a first visit reading its own batch estimate (``first_visit="batch"``) or the mean of
     the previous step's log batch estimates (``"mean"``); with ``include_current`` the buffer is updated
-    first and read after.
+    first and read after. With ``drift`` the stored rates are relative to the storing step's mean log
+    estimate ``m_t`` (``r / exp(m_t)``) and read at the previous step's level.
     """
 
-    def __init__(self, gamma, first_visit="batch", include_current=False):
+    def __init__(self, gamma, first_visit="batch", include_current=False, drift=True):
         self.gamma = gamma
         self.first_visit = first_visit
         self.include_current = include_current
+        self.drift = drift
         self.rate = [{}, {}]
         self.prev_mean_log = None  # per direction, from the previous visit() call
-
-    def _update(self, ids, batch_rates, gamma):
-        for d in range(2):
-            seen = set()
-            for pos, sid in enumerate(ids.tolist()):
-                if sid in seen:  # a repeated id in one batch keeps its first estimate
-                    continue
-                seen.add(sid)
-                r = float(batch_rates[d][pos])
-                old = self.rate[d].get(sid)
-                self.rate[d][sid] = r if old is None else (1 - gamma) * old + gamma * r
 
     def _first_estimate_log_mean(self, ids, batch_rates):
         out = []
@@ -117,23 +108,38 @@ class IndexRates:
 
     def visit(self, ids, batch_rates, gamma=None):
         gamma = self.gamma if gamma is None else gamma
+        m_t = self._first_estimate_log_mean(ids, batch_rates)
+
+        def update():
+            for d in range(2):
+                seen = set()
+                for pos, sid in enumerate(ids.tolist()):
+                    if sid in seen:  # a repeated id in one batch keeps its first estimate
+                        continue
+                    seen.add(sid)
+                    r = float(batch_rates[d][pos]) / (math.exp(m_t[d]) if self.drift else 1.0)
+                    old = self.rate[d].get(sid)
+                    self.rate[d][sid] = r if old is None else (1 - gamma) * old + gamma * r
+
         if self.include_current:
-            self._update(ids, batch_rates, gamma)
+            update()
+        level = m_t if self.include_current else self.prev_mean_log
         used = []
         for d in range(2):
             row = []
             for pos, sid in enumerate(ids.tolist()):
                 if sid in self.rate[d]:
-                    row.append(self.rate[d][sid])
+                    row.append(self.rate[d][sid] * (math.exp(level[d]) if self.drift else 1.0))
                 elif self.first_visit == "mean" and self.prev_mean_log is not None:
                     row.append(math.exp(self.prev_mean_log[d]))
                 else:
                     row.append(float(batch_rates[d][pos]))
             used.append(row)
         if not self.include_current:
-            self._update(ids, batch_rates, gamma)
-        self.prev_mean_log = self._first_estimate_log_mean(ids, batch_rates)
+            update()
+        self.prev_mean_log = m_t
         return torch.tensor(used, dtype=torch.float64)
 
     def log_rate(self, d, sid):
+        """The stored value: relative to its step's mean estimate with ``drift``."""
         return math.log(self.rate[d][sid])

@@ -186,16 +186,16 @@ def test_decl_lambda_zero_is_infonce(s):
         assert_close_all(grads(got, a), grads(expected, b), rtol=1e-10, atol=1e-12)
 
 
-@pytest.mark.parametrize("first_visit, include_current, gamma_schedule", [
-    ("batch", False, "constant"), ("mean", False, "constant"), ("batch", True, "constant"),
-    ("mean", False, "cosine"),
+@pytest.mark.parametrize("first_visit, include_current, gamma_schedule, drift", [
+    ("batch", False, "constant", True), ("mean", False, "constant", True), ("batch", True, "constant", True),
+    ("mean", False, "cosine", True), ("batch", False, "constant", False), ("batch", True, "constant", False),
 ])
-def test_decl_index_buffer_follows_moving_average_over_steps(first_visit, include_current, gamma_schedule):
+def test_decl_index_buffer_follows_moving_average_over_steps(first_visit, include_current, gamma_schedule, drift):
     gamma, s, n, decay = 0.3, 20.0, 6, 3
     loss_fn = create_loss("decl", rate="index", num_samples=10, gamma=gamma, schedule="decl", sample_u=False,
                           first_visit=first_visit, include_current=include_current, gamma_schedule=gamma_schedule,
-                          gamma_decay_steps=decay if gamma_schedule == "cosine" else None)
-    tracker = ref.IndexRates(gamma, first_visit=first_visit, include_current=include_current)
+                          gamma_decay_steps=decay if gamma_schedule == "cosine" else None, drift_correction=drift)
+    tracker = ref.IndexRates(gamma, first_visit=first_visit, include_current=include_current, drift=drift)
     id_batches = [torch.tensor([0, 1, 2, 3, 4, 5]), torch.tensor([6, 7, 2, 3, 8, 9]),
                   torch.tensor([1, 1, 4, 9, 0, 7]), torch.tensor([5, 6, 8, 2, 3, 1])]
     # revisits, first visits after the first step, and a repeated id inside one batch
@@ -227,7 +227,8 @@ def test_decl_index_second_call_reads_the_rate_stored_by_the_first():
     loss_fn = create_loss("decl", rate="index", num_samples=10, gamma=0.9, schedule="decl", sample_u=False)
     f1, g1 = features(n, seed=1)
     loss_fn(f1, g1, torch.tensor(s), sample_ids=ids)
-    stored = loss_fn.log_rate[:, ids].double()  # float32 in the buffer
+    # float32 in the buffer; stored relative to the step's mean estimate, which is the next step's level
+    stored = (loss_fn.log_rate[:, ids] + loss_fn.prev_log_rate[:, None]).double()
     # the first visit read the first batch's own estimate, and stored it
     torch.testing.assert_close(stored, ref.batch_mean_negative_score(f1, g1, s).log(), rtol=1e-6, atol=1e-6)
     f2, g2 = features(n, seed=2)
@@ -240,8 +241,13 @@ def test_decl_index_second_call_reads_the_rate_stored_by_the_first():
     _, loss1_coupled, _ = ref.decl(f2, g2, s, coupled, torch.ones(2, n, dtype=torch.float64), 1.0)
     assert abs(float(loss1_coupled - loss1)) > 1e-3
     assert float(loss_fn.metrics["first_visit_rate"]) == 0.0
-    # only now is the second estimate folded in
-    torch.testing.assert_close(loss_fn.log_rate[:, ids].double(), coupled.log(), rtol=1e-6, atol=1e-6)
+    # only now is the second estimate folded in, with the old rate moved by the drift of the mean
+    # estimate between the two steps (m_2 - m_1)
+    m1 = ref.batch_mean_negative_score(f1, g1, s).log().mean(dim=1, keepdim=True)
+    m2 = e2.log().mean(dim=1, keepdim=True)
+    folded = 0.1 * (stored + m2 - m1).exp() + 0.9 * e2
+    after = (loss_fn.log_rate[:, ids] + loss_fn.prev_log_rate[:, None]).double()
+    torch.testing.assert_close(after, folded.log(), rtol=1e-5, atol=1e-5)
 
 
 def test_decl_coupled_index_is_the_batch_rate_on_first_visits_and_the_default_is_not():
@@ -289,12 +295,20 @@ def test_cosine_gamma_schedule_goes_from_one_to_gamma():
 
 
 def test_old_checkpoint_without_prev_log_rate_loads():
-    loss_fn = create_loss("decl", rate="index", num_samples=4, first_visit="mean")
+    """A state of an earlier version (absolute log-rates, no level) is made relative to the mean of its
+    visited entries, so the rates read afterwards are the ones it held."""
+    loss_fn = create_loss("decl", rate="index", num_samples=4)
     state = {k: v.clone() for k, v in loss_fn.state_dict().items() if k != "prev_log_rate"}
     state["log_rate"][:, 1] = -2.0
-    fresh = create_loss("decl", rate="index", num_samples=4, first_visit="mean")
+    state["log_rate"][:, 3] = 1.0
+    fresh = create_loss("decl", rate="index", num_samples=4)
     fresh.load_state_dict(state)
-    assert torch.isnan(fresh.prev_log_rate).all() and float(fresh.log_rate[0, 1]) == -2.0
+    torch.testing.assert_close(fresh.prev_log_rate, torch.tensor([-0.5, -0.5]))
+    effective = fresh.log_rate + fresh.prev_log_rate[:, None]
+    assert effective[0, 1] == -2.0 and effective[1, 3] == 1.0 and torch.isnan(effective[:, [0, 2]]).all()
+    absolute = create_loss("decl", rate="index", num_samples=4, drift_correction=False)
+    absolute.load_state_dict(state)
+    assert float(absolute.log_rate[0, 1]) == -2.0
 
 
 @pytest.mark.parametrize("include_current", [False, True])

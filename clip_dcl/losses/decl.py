@@ -28,7 +28,19 @@ gradient of loss1 is ``(eps / r) grad mean_k S_ik``, an unbiased estimate of ``g
   ``first_visit="batch"``: its own batch estimate ``e_i`` (so the first epoch is the coupled
   ``batch`` rate, as FastCLIP's ``gamma = 1`` first epoch is), or ``first_visit="mean"``: the mean
   of the previous step's batch estimates over the global batch (per direction; the batch estimate
-  at the very first step), which keeps the first epoch decoupled too. Every rank keeps an identical
+  at the very first step), which keeps the first epoch decoupled too.
+
+  **Drift correction** (``drift_correction=True``, the default). A stored rate is up to an epoch
+  old, and early in training the whole similarity scale moves fast: on the synthetic data the
+  mean log-rate climbed by about 9 within the first epoch, so the first revisits read rates
+  ``e^9`` too small, loss1 reached 10^4 and training collapsed (zero-shot at chance, for gamma 0.9
+  and 0.2 alike). So each rate is stored relative to the mean estimate of the step that stored
+  it, ``m_t = mean_i e_i`` over the global batch, and read at the level of the previous step:
+  ``log r_i = (stored relative rate) + m_{t-1}``, i.e. the stale estimate shifted by the global
+  drift since it was stored. Both parts still come from earlier steps only. The moving average
+  runs on the relative rates, ``rel <- log((1 - gamma_t) e^rel + gamma_t e^(e_i - m_t))``;
+  ``first_visit="mean"`` is a relative rate of 0. ``drift_correction=False`` keeps absolute rates.
+  Every rank keeps an identical
   replica, updated from the all-gathered ``(id, e)`` pairs; a repeated id in one global batch reads
   the same stored value for both rows and is updated with its first occurrence's estimate.
 - ``"queue"`` (no ids needed): a FIFO of the last ``queue_size`` gathered embeddings of each
@@ -133,6 +145,8 @@ class DeCLLoss(ContrastiveLoss):
             estimate) or ``"mean"`` (the previous step's mean estimate).
         include_current: let the current batch enter the rate it is scored with (the coupled
             ablation: ``index`` updates before it reads, ``queue`` counts the batch with the queue).
+        drift_correction: ``rate="index"`` keeps each rate relative to the mean estimate of the step
+            that stored it and reads it at the previous step's mean (see the module docstring).
         sample_u: draw ``u ~ Gamma(1, r)`` (True) or use its mean ``1 / r`` (False).
         num_samples: size of the ``index`` buffer (ids must lie in ``[0, num_samples)``).
         queue_size: length of the ``queue`` FIFO per modality.
@@ -143,12 +157,15 @@ class DeCLLoss(ContrastiveLoss):
 
     Attributes:
         metrics: ``lambda_t``, ``loss1``, ``loss2`` (each averaged over directions), ``mean_log_rate``
-            and ``clamp_rate``, from the last call; for ``index`` also ``gamma_t`` and ``first_visit_rate``
+            ``clamp_rate``, ``log_ratio_mean`` and ``log_ratio_std`` (of ``log(mean_k S_ik / r_i)`` over the
+            anchor rows: how far the rates used are from the batch's own estimates), from the last call;
+            for ``index`` also ``gamma_t`` and ``first_visit_rate``
             (the share of anchor rows read on their first visit).
         calls: buffer, training-mode calls so far (``t = calls // accum_freq + 1``).
-        log_rate: buffer ``(2, num_samples)`` of ``log r`` (image, text), NaN where unvisited (index).
-        prev_log_rate: buffer ``(2,)``, the previous step's mean batch estimate (index,
-            ``first_visit="mean"``; NaN before the first step).
+        log_rate: buffer ``(2, num_samples)`` of ``log r`` (image, text), NaN where unvisited (index);
+            relative to the storing step's mean estimate with ``drift_correction``.
+        prev_log_rate: buffer ``(2,)``, the previous step's mean batch estimate ``m_{t-1}`` (index; NaN
+            before the first step).
         queue, queue_ptr, queue_count: FIFO buffers (queue).
 
     Raises:
@@ -167,7 +184,7 @@ class DeCLLoss(ContrastiveLoss):
 
     def __init__(self, rate: str = "index", schedule: str = "alternate", lam: float = 1.0, gamma: float = 0.9,
                  gamma_schedule: str = "constant", gamma_decay_steps: Optional[int] = None,
-                 first_visit: str = "batch", include_current: bool = False,
+                 first_visit: str = "batch", include_current: bool = False, drift_correction: bool = True,
                  sample_u: bool = True, num_samples: Optional[int] = None, queue_size: int = 4096,
                  accum_freq: int = 1, max_log_ratio: float = 20.0, seed: int = 0, **dist_kwargs):
         super().__init__(**dist_kwargs)
@@ -215,6 +232,7 @@ class DeCLLoss(ContrastiveLoss):
         self.gamma_decay_steps = int(gamma_decay_steps) if gamma_decay_steps is not None else None
         self.first_visit = first_visit
         self.include_current = bool(include_current)
+        self.drift_correction = bool(drift_correction)
         self.sample_u = bool(sample_u)
         self.num_samples = int(num_samples) if num_samples is not None else None
         self.queue_size = int(queue_size)
@@ -246,8 +264,15 @@ class DeCLLoss(ContrastiveLoss):
             self.queue = torch.zeros_like(state_dict[key], device=self.queue.device)
         key = prefix + "prev_log_rate"
         if self.rate == "index" and prefix + "log_rate" in state_dict and key not in state_dict:
-            # a checkpoint from before first_visit="mean": no previous step to read
-            state_dict[key] = torch.full((2,), float("nan"))
+            # a checkpoint of an earlier version: absolute log-rates and no level. Made relative to the
+            # mean of the visited entries (which becomes the level) when drift correction is on.
+            rates = state_dict[prefix + "log_rate"]
+            finite = torch.isfinite(rates)
+            level = torch.stack([rates[d][finite[d]].mean() if bool(finite[d].any()) else
+                                 torch.tensor(float("nan")) for d in range(rates.shape[0])])
+            if self.drift_correction:
+                state_dict[prefix + "log_rate"] = rates - level[:, None].to(rates)
+            state_dict[key] = level.to(torch.float32)
         self._step_cache = None
         super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
 
@@ -281,12 +306,16 @@ class DeCLLoss(ContrastiveLoss):
         upd_ids = all_ids[keep]
 
         def fold_in():
-            self.log_rate[:, upd_ids] = moving_average_log_rate(self.log_rate[:, upd_ids], e_all[:, keep], gamma)
-            self.prev_log_rate.copy_(e_all[:, keep].mean(dim=1))
+            level = e_all[:, keep].mean(dim=1)  # m_t: this step's mean estimate, per direction
+            new = e_all[:, keep] - level[:, None] if self.drift_correction else e_all[:, keep]
+            self.log_rate[:, upd_ids] = moving_average_log_rate(self.log_rate[:, upd_ids], new, gamma)
+            self.prev_log_rate.copy_(level)
 
         if update and self.include_current:  # the coupled ablation: the current estimate enters the rate
             fold_in()
         log_r = self.log_rate[:, row_ids].clone()  # read before this step's update
+        if self.drift_correction:  # relative rates, at the level of the previous step (NaN before any step)
+            log_r = log_r + self.prev_log_rate[:, None]
         fresh = torch.isnan(log_r)
         if bool(fresh.any()):
             fallback = e_rows
@@ -365,10 +394,11 @@ class DeCLLoss(ContrastiveLoss):
             self.calls += 1
 
         lam_t = schedule_lambda(self.schedule, step, self.lam)
-        loss1_dirs, loss2_dirs, clamped = [], [], []
+        loss1_dirs, loss2_dirs, clamped, ratios = [], [], [], []
         for d, stats in enumerate((st.image, st.text)):
             log_ratio = stats.lse_neg - math.log(st.num_negatives) - log_r[d]
             clamped.append(log_ratio.detach() > self.max_log_ratio)
+            ratios.append(log_ratio.detach())
             loss1_dirs.append((eps[d] * torch.exp(log_ratio.clamp(max=self.max_log_ratio)) - stats.pos).mean())
             loss2_dirs.append((torch.logaddexp(stats.pos, stats.lse_neg) - stats.pos).mean())
         loss1 = (loss1_dirs[0] + loss1_dirs[1]) / 2
@@ -381,6 +411,10 @@ class DeCLLoss(ContrastiveLoss):
             "mean_log_rate": log_r[torch.isfinite(log_r)].mean() if bool(torch.isfinite(log_r).any())
             else torch.tensor(float("nan")),
             "clamp_rate": torch.cat(clamped).float().mean(),
+            # log(mean_k S_ik / r_i): 0 for a rate equal to this batch's estimate; its spread says how far
+            # the rates read from earlier steps are from the current batch's
+            "log_ratio_mean": torch.cat(ratios).mean(),
+            "log_ratio_std": torch.cat(ratios).std() if torch.cat(ratios).numel() > 1 else torch.zeros(()),
         }
         if self.rate == "index":
             metrics["gamma_t"] = self.gamma_at(step)
@@ -391,5 +425,6 @@ class DeCLLoss(ContrastiveLoss):
         return (f"rate={self.rate!r}, schedule={self.schedule!r}, lam={self.lam}, gamma={self.gamma}, "
                 f"gamma_schedule={self.gamma_schedule!r}, gamma_decay_steps={self.gamma_decay_steps}, "
                 f"first_visit={self.first_visit!r}, include_current={self.include_current}, "
+                f"drift_correction={self.drift_correction}, "
                 f"sample_u={self.sample_u}, num_samples={self.num_samples}, queue_size={self.queue_size}, "
                 f"accum_freq={self.accum_freq}, " + super().extra_repr())

@@ -33,6 +33,7 @@ LOSS_FLAGS = {
     "decl_gamma_schedule": ("decl", "gamma_schedule"),
     "decl_first_visit": ("decl", "first_visit"),
     "decl_include_current": ("decl", "include_current"),
+    "decl_drift_correction": ("decl", "drift_correction"),
     "decl_sample_u": ("decl", "sample_u"),
     "decl_queue_size": ("decl", "queue_size"),
     "decl_num_samples": ("decl", "num_samples"),
@@ -115,6 +116,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="decl: let the current batch enter the rate it is scored with (index: update the buffer, "
                         "then read it; queue: count the batch with the queue), the coupled ablation; by default "
                         "the rate comes from earlier steps only" + default("decl_include_current"))
+    g.add_argument("--decl-drift-correction", action=argparse.BooleanOptionalAction, default=None,
+                   help="decl, rate index: store each rate relative to its step's mean estimate and read it at "
+                        "the previous step's mean, so that rates an epoch old follow the global drift of the "
+                        "similarities" + default("decl_drift_correction"))
     g.add_argument("--decl-sample-u", action=argparse.BooleanOptionalAction, default=None,
                    help="decl: draw u ~ Gamma(1, r) (--decl-sample-u) or use its mean 1/r (--no-decl-sample-u)"
                         + default("decl_sample_u"))
