@@ -92,7 +92,8 @@ def make_objective(name: str, n: int, f_full: torch.Tensor, g_full: torch.Tensor
         loss = create_loss("decl", rate="batch", **common)
         return (lambda f, g, s, ids: loss(f, g, s)), False
     if name == "decl exact rates":
-        loss = create_loss("decl", rate="index", num_samples=n, **common)
+        # absolute rates (no drift correction, which would read them at the level of a previous step)
+        loss = create_loss("decl", rate="index", num_samples=n, drift_correction=False, **common)
         with torch.no_grad():
             loss.log_rate.copy_(full_log_rates(f_full, g_full, s_full).float())
         loss.eval()  # reads the buffer, never updates it
