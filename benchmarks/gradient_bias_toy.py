@@ -50,8 +50,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
 import shlex
 import sys
 import tempfile
@@ -61,6 +59,8 @@ from pathlib import Path
 
 import numpy as np
 from scipy import integrate, optimize, special
+
+from clip_dcl.experiment import machine_info
 
 REG = 0.1
 METHODS = ("sgd", "decl_sampled", "decl_mean")
@@ -519,8 +519,9 @@ def plot(trajectories: dict, results: dict, positivities, variances, path: Path)
 
 
 def machine() -> str:
-    return (f"{platform.platform()}, {platform.processor() or platform.machine()}, {os.cpu_count()} CPU cores, "
-            f"Python {platform.python_version()}, numpy {np.__version__}")
+    """The machine line of every results file (:func:`clip_dcl.experiment.machine_info`) and the
+    numpy that ran the toy."""
+    return f"{machine_info()}, numpy {np.__version__}"
 
 
 def reading(runs: dict, variances, label: str) -> list[str]:

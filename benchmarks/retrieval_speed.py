@@ -24,10 +24,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import subprocess
 import sys
 import time
+
+from clip_dcl.experiment import machine_info
 
 _CHILD = r"""
 import json, resource, sys, time, torch
@@ -119,8 +120,7 @@ def main(argv=None) -> int:
                       f"memory {naive['extra_peak_mb'] / max(r['extra_peak_mb'], 1):.0f}x; "
                       f"R@k identical: {same_recall}; max |mean/median rank difference| {rank_diff:.2g}")
     if args.output:
-        doc = {"machine": platform.platform(), "processor": platform.processor() or platform.machine(),
-               "cpus": os.cpu_count(), "python": sys.version.split()[0], "date": time.strftime("%Y-%m-%d"),
+        doc = {"machine": machine_info(), "date": time.strftime("%Y-%m-%d"),
                "command": " ".join([os.path.basename(sys.executable)] + sys.argv), "results": rows}
         with open(args.output, "w") as f:
             json.dump(doc, f, indent=2)

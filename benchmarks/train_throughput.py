@@ -7,14 +7,14 @@ all with the same model, data, seed, batch size and precision. The objectives ar
 and ``--loss decl`` with each rate estimator (``--decl-rate index``, ``queue``, ``batch``).
 
 Step times come from OpenCLIP itself: with ``--log-every-n-steps 1`` every step's training line
-holds ``Batch (t): <seconds>, <samples/s>/s, ...``, the wall time from the end of the previous
-step to the end of this one (so the wait for the data loader is included), over one step
-(:func:`parse_step_times`). Start-up (imports, model, data pipeline) never enters; the first
-``--warmup-steps`` of every child are dropped (the shuffle buffer filling, allocator and thread
-pool warm-up, on CUDA kernel selection), and so are the last two per loader worker
-(:attr:`Setup.tail_steps`: prefetched batches, trained after the workers stop). Per child the median samples/s over the remaining steps
-is robust to a burst of load from elsewhere; the throughput over all of them (samples over summed
-time) is recorded beside it.
+holds ``Batch (t): <seconds>, <samples/s>/s, ...``, the wall time from the end of the previous step
+to the end of this one (so the wait for the data loader is included), over one step
+(:func:`clip_dcl.experiment.parse_step_times`). Start-up (imports, model, data pipeline) never
+enters; the first ``--warmup-steps`` of every child are dropped (the shuffle buffer filling,
+allocator and thread pool warm-up, on CUDA kernel selection), and so are the last two per loader
+worker (:attr:`Setup.tail_steps`: prefetched batches, trained after the workers stop). Per child
+the median samples/s over the remaining steps is robust to a burst of load from elsewhere; the
+throughput over all of them (samples over summed time) is recorded beside it.
 
 Runs are interleaved: every round trains each objective once, and the order rotates by one each
 round, so that slow drift of the machine hits every objective alike. The ratio to ``clip`` is
@@ -48,11 +48,9 @@ import dataclasses
 import json
 import math
 import os
-import re
 import shlex
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -61,6 +59,9 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Callable, Dict, List, Optional, Sequence
 
+from clip_dcl import experiment as ex
+from clip_dcl.experiment import Run, StepTime, parse_step_times
+
 HERE = Path(__file__).resolve().parent
 STEM = "train_throughput"
 BASELINE = "clip"
@@ -68,28 +69,16 @@ BASELINE = "clip"
 GOAL = 0.97
 
 
-@dataclass(frozen=True)
-class Objective:
-    """One objective: a report label and its ``clip_dcl.train`` flags."""
-
-    name: str
-    flags: tuple
-
-    @property
-    def slug(self) -> str:
-        return re.sub(r"[^A-Za-z0-9_.-]+", "-", self.name).strip("-")
-
-
-def objectives(tau_plus: float) -> List[Objective]:
+def objectives(tau_plus: float) -> List[Run]:
     """``clip`` (the baseline, first), ``dcl`` with the data's class prior, ``decl`` with each rate."""
     if not 0.0 <= tau_plus < 1.0:
         raise ValueError(f"tau_plus={tau_plus!r} must be in [0, 1)")
     return [
-        Objective(BASELINE, ("--loss", "clip")),
-        Objective("dcl", ("--loss", "dcl", "--tau-plus", f"{tau_plus:.6g}")),
-        Objective("decl rate=index", ("--loss", "decl", "--decl-rate", "index")),
-        Objective("decl rate=queue", ("--loss", "decl", "--decl-rate", "queue")),
-        Objective("decl rate=batch", ("--loss", "decl", "--decl-rate", "batch")),
+        Run(BASELINE, ("--loss", "clip")),
+        Run("dcl", ("--loss", "dcl", "--tau-plus", f"{tau_plus:.6g}")),
+        Run("decl rate=index", ("--loss", "decl", "--decl-rate", "index")),
+        Run("decl rate=queue", ("--loss", "decl", "--decl-rate", "queue")),
+        Run("decl rate=batch", ("--loss", "decl", "--decl-rate", "batch")),
     ]
 
 
@@ -138,6 +127,19 @@ class Setup:
     def train_steps(self) -> int:
         return self.warmup_steps + self.steps + self.tail_steps
 
+    @property
+    def budget(self) -> ex.Budget:
+        """The training flags every child shares: one epoch, a loss line per step."""
+        return ex.Budget(epochs=1, batch_size=self.batch_size, lr=1e-3, wd=0.1, warmup=2, seed=self.seed,
+                         workers=self.workers, model=self.model, log_every_n_steps=1)
+
+    @property
+    def child_options(self) -> dict:
+        """:func:`clip_dcl.experiment.train`'s options of a timed child: ``device`` and ``precision``,
+        an epoch of exactly :attr:`train_steps` steps, no validation."""
+        return {"precision": self.precision, "device": self.device,
+                "num_samples": self.batch_size * self.train_steps, "validate": False}
+
 
 CPU_SETUP = Setup()
 QUICK_SETUP = Setup(batch_size=32, warmup_steps=2, steps=6)
@@ -146,43 +148,8 @@ CUDA_SETUP = Setup(device="cuda", model="ViT-B-32", image_size=224, precision="a
 
 
 # ------------------------------------------------------------------------------------------
-# Log parsing and statistics (pure)
+# Statistics (pure)
 # ------------------------------------------------------------------------------------------
-_TRAIN_LINE = re.compile(
-    r"Train Epoch: (?P<epoch>\d+) \[\s*(?P<done>\d+)/(?P<total>\d+) \(\s*\d+%\)\]\s+"
-    r"Data \(t\): (?P<data>[-+0-9.eE]+|nan|inf)\s+"
-    r"Batch \(t\): (?P<batch>[-+0-9.eE]+|nan|inf), (?P<sps>[-+0-9.eE]+|nan|inf)/s,")
-
-
-@dataclass(frozen=True)
-class StepTime:
-    """One training line of OpenCLIP: epoch, samples done in the epoch, data and step seconds, samples/s."""
-
-    epoch: int
-    samples_done: int
-    data_seconds: float
-    batch_seconds: float
-    samples_per_second: float
-
-
-def parse_step_times(text: str) -> List[StepTime]:
-    """The training lines of an OpenCLIP log, in order (``open_clip_train.train.train_one_epoch``).
-
-    The line reads ``Train Epoch: E [done/total (p%)] Data (t): D Batch (t): B, S/s, S'/s/gpu ...``
-    where ``B`` and ``D`` are averages over the steps since the last line (one step with
-    ``--log-every-n-steps 1``), ``B`` printed to the millisecond, and ``S`` is the global batch
-    over the last step's time printed to six significant digits; so ``S`` is the precise figure.
-    Lines of anything else (validation, loss-state digests, warnings) are skipped.
-    """
-    out = []
-    for line in text.splitlines():
-        m = _TRAIN_LINE.search(line)
-        if m:
-            out.append(StepTime(int(m["epoch"]), int(m["done"]), float(m["data"]), float(m["batch"]),
-                                float(m["sps"])))
-    return out
-
-
 def steady_rates(steps: Sequence[StepTime], warmup_steps: int, tail_steps: int = 0) -> List[float]:
     """Samples/s of the steps between the first ``warmup_steps`` and the last ``tail_steps`` lines.
 
@@ -265,64 +232,42 @@ def summarize(rounds: Sequence[Dict[str, Sequence[float]]], baseline: str = BASE
 # ------------------------------------------------------------------------------------------
 # Children
 # ------------------------------------------------------------------------------------------
-def child_command(objective: Objective, data: dict, setup: Setup, logs: os.PathLike,
-                  python: str = sys.executable) -> List[str]:
+def child_command(objective: Run, data: dict, setup: Setup, logs: os.PathLike) -> List[str]:
     """``python -m clip_dcl.train -- ...`` of one timed child: one epoch of ``setup.train_steps`` steps.
 
     No validation or zero-shot evaluation: the child does nothing but train (OpenCLIP still writes
     the final checkpoint under ``logs``, after the timed steps). ``--dataset-resampled`` lets the
     epoch hold exactly the steps asked for, whatever the shard sizes and the loader workers.
     """
-    return [
-        python, "-m", "clip_dcl.train", "--",
-        "--model", setup.model,
-        "--train-data", data["train_data"], "--dataset-type", "webdataset", "--dataset-resampled",
-        "--train-num-samples", str(setup.batch_size * setup.train_steps),
-        "--batch-size", str(setup.batch_size), "--epochs", "1",
-        "--lr", "1e-3", "--wd", "0.1", "--warmup", "2", "--seed", str(setup.seed),
-        "--workers", str(setup.workers), "--precision", setup.precision, "--device", setup.device,
-        "--logs", str(logs), "--name", objective.slug, "--log-every-n-steps", "1",
-        "--save-frequency", "0", "--zeroshot-frequency", "0", "--val-frequency", "0", "--report-to", "",
-        *objective.flags,
-    ]
+    return ex.train_command(objective, data, logs, setup.budget, **setup.child_options)
 
 
-def run_child(cmd: Sequence[str], setup: Setup, log_path: Path) -> dict:
-    """Run one child; keep its output in ``log_path``; return wall seconds, load average and step times."""
-    log_path.parent.mkdir(parents=True, exist_ok=True)
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    if setup.device == "cpu":
-        env["CUDA_VISIBLE_DEVICES"] = ""
-    if setup.threads:
-        env.update(OMP_NUM_THREADS=str(setup.threads), MKL_NUM_THREADS=str(setup.threads))
+def run_child(objective: Run, data: dict, setup: Setup, logs: Path, echo: Callable[[str], None] = print) -> dict:
+    """Train one child under ``logs`` (the caller holds the machine lock, if any); return its
+    command, wall seconds, load average before and after, and step times."""
+    env = {"OMP_NUM_THREADS": str(setup.threads), "MKL_NUM_THREADS": str(setup.threads)} if setup.threads else None
     load_before = os.getloadavg()
-    start = time.perf_counter()
-    proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
-    seconds = time.perf_counter() - start
-    log_path.write_text(proc.stdout)
-    if proc.returncode != 0:
-        tail = "\n".join(proc.stdout.splitlines()[-40:])
-        raise RuntimeError(f"training child failed (exit code {proc.returncode}): {shlex.join(cmd)}\n{tail}")
-    steps = parse_step_times(proc.stdout)
-    return {"wall_seconds": seconds, "load_before": load_before, "load_after": os.getloadavg(),
-            "steps": [dataclasses.asdict(s) for s in steps]}
+    res = ex.train(objective, data, logs, setup.budget, echo=echo, env=env, lock=False, **setup.child_options)
+    steps = parse_step_times((res.log_dir / "stdout.txt").read_text())
+    shutil.rmtree(res.log_dir / "checkpoints", ignore_errors=True)  # only the timing is kept
+    return {"command": res.command, "wall_seconds": res.seconds, "load_before": load_before,
+            "load_after": os.getloadavg(), "steps": [dataclasses.asdict(s) for s in steps]}
 
 
-def measure(objs: Sequence[Objective], data: dict, setup: Setup, rounds: int, work: Path,
+def measure(objs: Sequence[Run], data: dict, setup: Setup, rounds: int, work: Path,
             echo: Callable[[str], None] = print) -> List[dict]:
-    """Train every objective once per round, order rotated each round; one record per child."""
+    """Train every objective once per round, order rotated each round; one record per child.
+
+    A child's output stays in ``work/runs/round<r>/<objective>/stdout.txt``.
+    """
     records = []
     for r in range(rounds):
         for obj in round_order(objs, r):
-            logs = work / "runs" / f"round{r}"
-            shutil.rmtree(logs / obj.slug, ignore_errors=True)  # OpenCLIP refuses an existing experiment
-            cmd = child_command(obj, data, setup, logs)
-            res = run_child(cmd, setup, work / "logs" / f"round{r}" / f"{obj.slug}.txt")
-            shutil.rmtree(logs / obj.slug / "checkpoints", ignore_errors=True)  # only the timing is kept
+            res = run_child(obj, data, setup, work / "runs" / f"round{r}", echo)
             rates = steady_rates([StepTime(**s) for s in res["steps"]], setup.warmup_steps, setup.tail_steps)
             echo(f"  round {r + 1}/{rounds}  {obj.name:<16} median {statistics.median(rates):8.1f} samples/s "
                  f"over {len(rates)} steps  (child {res['wall_seconds']:.0f} s, load {res['load_before'][0]:.2f})")
-            records.append({"round": r, "objective": obj.name, "flags": list(obj.flags), "command": cmd,
+            records.append({"round": r, "objective": obj.name, "flags": list(obj.flags), "command": res["command"],
                             "steady_samples_per_second": rates, **res})
     return records
 
@@ -330,7 +275,7 @@ def measure(objs: Sequence[Objective], data: dict, setup: Setup, rounds: int, wo
 # ------------------------------------------------------------------------------------------
 # Report
 # ------------------------------------------------------------------------------------------
-def table(summary: Dict[str, dict], objs: Sequence[Objective]) -> str:
+def table(summary: Dict[str, dict], objs: Sequence[Run]) -> str:
     lines = ["| objective | samples/s (median over rounds) | range over rounds | samples/s (pooled) "
              "| / clip (median of per-round ratios) | ratio range | >= 0.97x | / clip, faster steps (upper quartile) |",
              "|---|---|---|---|---|---|---|---|"]
@@ -345,7 +290,7 @@ def table(summary: Dict[str, dict], objs: Sequence[Objective]) -> str:
     return "\n".join(lines)
 
 
-def plot(records: Sequence[dict], summary: Dict[str, dict], objs: Sequence[Objective], path: Path,
+def plot(records: Sequence[dict], summary: Dict[str, dict], objs: Sequence[Run], path: Path,
          title: str) -> Path:
     """Left: per-step samples/s of every child (one dot per step) and each round's median.
     Right: each round's ratio to clip, the median over rounds, and the 0.97 goal."""
@@ -381,15 +326,10 @@ def plot(records: Sequence[dict], summary: Dict[str, dict], objs: Sequence[Objec
     ax1.set(ylabel="samples/s / clip's in the same round", title="ratio to OpenCLIP's loss")
     ax1.grid(axis="y", alpha=0.3)
     ax1.legend(fontsize=8)
-    fig.suptitle(title)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return ex.save_figure(fig, path, title)
 
 
-def write_report(out_dir: Path, records: List[dict], objs: Sequence[Objective], setup: Setup, rounds: int,
+def write_report(out_dir: Path, records: List[dict], objs: Sequence[Run], setup: Setup, rounds: int,
                  data: dict, about: dict) -> Dict[str, Path]:
     """``train_throughput.md`` (settings, machine, command, table), ``.json`` (raw steps), ``.png``."""
     per_round: List[Dict[str, List[float]]] = [{} for _ in range(rounds)]
@@ -532,7 +472,6 @@ def main(argv: Optional[List[str]] = None) -> int:
     if setup.device == "cuda" and not torch.cuda.is_available():
         raise SystemExit("--device cuda: torch.cuda.is_available() is False on this machine")
 
-    from clip_dcl import experiment as ex
     from clip_dcl.data.synth import generate
 
     mode = f"{'quick' if args.quick else 'full'}-{setup.device}"

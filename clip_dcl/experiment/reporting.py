@@ -1,0 +1,169 @@
+"""Tables, JSON, plots and the machine line of a comparison's report.
+
+:func:`write_report` writes a comparison as a Markdown table (:func:`comparison_table`), a JSON
+document with the raw numbers and settings, and a PNG with the training curves and the scores
+(:func:`plot`); :func:`machine_info` is the one line naming the machine that every results file
+of the benchmarks carries; :func:`save_figure` writes any of their figures.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import platform
+import sys
+import time
+from pathlib import Path
+from typing import Dict, List, Optional, Sequence
+
+from .runner import Budget, TrainResult
+from .scoring import chance_levels, headline_metrics
+
+
+def machine_info() -> str:
+    """One line naming this machine for results files: CPU model, cores, GPU, OS, Python, torch."""
+    import torch
+
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as f:
+            cpu = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), cpu)
+    except OSError:
+        pass
+    gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "no GPU"
+    return (f"{cpu}, {os.cpu_count()} CPU cores ({torch.get_num_threads()} torch threads), {gpu}; "
+            f"{platform.system()} {platform.release()}, Python {platform.python_version()}, torch {torch.__version__}")
+
+
+def _cell(values: Sequence[float]) -> str:
+    finite = [v for v in values if v is not None and math.isfinite(v)]
+    if not finite:
+        return "nan"
+    mean = sum(finite) / len(finite)
+    if len(finite) == 1:
+        return f"{100 * mean:.1f}"
+    std = math.sqrt(sum((v - mean) ** 2 for v in finite) / (len(finite) - 1))
+    return f"{100 * mean:.1f} ± {100 * std:.1f}"
+
+
+def comparison_table(scores: Dict[str, List[Dict[str, float]]], rows: Sequence[tuple],
+                     chance: Dict[str, float]) -> str:
+    """Markdown: one row per metric, one column per run (mean ± sample std over seeds), in percent.
+
+    ``scores``: run name -> one metrics dict per seed. The best mean of a row is in bold.
+    """
+    names = list(scores)
+    header = "| metric (%) | chance | " + " | ".join(names) + " |"
+    lines = [header, "|" + "---|" * (len(names) + 2)]
+    for key, label in rows:
+        values = {n: [s.get(key, float("nan")) for s in scores[n]] for n in names}
+        means = {n: (sum(v) / len(v) if v and all(math.isfinite(x) for x in v) else float("nan"))
+                 for n, v in values.items()}
+        finite = [m for m in means.values() if math.isfinite(m)]
+        best = max(finite) if finite else None
+        cells = []
+        for n in names:
+            cell = _cell(values[n])
+            cells.append(f"**{cell}**" if best is not None and means[n] == best and len(names) > 1 else cell)
+        level = chance.get(key)
+        lines.append(f"| {label} | {'' if level is None else f'{100 * level:.1f}'} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def plot(results: Dict[str, List[TrainResult]], scores: Dict[str, List[Dict[str, float]]],
+         rows: Sequence[tuple], chance: Dict[str, float], path: os.PathLike, title: str = "") -> Path:
+    """A PNG: training loss and validation R@1 per epoch (left), headline scores per run (right)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    fig, axes = plt.subplots(1, 3, figsize=(17, 4.8), gridspec_kw={"width_ratios": [1, 1, 2]})
+    names = list(results)
+    colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    for i, name in enumerate(names):
+        colour = colours[i % len(colours)]
+        for j, res in enumerate(results[name]):
+            label = name if j == 0 else None
+            curve = res.curves.get("loss2") or res.curves["loss"]
+            label = f"{name} (InfoNCE term)" if j == 0 and "loss2" in res.curves else label
+            axes[0].plot(res.curves["epoch"], curve, color=colour, alpha=0.8, lw=1, label=label)
+            if res.val:
+                ep = [r.get("epoch", k + 1) for k, r in enumerate(res.val)]
+                r1 = [(r.get("image_to_text_R@1", np.nan) + r.get("text_to_image_R@1", np.nan)) / 2 for r in res.val]
+                axes[1].plot(ep, [100 * v for v in r1], "o-", color=colour, alpha=0.8, label=label)
+    axes[0].set(xlabel="epoch", ylabel="loss (each objective's own)", title="training loss")
+    axes[1].set(xlabel="epoch", ylabel="mean R@1 (%)", title="validation retrieval (OpenCLIP, 1 caption)")
+    for ax in axes[:2]:
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+
+    ax = axes[2]
+    width = 0.8 / max(1, len(names))
+    x = np.arange(len(rows))
+    for i, name in enumerate(names):
+        means = [100 * np.nanmean([s.get(k, np.nan) for s in scores[name]]) for k, _ in rows]
+        errs = [100 * (np.nanstd([s.get(k, np.nan) for s in scores[name]], ddof=1) if len(scores[name]) > 1 else 0)
+                for k, _ in rows]
+        ax.bar(x + (i - (len(names) - 1) / 2) * width, means, width, yerr=errs, label=name,
+               color=colours[i % len(colours)], capsize=2)
+    ax.scatter(x, [100 * chance.get(k, np.nan) for k, _ in rows], marker="_", s=300, color="black",
+               label="chance", zorder=3)
+    ax.set_xticks(x, [label for _, label in rows], rotation=60, ha="right", fontsize=7)
+    ax.set(ylabel="%", title="held-out scores")
+    ax.grid(axis="y", alpha=0.3)
+    ax.legend(fontsize=8)
+    return save_figure(fig, path, title)
+
+
+def save_figure(fig, path: os.PathLike, title: str = "", title_size=None) -> Path:
+    """Title, lay out and write a matplotlib figure as a PNG (folders created), then free it."""
+    import matplotlib.pyplot as plt
+
+    if title:
+        fig.suptitle(title, fontsize=title_size)
+    fig.tight_layout()
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def write_report(out_dir: os.PathLike, stem: str, *, data: dict, budget: Budget,
+                 results: Dict[str, List[TrainResult]], scores: Dict[str, List[Dict[str, float]]],
+                 header: str = "", extra: Optional[dict] = None) -> Dict[str, Path]:
+    """Write ``<stem>.md`` (table), ``<stem>.json`` (raw numbers, commands) and ``<stem>.png``."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    rows = headline_metrics(data)
+    chance = chance_levels(data)
+    table = comparison_table(scores, rows, chance)
+    png = plot(results, scores, rows, chance, out / f"{stem}.png", title=header.splitlines()[0] if header else "")
+    md = out / f"{stem}.md"
+    about = (f"- machine: {machine_info()}\n- date: {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}\n"
+             f"- command: `{' '.join([Path(sys.argv[0]).name] + sys.argv[1:])}`\n"
+             f"- raw numbers, commands and curves: `{stem}.json`\n")
+    md.write_text((header + "\n\n" if header else "") + about + "\n" + table + "\n\n"
+                  + f"![curves and scores]({png.name})\n")
+    doc = {
+        "machine": machine_info(),
+        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        "command": " ".join([Path(sys.argv[0]).name] + sys.argv[1:]),
+        "budget": dataclasses.asdict(budget),
+        "data": {k: data[k] for k in ("out_dir", "train_data", "val_data", "tau_plus", "config") if k in data},
+        "chance": chance,
+        "runs": {
+            name: [{"flags": list(r.run.flags), "seed": s.get("seed"), "checkpoint": str(r.checkpoint),
+                    "train_seconds": r.seconds, "command": r.command, "curves": r.curves, "val": r.val,
+                    "metrics": {k: v for k, v in s.items() if k != "seed"}}
+                   for r, s in zip(results[name], scores[name])]
+            for name in results
+        },
+        **(extra or {}),
+    }
+    js = out / f"{stem}.json"
+    js.write_text(json.dumps(doc, indent=1, default=str) + "\n")
+    return {"markdown": md, "json": js, "png": png, "table": table}

@@ -1,0 +1,289 @@
+"""Running trainings as a user would: ``python -m clip_dcl.train`` in a child process.
+
+A :class:`Run` (a label and its ``--loss ...`` flags) and a :class:`Budget` (what every run of a
+comparison shares) make one command line (:func:`train_command`); :func:`train` runs it under the
+machine-wide lock (:func:`machine_lock`), streams its progress and reads back what OpenCLIP
+logged (:func:`read_curves`, :func:`read_val`, :func:`parse_step_times`).
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Dict, List, Optional, Sequence
+
+#: The model every demo run trains (registered by clip_dcl.models).
+DEFAULT_MODEL = "clip-dcl-tiny"
+
+
+@dataclass(frozen=True)
+class Run:
+    """One objective of a comparison: a table label and its ``clip_dcl.train`` flags."""
+
+    name: str
+    flags: tuple = ()
+
+    @property
+    def slug(self) -> str:
+        """A folder name for the run's logs."""
+        return re.sub(r"[^A-Za-z0-9_.-]+", "-", self.name).strip("-") or "run"
+
+
+@dataclass(frozen=True)
+class Budget:
+    """What every run of a comparison shares; maps one to one onto OpenCLIP's flags."""
+
+    epochs: int = 4
+    batch_size: int = 128
+    lr: float = 1e-3
+    wd: float = 0.1
+    warmup: int = 20
+    seed: int = 0
+    workers: int = 1
+    model: str = DEFAULT_MODEL
+    log_every_n_steps: int = 5
+    #: OpenCLIP flags added verbatim (e.g. ``("--lr-scheduler", "const")``)
+    extra: tuple = ()
+
+    def validate(self) -> None:
+        for name in ("epochs", "batch_size", "log_every_n_steps"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name}={getattr(self, name)!r} must be >= 1")
+        if not self.lr > 0:
+            raise ValueError(f"lr={self.lr!r} must be > 0")
+        if self.workers < 0 or self.warmup < 0:
+            raise ValueError(f"workers={self.workers!r} and warmup={self.warmup!r} must be >= 0")
+
+
+def default_runs(tau_plus: float) -> List[Run]:
+    """The three objectives under their package defaults; ``dcl`` gets the data's own class prior."""
+    return [
+        Run("clip", ("--loss", "clip")),
+        Run("dcl", ("--loss", "dcl", "--tau-plus", f"{tau_plus:.6g}")),
+        Run("decl", ("--loss", "decl", "--decl-rate", "index")),
+    ]
+
+
+# ------------------------------------------------------------------------------------------
+# Training
+# ------------------------------------------------------------------------------------------
+def train_command(run: Run, data: dict, logs: os.PathLike, budget: Budget,
+                  entry: Optional[Sequence[str]] = None, *, precision: str = "fp32", device: str = "cpu",
+                  num_samples: Optional[int] = None, validate: bool = True) -> List[str]:
+    """The ``python -m clip_dcl.train -- ...`` command line of ``run`` (``data``: a synth summary).
+
+    ``entry`` replaces ``[python, "-m", "clip_dcl.train"]``, e.g. with a script that registers
+    an extra loss before calling :func:`clip_dcl.train.main`. ``precision`` and ``device`` are
+    OpenCLIP's. ``num_samples`` makes every epoch that many samples drawn with replacement
+    (``--dataset-resampled``), whatever the shard sizes and the loader workers, in place of one
+    pass over the data's training split: an exact number of steps, as a timing needs.
+    ``validate=False`` only trains: no validation, and no checkpoint but the last epoch's.
+    """
+    every_epoch = "1" if validate else "0"
+    return [
+        *(entry or [sys.executable, "-m", "clip_dcl.train"]), "--",
+        "--model", budget.model,
+        "--train-data", data["train_data"], *(["--val-data", data["val_data"]] if validate else []),
+        "--dataset-type", "webdataset", *(["--dataset-resampled"] if num_samples is not None else []),
+        "--train-num-samples", str(data["train"]["num_samples"] if num_samples is None else num_samples),
+        *(["--val-num-samples", str(data["val"]["num_samples"])] if validate else []),
+        "--batch-size", str(budget.batch_size), "--epochs", str(budget.epochs),
+        "--lr", repr(budget.lr), "--wd", repr(budget.wd), "--warmup", str(budget.warmup),
+        "--seed", str(budget.seed), "--workers", str(budget.workers),
+        "--precision", precision, "--device", device,
+        "--logs", str(logs), "--name", run.slug,
+        "--log-every-n-steps", str(budget.log_every_n_steps),
+        "--save-frequency", every_epoch, "--zeroshot-frequency", "0", "--val-frequency", every_epoch,
+        "--report-to", "",
+        *budget.extra, *run.flags,
+    ]
+
+
+@dataclass
+class TrainResult:
+    run: Run
+    checkpoint: Path
+    log_dir: Path
+    seconds: float
+    command: List[str]
+    curves: Dict[str, list] = field(default_factory=dict)
+    val: List[dict] = field(default_factory=list)
+
+
+@contextmanager
+def machine_lock(echo: Callable[[str], None] = print):
+    """Hold a machine-wide lock while a training child runs (POSIX ``flock``).
+
+    Two trainings sharing a small CPU run several times slower each than one after the other
+    (their thread pools fight for the cores), so comparisons started side by side on one
+    machine take turns. The lock file is ``$CLIP_DCL_TRAIN_LOCK`` (default
+    ``<tmp>/clip-dcl-train.lock``); set the variable to an empty string to run side by side.
+    """
+    path = os.environ.get("CLIP_DCL_TRAIN_LOCK", os.path.join(tempfile.gettempdir(), "clip-dcl-train.lock"))
+    try:
+        import fcntl
+    except ImportError:  # pragma: no cover - not POSIX
+        path = ""
+    if not path:
+        yield
+        return
+    with open(path, "a+") as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            echo(f"  waiting for another clip-dcl training on this machine to finish (lock {path})")
+            fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+_PROGRESS = re.compile(r"Train Epoch: (\d+) \[\s*(\d+)/(\d+) \((\d+)%\)\].*?\bLoss: (\S+)")
+
+
+def train(run: Run, data: dict, logs: os.PathLike, budget: Budget, *, echo: Callable[[str], None] = print,
+          env: Optional[dict] = None, entry: Optional[Sequence[str]] = None, precision: str = "fp32",
+          device: str = "cpu", num_samples: Optional[int] = None, validate: bool = True,
+          lock: bool = True) -> TrainResult:
+    """Train ``run`` in a child process; stream its progress through ``echo``; return its results.
+
+    An earlier run of the same name under ``logs`` is replaced (OpenCLIP refuses to reuse a
+    folder). The child's full output is kept in ``logs/<name>/stdout.txt``; on failure its tail
+    is raised in a ``RuntimeError``. Runs take turns with other trainings started through this
+    function on the same machine (:func:`machine_lock`); ``lock=False`` is for a caller that holds
+    the lock itself around several trainings (a second hold from the same process would wait for
+    ever). ``precision``, ``device``, ``num_samples`` and ``validate`` go to :func:`train_command`;
+    on ``device="cpu"`` the child sees no GPU. ``env`` is added to the child's environment.
+    """
+    budget.validate()
+    logs = Path(logs)
+    log_dir = logs / run.slug
+    cmd = train_command(run, data, logs, budget, entry, precision=precision, device=device,
+                        num_samples=num_samples, validate=validate)
+    no_gpu = {"CUDA_VISIBLE_DEVICES": ""} if device == "cpu" else {}
+    child_env = {**os.environ, **no_gpu, "PYTHONUNBUFFERED": "1", **(env or {})}
+    with machine_lock(echo) if lock else contextlib.nullcontext():
+        # Only once it is this run's turn: a run stopped while waiting leaves the earlier one intact.
+        if log_dir.exists():
+            shutil.rmtree(log_dir)
+        logs.mkdir(parents=True, exist_ok=True)
+        start = time.perf_counter()
+        code, lines = _stream(cmd, child_env, run, budget, echo, start)
+    seconds = time.perf_counter() - start
+    log_dir.mkdir(parents=True, exist_ok=True)  # absent when the child failed before OpenCLIP started
+    (log_dir / "stdout.txt").write_text("\n".join(lines) + "\n")
+    tail = lines[-60:]
+    checkpoint = log_dir / "checkpoints" / f"epoch_{budget.epochs}.pt"
+    if code != 0 or not checkpoint.is_file():
+        raise RuntimeError(f"training {run.name!r} failed (exit code {code}): {' '.join(cmd)}\n"
+                           + "\n".join(tail))
+    return TrainResult(run, checkpoint, log_dir, seconds, cmd, read_curves(log_dir / "out.log"),
+                       read_val(log_dir / "checkpoints" / "results.jsonl"))
+
+
+def _stream(cmd, env, run: Run, budget: Budget, echo, start: float):
+    """Run ``cmd``; echo its progress lines; return the exit code and the output's lines."""
+    lines: List[str] = []
+    last_echo = 0.0
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+    with proc.stdout:
+        for line in proc.stdout:
+            lines.append(line.rstrip())
+            match = _PROGRESS.search(line)
+            now = time.perf_counter()
+            if match and (now - last_echo > 5 or match.group(4) == "100"):
+                epoch, pct, loss = int(match.group(1)), int(match.group(4)), float(match.group(5))
+                echo(f"  [{run.name}] epoch {epoch + 1}/{budget.epochs} {pct:3d}%  loss {loss:.4f}  "
+                     f"({now - start:.0f} s)")
+                last_echo = now
+            elif "Eval Epoch:" in line and "R@1" in line:
+                found = dict(re.findall(r"(\w+_R@1|clip_val_loss): (\S+)", line))
+                echo(f"  [{run.name}] validation: " + ", ".join(f"{k} {float(v):.4f}" for k, v in found.items()))
+    return proc.wait(), lines
+
+
+def read_curves(out_log: os.PathLike) -> Dict[str, list]:
+    """Training loss against epochs from OpenCLIP's ``out.log``: ``{"epoch", "loss"[, "loss2"]}``.
+
+    ``epoch`` is fractional (epoch index plus the share of the epoch done at the logged step);
+    ``loss`` is the step's total loss as OpenCLIP logs it; ``loss2`` is DeCL's InfoNCE term, when
+    logged (DeCL's total moves between its two terms as ``lambda_t`` changes).
+    """
+    curves: Dict[str, list] = {"epoch": [], "loss": []}
+    path = Path(out_log)
+    if not path.is_file():
+        return curves
+    for line in path.read_text(errors="replace").splitlines():
+        match = _PROGRESS.search(line)
+        if match:
+            done, total = int(match.group(2)), int(match.group(3))
+            curves["epoch"].append(int(match.group(1)) + (done / total if total else 0.0))
+            curves["loss"].append(float(match.group(5)))
+            loss2 = re.search(r"\bLoss2: (\S+)", line)
+            if loss2:
+                curves.setdefault("loss2", []).append(float(loss2.group(1)))
+    return curves
+
+
+def read_val(results_jsonl: os.PathLike) -> List[dict]:
+    """The per-epoch validation records OpenCLIP appends to ``checkpoints/results.jsonl``."""
+    path = Path(results_jsonl)
+    if not path.is_file():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+_TRAIN_LINE = re.compile(
+    r"Train Epoch: (?P<epoch>\d+) \[\s*(?P<done>\d+)/(?P<total>\d+) \(\s*\d+%\)\]\s+"
+    r"Data \(t\): (?P<data>[-+0-9.eE]+|nan|inf)\s+"
+    r"Batch \(t\): (?P<batch>[-+0-9.eE]+|nan|inf), (?P<sps>[-+0-9.eE]+|nan|inf)/s,")
+
+
+@dataclass(frozen=True)
+class StepTime:
+    """One training line of OpenCLIP: epoch, samples done in the epoch, data and step seconds, samples/s."""
+
+    epoch: int
+    samples_done: int
+    data_seconds: float
+    batch_seconds: float
+    samples_per_second: float
+
+
+def parse_step_times(text: str) -> List[StepTime]:
+    """The training lines of an OpenCLIP log, in order (``open_clip_train.train.train_one_epoch``).
+
+    The line reads ``Train Epoch: E [done/total (p%)] Data (t): D Batch (t): B, S/s, S'/s/gpu ...``
+    where ``B`` and ``D`` are averages over the steps since the last line (one step with
+    ``--log-every-n-steps 1``), ``B`` printed to the millisecond, and ``S`` is the global batch
+    over the last step's time printed to six significant digits; so ``S`` is the precise figure.
+    Lines of anything else (validation, loss-state digests, warnings) are skipped.
+    """
+    out = []
+    for line in text.splitlines():
+        m = _TRAIN_LINE.search(line)
+        if m:
+            out.append(StepTime(int(m["epoch"]), int(m["done"]), float(m["data"]), float(m["batch"]),
+                                float(m["sps"])))
+    return out
+
+
+def synth_data(out_dir: os.PathLike, *, quick: bool = False, verbose: bool = True, **overrides) -> dict:
+    """The synthetic data set under ``out_dir``: reused when written with the same config, else
+    written afresh (``out_dir`` holds outputs of a comparison, nothing else)."""
+    from ..data.synth import generate
+
+    try:
+        return generate(out_dir, quick=quick, reuse=True, verbose=verbose, **overrides)
+    except FileExistsError:
+        return generate(out_dir, quick=quick, overwrite=True, verbose=verbose, **overrides)

@@ -1,0 +1,160 @@
+"""Evaluating trained runs and putting their scores next to chance.
+
+:func:`evaluate` scores a checkpoint with the package's evaluators on the synthetic data's
+held-out splits; :func:`train_and_evaluate` trains and scores a run once and remembers both;
+:func:`chance_levels` gives what a random embedding would score, worked out from the data's
+sizes; :func:`headline_metrics` names the rows of a comparison.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Dict, List, Optional, Sequence
+
+from .runner import Budget, Run, TrainResult
+
+#: Version of what :func:`evaluate` reports; bumped when an evaluator changes its numbers, so that
+#: cached runs (:func:`train_and_evaluate`) are evaluated again. 2: the few-shot probe ignores
+#: diverged heads.
+EVALUATOR = 2
+
+
+@dataclass
+class Outcome:
+    """A trained and evaluated run (:func:`train_and_evaluate`)."""
+
+    result: TrainResult
+    metrics: Dict[str, float]
+    eval_seconds: float
+    #: UTC time the evaluation finished, ``YYYY-MM-DD HH:MM``
+    finished: str
+    #: "trained", "evaluated" (cached training, evaluated again) or "reused"
+    source: str
+
+
+def train_and_evaluate(run: Run, data: dict, logs: os.PathLike, budget: Budget, cache: os.PathLike, *,
+                       fewshot_seeds: Sequence[int] = (0, 1, 2), entry: Optional[Sequence[str]] = None,
+                       env: Optional[dict] = None, echo: Callable[[str], None] = print) -> Outcome:
+    """:func:`train` then :func:`evaluate`, remembered in the JSON file ``cache``.
+
+    A later call with the same run flags, budget, data config and few-shot seeds reuses the
+    cached training, and its scores too unless :data:`EVALUATOR` changed since (then the
+    checkpoint is evaluated again), so that an interrupted benchmark resumes where it stopped.
+    ``train``, ``evaluate`` and ``EVALUATOR`` are looked up on :mod:`clip_dcl.experiment` at each
+    call, so that one replaced there (a test's stand-in) is the one used.
+    """
+    from .. import experiment as ex
+
+    cache = Path(cache)
+    # compared as JSON holds it (tuples come back as lists)
+    key = json.loads(json.dumps({"flags": list(run.flags), "budget": dataclasses.asdict(budget),
+                                 "data": data["config"], "fewshot_seeds": list(fewshot_seeds)}))
+    doc = json.loads(cache.read_text()) if cache.is_file() else {}
+    res = None
+    if doc.get("settings") == key and Path(doc.get("checkpoint", "")).is_file():
+        res = TrainResult(run, Path(doc["checkpoint"]), Path(doc["log_dir"]), doc["seconds"], doc["command"],
+                          doc["curves"], doc["val"])
+        if doc.get("evaluator") == ex.EVALUATOR:
+            return Outcome(res, doc["metrics"], doc["eval_seconds"], doc["finished"], "reused")
+    source = "evaluated" if res is not None else "trained"
+    if res is None:
+        res = ex.train(run, data, logs, budget, echo=echo, env=env, entry=entry)
+    t0 = time.perf_counter()
+    metrics = ex.evaluate(res.checkpoint, data, fewshot_seeds=fewshot_seeds)
+    secs = time.perf_counter() - t0
+    finished = time.strftime("%Y-%m-%d %H:%M", time.gmtime())
+    cache.parent.mkdir(parents=True, exist_ok=True)
+    cache.write_text(json.dumps({
+        "settings": key, "evaluator": ex.EVALUATOR, "checkpoint": str(res.checkpoint), "log_dir": str(res.log_dir),
+        "seconds": res.seconds, "command": res.command, "curves": res.curves, "val": res.val, "metrics": metrics,
+        "eval_seconds": secs, "finished": finished}, default=str) + "\n")
+    return Outcome(res, metrics, secs, finished, source)
+
+
+# ------------------------------------------------------------------------------------------
+# Evaluation
+# ------------------------------------------------------------------------------------------
+def evaluate(checkpoint: os.PathLike, data: dict, *, shots: int = 5, fewshot_seeds: Sequence[int] = (0, 1, 2),
+             grid: str = "reduced", batch_size: int = 256, progress: bool = False) -> Dict[str, float]:
+    """Retrieval, zero-shot and few-shot scores of a checkpoint on a synthetic data set.
+
+    Keys: ``retrieval/<metric>``, ``zeroshot/<metric>``, ``fewshot/<data set>/<score>`` (the
+    evaluators' own names under a prefix).
+    """
+    from ..checkpoint import load_checkpoint
+    from ..eval.fewshot import evaluate_fewshot
+    from ..eval.retrieval import evaluate_retrieval
+    from ..eval.zeroshot import evaluate_zeroshot
+
+    root = Path(data["out_dir"])
+    model, preprocess, tokenizer = load_checkpoint(checkpoint)
+    out: Dict[str, float] = {}
+    ret = evaluate_retrieval(model, preprocess, tokenizer, data["val_data"], batch_size=batch_size,
+                             progress=progress)
+    out.update({f"retrieval/{k}": float(v) for k, v in ret.items()})
+    zs = evaluate_zeroshot(model, preprocess, tokenizer, root / data["zeroshot"]["dir"], batch_size=batch_size,
+                           progress=progress)
+    out.update({f"zeroshot/{k}": float(v) for k, v in zs.items()})
+    fs = evaluate_fewshot(model, preprocess, tokenizer, root / data["fewshot"]["dir"], shots=shots,
+                          seeds=tuple(fewshot_seeds), grid=grid, batch_size=batch_size, progress=progress)
+    out.update({f"fewshot/{k}": float(v) for k, v in fs.items()})
+    return out
+
+
+def _any_hit_chance(num_candidates: int, num_true: int, k: int) -> float:
+    """P(at least one of ``num_true`` relevant items in a uniformly random top ``k``)."""
+    k = min(k, num_candidates)
+    miss = 1.0
+    for i in range(k):
+        miss *= max(0, num_candidates - num_true - i) / (num_candidates - i)
+    return 1.0 - miss
+
+
+def chance_levels(data: dict) -> Dict[str, float]:
+    """What an embedding unrelated to the content scores on each headline metric, in expectation.
+
+    Retrieval: every image has ``m`` captions among ``M = m * N`` (image -> text hits if any of
+    its ``m`` is in the top k: ``1 - C(M - m, k) / C(M, k)``); text -> image ``k / N``.
+    Classification on balanced classes: top-k ``k / C``, mean per-class recall ``1 / C``.
+    Few-shot: ``1 / C`` for accuracy and mean per-class recall (the synthetic suite and the
+    digits are balanced or near it, so accuracy's chance is the same to within a point).
+    """
+    n_img = int(data["val"]["num_samples"])
+    m = int(data["config"]["val_captions_per_image"])
+    chance: Dict[str, float] = {}
+    for k in (1, 5, 10):
+        chance[f"retrieval/image_to_text_R@{k}"] = _any_hit_chance(n_img * m, m, k)
+        chance[f"retrieval/text_to_image_R@{k}"] = min(1.0, k / n_img)
+    c = int(data["zeroshot"]["num_classes"])
+    chance["zeroshot/top1"] = 1 / c
+    chance["zeroshot/top5"] = min(1.0, 5 / c)
+    chance["zeroshot/mean_per_class_recall"] = 1 / c
+    per_set = []
+    for name, spec in data["fewshot"]["datasets"].items():
+        level = 1 / int(spec["num_classes"])
+        per_set.append(level)
+        for score in ("linear_probe", "mean_classifier", "zeroshot"):
+            chance[f"fewshot/{name}/{score}"] = level
+    if per_set:
+        for score in ("linear_probe", "mean_classifier", "zeroshot"):
+            chance[f"fewshot/average/{score}"] = sum(per_set) / len(per_set)
+    return chance
+
+
+def headline_metrics(data: dict) -> List[tuple]:
+    """``(key, label)`` of the rows of the comparison table, in order."""
+    rows = [(f"retrieval/image_to_text_R@{k}", f"retrieval image->text R@{k}") for k in (1, 5, 10)]
+    rows += [(f"retrieval/text_to_image_R@{k}", f"retrieval text->image R@{k}") for k in (1, 5, 10)]
+    rows.append(("zeroshot/top1", "zero-shot top-1"))
+    if int(data["zeroshot"]["num_classes"]) > 5:  # top-5 of 5 classes or fewer is 100 % by definition
+        rows.append(("zeroshot/top5", "zero-shot top-5"))
+    rows.append(("zeroshot/mean_per_class_recall", "zero-shot mean per-class recall"))
+    for name in data["fewshot"]["datasets"]:
+        rows.append((f"fewshot/{name}/linear_probe", f"5-shot probe {name}"))
+    rows += [("fewshot/average/linear_probe", "5-shot probe average"),
+             ("fewshot/average/mean_classifier", "5-shot mean classifier average")]
+    return rows
