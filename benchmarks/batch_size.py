@@ -233,6 +233,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--fewshot-seeds", type=int, nargs="+", default=None,
                    help="k-shot draws of the 5-shot probe (default 0 1 2; quick 0)")
     p.add_argument("--eval-threads", type=int, default=2, help="torch threads of the evaluations")
+    p.add_argument("--stem", default=STEM, help="file name of the report (STEM.md, .json, .png)")
     return p
 
 
@@ -302,14 +303,14 @@ def main(argv: Optional[List[str]] = None) -> int:
                         "finished": out.finished, "source": out.source, "checkpoint": str(out.result.checkpoint),
                         "command": out.result.command, "metrics": metrics})
         write(results_dir, data, budget, abl_b, sizes, seeds, variants, fewshot_seeds, abl_scores, bs_scores,
-              records, command, started, time.perf_counter() - t0, complete=done == len(jobs))
-    print(f"[batch_size] wrote {results_dir / (STEM + '.md')}, .json, .png", flush=True)
-    print((results_dir / f"{STEM}.md").read_text().split("![")[0])
+              records, command, started, time.perf_counter() - t0, complete=done == len(jobs), stem=args.stem)
+    print(f"[batch_size] wrote {results_dir / (args.stem + '.md')}, .json, .png", flush=True)
+    print((results_dir / f"{args.stem}.md").read_text().split("![")[0])
     return 0
 
 
 def write(out: Path, data, budget, abl_b, sizes, seeds, variants, fewshot_seeds, abl_scores, bs_scores, records,
-          command, started, seconds, complete: bool) -> None:
+          command, started, seconds, complete: bool, stem: str = STEM) -> None:
     """(Re)write the report from the runs finished so far."""
     keys = [k for k, _ in HEADLINE]
     chance = q.chance_with_mean_r1(data)
@@ -336,7 +337,7 @@ def write(out: Path, data, budget, abl_b, sizes, seeds, variants, fewshot_seeds,
         f"- Machine: {ex.machine_info()}",
         f"- Data: clip-dcl synthetic shards, {data['config']['num_classes']} latent classes "
         f"(tau_plus = {float(data['tau_plus']):.3f}), **{data['train']['num_samples']} training pairs** (shrunk "
-        f"from the demo's 12000 to fit about an hour of CPU), the demo's held-out splits: retrieval over "
+        f"from the demo's 12000 to fit the CPU budget), the demo's held-out splits: retrieval over "
         f"{data['val']['num_samples']} images x {data['config']['val_captions_per_image']} captions, zero-shot over "
         f"the {data['zeroshot']['num_classes']} classes, the 5-shot suite ({', '.join(data['fewshot']['datasets'])}).",
         f"- Training: `{budget.model}`, {epochs_note}; lr {budget.lr}, wd {budget.wd}, warmup {budget.warmup} "
@@ -347,7 +348,7 @@ def write(out: Path, data, budget, abl_b, sizes, seeds, variants, fewshot_seeds,
         f"(`{' '.join(OBJECTIVES['decl'][2:])}`, schedule alternate, u ~ Gamma, rates read from earlier steps, "
         f"a first visit reads its batch estimate); `decl rate=batch` = the coupled ablation (rate from the "
         f"current batch). Ablation at batch {abl_b}: {', '.join(variants)}.",
-        f"- Raw numbers, commands and per-run times: `{STEM}.json`; figure: `{STEM}.png`.",
+        f"- Raw numbers, commands and per-run times: `{stem}.json`" + (f"; figure: `{stem}.png`." if have_bs else "."),
     ])
     parts = [header]
     if have_bs:
@@ -367,11 +368,11 @@ def write(out: Path, data, budget, abl_b, sizes, seeds, variants, fewshot_seeds,
         if paired_abl:
             parts += [f"### Paired against {DEFAULT_VARIANT} (the default; points, same seed)",
                       q.paired_table(paired_abl, DEFAULT_VARIANT)]
-    png = plot(have_bs, chance, out / f"{STEM}.png", "Held-out scores against the batch size") if have_bs else None
+    png = plot(have_bs, chance, out / f"{stem}.png", "Held-out scores against the batch size") if have_bs else None
     if png is not None:
         parts.append(f"![scores against the batch size]({png.name})")
     out.mkdir(parents=True, exist_ok=True)
-    (out / f"{STEM}.md").write_text("\n\n".join(p for p in parts if p) + "\n")
+    (out / f"{stem}.md").write_text("\n\n".join(p for p in parts if p) + "\n")
     doc = {"machine": ex.machine_info(), "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
            "command": command, "complete": complete, "budget": dataclasses.asdict(budget), "batch_sizes": sizes,
            "ablation_batch_size": abl_b, "seeds": seeds, "fewshot_seeds": fewshot_seeds,
@@ -381,7 +382,7 @@ def write(out: Path, data, budget, abl_b, sizes, seeds, variants, fewshot_seeds,
                                                                     for n, d in vs_clip.items()},
            "claim_vs_clip_at_2B": {n: {str(b): v for b, v in d.items()} for n, d in claim.items()},
            "ablation_vs_default": paired_abl}
-    (out / f"{STEM}.json").write_text(json.dumps(doc, indent=1, default=str) + "\n")
+    (out / f"{stem}.json").write_text(json.dumps(doc, indent=1, default=str) + "\n")
 
 
 if __name__ == "__main__":  # pragma: no cover
