@@ -38,7 +38,7 @@ def test_ablation_changes_one_setting_of_the_default_decl():
         "decl rate=batch": {"decl_rate": "batch"},
         "decl schedule=decl": {"decl_schedule": "decl"},
         "decl schedule=harmonic": {"decl_schedule": "harmonic"},
-        "decl u=mean": {"decl_sample_u": False},
+        "decl u=gamma": {"decl_sample_u": True},
     }
 
 

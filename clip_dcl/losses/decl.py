@@ -185,7 +185,7 @@ class DeCLLoss(ContrastiveLoss):
     def __init__(self, rate: str = "index", schedule: str = "alternate", lam: float = 1.0, gamma: float = 0.9,
                  gamma_schedule: str = "constant", gamma_decay_steps: Optional[int] = None,
                  first_visit: str = "batch", include_current: bool = False, drift_correction: bool = True,
-                 sample_u: bool = True, num_samples: Optional[int] = None, queue_size: int = 4096,
+                 sample_u: bool = False, num_samples: Optional[int] = None, queue_size: int = 4096,
                  accum_freq: int = 1, max_log_ratio: float = 20.0, seed: int = 0, **dist_kwargs):
         super().__init__(**dist_kwargs)
         if rate not in RATES:
