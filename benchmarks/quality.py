@@ -387,7 +387,7 @@ def write(out: Path, main_runs, abl_runs, results, scores, eval_seconds, timing,
         f"`python -m clip_dcl.train`; training seeds {seeds} on the same data. Evaluation: "
         f"`clip_dcl.experiment.evaluate` (5-shot probe: reduced grid, k-shot draws {fewshot_seeds}).",
         f"- Objectives: `clip` = OpenCLIP's InfoNCE; `dcl` = debiased contrastive loss with tau_plus = {tau:.4g} "
-        "(the data's prior); `decl` = DeCL with the package defaults (rate index, schedule alternate, u ~ Gamma). "
+        "(the data's prior); `decl` = DeCL with the package defaults (rate index, schedule alternate, u at its mean). "
         f"Ablation: one decl setting changed at a time, training seeds {ablation_seeds}, "
         + ("against the main comparison's decl run of the same seed (the same training). " if abl_budget == budget
            else f"{abl_budget.epochs} epochs (the main comparison's other settings), against the default decl "
