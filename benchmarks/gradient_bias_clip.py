@@ -181,12 +181,15 @@ def measure(model, tokenizer, images, captions, batch_sizes, objectives, shuffle
 
 
 def table(res: dict, objectives: Sequence[str]) -> str:
+    """Markdown: one row per B; per objective the relative error, its noise floor and the cosine."""
     names = [o for o in objectives if o in res["results"]]
-    lines = ["| B | " + " | ".join(names) + " | noise floor |", "|" + "---|" * (len(names) + 2)]
+    lines = ["| B | " + " | ".join(names) + " |", "|" + "---|" * (len(names) + 1)]
     for b in sorted(next(iter(res["results"].values()))):
-        cells = [f"{res['results'][n][b]['rel_error']:.4f} ({res['results'][n][b]['cosine']:.4f})" for n in names]
-        floor = max(res["results"][n][b]["noise_floor"] for n in names)
-        lines.append(f"| {b} | " + " | ".join(cells) + f" | {floor:.4f} |")
+        cells = []
+        for n in names:
+            r = res["results"][n][b]
+            cells.append(f"{r['rel_error']:.4f} (floor {r['noise_floor']:.4f}; cos {r['cosine']:.4f})")
+        lines.append(f"| {b} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
@@ -214,6 +217,30 @@ def plot(all_res: Dict[str, dict], objectives: Sequence[str], path: Path) -> Pat
     return ex.save_figure(fig, path, "Expected minibatch gradient against the full-data gradient")
 
 
+def write_report(results_dir: Path, all_res: Dict[str, dict], doc: dict, minutes: float, date: str) -> None:
+    """``gradient_bias_clip.md`` and ``.png`` from the measurements and the run's JSON document."""
+    png = plot(all_res, OBJECTIVES, results_dir / f"{STEM}.png")
+    parts = [
+        "# Gradient bias in a CLIP model: expected minibatch gradient against the full-data gradient",
+        f"- Machine: {doc['machine']}\n- Date: {date} ({minutes:.1f} min)\n- Command: `{doc['command']}`\n"
+        f"- Raw numbers: `{STEM}.json`",
+        f"- Setup: `{ex.DEFAULT_MODEL}` at fixed parameters (initialisation, seed {doc['seed']}; and after one epoch "
+        f"of `--loss clip` training at batch {doc.get('train_batch_size', 128)}), eval mode; N = {doc['num_pairs']} "
+        "synthetic pairs (the first of the training shards, eval transform); for each B the mean gradient over "
+        f"every batch of {doc['shuffles']} random partitions. `g_full`: the gradient of the objective whose "
+        "negatives' mass is the mean over all N - 1 other candidates. DeCL: decomposed loss alone (lambda_t = 1), "
+        "u at its mean; 'rates from a previous pass' ran one partition first (rate index, gamma 0.9, read then "
+        "update, as training does); 'update-then-read' is the same with the old read order.",
+        "- Cells: `||E[g_B] - g_full|| / ||g_full||`, its noise floor (the standard error of the mean over "
+        "partitions relative to `||g_full||`: an error at the floor is no measurable bias) and the cosine of "
+        "`E[g_B]` and `g_full`.",
+    ]
+    for label, res in all_res.items():
+        parts += [f"## {label} (logit scale s = {res['logit_scale']:.2f})", table(res, OBJECTIVES)]
+    parts.append(f"![relative error against B]({png.name})")
+    (results_dir / f"{STEM}.md").write_text("\n\n".join(parts) + "\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="benchmarks/gradient_bias_clip.py", allow_abbrev=False,
                                 description=__doc__.split("\n\n")[0],
@@ -227,12 +254,22 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--shuffles", type=int, default=None, help="random partitions per B (default 4)")
     p.add_argument("--seed", type=int, default=0, help="seed of the model, the training and the partitions")
     p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
+    p.add_argument("--rewrite", metavar="JSON", default=None,
+                   help="write the Markdown and the plot again from an earlier run's JSON, measuring nothing")
     return p
 
 
 def main(argv: Optional[List[str]] = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(argv)
+    if args.rewrite:
+        doc = json.loads(Path(args.rewrite).read_text())
+        all_res = {label: {**res, "results": {o: {int(b): v for b, v in r.items()} for o, r in res["results"].items()}}
+                   for label, res in doc["checkpoints"].items()}
+        out = Path(args.results) if args.results else Path(args.rewrite).parent
+        write_report(out, all_res, doc, doc["minutes"], doc["date"])
+        print((out / f"{STEM}.md").read_text().split("![")[0])
+        return 0
     n = args.num_pairs or (256 if args.quick else 2048)
     sizes = args.batch_sizes or ([16, 32] if args.quick else list(BATCH_SIZES))
     shuffles = args.shuffles or (2 if args.quick else 4)
@@ -270,34 +307,15 @@ def main(argv: Optional[List[str]] = None) -> int:
               flush=True)
         all_res[label] = measure(model, tokenizer, images, captions, sizes, OBJECTIVES, shuffles, args.seed)
     minutes = (time.perf_counter() - t0) / 60
-    results_dir.mkdir(parents=True, exist_ok=True)
-    png = plot(all_res, OBJECTIVES, results_dir / f"{STEM}.png")
-    parts = [
-        "# Gradient bias in a CLIP model: expected minibatch gradient against the full-data gradient",
-        f"- Machine: {ex.machine_info()}\n- Date: {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())} "
-        f"({minutes:.1f} min)\n- Command: `{command}`\n- Raw numbers: `{STEM}.json`",
-        f"- Setup: `{ex.DEFAULT_MODEL}` at fixed parameters (initialisation, seed {args.seed}; and after one epoch "
-        f"of `--loss clip` training at batch {budget.batch_size}), eval mode; N = {n} synthetic pairs (the first "
-        f"of the training shards, eval transform); for each B the mean gradient over every batch of {shuffles} "
-        "random partitions. `g_full`: the gradient of the objective whose negatives' mass is the mean over all "
-        "N - 1 other candidates. DeCL: decomposed loss alone (lambda_t = 1), u at its mean; 'rates from a "
-        "previous pass' ran one partition first (rate index, gamma 0.9, read then update, as training does); "
-        "'update-then-read' is the same with the old read order.",
-        "- Cells: `||E[g_B] - g_full|| / ||g_full||` (cosine of `E[g_B]` and `g_full`). Noise floor: the "
-        "standard error of the mean over partitions relative to `||g_full||` (largest over the objectives); "
-        "an error at the floor is no measurable bias.",
-    ]
-    for label, res in all_res.items():
-        parts += [f"## {label} (logit scale s = {res['logit_scale']:.2f})", table(res, OBJECTIVES)]
-    parts.append(f"![relative error against B]({png.name})")
-    (results_dir / f"{STEM}.md").write_text("\n\n".join(parts) + "\n")
     doc = {"machine": ex.machine_info(), "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
            "command": command, "minutes": minutes, "num_pairs": n, "batch_sizes": sizes, "shuffles": shuffles,
-           "seed": args.seed, "train_command": trained.command,
+           "seed": args.seed, "train_command": trained.command, "train_batch_size": budget.batch_size,
            "checkpoints": {label: {**res, "results": {o: {str(b): v for b, v in r.items()}
                                                       for o, r in res["results"].items()}}
                            for label, res in all_res.items()}}
+    results_dir.mkdir(parents=True, exist_ok=True)
     (results_dir / f"{STEM}.json").write_text(json.dumps(doc, indent=1) + "\n")
+    write_report(results_dir, all_res, doc, minutes, doc["date"])
     print((results_dir / f"{STEM}.md").read_text().split("![")[0])
     print(f"[gradient_bias_clip] wrote {results_dir / (STEM + '.md')}, .json, .png", flush=True)
     return 0
