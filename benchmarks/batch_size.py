@@ -349,9 +349,11 @@ def write(out: Path, data, budget, abl_b, sizes, seeds, variants, fewshot_seeds,
         f"order and the initialisation, so runs of one seed are paired). Evaluation: "
         f"`clip_dcl.experiment.evaluate` (5-shot probe reduced grid, k-shot draws {fewshot_seeds}).",
         f"- Objectives: `clip` = OpenCLIP's InfoNCE; `decl` = DeCL with the package defaults "
-        f"(`{' '.join(OBJECTIVES['decl'][2:])}`, schedule alternate, u ~ Gamma, rates read from earlier steps, "
-        f"a first visit reads its batch estimate); `decl rate=batch` = the coupled ablation (rate from the "
-        f"current batch). Ablation at batch {abl_b}: {', '.join(variants)}.",
+        f"(`{' '.join(OBJECTIVES['decl'][2:])}`, schedule alternate: rates read from earlier steps, a first "
+        f"visit reads its batch estimate); `decl rate=batch` = the coupled ablation (rate from the current "
+        f"batch). Ablation at batch {abl_b}: {', '.join(variants)}; each changes one setting of `{REFERENCE}` "
+        f"(`{' '.join(VARIANTS[REFERENCE][2:])}`, u drawn from its Gamma), and `{DEFAULT_VARIANT}`, the "
+        "package default it chose, is the reference of the paired table.",
         f"- Raw numbers, commands and per-run times: `{stem}.json`" + (f"; figure: `{stem}.png`." if have_bs else "."),
     ])
     parts = [header]
