@@ -40,7 +40,17 @@ WEIGHTS_NAME = "open_clip_model.safetensors"
 CKPT_KEY = "clip_dcl"
 
 
-def _torch_load(path: Path):
+class UnsafeCheckpoint(ValueError):
+    """A checkpoint that only loads by full unpickling, which can run arbitrary code."""
+
+
+def _torch_load(path: Path, allow_unsafe_pickle: bool = False):
+    """``torch.load`` with ``weights_only=True``; full unpickling only when ``allow_unsafe_pickle``.
+
+    Checkpoints written by clip-dcl's training hold tensors, numbers, strings and dicts only, so they
+    load weights-only. A pickle that needs more can execute code while it loads: it is refused
+    unless the caller says it trusts the file.
+    """
     import pickle
 
     import torch
@@ -48,8 +58,14 @@ def _torch_load(path: Path):
     try:
         return torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as e:
-        # A checkpoint from one's own training run is trusted; it may pickle non-tensor objects.
-        log.warning("%s: weights-only load failed (%s); loading with full unpickling", path, str(e).splitlines()[0])
+        reason = str(e).splitlines()[0]
+        if not allow_unsafe_pickle:
+            raise UnsafeCheckpoint(
+                f"checkpoint {str(path)!r} does not load as weights only ({reason}); loading it would unpickle "
+                "arbitrary objects, which can run code. If you trust the file, pass allow_unsafe_pickle=True "
+                "(--unsafe-pickle on the command line)") from None
+        log.warning("%s: weights-only load failed (%s); fully unpickling it as asked (allow_unsafe_pickle)",
+                    path, reason)
         return torch.load(path, map_location="cpu", weights_only=False)
 
 
@@ -150,7 +166,7 @@ def resolve_model(path: str | os.PathLike, ckpt: dict, model: str | None = None,
 
 
 def load_checkpoint(path: str | os.PathLike, device: str = "cpu", model: str | None = None,
-                    model_config: str | os.PathLike | dict | None = None):
+                    model_config: str | os.PathLike | dict | None = None, allow_unsafe_pickle: bool = False):
     """Load a trained model for downstream use: ``(model, preprocess, tokenizer)``.
 
     Args:
@@ -158,12 +174,15 @@ def load_checkpoint(path: str | os.PathLike, device: str = "cpu", model: str | N
         device: where the model goes; it is returned in eval mode.
         model: the OpenCLIP model name, when the checkpoint does not say it.
         model_config: a config JSON path or dict for a custom architecture (registered with OpenCLIP).
+        allow_unsafe_pickle: load a checkpoint that is not weights-only by full unpickling, which can
+            run code from the file; only for files you trust.
 
     Returns:
         The model, its eval image transform, its tokenizer.
 
     Raises:
         ValueError: a missing path, or a checkpoint whose model cannot be determined.
+        UnsafeCheckpoint: (a ValueError) the file needs full unpickling and ``allow_unsafe_pickle`` is off.
     """
     import open_clip
 
@@ -179,7 +198,7 @@ def load_checkpoint(path: str | os.PathLike, device: str = "cpu", model: str | N
         return net.eval(), preprocess, open_clip.get_tokenizer(name)
     if not path.is_file():
         raise ValueError(f"checkpoint {str(path)!r} does not exist")
-    ckpt = _torch_load(path)
+    ckpt = _torch_load(path, allow_unsafe_pickle)
     if not isinstance(ckpt, dict):
         raise ValueError(f"checkpoint {str(path)!r} holds a {type(ckpt).__name__}, not a dict")
     name = resolve_model(path, ckpt, model, model_config)
@@ -199,7 +218,7 @@ def load_checkpoint(path: str | os.PathLike, device: str = "cpu", model: str | N
 
 
 def export(ckpt: str | os.PathLike, out_dir: str | os.PathLike, model: str | None = None,
-           model_config: str | os.PathLike | dict | None = None) -> Path:
+           model_config: str | os.PathLike | dict | None = None, allow_unsafe_pickle: bool = False) -> Path:
     """Write ``ckpt`` as OpenCLIP's ``local-dir`` layout in ``out_dir`` and return ``out_dir``.
 
     ``open_clip_config.json`` holds ``model_cfg`` (the architecture config), ``preprocess_cfg``
@@ -209,7 +228,7 @@ def export(ckpt: str | os.PathLike, out_dir: str | os.PathLike, model: str | Non
     import open_clip
     from safetensors.torch import save_file
 
-    net, _, _ = load_checkpoint(ckpt, "cpu", model, model_config)
+    net, _, _ = load_checkpoint(ckpt, "cpu", model, model_config, allow_unsafe_pickle)
     if Path(ckpt).is_dir():
         cfg_doc = json.loads((Path(ckpt) / CONFIG_NAME).read_text())
         model_cfg, name = cfg_doc["model_cfg"], cfg_doc.get(CKPT_KEY, {}).get("model")
@@ -244,9 +263,12 @@ def export_main(argv: list[str] | None = None) -> int:
     parser.add_argument("--model", default=None,
                         help="OpenCLIP model name, when the checkpoint does not record it")
     parser.add_argument("--model-config", default=None, help="model config JSON for a custom architecture")
+    parser.add_argument("--unsafe-pickle", action="store_true",
+                        help="load a checkpoint that is not weights-only by full unpickling, which can run code "
+                             "from the file: only for files you trust")
     args = parser.parse_args(argv)
     try:
-        out = export(args.checkpoint, args.out_dir, args.model, args.model_config)
+        out = export(args.checkpoint, args.out_dir, args.model, args.model_config, args.unsafe_pickle)
     except ValueError as e:
         print(f"clip-dcl export: {e}", file=sys.stderr)
         return 2

@@ -202,3 +202,32 @@ def test_export_command(trained, tmp_path, capsys):
     assert "local-dir:" in capsys.readouterr().out
     assert export_main([str(tmp_path / "nothere.pt"), str(tmp_path / "o2")]) == 2
     assert "does not exist" in capsys.readouterr().err
+
+
+class _CreatesFile:
+    """Unpickling this object opens (creates) a file: a stand-in for a pickle that runs code."""
+
+    def __init__(self, path):
+        self.path = str(path)
+
+    def __reduce__(self):
+        return (open, (self.path, "w"))
+
+
+def test_a_checkpoint_that_would_run_code_is_refused_and_runs_nothing(tmp_path, capsys):
+    from clip_dcl.checkpoint import UnsafeCheckpoint, load_checkpoint
+    from clip_dcl.eval.cli import main as eval_main
+
+    marker = tmp_path / "pwned"
+    crafted = tmp_path / "epoch_1.pt"
+    torch.save({"state_dict": {}, "payload": _CreatesFile(marker)}, crafted)
+    with pytest.raises(UnsafeCheckpoint, match="--unsafe-pickle"):
+        load_checkpoint(crafted, model="clip-dcl-tiny")
+    assert export_main([str(crafted), str(tmp_path / "out"), "--model", "clip-dcl-tiny"]) == 2
+    assert "can run code" in capsys.readouterr().err
+    assert eval_main(["zeroshot", "--checkpoint", str(crafted), "--data", str(tmp_path)]) != 0
+    assert not marker.exists() and not (tmp_path / "out").exists()
+    # the explicit opt-in does unpickle it (and then finds no model weights in it)
+    with pytest.raises(ValueError):
+        load_checkpoint(crafted, model="clip-dcl-tiny", allow_unsafe_pickle=True)
+    assert marker.exists()

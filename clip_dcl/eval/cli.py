@@ -46,6 +46,9 @@ def _add_common(p: argparse.ArgumentParser) -> None:
     g.add_argument("--model", default=None,
                    help="OpenCLIP model name; needed when the checkpoint does not record it, or with no checkpoint")
     g.add_argument("--model-config", default=None, help="model config JSON for a custom architecture")
+    g.add_argument("--unsafe-pickle", action="store_true",
+                   help="load a --checkpoint that is not weights-only by full unpickling, which can run code from "
+                        "the file: only for files you trust")
     g.add_argument("--pretrained", default=None,
                    help="OpenCLIP pretrained tag or weights file, used only without --checkpoint")
     g = p.add_argument_group("run")
@@ -106,7 +109,8 @@ def _load_model(args):
     if args.checkpoint:
         from ..checkpoint import load_checkpoint
 
-        model, preprocess, tokenizer = load_checkpoint(args.checkpoint, args.device, args.model, args.model_config)
+        model, preprocess, tokenizer = load_checkpoint(args.checkpoint, args.device, args.model, args.model_config,
+                                                       allow_unsafe_pickle=args.unsafe_pickle)
         name = getattr(model, "clip_dcl_model_name", args.model or f"local-dir:{args.checkpoint}")
         return model, preprocess, tokenizer, {"name": name, "checkpoint": str(args.checkpoint)}
     if not args.model:
