@@ -317,11 +317,11 @@ class DeCLLoss(ContrastiveLoss):
         if self.drift_correction:  # relative rates, at the level of the previous step (NaN before any step)
             log_r = log_r + self.prev_log_rate[:, None]
         fresh = torch.isnan(log_r)
-        if bool(fresh.any()):
-            fallback = e_rows
-            if self.first_visit == "mean" and not bool(torch.isnan(self.prev_log_rate).any()):
-                fallback = self.prev_log_rate[:, None].expand_as(log_r)
-            log_r = torch.where(fresh, fallback, log_r)
+        fallback = e_rows  # first visits; with "mean", the previous step's level once there is one
+        if self.first_visit == "mean":
+            prev = self.prev_log_rate[:, None].expand_as(log_r)
+            fallback = torch.where(torch.isnan(prev), e_rows, prev)
+        log_r = torch.where(fresh, fallback, log_r)  # no host sync: computed whether or not any is fresh
         if update and not self.include_current:
             fold_in()
         return log_r, fresh
@@ -401,6 +401,7 @@ class DeCLLoss(ContrastiveLoss):
             ratios.append(log_ratio.detach())
             loss1_dirs.append((eps[d] * torch.exp(log_ratio.clamp(max=self.max_log_ratio)) - stats.pos).mean())
             loss2_dirs.append((torch.logaddexp(stats.pos, stats.lse_neg) - stats.pos).mean())
+        ratios = torch.cat(ratios)
         loss1 = (loss1_dirs[0] + loss1_dirs[1]) / 2
         loss2 = (loss2_dirs[0] + loss2_dirs[1]) / 2
         loss = lam_t * loss1 + (1.0 - lam_t) * loss2
@@ -413,8 +414,8 @@ class DeCLLoss(ContrastiveLoss):
             "clamp_rate": torch.cat(clamped).float().mean(),
             # log(mean_k S_ik / r_i): 0 for a rate equal to this batch's estimate; its spread says how far
             # the rates read from earlier steps are from the current batch's
-            "log_ratio_mean": torch.cat(ratios).mean(),
-            "log_ratio_std": torch.cat(ratios).std() if torch.cat(ratios).numel() > 1 else torch.zeros(()),
+            "log_ratio_mean": ratios.mean(),
+            "log_ratio_std": ratios.std() if ratios.numel() > 1 else torch.zeros(()),
         }
         if self.rate == "index":
             metrics["gamma_t"] = self.gamma_at(step)
