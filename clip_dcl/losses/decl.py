@@ -40,9 +40,20 @@ gradient of loss1 is ``(eps / r) grad mean_k S_ik``, an unbiased estimate of ``g
   drift since it was stored. Both parts still come from earlier steps only. The moving average
   runs on the relative rates, ``rel <- log((1 - gamma_t) e^rel + gamma_t e^(e_i - m_t))``;
   ``first_visit="mean"`` is a relative rate of 0. ``drift_correction=False`` keeps absolute rates.
-  Every rank keeps an identical
-  replica, updated from the all-gathered ``(id, e)`` pairs; a repeated id in one global batch reads
-  the same stored value for both rows and is updated with its first occurrence's estimate.
+  A repeated id in one global batch reads the same stored value for both rows and is updated with
+  its first occurrence's estimate.
+
+  **Where the buffer lives** (``state=``). ``"sharded"`` (the default): rank ``r`` of ``W`` keeps
+  only the ids ``i`` with ``i mod W = r`` (column ``i // W``; see :mod:`clip_dcl.losses.state`),
+  ``2 * num_samples / W`` entries. Each step, every rank puts the stored rates of the global batch's
+  ids it owns into a ``(2, G)`` tensor of zeros and one all-reduce (sum) gives every rank all ``G``
+  of them (exactly one owner adds a non-zero, so the sum is the stored value bit for bit); the
+  owners then fold in the step's estimates from the ``(id, e)`` pairs all ranks already gathered.
+  That is ``O(G)`` communication and no more per step. ``"replicated"``: every rank keeps the whole
+  buffer and updates it from the gathered pairs, with no extra collective. Both give the same
+  values, gradients and state, bit for bit. ``state_dtype`` stores the rates in ``bfloat16`` or
+  ``float16`` (read and updated in float32): half the memory, at the cost of rounding every
+  stored relative log-rate to 8 (bfloat16) or 11 (float16) significant bits.
 - ``"queue"`` (no ids needed): a FIFO of the last ``queue_size`` gathered embeddings of each
   modality (detached), from earlier steps; ``log r_i = logsumexp`` over the queue of the other
   modality minus ``log(count)``; the current batch is enqueued after use. At the first step (an
@@ -80,13 +91,20 @@ import math
 from typing import Optional
 
 import torch
+import torch.distributed as dist
 
 from .base import ContrastiveLoss, PairStats, all_gather_cat
+from .state import STATE_DTYPES, plain_sums, reshard, shard_size, state_digest, table_sums
 
 RATES = ("index", "queue", "batch")
 SCHEDULES = ("alternate", "decl", "harmonic", "constant")
 GAMMA_SCHEDULES = ("constant", "cosine")
 FIRST_VISITS = ("batch", "mean")
+STATES = ("sharded", "replicated")
+
+
+class SampleIdError(ValueError):
+    """A sample id that cannot index the per-sample rate buffer (negative, or ``>= num_samples``)."""
 
 
 def schedule_lambda(schedule: str, step: int, lam: float) -> float:
@@ -149,6 +167,10 @@ class DeCLLoss(ContrastiveLoss):
             that stored it and reads it at the previous step's mean (see the module docstring).
         sample_u: draw ``u ~ Gamma(1, r)`` (True) or use its mean ``1 / r`` (False).
         num_samples: size of the ``index`` buffer (ids must lie in ``[0, num_samples)``).
+        state: ``"sharded"`` (each rank keeps ``1 / world_size`` of the ``index`` buffer) or
+            ``"replicated"`` (every rank keeps all of it); see the module docstring.
+        state_dtype: storage dtype of the ``index`` buffer: ``"float32"``, ``"bfloat16"`` or ``"float16"``.
+        device: where the buffers are allocated (``"meta"`` validates the arguments without allocating).
         queue_size: length of the ``queue`` FIFO per modality.
         accum_freq: loss calls per optimizer step (OpenCLIP's ``--accum-freq``).
         max_log_ratio: ceiling on ``lse_neg - log K - log r`` before ``exp``.
@@ -163,15 +185,17 @@ class DeCLLoss(ContrastiveLoss):
             (the share of anchor rows read on their first visit).
         calls: buffer, training-mode calls so far (``t = calls // accum_freq + 1``).
         log_rate: buffer ``(2, num_samples)`` of ``log r`` (image, text), NaN where unvisited (index);
-            relative to the storing step's mean estimate with ``drift_correction``.
+            relative to the storing step's mean estimate with ``drift_correction``. Sharded over
+            ``W > 1`` ranks, this rank's ``(2, shard_size(num_samples, rank, W))`` columns; see
+            :meth:`full_log_rate`.
         prev_log_rate: buffer ``(2,)``, the previous step's mean batch estimate ``m_{t-1}`` (index; NaN
             before the first step).
         queue, queue_ptr, queue_count: FIFO buffers (queue).
 
     Raises:
         ValueError: an unknown ``rate``/``schedule``, ``num_samples`` missing for ``index``, or an
-            argument out of range (the message names it); at call time, ``sample_ids`` missing or
-            out of range for ``index``.
+            argument out of range (the message names it); at call time, ``sample_ids`` missing, or
+            :class:`SampleIdError` for an id out of range (raised on every rank, from the gathered ids).
 
     Example::
 
@@ -185,8 +209,9 @@ class DeCLLoss(ContrastiveLoss):
     def __init__(self, rate: str = "index", schedule: str = "alternate", lam: float = 1.0, gamma: float = 0.9,
                  gamma_schedule: str = "constant", gamma_decay_steps: Optional[int] = None,
                  first_visit: str = "batch", include_current: bool = False, drift_correction: bool = True,
-                 sample_u: bool = False, num_samples: Optional[int] = None, queue_size: int = 4096,
-                 accum_freq: int = 1, max_log_ratio: float = 20.0, seed: int = 0, **dist_kwargs):
+                 sample_u: bool = False, num_samples: Optional[int] = None, state: str = "sharded",
+                 state_dtype: str = "float32", queue_size: int = 4096, accum_freq: int = 1,
+                 max_log_ratio: float = 20.0, seed: int = 0, device=None, **dist_kwargs):
         super().__init__(**dist_kwargs)
         if rate not in RATES:
             raise ValueError(f"rate={rate!r} is not one of {RATES}")
@@ -218,6 +243,10 @@ class DeCLLoss(ContrastiveLoss):
                                  "buffer); or use rate='queue' or rate='batch', which need no sample ids")
             if int(num_samples) < 1:
                 raise ValueError(f"num_samples={num_samples!r} must be >= 1")
+        if state not in STATES:
+            raise ValueError(f"state={state!r} is not one of {STATES}")
+        if state_dtype not in STATE_DTYPES:
+            raise ValueError(f"state_dtype={state_dtype!r} is not one of {tuple(STATE_DTYPES)}")
         if rate == "queue" and int(queue_size) < 1:
             raise ValueError(f"queue_size={queue_size!r} must be >= 1 for rate='queue'")
         if int(accum_freq) < 1:
@@ -239,17 +268,23 @@ class DeCLLoss(ContrastiveLoss):
         self.accum_freq = int(accum_freq)
         self.max_log_ratio = float(max_log_ratio)
         self.seed = int(seed)
+        self.state = state
+        self.state_dtype = state_dtype
+        #: the index buffer is split over the ranks (with one rank, sharded and replicated coincide)
+        self.sharded = state == "sharded" and self.world_size > 1
         self.requires_sample_ids = rate == "index"
-        self.register_buffer("calls", torch.zeros((), dtype=torch.long))
+        self.register_buffer("calls", torch.zeros((), dtype=torch.long, device=device))
         if rate == "index":
-            self.register_buffer("log_rate", torch.full((2, self.num_samples), float("nan")))
-            self.register_buffer("prev_log_rate", torch.full((2,), float("nan")))
+            cols = shard_size(self.num_samples, self.rank, self.world_size) if self.sharded else self.num_samples
+            self.register_buffer("log_rate", torch.full((2, cols), float("nan"), dtype=STATE_DTYPES[state_dtype],
+                                                        device=device))
+            self.register_buffer("prev_log_rate", torch.full((2,), float("nan"), device=device))
         if rate == "queue":
             # (2, Q, d): queue[0] holds text embeddings (negatives of image anchors), queue[1] images.
             # d is known at the first call; an empty buffer until then (see _load_from_state_dict).
-            self.register_buffer("queue", torch.zeros(2, self.queue_size, 0))
-            self.register_buffer("queue_ptr", torch.zeros((), dtype=torch.long))
-            self.register_buffer("queue_count", torch.zeros((), dtype=torch.long))
+            self.register_buffer("queue", torch.zeros(2, self.queue_size, 0, device=device))
+            self.register_buffer("queue_ptr", torch.zeros((), dtype=torch.long, device=device))
+            self.register_buffer("queue_count", torch.zeros((), dtype=torch.long, device=device))
         self._step_cache = None
 
     # -- state -------------------------------------------------------------------------------
@@ -273,8 +308,60 @@ class DeCLLoss(ContrastiveLoss):
             if self.drift_correction:
                 state_dict[prefix + "log_rate"] = rates - level[:, None].to(rates)
             state_dict[key] = level.to(torch.float32)
+        key = prefix + "log_rate"
+        if self.rate == "index" and key in state_dict:
+            state_dict[key] = self._own_columns(state_dict[key])
         self._step_cache = None
         super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
+
+    def _own_columns(self, table: torch.Tensor) -> torch.Tensor:
+        """``table`` as this rank's buffer: as is when it has the buffer's shape; this rank's columns
+        when it is the whole ``(2, num_samples)`` table and the buffer is sharded."""
+        want = tuple(self.log_rate.shape)
+        if tuple(table.shape) == want:
+            return table
+        layout = (f"sharded, rank {self.rank} of {self.world_size}: {want[1]} columns" if self.sharded
+                  else "replicated: all of them")
+        if self.sharded and tuple(table.shape) == (2, self.num_samples):
+            out = torch.empty(want, dtype=table.dtype)
+            return reshard([(0, 1, lambda: table)], self.num_samples, self.rank, self.world_size, out)
+        raise ValueError(f"the saved log_rate has shape {tuple(table.shape)}, but this loss has num_samples="
+                         f"{self.num_samples} ({layout}); resume with the --decl-num-samples it was trained with")
+
+    def full_log_rate(self) -> torch.Tensor:
+        """The whole ``(2, num_samples)`` buffer on every rank (all-gathers the shards when sharded).
+
+        ``O(num_samples)`` memory and communication: for tests and inspection, not for training.
+        """
+        if not self.sharded:
+            return self.log_rate.clone()
+        width = shard_size(self.num_samples, 0, self.world_size)
+        padded = torch.full((2, width), float("nan"), dtype=self.log_rate.dtype, device=self.log_rate.device)
+        padded[:, :self.log_rate.shape[1]] = self.log_rate
+        parts = [torch.empty_like(padded) for _ in range(self.world_size)]
+        dist.all_gather(parts, padded)
+        # column j of rank r is id r + W j: interleave the shards
+        return torch.stack(parts, dim=2).reshape(2, -1)[:, :self.num_samples].clone()
+
+    def state_digest(self) -> str:
+        """Digest of the whole loss state, equal on every rank, on any world size, sharded or not.
+
+        Computed on the buffers' device without a host copy (see :mod:`clip_dcl.losses.state`); for
+        a sharded buffer each rank sums its shard and one all-reduce of two integers adds them. It
+        equals :func:`clip_dcl.losses.state.digest_of_state_dict` of the whole ``state_dict``.
+        """
+        entries = []
+        for name, buf in self.state_dict().items():
+            if name == "log_rate":
+                rank, world = (self.rank, self.world_size) if self.sharded else (0, 1)
+                sums = table_sums(buf, self.num_samples, rank, world)
+                if self.sharded:
+                    dist.all_reduce(sums)
+                    sums = torch.remainder(sums, 2 ** 31 - 1)
+                entries.append((name, buf.dtype, (2, self.num_samples), sums))
+            else:
+                entries.append((name, buf.dtype, buf.shape, plain_sums(buf)))
+        return state_digest(entries)
 
     def gamma_at(self, step: int) -> float:
         """``gamma_t`` of the moving average at optimizer step ``step`` (1-based)."""
@@ -285,6 +372,29 @@ class DeCLLoss(ContrastiveLoss):
         # e_i = log mean_{k != i} S_ik, shape (2, n)
         return torch.stack([st.image.lse_neg, st.text.lse_neg]).detach() - math.log(st.num_negatives)
 
+    def _read_rates(self, ids: torch.Tensor) -> torch.Tensor:
+        """Stored relative rates of the global batch's ``ids`` (``(2, G)``, compute dtype), on every rank."""
+        work = self.prev_log_rate.dtype
+        if not self.sharded:
+            return self.log_rate[:, ids].to(work)
+        mine = ids % self.world_size == self.rank
+        vals = torch.zeros(2, ids.numel(), dtype=work, device=self.log_rate.device)
+        vals[:, mine] = self.log_rate[:, ids[mine] // self.world_size].to(work)
+        dist.all_reduce(vals)  # one owner per column adds its value, every other rank adds 0
+        return vals
+
+    def _write_rates(self, ids: torch.Tensor, values: torch.Tensor) -> None:
+        """Store ``values`` (``(2, U)``) for the distinct ``ids``: the ones this rank keeps.
+
+        The values are computed for the whole global batch on every rank and only then cut to the
+        owned columns: CPU kernels round a vector's tail differently from its body, so computing on
+        the owned subset would differ from the replicated buffer in the last bit.
+        """
+        if self.sharded:
+            mine = ids % self.world_size == self.rank
+            ids, values = ids[mine] // self.world_size, values[:, mine]
+        self.log_rate[:, ids] = values.to(self.log_rate.dtype)
+
     def _index_log_rate(self, st: PairStats, sample_ids, n_rows: int, update: bool, gamma: float):
         """``(log r of the rows, mask of rows on their first visit)``; updates the buffer when ``update``."""
         if sample_ids is None:
@@ -294,26 +404,35 @@ class DeCLLoss(ContrastiveLoss):
         if all_ids.numel() != st.all_image_features.shape[0]:
             raise ValueError(f"sample_ids has {ids.numel()} entries but the features have "
                              f"{st.all_image_features.shape[0] // self.world_size} rows; pass one id per row")
-        bad = (all_ids < 0) | (all_ids >= self.num_samples)
-        if bool(bad.any()):
-            worst = int(all_ids[bad][0])
-            raise ValueError(f"sample id {worst} is outside [0, num_samples={self.num_samples}); "
-                             "raise num_samples (--decl-num-samples) to exceed the largest sample id")
-        row_ids = all_ids if n_rows == all_ids.numel() else ids
-        e_rows = self._batch_estimates(st).to(self.log_rate)  # (2, n_rows): this step's estimates
+        # checked on the gathered ids, so that every rank raises (none is left waiting in a collective)
+        if bool((all_ids < 0).any()):
+            raise SampleIdError(f"sample id {int(all_ids[all_ids < 0][0])} is negative: ids index the per-sample "
+                                f"rate buffer [0, num_samples={self.num_samples}) and must be >= 0")
+        if bool((all_ids >= self.num_samples).any()):
+            worst = int(all_ids.max())
+            raise SampleIdError(f"sample id {worst} is outside [0, num_samples={self.num_samples}); raise "
+                                "num_samples (--decl-num-samples) to exceed the largest sample id")
+        work = self.prev_log_rate.dtype
+        rows = slice(None) if n_rows == all_ids.numel() else slice(st.row_offset, st.row_offset + n_rows)
+        e_rows = self._batch_estimates(st).to(work)  # (2, n_rows): this step's estimates
         e_all = e_rows if n_rows == all_ids.numel() else all_gather_cat(e_rows, self.world_size, dim=1)
-        keep = first_occurrence(all_ids)
+        keep = first_occurrence(all_ids)  # sorted by id
         upd_ids = all_ids[keep]
+        stored = self._read_rates(all_ids)  # (2, G): read before this step's update
 
         def fold_in():
             level = e_all[:, keep].mean(dim=1)  # m_t: this step's mean estimate, per direction
             new = e_all[:, keep] - level[:, None] if self.drift_correction else e_all[:, keep]
-            self.log_rate[:, upd_ids] = moving_average_log_rate(self.log_rate[:, upd_ids], new, gamma)
+            updated = moving_average_log_rate(stored[:, keep], new, gamma)
+            self._write_rates(upd_ids, updated)
             self.prev_log_rate.copy_(level)
+            return updated
 
+        log_r = stored[:, rows]
         if update and self.include_current:  # the coupled ablation: the current estimate enters the rate
-            fold_in()
-        log_r = self.log_rate[:, row_ids].clone()  # read before this step's update
+            updated = fold_in().to(self.log_rate.dtype).to(work)  # as stored
+            position = torch.searchsorted(upd_ids, all_ids)  # each row's id among the distinct ids
+            log_r = updated[:, position][:, rows]
         if self.drift_correction:  # relative rates, at the level of the previous step (NaN before any step)
             log_r = log_r + self.prev_log_rate[:, None]
         fresh = torch.isnan(log_r)
@@ -427,5 +546,6 @@ class DeCLLoss(ContrastiveLoss):
                 f"gamma_schedule={self.gamma_schedule!r}, gamma_decay_steps={self.gamma_decay_steps}, "
                 f"first_visit={self.first_visit!r}, include_current={self.include_current}, "
                 f"drift_correction={self.drift_correction}, "
-                f"sample_u={self.sample_u}, num_samples={self.num_samples}, queue_size={self.queue_size}, "
+                f"sample_u={self.sample_u}, num_samples={self.num_samples}, state={self.state!r}, "
+                f"state_dtype={self.state_dtype!r}, queue_size={self.queue_size}, "
                 f"accum_freq={self.accum_freq}, " + super().extra_repr())

@@ -36,7 +36,20 @@ CONFIGS = [
                                         "gamma": 0.2, "gamma_schedule": "cosine", "gamma_decay_steps": 2}),
     ("decl_index_coupled", "decl", {"rate": "index", "num_samples": NUM_SAMPLES, "include_current": True}),
     ("decl_queue_coupled", "decl", {"rate": "queue", "queue_size": 24, "include_current": True}),
+    # the index buffer kept whole on every rank, and in 16 bits: each must equal its sharded twin
+    ("decl_index_replicated", "decl", {"rate": "index", "num_samples": NUM_SAMPLES, "gamma": 0.5,
+                                       "sample_u": True, "state": "replicated"}),
+    ("decl_alternate_replicated", "decl", {"rate": "index", "num_samples": NUM_SAMPLES, "sample_u": False,
+                                           "state": "replicated"}),
+    ("decl_index_bf16", "decl", {"rate": "index", "num_samples": NUM_SAMPLES, "state_dtype": "bfloat16"}),
+    ("decl_index_bf16_replicated", "decl", {"rate": "index", "num_samples": NUM_SAMPLES,
+                                            "state_dtype": "bfloat16", "state": "replicated"}),
 ]
+#: (sharded config, its replicated twin): equal bit for bit on any world size
+TWINS = [("decl_index", "decl_index_replicated"), ("decl_alternate", "decl_alternate_replicated"),
+         ("decl_index_bf16", "decl_index_bf16_replicated")]
+#: what the 4-rank run covers (the index buffer's layouts)
+INDEX_CONFIGS = [c for c in CONFIGS if c[2].get("rate") == "index"]
 
 
 class Towers(nn.Module):
@@ -93,29 +106,54 @@ def run(loss_name, kwargs, rank=0, world_size=1, local_loss=False, gather_with_g
         if world_size > 1 and local_loss:  # each rank holds the mean over its own anchors
             dist.all_reduce(value)
             value /= world_size
+        buffers = {k: v.detach().clone() for k, v in loss_fn.named_buffers()}
+        if "log_rate" in buffers:  # the whole table, gathered from the shards when sharded
+            buffers["log_rate"] = loss_fn.full_log_rate()
         records.append({
             "loss": value,
             "grads": [p.grad.detach().clone() for p in model.parameters()],
-            "buffers": {k: v.detach().clone() for k, v in loss_fn.named_buffers()},
+            "buffers": buffers,
+            "digest": loss_fn.state_digest() if hasattr(loss_fn, "state_digest") else None,
+            "shard_columns": tuple(loss_fn.log_rate.shape) if hasattr(loss_fn, "log_rate") else None,
         })
         opt.step()
     return records
 
 
-def main(out_dir):
+def bad_id(rank, world_size):
+    """One rank passes an id past the buffer: every rank must raise (none may wait in a collective)."""
+    from clip_dcl.losses.decl import SampleIdError
+
+    loss_fn = build_loss("decl", {"rate": "index", "num_samples": NUM_SAMPLES}, rank, world_size, True)
+    f = F.normalize(torch.randn(4, DIM, dtype=torch.float64), dim=-1)
+    ids = torch.arange(4) + 4 * rank
+    if rank == world_size - 1:
+        ids[2] = NUM_SAMPLES + 7
+    try:
+        loss_fn(f, f, torch.tensor(10.0, dtype=torch.float64), sample_ids=ids)
+    except SampleIdError as e:
+        return str(e)
+    return None
+
+
+def main(out_dir, mode="all"):
     dist.init_process_group("gloo")
     rank, world_size = dist.get_rank(), dist.get_world_size()
     results = {}
-    for name, loss_name, kwargs in CONFIGS:
-        for local_loss in (False, True):
-            results[(name, local_loss)] = run(loss_name, kwargs, rank, world_size, local_loss)
-    # A known mismatch, to show that the comparison can fail: without gather_with_grad the remote
-    # features carry no gradient, so the averaged gradient is not the single-process one.
-    results[("openclip_no_gather_grad", False)] = run("openclip", {}, rank, world_size, False, False)
+    if mode == "bad_id":
+        results["error"] = bad_id(rank, world_size)
+    else:
+        for name, loss_name, kwargs in (CONFIGS if mode == "all" else INDEX_CONFIGS):
+            for local_loss in (False, True):
+                results[(name, local_loss)] = run(loss_name, kwargs, rank, world_size, local_loss)
+    if mode == "all":
+        # A known mismatch, to show that the comparison can fail: without gather_with_grad the remote
+        # features carry no gradient, so the averaged gradient is not the single-process one.
+        results[("openclip_no_gather_grad", False)] = run("openclip", {}, rank, world_size, False, False)
     torch.save(results, os.path.join(out_dir, f"rank{rank}.pt"))
     dist.barrier()
     dist.destroy_process_group()
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    main(sys.argv[1], *sys.argv[2:])
