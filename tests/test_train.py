@@ -245,15 +245,20 @@ def test_ids_reach_the_loss_aligned_through_openclip_train_one_epoch(accum_freq,
     assert openclip_steps == [3 * (6 // accum_freq) + i for i in range(6 // accum_freq)]
 
 
-def test_ids_out_of_range_stop_with_the_flag_to_set():
+@pytest.mark.parametrize("bad, message", [
+    (20_000, r"sample id 20000 is outside \[0, num_samples=10\).*set --decl-num-samples above the largest key"),
+    (-3, r"sample id -3 is negative: ids index the per-sample rate buffer \[0, num_samples=10\) and must be >= 0$"),
+])
+def test_ids_out_of_range_stop_with_the_flag_to_set(bad, message):
+    from clip_dcl.losses import create_loss
     from clip_dcl.train.patch import SampleIdOutOfRange, _IdChannel, _LossWithIds
 
-    channel = _IdChannel(_Loader([(torch.zeros(2, 4), torch.zeros(2, 4), torch.tensor([5, 20_000]))]), 1)
+    channel = _IdChannel(_Loader([(torch.zeros(2, 4), torch.zeros(2, 4), torch.tensor([5, bad]))]), 1)
     list(channel)
-    with pytest.raises(SampleIdOutOfRange, match="--decl-num-samples"):
-        _LossWithIds(_RecordingLoss(), channel, torch.device("cpu"))(
-            image_features=torch.zeros(2, 4), text_features=torch.zeros(2, 4), logit_scale=torch.tensor(1.0),
-            output_dict=True)
+    f = torch.nn.functional.normalize(torch.randn(2, 4), dim=-1)
+    with pytest.raises(SampleIdOutOfRange, match=message):
+        _LossWithIds(create_loss("decl", rate="index", num_samples=10), channel, torch.device("cpu"))(
+            f, f, torch.tensor(1.0), output_dict=True)
 
 
 # -- flags ----------------------------------------------------------------------------------------------

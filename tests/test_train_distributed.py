@@ -1,8 +1,9 @@
 """Two-process training on CPU (gloo) through ``torchrun -m clip_dcl.train -- ARGS``.
 
 Each loss runs 2 optimizer steps with ``--local-loss --gather-with-grad``; for DeCL both ranks
-must end with the same buffers: every rank logs a sha256 of its loss state, and rank 0's must
-also be the digest of the state in the checkpoint it wrote.
+must end with the same state: every rank logs a digest of the whole loss state, and it must be the
+digest of the state the checkpoint holds (with its rate buffer in one file per rank when sharded).
+A sharded run resumes in one process, from the two shards, with its state restored exactly.
 """
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ import torch
 import webdataset as wds
 from PIL import Image
 
+from clip_dcl.train.loss_state import read_loss_state
 from clip_dcl.train.patch import loss_state_digest
 
 
@@ -42,36 +44,54 @@ def write_shards(out: Path, num_shards=4, per_shard=16):
     return str(out / f"{{00000..{num_shards - 1:05d}}}.tar")
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("loss, flags, term", [
-    ("clip", [], "Contrastive_loss:"),
-    ("dcl", ["--tau-plus", "0.1"], "Dcl_loss:"),
-    ("decl", ["--decl-rate", "index", "--decl-num-samples", "400"], "Decl_loss:"),
-])
-def test_two_ranks_train_and_agree_on_loss_state(tmp_path, loss, flags, term):
-    pattern = write_shards(tmp_path / "shards")
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-           "-m", "clip_dcl.train", "--",
+def train(tmp_path, pattern, name, loss, flags, nproc=2, epochs=1, extra=()):
+    launch = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(nproc),
+              "-m", "clip_dcl.train", "--"] if nproc > 1 else [sys.executable, "-m", "clip_dcl.train"]
+    cmd = [*launch,
            "--model", "clip-dcl-tiny", "--train-data", pattern, "--dataset-type", "webdataset",
-           "--train-num-samples", "32", "--batch-size", "8", "--workers", "1", "--epochs", "1",
+           "--train-num-samples", "32", "--batch-size", "8", "--workers", "1", "--epochs", str(epochs),
            "--precision", "fp32", "--device", "cpu", "--local-loss", "--gather-with-grad",
            "--lr", "1e-3", "--warmup", "1", "--log-every-n-steps", "1",
-           "--logs", str(tmp_path / "logs"), "--name", loss, "--loss", loss, *flags]
+           "--logs", str(tmp_path / "logs"), "--name", name, "--loss", loss, *flags, *extra]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": ""}
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-6000:]
+    return out
 
-    log = (tmp_path / "logs" / loss / "out.log").read_text()
+
+DECL = ["--decl-rate", "index", "--decl-num-samples", "400"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name, loss, flags, term", [
+    ("clip", "clip", [], "Contrastive_loss:"),
+    ("dcl", "dcl", ["--tau-plus", "0.1"], "Dcl_loss:"),
+    ("decl", "decl", DECL, "Decl_loss:"),
+    ("decl_replicated", "decl", DECL + ["--decl-state", "replicated"], "Decl_loss:"),
+])
+def test_two_ranks_train_and_agree_on_loss_state(tmp_path, name, loss, flags, term):
+    pattern = write_shards(tmp_path / "shards")
+    out = train(tmp_path, pattern, name, loss, flags)
+    log = (tmp_path / "logs" / name / "out.log").read_text()
     lines = [line for line in log.splitlines() if "Train Epoch:" in line]
     assert len(lines) == 2 and all(term in line for line in lines)  # 32 samples / (8 x 2 ranks)
     assert "world_size: 2" in log
-    ckpt = torch.load(tmp_path / "logs" / loss / "checkpoints" / "epoch_1.pt", map_location="cpu", weights_only=True)
+    path = tmp_path / "logs" / name / "checkpoints" / "epoch_1.pt"
+    ckpt = torch.load(path, map_location="cpu", weights_only=True)
     assert ckpt["clip_dcl"]["loss"] == loss
     assert all(k.startswith("module.") for k in ckpt["state_dict"])  # saved from the DDP-wrapped model
     if loss == "decl":
-        digests = dict(re.findall(r"Loss state after epoch 0 on rank (\d): calls 2, sha256 ([0-9a-f]{64})", out.stderr))
+        digests = dict(re.findall(r"Loss state after epoch 0 on rank (\d): calls 2, digest ([0-9a-f]{64})", out.stderr))
         assert set(digests) == {"0", "1"}, out.stderr[-3000:]
-        assert digests["0"] == digests["1"] == loss_state_digest(ckpt["loss_state"])
-        rows = (~torch.isnan(ckpt["loss_state"]["log_rate"]).any(0)).nonzero().flatten().tolist()
-        # 2 steps x 16 global rows, all distinct: rank 0's buffer holds rank 1's samples too
+        state = read_loss_state(path)
+        assert digests["0"] == digests["1"] == loss_state_digest(state)
+        sharded = name == "decl"
+        assert ("log_rate" in ckpt["loss_state"]) != sharded  # sharded: in one file per rank, beside
+        rows = (~torch.isnan(state["log_rate"]).any(0)).nonzero().flatten().tolist()
+        # 2 steps x 16 global rows, all distinct: the saved state holds both ranks' samples
         assert len(rows) == 32 and all(r % 100 < 16 and r // 100 < 4 for r in rows)
+        if sharded:  # resumed in one process: its state is the two shards', exactly
+            resumed = train(tmp_path, pattern, "resumed", loss, flags, nproc=1, epochs=2,
+                            extra=["--resume", str(path)])
+            restored = re.findall(r"Restored the decl loss state from .*\(digest ([0-9a-f]{64})\)", resumed.stderr)
+            assert restored == [digests["0"]], resumed.stderr[-3000:]

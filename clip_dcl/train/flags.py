@@ -6,8 +6,9 @@
 ``--model-config tiny``); the rest is parsed by OpenCLIP's own ``parse_args`` here, once, so
 that a bad OpenCLIP flag also fails before anything starts.
 
-The loss values are validated by building the loss once with ``world_size=1`` (the losses check
-their own arguments and name the bad value); the error is reported with the flag that set it.
+The loss values are validated by building the loss once with ``world_size=1`` on the ``meta``
+device (the losses check their own arguments and name the bad value, and no buffer is allocated,
+however large ``--decl-num-samples``); the error is reported with the flag that set it.
 """
 from __future__ import annotations
 
@@ -37,6 +38,8 @@ LOSS_FLAGS = {
     "decl_sample_u": ("decl", "sample_u"),
     "decl_queue_size": ("decl", "queue_size"),
     "decl_num_samples": ("decl", "num_samples"),
+    "decl_state": ("decl", "state"),
+    "decl_state_dtype": ("decl", "state_dtype"),
 }
 #: Keyword arguments of the decl loss that come from OpenCLIP's flags rather than ours.
 OPENCLIP_LOSS_FLAGS = {"accum_freq": "--accum-freq", "seed": "--seed"}
@@ -129,6 +132,13 @@ def build_parser() -> argparse.ArgumentParser:
                    help="decl, rate index: size of the per-sample buffer; every sample id (the json 'key' of "
                         "img2dataset shards) must be below it (default: the sum of sizes.json next to the "
                         "training shards, which is too small when img2dataset keys have gaps)")
+    g.add_argument("--decl-state", choices=("sharded", "replicated"), default=None,
+                   help="decl, rate index: keep 1/W of the per-sample buffer on each of the W ranks (sharded: "
+                        "one all-reduce of 2 x global-batch floats per step) or all of it on every rank "
+                        "(replicated)" + default("decl_state"))
+    g.add_argument("--decl-state-dtype", choices=("float32", "bfloat16", "float16"), default=None,
+                   help="decl, rate index: storage dtype of the per-sample buffer; 16 bits halve its memory and "
+                        "round each stored log-rate (see docs/training.md)" + default("decl_state_dtype"))
     g.add_argument("--model-config", default=None, metavar="PATH",
                    help="a model config JSON (or a folder of them) to register with OpenCLIP; the model name is "
                         "the file name without .json, and --model defaults to it")
@@ -231,6 +241,14 @@ def _full_loss_args(loss: str, kwargs: Dict[str, object]) -> Dict[str, object]:
     return out
 
 
+def _require_data(oc_args) -> None:
+    """OpenCLIP's main asserts this only after building the model; fail before any work instead."""
+    if not (oc_args.train_data or oc_args.dataset_type == "synthetic" or oc_args.val_data
+            or oc_args.imagenet_val or oc_args.imagenet_v2):
+        raise FlagError("nothing to train or evaluate: give --train-data (or --val-data / --imagenet-val to "
+                        "evaluate only)")
+
+
 def parse_train_args(argv: List[str]) -> Optional[TrainConfig]:
     """Parse and validate a training command line; ``None`` when ``--help`` was printed.
 
@@ -296,15 +314,18 @@ def parse_train_args(argv: List[str]) -> Optional[TrainConfig]:
             elif "num_samples" not in kwargs:
                 kwargs["num_samples"] = 1  # evaluation only: validate the other values
     if loss == "clip":
+        _require_data(oc_args)
         return TrainConfig(loss, {}, {}, list(rest), ours.model_config, None)
 
-    from clip_dcl.losses import create_loss
+    from clip_dcl.losses import LOSSES, create_loss
 
     try:
+        extra = {"device": "meta"} if "device" in inspect.signature(LOSSES[loss]).parameters else {}
         probe = create_loss(loss, rank=0, world_size=1, local_loss=oc_args.local_loss,
-                            gather_with_grad=oc_args.gather_with_grad, **kwargs)
+                            gather_with_grad=oc_args.gather_with_grad, **kwargs, **extra)
     except (ValueError, TypeError) as e:
         raise FlagError(_explain(e, loss, kwargs)) from None
     del probe
+    _require_data(oc_args)
     return TrainConfig(loss, kwargs, _full_loss_args(loss, kwargs), list(rest), ours.model_config, num_samples,
                        decay_epochs)

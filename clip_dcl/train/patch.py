@@ -27,7 +27,9 @@ duration of the call (and restored afterwards):
 
 Also per epoch: the main process's RNGs are seeded from ``(--seed, epoch, rank)``, so that a run
 resumed at an epoch boundary repeats an uninterrupted run (the data workers do the same, see
-``pipeline.py``); every rank logs a digest of its loss state (identical on all ranks for DeCL).
+``pipeline.py``); every rank logs a digest of the whole loss state (identical on all ranks, whether
+DeCL's buffer is sharded or replicated); a sharded buffer is checkpointed one file per rank (see
+``loss_state.py``).
 
 Everything here targets open_clip_train 3.3.0's ``main.py``/``train.py``; upstream 4.x replaces
 this surface (training tasks with dict batches).
@@ -36,7 +38,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import hashlib
+import inspect
 import logging
 import math
 import random
@@ -52,6 +54,10 @@ from open_clip_train import main as oc_main
 from open_clip_train import params as oc_params
 from open_clip_train import train as oc_train
 
+from clip_dcl.losses.decl import SampleIdError
+from clip_dcl.losses.state import digest_of_state_dict
+
+from . import loss_state as sharded_state
 from .flags import TrainConfig
 from .pipeline import get_wds_train_dataset, mix_seed
 
@@ -70,14 +76,16 @@ class LossStateMismatch(RuntimeError):
 
 
 # -- checkpoint contents ---------------------------------------------------------------------------
-def loss_state_digest(state: Dict[str, torch.Tensor]) -> str:
-    """sha256 of a loss ``state_dict`` (names, dtypes, shapes and bytes, in name order)."""
-    h = hashlib.sha256()
-    for name in sorted(state):
-        t = state[name].detach().cpu().contiguous()
-        h.update(f"{name}:{t.dtype}:{tuple(t.shape)};".encode())
-        h.update(t.numpy().tobytes() if t.dtype != torch.bfloat16 else t.float().numpy().tobytes())
-    return h.hexdigest()
+def loss_state_digest(loss) -> str:
+    """Digest of a live loss's whole state (collective for a sharded DeCL buffer), or of a ``state_dict``.
+
+    The same value for the same state however it is held: see :mod:`clip_dcl.losses.state`.
+    """
+    if isinstance(loss, dict):
+        return digest_of_state_dict(loss)
+    if hasattr(loss, "state_digest"):
+        return loss.state_digest()
+    return digest_of_state_dict(loss.state_dict())
 
 
 def trained_model_config(args) -> Optional[dict]:
@@ -151,15 +159,14 @@ class _LossWithIds:
             if ids is None:
                 raise SampleIdOutOfRange("this loss needs sample ids and the training batches carry none "
                                          "(use webdataset shards: --dataset-type webdataset)")
-            num_samples = getattr(self.loss, "num_samples", None)
-            if num_samples is not None and ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= num_samples):
-                bad = int(ids.max()) if int(ids.max()) >= num_samples else int(ids.min())
-                raise SampleIdOutOfRange(
-                    f"sample id {bad} is outside the loss's per-sample buffer [0, {num_samples}): set "
-                    f"--decl-num-samples above the largest sample key of the training shards (img2dataset keys "
-                    f"are shard * 10^k + index, so they can exceed the sample count in sizes.json)")
             kwargs["sample_ids"] = ids.to(self.device, non_blocking=True)
-        out = self.loss(*args, **kwargs)
+        try:
+            # the loss checks the ids of the whole global batch, so every rank raises together
+            out = self.loss(*args, **kwargs)
+        except SampleIdError as e:
+            hint = ("" if "negative" in str(e) else " (img2dataset keys are shard * 10^k + index, so they can "
+                    "exceed the sample count in sizes.json: set --decl-num-samples above the largest key)")
+            raise SampleIdOutOfRange(f"{e}{hint}") from None
         # Kept as tensors: reading them (a device sync) waits for OpenCLIP's logging steps.
         self.metrics = dict(getattr(self.loss, "metrics", {}))
         return out
@@ -237,6 +244,7 @@ class TrainingRun:
         self.resumed_path: Optional[str] = None
         self.preprocess_cfg: Optional[dict] = None
         self.train_num_batches: Optional[int] = None  # batches per epoch of the training data
+        self.shards = None  # the folder of this epoch's loss-state shards (sharded DeCL state)
 
     # open_clip_train.main.parse_args
     def parse_args(self, argv):
@@ -269,8 +277,12 @@ class TrainingRun:
                 steps = self.gamma_decay_steps(args)
                 cfg.loss_kwargs["gamma_decay_steps"] = steps
                 cfg.loss_args["gamma_decay_steps"] = steps
+            from clip_dcl.losses import LOSSES
+
+            # allocated on the device directly: no host copy of a large per-sample buffer
+            on_device = {"device": args.device} if "device" in inspect.signature(LOSSES[cfg.loss]).parameters else {}
             loss = create_loss(cfg.loss, rank=args.rank, world_size=args.world_size, local_loss=args.local_loss,
-                               gather_with_grad=args.gather_with_grad, **cfg.loss_kwargs)
+                               gather_with_grad=args.gather_with_grad, **cfg.loss_kwargs, **on_device)
         loss = loss.to(args.device) if isinstance(loss, torch.nn.Module) else loss
         self._restore(loss)
         self.loss = loss
@@ -302,6 +314,9 @@ class TrainingRun:
                 logging.warning(f"{self.resumed_path} holds no loss state; the {self.config.loss} loss starts fresh.")
             return
         try:
+            index = meta.get(sharded_state.INDEX_KEY)
+            if index:  # a sharded buffer: in files beside the checkpoint, built into this rank's part
+                state = sharded_state.restore_sharded(loss, state, index, self.resumed_path)
             loss.load_state_dict(state)
         except (RuntimeError, KeyError, ValueError) as e:
             raise LossStateMismatch(
@@ -309,7 +324,7 @@ class TrainingRun:
                 f"{meta.get('loss_args')}; now {self.config.loss_args}): {e}") from None
         if stateful:
             logging.info(f"Restored the {self.config.loss} loss state from {self.resumed_path} "
-                         f"(sha256 {loss_state_digest(loss.state_dict())[:16]}).")
+                         f"(digest {loss_state_digest(loss)}).")
 
     # open_clip_train.main.train_one_epoch
     def train_one_epoch(self, model, data, loss, epoch, optimizer, scaler, scheduler, dist_model, args,
@@ -332,18 +347,29 @@ class TrainingRun:
         finally:
             logging.getLogger().removeFilter(hook)
         if isinstance(loss, torch.nn.Module) and len(loss.state_dict()):
+            self.shards = sharded_state.write_shards(loss, args, epoch + 1)
             state = loss.state_dict()
             calls = f"calls {int(state['calls'])}, " if "calls" in state else ""
             logging.info(f"Loss state after epoch {epoch} on rank {args.rank}: {calls}"
-                         f"sha256 {loss_state_digest(state)}")
+                         f"digest {loss_state_digest(loss)}")
 
     # open_clip_train.main.torch.save
     def save(self, obj, f, *args, **kwargs):
         if isinstance(obj, dict) and "state_dict" in obj and "epoch" in obj and self.loss is not None:
             obj = dict(obj)
-            state = self.loss.state_dict() if isinstance(self.loss, torch.nn.Module) else {}
-            obj["loss_state"] = {k: v.detach().cpu() for k, v in state.items()}
-            obj["clip_dcl"] = self.checkpoint_meta()
+            meta = self.checkpoint_meta()
+            if sharded_state.is_sharded(self.loss):  # the shards are in files beside (written by every rank)
+                if self.shards is None:
+                    raise RuntimeError("OpenCLIP saves a checkpoint for an epoch whose loss-state shards were not "
+                                       "written; clip_dcl.train.loss_state.checkpointed() no longer matches its "
+                                       "conditions")
+                obj["loss_state"] = sharded_state.small_state(self.loss)
+                meta[sharded_state.INDEX_KEY] = sharded_state.shard_index(self.loss, self.shards,
+                                                                          self.args.checkpoint_path)
+            else:
+                state = self.loss.state_dict() if isinstance(self.loss, torch.nn.Module) else {}
+                obj["loss_state"] = {k: v.detach().cpu() for k, v in state.items()}
+            obj["clip_dcl"] = meta
         return torch.save(obj, f, *args, **kwargs)
 
     def checkpoint_meta(self) -> dict:
