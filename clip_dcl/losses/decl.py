@@ -47,9 +47,10 @@ gradient of loss1 is ``(eps / r) grad mean_k S_ik``, an unbiased estimate of ``g
   only the ids ``i`` with ``i mod W = r`` (column ``i // W``; see :mod:`clip_dcl.losses.state`),
   ``2 * num_samples / W`` entries. Each step, every rank puts the stored rates of the global batch's
   ids it owns into a ``(2, G)`` tensor of zeros and one all-reduce (sum) gives every rank all ``G``
-  of them (exactly one owner adds a non-zero, so the sum is the stored value bit for bit); the
-  owners then fold in the step's estimates from the ``(id, e)`` pairs all ranks already gathered.
-  That is ``O(G)`` communication and no more per step. ``"replicated"``: every rank keeps the whole
+  of them (exactly one owner adds a non-zero, so the sum is the stored value bit for bit); with
+  ``local_loss`` the same all-reduce carries each rank's own estimates ``e`` (which replication
+  all-gathers instead), so no collective is added. The owners then fold in the step's estimates.
+  That is ``O(G)`` communication per step. ``"replicated"``: every rank keeps the whole
   buffer and updates it from the gathered pairs, with no extra collective. Both give the same
   values, gradients and state, bit for bit. ``state_dtype`` stores the rates in ``bfloat16`` or
   ``float16`` (read and updated in float32): half the memory, at the cost of rounding every
@@ -372,16 +373,23 @@ class DeCLLoss(ContrastiveLoss):
         # e_i = log mean_{k != i} S_ik, shape (2, n)
         return torch.stack([st.image.lse_neg, st.text.lse_neg]).detach() - math.log(st.num_negatives)
 
-    def _read_rates(self, ids: torch.Tensor) -> torch.Tensor:
-        """Stored relative rates of the global batch's ``ids`` (``(2, G)``, compute dtype), on every rank."""
+    def _read_rates(self, ids: torch.Tensor, local_rows: Optional[torch.Tensor] = None, row_offset: int = 0):
+        """Stored relative rates of the global batch's ``ids`` (``(2, G)``, compute dtype), on every rank.
+
+        Sharded, with ``local_rows`` (this rank's ``(2, B)`` estimates, at columns ``row_offset:``), the
+        same all-reduce also gathers the estimates of all ranks: returns ``(rates, estimates)``, so
+        that sharding costs no collective more than replication, which all-gathers the estimates.
+        """
         work = self.prev_log_rate.dtype
         if not self.sharded:
-            return self.log_rate[:, ids].to(work)
+            return self.log_rate[:, ids].to(work), None
         mine = ids % self.world_size == self.rank
-        vals = torch.zeros(2, ids.numel(), dtype=work, device=self.log_rate.device)
-        vals[:, mine] = self.log_rate[:, ids[mine] // self.world_size].to(work)
-        dist.all_reduce(vals)  # one owner per column adds its value, every other rank adds 0
-        return vals
+        vals = torch.zeros(2 if local_rows is None else 4, ids.numel(), dtype=work, device=self.log_rate.device)
+        vals[:2, mine] = self.log_rate[:, ids[mine] // self.world_size].to(work)
+        if local_rows is not None:
+            vals[2:, row_offset:row_offset + local_rows.shape[1]] = local_rows
+        dist.all_reduce(vals)  # one rank adds each value, every other rank adds 0: exact
+        return vals[:2], (None if local_rows is None else vals[2:])
 
     def _write_rates(self, ids: torch.Tensor, values: torch.Tensor) -> None:
         """Store ``values`` (``(2, U)``) for the distinct ``ids``: the ones this rank keeps.
@@ -415,10 +423,16 @@ class DeCLLoss(ContrastiveLoss):
         work = self.prev_log_rate.dtype
         rows = slice(None) if n_rows == all_ids.numel() else slice(st.row_offset, st.row_offset + n_rows)
         e_rows = self._batch_estimates(st).to(work)  # (2, n_rows): this step's estimates
-        e_all = e_rows if n_rows == all_ids.numel() else all_gather_cat(e_rows, self.world_size, dim=1)
+        if n_rows == all_ids.numel():  # every rank holds all rows
+            stored, _ = self._read_rates(all_ids)  # (2, G): read before this step's update
+            e_all = e_rows
+        elif self.sharded:
+            stored, e_all = self._read_rates(all_ids, e_rows, st.row_offset)
+        else:
+            stored, _ = self._read_rates(all_ids)
+            e_all = all_gather_cat(e_rows, self.world_size, dim=1)
         keep = first_occurrence(all_ids)  # sorted by id
         upd_ids = all_ids[keep]
-        stored = self._read_rates(all_ids)  # (2, G): read before this step's update
 
         def fold_in():
             level = e_all[:, keep].mean(dim=1)  # m_t: this step's mean estimate, per direction
