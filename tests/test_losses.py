@@ -504,3 +504,36 @@ def test_autograd_keeps_one_logits_matrix(name, kwargs):
     """Beyond the logits matrix, the losses keep only O(batch) tensors for backward."""
     assert _saved_square_tensors(create_loss(name, **kwargs), 64) == 1
     assert _saved_square_tensors(create_loss("clip"), 64) >= 2  # the baseline keeps one per direction
+
+
+# -- no_grad_gather --------------------------------------------------------------------------------
+@pytest.mark.parametrize("bias", [None, -2.0])
+def test_clip_from_stats_is_openclip_infonce(bias):
+    """``create_loss("clip", no_grad_gather=True)`` is our InfoNCE: ClipLoss's value and gradients."""
+    gen = torch.Generator().manual_seed(3)
+    f = F.normalize(torch.randn(12, 6, generator=gen, dtype=torch.float64), dim=-1).requires_grad_()
+    g = F.normalize(torch.randn(12, 6, generator=gen, dtype=torch.float64), dim=-1).requires_grad_()
+    s = torch.tensor(7.0, dtype=torch.float64, requires_grad=True)
+    b = None if bias is None else torch.tensor(bias, dtype=torch.float64, requires_grad=True)
+    ours = create_loss("clip", no_grad_gather=True, local_loss=True)
+    assert type(ours).__name__ == "InfoNCEFromStats"
+    value = ours(f, g, s, b)
+    grads = torch.autograd.grad(value, [f, g, s])
+    if b is None:
+        want = ClipLoss()(f, g, s)
+    else:  # ClipLoss has no bias: the same InfoNCE on biased logits
+        logits = s * f @ g.T + b
+        labels = torch.arange(12)
+        want = (F.cross_entropy(logits, labels) + F.cross_entropy(logits.T, labels)) / 2
+    torch.testing.assert_close(value, want, rtol=1e-12, atol=1e-12)
+    for a, w in zip(grads, torch.autograd.grad(want, [f, g, s])):
+        torch.testing.assert_close(a, w, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("name", ["clip", "dcl", "decl"])
+def test_no_grad_gather_needs_local_loss_and_excludes_gather_with_grad(name):
+    kw = {"rate": "batch"} if name == "decl" else {}
+    with pytest.raises(ValueError, match="no_grad_gather=True needs local_loss=True"):
+        create_loss(name, no_grad_gather=True, **kw)
+    with pytest.raises(ValueError, match="no_grad_gather=True replaces gather_with_grad=True"):
+        create_loss(name, no_grad_gather=True, local_loss=True, gather_with_grad=True, **kw)

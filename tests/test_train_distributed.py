@@ -44,13 +44,13 @@ def write_shards(out: Path, num_shards=4, per_shard=16):
     return str(out / f"{{00000..{num_shards - 1:05d}}}.tar")
 
 
-def train(tmp_path, pattern, name, loss, flags, nproc=2, epochs=1, extra=()):
+def train(tmp_path, pattern, name, loss, flags, nproc=2, epochs=1, extra=(), gather=("--gather-with-grad",)):
     launch = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(nproc),
               "-m", "clip_dcl.train", "--"] if nproc > 1 else [sys.executable, "-m", "clip_dcl.train"]
     cmd = [*launch,
            "--model", "clip-dcl-tiny", "--train-data", pattern, "--dataset-type", "webdataset",
            "--train-num-samples", "32", "--batch-size", "8", "--workers", "1", "--epochs", str(epochs),
-           "--precision", "fp32", "--device", "cpu", "--local-loss", "--gather-with-grad",
+           "--precision", "fp32", "--device", "cpu", "--local-loss", *gather,
            "--lr", "1e-3", "--warmup", "1", "--log-every-n-steps", "1",
            "--logs", str(tmp_path / "logs"), "--name", name, "--loss", loss, *flags, *extra]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": ""}
@@ -68,10 +68,13 @@ DECL = ["--decl-rate", "index", "--decl-num-samples", "400"]
     ("dcl", "dcl", ["--tau-plus", "0.1"], "Dcl_loss:"),
     ("decl", "decl", DECL, "Decl_loss:"),
     ("decl_replicated", "decl", DECL + ["--decl-state", "replicated"], "Decl_loss:"),
+    ("clip_no_grad_gather", "clip", ["--no-grad-gather"], "Contrastive_loss:"),
+    ("decl_no_grad_gather", "decl", DECL + ["--no-grad-gather"], "Decl_loss:"),
 ])
 def test_two_ranks_train_and_agree_on_loss_state(tmp_path, name, loss, flags, term):
     pattern = write_shards(tmp_path / "shards")
-    out = train(tmp_path, pattern, name, loss, flags)
+    gather = () if "--no-grad-gather" in flags else ("--gather-with-grad",)
+    out = train(tmp_path, pattern, name, loss, flags, gather=gather)
     log = (tmp_path / "logs" / name / "out.log").read_text()
     lines = [line for line in log.splitlines() if "Train Epoch:" in line]
     assert len(lines) == 2 and all(term in line for line in lines)  # 32 samples / (8 x 2 ranks)
@@ -85,12 +88,12 @@ def test_two_ranks_train_and_agree_on_loss_state(tmp_path, name, loss, flags, te
         assert set(digests) == {"0", "1"}, out.stderr[-3000:]
         state = read_loss_state(path)
         assert digests["0"] == digests["1"] == loss_state_digest(state)
-        sharded = name == "decl"
+        sharded = name != "decl_replicated"
         assert ("log_rate" in ckpt["loss_state"]) != sharded  # sharded: in one file per rank, beside
         rows = (~torch.isnan(state["log_rate"]).any(0)).nonzero().flatten().tolist()
         # 2 steps x 16 global rows, all distinct: the saved state holds both ranks' samples
         assert len(rows) == 32 and all(r % 100 < 16 and r // 100 < 4 for r in rows)
-        if sharded:  # resumed in one process: its state is the two shards', exactly
+        if name == "decl":  # resumed in one process: its state is the two shards', exactly
             resumed = train(tmp_path, pattern, "resumed", loss, flags, nproc=1, epochs=2,
                             extra=["--resume", str(path)])
             restored = re.findall(r"Restored the decl loss state from .*\(digest ([0-9a-f]{64})\)", resumed.stderr)

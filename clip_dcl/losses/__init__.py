@@ -6,6 +6,9 @@ A name -> class registry and a factory, in the manner of timm's model registry::
                        local_loss=True, gather_with_grad=True)
     terms = loss(image_features, text_features, logit_scale, output_dict=True)
 
+``no_grad_gather=True`` (with ``local_loss=True``) gathers the features without autograd and
+still gives every rank the exact gradient (see :mod:`clip_dcl.losses.base`), for every loss.
+
 Every loss follows OpenCLIP's ``ClipLoss`` contract
 ``forward(image_features, text_features, logit_scale, logit_bias=None, output_dict=False)``
 and also accepts ``sample_ids=`` (ignored unless ``loss.requires_sample_ids``). With
@@ -18,7 +21,7 @@ from typing import Dict, Type
 
 import torch.nn as nn
 
-from .clip import InfoNCELoss
+from .clip import InfoNCEFromStats, InfoNCELoss
 from .dcl import DebiasedClipLoss
 from .decl import DeCLLoss
 
@@ -47,7 +50,9 @@ def create_loss(name: str, **kwargs) -> nn.Module:
     """
     if name not in LOSSES:
         raise ValueError(f"unknown loss {name!r}; expected one of {sorted(LOSSES)}")
+    if name == "clip" and kwargs.get("no_grad_gather"):  # ClipLoss has no such mode: the same InfoNCE, ours
+        return InfoNCEFromStats(**kwargs)
     return LOSSES[name](**kwargs)
 
 
-__all__ = ["LOSSES", "create_loss", "register_loss", "InfoNCELoss", "DebiasedClipLoss", "DeCLLoss"]
+__all__ = ["LOSSES", "create_loss", "register_loss", "InfoNCELoss", "InfoNCEFromStats", "DebiasedClipLoss", "DeCLLoss"]

@@ -20,6 +20,34 @@ the way OpenCLIP's ``ClipLoss`` lays out its logits (``open_clip.loss.gather_fea
 
 This is written here rather than taken from OpenCLIP because ``ClipLoss`` only exposes the
 full cross-entropy, not the negatives' mass the debiased and decomposable losses need.
+
+**Exact gradients from a gather without autograd** (``no_grad_gather=True``, with ``local_loss``).
+With ``gather_with_grad``, OpenCLIP all-gathers the ``G x d`` features of both modalities forward
+and sends the same amount back in the backward pass (reduce-scatter on NCCL, all-to-all on gloo).
+The backward collective carries, to each rank, the gradient that the *other* ranks' anchors put on
+its local features (their columns). Every loss here depends on the logits only through each
+anchor's ``pos_i`` and ``lse_neg_i``, so that gradient is determined by two numbers per remote
+anchor and direction:
+
+- ``lse_neg_i``, which turns column ``k``'s logit into the anchor's softmax weight over its
+  negatives, ``p_ik = exp(l_ik - lse_neg_i)``, and
+- ``c_i = dL_rho / d lse_neg_i``, the derivative of the anchor's own rank's loss by that mass.
+  It carries everything loss-specific: for ``clip`` the InfoNCE weight ``sigmoid(lse_neg_i -
+  pos_i) / n``; for ``dcl`` the debiasing factor and the clamp mask (0 where the floor bit, so the
+  mask need not be sent separately); for ``decl`` ``lambda_t``, ``u_i / r_i`` (the rate and the
+  ``u`` draw) and the clamp at ``max_log_ratio``.
+
+(``pos_i`` needs no exchange: the positive of a remote anchor is never a local column.) So each
+rank computes its loss from features gathered *without* autograd, takes ``c`` of its own anchors
+from autograd (``torch.autograd.grad`` of the loss by ``lse_neg``), all-gathers ``(lse_neg, c)``
+for both directions (``4 G`` floats), and adds a surrogate ``S - S.detach()`` (value 0) with
+``S = sum_{i, k local} w_ik * l_ik``, ``w_ik = c_i p_ik`` (``dL/d pos_i`` on the diagonal), and
+``l_ik`` built from the detached logit scale, bias and remote features. Its gradient is the
+exact column gradient on the local features; the logit scale and bias get theirs from the local
+rows only, as with ``gather_with_grad``. DDP's all-reduce of the parameter gradients does the
+rest. The idea is FastCLIP's (Wei et al. 2024, arXiv 2407.01445, which exchanges the InfoNCE
+weights); the derivation from ``(lse_neg, c)``, which covers any loss of ``(pos, lse_neg)``, is
+written here.
 """
 from __future__ import annotations
 
@@ -147,6 +175,40 @@ def all_gather_cat(tensor: torch.Tensor, world_size: int, dim: int = 0) -> torch
     return torch.cat(parts, dim=dim)
 
 
+def column_surrogate(loss: torch.Tensor, st: PairStats, image_features: torch.Tensor, text_features: torch.Tensor,
+                     logit_bias: Optional[torch.Tensor], rank: int, world_size: int) -> torch.Tensor:
+    """``S - S.detach()``: zero, with the gradient that every rank's anchors put on the local features.
+
+    See the module docstring (``no_grad_gather``). ``st`` holds the local anchors' statistics of
+    this call (``local_loss`` layout: ``B`` rows against ``G`` gathered, detached candidates).
+    """
+    directions = (st.image, st.text)
+    wanted = [d.lse_neg for d in directions] + [d.pos for d in directions]
+    grads = torch.autograd.grad(loss, wanted, retain_graph=True, allow_unused=True)
+    grads = [torch.zeros_like(w) if g is None else g for w, g in zip(wanted, grads)]
+    c_local, d_local = grads[:2], grads[2:]
+    local = torch.stack([d.lse_neg.detach() for d in directions] + [g.detach() for g in c_local])  # (4, B)
+    lse_all, c_all = all_gather_cat(local, world_size, dim=1).split(2)  # (2, G) each
+    batch = image_features.shape[0]
+    s = st.logit_scale.detach()
+    rows = torch.arange(batch, device=st.all_image_features.device) + rank * batch
+    cols = torch.arange(batch, device=rows.device)
+    total = loss.new_zeros(())
+    # image anchors (all G) against the local texts; text anchors (all G) against the local images
+    for d, (anchors, local_feats) in enumerate(((st.all_image_features, text_features),
+                                                (st.all_text_features, image_features))):
+        feats = local_feats.to(anchors.dtype)
+        with torch.no_grad():
+            logits = (s * anchors.detach()) @ feats.detach().T  # (G, B)
+            if logit_bias is not None:
+                logits = logits + logit_bias.detach().to(logits.dtype)
+            weights = c_all[d][:, None] * torch.exp(logits - lse_all[d][:, None])
+            weights[rows, cols] = d_local[d].detach().to(weights.dtype)  # the local positives
+            pulled = weights.T @ (s * anchors.detach())  # (B, d): dS/d(local features)
+        total = total + (pulled * feats).sum()
+    return total - total.detach()
+
+
 def log1mexp(x: torch.Tensor) -> torch.Tensor:
     """``log(1 - exp(x))`` for ``x < 0``, accurate at both ends (Maechler 2012)."""
     return torch.where(x > -math.log(2.0), torch.log(-torch.expm1(x)), torch.log1p(-torch.exp(x)))
@@ -167,23 +229,33 @@ class ContrastiveLoss(nn.Module):
     output_key = "contrastive_loss"
 
     def __init__(self, local_loss: bool = False, gather_with_grad: bool = False, cache_labels: bool = False,
-                 rank: int = 0, world_size: int = 1, use_horovod: bool = False):
+                 rank: int = 0, world_size: int = 1, use_horovod: bool = False, no_grad_gather: bool = False):
         super().__init__()
         if use_horovod:
             raise ValueError("use_horovod=True is not supported by clip-dcl losses; use torch.distributed")
         if world_size < 1 or not 0 <= rank < world_size:
             raise ValueError(f"rank={rank} and world_size={world_size} must satisfy 0 <= rank < world_size")
+        if no_grad_gather and not local_loss:
+            raise ValueError("no_grad_gather=True needs local_loss=True (each rank scores its own anchors)")
+        if no_grad_gather and gather_with_grad:
+            raise ValueError("no_grad_gather=True replaces gather_with_grad=True (exact gradients without the "
+                             "backward collective); pass one of them")
         self.local_loss = bool(local_loss)
         self.gather_with_grad = bool(gather_with_grad)
+        self.no_grad_gather = bool(no_grad_gather)
         self.rank = int(rank)
         self.world_size = int(world_size)
         self.metrics: dict = {}
+        self._pending_stats: Optional[PairStats] = None
 
     def stats(self, image_features, text_features, logit_scale, logit_bias=None) -> PairStats:
-        return anchor_stats(
+        st = anchor_stats(
             image_features, text_features, logit_scale, logit_bias, rank=self.rank, world_size=self.world_size,
             local_loss=self.local_loss, gather_with_grad=self.gather_with_grad,
         )
+        if self.no_grad_gather:
+            self._pending_stats = st
+        return st
 
     def compute(self, image_features, text_features, logit_scale, logit_bias, sample_ids):
         raise NotImplementedError
@@ -191,6 +263,11 @@ class ContrastiveLoss(nn.Module):
     def forward(self, image_features, text_features, logit_scale, logit_bias=None, output_dict=False,
                 sample_ids=None):
         loss, metrics = self.compute(image_features, text_features, logit_scale, logit_bias, sample_ids)
+        if self.no_grad_gather:
+            st, self._pending_stats = self._pending_stats, None
+            if self.world_size > 1 and loss.requires_grad:
+                loss = loss + column_surrogate(loss, st, image_features, text_features, logit_bias, self.rank,
+                                               self.world_size)
         self.metrics = {k: (v.detach() if torch.is_tensor(v) else torch.tensor(float(v))) for k, v in metrics.items()}
         return {self.output_key: loss} if output_dict else loss
 

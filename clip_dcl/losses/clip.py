@@ -2,10 +2,17 @@
 
 Nothing is re-implemented: the class only accepts (and ignores) the ``sample_ids`` keyword
 and exposes an empty ``metrics`` dict, so that the training plugin can treat all losses alike.
+The one exception is ``no_grad_gather=True``, which ``ClipLoss`` does not offer:
+``create_loss("clip", no_grad_gather=True)`` builds :class:`InfoNCEFromStats`, the same InfoNCE
+computed from the per-anchor statistics of :mod:`clip_dcl.losses.base` (tested equal to
+``ClipLoss`` in value and gradient).
 """
 from __future__ import annotations
 
+import torch
 from open_clip.loss import ClipLoss
+
+from .base import ContrastiveLoss
 
 
 class InfoNCELoss(ClipLoss):
@@ -27,3 +34,17 @@ class InfoNCELoss(ClipLoss):
                 sample_ids=None):
         return super().forward(image_features, text_features, logit_scale, logit_bias=logit_bias,
                                output_dict=output_dict)
+
+
+class InfoNCEFromStats(ContrastiveLoss):
+    """CLIP's InfoNCE from ``pos`` and ``lse_neg``: ``mean_i[logaddexp(pos_i, lse_neg_i) - pos_i]`` per
+    direction, averaged; equal to ``ClipLoss``. Written here for ``no_grad_gather``, which needs
+    the per-anchor statistics that ``ClipLoss`` does not expose.
+    """
+
+    output_key = "contrastive_loss"
+
+    def compute(self, image_features, text_features, logit_scale, logit_bias, sample_ids):
+        st = self.stats(image_features, text_features, logit_scale, logit_bias)
+        per_dir = [(torch.logaddexp(d.pos, d.lse_neg) - d.pos).mean() for d in (st.image, st.text)]
+        return (per_dir[0] + per_dir[1]) / 2, {}

@@ -34,7 +34,7 @@ import torch
 _P = 2 ** 31 - 1
 _MULTIPLIERS = (48271, 69621)
 #: columns per chunk when digesting or re-sharding (bounds the temporaries)
-CHUNK = 1 << 22
+CHUNK = 1 << 20
 
 STATE_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -89,17 +89,21 @@ def reshard(sources: Iterable[Tuple[int, int, Callable[[], torch.Tensor]]], num_
 
 
 def _bits(x: torch.Tensor) -> torch.Tensor:
-    """The entries' bit patterns as non-negative int64 (floats of any width, or integers)."""
+    """The entries' bit patterns as int64 in ``[1, 2^32]`` (floats of any width, or integers)."""
+    if x.is_floating_point() and x.element_size() <= 4:  # a mask, not a division: the common case
+        width = torch.int32 if x.element_size() == 4 else torch.int16
+        return (x.contiguous().view(width).to(torch.int64) & (2 ** (8 * x.element_size()) - 1)) + 1
     if x.is_floating_point():
-        width = {8: torch.int64, 4: torch.int32, 2: torch.int16}[x.element_size()]
-        x = x.contiguous().view(width)
-    return torch.remainder(x.to(torch.int64), _P)
+        x = x.contiguous().view(torch.int64)
+    return torch.remainder(x.to(torch.int64), _P) + 1
 
 
 def _partial_sums(values: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-    """``(2,)`` int64: ``sum_p (bits + 1) * w_m(p) mod P`` for the two weight sequences."""
-    b = _bits(values.reshape(-1)) + 1
-    pos = torch.remainder(positions.reshape(-1).to(b.device), _P)
+    """``(2,)`` int64: ``sum_p (bits_p + 1) * w_m(p) mod P`` for the two weight sequences.
+
+    ``bits + 1 <= 2^32`` and ``w < 2^31``, so every product fits in int64 before its remainder."""
+    b = _bits(values.reshape(-1))
+    pos = positions.reshape(-1).to(b.device)  # < 2^35, so pos * m < 2^52
     sums = [torch.remainder(b * torch.remainder(pos * m + 1, _P), _P).sum() for m in _MULTIPLIERS]
     return torch.remainder(torch.stack(sums), _P)
 

@@ -139,6 +139,10 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--decl-state-dtype", choices=("float32", "bfloat16", "float16"), default=None,
                    help="decl, rate index: storage dtype of the per-sample buffer; 16 bits halve its memory and "
                         "round each stored log-rate (see docs/training.md)" + default("decl_state_dtype"))
+    g.add_argument("--no-grad-gather", action="store_true",
+                   help="gather the features without autograd and exchange two numbers per anchor instead: exact "
+                        "gradients with no backward collective (any --loss; needs --local-loss, replaces "
+                        "--gather-with-grad; --loss clip then uses clip-dcl's InfoNCE, equal to OpenCLIP's)")
     g.add_argument("--model-config", default=None, metavar="PATH",
                    help="a model config JSON (or a folder of them) to register with OpenCLIP; the model name is "
                         "the file name without .json, and --model defaults to it")
@@ -162,6 +166,8 @@ class TrainConfig:
     #: ``--decl-gamma-decay-epochs`` resolved (cosine gamma schedule only); turned into the loss's
     #: ``gamma_decay_steps`` once the training data's batches per epoch are known
     gamma_decay_epochs: Optional[float] = None
+    #: ``--no-grad-gather``: the loss is built with ``no_grad_gather=True`` (clip-dcl's, for every --loss)
+    no_grad_gather: bool = False
 
 
 def print_help(parser: argparse.ArgumentParser, file=None) -> None:
@@ -241,6 +247,20 @@ def _full_loss_args(loss: str, kwargs: Dict[str, object]) -> Dict[str, object]:
     return out
 
 
+def _check_no_grad_gather(oc_args) -> None:
+    if not oc_args.local_loss:
+        raise FlagError("--no-grad-gather needs --local-loss (each rank scores its own anchors against the "
+                        "gathered features)")
+    if oc_args.gather_with_grad:
+        raise FlagError("--no-grad-gather replaces --gather-with-grad (the same exact gradients without the "
+                        "backward collective): drop one of them")
+    for bad, why in ((oc_args.siglip, "--siglip"), (oc_args.distill_model, "--distill-model"),
+                     ("coca" in oc_args.model.lower(), f"--model {oc_args.model} (CoCa)"),
+                     (oc_args.horovod, "--horovod")):
+        if bad:
+            raise FlagError(f"--no-grad-gather cannot be combined with {why}: that objective is OpenCLIP's own")
+
+
 def _require_data(oc_args) -> None:
     """OpenCLIP's main asserts this only after building the model; fail before any work instead."""
     if not (oc_args.train_data or oc_args.dataset_type == "synthetic" or oc_args.val_data
@@ -292,6 +312,8 @@ def parse_train_args(argv: List[str]) -> Optional[TrainConfig]:
                 raise FlagError(f"--loss {loss} cannot be combined with {why}: that objective is OpenCLIP's own; "
                                 "use --loss clip")
 
+    if ours.no_grad_gather:
+        _check_no_grad_gather(oc_args)
     kwargs = {LOSS_FLAGS[d][1]: v for d, v in given.items()}
     num_samples = None
     decay_epochs = None
@@ -315,7 +337,7 @@ def parse_train_args(argv: List[str]) -> Optional[TrainConfig]:
                 kwargs["num_samples"] = 1  # evaluation only: validate the other values
     if loss == "clip":
         _require_data(oc_args)
-        return TrainConfig(loss, {}, {}, list(rest), ours.model_config, None)
+        return TrainConfig(loss, {}, {}, list(rest), ours.model_config, None, no_grad_gather=ours.no_grad_gather)
 
     from clip_dcl.losses import LOSSES, create_loss
 
@@ -328,4 +350,4 @@ def parse_train_args(argv: List[str]) -> Optional[TrainConfig]:
     del probe
     _require_data(oc_args)
     return TrainConfig(loss, kwargs, _full_loss_args(loss, kwargs), list(rest), ours.model_config, num_samples,
-                       decay_epochs)
+                       decay_epochs, no_grad_gather=ours.no_grad_gather)

@@ -253,6 +253,7 @@ class TrainingRun:
         args.loss = cfg.loss
         args.loss_args = dict(cfg.loss_args)
         args.model_config = cfg.model_config
+        args.no_grad_gather = cfg.no_grad_gather
         args.decl_num_samples = cfg.num_samples
         self.args = args
         return args
@@ -268,7 +269,7 @@ class TrainingRun:
     # open_clip_train.main.create_loss
     def create_loss(self, args):
         cfg = self.config
-        if cfg.loss == "clip":
+        if cfg.loss == "clip" and not cfg.no_grad_gather:
             loss = _OPENCLIP_CREATE_LOSS(args)
         else:
             from clip_dcl.losses import create_loss
@@ -281,6 +282,8 @@ class TrainingRun:
 
             # allocated on the device directly: no host copy of a large per-sample buffer
             on_device = {"device": args.device} if "device" in inspect.signature(LOSSES[cfg.loss]).parameters else {}
+            if cfg.no_grad_gather:
+                on_device["no_grad_gather"] = True
             loss = create_loss(cfg.loss, rank=args.rank, world_size=args.world_size, local_loss=args.local_loss,
                                gather_with_grad=args.gather_with_grad, **cfg.loss_kwargs, **on_device)
         loss = loss.to(args.device) if isinstance(loss, torch.nn.Module) else loss

@@ -50,15 +50,21 @@ TWINS = [("decl_index", "decl_index_replicated"), ("decl_alternate", "decl_alter
          ("decl_index_bf16", "decl_index_bf16_replicated")]
 #: what the 4-rank run covers (the index buffer's layouts)
 INDEX_CONFIGS = [c for c in CONFIGS if c[2].get("rate") == "index"]
+#: gathered without autograd (no_grad_gather): every clip-dcl loss
+NO_GRAD_CONFIGS = [c for c in CONFIGS if c[1] != "openclip"]
+#: with accum_freq=2 (OpenCLIP's accumulation: each micro-batch's features recomputed with gradient)
+ACCUM_CONFIGS = [("clip", "clip", {}), ("dcl", "dcl", {"tau_plus": 0.1}),
+                 ("decl_index", "decl", {"rate": "index", "num_samples": NUM_SAMPLES, "gamma": 0.5,
+                                         "sample_u": True, "accum_freq": 2})]
 
 
 class Towers(nn.Module):
-    def __init__(self):
+    def __init__(self, dtype=torch.float64):
         super().__init__()
         gen = torch.Generator().manual_seed(0)
-        self.image = nn.Parameter(torch.randn(IN_IMG, DIM, generator=gen, dtype=torch.float64) / 3)
-        self.text = nn.Parameter(torch.randn(IN_TXT, DIM, generator=gen, dtype=torch.float64) / 3)
-        self.logit_scale = nn.Parameter(torch.tensor(2.5, dtype=torch.float64))
+        self.image = nn.Parameter((torch.randn(IN_IMG, DIM, generator=gen, dtype=torch.float64) / 3).to(dtype))
+        self.text = nn.Parameter((torch.randn(IN_TXT, DIM, generator=gen, dtype=torch.float64) / 3).to(dtype))
+        self.logit_scale = nn.Parameter(torch.tensor(2.5, dtype=dtype))
 
     def forward(self, x, y):
         return F.normalize(x @ self.image, dim=-1), F.normalize(y @ self.text, dim=-1), self.logit_scale.exp()
@@ -73,8 +79,10 @@ def global_data(step):
     return x, y, ids
 
 
-def build_loss(loss_name, kwargs, rank, world_size, local_loss, gather_with_grad=True):
+def build_loss(loss_name, kwargs, rank, world_size, local_loss, gather_with_grad=True, no_grad_gather=False):
     dist_kwargs = dict(rank=rank, world_size=world_size, local_loss=local_loss, gather_with_grad=gather_with_grad)
+    if no_grad_gather:
+        dist_kwargs.update(gather_with_grad=False, no_grad_gather=True)
     if loss_name == "openclip":
         from open_clip.loss import ClipLoss
 
@@ -84,24 +92,47 @@ def build_loss(loss_name, kwargs, rank, world_size, local_loss, gather_with_grad
     return create_loss(loss_name, **dist_kwargs, **kwargs)
 
 
-def run(loss_name, kwargs, rank=0, world_size=1, local_loss=False, gather_with_grad=True):
-    """Train STEPS steps; return per-step global loss, averaged gradients and loss buffers."""
-    model = Towers()
+def run(loss_name, kwargs, rank=0, world_size=1, local_loss=False, gather_with_grad=True, no_grad_gather=False,
+        dtype=torch.float64, accum_freq=1):
+    """Train STEPS steps; return per-step global loss, averaged gradients, feature gradients and loss buffers.
+
+    ``accum_freq > 1`` follows OpenCLIP's accumulation: the step's micro-batches are first encoded
+    without gradient, then each is encoded again with gradient, put in its place among the others,
+    and the loss of the whole step's rows is back-propagated (accumulating into the parameters).
+    """
+    model = Towers(dtype)
     train_model = model
     if world_size > 1:
         train_model = nn.parallel.DistributedDataParallel(model)
-    loss_fn = build_loss(loss_name, kwargs, rank, world_size, local_loss, gather_with_grad)
+    loss_fn = build_loss(loss_name, kwargs, rank, world_size, local_loss, gather_with_grad, no_grad_gather)
     opt = torch.optim.SGD(model.parameters(), lr=0.5)
     records = []
     for step in range(STEPS):
         x, y, ids = global_data(step)
+        x, y = x.to(dtype), y.to(dtype)
         b = GLOBAL_BATCH // world_size
-        rows = slice(rank * b, (rank + 1) * b)
-        f, g, s = train_model(x[rows], y[rows])
-        extra = {} if loss_name == "openclip" else {"sample_ids": ids[rows]}
-        loss = loss_fn(f, g, s, **extra)
+        rows = torch.arange(rank * b, (rank + 1) * b)
         opt.zero_grad()
-        loss.backward()
+        if accum_freq == 1:
+            f, g, s = train_model(x[rows], y[rows])
+            f.retain_grad()
+            g.retain_grad()
+            extra = {} if loss_name == "openclip" else {"sample_ids": ids[rows]}
+            loss = loss_fn(f, g, s, **extra)
+            loss.backward()
+            feature_grads = (f.grad.detach().clone(), g.grad.detach().clone())
+        else:  # micro-batch j of this rank: its rows j::accum_freq of the rank's slice, in fetch order
+            micro = [rows[j * b // accum_freq:(j + 1) * b // accum_freq] for j in range(accum_freq)]
+            with torch.no_grad():
+                cached = [model(x[m], y[m]) for m in micro]
+            for j in range(accum_freq):
+                parts = [list(c) for c in cached]
+                parts[j] = list(train_model(x[micro[j]], y[micro[j]]))
+                f = torch.cat([p[0] for p in parts])
+                g = torch.cat([p[1] for p in parts])
+                loss = loss_fn(f, g, parts[j][2], sample_ids=ids[torch.cat(micro)])
+                loss.backward()
+            feature_grads = None
         value = loss.detach().clone()
         if world_size > 1 and local_loss:  # each rank holds the mean over its own anchors
             dist.all_reduce(value)
@@ -111,6 +142,7 @@ def run(loss_name, kwargs, rank=0, world_size=1, local_loss=False, gather_with_g
             buffers["log_rate"] = loss_fn.full_log_rate()
         records.append({
             "loss": value,
+            "feature_grads": feature_grads,
             "grads": [p.grad.detach().clone() for p in model.parameters()],
             "buffers": buffers,
             "digest": loss_fn.state_digest() if hasattr(loss_fn, "state_digest") else None,
@@ -142,6 +174,16 @@ def main(out_dir, mode="all"):
     results = {}
     if mode == "bad_id":
         results["error"] = bad_id(rank, world_size)
+    elif mode == "no_grad":
+        for name, loss_name, kwargs in NO_GRAD_CONFIGS:
+            for dtype in (torch.float64, torch.float32):
+                results[(name, str(dtype))] = run(loss_name, kwargs, rank, world_size, True, no_grad_gather=True,
+                                                  dtype=dtype)
+        # without the column surrogate: local rows against features gathered without autograd
+        results[("clip_plain_local", "torch.float64")] = run("clip", {}, rank, world_size, True, gather_with_grad=False)
+        for name, loss_name, kwargs in ACCUM_CONFIGS:
+            results[(name, "accum")] = run(loss_name, kwargs, rank, world_size, True, no_grad_gather=True,
+                                           accum_freq=2)
     else:
         for name, loss_name, kwargs in (CONFIGS if mode == "all" else INDEX_CONFIGS):
             for local_loss in (False, True):
