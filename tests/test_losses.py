@@ -534,6 +534,20 @@ def test_clip_from_stats_is_openclip_infonce(bias):
 def test_no_grad_gather_needs_local_loss_and_excludes_gather_with_grad(name):
     kw = {"rate": "batch"} if name == "decl" else {}
     with pytest.raises(ValueError, match="no_grad_gather=True needs local_loss=True"):
-        create_loss(name, no_grad_gather=True, **kw)
+        create_loss(name, no_grad_gather=True, rank=0, world_size=2, **kw)
     with pytest.raises(ValueError, match="no_grad_gather=True replaces gather_with_grad=True"):
         create_loss(name, no_grad_gather=True, local_loss=True, gather_with_grad=True, **kw)
+
+
+@pytest.mark.parametrize("name, kw", [("clip", {}), ("dcl", {"tau_plus": 0.2}),
+                                      ("decl", {"rate": "index", "num_samples": 12, "sample_u": True})])
+def test_no_grad_gather_in_one_process_changes_nothing(name, kw):
+    f, g = features(12, seed=4)
+    ids = torch.arange(12)
+    results = []
+    for flag in (False, True):
+        a = leaves(f, g, 9.0)
+        loss = create_loss(name, no_grad_gather=flag, **kw)(*a, sample_ids=ids)
+        results.append((loss, grads(loss, a)))
+    torch.testing.assert_close(results[0][0], results[1][0], rtol=1e-12, atol=1e-12)
+    assert_close_all(results[0][1], results[1][1])

@@ -235,7 +235,7 @@ class ContrastiveLoss(nn.Module):
             raise ValueError("use_horovod=True is not supported by clip-dcl losses; use torch.distributed")
         if world_size < 1 or not 0 <= rank < world_size:
             raise ValueError(f"rank={rank} and world_size={world_size} must satisfy 0 <= rank < world_size")
-        if no_grad_gather and not local_loss:
+        if no_grad_gather and not local_loss and world_size > 1:
             raise ValueError("no_grad_gather=True needs local_loss=True (each rank scores its own anchors)")
         if no_grad_gather and gather_with_grad:
             raise ValueError("no_grad_gather=True replaces gather_with_grad=True (exact gradients without the "

@@ -25,7 +25,10 @@ class InfoNCELoss(ClipLoss):
     requires_sample_ids = False
 
     def __init__(self, local_loss=False, gather_with_grad=False, cache_labels=True, rank=0, world_size=1,
-                 use_horovod=False):
+                 use_horovod=False, no_grad_gather=False):
+        if no_grad_gather:
+            raise ValueError("ClipLoss has no no_grad_gather mode: use create_loss('clip', no_grad_gather=True), "
+                             "which builds InfoNCEFromStats")
         super().__init__(local_loss=local_loss, gather_with_grad=gather_with_grad, cache_labels=cache_labels,
                          rank=rank, world_size=world_size, use_horovod=use_horovod)
         self.metrics = {}
