@@ -15,6 +15,7 @@ from PIL import Image
 from test_evalsets import COLOURS, ToyCLIP, ToyTokenizer, colour_split, to_tensor, write_iris, write_png
 
 from clip_dcl.eval import fewshot as fs
+from clip_dcl.eval import kshot, probe
 from clip_dcl.eval.metrics import average_precision_11point, binary_roc_auc, elevater_scores
 
 
@@ -117,7 +118,7 @@ def test_single_label_sampler_is_shuffle_then_first_k(seed):
     rng = random.Random(100 + seed)
     labels = [[rng.randrange(6)] for _ in range(200)]
     labels += [[6], [6]]  # a class with fewer than k images keeps both
-    got = fs.sample_few_shot(labels, 7, 5, seed)
+    got = kshot.sample_few_shot(labels, 7, 5, seed)
     order = list(range(len(labels)))
     random.Random(seed).shuffle(order)
     counts = Counter()
@@ -128,13 +129,13 @@ def test_single_label_sampler_is_shuffle_then_first_k(seed):
             counts[y] += 1
             ref.append(i)
     assert got == ref
-    assert fs.sample_few_shot(labels, 7, 5, seed) == got
+    assert kshot.sample_few_shot(labels, 7, 5, seed) == got
     assert Counter(labels[i][0] for i in got) == Counter({**{c: 5 for c in range(6)}, 6: 2})
 
 
 def test_sampler_seeds_differ_and_stop_when_full():
     labels = [[i % 3] for i in range(300)]
-    a, b = fs.sample_few_shot(labels, 3, 5, 0), fs.sample_few_shot(labels, 3, 5, 1)
+    a, b = kshot.sample_few_shot(labels, 3, 5, 0), kshot.sample_few_shot(labels, 3, 5, 1)
     assert a != b and len(a) == len(b) == 15
     # stops as soon as every class is full: the last kept image completes the last class
     order = list(range(300))
@@ -155,7 +156,7 @@ def test_multilabel_sampler_rule_hand_built():
     labels = [None] * len(walk)
     for pos, i in enumerate(order):
         labels[i] = walk[pos]
-    got = fs.sample_few_shot(labels, 3, 2, seed=3)
+    got = kshot.sample_few_shot(labels, 3, 2, seed=3)
     kept_positions = [order.index(i) for i in got]
     # [0] kept; [] kept (1st negative); [0,1] kept (min 0); [0] skipped (full);
     # [0,1] kept (min 1 <= 1); [] kept (2nd negative); [] skipped (k negatives);
@@ -170,7 +171,7 @@ def test_multilabel_sampler_max_rule():
     labels = [None] * len(walk)
     for pos, i in enumerate(order):
         labels[i] = walk[pos]
-    got = fs.sample_few_shot(labels, 3, 4, seed=0)
+    got = kshot.sample_few_shot(labels, 3, 4, seed=0)
     # [1] x4 -> c1=4; [0,1] x3: min(c0)=0,1,2 <= 2 kept -> c0=3, c1=7; [0,2]: c=(3,0) min 0 kept.
     assert [order.index(i) for i in got] == [0, 1, 2, 3, 4, 5, 6, 7, 8]
     walk2 = [[1]] * 4 + [[0, 1]] * 3 + [[0, 1]]  # (3, 7): skipped
@@ -178,25 +179,25 @@ def test_multilabel_sampler_max_rule():
     order2 = _walk_order(len(walk2), seed=0)
     for pos, i in enumerate(order2):
         labels2[i] = walk2[pos]
-    assert [order2.index(i) for i in fs.sample_few_shot(labels2, 2, 4, seed=0)] == list(range(7))
+    assert [order2.index(i) for i in kshot.sample_few_shot(labels2, 2, 4, seed=0)] == list(range(7))
 
 
 def test_single_label_split_first_ceil_fifth_per_class():
     labels = [[c] for c in [0, 1, 0, 2, 1, 0, 0, 0, 1, 1, 1]]
-    train, val = fs.split_train_val(labels, 3, multilabel=False)
+    train, val = kshot.split_train_val(labels, 3, multilabel=False)
     # class 0: 5 images -> 1 val (first, position 0); class 1: 5 -> 1 (position 1); class 2: 1 -> 1 (position 3)
     assert sorted(val) == [0, 1, 3]
     assert train == [2, 4, 5, 6, 7, 8, 9, 10]  # subset order kept
-    assert len(fs.split_train_val([[0]] * 15, 1, False)[1]) == 3
-    assert len(fs.split_train_val([[0]] * 16, 1, False)[1]) == 4
+    assert len(kshot.split_train_val([[0]] * 15, 1, False)[1]) == 3
+    assert len(kshot.split_train_val([[0]] * 16, 1, False)[1]) == 4
     five_shot = [[c] for c in range(4) for _ in range(5)]
-    tr, va = fs.split_train_val(five_shot, 4, False)
+    tr, va = kshot.split_train_val(five_shot, 4, False)
     assert len(va) == 4 and len(tr) == 16
 
 
 def test_multilabel_split_greedy():
     labels = [[0], [0, 1], [1], [2], [0, 2]]
-    train, val = fs.split_train_val(labels, 3, multilabel=True)
+    train, val = kshot.split_train_val(labels, 3, multilabel=True)
     assert val == [0, 1, 3] and train == [2, 4]
 
 
@@ -209,7 +210,7 @@ def test_epoch_batches_replay_the_dataloader(n):
 
     loader = DataLoader(range(n), batch_size=64, shuffle=True, generator=torch.Generator().manual_seed(0))
     ref = [[b for b in loader if len(b) > 1] for _ in range(4)]
-    got = fs.epoch_batches(n, 4)
+    got = probe.epoch_batches(n, 4)
     assert len(got) == 4
     for e in range(4):
         assert [b.tolist() for b in got[e]] == [b.tolist() for b in ref[e]]
@@ -253,9 +254,9 @@ def test_batched_heads_equal_separate_toolkit_runs(multilabel, n):
     else:
         y, y_eval = torch.randint(0, c, (n,), generator=g), torch.randint(0, c, (50,), generator=g)
         metric = "mean_per_class"
-    w0, b0 = fs.default_head_init(c, d, seed=1)
+    w0, b0 = probe.default_head_init(c, d, seed=1)
     lrs, wds = [0.1, 0.01, 0.5], [1e-4, 1e-2, 0.3]
-    scores, w, b = fs.train_heads(x, y, lrs, wds, fs.epoch_batches(n, 5), w0, b0, {"ev": (x_eval, y_eval)},
+    scores, w, b = probe.train_heads(x, y, lrs, wds, probe.epoch_batches(n, 5), w0, b0, {"ev": (x_eval, y_eval)},
                                   metric, multilabel)
     for h in range(3):
         ref_scores, ref_w, ref_b = _reference_head(x, y, lrs[h], wds[h], 5, w0, b0, x_eval, y_eval, metric, multilabel)
@@ -296,7 +297,7 @@ def _toolkit_sweep(score, grid):
 def _fake_trainer(table, grid, calls):
     """Stands in for train_heads: a run's per-epoch val scores peak at table[(lr, wd index)]."""
 
-    def fake(x, y, lrs, wds, batches, w0, b0, eval_sets, metric, multilabel=False):
+    def fake(x, y, lrs, wds, batches, w0, b0, eval_sets, metric, multilabel=False, score_diverged=False):
         calls.append(len(lrs))
         h = len(lrs)
         out = torch.zeros(len(batches), h, dtype=torch.double)
@@ -311,14 +312,14 @@ def _fake_trainer(table, grid, calls):
 @pytest.mark.parametrize("seed", range(5))
 def test_sweep_rounds_match_the_sequential_toolkit_search(monkeypatch, seed):
     # every lr x wd below the stability bound, so the search is the toolkit's, pair for pair
-    grid = fs.SweepGrid("t", (1e-4, 2e-4, 3e-4), tuple(float(v) for v in np.logspace(-3, 3, 13)), (0, 4, 8, 12),
+    grid = probe.SweepGrid("t", (1e-4, 2e-4, 3e-4), tuple(float(v) for v in np.logspace(-3, 3, 13)), (0, 4, 8, 12),
                         (2, 1), epochs=3)
     rng = np.random.default_rng(seed)
     table = {(lr, j): float(rng.integers(0, 6)) / 5 for lr in grid.lrs for j in range(13)}  # many ties
     calls = []
-    monkeypatch.setattr(fs, "train_heads", _fake_trainer(table, grid, calls))
+    monkeypatch.setattr(probe, "train_heads", _fake_trainer(table, grid, calls))
     x = torch.zeros(4, 2)
-    res = fs.sweep_hyperparameters(x, torch.zeros(4), x, torch.zeros(4), grid, "accuracy", False,
+    res = probe.sweep_hyperparameters(x, torch.zeros(4), x, torch.zeros(4), grid, "accuracy", False,
                                    torch.zeros(2, 2), torch.zeros(2))
     best_lr, best_wd, best_score, visited = _toolkit_sweep(lambda lr, j: table[(lr, j)], grid)
     assert (res.best_lr, res.best_wd, res.best_score) == (best_lr, best_wd, best_score)
@@ -328,47 +329,47 @@ def test_sweep_rounds_match_the_sequential_toolkit_search(monkeypatch, seed):
 
 def test_sweep_never_trains_or_picks_unstable_pairs(monkeypatch):
     # lr * wd >= 2 (1 + momentum) diverges on the weight-decay term alone: not trained, NaN, not chosen
-    grid = fs.SweepGrid("t", (0.1,), (1.0, 10.0, 100.0), (0, 1, 2), (), epochs=2)
+    grid = probe.SweepGrid("t", (0.1,), (1.0, 10.0, 100.0), (0, 1, 2), (), epochs=2)
     table = {(0.1, 0): 0.2, (0.1, 1): 0.5, (0.1, 2): 0.9}  # the unstable pair would win
     calls = []
-    monkeypatch.setattr(fs, "train_heads", _fake_trainer(table, grid, calls))
+    monkeypatch.setattr(probe, "train_heads", _fake_trainer(table, grid, calls))
     x = torch.zeros(4, 2)
-    res = fs.sweep_hyperparameters(x, torch.zeros(4), x, torch.zeros(4), grid, "accuracy", False,
+    res = probe.sweep_hyperparameters(x, torch.zeros(4), x, torch.zeros(4), grid, "accuracy", False,
                                    torch.zeros(2, 2), torch.zeros(2))
     assert (res.best_lr, res.best_wd, res.best_score) == (0.1, 10.0, 0.5)
     assert calls == [2]  # the pair (0.1, 100) was never trained
     unstable = [r for r in res.runs if r.get("unstable")]
     assert [(r["lr"], r["wd"]) for r in unstable] == [(0.1, 100.0)] and np.isnan(unstable[0]["val_score"])
-    assert fs.stable(0.1, 37.0) and not fs.stable(0.1, 38.0)
+    assert probe.stable(0.1, 37.0) and not probe.stable(0.1, 38.0)
 
 
 def test_a_head_that_overflows_scores_nan_and_the_final_run_falls_back(monkeypatch):
     g = torch.Generator().manual_seed(0)
     x = torch.randn(20, 4, generator=g)
     y = torch.arange(20) % 2
-    batches = fs.epoch_batches(20, 30, batch_size=8)
+    batches = probe.epoch_batches(20, 30, batch_size=8)
     init_w, init_b = torch.randn(2, 4, generator=g), torch.zeros(2)
     # lr * wd = 10: the weights are multiplied by about -9 a step and overflow within 30 epochs
-    scores, w, _ = fs.train_heads(x, y, [1.0, 0.01], [10.0, 0.0], batches, init_w, init_b, {"t": (x, y)}, "accuracy")
+    scores, w, _ = probe.train_heads(x, y, [1.0, 0.01], [10.0, 0.0], batches, init_w, init_b, {"t": (x, y)}, "accuracy")
     col = scores["t"][:, 0]
     assert torch.isnan(col[-1]) and torch.isfinite(col[0]) and not torch.isfinite(w[0]).all()
     assert torch.isnan(col[int(torch.isnan(col).nonzero()[0]):]).all()  # once diverged, NaN from then on
     assert torch.isfinite(scores["t"][:, 1]).all()
     # If the stability bound let such a pair through and it won the short sweep, the 50-epoch final
     # run would diverge: the probe then takes the next-best pair and records the failure.
-    monkeypatch.setattr(fs, "stable", lambda lr, wd: True)
-    grid = fs.SweepGrid("t", (1.0,), (10.0, 0.0), (0, 1), (), epochs=1, final_epochs=80)  # 80 steps: overflow
-    res = fs.linear_probe(x, [[int(v)] for v in y], x, y, 2, "accuracy", False, grid, init_w, init_b)
+    monkeypatch.setattr(probe, "stable", lambda lr, wd: True)
+    grid = probe.SweepGrid("t", (1.0,), (10.0, 0.0), (0, 1), (), epochs=1, final_epochs=80)  # 80 steps: overflow
+    res = probe.linear_probe(x, [[int(v)] for v in y], x, y, 2, "accuracy", False, grid, init_w, init_b)
     assert (res.best_lr, res.best_wd) == (1.0, 0.0)
     assert {"lr": 1.0, "wd": 10.0, "final_run_diverged": True} in res.runs
     assert all(np.isfinite(res.test_scores))
 
 
 def test_sweep_all_zero_keeps_toolkit_defaults(monkeypatch):
-    grid = fs.SweepGrid("t", (0.1, 0.2), tuple(float(v) for v in np.logspace(-3, 3, 13)), (0, 6, 12), (2,), epochs=2)
-    monkeypatch.setattr(fs, "train_heads", _fake_trainer({(lr, j): 0.0 for lr in grid.lrs for j in range(13)}, grid, []))
+    grid = probe.SweepGrid("t", (0.1, 0.2), tuple(float(v) for v in np.logspace(-3, 3, 13)), (0, 6, 12), (2,), epochs=2)
+    monkeypatch.setattr(probe, "train_heads", _fake_trainer({(lr, j): 0.0 for lr in grid.lrs for j in range(13)}, grid, []))
     x = torch.zeros(4, 2)
-    res = fs.sweep_hyperparameters(x, torch.zeros(4), x, torch.zeros(4), grid, "accuracy", False,
+    res = probe.sweep_hyperparameters(x, torch.zeros(4), x, torch.zeros(4), grid, "accuracy", False,
                                    torch.zeros(2, 2), torch.zeros(2))
     assert (res.best_lr, res.best_wd, res.best_score) == (0.0, 0.0, 0.0)
 
@@ -376,14 +377,14 @@ def test_sweep_all_zero_keeps_toolkit_defaults(monkeypatch):
 def test_full_grid_is_the_toolkits(monkeypatch):
     wds = np.logspace(-6, 6, 97).tolist()
     coarse = [i for i, v in enumerate(wds) if v in set(np.logspace(-6, 6, 7))]
-    assert list(fs.FULL_GRID.coarse) == coarse and list(fs.FULL_GRID.wds) == wds
-    assert list(fs.FULL_GRID.lrs) == np.logspace(-6, -1, 6).tolist()
-    assert fs.FULL_GRID.epochs + 40 == fs.FULL_GRID.final_epochs == 50
+    assert list(probe.FULL_GRID.coarse) == coarse and list(probe.FULL_GRID.wds) == wds
+    assert list(probe.FULL_GRID.lrs) == np.logspace(-6, -1, 6).tolist()
+    assert probe.FULL_GRID.epochs + 40 == probe.FULL_GRID.final_epochs == 50
     rng = np.random.default_rng(0)
-    table = {(lr, j): float(rng.random()) for lr in fs.FULL_GRID.lrs for j in range(97)}
-    monkeypatch.setattr(fs, "train_heads", _fake_trainer(table, fs.FULL_GRID, []))
+    table = {(lr, j): float(rng.random()) for lr in probe.FULL_GRID.lrs for j in range(97)}
+    monkeypatch.setattr(probe, "train_heads", _fake_trainer(table, probe.FULL_GRID, []))
     x = torch.zeros(4, 2)
-    res = fs.sweep_hyperparameters(x, torch.zeros(4), x, torch.zeros(4), fs.FULL_GRID, "accuracy", False,
+    res = probe.sweep_hyperparameters(x, torch.zeros(4), x, torch.zeros(4), probe.FULL_GRID, "accuracy", False,
                                    torch.zeros(2, 2), torch.zeros(2))
     assert 6 * 7 < len(res.runs) <= 90
 
@@ -392,7 +393,7 @@ def test_mean_classifier_is_class_mean_inner_product():
     g = torch.Generator().manual_seed(0)
     x, y, xt = torch.randn(30, 5, generator=g), torch.randint(0, 4, (30,), generator=g), torch.randn(7, 5, generator=g)
     y[-1] = 3
-    logits = fs.mean_classifier_logits(x, y, xt, 5)
+    logits = probe.mean_classifier_logits(x, y, xt, 5)
     f = torch.nn.functional.normalize(x, dim=-1)
     ft = torch.nn.functional.normalize(xt, dim=-1)
     for c in range(5):
@@ -438,8 +439,8 @@ def _suite(root):
 
 def test_evaluate_fewshot_end_to_end(tmp_path):
     root = _suite(tmp_path)
-    report = fs.evaluate_fewshot(ToyCLIP(), to_tensor, ToyTokenizer(), root, shots=3, seeds=(0, 1),
-                                 grid="reduced", progress=False, return_report=True)
+    report = fs.run_fewshot(ToyCLIP(), to_tensor, ToyTokenizer(), root, shots=3, seeds=(0, 1),
+                            grid="reduced", progress=False)
     m = report.metrics
     assert [p.dataset for p in report.probes] == ["colours", "colours", "halves", "halves", "pairs", "pairs"]
     assert {p.metric for p in report.probes} == {"accuracy", "11point_mAP", "mean_per_class"}

@@ -217,6 +217,25 @@ def classification_metrics(logits: torch.Tensor, labels: torch.Tensor) -> dict[s
     }
 
 
+def mean_average_precision(scores: torch.Tensor, targets: torch.Tensor) -> float:
+    """Multi-label zero-shot score as CLIP_benchmark reports it (``mean_average_precision``): the
+    mean over classes of the (non-interpolated) average precision of ``scores[:, c]`` against the
+    multi-hot ``targets[:, c]``; a class without any positive counts as 0, as in CLIP_benchmark.
+
+    Per class, torchmetrics' ``multilabel_average_precision`` (equal to scikit-learn's
+    ``average_precision_score``, and to CLIP_benchmark's rank formula when no two scores tie).
+    """
+    from torchmetrics.functional.classification import multilabel_average_precision
+
+    if scores.ndim != 2 or targets.shape != scores.shape:
+        raise ValueError(f"scores and multi-hot targets must both be (N, C), got {tuple(scores.shape)} and "
+                         f"{tuple(targets.shape)}")
+    ap = multilabel_average_precision(scores.float(), targets.long(), num_labels=scores.shape[1], average=None)
+    ap = torch.nan_to_num(torch.as_tensor(ap, dtype=torch.double), nan=0.0)
+    ap = torch.where(targets.sum(0) > 0, ap, torch.zeros_like(ap))
+    return float(ap.mean())
+
+
 # ----------------------------------------------------------------------------------------------
 # ELEVATER metrics, batched over a leading dimension (heads)
 # ----------------------------------------------------------------------------------------------
