@@ -189,7 +189,7 @@ def topk_accuracy(logits: torch.Tensor, labels: torch.Tensor, k: int = 1) -> flo
     if k > logits.shape[-1]:
         return float("nan")
     top = logits.topk(k, dim=-1).indices
-    return float((top == labels[:, None]).any(-1).float().mean())
+    return float((top == labels[:, None]).any(-1).double().mean())
 
 
 def mean_per_class_recall(preds: torch.Tensor, labels: torch.Tensor) -> float:
@@ -222,18 +222,19 @@ def mean_average_precision(scores: torch.Tensor, targets: torch.Tensor) -> float
     mean over classes of the (non-interpolated) average precision of ``scores[:, c]`` against the
     multi-hot ``targets[:, c]``; a class without any positive counts as 0, as in CLIP_benchmark.
 
-    Per class, torchmetrics' ``multilabel_average_precision`` (equal to scikit-learn's
-    ``average_precision_score``, and to CLIP_benchmark's rank formula when no two scores tie).
+    Per class, scikit-learn's ``average_precision_score`` on the raw scores, which equals
+    CLIP_benchmark's rank formula when no two scores tie. (torchmetrics' version squashes logits
+    through a sigmoid first, which saturates CLIP's 100x logits into ties.)
     """
-    from torchmetrics.functional.classification import multilabel_average_precision
+    from sklearn.metrics import average_precision_score
 
     if scores.ndim != 2 or targets.shape != scores.shape:
         raise ValueError(f"scores and multi-hot targets must both be (N, C), got {tuple(scores.shape)} and "
                          f"{tuple(targets.shape)}")
-    ap = multilabel_average_precision(scores.float(), targets.long(), num_labels=scores.shape[1], average=None)
-    ap = torch.nan_to_num(torch.as_tensor(ap, dtype=torch.double), nan=0.0)
-    ap = torch.where(targets.sum(0) > 0, ap, torch.zeros_like(ap))
-    return float(ap.mean())
+    s = scores.detach().double().cpu().numpy()
+    t = (targets.detach().cpu().numpy() > 0).astype(int)
+    ap = [average_precision_score(t[:, c], s[:, c]) if t[:, c].any() else 0.0 for c in range(s.shape[1])]
+    return float(np.mean(ap))
 
 
 # ----------------------------------------------------------------------------------------------
