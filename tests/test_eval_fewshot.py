@@ -1,4 +1,5 @@
-"""ELEVATER few-shot probe: metrics, sampler, split, shuffling, batched heads, sweep bookkeeping, suite."""
+"""ELEVATER few-shot probe: metrics, sampler, split, shuffling, batched heads, sweep bookkeeping, suite,
+the toolkit's prompts, download layout, 1-shot rule and exact grid."""
 from __future__ import annotations
 
 import io
@@ -12,8 +13,9 @@ import numpy as np
 import pytest
 import torch
 from PIL import Image
-from test_evalsets import COLOURS, ToyCLIP, ToyTokenizer, colour_split, to_tensor, write_iris, write_png
+from test_evalsets import COLOURS, ToyCLIP, ToyTokenizer, colour_split, png_bytes, to_tensor, write_iris, write_png
 
+from clip_dcl.data import evalsets as es
 from clip_dcl.eval import fewshot as fs
 from clip_dcl.eval import kshot, probe
 from clip_dcl.eval.metrics import average_precision_11point, binary_roc_auc, elevater_scores
@@ -500,3 +502,205 @@ def test_fewshot_cli_with_tiny_model(tmp_path):
     assert doc["colours/linear_probe"] == doc["colours/linear_probe_toolkit"]
     assert {d["dataset"] for d in doc["details"]} == {"colours", "pairs"}
     assert doc["data"]["datasets"]["pairs"]["metric"] == "mean_per_class"
+
+
+# ----------------------------------------------------------------------------------------------
+# The toolkit's grid run exactly, the 1-shot rule
+# ----------------------------------------------------------------------------------------------
+def test_toolkit_exact_grid_trains_unstable_pairs_and_can_pick_them(monkeypatch):
+    grid = probe.SweepGrid("t", (0.1,), (1.0, 10.0, 100.0), (0, 1, 2), (), epochs=2, exact=True)
+    table = {(0.1, 0): 0.2, (0.1, 1): 0.5, (0.1, 2): 0.9}  # the unstable pair wins, as it may in the toolkit
+    calls = []
+    monkeypatch.setattr(probe, "train_heads", _fake_trainer(table, grid, calls))
+    x = torch.zeros(4, 2)
+    res = probe.sweep_hyperparameters(x, torch.zeros(4), x, torch.zeros(4), grid, "accuracy", False,
+                                      torch.zeros(2, 2), torch.zeros(2))
+    assert calls == [3] and not any(r.get("unstable") for r in res.runs)
+    assert (res.best_lr, res.best_wd, res.best_score) == (0.1, 100.0, 0.9)
+    exact = probe.GRIDS["toolkit-exact"]
+    assert exact.exact and (exact.lrs, exact.wds, exact.coarse, exact.spans) == (
+        probe.FULL_GRID.lrs, probe.FULL_GRID.wds, probe.FULL_GRID.coarse, probe.FULL_GRID.spans)
+
+
+def test_toolkit_exact_scores_a_diverged_head_as_the_metric_does_and_keeps_its_final_run():
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(20, 4, generator=g)
+    y = torch.arange(20) % 2
+    batches = probe.epoch_batches(20, 30, batch_size=8)
+    init_w, init_b = torch.randn(2, 4, generator=g), torch.zeros(2)
+    scores, w, _ = probe.train_heads(x, y, [1.0], [10.0], batches, init_w, init_b, {"t": (x, y)}, "accuracy",
+                                     score_diverged=True)
+    assert not torch.isfinite(w).all() and torch.isfinite(scores["t"]).all()
+    assert scores["t"][-1, 0] == 0  # non-finite probabilities: the toolkit's try/except scores 0
+    grid = probe.SweepGrid("t", (1.0,), (10.0, 0.0), (0, 1), (), epochs=1, final_epochs=80, exact=True)
+    table_pick = probe.linear_probe(x, [[int(v)] for v in y], x, y, 2, "accuracy", False, grid, init_w, init_b)
+    assert not any(r.get("final_run_diverged") for r in table_pick.runs)  # no fallback: the toolkit's run
+    assert all(np.isfinite(table_pick.test_scores))
+
+
+def test_one_shot_draws_two_and_the_final_run_does_not_merge(tmp_path):
+    assert kshot.shot_plan(1) == (2, False) and kshot.shot_plan(5) == (5, True)
+    with pytest.raises(ValueError, match="shots must be >= 1, got 0"):
+        kshot.shot_plan(0)
+    names = ["red", "green", "blue"]
+    write_iris(tmp_path / "colours", names, colour_split(names, 6), colour_split(names, 3))
+    report = fs.run_fewshot(ToyCLIP(), to_tensor, ToyTokenizer(), tmp_path, shots=1, seeds=(0, 1), grid="reduced",
+                            progress=False)
+    for p in report.probes:  # 2 drawn per class: 1 chooses (lr, wd), 1 trains the final head
+        assert (p.n_train, p.n_val, p.n_final) == (3, 3, 3)
+    assert report.settings["shots_drawn"] == 2 and report.settings["final_run_merges_val"] is False
+    report5 = fs.run_fewshot(ToyCLIP(), to_tensor, ToyTokenizer(), tmp_path, shots=5, seeds=(0,), grid="reduced",
+                             progress=False)
+    assert (report5.probes[0].n_train, report5.probes[0].n_val, report5.probes[0].n_final) == (12, 3, 15)
+
+
+# ----------------------------------------------------------------------------------------------
+# The toolkit's prompts and its download layout
+# ----------------------------------------------------------------------------------------------
+#: Templates per set in the toolkit's template_map (its prompts.py).
+TOOLKIT_TEMPLATE_COUNTS = {
+    "caltech-101": 34, "cifar-10": 18, "cifar-100": 18, "country211": 5, "dtd": 8, "eurosat_clip": 3,
+    "fer-2013": 6, "fgvc-aircraft-2013b-variants102": 2, "food-101": 1, "gtsrb": 3, "hateful-memes": 1,
+    "kitti-distance": 1, "mnist": 1, "oxford-flower-102": 1, "oxford-iiit-pets": 1, "patch-camelyon": 1,
+    "rendered-sst2": 1, "resisc45_clip": 18, "stanford-cars": 8, "voc-2007-classification": 1,
+}
+
+
+def test_the_20_sets_prompts_ship_with_the_package():
+    prompts, cat = fs.builtin_prompts(), fs.builtin_catalog()
+    assert set(prompts) == set(cat) == set(TOOLKIT_TEMPLATE_COUNTS)
+    for name, p in prompts.items():
+        assert len(p["classnames"]) == cat[name]["num_classes"], name
+        assert len(p["templates"]) == TOOLKIT_TEMPLATE_COUNTS[name], name
+        assert all("{c}" in t for t in p["templates"]) and all(n.strip() for n in p["classnames"])
+    assert prompts["cifar-10"]["templates"] == prompts["cifar-100"]["templates"]
+    assert prompts["fer-2013"]["classnames"][3] == "happy"  # the first of ['happy', 'smiling']
+    assert prompts["kitti-distance"]["templates"] == ["{c}"]
+    assert fs.dataset_prompts("cifar10", fs.load_catalog()) == prompts["cifar-10"]  # the yaml alias
+
+
+class AnyTextTokenizer(ToyTokenizer):
+    """ToyTokenizer for texts that name a colour; any other text maps to a colour from its hash."""
+
+    def __call__(self, texts):
+        texts = [texts] if isinstance(texts, str) else texts
+        out = []
+        for t in texts:
+            try:
+                out.append(super().__call__([t])[0])
+            except StopIteration:
+                h = abs(hash(t)) % (256 ** 3)
+                out.append(torch.tensor([h % 256, (h // 256) % 256, h // 65536], dtype=torch.float32) / 255)
+        return torch.stack(out)
+
+
+def _png(rgb, seed):
+    return png_bytes(rgb, noise=10, seed=seed)
+
+
+def _toolkit_root(root, cifar_folder="cifar_10_20211007"):
+    """A miniature of the toolkit's download: cifar-10 (iris index, images in train.zip and val.zip)
+    and kitti-distance (COCO index files *_meta.json, images in zips, images listed out of id order)."""
+    colours = ["red", "green", "blue", "yellow", "purple", "cyan", "red", "green", "blue", "yellow"]
+    cifar = root / "classification" / cifar_folder
+    cifar.mkdir(parents=True)
+    (cifar / "labels.txt").write_text("\n".join(f"label_{i}" for i in range(10)) + "\n")
+    for split, zname, n in (("train", "train.zip", 4), ("test", "val.zip", 2)):
+        lines = []
+        with zipfile.ZipFile(cifar / zname, "w") as zf:
+            for j in range(n):
+                for y in range(10):
+                    name = f"{split}/{y}_{j}.png"
+                    zf.writestr(name, _png(COLOURS[colours[y]], y * 10 + j))
+                    lines.append(f"{zname}@{name} {y}")
+        (cifar / f"{split}.txt").write_text("\n".join(lines) + "\n")
+    kitti = root / "classification" / "kitti_distance_20210923"
+    kitti.mkdir(parents=True)
+    cats = [{"id": i + 1, "name": n} for i, n in enumerate(["a", "b", "c", "d"])]
+    for split, n in (("train", 5), ("test", 2)):
+        zname = f"{split}_images.zip"
+        images, anns = [], []
+        with zipfile.ZipFile(kitti / zname, "w") as zf:
+            for j in range(n * 4):
+                y = j % 4
+                zf.writestr(f"{j}.png", _png(COLOURS[["red", "green", "blue", "cyan"][y]], 500 + j))
+                images.append({"id": j + 1, "file_name": f"{j}.png", "zip_file": zname})
+                anns.append({"id": j + 1, "image_id": j + 1, "category_id": y + 1})
+        images = images[::-1]  # listed out of id order
+        (kitti / f"{split}_meta.json").write_text(json.dumps({"images": images, "annotations": anns,
+                                                              "categories": cats}))
+    return root
+
+
+def test_toolkit_download_layout_reads_without_renaming(tmp_path, monkeypatch):
+    root = _toolkit_root(tmp_path / "datasets")
+    used = {}
+    real = fs.zeroshot_classifier
+
+    def spy(model, tokenizer, classnames, templates, **kw):
+        used[tuple(classnames)] = list(templates)
+        return real(model, tokenizer, classnames, templates, **kw)
+
+    monkeypatch.setattr(fs, "zeroshot_classifier", spy)
+    report = fs.run_fewshot(ToyCLIP(), to_tensor, AnyTextTokenizer(), root, datasets=["cifar10", "kitti-distance"],
+                            shots=2, seeds=(0,), grid="reduced", progress=False)
+    ds = report.datasets
+    assert set(ds) == {"cifar-10", "kitti-distance"}
+    assert ds["cifar-10"]["layout"] == "iris" and ds["kitti-distance"]["layout"] == "coco"
+    assert ds["cifar-10"]["folder"].endswith("classification/cifar_10_20211007")
+    assert (ds["cifar-10"]["num_train"], ds["cifar-10"]["num_test"]) == (40, 20)
+    assert (ds["kitti-distance"]["num_train"], ds["kitti-distance"]["num_test"]) == (20, 8)
+    # the shipped class names and templates, not labels.txt and not one generic template
+    prompts = fs.builtin_prompts()
+    assert ds["cifar-10"]["classnames"].endswith("elevater_prompts.json") and ds["cifar-10"]["num_templates"] == 18
+    assert used[tuple(prompts["cifar-10"]["classnames"])] == prompts["cifar-10"]["templates"]
+    assert tuple(prompts["kitti-distance"]["classnames"]) in used
+    assert {p.dataset for p in report.probes} == {"cifar-10", "kitti-distance"}
+    assert report.probes[0].metric == "accuracy" and all(len(p.test_scores) == 50 for p in report.probes)
+    # all sets found under the root, or under its classification/ folder, and another download date
+    assert fs.run_fewshot(ToyCLIP(), to_tensor, AnyTextTokenizer(), root / "classification", shots=2, seeds=(0,),
+                          grid="reduced", progress=False).datasets.keys() == {"cifar-10", "kitti-distance"}
+    (root / "classification" / "cifar_10_20211007").rename(root / "classification" / "cifar_10_20230101")
+    again = fs.run_fewshot(ToyCLIP(), to_tensor, AnyTextTokenizer(), root, datasets=["cifar-10"], shots=2,
+                           seeds=(0,), grid="reduced", progress=False)
+    assert again.datasets["cifar-10"]["folder"].endswith("cifar_10_20230101")
+    with pytest.raises(ValueError, match=r"(?s)\['dtd'\] not found .*toolkit's download layout.*one folder a data set"):
+        fs.run_fewshot(ToyCLIP(), to_tensor, AnyTextTokenizer(), root, datasets=["dtd"], progress=False)
+
+
+def test_coco_images_are_ordered_by_id_so_the_draws_match_the_toolkit(tmp_path):
+    root = _toolkit_root(tmp_path)
+    folder = root / "classification" / "kitti_distance_20210923"
+    names, items = es.read_coco_classification(folder / "train_meta.json")
+    doc = json.loads((folder / "train_meta.json").read_text())
+    by_id = sorted(doc["images"], key=lambda im: im["id"])
+    assert [ref for ref, _ in items] == [f"{im['zip_file']}@{im['file_name']}" for im in by_id]
+    assert [ref for ref, _ in items] != [f"{im['zip_file']}@{im['file_name']}" for im in doc["images"]]
+    # the toolkit's draw: shuffle the id-sorted list with random.Random(seed), first k per class
+    labels_by_id = {a["image_id"]: a["category_id"] - 1 for a in doc["annotations"]}
+    for seed in range(3):
+        order = list(range(len(by_id)))
+        random.Random(seed).shuffle(order)
+        counts, expected = [0] * 4, []
+        for i in order:
+            y = labels_by_id[by_id[i]["id"]]
+            if counts[y] < 2:
+                counts[y] += 1
+                expected.append(by_id[i]["file_name"])
+        got = kshot.sample_few_shot([ys for _, ys in items], 4, 2, seed)
+        assert [items[i][0].split("@")[1] for i in got] == expected
+
+
+def test_catalogued_sets_in_the_one_folder_layout_use_the_shipped_prompts(tmp_path):
+    folder = tmp_path / "mnist"
+    write_iris(folder, [f"digit {i}" for i in range(10)], [(y, COLOURS["red"], y) for y in range(10)],
+               [(y, COLOURS["red"], y) for y in range(10)])
+    data, source = fs._read_dataset(tmp_path, "mnist", fs.load_catalog(tmp_path))
+    assert data.classnames == [str(i) for i in range(10)] and source.endswith("elevater_prompts.json")
+    assert data.templates == ['a photo of the number: "{c}".']
+    (folder / "templates.txt").write_text("a drawing of the digit {c}\n")
+    data, source = fs._read_dataset(tmp_path, "mnist", fs.load_catalog(tmp_path))
+    assert data.templates == ["a drawing of the digit {}"] and "templates file" in source
+    (folder / "labels.txt").write_text("zero\none\n")
+    with pytest.raises(ValueError, match=r"labels.txt' names 2 classes, but 10 class names were given"):
+        fs._read_dataset(tmp_path, "mnist", fs.load_catalog(tmp_path))

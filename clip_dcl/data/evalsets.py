@@ -668,11 +668,13 @@ def list_fewshot_datasets(root: str | os.PathLike, toolkit: dict[str, dict] | No
     root = Path(root)
     if not root.is_dir():
         raise ValueError(f"few-shot root {str(root)!r} does not exist")
-    names = {p.name for p in root.iterdir() if p.is_dir() and fewshot_layout(p) is not None}
-    for name, entry in (toolkit or {}).items():
-        if name not in names and entry.get("root_folder") and find_toolkit_folder(root, entry["root_folder"]):
-            names.add(name)
-    return sorted(names)
+    found = {name: find_toolkit_folder(root, entry["root_folder"])
+             for name, entry in (toolkit or {}).items() if entry.get("root_folder")}
+    found = {name: folder.resolve() for name, folder in found.items() if folder is not None}
+    # a toolkit folder is listed under its data set's name, not its folder name
+    names = {p.name for p in root.iterdir() if p.is_dir() and fewshot_layout(p) is not None
+             and p.resolve() not in found.values()}
+    return sorted(names | set(found))
 
 
 def _read_labels(folder: Path, labelmap: str | None, names_given: Sequence[str] | None,

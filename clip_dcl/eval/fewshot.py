@@ -203,7 +203,7 @@ def run_fewshot(
         raise ValueError("seeds must not be empty")
     draw, merge_final = shot_plan(shots)
     catalog = load_catalog(root)
-    toolkit_sets = {n: e for n, e in catalog.items() if e.get("toolkit") and n == e["name"]}
+    toolkit_sets = {n: e["toolkit"] for n, e in catalog.items() if e.get("toolkit") and n == e["name"]}
     available = list_fewshot_datasets(root, toolkit_sets)
     names = [catalog[n]["name"] if n in catalog and n not in available else n for n in datasets] if datasets \
         else available
