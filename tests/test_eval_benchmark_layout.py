@@ -386,8 +386,9 @@ def test_precision_runs_the_encoders_under_autocast(tmp_path):
 
 
 def test_cli_recall_k_precision_and_clip_benchmark_format(tmp_path, capsys):
-    from clip_dcl.eval.cli import main
+    from clip_dcl.eval.cli import build_parser, main
 
+    assert build_parser().parse_args(["retrieval", "--data", "x"]).device == "auto"  # a GPU when one is visible
     _retrieval_set(tmp_path / "wds_coco", n=8, captions=2)
     out = tmp_path / "res" / "ours.json"
     args = ["retrieval", "--model", "clip-dcl-tiny", "--data", str(tmp_path / "wds_coco"), "--no-progress",

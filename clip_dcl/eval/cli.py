@@ -20,22 +20,10 @@ import argparse
 import logging
 import sys
 
-from .encoding import PRECISIONS, resolve_device
+from .encoding import PRECISIONS, device_problem, resolve_device
 
 log = logging.getLogger(__name__)
 
-
-def _check_device(device: str) -> str | None:
-    """Why ``device`` cannot be used, or None."""
-    import torch
-
-    try:
-        dev = torch.device(device)
-    except RuntimeError as e:
-        return str(e)
-    if dev.type == "cuda" and not torch.cuda.is_available():
-        return "CUDA is not available on this machine"
-    return None
 
 
 def _add_common(p: argparse.ArgumentParser) -> None:
@@ -170,7 +158,7 @@ def main(argv: list[str] | None = None) -> int:
     if not logging.getLogger().handlers:
         logging.basicConfig(level=logging.INFO, format="%(message)s")
     args.device = resolve_device(args.device)
-    device_error = _check_device(args.device)
+    device_error = device_problem(args.device)
     if device_error:
         print(f"clip-dcl eval: --device {args.device!r}: {device_error}", file=sys.stderr)
         return 2

@@ -42,6 +42,17 @@ def resolve_device(device: str | torch.device | None) -> str:
     return str(device)
 
 
+def device_problem(device: str) -> str | None:
+    """Why ``device`` cannot be used here, or None."""
+    try:
+        dev = torch.device(device)
+    except RuntimeError as e:
+        return str(e)
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        return "CUDA is not available on this machine"
+    return None
+
+
 def progress_bar(iterable, desc: str, total: int | None, enabled: bool):
     if not enabled:
         return iterable
