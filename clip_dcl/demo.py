@@ -44,6 +44,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="latent classes of the synthetic data (tau_plus = 1 / classes)")
     p.add_argument("--fewshot-seeds", type=int, nargs="+", default=None,
                    help="k-shot draws of the few-shot probe (default 0 1 2; quick 0)")
+    p.add_argument("--device", default="auto",
+                   help="where training and evaluation run: auto (a GPU when one is visible, else the CPU), "
+                        "cpu, cuda, cuda:1...")
     return p
 
 
@@ -59,6 +62,13 @@ def main(argv: Optional[List[str]] = None) -> int:
     if not 2 <= args.num_classes <= MAX_CLASSES:
         print(f"clip-dcl demo: --num-classes must be in [2, {MAX_CLASSES}], got {args.num_classes}", file=sys.stderr)
         return 2
+    from .eval.encoding import device_problem, resolve_device
+
+    device = resolve_device(args.device)
+    device_error = device_problem(device)
+    if device_error:
+        print(f"clip-dcl demo: --device {args.device!r}: {device_error}", file=sys.stderr)
+        return 2
     base = QUICK_BUDGET if args.quick else DEMO_BUDGET
     budget = ex.Budget(**{**base.__dict__, "seed": args.seed,
                           "epochs": args.epochs if args.epochs is not None else base.epochs})
@@ -66,7 +76,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     out = Path(args.out)
     start = time.perf_counter()
 
-    print(f"[demo] 1/4 synthetic data -> {out / 'data'}", flush=True)
+    print(f"[demo] 1/4 synthetic data -> {out / 'data'} (training and evaluation on {device})", flush=True)
     data = ex.synth_data(out / "data", quick=args.quick, num_classes=args.num_classes)
     runs = [r for r in ex.default_runs(data["tau_plus"]) if r.name in args.losses]
 
@@ -74,12 +84,12 @@ def main(argv: Optional[List[str]] = None) -> int:
     for i, run in enumerate(runs, 1):
         print(f"[demo] 2/4 training {i}/{len(runs)}: {run.name} ({' '.join(run.flags)}), {budget.epochs} epoch(s) "
               f"of {data['train']['num_samples']} samples, batch {budget.batch_size}", flush=True)
-        res = ex.train(run, data, out / "runs", budget)
+        res = ex.train(run, data, out / "runs", budget, device=device)
         print(f"[demo]     {run.name}: trained in {res.seconds:.0f} s -> {res.checkpoint}", flush=True)
         print(f"[demo] 3/4 evaluating {run.name}: retrieval, zero-shot, 5-shot probe "
               f"({len(fewshot_seeds)} seed(s))", flush=True)
         t0 = time.perf_counter()
-        metrics = ex.evaluate(res.checkpoint, data, fewshot_seeds=fewshot_seeds)
+        metrics = ex.evaluate(res.checkpoint, data, fewshot_seeds=fewshot_seeds, device=device)
         print(f"[demo]     {run.name}: evaluated in {time.perf_counter() - t0:.0f} s", flush=True)
         results[run.name], scores[run.name] = [res], [metrics]
 
@@ -89,7 +99,7 @@ def main(argv: Optional[List[str]] = None) -> int:
               f"{budget.epochs} epoch(s), batch {budget.batch_size}, seed {budget.seed}; "
               f"{minutes:.1f} min in all")
     report = ex.write_report(out, "demo", data=data, budget=budget, results=results, scores=scores, header=header,
-                             extra={"fewshot_seeds": fewshot_seeds, "minutes": minutes})
+                             extra={"fewshot_seeds": fewshot_seeds, "minutes": minutes, "device": device})
     print(f"[demo] 4/4 comparison (percent; chance = a content-blind embedding)\n", flush=True)
     print(header + "\n")
     print(report["table"] + "\n")

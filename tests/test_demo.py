@@ -155,7 +155,7 @@ def test_train_and_evaluate_resumes_from_its_cache(tmp_path, monkeypatch):
         calls.append(("train", run.name, budget.seed))
         return ex.TrainResult(run, ckpt, tmp_path, 1.5, ["cmd"], {"epoch": [1.0], "loss": [2.0]}, [])
 
-    def fake_evaluate(checkpoint, data, fewshot_seeds=(0,)):
+    def fake_evaluate(checkpoint, data, fewshot_seeds=(0,), **kw):
         calls.append(("evaluate", Path(checkpoint).name))
         return {"zeroshot/top1": 0.5}
 
@@ -174,3 +174,31 @@ def test_train_and_evaluate_resumes_from_its_cache(tmp_path, monkeypatch):
     assert ex.train_and_evaluate(run, data, tmp_path, other, cache, fewshot_seeds=(0,)).source == "trained"
     ckpt.unlink()  # a cache whose checkpoint is gone trains again
     assert ex.train_and_evaluate(run, data, tmp_path, other, cache, fewshot_seeds=(0,)).source == "trained"
+
+
+def test_training_and_evaluation_use_a_gpu_when_one_is_present(tmp_path, monkeypatch):
+    from clip_dcl import demo
+    from clip_dcl.eval.encoding import resolve_device
+    from clip_dcl.experiment import runner
+
+    data = {"train_data": "t.tar", "val_data": "v.tar", "train": {"num_samples": 8}, "val": {"num_samples": 4}}
+    run, budget = ex.Run("clip", ("--loss", "clip")), ex.Budget(epochs=1)
+    seen = []
+
+    def fake_stream(cmd, env, *a):
+        seen.append((cmd[cmd.index("--device") + 1], env.get("CUDA_VISIBLE_DEVICES")))
+        return 1, ["stopped by the test"]
+
+    monkeypatch.setattr(runner, "_stream", fake_stream)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert resolve_device("auto") == resolve_device(None) == "cuda" and resolve_device("cuda:1") == "cuda:1"
+    for device in ("auto", "cpu"):
+        with pytest.raises(RuntimeError, match="stopped by the test"):
+            ex.train(run, data, tmp_path / device, budget, device=device, lock=False, echo=lambda s: None)
+    # auto: the GPU, visible to the child; cpu: the child sees no GPU
+    assert seen == [("cuda", os.environ.get("CUDA_VISIBLE_DEVICES")), ("cpu", "")]
+    assert demo.build_parser().parse_args([]).device == "auto"
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert resolve_device("auto") == "cpu"
+    assert "--device cpu" in " ".join(ex.train_command(run, data, tmp_path, budget))
+    assert demo.main(["--device", "cuda", "--out", str(tmp_path / "d")]) == 2  # named, not available

@@ -194,10 +194,13 @@ def test_missing_labels_file_and_unknown_layout(tmp_path):
     names = ["red", "green"]
     folder = write_iris(tmp_path / "c", names, colour_split(names, 1), colour_split(names, 1))
     (folder / "labels.txt").unlink()
-    with pytest.raises(ValueError, match=r"class-name file .*labels.txt' does not exist"):
+    with pytest.raises(ValueError, match=r"no class names for .*c': labels.txt is missing"):
         es.read_fewshot_dataset(tmp_path, "c")
     (tmp_path / "empty").mkdir()
-    with pytest.raises(ValueError, match="holds none of"):
+    (tmp_path / "empty" / "notes.md").write_text("x")
+    # neither layout: the message names both and what was found
+    with pytest.raises(ValueError, match=r"(?s)toolkit's download layout.*one folder a data set.*Found in "
+                                         r".*empty': notes.md; in .*: c/, empty/"):
         es.read_fewshot_dataset(tmp_path, "empty")
     assert es.list_fewshot_datasets(tmp_path) == ["c"]
 

@@ -60,36 +60,45 @@ def read_classnames(path: str | os.PathLike) -> list[str]:
     return read_lines(path, "class-name file")
 
 
-def read_templates(path: str | os.PathLike) -> list[str]:
-    """One prompt template per line, with ``{c}`` (or ``{}``) where the class name goes.
+def read_templates(path: str | os.PathLike) -> list[str] | dict[str, list[str]]:
+    """Prompt templates from a file.
 
-    Returned with ``{}`` as the placeholder, the form ``open_clip.build_zero_shot_classifier``
-    formats; a line without a placeholder raises ``ValueError`` naming the file and line.
+    * text (CLIP_benchmark's ``zeroshot_classification_templates.txt``, our ``templates.txt``):
+      one template per line, with ``{c}`` (or ``{}``) where the class name goes; blank lines skipped;
+    * ``.json``: a list of such templates, or a CuPL-style object ``{"class name": [prompts]}``.
+
+    Text templates come back with ``{}`` as the placeholder; a template without one raises
+    ``ValueError`` naming the file and line.
     """
+    path = Path(path)
+    if path.suffix.lower() == ".json":
+        if not path.is_file():
+            raise ValueError(f"template file {str(path)!r} does not exist")
+        try:
+            doc = json.loads(path.read_text(encoding="utf-8"))
+        except json.JSONDecodeError as e:
+            raise ValueError(f"template file {str(path)!r} is not valid JSON: {e}") from e
+        if isinstance(doc, dict):
+            bad = [k for k, v in doc.items() if not isinstance(v, list) or not v
+                   or not all(isinstance(p, str) and p.strip() for p in v)]
+            if not doc or bad:
+                raise ValueError(f"template file {str(path)!r}: per-class prompts must map each class name to a "
+                                 f"non-empty list of strings; bad entries: {bad[:5]}")
+            return {k: [p.strip() for p in v] for k, v in doc.items()}
+        if not isinstance(doc, list) or not all(isinstance(t, str) for t in doc):
+            raise ValueError(f"template file {str(path)!r} must hold a list of templates or an object "
+                             f"class name -> list of prompts")
+        lines = [t.strip() for t in doc if t.strip()]
+        if not lines:
+            raise ValueError(f"template file {str(path)!r} is empty")
+    else:
+        lines = read_lines(path, "template file")
     out = []
-    for i, line in enumerate(read_lines(path, "template file"), 1):
+    for i, line in enumerate(lines, 1):
         t = line.replace("{c}", "{}")
         if "{}" not in t:
             raise ValueError(f"template file {str(path)!r} line {i}: {line!r} has no '{{c}}' placeholder")
         out.append(t)
-    return out
-
-
-def normalize_templates(templates: Sequence) -> list:
-    """Templates as ``build_zero_shot_classifier`` takes them: callables kept, ``{c}`` -> ``{}``."""
-    if not templates:
-        raise ValueError("templates must not be empty")
-    out = []
-    for t in templates:
-        if callable(t):
-            out.append(t)
-        elif isinstance(t, str):
-            t2 = t.replace("{c}", "{}")
-            if "{}" not in t2:
-                raise ValueError(f"template {t!r} has no '{{c}}' placeholder")
-            out.append(t2)
-        else:
-            raise ValueError(f"template {t!r} is neither a string nor a callable")
     return out
 
 
@@ -257,8 +266,9 @@ def read_retrieval_csv(
 
 
 def expand_shards(data: str | os.PathLike | Sequence[str]) -> list[str]:
-    """Shard paths from a folder (its ``*.tar``, sorted), a brace pattern, ``::``-joined
-    patterns, a single ``.tar`` or a list of those; ``ValueError`` naming a missing shard."""
+    """Shard paths from a folder (its ``*.tar``, sorted; or, in CLIP_benchmark's layout, the
+    ``test`` split's ``0..n-1.tar``), a brace pattern, ``::``-joined patterns, a single ``.tar``
+    or a list of those; ``ValueError`` naming a missing shard."""
     if isinstance(data, (list, tuple)):
         out = []
         for d in data:
@@ -266,9 +276,13 @@ def expand_shards(data: str | os.PathLike | Sequence[str]) -> list[str]:
         return out
     data = str(data)
     if os.path.isdir(data):
+        if benchmark_layout_root(data) is not None:
+            return read_benchmark_shards(data).shards
         shards = sorted(glob.glob(os.path.join(data, "*.tar")))
         if not shards:
-            raise ValueError(f"shard folder {data!r} holds no .tar files")
+            raise ValueError(f"shard folder {data!r} is in neither layout: no .tar shards (img2dataset's "
+                             f"layout) and no test/nshards.txt (CLIP_benchmark's webdataset layout); found "
+                             f"{describe_folder(data)}")
         return shards
     import braceexpand
 
@@ -299,7 +313,17 @@ def _sample_captions(sample: dict) -> list[str]:
                          f"(neither .txt nor json 'captions')")
     if isinstance(txt, bytes):
         txt = txt.decode("utf-8")
-    return [txt.strip()]
+    caps = split_captions(txt)
+    if not caps:
+        raise ValueError(f"sample {sample.get('__key__')!r} in {sample.get('__url__')!r}: its .txt holds no caption")
+    return caps
+
+
+def split_captions(txt: str) -> list[str]:
+    """The captions of one ``.txt``: one per line (CLIP_benchmark's retrieval shards put all
+    captions of an image in one file, and its reader splits them with ``splitlines``), stripped,
+    blank lines skipped. A one-line file is one caption, as img2dataset writes it."""
+    return [line.strip() for line in txt.splitlines() if line.strip()]
 
 
 def retrieval_wds(shards: Sequence[str], transform: Callable):
@@ -316,6 +340,118 @@ def retrieval_wds(shards: Sequence[str], transform: Callable):
             raise ValueError(f"sample {sample.get('__key__')!r} in {sample.get('__url__')!r} has no image "
                              f"({'/'.join(WDS_IMAGE_KEYS)})")
         return transform(img), _sample_captions(sample), sample["__key__"]
+
+    return wds.WebDataset(list(shards), shardshuffle=False).decode("pilrgb").map(to_pair)
+
+
+# ----------------------------------------------------------------------------------------------
+# CLIP_benchmark's webdataset layout
+# ----------------------------------------------------------------------------------------------
+#: Image keys CLIP_benchmark's webdataset reader accepts, in its order.
+BENCHMARK_IMAGE_KEYS = ("webp", "png", "jpg", "jpeg")
+BENCHMARK_TYPES = ("classification", "retrieval", "multilabel")
+
+
+@dataclass
+class BenchmarkShards:
+    """A data set in CLIP_benchmark's webdataset layout (what ``clip_benchmark_export_wds`` writes)::
+
+        ROOT/dataset_type.txt                       retrieval | multilabel (absent: classification)
+        ROOT/classnames.txt                         one class name per line (classification)
+        ROOT/zeroshot_classification_templates.txt  one template per line, {c} for the name
+        ROOT/<split>/nshards.txt                    the shard count n
+        ROOT/<split>/0.tar ... (n-1).tar            samples: image + .txt (captions, one per line),
+                                                    .cls (label id) or .npy (multi-hot labels)
+    """
+
+    root: Path
+    split: str
+    shards: list[str]
+    dataset_type: str
+    classnames: list[str] | None
+    templates: list[str] | None
+
+
+def benchmark_layout_root(path: str | os.PathLike, split: str = "test") -> tuple[Path, str] | None:
+    """``(root, split)`` when ``path`` is a CLIP_benchmark data set root (``path/split/nshards.txt``)
+    or one of its split folders (``path/nshards.txt``); ``None`` otherwise."""
+    path = Path(path)
+    if (path / split / "nshards.txt").is_file():
+        return path, split
+    if (path / "nshards.txt").is_file():
+        return path.parent, path.name
+    return None
+
+
+def describe_folder(path: str | os.PathLike, limit: int = 8) -> str:
+    """A short listing of a folder's entries for error messages."""
+    path = Path(path)
+    if not path.exists():
+        return "nothing (it does not exist)"
+    if not path.is_dir():
+        return "a file, not a folder"
+    names = sorted(p.name + ("/" if p.is_dir() else "") for p in path.iterdir())
+    if not names:
+        return "an empty folder"
+    more = f" and {len(names) - limit} more" if len(names) > limit else ""
+    return ", ".join(names[:limit]) + more
+
+
+def read_benchmark_shards(path: str | os.PathLike, split: str = "test") -> BenchmarkShards:
+    """Read the metadata of a CLIP_benchmark webdataset data set (see :class:`BenchmarkShards`).
+
+    ``path`` is the data set root or its split folder. Every shard ``0..n-1`` must exist;
+    ``ValueError`` names what is missing or malformed.
+    """
+    found = benchmark_layout_root(path, split)
+    if found is None:
+        raise ValueError(f"{str(path)!r} is not in CLIP_benchmark's webdataset layout (no {split}/nshards.txt); "
+                         f"found {describe_folder(path)}")
+    root, split = found
+    nfile = root / split / "nshards.txt"
+    try:
+        n = int(nfile.read_text().strip())
+    except ValueError:
+        raise ValueError(f"{str(nfile)!r} must hold the shard count, got {nfile.read_text().strip()[:40]!r}") from None
+    if n < 1:
+        raise ValueError(f"{str(nfile)!r} says {n} shards")
+    shards = [str(root / split / f"{i}.tar") for i in range(n)]
+    missing = [s for s in shards if not os.path.isfile(s)]
+    if missing:
+        raise ValueError(f"{str(nfile)!r} says {n} shards but {missing[0]!r} does not exist")
+    dataset_type = "classification"
+    if (root / "dataset_type.txt").is_file():
+        dataset_type = (root / "dataset_type.txt").read_text().strip().lower()
+        if dataset_type not in BENCHMARK_TYPES:
+            raise ValueError(f"{str(root / 'dataset_type.txt')!r} says {dataset_type!r}; expected one of "
+                             f"{list(BENCHMARK_TYPES)}")
+    classnames = read_classnames(root / "classnames.txt") if (root / "classnames.txt").is_file() else None
+    tfile = root / "zeroshot_classification_templates.txt"
+    templates = read_templates(tfile) if tfile.is_file() else None
+    return BenchmarkShards(root=root, split=split, shards=shards, dataset_type=dataset_type,
+                           classnames=classnames, templates=templates)
+
+
+def classification_wds(shards: Sequence[str], transform: Callable, multilabel: bool = False):
+    """Webdataset pipeline yielding ``(transform(image), label)`` per sample, shards in order:
+    ``label`` an ``int`` from ``.cls``, or with ``multilabel`` a float multi-hot vector from ``.npy``
+    (CLIP_benchmark's classification and multilabel shards)."""
+    import numpy as np
+    import torch
+    import webdataset as wds
+
+    key = "npy" if multilabel else "cls"
+
+    def to_pair(sample):
+        img = next((sample[k] for k in BENCHMARK_IMAGE_KEYS if k in sample), None)
+        if img is None:
+            raise ValueError(f"sample {sample.get('__key__')!r} in {sample.get('__url__')!r} has no image "
+                             f"({'/'.join(BENCHMARK_IMAGE_KEYS)})")
+        if key not in sample:
+            raise ValueError(f"sample {sample.get('__key__')!r} in {sample.get('__url__')!r} has no .{key} label")
+        label = sample[key]
+        label = torch.as_tensor(np.asarray(label), dtype=torch.float32) if multilabel else int(label)
+        return transform(img), label
 
     return wds.WebDataset(list(shards), shardshuffle=False).decode("pilrgb").map(to_pair)
 
@@ -427,8 +563,8 @@ def read_index_file(path: str | os.PathLike, num_classes: int | None = None) -> 
 class FewShotData:
     """One few-shot data set read from disk, images not yet decoded.
 
-    ``train``/``test`` are ``[(image_ref, [label ids])]`` in file order (the order the few-shot
-    sampler shuffles); refs are opened with ``source``.
+    ``train``/``test`` are ``[(image_ref, [label ids])]`` in the order the few-shot sampler
+    shuffles (index-file order; COCO indexes sorted by image id); refs are opened with ``source``.
     """
 
     name: str
@@ -437,9 +573,10 @@ class FewShotData:
     test: list[tuple[str, list[int]]]
     source: ImageSource
     layout: str
-    templates: list[str] | None = None
+    templates: list[str] | dict | None = None
     multilabel: bool = False
-    extra: dict = field(default_factory=dict)
+    folder: str = ""
+    classnames_source: str = ""
 
     @property
     def num_classes(self) -> int:
@@ -452,7 +589,9 @@ def read_coco_classification(path: str | os.PathLike) -> tuple[list[str], list[t
 
     ``images[{id, file_name, zip_file?}]``, ``annotations[{image_id, category_id}]``,
     ``categories[{id, name}]`` with ids from 1; label = position of the category in id order.
-    An image stored in a zip is referenced as ``zip_file@file_name``.
+    An image stored in a zip is referenced as ``zip_file@file_name``. Images come back **sorted by
+    id**, the order vision-datasets gives them (it re-sorts the json's images when it reads them),
+    so that a k-shot draw shuffles the same list as the toolkit's.
     """
     path = Path(path)
     if not path.is_file():
@@ -469,7 +608,7 @@ def read_coco_classification(path: str | os.PathLike) -> tuple[list[str], list[t
                 raise ValueError(f"annotation with unknown category id {ann['category_id']!r}")
             labels[ann["image_id"]].append(cat_index[ann["category_id"]])
         items = []
-        for img in doc["images"]:
+        for img in sorted(doc["images"], key=lambda im: im["id"]):
             ref = f"{img['zip_file']}@{img['file_name']}" if img.get("zip_file") else img["file_name"]
             items.append((ref, sorted(set(labels[img["id"]]))))
     except (KeyError, TypeError, json.JSONDecodeError, ValueError) as e:
@@ -479,9 +618,18 @@ def read_coco_classification(path: str | os.PathLike) -> tuple[list[str], list[t
     return [c.get("name", str(c["id"])) for c in cats], items
 
 
+#: The layouts a few-shot data set folder may have, for error messages.
+FEWSHOT_LAYOUTS = (
+    "the ELEVATER toolkit's download layout, ROOT/classification/<root_folder>/ with the set's own index "
+    "files (e.g. classification/cifar_10_20211007/{train.txt,test.txt,labels.txt,train.zip,val.zip})",
+    "one folder a data set, ROOT/<name>/ with train.txt+test.txt+labels.txt (iris index files), "
+    "train.json+test.json (COCO) or train/+test/ ImageFolder trees",
+)
+
+
 def fewshot_layout(folder: str | os.PathLike) -> str | None:
     """``'iris'`` for index files, ``'coco'`` for COCO json indexes, ``'imagefolder'`` for
-    train/test trees, ``None`` otherwise."""
+    train/test trees, ``None`` otherwise (the one-folder-a-set layout)."""
     folder = Path(folder)
     if (folder / "train.txt").is_file() and (folder / "test.txt").is_file():
         return "iris"
@@ -492,45 +640,121 @@ def fewshot_layout(folder: str | os.PathLike) -> str | None:
     return None
 
 
-def list_fewshot_datasets(root: str | os.PathLike) -> list[str]:
-    """Names of the sub-folders of ``root`` holding a few-shot data set in any layout, sorted."""
+def find_toolkit_folder(root: str | os.PathLike, root_folder: str) -> Path | None:
+    """The folder of a data set in the ELEVATER toolkit's download layout, or ``None``.
+
+    ``root`` is the toolkit's ``DATASET.ROOT`` (holding ``classification/``) or that
+    ``classification/`` folder itself; ``root_folder`` is the set's ``vision_datasets.json`` entry
+    (``classification/cifar_10_20211007``). A download of another date (``cifar_10_2022...``) is
+    found too; of several, the latest.
+    """
+    root, rel = Path(root), Path(root_folder)
+    for cand in (root / rel, root / rel.name):
+        if cand.is_dir():
+            return cand
+    stem = rel.name.rsplit("_", 1)[0]
+    for base in (root / rel.parent, root):
+        hits = sorted(p for p in base.glob(f"{glob.escape(stem)}_*")
+                      if p.is_dir() and p.name[len(stem) + 1:].isdigit())
+        if hits:
+            return hits[-1]
+    return None
+
+
+def list_fewshot_datasets(root: str | os.PathLike, toolkit: dict[str, dict] | None = None) -> list[str]:
+    """Names of the data sets under ``root`` in either layout (:data:`FEWSHOT_LAYOUTS`), sorted:
+    sub-folders holding a set, and the sets of ``toolkit`` (name -> catalogue entry with
+    ``root_folder``) whose download folder exists."""
     root = Path(root)
     if not root.is_dir():
         raise ValueError(f"few-shot root {str(root)!r} does not exist")
-    return sorted(p.name for p in root.iterdir() if p.is_dir() and fewshot_layout(p) is not None)
+    found = {name: find_toolkit_folder(root, entry["root_folder"])
+             for name, entry in (toolkit or {}).items() if entry.get("root_folder")}
+    found = {name: folder.resolve() for name, folder in found.items() if folder is not None}
+    # a toolkit folder is listed under its data set's name, not its folder name
+    names = {p.name for p in root.iterdir() if p.is_dir() and fewshot_layout(p) is not None
+             and p.resolve() not in found.values()}
+    return sorted(names | set(found))
 
 
-def read_fewshot_dataset(root: str | os.PathLike, name: str, check_files: bool = True) -> FewShotData:
-    """Read ``root/name`` in any layout; every image reference is checked before returning.
+def _read_labels(folder: Path, labelmap: str | None, names_given: Sequence[str] | None,
+                 fallback: list[str] | None = None) -> tuple[list[str], str]:
+    """(class names, their source): given names (checked against the label map when there is
+    one), else the label map, else ``fallback`` (COCO categories, folder names)."""
+    from_file = None
+    if labelmap and (folder / labelmap).is_file():
+        from_file = read_classnames(folder / labelmap)
+    if names_given is not None:
+        names = list(names_given)
+        if from_file is not None and len(from_file) != len(names):
+            raise ValueError(f"{str(folder / labelmap)!r} names {len(from_file)} classes, but {len(names)} "
+                             f"class names were given for it")
+        if fallback is not None and len(fallback) != len(names):
+            raise ValueError(f"{str(folder)!r} has {len(fallback)} classes, but {len(names)} class names "
+                             f"were given for it")
+        return names, "given"
+    if from_file is not None:
+        if fallback is not None and len(fallback) != len(from_file):
+            raise ValueError(f"{str(folder / labelmap)!r} names {len(from_file)} classes but the index has "
+                             f"{len(fallback)}")
+        return from_file, str(folder / labelmap)
+    if fallback is not None:
+        return fallback, "index"
+    raise ValueError(f"no class names for {str(folder)!r}: {labelmap or 'labels.txt'} is missing")
 
-    Class names come from ``labels.txt`` (required for iris index files; for COCO indexes and
-    ImageFolder trees it overrides the category or folder names, ``_`` read as spaces), and
-    templates from an optional ``templates.txt``. ``multilabel`` is set when an image carries
-    more than one label.
+
+def read_fewshot_dataset(root: str | os.PathLike, name: str, check_files: bool = True,
+                         toolkit: dict | None = None, classnames: Sequence[str] | None = None) -> FewShotData:
+    """Read the data set ``name`` under ``root`` in either layout (:data:`FEWSHOT_LAYOUTS`); every
+    image reference is checked before returning.
+
+    ``toolkit``: the set's catalogue entry (``root_folder``, ``train``, ``test``, ``labelmap``,
+    ``format``, from the toolkit's ``vision_datasets.json``); its download folder is read as is,
+    with the set's own index-file names. Without it, or when that folder is absent, ``root/name``.
+
+    Class names: ``classnames`` when given (checked against the label map or index), else the
+    label map (``labels.txt``; required for iris index files), else the COCO categories or the
+    ImageFolder folder names (``_`` read as spaces). Templates: an optional ``templates.txt`` or
+    ``templates.json`` in the folder. ``multilabel`` is set when an image carries several labels.
     """
-    folder = Path(root) / name
-    layout = fewshot_layout(folder)
-    if layout is None:
-        raise ValueError(f"few-shot data set {str(folder)!r} holds none of train.txt+test.txt, train.json+test.json, "
-                         f"train/+test/ folders")
-    templates = read_templates(folder / "templates.txt") if (folder / "templates.txt").is_file() else None
+    folder = None
+    if toolkit and toolkit.get("root_folder"):
+        folder = find_toolkit_folder(root, toolkit["root_folder"])
+    if folder is not None:
+        layout = toolkit.get("format", "iris")
+        train_index, test_index, labelmap = toolkit["train"], toolkit["test"], toolkit.get("labelmap")
+        for idx in (train_index, test_index):
+            if not (folder / idx).is_file():
+                raise ValueError(f"{name}: the toolkit's folder {str(folder)!r} has no index file {idx!r} "
+                                 f"(found {describe_folder(folder)})")
+    else:
+        folder = Path(root) / name
+        layout = fewshot_layout(folder)
+        if layout is None:
+            where = (f"neither {str(Path(root) / toolkit['root_folder'])!r} nor " if toolkit and
+                     toolkit.get("root_folder") else "not ")
+            raise ValueError(f"few-shot data set {name!r}: {where}{str(folder)!r} holds a data set. Expected "
+                             f"{FEWSHOT_LAYOUTS[0]}; or {FEWSHOT_LAYOUTS[1]}. Found in {str(folder)!r}: "
+                             f"{describe_folder(folder)}; in {str(root)!r}: {describe_folder(root)}")
+        train_index, test_index, labelmap = {"iris": ("train.txt", "test.txt", "labels.txt"),
+                                             "coco": ("train.json", "test.json", "labels.txt"),
+                                             "imagefolder": ("train", "test", "labels.txt")}[layout]
+    templates = None
+    for tname in ("templates.txt", "templates.json"):
+        if (folder / tname).is_file():
+            templates = read_templates(folder / tname)
     source = ImageSource(folder)
     if layout == "iris":
-        classnames = read_classnames(folder / "labels.txt")
-        train = read_index_file(folder / "train.txt", len(classnames))
-        test = read_index_file(folder / "test.txt", len(classnames))
+        names, names_source = _read_labels(folder, labelmap, classnames)
+        train = read_index_file(folder / train_index, len(names))
+        test = read_index_file(folder / test_index, len(names))
     elif layout == "coco":
-        classnames, train = read_coco_classification(folder / "train.json")
-        test_names, test = read_coco_classification(folder / "test.json")
-        if test_names != classnames:
-            raise ValueError(f"{str(folder / 'test.json')!r} and {str(folder / 'train.json')!r} list different categories")
-        if (folder / "labels.txt").is_file():
-            names = read_classnames(folder / "labels.txt")
-            if len(names) != len(classnames):
-                raise ValueError(f"{str(folder / 'labels.txt')!r} names {len(names)} classes but the COCO "
-                                 f"index has {len(classnames)} categories")
-            classnames = names
-    else:
+        cats, train = read_coco_classification(folder / train_index)
+        test_cats, test = read_coco_classification(folder / test_index)
+        if test_cats != cats:
+            raise ValueError(f"{str(folder / test_index)!r} and {str(folder / train_index)!r} list different categories")
+        names, names_source = _read_labels(folder, labelmap, classnames, fallback=cats)
+    elif layout == "imagefolder":
         folders, train_s = scan_image_folder(folder / "train")
         class_to_idx = {c: i for i, c in enumerate(folders)}
         _, test_s = scan_image_folder(folder / "test", class_to_idx, allow_empty=True)
@@ -538,16 +762,12 @@ def read_fewshot_dataset(root: str | os.PathLike, name: str, check_files: bool =
             raise ValueError(f"few-shot data set {str(folder / 'test')!r} holds no images")
         train = [(os.path.relpath(p, folder), [y]) for p, y in train_s]
         test = [(os.path.relpath(p, folder), [y]) for p, y in test_s]
-        if (folder / "labels.txt").is_file():
-            classnames = read_classnames(folder / "labels.txt")
-            if len(classnames) != len(folders):
-                raise ValueError(f"{str(folder / 'labels.txt')!r} names {len(classnames)} classes but "
-                                 f"{str(folder / 'train')!r} has {len(folders)} class folders")
-        else:
-            classnames = [f.replace("_", " ") for f in folders]
+        names, names_source = _read_labels(folder, labelmap, classnames, fallback=[f.replace("_", " ") for f in folders])
+    else:
+        raise ValueError(f"{name}: unknown index format {layout!r} (expected 'iris' or 'coco')")
     if check_files:
         source.check([r for r, _ in train], f"{name} train split")
         source.check([r for r, _ in test], f"{name} test split")
     multilabel = any(len(y) > 1 for _, y in train + test)
-    return FewShotData(name=name, classnames=classnames, train=train, test=test, source=source,
-                       layout=layout, templates=templates, multilabel=multilabel)
+    return FewShotData(name=name, classnames=names, train=train, test=test, source=source, layout=layout,
+                       templates=templates, multilabel=multilabel, folder=str(folder), classnames_source=names_source)

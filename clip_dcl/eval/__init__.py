@@ -8,19 +8,26 @@ Python API (each returns a flat ``dict[str, float]``)::
     metrics = evaluate_zeroshot(model, preprocess, tokenizer, "imagenet/val")
     metrics = evaluate_fewshot(model, preprocess, tokenizer, "elevater/", shots=5, seeds=(0, 1, 2))
 
-The metric math lives in :mod:`clip_dcl.eval.metrics` (tensors in, numbers out). Submodules are
+``data``/``root`` may also be a ``torch.utils.data.Dataset`` or ``DataLoader`` (retrieval and
+zero-shot), and every function takes ``device=`` and ``precision=`` (``fp32``, ``amp_bf16``,
+``amp_fp16``). ``run_fewshot`` returns the few-shot report with per-seed records.
+
+The metric math lives in :mod:`clip_dcl.eval.metrics` (tensors in, numbers out); encoding, the
+zero-shot classifier and precision in :mod:`clip_dcl.eval.encoding`; the few-shot protocol in
+:mod:`clip_dcl.eval.kshot` (draws) and :mod:`clip_dcl.eval.probe` (head and sweep). Submodules are
 imported on first use, so ``import clip_dcl.eval`` stays cheap.
 """
 from __future__ import annotations
 
 import importlib
 
-__all__ = ["evaluate_retrieval", "evaluate_zeroshot", "evaluate_fewshot", "retrieval_metrics"]
+__all__ = ["evaluate_retrieval", "evaluate_zeroshot", "evaluate_fewshot", "run_fewshot", "retrieval_metrics"]
 
 _EXPORTS = {
     "evaluate_retrieval": "retrieval",
     "evaluate_zeroshot": "zeroshot",
     "evaluate_fewshot": "fewshot",
+    "run_fewshot": "fewshot",
     "retrieval_metrics": "metrics",
 }
 

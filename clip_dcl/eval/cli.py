@@ -3,11 +3,14 @@
 Each subcommand loads the model (``--checkpoint`` a trainer ``.pt`` or an exported folder, see
 :func:`clip_dcl.checkpoint.load_checkpoint`; or ``--model`` alone with OpenCLIP's
 ``--pretrained`` tag/file), runs one evaluator, prints a table and, with ``--output``, writes the
-flat JSON of :mod:`clip_dcl.eval.report`.
+flat JSON of :mod:`clip_dcl.eval.report` (with ``--format clip_benchmark``, also CLIP_benchmark's
+per-task JSON beside it).
 
 Examples::
 
     clip-dcl eval retrieval --checkpoint logs/x/checkpoints/epoch_10.pt --data data/val/ --output r.json
+    clip-dcl eval retrieval --checkpoint exported/ --data /data/wds_mscoco_captions --recall-k 1 5 10 \
+        --precision amp_bf16 --format clip_benchmark --output results/coco.json
     clip-dcl eval zeroshot  --checkpoint exported/ --data /data/imagenet/val
     clip-dcl eval fewshot   --checkpoint exported/ --data /data/elevater --datasets cifar-10 dtd --grid full
 """
@@ -17,26 +20,10 @@ import argparse
 import logging
 import sys
 
+from .encoding import PRECISIONS, device_problem, resolve_device
+
 log = logging.getLogger(__name__)
 
-
-def _default_device() -> str:
-    import torch
-
-    return "cuda" if torch.cuda.is_available() else "cpu"
-
-
-def _check_device(device: str) -> str | None:
-    """Why ``device`` cannot be used, or None."""
-    import torch
-
-    try:
-        dev = torch.device(device)
-    except RuntimeError as e:
-        return str(e)
-    if dev.type == "cuda" and not torch.cuda.is_available():
-        return "CUDA is not available on this machine"
-    return None
 
 
 def _add_common(p: argparse.ArgumentParser) -> None:
@@ -53,10 +40,23 @@ def _add_common(p: argparse.ArgumentParser) -> None:
                    help="OpenCLIP pretrained tag or weights file, used only without --checkpoint")
     g = p.add_argument_group("run")
     g.add_argument("--batch-size", type=int, default=64, help="images per encoder batch (default 64)")
-    g.add_argument("--device", default=None, help="torch device (default: cuda if available, else cpu)")
+    g.add_argument("--device", default="auto", help="torch device; auto (default): cuda if a GPU is visible, else cpu")
+    g.add_argument("--precision", choices=PRECISIONS, default="fp32",
+                   help="encoder precision (default fp32; CLIP_benchmark runs under autocast unless --no_amp, "
+                        "compare with amp_bf16/amp_fp16 there). Recorded in the JSON")
     g.add_argument("--workers", type=int, default=0, help="data-loading worker processes (default 0)")
     g.add_argument("--output", default=None, help="write the results as JSON to this path")
     g.add_argument("--no-progress", action="store_true", help="no progress bars")
+
+
+def _add_benchmark_format(p: argparse.ArgumentParser, task: str) -> None:
+    g = p.add_argument_group("CLIP_benchmark output")
+    g.add_argument("--format", choices=["flat", "clip_benchmark"], default="flat",
+                   help="clip_benchmark: also write CLIP_benchmark's per-task JSON (dataset, model, pretrained, "
+                        f"task={task}, metrics, language) beside --output (default flat: ours only)")
+    g.add_argument("--dataset-name", default=None,
+                   help="data set name in the CLIP_benchmark JSON (default: wds/<folder> for its webdataset "
+                        "layout, else the data's file or folder name)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -70,30 +70,43 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--csv-img-key", default=None, help="CSV image-path column (default: filepath/image/...)")
     p.add_argument("--csv-caption-key", default=None, help="CSV caption column (default: title/caption/...)")
     p.add_argument("--csv-separator", default=None, help="CSV separator (default: tab for .tsv, else comma)")
+    p.add_argument("--recall-k", type=int, nargs="+", default=[1, 5, 10], metavar="K",
+                   help="the k of recall@k, one or more (default 1 5 10)")
     p.add_argument("--chunk-size", type=int, default=1024,
                    help="query rows scored at once; memory ~ chunk x N x 5 bytes (default 1024)")
     _add_common(p)
+    _add_benchmark_format(p, "zeroshot_retrieval")
 
-    p = sub.add_parser("zeroshot", help="zero-shot top-1/top-5/mean per-class recall on an ImageFolder tree",
-                       description="Zero-shot classification; ImageNet synset folders use OpenCLIP's class "
-                                   "names and templates.")
-    p.add_argument("--data", required=True, help="ImageFolder root: ROOT/<class>/<images>")
-    p.add_argument("--classnames", default=None, help="class-name file (default: ROOT/classnames.txt or ImageNet's)")
+    p = sub.add_parser("zeroshot", help="zero-shot top-1/top-5/mean per-class recall (or mAP for multi-label data)",
+                       description="Zero-shot classification on an ImageFolder tree (ImageNet synset folders use "
+                                   "OpenCLIP's class names and templates) or CLIP_benchmark's webdataset layout.")
+    p.add_argument("--data", required=True,
+                   help="ImageFolder root ROOT/<class>/<images>, or a CLIP_benchmark webdataset data set "
+                        "(ROOT/test/nshards.txt, classnames.txt, zeroshot_classification_templates.txt)")
+    p.add_argument("--split", default="test", help="split folder of CLIP_benchmark's layout (default test)")
+    p.add_argument("--classnames", default=None,
+                   help="class-name file (default: the data's classnames.txt, or ImageNet's)")
     p.add_argument("--templates", default=None,
-                   help="template file, one per line with {c} (default: ROOT/templates.txt or OpenAI's 80)")
+                   help="template file: one per line with {c}, or JSON (a list, or CuPL's class -> prompts) "
+                        "(default: the data's templates, or OpenAI's 80)")
     _add_common(p)
+    _add_benchmark_format(p, "zeroshot_classification")
 
     p = sub.add_parser("fewshot", help="ELEVATER k-shot linear probe (and mean classifier)",
                        description="ELEVATER few-shot linear probe on frozen features.")
-    p.add_argument("--data", required=True, help="root with one folder per data set (iris index, COCO json or "
-                                                 "train/test ImageFolder), optional catalog.json")
+    p.add_argument("--data", required=True,
+                   help="the ELEVATER toolkit's data root as downloaded (classification/<root_folder>/...), or one "
+                        "folder per data set (iris index, COCO json or train/test ImageFolder); optional catalog.json")
     p.add_argument("--datasets", nargs="+", default=None, help="data set names under --data (default: all)")
     p.add_argument("--shots", type=int, default=5, help="images per class (default 5)")
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2], help="sampling seeds (default 0 1 2)")
-    p.add_argument("--grid", choices=["full", "reduced"], default="full",
-                   help="lr x weight-decay sweep: the toolkit's full grid (default) or a reduced one for quick runs")
+    p.add_argument("--grid", choices=["full", "reduced", "toolkit-exact"], default="full",
+                   help="lr x weight-decay sweep: the toolkit's full grid (default; pairs with lr*wd >= 3.8 "
+                        "skipped), a reduced one for quick runs, or toolkit-exact (the full grid, every pair trained "
+                        "and scored as the toolkit does)")
     p.add_argument("--epoch-selection", choices=["last", "toolkit"], default="last",
-                   help="report the final run's last epoch, or its best test epoch as the toolkit does (default last)")
+                   help="the probe column: the final run's last epoch (default), or its best test epoch, which is "
+                        "what the toolkit reports; the table shows both")
     p.add_argument("--text-init", action=argparse.BooleanOptionalAction, default=True,
                    help="initialise the head with the zero-shot text classifier (default on)")
     _add_common(p)
@@ -126,7 +139,8 @@ def _load_model(args):
 
 
 def main(argv: list[str] | None = None) -> int:
-    from .report import fewshot_table, metrics_table, result_document, retrieval_table, write_json
+    from .report import (benchmark_document, benchmark_output_path, fewshot_table, metrics_table, result_document,
+                         retrieval_table, write_json)
 
     args = build_parser().parse_args(argv)
     if args.batch_size < 1:
@@ -135,16 +149,24 @@ def main(argv: list[str] | None = None) -> int:
     if args.workers < 0:
         print(f"clip-dcl eval: --workers must be >= 0, got {args.workers}", file=sys.stderr)
         return 2
+    if args.task == "retrieval" and min(args.recall_k) < 1:
+        print(f"clip-dcl eval: --recall-k values must be >= 1, got {args.recall_k}", file=sys.stderr)
+        return 2
+    if getattr(args, "format", "flat") == "clip_benchmark" and not args.output:
+        print("clip-dcl eval: --format clip_benchmark writes beside --output; give --output FILE.json", file=sys.stderr)
+        return 2
     if not logging.getLogger().handlers:
         logging.basicConfig(level=logging.INFO, format="%(message)s")
-    args.device = args.device or _default_device()
-    device_error = _check_device(args.device)
+    args.device = resolve_device(args.device)
+    device_error = device_problem(args.device)
     if device_error:
         print(f"clip-dcl eval: --device {args.device!r}: {device_error}", file=sys.stderr)
         return 2
     progress = not args.no_progress
-    common = dict(batch_size=args.batch_size, device=args.device, workers=args.workers, progress=progress)
-    settings = {"batch_size": args.batch_size, "device": args.device, "workers": args.workers}
+    common = dict(batch_size=args.batch_size, device=args.device, workers=args.workers, progress=progress,
+                  precision=args.precision)
+    settings = {"batch_size": args.batch_size, "device": args.device, "workers": args.workers,
+                "precision": args.precision}
     details = None
     try:
         model, preprocess, tokenizer, model_info = _load_model(args)
@@ -153,26 +175,26 @@ def main(argv: list[str] | None = None) -> int:
 
             metrics, info = evaluate_retrieval(model, preprocess, tokenizer, args.data, chunk_size=args.chunk_size,
                                                csv_img_key=args.csv_img_key, csv_caption_key=args.csv_caption_key,
-                                               csv_separator=args.csv_separator, return_info=True, **common)
-            table = retrieval_table(metrics)
-            settings.update(chunk_size=args.chunk_size, normalize=True)
+                                               csv_separator=args.csv_separator, ks=args.recall_k,
+                                               return_info=True, **common)
+            table = retrieval_table(metrics, args.recall_k)
+            settings.update(chunk_size=args.chunk_size, normalize=True, recall_k=args.recall_k)
             data = {"path": str(args.data), **info}
         elif args.task == "zeroshot":
             from .zeroshot import evaluate_zeroshot
 
             metrics, info = evaluate_zeroshot(model, preprocess, tokenizer, args.data, classnames=args.classnames,
-                                              templates=args.templates, return_info=True, **common)
+                                              templates=args.templates, split=args.split, return_info=True, **common)
             table = metrics_table(metrics)
             settings.update(classnames=info.pop("classnames_source"), templates=info.pop("templates_source"),
                             num_templates=info.pop("num_templates"))
             data = {"path": str(args.data), **info}
         else:
-            from .fewshot import evaluate_fewshot
+            from .fewshot import run_fewshot
 
-            report = evaluate_fewshot(model, preprocess, tokenizer, args.data, datasets=args.datasets,
-                                      shots=args.shots, seeds=args.seeds, grid=args.grid,
-                                      epoch_selection=args.epoch_selection, text_init=args.text_init,
-                                      return_report=True, **common)
+            report = run_fewshot(model, preprocess, tokenizer, args.data, datasets=args.datasets,
+                                 shots=args.shots, seeds=args.seeds, grid=args.grid,
+                                 epoch_selection=args.epoch_selection, text_init=args.text_init, **common)
             metrics = report.metrics
             table = fewshot_table(metrics)
             settings.update(report.settings)
@@ -186,6 +208,10 @@ def main(argv: list[str] | None = None) -> int:
         doc = result_document(metrics, model_info, data, settings, details)
         path = write_json(args.output, doc)
         print(f"wrote {path}")
+        if getattr(args, "format", "flat") == "clip_benchmark":
+            bench = benchmark_document(args.task, metrics, model_info, args.data, args.dataset_name, args.precision)
+            path = write_json(benchmark_output_path(args.output, bench), bench)
+            print(f"wrote {path}")
     return 0
 
 

@@ -189,7 +189,7 @@ def topk_accuracy(logits: torch.Tensor, labels: torch.Tensor, k: int = 1) -> flo
     if k > logits.shape[-1]:
         return float("nan")
     top = logits.topk(k, dim=-1).indices
-    return float((top == labels[:, None]).any(-1).float().mean())
+    return float((top == labels[:, None]).any(-1).double().mean())
 
 
 def mean_per_class_recall(preds: torch.Tensor, labels: torch.Tensor) -> float:
@@ -215,6 +215,26 @@ def classification_metrics(logits: torch.Tensor, labels: torch.Tensor) -> dict[s
         "top5": topk_accuracy(logits, labels, 5),
         "mean_per_class_recall": mean_per_class_recall(logits.argmax(-1), labels),
     }
+
+
+def mean_average_precision(scores: torch.Tensor, targets: torch.Tensor) -> float:
+    """Multi-label zero-shot score as CLIP_benchmark reports it (``mean_average_precision``): the
+    mean over classes of the (non-interpolated) average precision of ``scores[:, c]`` against the
+    multi-hot ``targets[:, c]``; a class without any positive counts as 0, as in CLIP_benchmark.
+
+    Per class, scikit-learn's ``average_precision_score`` on the raw scores, which equals
+    CLIP_benchmark's rank formula when no two scores tie. (torchmetrics' version squashes logits
+    through a sigmoid first, which saturates CLIP's 100x logits into ties.)
+    """
+    from sklearn.metrics import average_precision_score
+
+    if scores.ndim != 2 or targets.shape != scores.shape:
+        raise ValueError(f"scores and multi-hot targets must both be (N, C), got {tuple(scores.shape)} and "
+                         f"{tuple(targets.shape)}")
+    s = scores.detach().double().cpu().numpy()
+    t = (targets.detach().cpu().numpy() > 0).astype(int)
+    ap = [average_precision_score(t[:, c], s[:, c]) if t[:, c].any() else 0.0 for c in range(s.shape[1])]
+    return float(np.mean(ap))
 
 
 # ----------------------------------------------------------------------------------------------

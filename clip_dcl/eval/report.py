@@ -43,7 +43,7 @@ def metrics_table(metrics: dict[str, float]) -> str:
 
 
 def retrieval_table(metrics: dict[str, float], ks: Sequence[int] = (1, 5, 10)) -> str:
-    """Rows image->text and text->image; columns R@k, mean and median rank."""
+    """Rows image->text and text->image; columns R@k for each k of ``ks``, mean and median rank."""
     rows = []
     for prefix, label in (("image_to_text", "image -> text"), ("text_to_image", "text -> image")):
         rows.append([label] + [metrics[f"{prefix}_R@{k}"] for k in ks]
@@ -63,7 +63,8 @@ def fewshot_table(metrics: dict[str, float]) -> str:
             names.append(name)
     names.append("average")
     rows = [[n] + [metrics.get(f"{n}/{c}", float("nan")) for c in FEWSHOT_COLUMNS] for n in names]
-    headers = ["data set", "probe", "probe (last)", "probe (best epoch)", "mean classifier", "zero-shot"]
+    headers = ["data set", "probe", "probe (last epoch)", "probe (best test epoch, as ELEVATER reports)",
+               "mean classifier", "zero-shot"]
     return format_table(headers, rows)
 
 
@@ -86,3 +87,63 @@ def write_json(path: str | os.PathLike, document: dict) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(document, indent=2, default=str) + "\n")
     return path
+
+
+# ----------------------------------------------------------------------------------------------
+# CLIP_benchmark's result files
+# ----------------------------------------------------------------------------------------------
+#: Our subcommand -> CLIP_benchmark's task name and the metric keys it writes.
+BENCHMARK_TASKS = {"retrieval": "zeroshot_retrieval", "zeroshot": "zeroshot_classification"}
+
+
+def _benchmark_metrics(task: str, metrics: dict[str, float]) -> dict[str, float]:
+    if task == "retrieval":
+        return {k: v for k, v in metrics.items() if k.startswith(("image_retrieval_recall@", "text_retrieval_recall@"))}
+    keys = ("mean_average_precision",) if "mean_average_precision" in metrics else \
+        ("acc1", "acc5", "mean_per_class_recall")
+    return {k: metrics[k] for k in keys}
+
+
+def benchmark_dataset_name(data) -> str:
+    """``wds/<name>`` for a data set in CLIP_benchmark's webdataset layout (its ``--dataset`` form),
+    else the data's file or folder name."""
+    from ..data.evalsets import benchmark_layout_root
+
+    if isinstance(data, (str, os.PathLike)):
+        found = benchmark_layout_root(data)
+        if found is not None:
+            return f"wds/{found[0].resolve().name}"
+        return Path(data).resolve().stem
+    return type(data).__name__
+
+
+def benchmark_document(task: str, metrics: dict[str, float], model: dict, data, dataset_name: str | None = None,
+                       precision: str = "fp32", language: str = "en") -> dict:
+    """CLIP_benchmark's per-task result JSON (``dataset``, ``model``, ``pretrained``, ``task``,
+    ``metrics``, ``language``; what its ``clip_benchmark build`` merges into a CSV) with the metrics
+    under its keys, plus ``precision``: CLIP_benchmark encodes under autocast by default, we at
+    the precision named here."""
+    if task not in BENCHMARK_TASKS:
+        raise ValueError(f"CLIP_benchmark's format covers {list(BENCHMARK_TASKS)}, not {task!r}")
+    return {
+        "dataset": dataset_name or benchmark_dataset_name(data),
+        "model": model.get("name"),
+        "pretrained": model.get("checkpoint") or model.get("pretrained"),
+        "task": BENCHMARK_TASKS[task],
+        "metrics": _benchmark_metrics(task, metrics),
+        "language": language,
+        "precision": precision,
+    }
+
+
+def benchmark_output_path(our_output: str | os.PathLike, doc: dict) -> Path:
+    """Beside ``our_output``, CLIP_benchmark's default file name
+    ``{dataset}_{pretrained}_{model}_{language}_{task}.json`` ('/' in names made '_', a weights
+    path reduced to its file name, as CLIP_benchmark does)."""
+    def slug(v) -> str:
+        return str(v).replace("/", "_").replace(os.sep, "_")
+
+    pretrained = doc["pretrained"]
+    pretrained = Path(str(pretrained).rstrip("/")).name if pretrained and os.path.exists(str(pretrained)) else pretrained
+    name = f"{slug(doc['dataset'])}_{slug(pretrained)}_{slug(doc['model'])}_{doc['language']}_{doc['task']}.json"
+    return Path(our_output).parent / name

@@ -1,8 +1,10 @@
 """Image-text retrieval: recall@k, mean and median rank, several captions per image.
 
-Data: webdataset validation shards in the Conceptual Captions layout (the json's ``captions``
-list is used when present, else the ``.txt``), or a CSV/TSV of image path and caption with
-several rows per image allowed (:mod:`clip_dcl.data.evalsets`). Images and captions are encoded
+Data (:mod:`clip_dcl.data.evalsets`): webdataset shards in the Conceptual Captions layout (the
+json's ``captions`` list when present, else the ``.txt``, one caption per line) or in
+CLIP_benchmark's layout (``test/nshards.txt``; all captions of an image in its ``.txt``, one per
+line); a CSV/TSV of image path and caption with several rows per image allowed; or a
+``torch.utils.data.Dataset`` / ``DataLoader`` of (image tensor, captions). Images and captions are encoded
 with L2 normalisation (cosine similarity, as CLIP_benchmark and OpenCLIP's validation), then
 scored by :func:`clip_dcl.eval.metrics.retrieval_metrics` in chunks, so that 100k x 100k never
 materialises (see its docstring for the memory bound).
@@ -16,9 +18,9 @@ from typing import Callable, Sequence
 
 import torch
 
-from ..data.evalsets import ImageListDataset, expand_shards, read_retrieval_csv, retrieval_wds
+from ..data.evalsets import ImageListDataset, expand_shards, read_retrieval_csv, retrieval_wds, split_captions
+from .encoding import autocast, check_precision, encode_images, encode_texts, labelled_batches, progress_bar
 from .metrics import retrieval_metrics
-from .zeroshot import progress_bar, encode_images, encode_texts
 
 log = logging.getLogger(__name__)
 
@@ -28,23 +30,31 @@ def is_csv(data) -> bool:
 
 
 def _collate(batch):
-    images, captions, keys = zip(*batch)
-    return torch.stack(images), list(captions), list(keys)
+    images, captions = zip(*[item[:2] for item in batch])
+    return torch.stack(images), list(captions)
+
+
+def _caption_list(caps, where: str) -> list[str]:
+    """One image's captions: a string is split into lines (blank ones skipped), a list kept."""
+    out = split_captions(caps) if isinstance(caps, str) else [c.strip() for c in caps if c and c.strip()]
+    if not out:
+        raise ValueError(f"{where}: an image has no caption")
+    return out
 
 
 @torch.no_grad()
-def _encode_shards(model, shards: Sequence[str], preprocess, batch_size, device, workers, progress):
-    from torch.utils.data import DataLoader
-
-    loader = DataLoader(retrieval_wds(shards, preprocess), batch_size=batch_size, num_workers=workers,
-                        collate_fn=_collate)
+def _encode_batches(model, batches, device, progress, precision, what: str):
+    """(image features, captions per image) over batches of (images, captions of each image)."""
     feats, captions = [], []
     model.eval()
-    for images, caps, _ in progress_bar(loader, "encoding retrieval images", None, progress):
-        feats.append(model.encode_image(images.to(device), normalize=True).float().cpu())
-        captions.extend(caps)
+    for batch in progress_bar(batches, "encoding retrieval images", None, progress):
+        images, caps = batch[0], batch[1]
+        with autocast(device, precision):
+            f = model.encode_image(images.to(device), normalize=True)
+        feats.append(f.float().cpu())
+        captions.extend(_caption_list(c, what) for c in caps)
     if not feats:
-        raise ValueError(f"no samples in the shards {list(shards)[:3]}...")
+        raise ValueError(f"no samples in {what}")
     return torch.cat(feats), captions
 
 
@@ -60,25 +70,37 @@ def embed_retrieval_data(
     csv_img_key: str | None = None,
     csv_caption_key: str | None = None,
     csv_separator: str | None = None,
+    precision: str = "fp32",
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """``(image_features (I, D), text_features (T, D), text_to_image (T,))``, L2-normalised, on CPU.
 
-    ``data`` is a CSV/TSV path, a folder of ``.tar`` shards, a shard pattern
-    (``val-{000000..000003}.tar``, ``::``-joined patterns) or a list of shard paths.
+    ``data`` is a CSV/TSV path, a folder of ``.tar`` shards (or a data set in CLIP_benchmark's
+    layout), a shard pattern (``val-{000000..000003}.tar``, ``::``-joined patterns), a list of
+    shard paths, or a ``Dataset`` / ``DataLoader`` whose items are (image tensor, captions):
+    captions a list of strings, or one string with a caption per line.
     """
-    if is_csv(data):
+    from torch.utils.data import DataLoader, Dataset
+
+    check_precision(precision)
+    if isinstance(data, (Dataset, DataLoader)):
+        batches = labelled_batches(data, batch_size, workers, collate=_collate)
+        image_features, captions = _encode_batches(model, batches, device, progress, precision, "the dataset")
+    elif is_csv(data):
         table = read_retrieval_csv(data, csv_img_key, csv_caption_key, csv_separator)
         dataset = ImageListDataset(table.images, table.source, preprocess)
         image_features = encode_images(model, dataset, batch_size, device, workers, progress=progress,
-                                       desc="retrieval images")
+                                       desc="retrieval images", precision=precision)
         captions = table.captions
     else:
         shards = expand_shards(data)
-        image_features, captions = _encode_shards(model, shards, preprocess, batch_size, device, workers, progress)
+        loader = DataLoader(retrieval_wds(shards, preprocess), batch_size=batch_size, num_workers=workers,
+                            collate_fn=_collate)
+        image_features, captions = _encode_batches(model, loader, device, progress, precision,
+                                                   f"the shards {list(shards)[:3]}")
     text_to_image = torch.tensor([i for i, caps in enumerate(captions) for _ in caps], dtype=torch.long)
     texts = [c for caps in captions for c in caps]
     text_features = encode_texts(model, tokenizer, texts, batch_size=max(batch_size, 256), device=device,
-                                 progress=progress, desc="retrieval captions")
+                                 progress=progress, desc="retrieval captions", precision=precision)
     return image_features, text_features, text_to_image
 
 
@@ -97,16 +119,23 @@ def evaluate_retrieval(
     csv_caption_key: str | None = None,
     csv_separator: str | None = None,
     return_info: bool = False,
+    precision: str = "fp32",
 ):
     """Retrieval metrics of ``model`` on ``data`` (see :func:`embed_retrieval_data` for the forms).
+
+    ``ks``: the k of recall@k (each >= 1); ``precision``: ``fp32`` (default), ``amp_bf16`` or
+    ``amp_fp16`` for the encoders (``torch.autocast``).
 
     Returns the flat dict of :func:`clip_dcl.eval.metrics.retrieval_metrics`
     (``image_to_text_R@k``, ``text_to_image_R@k``, ``*_mean_rank``, ``*_median_rank``,
     ``text_retrieval_recall@k``, ``image_retrieval_recall@k``), and with ``return_info`` also
     ``{"num_images", "num_texts"}``.
     """
+    ks = [int(k) for k in ks]
+    if not ks or min(ks) < 1:
+        raise ValueError(f"recall@k needs k >= 1, got {ks}")
     img, txt, t2i = embed_retrieval_data(model, preprocess, tokenizer, data, batch_size, device, workers,
-                                         progress, csv_img_key, csv_caption_key, csv_separator)
+                                         progress, csv_img_key, csv_caption_key, csv_separator, precision)
     log.info("retrieval: %d images, %d captions", img.shape[0], txt.shape[0])
     # Ranking runs where the model runs: on a GPU the chunked matmuls are the whole cost.
     metrics = retrieval_metrics(img.to(device), txt.to(device), t2i.to(device), ks=ks, chunk_size=chunk_size)

@@ -1,18 +1,23 @@
-"""Zero-shot classification on an ImageFolder tree (ImageNet by default), and the shared encoders.
+"""Zero-shot classification: ImageNet-style ImageFolder trees, CLIP_benchmark's webdataset shards,
+or any ``Dataset`` / ``DataLoader`` of (image, label).
 
 Protocol (OpenCLIP's ``open_clip_train/zero_shot.py``, CLIP_benchmark's
 ``zeroshot_classification``): each class's text embedding is the re-normalised mean of its
-L2-normalised template embeddings (``open_clip.build_zero_shot_classifier``); an image is scored
-by ``logits = 100 * normalize(f(x)) @ W`` and we report ``top1``, ``top5`` (NaN with fewer than
-5 classes) and ``mean_per_class_recall`` (balanced accuracy).
+L2-normalised prompt embeddings (:func:`clip_dcl.eval.encoding.zeroshot_classifier`); an image is
+scored by ``logits = 100 * normalize(f(x)) @ W``.
 
-Class names: an explicit list or file, else ``ROOT/classnames.txt``, else, when every folder is
+Single-label data: ``top1``, ``top5`` (NaN with fewer than 5 classes) and ``mean_per_class_recall``
+(balanced accuracy), plus the same numbers under CLIP_benchmark's keys ``acc1`` and ``acc5``.
+Multi-label data (CLIP_benchmark's ``dataset_type.txt`` = ``multilabel`` with ``.npy`` multi-hot
+labels, e.g. VOC 2007; or a dataset whose labels are multi-hot vectors): CLIP_benchmark's
+``mean_average_precision`` (:func:`clip_dcl.eval.metrics.mean_average_precision`).
+
+Class names: an explicit list or file, else the data's own (CLIP_benchmark's ``classnames.txt``,
+``ROOT/classnames.txt`` of a tree, a dataset's ``classes`` attribute), else, when every folder is
 an ImageNet synset (``n01440764``...), OpenCLIP's ``IMAGENET_CLASSNAMES`` in sorted-synset order.
-Templates: an explicit list or file, else ``ROOT/templates.txt``, else OpenCLIP's
-``OPENAI_IMAGENET_TEMPLATES`` (80 generic photo prompts).
-
-:func:`encode_images` and :func:`zeroshot_classifier` are also what the few-shot probe uses
-(frozen features; text-initialised head).
+Templates: an explicit list, per-class dict (CuPL) or file, else the data's own
+(``zeroshot_classification_templates.txt``, ``ROOT/templates.txt``, a dataset's ``templates``),
+else OpenCLIP's ``OPENAI_IMAGENET_TEMPLATES`` (80 generic photo prompts).
 """
 from __future__ import annotations
 
@@ -26,86 +31,33 @@ import torch
 from ..data.evalsets import (
     ImageListDataset,
     ImageSource,
+    benchmark_layout_root,
+    classification_wds,
+    describe_folder,
     imagenet_classnames_for,
     is_imagenet_synsets,
-    normalize_templates,
+    read_benchmark_shards,
     read_classnames,
     read_templates,
     scan_image_folder,
 )
-from .metrics import classification_metrics
+from .encoding import (
+    autocast,
+    check_precision,
+    encode_images,
+    labelled_batches,
+    normalize_templates,
+    progress_bar,
+    zeroshot_classifier,
+)
+from .metrics import classification_metrics, mean_average_precision
 
 log = logging.getLogger(__name__)
 
-
-def progress_bar(iterable, desc: str, total: int | None, enabled: bool):
-    if not enabled:
-        return iterable
-    from tqdm.auto import tqdm
-
-    return tqdm(iterable, desc=desc, total=total, leave=False)
-
-
-@torch.no_grad()
-def encode_images(
-    model,
-    dataset,
-    batch_size: int = 64,
-    device: str | torch.device = "cpu",
-    workers: int = 0,
-    normalize: bool = True,
-    progress: bool = True,
-    desc: str = "images",
-) -> torch.Tensor:
-    """``model.encode_image`` over a map-style dataset of ``(image_tensor, index)``; (N, D) float32 on CPU.
-
-    Rows come back in dataset order whatever the worker interleaving (each item carries its index).
-    """
-    from torch.utils.data import DataLoader
-
-    n = len(dataset)
-    loader = DataLoader(dataset, batch_size=batch_size, shuffle=False, num_workers=workers,
-                        pin_memory=torch.device(device).type == "cuda")
-    out = None
-    model.eval()
-    for images, idx in progress_bar(loader, f"encoding {desc}", len(loader), progress):
-        feats = model.encode_image(images.to(device), normalize=normalize).float().cpu()
-        if out is None:
-            out = torch.empty(n, feats.shape[1])
-        out[idx] = feats
-    if out is None:
-        raise ValueError(f"no {desc} to encode")
-    return out
-
-
-@torch.no_grad()
-def encode_texts(model, tokenizer, texts: Sequence[str], batch_size: int = 256,
-                 device: str | torch.device = "cpu", normalize: bool = True, progress: bool = True,
-                 desc: str = "texts") -> torch.Tensor:
-    """``model.encode_text(tokenizer(texts))`` in batches; (T, D) float32 on CPU."""
-    out = []
-    steps = range(0, len(texts), batch_size)
-    for s in progress_bar(steps, f"encoding {desc}", len(steps), progress):
-        tokens = tokenizer(list(texts[s:s + batch_size])).to(device)
-        out.append(model.encode_text(tokens, normalize=normalize).float().cpu())
-    if not out:
-        raise ValueError(f"no {desc} to encode")
-    return torch.cat(out)
-
-
-def zeroshot_classifier(model, tokenizer, classnames: Sequence[str], templates: Sequence,
-                        device: str | torch.device = "cpu", progress: bool = False) -> torch.Tensor:
-    """(D, C) zero-shot weights from ``open_clip.build_zero_shot_classifier`` (float32, CPU).
-
-    Column c is the re-normalised mean of the normalised embeddings of every template filled
-    with class name c.
-    """
-    from open_clip import build_zero_shot_classifier
-
-    model.eval()
-    w = build_zero_shot_classifier(model, tokenizer, list(classnames), normalize_templates(templates),
-                                   num_classes_per_batch=10, device=device, use_tqdm=progress)
-    return w.float().cpu()
+#: The layouts a zero-shot data folder may have, for error messages.
+ZEROSHOT_LAYOUTS = ("an ImageFolder tree ROOT/<class>/<image> (ImageNet's synset folders, or with classnames.txt)",
+                    "CLIP_benchmark's webdataset layout ROOT/test/nshards.txt + ROOT/test/0.tar ... with "
+                    "classnames.txt and zeroshot_classification_templates.txt")
 
 
 def resolve_classnames(root: str | os.PathLike, folders: Sequence[str],
@@ -128,66 +80,170 @@ def resolve_classnames(root: str | os.PathLike, folders: Sequence[str],
     return names, source
 
 
-def resolve_templates(root: str | os.PathLike, templates: Sequence | str | os.PathLike | None = None) -> tuple[list, str]:
-    """(templates, where they came from); see the module docstring for the order tried."""
+def resolve_templates(root: str | os.PathLike | None, templates=None, own=None, own_source: str = "") -> tuple:
+    """(templates, where they came from): ``templates`` (list, CuPL dict or file), else the data's
+    ``own``, else ``root/templates.txt`` (or ``.json``), else OpenCLIP's 80 ImageNet prompts."""
     if templates is not None:
         if isinstance(templates, (str, os.PathLike)):
-            return read_templates(templates), str(templates)
+            return normalize_templates(read_templates(templates)), str(templates)
         return normalize_templates(templates), "argument"
-    if (Path(root) / "templates.txt").is_file():
-        return read_templates(Path(root) / "templates.txt"), str(Path(root) / "templates.txt")
+    if own is not None:
+        return normalize_templates(own), own_source
+    for name in ("templates.txt", "templates.json"):
+        if root is not None and (Path(root) / name).is_file():
+            return normalize_templates(read_templates(Path(root) / name)), str(Path(root) / name)
     from open_clip.zero_shot_metadata import OPENAI_IMAGENET_TEMPLATES
 
     return list(OPENAI_IMAGENET_TEMPLATES), "open_clip OPENAI_IMAGENET_TEMPLATES"
 
 
 def zeroshot_metrics(image_features: torch.Tensor, classifier: torch.Tensor, labels: torch.Tensor) -> dict[str, float]:
-    """Metrics of ``logits = 100 * normalize(image_features) @ classifier`` (classifier (D, C))."""
+    """Metrics of ``logits = 100 * normalize(image_features) @ classifier`` (classifier (D, C)).
+
+    ``labels``: (N,) class ids -> ``top1``, ``top5``, ``mean_per_class_recall``, ``acc1``, ``acc5``;
+    (N, C) multi-hot -> ``mean_average_precision``.
+    """
     feats = torch.nn.functional.normalize(image_features.float(), dim=-1)
     logits = 100.0 * feats @ classifier.float()
-    return classification_metrics(logits, labels)
+    if labels.ndim == 2:
+        return {"mean_average_precision": mean_average_precision(logits, labels)}
+    out = classification_metrics(logits, labels)
+    out.update(acc1=out["top1"], acc5=out["top5"])
+    return out
+
+
+@torch.no_grad()
+def encode_labelled(model, batches, device, precision: str = "fp32", progress: bool = True,
+                    desc: str = "zero-shot images") -> tuple[torch.Tensor, torch.Tensor]:
+    """``(normalised image features (N, D), labels (N,) or (N, C))`` over batches of (images, labels)."""
+    feats, labels = [], []
+    model.eval()
+    for batch in progress_bar(batches, f"encoding {desc}", None, progress):
+        if not isinstance(batch, (list, tuple)) or len(batch) < 2:
+            raise ValueError(f"zero-shot data must yield (images, labels) batches, got {type(batch).__name__}")
+        images, y = batch[0], batch[1]
+        with autocast(device, precision):
+            f = model.encode_image(images.to(device), normalize=True)
+        feats.append(f.float().cpu())
+        labels.append(torch.as_tensor(y).cpu())
+    if not feats:
+        raise ValueError(f"no {desc} to encode")
+    return torch.cat(feats), torch.cat(labels)
+
+
+def _dataset_attr(data, name):
+    """A dataset's (or a DataLoader's dataset's) ``classes`` / ``templates``, as CLIP_benchmark's datasets carry them."""
+    from torch.utils.data import DataLoader
+
+    ds = data.dataset if isinstance(data, DataLoader) else data
+    return getattr(ds, name, None)
 
 
 def evaluate_zeroshot(
     model,
     preprocess: Callable,
     tokenizer: Callable,
-    root: str | os.PathLike,
+    root,
     classnames: Sequence[str] | str | os.PathLike | None = None,
-    templates: Sequence | str | os.PathLike | None = None,
+    templates=None,
     batch_size: int = 64,
     device: str | torch.device = "cpu",
     workers: int = 0,
     progress: bool = True,
     return_info: bool = False,
+    precision: str = "fp32",
+    split: str = "test",
+    multilabel: bool | None = None,
 ):
-    """Zero-shot top-1 / top-5 / mean per-class recall on the ImageFolder tree ``root``.
+    """Zero-shot classification metrics of ``model`` on ``root``.
 
     Args:
         model: an OpenCLIP model (``encode_image``/``encode_text``), already on ``device``.
-        preprocess: the model's eval transform (PIL image -> tensor).
+        preprocess: the model's eval transform (PIL image -> tensor); unused for a Dataset/DataLoader.
         tokenizer: the model's tokenizer (list of str -> token tensor).
-        root: ``root/<class folder>/<images>``; folders sorted give the label order.
+        root: an ImageFolder tree (``root/<class folder>/<images>``; folders sorted give the label
+            order), a data set in CLIP_benchmark's webdataset layout (its root or split folder), or a
+            ``torch.utils.data.Dataset`` / ``DataLoader`` of ``(image tensor, label)`` (label an int,
+            or a multi-hot vector for multi-label data).
         classnames: names, or a file of names; see the module docstring for the defaults.
-        templates: prompt strings with ``{c}``, callables, or a file; defaults as above.
-        return_info: also return ``{"num_images", "num_classes", "classnames_source", "templates_source"}``.
+        templates: prompt strings with ``{c}``, callables, a CuPL dict ``name -> [prompts]``, or a
+            file (text, one a line; or JSON); defaults as above.
+        precision: ``fp32`` (default), ``amp_bf16`` or ``amp_fp16`` (``torch.autocast``).
+        split: the split folder of CLIP_benchmark's layout (default ``test``).
+        multilabel: force multi-label scoring (default: CLIP_benchmark's ``dataset_type.txt``, or
+            labels that are multi-hot vectors).
+        return_info: also return ``{"num_images", "num_classes", "layout", "classnames_source",
+            "templates_source", "num_templates"}``.
 
     Returns:
-        ``{"top1", "top5", "mean_per_class_recall"}`` (fractions), and the info dict if asked.
+        ``{"top1", "top5", "mean_per_class_recall", "acc1", "acc5"}`` (fractions), or
+        ``{"mean_average_precision"}`` for multi-label data; and the info dict if asked.
     """
-    folders, samples = scan_image_folder(root)
-    names, names_source = resolve_classnames(root, folders, classnames)
-    tmpls, tmpl_source = resolve_templates(root, templates)
-    log.info("zero-shot: %d images, %d classes (names: %s), %d templates (%s)",
-             len(samples), len(names), names_source, len(tmpls), tmpl_source)
-    dataset = ImageListDataset([p for p, _ in samples], ImageSource("/"), preprocess)
-    labels = torch.tensor([y for _, y in samples])
-    classifier = zeroshot_classifier(model, tokenizer, names, tmpls, device=device, progress=progress)
-    feats = encode_images(model, dataset, batch_size=batch_size, device=device, workers=workers,
-                          progress=progress, desc="zero-shot images")
+    from torch.utils.data import DataLoader, Dataset
+
+    check_precision(precision)
+    if isinstance(root, (Dataset, DataLoader)):
+        layout = "dataset"
+        own = classnames if classnames is not None else _dataset_attr(root, "classes")
+        if own is None:
+            raise ValueError("a Dataset/DataLoader needs classnames (or a `classes` attribute)")
+        names = _names_of(own)
+        names_source = str(own) if isinstance(own, (str, os.PathLike)) else \
+            ("argument" if classnames is not None else "dataset.classes")
+        tmpls, tmpl_source = resolve_templates(None, templates, _dataset_attr(root, "templates"), "dataset.templates")
+        batches = labelled_batches(root, batch_size, workers)
+    elif benchmark_layout_root(root, split) is not None:
+        layout = "clip_benchmark"
+        bench = read_benchmark_shards(root, split)
+        if bench.dataset_type == "retrieval":
+            raise ValueError(f"{str(bench.root)!r} is a retrieval data set (dataset_type.txt); use the retrieval "
+                             f"evaluation")
+        if classnames is not None:
+            names = _names_of(classnames)
+            names_source = str(classnames) if isinstance(classnames, (str, os.PathLike)) else "argument"
+        elif bench.classnames is not None:
+            names, names_source = bench.classnames, str(bench.root / "classnames.txt")
+        else:
+            raise ValueError(f"no class names for {str(bench.root)!r}: classnames.txt is missing; pass classnames")
+        tmpls, tmpl_source = resolve_templates(None, templates, bench.templates,
+                                               str(bench.root / "zeroshot_classification_templates.txt"))
+        if multilabel is None:
+            multilabel = bench.dataset_type == "multilabel"
+        batches = labelled_batches(classification_wds(bench.shards, preprocess, multilabel), batch_size, workers)
+    elif Path(root).is_dir() and any(p.is_dir() for p in Path(root).iterdir()):
+        layout = "imagefolder"
+        folders, samples = scan_image_folder(root)
+        names, names_source = resolve_classnames(root, folders, classnames)
+        tmpls, tmpl_source = resolve_templates(root, templates)
+        batches = None
+    else:
+        raise ValueError(f"zero-shot data {str(root)!r} is in neither layout: expected {ZEROSHOT_LAYOUTS[0]}, or "
+                         f"{ZEROSHOT_LAYOUTS[1]}; found {describe_folder(root)}")
+    log.info("zero-shot: %d classes (names: %s), %d templates (%s)", len(names), names_source,
+             len(tmpls), tmpl_source)
+    classifier = zeroshot_classifier(model, tokenizer, names, tmpls, device=device, progress=progress,
+                                     precision=precision)
+    if batches is None:
+        dataset = ImageListDataset([p for p, _ in samples], ImageSource("/"), preprocess)
+        labels = torch.tensor([y for _, y in samples])
+        feats = encode_images(model, dataset, batch_size=batch_size, device=device, workers=workers,
+                              progress=progress, desc="zero-shot images", precision=precision)
+    else:
+        feats, labels = encode_labelled(model, batches, device, precision, progress)
+    if multilabel and labels.ndim != 2:
+        raise ValueError(f"multi-label scoring needs multi-hot labels (N, C), got shape {tuple(labels.shape)}")
+    if labels.ndim == 2 and labels.shape[1] != len(names):
+        raise ValueError(f"multi-hot labels have {labels.shape[1]} columns but there are {len(names)} class names")
+    if labels.ndim == 1 and len(labels) and (labels.min() < 0 or labels.max() >= len(names)):
+        raise ValueError(f"labels run from {int(labels.min())} to {int(labels.max())}, outside the {len(names)} "
+                         f"class names")
     metrics = zeroshot_metrics(feats, classifier, labels)
     if return_info:
-        info = {"num_images": len(samples), "num_classes": len(names), "classnames_source": names_source,
-                "templates_source": tmpl_source, "num_templates": len(tmpls)}
+        info = {"num_images": int(feats.shape[0]), "num_classes": len(names), "layout": layout,
+                "classnames_source": names_source, "templates_source": tmpl_source, "num_templates": len(tmpls)}
         return metrics, info
     return metrics
+
+
+def _names_of(classnames) -> list[str]:
+    return read_classnames(classnames) if isinstance(classnames, (str, os.PathLike)) else list(classnames)

@@ -76,14 +76,21 @@ def default_runs(tau_plus: float) -> List[Run]:
 # ------------------------------------------------------------------------------------------
 # Training
 # ------------------------------------------------------------------------------------------
+def resolve_device(device: Optional[str]) -> str:
+    """``"auto"`` (or None) -> ``"cuda"`` when a GPU is visible, else ``"cpu"``; other names unchanged."""
+    from ..eval.encoding import resolve_device as _resolve
+
+    return _resolve(device)
+
+
 def train_command(run: Run, data: dict, logs: os.PathLike, budget: Budget,
-                  entry: Optional[Sequence[str]] = None, *, precision: str = "fp32", device: str = "cpu",
+                  entry: Optional[Sequence[str]] = None, *, precision: str = "fp32", device: str = "auto",
                   num_samples: Optional[int] = None, validate: bool = True) -> List[str]:
     """The ``python -m clip_dcl.train -- ...`` command line of ``run`` (``data``: a synth summary).
 
     ``entry`` replaces ``[python, "-m", "clip_dcl.train"]``, e.g. with a script that registers
     an extra loss before calling :func:`clip_dcl.train.main`. ``precision`` and ``device`` are
-    OpenCLIP's. ``num_samples`` makes every epoch that many samples drawn with replacement
+    OpenCLIP's; ``device="auto"`` (the default) is ``cuda`` when a GPU is visible, else ``cpu``. ``num_samples`` makes every epoch that many samples drawn with replacement
     (``--dataset-resampled``), whatever the shard sizes and the loader workers, in place of one
     pass over the data's training split: an exact number of steps, as a timing needs.
     ``validate=False`` only trains: no validation, and no checkpoint but the last epoch's.
@@ -99,7 +106,7 @@ def train_command(run: Run, data: dict, logs: os.PathLike, budget: Budget,
         "--batch-size", str(budget.batch_size), "--epochs", str(budget.epochs),
         "--lr", repr(budget.lr), "--wd", repr(budget.wd), "--warmup", str(budget.warmup),
         "--seed", str(budget.seed), "--workers", str(budget.workers),
-        "--precision", precision, "--device", device,
+        "--precision", precision, "--device", resolve_device(device),
         "--logs", str(logs), "--name", run.slug,
         "--log-every-n-steps", str(budget.log_every_n_steps),
         "--save-frequency", every_epoch, "--zeroshot-frequency", "0", "--val-frequency", every_epoch,
@@ -153,7 +160,7 @@ _PROGRESS = re.compile(r"Train Epoch: (\d+) \[\s*(\d+)/(\d+) \((\d+)%\)\].*?\bLo
 
 def train(run: Run, data: dict, logs: os.PathLike, budget: Budget, *, echo: Callable[[str], None] = print,
           env: Optional[dict] = None, entry: Optional[Sequence[str]] = None, precision: str = "fp32",
-          device: str = "cpu", num_samples: Optional[int] = None, validate: bool = True,
+          device: str = "auto", num_samples: Optional[int] = None, validate: bool = True,
           lock: bool = True) -> TrainResult:
     """Train ``run`` in a child process; stream its progress through ``echo``; return its results.
 
@@ -163,9 +170,11 @@ def train(run: Run, data: dict, logs: os.PathLike, budget: Budget, *, echo: Call
     function on the same machine (:func:`machine_lock`); ``lock=False`` is for a caller that holds
     the lock itself around several trainings (a second hold from the same process would wait for
     ever). ``precision``, ``device``, ``num_samples`` and ``validate`` go to :func:`train_command`;
-    on ``device="cpu"`` the child sees no GPU. ``env`` is added to the child's environment.
+    ``device="auto"`` (the default) trains on the GPU when one is visible; on ``device="cpu"`` the
+    child sees no GPU. ``env`` is added to the child's environment.
     """
     budget.validate()
+    device = resolve_device(device)
     logs = Path(logs)
     log_dir = logs / run.slug
     cmd = train_command(run, data, logs, budget, entry, precision=precision, device=device,

@@ -38,14 +38,16 @@ class Outcome:
 
 def train_and_evaluate(run: Run, data: dict, logs: os.PathLike, budget: Budget, cache: os.PathLike, *,
                        fewshot_seeds: Sequence[int] = (0, 1, 2), entry: Optional[Sequence[str]] = None,
-                       env: Optional[dict] = None, echo: Callable[[str], None] = print) -> Outcome:
+                       env: Optional[dict] = None, echo: Callable[[str], None] = print,
+                       device: str = "auto") -> Outcome:
     """:func:`train` then :func:`evaluate`, remembered in the JSON file ``cache``.
 
     A later call with the same run flags, budget, data config and few-shot seeds reuses the
     cached training, and its scores too unless :data:`EVALUATOR` changed since (then the
     checkpoint is evaluated again), so that an interrupted benchmark resumes where it stopped.
     ``train``, ``evaluate`` and ``EVALUATOR`` are looked up on :mod:`clip_dcl.experiment` at each
-    call, so that one replaced there (a test's stand-in) is the one used.
+    call, so that one replaced there (a test's stand-in) is the one used. ``device``: where both
+    run (``auto``: the GPU when one is visible).
     """
     from .. import experiment as ex
 
@@ -62,9 +64,9 @@ def train_and_evaluate(run: Run, data: dict, logs: os.PathLike, budget: Budget, 
             return Outcome(res, doc["metrics"], doc["eval_seconds"], doc["finished"], "reused")
     source = "evaluated" if res is not None else "trained"
     if res is None:
-        res = ex.train(run, data, logs, budget, echo=echo, env=env, entry=entry)
+        res = ex.train(run, data, logs, budget, echo=echo, env=env, entry=entry, device=device)
     t0 = time.perf_counter()
-    metrics = ex.evaluate(res.checkpoint, data, fewshot_seeds=fewshot_seeds)
+    metrics = ex.evaluate(res.checkpoint, data, fewshot_seeds=fewshot_seeds, device=device)
     secs = time.perf_counter() - t0
     finished = time.strftime("%Y-%m-%d %H:%M", time.gmtime())
     cache.parent.mkdir(parents=True, exist_ok=True)
@@ -79,28 +81,34 @@ def train_and_evaluate(run: Run, data: dict, logs: os.PathLike, budget: Budget, 
 # Evaluation
 # ------------------------------------------------------------------------------------------
 def evaluate(checkpoint: os.PathLike, data: dict, *, shots: int = 5, fewshot_seeds: Sequence[int] = (0, 1, 2),
-             grid: str = "reduced", batch_size: int = 256, progress: bool = False) -> Dict[str, float]:
+             grid: str = "reduced", batch_size: int = 256, progress: bool = False,
+             device: str = "auto") -> Dict[str, float]:
     """Retrieval, zero-shot and few-shot scores of a checkpoint on a synthetic data set.
 
     Keys: ``retrieval/<metric>``, ``zeroshot/<metric>``, ``fewshot/<data set>/<score>`` (the
-    evaluators' own names under a prefix).
+    evaluators' own names under a prefix). ``device``: ``auto`` (the GPU when one is visible),
+    ``cpu``, ``cuda``...
     """
+    from ..eval.encoding import resolve_device
+
     from ..checkpoint import load_checkpoint
     from ..eval.fewshot import evaluate_fewshot
     from ..eval.retrieval import evaluate_retrieval
     from ..eval.zeroshot import evaluate_zeroshot
 
     root = Path(data["out_dir"])
-    model, preprocess, tokenizer = load_checkpoint(checkpoint)
+    device = resolve_device(device)
+    model, preprocess, tokenizer = load_checkpoint(checkpoint, device)
     out: Dict[str, float] = {}
     ret = evaluate_retrieval(model, preprocess, tokenizer, data["val_data"], batch_size=batch_size,
-                             progress=progress)
+                             progress=progress, device=device)
     out.update({f"retrieval/{k}": float(v) for k, v in ret.items()})
     zs = evaluate_zeroshot(model, preprocess, tokenizer, root / data["zeroshot"]["dir"], batch_size=batch_size,
-                           progress=progress)
+                           progress=progress, device=device)
     out.update({f"zeroshot/{k}": float(v) for k, v in zs.items()})
     fs = evaluate_fewshot(model, preprocess, tokenizer, root / data["fewshot"]["dir"], shots=shots,
-                          seeds=tuple(fewshot_seeds), grid=grid, batch_size=batch_size, progress=progress)
+                          seeds=tuple(fewshot_seeds), grid=grid, batch_size=batch_size, progress=progress,
+                          device=device)
     out.update({f"fewshot/{k}": float(v) for k, v in fs.items()})
     return out
 

@@ -1,0 +1,195 @@
+"""Encoding shared by every evaluator: images and texts through the model, the zero-shot classifier,
+the precision they run at, and progress bars.
+
+Precision (``--precision``): ``fp32`` (our default: numbers do not depend on the device's mixed
+precision kernels), ``amp_bf16`` or ``amp_fp16`` (``torch.autocast`` with that dtype around the
+encoders, on the model's device). CLIP_benchmark encodes under ``torch.autocast`` by default (its
+``--no_amp`` turns it off), so compare with its numbers at ``amp_*`` or run it with ``--no_amp``;
+every result file records the precision used.
+
+Features always come back as float32 on the CPU, whatever the precision.
+"""
+from __future__ import annotations
+
+import contextlib
+from typing import Callable, Mapping, Sequence
+
+import torch
+
+#: Precisions an evaluation can run at (OpenCLIP's names).
+PRECISIONS = ("fp32", "amp_bf16", "amp_fp16")
+_AMP_DTYPES = {"amp_bf16": torch.bfloat16, "amp_fp16": torch.float16}
+
+
+def check_precision(precision: str) -> str:
+    if precision not in PRECISIONS:
+        raise ValueError(f"precision must be one of {list(PRECISIONS)}, got {precision!r}")
+    return precision
+
+
+def autocast(device: str | torch.device, precision: str):
+    """``torch.autocast`` for ``precision`` on ``device``'s type; a no-op context for ``fp32``."""
+    check_precision(precision)
+    if precision == "fp32":
+        return contextlib.nullcontext()
+    return torch.autocast(torch.device(device).type, dtype=_AMP_DTYPES[precision])
+
+
+def resolve_device(device: str | torch.device | None) -> str:
+    """``"auto"`` (or None) -> ``"cuda"`` when a GPU is visible, else ``"cpu"``; other names unchanged."""
+    if device is None or str(device) == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    return str(device)
+
+
+def device_problem(device: str) -> str | None:
+    """Why ``device`` cannot be used here, or None."""
+    try:
+        dev = torch.device(device)
+    except RuntimeError as e:
+        return str(e)
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        return "CUDA is not available on this machine"
+    return None
+
+
+def progress_bar(iterable, desc: str, total: int | None, enabled: bool):
+    if not enabled:
+        return iterable
+    from tqdm.auto import tqdm
+
+    return tqdm(iterable, desc=desc, total=total, leave=False)
+
+
+@torch.no_grad()
+def encode_images(
+    model,
+    dataset,
+    batch_size: int = 64,
+    device: str | torch.device = "cpu",
+    workers: int = 0,
+    normalize: bool = True,
+    progress: bool = True,
+    desc: str = "images",
+    precision: str = "fp32",
+) -> torch.Tensor:
+    """``model.encode_image`` over a map-style dataset of ``(image_tensor, index)``; (N, D) float32 on CPU.
+
+    Rows come back in dataset order whatever the worker interleaving (each item carries its index).
+    """
+    from torch.utils.data import DataLoader
+
+    n = len(dataset)
+    loader = DataLoader(dataset, batch_size=batch_size, shuffle=False, num_workers=workers,
+                        pin_memory=torch.device(device).type == "cuda")
+    out = None
+    model.eval()
+    for images, idx in progress_bar(loader, f"encoding {desc}", len(loader), progress):
+        with autocast(device, precision):
+            feats = model.encode_image(images.to(device), normalize=normalize)
+        feats = feats.float().cpu()
+        if out is None:
+            out = torch.empty(n, feats.shape[1])
+        out[idx] = feats
+    if out is None:
+        raise ValueError(f"no {desc} to encode")
+    return out
+
+
+@torch.no_grad()
+def encode_texts(model, tokenizer, texts: Sequence[str], batch_size: int = 256,
+                 device: str | torch.device = "cpu", normalize: bool = True, progress: bool = True,
+                 desc: str = "texts", precision: str = "fp32") -> torch.Tensor:
+    """``model.encode_text(tokenizer(texts))`` in batches; (T, D) float32 on CPU."""
+    out = []
+    steps = range(0, len(texts), batch_size)
+    for s in progress_bar(steps, f"encoding {desc}", len(steps), progress):
+        tokens = tokenizer(list(texts[s:s + batch_size])).to(device)
+        with autocast(device, precision):
+            feats = model.encode_text(tokens, normalize=normalize)
+        out.append(feats.float().cpu())
+    if not out:
+        raise ValueError(f"no {desc} to encode")
+    return torch.cat(out)
+
+
+def normalize_templates(templates) -> list | dict:
+    """Templates as the classifier builders take them.
+
+    * a sequence of strings with ``{c}`` (CLIP_benchmark) or ``{}`` (OpenCLIP) where the class name
+      goes, or callables ``name -> prompt`` (OpenCLIP's ``OPENAI_IMAGENET_TEMPLATES``): ``{c}`` is
+      rewritten to ``{}``;
+    * a CuPL-style mapping ``class name -> [prompts]`` (the prompts already name the class):
+      returned as a dict of lists.
+
+    ``ValueError`` names an empty list, a string without a placeholder, or a class without prompts.
+    """
+    if isinstance(templates, Mapping):
+        if not templates:
+            raise ValueError("per-class templates must not be empty")
+        out = {}
+        for name, prompts in templates.items():
+            prompts = [prompts] if isinstance(prompts, str) else list(prompts or [])
+            if not prompts or not all(isinstance(p, str) and p.strip() for p in prompts):
+                raise ValueError(f"per-class templates: class {name!r} has no prompts (got {templates[name]!r})")
+            out[name] = prompts
+        return out
+    if not templates:
+        raise ValueError("templates must not be empty")
+    out = []
+    for t in templates:
+        if callable(t):
+            out.append(t)
+        elif isinstance(t, str):
+            t2 = t.replace("{c}", "{}")
+            if "{}" not in t2:
+                raise ValueError(f"template {t!r} has no '{{c}}' placeholder")
+            out.append(t2)
+        else:
+            raise ValueError(f"template {t!r} is neither a string nor a callable")
+    if any(callable(t) for t in out):  # OpenCLIP's builder formats all or calls all
+        out = [t if callable(t) else t.format for t in out]
+    return out
+
+
+def zeroshot_classifier(model, tokenizer, classnames: Sequence[str], templates,
+                        device: str | torch.device = "cpu", progress: bool = False,
+                        precision: str = "fp32") -> torch.Tensor:
+    """(D, C) zero-shot weights (float32, CPU): column c is the re-normalised mean of the
+    normalised embeddings of class c's prompts.
+
+    Shared templates go through ``open_clip.build_zero_shot_classifier``. Per-class prompts
+    (CuPL, a dict ``name -> [prompts]``) go through it one class at a time, each prompt as a
+    constant template; a class missing from the dict raises ``ValueError`` naming it.
+    """
+    from open_clip import build_zero_shot_classifier
+
+    templates = normalize_templates(templates)
+    model.eval()
+    with autocast(device, precision):
+        if isinstance(templates, dict):
+            missing = [c for c in classnames if c not in templates]
+            if missing:
+                raise ValueError(f"per-class templates have no prompts for classes {missing[:5]}"
+                                 f"{' ...' if len(missing) > 5 else ''} ({len(missing)} of {len(classnames)})")
+            cols = []
+            for c in progress_bar(classnames, "encoding class prompts", len(classnames), progress):
+                prompts = [(lambda _, p=p: p) for p in templates[c]]
+                cols.append(build_zero_shot_classifier(model, tokenizer, [c], prompts, num_classes_per_batch=1,
+                                                       device=device, use_tqdm=False))
+            w = torch.cat(cols, dim=1)
+        else:
+            w = build_zero_shot_classifier(model, tokenizer, list(classnames), templates,
+                                           num_classes_per_batch=10, device=device, use_tqdm=progress)
+    return w.float().cpu()
+
+
+def labelled_batches(data, batch_size: int, workers: int, collate: Callable | None = None):
+    """A DataLoader over ``data`` (a map-style or iterable ``Dataset``), or ``data`` itself when it
+    already is a ``DataLoader``."""
+    from torch.utils.data import DataLoader, IterableDataset
+
+    if isinstance(data, DataLoader):
+        return data
+    kw = {} if isinstance(data, IterableDataset) else {"shuffle": False}
+    return DataLoader(data, batch_size=batch_size, num_workers=workers, collate_fn=collate, **kw)
