@@ -43,7 +43,8 @@ LOSS_FLAGS = {
 }
 #: Keyword arguments of the decl loss that come from OpenCLIP's flags rather than ours.
 OPENCLIP_LOSS_FLAGS = {"accum_freq": "--accum-freq", "seed": "--seed"}
-_DIST_KWARGS = {"rank", "world_size", "local_loss", "gather_with_grad", "cache_labels", "use_horovod"}
+_DIST_KWARGS = {"rank", "world_size", "local_loss", "gather_with_grad", "cache_labels", "use_horovod",
+                "no_grad_gather", "device"}
 
 
 class FlagError(ValueError):
