@@ -10,8 +10,10 @@ Three parts, one report (``results/decl_state.md`` and ``.json``):
    per-epoch state digest and of writing this rank's checkpoint shard. The step-time ratio is
    sharded over replicated, measured in the same run.
 2. **Computed** for LAION-400M and DataComp-1.4B at W in {8, 64, 512}: bytes per rank of each
-   layout and dtype, and the extra communication of the sharded read per step (one all-reduce of
-   ``2 x G`` floats; a ring all-reduce sends ``2 (W - 1) / W`` times its size per rank).
+   layout and dtype, and the communication of each layout's per-step collective (a ring
+   all-reduce sends ``2 (W - 1) / W`` times its size per rank).
+   Per step (``--local-loss``), the sharded layout all-reduces ``(4, G)`` float32 (the stored
+   rates and the step's estimates); the replicated one all-gathers the ``(2, G / W)`` estimates.
 3. **16-bit storage error**, one process: the same feature stream (ids revisited for several
    epochs) through float32, bfloat16 and float16 buffers; the error of the stored rates and of the
    loss against float32.
@@ -143,8 +145,10 @@ def computed(global_batch: int) -> list:
             for dtype, size in DTYPE_BYTES.items():
                 row[f"replicated_{dtype}_gb"] = 2 * n * size / 1e9
                 row[f"sharded_{dtype}_gb"] = 2 * math.ceil(n / world) * size / 1e9
-            # the sharded read: all-reduce of (2, G) float32; a ring sends 2 (W-1)/W of it per rank
-            row["allreduce_mb_per_step"] = 2 * (world - 1) / world * 2 * global_batch * 4 / 1e6
+            # per step, --local-loss: sharded all-reduces (rates, estimates) as (4, G) float32 (a ring sends
+            # 2 (W-1)/W of it per rank); replicated all-gathers the (2, G / W) estimates instead
+            row["allreduce_mb_per_step"] = 2 * (world - 1) / world * 4 * global_batch * 4 / 1e6
+            row["replicated_gather_mb_per_step"] = (world - 1) * 2 * (global_batch // world) * 4 / 1e6
             rows.append(row)
     return rows
 
@@ -212,13 +216,14 @@ def report(measured, comp, prec, args, command) -> str:
         "",
         f"## Computed: bytes per rank at scale (global batch {comp[0]['global_batch']:,} for the all-reduce)",
         "",
-        "| data | W | replicated fp32 GB | sharded fp32 GB | sharded bf16 GB | sharded read MB / step / rank |",
-        "|---|---:|---:|---:|---:|---:|",
+        "| data | W | replicated fp32 GB | sharded fp32 GB | sharded bf16 GB | replicated: estimates all-gather "
+        "MB / step / rank | sharded: (rates, estimates) all-reduce MB / step / rank |",
+        "|---|---:|---:|---:|---:|---:|---:|",
     ]
     for r in comp:
         lines.append(f"| {r['data']} | {r['world_size']} | {r['replicated_float32_gb']:.1f} | "
                      f"{r['sharded_float32_gb']:.3f} | {r['sharded_bfloat16_gb']:.3f} | "
-                     f"{r['allreduce_mb_per_step']:.2f} |")
+                     f"{r['replicated_gather_mb_per_step']:.2f} | {r['allreduce_mb_per_step']:.2f} |")
     lines += [
         "",
         f"## 16-bit storage against float32 ({prec['num_samples']} samples, batch {prec['batch']}, "
