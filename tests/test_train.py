@@ -468,3 +468,21 @@ def test_sample_ids_beyond_the_buffer_stop_the_run_naming_the_flag(tmp_path):
     assert out.returncode == 1
     assert "--decl-num-samples" in out.stderr
     assert not (tmp_path / "logs" / "small" / "checkpoints" / "epoch_1.pt").exists()
+
+
+def test_openclip_logging_setup_leaves_torch_loggers_alone():
+    """OpenCLIP's setup_logging sets every logger to INFO: TorchDynamo would print statistics at exit."""
+    import logging
+
+    from clip_dcl.train.patch import _setup_logging
+
+    dynamo, other = logging.getLogger("torch._dynamo"), logging.getLogger("clip_dcl_test_user_logger")
+    before = dynamo.level
+    root_handlers = list(logging.root.handlers)
+    try:
+        _setup_logging(None, logging.INFO)
+        assert dynamo.level == before and other.level == logging.INFO
+    finally:
+        for h in logging.root.handlers[len(root_handlers):]:
+            logging.root.removeHandler(h)
+        other.setLevel(logging.NOTSET)

@@ -15,6 +15,8 @@ duration of the call (and restored afterwards):
     ``loss.metrics`` to OpenCLIP's training log line and tensorboard/wandb.
 ``open_clip_train.main.pt_load``
     OpenCLIP's loader; keeps the ``loss_state`` of the checkpoint being resumed.
+``open_clip_train.main.setup_logging``
+    OpenCLIP's, leaving PyTorch's own loggers at their levels (it sets every logger to INFO).
 ``open_clip_train.main.torch``
     ``torch`` itself except for two names that only ``main`` sees: ``torch.save`` adds
     ``ckpt["loss_state"]`` and ``ckpt["clip_dcl"]`` to every training checkpoint main writes
@@ -65,6 +67,17 @@ _OPENCLIP_CREATE_LOSS = oc_main.create_loss
 _OPENCLIP_TRAIN_ONE_EPOCH = oc_train.train_one_epoch
 _OPENCLIP_GET_WDS_DATASET = oc_data.get_wds_dataset
 _OPENCLIP_PT_LOAD = oc_main.pt_load
+_OPENCLIP_SETUP_LOGGING = oc_main.setup_logging
+
+
+def _setup_logging(log_file, level, include_host=False):
+    """OpenCLIP's ``setup_logging``, which sets *every* existing logger to ``level`` (INFO); PyTorch's own
+    loggers get their levels back, so that TorchDynamo's INFO statistics are not printed at exit."""
+    torch_loggers = {name: logging.getLogger(name).level for name in list(logging.root.manager.loggerDict)
+                     if name == "torch" or name.startswith("torch.")}
+    _OPENCLIP_SETUP_LOGGING(log_file, level, include_host=include_host)
+    for name, saved in torch_loggers.items():
+        logging.getLogger(name).setLevel(saved)
 
 
 class SampleIdOutOfRange(RuntimeError):
@@ -408,6 +421,7 @@ def patched(run: TrainingRun):
         (oc_main, "create_loss"): run.create_loss,
         (oc_main, "train_one_epoch"): run.train_one_epoch,
         (oc_main, "pt_load"): run.pt_load,
+        (oc_main, "setup_logging"): _setup_logging,
         (oc_main, "torch"): _Overlay(torch, save=run.save, nn=_Overlay(
             torch.nn, parallel=_Overlay(torch.nn.parallel, DistributedDataParallel=_cpu_safe_ddp))),
         (oc_data, "get_wds_dataset"): run.get_wds_dataset,
