@@ -40,11 +40,12 @@ def main(argv: Optional[List[str]] = None) -> int:
     if config is None:  # --help
         return 0
 
+    from ..checkpoint import CheckpointUnreadable
     from .patch import LossStateMismatch, SampleIdOutOfRange, run_training
 
     try:
         return run_training(config)
-    except (SampleIdOutOfRange, LossStateMismatch) as e:
+    except (SampleIdOutOfRange, LossStateMismatch, CheckpointUnreadable) as e:
         if logging.getLogger().handlers:  # OpenCLIP's logging is set up: into out.log and stderr
             logging.error(f"clip-dcl train: error: {e}")
         else:

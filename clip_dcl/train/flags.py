@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import inspect
+import os
 import re
 import sys
 from dataclasses import dataclass, field
@@ -49,6 +50,55 @@ class FlagError(ValueError):
 
 def _flag(dest: str) -> str:
     return "--" + dest.replace("_", "-")
+
+
+def loss_flags(loss: str, loss_args: Dict[str, object]) -> List[str]:
+    """The command-line words that select ``loss`` with ``loss_args`` (values at their default left out)."""
+    words = ["--loss", loss]
+    defaults = _loss_defaults().get(loss, {})
+    for dest, (owner, kwarg) in LOSS_FLAGS.items():
+        if owner != loss or kwarg not in loss_args or loss_args[kwarg] == defaults.get(kwarg, object()):
+            continue
+        value = loss_args[kwarg]
+        if isinstance(value, bool):
+            words.append(_flag(dest) if value else "--no-" + _flag(dest)[2:])
+        else:
+            words += [_flag(dest), f"{value:g}" if isinstance(value, float) else str(value)]
+    return words
+
+
+def check_data_paths(oc_args) -> None:
+    """Every local shard of ``--train-data`` / ``--val-data`` (a CSV file for ``--dataset-type csv``)
+    exists and is readable, so that a wrong path fails here, naming the first missing file, and
+    not in the data workers (which log a ``FileNotFoundError`` per shard and retry).
+
+    ``pipe:`` and ``scheme://`` urls are left to the pipeline; ``--dataset-type synthetic`` reads none.
+    """
+    from open_clip_train.data import expand_urls
+
+    for flag, value in (("--train-data", oc_args.train_data), ("--val-data", oc_args.val_data)):
+        if not value or oc_args.dataset_type == "synthetic":
+            continue
+        try:
+            urls, _ = expand_urls(value)
+        except (ValueError, TypeError) as e:
+            raise FlagError(f"{flag} {value!r}: cannot expand the shard pattern ({e})") from None
+        local = [u for u in urls if "://" not in u and not u.startswith("pipe:")]
+        missing = [u for u in local if not os.path.isfile(u)]
+        if missing:
+            more = f" (and {len(missing) - 1} more of {len(urls)})" if len(missing) > 1 else ""
+            raise FlagError(f"{flag}: {missing[0]!r} does not exist{more}")
+        unreadable = [u for u in local if not os.access(u, os.R_OK)]
+        if unreadable:
+            raise FlagError(f"{flag}: {unreadable[0]!r} is not readable")
+
+
+def _check_unused_decl_flags(given: Dict[str, object]) -> None:
+    """Refuse DeCL values that the chosen schedule would ignore."""
+    schedule = given.get("decl_schedule") or _loss_defaults().get("decl", {}).get("schedule")
+    if "decl_lambda" in given and schedule not in ("constant", "harmonic"):
+        raise FlagError(f"--decl-lambda {given['decl_lambda']:g} has no effect with --decl-schedule {schedule}: "
+                        "only the constant and harmonic schedules use it")
 
 
 def _loss_defaults() -> Dict[str, Dict[str, object]]:
@@ -129,6 +179,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="decl, rate index: size of the per-sample buffer; every sample id (the json 'key' of "
                         "img2dataset shards) must be below it (default: the sum of sizes.json next to the "
                         "training shards, which is too small when img2dataset keys have gaps)")
+    g.add_argument("--loss-reset", action="store_true",
+                   help="with --resume: train the configured --loss from a checkpoint trained with another one, "
+                        "its saved loss state dropped (without it such a resume is refused)")
     g.add_argument("--model-config", default=None, metavar="PATH",
                    help="a model config JSON (or a folder of them) to register with OpenCLIP; the model name is "
                         "the file name without .json, and --model defaults to it")
@@ -152,6 +205,8 @@ class TrainConfig:
     #: ``--decl-gamma-decay-epochs`` resolved (cosine gamma schedule only); turned into the loss's
     #: ``gamma_decay_steps`` once the training data's batches per epoch are known
     gamma_decay_epochs: Optional[float] = None
+    #: ``--loss-reset``: resume a checkpoint of another objective, with fresh loss state
+    loss_reset: bool = False
 
 
 def print_help(parser: argparse.ArgumentParser, file=None) -> None:
@@ -259,6 +314,7 @@ def parse_train_args(argv: List[str]) -> Optional[TrainConfig]:
         if not _given_model(rest):
             rest = rest + ["--model", name]
     oc_args = openclip_parse_args(list(rest))
+    check_data_paths(oc_args)
 
     loss = ours.loss
     given = {dest: getattr(ours, dest) for dest in LOSS_FLAGS if getattr(ours, dest) is not None}
@@ -274,6 +330,8 @@ def parse_train_args(argv: List[str]) -> Optional[TrainConfig]:
                 raise FlagError(f"--loss {loss} cannot be combined with {why}: that objective is OpenCLIP's own; "
                                 "use --loss clip")
 
+    if loss == "decl":
+        _check_unused_decl_flags(given)
     kwargs = {LOSS_FLAGS[d][1]: v for d, v in given.items()}
     num_samples = None
     decay_epochs = None
@@ -296,7 +354,7 @@ def parse_train_args(argv: List[str]) -> Optional[TrainConfig]:
             elif "num_samples" not in kwargs:
                 kwargs["num_samples"] = 1  # evaluation only: validate the other values
     if loss == "clip":
-        return TrainConfig(loss, {}, {}, list(rest), ours.model_config, None)
+        return TrainConfig(loss, {}, {}, list(rest), ours.model_config, None, loss_reset=ours.loss_reset)
 
     from clip_dcl.losses import create_loss
 
@@ -307,4 +365,4 @@ def parse_train_args(argv: List[str]) -> Optional[TrainConfig]:
         raise FlagError(_explain(e, loss, kwargs)) from None
     del probe
     return TrainConfig(loss, kwargs, _full_loss_args(loss, kwargs), list(rest), ours.model_config, num_samples,
-                       decay_epochs)
+                       decay_epochs, loss_reset=ours.loss_reset)
