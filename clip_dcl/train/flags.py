@@ -207,6 +207,8 @@ class TrainConfig:
     gamma_decay_epochs: Optional[float] = None
     #: ``--loss-reset``: resume a checkpoint of another objective, with fresh loss state
     loss_reset: bool = False
+    #: ids per source of ``::``-joined ``--train-data`` (None for one source; see clip_dcl.train.ids)
+    id_block: Optional[int] = None
 
 
 def print_help(parser: argparse.ArgumentParser, file=None) -> None:
@@ -258,6 +260,34 @@ def _resolve_num_samples(oc_args, given: Optional[int]) -> Optional[int]:
                         f"(or __len__) next to the shards of {oc_args.train_data!r}: set --decl-num-samples above "
                         "the largest sample key")
     return int(total)
+
+
+def _per_source_ids(oc_args, given: Optional[int], resolved: Optional[int]):
+    """``(buffer size, ids per source)`` for ``::``-joined training sources (``clip_dcl.train.ids``).
+
+    One source: ``(resolved, None)``. ``k`` sources: each owns ``B`` ids, ``B`` = ``--decl-num-samples``
+    or the largest ``sizes.json`` total of any source, so the buffer has ``k * B`` rows.
+    """
+    from .ids import num_sources
+
+    k = num_sources(oc_args.train_data)
+    if k < 2 or resolved is None:
+        return resolved, None
+    block = given
+    if block is None:
+        from open_clip_train.data import get_dataset_size
+
+        totals = []
+        for source in oc_args.train_data.split("::"):
+            try:
+                totals.append(get_dataset_size(source)[0] or 0)
+            except (KeyError, OSError, ValueError):
+                totals.append(0)
+        block = max(totals)
+        if not block:
+            raise FlagError(f"--decl-rate index with {k} ::-joined sources needs the ids of each source: set "
+                            "--decl-num-samples above the largest sample key of any source")
+    return k * block, block
 
 
 def _explain(err: Exception, loss: str, kwargs: Dict[str, object]) -> str:
@@ -333,7 +363,7 @@ def parse_train_args(argv: List[str]) -> Optional[TrainConfig]:
     if loss == "decl":
         _check_unused_decl_flags(given)
     kwargs = {LOSS_FLAGS[d][1]: v for d, v in given.items()}
-    num_samples = None
+    num_samples = id_block = None
     decay_epochs = None
     if ours.decl_gamma_decay_epochs is not None and kwargs.get("gamma_schedule") != "cosine":
         raise FlagError(f"--decl-gamma-decay-epochs {ours.decl_gamma_decay_epochs:g} needs "
@@ -349,6 +379,7 @@ def parse_train_args(argv: List[str]) -> Optional[TrainConfig]:
             kwargs["gamma_decay_steps"] = 1  # validated with a placeholder; set from the data at the start
         if kwargs.get("rate", _loss_defaults()["decl"].get("rate")) == "index":
             num_samples = _resolve_num_samples(oc_args, kwargs.get("num_samples"))
+            num_samples, id_block = _per_source_ids(oc_args, kwargs.get("num_samples"), num_samples)
             if num_samples is not None:
                 kwargs["num_samples"] = num_samples
             elif "num_samples" not in kwargs:
@@ -365,4 +396,4 @@ def parse_train_args(argv: List[str]) -> Optional[TrainConfig]:
         raise FlagError(_explain(e, loss, kwargs)) from None
     del probe
     return TrainConfig(loss, kwargs, _full_loss_args(loss, kwargs), list(rest), ours.model_config, num_samples,
-                       decay_epochs, loss_reset=ours.loss_reset)
+                       decay_epochs, loss_reset=ours.loss_reset, id_block=id_block)

@@ -66,7 +66,8 @@ from open_clip_train import train as oc_train
 
 from .. import checkpoint as ckpt_format
 from .flags import TrainConfig, loss_flags
-from .pipeline import get_wds_train_dataset, mix_seed
+from .ids import SampleIdOutOfRange
+from .pipeline import get_wds_train_dataset, id_collisions, mix_seed, summary_line
 
 #: The open_clip_torch releases whose ``open_clip_train`` this module patches: ``>=`` first, ``<`` second.
 SUPPORTED_OPENCLIP = ((3, 3), (3, 4))
@@ -196,10 +197,6 @@ _OPENCLIP_GET_WDS_DATASET = oc_data.get_wds_dataset
 _OPENCLIP_PT_LOAD = oc_main.pt_load
 
 
-class SampleIdOutOfRange(RuntimeError):
-    """A sample id does not fit the loss's per-sample buffer (``--decl-num-samples`` is too small)."""
-
-
 class LossStateMismatch(RuntimeError):
     """The checkpoint being resumed holds loss state that the configured loss cannot take."""
 
@@ -275,8 +272,12 @@ class _LossWithIds:
                 raise SampleIdOutOfRange("this loss needs sample ids and the training batches carry none "
                                          "(use webdataset shards: --dataset-type webdataset)")
             num_samples = getattr(self.loss, "num_samples", None)
-            if num_samples is not None and ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= num_samples):
-                bad = int(ids.max()) if int(ids.max()) >= num_samples else int(ids.min())
+            if ids.numel() and int(ids.min()) < 0:
+                raise SampleIdOutOfRange(
+                    f"sample id {int(ids.min())} is negative: --decl-rate index needs sample keys >= 0 (the json "
+                    "'key' of img2dataset shards); fix the shards' keys (a larger --decl-num-samples cannot help)")
+            if num_samples is not None and ids.numel() and int(ids.max()) >= num_samples:
+                bad = int(ids.max())
                 raise SampleIdOutOfRange(
                     f"sample id {bad} is outside the loss's per-sample buffer [0, {num_samples}): set "
                     f"--decl-num-samples above the largest sample key of the training shards (img2dataset keys "
@@ -371,6 +372,7 @@ class TrainingRun:
         args.model_config = cfg.model_config
         args.decl_num_samples = cfg.num_samples
         args.loss_reset = cfg.loss_reset
+        args.decl_id_block = cfg.id_block
         self.resume_latest = args.resume == "latest"
         self.args = args
         return args
@@ -507,11 +509,35 @@ class TrainingRun:
                                       tb_writer=tb_writer)
         finally:
             logging.getLogger().removeFilter(hook)
+        self.log_data_stats(data["train"].dataloader.dataloader, epoch, args)
         if isinstance(loss, torch.nn.Module) and len(loss.state_dict()):
             state = loss.state_dict()
             calls = f"calls {int(state['calls'])}, " if "calls" in state else ""
             logging.info(f"Loss state after epoch {epoch} on rank {args.rank}: {calls}"
                          f"sha256 {loss_state_digest(state)}")
+
+    def log_data_stats(self, dataloader, epoch: int, args) -> None:
+        """Log the epoch's account of the training data, and in the tracked (first) epoch the sample-id
+        collisions (see ``clip_dcl.train.pipeline.DataStats``)."""
+        stats = getattr(dataloader, "data_stats", None)
+        if stats is None:
+            return
+        report = stats.collect(epoch)
+        logging.info(f"{summary_line(epoch, report)}" + (f" (rank {args.rank})" if args.world_size > 1 else ""))
+        if stats.track_epoch != epoch or not len(report["pairs"]):
+            return
+        samples, ids = id_collisions(report["pairs"])
+        where = f" on rank {args.rank}" if args.world_size > 1 else ""
+        if samples == ids:
+            logging.info(f"Sample ids, epoch {epoch}{where}: {samples} distinct samples, {ids} distinct ids.")
+            return
+        why = ("their keys are not numeric, so their ids are hashed into --decl-num-samples rows; give the shards "
+               "numeric json keys, or raise --decl-num-samples to share fewer rows"
+               if report["counts"]["hashed"] else
+               "two samples carry the same key (shards whose keys restart, or a key repeated); give every sample "
+               "a unique numeric json 'key'")
+        logging.warning(f"Sample ids, epoch {epoch}{where}: {samples} distinct samples but {ids} distinct ids: "
+                        f"{samples - ids} samples share a rate row with another ({why}).")
 
     # open_clip_train.main.torch.save
     def save(self, obj, f, *args, **kwargs):
