@@ -213,3 +213,154 @@ def test_a_checkpoint_written_through_the_patched_main_holds_loss_state(tmp_path
     assert int(ckpt["loss_state"]["calls"]) == 2
     assert ckpt["clip_dcl"]["loss"] == "decl"
     assert [p.name for p in (tmp_path / "logs" / "p" / "checkpoints").iterdir()] == ["epoch_1.pt"]
+
+
+# -- the training pipeline: bad shards, collisions ----------------------------------------------------
+def _pipeline(pattern, workers=0, batch_size=4, num_samples=None, block=None, epoch=0, train_num_samples=None):
+    from test_train import _caption_number, _pipeline_args
+
+    from clip_dcl.train.pipeline import get_wds_train_dataset
+
+    args = _pipeline_args(pattern, workers=workers, batch_size=batch_size)
+    args.decl_num_samples, args.decl_id_block = num_samples, block
+    args.train_num_samples = train_num_samples or args.train_num_samples
+    return get_wds_train_dataset(args, lambda img: torch.zeros(1), epoch=epoch, tokenizer=_caption_number)
+
+
+def _epoch(info, epoch=0):
+    info.set_epoch(epoch)
+    return torch.cat([ids for _, _, ids in info.dataloader]).tolist()
+
+
+def _truncate(path, keep):
+    data = path.read_bytes()
+    path.write_bytes(data[:keep(data)])
+
+
+def _member_offsets(path):
+    import tarfile
+
+    with tarfile.open(path) as tar:
+        return [(m.name, m.offset, m.offset_data + m.size) for m in tar.getmembers()]
+
+
+def test_truncated_shards_are_reported_with_shard_key_and_cause(tmp_path, caplog):
+    from clip_dcl.train.pipeline import id_collisions, summary_line
+
+    pattern = write_shards(tmp_path / "shards", dense_keys(num_shards=2, per_shard=8), corrupt_image={12})
+    boundary = [o for name, o, _ in _member_offsets(tmp_path / "shards" / "00000.tar") if name.startswith("000000005.")][0]
+    _truncate(tmp_path / "shards" / "00000.tar", lambda data: boundary)  # samples 0-4 intact, then nothing
+    middle = [(o, end) for name, o, end in _member_offsets(tmp_path / "shards" / "00001.tar")
+              if name == "000000010.txt"][0]
+    _truncate(tmp_path / "shards" / "00001.tar", lambda data: middle[0] + 520)  # inside 10.txt's header+data
+    caplog.set_level(logging.INFO)
+    info = _pipeline(pattern, batch_size=1, num_samples=64)
+    seen = _epoch(info)
+    assert set(seen) == {0, 1, 2, 3, 4, 8, 9}
+    messages = [r.getMessage() for r in caplog.records]
+    assert any("Shard" in m and "00000.tar ended early after 5 samples (no end-of-archive marker" in m
+               for m in messages), messages
+    assert any("00001.tar ended early after 2 samples" in m for m in messages), messages
+    assert any("Skipping sample '000000010'" in m and "truncated shard" in m for m in messages), messages
+    assert not any("no caption" in m for m in messages), messages  # the cut sample is not mistaken for one
+    report = info.dataloader.data_stats.collect(0)
+    assert report["counts"]["truncated shard"] >= 1 and set(map(os.path.basename, report["ended_early"])) == {
+        "00000.tar", "00001.tar"}
+    line = summary_line(0, report)
+    assert line.startswith("Training data, epoch 0: ") and "2 shard(s) ended early: 00000.tar (no end-of-archive" in line
+    samples, ids = id_collisions(report["pairs"])
+    assert samples == ids == 7  # ids tracked in the first epoch: no collision
+
+
+def test_a_shard_that_disappears_is_skipped_and_no_shard_left_is_an_error_not_a_hang(tmp_path, caplog, monkeypatch):
+    import clip_dcl.train.pipeline as pipeline
+
+    monkeypatch.setattr(pipeline, "OPEN_RETRY_SECONDS", 0.01)
+    pattern = write_shards(tmp_path / "shards", dense_keys(num_shards=4, per_shard=4))
+    info = _pipeline(pattern, batch_size=4)
+    (tmp_path / "shards" / "00002.tar").unlink()  # after the run started
+    caplog.set_level(logging.WARNING)
+    seen = _epoch(info)
+    assert len(seen) == 16 and set(seen) == set(range(16)) - {8, 9, 10, 11}
+    assert any(f"Skipping shard {tmp_path / 'shards' / '00002.tar'}: cannot open it after 3 tries" in r.getMessage()
+               for r in caplog.records)
+    report = info.dataloader.data_stats.collect(0)
+    assert list(map(os.path.basename, report["unreadable"])) == ["00002.tar"]
+    for name in ("00000.tar", "00001.tar", "00003.tar"):
+        (tmp_path / "shards" / name).unlink()
+    with pytest.raises(pipeline.TrainingDataError, match="none of the 4 training shards can be opened"):
+        _epoch(info, 1)
+    few = write_shards(tmp_path / "few", dense_keys(num_shards=1, per_shard=3))
+    with pytest.raises(pipeline.TrainingDataError, match=r"yielded no batch of 4: 3 samples read"):
+        _epoch(_pipeline(few, batch_size=4))
+
+
+def test_joined_sources_get_disjoint_ids_and_collisions_are_counted(tmp_path):
+    from clip_dcl.train.flags import parse_train_args
+    from clip_dcl.train.ids import SampleIdOutOfRange
+    from clip_dcl.train.pipeline import id_collisions
+
+    a = write_shards(tmp_path / "a", dense_keys(num_shards=2, per_shard=8))  # keys 0..15
+    b = write_shards(tmp_path / "b", dense_keys(num_shards=2, per_shard=8))  # keys 0..15 again
+    joined = f"{a}::{b}"
+    cfg = parse_train_args(["--train-data", joined, "--loss", "decl", "--decl-rate", "index"])
+    assert (cfg.id_block, cfg.num_samples) == (16, 32)  # each source owns 16 ids (its sizes.json), the buffer 2 x 16
+    info = _pipeline(joined, batch_size=4, num_samples=cfg.num_samples, block=cfg.id_block)
+    seen = _epoch(info)
+    assert sorted(seen) == list(range(32))
+    assert id_collisions(info.dataloader.data_stats.collect(0)["pairs"]) == (32, 32)
+    # without the offsets (one buffer for both), the two sources share every row: counted
+    shared = _pipeline(joined, batch_size=4, num_samples=32)
+    _epoch(shared)
+    assert id_collisions(shared.dataloader.data_stats.collect(0)["pairs"]) == (32, 16)
+    # a key beyond the source's range names the flag
+    with pytest.raises(SampleIdOutOfRange, match=r"key 1[0-5], not below the 10 ids of each of the 2 ::-joined "
+                                                  r"sources .* --decl-num-samples"):
+        _epoch(_pipeline(joined, batch_size=4, num_samples=20, block=10))
+
+
+def test_a_negative_key_gets_its_own_message(tmp_path):
+    import webdataset as wds
+
+    from clip_dcl.train.ids import SampleIdOutOfRange
+
+    (tmp_path / "s").mkdir()
+    with wds.TarWriter(str(tmp_path / "s" / "00000.tar")) as w:
+        for k in (1, -5, 2, 3):
+            w.write({"__key__": f"s{k + 10}", "jpg": _jpeg(), "txt": f"sample {k}",
+                     "json": json.dumps({"key": k}).encode()})
+    with pytest.raises(SampleIdOutOfRange, match=r"negative key -5: .* cannot help"):
+        _epoch(_pipeline(str(tmp_path / "s" / "00000.tar"), batch_size=2, num_samples=100, train_num_samples=4))
+
+
+def _jpeg():
+    import io
+
+    import numpy as np
+    from PIL import Image
+
+    buf = io.BytesIO()
+    Image.fromarray(np.zeros((8, 8, 3), dtype=np.uint8)).save(buf, format="JPEG")
+    return buf.getvalue()
+
+
+@pytest.mark.slow
+def test_hashed_ids_that_collide_are_warned_about_at_the_end_of_the_first_epoch(tmp_path):
+    import webdataset as wds
+    from test_train import train
+
+    (tmp_path / "s").mkdir()
+    for s in range(2):
+        with wds.TarWriter(str(tmp_path / "s" / f"{s:05d}.tar")) as w:
+            for i in range(16):
+                w.write({"__key__": f"img_{s}_{i}", "jpg": _jpeg(), "txt": f"sample {i}"})
+    pattern = str(tmp_path / "s" / "{00000..00001}.tar")
+    out = train(tmp_path, "h", pattern, "--epochs", "1", "--workers", "2", "--loss", "decl", "--decl-rate", "index",
+                "--decl-num-samples", "32", "--train-num-samples", "32")
+    log = (tmp_path / "logs" / "h" / "out.log").read_text()
+    assert "Training data, epoch 0: 32 samples read, 0 skipped; 0 shard(s) ended early; 32 sample ids hashed" in log
+    import re
+
+    m = re.search(r"Sample ids, epoch 0: 32 distinct samples but (\d+) distinct ids: (\d+) samples share a rate row "
+                  r"with another \(their keys are not numeric", log)
+    assert m and int(m.group(1)) < 32, log[-3000:] + out.stderr[-2000:]

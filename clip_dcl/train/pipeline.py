@@ -284,28 +284,34 @@ class _ExpandTars:
     def __call__(self, src):
         for source in src:
             url, stream = source["url"], _TailRecorder(source["stream"])
-            held, samples, why = [], 0, None
+            held, samples, why, last_members = [], 0, None, None
             try:
                 for f in tariterators.tar_file_iterator(stream, handler=wds.reraise_exception):
-                    key, _ = tariterators.base_plus_ext(f["fname"])
+                    key, ext = tariterators.base_plus_ext(f["fname"])
                     if held and key != held[0][0]:
                         samples += 1
-                        yield from (dict(fname=n, data=d, __url__=url) for _, n, d in held)
+                        last_members = {e for _, e, _, _ in held}
+                        yield from (dict(fname=n, data=d, __url__=url) for _, _, n, d in held)
                         held = []
-                    held.append((key, f["fname"], f["data"]))
+                    held.append((key, ext, f["fname"], f["data"]))
             except Exception as e:  # noqa: BLE001 - a read error ends the shard, whatever its type
                 why = f"{type(e).__name__}: {str(e).split(' @ ')[0]}"
             finally:
                 stream.close()
             if why is None and not stream.complete():
                 why = "no end-of-archive marker: truncated"
+                # Cut at a member boundary: the last sample is whole when it has the members of the one before.
+                if held and {e for _, e, _, _ in held} == last_members:
+                    samples += 1
+                    yield from (dict(fname=n, data=d, __url__=url) for _, _, n, d in held)
+                    held = []
             if why is not None:
                 self._drop(url, held, why)
                 logging.warning(f"Shard {url} ended early after {samples} samples ({why}); the rest of it is lost.")
                 self.stats.shard_ended_early(url, why)
                 continue
             if held:
-                yield from (dict(fname=n, data=d, __url__=url) for _, n, d in held)
+                yield from (dict(fname=n, data=d, __url__=url) for _, _, n, d in held)
 
 
 class _GroupSamples:
@@ -423,7 +429,7 @@ class _AttachId:
                 if value >= block:
                     raise SampleIdOutOfRange(
                         f"sample {sample.get('__key__')!r} in {sample.get('__url__')} has the key {value}, not below "
-                        f"the {block} ids of each of the {len(self.sources)} ::-joined sources (source {source} "
+                        f"the {block} ids of each of the {max(self.sources.values()) + 1} ::-joined sources (source {source} "
                         f"starts at id {source * block}): set --decl-num-samples above the largest key of any "
                         "source")
                 value += source * block
