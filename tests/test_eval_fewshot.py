@@ -499,3 +499,16 @@ def test_fewshot_cli_with_tiny_model(tmp_path):
     assert doc["colours/linear_probe"] == doc["colours/linear_probe_toolkit"]
     assert {d["dataset"] for d in doc["details"]} == {"colours", "pairs"}
     assert doc["data"]["datasets"]["pairs"]["metric"] == "mean_per_class"
+
+
+def test_more_shots_than_a_class_has_is_refused_before_encoding(tmp_path):
+    root = _suite(tmp_path)  # "pairs": 6 train images per class
+
+    class Exploding(ToyCLIP):
+        def encode_image(self, x, normalize=False):
+            raise AssertionError("encoded before checking the shots")
+
+    with pytest.raises(ValueError, match=r"--shots 10: data set 'pairs' has 2 class\(es\) with fewer train images "
+                                         r"\('cyan' 6, 'yellow' 6\); use --shots 6 or less"):
+        fs.evaluate_fewshot(Exploding(), to_tensor, ToyTokenizer(), root, datasets=["pairs"], shots=10,
+                            progress=False)

@@ -28,8 +28,14 @@ def is_csv(data) -> bool:
 
 
 def _collate(batch):
-    images, captions, keys = zip(*batch)
-    return torch.stack(images), list(captions), list(keys)
+    """Stack a batch; samples whose image did not decode (``None``, see ``retrieval_wds``) are left
+    out and their keys returned apart."""
+    good = [b for b in batch if b[0] is not None]
+    skipped = [key for image, _, key in batch if image is None]
+    if not good:
+        return None, [], [], skipped
+    images, captions, keys = zip(*good)
+    return torch.stack(images), list(captions), list(keys), skipped
 
 
 @torch.no_grad()
@@ -38,11 +44,17 @@ def _encode_shards(model, shards: Sequence[str], preprocess, batch_size, device,
 
     loader = DataLoader(retrieval_wds(shards, preprocess), batch_size=batch_size, num_workers=workers,
                         collate_fn=_collate)
-    feats, captions = [], []
+    feats, captions, skipped = [], [], []
     model.eval()
-    for images, caps, _ in progress_bar(loader, "encoding retrieval images", None, progress):
+    for images, caps, _, bad in progress_bar(loader, "encoding retrieval images", None, progress):
+        skipped.extend(bad)
+        if images is None:
+            continue
         feats.append(model.encode_image(images.to(device), normalize=True).float().cpu())
         captions.extend(caps)
+    if skipped:
+        log.warning("retrieval: skipped %d sample(s) whose image does not decode (keys %s)", len(skipped),
+                    ", ".join(map(str, skipped[:10])) + (", ..." if len(skipped) > 10 else ""))
     if not feats:
         raise ValueError(f"no samples in the shards {list(shards)[:3]}...")
     return torch.cat(feats), captions
