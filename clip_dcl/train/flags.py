@@ -316,10 +316,11 @@ def _full_loss_args(loss: str, kwargs: Dict[str, object]) -> Dict[str, object]:
     return out
 
 
-def parse_train_args(argv: List[str]) -> Optional[TrainConfig]:
+def parse_train_args(argv: List[str], check_files: bool = True) -> Optional[TrainConfig]:
     """Parse and validate a training command line; ``None`` when ``--help`` was printed.
 
     Registers clip-dcl's model configs (and ``--model-config``) with OpenCLIP in this process.
+    ``check_files=False`` skips :func:`check_data_paths` (to validate a command for another machine).
 
     Raises:
         FlagError: a flag value that cannot work (the message names it).
@@ -344,7 +345,8 @@ def parse_train_args(argv: List[str]) -> Optional[TrainConfig]:
         if not _given_model(rest):
             rest = rest + ["--model", name]
     oc_args = openclip_parse_args(list(rest))
-    check_data_paths(oc_args)
+    if check_files:
+        check_data_paths(oc_args)
 
     loss = ours.loss
     given = {dest: getattr(ours, dest) for dest in LOSS_FLAGS if getattr(ours, dest) is not None}
