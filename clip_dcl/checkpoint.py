@@ -10,11 +10,18 @@
 The model name is found without any training flag at hand, in this order: the ``model``
 argument; the ``clip_dcl`` entry our training stores in every checkpoint
 (``{"model": name, "model_config": <config dict>, "preprocess_cfg": ...}``); the ``params.txt``
-OpenCLIP writes two folders up (``logs/<name>/params.txt``, line ``model: ViT-B-32``). A config
-dict found in the checkpoint (or given as ``model_config``) is registered with OpenCLIP before
-the model is built, so custom architectures load in a fresh process; the entry's
+OpenCLIP writes two folders up (``logs/<name>/params.txt``, line ``model: ViT-B-32``, and
+``model_config: PATH`` when the run registered a custom config with ``--model-config``) or beside
+the file. A config dict found in the checkpoint (or given as ``model_config``) is registered with
+OpenCLIP before the model is built, so custom architectures load in a fresh process; the entry's
 ``preprocess_cfg`` (mean, std, interpolation, resize mode the model was trained with) sets the
 returned transform.
+
+The checkpoint format is defined here, for the reader and for the trainer that writes it
+(``clip_dcl.train.patch``): OpenCLIP's ``{"epoch", "name", "state_dict", "optimizer"[, "scaler"]}``
+plus :data:`LOSS_STATE_KEY` (the loss's ``state_dict()``) and :data:`CKPT_KEY` (the entry of
+:func:`checkpoint_entry`). :func:`save_atomically` writes a file under a temporary name and
+renames it, so that a killed save never leaves a torn ``*.pt``.
 
 ``export(ckpt, out_dir)`` writes ``open_clip_config.json`` (``model_cfg`` and ``preprocess_cfg``,
 what OpenCLIP 3.3's ``create_model`` reads for ``local-dir:``) and ``open_clip_model.safetensors``
@@ -24,6 +31,7 @@ what OpenCLIP 3.3's ``create_model`` reads for ``local-dir:``) and ``open_clip_m
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
 import json
 import logging
@@ -38,10 +46,101 @@ CONFIG_NAME = "open_clip_config.json"
 WEIGHTS_NAME = "open_clip_model.safetensors"
 #: Key under which our training stores the model name and config in a checkpoint.
 CKPT_KEY = "clip_dcl"
+#: Key under which our training stores the loss's ``state_dict()`` in a checkpoint.
+LOSS_STATE_KEY = "loss_state"
+#: Suffix of a checkpoint being written; not ``.pt``, so OpenCLIP's ``--resume latest`` (which takes
+#: the last ``*.pt`` under the checkpoint folder) never picks a half-written file.
+PARTIAL_SUFFIX = ".partial"
 
 
 class UnsafeCheckpoint(ValueError):
     """A checkpoint that only loads by full unpickling, which can run arbitrary code."""
+
+
+class CheckpointUnreadable(ValueError):
+    """A checkpoint file that cannot be read (truncated by a killed save, or not a torch file)."""
+
+
+def checkpoint_entry(model: str, model_config: dict | None, preprocess_cfg: dict | None, loss: str,
+                     loss_args: dict) -> dict:
+    """The :data:`CKPT_KEY` entry of a training checkpoint: what a loader needs without the flags."""
+    from clip_dcl import __version__
+
+    return {"model": model, "model_config": model_config, "preprocess_cfg": preprocess_cfg, "loss": loss,
+            "loss_args": dict(loss_args), "version": __version__}
+
+
+def add_training_entries(ckpt: dict, loss_state: dict, entry: dict) -> dict:
+    """A copy of OpenCLIP's checkpoint dict ``ckpt`` with the loss state and the entry added."""
+    out = dict(ckpt)
+    out[LOSS_STATE_KEY] = {k: v.detach().cpu() for k, v in loss_state.items()}
+    out[CKPT_KEY] = entry
+    return out
+
+
+def trained_model_config(args) -> dict | None:
+    """OpenCLIP's config of ``args.model`` with the ``--force-*`` overrides main applied to it."""
+    import open_clip
+
+    cfg = open_clip.get_model_config(args.model)
+    if cfg is None:
+        return None
+    # The same overrides open_clip.factory.create_model applies, so the config describes the trained model.
+    if args.force_quick_gelu:
+        cfg["quick_gelu"] = True
+    if args.force_patch_dropout is not None:
+        cfg["vision_cfg"]["patch_dropout"] = args.force_patch_dropout
+    if args.force_image_size is not None:
+        size = args.force_image_size
+        cfg["vision_cfg"]["image_size"] = size[0] if isinstance(size, (list, tuple)) and len(size) == 1 else size
+    if args.force_context_length is not None:
+        cfg["text_cfg"]["context_length"] = args.force_context_length
+    if args.force_custom_text:
+        cfg["custom_text"] = True
+    return cfg
+
+
+def save_atomically(obj, path, save=None) -> None:
+    """``torch.save(obj, path)`` through ``path + PARTIAL_SUFFIX``, flushed to disk, then renamed.
+
+    A kill during the save leaves at most the ``.partial`` file, never a truncated ``path``.
+    """
+    import torch
+
+    save = save or torch.save
+    path = os.fspath(path)
+    tmp = path + PARTIAL_SUFFIX
+    try:
+        with open(tmp, "wb") as f:
+            save(obj, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.remove(tmp)
+        raise
+
+
+def _first_line(err: BaseException) -> str:
+    text = str(err).strip().splitlines()
+    return f"{type(err).__name__}: {text[0]}" if text else type(err).__name__
+
+
+def read_checkpoint(path, allow_unsafe_pickle: bool = False):
+    """The object in a checkpoint file, loaded weights-only (see :func:`_torch_load`).
+
+    Raises:
+        CheckpointUnreadable: a truncated or foreign file (one line naming it).
+        UnsafeCheckpoint: the file needs full unpickling and ``allow_unsafe_pickle`` is off.
+    """
+    try:
+        return _torch_load(Path(path), allow_unsafe_pickle)
+    except UnsafeCheckpoint:
+        raise
+    except (RuntimeError, EOFError, OSError, ValueError) as e:
+        raise CheckpointUnreadable(f"checkpoint {str(path)!r} cannot be read; it is truncated (a save that was "
+                                   f"interrupted?) or not a torch checkpoint ({_first_line(e)})") from None
 
 
 def _torch_load(path: Path, allow_unsafe_pickle: bool = False):
@@ -69,16 +168,29 @@ def _torch_load(path: Path, allow_unsafe_pickle: bool = False):
         return torch.load(path, map_location="cpu", weights_only=False)
 
 
-def read_params_model(ckpt_path: str | os.PathLike) -> str | None:
-    """The ``model:`` line of ``params.txt`` two folders above a trainer checkpoint, if any."""
-    params = Path(ckpt_path).absolute().parent.parent / "params.txt"
-    if not params.is_file():
-        return None
+def read_params(ckpt_path: str | os.PathLike) -> dict[str, str]:
+    """The ``model`` and ``model_config`` lines of the ``params.txt`` OpenCLIP wrote for a checkpoint.
+
+    Looked for two folders up (``logs/<name>/params.txt`` for ``logs/<name>/checkpoints/epoch_K.pt``),
+    then beside the file. Values ``None`` in the file are left out.
+    """
+    here = Path(ckpt_path).absolute().parent
+    for params in (here.parent / "params.txt", here / "params.txt"):
+        if params.is_file():
+            break
+    else:
+        return {}
+    out = {}
     for line in params.read_text(encoding="utf-8").splitlines():
         key, sep, value = line.partition(":")
-        if sep and key.strip() == "model":
-            return value.strip() or None
-    return None
+        if sep and key.strip() in ("model", "model_config") and value.strip() not in ("", "None"):
+            out[key.strip()] = value.strip()
+    return out
+
+
+def read_params_model(ckpt_path: str | os.PathLike) -> str | None:
+    """The ``model:`` line of the ``params.txt`` of a trainer checkpoint (see :func:`read_params`)."""
+    return read_params(ckpt_path).get("model")
 
 
 def register_config_dict(name: str, config: dict) -> str:
@@ -155,11 +267,19 @@ def resolve_model(path: str | os.PathLike, ckpt: dict, model: str | None = None,
             return register_config_dict(name, model_config)
         registered = register_model_config(model_config)
         return model or registered
-    name = model or entry.get("model") or read_params_model(path)
+    params = {} if (model or entry.get("model")) else read_params(path)
+    name = model or entry.get("model") or params.get("model")
     if not name:
         raise ValueError(
             f"checkpoint {str(path)!r} does not name its model (no {CKPT_KEY!r} entry and no params.txt two "
-            f"folders up); pass model='<name>' (and model_config for a custom architecture)")
+            f"folders up or beside it); pass --model NAME (and --model-config PATH for a custom architecture), "
+            f"or model='<name>' / model_config=... from Python")
+    if params.get("model_config") and entry.get("model_config") is None:
+        config_path = Path(params["model_config"])
+        if not config_path.exists():
+            raise ValueError(f"checkpoint {str(path)!r}: its params.txt names --model-config {str(config_path)!r}, "
+                             "which does not exist; pass --model-config PATH")
+        register_model_config(config_path)
     if entry.get("model_config") is not None and (model is None or model == entry.get("model")):
         register_config_dict(name, entry["model_config"])
     return name
@@ -182,6 +302,7 @@ def load_checkpoint(path: str | os.PathLike, device: str = "cpu", model: str | N
 
     Raises:
         ValueError: a missing path, or a checkpoint whose model cannot be determined.
+        CheckpointUnreadable: (a ValueError) a truncated or foreign file.
         UnsafeCheckpoint: (a ValueError) the file needs full unpickling and ``allow_unsafe_pickle`` is off.
     """
     import open_clip
@@ -198,12 +319,12 @@ def load_checkpoint(path: str | os.PathLike, device: str = "cpu", model: str | N
         return net.eval(), preprocess, open_clip.get_tokenizer(name)
     if not path.is_file():
         raise ValueError(f"checkpoint {str(path)!r} does not exist")
-    ckpt = _torch_load(path, allow_unsafe_pickle)
+    ckpt = read_checkpoint(path, allow_unsafe_pickle)
     if not isinstance(ckpt, dict):
         raise ValueError(f"checkpoint {str(path)!r} holds a {type(ckpt).__name__}, not a dict")
     name = resolve_model(path, ckpt, model, model_config)
     state_dict = ckpt.get("state_dict", ckpt)
-    state_dict = _strip_module({k: v for k, v in state_dict.items() if k not in (CKPT_KEY, "loss_state")})
+    state_dict = _strip_module({k: v for k, v in state_dict.items() if k not in (CKPT_KEY, LOSS_STATE_KEY)})
     entry = ckpt.get(CKPT_KEY) or {}
     # The eval transform the model was trained with (--image-mean/std/interpolation/resize-mode).
     net, preprocess = _create_empty(name, entry.get("preprocess_cfg"))
@@ -218,16 +339,29 @@ def load_checkpoint(path: str | os.PathLike, device: str = "cpu", model: str | N
 
 
 def export(ckpt: str | os.PathLike, out_dir: str | os.PathLike, model: str | None = None,
-           model_config: str | os.PathLike | dict | None = None, allow_unsafe_pickle: bool = False) -> Path:
+           model_config: str | os.PathLike | dict | None = None, allow_unsafe_pickle: bool = False,
+           force: bool = False) -> Path:
     """Write ``ckpt`` as OpenCLIP's ``local-dir`` layout in ``out_dir`` and return ``out_dir``.
 
     ``open_clip_config.json`` holds ``model_cfg`` (the architecture config), ``preprocess_cfg``
     (size, mean, std, interpolation, resize_mode) and, for provenance only, ``clip_dcl``
     (model name, source checkpoint); ``open_clip_model.safetensors`` holds the weights.
+
+    Raises:
+        ValueError: ``out_dir`` exists and is not empty, unless ``force`` (then the two files are
+            overwritten); and the errors of :func:`load_checkpoint`.
     """
     import open_clip
     from safetensors.torch import save_file
 
+    out = Path(out_dir)
+    if not force and out.exists():
+        if not out.is_dir():
+            raise ValueError(f"output {str(out)!r} exists and is not a folder")
+        held = sorted(p.name for p in out.iterdir())
+        if held:
+            raise ValueError(f"output folder {str(out)!r} is not empty (holds {', '.join(held[:3])}"
+                             f"{', ...' if len(held) > 3 else ''}); pass --force (force=True) to overwrite")
     net, _, _ = load_checkpoint(ckpt, "cpu", model, model_config, allow_unsafe_pickle)
     if Path(ckpt).is_dir():
         cfg_doc = json.loads((Path(ckpt) / CONFIG_NAME).read_text())
@@ -240,7 +374,6 @@ def export(ckpt: str | os.PathLike, out_dir: str | os.PathLike, model: str | Non
     pp = dict(getattr(net.visual, "preprocess_cfg", {}) or {})
     preprocess_cfg = {k: pp[k] for k in ("size", "mode", "mean", "std", "interpolation", "resize_mode", "fill_color")
                       if k in pp}
-    out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     doc = {"model_cfg": model_cfg, "preprocess_cfg": preprocess_cfg,
            CKPT_KEY: {"model": name, "source": str(Path(ckpt).absolute())}}
@@ -266,9 +399,10 @@ def export_main(argv: list[str] | None = None) -> int:
     parser.add_argument("--unsafe-pickle", action="store_true",
                         help="load a checkpoint that is not weights-only by full unpickling, which can run code "
                              "from the file: only for files you trust")
+    parser.add_argument("--force", action="store_true", help="overwrite an export in a non-empty OUT_DIR")
     args = parser.parse_args(argv)
     try:
-        out = export(args.checkpoint, args.out_dir, args.model, args.model_config, args.unsafe_pickle)
+        out = export(args.checkpoint, args.out_dir, args.model, args.model_config, args.unsafe_pickle, args.force)
     except ValueError as e:
         print(f"clip-dcl export: {e}", file=sys.stderr)
         return 2

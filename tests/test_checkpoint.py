@@ -157,7 +157,7 @@ def test_checkpoint_with_clip_dcl_entry_loads_without_model_argument(tmp_path):
 
 def test_missing_model_name_is_a_clear_error(tmp_path):
     path, name, cfg, _ = _custom_checkpoint(tmp_path, with_entry=False, prefix="")
-    with pytest.raises(ValueError, match=r"does not name its model .* pass model="):
+    with pytest.raises(ValueError, match=r"does not name its model .* pass --model NAME"):
         load_checkpoint(path)
     cfg_path = tmp_path / f"{name}.json"
     cfg_path.write_text(json.dumps(cfg))
@@ -231,3 +231,98 @@ def test_a_checkpoint_that_would_run_code_is_refused_and_runs_nothing(tmp_path, 
     with pytest.raises(ValueError):
         load_checkpoint(crafted, model="clip-dcl-tiny", allow_unsafe_pickle=True)
     assert marker.exists()
+
+
+def test_truncated_checkpoint_is_a_one_line_error_naming_the_file(tmp_path, capsys):
+    from clip_dcl.eval.cli import main as eval_main
+
+    path, name, _, _ = _custom_checkpoint(tmp_path)
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) // 2])  # a save killed halfway
+    with pytest.raises(ValueError, match=r"epoch_3\.pt' cannot be read; it is truncated") as err:
+        load_checkpoint(path)
+    assert "\n" not in str(err.value)
+    assert export_main([str(path), str(tmp_path / "out")]) == 2
+    out = capsys.readouterr().err
+    assert str(path) in out and "Traceback" not in out and len(out.strip().splitlines()) == 1
+    assert eval_main(["retrieval", "--checkpoint", str(path), "--data", str(tmp_path), "--device", "cpu"]) == 2
+    assert "cannot be read" in capsys.readouterr().err
+
+
+def test_export_refuses_a_non_empty_folder_without_force(tmp_path, capsys):
+    path, _, cfg, _ = _custom_checkpoint(tmp_path)
+    out = tmp_path / "exp"
+    out.mkdir()
+    (out / "notes.txt").write_text("a previous export")
+    with pytest.raises(ValueError, match=r"not empty \(holds notes.txt\); pass --force"):
+        export(path, out)
+    assert export_main([str(path), str(out)]) == 2
+    assert "--force" in capsys.readouterr().err
+    assert not (out / CONFIG_NAME).exists()
+    assert export_main([str(path), str(out), "--force"]) == 0
+    assert json.loads((out / CONFIG_NAME).read_text())["model_cfg"] == cfg
+    assert (out / "notes.txt").exists()
+
+
+def test_openclip_checkpoint_of_a_custom_config_loads_from_params_txt(tmp_path):
+    """OpenCLIP's own layout: logs/NAME/params.txt (model, model_config) and checkpoints/epoch_K.pt."""
+    import open_clip
+
+    path, name, cfg, model = _custom_checkpoint(tmp_path, with_entry=False)
+    run = tmp_path / "logs" / "run"
+    (run / "checkpoints").mkdir(parents=True)
+    ckpt = run / "checkpoints" / "epoch_3.pt"
+    path.rename(ckpt)
+    cfg_path = tmp_path / "configs" / f"{name}.json"
+    cfg_path.parent.mkdir()
+    cfg_path.write_text(json.dumps(cfg))
+    (run / "params.txt").write_text(f"lr: 0.001\nmodel: {name}\nmodel_config: {cfg_path}\nname: run\n")
+    assert name not in open_clip.list_models()
+    loaded, _, tokenizer = load_checkpoint(ckpt)
+    assert loaded.clip_dcl_model_name == name
+    for a, b in zip(_embed(loaded, tokenizer), _embed(model, tokenizer)):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+    cfg_path.unlink()
+    with pytest.raises(ValueError, match=r"names --model-config .* which does not exist; pass --model-config"):
+        load_checkpoint(ckpt)
+
+
+def test_the_trainer_writes_the_format_the_reader_defines(tmp_path, monkeypatch):
+    """Checkpoint keys are spelled once, in clip_dcl.checkpoint; the trainer writes what it says."""
+    import argparse
+
+    import clip_dcl.checkpoint as fmt
+    from clip_dcl.train.flags import TrainConfig
+    from clip_dcl.train.patch import TrainingRun
+
+    run = TrainingRun(TrainConfig("dcl", {"tau_plus": 0.1}, {"tau_plus": 0.1, "clamp": "clamp"}))
+    run.loss = torch.nn.Module()
+    run.loss.register_buffer("calls", torch.tensor(7))
+    run.args = argparse.Namespace(model=TINY_MODEL, force_quick_gelu=False, force_patch_dropout=None,
+                                  force_image_size=None, force_context_length=None, force_custom_text=False)
+    register_builtin_configs()
+    monkeypatch.setattr(fmt, "CKPT_KEY", "renamed_entry")
+    monkeypatch.setattr(fmt, "LOSS_STATE_KEY", "renamed_state")
+    target = tmp_path / "epoch_1.pt"
+    run.save({"epoch": 1, "name": "x", "state_dict": {}, "optimizer": {}}, str(target))
+    ckpt = torch.load(target, weights_only=True)
+    assert set(ckpt) == {"epoch", "name", "state_dict", "optimizer", "renamed_entry", "renamed_state"}
+    assert int(ckpt["renamed_state"]["calls"]) == 7
+    assert ckpt["renamed_entry"] == fmt.checkpoint_entry(TINY_MODEL, fmt.trained_model_config(run.args), None,
+                                                         "dcl", {"tau_plus": 0.1, "clamp": "clamp"})
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["epoch_1.pt"]
+
+
+def test_a_save_killed_halfway_leaves_no_torn_pt_file(tmp_path, monkeypatch):
+    from clip_dcl.train.flags import TrainConfig
+    from clip_dcl.train.patch import TrainingRun
+
+    def dies_halfway(obj, f, *args, **kwargs):
+        f.write(b"PK\x03\x04 half of a zip")
+        raise KeyboardInterrupt
+
+    run = TrainingRun(TrainConfig("clip", {}, {}))
+    monkeypatch.setattr(torch, "save", dies_halfway)
+    with pytest.raises(KeyboardInterrupt):
+        run.save({"epoch": 2, "state_dict": {}}, str(tmp_path / "epoch_2.pt"))
+    assert list(tmp_path.iterdir()) == []

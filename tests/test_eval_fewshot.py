@@ -704,3 +704,16 @@ def test_catalogued_sets_in_the_one_folder_layout_use_the_shipped_prompts(tmp_pa
     (folder / "labels.txt").write_text("zero\none\n")
     with pytest.raises(ValueError, match=r"labels.txt' names 2 classes, but 10 class names were given"):
         fs._read_dataset(tmp_path, "mnist", fs.load_catalog(tmp_path))
+
+
+def test_more_shots_than_a_class_has_is_refused_before_encoding(tmp_path):
+    root = _suite(tmp_path)  # "pairs": 6 train images per class
+
+    class Exploding(ToyCLIP):
+        def encode_image(self, x, normalize=False):
+            raise AssertionError("encoded before checking the shots")
+
+    with pytest.raises(ValueError, match=r"--shots 10: data set 'pairs' has 2 class\(es\) with fewer train images "
+                                         r"\('cyan' 6, 'yellow' 6\); use --shots 6 or less"):
+        fs.evaluate_fewshot(Exploding(), to_tensor, ToyTokenizer(), root, datasets=["pairs"], shots=10,
+                            progress=False)

@@ -163,3 +163,35 @@ def test_retrieval_cli_writes_flat_json(tmp_path):
     assert doc["settings"]["chunk_size"] == 1024
     assert main(["retrieval", "--model", "clip-dcl-tiny", "--data", str(tmp_path / "nothere.csv"),
                  "--no-progress"]) == 2
+
+
+def test_a_corrupt_image_in_retrieval_shards_is_skipped_logged_and_counted(tmp_path, caplog):
+    import io
+    import logging
+    import tarfile
+
+    rgbs, caps = _retrieval_fixture(tmp_path)
+    shard = tmp_path / "shards" / "val-001.tar"
+    with tarfile.open(shard, "a") as tf:  # a sample whose png is cut short
+        for name, data in (("000000099.png", b"\x89PNG\r\n\x1a\n truncated"), ("000000099.txt", b"a patch")):
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tf.addfile(info, io.BytesIO(data))
+    caplog.set_level(logging.WARNING)
+    model, tok = ToyCLIP(), ToyTokenizer()
+    got, info = evaluate_retrieval(model, to_tensor, tok, tmp_path / "shards", batch_size=4, progress=False,
+                                   return_info=True)
+    assert info["num_images"] == 6  # the six good samples, scored as without the bad one
+    messages = [r.getMessage() for r in caplog.records]
+    assert any("'000000099'" in m and "val-001.tar" in m and "undecodable image" in m for m in messages), messages
+    assert any("skipped 1 sample(s) whose image does not decode (keys 000000099)" in m for m in messages), messages
+
+
+def test_output_json_writes_null_for_nan(tmp_path):
+    from clip_dcl.eval.report import write_json
+
+    path = write_json(tmp_path / "r.json", {"acc1": 0.5, "acc5": float("nan"), "nested": {"x": [float("inf"), 1.0]},
+                                            "t": torch.tensor(float("nan"))})
+    text = path.read_text()
+    assert "NaN" not in text and "Infinity" not in text
+    assert json.loads(text) == {"acc1": 0.5, "acc5": None, "nested": {"x": [None, 1.0]}, "t": None}

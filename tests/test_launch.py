@@ -90,7 +90,7 @@ def test_cc3m_recipe_is_the_papers_openclip_run_and_parses(loss, launcher):
     out = dry_run("cc3m_rn50x4.sh", "--workers", "4", LOSS=loss, CC3M_TRAIN="/data/cc3m", LAUNCHER=launcher,
                   RDZV_HOST="node001")
     assert out.returncode == 0, out.stderr
-    cfg = parse_train_args(training_args(out.stdout))  # clip-dcl's validation, no files touched
+    cfg = parse_train_args(training_args(out.stdout), check_files=False)  # clip-dcl's validation, no files touched
     assert cfg.loss == loss
     args = parse_args(cfg.openclip_argv)
     assert args.model == "RN50x4" and args.epochs == 30

@@ -330,18 +330,31 @@ def retrieval_wds(shards: Sequence[str], transform: Callable):
     """Webdataset pipeline yielding ``(transform(image), captions, key)`` per sample, shards in order.
 
     Each DataLoader worker reads whole shards (webdataset's ``split_by_worker``); every sample
-    carries its own captions, so the interleaving of workers does not matter.
+    carries its own captions, so the interleaving of workers does not matter. A sample whose image
+    does not decode is logged with its shard and key and yielded as ``(None, None, key)``, for the
+    caller to count and leave out.
     """
+    import logging
+
     import webdataset as wds
+    from webdataset import autodecode
+
+    decoder = autodecode.Decoder([autodecode.ImageHandler("pilrgb")])
 
     def to_pair(sample):
+        try:
+            sample = decoder(sample)
+        except Exception as e:  # noqa: BLE001 - what PIL raises on a bad file varies
+            logging.getLogger(__name__).warning("skipping sample %r in %s: undecodable image (%s: %s)",
+                                                sample.get("__key__"), sample.get("__url__"), type(e).__name__, e)
+            return None, None, sample.get("__key__")
         img = next((sample[k] for k in WDS_IMAGE_KEYS if k in sample), None)
         if img is None:
             raise ValueError(f"sample {sample.get('__key__')!r} in {sample.get('__url__')!r} has no image "
                              f"({'/'.join(WDS_IMAGE_KEYS)})")
         return transform(img), _sample_captions(sample), sample["__key__"]
 
-    return wds.WebDataset(list(shards), shardshuffle=False).decode("pilrgb").map(to_pair)
+    return wds.WebDataset(list(shards), shardshuffle=False).map(to_pair)
 
 
 # ----------------------------------------------------------------------------------------------

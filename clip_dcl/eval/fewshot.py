@@ -88,6 +88,20 @@ def load_catalog(root: str | os.PathLike | None = None) -> dict[str, dict]:
     return cat
 
 
+def _check_enough_shots(d, name: str, shots: int) -> None:
+    """Refuse ``shots`` above the train images of a class: the result would be reported as
+    k-shot while some classes had fewer."""
+    counts = np.zeros(d.num_classes, dtype=int)
+    for _, ys in d.train:
+        for y in set(ys):
+            counts[y] += 1
+    short = [(d.classnames[c] if c < len(d.classnames) else str(c), int(counts[c]))
+             for c in np.flatnonzero(counts < shots)]
+    if short:
+        listed = ", ".join(f"{c!r} {k}" for c, k in short[:5]) + (", ..." if len(short) > 5 else "")
+        raise ValueError(f"--shots {shots}: data set {name!r} has {len(short)} class(es) with fewer train images "
+                         f"({listed}); use --shots {int(counts.min())} or less")
+
 
 def builtin_prompts() -> dict[str, dict]:
     """Class names and templates of the 20 ELEVATER sets (``elevater_prompts.json``):
@@ -219,6 +233,8 @@ def run_fewshot(
     for n in names:
         data[n], template_sources[n] = _read_dataset(root, n, catalog)
     specs = {n: _dataset_spec(data[n], catalog) for n in names}
+    for n in names:
+        _check_enough_shots(data[n], n, shots)
 
     probes: list[ProbeResult] = []
     zeroshot: dict[str, float] = {}

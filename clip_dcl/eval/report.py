@@ -81,11 +81,25 @@ def result_document(metrics: dict[str, float], model: dict, data: dict, settings
     return doc
 
 
+def _finite(value):
+    """``value`` with every NaN or infinite float replaced by ``None`` (JSON ``null``)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite(v) for v in value]
+    if hasattr(value, "item") and getattr(value, "ndim", None) == 0:  # numpy / torch scalars
+        return _finite(value.item())
+    return value
+
+
 def write_json(path: str | os.PathLike, document: dict) -> Path:
     """Write ``document`` (see :func:`result_document`) to ``path``, creating folders."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(document, indent=2, default=str) + "\n")
+    # NaN and infinities (e.g. acc5 with fewer than 5 classes) are not JSON: strict parsers reject them.
+    path.write_text(json.dumps(_finite(document), indent=2, default=str, allow_nan=False) + "\n")
     return path
 
 

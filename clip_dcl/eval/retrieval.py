@@ -30,8 +30,14 @@ def is_csv(data) -> bool:
 
 
 def _collate(batch):
-    images, captions = zip(*[item[:2] for item in batch])
-    return torch.stack(images), list(captions)
+    """Stack a batch; samples whose image did not decode (``None``, see ``retrieval_wds``) are left
+    out and their keys returned apart: ``(images or None, captions, skipped keys)``."""
+    good = [item for item in batch if item[0] is not None]
+    skipped = [item[2] if len(item) > 2 else None for item in batch if item[0] is None]
+    if not good:
+        return None, [], skipped
+    images, captions = zip(*[item[:2] for item in good])
+    return torch.stack(images), list(captions), skipped
 
 
 def _caption_list(caps, where: str) -> list[str]:
@@ -44,15 +50,22 @@ def _caption_list(caps, where: str) -> list[str]:
 
 @torch.no_grad()
 def _encode_batches(model, batches, device, progress, precision, what: str):
-    """(image features, captions per image) over batches of (images, captions of each image)."""
-    feats, captions = [], []
+    """(image features, captions per image) over batches of (images, captions of each image[, skipped keys])."""
+    feats, captions, skipped = [], [], []
     model.eval()
     for batch in progress_bar(batches, "encoding retrieval images", None, progress):
         images, caps = batch[0], batch[1]
+        if len(batch) > 2:
+            skipped.extend(batch[2])
+        if images is None:
+            continue
         with autocast(device, precision):
             f = model.encode_image(images.to(device), normalize=True)
         feats.append(f.float().cpu())
         captions.extend(_caption_list(c, what) for c in caps)
+    if skipped:
+        log.warning("retrieval: skipped %d sample(s) whose image does not decode (keys %s)", len(skipped),
+                    ", ".join(map(str, skipped[:10])) + (", ..." if len(skipped) > 10 else ""))
     if not feats:
         raise ValueError(f"no samples in {what}")
     return torch.cat(feats), captions

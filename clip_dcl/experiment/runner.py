@@ -221,12 +221,21 @@ def _stream(cmd, env, run: Run, budget: Budget, echo, start: float):
     return proc.wait(), lines
 
 
+def _changed_line(line: str, where: Optional[os.PathLike] = None) -> ValueError:
+    """A training line this module cannot parse: OpenCLIP's log format is not 3.3's."""
+    return ValueError(f"cannot parse OpenCLIP's 'Train Epoch:' line{f' in {where}' if where else ''}: "
+                      f"{line.strip()[:200]!r}; clip-dcl parses the format of open_clip_torch 3.3")
+
+
 def read_curves(out_log: os.PathLike) -> Dict[str, list]:
     """Training loss against epochs from OpenCLIP's ``out.log``: ``{"epoch", "loss"[, "loss2"]}``.
 
     ``epoch`` is fractional (epoch index plus the share of the epoch done at the logged step);
     ``loss`` is the step's total loss as OpenCLIP logs it; ``loss2`` is DeCL's InfoNCE term, when
     logged (DeCL's total moves between its two terms as ``lambda_t`` changes).
+
+    Raises:
+        ValueError: a ``Train Epoch:`` line in another format than OpenCLIP 3.3's.
     """
     curves: Dict[str, list] = {"epoch": [], "loss": []}
     path = Path(out_log)
@@ -234,6 +243,8 @@ def read_curves(out_log: os.PathLike) -> Dict[str, list]:
         return curves
     for line in path.read_text(errors="replace").splitlines():
         match = _PROGRESS.search(line)
+        if match is None and "Train Epoch:" in line:
+            raise _changed_line(line, out_log)
         if match:
             done, total = int(match.group(2)), int(match.group(3))
             curves["epoch"].append(int(match.group(1)) + (done / total if total else 0.0))
@@ -276,11 +287,14 @@ def parse_step_times(text: str) -> List[StepTime]:
     where ``B`` and ``D`` are averages over the steps since the last line (one step with
     ``--log-every-n-steps 1``), ``B`` printed to the millisecond, and ``S`` is the global batch
     over the last step's time printed to six significant digits; so ``S`` is the precise figure.
-    Lines of anything else (validation, loss-state digests, warnings) are skipped.
+    Lines of anything else (validation, loss-state digests, warnings) are skipped; a ``Train Epoch:``
+    line in another format raises ``ValueError`` (rather than yielding no steps).
     """
     out = []
     for line in text.splitlines():
         m = _TRAIN_LINE.search(line)
+        if m is None and "Train Epoch:" in line:
+            raise _changed_line(line)
         if m:
             out.append(StepTime(int(m["epoch"]), int(m["done"]), float(m["data"]), float(m["batch"]),
                                 float(m["sps"])))

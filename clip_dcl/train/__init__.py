@@ -18,6 +18,15 @@ from typing import List, Optional
 __all__ = ["main"]
 
 
+def _without_worker_traceback(e: Exception) -> str:
+    """The message of an error raised in a dataloader worker, without the traceback torch adds."""
+    text = str(e)
+    if "Original Traceback" in text:
+        last = text.strip().splitlines()[-1]
+        return last.split(": ", 1)[1] if ": " in last else last
+    return text
+
+
 def main(argv: Optional[List[str]] = None) -> int:
     """Train from a command line (a list of words, as after ``python -m clip_dcl.train``).
 
@@ -40,11 +49,14 @@ def main(argv: Optional[List[str]] = None) -> int:
     if config is None:  # --help
         return 0
 
+    from ..checkpoint import CheckpointUnreadable
     from .patch import LossStateMismatch, SampleIdOutOfRange, run_training
+    from .pipeline import TrainingDataError
 
     try:
         return run_training(config)
-    except (SampleIdOutOfRange, LossStateMismatch) as e:
+    except (SampleIdOutOfRange, LossStateMismatch, CheckpointUnreadable, TrainingDataError) as e:
+        e = _without_worker_traceback(e)
         if logging.getLogger().handlers:  # OpenCLIP's logging is set up: into out.log and stderr
             logging.error(f"clip-dcl train: error: {e}")
         else:

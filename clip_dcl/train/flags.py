@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import inspect
+import os
 import re
 import sys
 from dataclasses import dataclass, field
@@ -53,6 +54,55 @@ class FlagError(ValueError):
 
 def _flag(dest: str) -> str:
     return "--" + dest.replace("_", "-")
+
+
+def loss_flags(loss: str, loss_args: Dict[str, object]) -> List[str]:
+    """The command-line words that select ``loss`` with ``loss_args`` (values at their default left out)."""
+    words = ["--loss", loss]
+    defaults = _loss_defaults().get(loss, {})
+    for dest, (owner, kwarg) in LOSS_FLAGS.items():
+        if owner != loss or kwarg not in loss_args or loss_args[kwarg] == defaults.get(kwarg, object()):
+            continue
+        value = loss_args[kwarg]
+        if isinstance(value, bool):
+            words.append(_flag(dest) if value else "--no-" + _flag(dest)[2:])
+        else:
+            words += [_flag(dest), f"{value:g}" if isinstance(value, float) else str(value)]
+    return words
+
+
+def check_data_paths(oc_args) -> None:
+    """Every local shard of ``--train-data`` / ``--val-data`` (a CSV file for ``--dataset-type csv``)
+    exists and is readable, so that a wrong path fails here, naming the first missing file, and
+    not in the data workers (which log a ``FileNotFoundError`` per shard and retry).
+
+    ``pipe:`` and ``scheme://`` urls are left to the pipeline; ``--dataset-type synthetic`` reads none.
+    """
+    from open_clip_train.data import expand_urls
+
+    for flag, value in (("--train-data", oc_args.train_data), ("--val-data", oc_args.val_data)):
+        if not value or oc_args.dataset_type == "synthetic":
+            continue
+        try:
+            urls, _ = expand_urls(value)
+        except (ValueError, TypeError) as e:
+            raise FlagError(f"{flag} {value!r}: cannot expand the shard pattern ({e})") from None
+        local = [u for u in urls if "://" not in u and not u.startswith("pipe:")]
+        missing = [u for u in local if not os.path.isfile(u)]
+        if missing:
+            more = f" (and {len(missing) - 1} more of {len(urls)})" if len(missing) > 1 else ""
+            raise FlagError(f"{flag}: {missing[0]!r} does not exist{more}")
+        unreadable = [u for u in local if not os.access(u, os.R_OK)]
+        if unreadable:
+            raise FlagError(f"{flag}: {unreadable[0]!r} is not readable")
+
+
+def _check_unused_decl_flags(given: Dict[str, object]) -> None:
+    """Refuse DeCL values that the chosen schedule would ignore."""
+    schedule = given.get("decl_schedule") or _loss_defaults().get("decl", {}).get("schedule")
+    if "decl_lambda" in given and schedule not in ("constant", "harmonic"):
+        raise FlagError(f"--decl-lambda {given['decl_lambda']:g} has no effect with --decl-schedule {schedule}: "
+                        "only the constant and harmonic schedules use it")
 
 
 def _loss_defaults() -> Dict[str, Dict[str, object]]:
@@ -134,8 +184,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "img2dataset shards) must be below it (default: the sum of sizes.json next to the "
                         "training shards, which is too small when img2dataset keys have gaps)")
     g.add_argument("--decl-state", choices=("sharded", "replicated"), default=None,
-                   help="decl, rate index: keep 1/W of the per-sample buffer on each of the W ranks (sharded: "
-                        "one all-reduce of 2 x global-batch floats per step) or all of it on every rank "
+                   help="decl, rate index: keep 1/W of the per-sample buffer on each of the W ranks (sharded: the "
+                        "rates travel in one all-reduce of 4 x global-batch floats per step) or all of it on every rank "
                         "(replicated)" + default("decl_state"))
     g.add_argument("--decl-state-dtype", choices=("float32", "bfloat16", "float16"), default=None,
                    help="decl, rate index: storage dtype of the per-sample buffer; 16 bits halve its memory and "
@@ -144,6 +194,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="gather the features without autograd and exchange two numbers per anchor instead: exact "
                         "gradients with no backward collective (any --loss; needs --local-loss, replaces "
                         "--gather-with-grad; --loss clip then uses clip-dcl's InfoNCE, equal to OpenCLIP's)")
+    g.add_argument("--loss-reset", action="store_true",
+                   help="with --resume: train the configured --loss from a checkpoint trained with another one, "
+                        "its saved loss state dropped (without it such a resume is refused)")
     g.add_argument("--model-config", default=None, metavar="PATH",
                    help="a model config JSON (or a folder of them) to register with OpenCLIP; the model name is "
                         "the file name without .json, and --model defaults to it")
@@ -169,6 +222,10 @@ class TrainConfig:
     gamma_decay_epochs: Optional[float] = None
     #: ``--no-grad-gather``: the loss is built with ``no_grad_gather=True`` (clip-dcl's, for every --loss)
     no_grad_gather: bool = False
+    #: ``--loss-reset``: resume a checkpoint of another objective, with fresh loss state
+    loss_reset: bool = False
+    #: ids per source of ``::``-joined ``--train-data`` (None for one source; see clip_dcl.train.ids)
+    id_block: Optional[int] = None
 
 
 def print_help(parser: argparse.ArgumentParser, file=None) -> None:
@@ -222,6 +279,34 @@ def _resolve_num_samples(oc_args, given: Optional[int]) -> Optional[int]:
     return int(total)
 
 
+def _per_source_ids(oc_args, given: Optional[int], resolved: Optional[int]):
+    """``(buffer size, ids per source)`` for ``::``-joined training sources (``clip_dcl.train.ids``).
+
+    One source: ``(resolved, None)``. ``k`` sources: each owns ``B`` ids, ``B`` = ``--decl-num-samples``
+    or the largest ``sizes.json`` total of any source, so the buffer has ``k * B`` rows.
+    """
+    from .ids import num_sources
+
+    k = num_sources(oc_args.train_data)
+    if k < 2 or resolved is None:
+        return resolved, None
+    block = given
+    if block is None:
+        from open_clip_train.data import get_dataset_size
+
+        totals = []
+        for source in oc_args.train_data.split("::"):
+            try:
+                totals.append(get_dataset_size(source)[0] or 0)
+            except (KeyError, OSError, ValueError):
+                totals.append(0)
+        block = max(totals)
+        if not block:
+            raise FlagError(f"--decl-rate index with {k} ::-joined sources needs the ids of each source: set "
+                            "--decl-num-samples above the largest sample key of any source")
+    return k * block, block
+
+
 def _explain(err: Exception, loss: str, kwargs: Dict[str, object]) -> str:
     """The loss's own message, plus the flags that set the arguments it names."""
     msg = str(err)
@@ -270,10 +355,11 @@ def _require_data(oc_args) -> None:
                         "evaluate only)")
 
 
-def parse_train_args(argv: List[str]) -> Optional[TrainConfig]:
+def parse_train_args(argv: List[str], check_files: bool = True) -> Optional[TrainConfig]:
     """Parse and validate a training command line; ``None`` when ``--help`` was printed.
 
     Registers clip-dcl's model configs (and ``--model-config``) with OpenCLIP in this process.
+    ``check_files=False`` skips :func:`check_data_paths` (to validate a command for another machine).
 
     Raises:
         FlagError: a flag value that cannot work (the message names it).
@@ -298,6 +384,8 @@ def parse_train_args(argv: List[str]) -> Optional[TrainConfig]:
         if not _given_model(rest):
             rest = rest + ["--model", name]
     oc_args = openclip_parse_args(list(rest))
+    if check_files:
+        check_data_paths(oc_args)
 
     loss = ours.loss
     given = {dest: getattr(ours, dest) for dest in LOSS_FLAGS if getattr(ours, dest) is not None}
@@ -315,8 +403,10 @@ def parse_train_args(argv: List[str]) -> Optional[TrainConfig]:
 
     if ours.no_grad_gather:
         _check_no_grad_gather(oc_args)
+    if loss == "decl":
+        _check_unused_decl_flags(given)
     kwargs = {LOSS_FLAGS[d][1]: v for d, v in given.items()}
-    num_samples = None
+    num_samples = id_block = None
     decay_epochs = None
     if ours.decl_gamma_decay_epochs is not None and kwargs.get("gamma_schedule") != "cosine":
         raise FlagError(f"--decl-gamma-decay-epochs {ours.decl_gamma_decay_epochs:g} needs "
@@ -332,13 +422,15 @@ def parse_train_args(argv: List[str]) -> Optional[TrainConfig]:
             kwargs["gamma_decay_steps"] = 1  # validated with a placeholder; set from the data at the start
         if kwargs.get("rate", _loss_defaults()["decl"].get("rate")) == "index":
             num_samples = _resolve_num_samples(oc_args, kwargs.get("num_samples"))
+            num_samples, id_block = _per_source_ids(oc_args, kwargs.get("num_samples"), num_samples)
             if num_samples is not None:
                 kwargs["num_samples"] = num_samples
             elif "num_samples" not in kwargs:
                 kwargs["num_samples"] = 1  # evaluation only: validate the other values
     if loss == "clip":
         _require_data(oc_args)
-        return TrainConfig(loss, {}, {}, list(rest), ours.model_config, None, no_grad_gather=ours.no_grad_gather)
+        return TrainConfig(loss, {}, {}, list(rest), ours.model_config, None, no_grad_gather=ours.no_grad_gather,
+                           loss_reset=ours.loss_reset)
 
     from clip_dcl.losses import LOSSES, create_loss
 
@@ -351,4 +443,5 @@ def parse_train_args(argv: List[str]) -> Optional[TrainConfig]:
     del probe
     _require_data(oc_args)
     return TrainConfig(loss, kwargs, _full_loss_args(loss, kwargs), list(rest), ours.model_config, num_samples,
-                       decay_epochs, no_grad_gather=ours.no_grad_gather)
+                       decay_epochs, no_grad_gather=ours.no_grad_gather, loss_reset=ours.loss_reset,
+                       id_block=id_block)

@@ -20,16 +20,51 @@ row with at least one other sample and about 37 % of the rows stay unused; with
 their rate estimate (the moving average mixes them), which blurs the per-sample estimate but
 keeps the loss well defined. Prefer shards whose json carries a numeric ``key``.
 
+**Several sources.** ``--train-data 'a/{0..9}.tar::b/{0..9}.tar'`` joins sources whose keys
+each start at 0. So with ``k`` sources, source ``i`` (in the order given) owns the ids
+``[i * B, (i + 1) * B)`` where ``B`` is ``--decl-num-samples`` (default: the largest ``sizes.json``
+total of any source): a sample's id is ``i * B + key`` (hash fallback: ``i * B + hash % B``), and
+the buffer has ``k * B`` rows. A key that is not below ``B`` stops the run and names the flag.
+
+Collisions are checked in the first epoch of a run: the trainer logs the number of distinct
+samples (by shard url and key) against the number of distinct ids, and warns when they differ.
+
 Written here because neither OpenCLIP nor webdataset hands sample keys to the loss.
 """
 from __future__ import annotations
 
 import hashlib
 import os
-from typing import Mapping, Optional
+from typing import Dict, Mapping, Optional, Tuple
 
 #: Ids of the hash fallback without a buffer size are taken modulo this (they fit an int64).
 _HASH_MODULUS = 2 ** 62
+
+
+class SampleIdOutOfRange(RuntimeError):
+    """A sample id does not fit the loss's per-sample buffer (``--decl-num-samples`` is too small),
+    or is negative."""
+
+
+def num_sources(train_data: Optional[str]) -> int:
+    """How many ``::``-joined sources ``--train-data`` names."""
+    return len(train_data.split("::")) if train_data else 0
+
+
+def id_layout(train_data: str, block: Optional[int]) -> Tuple[Dict[str, int], Optional[int]]:
+    """``({shard url: source index}, ids per source)`` of ``--train-data``; ``block`` is None for one source."""
+    from open_clip_train.data import expand_urls
+
+    sources = {}
+    for i, part in enumerate(train_data.split("::")):
+        for url in expand_urls(part)[0]:
+            sources.setdefault(url, i)
+    return sources, (block if num_sources(train_data) > 1 else None)
+
+
+def source_index(sources: Mapping[str, int], url) -> int:
+    """The index of the source a shard url belongs to (0 when unknown)."""
+    return sources.get(str(url), 0)
 
 
 def _numeric(key) -> Optional[int]:
@@ -57,20 +92,22 @@ def hashed_id(url: str, key: str, num_samples: Optional[int] = None) -> int:
     return int.from_bytes(digest, "big") % (num_samples if num_samples else _HASH_MODULUS)
 
 
-def sample_id(sample: Mapping, num_samples: Optional[int] = None) -> int:
+def sample_id(sample: Mapping, num_samples: Optional[int] = None, with_kind: bool = False):
     """The id of one decoded webdataset sample (a dict with ``__key__``, ``__url__``, maybe ``json``).
 
     See the module docstring for the order of preference. The numeric ids (1, 2) are returned as
     they are, even when they exceed ``num_samples``: the caller reports that, because it means
-    the buffer is too small, not that the sample is bad.
+    the buffer is too small, not that the sample is bad. With ``with_kind``, returns
+    ``(id, hashed)``, ``hashed`` true for the hash fallback.
     """
     meta = sample.get("json")
+    key = None
     if isinstance(meta, Mapping):
         key = _numeric(meta.get("key"))
-        if key is not None:
-            return key
     raw_key = str(sample.get("__key__", ""))
-    key = _numeric(raw_key.rsplit("/", 1)[-1])
-    if key is not None:
-        return key
-    return hashed_id(sample.get("__url__", ""), raw_key, num_samples)
+    if key is None:
+        key = _numeric(raw_key.rsplit("/", 1)[-1])
+    hashed = key is None
+    if hashed:
+        key = hashed_id(sample.get("__url__", ""), raw_key, num_samples)
+    return (key, hashed) if with_kind else key

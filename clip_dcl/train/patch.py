@@ -14,13 +14,16 @@ duration of the call (and restored afterwards):
     that carry the sample ids around it (see :class:`_IdChannel`), plus a log filter that adds
     ``loss.metrics`` to OpenCLIP's training log line and tensorboard/wandb.
 ``open_clip_train.main.pt_load``
-    OpenCLIP's loader; keeps the ``loss_state`` of the checkpoint being resumed.
+    OpenCLIP's loader; keeps the ``loss_state`` of the checkpoint being resumed, refuses one
+    trained with another ``--loss`` (unless ``--loss-reset``), and on ``--resume latest`` passes
+    over a checkpoint that does not load (a torn file) to the previous one, with a warning.
 ``open_clip_train.main.setup_logging``
     OpenCLIP's, leaving PyTorch's own loggers at their levels (it sets every logger to INFO).
 ``open_clip_train.main.torch``
     ``torch`` itself except for two names that only ``main`` sees: ``torch.save`` adds
     ``ckpt["loss_state"]`` and ``ckpt["clip_dcl"]`` to every training checkpoint main writes
-    (``epoch_N.pt``, ``epoch_latest.pt``), and ``torch.nn.parallel.DistributedDataParallel``
+    (``epoch_N.pt``, ``epoch_latest.pt``; the format is :mod:`clip_dcl.checkpoint`'s) and writes
+    every file under a temporary name first (:func:`clip_dcl.checkpoint.save_atomically`), and ``torch.nn.parallel.DistributedDataParallel``
     drops ``device_ids`` for CPU devices (main passes ``device_ids=[device]`` even on CPU, which
     DDP rejects, so gloo training on CPU would fail).
 ``open_clip_train.data.get_wds_dataset``
@@ -33,17 +36,25 @@ resumed at an epoch boundary repeats an uninterrupted run (the data workers do t
 DeCL's buffer is sharded or replicated); a sharded buffer is checkpointed one file per rank (see
 ``loss_state.py``).
 
-Everything here targets open_clip_train 3.3.0's ``main.py``/``train.py``; upstream 4.x replaces
-this surface (training tasks with dict batches).
+Everything here targets open_clip_train 3.3's ``main.py``/``train.py``/``data.py``; upstream 4.x
+replaces this surface (training tasks with dict batches). :func:`check_openclip` runs when this
+module is imported: it checks the installed version and every name patched or called here (and
+the log line parsed from ``train_one_epoch``), and fails with one message naming the supported
+range rather than with an ``AttributeError`` halfway through a run, or a patch that silently
+stops taking effect.
 """
 from __future__ import annotations
 
 import contextlib
 import dataclasses
+import glob
 import inspect
 import logging
 import math
+import os
+import pickle
 import random
+import shutil
 import types
 from collections import deque
 from typing import Dict, Optional
@@ -59,9 +70,133 @@ from open_clip_train import train as oc_train
 from clip_dcl.losses.decl import SampleIdError
 from clip_dcl.losses.state import digest_of_state_dict
 
+from .. import checkpoint as ckpt_format
 from . import loss_state as sharded_state
-from .flags import TrainConfig
-from .pipeline import get_wds_train_dataset, mix_seed
+from .flags import TrainConfig, loss_flags
+from .ids import SampleIdOutOfRange
+from .pipeline import get_wds_train_dataset, id_collisions, mix_seed, summary_line
+
+#: The open_clip_torch releases whose ``open_clip_train`` this module patches: ``>=`` first, ``<`` second.
+SUPPORTED_OPENCLIP = ((3, 3), (3, 4))
+
+
+class OpenCLIPMismatch(ImportError):
+    """The installed ``open_clip_torch`` is not a release whose trainer clip-dcl can patch."""
+
+
+def _params(fn) -> Optional[list]:
+    try:
+        return list(inspect.signature(fn).parameters)
+    except (TypeError, ValueError):
+        return None
+
+
+def _source(obj) -> str:
+    try:
+        return inspect.getsource(obj)
+    except (OSError, TypeError):
+        return ""
+
+
+_TRAIN_STEP_ARGS = ["model", "data", "loss", "epoch", "optimizer", "scaler", "scheduler", "dist_model", "args",
+                    "tb_writer"]
+#: ``(module name, attribute) -> expected parameter names`` (None: must exist, not a callable we wrap).
+_TARGETS = {
+    ("main", "main"): ["args"],
+    ("main", "parse_args"): ["args"],
+    ("main", "create_loss"): ["args"],
+    ("main", "train_one_epoch"): _TRAIN_STEP_ARGS,
+    ("main", "pt_load"): ["file_path", "map_location"],
+    ("main", "natural_key"): ["string_"],
+    ("main", "torch"): None,
+    ("train", "train_one_epoch"): _TRAIN_STEP_ARGS,
+    ("train", "AverageMeter"): [],
+    ("train", "unwrap_model"): ["model"],
+    ("params", "parse_args"): ["args"],
+    ("data", "get_wds_dataset"): ["args", "preprocess_img", "is_train", "epoch", "floor", "tokenizer"],
+    ("data", "get_dataset_fn"): ["data_path", "dataset_type"],
+    ("data", "get_dataset_size"): ["shards"],
+    ("data", "expand_urls"): ["urls", "weights"],
+    ("data", "group_by_keys_nothrow"): ["data", "keys", "lcase", "suffixes", "handler"],
+    ("data", "log_and_continue"): ["exn"],
+    ("data", "detshuffle2"): ["bufsize", "initial", "seed", "epoch"],
+    ("data", "ResampledShards2"): ["urls", "weights", "nshards", "worker_seed", "deterministic", "epoch"],
+    ("data", "SharedEpoch"): ["epoch"],
+    ("data", "DataInfo"): ["dataloader", "sampler", "shared_epoch"],
+    ("data", "_SHARD_SHUFFLE_SIZE"): None,
+    ("data", "_SHARD_SHUFFLE_INITIAL"): None,
+    ("data", "_SAMPLE_SHUFFLE_SIZE"): None,
+    ("data", "_SAMPLE_SHUFFLE_INITIAL"): None,
+}
+#: Code the patches rely on: main must look these names up in its own namespace when it runs (so
+#: that swapping them takes effect), and train_one_epoch must log the line parsed here and in
+#: ``clip_dcl.experiment``.
+_SOURCE_NEEDS = {
+    ("main", "main"): ["torch.save(", "torch.nn.parallel.DistributedDataParallel(", "pt_load(args.resume",
+                       "create_loss(args)", "train_one_epoch(model, data, loss, epoch", "get_latest_checkpoint("],
+    ("train", "train_one_epoch"): ['f"Train Epoch: {epoch} [', 'f"Data (t): ', 'f"Batch (t): ',
+                                   "images, texts = batch"],
+    ("data", "get_dataset_fn"): ["return get_wds_dataset"],
+}
+
+
+def openclip_problems(version: str, modules: Dict[str, types.ModuleType]) -> list:
+    """What keeps the patches from working with these ``open_clip_train`` modules (empty: nothing).
+
+    ``modules`` maps ``"main"``, ``"train"``, ``"data"``, ``"params"`` to the modules.
+    """
+    problems = []
+    try:
+        major_minor = tuple(int(p) for p in version.split(".")[:2])
+    except ValueError:
+        major_minor = None
+    low, high = SUPPORTED_OPENCLIP
+    if major_minor is None or not (low <= major_minor < high):
+        problems.append(f"version {version}")
+    for (mod, name), expected in _TARGETS.items():
+        if not hasattr(modules[mod], name):
+            problems.append(f"open_clip_train.{mod}.{name} is missing")
+            continue
+        value = getattr(modules[mod], name)
+        if name.startswith("_SHARD") or name.startswith("_SAMPLE"):
+            if not isinstance(value, int):
+                problems.append(f"open_clip_train.{mod}.{name} is not an int")
+        elif name == "torch":
+            if value is not torch and not isinstance(value, types.ModuleType):
+                problems.append(f"open_clip_train.{mod}.torch is not the torch module")
+        elif expected is not None and _params(value) != expected:
+            problems.append(f"open_clip_train.{mod}.{name}{tuple(_params(value) or ())} differs from "
+                            f"{name}{tuple(expected)}")
+    for (mod, name), needles in _SOURCE_NEEDS.items():
+        code = _source(getattr(modules[mod], name, None))
+        missing = [n for n in needles if n not in code]
+        if missing:
+            problems.append(f"open_clip_train.{mod}.{name} no longer contains {', '.join(repr(n) for n in missing)}")
+    return problems
+
+
+def check_openclip(version: Optional[str] = None, modules: Optional[Dict[str, types.ModuleType]] = None) -> None:
+    """Raise :class:`OpenCLIPMismatch` unless the installed trainer is one these patches fit."""
+    if version is None:
+        from importlib.metadata import PackageNotFoundError
+        from importlib.metadata import version as dist_version
+
+        try:
+            version = dist_version("open_clip_torch")
+        except PackageNotFoundError:
+            version = getattr(open_clip, "__version__", "unknown")
+    modules = modules or {"main": oc_main, "train": oc_train, "data": oc_data, "params": oc_params}
+    problems = openclip_problems(version, modules)
+    if problems:
+        (a, b), (c, d) = SUPPORTED_OPENCLIP
+        raise OpenCLIPMismatch(
+            f"clip-dcl's trainer supports open_clip_torch >={a}.{b},<{c}.{d} (its open_clip_train), and the "
+            f"installed one does not fit: {'; '.join(problems)}. Install a supported release: "
+            f"pip install 'open_clip_torch>={a}.{b},<{c}.{d}'")
+
+
+# The versions and names must match before anything below looks them up.
+check_openclip()
 
 _OPENCLIP_CREATE_LOSS = oc_main.create_loss
 _OPENCLIP_TRAIN_ONE_EPOCH = oc_train.train_one_epoch
@@ -80,12 +215,12 @@ def _setup_logging(log_file, level, include_host=False):
         logging.getLogger(name).setLevel(saved)
 
 
-class SampleIdOutOfRange(RuntimeError):
-    """A sample id does not fit the loss's per-sample buffer (``--decl-num-samples`` is too small)."""
-
-
 class LossStateMismatch(RuntimeError):
     """The checkpoint being resumed holds loss state that the configured loss cannot take."""
+
+
+class ObjectiveMismatch(LossStateMismatch):
+    """The checkpoint being resumed was trained with another ``--loss`` than the one configured."""
 
 
 # -- checkpoint contents ---------------------------------------------------------------------------
@@ -101,24 +236,8 @@ def loss_state_digest(loss) -> str:
     return digest_of_state_dict(loss.state_dict())
 
 
-def trained_model_config(args) -> Optional[dict]:
-    """OpenCLIP's config of ``args.model`` with the ``--force-*`` overrides main applied to it."""
-    cfg = open_clip.get_model_config(args.model)
-    if cfg is None:
-        return None
-    # The same overrides open_clip.factory.create_model applies, so the config describes the trained model.
-    if args.force_quick_gelu:
-        cfg["quick_gelu"] = True
-    if args.force_patch_dropout is not None:
-        cfg["vision_cfg"]["patch_dropout"] = args.force_patch_dropout
-    if args.force_image_size is not None:
-        size = args.force_image_size
-        cfg["vision_cfg"]["image_size"] = size[0] if isinstance(size, (list, tuple)) and len(size) == 1 else size
-    if args.force_context_length is not None:
-        cfg["text_cfg"]["context_length"] = args.force_context_length
-    if args.force_custom_text:
-        cfg["custom_text"] = True
-    return cfg
+#: Moved to :mod:`clip_dcl.checkpoint`, which owns the checkpoint format.
+trained_model_config = ckpt_format.trained_model_config
 
 
 # -- ids from the dataloader to the loss -----------------------------------------------------------
@@ -258,6 +377,7 @@ class TrainingRun:
         self.preprocess_cfg: Optional[dict] = None
         self.train_num_batches: Optional[int] = None  # batches per epoch of the training data
         self.shards = None  # the folder of this epoch's loss-state shards (sharded DeCL state)
+        self.resume_latest = False  # --resume latest (main replaces args.resume with the file it found)
 
     # open_clip_train.main.parse_args
     def parse_args(self, argv):
@@ -268,16 +388,69 @@ class TrainingRun:
         args.model_config = cfg.model_config
         args.no_grad_gather = cfg.no_grad_gather
         args.decl_num_samples = cfg.num_samples
+        args.loss_reset = cfg.loss_reset
+        args.decl_id_block = cfg.id_block
+        self.resume_latest = args.resume == "latest"
         self.args = args
         return args
 
     # open_clip_train.main.pt_load
     def pt_load(self, path, map_location="cpu"):
-        ckpt = _OPENCLIP_PT_LOAD(path, map_location=map_location)
+        ckpt = self._load_resumable(path, map_location)
         if isinstance(ckpt, dict) and "epoch" in ckpt:
-            self.resumed = {"loss_state": ckpt.get("loss_state"), "clip_dcl": ckpt.get("clip_dcl")}
+            path = self.args.resume if self.args is not None and self.args.resume else path
+            self._check_objective(ckpt, path)
+            if self.config.loss_reset:
+                logging.info(f"--loss-reset: the {self.config.loss} loss starts with fresh state; {path} keeps "
+                             "only the model and optimizer.")
+                return ckpt
+            self.resumed = {"loss_state": ckpt.get(ckpt_format.LOSS_STATE_KEY), "clip_dcl": ckpt.get(ckpt_format.CKPT_KEY)}
             self.resumed_path = path
         return ckpt
+
+    def _load_resumable(self, path, map_location):
+        """OpenCLIP's ``pt_load``; on ``--resume latest``, the newest checkpoint that loads, from ``path`` down.
+
+        A save killed halfway (by OpenCLIP before 3.3's own saves, or another tool) leaves a torn
+        ``*.pt`` that OpenCLIP's ``--resume latest`` would pick and die on.
+        """
+        unreadable = (RuntimeError, EOFError, OSError, ValueError, pickle.UnpicklingError)
+        try:
+            return _OPENCLIP_PT_LOAD(path, map_location=map_location)
+        except unreadable as e:
+            if not self.resume_latest:
+                raise ckpt_format.CheckpointUnreadable(
+                    f"--resume {path}: the checkpoint cannot be read; it is truncated (a save that was "
+                    f"interrupted?) or not a torch checkpoint ({ckpt_format._first_line(e)})") from None
+            failed = [(path, ckpt_format._first_line(e))]
+        folder = getattr(self.args, "checkpoint_path", None) or os.path.dirname(path)
+        older = sorted(glob.glob(os.path.join(folder, "**", "*.pt"), recursive=True), key=oc_main.natural_key)
+        older = [c for c in older if oc_main.natural_key(c) < oc_main.natural_key(path)]
+        for candidate in reversed(older):
+            logging.warning(f"--resume latest: {failed[-1][0]} cannot be read ({failed[-1][1]}); trying the "
+                            f"previous checkpoint, {candidate}.")
+            try:
+                ckpt = _OPENCLIP_PT_LOAD(candidate, map_location=map_location)
+            except unreadable as e:
+                failed.append((candidate, ckpt_format._first_line(e)))
+                continue
+            self.args.resume = candidate  # main logs the file it resumed from args.resume
+            return ckpt
+        raise ckpt_format.CheckpointUnreadable(
+            f"--resume latest: no checkpoint under {folder} can be read ("
+            f"{'; '.join(f'{p}: {why}' for p, why in failed)}); remove the torn files, or start without --resume")
+
+    def _check_objective(self, ckpt: dict, path) -> None:
+        """Refuse to resume a checkpoint trained with another ``--loss``, unless ``--loss-reset``."""
+        entry = ckpt.get(ckpt_format.CKPT_KEY)
+        saved = entry.get("loss") if isinstance(entry, dict) else None
+        if saved is None or saved == self.config.loss or self.config.loss_reset:
+            return
+        saved_flags = " ".join(loss_flags(saved, entry.get("loss_args") or {}))
+        raise ObjectiveMismatch(
+            f"{path} was trained with {saved_flags}; resuming it with --loss {self.config.loss} would change the "
+            f"objective. To continue the same training, add: {saved_flags}. To train --loss {self.config.loss} from "
+            f"this checkpoint on purpose (the saved loss state is dropped), add --loss-reset.")
 
     # open_clip_train.main.create_loss
     def create_loss(self, args):
@@ -362,6 +535,7 @@ class TrainingRun:
                                       tb_writer=tb_writer)
         finally:
             logging.getLogger().removeFilter(hook)
+        self.log_data_stats(data["train"].dataloader.dataloader, epoch, args)
         if isinstance(loss, torch.nn.Module) and len(loss.state_dict()):
             self.shards = sharded_state.write_shards(loss, args, epoch + 1)
             state = loss.state_dict()
@@ -369,38 +543,53 @@ class TrainingRun:
             logging.info(f"Loss state after epoch {epoch} on rank {args.rank}: {calls}"
                          f"digest {loss_state_digest(loss)}")
 
+    def log_data_stats(self, dataloader, epoch: int, args) -> None:
+        """Log the epoch's account of the training data, and in the tracked (first) epoch the sample-id
+        collisions (see ``clip_dcl.train.pipeline.DataStats``)."""
+        stats = getattr(dataloader, "data_stats", None)
+        if stats is None:
+            return
+        report = stats.collect(epoch)
+        logging.info(f"{summary_line(epoch, report)}" + (f" (rank {args.rank})" if args.world_size > 1 else ""))
+        if stats.track_epoch != epoch or not len(report["pairs"]):
+            return
+        samples, ids = id_collisions(report["pairs"])
+        where = f" on rank {args.rank}" if args.world_size > 1 else ""
+        if samples == ids:
+            logging.info(f"Sample ids, epoch {epoch}{where}: {samples} distinct samples, {ids} distinct ids.")
+            return
+        why = ("their keys are not numeric, so their ids are hashed into --decl-num-samples rows; give the shards "
+               "numeric json keys, or raise --decl-num-samples to share fewer rows"
+               if report["counts"]["hashed"] else
+               "two samples carry the same key (shards whose keys restart, or a key repeated); give every sample "
+               "a unique numeric json 'key'")
+        logging.warning(f"Sample ids, epoch {epoch}{where}: {samples} distinct samples but {ids} distinct ids: "
+                        f"{samples - ids} samples share a rate row with another ({why}).")
+
     # open_clip_train.main.torch.save
     def save(self, obj, f, *args, **kwargs):
         if isinstance(obj, dict) and "state_dict" in obj and "epoch" in obj and self.loss is not None:
-            obj = dict(obj)
             meta = self.checkpoint_meta()
             if sharded_state.is_sharded(self.loss):  # the shards are in files beside (written by every rank)
                 if self.shards is None:
                     raise RuntimeError("OpenCLIP saves a checkpoint for an epoch whose loss-state shards were not "
                                        "written; clip_dcl.train.loss_state.checkpointed() no longer matches its "
                                        "conditions")
-                obj["loss_state"] = sharded_state.small_state(self.loss)
+                state = sharded_state.small_state(self.loss)
                 meta[sharded_state.INDEX_KEY] = sharded_state.shard_index(self.loss, self.shards,
                                                                           self.args.checkpoint_path)
             else:
                 state = self.loss.state_dict() if isinstance(self.loss, torch.nn.Module) else {}
-                obj["loss_state"] = {k: v.detach().cpu() for k, v in state.items()}
-            obj["clip_dcl"] = meta
+            obj = ckpt_format.add_training_entries(obj, state, meta)
+        if isinstance(f, (str, os.PathLike)):
+            return ckpt_format.save_atomically(obj, f, lambda o, fh: torch.save(o, fh, *args, **kwargs))
         return torch.save(obj, f, *args, **kwargs)
 
     def checkpoint_meta(self) -> dict:
         """What a downstream loader needs without the training flags (``ckpt["clip_dcl"]``)."""
-        from clip_dcl import __version__
-
         args = self.args
-        return {
-            "model": args.model,
-            "model_config": trained_model_config(args),
-            "preprocess_cfg": self.preprocess_cfg,
-            "loss": self.config.loss,
-            "loss_args": dict(self.config.loss_args),
-            "version": __version__,
-        }
+        return ckpt_format.checkpoint_entry(args.model, ckpt_format.trained_model_config(args), self.preprocess_cfg,
+                                            self.config.loss, self.config.loss_args)
 
     # open_clip_train.data.get_wds_dataset
     def get_wds_dataset(self, args, preprocess_img, is_train, epoch=0, floor=False, tokenizer=None):
@@ -436,10 +625,33 @@ def patched(run: TrainingRun):
             setattr(module, name, value)
 
 
+def _log_dir(argv) -> Optional[str]:
+    """``--logs/--name`` of an OpenCLIP command line, when a name is given (else main makes one up)."""
+    args = oc_params.parse_args(list(argv))
+    if not args.name or not args.logs or args.logs.lower() == "none":
+        return None
+    return os.path.join(args.logs, args.name)
+
+
 def run_training(config: TrainConfig) -> int:
-    """Run ``open_clip_train.main.main`` with ``config``'s objective; return an exit code."""
+    """Run ``open_clip_train.main.main`` with ``config``'s objective; return an exit code.
+
+    A run that fails before writing any checkpoint removes the ``--logs/--name`` folder it created
+    (OpenCLIP would refuse the rerun: "Experiment already exists"); its log went to stderr too.
+    """
     run = TrainingRun(config)
-    with patched(run):
-        result = oc_main.main(list(config.openclip_argv))
+    log_dir = _log_dir(config.openclip_argv)
+    created = log_dir is not None and not os.path.exists(log_dir)
+    result = -1
+    try:
+        with patched(run):
+            result = oc_main.main(list(config.openclip_argv))
+    finally:
+        master = run.args is not None and getattr(run.args, "rank", 0) == 0
+        if result is not None and created and master and os.path.isdir(log_dir) and not glob.glob(
+                os.path.join(log_dir, "checkpoints", "**", "*.pt"), recursive=True):
+            shutil.rmtree(log_dir, ignore_errors=True)
+            logging.error(f"The run failed before writing a checkpoint; removed {log_dir}, so the same command "
+                          "can be run again.")
     # OpenCLIP's main returns None when it finishes and -1 when it refuses to start.
     return 0 if result is None else (1 if result < 0 else int(result))

@@ -4,13 +4,22 @@
 ``is_train`` is true (validation keeps OpenCLIP's own). It builds the same pipeline from
 OpenCLIP's own stages (``ResampledShards2`` / ``SimpleShardList`` + ``detshuffle2``,
 ``split_by_node``, ``split_by_worker``, ``tarfile_to_samples_nothrow``, the same shuffle buffer
-sizes, the same epoch length rounding, the same ``WebLoader``) and differs in four places:
+sizes, the same epoch length rounding, the same ``WebLoader``) and differs in these places:
 
 - batches are ``(images, texts, ids)``: ``ids`` is a LongTensor of :func:`clip_dcl.train.ids.sample_id`,
   computed in the same stage that builds the tuple, so it stays aligned with the images and texts
   whatever the number of workers, with ``--dataset-resampled`` and through the shuffle buffer;
-- a sample without a caption or without an image is logged (key and shard) before it is dropped
-  (OpenCLIP drops it silently); undecodable samples are logged and dropped as in OpenCLIP;
+- every skip is logged with its shard, key and cause, and counted (:class:`DataStats`): a sample
+  without a caption or an image (OpenCLIP drops it silently), an undecodable image (OpenCLIP logs
+  the exception alone), a shard that cannot be opened (tried :data:`OPEN_TRIES` times, then
+  skipped), a shard that ends early: a read error inside a member, or no end-of-archive marker
+  (a tar truncated at a member boundary, which ``tarfile`` reads as a normal end). The main
+  process logs one line per epoch: samples read, skipped by cause, shards that ended early;
+- a pass over the shards that yields no batch (every shard gone, or fewer good samples than a
+  batch) raises :class:`TrainingDataError` instead of being repeated for ever by ``with_epoch``;
+- with ``--decl-rate index``, the first epoch's sample ids are checked for collisions (two
+  distinct samples, by shard url and key, with one id), and ``::``-joined sources get disjoint id
+  ranges (see :mod:`clip_dcl.train.ids`);
 - the sample shuffle buffer and, inside dataloader workers, Python/NumPy/torch RNGs (image
   augmentation) are seeded from ``(--seed, epoch, rank, worker)``, and ``--dataset-resampled``
   draws shards from the same seed; OpenCLIP seeds its sample shuffle from the clock. So a run
@@ -18,23 +27,45 @@ sizes, the same epoch length rounding, the same ``WebLoader``) and differs in fo
   an uninterrupted run, which is what lets stateful losses (DeCL's buffers) continue exactly;
 - ``--decl-num-samples`` (``args.decl_num_samples``) bounds the hash fallback of the ids.
 
-The pipeline stages are called from ``open_clip_train.data``; only their assembly is written here.
+The pipeline stages are called from ``open_clip_train.data`` and ``webdataset``; written here are
+their assembly and what neither does: the per-shard accounting around webdataset's
+``tar_file_iterator``, the retries of a shard's opening, and the counters sent from the dataloader
+workers to the main process.
 """
 from __future__ import annotations
 
 import hashlib
 import logging
 import math
+import multiprocessing
+import os
+import queue
 import random
+import time
+from collections import Counter
+from typing import Dict, List, Optional
 
 import numpy as np
 import torch
 import webdataset as wds
 from open_clip_train import data as oc_data
 from torch.utils.data import get_worker_info
+from webdataset import autodecode, tariterators
+from webdataset.gopen import gopen
 from webdataset.filters import _shuffle
 
-from .ids import sample_id
+from .ids import SampleIdOutOfRange, id_layout, sample_id, source_index
+
+#: Attempts at opening a shard before it is skipped (a network file system may fail transiently).
+OPEN_TRIES = 3
+#: Seconds before the second attempt; doubled for each further one.
+OPEN_RETRY_SECONDS = 0.5
+#: Skip causes, in the order of the epoch summary.
+CAUSES = ("no caption", "no image", "undecodable", "truncated shard")
+
+
+class TrainingDataError(RuntimeError):
+    """The training shards cannot fill an epoch (all unreadable, or too few good samples)."""
 
 _IMAGE_EXTS = ("jpg", "png", "jpeg", "webp")  # the order of OpenCLIP's rename
 
@@ -50,15 +81,304 @@ def _worker_position():
     return rank, worker
 
 
-def has_caption_and_image(sample) -> bool:
+def has_caption_and_image(sample, stats: Optional["DataStats"] = None) -> bool:
     """OpenCLIP's ``filter_no_caption_or_no_image``, plus a warning naming the dropped sample."""
     has_caption = "txt" in sample
     has_image = any(ext in sample for ext in _IMAGE_EXTS)
     if not (has_caption and has_image):
         missing = " and ".join(m for m, ok in (("caption (.txt)", has_caption), ("image", has_image)) if not ok)
         logging.warning(f"Skipping sample {sample.get('__key__')!r} in {sample.get('__url__')}: no {missing}.")
+        if stats is not None:
+            stats.skipped("no caption" if not has_caption else "no image")
         return False
     return True
+
+
+class DataStats:
+    """What one dataloader worker read and skipped in the current epoch, reported to the main process.
+
+    Each worker holds its own copy (the object is pickled or forked into it) and, after every batch,
+    sends its counts for the epoch so far (and, in the epoch ``track_epoch``, the ``(id,
+    fingerprint)`` pairs of the samples since the last report) through a multiprocessing queue;
+    without workers the reports stay in this process. :meth:`collect` (main process, end of an
+    epoch) merges the latest report of every worker.
+    """
+
+    def __init__(self, workers: int, shared_epoch, track_epoch: Optional[int] = None):
+        self.queue = multiprocessing.Queue() if workers > 0 else None
+        self.local: List[dict] = []
+        self.shared_epoch = shared_epoch
+        self.track_epoch = track_epoch
+        self.epoch = None
+        self._reset()
+
+    def __getstate__(self):
+        state = dict(self.__dict__)
+        state["local"] = []
+        return state
+
+    def _reset(self):
+        self.counts: Counter = Counter()
+        self.ended_early: Dict[str, str] = {}
+        self.unreadable: Dict[str, str] = {}
+        self.pairs: List[tuple] = []
+
+    # -- in the worker --------------------------------------------------------------------------
+    def begin_pass(self) -> None:
+        epoch = self.shared_epoch.get_value()
+        if epoch != self.epoch:
+            self.epoch = epoch
+            self._reset()
+
+    def read(self, n: int = 1) -> None:
+        self.counts["read"] += n
+
+    def skipped(self, cause: str) -> None:
+        self.counts[cause] += 1
+
+    def shard_ended_early(self, url: str, why: str) -> None:
+        self.ended_early[url] = why
+
+    def shard_unreadable(self, url: str, why: str) -> None:
+        self.unreadable[url] = why
+
+    def tracking(self) -> bool:
+        return self.track_epoch is not None and self.epoch == self.track_epoch
+
+    def report(self) -> None:
+        rank, world_size, worker, num_workers = wds.utils.pytorch_worker_info()
+        item = {"worker": (rank, worker), "epoch": self.epoch, "counts": dict(self.counts),
+                "ended_early": dict(self.ended_early), "unreadable": dict(self.unreadable),
+                "pairs": np.asarray(self.pairs, dtype=np.int64).reshape(-1, 2)}
+        self.pairs = []
+        if self.queue is None:
+            self.local.append(item)
+        else:
+            self.queue.put(item)
+
+    # -- in the main process ------------------------------------------------------------------------
+    def _drain(self) -> List[dict]:
+        items, self.local = self.local, []
+        if self.queue is not None:
+            while True:
+                try:  # a worker's last report may still be in its queue's feeder thread
+                    items.append(self.queue.get(timeout=0.2))
+                except queue.Empty:
+                    break
+        return items
+
+    def collect(self, epoch: int) -> dict:
+        """Counts of ``epoch`` summed over the workers, the shards that ended early or could not be
+        opened, and the ``(id, fingerprint)`` pairs of the tracked epoch."""
+        latest: Dict[tuple, dict] = {}
+        pairs = []
+        for item in self._drain():
+            if item["epoch"] != epoch:
+                continue
+            latest[item["worker"]] = item
+            pairs.append(item["pairs"])
+        counts: Counter = Counter()
+        ended, unreadable = {}, {}
+        for item in latest.values():
+            counts.update(item["counts"])
+            ended.update(item["ended_early"])
+            unreadable.update(item["unreadable"])
+        return {"counts": counts, "ended_early": ended, "unreadable": unreadable,
+                "pairs": np.concatenate(pairs) if pairs else np.zeros((0, 2), dtype=np.int64)}
+
+
+def summary_line(epoch: int, report: dict) -> str:
+    """The epoch's one-line account of the training data (see :class:`DataStats`)."""
+    counts = report["counts"]
+    skipped = sum(counts[c] for c in CAUSES)
+    causes = ", ".join(f"{c} {counts[c]}" for c in CAUSES if counts[c])
+    line = f"Training data, epoch {epoch}: {counts['read']} samples read, {skipped} skipped"
+    line += f" ({causes})" if causes else ""
+    ended, unreadable = report["ended_early"], report["unreadable"]
+    line += f"; {len(ended)} shard(s) ended early"
+    if ended:
+        line += ": " + ", ".join(f"{os.path.basename(u)} ({why})" for u, why in sorted(ended.items()))
+    if unreadable:
+        line += f"; {len(unreadable)} shard(s) could not be opened: " + ", ".join(
+            os.path.basename(u) for u in sorted(unreadable))
+    if counts["hashed"]:
+        line += f"; {counts['hashed']} sample ids hashed (no numeric key)"
+    return line + "."
+
+
+def id_collisions(pairs: np.ndarray) -> tuple:
+    """``(distinct samples, distinct ids)`` among ``(id, fingerprint)`` rows."""
+    if not len(pairs):
+        return 0, 0
+    unique = np.unique(pairs, axis=0)
+    return len(np.unique(unique[:, 1])), len(np.unique(unique[:, 0]))
+
+
+class _OpenShards:
+    """webdataset's ``url_opener`` with retries: a shard that cannot be opened after
+    :data:`OPEN_TRIES` attempts is logged, counted and skipped; when every shard of the list
+    failed since the last one that opened, :class:`TrainingDataError` ends the epoch."""
+
+    def __init__(self, stats: DataStats, num_urls: int):
+        self.stats, self.num_urls = stats, num_urls
+
+    def __call__(self, src):
+        self.stats.begin_pass()
+        failed = set()
+        for sample in src:
+            url = sample["url"]
+            for attempt in range(OPEN_TRIES):
+                try:
+                    stream = gopen(url)
+                    break
+                except Exception as e:  # noqa: BLE001 - any failure to open is the shard's
+                    error = e
+                    if attempt + 1 < OPEN_TRIES:
+                        time.sleep(OPEN_RETRY_SECONDS * 2 ** attempt)
+            else:
+                why = f"{type(error).__name__}: {error}"
+                logging.warning(f"Skipping shard {url}: cannot open it after {OPEN_TRIES} tries ({why}).")
+                self.stats.shard_unreadable(url, why)
+                failed.add(url)
+                if len(failed) >= self.num_urls:
+                    raise TrainingDataError(f"none of the {self.num_urls} training shards can be opened "
+                                            f"(the last: {url}: {why})")
+                continue
+            failed.clear()
+            yield dict(sample, stream=stream)
+
+
+class _TailRecorder:
+    """A read-only stream that keeps the count and the last 1024 bytes of what was read from it."""
+
+    def __init__(self, stream):
+        self.stream, self.total, self.head, self.tail = stream, 0, b"", b""
+
+    def read(self, *args):
+        data = self.stream.read(*args)
+        if self.total < 6:
+            self.head = (self.head + data)[:6]
+        self.total += len(data)
+        self.tail = (self.tail + data)[-1024:]
+        return data
+
+    def complete(self) -> bool:
+        """Whether the archive ended with its end-of-archive marker (unknown, so True, when compressed)."""
+        if self.head.startswith((b"\x1f\x8b", b"BZh", b"\xfd7zXZ")):  # gzip, bzip2, xz
+            return True
+        # tarfile and GNU tar end an archive with two zero blocks, in 512-byte records.
+        return self.total % 512 == 0 and self.total >= 1024 and self.tail == bytes(1024)
+
+    def close(self):
+        self.stream.close()
+
+
+class _ExpandTars:
+    """webdataset's ``tar_file_iterator`` per shard, with the shard's account: the files of a sample
+    are held until the next sample starts, so that a sample cut by a truncated shard is dropped
+    (and logged as such) rather than passed on as a sample without a caption."""
+
+    def __init__(self, stats: DataStats):
+        self.stats = stats
+
+    def _drop(self, url, held, why):
+        if held:
+            logging.warning(f"Skipping sample {held[0][0]!r} in {url}: truncated shard ({why}).")
+            self.stats.skipped("truncated shard")
+
+    def __call__(self, src):
+        for source in src:
+            url, stream = source["url"], _TailRecorder(source["stream"])
+            held, samples, why, last_members = [], 0, None, None
+            try:
+                for f in tariterators.tar_file_iterator(stream, handler=wds.reraise_exception):
+                    key, ext = tariterators.base_plus_ext(f["fname"])
+                    if held and key != held[0][0]:
+                        samples += 1
+                        last_members = {e for _, e, _, _ in held}
+                        yield from (dict(fname=n, data=d, __url__=url) for _, _, n, d in held)
+                        held = []
+                    held.append((key, ext, f["fname"], f["data"]))
+            except Exception as e:  # noqa: BLE001 - a read error ends the shard, whatever its type
+                why = f"{type(e).__name__}: {str(e).split(' @ ')[0]}"
+            finally:
+                stream.close()
+            if why is None and not stream.complete():
+                why = "no end-of-archive marker: truncated"
+                # Cut at a member boundary: the last sample is whole when it has the members of the one before.
+                if held and {e for _, e, _, _ in held} == last_members:
+                    samples += 1
+                    yield from (dict(fname=n, data=d, __url__=url) for _, _, n, d in held)
+                    held = []
+            if why is not None:
+                self._drop(url, held, why)
+                logging.warning(f"Shard {url} ended early after {samples} samples ({why}); the rest of it is lost.")
+                self.stats.shard_ended_early(url, why)
+                continue
+            if held:
+                yield from (dict(fname=n, data=d, __url__=url) for _, _, n, d in held)
+
+
+class _GroupSamples:
+    """OpenCLIP's ``group_by_keys_nothrow``, counting the samples read."""
+
+    def __init__(self, stats: DataStats):
+        self.stats = stats
+
+    def __call__(self, src):
+        for sample in oc_data.group_by_keys_nothrow(src):
+            self.stats.read()
+            yield sample
+
+
+class _Select:
+    def __init__(self, stats: DataStats):
+        self.stats = stats
+
+    def __call__(self, src):
+        return (s for s in src if has_caption_and_image(s, self.stats))
+
+
+class _Decode:
+    """webdataset's ``pilrgb`` decoder; an undecodable sample is logged with its shard and key."""
+
+    def __init__(self, stats: DataStats):
+        self.stats = stats
+        self.decoder = autodecode.Decoder([autodecode.ImageHandler("pilrgb")])
+
+    def __call__(self, src):
+        for sample in src:
+            try:
+                yield self.decoder(sample)
+            except Exception as e:  # noqa: BLE001 - what PIL raises on a bad file varies
+                logging.warning(f"Skipping sample {sample.get('__key__')!r} in {sample.get('__url__')}: "
+                                f"undecodable ({type(e).__name__}: {e}).")
+                self.stats.skipped("undecodable")
+
+
+class _EveryPassYields:
+    """Ends the epoch with :class:`TrainingDataError` when a whole pass over the shards yields no
+    batch (``with_epoch`` would otherwise start the pass again for ever); reports the counts."""
+
+    def __init__(self, stats: DataStats, batch_size: int):
+        self.stats, self.batch_size = stats, batch_size
+
+    def __call__(self, src):
+        batches = 0
+        for batch in src:
+            batches += 1
+            self.stats.report()
+            yield batch
+        if batches == 0:
+            self.stats.report()
+            c = self.stats.counts
+            skipped = ", ".join(f"{cause} {c[cause]}" for cause in CAUSES if c[cause]) or "none"
+            rank, _, worker, _ = wds.utils.pytorch_worker_info()
+            raise TrainingDataError(
+                f"a full pass over the training shards (rank {rank}, worker {worker}) yielded no batch of "
+                f"{self.batch_size}: {c['read']} samples read, skipped: {skipped}; "
+                f"{len(self.stats.unreadable)} shard(s) could not be opened, {len(self.stats.ended_early)} ended "
+                "early (see the warnings above); check --train-data")
 
 
 class SeededSampleShuffle(wds.PipelineStage):
@@ -86,14 +406,47 @@ class SeededSampleShuffle(wds.PipelineStage):
 
 
 class _AttachId:
-    """Map stage adding ``sample["__id__"]`` (a picklable callable, for dataloader workers)."""
+    """Stage adding ``sample["__id__"]`` (a picklable callable, for dataloader workers).
 
-    def __init__(self, num_samples):
-        self.num_samples = num_samples
+    With ``--decl-rate index`` (``num_samples`` set) it also checks the id (see
+    :func:`clip_dcl.train.ids.sample_id`), places it in its source's range when sources are
+    ``::``-joined, and records ``(id, fingerprint of url and key)`` in the tracked epoch.
+    """
 
-    def __call__(self, sample):
-        sample["__id__"] = torch.tensor(sample_id(sample, self.num_samples), dtype=torch.long)
-        return sample
+    def __init__(self, num_samples, stats: Optional[DataStats] = None, sources=None, block=None):
+        self.num_samples, self.stats, self.sources, self.block = num_samples, stats, sources, block
+
+    def __call__(self, src):
+        for sample in src:
+            if self.num_samples is None:
+                sample["__id__"] = torch.tensor(sample_id(sample, None), dtype=torch.long)
+                yield sample
+                continue
+            source = source_index(self.sources, sample.get("__url__")) if self.sources else 0
+            block = self.block or self.num_samples
+            value, hashed = sample_id(sample, block, with_kind=True)
+            if value < 0:
+                raise SampleIdOutOfRange(
+                    f"sample {sample.get('__key__')!r} in {sample.get('__url__')} has the negative key {value}: "
+                    "--decl-rate index needs sample keys >= 0 (the json 'key' of img2dataset shards); fix the "
+                    "shards' keys (a larger --decl-num-samples cannot help)")
+            if self.block is not None:
+                if value >= block:
+                    raise SampleIdOutOfRange(
+                        f"sample {sample.get('__key__')!r} in {sample.get('__url__')} has the key {value}, not below "
+                        f"the {block} ids of each of the {max(self.sources.values()) + 1} ::-joined sources (source {source} "
+                        f"starts at id {source * block}): set --decl-num-samples above the largest key of any "
+                        "source")
+                value += source * block
+            if self.stats is not None:
+                if hashed:
+                    self.stats.skipped("hashed")
+                if self.stats.tracking():
+                    digest = hashlib.blake2b(f"{sample.get('__url__')}/{sample.get('__key__')}".encode(),
+                                             digest_size=8).digest()
+                    self.stats.pairs.append((value, int.from_bytes(digest, "big") >> 1))
+            sample["__id__"] = torch.tensor(value, dtype=torch.long)
+            yield sample
 
 
 class _ResampleSeed:
@@ -127,6 +480,10 @@ def get_wds_train_dataset(args, preprocess_img, is_train=True, epoch=0, floor=Fa
         raise ValueError("--train-data-upsampling-factors is only supported with --dataset-resampled")
     shared_epoch = oc_data.SharedEpoch(epoch=epoch)
 
+    all_urls, _ = oc_data.expand_urls(input_shards)
+    track = getattr(args, "decl_num_samples", None) is not None
+    stats = DataStats(args.workers, shared_epoch, track_epoch=epoch if track else None)
+    sources, block = id_layout(input_shards, getattr(args, "decl_id_block", None))
     if resampled:
         pipeline = [oc_data.ResampledShards2(
             input_shards, weights=args.train_data_upsampling_factors, deterministic=True, epoch=shared_epoch,
@@ -141,15 +498,19 @@ def get_wds_train_dataset(args, preprocess_img, is_train=True, epoch=0, floor=Fa
             wds.split_by_worker,
         ]
     pipeline.extend([
-        oc_data.tarfile_to_samples_nothrow,
+        # OpenCLIP's tarfile_to_samples_nothrow, with each shard's account (see the module docstring)
+        _OpenShards(stats, len(all_urls)),
+        _ExpandTars(stats),
+        _GroupSamples(stats),
         SeededSampleShuffle(oc_data._SAMPLE_SHUFFLE_SIZE, oc_data._SAMPLE_SHUFFLE_INITIAL, args.seed, shared_epoch),
-        wds.select(has_caption_and_image),
-        wds.decode("pilrgb", handler=oc_data.log_and_continue),
-        wds.map(_AttachId(getattr(args, "decl_num_samples", None)), handler=oc_data.log_and_continue),
+        _Select(stats),
+        _Decode(stats),
+        _AttachId(getattr(args, "decl_num_samples", None), stats, sources if block else None, block),
         wds.rename(image=";".join(_IMAGE_EXTS), text="txt"),
         wds.map_dict(image=preprocess_img, text=lambda text: tokenizer(text)[0]),
         wds.to_tuple("image", "text", "__id__"),
         wds.batched(args.batch_size, partial=False),
+        _EveryPassYields(stats, args.batch_size),
     ])
     dataset = wds.DataPipeline(*pipeline)
 
@@ -173,4 +534,5 @@ def get_wds_train_dataset(args, preprocess_img, is_train=True, epoch=0, floor=Fa
     )
     dataloader.num_batches = num_batches
     dataloader.num_samples = num_samples
+    dataloader.data_stats = stats
     return oc_data.DataInfo(dataloader=dataloader, shared_epoch=shared_epoch)
