@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import logging
 import os
 import subprocess
@@ -295,9 +296,19 @@ def test_a_shard_that_disappears_is_skipped_and_no_shard_left_is_an_error_not_a_
         _epoch(_pipeline(few, batch_size=4))
 
 
-def test_joined_sources_get_disjoint_ids_and_collisions_are_counted(tmp_path):
+def _loss_refuses(ids, num_samples, match):
+    """The loss, which sees the ids of the whole global batch (so every rank stops together), refuses them."""
+    from clip_dcl.losses import create_loss
+    from clip_dcl.losses.decl import SampleIdError
+
+    f = torch.nn.functional.normalize(torch.randn(len(ids), 4), dim=-1)
+    with pytest.raises(SampleIdError, match=match):
+        create_loss("decl", rate="index", num_samples=num_samples)(f, f, torch.tensor(1.0),
+                                                                   sample_ids=torch.tensor(ids))
+
+
+def test_joined_sources_get_disjoint_ids_and_collisions_are_counted(tmp_path, caplog):
     from clip_dcl.train.flags import parse_train_args
-    from clip_dcl.train.ids import SampleIdOutOfRange
     from clip_dcl.train.pipeline import id_collisions
 
     a = write_shards(tmp_path / "a", dense_keys(num_shards=2, per_shard=8))  # keys 0..15
@@ -313,24 +324,28 @@ def test_joined_sources_get_disjoint_ids_and_collisions_are_counted(tmp_path):
     shared = _pipeline(joined, batch_size=4, num_samples=32)
     _epoch(shared)
     assert id_collisions(shared.dataloader.data_stats.collect(0)["pairs"]) == (32, 16)
-    # a key beyond the source's range names the flag
-    with pytest.raises(SampleIdOutOfRange, match=r"key 1[0-5], not below the 10 ids of each of the 2 ::-joined "
-                                                  r"sources .* --decl-num-samples"):
-        _epoch(_pipeline(joined, batch_size=4, num_samples=20, block=10))
+    # a key beyond the source's range is logged with its shard and key, naming the flag, and given an id
+    # outside the buffer, which the loss refuses
+    ids = _epoch(_pipeline(joined, batch_size=4, num_samples=20, block=10))
+    assert re.search(r"key 1[0-5], not below the 10 ids of each of the 2 ::-joined sources .* --decl-num-samples",
+                     caplog.text)
+    assert max(ids) >= 20
+    _loss_refuses(ids, 20, r"outside \[0, num_samples=20\)")
 
 
-def test_a_negative_key_gets_its_own_message(tmp_path):
+def test_a_negative_key_gets_its_own_message(tmp_path, caplog):
     import webdataset as wds
-
-    from clip_dcl.train.ids import SampleIdOutOfRange
 
     (tmp_path / "s").mkdir()
     with wds.TarWriter(str(tmp_path / "s" / "00000.tar")) as w:
         for k in (1, -5, 2, 3):
             w.write({"__key__": f"s{k + 10}", "jpg": _jpeg(), "txt": f"sample {k}",
                      "json": json.dumps({"key": k}).encode()})
-    with pytest.raises(SampleIdOutOfRange, match=r"negative key -5: .* cannot help"):
-        _epoch(_pipeline(str(tmp_path / "s" / "00000.tar"), batch_size=2, num_samples=100, train_num_samples=4))
+    with caplog.at_level("ERROR"):
+        ids = _epoch(_pipeline(str(tmp_path / "s" / "00000.tar"), batch_size=2, num_samples=100,
+                               train_num_samples=4))
+    assert re.search(r"sample 's5' in .*00000.tar has the negative key -5: .* cannot help", caplog.text)
+    _loss_refuses(ids, 100, r"sample id -5 is negative")
 
 
 def _jpeg():

@@ -54,7 +54,7 @@ from webdataset import autodecode, tariterators
 from webdataset.gopen import gopen
 from webdataset.filters import _shuffle
 
-from .ids import SampleIdOutOfRange, id_layout, sample_id, source_index
+from .ids import id_layout, sample_id, source_index
 
 #: Attempts at opening a shard before it is skipped (a network file system may fail transiently).
 OPEN_TRIES = 3
@@ -425,19 +425,24 @@ class _AttachId:
             source = source_index(self.sources, sample.get("__url__")) if self.sources else 0
             block = self.block or self.num_samples
             value, hashed = sample_id(sample, block, with_kind=True)
+            # A bad id is logged here with its shard and key, and passed on: the loss checks the ids of the
+            # whole global batch and stops every rank together (raising in one rank's loader would leave
+            # the other ranks waiting in a collective).
             if value < 0:
-                raise SampleIdOutOfRange(
+                logging.error(
                     f"sample {sample.get('__key__')!r} in {sample.get('__url__')} has the negative key {value}: "
                     "--decl-rate index needs sample keys >= 0 (the json 'key' of img2dataset shards); fix the "
                     "shards' keys (a larger --decl-num-samples cannot help)")
-            if self.block is not None:
+            elif self.block is not None:
                 if value >= block:
-                    raise SampleIdOutOfRange(
+                    logging.error(
                         f"sample {sample.get('__key__')!r} in {sample.get('__url__')} has the key {value}, not below "
-                        f"the {block} ids of each of the {max(self.sources.values()) + 1} ::-joined sources (source {source} "
-                        f"starts at id {source * block}): set --decl-num-samples above the largest key of any "
-                        "source")
-                value += source * block
+                        f"the {block} ids of each of the {max(self.sources.values()) + 1} ::-joined sources (source "
+                        f"{source} starts at id {source * block}): set --decl-num-samples above the largest key of "
+                        "any source")
+                    value = self.num_samples + value  # out of the buffer: the loss stops the run
+                else:
+                    value += source * block
             if self.stats is not None:
                 if hashed:
                     self.stats.skipped("hashed")
