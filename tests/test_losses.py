@@ -551,3 +551,30 @@ def test_no_grad_gather_in_one_process_changes_nothing(name, kw):
         results.append((loss, grads(loss, a)))
     torch.testing.assert_close(results[0][0], results[1][0], rtol=1e-12, atol=1e-12)
     assert_close_all(results[0][1], results[1][1])
+
+
+# -- CoCa ------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("weights", [(2.0, 1.0), (1.0, 0.5)])
+def test_coca_objective_with_infonce_equals_openclip_cocaloss(weights):
+    """Our contrastive term (dcl at tau_plus 0 = InfoNCE) plus OpenCLIP's captioning term is CoCaLoss."""
+    from open_clip.loss import CoCaLoss
+
+    from clip_dcl.losses.coca import CoCaObjective
+
+    caption_w, contrastive_w = weights
+    gen = torch.Generator().manual_seed(5)
+    f, g = features(6, seed=5)
+    logits = torch.randn(6, 7, 30, generator=gen, dtype=torch.float64)
+    labels = torch.randint(0, 30, (6, 7), generator=gen)
+    labels[:, -2:] = 0  # padding, ignored
+    a, b = leaves(f, g, 10.0), leaves(f, g, 10.0)
+    la, lb = logits.clone().requires_grad_(), logits.clone().requires_grad_()
+    ours = CoCaObjective(create_loss("dcl", tau_plus=0.0), caption_w, contrastive_w)(
+        a[0], a[1], la, labels, a[2], output_dict=True)
+    want = CoCaLoss(caption_loss_weight=caption_w, clip_loss_weight=contrastive_w)(
+        b[0], b[1], lb, labels, b[2], output_dict=True)
+    assert set(ours) == {"dcl_loss", "caption_loss"}
+    torch.testing.assert_close(ours["dcl_loss"], want["contrastive_loss"])
+    torch.testing.assert_close(ours["caption_loss"], want["caption_loss"])
+    total_a, total_b = sum(ours.values()), sum(want.values())
+    assert_close_all(grads(total_a, [*a, la]), grads(total_b, [*b, lb]))

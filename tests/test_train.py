@@ -278,6 +278,7 @@ def test_ids_out_of_range_stop_with_the_flag_to_set(bad, message):
     (["--loss", "dcl", "--no-grad-gather"], "--local-loss"),
     (["--loss", "decl", "--no-grad-gather", "--local-loss", "--gather-with-grad"], "--gather-with-grad"),
     (["--loss", "clip", "--no-grad-gather", "--local-loss", "--siglip"], "--siglip"),
+    (["--loss", "decl", "--no-grad-gather", "--local-loss", "--model", "coca_ViT-B-32"], "CoCa"),
     (["--loss", "decl", "--decl-state", "everywhere"], "everywhere"),
     (["--loss", "decl", "--decl-state-dtype", "int8"], "int8"),
     (["--loss", "decl", "--tau-plus", "0.1"], "--tau-plus"),
@@ -487,3 +488,32 @@ def test_openclip_logging_setup_leaves_torch_loggers_alone():
         for h in logging.root.handlers[len(root_handlers):]:
             logging.root.removeHandler(h)
         other.setLevel(logging.NOTSET)
+
+
+def test_batches_without_ids_name_the_rates_that_need_none():
+    from clip_dcl.losses import create_loss
+    from clip_dcl.train.ids import MissingSampleIds
+    from clip_dcl.train.patch import _IdChannel, _LossWithIds
+
+    class TwoTuples(list):  # a data path whose batches are (images, texts) only
+        num_batches, num_samples = 1, 2
+
+    channel = _IdChannel(TwoTuples([(torch.zeros(2, 4), torch.zeros(2, 4))]), 1)
+    list(channel)
+    f = torch.nn.functional.normalize(torch.randn(2, 4), dim=-1)
+    with pytest.raises(MissingSampleIds, match="--decl-rate queue / batch"):
+        _LossWithIds(create_loss("decl", rate="index", num_samples=10), channel, torch.device("cpu"))(f, f, torch.tensor(1.0))
+
+
+def test_synthetic_and_csv_data_size_the_decl_buffer(tmp_path):
+    from clip_dcl.train.flags import parse_train_args
+
+    cfg = parse_train_args(["--loss", "decl", "--dataset-type", "synthetic", "--train-num-samples", "300"])
+    assert cfg.num_samples == 300 and cfg.loss_kwargs["num_samples"] == 300
+    csv = tmp_path / "train.csv"
+    csv.write_text("filepath\ttitle\n" + "".join(f"x{i}.png\tcaption {i}\n" for i in range(7)))
+    cfg = parse_train_args(["--loss", "decl", "--train-data", str(csv)], check_files=False)
+    assert cfg.num_samples == 7
+    cfg = parse_train_args(["--loss", "dcl", "--model", "coca_ViT-B-32", "--dataset-type", "synthetic",
+                            "--train-num-samples", "8"])
+    assert cfg.loss == "dcl"  # CoCa takes our contrastive term

@@ -30,9 +30,16 @@ def _without_worker_traceback(e: Exception) -> str:
 def main(argv: Optional[List[str]] = None) -> int:
     """Train from a command line (a list of words, as after ``python -m clip_dcl.train``).
 
-    Our flags are validated before OpenCLIP touches data or models: a bad value returns 2 with a
-    message naming it on stderr. Returns 0 when OpenCLIP's ``main`` finishes, 1 when it refuses to
-    start (e.g. the experiment name exists) or a sample id does not fit ``--decl-num-samples``.
+    Returns the exit code, which a caller must check (the command line exits with it):
+
+    - ``0``: OpenCLIP's ``main`` finished (or ``--help`` was printed);
+    - ``2``: a flag was refused before any work (the message, naming the flag, is on stderr);
+    - ``1``: the run stopped with a clear error (logged, and on stderr): OpenCLIP refused to start
+      (e.g. the experiment name exists), a sample id is missing or does not fit the buffer, the
+      loss state of ``--resume`` does not fit, a checkpoint cannot be read, or no training data.
+
+    Any other exception (a bug, or a failure inside OpenCLIP) propagates, as from OpenCLIP's own
+    ``main``.
     """
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["--"]:  # torchrun ... -m clip_dcl.train -- ARGS
@@ -50,12 +57,13 @@ def main(argv: Optional[List[str]] = None) -> int:
         return 0
 
     from ..checkpoint import CheckpointUnreadable
+    from .ids import MissingSampleIds
     from .patch import LossStateMismatch, SampleIdOutOfRange, run_training
     from .pipeline import TrainingDataError
 
     try:
         return run_training(config)
-    except (SampleIdOutOfRange, LossStateMismatch, CheckpointUnreadable, TrainingDataError) as e:
+    except (MissingSampleIds, SampleIdOutOfRange, LossStateMismatch, CheckpointUnreadable, TrainingDataError) as e:
         e = _without_worker_traceback(e)
         if logging.getLogger().handlers:  # OpenCLIP's logging is set up: into out.log and stderr
             logging.error(f"clip-dcl train: error: {e}")

@@ -251,18 +251,27 @@ def _given_model(argv: List[str]) -> bool:
 
 
 def _resolve_num_samples(oc_args, given: Optional[int]) -> Optional[int]:
-    """``--decl-num-samples``, or the training shards' sample count from ``sizes.json``."""
+    """``--decl-num-samples``, or the training data's size: the sum of the shards' ``sizes.json``, the
+    CSV's rows, or ``--train-num-samples`` for OpenCLIP's synthetic data (the ids are the keys, the
+    rows and the indices)."""
     if given is not None:
         return given
+    kind = oc_args.dataset_type
+    if kind == "synthetic":
+        if not oc_args.train_num_samples:
+            raise FlagError("--dataset-type synthetic makes --train-num-samples samples, whose indices are the "
+                            "sample ids: set --train-num-samples")
+        return int(oc_args.train_num_samples)
     if not oc_args.train_data:
         return None  # evaluation only: the loss is never built
-    kind = oc_args.dataset_type
-    if kind == "auto":
-        kind = "webdataset" if oc_args.train_data.split(".")[-1] == "tar" else "other"
+    if kind == "auto":  # as OpenCLIP's get_dataset_fn decides
+        kind = {"tar": "webdataset", "csv": "csv", "tsv": "csv"}.get(oc_args.train_data.split(".")[-1], "other")
+    if kind == "csv":
+        return _csv_rows(oc_args)
     if kind != "webdataset":
-        raise FlagError(f"--decl-rate index reads sample ids from webdataset shards, but --dataset-type is "
-                        f"{oc_args.dataset_type!r} for --train-data {oc_args.train_data!r}; use webdataset shards, "
-                        "or --decl-rate queue / batch")
+        raise FlagError(f"--decl-rate index takes sample ids from webdataset keys, CSV rows or synthetic indices, "
+                        f"and --dataset-type {oc_args.dataset_type!r} with --train-data {oc_args.train_data!r} has "
+                        "none of them; use webdataset shards or a CSV, or --decl-rate queue / batch (no ids needed)")
     from open_clip_train.data import get_dataset_size
 
     try:
@@ -279,6 +288,18 @@ def _resolve_num_samples(oc_args, given: Optional[int]) -> Optional[int]:
     return int(total)
 
 
+def _csv_rows(oc_args) -> int:
+    """Rows of the training CSV (one column read), OpenCLIP's ``CsvDataset`` size."""
+    import pandas as pd
+
+    try:
+        return len(pd.read_csv(oc_args.train_data, sep=oc_args.csv_separator, usecols=[oc_args.csv_caption_key]))
+    except (OSError, ValueError) as e:
+        raise FlagError(f"--train-data {oc_args.train_data!r}: cannot read the CSV's column "
+                        f"{oc_args.csv_caption_key!r} to size the per-sample buffer ({e}); fix it or set "
+                        "--decl-num-samples") from None
+
+
 def _per_source_ids(oc_args, given: Optional[int], resolved: Optional[int]):
     """``(buffer size, ids per source)`` for ``::``-joined training sources (``clip_dcl.train.ids``).
 
@@ -287,7 +308,7 @@ def _per_source_ids(oc_args, given: Optional[int], resolved: Optional[int]):
     """
     from .ids import num_sources
 
-    k = num_sources(oc_args.train_data)
+    k = num_sources(oc_args.train_data) if oc_args.train_data else 1
     if k < 2 or resolved is None:
         return resolved, None
     block = given
@@ -393,9 +414,8 @@ def parse_train_args(argv: List[str], check_files: bool = True) -> Optional[Trai
     if foreign:
         owners = sorted({LOSS_FLAGS[d][0] for d in given if LOSS_FLAGS[d][0] != loss})
         raise FlagError(f"{', '.join(foreign)} only apply to --loss {' / '.join(owners)}, not --loss {loss}")
-    if loss != "clip":
+    if loss != "clip":  # a CoCa model takes our contrastive term (clip_dcl.losses.coca)
         for bad, why in ((oc_args.siglip, "--siglip"), (oc_args.distill_model, "--distill-model"),
-                         ("coca" in oc_args.model.lower(), f"--model {oc_args.model} (CoCa)"),
                          (oc_args.horovod, "--horovod")):
             if bad:
                 raise FlagError(f"--loss {loss} cannot be combined with {why}: that objective is OpenCLIP's own; "

@@ -41,6 +41,10 @@ from typing import Dict, Mapping, Optional, Tuple
 _HASH_MODULUS = 2 ** 62
 
 
+class MissingSampleIds(RuntimeError):
+    """The loss needs sample ids (``--decl-rate index``) and the training batches carry none."""
+
+
 class SampleIdOutOfRange(RuntimeError):
     """A sample id does not fit the loss's per-sample buffer (``--decl-num-samples`` is too small),
     or is negative."""

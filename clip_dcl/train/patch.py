@@ -29,6 +29,9 @@ duration of the call (and restored afterwards):
 ``open_clip_train.data.get_wds_dataset``
     for training, :func:`clip_dcl.train.pipeline.get_wds_train_dataset` (batches carry ids);
     validation keeps OpenCLIP's.
+``open_clip_train.data.get_csv_dataset``, ``get_synthetic_dataset``
+    OpenCLIP's, with each training batch extended by the samples' indices (the CSV row, the
+    synthetic sample's index) as their ids (:func:`clip_dcl.train.pipeline.with_indices`).
 
 Also per epoch: the main process's RNGs are seeded from ``(--seed, epoch, rank)``, so that a run
 resumed at an epoch boundary repeats an uninterrupted run (the data workers do the same, see
@@ -73,8 +76,8 @@ from clip_dcl.losses.state import digest_of_state_dict
 from .. import checkpoint as ckpt_format
 from . import loss_state as sharded_state
 from .flags import TrainConfig, loss_flags
-from .ids import SampleIdOutOfRange
-from .pipeline import get_wds_train_dataset, id_collisions, mix_seed, summary_line
+from .ids import MissingSampleIds, SampleIdOutOfRange
+from .pipeline import get_wds_train_dataset, id_collisions, mix_seed, summary_line, with_indices
 
 #: The open_clip_torch releases whose ``open_clip_train`` this module patches: ``>=`` first, ``<`` second.
 SUPPORTED_OPENCLIP = ((3, 3), (3, 4))
@@ -114,6 +117,8 @@ _TARGETS = {
     ("train", "unwrap_model"): ["model"],
     ("params", "parse_args"): ["args"],
     ("data", "get_wds_dataset"): ["args", "preprocess_img", "is_train", "epoch", "floor", "tokenizer"],
+    ("data", "get_csv_dataset"): ["args", "preprocess_fn", "is_train", "epoch", "tokenizer"],
+    ("data", "get_synthetic_dataset"): ["args", "preprocess_fn", "is_train", "epoch", "tokenizer"],
     ("data", "get_dataset_fn"): ["data_path", "dataset_type"],
     ("data", "get_dataset_size"): ["shards"],
     ("data", "expand_urls"): ["urls", "weights"],
@@ -136,7 +141,7 @@ _SOURCE_NEEDS = {
                        "create_loss(args)", "train_one_epoch(model, data, loss, epoch", "get_latest_checkpoint("],
     ("train", "train_one_epoch"): ['f"Train Epoch: {epoch} [', 'f"Data (t): ', 'f"Batch (t): ',
                                    "images, texts = batch"],
-    ("data", "get_dataset_fn"): ["return get_wds_dataset"],
+    ("data", "get_dataset_fn"): ["return get_wds_dataset", "return get_csv_dataset", "return get_synthetic_dataset"],
 }
 
 
@@ -201,6 +206,8 @@ check_openclip()
 _OPENCLIP_CREATE_LOSS = oc_main.create_loss
 _OPENCLIP_TRAIN_ONE_EPOCH = oc_train.train_one_epoch
 _OPENCLIP_GET_WDS_DATASET = oc_data.get_wds_dataset
+_OPENCLIP_GET_CSV_DATASET = oc_data.get_csv_dataset
+_OPENCLIP_GET_SYNTHETIC_DATASET = oc_data.get_synthetic_dataset
 _OPENCLIP_PT_LOAD = oc_main.pt_load
 _OPENCLIP_SETUP_LOGGING = oc_main.setup_logging
 
@@ -289,8 +296,9 @@ class _LossWithIds:
         if getattr(self.loss, "requires_sample_ids", False):
             ids = self.channel.ids()
             if ids is None:
-                raise SampleIdOutOfRange("this loss needs sample ids and the training batches carry none "
-                                         "(use webdataset shards: --dataset-type webdataset)")
+                raise MissingSampleIds("--decl-rate index needs sample ids and the training batches carry none: "
+                                       "train on webdataset shards, a CSV or --dataset-type synthetic, or use "
+                                       "--decl-rate queue / batch (no ids needed)")
             kwargs["sample_ids"] = ids.to(self.device, non_blocking=True)
         try:
             # the loss checks the ids of the whole global batch, so every rank raises together
@@ -377,6 +385,7 @@ class TrainingRun:
         self.preprocess_cfg: Optional[dict] = None
         self.train_num_batches: Optional[int] = None  # batches per epoch of the training data
         self.shards = None  # the folder of this epoch's loss-state shards (sharded DeCL state)
+        self.train_data_size: Optional[int] = None  # rows of a CSV / size of synthetic training data
         self.resume_latest = False  # --resume latest (main replaces args.resume with the file it found)
 
     # open_clip_train.main.parse_args
@@ -474,7 +483,13 @@ class TrainingRun:
                                gather_with_grad=args.gather_with_grad, **cfg.loss_kwargs, **on_device)
         loss = loss.to(args.device) if isinstance(loss, torch.nn.Module) else loss
         self._restore(loss)
-        self.loss = loss
+        self.loss = loss  # the module whose state is checkpointed
+        if cfg.loss != "clip" and "coca" in args.model.lower():
+            # CoCa: our contrastive term, OpenCLIP's captioning term, both with OpenCLIP's weights
+            from clip_dcl.losses.coca import CoCaObjective
+
+            loss = CoCaObjective(loss, caption_loss_weight=args.coca_caption_loss_weight,
+                                 contrastive_loss_weight=args.coca_contrastive_loss_weight)
         if args.rank == 0:
             logging.info(f"Loss: {cfg.loss} {cfg.loss_args} -> {loss}")
         return loss
@@ -491,6 +506,11 @@ class TrainingRun:
         if self.resumed is None:
             return
         state, meta = self.resumed["loss_state"], self.resumed["clip_dcl"] or {}
+        saved_size = meta.get("train_data_size")
+        if saved_size is not None and self.train_data_size is not None and saved_size != self.train_data_size:
+            logging.warning(f"{self.resumed_path} was trained on {saved_size} samples of --train-data, which now has "
+                            f"{self.train_data_size}: its rows are the sample ids, so rows that moved read the rates "
+                            "of other samples (keep the CSV's rows in place between a run and its resume)")
         stateful = isinstance(loss, torch.nn.Module) and len(loss.state_dict()) > 0
         saved_loss = meta.get("loss")
         if saved_loss is not None and saved_loss != self.config.loss:
@@ -536,6 +556,7 @@ class TrainingRun:
         finally:
             logging.getLogger().removeFilter(hook)
         self.log_data_stats(data["train"].dataloader.dataloader, epoch, args)
+        loss = getattr(loss, "contrastive", loss)  # CoCa: the contrastive term holds the state
         if isinstance(loss, torch.nn.Module) and len(loss.state_dict()):
             self.shards = sharded_state.write_shards(loss, args, epoch + 1)
             state = loss.state_dict()
@@ -588,8 +609,11 @@ class TrainingRun:
     def checkpoint_meta(self) -> dict:
         """What a downstream loader needs without the training flags (``ckpt["clip_dcl"]``)."""
         args = self.args
-        return ckpt_format.checkpoint_entry(args.model, ckpt_format.trained_model_config(args), self.preprocess_cfg,
-                                            self.config.loss, self.config.loss_args)
+        entry = ckpt_format.checkpoint_entry(args.model, ckpt_format.trained_model_config(args), self.preprocess_cfg,
+                                             self.config.loss, self.config.loss_args)
+        if self.train_data_size is not None:  # CSV rows / synthetic samples: the ids are their indices
+            entry["train_data_size"] = self.train_data_size
+        return entry
 
     # open_clip_train.data.get_wds_dataset
     def get_wds_dataset(self, args, preprocess_img, is_train, epoch=0, floor=False, tokenizer=None):
@@ -600,6 +624,22 @@ class TrainingRun:
             return info
         return _OPENCLIP_GET_WDS_DATASET(args, preprocess_img, is_train, epoch=epoch, floor=floor,
                                          tokenizer=tokenizer)
+
+    # open_clip_train.data.get_csv_dataset / get_synthetic_dataset
+    def _map_style(self, load, args, preprocess_fn, is_train, epoch=0, tokenizer=None):
+        info = load(args, preprocess_fn, is_train, epoch=epoch, tokenizer=tokenizer)
+        if not is_train:
+            return info
+        info = with_indices(info)  # the row (CSV) or index (synthetic) is the sample id
+        self.train_num_batches = info.dataloader.num_batches
+        self.train_data_size = info.dataloader.num_samples
+        return info
+
+    def get_csv_dataset(self, args, preprocess_fn, is_train, epoch=0, tokenizer=None):
+        return self._map_style(_OPENCLIP_GET_CSV_DATASET, args, preprocess_fn, is_train, epoch, tokenizer)
+
+    def get_synthetic_dataset(self, args, preprocess_fn, is_train, epoch=0, tokenizer=None):
+        return self._map_style(_OPENCLIP_GET_SYNTHETIC_DATASET, args, preprocess_fn, is_train, epoch, tokenizer)
 
 
 @contextlib.contextmanager
@@ -614,6 +654,8 @@ def patched(run: TrainingRun):
         (oc_main, "torch"): _Overlay(torch, save=run.save, nn=_Overlay(
             torch.nn, parallel=_Overlay(torch.nn.parallel, DistributedDataParallel=_cpu_safe_ddp))),
         (oc_data, "get_wds_dataset"): run.get_wds_dataset,
+        (oc_data, "get_csv_dataset"): run.get_csv_dataset,
+        (oc_data, "get_synthetic_dataset"): run.get_synthetic_dataset,
     }
     saved = {key: getattr(*key) for key in targets}
     for (module, name), value in targets.items():

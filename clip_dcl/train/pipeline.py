@@ -35,6 +35,7 @@ workers to the main process.
 from __future__ import annotations
 
 import hashlib
+import dataclasses
 import logging
 import math
 import multiprocessing
@@ -541,3 +542,38 @@ def get_wds_train_dataset(args, preprocess_img, is_train=True, epoch=0, floor=Fa
     dataloader.num_samples = num_samples
     dataloader.data_stats = stats
     return oc_data.DataInfo(dataloader=dataloader, shared_epoch=shared_epoch)
+
+
+# -- ids on OpenCLIP's map-style data paths (CSV, synthetic) ---------------------------------------
+class IndexedDataset(torch.utils.data.Dataset):
+    """A map-style data set whose items also carry their index, which is the sample id.
+
+    For OpenCLIP's ``CsvDataset`` that is the row of the CSV (so ids are stable as long as the CSV
+    keeps its rows in place: a split or reordered CSV gives other rows the same ids), for its
+    ``SyntheticDataset`` the sample's index.
+    """
+
+    def __init__(self, base):
+        self.base = base
+
+    def __len__(self):
+        return len(self.base)
+
+    def __getitem__(self, idx):
+        return (*self.base[idx], torch.tensor(idx, dtype=torch.long))
+
+
+def with_indices(info):
+    """OpenCLIP's ``DataInfo`` of a map-style training set, its batches extended with the sample ids.
+
+    The same sampler (OpenCLIP's ``DistributedSampler``, or the random sampler of one process),
+    batch size, workers and ``drop_last``, so the data order is OpenCLIP's own.
+    """
+    from torch.utils.data import DataLoader
+
+    old = info.dataloader
+    loader = DataLoader(IndexedDataset(old.dataset), batch_size=old.batch_size, sampler=old.sampler,
+                        num_workers=old.num_workers, pin_memory=old.pin_memory, drop_last=old.drop_last,
+                        collate_fn=old.collate_fn, persistent_workers=old.persistent_workers)
+    loader.num_samples, loader.num_batches = old.num_samples, old.num_batches
+    return dataclasses.replace(info, dataloader=loader)

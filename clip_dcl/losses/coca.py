@@ -1,0 +1,56 @@
+"""CoCa's objective with a clip-dcl contrastive term: ``dcl`` or ``decl`` for CoCa models.
+
+CoCa (Yu et al. 2022) trains a contrastive term and a captioning term; OpenCLIP's ``CoCaLoss``
+computes both, the contrastive one with InfoNCE. :class:`CoCaObjective` keeps OpenCLIP's
+captioning term as it is (``CoCaLoss`` with its contrastive weight at 0, so only the caption
+cross-entropy is computed, with the padding id ignored) and takes the contrastive term from any
+clip-dcl loss, so that::
+
+    loss = contrastive_weight * ours(image_features, text_features, logit_scale)
+         + caption_weight * CE(logits, labels)
+
+as OpenCLIP's ``--coca-contrastive-loss-weight`` and ``--coca-caption-loss-weight`` weigh them.
+The contrastive loss keeps its own state (DeCL's rates) and metrics: :attr:`contrastive` is the
+module to checkpoint.
+"""
+from __future__ import annotations
+
+import torch.nn as nn
+from open_clip.loss import CoCaLoss
+
+
+class CoCaObjective(nn.Module):
+    """``contrastive_weight * contrastive(...) + OpenCLIP's CoCa captioning term``.
+
+    Args:
+        contrastive: a clip-dcl loss (``create_loss("dcl" | "decl" | "clip", ...)``).
+        caption_loss_weight, contrastive_loss_weight: OpenCLIP's ``--coca-*-loss-weight``.
+        pad_id: the tokenizer's padding id, ignored by the caption cross-entropy (OpenCLIP's default 0).
+
+    ``forward`` takes the CoCa model's outputs (``image_features``, ``text_features``, ``logits``,
+    ``labels``, ``logit_scale``) and returns ``{contrastive key: ..., "caption_loss": ...}`` with
+    ``output_dict=True`` (OpenCLIP sums the terms), else their sum.
+    """
+
+    def __init__(self, contrastive: nn.Module, caption_loss_weight: float, contrastive_loss_weight: float,
+                 pad_id: int = 0):
+        super().__init__()
+        self.contrastive = contrastive
+        self.caption = CoCaLoss(caption_loss_weight=caption_loss_weight, clip_loss_weight=0.0, pad_id=pad_id)
+        self.contrastive_loss_weight = float(contrastive_loss_weight)
+
+    @property
+    def requires_sample_ids(self) -> bool:
+        return bool(getattr(self.contrastive, "requires_sample_ids", False))
+
+    @property
+    def metrics(self) -> dict:
+        return getattr(self.contrastive, "metrics", {})
+
+    def forward(self, image_features, text_features, logits, labels, logit_scale, logit_bias=None,
+                output_dict=False, sample_ids=None):
+        terms = self.contrastive(image_features, text_features, logit_scale, logit_bias, output_dict=True,
+                                 sample_ids=sample_ids)
+        terms = {k: self.contrastive_loss_weight * v for k, v in terms.items()}
+        _, terms["caption_loss"] = self.caption(image_features, text_features, logits, labels, logit_scale)
+        return terms if output_dict else sum(terms.values())

@@ -1,0 +1,129 @@
+"""OpenCLIP's own training scenarios, run through ``python -m clip_dcl.train`` with every objective.
+
+OpenCLIP supports training on webdataset shards, a CSV and its synthetic data, with gradient
+accumulation and a locked image tower, with ``--torchscript``, and CoCa models. Each scenario here
+trains a tiny model for one short epoch with ``clip``, ``dcl`` and ``decl`` (default flags: the
+``index`` rate, whose ids are the CSV's rows and the synthetic samples' indices), and checks what
+the plugin must add: the objective's term in the log, and its state in the checkpoint. A patch
+that stops taking effect on one of OpenCLIP's paths fails here.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+pytestmark = pytest.mark.slow
+
+LOSSES = {"clip": ([], "Contrastive_loss:"), "dcl": (["--tau-plus", "0.1"], "Dcl_loss:"),
+          "decl": ([], "Decl_loss:")}
+
+
+def tiny_coca(folder: Path) -> Path:
+    """A CoCa config small enough for a CPU test (OpenCLIP treats a model named *coca* as CoCa)."""
+    path = folder / "tiny-coca.json"
+    path.write_text(json.dumps({
+        "embed_dim": 64,
+        "vision_cfg": {"image_size": 64, "layers": 1, "width": 64, "head_width": 32, "patch_size": 16,
+                       "attentional_pool": True, "attn_pooler_heads": 2, "output_tokens": True},
+        "text_cfg": {"context_length": 16, "vocab_size": 49408, "width": 64, "heads": 2, "layers": 1,
+                     "embed_cls": True, "output_tokens": True},
+        "multimodal_cfg": {"context_length": 16, "vocab_size": 49408, "width": 64, "heads": 2, "layers": 1,
+                           "attn_pooler_heads": 2},
+        "custom_text": True,
+    }))
+    return path
+
+
+def write_csv(folder: Path, rows: int = 48) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(0)
+    lines = ["filepath\ttitle"]
+    for i in range(rows):
+        img = folder / f"{i:04d}.png"
+        Image.fromarray(rng.integers(0, 255, (64, 64, 3), dtype=np.uint8)).save(img)
+        lines.append(f"{img}\ta picture number {i}")
+    path = folder / "train.csv"
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def train(tmp_path, name, data_flags, loss, extra=(), model=("--model", "clip-dcl-tiny")):
+    flags, term = LOSSES[loss]
+    logs = tmp_path / "logs"
+    cmd = [sys.executable, "-m", "clip_dcl.train", *model, *data_flags, "--batch-size", "16", "--epochs", "1",
+           "--precision", "fp32", "--device", "cpu", "--workers", "1", "--lr", "1e-3", "--warmup", "1",
+           "--log-every-n-steps", "1", "--logs", str(logs), "--name", name, "--loss", loss, *flags, *extra]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=600,
+                         env={**os.environ, "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": ""})
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-5000:]
+    log = (logs / name / "out.log").read_text()
+    lines = [line for line in log.splitlines() if "Train Epoch:" in line]
+    assert lines and all(term in line for line in lines), log[-3000:]
+    last = max((logs / name / "checkpoints").glob("epoch_[0-9]*.pt"), key=lambda p: int(p.stem.split("_")[1]))
+    ckpt = torch.load(last, map_location="cpu", weights_only=True)
+    assert ckpt["clip_dcl"]["loss"] == loss
+    return ckpt, log
+
+
+def visited(ckpt):
+    return (~torch.isnan(ckpt["loss_state"]["log_rate"]).any(0)).nonzero().flatten().tolist()
+
+
+@pytest.mark.parametrize("loss", list(LOSSES))
+def test_synthetic_data(tmp_path, loss):
+    ckpt, _ = train(tmp_path, f"synthetic-{loss}", ["--dataset-type", "synthetic", "--train-num-samples", "48"], loss)
+    if loss == "decl":  # the default index rate: the 48 samples' indices, all visited in one epoch
+        assert ckpt["clip_dcl"]["loss_args"]["num_samples"] == 48 and visited(ckpt) == list(range(48))
+
+
+@pytest.mark.parametrize("loss", list(LOSSES))
+def test_csv_data(tmp_path, loss):
+    csv = write_csv(tmp_path / "csv")
+    ckpt, _ = train(tmp_path, f"csv-{loss}", ["--train-data", str(csv), "--dataset-type", "csv"], loss)
+    if loss == "decl":  # the rows are the ids; the buffer is the CSV's size
+        assert ckpt["clip_dcl"]["loss_args"]["num_samples"] == 48 and visited(ckpt) == list(range(48))
+        assert ckpt["clip_dcl"]["train_data_size"] == 48
+
+
+def test_csv_resume_warns_when_the_rows_changed(tmp_path):
+    csv = write_csv(tmp_path / "csv")
+    ckpt, _ = train(tmp_path, "first", ["--train-data", str(csv), "--dataset-type", "csv"], "decl")
+    shorter = tmp_path / "csv" / "shorter.csv"
+    shorter.write_text("\n".join(csv.read_text().splitlines()[:33]) + "\n")  # 32 rows
+    path = tmp_path / "logs" / "first" / "checkpoints" / "epoch_1.pt"
+    _, log = train(tmp_path, "resumed", ["--train-data", str(shorter), "--dataset-type", "csv"], "decl",
+                   extra=["--resume", str(path), "--epochs", "2", "--decl-num-samples", "48"])
+    assert "was trained on 48 samples of --train-data, which now has 32" in log
+
+
+@pytest.mark.parametrize("loss", list(LOSSES))
+def test_accumulation_with_a_locked_image_tower(tmp_path, loss):
+    ckpt, _ = train(tmp_path, f"accum-{loss}", ["--dataset-type", "synthetic", "--train-num-samples", "64"], loss,
+                    extra=["--accum-freq", "2", "--lock-image", "--lock-image-unlocked-groups", "1"])
+    if loss == "decl":  # 64 samples / (16 x 2) = 2 optimizer steps, 2 loss calls each
+        assert int(ckpt["loss_state"]["calls"]) == 4 and visited(ckpt) == list(range(64))
+
+
+@pytest.mark.parametrize("loss", ["clip", "decl"])
+def test_torchscript(tmp_path, loss):
+    train(tmp_path, f"torchscript-{loss}", ["--dataset-type", "synthetic", "--train-num-samples", "32"], loss,
+          extra=["--torchscript"])
+
+
+@pytest.mark.parametrize("loss", list(LOSSES))
+def test_coca(tmp_path, loss):
+    config = tiny_coca(tmp_path)
+    ckpt, log = train(tmp_path, f"coca-{loss}", ["--dataset-type", "synthetic", "--train-num-samples", "32"], loss,
+                      model=("--model-config", str(config)),
+                      extra=["--coca-caption-loss-weight", "2.0", "--coca-contrastive-loss-weight", "1.0"])
+    assert "Caption_loss:" in log
+    if loss == "decl":
+        assert visited(ckpt) == list(range(32))
