@@ -6,7 +6,7 @@ duration of the call (and restored afterwards):
 ``open_clip_train.main.parse_args``
     OpenCLIP's parser, plus our flags as attributes of ``args`` (so ``params.txt`` lists them).
 ``open_clip_train.main.create_loss``
-    ``--loss clip`` is OpenCLIP's own ``create_loss(args)`` unchanged; ``dcl``/``decl`` come from
+    ``--loss clip`` is OpenCLIP's own ``create_loss(args)`` unchanged (one caption per image); the others come from
     ``clip_dcl.losses.create_loss`` with OpenCLIP's distributed arguments. The loss is moved to
     the device and, on ``--resume``, its state is restored from the checkpoint.
 ``open_clip_train.main.train_one_epoch``
@@ -255,6 +255,7 @@ class TrainingRun:
         args.model_config = cfg.model_config
         args.no_grad_gather = cfg.no_grad_gather
         args.decl_num_samples = cfg.num_samples
+        args.captions_per_image = cfg.captions_per_image
         self.args = args
         return args
 
@@ -269,7 +270,7 @@ class TrainingRun:
     # open_clip_train.main.create_loss
     def create_loss(self, args):
         cfg = self.config
-        if cfg.loss == "clip" and not cfg.no_grad_gather:
+        if cfg.loss == "clip" and not cfg.no_grad_gather and cfg.captions_per_image == 1:
             loss = _OPENCLIP_CREATE_LOSS(args)
         else:
             from clip_dcl.losses import create_loss
