@@ -293,3 +293,64 @@ def test_auto_tau_plus_starts_at_infonce_and_logs_the_estimate():
     other = create_loss("dcl", tau_plus="auto")
     other.load_state_dict(state)
     assert float(other.tau_plus_estimate) == float(auto.tau_plus_estimate)
+
+
+# the estimator itself
+def clustered(labels, d=64, cls=1.0, inst=0.7, noise=0.5, seed=0):
+    """Image and text embeddings of samples with latent classes ``labels``: class centre + a per-sample
+    part shared by the pair + noise, so a pair scores above two samples of one class, which score above
+    two of different classes."""
+    gen = torch.Generator().manual_seed(seed)
+    n, c = len(labels), int(max(labels)) + 1
+    centres = torch.randn(c, d, generator=gen, dtype=torch.float64)
+    y = torch.as_tensor(labels)
+    own = torch.randn(n, d, generator=gen, dtype=torch.float64)
+    f = F.normalize(cls * centres[y] + inst * own + noise * torch.randn(n, d, generator=gen, dtype=torch.float64), dim=-1)
+    g = F.normalize(cls * centres[y] + inst * own + noise * torch.randn(n, d, generator=gen, dtype=torch.float64), dim=-1)
+    return f, g
+
+
+def test_two_gaussian_em_matches_scikit_learn():
+    from sklearn.mixture import GaussianMixture
+
+    from clip_dcl.losses.prior import fit_two_gaussians
+
+    gen = torch.Generator().manual_seed(0)
+    x = torch.cat([torch.randn(3000, generator=gen, dtype=torch.float64) * 0.7 - 1.0,
+                   torch.randn(1000, generator=gen, dtype=torch.float64) * 0.4 + 1.5])
+    w, mu, var = fit_two_gaussians(x, (-0.5, 1.0), (1.0, 0.5), (0.9, 0.1), iters=1000, tol=1e-12)
+    gm = GaussianMixture(2, weights_init=[0.9, 0.1], means_init=[[-0.5], [1.0]], precisions_init=[[[1.0]], [[2.0]]],
+                         tol=1e-12, max_iter=1000, reg_covar=0.0).fit(x.numpy()[:, None])
+    torch.testing.assert_close(w, torch.as_tensor(gm.weights_), rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(mu, torch.as_tensor(gm.means_[:, 0]), rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(var, torch.as_tensor(gm.covariances_[:, 0, 0]), rtol=1e-5, atol=1e-6)
+
+
+#: the documented error of tau_plus="auto" on separated classes (docs/losses.md): 0.02 absolute
+AUTO_TAU_ERROR = 0.02
+
+
+@pytest.mark.parametrize("num_classes", [4, 10, 16])
+@pytest.mark.parametrize("m", [1, 3])
+def test_auto_tau_plus_recovers_the_synthetic_class_prior(num_classes, m):
+    """Labels drawn as the synthetic data draws them (balanced classes); the estimate of one training call
+    against the share of same-class negatives in the batch."""
+    from clip_dcl.data.synth import split_labels
+
+    labels = split_labels(0, "train", 256, num_classes, 0.0)
+    f, g = clustered(labels, seed=num_classes)
+    g = g.repeat_interleave(m, 0) if m > 1 else g
+    y = torch.as_tensor(labels)
+    same = (y[:, None] == y[None, :]).double()
+    truth = float((same.sum() - len(labels)) / (len(labels) * (len(labels) - 1)))
+    assert abs(truth - 1 / num_classes) < 0.01
+    loss = create_loss("dcl", tau_plus="auto", tau_momentum=1.0)
+    loss(f, g, torch.tensor(20.0, dtype=torch.float64))
+    assert abs(loss.metrics["tau_plus_batch"] - truth) < AUTO_TAU_ERROR, (loss.metrics["tau_plus_batch"], truth)
+
+
+def test_auto_tau_plus_is_zero_without_class_structure():
+    f, g = clustered([0] * 128, cls=0.0, seed=1)  # one class: nothing but pairs and noise
+    loss = create_loss("dcl", tau_plus="auto")
+    loss(f, g, torch.tensor(20.0, dtype=torch.float64))
+    assert loss.metrics["tau_plus_batch"] < 0.01
