@@ -151,10 +151,11 @@ def extra_table(runs: Sequence[ex.Run], summary: Dict[str, Dict[str, dict]], log
 
 
 def run_tau_plus(run: ex.Run) -> Optional[float]:
-    """The run's place on the tau_plus axis: its ``--tau-plus``, 0 for clip, None for the oracle."""
+    """The run's place on the tau_plus axis: its ``--tau-plus``, 0 for clip, None for the oracle and ``auto``."""
     flags = list(run.flags)
     if "--tau-plus" in flags:
-        return float(flags[flags.index("--tau-plus") + 1])
+        value = flags[flags.index("--tau-plus") + 1]
+        return None if value == "auto" else float(value)  # auto: no fixed place on the axis
     return 0.0 if run.name == "clip" else None
 
 
