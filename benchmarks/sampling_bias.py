@@ -123,7 +123,7 @@ def log_means(out_log: os.PathLike) -> Dict[str, float]:
 def extra_table(runs: Sequence[ex.Run], summary: Dict[str, Dict[str, dict]], logs: Dict[str, List[dict]],
                 chance: Dict[str, float]) -> str:
     """Markdown: headline scores (mean ± std, %) with their ratio to clip's mean, clamp rate and tau estimate."""
-    keys = [k for k, _ in HEADLINE] + ["retrieval/image_to_text/R@10"]
+    keys = [k for k, _ in HEADLINE] + ["retrieval/image_to_text_R@10"]
     labels = [label for _, label in HEADLINE] + ["retrieval image->text R@10"]
     head = "| objective | seeds | " + " | ".join(labels) + " | mean clamp rate | final tau_plus |"
     lines = [head, "|" + "---|" * (len(keys) + 4)]
