@@ -19,7 +19,7 @@ from pathlib import Path
 
 import torch
 
-from clip_dcl.losses import LOSSES
+from clip_dcl.losses import register_loss
 from clip_dcl.losses.base import ContrastiveLoss, all_gather_cat, compute_dtype
 from open_clip.loss import gather_features
 
@@ -41,8 +41,11 @@ def label_table(shard_dir) -> torch.Tensor:
     return table
 
 
+@register_loss("unbiased")
 class UnbiasedOracleLoss(ContrastiveLoss):
     """InfoNCE without same-class negatives (needs ``labels`` and ``sample_ids``)."""
+
+    summary = "benchmark-only oracle: InfoNCE without the anchor's latent class among the negatives"
 
     requires_sample_ids = True
     output_key = "unbiased_loss"
@@ -55,6 +58,9 @@ class UnbiasedOracleLoss(ContrastiveLoss):
     def compute(self, image_features, text_features, logit_scale, logit_bias, sample_ids):
         if sample_ids is None:
             raise ValueError("the unbiased oracle needs sample_ids= to look up labels")
+        if text_features.shape[0] != image_features.shape[0]:
+            raise ValueError(f"the unbiased oracle takes one caption per image; got {text_features.shape[0]} text rows "
+                             f"for {image_features.shape[0]} images")
         ids = sample_ids.to(self.labels.device)
         all_ids = all_gather_cat(ids, self.world_size)
         if self.world_size > 1:
@@ -100,5 +106,3 @@ class UnbiasedOracleLoss(ContrastiveLoss):
         BoundUnbiasedOracleLoss.__name__ = BoundUnbiasedOracleLoss.__qualname__ = cls.__name__
         return BoundUnbiasedOracleLoss
 
-
-LOSSES["unbiased"] = UnbiasedOracleLoss

@@ -25,6 +25,12 @@ the same settings (``--work`` keeps them), so an interrupted benchmark resumes.
 
 Run ``.venv/bin/python benchmarks/sampling_bias.py`` (``--quick``: a smoke run of a minute or two
 that writes its report under ``--work``, not into ``benchmarks/results``).
+
+``--extra`` runs the other objectives instead, against ``clip`` and ``dcl`` at the true prior measured
+in the same run (report ``sampling_bias_extra.md``/``.json``): ``--dcl-clamp biased``, a fixed
+``--dcl-temperature``, ``--tau-plus auto``, M = 3 captions per image (``clip``, ``dcl``, ``curl``)
+and hard negatives (``--hcl-beta`` 0.5 and 1). Its table gives each score's ratio to ``clip``'s, the
+mean ``Clamp_rate`` over training and the final ``Tau_plus`` estimate, read from the training logs.
 """
 from __future__ import annotations
 
@@ -79,11 +85,77 @@ def make_runs(tau_values: Sequence[float], oracle: bool = True) -> List[ex.Run]:
     return runs
 
 
+#: the fixed temperature measured by --extra (s = 1 / t = 10; CLIP starts at s = 1 / 0.07 = 14.3 and learns it)
+EXTRA_TEMPERATURE = 0.1
+
+
+def make_extra_runs(true_tau: float) -> List[ex.Run]:
+    """The --extra variants, in table order; ``dcl`` at the true prior ``true_tau`` unless said otherwise."""
+    t = f"{true_tau:g}"
+    dcl = ("--loss", "dcl", "--tau-plus", t)
+    m3 = ("--captions-per-image", "3")
+    return [
+        ex.Run("clip", ("--loss", "clip")),
+        ex.Run(f"dcl tau+={t}", dcl),
+        ex.Run(f"dcl tau+={t} clamp biased", dcl + ("--dcl-clamp", "biased")),
+        ex.Run(f"dcl tau+={t} t={EXTRA_TEMPERATURE:g}", dcl + ("--dcl-temperature", f"{EXTRA_TEMPERATURE:g}")),
+        ex.Run("dcl tau+=auto", ("--loss", "dcl", "--tau-plus", "auto")),
+        ex.Run("clip M=3", ("--loss", "clip") + m3),
+        ex.Run(f"dcl tau+={t} M=3", dcl + m3),
+        ex.Run("curl M=3", ("--loss", "curl") + m3),
+        ex.Run(f"hcl beta=0.5 tau+={t}", dcl + ("--hcl-beta", "0.5")),
+        ex.Run(f"hcl beta=1 tau+={t}", dcl + ("--hcl-beta", "1")),
+    ]
+
+
+def log_means(out_log: os.PathLike) -> Dict[str, float]:
+    """Mean ``Clamp_rate`` over a training's logged steps and its last ``Tau_plus`` (nan when not logged)."""
+    import re
+
+    path = Path(out_log)
+    text = path.read_text(errors="replace") if path.is_file() else ""
+    clamp = [float(v) for v in re.findall(r"\bClamp_rate: (\S+)", text)]
+    tau = [float(v) for v in re.findall(r"\bTau_plus: (\S+)", text)]
+    return {"clamp_rate": sum(clamp) / len(clamp) if clamp else float("nan"),
+            "tau_plus_final": tau[-1] if tau else float("nan")}
+
+
+def extra_table(runs: Sequence[ex.Run], summary: Dict[str, Dict[str, dict]], logs: Dict[str, List[dict]],
+                chance: Dict[str, float]) -> str:
+    """Markdown: headline scores (mean ± std, %) with their ratio to clip's mean, clamp rate and tau estimate."""
+    keys = [k for k, _ in HEADLINE] + ["retrieval/image_to_text_R@10"]
+    labels = [label for _, label in HEADLINE] + ["retrieval image->text R@10"]
+    head = "| objective | seeds | " + " | ".join(labels) + " | mean clamp rate | final tau_plus |"
+    lines = [head, "|" + "---|" * (len(keys) + 4)]
+    lines.append("| chance | | " + " | ".join(f"{100 * chance.get(k, float('nan')):.1f}" for k in keys) + " | | |")
+    base = summary.get("clip", {})
+    for run in runs:
+        if run.name not in summary:
+            continue
+        cells = []
+        for key in keys:
+            s = summary[run.name].get(key, {"mean": float("nan"), "std": float("nan"), "n": 0})
+            cell = f"{100 * s['mean']:.1f}" + (f" ± {100 * s['std']:.1f}" if s["n"] > 1 else "")
+            b = base.get(key, {}).get("mean", float("nan"))
+            if run.name != "clip" and b and math.isfinite(b):
+                cell += f" ({s['mean'] / b:.2f}x)"
+            cells.append(cell)
+        per_seed = logs.get(run.name, [])
+        clamp = mean_std([d["clamp_rate"] for d in per_seed])
+        tau = mean_std([d["tau_plus_final"] for d in per_seed])
+        clamp_cell = f"{clamp['mean']:.2f}" if clamp["n"] else ""
+        tau_cell = f"{tau['mean']:.3f}" + (f" ± {tau['std']:.3f}" if tau["n"] > 1 else "") if tau["n"] else ""
+        n = max(s["n"] for s in summary[run.name].values())
+        lines.append(f"| {run.name} | {n} | " + " | ".join(cells) + f" | {clamp_cell} | {tau_cell} |")
+    return "\n".join(lines)
+
+
 def run_tau_plus(run: ex.Run) -> Optional[float]:
-    """The run's place on the tau_plus axis: its ``--tau-plus``, 0 for clip, None for the oracle."""
+    """The run's place on the tau_plus axis: its ``--tau-plus``, 0 for clip, None for the oracle and ``auto``."""
     flags = list(run.flags)
     if "--tau-plus" in flags:
-        return float(flags[flags.index("--tau-plus") + 1])
+        value = flags[flags.index("--tau-plus") + 1]
+        return None if value == "auto" else float(value)  # auto: no fixed place on the axis
     return 0.0 if run.name == "clip" else None
 
 
@@ -204,6 +276,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tau-plus", type=float, nargs="+", default=None,
                    help="dcl tau_plus values (default 0.05 0.1 0.25 0.4; quick 0.25)")
     p.add_argument("--no-oracle", action="store_true", help="leave out the unbiased oracle")
+    p.add_argument("--extra", action="store_true",
+                   help="run the other objectives (M captions, curl, hcl, tau_plus auto, clamp biased, fixed "
+                        "temperature) against clip and dcl at the true prior; report sampling_bias_extra.md")
     p.add_argument("--fewshot-seeds", type=int, nargs="+", default=None,
                    help="k-shot draws of the 5-shot probe (default 0 1 2; quick 0)")
     p.add_argument("--threads", type=int, default=0,
@@ -242,6 +317,8 @@ def main(argv: Optional[List[str]] = None) -> int:
         raise SystemExit(f"--seeds must be distinct and >= 0, got {seeds}")
     taus = args.tau_plus if args.tau_plus is not None else ([0.25] if args.quick else [0.05, 0.1, 0.25, 0.4])
     fewshot_seeds = args.fewshot_seeds or ([0] if args.quick else [0, 1, 2])
+    if args.extra and args.tau_plus is not None:
+        raise SystemExit("--extra measures dcl at the true prior 1 / --num-classes; drop --tau-plus")
     try:
         runs = make_runs(taus, oracle=not args.no_oracle)
     except ValueError as e:
@@ -253,10 +330,14 @@ def main(argv: Optional[List[str]] = None) -> int:
     t_start = time.perf_counter()
 
     print(f"[sampling_bias] data: {args.num_classes} classes -> {work / 'data'}", flush=True)
-    overrides = dict(num_classes=args.num_classes)
+    overrides = dict(num_classes=args.num_classes, captions_per_image=5)
     if not args.quick or args.train_samples != 6000:
         overrides["train_samples"] = args.train_samples
     data = ex.synth_data(work / "data", quick=args.quick, **overrides)
+    stem = STEM
+    if args.extra:
+        runs = make_extra_runs(float(data["tau_plus"]))
+        stem = STEM + "_extra"
 
     entry = {ORACLE: [sys.executable, str(HERE / "train_oracle.py")]}
     results: Dict[str, List[ex.TrainResult]] = {r.name: [] for r in runs}
@@ -281,15 +362,15 @@ def main(argv: Optional[List[str]] = None) -> int:
             scores[run.name].append({**metrics, "seed": seed})
             eval_seconds[run.name].append(secs)
             write(results_dir, runs, results, scores, eval_seconds, data, budget, seeds, fewshot_seeds, command,
-                  started, time.perf_counter() - t_start, complete=(done == total))
-    print(f"[sampling_bias] wrote {results_dir / (STEM + '.md')}, .json, .png", flush=True)
-    print((results_dir / f"{STEM}.md").read_text().split("## Full comparison")[0])
+                  started, time.perf_counter() - t_start, complete=(done == total), stem=stem)
+    print(f"[sampling_bias] wrote {results_dir / (stem + '.md')}, .json, .png", flush=True)
+    print((results_dir / f"{stem}.md").read_text().split("## Full comparison")[0])
     return 0
 
 
 def write(out: Path, runs, results, scores, eval_seconds, data, budget, seeds, fewshot_seeds, command, started,
-          seconds, complete: bool) -> None:
-    """(Re)write the report from the runs finished so far."""
+          seconds, complete: bool, stem: str = STEM) -> None:
+    """(Re)write the report from the runs finished so far (``stem``: ``sampling_bias`` or its ``_extra``)."""
     have = {n: v for n, v in scores.items() if v}
     res = {n: results[n] for n in have}
     chance = ex.chance_levels(data)
@@ -304,7 +385,8 @@ def write(out: Path, runs, results, scores, eval_seconds, data, budget, seeds, f
     train_s = [r.seconds for rs in res.values() for r in rs]
     eval_s = [s for n in have for s in eval_seconds[n]]
     header = "\n".join([
-        "# Sampling bias: clip vs dcl(tau_plus) vs the unbiased oracle",
+        ("# Sampling bias, the other objectives: M captions, curl, hcl, tau_plus auto, clamp, temperature"
+         if stem != STEM else "# Sampling bias: clip vs dcl(tau_plus) vs the unbiased oracle"),
         "",
         f"- Status: {status}",
         f"- Command: `{command}`",
@@ -323,20 +405,38 @@ def write(out: Path, runs, results, scores, eval_seconds, data, budget, seeds, f
         "(oracle: `benchmarks/train_oracle.py`, the same entry point with the label table bound); "
         f"training seeds {seeds} (same data). Evaluation: `clip_dcl.experiment.evaluate`, 5-shot probe over "
         f"k-shot draws {fewshot_seeds} (reduced grid).",
-        "- Objectives: `clip` = OpenCLIP's InfoNCE (= dcl at tau_plus 0); `dcl tau+=t` = debiased contrastive loss "
-        "with class prior t; `unbiased (oracle)` = InfoNCE whose negatives exclude the anchor's latent class "
-        "(true labels; the upper reference dcl approximates).",
-        "- Raw numbers per seed, commands and training curves: `sampling_bias.json`; figure: `sampling_bias.png`.",
+        ("- Objectives: `clip` = OpenCLIP's InfoNCE (= dcl at tau_plus 0); `dcl tau+=t` = debiased contrastive loss "
+         "with class prior t; `unbiased (oracle)` = InfoNCE whose negatives exclude the anchor's latent class "
+         "(true labels; the upper reference dcl approximates)." if stem == STEM else
+         "- Objectives (each run's flags are in the json): `clip`; `dcl tau+=t` at the true prior; `clamp biased` = "
+         "clamped rows fall back to InfoNCE; `t=` = a fixed temperature for dcl instead of the learned scale; "
+         "`tau+=auto` = the prior estimated during training; `M=3` = 3 of each image's 5 captions as positives "
+         "(`--captions-per-image 3`); `curl` = Arora et al.'s block loss (logistic); `hcl beta=b` = dcl with "
+         "hard-negative weights exp(b l)."),
+        f"- Raw numbers per seed, commands and training curves: `{stem}.json`; figure: `{stem}.png`.",
     ])
     out.mkdir(parents=True, exist_ok=True)
-    report = ex.write_report(out, STEM, data=data, budget=budget, results=res, scores=have, header=header,
+    logs = {n: [log_means(Path(r.log_dir) / "out.log") for r in results[n]] for n in have}
+    report = ex.write_report(out, stem, data=data, budget=budget, results=res, scores=have, header=header,
                              extra={"seeds": seeds, "fewshot_seeds": fewshot_seeds, "command": command,
                                     "date": f"{started:%Y-%m-%d %H:%M} UTC", "machine": machine(),
                                     "complete": complete, "minutes": seconds / 60, "true_tau_plus": true_tau,
                                     "tau_plus_of_run": {r.name: run_tau_plus(r) for r in runs},
                                     "eval_seconds": {n: eval_seconds[n] for n in have},
-                                    "summary": summary})
+                                    "summary": summary, "training_logs": logs})
     ordered = [r for r in runs if r.name in have]
+    if stem != STEM:
+        md = "\n\n".join([
+            header,
+            "## Headline scores (%, mean ± sample std over training seeds; (ratio to clip's mean in this run); "
+            "mean Clamp_rate over the logged training steps; final Tau_plus estimate)",
+            extra_table(ordered, summary, logs, chance),
+            f"![curves and scores]({stem}.png)",
+            "## Full comparison (%, mean ± sample std over training seeds; best mean in bold)",
+            report["table"],
+        ]) + "\n"
+        (out / f"{stem}.md").write_text(md)
+        return
     plot_tau(ordered, have, chance, true_tau, out / f"{STEM}.png", title=title)
     md = "\n\n".join([
         header,

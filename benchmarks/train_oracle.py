@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import warnings
 from pathlib import Path
 from typing import List, Optional
 
@@ -47,7 +48,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     peek.add_argument("--train-data", default=None)
     seen, _ = peek.parse_known_args(rest)
 
-    from clip_dcl.losses import LOSSES
+    from clip_dcl.losses import register_loss
     from clip_dcl.train import main as train_main
 
     if seen.loss == "unbiased":
@@ -69,7 +70,9 @@ def main(argv: Optional[List[str]] = None) -> int:
         if bool((labels < 0).any()):
             # Gaps in the keys are fine as long as no batch holds them; the lookup would give -1.
             print(f"train_oracle.py: {int((labels < 0).sum())} key(s) below the largest have no label", file=sys.stderr)
-        LOSSES["unbiased"] = UnbiasedOracleLoss.with_labels(labels)
+        with warnings.catch_warnings():  # replacing the unbound oracle with the bound one is the point here
+            warnings.simplefilter("ignore")
+            register_loss("unbiased")(UnbiasedOracleLoss.with_labels(labels))
     return train_main(rest)
 
 

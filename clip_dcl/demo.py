@@ -35,8 +35,11 @@ def build_parser() -> argparse.ArgumentParser:
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--out", default="demo_out", help="folder for the data, the runs and the report")
     p.add_argument("--quick", action="store_true", help="a tiny version for tests (about a minute)")
-    p.add_argument("--losses", nargs="+", default=["clip", "dcl", "decl"], choices=["clip", "dcl", "decl"],
-                   help="objectives to train and compare")
+    from .losses import LOSSES
+
+    p.add_argument("--losses", nargs="+", default=["clip", "dcl", "decl"], choices=list(LOSSES),
+                   help="objectives to train and compare (any registered loss; those beyond clip, dcl and decl "
+                        "with their own defaults)")
     p.add_argument("--epochs", type=int, default=None, help=f"training epochs (default {DEMO_BUDGET.epochs}; "
                                                             f"quick {QUICK_BUDGET.epochs})")
     p.add_argument("--seed", type=int, default=0, help="training seed shared by every run")
@@ -78,7 +81,8 @@ def main(argv: Optional[List[str]] = None) -> int:
 
     print(f"[demo] 1/4 synthetic data -> {out / 'data'} (training and evaluation on {device})", flush=True)
     data = ex.synth_data(out / "data", quick=args.quick, num_classes=args.num_classes)
-    runs = [r for r in ex.default_runs(data["tau_plus"]) if r.name in args.losses]
+    known = {r.name: r for r in ex.default_runs(data["tau_plus"])}
+    runs = [known.get(name, ex.Run(name, ("--loss", name))) for name in dict.fromkeys(args.losses)]
 
     results, scores = {}, {}
     for i, run in enumerate(runs, 1):

@@ -143,3 +143,57 @@ class IndexRates:
     def log_rate(self, d, sid):
         """The stored value: relative to its step's mean estimate with ``drift``."""
         return math.log(self.rate[d][sid])
+
+
+def dcl_general(f, g, s, tau_plus, clamp="clamp", beta=0.0):
+    """DCL with ``M = len(g) / len(f)`` captions per image (Eq. 6-7) and hard-negative weights (HCL).
+
+    Image anchor i: positives the captions i*M .. i*M+M-1, negatives the captions of the other
+    images; each positive is the numerator in turn. Caption anchor c: positive image c // M,
+    negatives the other images. ``neg = N * sum_j w_j S_j / sum_j w_j`` with ``w_j = exp(beta l_j)``.
+    Returns ``(loss, clamp rate)``.
+    """
+    n_img = f.shape[0]
+    m = g.shape[0] // n_img
+    img_logits, txt_logits = s * f @ g.T, s * g @ f.T
+    directions = [
+        (img_logits, [list(range(i * m, i * m + m)) for i in range(n_img)]),
+        (txt_logits, [[c // m] for c in range(g.shape[0])]),
+    ]
+    total, clamped = 0.0, []
+    for logits, positives in directions:
+        rows = []
+        for i, pos_cols in enumerate(positives):
+            negs = [j for j in range(logits.shape[1]) if j not in pos_cols]
+            big_n = len(negs)
+            scores = [torch.exp(logits[i, j]) for j in negs]
+            weights = [torch.exp(beta * logits[i, j]) for j in negs]
+            neg = big_n * sum(w * x for w, x in zip(weights, scores)) / sum(weights)
+            pbar = sum(torch.exp(logits[i, v]) for v in pos_cols) / len(pos_cols)
+            estimate = (neg - big_n * tau_plus * pbar) / (1 - tau_plus)
+            floor = big_n * torch.exp(-s)
+            is_clamped = bool(estimate < floor)
+            clamped.append(is_clamped)
+            ng = estimate if not is_clamped else (floor if clamp == "clamp" else neg)
+            for v in pos_cols:
+                pos = torch.exp(logits[i, v])
+                rows.append(-torch.log(pos / (pos + ng)))
+        total = total + torch.stack(rows).mean()
+    return total / 2, sum(clamped) / len(clamped)
+
+
+def curl(f, g, s, link="logistic"):
+    """Arora et al.'s block loss: image i against the mean caption of each image; caption c against images."""
+    n_img = f.shape[0]
+    m = g.shape[0] // n_img
+    blocks = torch.stack([sum(g[i * m + k] for k in range(m)) / m for i in range(n_img)])
+
+    def one(logits_row, p):
+        v = [logits_row[p] - logits_row[k] for k in range(len(logits_row)) if k != p]  # v_k = s f.(p_i - p_k)
+        if link == "logistic":
+            return torch.log(1 + sum(torch.exp(-x) for x in v))
+        return torch.clamp(1 - min(v), min=0.0)
+
+    img_rows = [one(s * f[i] @ blocks.T, i) for i in range(n_img)]
+    txt_rows = [one(s * g[c] @ f.T, c // m) for c in range(g.shape[0])]
+    return (torch.stack(img_rows).mean() + torch.stack(txt_rows).mean()) / 2

@@ -112,3 +112,25 @@ def test_oracle_trains_through_clip_dcl_train_and_checkpoint_has_no_labels(tmp_p
     log = (res.log_dir / "out.log").read_text()
     share = [float(x) for x in __import__("re").findall(r"Same_class_share: (\S+)", log)]
     assert share and all(0.0 < v < 1.0 for v in share)  # labels were looked up: some negatives dropped
+
+
+def test_extra_runs_parse_with_the_training_flags_and_their_table_gives_ratios_to_clip(tmp_path):
+    from clip_dcl.train.flags import build_parser
+
+    runs = sb.make_extra_runs(0.25)
+    assert runs[0].name == "clip" and len({r.name for r in runs}) == len(runs)
+    parser = build_parser()
+    for run in runs:  # every variant's flags are real flags of clip_dcl.train
+        ours, rest = parser.parse_known_args(list(run.flags))
+        assert rest == [], run
+    m3 = [r for r in runs if "--captions-per-image" in r.flags]
+    assert {r.flags[1] for r in m3} == {"clip", "dcl", "curl"}
+    assert [sb.run_tau_plus(r) for r in runs if "auto" in r.flags] == [None]
+    log = tmp_path / "out.log"
+    log.write_text("Train Epoch: 0 Clamp_rate: 0.20000 (0.2) Tau_plus: 0.10000 (0.1)\n"
+                   "Train Epoch: 0 Clamp_rate: 0.40000 (0.3) Tau_plus: 0.20000 (0.15)\n")
+    assert sb.log_means(log) == {"clamp_rate": pytest.approx(0.3), "tau_plus_final": 0.2}
+    summary = {"clip": {k: {"mean": 0.5, "std": 0.1, "n": 3} for k, _ in sb.HEADLINE},
+               runs[1].name: {k: {"mean": 0.6, "std": 0.1, "n": 3} for k, _ in sb.HEADLINE}}
+    table = sb.extra_table(runs, summary, {runs[1].name: [sb.log_means(log)]}, {})
+    assert "60.0 ± 10.0 (1.20x)" in table and "| 0.30 | 0.200 |" in table

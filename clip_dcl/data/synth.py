@@ -153,7 +153,7 @@ class SynthConfig:
     train_samples: int = 12000
     val_samples: int = 1000
     shard_size: int = 1500
-    captions_per_image: int = 1
+    captions_per_image: int = 5
     val_captions_per_image: int = 5
     zeroshot_per_class: int = 20
     fewshot_train_per_class: int = 20

@@ -1,4 +1,4 @@
-"""Contrastive objectives for OpenCLIP: ``clip`` (InfoNCE, OpenCLIP's own), ``dcl`` and ``decl``.
+"""Contrastive objectives for OpenCLIP: ``clip`` (InfoNCE, OpenCLIP's own), ``dcl``, ``decl`` and ``curl``.
 
 A name -> class registry and a factory, in the manner of timm's model registry::
 
@@ -7,7 +7,18 @@ A name -> class registry and a factory, in the manner of timm's model registry::
     terms = loss(image_features, text_features, logit_scale, output_dict=True)
 
 ``no_grad_gather=True`` (with ``local_loss=True``) gathers the features without autograd and
-still gives every rank the exact gradient (see :mod:`clip_dcl.losses.base`), for every loss.
+still gives every rank the exact gradient (see :mod:`clip_dcl.losses.base`), for every loss whose
+gradient follows from each anchor's ``(pos, lse_neg)``; the others (``curl``, ``dcl`` with
+``beta > 0``, M > 1 captions per image) refuse it with a ``ValueError``.
+
+The registry is the source of truth for the command line: each class declares its flags
+(``flags``, a tuple of :class:`~clip_dcl.losses.base.LossFlag`) and a one-line ``summary``, and
+``clip_dcl.train`` builds ``--loss`` and the loss flags from :data:`LOSSES`. A new objective::
+
+    @register_loss("mine")
+    class MyLoss(ContrastiveLoss):
+        flags = (LossFlag("--mine-alpha", "alpha", type=float, help="..."),)
+        def __init__(self, alpha=1.0, **dist_kwargs): ...
 
 Every loss follows OpenCLIP's ``ClipLoss`` contract
 ``forward(image_features, text_features, logit_scale, logit_bias=None, output_dict=False)``
@@ -17,29 +28,37 @@ and also accepts ``sample_ids=`` (ignored unless ``loss.requires_sample_ids``). 
 """
 from __future__ import annotations
 
+import warnings
 from typing import Dict, Type
 
 import torch.nn as nn
 
+from .base import ContrastiveLoss, LossFlag
 from .clip import InfoNCEFromStats, InfoNCELoss
+from .curl import BlockContrastiveLoss
 from .dcl import DebiasedClipLoss
 from .decl import DeCLLoss
 
-LOSSES: Dict[str, Type[nn.Module]] = {
-    "clip": InfoNCELoss,
-    "dcl": DebiasedClipLoss,
-    "decl": DeCLLoss,
-}
+LOSSES: Dict[str, Type[nn.Module]] = {}
 
 
 def register_loss(name: str):
-    """Class decorator adding a loss to :data:`LOSSES` under ``name``."""
+    """Class decorator adding a loss to :data:`LOSSES` under ``name``; warns when it replaces one."""
 
     def wrap(cls):
+        old = LOSSES.get(name)
+        if old is not None and old is not cls:
+            warnings.warn(f"register_loss({name!r}) replaces {old.__module__}.{old.__qualname__} with "
+                          f"{cls.__module__}.{cls.__qualname__}", stacklevel=2)
         LOSSES[name] = cls
         return cls
 
     return wrap
+
+
+for _name, _cls in (("clip", InfoNCELoss), ("dcl", DebiasedClipLoss), ("decl", DeCLLoss),
+                    ("curl", BlockContrastiveLoss)):
+    register_loss(_name)(_cls)
 
 
 def create_loss(name: str, **kwargs) -> nn.Module:
@@ -55,4 +74,5 @@ def create_loss(name: str, **kwargs) -> nn.Module:
     return LOSSES[name](**kwargs)
 
 
-__all__ = ["LOSSES", "create_loss", "register_loss", "InfoNCELoss", "InfoNCEFromStats", "DebiasedClipLoss", "DeCLLoss"]
+__all__ = ["LOSSES", "create_loss", "register_loss", "InfoNCELoss", "InfoNCEFromStats", "DebiasedClipLoss", "DeCLLoss",
+           "BlockContrastiveLoss", "ContrastiveLoss", "LossFlag"]

@@ -61,12 +61,44 @@ import torch.nn as nn
 from open_clip.loss import gather_features
 
 
+@dataclass(frozen=True)
+class LossFlag:
+    """One command-line flag of a loss, declared on the loss class (``flags = (LossFlag(...), ...)``).
+
+    The training parser (:mod:`clip_dcl.train.flags`) adds every registered loss's flags; the value
+    goes to the loss's keyword argument ``kwarg``, whose default (read from the class's signature)
+    is the flag's default, and whose range the loss checks in ``__init__`` (``help`` states it).
+    """
+
+    flag: str  #: e.g. ``"--tau-plus"``
+    kwarg: str  #: the loss's keyword argument it sets
+    help: str
+    type: Optional[object] = None  #: a callable converting the string (None with ``choices`` or ``boolean``)
+    choices: Optional[tuple] = None
+    boolean: bool = False  #: ``--x`` / ``--no-x``
+    metavar: Optional[str] = None
+
+    @property
+    def dest(self) -> str:
+        return self.flag.lstrip("-").replace("-", "_")
+
+
 @dataclass
 class AnchorStats:
-    """Per-anchor statistics of one direction (shapes ``(n,)``, n = anchors on this rank)."""
+    """Per-anchor statistics of one direction (shapes ``(n,)``, n = anchors on this rank).
 
-    pos: torch.Tensor  #: ``l_ii``
+    With ``M > 1`` captions per image, the image direction's ``pos`` is ``(n, M)``: the logits of
+    the anchor's M captions, none of which is among its negatives.
+    """
+
+    pos: torch.Tensor  #: ``l_ii`` (``(n,)``), or ``l_{i, v}`` of the M positives (``(n, M)``)
     lse_neg: torch.Tensor  #: ``logsumexp_{j != i} l_ij``
+    #: ``N``, the anchor's negatives: ``G - 1`` candidates of the other modality, or ``(G - 1) M`` captions
+    num_negatives: int = 0
+    #: ``logsumexp_{j neg} (1 + beta) l_ij`` and ``logsumexp_{j neg} beta l_ij`` (hard-negative weights;
+    #: only when ``anchor_stats(beta=...)`` is nonzero)
+    lse_hard: Optional[torch.Tensor] = None
+    lse_weight: Optional[torch.Tensor] = None
 
 
 @dataclass
@@ -80,6 +112,8 @@ class PairStats:
     all_image_features: torch.Tensor  #: gathered (G, d) image features, compute dtype
     all_text_features: torch.Tensor  #: gathered (G, d) text features, compute dtype
     logit_scale: torch.Tensor  #: the scale ``s`` in compute dtype
+    #: ``M``, captions per image: the text rows are ``M`` times the image rows, in image order
+    captions_per_image: int = 1
 
 
 def compute_dtype(*tensors: torch.Tensor) -> torch.dtype:
@@ -97,6 +131,38 @@ def _masked_stats(logits: torch.Tensor, offset: int, both_axes: bool):
     return pos, lse_rows, lse_cols
 
 
+def _masked_block_stats(logits: torch.Tensor, pos_cols: torch.Tensor, both_axes: bool):
+    # logits: (n, C); pos_cols: (n, M) the columns of each row's positives (M >= 1).
+    # (n, M), a copy; advanced indexing keeps only the shape for its backward (gather would keep logits,
+    # which the in-place mask below then invalidates)
+    pos = logits[torch.arange(logits.shape[0], device=logits.device)[:, None], pos_cols]
+    logits.scatter_(1, pos_cols, float("-inf"))  # in place, as _masked_stats
+    lse_rows = torch.logsumexp(logits, dim=1)
+    lse_cols = torch.logsumexp(logits, dim=0) if both_axes else None
+    return pos, lse_rows, lse_cols
+
+
+def _hard_stats(masked: torch.Tensor, beta: float, dim: int):
+    """``(logsumexp (1 + beta) l, logsumexp beta l)`` over the negatives (masked entries are -inf)."""
+    return torch.logsumexp((1.0 + beta) * masked, dim=dim), torch.logsumexp(beta * masked, dim=dim)
+
+
+def captions_per_image(image_features: torch.Tensor, text_features: torch.Tensor) -> int:
+    """``M`` from the row counts: ``text_features`` holds ``M`` captions per image row, in image order.
+
+    Raises:
+        ValueError: the shapes are not ``(B, d)`` and ``(B * M, d)`` with an integer ``M >= 1``.
+    """
+    if image_features.dim() != 2 or text_features.dim() != 2 or image_features.shape[1] != text_features.shape[1] \
+            or image_features.shape[0] < 1 or text_features.shape[0] % image_features.shape[0] \
+            or text_features.shape[0] < image_features.shape[0]:
+        raise ValueError(
+            f"image_features must be (B, d) and text_features (B * M, d) with M >= 1 captions per image, in image "
+            f"order; got {tuple(image_features.shape)} and {tuple(text_features.shape)}"
+        )
+    return text_features.shape[0] // image_features.shape[0]
+
+
 def anchor_stats(
     image_features: torch.Tensor,
     text_features: torch.Tensor,
@@ -107,19 +173,23 @@ def anchor_stats(
     world_size: int = 1,
     local_loss: bool = False,
     gather_with_grad: bool = False,
+    beta: float = 0.0,
 ) -> PairStats:
     """Gather features across ranks and return the per-anchor statistics of both directions.
 
-    Shapes: ``image_features``, ``text_features``: ``(B, d)`` local rows; ``logit_scale``: scalar
-    ``s`` (already exponentiated, as OpenCLIP's models return it). With ``world_size > 1`` the
+    Shapes: ``image_features``: ``(B, d)`` local rows; ``text_features``: ``(B * M, d)``, the ``M``
+    captions of each image in image order (``M = 1``: ``(B, d)``, CLIP's pairs); ``logit_scale``:
+    scalar ``s`` (already exponentiated, as OpenCLIP's models return it). With ``world_size > 1`` the
     features are gathered with ``open_clip.loss.gather_features``; with ``local_loss`` the anchors
-    are the ``B`` local rows against all ``G`` candidates, otherwise all ``G`` rows.
+    are the local rows against all gathered candidates, otherwise all rows.
+
+    Image anchor ``i`` has the ``M`` captions ``i M .. i M + M - 1`` as positives (``pos`` is
+    ``(n, M)`` when ``M > 1``) and the ``(G - 1) M`` captions of the other images as negatives; a
+    caption anchor has its image as positive and the other ``G - 1`` images as negatives. With
+    ``beta > 0`` the hard-negative sums ``lse_hard`` and ``lse_weight`` are added (see
+    :class:`AnchorStats`).
     """
-    if image_features.shape != text_features.shape or image_features.dim() != 2:
-        raise ValueError(
-            f"image_features and text_features must both be (B, d); got {tuple(image_features.shape)} "
-            f"and {tuple(text_features.shape)}"
-        )
+    m = captions_per_image(image_features, text_features)
     batch = image_features.shape[0]
     if world_size > 1:
         # Gather in the features' own dtype (half the traffic under bf16), as ClipLoss does.
@@ -131,38 +201,69 @@ def anchor_stats(
         all_img, all_txt = image_features, text_features
     if all_img.shape[0] < 2:
         raise ValueError(f"a contrastive loss needs at least 2 pairs in the global batch; got {all_img.shape[0]}")
+    num_images = all_img.shape[0]
 
     dtype = compute_dtype(image_features, text_features)
     device_type = image_features.device.type
+    hard = [None, None, None, None]  # lse_hard / lse_weight of the image and text directions
     with torch.autocast(device_type=device_type, enabled=False):
         s = logit_scale.to(dtype) if torch.is_tensor(logit_scale) else torch.tensor(float(logit_scale), dtype=dtype)
         all_img = all_img.to(dtype)
         all_txt = all_txt.to(dtype)
-        if local_loss and world_size > 1:
-            offset = rank * batch
-            img, txt = image_features.to(dtype), text_features.to(dtype)
-            logits_img = (s * img) @ all_txt.T  # (B, G)
+        local = local_loss and world_size > 1
+        offset = rank * batch if local else 0
+        img_rows = image_features.to(dtype) if local else all_img
+        if m == 1 and local:
+            txt = text_features.to(dtype)
+            logits_img = (s * img_rows) @ all_txt.T  # (B, G)
             logits_txt = (s * txt) @ all_img.T  # (B, G)
             if logit_bias is not None:
                 logits_img = logits_img + logit_bias
                 logits_txt = logits_txt + logit_bias
             pos_i, lse_i, _ = _masked_stats(logits_img, offset, both_axes=False)
             pos_t, lse_t, _ = _masked_stats(logits_txt, offset, both_axes=False)
-        else:
-            offset = 0
+            if beta:
+                hard = [*_hard_stats(logits_img, beta, 1), *_hard_stats(logits_txt, beta, 1)]
+        elif m == 1:
             logits = (s * all_img) @ all_txt.T  # (G, G): rows are image anchors, columns text anchors
             if logit_bias is not None:
                 logits = logits + logit_bias
             pos_i, lse_i, lse_t = _masked_stats(logits, 0, both_axes=True)
             pos_t = pos_i
+            if beta:
+                hard = [*_hard_stats(logits, beta, 1), *_hard_stats(logits, beta, 0)]
+        else:
+            rows = torch.arange(img_rows.shape[0], device=all_txt.device) + offset  # global image index of each row
+            pos_cols = rows[:, None] * m + torch.arange(m, device=rows.device)  # (n, M)
+            logits_img = (s * img_rows) @ all_txt.T  # (n, G M)
+            if logit_bias is not None:
+                logits_img = logits_img + logit_bias
+            pos_i, lse_i, lse_cols = _masked_block_stats(logits_img, pos_cols, both_axes=not local)
+            if beta:
+                hard[:2] = _hard_stats(logits_img, beta, 1)
+            if local:
+                txt = text_features.to(dtype)
+                logits_txt = (s * txt) @ all_img.T  # (B M, G)
+                if logit_bias is not None:
+                    logits_txt = logits_txt + logit_bias
+                owner = (torch.arange(txt.shape[0], device=txt.device) + offset * m) // m
+                pos_t, lse_t, _ = _masked_block_stats(logits_txt, owner[:, None], both_axes=False)
+                pos_t = pos_t[:, 0]
+                if beta:
+                    hard[2:] = _hard_stats(logits_txt, beta, 1)
+            else:  # the columns of the (G, G M) matrix are the caption anchors; each had one entry masked
+                pos_t, lse_t = pos_i.reshape(-1), lse_cols
+                if beta:
+                    hard[2:] = _hard_stats(logits_img, beta, 0)
     return PairStats(
-        image=AnchorStats(pos_i, lse_i),
-        text=AnchorStats(pos_t, lse_t),
-        num_negatives=all_img.shape[0] - 1,
+        image=AnchorStats(pos_i, lse_i, (num_images - 1) * m, hard[0], hard[1]),
+        text=AnchorStats(pos_t, lse_t, num_images - 1, hard[2], hard[3]),
+        num_negatives=num_images - 1,
         row_offset=offset,
         all_image_features=all_img,
         all_text_features=all_txt,
         logit_scale=s,
+        captions_per_image=m,
     )
 
 
@@ -225,8 +326,17 @@ class ContrastiveLoss(nn.Module):
     """
 
     requires_sample_ids = False
+    #: the loss's command-line flags (see :class:`LossFlag`)
+    flags: tuple = ()
+    #: one line for ``--loss``'s help
+    summary: str = ""
     #: key of the loss term in the ``output_dict=True`` result
     output_key = "contrastive_loss"
+    #: whether the loss reaches the logits only through each anchor's ``(pos, lse_neg)`` with one
+    #: positive, which is what the ``no_grad_gather`` column term needs (see the module docstring)
+    supports_no_grad_gather = True
+    #: whether the loss takes ``M > 1`` captions per image (``text_features`` of ``B * M`` rows)
+    supports_captions_per_image = False
 
     def __init__(self, local_loss: bool = False, gather_with_grad: bool = False, cache_labels: bool = False,
                  rank: int = 0, world_size: int = 1, use_horovod: bool = False, no_grad_gather: bool = False):
@@ -240,6 +350,9 @@ class ContrastiveLoss(nn.Module):
         if no_grad_gather and gather_with_grad:
             raise ValueError("no_grad_gather=True replaces gather_with_grad=True (exact gradients without the "
                              "backward collective); pass one of them")
+        if no_grad_gather and not self.supports_no_grad_gather:
+            raise ValueError(f"no_grad_gather=True is not available for {self._no_grad_gather_blocker()}: its gradient "
+                             "does not follow from each anchor's (pos, lse_neg); use gather_with_grad=True")
         self.local_loss = bool(local_loss)
         self.gather_with_grad = bool(gather_with_grad)
         self.no_grad_gather = bool(no_grad_gather)
@@ -248,10 +361,14 @@ class ContrastiveLoss(nn.Module):
         self.metrics: dict = {}
         self._pending_stats: Optional[PairStats] = None
 
-    def stats(self, image_features, text_features, logit_scale, logit_bias=None) -> PairStats:
+    def _no_grad_gather_blocker(self) -> str:
+        """What in this loss's configuration rules out ``no_grad_gather`` (for the error message)."""
+        return type(self).__name__
+
+    def stats(self, image_features, text_features, logit_scale, logit_bias=None, beta: float = 0.0) -> PairStats:
         st = anchor_stats(
             image_features, text_features, logit_scale, logit_bias, rank=self.rank, world_size=self.world_size,
-            local_loss=self.local_loss, gather_with_grad=self.gather_with_grad,
+            local_loss=self.local_loss, gather_with_grad=self.gather_with_grad, beta=beta,
         )
         if self.no_grad_gather:
             self._pending_stats = st
@@ -262,6 +379,10 @@ class ContrastiveLoss(nn.Module):
 
     def forward(self, image_features, text_features, logit_scale, logit_bias=None, output_dict=False,
                 sample_ids=None):
+        if self.no_grad_gather and text_features.shape[0] != image_features.shape[0]:
+            raise ValueError(f"no_grad_gather=True needs one caption per image; got {text_features.shape[0]} text rows "
+                             f"for {image_features.shape[0]} images (M > 1 positives change the column gradient): "
+                             "use gather_with_grad=True")
         loss, metrics = self.compute(image_features, text_features, logit_scale, logit_bias, sample_ids)
         if self.no_grad_gather:
             st, self._pending_stats = self._pending_stats, None

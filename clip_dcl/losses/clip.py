@@ -2,10 +2,14 @@
 
 Nothing is re-implemented: the class only accepts (and ignores) the ``sample_ids`` keyword
 and exposes an empty ``metrics`` dict, so that the training plugin can treat all losses alike.
-The one exception is ``no_grad_gather=True``, which ``ClipLoss`` does not offer:
-``create_loss("clip", no_grad_gather=True)`` builds :class:`InfoNCEFromStats`, the same InfoNCE
-computed from the per-anchor statistics of :mod:`clip_dcl.losses.base` (tested equal to
-``ClipLoss`` in value and gradient).
+The exceptions are what ``ClipLoss`` does not offer: ``create_loss("clip", no_grad_gather=True)``
+builds :class:`InfoNCEFromStats`, the same InfoNCE computed from the per-anchor statistics of
+:mod:`clip_dcl.losses.base` (tested equal to ``ClipLoss`` in value and gradient); and ``M > 1``
+captions per image (``text_features`` of shape ``(B * M, d)``), which :class:`InfoNCELoss` hands to
+:class:`InfoNCEFromStats`: each of an image's M captions is in turn the positive of the image
+anchor, against the ``(G - 1) M`` captions of the other images (its other captions are neither
+positive nor negative in that term), ``L_img = mean_{i, m}[-l_im + log(S_im + sum_{j neg} S_ij)]``;
+each caption is an anchor against the G images. It is ``dcl`` with ``tau_plus = 0`` and M positives.
 """
 from __future__ import annotations
 
@@ -13,6 +17,7 @@ import torch
 from open_clip.loss import ClipLoss
 
 from .base import ContrastiveLoss
+from .dcl import contrast_rows
 
 
 class InfoNCELoss(ClipLoss):
@@ -23,6 +28,9 @@ class InfoNCELoss(ClipLoss):
     """
 
     requires_sample_ids = False
+    supports_captions_per_image = True  # through InfoNCEFromStats
+    flags = ()
+    summary = "OpenCLIP's own loss (InfoNCE; also SigLIP/CoCa/distillation as OpenCLIP picks them)"
 
     def __init__(self, local_loss=False, gather_with_grad=False, cache_labels=True, rank=0, world_size=1,
                  use_horovod=False, no_grad_gather=False):
@@ -35,6 +43,11 @@ class InfoNCELoss(ClipLoss):
 
     def forward(self, image_features, text_features, logit_scale, logit_bias=None, output_dict=False,
                 sample_ids=None):
+        if text_features.shape[0] != image_features.shape[0]:  # M captions per image: not ClipLoss's layout
+            if getattr(self, "_multi", None) is None:
+                self._multi = InfoNCEFromStats(local_loss=self.local_loss, gather_with_grad=self.gather_with_grad,
+                                               rank=self.rank, world_size=self.world_size)
+            return self._multi(image_features, text_features, logit_scale, logit_bias, output_dict=output_dict)
         return super().forward(image_features, text_features, logit_scale, logit_bias=logit_bias,
                                output_dict=output_dict)
 
@@ -42,12 +55,14 @@ class InfoNCELoss(ClipLoss):
 class InfoNCEFromStats(ContrastiveLoss):
     """CLIP's InfoNCE from ``pos`` and ``lse_neg``: ``mean_i[logaddexp(pos_i, lse_neg_i) - pos_i]`` per
     direction, averaged; equal to ``ClipLoss``. Written here for ``no_grad_gather``, which needs
-    the per-anchor statistics that ``ClipLoss`` does not expose.
+    the per-anchor statistics that ``ClipLoss`` does not expose, and for M captions per image
+    (see the module docstring).
     """
 
     output_key = "contrastive_loss"
+    supports_captions_per_image = True
 
     def compute(self, image_features, text_features, logit_scale, logit_bias, sample_ids):
         st = self.stats(image_features, text_features, logit_scale, logit_bias)
-        per_dir = [(torch.logaddexp(d.pos, d.lse_neg) - d.pos).mean() for d in (st.image, st.text)]
+        per_dir = [contrast_rows(d.pos, d.lse_neg) for d in (st.image, st.text)]
         return (per_dir[0] + per_dir[1]) / 2, {}

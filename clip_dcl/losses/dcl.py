@@ -1,52 +1,91 @@
-"""``dcl``: the debiased symmetric contrastive loss (Chuang et al. 2020, Eq. 7-8, Figure 3).
+"""``dcl``: the debiased symmetric contrastive loss (Chuang et al. 2020, Eq. 6-8, Figure 3).
 
-For anchor ``i`` with ``N = K = G - 1`` negatives and class prior ``tau_plus`` (the chance that a
-random negative shares the anchor's latent class)::
+For anchor ``i`` with ``N`` negatives, ``M`` positives ``v`` and class prior ``tau_plus`` (the chance
+that a random negative shares the anchor's latent class)::
 
-    pos_i  = S_ii = exp(l_ii)
-    neg_i  = sum_{j != i} S_ij
-    Ng_i   = max((neg_i - N * tau_plus * pos_i) / (1 - tau_plus),  N * exp(-s))      (Eq. 7)
+    pos_i  = S_ii = exp(l_ii)                                 (each positive in turn, see below)
+    neg_i  = sum_{j neg} S_ij
+    pbar_i = mean over the M positives of S_iv                (Eq. 7; M = 1: pbar_i = pos_i)
+    Ng_i   = max((neg_i - N * tau_plus * pbar_i) / (1 - tau_plus),  N * exp(-s))      (Eq. 7)
     loss_i = -log(pos_i / (pos_i + Ng_i)) = -l_ii + log(pos_i + Ng_i)
 
 computed for image anchors and text anchors and averaged, ``L = (L_img + L_txt) / 2``.
 ``exp(-s) = e^{-1/t}`` is the smallest score two unit vectors can have, so the floor keeps the
 estimate of the negatives' mass positive. Everything runs in log space:
-``log(neg - N tau pos) = lse_neg + log(1 - exp(log(N tau) + l_ii - lse_neg))``.
+``log(neg - N tau pbar) = lse_neg + log(1 - exp(log(N tau) + log pbar - lse_neg))``.
+
+**M positives** (several captions per image: ``text_features`` of shape ``(B * M, d)``, the M
+captions of each image in image order; M is read from the row counts). An image anchor's
+negatives are the ``N = (G - 1) M`` captions of the other images (its own captions never are);
+``pbar_i`` is the mean of its M captions' scores (Eq. 7), and each caption in turn is the ``x+`` of
+the numerator, ``loss_i = mean_m [-l_im + log(S_im + Ng_i)]``. Each caption is also an anchor
+against the ``G`` images, with one positive (its image) and ``N = G - 1`` negatives. With ``M = 1``
+this is the loss above, computed by the same code.
+
+**Hard negatives** (``beta > 0``; Robinson et al., "Contrastive Learning with Hard Negative
+Samples", ICLR 2021, Eq. 3-4, the same authors' follow-up). ``neg_i`` becomes
+``N * sum_j w_ij S_ij / sum_j w_ij`` with ``w_ij = exp(beta * l_ij)`` over the negatives (weights
+normalised to mean 1 and kept in the graph, as the authors' code does), in log space
+``log N + logsumexp_j (1 + beta) l_ij - logsumexp_j beta l_ij``; then Eq. 7 and the floor as above.
+``beta = 0`` is the debiased loss, computed by the same code.
 
 When the floor is active for a row (``clamp="clamp"``, the paper's Eq. 7) that row's negatives get
-no gradient; ``clamp="biased"`` instead falls back to the biased (InfoNCE) row, as the paper's
-CMC appendix does. The fraction of clamped rows is reported as ``metrics["clamp_rate"]``.
-``tau_plus = 0`` gives InfoNCE exactly.
+no gradient; ``clamp="biased"`` instead falls back to the biased (InfoNCE, or hard-negative
+InfoNCE) row, as the paper's CMC appendix does. The fraction of clamped rows is reported as
+``metrics["clamp_rate"]``. ``tau_plus = 0`` gives InfoNCE exactly.
 
-Written here because OpenCLIP has no debiased objective. One positive per anchor (``M = 1``):
-the captions of an image beyond its pair are not used by this loss.
+**tau_plus = "auto"**: the prior is estimated from the batch's score distribution each training
+call (:mod:`clip_dcl.losses.prior`) and an exponential moving average of the estimates (buffer
+``tau_plus_estimate``, in the checkpoint) is used; ``metrics["tau_plus"]`` logs it.
+
+**temperature**: a fixed ``t`` for this loss (the paper's setting, ``s = 1 / t``) instead of CLIP's
+learned scale; the model's ``logit_scale`` then gets no gradient from the loss.
+
+Written here because OpenCLIP has no debiased objective.
 """
 from __future__ import annotations
 
 import math
+from typing import Optional
 
 import torch
 
-from .base import AnchorStats, ContrastiveLoss, log1mexp
+from .base import AnchorStats, ContrastiveLoss, LossFlag, log1mexp
 
 CLAMP_MODES = ("clamp", "biased")
 
 
-def debiased_log_negatives(stats: AnchorStats, num_negatives: int, tau_plus: float, logit_scale: torch.Tensor,
-                           clamp: str = "clamp"):
+def parse_tau_plus(text: str):
+    """``--tau-plus``: a number, or ``auto``."""
+    if text == "auto":
+        return "auto"
+    try:
+        return float(text)
+    except ValueError:
+        raise ValueError(f"tau_plus={text!r} is neither a number nor 'auto'") from None
+
+
+def debiased_log_negatives(stats: AnchorStats, num_negatives: int, tau_plus, logit_scale: torch.Tensor,
+                           clamp: str = "clamp", beta: float = 0.0):
     """``(log Ng_i, clamped_i)`` of Eq. 7 for one direction, in log space.
 
     Args:
-        stats: ``pos`` (n,) and ``lse_neg`` (n,) of the anchors.
+        stats: ``pos`` (n,) or (n, M) and ``lse_neg`` (n,) of the anchors (``lse_hard`` and
+            ``lse_weight`` too when ``beta > 0``).
         num_negatives: ``N``.
         tau_plus: class prior in [0, 1).
         logit_scale: ``s``; the floor is ``log N - s``.
-        clamp: ``"clamp"`` (floor) or ``"biased"`` (fall back to ``lse_neg`` on clamped rows).
+        clamp: ``"clamp"`` (floor) or ``"biased"`` (fall back to the uncorrected negatives on clamped rows).
+        beta: hard-negative concentration (0: the plain debiased estimator).
     """
     pos, lse_neg = stats.pos, stats.lse_neg
+    if pos.dim() == 2:  # M positives: log of the mean of their scores (Eq. 7)
+        pos = torch.logsumexp(pos, dim=1) - math.log(pos.shape[1])
     log_n = math.log(num_negatives)
+    if beta:  # log(N * sum w S / sum w), w = exp(beta l): the reweighted negatives' mass
+        lse_neg = log_n + stats.lse_hard - stats.lse_weight
     if tau_plus > 0:
-        # d = log(N tau pos) - log(neg); the numerator neg - N tau pos is positive iff d < 0.
+        # d = log(N tau pbar) - log(neg); the numerator neg - N tau pbar is positive iff d < 0.
         d = (log_n + math.log(tau_plus)) + pos - lse_neg
         valid = d < 0
         d_safe = torch.where(valid, d, torch.full_like(d, -1.0))  # keep gradients finite on invalid rows
@@ -60,51 +99,144 @@ def debiased_log_negatives(stats: AnchorStats, num_negatives: int, tau_plus: flo
     return torch.where(clamped, fallback, log_ng), clamped
 
 
+def contrast_rows(pos: torch.Tensor, log_ng: torch.Tensor) -> torch.Tensor:
+    """Mean of ``-l_iv + log(S_iv + Ng_i)`` over the anchors (and their M positives when ``pos`` is (n, M))."""
+    if pos.dim() == 2:
+        log_ng = log_ng[:, None]
+    return (torch.logaddexp(pos, log_ng) - pos).mean()
+
+
 class DebiasedClipLoss(ContrastiveLoss):
-    """Debiased symmetric contrastive loss for image-text pairs (``dcl``).
+    """Debiased symmetric contrastive loss for image-text pairs (``dcl``), with M positives and hard negatives.
 
     Chuang, Robinson, Lin, Torralba, Jegelka, "Debiased Contrastive Learning", NeurIPS 2020,
-    Eq. 7-8, applied to both directions of the CLIP logits with negatives gathered across ranks.
+    Eq. 6-8, applied to both directions of the CLIP logits with negatives gathered across ranks;
+    ``beta > 0`` adds the hard-negative weights of Robinson et al. 2021 (HCL).
 
     Args:
-        tau_plus: class prior ``tau^+`` in [0, 1); 0 gives InfoNCE.
+        tau_plus: class prior ``tau^+`` in [0, 1) (0 gives InfoNCE), or ``"auto"`` (estimated from the
+            batches, see the module docstring).
         clamp: ``"clamp"`` (default, Eq. 7's floor ``N e^{-1/t}``) or ``"biased"`` (clamped rows use
-            the InfoNCE row instead).
+            the uncorrected row instead).
+        beta: hard-negative concentration ``beta >= 0`` (HCL); 0 is the debiased loss.
+        temperature: a fixed ``t > 0`` for this loss (``s = 1 / t``), or None for the model's learned scale.
+        tau_momentum: ``tau_plus="auto"``: weight of each new estimate in the moving average, in (0, 1].
         local_loss, gather_with_grad, rank, world_size: as OpenCLIP's ``ClipLoss``.
 
     Attributes:
-        metrics: ``clamp_rate`` (fraction of anchor rows, both directions, where the floor bit).
+        metrics: ``clamp_rate`` (fraction of anchor rows, both directions, where the floor bit); with
+            ``tau_plus="auto"`` also ``tau_plus`` (the value used) and ``tau_plus_batch`` (this call's estimate).
+        tau_plus_estimate: buffer (``tau_plus="auto"``), the moving average; NaN before the first estimate.
 
     Raises:
-        ValueError: ``tau_plus`` outside [0, 1) or an unknown ``clamp``.
+        ValueError: ``tau_plus`` outside [0, 1) and not ``"auto"``, an unknown ``clamp``, ``beta < 0``,
+            ``temperature <= 0``, or ``no_grad_gather=True`` with ``beta > 0`` or ``temperature``.
 
     Example::
 
         loss = DebiasedClipLoss(tau_plus=0.1)
         value = loss(image_features, text_features, logit_scale)
+        hcl = DebiasedClipLoss(tau_plus=0.1, beta=1.0)
     """
 
     output_key = "dcl_loss"
+    supports_captions_per_image = True
+    summary = "debiased contrastive loss (DCL; with --hcl-beta, hard negatives as HCL)"
+    flags = (
+        LossFlag("--tau-plus", "tau_plus", type=parse_tau_plus, metavar="TAU|auto",
+                 help="class prior tau+ in [0, 1), the chance that a negative shares the anchor's class, or auto "
+                      "(estimated from the batches' scores, logged as Tau_plus)"),
+        LossFlag("--dcl-clamp", "clamp", choices=CLAMP_MODES,
+                 help="rows whose negative estimate hits the floor N e^{-1/t}: keep the floor (clamp) or use the "
+                      "uncorrected row (biased)"),
+        LossFlag("--hcl-beta", "beta", type=float,
+                 help="hard-negative concentration beta >= 0 (HCL, Robinson et al. 2021): negatives weighted by "
+                      "exp(beta l), normalised to mean 1; 0 is plain dcl"),
+        LossFlag("--dcl-temperature", "temperature", type=float,
+                 help="a fixed temperature t > 0 for this loss (the paper's t; logits s <f, g> with s = 1/t) instead "
+                      "of CLIP's learned logit scale, which then gets no gradient"),
+        LossFlag("--dcl-tau-momentum", "tau_momentum", type=float,
+                 help="--tau-plus auto: weight of each step's estimate in the moving average, in (0, 1]"),
+    )
 
-    def __init__(self, tau_plus: float = 0.1, clamp: str = "clamp", **dist_kwargs):
-        super().__init__(**dist_kwargs)
-        if not isinstance(tau_plus, (int, float)) or not 0.0 <= float(tau_plus) < 1.0:
-            raise ValueError(f"tau_plus={tau_plus!r} is outside [0, 1)")
+    def __init__(self, tau_plus=0.1, clamp: str = "clamp", beta: float = 0.0, temperature: Optional[float] = None,
+                 tau_momentum: float = 0.05, device=None, **dist_kwargs):
+        auto = isinstance(tau_plus, str) and tau_plus == "auto"
+        if not auto and (isinstance(tau_plus, bool) or not isinstance(tau_plus, (int, float))
+                         or not 0.0 <= float(tau_plus) < 1.0):
+            raise ValueError(f"tau_plus={tau_plus!r} is outside [0, 1) and not 'auto'")
         if clamp not in CLAMP_MODES:
             raise ValueError(f"clamp={clamp!r} is not one of {CLAMP_MODES}")
-        self.tau_plus = float(tau_plus)
+        if isinstance(beta, bool) or not isinstance(beta, (int, float)) or not 0.0 <= float(beta) < math.inf:
+            raise ValueError(f"beta={beta!r} must be a finite number >= 0")
+        if temperature is not None and not (isinstance(temperature, (int, float)) and 0 < temperature < math.inf):
+            raise ValueError(f"temperature={temperature!r} must be a number > 0 (or None for the learned scale)")
+        if not 0.0 < tau_momentum <= 1.0:
+            raise ValueError(f"tau_momentum={tau_momentum!r} is outside (0, 1]")
+        self.beta = float(beta)
+        self.temperature = None if temperature is None else float(temperature)
+        super().__init__(**dist_kwargs)
+        self.auto = auto
+        self.tau_plus = "auto" if auto else float(tau_plus)
         self.clamp = clamp
+        self.tau_momentum = float(tau_momentum)
+        if auto:
+            self.register_buffer("tau_plus_estimate", torch.full((), float("nan"), device=device))
+
+    def _no_grad_gather_blocker(self) -> str:
+        if self.beta:
+            return f"dcl with beta={self.beta:g} (hard-negative weights)"
+        return f"dcl with temperature={self.temperature:g}" if self.temperature is not None else "dcl"
+
+    @property
+    def supports_no_grad_gather(self) -> bool:
+        # the hard-negative weights read the logits beyond (pos, lse_neg); a fixed temperature is fine for the
+        # column term but leaves the scale's gradient path of the surrogate untested, so it is refused too
+        return not self.beta and self.temperature is None
+
+    def _prior(self, st) -> float:
+        """The ``tau_plus`` to use this call (``"auto"``): update the moving average when training."""
+        from .prior import estimate_tau_plus
+
+        if self.training:
+            with torch.no_grad():  # the same gathered features on every rank: the same estimate
+                s = st.logit_scale.detach()
+                m = st.captions_per_image
+                img = st.all_image_features.detach()[:256]
+                logits = (s * img) @ st.all_text_features.detach().T  # (g, G M)
+                rows = torch.arange(img.shape[0], device=logits.device)
+                owner = torch.arange(logits.shape[1], device=logits.device) // m
+                positive = owner[None, :] == rows[:, None]
+                estimate = estimate_tau_plus(logits[~positive], logits[positive])
+            old = float(self.tau_plus_estimate)
+            new = estimate if math.isnan(old) else (1 - self.tau_momentum) * old + self.tau_momentum * estimate
+            self.tau_plus_estimate.fill_(new)
+            self._last_estimate = estimate
+        value = float(self.tau_plus_estimate)
+        return 0.0 if math.isnan(value) else min(value, 0.99)
 
     def compute(self, image_features, text_features, logit_scale, logit_bias, sample_ids):
-        st = self.stats(image_features, text_features, logit_scale, logit_bias)
+        if self.temperature is not None:
+            logit_scale = torch.tensor(1.0 / self.temperature, device=image_features.device)
+        st = self.stats(image_features, text_features, logit_scale, logit_bias, beta=self.beta)
+        metrics = {}
+        tau_plus = self.tau_plus
+        if self.auto:
+            tau_plus = self._prior(st)  # a plain number: the same arithmetic as a fixed prior
+            metrics["tau_plus"] = tau_plus
+            if self.training:
+                metrics["tau_plus_batch"] = self._last_estimate
         losses, clamped = [], []
         for direction in (st.image, st.text):
-            log_ng, c = debiased_log_negatives(direction, st.num_negatives, self.tau_plus, st.logit_scale,
-                                               self.clamp)
-            losses.append((torch.logaddexp(direction.pos, log_ng) - direction.pos).mean())
+            log_ng, c = debiased_log_negatives(direction, direction.num_negatives, tau_plus, st.logit_scale,
+                                               self.clamp, self.beta)
+            losses.append(contrast_rows(direction.pos, log_ng))
             clamped.append(c)
         loss = (losses[0] + losses[1]) / 2
-        return loss, {"clamp_rate": torch.cat(clamped).float().mean()}
+        metrics["clamp_rate"] = torch.cat(clamped).float().mean()
+        return loss, metrics
 
     def extra_repr(self) -> str:
-        return f"tau_plus={self.tau_plus}, clamp={self.clamp!r}, " + super().extra_repr()
+        extra = f"beta={self.beta}, " if self.beta else ""
+        extra += f"temperature={self.temperature}, " if self.temperature is not None else ""
+        return f"tau_plus={self.tau_plus!r}, clamp={self.clamp!r}, " + extra + super().extra_repr()

@@ -94,7 +94,7 @@ from typing import Optional
 import torch
 import torch.distributed as dist
 
-from .base import ContrastiveLoss, PairStats, all_gather_cat
+from .base import ContrastiveLoss, LossFlag, PairStats, all_gather_cat
 from .state import STATE_DTYPES, plain_sums, reshard, shard_size, state_digest, table_sums
 
 RATES = ("index", "queue", "batch")
@@ -206,6 +206,45 @@ class DeCLLoss(ContrastiveLoss):
     """
 
     output_key = "decl_loss"
+    summary = "decomposable contrastive loss (DeCL)"
+    flags = (
+        LossFlag("--decl-rate", "rate", choices=RATES,
+                 help="estimator of each anchor's rate r: per-sample moving average (index, needs sample ids from "
+                      "the shards), a FIFO of past embeddings (queue) or the batch alone (batch)"),
+        LossFlag("--decl-schedule", "schedule", choices=SCHEDULES,
+                 help="schedule of lambda_t, the weight of the decomposed loss against InfoNCE"),
+        LossFlag("--decl-lambda", "lam", type=float,
+                 help="lambda of the constant schedule, in [0, 1], or c of the harmonic one (lambda_t = min(1, c / t))"),
+        LossFlag("--decl-gamma", "gamma", type=float,
+                 help="weight of the new estimate in the index rate's moving average, in (0, 1]; the final value "
+                      "of the cosine schedule"),
+        LossFlag("--decl-gamma-schedule", "gamma_schedule", choices=GAMMA_SCHEDULES,
+                 help="rate index: gamma constant, or cosine from 1 down to --decl-gamma over "
+                      "--decl-gamma-decay-epochs (FastCLIP's schedule)"),
+        LossFlag("--decl-first-visit", "first_visit", choices=FIRST_VISITS,
+                 help="rate index: the rate an anchor reads on its first visit: its own batch estimate (batch) or "
+                      "the previous step's mean estimate (mean)"),
+        LossFlag("--decl-include-current", "include_current", boolean=True,
+                 help="let the current batch enter the rate it is scored with (index: update the buffer, then read "
+                      "it; queue: count the batch with the queue), the coupled ablation; by default the rate comes "
+                      "from earlier steps only"),
+        LossFlag("--decl-drift-correction", "drift_correction", boolean=True,
+                 help="rate index: store each rate relative to its step's mean estimate and read it at the previous "
+                      "step's mean, so that rates an epoch old follow the global drift of the similarities"),
+        LossFlag("--decl-sample-u", "sample_u", boolean=True,
+                 help="draw u ~ Gamma(1, r) (--decl-sample-u) or use its mean 1/r (--no-decl-sample-u)"),
+        LossFlag("--decl-queue-size", "queue_size", type=int, help="length of the queue of the queue rate, per modality"),
+        LossFlag("--decl-num-samples", "num_samples", type=int,
+                 help="rate index: size of the per-sample buffer; every sample id (the json 'key' of img2dataset "
+                      "shards) must be below it (default: the sum of sizes.json next to the training shards, which "
+                      "is too small when img2dataset keys have gaps)"),
+        LossFlag("--decl-state", "state", choices=STATES,
+                 help="rate index: keep 1/W of the per-sample buffer on each of the W ranks (sharded: one "
+                      "all-reduce of 2 x global-batch floats per step) or all of it on every rank (replicated)"),
+        LossFlag("--decl-state-dtype", "state_dtype", choices=tuple(STATE_DTYPES),
+                 help="rate index: storage dtype of the per-sample buffer; 16 bits halve its memory and round each "
+                      "stored log-rate (see docs/training.md)"),
+    )
 
     def __init__(self, rate: str = "index", schedule: str = "alternate", lam: float = 1.0, gamma: float = 0.9,
                  gamma_schedule: str = "constant", gamma_decay_steps: Optional[int] = None,
@@ -497,6 +536,9 @@ class DeCLLoss(ContrastiveLoss):
 
     # -- the loss ----------------------------------------------------------------------------
     def compute(self, image_features, text_features, logit_scale, logit_bias, sample_ids):
+        if text_features.shape[0] != image_features.shape[0]:
+            raise ValueError(f"decl takes one caption per image; got {text_features.shape[0]} text rows for "
+                             f"{image_features.shape[0]} images")
         st = self.stats(image_features, text_features, logit_scale, logit_bias)
         n_rows = st.image.pos.shape[0]
         training = self.training

@@ -20,28 +20,34 @@ import sys
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional
 
-#: The package's objectives. ``--loss`` accepts every name in ``clip_dcl.losses.LOSSES`` when the
-#: parser is built, so a script may register another loss and then call ``clip_dcl.train.main``.
-LOSS_NAMES = ("clip", "dcl", "decl")
+#: The package's objectives, first in ``--loss``'s choices; every other name registered in
+#: ``clip_dcl.losses.LOSSES`` when the parser is built follows (a script may register another loss
+#: and then call ``clip_dcl.train.main``).
+LOSS_NAMES = ("clip", "dcl", "decl", "curl")
 
-#: Our flag's ``dest`` -> (the loss it belongs to, that loss's keyword argument).
-LOSS_FLAGS = {
-    "tau_plus": ("dcl", "tau_plus"),
-    "dcl_clamp": ("dcl", "clamp"),
-    "decl_rate": ("decl", "rate"),
-    "decl_schedule": ("decl", "schedule"),
-    "decl_lambda": ("decl", "lam"),
-    "decl_gamma": ("decl", "gamma"),
-    "decl_gamma_schedule": ("decl", "gamma_schedule"),
-    "decl_first_visit": ("decl", "first_visit"),
-    "decl_include_current": ("decl", "include_current"),
-    "decl_drift_correction": ("decl", "drift_correction"),
-    "decl_sample_u": ("decl", "sample_u"),
-    "decl_queue_size": ("decl", "queue_size"),
-    "decl_num_samples": ("decl", "num_samples"),
-    "decl_state": ("decl", "state"),
-    "decl_state_dtype": ("decl", "state_dtype"),
-}
+
+def loss_flags() -> Dict[str, tuple]:
+    """Our loss flags' ``dest`` -> (the loss it belongs to, that loss's keyword argument), from the registry.
+
+    Each loss class declares its flags (``flags``, :class:`clip_dcl.losses.base.LossFlag`).
+    """
+    from clip_dcl.losses import LOSSES
+
+    out = {}
+    for name, cls in LOSSES.items():
+        for flag in getattr(cls, "flags", ()):
+            if flag.dest in out and out[flag.dest][0] != name:
+                raise ValueError(f"{flag.flag} is declared by the losses {out[flag.dest][0]!r} and {name!r}")
+            out[flag.dest] = (name, flag.kwarg)
+    return out
+
+
+def __getattr__(name):  # LOSS_FLAGS: computed from the registry when asked for
+    if name == "LOSS_FLAGS":
+        return loss_flags()
+    raise AttributeError(name)
+
+
 #: Keyword arguments of the decl loss that come from OpenCLIP's flags rather than ours.
 OPENCLIP_LOSS_FLAGS = {"accum_freq": "--accum-freq", "seed": "--seed"}
 _DIST_KWARGS = {"rank", "world_size", "local_loss", "gather_with_grad", "cache_labels", "use_horovod",
@@ -56,11 +62,11 @@ def _flag(dest: str) -> str:
     return "--" + dest.replace("_", "-")
 
 
-def loss_flags(loss: str, loss_args: Dict[str, object]) -> List[str]:
+def loss_command(loss: str, loss_args: Dict[str, object]) -> List[str]:
     """The command-line words that select ``loss`` with ``loss_args`` (values at their default left out)."""
     words = ["--loss", loss]
     defaults = _loss_defaults().get(loss, {})
-    for dest, (owner, kwarg) in LOSS_FLAGS.items():
+    for dest, (owner, kwarg) in loss_flags().items():
         if owner != loss or kwarg not in loss_args or loss_args[kwarg] == defaults.get(kwarg, object()):
             continue
         value = loss_args[kwarg]
@@ -117,83 +123,50 @@ def _loss_defaults() -> Dict[str, Dict[str, object]]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """The parser of clip-dcl's own training flags (OpenCLIP's are parsed by OpenCLIP)."""
+    """The parser of clip-dcl's own training flags (OpenCLIP's are parsed by OpenCLIP).
+
+    ``--loss`` and the loss flags come from ``clip_dcl.losses.LOSSES`` (each class's ``flags`` and
+    ``summary``); the defaults shown are those of the classes' signatures.
+    """
+    from clip_dcl.losses import LOSSES
+
     defaults = _loss_defaults()
-
-    def default(flag_dest):
-        loss, kwarg = LOSS_FLAGS[flag_dest]
-        value = defaults.get(loss, {}).get(kwarg, "?")
-        return f" (default: {value})"
-
     parser = argparse.ArgumentParser(
         prog="python -m clip_dcl.train", add_help=False, allow_abbrev=False,
         description="OpenCLIP's training (open_clip_train.main) with a choice of objective. "
                     "Every OpenCLIP flag works as in OpenCLIP; clip-dcl adds these:",
     )
     g = parser.add_argument_group("clip-dcl objective")
-    from clip_dcl.losses import LOSSES
-
-    registered = tuple(LOSS_NAMES) + tuple(name for name in LOSSES if name not in LOSS_NAMES)
+    registered = tuple(n for n in LOSS_NAMES if n in LOSSES) + tuple(n for n in LOSSES if n not in LOSS_NAMES)
+    described = "; ".join(f"{n} = {getattr(LOSSES[n], 'summary', '') or LOSSES[n].__name__}" for n in registered)
     g.add_argument("--loss", choices=registered, default="clip",
-                   help="training objective: clip = OpenCLIP's own loss (InfoNCE; also SigLIP/CoCa/distillation "
-                        "as OpenCLIP picks them), dcl = debiased contrastive loss, decl = decomposable "
-                        "contrastive loss; or any other loss registered in clip_dcl.losses.LOSSES before "
-                        "this parser is built (default: clip)")
-    g.add_argument("--tau-plus", type=float, default=None,
-                   help="dcl: class prior tau+ in [0, 1), the chance that a negative shares the anchor's class"
-                        + default("tau_plus"))
-    g.add_argument("--dcl-clamp", choices=("clamp", "biased"), default=None,
-                   help="dcl: rows whose negative estimate hits the floor N e^{-1/t}: keep the floor (clamp) or "
-                        "use the InfoNCE row (biased)" + default("dcl_clamp"))
-    g.add_argument("--decl-rate", choices=("index", "queue", "batch"), default=None,
-                   help="decl: estimator of each anchor's rate r: per-sample moving average (index, needs sample "
-                        "ids from the shards), a FIFO of past embeddings (queue) or the batch alone (batch)"
-                        + default("decl_rate"))
-    g.add_argument("--decl-schedule", choices=("alternate", "decl", "harmonic", "constant"), default=None,
-                   help="decl: schedule of lambda_t, the weight of the decomposed loss against InfoNCE"
-                        + default("decl_schedule"))
-    g.add_argument("--decl-lambda", type=float, default=None,
-                   help="decl: lambda of the constant schedule, in [0, 1], or c of the harmonic one "
-                        "(lambda_t = min(1, c / t))" + default("decl_lambda"))
-    g.add_argument("--decl-gamma", type=float, default=None,
-                   help="decl: weight of the new estimate in the index rate's moving average, in (0, 1]; the "
-                        "final value of the cosine schedule" + default("decl_gamma"))
-    g.add_argument("--decl-gamma-schedule", choices=("constant", "cosine"), default=None,
-                   help="decl, rate index: gamma constant, or cosine from 1 down to --decl-gamma over "
-                        "--decl-gamma-decay-epochs (FastCLIP's schedule)" + default("decl_gamma_schedule"))
+                   help=f"training objective: {described}; or any other loss registered in clip_dcl.losses.LOSSES "
+                        "before this parser is built (default: clip)")
+    g.add_argument("--captions-per-image", type=int, default=1, metavar="M",
+                   help="captions drawn per training image from the json 'captions' list (or the .txt lines), "
+                        "repeated in order when an image has fewer; the model encodes B x M texts and the loss takes "
+                        "them as M positives of each image (webdataset shards; --loss clip, dcl, curl) (default: 1)")
+    for name in registered:
+        for flag in getattr(LOSSES[name], "flags", ()):
+            value = defaults.get(name, {}).get(flag.kwarg, None)
+            shown = "" if value is None else f" (default: {value})"
+            kwargs = dict(default=None, help=f"{name}: {flag.help}{shown}")
+            if flag.boolean:
+                kwargs["action"] = argparse.BooleanOptionalAction
+            elif flag.choices is not None:
+                kwargs["choices"] = flag.choices
+            else:
+                kwargs["type"] = flag.type
+                if flag.metavar:
+                    kwargs["metavar"] = flag.metavar
+            g.add_argument(flag.flag, **kwargs)
     g.add_argument("--decl-gamma-decay-epochs", type=float, default=None,
                    help="decl, cosine gamma schedule: epochs of the decay (> 0; default: half of --epochs)")
-    g.add_argument("--decl-first-visit", choices=("batch", "mean"), default=None,
-                   help="decl, rate index: the rate an anchor reads on its first visit: its own batch estimate "
-                        "(batch) or the previous step's mean estimate (mean)" + default("decl_first_visit"))
-    g.add_argument("--decl-include-current", action=argparse.BooleanOptionalAction, default=None,
-                   help="decl: let the current batch enter the rate it is scored with (index: update the buffer, "
-                        "then read it; queue: count the batch with the queue), the coupled ablation; by default "
-                        "the rate comes from earlier steps only" + default("decl_include_current"))
-    g.add_argument("--decl-drift-correction", action=argparse.BooleanOptionalAction, default=None,
-                   help="decl, rate index: store each rate relative to its step's mean estimate and read it at "
-                        "the previous step's mean, so that rates an epoch old follow the global drift of the "
-                        "similarities" + default("decl_drift_correction"))
-    g.add_argument("--decl-sample-u", action=argparse.BooleanOptionalAction, default=None,
-                   help="decl: draw u ~ Gamma(1, r) (--decl-sample-u) or use its mean 1/r (--no-decl-sample-u)"
-                        + default("decl_sample_u"))
-    g.add_argument("--decl-queue-size", type=int, default=None,
-                   help="decl: length of the queue of the queue rate, per modality" + default("decl_queue_size"))
-    g.add_argument("--decl-num-samples", type=int, default=None,
-                   help="decl, rate index: size of the per-sample buffer; every sample id (the json 'key' of "
-                        "img2dataset shards) must be below it (default: the sum of sizes.json next to the "
-                        "training shards, which is too small when img2dataset keys have gaps)")
-    g.add_argument("--decl-state", choices=("sharded", "replicated"), default=None,
-                   help="decl, rate index: keep 1/W of the per-sample buffer on each of the W ranks (sharded: the "
-                        "rates travel in one all-reduce of 4 x global-batch floats per step) or all of it on every rank "
-                        "(replicated)" + default("decl_state"))
-    g.add_argument("--decl-state-dtype", choices=("float32", "bfloat16", "float16"), default=None,
-                   help="decl, rate index: storage dtype of the per-sample buffer; 16 bits halve its memory and "
-                        "round each stored log-rate (see docs/training.md)" + default("decl_state_dtype"))
     g.add_argument("--no-grad-gather", action="store_true",
                    help="gather the features without autograd and exchange two numbers per anchor instead: exact "
-                        "gradients with no backward collective (any --loss; needs --local-loss, replaces "
-                        "--gather-with-grad; --loss clip then uses clip-dcl's InfoNCE, equal to OpenCLIP's)")
+                        "gradients with no backward collective (needs --local-loss, replaces --gather-with-grad; --loss clip "
+                        "then uses clip-dcl's InfoNCE, equal to OpenCLIP's; not with --loss curl, --hcl-beta > 0, "
+                        "--dcl-temperature or --captions-per-image > 1, whose gradients need more than two numbers)")
     g.add_argument("--loss-reset", action="store_true",
                    help="with --resume: train the configured --loss from a checkpoint trained with another one, "
                         "its saved loss state dropped (without it such a resume is refused)")
@@ -226,6 +199,8 @@ class TrainConfig:
     loss_reset: bool = False
     #: ids per source of ``::``-joined ``--train-data`` (None for one source; see clip_dcl.train.ids)
     id_block: Optional[int] = None
+    #: ``--captions-per-image``: M captions per training image (the pipeline draws them, the loss takes B x M texts)
+    captions_per_image: int = 1
 
 
 def print_help(parser: argparse.ArgumentParser, file=None) -> None:
@@ -331,7 +306,7 @@ def _per_source_ids(oc_args, given: Optional[int], resolved: Optional[int]):
 def _explain(err: Exception, loss: str, kwargs: Dict[str, object]) -> str:
     """The loss's own message, plus the flags that set the arguments it names."""
     msg = str(err)
-    flags = [_flag(dest) for dest, (owner, kwarg) in LOSS_FLAGS.items()
+    flags = [_flag(dest) for dest, (owner, kwarg) in loss_flags().items()
              if owner == loss and re.search(rf"\b{kwarg}\b", msg)]
     flags += [flag for kwarg, flag in OPENCLIP_LOSS_FLAGS.items() if re.search(rf"\b{kwarg}\b", msg)]
     where = f" (set by {', '.join(flags)})" if flags else ""
@@ -409,10 +384,11 @@ def parse_train_args(argv: List[str], check_files: bool = True) -> Optional[Trai
         check_data_paths(oc_args)
 
     loss = ours.loss
-    given = {dest: getattr(ours, dest) for dest in LOSS_FLAGS if getattr(ours, dest) is not None}
-    foreign = [f"{_flag(d)}" for d in given if LOSS_FLAGS[d][0] != loss]
+    flag_map = loss_flags()
+    given = {dest: getattr(ours, dest) for dest in flag_map if getattr(ours, dest, None) is not None}
+    foreign = [f"{_flag(d)}" for d in given if flag_map[d][0] != loss]
     if foreign:
-        owners = sorted({LOSS_FLAGS[d][0] for d in given if LOSS_FLAGS[d][0] != loss})
+        owners = sorted({flag_map[d][0] for d in given if flag_map[d][0] != loss})
         raise FlagError(f"{', '.join(foreign)} only apply to --loss {' / '.join(owners)}, not --loss {loss}")
     if loss != "clip":  # a CoCa model takes our contrastive term (clip_dcl.losses.coca)
         for bad, why in ((oc_args.siglip, "--siglip"), (oc_args.distill_model, "--distill-model"),
@@ -420,12 +396,13 @@ def parse_train_args(argv: List[str], check_files: bool = True) -> Optional[Trai
             if bad:
                 raise FlagError(f"--loss {loss} cannot be combined with {why}: that objective is OpenCLIP's own; "
                                 "use --loss clip")
+    _check_captions_per_image(ours, oc_args, loss)
 
     if ours.no_grad_gather:
         _check_no_grad_gather(oc_args)
     if loss == "decl":
         _check_unused_decl_flags(given)
-    kwargs = {LOSS_FLAGS[d][1]: v for d, v in given.items()}
+    kwargs = {flag_map[d][1]: v for d, v in given.items()}
     num_samples = id_block = None
     decay_epochs = None
     if ours.decl_gamma_decay_epochs is not None and kwargs.get("gamma_schedule") != "cosine":
@@ -449,19 +426,64 @@ def parse_train_args(argv: List[str], check_files: bool = True) -> Optional[Trai
                 kwargs["num_samples"] = 1  # evaluation only: validate the other values
     if loss == "clip":
         _require_data(oc_args)
+        if ours.no_grad_gather:
+            create_loss_checked(loss, kwargs, oc_args, no_grad_gather=True)
         return TrainConfig(loss, {}, {}, list(rest), ours.model_config, None, no_grad_gather=ours.no_grad_gather,
+                           captions_per_image=ours.captions_per_image,
                            loss_reset=ours.loss_reset)
 
+    create_loss_checked(loss, kwargs, oc_args, no_grad_gather=ours.no_grad_gather)
+    _require_data(oc_args)
+    return TrainConfig(loss, kwargs, _full_loss_args(loss, kwargs), list(rest), ours.model_config, num_samples,
+                       decay_epochs, no_grad_gather=ours.no_grad_gather, captions_per_image=ours.captions_per_image,
+                       loss_reset=ours.loss_reset, id_block=id_block)
+
+
+def create_loss_checked(loss: str, kwargs: Dict[str, object], oc_args, no_grad_gather: bool = False) -> None:
+    """Build the loss once with ``world_size=1`` (on ``meta`` when it allocates) so it checks its arguments.
+
+    Raises:
+        FlagError: the loss rejected an argument; the message names the flag that set it.
+    """
     from clip_dcl.losses import LOSSES, create_loss
 
     try:
         extra = {"device": "meta"} if "device" in inspect.signature(LOSSES[loss]).parameters else {}
-        probe = create_loss(loss, rank=0, world_size=1, local_loss=oc_args.local_loss,
-                            gather_with_grad=oc_args.gather_with_grad, **kwargs, **extra)
+        if no_grad_gather:
+            extra.update(no_grad_gather=True, local_loss=True, gather_with_grad=False)
+        else:
+            extra.update(local_loss=oc_args.local_loss, gather_with_grad=oc_args.gather_with_grad)
+        probe = create_loss(loss, rank=0, world_size=1, **kwargs, **extra)
     except (ValueError, TypeError) as e:
-        raise FlagError(_explain(e, loss, kwargs)) from None
+        msg = _explain(e, loss, kwargs)
+        if no_grad_gather and "no_grad_gather" in str(e):
+            msg += " (set by --no-grad-gather)"
+        raise FlagError(msg) from None
     del probe
-    _require_data(oc_args)
-    return TrainConfig(loss, kwargs, _full_loss_args(loss, kwargs), list(rest), ours.model_config, num_samples,
-                       decay_epochs, no_grad_gather=ours.no_grad_gather, loss_reset=ours.loss_reset,
-                       id_block=id_block)
+
+
+def _check_captions_per_image(ours, oc_args, loss: str) -> None:
+    """``--captions-per-image``: at least 1; above 1 only where the pipeline and the loss take it."""
+    m = ours.captions_per_image
+    if m < 1:
+        raise FlagError(f"--captions-per-image must be >= 1, got {m}")
+    if m == 1:
+        return
+    from clip_dcl.losses import LOSSES
+
+    if not getattr(LOSSES[loss], "supports_captions_per_image", False):
+        raise FlagError(f"--captions-per-image {m}: --loss {loss} takes one caption per image")
+    if ours.no_grad_gather:
+        raise FlagError(f"--captions-per-image {m} cannot be combined with --no-grad-gather: with M positives the "
+                        "column gradient needs more than each anchor's (pos, lse_neg); use --gather-with-grad")
+    for bad, why in ((oc_args.siglip, "--siglip"), (oc_args.distill_model, "--distill-model"),
+                     ("coca" in oc_args.model.lower(), f"--model {oc_args.model} (CoCa)")):
+        if bad:
+            raise FlagError(f"--captions-per-image {m} cannot be combined with {why}")
+    kind = oc_args.dataset_type
+    if oc_args.train_data and kind == "auto":
+        kind = "webdataset" if oc_args.train_data.split(".")[-1] == "tar" else "other"
+    if oc_args.train_data and kind != "webdataset":
+        raise FlagError(f"--captions-per-image {m} reads the captions from webdataset shards (json 'captions' or "
+                        f".txt lines), but --dataset-type is {oc_args.dataset_type!r} for --train-data "
+                        f"{oc_args.train_data!r}")

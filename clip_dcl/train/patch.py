@@ -6,7 +6,7 @@ duration of the call (and restored afterwards):
 ``open_clip_train.main.parse_args``
     OpenCLIP's parser, plus our flags as attributes of ``args`` (so ``params.txt`` lists them).
 ``open_clip_train.main.create_loss``
-    ``--loss clip`` is OpenCLIP's own ``create_loss(args)`` unchanged; ``dcl``/``decl`` come from
+    ``--loss clip`` is OpenCLIP's own ``create_loss(args)`` unchanged (one caption per image); the others come from
     ``clip_dcl.losses.create_loss`` with OpenCLIP's distributed arguments. The loss is moved to
     the device and, on ``--resume``, its state is restored from the checkpoint.
 ``open_clip_train.main.train_one_epoch``
@@ -75,7 +75,7 @@ from clip_dcl.losses.state import digest_of_state_dict
 
 from .. import checkpoint as ckpt_format
 from . import loss_state as sharded_state
-from .flags import TrainConfig, loss_flags
+from .flags import TrainConfig, loss_command
 from .ids import MissingSampleIds, SampleIdOutOfRange
 from .pipeline import get_wds_train_dataset, id_collisions, mix_seed, summary_line, with_indices
 
@@ -400,6 +400,7 @@ class TrainingRun:
         args.loss_reset = cfg.loss_reset
         args.decl_id_block = cfg.id_block
         self.resume_latest = args.resume == "latest"
+        args.captions_per_image = cfg.captions_per_image
         self.args = args
         return args
 
@@ -455,7 +456,7 @@ class TrainingRun:
         saved = entry.get("loss") if isinstance(entry, dict) else None
         if saved is None or saved == self.config.loss or self.config.loss_reset:
             return
-        saved_flags = " ".join(loss_flags(saved, entry.get("loss_args") or {}))
+        saved_flags = " ".join(loss_command(saved, entry.get("loss_args") or {}))
         raise ObjectiveMismatch(
             f"{path} was trained with {saved_flags}; resuming it with --loss {self.config.loss} would change the "
             f"objective. To continue the same training, add: {saved_flags}. To train --loss {self.config.loss} from "
@@ -464,7 +465,7 @@ class TrainingRun:
     # open_clip_train.main.create_loss
     def create_loss(self, args):
         cfg = self.config
-        if cfg.loss == "clip" and not cfg.no_grad_gather:
+        if cfg.loss == "clip" and not cfg.no_grad_gather and cfg.captions_per_image == 1:
             loss = _OPENCLIP_CREATE_LOSS(args)
         else:
             from clip_dcl.losses import create_loss

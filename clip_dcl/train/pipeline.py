@@ -25,7 +25,10 @@ sizes, the same epoch length rounding, the same ``WebLoader``) and differs in th
   draws shards from the same seed; OpenCLIP seeds its sample shuffle from the clock. So a run
   resumed at epoch ``e`` sees the same samples in the same order with the same augmentations as
   an uninterrupted run, which is what lets stateful losses (DeCL's buffers) continue exactly;
-- ``--decl-num-samples`` (``args.decl_num_samples``) bounds the hash fallback of the ids.
+- ``--decl-num-samples`` (``args.decl_num_samples``) bounds the hash fallback of the ids;
+- with ``--captions-per-image M > 1`` (``args.captions_per_image``) each sample yields M captions
+  (:func:`draw_captions`): texts are batched as ``(B * M, context)``, the M captions of each image
+  in image order, which is what the model encodes and the loss reads M from; ids stay per image.
 
 The pipeline stages are called from ``open_clip_train.data`` and ``webdataset``; written here are
 their assembly and what neither does: the per-shard accounting around webdataset's
@@ -406,6 +409,45 @@ class SeededSampleShuffle(wds.PipelineStage):
         return _shuffle(src, self.bufsize, self.initial, random.Random(seed))
 
 
+def caption_list(sample) -> list:
+    """An image's captions: the json ``"captions"`` list when there is one, else the non-empty ``.txt`` lines."""
+    meta = sample.get("json")
+    if isinstance(meta, dict) and isinstance(meta.get("captions"), list):
+        captions = [str(c) for c in meta["captions"] if str(c).strip()]
+        if captions:
+            return captions
+    text = sample.get("txt", "")
+    lines = [line.strip() for line in str(text).splitlines() if line.strip()]
+    return lines or [str(text)]
+
+
+def draw_captions(captions: list, m: int, rng: random.Random) -> list:
+    """``m`` of ``captions``: a random draw without repeats when there are at least ``m``; otherwise all
+    of them, repeated in order (``[a, b]`` gives ``[a, b, a]`` for ``m = 3``), so an image with fewer
+    captions counts some of them twice among its positives."""
+    if len(captions) >= m:
+        return rng.sample(captions, m)
+    return [captions[k % len(captions)] for k in range(m)]
+
+
+class _DrawCaptions:
+    """Map stage replacing ``sample["txt"]`` by a list of M captions, drawn from ``(seed, epoch, sample id)``."""
+
+    def __init__(self, m: int, seed: int, epoch: "oc_data.SharedEpoch"):
+        self.m, self.seed, self.epoch = m, seed, epoch
+
+    def __call__(self, sample):
+        rng = random.Random(mix_seed(self.seed, self.epoch.get_value(), int(sample["__id__"])))
+        sample["txt"] = draw_captions(caption_list(sample), self.m, rng)
+        return sample
+
+
+def _flatten_captions(batch):
+    """``(images, texts (B, M, L), ids)`` -> ``(images, texts (B * M, L), ids)``, image order kept."""
+    images, texts, ids = batch
+    return images, texts.reshape(-1, texts.shape[-1]), ids
+
+
 class _AttachId:
     """Stage adding ``sample["__id__"]`` (a picklable callable, for dataloader workers).
 
@@ -503,7 +545,8 @@ def get_wds_train_dataset(args, preprocess_img, is_train=True, epoch=0, floor=Fa
             wds.split_by_node,
             wds.split_by_worker,
         ]
-    pipeline.extend([
+    m = int(getattr(args, "captions_per_image", 1) or 1)
+    stages = [
         # OpenCLIP's tarfile_to_samples_nothrow, with each shard's account (see the module docstring)
         _OpenShards(stats, len(all_urls)),
         _ExpandTars(stats),
@@ -512,12 +555,20 @@ def get_wds_train_dataset(args, preprocess_img, is_train=True, epoch=0, floor=Fa
         _Select(stats),
         _Decode(stats),
         _AttachId(getattr(args, "decl_num_samples", None), stats, sources if block else None, block),
+    ]
+    if m > 1:
+        stages.append(wds.map(_DrawCaptions(m, args.seed, shared_epoch), handler=oc_data.log_and_continue))
+    stages += [
         wds.rename(image=";".join(_IMAGE_EXTS), text="txt"),
-        wds.map_dict(image=preprocess_img, text=lambda text: tokenizer(text)[0]),
+        # one caption: (L,) tokens; M captions: (M, L)
+        wds.map_dict(image=preprocess_img, text=(lambda text: tokenizer(text)[0]) if m == 1 else tokenizer),
         wds.to_tuple("image", "text", "__id__"),
         wds.batched(args.batch_size, partial=False),
-        _EveryPassYields(stats, args.batch_size),
-    ])
+    ]
+    if m > 1:
+        stages.append(wds.map(_flatten_captions))
+    stages.append(_EveryPassYields(stats, args.batch_size))
+    pipeline.extend(stages)
     dataset = wds.DataPipeline(*pipeline)
 
     if not resampled:

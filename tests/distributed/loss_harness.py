@@ -44,14 +44,23 @@ CONFIGS = [
     ("decl_index_bf16", "decl", {"rate": "index", "num_samples": NUM_SAMPLES, "state_dtype": "bfloat16"}),
     ("decl_index_bf16_replicated", "decl", {"rate": "index", "num_samples": NUM_SAMPLES,
                                             "state_dtype": "bfloat16", "state": "replicated"}),
+    # M captions per image ("captions": M, the harness's own key), hard negatives, the block loss, tau_plus auto
+    ("clip_m3", "clip", {"captions": 3}),
+    ("dcl_m3", "dcl", {"tau_plus": 0.1, "captions": 3}),
+    ("hcl", "dcl", {"tau_plus": 0.1, "beta": 1.0}),
+    ("hcl_m2_biased", "dcl", {"tau_plus": 0.3, "beta": 0.5, "clamp": "biased", "captions": 2}),
+    ("curl_m3", "curl", {"captions": 3}),
+    ("curl_hinge_m2", "curl", {"link": "hinge", "captions": 2}),
+    ("dcl_auto_m2", "dcl", {"tau_plus": "auto", "tau_momentum": 0.5, "captions": 2}),
 ]
 #: (sharded config, its replicated twin): equal bit for bit on any world size
 TWINS = [("decl_index", "decl_index_replicated"), ("decl_alternate", "decl_alternate_replicated"),
          ("decl_index_bf16", "decl_index_bf16_replicated")]
 #: what the 4-rank run covers (the index buffer's layouts)
 INDEX_CONFIGS = [c for c in CONFIGS if c[2].get("rate") == "index"]
-#: gathered without autograd (no_grad_gather): every clip-dcl loss
-NO_GRAD_CONFIGS = [c for c in CONFIGS if c[1] != "openclip"]
+#: gathered without autograd (no_grad_gather): every clip-dcl loss whose gradient follows from (pos, lse_neg)
+NO_GRAD_CONFIGS = [c for c in CONFIGS if c[1] not in ("openclip", "curl") and "captions" not in c[2]
+                   and not c[2].get("beta")]
 #: with accum_freq=2 (OpenCLIP's accumulation: each micro-batch's features recomputed with gradient)
 ACCUM_CONFIGS = [("clip", "clip", {}), ("dcl", "dcl", {"tau_plus": 0.1}),
                  ("decl_index", "decl", {"rate": "index", "num_samples": NUM_SAMPLES, "gamma": 0.5,
@@ -79,7 +88,17 @@ def global_data(step):
     return x, y, ids
 
 
+def global_captions(step, m):
+    """``m`` texts per image of :func:`global_data` (``m = 1``: its ``y``), in image order."""
+    x, y, _ = global_data(step)
+    if m == 1:
+        return y
+    gen = torch.Generator().manual_seed(2000 + step)
+    return y.repeat_interleave(m, 0) + 0.5 * torch.randn(GLOBAL_BATCH * m, IN_TXT, generator=gen, dtype=torch.float64)
+
+
 def build_loss(loss_name, kwargs, rank, world_size, local_loss, gather_with_grad=True, no_grad_gather=False):
+    kwargs = {k: v for k, v in kwargs.items() if k != "captions"}
     dist_kwargs = dict(rank=rank, world_size=world_size, local_loss=local_loss, gather_with_grad=gather_with_grad)
     if no_grad_gather:
         dist_kwargs.update(gather_with_grad=False, no_grad_gather=True)
@@ -107,14 +126,17 @@ def run(loss_name, kwargs, rank=0, world_size=1, local_loss=False, gather_with_g
     loss_fn = build_loss(loss_name, kwargs, rank, world_size, local_loss, gather_with_grad, no_grad_gather)
     opt = torch.optim.SGD(model.parameters(), lr=0.5)
     records = []
+    m = kwargs.get("captions", 1)
     for step in range(STEPS):
         x, y, ids = global_data(step)
+        y = global_captions(step, m)
         x, y = x.to(dtype), y.to(dtype)
         b = GLOBAL_BATCH // world_size
         rows = torch.arange(rank * b, (rank + 1) * b)
+        text_rows = torch.arange(rank * b * m, (rank + 1) * b * m)
         opt.zero_grad()
         if accum_freq == 1:
-            f, g, s = train_model(x[rows], y[rows])
+            f, g, s = train_model(x[rows], y[text_rows])
             f.retain_grad()
             g.retain_grad()
             extra = {} if loss_name == "openclip" else {"sample_ids": ids[rows]}
