@@ -13,7 +13,6 @@ each caption is an anchor against the G images. It is ``dcl`` with ``tau_plus = 
 """
 from __future__ import annotations
 
-import torch
 from open_clip.loss import ClipLoss
 
 from .base import ContrastiveLoss
