@@ -236,11 +236,13 @@ class DeCLLoss(ContrastiveLoss):
         LossFlag("--decl-queue-size", "queue_size", type=int, help="length of the queue of the queue rate, per modality"),
         LossFlag("--decl-num-samples", "num_samples", type=int,
                  help="rate index: size of the per-sample buffer; every sample id (the json 'key' of img2dataset "
-                      "shards) must be below it (default: the sum of sizes.json next to the training shards, which "
-                      "is too small when img2dataset keys have gaps)"),
+                      "shards, the CSV row, the synthetic index) must be below it (default: the sum of sizes.json "
+                      "next to the training shards, which is too small when img2dataset keys have gaps; the CSV's "
+                      "rows; --train-num-samples for synthetic data)"),
         LossFlag("--decl-state", "state", choices=STATES,
-                 help="rate index: keep 1/W of the per-sample buffer on each of the W ranks (sharded: one "
-                      "all-reduce of 2 x global-batch floats per step) or all of it on every rank (replicated)"),
+                 help="rate index: keep 1/W of the per-sample buffer on each of the W ranks (sharded: the rates "
+                      "travel in one all-reduce of 4 x global-batch floats per step, no collective more than "
+                      "replicated) or all of it on every rank (replicated)"),
         LossFlag("--decl-state-dtype", "state_dtype", choices=tuple(STATE_DTYPES),
                  help="rate index: storage dtype of the per-sample buffer; 16 bits halve its memory and round each "
                       "stored log-rate (see docs/training.md)"),
