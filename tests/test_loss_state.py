@@ -187,7 +187,7 @@ def test_flag_validation_does_not_allocate_the_buffer(tmp_path):
     code = ("import resource, sys\n"
             "from clip_dcl.train import main\n"
             "from clip_dcl.train.flags import parse_train_args\n"
-            "cfg = parse_train_args(['--loss', 'decl', '--decl-num-samples', '400000000', '--val-data', 'x.tar'])\n"
+            "cfg = parse_train_args(['--loss', 'decl', '--decl-num-samples', '400000000', '--val-data', 'x.tar'], check_files=False)\n"
             "assert cfg.loss_kwargs['num_samples'] == 400000000\n"
             "rc = main(['--loss', 'decl', '--decl-num-samples', '400000000'])\n"
             "print('rss_kb', resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)\n"
