@@ -104,7 +104,7 @@ def main(argv: Optional[List[str]] = None) -> int:
               f"{minutes:.1f} min in all")
     report = ex.write_report(out, "demo", data=data, budget=budget, results=results, scores=scores, header=header,
                              extra={"fewshot_seeds": fewshot_seeds, "minutes": minutes, "device": device})
-    print(f"[demo] 4/4 comparison (percent; chance = a content-blind embedding)\n", flush=True)
+    print("[demo] 4/4 comparison (percent; chance = a content-blind embedding)\n", flush=True)
     print(header + "\n")
     print(report["table"] + "\n")
     print(f"[demo] wrote {report['markdown']}, {report['json']}, {report['png']}", flush=True)
