@@ -158,14 +158,14 @@ def _torch_load(path: Path, allow_unsafe_pickle: bool = False):
         return torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as e:
         reason = str(e).splitlines()[0]
-        if not allow_unsafe_pickle:
-            raise UnsafeCheckpoint(
-                f"checkpoint {str(path)!r} does not load as weights only ({reason}); loading it would unpickle "
-                "arbitrary objects, which can run code. If you trust the file, pass allow_unsafe_pickle=True "
-                "(--unsafe-pickle on the command line)") from None
+    if allow_unsafe_pickle:  # the caller's explicit opt-in: the file is trusted
         log.warning("%s: weights-only load failed (%s); fully unpickling it as asked (allow_unsafe_pickle)",
                     path, reason)
         return torch.load(path, map_location="cpu", weights_only=False)
+    raise UnsafeCheckpoint(
+        f"checkpoint {str(path)!r} does not load as weights only ({reason}); loading it would unpickle "
+        "arbitrary objects, which can run code. If you trust the file, pass allow_unsafe_pickle=True "
+        "(--unsafe-pickle on the command line)")
 
 
 def read_params(ckpt_path: str | os.PathLike) -> dict[str, str]:

@@ -231,16 +231,14 @@ def _resolve_num_samples(oc_args, given: Optional[int]) -> Optional[int]:
     rows and the indices)."""
     if given is not None:
         return given
-    kind = oc_args.dataset_type
-    if kind == "synthetic":
+    if oc_args.dataset_type == "synthetic":
         if not oc_args.train_num_samples:
             raise FlagError("--dataset-type synthetic makes --train-num-samples samples, whose indices are the "
                             "sample ids: set --train-num-samples")
         return int(oc_args.train_num_samples)
     if not oc_args.train_data:
         return None  # evaluation only: the loss is never built
-    if kind == "auto":  # as OpenCLIP's get_dataset_fn decides
-        kind = {"tar": "webdataset", "csv": "csv", "tsv": "csv"}.get(oc_args.train_data.split(".")[-1], "other")
+    kind = _train_data_kind(oc_args)
     if kind == "csv":
         return _csv_rows(oc_args)
     if kind != "webdataset":
@@ -261,6 +259,14 @@ def _resolve_num_samples(oc_args, given: Optional[int]) -> Optional[int]:
                         f"(or __len__) next to the shards of {oc_args.train_data!r}: set --decl-num-samples above "
                         "the largest sample key")
     return int(total)
+
+
+def _train_data_kind(oc_args) -> str:
+    """``--dataset-type``, with ``auto`` resolved from ``--train-data``'s extension as OpenCLIP's
+    ``get_dataset_fn`` does (``"other"`` where OpenCLIP would find no reader)."""
+    if oc_args.dataset_type != "auto":
+        return oc_args.dataset_type
+    return {"tar": "webdataset", "csv": "csv", "tsv": "csv"}.get(oc_args.train_data.split(".")[-1], "other")
 
 
 def _csv_rows(oc_args) -> int:
@@ -480,10 +486,7 @@ def _check_captions_per_image(ours, oc_args, loss: str) -> None:
                      ("coca" in oc_args.model.lower(), f"--model {oc_args.model} (CoCa)")):
         if bad:
             raise FlagError(f"--captions-per-image {m} cannot be combined with {why}")
-    kind = oc_args.dataset_type
-    if oc_args.train_data and kind == "auto":
-        kind = "webdataset" if oc_args.train_data.split(".")[-1] == "tar" else "other"
-    if oc_args.train_data and kind != "webdataset":
+    if oc_args.train_data and _train_data_kind(oc_args) != "webdataset":
         raise FlagError(f"--captions-per-image {m} reads the captions from webdataset shards (json 'captions' or "
                         f".txt lines), but --dataset-type is {oc_args.dataset_type!r} for --train-data "
                         f"{oc_args.train_data!r}")

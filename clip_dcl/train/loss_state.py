@@ -112,7 +112,7 @@ def shard_index(loss, folder: Path, checkpoint_path: str) -> Dict[str, object]:
 
 def small_state(loss) -> Dict[str, torch.Tensor]:
     """The loss state that goes into the master's checkpoint: all but the sharded buffer."""
-    return {k: v.detach().cpu() for k, v in loss.state_dict().items() if k != SHARDED}
+    return {k: v for k, v in loss.state_dict().items() if k != SHARDED}
 
 
 def _sources(index: Dict[str, object], ckpt_path: str) -> List[tuple]:
