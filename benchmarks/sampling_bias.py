@@ -87,6 +87,8 @@ def make_runs(tau_values: Sequence[float], oracle: bool = True) -> List[ex.Run]:
 
 #: the fixed temperature measured by --extra (s = 1 / t = 10; CLIP starts at s = 1 / 0.07 = 14.3 and learns it)
 EXTRA_TEMPERATURE = 0.1
+#: the smallest tau_plus of the main sweep, measured by --extra beside the true prior and auto
+SMALL_TAU = 0.05
 
 
 def make_extra_runs(true_tau: float) -> List[ex.Run]:
@@ -100,6 +102,8 @@ def make_extra_runs(true_tau: float) -> List[ex.Run]:
         ex.Run(f"dcl tau+={t} clamp biased", dcl + ("--dcl-clamp", "biased")),
         ex.Run(f"dcl tau+={t} t={EXTRA_TEMPERATURE:g}", dcl + ("--dcl-temperature", f"{EXTRA_TEMPERATURE:g}")),
         ex.Run("dcl tau+=auto", ("--loss", "dcl", "--tau-plus", "auto")),
+        # the smallest prior of the main sweep, the best there: what auto is measured against besides the truth
+        ex.Run(f"dcl tau+={SMALL_TAU:g}", ("--loss", "dcl", "--tau-plus", f"{SMALL_TAU:g}")),
         ex.Run("clip M=3", ("--loss", "clip") + m3),
         ex.Run(f"dcl tau+={t} M=3", dcl + m3),
         ex.Run("curl M=3", ("--loss", "curl") + m3),
