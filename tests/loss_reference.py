@@ -68,6 +68,56 @@ def decl(f, g, s, rates, eps, lam):
     return lam * loss1 + (1 - lam) * loss2, loss1, loss2
 
 
+def _general_directions(f, g):
+    """``(anchors, candidates, positive columns of each anchor)`` of both directions with ``M = len(g) / len(f)``."""
+    n_img = f.shape[0]
+    m = g.shape[0] // n_img
+    return [(f, g, [list(range(i * m, i * m + m)) for i in range(n_img)]),
+            (g, f, [[c // m] for c in range(g.shape[0])])]
+
+
+def decl_general(f, g, s, rates, eps, lam):
+    """DeCL with ``M = len(g) / len(f)`` captions per image, given each anchor row's rate and draw.
+
+    ``rates`` and ``eps``: ``[image rows (n,), caption rows (n M,)]``. Image anchor i: negatives
+    the captions of the other images, ``loss1 = u_i mean_k S_ik - mean_m l_im``, ``loss2 =
+    mean_m -log(S_im / (S_im + sum_k S_ik))``; caption c: positive image c // M, negatives the other
+    images. Returns ``(loss, loss1, loss2)``.
+    """
+    loss1, loss2 = 0.0, 0.0
+    for d, (anchors, cands, positives) in enumerate(_general_directions(f, g)):
+        l1, l2 = [], []
+        for i, pos_cols in enumerate(positives):
+            logit = [s * anchors[i] @ cands[j] for j in range(cands.shape[0])]
+            negs = [torch.exp(logit[k]) for k in range(cands.shape[0]) if k not in pos_cols]
+            u = eps[d][i] / rates[d][i]
+            l1.append(u * sum(negs) / len(negs) - sum(logit[v] for v in pos_cols) / len(pos_cols))
+            l2.append(sum(-torch.log(torch.exp(logit[v]) / (torch.exp(logit[v]) + sum(negs)))
+                          for v in pos_cols) / len(pos_cols))
+        loss1 = loss1 + torch.stack(l1).mean()
+        loss2 = loss2 + torch.stack(l2).mean()
+    loss1, loss2 = loss1 / 2, loss2 / 2
+    return lam * loss1 + (1 - lam) * loss2, loss1, loss2
+
+
+def row_mean_negative_scores(f, g, s):
+    """``E_k[S_ik]`` of every anchor row over its negatives: ``[image rows (n,), caption rows (n M,)]``."""
+    out = []
+    for anchors, cands, positives in _general_directions(f, g):
+        out.append(torch.stack([
+            sum(torch.exp(s * anchors[i] @ cands[k]) for k in range(cands.shape[0]) if k not in pos_cols)
+            / (cands.shape[0] - len(pos_cols)) for i, pos_cols in enumerate(positives)
+        ]).detach())
+    return out
+
+
+def id_mean_negative_scores(f, g, s):
+    """``(2, n)`` per sample id: the image's ``E_k[S_ik]``, and the mean of its M captions' (the text-direction rate)."""
+    img, txt = row_mean_negative_scores(f, g, s)
+    m = txt.shape[0] // img.shape[0]
+    return torch.stack([img, torch.stack([sum(txt[i * m + k] for k in range(m)) / m for i in range(img.shape[0])])])
+
+
 def batch_mean_negative_score(f, g, s):
     """``E_k[S_ik]`` over the batch negatives, shape (2, n) (image anchors, text anchors)."""
     out = []

@@ -229,8 +229,131 @@ def test_curl_hinge_reports_active_rows_and_refuses_no_grad_gather():
         create_loss("curl", no_grad_gather=True, local_loss=True)
 
 
+# --------------------------------------------------------------------------------------------
+# decl with M captions
+
+
+def rows_of_ids(per_id, m):
+    """Per-id rates ``(2, n)`` as each anchor row reads them: the images', and each caption its image's."""
+    return [per_id[0], per_id[1].repeat_interleave(m)]
+
+
+@pytest.mark.parametrize("n, m", [(3, 2), (5, 3), (4, 1)])
+@pytest.mark.parametrize("lam", [0.0, 0.3, 1.0])
+@pytest.mark.parametrize("s", SCALES)
+def test_decl_batch_rate_with_m_captions_matches_reference(n, m, lam, s):
+    f, g = features(n, m, seed=20 * n + m)
+    loss_fn = create_loss("decl", rate="batch", schedule="constant", lam=lam, sample_u=False)
+    got, got_grads, _ = value_and_grads(loss_fn, f, g, s)
+    rates = ref.row_mean_negative_scores(f, g, torch.tensor(s, dtype=torch.float64))  # each row's own estimate
+    ones = [torch.ones_like(r) for r in rates]
+    want, want_grads, (_, l1, l2) = value_and_grads(lambda a, b, c: ref.decl_general(a, b, c, rates, ones, lam),
+                                                     f, g, s)
+    torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-12)
+    assert_close_all(got_grads, want_grads, rtol=1e-8, atol=1e-10)
+    torch.testing.assert_close(loss_fn.metrics["loss1"], l1.detach(), rtol=1e-10, atol=1e-12)
+    torch.testing.assert_close(loss_fn.metrics["loss2"], l2.detach(), rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("m", [1, 3])
+@pytest.mark.parametrize("rate", ["batch", "queue", "index"])
+def test_decl_lambda_zero_with_m_captions_is_clip_with_m(m, rate):
+    f, g = features(6, m, seed=4)
+    kw = {"num_samples": 6} if rate == "index" else {}
+    decl = create_loss("decl", rate=rate, schedule="constant", lam=0.0, **kw)
+    a, a_grads, _ = value_and_grads(lambda x, y, z: decl(x, y, z, sample_ids=torch.arange(6)), f, g, 12.0)
+    b, b_grads, _ = value_and_grads(create_loss("clip"), f, g, 12.0)
+    torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
+    assert_close_all(a_grads, b_grads, rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("first_visit, include_current", [("batch", False), ("mean", False), ("batch", True)])
+def test_decl_index_with_m_captions_keeps_one_rate_per_id_and_direction(first_visit, include_current):
+    """Over steps with revisits, first visits and a repeated id: each id's text-direction rate is the
+    mean of its M captions' estimates, read by every one of its captions (float64 re-computation)."""
+    gamma, s, n, m = 0.3, 15.0, 6, 3
+    loss_fn = create_loss("decl", rate="index", num_samples=10, gamma=gamma, schedule="decl", sample_u=False,
+                          first_visit=first_visit, include_current=include_current)
+    tracker = ref.IndexRates(gamma, first_visit=first_visit, include_current=include_current)
+    id_batches = [torch.tensor([0, 1, 2, 3, 4, 5]), torch.tensor([6, 7, 2, 3, 8, 9]),
+                  torch.tensor([1, 1, 4, 9, 0, 7]), torch.tensor([5, 6, 8, 2, 3, 1])]
+    for step, ids in enumerate(id_batches):
+        f, g = features(n, m, seed=300 + step)
+        got, got_grads, _ = value_and_grads(lambda x, y, z: loss_fn(x, y, z, sample_ids=ids), f, g, s)
+        per_id = tracker.visit(ids, ref.id_mean_negative_scores(f, g, torch.tensor(s, dtype=torch.float64)))
+        rates = rows_of_ids(per_id, m)
+        ones = [torch.ones_like(r) for r in rates]
+        want, want_grads, _ = value_and_grads(lambda a, b, c: ref.decl_general(a, b, c, rates, ones, 1.0), f, g, s)
+        # the buffer holds float32 log-rates
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+        assert_close_all(got_grads, want_grads, rtol=1e-4, atol=1e-6)
+    for d in range(2):
+        for sid in range(10):
+            torch.testing.assert_close(float(loss_fn.log_rate[d, sid]), tracker.log_rate(d, sid), rtol=1e-5, atol=1e-5)
+
+
+def test_decl_index_text_rate_is_the_mean_over_the_captions_not_one_caption():
+    f, g = features(5, 3, seed=12)
+    s = torch.tensor(9.0, dtype=torch.float64)
+    loss_fn = create_loss("decl", rate="index", num_samples=5, drift_correction=False)
+    loss_fn(f, g, s, sample_ids=torch.arange(5))
+    rows = ref.row_mean_negative_scores(f, g, s)[1].reshape(5, 3)
+    stored = loss_fn.log_rate[1].double()
+    torch.testing.assert_close(stored, rows.mean(dim=1).log(), rtol=1e-6, atol=1e-6)
+    assert (stored - rows[:, 0].log()).abs().max() > 1e-3  # the captions' estimates differ: the mean is not one
+
+
+@pytest.mark.parametrize("include_current", [False, True])
+def test_decl_queue_with_m_captions_matches_reference(include_current):
+    """Image anchors against the queued captions (one per earlier image: the first of its M), captions
+    against the queued images; the batch at the first step."""
+    s, n, m, q = 12.0, 4, 3, 6
+    loss_fn = create_loss("decl", rate="queue", queue_size=q, schedule="decl", sample_u=False,
+                          include_current=include_current)
+    history_img, history_txt = [], []
+    for step in range(3):
+        f, g = features(n, m, seed=400 + step)
+        got, got_grads, _ = value_and_grads(loss_fn, f, g, s)
+        rates = []
+        for d, (anchors, cands, hist) in enumerate([(f, g, history_txt), (g, f, history_img)]):
+            queue = torch.cat(hist)[-q:].double() if hist else cands[:0]  # the queue stores float32
+            row = []
+            for i in range(anchors.shape[0]):
+                own = range(i * m, i * m + m) if d == 0 else [i // m]
+                batch = [torch.exp(s * anchors[i] @ cands[k]) for k in range(cands.shape[0]) if k not in own]
+                queued = [torch.exp(s * anchors[i] @ queue[k]) for k in range(queue.shape[0])]
+                scores = queued + batch if (include_current or not queued) else queued
+                row.append(sum(scores) / len(scores))
+            rates.append(torch.stack(row).detach())
+        ones = [torch.ones_like(r) for r in rates]
+        want, want_grads, _ = value_and_grads(lambda a, b, c: ref.decl_general(a, b, c, rates, ones, 1.0), f, g, s)
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+        assert_close_all(got_grads, want_grads, rtol=1e-4, atol=1e-6)
+        history_img.append(f.float())
+        history_txt.append(g[::m].float())
+    assert int(loss_fn.queue_count) == q
+
+
+def test_decl_draws_one_u_per_anchor_row_with_m_captions():
+    """``sample_u``: G image draws, then G M caption draws, from the generator seeded by (seed, step)."""
+    n, m, s, seed = 5, 3, 8.0, 7
+    f, g = features(n, m, seed=1)
+    loss_fn = create_loss("decl", rate="batch", schedule="decl", sample_u=True, seed=seed)
+    got, got_grads, _ = value_and_grads(loss_fn, f, g, s)
+    gen = torch.Generator().manual_seed(seed * 1_000_003 + 1)
+    eps = torch.empty(1 + m, n, dtype=torch.float64).exponential_(1.0, generator=gen)
+    draws = [eps[0], eps[1:].reshape(-1)]
+    assert len(set(draws[1].tolist())) == n * m  # every caption its own draw
+    rates = ref.row_mean_negative_scores(f, g, torch.tensor(s, dtype=torch.float64))
+    want, want_grads, _ = value_and_grads(lambda a, b, c: ref.decl_general(a, b, c, rates, draws, 1.0), f, g, s)
+    torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-12)
+    assert_close_all(got_grads, want_grads, rtol=1e-8, atol=1e-10)
+
+
 @pytest.mark.parametrize("name, kwargs", [("dcl", {"tau_plus": 0.1, "beta": 1.0}), ("dcl", {"tau_plus": 0.2}),
-                                          ("curl", {}), ("curl", {"link": "hinge"}), ("clip", {})])
+                                          ("curl", {}), ("curl", {"link": "hinge"}), ("clip", {}),
+                                          ("decl", {"rate": "batch", "sample_u": True}),
+                                          ("decl", {"rate": "queue"})])
 def test_bf16_autocast_with_m_captions_at_max_scale_is_finite(name, kwargs):
     f, g = features(8, 3, dtype=torch.float32, align=4.0)
     f, g = f.bfloat16().requires_grad_(), g.bfloat16().requires_grad_()

@@ -1,7 +1,6 @@
 """The training-throughput benchmark's pure parts: OpenCLIP log parsing, statistics, run order, commands."""
 from __future__ import annotations
 
-import statistics
 import sys
 from pathlib import Path
 

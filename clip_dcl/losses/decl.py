@@ -84,6 +84,29 @@ group reuse them, so the accumulated gradient is that of one loss over the whole
 ``u`` is drawn from a generator seeded by ``(seed, t)`` for the whole global batch and sliced per
 rank, so a run on W ranks draws the same ``u`` as one process on the concatenated batch.
 
+**M captions per image** (``text_features`` of shape ``(B * M, d)``, the M captions of each image in
+image order, M read from the row counts; the sample ids stay one per image). The anchors are those
+of ``dcl`` and ``clip`` with M positives (:mod:`clip_dcl.losses.dcl`):
+
+- image anchor ``i``: negatives the ``K = (G - 1) M`` captions of the other images (its own are
+  never negatives), rate ``r_i`` their expected score; each of its M captions is in turn the
+  positive, ``loss1_i = u_i * mean_k S_ik - mean_m l_im`` and ``loss2_i = mean_m[-l_im + log(S_im +
+  sum_k S_ik)]`` (the InfoNCE of ``clip`` with M captions);
+- caption anchor ``c`` of image ``i``: one positive (its image), ``K = G - 1`` negatives, its own
+  ``u_c`` draw. Its rate is the image's text-direction rate: ``index`` keeps one rate per sample id
+  and direction, so it stores, for the text direction, the mean of the id's M captions' estimates,
+  ``log mean_m exp(e_c)`` (the expected negative score of a caption of that image; the captions
+  are drawn afresh each epoch, so a rate per caption would have nothing to follow), and every
+  caption of the id reads it (a first visit too: the mean of its captions' batch estimates).
+  ``batch`` gives each caption its own estimate ``e_c``; ``queue`` scores each caption against
+  the queued images. The text queue (the negatives of image anchors) keeps one caption per image,
+  the first of its M (itself a random draw from the image's captions), so that both queues
+  advance by ``G`` per step.
+
+``u`` is drawn per anchor row: ``G`` image draws, then ``G M`` caption draws in caption order
+(with ``M = 1`` the same draws as before). With ``M = 1`` all of this is the loss above, computed by
+the same code.
+
 Written here because no released implementation of DeCL exists for CLIP.
 """
 from __future__ import annotations
@@ -95,6 +118,7 @@ import torch
 import torch.distributed as dist
 
 from .base import ContrastiveLoss, LossFlag, PairStats, all_gather_cat
+from .dcl import contrast_rows
 from .state import STATE_DTYPES, plain_sums, reshard, shard_size, state_digest, table_sums
 
 RATES = ("index", "queue", "batch")
@@ -207,6 +231,7 @@ class DeCLLoss(ContrastiveLoss):
 
     output_key = "decl_loss"
     summary = "decomposable contrastive loss (DeCL)"
+    supports_captions_per_image = True
     flags = (
         LossFlag("--decl-rate", "rate", choices=RATES,
                  help="estimator of each anchor's rate r: per-sample moving average (index, needs sample ids from "
@@ -410,9 +435,19 @@ class DeCLLoss(ContrastiveLoss):
         return schedule_gamma(self.gamma_schedule, step, self.gamma, self.gamma_decay_steps)
 
     # -- rate estimators ---------------------------------------------------------------------
-    def _batch_estimates(self, st: PairStats) -> torch.Tensor:
-        # e_i = log mean_{k != i} S_ik, shape (2, n)
-        return torch.stack([st.image.lse_neg, st.text.lse_neg]).detach() - math.log(st.num_negatives)
+    @staticmethod
+    def _row_estimates(st: PairStats):
+        """``[e of the image rows (n,), e of the caption rows (n M,)]``, ``e = log mean_k S_ik`` over the row's negatives."""
+        return [d.lse_neg.detach() - math.log(d.num_negatives) for d in (st.image, st.text)]
+
+    @classmethod
+    def _batch_estimates(cls, st: PairStats) -> torch.Tensor:
+        """``(2, n)`` estimates per sample id: the image row's, and the mean of its M captions' (``log mean exp``)."""
+        e_img, e_txt = cls._row_estimates(st)
+        m = st.captions_per_image
+        if m > 1:
+            e_txt = torch.logsumexp(e_txt.reshape(-1, m), dim=1) - math.log(m)
+        return torch.stack([e_img, e_txt])
 
     def _read_rates(self, ids: torch.Tensor, local_rows: Optional[torch.Tensor] = None, row_offset: int = 0):
         """Stored relative rates of the global batch's ``ids`` (``(2, G)``, compute dtype), on every rank.
@@ -510,45 +545,48 @@ class DeCLLoss(ContrastiveLoss):
         log_r = []
         for d, (stats, anchor) in enumerate(zip((st.image, st.text), anchors)):
             if not count:  # the first step: nothing earlier to read
-                log_r.append(stats.lse_neg.detach() - math.log(st.num_negatives))
+                log_r.append(stats.lse_neg.detach() - math.log(stats.num_negatives))
                 continue
             with torch.no_grad():
                 q = self.queue[d, :count].to(anchor)
                 lse_q = torch.logsumexp((st.logit_scale.detach() * anchor.detach()) @ q.T, 1)
             if self.include_current:  # the coupled ablation: the batch's negatives counted with the queue's
-                log_r.append(torch.logaddexp(stats.lse_neg.detach(), lse_q) - math.log(st.num_negatives + count))
+                log_r.append(torch.logaddexp(stats.lse_neg.detach(), lse_q) - math.log(stats.num_negatives + count))
             else:
                 log_r.append(lse_q - math.log(count))
         if update:
             with torch.no_grad():
-                for d, feats in enumerate((st.all_text_features, st.all_image_features)):
+                # one caption per image (the first of its M), so that both queues advance by G
+                texts = st.all_text_features[::st.captions_per_image]
+                for d, feats in enumerate((texts, st.all_image_features)):
                     feats = feats.detach()[-self.queue_size:].to(self.queue)
                     idx = (int(self.queue_ptr) + torch.arange(feats.shape[0])) % self.queue_size
                     self.queue[d, idx.to(self.queue.device)] = feats
                 self.queue_ptr.fill_((int(self.queue_ptr) + feats.shape[0]) % self.queue_size)
                 self.queue_count.fill_(min(self.queue_size, count + feats.shape[0]))
-        return torch.stack(log_r)
+        return log_r
 
-    def _draw_eps(self, step: int, n_rows: int, row_offset: int, global_rows: int, device, dtype):
+    def _draw_eps(self, step: int, n_rows: int, row_offset: int, global_rows: int, m: int, device, dtype):
+        """``[eps of the n image rows, eps of their n M caption rows]``, sliced from the global batch's draws."""
         if not self.sample_u:
-            return torch.ones(2, n_rows, device=device, dtype=dtype)
+            return [torch.ones(n_rows * k, device=device, dtype=dtype) for k in (1, m)]
         gen = torch.Generator().manual_seed(self.seed * 1_000_003 + step)
-        eps = torch.empty(2, global_rows, dtype=torch.float64).exponential_(1.0, generator=gen)
-        return eps[:, row_offset:row_offset + n_rows].to(device=device, dtype=dtype)
+        eps = torch.empty(1 + m, global_rows, dtype=torch.float64).exponential_(1.0, generator=gen)
+        img, txt = eps[0], eps[1:].reshape(-1)  # (G,) and (G M,): M = 1 is the (2, G) draw of one caption
+        return [e[row_offset * k:(row_offset + n_rows) * k].to(device=device, dtype=dtype)
+                for e, k in ((img, 1), (txt, m))]
 
     # -- the loss ----------------------------------------------------------------------------
     def compute(self, image_features, text_features, logit_scale, logit_bias, sample_ids):
-        if text_features.shape[0] != image_features.shape[0]:
-            raise ValueError(f"decl takes one caption per image; got {text_features.shape[0]} text rows for "
-                             f"{image_features.shape[0]} images")
         st = self.stats(image_features, text_features, logit_scale, logit_bias)
         n_rows = st.image.pos.shape[0]
+        m = st.captions_per_image
         training = self.training
         calls = int(self.calls)
         step = calls // self.accum_freq + 1
         first_call = calls % self.accum_freq == 0 or not training
         cache = self._step_cache
-        if first_call or cache is None or cache[0] != step or cache[1].shape[1] != n_rows:
+        if first_call or cache is None or cache[0] != step or cache[1][0].shape[0] != n_rows:
             local_rows = self.local_loss and self.world_size > 1
             anchors = (image_features, text_features) if local_rows else (st.all_image_features,
                                                                           st.all_text_features)
@@ -556,13 +594,15 @@ class DeCLLoss(ContrastiveLoss):
             fresh = None
             with torch.no_grad():
                 if self.rate == "index":
-                    log_r, fresh = self._index_log_rate(st, sample_ids, n_rows, update, self.gamma_at(step))
+                    per_id, fresh = self._index_log_rate(st, sample_ids, n_rows, update, self.gamma_at(step))
+                    # every caption of an id reads the id's text-direction rate
+                    log_r = [per_id[0], per_id[1] if m == 1 else per_id[1].repeat_interleave(m)]
                 elif self.rate == "queue":
                     log_r = self._queue_log_rate(st, [a.to(st.all_image_features) for a in anchors], update)
                 else:
-                    log_r = self._batch_estimates(st)
-                log_r = log_r.to(device=st.image.pos.device, dtype=st.image.pos.dtype)
-                eps = self._draw_eps(step, n_rows, st.row_offset, st.all_image_features.shape[0],
+                    log_r = self._row_estimates(st)
+                log_r = [r.to(device=st.image.pos.device, dtype=st.image.pos.dtype) for r in log_r]
+                eps = self._draw_eps(step, n_rows, st.row_offset, st.all_image_features.shape[0], m,
                                      st.image.pos.device, st.image.pos.dtype)
             cache = (step, log_r, eps, fresh)
             self._step_cache = cache if training else None
@@ -573,12 +613,14 @@ class DeCLLoss(ContrastiveLoss):
         lam_t = schedule_lambda(self.schedule, step, self.lam)
         loss1_dirs, loss2_dirs, clamped, ratios = [], [], [], []
         for d, stats in enumerate((st.image, st.text)):
-            log_ratio = stats.lse_neg - math.log(st.num_negatives) - log_r[d]
+            log_ratio = stats.lse_neg - math.log(stats.num_negatives) - log_r[d]
             clamped.append(log_ratio.detach() > self.max_log_ratio)
             ratios.append(log_ratio.detach())
-            loss1_dirs.append((eps[d] * torch.exp(log_ratio.clamp(max=self.max_log_ratio)) - stats.pos).mean())
-            loss2_dirs.append((torch.logaddexp(stats.pos, stats.lse_neg) - stats.pos).mean())
+            pos = stats.pos.mean(dim=1) if stats.pos.dim() == 2 else stats.pos  # M positives: mean_m l_im
+            loss1_dirs.append((eps[d] * torch.exp(log_ratio.clamp(max=self.max_log_ratio)) - pos).mean())
+            loss2_dirs.append(contrast_rows(stats.pos, stats.lse_neg))
         ratios = torch.cat(ratios)
+        all_r = torch.cat(log_r)
         loss1 = (loss1_dirs[0] + loss1_dirs[1]) / 2
         loss2 = (loss2_dirs[0] + loss2_dirs[1]) / 2
         loss = lam_t * loss1 + (1.0 - lam_t) * loss2
@@ -586,7 +628,7 @@ class DeCLLoss(ContrastiveLoss):
             "lambda_t": lam_t,
             "loss1": loss1.detach(),
             "loss2": loss2.detach(),
-            "mean_log_rate": log_r[torch.isfinite(log_r)].mean() if bool(torch.isfinite(log_r).any())
+            "mean_log_rate": all_r[torch.isfinite(all_r)].mean() if bool(torch.isfinite(all_r).any())
             else torch.tensor(float("nan")),
             "clamp_rate": torch.cat(clamped).float().mean(),
             # log(mean_k S_ik / r_i): 0 for a rate equal to this batch's estimate; its spread says how far

@@ -142,10 +142,11 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--loss", choices=registered, default="clip",
                    help=f"training objective: {described}; or any other loss registered in clip_dcl.losses.LOSSES "
                         "before this parser is built (default: clip)")
+    multi = ", ".join(n for n in registered if getattr(LOSSES[n], "supports_captions_per_image", False))
     g.add_argument("--captions-per-image", type=int, default=1, metavar="M",
                    help="captions drawn per training image from the json 'captions' list (or the .txt lines), "
                         "repeated in order when an image has fewer; the model encodes B x M texts and the loss takes "
-                        "them as M positives of each image (webdataset shards; --loss clip, dcl, curl) (default: 1)")
+                        f"them as M positives of each image (webdataset shards; --loss {multi}) (default: 1)")
     for name in registered:
         for flag in getattr(LOSSES[name], "flags", ()):
             value = defaults.get(name, {}).get(flag.kwarg, None)

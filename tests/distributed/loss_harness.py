@@ -52,10 +52,17 @@ CONFIGS = [
     ("curl_m3", "curl", {"captions": 3}),
     ("curl_hinge_m2", "curl", {"link": "hinge", "captions": 2}),
     ("dcl_auto_m2", "dcl", {"tau_plus": "auto", "tau_momentum": 0.5, "captions": 2}),
+    ("decl_index_m3", "decl", {"rate": "index", "num_samples": NUM_SAMPLES, "gamma": 0.5, "sample_u": True,
+                               "captions": 3}),
+    ("decl_index_m3_replicated", "decl", {"rate": "index", "num_samples": NUM_SAMPLES, "gamma": 0.5,
+                                          "sample_u": True, "captions": 3, "state": "replicated"}),
+    ("decl_queue_m2", "decl", {"rate": "queue", "queue_size": 24, "sample_u": True, "captions": 2}),
+    ("decl_batch_m3", "decl", {"rate": "batch", "schedule": "constant", "lam": 0.7, "sample_u": True,
+                               "captions": 3}),
 ]
 #: (sharded config, its replicated twin): equal bit for bit on any world size
 TWINS = [("decl_index", "decl_index_replicated"), ("decl_alternate", "decl_alternate_replicated"),
-         ("decl_index_bf16", "decl_index_bf16_replicated")]
+         ("decl_index_bf16", "decl_index_bf16_replicated"), ("decl_index_m3", "decl_index_m3_replicated")]
 #: what the 4-rank run covers (the index buffer's layouts)
 INDEX_CONFIGS = [c for c in CONFIGS if c[2].get("rate") == "index"]
 #: gathered without autograd (no_grad_gather): every clip-dcl loss whose gradient follows from (pos, lse_neg)
