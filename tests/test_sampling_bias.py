@@ -124,7 +124,7 @@ def test_extra_runs_parse_with_the_training_flags_and_their_table_gives_ratios_t
         ours, rest = parser.parse_known_args(list(run.flags))
         assert rest == [], run
     m3 = [r for r in runs if "--captions-per-image" in r.flags]
-    assert {r.flags[1] for r in m3} == {"clip", "dcl", "curl"}
+    assert {r.flags[1] for r in m3} == {"clip", "dcl", "curl", "decl"}
     assert [sb.run_tau_plus(r) for r in runs if "auto" in r.flags] == [None]
     log = tmp_path / "out.log"
     log.write_text("Train Epoch: 0 Clamp_rate: 0.20000 (0.2) Tau_plus: 0.10000 (0.1)\n"
