@@ -134,3 +134,20 @@ def test_extra_runs_parse_with_the_training_flags_and_their_table_gives_ratios_t
                runs[1].name: {k: {"mean": 0.6, "std": 0.1, "n": 3} for k, _ in sb.HEADLINE}}
     table = sb.extra_table(runs, summary, {runs[1].name: [sb.log_means(log)]}, {})
     assert "60.0 ± 10.0 (1.20x)" in table and "| 0.30 | 0.200 |" in table
+
+
+def test_prior_diagnosis_splits_the_pairs_by_relation_and_names_the_runs():
+    import prior_diagnosis as pd
+
+    masks = pd.relation_masks(["circle", "circle", "square", "square"], ["red", "blue", "red", "red"])
+    total = sum(m.int() for m in masks.values())
+    assert torch.equal(total, 1 - torch.eye(4, dtype=torch.int))  # every ordered pair i != j once
+    assert masks["same class"][2, 3] and masks["same class"][3, 2] and not masks["same class"][0, 1]
+    assert masks["same shape only"][0, 1] and masks["same colour only"][0, 2] and masks["neither"][1, 3]
+    assert pd.name_of(["--loss", "clip"]) == "clip"
+    assert pd.name_of(["--loss", "dcl", "--tau-plus", "auto"]) == "dcl tau+=auto"
+    assert pd.name_of(["--loss", "dcl", "--tau-plus", "0.25", "--hcl-beta", "1"]) == ""
+    rows = [{"estimate": 0.4, "positive": {"mean": 9.0}, "clean_estimate": 0.5, "clean_truth": 0.5,
+             **{r: {"mean": 1.0, "sd": 2.0, "share": 0.25} for r in pd.RELATIONS}}]
+    md = pd.table({"clip": rows, "dcl tau+=auto": []}, 0.25)
+    assert "| clip | 1 | 0.400 | 9.00 | 1.00 ± 2.00 (0.25) |" in md and "auto" not in md
