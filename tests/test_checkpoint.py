@@ -24,13 +24,16 @@ def trained(tmp_path_factory):
     """A real checkpoint: one epoch of OpenCLIP's own training loop on synthetic data (CPU)."""
     import open_clip_train.main
 
+    from clip_dcl.train.patch import torch_log_levels_kept
+
     logs = tmp_path_factory.mktemp("logs")
     register_builtin_configs()
-    open_clip_train.main.main([
-        "--dataset-type", "synthetic", "--train-num-samples", "16", "--batch-size", "4", "--epochs", "1",
-        "--workers", "0", "--model", TINY_MODEL, "--logs", str(logs), "--name", "x", "--save-frequency", "1",
-        "--report-to", "", "--seed", "0", "--warmup", "1",
-    ])
+    with torch_log_levels_kept():  # OpenCLIP's own main, unpatched: its logging setup would unmute TorchDynamo
+        open_clip_train.main.main([
+            "--dataset-type", "synthetic", "--train-num-samples", "16", "--batch-size", "4", "--epochs", "1",
+            "--workers", "0", "--model", TINY_MODEL, "--logs", str(logs), "--name", "x", "--save-frequency", "1",
+            "--report-to", "", "--seed", "0", "--warmup", "1",
+        ])
     ckpt = logs / "x" / "checkpoints" / "epoch_1.pt"
     assert ckpt.is_file()
     return ckpt

@@ -212,14 +212,23 @@ _OPENCLIP_PT_LOAD = oc_main.pt_load
 _OPENCLIP_SETUP_LOGGING = oc_main.setup_logging
 
 
-def _setup_logging(log_file, level, include_host=False):
-    """OpenCLIP's ``setup_logging``, which sets *every* existing logger to ``level`` (INFO); PyTorch's own
-    loggers get their levels back, so that TorchDynamo's INFO statistics are not printed at exit."""
+@contextlib.contextmanager
+def torch_log_levels_kept():
+    """Give PyTorch's loggers their levels back after the block (OpenCLIP's ``setup_logging`` inside it
+    sets every existing logger to INFO, and TorchDynamo then prints its statistics at exit)."""
     torch_loggers = {name: logging.getLogger(name).level for name in list(logging.root.manager.loggerDict)
                      if name == "torch" or name.startswith("torch.")}
-    _OPENCLIP_SETUP_LOGGING(log_file, level, include_host=include_host)
-    for name, saved in torch_loggers.items():
-        logging.getLogger(name).setLevel(saved)
+    try:
+        yield
+    finally:
+        for name, saved in torch_loggers.items():
+            logging.getLogger(name).setLevel(saved)
+
+
+def _setup_logging(log_file, level, include_host=False):
+    """OpenCLIP's ``setup_logging``, with PyTorch's own loggers left at their levels (:func:`torch_log_levels_kept`)."""
+    with torch_log_levels_kept():
+        _OPENCLIP_SETUP_LOGGING(log_file, level, include_host=include_host)
 
 
 class LossStateMismatch(RuntimeError):
