@@ -394,14 +394,14 @@ def write(out: Path, runs, results, scores, eval_seconds, data, budget, seeds, f
     train_s = [r.seconds for rs in res.values() for r in rs]
     eval_s = [s for n in have for s in eval_seconds[n]]
     header = "\n".join([
-        ("# Sampling bias, the other objectives: M captions, curl, hcl, tau_plus auto, clamp, temperature"
+        ("# Sampling bias, the other objectives: M captions, curl, hcl, tau_plus auto, clamp, temperature, decl"
          if stem != STEM else "# Sampling bias: clip vs dcl(tau_plus) vs the unbiased oracle"),
         "",
         f"- Status: {status}",
         f"- Command: `{command}`",
-        f"- Date (UTC): {started:%Y-%m-%d %H:%M}; {seconds / 60:.1f} min in all (training {sum(train_s) / 60:.1f} "
-        f"min, evaluation {sum(eval_s) / 60:.1f} min; the CPU was shared with other jobs, so times are not "
-        "speed measurements)",
+        f"- Date (UTC): {started:%Y-%m-%d %H:%M}; this invocation {seconds / 60:.1f} min (finished runs kept in "
+        f"--work are reused); the runs' training {sum(train_s) / 60:.1f} min and evaluation {sum(eval_s) / 60:.1f} "
+        "min in all (the CPU was shared with other jobs, so times are not speed measurements)",
         f"- Machine: {machine()}",
         f"- Data: clip-dcl synthetic shards, {data['config']['num_classes']} balanced latent classes "
         f"({', '.join(data['classes']['names'])}), measured class prior tau_plus = {true_tau:.4f}; "
