@@ -83,10 +83,21 @@ def diagnose(checkpoint: Path, pairs) -> dict:
         x = logits[mask]
         out[name] = {"share": float(mask.sum() / off.sum()), "mean": float(x.mean()), "sd": float(x.std())}
     out["estimate"] = estimate_tau_plus(logits[off], logits.diagonal())
+    out["sklearn_estimate"] = sklearn_upper_weight(logits[off])
     clean = masks["same class"] | masks["neither"]
     out["clean_estimate"] = estimate_tau_plus(logits[clean], logits.diagonal())
     out["clean_truth"] = float(masks["same class"].sum() / clean.sum())
     return out
+
+
+def sklearn_upper_weight(scores: torch.Tensor) -> float:
+    """The upper component's weight of scikit-learn's ``GaussianMixture`` (k-means start, 3 restarts) on ``scores``:
+    the same model as the estimator's, fitted from another start."""
+    from sklearn.mixture import GaussianMixture
+
+    x = scores.detach().double().reshape(-1, 1).cpu().numpy()
+    gm = GaussianMixture(2, n_init=3, random_state=0).fit(x)
+    return float(gm.weights_[gm.means_[:, 0].argmax()])
 
 
 def checkpoints(work: Path, runs: Sequence[str]) -> Dict[str, List[tuple]]:
@@ -123,13 +134,15 @@ def table(results: Dict[str, List[dict]], truth: float) -> str:
             vals.append(v)
         return sum(vals) / len(vals)
 
-    head = ["run", "seeds", f"estimate (all negatives; truth {truth:.3f})", "positive logit"]
+    head = ["run", "seeds", f"estimate (all negatives; truth {truth:.3f})", "scikit-learn fit, k-means start",
+            "positive logit"]
     head += [f"{r} logit (share)" for r in RELATIONS] + ["estimate (same class + neither only)", "its truth"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for run, rows in results.items():
         if not rows:
             continue
-        cells = [run, str(len(rows)), f"{avg(rows, 'estimate'):.3f}", f"{avg(rows, 'positive', 'mean'):.2f}"]
+        cells = [run, str(len(rows)), f"{avg(rows, 'estimate'):.3f}", f"{avg(rows, 'sklearn_estimate'):.3f}",
+                 f"{avg(rows, 'positive', 'mean'):.2f}"]
         for rel in RELATIONS:
             cells.append(f"{avg(rows, rel, 'mean'):.2f} ± {avg(rows, rel, 'sd'):.2f} ({avg(rows, rel, 'share'):.2f})")
         cells += [f"{avg(rows, 'clean_estimate'):.3f}", f"{avg(rows, 'clean_truth'):.3f}"]
@@ -186,11 +199,16 @@ def main(argv: Optional[List[str]] = None) -> int:
         f"- Data: the first {args.samples} training pairs of the sampling-bias benchmark's synthetic shards "
         f"(image and its first caption); classes are shape x colour, true tau_plus {truth:.3f}. "
         "Checkpoints: the final ones of `sampling_bias.py --extra` (one per training seed).",
-        "- Columns: the estimator of `clip_dcl/losses/prior.py` on all image-to-caption negatives; the positive "
+        "- Columns: the estimator of `clip_dcl/losses/prior.py` on all image-to-caption negatives, and scikit-learn's "
+        "`GaussianMixture` (k-means start, 3 restarts) on the same scores; the positive "
         "pairs' mean logit; per relation, the mean ± sd of the negatives' logits and their share; the estimator "
         "on the same-class and neither negatives alone (a clean two-class mixture) and that mixture's true weight.",
         "",
         table(results, truth),
+        "",
+        "Per seed (estimate / scikit-learn fit): " + "; ".join(
+            f"{run} " + ", ".join(f"{r['estimate']:.2f} / {r['sklearn_estimate']:.2f}" for r in rows)
+            for run, rows in results.items() if rows),
         "",
     ])
     (out / f"{STEM}.md").write_text(md)

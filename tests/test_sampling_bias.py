@@ -147,7 +147,11 @@ def test_prior_diagnosis_splits_the_pairs_by_relation_and_names_the_runs():
     assert pd.name_of(["--loss", "clip"]) == "clip"
     assert pd.name_of(["--loss", "dcl", "--tau-plus", "auto"]) == "dcl tau+=auto"
     assert pd.name_of(["--loss", "dcl", "--tau-plus", "0.25", "--hcl-beta", "1"]) == ""
-    rows = [{"estimate": 0.4, "positive": {"mean": 9.0}, "clean_estimate": 0.5, "clean_truth": 0.5,
+    rows = [{"estimate": 0.4, "sklearn_estimate": 0.45, "positive": {"mean": 9.0}, "clean_estimate": 0.5,
+             "clean_truth": 0.5,
              **{r: {"mean": 1.0, "sd": 2.0, "share": 0.25} for r in pd.RELATIONS}}]
     md = pd.table({"clip": rows, "dcl tau+=auto": []}, 0.25)
-    assert "| clip | 1 | 0.400 | 9.00 | 1.00 ± 2.00 (0.25) |" in md and "auto" not in md
+    assert "| clip | 1 | 0.400 | 0.450 | 9.00 | 1.00 ± 2.00 (0.25) |" in md and "auto" not in md
+    scores = torch.cat([torch.randn(3000, generator=torch.Generator().manual_seed(0)),
+                        8 + torch.randn(1000, generator=torch.Generator().manual_seed(1))])
+    assert pd.sklearn_upper_weight(scores) == pytest.approx(0.25, abs=0.02)

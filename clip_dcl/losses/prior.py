@@ -23,6 +23,13 @@ itself relates its estimator to (Chuang et al. 2020, Sec. 2). The estimator here
 The loss keeps an exponential moving average of the per-step estimates (a buffer, saved with the
 checkpoint) and uses it as ``tau_plus``.
 
+Limits, measured (``benchmarks/prior_diagnosis.py``): the estimate is the share of negatives that the
+*embedding* scores like positives. When the embedding has learned only part of what defines a class
+(on the synthetic data the tiny model separates colours, not shapes), that share exceeds the
+class prior (about 0.5 for a true 0.25). And the EM, started at the positives' narrow distribution,
+can settle on the upper tail of that cluster (0.13-0.18 where a k-means start finds 0.42-0.57). In
+the sampling-bias benchmark ``auto`` trained worse than a fixed prior.
+
 EM is written here (about 20 lines of tensor code) rather than taken from scikit-learn's
 ``GaussianMixture``, which fits on the CPU in NumPy: one host round trip and about 0.3 s per fit on
 a few thousand scores on a 2-core machine, every training step. :func:`fit_two_gaussians` is tested
