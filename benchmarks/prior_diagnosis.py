@@ -172,7 +172,6 @@ def main(argv: Optional[List[str]] = None) -> int:
     found = checkpoints(work, args.runs)
     if not any(found.values()):
         raise SystemExit(f"no finished run of {args.runs} under {work / 'scores'}")
-    torch.set_num_threads(max(1, torch.get_num_threads()))
     started, t0 = datetime.now(timezone.utc), time.perf_counter()
     pairs = read_pairs(sorted((work / "data" / "train").glob("*.tar"))[0], args.samples)
     results: Dict[str, List[dict]] = {}
