@@ -43,7 +43,7 @@ def test_registry_names_and_factory():
     assert set(LOSSES) >= {"clip", "dcl", "decl"}
     assert isinstance(create_loss("clip"), ClipLoss)
     assert isinstance(create_loss("dcl", tau_plus=0.2), DebiasedClipLoss)
-    assert isinstance(create_loss("decl", rate="batch"), DeCLLoss)
+    assert isinstance(create_loss("decl", temperature_mode="learned", rate="batch"), DeCLLoss)
     with pytest.raises(ValueError, match="'nope'"):
         create_loss("nope")
 
@@ -77,7 +77,7 @@ def test_bad_arguments_name_the_value(kwargs, pattern):
 
 def test_index_rate_needs_ids_in_range():
     f, g = features(4, dtype=torch.float32)
-    loss = create_loss("decl", rate="index", num_samples=10)
+    loss = create_loss("decl", temperature_mode="learned", rate="index", num_samples=10)
     with pytest.raises(ValueError, match="sample_ids"):
         loss(f, g, torch.tensor(10.0))
     with pytest.raises(ValueError, match="sample id 10 is outside"):
@@ -161,7 +161,7 @@ def test_dcl_differs_from_infonce_when_tau_positive():
 def test_decl_batch_rate_matches_reference(n, s, lam):
     f, g = features(n, seed=n + 1)
     a, b = leaves(f, g, s), leaves(f, g, s)
-    loss_fn = create_loss("decl", rate="batch", schedule="constant", lam=lam, sample_u=False)
+    loss_fn = create_loss("decl", temperature_mode="learned", rate="batch", schedule="constant", lam=lam, sample_u=False)
     out = loss_fn(*a, output_dict=True)
     assert set(out) == {"decl_loss"}
     rates = ref.batch_mean_negative_score(*b)
@@ -179,7 +179,7 @@ def test_decl_lambda_zero_is_infonce(s):
     a, b = leaves(f, g, s), leaves(f, g, s)
     for rate, kw in [("batch", {}), ("queue", {"queue_size": 8}), ("index", {"num_samples": 7})]:
         a, b = leaves(f, g, s), leaves(f, g, s)
-        loss_fn = create_loss("decl", rate=rate, schedule="constant", lam=0.0, **kw)
+        loss_fn = create_loss("decl", temperature_mode="learned", rate=rate, schedule="constant", lam=0.0, **kw)
         got = loss_fn(*a, sample_ids=torch.arange(7))
         expected = ClipLoss()(*b)
         torch.testing.assert_close(got, expected, rtol=1e-12, atol=1e-12)
@@ -192,7 +192,7 @@ def test_decl_lambda_zero_is_infonce(s):
 ])
 def test_decl_index_buffer_follows_moving_average_over_steps(first_visit, include_current, gamma_schedule, drift):
     gamma, s, n, decay = 0.3, 20.0, 6, 3
-    loss_fn = create_loss("decl", rate="index", num_samples=10, gamma=gamma, schedule="decl", sample_u=False,
+    loss_fn = create_loss("decl", temperature_mode="learned", rate="index", num_samples=10, gamma=gamma, schedule="decl", sample_u=False,
                           first_visit=first_visit, include_current=include_current, gamma_schedule=gamma_schedule,
                           gamma_decay_steps=decay if gamma_schedule == "cosine" else None, drift_correction=drift)
     tracker = ref.IndexRates(gamma, first_visit=first_visit, include_current=include_current, drift=drift)
@@ -224,7 +224,8 @@ def test_decl_index_second_call_reads_the_rate_stored_by_the_first():
     first call, not one that includes the second call's own batch."""
     n, s = 8, 15.0
     ids = torch.tensor([4, 0, 7, 2, 9, 5, 1, 3])
-    loss_fn = create_loss("decl", rate="index", num_samples=10, gamma=0.9, schedule="decl", sample_u=False)
+    loss_fn = create_loss("decl", temperature_mode="learned", rate="index", num_samples=10, gamma=0.9, schedule="decl",
+                          sample_u=False, include_current=False)
     f1, g1 = features(n, seed=1)
     loss_fn(f1, g1, torch.tensor(s), sample_ids=ids)
     # float32 in the buffer; stored relative to the step's mean estimate, which is the next step's level
@@ -250,14 +251,16 @@ def test_decl_index_second_call_reads_the_rate_stored_by_the_first():
     torch.testing.assert_close(after, folded.log(), rtol=1e-5, atol=1e-5)
 
 
-def test_decl_coupled_index_is_the_batch_rate_on_first_visits_and_the_default_is_not():
-    """include_current=True (the old read order) gives exactly rate='batch' in a first epoch; the
-    default read order differs from it as soon as an anchor is seen again."""
+def test_decl_update_then_read_is_the_batch_rate_on_first_visits_and_read_then_update_is_not():
+    """The default order (update, then read: include_current=True) gives exactly rate='batch' in a first
+    epoch, and so does read-then-update; read-then-update differs as soon as an anchor is seen again."""
     n, s = 6, 12.0
     kw = dict(schedule="decl", sample_u=True, seed=5)
-    coupled = create_loss("decl", rate="index", num_samples=12, include_current=True, **kw)
-    default = create_loss("decl", rate="index", num_samples=12, **kw)
-    batch = create_loss("decl", rate="batch", **kw)
+    coupled = create_loss("decl", temperature_mode="learned", rate="index", num_samples=12, **kw)
+    assert coupled.include_current
+    default = create_loss("decl", temperature_mode="learned", rate="index", num_samples=12, include_current=False,
+                          **kw)
+    batch = create_loss("decl", temperature_mode="learned", rate="batch", **kw)
     for step, ids in enumerate([torch.arange(6), torch.arange(6, 12), torch.arange(6)]):
         f, g = features(n, seed=40 + step, dtype=torch.float32)
         values = [fn(f, g, torch.tensor(s), sample_ids=ids) for fn in (coupled, default, batch)]
@@ -269,8 +272,8 @@ def test_decl_coupled_index_is_the_batch_rate_on_first_visits_and_the_default_is
 
 def test_decl_first_visit_mean_reads_the_previous_steps_mean_estimate():
     n, s = 6, 12.0
-    loss_fn = create_loss("decl", rate="index", num_samples=20, first_visit="mean", schedule="decl",
-                          sample_u=False)
+    loss_fn = create_loss("decl", temperature_mode="learned", rate="index", num_samples=20, first_visit="mean",
+                          schedule="decl", sample_u=False, include_current=False)
     f, g = features(n, seed=7)
     loss_fn(f, g, torch.tensor(s), sample_ids=torch.arange(6))
     assert float(loss_fn.metrics["first_visit_rate"]) == 1.0
@@ -285,7 +288,7 @@ def test_decl_first_visit_mean_reads_the_previous_steps_mean_estimate():
 
 
 def test_cosine_gamma_schedule_goes_from_one_to_gamma():
-    loss_fn = create_loss("decl", rate="index", num_samples=4, gamma=0.2, gamma_schedule="cosine",
+    loss_fn = create_loss("decl", temperature_mode="learned", rate="index", num_samples=4, gamma=0.2, gamma_schedule="cosine",
                           gamma_decay_steps=10)
     assert loss_fn.gamma_at(1) == 1.0
     assert loss_fn.gamma_at(6) == pytest.approx(0.6)  # half way: (1 + 0.2) / 2
@@ -297,16 +300,16 @@ def test_cosine_gamma_schedule_goes_from_one_to_gamma():
 def test_old_checkpoint_without_prev_log_rate_loads():
     """A state of an earlier version (absolute log-rates, no level) is made relative to the mean of its
     visited entries, so the rates read afterwards are the ones it held."""
-    loss_fn = create_loss("decl", rate="index", num_samples=4)
+    loss_fn = create_loss("decl", temperature_mode="learned", rate="index", num_samples=4)
     state = {k: v.clone() for k, v in loss_fn.state_dict().items() if k != "prev_log_rate"}
     state["log_rate"][:, 1] = -2.0
     state["log_rate"][:, 3] = 1.0
-    fresh = create_loss("decl", rate="index", num_samples=4)
+    fresh = create_loss("decl", temperature_mode="learned", rate="index", num_samples=4)
     fresh.load_state_dict(state)
     torch.testing.assert_close(fresh.prev_log_rate, torch.tensor([-0.5, -0.5]))
     effective = fresh.log_rate + fresh.prev_log_rate[:, None]
     assert effective[0, 1] == -2.0 and effective[1, 3] == 1.0 and torch.isnan(effective[:, [0, 2]]).all()
-    absolute = create_loss("decl", rate="index", num_samples=4, drift_correction=False)
+    absolute = create_loss("decl", temperature_mode="learned", rate="index", num_samples=4, drift_correction=False)
     absolute.load_state_dict(state)
     assert float(absolute.log_rate[0, 1]) == -2.0
 
@@ -314,7 +317,7 @@ def test_old_checkpoint_without_prev_log_rate_loads():
 @pytest.mark.parametrize("include_current", [False, True])
 def test_decl_queue_rate_matches_reference(include_current):
     s, n, q = 12.0, 5, 7
-    loss_fn = create_loss("decl", rate="queue", queue_size=q, schedule="decl", sample_u=False,
+    loss_fn = create_loss("decl", temperature_mode="learned", rate="queue", queue_size=q, schedule="decl", sample_u=False,
                           include_current=include_current)
     history_img, history_txt = [], []
     for step in range(3):
@@ -345,7 +348,7 @@ def test_decl_queue_rate_matches_reference(include_current):
 def test_decl_sampled_u_is_exponential_per_anchor():
     # With rate="batch" the exponent is 0, so loss1 + mean(l_ii) is the mean of the eps draws.
     n, steps = 64, 60
-    loss_fn = create_loss("decl", rate="batch", schedule="decl", sample_u=True, seed=3)
+    loss_fn = create_loss("decl", temperature_mode="learned", rate="batch", schedule="decl", sample_u=True, seed=3)
     means = []
     for step in range(steps):
         f, g = features(n, seed=step)
@@ -357,7 +360,7 @@ def test_decl_sampled_u_is_exponential_per_anchor():
     assert abs(float(means.mean()) - 1.0) < 4 / math.sqrt(2 * n * steps)
     assert float(means.std()) == pytest.approx(1 / math.sqrt(2 * n), rel=0.35)
     # fixed seed: the same draws again
-    again = create_loss("decl", rate="batch", schedule="decl", sample_u=True, seed=3)
+    again = create_loss("decl", temperature_mode="learned", rate="batch", schedule="decl", sample_u=True, seed=3)
     f, g = features(n, seed=0)
     again(f, g, torch.tensor(10.0))
     assert float(again.metrics["loss1"] + (10.0 * (f * g).sum(-1)).mean()) == pytest.approx(float(means[0]))
@@ -377,7 +380,7 @@ def test_schedules_count_optimizer_steps():
     }
     for schedule, values in expect.items():
         lam = 2.0 if schedule == "harmonic" else 0.25
-        loss_fn = create_loss("decl", rate="batch", schedule=schedule, lam=lam, accum_freq=2)
+        loss_fn = create_loss("decl", temperature_mode="learned", rate="batch", schedule=schedule, lam=lam, accum_freq=2)
         seen = []
         for _ in range(5):  # two calls per optimizer step
             loss_fn(f, g, torch.tensor(5.0))
@@ -391,7 +394,7 @@ def test_schedules_count_optimizer_steps():
 
 def test_eval_mode_calls_change_no_state():
     f, g = features(4, dtype=torch.float32)
-    loss_fn = create_loss("decl", rate="index", num_samples=4)
+    loss_fn = create_loss("decl", temperature_mode="learned", rate="index", num_samples=4)
     loss_fn.eval()
     loss_fn(f, g, torch.tensor(5.0), sample_ids=torch.arange(4))
     assert int(loss_fn.calls) == 0 and torch.isnan(loss_fn.log_rate).all()
@@ -402,8 +405,8 @@ def test_accumulation_matches_one_big_step(rate):
     """OpenCLIP's --accum-freq path: call j sees all micro-batches, only block j with gradient."""
     n, micro, s = 8, 2, 15.0
     kw = {"num_samples": 20} if rate == "index" else {"queue_size": 16} if rate == "queue" else {}
-    big = create_loss("decl", rate=rate, schedule="decl", sample_u=True, seed=1, **kw)
-    acc = create_loss("decl", rate=rate, schedule="decl", sample_u=True, seed=1, accum_freq=micro, **kw)
+    big = create_loss("decl", temperature_mode="learned", rate=rate, schedule="decl", sample_u=True, seed=1, **kw)
+    acc = create_loss("decl", temperature_mode="learned", rate=rate, schedule="decl", sample_u=True, seed=1, accum_freq=micro, **kw)
     ids = torch.tensor([3, 9, 1, 14, 7, 0, 12, 5])
     for step in range(3):
         f, g = features(n, seed=300 + step)
@@ -435,12 +438,12 @@ def test_accumulation_matches_one_big_step(rate):
 @pytest.mark.parametrize("rate", ["index", "queue"])
 def test_state_dict_round_trip_continues_exactly(rate):
     kw = {"num_samples": 12} if rate == "index" else {"queue_size": 6}
-    a = create_loss("decl", rate=rate, schedule="alternate", seed=4, **kw)
+    a = create_loss("decl", temperature_mode="learned", rate=rate, schedule="alternate", seed=4, **kw)
     for step in range(3):
         f, g = features(6, seed=step, dtype=torch.float32)
         a(f, g, torch.tensor(20.0), sample_ids=torch.arange(step, step + 6))
     state = {k: v.clone() for k, v in a.state_dict().items()}
-    b = create_loss("decl", rate=rate, schedule="alternate", seed=4, **kw)
+    b = create_loss("decl", temperature_mode="learned", rate=rate, schedule="alternate", seed=4, **kw)
     b.load_state_dict(state)
     assert b.step == a.step == 4
     for step in range(3, 5):

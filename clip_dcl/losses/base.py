@@ -53,7 +53,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Optional
+from typing import List, Optional
 
 import torch
 import torch.distributed as dist
@@ -174,6 +174,7 @@ def anchor_stats(
     local_loss: bool = False,
     gather_with_grad: bool = False,
     beta: float = 0.0,
+    gathered: Optional[tuple] = None,
 ) -> PairStats:
     """Gather features across ranks and return the per-anchor statistics of both directions.
 
@@ -187,11 +188,14 @@ def anchor_stats(
     ``(n, M)`` when ``M > 1``) and the ``(G - 1) M`` captions of the other images as negatives; a
     caption anchor has its image as positive and the other ``G - 1`` images as negatives. With
     ``beta > 0`` the hard-negative sums ``lse_hard`` and ``lse_weight`` are added (see
-    :class:`AnchorStats`).
+    :class:`AnchorStats`). ``gathered=(all_image_features, all_text_features)`` reuses features
+    gathered earlier in the same step instead of gathering again.
     """
     m = captions_per_image(image_features, text_features)
     batch = image_features.shape[0]
-    if world_size > 1:
+    if gathered is not None:
+        all_img, all_txt = gathered
+    elif world_size > 1:
         # Gather in the features' own dtype (half the traffic under bf16), as ClipLoss does.
         all_img, all_txt = gather_features(
             image_features, text_features, local_loss=local_loss, gather_with_grad=gather_with_grad,
@@ -276,18 +280,28 @@ def all_gather_cat(tensor: torch.Tensor, world_size: int, dim: int = 0) -> torch
     return torch.cat(parts, dim=dim)
 
 
-def column_surrogate(loss: torch.Tensor, st: PairStats, image_features: torch.Tensor, text_features: torch.Tensor,
-                     logit_bias: Optional[torch.Tensor], rank: int, world_size: int) -> torch.Tensor:
+def column_surrogate(loss: torch.Tensor, stats: List[PairStats], image_features: torch.Tensor,
+                     text_features: torch.Tensor, logit_bias: Optional[torch.Tensor], rank: int,
+                     world_size: int) -> torch.Tensor:
     """``S - S.detach()``: zero, with the gradient that every rank's anchors put on the local features.
 
-    See the module docstring (``no_grad_gather``). ``st`` holds the local anchors' statistics of
-    this call (``local_loss`` layout: ``B`` rows against ``G`` gathered, detached candidates).
+    See the module docstring (``no_grad_gather``). ``stats`` holds the local anchors' statistics of
+    this call (``local_loss`` layout: ``B`` rows against ``G`` gathered, detached candidates): one set,
+    or several computed from the same features (a loss that scores two terms with a detached and a
+    live scale), whose derivatives add up.
     """
-    directions = (st.image, st.text)
-    wanted = [d.lse_neg for d in directions] + [d.pos for d in directions]
-    grads = torch.autograd.grad(loss, wanted, retain_graph=True, allow_unused=True)
-    grads = [torch.zeros_like(w) if g is None else g for w, g in zip(wanted, grads)]
-    c_local, d_local = grads[:2], grads[2:]
+    st = stats[0]
+    c_local = d_local = None
+    for one in stats:
+        directions = (one.image, one.text)
+        wanted = [d.lse_neg for d in directions] + [d.pos for d in directions]
+        grads = torch.autograd.grad(loss, wanted, retain_graph=True, allow_unused=True)
+        grads = [torch.zeros_like(w) if g is None else g for w, g in zip(wanted, grads)]
+        if c_local is None:
+            c_local, d_local = grads[:2], grads[2:]
+        else:
+            c_local = [a + b for a, b in zip(c_local, grads[:2])]
+            d_local = [a + b for a, b in zip(d_local, grads[2:])]
     local = torch.stack([d.lse_neg.detach() for d in directions] + [g.detach() for g in c_local])  # (4, B)
     lse_all, c_all = all_gather_cat(local, world_size, dim=1).split(2)  # (2, G) each
     batch = image_features.shape[0]
@@ -359,7 +373,7 @@ class ContrastiveLoss(nn.Module):
         self.rank = int(rank)
         self.world_size = int(world_size)
         self.metrics: dict = {}
-        self._pending_stats: Optional[PairStats] = None
+        self._pending_stats: List[PairStats] = []
 
     def _no_grad_gather_blocker(self) -> str:
         """What in this loss's configuration rules out ``no_grad_gather`` (for the error message)."""
@@ -371,7 +385,7 @@ class ContrastiveLoss(nn.Module):
             local_loss=self.local_loss, gather_with_grad=self.gather_with_grad, beta=beta,
         )
         if self.no_grad_gather:
-            self._pending_stats = st
+            self._pending_stats.append(st)
         return st
 
     def compute(self, image_features, text_features, logit_scale, logit_bias, sample_ids):
@@ -385,9 +399,9 @@ class ContrastiveLoss(nn.Module):
                              "use gather_with_grad=True")
         loss, metrics = self.compute(image_features, text_features, logit_scale, logit_bias, sample_ids)
         if self.no_grad_gather:
-            st, self._pending_stats = self._pending_stats, None
+            stats, self._pending_stats = self._pending_stats, []
             if self.world_size > 1 and loss.requires_grad:
-                loss = loss + column_surrogate(loss, st, image_features, text_features, logit_bias, self.rank,
+                loss = loss + column_surrogate(loss, stats, image_features, text_features, logit_bias, self.rank,
                                                self.world_size)
         self.metrics = {k: (v.detach() if torch.is_tensor(v) else torch.tensor(float(v))) for k, v in metrics.items()}
         return {self.output_key: loss} if output_dict else loss

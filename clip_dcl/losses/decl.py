@@ -117,11 +117,15 @@ from typing import Optional
 import torch
 import torch.distributed as dist
 
-from .base import ContrastiveLoss, LossFlag, PairStats, all_gather_cat
+from .base import ContrastiveLoss, LossFlag, PairStats, all_gather_cat, anchor_stats
 from .dcl import contrast_rows
 from .state import STATE_DTYPES, plain_sums, reshard, shard_size, state_digest, table_sums
 
 RATES = ("index", "queue", "batch")
+ESTIMATES = ("absolute", "relative")
+TEMPERATURE_MODES = ("learned", "infonce", "fixed", "rgclg")
+#: RGCL-g's default target: the negatives' softmax entropy at FastCLIP's rho = 6.5 and global batch 1024
+RGCLG_ENTROPY = math.log(1023) - 6.5
 SCHEDULES = ("alternate", "decl", "harmonic", "constant")
 GAMMA_SCHEDULES = ("constant", "cosine")
 FIRST_VISITS = ("batch", "mean")
@@ -145,12 +149,13 @@ def schedule_lambda(schedule: str, step: int, lam: float) -> float:
     raise ValueError(f"schedule={schedule!r} is not one of {SCHEDULES}")
 
 
-def schedule_gamma(schedule: str, step: int, gamma: float, decay_steps: Optional[int]) -> float:
-    """``gamma_t`` at optimizer step ``step`` (1-based): ``gamma``, or the cosine from 1 to ``gamma``."""
+def schedule_gamma(schedule: str, step: int, gamma: float, decay_steps: Optional[int], hold_steps: int = 0) -> float:
+    """``gamma_t`` at optimizer step ``step`` (1-based): ``gamma``, or 1 for ``hold_steps`` steps and then the
+    cosine from 1 to ``gamma`` over ``decay_steps``."""
     if schedule == "constant":
         return gamma
     if schedule == "cosine":
-        progress = min(1.0, (step - 1) / decay_steps)
+        progress = min(1.0, max(0, step - 1 - hold_steps) / decay_steps)
         return gamma + (1.0 - gamma) * 0.5 * (1.0 + math.cos(math.pi * progress))
     raise ValueError(f"gamma_schedule={schedule!r} is not one of {GAMMA_SCHEDULES}")
 
@@ -249,10 +254,29 @@ class DeCLLoss(ContrastiveLoss):
         LossFlag("--decl-first-visit", "first_visit", choices=FIRST_VISITS,
                  help="rate index: the rate an anchor reads on its first visit: its own batch estimate (batch) or "
                       "the previous step's mean estimate (mean)"),
+        LossFlag("--decl-estimate", "estimate", choices=ESTIMATES,
+                 help="what the rate estimates: the anchor's mean negative score mean_k exp(l_ik) (absolute; loss1 = "
+                      "u mean_k S_ik - l_ii) or FastCLIP's anchor-relative g_i = mean_k exp(l_ik - l_ii) (relative; "
+                      "loss1 = u g_i, positive and negatives scaled together)"),
         LossFlag("--decl-include-current", "include_current", boolean=True,
-                 help="let the current batch enter the rate it is scored with (index: update the buffer, then read "
-                      "it; queue: count the batch with the queue), the coupled ablation; by default the rate comes "
-                      "from earlier steps only"),
+                 help="index: fold this step's estimate into the stored rate, then read it (update-then-read, as "
+                      "SogCLR and FastCLIP do; the weight exp(e_i) / r_i is then at most 1 / gamma); "
+                      "--no-decl-include-current reads the rate stored by earlier visits first (the paper's "
+                      "wording), which is biased upward at small batches unless the rates are accurate (many "
+                      "visits, slow drift). queue: count the current batch with the queue"),
+        LossFlag("--decl-temperature-mode", "temperature_mode", choices=TEMPERATURE_MODES,
+                 help="what trains the logit scale: loss1 and InfoNCE (learned), InfoNCE alone (infonce: loss1 "
+                      "sees a detached scale, which it would otherwise push to OpenCLIP's clamp), none "
+                      "(fixed: --decl-temperature), or FastCLIP v3's RGCL-g objective (rgclg: --decl-rho)"),
+        LossFlag("--decl-temperature", "temperature", type=float,
+                 help="temperature-mode fixed: the temperature t > 0 of both terms (logits <f, g> / t)"),
+        LossFlag("--decl-rho", "rho", type=float,
+                 help="temperature-mode rgclg: rho of FastCLIP v3's tau * (mean log g + rho); at the optimum the "
+                      "anchors' mean KL of their negatives' softmax from uniform is rho (default: log K - "
+                      f"{RGCLG_ENTROPY:.2f}, FastCLIP's 6.5 at global batch 1024 kept at every batch size)"),
+        LossFlag("--decl-max-log-ratio", "max_log_ratio", type=float,
+                 help="ceiling on log(weight) = e_i - log r_i before exp: bounds a step whose stored rate is far "
+                      "too small (update-then-read is bounded by -log gamma already; the clamp rate is logged)"),
         LossFlag("--decl-drift-correction", "drift_correction", boolean=True,
                  help="rate index: store each rate relative to its step's mean estimate and read it at the previous "
                       "step's mean, so that rates an epoch old follow the global drift of the similarities"),
@@ -275,11 +299,32 @@ class DeCLLoss(ContrastiveLoss):
 
     def __init__(self, rate: str = "index", schedule: str = "alternate", lam: float = 1.0, gamma: float = 0.9,
                  gamma_schedule: str = "constant", gamma_decay_steps: Optional[int] = None,
-                 first_visit: str = "batch", include_current: bool = False, drift_correction: bool = True,
+                 gamma_hold_steps: int = 0, estimate: str = "absolute",
+                 first_visit: str = "batch", include_current: Optional[bool] = None, drift_correction: bool = True,
                  sample_u: bool = False, num_samples: Optional[int] = None, state: str = "sharded",
                  state_dtype: str = "float32", queue_size: int = 4096, accum_freq: int = 1,
-                 max_log_ratio: float = 20.0, seed: int = 0, device=None, **dist_kwargs):
+                 max_log_ratio: float = 20.0, temperature_mode: str = "infonce", temperature: Optional[float] = None,
+                 rho: Optional[float] = None, seed: int = 0, device=None, **dist_kwargs):
+        self.temperature_mode = temperature_mode
+        self.schedule = schedule
+        self.lam = float(lam) if isinstance(lam, (int, float)) else lam
         super().__init__(**dist_kwargs)
+        if estimate not in ESTIMATES:
+            raise ValueError(f"estimate={estimate!r} is not one of {ESTIMATES}")
+        if temperature_mode not in TEMPERATURE_MODES:
+            raise ValueError(f"temperature_mode={temperature_mode!r} is not one of {TEMPERATURE_MODES}")
+        if temperature_mode == "fixed":
+            if temperature is None or not (isinstance(temperature, (int, float)) and 0 < temperature < math.inf):
+                raise ValueError(f"temperature={temperature!r} must be a number > 0 for temperature_mode='fixed'")
+        elif temperature is not None:
+            raise ValueError(f"temperature={temperature!r} applies to temperature_mode='fixed' only, not "
+                             f"{temperature_mode!r}")
+        if rho is not None and temperature_mode != "rgclg":
+            raise ValueError(f"rho={rho!r} applies to temperature_mode='rgclg' only, not {temperature_mode!r}")
+        if rho is not None and not (isinstance(rho, (int, float)) and math.isfinite(rho)):
+            raise ValueError(f"rho={rho!r} must be a finite number")
+        if int(gamma_hold_steps) < 0:
+            raise ValueError(f"gamma_hold_steps={gamma_hold_steps!r} must be >= 0")
         if rate not in RATES:
             raise ValueError(f"rate={rate!r} is not one of {RATES}")
         if schedule not in SCHEDULES:
@@ -321,13 +366,17 @@ class DeCLLoss(ContrastiveLoss):
         if not max_log_ratio > 0:
             raise ValueError(f"max_log_ratio={max_log_ratio!r} must be > 0")
         self.rate = rate
-        self.schedule = schedule
+        self.estimate = estimate
+        self.temperature = None if temperature is None else float(temperature)
+        self.rho = None if rho is None else float(rho)
+        self.gamma_hold_steps = int(gamma_hold_steps)
         self.lam = float(lam)
         self.gamma = float(gamma)
         self.gamma_schedule = gamma_schedule
         self.gamma_decay_steps = int(gamma_decay_steps) if gamma_decay_steps is not None else None
         self.first_visit = first_visit
-        self.include_current = bool(include_current)
+        #: None: update-then-read for index, the queue of earlier steps only for queue
+        self.include_current = (rate == "index") if include_current is None else bool(include_current)
         self.drift_correction = bool(drift_correction)
         self.sample_u = bool(sample_u)
         self.num_samples = int(num_samples) if num_samples is not None else None
@@ -432,18 +481,30 @@ class DeCLLoss(ContrastiveLoss):
 
     def gamma_at(self, step: int) -> float:
         """``gamma_t`` of the moving average at optimizer step ``step`` (1-based)."""
-        return schedule_gamma(self.gamma_schedule, step, self.gamma, self.gamma_decay_steps)
+        return schedule_gamma(self.gamma_schedule, step, self.gamma, self.gamma_decay_steps, self.gamma_hold_steps)
 
     # -- rate estimators ---------------------------------------------------------------------
     @staticmethod
-    def _row_estimates(st: PairStats):
-        """``[e of the image rows (n,), e of the caption rows (n M,)]``, ``e = log mean_k S_ik`` over the row's negatives."""
-        return [d.lse_neg.detach() - math.log(d.num_negatives) for d in (st.image, st.text)]
+    def _positive(stats) -> torch.Tensor:
+        """The anchor's positive logit: ``l_ii``, or ``mean_m l_im`` over its M captions."""
+        return stats.pos.mean(dim=1) if stats.pos.dim() == 2 else stats.pos
 
-    @classmethod
-    def _batch_estimates(cls, st: PairStats) -> torch.Tensor:
+    def _live_estimates(self, st: PairStats):
+        """``[e of the image rows, e of the caption rows]`` with their graph: ``e = log mean_k S_ik`` over the
+        row's negatives (``absolute``), or ``log g = log mean_k exp(l_ik - l_ii)`` (``relative``)."""
+        out = []
+        for d in (st.image, st.text):
+            e = d.lse_neg - math.log(d.num_negatives)
+            out.append(e - self._positive(d) if self.estimate == "relative" else e)
+        return out
+
+    def _row_estimates(self, st: PairStats):
+        """:meth:`_live_estimates`, detached: what the rates estimate."""
+        return [e.detach() for e in self._live_estimates(st)]
+
+    def _batch_estimates(self, st: PairStats) -> torch.Tensor:
         """``(2, n)`` estimates per sample id: the image row's, and the mean of its M captions' (``log mean exp``)."""
-        e_img, e_txt = cls._row_estimates(st)
+        e_img, e_txt = self._row_estimates(st)
         m = st.captions_per_image
         if m > 1:
             e_txt = torch.logsumexp(e_txt.reshape(-1, m), dim=1) - math.log(m)
@@ -544,16 +605,18 @@ class DeCLLoss(ContrastiveLoss):
         count = int(self.queue_count)
         log_r = []
         for d, (stats, anchor) in enumerate(zip((st.image, st.text), anchors)):
+            shift = self._positive(stats).detach() if self.estimate == "relative" else 0.0
             if not count:  # the first step: nothing earlier to read
-                log_r.append(stats.lse_neg.detach() - math.log(stats.num_negatives))
+                log_r.append(stats.lse_neg.detach() - math.log(stats.num_negatives) - shift)
                 continue
             with torch.no_grad():
                 q = self.queue[d, :count].to(anchor)
                 lse_q = torch.logsumexp((st.logit_scale.detach() * anchor.detach()) @ q.T, 1)
-            if self.include_current:  # the coupled ablation: the batch's negatives counted with the queue's
-                log_r.append(torch.logaddexp(stats.lse_neg.detach(), lse_q) - math.log(stats.num_negatives + count))
+            if self.include_current:  # the batch's negatives counted with the queue's
+                log_r.append(torch.logaddexp(stats.lse_neg.detach(), lse_q) - math.log(stats.num_negatives + count)
+                             - shift)
             else:
-                log_r.append(lse_q - math.log(count))
+                log_r.append(lse_q - math.log(count) - shift)
         if update:
             with torch.no_grad():
                 # one caption per image (the first of its M), so that both queues advance by G
@@ -578,12 +641,23 @@ class DeCLLoss(ContrastiveLoss):
 
     # -- the loss ----------------------------------------------------------------------------
     def compute(self, image_features, text_features, logit_scale, logit_bias, sample_ids):
-        st = self.stats(image_features, text_features, logit_scale, logit_bias)
-        n_rows = st.image.pos.shape[0]
-        m = st.captions_per_image
         training = self.training
         calls = int(self.calls)
         step = calls // self.accum_freq + 1
+        lam_t = schedule_lambda(self.schedule, step, self.lam)
+        model_scale = live_scale = logit_scale
+        if self.temperature_mode == "fixed":
+            live_scale = logit_scale = torch.tensor(1.0 / self.temperature, device=image_features.device)
+        elif torch.is_tensor(logit_scale) and (self.temperature_mode == "rgclg"
+                                               or (self.temperature_mode == "infonce" and lam_t > 0.0)):
+            logit_scale = logit_scale.detach()  # loss1 must not drive the scale (module docstring)
+        st = self.stats(image_features, text_features, logit_scale, logit_bias)
+        # InfoNCE's statistics with the live scale: the same ones unless loss1 needed a detached scale
+        st2 = st
+        if logit_scale is not live_scale and self.temperature_mode == "infonce" and lam_t < 1.0:
+            st2 = self.stats(image_features, text_features, live_scale, logit_bias)
+        n_rows = st.image.pos.shape[0]
+        m = st.captions_per_image
         first_call = calls % self.accum_freq == 0 or not training
         cache = self._step_cache
         if first_call or cache is None or cache[0] != step or cache[1][0].shape[0] != n_rows:
@@ -610,20 +684,24 @@ class DeCLLoss(ContrastiveLoss):
         if training:
             self.calls += 1
 
-        lam_t = schedule_lambda(self.schedule, step, self.lam)
         loss1_dirs, loss2_dirs, clamped, ratios = [], [], [], []
-        for d, stats in enumerate((st.image, st.text)):
-            log_ratio = stats.lse_neg - math.log(stats.num_negatives) - log_r[d]
+        for d, (stats, e_live) in enumerate(zip((st.image, st.text), self._live_estimates(st))):
+            # log of the anchor's weight multiplier exp(e_i) / r_i (e_i with its graph)
+            log_ratio = e_live - log_r[d]
             clamped.append(log_ratio.detach() > self.max_log_ratio)
             ratios.append(log_ratio.detach())
-            pos = stats.pos.mean(dim=1) if stats.pos.dim() == 2 else stats.pos  # M positives: mean_m l_im
-            loss1_dirs.append((eps[d] * torch.exp(log_ratio.clamp(max=self.max_log_ratio)) - pos).mean())
+            term = eps[d] * torch.exp(log_ratio.clamp(max=self.max_log_ratio))
+            if self.estimate == "absolute":  # relative: the positive is inside g_i already
+                term = term - self._positive(stats)
+            loss1_dirs.append(term.mean())
+        for stats in (st2.image, st2.text):
             loss2_dirs.append(contrast_rows(stats.pos, stats.lse_neg))
         ratios = torch.cat(ratios)
         all_r = torch.cat(log_r)
         loss1 = (loss1_dirs[0] + loss1_dirs[1]) / 2
         loss2 = (loss2_dirs[0] + loss2_dirs[1]) / 2
         loss = lam_t * loss1 + (1.0 - lam_t) * loss2
+        weights = torch.exp(ratios.clamp(max=self.max_log_ratio))
         metrics = {
             "lambda_t": lam_t,
             "loss1": loss1.detach(),
@@ -631,15 +709,54 @@ class DeCLLoss(ContrastiveLoss):
             "mean_log_rate": all_r[torch.isfinite(all_r)].mean() if bool(torch.isfinite(all_r).any())
             else torch.tensor(float("nan")),
             "clamp_rate": torch.cat(clamped).float().mean(),
-            # log(mean_k S_ik / r_i): 0 for a rate equal to this batch's estimate; its spread says how far
-            # the rates read from earlier steps are from the current batch's
+            # log(exp(e_i) / r_i): 0 for a rate equal to this batch's estimate; its spread says how far
+            # the rates read are from the current batch's
             "log_ratio_mean": ratios.mean(),
             "log_ratio_std": ratios.std() if ratios.numel() > 1 else torch.zeros(()),
+            # the per-anchor weight multiplier exp(e_i) / r_i of loss1's gradient (after the ceiling)
+            "weight_mean": weights.mean(),
+            "weight_max": weights.max(),
         }
         if self.rate == "index":
             metrics["gamma_t"] = self.gamma_at(step)
             metrics["first_visit_rate"] = fresh.float().mean()
+        if self.temperature_mode == "rgclg" and torch.is_tensor(live_scale) and live_scale.requires_grad:
+            term = self._rgclg_term(st, image_features, text_features, live_scale, logit_bias, log_r)
+            loss = loss + (term - term.detach())  # value 0: only the scale's gradient
+        elif torch.is_tensor(model_scale) and model_scale.requires_grad and self.temperature_mode != "learned":
+            # a zero gradient rather than none on steps that do not train the scale: DDP expects a gradient
+            # for every parameter, and one process then steps the optimizer exactly as W ranks do
+            loss = loss + 0.0 * model_scale
         return loss, metrics
+
+    def rgclg_rho(self, num_negatives: int) -> float:
+        """``rho`` of the RGCL-g temperature objective for anchors with ``num_negatives`` negatives."""
+        return self.rho if self.rho is not None else math.log(num_negatives) - RGCLG_ENTROPY
+
+    def _rgclg_term(self, st: PairStats, image_features, text_features, scale, logit_bias, log_r):
+        """A surrogate whose gradient to the scale is FastCLIP v3's RGCL-g temperature gradient.
+
+        With ``tau = 1 / s`` and ``g_i(tau) = mean_k exp((c_ik - c_ii) / tau)`` (features fixed), the
+        objective is ``F(tau) = tau * (mean_i log g_i + rho)`` (both directions averaged), so ``dF/dtau =
+        rho - mean_i KL(p_i || uniform)``, ``p_i`` the softmax over the anchor's negatives: the scale
+        settles where the negatives' mean KL from uniform is ``rho``. Stochastic EM's estimate replaces
+        ``log g_i`` by the stored ``log r_i`` and ``g'_i / g_i`` by ``g'_i / r_i`` (FastCLIP's
+        ``loss / s.detach() + (rho + mean log u) / s``). With ``estimate="absolute"`` the relative rate
+        is ``r_i exp(-l_ii)``. The features enter detached, so only the scale is trained by it.
+        """
+        g_stats = anchor_stats(
+            image_features.detach(), text_features.detach(), scale,
+            None if logit_bias is None else logit_bias.detach(), rank=self.rank, world_size=self.world_size,
+            local_loss=self.local_loss, gathered=(st.all_image_features.detach(), st.all_text_features.detach()))
+        s_det = scale.detach()
+        total = 0.0
+        for d, (fixed, live) in enumerate(zip((st.image, st.text), (g_stats.image, g_stats.text))):
+            log_g_rate = log_r[d] - (self._positive(fixed).detach() if self.estimate == "absolute" else 0.0)
+            log_g = live.lse_neg - math.log(live.num_negatives) - self._positive(live)
+            ratio = torch.exp((log_g - log_g_rate).clamp(max=self.max_log_ratio))
+            rho = self.rgclg_rho(live.num_negatives)
+            total = total + ratio.mean() / s_det + (log_g_rate.mean() + rho) / scale
+        return total / 2
 
     def extra_repr(self) -> str:
         return (f"rate={self.rate!r}, schedule={self.schedule!r}, lam={self.lam}, gamma={self.gamma}, "
@@ -647,5 +764,7 @@ class DeCLLoss(ContrastiveLoss):
                 f"first_visit={self.first_visit!r}, include_current={self.include_current}, "
                 f"drift_correction={self.drift_correction}, "
                 f"sample_u={self.sample_u}, num_samples={self.num_samples}, state={self.state!r}, "
-                f"state_dtype={self.state_dtype!r}, queue_size={self.queue_size}, "
+                f"state_dtype={self.state_dtype!r}, queue_size={self.queue_size}, estimate={self.estimate!r}, "
+                f"temperature_mode={self.temperature_mode!r}, temperature={self.temperature}, rho={self.rho}, "
+                f"gamma_hold_steps={self.gamma_hold_steps}, max_log_ratio={self.max_log_ratio}, "
                 f"accum_freq={self.accum_freq}, " + super().extra_repr())

@@ -481,8 +481,10 @@ class TrainingRun:
 
             if cfg.gamma_decay_epochs is not None:
                 steps = self.gamma_decay_steps(args)
-                cfg.loss_kwargs["gamma_decay_steps"] = steps
-                cfg.loss_args["gamma_decay_steps"] = steps
+                # FastCLIP's schedule: gamma = 1 through the first epoch, then the cosine
+                hold = self.epoch_steps(args)
+                cfg.loss_kwargs.update(gamma_decay_steps=steps, gamma_hold_steps=hold)
+                cfg.loss_args.update(gamma_decay_steps=steps, gamma_hold_steps=hold)
             from clip_dcl.losses import LOSSES
 
             # allocated on the device directly: no host copy of a large per-sample buffer
@@ -504,13 +506,17 @@ class TrainingRun:
             logging.info(f"Loss: {cfg.loss} {cfg.loss_args} -> {loss}")
         return loss
 
-    def gamma_decay_steps(self, args) -> int:
-        """``--decl-gamma-decay-epochs`` in optimizer steps: epochs x the training data's batches per epoch
-        (as OpenCLIP's scheduler counts them) / ``--accum-freq``, at least 1."""
+    def epoch_steps(self, args) -> int:
+        """Optimizer steps of one epoch: the training data's batches per epoch (as OpenCLIP's scheduler
+        counts them) / ``--accum-freq``."""
         batches = self.train_num_batches
         if batches is None:  # not our webdataset pipeline: OpenCLIP's own count of the samples
             batches = math.ceil((args.train_num_samples or 0) / (args.batch_size * args.world_size))
-        return max(1, round(self.config.gamma_decay_epochs * (batches // args.accum_freq)))
+        return batches // args.accum_freq
+
+    def gamma_decay_steps(self, args) -> int:
+        """``--decl-gamma-decay-epochs`` in optimizer steps, at least 1."""
+        return max(1, round(self.config.gamma_decay_epochs * self.epoch_steps(args)))
 
     def _restore(self, loss) -> None:
         if self.resumed is None:
