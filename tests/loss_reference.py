@@ -50,8 +50,11 @@ def dcl(f, g, s, tau_plus, clamp="clamp"):
     return total / 2, sum(clamped) / len(clamped)
 
 
-def decl(f, g, s, rates, eps, lam):
-    """DeCL with given rates ``r`` (2, n) and draws ``eps`` (2, n): u_i = eps_i / r_i."""
+def decl(f, g, s, rates, eps, lam, relative=False):
+    """DeCL with given rates ``r`` (2, n) and draws ``eps`` (2, n): u_i = eps_i / r_i.
+
+    ``relative``: loss1_i = u_i g_i with FastCLIP's g_i = mean_k exp(l_ik - l_ii) (no separate positive).
+    """
     loss1, loss2 = 0.0, 0.0
     for d, logits in enumerate(_directions(f, g, s)):
         n = logits.shape[0]
@@ -60,7 +63,10 @@ def decl(f, g, s, rates, eps, lam):
             negs = [torch.exp(logits[i, k]) for k in range(n) if k != i]
             mean_neg = sum(negs) / len(negs)
             u = eps[d][i] / rates[d][i]
-            l1.append(u * mean_neg - logits[i, i])
+            if relative:
+                l1.append(u * sum(torch.exp(logits[i, k] - logits[i, i]) for k in range(n) if k != i) / (n - 1))
+            else:
+                l1.append(u * mean_neg - logits[i, i])
             l2.append(-torch.log(torch.exp(logits[i, i]) / torch.exp(logits[i]).sum()))
         loss1 = loss1 + torch.stack(l1).mean()
         loss2 = loss2 + torch.stack(l2).mean()
@@ -76,7 +82,7 @@ def _general_directions(f, g):
             (g, f, [[c // m] for c in range(g.shape[0])])]
 
 
-def decl_general(f, g, s, rates, eps, lam):
+def decl_general(f, g, s, rates, eps, lam, relative=False):
     """DeCL with ``M = len(g) / len(f)`` captions per image, given each anchor row's rate and draw.
 
     ``rates`` and ``eps``: ``[image rows (n,), caption rows (n M,)]``. Image anchor i: negatives
@@ -91,7 +97,12 @@ def decl_general(f, g, s, rates, eps, lam):
             logit = [s * anchors[i] @ cands[j] for j in range(cands.shape[0])]
             negs = [torch.exp(logit[k]) for k in range(cands.shape[0]) if k not in pos_cols]
             u = eps[d][i] / rates[d][i]
-            l1.append(u * sum(negs) / len(negs) - sum(logit[v] for v in pos_cols) / len(pos_cols))
+            pbar = sum(logit[v] for v in pos_cols) / len(pos_cols)
+            if relative:  # g_i = mean_k exp(l_ik - mean_m l_im)
+                l1.append(u * sum(torch.exp(logit[k] - pbar) for k in range(cands.shape[0]) if k not in pos_cols)
+                          / len(negs))
+            else:
+                l1.append(u * sum(negs) / len(negs) - pbar)
             l2.append(sum(-torch.log(torch.exp(logit[v]) / (torch.exp(logit[v]) + sum(negs)))
                           for v in pos_cols) / len(pos_cols))
         loss1 = loss1 + torch.stack(l1).mean()
@@ -100,14 +111,17 @@ def decl_general(f, g, s, rates, eps, lam):
     return lam * loss1 + (1 - lam) * loss2, loss1, loss2
 
 
-def row_mean_negative_scores(f, g, s):
-    """``E_k[S_ik]`` of every anchor row over its negatives: ``[image rows (n,), caption rows (n M,)]``."""
+def row_mean_negative_scores(f, g, s, relative=False):
+    """``E_k[S_ik]`` of every anchor row over its negatives: ``[image rows (n,), caption rows (n M,)]``;
+    ``relative``: ``E_k[exp(l_ik - mean_m l_im)]``."""
     out = []
     for anchors, cands, positives in _general_directions(f, g):
-        out.append(torch.stack([
-            sum(torch.exp(s * anchors[i] @ cands[k]) for k in range(cands.shape[0]) if k not in pos_cols)
-            / (cands.shape[0] - len(pos_cols)) for i, pos_cols in enumerate(positives)
-        ]).detach())
+        rows = []
+        for i, pos_cols in enumerate(positives):
+            pbar = sum(s * anchors[i] @ cands[v] for v in pos_cols) / len(pos_cols) if relative else 0.0
+            rows.append(sum(torch.exp(s * anchors[i] @ cands[k] - pbar) for k in range(cands.shape[0])
+                            if k not in pos_cols) / (cands.shape[0] - len(pos_cols)))
+        out.append(torch.stack(rows).detach())
     return out
 
 
@@ -118,15 +132,36 @@ def id_mean_negative_scores(f, g, s):
     return torch.stack([img, torch.stack([sum(txt[i * m + k] for k in range(m)) / m for i in range(img.shape[0])])])
 
 
-def batch_mean_negative_score(f, g, s):
-    """``E_k[S_ik]`` over the batch negatives, shape (2, n) (image anchors, text anchors)."""
+def batch_mean_negative_score(f, g, s, relative=False):
+    """``E_k[S_ik]`` over the batch negatives, shape (2, n) (image anchors, text anchors); ``relative``:
+    ``g_i = E_k[exp(l_ik - l_ii)]``."""
     out = []
     for logits in _directions(f, g, s):
         n = logits.shape[0]
         out.append(torch.stack([
-            sum(torch.exp(logits[i, k]) for k in range(n) if k != i) / (n - 1) for i in range(n)
+            sum(torch.exp(logits[i, k] - (logits[i, i] if relative else 0.0)) for k in range(n) if k != i) / (n - 1)
+            for i in range(n)
         ]))
     return torch.stack(out).detach()
+
+
+def rgclg_scale_gradient(f, g, s, log_rates, rho):
+    """d/ds of FastCLIP v3's RGCL-g temperature objective with the features fixed, estimated with the
+    rates: tau = 1/s, F = tau (mean_i log g_i + rho) per direction (averaged), log g_i replaced by the
+    rate's log and g_i' / g_i by g_i' / r_i. Written out: dF/ds = -(mean log r + rho) / s^2 +
+    (1/s) mean_i g_i'(s) / r_i, with g_i'(s) = mean_k (c_ik - c_ii) exp(s (c_ik - c_ii))."""
+    total = 0.0
+    for d, (a, b) in enumerate(((f, g), (g, f))):
+        n = a.shape[0]
+        c = a @ b.T
+        terms = []
+        for i in range(n):
+            diffs = [c[i, k] - c[i, i] for k in range(n) if k != i]
+            g_prime = sum(x * torch.exp(s * x) for x in diffs) / len(diffs)
+            terms.append(g_prime / torch.exp(log_rates[d][i]))
+        mean_log_r = sum(log_rates[d]) / n
+        total = total + (-(mean_log_r + rho) / s ** 2 + torch.stack(terms).mean() / s)
+    return total / 2
 
 
 class IndexRates:

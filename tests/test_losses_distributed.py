@@ -144,8 +144,10 @@ def test_no_grad_gather_equals_one_process(no_grad_results, world_size, dtype, n
             torch.testing.assert_close(got["loss"], ref_step["loss"], **TOL[dtype], msg=f"loss, {where}")
             for a, ref_grad in zip(got["feature_grads"], ref_step["feature_grads"]):
                 # each rank's loss is the mean over its own anchors: W times its share of the global mean
-                torch.testing.assert_close(a, world_size * ref_grad[rank * b:(rank + 1) * b], **TOL[dtype],
-                                           msg=f"feature grad, {where}")
+                want = world_size * ref_grad[rank * b:(rank + 1) * b]
+                # float32 rounds relative to the largest entry (gradients reach ~100 at s = 100)
+                tol = dict(TOL[dtype], atol=TOL[dtype]["atol"] * max(1.0, float(want.abs().max())))
+                torch.testing.assert_close(a, want, **tol, msg=f"feature grad, {where}")
             for p, (a, ref_grad) in enumerate(zip(got["grads"], ref_step["grads"])):
                 torch.testing.assert_close(a, ref_grad, **TOL[dtype], msg=f"grad {p}, {where}")
             for key, buf in ref_step["buffers"].items():

@@ -36,7 +36,21 @@ CONFIGS = [
                                         "gamma": 0.2, "gamma_schedule": "cosine", "gamma_decay_steps": 2}),
     ("decl_index_coupled", "decl", {"rate": "index", "num_samples": NUM_SAMPLES, "include_current": True}),
     ("decl_queue_coupled", "decl", {"rate": "queue", "queue_size": 24, "include_current": True}),
+    # read order, the anchor-relative estimate of every rate, the temperature modes
+    ("decl_read_then_update", "decl", {"rate": "index", "num_samples": NUM_SAMPLES, "include_current": False,
+                                       "sample_u": True}),
+    ("decl_relative_index", "decl", {"rate": "index", "num_samples": NUM_SAMPLES, "estimate": "relative",
+                                     "gamma": 0.5, "sample_u": True}),
+    ("decl_relative_queue", "decl", {"rate": "queue", "queue_size": 24, "estimate": "relative"}),
+    ("decl_relative_batch", "decl", {"rate": "batch", "estimate": "relative", "schedule": "constant", "lam": 0.7}),
+    ("decl_learned_scale", "decl", {"rate": "index", "num_samples": NUM_SAMPLES, "temperature_mode": "learned"}),
+    ("decl_fixed_temperature", "decl", {"rate": "index", "num_samples": NUM_SAMPLES, "temperature_mode": "fixed",
+                                        "temperature": 0.1}),
+    ("decl_rgclg", "decl", {"rate": "index", "num_samples": NUM_SAMPLES, "estimate": "relative",
+                            "temperature_mode": "rgclg", "schedule": "harmonic", "lam": 2.0}),
     # the index buffer kept whole on every rank, and in 16 bits: each must equal its sharded twin
+    ("decl_relative_index_replicated", "decl", {"rate": "index", "num_samples": NUM_SAMPLES, "estimate": "relative",
+                                                "gamma": 0.5, "sample_u": True, "state": "replicated"}),
     ("decl_index_replicated", "decl", {"rate": "index", "num_samples": NUM_SAMPLES, "gamma": 0.5,
                                        "sample_u": True, "state": "replicated"}),
     ("decl_alternate_replicated", "decl", {"rate": "index", "num_samples": NUM_SAMPLES, "sample_u": False,
@@ -61,7 +75,7 @@ CONFIGS = [
                                "captions": 3}),
 ]
 #: (sharded config, its replicated twin): equal bit for bit on any world size
-TWINS = [("decl_index", "decl_index_replicated"), ("decl_alternate", "decl_alternate_replicated"),
+TWINS = [("decl_index", "decl_index_replicated"), ("decl_relative_index", "decl_relative_index_replicated"), ("decl_alternate", "decl_alternate_replicated"),
          ("decl_index_bf16", "decl_index_bf16_replicated"), ("decl_index_m3", "decl_index_m3_replicated")]
 #: what the 4-rank run covers (the index buffer's layouts)
 INDEX_CONFIGS = [c for c in CONFIGS if c[2].get("rate") == "index"]
