@@ -1,214 +1,377 @@
-"""Batch size: does DeCL at batch B match InfoNCE at 2B? And a DeCL rate ablation (gamma, read order).
+"""Batch size on a testbed where it matters: does DeCL at batch B reach InfoNCE at 2B?
 
-The DeCL paper's claim is about batch size: InfoNCE's minibatch gradient is biased, the bias
-shrinks as the batch grows, and DeCL, whose decomposed loss has an unbiased minibatch gradient
-once its rates come from earlier steps, should reach at a batch B what InfoNCE reaches at 2B.
+The DeCL paper's claim is that its decomposed loss, whose minibatch gradient is unbiased, makes a
+small batch train like a large one. That needs a testbed where InfoNCE itself gains from a larger
+batch, trained to a plateau:
 
-Two parts, on the demo's synthetic data (10 latent classes) and tiny model, each run through the
-real entry point ``python -m clip_dcl.train`` and evaluated with :func:`clip_dcl.experiment.evaluate`:
+- **data**: ``clip-dcl data synth --image-size 32 --num-classes 48 --train-samples 12000``: 48
+  shape x colour classes crossed with size, count, position and background, so thousands of
+  concepts; a caption differing from the anchor's in one attribute is rare in a batch of 16 and
+  common in one of 512;
+- **model**: ``clip-dcl-micro`` (2+2-layer ViT at 32 px, width 64, text context 24, embedding 64);
+- **budget**: ``--epochs`` (default 20) at lr 1e-3, wd 0.1, warm-up 50 steps, the same number of
+  epochs at every batch size; validation after every epoch, so the report shows whether the
+  validation R@1 is flat over the last fifth of training (the plateau check);
+- **primary metric**: retrieval mean R@1 (image->text and text->image) on the 1,000 held-out images
+  (5 captions each); zero-shot top-1 over the 48 classes second.
 
-1. **Ablation** (``--ablation-batch-size``, default 64; every training seed): DeCL rate ``index``
-   with gamma 0.05 / 0.2 / 0.9 / cosine (from 1 down to 0.2 over half the epochs), the old read
-   order (update the buffer with the current batch, then read it: ``--decl-include-current``),
-   and the first-visit fallback ``mean``. :data:`DEFAULT_VARIANT` is the variant equal to the
-   package's defaults; the rest are compared with it per seed.
-2. **Batch sizes** (``--batch-sizes``, default 32 64 128 256; every training seed): ``clip``,
-   ``decl`` (the package defaults, written out as flags) and ``decl`` rate ``batch`` (the coupled
-   ablation). Same epochs at every batch size, so a smaller batch takes more, noisier steps.
+Stages (``--stage``), each resumable (every finished run is cached under ``--work`` by its flags,
+budget and data, and reused):
 
-Reported: retrieval mean R@1 (image->text and text->image), zero-shot top-1 and the 5-shot probe
-average, as mean ± sample std over training seeds; paired per-seed differences against ``clip``
-at the same batch size and against ``clip`` at twice the batch size (the paper's claim); a plot of
-each metric against the batch size. ``batch_size.md`` / ``.json`` / ``.png`` in the results folder,
-rewritten after every run; finished runs are reused (cached by flags, budget and data under
-``--work``), so an interrupted call resumes.
+1. ``gate``: ``clip`` at every ``--batch-sizes`` with every ``--seeds``. The gate passes when the
+   mean R@1 at the largest batch exceeds that at the smallest by at least 3 points and the seeds'
+   ranges do not overlap.
+2. ``screen``: every DeCL variant of :data:`DECL_VARIANTS`, ``dcl`` at tau_plus 0.05 and ``clip``,
+   one seed, at ``--screen-batch-sizes``. Each variant differs from the package default in one
+   setting, written out from the loss registry's flag table.
+3. ``sweep``: ``clip``, ``dcl`` and ``--sweep-variants`` at every batch size and seed.
 
-Run ``.venv/bin/python benchmarks/batch_size.py`` (about 70 min on 2 CPU cores at the default
-sizes); ``--quick`` is a smoke run of a few minutes that reports under ``--work``.
+``--jobs 2`` trains two runs side by side (one torch thread each; on a 2-core machine that is
+faster than one after the other for a model this small). The report,
+``benchmarks/results/batch_size.{md,json,png}``, is rewritten after every run, with its status.
+
+Run ``.venv/bin/python benchmarks/batch_size.py --stage screen`` (each run is 5-40 min on 2 CPU
+cores, longer at small batches); ``--quick`` is a smoke run that reports under ``--work``.
 """
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import dataclasses
 import hashlib
+import inspect
 import json
 import math
+import re
 import shlex
 import sys
+import threading
 import time
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence
 
+from clip_dcl import experiment as ex
+
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
-import quality as q  # noqa: E402  (the paired comparison and the mean R@1)
-
-from clip_dcl import experiment as ex  # noqa: E402
-from clip_dcl.demo import DEMO_BUDGET, DEMO_CLASSES, QUICK_BUDGET  # noqa: E402
-
 STEM = "batch_size"
-HEADLINE = q.HEADLINE
-
-
-def decl_flags(rate: str = "index", gamma: str = "0.9", gamma_schedule: str = "constant", sample_u: bool = True,
-               include_current: bool = False, drift_correction: bool = True, first_visit: str = "batch") -> tuple:
-    """A complete ``--loss decl`` configuration, every rate setting written out (so that a cached run
-    keeps its meaning when a package default changes)."""
-    if rate == "batch":
-        return ("--loss", "decl", "--decl-rate", "batch", "--decl-sample-u" if sample_u else "--no-decl-sample-u")
-    return ("--loss", "decl", "--decl-rate", rate, "--decl-gamma", gamma, "--decl-gamma-schedule", gamma_schedule,
-            "--decl-sample-u" if sample_u else "--no-decl-sample-u",
-            "--decl-include-current" if include_current else "--no-decl-include-current",
-            "--decl-drift-correction" if drift_correction else "--no-decl-drift-correction",
-            "--decl-first-visit", first_visit)
-
-
-#: DeCL variants of the ablation: name -> flags (one setting changed from :data:`REFERENCE`).
-VARIANTS = {
-    "gamma=0.9": decl_flags(),
-    "gamma=0.2": decl_flags(gamma="0.2"),
-    "gamma=0.05": decl_flags(gamma="0.05"),
-    "gamma=cosine": decl_flags(gamma="0.2", gamma_schedule="cosine"),
-    "update-then-read": decl_flags(include_current=True),
-    "u=mean": decl_flags(sample_u=False),
-    "no drift correction": decl_flags(drift_correction=False),
-    "first-visit=mean": decl_flags(first_visit="mean"),
-}
-DEFAULT_ABLATION = ("gamma=0.9", "gamma=0.2", "gamma=0.05", "gamma=cosine", "update-then-read", "u=mean",
-                    "no drift correction")
-#: The variant the others change one setting of: the defaults this ablation started from.
-REFERENCE = "gamma=0.9"
-#: The variant whose flags equal the package's defaults (tests/test_batch_size_bench.py checks it):
-#: chosen by this ablation (u at its mean was the one setting that moved the scores beyond the seeds'
-#: spread; see benchmarks/results/decl_ablation.md).
-DEFAULT_VARIANT = "u=mean"
-#: The objectives of the batch-size comparison; ``decl`` is :data:`DEFAULT_VARIANT`'s flags.
-OBJECTIVES = {
-    "clip": ("--loss", "clip"),
-    "decl": VARIANTS[DEFAULT_VARIANT],
-    "decl rate=batch": decl_flags(rate="batch"),
-}
-BATCH_SIZES = (32, 64, 128, 256)
+MODEL = "clip-dcl-micro"
+DATA = dict(image_size=32, num_classes=48, train_samples=12000)
+QUICK_DATA = dict(image_size=32, num_classes=48)
+MEAN_R1 = "retrieval/mean_R@1"
+HEADLINE = ((MEAN_R1, "retrieval mean R@1"), ("zeroshot/top1", "zero-shot top-1"))
+BATCH_SIZES = (16, 32, 64, 128, 256, 512)
+SCREEN_BATCH_SIZES = (16, 64)
+GATE_POINTS = 0.03
 
 
 # ------------------------------------------------------------------------------------------
-# Pure pieces
+# The objectives, flags built from the loss registry
 # ------------------------------------------------------------------------------------------
-def cache_name(flags: Sequence[str], batch_size: int, seed: int) -> str:
-    """File name of a run's cache: by its flags (not its label), so a run shared by both parts is
-    trained once."""
-    digest = hashlib.sha1(" ".join(flags).encode()).hexdigest()[:12]
-    return f"{digest}-b{batch_size}-seed{seed}.json"
+def loss_defaults(name: str) -> Dict[str, object]:
+    """``{kwarg: default}`` of a registered loss's flags, read from its class signature."""
+    from clip_dcl.losses import LOSSES
+
+    cls = LOSSES[name]
+    params = inspect.signature(cls).parameters
+    return {f.kwarg: params[f.kwarg].default for f in cls.flags if f.kwarg in params}
 
 
-def double_batch_claim(scores: Dict[str, Dict[int, List[dict]]], run: str, reference: str,
-                       keys: Sequence[str]) -> Dict[int, Dict[str, dict]]:
-    """The paper's claim, per batch size ``B``: ``run`` at ``B`` against ``reference`` at ``2B``.
+def loss_flags(name: str, **settings) -> tuple:
+    """``--loss NAME`` and every flag of the loss's table with its value: the package default unless
+    given in ``settings`` (so a cached run keeps its meaning when a default changes). ``None`` values
+    and flags of another rate are left out."""
+    from clip_dcl.losses import LOSSES
 
-    ``scores``: objective -> batch size -> one metrics dict per seed (each with ``"seed"``). For each
-    ``B`` where both exist: :func:`quality.paired_differences` of ``run``@B minus ``reference``@2B
-    (paired by training seed; the seed fixes the data order and the initialisation).
-    """
-    out: Dict[int, Dict[str, dict]] = {}
-    for b in sorted(scores.get(run, {})):
-        ref = scores.get(reference, {}).get(2 * b)
-        mine = scores[run][b]
-        if not ref or not mine:
+    values = {**loss_defaults(name), **settings}
+    if name == "decl" and values.get("include_current") is None:  # the loss's own resolution of None
+        values["include_current"] = values.get("rate") == "index"
+    unknown = set(settings) - {f.kwarg for f in LOSSES[name].flags}
+    if unknown:
+        raise ValueError(f"{sorted(unknown)} are not flags of --loss {name}")
+    out = ["--loss", name]
+    for flag in LOSSES[name].flags:
+        value = values.get(flag.kwarg)
+        if value is None or flag.kwarg in ("num_samples",):
             continue
-        out[b] = q.paired_differences({"ref": ref, "run": mine}, "ref", keys)["run"]
+        if name == "decl" and not _applies(flag.kwarg, values):
+            continue
+        if flag.boolean:
+            out.append(flag.flag if value else "--no-" + flag.flag[2:])
+        else:
+            out += [flag.flag, str(value)]
+    return tuple(out)
+
+
+def _applies(kwarg: str, values: Dict[str, object]) -> bool:
+    """Whether a DeCL setting is read under ``values`` (the loss refuses some of them otherwise)."""
+    rate = values.get("rate")
+    if kwarg in ("gamma", "gamma_schedule", "first_visit", "drift_correction", "state", "state_dtype"):
+        return rate == "index"
+    if kwarg == "include_current":
+        return rate != "batch"
+    if kwarg == "queue_size":
+        return rate == "queue"
+    if kwarg == "lam":
+        return values.get("schedule") in ("constant", "harmonic")
+    if kwarg == "temperature":
+        return values.get("temperature_mode") == "fixed"
+    if kwarg == "rho":
+        return values.get("temperature_mode") == "rgclg"
+    return True
+
+
+#: DeCL variants: each changes one setting of the package default (the first).
+DECL_VARIANTS = {
+    "decl default": {},
+    "decl FastCLIP gamma (cosine to 0.2)": {"gamma": 0.2, "gamma_schedule": "cosine"},
+    "decl relative": {"estimate": "relative"},
+    "decl queue": {"rate": "queue"},
+    "decl read-then-update": {"include_current": False},
+    "decl batch": {"rate": "batch"},
+    "decl scale learned by both terms": {"temperature_mode": "learned"},
+    "decl RGCL-g temperature": {"temperature_mode": "rgclg"},
+}
+BASELINES = {"clip": ("--loss", "clip")}
+
+
+def objectives() -> Dict[str, tuple]:
+    out = dict(BASELINES)
+    out["dcl tau+ 0.05"] = loss_flags("dcl", tau_plus=0.05)
+    out.update({name: loss_flags("decl", **settings) for name, settings in DECL_VARIANTS.items()})
     return out
 
 
-def same_batch(scores: Dict[str, Dict[int, List[dict]]], run: str, reference: str,
-               keys: Sequence[str]) -> Dict[int, Dict[str, dict]]:
-    """``run`` minus ``reference`` at the same batch size, paired by seed, per batch size."""
-    out: Dict[int, Dict[str, dict]] = {}
-    for b in sorted(scores.get(run, {})):
-        ref, mine = scores.get(reference, {}).get(b), scores[run][b]
-        if ref and mine:
-            out[b] = q.paired_differences({"ref": ref, "run": mine}, "ref", keys)["run"]
+# ------------------------------------------------------------------------------------------
+# Runs
+# ------------------------------------------------------------------------------------------
+def with_mean_r1(metrics: Dict[str, float]) -> Dict[str, float]:
+    out = dict(metrics)
+    i2t, t2i = out.get("retrieval/image_to_text_R@1"), out.get("retrieval/text_to_image_R@1")
+    out[MEAN_R1] = (i2t + t2i) / 2 if i2t is not None and t2i is not None else float("nan")
     return out
 
 
-def _diff_cell(d: Optional[dict]) -> str:
-    if not d or not d["n"]:
-        return "n/a"
-    spread = f" ± {100 * d['std']:.1f}" if d["n"] > 1 else ""
-    return f"{100 * d['mean']:+.1f}{spread} ({d['wins']} of {d['n']})"
+def scale_curve(out_log: Path) -> List[float]:
+    """The logit scale OpenCLIP logged last in each epoch."""
+    last: Dict[int, float] = {}
+    for line in out_log.read_text(errors="replace").splitlines():
+        m = re.search(r"Train Epoch: (\d+) .*Logit Scale: (\S+)", line)
+        if m:
+            last[int(m.group(1))] = float(m.group(2))
+    return [last[e] for e in sorted(last)]
 
 
-def summary_table(scores: Dict[str, Dict[int, List[dict]]], headline=HEADLINE) -> str:
-    """Markdown: one row per (objective, batch size), mean ± std of each headline score, in percent."""
-    lines = ["| objective | batch | " + " | ".join(label for _, label in headline) + " | seeds |",
-             "|" + "---|" * (len(headline) + 3)]
-    for name, per_b in scores.items():
-        for b in sorted(per_b):
-            cells = []
-            for key, _ in headline:
-                st = q.mean_std([s.get(key, float("nan")) for s in per_b[b]])
-                cells.append("n/a" if not st["n"] else f"{100 * st['mean']:.1f}" +
-                             (f" ± {100 * st['std']:.1f}" if st["n"] > 1 else ""))
-            lines.append(f"| {name} | {b} | " + " | ".join(cells) + f" | {len(per_b[b])} |")
+def evaluate(checkpoint: Path, data: dict) -> Dict[str, float]:
+    """Retrieval and zero-shot scores of a checkpoint (the few-shot probe is left out of this testbed)."""
+    from clip_dcl.checkpoint import load_checkpoint
+    from clip_dcl.eval.retrieval import evaluate_retrieval
+    from clip_dcl.eval.zeroshot import evaluate_zeroshot
+
+    model, preprocess, tokenizer = load_checkpoint(checkpoint, "cpu")
+    out = {f"retrieval/{k}": float(v) for k, v in evaluate_retrieval(
+        model, preprocess, tokenizer, data["val_data"], batch_size=256, device="cpu", progress=False).items()}
+    out.update({f"zeroshot/{k}": float(v) for k, v in evaluate_zeroshot(
+        model, preprocess, tokenizer, Path(data["out_dir"]) / data["zeroshot"]["dir"], batch_size=256,
+        device="cpu", progress=False).items()})
+    return with_mean_r1(out)
+
+
+def run_one(label: str, flags: tuple, data: dict, budget: ex.Budget, work: Path, threads: int) -> dict:
+    """Train and evaluate one run, or reuse its cache; the record of the report."""
+    key = json.loads(json.dumps({"flags": list(flags), "budget": dataclasses.asdict(budget),
+                                 "data": data["config"]}))
+    digest = hashlib.sha1(json.dumps(key, sort_keys=True).encode()).hexdigest()[:12]
+    cache = work / "scores" / f"{digest}-b{budget.batch_size}-seed{budget.seed}.json"
+    if cache.is_file():
+        doc = json.loads(cache.read_text())
+        if doc.get("settings") == key:
+            return {**doc["record"], "label": label, "source": "reused"}
+    logs = work / "runs" / digest
+    env = {"OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
+    res = ex.train(ex.Run(f"b{budget.batch_size}-seed{budget.seed}", flags), data, logs, budget, env=env,
+                   lock=False, device="cpu", echo=lambda s: None)
+    t0 = time.perf_counter()
+    metrics = evaluate(res.checkpoint, data)
+    val = [with_mean_r1({f"retrieval/{k}": v for k, v in r.items() if isinstance(v, (int, float))})
+           for r in res.val]
+    record = {"label": label, "flags": list(flags), "batch_size": budget.batch_size, "seed": budget.seed,
+              "epochs": budget.epochs, "metrics": metrics, "val_r1": [v[MEAN_R1] for v in val],
+              "logit_scale": scale_curve(res.log_dir / "out.log"), "train_seconds": res.seconds,
+              "eval_seconds": time.perf_counter() - t0, "command": res.command,
+              "finished": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M")}
+    cache.parent.mkdir(parents=True, exist_ok=True)
+    cache.write_text(json.dumps({"settings": key, "record": record}, indent=1) + "\n")
+    return {**record, "source": "trained"}
+
+
+# ------------------------------------------------------------------------------------------
+# Statistics and the report
+# ------------------------------------------------------------------------------------------
+def mean_std(values: Sequence[float]) -> Dict[str, float]:
+    finite = [float(v) for v in values if v is not None and math.isfinite(v)]
+    n = len(finite)
+    if not n:
+        return {"mean": float("nan"), "std": float("nan"), "n": 0}
+    mean = sum(finite) / n
+    std = math.sqrt(sum((v - mean) ** 2 for v in finite) / (n - 1)) if n > 1 else float("nan")
+    return {"mean": mean, "std": std, "n": n}
+
+
+def plateau(curve: Sequence[float]) -> Optional[float]:
+    """Change of the validation R@1 over the last fifth of training (points; small = a plateau)."""
+    if len(curve) < 5:
+        return None
+    tail = curve[-max(2, len(curve) // 5):]
+    return 100 * (tail[-1] - tail[0])
+
+
+def gate(records: List[dict], sizes: Sequence[int]) -> Optional[dict]:
+    """``clip``'s R@1 at the largest batch minus the smallest, and whether the seeds' ranges overlap."""
+    by_b = {b: [r["metrics"][MEAN_R1] for r in records if r["label"] == "clip" and r["batch_size"] == b]
+            for b in (min(sizes), max(sizes))}
+    lo, hi = by_b[min(sizes)], by_b[max(sizes)]
+    if not lo or not hi:
+        return None
+    gain = sum(hi) / len(hi) - sum(lo) / len(lo)
+    separate = min(hi) > max(lo)
+    return {"small": min(sizes), "large": max(sizes), "gain": gain, "separate": separate,
+            "seeds": (len(lo), len(hi)), "passed": gain >= GATE_POINTS and separate and min(len(lo), len(hi)) >= 3}
+
+
+def table(records: List[dict]) -> str:
+    """One row per (objective, batch): mean ± std over seeds of each headline score, the final logit
+    scale, the plateau check, seeds."""
+    groups: Dict[tuple, List[dict]] = {}
+    for r in records:
+        groups.setdefault((r["label"], r["batch_size"]), []).append(r)
+    head = "| objective | batch | " + " | ".join(lab for _, lab in HEADLINE) + \
+           " | logit scale at the end | val R@1 change over the last fifth (points) | seeds |"
+    lines = [head, "|" + "---|" * (len(HEADLINE) + 5)]
+    for (label, b), rs in sorted(groups.items(), key=lambda kv: (list(objectives()).index(kv[0][0])
+                                                                   if kv[0][0] in objectives() else 99, kv[0][1])):
+        cells = []
+        for key, _ in HEADLINE:
+            st = mean_std([r["metrics"].get(key) for r in rs])
+            cells.append(f"{100 * st['mean']:.1f}" + (f" ± {100 * st['std']:.1f}" if st["n"] > 1 else ""))
+        scales = ", ".join(f"{r['logit_scale'][-1]:.1f}" for r in rs if r["logit_scale"])
+        plateaus = ", ".join(f"{p:+.1f}" for p in (plateau(r["val_r1"]) for r in rs) if p is not None) or "n/a"
+        lines.append(f"| {label} | {b} | " + " | ".join(cells) + f" | {scales} | {plateaus} | "
+                     + ", ".join(str(r["seed"]) for r in rs) + " |")
     return "\n".join(lines)
 
 
-def diff_table(diffs: Dict[int, Dict[str, dict]], label: str, headline=HEADLINE) -> str:
-    """Markdown: one row per batch size; mean ± std of the paired differences (points) and seeds won."""
-    lines = [f"| {label} | " + " | ".join(f"{lab}: mean ± std (wins)" for _, lab in headline) + " |",
-             "|" + "---|" * (len(headline) + 1)]
-    for b, per_key in diffs.items():
-        lines.append(f"| {b} | " + " | ".join(_diff_cell(per_key.get(k)) for k, _ in headline) + " |")
-    return "\n".join(lines)
-
-
-def claim_verdict(claim: Dict[int, Dict[str, dict]], run: str = "decl", headline=HEADLINE) -> List[str]:
-    """One sentence per batch size: does ``run`` at B match or beat ``clip`` at 2B on each score?
-
-    *Matches or beats* is read as: the mean paired difference is >= 0, or within one standard error
-    of the differences below 0 (``std / sqrt(n)``).
-    """
-    lines = []
-    for b, per_key in claim.items():
-        parts = []
-        for key, label in headline:
-            d = per_key.get(key)
-            if not d or not d["n"]:
+def paired(records: List[dict], reference: str, same_b: bool = True) -> str:
+    """Per objective and batch: R@1 minus ``reference`` at the same batch (or at twice the batch),
+    paired by seed."""
+    idx = {(r["label"], r["batch_size"], r["seed"]): r["metrics"][MEAN_R1] for r in records}
+    rows = []
+    for label in objectives():
+        if label == reference:
+            continue
+        for b in sorted({r["batch_size"] for r in records if r["label"] == label}):
+            other = b if same_b else 2 * b
+            diffs = [(s, idx[(label, b, s)] - idx[(reference, other, s)]) for (lab, bb, s) in idx
+                     if lab == label and bb == b and (reference, other, s) in idx]
+            if not diffs:
                 continue
-            se = d["std"] / math.sqrt(d["n"]) if d["n"] > 1 and math.isfinite(d["std"]) else 0.0
-            ok = d["mean"] >= 0 or d["mean"] >= -se
-            word = "beats" if d["mean"] > 0 and d["wins"] == d["n"] else ("holds" if ok else "fails")
-            parts.append(f"{label} {word} ({100 * d['mean']:+.1f} points, {d['wins']} of {d['n']} seeds)")
-        if parts:
-            lines.append(f"- {run} at {b} vs clip at {2 * b}: " + "; ".join(parts))
-    return lines
+            st = mean_std([d for _, d in diffs])
+            wins = sum(d > 0 for _, d in diffs)
+            rows.append(f"| {label} | {b} | {reference} at {other} | "
+                        + ", ".join(f"s{s} {100 * d:+.1f}" for s, d in sorted(diffs))
+                        + f" | **{100 * st['mean']:+.1f}** | {wins} of {len(diffs)} |")
+    if not rows:
+        return ""
+    return "\n".join(["| objective | batch | against | R@1 difference per seed (points) | mean | wins |",
+                      "|---|---|---|---|---|---|", *rows])
 
 
-def plot(scores: Dict[str, Dict[int, List[dict]]], chance: Dict[str, float], path: Path, title: str) -> Path:
-    """One panel per headline score against the batch size (log2 axis), mean ± std over seeds."""
+def plot(records: List[dict], path: Path) -> Optional[Path]:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    import numpy as np
 
-    fig, axes = plt.subplots(1, len(HEADLINE), figsize=(5 * len(HEADLINE), 4.2))
-    for ax, (key, label) in zip(axes, HEADLINE):
-        for name, per_b in scores.items():
-            bs = sorted(b for b in per_b if per_b[b])
-            if not bs:
-                continue
-            stats = [q.mean_std([s.get(key, np.nan) for s in per_b[b]]) for b in bs]
-            means = [100 * s["mean"] for s in stats]
-            errs = [100 * (s["std"] if s["n"] > 1 else 0.0) for s in stats]
-            ax.errorbar(bs, means, yerr=errs, marker="o", capsize=3, label=name)
-        if key in chance:
-            ax.axhline(100 * chance[key], color="black", lw=0.8, ls=":", label="chance")
-        ax.set_xscale("log", base=2)
-        ax.set(xlabel="batch size", ylabel="%", title=label)
+    if not records:
+        return None
+    fig, axes = plt.subplots(1, 3, figsize=(17, 4.6))
+    labels = [lab for lab in objectives() if any(r["label"] == lab for r in records)]
+    for label in labels:
+        rs = [r for r in records if r["label"] == label]
+        bs = sorted({r["batch_size"] for r in rs})
+        stats = [mean_std([r["metrics"][MEAN_R1] for r in rs if r["batch_size"] == b]) for b in bs]
+        axes[0].errorbar(bs, [100 * s["mean"] for s in stats],
+                         yerr=[100 * (s["std"] if s["n"] > 1 else 0.0) for s in stats], marker="o", capsize=3,
+                         label=label)
+    axes[0].set(xscale="log", xlabel="batch size", ylabel="%", title="held-out retrieval mean R@1")
+    axes[0].set_xscale("log", base=2)
+    for r in records:
+        if r["label"] == "clip" or r["batch_size"] == min(x["batch_size"] for x in records):
+            axes[1].plot(range(1, len(r["val_r1"]) + 1), [100 * v for v in r["val_r1"]], lw=1,
+                         label=f"{r['label']} B={r['batch_size']} s{r['seed']}")
+            axes[2].plot(range(1, len(r["logit_scale"]) + 1), r["logit_scale"], lw=1,
+                         label=f"{r['label']} B={r['batch_size']} s{r['seed']}")
+    axes[1].set(xlabel="epoch", ylabel="%", title="validation mean R@1 per epoch (plateau)")
+    axes[2].set(xlabel="epoch", ylabel="logit scale", title="logit scale per epoch (clamp at 100)")
+    for ax in axes:
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
-    return ex.save_figure(fig, path, title)
+        ax.legend(fontsize=6)
+    return ex.save_figure(fig, path, "Batch-size testbed (clip-dcl-micro, 48 classes, 32 px)")
+
+
+def write(out: Path, records: List[dict], planned: int, data: dict, budget: ex.Budget, command: str,
+          started: datetime, stages: Sequence[str], sizes: Sequence[int], stem: str = STEM) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    done = len(records)
+    status = ("complete" if done == planned else f"PARTIAL: {done} of {planned} runs of this call finished") + \
+        f" (stages: {', '.join(stages)}; finished runs are reused by later calls)"
+    g = gate(records, sizes)
+    gate_line = "not measured yet" if g is None else (
+        f"clip at {g['large']} minus clip at {g['small']}: {100 * g['gain']:+.1f} points of mean R@1, seeds "
+        f"{'separate' if g['separate'] else 'overlapping'} ({g['seeds'][0]} and {g['seeds'][1]} seeds): "
+        f"**{'passed' if g['passed'] else 'not passed'}** (needs +{100 * GATE_POINTS:.0f} points, 3 seeds each, "
+        "no overlap)")
+    finished = sorted(r.get("finished", "") for r in records)
+    train_min = sum(r["train_seconds"] for r in records) / 60
+    parts = [
+        "# Batch size on the testbed: DeCL at B against InfoNCE at B and 2B",
+        "",
+        f"- Status: {status}",
+        f"- Command: `{command}`",
+        f"- Date (UTC): runs finished {finished[0] if finished else '-'} to {finished[-1] if finished else '-'}; "
+        f"this report written by a call started {started:%Y-%m-%d %H:%M}. Training time over the runs: "
+        f"{train_min:.0f} min.",
+        f"- Machine: {ex.machine_info()}",
+        f"- Data: `clip-dcl data synth --image-size {data['config']['image_size']} --num-classes "
+        f"{data['config']['num_classes']} --train-samples {data['config']['train_samples']}` "
+        f"(tau_plus {float(data['tau_plus']):.3f}); held-out retrieval over {data['val']['num_samples']} images x "
+        f"{data['config']['val_captions_per_image']} captions, zero-shot over {data['zeroshot']['num_classes']} classes.",
+        f"- Training: `{budget.model}`, {budget.epochs} epochs at every batch size, lr {budget.lr}, wd {budget.wd}, "
+        f"warm-up {budget.warmup} steps, fp32 CPU, `python -m clip_dcl.train`, validation every epoch.",
+        f"- Gate: {gate_line}.",
+        "- Objectives (every flag written out from the loss registry, so a cached run keeps its meaning):",
+        *[f"  - `{name}`: `{' '.join(flags)}`" for name, flags in objectives().items()
+          if any(r["label"] == name for r in records)],
+        f"- Raw numbers, commands and curves: `{stem}.json`; figure `{stem}.png`.",
+        "",
+        "## Scores (%, mean ± sample std over seeds)",
+        "",
+        table(records),
+    ]
+    same = paired(records, "clip")
+    if same:
+        parts += ["", "## Against clip at the same batch (paired by seed)", "", same]
+    double = paired(records, "clip", same_b=False)
+    if double:
+        parts += ["", "## The paper's claim: against clip at twice the batch (paired by seed)", "", double]
+    png = plot(records, out / f"{stem}.png")
+    if png is not None:
+        parts += ["", f"![R@1 against the batch size, validation curves and logit scale]({png.name})"]
+    (out / f"{stem}.md").write_text("\n".join(parts) + "\n")
+    doc = {"machine": ex.machine_info(), "command": command, "status": status, "gate": g,
+           "budget": dataclasses.asdict(budget), "data": data["config"], "objectives": objectives(),
+           "runs": records}
+    (out / f"{stem}.json").write_text(json.dumps(doc, indent=1, default=str) + "\n")
 
 
 # ------------------------------------------------------------------------------------------
@@ -218,177 +381,74 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="benchmarks/batch_size.py", allow_abbrev=False,
                                 description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("--quick", action="store_true", help="smoke run: tiny data, 1 epoch, 2 seeds; report under --work")
-    p.add_argument("--part", choices=("ablation", "batch", "all"), default="all", help="what to run")
-    p.add_argument("--work", default="/tmp/clip_dcl_batch_size", help="folder for the data and the runs")
-    p.add_argument("--results", default=None,
-                   help=f"folder of the report (default: {HERE / 'results'}; with --quick: WORK/quick/report)")
-    p.add_argument("--train-samples", type=int, default=3000,
-                   help="training pairs of the synthetic data (the demo has 12000; fewer keep the budget)")
-    p.add_argument("--epochs", type=int, default=None, help=f"training epochs (default {DEMO_BUDGET.epochs})")
-    p.add_argument("--batch-sizes", type=int, nargs="+", default=None,
-                   help=f"batch sizes of part 2 (default {' '.join(map(str, BATCH_SIZES))}; quick 16 32)")
-    p.add_argument("--ablation-batch-size", type=int, default=None, help="batch size of part 1 (default 64; quick 16)")
-    p.add_argument("--variants", nargs="+", default=None, choices=list(VARIANTS),
-                   help=f"ablation variants (default: {' '.join(DEFAULT_ABLATION)})")
-    p.add_argument("--objectives", nargs="+", default=None, choices=list(OBJECTIVES),
-                   help="objectives of part 2 (default: all)")
-    p.add_argument("--seeds", type=int, nargs="+", default=None, help="training seeds (default 0 1 2; quick 0 1)")
-    p.add_argument("--fewshot-seeds", type=int, nargs="+", default=None,
-                   help="k-shot draws of the 5-shot probe (default 0 1 2; quick 0)")
-    p.add_argument("--eval-threads", type=int, default=2, help="torch threads of the evaluations")
-    p.add_argument("--stem", default=STEM, help="file name of the report (STEM.md, .json, .png)")
+    p.add_argument("--stage", nargs="+", choices=("gate", "screen", "sweep"), default=["gate"])
+    p.add_argument("--quick", action="store_true", help="smoke run: 256 pairs, 1 epoch; report under --work")
+    p.add_argument("--work", default="/tmp/clip_dcl_testbed", help="folder of the data, runs and caches")
+    p.add_argument("--results", default=None, help=f"report folder (default {HERE / 'results'})")
+    p.add_argument("--epochs", type=int, default=20)
+    p.add_argument("--batch-sizes", type=int, nargs="+", default=list(BATCH_SIZES))
+    p.add_argument("--screen-batch-sizes", type=int, nargs="+", default=list(SCREEN_BATCH_SIZES))
+    p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    p.add_argument("--screen-seed", type=int, default=0)
+    p.add_argument("--variants", nargs="+", default=None, help="screen: objectives to run (default: all)")
+    p.add_argument("--sweep-variants", nargs="+", default=["decl default"], help="sweep: DeCL variants")
+    p.add_argument("--jobs", type=int, default=2, help="trainings side by side")
+    p.add_argument("--threads", type=int, default=1, help="torch threads per training")
+    p.add_argument("--stem", default=STEM)
     return p
 
 
 def main(argv: Optional[List[str]] = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(argv)
-    seeds = args.seeds if args.seeds is not None else ([0, 1] if args.quick else [0, 1, 2])
-    sizes = args.batch_sizes or ([16, 32] if args.quick else list(BATCH_SIZES))
-    abl_b = args.ablation_batch_size or (16 if args.quick else 64)
-    for name, values in (("--seeds", seeds), ("--batch-sizes", sizes)):
-        if len(set(values)) != len(values) or any(v < (0 if name == "--seeds" else 2) for v in values):
-            raise SystemExit(f"{name} must be distinct and {'>= 0' if name == '--seeds' else '>= 2'}, got {values}")
-    if abl_b < 2:
-        raise SystemExit(f"--ablation-batch-size must be >= 2, got {abl_b}")
-    if args.train_samples < max(sizes + [abl_b]):
-        raise SystemExit(f"--train-samples {args.train_samples} is smaller than the largest batch {max(sizes + [abl_b])}")
-    if args.epochs is not None and args.epochs < 1:
-        raise SystemExit(f"--epochs must be >= 1, got {args.epochs}")
-    if args.eval_threads < 1:
-        raise SystemExit(f"--eval-threads must be >= 1, got {args.eval_threads}")
-    variants = args.variants or list(DEFAULT_ABLATION)
-    if DEFAULT_VARIANT not in variants:
-        variants = [DEFAULT_VARIANT] + variants
-    fewshot_seeds = args.fewshot_seeds or ([0] if args.quick else [0, 1, 2])
-    import torch
-
-    torch.set_num_threads(args.eval_threads)
-    base = QUICK_BUDGET if args.quick else DEMO_BUDGET
-    # No per-epoch validation (the held-out evaluation follows each run); the warm-up stays 20 steps.
-    budget = dataclasses.replace(base, epochs=args.epochs or base.epochs, extra=("--val-frequency", "0"))
+    names = objectives()
+    for name in (args.variants or []) + args.sweep_variants:
+        if name not in names:
+            raise SystemExit(f"unknown objective {name!r}; choose from {list(names)}")
+    if args.epochs < 1 or args.jobs < 1 or args.threads < 1:
+        raise SystemExit("--epochs, --jobs and --threads must be >= 1")
+    if args.quick:
+        args.batch_sizes, args.screen_batch_sizes, args.seeds = [16, 32], [16], args.seeds[:2]
     work = Path(args.work) / ("quick" if args.quick else "full")
-    results_dir = Path(args.results) if args.results else (work / "report" if args.quick else HERE / "results")
+    results = Path(args.results) if args.results else (work / "report" if args.quick else HERE / "results")
+    data = ex.synth_data(work / "data", quick=args.quick, verbose=False, **(QUICK_DATA if args.quick else DATA))
+    if max(args.batch_sizes + args.screen_batch_sizes) > data["train"]["num_samples"]:
+        raise SystemExit(f"a batch is larger than the {data['train']['num_samples']} training pairs")
+    budget = ex.Budget(epochs=1 if args.quick else args.epochs, lr=1e-3, wd=0.1, warmup=50, model=MODEL,
+                       log_every_n_steps=50, workers=1)
+    jobs = []  # (label, flags, batch, seed)
+    if "gate" in args.stage:
+        jobs += [("clip", names["clip"], b, s) for s in args.seeds for b in args.batch_sizes]
+    if "screen" in args.stage:
+        for label in (args.variants or list(names)):
+            jobs += [(label, names[label], b, args.screen_seed) for b in args.screen_batch_sizes]
+    if "sweep" in args.stage:
+        for label in ["clip", "dcl tau+ 0.05", *args.sweep_variants]:
+            jobs += [(label, names[label], b, s) for s in args.seeds for b in args.batch_sizes
+                     if not (label != "clip" and b == max(args.batch_sizes))]
+    jobs = list(dict.fromkeys((lab, tuple(f), b, s) for lab, f, b, s in jobs))
     command = " ".join([".venv/bin/python", "benchmarks/batch_size.py", *map(shlex.quote, argv)])
     started = datetime.now(timezone.utc)
-    t0 = time.perf_counter()
-
-    print(f"[batch_size] data: {DEMO_CLASSES} classes, {args.train_samples} training pairs -> {work / 'data'}",
-          flush=True)
-    data = ex.synth_data(work / "data", quick=args.quick, num_classes=DEMO_CLASSES,
-                         **({} if args.quick else {"train_samples": args.train_samples}))
-    jobs = []  # (part, label, flags, batch size, seed)
-    if args.part in ("ablation", "all"):
-        jobs += [("ablation", v, VARIANTS[v], abl_b, s) for s in seeds for v in variants]
-    if args.part in ("batch", "all"):
-        objectives = args.objectives or list(OBJECTIVES)
-        jobs += [("batch", name, OBJECTIVES[name], b, s) for s in seeds for b in sizes for name in objectives]
-    abl_scores: Dict[str, List[dict]] = {}
-    bs_scores: Dict[str, Dict[int, List[dict]]] = {name: {} for name in OBJECTIVES}
     records: List[dict] = []
-    for done, (part, label, flags, b, seed) in enumerate(jobs, 1):
-        run = ex.Run(label, tuple(flags))
-        job_budget = dataclasses.replace(budget, batch_size=b, seed=seed)
-        print(f"[batch_size] {done}/{len(jobs)} {part}: {label} ({' '.join(flags)}), batch {b}, seed {seed}",
-              flush=True)
-        out = ex.train_and_evaluate(run, data, work / "runs" / f"b{b}-seed{seed}", job_budget,
-                                    work / "scores" / cache_name(flags, b, seed), fewshot_seeds=fewshot_seeds)
-        metrics = {**q.with_mean_r1(out.metrics), "seed": seed}
-        if out.source != "reused":
-            print(f"[batch_size]     trained {out.result.seconds:.0f} s, evaluated {out.eval_seconds:.0f} s: "
-                  + ", ".join(f"{lab} {100 * metrics[k]:.1f}" for k, lab in HEADLINE), flush=True)
-        if part == "ablation":
-            abl_scores.setdefault(label, []).append(metrics)
-        else:
-            bs_scores[label].setdefault(b, []).append(metrics)
-        records.append({"part": part, "label": label, "flags": list(flags), "batch_size": b, "seed": seed,
-                        "train_seconds": out.result.seconds, "eval_seconds": out.eval_seconds,
-                        "finished": out.finished, "source": out.source, "checkpoint": str(out.result.checkpoint),
-                        "command": out.result.command, "metrics": metrics})
-        write(results_dir, data, budget, abl_b, sizes, seeds, variants, fewshot_seeds, abl_scores, bs_scores,
-              records, command, started, time.perf_counter() - t0, complete=done == len(jobs), stem=args.stem)
-    print(f"[batch_size] wrote {results_dir / (args.stem + '.md')}, .json, .png", flush=True)
-    print((results_dir / f"{args.stem}.md").read_text().split("![")[0])
+    lock = threading.Lock()
+
+    def one(job):
+        label, flags, b, seed = job
+        rec = run_one(label, flags, data, dataclasses.replace(budget, batch_size=b, seed=seed), work, args.threads)
+        with lock:
+            records.append(rec)
+            print(f"[batch_size] {len(records)}/{len(jobs)} {label} B={b} seed {seed} ({rec['source']}, "
+                  f"{rec['train_seconds'] / 60:.1f} min): mean R@1 {100 * rec['metrics'][MEAN_R1]:.1f}, zero-shot "
+                  f"{100 * rec['metrics']['zeroshot/top1']:.1f}, logit scale "
+                  f"{rec['logit_scale'][-1] if rec['logit_scale'] else float('nan'):.1f}", flush=True)
+            write(results, records, len(jobs), data, budget, command, started, args.stage, args.batch_sizes,
+                  args.stem)
+
+    print(f"[batch_size] {len(jobs)} runs, {args.jobs} at a time -> {results / (args.stem + '.md')}", flush=True)
+    with concurrent.futures.ThreadPoolExecutor(max_workers=args.jobs) as pool:
+        for fut in [pool.submit(one, j) for j in jobs]:
+            fut.result()
     return 0
-
-
-def write(out: Path, data, budget, abl_b, sizes, seeds, variants, fewshot_seeds, abl_scores, bs_scores, records,
-          command, started, seconds, complete: bool, stem: str = STEM) -> None:
-    """(Re)write the report from the runs finished so far."""
-    keys = [k for k, _ in HEADLINE]
-    chance = q.chance_with_mean_r1(data)
-    have_bs = {n: {b: v for b, v in per.items() if v} for n, per in bs_scores.items()}
-    have_bs = {n: per for n, per in have_bs.items() if per}
-    vs_clip = {n: same_batch(have_bs, n, "clip", keys) for n in have_bs if n != "clip"}
-    claim = {n: double_batch_claim(have_bs, n, "clip", keys) for n in have_bs if n != "clip"}
-    paired_abl = (q.paired_differences(abl_scores, DEFAULT_VARIANT, keys)
-                  if DEFAULT_VARIANT in abl_scores and len(abl_scores) > 1 else {})
-    train_min = sum(r["train_seconds"] for r in records) / 60
-    eval_min = sum(r["eval_seconds"] for r in records) / 60
-    finished = sorted(r["finished"] for r in records)
-    epochs_note = (f"{budget.epochs} epochs of {data['train']['num_samples']} pairs at every batch size "
-                   f"({budget.epochs * data['train']['num_samples']} samples seen; the demo trains 4 epochs of 12000)")
-    status = "complete" if complete else f"PARTIAL: {len(records)} runs finished so far; the run continues"
-    header = "\n".join([
-        "# Batch size: DeCL at B against InfoNCE at B and 2B, and a DeCL rate ablation",
-        "",
-        f"- Status: {status}",
-        f"- Command: `{command}`",
-        f"- Date (UTC): runs finished {finished[0] if finished else '-'} to {finished[-1] if finished else '-'}; "
-        f"report written by a call started {started:%Y-%m-%d %H:%M}, {seconds / 60:.1f} min wall. Time over the "
-        f"runs: training {train_min:.1f} min, evaluation {eval_min:.1f} min.",
-        f"- Machine: {ex.machine_info()}",
-        f"- Data: clip-dcl synthetic shards, {data['config']['num_classes']} latent classes "
-        f"(tau_plus = {float(data['tau_plus']):.3f}), **{data['train']['num_samples']} training pairs** (shrunk "
-        f"from the demo's 12000 to fit the CPU budget), the demo's held-out splits: retrieval over "
-        f"{data['val']['num_samples']} images x {data['config']['val_captions_per_image']} captions, zero-shot over "
-        f"the {data['zeroshot']['num_classes']} classes, the 5-shot suite ({', '.join(data['fewshot']['datasets'])}).",
-        f"- Training: `{budget.model}`, {epochs_note}; lr {budget.lr}, wd {budget.wd}, warmup {budget.warmup} "
-        f"steps, fp32 CPU, through `python -m clip_dcl.train`; training seeds {seeds} (a seed fixes the data "
-        f"order and the initialisation, so runs of one seed are paired). Evaluation: "
-        f"`clip_dcl.experiment.evaluate` (5-shot probe reduced grid, k-shot draws {fewshot_seeds}).",
-        f"- Objectives: `clip` = OpenCLIP's InfoNCE; `decl` = DeCL with the package defaults "
-        f"(`{' '.join(OBJECTIVES['decl'][2:])}`, schedule alternate: rates read from earlier steps, a first "
-        f"visit reads its batch estimate); `decl rate=batch` = the coupled ablation (rate from the current "
-        f"batch). Ablation at batch {abl_b}: {', '.join(variants)}; each changes one setting of `{REFERENCE}` "
-        f"(`{' '.join(VARIANTS[REFERENCE][2:])}`, u drawn from its Gamma), and `{DEFAULT_VARIANT}`, the "
-        "package default it chose, is the reference of the paired table.",
-        f"- Raw numbers, commands and per-run times: `{stem}.json`" + (f"; figure: `{stem}.png`." if have_bs else "."),
-    ])
-    parts = [header]
-    if have_bs:
-        parts += [f"## Scores by batch size (%, mean ± sample std over seeds {seeds})", summary_table(have_bs)]
-        for n, d in vs_clip.items():
-            parts += [f"### {n} minus clip at the same batch size (points, paired by seed)",
-                      diff_table(d, "batch")]
-        for n, d in claim.items():
-            parts += [f"### The paper's claim: {n} at B minus clip at 2B (points, paired by seed)",
-                      diff_table(d, "B")]
-            verdict = claim_verdict(d, n)
-            if verdict:
-                parts.append("\n".join(verdict))
-    if abl_scores:
-        parts += [f"## DeCL ablation at batch {abl_b} (%, mean ± sample std over seeds)",
-                  summary_table({v: {abl_b: s} for v, s in abl_scores.items()})]
-        if paired_abl:
-            parts += [f"### Paired against {DEFAULT_VARIANT} (the default; points, same seed)",
-                      q.paired_table(paired_abl, DEFAULT_VARIANT)]
-    png = plot(have_bs, chance, out / f"{stem}.png", "Held-out scores against the batch size") if have_bs else None
-    if png is not None:
-        parts.append(f"![scores against the batch size]({png.name})")
-    out.mkdir(parents=True, exist_ok=True)
-    (out / f"{stem}.md").write_text("\n\n".join(p for p in parts if p) + "\n")
-    doc = {"machine": ex.machine_info(), "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-           "command": command, "complete": complete, "budget": dataclasses.asdict(budget), "batch_sizes": sizes,
-           "ablation_batch_size": abl_b, "seeds": seeds, "fewshot_seeds": fewshot_seeds,
-           "variants": {v: list(VARIANTS[v]) for v in variants}, "objectives": {k: list(v) for k, v in OBJECTIVES.items()},
-           "data": {k: data[k] for k in ("train_data", "val_data", "tau_plus", "config") if k in data},
-           "chance": chance, "runs": records, "same_batch_vs_clip": {n: {str(b): v for b, v in d.items()}
-                                                                    for n, d in vs_clip.items()},
-           "claim_vs_clip_at_2B": {n: {str(b): v for b, v in d.items()} for n, d in claim.items()},
-           "ablation_vs_default": paired_abl}
-    (out / f"{stem}.json").write_text(json.dumps(doc, indent=1, default=str) + "\n")
 
 
 if __name__ == "__main__":  # pragma: no cover

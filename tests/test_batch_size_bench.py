@@ -1,4 +1,4 @@
-"""The batch-size benchmark's pure pieces: the default variant, the ablation flags, the B vs 2B claim."""
+"""The batch-size testbed's pure pieces: variants built from the registry, the gate, the plateau, pairing."""
 from __future__ import annotations
 
 import inspect
@@ -11,7 +11,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 import batch_size as bs  # noqa: E402
 
 from clip_dcl.losses import DeCLLoss  # noqa: E402
-from clip_dcl.train.flags import LOSS_FLAGS, build_parser  # noqa: E402
+from clip_dcl.train.flags import LOSS_FLAGS, build_parser, parse_train_args  # noqa: E402
 
 
 def decl_kwargs(flags):
@@ -23,62 +23,79 @@ def decl_kwargs(flags):
 def test_default_variant_is_the_package_default():
     defaults = {p.name: p.default for p in inspect.signature(DeCLLoss).parameters.values()
                 if p.default is not inspect.Parameter.empty}
-    for kwarg, value in decl_kwargs(bs.VARIANTS[bs.DEFAULT_VARIANT]).items():
-        assert defaults[kwarg] == value, kwarg
-    assert bs.OBJECTIVES["decl"] == bs.VARIANTS[bs.DEFAULT_VARIANT]
-
-
-def test_each_variant_changes_one_setting_of_the_reference():
-    base = decl_kwargs(bs.VARIANTS[bs.REFERENCE])
-    for name, flags in bs.VARIANTS.items():
-        changed = {k for k, v in decl_kwargs(flags).items() if base.get(k) != v}
-        if name == bs.REFERENCE:
-            assert not changed
-        elif name == "gamma=cosine":  # the schedule and its final value
-            assert changed == {"gamma_schedule", "gamma"}
+    got = decl_kwargs(bs.objectives()["decl default"])
+    for kwarg, value in got.items():
+        if kwarg == "include_current":  # None: the loss resolves it to update-then-read for rate index
+            assert defaults[kwarg] is None and value is True and DeCLLoss(num_samples=2).include_current
         else:
-            assert len(changed) == 1, (name, changed)
+            assert defaults[kwarg] == value, kwarg
+    assert got["rate"] == "index"
 
 
-def test_cache_names_follow_flags_not_labels():
-    a = bs.cache_name(bs.VARIANTS["gamma=0.9"], 64, 0)
-    assert bs.cache_name(bs.VARIANTS[bs.DEFAULT_VARIANT], 64, 0) == bs.cache_name(bs.OBJECTIVES["decl"], 64, 0)
-    assert len({a, bs.cache_name(bs.VARIANTS["gamma=0.2"], 64, 0), bs.cache_name(bs.VARIANTS["gamma=0.9"], 32, 0),
-                bs.cache_name(bs.VARIANTS["gamma=0.9"], 64, 1)}) == 4
+def test_each_variant_changes_one_setting_of_the_default():
+    base = decl_kwargs(bs.objectives()["decl default"])
+    for name, settings in bs.DECL_VARIANTS.items():
+        got = decl_kwargs(bs.objectives()[name])
+        changed = {k for k in set(base) | set(got) if base.get(k) != got.get(k)}
+        if name == "decl default":
+            assert not changed
+        elif name.startswith("decl FastCLIP gamma"):  # the schedule and its final value
+            assert changed == {"gamma_schedule", "gamma"}
+        elif settings.get("rate") in ("queue", "batch"):  # the rate, and the index-only settings it drops
+            assert "rate" in changed and all(k in ("rate", "queue_size", "include_current", "gamma",
+                                                   "gamma_schedule", "first_visit", "drift_correction", "state",
+                                                   "state_dtype") for k in changed), (name, changed)
+        else:
+            assert changed == set(settings), (name, changed)
 
 
-def scores_of(values):
-    """objective -> batch -> [{"seed", "m"}] from {objective: {batch: [m per seed]}}."""
-    return {n: {b: [{"seed": s, "m": v} for s, v in enumerate(vs)] for b, vs in per.items()}
-            for n, per in values.items()}
+def test_every_objective_is_a_valid_training_command(tmp_path):
+    for name, flags in bs.objectives().items():
+        cfg = parse_train_args(["--dataset-type", "synthetic", "--train-num-samples", "64", *flags],
+                               check_files=False)
+        assert cfg.loss == flags[1], name
 
 
-def test_double_batch_claim_pairs_decl_at_b_with_clip_at_2b_by_seed():
-    scores = scores_of({"clip": {32: [0.1, 0.2, 0.3], 64: [0.5, 0.4, 0.6], 128: [0.7, 0.7, 0.7]},
-                        "decl": {32: [0.6, 0.3, 0.7], 64: [0.6, 0.8, 0.6], 128: [0.9, 0.9, 0.9]}})
-    claim = bs.double_batch_claim(scores, "decl", "clip", ["m"])
-    assert sorted(claim) == [32, 64]  # no clip at 256
-    # slow re-computation: per seed, decl@B - clip@2B
-    for b in (32, 64):
-        diffs = [d["m"] - c["m"] for d, c in zip(scores["decl"][b], scores["clip"][2 * b])]
-        assert claim[b]["m"]["diffs"] == pytest.approx(diffs)
-        assert claim[b]["m"]["mean"] == pytest.approx(sum(diffs) / 3)
-        assert claim[b]["m"]["wins"] == sum(x > 0 for x in diffs)
-    same = bs.same_batch(scores, "decl", "clip", ["m"])
-    assert same[128]["m"]["mean"] == pytest.approx(0.2)
-    lines = bs.claim_verdict(claim, "decl", headline=(("m", "score"),))
-    # decl@32 - clip@64 = +0.1, -0.1, +0.1: a positive mean without a win on every seed
-    assert lines[0] == "- decl at 32 vs clip at 64: score holds (+3.3 points, 2 of 3 seeds)"
-    # -0.1, +0.1, -0.1: below 0 by less than one standard error of the differences
-    assert lines[1] == "- decl at 64 vs clip at 128: score holds (-3.3 points, 1 of 3 seeds)"
-    worse = scores_of({"clip": {64: [0.5, 0.5, 0.5]}, "decl": {32: [0.1, 0.2, 0.1]}})
-    assert "fails" in bs.claim_verdict(bs.double_batch_claim(worse, "decl", "clip", ["m"]),
-                                       headline=(("m", "score"),))[0]
+def test_loss_flags_refuse_unknown_settings():
+    with pytest.raises(ValueError, match="gamma_min"):
+        bs.loss_flags("decl", gamma_min=0.1)
+
+
+def rec(label, b, seed, r1, val=None):
+    return {"label": label, "batch_size": b, "seed": seed, "metrics": {bs.MEAN_R1: r1}, "val_r1": val or [],
+            "logit_scale": [], "train_seconds": 0.0}
+
+
+def test_gate_needs_three_points_three_seeds_and_separate_ranges():
+    sizes = [16, 512]
+    lo = [rec("clip", 16, s, v) for s, v in enumerate([0.20, 0.22, 0.21])]
+    assert bs.gate(lo + [rec("clip", 512, s, v) for s, v in enumerate([0.25, 0.26, 0.24])], sizes)["passed"]
+    overlap = bs.gate(lo + [rec("clip", 512, s, v) for s, v in enumerate([0.30, 0.30, 0.215])], sizes)
+    assert overlap["gain"] > 0.03 and not overlap["separate"] and not overlap["passed"]
+    small = bs.gate(lo + [rec("clip", 512, s, v) for s, v in enumerate([0.23, 0.23, 0.23])], sizes)
+    assert small["separate"] and not small["passed"]
+    two_seeds = bs.gate(lo[:2] + [rec("clip", 512, s, 0.3) for s in range(2)], sizes)
+    assert not two_seeds["passed"]
+    assert bs.gate(lo, sizes) is None
+
+
+def test_plateau_is_the_change_over_the_last_fifth():
+    assert bs.plateau([0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.91]) == pytest.approx(1.0)
+    assert bs.plateau([0.1, 0.2]) is None
+
+
+def test_paired_differences_against_clip_at_the_same_and_twice_the_batch():
+    records = [rec("clip", 16, 0, 0.20), rec("clip", 16, 1, 0.22), rec("clip", 32, 0, 0.25), rec("clip", 32, 1, 0.27),
+               rec("decl default", 16, 0, 0.26), rec("decl default", 16, 1, 0.26)]
+    same = bs.paired(records, "clip")
+    assert "| decl default | 16 | clip at 16 | s0 +6.0, s1 +4.0 | **+5.0** | 2 of 2 |" in same
+    double = bs.paired(records, "clip", same_b=False)
+    assert "| decl default | 16 | clip at 32 | s0 +1.0, s1 -1.0 | **+0.0** | 1 of 2 |" in double
 
 
 def test_bad_arguments_stop_before_any_work(tmp_path):
-    with pytest.raises(SystemExit, match="--batch-sizes"):
-        bs.main(["--batch-sizes", "32", "32", "--work", str(tmp_path)])
-    with pytest.raises(SystemExit, match="--train-samples 100"):
-        bs.main(["--train-samples", "100", "--batch-sizes", "128", "--work", str(tmp_path)])
+    with pytest.raises(SystemExit, match="unknown objective 'nope'"):
+        bs.main(["--variants", "nope", "--work", str(tmp_path)])
+    with pytest.raises(SystemExit, match="--jobs"):
+        bs.main(["--jobs", "0", "--work", str(tmp_path)])
     assert not any(tmp_path.iterdir())

@@ -77,6 +77,8 @@ class LossFlag:
     choices: Optional[tuple] = None
     boolean: bool = False  #: ``--x`` / ``--no-x``
     metavar: Optional[str] = None
+    #: how the docs state a default the signature cannot (``None`` resolved by the loss)
+    default_text: Optional[str] = None
 
     @property
     def dest(self) -> str:

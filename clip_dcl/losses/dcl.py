@@ -154,7 +154,8 @@ class DebiasedClipLoss(ContrastiveLoss):
                       "exp(beta l), normalised to mean 1; 0 is plain dcl"),
         LossFlag("--dcl-temperature", "temperature", type=float,
                  help="a fixed temperature t > 0 for this loss (the paper's t; logits s <f, g> with s = 1/t) instead "
-                      "of CLIP's learned logit scale, which then gets no gradient"),
+                      "of CLIP's learned logit scale, which then gets no gradient",
+                 default_text="learned"),
         LossFlag("--dcl-tau-momentum", "tau_momentum", type=float,
                  help="--tau-plus auto: weight of each step's estimate in the moving average, in (0, 1]"),
     )

@@ -263,17 +263,20 @@ class DeCLLoss(ContrastiveLoss):
                       "SogCLR and FastCLIP do; the weight exp(e_i) / r_i is then at most 1 / gamma); "
                       "--no-decl-include-current reads the rate stored by earlier visits first (the paper's "
                       "wording), which is biased upward at small batches unless the rates are accurate (many "
-                      "visits, slow drift). queue: count the current batch with the queue"),
+                      "visits, slow drift). queue: count the current batch with the queue",
+                 default_text="on for rate index, off for queue"),
         LossFlag("--decl-temperature-mode", "temperature_mode", choices=TEMPERATURE_MODES,
                  help="what trains the logit scale: loss1 and InfoNCE (learned), InfoNCE alone (infonce: loss1 "
                       "sees a detached scale, which it would otherwise push to OpenCLIP's clamp), none "
                       "(fixed: --decl-temperature), or FastCLIP v3's RGCL-g objective (rgclg: --decl-rho)"),
         LossFlag("--decl-temperature", "temperature", type=float,
-                 help="temperature-mode fixed: the temperature t > 0 of both terms (logits <f, g> / t)"),
+                 help="temperature-mode fixed: the temperature t > 0 of both terms (logits <f, g> / t)",
+                 default_text="none (required by fixed)"),
         LossFlag("--decl-rho", "rho", type=float,
                  help="temperature-mode rgclg: rho of FastCLIP v3's tau * (mean log g + rho); at the optimum the "
                       "anchors' mean KL of their negatives' softmax from uniform is rho (default: log K - "
-                      f"{RGCLG_ENTROPY:.2f}, FastCLIP's 6.5 at global batch 1024 kept at every batch size)"),
+                      f"{RGCLG_ENTROPY:.2f}, FastCLIP's 6.5 at global batch 1024 kept at every batch size)",
+                 default_text=f"log K - {RGCLG_ENTROPY:.2f}"),
         LossFlag("--decl-max-log-ratio", "max_log_ratio", type=float,
                  help="ceiling on log(weight) = e_i - log r_i before exp: bounds a step whose stored rate is far "
                       "too small (update-then-read is bounded by -log gamma already; the clamp rate is logged)"),
@@ -287,7 +290,8 @@ class DeCLLoss(ContrastiveLoss):
                  help="rate index: size of the per-sample buffer; every sample id (the json 'key' of img2dataset "
                       "shards, the CSV row, the synthetic index) must be below it (default: the sum of sizes.json "
                       "next to the training shards, which is too small when img2dataset keys have gaps; the CSV's "
-                      "rows; --train-num-samples for synthetic data)"),
+                      "rows; --train-num-samples for synthetic data)",
+                 default_text="the training data's size"),
         LossFlag("--decl-state", "state", choices=STATES,
                  help="rate index: keep 1/W of the per-sample buffer on each of the W ranks (sharded: the rates "
                       "travel in one all-reduce of 4 x global-batch floats per step, no collective more than "

@@ -204,6 +204,31 @@ class TrainConfig:
     captions_per_image: int = 1
 
 
+def _default_text(value) -> str:
+    if value is None:
+        return "(see meaning)"
+    if isinstance(value, bool):
+        return "on" if value else "off"
+    return f"`{value}`" if isinstance(value, str) else repr(value)
+
+
+def loss_flags_table() -> str:
+    """Markdown rows ``| flag | loss | meaning | default |`` of every registered loss's flags, from
+    the registry (the flag's help, the default of the class's signature): docs/training.md holds
+    this table verbatim, and a test keeps the two equal."""
+    from clip_dcl.losses import LOSSES
+
+    defaults = _loss_defaults()
+    rows = []
+    for name, cls in LOSSES.items():
+        for flag in getattr(cls, "flags", ()):
+            spelled = f"`{flag.flag}` / `--no-{flag.flag[2:]}`" if flag.boolean else (
+                f"`{flag.flag} {{{','.join(map(str, flag.choices))}}}`" if flag.choices else f"`{flag.flag}`")
+            meaning = flag.help.replace("|", "\\|")
+            rows.append(f"| {spelled} | {name} | {meaning} | {flag.default_text or _default_text(defaults[name].get(flag.kwarg))} |")
+    return "\n".join(rows)
+
+
 def print_help(parser: argparse.ArgumentParser, file=None) -> None:
     """Our flags, then OpenCLIP's own ``--help``."""
     from open_clip_train.params import parse_args as openclip_parse_args
