@@ -6,6 +6,7 @@ The CLIP_benchmark-gated tests run where ``clip_benchmark`` is importable (it is
 """
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 
@@ -116,8 +117,8 @@ def test_retrieval_command_writes_clip_benchmarks_file(data, tmp_path, monkeypat
     assert (doc["dataset"], doc["model"], doc["pretrained"], doc["task"], doc["language"], doc["precision"]) == (
         "wds/toy_captions", "clip-dcl-tiny", str(data["ckpt"]), "zeroshot_retrieval", "en", "fp32")
     ours = _ours(data, "zeroshot_retrieval", "toy_captions")
-    assert doc["metrics"] == {f"{d}_retrieval_recall@{k}": ours[f"{d}_retrieval_recall@{k}"]
-                              for k in (1, 5, 10) for d in ("text", "image")}
+    assert list(doc["metrics"].items()) == [(f"{d}_retrieval_recall@{k}", ours[f"{d}_retrieval_recall@{k}"])
+                                            for k in (1, 5, 10) for d in ("image", "text")]  # CLIP_benchmark's order
 
 
 def test_classification_grid_skip_existing_dumps_and_custom_templates(data, tmp_path, capsys):
@@ -156,6 +157,20 @@ def test_classification_grid_skip_existing_dumps_and_custom_templates(data, tmp_
                             custom_template_file=str(custom), dump_templates=True, verbose=False)
     assert runs[0].document["templates"] == ["{c}"]
     assert runs[0].document["metrics"] != cls["metrics"]  # other prompts, other numbers
+
+
+def test_every_parser_refuses_abbreviations():
+    from clip_dcl.checkpoint import export_main
+    from clip_dcl.data.cli import build_parser as data_parser
+
+    eval_parser = build_parser()
+    subs = next(a for a in eval_parser._actions if isinstance(a, argparse._SubParsersAction))
+    parsers = [eval_parser, data_parser(), *subs.choices.values()]
+    data_subs = next(a for a in parsers[1]._actions if isinstance(a, argparse._SubParsersAction))
+    parsers += list(data_subs.choices.values())
+    assert len(parsers) == 7 and not any(p.allow_abbrev for p in parsers)
+    with pytest.raises(SystemExit):
+        export_main(["a.pt", "out", "--mod", "x"])  # --model's prefix
 
 
 def test_amp_is_on_by_default_as_in_clip_benchmark():

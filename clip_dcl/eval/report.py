@@ -111,7 +111,9 @@ BENCHMARK_TASKS = {"retrieval": "zeroshot_retrieval", "zeroshot": "zeroshot_clas
 
 
 def _retrieval_keys(metrics: dict[str, float]) -> dict[str, float]:
-    return {k: v for k, v in metrics.items() if k.startswith(("image_retrieval_recall@", "text_retrieval_recall@"))}
+    """Per k, ``image_retrieval_recall@k`` then ``text_retrieval_recall@k``, CLIP_benchmark's order."""
+    ks = [k.split("@", 1)[1] for k in metrics if k.startswith("image_retrieval_recall@")]
+    return {f"{d}_retrieval_recall@{k}": metrics[f"{d}_retrieval_recall@{k}"] for k in ks for d in ("image", "text")}
 
 
 def _classification_keys(metrics: dict[str, float]) -> dict[str, float]:
