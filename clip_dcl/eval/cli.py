@@ -67,7 +67,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="clip-dcl eval", description="Evaluate a CLIP model.", allow_abbrev=False)
     sub = parser.add_subparsers(dest="task", required=True, metavar="{retrieval,zeroshot,fewshot,benchmark}")
 
-    p = sub.add_parser("retrieval", allow_abbrev=False, help="image<->text recall@k and ranks on val shards or a CSV",
+    p = sub.add_parser("retrieval", allow_abbrev=False,
+                       help="image<->text recall@k and ranks on val shards or a CSV",
                        description="Image-to-text and text-to-image recall@1/5/10, mean and median rank.")
     p.add_argument("--data", required=True,
                    help="folder of .tar shards, a shard pattern ('val-{000..003}.tar'), or a CSV/TSV of image,caption")
@@ -81,7 +82,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add_common(p)
     _add_benchmark_format(p, "zeroshot_retrieval")
 
-    p = sub.add_parser("zeroshot", allow_abbrev=False, help="zero-shot top-1/top-5/mean per-class recall (or mAP for multi-label data)",
+    p = sub.add_parser("zeroshot", allow_abbrev=False,
+                       help="zero-shot top-1/top-5/mean per-class recall (or mAP for multi-label data)",
                        description="Zero-shot classification on an ImageFolder tree (ImageNet synset folders use "
                                    "OpenCLIP's class names and templates) or CLIP_benchmark's webdataset layout.")
     p.add_argument("--data", required=True,
