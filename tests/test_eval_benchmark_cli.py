@@ -93,6 +93,7 @@ def test_bad_values_are_named(data, tmp_path, capsys):
         (["--recall_k", "0"], "--recall_k values must be >= 1, got [0]"),
         (["--output", str(tmp_path / "{nope}.json")], "unknown or malformed field ('nope')"),
         (["--dataset", "cifar10"], "data set 'cifar10': CLIP_benchmark builds it with its own downloader"),
+        (["--split", "val"], "is not in CLIP_benchmark's webdataset layout (no val/nshards.txt); found dataset_type"),
         (["--pretrained_model", "openai"], "--pretrained_model 'openai' is a collection of hub weights"),
     ]
     for extra, message in cases:

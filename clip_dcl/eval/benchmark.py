@@ -215,8 +215,9 @@ def _is_remote(root: str) -> bool:
     return "://" in root or root.startswith(("hf:", "hf-hub:", "s3:", "gs:", "pipe:"))
 
 
-def locate_dataset(dataset: str, template: str) -> Path:
-    """``--dataset_root`` formatted for ``dataset``, checked: a local folder (or file)."""
+def locate_dataset(dataset: str, template: str, split: str = "test") -> Path:
+    """``--dataset_root`` formatted for ``dataset``, checked: a local folder (or file); for
+    ``wds/<name>``, a folder in CLIP_benchmark's webdataset layout (``ROOT/<split>/nshards.txt``)."""
     short = short_name(dataset)
     try:
         root = template.format(dataset=short, dataset_cleaned=short.replace("/", "-"))
@@ -227,8 +228,13 @@ def locate_dataset(dataset: str, template: str) -> Path:
         raise ValueError(f"--dataset_root {root!r} is a remote location (a hub download); download the shards and "
                          "point --dataset_root at the local folder")
     if dataset.startswith("wds/"):
+        from ..data.evalsets import benchmark_layout_root, describe_folder
+
         if not Path(root).exists():
             raise ValueError(f"data set {dataset!r}: --dataset_root {root!r} does not exist")
+        if benchmark_layout_root(root, split) is None:
+            raise ValueError(f"data set {dataset!r}: {root!r} is not in CLIP_benchmark's webdataset layout (no "
+                             f"{split}/nshards.txt); found {describe_folder(root)}")
         return Path(root)
     if Path(dataset).exists():  # a folder or file named directly
         return Path(dataset)
@@ -326,7 +332,7 @@ def plan_runs(dataset: Sequence[str], dataset_root: str = "root", model: Sequenc
     names = expand_datasets(dataset)
     if not names:
         raise ValueError("--dataset names no data set")
-    roots = {n: locate_dataset(n, dataset_root) for n in names}
+    roots = {n: locate_dataset(n, dataset_root, split) for n in names}
     tasks = {n: resolve_task(task, n, roots[n], split) for n in names}
     runs = []
     for (m, p), n, lang in product(pairs, names, language):
