@@ -388,7 +388,7 @@ def export(ckpt: str | os.PathLike, out_dir: str | os.PathLike, model: str | Non
 def export_main(argv: list[str] | None = None) -> int:
     """``clip-dcl export CKPT OUT_DIR [--model NAME] [--model-config PATH]``."""
     parser = argparse.ArgumentParser(
-        prog="clip-dcl export",
+        prog="clip-dcl export", allow_abbrev=False,
         description="Export a checkpoint to OpenCLIP's local-dir layout "
                     "(open_clip.create_model_and_transforms('local-dir:OUT_DIR') loads it).")
     parser.add_argument("checkpoint", help="trainer checkpoint (epoch_K.pt) or an exported folder")

@@ -401,9 +401,10 @@ def test_cli_recall_k_precision_and_clip_benchmark_format(tmp_path, capsys):
     doc = json.loads(out.read_text())
     assert doc["settings"]["precision"] == "amp_bf16" and doc["settings"]["recall_k"] == [1, 3]
     assert doc["data"]["num_texts"] == 16
-    bench = json.loads((tmp_path / "res" / "wds_wds_coco_None_clip-dcl-tiny_en_zeroshot_retrieval.json").read_text())
+    # the folder wds_coco is CLIP_benchmark's wds/coco; random weights are pretrained "none"
+    bench = json.loads((tmp_path / "res" / "coco_none_clip-dcl-tiny_en_zeroshot_retrieval.json").read_text())
     assert {"dataset", "model", "pretrained", "task", "metrics", "language"} <= bench.keys()
-    assert bench["dataset"] == "wds/wds_coco" and bench["task"] == "zeroshot_retrieval"
+    assert bench["dataset"] == "wds/coco" and bench["task"] == "zeroshot_retrieval" and bench["pretrained"] == "none"
     assert bench["precision"] == "amp_bf16"
     assert bench["metrics"] == {k: doc[k] for k in ("image_retrieval_recall@1", "image_retrieval_recall@3",
                                                     "text_retrieval_recall@1", "text_retrieval_recall@3")}
@@ -415,6 +416,6 @@ def test_cli_recall_k_precision_and_clip_benchmark_format(tmp_path, capsys):
     zout = tmp_path / "z.json"
     assert main(["zeroshot", "--model", "clip-dcl-tiny", "--data", str(tmp_path / "cls"), "--no-progress",
                  "--format", "clip_benchmark", "--dataset-name", "wds/toy_colours", "--output", str(zout)]) == 0
-    z = json.loads((tmp_path / "wds_toy_colours_None_clip-dcl-tiny_en_zeroshot_classification.json").read_text())
+    z = json.loads((tmp_path / "toy_colours_none_clip-dcl-tiny_en_zeroshot_classification.json").read_text())
     assert set(z["metrics"]) == {"acc1", "acc5", "mean_per_class_recall"} and z["precision"] == "fp32"
     assert json.loads(zout.read_text())["settings"]["precision"] == "fp32"

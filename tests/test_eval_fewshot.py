@@ -102,6 +102,52 @@ def test_elevater_scores_match_sklearn(seed):
         assert auc[b].item() == pytest.approx(roc_auc_score(y2.numpy(), p2[b]), abs=1e-12)
 
 
+def _toolkit_score(metric, logits, y):
+    """vision-evaluation 0.2.9's way, written from its evaluators: numpy softmax probabilities,
+    columns of classes without a target dropped (mean per class), ``np.argmax`` (NaN first),
+    scikit-learn's balanced accuracy; top-1 accuracy from ``np.argmax`` of every column."""
+    from sklearn.metrics import balanced_accuracy_score
+
+    z = logits.double().numpy()
+    with np.errstate(invalid="ignore"):
+        e = np.exp(z - z.max(1, keepdims=True))
+        p = e / e.sum(1, keepdims=True)
+    y = y.numpy()
+    if metric == "accuracy":
+        return float(np.mean(np.argmax(p, 1) == y))
+    present = np.flatnonzero(np.bincount(y, minlength=p.shape[1]) > 0)
+    t = np.argmax(np.eye(p.shape[1])[y][:, present], 1)
+    return float(balanced_accuracy_score(t, np.argmax(p[:, present], 1)))
+
+
+def test_toolkit_rule_scores_nan_probabilities_by_numpy_argmax():
+    # 10 test images over classes 0-3 of 5 (class 4 absent); 2 of them are class 0
+    y = torch.tensor([0, 0, 1, 1, 1, 2, 2, 3, 3, 3])
+    nan = torch.full((10, 5), float("nan"))
+    acc = elevater_scores("accuracy", nan, y, nan_rule="toolkit").item()
+    mpc = elevater_scores("mean_per_class", nan, y, nan_rule="toolkit").item()
+    assert (acc, mpc) == (0.2, 0.25)  # everything predicted class 0: 2/10; recall 1 for class 0 of 4
+    assert acc == _toolkit_score("accuracy", nan, y) and mpc == _toolkit_score("mean_per_class", nan, y)
+    # partly diverged: rows with an infinite logit turn NaN after softmax, the others are scored as usual
+    g = torch.Generator().manual_seed(3)
+    mixed = torch.randn(4, 10, 5, generator=g)
+    mixed[0, :3, 2] = float("inf")
+    mixed[1, 5:, 0] = float("nan")
+    mixed[2, ::2, 4] = float("-inf")  # -inf alone stays finite after softmax
+    mixed[3] = float("nan")
+    for metric in ("accuracy", "mean_per_class"):
+        got = elevater_scores(metric, mixed, y, nan_rule="toolkit")
+        ref = [_toolkit_score(metric, mixed[b], y) for b in range(4)]
+        assert got.tolist() == pytest.approx(ref, abs=1e-12), metric
+        # our default rule: a head with any non-finite probability scores 0
+        assert elevater_scores(metric, mixed, y).tolist() == [0.0, 0.0, pytest.approx(ref[2]), 0.0]
+    # the 11-point mAP and ROC-AUC raise on NaN in scikit-learn: the toolkit scores 0
+    assert elevater_scores("roc_auc", torch.full((10, 2), float("nan")), y % 2, nan_rule="toolkit").item() == 0
+    assert elevater_scores("11point_mAP", nan, torch.eye(5)[y], nan_rule="toolkit").item() == 0
+    with pytest.raises(ValueError, match="nan_rule must be 'zero' or 'toolkit', got 'x'"):
+        elevater_scores("accuracy", nan, y, nan_rule="x")
+
+
 def test_diverged_head_scores_zero():
     logits = torch.randn(2, 10, 3)
     logits[1, 4, 0] = float("nan")
@@ -495,13 +541,27 @@ def test_fewshot_cli_with_tiny_model(tmp_path):
     out = tmp_path / "f.json"
     assert main(["fewshot", "--model", "clip-dcl-tiny", "--data", str(root), "--datasets", "colours", "pairs",
                  "--shots", "2", "--seeds", "0", "--no-text-init", "--epoch-selection", "toolkit",
-                 "--grid", "reduced", "--output", str(out), "--no-progress"]) == 0
+                 "--grid", "reduced", "--output", str(out), "--no-progress", "--format", "clip_benchmark"]) == 0
     doc = json.loads(out.read_text())
+    # CLIP_benchmark's linear_probe result, one per set, the score under the key of the set's metric
+    colours = json.loads((tmp_path / "colours_none_clip-dcl-tiny_en_linear_probe.json").read_text())
+    pairs = json.loads((tmp_path / "pairs_none_clip-dcl-tiny_en_linear_probe.json").read_text())
+    assert colours["task"] == pairs["task"] == "linear_probe" and colours["pretrained"] == "none"
+    assert colours["metrics"]["lp_acc1"] == doc["colours/linear_probe"]
+    assert pairs["metrics"]["lp_mean_per_class_recall"] == doc["pairs/linear_probe"]
+    assert colours["metrics"]["fewshot_k"] == 2 and colours["metrics"]["seeds"] == [0]
+    assert colours["metrics"]["weight_decay"] == [d["best_wd"] for d in doc["details"] if d["dataset"] == "colours"]
+    assert main(["fewshot", "--model", "clip-dcl-tiny", "--data", str(root), "--dataset-name", "x",
+                 "--output", str(out), "--format", "clip_benchmark"]) == 2  # one name for several sets
     assert doc["settings"]["epoch_selection"] == "toolkit" and doc["settings"]["text_init"] is False
     assert doc["settings"]["grid"] == "reduced"
     assert doc["colours/linear_probe"] == doc["colours/linear_probe_toolkit"]
     assert {d["dataset"] for d in doc["details"]} == {"colours", "pairs"}
     assert doc["data"]["datasets"]["pairs"]["metric"] == "mean_per_class"
+    # sets outside the catalogue, without a templates file: the toolkit's fallback, no full stop
+    assert doc["data"]["datasets"]["colours"]["templates"] == "default"
+    data, _ = fs._read_dataset(root, "colours", fs.load_catalog(root))
+    assert data.templates == ["a photo of a {}"]
 
 
 # ----------------------------------------------------------------------------------------------
@@ -531,7 +591,10 @@ def test_toolkit_exact_scores_a_diverged_head_as_the_metric_does_and_keeps_its_f
     scores, w, _ = probe.train_heads(x, y, [1.0], [10.0], batches, init_w, init_b, {"t": (x, y)}, "accuracy",
                                      score_diverged=True)
     assert not torch.isfinite(w).all() and torch.isfinite(scores["t"]).all()
-    assert scores["t"][-1, 0] == 0  # non-finite probabilities: the toolkit's try/except scores 0
+    # non-finite probabilities: numpy's argmax of a NaN row is 0, so every image is predicted class 0
+    assert scores["t"][-1, 0] == pytest.approx(float((y == 0).double().mean()))
+    plain, _, _ = probe.train_heads(x, y, [1.0], [10.0], batches, init_w, init_b, {"t": (x, y)}, "accuracy")
+    assert torch.isnan(plain["t"][-1, 0])  # the full grid's rule: a diverged head is not scored
     grid = probe.SweepGrid("t", (1.0,), (10.0, 0.0), (0, 1), (), epochs=1, final_epochs=80, exact=True)
     table_pick = probe.linear_probe(x, [[int(v)] for v in y], x, y, 2, "accuracy", False, grid, init_w, init_b)
     assert not any(r.get("final_run_diverged") for r in table_pick.runs)  # no fallback: the toolkit's run

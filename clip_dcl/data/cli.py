@@ -32,7 +32,7 @@ def _add_synth_parser(subparsers) -> None:
 
     defaults, quick = SynthConfig(), SynthConfig.quick()
     p = subparsers.add_parser(
-        "synth", help="generate the synthetic image-caption data with latent classes",
+        "synth", allow_abbrev=False, help="generate the synthetic image-caption data with latent classes",
         description="Generate synthetic captioned shapes with latent classes: train/val shards in the "
                     "Conceptual Captions layout, a zero-shot ImageFolder set and an ELEVATER-layout few-shot "
                     "suite (see clip_dcl.data.synth).")
@@ -67,7 +67,8 @@ def _run_synth(args) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="clip-dcl data", description="Generate or convert data sets.")
+    parser = argparse.ArgumentParser(prog="clip-dcl data", description="Generate or convert data sets.",
+                                     allow_abbrev=False)
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
     subparsers.required = True
     _add_synth_parser(subparsers)

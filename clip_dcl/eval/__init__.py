@@ -10,7 +10,8 @@ Python API (each returns a flat ``dict[str, float]``)::
 
 ``data``/``root`` may also be a ``torch.utils.data.Dataset`` or ``DataLoader`` (retrieval and
 zero-shot), and every function takes ``device=`` and ``precision=`` (``fp32``, ``amp_bf16``,
-``amp_fp16``). ``run_fewshot`` returns the few-shot report with per-seed records.
+``amp_fp16``). ``run_fewshot`` returns the few-shot report with per-seed records;
+``run_benchmark`` runs a CLIP_benchmark ``eval`` grid (:mod:`clip_dcl.eval.benchmark`).
 
 The metric math lives in :mod:`clip_dcl.eval.metrics` (tensors in, numbers out); encoding, the
 zero-shot classifier and precision in :mod:`clip_dcl.eval.encoding`; the few-shot protocol in
@@ -21,7 +22,8 @@ from __future__ import annotations
 
 import importlib
 
-__all__ = ["evaluate_retrieval", "evaluate_zeroshot", "evaluate_fewshot", "run_fewshot", "retrieval_metrics"]
+__all__ = ["evaluate_retrieval", "evaluate_zeroshot", "evaluate_fewshot", "run_fewshot", "retrieval_metrics",
+           "run_benchmark"]
 
 _EXPORTS = {
     "evaluate_retrieval": "retrieval",
@@ -29,6 +31,7 @@ _EXPORTS = {
     "evaluate_fewshot": "fewshot",
     "run_fewshot": "fewshot",
     "retrieval_metrics": "metrics",
+    "run_benchmark": "benchmark",
 }
 
 

@@ -1,10 +1,11 @@
-"""``clip-dcl eval retrieval|zeroshot|fewshot``: thin wrappers over the evaluate_* functions.
+"""``clip-dcl eval retrieval|zeroshot|fewshot|benchmark``: thin wrappers over the evaluate_* functions.
 
 Each subcommand loads the model (``--checkpoint`` a trainer ``.pt`` or an exported folder, see
 :func:`clip_dcl.checkpoint.load_checkpoint`; or ``--model`` alone with OpenCLIP's
 ``--pretrained`` tag/file), runs one evaluator, prints a table and, with ``--output``, writes the
 flat JSON of :mod:`clip_dcl.eval.report` (with ``--format clip_benchmark``, also CLIP_benchmark's
-per-task JSON beside it).
+per-task JSON beside it). ``benchmark`` takes CLIP_benchmark's ``eval`` command line
+(:mod:`clip_dcl.eval.benchmark`).
 
 Examples::
 
@@ -13,6 +14,8 @@ Examples::
         --precision amp_bf16 --format clip_benchmark --output results/coco.json
     clip-dcl eval zeroshot  --checkpoint exported/ --data /data/imagenet/val
     clip-dcl eval fewshot   --checkpoint exported/ --data /data/elevater --datasets cifar-10 dtd --grid full
+    clip-dcl eval benchmark --dataset wds/mscoco_captions --dataset_root '/data/wds_{dataset_cleaned}' \
+        --task zeroshot_retrieval --model clip-dcl-tiny --pretrained epoch_10.pt --recall_k 1 5 10
 """
 from __future__ import annotations
 
@@ -55,15 +58,17 @@ def _add_benchmark_format(p: argparse.ArgumentParser, task: str) -> None:
                    help="clip_benchmark: also write CLIP_benchmark's per-task JSON (dataset, model, pretrained, "
                         f"task={task}, metrics, language) beside --output (default flat: ours only)")
     g.add_argument("--dataset-name", default=None,
-                   help="data set name in the CLIP_benchmark JSON (default: wds/<folder> for its webdataset "
-                        "layout, else the data's file or folder name)")
+                   help="data set name in the CLIP_benchmark JSON (default: wds/<name> for its webdataset "
+                        "layout in a folder wds_<name> or <name>, else the data's file or folder name; fewshot: "
+                        "the set's name, one file per set)")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="clip-dcl eval", description="Evaluate a CLIP model.")
-    sub = parser.add_subparsers(dest="task", required=True, metavar="{retrieval,zeroshot,fewshot}")
+    parser = argparse.ArgumentParser(prog="clip-dcl eval", description="Evaluate a CLIP model.", allow_abbrev=False)
+    sub = parser.add_subparsers(dest="task", required=True, metavar="{retrieval,zeroshot,fewshot,benchmark}")
 
-    p = sub.add_parser("retrieval", help="image<->text recall@k and ranks on val shards or a CSV",
+    p = sub.add_parser("retrieval", allow_abbrev=False,
+                       help="image<->text recall@k and ranks on val shards or a CSV",
                        description="Image-to-text and text-to-image recall@1/5/10, mean and median rank.")
     p.add_argument("--data", required=True,
                    help="folder of .tar shards, a shard pattern ('val-{000..003}.tar'), or a CSV/TSV of image,caption")
@@ -77,7 +82,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add_common(p)
     _add_benchmark_format(p, "zeroshot_retrieval")
 
-    p = sub.add_parser("zeroshot", help="zero-shot top-1/top-5/mean per-class recall (or mAP for multi-label data)",
+    p = sub.add_parser("zeroshot", allow_abbrev=False,
+                       help="zero-shot top-1/top-5/mean per-class recall (or mAP for multi-label data)",
                        description="Zero-shot classification on an ImageFolder tree (ImageNet synset folders use "
                                    "OpenCLIP's class names and templates) or CLIP_benchmark's webdataset layout.")
     p.add_argument("--data", required=True,
@@ -92,7 +98,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_common(p)
     _add_benchmark_format(p, "zeroshot_classification")
 
-    p = sub.add_parser("fewshot", help="ELEVATER k-shot linear probe (and mean classifier)",
+    p = sub.add_parser("fewshot", allow_abbrev=False, help="ELEVATER k-shot linear probe (and mean classifier)",
                        description="ELEVATER few-shot linear probe on frozen features.")
     p.add_argument("--data", required=True,
                    help="the ELEVATER toolkit's data root as downloaded (classification/<root_folder>/...), or one "
@@ -110,6 +116,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--text-init", action=argparse.BooleanOptionalAction, default=True,
                    help="initialise the head with the zero-shot text classifier (default on)")
     _add_common(p)
+    _add_benchmark_format(p, "linear_probe")
+
+    from .benchmark import add_benchmark_arguments
+
+    p = sub.add_parser("benchmark", allow_abbrev=False,
+                       help="CLIP_benchmark's `eval` command line (its flags, defaults and result files)",
+                       description="Run a CLIP_benchmark `clip_benchmark eval ...` command line locally: "
+                                   "zeroshot_classification and zeroshot_retrieval on its webdataset layout "
+                                   "(--dataset wds/<name> --dataset_root FOLDER) or a local folder, over the "
+                                   "model x pretrained x dataset x language grid; result files as CLIP_benchmark "
+                                   "names and writes them.")
+    add_benchmark_arguments(p)
     return parser
 
 
@@ -139,10 +157,14 @@ def _load_model(args):
 
 
 def main(argv: list[str] | None = None) -> int:
-    from .report import (benchmark_document, benchmark_output_path, fewshot_table, metrics_table, result_document,
-                         retrieval_table, write_json)
+    from .report import (benchmark_document, benchmark_output_path, fewshot_benchmark_documents, fewshot_table,
+                         metrics_table, result_document, retrieval_table, write_json)
 
     args = build_parser().parse_args(argv)
+    if args.task == "benchmark":
+        from .benchmark import main as benchmark_main
+
+        return benchmark_main(args)
     if args.batch_size < 1:
         print(f"clip-dcl eval: --batch-size must be >= 1, got {args.batch_size}", file=sys.stderr)
         return 2
@@ -151,6 +173,10 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if args.task == "retrieval" and min(args.recall_k) < 1:
         print(f"clip-dcl eval: --recall-k values must be >= 1, got {args.recall_k}", file=sys.stderr)
+        return 2
+    if args.task == "fewshot" and args.dataset_name and len(args.datasets or []) != 1:
+        print(f"clip-dcl eval fewshot: --dataset-name {args.dataset_name!r} names one data set; give exactly one "
+              f"with --datasets", file=sys.stderr)
         return 2
     if getattr(args, "format", "flat") == "clip_benchmark" and not args.output:
         print("clip-dcl eval: --format clip_benchmark writes beside --output; give --output FILE.json", file=sys.stderr)
@@ -186,6 +212,8 @@ def main(argv: list[str] | None = None) -> int:
             metrics, info = evaluate_zeroshot(model, preprocess, tokenizer, args.data, classnames=args.classnames,
                                               templates=args.templates, split=args.split, return_info=True, **common)
             table = metrics_table(metrics)
+            info.pop("classnames")
+            info.pop("templates")
             settings.update(classnames=info.pop("classnames_source"), templates=info.pop("templates_source"),
                             num_templates=info.pop("num_templates"))
             data = {"path": str(args.data), **info}
@@ -200,6 +228,7 @@ def main(argv: list[str] | None = None) -> int:
             settings.update(report.settings)
             data = {"path": str(args.data), "datasets": report.datasets}
             details = report.to_dict()["probes"]
+            fewshot_sets = report.datasets
     except ValueError as e:
         print(f"clip-dcl eval {args.task}: {e}", file=sys.stderr)
         return 2
@@ -209,9 +238,17 @@ def main(argv: list[str] | None = None) -> int:
         path = write_json(args.output, doc)
         print(f"wrote {path}")
         if getattr(args, "format", "flat") == "clip_benchmark":
-            bench = benchmark_document(args.task, metrics, model_info, args.data, args.dataset_name, args.precision)
-            path = write_json(benchmark_output_path(args.output, bench), bench)
-            print(f"wrote {path}")
+            if args.task == "fewshot":
+                benches = fewshot_benchmark_documents(metrics, model_info, fewshot_sets, settings, details,
+                                                      args.precision)
+                if args.dataset_name:
+                    benches[0]["dataset"] = args.dataset_name
+            else:
+                benches = [benchmark_document(args.task, metrics, model_info, args.data, args.dataset_name,
+                                              args.precision)]
+            for bench in benches:
+                path = write_json(benchmark_output_path(args.output, bench), bench)
+                print(f"wrote {path}")
     return 0
 
 

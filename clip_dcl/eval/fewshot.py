@@ -15,7 +15,8 @@ Class names and prompt templates of the 20 sets ship as package data (``elevater
 the toolkit's ``class_map`` / ``template_map``); as in the toolkit they take precedence over a
 set's label map, and they build the zero-shot classifier that scores the zero-shot column and
 initialises the head. A ``templates.txt`` / ``templates.json`` in a set's folder replaces the
-shipped templates; a set outside the catalogue uses its label map and ``"a photo of a {c}."``.
+shipped templates; a set outside the catalogue uses its label map and the toolkit's fallback
+template ``"a photo of a {}"`` (no full stop).
 
 Reported per data set: the probe at the chosen epoch selection (``last``, ours, or ``toolkit``,
 the best test epoch, which is what the toolkit reports and what published ELEVATER numbers
@@ -46,7 +47,8 @@ from .probe import BATCH_SIZE, GRIDS, ProbeResult, SweepGrid, default_head_init,
 log = logging.getLogger(__name__)
 
 #: Prompt for a data set outside the catalogue without a templates file.
-DEFAULT_TEMPLATES = ("a photo of a {}.",)
+#: The toolkit's fallback, ``'a photo of a {}'`` (no full stop), as in its ``extract_text_features``.
+DEFAULT_TEMPLATES = ("a photo of a {}",)
 EPOCH_SELECTIONS = ("last", "toolkit")
 
 

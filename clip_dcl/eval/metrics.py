@@ -314,7 +314,16 @@ def binary_roc_auc(scores: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     return (r_pos - p * (p + 1) / 2) / (p * q)
 
 
-def elevater_scores(metric: str, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+def numpy_argmax(scores: torch.Tensor) -> torch.Tensor:
+    """``numpy.argmax`` over the last dimension: the first NaN of a row that holds one (numpy
+    treats NaN as the maximum), else the first maximum."""
+    nan = torch.isnan(scores)
+    first_max = torch.nan_to_num(scores, nan=float("-inf")).argmax(-1)
+    first_nan = nan.to(torch.uint8).argmax(-1)
+    return torch.where(nan.any(-1), first_nan, first_max)
+
+
+def elevater_scores(metric: str, logits: torch.Tensor, targets: torch.Tensor, nan_rule: str = "zero") -> torch.Tensor:
     """An ELEVATER data set's metric for a batch of heads: logits (B, N, C) -> scores (B,) in [0, 1].
 
     As the toolkit scores (``validate`` in ``full_model_finetune.py`` feeding vision-evaluation):
@@ -326,27 +335,38 @@ def elevater_scores(metric: str, logits: torch.Tensor, targets: torch.Tensor) ->
     * ``11point_mAP``: mean over classes of :func:`average_precision_11point`.
     * ``roc_auc``: :func:`binary_roc_auc` of the class-1 probability (binary data sets).
 
-    Where the toolkit's metric would raise (non-finite probabilities of a diverged head, one
-    class only for ROC-AUC) its ``try/except`` scores 0; so does this function.
+    ``nan_rule`` says how a head whose probabilities are not finite (a diverged head) scores:
+
+    * ``"zero"`` (default): 0, whatever the metric;
+    * ``"toolkit"``: as vision-evaluation 0.2.9 scores it. Accuracy and mean per class take
+      ``numpy.argmax`` of the probabilities as they are (:func:`numpy_argmax`: a row with a NaN
+      predicts the first NaN's class, so an all-NaN row predicts class 0); the 11-point mAP and
+      ROC-AUC go through scikit-learn, which raises on NaN, and score 0.
+
+    Where the metric cannot be computed otherwise (one class only for ROC-AUC) it scores 0.
     """
+    if nan_rule not in ("zero", "toolkit"):
+        raise ValueError(f"nan_rule must be 'zero' or 'toolkit', got {nan_rule!r}")
     if metric not in ELEVATER_METRICS:
         raise ValueError(f"unknown metric {metric!r}; expected one of {ELEVATER_METRICS}")
     squeeze = logits.ndim == 2
     if squeeze:
         logits = logits[None]
     b, n, c = logits.shape
-    probs = torch.softmax(logits.double(), -1)
-    finite = torch.isfinite(probs).all(-1).all(-1)  # (B,)
-    probs = torch.nan_to_num(probs, nan=0.0, posinf=0.0, neginf=0.0)
+    raw = torch.softmax(logits.double(), -1)
+    finite = torch.isfinite(raw).all(-1).all(-1)  # (B,)
+    probs = torch.nan_to_num(raw, nan=0.0, posinf=0.0, neginf=0.0)
+    argmax_rule = nan_rule == "toolkit" and metric in ("accuracy", "mean_per_class")
     tmat = targets_to_matrix(targets, c).to(logits.device)
     present = tmat.sum(0) > 0
     if metric == "accuracy":
         if targets.ndim != 1:
             raise ValueError("accuracy needs single-label targets (N,)")
-        out = (probs.argmax(-1) == targets.to(logits.device)[None]).double().mean(-1)
+        pred = numpy_argmax(raw) if argmax_rule else probs.argmax(-1)
+        out = (pred == targets.to(logits.device)[None]).double().mean(-1)
     elif metric == "mean_per_class":
         sub_t = tmat[:, present].argmax(-1)  # (N,) ids among the present classes
-        sub_p = probs[:, :, present].argmax(-1)  # (B, N)
+        sub_p = numpy_argmax(raw[:, :, present]) if argmax_rule else probs[:, :, present].argmax(-1)  # (B, N)
         k = int(present.sum())
         hit = (sub_p == sub_t[None]).double()
         per_class = torch.zeros(b, k, dtype=torch.double, device=logits.device).index_add_(1, sub_t, hit)
@@ -357,5 +377,6 @@ def elevater_scores(metric: str, logits: torch.Tensor, targets: torch.Tensor) ->
         if c != 2 or targets.ndim != 1:
             raise ValueError(f"roc_auc is for binary single-label data, got {c} classes")
         out = binary_roc_auc(probs[:, :, 1], targets)
-    out = torch.where(finite & torch.isfinite(out), out, torch.zeros_like(out))
+    ok = torch.isfinite(out) if argmax_rule else finite & torch.isfinite(out)
+    out = torch.where(ok, out, torch.zeros_like(out))
     return out[0] if squeeze else out

@@ -4,7 +4,9 @@ frozen features cached once (``full_model_finetune.py`` re-implemented on tensor
 1. **Head**: ``Linear(BatchNorm1d(f(x), affine=False))`` on the frozen, un-normalised
    ``encode_image`` output, logit scale 1; weight = the zero-shot text embeddings and bias 0
    when text-initialised (run.sh's setting), else PyTorch's default Linear init (from a
-   generator seeded 0, the same for every run). Cross-entropy (BCE-with-logits for multilabel
+   generator seeded 0, the same for every run; the toolkit draws it from its global random
+   state, seeded once per process, so each of its runs starts from another draw, which depends
+   on everything that used the state before and cannot be replayed). Cross-entropy (BCE-with-logits for multilabel
    data). SGD, momentum 0.9, no Nesterov, constant lr, weight decay on every head parameter,
    batch 64, a batch of one skipped, order from a ``torch.Generator`` seeded 0 afresh for every
    run (the toolkit's ``create_dataloader``).
@@ -22,9 +24,12 @@ frozen features cached once (``full_model_finetune.py`` re-implemented on tensor
    (the toolkit's strict ``>``), and when the final run of the selected pair diverges, the
    next-best sweep pair is taken (the probe record lists the pairs that diverged). Without this,
    a head of NaN weights would be scored as a classifier (argmax of NaN logits) and report a
-   meaningless accuracy such as 0. The grid ``toolkit-exact`` turns all of this off: every pair
-   is trained, a diverged head is scored by the metric as the toolkit scores it (0 where the
-   metric cannot be computed), and the final run is the selected pair's, whatever it gives.
+   meaningless score (the metric function scores non-finite probabilities 0 on these grids).
+   The grid ``toolkit-exact`` turns all of this off: every pair is trained, a diverged head is
+   scored by the toolkit's rule (``numpy.argmax`` of its NaN probabilities picks class 0 for
+   accuracy and mean per class; the 11-point mAP and ROC-AUC raise in scikit-learn and score
+   0; :func:`clip_dcl.eval.metrics.elevater_scores` with ``nan_rule="toolkit"``), and the final
+   run is the selected pair's, whatever it gives.
 5. **Metrics** on ``softmax`` probabilities: accuracy, mean per class, 11-point mAP (VOC 2007),
    ROC-AUC (Hateful Memes), per the catalogue (:mod:`clip_dcl.eval.metrics`).
 
@@ -116,8 +121,9 @@ def train_heads(
         batches: index batches per epoch (:func:`epoch_batches`); their count is the epoch count.
         init_weight, init_bias: (C, D), (C,) initial head, copied to every head.
         eval_sets: name -> (features, targets), scored with ``metric`` (eval-mode BatchNorm).
-        score_diverged: score a head whose weights became non-finite as the metric scores its
-            logits (the toolkit's way: 0 where the metric cannot be computed) instead of NaN.
+        score_diverged: score a head whose weights became non-finite by the toolkit's rule
+            (``elevater_scores(..., nan_rule="toolkit")``: argmax of NaN probabilities is class 0)
+            instead of NaN.
 
     Returns:
         (name -> (epochs, H) scores, final weights (H, C, D), final biases (H, C)). A head whose
@@ -191,7 +197,8 @@ def _train_heads(x, y, lrs, wds, batches, init_weight, init_bias, eval_sets, met
             alive &= torch.isfinite(w).flatten(1).all(1) & torch.isfinite(b).all(1)
             for name, (xe, ye) in eval_sets.items():
                 xn = (xe.float() - running_mean) / torch.sqrt(running_var + BN_EPS)
-                epoch_scores = elevater_scores(metric, torch.matmul(xn, w.transpose(1, 2)) + b[:, None, :], ye)
+                epoch_scores = elevater_scores(metric, torch.matmul(xn, w.transpose(1, 2)) + b[:, None, :], ye,
+                                               nan_rule="toolkit" if score_diverged else "zero")
                 keep = alive | score_diverged
                 scores[name][epoch] = torch.where(keep, epoch_scores.double(), float("nan"))
     return scores, w.detach(), b.detach()

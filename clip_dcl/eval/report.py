@@ -106,29 +106,56 @@ def write_json(path: str | os.PathLike, document: dict) -> Path:
 # ----------------------------------------------------------------------------------------------
 # CLIP_benchmark's result files
 # ----------------------------------------------------------------------------------------------
-#: Our subcommand -> CLIP_benchmark's task name and the metric keys it writes.
-BENCHMARK_TASKS = {"retrieval": "zeroshot_retrieval", "zeroshot": "zeroshot_classification"}
+#: Our subcommand -> CLIP_benchmark's task name.
+BENCHMARK_TASKS = {"retrieval": "zeroshot_retrieval", "zeroshot": "zeroshot_classification", "fewshot": "linear_probe"}
 
 
-def _benchmark_metrics(task: str, metrics: dict[str, float]) -> dict[str, float]:
-    if task == "retrieval":
-        return {k: v for k, v in metrics.items() if k.startswith(("image_retrieval_recall@", "text_retrieval_recall@"))}
+def _retrieval_keys(metrics: dict[str, float]) -> dict[str, float]:
+    """Per k, ``image_retrieval_recall@k`` then ``text_retrieval_recall@k``, CLIP_benchmark's order."""
+    ks = [k.split("@", 1)[1] for k in metrics if k.startswith("image_retrieval_recall@")]
+    return {f"{d}_retrieval_recall@{k}": metrics[f"{d}_retrieval_recall@{k}"] for k in ks for d in ("image", "text")}
+
+
+def _classification_keys(metrics: dict[str, float]) -> dict[str, float]:
     keys = ("mean_average_precision",) if "mean_average_precision" in metrics else \
         ("acc1", "acc5", "mean_per_class_recall")
     return {k: metrics[k] for k in keys}
 
 
+#: CLIP_benchmark task -> the metric keys it writes, taken from our flat metrics.
+BENCHMARK_TASK_METRICS = {"zeroshot_retrieval": _retrieval_keys, "zeroshot_classification": _classification_keys}
+
+#: ELEVATER metric -> the key of a ``linear_probe`` result (CLIP_benchmark's ``lp_`` names where it has one).
+LINEAR_PROBE_KEYS = {"accuracy": "lp_acc1", "mean_per_class": "lp_mean_per_class_recall",
+                     "11point_mAP": "lp_mean_average_precision_11point", "roc_auc": "lp_roc_auc"}
+
+
 def benchmark_dataset_name(data) -> str:
-    """``wds/<name>`` for a data set in CLIP_benchmark's webdataset layout (its ``--dataset`` form),
-    else the data's file or folder name."""
+    """CLIP_benchmark's ``--dataset`` name for ``data``: ``wds/<name>`` for its webdataset layout,
+    where a folder ``wds_<name>`` (how its shards are published) is ``wds/<name>``; else the data's
+    file or folder name."""
     from ..data.evalsets import benchmark_layout_root
 
     if isinstance(data, (str, os.PathLike)):
         found = benchmark_layout_root(data)
         if found is not None:
-            return f"wds/{found[0].resolve().name}"
+            folder = found[0].resolve().name
+            return f"wds/{folder[len('wds_'):] if folder.startswith('wds_') and len(folder) > 4 else folder}"
         return Path(data).resolve().stem
     return type(data).__name__
+
+
+def benchmark_pretrained(model: dict) -> str:
+    """``pretrained`` as CLIP_benchmark writes it, never null: the checkpoint path, else the
+    OpenCLIP tag or weights file, else the folder of a ``local-dir:`` model, else ``none``
+    (randomly initialised weights)."""
+    for key in ("checkpoint", "pretrained"):
+        if model.get(key):
+            return str(model[key])
+    name = str(model.get("name") or "")
+    if name.startswith("local-dir:"):
+        return name[len("local-dir:"):]
+    return "none"
 
 
 def benchmark_document(task: str, metrics: dict[str, float], model: dict, data, dataset_name: str | None = None,
@@ -137,27 +164,60 @@ def benchmark_document(task: str, metrics: dict[str, float], model: dict, data, 
     ``metrics``, ``language``; what its ``clip_benchmark build`` merges into a CSV) with the metrics
     under its keys, plus ``precision``: CLIP_benchmark encodes under autocast by default, we at
     the precision named here."""
-    if task not in BENCHMARK_TASKS:
-        raise ValueError(f"CLIP_benchmark's format covers {list(BENCHMARK_TASKS)}, not {task!r}")
+    if task not in ("retrieval", "zeroshot"):
+        raise ValueError(f"CLIP_benchmark's format covers retrieval and zeroshot here (fewshot: "
+                         f"fewshot_benchmark_documents), not {task!r}")
+    name = BENCHMARK_TASKS[task]
     return {
         "dataset": dataset_name or benchmark_dataset_name(data),
         "model": model.get("name"),
-        "pretrained": model.get("checkpoint") or model.get("pretrained"),
-        "task": BENCHMARK_TASKS[task],
-        "metrics": _benchmark_metrics(task, metrics),
+        "pretrained": benchmark_pretrained(model),
+        "task": name,
+        "metrics": BENCHMARK_TASK_METRICS[name](metrics),
         "language": language,
         "precision": precision,
     }
 
 
+def fewshot_benchmark_documents(metrics: dict[str, float], model: dict, datasets: dict[str, dict], settings: dict,
+                                probes: list[dict], precision: str = "fp32", language: str = "en") -> list[dict]:
+    """One CLIP_benchmark ``linear_probe`` result per few-shot data set.
+
+    ``metrics``: the probe score (mean over seeds at the run's epoch selection) under
+    :data:`LINEAR_PROBE_KEYS` of the set's ELEVATER metric; ``fewshot_k``, ``seeds``, ``epochs`` (of
+    the final run), the chosen ``learning_rate`` / ``weight_decay`` per seed, ``metric`` (ELEVATER's)
+    and ``epoch_selection``. The protocol is ELEVATER's, not CLIP_benchmark's (see
+    docs/evaluation.md)."""
+    docs = []
+    for name, facts in datasets.items():
+        mine = [p for p in probes if p["dataset"] == name]
+        docs.append({
+            "dataset": name,
+            "model": model.get("name"),
+            "pretrained": benchmark_pretrained(model),
+            "task": "linear_probe",
+            "metrics": {
+                LINEAR_PROBE_KEYS[facts["metric"]]: metrics[f"{name}/linear_probe"],
+                "fewshot_k": settings["shots"],
+                "seeds": [p["seed"] for p in mine],
+                "epochs": settings["final_epochs"],
+                "learning_rate": [p["best_lr"] for p in mine],
+                "weight_decay": [p["best_wd"] for p in mine],
+                "metric": facts["metric"],
+                "epoch_selection": settings["epoch_selection"],
+            },
+            "language": language,
+            "precision": precision,
+        })
+    return docs
+
+
 def benchmark_output_path(our_output: str | os.PathLike, doc: dict) -> Path:
     """Beside ``our_output``, CLIP_benchmark's default file name
-    ``{dataset}_{pretrained}_{model}_{language}_{task}.json`` ('/' in names made '_', a weights
-    path reduced to its file name, as CLIP_benchmark does)."""
-    def slug(v) -> str:
-        return str(v).replace("/", "_").replace(os.sep, "_")
+    ``{dataset}_{pretrained}_{model}_{language}_{task}.json`` with its rules
+    (:func:`clip_dcl.eval.benchmark.output_path`): the data set without ``wds/``, a weights path
+    reduced to its base name, '/' made '_'."""
+    from .benchmark import DEFAULT_OUTPUT, output_path
 
-    pretrained = doc["pretrained"]
-    pretrained = Path(str(pretrained).rstrip("/")).name if pretrained and os.path.exists(str(pretrained)) else pretrained
-    name = f"{slug(doc['dataset'])}_{slug(pretrained)}_{slug(doc['model'])}_{doc['language']}_{doc['task']}.json"
+    name = output_path(DEFAULT_OUTPUT, doc["dataset"], doc["model"], doc["pretrained"], doc["language"], doc["task"])
     return Path(our_output).parent / name

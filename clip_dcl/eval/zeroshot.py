@@ -173,7 +173,8 @@ def evaluate_zeroshot(
         multilabel: force multi-label scoring (default: CLIP_benchmark's ``dataset_type.txt``, or
             labels that are multi-hot vectors).
         return_info: also return ``{"num_images", "num_classes", "layout", "classnames_source",
-            "templates_source", "num_templates"}``.
+            "templates_source", "num_templates", "classnames", "templates"}`` (the class names and
+            templates used; a callable template as its text for the class ``{c}``).
 
     Returns:
         ``{"top1", "top5", "mean_per_class_recall", "acc1", "acc5"}`` (fractions), or
@@ -240,9 +241,18 @@ def evaluate_zeroshot(
     metrics = zeroshot_metrics(feats, classifier, labels)
     if return_info:
         info = {"num_images": int(feats.shape[0]), "num_classes": len(names), "layout": layout,
-                "classnames_source": names_source, "templates_source": tmpl_source, "num_templates": len(tmpls)}
+                "classnames_source": names_source, "templates_source": tmpl_source, "num_templates": len(tmpls),
+                "classnames": list(names), "templates": _printable_templates(tmpls)}
         return metrics, info
     return metrics
+
+
+def _printable_templates(templates):
+    """Templates as JSON can hold them: strings with ``{c}``, a callable shown as its prompt for
+    ``{c}``, a CuPL dict as is."""
+    if isinstance(templates, dict):
+        return {k: list(v) for k, v in templates.items()}
+    return [t("{c}") if callable(t) else str(t).replace("{}", "{c}") for t in templates]
 
 
 def _names_of(classnames) -> list[str]:

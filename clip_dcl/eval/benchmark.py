@@ -1,0 +1,454 @@
+"""CLIP_benchmark's ``eval`` command line, run locally: ``clip-dcl eval benchmark``.
+
+A ``clip_benchmark eval ...`` command line on a webdataset (``--dataset wds/<name>``) or a local
+folder runs with ``clip-dcl eval benchmark`` in place of ``clip_benchmark eval``: the same flags
+(underscored), the same defaults (``--recall_k 5``, ``--batch_size 64``, ``--num_workers 4``,
+autocast unless ``--no_amp``), the model x pretrained x dataset x language grid run one after
+another, ``--skip_existing``, ``--output`` templates, and result files named and shaped as
+CLIP_benchmark writes them (``dataset``, ``model``, ``pretrained``, ``task``, ``metrics``,
+``language``, plus ``precision``). Flags that only make sense for CLIP_benchmark's own downloads,
+its distributed launcher or its ``linear_probe`` task are refused with a message naming them.
+
+Python: :func:`run_benchmark` takes the same settings as keyword arguments and returns the
+written documents.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+from dataclasses import dataclass, field
+from itertools import product
+from pathlib import Path
+from typing import Sequence
+
+log = logging.getLogger(__name__)
+
+#: CLIP_benchmark's default ``--output`` template.
+DEFAULT_OUTPUT = "{dataset}_{pretrained}_{model}_{language}_{task}.json"
+#: Tasks run here; CLIP_benchmark's other tasks are refused with the reason.
+TASKS = ("zeroshot_classification", "zeroshot_retrieval", "auto")
+OTHER_TASKS = {
+    "linear_probe": "CLIP_benchmark's linear_probe (AdamW on features of the whole train split) is not run here; "
+                    "the few-shot probe is `clip-dcl eval fewshot` (ELEVATER's protocol), whose "
+                    "`--format clip_benchmark` writes a linear_probe result file",
+    "captioning": "captioning needs a generative (CoCa) model and is not evaluated here",
+    "image_caption_selection": "image_caption_selection (SugarCrepe, Winoground) is not evaluated here",
+}
+#: CLIP_benchmark's names of retrieval data sets (its ``--task auto`` rule), besides ``dataset_type.txt``.
+RETRIEVAL_NAMES = ("flickr30k", "flickr8k", "mscoco_captions", "multilingual_mscoco_captions", "flickr30k-200",
+                   "crossmodal3600", "xtd10", "xtd200")
+_LINEAR_PROBE = ("only CLIP_benchmark's linear_probe task reads it, and that task is not run here "
+                 "(the few-shot probe is `clip-dcl eval fewshot`)")
+#: CLIP_benchmark ``eval`` flags refused here, with the reason printed.
+REFUSED_FLAGS = {
+    "--distributed": "it splits the runs across the ranks of a launcher; here the runs go one after another",
+    "--wds_cache_dir": "it caches shards streamed from a hub; here shards are read from --dataset_root on disk",
+    "--annotation_file": "it feeds CLIP_benchmark's own COCO/Flickr readers; here retrieval data is read in "
+                         "its webdataset layout (--dataset wds/<name>)",
+    "--save_clf": "saving the zero-shot classifier is not supported",
+    "--load_clfs": "loading and averaging saved zero-shot classifiers is not supported",
+    "--fewshot_k": _LINEAR_PROBE, "--fewshot_epochs": _LINEAR_PROBE, "--fewshot_lr": _LINEAR_PROBE,
+    "--skip_load": _LINEAR_PROBE, "--feature_root": _LINEAR_PROBE, "--train_split": _LINEAR_PROBE,
+    "--val_split": _LINEAR_PROBE, "--val_proportion": _LINEAR_PROBE, "--normalize": _LINEAR_PROBE,
+}
+#: CLIP_benchmark's ``--pretrained_model`` collection names: they list hub weights.
+MODEL_COLLECTIONS = ("openai", "openclip_base", "openclip_multilingual", "openclip_all", "openclip_full")
+#: ``--pretrained`` values meaning randomly initialised weights.
+NO_WEIGHTS = ("none", "None", "")
+
+
+class _Refuse(argparse.Action):
+    """A CLIP_benchmark flag with no meaning here: an error naming it and why."""
+
+    def __init__(self, option_strings, dest, reason: str = "", **kwargs):
+        kwargs.update(nargs="*", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
+        super().__init__(option_strings, dest, **kwargs)
+        self.reason = reason
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        parser.error(f"{option_string} is not supported by `clip-dcl eval benchmark`: {self.reason}")
+
+
+def add_benchmark_arguments(p: argparse.ArgumentParser) -> None:
+    """CLIP_benchmark 1.6's ``eval`` flags (the ones that mean something for a local evaluation,
+    with its defaults) plus ``--device``; the others refused (:data:`REFUSED_FLAGS`)."""
+    g = p.add_argument_group("data (CLIP_benchmark's flags)")
+    g.add_argument("--dataset", nargs="+", required=True,
+                   help="wds/<name> (CLIP_benchmark's webdataset layout under --dataset_root), a folder, or a text "
+                        "file with one such name a line")
+    g.add_argument("--dataset_root", default="root",
+                   help="the data set's folder; a template with {dataset} (the name without wds/) and "
+                        "{dataset_cleaned} ('/' made '-'), e.g. /data/wds_{dataset_cleaned} (default root)")
+    g.add_argument("--split", "--test_split", dest="split", default="test", help="split folder (default test)")
+    g.add_argument("--task", dest="bench_task", default="auto", choices=list(TASKS) + list(OTHER_TASKS),
+                   help="auto (default): zeroshot_retrieval when dataset_type.txt says retrieval or the name is one "
+                        "of CLIP_benchmark's retrieval sets, else zeroshot_classification")
+    g.add_argument("--language", nargs="+", default=["en"],
+                   help="language(s), recorded in the result and its file name (default en)")
+    g.add_argument("--custom_classname_file", default=None,
+                   help="JSON: data set name (wds/<name> or <name>) -> class names, replacing the data's")
+    g.add_argument("--custom_template_file", default=None,
+                   help="JSON: data set name (wds/<name>, <name>, else imagenet1k) -> templates (a list with {c}, "
+                        "or CuPL's class -> prompts)")
+    g.add_argument("--dump_classnames", action="store_true", help="write the class names into the result file")
+    g.add_argument("--dump_templates", action="store_true", help="write the templates into the result file")
+    g = p.add_argument_group("model (CLIP_benchmark's flags)")
+    g.add_argument("--model", nargs="+", default=["ViT-B-32-quickgelu"],
+                   help="OpenCLIP model name(s), local-dir:FOLDER included (default ViT-B-32-quickgelu)")
+    g.add_argument("--pretrained", nargs="+", default=["laion400m_e32"],
+                   help="per model: an OpenCLIP tag, a weights file, a clip-dcl trainer checkpoint (epoch_K.pt) or "
+                        "exported folder, or 'none' for random weights (default laion400m_e32)")
+    g.add_argument("--pretrained_model", nargs="+", default=None,
+                   help="'MODEL,PRETRAINED' pairs, or a file of such lines; replaces --model/--pretrained")
+    g.add_argument("--model_type", default="open_clip", choices=["open_clip"], help="only open_clip")
+    g.add_argument("--model_cache_dir", default=None, help="OpenCLIP's cache folder for tagged weights")
+    g = p.add_argument_group("run (CLIP_benchmark's flags)")
+    g.add_argument("--recall_k", type=int, nargs="+", default=[5], help="k of recall@k for retrieval (default 5)")
+    g.add_argument("--batch_size", type=int, default=64, help="images per batch (default 64)")
+    g.add_argument("--num_workers", type=int, default=4, help="data-loading processes (default 4)")
+    g.add_argument("--no_amp", action="store_false", dest="amp",
+                   help="encode in float32; by default the encoders run under torch.autocast (bf16 on CPU, fp16 "
+                        "on CUDA), as CLIP_benchmark's")
+    g.add_argument("--seed", type=int, default=0, help="torch.manual_seed before each run (default 0)")
+    g.add_argument("--output", default=DEFAULT_OUTPUT,
+                   help="result file, a template with {dataset} {pretrained} {pretrained_full_path} {model} "
+                        f"{{language}} {{task}} (default {DEFAULT_OUTPUT})")
+    g.add_argument("--skip_existing", action="store_true", help="skip a run whose result file exists")
+    g.add_argument("--quiet", dest="verbose", action="store_false", help="no progress bars and messages")
+    g.add_argument("--device", default="auto",
+                   help="(ours) torch device; auto (default): cuda when a GPU is visible, else cpu, as CLIP_benchmark")
+    for flag, reason in REFUSED_FLAGS.items():
+        p.add_argument(flag, action=_Refuse, reason=reason)
+
+
+# ----------------------------------------------------------------------------------------------
+# Names, as CLIP_benchmark makes them
+# ----------------------------------------------------------------------------------------------
+def short_name(dataset: str) -> str:
+    """The name without ``wds/`` (what CLIP_benchmark formats ``--dataset_root`` and file names with)."""
+    return dataset[len("wds/"):] if dataset.startswith("wds/") else dataset
+
+
+def _slug(value: str) -> str:
+    return str(value).replace("/", "_").replace(os.sep, "_")
+
+
+def pretrained_slug(pretrained: str) -> str:
+    """``{pretrained}`` of a file name: a file's (or folder's) base name, else the tag as is."""
+    p = str(pretrained)
+    if os.path.isfile(p) or os.path.isdir(p):
+        return os.path.basename(p.rstrip("/" + os.sep)) or p
+    return p
+
+
+def output_path(template: str, dataset: str, model: str, pretrained: str, language: str, task: str) -> Path:
+    """``template`` with CLIP_benchmark's fields: ``{dataset}`` (without ``wds/``, '/' made '_'),
+    ``{pretrained}`` (:func:`pretrained_slug`), ``{pretrained_full_path}`` (a path with '/' made
+    '_'), ``{model}``, ``{language}``, ``{task}``. A '/' inside a model name (``local-dir:/path``,
+    ``hf-hub:org/name``) is made '_' so that the name stays one file; CLIP_benchmark inserts the
+    model raw, which makes such a name a path into folders that do not exist."""
+    p = str(pretrained)
+    full = p.replace("/", "_") if (os.path.isfile(p) or os.path.isdir(p)) else p
+    try:
+        name = template.format(dataset=_slug(short_name(dataset)), model=_slug(model),
+                               pretrained=pretrained_slug(p), pretrained_full_path=full, language=language, task=task)
+    except (KeyError, IndexError, ValueError) as e:
+        raise ValueError(f"--output {template!r}: unknown or malformed field ({e}); the fields are {{dataset}} "
+                         "{pretrained} {pretrained_full_path} {model} {language} {task}") from e
+    return Path(name)
+
+
+# ----------------------------------------------------------------------------------------------
+# The runs
+# ----------------------------------------------------------------------------------------------
+def expand_models(models: Sequence[str], pretrained: Sequence[str],
+                  pretrained_model: Sequence[str] | None = None) -> list[tuple[str, str]]:
+    """(model, pretrained) pairs: every model with every pretrained (CLIP_benchmark's product), or
+    the ``--pretrained_model`` pairs and files."""
+    if not pretrained_model:
+        return list(product(models, pretrained))
+    pairs = []
+    for item in pretrained_model:
+        if os.path.isfile(item):
+            lines = [ln.strip() for ln in Path(item).read_text().splitlines() if ln.strip()]
+            pairs.extend(expand_models((), (), lines))
+        elif item in MODEL_COLLECTIONS:
+            raise ValueError(f"--pretrained_model {item!r} is a collection of hub weights; name the pairs "
+                             "('MODEL,PRETRAINED') whose weights you have")
+        elif item.count(",") == 1:
+            model, tag = item.split(",")
+            pairs.append((model.strip(), tag.strip()))
+        else:
+            raise ValueError(f"--pretrained_model {item!r}: expected 'MODEL,PRETRAINED' or a file of such lines")
+    return pairs
+
+
+def expand_datasets(datasets: Sequence[str]) -> list[str]:
+    """Data set names, a text file (one name a line) expanded as CLIP_benchmark does."""
+    out = []
+    for name in datasets:
+        if os.path.isfile(name) and not name.endswith((".tar", ".csv", ".tsv")):
+            out.extend(ln.strip() for ln in Path(name).read_text().splitlines() if ln.strip())
+        else:
+            out.append(name)
+    return out
+
+
+@dataclass
+class BenchmarkRun:
+    """One (model, pretrained, dataset, language) run: where its data is and where its result goes."""
+
+    model: str
+    pretrained: str
+    dataset: str
+    language: str
+    task: str
+    root: Path
+    output: Path
+    skipped: bool = False
+    document: dict = field(default_factory=dict)
+
+
+def _is_remote(root: str) -> bool:
+    return "://" in root or root.startswith(("hf:", "hf-hub:", "s3:", "gs:", "pipe:"))
+
+
+def locate_dataset(dataset: str, template: str, split: str = "test") -> Path:
+    """``--dataset_root`` formatted for ``dataset``, checked: a local folder (or file); for
+    ``wds/<name>``, a folder in CLIP_benchmark's webdataset layout (``ROOT/<split>/nshards.txt``)."""
+    short = short_name(dataset)
+    try:
+        root = template.format(dataset=short, dataset_cleaned=short.replace("/", "-"))
+    except (KeyError, IndexError, ValueError) as e:
+        raise ValueError(f"--dataset_root {template!r}: unknown or malformed field ({e}); the fields are "
+                         "{dataset} and {dataset_cleaned}") from e
+    if _is_remote(root):
+        raise ValueError(f"--dataset_root {root!r} is a remote location (a hub download); download the shards and "
+                         "point --dataset_root at the local folder")
+    if dataset.startswith("wds/"):
+        from ..data.evalsets import benchmark_layout_root, describe_folder
+
+        if not Path(root).exists():
+            raise ValueError(f"data set {dataset!r}: --dataset_root {root!r} does not exist")
+        if benchmark_layout_root(root, split) is None:
+            raise ValueError(f"data set {dataset!r}: {root!r} is not in CLIP_benchmark's webdataset layout (no "
+                             f"{split}/nshards.txt); found {describe_folder(root)}")
+        return Path(root)
+    if Path(dataset).exists():  # a folder or file named directly
+        return Path(dataset)
+    if Path(root).exists() and template != "root":
+        return Path(root)
+    raise ValueError(f"data set {dataset!r}: CLIP_benchmark builds it with its own downloader, which is not run "
+                     f"here; give wds/<name> with --dataset_root pointing at its shards in CLIP_benchmark's "
+                     f"webdataset layout, or a local folder")
+
+
+def resolve_task(task: str, dataset: str, root: Path, split: str = "test") -> str:
+    """``auto``: ``zeroshot_retrieval`` when the data's ``dataset_type.txt`` says retrieval (or
+    the name is one of CLIP_benchmark's retrieval sets), else ``zeroshot_classification``."""
+    if task in OTHER_TASKS:
+        raise ValueError(f"--task {task}: {OTHER_TASKS[task]}")
+    if task != "auto":
+        return task
+    from ..data.evalsets import benchmark_layout_root
+
+    found = benchmark_layout_root(root, split)
+    if found is not None:
+        kind = found[0] / "dataset_type.txt"
+        if kind.is_file() and kind.read_text().strip() == "retrieval":
+            return "zeroshot_retrieval"
+    if short_name(dataset) in RETRIEVAL_NAMES or (root.is_file() and root.suffix.lower() in (".csv", ".tsv")):
+        return "zeroshot_retrieval"
+    return "zeroshot_classification"
+
+
+def _custom(path, dataset: str, what: str, fallback: tuple[str, ...] = ()):
+    """The entry of a CLIP_benchmark custom class-name / template JSON for ``dataset``: keys
+    ``dataset``, then its name without ``wds/``, then ``fallback``; None without a file."""
+    if path is None:
+        return None
+    p = Path(path)
+    if not p.is_file():
+        raise ValueError(f"--custom_{what}_file {str(path)!r} does not exist")
+    try:
+        doc = json.loads(p.read_text())
+    except json.JSONDecodeError as e:
+        raise ValueError(f"--custom_{what}_file {str(path)!r} is not valid JSON: {e}") from e
+    if not isinstance(doc, dict):
+        raise ValueError(f"--custom_{what}_file {str(path)!r} must map data set names to {what}s")
+    for key in (dataset, short_name(dataset)) + fallback:
+        if key in doc:
+            return doc[key]
+    return None
+
+
+def benchmark_precision(amp: bool, device: str) -> str:
+    """Our precision for CLIP_benchmark's ``amp``: ``torch.autocast(device)`` is bf16 on CPU, fp16 on CUDA."""
+    if not amp:
+        return "fp32"
+    return "amp_fp16" if str(device).startswith("cuda") else "amp_bf16"
+
+
+def load_benchmark_model(model: str, pretrained: str, device: str, cache_dir: str | None = None):
+    """(model, preprocess, tokenizer) for a CLIP_benchmark (``--model``, ``--pretrained``) pair.
+
+    ``local-dir:FOLDER`` models load through OpenCLIP, which then ignores ``pretrained`` (as in
+    CLIP_benchmark). Otherwise ``pretrained`` is a clip-dcl trainer checkpoint or exported folder
+    (:func:`clip_dcl.checkpoint.load_checkpoint`), an OpenCLIP weights file or tag, or ``none``
+    (random weights)."""
+    import open_clip
+
+    from ..models import register_builtin_configs
+
+    register_builtin_configs()
+    if model.startswith("local-dir:") or model.startswith("hf-hub:"):
+        net, _, preprocess = open_clip.create_model_and_transforms(model, device=device, cache_dir=cache_dir)
+        return net.eval(), preprocess, open_clip.get_tokenizer(model)
+    if pretrained in NO_WEIGHTS:
+        log.warning("--pretrained %r: evaluating randomly initialised %s", pretrained, model)
+        net, _, preprocess = open_clip.create_model_and_transforms(model, device=device)
+        return net.eval(), preprocess, open_clip.get_tokenizer(model)
+    if os.path.isdir(pretrained) or os.path.isfile(pretrained):
+        from ..checkpoint import load_checkpoint
+
+        return load_checkpoint(pretrained, device, model)
+    try:
+        net, _, preprocess = open_clip.create_model_and_transforms(model, pretrained=pretrained, device=device,
+                                                                   cache_dir=cache_dir)
+    except RuntimeError as e:
+        raise ValueError(f"--model {model!r} --pretrained {pretrained!r}: {str(e).splitlines()[0]}") from e
+    return net.eval(), preprocess, open_clip.get_tokenizer(model)
+
+
+def plan_runs(dataset: Sequence[str], dataset_root: str = "root", model: Sequence[str] = ("ViT-B-32-quickgelu",),
+              pretrained: Sequence[str] = ("laion400m_e32",), pretrained_model: Sequence[str] | None = None,
+              task: str = "auto", language: Sequence[str] = ("en",), split: str = "test",
+              output: str = DEFAULT_OUTPUT) -> list[BenchmarkRun]:
+    """Every run of the grid, in CLIP_benchmark's order (model pairs, then data sets, then
+    languages), with its data folder, task and result path checked before anything is loaded."""
+    pairs = expand_models(model, pretrained, pretrained_model)
+    names = expand_datasets(dataset)
+    if not names:
+        raise ValueError("--dataset names no data set")
+    roots = {n: locate_dataset(n, dataset_root, split) for n in names}
+    tasks = {n: resolve_task(task, n, roots[n], split) for n in names}
+    runs = []
+    for (m, p), n, lang in product(pairs, names, language):
+        runs.append(BenchmarkRun(m, p, n, lang, tasks[n], roots[n], output_path(output, n, m, p, lang, tasks[n])))
+    return runs
+
+
+def run_benchmark(
+    dataset: Sequence[str],
+    dataset_root: str = "root",
+    model: Sequence[str] = ("ViT-B-32-quickgelu",),
+    pretrained: Sequence[str] = ("laion400m_e32",),
+    pretrained_model: Sequence[str] | None = None,
+    task: str = "auto",
+    language: Sequence[str] = ("en",),
+    split: str = "test",
+    recall_k: Sequence[int] = (5,),
+    batch_size: int = 64,
+    num_workers: int = 4,
+    amp: bool = True,
+    seed: int = 0,
+    output: str = DEFAULT_OUTPUT,
+    skip_existing: bool = False,
+    custom_classname_file: str | None = None,
+    custom_template_file: str | None = None,
+    dump_classnames: bool = False,
+    dump_templates: bool = False,
+    model_cache_dir: str | None = None,
+    device: str = "auto",
+    verbose: bool = True,
+) -> list[BenchmarkRun]:
+    """CLIP_benchmark's ``eval`` over the grid, locally (module docstring). Returns the runs, each
+    with its result ``document`` (empty when skipped as existing)."""
+    import torch
+
+    from .encoding import device_problem, resolve_device
+    from .report import BENCHMARK_TASK_METRICS, write_json
+
+    if batch_size < 1:
+        raise ValueError(f"--batch_size must be >= 1, got {batch_size}")
+    if num_workers < 0:
+        raise ValueError(f"--num_workers must be >= 0, got {num_workers}")
+    if min(recall_k) < 1:
+        raise ValueError(f"--recall_k values must be >= 1, got {list(recall_k)}")
+    device = resolve_device(device)
+    problem = device_problem(device)
+    if problem:
+        raise ValueError(f"--device {device!r}: {problem}")
+    precision = benchmark_precision(amp, device)
+    runs = plan_runs(dataset, dataset_root, model, pretrained, pretrained_model, task, language, split, output)
+    loaded_key, loaded = None, None
+    for run in runs:
+        if skip_existing and run.output.exists():
+            run.skipped = True
+            if verbose:
+                print(f"Skip {run.output}, exists already.")
+            continue
+        if verbose:
+            print(f"Running '{run.task}' on '{run.dataset}' with the model '{run.model}' / '{run.pretrained}' on "
+                  f"language '{run.language}'")
+        if loaded_key != (run.model, run.pretrained):
+            loaded = None  # free the previous model first
+            loaded = load_benchmark_model(run.model, run.pretrained, device, model_cache_dir)
+            loaded_key = (run.model, run.pretrained)
+        net, preprocess, tokenizer = loaded
+        torch.manual_seed(seed)
+        common = dict(batch_size=batch_size, device=device, workers=num_workers, progress=verbose,
+                      precision=precision)
+        extra = {}
+        if run.task == "zeroshot_retrieval":
+            from .retrieval import evaluate_retrieval
+
+            metrics = evaluate_retrieval(net, preprocess, tokenizer, run.root if run.root.is_file() else
+                                         _split_folder(run.root, split), ks=tuple(recall_k), **common)
+        else:
+            from .zeroshot import evaluate_zeroshot
+
+            names = _custom(custom_classname_file, run.dataset, "classname")
+            tmpls = _custom(custom_template_file, run.dataset, "template", ("imagenet1k",))
+            metrics, info = evaluate_zeroshot(net, preprocess, tokenizer, run.root, classnames=names, templates=tmpls,
+                                              split=split, return_info=True, **common)
+            if dump_classnames:
+                extra["classnames"] = info["classnames"]
+            if dump_templates:
+                extra["templates"] = info["templates"]
+        keep = BENCHMARK_TASK_METRICS[run.task](metrics)
+        run.document = {"dataset": run.dataset, "model": run.model, "pretrained": run.pretrained, "task": run.task,
+                        "metrics": keep, "language": run.language, **extra, "precision": precision}
+        write_json(run.output, run.document)
+        if verbose:
+            print(json.dumps(keep))
+            print(f"Dump results to: {run.output}")
+    return runs
+
+
+def _split_folder(root: Path, split: str) -> Path:
+    """Retrieval reads a split folder of CLIP_benchmark's layout, or a folder of shards."""
+    return root / split if (root / split / "nshards.txt").is_file() else root
+
+
+def main(args: argparse.Namespace) -> int:
+    """``clip-dcl eval benchmark``: :func:`run_benchmark` with the parsed flags."""
+    import sys
+
+    if not logging.getLogger().handlers:
+        logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(message)s")
+    try:
+        run_benchmark(
+            args.dataset, dataset_root=args.dataset_root, model=args.model, pretrained=args.pretrained,
+            pretrained_model=args.pretrained_model, task=args.bench_task, language=args.language, split=args.split,
+            recall_k=args.recall_k, batch_size=args.batch_size, num_workers=args.num_workers, amp=args.amp,
+            seed=args.seed, output=args.output, skip_existing=args.skip_existing,
+            custom_classname_file=args.custom_classname_file, custom_template_file=args.custom_template_file,
+            dump_classnames=args.dump_classnames, dump_templates=args.dump_templates,
+            model_cache_dir=args.model_cache_dir, device=args.device, verbose=args.verbose)
+    except ValueError as e:
+        print(f"clip-dcl eval benchmark: {e}", file=sys.stderr)
+        return 2
+    return 0
