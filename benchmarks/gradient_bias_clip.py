@@ -53,7 +53,8 @@ HERE = Path(__file__).resolve().parent
 STEM = "gradient_bias_clip"
 BATCH_SIZES = (16, 32, 64, 128, 256, 512)
 OBJECTIVES = ("clip", "decl exact rates", "decl rates from a previous pass", "decl update-then-read",
-              "decl rate=batch")
+              "decl rate=batch", "decl update-then-read, FastCLIP gamma", "decl relative (update-then-read)",
+              "decl queue 4096", "decl queue 16384")
 
 
 # ------------------------------------------------------------------------------------------
@@ -80,14 +81,16 @@ def full_objective(f: torch.Tensor, g: torch.Tensor, s: torch.Tensor) -> torch.T
     return ((rates[0] - pos).mean() + (rates[1] - pos).mean()) / 2
 
 
-def make_objective(name: str, n: int, f_full: torch.Tensor, g_full: torch.Tensor, s_full: torch.Tensor):
+def make_objective(name: str, n: int, f_full: torch.Tensor, g_full: torch.Tensor, s_full: torch.Tensor,
+                   batch: int = 1):
     """A callable ``(f_b, g_b, s, ids) -> loss`` of one batch, and a warm-up flag (run a pass first)."""
     from clip_dcl.losses import create_loss
 
     if name == "clip":
         loss = create_loss("clip", rank=0, world_size=1)
         return (lambda f, g, s, ids: loss(f, g, s)), False
-    common = dict(schedule="decl", sample_u=False)
+    # the objective's own gradient, logit scale included (the temperature modes only change who trains it)
+    common = dict(schedule="decl", sample_u=False, temperature_mode="learned")
     if name == "decl rate=batch":
         loss = create_loss("decl", rate="batch", **common)
         return (lambda f, g, s, ids: loss(f, g, s)), False
@@ -98,10 +101,21 @@ def make_objective(name: str, n: int, f_full: torch.Tensor, g_full: torch.Tensor
             loss.log_rate.copy_(full_log_rates(f_full, g_full, s_full).float())
         loss.eval()  # reads the buffer, never updates it
         return (lambda f, g, s, ids: loss(f, g, s, sample_ids=ids)), False
-    include = name == "decl update-then-read"
-    if name in ("decl rates from a previous pass", "decl update-then-read"):
-        loss = create_loss("decl", rate="index", num_samples=n, gamma=0.9, include_current=include, **common)
+    include = name != "decl rates from a previous pass"
+    if name in ("decl rates from a previous pass", "decl update-then-read", "decl relative (update-then-read)"):
+        estimate = "relative" if "relative" in name else "absolute"
+        loss = create_loss("decl", rate="index", num_samples=n, gamma=0.9, include_current=include,
+                           estimate=estimate, **common)
         return (lambda f, g, s, ids: loss(f, g, s, sample_ids=ids)), True
+    if name == "decl update-then-read, FastCLIP gamma":
+        # FastCLIP's schedule in passes: gamma = 1 through the warm-up pass, then cosine to 0.2 over one pass
+        steps = n // batch
+        loss = create_loss("decl", rate="index", num_samples=n, gamma=0.2, gamma_schedule="cosine",
+                           gamma_hold_steps=steps, gamma_decay_steps=steps, **common)
+        return (lambda f, g, s, ids: loss(f, g, s, sample_ids=ids)), True
+    if name.startswith("decl queue"):
+        loss = create_loss("decl", rate="queue", queue_size=int(name.split()[-1]), **common)
+        return (lambda f, g, s, ids: loss(f, g, s)), True
     raise ValueError(f"unknown objective {name!r}; choose from {OBJECTIVES}")
 
 
@@ -165,7 +179,7 @@ def measure(model, tokenizer, images, captions, batch_sizes, objectives, shuffle
         perms = [torch.randperm(n, generator=gen) for _ in range(shuffles + 1)]  # the first: warm-up pass
         for name in objectives:
             t0 = time.perf_counter()
-            objective, warm = make_objective(name, n, fd, gd, sd)
+            objective, warm = make_objective(name, n, fd, gd, sd, batch)
             if warm:
                 feature_gradients(objective, fd, gd, sd, batch, perms[0])
             per_shuffle = torch.stack([backward(*feature_gradients(objective, fd, gd, sd, batch, p))
@@ -241,6 +255,27 @@ def write_report(results_dir: Path, all_res: Dict[str, dict], doc: dict, minutes
     (results_dir / f"{STEM}.md").write_text("\n\n".join(parts) + "\n")
 
 
+def merge_earlier(all_res: Dict[str, dict], earlier: dict, n: int, sizes, shuffles: int, seed: int) -> dict:
+    """Add an earlier run's columns of the objectives not measured now; return what was merged and the
+    largest difference of the objectives measured in both (the two runs' agreement)."""
+    same = (earlier["num_pairs"], sorted(earlier["batch_sizes"]), earlier["shuffles"], earlier["seed"])
+    if same != (n, sorted(sizes), shuffles, seed):
+        raise SystemExit(f"--merge: the earlier run measured (pairs, batch sizes, partitions, seed) = {same}, this one "
+                         f"{(n, sorted(sizes), shuffles, seed)}")
+    agreement, taken = {}, set()
+    for label, res in all_res.items():
+        old = earlier["checkpoints"][label]["results"]
+        for name, per_b in old.items():
+            if name in res["results"]:
+                agreement[f"{label}: {name}"] = max(abs(res["results"][name][int(b)]["rel_error"] - v["rel_error"])
+                                                    for b, v in per_b.items())
+            else:
+                res["results"][name] = {int(b): v for b, v in per_b.items()}
+                taken.add(name)
+    return {"date": earlier["date"], "command": earlier["command"], "objectives": sorted(taken),
+            "largest_rel_error_difference_of_common_objectives": agreement}
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="benchmarks/gradient_bias_clip.py", allow_abbrev=False,
                                 description=__doc__.split("\n\n")[0],
@@ -254,6 +289,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--shuffles", type=int, default=None, help="random partitions per B (default 4)")
     p.add_argument("--seed", type=int, default=0, help="seed of the model, the training and the partitions")
     p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
+    p.add_argument("--objectives", nargs="+", default=None, choices=OBJECTIVES,
+                   help="objectives to measure (default: all)")
+    p.add_argument("--merge", metavar="JSON", default=None,
+                   help="an earlier run's JSON (same pairs, batch sizes, partitions and seed): its columns of the "
+                        "objectives not measured now join the report; clip, when measured in both, is shown as "
+                        "the agreement of the two runs")
     p.add_argument("--rewrite", metavar="JSON", default=None,
                    help="write the Markdown and the plot again from an earlier run's JSON, measuring nothing")
     return p
@@ -301,15 +342,20 @@ def main(argv: Optional[List[str]] = None) -> int:
     print(f"[gradient_bias_clip] training one epoch of --loss clip (batch {budget.batch_size})", flush=True)
     trained = ex.train(ex.Run("clip", ("--loss", "clip")), data, work / "runs", budget)
     trained_model, _, _ = load_checkpoint(trained.checkpoint)
+    objectives = args.objectives or list(OBJECTIVES)
     all_res = {}
     for label, model in (("at initialisation", init_model), ("after one epoch of clip", trained_model)):
-        print(f"[gradient_bias_clip] {label}: {len(OBJECTIVES)} objectives x B {sizes}, {shuffles} partitions each",
+        print(f"[gradient_bias_clip] {label}: {len(objectives)} objectives x B {sizes}, {shuffles} partitions each",
               flush=True)
-        all_res[label] = measure(model, tokenizer, images, captions, sizes, OBJECTIVES, shuffles, args.seed)
+        all_res[label] = measure(model, tokenizer, images, captions, sizes, objectives, shuffles, args.seed)
+    merged_from = None
+    if args.merge:
+        merged_from = merge_earlier(all_res, json.loads(Path(args.merge).read_text()), n, sizes, shuffles, args.seed)
     minutes = (time.perf_counter() - t0) / 60
     doc = {"machine": ex.machine_info(), "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
            "command": command, "minutes": minutes, "num_pairs": n, "batch_sizes": sizes, "shuffles": shuffles,
            "seed": args.seed, "train_command": trained.command, "train_batch_size": budget.batch_size,
+           "merged_from": merged_from,
            "checkpoints": {label: {**res, "results": {o: {str(b): v for b, v in r.items()}
                                                       for o, r in res["results"].items()}}
                            for label, res in all_res.items()}}
