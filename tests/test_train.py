@@ -430,7 +430,10 @@ def test_decl_with_accum_freq_2_counts_steps_and_visits_every_key(tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("decl_flags", [[], ["--decl-gamma-schedule", "cosine", "--decl-gamma", "0.2",
-                                             "--decl-first-visit", "mean"]], ids=["default", "cosine-mean"])
+                                             "--decl-first-visit", "mean"],
+                                        ["--decl-estimate", "relative", "--decl-temperature-mode", "rgclg",
+                                         "--decl-gamma-schedule", "cosine", "--decl-gamma", "0.2"]],
+                         ids=["default", "cosine-mean", "relative-rgclg"])
 def test_resume_continues_decl_state_exactly(tmp_path, decl_flags):
     pattern = write_shards(tmp_path / "shards", gapped_keys())
     common = ["--loss", "decl", "--decl-num-samples", "400", "--workers", "2", *decl_flags]
@@ -446,10 +449,14 @@ def test_resume_continues_decl_state_exactly(tmp_path, decl_flags):
     assert not torch.equal(first["log_rate"].nan_to_num(-1e9), b["loss_state"]["log_rate"].nan_to_num(-1e9))
     assert all(torch.equal(a["state_dict"][k], b["state_dict"][k]) for k in a["state_dict"])
     if decl_flags:  # 64 samples / batch 16 = 4 steps an epoch; the decay defaults to half of --epochs 2
-        assert a["clip_dcl"]["loss_args"]["gamma_decay_steps"] == 4
-        assert a["clip_dcl"]["loss_args"]["gamma_schedule"] == "cosine"
-        gammas = [float(re.search(r"Gamma_t: (\S+)", line).group(1)) for line in train_lines(tmp_path, "straight")]
-        assert gammas[0] == 1.0 and gammas[-1] == pytest.approx(0.2) and gammas == sorted(gammas, reverse=True)
+        args = a["clip_dcl"]["loss_args"]
+        assert args["gamma_decay_steps"] == 4 and args["gamma_hold_steps"] == 4  # gamma 1 through epoch 1
+        assert args["gamma_schedule"] == "cosine"
+        lines = train_lines(tmp_path, "straight")
+        gammas = [float(re.search(r"Gamma_t: (\S+)", line).group(1)) for line in lines]
+        assert gammas[:5] == [1.0] * 5 and gammas == sorted(gammas, reverse=True)
+        assert gammas[-1] == pytest.approx(0.2 + 0.8 * (1 + math.cos(math.pi * 3 / 4)) / 2, abs=1e-4)
+        assert all("Weight_max:" in line and "Weight_mean:" in line for line in lines)
 
 
 @pytest.mark.slow
