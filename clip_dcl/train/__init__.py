@@ -34,6 +34,9 @@ def main(argv: Optional[List[str]] = None) -> int:
 
     - ``0``: OpenCLIP's ``main`` finished (or ``--help`` was printed);
     - ``2``: a flag was refused before any work (the message, naming the flag, is on stderr);
+    - ``75`` (:data:`clip_dcl.train.preempt.PREEMPTED_EXIT_CODE`): the run stopped on a signal
+      (``--preempt-signals``) after saving a checkpoint at its last step; ``--resume latest``
+      continues there;
     - ``1``: the run stopped with a clear error (logged, and on stderr): OpenCLIP refused to start
       (e.g. the experiment name exists), a sample id is missing or does not fit the buffer, the
       loss state of ``--resume`` does not fit, a checkpoint cannot be read, or no training data.
