@@ -303,6 +303,9 @@ class _ExpandTars:
                         yield from (dict(fname=n, data=d, __url__=url) for _, _, n, d in held)
                         held = []
                     held.append((key, ext, f["fname"], f["data"]))
+                # tarfile stops reading at the first zero block; the rest of the marker is still unread
+                while stream.read(1 << 16):
+                    pass
             except Exception as e:  # noqa: BLE001 - a read error ends the shard, whatever its type
                 why = f"{type(e).__name__}: {str(e).split(' @ ')[0]}"
             finally:
