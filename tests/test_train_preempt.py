@@ -223,3 +223,24 @@ def test_preempt_two_ranks_sigterm_mid_epoch_resumes_to_the_uninterrupted_weight
     # the epoch's checkpoint supersedes the mid-epoch one
     assert sorted(p.name for p in folder.glob("*.pt")) == ["epoch_1.pt", "epoch_2.pt"]
     assert not (folder / "loss_state" / "epoch_1_step_2").exists()
+
+
+@pytest.mark.slow
+def test_preempt_one_process_usr1_with_save_most_recent_and_periodic_saves(tmp_path):
+    """SIGUSR1 (Slurm's --signal) on one process, --save-most-recent (the stop goes to epoch_latest.pt,
+    where OpenCLIP's --resume latest looks then) and --save-every-minutes (saves at step boundaries
+    that do not stop the run); the resumed run ends where the uninterrupted one does."""
+    pattern = write_shards(tmp_path / "shards", num_shards=2, per_shard=16)
+    flags = ["--save-most-recent", "--save-every-minutes", "1e-9"]
+    full = _run(tmp_path, "full", pattern, 1, extra=flags)
+    assert full.returncode == 0, full.stderr[-4000:]
+    assert full.stderr.count("(every 1e-09 minutes)") == 2 * 8  # before steps 0..7 of each 8-step epoch
+    cut = _run(tmp_path, "cut", pattern, 1, extra=flags, env={"PREEMPT_AT_STEP": "11", "PREEMPT_SIGNAL": "SIGUSR1"})
+    assert cut.returncode == 75, cut.stderr[-4000:]
+    latest = tmp_path / "logs" / "cut" / "checkpoints" / "epoch_latest.pt"
+    assert f"Saved {latest}: step 3 of epoch 1 (on SIGUSR1)" in cut.stderr
+    assert not list(latest.parent.glob("epoch_*_step_*.pt"))  # with --save-most-recent, only epoch_latest.pt
+    resumed = _run(tmp_path, "cut", pattern, 1, extra=["--resume", "latest", *flags])
+    assert resumed.returncode == 0, resumed.stderr[-4000:]
+    assert "Resumed epoch 1 at step 3 of 8" in resumed.stderr
+    _assert_same_end(tmp_path, "full", "cut")

@@ -31,6 +31,36 @@ import torch
 PREEMPTED_EXIT_CODE = 75
 #: Signals that stop a run, by default.
 DEFAULT_SIGNALS = ("SIGTERM", "SIGUSR1")
+#: The signals this process stops on, which its data-loader workers (forked after) ignore.
+_STOP_SIGNALS: List[signal.Signals] = []
+
+
+def worker_ignores_stop_signals(worker_id: Optional[int] = None) -> None:
+    """``worker_init_fn`` of the training data loaders: ignore the signals the trainer stops on.
+
+    A scheduler signals every process of a task, data-loader workers included. PyTorch's workers
+    die of a SIGTERM from anyone but their parent, and the main process then fails at once
+    ("DataLoader worker ... is killed by signal"), in the middle of a step or of the save; the
+    trainer decides when to stop, and the workers end with it.
+    """
+    for num in _STOP_SIGNALS:
+        signal.signal(num, signal.SIG_IGN)
+
+
+def chain_worker_init(fn):
+    """A ``worker_init_fn`` that runs :func:`worker_ignores_stop_signals`, then ``fn`` (if any)."""
+    if fn is None:
+        return worker_ignores_stop_signals
+    return _Chained(fn)
+
+
+class _Chained:
+    def __init__(self, fn):
+        self.fn = fn
+
+    def __call__(self, worker_id):
+        worker_ignores_stop_signals(worker_id)
+        self.fn(worker_id)
 
 
 @dataclass
@@ -89,12 +119,14 @@ class StopSignals:
                 self._saved[num] = signal.signal(num, self._handle)
             except ValueError:  # not the main thread of the main interpreter: signals cannot be caught here
                 logging.warning(f"cannot catch {num.name} outside the main thread; a preemption will not be saved")
+        _STOP_SIGNALS[:] = list(self._saved)
         return self
 
     def restore(self) -> None:
         for num, old in self._saved.items():
             signal.signal(num, old)
         self._saved = {}
+        _STOP_SIGNALS[:] = []
 
 
 class StepGate:

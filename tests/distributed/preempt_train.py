@@ -1,15 +1,28 @@
 """``clip_dcl.train`` with a signal sent to this process after a given optimizer step (for the tests).
 
 ``python tests/distributed/preempt_train.py ARGS`` (or under torchrun) trains as ``-m clip_dcl.train``;
-with ``PREEMPT_AT_STEP=K`` (and ``PREEMPT_RANK=R``, default every rank) the process sends itself
-``PREEMPT_SIGNAL`` (default SIGTERM) right after its K-th optimizer step, from an optimizer hook, which
-is where a scheduler's signal lands in a real run: in the middle of an epoch, between two steps.
+with ``PREEMPT_AT_STEP=K`` (and ``PREEMPT_RANK=R``, default every rank) the process sends
+``PREEMPT_SIGNAL`` (default SIGTERM) to itself and to its child processes (its data-loader workers),
+as Slurm signals every process of a task, right after its K-th optimizer step, from an optimizer
+hook: in the middle of an epoch, between two steps.
 """
 import os
 import signal
+import subprocess
 import sys
 
 
+
+
+def _children(pid: int) -> list:
+    out = []
+    for task in os.listdir(f"/proc/{pid}/task"):
+        try:
+            with open(f"/proc/{pid}/task/{task}/children") as f:
+                out += [int(c) for c in f.read().split()]
+        except OSError:
+            pass
+    return out
 
 
 def _install() -> None:
@@ -23,7 +36,10 @@ def _install() -> None:
     def hook(optimizer, args, kwargs):
         steps[0] += 1
         if steps[0] == at:
-            os.kill(os.getpid(), sig)
+            # from another process, as the scheduler's: a data-loader worker exits quietly on a SIGTERM from
+            # its parent, and dies of one from anyone else
+            children = [str(c) for c in _children(os.getpid())]
+            subprocess.run(["kill", f"-{sig.name[3:]}", *children, str(os.getpid())], check=True)
 
     from torch.optim.optimizer import register_optimizer_step_post_hook
 
