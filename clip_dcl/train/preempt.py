@@ -139,6 +139,9 @@ class StepGate:
         self.device = torch.device(device)
         self.last_save = time.monotonic()
         self.signame: Optional[str] = None
+        if world_size > 1 and not (torch.distributed.is_available() and torch.distributed.is_initialized()):
+            logging.warning("several ranks without torch.distributed (--horovod): each rank decides alone when to "
+                            "stop on a signal, so the signal must reach every rank at the same step")
 
     def _local(self) -> tuple:
         stop = self.signals is not None and self.signals.received is not None
