@@ -61,6 +61,14 @@ class CheckpointUnreadable(ValueError):
     """A checkpoint file that cannot be read (truncated by a killed save, or not a torch file)."""
 
 
+class CheckpointDiskFull(RuntimeError):
+    """A checkpoint could not be written: no space left on the disk (or the quota is reached).
+
+    The message names the file, the space needed and free where known, the previous checkpoint
+    (intact: the partial file is removed and nothing was renamed) and how to resume.
+    """
+
+
 def checkpoint_entry(model: str, model_config: dict | None, preprocess_cfg: dict | None, loss: str,
                      loss_args: dict) -> dict:
     """The :data:`CKPT_KEY` entry of a training checkpoint: what a loader needs without the flags."""
@@ -104,6 +112,10 @@ def save_atomically(obj, path, save=None) -> None:
     """``torch.save(obj, path)`` through ``path + PARTIAL_SUFFIX``, flushed to disk, then renamed.
 
     A kill during the save leaves at most the ``.partial`` file, never a truncated ``path``.
+
+    Raises:
+        CheckpointDiskFull: the disk is full (``ENOSPC``/``EDQUOT``, however deep in torch's error it
+            is); the ``.partial`` file is removed and ``path``, if it existed, is untouched.
     """
     import torch
 
@@ -116,10 +128,72 @@ def save_atomically(obj, path, save=None) -> None:
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as e:
         with contextlib.suppress(OSError):
             os.remove(tmp)
+        full = _disk_full(e)
+        if full is not None:
+            raise CheckpointDiskFull(_disk_full_message(obj, path, full)) from e
         raise
+
+
+def _disk_full(err: BaseException) -> OSError | None:
+    """The ``ENOSPC`` / ``EDQUOT`` ``OSError`` in ``err``'s chain (torch wraps it in a RuntimeError)."""
+    import errno
+
+    seen = set()
+    while err is not None and id(err) not in seen:
+        seen.add(id(err))
+        if isinstance(err, OSError) and err.errno in (errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC)):
+            return err
+        err = err.__cause__ or err.__context__
+    return None
+
+
+def _payload_bytes(obj) -> int:
+    """The bytes of the tensors in ``obj`` (dicts, lists and tuples walked): about what the file needs."""
+    import torch
+
+    if isinstance(obj, torch.Tensor):
+        return obj.numel() * obj.element_size()
+    if isinstance(obj, dict):
+        return sum(_payload_bytes(v) for v in obj.values())
+    if isinstance(obj, (list, tuple)):
+        return sum(_payload_bytes(v) for v in obj)
+    return 0
+
+
+def _size(n: int) -> str:
+    for unit in ("bytes", "KB", "MB", "GB", "TB"):
+        if n < 1024 or unit == "TB":
+            return f"{n:.0f} {unit}" if unit == "bytes" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n} bytes"
+
+
+def _disk_full_message(obj, path: str, err: OSError) -> str:
+    import shutil
+
+    folder = os.path.dirname(os.path.abspath(path))
+    need = _payload_bytes(obj)
+    try:
+        free = f"{_size(shutil.disk_usage(folder).free)} free"
+    except OSError:
+        free = "free space unknown"
+    needs = f"it needs about {_size(need)}, {free} on that disk" if need else free
+    import glob as _glob
+
+    from open_clip_train.main import natural_key  # the order OpenCLIP's --resume latest picks in
+
+    others = sorted(_glob.glob(os.path.join(folder, "**", "*.pt"), recursive=True), key=natural_key)
+    if others:
+        previous = (f"the previous checkpoint, {others[-1]}, is intact (the partial file was removed). Free "
+                    f"space, then run the same command with --resume latest (or --resume {others[-1]})")
+    else:
+        previous = ("the partial file was removed; there is no earlier checkpoint in that folder, so the run "
+                    "would start over. Free space (or give --logs another disk) and run it again")
+    return (f"cannot write checkpoint {path}: the disk is full ({err.strerror or err}); {needs}. "
+            f"{previous[0].upper()}{previous[1:]}.")
 
 
 def _first_line(err: BaseException) -> str:
@@ -285,6 +359,47 @@ def resolve_model(path: str | os.PathLike, ckpt: dict, model: str | None = None,
     return name
 
 
+def _mismatch_summary(err: RuntimeError) -> str:
+    """torch's ``load_state_dict`` error in one line: counts, and the first size mismatch."""
+    import re
+
+    text = str(err)
+    sizes = re.findall(r"size mismatch for ([^:]+): copying a param with shape (torch\.Size\(\[[^\]]*\]\)) from "
+                       r"checkpoint, the shape in current model is (torch\.Size\(\[[^\]]*\]\))", text)
+    missing = re.search(r"Missing key\(s\) in state_dict: (.*?)\.\s*(?:Unexpected|size mismatch|$)", text, re.S)
+    unexpected = re.search(r"Unexpected key\(s\) in state_dict: (.*?)\.\s*(?:Missing|size mismatch|$)", text, re.S)
+    parts = []
+    if sizes:
+        k, theirs, ours = sizes[0]
+        shape = lambda s: s.replace("torch.Size(", "").rstrip(")")  # noqa: E731
+        parts.append(f"{len(sizes)} tensor(s) of another shape (e.g. {k}: {shape(theirs)} in the checkpoint, "
+                     f"{shape(ours)} in the model)")
+    for what, m in (("missing from the checkpoint", missing), ("not in the model", unexpected)):
+        if m:
+            keys = re.findall(r'"([^"]+)"', m.group(1))
+            parts.append(f"{len(keys)} key(s) {what}" + (f" (e.g. {keys[0]})" if keys else ""))
+    return "; ".join(parts) or text.strip().splitlines()[0]
+
+
+def _mismatch_message(path, ckpt: dict, name: str, asked: str | None, model_config, err: RuntimeError) -> str:
+    """Why the weights do not load into ``name``: the model the checkpoint was trained as, when it says."""
+    entry = ckpt.get(CKPT_KEY) if isinstance(ckpt.get(CKPT_KEY), dict) else {}
+    own, source = entry.get("model"), f"its {CKPT_KEY!r} entry"
+    if not own:
+        own, source = read_params(path).get("model"), "the params.txt of its run"
+    summary = _mismatch_summary(err)
+    if own and own != name:
+        flag = f"--model {asked}" if asked else f"--model-config {model_config}"
+        return (f"checkpoint {str(path)!r} was trained as model {own!r} ({source}), not {name!r} as {flag} asks: "
+                f"{summary}. Drop {flag.split()[0]} (the checkpoint names its model) or pass --model {own}")
+    if own:
+        return (f"checkpoint {str(path)!r} was trained as model {own!r} ({source}) but does not fit its current "
+                f"config ({summary}); was the config changed? Pass the config it was trained with "
+                f"(--model-config)")
+    return (f"checkpoint {str(path)!r} does not fit model {name!r} ({summary}); it does not record the model it was "
+            f"trained as: pass that one with --model (and --model-config for a custom architecture)")
+
+
 def load_checkpoint(path: str | os.PathLike, device: str = "cpu", model: str | None = None,
                     model_config: str | os.PathLike | dict | None = None, allow_unsafe_pickle: bool = False):
     """Load a trained model for downstream use: ``(model, preprocess, tokenizer)``.
@@ -331,7 +446,7 @@ def load_checkpoint(path: str | os.PathLike, device: str = "cpu", model: str | N
     try:
         net.load_state_dict(state_dict, strict=True)
     except RuntimeError as e:
-        raise ValueError(f"checkpoint {str(path)!r} does not fit model {name!r}: {e}") from e
+        raise ValueError(_mismatch_message(path, ckpt, name, model, model_config, e)) from None
     net = net.to(device).eval()
     # Remember the name: export() writes the config registered under it.
     net.clip_dcl_model_name = name

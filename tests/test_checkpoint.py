@@ -329,3 +329,63 @@ def test_a_save_killed_halfway_leaves_no_torn_pt_file(tmp_path, monkeypatch):
     with pytest.raises(KeyboardInterrupt):
         run.save({"epoch": 2, "state_dict": {}}, str(tmp_path / "epoch_2.pt"))
     assert list(tmp_path.iterdir()) == []
+
+
+# -- clear last lines: the wrong model, a full disk ------------------------------------------------------
+def test_a_checkpoint_loaded_as_another_model_names_the_model_it_was_trained_as(trained, tmp_path, capsys):
+    from clip_dcl.checkpoint import register_config_dict
+    from clip_dcl.eval.cli import main as eval_main
+
+    path, name, cfg, _ = _custom_checkpoint(tmp_path)  # its clip_dcl entry names the model
+    with pytest.raises(ValueError) as err:
+        load_checkpoint(path, model=TINY_MODEL)
+    msg = str(err.value)
+    assert f"was trained as model {name!r} (its 'clip_dcl' entry), not 'clip-dcl-tiny' as --model clip-dcl-tiny " \
+           "asks" in msg
+    assert msg.endswith(f"Drop --model (the checkpoint names its model) or pass --model {name}")
+    assert "tensor(s) of another shape (e.g. " in msg and "size mismatch for" not in msg  # one line, not torch's list
+    # an OpenCLIP-native checkpoint: its run's params.txt says what it was trained as
+    register_config_dict("clip-dcl-test-other", cfg)
+    with pytest.raises(ValueError, match=r"was trained as model 'clip-dcl-tiny' \(the params.txt of its run\), not "
+                                         r"'clip-dcl-test-other'"):
+        load_checkpoint(trained, model="clip-dcl-test-other")
+    rc = eval_main(["retrieval", "--checkpoint", str(path), "--model", TINY_MODEL, "--data", str(tmp_path),
+                    "--no-progress", "--device", "cpu"])
+    assert rc == 2 and f"was trained as model {name!r}" in capsys.readouterr().err
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full")
+def test_a_full_disk_names_the_file_the_space_and_the_intact_previous_checkpoint(tmp_path):
+    from clip_dcl.checkpoint import CheckpointDiskFull, save_atomically
+
+    save_atomically({"w": torch.zeros(4)}, tmp_path / "epoch_1.pt")
+    (tmp_path / "epoch_2.pt.partial").symlink_to("/dev/full")  # every write to it fails with ENOSPC
+    with pytest.raises(CheckpointDiskFull) as err:
+        save_atomically({"w": torch.zeros(1 << 16)}, tmp_path / "epoch_2.pt")
+    msg = str(err.value)
+    assert msg.startswith(f"cannot write checkpoint {tmp_path / 'epoch_2.pt'}: the disk is full (No space left on "
+                          "device); it needs about 256.0 KB, ")
+    assert f"The previous checkpoint, {tmp_path / 'epoch_1.pt'}, is intact (the partial file was removed)" in msg
+    assert "--resume latest" in msg
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["epoch_1.pt"]
+    assert torch.equal(torch.load(tmp_path / "epoch_1.pt", weights_only=True)["w"], torch.zeros(4))
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full")
+def test_a_full_disk_during_training_ends_with_one_clear_line(tmp_path, capsys):
+    from clip_dcl.train import main as train_main
+
+    folder = tmp_path / "logs" / "f" / "checkpoints"
+    folder.mkdir(parents=True)
+    (folder / "epoch_2.pt.partial").symlink_to("/dev/full")  # the disk fills up before the second save
+    rc = train_main(["--dataset-type", "synthetic", "--train-num-samples", "8", "--batch-size", "4", "--epochs", "2",
+                     "--workers", "0", "--model", TINY_MODEL, "--logs", str(tmp_path / "logs"), "--name", "f",
+                     "--save-frequency", "1", "--report-to", "", "--loss", "clip"])
+    err = capsys.readouterr().err
+    assert rc == 1
+    assert f"clip-dcl train: error: cannot write checkpoint {folder / 'epoch_2.pt'}: the disk is full" in err
+    assert f"The previous checkpoint, {folder / 'epoch_1.pt'}, is intact" in err
+    assert "Traceback" not in err and "inline_container" not in err
+    assert sorted(p.name for p in folder.iterdir()) == ["epoch_1.pt"]
+    load_checkpoint(folder / "epoch_1.pt")  # whole

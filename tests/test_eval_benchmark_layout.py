@@ -114,7 +114,7 @@ def test_retrieval_shards_with_several_captions_per_txt(tmp_path):
     m, info = evaluate_retrieval(model, to_tensor, tok, tmp_path / "coco", batch_size=4, progress=False,
                                  return_info=True, ks=(1, 2, 5))
     # several captions per image come back as several captions, not one text with newlines
-    assert info == {"num_images": 12, "num_texts": 36}
+    assert info == {"num_images": 12, "num_texts": 36, "skipped": {}}
     images, captions = _read_tars_as_benchmark_does(tmp_path / "coco")
     assert sorted(map(tuple, captions)) == sorted(map(tuple, truth))
     img = F.normalize(model.encode_image(images), dim=-1)
@@ -152,8 +152,11 @@ def test_blank_caption_lines_are_skipped_and_an_empty_txt_is_named(tmp_path):
     caps = [c for _, c, _ in es.retrieval_wds(es.expand_shards(tmp_path / "r"), to_tensor)]
     assert caps == [["rgb 200 20 20", "red"], ["blue"]]
     write_benchmark_set(tmp_path / "e", [((200, 20, 20), {"txt": b"\n  \n"})], dataset_type="retrieval")
-    with pytest.raises(ValueError, match=r"'s00000000' .*0.tar'.*holds no caption"):
+    # an empty .txt is skipped and counted; nothing left to score is an error that says why
+    with pytest.raises(ValueError, match=r"no samples in the shards .*0.tar'\] \(1 skipped \(empty caption 1\)\)"):
         evaluate_retrieval(ToyCLIP(), to_tensor, ToyTokenizer(), tmp_path / "e", progress=False)
+    with pytest.raises(ValueError, match=r"sample 's00000000' in .*0.tar: empty caption \(.txt holds no caption\)"):
+        evaluate_retrieval(ToyCLIP(), to_tensor, ToyTokenizer(), tmp_path / "e", progress=False, strict=True)
 
 
 def test_a_folder_in_neither_layout_names_both(tmp_path):

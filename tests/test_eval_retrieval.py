@@ -143,7 +143,7 @@ def test_evaluate_retrieval_shards_and_csv_match_direct_features(tmp_path):
     got_wds, info = evaluate_retrieval(model, to_tensor, tok, tmp_path / "shards", batch_size=4, progress=False,
                                        return_info=True)
     got_csv = evaluate_retrieval(model, to_tensor, tok, tmp_path / "pairs.csv", batch_size=4, progress=False)
-    assert info == {"num_images": 6, "num_texts": len(texts)}
+    assert info == {"num_images": 6, "num_texts": len(texts), "skipped": {}}
     for k, v in expected.items():
         assert got_wds[k] == pytest.approx(v, abs=1e-6), k
         assert got_csv[k] == pytest.approx(v, abs=1e-6), k
@@ -182,9 +182,9 @@ def test_a_corrupt_image_in_retrieval_shards_is_skipped_logged_and_counted(tmp_p
     got, info = evaluate_retrieval(model, to_tensor, tok, tmp_path / "shards", batch_size=4, progress=False,
                                    return_info=True)
     assert info["num_images"] == 6  # the six good samples, scored as without the bad one
+    assert info["skipped"] == {"undecodable image": 1}
     messages = [r.getMessage() for r in caplog.records]
     assert any("'000000099'" in m and "val-001.tar" in m and "undecodable image" in m for m in messages), messages
-    assert any("skipped 1 sample(s) whose image does not decode (keys 000000099)" in m for m in messages), messages
 
 
 def test_output_json_writes_null_for_nan(tmp_path):

@@ -321,5 +321,6 @@ def test_shards_expand_and_yield_caption_lists(tmp_path):
     assert [s[1] for s in samples] == [["only txt"], ["main", "second"], ["json only"]]
     assert torch.allclose(samples[1][0].mean((1, 2)) * 255, torch.tensor([4.0, 5.0, 6.0]), atol=1e-3)
     write_shard(tmp_path / "val-002.tar", [("000000003", (1, 1, 1), None, None)])
-    with pytest.raises(ValueError, match="'000000003' .* has no caption"):
-        list(es.retrieval_wds([str(tmp_path / "val-002.tar")], to_tensor))
+    assert list(es.retrieval_wds([str(tmp_path / "val-002.tar")], to_tensor)) == []  # skipped (and logged)
+    with pytest.raises(es.SampleSkipped, match=r"'000000003' in .*val-002.tar: no caption"):
+        list(es.retrieval_wds([str(tmp_path / "val-002.tar")], to_tensor, strict=True))

@@ -3,6 +3,7 @@ sample ids, and an OpenCLIP that is not the one the patches were written for."""
 from __future__ import annotations
 
 import argparse
+import io
 import json
 import re
 import logging
@@ -379,3 +380,23 @@ def test_hashed_ids_that_collide_are_warned_about_at_the_end_of_the_first_epoch(
     m = re.search(r"Sample ids, epoch 0: 32 distinct samples but (\d+) distinct ids: (\d+) samples share a rate row "
                   r"with another \(their keys are not numeric", log)
     assert m and int(m.group(1)) < 32, log[-3000:] + out.stderr[-2000:]
+
+
+def test_a_whole_shard_whose_end_marker_is_read_in_two_pieces_is_not_reported_as_truncated(tmp_path, caplog):
+    """tarfile stops at the first zero block of the end-of-archive marker; when the reader's last
+    read ends there, the marker's second block is still unread, which is not a truncation."""
+    import tarfile
+
+    (tmp_path / "s").mkdir()
+    shard = tmp_path / "s" / "00000.tar"
+    with tarfile.open(shard, "w") as tf:  # 20 samples of 3 members: the marker starts 512 bytes into a record
+        for k in range(20):
+            for ext, data in (("jpg", _jpeg()), ("txt", f"sample {k}".encode()), ("json", b"{}")):
+                info = tarfile.TarInfo(f"{k:09d}.{ext}")
+                info.size = len(data)
+                tf.addfile(info, io.BytesIO(data))
+    caplog.set_level(logging.WARNING)
+    info = _pipeline(str(shard), batch_size=1, train_num_samples=20)
+    assert sorted(_epoch(info)) == list(range(20))
+    assert info.dataloader.data_stats.collect(0)["ended_early"] == {}
+    assert not any("ended early" in r.getMessage() for r in caplog.records)

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Sequence
 
-from torch.utils.data import Dataset
+from torch.utils.data import Dataset, IterableDataset
 
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
 #: Image keys accepted in a webdataset sample, in the order OpenCLIP's trainer tries them.
@@ -178,18 +178,31 @@ class ImageSource:
 
 
 class ImageListDataset(Dataset):
-    """``dataset[i] -> (transform(image_i), i)`` over a list of image references."""
+    """``dataset[i] -> (transform(image_i), i)`` over a list of image references.
 
-    def __init__(self, refs: Sequence[str], source: ImageSource, transform: Callable):
+    With ``markers``, an image that does not decode gives ``(Skip, i)`` (cause "undecodable image",
+    ``where`` as its url, the reference as its key) instead of raising.
+    """
+
+    def __init__(self, refs: Sequence[str], source: ImageSource, transform: Callable, markers: bool = False,
+                 where: str | None = None):
         self.refs = list(refs)
         self.source = source
         self.transform = transform
+        self.markers = markers
+        self.where = where or str(source.base_dir)
 
     def __len__(self) -> int:
         return len(self.refs)
 
     def __getitem__(self, i: int):
-        return self.transform(self.source.open(self.refs[i])), i
+        if not self.markers:
+            return self.transform(self.source.open(self.refs[i])), i
+        try:
+            image = self.source.open(self.refs[i])
+        except Exception as e:  # noqa: BLE001 - what PIL (or a zip member) raises on a bad file varies
+            return Skip(self.where, self.refs[i], "undecodable image", f"{type(e).__name__}: {e}"), i
+        return self.transform(image), i
 
 
 # ----------------------------------------------------------------------------------------------
@@ -295,30 +308,6 @@ def expand_shards(data: str | os.PathLike | Sequence[str]) -> list[str]:
     return shards
 
 
-def _sample_captions(sample: dict) -> list[str]:
-    """A webdataset sample's captions: the json ``captions`` list when present, else the txt."""
-    meta = sample.get("json")
-    if meta is not None:
-        if isinstance(meta, (bytes, str)):
-            meta = json.loads(meta)
-        caps = meta.get("captions") if isinstance(meta, dict) else None
-        if caps:
-            if not isinstance(caps, list) or not all(isinstance(c, str) for c in caps):
-                raise ValueError(f"sample {sample.get('__key__')!r} in {sample.get('__url__')!r}: "
-                                 f"json 'captions' must be a list of strings")
-            return [c.strip() for c in caps if c.strip()]
-    txt = sample.get("txt")
-    if txt is None:
-        raise ValueError(f"sample {sample.get('__key__')!r} in {sample.get('__url__')!r} has no caption "
-                         f"(neither .txt nor json 'captions')")
-    if isinstance(txt, bytes):
-        txt = txt.decode("utf-8")
-    caps = split_captions(txt)
-    if not caps:
-        raise ValueError(f"sample {sample.get('__key__')!r} in {sample.get('__url__')!r}: its .txt holds no caption")
-    return caps
-
-
 def split_captions(txt: str) -> list[str]:
     """The captions of one ``.txt``: one per line (CLIP_benchmark's retrieval shards put all
     captions of an image in one file, and its reader splits them with ``splitlines``), stripped,
@@ -326,35 +315,236 @@ def split_captions(txt: str) -> list[str]:
     return [line.strip() for line in txt.splitlines() if line.strip()]
 
 
-def retrieval_wds(shards: Sequence[str], transform: Callable):
-    """Webdataset pipeline yielding ``(transform(image), captions, key)`` per sample, shards in order.
+# ----------------------------------------------------------------------------------------------
+# Skipped samples: what the readers leave out, why, and the count of each cause
+# ----------------------------------------------------------------------------------------------
+#: Why an evaluation sample (or a shard's rest) is left out, in the order the counts are listed.
+SKIP_CAUSES = ("no caption", "empty caption", "undecodable caption", "no image", "undecodable image", "no label",
+               "undecodable label", "shard ended early")
 
-    Each DataLoader worker reads whole shards (webdataset's ``split_by_worker``); every sample
-    carries its own captions, so the interleaving of workers does not matter. A sample whose image
-    does not decode is logged with its shard and key and yielded as ``(None, None, key)``, for the
-    caller to count and leave out.
-    """
-    import logging
 
+@dataclass(frozen=True)
+class Skip:
+    """A sample left out (``key`` None: the rest of a shard), where it was and why."""
+
+    url: str
+    key: str | None
+    cause: str
+    detail: str = ""
+
+    def describe(self) -> str:
+        where = f"sample {self.key!r} in {self.url}" if self.key is not None else f"shard {self.url}"
+        return f"{where}: {self.cause}" + (f" ({self.detail})" if self.detail else "")
+
+
+class SampleSkipped(ValueError):
+    """``--strict``: a sample the evaluation would otherwise skip; the message names it and the cause."""
+
+
+class SkipCounter:
+    """Counts skips by cause, logging each one with its shard, key and cause; with ``strict``, the
+    first one raises :class:`SampleSkipped` instead."""
+
+    def __init__(self, strict: bool = False):
+        import collections
+
+        self.strict = strict
+        self.counts: collections.Counter = collections.Counter()
+
+    def record(self, skip: Skip) -> None:
+        if self.strict:
+            raise SampleSkipped(f"{skip.describe()} (--strict: without it, the sample would be skipped and counted)")
+        import logging
+
+        self.counts[skip.cause] += 1
+        logging.getLogger(__name__).warning("skipping %s", skip.describe())
+
+    @property
+    def total(self) -> int:
+        return sum(self.counts.values())
+
+    def as_dict(self) -> dict[str, int]:
+        """``{cause: count}`` of the causes met (empty when nothing was skipped)."""
+        order = list(SKIP_CAUSES) + sorted(c for c in self.counts if c not in SKIP_CAUSES)
+        return {c: int(self.counts[c]) for c in order if self.counts[c]}
+
+    def summary(self) -> str:
+        return f"{self.total} skipped" + (
+            f" ({', '.join(f'{c} {n}' for c, n in self.as_dict().items())})" if self.total else "")
+
+
+class _TailRecorder:
+    """A read-only stream that keeps the byte count and the last 1024 bytes read (end-of-archive check)."""
+
+    def __init__(self, stream):
+        self.stream, self.total, self.head, self.tail = stream, 0, b"", b""
+
+    def read(self, *args):
+        data = self.stream.read(*args)
+        if self.total < 6:
+            self.head = (self.head + data)[:6]
+        self.total += len(data)
+        self.tail = (self.tail + data)[-1024:]
+        return data
+
+    def complete(self) -> bool:
+        """Whether the archive ended with its end-of-archive marker (unknown, so True, when compressed)."""
+        if self.head.startswith((b"\x1f\x8b", b"BZh", b"\xfd7zXZ")):
+            return True
+        return self.total % 512 == 0 and self.total >= 1024 and self.tail == bytes(1024)
+
+    def close(self):
+        self.stream.close()
+
+
+def shard_samples(urls: Sequence[str]):
+    """The samples of ``urls`` in order, as webdataset groups them (``{"__key__", "__url__", ext: bytes}``),
+    and a :class:`Skip` ("shard ended early") for a shard that cannot be read to its end: a read error,
+    bytes that are not a tar, or no end-of-archive marker (a tar cut at a member boundary). The
+    samples before the break are yielded; one cut by it is dropped (named in the skip's detail)."""
     import webdataset as wds
-    from webdataset import autodecode
+    from webdataset import tariterators
 
-    decoder = autodecode.Decoder([autodecode.ImageHandler("pilrgb")])
-
-    def to_pair(sample):
+    for url in urls:
         try:
-            sample = decoder(sample)
-        except Exception as e:  # noqa: BLE001 - what PIL raises on a bad file varies
-            logging.getLogger(__name__).warning("skipping sample %r in %s: undecodable image (%s: %s)",
-                                                sample.get("__key__"), sample.get("__url__"), type(e).__name__, e)
-            return None, None, sample.get("__key__")
-        img = next((sample[k] for k in WDS_IMAGE_KEYS if k in sample), None)
-        if img is None:
-            raise ValueError(f"sample {sample.get('__key__')!r} in {sample.get('__url__')!r} has no image "
-                             f"({'/'.join(WDS_IMAGE_KEYS)})")
-        return transform(img), _sample_captions(sample), sample["__key__"]
+            stream = _TailRecorder(open(url, "rb"))
+        except OSError as e:
+            yield Skip(url, None, "shard ended early", f"cannot open it: {e}")
+            continue
+        held: dict = {}
+        held_key, previous, count, why = None, None, 0, None
+        try:
+            for f in tariterators.tar_file_iterator(stream, handler=wds.reraise_exception):
+                key, ext = tariterators.base_plus_ext(f["fname"])
+                if key is None:
+                    continue
+                if held and key != held_key:
+                    count += 1
+                    previous = set(held)
+                    yield {**held, "__key__": held_key, "__url__": url}
+                    held = {}
+                held_key = key
+                held[ext.lower()] = f["data"]
+            while stream.read(1 << 16):  # tarfile stops at the first zero block: read the rest of the marker
+                pass
+        except Exception as e:  # noqa: BLE001 - whatever tarfile raises, the shard ends here
+            why = f"{type(e).__name__}: {str(e).split(' @ ')[0]}"
+        finally:
+            stream.close()
+        if why is None and not stream.complete():
+            why = "no end-of-archive marker: truncated"
+            if held and set(held) == previous:  # cut at a member boundary after a whole sample
+                count += 1
+                yield {**held, "__key__": held_key, "__url__": url}
+                held = {}
+        if why is not None:
+            cut = f"; sample {held_key!r} cut short" if held else ""
+            yield Skip(url, None, "shard ended early", f"after {count} samples{cut}: {why}")
+        elif held:
+            yield {**held, "__key__": held_key, "__url__": url}
 
-    return wds.WebDataset(list(shards), shardshuffle=False).map(to_pair)
+
+def sample_image(sample: dict, keys: Sequence[str] = WDS_IMAGE_KEYS):
+    """The sample's image as an RGB ``PIL.Image``, or a :class:`Skip` (no image, undecodable image)."""
+    from PIL import Image
+
+    url, key = sample.get("__url__"), sample.get("__key__")
+    ext = next((k for k in keys if k in sample), None)
+    if ext is None:
+        return Skip(url, key, "no image", f"none of {'/'.join(keys)}")
+    try:
+        img = Image.open(io.BytesIO(sample[ext]))
+        img.load()
+        return img.convert("RGB")
+    except Exception as e:  # noqa: BLE001 - what PIL raises on a bad file varies
+        return Skip(url, key, "undecodable image", f".{ext}: {type(e).__name__}: {e}")
+
+
+def sample_captions(sample: dict):
+    """A webdataset sample's captions (the json ``captions`` list when present and not empty, else
+    the ``.txt``, one caption a line), or a :class:`Skip`: no caption, an empty one, or one that is
+    not UTF-8 / not valid JSON."""
+    url, key = sample.get("__url__"), sample.get("__key__")
+    meta = sample.get("json")
+    if meta is not None:
+        try:
+            doc = json.loads(meta.decode("utf-8") if isinstance(meta, bytes) else meta)
+        except (UnicodeDecodeError, json.JSONDecodeError) as e:
+            return Skip(url, key, "undecodable caption", f".json: {type(e).__name__}: {e}")
+        caps = doc.get("captions") if isinstance(doc, dict) else None
+        if caps:
+            if not isinstance(caps, list) or not all(isinstance(c, str) for c in caps):
+                return Skip(url, key, "undecodable caption", "json 'captions' must be a list of strings")
+            caps = [c.strip() for c in caps if c.strip()]
+            return caps or Skip(url, key, "empty caption", "json 'captions' holds only blank strings")
+    txt = sample.get("txt")
+    if txt is None:
+        return Skip(url, key, "no caption", "neither .txt nor json 'captions'")
+    try:
+        text = txt.decode("utf-8") if isinstance(txt, bytes) else str(txt)
+    except UnicodeDecodeError as e:
+        return Skip(url, key, "undecodable caption", f".txt is not UTF-8: {e}")
+    return split_captions(text) or Skip(url, key, "empty caption", ".txt holds no caption")
+
+
+def _sample_captions(sample: dict) -> list[str]:
+    """:func:`sample_captions`, raising ``ValueError`` naming the sample instead of returning a skip."""
+    caps = sample_captions(sample)
+    if isinstance(caps, Skip):
+        raise ValueError(caps.describe())
+    return caps
+
+
+class ShardSamples(IterableDataset):
+    """An ``IterableDataset`` of ``to_item(sample)`` over webdataset shards, shards in order; each
+    DataLoader worker reads whole shards (every ``num_workers``-th, as webdataset's ``split_by_worker``).
+
+    ``to_item`` returns the item or a :class:`Skip`. With ``markers`` the skips are yielded too, for
+    the caller to count in its own process (:class:`SkipCounter`, also across workers); without, they
+    are logged and left out here (``strict``: raised).
+    """
+
+    def __init__(self, shards: Sequence[str], to_item: Callable, markers: bool = False, strict: bool = False):
+        self.shards, self.to_item, self.markers, self.strict = list(shards), to_item, markers, strict
+
+    def __iter__(self):
+        from torch.utils.data import get_worker_info
+
+        info = get_worker_info()
+        urls = self.shards if info is None else self.shards[info.id::info.num_workers]
+        counter = None if self.markers else SkipCounter(self.strict)
+        for sample in shard_samples(urls):
+            item = sample if isinstance(sample, Skip) else self.to_item(sample)
+            if isinstance(item, Skip):
+                if counter is None:
+                    yield item
+                else:
+                    counter.record(item)
+                continue
+            yield item
+
+
+def _retrieval_item(transform: Callable, sample: dict):
+    caps = sample_captions(sample)
+    if isinstance(caps, Skip):
+        return caps
+    img = sample_image(sample)
+    if isinstance(img, Skip):
+        return img
+    return transform(img), caps, sample["__key__"]
+
+
+def retrieval_wds(shards: Sequence[str], transform: Callable, markers: bool = False, strict: bool = False):
+    """Dataset yielding ``(transform(image), captions, key)`` per sample, shards in order.
+
+    A sample without a caption or an image, with an empty caption, a caption that is not UTF-8 (or
+    json that does not parse), or an image that does not decode, and the rest of a shard that ends
+    early, is a :class:`Skip` (see :class:`ShardSamples` for ``markers`` and ``strict``). Every
+    sample carries its own captions, so the interleaving of workers does not matter.
+    """
+    import functools
+
+    return ShardSamples(shards, functools.partial(_retrieval_item, transform), markers, strict)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -445,28 +635,37 @@ def read_benchmark_shards(path: str | os.PathLike, split: str = "test") -> Bench
                            classnames=classnames, templates=templates)
 
 
-def classification_wds(shards: Sequence[str], transform: Callable, multilabel: bool = False):
-    """Webdataset pipeline yielding ``(transform(image), label)`` per sample, shards in order:
-    ``label`` an ``int`` from ``.cls``, or with ``multilabel`` a float multi-hot vector from ``.npy``
-    (CLIP_benchmark's classification and multilabel shards)."""
+def _classification_item(transform: Callable, multilabel: bool, sample: dict):
     import numpy as np
     import torch
-    import webdataset as wds
 
-    key = "npy" if multilabel else "cls"
+    url, key = sample.get("__url__"), sample.get("__key__")
+    ext = "npy" if multilabel else "cls"
+    if ext not in sample:
+        return Skip(url, key, "no label", f"no .{ext}")
+    try:
+        if multilabel:
+            label = torch.as_tensor(np.load(io.BytesIO(sample[ext]), allow_pickle=False), dtype=torch.float32)
+        else:
+            label = int(sample[ext].decode("utf-8").strip())
+    except (ValueError, UnicodeDecodeError, OSError, EOFError) as e:
+        return Skip(url, key, "undecodable label", f".{ext}: {type(e).__name__}: {e}")
+    img = sample_image(sample, BENCHMARK_IMAGE_KEYS)
+    if isinstance(img, Skip):
+        return img
+    return transform(img), label
 
-    def to_pair(sample):
-        img = next((sample[k] for k in BENCHMARK_IMAGE_KEYS if k in sample), None)
-        if img is None:
-            raise ValueError(f"sample {sample.get('__key__')!r} in {sample.get('__url__')!r} has no image "
-                             f"({'/'.join(BENCHMARK_IMAGE_KEYS)})")
-        if key not in sample:
-            raise ValueError(f"sample {sample.get('__key__')!r} in {sample.get('__url__')!r} has no .{key} label")
-        label = sample[key]
-        label = torch.as_tensor(np.asarray(label), dtype=torch.float32) if multilabel else int(label)
-        return transform(img), label
 
-    return wds.WebDataset(list(shards), shardshuffle=False).decode("pilrgb").map(to_pair)
+def classification_wds(shards: Sequence[str], transform: Callable, multilabel: bool = False, markers: bool = False,
+                       strict: bool = False):
+    """Dataset yielding ``(transform(image), label)`` per sample, shards in order: ``label`` an
+    ``int`` from ``.cls``, or with ``multilabel`` a float multi-hot vector from ``.npy``
+    (CLIP_benchmark's classification and multilabel shards). A sample without an image or a label,
+    or whose image or label does not decode, and the rest of a shard that ends early, is a
+    :class:`Skip` (see :class:`ShardSamples` for ``markers`` and ``strict``)."""
+    import functools
+
+    return ShardSamples(shards, functools.partial(_classification_item, transform, multilabel), markers, strict)
 
 
 # ----------------------------------------------------------------------------------------------

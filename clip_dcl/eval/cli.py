@@ -49,6 +49,10 @@ def _add_common(p: argparse.ArgumentParser) -> None:
                         "compare with amp_bf16/amp_fp16 there). Recorded in the JSON")
     g.add_argument("--workers", type=int, default=0, help="data-loading worker processes (default 0)")
     g.add_argument("--output", default=None, help="write the results as JSON to this path")
+    g.add_argument("--strict", action="store_true",
+                   help="stop at the first sample that would be skipped (no or empty caption, a caption or image "
+                        "that does not decode, a shard that ends early), naming it (exit 2); by default such "
+                        "samples are logged, left out and counted by cause in the JSON's \"skipped\"")
     g.add_argument("--no-progress", action="store_true", help="no progress bars")
 
 
@@ -189,8 +193,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"clip-dcl eval: --device {args.device!r}: {device_error}", file=sys.stderr)
         return 2
     progress = not args.no_progress
+    from ..data.evalsets import SkipCounter
+
+    skips = SkipCounter(strict=args.strict)  # every evaluator counts into it: the JSON's "skipped"
     common = dict(batch_size=args.batch_size, device=args.device, workers=args.workers, progress=progress,
-                  precision=args.precision)
+                  precision=args.precision, skips=skips)
     settings = {"batch_size": args.batch_size, "device": args.device, "workers": args.workers,
                 "precision": args.precision}
     details = None
@@ -234,7 +241,9 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     print(table)
     if args.output:
+        data.pop("skipped", None)
         doc = result_document(metrics, model_info, data, settings, details)
+        doc["skipped"] = skips.as_dict()
         path = write_json(args.output, doc)
         print(f"wrote {path}")
         if getattr(args, "format", "flat") == "clip_benchmark":

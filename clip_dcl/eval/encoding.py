@@ -61,6 +61,19 @@ def progress_bar(iterable, desc: str, total: int | None, enabled: bool):
     return tqdm(iterable, desc=desc, total=total, leave=False)
 
 
+def _collate_indexed(batch):
+    """``(images or None, indices, skips)`` of a batch of ``(image, index)`` items, some of which may
+    carry a skip (``clip_dcl.data.evalsets.Skip``) in place of the image."""
+    from ..data.evalsets import Skip
+
+    good = [(img, i) for img, i in batch if not isinstance(img, Skip)]
+    skips = [img for img, _ in batch if isinstance(img, Skip)]
+    if not good:
+        return None, torch.zeros(0, dtype=torch.long), skips
+    images, idx = zip(*good)
+    return torch.stack(images), torch.tensor(idx, dtype=torch.long), skips
+
+
 @torch.no_grad()
 def encode_images(
     model,
@@ -72,28 +85,43 @@ def encode_images(
     progress: bool = True,
     desc: str = "images",
     precision: str = "fp32",
-) -> torch.Tensor:
+    skips=None,
+):
     """``model.encode_image`` over a map-style dataset of ``(image_tensor, index)``; (N, D) float32 on CPU.
 
     Rows come back in dataset order whatever the worker interleaving (each item carries its index).
+    With ``skips`` (a ``clip_dcl.data.evalsets.SkipCounter``), items whose image is a ``Skip`` (an
+    ``ImageListDataset`` with ``markers``) are recorded there and left out, and the result is
+    ``(features (K, D), kept (K,))``: the rows of the K images kept and their dataset indices, in order.
     """
     from torch.utils.data import DataLoader
 
     n = len(dataset)
+    marked = skips is not None
     loader = DataLoader(dataset, batch_size=batch_size, shuffle=False, num_workers=workers,
-                        pin_memory=torch.device(device).type == "cuda")
+                        pin_memory=torch.device(device).type == "cuda", collate_fn=_collate_indexed if marked else None)
     out = None
+    done = torch.zeros(n, dtype=torch.bool)
     model.eval()
-    for images, idx in progress_bar(loader, f"encoding {desc}", len(loader), progress):
+    for batch in progress_bar(loader, f"encoding {desc}", len(loader), progress):
+        images, idx = batch[0], batch[1]
+        for skip in (batch[2] if marked else ()):
+            skips.record(skip)
+        if images is None:
+            continue
         with autocast(device, precision):
             feats = model.encode_image(images.to(device), normalize=normalize)
         feats = feats.float().cpu()
         if out is None:
             out = torch.empty(n, feats.shape[1])
         out[idx] = feats
+        done[idx] = True
     if out is None:
-        raise ValueError(f"no {desc} to encode")
-    return out
+        raise ValueError(f"no {desc} to encode" + (f" ({skips.summary()})" if skips is not None and skips.total else ""))
+    if skips is None:
+        return out
+    kept = done.nonzero().flatten()
+    return out[kept], kept
 
 
 @torch.no_grad()

@@ -38,7 +38,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from ..data.evalsets import FEWSHOT_LAYOUTS, FewShotData, ImageListDataset, list_fewshot_datasets, read_fewshot_dataset
+from ..data.evalsets import (FEWSHOT_LAYOUTS, FewShotData, ImageListDataset, SkipCounter, list_fewshot_datasets,
+                              read_fewshot_dataset)
 from .encoding import check_precision, encode_images, zeroshot_classifier
 from .kshot import VAL_SPLIT, sample_few_shot, shot_plan
 from .metrics import ELEVATER_METRICS, elevater_scores
@@ -132,6 +133,8 @@ class FewShotReport:
     probes: list[ProbeResult]
     datasets: dict[str, dict]
     settings: dict
+    #: images left out because they do not decode, by cause (empty when none)
+    skipped: dict = None
 
     def to_dict(self) -> dict:
         probes = []
@@ -139,7 +142,8 @@ class FewShotReport:
             d = asdict(p)
             d.update(last=p.last, toolkit=p.toolkit)
             probes.append(d)
-        return {"metrics": self.metrics, "probes": probes, "datasets": self.datasets, "settings": self.settings}
+        return {"metrics": self.metrics, "probes": probes, "datasets": self.datasets, "settings": self.settings,
+                "skipped": dict(self.skipped or {})}
 
 
 def _square_transform(model, preprocess):
@@ -205,8 +209,17 @@ def run_fewshot(
     workers: int = 0,
     progress: bool = True,
     precision: str = "fp32",
+    strict: bool = False,
+    skips: SkipCounter | None = None,
 ) -> FewShotReport:
-    """The probe with everything it measured (:class:`FewShotReport`); arguments as :func:`evaluate_fewshot`."""
+    """The probe with everything it measured (:class:`FewShotReport`); arguments as :func:`evaluate_fewshot`.
+
+    An image that does not decode is logged and counted (``report.skipped``, per data set in
+    ``report.datasets[name]["skipped"]``) and left out: a test image from the scores, a train image
+    from the k-shot draws it was in (which then have one shot fewer for its class). ``strict``: it
+    raises :class:`~clip_dcl.data.evalsets.SampleSkipped` naming it instead. ``skips``: a
+    :class:`~clip_dcl.data.evalsets.SkipCounter` to count into (its own ``strict`` applies).
+    """
     if epoch_selection not in EPOCH_SELECTIONS:
         raise ValueError(f"epoch_selection must be 'last' or 'toolkit', got {epoch_selection!r}")
     if isinstance(grid, str):
@@ -240,22 +253,28 @@ def run_fewshot(
 
     probes: list[ProbeResult] = []
     zeroshot: dict[str, float] = {}
+    skips = SkipCounter(strict) if skips is None else skips
+    per_set_skips: dict[str, dict] = {}
     t0 = time.time()
     for name in names:
         d, spec = data[name], specs[name]
+        before = dict(skips.counts)
         c, multilabel, metric = d.num_classes, spec["multilabel"], spec["metric"]
         train_labels = [ys for _, ys in d.train]
         subsets = {s: sample_few_shot(train_labels, c, draw, s) for s in seeds}
         needed = sorted(set().union(*subsets.values()))
-        row = {i: r for r, i in enumerate(needed)}
         transform = preprocess if spec["center_crop"] else _square_transform(model, preprocess)
         enc = dict(batch_size=batch_size, device=device, workers=workers, normalize=False, progress=progress,
-                   precision=precision)
-        x_train = encode_images(model, ImageListDataset([d.train[i][0] for i in needed], d.source, transform),
-                                desc=f"{name} train", **enc)
-        x_test = encode_images(model, ImageListDataset([r for r, _ in d.test], d.source, transform),
-                               desc=f"{name} test", **enc)
-        t_test = labels_to_targets([ys for _, ys in d.test], c, multilabel)
+                   precision=precision, skips=skips)
+        where = f"{name} ({d.folder})"
+        x_train, kept_train = encode_images(
+            model, ImageListDataset([d.train[i][0] for i in needed], d.source, transform, markers=True, where=where),
+            desc=f"{name} train", **enc)
+        row = {needed[j]: r for r, j in enumerate(kept_train.tolist())}
+        x_test, kept_test = encode_images(
+            model, ImageListDataset([r for r, _ in d.test], d.source, transform, markers=True, where=where),
+            desc=f"{name} test", **enc)
+        t_test = labels_to_targets([d.test[i][1] for i in kept_test.tolist()], c, multilabel)
         text_w = zeroshot_classifier(model, tokenizer, d.classnames, d.templates, device=device,
                                      precision=precision)  # (D, C)
         zeroshot[name] = float(elevater_scores(metric, 100.0 * F.normalize(x_test, dim=-1) @ text_w, t_test))
@@ -263,9 +282,11 @@ def run_fewshot(
             init_w, init_b = text_w.T.contiguous(), torch.zeros(c)
         else:
             init_w, init_b = default_head_init(c, x_train.shape[1])
+        per_set_skips[name] = {k: v - before.get(k, 0) for k, v in skips.counts.items() if v - before.get(k, 0)}
         for s in seeds:
-            idx = [row[i] for i in subsets[s]]
-            res = linear_probe(x_train[idx], [train_labels[i] for i in subsets[s]], x_test, t_test, c, metric,
+            drawn = [i for i in subsets[s] if i in row]  # a train image that did not decode is left out
+            idx = [row[i] for i in drawn]
+            res = linear_probe(x_train[idx], [train_labels[i] for i in drawn], x_test, t_test, c, metric,
                                multilabel, grid, init_w, init_b, dataset=name, seed=s, shots=shots,
                                merge_final=merge_final)
             probes.append(res)
@@ -291,8 +312,8 @@ def run_fewshot(
                 "seconds": round(time.time() - t0, 1)}
     per_set = {n: dict(specs[n], num_train=len(data[n].train), num_test=len(data[n].test),
                        classnames=data[n].classnames_source, templates=template_sources[n],
-                       num_templates=len(data[n].templates)) for n in names}
-    return FewShotReport(metrics=metrics, probes=probes, datasets=per_set, settings=settings)
+                       num_templates=len(data[n].templates), skipped=per_set_skips.get(n, {})) for n in names}
+    return FewShotReport(metrics=metrics, probes=probes, datasets=per_set, settings=settings, skipped=skips.as_dict())
 
 
 def evaluate_fewshot(
@@ -311,6 +332,7 @@ def evaluate_fewshot(
     workers: int = 0,
     progress: bool = True,
     precision: str = "fp32",
+    strict: bool = False,
 ) -> dict[str, float]:
     """ELEVATER k-shot linear probe of ``model`` on the data sets under ``root``.
 
@@ -329,6 +351,7 @@ def evaluate_fewshot(
             the toolkit reports).
         text_init: initialise the head from the zero-shot text classifier (bias 0).
         precision: ``fp32``, ``amp_bf16`` or ``amp_fp16`` for the encoders.
+        strict: an image that does not decode raises (naming it) instead of being left out and counted.
 
     Returns:
         Flat metrics: per data set ``{ds}/linear_probe`` (mean over seeds, selected epoch),
@@ -338,4 +361,4 @@ def evaluate_fewshot(
     """
     return run_fewshot(model, preprocess, tokenizer, root, datasets=datasets, shots=shots, seeds=seeds, grid=grid,
                        epoch_selection=epoch_selection, text_init=text_init, batch_size=batch_size, device=device,
-                       workers=workers, progress=progress, precision=precision).metrics
+                       workers=workers, progress=progress, precision=precision, strict=strict).metrics

@@ -2,7 +2,8 @@
 
 The JSON an evaluation writes is flat: ``metric -> value`` at the top level, plus the keys
 ``model`` (name and checkpoint), ``data`` (paths and sizes) and ``settings`` (every option that
-changes a number), and for the few-shot probe ``details`` (one record per data set and seed).
+changes a number), ``skipped`` (the samples left out, counted by cause: ``{"empty caption": 1, ...}``,
+empty when none), and for the few-shot probe ``details`` (one record per data set and seed).
 NaN (e.g. top-5 with fewer than 5 classes) is written as ``NaN``, which Python's ``json`` reads back.
 """
 from __future__ import annotations
@@ -13,7 +14,7 @@ import os
 from pathlib import Path
 from typing import Iterable, Sequence
 
-RESERVED_KEYS = ("model", "data", "settings", "details")
+RESERVED_KEYS = ("model", "data", "settings", "details", "skipped")
 
 
 def _fmt(v) -> str:

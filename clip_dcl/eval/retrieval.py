@@ -18,7 +18,8 @@ from typing import Callable, Sequence
 
 import torch
 
-from ..data.evalsets import ImageListDataset, expand_shards, read_retrieval_csv, retrieval_wds, split_captions
+from ..data.evalsets import (ImageListDataset, Skip, SkipCounter, expand_shards, read_retrieval_csv, retrieval_wds,
+                              split_captions)
 from .encoding import autocast, check_precision, encode_images, encode_texts, labelled_batches, progress_bar
 from .metrics import retrieval_metrics
 
@@ -30,14 +31,21 @@ def is_csv(data) -> bool:
 
 
 def _collate(batch):
-    """Stack a batch; samples whose image did not decode (``None``, see ``retrieval_wds``) are left
-    out and their keys returned apart: ``(images or None, captions, skipped keys)``."""
-    good = [item for item in batch if item[0] is not None]
-    skipped = [item[2] if len(item) > 2 else None for item in batch if item[0] is None]
+    """Stack a batch; skipped samples (a :class:`~clip_dcl.data.evalsets.Skip` from ``retrieval_wds``,
+    or an item whose image is ``None`` from a user's dataset) are left out and returned apart:
+    ``(images or None, captions, skips)``."""
+    good, skips = [], []
+    for item in batch:
+        if isinstance(item, Skip):
+            skips.append(item)
+        elif item[0] is None:
+            skips.append(Skip("the dataset", item[2] if len(item) > 2 else None, "undecodable image"))
+        else:
+            good.append(item)
     if not good:
-        return None, [], skipped
+        return None, [], skips
     images, captions = zip(*[item[:2] for item in good])
-    return torch.stack(images), list(captions), skipped
+    return torch.stack(images), list(captions), skips
 
 
 def _caption_list(caps, where: str) -> list[str]:
@@ -49,25 +57,22 @@ def _caption_list(caps, where: str) -> list[str]:
 
 
 @torch.no_grad()
-def _encode_batches(model, batches, device, progress, precision, what: str):
-    """(image features, captions per image) over batches of (images, captions of each image[, skipped keys])."""
-    feats, captions, skipped = [], [], []
+def _encode_batches(model, batches, device, progress, precision, what: str, skips: SkipCounter):
+    """(image features, captions per image) over batches of (images, captions of each image[, skips])."""
+    feats, captions = [], []
     model.eval()
     for batch in progress_bar(batches, "encoding retrieval images", None, progress):
         images, caps = batch[0], batch[1]
-        if len(batch) > 2:
-            skipped.extend(batch[2])
+        for skip in (batch[2] if len(batch) > 2 else ()):
+            skips.record(skip)
         if images is None:
             continue
         with autocast(device, precision):
             f = model.encode_image(images.to(device), normalize=True)
         feats.append(f.float().cpu())
         captions.extend(_caption_list(c, what) for c in caps)
-    if skipped:
-        log.warning("retrieval: skipped %d sample(s) whose image does not decode (keys %s)", len(skipped),
-                    ", ".join(map(str, skipped[:10])) + (", ..." if len(skipped) > 10 else ""))
     if not feats:
-        raise ValueError(f"no samples in {what}")
+        raise ValueError(f"no samples in {what}" + (f" ({skips.summary()})" if skips.total else ""))
     return torch.cat(feats), captions
 
 
@@ -84,6 +89,7 @@ def embed_retrieval_data(
     csv_caption_key: str | None = None,
     csv_separator: str | None = None,
     precision: str = "fp32",
+    skips: SkipCounter | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """``(image_features (I, D), text_features (T, D), text_to_image (T,))``, L2-normalised, on CPU.
 
@@ -91,25 +97,31 @@ def embed_retrieval_data(
     layout), a shard pattern (``val-{000000..000003}.tar``, ``::``-joined patterns), a list of
     shard paths, or a ``Dataset`` / ``DataLoader`` whose items are (image tensor, captions):
     captions a list of strings, or one string with a caption per line.
+
+    Samples that cannot be used (see :func:`clip_dcl.data.evalsets.retrieval_wds`; a CSV's images
+    that do not decode) are logged and counted by cause in ``skips``, which raises at the first one
+    when it is strict.
     """
     from torch.utils.data import DataLoader, Dataset
 
     check_precision(precision)
+    skips = SkipCounter() if skips is None else skips
     if isinstance(data, (Dataset, DataLoader)):
         batches = labelled_batches(data, batch_size, workers, collate=_collate)
-        image_features, captions = _encode_batches(model, batches, device, progress, precision, "the dataset")
+        image_features, captions = _encode_batches(model, batches, device, progress, precision, "the dataset",
+                                                   skips)
     elif is_csv(data):
         table = read_retrieval_csv(data, csv_img_key, csv_caption_key, csv_separator)
-        dataset = ImageListDataset(table.images, table.source, preprocess)
-        image_features = encode_images(model, dataset, batch_size, device, workers, progress=progress,
-                                       desc="retrieval images", precision=precision)
-        captions = table.captions
+        dataset = ImageListDataset(table.images, table.source, preprocess, markers=True, where=str(data))
+        image_features, kept = encode_images(model, dataset, batch_size, device, workers, progress=progress,
+                                             desc="retrieval images", precision=precision, skips=skips)
+        captions = [table.captions[i] for i in kept.tolist()]
     else:
         shards = expand_shards(data)
-        loader = DataLoader(retrieval_wds(shards, preprocess), batch_size=batch_size, num_workers=workers,
-                            collate_fn=_collate)
+        loader = DataLoader(retrieval_wds(shards, preprocess, markers=True), batch_size=batch_size,
+                            num_workers=workers, collate_fn=_collate)
         image_features, captions = _encode_batches(model, loader, device, progress, precision,
-                                                   f"the shards {list(shards)[:3]}")
+                                                   f"the shards {list(shards)[:3]}", skips)
     text_to_image = torch.tensor([i for i, caps in enumerate(captions) for _ in caps], dtype=torch.long)
     texts = [c for caps in captions for c in caps]
     text_features = encode_texts(model, tokenizer, texts, batch_size=max(batch_size, 256), device=device,
@@ -133,6 +145,8 @@ def evaluate_retrieval(
     csv_separator: str | None = None,
     return_info: bool = False,
     precision: str = "fp32",
+    strict: bool = False,
+    skips: SkipCounter | None = None,
 ):
     """Retrieval metrics of ``model`` on ``data`` (see :func:`embed_retrieval_data` for the forms).
 
@@ -142,16 +156,20 @@ def evaluate_retrieval(
     Returns the flat dict of :func:`clip_dcl.eval.metrics.retrieval_metrics`
     (``image_to_text_R@k``, ``text_to_image_R@k``, ``*_mean_rank``, ``*_median_rank``,
     ``text_retrieval_recall@k``, ``image_retrieval_recall@k``), and with ``return_info`` also
-    ``{"num_images", "num_texts"}``.
+    ``{"num_images", "num_texts", "skipped"}``: ``skipped`` counts the samples left out by cause
+    (empty when none). ``strict``: a sample that would be skipped raises
+    :class:`~clip_dcl.data.evalsets.SampleSkipped` (a ``ValueError``) naming it. ``skips``: a
+    :class:`~clip_dcl.data.evalsets.SkipCounter` to count into (its own ``strict`` applies).
     """
     ks = [int(k) for k in ks]
     if not ks or min(ks) < 1:
         raise ValueError(f"recall@k needs k >= 1, got {ks}")
+    skips = SkipCounter(strict) if skips is None else skips
     img, txt, t2i = embed_retrieval_data(model, preprocess, tokenizer, data, batch_size, device, workers,
-                                         progress, csv_img_key, csv_caption_key, csv_separator, precision)
-    log.info("retrieval: %d images, %d captions", img.shape[0], txt.shape[0])
+                                         progress, csv_img_key, csv_caption_key, csv_separator, precision, skips)
+    log.info("retrieval: %d images, %d captions; %s", img.shape[0], txt.shape[0], skips.summary())
     # Ranking runs where the model runs: on a GPU the chunked matmuls are the whole cost.
     metrics = retrieval_metrics(img.to(device), txt.to(device), t2i.to(device), ks=ks, chunk_size=chunk_size)
     if return_info:
-        return metrics, {"num_images": int(img.shape[0]), "num_texts": int(txt.shape[0])}
+        return metrics, {"num_images": int(img.shape[0]), "num_texts": int(txt.shape[0]), "skipped": skips.as_dict()}
     return metrics

@@ -31,6 +31,8 @@ import torch
 from ..data.evalsets import (
     ImageListDataset,
     ImageSource,
+    Skip,
+    SkipCounter,
     benchmark_layout_root,
     classification_wds,
     describe_folder,
@@ -112,22 +114,40 @@ def zeroshot_metrics(image_features: torch.Tensor, classifier: torch.Tensor, lab
     return out
 
 
+def _collate_labelled(batch):
+    """``(images or None, labels or None, skips)`` of ``(image, label)`` items and skips."""
+    from torch.utils.data import default_collate
+
+    good = [item for item in batch if not isinstance(item, Skip)]
+    skips = [item for item in batch if isinstance(item, Skip)]
+    if not good:
+        return None, None, skips
+    images, labels = default_collate(good)
+    return images, labels, skips
+
+
 @torch.no_grad()
 def encode_labelled(model, batches, device, precision: str = "fp32", progress: bool = True,
-                    desc: str = "zero-shot images") -> tuple[torch.Tensor, torch.Tensor]:
-    """``(normalised image features (N, D), labels (N,) or (N, C))`` over batches of (images, labels)."""
+                    desc: str = "zero-shot images", skips: SkipCounter | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(normalised image features (N, D), labels (N,) or (N, C))`` over batches of (images, labels[,
+    skips]); the skips are recorded in ``skips``."""
     feats, labels = [], []
+    skips = SkipCounter() if skips is None else skips
     model.eval()
     for batch in progress_bar(batches, f"encoding {desc}", None, progress):
         if not isinstance(batch, (list, tuple)) or len(batch) < 2:
             raise ValueError(f"zero-shot data must yield (images, labels) batches, got {type(batch).__name__}")
         images, y = batch[0], batch[1]
+        for skip in (batch[2] if len(batch) > 2 and isinstance(batch[2], list) else ()):
+            skips.record(skip)
+        if images is None:
+            continue
         with autocast(device, precision):
             f = model.encode_image(images.to(device), normalize=True)
         feats.append(f.float().cpu())
         labels.append(torch.as_tensor(y).cpu())
     if not feats:
-        raise ValueError(f"no {desc} to encode")
+        raise ValueError(f"no {desc} to encode" + (f" ({skips.summary()})" if skips.total else ""))
     return torch.cat(feats), torch.cat(labels)
 
 
@@ -154,6 +174,8 @@ def evaluate_zeroshot(
     precision: str = "fp32",
     split: str = "test",
     multilabel: bool | None = None,
+    strict: bool = False,
+    skips: SkipCounter | None = None,
 ):
     """Zero-shot classification metrics of ``model`` on ``root``.
 
@@ -172,9 +194,14 @@ def evaluate_zeroshot(
         split: the split folder of CLIP_benchmark's layout (default ``test``).
         multilabel: force multi-label scoring (default: CLIP_benchmark's ``dataset_type.txt``, or
             labels that are multi-hot vectors).
+        strict: a sample that would be skipped (no image or label, one that does not decode, the
+            rest of a shard that ends early) raises :class:`~clip_dcl.data.evalsets.SampleSkipped`
+            naming it; otherwise it is logged and counted by cause.
+        skips: a :class:`~clip_dcl.data.evalsets.SkipCounter` to count into (its own ``strict`` applies).
         return_info: also return ``{"num_images", "num_classes", "layout", "classnames_source",
-            "templates_source", "num_templates", "classnames", "templates"}`` (the class names and
-            templates used; a callable template as its text for the class ``{c}``).
+            "templates_source", "num_templates", "classnames", "templates", "skipped"}`` (the class
+            names and templates used, a callable template as its text for the class ``{c}``;
+            ``skipped``: counts by cause).
 
     Returns:
         ``{"top1", "top5", "mean_per_class_recall", "acc1", "acc5"}`` (fractions), or
@@ -183,6 +210,7 @@ def evaluate_zeroshot(
     from torch.utils.data import DataLoader, Dataset
 
     check_precision(precision)
+    skips = SkipCounter(strict) if skips is None else skips
     if isinstance(root, (Dataset, DataLoader)):
         layout = "dataset"
         own = classnames if classnames is not None else _dataset_attr(root, "classes")
@@ -210,7 +238,8 @@ def evaluate_zeroshot(
                                                str(bench.root / "zeroshot_classification_templates.txt"))
         if multilabel is None:
             multilabel = bench.dataset_type == "multilabel"
-        batches = labelled_batches(classification_wds(bench.shards, preprocess, multilabel), batch_size, workers)
+        batches = labelled_batches(classification_wds(bench.shards, preprocess, multilabel, markers=True), batch_size,
+                                   workers, collate=_collate_labelled)
     elif Path(root).is_dir() and any(p.is_dir() for p in Path(root).iterdir()):
         layout = "imagefolder"
         folders, samples = scan_image_folder(root)
@@ -225,12 +254,14 @@ def evaluate_zeroshot(
     classifier = zeroshot_classifier(model, tokenizer, names, tmpls, device=device, progress=progress,
                                      precision=precision)
     if batches is None:
-        dataset = ImageListDataset([p for p, _ in samples], ImageSource("/"), preprocess)
-        labels = torch.tensor([y for _, y in samples])
-        feats = encode_images(model, dataset, batch_size=batch_size, device=device, workers=workers,
-                              progress=progress, desc="zero-shot images", precision=precision)
+        dataset = ImageListDataset([p for p, _ in samples], ImageSource("/"), preprocess, markers=True,
+                                   where=str(root))
+        feats, kept = encode_images(model, dataset, batch_size=batch_size, device=device, workers=workers,
+                                    progress=progress, desc="zero-shot images", precision=precision, skips=skips)
+        labels = torch.tensor([y for _, y in samples])[kept]
     else:
-        feats, labels = encode_labelled(model, batches, device, precision, progress)
+        feats, labels = encode_labelled(model, batches, device, precision, progress, skips=skips)
+    log.info("zero-shot: %d images; %s", feats.shape[0], skips.summary())
     if multilabel and labels.ndim != 2:
         raise ValueError(f"multi-label scoring needs multi-hot labels (N, C), got shape {tuple(labels.shape)}")
     if labels.ndim == 2 and labels.shape[1] != len(names):
@@ -242,7 +273,7 @@ def evaluate_zeroshot(
     if return_info:
         info = {"num_images": int(feats.shape[0]), "num_classes": len(names), "layout": layout,
                 "classnames_source": names_source, "templates_source": tmpl_source, "num_templates": len(tmpls),
-                "classnames": list(names), "templates": _printable_templates(tmpls)}
+                "classnames": list(names), "templates": _printable_templates(tmpls), "skipped": skips.as_dict()}
         return metrics, info
     return metrics
 

@@ -34,9 +34,14 @@ def main(argv: Optional[List[str]] = None) -> int:
 
     - ``0``: OpenCLIP's ``main`` finished (or ``--help`` was printed);
     - ``2``: a flag was refused before any work (the message, naming the flag, is on stderr);
+    - ``75`` (:data:`clip_dcl.train.preempt.PREEMPTED_EXIT_CODE`): the run stopped on a signal
+      (``--preempt-signals``) after saving a checkpoint at its last step; ``--resume latest``
+      continues there;
     - ``1``: the run stopped with a clear error (logged, and on stderr): OpenCLIP refused to start
       (e.g. the experiment name exists), a sample id is missing or does not fit the buffer, the
-      loss state of ``--resume`` does not fit, a checkpoint cannot be read, or no training data.
+      loss state of ``--resume`` does not fit, a checkpoint cannot be read, no training data, or a
+      checkpoint cannot be written because the disk is full (the message names the file and the
+      previous checkpoint, which is intact).
 
     Any other exception (a bug, or a failure inside OpenCLIP) propagates, as from OpenCLIP's own
     ``main``.
@@ -56,14 +61,15 @@ def main(argv: Optional[List[str]] = None) -> int:
     if config is None:  # --help
         return 0
 
-    from ..checkpoint import CheckpointUnreadable
+    from ..checkpoint import CheckpointDiskFull, CheckpointUnreadable
     from .ids import MissingSampleIds
     from .patch import LossStateMismatch, SampleIdOutOfRange, run_training
     from .pipeline import TrainingDataError
 
     try:
         return run_training(config)
-    except (MissingSampleIds, SampleIdOutOfRange, LossStateMismatch, CheckpointUnreadable, TrainingDataError) as e:
+    except (MissingSampleIds, SampleIdOutOfRange, LossStateMismatch, CheckpointUnreadable, TrainingDataError,
+            CheckpointDiskFull) as e:
         e = _without_worker_traceback(e)
         if logging.getLogger().handlers:  # OpenCLIP's logging is set up: into out.log and stderr
             logging.error(f"clip-dcl train: error: {e}")

@@ -174,6 +174,19 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--model-config", default=None, metavar="PATH",
                    help="a model config JSON (or a folder of them) to register with OpenCLIP; the model name is "
                         "the file name without .json, and --model defaults to it")
+    from .preempt import DEFAULT_SIGNALS, PREEMPTED_EXIT_CODE
+
+    g = parser.add_argument_group("preemption")
+    g.add_argument("--preempt-signals", nargs="+", default=None, metavar="SIG",
+                   help="signals on which every rank finishes its step, a checkpoint is saved at that step and the "
+                        f"run exits with code {PREEMPTED_EXIT_CODE} ('none': no handler) "
+                        f"(default: {' '.join(DEFAULT_SIGNALS)})")
+    g.add_argument("--preempt-check-every", type=int, default=1, metavar="N",
+                   help="look for a signal (and the --save-every-minutes clock) every N optimizer steps; with "
+                        "several ranks each look is one all-reduce of two int32 (default: 1)")
+    g.add_argument("--save-every-minutes", type=float, default=None, metavar="M",
+                   help="also save a mid-epoch checkpoint every M minutes (rank 0's clock), at a step boundary, to "
+                        "the file a preemption writes (default: only at epoch ends and on a signal)")
     return parser
 
 
@@ -202,6 +215,36 @@ class TrainConfig:
     id_block: Optional[int] = None
     #: ``--captions-per-image``: M captions per training image (the pipeline draws them, the loss takes B x M texts)
     captions_per_image: int = 1
+    #: ``--preempt-signals``, ``--preempt-check-every``, ``--save-every-minutes``
+    preempt: "PreemptConfig" = field(default_factory=lambda: _default_preempt())
+
+
+def _default_preempt():
+    from .preempt import PreemptConfig
+
+    return PreemptConfig()
+
+
+def _preempt_config(ours):
+    """The preemption flags checked: known signals, N >= 1, M > 0."""
+    import math
+
+    from .preempt import DEFAULT_SIGNALS, PreemptConfig, signal_number
+
+    names = list(DEFAULT_SIGNALS) if ours.preempt_signals is None else list(ours.preempt_signals)
+    if [n.lower() for n in names] == ["none"]:
+        names = []
+    for name in names:
+        try:
+            signal_number(name)
+        except ValueError as e:
+            raise FlagError(f"--preempt-signals {name}: {e}") from None
+    if ours.preempt_check_every < 1:
+        raise FlagError(f"--preempt-check-every must be >= 1, got {ours.preempt_check_every}")
+    minutes = ours.save_every_minutes
+    if minutes is not None and not (minutes > 0 and math.isfinite(minutes)):
+        raise FlagError(f"--save-every-minutes must be > 0, got {minutes:g}")
+    return PreemptConfig(signals=names, check_every=ours.preempt_check_every, save_every_minutes=minutes)
 
 
 def _default_text(value) -> str:
@@ -429,6 +472,7 @@ def parse_train_args(argv: List[str], check_files: bool = True) -> Optional[Trai
                 raise FlagError(f"--loss {loss} cannot be combined with {why}: that objective is OpenCLIP's own; "
                                 "use --loss clip")
     _check_captions_per_image(ours, oc_args, loss)
+    preempt = _preempt_config(ours)
 
     if ours.no_grad_gather:
         _check_no_grad_gather(oc_args)
@@ -462,13 +506,13 @@ def parse_train_args(argv: List[str], check_files: bool = True) -> Optional[Trai
             create_loss_checked(loss, kwargs, oc_args, no_grad_gather=True)
         return TrainConfig(loss, {}, {}, list(rest), ours.model_config, None, no_grad_gather=ours.no_grad_gather,
                            captions_per_image=ours.captions_per_image,
-                           loss_reset=ours.loss_reset)
+                           loss_reset=ours.loss_reset, preempt=preempt)
 
     create_loss_checked(loss, kwargs, oc_args, no_grad_gather=ours.no_grad_gather)
     _require_data(oc_args)
     return TrainConfig(loss, kwargs, _full_loss_args(loss, kwargs), list(rest), ours.model_config, num_samples,
                        decay_epochs, no_grad_gather=ours.no_grad_gather, captions_per_image=ours.captions_per_image,
-                       loss_reset=ours.loss_reset, id_block=id_block)
+                       loss_reset=ours.loss_reset, id_block=id_block, preempt=preempt)
 
 
 def create_loss_checked(loss: str, kwargs: Dict[str, object], oc_args, no_grad_gather: bool = False) -> None:

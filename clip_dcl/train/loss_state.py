@@ -91,6 +91,38 @@ def write_shards(loss, args, completed_epoch: int) -> Optional[Path]:
     return folder
 
 
+def write_step_shards(loss, args, epoch: int, step: int) -> Optional[Path]:
+    """Every rank: write this rank's shard for a mid-epoch checkpoint (step ``step`` of ``epoch``).
+
+    Written to ``loss_state/epoch_{epoch}_step_{step}`` (whatever OpenCLIP's epoch-end conditions);
+    collective when distributed, as :func:`write_shards`. None when the loss is not sharded.
+    """
+    if not is_sharded(loss):
+        return None
+    folder = Path(args.checkpoint_path) / FOLDER / f"epoch_{epoch}_step_{step}"
+    folder.mkdir(parents=True, exist_ok=True)
+    path = shard_path(folder, loss.rank, loss.world_size)
+    tmp = path.with_name(path.name + ".tmp")
+    torch.save({SHARDED: getattr(loss, SHARDED).detach().cpu(), "rank": loss.rank, "world_size": loss.world_size,
+                "num_samples": loss.num_samples}, tmp)
+    os.replace(tmp, path)
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        torch.distributed.barrier()
+    return folder
+
+
+def prune_step_folders(checkpoint_path: str, keep: Optional[str] = None, before_epoch: Optional[int] = None) -> None:
+    """Remove the shard folders of mid-epoch checkpoints: all but ``keep`` (a folder name), or only
+    those of epochs before ``before_epoch``."""
+    import shutil
+
+    for folder in (Path(checkpoint_path) / FOLDER).glob("epoch_*_step_*"):
+        m = re.fullmatch(r"epoch_(\d+)_step_(\d+)", folder.name)
+        if not m or folder.name == keep or (before_epoch is not None and int(m.group(1)) >= before_epoch):
+            continue
+        shutil.rmtree(folder, ignore_errors=True)
+
+
 def _prune(args, rank: int, world_size: int, completed_epoch: int) -> None:
     root = Path(args.checkpoint_path) / FOLDER
     for folder in root.glob("epoch_*"):

@@ -33,6 +33,12 @@ duration of the call (and restored afterwards):
     OpenCLIP's, with each training batch extended by the samples' indices (the CSV row, the
     synthetic sample's index) as their ids (:func:`clip_dcl.train.pipeline.with_indices`).
 
+Between optimizer steps (in the dataloader handed to ``train_one_epoch``): a signal of
+``--preempt-signals`` (or ``--save-every-minutes``) saves a checkpoint at that step and, for a
+signal, ends the run (:mod:`clip_dcl.train.preempt`); a resume from such a checkpoint reads the
+epoch's batches already trained on again without training on them and shifts the scheduler's step
+by as many steps, so the epoch continues where it stopped.
+
 Also per epoch: the main process's RNGs are seeded from ``(--seed, epoch, rank)``, so that a run
 resumed at an epoch boundary repeats an uninterrupted run (the data workers do the same, see
 ``pipeline.py``); every rank logs a digest of the whole loss state (identical on all ranks, whether
@@ -57,6 +63,7 @@ import math
 import os
 import pickle
 import random
+import re
 import shutil
 import types
 from collections import deque
@@ -75,6 +82,7 @@ from clip_dcl.losses.state import digest_of_state_dict
 
 from .. import checkpoint as ckpt_format
 from . import loss_state as sharded_state
+from . import preempt as preemption
 from .flags import TrainConfig, loss_command
 from .ids import MissingSampleIds, SampleIdOutOfRange
 from .pipeline import get_wds_train_dataset, id_collisions, mix_seed, summary_line, with_indices
@@ -112,6 +120,7 @@ _TARGETS = {
     ("main", "pt_load"): ["file_path", "map_location"],
     ("main", "natural_key"): ["string_"],
     ("main", "torch"): None,
+    ("main", "LATEST_CHECKPOINT_NAME"): None,
     ("train", "train_one_epoch"): _TRAIN_STEP_ARGS,
     ("train", "AverageMeter"): [],
     ("train", "unwrap_model"): ["model"],
@@ -140,7 +149,8 @@ _SOURCE_NEEDS = {
     ("main", "main"): ["torch.save(", "torch.nn.parallel.DistributedDataParallel(", "pt_load(args.resume",
                        "create_loss(args)", "train_one_epoch(model, data, loss, epoch", "get_latest_checkpoint("],
     ("train", "train_one_epoch"): ['f"Train Epoch: {epoch} [', 'f"Data (t): ', 'f"Batch (t): ',
-                                   "images, texts = batch"],
+                                   "images, texts = batch", "for i, batch in enumerate(dataloader)",
+                                   "scheduler(step)"],
     ("data", "get_dataset_fn"): ["return get_wds_dataset", "return get_csv_dataset", "return get_synthetic_dataset"],
 }
 
@@ -266,17 +276,43 @@ class _IdChannel:
     concatenation of the step's ``accum_freq`` micro-batches in fetch order (micro-batch ``j``'s
     rows recomputed with gradients, the others cached); so the ids of every call are the
     concatenation of the ids of the last ``accum_freq`` batches fetched.
+
+    Two more things happen here, between optimizer steps (a step ends when the loop asks for the
+    first micro-batch of the next one): ``skip`` batches are read and dropped at the start of the
+    epoch (a mid-epoch resume: the steps the checkpoint already took), then ``resumed()`` is
+    called; and before every later step, ``at_boundary(step)`` (steps taken in the epoch) may end
+    the epoch here, which ends OpenCLIP's loop after a whole step.
     """
 
-    def __init__(self, dataloader, accum_freq: int):
+    def __init__(self, dataloader, accum_freq: int, skip: int = 0, resumed=None, at_boundary=None):
         self.dataloader = dataloader
         self.num_batches = dataloader.num_batches
         self.num_samples = dataloader.num_samples
+        self.accum_freq = accum_freq
         self.recent = deque(maxlen=accum_freq)
         self.fetched = 0
+        self.skip, self.resumed, self.at_boundary = skip, resumed, at_boundary
+        self.stopped_at: Optional[int] = None  # the step at which at_boundary ended the epoch
 
     def __iter__(self):
-        for batch in self.dataloader:
+        batches = iter(self.dataloader)
+        while self.fetched < self.skip:  # the same batches as before the stop, read and not trained on
+            try:
+                next(batches)
+            except StopIteration:
+                return
+            self.fetched += 1
+        if self.resumed is not None:
+            self.resumed()
+        while True:
+            if (self.at_boundary is not None and self.fetched % self.accum_freq == 0
+                    and self.fetched < self.num_batches and self.at_boundary(self.fetched // self.accum_freq)):
+                self.stopped_at = self.fetched // self.accum_freq
+                return
+            try:
+                batch = next(batches)
+            except StopIteration:
+                return
             if len(batch) == 3:  # our webdataset pipeline
                 images, texts, ids = batch
             else:  # OpenCLIP's csv / synthetic datasets carry no ids
@@ -396,6 +432,11 @@ class TrainingRun:
         self.shards = None  # the folder of this epoch's loss-state shards (sharded DeCL state)
         self.train_data_size: Optional[int] = None  # rows of a CSV / size of synthetic training data
         self.resume_latest = False  # --resume latest (main replaces args.resume with the file it found)
+        self.signals: Optional[preemption.StopSignals] = None  # installed by run_training
+        self.gate: Optional[preemption.StepGate] = None
+        self.resume_position: Optional[dict] = None  # ckpt["clip_dcl"]["resume"] of a mid-epoch checkpoint
+        self.last_step_save: Optional[str] = None
+        self.epoch_num_batches: Optional[int] = None
 
     # open_clip_train.main.parse_args
     def parse_args(self, argv):
@@ -418,6 +459,8 @@ class TrainingRun:
         ckpt = self._load_resumable(path, map_location)
         if isinstance(ckpt, dict) and "epoch" in ckpt:
             path = self.args.resume if self.args is not None and self.args.resume else path
+            entry = ckpt.get(ckpt_format.CKPT_KEY)
+            self.resume_position = entry.get("resume") if isinstance(entry, dict) else None
             self._check_objective(ckpt, path)
             if self.config.loss_reset:
                 logging.info(f"--loss-reset: the {self.config.loss} loss starts with fresh state; {path} keeps "
@@ -561,8 +604,28 @@ class TrainingRun:
             except AttributeError:  # not an OpenCLIP model
                 self.preprocess_cfg = {}
         _seed_main_process(args, epoch)
-        channel = _IdChannel(data["train"].dataloader, args.accum_freq)
+        if self.gate is None:
+            self.gate = preemption.StepGate(self.config.preempt, self.signals, args.world_size, args.rank,
+                                            args.device)
+        self.epoch_num_batches = data["train"].dataloader.num_batches
+        skip_steps, resumed = self._resume_point(epoch, args, self.epoch_num_batches)
+
+        def at_boundary(step: int) -> bool:
+            stop, save = self.gate.poll(step)
+            if stop or save:
+                self.last_step_save = self.save_step(model, optimizer, scaler, epoch, step, args,
+                                                     self.gate.signame if stop else None)
+                self.gate.saved()
+            return stop
+
+        channel = _IdChannel(data["train"].dataloader, args.accum_freq, skip=skip_steps * args.accum_freq,
+                             resumed=resumed, at_boundary=at_boundary)
         data = {**data, "train": dataclasses.replace(data["train"], dataloader=channel)}
+        if skip_steps and scheduler is not None:  # OpenCLIP counts the epoch's steps from 0 again
+            schedule = scheduler
+
+            def scheduler(step):
+                return schedule(step + skip_steps)
         wrapped = _LossWithIds(loss, channel, torch.device(args.device))
         hook = _TrainLineHook(wrapped, channel, epoch, args, tb_writer)
         logging.getLogger().addFilter(hook)
@@ -571,6 +634,8 @@ class TrainingRun:
                                       tb_writer=tb_writer)
         finally:
             logging.getLogger().removeFilter(hook)
+        if channel.stopped_at is not None:
+            raise preemption.Preempted(self.gate.signame or "a signal", self.last_step_save, epoch, channel.stopped_at)
         self.log_data_stats(data["train"].dataloader.dataloader, epoch, args)
         loss = getattr(loss, "contrastive", loss)  # CoCa: the contrastive term holds the state
         if isinstance(loss, torch.nn.Module) and len(loss.state_dict()):
@@ -579,6 +644,74 @@ class TrainingRun:
             calls = f"calls {int(state['calls'])}, " if "calls" in state else ""
             logging.info(f"Loss state after epoch {epoch} on rank {args.rank}: {calls}"
                          f"digest {loss_state_digest(loss)}")
+
+    def _resume_point(self, epoch: int, args, num_batches: int):
+        """``(optimizer steps to skip, callback after the skip)`` for ``epoch``: a mid-epoch checkpoint's
+        step in its own epoch, ``(0, None)`` otherwise."""
+        pos = self.resume_position
+        if not pos or int(pos.get("epoch", -1)) != epoch:
+            return 0, None
+        self.resume_position = None
+        step = int(pos["step"])
+        now = {"world_size": args.world_size, "batch_size": args.batch_size, "accum_freq": args.accum_freq,
+               "workers": args.workers, "seed": args.seed, "num_batches": num_batches}
+        changed = [f"{k} {pos.get(k)} -> {v}" for k, v in now.items() if pos.get(k) != v]
+        if changed:
+            logging.warning(f"Resuming epoch {epoch} at step {step} with other settings than the stopped run "
+                            f"({', '.join(changed)}): the learning-rate schedule continues at the step, but the rest "
+                            "of the epoch is another draw of the data than the stopped run would have seen.")
+        rng = pos.get("rng") or []
+
+        def resumed():
+            if len(rng) == args.world_size:
+                preemption.set_rng_state(rng[args.rank])
+            logging.info(f"Resumed epoch {epoch} at step {step} of {num_batches // args.accum_freq}: the "
+                         f"{step * args.accum_freq} batches of the steps already taken were read again, not trained on.")
+
+        return step, resumed
+
+    def save_step(self, model, optimizer, scaler, epoch: int, step: int, args, signame: Optional[str]):
+        """Every rank: save a checkpoint after ``step`` optimizer steps of ``epoch`` (the master writes it).
+
+        The file is ``epoch_latest.pt`` with ``--save-most-recent`` (what ``--resume latest`` reads then),
+        else ``epoch_{epoch}_step_{step}.pt`` (after ``epoch_{epoch}.pt`` and before ``epoch_{epoch+1}.pt``
+        in ``--resume latest``'s order); an earlier mid-epoch file is removed once it is written.
+        ``"epoch"`` is the epochs completed, as OpenCLIP's main reads it, and ``ckpt["clip_dcl"]["resume"]``
+        the step, the settings it was taken with and every rank's random state. Returns the path
+        (None on other ranks, or without --logs).
+        """
+        rng = preemption.gather_rng_states(args.world_size)
+        if not (args.logs and str(args.logs).lower() != "none"):
+            return None
+        folder = sharded_state.write_step_shards(self.loss, args, epoch, step) if self.loss is not None else None
+        path = None
+        if args.save_logs:
+            name = oc_main.LATEST_CHECKPOINT_NAME if args.save_most_recent else f"epoch_{epoch}_step_{step}.pt"
+            path = os.path.join(args.checkpoint_path, name)
+            original = getattr(model, "_orig_mod", model)  # torch.compile's wrapper: save the model's own keys
+            ckpt = {"epoch": epoch, "name": args.name, "state_dict": original.state_dict(),
+                    "optimizer": optimizer.state_dict()}
+            if scaler is not None:
+                ckpt["scaler"] = scaler.state_dict()
+            resume = {"epoch": epoch, "step": step, "world_size": args.world_size, "batch_size": args.batch_size,
+                      "accum_freq": args.accum_freq, "workers": args.workers, "seed": args.seed,
+                      "num_batches": self.epoch_num_batches, "rng": rng, "signal": signame}
+            ckpt = self._with_entries(ckpt, folder, resume)
+            ckpt_format.save_atomically(ckpt, path, self._torch_save)
+            for old in glob.glob(os.path.join(args.checkpoint_path, "epoch_*_step_*.pt")):
+                if old != path:
+                    with contextlib.suppress(OSError):
+                        os.remove(old)
+            sharded_state.prune_step_folders(args.checkpoint_path, keep=folder.name if folder else None)
+            why = f"on {signame}" if signame else f"every {self.config.preempt.save_every_minutes:g} minutes"
+            logging.info(f"Saved {path}: step {step} of epoch {epoch} ({why}).")
+        if args.world_size > 1 and torch.distributed.is_available() and torch.distributed.is_initialized():
+            torch.distributed.barrier()  # no rank leaves before the file is whole
+        return path
+
+    @staticmethod
+    def _torch_save(obj, fh):
+        torch.save(obj, fh)
 
     def log_data_stats(self, dataloader, epoch: int, args) -> None:
         """Log the epoch's account of the training data, and in the tracked (first) epoch the sample-id
@@ -605,22 +738,37 @@ class TrainingRun:
 
     # open_clip_train.main.torch.save
     def save(self, obj, f, *args, **kwargs):
-        if isinstance(obj, dict) and "state_dict" in obj and "epoch" in obj and self.loss is not None:
-            meta = self.checkpoint_meta()
-            if sharded_state.is_sharded(self.loss):  # the shards are in files beside (written by every rank)
-                if self.shards is None:
-                    raise RuntimeError("OpenCLIP saves a checkpoint for an epoch whose loss-state shards were not "
-                                       "written; clip_dcl.train.loss_state.checkpointed() no longer matches its "
-                                       "conditions")
-                state = sharded_state.small_state(self.loss)
-                meta[sharded_state.INDEX_KEY] = sharded_state.shard_index(self.loss, self.shards,
-                                                                          self.args.checkpoint_path)
-            else:
-                state = self.loss.state_dict() if isinstance(self.loss, torch.nn.Module) else {}
-            obj = ckpt_format.add_training_entries(obj, state, meta)
-        if isinstance(f, (str, os.PathLike)):
-            return ckpt_format.save_atomically(obj, f, lambda o, fh: torch.save(o, fh, *args, **kwargs))
-        return torch.save(obj, f, *args, **kwargs)
+        training = isinstance(obj, dict) and "state_dict" in obj and "epoch" in obj and self.loss is not None
+        if training:
+            obj = self._with_entries(obj, self.shards)
+        if not isinstance(f, (str, os.PathLike)):
+            return torch.save(obj, f, *args, **kwargs)
+        ckpt_format.save_atomically(obj, f, lambda o, fh: torch.save(o, fh, *args, **kwargs))
+        if training and self.args is not None and getattr(self.args, "checkpoint_path", None):
+            # an epoch's checkpoint supersedes the mid-epoch ones of earlier epochs
+            completed = int(obj["epoch"])
+            for old in glob.glob(os.path.join(self.args.checkpoint_path, "epoch_*_step_*.pt")):
+                m = re.fullmatch(r"epoch_(\d+)_step_\d+\.pt", os.path.basename(old))
+                if m and int(m.group(1)) < completed:
+                    with contextlib.suppress(OSError):
+                        os.remove(old)
+            sharded_state.prune_step_folders(self.args.checkpoint_path, before_epoch=completed)
+
+    def _with_entries(self, obj: dict, shards, resume: Optional[dict] = None) -> dict:
+        """OpenCLIP's checkpoint dict with the loss state and ``ckpt["clip_dcl"]`` added."""
+        meta = self.checkpoint_meta()
+        if sharded_state.is_sharded(self.loss):  # the shards are in files beside (written by every rank)
+            if shards is None:
+                raise RuntimeError("OpenCLIP saves a checkpoint for an epoch whose loss-state shards were not "
+                                   "written; clip_dcl.train.loss_state.checkpointed() no longer matches its "
+                                   "conditions")
+            state = sharded_state.small_state(self.loss)
+            meta[sharded_state.INDEX_KEY] = sharded_state.shard_index(self.loss, shards, self.args.checkpoint_path)
+        else:
+            state = self.loss.state_dict() if isinstance(self.loss, torch.nn.Module) else {}
+        if resume is not None:
+            meta["resume"] = resume
+        return ckpt_format.add_training_entries(obj, state, meta)
 
     def checkpoint_meta(self) -> dict:
         """What a downstream loader needs without the training flags (``ckpt["clip_dcl"]``)."""
@@ -701,10 +849,25 @@ def run_training(config: TrainConfig) -> int:
     log_dir = _log_dir(config.openclip_argv)
     created = log_dir is not None and not os.path.exists(log_dir)
     result = -1
+    if config.preempt.signals:  # before main starts the data workers, which inherit the handlers
+        run.signals = preemption.StopSignals(config.preempt.signals).install()
     try:
         with patched(run):
             result = oc_main.main(list(config.openclip_argv))
+    except preemption.Preempted as e:
+        result = preemption.PREEMPTED_EXIT_CODE
+        if e.path:
+            how = (f"run the same command with --resume latest (or --resume {e.path}); it continues at step "
+                   f"{e.step} of epoch {e.epoch}")
+        elif run.args is not None and run.args.rank == 0:
+            how = "no checkpoint was written (no --logs)"
+        else:
+            how = "rank 0 saved the checkpoint"
+        logging.warning(f"Stopped on {e.signame} after step {e.step} of epoch {e.epoch}: {how}. Exit code "
+                        f"{result}.")
     finally:
+        if run.signals is not None:
+            run.signals.restore()
         master = run.args is not None and getattr(run.args, "rank", 0) == 0
         if result is not None and created and master and os.path.isdir(log_dir) and not glob.glob(
                 os.path.join(log_dir, "checkpoints", "**", "*.pt"), recursive=True):

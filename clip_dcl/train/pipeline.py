@@ -26,6 +26,9 @@ sizes, the same epoch length rounding, the same ``WebLoader``) and differs in th
   resumed at epoch ``e`` sees the same samples in the same order with the same augmentations as
   an uninterrupted run, which is what lets stateful losses (DeCL's buffers) continue exactly;
 - ``--decl-num-samples`` (``args.decl_num_samples``) bounds the hash fallback of the ids;
+- the data-loader workers ignore the signals the trainer stops on (``--preempt-signals``): a
+  scheduler signals every process of a task, and a worker that died of it would fail the run at
+  once rather than after the step and its checkpoint;
 - with ``--captions-per-image M > 1`` (``args.captions_per_image``) each sample yields M captions
   (:func:`draw_captions`): texts are batched as ``(B * M, context)``, the M captions of each image
   in image order, which is what the model encodes and the loss reads M from; ids stay per image.
@@ -59,6 +62,7 @@ from webdataset.gopen import gopen
 from webdataset.filters import _shuffle
 
 from .ids import id_layout, sample_id, source_index
+from .preempt import chain_worker_init, worker_ignores_stop_signals
 
 #: Attempts at opening a shard before it is skipped (a network file system may fail transiently).
 OPEN_TRIES = 3
@@ -303,6 +307,9 @@ class _ExpandTars:
                         yield from (dict(fname=n, data=d, __url__=url) for _, _, n, d in held)
                         held = []
                     held.append((key, ext, f["fname"], f["data"]))
+                # tarfile stops reading at the first zero block; the rest of the marker is still unread
+                while stream.read(1 << 16):
+                    pass
             except Exception as e:  # noqa: BLE001 - a read error ends the shard, whatever its type
                 why = f"{type(e).__name__}: {str(e).split(' @ ')[0]}"
             finally:
@@ -588,6 +595,7 @@ def get_wds_train_dataset(args, preprocess_img, is_train=True, epoch=0, floor=Fa
 
     dataloader = wds.WebLoader(
         dataset, batch_size=None, shuffle=False, num_workers=args.workers, persistent_workers=args.workers > 0,
+        worker_init_fn=worker_ignores_stop_signals,  # the trainer stops on them, after a whole step
     )
     dataloader.num_batches = num_batches
     dataloader.num_samples = num_samples
@@ -625,6 +633,7 @@ def with_indices(info):
     old = info.dataloader
     loader = DataLoader(IndexedDataset(old.dataset), batch_size=old.batch_size, sampler=old.sampler,
                         num_workers=old.num_workers, pin_memory=old.pin_memory, drop_last=old.drop_last,
-                        collate_fn=old.collate_fn, persistent_workers=old.persistent_workers)
+                        collate_fn=old.collate_fn, persistent_workers=old.persistent_workers,
+                        worker_init_fn=chain_worker_init(old.worker_init_fn))
     loader.num_samples, loader.num_batches = old.num_samples, old.num_batches
     return dataclasses.replace(info, dataloader=loader)

@@ -1,0 +1,201 @@
+"""Stopping a run at a step boundary on a signal, and saving it there.
+
+Slurm (and most schedulers) send SIGTERM, or a signal asked for with ``--signal``, some time
+before they kill a job. :class:`StopSignals` turns each configured signal into a flag (the handler
+does nothing else). At every ``--preempt-check-every``-th optimizer-step boundary, before the next
+batch is fetched, :class:`StepGate` decides whether to stop (a signal on *any* rank) and whether to
+save (``--save-every-minutes`` on rank 0's clock): with more than one rank, by one all-reduce
+(MAX) of two int32, so that all ranks take the same decision at the same step and none is left
+waiting in a collective. On a stop the trainer saves a checkpoint at that step (see
+:mod:`clip_dcl.train.patch`) and the process exits with :data:`PREEMPTED_EXIT_CODE`.
+
+The per-rank random state of the main process (Python, NumPy, torch, CUDA) is saved with the
+checkpoint (:func:`rng_state`, gathered on rank 0) and restored on resume (:func:`set_rng_state`),
+so that anything drawing from it (dropout, augmentation with ``--workers 0``) continues as if
+the run had not stopped.
+"""
+from __future__ import annotations
+
+import logging
+import random
+import signal
+import time
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional, Sequence
+
+import numpy as np
+import torch
+
+#: Exit code of a run that stopped on a signal after saving its checkpoint (sysexits' EX_TEMPFAIL:
+#: a temporary failure, try again). ``launch/train_slurm.sbatch`` requeues the job on it.
+PREEMPTED_EXIT_CODE = 75
+#: Signals that stop a run, by default.
+DEFAULT_SIGNALS = ("SIGTERM", "SIGUSR1")
+#: The signals this process stops on, which its data-loader workers (forked after) ignore.
+_STOP_SIGNALS: List[signal.Signals] = []
+
+
+def worker_ignores_stop_signals(worker_id: Optional[int] = None) -> None:
+    """``worker_init_fn`` of the training data loaders: ignore the signals the trainer stops on.
+
+    A scheduler signals every process of a task, data-loader workers included. PyTorch's workers
+    die of a SIGTERM from anyone but their parent, and the main process then fails at once
+    ("DataLoader worker ... is killed by signal"), in the middle of a step or of the save; the
+    trainer decides when to stop, and the workers end with it.
+    """
+    for num in _STOP_SIGNALS:
+        signal.signal(num, signal.SIG_IGN)
+
+
+def chain_worker_init(fn):
+    """A ``worker_init_fn`` that runs :func:`worker_ignores_stop_signals`, then ``fn`` (if any)."""
+    if fn is None:
+        return worker_ignores_stop_signals
+    return _Chained(fn)
+
+
+class _Chained:
+    def __init__(self, fn):
+        self.fn = fn
+
+    def __call__(self, worker_id):
+        worker_ignores_stop_signals(worker_id)
+        self.fn(worker_id)
+
+
+@dataclass
+class PreemptConfig:
+    """``--preempt-signals``, ``--preempt-check-every``, ``--save-every-minutes``."""
+
+    signals: List[str] = field(default_factory=lambda: list(DEFAULT_SIGNALS))
+    check_every: int = 1
+    save_every_minutes: Optional[float] = None
+
+
+class Preempted(Exception):
+    """The run stopped on a signal after saving its checkpoint at ``path`` (step ``step`` of ``epoch``)."""
+
+    def __init__(self, signame: str, path: Optional[str], epoch: int, step: int):
+        self.signame, self.path, self.epoch, self.step = signame, path, epoch, step
+        where = f"saved {path}" if path else "no checkpoint written (no --logs)"
+        super().__init__(f"stopped on {signame} after step {step} of epoch {epoch}; {where}")
+
+
+def signal_number(name: str) -> signal.Signals:
+    """``"SIGTERM"``, ``"TERM"`` or ``"15"`` -> ``signal.SIGTERM``; ``ValueError`` naming an unknown one."""
+    text = str(name).strip().upper()
+    if text.isdigit():
+        try:
+            return signal.Signals(int(text))
+        except ValueError:
+            raise ValueError(f"no signal number {text}") from None
+    if not text.startswith("SIG"):
+        text = "SIG" + text
+    if text in ("SIGKILL", "SIGSTOP"):
+        raise ValueError(f"{text} cannot be caught")
+    try:
+        return signal.Signals[text]
+    except KeyError:
+        raise ValueError(f"unknown signal {name!r} (e.g. SIGTERM, SIGUSR1, USR2)") from None
+
+
+class StopSignals:
+    """Handlers that record the first of ``signals`` received; :meth:`restore` puts the old ones back."""
+
+    def __init__(self, signals: Sequence[str]):
+        self.numbers = [signal_number(s) for s in signals]
+        self.received: Optional[str] = None
+        self._saved: Dict[int, object] = {}
+
+    def _handle(self, signum, frame):  # only sets the flag: the training loop acts on it
+        if self.received is None:
+            self.received = signal.Signals(signum).name
+            logging.warning(f"Received {self.received}: finishing the current step, then saving a checkpoint "
+                            "and stopping.")
+
+    def install(self) -> "StopSignals":
+        for num in self.numbers:
+            try:
+                self._saved[num] = signal.signal(num, self._handle)
+            except ValueError:  # not the main thread of the main interpreter: signals cannot be caught here
+                logging.warning(f"cannot catch {num.name} outside the main thread; a preemption will not be saved")
+        _STOP_SIGNALS[:] = list(self._saved)
+        return self
+
+    def restore(self) -> None:
+        for num, old in self._saved.items():
+            signal.signal(num, old)
+        self._saved = {}
+        _STOP_SIGNALS[:] = []
+
+
+class StepGate:
+    """The decision taken at optimizer-step boundaries: ``(stop, save)``, the same on every rank."""
+
+    def __init__(self, config: PreemptConfig, signals: Optional[StopSignals], world_size: int, rank: int,
+                 device):
+        self.config, self.signals = config, signals
+        self.world_size, self.rank = world_size, rank
+        self.device = torch.device(device)
+        self.last_save = time.monotonic()
+        self.signame: Optional[str] = None
+        if world_size > 1 and not (torch.distributed.is_available() and torch.distributed.is_initialized()):
+            logging.warning("several ranks without torch.distributed (--horovod): each rank decides alone when to "
+                            "stop on a signal, so the signal must reach every rank at the same step")
+
+    def _local(self) -> tuple:
+        stop = self.signals is not None and self.signals.received is not None
+        minutes = self.config.save_every_minutes
+        save = bool(minutes) and self.rank == 0 and time.monotonic() - self.last_save >= minutes * 60
+        return int(stop), int(save)
+
+    def poll(self, boundary: int) -> tuple:
+        """At the ``boundary``-th step boundary of an epoch: whether to stop, whether to save now."""
+        if boundary % max(1, self.config.check_every):
+            return False, False
+        stop, save = self._local()
+        if self.world_size > 1 and torch.distributed.is_available() and torch.distributed.is_initialized():
+            flags = torch.tensor([stop, save], dtype=torch.int32, device=self.device)
+            torch.distributed.all_reduce(flags, op=torch.distributed.ReduceOp.MAX)
+            stop, save = (int(v) for v in flags.tolist())
+        if stop:
+            self.signame = self.signals.received if self.signals and self.signals.received else "a signal on another rank"
+        return bool(stop), bool(save)
+
+    def saved(self) -> None:
+        self.last_save = time.monotonic()
+
+
+# -- the main process's random state ---------------------------------------------------------------
+def rng_state() -> Dict[str, object]:
+    """This process's Python, NumPy, torch (and CUDA) random state, in weights-only-loadable types."""
+    version, mt, gauss = random.getstate()
+    name, keys, pos, has_gauss, cached = np.random.get_state()
+    state = {"python": [version, list(mt), gauss], "numpy": [name, torch.from_numpy(keys.astype(np.int64)), int(pos),
+                                                            int(has_gauss), float(cached)],
+             "torch": torch.get_rng_state()}
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: Dict[str, object]) -> None:
+    version, mt, gauss = state["python"]
+    random.setstate((version, tuple(mt), gauss))
+    name, keys, pos, has_gauss, cached = state["numpy"]
+    np.random.set_state((name, keys.numpy().astype(np.uint32), pos, has_gauss, cached))
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        cuda = state["cuda"]
+        if len(cuda) == torch.cuda.device_count():
+            torch.cuda.set_rng_state_all(cuda)
+
+
+def gather_rng_states(world_size: int) -> List[Dict[str, object]]:
+    """Every rank's :func:`rng_state`, in rank order (collective when distributed)."""
+    mine = rng_state()
+    if world_size > 1 and torch.distributed.is_available() and torch.distributed.is_initialized():
+        out: List[Optional[dict]] = [None] * world_size
+        torch.distributed.all_gather_object(out, mine)
+        return out
+    return [mine]
