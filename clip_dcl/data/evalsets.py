@@ -34,6 +34,8 @@ from typing import Callable, Sequence
 
 from torch.utils.data import Dataset, IterableDataset
 
+from .shards import TailRecorder
+
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
 #: Image keys accepted in a webdataset sample, in the order OpenCLIP's trainer tries them.
 WDS_IMAGE_KEYS = ("jpg", "png", "jpeg", "webp")
@@ -373,30 +375,6 @@ class SkipCounter:
             f" ({', '.join(f'{c} {n}' for c, n in self.as_dict().items())})" if self.total else "")
 
 
-class _TailRecorder:
-    """A read-only stream that keeps the byte count and the last 1024 bytes read (end-of-archive check)."""
-
-    def __init__(self, stream):
-        self.stream, self.total, self.head, self.tail = stream, 0, b"", b""
-
-    def read(self, *args):
-        data = self.stream.read(*args)
-        if self.total < 6:
-            self.head = (self.head + data)[:6]
-        self.total += len(data)
-        self.tail = (self.tail + data)[-1024:]
-        return data
-
-    def complete(self) -> bool:
-        """Whether the archive ended with its end-of-archive marker (unknown, so True, when compressed)."""
-        if self.head.startswith((b"\x1f\x8b", b"BZh", b"\xfd7zXZ")):
-            return True
-        return self.total % 512 == 0 and self.total >= 1024 and self.tail == bytes(1024)
-
-    def close(self):
-        self.stream.close()
-
-
 def shard_samples(urls: Sequence[str]):
     """The samples of ``urls`` in order, as webdataset groups them (``{"__key__", "__url__", ext: bytes}``),
     and a :class:`Skip` ("shard ended early") for a shard that cannot be read to its end: a read error,
@@ -407,7 +385,7 @@ def shard_samples(urls: Sequence[str]):
 
     for url in urls:
         try:
-            stream = _TailRecorder(open(url, "rb"))
+            stream = TailRecorder(open(url, "rb"))
         except OSError as e:
             yield Skip(url, None, "shard ended early", f"cannot open it: {e}")
             continue

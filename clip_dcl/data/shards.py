@@ -183,3 +183,29 @@ class CaptionShardWriter:
             raise ValueError("no sample was written, so there is no shard pattern")
         names = list(self.sizes)
         return _brace(self.directory, names[0], names[-1])
+
+
+class TailRecorder:
+    """A read-only stream that keeps the count and the last 1024 bytes of what was read from it: whether a
+    tar shard ended with its end-of-archive marker (the training pipeline and the evaluation readers)."""
+
+    def __init__(self, stream):
+        self.stream, self.total, self.head, self.tail = stream, 0, b"", b""
+
+    def read(self, *args):
+        data = self.stream.read(*args)
+        if self.total < 6:
+            self.head = (self.head + data)[:6]
+        self.total += len(data)
+        self.tail = (self.tail + data)[-1024:]
+        return data
+
+    def complete(self) -> bool:
+        """Whether the archive ended with its end-of-archive marker (unknown, so True, when compressed)."""
+        if self.head.startswith((b"\x1f\x8b", b"BZh", b"\xfd7zXZ")):  # gzip, bzip2, xz
+            return True
+        # tarfile and GNU tar end an archive with two zero blocks, in 512-byte records.
+        return self.total % 512 == 0 and self.total >= 1024 and self.tail == bytes(1024)
+
+    def close(self):
+        self.stream.close()

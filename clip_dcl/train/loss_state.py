@@ -79,16 +79,21 @@ def write_shards(loss, args, completed_epoch: int) -> Optional[Path]:
     if not (is_sharded(loss) and checkpointed(args, completed_epoch)):
         return None
     folder = epoch_folder(args.checkpoint_path, completed_epoch)
+    _save_shard(loss, folder)
+    _prune(args, loss.rank, loss.world_size, completed_epoch)
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        torch.distributed.barrier()
+    return folder
+
+
+def _save_shard(loss, folder: Path) -> None:
+    """Write this rank's shard of the loss state into ``folder`` (atomically: a temporary file renamed)."""
     folder.mkdir(parents=True, exist_ok=True)
     path = shard_path(folder, loss.rank, loss.world_size)
     tmp = path.with_name(path.name + ".tmp")
     torch.save({SHARDED: getattr(loss, SHARDED).detach().cpu(), "rank": loss.rank, "world_size": loss.world_size,
                 "num_samples": loss.num_samples}, tmp)
     os.replace(tmp, path)
-    _prune(args, loss.rank, loss.world_size, completed_epoch)
-    if torch.distributed.is_available() and torch.distributed.is_initialized():
-        torch.distributed.barrier()
-    return folder
 
 
 def write_step_shards(loss, args, epoch: int, step: int) -> Optional[Path]:
@@ -100,12 +105,7 @@ def write_step_shards(loss, args, epoch: int, step: int) -> Optional[Path]:
     if not is_sharded(loss):
         return None
     folder = Path(args.checkpoint_path) / FOLDER / f"epoch_{epoch}_step_{step}"
-    folder.mkdir(parents=True, exist_ok=True)
-    path = shard_path(folder, loss.rank, loss.world_size)
-    tmp = path.with_name(path.name + ".tmp")
-    torch.save({SHARDED: getattr(loss, SHARDED).detach().cpu(), "rank": loss.rank, "world_size": loss.world_size,
-                "num_samples": loss.num_samples}, tmp)
-    os.replace(tmp, path)
+    _save_shard(loss, folder)
     if torch.distributed.is_available() and torch.distributed.is_initialized():
         torch.distributed.barrier()
     return folder

@@ -61,6 +61,7 @@ from webdataset import autodecode, tariterators
 from webdataset.gopen import gopen
 from webdataset.filters import _shuffle
 
+from ..data.shards import TailRecorder
 from .ids import id_layout, sample_id, source_index
 from .preempt import chain_worker_init, worker_ignores_stop_signals
 
@@ -256,31 +257,6 @@ class _OpenShards:
             yield dict(sample, stream=stream)
 
 
-class _TailRecorder:
-    """A read-only stream that keeps the count and the last 1024 bytes of what was read from it."""
-
-    def __init__(self, stream):
-        self.stream, self.total, self.head, self.tail = stream, 0, b"", b""
-
-    def read(self, *args):
-        data = self.stream.read(*args)
-        if self.total < 6:
-            self.head = (self.head + data)[:6]
-        self.total += len(data)
-        self.tail = (self.tail + data)[-1024:]
-        return data
-
-    def complete(self) -> bool:
-        """Whether the archive ended with its end-of-archive marker (unknown, so True, when compressed)."""
-        if self.head.startswith((b"\x1f\x8b", b"BZh", b"\xfd7zXZ")):  # gzip, bzip2, xz
-            return True
-        # tarfile and GNU tar end an archive with two zero blocks, in 512-byte records.
-        return self.total % 512 == 0 and self.total >= 1024 and self.tail == bytes(1024)
-
-    def close(self):
-        self.stream.close()
-
-
 class _ExpandTars:
     """webdataset's ``tar_file_iterator`` per shard, with the shard's account: the files of a sample
     are held until the next sample starts, so that a sample cut by a truncated shard is dropped
@@ -296,7 +272,7 @@ class _ExpandTars:
 
     def __call__(self, src):
         for source in src:
-            url, stream = source["url"], _TailRecorder(source["stream"])
+            url, stream = source["url"], TailRecorder(source["stream"])
             held, samples, why, last_members = [], 0, None, None
             try:
                 for f in tariterators.tar_file_iterator(stream, handler=wds.reraise_exception):
