@@ -278,3 +278,77 @@ def test_decl_relative_state_resumes_bit_exactly(tmp_path, rate):
     assert resumed == straight
     for name, buf in whole.state_dict().items():
         assert torch.equal(buf.nan_to_num(-7), second.state_dict()[name].nan_to_num(-7)), name
+
+
+# --------------------------------------------------------------------------------------------
+# non-finite steps: only finite estimates and embeddings enter the state; a skipped step is undone
+
+
+@pytest.mark.parametrize("rate", ["index", "queue"])
+@pytest.mark.parametrize("bad", [float("nan"), float("inf")])
+def test_nonfinite_features_never_enter_the_state_and_the_next_step_is_finite(rate, bad):
+    kw = dict(rate=rate, num_samples=12, queue_size=16)
+    loss_fn = create_loss("decl", **kw)
+    f, g = features(6, seed=1, dtype=torch.float32)
+    loss_fn(f, g, torch.tensor(14.3), sample_ids=torch.arange(6))
+    f_bad = f.clone()
+    f_bad[2, 0] = bad
+    loss_fn(f_bad, g, torch.tensor(14.3), sample_ids=torch.arange(3, 9))
+    assert float(loss_fn.metrics["nonfinite_dropped"]) > 0
+    for name, buf in loss_fn.state_dict().items():
+        if name == "log_rate":
+            # ids 0-5 were visited by the clean step and keep finite rates; the bad image (id 5) is in
+            # every text anchor's negatives, so the new ids 6-8 get image rates only; NaN = unvisited
+            assert bool(torch.isfinite(buf[:, :6]).all()) and bool(torch.isfinite(buf[0, 6:9]).all())
+            assert bool(torch.isnan(buf[1, 6:]).all()) and bool(torch.isnan(buf[:, 9:]).all())
+        elif buf.is_floating_point():
+            assert bool(torch.isfinite(buf).all()), name
+    f2, g2 = features(6, seed=2, dtype=torch.float32)
+    assert math.isfinite(float(loss_fn(f2, g2, torch.tensor(14.3), sample_ids=torch.arange(6))))
+    assert float(loss_fn.metrics["nonfinite_dropped"]) == 0
+
+
+@pytest.mark.parametrize("rate", ["index", "queue"])
+def test_nonfinite_step_rolled_back_equals_a_run_without_it(rate):
+    kw = dict(rate=rate, num_samples=12, queue_size=8, sample_u=True, accum_freq=1)
+    batches = [(features(6, seed=10 + t, dtype=torch.float32), torch.tensor([(3 * t + k) % 12 for k in range(6)]))
+               for t in range(3)]
+    with_bad, without = create_loss("decl", **kw), create_loss("decl", **kw)
+    for t, ((f, g), ids) in enumerate(batches):
+        if t == 1:
+            f_bad = f.clone()
+            f_bad[0, 0] = float("nan")
+            with_bad(f_bad, g, torch.tensor(14.3), sample_ids=ids)
+            assert with_bad.rollback_step() and not with_bad.rollback_step()
+            continue
+        a = with_bad(f, g, torch.tensor(14.3), sample_ids=ids)
+        b = without(f, g, torch.tensor(14.3), sample_ids=ids)
+        assert torch.equal(a, b)
+        assert with_bad.state_digest() == without.state_digest()
+
+
+def test_nonfinite_skipped_amp_step_is_undone_by_the_trainer_hook():
+    """The trainer's check between steps: a GradScaler whose scale fell skipped the step just taken."""
+    from clip_dcl.train.patch import _SkippedSteps
+
+    class Scaler:
+        def __init__(self):
+            self.scale = 1024.0
+
+        def is_enabled(self):
+            return True
+
+        def get_scale(self):
+            return self.scale
+
+    scaler, loss_fn = Scaler(), create_loss("decl", rate="index", num_samples=12)
+    hook = _SkippedSteps(scaler, loss_fn)
+    f, g = features(6, seed=3, dtype=torch.float32)
+    loss_fn(f, g, torch.tensor(14.3), sample_ids=torch.arange(6))
+    hook.check(0, 1)  # the scale held: the step was applied
+    before = loss_fn.state_digest()
+    loss_fn(*features(6, seed=4, dtype=torch.float32), torch.tensor(14.3), sample_ids=torch.arange(6, 12))
+    assert loss_fn.state_digest() != before
+    scaler.scale = 512.0  # GradScaler backs off after inf / NaN gradients
+    hook.check(0, 2)
+    assert loss_fn.state_digest() == before and hook.count == 1 and int(loss_fn.calls) == 1

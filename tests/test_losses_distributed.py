@@ -189,3 +189,30 @@ def test_accumulation_reference_is_the_full_batch_gradient():
         for x, y in zip(a["grads"][:2], b["grads"][:2]):
             torch.testing.assert_close(x, y, rtol=1e-10, atol=1e-12)
         torch.testing.assert_close(2 * a["grads"][2], b["grads"][2], rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("name", [c[0] for c in harness.NONFINITE_CONFIGS])
+@pytest.mark.parametrize("bad", ["nan", "inf"])
+def test_nonfinite_step_rolled_back_leaves_the_state_of_a_run_without_it(tmp_path, name, bad):
+    """Two gloo ranks, one NaN or inf feature entry in one step: only finite estimates and embeddings
+    reach the state (counted), and once the step is rolled back (as for a step the GradScaler
+    skipped) the digest is the one before it, and the next clean step's loss and state equal those
+    of a run that never saw it."""
+    results = _nonfinite_results(tmp_path)
+    for rank, res in enumerate(results):
+        got = res[(name, bad)]
+        assert got[("with_bad_step", "dropped")] > 0 and got[("with_bad_step", "finite_state")], rank
+        assert got[("with_bad_step", "rolled_back")]
+        assert got[("with_bad_step", 1, "digest")] == got[("without", 0, "digest")]
+        assert got[("with_bad_step", 2, "digest")] == got[("without", 2, "digest")]
+        assert torch.isfinite(got[("with_bad_step", 2, "loss")])
+        assert torch.equal(got[("with_bad_step", 2, "loss")], got[("without", 2, "loss")])
+
+
+_NONFINITE = {}
+
+
+def _nonfinite_results(tmp_path):
+    if "res" not in _NONFINITE:
+        _NONFINITE["res"] = launch(tmp_path, 2, "nonfinite")
+    return _NONFINITE["res"]

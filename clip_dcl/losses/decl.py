@@ -406,6 +406,32 @@ class DeCLLoss(ContrastiveLoss):
             self.register_buffer("queue_ptr", torch.zeros((), dtype=torch.long, device=device))
             self.register_buffer("queue_count", torch.zeros((), dtype=torch.long, device=device))
         self._step_cache = None
+        self._undo = None  # what the last step's state update overwrote (see rollback_step)
+        self._calls_at_step = None
+        self._dropped = None
+
+    def rollback_step(self) -> bool:
+        """Undo the state update of the last optimizer step: the rates or queue entries it wrote and
+        the step counter. For a step whose optimizer update was skipped (AMP's GradScaler found inf or
+        NaN gradients): the state is then that of a run without the step. Returns whether there was
+        an update to undo (a second call does nothing)."""
+        if self._calls_at_step is None:
+            return False
+        with torch.no_grad():
+            undo = self._undo
+            if undo is not None and undo[0] == "index":
+                _, ids, old, level = undo
+                self._write_rates(ids, old)
+                self.prev_log_rate.copy_(level)
+            elif undo is not None and undo[0] == "queue":
+                _, ptr, count, idx, rows = undo
+                self.queue[:, idx] = rows
+                self.queue_ptr.fill_(ptr)
+                self.queue_count.fill_(count)
+            self.calls.fill_(self._calls_at_step)
+        self._undo = self._calls_at_step = None
+        self._step_cache = None
+        return True
 
     # -- state -------------------------------------------------------------------------------
     @property
@@ -576,9 +602,18 @@ class DeCLLoss(ContrastiveLoss):
         upd_ids = all_ids[keep]
 
         def fold_in():
-            level = e_all[:, keep].mean(dim=1)  # m_t: this step's mean estimate, per direction
-            new = e_all[:, keep] - level[:, None] if self.drift_correction else e_all[:, keep]
-            updated = moving_average_log_rate(stored[:, keep], new, gamma)
+            e_keep, old = e_all[:, keep], stored[:, keep]
+            # only finite estimates are folded in (a NaN or inf feature would poison the rates, and NaN
+            # also means "unvisited"); the level m_t is their mean, the previous level when there is none
+            finite = torch.isfinite(e_keep)
+            n_finite = finite.sum(dim=1)
+            level = torch.where(finite.all(dim=1), e_keep.mean(dim=1),  # m_t: this step's mean estimate
+                                torch.where(finite, e_keep, 0.0).sum(dim=1) / n_finite.clamp(min=1))
+            level = torch.where(n_finite > 0, level, self.prev_log_rate)
+            new = e_keep - level[:, None] if self.drift_correction else e_keep
+            updated = torch.where(finite, moving_average_log_rate(old, new, gamma), old)
+            self._undo = ("index", upd_ids, old.clone(), self.prev_log_rate.clone())
+            self._dropped = (~finite).sum()
             self._write_rates(upd_ids, updated)
             self.prev_log_rate.copy_(level)
             return updated
@@ -624,13 +659,20 @@ class DeCLLoss(ContrastiveLoss):
         if update:
             with torch.no_grad():
                 # one caption per image (the first of its M), so that both queues advance by G
-                texts = st.all_text_features[::st.captions_per_image]
-                for d, feats in enumerate((texts, st.all_image_features)):
-                    feats = feats.detach()[-self.queue_size:].to(self.queue)
-                    idx = (int(self.queue_ptr) + torch.arange(feats.shape[0])) % self.queue_size
-                    self.queue[d, idx.to(self.queue.device)] = feats
-                self.queue_ptr.fill_((int(self.queue_ptr) + feats.shape[0]) % self.queue_size)
-                self.queue_count.fill_(min(self.queue_size, count + feats.shape[0]))
+                texts = st.all_text_features[::st.captions_per_image].detach()
+                images = st.all_image_features.detach()
+                # only finite pairs are queued: a NaN or inf embedding would poison every later rate
+                ok = torch.isfinite(texts).all(dim=1) & torch.isfinite(images).all(dim=1)
+                if not bool(ok.all()):
+                    texts, images = texts[ok], images[ok]
+                self._dropped = (~ok).sum() * 2
+                n = min(texts.shape[0], self.queue_size)
+                idx = ((int(self.queue_ptr) + torch.arange(n)) % self.queue_size).to(self.queue.device)
+                self._undo = ("queue", int(self.queue_ptr), count, idx, self.queue[:, idx].clone())
+                for d, feats in enumerate((texts, images)):
+                    self.queue[d, idx] = feats[texts.shape[0] - n:].to(self.queue)
+                self.queue_ptr.fill_((int(self.queue_ptr) + n) % self.queue_size)
+                self.queue_count.fill_(min(self.queue_size, count + n))
         return log_r
 
     def _draw_eps(self, step: int, n_rows: int, row_offset: int, global_rows: int, m: int, device, dtype):
@@ -664,6 +706,8 @@ class DeCLLoss(ContrastiveLoss):
         m = st.captions_per_image
         first_call = calls % self.accum_freq == 0 or not training
         cache = self._step_cache
+        if first_call and training:
+            self._calls_at_step, self._undo, self._dropped = calls, None, None
         if first_call or cache is None or cache[0] != step or cache[1][0].shape[0] != n_rows:
             local_rows = self.local_loss and self.world_size > 1
             anchors = (image_features, text_features) if local_rows else (st.all_image_features,
@@ -724,6 +768,9 @@ class DeCLLoss(ContrastiveLoss):
         if self.rate == "index":
             metrics["gamma_t"] = self.gamma_at(step)
             metrics["first_visit_rate"] = fresh.float().mean()
+        if self.rate != "batch" and training:
+            # estimates (index) or embeddings (queue, two per pair) of this step left out of the state
+            metrics["nonfinite_dropped"] = self._dropped if self._dropped is not None else torch.zeros(())
         if self.temperature_mode == "rgclg" and torch.is_tensor(live_scale) and live_scale.requires_grad:
             term = self._rgclg_term(st, image_features, text_features, live_scale, logit_bias, log_r)
             loss = loss + (term - term.detach())  # value 0: only the scale's gradient

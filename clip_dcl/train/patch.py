@@ -267,6 +267,33 @@ trained_model_config = ckpt_format.trained_model_config
 
 
 # -- ids from the dataloader to the loss -----------------------------------------------------------
+class _SkippedSteps:
+    """Undoes the loss state's update of an optimizer step that AMP's GradScaler skipped.
+
+    GradScaler skips the step and lowers its scale when it finds inf or NaN gradients; the loss
+    state (DeCL's rates or queue, its step counter) must then stay as it was, so that the run goes
+    on as if the step had not happened. Checked between steps, when the loop asks for the next
+    batch: a lower scale than at the previous check means the step just taken was skipped, and
+    ``rollback_step()`` of the loss undoes its update. No scaler (fp32, bf16): nothing to check.
+    """
+
+    def __init__(self, scaler, loss):
+        self.scaler = scaler if scaler is not None and getattr(scaler, "is_enabled", lambda: True)() else None
+        self.loss = loss
+        self.scale = self.scaler.get_scale() if self.scaler is not None else None
+        self.count = 0
+
+    def check(self, epoch: int, step: int) -> None:
+        if self.scaler is None or step == 0:
+            return
+        scale = self.scaler.get_scale()
+        if scale < self.scale and callable(getattr(self.loss, "rollback_step", None)) and self.loss.rollback_step():
+            self.count += 1
+            logging.warning(f"Epoch {epoch}, step {step}: the AMP GradScaler skipped the optimizer step (inf or NaN "
+                            "gradients); the loss state's update of that step was undone")
+        self.scale = scale
+
+
 class _IdChannel:
     """Iterates the training dataloader for OpenCLIP's loop, keeping each batch's ids aside.
 
@@ -610,7 +637,11 @@ class TrainingRun:
         self.epoch_num_batches = data["train"].dataloader.num_batches
         skip_steps, resumed = self._resume_point(epoch, args, self.epoch_num_batches)
 
+        state_loss = getattr(loss, "contrastive", loss)  # CoCa: the contrastive term holds the state
+        skipped = _SkippedSteps(scaler, state_loss)
+
         def at_boundary(step: int) -> bool:
+            skipped.check(epoch, step)
             stop, save = self.gate.poll(step)
             if stop or save:
                 self.last_step_save = self.save_step(model, optimizer, scaler, epoch, step, args,
@@ -634,6 +665,7 @@ class TrainingRun:
                                       tb_writer=tb_writer)
         finally:
             logging.getLogger().removeFilter(hook)
+        skipped.check(epoch, channel.fetched // args.accum_freq)  # the epoch's last step
         if channel.stopped_at is not None:
             raise preemption.Preempted(self.gate.signame or "a signal", self.last_step_save, epoch, channel.stopped_at)
         self.log_data_stats(data["train"].dataloader.dataloader, epoch, args)

@@ -211,12 +211,62 @@ def bad_id(rank, world_size):
     return None
 
 
+#: the stateful configurations of the non-finite checks: sharded and replicated index, the queue
+NONFINITE_CONFIGS = [c for c in CONFIGS if c[0] in ("decl_index", "decl_index_replicated", "decl_queue")]
+
+
+def nonfinite(rank, world_size, kwargs, bad_value):
+    """Step 0 clean, step 1 with one ``bad_value`` entry in one rank's image features (then rolled
+    back, as for a step the GradScaler skipped), step 2 clean; against a run of steps 0 and 2 only.
+    Returns the digests and losses both runs give, on this rank."""
+    from clip_dcl.losses import create_loss
+
+    out = {}
+    for label, steps in (("with_bad_step", (0, 1, 2)), ("without", (0, 2))):
+        loss_fn = create_loss("decl", rank=rank, world_size=world_size, local_loss=True, gather_with_grad=False,
+                              **kwargs)
+        model = Towers()
+        b = GLOBAL_BATCH // world_size
+        rows = torch.arange(rank * b, (rank + 1) * b)
+        visited = None
+        for step in steps:
+            x, y, ids = global_data(step)
+            with torch.no_grad():
+                f, g, s = model(x[rows], y[rows])
+            if step == 1 and rank == world_size - 1:
+                f = f.clone()
+                f[0, 0] = bad_value
+            loss = loss_fn(f, g, s, sample_ids=ids[rows])
+            if step == 1:
+                out[(label, "dropped")] = float(loss_fn.metrics["nonfinite_dropped"])
+                # no entry visited before turned NaN (unvisited), and nothing else is non-finite
+                state = {k: v for k, v in loss_fn.state_dict().items() if v.is_floating_point()}
+                table = loss_fn.full_log_rate() if "log_rate" in state else None
+                clean = all(bool(torch.isfinite(v).all()) for k, v in state.items() if k != "log_rate")
+                if table is not None:
+                    clean = clean and not bool((visited & torch.isnan(table)).any()) and \
+                        bool(torch.isfinite(table[~torch.isnan(table)]).all())
+                out[(label, "finite_state")] = clean
+                out[(label, "rolled_back")] = loss_fn.rollback_step()
+            elif hasattr(loss_fn, "log_rate"):
+                visited = ~torch.isnan(loss_fn.full_log_rate())
+            out[(label, step, "digest")] = loss_fn.state_digest()
+            value = loss.detach().clone()
+            dist.all_reduce(value)
+            out[(label, step, "loss")] = value / world_size
+    return out
+
+
 def main(out_dir, mode="all"):
     dist.init_process_group("gloo")
     rank, world_size = dist.get_rank(), dist.get_world_size()
     results = {}
     if mode == "bad_id":
         results["error"] = bad_id(rank, world_size)
+    elif mode == "nonfinite":
+        for name, _, kwargs in NONFINITE_CONFIGS:
+            for bad in (float("nan"), float("inf")):
+                results[(name, str(bad))] = nonfinite(rank, world_size, kwargs, bad)
     elif mode == "no_grad":
         for name, loss_name, kwargs in NO_GRAD_CONFIGS:
             for dtype in (torch.float64, torch.float32):
