@@ -177,6 +177,23 @@ def evaluate(checkpoint: Path, data: dict) -> Dict[str, float]:
     return with_mean_r1(out)
 
 
+def finished_runs(work: Path, data: dict, budget: ex.Budget) -> List[dict]:
+    """Every cached run under ``work`` trained on ``data`` with ``budget`` (any batch size and seed),
+    labelled by the objective whose flags it has."""
+    by_flags = {tuple(flags): name for name, flags in objectives().items()}
+    want = json.loads(json.dumps({k: v for k, v in dataclasses.asdict(budget).items()
+                                  if k not in ("batch_size", "seed")}))
+    out = []
+    for path in sorted((work / "scores").glob("*.json")):
+        doc = json.loads(path.read_text())
+        settings = doc.get("settings", {})
+        got = {k: v for k, v in settings.get("budget", {}).items() if k not in ("batch_size", "seed")}
+        label = by_flags.get(tuple(settings.get("flags", ())))
+        if got == want and settings.get("data") == json.loads(json.dumps(data["config"])) and label:
+            out.append({**doc["record"], "label": label, "source": "reused"})
+    return out
+
+
 def run_one(label: str, flags: tuple, data: dict, budget: ex.Budget, work: Path, threads: int) -> dict:
     """Train and evaluate one run, or reuse its cache; the record of the report."""
     key = json.loads(json.dumps({"flags": list(flags), "budget": dataclasses.asdict(budget),
@@ -296,21 +313,23 @@ def plot(records: List[dict], path: Path) -> Optional[Path]:
         return None
     fig, axes = plt.subplots(1, 3, figsize=(17, 4.6))
     labels = [lab for lab in objectives() if any(r["label"] == lab for r in records)]
+    colour = {lab: f"C{i % 10}" for i, lab in enumerate(labels)}  # one colour per objective in every panel
+    styles = {b: ls for b, ls in zip(sorted({r["batch_size"] for r in records}), ("-", "--", ":", "-.") * 3)}
     for label in labels:
         rs = [r for r in records if r["label"] == label]
         bs = sorted({r["batch_size"] for r in rs})
         stats = [mean_std([r["metrics"][MEAN_R1] for r in rs if r["batch_size"] == b]) for b in bs]
         axes[0].errorbar(bs, [100 * s["mean"] for s in stats],
                          yerr=[100 * (s["std"] if s["n"] > 1 else 0.0) for s in stats], marker="o", capsize=3,
-                         label=label)
+                         label=label, color=colour[label])
     axes[0].set(xscale="log", xlabel="batch size", ylabel="%", title="held-out retrieval mean R@1")
     axes[0].set_xscale("log", base=2)
     for r in records:
         if r["label"] == "clip" or r["batch_size"] == min(x["batch_size"] for x in records):
-            axes[1].plot(range(1, len(r["val_r1"]) + 1), [100 * v for v in r["val_r1"]], lw=1,
+            style = dict(lw=1, color=colour[r["label"]], ls=styles[r["batch_size"]],
                          label=f"{r['label']} B={r['batch_size']} s{r['seed']}")
-            axes[2].plot(range(1, len(r["logit_scale"]) + 1), r["logit_scale"], lw=1,
-                         label=f"{r['label']} B={r['batch_size']} s{r['seed']}")
+            axes[1].plot(range(1, len(r["val_r1"]) + 1), [100 * v for v in r["val_r1"]], **style)
+            axes[2].plot(range(1, len(r["logit_scale"]) + 1), r["logit_scale"], **style)
     axes[1].set(xlabel="epoch", ylabel="%", title="validation mean R@1 per epoch (plateau)")
     axes[2].set(xlabel="epoch", ylabel="logit scale", title="logit scale per epoch (clamp at 100)")
     for ax in axes:
@@ -394,6 +413,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--sweep-variants", nargs="+", default=["decl default"], help="sweep: DeCL variants")
     p.add_argument("--jobs", type=int, default=2, help="trainings side by side")
     p.add_argument("--threads", type=int, default=1, help="torch threads per training")
+    p.add_argument("--report-only", action="store_true",
+                   help="train nothing: write the report from every finished run under --work with this budget")
     p.add_argument("--stem", default=STEM)
     return p
 
@@ -429,6 +450,12 @@ def main(argv: Optional[List[str]] = None) -> int:
     jobs = list(dict.fromkeys((lab, tuple(f), b, s) for lab, f, b, s in jobs))
     command = " ".join([".venv/bin/python", "benchmarks/batch_size.py", *map(shlex.quote, argv)])
     started = datetime.now(timezone.utc)
+    if args.report_only:
+        records = finished_runs(work, data, budget)
+        write(results, records, len(records), data, budget, command, started, ["report of finished runs"],
+              args.batch_sizes, args.stem)
+        print(f"[batch_size] {len(records)} finished runs -> {results / (args.stem + '.md')}")
+        return 0
     records: List[dict] = []
     lock = threading.Lock()
 
