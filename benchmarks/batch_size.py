@@ -194,6 +194,20 @@ def finished_runs(work: Path, data: dict, budget: ex.Budget) -> List[dict]:
     return out
 
 
+def finished_training(run: ex.Run, data: dict, logs: Path, budget: ex.Budget) -> Optional[ex.TrainResult]:
+    """A training of ``run`` that finished under ``logs`` but was not scored (the call stopped after it)."""
+    log_dir = logs / run.slug
+    ckpt, out_log = log_dir / "checkpoints" / f"epoch_{budget.epochs}.pt", log_dir / "out.log"
+    if not (ckpt.is_file() and (log_dir / "stdout.txt").is_file() and out_log.is_file()):
+        return None
+    stamps = re.findall(r"^(\d{4}-\d\d-\d\d,\d\d:\d\d:\d\d)", out_log.read_text(), flags=re.M)
+    fmt = "%Y-%m-%d,%H:%M:%S"
+    seconds = ((datetime.strptime(stamps[-1], fmt) - datetime.strptime(stamps[0], fmt)).total_seconds()
+               if stamps else float("nan"))
+    return ex.TrainResult(run, ckpt, log_dir, seconds, ex.train_command(run, data, logs, budget, device="cpu"),
+                          ex.read_curves(out_log), ex.read_val(log_dir / "checkpoints" / "results.jsonl"))
+
+
 def run_one(label: str, flags: tuple, data: dict, budget: ex.Budget, work: Path, threads: int) -> dict:
     """Train and evaluate one run, or reuse its cache; the record of the report."""
     key = json.loads(json.dumps({"flags": list(flags), "budget": dataclasses.asdict(budget),
@@ -205,9 +219,11 @@ def run_one(label: str, flags: tuple, data: dict, budget: ex.Budget, work: Path,
         if doc.get("settings") == key:
             return {**doc["record"], "label": label, "source": "reused"}
     logs = work / "runs" / digest
-    env = {"OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
-    res = ex.train(ex.Run(f"b{budget.batch_size}-seed{budget.seed}", flags), data, logs, budget, env=env,
-                   lock=False, device="cpu", echo=lambda s: None)
+    run = ex.Run(f"b{budget.batch_size}-seed{budget.seed}", flags)
+    res = finished_training(run, data, logs, budget)
+    if res is None:
+        env = {"OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
+        res = ex.train(run, data, logs, budget, env=env, lock=False, device="cpu", echo=lambda s: None)
     t0 = time.perf_counter()
     metrics = evaluate(res.checkpoint, data)
     val = [with_mean_r1({f"retrieval/{k}": v for k, v in r.items() if isinstance(v, (int, float))})
