@@ -360,6 +360,11 @@ def write(out: Path, records: List[dict], planned: int, data: dict, budget: ex.B
     done = len(records)
     status = ("complete" if done == planned else f"PARTIAL: {done} of {planned} runs of this call finished") + \
         f" (stages: {', '.join(stages)}; finished runs are reused by later calls)"
+    if stages == ["report of finished runs"]:
+        g0 = gate(records, sizes)
+        status = (f"PARTIAL: the {done} runs finished so far at this budget, gathered from several calls (each run's "
+                  f"own command is in the JSON); the gate is {'passed' if g0 and g0['passed'] else 'not yet measured'}"
+                  " (clip at every batch size, 3 seeds), and the sweep has not started")
     g = gate(records, sizes)
     gate_line = "not measured yet" if g is None else (
         f"clip at {g['large']} minus clip at {g['small']}: {100 * g['gain']:+.1f} points of mean R@1, seeds "
