@@ -15,29 +15,34 @@ In log space, ``u_i * mean_k S_ik = eps_i * exp(lse_neg_i - log K - log r_i)`` w
 at ``max_log_ratio`` so that a stale rate cannot overflow; ``metrics["clamp_rate"]`` says how often
 that bites (those rows get no gradient through their negatives).
 
-Rate estimators (``rate=``). With ``include_current=False`` (the default) the rate used at a step
-comes from *earlier* steps only, as the paper's Sec. 2.2.3 has it (loss1's statistics are "taken
-from previous iterations"): ``u`` is then independent of the minibatch it multiplies, and the
-gradient of loss1 is ``(eps / r) grad mean_k S_ik``, an unbiased estimate of ``grad D_i / r``.
+Rate estimators (``rate=``).
 
 - ``"index"`` (the paper's global buffer): ``log r`` per training sample and direction, indexed by
-  the sample ids the data pipeline carries (``sample_ids=``). **Read, then update**: the step's
-  loss1 uses the ``log r`` stored by earlier visits; only then is this step's batch estimate
-  ``e_i = lse_neg_i - log K`` folded in, ``log r <- log((1 - gamma_t) r + gamma_t exp(e_i))`` (an
-  unvisited entry stores ``e_i``). An anchor seen for the first time (its entry still NaN) gets
+  the sample ids the data pipeline carries (``sample_ids=``). **Update, then read** (the default,
+  ``include_current=True``, as SogCLR and FastCLIP do): this step's batch estimate ``e_i = lse_neg_i -
+  log K`` is folded in first, ``log r <- log((1 - gamma_t) r + gamma_t exp(e_i))`` (an unvisited entry
+  stores ``e_i``), and loss1 reads the result, so the weight multiplier ``exp(e_i - log r_i)`` is at
+  most ``1 / gamma_t``: a stale entry cannot blow up a step. **Read, then update**
+  (``include_current=False``, the paper's "statistics taken from previous iterations"): loss1 reads
+  the rate stored by earlier visits, ``u`` is then independent of the minibatch it multiplies and
+  loss1's gradient ``(eps / r) grad mean_k S_ik`` has expectation ``grad D_i / r``; but ``r`` is then
+  one minibatch estimate an epoch old and ``E[1/r]`` is inflated (Jensen): the negatives' mean
+  weight was 5.5x InfoNCE's balance at B = 32 on fixed features, and training collapsed on the
+  batch-size testbed. It is only sound when the rates are accurate (many visits, slow drift).
+  An anchor seen for the first time (its entry still NaN) gets
   ``first_visit="batch"``: its own batch estimate ``e_i`` (so the first epoch is the coupled
   ``batch`` rate, as FastCLIP's ``gamma = 1`` first epoch is), or ``first_visit="mean"``: the mean
   of the previous step's batch estimates over the global batch (per direction; the batch estimate
-  at the very first step), which keeps the first epoch decoupled too.
+  at the very first step).
 
   **Drift correction** (``drift_correction=True``, the default). A stored rate is up to an epoch
   old, and early in training the whole similarity scale moves fast: on the synthetic data the
   mean log-rate climbed by about 9 within the first epoch, so the first revisits read rates
   ``e^9`` too small, loss1 reached 10^4 and training collapsed (zero-shot at chance, for gamma 0.9
   and 0.2 alike). So each rate is stored relative to the mean estimate of the step that stored
-  it, ``m_t = mean_i e_i`` over the global batch, and read at the level of the previous step:
-  ``log r_i = (stored relative rate) + m_{t-1}``, i.e. the stale estimate shifted by the global
-  drift since it was stored. Both parts still come from earlier steps only. The moving average
+  it, ``m_t = mean_i e_i`` over the global batch (its finite estimates), and read at the latest
+  level: ``log r_i = (stored relative rate) + m_t`` after the update (``m_{t-1}`` when read before
+  it), i.e. the stale estimate shifted by the global drift since it was stored. The moving average
   runs on the relative rates, ``rel <- log((1 - gamma_t) e^rel + gamma_t e^(e_i - m_t))``;
   ``first_visit="mean"`` is a relative rate of 0. ``drift_correction=False`` keeps absolute rates.
   A repeated id in one global batch reads the same stored value for both rows and is updated with
@@ -62,14 +67,34 @@ gradient of loss1 is ``(eps / r) grad mean_k S_ik``, an unbiased estimate of ``g
 - ``"batch"`` (ablation): ``log r_i = e_i`` from the current global batch alone: the minibatch-coupled
   gradient ``eps grad log mean_k S_ik`` that DeCL is meant to remove.
 
-``include_current=True`` restores the coupled variants, as an ablation: ``index`` updates the buffer
-with the current estimate *before* reading it (with ``gamma = 0.9`` the rate is then at least 90 %
-the current batch's own), and ``queue`` counts the current batch's negatives with the queue's.
+For ``queue``, ``include_current=True`` counts the current batch's negatives with the queue's (off
+by default).
 
-``gamma`` may follow a schedule (``gamma_schedule``): ``"constant"``, or ``"cosine"`` from 1 down to
-``gamma`` over ``gamma_decay_steps`` optimizer steps, ``gamma_t = gamma + (1 - gamma) (1 + cos(pi
-min(1, (t - 1) / T))) / 2``: FastCLIP's ``adjust_gamma``, which steps it once per epoch, made
-continuous in the step (the training plugin sets ``T`` from ``--decl-gamma-decay-epochs``).
+**The anchor-relative estimate** (``estimate="relative"``, every rate; FastCLIP, Wei et al. 2024,
+arXiv 2407.01445, ``FastCLIPLoss``): the rate estimates ``g_i = mean_{k != i} exp(l_ik - l_ii)``, the
+positive inside, and ``loss1_i = u_i g_i = eps_i exp(lse_neg_i - log K - l_ii - log r_i)``, with the
+gradient ``(eps_i / r_i) grad g_i``. Conditioned on ``u`` it is still decomposed over the negatives;
+the positive and the negatives are scaled together, so a wrong rate only rescales that anchor's
+step and cannot tip pull against push. With M captions ``l_ii`` is ``mean_m l_im``.
+
+**Non-finite steps.** Only finite estimates (``index``) and finite pairs of embeddings (``queue``) enter
+the state; the others are dropped and counted (``metrics["nonfinite_dropped"]``). :meth:`rollback_step`
+undoes the last step's state update and step counter, for a step whose optimizer update AMP's
+GradScaler skipped (the training plugin calls it).
+
+``gamma`` may follow a schedule (``gamma_schedule``): ``"constant"``, or ``"cosine"``: 1 for
+``gamma_hold_steps`` steps (FastCLIP: the first epoch), then from 1 down to ``gamma`` over
+``gamma_decay_steps`` optimizer steps, ``gamma_t = gamma + (1 - gamma) (1 + cos(pi min(1, (t - 1 -
+H) / T))) / 2``: FastCLIP's ``adjust_gamma``, which steps it once per epoch, made continuous in the
+step (the training plugin sets ``H`` to one epoch and ``T`` from ``--decl-gamma-decay-epochs``).
+
+**Temperature** (``temperature_mode``). loss1 has no positive in its normaliser: its gradient with
+respect to the logit scale is ``E_w[c_ik] - c_ii`` (w the negatives' weights), negative once
+positives outrank negatives, so it drives a learned scale to OpenCLIP's clamp. ``"infonce"`` (the
+default): loss1 sees the scale detached, the InfoNCE terms train it; ``"learned"``: both terms do;
+``"fixed"``: ``1 / temperature`` in both terms; ``"rgclg"``: only FastCLIP v3's RGCL-g objective
+``tau (mean_i log g_i + rho)`` trains it (see :meth:`DeCLLoss._rgclg_term`). A step that does not
+train the scale gives it a zero gradient (DDP expects one for every parameter).
 
 Schedules for ``lambda_t`` (``t`` counts optimizer steps from 1):
 ``"alternate"`` (the paper's OpenCLIP setting: loss1 at odd t, InfoNCE at even t), ``"decl"``
@@ -191,8 +216,13 @@ class DeCLLoss(ContrastiveLoss):
         gamma_decay_steps: optimizer steps of the cosine schedule (required by ``"cosine"``).
         first_visit: what an anchor's first visit reads for ``rate="index"``: ``"batch"`` (its batch
             estimate) or ``"mean"`` (the previous step's mean estimate).
-        include_current: let the current batch enter the rate it is scored with (the coupled
-            ablation: ``index`` updates before it reads, ``queue`` counts the batch with the queue).
+        include_current: let the current batch enter the rate it is scored with (``index``: update, then
+            read; ``queue``: count the batch with the queue); ``None``: True for ``index``, False for ``queue``.
+        estimate: ``"absolute"`` (the mean negative score) or ``"relative"`` (FastCLIP's ``g_i``).
+        gamma_hold_steps: steps at ``gamma_t = 1`` before the cosine schedule starts.
+        temperature_mode: ``"infonce"``, ``"learned"``, ``"fixed"`` or ``"rgclg"`` (module docstring).
+        temperature: the fixed temperature of ``"fixed"``.
+        rho: ``rho`` of ``"rgclg"`` (default ``log K - 0.43``).
         drift_correction: ``rate="index"`` keeps each rate relative to the mean estimate of the step
             that stored it and reads it at the previous step's mean (see the module docstring).
         sample_u: draw ``u ~ Gamma(1, r)`` (True) or use its mean ``1 / r`` (False).
@@ -211,6 +241,8 @@ class DeCLLoss(ContrastiveLoss):
         metrics: ``lambda_t``, ``loss1``, ``loss2`` (each averaged over directions), ``mean_log_rate``
             ``clamp_rate``, ``log_ratio_mean`` and ``log_ratio_std`` (of ``log(mean_k S_ik / r_i)`` over the
             anchor rows: how far the rates used are from the batch's own estimates), from the last call;
+            ``weight_mean`` and ``weight_max`` (of the per-anchor multiplier ``exp(e_i) / r_i``, after the
+            ceiling), ``nonfinite_dropped`` (training, ``index`` and ``queue``);
             for ``index`` also ``gamma_t`` and ``first_visit_rate``
             (the share of anchor rows read on their first visit).
         calls: buffer, training-mode calls so far (``t = calls // accum_freq + 1``).
