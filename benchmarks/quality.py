@@ -226,6 +226,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "default decl is trained again at that budget as the ablation's reference")
     p.add_argument("--fewshot-seeds", type=int, nargs="+", default=None,
                    help="k-shot draws of the 5-shot probe (default 0 1 2; quick 0)")
+    p.add_argument("--objectives", nargs="+", default=None, choices=("clip", "dcl", "decl"),
+                   help="objectives of the main comparison (default: all three; clip is the paired reference)")
     p.add_argument("--eval-threads", type=int, default=1,
                    help="torch threads of the evaluations, which run beside other trainings on a shared machine")
     return p
@@ -279,6 +281,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     data = ex.synth_data(work / "data", quick=args.quick, **overrides)
     main_runs = ex.default_runs(data["tau_plus"])
     decl = next(r for r in main_runs if r.name == DECL)
+    if args.objectives:
+        main_runs = [r for r in main_runs if r.name in args.objectives]
     try:
         abl_runs = ablation_runs(names, decl)
     except ValueError as e:
