@@ -67,36 +67,6 @@ def test_decl_relative_index_buffer_follows_moving_average_over_steps(include_cu
                                        rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("include_current", [False, True])
-def test_decl_relative_queue_rate_matches_reference(include_current):
-    s, n, q = 12.0, 5, 7
-    loss_fn = create_loss("decl", rate="queue", estimate="relative", queue_size=q, schedule="decl",
-                          include_current=include_current, temperature_mode="learned")
-    history_img, history_txt = [], []
-    for step in range(3):
-        f, g = features(n, seed=210 + step)
-        a, b = leaves(f, g, s), leaves(f, g, s)
-        got = loss_fn(*a)
-        fb, gb, sb = b
-        rates = []
-        for anchor, cand, hist in [(fb, gb, history_txt), (gb, fb, history_img)]:
-            queue = torch.cat(hist)[-q:].double() if hist else cand[:0]
-            row = []
-            for i in range(n):
-                own = sb * anchor[i] @ cand[i]
-                batch = [torch.exp(sb * anchor[i] @ cand[k] - own) for k in range(n) if k != i]
-                queued = [torch.exp(sb * anchor[i] @ queue[k] - own) for k in range(queue.shape[0])]
-                scores = queued + batch if (include_current or not queued) else queued
-                row.append(sum(scores) / len(scores))
-            rates.append(torch.stack(row))
-        rates = torch.stack(rates).detach()
-        expected, _, _ = ref.decl(*b, rates, torch.ones_like(rates), 1.0, relative=True)
-        torch.testing.assert_close(got, expected.to(got.dtype), rtol=1e-5, atol=1e-5)
-        assert_close_all(grads(got, a), grads(expected, b), rtol=1e-4, atol=1e-6)
-        history_img.append(f.float())
-        history_txt.append(g.float())
-
-
 @pytest.mark.parametrize("m", [2, 3])
 def test_decl_relative_batch_rate_with_m_captions_matches_reference(m):
     f, g = features_m(4, m, seed=m)

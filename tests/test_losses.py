@@ -314,11 +314,14 @@ def test_old_checkpoint_without_prev_log_rate_loads():
     assert float(absolute.log_rate[0, 1]) == -2.0
 
 
+@pytest.mark.parametrize("estimate", ["absolute", "relative"])
 @pytest.mark.parametrize("include_current", [False, True])
-def test_decl_queue_rate_matches_reference(include_current):
+def test_decl_queue_rate_matches_reference(include_current, estimate):
+    """Also the anchor-relative estimate: every score divided by the anchor's positive exp(l_ii)."""
     s, n, q = 12.0, 5, 7
     loss_fn = create_loss("decl", temperature_mode="learned", rate="queue", queue_size=q, schedule="decl", sample_u=False,
-                          include_current=include_current)
+                          include_current=include_current, estimate=estimate)
+    relative = estimate == "relative"
     history_img, history_txt = [], []
     for step in range(3):
         f, g = features(n, seed=200 + step)
@@ -330,14 +333,15 @@ def test_decl_queue_rate_matches_reference(include_current):
             queue = torch.cat(hist)[-q:].double() if hist else cand[:0]  # the queue stores float32
             row = []
             for i in range(n):
-                batch = [torch.exp(sb * anchor[i] @ cand[k]) for k in range(n) if k != i]
-                queued = [torch.exp(sb * anchor[i] @ queue[k]) for k in range(queue.shape[0])]
+                own = sb * anchor[i] @ cand[i] if relative else 0.0
+                batch = [torch.exp(sb * anchor[i] @ cand[k] - own) for k in range(n) if k != i]
+                queued = [torch.exp(sb * anchor[i] @ queue[k] - own) for k in range(queue.shape[0])]
                 # earlier steps only; the batch itself at the first step (empty queue) or when coupled
                 scores = queued + batch if (include_current or not queued) else queued
                 row.append(sum(scores) / len(scores))
             rates.append(torch.stack(row))
         rates = torch.stack(rates).detach()
-        expected, _, _ = ref.decl(*b, rates, torch.ones_like(rates), 1.0)
+        expected, _, _ = ref.decl(*b, rates, torch.ones_like(rates), 1.0, relative=relative)
         torch.testing.assert_close(got, expected.to(got.dtype), rtol=1e-5, atol=1e-5)
         assert_close_all(grads(got, a), grads(expected, b), rtol=1e-4, atol=1e-6)
         history_img.append(f.float())
