@@ -319,8 +319,8 @@ def test_flags_resolve_and_pass_openclip_flags_through(tmp_path):
                             "--no-decl-sample-u"])
     assert cfg.openclip_argv == ["--model", "clip-dcl-tiny", "--train-data", pattern, "--accum-freq", "2", "--seed", "7"]
     assert cfg.num_samples == 64  # sum of sizes.json
-    assert cfg.loss_kwargs == {"schedule": "harmonic", "lam": 5.0, "sample_u": False, "accum_freq": 2, "seed": 7,
-                               "num_samples": 64}
+    assert cfg.loss_kwargs == {"schedule": "harmonic", "lam": 5.0, "sample_u": False, "accum_freq": 2, "seed": 7}
+    assert cfg.loss_args["num_samples"] == 64  # resolved by the loss from the data
     assert cfg.loss_args["rate"] == "index" and cfg.loss_args["lam"] == 5.0  # completed with the loss's defaults
     from clip_dcl.models import tiny_config_path
 
@@ -517,7 +517,7 @@ def test_synthetic_and_csv_data_size_the_decl_buffer(tmp_path):
     from clip_dcl.train.flags import parse_train_args
 
     cfg = parse_train_args(["--loss", "decl", "--dataset-type", "synthetic", "--train-num-samples", "300"])
-    assert cfg.num_samples == 300 and cfg.loss_kwargs["num_samples"] == 300
+    assert cfg.num_samples == 300 and cfg.loss_args["num_samples"] == 300
     csv = tmp_path / "train.csv"
     csv.write_text("filepath\ttitle\n" + "".join(f"x{i}.png\tcaption {i}\n" for i in range(7)))
     cfg = parse_train_args(["--loss", "decl", "--train-data", str(csv)], check_files=False)

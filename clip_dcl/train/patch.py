@@ -83,7 +83,7 @@ from clip_dcl.losses.state import digest_of_state_dict
 from .. import checkpoint as ckpt_format
 from . import loss_state as sharded_state
 from . import preempt as preemption
-from .flags import TrainConfig, loss_command
+from .flags import TrainConfig, full_loss_args, loss_command, openclip_native
 from .ids import MissingSampleIds, SampleIdOutOfRange
 from .pipeline import get_wds_train_dataset, id_collisions, mix_seed, summary_line, with_indices
 
@@ -544,29 +544,23 @@ class TrainingRun:
     # open_clip_train.main.create_loss
     def create_loss(self, args):
         cfg = self.config
-        if cfg.loss == "clip" and not cfg.no_grad_gather and cfg.captions_per_image == 1:
+        native = openclip_native(cfg.loss)
+        if native and not cfg.no_grad_gather and cfg.captions_per_image == 1:
             loss = _OPENCLIP_CREATE_LOSS(args)
         else:
-            from clip_dcl.losses import create_loss
+            from clip_dcl.losses import LOSSES, create_loss
 
-            if cfg.gamma_decay_epochs is not None:
-                steps = self.gamma_decay_steps(args)
-                # FastCLIP's schedule: gamma = 1 through the first epoch, then the cosine
-                hold = self.epoch_steps(args)
-                cfg.loss_kwargs.update(gamma_decay_steps=steps, gamma_hold_steps=hold)
-                cfg.loss_args.update(gamma_decay_steps=steps, gamma_hold_steps=hold)
-            from clip_dcl.losses import LOSSES
-
+            kwargs = self.resolve_loss_args(args)
             # allocated on the device directly: no host copy of a large per-sample buffer
             on_device = {"device": args.device} if "device" in inspect.signature(LOSSES[cfg.loss]).parameters else {}
             if cfg.no_grad_gather:
                 on_device["no_grad_gather"] = True
             loss = create_loss(cfg.loss, rank=args.rank, world_size=args.world_size, local_loss=args.local_loss,
-                               gather_with_grad=args.gather_with_grad, **cfg.loss_kwargs, **on_device)
+                               gather_with_grad=args.gather_with_grad, **kwargs, **on_device)
         loss = loss.to(args.device) if isinstance(loss, torch.nn.Module) else loss
         self._restore(loss)
         self.loss = loss  # the module whose state is checkpointed
-        if cfg.loss != "clip" and "coca" in args.model.lower():
+        if not native and "coca" in args.model.lower():
             # CoCa: our contrastive term, OpenCLIP's captioning term, both with OpenCLIP's weights
             from clip_dcl.losses.coca import CoCaObjective
 
@@ -576,6 +570,25 @@ class TrainingRun:
             logging.info(f"Loss: {cfg.loss} {cfg.loss_args} -> {loss}")
         return loss
 
+    def resolve_loss_args(self, args) -> dict:
+        """The loss's keyword arguments resolved by the loss from the data, now that its batches per epoch
+        are known; recorded in ``config.loss_args``, ``args.loss_args`` and params.txt (which OpenCLIP
+        wrote before it loaded the data)."""
+        from clip_dcl.losses import resolve_loss_args
+
+        from .facts import data_facts
+
+        cfg = self.config
+        data = dataclasses.replace(cfg.data or data_facts(args), steps_per_epoch=self.epoch_steps(args))
+        kwargs = resolve_loss_args(cfg.loss, cfg.loss_kwargs, data)
+        resolved = full_loss_args(cfg.loss, kwargs)
+        if resolved != cfg.loss_args:
+            cfg.loss_args = resolved
+            args.loss_args = dict(resolved)
+            if args.rank == 0 and args.logs and args.name:
+                rewrite_param(os.path.join(args.logs, args.name, "params.txt"), "loss_args", args.loss_args)
+        return kwargs
+
     def epoch_steps(self, args) -> int:
         """Optimizer steps of one epoch: the training data's batches per epoch (as OpenCLIP's scheduler
         counts them) / ``--accum-freq``."""
@@ -583,10 +596,6 @@ class TrainingRun:
         if batches is None:  # not our webdataset pipeline: OpenCLIP's own count of the samples
             batches = math.ceil((args.train_num_samples or 0) / (args.batch_size * args.world_size))
         return batches // args.accum_freq
-
-    def gamma_decay_steps(self, args) -> int:
-        """``--decl-gamma-decay-epochs`` in optimizer steps, at least 1."""
-        return max(1, round(self.config.gamma_decay_epochs * self.epoch_steps(args)))
 
     def _restore(self, loss) -> None:
         if self.resumed is None:
@@ -861,6 +870,16 @@ def patched(run: TrainingRun):
     finally:
         for (module, name), value in saved.items():
             setattr(module, name, value)
+
+
+def rewrite_param(params_file: str, name: str, value) -> None:
+    """Replace the ``name: value`` line of OpenCLIP's params.txt (its format), when the file exists."""
+    if not os.path.isfile(params_file):
+        return
+    with open(params_file) as f:
+        lines = f.read().splitlines(keepends=True)
+    with open(params_file, "w") as f:
+        f.writelines(f"{name}: {value}\n" if line.startswith(f"{name}: ") else line for line in lines)
 
 
 def _log_dir(argv) -> Optional[str]:
