@@ -537,3 +537,74 @@ def test_docs_loss_flag_table_is_the_registrys():
     assert block == loss_flags_table(), ("regenerate the table in docs/training.md with "
                                          "clip_dcl.train.flags.loss_flags_table()")
     assert "| `--decl-sample-u` / `--no-decl-sample-u` | decl |" in block and block.count("| off |") >= 1
+
+
+# -- losses that take their arguments from the data ---------------------------------------------------
+def _train_in_process(tmp_path, name, *flags):
+    """One epoch of ``clip_dcl.train`` in this process on 16 synthetic samples (4 steps of 4)."""
+    from clip_dcl.models import TINY_MODEL
+
+    rc = main(["--dataset-type", "synthetic", "--train-num-samples", "16", "--batch-size", "4", "--epochs", "1",
+               "--workers", "0", "--model", TINY_MODEL, "--logs", str(tmp_path / "logs"), "--name", name,
+               "--report-to", "", "--seed", "0", "--warmup", "1", "--device", "cpu", *flags])
+    assert rc == 0
+    run = tmp_path / "logs" / name
+    params = dict(line.split(": ", 1) for line in (run / "params.txt").read_text().splitlines())
+    return params, torch.load(run / "checkpoints" / "epoch_1.pt", map_location="cpu", weights_only=True)
+
+
+def test_params_and_checkpoint_record_the_resolved_decl_arguments(tmp_path):
+    params, ckpt = _train_in_process(tmp_path, "cosine", "--loss", "decl", "--decl-gamma-schedule", "cosine",
+                                     "--decl-gamma-decay-epochs", "0.5")
+    recorded = ckpt["clip_dcl"]["loss_args"]
+    # 16 samples / batch 4 = 4 steps an epoch: gamma 1 through it, then a decay of half an epoch; one id per sample
+    assert (recorded["gamma_hold_steps"], recorded["gamma_decay_steps"], recorded["num_samples"]) == (4, 2, 16)
+    assert "gamma_decay_epochs" not in recorded  # turned into steps
+    assert params["loss_args"] == str(recorded)
+
+
+class DataSizedLoss(torch.nn.Module):
+    """A loss registered by a test: InfoNCE that counts each sample's visits in a buffer sized from the data."""
+
+    requires_sample_ids = True
+
+    @classmethod
+    def resolve_data_params(cls, kwargs, data):
+        # the steps are unknown while the flags are checked (before the data is loaded)
+        return {**kwargs, "num_samples": data.num_samples(), "epoch_steps": data.steps_per_epoch or 1}
+
+    def __init__(self, num_samples=None, epoch_steps=None, **dist_kwargs):
+        from clip_dcl.losses.clip import InfoNCEFromStats
+
+        super().__init__()
+        if num_samples is None or epoch_steps is None:
+            raise ValueError(f"num_samples={num_samples} and epoch_steps={epoch_steps} come from the data")
+        self.num_samples, self.epoch_steps = num_samples, epoch_steps
+        self.infonce = InfoNCEFromStats(**dist_kwargs)
+        self.register_buffer("visits", torch.zeros(num_samples, dtype=torch.long))
+
+    def forward(self, image_features, text_features, logit_scale, logit_bias=None, output_dict=False,
+                sample_ids=None):
+        if self.training:
+            self.visits.index_add_(0, sample_ids, torch.ones_like(sample_ids))
+        return self.infonce(image_features, text_features, logit_scale, logit_bias, output_dict=output_dict)
+
+
+@pytest.fixture
+def data_sized_loss():
+    from clip_dcl.losses import LOSSES, register_loss, unregister_loss
+
+    register_loss("data-sized")(DataSizedLoss)
+    try:
+        yield "data-sized"
+    finally:
+        unregister_loss("data-sized")
+    assert "data-sized" not in LOSSES
+
+
+def test_a_registered_loss_sizes_itself_from_the_data_with_no_trainer_change(tmp_path, data_sized_loss):
+    params, ckpt = _train_in_process(tmp_path, "toy", "--loss", data_sized_loss)
+    assert ckpt["clip_dcl"]["loss"] == data_sized_loss
+    assert ckpt["clip_dcl"]["loss_args"] == {"num_samples": 16, "epoch_steps": 4}  # resolved, not the check's 1
+    assert params["loss_args"] == str({"num_samples": 16, "epoch_steps": 4})
+    assert ckpt["loss_state"]["visits"].tolist() == [1] * 16  # the synthetic indices reached it, each once

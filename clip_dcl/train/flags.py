@@ -292,8 +292,9 @@ def _given_model(argv: List[str]) -> bool:
 def _explain(err: Exception, loss: str, kwargs: Dict[str, object]) -> str:
     """The loss's own message, plus the flags that set the arguments it names."""
     msg = str(err)
+    # a keyword argument named in the message, not a word of a flag the message names itself (``--decl-rate``)
     flags = [_flag(dest) for dest, (owner, kwarg) in loss_flags().items()
-             if owner == loss and re.search(rf"\b{kwarg}\b", msg)]
+             if owner == loss and re.search(rf"(?<![-\w]){kwarg}\b", msg)]
     flags += [flag for kwarg, flag in OPENCLIP_LOSS_FLAGS.items() if re.search(rf"\b{kwarg}\b", msg)]
     where = f" (set by {', '.join(flags)})" if flags else ""
     return f"--loss {loss}: {msg}{where}"
