@@ -21,7 +21,7 @@ duration of the call (and restored afterwards):
     OpenCLIP's, leaving PyTorch's own loggers at their levels (it sets every logger to INFO).
 ``open_clip_train.main.torch``
     ``torch`` itself except for two names that only ``main`` sees: ``torch.save`` adds
-    ``ckpt["loss_state"]`` and ``ckpt["clip_dcl"]`` to every training checkpoint main writes
+    the loss state and clip-dcl's entry to every training checkpoint main writes
     (``epoch_N.pt``, ``epoch_latest.pt``; the format is :mod:`clip_dcl.checkpoint`'s) and writes
     every file under a temporary name first (:func:`clip_dcl.checkpoint.save_atomically`), and ``torch.nn.parallel.DistributedDataParallel``
     drops ``device_ids`` for CPU devices (main passes ``device_ids=[device]`` even on CPU, which
@@ -493,7 +493,7 @@ class TrainingRun:
                 logging.info(f"--loss-reset: the {self.config.loss} loss starts with fresh state; {path} keeps "
                              "only the model and optimizer.")
                 return ckpt
-            self.resumed = {"loss_state": ckpt.get(ckpt_format.LOSS_STATE_KEY), "clip_dcl": ckpt.get(ckpt_format.CKPT_KEY)}
+            self.resumed = {key: ckpt.get(key) for key in (ckpt_format.LOSS_STATE_KEY, ckpt_format.CKPT_KEY)}
             self.resumed_path = path
         return ckpt
 
@@ -600,7 +600,7 @@ class TrainingRun:
     def _restore(self, loss) -> None:
         if self.resumed is None:
             return
-        state, meta = self.resumed["loss_state"], self.resumed["clip_dcl"] or {}
+        state, meta = self.resumed[ckpt_format.LOSS_STATE_KEY], self.resumed[ckpt_format.CKPT_KEY] or {}
         saved_size = meta.get("train_data_size")
         if saved_size is not None and self.train_data_size is not None and saved_size != self.train_data_size:
             logging.warning(f"{self.resumed_path} was trained on {saved_size} samples of --train-data, which now has "
@@ -618,7 +618,7 @@ class TrainingRun:
                 logging.warning(f"{self.resumed_path} holds no loss state; the {self.config.loss} loss starts fresh.")
             return
         try:
-            index = meta.get(sharded_state.INDEX_KEY)
+            index = meta.get(ckpt_format.SHARD_INDEX_KEY)
             if index:  # a sharded buffer: in files beside the checkpoint, built into this rank's part
                 state = sharded_state.restore_sharded(loss, state, index, self.resumed_path)
             loss.load_state_dict(state)
@@ -804,7 +804,7 @@ class TrainingRun:
                                    "written; clip_dcl.train.loss_state.checkpointed() no longer matches its "
                                    "conditions")
             state = sharded_state.small_state(self.loss)
-            meta[sharded_state.INDEX_KEY] = sharded_state.shard_index(self.loss, shards, self.args.checkpoint_path)
+            meta[ckpt_format.SHARD_INDEX_KEY] = sharded_state.shard_index(self.loss, shards, self.args.checkpoint_path)
         else:
             state = self.loss.state_dict() if isinstance(self.loss, torch.nn.Module) else {}
         if resume is not None:
