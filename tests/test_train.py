@@ -251,13 +251,14 @@ def test_ids_reach_the_loss_aligned_through_openclip_train_one_epoch(accum_freq,
 ])
 def test_ids_out_of_range_stop_with_the_flag_to_set(bad, message):
     from clip_dcl.losses import create_loss
-    from clip_dcl.train.patch import SampleIdOutOfRange, _IdChannel, _LossWithIds
+    from clip_dcl.train.ids import SampleIdOutOfRange
+    from clip_dcl.train.steps import IdChannel, LossWithIds
 
-    channel = _IdChannel(_Loader([(torch.zeros(2, 4), torch.zeros(2, 4), torch.tensor([5, bad]))]), 1)
+    channel = IdChannel(_Loader([(torch.zeros(2, 4), torch.zeros(2, 4), torch.tensor([5, bad]))]), 1)
     list(channel)
     f = torch.nn.functional.normalize(torch.randn(2, 4), dim=-1)
     with pytest.raises(SampleIdOutOfRange, match=message):
-        _LossWithIds(create_loss("decl", rate="index", num_samples=10), channel, torch.device("cpu"))(
+        LossWithIds(create_loss("decl", rate="index", num_samples=10), channel, torch.device("cpu"))(
             f, f, torch.tensor(1.0), output_dict=True)
 
 
@@ -484,13 +485,13 @@ def test_openclip_logging_setup_leaves_torch_loggers_alone():
     """OpenCLIP's setup_logging sets every logger to INFO: TorchDynamo would print statistics at exit."""
     import logging
 
-    from clip_dcl.train.patch import _setup_logging
+    from clip_dcl.train.upstream import setup_logging
 
     dynamo, other = logging.getLogger("torch._dynamo"), logging.getLogger("clip_dcl_test_user_logger")
     before = dynamo.level
     root_handlers = list(logging.root.handlers)
     try:
-        _setup_logging(None, logging.INFO)
+        setup_logging(None, logging.INFO)
         assert dynamo.level == before and other.level == logging.INFO
     finally:
         for h in logging.root.handlers[len(root_handlers):]:
@@ -501,16 +502,16 @@ def test_openclip_logging_setup_leaves_torch_loggers_alone():
 def test_batches_without_ids_name_the_rates_that_need_none():
     from clip_dcl.losses import create_loss
     from clip_dcl.train.ids import MissingSampleIds
-    from clip_dcl.train.patch import _IdChannel, _LossWithIds
+    from clip_dcl.train.steps import IdChannel, LossWithIds
 
     class TwoTuples(list):  # a data path whose batches are (images, texts) only
         num_batches, num_samples = 1, 2
 
-    channel = _IdChannel(TwoTuples([(torch.zeros(2, 4), torch.zeros(2, 4))]), 1)
+    channel = IdChannel(TwoTuples([(torch.zeros(2, 4), torch.zeros(2, 4))]), 1)
     list(channel)
     f = torch.nn.functional.normalize(torch.randn(2, 4), dim=-1)
     with pytest.raises(MissingSampleIds, match="--decl-rate queue / batch"):
-        _LossWithIds(create_loss("decl", rate="index", num_samples=10), channel, torch.device("cpu"))(f, f, torch.tensor(1.0))
+        LossWithIds(create_loss("decl", rate="index", num_samples=10), channel, torch.device("cpu"))(f, f, torch.tensor(1.0))
 
 
 def test_synthetic_and_csv_data_size_the_decl_buffer(tmp_path):
