@@ -369,8 +369,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         raise SystemExit("--epochs, --jobs and --threads must be >= 1")
     if args.quick:
         args.batch_sizes, args.screen_batch_sizes, args.seeds = [16, 32], [16], args.seeds[:2]
-    work = Path(args.work) / ("quick" if args.quick else "full")
-    results = Path(args.results) if args.results else (work / "report" if args.quick else HERE / "results")
+    work, results = arguments.work_and_results(args, HERE / "results")
     data = ex.synth_data(work / "data", quick=args.quick, verbose=False, **(QUICK_DATA if args.quick else DATA))
     if max(args.batch_sizes + args.screen_batch_sizes) > data["train"]["num_samples"]:
         raise SystemExit(f"a batch is larger than the {data['train']['num_samples']} training pairs")

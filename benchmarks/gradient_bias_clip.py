@@ -350,8 +350,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         raise SystemExit(f"--shuffles must be >= 2 (the noise floor needs two), got {shuffles}")
     if args.threads:
         torch.set_num_threads(args.threads)
-    work = Path(args.work) / ("quick" if args.quick else "full")
-    results_dir = Path(args.results) if args.results else (work / "report" if args.quick else HERE / "results")
+    work, results_dir = arguments.work_and_results(args, HERE / "results")
     command = ex.command_line("gradient_bias_clip.py", argv)
     t0 = time.perf_counter()
     import open_clip

@@ -189,8 +189,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     if abl_budget == budget and not set(ablation_seeds) <= set(seeds):
         raise SystemExit(f"--ablation-seeds must be among --seeds {seeds} (at the main budget the ablation's "
                          f"reference is the main comparison's decl run of the same seed), got {ablation_seeds}")
-    work = Path(args.work) / ("quick" if args.quick else "full")
-    results_dir = Path(args.results) if args.results else (work / "report" if args.quick else HERE / "results")
+    work, results_dir = arguments.work_and_results(args, HERE / "results")
     command = ex.command_line("quality.py", argv)
     started = datetime.now(timezone.utc)
     t_start = time.perf_counter()

@@ -291,8 +291,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         runs = make_runs(taus, oracle=not args.no_oracle)
     except ValueError as e:
         raise SystemExit(f"--tau-plus: {e}")
-    work = Path(args.work) / ("quick" if args.quick else "full")
-    results_dir = Path(args.results) if args.results else (work / "report" if args.quick else HERE / "results")
+    work, results_dir = arguments.work_and_results(args, HERE / "results")
     command = ex.command_line("sampling_bias.py", argv)
     started = datetime.now(timezone.utc)
     t_start = time.perf_counter()

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 from typing import List, Optional, Sequence, Tuple
 
 
@@ -70,3 +71,11 @@ def add_comparison_arguments(p: argparse.ArgumentParser, *, quick: str, work: st
     p.add_argument("--train-samples", type=int, default=train_samples, help=train_samples_help)
     p.add_argument("--epochs", type=int, default=None, help=epochs_help)
     p.add_argument("--seeds", type=int, nargs="+", default=None, help=seeds_help)
+
+
+def work_and_results(args: argparse.Namespace, results: Path) -> Tuple[Path, Path]:
+    """The run's folders: ``--work`` plus ``quick`` or ``full`` (a smoke run never reuses a full
+    run's data or runs), and the report's: ``--results``, else ``<work>/report`` for a smoke run
+    (which must not overwrite the published results), else ``results``."""
+    work = Path(args.work) / ("quick" if args.quick else "full")
+    return work, Path(args.results) if args.results else (work / "report" if args.quick else Path(results))
