@@ -12,7 +12,7 @@ import torch
 BENCH = Path(__file__).resolve().parents[1] / "benchmarks"
 sys.path.insert(0, str(BENCH))
 import sampling_bias as sb  # noqa: E402
-from oracle_loss import UnbiasedOracleLoss  # noqa: E402
+from train_oracle import UnbiasedOracleLoss  # noqa: E402
 
 
 def test_runs_put_clip_at_zero_and_the_oracle_off_the_axis():
