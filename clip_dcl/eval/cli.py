@@ -23,7 +23,7 @@ import argparse
 import logging
 import sys
 
-from .encoding import PRECISIONS, device_problem, resolve_device
+from .encoding import PRECISIONS, EvalOptions, device_problem, resolve_device
 
 log = logging.getLogger(__name__)
 
@@ -196,8 +196,8 @@ def main(argv: list[str] | None = None) -> int:
     from ..data.evalsets import SkipCounter
 
     skips = SkipCounter(strict=args.strict)  # every evaluator counts into it: the JSON's "skipped"
-    common = dict(batch_size=args.batch_size, device=args.device, workers=args.workers, progress=progress,
-                  precision=args.precision, skips=skips)
+    common = dict(options=EvalOptions(batch_size=args.batch_size, device=args.device, workers=args.workers,
+                                      progress=progress, precision=args.precision, strict=args.strict), skips=skips)
     settings = {"batch_size": args.batch_size, "device": args.device, "workers": args.workers,
                 "precision": args.precision}
     details = None
