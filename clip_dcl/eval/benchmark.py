@@ -228,7 +228,8 @@ def locate_dataset(dataset: str, template: str, split: str = "test") -> Path:
         raise ValueError(f"--dataset_root {root!r} is a remote location (a hub download); download the shards and "
                          "point --dataset_root at the local folder")
     if dataset.startswith("wds/"):
-        from ..data.evalsets import benchmark_layout_root, describe_folder
+        from ..data.evalsets.benchmark import benchmark_layout_root
+        from ..data.evalsets.files import describe_folder
 
         if not Path(root).exists():
             raise ValueError(f"data set {dataset!r}: --dataset_root {root!r} does not exist")
@@ -252,7 +253,7 @@ def resolve_task(task: str, dataset: str, root: Path, split: str = "test") -> st
         raise ValueError(f"--task {task}: {OTHER_TASKS[task]}")
     if task != "auto":
         return task
-    from ..data.evalsets import benchmark_layout_root
+    from ..data.evalsets.benchmark import benchmark_layout_root
 
     found = benchmark_layout_root(root, split)
     if found is not None:

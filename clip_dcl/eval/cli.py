@@ -193,7 +193,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"clip-dcl eval: --device {args.device!r}: {device_error}", file=sys.stderr)
         return 2
     progress = not args.no_progress
-    from ..data.evalsets import SkipCounter
+    from ..data.evalsets.skips import SkipCounter
 
     skips = SkipCounter(strict=args.strict)  # every evaluator counts into it: the JSON's "skipped"
     common = dict(options=EvalOptions(batch_size=args.batch_size, device=args.device, workers=args.workers,

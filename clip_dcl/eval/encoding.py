@@ -134,7 +134,7 @@ def progress_bar(iterable, desc: str, total: int | None, enabled: bool):
 def _collate_indexed(batch):
     """``(images or None, indices, skips)`` of a batch of ``(image, index)`` items, some of which may
     carry a skip (``clip_dcl.data.evalsets.Skip``) in place of the image."""
-    from ..data.evalsets import Skip
+    from ..data.evalsets.skips import Skip
 
     good = [(img, i) for img, i in batch if not isinstance(img, Skip)]
     skips = [img for img, _ in batch if isinstance(img, Skip)]

@@ -38,8 +38,9 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from ..data.evalsets import (FEWSHOT_LAYOUTS, FewShotData, ImageListDataset, SkipCounter, list_fewshot_datasets,
-                              read_fewshot_dataset)
+from ..data.evalsets.fewshot import FEWSHOT_LAYOUTS, FewShotData, list_fewshot_datasets, read_fewshot_dataset
+from ..data.evalsets.files import ImageListDataset
+from ..data.evalsets.skips import SkipCounter
 from .encoding import EvalOptions, encode_images, zeroshot_classifier
 from .kshot import VAL_SPLIT, sample_few_shot, shot_plan
 from .metrics import ELEVATER_METRICS, elevater_scores

@@ -18,8 +18,10 @@ from typing import Callable, Sequence
 
 import torch
 
-from ..data.evalsets import (ImageListDataset, Skip, SkipCounter, expand_shards, read_retrieval_csv, retrieval_wds,
-                              split_captions)
+from ..data.evalsets.files import ImageListDataset
+from ..data.evalsets.retrieval import expand_shards, read_retrieval_csv, retrieval_wds
+from ..data.evalsets.samples import split_captions
+from ..data.evalsets.skips import Skip, SkipCounter
 from .encoding import EvalOptions, autocast, encode_images, encode_texts, labelled_batches, progress_bar
 from .metrics import retrieval_metrics
 

@@ -28,21 +28,10 @@ from typing import Callable, Sequence
 
 import torch
 
-from ..data.evalsets import (
-    ImageListDataset,
-    ImageSource,
-    Skip,
-    SkipCounter,
-    benchmark_layout_root,
-    classification_wds,
-    describe_folder,
-    imagenet_classnames_for,
-    is_imagenet_synsets,
-    read_benchmark_shards,
-    read_classnames,
-    read_templates,
-    scan_image_folder,
-)
+from ..data.evalsets.benchmark import benchmark_layout_root, classification_wds, read_benchmark_shards
+from ..data.evalsets.files import ImageListDataset, ImageSource, describe_folder, read_classnames, read_templates
+from ..data.evalsets.folders import imagenet_classnames_for, is_imagenet_synsets, scan_image_folder
+from ..data.evalsets.skips import Skip, SkipCounter
 from .encoding import (
     EvalOptions,
     autocast,
