@@ -70,9 +70,12 @@ class EvalOptions:
     strict: bool = False
 
     def __post_init__(self):
-        if isinstance(self.batch_size, bool) or not isinstance(self.batch_size, numbers.Integral) or self.batch_size < 1:
+        def whole(value) -> bool:
+            return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+        if not whole(self.batch_size) or self.batch_size < 1:
             raise ValueError(f"batch_size must be an integer >= 1, got {self.batch_size!r}")
-        if isinstance(self.workers, bool) or not isinstance(self.workers, numbers.Integral) or self.workers < 0:
+        if not whole(self.workers) or self.workers < 0:
             raise ValueError(f"workers must be an integer >= 0, got {self.workers!r}")
         check_precision(self.precision)
 
