@@ -86,7 +86,7 @@ def evaluate(checkpoint: os.PathLike, data: dict, *, shots: int = 5, fewshot_see
     evaluators' own names under a prefix). ``device``: ``auto`` (the GPU when one is visible),
     ``cpu``, ``cuda``...
     """
-    from ..eval.encoding import resolve_device
+    from ..eval.encoding import EvalOptions, resolve_device
 
     from ..checkpoint import load_checkpoint
     from ..eval.fewshot import evaluate_fewshot
@@ -97,15 +97,13 @@ def evaluate(checkpoint: os.PathLike, data: dict, *, shots: int = 5, fewshot_see
     device = resolve_device(device)
     model, preprocess, tokenizer = load_checkpoint(checkpoint, device)
     out: Dict[str, float] = {}
-    ret = evaluate_retrieval(model, preprocess, tokenizer, data["val_data"], batch_size=batch_size,
-                             progress=progress, device=device)
+    options = EvalOptions(batch_size=batch_size, progress=progress, device=device)
+    ret = evaluate_retrieval(model, preprocess, tokenizer, data["val_data"], options=options)
     out.update({f"retrieval/{k}": float(v) for k, v in ret.items()})
-    zs = evaluate_zeroshot(model, preprocess, tokenizer, root / data["zeroshot"]["dir"], batch_size=batch_size,
-                           progress=progress, device=device)
+    zs = evaluate_zeroshot(model, preprocess, tokenizer, root / data["zeroshot"]["dir"], options=options)
     out.update({f"zeroshot/{k}": float(v) for k, v in zs.items()})
     fs = evaluate_fewshot(model, preprocess, tokenizer, root / data["fewshot"]["dir"], shots=shots,
-                          seeds=tuple(fewshot_seeds), grid=grid, batch_size=batch_size, progress=progress,
-                          device=device)
+                          seeds=tuple(fewshot_seeds), grid=grid, options=options)
     out.update({f"fewshot/{k}": float(v) for k, v in fs.items()})
     return out
 
