@@ -58,7 +58,7 @@ def test_tau_table_lists_each_run_with_its_prior_and_spread():
 
 
 def test_bound_oracle_records_no_label_tensor_and_equals_the_unbound_loss():
-    from clip_dcl.train.flags import _full_loss_args
+    from clip_dcl.train.flags import full_loss_args
 
     labels = torch.tensor([0, 1, 0, 1, 2, 2])
     bound = UnbiasedOracleLoss.with_labels(labels)
@@ -67,7 +67,7 @@ def test_bound_oracle_records_no_label_tensor_and_equals_the_unbound_loss():
     saved = LOSSES.get("unbiased")
     LOSSES["unbiased"] = bound
     try:
-        assert _full_loss_args("unbiased", {}) == {}
+        assert full_loss_args("unbiased", {}) == {}
     finally:
         LOSSES["unbiased"] = saved
     gen = torch.Generator().manual_seed(1)
