@@ -21,7 +21,8 @@ HERE = Path(__file__).parent
 sys.path.insert(0, str(HERE / "distributed"))
 import loss_harness as harness  # noqa: E402
 
-pytestmark = pytest.mark.slow
+# slow; one xdist worker runs the whole module, so each launch's results are computed once
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("losses_distributed")]
 
 
 def launch(out, world_size, mode="all", timeout=600):

@@ -1,8 +1,9 @@
 """Training through OpenCLIP's loop: flags, sample ids, loss state in checkpoints, logs.
 
 The fast tests check the pieces in-process (ids, the training pipeline, the id channel around
-OpenCLIP's own ``train_one_epoch``, flag validation); the ``slow`` ones run
-``python -m clip_dcl.train`` on tiny shards written here, on CPU.
+OpenCLIP's own ``train_one_epoch``, flag validation); the ``slow`` ones train on tiny shards
+written here, on CPU, in the test's process (``clip_dcl.train.main``) and once through
+``python -m clip_dcl.train``.
 """
 from __future__ import annotations
 
@@ -23,6 +24,7 @@ import webdataset as wds
 from PIL import Image
 
 from clip_dcl.train import main
+from conftest import train_in_process
 from clip_dcl.train.ids import hashed_id, sample_id
 
 PY = sys.executable
@@ -349,14 +351,18 @@ def test_cli_dispatches_to_train(capsys):
     assert "--tau-plus" in capsys.readouterr().err
 
 
-# -- end to end through `python -m clip_dcl.train` ----------------------------------------------------
-def train(tmp_path, name, pattern, *flags, check=True, timeout=300):
-    cmd = [PY, "-m", "clip_dcl.train", "--model", "clip-dcl-tiny", "--train-data", pattern,
-           "--dataset-type", "webdataset", "--batch-size", "16", "--precision", "fp32", "--device", "cpu",
-           "--logs", str(tmp_path / "logs"), "--name", name, "--lr", "1e-3", "--lr-scheduler", "const",
-           "--warmup", "1", "--log-every-n-steps", "1", *flags]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": ""}
-    out = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
+# -- end to end: shards to checkpoint -------------------------------------------------------------------
+def train(tmp_path, name, pattern, *flags, check=True, timeout=300, cli=False):
+    """One run on ``pattern``'s shards: in this process, or through ``python -m clip_dcl.train`` with ``cli``."""
+    argv = ["--model", "clip-dcl-tiny", "--train-data", pattern, "--dataset-type", "webdataset", "--batch-size", "16",
+            "--precision", "fp32", "--device", "cpu", "--logs", str(tmp_path / "logs"), "--name", name, "--lr", "1e-3",
+            "--lr-scheduler", "const", "--warmup", "1", "--log-every-n-steps", "1", *flags]
+    if not cli:
+        out = train_in_process(argv)
+    else:
+        env = {**os.environ, "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": ""}
+        out = subprocess.run([PY, "-m", "clip_dcl.train", *argv], capture_output=True, text=True, timeout=timeout,
+                             env=env)
     if check:
         assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-5000:]
     return out
@@ -475,7 +481,7 @@ def test_corrupt_samples_are_logged_and_skipped_and_the_run_finishes(tmp_path):
 @pytest.mark.slow
 def test_sample_ids_beyond_the_buffer_stop_the_run_naming_the_flag(tmp_path):
     pattern = write_shards(tmp_path / "shards", gapped_keys())  # keys up to 315, sizes.json sums to 64
-    out = train(tmp_path, "small", pattern, "--epochs", "1", "--workers", "0", "--loss", "decl", check=False)
+    out = train(tmp_path, "small", pattern, "--epochs", "1", "--workers", "0", "--loss", "decl", check=False, cli=True)
     assert out.returncode == 1
     assert "--decl-num-samples" in out.stderr
     assert not (tmp_path / "logs" / "small" / "checkpoints" / "epoch_1.pt").exists()
@@ -609,3 +615,16 @@ def test_a_registered_loss_sizes_itself_from_the_data_with_no_trainer_change(tmp
     assert ckpt["clip_dcl"]["loss_args"] == {"num_samples": 16, "epoch_steps": 4}  # resolved, not the check's 1
     assert params["loss_args"] == str({"num_samples": 16, "epoch_steps": 4})
     assert ckpt["loss_state"]["visits"].tolist() == [1] * 16  # the synthetic indices reached it, each once
+
+
+def test_a_second_run_in_the_same_process_writes_only_its_own_log(tmp_path):
+    """OpenCLIP adds a stderr and an ``out.log`` handler to the root logger on every run; each run
+    removes and closes its own, so the first run's log does not grow with the second's."""
+    before = list(logging.root.handlers)
+    first, _ = _train_in_process(tmp_path, "first", "--loss", "clip")
+    assert logging.root.handlers == before
+    size = (tmp_path / "logs" / "first" / "out.log").stat().st_size
+    _train_in_process(tmp_path, "second", "--loss", "clip")
+    assert logging.root.handlers == before
+    assert (tmp_path / "logs" / "first" / "out.log").stat().st_size == size
+    assert "Train Epoch:" in (tmp_path / "logs" / "second" / "out.log").read_text()
