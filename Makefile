@@ -5,6 +5,9 @@ PY := $(VENV)/bin/python
 # torch pinned to the build available offline on our machines; override with TORCH_PIN= to skip.
 TORCH_PIN ?= torch==2.14.1 torchvision==0.29.1
 PYTEST_ARGS ?=
+# pytest-xdist workers, one per core (`make test PYTEST_WORKERS=0` runs the suite in one process); a test
+# module runs on one worker, so its module fixtures (a torchrun launch, a trained checkpoint) run once.
+PYTEST_WORKERS ?= auto
 
 .PHONY: test test-quick demo venv clean
 
@@ -18,10 +21,10 @@ $(VENV)/.installed: pyproject.toml
 venv: $(VENV)/.installed
 
 test: venv
-	$(PY) -m pytest tests $(PYTEST_ARGS)
+	$(PY) -m pytest tests -n $(PYTEST_WORKERS) --dist loadfile --durations=15 $(PYTEST_ARGS)
 
 test-quick: venv
-	$(PY) -m pytest tests -m "not slow" $(PYTEST_ARGS)
+	$(PY) -m pytest tests -m "not slow" -n $(PYTEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
 
 demo: venv
 	$(VENV)/bin/clip-dcl demo $(DEMO_ARGS)

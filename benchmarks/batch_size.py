@@ -39,11 +39,8 @@ import argparse
 import concurrent.futures
 import dataclasses
 import hashlib
-import inspect
 import json
-import math
 import re
-import shlex
 import sys
 import threading
 import time
@@ -52,13 +49,17 @@ from pathlib import Path
 from typing import Dict, List, Optional, Sequence
 
 from clip_dcl import experiment as ex
+from clip_dcl.experiment import arguments
+from clip_dcl.experiment.commands import loss_flags
+from clip_dcl.experiment.figures import pyplot
+from clip_dcl.experiment.scoring import MEAN_R1, with_mean_r1
+from clip_dcl.experiment.stats import format_mean_std, mean_std, wins
 
 HERE = Path(__file__).resolve().parent
 STEM = "batch_size"
 MODEL = "clip-dcl-micro"
 DATA = dict(image_size=32, num_classes=48, train_samples=12000)
 QUICK_DATA = dict(image_size=32, num_classes=48)
-MEAN_R1 = "retrieval/mean_R@1"
 HEADLINE = ((MEAN_R1, "retrieval mean R@1"), ("zeroshot/top1", "zero-shot top-1"))
 BATCH_SIZES = (16, 32, 64, 128, 256, 512)
 SCREEN_BATCH_SIZES = (16, 64)
@@ -66,61 +67,8 @@ GATE_POINTS = 0.03
 
 
 # ------------------------------------------------------------------------------------------
-# The objectives, flags built from the loss registry
+# The objectives, every flag written out from the loss registry (clip_dcl.experiment.commands)
 # ------------------------------------------------------------------------------------------
-def loss_defaults(name: str) -> Dict[str, object]:
-    """``{kwarg: default}`` of a registered loss's flags, read from its class signature."""
-    from clip_dcl.losses import LOSSES
-
-    cls = LOSSES[name]
-    params = inspect.signature(cls).parameters
-    return {f.kwarg: params[f.kwarg].default for f in cls.flags if f.kwarg in params}
-
-
-def loss_flags(name: str, **settings) -> tuple:
-    """``--loss NAME`` and every flag of the loss's table with its value: the package default unless
-    given in ``settings`` (so a cached run keeps its meaning when a default changes). ``None`` values
-    and flags of another rate are left out."""
-    from clip_dcl.losses import LOSSES
-
-    values = {**loss_defaults(name), **settings}
-    if name == "decl" and values.get("include_current") is None:  # the loss's own resolution of None
-        values["include_current"] = values.get("rate") == "index"
-    unknown = set(settings) - {f.kwarg for f in LOSSES[name].flags}
-    if unknown:
-        raise ValueError(f"{sorted(unknown)} are not flags of --loss {name}")
-    out = ["--loss", name]
-    for flag in LOSSES[name].flags:
-        value = values.get(flag.kwarg)
-        if value is None or flag.kwarg in ("num_samples",):
-            continue
-        if name == "decl" and not _applies(flag.kwarg, values):
-            continue
-        if flag.boolean:
-            out.append(flag.flag if value else "--no-" + flag.flag[2:])
-        else:
-            out += [flag.flag, str(value)]
-    return tuple(out)
-
-
-def _applies(kwarg: str, values: Dict[str, object]) -> bool:
-    """Whether a DeCL setting is read under ``values`` (the loss refuses some of them otherwise)."""
-    rate = values.get("rate")
-    if kwarg in ("gamma", "gamma_schedule", "first_visit", "drift_correction", "state", "state_dtype"):
-        return rate == "index"
-    if kwarg == "include_current":
-        return rate != "batch"
-    if kwarg == "queue_size":
-        return rate == "queue"
-    if kwarg == "lam":
-        return values.get("schedule") in ("constant", "harmonic")
-    if kwarg == "temperature":
-        return values.get("temperature_mode") == "fixed"
-    if kwarg == "rho":
-        return values.get("temperature_mode") == "rgclg"
-    return True
-
-
 #: DeCL variants: each changes one setting of the package default (the first).
 DECL_VARIANTS = {
     "decl default": {},
@@ -145,13 +93,6 @@ def objectives() -> Dict[str, tuple]:
 # ------------------------------------------------------------------------------------------
 # Runs
 # ------------------------------------------------------------------------------------------
-def with_mean_r1(metrics: Dict[str, float]) -> Dict[str, float]:
-    out = dict(metrics)
-    i2t, t2i = out.get("retrieval/image_to_text_R@1"), out.get("retrieval/text_to_image_R@1")
-    out[MEAN_R1] = (i2t + t2i) / 2 if i2t is not None and t2i is not None else float("nan")
-    return out
-
-
 def scale_curve(out_log: Path) -> List[float]:
     """The logit scale OpenCLIP logged last in each epoch."""
     last: Dict[int, float] = {}
@@ -241,16 +182,6 @@ def run_one(label: str, flags: tuple, data: dict, budget: ex.Budget, work: Path,
 # ------------------------------------------------------------------------------------------
 # Statistics and the report
 # ------------------------------------------------------------------------------------------
-def mean_std(values: Sequence[float]) -> Dict[str, float]:
-    finite = [float(v) for v in values if v is not None and math.isfinite(v)]
-    n = len(finite)
-    if not n:
-        return {"mean": float("nan"), "std": float("nan"), "n": 0}
-    mean = sum(finite) / n
-    std = math.sqrt(sum((v - mean) ** 2 for v in finite) / (n - 1)) if n > 1 else float("nan")
-    return {"mean": mean, "std": std, "n": n}
-
-
 def plateau(curve: Sequence[float]) -> Optional[float]:
     """Change of the validation R@1 over the last fifth of training (points; small = a plateau)."""
     if len(curve) < 5:
@@ -283,10 +214,7 @@ def table(records: List[dict]) -> str:
     lines = [head, "|" + "---|" * (len(HEADLINE) + 5)]
     for (label, b), rs in sorted(groups.items(), key=lambda kv: (list(objectives()).index(kv[0][0])
                                                                    if kv[0][0] in objectives() else 99, kv[0][1])):
-        cells = []
-        for key, _ in HEADLINE:
-            st = mean_std([r["metrics"].get(key) for r in rs])
-            cells.append(f"{100 * st['mean']:.1f}" + (f" ± {100 * st['std']:.1f}" if st["n"] > 1 else ""))
+        cells = [format_mean_std(mean_std([r["metrics"].get(key) for r in rs])) for key, _ in HEADLINE]
         scales = ", ".join(f"{r['logit_scale'][-1]:.1f}" for r in rs if r["logit_scale"])
         plateaus = ", ".join(f"{p:+.1f}" for p in (plateau(r["val_r1"]) for r in rs) if p is not None) or "n/a"
         lines.append(f"| {label} | {b} | " + " | ".join(cells) + f" | {scales} | {plateaus} | "
@@ -308,11 +236,10 @@ def paired(records: List[dict], reference: str, same_b: bool = True) -> str:
                      if lab == label and bb == b and (reference, other, s) in idx]
             if not diffs:
                 continue
-            st = mean_std([d for _, d in diffs])
-            wins = sum(d > 0 for _, d in diffs)
+            st = wins([d for _, d in diffs])
             rows.append(f"| {label} | {b} | {reference} at {other} | "
                         + ", ".join(f"s{s} {100 * d:+.1f}" for s, d in sorted(diffs))
-                        + f" | **{100 * st['mean']:+.1f}** | {wins} of {len(diffs)} |")
+                        + f" | **{100 * st['mean']:+.1f}** | {st['wins']} of {st['n']} |")
     if not rows:
         return ""
     return "\n".join(["| objective | batch | against | R@1 difference per seed (points) | mean | wins |",
@@ -320,14 +247,9 @@ def paired(records: List[dict], reference: str, same_b: bool = True) -> str:
 
 
 def plot(records: List[dict], path: Path) -> Optional[Path]:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     if not records:
         return None
-    fig, axes = plt.subplots(1, 3, figsize=(17, 4.6))
+    fig, axes = pyplot().subplots(1, 3, figsize=(17, 4.6))
     labels = [lab for lab in objectives() if any(r["label"] == lab for r in records)]
     colour = {lab: f"C{i % 10}" for i, lab in enumerate(labels)}  # one colour per objective in every panel
     styles = {b: ls for b, ls in zip(sorted({r["batch_size"] for r in records}), ("-", "--", ":", "-.") * 3)}
@@ -376,12 +298,11 @@ def write(out: Path, records: List[dict], planned: int, data: dict, budget: ex.B
     parts = [
         "# Batch size on the testbed: DeCL at B against InfoNCE at B and 2B",
         "",
-        f"- Status: {status}",
-        f"- Command: `{command}`",
-        f"- Date (UTC): runs finished {finished[0] if finished else '-'} to {finished[-1] if finished else '-'}; "
-        f"this report written by a call started {started:%Y-%m-%d %H:%M}. Training time over the runs: "
-        f"{train_min:.0f} min.",
-        f"- Machine: {ex.machine_info()}",
+        *ex.about_lines(
+            status=status, command=command,
+            date=f"runs finished {finished[0] if finished else '-'} to {finished[-1] if finished else '-'}; this "
+            f"report written by a call started {started:%Y-%m-%d %H:%M}. Training time over the runs: "
+            f"{train_min:.0f} min."),
         f"- Data: `clip-dcl data synth --image-size {data['config']['image_size']} --num-classes "
         f"{data['config']['num_classes']} --train-samples {data['config']['train_samples']}` "
         f"(tau_plus {float(data['tau_plus']):.3f}); held-out retrieval over {data['val']['num_samples']} images x "
@@ -418,9 +339,7 @@ def write(out: Path, records: List[dict], planned: int, data: dict, budget: ex.B
 # Driver
 # ------------------------------------------------------------------------------------------
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="benchmarks/batch_size.py", allow_abbrev=False,
-                                description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p = arguments.benchmark_parser("batch_size.py", __doc__)
     p.add_argument("--stage", nargs="+", choices=("gate", "screen", "sweep"), default=["gate"])
     p.add_argument("--quick", action="store_true", help="smoke run: 256 pairs, 1 epoch; report under --work")
     p.add_argument("--work", default="/tmp/clip_dcl_testbed", help="folder of the data, runs and caches")
@@ -441,8 +360,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Optional[List[str]] = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    args = build_parser().parse_args(argv)
+    args, argv = arguments.parse(build_parser(), argv)
     names = objectives()
     for name in (args.variants or []) + args.sweep_variants:
         if name not in names:
@@ -451,8 +369,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         raise SystemExit("--epochs, --jobs and --threads must be >= 1")
     if args.quick:
         args.batch_sizes, args.screen_batch_sizes, args.seeds = [16, 32], [16], args.seeds[:2]
-    work = Path(args.work) / ("quick" if args.quick else "full")
-    results = Path(args.results) if args.results else (work / "report" if args.quick else HERE / "results")
+    work, results = arguments.work_and_results(args, HERE / "results")
     data = ex.synth_data(work / "data", quick=args.quick, verbose=False, **(QUICK_DATA if args.quick else DATA))
     if max(args.batch_sizes + args.screen_batch_sizes) > data["train"]["num_samples"]:
         raise SystemExit(f"a batch is larger than the {data['train']['num_samples']} training pairs")
@@ -469,7 +386,7 @@ def main(argv: Optional[List[str]] = None) -> int:
             jobs += [(label, names[label], b, s) for s in args.seeds for b in args.batch_sizes
                      if not (label != "clip" and b == max(args.batch_sizes))]
     jobs = list(dict.fromkeys((lab, tuple(f), b, s) for lab, f, b, s in jobs))
-    command = " ".join([".venv/bin/python", "benchmarks/batch_size.py", *map(shlex.quote, argv)])
+    command = ex.command_line("batch_size.py", argv)
     started = datetime.now(timezone.utc)
     if args.report_only:
         records = finished_runs(work, data, budget)

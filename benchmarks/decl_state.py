@@ -30,7 +30,6 @@ import math
 import os
 import resource
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -40,11 +39,10 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from clip_dcl.experiment import command_line, machine_info, torchrun
+from clip_dcl.losses import create_loss
 
-from clip_dcl.experiment import machine_info  # noqa: E402
-from clip_dcl.losses import create_loss  # noqa: E402
+HERE = Path(__file__).resolve().parent
 
 MODES = ("replicated", "sharded")
 SCALES = {"LAION-400M": 400_000_000, "DataComp-1.4B": 1_400_000_000}
@@ -70,13 +68,17 @@ def _decl(args, mode, rank, world):
 
 
 def worker(args) -> None:
+    """One rank of :func:`measure`: leaves its record for the launcher."""
+    with torchrun.process_group() as (rank, world):
+        torchrun.write_rank_record(args, rank, _measure_layout(args, rank, world))
+
+
+def _measure_layout(args, rank: int, world: int) -> dict:
     """One layout (memory, digest, checkpoint write), or ``--mode both``: step times, interleaved."""
     import torch.distributed as dist
 
     from clip_dcl.train import loss_state
 
-    dist.init_process_group("gloo")
-    rank, world = dist.get_rank(), dist.get_world_size()
     torch.manual_seed(rank)
     gen = torch.Generator().manual_seed(1)  # the same ids on every rank: each takes its slice
     out = {"rank": rank, "world_size": world, "mode": args.mode, "num_samples": args.num_samples}
@@ -118,22 +120,15 @@ def worker(args) -> None:
             out["write_s"] = time.perf_counter() - t0
             dist.barrier()
         out["peak_rss_mb"] = rss_mb()
-    Path(args.out, f"rank{rank}.json").write_text(json.dumps(out))
-    dist.destroy_process_group()
+    return out
 
 
 def measure(num_samples: int, mode: str, args) -> list:
-    with tempfile.TemporaryDirectory() as out:
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(args.nproc),
-               __file__, "--worker", "--mode", mode, "--num-samples", str(num_samples), "--out", out,
-               "--steps", str(args.steps), "--warmup", str(args.warmup), "--batch", str(args.batch),
-               "--dim", str(args.dim)]
-        env = {**os.environ, "OMP_NUM_THREADS": str(max(1, (os.cpu_count() or 2) // args.nproc)),
-               "CUDA_VISIBLE_DEVICES": ""}
-        proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
-        if proc.returncode:
-            raise RuntimeError(f"{mode} at {num_samples}: {proc.stderr[-3000:]}")
-        return [json.loads(Path(out, f"rank{r}.json").read_text()) for r in range(args.nproc)]
+    """Every rank's record of one layout (``mode``) at ``num_samples``, on ``args.nproc`` fresh ranks."""
+    return torchrun.launch(__file__, args.nproc, [
+        "--mode", mode, "--num-samples", str(num_samples), "--steps", str(args.steps), "--warmup", str(args.warmup),
+        "--batch", str(args.batch), "--dim", str(args.dim)],
+        threads=max(1, (os.cpu_count() or 2) // args.nproc), what=f"{mode} at {num_samples}")
 
 
 # -- part 2: computed ------------------------------------------------------------------------------
@@ -251,15 +246,15 @@ def main(argv=None) -> int:
     p.add_argument("--steps", type=int, default=30)
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--global-batch-at-scale", type=int, default=32768)
-    p.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "decl_state"))
-    p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--out", default=str(HERE / "results" / "decl_state"))
     p.add_argument("--mode", choices=MODES + ("both",), help=argparse.SUPPRESS)
+    torchrun.add_worker_arguments(p)
     args = p.parse_args(argv)
     if args.worker:
         args.num_samples = int(args.num_samples[0])
         worker(args)
         return 0
-    command = "python benchmarks/decl_state.py " + " ".join(argv if argv is not None else sys.argv[1:])
+    command = command_line("decl_state.py", sys.argv[1:] if argv is None else argv, python="python")
     measured = {}
     for n in (int(v) for v in args.num_samples):
         measured[n] = {}
@@ -271,7 +266,7 @@ def main(argv=None) -> int:
         row["global_batch"] = args.global_batch_at_scale
     print("16-bit storage error ...", flush=True)
     prec = precision()
-    text = report(measured, comp, prec, args, command.strip())
+    text = report(measured, comp, prec, args, command)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.with_suffix(".md").write_text(text)

@@ -24,11 +24,8 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
-import os
 import statistics
-import subprocess
 import sys
-import tempfile
 import time
 from collections import defaultdict
 from pathlib import Path
@@ -37,11 +34,10 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from clip_dcl.experiment import command_line, machine_info, torchrun
+from clip_dcl.losses import create_loss
 
-from clip_dcl.experiment import machine_info  # noqa: E402
-from clip_dcl.losses import create_loss  # noqa: E402
+HERE = Path(__file__).resolve().parent
 
 LOSSES = {"clip": {}, "dcl": {"tau_plus": 0.1}, "decl": {"rate": "index", "num_samples": 1_000_000}}
 MODES = ("gather_with_grad", "no_grad_gather")
@@ -124,8 +120,13 @@ def _inputs(batch, dim, rank, seed):
 
 
 def worker(args) -> None:
-    dist.init_process_group("gloo")
-    rank, world = dist.get_rank(), dist.get_world_size()
+    """One rank of :func:`launch`: leaves its record for the launcher."""
+    with torchrun.process_group() as (rank, world):
+        torchrun.write_rank_record(args, rank, _count_and_time(args, rank, world))
+
+
+def _count_and_time(args, rank: int, world: int) -> dict:
+    """Bytes and collectives of the first step of each loss and mode, then the median step times."""
     out = {"rank": rank, "world_size": world, "counted": {}, "step_ms": {}}
     with CollectiveCounter(world) as counter:
         for name, kw in LOSSES.items():
@@ -151,20 +152,13 @@ def worker(args) -> None:
                     elif step > args.warmup:
                         times[mode].append(elapsed)
             out["step_ms"][name] = {mode: 1e3 * statistics.median(t) for mode, t in times.items()}
-    Path(args.out, f"rank{rank}.json").write_text(json.dumps(out))
-    dist.destroy_process_group()
+    return out
 
 
 def launch(nproc, args) -> dict:
-    with tempfile.TemporaryDirectory() as out:
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(nproc),
-               __file__, "--worker", "--out", out, "--batch", str(args.batch), "--dim", str(args.dim),
-               "--steps", str(args.steps), "--warmup", str(args.warmup)]
-        env = {**os.environ, "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": ""}
-        proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
-        if proc.returncode:
-            raise RuntimeError(proc.stderr[-3000:])
-        return json.loads(Path(out, "rank0.json").read_text())
+    """Rank 0's record of a run on ``nproc`` gloo ranks."""
+    return torchrun.launch(__file__, nproc, ["--batch", str(args.batch), "--dim", str(args.dim),
+                                             "--steps", str(args.steps), "--warmup", str(args.warmup)])[0]
 
 
 def main(argv=None) -> int:
@@ -174,13 +168,13 @@ def main(argv=None) -> int:
     p.add_argument("--dim", type=int, default=512)
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--warmup", type=int, default=2)
-    p.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "gather_comm"))
-    p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--out", default=str(HERE / "results" / "gather_comm"))
+    torchrun.add_worker_arguments(p)
     args = p.parse_args(argv)
     if args.worker:
         worker(args)
         return 0
-    command = "python benchmarks/gather_comm.py " + " ".join(argv if argv is not None else sys.argv[1:])
+    command = command_line("gather_comm.py", sys.argv[1:] if argv is None else argv, python="python")
     measured = {}
     for nproc in args.nproc:
         print(f"counting on {nproc} gloo ranks ...", flush=True)
@@ -203,7 +197,7 @@ def main(argv=None) -> int:
     lines = [
         "# Communication per loss step: --gather-with-grad against --no-grad-gather",
         "",
-        f"Machine: {machine_info()}. Date: {datetime.date.today()}. Command: `{command.strip()}`.",
+        f"Machine: {machine_info()}. Date: {datetime.date.today()}. Command: `{command}`.",
         "No GPU was available to this run: NCCL was not measured.",
         "",
         "Bytes each rank sends per step (forward + backward of the loss; DDP's parameter all-reduce, the "
@@ -244,7 +238,7 @@ def main(argv=None) -> int:
     out.with_suffix(".md").write_text(text)
     out.with_suffix(".json").write_text(json.dumps(
         {"measured": {str(k): v for k, v in measured.items()}, "computed": computed, "machine": machine_info(),
-         "date": str(datetime.date.today()), "command": command.strip()}, indent=1))
+         "date": str(datetime.date.today()), "command": command}, indent=1))
     print(text)
     return 0
 

@@ -39,7 +39,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import shlex
 import sys
 import time
 from pathlib import Path
@@ -48,6 +47,8 @@ from typing import Callable, Dict, List, Optional, Sequence
 import torch
 
 from clip_dcl import experiment as ex
+from clip_dcl.experiment import arguments
+from clip_dcl.experiment.figures import pyplot
 
 HERE = Path(__file__).resolve().parent
 STEM = "gradient_bias_clip"
@@ -208,12 +209,7 @@ def table(res: dict, objectives: Sequence[str]) -> str:
 
 
 def plot(all_res: Dict[str, dict], objectives: Sequence[str], path: Path) -> Path:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(1, len(all_res), figsize=(6.5 * len(all_res), 4.5), squeeze=False)
+    fig, axes = pyplot().subplots(1, len(all_res), figsize=(6.5 * len(all_res), 4.5), squeeze=False)
     for ax, (label, res) in zip(axes[0], all_res.items()):
         for name in objectives:
             per_b = res["results"].get(name)
@@ -313,9 +309,7 @@ def merge_earlier(all_res: Dict[str, dict], earlier: dict, n: int, sizes, shuffl
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="benchmarks/gradient_bias_clip.py", allow_abbrev=False,
-                                description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p = arguments.benchmark_parser("gradient_bias_clip.py", __doc__)
     p.add_argument("--quick", action="store_true", help="smoke run: 256 pairs, B 16 32, 2 shuffles; report under --work")
     p.add_argument("--work", default="/tmp/clip_dcl_gradient_bias_clip", help="folder for the data and the training")
     p.add_argument("--results", default=None, help=f"folder of the report (default {HERE / 'results'})")
@@ -337,8 +331,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Optional[List[str]] = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    args = build_parser().parse_args(argv)
+    args, argv = arguments.parse(build_parser(), argv)
     if args.rewrite:
         doc = json.loads(Path(args.rewrite).read_text())
         all_res = {label: {**res, "results": {o: {int(b): v for b, v in r.items()} for o, r in res["results"].items()}}
@@ -357,9 +350,8 @@ def main(argv: Optional[List[str]] = None) -> int:
         raise SystemExit(f"--shuffles must be >= 2 (the noise floor needs two), got {shuffles}")
     if args.threads:
         torch.set_num_threads(args.threads)
-    work = Path(args.work) / ("quick" if args.quick else "full")
-    results_dir = Path(args.results) if args.results else (work / "report" if args.quick else HERE / "results")
-    command = " ".join([".venv/bin/python", "benchmarks/gradient_bias_clip.py", *map(shlex.quote, argv)])
+    work, results_dir = arguments.work_and_results(args, HERE / "results")
+    command = ex.command_line("gradient_bias_clip.py", argv)
     t0 = time.perf_counter()
     import open_clip
 

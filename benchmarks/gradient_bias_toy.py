@@ -50,7 +50,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import shlex
 import sys
 import tempfile
 import time
@@ -60,7 +59,8 @@ from pathlib import Path
 import numpy as np
 from scipy import integrate, optimize, special
 
-from clip_dcl.experiment import machine_info
+from clip_dcl.experiment import command_line, machine_info
+from clip_dcl.experiment.figures import pyplot, save_figure
 
 REG = 0.1
 METHODS = ("sgd", "decl_sampled", "decl_mean")
@@ -480,15 +480,11 @@ def verdict(runs: dict, variances) -> list[str]:
 
 def plot(trajectories: dict, results: dict, positivities, variances, path: Path) -> None:
     """One panel per (handling, v): every run's trajectory per method, the Polyak averages, the optimum."""
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     opt = np.array(results["optimum"])
     # Sampled u spreads widest: draw it first so that the other two stay visible on top.
     order = ("decl_sampled", "sgd", "decl_mean")
     alpha = {"decl_sampled": 0.08, "sgd": 0.15, "decl_mean": 0.3}
-    fig, axes = plt.subplots(len(positivities), len(variances), figsize=(5.0 * len(variances), 4.6 * len(positivities)),
+    fig, axes = pyplot().subplots(len(positivities), len(variances), figsize=(5.0 * len(variances), 4.6 * len(positivities)),
                              squeeze=False)
     for row, pos in zip(axes, positivities):
         for ax, v in zip(row, variances):
@@ -512,10 +508,8 @@ def plot(trajectories: dict, results: dict, positivities, variances, path: Path)
             ax.set_xlim(-1.2, 2.2)
             ax.set_ylim(-2.4, 0.5)
     axes[0][0].legend(loc="upper left", fontsize=7)
-    fig.suptitle("Trajectories (lines), Polyak average of each seed (dots), zero of the expected update (X)")
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    save_figure(fig, path, "Trajectories (lines), Polyak average of each seed (dots), zero of the expected update (X)",
+                dpi=100)
 
 
 def machine() -> str:
@@ -695,7 +689,7 @@ def parse_args(argv=None) -> argparse.Namespace:
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     args = parse_args(argv)
-    command = shlex.join([".venv/bin/python", "benchmarks/gradient_bias_toy.py", *argv])
+    command = command_line("gradient_bias_toy.py", argv)
     when = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M")
     head = args.positivity[0]
     print(f"{command}\noptimum {exact_optimum().tolist()}; {len(args.positivity)} clamps x {len(args.variances)} "

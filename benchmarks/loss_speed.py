@@ -25,10 +25,8 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from clip_dcl.experiment import machine_info  # noqa: E402
-from clip_dcl.losses import create_loss  # noqa: E402
+from clip_dcl.experiment import command_line, machine_info
+from clip_dcl.losses import create_loss
 
 DIM = 512
 LOSSES = {
@@ -165,13 +163,13 @@ def main(argv=None):
                      f"{r['peak_extra_bytes'] / 2**20:.1f} | {mem_ratio:.2f}x |")
     table = "\n".join(lines)
     print(table)
-    command = "python benchmarks/loss_speed.py " + " ".join(argv if argv is not None else sys.argv[1:])
+    command = command_line("loss_speed.py", sys.argv[1:] if argv is None else argv, python="python")
     report = "\n".join([
         "# Loss forward+backward: time and peak memory against OpenCLIP's ClipLoss",
         "",
         f"- date: {datetime.date.today().isoformat()}",
         f"- machine: {machine_info()}",
-        f"- command: `{command.strip()}`",
+        f"- command: `{command}`",
         f"- embedding dim {DIM}, one process, float32 features; medians over interleaved rounds;",
         "- saved for backward: the distinct storages autograd keeps between forward and backward",
         "  (exact; the G x G logits are 4 G^2 bytes: 64 MiB at G=4096);",

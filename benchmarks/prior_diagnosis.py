@@ -22,16 +22,16 @@ A minute or two on 2 CPU cores.
 """
 from __future__ import annotations
 
-import argparse
 import json
-import shlex
-import sys
 import time
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence
 
 import torch
+
+from clip_dcl import experiment as ex
+from clip_dcl.experiment import arguments
 
 HERE = Path(__file__).resolve().parent
 STEM = "prior_diagnosis"
@@ -151,16 +151,13 @@ def table(results: Dict[str, List[dict]], truth: float) -> str:
 
 
 def main(argv: Optional[List[str]] = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    p = argparse.ArgumentParser(prog="benchmarks/prior_diagnosis.py", allow_abbrev=False,
-                                description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p = arguments.benchmark_parser("prior_diagnosis.py", __doc__)
     p.add_argument("--work", default="/tmp/clip_dcl_sampling_bias",
                    help="the --work folder of a finished sampling_bias.py --extra run")
     p.add_argument("--runs", nargs="+", default=list(RUNS), help="run names to diagnose")
     p.add_argument("--samples", type=int, default=512, help="training pairs encoded per checkpoint")
     p.add_argument("--results", default=str(HERE / "results"), help="folder of the report")
-    args = p.parse_args(argv)
+    args, argv = arguments.parse(p, argv)
     if args.samples < 8:
         raise SystemExit(f"--samples must be >= 8, got {args.samples}")
     work = Path(args.work) / "full"
@@ -183,18 +180,16 @@ def main(argv: Optional[List[str]] = None) -> int:
             print(f"[prior_diagnosis]     estimate {results[run][-1]['estimate']:.3f} (truth {truth:.3f})", flush=True)
     out = Path(args.results)
     out.mkdir(parents=True, exist_ok=True)
-    command = " ".join([".venv/bin/python", "benchmarks/prior_diagnosis.py", *map(shlex.quote, argv)])
-    from clip_dcl.experiment import machine_info
+    command = ex.command_line("prior_diagnosis.py", argv)
 
     (out / f"{STEM}.json").write_text(json.dumps({
-        "command": command, "date": started.strftime("%Y-%m-%d %H:%M"), "machine": machine_info(),
+        "command": command, "date": started.strftime("%Y-%m-%d %H:%M"), "machine": ex.machine_info(),
         "samples": args.samples, "true_tau_plus": truth, "results": results}, indent=1) + "\n")
     md = "\n".join([
         "# What `--tau-plus auto` estimates: the negatives' logits by latent relation",
         "",
-        f"- Command: `{command}`",
-        f"- Date (UTC): {started.strftime('%Y-%m-%d %H:%M')}; {time.perf_counter() - t0:.0f} s",
-        f"- Machine: {machine_info()}",
+        *ex.about_lines(command=command, date=f"{started.strftime('%Y-%m-%d %H:%M')}; "
+                                              f"{time.perf_counter() - t0:.0f} s"),
         f"- Data: the first {args.samples} training pairs of the sampling-bias benchmark's synthetic shards "
         f"(image and its first caption); classes are shape x colour, true tau_plus {truth:.3f}. "
         "Checkpoints: the final ones of `sampling_bias.py --extra` (one per training seed).",

@@ -32,8 +32,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import math
-import shlex
 import sys
 import time
 from datetime import datetime, timezone
@@ -41,11 +39,13 @@ from pathlib import Path
 from typing import Dict, List, Optional, Sequence
 
 from clip_dcl import experiment as ex
-from clip_dcl.demo import DEMO_BUDGET, DEMO_CLASSES, QUICK_BUDGET
+from clip_dcl.experiment import arguments
+from clip_dcl.experiment.budgets import DEMO_BUDGET, DEMO_CLASSES, QUICK_BUDGET
+from clip_dcl.experiment.scoring import MEAN_R1, with_mean_r1
+from clip_dcl.experiment.stats import paired_differences, summarize
 
 HERE = Path(__file__).resolve().parent
 STEM = "quality"
-MEAN_R1 = "retrieval/mean_R@1"
 #: The scores of the paired comparison.
 HEADLINE = (
     ("fewshot/average/linear_probe", "5-shot probe average"),
@@ -96,67 +96,6 @@ def ablation_runs(names: Sequence[str], decl: ex.Run) -> List[ex.Run]:
     return runs
 
 
-def with_mean_r1(metrics: Dict[str, float]) -> Dict[str, float]:
-    """``metrics`` plus ``retrieval/mean_R@1``, the mean of the image->text and text->image R@1."""
-    i2t, t2i = metrics.get("retrieval/image_to_text_R@1"), metrics.get("retrieval/text_to_image_R@1")
-    out = dict(metrics)
-    out[MEAN_R1] = (i2t + t2i) / 2 if i2t is not None and t2i is not None else float("nan")
-    return out
-
-
-def mean_std(values: Sequence[float]) -> Dict[str, float]:
-    """Mean, sample standard deviation (``ddof = 1``; nan for one value) and count of the finite values."""
-    finite = [float(v) for v in values if v is not None and math.isfinite(v)]
-    n = len(finite)
-    if n == 0:
-        return {"mean": float("nan"), "std": float("nan"), "n": 0}
-    mean = sum(finite) / n
-    std = math.sqrt(sum((v - mean) ** 2 for v in finite) / (n - 1)) if n > 1 else float("nan")
-    return {"mean": mean, "std": std, "n": n}
-
-
-def paired_differences(scores: Dict[str, List[Dict[str, float]]], reference: str,
-                       keys: Sequence[str]) -> Dict[str, Dict[str, dict]]:
-    """Per-seed differences ``run - reference`` of each metric, paired by the ``"seed"`` of each record.
-
-    ``scores``: run -> one metrics dict per seed, each with a ``"seed"``. Only seeds present in
-    both runs with finite values are paired. For each run other than ``reference`` and each key:
-    ``{"seeds", "diffs", "mean", "std", "wins", "losses", "ties", "n"}`` (``wins``: seeds where the
-    run scores strictly higher; ``std``: sample std of the differences, nan below two pairs).
-
-    Raises:
-        ValueError: ``reference`` not in ``scores``, or a run repeats a seed.
-    """
-    if reference not in scores:
-        raise ValueError(f"reference run {reference!r} not among {list(scores)}")
-
-    def by_seed(name):
-        seeds = [s.get("seed") for s in scores[name]]
-        if len(set(seeds)) != len(seeds):
-            raise ValueError(f"run {name!r} repeats a seed: {seeds}")
-        return {s.get("seed"): s for s in scores[name]}
-
-    ref = by_seed(reference)
-    out: Dict[str, Dict[str, dict]] = {}
-    for name in scores:
-        if name == reference:
-            continue
-        mine = by_seed(name)
-        out[name] = {}
-        for key in keys:
-            seeds, diffs = [], []
-            for seed in sorted(set(mine) & set(ref), key=lambda s: (s is None, s)):
-                a, b = mine[seed].get(key, float("nan")), ref[seed].get(key, float("nan"))
-                if math.isfinite(a) and math.isfinite(b):
-                    seeds.append(seed)
-                    diffs.append(a - b)
-            st = mean_std(diffs)
-            out[name][key] = {"seeds": seeds, "diffs": diffs, "mean": st["mean"], "std": st["std"],
-                              "wins": sum(d > 0 for d in diffs), "losses": sum(d < 0 for d in diffs),
-                              "ties": sum(d == 0 for d in diffs), "n": len(diffs)}
-    return out
-
-
 def paired_table(paired: Dict[str, Dict[str, dict]], reference: str,
                  headline: Sequence[tuple] = HEADLINE) -> str:
     """Markdown: one row per run; per headline score the per-seed differences (percentage points),
@@ -204,19 +143,13 @@ def time_fewshot(checkpoint: Path, data: dict, fewshot_seeds: Sequence[int]) -> 
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="benchmarks/quality.py", allow_abbrev=False,
-                                description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("--quick", action="store_true",
-                   help="smoke run: tiny data, 1 short epoch, seeds 0 1, one ablation; report under --work")
-    p.add_argument("--work", default="/tmp/clip_dcl_quality", help="folder for the data and the runs")
-    p.add_argument("--results", default=None,
-                   help=f"folder of the report (default: {HERE / 'results'}; with --quick: WORK/quick/report)")
-    p.add_argument("--num-classes", type=int, default=DEMO_CLASSES, help="latent classes (tau_plus = 1 / classes)")
-    p.add_argument("--train-samples", type=int, default=None, help="training pairs (default: the demo's data set)")
-    p.add_argument("--epochs", type=int, default=None,
-                   help=f"training epochs (default the demo's {DEMO_BUDGET.epochs}; quick {QUICK_BUDGET.epochs})")
-    p.add_argument("--seeds", type=int, nargs="+", default=None, help="training seeds (default 0 1 2; quick 0 1)")
+    p = arguments.benchmark_parser("quality.py", __doc__)
+    arguments.add_comparison_arguments(
+        p, quick="tiny data, 1 short epoch, seeds 0 1, one ablation", work="/tmp/clip_dcl_quality",
+        results=str(HERE / "results"), quick_report="WORK/quick/report", num_classes=DEMO_CLASSES,
+        train_samples=None, train_samples_help="training pairs (default: the demo's data set)",
+        epochs_help=f"training epochs (default the demo's {DEMO_BUDGET.epochs}; quick {QUICK_BUDGET.epochs})",
+        seeds_help="training seeds (default 0 1 2; quick 0 1)")
     p.add_argument("--ablations", nargs="*", default=None, choices=list(ABLATIONS),
                    help=f"DeCL variants (default {' '.join(DEFAULT_ABLATIONS)}; quick: rate=batch)")
     p.add_argument("--ablation-seeds", type=int, nargs="+", default=None,
@@ -234,26 +167,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Optional[List[str]] = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    args = build_parser().parse_args(argv)
-    from clip_dcl.data.synth import MAX_CLASSES
-
-    if not 2 <= args.num_classes <= MAX_CLASSES:
-        raise SystemExit(f"--num-classes must be in [2, {MAX_CLASSES}], got {args.num_classes}")
-    if args.train_samples is not None and args.train_samples < args.num_classes:
-        raise SystemExit(f"--train-samples must be >= --num-classes, got {args.train_samples}")
-    if args.epochs is not None and args.epochs < 1:
-        raise SystemExit(f"--epochs must be >= 1, got {args.epochs}")
-    if args.eval_threads < 1:
-        raise SystemExit(f"--eval-threads must be >= 1, got {args.eval_threads}")
+    args, argv = arguments.parse(build_parser(), argv)
+    arguments.check_synthetic_data(args.num_classes, args.train_samples)
+    arguments.check_at_least(1, epochs=args.epochs, eval_threads=args.eval_threads)
     seeds = args.seeds if args.seeds is not None else ([0, 1] if args.quick else [0, 1, 2])
-    if len(set(seeds)) != len(seeds) or any(s < 0 for s in seeds):
-        raise SystemExit(f"--seeds must be distinct and >= 0, got {seeds}")
-    if args.ablation_epochs is not None and args.ablation_epochs < 1:
-        raise SystemExit(f"--ablation-epochs must be >= 1, got {args.ablation_epochs}")
+    arguments.check_seeds(seeds)
+    arguments.check_at_least(1, ablation_epochs=args.ablation_epochs)
     ablation_seeds = args.ablation_seeds if args.ablation_seeds is not None else [0]
-    if len(set(ablation_seeds)) != len(ablation_seeds) or any(s < 0 for s in ablation_seeds):
-        raise SystemExit(f"--ablation-seeds must be distinct and >= 0, got {ablation_seeds}")
+    arguments.check_seeds(ablation_seeds, "ablation_seeds")
     names = args.ablations if args.ablations is not None else (
         ["rate=batch"] if args.quick else list(DEFAULT_ABLATIONS))
     fewshot_seeds = args.fewshot_seeds or ([0] if args.quick else [0, 1, 2])
@@ -268,9 +189,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     if abl_budget == budget and not set(ablation_seeds) <= set(seeds):
         raise SystemExit(f"--ablation-seeds must be among --seeds {seeds} (at the main budget the ablation's "
                          f"reference is the main comparison's decl run of the same seed), got {ablation_seeds}")
-    work = Path(args.work) / ("quick" if args.quick else "full")
-    results_dir = Path(args.results) if args.results else (work / "report" if args.quick else HERE / "results")
-    command = " ".join([".venv/bin/python", "benchmarks/quality.py", *map(shlex.quote, argv)])
+    work, results_dir = arguments.work_and_results(args, HERE / "results")
+    command = ex.command_line("quality.py", argv)
     started = datetime.now(timezone.utc)
     t_start = time.perf_counter()
 
@@ -353,12 +273,10 @@ def write(out: Path, main_runs, abl_runs, results, scores, eval_seconds, timing,
         abl_have[ABL_REF] = [s for s in have[DECL] if s["seed"] in ablation_seeds]
     abl_have.update({r.name: have[r.name] for r in abl_runs if r.name in have})
     paired_abl = paired_differences(abl_have, ABL_REF, keys) if len(abl_have) > 1 and ABL_REF in abl_have else {}
-    summary = {name: {k: mean_std([s.get(k, float("nan")) for s in per_seed]) for k, _ in rows}
-               for name, per_seed in have.items()}
+    summary = summarize(have, [k for k, _ in rows])
     train_s = sum(r.seconds for rs in results.values() for r in rs)
     eval_s = sum(s for v in eval_seconds.values() for s in v)
-    status = "complete" if complete else (
-        "PARTIAL: still running; runs so far: " + ", ".join(f"{n} x{len(v)}" for n, v in have.items()))
+    status = ex.run_status(have, complete)
     n_train = data["train"]["num_samples"]
     tau = float(data["tau_plus"])
     if timing:
@@ -373,13 +291,13 @@ def write(out: Path, main_runs, abl_runs, results, scores, eval_seconds, timing,
     header = "\n".join([
         title,
         "",
-        f"- Status: {status}",
-        f"- Command: `{command}`",
-        f"- Date (UTC): {span} (report written by a call started {started:%Y-%m-%d %H:%M}, {seconds / 60:.1f} min "
-        f"wall; runs finished by an earlier call with the same settings are reused). Time over all runs: training "
-        f"{train_s / 60:.1f} min, evaluation {eval_s / 60:.1f} min; {fs}. The CPU was shared with other jobs "
-        "(trainings take turns through clip_dcl.experiment's machine lock), so times are not speed measurements.",
-        f"- Machine: {ex.machine_info()}",
+        *ex.about_lines(
+            status=status, command=command,
+            date=f"{span} (report written by a call started {started:%Y-%m-%d %H:%M}, {seconds / 60:.1f} min "
+            f"wall; runs finished by an earlier call with the same settings are reused). Time over all runs: "
+            f"training {train_s / 60:.1f} min, evaluation {eval_s / 60:.1f} min; {fs}. The CPU was shared with "
+            "other jobs (trainings take turns through clip_dcl.experiment's machine lock), so times are not speed "
+            "measurements."),
         f"- Data: clip-dcl synthetic shards (the demo's), {data['config']['num_classes']} balanced latent classes, "
         f"measured class prior tau_plus = {tau:.4f}; {n_train} training pairs, {data['val']['num_samples']} "
         f"held-out retrieval images ({data['config']['val_captions_per_image']} captions each), zero-shot over "

@@ -4,7 +4,7 @@ The DCL paper's Figure 2 (Chuang et al. 2020) on clip-dcl's synthetic caption sh
 balanced latent classes a random negative shares the anchor's class with probability
 ``tau_plus = 1 / C``; InfoNCE (``clip``) pushes those "false negatives" away, ``dcl`` corrects its
 negative term for a class prior ``--tau-plus``, and the ``unbiased`` oracle drops same-class
-negatives using the true labels (:mod:`oracle_loss`, trained through :mod:`train_oracle`).
+negatives using the true labels (the loss and its training entry point in :mod:`train_oracle`).
 
 Every objective trains the tiny model through the real entry point (``python -m clip_dcl.train``,
 or ``benchmarks/train_oracle.py`` for the oracle) on the same data, under the same budget, for
@@ -39,7 +39,6 @@ import argparse
 import dataclasses
 import math
 import os
-import shlex
 import sys
 import time
 from datetime import datetime, timezone
@@ -47,6 +46,10 @@ from pathlib import Path
 from typing import Dict, List, Optional, Sequence
 
 from clip_dcl import experiment as ex
+from clip_dcl.experiment import arguments
+from clip_dcl.experiment.budgets import QUICK_BUDGET
+from clip_dcl.experiment.figures import pyplot
+from clip_dcl.experiment.stats import format_mean_std, mean_std, summarize
 
 HERE = Path(__file__).resolve().parent
 STEM = "sampling_bias"
@@ -58,7 +61,6 @@ HEADLINE = (
     ("fewshot/average/mean_classifier", "5-shot mean classifier average"),
 )
 FULL_BUDGET = ex.Budget(epochs=2, batch_size=128, lr=2e-3, warmup=20, seed=0, workers=1)
-QUICK_BUDGET = ex.Budget(epochs=1, batch_size=32, lr=2e-3, warmup=2, seed=0, workers=1, log_every_n_steps=2)
 
 
 # ------------------------------------------------------------------------------------------
@@ -142,8 +144,8 @@ def extra_table(runs: Sequence[ex.Run], summary: Dict[str, Dict[str, dict]], log
             continue
         cells = []
         for key in keys:
-            s = summary[run.name].get(key, {"mean": float("nan"), "std": float("nan"), "n": 0})
-            cell = f"{100 * s['mean']:.1f}" + (f" ± {100 * s['std']:.1f}" if s["n"] > 1 else "")
+            s = summary[run.name].get(key, mean_std([]))
+            cell = format_mean_std(s)
             b = base.get(key, {}).get("mean", float("nan"))
             if run.name != "clip" and b and math.isfinite(b):
                 cell += f" ({s['mean'] / b:.2f}x)"
@@ -153,7 +155,7 @@ def extra_table(runs: Sequence[ex.Run], summary: Dict[str, Dict[str, dict]], log
         tau = mean_std([d["tau_plus_final"] for d in per_seed])
         # dcl's floor; decl logs a Clamp_rate of its own (the log-ratio ceiling), another quantity
         clamp_cell = f"{clamp['mean']:.2f}" if clamp["n"] and "dcl" in run.flags else ""
-        tau_cell = f"{tau['mean']:.3f}" + (f" ± {tau['std']:.3f}" if tau["n"] > 1 else "") if tau["n"] else ""
+        tau_cell = format_mean_std(tau, scale=1, digits=3) if tau["n"] else ""
         n = max(s["n"] for s in summary[run.name].values())
         lines.append(f"| {run.name} | {n} | " + " | ".join(cells) + f" | {clamp_cell} | {tau_cell} |")
     return "\n".join(lines)
@@ -168,23 +170,6 @@ def run_tau_plus(run: ex.Run) -> Optional[float]:
     return 0.0 if run.name == "clip" else None
 
 
-def mean_std(values: Sequence[float]) -> Dict[str, float]:
-    """Mean, sample standard deviation (``ddof = 1``; nan for one value) and count of the finite values."""
-    finite = [float(v) for v in values if v is not None and math.isfinite(v)]
-    n = len(finite)
-    if n == 0:
-        return {"mean": float("nan"), "std": float("nan"), "n": 0}
-    mean = sum(finite) / n
-    std = math.sqrt(sum((v - mean) ** 2 for v in finite) / (n - 1)) if n > 1 else float("nan")
-    return {"mean": mean, "std": std, "n": n}
-
-
-def summarize(scores: Dict[str, List[Dict[str, float]]], keys: Sequence[str]) -> Dict[str, Dict[str, dict]]:
-    """``{run: {metric: mean_std over seeds}}`` for the given metric keys (missing -> nan)."""
-    return {name: {k: mean_std([s.get(k, float("nan")) for s in per_seed]) for k in keys}
-            for name, per_seed in scores.items()}
-
-
 def tau_table(runs: Sequence[ex.Run], summary: Dict[str, Dict[str, dict]], chance: Dict[str, float]) -> str:
     """Markdown: one row per run (with its tau_plus), one column per headline score, mean ± std in %."""
     head = "| objective | tau_plus | seeds | " + " | ".join(label for _, label in HEADLINE) + " |"
@@ -195,13 +180,7 @@ def tau_table(runs: Sequence[ex.Run], summary: Dict[str, Dict[str, dict]], chanc
         if run.name not in summary:
             continue
         tau = run_tau_plus(run)
-        cells = []
-        for key, _ in HEADLINE:
-            s = summary[run.name][key]
-            cell = f"{100 * s['mean']:.1f}"
-            if s["n"] > 1:
-                cell += f" ± {100 * s['std']:.1f}"
-            cells.append(cell)
+        cells = [format_mean_std(summary[run.name][key]) for key, _ in HEADLINE]
         n = max(s["n"] for s in summary[run.name].values())
         tau_cell = "labels" if tau is None else f"{tau:g}"
         lines.append(f"| {run.name} | {tau_cell} | {n} | " + " | ".join(cells) + " |")
@@ -214,12 +193,7 @@ def tau_table(runs: Sequence[ex.Run], summary: Dict[str, Dict[str, dict]], chanc
 def plot_tau(runs: Sequence[ex.Run], scores: Dict[str, List[Dict[str, float]]], chance: Dict[str, float],
              true_tau: float, path: os.PathLike, title: str = "") -> Path:
     """Each headline score against the dcl tau_plus (clip at 0), with the oracle as a band."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(1, len(HEADLINE), figsize=(5.2 * len(HEADLINE), 4.4))
+    fig, axes = pyplot().subplots(1, len(HEADLINE), figsize=(5.2 * len(HEADLINE), 4.4))
     curve = [r for r in runs if run_tau_plus(r) is not None and scores.get(r.name)]
     oracle = [r for r in runs if run_tau_plus(r) is None and scores.get(r.name)]
     for ax, (key, label) in zip(axes, HEADLINE):
@@ -269,19 +243,13 @@ def machine() -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="benchmarks/sampling_bias.py", allow_abbrev=False,
-                                description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("--quick", action="store_true",
-                   help="smoke run: tiny data, 1 short epoch, seed 0, tau_plus 0.25 only; report under --work")
-    p.add_argument("--work", default="/tmp/clip_dcl_sampling_bias", help="folder for the data and the runs")
-    p.add_argument("--results", default=None,
-                   help=f"folder of the report (default: {HERE / 'results'}; with --quick: WORK/report)")
-    p.add_argument("--num-classes", type=int, default=4, help="latent classes (tau_plus = 1 / classes)")
-    p.add_argument("--train-samples", type=int, default=6000, help="training pairs (quick: the quick set's 256)")
-    p.add_argument("--epochs", type=int, default=None,
-                   help=f"training epochs (default {FULL_BUDGET.epochs}; quick {QUICK_BUDGET.epochs})")
-    p.add_argument("--seeds", type=int, nargs="+", default=None, help="training seeds (default 0 1 2; quick 0)")
+    p = arguments.benchmark_parser("sampling_bias.py", __doc__)
+    arguments.add_comparison_arguments(
+        p, quick="tiny data, 1 short epoch, seed 0, tau_plus 0.25 only", work="/tmp/clip_dcl_sampling_bias",
+        results=str(HERE / "results"), quick_report="WORK/report", num_classes=4, train_samples=6000,
+        train_samples_help="training pairs (quick: the quick set's 256)",
+        epochs_help=f"training epochs (default {FULL_BUDGET.epochs}; quick {QUICK_BUDGET.epochs})",
+        seeds_help="training seeds (default 0 1 2; quick 0)")
     p.add_argument("--tau-plus", type=float, nargs="+", default=None,
                    help="dcl tau_plus values (default 0.05 0.1 0.25 0.4; quick 0.25)")
     p.add_argument("--no-oracle", action="store_true", help="leave out the unbiased oracle")
@@ -297,18 +265,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Optional[List[str]] = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    args = build_parser().parse_args(argv)
-    from clip_dcl.data.synth import MAX_CLASSES
-
-    if not 2 <= args.num_classes <= MAX_CLASSES:
-        raise SystemExit(f"--num-classes must be in [2, {MAX_CLASSES}], got {args.num_classes}")
-    if args.train_samples < args.num_classes:
-        raise SystemExit(f"--train-samples must be >= --num-classes, got {args.train_samples}")
-    if args.epochs is not None and args.epochs < 1:
-        raise SystemExit(f"--epochs must be >= 1, got {args.epochs}")
-    if args.threads < 0:
-        raise SystemExit(f"--threads must be >= 0, got {args.threads}")
+    args, argv = arguments.parse(build_parser(), argv)
+    arguments.check_synthetic_data(args.num_classes, args.train_samples)
+    arguments.check_at_least(1, epochs=args.epochs)
+    arguments.check_at_least(0, threads=args.threads)
     thread_env = {}
     if args.threads:
         thread_env = {"OMP_NUM_THREADS": str(args.threads), "MKL_NUM_THREADS": str(args.threads)}
@@ -322,8 +282,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     base = QUICK_BUDGET if args.quick else FULL_BUDGET
     budget = dataclasses.replace(base, epochs=args.epochs or base.epochs)
     seeds = args.seeds if args.seeds is not None else ([0] if args.quick else [0, 1, 2])
-    if len(set(seeds)) != len(seeds) or any(s < 0 for s in seeds):
-        raise SystemExit(f"--seeds must be distinct and >= 0, got {seeds}")
+    arguments.check_seeds(seeds)
     taus = args.tau_plus if args.tau_plus is not None else ([0.25] if args.quick else [0.05, 0.1, 0.25, 0.4])
     fewshot_seeds = args.fewshot_seeds or ([0] if args.quick else [0, 1, 2])
     if args.extra and args.tau_plus is not None:
@@ -332,9 +291,8 @@ def main(argv: Optional[List[str]] = None) -> int:
         runs = make_runs(taus, oracle=not args.no_oracle)
     except ValueError as e:
         raise SystemExit(f"--tau-plus: {e}")
-    work = Path(args.work) / ("quick" if args.quick else "full")
-    results_dir = Path(args.results) if args.results else (work / "report" if args.quick else HERE / "results")
-    command = " ".join([".venv/bin/python", "benchmarks/sampling_bias.py", *map(shlex.quote, argv)])
+    work, results_dir = arguments.work_and_results(args, HERE / "results")
+    command = ex.command_line("sampling_bias.py", argv)
     started = datetime.now(timezone.utc)
     t_start = time.perf_counter()
 
@@ -389,20 +347,18 @@ def write(out: Path, runs, results, scores, eval_seconds, data, budget, seeds, f
     true_tau = float(data["tau_plus"])
     title = (f"{data['config']['num_classes']} latent classes (tau_plus {true_tau:.3g}), {n_train} pairs, "
              f"{budget.epochs} epochs, batch {budget.batch_size}, seeds {seeds}")
-    status = "complete" if complete else (
-        "PARTIAL: still running; runs so far: " + ", ".join(f"{n} x{len(v)}" for n, v in have.items()))
+    status = ex.run_status(have, complete)
     train_s = [r.seconds for rs in res.values() for r in rs]
     eval_s = [s for n in have for s in eval_seconds[n]]
     header = "\n".join([
         ("# Sampling bias, the other objectives: M captions, curl, hcl, tau_plus auto, clamp, temperature, decl"
          if stem != STEM else "# Sampling bias: clip vs dcl(tau_plus) vs the unbiased oracle"),
         "",
-        f"- Status: {status}",
-        f"- Command: `{command}`",
-        f"- Date (UTC): {started:%Y-%m-%d %H:%M}; this invocation {seconds / 60:.1f} min (finished runs kept in "
-        f"--work are reused); the runs' training {sum(train_s) / 60:.1f} min and evaluation {sum(eval_s) / 60:.1f} "
-        "min in all (the CPU was shared with other jobs, so times are not speed measurements)",
-        f"- Machine: {machine()}",
+        *ex.about_lines(
+            status=status, command=command, machine=machine(),
+            date=f"{started:%Y-%m-%d %H:%M}; this invocation {seconds / 60:.1f} min (finished runs kept in --work "
+            f"are reused); the runs' training {sum(train_s) / 60:.1f} min and evaluation {sum(eval_s) / 60:.1f} min "
+            "in all (the CPU was shared with other jobs, so times are not speed measurements)"),
         f"- Data: clip-dcl synthetic shards, {data['config']['num_classes']} balanced latent classes "
         f"({', '.join(data['classes']['names'])}), measured class prior tau_plus = {true_tau:.4f}; "
         f"{n_train} training pairs, {data['val']['num_samples']} held-out retrieval images "

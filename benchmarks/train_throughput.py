@@ -61,6 +61,7 @@ from typing import Callable, Dict, List, Optional, Sequence
 
 from clip_dcl import experiment as ex
 from clip_dcl.experiment import Run, StepTime, parse_step_times
+from clip_dcl.experiment.figures import pyplot
 
 HERE = Path(__file__).resolve().parent
 STEM = "train_throughput"
@@ -294,13 +295,8 @@ def plot(records: Sequence[dict], summary: Dict[str, dict], objs: Sequence[Run],
          title: str) -> Path:
     """Left: per-step samples/s of every child (one dot per step) and each round's median.
     Right: each round's ratio to clip, the median over rounds, and the 0.97 goal."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     names = [o.name for o in objs if o.name in summary]
-    fig, (ax0, ax1) = plt.subplots(1, 2, figsize=(13, 4.6))
+    fig, (ax0, ax1) = pyplot().subplots(1, 2, figsize=(13, 4.6))
     rounds = sorted({rec["round"] for rec in records})
     for i, name in enumerate(names):
         for rec in records:

@@ -6,7 +6,7 @@ Public API::
 """
 from __future__ import annotations
 
-__version__ = "0.1.0"
+from ._version import __version__
 
 __all__ = ["create_loss", "LOSSES", "load_checkpoint", "__version__"]
 

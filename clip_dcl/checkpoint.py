@@ -40,6 +40,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from ._version import __version__
+
 log = logging.getLogger(__name__)
 
 CONFIG_NAME = "open_clip_config.json"
@@ -48,6 +50,11 @@ WEIGHTS_NAME = "open_clip_model.safetensors"
 CKPT_KEY = "clip_dcl"
 #: Key under which our training stores the loss's ``state_dict()`` in a checkpoint.
 LOSS_STATE_KEY = "loss_state"
+#: Key of ``ckpt[CKPT_KEY]`` that says where a sharded loss state's files are (see
+#: :mod:`clip_dcl.train.loss_state`): their folder, world size, ``num_samples`` and buffers.
+SHARD_INDEX_KEY = "loss_state_shards"
+#: Sub-folder of the checkpoint folder that holds the shard files of a sharded loss state.
+SHARD_FOLDER = "loss_state"
 #: Suffix of a checkpoint being written; not ``.pt``, so OpenCLIP's ``--resume latest`` (which takes
 #: the last ``*.pt`` under the checkpoint folder) never picks a half-written file.
 PARTIAL_SUFFIX = ".partial"
@@ -72,8 +79,6 @@ class CheckpointDiskFull(RuntimeError):
 def checkpoint_entry(model: str, model_config: dict | None, preprocess_cfg: dict | None, loss: str,
                      loss_args: dict) -> dict:
     """The :data:`CKPT_KEY` entry of a training checkpoint: what a loader needs without the flags."""
-    from clip_dcl import __version__
-
     return {"model": model, "model_config": model_config, "preprocess_cfg": preprocess_cfg, "loss": loss,
             "loss_args": dict(loss_args), "version": __version__}
 
@@ -85,6 +90,39 @@ def add_training_entries(ckpt: dict, loss_state: dict, entry: dict) -> dict:
     out[CKPT_KEY] = entry
     return out
 
+
+
+def loss_state_of(ckpt: dict) -> dict:
+    """The loss state a training checkpoint holds in the file itself (``{}`` when none): all of it, or the
+    small buffers of a sharded one (see :func:`shard_index_of`)."""
+    return dict(ckpt.get(LOSS_STATE_KEY) or {})
+
+
+def shard_index_of(ckpt: dict) -> dict | None:
+    """Where a training checkpoint keeps its sharded loss state (:data:`SHARD_INDEX_KEY`), or None."""
+    entry = ckpt.get(CKPT_KEY)
+    return entry.get(SHARD_INDEX_KEY) if isinstance(entry, dict) else None
+
+
+def read_training_state(path) -> tuple:
+    """``(loss state, clip_dcl entry)`` of a training checkpoint, loaded weights-only on the CPU."""
+    ckpt = read_checkpoint(path)
+    return loss_state_of(ckpt), dict(ckpt.get(CKPT_KEY) or {})
+
+
+def save_loss_shard(path, name: str, tensor, rank: int, world_size: int, num_samples: int) -> None:
+    """Write one rank's shard ``tensor`` of the loss buffer ``name`` to ``path``, atomically
+    (:func:`save_atomically`), with the rank, world size and ``num_samples`` it belongs to."""
+    save_atomically({name: tensor.detach().cpu(), "rank": rank, "world_size": world_size,
+                     "num_samples": num_samples}, path)
+
+
+def load_loss_shard(path, name: str):
+    """The buffer ``name`` of a shard file written by :func:`save_loss_shard`, memory-mapped (only the
+    columns read are paged in)."""
+    import torch
+
+    return torch.load(path, map_location="cpu", mmap=True, weights_only=True)[name]
 
 def trained_model_config(args) -> dict | None:
     """OpenCLIP's config of ``args.model`` with the ``--force-*`` overrides main applied to it."""

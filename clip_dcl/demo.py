@@ -21,12 +21,7 @@ from pathlib import Path
 from typing import List, Optional
 
 from . import experiment as ex
-
-#: The full demo's budget: chosen so that the three runs and their evaluations take about
-#: ten minutes on a 2-core laptop CPU.
-DEMO_BUDGET = ex.Budget(epochs=4, batch_size=128, lr=1e-3, warmup=20, seed=0, workers=1)
-QUICK_BUDGET = ex.Budget(epochs=1, batch_size=32, lr=2e-3, warmup=2, seed=0, workers=1, log_every_n_steps=2)
-DEMO_CLASSES = 10
+from .experiment.budgets import DEMO_BUDGET, DEMO_CLASSES, QUICK_BUDGET
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -299,7 +299,7 @@ def test_nonfinite_step_rolled_back_equals_a_run_without_it(rate):
 
 def test_nonfinite_skipped_amp_step_is_undone_by_the_trainer_hook():
     """The trainer's check between steps: a GradScaler whose scale fell skipped the step just taken."""
-    from clip_dcl.train.patch import _SkippedSteps
+    from clip_dcl.train.steps import SkippedSteps
 
     class Scaler:
         def __init__(self):
@@ -312,7 +312,7 @@ def test_nonfinite_skipped_amp_step_is_undone_by_the_trainer_hook():
             return self.scale
 
     scaler, loss_fn = Scaler(), create_loss("decl", rate="index", num_samples=12)
-    hook = _SkippedSteps(scaler, loss_fn)
+    hook = SkippedSteps(scaler, loss_fn)
     f, g = features(6, seed=3, dtype=torch.float32)
     loss_fn(f, g, torch.tensor(14.3), sample_ids=torch.arange(6))
     hook.check(0, 1)  # the scale held: the step was applied

@@ -159,15 +159,17 @@ def test_train_and_evaluate_resumes_from_its_cache(tmp_path, monkeypatch):
         calls.append(("evaluate", Path(checkpoint).name))
         return {"zeroshot/top1": 0.5}
 
-    monkeypatch.setattr(ex, "train", fake_train)
-    monkeypatch.setattr(ex, "evaluate", fake_evaluate)
+    from clip_dcl.experiment import runner, scoring
+
+    monkeypatch.setattr(runner, "train", fake_train)
+    monkeypatch.setattr(scoring, "evaluate", fake_evaluate)
     data = {"config": {"num_classes": 4}}
     run, budget, cache = ex.Run("dcl", ("--loss", "dcl")), ex.Budget(epochs=1, extra=("--x",)), tmp_path / "c.json"
     out = ex.train_and_evaluate(run, data, tmp_path, budget, cache, fewshot_seeds=(0,))
     assert out.source == "trained" and out.metrics == {"zeroshot/top1": 0.5} and len(calls) == 2
     again = ex.train_and_evaluate(run, data, tmp_path, budget, cache, fewshot_seeds=(0,))
     assert again.source == "reused" and again.metrics == out.metrics and len(calls) == 2  # tuples survive JSON
-    monkeypatch.setattr(ex, "EVALUATOR", ex.EVALUATOR + 1)  # the evaluators changed: score the checkpoint again
+    monkeypatch.setattr(scoring, "EVALUATOR", scoring.EVALUATOR + 1)  # the evaluators changed: score the checkpoint again
     assert ex.train_and_evaluate(run, data, tmp_path, budget, cache, fewshot_seeds=(0,)).source == "evaluated"
     assert calls[-1] == ("evaluate", "epoch_1.pt") and len(calls) == 3
     other = ex.Budget(epochs=1, extra=("--x",), seed=1)  # another seed is another run

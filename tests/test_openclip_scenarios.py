@@ -1,29 +1,28 @@
-"""OpenCLIP's own training scenarios, run through ``python -m clip_dcl.train`` with every objective.
+"""OpenCLIP's own training scenarios, run through ``clip_dcl.train.main`` with every objective.
 
 OpenCLIP supports training on webdataset shards, a CSV and its synthetic data, with gradient
 accumulation and a locked image tower, with ``--torchscript``, and CoCa models. Each scenario here
 trains a tiny model for one short epoch with ``clip``, ``dcl`` and ``decl`` (default flags: the
 ``index`` rate, whose ids are the CSV's rows and the synthetic samples' indices), and checks what
 the plugin must add: the objective's term in the log, and its state in the checkpoint. A patch
-that stops taking effect on one of OpenCLIP's paths fails here.
+that stops taking effect on one of OpenCLIP's paths fails here. The runs are in the test's process
+(the command line itself is tested in ``test_train.py``); the synthetic-data one is the session's
+shared run of each objective.
 """
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
+from conftest import SHARED_RUN_FLAGS, train_in_process
 from PIL import Image
 
 pytestmark = pytest.mark.slow
 
-LOSSES = {"clip": ([], "Contrastive_loss:"), "dcl": (["--tau-plus", "0.1"], "Dcl_loss:"),
-          "decl": ([], "Decl_loss:")}
+TERMS = {"clip": "Contrastive_loss:", "dcl": "Dcl_loss:", "decl": "Decl_loss:"}
 
 
 def tiny_coca(folder: Path) -> Path:
@@ -55,36 +54,39 @@ def write_csv(folder: Path, rows: int = 48) -> Path:
     return path
 
 
-def train(tmp_path, name, data_flags, loss, extra=(), model=("--model", "clip-dcl-tiny")):
-    flags, term = LOSSES[loss]
-    logs = tmp_path / "logs"
-    cmd = [sys.executable, "-m", "clip_dcl.train", *model, *data_flags, "--batch-size", "16", "--epochs", "1",
-           "--precision", "fp32", "--device", "cpu", "--workers", "1", "--lr", "1e-3", "--warmup", "1",
-           "--log-every-n-steps", "1", "--logs", str(logs), "--name", name, "--loss", loss, *flags, *extra]
-    out = subprocess.run(cmd, capture_output=True, text=True, timeout=600,
-                         env={**os.environ, "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": ""})
-    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-5000:]
-    log = (logs / name / "out.log").read_text()
+def read_run(run: Path, loss: str):
+    """The last checkpoint and the log of the run folder ``run``, checked to be ``loss``'s."""
+    log = (run / "out.log").read_text()
     lines = [line for line in log.splitlines() if "Train Epoch:" in line]
-    assert lines and all(term in line for line in lines), log[-3000:]
-    last = max((logs / name / "checkpoints").glob("epoch_[0-9]*.pt"), key=lambda p: int(p.stem.split("_")[1]))
+    assert lines and all(TERMS[loss] in line for line in lines), log[-3000:]
+    last = max((run / "checkpoints").glob("epoch_[0-9]*.pt"), key=lambda p: int(p.stem.split("_")[1]))
     ckpt = torch.load(last, map_location="cpu", weights_only=True)
     assert ckpt["clip_dcl"]["loss"] == loss
     return ckpt, log
+
+
+def train(tmp_path, name, data_flags, loss, extra=(), model=("--model", "clip-dcl-tiny")):
+    logs = tmp_path / "logs"
+    out = train_in_process([*model, *data_flags, "--batch-size", "16", "--epochs", "1", "--precision", "fp32",
+                            "--device", "cpu", "--workers", "1", "--lr", "1e-3", "--warmup", "1",
+                            "--log-every-n-steps", "1", "--logs", logs, "--name", name, "--loss", loss,
+                            *SHARED_RUN_FLAGS[loss], *extra])
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-5000:]
+    return read_run(logs / name, loss)
 
 
 def visited(ckpt):
     return (~torch.isnan(ckpt["loss_state"]["log_rate"]).any(0)).nonzero().flatten().tolist()
 
 
-@pytest.mark.parametrize("loss", list(LOSSES))
-def test_synthetic_data(tmp_path, loss):
-    ckpt, _ = train(tmp_path, f"synthetic-{loss}", ["--dataset-type", "synthetic", "--train-num-samples", "48"], loss)
+@pytest.mark.parametrize("loss", list(TERMS))
+def test_synthetic_data(trained_run, loss):
+    ckpt, _ = read_run(trained_run(loss), loss)  # 48 synthetic samples, batches of 16
     if loss == "decl":  # the default index rate: the 48 samples' indices, all visited in one epoch
         assert ckpt["clip_dcl"]["loss_args"]["num_samples"] == 48 and visited(ckpt) == list(range(48))
 
 
-@pytest.mark.parametrize("loss", list(LOSSES))
+@pytest.mark.parametrize("loss", list(TERMS))
 def test_csv_data(tmp_path, loss):
     csv = write_csv(tmp_path / "csv")
     ckpt, _ = train(tmp_path, f"csv-{loss}", ["--train-data", str(csv), "--dataset-type", "csv"], loss)
@@ -104,7 +106,7 @@ def test_csv_resume_warns_when_the_rows_changed(tmp_path):
     assert "was trained on 48 samples of --train-data, which now has 32" in log
 
 
-@pytest.mark.parametrize("loss", list(LOSSES))
+@pytest.mark.parametrize("loss", list(TERMS))
 def test_accumulation_with_a_locked_image_tower(tmp_path, loss):
     ckpt, _ = train(tmp_path, f"accum-{loss}", ["--dataset-type", "synthetic", "--train-num-samples", "64"], loss,
                     extra=["--accum-freq", "2", "--lock-image", "--lock-image-unlocked-groups", "1"])
@@ -118,7 +120,7 @@ def test_torchscript(tmp_path, loss):
           extra=["--torchscript"])
 
 
-@pytest.mark.parametrize("loss", list(LOSSES))
+@pytest.mark.parametrize("loss", list(TERMS))
 def test_coca(tmp_path, loss):
     config = tiny_coca(tmp_path)
     ckpt, log = train(tmp_path, f"coca-{loss}", ["--dataset-type", "synthetic", "--train-num-samples", "32"], loss,

@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
-from oracle_loss import UnbiasedOracleLoss  # noqa: E402
+from train_oracle import UnbiasedOracleLoss  # noqa: E402
 
 
 def test_oracle_drops_exactly_the_same_class_negatives():

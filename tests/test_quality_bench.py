@@ -68,7 +68,7 @@ def test_paired_differences_match_a_slow_recomputation_on_random_scores():
             rng.shuffle(mine)  # records in any order
             scores[name] = [{"m": float(rng.random()) if rng.random() > 0.1 else math.nan, "seed": int(s)}
                             for s in mine]
-        out = q.paired_differences(scores, "clip", ["m", "absent"])
+        out = ex.paired_differences(scores, "clip", ["m", "absent"])
         assert set(out) == {"a", "b"}
         for name in ("a", "b"):
             ref = _reference_pairs(scores, "clip", name, "m")
@@ -85,15 +85,15 @@ def test_paired_differences_match_a_slow_recomputation_on_random_scores():
 
 def test_paired_differences_reject_a_missing_reference_and_repeated_seeds():
     with pytest.raises(ValueError, match="reference"):
-        q.paired_differences({"a": [{"m": 1.0, "seed": 0}]}, "clip", ["m"])
+        ex.paired_differences({"a": [{"m": 1.0, "seed": 0}]}, "clip", ["m"])
     with pytest.raises(ValueError, match="repeats a seed"):
-        q.paired_differences({"clip": [{"m": 1.0, "seed": 0}, {"m": 2.0, "seed": 0}]}, "clip", ["m"])
+        ex.paired_differences({"clip": [{"m": 1.0, "seed": 0}, {"m": 2.0, "seed": 0}]}, "clip", ["m"])
 
 
 def test_paired_table_shows_per_seed_points_mean_and_wins():
     scores = {"clip": [{k: 0.5 for k, _ in q.HEADLINE} | {"seed": s} for s in (0, 1, 2)],
               "dcl": [{k: v for k, _ in q.HEADLINE} | {"seed": s} for s, v in ((0, 0.52), (1, 0.5), (2, 0.56))]}
-    paired = q.paired_differences(scores, "clip", [k for k, _ in q.HEADLINE])
+    paired = ex.paired_differences(scores, "clip", [k for k, _ in q.HEADLINE])
     first = paired["dcl"][q.HEADLINE[0][0]]
     assert (first["wins"], first["ties"], first["losses"]) == (2, 1, 0)  # a tie is not a win
     row = q.paired_table(paired, "clip").splitlines()[2]
@@ -101,6 +101,6 @@ def test_paired_table_shows_per_seed_points_mean_and_wins():
 
 
 def test_mean_r1_is_the_mean_of_both_directions():
-    m = q.with_mean_r1({"retrieval/image_to_text_R@1": 0.2, "retrieval/text_to_image_R@1": 0.4, "x": 1.0})
-    assert m[q.MEAN_R1] == pytest.approx(0.3) and m["x"] == 1.0
-    assert math.isnan(q.with_mean_r1({"retrieval/image_to_text_R@1": 0.2})[q.MEAN_R1])
+    m = ex.with_mean_r1({"retrieval/image_to_text_R@1": 0.2, "retrieval/text_to_image_R@1": 0.4, "x": 1.0})
+    assert m[ex.MEAN_R1] == pytest.approx(0.3) and m["x"] == 1.0
+    assert math.isnan(ex.with_mean_r1({"retrieval/image_to_text_R@1": 0.2})[ex.MEAN_R1])

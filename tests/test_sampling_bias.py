@@ -12,7 +12,7 @@ import torch
 BENCH = Path(__file__).resolve().parents[1] / "benchmarks"
 sys.path.insert(0, str(BENCH))
 import sampling_bias as sb  # noqa: E402
-from oracle_loss import UnbiasedOracleLoss  # noqa: E402
+from train_oracle import UnbiasedOracleLoss  # noqa: E402
 
 
 def test_runs_put_clip_at_zero_and_the_oracle_off_the_axis():
@@ -58,7 +58,7 @@ def test_tau_table_lists_each_run_with_its_prior_and_spread():
 
 
 def test_bound_oracle_records_no_label_tensor_and_equals_the_unbound_loss():
-    from clip_dcl.train.flags import _full_loss_args
+    from clip_dcl.train.flags import full_loss_args
 
     labels = torch.tensor([0, 1, 0, 1, 2, 2])
     bound = UnbiasedOracleLoss.with_labels(labels)
@@ -67,7 +67,7 @@ def test_bound_oracle_records_no_label_tensor_and_equals_the_unbound_loss():
     saved = LOSSES.get("unbiased")
     LOSSES["unbiased"] = bound
     try:
-        assert _full_loss_args("unbiased", {}) == {}
+        assert full_loss_args("unbiased", {}) == {}
     finally:
         LOSSES["unbiased"] = saved
     gen = torch.Generator().manual_seed(1)

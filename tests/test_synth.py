@@ -22,6 +22,8 @@ import pytest
 from PIL import Image
 
 from clip_dcl.data import synth
+from clip_dcl.data.synth import captions as synth_captions
+from clip_dcl.data.synth import render as synth_render
 from clip_dcl.data.cli import main as data_main
 from clip_dcl.data.shards import CaptionShardWriter, format_key, img2dataset_key, shard_pattern
 
@@ -222,31 +224,31 @@ def test_drawn_image_shows_count_position_size_and_colour():
         assert count == attrs["count"], (i, attrs)
         if attrs["count"] == 1:
             cy, cx = np.argwhere(mask).mean(axis=0) / 64
-            ex, ey = synth._CENTRES[attrs["position"]]
+            ex, ey = synth_render._CENTRES[attrs["position"]]
             assert abs(cx - ex) < 0.1 and abs(cy - ey) < 0.1, (i, attrs, cx, cy)
             areas[attrs["size"]].append(mask.sum())
         mean_colour = np.asarray(image, dtype=np.float64)[mask].mean(axis=0)
-        nearest = min(synth._RGB, key=lambda c: np.sum((np.array(synth._RGB[c]) - mean_colour) ** 2))
+        nearest = min(synth_render._RGB, key=lambda c: np.sum((np.array(synth_render._RGB[c]) - mean_colour) ** 2))
         assert nearest == colour, (i, attrs, mean_colour)
     assert max(areas["small"]) < min(areas["large"])
 
 
 def test_captions_name_the_attributes():
-    colour_words = {c: set(w) for c, w in synth._COLOUR_WORDS.items()}
+    colour_words = {c: set(w) for c, w in synth_captions._COLOUR_WORDS.items()}
     for i in range(300):
         rng = np.random.default_rng([11, i])
         shape = synth.SHAPES[i % len(synth.SHAPES)]
         colour = synth.COLOURS[(i // 6) % len(synth.COLOURS)]
         attrs = synth.sample_attributes(rng, shape, colour)
         caption = synth.make_caption(attrs, rng)
-        nouns = [pair[0 if attrs["count"] == 1 else 1] for pair in synth._SHAPE_NOUNS[shape]]
+        nouns = [pair[0 if attrs["count"] == 1 else 1] for pair in synth_captions._SHAPE_NOUNS[shape]]
         assert any(re.search(rf"\b{noun}\b", caption) for noun in nouns), caption
         assert any(re.search(rf"\b{w}\b", caption) for w in colour_words[colour]), caption
         others = {w for c, ws in colour_words.items() if c != colour for w in ws}
         assert not any(re.search(rf"\b{w}\b", caption) for w in others), caption
         if attrs["count"] > 1:
-            assert any(w in caption for w in synth._COUNT_WORDS[attrs["count"]]), caption
-        wrong_sizes = {w for s, ws in synth._SIZE_WORDS.items() if s != attrs["size"] for w in ws}
+            assert any(w in caption for w in synth_captions._COUNT_WORDS[attrs["count"]]), caption
+        wrong_sizes = {w for s, ws in synth_captions._SIZE_WORDS.items() if s != attrs["size"] for w in ws}
         assert not any(re.search(rf"\b{w}\b", caption) for w in wrong_sizes), caption
         assert len(caption.split()) <= 24  # well inside the 32-token context
 

@@ -1,8 +1,9 @@
 """Training through OpenCLIP's loop: flags, sample ids, loss state in checkpoints, logs.
 
 The fast tests check the pieces in-process (ids, the training pipeline, the id channel around
-OpenCLIP's own ``train_one_epoch``, flag validation); the ``slow`` ones run
-``python -m clip_dcl.train`` on tiny shards written here, on CPU.
+OpenCLIP's own ``train_one_epoch``, flag validation); the ``slow`` ones train on tiny shards
+written here, on CPU, in the test's process (``clip_dcl.train.main``) and once through
+``python -m clip_dcl.train``.
 """
 from __future__ import annotations
 
@@ -23,6 +24,7 @@ import webdataset as wds
 from PIL import Image
 
 from clip_dcl.train import main
+from conftest import train_in_process
 from clip_dcl.train.ids import hashed_id, sample_id
 
 PY = sys.executable
@@ -251,13 +253,14 @@ def test_ids_reach_the_loss_aligned_through_openclip_train_one_epoch(accum_freq,
 ])
 def test_ids_out_of_range_stop_with_the_flag_to_set(bad, message):
     from clip_dcl.losses import create_loss
-    from clip_dcl.train.patch import SampleIdOutOfRange, _IdChannel, _LossWithIds
+    from clip_dcl.train.ids import SampleIdOutOfRange
+    from clip_dcl.train.steps import IdChannel, LossWithIds
 
-    channel = _IdChannel(_Loader([(torch.zeros(2, 4), torch.zeros(2, 4), torch.tensor([5, bad]))]), 1)
+    channel = IdChannel(_Loader([(torch.zeros(2, 4), torch.zeros(2, 4), torch.tensor([5, bad]))]), 1)
     list(channel)
     f = torch.nn.functional.normalize(torch.randn(2, 4), dim=-1)
     with pytest.raises(SampleIdOutOfRange, match=message):
-        _LossWithIds(create_loss("decl", rate="index", num_samples=10), channel, torch.device("cpu"))(
+        LossWithIds(create_loss("decl", rate="index", num_samples=10), channel, torch.device("cpu"))(
             f, f, torch.tensor(1.0), output_dict=True)
 
 
@@ -319,8 +322,8 @@ def test_flags_resolve_and_pass_openclip_flags_through(tmp_path):
                             "--no-decl-sample-u"])
     assert cfg.openclip_argv == ["--model", "clip-dcl-tiny", "--train-data", pattern, "--accum-freq", "2", "--seed", "7"]
     assert cfg.num_samples == 64  # sum of sizes.json
-    assert cfg.loss_kwargs == {"schedule": "harmonic", "lam": 5.0, "sample_u": False, "accum_freq": 2, "seed": 7,
-                               "num_samples": 64}
+    assert cfg.loss_kwargs == {"schedule": "harmonic", "lam": 5.0, "sample_u": False, "accum_freq": 2, "seed": 7}
+    assert cfg.loss_args["num_samples"] == 64  # resolved by the loss from the data
     assert cfg.loss_args["rate"] == "index" and cfg.loss_args["lam"] == 5.0  # completed with the loss's defaults
     from clip_dcl.models import tiny_config_path
 
@@ -348,14 +351,18 @@ def test_cli_dispatches_to_train(capsys):
     assert "--tau-plus" in capsys.readouterr().err
 
 
-# -- end to end through `python -m clip_dcl.train` ----------------------------------------------------
-def train(tmp_path, name, pattern, *flags, check=True, timeout=300):
-    cmd = [PY, "-m", "clip_dcl.train", "--model", "clip-dcl-tiny", "--train-data", pattern,
-           "--dataset-type", "webdataset", "--batch-size", "16", "--precision", "fp32", "--device", "cpu",
-           "--logs", str(tmp_path / "logs"), "--name", name, "--lr", "1e-3", "--lr-scheduler", "const",
-           "--warmup", "1", "--log-every-n-steps", "1", *flags]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": ""}
-    out = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
+# -- end to end: shards to checkpoint -------------------------------------------------------------------
+def train(tmp_path, name, pattern, *flags, check=True, timeout=300, cli=False):
+    """One run on ``pattern``'s shards: in this process, or through ``python -m clip_dcl.train`` with ``cli``."""
+    argv = ["--model", "clip-dcl-tiny", "--train-data", pattern, "--dataset-type", "webdataset", "--batch-size", "16",
+            "--precision", "fp32", "--device", "cpu", "--logs", str(tmp_path / "logs"), "--name", name, "--lr", "1e-3",
+            "--lr-scheduler", "const", "--warmup", "1", "--log-every-n-steps", "1", *flags]
+    if not cli:
+        out = train_in_process(argv)
+    else:
+        env = {**os.environ, "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": ""}
+        out = subprocess.run([PY, "-m", "clip_dcl.train", *argv], capture_output=True, text=True, timeout=timeout,
+                             env=env)
     if check:
         assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-5000:]
     return out
@@ -474,7 +481,7 @@ def test_corrupt_samples_are_logged_and_skipped_and_the_run_finishes(tmp_path):
 @pytest.mark.slow
 def test_sample_ids_beyond_the_buffer_stop_the_run_naming_the_flag(tmp_path):
     pattern = write_shards(tmp_path / "shards", gapped_keys())  # keys up to 315, sizes.json sums to 64
-    out = train(tmp_path, "small", pattern, "--epochs", "1", "--workers", "0", "--loss", "decl", check=False)
+    out = train(tmp_path, "small", pattern, "--epochs", "1", "--workers", "0", "--loss", "decl", check=False, cli=True)
     assert out.returncode == 1
     assert "--decl-num-samples" in out.stderr
     assert not (tmp_path / "logs" / "small" / "checkpoints" / "epoch_1.pt").exists()
@@ -484,13 +491,13 @@ def test_openclip_logging_setup_leaves_torch_loggers_alone():
     """OpenCLIP's setup_logging sets every logger to INFO: TorchDynamo would print statistics at exit."""
     import logging
 
-    from clip_dcl.train.patch import _setup_logging
+    from clip_dcl.train.upstream import setup_logging
 
     dynamo, other = logging.getLogger("torch._dynamo"), logging.getLogger("clip_dcl_test_user_logger")
     before = dynamo.level
     root_handlers = list(logging.root.handlers)
     try:
-        _setup_logging(None, logging.INFO)
+        setup_logging(None, logging.INFO)
         assert dynamo.level == before and other.level == logging.INFO
     finally:
         for h in logging.root.handlers[len(root_handlers):]:
@@ -501,23 +508,23 @@ def test_openclip_logging_setup_leaves_torch_loggers_alone():
 def test_batches_without_ids_name_the_rates_that_need_none():
     from clip_dcl.losses import create_loss
     from clip_dcl.train.ids import MissingSampleIds
-    from clip_dcl.train.patch import _IdChannel, _LossWithIds
+    from clip_dcl.train.steps import IdChannel, LossWithIds
 
     class TwoTuples(list):  # a data path whose batches are (images, texts) only
         num_batches, num_samples = 1, 2
 
-    channel = _IdChannel(TwoTuples([(torch.zeros(2, 4), torch.zeros(2, 4))]), 1)
+    channel = IdChannel(TwoTuples([(torch.zeros(2, 4), torch.zeros(2, 4))]), 1)
     list(channel)
     f = torch.nn.functional.normalize(torch.randn(2, 4), dim=-1)
     with pytest.raises(MissingSampleIds, match="--decl-rate queue / batch"):
-        _LossWithIds(create_loss("decl", rate="index", num_samples=10), channel, torch.device("cpu"))(f, f, torch.tensor(1.0))
+        LossWithIds(create_loss("decl", rate="index", num_samples=10), channel, torch.device("cpu"))(f, f, torch.tensor(1.0))
 
 
 def test_synthetic_and_csv_data_size_the_decl_buffer(tmp_path):
     from clip_dcl.train.flags import parse_train_args
 
     cfg = parse_train_args(["--loss", "decl", "--dataset-type", "synthetic", "--train-num-samples", "300"])
-    assert cfg.num_samples == 300 and cfg.loss_kwargs["num_samples"] == 300
+    assert cfg.num_samples == 300 and cfg.loss_args["num_samples"] == 300
     csv = tmp_path / "train.csv"
     csv.write_text("filepath\ttitle\n" + "".join(f"x{i}.png\tcaption {i}\n" for i in range(7)))
     cfg = parse_train_args(["--loss", "decl", "--train-data", str(csv)], check_files=False)
@@ -537,3 +544,87 @@ def test_docs_loss_flag_table_is_the_registrys():
     assert block == loss_flags_table(), ("regenerate the table in docs/training.md with "
                                          "clip_dcl.train.flags.loss_flags_table()")
     assert "| `--decl-sample-u` / `--no-decl-sample-u` | decl |" in block and block.count("| off |") >= 1
+
+
+# -- losses that take their arguments from the data ---------------------------------------------------
+def _train_in_process(tmp_path, name, *flags):
+    """One epoch of ``clip_dcl.train`` in this process on 16 synthetic samples (4 steps of 4)."""
+    from clip_dcl.models import TINY_MODEL
+
+    rc = main(["--dataset-type", "synthetic", "--train-num-samples", "16", "--batch-size", "4", "--epochs", "1",
+               "--workers", "0", "--model", TINY_MODEL, "--logs", str(tmp_path / "logs"), "--name", name,
+               "--report-to", "", "--seed", "0", "--warmup", "1", "--device", "cpu", *flags])
+    assert rc == 0
+    run = tmp_path / "logs" / name
+    params = dict(line.split(": ", 1) for line in (run / "params.txt").read_text().splitlines())
+    return params, torch.load(run / "checkpoints" / "epoch_1.pt", map_location="cpu", weights_only=True)
+
+
+def test_params_and_checkpoint_record_the_resolved_decl_arguments(tmp_path):
+    params, ckpt = _train_in_process(tmp_path, "cosine", "--loss", "decl", "--decl-gamma-schedule", "cosine",
+                                     "--decl-gamma-decay-epochs", "0.5")
+    recorded = ckpt["clip_dcl"]["loss_args"]
+    # 16 samples / batch 4 = 4 steps an epoch: gamma 1 through it, then a decay of half an epoch; one id per sample
+    assert (recorded["gamma_hold_steps"], recorded["gamma_decay_steps"], recorded["num_samples"]) == (4, 2, 16)
+    assert "gamma_decay_epochs" not in recorded  # turned into steps
+    assert params["loss_args"] == str(recorded)
+
+
+class DataSizedLoss(torch.nn.Module):
+    """A loss registered by a test: InfoNCE that counts each sample's visits in a buffer sized from the data."""
+
+    requires_sample_ids = True
+
+    @classmethod
+    def resolve_data_params(cls, kwargs, data):
+        # the steps are unknown while the flags are checked (before the data is loaded)
+        return {**kwargs, "num_samples": data.num_samples(), "epoch_steps": data.steps_per_epoch or 1}
+
+    def __init__(self, num_samples=None, epoch_steps=None, **dist_kwargs):
+        from clip_dcl.losses.clip import InfoNCEFromStats
+
+        super().__init__()
+        if num_samples is None or epoch_steps is None:
+            raise ValueError(f"num_samples={num_samples} and epoch_steps={epoch_steps} come from the data")
+        self.num_samples, self.epoch_steps = num_samples, epoch_steps
+        self.infonce = InfoNCEFromStats(**dist_kwargs)
+        self.register_buffer("visits", torch.zeros(num_samples, dtype=torch.long))
+
+    def forward(self, image_features, text_features, logit_scale, logit_bias=None, output_dict=False,
+                sample_ids=None):
+        if self.training:
+            self.visits.index_add_(0, sample_ids, torch.ones_like(sample_ids))
+        return self.infonce(image_features, text_features, logit_scale, logit_bias, output_dict=output_dict)
+
+
+@pytest.fixture
+def data_sized_loss():
+    from clip_dcl.losses import LOSSES, register_loss, unregister_loss
+
+    register_loss("data-sized")(DataSizedLoss)
+    try:
+        yield "data-sized"
+    finally:
+        unregister_loss("data-sized")
+    assert "data-sized" not in LOSSES
+
+
+def test_a_registered_loss_sizes_itself_from_the_data_with_no_trainer_change(tmp_path, data_sized_loss):
+    params, ckpt = _train_in_process(tmp_path, "toy", "--loss", data_sized_loss)
+    assert ckpt["clip_dcl"]["loss"] == data_sized_loss
+    assert ckpt["clip_dcl"]["loss_args"] == {"num_samples": 16, "epoch_steps": 4}  # resolved, not the check's 1
+    assert params["loss_args"] == str({"num_samples": 16, "epoch_steps": 4})
+    assert ckpt["loss_state"]["visits"].tolist() == [1] * 16  # the synthetic indices reached it, each once
+
+
+def test_a_second_run_in_the_same_process_writes_only_its_own_log(tmp_path):
+    """OpenCLIP adds a stderr and an ``out.log`` handler to the root logger on every run; each run
+    removes and closes its own, so the first run's log does not grow with the second's."""
+    before = list(logging.root.handlers)
+    first, _ = _train_in_process(tmp_path, "first", "--loss", "clip")
+    assert logging.root.handlers == before
+    size = (tmp_path / "logs" / "first" / "out.log").stat().st_size
+    _train_in_process(tmp_path, "second", "--loss", "clip")
+    assert logging.root.handlers == before
+    assert (tmp_path / "logs" / "first" / "out.log").stat().st_size == size
+    assert "Train Epoch:" in (tmp_path / "logs" / "second" / "out.log").read_text()

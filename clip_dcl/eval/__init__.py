@@ -9,8 +9,13 @@ Python API (each returns a flat ``dict[str, float]``)::
     metrics = evaluate_fewshot(model, preprocess, tokenizer, "elevater/", shots=5, seeds=(0, 1, 2))
 
 ``data``/``root`` may also be a ``torch.utils.data.Dataset`` or ``DataLoader`` (retrieval and
-zero-shot), and every function takes ``device=`` and ``precision=`` (``fp32``, ``amp_bf16``,
-``amp_fp16``). ``run_fewshot`` returns the few-shot report with per-seed records;
+zero-shot). How an evaluation runs (batch size, device, workers, progress, precision ``fp32``,
+``amp_bf16`` or ``amp_fp16``, strict) is one :class:`EvalOptions` passed as ``options=``, shared by
+every function; the same names as keywords override it::
+
+    opts = EvalOptions(device="cuda", precision="amp_bf16", batch_size=256)
+    metrics = evaluate_zeroshot(model, preprocess, tokenizer, "imagenet/val", options=opts)
+ ``run_fewshot`` returns the few-shot report with per-seed records;
 ``run_benchmark`` runs a CLIP_benchmark ``eval`` grid (:mod:`clip_dcl.eval.benchmark`).
 
 The metric math lives in :mod:`clip_dcl.eval.metrics` (tensors in, numbers out); encoding, the
@@ -23,7 +28,7 @@ from __future__ import annotations
 import importlib
 
 __all__ = ["evaluate_retrieval", "evaluate_zeroshot", "evaluate_fewshot", "run_fewshot", "retrieval_metrics",
-           "run_benchmark"]
+           "run_benchmark", "EvalOptions"]
 
 _EXPORTS = {
     "evaluate_retrieval": "retrieval",
@@ -32,6 +37,7 @@ _EXPORTS = {
     "run_fewshot": "fewshot",
     "retrieval_metrics": "metrics",
     "run_benchmark": "benchmark",
+    "EvalOptions": "encoding",
 }
 
 

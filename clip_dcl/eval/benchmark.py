@@ -228,7 +228,8 @@ def locate_dataset(dataset: str, template: str, split: str = "test") -> Path:
         raise ValueError(f"--dataset_root {root!r} is a remote location (a hub download); download the shards and "
                          "point --dataset_root at the local folder")
     if dataset.startswith("wds/"):
-        from ..data.evalsets import benchmark_layout_root, describe_folder
+        from ..data.evalsets.benchmark import benchmark_layout_root
+        from ..data.evalsets.files import describe_folder
 
         if not Path(root).exists():
             raise ValueError(f"data set {dataset!r}: --dataset_root {root!r} does not exist")
@@ -252,7 +253,7 @@ def resolve_task(task: str, dataset: str, root: Path, split: str = "test") -> st
         raise ValueError(f"--task {task}: {OTHER_TASKS[task]}")
     if task != "auto":
         return task
-    from ..data.evalsets import benchmark_layout_root
+    from ..data.evalsets.benchmark import benchmark_layout_root
 
     found = benchmark_layout_root(root, split)
     if found is not None:
@@ -368,7 +369,7 @@ def run_benchmark(
     with its result ``document`` (empty when skipped as existing)."""
     import torch
 
-    from .encoding import device_problem, resolve_device
+    from .encoding import EvalOptions, device_problem, resolve_device
     from .report import BENCHMARK_TASK_METRICS, write_json
 
     if batch_size < 1:
@@ -382,6 +383,8 @@ def run_benchmark(
     if problem:
         raise ValueError(f"--device {device!r}: {problem}")
     precision = benchmark_precision(amp, device)
+    options = EvalOptions(batch_size=batch_size, device=device, workers=num_workers, progress=verbose,
+                          precision=precision)
     runs = plan_runs(dataset, dataset_root, model, pretrained, pretrained_model, task, language, split, output)
     loaded_key, loaded = None, None
     for run in runs:
@@ -399,21 +402,19 @@ def run_benchmark(
             loaded_key = (run.model, run.pretrained)
         net, preprocess, tokenizer = loaded
         torch.manual_seed(seed)
-        common = dict(batch_size=batch_size, device=device, workers=num_workers, progress=verbose,
-                      precision=precision)
         extra = {}
         if run.task == "zeroshot_retrieval":
             from .retrieval import evaluate_retrieval
 
             metrics = evaluate_retrieval(net, preprocess, tokenizer, run.root if run.root.is_file() else
-                                         _split_folder(run.root, split), ks=tuple(recall_k), **common)
+                                         _split_folder(run.root, split), ks=tuple(recall_k), options=options)
         else:
             from .zeroshot import evaluate_zeroshot
 
             names = _custom(custom_classname_file, run.dataset, "classname")
             tmpls = _custom(custom_template_file, run.dataset, "template", ("imagenet1k",))
             metrics, info = evaluate_zeroshot(net, preprocess, tokenizer, run.root, classnames=names, templates=tmpls,
-                                              split=split, return_info=True, **common)
+                                              split=split, return_info=True, options=options)
             if dump_classnames:
                 extra["classnames"] = info["classnames"]
             if dump_templates:

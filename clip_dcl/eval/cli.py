@@ -23,7 +23,7 @@ import argparse
 import logging
 import sys
 
-from .encoding import PRECISIONS, device_problem, resolve_device
+from .encoding import PRECISIONS, EvalOptions, device_problem, resolve_device
 
 log = logging.getLogger(__name__)
 
@@ -193,11 +193,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"clip-dcl eval: --device {args.device!r}: {device_error}", file=sys.stderr)
         return 2
     progress = not args.no_progress
-    from ..data.evalsets import SkipCounter
+    from ..data.evalsets.skips import SkipCounter
 
     skips = SkipCounter(strict=args.strict)  # every evaluator counts into it: the JSON's "skipped"
-    common = dict(batch_size=args.batch_size, device=args.device, workers=args.workers, progress=progress,
-                  precision=args.precision, skips=skips)
+    common = dict(options=EvalOptions(batch_size=args.batch_size, device=args.device, workers=args.workers,
+                                      progress=progress, precision=args.precision, strict=args.strict), skips=skips)
     settings = {"batch_size": args.batch_size, "device": args.device, "workers": args.workers,
                 "precision": args.precision}
     details = None

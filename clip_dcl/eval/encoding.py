@@ -1,5 +1,6 @@
-"""Encoding shared by every evaluator: images and texts through the model, the zero-shot classifier,
-the precision they run at, and progress bars.
+"""Encoding shared by every evaluator: the options every evaluator takes (:class:`EvalOptions`),
+images and texts through the model, the zero-shot classifier, the precision they run at, and
+progress bars.
 
 Precision (``--precision``): ``fp32`` (our default: numbers do not depend on the device's mixed
 precision kernels), ``amp_bf16`` or ``amp_fp16`` (``torch.autocast`` with that dtype around the
@@ -12,6 +13,10 @@ Features always come back as float32 on the CPU, whatever the precision.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import difflib
+import numbers
+from dataclasses import dataclass
 from typing import Callable, Mapping, Sequence
 
 import torch
@@ -25,6 +30,74 @@ def check_precision(precision: str) -> str:
     if precision not in PRECISIONS:
         raise ValueError(f"precision must be one of {list(PRECISIONS)}, got {precision!r}")
     return precision
+
+
+@dataclass(frozen=True)
+class EvalOptions:
+    """How an evaluation runs, as opposed to what it measures: the settings every evaluator shares.
+
+    Every evaluator (``evaluate_retrieval``, ``evaluate_zeroshot``, ``evaluate_fewshot``,
+    ``run_fewshot``) and encoder of this package takes ``options=EvalOptions(...)``, and also the
+    same names as keywords, which override the object's fields (:meth:`from_kwargs`), so that calls
+    written with keywords alone keep working. Frozen, so that one object can be shared by several
+    evaluations without one changing it for the next.
+
+    Attributes:
+        batch_size: images per encoder batch (>= 1).
+        device: the torch device the model is on; inputs go there.
+        workers: data-loading worker processes (>= 0).
+        progress: show progress bars.
+        precision: ``fp32``, ``amp_bf16`` or ``amp_fp16`` for the encoders (see the module docstring).
+        strict: a sample that would be left out (an image that does not decode, a missing caption or
+            label) raises :class:`~clip_dcl.data.evalsets.SampleSkipped` naming it, instead of being
+            logged and counted. A ``skips`` counter passed to an evaluator applies its own ``strict``.
+
+    Raises:
+        ValueError: a batch size below 1, negative workers or an unknown precision, naming the value.
+
+    Example::
+
+        opts = EvalOptions(batch_size=256, device="cuda", precision="amp_bf16", progress=False)
+        evaluate_retrieval(model, preprocess, tokenizer, "data/val/", options=opts)
+        evaluate_zeroshot(model, preprocess, tokenizer, "imagenet/val", options=opts, batch_size=128)
+    """
+
+    batch_size: int = 64
+    device: str | torch.device = "cpu"
+    workers: int = 0
+    progress: bool = True
+    precision: str = "fp32"
+    strict: bool = False
+
+    def __post_init__(self):
+        def whole(value) -> bool:
+            return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+        if not whole(self.batch_size) or self.batch_size < 1:
+            raise ValueError(f"batch_size must be an integer >= 1, got {self.batch_size!r}")
+        if not whole(self.workers) or self.workers < 0:
+            raise ValueError(f"workers must be an integer >= 0, got {self.workers!r}")
+        check_precision(self.precision)
+
+    @classmethod
+    def from_kwargs(cls, options: "EvalOptions | None" = None, /, **kwargs) -> "EvalOptions":
+        """``options`` (default: ``EvalOptions()``) with the fields named in ``kwargs`` replaced.
+
+        Raises:
+            TypeError: ``options`` is not an :class:`EvalOptions` (e.g. a batch size passed where the
+                options go), or a keyword is not one of its fields, naming it.
+        """
+        if options is None:
+            options = cls()
+        elif not isinstance(options, cls):
+            raise TypeError(f"options must be an EvalOptions or None, got {type(options).__name__} {options!r}")
+        fields = [f.name for f in dataclasses.fields(cls)]
+        unknown = [k for k in kwargs if k not in fields]
+        if unknown:
+            hints = "".join(f" ({k!r}: did you mean {m[0]!r}?)" for k in unknown
+                            for m in [difflib.get_close_matches(k, fields, n=1)] if m)
+            raise TypeError(f"unexpected keyword argument(s) {unknown}{hints}; the evaluation options are {fields}")
+        return dataclasses.replace(options, **kwargs) if kwargs else options
 
 
 def autocast(device: str | torch.device, precision: str):
@@ -64,7 +137,7 @@ def progress_bar(iterable, desc: str, total: int | None, enabled: bool):
 def _collate_indexed(batch):
     """``(images or None, indices, skips)`` of a batch of ``(image, index)`` items, some of which may
     carry a skip (``clip_dcl.data.evalsets.Skip``) in place of the image."""
-    from ..data.evalsets import Skip
+    from ..data.evalsets.skips import Skip
 
     good = [(img, i) for img, i in batch if not isinstance(img, Skip)]
     skips = [img for img, _ in batch if isinstance(img, Skip)]
@@ -75,20 +148,12 @@ def _collate_indexed(batch):
 
 
 @torch.no_grad()
-def encode_images(
-    model,
-    dataset,
-    batch_size: int = 64,
-    device: str | torch.device = "cpu",
-    workers: int = 0,
-    normalize: bool = True,
-    progress: bool = True,
-    desc: str = "images",
-    precision: str = "fp32",
-    skips=None,
-):
+def encode_images(model, dataset, *, options: EvalOptions | None = None, normalize: bool = True,
+                  desc: str = "images", skips=None, **kwargs):
     """``model.encode_image`` over a map-style dataset of ``(image_tensor, index)``; (N, D) float32 on CPU.
 
+    ``options`` (and keywords of the same names, :meth:`EvalOptions.from_kwargs`): batch size,
+    device, workers, progress and precision; ``strict`` is the ``skips`` counter's business.
     Rows come back in dataset order whatever the worker interleaving (each item carries its index).
     With ``skips`` (a ``clip_dcl.data.evalsets.SkipCounter``), items whose image is a ``Skip`` (an
     ``ImageListDataset`` with ``markers``) are recorded there and left out, and the result is
@@ -96,14 +161,16 @@ def encode_images(
     """
     from torch.utils.data import DataLoader
 
+    options = EvalOptions.from_kwargs(options, **kwargs)
+    device, precision = options.device, options.precision
     n = len(dataset)
     marked = skips is not None
-    loader = DataLoader(dataset, batch_size=batch_size, shuffle=False, num_workers=workers,
+    loader = DataLoader(dataset, batch_size=options.batch_size, shuffle=False, num_workers=options.workers,
                         pin_memory=torch.device(device).type == "cuda", collate_fn=_collate_indexed if marked else None)
     out = None
     done = torch.zeros(n, dtype=torch.bool)
     model.eval()
-    for batch in progress_bar(loader, f"encoding {desc}", len(loader), progress):
+    for batch in progress_bar(loader, f"encoding {desc}", len(loader), options.progress):
         images, idx = batch[0], batch[1]
         for skip in (batch[2] if marked else ()):
             skips.record(skip)
@@ -125,13 +192,18 @@ def encode_images(
 
 
 @torch.no_grad()
-def encode_texts(model, tokenizer, texts: Sequence[str], batch_size: int = 256,
-                 device: str | torch.device = "cpu", normalize: bool = True, progress: bool = True,
-                 desc: str = "texts", precision: str = "fp32") -> torch.Tensor:
-    """``model.encode_text(tokenizer(texts))`` in batches; (T, D) float32 on CPU."""
+def encode_texts(model, tokenizer, texts: Sequence[str], *, options: EvalOptions | None = None,
+                 batch_size: int = 256, normalize: bool = True, desc: str = "texts", **kwargs) -> torch.Tensor:
+    """``model.encode_text(tokenizer(texts))`` in batches; (T, D) float32 on CPU.
+
+    ``batch_size`` counts texts (the options' ``batch_size`` counts images and is not used here);
+    ``options`` and keywords of its names give the device, progress and precision.
+    """
+    options = EvalOptions.from_kwargs(options, **kwargs)
+    device, precision = options.device, options.precision
     out = []
     steps = range(0, len(texts), batch_size)
-    for s in progress_bar(steps, f"encoding {desc}", len(steps), progress):
+    for s in progress_bar(steps, f"encoding {desc}", len(steps), options.progress):
         tokens = tokenizer(list(texts[s:s + batch_size])).to(device)
         with autocast(device, precision):
             feats = model.encode_text(tokens, normalize=normalize)
@@ -180,18 +252,23 @@ def normalize_templates(templates) -> list | dict:
     return out
 
 
-def zeroshot_classifier(model, tokenizer, classnames: Sequence[str], templates,
-                        device: str | torch.device = "cpu", progress: bool = False,
-                        precision: str = "fp32") -> torch.Tensor:
+def zeroshot_classifier(model, tokenizer, classnames: Sequence[str], templates, *,
+                        options: EvalOptions | None = None, **kwargs) -> torch.Tensor:
     """(D, C) zero-shot weights (float32, CPU): column c is the re-normalised mean of the
     normalised embeddings of class c's prompts.
 
     Shared templates go through ``open_clip.build_zero_shot_classifier``. Per-class prompts
     (CuPL, a dict ``name -> [prompts]``) go through it one class at a time, each prompt as a
     constant template; a class missing from the dict raises ``ValueError`` naming it.
+    ``options`` and keywords of its names give the device, precision and progress (a bar over the
+    prompts; off unless asked for, when no options are given).
     """
     from open_clip import build_zero_shot_classifier
 
+    if options is None:
+        kwargs.setdefault("progress", False)
+    options = EvalOptions.from_kwargs(options, **kwargs)
+    device, precision, progress = options.device, options.precision, options.progress
     templates = normalize_templates(templates)
     model.eval()
     with autocast(device, precision):

@@ -38,9 +38,10 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from ..data.evalsets import (FEWSHOT_LAYOUTS, FewShotData, ImageListDataset, SkipCounter, list_fewshot_datasets,
-                              read_fewshot_dataset)
-from .encoding import check_precision, encode_images, zeroshot_classifier
+from ..data.evalsets.fewshot import FEWSHOT_LAYOUTS, FewShotData, list_fewshot_datasets, read_fewshot_dataset
+from ..data.evalsets.files import ImageListDataset
+from ..data.evalsets.skips import SkipCounter
+from .encoding import EvalOptions, encode_images, zeroshot_classifier
 from .kshot import VAL_SPLIT, sample_few_shot, shot_plan
 from .metrics import ELEVATER_METRICS, elevater_scores
 from .probe import BATCH_SIZE, GRIDS, ProbeResult, SweepGrid, default_head_init, labels_to_targets, linear_probe
@@ -204,20 +205,17 @@ def run_fewshot(
     grid: str | SweepGrid = "full",
     epoch_selection: str = "last",
     text_init: bool = True,
-    batch_size: int = 64,
-    device: str | torch.device = "cpu",
-    workers: int = 0,
-    progress: bool = True,
-    precision: str = "fp32",
-    strict: bool = False,
+    *,
+    options: EvalOptions | None = None,
     skips: SkipCounter | None = None,
+    **kwargs,
 ) -> FewShotReport:
     """The probe with everything it measured (:class:`FewShotReport`); arguments as :func:`evaluate_fewshot`.
 
     An image that does not decode is logged and counted (``report.skipped``, per data set in
     ``report.datasets[name]["skipped"]``) and left out: a test image from the scores, a train image
-    from the k-shot draws it was in (which then have one shot fewer for its class). ``strict``: it
-    raises :class:`~clip_dcl.data.evalsets.SampleSkipped` naming it instead. ``skips``: a
+    from the k-shot draws it was in (which then have one shot fewer for its class). ``strict`` (an
+    option): it raises :class:`~clip_dcl.data.evalsets.SampleSkipped` naming it instead. ``skips``: a
     :class:`~clip_dcl.data.evalsets.SkipCounter` to count into (its own ``strict`` applies).
     """
     if epoch_selection not in EPOCH_SELECTIONS:
@@ -226,7 +224,7 @@ def run_fewshot(
         if grid not in GRIDS:
             raise ValueError(f"grid must be one of {list(GRIDS)}, got {grid!r}")
         grid = GRIDS[grid]
-    check_precision(precision)
+    options = EvalOptions.from_kwargs(options, **kwargs)
     seeds = [int(s) for s in seeds]
     if not seeds:
         raise ValueError("seeds must not be empty")
@@ -253,7 +251,7 @@ def run_fewshot(
 
     probes: list[ProbeResult] = []
     zeroshot: dict[str, float] = {}
-    skips = SkipCounter(strict) if skips is None else skips
+    skips = SkipCounter(options.strict) if skips is None else skips
     per_set_skips: dict[str, dict] = {}
     t0 = time.time()
     for name in names:
@@ -264,8 +262,7 @@ def run_fewshot(
         subsets = {s: sample_few_shot(train_labels, c, draw, s) for s in seeds}
         needed = sorted(set().union(*subsets.values()))
         transform = preprocess if spec["center_crop"] else _square_transform(model, preprocess)
-        enc = dict(batch_size=batch_size, device=device, workers=workers, normalize=False, progress=progress,
-                   precision=precision, skips=skips)
+        enc = dict(options=options, normalize=False, skips=skips)
         where = f"{name} ({d.folder})"
         x_train, kept_train = encode_images(
             model, ImageListDataset([d.train[i][0] for i in needed], d.source, transform, markers=True, where=where),
@@ -275,8 +272,8 @@ def run_fewshot(
             model, ImageListDataset([r for r, _ in d.test], d.source, transform, markers=True, where=where),
             desc=f"{name} test", **enc)
         t_test = labels_to_targets([d.test[i][1] for i in kept_test.tolist()], c, multilabel)
-        text_w = zeroshot_classifier(model, tokenizer, d.classnames, d.templates, device=device,
-                                     precision=precision)  # (D, C)
+        text_w = zeroshot_classifier(model, tokenizer, d.classnames, d.templates, options=options,
+                                     progress=False)  # (D, C)
         zeroshot[name] = float(elevater_scores(metric, 100.0 * F.normalize(x_test, dim=-1) @ text_w, t_test))
         if text_init:
             init_w, init_b = text_w.T.contiguous(), torch.zeros(c)
@@ -308,7 +305,7 @@ def run_fewshot(
                 "grid": grid.name, "learning_rates": list(grid.lrs), "sweep_epochs": grid.epochs,
                 "final_epochs": grid.final_epochs, "refinement_spans": list(grid.spans),
                 "trains_unstable_pairs": grid.exact, "epoch_selection": epoch_selection, "text_init": text_init,
-                "val_split": VAL_SPLIT, "batch_size_head": BATCH_SIZE, "precision": precision,
+                "val_split": VAL_SPLIT, "batch_size_head": BATCH_SIZE, "precision": options.precision,
                 "seconds": round(time.time() - t0, 1)}
     per_set = {n: dict(specs[n], num_train=len(data[n].train), num_test=len(data[n].test),
                        classnames=data[n].classnames_source, templates=template_sources[n],
@@ -327,17 +324,15 @@ def evaluate_fewshot(
     grid: str | SweepGrid = "full",
     epoch_selection: str = "last",
     text_init: bool = True,
-    batch_size: int = 64,
-    device: str | torch.device = "cpu",
-    workers: int = 0,
-    progress: bool = True,
-    precision: str = "fp32",
-    strict: bool = False,
+    *,
+    options: EvalOptions | None = None,
+    **kwargs,
 ) -> dict[str, float]:
     """ELEVATER k-shot linear probe of ``model`` on the data sets under ``root``.
 
     Args:
-        model, preprocess, tokenizer: an OpenCLIP model on ``device``, its eval transform, tokenizer.
+        model, preprocess, tokenizer: an OpenCLIP model on the options' ``device``, its eval
+            transform, tokenizer.
         root: the ELEVATER toolkit's data root as downloaded (holding ``classification/``), or one
             folder per data set (iris index files, COCO json or train/test ImageFolder trees;
             :mod:`clip_dcl.data.evalsets`), plus an optional ``catalog.json`` for sets not in the
@@ -350,8 +345,10 @@ def evaluate_fewshot(
         epoch_selection: ``"last"`` (final-run last epoch) or ``"toolkit"`` (best test epoch, what
             the toolkit reports).
         text_init: initialise the head from the zero-shot text classifier (bias 0).
-        precision: ``fp32``, ``amp_bf16`` or ``amp_fp16`` for the encoders.
-        strict: an image that does not decode raises (naming it) instead of being left out and counted.
+        options: an :class:`~clip_dcl.eval.encoding.EvalOptions`: batch size, device, workers,
+            progress, precision (``fp32``, ``amp_bf16`` or ``amp_fp16`` for the encoders) and
+            ``strict`` (an image that does not decode raises, naming it, instead of being left out
+            and counted). Keywords of the same names override it.
 
     Returns:
         Flat metrics: per data set ``{ds}/linear_probe`` (mean over seeds, selected epoch),
@@ -360,5 +357,4 @@ def evaluate_fewshot(
         :func:`run_fewshot` also returns the per-seed records and settings.
     """
     return run_fewshot(model, preprocess, tokenizer, root, datasets=datasets, shots=shots, seeds=seeds, grid=grid,
-                       epoch_selection=epoch_selection, text_init=text_init, batch_size=batch_size, device=device,
-                       workers=workers, progress=progress, precision=precision, strict=strict).metrics
+                       epoch_selection=epoch_selection, text_init=text_init, options=options, **kwargs).metrics

@@ -135,7 +135,7 @@ def benchmark_dataset_name(data) -> str:
     """CLIP_benchmark's ``--dataset`` name for ``data``: ``wds/<name>`` for its webdataset layout,
     where a folder ``wds_<name>`` (how its shards are published) is ``wds/<name>``; else the data's
     file or folder name."""
-    from ..data.evalsets import benchmark_layout_root
+    from ..data.evalsets.benchmark import benchmark_layout_root
 
     if isinstance(data, (str, os.PathLike)):
         found = benchmark_layout_root(data)

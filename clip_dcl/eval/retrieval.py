@@ -18,9 +18,11 @@ from typing import Callable, Sequence
 
 import torch
 
-from ..data.evalsets import (ImageListDataset, Skip, SkipCounter, expand_shards, read_retrieval_csv, retrieval_wds,
-                              split_captions)
-from .encoding import autocast, check_precision, encode_images, encode_texts, labelled_batches, progress_bar
+from ..data.evalsets.files import ImageListDataset
+from ..data.evalsets.retrieval import expand_shards, read_retrieval_csv, retrieval_wds
+from ..data.evalsets.samples import split_captions
+from ..data.evalsets.skips import Skip, SkipCounter
+from .encoding import EvalOptions, autocast, encode_images, encode_texts, labelled_batches, progress_bar
 from .metrics import retrieval_metrics
 
 log = logging.getLogger(__name__)
@@ -57,17 +59,18 @@ def _caption_list(caps, where: str) -> list[str]:
 
 
 @torch.no_grad()
-def _encode_batches(model, batches, device, progress, precision, what: str, skips: SkipCounter):
+def _encode_batches(model, batches, options: EvalOptions, what: str, skips: SkipCounter):
     """(image features, captions per image) over batches of (images, captions of each image[, skips])."""
     feats, captions = [], []
+    device = options.device
     model.eval()
-    for batch in progress_bar(batches, "encoding retrieval images", None, progress):
+    for batch in progress_bar(batches, "encoding retrieval images", None, options.progress):
         images, caps = batch[0], batch[1]
         for skip in (batch[2] if len(batch) > 2 else ()):
             skips.record(skip)
         if images is None:
             continue
-        with autocast(device, precision):
+        with autocast(device, options.precision):
             f = model.encode_image(images.to(device), normalize=True)
         feats.append(f.float().cpu())
         captions.extend(_caption_list(c, what) for c in caps)
@@ -81,22 +84,21 @@ def embed_retrieval_data(
     preprocess: Callable,
     tokenizer: Callable,
     data,
-    batch_size: int = 64,
-    device: str | torch.device = "cpu",
-    workers: int = 0,
-    progress: bool = True,
+    *,
+    options: EvalOptions | None = None,
     csv_img_key: str | None = None,
     csv_caption_key: str | None = None,
     csv_separator: str | None = None,
-    precision: str = "fp32",
     skips: SkipCounter | None = None,
+    **kwargs,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """``(image_features (I, D), text_features (T, D), text_to_image (T,))``, L2-normalised, on CPU.
 
     ``data`` is a CSV/TSV path, a folder of ``.tar`` shards (or a data set in CLIP_benchmark's
     layout), a shard pattern (``val-{000000..000003}.tar``, ``::``-joined patterns), a list of
     shard paths, or a ``Dataset`` / ``DataLoader`` whose items are (image tensor, captions):
-    captions a list of strings, or one string with a caption per line.
+    captions a list of strings, or one string with a caption per line. ``options``
+    (:class:`~clip_dcl.eval.encoding.EvalOptions`) and keywords of its names say how to encode.
 
     Samples that cannot be used (see :func:`clip_dcl.data.evalsets.retrieval_wds`; a CSV's images
     that do not decode) are logged and counted by cause in ``skips``, which raises at the first one
@@ -104,28 +106,25 @@ def embed_retrieval_data(
     """
     from torch.utils.data import DataLoader, Dataset
 
-    check_precision(precision)
-    skips = SkipCounter() if skips is None else skips
+    options = EvalOptions.from_kwargs(options, **kwargs)
+    skips = SkipCounter(options.strict) if skips is None else skips
     if isinstance(data, (Dataset, DataLoader)):
-        batches = labelled_batches(data, batch_size, workers, collate=_collate)
-        image_features, captions = _encode_batches(model, batches, device, progress, precision, "the dataset",
-                                                   skips)
+        batches = labelled_batches(data, options.batch_size, options.workers, collate=_collate)
+        image_features, captions = _encode_batches(model, batches, options, "the dataset", skips)
     elif is_csv(data):
         table = read_retrieval_csv(data, csv_img_key, csv_caption_key, csv_separator)
         dataset = ImageListDataset(table.images, table.source, preprocess, markers=True, where=str(data))
-        image_features, kept = encode_images(model, dataset, batch_size, device, workers, progress=progress,
-                                             desc="retrieval images", precision=precision, skips=skips)
+        image_features, kept = encode_images(model, dataset, options=options, desc="retrieval images", skips=skips)
         captions = [table.captions[i] for i in kept.tolist()]
     else:
         shards = expand_shards(data)
-        loader = DataLoader(retrieval_wds(shards, preprocess, markers=True), batch_size=batch_size,
-                            num_workers=workers, collate_fn=_collate)
-        image_features, captions = _encode_batches(model, loader, device, progress, precision,
-                                                   f"the shards {list(shards)[:3]}", skips)
+        loader = DataLoader(retrieval_wds(shards, preprocess, markers=True), batch_size=options.batch_size,
+                            num_workers=options.workers, collate_fn=_collate)
+        image_features, captions = _encode_batches(model, loader, options, f"the shards {list(shards)[:3]}", skips)
     text_to_image = torch.tensor([i for i, caps in enumerate(captions) for _ in caps], dtype=torch.long)
     texts = [c for caps in captions for c in caps]
-    text_features = encode_texts(model, tokenizer, texts, batch_size=max(batch_size, 256), device=device,
-                                 progress=progress, desc="retrieval captions", precision=precision)
+    text_features = encode_texts(model, tokenizer, texts, options=options, batch_size=max(options.batch_size, 256),
+                                 desc="retrieval captions")
     return image_features, text_features, text_to_image
 
 
@@ -134,41 +133,41 @@ def evaluate_retrieval(
     preprocess: Callable,
     tokenizer: Callable,
     data,
-    batch_size: int = 64,
-    device: str | torch.device = "cpu",
-    workers: int = 0,
+    *,
+    options: EvalOptions | None = None,
     ks: Sequence[int] = (1, 5, 10),
     chunk_size: int = 1024,
-    progress: bool = True,
     csv_img_key: str | None = None,
     csv_caption_key: str | None = None,
     csv_separator: str | None = None,
     return_info: bool = False,
-    precision: str = "fp32",
-    strict: bool = False,
     skips: SkipCounter | None = None,
+    **kwargs,
 ):
     """Retrieval metrics of ``model`` on ``data`` (see :func:`embed_retrieval_data` for the forms).
 
-    ``ks``: the k of recall@k (each >= 1); ``precision``: ``fp32`` (default), ``amp_bf16`` or
-    ``amp_fp16`` for the encoders (``torch.autocast``).
+    ``options``: an :class:`~clip_dcl.eval.encoding.EvalOptions` (batch size, device, workers,
+    progress, precision: ``fp32`` by default, ``amp_bf16`` or ``amp_fp16`` for the encoders, strict);
+    keywords of the same names override it. ``ks``: the k of recall@k (each >= 1).
 
     Returns the flat dict of :func:`clip_dcl.eval.metrics.retrieval_metrics`
     (``image_to_text_R@k``, ``text_to_image_R@k``, ``*_mean_rank``, ``*_median_rank``,
     ``text_retrieval_recall@k``, ``image_retrieval_recall@k``), and with ``return_info`` also
     ``{"num_images", "num_texts", "skipped"}``: ``skipped`` counts the samples left out by cause
-    (empty when none). ``strict``: a sample that would be skipped raises
+    (empty when none). ``strict`` (an option): a sample that would be skipped raises
     :class:`~clip_dcl.data.evalsets.SampleSkipped` (a ``ValueError``) naming it. ``skips``: a
     :class:`~clip_dcl.data.evalsets.SkipCounter` to count into (its own ``strict`` applies).
     """
     ks = [int(k) for k in ks]
     if not ks or min(ks) < 1:
         raise ValueError(f"recall@k needs k >= 1, got {ks}")
-    skips = SkipCounter(strict) if skips is None else skips
-    img, txt, t2i = embed_retrieval_data(model, preprocess, tokenizer, data, batch_size, device, workers,
-                                         progress, csv_img_key, csv_caption_key, csv_separator, precision, skips)
+    options = EvalOptions.from_kwargs(options, **kwargs)
+    skips = SkipCounter(options.strict) if skips is None else skips
+    img, txt, t2i = embed_retrieval_data(model, preprocess, tokenizer, data, options=options, csv_img_key=csv_img_key,
+                                         csv_caption_key=csv_caption_key, csv_separator=csv_separator, skips=skips)
     log.info("retrieval: %d images, %d captions; %s", img.shape[0], txt.shape[0], skips.summary())
     # Ranking runs where the model runs: on a GPU the chunked matmuls are the whole cost.
+    device = options.device
     metrics = retrieval_metrics(img.to(device), txt.to(device), t2i.to(device), ks=ks, chunk_size=chunk_size)
     if return_info:
         return metrics, {"num_images": int(img.shape[0]), "num_texts": int(txt.shape[0]), "skipped": skips.as_dict()}

@@ -28,24 +28,13 @@ from typing import Callable, Sequence
 
 import torch
 
-from ..data.evalsets import (
-    ImageListDataset,
-    ImageSource,
-    Skip,
-    SkipCounter,
-    benchmark_layout_root,
-    classification_wds,
-    describe_folder,
-    imagenet_classnames_for,
-    is_imagenet_synsets,
-    read_benchmark_shards,
-    read_classnames,
-    read_templates,
-    scan_image_folder,
-)
+from ..data.evalsets.benchmark import benchmark_layout_root, classification_wds, read_benchmark_shards
+from ..data.evalsets.files import ImageListDataset, ImageSource, describe_folder, read_classnames, read_templates
+from ..data.evalsets.folders import imagenet_classnames_for, is_imagenet_synsets, scan_image_folder
+from ..data.evalsets.skips import Skip, SkipCounter
 from .encoding import (
+    EvalOptions,
     autocast,
-    check_precision,
     encode_images,
     labelled_batches,
     normalize_templates,
@@ -127,14 +116,17 @@ def _collate_labelled(batch):
 
 
 @torch.no_grad()
-def encode_labelled(model, batches, device, precision: str = "fp32", progress: bool = True,
-                    desc: str = "zero-shot images", skips: SkipCounter | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+def encode_labelled(model, batches, *, options: EvalOptions | None = None, desc: str = "zero-shot images",
+                    skips: SkipCounter | None = None, **kwargs) -> tuple[torch.Tensor, torch.Tensor]:
     """``(normalised image features (N, D), labels (N,) or (N, C))`` over batches of (images, labels[,
-    skips]); the skips are recorded in ``skips``."""
+    skips]); the skips are recorded in ``skips``. ``options`` and keywords of its names give the
+    device, precision and progress (the batches are already made)."""
+    options = EvalOptions.from_kwargs(options, **kwargs)
+    device = options.device
     feats, labels = [], []
-    skips = SkipCounter() if skips is None else skips
+    skips = SkipCounter(options.strict) if skips is None else skips
     model.eval()
-    for batch in progress_bar(batches, f"encoding {desc}", None, progress):
+    for batch in progress_bar(batches, f"encoding {desc}", None, options.progress):
         if not isinstance(batch, (list, tuple)) or len(batch) < 2:
             raise ValueError(f"zero-shot data must yield (images, labels) batches, got {type(batch).__name__}")
         images, y = batch[0], batch[1]
@@ -142,7 +134,7 @@ def encode_labelled(model, batches, device, precision: str = "fp32", progress: b
             skips.record(skip)
         if images is None:
             continue
-        with autocast(device, precision):
+        with autocast(device, options.precision):
             f = model.encode_image(images.to(device), normalize=True)
         feats.append(f.float().cpu())
         labels.append(torch.as_tensor(y).cpu())
@@ -166,21 +158,18 @@ def evaluate_zeroshot(
     root,
     classnames: Sequence[str] | str | os.PathLike | None = None,
     templates=None,
-    batch_size: int = 64,
-    device: str | torch.device = "cpu",
-    workers: int = 0,
-    progress: bool = True,
+    *,
+    options: EvalOptions | None = None,
     return_info: bool = False,
-    precision: str = "fp32",
     split: str = "test",
     multilabel: bool | None = None,
-    strict: bool = False,
     skips: SkipCounter | None = None,
+    **kwargs,
 ):
     """Zero-shot classification metrics of ``model`` on ``root``.
 
     Args:
-        model: an OpenCLIP model (``encode_image``/``encode_text``), already on ``device``.
+        model: an OpenCLIP model (``encode_image``/``encode_text``), already on the options' ``device``.
         preprocess: the model's eval transform (PIL image -> tensor); unused for a Dataset/DataLoader.
         tokenizer: the model's tokenizer (list of str -> token tensor).
         root: an ImageFolder tree (``root/<class folder>/<images>``; folders sorted give the label
@@ -190,13 +179,15 @@ def evaluate_zeroshot(
         classnames: names, or a file of names; see the module docstring for the defaults.
         templates: prompt strings with ``{c}``, callables, a CuPL dict ``name -> [prompts]``, or a
             file (text, one a line; or JSON); defaults as above.
-        precision: ``fp32`` (default), ``amp_bf16`` or ``amp_fp16`` (``torch.autocast``).
+        options: an :class:`~clip_dcl.eval.encoding.EvalOptions`: batch size, device, workers,
+            progress, precision (``fp32`` by default, ``amp_bf16`` or ``amp_fp16``: ``torch.autocast``)
+            and ``strict`` (a sample that would be skipped: no image or label, one that does not
+            decode, the rest of a shard that ends early, raises
+            :class:`~clip_dcl.data.evalsets.SampleSkipped` naming it; otherwise it is logged and
+            counted by cause). Keywords of the same names override it.
         split: the split folder of CLIP_benchmark's layout (default ``test``).
         multilabel: force multi-label scoring (default: CLIP_benchmark's ``dataset_type.txt``, or
             labels that are multi-hot vectors).
-        strict: a sample that would be skipped (no image or label, one that does not decode, the
-            rest of a shard that ends early) raises :class:`~clip_dcl.data.evalsets.SampleSkipped`
-            naming it; otherwise it is logged and counted by cause.
         skips: a :class:`~clip_dcl.data.evalsets.SkipCounter` to count into (its own ``strict`` applies).
         return_info: also return ``{"num_images", "num_classes", "layout", "classnames_source",
             "templates_source", "num_templates", "classnames", "templates", "skipped"}`` (the class
@@ -209,8 +200,9 @@ def evaluate_zeroshot(
     """
     from torch.utils.data import DataLoader, Dataset
 
-    check_precision(precision)
-    skips = SkipCounter(strict) if skips is None else skips
+    options = EvalOptions.from_kwargs(options, **kwargs)
+    batch_size, workers = options.batch_size, options.workers
+    skips = SkipCounter(options.strict) if skips is None else skips
     if isinstance(root, (Dataset, DataLoader)):
         layout = "dataset"
         own = classnames if classnames is not None else _dataset_attr(root, "classes")
@@ -251,16 +243,14 @@ def evaluate_zeroshot(
                          f"{ZEROSHOT_LAYOUTS[1]}; found {describe_folder(root)}")
     log.info("zero-shot: %d classes (names: %s), %d templates (%s)", len(names), names_source,
              len(tmpls), tmpl_source)
-    classifier = zeroshot_classifier(model, tokenizer, names, tmpls, device=device, progress=progress,
-                                     precision=precision)
+    classifier = zeroshot_classifier(model, tokenizer, names, tmpls, options=options)
     if batches is None:
         dataset = ImageListDataset([p for p, _ in samples], ImageSource("/"), preprocess, markers=True,
                                    where=str(root))
-        feats, kept = encode_images(model, dataset, batch_size=batch_size, device=device, workers=workers,
-                                    progress=progress, desc="zero-shot images", precision=precision, skips=skips)
+        feats, kept = encode_images(model, dataset, options=options, desc="zero-shot images", skips=skips)
         labels = torch.tensor([y for _, y in samples])[kept]
     else:
-        feats, labels = encode_labelled(model, batches, device, precision, progress, skips=skips)
+        feats, labels = encode_labelled(model, batches, options=options, skips=skips)
     log.info("zero-shot: %d images; %s", feats.shape[0], skips.summary())
     if multilabel and labels.ndim != 2:
         raise ValueError(f"multi-label scoring needs multi-hot labels (N, C), got shape {tuple(labels.shape)}")

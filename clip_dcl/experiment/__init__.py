@@ -15,7 +15,7 @@ from the data's sizes (not measured). The report is a Markdown table, a JSON doc
 raw numbers and settings, and a PNG with the training curves and the scores
 (:func:`write_report`). The benchmarks in ``benchmarks/`` reuse the same pieces with more seeds.
 
-The pieces, all importable from here:
+The pieces (their main names also importable from here):
 
 * :mod:`~clip_dcl.experiment.runner` runs trainings as a user would: the command line
   (:func:`train_command`), the child process under a machine-wide lock (:func:`train`,
@@ -24,20 +24,30 @@ The pieces, all importable from here:
 * :mod:`~clip_dcl.experiment.scoring` evaluates and compares: :func:`evaluate`,
   :func:`train_and_evaluate` (with its cache), :func:`chance_levels`, :func:`headline_metrics`;
 * :mod:`~clip_dcl.experiment.reporting` writes tables, JSON and plots (:func:`write_report`,
-  :func:`comparison_table`, :func:`plot`, :func:`save_figure`) and names the machine
-  (:func:`machine_info`).
+  :func:`comparison_table`, :func:`plot`) and the opening lines of a report (:func:`machine_info`,
+  :func:`command_line`, :func:`run_status`, :func:`about_lines`);
+* :mod:`~clip_dcl.experiment.stats`: mean and spread over seeds, paired differences and wins;
+* :mod:`~clip_dcl.experiment.figures`: matplotlib without a display, :func:`save_figure`;
+* :mod:`~clip_dcl.experiment.budgets`: the demo's budgets, which the quality benchmark shares;
+* :mod:`~clip_dcl.experiment.commands`: a loss's full flags from the loss registry;
+* :mod:`~clip_dcl.experiment.arguments`: the benchmarks' command-line checks;
+* :mod:`~clip_dcl.experiment.torchrun`: a benchmark that launches itself on several gloo ranks.
+
+Tests that replace a piece (a stand-in for :func:`train`) patch the module that owns it
+(``clip_dcl.experiment.runner.train``), which is where the other pieces look it up.
 """
 from __future__ import annotations
 
-from .reporting import _cell, comparison_table, machine_info, plot, save_figure, write_report
+from .budgets import DEMO_BUDGET, DEMO_CLASSES, QUICK_BUDGET
+from .commands import loss_defaults, loss_flags
+from .figures import save_figure
+from .reporting import about_lines, command_line, comparison_table, machine_info, plot, run_status, write_report
 from .runner import (
-    _PROGRESS,
     DEFAULT_MODEL,
     Budget,
     Run,
     StepTime,
     TrainResult,
-    _stream,
     default_runs,
     machine_lock,
     parse_step_times,
@@ -47,11 +57,25 @@ from .runner import (
     train,
     train_command,
 )
-from .scoring import EVALUATOR, Outcome, _any_hit_chance, chance_levels, evaluate, headline_metrics, train_and_evaluate
+from .scoring import (
+    EVALUATOR,
+    MEAN_R1,
+    Outcome,
+    chance_levels,
+    evaluate,
+    headline_metrics,
+    train_and_evaluate,
+    with_mean_r1,
+)
+from .stats import format_mean_std, mean_std, paired_differences, summarize, wins
 
 __all__ = [
     "DEFAULT_MODEL", "Run", "Budget", "default_runs", "train_command", "TrainResult", "machine_lock", "train",
     "read_curves", "read_val", "StepTime", "parse_step_times", "synth_data",
     "EVALUATOR", "Outcome", "train_and_evaluate", "evaluate", "chance_levels", "headline_metrics",
+    "MEAN_R1", "with_mean_r1",
     "machine_info", "comparison_table", "plot", "save_figure", "write_report",
+    "command_line", "run_status", "about_lines",
+    "mean_std", "format_mean_std", "summarize", "wins", "paired_differences",
+    "DEMO_BUDGET", "QUICK_BUDGET", "DEMO_CLASSES", "loss_defaults", "loss_flags",
 ]

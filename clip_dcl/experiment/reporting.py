@@ -3,7 +3,8 @@
 :func:`write_report` writes a comparison as a Markdown table (:func:`comparison_table`), a JSON
 document with the raw numbers and settings, and a PNG with the training curves and the scores
 (:func:`plot`); :func:`machine_info` is the one line naming the machine that every results file
-of the benchmarks carries; :func:`save_figure` writes any of their figures.
+of the benchmarks carries, and :func:`command_line`, :func:`run_status` and :func:`about_lines` the
+rest of their reports' opening lines.
 """
 from __future__ import annotations
 
@@ -12,13 +13,16 @@ import json
 import math
 import os
 import platform
+import shlex
 import sys
 import time
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence
 
+from .figures import pyplot, save_figure
 from .runner import Budget, TrainResult
 from .scoring import chance_levels, headline_metrics
+from .stats import format_mean_std, mean_std
 
 
 def machine_info() -> str:
@@ -36,15 +40,26 @@ def machine_info() -> str:
             f"{platform.system()} {platform.release()}, Python {platform.python_version()}, torch {torch.__version__}")
 
 
-def _cell(values: Sequence[float]) -> str:
-    finite = [v for v in values if v is not None and math.isfinite(v)]
-    if not finite:
-        return "nan"
-    mean = sum(finite) / len(finite)
-    if len(finite) == 1:
-        return f"{100 * mean:.1f}"
-    std = math.sqrt(sum((v - mean) ** 2 for v in finite) / (len(finite) - 1))
-    return f"{100 * mean:.1f} ± {100 * std:.1f}"
+def command_line(script: str, argv: Sequence[str], python: str = ".venv/bin/python") -> str:
+    """How a report says it was made: ``python benchmarks/<script> <argv>``, quoted for a shell, as
+    run from the repository root."""
+    return " ".join([python, f"benchmarks/{script}", *map(shlex.quote, argv)])
+
+
+def run_status(scores: Dict[str, list], complete: bool) -> str:
+    """``complete``, or which runs a report rewritten while the benchmark still runs holds
+    (``scores``: run -> its finished seeds)."""
+    if complete:
+        return "complete"
+    return "PARTIAL: still running; runs so far: " + ", ".join(f"{n} x{len(v)}" for n, v in scores.items())
+
+
+def about_lines(*, command: str, date: str, machine: Optional[str] = None, status: Optional[str] = None) -> List[str]:
+    """The opening items of a benchmark's Markdown report: status (when given), command, date
+    (``date``: the words after "Date (UTC):") and machine (default :func:`machine_info`)."""
+    lines = [f"- Status: {status}"] if status is not None else []
+    return lines + [f"- Command: `{command}`", f"- Date (UTC): {date}",
+                    f"- Machine: {machine_info() if machine is None else machine}"]
 
 
 def comparison_table(scores: Dict[str, List[Dict[str, float]]], rows: Sequence[tuple],
@@ -64,7 +79,7 @@ def comparison_table(scores: Dict[str, List[Dict[str, float]]], rows: Sequence[t
         best = max(finite) if finite else None
         cells = []
         for n in names:
-            cell = _cell(values[n])
+            cell = format_mean_std(mean_std(values[n]))
             cells.append(f"**{cell}**" if best is not None and means[n] == best and len(names) > 1 else cell)
         level = chance.get(key)
         lines.append(f"| {label} | {'' if level is None else f'{100 * level:.1f}'} | " + " | ".join(cells) + " |")
@@ -74,12 +89,9 @@ def comparison_table(scores: Dict[str, List[Dict[str, float]]], rows: Sequence[t
 def plot(results: Dict[str, List[TrainResult]], scores: Dict[str, List[Dict[str, float]]],
          rows: Sequence[tuple], chance: Dict[str, float], path: os.PathLike, title: str = "") -> Path:
     """A PNG: training loss and validation R@1 per epoch (left), headline scores per run (right)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
     import numpy as np
 
+    plt = pyplot()
     fig, axes = plt.subplots(1, 3, figsize=(17, 4.8), gridspec_kw={"width_ratios": [1, 1, 2]})
     names = list(results)
     colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
@@ -116,20 +128,6 @@ def plot(results: Dict[str, List[TrainResult]], scores: Dict[str, List[Dict[str,
     ax.grid(axis="y", alpha=0.3)
     ax.legend(fontsize=8)
     return save_figure(fig, path, title)
-
-
-def save_figure(fig, path: os.PathLike, title: str = "", title_size=None) -> Path:
-    """Title, lay out and write a matplotlib figure as a PNG (folders created), then free it."""
-    import matplotlib.pyplot as plt
-
-    if title:
-        fig.suptitle(title, fontsize=title_size)
-    fig.tight_layout()
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
 
 
 def write_report(out_dir: os.PathLike, stem: str, *, data: dict, budget: Budget,

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Dict, List, Optional, Sequence
 
+from . import runner
 from .runner import Budget, Run, TrainResult
 
 #: Version of what :func:`evaluate` reports; bumped when an evaluator changes its numbers, so that
@@ -45,12 +46,8 @@ def train_and_evaluate(run: Run, data: dict, logs: os.PathLike, budget: Budget, 
     A later call with the same run flags, budget, data config and few-shot seeds reuses the
     cached training, and its scores too unless :data:`EVALUATOR` changed since (then the
     checkpoint is evaluated again), so that an interrupted benchmark resumes where it stopped.
-    ``train``, ``evaluate`` and ``EVALUATOR`` are looked up on :mod:`clip_dcl.experiment` at each
-    call, so that one replaced there (a test's stand-in) is the one used. ``device``: where both
-    run (``auto``: the GPU when one is visible).
+    ``device``: where both run (``auto``: the GPU when one is visible).
     """
-    from .. import experiment as ex
-
     cache = Path(cache)
     # compared as JSON holds it (tuples come back as lists)
     key = json.loads(json.dumps({"flags": list(run.flags), "budget": dataclasses.asdict(budget),
@@ -60,18 +57,18 @@ def train_and_evaluate(run: Run, data: dict, logs: os.PathLike, budget: Budget, 
     if doc.get("settings") == key and Path(doc.get("checkpoint", "")).is_file():
         res = TrainResult(run, Path(doc["checkpoint"]), Path(doc["log_dir"]), doc["seconds"], doc["command"],
                           doc["curves"], doc["val"])
-        if doc.get("evaluator") == ex.EVALUATOR:
+        if doc.get("evaluator") == EVALUATOR:
             return Outcome(res, doc["metrics"], doc["eval_seconds"], doc["finished"], "reused")
     source = "evaluated" if res is not None else "trained"
     if res is None:
-        res = ex.train(run, data, logs, budget, echo=echo, env=env, entry=entry, device=device)
+        res = runner.train(run, data, logs, budget, echo=echo, env=env, entry=entry, device=device)
     t0 = time.perf_counter()
-    metrics = ex.evaluate(res.checkpoint, data, fewshot_seeds=fewshot_seeds, device=device)
+    metrics = evaluate(res.checkpoint, data, fewshot_seeds=fewshot_seeds, device=device)
     secs = time.perf_counter() - t0
     finished = time.strftime("%Y-%m-%d %H:%M", time.gmtime())
     cache.parent.mkdir(parents=True, exist_ok=True)
     cache.write_text(json.dumps({
-        "settings": key, "evaluator": ex.EVALUATOR, "checkpoint": str(res.checkpoint), "log_dir": str(res.log_dir),
+        "settings": key, "evaluator": EVALUATOR, "checkpoint": str(res.checkpoint), "log_dir": str(res.log_dir),
         "seconds": res.seconds, "command": res.command, "curves": res.curves, "val": res.val, "metrics": metrics,
         "eval_seconds": secs, "finished": finished}, default=str) + "\n")
     return Outcome(res, metrics, secs, finished, source)
@@ -89,7 +86,7 @@ def evaluate(checkpoint: os.PathLike, data: dict, *, shots: int = 5, fewshot_see
     evaluators' own names under a prefix). ``device``: ``auto`` (the GPU when one is visible),
     ``cpu``, ``cuda``...
     """
-    from ..eval.encoding import resolve_device
+    from ..eval.encoding import EvalOptions, resolve_device
 
     from ..checkpoint import load_checkpoint
     from ..eval.fewshot import evaluate_fewshot
@@ -100,15 +97,13 @@ def evaluate(checkpoint: os.PathLike, data: dict, *, shots: int = 5, fewshot_see
     device = resolve_device(device)
     model, preprocess, tokenizer = load_checkpoint(checkpoint, device)
     out: Dict[str, float] = {}
-    ret = evaluate_retrieval(model, preprocess, tokenizer, data["val_data"], batch_size=batch_size,
-                             progress=progress, device=device)
+    options = EvalOptions(batch_size=batch_size, progress=progress, device=device)
+    ret = evaluate_retrieval(model, preprocess, tokenizer, data["val_data"], options=options)
     out.update({f"retrieval/{k}": float(v) for k, v in ret.items()})
-    zs = evaluate_zeroshot(model, preprocess, tokenizer, root / data["zeroshot"]["dir"], batch_size=batch_size,
-                           progress=progress, device=device)
+    zs = evaluate_zeroshot(model, preprocess, tokenizer, root / data["zeroshot"]["dir"], options=options)
     out.update({f"zeroshot/{k}": float(v) for k, v in zs.items()})
     fs = evaluate_fewshot(model, preprocess, tokenizer, root / data["fewshot"]["dir"], shots=shots,
-                          seeds=tuple(fewshot_seeds), grid=grid, batch_size=batch_size, progress=progress,
-                          device=device)
+                          seeds=tuple(fewshot_seeds), grid=grid, options=options)
     out.update({f"fewshot/{k}": float(v) for k, v in fs.items()})
     return out
 
@@ -166,3 +161,16 @@ def headline_metrics(data: dict) -> List[tuple]:
     rows += [("fewshot/average/linear_probe", "5-shot probe average"),
              ("fewshot/average/mean_classifier", "5-shot mean classifier average")]
     return rows
+
+
+#: The mean of the image->text and text->image R@1: one retrieval score for a paired comparison.
+MEAN_R1 = "retrieval/mean_R@1"
+
+
+def with_mean_r1(metrics: Dict[str, float]) -> Dict[str, float]:
+    """``metrics`` plus :data:`MEAN_R1`, the mean of the image->text and text->image R@1 (nan when
+    either is missing)."""
+    i2t, t2i = metrics.get("retrieval/image_to_text_R@1"), metrics.get("retrieval/text_to_image_R@1")
+    out = dict(metrics)
+    out[MEAN_R1] = (i2t + t2i) / 2 if i2t is not None and t2i is not None else float("nan")
+    return out

@@ -20,6 +20,11 @@ The registry is the source of truth for the command line: each class declares it
         flags = (LossFlag("--mine-alpha", "alpha", type=float, help="..."),)
         def __init__(self, alpha=1.0, **dist_kwargs): ...
 
+A loss whose arguments depend on the training data (DeCL's per-sample buffer is as large as the
+data, its gamma schedule is given in epochs) completes them in the classmethod
+``resolve_data_params(kwargs, data)`` from a :class:`~clip_dcl.losses.base.DataFacts`; the trainer
+calls it through :func:`resolve_loss_args`, and records what it returns.
+
 Every loss follows OpenCLIP's ``ClipLoss`` contract
 ``forward(image_features, text_features, logit_scale, logit_bias=None, output_dict=False)``
 and also accepts ``sample_ids=`` (ignored unless ``loss.requires_sample_ids``). With
@@ -33,7 +38,7 @@ from typing import Dict, Type
 
 import torch.nn as nn
 
-from .base import ContrastiveLoss, LossFlag
+from .base import ContrastiveLoss, DataFacts, DataSizeUnknown, LossFlag
 from .clip import InfoNCEFromStats, InfoNCELoss
 from .curl import BlockContrastiveLoss
 from .dcl import DebiasedClipLoss
@@ -56,6 +61,17 @@ def register_loss(name: str):
     return wrap
 
 
+def unregister_loss(name: str) -> None:
+    """Remove the loss registered as ``name`` (for scripts and tests that register one for a while).
+
+    Raises:
+        ValueError: no loss is registered as ``name``.
+    """
+    if name not in LOSSES:
+        raise ValueError(f"no loss is registered as {name!r}; registered: {sorted(LOSSES)}")
+    del LOSSES[name]
+
+
 for _name, _cls in (("clip", InfoNCELoss), ("dcl", DebiasedClipLoss), ("decl", DeCLLoss),
                     ("curl", BlockContrastiveLoss)):
     register_loss(_name)(_cls)
@@ -74,5 +90,20 @@ def create_loss(name: str, **kwargs) -> nn.Module:
     return LOSSES[name](**kwargs)
 
 
-__all__ = ["LOSSES", "create_loss", "register_loss", "InfoNCELoss", "InfoNCEFromStats", "DebiasedClipLoss", "DeCLLoss",
+def resolve_loss_args(name: str, kwargs: Dict[str, object], data: DataFacts) -> Dict[str, object]:
+    """The keyword arguments of the loss registered as ``name``, completed from the training data by its
+    class's ``resolve_data_params`` (``kwargs`` unchanged for a class without one, such as OpenCLIP's
+    ``ClipLoss``).
+
+    Raises:
+        ValueError: ``name`` is not in :data:`LOSSES`; or the loss refuses a value (the message names it).
+    """
+    if name not in LOSSES:
+        raise ValueError(f"unknown loss {name!r}; expected one of {sorted(LOSSES)}")
+    hook = getattr(LOSSES[name], "resolve_data_params", None)
+    return dict(kwargs) if hook is None else hook(dict(kwargs), data)
+
+
+__all__ = ["LOSSES", "create_loss", "register_loss", "unregister_loss", "resolve_loss_args", "DataFacts",
+           "DataSizeUnknown", "InfoNCELoss", "InfoNCEFromStats", "DebiasedClipLoss", "DeCLLoss",
            "BlockContrastiveLoss", "ContrastiveLoss", "LossFlag"]

@@ -52,8 +52,8 @@ written here.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
-from typing import List, Optional
+from dataclasses import dataclass, field
+from typing import Callable, Dict, List, Optional, Tuple
 
 import torch
 import torch.distributed as dist
@@ -71,7 +71,8 @@ class LossFlag:
     """
 
     flag: str  #: e.g. ``"--tau-plus"``
-    kwarg: str  #: the loss's keyword argument it sets
+    #: the loss's keyword argument it sets, or a key that the loss's ``resolve_data_params`` turns into them
+    kwarg: str
     help: str
     type: Optional[object] = None  #: a callable converting the string (None with ``choices`` or ``boolean``)
     choices: Optional[tuple] = None
@@ -83,6 +84,54 @@ class LossFlag:
     @property
     def dest(self) -> str:
         return self.flag.lstrip("-").replace("-", "_")
+
+
+class DataSizeUnknown(ValueError):
+    """The training data cannot tell its size: ``reason`` says why, ``remedy`` what would tell it (or None)."""
+
+    def __init__(self, reason: str, remedy: Optional[str] = None):
+        super().__init__(reason + (f"; {remedy}" if remedy else ""))
+        self.reason, self.remedy = reason, remedy
+
+
+def _size_unknown() -> Tuple[int, ...]:
+    raise DataSizeUnknown("the size of the training data is not known")
+
+
+@dataclass(frozen=True)
+class DataFacts:
+    """What the training data tells a loss about the parameters it leaves to the data.
+
+    The trainer builds it and hands it to the loss class's ``resolve_data_params`` twice: while it
+    checks the flags, before any work starts (``steps_per_epoch`` is then None: the data is not
+    loaded yet), and when it builds the loss, with every field known. Sizes are read only when a
+    loss asks for them (a CSV is read in full to count its rows), and then once.
+    """
+
+    epochs: int  #: ``--epochs``
+    #: optimizer steps per epoch (the training data's batches per epoch / ``--accum-freq``); None
+    #: while the flags are checked
+    steps_per_epoch: Optional[int] = None
+    #: False for a run that only evaluates: the loss is never built
+    training: bool = True
+    #: where the batches' sample ids come from: ``"keys"`` (webdataset ``__key__``), ``"rows"`` (a
+    #: CSV's rows), ``"indices"`` (OpenCLIP's synthetic data); None when the batches carry none
+    sample_ids: Optional[str] = None
+    #: the training data as the command line names it, for messages
+    description: str = ""
+    #: ``::``-joined training sources (their sample ids are laid out in one block each)
+    num_sources: int = 1
+    #: ``() -> (total, per-source sizes)``, the per-source sizes 0 where unknown; raises
+    #: :class:`DataSizeUnknown` when the total is unknown
+    sizes: Callable[[], Tuple[int, Tuple[int, ...]]] = field(default=_size_unknown, repr=False, compare=False)
+
+    def num_samples(self) -> int:
+        """The training data's size (the sum over its sources); raises :class:`DataSizeUnknown`."""
+        return self.sizes()[0]
+
+    def source_sizes(self) -> Tuple[int, ...]:
+        """The size of each ``::``-joined source, 0 where unknown; raises :class:`DataSizeUnknown`."""
+        return self.sizes()[1]
 
 
 @dataclass
@@ -338,7 +387,8 @@ class ContrastiveLoss(nn.Module):
 
     Attributes:
         metrics: dict of detached scalar tensors from the last call (not part of the loss).
-        requires_sample_ids: whether ``forward`` needs ``sample_ids``.
+        requires_sample_ids: whether ``forward`` needs ``sample_ids``; such a loss has ``num_samples``,
+            the ids' range ``[0, num_samples)``.
     """
 
     requires_sample_ids = False
@@ -376,6 +426,20 @@ class ContrastiveLoss(nn.Module):
         self.world_size = int(world_size)
         self.metrics: dict = {}
         self._pending_stats: List[PairStats] = []
+
+    @classmethod
+    def resolve_data_params(cls, kwargs: Dict[str, object], data: DataFacts) -> Dict[str, object]:
+        """The loss's keyword arguments, completed from what the training data tells (``data``).
+
+        ``kwargs`` holds the values the command line gives (the loss's flags, and OpenCLIP's flags
+        that the loss's signature takes), not the defaults; the result is what the loss is built
+        with and what the checkpoint records. A loss whose defaults depend on the data (a buffer
+        per sample, a schedule in epochs) overrides this, next to its ``flags``; with
+        ``data.steps_per_epoch`` None (the flags being checked before the data is loaded) it returns
+        arguments that pass its checks. It also refuses, with a ``ValueError`` naming the flag and
+        the value, combinations of flags that ``__init__`` cannot tell from defaults.
+        """
+        return dict(kwargs)
 
     def _no_grad_gather_blocker(self) -> str:
         """What in this loss's configuration rules out ``no_grad_gather`` (for the error message)."""

@@ -29,6 +29,9 @@ class InfoNCELoss(ClipLoss):
     requires_sample_ids = False
     supports_captions_per_image = True  # through InfoNCEFromStats
     flags = ()
+    #: OpenCLIP's ``create_loss(args)`` builds this objective (and SigLIP, CoCa, distillation as its flags
+    #: say) unless clip-dcl's own is needed (``no_grad_gather``, M > 1 captions per image)
+    openclip_native = True
     summary = "OpenCLIP's own loss (InfoNCE; also SigLIP/CoCa/distillation as OpenCLIP picks them)"
 
     def __init__(self, local_loss=False, gather_with_grad=False, cache_labels=True, rank=0, world_size=1,

@@ -86,7 +86,8 @@ GradScaler skipped (the training plugin calls it).
 ``gamma_hold_steps`` steps (FastCLIP: the first epoch), then from 1 down to ``gamma`` over
 ``gamma_decay_steps`` optimizer steps, ``gamma_t = gamma + (1 - gamma) (1 + cos(pi min(1, (t - 1 -
 H) / T))) / 2``: FastCLIP's ``adjust_gamma``, which steps it once per epoch, made continuous in the
-step (the training plugin sets ``H`` to one epoch and ``T`` from ``--decl-gamma-decay-epochs``).
+step (:meth:`DeCLLoss.resolve_data_params` sets ``H`` to one epoch and ``T`` from
+``--decl-gamma-decay-epochs``, once the training data's batches per epoch are known).
 
 **Temperature** (``temperature_mode``). loss1 has no positive in its normaliser: its gradient with
 respect to the logit scale is ``E_w[c_ik] - c_ii`` (w the negatives' weights), negative once
@@ -136,13 +137,14 @@ Written here because no released implementation of DeCL exists for CLIP.
 """
 from __future__ import annotations
 
+import inspect
 import math
-from typing import Optional
+from typing import Dict, Optional
 
 import torch
 import torch.distributed as dist
 
-from .base import ContrastiveLoss, LossFlag, PairStats, all_gather_cat, anchor_stats
+from .base import ContrastiveLoss, DataFacts, DataSizeUnknown, LossFlag, PairStats, all_gather_cat, anchor_stats
 from .dcl import contrast_rows
 from .state import STATE_DTYPES, plain_sums, reshard, shard_size, state_digest, table_sums
 
@@ -283,6 +285,11 @@ class DeCLLoss(ContrastiveLoss):
         LossFlag("--decl-gamma-schedule", "gamma_schedule", choices=GAMMA_SCHEDULES,
                  help="rate index: gamma constant, or cosine from 1 down to --decl-gamma over "
                       "--decl-gamma-decay-epochs (FastCLIP's schedule)"),
+        LossFlag("--decl-gamma-decay-epochs", "gamma_decay_epochs", type=float,
+                 help="epochs of the cosine decay after the first epoch (held at gamma = 1, as FastCLIP does), turned "
+                      "into optimizer steps from the training data's batches per epoch; an error without "
+                      "--decl-gamma-schedule cosine",
+                 default_text="half of `--epochs`"),
         LossFlag("--decl-first-visit", "first_visit", choices=FIRST_VISITS,
                  help="rate index: the rate an anchor reads on its first visit: its own batch estimate (batch) or "
                       "the previous step's mean estimate (mean)"),
@@ -332,6 +339,62 @@ class DeCLLoss(ContrastiveLoss):
                  help="rate index: storage dtype of the per-sample buffer; 16 bits halve its memory and round each "
                       "stored log-rate (see docs/training.md)"),
     )
+
+    @classmethod
+    def resolve_data_params(cls, kwargs: Dict[str, object], data: DataFacts) -> Dict[str, object]:
+        """``kwargs`` with what the data sets: ``num_samples`` (``rate="index"``, when not given) and the
+        cosine gamma schedule's steps (``gamma_decay_steps`` from ``--decl-gamma-decay-epochs``,
+        ``gamma_hold_steps`` one epoch); refuses flags the configuration would ignore.
+
+        The buffer holds the training data's size (the sum of the shards' ``sizes.json``, the CSV's rows,
+        ``--train-num-samples`` for synthetic data); with ``k`` ``::``-joined sources each owns a block of
+        ``B`` ids, ``B`` = ``--decl-num-samples`` or the largest source, so it holds ``k * B`` rows.
+        """
+        out = dict(kwargs)
+        schedule = out.get("schedule", _DEFAULTS["schedule"])
+        if "lam" in out and schedule not in ("constant", "harmonic"):
+            raise ValueError(f"--decl-lambda {out['lam']:g} has no effect with --decl-schedule {schedule}: only the "
+                             "constant and harmonic schedules use it")
+        decay_epochs = out.pop("gamma_decay_epochs", None)
+        if out.get("gamma_schedule", _DEFAULTS["gamma_schedule"]) == "cosine":
+            if decay_epochs is None:
+                decay_epochs = max(1.0, data.epochs / 2)
+            if not 0 < decay_epochs < math.inf:
+                raise ValueError(f"--decl-gamma-decay-epochs must be > 0, got {decay_epochs:g}")
+            # While the flags are checked the steps are unknown, and any count checks the other values.
+            epoch_steps = 1 if data.steps_per_epoch is None else data.steps_per_epoch
+            # FastCLIP's schedule: gamma = 1 through the first epoch, then the cosine
+            out.update(gamma_decay_steps=max(1, round(decay_epochs * epoch_steps)), gamma_hold_steps=epoch_steps)
+        elif decay_epochs is not None:
+            raise ValueError(f"--decl-gamma-decay-epochs {decay_epochs:g} needs --decl-gamma-schedule cosine")
+        if out.get("rate", _DEFAULTS["rate"]) != "index":
+            return out
+        if not data.training:  # a run that only evaluates never builds the loss: any size checks the rest
+            out.setdefault("num_samples", 1)
+            return out
+        given = out.get("num_samples")
+        if given is None:
+            if data.sample_ids is None:
+                raise ValueError(f"--decl-rate index takes sample ids from webdataset keys, CSV rows or synthetic "
+                                 f"indices, and {data.description} has none of them; use webdataset shards or a CSV, "
+                                 "or --decl-rate queue / batch (no ids needed)")
+            out["num_samples"] = cls._data_size(data.num_samples)
+        if data.num_sources > 1:
+            block = given if given is not None else max(cls._data_size(data.source_sizes))
+            if not block:
+                raise ValueError(f"--decl-rate index with {data.num_sources} ::-joined sources needs the ids of each "
+                                 "source: set --decl-num-samples above the largest sample key of any source")
+            out["num_samples"] = data.num_sources * block
+        return out
+
+    @staticmethod
+    def _data_size(read):
+        try:
+            return read()
+        except DataSizeUnknown as e:
+            remedy = f"{e.remedy}, or " if e.remedy else ""
+            raise ValueError(f"--decl-rate index needs the size of its per-sample buffer, and {e.reason}: {remedy}"
+                             "set --decl-num-samples (above the largest sample key)") from None
 
     def __init__(self, rate: str = "index", schedule: str = "alternate", lam: float = 1.0, gamma: float = 0.9,
                  gamma_schedule: str = "constant", gamma_decay_steps: Optional[int] = None,
@@ -851,3 +914,7 @@ class DeCLLoss(ContrastiveLoss):
                 f"temperature_mode={self.temperature_mode!r}, temperature={self.temperature}, rho={self.rho}, "
                 f"gamma_hold_steps={self.gamma_hold_steps}, max_log_ratio={self.max_log_ratio}, "
                 f"accum_freq={self.accum_freq}, " + super().extra_repr())
+
+
+#: ``DeCLLoss``'s defaults, for :meth:`DeCLLoss.resolve_data_params` (which sees the given values only)
+_DEFAULTS = {p.name: p.default for p in inspect.signature(DeCLLoss.__init__).parameters.values()}

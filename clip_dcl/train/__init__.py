@@ -11,6 +11,7 @@ From Python, ``main([...])`` takes the same words and returns the exit code.
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import sys
 from typing import List, Optional
@@ -25,6 +26,20 @@ def _without_worker_traceback(e: Exception) -> str:
         last = text.strip().splitlines()[-1]
         return last.split(": ", 1)[1] if ": " in last else last
     return text
+
+
+@contextlib.contextmanager
+def _run_log_handlers_closed():
+    """Remove and close the root-logger handlers a run added (OpenCLIP's ``setup_logging`` adds one
+    for stderr and one for ``out.log`` on every call), so that a second ``main`` in the same process
+    does not also write into the first run's ``out.log``, nor keep its file open."""
+    before = list(logging.root.handlers)
+    try:
+        yield
+    finally:
+        for handler in [h for h in logging.root.handlers if h not in before]:
+            logging.root.removeHandler(handler)
+            handler.close()
 
 
 def main(argv: Optional[List[str]] = None) -> int:
@@ -66,13 +81,14 @@ def main(argv: Optional[List[str]] = None) -> int:
     from .patch import LossStateMismatch, SampleIdOutOfRange, run_training
     from .pipeline import TrainingDataError
 
-    try:
-        return run_training(config)
-    except (MissingSampleIds, SampleIdOutOfRange, LossStateMismatch, CheckpointUnreadable, TrainingDataError,
-            CheckpointDiskFull) as e:
-        e = _without_worker_traceback(e)
-        if logging.getLogger().handlers:  # OpenCLIP's logging is set up: into out.log and stderr
-            logging.error(f"clip-dcl train: error: {e}")
-        else:
-            print(f"clip-dcl train: error: {e}", file=sys.stderr)
-        return 1
+    with _run_log_handlers_closed():
+        try:
+            return run_training(config)
+        except (MissingSampleIds, SampleIdOutOfRange, LossStateMismatch, CheckpointUnreadable, TrainingDataError,
+                CheckpointDiskFull) as e:
+            e = _without_worker_traceback(e)
+            if logging.getLogger().handlers:  # OpenCLIP's logging is set up: into out.log and stderr
+                logging.error(f"clip-dcl train: error: {e}")
+            else:
+                print(f"clip-dcl train: error: {e}", file=sys.stderr)
+            return 1

@@ -6,9 +6,12 @@
 ``--model-config tiny``); the rest is parsed by OpenCLIP's own ``parse_args`` here, once, so
 that a bad OpenCLIP flag also fails before anything starts.
 
-The loss values are validated by building the loss once with ``world_size=1`` on the ``meta``
-device (the losses check their own arguments and name the bad value, and no buffer is allocated,
-however large ``--decl-num-samples``); the error is reported with the flag that set it.
+The loss values are completed from the training data by the loss's own ``resolve_data_params``
+(with the facts of :func:`clip_dcl.train.facts.data_facts`; no loss is known here by name) and
+validated by building the loss once with ``world_size=1`` on the ``meta`` device (the losses check
+their own arguments and name the bad value, and no buffer is allocated, however large a per-sample
+buffer); the error is reported with the flag that set it. The loss is resolved again when it is
+built, once the data's batches per epoch are known.
 """
 from __future__ import annotations
 
@@ -18,13 +21,10 @@ import os
 import re
 import sys
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional
+from typing import TYPE_CHECKING, Dict, List, Optional
 
-#: The package's objectives, first in ``--loss``'s choices; every other name registered in
-#: ``clip_dcl.losses.LOSSES`` when the parser is built follows (a script may register another loss
-#: and then call ``clip_dcl.train.main``).
-LOSS_NAMES = ("clip", "dcl", "decl", "curl")
-
+if TYPE_CHECKING:
+    from clip_dcl.losses.base import DataFacts
 
 def loss_flags() -> Dict[str, tuple]:
     """Our loss flags' ``dest`` -> (the loss it belongs to, that loss's keyword argument), from the registry.
@@ -48,7 +48,7 @@ def __getattr__(name):  # LOSS_FLAGS: computed from the registry when asked for
     raise AttributeError(name)
 
 
-#: Keyword arguments of the decl loss that come from OpenCLIP's flags rather than ours.
+#: Keyword arguments that OpenCLIP's flags give every loss whose signature takes them.
 OPENCLIP_LOSS_FLAGS = {"accum_freq": "--accum-freq", "seed": "--seed"}
 _DIST_KWARGS = {"rank", "world_size", "local_loss", "gather_with_grad", "cache_labels", "use_horovod",
                 "no_grad_gather", "device"}
@@ -103,14 +103,6 @@ def check_data_paths(oc_args) -> None:
             raise FlagError(f"{flag}: {unreadable[0]!r} is not readable")
 
 
-def _check_unused_decl_flags(given: Dict[str, object]) -> None:
-    """Refuse DeCL values that the chosen schedule would ignore."""
-    schedule = given.get("decl_schedule") or _loss_defaults().get("decl", {}).get("schedule")
-    if "decl_lambda" in given and schedule not in ("constant", "harmonic"):
-        raise FlagError(f"--decl-lambda {given['decl_lambda']:g} has no effect with --decl-schedule {schedule}: "
-                        "only the constant and harmonic schedules use it")
-
-
 def _loss_defaults() -> Dict[str, Dict[str, object]]:
     """``{loss name: {kwarg: default}}`` read from the loss classes' signatures (for --help)."""
     from clip_dcl.losses import LOSSES
@@ -137,11 +129,12 @@ def build_parser() -> argparse.ArgumentParser:
                     "Every OpenCLIP flag works as in OpenCLIP; clip-dcl adds these:",
     )
     g = parser.add_argument_group("clip-dcl objective")
-    registered = tuple(n for n in LOSS_NAMES if n in LOSSES) + tuple(n for n in LOSSES if n not in LOSS_NAMES)
+    registered = tuple(LOSSES)  # the package's objectives first (registered on import), then any other
     described = "; ".join(f"{n} = {getattr(LOSSES[n], 'summary', '') or LOSSES[n].__name__}" for n in registered)
-    g.add_argument("--loss", choices=registered, default="clip",
+    default = next((n for n in registered if openclip_native(n)), registered[0])
+    g.add_argument("--loss", choices=registered, default=default,
                    help=f"training objective: {described}; or any other loss registered in clip_dcl.losses.LOSSES "
-                        "before this parser is built (default: clip)")
+                        f"before this parser is built (default: {default})")
     multi = ", ".join(n for n in registered if getattr(LOSSES[n], "supports_captions_per_image", False))
     g.add_argument("--captions-per-image", type=int, default=1, metavar="M",
                    help="captions drawn per training image from the json 'captions' list (or the .txt lines), "
@@ -151,6 +144,8 @@ def build_parser() -> argparse.ArgumentParser:
         for flag in getattr(LOSSES[name], "flags", ()):
             value = defaults.get(name, {}).get(flag.kwarg, None)
             shown = "" if value is None else f" (default: {value})"
+            if flag.kwarg not in defaults.get(name, {}) and flag.default_text:  # resolved by the loss
+                shown = f" (default: {flag.default_text.replace('`', '')})"
             kwargs = dict(default=None, help=f"{name}: {flag.help}{shown}")
             if flag.boolean:
                 kwargs["action"] = argparse.BooleanOptionalAction
@@ -161,8 +156,6 @@ def build_parser() -> argparse.ArgumentParser:
                 if flag.metavar:
                     kwargs["metavar"] = flag.metavar
             g.add_argument(flag.flag, **kwargs)
-    g.add_argument("--decl-gamma-decay-epochs", type=float, default=None,
-                   help="decl, cosine gamma schedule: epochs of the decay (> 0; default: half of --epochs)")
     g.add_argument("--no-grad-gather", action="store_true",
                    help="gather the features without autograd and exchange two numbers per anchor instead: exact "
                         "gradients with no backward collective (needs --local-loss, replaces --gather-with-grad; --loss clip "
@@ -195,18 +188,20 @@ class TrainConfig:
     """Everything the training run needs beyond OpenCLIP's own arguments."""
 
     loss: str
-    #: the chosen loss's own keyword arguments, as passed to ``clip_dcl.losses.create_loss``
+    #: what the command line gives the loss: its flags' values, and OpenCLIP's flags that its signature
+    #: takes (``OPENCLIP_LOSS_FLAGS``); the input of the loss's ``resolve_data_params``
     loss_kwargs: Dict[str, object]
-    #: ``loss_kwargs`` completed with the loss's defaults (recorded in checkpoints)
+    #: ``loss_kwargs`` resolved from the data known before it is loaded and completed with the loss's
+    #: defaults; resolved again, with the data's batches per epoch, when the loss is built (the values
+    #: recorded in params.txt and checkpoints)
     loss_args: Dict[str, object]
     #: OpenCLIP's command line (ours removed; ``--model NAME`` added for ``--model-config``)
     openclip_argv: List[str] = field(default_factory=list)
     model_config: Optional[str] = None
-    #: the resolved ``--decl-num-samples`` (None unless the loss keeps per-sample state)
+    #: the range ``[0, num_samples)`` of the sample ids, for a loss that needs them (None otherwise)
     num_samples: Optional[int] = None
-    #: ``--decl-gamma-decay-epochs`` resolved (cosine gamma schedule only); turned into the loss's
-    #: ``gamma_decay_steps`` once the training data's batches per epoch are known
-    gamma_decay_epochs: Optional[float] = None
+    #: what the training data tells the loss, as known before the data is loaded (see ``clip_dcl.train.facts``)
+    data: Optional["DataFacts"] = None
     #: ``--no-grad-gather``: the loss is built with ``no_grad_gather=True`` (clip-dcl's, for every --loss)
     no_grad_gather: bool = False
     #: ``--loss-reset``: resume a checkpoint of another objective, with fresh loss state
@@ -294,101 +289,18 @@ def _given_model(argv: List[str]) -> bool:
     return any(a == "--model" or a.startswith("--model=") for a in argv)
 
 
-def _resolve_num_samples(oc_args, given: Optional[int]) -> Optional[int]:
-    """``--decl-num-samples``, or the training data's size: the sum of the shards' ``sizes.json``, the
-    CSV's rows, or ``--train-num-samples`` for OpenCLIP's synthetic data (the ids are the keys, the
-    rows and the indices)."""
-    if given is not None:
-        return given
-    if oc_args.dataset_type == "synthetic":
-        if not oc_args.train_num_samples:
-            raise FlagError("--dataset-type synthetic makes --train-num-samples samples, whose indices are the "
-                            "sample ids: set --train-num-samples")
-        return int(oc_args.train_num_samples)
-    if not oc_args.train_data:
-        return None  # evaluation only: the loss is never built
-    kind = _train_data_kind(oc_args)
-    if kind == "csv":
-        return _csv_rows(oc_args)
-    if kind != "webdataset":
-        raise FlagError(f"--decl-rate index takes sample ids from webdataset keys, CSV rows or synthetic indices, "
-                        f"and --dataset-type {oc_args.dataset_type!r} with --train-data {oc_args.train_data!r} has "
-                        "none of them; use webdataset shards or a CSV, or --decl-rate queue / batch (no ids needed)")
-    from open_clip_train.data import get_dataset_size
-
-    try:
-        total, _ = get_dataset_size(oc_args.train_data)
-    except KeyError as e:
-        raise FlagError(f"sizes.json next to the training shards has no entry for shard {e}; fix it or set "
-                        "--decl-num-samples (the size of the per-sample buffer)") from None
-    except (OSError, ValueError) as e:
-        raise FlagError(f"cannot read the training shards' sizes.json ({e}); set --decl-num-samples") from None
-    if not total:
-        raise FlagError("--decl-rate index needs the size of its per-sample buffer and there is no sizes.json "
-                        f"(or __len__) next to the shards of {oc_args.train_data!r}: set --decl-num-samples above "
-                        "the largest sample key")
-    return int(total)
-
-
-def _train_data_kind(oc_args) -> str:
-    """``--dataset-type``, with ``auto`` resolved from ``--train-data``'s extension as OpenCLIP's
-    ``get_dataset_fn`` does (``"other"`` where OpenCLIP would find no reader)."""
-    if oc_args.dataset_type != "auto":
-        return oc_args.dataset_type
-    return {"tar": "webdataset", "csv": "csv", "tsv": "csv"}.get(oc_args.train_data.split(".")[-1], "other")
-
-
-def _csv_rows(oc_args) -> int:
-    """Rows of the training CSV (one column read), OpenCLIP's ``CsvDataset`` size."""
-    import pandas as pd
-
-    try:
-        return len(pd.read_csv(oc_args.train_data, sep=oc_args.csv_separator, usecols=[oc_args.csv_caption_key]))
-    except (OSError, ValueError) as e:
-        raise FlagError(f"--train-data {oc_args.train_data!r}: cannot read the CSV's column "
-                        f"{oc_args.csv_caption_key!r} to size the per-sample buffer ({e}); fix it or set "
-                        "--decl-num-samples") from None
-
-
-def _per_source_ids(oc_args, given: Optional[int], resolved: Optional[int]):
-    """``(buffer size, ids per source)`` for ``::``-joined training sources (``clip_dcl.train.ids``).
-
-    One source: ``(resolved, None)``. ``k`` sources: each owns ``B`` ids, ``B`` = ``--decl-num-samples``
-    or the largest ``sizes.json`` total of any source, so the buffer has ``k * B`` rows.
-    """
-    from .ids import num_sources
-
-    k = num_sources(oc_args.train_data) if oc_args.train_data else 1
-    if k < 2 or resolved is None:
-        return resolved, None
-    block = given
-    if block is None:
-        from open_clip_train.data import get_dataset_size
-
-        totals = []
-        for source in oc_args.train_data.split("::"):
-            try:
-                totals.append(get_dataset_size(source)[0] or 0)
-            except (KeyError, OSError, ValueError):
-                totals.append(0)
-        block = max(totals)
-        if not block:
-            raise FlagError(f"--decl-rate index with {k} ::-joined sources needs the ids of each source: set "
-                            "--decl-num-samples above the largest sample key of any source")
-    return k * block, block
-
-
 def _explain(err: Exception, loss: str, kwargs: Dict[str, object]) -> str:
     """The loss's own message, plus the flags that set the arguments it names."""
     msg = str(err)
+    # a keyword argument named in the message, not a word of a flag the message names itself (``--decl-rate``)
     flags = [_flag(dest) for dest, (owner, kwarg) in loss_flags().items()
-             if owner == loss and re.search(rf"\b{kwarg}\b", msg)]
+             if owner == loss and re.search(rf"(?<![-\w]){kwarg}\b", msg)]
     flags += [flag for kwarg, flag in OPENCLIP_LOSS_FLAGS.items() if re.search(rf"\b{kwarg}\b", msg)]
     where = f" (set by {', '.join(flags)})" if flags else ""
     return f"--loss {loss}: {msg}{where}"
 
 
-def _full_loss_args(loss: str, kwargs: Dict[str, object]) -> Dict[str, object]:
+def full_loss_args(loss: str, kwargs: Dict[str, object]) -> Dict[str, object]:
     """``kwargs`` completed with the defaults of the loss class's signature."""
     from clip_dcl.losses import LOSSES
 
@@ -465,58 +377,55 @@ def parse_train_args(argv: List[str], check_files: bool = True) -> Optional[Trai
     if foreign:
         owners = sorted({flag_map[d][0] for d in given if flag_map[d][0] != loss})
         raise FlagError(f"{', '.join(foreign)} only apply to --loss {' / '.join(owners)}, not --loss {loss}")
-    if loss != "clip":  # a CoCa model takes our contrastive term (clip_dcl.losses.coca)
+    from clip_dcl.losses import LOSSES, resolve_loss_args
+
+    from .facts import data_facts
+
+    if not openclip_native(loss):  # a CoCa model takes our contrastive term (clip_dcl.losses.coca)
+        native = " / ".join(f"--loss {n}" for n in LOSSES if openclip_native(n))
         for bad, why in ((oc_args.siglip, "--siglip"), (oc_args.distill_model, "--distill-model"),
                          (oc_args.horovod, "--horovod")):
             if bad:
                 raise FlagError(f"--loss {loss} cannot be combined with {why}: that objective is OpenCLIP's own; "
-                                "use --loss clip")
+                                f"use {native}")
     _check_captions_per_image(ours, oc_args, loss)
     preempt = _preempt_config(ours)
 
     if ours.no_grad_gather:
         _check_no_grad_gather(oc_args)
-    if loss == "decl":
-        _check_unused_decl_flags(given)
     kwargs = {flag_map[d][1]: v for d, v in given.items()}
-    num_samples = id_block = None
-    decay_epochs = None
-    if ours.decl_gamma_decay_epochs is not None and kwargs.get("gamma_schedule") != "cosine":
-        raise FlagError(f"--decl-gamma-decay-epochs {ours.decl_gamma_decay_epochs:g} needs "
-                        "--decl-gamma-schedule cosine")
-    if loss == "decl":
-        kwargs.update(accum_freq=oc_args.accum_freq, seed=oc_args.seed)
-        if kwargs.get("gamma_schedule") == "cosine":
-            decay_epochs = ours.decl_gamma_decay_epochs
-            if decay_epochs is None:
-                decay_epochs = max(1.0, oc_args.epochs / 2)
-            if not (decay_epochs > 0 and decay_epochs < float("inf")):
-                raise FlagError(f"--decl-gamma-decay-epochs must be > 0, got {decay_epochs:g}")
-            kwargs["gamma_decay_steps"] = 1  # validated with a placeholder; set from the data at the start
-        if kwargs.get("rate", _loss_defaults()["decl"].get("rate")) == "index":
-            num_samples = _resolve_num_samples(oc_args, kwargs.get("num_samples"))
-            num_samples, id_block = _per_source_ids(oc_args, kwargs.get("num_samples"), num_samples)
-            if num_samples is not None:
-                kwargs["num_samples"] = num_samples
-            elif "num_samples" not in kwargs:
-                kwargs["num_samples"] = 1  # evaluation only: validate the other values
-    if loss == "clip":
-        _require_data(oc_args)
-        if ours.no_grad_gather:
-            create_loss_checked(loss, kwargs, oc_args, no_grad_gather=True)
-        return TrainConfig(loss, {}, {}, list(rest), ours.model_config, None, no_grad_gather=ours.no_grad_gather,
-                           captions_per_image=ours.captions_per_image,
-                           loss_reset=ours.loss_reset, preempt=preempt)
-
-    create_loss_checked(loss, kwargs, oc_args, no_grad_gather=ours.no_grad_gather)
+    takes = inspect.signature(LOSSES[loss]).parameters
+    kwargs.update({kwarg: getattr(oc_args, kwarg) for kwarg in OPENCLIP_LOSS_FLAGS if kwarg in takes})
+    data = data_facts(oc_args)
+    try:
+        resolved = resolve_loss_args(loss, kwargs, data)
+    except ValueError as e:
+        raise FlagError(_explain(e, loss, kwargs)) from None
+    probe = None
+    if not openclip_native(loss) or ours.no_grad_gather:  # OpenCLIP checks its own loss's arguments
+        probe = create_loss_checked(loss, resolved, oc_args, no_grad_gather=ours.no_grad_gather)
     _require_data(oc_args)
-    return TrainConfig(loss, kwargs, _full_loss_args(loss, kwargs), list(rest), ours.model_config, num_samples,
-                       decay_epochs, no_grad_gather=ours.no_grad_gather, captions_per_image=ours.captions_per_image,
+    num_samples = id_block = None
+    if probe is not None and getattr(probe, "requires_sample_ids", False) and data.training:
+        num_samples = int(probe.num_samples)
+        if data.num_sources > 1:  # each source owns a block of the ids (clip_dcl.train.ids)
+            id_block = num_samples // data.num_sources
+    return TrainConfig(loss, kwargs, full_loss_args(loss, resolved), list(rest), ours.model_config, num_samples,
+                       data, no_grad_gather=ours.no_grad_gather, captions_per_image=ours.captions_per_image,
                        loss_reset=ours.loss_reset, id_block=id_block, preempt=preempt)
 
 
-def create_loss_checked(loss: str, kwargs: Dict[str, object], oc_args, no_grad_gather: bool = False) -> None:
-    """Build the loss once with ``world_size=1`` (on ``meta`` when it allocates) so it checks its arguments.
+def openclip_native(loss: str) -> bool:
+    """Whether ``loss`` is OpenCLIP's own objective, which OpenCLIP's ``create_loss(args)`` builds (see
+    ``openclip_native`` on the loss class)."""
+    from clip_dcl.losses import LOSSES
+
+    return bool(getattr(LOSSES[loss], "openclip_native", False))
+
+
+def create_loss_checked(loss: str, kwargs: Dict[str, object], oc_args, no_grad_gather: bool = False):
+    """Build the loss once with ``world_size=1`` (on ``meta`` when it allocates) so it checks its arguments;
+    return it (its buffers, on ``meta``, hold no values).
 
     Raises:
         FlagError: the loss rejected an argument; the message names the flag that set it.
@@ -535,7 +444,7 @@ def create_loss_checked(loss: str, kwargs: Dict[str, object], oc_args, no_grad_g
         if no_grad_gather and "no_grad_gather" in str(e):
             msg += " (set by --no-grad-gather)"
         raise FlagError(msg) from None
-    del probe
+    return probe
 
 
 def _check_captions_per_image(ours, oc_args, loss: str) -> None:
@@ -556,7 +465,9 @@ def _check_captions_per_image(ours, oc_args, loss: str) -> None:
                      ("coca" in oc_args.model.lower(), f"--model {oc_args.model} (CoCa)")):
         if bad:
             raise FlagError(f"--captions-per-image {m} cannot be combined with {why}")
-    if oc_args.train_data and _train_data_kind(oc_args) != "webdataset":
+    from .facts import train_data_kind
+
+    if oc_args.train_data and train_data_kind(oc_args) != "webdataset":
         raise FlagError(f"--captions-per-image {m} reads the captions from webdataset shards (json 'captions' or "
                         f".txt lines), but --dataset-type is {oc_args.dataset_type!r} for --train-data "
                         f"{oc_args.train_data!r}")

@@ -7,10 +7,11 @@ OpenCLIP will checkpoint, every rank writes its own shard::
 
     CHECKPOINTS/loss_state/epoch_N/log_rate.rank00001-of-00008.state
 
-(written to a temporary name and renamed; ``.state``, not ``.pt``, so that OpenCLIP's
+(written to a temporary name and renamed by :func:`clip_dcl.checkpoint.save_loss_shard`, which
+owns the files' format as it owns the checkpoint's; ``.state``, not ``.pt``, so that OpenCLIP's
 ``--resume latest``, which takes the last ``*.pt`` under the folder, never picks one). The master's
-checkpoint keeps the loss's small buffers in ``ckpt["loss_state"]`` and, in
-``ckpt["clip_dcl"]["loss_state_shards"]``, where the shards are (relative to the checkpoint's
+checkpoint keeps the loss's small buffers with its loss state and, in its shard index
+(:data:`clip_dcl.checkpoint.SHARD_INDEX_KEY`), where the shards are (relative to the checkpoint's
 folder), their world size and ``num_samples``.
 
 On resume each rank builds its own shard from the saved ones, for any new world size (or a
@@ -29,12 +30,13 @@ from typing import Dict, List, Optional
 
 import torch
 
+from clip_dcl import checkpoint as ckpt_format
 from clip_dcl.losses.state import reshard, shard_size
 
 #: sub-folder of the checkpoint folder that holds the shards
-FOLDER = "loss_state"
-#: key of the shard index in ``ckpt["clip_dcl"]``
-INDEX_KEY = "loss_state_shards"
+FOLDER = ckpt_format.SHARD_FOLDER
+#: key of the shard index in the checkpoint's ``clip_dcl`` entry (the checkpoint format's)
+INDEX_KEY = ckpt_format.SHARD_INDEX_KEY
 #: the sharded buffer (its other buffers are small and stay in the checkpoint)
 SHARDED = "log_rate"
 
@@ -89,11 +91,8 @@ def write_shards(loss, args, completed_epoch: int) -> Optional[Path]:
 def _save_shard(loss, folder: Path) -> None:
     """Write this rank's shard of the loss state into ``folder`` (atomically: a temporary file renamed)."""
     folder.mkdir(parents=True, exist_ok=True)
-    path = shard_path(folder, loss.rank, loss.world_size)
-    tmp = path.with_name(path.name + ".tmp")
-    torch.save({SHARDED: getattr(loss, SHARDED).detach().cpu(), "rank": loss.rank, "world_size": loss.world_size,
-                "num_samples": loss.num_samples}, tmp)
-    os.replace(tmp, path)
+    ckpt_format.save_loss_shard(shard_path(folder, loss.rank, loss.world_size), SHARDED, getattr(loss, SHARDED),
+                                loss.rank, loss.world_size, loss.num_samples)
 
 
 def write_step_shards(loss, args, epoch: int, step: int) -> Optional[Path]:
@@ -137,7 +136,7 @@ def _prune(args, rank: int, world_size: int, completed_epoch: int) -> None:
 
 
 def shard_index(loss, folder: Path, checkpoint_path: str) -> Dict[str, object]:
-    """The ``ckpt["clip_dcl"]["loss_state_shards"]`` entry for shards in ``folder``."""
+    """The shard index (:data:`INDEX_KEY` of the checkpoint's entry) for shards in ``folder``."""
     return {"folder": os.path.relpath(folder, Path(checkpoint_path)), "world_size": loss.world_size,
             "num_samples": loss.num_samples, "buffers": [SHARDED]}
 
@@ -157,7 +156,7 @@ def _sources(index: Dict[str, object], ckpt_path: str) -> List[tuple]:
                                   f"({len(missing)} of {world} shard files): copy the folder with the checkpoint")
 
     def loader(path: Path):
-        return lambda: torch.load(path, map_location="cpu", mmap=True, weights_only=True)[SHARDED]
+        return lambda: ckpt_format.load_loss_shard(path, SHARDED)
 
     return [(r, world, loader(p)) for r, p in enumerate(paths)]
 
@@ -184,9 +183,8 @@ def read_loss_state(ckpt_path: str | os.PathLike) -> Dict[str, torch.Tensor]:
     ``O(num_samples)`` host memory: for inspection and tests, not for resuming (which never
     assembles it).
     """
-    ckpt = torch.load(ckpt_path, map_location="cpu", weights_only=True)
-    state = dict(ckpt.get("loss_state") or {})
-    index = (ckpt.get("clip_dcl") or {}).get(INDEX_KEY)
+    state, entry = ckpt_format.read_training_state(ckpt_path)
+    index = entry.get(INDEX_KEY)
     if index:
         n = int(index["num_samples"])
         sources = _sources(index, str(ckpt_path))

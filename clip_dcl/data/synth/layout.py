@@ -1,60 +1,7 @@
-"""Synthetic image-caption data with latent classes: clip-dcl's embedded default data.
-
-Every image shows one to three flat shapes drawn with PIL; its caption names them in varied
-words ("a small red circle in the top left on a grey background", "there are two big violet
-stars against a black backdrop", ...). Each sample has these latent attributes:
-
-=============  =========================================================  ==================
-attribute      values                                                     role
-=============  =========================================================  ==================
-shape          circle, square, triangle, star, cross, diamond             class (subset)
-colour         red, blue, green, yellow, purple, orange, pink, cyan       class (subset)
-size           small, large                                               nuisance
-count          1, 2, 3                                                    nuisance
-position       top left, top right, bottom left, bottom right, center     nuisance (count 1)
-               ("scattered" when count > 1: one shape per quadrant)
-background     grey, white, black                                         nuisance
-=============  =========================================================  ==================
-
-**Latent classes.** ``num_classes = C`` picks the first ``n_shapes`` shapes and the first
-``n_colours`` colours above; class ``k`` is the pair ``(shape k // n_colours, colour k %
-n_colours)`` (:func:`class_grid`). When ``C`` factors as ``n_shapes * n_colours`` with
-``n_shapes <= 6``, ``n_colours <= 8``, the most even factorisation is used (ties: more colours,
-since colour is the quicker attribute to learn); otherwise the smallest most even grid with more
-than ``C`` cells is filled row by row and its last cells stay unused. Size, count, position and
-background vary within a class. Class frequencies are balanced (``class_imbalance = 0``) or
-Zipf-like, ``p_c ∝ (c + 1)^-class_imbalance``, rounded to counts by largest remainders.
-
-**Share of same-class negatives.** For two samples drawn independently from the training split,
-``P(same class) = tau_plus = sum_c p_c^2`` with ``p_c = n_c / N`` the empirical class shares
-(``1 / C`` when balanced); this is DCL's class prior ``tau_plus``. It is computed from the labels
-written (:func:`tau_plus_from_labels`), printed, and stored in ``summary.json``, together with the
-rate over pairs of *distinct* samples, ``sum_c n_c (n_c - 1) / (N (N - 1))``, which is what a
-batch without repeats sees.
-
-**Determinism.** Sample ``i`` of a split draws from ``numpy.random.default_rng([seed, split,
-i])``, so it does not depend on how many samples come before it or on the process that draws it;
-JPEGs are written with a fixed quality and chroma sampling, tars with fixed header fields, zips
-with a fixed date; nothing written depends on the clock or on the output path.
-
-Layout written under ``OUT_DIR`` (defaults in brackets)::
-
-    summary.json                  config, classes, tau_plus, sizes, relative paths
-    train/00000.tar ...           [8 shards x 1500] {key}.jpg/.txt/.json, dense keys 0..N-1
-    train/sizes.json
-    val/00000.tar, sizes.json     [1000] held-out retrieval pairs, json "captions" [5 per image]
-    zeroshot/<NN_colour_shape>/*.jpg   ImageFolder tree over the latent classes [20 per class]
-    zeroshot/classnames.txt, templates.txt
-    fewshot/catalog.json          {name: {metric, num_classes, multilabel, classes}}
-    fewshot/<task>/labels.txt, train.txt, test.txt, train_images.zip, test_images.zip,
-                   templates.txt  ELEVATER iris layout; tasks synth-shape, synth-colour,
-                                  synth-count, synth-position [20 train, 50 test per class],
-                                  digits (scikit-learn's 8x8 digits, upscaled)
-
-Drawing, captions and the few-shot index files are written here by hand: no library draws
-captioned shapes; the shard tars come from ``webdataset.TarWriter`` (:mod:`.shards`), the digits
-from ``sklearn.datasets.load_digits`` and their split from ``sklearn.model_selection``.
-"""
+"""The synthetic data set on disk: its configuration, the seed streams every sample draws from, the
+writers of each part of the layout (train/val shards, the zero-shot tree, the few-shot suite) and
+:func:`generate`, which writes them all (``clip-dcl data synth``). Layout and determinism: see
+:mod:`clip_dcl.data.synth`."""
 from __future__ import annotations
 
 import dataclasses
@@ -71,66 +18,12 @@ from pathlib import Path
 
 import numpy as np
 
-from .shards import KEY_WIDTH, CaptionShardWriter, format_key
-
-# ------------------------------------------------------------------------------------------
-# Attribute vocabularies. Order matters: the first entries are the most distinct ones and are
-# the ones a small class grid uses.
-# ------------------------------------------------------------------------------------------
-SHAPES = ("circle", "square", "triangle", "star", "cross", "diamond")
-COLOURS = ("red", "blue", "green", "yellow", "purple", "orange", "pink", "cyan")
-SIZES = ("small", "large")
-COUNTS = (1, 2, 3)
-POSITIONS = ("top left", "top right", "bottom left", "bottom right", "center")
-SCATTERED = "scattered"
-BACKGROUNDS = ("grey", "white", "black")
-MAX_CLASSES = len(SHAPES) * len(COLOURS)
-
-#: Probability of each count (single objects are the most common, so that position is seen).
-COUNT_PROBS = (0.5, 0.25, 0.25)
-
-_RGB = {
-    "red": (215, 35, 35), "blue": (35, 75, 225), "green": (35, 165, 55), "yellow": (240, 215, 30),
-    "purple": (135, 50, 185), "orange": (245, 135, 25), "pink": (245, 120, 185), "cyan": (30, 200, 215),
-}
-_BACKGROUND_LEVEL = {"grey": 128, "white": 236, "black": 22}
-#: Half-extent of a shape as a fraction of the image side.
-_RADIUS = {"small": 0.12, "large": 0.2}
-#: Centres (x, y) as fractions of the image side.
-_CENTRES = {"top left": (0.25, 0.25), "top right": (0.75, 0.25), "bottom left": (0.25, 0.75),
-            "bottom right": (0.75, 0.75), "center": (0.5, 0.5)}
-_QUADRANTS = POSITIONS[:4]
-
-# Caption vocabulary: synonyms per attribute value (singular, plural for nouns).
-_SHAPE_NOUNS = {
-    "circle": (("circle", "circles"), ("disc", "discs")),
-    "square": (("square", "squares"),),
-    "triangle": (("triangle", "triangles"),),
-    "star": (("star", "stars"),),
-    "cross": (("cross", "crosses"), ("plus sign", "plus signs")),
-    "diamond": (("diamond", "diamonds"), ("rhombus", "rhombi")),
-}
-_COLOUR_WORDS = {c: (c,) for c in COLOURS} | {"purple": ("purple", "violet"), "cyan": ("cyan", "turquoise")}
-_SIZE_WORDS = {"small": ("small", "little", "tiny"), "large": ("large", "big")}
-_COUNT_WORDS = {2: ("two", "a pair of"), 3: ("three",)}
-_POSITION_PHRASES = {
-    "top left": ("in the top left", "in the upper left corner", "at the top left"),
-    "top right": ("in the top right", "in the upper right corner", "at the top right"),
-    "bottom left": ("in the bottom left", "in the lower left corner", "at the bottom left"),
-    "bottom right": ("in the bottom right", "in the lower right corner", "at the bottom right"),
-    "center": ("in the center", "in the middle", "at the centre"),
-    SCATTERED: ("scattered around", "spread across the picture"),
-}
-_BACKGROUND_WORDS = {"grey": ("grey", "gray"), "white": ("white",), "black": ("black", "dark")}
-_PREFIXES = ("", "", "", "a picture of ", "an image of ", "a drawing of ")
-#: Probability that a caption names the size / the position / the background.
-_P_SIZE, _P_POSITION, _P_BACKGROUND = 0.8, 0.8, 0.75
-
-#: Zero-shot prompts, in the captions' own words (no article before {c}: "an orange ...").
-ZEROSHOT_TEMPLATES = (
-    "{c}.", "one {c}.", "a picture of one {c}.", "an image of one {c}.", "there is one {c}.",
-    "one small {c}.", "one big {c}.",
-)
+from ..shards import KEY_WIDTH, CaptionShardWriter, format_key
+from .attributes import (BACKGROUNDS, COLOURS, COUNTS, MAX_CLASSES, POSITIONS, SCATTERED, SHAPES, SIZES, class_counts,
+                         class_folders, class_grid, class_names, grid_shape, same_class_rate_distinct,
+                         sample_attributes, tau_plus_from_labels)
+from .captions import ZEROSHOT_TEMPLATES, make_captions
+from .render import draw_image, encode_jpeg
 
 # Seed-stream ids (the second entry of every SeedSequence).
 _STREAM = {"train": 0, "val": 1, "zeroshot": 2, "labels-train": 3, "labels-val": 4,
@@ -144,7 +37,7 @@ _TEST_OFFSET = 1 << 30
 # ------------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class SynthConfig:
-    """Sizes and knobs of a synthetic data set; see the module docstring for their meaning."""
+    """Sizes and knobs of a synthetic data set; see :mod:`clip_dcl.data.synth` for their meaning."""
 
     seed: int = 0
     image_size: int = 64
@@ -212,221 +105,11 @@ class SynthConfig:
                                    f"at train_samples={self.train_samples}")
 
 
-# ------------------------------------------------------------------------------------------
-# Classes and their frequencies (pure functions)
-# ------------------------------------------------------------------------------------------
-def grid_shape(num_classes: int) -> tuple[int, int]:
-    """``(n_shapes, n_colours)`` of the class grid for ``num_classes`` classes (module docstring)."""
-    if not 1 <= num_classes <= MAX_CLASSES:
-        raise ValueError(f"num_classes={num_classes} must be within [1, {MAX_CLASSES}]")
-    grids = [(s, c) for s in range(1, len(SHAPES) + 1) for c in range(1, len(COLOURS) + 1)
-             if s * c >= num_classes]
-    # Fewest unused cells, then most even, then more colours than shapes.
-    return min(grids, key=lambda g: (g[0] * g[1] - num_classes, abs(g[0] - g[1]), g[0]))
-
-
-def class_grid(num_classes: int) -> list[tuple[str, str]]:
-    """The latent classes as ``(shape, colour)`` pairs; class ``k`` is entry ``k``."""
-    n_shapes, n_colours = grid_shape(num_classes)
-    return [(SHAPES[k // n_colours], COLOURS[k % n_colours]) for k in range(num_classes)]
-
-
-def class_names(num_classes: int) -> list[str]:
-    """Human class names, e.g. ``"red circle"``, in label order."""
-    return [f"{colour} {shape}" for shape, colour in class_grid(num_classes)]
-
-
-def class_folders(num_classes: int) -> list[str]:
-    """ImageFolder folder names whose sorted order is the label order, e.g. ``"03_yellow_circle"``."""
-    width = len(str(num_classes - 1))
-    return [f"{k:0{width}d}_{colour}_{shape}" for k, (shape, colour) in enumerate(class_grid(num_classes))]
-
-
-def class_counts(num_samples: int, num_classes: int, imbalance: float = 0.0) -> np.ndarray:
-    """Samples per class: ``p_c ∝ (c + 1)^-imbalance`` rounded by largest remainders (sums to N)."""
-    weights = np.arange(1, num_classes + 1, dtype=np.float64) ** -float(imbalance)
-    exact = num_samples * weights / weights.sum()
-    counts = np.floor(exact).astype(np.int64)
-    remainder = num_samples - int(counts.sum())
-    # Stable sort: ties go to the lower class index, so the result is deterministic.
-    order = np.argsort(-(exact - counts), kind="stable")
-    counts[order[:remainder]] += 1
-    return counts
-
-
-def tau_plus_from_labels(labels, num_classes: int | None = None) -> float:
-    """``tau_plus = sum_c p_c^2``, the probability that two independent draws share a class."""
-    labels = np.asarray(labels)
-    if labels.size == 0:
-        raise ValueError("tau_plus needs at least one label")
-    p = np.bincount(labels, minlength=num_classes or 0) / labels.size
-    return float(np.sum(p * p))
-
-
-def same_class_rate_distinct(labels) -> float:
-    """``sum_c n_c (n_c - 1) / (N (N - 1))``: same-class rate over pairs of distinct samples."""
-    labels = np.asarray(labels)
-    if labels.size < 2:
-        raise ValueError("the distinct-pair rate needs at least two labels")
-    n = np.bincount(labels).astype(np.float64)
-    return float(np.sum(n * (n - 1)) / (labels.size * (labels.size - 1)))
-
-
 def split_labels(seed: int, split: str, num_samples: int, num_classes: int, imbalance: float) -> np.ndarray:
     """The label of every sample of a split: exact class counts, seeded random order."""
     counts = class_counts(num_samples, num_classes, imbalance)
     labels = np.repeat(np.arange(num_classes), counts)
     return np.random.default_rng([seed, _STREAM[f"labels-{split}"]]).permutation(labels)
-
-
-# ------------------------------------------------------------------------------------------
-# One sample: attributes, image, captions
-# ------------------------------------------------------------------------------------------
-def sample_attributes(rng: np.random.Generator, shape: str, colour: str, **fixed) -> dict:
-    """Draw the nuisance attributes (size, count, position, background) for a given class.
-
-    ``fixed`` pins any of them (``count=1`` for a position task, ...). ``position`` is
-    ``"scattered"`` whenever ``count > 1``; ``quadrants`` lists where the shapes go.
-    """
-    unknown = sorted(set(fixed) - {"size", "count", "position", "background"})
-    if unknown:
-        raise ValueError(f"unknown attribute(s) {unknown}; size, count, position, background can be fixed")
-    size = fixed.get("size") or SIZES[rng.integers(len(SIZES))]
-    count = fixed.get("count") or int(COUNTS[rng.choice(len(COUNTS), p=COUNT_PROBS)])
-    if count == 1:
-        position = fixed.get("position") or POSITIONS[rng.integers(len(POSITIONS))]
-        quadrants = [position]
-    else:
-        if fixed.get("position") not in (None, SCATTERED):
-            raise ValueError(f"position={fixed['position']!r} needs count=1, got count={count}")
-        position = SCATTERED
-        quadrants = [_QUADRANTS[q] for q in sorted(rng.choice(4, size=count, replace=False))]
-    background = fixed.get("background") or BACKGROUNDS[rng.integers(len(BACKGROUNDS))]
-    return {"shape": shape, "colour": colour, "size": size, "count": count, "position": position,
-            "background": background, "quadrants": quadrants}
-
-
-def _outline(shape: str, cx: float, cy: float, r: float, angle: float) -> list[tuple[float, float]]:
-    """Polygon vertices of a shape centred at (cx, cy) with half-extent r, turned by ``angle``."""
-    if shape == "square":
-        pts = [(1.1 * math.cos(a), 1.1 * math.sin(a)) for a in np.radians([45, 135, 225, 315])]
-    elif shape == "diamond":  # a rhombus, narrower than tall, so that it never looks like a square
-        pts = [(0.72 * math.cos(a), 1.12 * math.sin(a)) for a in np.radians([0, 90, 180, 270])]
-    elif shape == "triangle":
-        pts = [(1.15 * math.cos(a), 1.15 * math.sin(a) + 0.15) for a in np.radians([-90, 30, 150])]
-    elif shape == "star":
-        pts = [((1.15 if k % 2 == 0 else 0.5) * math.cos(a), (1.15 if k % 2 == 0 else 0.5) * math.sin(a))
-               for k, a in enumerate(np.radians(np.arange(10) * 36.0 - 90.0))]
-    elif shape == "cross":
-        w = 0.36
-        pts = [(-w, -1), (w, -1), (w, -w), (1, -w), (1, w), (w, w), (w, 1), (-w, 1), (-w, w), (-1, w),
-               (-1, -w), (-w, -w)]
-    else:
-        raise ValueError(f"unknown shape {shape!r}")
-    c, s = math.cos(angle), math.sin(angle)
-    return [(cx + r * (x * c - y * s), cy + r * (x * s + y * c)) for x, y in pts]
-
-
-def draw_image(attrs: dict, image_size: int, rng: np.random.Generator):
-    """Render the attributes as an RGB ``PIL.Image`` of side ``image_size``.
-
-    Drawn at ``ss`` times the size and reduced by box averaging (anti-aliased edges); object
-    colour, background level, placement, rotation (up to 10 degrees) and pixel noise are
-    jittered from ``rng``.
-    """
-    from PIL import Image, ImageDraw
-
-    ss = max(1, math.ceil(256 / image_size))
-    side = image_size * ss
-    level = int(np.clip(_BACKGROUND_LEVEL[attrs["background"]] + rng.integers(-10, 11), 0, 255))
-    img = Image.new("RGB", (side, side), (level, level, level))
-    draw = ImageDraw.Draw(img)
-    rgb = tuple(int(v) for v in np.clip(np.array(_RGB[attrs["colour"]]) + rng.integers(-14, 15, 3), 0, 255))
-    r = _RADIUS[attrs["size"]] * side
-    # The shape stays inside its quadrant (or the central square of the same size).
-    slack = max(0.0, 0.25 * side - 1.15 * r - 0.02 * side)
-    for where in attrs["quadrants"]:
-        fx, fy = _CENTRES[where]
-        cx = fx * side + rng.uniform(-slack, slack)
-        cy = fy * side + rng.uniform(-slack, slack)
-        if attrs["shape"] == "circle":
-            draw.ellipse([cx - r, cy - r, cx + r, cy + r], fill=rgb)
-        else:
-            draw.polygon(_outline(attrs["shape"], cx, cy, r, math.radians(rng.uniform(-10, 10))), fill=rgb)
-    if ss > 1:
-        img = img.reduce(ss)
-    pixels = np.asarray(img, dtype=np.int16) + np.rint(rng.normal(0.0, 3.0, (image_size, image_size, 3))).astype(np.int16)
-    return Image.fromarray(np.clip(pixels, 0, 255).astype(np.uint8), "RGB")
-
-
-def encode_jpeg(image, quality: int) -> bytes:
-    """JPEG bytes at a fixed quality, 4:4:4 chroma (colour edges stay sharp at 64 px), no metadata."""
-    buf = io.BytesIO()
-    image.save(buf, format="JPEG", quality=quality, subsampling=0, optimize=False)
-    return buf.getvalue()
-
-
-def _pick(rng: np.random.Generator, options):
-    return options[rng.integers(len(options))]
-
-
-def _with_article(phrase: str) -> str:
-    return ("an " if phrase[0] in "aeiou" else "a ") + phrase
-
-
-def make_caption(attrs: dict, rng: np.random.Generator) -> str:
-    """One caption of the attributes in varied words.
-
-    Shape, colour and count are always named; size, position and background each with a
-    fixed probability. Five sentence patterns, synonyms per value, optional lead-ins.
-    """
-    count = attrs["count"]
-    singular, plural = _pick(rng, _SHAPE_NOUNS[attrs["shape"]])
-    words = [_pick(rng, _COLOUR_WORDS[attrs["colour"]]), singular if count == 1 else plural]
-    if rng.random() < _P_SIZE:
-        words.insert(0, _pick(rng, _SIZE_WORDS[attrs["size"]]))
-    core = " ".join(words)
-    if count == 1:
-        obj = "one " + core if rng.random() < 0.3 else _with_article(core)
-    else:
-        obj = _pick(rng, _COUNT_WORDS[count]) + " " + core
-    pos = _pick(rng, _POSITION_PHRASES[attrs["position"]]) if rng.random() < _P_POSITION else ""
-    bg = _pick(rng, _BACKGROUND_WORDS[attrs["background"]]) if rng.random() < _P_BACKGROUND else ""
-    pattern = int(rng.integers(5))
-    if pattern == 1 and not bg:
-        pattern = 0
-    if pattern == 3 and not pos:
-        pattern = 2
-    sp_pos = " " + pos if pos else ""
-    if pattern == 0:
-        bg_on = f" on {_with_article(bg)} background" if bg else ""
-        text = f"{_pick(rng, _PREFIXES)}{obj}{sp_pos}{bg_on}"
-    elif pattern == 1:
-        text = f"{_with_article(bg)} background with {obj}{sp_pos}"
-    elif pattern == 2:
-        bg_on = f" on {_with_article(bg)} background" if bg else ""
-        verb = "is" if count == 1 or obj.startswith("a pair") else "are"
-        text = f"there {verb} {obj}{sp_pos}{bg_on}"
-    elif pattern == 3:
-        bg_on = f" on {_with_article(bg)} background" if bg else ""
-        text = f"{pos}, {obj}{bg_on}"
-    else:
-        bg_against = f" against {_with_article(bg)} {_pick(rng, ('backdrop', 'background'))}" if bg else ""
-        text = f"{_pick(rng, _PREFIXES)}{obj}{bg_against}{sp_pos}"
-    return text
-
-
-def make_captions(attrs: dict, rng: np.random.Generator, k: int) -> list[str]:
-    """``k`` captions of one image, distinct where the vocabulary allows (a few redraws)."""
-    captions: list[str] = []
-    for _ in range(k):
-        text = make_caption(attrs, rng)
-        for _retry in range(8):
-            if text not in captions:
-                break
-            text = make_caption(attrs, rng)
-        captions.append(text)
-    return captions
 
 
 def render_sample(seed: int, stream: str | int, index: int, shape: str, colour: str, image_size: int,
@@ -724,11 +407,3 @@ def _with_paths(summary: dict, out: Path, seconds: float) -> dict:
     out = out.resolve()
     return {**summary, "out_dir": str(out), "train_data": str(out / summary["train"]["pattern"]),
             "val_data": str(out / summary["val"]["pattern"]), "seconds": seconds}
-
-
-__all__ = [
-    "SynthConfig", "generate", "class_grid", "class_names", "class_folders", "class_counts", "grid_shape",
-    "tau_plus_from_labels", "same_class_rate_distinct", "split_labels", "sample_attributes", "draw_image",
-    "make_caption", "make_captions", "render_sample", "encode_jpeg", "fewshot_tasks", "SHAPES", "COLOURS",
-    "SIZES", "COUNTS", "POSITIONS", "BACKGROUNDS", "ZEROSHOT_TEMPLATES", "DIGIT_NAMES", "MAX_CLASSES",
-]

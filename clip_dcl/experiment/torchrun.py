@@ -1,0 +1,64 @@
+"""Benchmarks that measure on several ranks: the script launches itself under ``torchrun``.
+
+A benchmark script is both the launcher and the worker: :func:`launch` starts ``--nproc`` copies of
+it on gloo ranks of this machine with the hidden flags of :func:`add_worker_arguments`; each copy
+sees ``args.worker`` set, measures inside :func:`process_group` and leaves one JSON record per rank
+(:func:`write_rank_record`), which :func:`launch` returns in rank order.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Iterator, List, Sequence, Tuple
+
+
+def add_worker_arguments(parser: argparse.ArgumentParser) -> None:
+    """The hidden flags :func:`launch` passes: ``--worker`` (run as one rank) and ``--worker-out``
+    (the folder of the ranks' records)."""
+    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--worker-out", default=None, help=argparse.SUPPRESS)
+
+
+def launch(script: os.PathLike, nproc: int, argv: Sequence[str], *, threads: int = 1, what: str = "") -> List[dict]:
+    """Run ``script --worker ... argv`` on ``nproc`` gloo ranks (one machine, no GPU); each rank's record.
+
+    ``threads``: ``OMP_NUM_THREADS`` of every rank (ranks share the cores). On failure the tail
+    of the ranks' stderr is raised, after ``what`` (the configuration) when given.
+
+    Raises:
+        RuntimeError: torchrun or a rank failed.
+    """
+    with tempfile.TemporaryDirectory() as out:
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(nproc),
+               str(script), "--worker", "--worker-out", out, *argv]
+        env = {**os.environ, "OMP_NUM_THREADS": str(threads), "CUDA_VISIBLE_DEVICES": ""}
+        proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
+        if proc.returncode:
+            raise RuntimeError(f"{what}: {proc.stderr[-3000:]}" if what else proc.stderr[-3000:])
+        return [json.loads(Path(out, f"rank{r}.json").read_text()) for r in range(nproc)]
+
+
+@contextmanager
+def process_group() -> Iterator[Tuple[int, int]]:
+    """The gloo process group of a worker started by :func:`launch`: yields ``(rank, world_size)``
+    and tears the group down afterwards."""
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo")
+    try:
+        yield dist.get_rank(), dist.get_world_size()
+    finally:
+        dist.destroy_process_group()
+
+
+def write_rank_record(args: argparse.Namespace, rank: int, record: dict) -> None:
+    """Leave this rank's ``record`` for :func:`launch` (``args``: the worker's parsed flags)."""
+    if not args.worker_out:
+        raise ValueError("write_rank_record needs --worker-out: run the script through launch()")
+    Path(args.worker_out, f"rank{rank}.json").write_text(json.dumps(record))

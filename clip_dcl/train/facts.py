@@ -1,0 +1,85 @@
+"""What OpenCLIP's training flags tell about the training data, for the losses that size themselves from it.
+
+:func:`data_facts` reads OpenCLIP's parsed arguments into a :class:`clip_dcl.losses.base.DataFacts`,
+which a loss's ``resolve_data_params`` reads (the trainer knows no loss by name). The sizes are
+read only when a loss asks for them, and once: the sum of the shards' ``sizes.json``, the CSV's
+rows (OpenCLIP's ``CsvDataset`` size), or ``--train-num-samples`` for OpenCLIP's synthetic data,
+whose sample ids are the keys, the rows and the indices.
+"""
+from __future__ import annotations
+
+import functools
+from typing import Tuple
+
+from clip_dcl.losses.base import DataFacts, DataSizeUnknown
+
+from .ids import num_sources
+
+#: where each kind of training data takes its sample ids from (see DataFacts.sample_ids)
+_SAMPLE_IDS = {"webdataset": "keys", "csv": "rows", "synthetic": "indices"}
+
+
+def train_data_kind(oc_args) -> str:
+    """``--dataset-type``, with ``auto`` resolved from ``--train-data``'s extension as OpenCLIP's
+    ``get_dataset_fn`` does (``"other"`` where OpenCLIP would find no reader)."""
+    if oc_args.dataset_type != "auto":
+        return oc_args.dataset_type
+    return {"tar": "webdataset", "csv": "csv", "tsv": "csv"}.get(oc_args.train_data.split(".")[-1], "other")
+
+
+def data_facts(oc_args) -> DataFacts:
+    """The facts of ``oc_args``'s training data known before it is loaded (``steps_per_epoch`` None)."""
+    synthetic = oc_args.dataset_type == "synthetic"
+    training = bool(oc_args.train_data) or synthetic
+    kind = "synthetic" if synthetic else (train_data_kind(oc_args) if oc_args.train_data else None)
+    return DataFacts(
+        epochs=oc_args.epochs, training=training, sample_ids=_SAMPLE_IDS.get(kind),
+        description=f"--dataset-type {oc_args.dataset_type!r} with --train-data {oc_args.train_data!r}",
+        num_sources=num_sources(oc_args.train_data) if oc_args.train_data and not synthetic else 1,
+        sizes=functools.lru_cache(maxsize=None)(functools.partial(_sizes, oc_args, kind)),
+    )
+
+
+def _sizes(oc_args, kind) -> Tuple[int, Tuple[int, ...]]:
+    """``(total, per-source sizes)`` of the training data (see :attr:`DataFacts.sizes`)."""
+    if kind == "synthetic":
+        if not oc_args.train_num_samples:
+            raise DataSizeUnknown("--dataset-type synthetic makes --train-num-samples samples (their indices are "
+                                  "the sample ids) and --train-num-samples is not set", "set --train-num-samples")
+        return int(oc_args.train_num_samples), (int(oc_args.train_num_samples),)
+    if kind == "csv":
+        rows = _csv_rows(oc_args)
+        return rows, (rows,)
+    if kind != "webdataset":
+        raise DataSizeUnknown(f"--dataset-type {oc_args.dataset_type!r} with --train-data {oc_args.train_data!r} "
+                              "has no size that clip-dcl can read")
+    from open_clip_train.data import get_dataset_size
+
+    try:
+        total, _ = get_dataset_size(oc_args.train_data)
+    except KeyError as e:
+        raise DataSizeUnknown(f"sizes.json next to the training shards has no entry for shard {e}", "fix it") from None
+    except (OSError, ValueError) as e:
+        raise DataSizeUnknown(f"the training shards' sizes.json cannot be read ({e})", "fix it") from None
+    if not total:
+        raise DataSizeUnknown(f"there is no sizes.json (or __len__) next to the shards of {oc_args.train_data!r}")
+    if num_sources(oc_args.train_data) < 2:
+        return int(total), (int(total),)
+    per_source = []
+    for source in oc_args.train_data.split("::"):
+        try:
+            per_source.append(get_dataset_size(source)[0] or 0)
+        except (KeyError, OSError, ValueError):
+            per_source.append(0)
+    return int(total), tuple(per_source)
+
+
+def _csv_rows(oc_args) -> int:
+    """Rows of the training CSV (one column read), OpenCLIP's ``CsvDataset`` size."""
+    import pandas as pd
+
+    try:
+        return len(pd.read_csv(oc_args.train_data, sep=oc_args.csv_separator, usecols=[oc_args.csv_caption_key]))
+    except (OSError, ValueError) as e:
+        raise DataSizeUnknown(f"--train-data {oc_args.train_data!r}: the CSV's column {oc_args.csv_caption_key!r} "
+                              f"cannot be read ({e})", "fix it") from None

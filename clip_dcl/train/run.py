@@ -1,0 +1,471 @@
+"""The state of one training run through OpenCLIP's ``main``: its loss, resume and checkpoint bookkeeping.
+
+:class:`TrainingRun` holds what the replacements of ``open_clip_train``'s names need across one
+``main`` call (:func:`clip_dcl.train.patch.patched` swaps them in): it parses the arguments, builds
+and restores the loss, runs each epoch through OpenCLIP's ``train_one_epoch`` with the ids carried
+around it (:mod:`clip_dcl.train.steps`), saves mid-epoch checkpoints, and adds the loss state and
+clip-dcl's entry to every checkpoint ``main`` writes (the format is :mod:`clip_dcl.checkpoint`'s).
+"""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import glob
+import inspect
+import logging
+import math
+import os
+import pickle
+import re
+from typing import Optional
+
+import open_clip
+import torch
+from open_clip_train import main as oc_main
+from open_clip_train import params as oc_params
+from open_clip_train import train as oc_train
+
+from clip_dcl.losses.state import digest_of_state_dict
+
+from .. import checkpoint as ckpt_format
+from . import loss_state as sharded_state
+from . import preempt as preemption
+from .flags import TrainConfig, full_loss_args, loss_command, openclip_native
+from .pipeline import get_wds_train_dataset, id_collisions, summary_line, with_indices
+from .steps import IdChannel, LossWithIds, SkippedSteps, TrainLineHook, seed_main_process
+from .upstream import (OPENCLIP_CREATE_LOSS, OPENCLIP_GET_CSV_DATASET, OPENCLIP_GET_SYNTHETIC_DATASET,
+                       OPENCLIP_GET_WDS_DATASET, OPENCLIP_PT_LOAD, OPENCLIP_TRAIN_ONE_EPOCH)
+
+
+class LossStateMismatch(RuntimeError):
+    """The checkpoint being resumed holds loss state that the configured loss cannot take."""
+
+
+class ObjectiveMismatch(LossStateMismatch):
+    """The checkpoint being resumed was trained with another ``--loss`` than the one configured."""
+
+
+# -- checkpoint contents ---------------------------------------------------------------------------
+def loss_state_digest(loss) -> str:
+    """Digest of a live loss's whole state (collective for a sharded DeCL buffer), or of a ``state_dict``.
+
+    The same value for the same state however it is held: see :mod:`clip_dcl.losses.state`.
+    """
+    if isinstance(loss, dict):
+        return digest_of_state_dict(loss)
+    if hasattr(loss, "state_digest"):
+        return loss.state_digest()
+    return digest_of_state_dict(loss.state_dict())
+
+
+
+class TrainingRun:
+    """The state of one ``open_clip_train.main`` call: its loss, and what the patches need."""
+
+    def __init__(self, config: TrainConfig):
+        self.config = config
+        self.args = None
+        self.loss = None
+        self.resumed: Optional[dict] = None  # the resumed checkpoint's clip_dcl entries
+        self.resumed_path: Optional[str] = None
+        self.preprocess_cfg: Optional[dict] = None
+        self.train_num_batches: Optional[int] = None  # batches per epoch of the training data
+        self.shards = None  # the folder of this epoch's loss-state shards (sharded DeCL state)
+        self.train_data_size: Optional[int] = None  # rows of a CSV / size of synthetic training data
+        self.resume_latest = False  # --resume latest (main replaces args.resume with the file it found)
+        self.signals: Optional[preemption.StopSignals] = None  # installed by run_training
+        self.gate: Optional[preemption.StepGate] = None
+        self.resume_position: Optional[dict] = None  # ckpt["clip_dcl"]["resume"] of a mid-epoch checkpoint
+        self.last_step_save: Optional[str] = None
+        self.epoch_num_batches: Optional[int] = None
+
+    # open_clip_train.main.parse_args
+    def parse_args(self, argv):
+        args = oc_params.parse_args(argv)
+        cfg = self.config
+        args.loss = cfg.loss
+        args.loss_args = dict(cfg.loss_args)
+        args.model_config = cfg.model_config
+        args.no_grad_gather = cfg.no_grad_gather
+        args.decl_num_samples = cfg.num_samples
+        args.loss_reset = cfg.loss_reset
+        args.decl_id_block = cfg.id_block
+        self.resume_latest = args.resume == "latest"
+        args.captions_per_image = cfg.captions_per_image
+        self.args = args
+        return args
+
+    # open_clip_train.main.pt_load
+    def pt_load(self, path, map_location="cpu"):
+        ckpt = self._load_resumable(path, map_location)
+        if isinstance(ckpt, dict) and "epoch" in ckpt:
+            path = self.args.resume if self.args is not None and self.args.resume else path
+            entry = ckpt.get(ckpt_format.CKPT_KEY)
+            self.resume_position = entry.get("resume") if isinstance(entry, dict) else None
+            self._check_objective(ckpt, path)
+            if self.config.loss_reset:
+                logging.info(f"--loss-reset: the {self.config.loss} loss starts with fresh state; {path} keeps "
+                             "only the model and optimizer.")
+                return ckpt
+            self.resumed = {key: ckpt.get(key) for key in (ckpt_format.LOSS_STATE_KEY, ckpt_format.CKPT_KEY)}
+            self.resumed_path = path
+        return ckpt
+
+    def _load_resumable(self, path, map_location):
+        """OpenCLIP's ``pt_load``; on ``--resume latest``, the newest checkpoint that loads, from ``path`` down.
+
+        A save killed halfway (by OpenCLIP before 3.3's own saves, or another tool) leaves a torn
+        ``*.pt`` that OpenCLIP's ``--resume latest`` would pick and die on.
+        """
+        unreadable = (RuntimeError, EOFError, OSError, ValueError, pickle.UnpicklingError)
+        try:
+            return OPENCLIP_PT_LOAD(path, map_location=map_location)
+        except unreadable as e:
+            if not self.resume_latest:
+                raise ckpt_format.CheckpointUnreadable(
+                    f"--resume {path}: the checkpoint cannot be read; it is truncated (a save that was "
+                    f"interrupted?) or not a torch checkpoint ({ckpt_format._first_line(e)})") from None
+            failed = [(path, ckpt_format._first_line(e))]
+        folder = getattr(self.args, "checkpoint_path", None) or os.path.dirname(path)
+        older = sorted(glob.glob(os.path.join(folder, "**", "*.pt"), recursive=True), key=oc_main.natural_key)
+        older = [c for c in older if oc_main.natural_key(c) < oc_main.natural_key(path)]
+        for candidate in reversed(older):
+            logging.warning(f"--resume latest: {failed[-1][0]} cannot be read ({failed[-1][1]}); trying the "
+                            f"previous checkpoint, {candidate}.")
+            try:
+                ckpt = OPENCLIP_PT_LOAD(candidate, map_location=map_location)
+            except unreadable as e:
+                failed.append((candidate, ckpt_format._first_line(e)))
+                continue
+            self.args.resume = candidate  # main logs the file it resumed from args.resume
+            return ckpt
+        raise ckpt_format.CheckpointUnreadable(
+            f"--resume latest: no checkpoint under {folder} can be read ("
+            f"{'; '.join(f'{p}: {why}' for p, why in failed)}); remove the torn files, or start without --resume")
+
+    def _check_objective(self, ckpt: dict, path) -> None:
+        """Refuse to resume a checkpoint trained with another ``--loss``, unless ``--loss-reset``."""
+        entry = ckpt.get(ckpt_format.CKPT_KEY)
+        saved = entry.get("loss") if isinstance(entry, dict) else None
+        if saved is None or saved == self.config.loss or self.config.loss_reset:
+            return
+        saved_flags = " ".join(loss_command(saved, entry.get("loss_args") or {}))
+        raise ObjectiveMismatch(
+            f"{path} was trained with {saved_flags}; resuming it with --loss {self.config.loss} would change the "
+            f"objective. To continue the same training, add: {saved_flags}. To train --loss {self.config.loss} from "
+            f"this checkpoint on purpose (the saved loss state is dropped), add --loss-reset.")
+
+    # open_clip_train.main.create_loss
+    def create_loss(self, args):
+        cfg = self.config
+        native = openclip_native(cfg.loss)
+        if native and not cfg.no_grad_gather and cfg.captions_per_image == 1:
+            loss = OPENCLIP_CREATE_LOSS(args)
+        else:
+            from clip_dcl.losses import LOSSES, create_loss
+
+            kwargs = self.resolve_loss_args(args)
+            # allocated on the device directly: no host copy of a large per-sample buffer
+            on_device = {"device": args.device} if "device" in inspect.signature(LOSSES[cfg.loss]).parameters else {}
+            if cfg.no_grad_gather:
+                on_device["no_grad_gather"] = True
+            loss = create_loss(cfg.loss, rank=args.rank, world_size=args.world_size, local_loss=args.local_loss,
+                               gather_with_grad=args.gather_with_grad, **kwargs, **on_device)
+        loss = loss.to(args.device) if isinstance(loss, torch.nn.Module) else loss
+        self._restore(loss)
+        self.loss = loss  # the module whose state is checkpointed
+        if not native and "coca" in args.model.lower():
+            # CoCa: our contrastive term, OpenCLIP's captioning term, both with OpenCLIP's weights
+            from clip_dcl.losses.coca import CoCaObjective
+
+            loss = CoCaObjective(loss, caption_loss_weight=args.coca_caption_loss_weight,
+                                 contrastive_loss_weight=args.coca_contrastive_loss_weight)
+        if args.rank == 0:
+            logging.info(f"Loss: {cfg.loss} {cfg.loss_args} -> {loss}")
+        return loss
+
+    def resolve_loss_args(self, args) -> dict:
+        """The loss's keyword arguments resolved by the loss from the data, now that its batches per epoch
+        are known; recorded in ``config.loss_args``, ``args.loss_args`` and params.txt (which OpenCLIP
+        wrote before it loaded the data)."""
+        from clip_dcl.losses import resolve_loss_args
+
+        from .facts import data_facts
+
+        cfg = self.config
+        data = dataclasses.replace(cfg.data or data_facts(args), steps_per_epoch=self.epoch_steps(args))
+        kwargs = resolve_loss_args(cfg.loss, cfg.loss_kwargs, data)
+        resolved = full_loss_args(cfg.loss, kwargs)
+        if resolved != cfg.loss_args:
+            cfg.loss_args = resolved
+            args.loss_args = dict(resolved)
+            if args.rank == 0 and args.logs and args.name:
+                rewrite_param(os.path.join(args.logs, args.name, "params.txt"), "loss_args", args.loss_args)
+        return kwargs
+
+    def epoch_steps(self, args) -> int:
+        """Optimizer steps of one epoch: the training data's batches per epoch (as OpenCLIP's scheduler
+        counts them) / ``--accum-freq``."""
+        batches = self.train_num_batches
+        if batches is None:  # not our webdataset pipeline: OpenCLIP's own count of the samples
+            batches = math.ceil((args.train_num_samples or 0) / (args.batch_size * args.world_size))
+        return batches // args.accum_freq
+
+    def _restore(self, loss) -> None:
+        if self.resumed is None:
+            return
+        state, meta = self.resumed[ckpt_format.LOSS_STATE_KEY], self.resumed[ckpt_format.CKPT_KEY] or {}
+        saved_size = meta.get("train_data_size")
+        if saved_size is not None and self.train_data_size is not None and saved_size != self.train_data_size:
+            logging.warning(f"{self.resumed_path} was trained on {saved_size} samples of --train-data, which now has "
+                            f"{self.train_data_size}: its rows are the sample ids, so rows that moved read the rates "
+                            "of other samples (keep the CSV's rows in place between a run and its resume)")
+        stateful = isinstance(loss, torch.nn.Module) and len(loss.state_dict()) > 0
+        saved_loss = meta.get("loss")
+        if saved_loss is not None and saved_loss != self.config.loss:
+            if stateful:
+                logging.warning(f"{self.resumed_path} was trained with --loss {saved_loss}; --loss "
+                                f"{self.config.loss} starts with fresh loss state.")
+            return
+        if state is None:
+            if stateful:
+                logging.warning(f"{self.resumed_path} holds no loss state; the {self.config.loss} loss starts fresh.")
+            return
+        try:
+            index = meta.get(ckpt_format.SHARD_INDEX_KEY)
+            if index:  # a sharded buffer: in files beside the checkpoint, built into this rank's part
+                state = sharded_state.restore_sharded(loss, state, index, self.resumed_path)
+            loss.load_state_dict(state)
+        except (RuntimeError, KeyError, ValueError) as e:
+            raise LossStateMismatch(
+                f"cannot restore the {self.config.loss} loss state from {self.resumed_path} (it was trained with "
+                f"{meta.get('loss_args')}; now {self.config.loss_args}): {e}") from None
+        if stateful:
+            logging.info(f"Restored the {self.config.loss} loss state from {self.resumed_path} "
+                         f"(digest {loss_state_digest(loss)}).")
+
+    # open_clip_train.main.train_one_epoch
+    def train_one_epoch(self, model, data, loss, epoch, optimizer, scaler, scheduler, dist_model, args,
+                        tb_writer=None):
+        """OpenCLIP's ``train_one_epoch``, called as is, with ids carried around it (see module doc)."""
+        if self.preprocess_cfg is None:
+            try:
+                self.preprocess_cfg = dict(open_clip.get_model_preprocess_cfg(oc_train.unwrap_model(model)))
+            except AttributeError:  # not an OpenCLIP model
+                self.preprocess_cfg = {}
+        seed_main_process(args, epoch)
+        if self.gate is None:
+            self.gate = preemption.StepGate(self.config.preempt, self.signals, args.world_size, args.rank,
+                                            args.device)
+        self.epoch_num_batches = data["train"].dataloader.num_batches
+        skip_steps, resumed = self._resume_point(epoch, args, self.epoch_num_batches)
+
+        state_loss = getattr(loss, "contrastive", loss)  # CoCa: the contrastive term holds the state
+        skipped = SkippedSteps(scaler, state_loss)
+
+        def at_boundary(step: int) -> bool:
+            skipped.check(epoch, step)
+            stop, save = self.gate.poll(step)
+            if stop or save:
+                self.last_step_save = self.save_step(model, optimizer, scaler, epoch, step, args,
+                                                     self.gate.signame if stop else None)
+                self.gate.saved()
+            return stop
+
+        channel = IdChannel(data["train"].dataloader, args.accum_freq, skip=skip_steps * args.accum_freq,
+                             resumed=resumed, at_boundary=at_boundary)
+        data = {**data, "train": dataclasses.replace(data["train"], dataloader=channel)}
+        if skip_steps and scheduler is not None:  # OpenCLIP counts the epoch's steps from 0 again
+            schedule = scheduler
+
+            def scheduler(step):
+                return schedule(step + skip_steps)
+        wrapped = LossWithIds(loss, channel, torch.device(args.device))
+        hook = TrainLineHook(wrapped, channel, epoch, args, tb_writer)
+        logging.getLogger().addFilter(hook)
+        try:
+            OPENCLIP_TRAIN_ONE_EPOCH(model, data, wrapped, epoch, optimizer, scaler, scheduler, dist_model, args,
+                                      tb_writer=tb_writer)
+        finally:
+            logging.getLogger().removeFilter(hook)
+        skipped.check(epoch, channel.fetched // args.accum_freq)  # the epoch's last step
+        if channel.stopped_at is not None:
+            raise preemption.Preempted(self.gate.signame or "a signal", self.last_step_save, epoch, channel.stopped_at)
+        self.log_data_stats(data["train"].dataloader.dataloader, epoch, args)
+        loss = getattr(loss, "contrastive", loss)  # CoCa: the contrastive term holds the state
+        if isinstance(loss, torch.nn.Module) and len(loss.state_dict()):
+            self.shards = sharded_state.write_shards(loss, args, epoch + 1)
+            state = loss.state_dict()
+            calls = f"calls {int(state['calls'])}, " if "calls" in state else ""
+            logging.info(f"Loss state after epoch {epoch} on rank {args.rank}: {calls}"
+                         f"digest {loss_state_digest(loss)}")
+
+    def _resume_point(self, epoch: int, args, num_batches: int):
+        """``(optimizer steps to skip, callback after the skip)`` for ``epoch``: a mid-epoch checkpoint's
+        step in its own epoch, ``(0, None)`` otherwise."""
+        pos = self.resume_position
+        if not pos or int(pos.get("epoch", -1)) != epoch:
+            return 0, None
+        self.resume_position = None
+        step = int(pos["step"])
+        now = {"world_size": args.world_size, "batch_size": args.batch_size, "accum_freq": args.accum_freq,
+               "workers": args.workers, "seed": args.seed, "num_batches": num_batches}
+        changed = [f"{k} {pos.get(k)} -> {v}" for k, v in now.items() if pos.get(k) != v]
+        if changed:
+            logging.warning(f"Resuming epoch {epoch} at step {step} with other settings than the stopped run "
+                            f"({', '.join(changed)}): the learning-rate schedule continues at the step, but the rest "
+                            "of the epoch is another draw of the data than the stopped run would have seen.")
+        rng = pos.get("rng") or []
+
+        def resumed():
+            if len(rng) == args.world_size:
+                preemption.set_rng_state(rng[args.rank])
+            logging.info(f"Resumed epoch {epoch} at step {step} of {num_batches // args.accum_freq}: the "
+                         f"{step * args.accum_freq} batches of the steps already taken were read again, not trained on.")
+
+        return step, resumed
+
+    def save_step(self, model, optimizer, scaler, epoch: int, step: int, args, signame: Optional[str]):
+        """Every rank: save a checkpoint after ``step`` optimizer steps of ``epoch`` (the master writes it).
+
+        The file is ``epoch_latest.pt`` with ``--save-most-recent`` (what ``--resume latest`` reads then),
+        else ``epoch_{epoch}_step_{step}.pt`` (after ``epoch_{epoch}.pt`` and before ``epoch_{epoch+1}.pt``
+        in ``--resume latest``'s order); an earlier mid-epoch file is removed once it is written.
+        ``"epoch"`` is the epochs completed, as OpenCLIP's main reads it, and ``ckpt["clip_dcl"]["resume"]``
+        the step, the settings it was taken with and every rank's random state. Returns the path
+        (None on other ranks, or without --logs).
+        """
+        rng = preemption.gather_rng_states(args.world_size)
+        if not (args.logs and str(args.logs).lower() != "none"):
+            return None
+        folder = sharded_state.write_step_shards(self.loss, args, epoch, step) if self.loss is not None else None
+        path = None
+        if args.save_logs:
+            name = oc_main.LATEST_CHECKPOINT_NAME if args.save_most_recent else f"epoch_{epoch}_step_{step}.pt"
+            path = os.path.join(args.checkpoint_path, name)
+            original = getattr(model, "_orig_mod", model)  # torch.compile's wrapper: save the model's own keys
+            ckpt = {"epoch": epoch, "name": args.name, "state_dict": original.state_dict(),
+                    "optimizer": optimizer.state_dict()}
+            if scaler is not None:
+                ckpt["scaler"] = scaler.state_dict()
+            resume = {"epoch": epoch, "step": step, "world_size": args.world_size, "batch_size": args.batch_size,
+                      "accum_freq": args.accum_freq, "workers": args.workers, "seed": args.seed,
+                      "num_batches": self.epoch_num_batches, "rng": rng, "signal": signame}
+            ckpt = self._with_entries(ckpt, folder, resume)
+            ckpt_format.save_atomically(ckpt, path, self._torch_save)
+            for old in glob.glob(os.path.join(args.checkpoint_path, "epoch_*_step_*.pt")):
+                if old != path:
+                    with contextlib.suppress(OSError):
+                        os.remove(old)
+            sharded_state.prune_step_folders(args.checkpoint_path, keep=folder.name if folder else None)
+            why = f"on {signame}" if signame else f"every {self.config.preempt.save_every_minutes:g} minutes"
+            logging.info(f"Saved {path}: step {step} of epoch {epoch} ({why}).")
+        if args.world_size > 1 and torch.distributed.is_available() and torch.distributed.is_initialized():
+            torch.distributed.barrier()  # no rank leaves before the file is whole
+        return path
+
+    @staticmethod
+    def _torch_save(obj, fh):
+        torch.save(obj, fh)
+
+    def log_data_stats(self, dataloader, epoch: int, args) -> None:
+        """Log the epoch's account of the training data, and in the tracked (first) epoch the sample-id
+        collisions (see ``clip_dcl.train.pipeline.DataStats``)."""
+        stats = getattr(dataloader, "data_stats", None)
+        if stats is None:
+            return
+        report = stats.collect(epoch)
+        logging.info(f"{summary_line(epoch, report)}" + (f" (rank {args.rank})" if args.world_size > 1 else ""))
+        if stats.track_epoch != epoch or not len(report["pairs"]):
+            return
+        samples, ids = id_collisions(report["pairs"])
+        where = f" on rank {args.rank}" if args.world_size > 1 else ""
+        if samples == ids:
+            logging.info(f"Sample ids, epoch {epoch}{where}: {samples} distinct samples, {ids} distinct ids.")
+            return
+        why = ("their keys are not numeric, so their ids are hashed into --decl-num-samples rows; give the shards "
+               "numeric json keys, or raise --decl-num-samples to share fewer rows"
+               if report["counts"]["hashed"] else
+               "two samples carry the same key (shards whose keys restart, or a key repeated); give every sample "
+               "a unique numeric json 'key'")
+        logging.warning(f"Sample ids, epoch {epoch}{where}: {samples} distinct samples but {ids} distinct ids: "
+                        f"{samples - ids} samples share a rate row with another ({why}).")
+
+    # open_clip_train.main.torch.save
+    def save(self, obj, f, *args, **kwargs):
+        training = isinstance(obj, dict) and "state_dict" in obj and "epoch" in obj and self.loss is not None
+        if training:
+            obj = self._with_entries(obj, self.shards)
+        if not isinstance(f, (str, os.PathLike)):
+            return torch.save(obj, f, *args, **kwargs)
+        ckpt_format.save_atomically(obj, f, lambda o, fh: torch.save(o, fh, *args, **kwargs))
+        if training and self.args is not None and getattr(self.args, "checkpoint_path", None):
+            # an epoch's checkpoint supersedes the mid-epoch ones of earlier epochs
+            completed = int(obj["epoch"])
+            for old in glob.glob(os.path.join(self.args.checkpoint_path, "epoch_*_step_*.pt")):
+                m = re.fullmatch(r"epoch_(\d+)_step_\d+\.pt", os.path.basename(old))
+                if m and int(m.group(1)) < completed:
+                    with contextlib.suppress(OSError):
+                        os.remove(old)
+            sharded_state.prune_step_folders(self.args.checkpoint_path, before_epoch=completed)
+
+    def _with_entries(self, obj: dict, shards, resume: Optional[dict] = None) -> dict:
+        """OpenCLIP's checkpoint dict with the loss state and ``ckpt["clip_dcl"]`` added."""
+        meta = self.checkpoint_meta()
+        if sharded_state.is_sharded(self.loss):  # the shards are in files beside (written by every rank)
+            if shards is None:
+                raise RuntimeError("OpenCLIP saves a checkpoint for an epoch whose loss-state shards were not "
+                                   "written; clip_dcl.train.loss_state.checkpointed() no longer matches its "
+                                   "conditions")
+            state = sharded_state.small_state(self.loss)
+            meta[ckpt_format.SHARD_INDEX_KEY] = sharded_state.shard_index(self.loss, shards, self.args.checkpoint_path)
+        else:
+            state = self.loss.state_dict() if isinstance(self.loss, torch.nn.Module) else {}
+        if resume is not None:
+            meta["resume"] = resume
+        return ckpt_format.add_training_entries(obj, state, meta)
+
+    def checkpoint_meta(self) -> dict:
+        """What a downstream loader needs without the training flags (``ckpt["clip_dcl"]``)."""
+        args = self.args
+        entry = ckpt_format.checkpoint_entry(args.model, ckpt_format.trained_model_config(args), self.preprocess_cfg,
+                                             self.config.loss, self.config.loss_args)
+        if self.train_data_size is not None:  # CSV rows / synthetic samples: the ids are their indices
+            entry["train_data_size"] = self.train_data_size
+        return entry
+
+    # open_clip_train.data.get_wds_dataset
+    def get_wds_dataset(self, args, preprocess_img, is_train, epoch=0, floor=False, tokenizer=None):
+        if is_train:
+            info = get_wds_train_dataset(args, preprocess_img, is_train=True, epoch=epoch, floor=floor,
+                                         tokenizer=tokenizer)
+            self.train_num_batches = info.dataloader.num_batches
+            return info
+        return OPENCLIP_GET_WDS_DATASET(args, preprocess_img, is_train, epoch=epoch, floor=floor,
+                                         tokenizer=tokenizer)
+
+    # open_clip_train.data.get_csv_dataset / get_synthetic_dataset
+    def _map_style(self, load, args, preprocess_fn, is_train, epoch=0, tokenizer=None):
+        info = load(args, preprocess_fn, is_train, epoch=epoch, tokenizer=tokenizer)
+        if not is_train:
+            return info
+        info = with_indices(info)  # the row (CSV) or index (synthetic) is the sample id
+        self.train_num_batches = info.dataloader.num_batches
+        self.train_data_size = info.dataloader.num_samples
+        return info
+
+    def get_csv_dataset(self, args, preprocess_fn, is_train, epoch=0, tokenizer=None):
+        return self._map_style(OPENCLIP_GET_CSV_DATASET, args, preprocess_fn, is_train, epoch, tokenizer)
+
+    def get_synthetic_dataset(self, args, preprocess_fn, is_train, epoch=0, tokenizer=None):
+        return self._map_style(OPENCLIP_GET_SYNTHETIC_DATASET, args, preprocess_fn, is_train, epoch, tokenizer)
+
+
+def rewrite_param(params_file: str, name: str, value) -> None:
+    """Replace the ``name: value`` line of OpenCLIP's params.txt (its format), when the file exists."""
+    if not os.path.isfile(params_file):
+        return
+    with open(params_file) as f:
+        lines = f.read().splitlines(keepends=True)
+    with open(params_file, "w") as f:
+        f.writelines(f"{name}: {value}\n" if line.startswith(f"{name}: ") else line for line in lines)

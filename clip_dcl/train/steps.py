@@ -1,0 +1,181 @@
+"""Around OpenCLIP's own ``train_one_epoch``, between its steps: sample ids, skipped steps, logged metrics.
+
+OpenCLIP's loop unpacks ``images, texts = batch`` and calls the loss without ids; :class:`IdChannel`
+(the dataloader it iterates) keeps each batch's ids aside and :class:`LossWithIds` (the loss it
+calls) hands them on. :class:`SkippedSteps` undoes the loss state's update of a step that AMP's
+GradScaler skipped, and :class:`TrainLineHook` adds the loss's metrics to the training log line.
+"""
+from __future__ import annotations
+
+import logging
+import random
+from collections import deque
+from typing import Dict, Optional
+
+import numpy as np
+import torch
+from open_clip_train import train as oc_train
+
+from clip_dcl.losses.decl import SampleIdError
+
+from .ids import MissingSampleIds, SampleIdOutOfRange
+from .pipeline import mix_seed
+
+class SkippedSteps:
+    """Undoes the loss state's update of an optimizer step that AMP's GradScaler skipped.
+
+    GradScaler skips the step and lowers its scale when it finds inf or NaN gradients; the loss
+    state (DeCL's rates or queue, its step counter) must then stay as it was, so that the run goes
+    on as if the step had not happened. Checked between steps, when the loop asks for the next
+    batch: a lower scale than at the previous check means the step just taken was skipped, and
+    ``rollback_step()`` of the loss undoes its update. No scaler (fp32, bf16): nothing to check.
+    """
+
+    def __init__(self, scaler, loss):
+        self.scaler = scaler if scaler is not None and getattr(scaler, "is_enabled", lambda: True)() else None
+        self.loss = loss
+        self.scale = self.scaler.get_scale() if self.scaler is not None else None
+        self.count = 0
+
+    def check(self, epoch: int, step: int) -> None:
+        if self.scaler is None or step == 0:
+            return
+        scale = self.scaler.get_scale()
+        if scale < self.scale and callable(getattr(self.loss, "rollback_step", None)) and self.loss.rollback_step():
+            self.count += 1
+            logging.warning(f"Epoch {epoch}, step {step}: the AMP GradScaler skipped the optimizer step (inf or NaN "
+                            "gradients); the loss state's update of that step was undone")
+        self.scale = scale
+
+
+class IdChannel:
+    """Iterates the training dataloader for OpenCLIP's loop, keeping each batch's ids aside.
+
+    OpenCLIP's ``train_one_epoch`` unpacks ``images, texts = batch``, so the ids are held here and
+    handed to the loss by :class:`LossWithIds`. The loop calls the loss after fetching the last
+    micro-batch of an optimizer step and before fetching the next one, each time on the
+    concatenation of the step's ``accum_freq`` micro-batches in fetch order (micro-batch ``j``'s
+    rows recomputed with gradients, the others cached); so the ids of every call are the
+    concatenation of the ids of the last ``accum_freq`` batches fetched.
+
+    Two more things happen here, between optimizer steps (a step ends when the loop asks for the
+    first micro-batch of the next one): ``skip`` batches are read and dropped at the start of the
+    epoch (a mid-epoch resume: the steps the checkpoint already took), then ``resumed()`` is
+    called; and before every later step, ``at_boundary(step)`` (steps taken in the epoch) may end
+    the epoch here, which ends OpenCLIP's loop after a whole step.
+    """
+
+    def __init__(self, dataloader, accum_freq: int, skip: int = 0, resumed=None, at_boundary=None):
+        self.dataloader = dataloader
+        self.num_batches = dataloader.num_batches
+        self.num_samples = dataloader.num_samples
+        self.accum_freq = accum_freq
+        self.recent = deque(maxlen=accum_freq)
+        self.fetched = 0
+        self.skip, self.resumed, self.at_boundary = skip, resumed, at_boundary
+        self.stopped_at: Optional[int] = None  # the step at which at_boundary ended the epoch
+
+    def __iter__(self):
+        batches = iter(self.dataloader)
+        while self.fetched < self.skip:  # the same batches as before the stop, read and not trained on
+            try:
+                next(batches)
+            except StopIteration:
+                return
+            self.fetched += 1
+        if self.resumed is not None:
+            self.resumed()
+        while True:
+            if (self.at_boundary is not None and self.fetched % self.accum_freq == 0
+                    and self.fetched < self.num_batches and self.at_boundary(self.fetched // self.accum_freq)):
+                self.stopped_at = self.fetched // self.accum_freq
+                return
+            try:
+                batch = next(batches)
+            except StopIteration:
+                return
+            if len(batch) == 3:  # our webdataset pipeline
+                images, texts, ids = batch
+            else:  # OpenCLIP's csv / synthetic datasets carry no ids
+                (images, texts), ids = batch, None
+            self.recent.append(ids)
+            self.fetched += 1
+            yield images, texts
+
+    def ids(self) -> Optional[torch.Tensor]:
+        parts = list(self.recent)
+        if not parts or any(p is None for p in parts):
+            return None
+        return torch.cat([torch.as_tensor(p, dtype=torch.long) for p in parts])
+
+
+class LossWithIds:
+    """Calls the loss with ``sample_ids`` from the channel when it needs them; keeps its metrics."""
+
+    def __init__(self, loss, channel: IdChannel, device):
+        self.loss = loss
+        self.channel = channel
+        self.device = device
+        self.metrics: Dict[str, torch.Tensor] = {}
+
+    def __call__(self, *args, **kwargs):
+        if getattr(self.loss, "requires_sample_ids", False):
+            ids = self.channel.ids()
+            if ids is None:
+                raise MissingSampleIds("--decl-rate index needs sample ids and the training batches carry none: "
+                                       "train on webdataset shards, a CSV or --dataset-type synthetic, or use "
+                                       "--decl-rate queue / batch (no ids needed)")
+            kwargs["sample_ids"] = ids.to(self.device, non_blocking=True)
+        try:
+            # the loss checks the ids of the whole global batch, so every rank raises together
+            out = self.loss(*args, **kwargs)
+        except SampleIdError as e:
+            hint = ("" if "negative" in str(e) else " (img2dataset keys are shard * 10^k + index, so they can "
+                    "exceed the sample count in sizes.json: set --decl-num-samples above the largest key)")
+            raise SampleIdOutOfRange(f"{e}{hint}") from None
+        # Kept as tensors: reading them (a device sync) waits for OpenCLIP's logging steps.
+        self.metrics = dict(getattr(self.loss, "metrics", {}))
+        return out
+
+
+class TrainLineHook(logging.Filter):
+    """Adds the loss's metrics to OpenCLIP's ``Train Epoch:`` log line, tensorboard and wandb.
+
+    OpenCLIP logs on the master rank after the optimizer step of every ``--log-every-n-steps``-th
+    step; the metrics are those of the step's last loss call, with the running average over
+    logged steps in parentheses, in OpenCLIP's own format. They are logged apart from the loss
+    terms because OpenCLIP sums every term the loss returns.
+    """
+
+    def __init__(self, wrapped: LossWithIds, channel: IdChannel, epoch: int, args, tb_writer):
+        super().__init__()
+        self.wrapped, self.channel, self.epoch, self.args, self.tb_writer = wrapped, channel, epoch, args, tb_writer
+        self.meters: Dict[str, oc_train.AverageMeter] = {}
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if not (isinstance(record.msg, str) and record.msg.startswith("Train Epoch:") and self.wrapped.metrics):
+            return True
+        for name, value in self.wrapped.metrics.items():
+            self.meters.setdefault(name, oc_train.AverageMeter()).update(float(value))
+        record.msg += " " + " ".join(
+            f"{name.capitalize()}: {m.val:#.5g} ({m.avg:#.5g})" for name, m in self.meters.items())
+        steps_per_epoch = self.channel.num_batches // self.args.accum_freq
+        step = steps_per_epoch * self.epoch + (self.channel.fetched - 1) // self.args.accum_freq
+        log_data = {f"train/{name}": m.val for name, m in self.meters.items()}
+        if self.tb_writer is not None:
+            for name, value in log_data.items():
+                self.tb_writer.add_scalar(name, value, step)
+        if self.args.wandb:
+            import wandb
+
+            wandb.log(log_data, step=step)
+        return True
+
+
+
+def seed_main_process(args, epoch: int) -> None:
+    seed = mix_seed(args.seed, epoch, args.rank)
+    random.seed(seed)
+    np.random.seed(seed % 2 ** 32)
+    torch.manual_seed(seed)
+

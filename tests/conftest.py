@@ -1,0 +1,69 @@
+"""Shared set-up of the suite.
+
+- Under ``pytest -n N`` (pytest-xdist) each worker gets its share of the cores as torch threads,
+  set before any test module imports torch and inherited by the processes a test starts, so that N
+  workers do not oversubscribe the machine.
+- :func:`train_in_process`: ``clip_dcl.train.main`` in the test's own process, for tests of what a
+  run does rather than of the command line (starting a fresh interpreter costs more than a tiny
+  training). Its result reads like ``subprocess.run``'s, so a test can switch between the two.
+- :func:`trained_run`: one tiny run per objective for the whole session, for tests that only need
+  *a* trained run (its checkpoint, log and ``params.txt``) and change nothing in it.
+"""
+from __future__ import annotations
+
+import contextlib
+import io
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    _workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // _workers)))
+
+
+@dataclass
+class InProcessRun:
+    """What ``subprocess.run(..., capture_output=True, text=True)`` of ``python -m clip_dcl.train`` gives."""
+
+    returncode: int
+    stdout: str
+    stderr: str
+
+
+def train_in_process(argv) -> InProcessRun:
+    """``clip_dcl.train.main(argv)`` here, its stdout and stderr captured (messages its data workers
+    print go to the test's own stderr; their log lines still reach ``out.log``)."""
+    from clip_dcl.train import main
+
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        rc = main([str(a) for a in argv])
+    return InProcessRun(rc, out.getvalue(), err.getvalue())
+
+
+# The shared runs: 48 synthetic pairs, batches of 16, one epoch of the tiny model, a term logged per step.
+SHARED_RUN_FLAGS = {"clip": [], "dcl": ["--tau-plus", "0.1"], "decl": []}
+
+
+@pytest.fixture(scope="session")
+def trained_run(tmp_path_factory):
+    """``trained_run(loss)``: the folder (``--logs/--name``) of a one-epoch run of ``loss``, trained
+    once per session and shared: read it, never write to it."""
+    runs = {}
+
+    def get(loss: str) -> Path:
+        if loss not in runs:
+            logs = tmp_path_factory.mktemp(f"shared-{loss}")
+            res = train_in_process([
+                "--model", "clip-dcl-tiny", "--dataset-type", "synthetic", "--train-num-samples", "48",
+                "--batch-size", "16", "--epochs", "1", "--precision", "fp32", "--device", "cpu", "--workers", "1",
+                "--lr", "1e-3", "--warmup", "1", "--log-every-n-steps", "1", "--seed", "0", "--report-to", "",
+                "--logs", logs, "--name", loss, "--loss", loss, *SHARED_RUN_FLAGS[loss]])
+            assert res.returncode == 0, res.stderr[-5000:]
+            runs[loss] = logs / loss
+        return runs[loss]
+
+    return get
