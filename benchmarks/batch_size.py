@@ -262,10 +262,16 @@ def plot(records: List[dict], path: Path) -> Optional[Path]:
                          label=label, color=colour[label])
     axes[0].set(xscale="log", xlabel="batch size", ylabel="%", title="held-out retrieval mean R@1")
     axes[0].set_xscale("log", base=2)
-    for r in records:
+    # the curves: by batch size when one objective is drawn (the gate), else by objective; a legend
+    # entry per objective and batch size, the seeds sharing it
+    by_batch = {b: f"C{i % 10}" for i, b in enumerate(sorted({r["batch_size"] for r in records}))}
+    named = set()
+    for r in sorted(records, key=lambda r: (r["label"], r["batch_size"], r["seed"])):
         if r["label"] == "clip" or r["batch_size"] == min(x["batch_size"] for x in records):
-            style = dict(lw=1, color=colour[r["label"]], ls=styles[r["batch_size"]],
-                         label=f"{r['label']} B={r['batch_size']} s{r['seed']}")
+            key = (r["label"], r["batch_size"])
+            style = dict(lw=1, color=by_batch[r["batch_size"]] if len(labels) == 1 else colour[r["label"]],
+                         ls=styles[r["batch_size"]], label=None if key in named else f"{r['label']} B={r['batch_size']}")
+            named.add(key)
             axes[1].plot(range(1, len(r["val_r1"]) + 1), [100 * v for v in r["val_r1"]], **style)
             axes[2].plot(range(1, len(r["logit_scale"]) + 1), r["logit_scale"], **style)
     axes[1].set(xlabel="epoch", ylabel="%", title="validation mean R@1 per epoch (plateau)")
