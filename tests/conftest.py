@@ -14,6 +14,8 @@ from __future__ import annotations
 import contextlib
 import io
 import os
+import subprocess
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -42,6 +44,16 @@ def train_in_process(argv) -> InProcessRun:
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
         rc = main([str(a) for a in argv])
     return InProcessRun(rc, out.getvalue(), err.getvalue())
+
+
+def train_run(argv, cli: bool = False, timeout: int = 600):
+    """One training: :func:`train_in_process`, or ``python -m clip_dcl.train`` in a fresh process with
+    ``cli`` (one torch thread, no GPU), for tests of the command line or of what one process can hold."""
+    if not cli:
+        return train_in_process(argv)
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": ""}
+    return subprocess.run([sys.executable, "-m", "clip_dcl.train", *map(str, argv)], capture_output=True, text=True,
+                          timeout=timeout, env=env)
 
 
 # The shared runs: 48 synthetic pairs, batches of 16, one epoch of the tiny model, a term logged per step.

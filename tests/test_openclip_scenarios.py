@@ -13,16 +13,13 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
-from conftest import SHARED_RUN_FLAGS, train_in_process
+from conftest import SHARED_RUN_FLAGS, train_run
 from PIL import Image
 
 pytestmark = pytest.mark.slow
@@ -76,11 +73,7 @@ def train(tmp_path, name, data_flags, loss, extra=(), model=("--model", "clip-dc
     argv = [*model, *data_flags, "--batch-size", "16", "--epochs", "1", "--precision", "fp32", "--device", "cpu",
             "--workers", "1", "--lr", "1e-3", "--warmup", "1", "--log-every-n-steps", "1", "--logs", str(logs),
             "--name", name, "--loss", loss, *SHARED_RUN_FLAGS[loss], *extra]
-    if cli:
-        out = subprocess.run([sys.executable, "-m", "clip_dcl.train", *argv], capture_output=True, text=True,
-                             timeout=600, env={**os.environ, "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": ""})
-    else:
-        out = train_in_process(argv)
+    out = train_run(argv, cli=cli)
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-5000:]
     return read_run(logs / name, loss)
 

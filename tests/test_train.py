@@ -11,10 +11,7 @@ import io
 import json
 import logging
 import math
-import os
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -24,10 +21,9 @@ import webdataset as wds
 from PIL import Image
 
 from clip_dcl.train import main
-from conftest import train_in_process
+from conftest import train_in_process, train_run
 from clip_dcl.train.ids import hashed_id, sample_id
 
-PY = sys.executable
 
 
 # -- data written by the tests ----------------------------------------------------------------------
@@ -357,12 +353,7 @@ def train(tmp_path, name, pattern, *flags, check=True, timeout=300, cli=False):
     argv = ["--model", "clip-dcl-tiny", "--train-data", pattern, "--dataset-type", "webdataset", "--batch-size", "16",
             "--precision", "fp32", "--device", "cpu", "--logs", str(tmp_path / "logs"), "--name", name, "--lr", "1e-3",
             "--lr-scheduler", "const", "--warmup", "1", "--log-every-n-steps", "1", *flags]
-    if not cli:
-        out = train_in_process(argv)
-    else:
-        env = {**os.environ, "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": ""}
-        out = subprocess.run([PY, "-m", "clip_dcl.train", *argv], capture_output=True, text=True, timeout=timeout,
-                             env=env)
+    out = train_run(argv, cli=cli, timeout=timeout)
     if check:
         assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-5000:]
     return out
@@ -551,10 +542,10 @@ def _train_in_process(tmp_path, name, *flags):
     """One epoch of ``clip_dcl.train`` in this process on 16 synthetic samples (4 steps of 4)."""
     from clip_dcl.models import TINY_MODEL
 
-    rc = main(["--dataset-type", "synthetic", "--train-num-samples", "16", "--batch-size", "4", "--epochs", "1",
-               "--workers", "0", "--model", TINY_MODEL, "--logs", str(tmp_path / "logs"), "--name", name,
-               "--report-to", "", "--seed", "0", "--warmup", "1", "--device", "cpu", *flags])
-    assert rc == 0
+    out = train_in_process(["--dataset-type", "synthetic", "--train-num-samples", "16", "--batch-size", "4",
+                            "--epochs", "1", "--workers", "0", "--model", TINY_MODEL, "--logs", tmp_path / "logs",
+                            "--name", name, "--report-to", "", "--seed", "0", "--warmup", "1", "--device", "cpu", *flags])
+    assert out.returncode == 0, out.stderr[-3000:]
     run = tmp_path / "logs" / name
     params = dict(line.split(": ", 1) for line in (run / "params.txt").read_text().splitlines())
     return params, torch.load(run / "checkpoints" / "epoch_1.pt", map_location="cpu", weights_only=True)
