@@ -30,7 +30,8 @@ def launch(out, world_size, mode="all", timeout=600):
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(world_size),
            str(HERE / "distributed" / "loss_harness.py"), str(out), mode]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    saved = sorted(p.name for p in out.glob("rank*.pt"))
+    assert proc.returncode == 0, f"saved: {saved}\n" + proc.stdout[-3000:] + proc.stderr[-3000:]
     return [torch.load(out / f"rank{r}.pt", weights_only=False) for r in range(world_size)]
 
 

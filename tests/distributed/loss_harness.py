@@ -288,6 +288,12 @@ def main(out_dir, mode="all"):
     torch.save(results, os.path.join(out_dir, f"rank{rank}.pt"))
     dist.barrier()
     dist.destroy_process_group()
+    # End here, past the interpreter's finalisation: gloo's worker threads can still be torn down
+    # there, and on a loaded machine that teardown aborted a rank (SIGABRT, "terminate called
+    # without an active exception") after every rank had saved its results.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 if __name__ == "__main__":
