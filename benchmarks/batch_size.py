@@ -203,6 +203,25 @@ def gate(records: List[dict], sizes: Sequence[int]) -> Optional[dict]:
             "seeds": (len(lo), len(hi)), "passed": gain >= GATE_POINTS and separate and min(len(lo), len(hi)) >= 3}
 
 
+def progress(records: List[dict], sizes: Sequence[int], screen_sizes: Sequence[int] = SCREEN_BATCH_SIZES,
+             screen_seed: int = 0, seeds: int = 3) -> str:
+    """Where the three stages stand, from the finished runs: the gate's verdict, the screen's runs
+    (every objective but ``clip`` at ``screen_sizes``, one seed) and the sweep's objectives (runs of
+    the other objectives beyond the screen; complete for those with ``seeds`` seeds at every batch
+    size below the largest)."""
+    g = gate(records, sizes)
+    done = {(r["label"], r["batch_size"], r["seed"]) for r in records}
+    screen = [(lab, b, screen_seed) for lab in objectives() if lab != "clip" for b in screen_sizes]
+    swept = [lab for lab in objectives() if lab != "clip"
+             and all(len({s for (l2, b2, s) in done if l2 == lab and b2 == b}) >= seeds for b in sorted(sizes)[:-1])]
+    missing = sorted({lab for lab, b, s in screen if (lab, b, s) not in done})
+    beyond = [j for j in done if j[0] != "clip" and (j[2] != screen_seed or j[1] not in screen_sizes)]
+    return (f"gate {'passed' if g and g['passed'] else 'not yet measured'} (clip at every batch size, {seeds} seeds); "
+            f"screen {sum(j in done for j in screen)} of {len(screen)} runs"
+            + (f" (not yet: {', '.join(missing)})" if missing else "")
+            + f"; sweep: {len(beyond)} runs beyond the screen" + (f", complete for {', '.join(swept)}" if swept else ""))
+
+
 def table(records: List[dict]) -> str:
     """One row per (objective, batch): mean ± std over seeds of each headline score, the final logit
     scale, the plateau check, seeds."""
@@ -289,10 +308,8 @@ def write(out: Path, records: List[dict], planned: int, data: dict, budget: ex.B
     status = ("complete" if done == planned else f"PARTIAL: {done} of {planned} runs of this call finished") + \
         f" (stages: {', '.join(stages)}; finished runs are reused by later calls)"
     if stages == ["report of finished runs"]:
-        g0 = gate(records, sizes)
         status = (f"PARTIAL: the {done} runs finished so far at this budget, gathered from several calls (each run's "
-                  f"own command is in the JSON); the gate is {'passed' if g0 and g0['passed'] else 'not yet measured'}"
-                  " (clip at every batch size, 3 seeds), and the sweep has not started")
+                  f"own command is in the JSON); {progress(records, sizes)}")
     g = gate(records, sizes)
     gate_line = "not measured yet" if g is None else (
         f"clip at {g['large']} minus clip at {g['small']}: {100 * g['gain']:+.1f} points of mean R@1, seeds "

@@ -93,6 +93,24 @@ def test_paired_differences_against_clip_at_the_same_and_twice_the_batch():
     assert "| decl default | 16 | clip at 32 | s0 +1.0, s1 -1.0 | **+0.0** | 1 of 2 |" in double
 
 
+def test_progress_counts_the_screen_and_the_sweep_from_the_finished_runs():
+    sizes = [16, 32, 512]
+    gate = [rec("clip", b, s, 0.2 + b / 10000) for b in sizes for s in range(3)]
+    others = [lab for lab in bs.objectives() if lab != "clip"]
+    line = bs.progress(gate, sizes)
+    assert line.startswith("gate passed") and f"screen 0 of {2 * len(others)} runs" in line
+    assert "sweep: 0 runs beyond the screen" in line and "complete for" not in line
+    screened = gate + [rec(lab, b, 0, 0.2) for lab in others for b in bs.SCREEN_BATCH_SIZES]
+    assert f"screen {2 * len(others)} of {2 * len(others)} runs;" in bs.progress(screened, sizes)
+    one_short = screened[:-1]
+    assert f"(not yet: {others[-1]})" in bs.progress(one_short, sizes)
+    # the default at every batch below the largest with 3 seeds: 16 at seeds 1, 2 and 32 at 0, 1, 2 are new
+    swept = screened + [rec("decl default", b, s, 0.2) for b in (16, 32) for s in range(3)]
+    line = bs.progress(swept, sizes)
+    assert "sweep: 5 runs beyond the screen, complete for decl default" in line
+    assert not bs.progress(gate[:3], sizes).startswith("gate passed")
+
+
 def test_bad_arguments_stop_before_any_work(tmp_path):
     with pytest.raises(SystemExit, match="unknown objective 'nope'"):
         bs.main(["--variants", "nope", "--work", str(tmp_path)])
