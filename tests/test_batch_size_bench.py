@@ -56,6 +56,11 @@ def test_every_objective_is_a_valid_training_command(tmp_path):
         assert cfg.loss == flags[1], name
 
 
+def test_the_sweep_variants_are_decl_objectives_with_the_default_among_them():
+    assert "decl default" in bs.SWEEP_VARIANTS
+    assert all(list(bs.objectives()[name][:2]) == ["--loss", "decl"] for name in bs.SWEEP_VARIANTS)
+
+
 def test_loss_flags_refuse_unknown_settings():
     with pytest.raises(ValueError, match="gamma_min"):
         bs.loss_flags("decl", gamma_min=0.1)
