@@ -276,7 +276,9 @@ def plot(records: List[dict], path: Path) -> Optional[Path]:
     fig, axes = pyplot().subplots(1, 3, figsize=(17, 4.6))
     labels = [lab for lab in objectives() if any(r["label"] == lab for r in records)]
     colour = {lab: f"C{i % 10}" for i, lab in enumerate(labels)}  # one colour per objective in every panel
-    styles = {b: ls for b, ls in zip(sorted({r["batch_size"] for r in records}), ("-", "--", ":", "-.") * 3)}
+    # colour: the objective; line style: the batch size, one style per size of the grid (6)
+    dashes = ("-", "--", ":", "-.", (0, (6, 1, 1, 1, 1, 1)), (0, (1, 3)))
+    styles = {b: dashes[i % len(dashes)] for i, b in enumerate(sorted({r["batch_size"] for r in records}))}
     for label in labels:
         rs = [r for r in records if r["label"] == label]
         bs = sorted({r["batch_size"] for r in rs})
