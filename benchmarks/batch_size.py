@@ -246,13 +246,13 @@ def table(records: List[dict]) -> str:
     return "\n".join(lines)
 
 
-def paired(records: List[dict], reference: str, same_b: bool = True) -> str:
-    """Per objective and batch: R@1 minus ``reference`` at the same batch (or at twice the batch),
-    paired by seed."""
+def paired(records: List[dict], reference: str, same_b: bool = True, prefix: str = "") -> str:
+    """Per objective (those whose name starts with ``prefix``) and batch: R@1 minus ``reference``
+    at the same batch (or at twice the batch), paired by seed."""
     idx = {(r["label"], r["batch_size"], r["seed"]): r["metrics"][MEAN_R1] for r in records}
     rows = []
     for label in objectives():
-        if label == reference:
+        if label == reference or not label.startswith(prefix):
             continue
         for b in sorted({r["batch_size"] for r in records if r["label"] == label}):
             other = b if same_b else 2 * b
@@ -355,6 +355,10 @@ def write(out: Path, records: List[dict], planned: int, data: dict, budget: ex.B
     double = paired(records, "clip", same_b=False)
     if double:
         parts += ["", "## The paper's claim: against clip at twice the batch (paired by seed)", "", double]
+    variants = paired(records, "decl default", prefix="decl ")
+    if variants:
+        parts += ["", "## DeCL variants against the package default (paired by seed; the evidence for the defaults)",
+                  "", variants]
     png = plot(records, out / f"{stem}.png")
     if png is not None:
         parts += ["", f"![R@1 against the batch size, validation curves and logit scale]({png.name})"]

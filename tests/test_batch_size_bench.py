@@ -96,6 +96,11 @@ def test_paired_differences_against_clip_at_the_same_and_twice_the_batch():
     assert "| decl default | 16 | clip at 16 | s0 +6.0, s1 +4.0 | **+5.0** | 2 of 2 |" in same
     double = bs.paired(records, "clip", same_b=False)
     assert "| decl default | 16 | clip at 32 | s0 +1.0, s1 -1.0 | **+0.0** | 1 of 2 |" in double
+    # a variant against the package default: only decl variants, paired by seed
+    records += [rec("decl relative", 16, 0, 0.27), rec("decl relative", 16, 1, 0.25), rec("dcl tau+ 0.05", 16, 0, 0.3)]
+    variants = bs.paired(records, "decl default", prefix="decl ")
+    assert variants.count("\n") == 2  # header, rule, one row
+    assert "| decl relative | 16 | decl default at 16 | s0 +1.0, s1 -1.0 | **+0.0** | 1 of 2 |" in variants
 
 
 def test_progress_counts_the_screen_and_the_sweep_from_the_finished_runs():
