@@ -91,7 +91,8 @@ def make_objective(name: str, n: int, f_full: torch.Tensor, g_full: torch.Tensor
         loss = create_loss("clip", rank=0, world_size=1)
         return (lambda f, g, s, ids: loss(f, g, s)), False
     # the objective's own gradient, logit scale included (the temperature modes only change who trains it)
-    common = dict(schedule="decl", sample_u=False, temperature_mode="learned")
+    # the paper's absolute estimate unless the name says relative (the package default is relative)
+    common = dict(schedule="decl", sample_u=False, temperature_mode="learned", estimate="absolute")
     if name == "decl rate=batch":
         loss = create_loss("decl", rate="batch", **common)
         return (lambda f, g, s, ids: loss(f, g, s)), False
@@ -106,7 +107,7 @@ def make_objective(name: str, n: int, f_full: torch.Tensor, g_full: torch.Tensor
     if name in ("decl rates from a previous pass", "decl update-then-read", "decl relative (update-then-read)"):
         estimate = "relative" if "relative" in name else "absolute"
         loss = create_loss("decl", rate="index", num_samples=n, gamma=0.9, include_current=include,
-                           estimate=estimate, **common)
+                           **{**common, "estimate": estimate})
         return (lambda f, g, s, ids: loss(f, g, s, sample_ids=ids)), True
     if name == "decl update-then-read, FastCLIP gamma":
         # FastCLIP's schedule in passes: gamma = 1 through the warm-up pass, then cosine to 0.2 over one pass

@@ -32,13 +32,17 @@ def test_default_variant_is_the_package_default():
     assert got["rate"] == "index"
 
 
-def test_each_variant_changes_one_setting_of_the_default():
-    base = decl_kwargs(bs.objectives()["decl default"])
+def test_each_variant_changes_one_setting_of_the_screens_base():
+    default = decl_kwargs(bs.objectives()["decl default"])
+    base = decl_kwargs(bs.objectives()["decl absolute"])  # the package default when the screen ran
+    assert {k for k in default if default[k] != base[k]} == {"estimate"}
+    assert base["estimate"] == "absolute" and default["estimate"] == "relative"
+    assert len({bs.objectives()[name] for name in bs.DECL_VARIANTS}) == len(bs.DECL_VARIANTS)  # no two alike
     for name, settings in bs.DECL_VARIANTS.items():
         got = decl_kwargs(bs.objectives()[name])
         changed = {k for k in set(base) | set(got) if base.get(k) != got.get(k)}
-        if name == "decl default":
-            assert not changed
+        if name in ("decl default", "decl absolute"):
+            continue
         elif name.startswith("decl FastCLIP gamma"):  # the schedule and its final value
             assert changed == {"gamma_schedule", "gamma"}
         elif settings.get("rate") in ("queue", "batch"):  # the rate, and the index-only settings it drops
@@ -46,7 +50,7 @@ def test_each_variant_changes_one_setting_of_the_default():
                                                    "gamma_schedule", "first_visit", "drift_correction", "state",
                                                    "state_dtype") for k in changed), (name, changed)
         else:
-            assert changed == set(settings), (name, changed)
+            assert changed == set(settings) - set(bs.SCREEN_BASE), (name, changed)
 
 
 def test_every_objective_is_a_valid_training_command(tmp_path):
@@ -96,11 +100,11 @@ def test_paired_differences_against_clip_at_the_same_and_twice_the_batch():
     assert "| decl default | 16 | clip at 16 | s0 +6.0, s1 +4.0 | **+5.0** | 2 of 2 |" in same
     double = bs.paired(records, "clip", same_b=False)
     assert "| decl default | 16 | clip at 32 | s0 +1.0, s1 -1.0 | **+0.0** | 1 of 2 |" in double
-    # a variant against the package default: only decl variants, paired by seed
-    records += [rec("decl relative", 16, 0, 0.27), rec("decl relative", 16, 1, 0.25), rec("dcl tau+ 0.05", 16, 0, 0.3)]
-    variants = bs.paired(records, "decl default", prefix="decl ")
+    # the DeCL variants against the screen's base: only decl variants, paired by seed
+    records += [rec("decl absolute", 16, 0, 0.27), rec("decl absolute", 16, 1, 0.25), rec("dcl tau+ 0.05", 16, 0, 0.3)]
+    variants = bs.paired(records, "decl absolute", prefix="decl ")
     assert variants.count("\n") == 2  # header, rule, one row
-    assert "| decl relative | 16 | decl default at 16 | s0 +1.0, s1 -1.0 | **+0.0** | 1 of 2 |" in variants
+    assert "| decl default | 16 | decl absolute at 16 | s0 -1.0, s1 +1.0 | **+0.0** | 1 of 2 |" in variants
 
 
 def test_progress_counts_the_screen_and_the_sweep_from_the_finished_runs():

@@ -174,6 +174,12 @@ def test_train_and_evaluate_resumes_from_its_cache(tmp_path, monkeypatch):
     assert calls[-1] == ("evaluate", "epoch_1.pt") and len(calls) == 3
     other = ex.Budget(epochs=1, extra=("--x",), seed=1)  # another seed is another run
     assert ex.train_and_evaluate(run, data, tmp_path, other, cache, fewshot_seeds=(0,)).source == "trained"
+    from clip_dcl.experiment import commands
+
+    defaults = commands.loss_defaults("dcl")  # a package default of the run's loss changed: train again
+    monkeypatch.setattr(commands, "loss_defaults", lambda name: {**defaults, "tau_plus": 0.2})
+    assert ex.train_and_evaluate(run, data, tmp_path, other, cache, fewshot_seeds=(0,)).source == "trained"
+    assert ex.train_and_evaluate(run, data, tmp_path, other, cache, fewshot_seeds=(0,)).source == "reused"
     ckpt.unlink()  # a cache whose checkpoint is gone trains again
     assert ex.train_and_evaluate(run, data, tmp_path, other, cache, fewshot_seeds=(0,)).source == "trained"
 

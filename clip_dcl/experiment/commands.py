@@ -20,6 +20,14 @@ def loss_defaults(name: str) -> Dict[str, object]:
     return {f.kwarg: params[f.kwarg].default for f in cls.flags if f.kwarg in params}
 
 
+def defaults_of(flags) -> Dict[str, object]:
+    """The package defaults of the loss that ``flags`` (a training command's) name with ``--loss``
+    (``clip`` when none is named)."""
+    flags = list(flags)
+    name = flags[flags.index("--loss") + 1] if "--loss" in flags[:-1] else "clip"
+    return loss_defaults(name)
+
+
 def loss_flags(name: str, **settings) -> tuple:
     """``--loss NAME`` and every flag of the loss's table with its value: the package default unless
     given in ``settings`` (so a cached run keeps its meaning when a default changes). ``None`` values

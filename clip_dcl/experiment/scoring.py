@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Callable, Dict, List, Optional, Sequence
 
 from . import runner
+from .commands import defaults_of
 from .runner import Budget, Run, TrainResult
 
 #: Version of what :func:`evaluate` reports; bumped when an evaluator changes its numbers, so that
@@ -50,8 +51,11 @@ def train_and_evaluate(run: Run, data: dict, logs: os.PathLike, budget: Budget, 
     """
     cache = Path(cache)
     # compared as JSON holds it (tuples come back as lists)
+    # the loss's package defaults too: a run named by a few flags (``--loss decl``) changes meaning
+    # when a default changes, and must then train again
     key = json.loads(json.dumps({"flags": list(run.flags), "budget": dataclasses.asdict(budget),
-                                 "data": data["config"], "fewshot_seeds": list(fewshot_seeds)}))
+                                 "data": data["config"], "fewshot_seeds": list(fewshot_seeds),
+                                 "loss_defaults": defaults_of(run.flags)}))
     doc = json.loads(cache.read_text()) if cache.is_file() else {}
     res = None
     if doc.get("settings") == key and Path(doc.get("checkpoint", "")).is_file():
