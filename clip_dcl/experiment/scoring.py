@@ -51,11 +51,12 @@ def train_and_evaluate(run: Run, data: dict, logs: os.PathLike, budget: Budget, 
     """
     cache = Path(cache)
     # compared as JSON holds it (tuples come back as lists)
-    # the loss's package defaults too: a run named by a few flags (``--loss decl``) changes meaning
-    # when a default changes, and must then train again
+    # the loss's package defaults too (a loss without flags, clip, has none): a run named by a few
+    # flags (``--loss decl``) changes meaning when a default changes, and must then train again
+    defaults = defaults_of(run.flags)
     key = json.loads(json.dumps({"flags": list(run.flags), "budget": dataclasses.asdict(budget),
                                  "data": data["config"], "fewshot_seeds": list(fewshot_seeds),
-                                 "loss_defaults": defaults_of(run.flags)}))
+                                 **({"loss_defaults": defaults} if defaults else {})}))
     doc = json.loads(cache.read_text()) if cache.is_file() else {}
     res = None
     if doc.get("settings") == key and Path(doc.get("checkpoint", "")).is_file():
