@@ -163,7 +163,8 @@ def test_decl_temperature_infonce_trains_the_scale_with_infonce_alone(estimate, 
 
 def test_decl_temperature_fixed_uses_its_temperature_and_gives_the_scale_a_zero_gradient():
     f, g = features(6, seed=4)
-    loss_fn = create_loss("decl", estimate="absolute", rate="batch", schedule="constant", lam=0.5, temperature_mode="fixed",
+    loss_fn = create_loss("decl", estimate="absolute",
+                          rate="batch", schedule="constant", lam=0.5, temperature_mode="fixed",
                           temperature=0.05)
     value, (_, _, scale_grad) = _scale_grad(loss_fn, f, g, 14.3)
     rates = ref.batch_mean_negative_score(f, g, 20.0)

@@ -161,7 +161,8 @@ def test_dcl_differs_from_infonce_when_tau_positive():
 def test_decl_batch_rate_matches_reference(n, s, lam):
     f, g = features(n, seed=n + 1)
     a, b = leaves(f, g, s), leaves(f, g, s)
-    loss_fn = create_loss("decl", estimate="absolute", temperature_mode="learned", rate="batch", schedule="constant", lam=lam, sample_u=False)
+    loss_fn = create_loss("decl", estimate="absolute",
+                          temperature_mode="learned", rate="batch", schedule="constant", lam=lam, sample_u=False)
     out = loss_fn(*a, output_dict=True)
     assert set(out) == {"decl_loss"}
     rates = ref.batch_mean_negative_score(*b)
@@ -192,7 +193,8 @@ def test_decl_lambda_zero_is_infonce(s):
 ])
 def test_decl_index_buffer_follows_moving_average_over_steps(first_visit, include_current, gamma_schedule, drift):
     gamma, s, n, decay = 0.3, 20.0, 6, 3
-    loss_fn = create_loss("decl", estimate="absolute", temperature_mode="learned", rate="index", num_samples=10, gamma=gamma, schedule="decl", sample_u=False,
+    loss_fn = create_loss("decl", estimate="absolute",
+                          temperature_mode="learned", rate="index", num_samples=10, gamma=gamma, schedule="decl", sample_u=False,
                           first_visit=first_visit, include_current=include_current, gamma_schedule=gamma_schedule,
                           gamma_decay_steps=decay if gamma_schedule == "cosine" else None, drift_correction=drift)
     tracker = ref.IndexRates(gamma, first_visit=first_visit, include_current=include_current, drift=drift)
@@ -224,7 +226,8 @@ def test_decl_index_second_call_reads_the_rate_stored_by_the_first():
     first call, not one that includes the second call's own batch."""
     n, s = 8, 15.0
     ids = torch.tensor([4, 0, 7, 2, 9, 5, 1, 3])
-    loss_fn = create_loss("decl", estimate="absolute", temperature_mode="learned", rate="index", num_samples=10, gamma=0.9, schedule="decl",
+    loss_fn = create_loss("decl", estimate="absolute",
+                          temperature_mode="learned", rate="index", num_samples=10, gamma=0.9, schedule="decl",
                           sample_u=False, include_current=False)
     f1, g1 = features(n, seed=1)
     loss_fn(f1, g1, torch.tensor(s), sample_ids=ids)
@@ -272,7 +275,8 @@ def test_decl_update_then_read_is_the_batch_rate_on_first_visits_and_read_then_u
 
 def test_decl_first_visit_mean_reads_the_previous_steps_mean_estimate():
     n, s = 6, 12.0
-    loss_fn = create_loss("decl", estimate="absolute", temperature_mode="learned", rate="index", num_samples=20, first_visit="mean",
+    loss_fn = create_loss("decl", estimate="absolute",
+                          temperature_mode="learned", rate="index", num_samples=20, first_visit="mean",
                           schedule="decl", sample_u=False, include_current=False)
     f, g = features(n, seed=7)
     loss_fn(f, g, torch.tensor(s), sample_ids=torch.arange(6))
@@ -352,7 +356,8 @@ def test_decl_queue_rate_matches_reference(include_current, estimate):
 def test_decl_sampled_u_is_exponential_per_anchor():
     # With rate="batch" the exponent is 0, so loss1 + mean(l_ii) is the mean of the eps draws.
     n, steps = 64, 60
-    loss_fn = create_loss("decl", estimate="absolute", temperature_mode="learned", rate="batch", schedule="decl", sample_u=True, seed=3)
+    loss_fn = create_loss("decl", estimate="absolute",
+                          temperature_mode="learned", rate="batch", schedule="decl", sample_u=True, seed=3)
     means = []
     for step in range(steps):
         f, g = features(n, seed=step)
@@ -364,7 +369,8 @@ def test_decl_sampled_u_is_exponential_per_anchor():
     assert abs(float(means.mean()) - 1.0) < 4 / math.sqrt(2 * n * steps)
     assert float(means.std()) == pytest.approx(1 / math.sqrt(2 * n), rel=0.35)
     # fixed seed: the same draws again
-    again = create_loss("decl", estimate="absolute", temperature_mode="learned", rate="batch", schedule="decl", sample_u=True, seed=3)
+    again = create_loss("decl", estimate="absolute",
+                        temperature_mode="learned", rate="batch", schedule="decl", sample_u=True, seed=3)
     f, g = features(n, seed=0)
     again(f, g, torch.tensor(10.0))
     assert float(again.metrics["loss1"] + (10.0 * (f * g).sum(-1)).mean()) == pytest.approx(float(means[0]))

@@ -243,7 +243,8 @@ def rows_of_ids(per_id, m):
 @pytest.mark.parametrize("s", SCALES)
 def test_decl_batch_rate_with_m_captions_matches_reference(n, m, lam, s):
     f, g = features(n, m, seed=20 * n + m)
-    loss_fn = create_loss("decl", estimate="absolute", temperature_mode="learned", rate="batch", schedule="constant", lam=lam, sample_u=False)
+    loss_fn = create_loss("decl", estimate="absolute",
+                          temperature_mode="learned", rate="batch", schedule="constant", lam=lam, sample_u=False)
     got, got_grads, _ = value_and_grads(loss_fn, f, g, s)
     rates = ref.row_mean_negative_scores(f, g, torch.tensor(s, dtype=torch.float64))  # each row's own estimate
     ones = [torch.ones_like(r) for r in rates]
@@ -272,7 +273,8 @@ def test_decl_index_with_m_captions_keeps_one_rate_per_id_and_direction(first_vi
     """Over steps with revisits, first visits and a repeated id: each id's text-direction rate is the
     mean of its M captions' estimates, read by every one of its captions (float64 re-computation)."""
     gamma, s, n, m = 0.3, 15.0, 6, 3
-    loss_fn = create_loss("decl", estimate="absolute", temperature_mode="learned", rate="index", num_samples=10, gamma=gamma, schedule="decl", sample_u=False,
+    loss_fn = create_loss("decl", estimate="absolute",
+                          temperature_mode="learned", rate="index", num_samples=10, gamma=gamma, schedule="decl", sample_u=False,
                           first_visit=first_visit, include_current=include_current)
     tracker = ref.IndexRates(gamma, first_visit=first_visit, include_current=include_current)
     id_batches = [torch.tensor([0, 1, 2, 3, 4, 5]), torch.tensor([6, 7, 2, 3, 8, 9]),
@@ -295,7 +297,8 @@ def test_decl_index_with_m_captions_keeps_one_rate_per_id_and_direction(first_vi
 def test_decl_index_text_rate_is_the_mean_over_the_captions_not_one_caption():
     f, g = features(5, 3, seed=12)
     s = torch.tensor(9.0, dtype=torch.float64)
-    loss_fn = create_loss("decl", estimate="absolute", temperature_mode="learned", rate="index", num_samples=5, drift_correction=False)
+    loss_fn = create_loss("decl", estimate="absolute",
+                          temperature_mode="learned", rate="index", num_samples=5, drift_correction=False)
     loss_fn(f, g, s, sample_ids=torch.arange(5))
     rows = ref.row_mean_negative_scores(f, g, s)[1].reshape(5, 3)
     stored = loss_fn.log_rate[1].double()
@@ -308,7 +311,8 @@ def test_decl_queue_with_m_captions_matches_reference(include_current):
     """Image anchors against the queued captions (one per earlier image: the first of its M), captions
     against the queued images; the batch at the first step."""
     s, n, m, q = 12.0, 4, 3, 6
-    loss_fn = create_loss("decl", estimate="absolute", temperature_mode="learned", rate="queue", queue_size=q, schedule="decl", sample_u=False,
+    loss_fn = create_loss("decl", estimate="absolute",
+                          temperature_mode="learned", rate="queue", queue_size=q, schedule="decl", sample_u=False,
                           include_current=include_current)
     history_img, history_txt = [], []
     for step in range(3):
@@ -338,7 +342,8 @@ def test_decl_draws_one_u_per_anchor_row_with_m_captions():
     """``sample_u``: G image draws, then G M caption draws, from the generator seeded by (seed, step)."""
     n, m, s, seed = 5, 3, 8.0, 7
     f, g = features(n, m, seed=1)
-    loss_fn = create_loss("decl", estimate="absolute", temperature_mode="learned", rate="batch", schedule="decl", sample_u=True, seed=seed)
+    loss_fn = create_loss("decl", estimate="absolute",
+                          temperature_mode="learned", rate="batch", schedule="decl", sample_u=True, seed=seed)
     got, got_grads, _ = value_and_grads(loss_fn, f, g, s)
     gen = torch.Generator().manual_seed(seed * 1_000_003 + 1)
     eps = torch.empty(1 + m, n, dtype=torch.float64).exponential_(1.0, generator=gen)
