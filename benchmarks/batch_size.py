@@ -214,6 +214,25 @@ def gate(records: List[dict], sizes: Sequence[int]) -> Optional[dict]:
             "seeds": (len(lo), len(hi)), "passed": gain >= GATE_POINTS and separate and min(len(lo), len(hi)) >= 3}
 
 
+def planned_runs(stages: Sequence[str], sizes: Sequence[int] = BATCH_SIZES, seeds: Sequence[int] = (0, 1, 2),
+                 screen_sizes: Sequence[int] = SCREEN_BATCH_SIZES, screen_seed: int = 0,
+                 screen_variants: Optional[Sequence[str]] = None,
+                 sweep_variants: Sequence[str] = SWEEP_VARIANTS) -> List[tuple]:
+    """The (objective, batch, seed) runs the stages plan, in order, each once: the gate (``clip`` at
+    every batch size and seed), the screen (``screen_variants``, default every objective, at
+    ``screen_sizes`` with one seed) and the sweep (``clip``, ``dcl`` at 0.05 and ``sweep_variants``
+    at every seed and batch size, the largest for ``clip`` only)."""
+    runs = []
+    if "gate" in stages:
+        runs += [("clip", b, s) for s in seeds for b in sizes]
+    if "screen" in stages:
+        runs += [(label, b, screen_seed) for label in (screen_variants or list(objectives())) for b in screen_sizes]
+    if "sweep" in stages:
+        runs += [(label, b, s) for label in ["clip", "dcl tau+ 0.05", *sweep_variants] for s in seeds
+                 for b in sizes if label == "clip" or b != max(sizes)]
+    return list(dict.fromkeys(runs))
+
+
 def progress(records: List[dict], sizes: Sequence[int], screen_sizes: Sequence[int] = SCREEN_BATCH_SIZES,
              screen_seed: int = 0, seeds: int = 3) -> str:
     """Where the three stages stand, from the finished runs: the gate's verdict, the screen's runs
@@ -231,6 +250,16 @@ def progress(records: List[dict], sizes: Sequence[int], screen_sizes: Sequence[i
             f"screen {sum(j in done for j in screen)} of {len(screen)} runs"
             + (f" (not yet: {', '.join(missing)})" if missing else "")
             + f"; sweep: {len(beyond)} runs beyond the screen" + (f", complete for {', '.join(swept)}" if swept else ""))
+
+
+def gathered_status(records: List[dict], sizes: Sequence[int]) -> str:
+    """The status of a report over every finished run: complete once the three stages' planned runs
+    (:func:`planned_runs` at their defaults) have all finished, else PARTIAL with how many are left."""
+    have = {(r["label"], r["batch_size"], r["seed"]) for r in records}
+    left = [j for j in planned_runs(("gate", "screen", "sweep"), sizes) if j not in have]
+    return (f"{'PARTIAL' if left else 'complete'}: the {len(records)} runs finished at this budget"
+            + (f" ({len(left)} runs of the three stages still to run)" if left else "")
+            + f", gathered from several calls (each run's own command is in the JSON); {progress(records, sizes)}")
 
 
 def table(records: List[dict]) -> str:
@@ -321,8 +350,7 @@ def write(out: Path, records: List[dict], planned: int, data: dict, budget: ex.B
     status = ("complete" if done == planned else f"PARTIAL: {done} of {planned} runs of this call finished") + \
         f" (stages: {', '.join(stages)}; finished runs are reused by later calls)"
     if stages == ["report of finished runs"]:
-        status = (f"PARTIAL: the {done} runs finished so far at this budget, gathered from several calls (each run's "
-                  f"own command is in the JSON); {progress(records, sizes)}")
+        status = gathered_status(records, sizes)
     g = gate(records, sizes)
     gate_line = "not measured yet" if g is None else (
         f"clip at {g['large']} minus clip at {g['small']}: {100 * g['gain']:+.1f} points of mean R@1, seeds "
@@ -415,17 +443,9 @@ def main(argv: Optional[List[str]] = None) -> int:
         raise SystemExit(f"a batch is larger than the {data['train']['num_samples']} training pairs")
     budget = ex.Budget(epochs=1 if args.quick else args.epochs, lr=1e-3, wd=0.1, warmup=50, model=MODEL,
                        log_every_n_steps=50, workers=1)
-    jobs = []  # (label, flags, batch, seed)
-    if "gate" in args.stage:
-        jobs += [("clip", names["clip"], b, s) for s in args.seeds for b in args.batch_sizes]
-    if "screen" in args.stage:
-        for label in (args.variants or list(names)):
-            jobs += [(label, names[label], b, args.screen_seed) for b in args.screen_batch_sizes]
-    if "sweep" in args.stage:
-        for label in ["clip", "dcl tau+ 0.05", *args.sweep_variants]:
-            jobs += [(label, names[label], b, s) for s in args.seeds for b in args.batch_sizes
-                     if not (label != "clip" and b == max(args.batch_sizes))]
-    jobs = list(dict.fromkeys((lab, tuple(f), b, s) for lab, f, b, s in jobs))
+    jobs = [(label, names[label], b, s) for label, b, s in planned_runs(
+        args.stage, args.batch_sizes, args.seeds, args.screen_batch_sizes, args.screen_seed,
+        args.variants or list(names), args.sweep_variants)]
     command = ex.command_line("batch_size.py", argv)
     started = datetime.now(timezone.utc)
     if args.report_only:
