@@ -12,8 +12,12 @@ batch, trained to a plateau:
 - **budget**: ``--epochs`` (default 20) at lr 1e-3, wd 0.1, warm-up 50 steps, the same number of
   epochs at every batch size; validation after every epoch, so the report shows whether the
   validation R@1 is flat over the last fifth of training (the plateau check);
-- **primary metric**: retrieval mean R@1 (image->text and text->image) on the 1,000 held-out images
-  (5 captions each); zero-shot top-1 over the 48 classes second.
+- **splits**: the 12,000 training images; the **validation** split (1,000 images, 5 captions each,
+  and 20 zero-shot images per class), which every choice reads (defaults, variants, the per-epoch
+  curves); the **test** split (``--test-samples 1000``: 1,000 other images and another 20 per
+  class, from seed streams of their own), which only the quoted verdicts read;
+- **primary metric**: retrieval mean R@1 (image->text and text->image); zero-shot top-1 over the 48
+  classes second.
 
 Stages (``--stage``), each resumable (every finished run is cached under ``--work`` by its flags,
 budget and data, and reused):
@@ -28,6 +32,15 @@ budget and data, and reused):
    registry's flag table.
 3. ``sweep``: ``clip``, ``dcl`` and ``--sweep-variants`` (default :data:`SWEEP_VARIANTS`, which the
    screen picked) at every batch size and seed.
+4. ``decisive``: the verdicts, on the test split: at each of ``--decisive-batch-sizes`` (32, 64),
+   ``decl default`` at B, ``clip`` at B and ``clip`` at 2B, seed after seed (from ``--seeds``, at
+   most :data:`SEED_CAP`), until :func:`reach_verdict` gives a verdict at that B.
+5. ``controls``: the temperature controls at the decisive batch sizes: InfoNCE with its scale fixed
+   at ``decl``'s final one, and ``decl`` with its scale fixed at ``clip``'s (the final scales are
+   read from the validation sweep).
+
+The gate, screen and sweep of the 2026-11 reports ran before the test split existed: their scores
+are on the validation split, kept in ``results/batch_size_validation_sweep.{md,json}``.
 
 ``--jobs 2`` trains two runs side by side (one torch thread each; on a 2-core machine that is
 faster than one after the other for a model this small). The report,
@@ -61,8 +74,8 @@ from clip_dcl.experiment.stats import format_mean_std, mean_std, wins
 HERE = Path(__file__).resolve().parent
 STEM = "batch_size"
 MODEL = "clip-dcl-micro"
-DATA = dict(image_size=32, num_classes=48, train_samples=12000)
-QUICK_DATA = dict(image_size=32, num_classes=48)
+DATA = dict(image_size=32, num_classes=48, train_samples=12000, test_samples=1000)
+QUICK_DATA = dict(image_size=32, num_classes=48, test_samples=64)
 HEADLINE = ((MEAN_R1, "retrieval mean R@1"), ("zeroshot/top1", "zero-shot top-1"))
 BATCH_SIZES = (16, 32, 64, 128, 256, 512)
 SCREEN_BATCH_SIZES = (16, 64)
@@ -72,6 +85,28 @@ SCREEN_BATCH_SIZES = (16, 64)
 #: read-then-update collapsed there
 SWEEP_VARIANTS = ("decl default", "decl absolute", "decl batch")
 GATE_POINTS = 0.03
+#: the validation-split sweep of the gate, screen and sweep stages (scored before the test split existed)
+ARCHIVE = HERE / "results" / "batch_size_validation_sweep.json"
+
+# ------------------------------------------------------------------------------------------
+# The decision rule, fixed before the decisive runs (the report and the README print it from here)
+# ------------------------------------------------------------------------------------------
+DECISIVE_SIZES = (32, 64)
+#: the batch sizes the verdict table covers (16 from the validation sweep: no test-split runs there)
+VERDICT_SIZES = (16, 32, 64)
+CONFIDENCE = 0.90
+#: the evaluation's resolution: about one point of mean R@1 on 1,000 images (fractions here)
+RESOLUTION = 0.01
+MIN_SEEDS = 3
+SEED_CAP = 10
+RULE = (
+    f"Differences are paired by seed (same data order and initialisation) and summarised by their mean and "
+    f"{100 * CONFIDENCE:.0f} % t-interval over seeds. **Reaches** `clip` at 2B: the interval of decl@B - clip@2B lies "
+    f"above minus half of `clip`'s own gain from B to 2B (mean over the same seeds); **does not reach**: it lies "
+    f"below; otherwise no verdict. **Beats** `clip` at B: the interval of decl@B - clip@B lies above zero and the "
+    f"mean exceeds the resolution ({100 * RESOLUTION:.0f} point of R@1 on 1,000 images); **trails**: the mirror "
+    f"image; a mean inside the resolution is a **tie**, never a win; otherwise no verdict. Seeds are added "
+    f"({MIN_SEEDS} at least, {SEED_CAP} at most) until the reach verdict is given.")
 
 
 # ------------------------------------------------------------------------------------------
@@ -94,10 +129,43 @@ DECL_VARIANTS = {
 BASELINES = {"clip": ("--loss", "clip")}
 
 
+def archived_runs(data_config: Optional[dict] = None) -> List[dict]:
+    """The validation-split runs of the gate, screen and sweep (:data:`ARCHIVE`), each marked with its split;
+    none when ``data_config`` (the testbed's, test split aside) is not the data they trained on."""
+    if not ARCHIVE.is_file():
+        return []
+    doc = json.loads(ARCHIVE.read_text())
+    if data_config is not None and {k: v for k, v in data_config.items() if k != "test_samples"} != doc["data"]:
+        return []
+    return [{**r, "split": "validation", "source": "archived"} for r in doc["runs"]]
+
+
+def final_scale(label: str, b: int) -> Optional[float]:
+    """The mean final logit scale of ``label`` at batch ``b`` over the validation sweep's seeds."""
+    ends = [r["logit_scale"][-1] for r in archived_runs() if r["label"] == label and r["batch_size"] == b
+            and r["logit_scale"]]
+    return round(sum(ends) / len(ends), 1) if ends else None
+
+
+def control_objectives() -> Dict[str, tuple]:
+    """The temperature controls at each decisive batch size: InfoNCE (``dcl`` at ``tau_plus`` 0, which is
+    InfoNCE exactly) at ``decl default``'s final scale, and ``decl default`` at ``clip``'s, both fixed."""
+    out = {}
+    for b in DECISIVE_SIZES:
+        decl_s, clip_s = final_scale("decl default", b), final_scale("clip", b)
+        if decl_s:
+            out[f"clip at decl's scale (B={b})"] = loss_flags("dcl", tau_plus=0.0, temperature=round(1 / decl_s, 5))
+        if clip_s:
+            out[f"decl at clip's scale (B={b})"] = loss_flags("decl", temperature_mode="fixed",
+                                                              temperature=round(1 / clip_s, 5))
+    return out
+
+
 def objectives() -> Dict[str, tuple]:
     out = dict(BASELINES)
     out["dcl tau+ 0.05"] = loss_flags("dcl", tau_plus=0.05)
     out.update({name: loss_flags("decl", **settings) for name, settings in DECL_VARIANTS.items()})
+    out.update(control_objectives())
     return out
 
 
@@ -114,19 +182,36 @@ def scale_curve(out_log: Path) -> List[float]:
     return [last[e] for e in sorted(last)]
 
 
-def evaluate(checkpoint: Path, data: dict) -> Dict[str, float]:
-    """Retrieval and zero-shot scores of a checkpoint (the few-shot probe is left out of this testbed)."""
+def evaluate(checkpoint: Path, data: dict) -> Dict[str, Dict[str, float]]:
+    """Retrieval and zero-shot scores of a checkpoint on each split the data has: ``{"validation": ...,
+    "test": ...}`` (the few-shot probe is left out of this testbed)."""
     from clip_dcl.checkpoint import load_checkpoint
     from clip_dcl.eval.retrieval import evaluate_retrieval
     from clip_dcl.eval.zeroshot import evaluate_zeroshot
 
     model, preprocess, tokenizer = load_checkpoint(checkpoint, "cpu")
-    out = {f"retrieval/{k}": float(v) for k, v in evaluate_retrieval(
-        model, preprocess, tokenizer, data["val_data"], batch_size=256, device="cpu", progress=False).items()}
-    out.update({f"zeroshot/{k}": float(v) for k, v in evaluate_zeroshot(
-        model, preprocess, tokenizer, Path(data["out_dir"]) / data["zeroshot"]["dir"], batch_size=256,
-        device="cpu", progress=False).items()})
-    return with_mean_r1(out)
+    splits = {"validation": (data["val_data"], data["zeroshot"]["dir"])}
+    if "test_data" in data:
+        splits["test"] = (data["test_data"], data["zeroshot_test"]["dir"])
+    scores = {}
+    for split, (pairs, zeroshot) in splits.items():
+        out = {f"retrieval/{k}": float(v) for k, v in evaluate_retrieval(
+            model, preprocess, tokenizer, pairs, batch_size=256, device="cpu", progress=False).items()}
+        out.update({f"zeroshot/{k}": float(v) for k, v in evaluate_zeroshot(
+            model, preprocess, tokenizer, Path(data["out_dir"]) / zeroshot, batch_size=256, device="cpu",
+            progress=False).items()})
+        scores[split] = with_mean_r1(out)
+    return scores
+
+
+def code_commit() -> str:
+    """The commit the code of this run is at (with ``+changes`` when the tree differs from it)."""
+    import subprocess
+
+    def git(*a):
+        return subprocess.run(["git", *a], cwd=HERE, capture_output=True, text=True).stdout.strip()
+    head = git("rev-parse", "--short=10", "HEAD") or "unknown"
+    return head + ("+changes" if git("status", "--porcelain", "--untracked-files=no") else "")
 
 
 def finished_runs(work: Path, data: dict, budget: ex.Budget) -> List[dict]:
@@ -177,11 +262,13 @@ def run_one(label: str, flags: tuple, data: dict, budget: ex.Budget, work: Path,
         env = {"OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
         res = ex.train(run, data, logs, budget, env=env, lock=False, device="cpu", echo=lambda s: None)
     t0 = time.perf_counter()
-    metrics = evaluate(res.checkpoint, data)
+    scores = evaluate(res.checkpoint, data)
+    metrics = scores["validation"]
     val = [with_mean_r1({f"retrieval/{k}": v for k, v in r.items() if isinstance(v, (int, float))})
            for r in res.val]
     record = {"label": label, "flags": list(flags), "batch_size": budget.batch_size, "seed": budget.seed,
-              "epochs": budget.epochs, "metrics": metrics, "val_r1": [v[MEAN_R1] for v in val],
+              "epochs": budget.epochs, "metrics": metrics, "test_metrics": scores.get("test"),
+              "commit": code_commit(), "val_r1": [v[MEAN_R1] for v in val],
               "logit_scale": scale_curve(res.log_dir / "out.log"), "train_seconds": res.seconds,
               "eval_seconds": time.perf_counter() - t0, "command": res.command,
               "finished": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M")}
@@ -217,11 +304,13 @@ def gate(records: List[dict], sizes: Sequence[int]) -> Optional[dict]:
 def planned_runs(stages: Sequence[str], sizes: Sequence[int] = BATCH_SIZES, seeds: Sequence[int] = (0, 1, 2),
                  screen_sizes: Sequence[int] = SCREEN_BATCH_SIZES, screen_seed: int = 0,
                  screen_variants: Optional[Sequence[str]] = None,
-                 sweep_variants: Sequence[str] = SWEEP_VARIANTS) -> List[tuple]:
+                 sweep_variants: Sequence[str] = SWEEP_VARIANTS, decisive_sizes: Sequence[int] = DECISIVE_SIZES,
+                 decisive_seeds: Sequence[int] = tuple(range(SEED_CAP))) -> List[tuple]:
     """The (objective, batch, seed) runs the stages plan, in order, each once: the gate (``clip`` at
     every batch size and seed), the screen (``screen_variants``, default every objective, at
     ``screen_sizes`` with one seed) and the sweep (``clip``, ``dcl`` at 0.05 and ``sweep_variants``
-    at every seed and batch size, the largest for ``clip`` only)."""
+    at every seed and batch size, the largest for ``clip`` only), the decisive stage (:func:`decisive_runs`;
+    the driver skips those whose batch sizes are decided) and the temperature controls (``seeds``)."""
     runs = []
     if "gate" in stages:
         runs += [("clip", b, s) for s in seeds for b in sizes]
@@ -230,7 +319,116 @@ def planned_runs(stages: Sequence[str], sizes: Sequence[int] = BATCH_SIZES, seed
     if "sweep" in stages:
         runs += [(label, b, s) for label in ["clip", "dcl tau+ 0.05", *sweep_variants] for s in seeds
                  for b in sizes if label == "clip" or b != max(sizes)]
+    if "decisive" in stages:
+        runs += decisive_runs(decisive_sizes, decisive_seeds)
+    if "controls" in stages:
+        runs += [(label, b, s) for s in seeds for b in decisive_sizes
+                 for label in (f"clip at decl's scale (B={b})", f"decl at clip's scale (B={b})")]
     return list(dict.fromkeys(runs))
+
+
+# ------------------------------------------------------------------------------------------
+# Verdicts (the rule in RULE)
+# ------------------------------------------------------------------------------------------
+def t_interval(diffs: Sequence[float], confidence: float = CONFIDENCE) -> Dict[str, float]:
+    """Mean of paired differences and its two-sided ``confidence`` t-interval over seeds (scipy's t;
+    nan bounds below two seeds)."""
+    from scipy import stats
+
+    st = mean_std(diffs)
+    half = (float(stats.t.ppf((1 + confidence) / 2, st["n"] - 1)) * st["std"] / st["n"] ** 0.5
+            if st["n"] > 1 else float("nan"))
+    return {"mean": st["mean"], "lo": st["mean"] - half, "hi": st["mean"] + half, "n": st["n"]}
+
+
+def per_seed(records: List[dict], key: str = "test_metrics") -> Dict[tuple, float]:
+    """``{(label, batch, seed): mean R@1}`` of the records that have ``key`` (a split's metrics)."""
+    return {(r["label"], r["batch_size"], r["seed"]): r[key][MEAN_R1] for r in records if r.get(key)}
+
+
+def comparison(records: List[dict], label: str, b: int, other: int, key: str = "test_metrics",
+               reference: str = "clip") -> dict:
+    """``label`` at ``b`` minus ``reference`` at ``other``, paired by seed: the seeds, the per-seed
+    differences, their interval, and ``clip``'s own gain from ``b`` to ``2 b`` on the same seeds."""
+    idx = per_seed(records, key)
+    seeds = sorted(s for (lab, bb, s) in idx if lab == label and bb == b and (reference, other, s) in idx
+                   and (reference, b, s) in idx and (reference, 2 * b, s) in idx)
+    diffs = [idx[(label, b, s)] - idx[(reference, other, s)] for s in seeds]
+    gains = [idx[(reference, 2 * b, s)] - idx[(reference, b, s)] for s in seeds]
+    return {"label": label, "batch_size": b, "against": f"{reference} at {other}", "seeds": seeds, "diffs": diffs,
+            "gain": mean_std(gains)["mean"], **t_interval(diffs)}
+
+
+def reach_verdict(c: dict) -> str:
+    """"reaches", "does not reach" or "no verdict": the interval of decl@B - clip@2B against minus half of
+    ``clip``'s gain from B to 2B (no verdict below :data:`MIN_SEEDS` seeds)."""
+    if c["n"] < MIN_SEEDS:
+        return "no verdict"
+    margin = -c["gain"] / 2
+    return "reaches" if c["lo"] > margin else "does not reach" if c["hi"] < margin else "no verdict"
+
+
+def beat_verdict(c: dict) -> str:
+    """"beats", "trails", "tie" (a mean inside :data:`RESOLUTION`) or "no verdict" for decl@B - clip@B."""
+    if c["n"] < MIN_SEEDS:
+        return "no verdict"
+    if abs(c["mean"]) < RESOLUTION:
+        return "tie"
+    return "beats" if c["lo"] > 0 else "trails" if c["hi"] < 0 else "no verdict"
+
+
+def verdicts(records: List[dict], archived: Sequence[dict] = (), label: str = "decl default") -> List[dict]:
+    """Per batch size of :data:`VERDICT_SIZES`: the reach and beat comparisons of ``label`` on the test split,
+    or on the validation split of the archived sweep where the test split has fewer than :data:`MIN_SEEDS`
+    seeds (B = 16); each with its split and verdict."""
+    rows = []
+    for b in VERDICT_SIZES:
+        for kind, other, judge in (("reach", 2 * b, reach_verdict), ("beat", b, beat_verdict)):
+            c = comparison(records, label, b, other)
+            split = "test"
+            if c["n"] < MIN_SEEDS and archived:
+                old = comparison(list(archived), label, b, other, key="metrics")
+                if old["n"] >= MIN_SEEDS:
+                    c, split = old, "validation"
+            rows.append({**c, "kind": kind, "split": split, "verdict": judge(c)})
+    return rows
+
+
+def decided(records: List[dict], b: int) -> bool:
+    """Whether the reach verdict at ``b`` is given on the test split, or the seed cap is reached."""
+    c = comparison(records, "decl default", b, 2 * b)
+    return reach_verdict(c) != "no verdict" or c["n"] >= SEED_CAP
+
+
+def decisive_runs(sizes: Sequence[int] = DECISIVE_SIZES, seeds: Sequence[int] = tuple(range(SEED_CAP))) -> List[tuple]:
+    """The decisive stage's runs, seed after seed: at each ``b``, ``decl default`` and ``clip`` at ``b``,
+    ``clip`` at ``2 b``; each once (``clip`` at 64 serves B = 32 and 64)."""
+    runs = [(label, bb, s) for s in seeds for b in sizes
+            for label, bb in (("clip", b), ("decl default", b), ("clip", 2 * b))]
+    return list(dict.fromkeys(runs))
+
+
+def needed(job: tuple, records: List[dict], sizes: Sequence[int] = DECISIVE_SIZES) -> bool:
+    """Whether a decisive run still serves an undecided batch size (``clip`` at 64 serves 32 and 64)."""
+    label, b, _ = job
+    users = [x for x in sizes if (label == "decl default" and b == x) or (label == "clip" and b in (x, 2 * x))]
+    return any(not decided(records, x) for x in users)
+
+
+def verdict_table(rows: List[dict]) -> str:
+    """Markdown: one row per batch size and comparison, with the split, seeds, interval and verdict."""
+    lines = ["| B | decl default against | split | seeds | per-seed differences (points) | mean | "
+             f"{100 * CONFIDENCE:.0f} % interval | threshold | verdict |", "|---:|---|---|---:|---|---:|---|---:|---|"]
+    for r in rows:
+        if not r["n"]:
+            lines.append(f"| {r['batch_size']} | {r['against']} | - | 0 | - | - | - | - | not run |")
+            continue
+        threshold = -r["gain"] / 2 if r["kind"] == "reach" else 0.0
+        interval = "-" if r["n"] < 2 else f"[{100 * r['lo']:+.1f}, {100 * r['hi']:+.1f}]"
+        lines.append(f"| {r['batch_size']} | {r['against']} | {r['split']} | {r['n']} | "
+                     + ", ".join(f"s{s} {100 * d:+.1f}" for s, d in zip(r["seeds"], r["diffs"]))
+                     + f" | {100 * r['mean']:+.1f} | {interval} | {100 * threshold:+.1f} | **{r['verdict']}** |")
+    return "\n".join(lines)
 
 
 def progress(records: List[dict], sizes: Sequence[int], screen_sizes: Sequence[int] = SCREEN_BATCH_SIZES,
@@ -262,18 +460,19 @@ def gathered_status(records: List[dict], sizes: Sequence[int]) -> str:
             + f", gathered from several calls (each run's own command is in the JSON); {progress(records, sizes)}")
 
 
-def table(records: List[dict]) -> str:
-    """One row per (objective, batch): mean ± std over seeds of each headline score, the final logit
-    scale, the plateau check, seeds."""
+def table(records: List[dict], key: str = "metrics") -> str:
+    """One row per (objective, batch): mean ± std over seeds of each headline score on one split (``key``:
+    ``metrics``, the validation split, or ``test_metrics``), the final logit scale, the plateau check, seeds."""
     groups: Dict[tuple, List[dict]] = {}
     for r in records:
-        groups.setdefault((r["label"], r["batch_size"]), []).append(r)
+        if r.get(key):
+            groups.setdefault((r["label"], r["batch_size"]), []).append(r)
     head = "| objective | batch | " + " | ".join(lab for _, lab in HEADLINE) + \
            " | logit scale at the end | val R@1 change over the last fifth (points) | seeds |"
     lines = [head, "|" + "---|" * (len(HEADLINE) + 5)]
     for (label, b), rs in sorted(groups.items(), key=lambda kv: (list(objectives()).index(kv[0][0])
                                                                    if kv[0][0] in objectives() else 99, kv[0][1])):
-        cells = [format_mean_std(mean_std([r["metrics"].get(key) for r in rs])) for key, _ in HEADLINE]
+        cells = [format_mean_std(mean_std([r[key].get(metric) for r in rs])) for metric, _ in HEADLINE]
         scales = ", ".join(f"{r['logit_scale'][-1]:.1f}" for r in rs if r["logit_scale"])
         plateaus = ", ".join(f"{p:+.1f}" for p in (plateau(r["val_r1"]) for r in rs) if p is not None) or "n/a"
         lines.append(f"| {label} | {b} | " + " | ".join(cells) + f" | {scales} | {plateaus} | "
@@ -343,22 +542,51 @@ def plot(records: List[dict], path: Path) -> Optional[Path]:
     return ex.save_figure(fig, path, "Batch-size testbed (clip-dcl-micro, 48 classes, 32 px)")
 
 
+def decisive_status(rows: List[dict]) -> str:
+    """Where the verdicts stand: per batch size, the reach verdict with its split and seeds."""
+    return "; ".join(f"B = {r['batch_size']}: {r['verdict']} ({r['split']} split, {r['n']} seeds"
+                     + (f", the cap of {SEED_CAP} reached" if r["split"] == "test" and r["n"] >= SEED_CAP else "")
+                     + ")" for r in rows if r["kind"] == "reach")
+
+
+def controls_table(records: List[dict]) -> str:
+    """Markdown: each temperature control against ``clip`` and ``decl default`` at its batch (test split,
+    paired by seed)."""
+    idx = per_seed(records)
+    lines = []
+    for label in control_objectives():
+        b = int(re.search(r"B=(\d+)", label).group(1))
+        for ref, other in (("clip", b), ("decl default", b), ("clip", 2 * b)):
+            seeds = sorted(s for (lab, bb, s) in idx if lab == label and bb == b and (ref, other, s) in idx)
+            if not seeds:
+                continue
+            st = t_interval([idx[(label, b, s)] - idx[(ref, other, s)] for s in seeds])
+            interval = "-" if st["n"] < 2 else f"[{100 * st['lo']:+.1f}, {100 * st['hi']:+.1f}]"
+            lines.append(f"| {label} | {ref} at {other} | {st['n']} | "
+                         + ", ".join(f"s{s} {100 * (idx[(label, b, s)] - idx[(ref, other, s)]):+.1f}" for s in seeds)
+                         + f" | {100 * st['mean']:+.1f} | {interval} |")
+    if not lines:
+        return ""
+    return "\n".join([f"| control | against | seeds | per-seed differences (points) | mean | "
+                      f"{100 * CONFIDENCE:.0f} % interval |", "|---|---|---:|---|---:|---|", *lines])
+
+
 def write(out: Path, records: List[dict], planned: int, data: dict, budget: ex.Budget, command: str,
           started: datetime, stages: Sequence[str], sizes: Sequence[int], stem: str = STEM) -> None:
+    """The report of this call's runs: the splits, the rule, the verdicts (test split; B = 16 from the archived
+    validation sweep), the temperature controls and both splits' scores; ``{stem}.json`` holds the numbers
+    the README quotes (:func:`readme_block`)."""
     out.mkdir(parents=True, exist_ok=True)
-    done = len(records)
-    status = ("complete" if done == planned else f"PARTIAL: {done} of {planned} runs of this call finished") + \
-        f" (stages: {', '.join(stages)}; finished runs are reused by later calls)"
-    if stages == ["report of finished runs"]:
-        status = gathered_status(records, sizes)
-    g = gate(records, sizes)
-    gate_line = "not measured yet" if g is None else (
-        f"clip at {g['large']} minus clip at {g['small']}: {100 * g['gain']:+.1f} points of mean R@1, seeds "
-        f"{'separate' if g['separate'] else 'overlapping'} ({g['seeds'][0]} and {g['seeds'][1]} seeds): "
-        f"**{'passed' if g['passed'] else 'not passed'}** (needs +{100 * GATE_POINTS:.0f} points, 3 seeds each, "
-        "no overlap)")
+    rows = verdicts(records, archived_runs(data["config"]))
+    status = (("complete" if len(records) == planned else f"PARTIAL: {len(records)} of {planned} planned runs")
+              + f" (stages: {', '.join(stages)}; finished runs are reused by later calls); verdicts: "
+              + decisive_status(rows))
     finished = sorted(r.get("finished", "") for r in records)
     train_min = sum(r["train_seconds"] for r in records) / 60
+    cfg = data["config"]
+    commits = sorted({r.get("commit", "unrecorded") for r in records})
+    splits = {"train": cfg["train_samples"], "validation": cfg["val_samples"], "test": cfg.get("test_samples", 0),
+              "captions_per_image": cfg["val_captions_per_image"], "zeroshot_per_class": cfg["zeroshot_per_class"]}
     parts = [
         "# Batch size on the testbed: DeCL at B against InfoNCE at B and 2B",
         "",
@@ -367,39 +595,53 @@ def write(out: Path, records: List[dict], planned: int, data: dict, budget: ex.B
             date=f"runs finished {finished[0] if finished else '-'} to {finished[-1] if finished else '-'}; this "
             f"report written by a call started {started:%Y-%m-%d %H:%M}. Training time over the runs: "
             f"{train_min:.0f} min."),
-        f"- Data: `clip-dcl data synth --image-size {data['config']['image_size']} --num-classes "
-        f"{data['config']['num_classes']} --train-samples {data['config']['train_samples']}` "
-        f"(tau_plus {float(data['tau_plus']):.3f}); held-out retrieval over {data['val']['num_samples']} images x "
-        f"{data['config']['val_captions_per_image']} captions, zero-shot over {data['zeroshot']['num_classes']} classes.",
+        f"- Code: the runs ran at commit(s) {', '.join(commits)} (each run's own in the JSON).",
+        f"- Data: `clip-dcl data synth --image-size {cfg['image_size']} --num-classes {cfg['num_classes']} "
+        f"--train-samples {cfg['train_samples']} --test-samples {cfg.get('test_samples', 0)}` "
+        f"(tau_plus {float(data['tau_plus']):.3f}).",
+        f"- **Splits**: {splits['train']:,} training images; the **validation** split, {splits['validation']:,} "
+        f"images x {splits['captions_per_image']} captions and {splits['zeroshot_per_class']} zero-shot images per "
+        "class, read by every choice (the defaults, the variants, the screen, the per-epoch curves); the **test** "
+        f"split, {splits['test']:,} other images x {splits['captions_per_image']} captions and another "
+        f"{splits['zeroshot_per_class']} per class, read only for the verdicts below. The three come from "
+        "disjoint seed streams of the data writer.",
         f"- Training: `{budget.model}`, {budget.epochs} epochs at every batch size, lr {budget.lr}, wd {budget.wd}, "
         f"warm-up {budget.warmup} steps, fp32 CPU, `python -m clip_dcl.train`, validation every epoch.",
-        f"- Gate: {gate_line}.",
         "- Objectives (every flag written out from the loss registry, so a cached run keeps its meaning):",
         *[f"  - `{name}`: `{' '.join(flags)}`" for name, flags in objectives().items()
           if any(r["label"] == name for r in records)],
-        f"- Raw numbers, commands and curves: `{stem}.json`; figure `{stem}.png`.",
+        f"- Raw numbers, commands and curves: `{stem}.json`; figure `{stem}.png`. The gate, screen and sweep of "
+        "the validation split (before the test split existed): "
+        f"[`{ARCHIVE.stem}.md`]({ARCHIVE.stem}.md).",
         "",
-        "## Scores (%, mean ± sample std over seeds)",
+        "## The decision rule (fixed before the decisive runs)",
         "",
-        table(records),
+        RULE,
+        "",
+        "## Verdicts: `decl default` against `clip` (retrieval mean R@1)",
+        "",
+        "B = 16 has no test-split runs: its row is the validation sweep's, on the split its settings were chosen "
+        "on, so it is no test-split verdict.",
+        "",
+        verdict_table(rows),
     ]
-    same = paired(records, "clip")
-    if same:
-        parts += ["", "## Against clip at the same batch (paired by seed)", "", same]
-    double = paired(records, "clip", same_b=False)
-    if double:
-        parts += ["", "## The paper's claim: against clip at twice the batch (paired by seed)", "", double]
-    variants = paired(records, "decl absolute", prefix="decl ")
-    if variants:
-        parts += ["", "## DeCL variants against the screen's base, the absolute estimate (paired by seed; each "
-                  "differs from it in one setting; the evidence for the defaults)", "", variants]
+    controls = controls_table(records)
+    if controls:
+        parts += ["", "## Temperature controls (test split, paired by seed)", "",
+                  "`clip at decl's scale`: InfoNCE with the logit scale fixed at the final scale of `decl default` "
+                  "in the validation sweep; `decl at clip's scale`: `decl default` with its scale fixed at `clip`'s. "
+                  "Each changes only the temperature of one arm.", "", controls]
+    if any(r.get("test_metrics") for r in records):
+        parts += ["", "## Scores on the test split (%, mean ± sample std over seeds)", "",
+                  table(records, key="test_metrics")]
+    parts += ["", "## Scores on the validation split (%, mean ± sample std over seeds)", "", table(records)]
     png = plot(records, out / f"{stem}.png")
     if png is not None:
         parts += ["", f"![R@1 against the batch size, validation curves and logit scale]({png.name})"]
     (out / f"{stem}.md").write_text("\n".join(parts) + "\n")
-    doc = {"machine": ex.machine_info(), "command": command, "status": status, "gate": g,
-           "budget": dataclasses.asdict(budget), "data": data["config"], "objectives": objectives(),
-           "runs": records}
+    doc = {"machine": ex.machine_info(), "command": command, "status": status, "budget": dataclasses.asdict(budget),
+           "data": cfg, "splits": splits, "rule": RULE, "confidence": CONFIDENCE, "resolution": RESOLUTION,
+           "seed_cap": SEED_CAP, "verdicts": rows, "objectives": objectives(), "runs": records}
     (out / f"{stem}.json").write_text(json.dumps(doc, indent=1, default=str) + "\n")
 
 
@@ -408,7 +650,11 @@ def write(out: Path, records: List[dict], planned: int, data: dict, budget: ex.B
 # ------------------------------------------------------------------------------------------
 def build_parser() -> argparse.ArgumentParser:
     p = arguments.benchmark_parser("batch_size.py", __doc__)
-    p.add_argument("--stage", nargs="+", choices=("gate", "screen", "sweep"), default=["gate"])
+    p.add_argument("--stage", nargs="+", choices=("gate", "screen", "sweep", "decisive", "controls"),
+                   default=["decisive"])
+    p.add_argument("--decisive-batch-sizes", type=int, nargs="+", default=list(DECISIVE_SIZES))
+    p.add_argument("--decisive-seeds", type=int, nargs="+", default=list(range(SEED_CAP)),
+                   help="decisive: seeds in the order they are added, until each batch size has its verdict")
     p.add_argument("--quick", action="store_true", help="smoke run: 256 pairs, 1 epoch; report under --work")
     p.add_argument("--work", default="/tmp/clip_dcl_testbed", help="folder of the data, runs and caches")
     p.add_argument("--results", default=None, help=f"report folder (default {HERE / 'results'})")
@@ -445,7 +691,7 @@ def main(argv: Optional[List[str]] = None) -> int:
                        log_every_n_steps=50, workers=1)
     jobs = [(label, names[label], b, s) for label, b, s in planned_runs(
         args.stage, args.batch_sizes, args.seeds, args.screen_batch_sizes, args.screen_seed,
-        args.variants or list(names), args.sweep_variants)]
+        args.variants or list(names), args.sweep_variants, args.decisive_batch_sizes, args.decisive_seeds)]
     command = ex.command_line("batch_size.py", argv)
     started = datetime.now(timezone.utc)
     if args.report_only:
@@ -469,9 +715,30 @@ def main(argv: Optional[List[str]] = None) -> int:
             write(results, records, len(jobs), data, budget, command, started, args.stage, args.batch_sizes,
                   args.stem)
 
-    print(f"[batch_size] {len(jobs)} runs, {args.jobs} at a time -> {results / (args.stem + '.md')}", flush=True)
+    decisive = set(decisive_runs(args.decisive_batch_sizes, args.decisive_seeds)) if "decisive" in args.stage else set()
+    pending = list(jobs)
+
+    def next_job():
+        """The next planned run, skipping decisive runs whose batch sizes have their verdict (read from the
+        runs finished so far, so a seed is added only while a verdict is missing)."""
+        with lock:
+            while pending:
+                job = pending.pop(0)
+                if (job[0], job[2], job[3]) not in decisive or needed((job[0], job[2], job[3]), records,
+                                                                       args.decisive_batch_sizes):
+                    return job
+                print(f"[batch_size] skipped {job[0]} B={job[2]} seed {job[3]}: its batch sizes have their verdict",
+                      flush=True)
+            return None
+
+    def worker():
+        while (job := next_job()) is not None:
+            one(job)
+
+    print(f"[batch_size] {len(jobs)} runs planned, {args.jobs} at a time -> {results / (args.stem + '.md')}",
+          flush=True)
     with concurrent.futures.ThreadPoolExecutor(max_workers=args.jobs) as pool:
-        for fut in [pool.submit(one, j) for j in jobs]:
+        for fut in [pool.submit(worker) for _ in range(args.jobs)]:
             fut.result()
     return 0
 

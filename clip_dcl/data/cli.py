@@ -16,7 +16,10 @@ _SYNTH_HELP = {
     "num_classes": "number of latent classes C (shape x colour pairs, 2..48); tau_plus = sum_c p_c^2 ~ 1/C",
     "class_imbalance": "Zipf exponent a of the class frequencies, p_c ~ (c+1)^-a (0 = balanced)",
     "train_samples": "training samples (written to OUT_DIR/train)",
-    "val_samples": "held-out retrieval samples (written to OUT_DIR/val)",
+    "val_samples": "validation retrieval samples (written to OUT_DIR/val): the split that choices are made on",
+    "test_samples": "test retrieval samples (OUT_DIR/test, and zeroshot_per_class images per class in "
+                    "OUT_DIR/zeroshot_test), from seed streams of their own: the split quoted numbers come from; "
+                    "0 writes none, and the other splits are the same either way",
     "shard_size": "samples per .tar shard",
     "captions_per_image": "captions per training image (the first one is the .txt, all are in the json)",
     "val_captions_per_image": "captions per retrieval image (json 'captions')",

@@ -42,7 +42,9 @@ Layout written under ``OUT_DIR`` (defaults in brackets)::
     summary.json                  config, classes, tau_plus, sizes, relative paths
     train/00000.tar ...           [8 shards x 1500] {key}.jpg/.txt/.json, dense keys 0..N-1
     train/sizes.json
-    val/00000.tar, sizes.json     [1000] held-out retrieval pairs, json "captions" [5 per image]
+    val/00000.tar, sizes.json     [1000] validation retrieval pairs, json "captions" [5 per image]
+    test/00000.tar, sizes.json    [0: none] test retrieval pairs (--test-samples), like val/
+    zeroshot_test/...             with --test-samples: a second zero-shot tree, like zeroshot/
     zeroshot/<NN_colour_shape>/*.jpg   ImageFolder tree over the latent classes [20 per class]
     zeroshot/classnames.txt, templates.txt
     fewshot/catalog.json          {name: {metric, num_classes, multilabel, classes}}

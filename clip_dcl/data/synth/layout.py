@@ -27,6 +27,7 @@ from .render import draw_image, encode_jpeg
 
 # Seed-stream ids (the second entry of every SeedSequence).
 _STREAM = {"train": 0, "val": 1, "zeroshot": 2, "labels-train": 3, "labels-val": 4,
+           "test": 5, "labels-test": 6, "zeroshot-test": 7,
            "synth-shape": 10, "synth-colour": 11, "synth-count": 12, "synth-position": 13}
 # Few-shot train and test images of one task come from disjoint index ranges of its stream.
 _TEST_OFFSET = 1 << 30
@@ -45,6 +46,9 @@ class SynthConfig:
     class_imbalance: float = 0.0
     train_samples: int = 12000
     val_samples: int = 1000
+    #: a test split (``test/`` shards and a ``zeroshot_test/`` tree) from seed streams of its own, so
+    #: that training and validation images are the same with or without it; 0 writes none
+    test_samples: int = 0
     shard_size: int = 1500
     captions_per_image: int = 5
     val_captions_per_image: int = 5
@@ -84,6 +88,8 @@ class SynthConfig:
             bad("train_samples", f"must be >= num_classes={self.num_classes}")
         if self.val_samples < 1:
             bad("val_samples", "must be >= 1")
+        if self.test_samples < 0:
+            bad("test_samples", "must be >= 0 (0: no test split)")
         if self.shard_size < 1:
             bad("shard_size", "must be >= 1")
         if not 1 <= self.captions_per_image <= 20:
@@ -162,15 +168,15 @@ def _write_shards(directory: Path, split: str, labels: np.ndarray, cfg: SynthCon
             "captions_per_image": num_captions, "key_scheme": "dense", "key_width": width}
 
 
-def _write_zeroshot(directory: Path, cfg: SynthConfig, verbose: bool) -> dict:
+def _write_zeroshot(directory: Path, cfg: SynthConfig, verbose: bool, stream: str = "zeroshot") -> dict:
     grid = class_grid(cfg.num_classes)
     folders = class_folders(cfg.num_classes)
-    progress = _Progress(verbose, "zero-shot images", cfg.num_classes * cfg.zeroshot_per_class)
+    progress = _Progress(verbose, f"{stream} images", cfg.num_classes * cfg.zeroshot_per_class)
     done = 0
     for label, ((shape, colour), folder) in enumerate(zip(grid, folders)):
         (directory / folder).mkdir(parents=True)
         for j in range(cfg.zeroshot_per_class):
-            image, _, _ = render_sample(cfg.seed, "zeroshot", label * cfg.zeroshot_per_class + j, shape, colour,
+            image, _, _ = render_sample(cfg.seed, stream, label * cfg.zeroshot_per_class + j, shape, colour,
                                         cfg.image_size)
             (directory / folder / f"{j:05d}.jpg").write_bytes(encode_jpeg(image, cfg.jpeg_quality))
             done += 1
@@ -317,7 +323,7 @@ def _write_digits(directory: Path, cfg: SynthConfig) -> dict:
 # ------------------------------------------------------------------------------------------
 # Entry point
 # ------------------------------------------------------------------------------------------
-_OUTPUTS = ("summary.json", "train", "val", "zeroshot", "fewshot")
+_OUTPUTS = ("summary.json", "train", "val", "zeroshot", "fewshot", "test", "zeroshot_test")
 
 
 def generate(out_dir, config: SynthConfig | None = None, *, quick: bool = False, overwrite: bool = False,
@@ -376,6 +382,11 @@ def generate(out_dir, config: SynthConfig | None = None, *, quick: bool = False,
     val = _write_shards(out / "val", "val", val_labels, cfg, cfg.val_captions_per_image, verbose)
     zeroshot = _write_zeroshot(out / "zeroshot", cfg, verbose)
     fewshot = _write_fewshot(out / "fewshot", cfg, verbose)
+    test = {}
+    if cfg.test_samples:  # after the other parts: each draws from its own seed streams, so nothing above moves
+        test_labels = split_labels(cfg.seed, "test", cfg.test_samples, cfg.num_classes, cfg.class_imbalance)
+        test = {"test": _write_shards(out / "test", "test", test_labels, cfg, cfg.val_captions_per_image, verbose),
+                "zeroshot_test": _write_zeroshot(out / "zeroshot_test", cfg, verbose, stream="zeroshot-test")}
 
     tau_plus = tau_plus_from_labels(train_labels, cfg.num_classes)
     summary = {
@@ -394,6 +405,7 @@ def generate(out_dir, config: SynthConfig | None = None, *, quick: bool = False,
         "val": val,
         "zeroshot": zeroshot,
         "fewshot": fewshot,
+        **test,
     }
     (out / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
     seconds = time.perf_counter() - start
@@ -405,5 +417,7 @@ def generate(out_dir, config: SynthConfig | None = None, *, quick: bool = False,
 
 def _with_paths(summary: dict, out: Path, seconds: float) -> dict:
     out = out.resolve()
-    return {**summary, "out_dir": str(out), "train_data": str(out / summary["train"]["pattern"]),
-            "val_data": str(out / summary["val"]["pattern"]), "seconds": seconds}
+    paths = {"train_data": str(out / summary["train"]["pattern"]), "val_data": str(out / summary["val"]["pattern"])}
+    if "test" in summary:
+        paths["test_data"] = str(out / summary["test"]["pattern"])
+    return {**summary, "out_dir": str(out), **paths, "seconds": seconds}
