@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import inspect
+import json
 import sys
 from pathlib import Path
 
@@ -110,7 +111,7 @@ def test_paired_differences_against_clip_at_the_same_and_twice_the_batch():
 def test_progress_counts_the_screen_and_the_sweep_from_the_finished_runs():
     sizes = [16, 32, 512]
     gate = [rec("clip", b, s, 0.2 + b / 10000) for b in sizes for s in range(3)]
-    others = [lab for lab in bs.objectives() if lab != "clip"]
+    others = [lab for lab in bs.screen_objectives() if lab != "clip"]
     line = bs.progress(gate, sizes)
     assert line.startswith("gate passed") and f"screen 0 of {2 * len(others)} runs" in line
     assert "sweep: 0 runs beyond the screen" in line and "complete for" not in line
@@ -127,7 +128,7 @@ def test_progress_counts_the_screen_and_the_sweep_from_the_finished_runs():
 
 def test_planned_runs_and_the_status_of_a_report_over_finished_runs():
     sizes = [16, 64, 512]
-    others = [lab for lab in bs.objectives() if lab != "clip"]
+    others = [lab for lab in bs.screen_objectives() if lab != "clip"]
     plan = bs.planned_runs(("gate", "screen", "sweep"), sizes)
     assert len(plan) == len(set(plan))
     assert [j for j in plan if j[0] == "clip"] == [("clip", b, s) for s in range(3) for b in sizes]
@@ -150,3 +151,90 @@ def test_bad_arguments_stop_before_any_work(tmp_path):
     with pytest.raises(SystemExit, match="--jobs"):
         bs.main(["--jobs", "0", "--work", str(tmp_path)])
     assert not any(tmp_path.iterdir())
+
+
+# ------------------------------------------------------------------------------------------
+# The decision rule, the decisive stage and the README's generated verdicts
+# ------------------------------------------------------------------------------------------
+def scored(label, b, seed, r1):
+    """A finished run scored on both splits (the test split's score is ``r1``, the validation one 0)."""
+    return {**rec(label, b, seed, 0.0), "test_metrics": {bs.MEAN_R1: r1}}
+
+
+def test_t_interval_is_the_students_t_interval_of_the_mean():
+    st = bs.t_interval([0.01, 0.02, 0.03])
+    # mean 0.02, sample std 0.01, t(0.95; 2 dof) = 2.919986
+    assert st["mean"] == pytest.approx(0.02)
+    assert st["hi"] - st["mean"] == pytest.approx(2.919986 * 0.01 / 3 ** 0.5, rel=1e-5)
+    assert st["lo"] == pytest.approx(2 * st["mean"] - st["hi"])
+    assert bs.t_interval([0.01])["n"] == 1
+
+
+def reach_records(decl_minus_2b, gain=0.04, b=32):
+    out = []
+    for s, d in enumerate(decl_minus_2b):
+        out += [scored("clip", b, s, 0.30), scored("clip", 2 * b, s, 0.30 + gain),
+                scored("decl default", b, s, 0.30 + gain + d)]
+    return out
+
+
+def test_reach_verdict_against_minus_half_of_clips_gain():
+    # gain 4 points: the threshold is -2; an interval above it reaches, below it does not, across it is open
+    reaches = bs.comparison(reach_records([0.000, 0.005, -0.005]), "decl default", 32, 64)
+    assert reaches["gain"] == pytest.approx(0.04) and bs.reach_verdict(reaches) == "reaches"
+    short = bs.comparison(reach_records([-0.040, -0.045, -0.035]), "decl default", 32, 64)
+    assert bs.reach_verdict(short) == "does not reach"
+    wide = bs.comparison(reach_records([0.03, -0.05, 0.00]), "decl default", 32, 64)
+    assert bs.reach_verdict(wide) == "no verdict"
+    two_seeds = bs.comparison(reach_records([0.000, 0.001]), "decl default", 32, 64)
+    assert bs.reach_verdict(two_seeds) == "no verdict"  # below MIN_SEEDS whatever the interval
+
+
+def test_beat_verdict_a_difference_inside_the_resolution_is_a_tie():
+    def beat(diffs):
+        recs = reach_records(diffs, gain=0.0)  # clip at 2B = clip at B: decl - clip at 2B is decl - clip at B
+        return bs.beat_verdict(bs.comparison(recs, "decl default", 32, 32))
+    assert beat([0.05, 0.06, 0.04]) == "beats"
+    assert beat([0.005, 0.006, 0.004]) == "tie"  # interval above zero, mean half a point: never a win
+    assert beat([-0.05, -0.06, -0.04]) == "trails"
+    assert beat([0.05, -0.06, 0.05]) == "no verdict"
+    assert beat([0.001, -0.002, 0.001]) == "no verdict"  # inside the resolution but not known to be: open
+
+
+def test_decisive_runs_add_seeds_only_while_a_verdict_is_missing():
+    plan = bs.decisive_runs((32, 64), seeds=(0, 1))
+    assert plan[:5] == [("clip", 32, 0), ("decl default", 32, 0), ("clip", 64, 0), ("decl default", 64, 0),
+                        ("clip", 128, 0)]  # clip at 64 serves both batch sizes, once
+    assert len(plan) == 10
+    records = reach_records([0.000, 0.005, -0.005])  # B = 32 decided (reaches), B = 64 not run
+    assert bs.decided(records, 32) and not bs.decided(records, 64)
+    assert not bs.needed(("decl default", 32, 3), records) and not bs.needed(("clip", 32, 3), records)
+    assert bs.needed(("clip", 64, 3), records)  # still serves B = 64
+    assert bs.needed(("decl default", 64, 3), records) and bs.needed(("clip", 128, 3), records)
+    capped = reach_records([0.03, -0.05, 0.00, 0.03, -0.05, 0.00, 0.03, -0.05, 0.00, 0.01])
+    assert bs.reach_verdict(bs.comparison(capped, "decl default", 32, 64)) == "no verdict"
+    assert bs.decided(capped, 32)  # the cap of 10 seeds
+
+
+def test_verdicts_fall_back_to_the_validation_split_only_without_test_seeds():
+    archived = [{**rec(lab, b, s, v), "split": "validation"} for s in range(3)
+                for lab, b, v in (("clip", 16, 0.20), ("clip", 32, 0.28), ("decl default", 16, 0.17 + s / 1000))]
+    rows = bs.verdicts(reach_records([0.000, 0.005, -0.005]), archived)
+    by = {(r["batch_size"], r["kind"]): r for r in rows}
+    assert by[(16, "reach")]["split"] == "validation" and by[(16, "reach")]["verdict"] == "does not reach"
+    assert by[(32, "reach")]["split"] == "test" and by[(32, "reach")]["verdict"] == "reaches"
+    assert by[(64, "reach")]["n"] == 0 and "not run" in bs.verdict_table(rows)
+
+
+def test_the_readme_quotes_the_verdicts_generated_from_the_report():
+    doc = json.loads((Path(bs.HERE) / "results" / "batch_size.json").read_text())
+    readme = (Path(bs.HERE).parent / "README.md").read_text()
+    block = bs.readme_block(doc)
+    assert block in readme, "README's batch-size verdicts differ from results/batch_size.json: run " \
+                            "`python benchmarks/batch_size.py --readme README.md`"
+    # the block is built from the JSON: another verdict gives other text
+    changed = json.loads(json.dumps(doc))
+    changed["verdicts"][0]["mean"] += 0.05
+    assert bs.readme_block(changed) != block
+    with pytest.raises(ValueError, match="markers"):
+        bs.replace_readme_block("no block here", block)

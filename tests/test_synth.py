@@ -91,6 +91,30 @@ def test_same_seed_same_bytes_different_seed_different(tmp_path):
     assert sorted(labels_a) == sorted(labels_c)  # same class counts
 
 
+def test_a_test_split_leaves_the_other_splits_unchanged_and_shares_no_image_with_them(tmp_path):
+    plain = tree_bytes(Path(synth.generate(tmp_path / "plain", TINY, verbose=False)["out_dir"]))
+    summary = synth.generate(tmp_path / "with", TINY, test_samples=12, verbose=False)
+    both = tree_bytes(Path(summary["out_dir"]))
+    assert "test_data" not in synth.generate(tmp_path / "plain", TINY, reuse=True, verbose=False)
+    # every file of the set without a test split is byte-identical with one (summary.json records the config)
+    assert {n: b for n, b in both.items() if n in plain and n != "summary.json"} == \
+        {n: b for n, b in plain.items() if n != "summary.json"}
+    test = read_shards(tmp_path / "with" / "test")
+    val = read_shards(tmp_path / "with" / "val")
+    train = read_shards(tmp_path / "with" / "train")
+    assert len(test) == 12 == summary["test"]["num_samples"] and summary["test_data"].endswith(".tar")
+    assert len(test[0]["json"]["captions"]) == TINY.val_captions_per_image
+    others = {s["jpg"] for s in val + train}
+    assert not any(s["jpg"] in others for s in test)
+    zs_val = {b for n, b in both.items() if n.startswith("zeroshot/") and n.endswith(".jpg")}
+    zs_test = {b for n, b in both.items() if n.startswith("zeroshot_test/") and n.endswith(".jpg")}
+    assert len(zs_test) == TINY.num_classes * TINY.zeroshot_per_class and not zs_val & zs_test
+    assert (tmp_path / "with" / "zeroshot_test" / "classnames.txt").read_text() == \
+        (tmp_path / "with" / "zeroshot" / "classnames.txt").read_text()
+    with pytest.raises(ValueError, match="test_samples=-1"):
+        synth.SynthConfig(test_samples=-1).validate()
+
+
 # ------------------------------------------------------------------------------------------
 # The class share it claims
 # ------------------------------------------------------------------------------------------
