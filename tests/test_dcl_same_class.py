@@ -130,7 +130,8 @@ def paired(n, d=32, pos_cos=0.8, neg_cos=0.2, seed=0, dtype=torch.float64):
     gen = torch.Generator().manual_seed(seed)
     shared = F.normalize(torch.randn(d, generator=gen, dtype=dtype), dim=0)
     own = F.normalize(torch.randn(n, d, generator=gen, dtype=dtype), dim=-1)
-    f = F.normalize(math.sqrt(neg_cos) * shared + math.sqrt(1 - neg_cos) * own, dim=-1)
+    share = neg_cos / pos_cos  # cos(f_i, f_j) about this, so cos(f_i, g_j) about neg_cos
+    f = F.normalize(math.sqrt(share) * shared + math.sqrt(1 - share) * own, dim=-1)
     noise = F.normalize(torch.randn(n, d, generator=gen, dtype=dtype), dim=-1)
     noise = F.normalize(noise - (noise * f).sum(-1, keepdim=True) * f, dim=-1)  # orthogonal to f
     # cos(f, g) = pos_cos exactly; the others meet through the shared direction
