@@ -493,6 +493,15 @@ class ContrastiveLoss(nn.Module):
         """
         return dict(kwargs)
 
+    def epoch_warning(self, epoch_means: Dict[str, float]) -> Optional[str]:
+        """The loss's own health check of an epoch just trained: one line to log as a warning, or None.
+
+        ``epoch_means`` holds each of :attr:`metrics`' means over the epoch's training calls (on the
+        rank that logs: rank 0's anchor rows under ``local_loss``). The trainer calls it once after
+        each whole epoch and logs the line, prefixed with the epoch. None here: nothing to check.
+        """
+        return None
+
     def _no_grad_gather_blocker(self) -> str:
         """What in this loss's configuration rules out ``no_grad_gather`` (for the error message)."""
         return type(self).__name__

@@ -78,6 +78,8 @@ import torch
 from .base import AnchorStats, ContrastiveLoss, LossFlag, compute_dtype, log1mexp
 
 CLAMP_MODES = ("clamp", "biased")
+#: an epoch whose mean ``clamp_rate`` is above this gets a warning in the training log (see ``epoch_warning``)
+FLOOR_WARNING_RATE = 0.5
 #: estimates of the same-class negatives' mass: Eq. 7's ``N tau_plus pbar_i`` (positive) or the mass of the
 #: ``tau_plus N`` highest-scoring negatives (top, ours)
 SAME_CLASS_MODES = ("positive", "top")
@@ -304,6 +306,26 @@ class DebiasedClipLoss(ContrastiveLoss):
         loss = (losses[0] + losses[1]) / 2
         metrics["clamp_rate"] = torch.cat(clamped).float().mean()
         return loss, metrics
+
+    def epoch_warning(self, epoch_means):
+        """A warning when more than half of the anchor rows sat at the floor over the epoch (mean ``clamp_rate``).
+
+        Floored rows train no negatives (``clamp``) or fall back to InfoNCE (``biased``): the debiasing
+        then does nothing useful for them. Names the settings that move rows off the floor.
+        """
+        rate = epoch_means.get("clamp_rate")
+        if rate is None or not rate > FLOOR_WARNING_RATE:
+            return None
+        what = "their negatives got no gradient" if self.clamp == "clamp" else "they fell back to InfoNCE"
+        tries = []
+        if self.same_class == "positive":
+            tries.append("--dcl-same-class top (the same-class mass from the highest-scoring negatives, not the "
+                         "positive's score)")
+        tries.append("a smaller --tau-plus" + ("" if self.auto else f" (now {self.tau_plus:g})"))
+        if self.clamp == "clamp":
+            tries.append("--dcl-clamp biased (InfoNCE for the floored rows)")
+        return (f"dcl: {rate:.1%} of the anchor rows sat at the floor N e^(-s) of the negatives' estimate on "
+                f"average over the epoch (Clamp_rate), so {what}; try " + ", or ".join(tries) + ".")
 
     def extra_repr(self) -> str:
         extra = f"beta={self.beta}, " if self.beta else ""
