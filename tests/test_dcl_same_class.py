@@ -275,3 +275,16 @@ def test_two_ranks_equal_one_process(tmp_path):
                     for key, buf in want["buffers"].items():
                         torch.testing.assert_close(got["buffers"][key], buf, rtol=1e-10, atol=1e-12,
                                                    equal_nan=True, msg=where)
+
+
+def test_the_command_line_takes_the_flag_and_refuses_it_with_no_grad_gather(capsys, tmp_path):
+    from clip_dcl.train import main
+    from clip_dcl.train.flags import parse_train_args
+
+    base = ["--dataset-type", "synthetic", "--train-num-samples", "8", "--device", "cpu", "--loss", "dcl"]
+    cfg = parse_train_args(base + ["--dcl-same-class", "top", "--tau-plus", "0.02"])
+    assert cfg.loss_args["same_class"] == "top" and cfg.loss_args["tau_plus"] == 0.02
+    assert parse_train_args(base).loss_args["same_class"] == "positive"
+    logs = tmp_path / "logs"
+    rc = main(base + ["--logs", str(logs), "--dcl-same-class", "top", "--no-grad-gather", "--local-loss"])
+    assert rc == 2 and "--dcl-same-class" in capsys.readouterr().err and not logs.exists()
