@@ -285,7 +285,7 @@ class DebiasedClipLoss(ContrastiveLoss):
             gathered = self.gather(image_features, text_features)
             if self.auto:
                 dtype = compute_dtype(image_features, text_features)
-                scale = logit_scale.to(dtype) if torch.is_tensor(logit_scale) else torch.tensor(logit_scale, dtype=dtype)
+                scale = torch.as_tensor(logit_scale).to(dtype)
                 tau_plus = self._prior(gathered[0].to(dtype), gathered[1].to(dtype), scale)
             st = self.stats(image_features, text_features, logit_scale, logit_bias, beta=self.beta,
                             top_share=tau_plus, gathered=gathered)
