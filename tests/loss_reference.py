@@ -282,3 +282,45 @@ def curl(f, g, s, link="logistic"):
     img_rows = [one(s * f[i] @ blocks.T, i) for i in range(n_img)]
     txt_rows = [one(s * g[c] @ f.T, c // m) for c in range(g.shape[0])]
     return (torch.stack(img_rows).mean() + torch.stack(txt_rows).mean()) / 2
+
+
+def dcl_top(f, g, s, tau_plus, clamp="clamp", beta=0.0):
+    """DCL whose same-class mass is that of each anchor's ``k = tau_plus N`` highest-scoring negatives
+    (``same_class="top"``), with ``M = len(g) / len(f)`` captions per image and hard-negative weights.
+
+    Each row's negatives are sorted by score, highest first, with Python's ``sorted``; negative ``r``
+    (0-based) of the sorted row is set aside with the share ``a_r = min(1, max(0, k - r))`` (the first
+    floor(k) whole, the next one by frac(k)) and kept with ``1 - a_r``. With ``w_j = exp(beta l_j)``:
+    ``Ng = N * sum_r (1 - a_r) w_r S_r / sum_r (1 - a_r) w_r``, floored at ``N exp(-s)`` (or the
+    reweighted negatives' whole mass for ``clamp="biased"``). Returns ``(loss, clamp rate)``.
+    """
+    n_img = f.shape[0]
+    m = g.shape[0] // n_img
+    img_logits, txt_logits = s * f @ g.T, s * g @ f.T
+    directions = [
+        (img_logits, [list(range(i * m, i * m + m)) for i in range(n_img)]),
+        (txt_logits, [[c // m] for c in range(g.shape[0])]),
+    ]
+    total, clamped = 0.0, []
+    for logits, positives in directions:
+        rows = []
+        for i, pos_cols in enumerate(positives):
+            negs = [logits[i, j] for j in range(logits.shape[1]) if j not in pos_cols]
+            big_n = len(negs)
+            k = tau_plus * big_n
+            ranked = sorted(negs, key=lambda x: x.detach().item(), reverse=True)
+            kept = [1.0 - min(1.0, max(0.0, k - r)) for r in range(big_n)]
+            scores = [torch.exp(x) for x in ranked]
+            weights = [torch.exp(beta * x) for x in ranked]
+            estimate = big_n * sum(c * w * x for c, w, x in zip(kept, weights, scores)) / \
+                sum(c * w for c, w in zip(kept, weights))
+            neg = big_n * sum(w * x for w, x in zip(weights, scores)) / sum(weights)
+            floor = big_n * torch.exp(-s)
+            is_clamped = bool(estimate < floor)
+            clamped.append(is_clamped)
+            ng = estimate if not is_clamped else (floor if clamp == "clamp" else neg)
+            for v in pos_cols:
+                pos = torch.exp(logits[i, v])
+                rows.append(-torch.log(pos / (pos + ng)))
+        total = total + torch.stack(rows).mean()
+    return total / 2, sum(clamped) / len(clamped)

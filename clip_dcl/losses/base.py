@@ -150,6 +150,12 @@ class AnchorStats:
     #: only when ``anchor_stats(beta=...)`` is nonzero)
     lse_hard: Optional[torch.Tensor] = None
     lse_weight: Optional[torch.Tensor] = None
+    #: the negatives left after the ``k = top_share * N`` highest-scoring ones are set aside (only when
+    #: ``anchor_stats(top_share=...)`` is nonzero; see :func:`_tail_stats`): ``logsumexp`` of their
+    #: logits, and with ``beta`` of ``(1 + beta) l`` and ``beta l``
+    lse_tail: Optional[torch.Tensor] = None
+    lse_hard_tail: Optional[torch.Tensor] = None
+    lse_weight_tail: Optional[torch.Tensor] = None
 
 
 @dataclass
@@ -198,6 +204,36 @@ def _hard_stats(masked: torch.Tensor, beta: float, dim: int):
     return torch.logsumexp((1.0 + beta) * masked, dim=dim), torch.logsumexp(beta * masked, dim=dim)
 
 
+def _tail_stats(masked: torch.Tensor, dim: int, k: float, beta: float):
+    """The negatives' log-masses without the ``k`` highest-scoring ones, along ``dim`` of ``masked``.
+
+    ``masked``: logits with each anchor's positives at ``-inf`` (so never among the highest), at least
+    ``floor(k) + 1`` negatives per anchor. Fractional ``k``: the top ``floor(k)`` negatives are removed
+    whole and the next one keeps the weight ``1 - frac(k)``, so the mass left is continuous in ``k`` and
+    ``k = 0`` leaves every negative. Returns ``(lse_tail, lse_hard_tail, lse_weight_tail)``: ``logsumexp``
+    of ``l``, and with ``beta`` of ``(1 + beta) l`` and ``beta l``, over what is left (the weight
+    entering as ``+ log(1 - frac)``); the last two are None without ``beta``.
+
+    Each sum is taken directly over the negatives left, never as ``neg - top`` (which cancels in float32
+    when the top few hold nearly all the mass). The ``(n, floor(k) + 1)`` top entries are found with
+    ``topk`` (its backward keeps only their indices); each sum keeps one logits-sized copy for backward.
+    """
+    whole = int(math.floor(k))
+    keep = math.log1p(-(k - whole))  # log of the weight of the (floor(k) + 1)-th negative
+    values, index = masked.topk(whole + 1, dim=dim)  # the highest first
+    nxt = values.narrow(dim, whole, 1)
+    gone = torch.full_like(values.narrow(dim, 0, whole), float("-inf"))
+
+    def lse(c: float) -> torch.Tensor:
+        scaled = masked if c == 1.0 else c * masked
+        # the top floor(k) removed, the next one weighted by 1 - frac(k), the rest as they are
+        return torch.logsumexp(scaled.scatter(dim, index, torch.cat([gone, c * nxt + keep], dim=dim)), dim=dim)
+
+    if not beta:
+        return lse(1.0), None, None
+    return lse(1.0), lse(1.0 + beta), lse(beta)
+
+
 def captions_per_image(image_features: torch.Tensor, text_features: torch.Tensor) -> int:
     """``M`` from the row counts: ``text_features`` holds ``M`` captions per image row, in image order.
 
@@ -226,6 +262,7 @@ def anchor_stats(
     gather_with_grad: bool = False,
     beta: float = 0.0,
     gathered: Optional[tuple] = None,
+    top_share: float = 0.0,
 ) -> PairStats:
     """Gather features across ranks and return the per-anchor statistics of both directions.
 
@@ -240,7 +277,10 @@ def anchor_stats(
     caption anchor has its image as positive and the other ``G - 1`` images as negatives. With
     ``beta > 0`` the hard-negative sums ``lse_hard`` and ``lse_weight`` are added (see
     :class:`AnchorStats`). ``gathered=(all_image_features, all_text_features)`` reuses features
-    gathered earlier in the same step instead of gathering again.
+    gathered earlier in the same step instead of gathering again. With ``top_share`` in (0, 1), each
+    anchor's ``k = top_share * N`` highest-scoring negatives are also set aside and the log-masses of
+    the rest are added (``lse_tail``, and ``lse_hard_tail`` / ``lse_weight_tail`` with ``beta``; see
+    :func:`_tail_stats`).
     """
     m = captions_per_image(image_features, text_features)
     batch = image_features.shape[0]
@@ -261,6 +301,8 @@ def anchor_stats(
     dtype = compute_dtype(image_features, text_features)
     device_type = image_features.device.type
     hard = [None, None, None, None]  # lse_hard / lse_weight of the image and text directions
+    tails = [(None, None, None), (None, None, None)]  # _tail_stats of the image and text directions
+    k_img, k_txt = top_share * ((num_images - 1) * m), top_share * (num_images - 1)  # k = top_share * N
     with torch.autocast(device_type=device_type, enabled=False):
         s = logit_scale.to(dtype) if torch.is_tensor(logit_scale) else torch.tensor(float(logit_scale), dtype=dtype)
         all_img = all_img.to(dtype)
@@ -279,6 +321,8 @@ def anchor_stats(
             pos_t, lse_t, _ = _masked_stats(logits_txt, offset, both_axes=False)
             if beta:
                 hard = [*_hard_stats(logits_img, beta, 1), *_hard_stats(logits_txt, beta, 1)]
+            if top_share:
+                tails = [_tail_stats(logits_img, 1, k_img, beta), _tail_stats(logits_txt, 1, k_txt, beta)]
         elif m == 1:
             logits = (s * all_img) @ all_txt.T  # (G, G): rows are image anchors, columns text anchors
             if logit_bias is not None:
@@ -287,6 +331,8 @@ def anchor_stats(
             pos_t = pos_i
             if beta:
                 hard = [*_hard_stats(logits, beta, 1), *_hard_stats(logits, beta, 0)]
+            if top_share:
+                tails = [_tail_stats(logits, 1, k_img, beta), _tail_stats(logits, 0, k_txt, beta)]
         else:
             rows = torch.arange(img_rows.shape[0], device=all_txt.device) + offset  # global image index of each row
             pos_cols = rows[:, None] * m + torch.arange(m, device=rows.device)  # (n, M)
@@ -296,6 +342,8 @@ def anchor_stats(
             pos_i, lse_i, lse_cols = _masked_block_stats(logits_img, pos_cols, both_axes=not local)
             if beta:
                 hard[:2] = _hard_stats(logits_img, beta, 1)
+            if top_share:
+                tails[0] = _tail_stats(logits_img, 1, k_img, beta)
             if local:
                 txt = text_features.to(dtype)
                 logits_txt = (s * txt) @ all_img.T  # (B M, G)
@@ -306,13 +354,17 @@ def anchor_stats(
                 pos_t = pos_t[:, 0]
                 if beta:
                     hard[2:] = _hard_stats(logits_txt, beta, 1)
+                if top_share:
+                    tails[1] = _tail_stats(logits_txt, 1, k_txt, beta)
             else:  # the columns of the (G, G M) matrix are the caption anchors; each had one entry masked
                 pos_t, lse_t = pos_i.reshape(-1), lse_cols
                 if beta:
                     hard[2:] = _hard_stats(logits_img, beta, 0)
+                if top_share:
+                    tails[1] = _tail_stats(logits_img, 0, k_txt, beta)
     return PairStats(
-        image=AnchorStats(pos_i, lse_i, (num_images - 1) * m, hard[0], hard[1]),
-        text=AnchorStats(pos_t, lse_t, num_images - 1, hard[2], hard[3]),
+        image=AnchorStats(pos_i, lse_i, (num_images - 1) * m, hard[0], hard[1], *tails[0]),
+        text=AnchorStats(pos_t, lse_t, num_images - 1, hard[2], hard[3], *tails[1]),
         num_negatives=num_images - 1,
         row_offset=offset,
         all_image_features=all_img,
@@ -441,14 +493,32 @@ class ContrastiveLoss(nn.Module):
         """
         return dict(kwargs)
 
+    def epoch_warning(self, epoch_means: Dict[str, float]) -> Optional[str]:
+        """The loss's own health check of an epoch just trained: one line to log as a warning, or None.
+
+        ``epoch_means`` holds each of :attr:`metrics`' means over the epoch's training calls (on the
+        rank that logs: rank 0's anchor rows under ``local_loss``). The trainer calls it once after
+        each whole epoch and logs the line, prefixed with the epoch. None here: nothing to check.
+        """
+        return None
+
     def _no_grad_gather_blocker(self) -> str:
         """What in this loss's configuration rules out ``no_grad_gather`` (for the error message)."""
         return type(self).__name__
 
-    def stats(self, image_features, text_features, logit_scale, logit_bias=None, beta: float = 0.0) -> PairStats:
+    def gather(self, image_features, text_features) -> tuple:
+        """The features of the global batch (OpenCLIP's ``gather_features``), for ``stats(gathered=...)``."""
+        if self.world_size <= 1:
+            return image_features, text_features
+        return gather_features(image_features, text_features, local_loss=self.local_loss,
+                               gather_with_grad=self.gather_with_grad, rank=self.rank, world_size=self.world_size)
+
+    def stats(self, image_features, text_features, logit_scale, logit_bias=None, beta: float = 0.0,
+              top_share: float = 0.0, gathered: Optional[tuple] = None) -> PairStats:
         st = anchor_stats(
             image_features, text_features, logit_scale, logit_bias, rank=self.rank, world_size=self.world_size,
-            local_loss=self.local_loss, gather_with_grad=self.gather_with_grad, beta=beta,
+            local_loss=self.local_loss, gather_with_grad=self.gather_with_grad, beta=beta, gathered=gathered,
+            top_share=top_share,
         )
         if self.no_grad_gather:
             self._pending_stats.append(st)

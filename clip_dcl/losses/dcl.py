@@ -34,6 +34,31 @@ no gradient; ``clamp="biased"`` instead falls back to the biased (InfoNCE, or ha
 InfoNCE) row, as the paper's CMC appendix does. The fraction of clamped rows is reported as
 ``metrics["clamp_rate"]``. ``tau_plus = 0`` gives InfoNCE exactly.
 
+**Same-class estimate for paired captions** (``same_class="top"``; ours, not the paper's). Eq. 7
+estimates the same-class negatives' mass ``N tau_plus E_{v~p+}[S_iv]`` with the positives' scores
+``pbar_i``. The paper draws its positives like same-class samples (augmentations); CLIP's positive is
+the image's own caption, which scores far above any same-class negative once training starts, so the
+subtraction overshoots and most rows sit at the floor, where their negatives get no gradient. With
+``"top"`` the same-class mass is instead the mass of the row's ``k = tau_plus N`` highest-scoring
+negatives, the ones most likely to share the anchor's class::
+
+    top_i = sum of the floor(k) highest S_ij  +  frac(k) * the next one       (j over the negatives)
+    Ng_i  = max((neg_i - top_i) / (1 - tau_plus),  N exp(-s))
+
+The fractional part makes ``top_i`` continuous (piecewise linear) in ``tau_plus``, and ``tau_plus = 0``
+removes nothing: InfoNCE exactly. ``neg_i - top_i`` is the mass of the ``N - k`` negatives left
+(the ``(floor(k) + 1)``-th with weight ``1 - frac(k)``), so ``Ng_i`` is ``N`` times their weighted
+mean score: never above the uncorrected ``neg_i``, never negative, and at the floor only when every
+negative left scores the minimum ``exp(-s)`` (anchor and candidates opposite, ``cos = -1``; without a
+logit bias), since then and only then is their mean ``exp(-s)``. It is summed directly over the
+negatives left, in log space (never ``neg - top``, which cancels in float32 when the top few hold
+nearly all the mass). With ``M`` captions per image an image anchor's ``k`` counts captions,
+``tau_plus (G - 1) M``, among the other images' captions (its own are never negatives). With
+``beta > 0`` the reweighted mean is taken over the negatives left,
+``Ng_i = N * sum_{j left} w_ij S_ij / sum_{j left} w_ij`` (HCL's ``E_{q-}[S]`` with ``q-`` the
+weights restricted to the presumed true negatives; ``beta = 0`` is the formula above). Its gradient
+reaches the logits beyond ``(pos, lse_neg)``, so ``no_grad_gather`` is refused.
+
 **tau_plus = "auto"**: the prior is estimated from the batch's score distribution each training
 call (:mod:`clip_dcl.losses.prior`) and an exponential moving average of the estimates (buffer
 ``tau_plus_estimate``, in the checkpoint) is used; ``metrics["tau_plus"]`` logs it.
@@ -50,9 +75,14 @@ from typing import Optional
 
 import torch
 
-from .base import AnchorStats, ContrastiveLoss, LossFlag, log1mexp
+from .base import AnchorStats, ContrastiveLoss, LossFlag, compute_dtype, log1mexp
 
 CLAMP_MODES = ("clamp", "biased")
+#: an epoch whose mean ``clamp_rate`` is above this gets a warning in the training log (see ``epoch_warning``)
+FLOOR_WARNING_RATE = 0.5
+#: estimates of the same-class negatives' mass: Eq. 7's ``N tau_plus pbar_i`` (positive) or the mass of the
+#: ``tau_plus N`` highest-scoring negatives (top, ours)
+SAME_CLASS_MODES = ("positive", "top")
 
 
 def parse_tau_plus(text: str):
@@ -66,7 +96,7 @@ def parse_tau_plus(text: str):
 
 
 def debiased_log_negatives(stats: AnchorStats, num_negatives: int, tau_plus, logit_scale: torch.Tensor,
-                           clamp: str = "clamp", beta: float = 0.0):
+                           clamp: str = "clamp", beta: float = 0.0, same_class: str = "positive"):
     """``(log Ng_i, clamped_i)`` of Eq. 7 for one direction, in log space.
 
     Args:
@@ -77,6 +107,9 @@ def debiased_log_negatives(stats: AnchorStats, num_negatives: int, tau_plus, log
         logit_scale: ``s``; the floor is ``log N - s``.
         clamp: ``"clamp"`` (floor) or ``"biased"`` (fall back to the uncorrected negatives on clamped rows).
         beta: hard-negative concentration (0: the plain debiased estimator).
+        same_class: ``"positive"`` (Eq. 7: ``N tau_plus pbar_i``) or ``"top"`` (the mass of the ``tau_plus N``
+            highest-scoring negatives; ``stats`` must then carry ``lse_tail``, and with ``beta`` the
+            ``lse_hard_tail`` and ``lse_weight_tail``, of ``anchor_stats(top_share=tau_plus)``).
     """
     pos, lse_neg = stats.pos, stats.lse_neg
     if pos.dim() == 2:  # M positives: log of the mean of their scores (Eq. 7)
@@ -84,7 +117,14 @@ def debiased_log_negatives(stats: AnchorStats, num_negatives: int, tau_plus, log
     log_n = math.log(num_negatives)
     if beta:  # log(N * sum w S / sum w), w = exp(beta l): the reweighted negatives' mass
         lse_neg = log_n + stats.lse_hard - stats.lse_weight
-    if tau_plus > 0:
+    if tau_plus > 0 and same_class == "top":
+        # N times the (weighted) mean score of the negatives left: positive by construction
+        valid = torch.ones_like(lse_neg, dtype=torch.bool)
+        if beta:
+            log_ng = log_n + stats.lse_hard_tail - stats.lse_weight_tail
+        else:
+            log_ng = stats.lse_tail - math.log1p(-tau_plus)  # sum over N - k negatives, times N / (N - k)
+    elif tau_plus > 0:
         # d = log(N tau pbar) - log(neg); the numerator neg - N tau pbar is positive iff d < 0.
         d = (log_n + math.log(tau_plus)) + pos - lse_neg
         valid = d < 0
@@ -119,6 +159,9 @@ class DebiasedClipLoss(ContrastiveLoss):
         clamp: ``"clamp"`` (default, Eq. 7's floor ``N e^{-1/t}``) or ``"biased"`` (clamped rows use
             the uncorrected row instead).
         beta: hard-negative concentration ``beta >= 0`` (HCL); 0 is the debiased loss.
+        same_class: the same-class negatives' mass that Eq. 7 subtracts: ``"positive"`` (default, the paper's
+            ``N tau_plus pbar_i``) or ``"top"`` (ours, for paired captions: the mass of the row's ``tau_plus N``
+            highest-scoring negatives; see the module docstring).
         temperature: a fixed ``t > 0`` for this loss (``s = 1 / t``), or None for the model's learned scale.
         tau_momentum: ``tau_plus="auto"``: weight of each new estimate in the moving average, in (0, 1].
         local_loss, gather_with_grad, rank, world_size: as OpenCLIP's ``ClipLoss``.
@@ -129,14 +172,16 @@ class DebiasedClipLoss(ContrastiveLoss):
         tau_plus_estimate: buffer (``tau_plus="auto"``), the moving average; NaN before the first estimate.
 
     Raises:
-        ValueError: ``tau_plus`` outside [0, 1) and not ``"auto"``, an unknown ``clamp``, ``beta < 0``,
-            ``temperature <= 0``, or ``no_grad_gather=True`` with ``beta > 0`` or ``temperature``.
+        ValueError: ``tau_plus`` outside [0, 1) and not ``"auto"``, an unknown ``clamp`` or ``same_class``,
+            ``beta < 0``, ``temperature <= 0``, or ``no_grad_gather=True`` with ``beta > 0``, ``temperature`` or
+            ``same_class="top"``.
 
     Example::
 
         loss = DebiasedClipLoss(tau_plus=0.1)
         value = loss(image_features, text_features, logit_scale)
         hcl = DebiasedClipLoss(tau_plus=0.1, beta=1.0)
+        paired = DebiasedClipLoss(tau_plus=0.02, same_class="top")
     """
 
     output_key = "dcl_loss"
@@ -149,6 +194,11 @@ class DebiasedClipLoss(ContrastiveLoss):
         LossFlag("--dcl-clamp", "clamp", choices=CLAMP_MODES,
                  help="rows whose negative estimate hits the floor N e^{-1/t}: keep the floor (clamp) or use the "
                       "uncorrected row (biased)"),
+        LossFlag("--dcl-same-class", "same_class", choices=SAME_CLASS_MODES,
+                 help="the same-class negatives' mass subtracted from the negatives: N tau+ times the positive's "
+                      "score (positive, the paper's Eq. 7) or the mass of the row's tau+ N highest-scoring "
+                      "negatives (top, ours for paired captions, whose positive scores far above any same-class "
+                      "negative; fractional k weighs the next one, tau+ 0 is InfoNCE; not with --no-grad-gather)"),
         LossFlag("--hcl-beta", "beta", type=float,
                  help="hard-negative concentration beta >= 0 (HCL, Robinson et al. 2021): negatives weighted by "
                       "exp(beta l), normalised to mean 1; 0 is plain dcl"),
@@ -161,13 +211,15 @@ class DebiasedClipLoss(ContrastiveLoss):
     )
 
     def __init__(self, tau_plus=0.1, clamp: str = "clamp", beta: float = 0.0, temperature: Optional[float] = None,
-                 tau_momentum: float = 0.05, device=None, **dist_kwargs):
+                 tau_momentum: float = 0.05, same_class: str = "positive", device=None, **dist_kwargs):
         auto = isinstance(tau_plus, str) and tau_plus == "auto"
         if not auto and (isinstance(tau_plus, bool) or not isinstance(tau_plus, (int, float))
                          or not 0.0 <= float(tau_plus) < 1.0):
             raise ValueError(f"tau_plus={tau_plus!r} is outside [0, 1) and not 'auto'")
         if clamp not in CLAMP_MODES:
             raise ValueError(f"clamp={clamp!r} is not one of {CLAMP_MODES}")
+        if same_class not in SAME_CLASS_MODES:
+            raise ValueError(f"same_class={same_class!r} is not one of {SAME_CLASS_MODES}")
         if isinstance(beta, bool) or not isinstance(beta, (int, float)) or not 0.0 <= float(beta) < math.inf:
             raise ValueError(f"beta={beta!r} must be a finite number >= 0")
         if temperature is not None and not (isinstance(temperature, (int, float)) and 0 < temperature < math.inf):
@@ -176,6 +228,7 @@ class DebiasedClipLoss(ContrastiveLoss):
             raise ValueError(f"tau_momentum={tau_momentum!r} is outside (0, 1]")
         self.beta = float(beta)
         self.temperature = None if temperature is None else float(temperature)
+        self.same_class = same_class
         super().__init__(**dist_kwargs)
         self.auto = auto
         self.tau_plus = "auto" if auto else float(tau_plus)
@@ -187,24 +240,30 @@ class DebiasedClipLoss(ContrastiveLoss):
     def _no_grad_gather_blocker(self) -> str:
         if self.beta:
             return f"dcl with beta={self.beta:g} (hard-negative weights)"
+        if self.same_class == "top":
+            return "dcl with same_class='top' (the highest-scoring negatives' mass)"
         return f"dcl with temperature={self.temperature:g}" if self.temperature is not None else "dcl"
 
     @property
     def supports_no_grad_gather(self) -> bool:
         # the hard-negative weights read the logits beyond (pos, lse_neg); a fixed temperature is fine for the
-        # column term but leaves the scale's gradient path of the surrogate untested, so it is refused too
-        return not self.beta and self.temperature is None
+        # column term but leaves the scale's gradient path of the surrogate untested, so it is refused too; the
+        # top estimate weighs each negative by its rank in the row, not by the row's softmax alone
+        return not self.beta and self.temperature is None and self.same_class == "positive"
 
-    def _prior(self, st) -> float:
-        """The ``tau_plus`` to use this call (``"auto"``): update the moving average when training."""
+    def _prior(self, all_image_features, all_text_features, logit_scale) -> float:
+        """The ``tau_plus`` to use this call (``"auto"``): update the moving average when training.
+
+        Reads the gathered features of the global batch (in the loss's compute dtype) and the scale ``s``.
+        """
         from .prior import estimate_tau_plus
 
         if self.training:
             with torch.no_grad():  # the same gathered features on every rank: the same estimate
-                s = st.logit_scale.detach()
-                m = st.captions_per_image
-                img = st.all_image_features.detach()[:256]
-                logits = (s * img) @ st.all_text_features.detach().T  # (g, G M)
+                s = logit_scale.detach()
+                m = all_text_features.shape[0] // all_image_features.shape[0]
+                img = all_image_features.detach()[:256]
+                logits = (s * img) @ all_text_features.detach().T  # (g, G M)
                 rows = torch.arange(img.shape[0], device=logits.device)
                 owner = torch.arange(logits.shape[1], device=logits.device) // m
                 positive = owner[None, :] == rows[:, None]
@@ -219,25 +278,57 @@ class DebiasedClipLoss(ContrastiveLoss):
     def compute(self, image_features, text_features, logit_scale, logit_bias, sample_ids):
         if self.temperature is not None:
             logit_scale = torch.tensor(1.0 / self.temperature, device=image_features.device)
-        st = self.stats(image_features, text_features, logit_scale, logit_bias, beta=self.beta)
         metrics = {}
         tau_plus = self.tau_plus
-        if self.auto:
-            tau_plus = self._prior(st)  # a plain number: the same arithmetic as a fixed prior
+        if self.same_class == "top":
+            # the top estimate needs the prior before the statistics: it decides which negatives are set aside
+            gathered = self.gather(image_features, text_features)
+            if self.auto:
+                dtype = compute_dtype(image_features, text_features)
+                scale = torch.as_tensor(logit_scale).to(dtype)
+                tau_plus = self._prior(gathered[0].to(dtype), gathered[1].to(dtype), scale)
+            st = self.stats(image_features, text_features, logit_scale, logit_bias, beta=self.beta,
+                            top_share=tau_plus, gathered=gathered)
+        else:
+            st = self.stats(image_features, text_features, logit_scale, logit_bias, beta=self.beta)
+            if self.auto:
+                tau_plus = self._prior(st.all_image_features, st.all_text_features, st.logit_scale)
+        if self.auto:  # a plain number: the same arithmetic as a fixed prior
             metrics["tau_plus"] = tau_plus
             if self.training:
                 metrics["tau_plus_batch"] = self._last_estimate
         losses, clamped = [], []
         for direction in (st.image, st.text):
             log_ng, c = debiased_log_negatives(direction, direction.num_negatives, tau_plus, st.logit_scale,
-                                               self.clamp, self.beta)
+                                               self.clamp, self.beta, self.same_class)
             losses.append(contrast_rows(direction.pos, log_ng))
             clamped.append(c)
         loss = (losses[0] + losses[1]) / 2
         metrics["clamp_rate"] = torch.cat(clamped).float().mean()
         return loss, metrics
 
+    def epoch_warning(self, epoch_means):
+        """A warning when more than half of the anchor rows sat at the floor over the epoch (mean ``clamp_rate``).
+
+        Floored rows train no negatives (``clamp``) or fall back to InfoNCE (``biased``): the debiasing
+        then does nothing useful for them. Names the settings that move rows off the floor.
+        """
+        rate = epoch_means.get("clamp_rate")
+        if rate is None or not rate > FLOOR_WARNING_RATE:
+            return None
+        what = "their negatives got no gradient" if self.clamp == "clamp" else "they fell back to InfoNCE"
+        tries = []
+        if self.same_class == "positive":
+            tries.append("--dcl-same-class top (the same-class mass from the highest-scoring negatives, not the "
+                         "positive's score)")
+        tries.append("a smaller --tau-plus" + ("" if self.auto else f" (now {self.tau_plus:g})"))
+        if self.clamp == "clamp":
+            tries.append("--dcl-clamp biased (InfoNCE for the floored rows)")
+        return (f"dcl: {rate:.1%} of the anchor rows sat at the floor N e^(-s) of the negatives' estimate on "
+                f"average over the epoch (Clamp_rate), so {what}; try " + ", or ".join(tries) + ".")
+
     def extra_repr(self) -> str:
         extra = f"beta={self.beta}, " if self.beta else ""
         extra += f"temperature={self.temperature}, " if self.temperature is not None else ""
+        extra += f"same_class={self.same_class!r}, " if self.same_class != "positive" else ""
         return f"tau_plus={self.tau_plus!r}, clamp={self.clamp!r}, " + extra + super().extra_repr()

@@ -32,7 +32,7 @@ from . import loss_state as sharded_state
 from . import preempt as preemption
 from .flags import TrainConfig, full_loss_args, loss_command, openclip_native
 from .pipeline import get_wds_train_dataset, id_collisions, summary_line, with_indices
-from .steps import IdChannel, LossWithIds, SkippedSteps, TrainLineHook, seed_main_process
+from .steps import IdChannel, LossWithIds, SkippedSteps, TrainLineHook, log_epoch_health, seed_main_process
 from .upstream import (OPENCLIP_CREATE_LOSS, OPENCLIP_GET_CSV_DATASET, OPENCLIP_GET_SYNTHETIC_DATASET,
                        OPENCLIP_GET_WDS_DATASET, OPENCLIP_PT_LOAD, OPENCLIP_TRAIN_ONE_EPOCH)
 
@@ -291,6 +291,7 @@ class TrainingRun:
         skipped.check(epoch, channel.fetched // args.accum_freq)  # the epoch's last step
         if channel.stopped_at is not None:
             raise preemption.Preempted(self.gate.signame or "a signal", self.last_step_save, epoch, channel.stopped_at)
+        log_epoch_health(state_loss, wrapped, epoch, args)  # a whole epoch (a preempted one ended above)
         self.log_data_stats(data["train"].dataloader.dataloader, epoch, args)
         loss = getattr(loss, "contrastive", loss)  # CoCa: the contrastive term holds the state
         if isinstance(loss, torch.nn.Module) and len(loss.state_dict()):

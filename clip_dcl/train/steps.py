@@ -3,7 +3,8 @@
 OpenCLIP's loop unpacks ``images, texts = batch`` and calls the loss without ids; :class:`IdChannel`
 (the dataloader it iterates) keeps each batch's ids aside and :class:`LossWithIds` (the loss it
 calls) hands them on. :class:`SkippedSteps` undoes the loss state's update of a step that AMP's
-GradScaler skipped, and :class:`TrainLineHook` adds the loss's metrics to the training log line.
+GradScaler skipped, and :class:`TrainLineHook` adds the loss's metrics to the training log line;
+:func:`log_epoch_health` logs the loss's own check of the epoch's metrics (its ``epoch_warning``).
 """
 from __future__ import annotations
 
@@ -117,6 +118,13 @@ class LossWithIds:
         self.channel = channel
         self.device = device
         self.metrics: Dict[str, torch.Tensor] = {}
+        # every call's metrics summed over the epoch, kept as tensors (no device sync per step)
+        self.sums: Dict[str, torch.Tensor] = {}
+        self.calls = 0
+
+    def epoch_means(self) -> Dict[str, float]:
+        """Each metric's mean over the loss calls so far (one synchronisation)."""
+        return {name: float(total) / self.calls for name, total in self.sums.items()} if self.calls else {}
 
     def __call__(self, *args, **kwargs):
         if getattr(self.loss, "requires_sample_ids", False):
@@ -135,7 +143,29 @@ class LossWithIds:
             raise SampleIdOutOfRange(f"{e}{hint}") from None
         # Kept as tensors: reading them (a device sync) waits for OpenCLIP's logging steps.
         self.metrics = dict(getattr(self.loss, "metrics", {}))
+        for name, value in self.metrics.items():
+            value = value.detach().float() if torch.is_tensor(value) else torch.tensor(float(value))
+            if value.numel() != 1:
+                continue
+            self.sums[name] = self.sums[name] + value if name in self.sums else value
+        self.calls += 1
         return out
+
+
+def log_epoch_health(loss, wrapped: LossWithIds, epoch: int, args) -> Optional[str]:
+    """Rank 0, after a whole epoch: the loss's ``epoch_warning`` of the epoch's mean metrics, logged as one
+    warning line naming the epoch (returned too); None when the loss has no check or nothing to say.
+
+    Any loss may declare the check (:meth:`clip_dcl.losses.base.ContrastiveLoss.epoch_warning`); the
+    trainer knows no loss by name. OpenCLIP's own losses have none.
+    """
+    check = getattr(loss, "epoch_warning", None)
+    if check is None or args.rank != 0 or not wrapped.calls:
+        return None
+    message = check(wrapped.epoch_means())
+    if message:
+        logging.warning(f"Epoch {epoch}: {message}")
+    return message or None
 
 
 class TrainLineHook(logging.Filter):

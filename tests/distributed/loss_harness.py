@@ -74,6 +74,17 @@ CONFIGS = [
     ("decl_batch_m3", "decl", {"rate": "batch", "schedule": "constant", "lam": 0.7, "sample_u": True,
                                "captions": 3}),
 ]
+#: dcl's same-class estimate for paired captions (same_class="top"), in a mode of its own ("same_class"): global
+#: batch 16, so k = 0.15 * 15 = 2.25 (fractional) for the texts and 0.15 * 15 * 3 = 6.75 for the images with
+#: M = 3; k = 0.2 * 15 = 3 (integer). Not in NO_GRAD_CONFIGS: the loss refuses no_grad_gather.
+SAME_CLASS_CONFIGS = [
+    ("dcl_top", "dcl", {"tau_plus": 0.15, "same_class": "top"}),
+    ("dcl_top_integer_k", "dcl", {"tau_plus": 0.2, "same_class": "top"}),
+    ("dcl_top_m3", "dcl", {"tau_plus": 0.15, "same_class": "top", "captions": 3}),
+    ("dcl_top_hcl_m2_biased", "dcl", {"tau_plus": 0.3, "same_class": "top", "beta": 0.5, "clamp": "biased",
+                                      "captions": 2}),
+    ("dcl_top_auto_m2", "dcl", {"tau_plus": "auto", "tau_momentum": 0.5, "same_class": "top", "captions": 2}),
+]
 #: (sharded config, its replicated twin): equal bit for bit on any world size
 TWINS = [("decl_index", "decl_index_replicated"), ("decl_relative_index", "decl_relative_index_replicated"), ("decl_alternate", "decl_alternate_replicated"),
          ("decl_index_bf16", "decl_index_bf16_replicated"), ("decl_index_m3", "decl_index_m3_replicated")]
@@ -267,6 +278,10 @@ def main(out_dir, mode="all"):
         for name, _, kwargs in NONFINITE_CONFIGS:
             for bad in (float("nan"), float("inf")):
                 results[(name, str(bad))] = nonfinite(rank, world_size, kwargs, bad)
+    elif mode == "same_class":
+        for name, loss_name, kwargs in SAME_CLASS_CONFIGS:
+            for local_loss in (False, True):
+                results[(name, local_loss)] = run(loss_name, kwargs, rank, world_size, local_loss)
     elif mode == "no_grad":
         for name, loss_name, kwargs in NO_GRAD_CONFIGS:
             for dtype in (torch.float64, torch.float32):
