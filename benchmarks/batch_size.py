@@ -38,6 +38,9 @@ budget and data, and reused):
 5. ``controls``: the temperature controls at the decisive batch sizes: InfoNCE with its scale fixed
    at ``decl``'s final one, and ``decl`` with its scale fixed at ``clip``'s (the final scales are
    read from the validation sweep).
+6. ``dcl-screen``: every ``dcl`` setting of :data:`DCL_VARIANTS` at ``--screen-batch-sizes`` (the
+   largest first), ``--screen-seed``, judged on the validation split against ``clip`` at the same
+   batch and seed.
 
 The gate, screen and sweep of the 2026-11 reports ran before the test split existed: their scores
 are on the validation split, kept in ``results/batch_size_validation_sweep.{md,json}``.
@@ -128,6 +131,19 @@ DECL_VARIANTS = {
     "decl RGCL-g temperature": {**SCREEN_BASE, "temperature_mode": "rgclg"},
 }
 BASELINES = {"clip": ("--loss", "clip")}
+#: ``dcl`` settings screened on the validation split (``--stage dcl-screen``): the package default and each
+#: one setting away from it, in the order they run; ``dcl top tau+ 0.021`` is one setting from ``dcl tau+ 0.021``
+DCL_VARIANTS = {
+    "dcl top": {"same_class": "top"},
+    "dcl top tau+ 0.021": {"same_class": "top", "tau_plus": 0.021},
+    "dcl biased clamp": {"clamp": "biased"},
+    "dcl tau+ 0.021": {"tau_plus": 0.021},
+    "dcl tau+ 0.01": {"tau_plus": 0.01},
+    "dcl temperature 0.1": {"temperature": 0.1},
+    "dcl temperature 0.5": {"temperature": 0.5},
+    "dcl tau+ auto": {"tau_plus": "auto"},
+    "dcl default": {},
+}
 
 
 def archived_runs(data_config: Optional[dict] = None) -> List[dict]:
@@ -163,9 +179,10 @@ def control_objectives() -> Dict[str, tuple]:
 
 
 def screen_objectives() -> List[str]:
-    """The objectives of the gate, screen and sweep (every one but the temperature controls)."""
-    controls = control_objectives()
-    return [name for name in objectives() if name not in controls]
+    """The objectives of the gate, screen and sweep (every one but the temperature controls and the ``dcl``
+    screen, which came later)."""
+    later = {**control_objectives(), **DCL_VARIANTS}
+    return [name for name in objectives() if name not in later]
 
 
 def objectives() -> Dict[str, tuple]:
@@ -173,6 +190,7 @@ def objectives() -> Dict[str, tuple]:
     out["dcl tau+ 0.05"] = loss_flags("dcl", tau_plus=0.05)
     out.update({name: loss_flags("decl", **settings) for name, settings in DECL_VARIANTS.items()})
     out.update(control_objectives())
+    out.update({name: loss_flags("dcl", **settings) for name, settings in DCL_VARIANTS.items()})
     return out
 
 
@@ -187,6 +205,14 @@ def scale_curve(out_log: Path) -> List[float]:
         if m:
             last[int(m.group(1))] = float(m.group(2))
     return [last[e] for e in sorted(last)]
+
+
+def late_clamp_rate(out_log: Path, epochs: int) -> Optional[float]:
+    """Mean of the logged ``Clamp_rate`` over the last fifth of training (``dcl``: the rows at the floor)."""
+    values = [float(m.group(2)) for m in (re.search(r"Train Epoch: (\d+) .*Clamp_rate: (\S+)", line)
+                                         for line in out_log.read_text(errors="replace").splitlines())
+              if m and int(m.group(1)) >= epochs - max(1, epochs // 5)]
+    return sum(values) / len(values) if values else None
 
 
 def evaluate(checkpoint: Path, data: dict) -> Dict[str, Dict[str, float]]:
@@ -276,7 +302,8 @@ def run_one(label: str, flags: tuple, data: dict, budget: ex.Budget, work: Path,
     record = {"label": label, "flags": list(flags), "batch_size": budget.batch_size, "seed": budget.seed,
               "epochs": budget.epochs, "metrics": metrics, "test_metrics": scores.get("test"),
               "commit": code_commit(), "val_r1": [v[MEAN_R1] for v in val],
-              "logit_scale": scale_curve(res.log_dir / "out.log"), "train_seconds": res.seconds,
+              "logit_scale": scale_curve(res.log_dir / "out.log"),
+              "clamp_rate": late_clamp_rate(res.log_dir / "out.log", budget.epochs), "train_seconds": res.seconds,
               "eval_seconds": time.perf_counter() - t0, "command": res.command,
               "finished": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M")}
     cache.parent.mkdir(parents=True, exist_ok=True)
@@ -328,6 +355,10 @@ def planned_runs(stages: Sequence[str], sizes: Sequence[int] = BATCH_SIZES, seed
                  for b in sizes if label == "clip" or b != max(sizes)]
     if "decisive" in stages:
         runs += decisive_runs(decisive_sizes, decisive_seeds)
+    if "dcl-screen" in stages:  # clip last: a decisive call beside this one may have trained it by then
+        chosen = [v for v in DCL_VARIANTS if not screen_variants or v in screen_variants]
+        runs += [(label, b, screen_seed) for b in sorted(screen_sizes, reverse=True) for label in chosen]
+        runs += [("clip", b, screen_seed) for b in sorted(screen_sizes, reverse=True)]
     if "controls" in stages:
         runs += [(label, b, s) for s in seeds for b in decisive_sizes
                  for label in (f"clip at decl's scale (B={b})", f"decl at clip's scale (B={b})")]
@@ -579,11 +610,52 @@ def controls_table(records: List[dict]) -> str:
                       f"{100 * CONFIDENCE:.0f} % interval |", "|---|---|---:|---|---:|---|", *lines])
 
 
+def write_dcl_screen(out: Path, records: List[dict], planned: int, data: dict, budget: ex.Budget, command: str,
+                     started: datetime, stem: str) -> None:
+    """The ``dcl`` screen's report: validation-split scores of every setting and its difference from ``clip``
+    at the same batch and seed (the split the defaults are chosen on)."""
+    out.mkdir(parents=True, exist_ok=True)
+    status = "complete" if len(records) == planned else f"PARTIAL: {len(records)} of {planned} planned runs"
+    finished = sorted(r.get("finished", "") for r in records)
+    idx = per_seed(records, "metrics")
+    rows = []
+    for label in DCL_VARIANTS:
+        for b in sorted({r["batch_size"] for r in records if r["label"] == label}):
+            for seed in sorted(s for (lab, bb, s) in idx if lab == label and bb == b):
+                clip = idx.get(("clip", b, seed))
+                rec = next(r for r in records if (r["label"], r["batch_size"], r["seed"]) == (label, b, seed))
+                clamp = rec.get("clamp_rate")
+                rows.append(f"| {label} | {b} | {seed} | {100 * idx[(label, b, seed)]:.1f} | "
+                            + ("-" if clip is None else f"{100 * (idx[(label, b, seed)] - clip):+.1f}")
+                            + f" | {'-' if clamp is None else f'{clamp:.2f}'} |")
+    parts = ["# The `dcl` screen on the testbed (validation split)", "",
+             *ex.about_lines(status=status, command=command,
+                             date=f"runs finished {finished[0] if finished else '-'} to "
+                                  f"{finished[-1] if finished else '-'}; report written by a call started "
+                                  f"{started:%Y-%m-%d %H:%M}."),
+             f"- Code: commit(s) {', '.join(sorted({r.get('commit', 'unrecorded') for r in records}))}.",
+             f"- Data and training: as [`batch_size.md`](batch_size.md) ({budget.epochs} epochs, `{budget.model}`); "
+             "**every score here is on the validation split**, the split defaults are chosen on.",
+             "- Settings (each one away from the package default, `dcl top tau+ 0.021` one away from "
+             "`dcl tau+ 0.021`; every flag written out):",
+             *[f"  - `{name}`: `{' '.join(objectives()[name])}`" for name in DCL_VARIANTS
+               if any(r["label"] == name for r in records)],
+             "", "| setting | B | seed | retrieval mean R@1 | minus `clip` (same B and seed) | clamp rate, last "
+             "fifth of training |", "|---|---:|---:|---:|---:|---:|", *rows,
+             "", "## Scores (validation split)", "", table(records)]
+    (out / f"{stem}.md").write_text("\n".join(parts) + "\n")
+    doc = {"machine": ex.machine_info(), "command": command, "status": status, "split": "validation",
+           "budget": dataclasses.asdict(budget), "data": data["config"], "objectives": objectives(), "runs": records}
+    (out / f"{stem}.json").write_text(json.dumps(doc, indent=1, default=str) + "\n")
+
+
 def write(out: Path, records: List[dict], planned: int, data: dict, budget: ex.Budget, command: str,
           started: datetime, stages: Sequence[str], sizes: Sequence[int], stem: str = STEM) -> None:
     """The report of this call's runs: the splits, the rule, the verdicts (test split; B = 16 from the archived
     validation sweep), the temperature controls and both splits' scores; ``{stem}.json`` holds the numbers
     the README quotes (:func:`readme_block`)."""
+    if list(stages) == ["dcl-screen"]:
+        return write_dcl_screen(out, records, planned, data, budget, command, started, stem)
     out.mkdir(parents=True, exist_ok=True)
     rows = verdicts(records, archived_runs(data["config"]))
     status = (("complete" if len(records) == planned else f"PARTIAL: {len(records)} of {planned} planned runs")
@@ -708,7 +780,7 @@ def replace_readme_block(text: str, block: str) -> str:
 # ------------------------------------------------------------------------------------------
 def build_parser() -> argparse.ArgumentParser:
     p = arguments.benchmark_parser("batch_size.py", __doc__)
-    p.add_argument("--stage", nargs="+", choices=("gate", "screen", "sweep", "decisive", "controls"),
+    p.add_argument("--stage", nargs="+", choices=("gate", "screen", "sweep", "decisive", "controls", "dcl-screen"),
                    default=["decisive"])
     p.add_argument("--decisive-batch-sizes", type=int, nargs="+", default=list(DECISIVE_SIZES))
     p.add_argument("--decisive-seeds", type=int, nargs="+", default=list(range(SEED_CAP)),
