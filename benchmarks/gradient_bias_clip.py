@@ -400,5 +400,45 @@ def main(argv: Optional[List[str]] = None) -> int:
     return 0
 
 
+# ------------------------------------------------------------------------------------------
+# The README's numbers (clip_dcl.experiment.quotes)
+# ------------------------------------------------------------------------------------------
+#: The README's rows: JSON column -> label.
+README_ROWS = (
+    ("clip", "`clip` (InfoNCE)"),
+    ("decl exact rates", "`decl`, exact full-data rates"),
+    ("decl relative (update-then-read)", "`decl` update-then-read, gamma 0.9, relative estimate (the package default)"),
+    ("decl update-then-read", "`decl` update-then-read, gamma 0.9, absolute estimate (the default before)"),
+    ("decl rate=batch", "`decl` rate `batch`"),
+    ("decl update-then-read, FastCLIP gamma", "`decl` FastCLIP gamma (1, then cosine to 0.2)"),
+    ("decl queue 4096", "`decl` queue 4096"),
+    ("decl queue 16384", "`decl` queue 16384"),
+    ("decl rates from a previous pass", "`decl` read-then-update (rates from a previous pass)"),
+)
+
+
+def readme_block(doc: dict) -> str:
+    """The README's table (relative error at initialisation / after training, per B) and its B = 32 reading."""
+    checks = list(doc["checkpoints"])
+    res = [doc["checkpoints"][c]["results"] for c in checks]
+    sizes = [str(b) for b in doc["batch_sizes"]]
+    lines = [f"`||E[g_B] - g_full|| / ||g_full||`, {checks[0]} / {checks[1]} (N = {doc['num_pairs']} pairs, "
+             f"{doc['shuffles']} partitions per B):", "",
+             "| B | " + " | ".join(sizes) + " |", "|---|" + "---|" * len(sizes)]
+    for key, label in README_ROWS:
+        if all(key in r for r in res):
+            lines.append(f"| {label} | " + " | ".join(" / ".join(f"{r[key][b]['rel_error']:.3f}" for r in res)
+                                                     for b in sizes) + " |")
+    b, after = "32", res[-1]
+    err = {k: after[k][b]["rel_error"] for k in ("clip", DEFAULT_OBJECTIVE, "decl update-then-read",
+                                                  "decl rates from a previous pass")}
+    lines += ["", f"At B = {b} {checks[-1]}: InfoNCE {err['clip']:.3f}; update-then-read {err[DEFAULT_OBJECTIVE]:.3f} "
+              f"(relative estimate) and {err['decl update-then-read']:.3f} (absolute), "
+              f"{'at or below' if err[DEFAULT_OBJECTIVE] <= err['clip'] else 'above'} InfoNCE; read-then-update "
+              f"{err['decl rates from a previous pass']:.3f}, {err['decl rates from a previous pass'] / err['clip']:.1f}x "
+              "InfoNCE's."]
+    return "\n".join(lines)
+
+
 if __name__ == "__main__":  # pragma: no cover
     sys.exit(main())
