@@ -277,5 +277,54 @@ def main(argv=None) -> int:
     return 0
 
 
+# ------------------------------------------------------------------------------------------
+# The README's and docs' numbers (clip_dcl.experiment.quotes)
+# ------------------------------------------------------------------------------------------
+def readme_block(doc: dict) -> str:
+    """The README's tables (measured per layout; computed at scale) and the 16-bit storage errors."""
+    lines = ["| num_samples | state MB / rank, replicated → sharded | peak RSS MB, replicated → sharded "
+             "| step time, sharded / replicated | digests identical |", "|---:|---:|---:|---:|---|"]
+    for n, by_mode in doc["measured"].items():
+        rep, sha = by_mode["replicated"][0], by_mode["sharded"][0]
+        steps = by_mode["both"][0]["step_ms"]
+        same = len({r["digest"] for m in MODES for r in by_mode[m]}) == 1 and all(r["same_state"] for r in by_mode["both"])
+        lines.append(f"| {int(n):.0e} | {rep['state_bytes'] / 1e6:.0f} → {sha['state_bytes'] / 1e6:.0f} | "
+                     f"{rep['peak_rss_mb']:.0f} → {sha['peak_rss_mb']:.0f} | {steps['sharded'] / steps['replicated']:.2f} "
+                     f"| {'yes' if same else '**no**'} |")
+    comp = doc["computed"]
+    lines += ["", f"Computed at scale (global batch {comp[0]['global_batch']:,}):", "",
+              "| data | W | replicated fp32 GB / rank | sharded fp32 | sharded bf16 | sharded: all-reduce MB / step |",
+              "|---|---:|---:|---:|---:|---:|"]
+    for data in dict.fromkeys(r["data"] for r in comp):
+        rows = [r for r in comp if r["data"] == data]
+
+        def cells(key, fmt):
+            return " / ".join(format(r[key], fmt) for r in rows)
+        lines.append(f"| {data} | {cells('world_size', 'd')} | {rows[0]['replicated_float32_gb']:.1f} | "
+                     f"{cells('sharded_float32_gb', '.3f')} | {cells('sharded_bfloat16_gb', '.3f')} | "
+                     f"{cells('allreduce_mb_per_step', '.2f')} |")
+    p = doc["precision"]
+    lines += ["", f"16-bit storage against float32 over {p['epochs']} epochs of revisits ({p['num_samples']} samples): "
+              f"stored log-rates within {p['float16']['rate_abs_err_max']:.0e} (float16) and "
+              f"{p['bfloat16']['rate_abs_err_max']:.0e} (bfloat16), the loss within "
+              f"{p['float16']['loss_rel_err_max']:.0e} and {p['bfloat16']['loss_rel_err_max']:.0e} relative."]
+    return "\n".join(lines)
+
+
+def docs_block(doc: dict) -> str:
+    """docs/training.md's sizes: the buffer per rank at scale, the all-reduce per step, 16-bit storage errors."""
+    comp, p = doc["computed"], doc["precision"]
+    rep = {r["data"]: r["replicated_float32_gb"] for r in comp}
+    w = max(r["world_size"] for r in comp if r["world_size"] < 512)
+    sharded = ", ".join(f"{r['sharded_float32_gb'] * 1e3:.0f} MB at {r['data']}" for r in comp if r["world_size"] == w)
+    return (f"Replicated, the float32 state is {', '.join(f'{gb:.1f} GB at {d}' for d, gb in rep.items())} on every "
+            f"rank; sharded on W = {w} ranks, {sharded} per rank. The all-reduce moves at most "
+            f"{max(r['allreduce_mb_per_step'] for r in comp):.1f} MB per rank per step at G = {comp[0]['global_batch']}. "
+            f"16-bit storage against float32 ({p['epochs']} epochs of revisits): stored log-rates within "
+            f"{p['float16']['rate_abs_err_max']:.0e} (float16) and {p['bfloat16']['rate_abs_err_max']:.0e} (bfloat16), "
+            f"the loss within {p['float16']['loss_rel_err_max']:.0e} and {p['bfloat16']['loss_rel_err_max']:.0e} "
+            "relative ([results](../benchmarks/results/decl_state.md)).")
+
+
 if __name__ == "__main__":
     sys.exit(main())

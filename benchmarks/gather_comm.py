@@ -243,5 +243,46 @@ def main(argv=None) -> int:
     return 0
 
 
+# ------------------------------------------------------------------------------------------
+# The README's and docs' numbers (clip_dcl.experiment.quotes)
+# ------------------------------------------------------------------------------------------
+#: The README's rows of the computed table: (G, d, W).
+README_ROWS = ((1024, 512, 8), (8192, 768, 8), (32768, 512, 64), (32768, 768, 64))
+
+
+def byte_ratios(doc: dict) -> list:
+    """no-grad / with-grad bytes of every loss and row of the computed table."""
+    return [r[f"{loss}/no_grad_gather"] / r[f"{loss}/gather_with_grad"] for r in doc["computed"] for loss in LOSSES]
+
+
+def readme_block(doc: dict) -> str:
+    """The README's table (MB per rank per step at scale), the byte ratio's range and the measured step-time ratios."""
+    lines = ["| G | d | W | clip, with grad | clip, no-grad | decl, with grad | decl, no-grad |",
+             "|---:|---:|---:|---:|---:|---:|---:|"]
+    for r in doc["computed"]:
+        if (r["G"], r["d"], r["W"]) in README_ROWS:
+            lines.append(f"| {r['G']} | {r['d']} | {r['W']} | " + " | ".join(
+                f"{r[f'{loss}/{mode}'] / 1e6:.2f}" for loss in ("clip", "decl") for mode in MODES) + " |")
+    ratios = byte_ratios(doc)
+    steps = [t["no_grad_gather"] / t["gather_with_grad"] for m in doc["measured"].values() for t in m["step_ms"].values()]
+    counted_ok = all(c["bytes"] == c["predicted"] for m in doc["measured"].values() for c in m["counted"].values())
+    gs, ws = sorted({r["G"] for r in doc["computed"]}), sorted({r["W"] for r in doc["computed"]})
+    lines += ["", f"Bytes counted on {' and '.join(doc['measured'])} gloo ranks "
+              f"{'equal' if counted_ok else '**differ from**'} the closed form. No-grad over with-grad bytes: "
+              f"{min(ratios):.3f}-{max(ratios):.3f} for G {gs[0]}-{gs[-1]}, W {ws[0]}-{ws[-1]}. Step time of the loss on "
+              f"gloo CPU, no-grad / with-grad: {min(steps):.2f}-{max(steps):.2f}."]
+    return "\n".join(lines)
+
+
+def docs_block(doc: dict) -> str:
+    """docs/training.md's sentence: the byte ratio's range."""
+    ratios = byte_ratios(doc)
+    gs, ws = sorted({r["G"] for r in doc["computed"]}), sorted({r["W"] for r in doc["computed"]})
+    ds = sorted({r["d"] for r in doc["computed"]})
+    return (f"`--no-grad-gather` sends {min(ratios):.3f} to {max(ratios):.3f} of `--gather-with-grad`'s bytes per step "
+            f"for G {gs[0]}-{gs[-1]}, d {'/'.join(map(str, ds))}, W {ws[0]}-{ws[-1]}, bf16 features "
+            "([results](../benchmarks/results/gather_comm.md)).")
+
+
 if __name__ == "__main__":
     sys.exit(main())

@@ -210,5 +210,25 @@ def main(argv: Optional[List[str]] = None) -> int:
     return 0
 
 
+# ------------------------------------------------------------------------------------------
+# The README's numbers (clip_dcl.experiment.quotes)
+# ------------------------------------------------------------------------------------------
+def readme_block(doc: dict, run: str = "dcl tau+=0.25") -> str:
+    """The README's sentence: how the negatives' relations score, and the two mixture estimates, for ``run``."""
+    rows = doc["results"][run]
+
+    def mean(key):
+        return sum(r[key]["mean"] for r in rows) / len(rows)
+
+    def span(key):
+        vals = [r[key] for r in rows]
+        return f"{min(vals):.2f}-{max(vals):.2f}"
+    return (f"On {doc['samples']} pairs, for `{run}` ({len(rows)} checkpoints; true prior "
+            f"{doc['true_tau_plus']:g}): mean logit of same-class negatives {mean('same class'):.1f}, same colour only "
+            f"{mean('same colour only'):.1f}, same shape only {mean('same shape only'):.1f}, neither "
+            f"{mean('neither'):.1f}. The EM estimate of the prior: {span('estimate')}; scikit-learn's "
+            f"`GaussianMixture` from a k-means start: {span('sklearn_estimate')}.")
+
+
 if __name__ == "__main__":
     raise SystemExit(main())

@@ -115,6 +115,23 @@ def paired_table(paired: Dict[str, Dict[str, dict]], reference: str,
     return "\n".join(lines)
 
 
+def full_loss_flags(flags: Sequence[str]) -> List[str]:
+    """``flags`` (a run's ``--loss ...``) with every setting of its loss written out: the value given, else the
+    package default (:func:`clip_dcl.experiment.loss_flags`), so that a report says which ``--decl-estimate`` (and
+    every other default that may change later) its runs trained with. A cached run is reused only while its
+    loss's defaults are unchanged (:func:`clip_dcl.experiment.train_and_evaluate`), so the defaults at report time
+    are those it ran with."""
+    from clip_dcl.losses import LOSSES
+    from clip_dcl.train.flags import LOSS_FLAGS, build_parser
+
+    given = vars(build_parser().parse_known_args(list(flags))[0])
+    name = given.get("loss") or "clip"
+    own = {f.kwarg for f in LOSSES[name].flags}
+    settings = {LOSS_FLAGS[d][1]: v for d, v in given.items()
+                if d in LOSS_FLAGS and v is not None and LOSS_FLAGS[d][1] in own}
+    return list(ex.loss_flags(name, **settings))
+
+
 def table_rows(data: dict) -> List[tuple]:
     """The experiment's headline rows plus the retrieval mean R@1."""
     rows = ex.headline_metrics(data)
@@ -309,7 +326,8 @@ def write(out: Path, main_runs, abl_runs, results, scores, eval_seconds, timing,
         f"`python -m clip_dcl.train`; training seeds {seeds} on the same data. Evaluation: "
         f"`clip_dcl.experiment.evaluate` (5-shot probe: reduced grid, k-shot draws {fewshot_seeds}).",
         f"- Objectives: `clip` = OpenCLIP's InfoNCE; `dcl` = debiased contrastive loss with tau_plus = {tau:.4g} "
-        "(the data's prior); `decl` = DeCL with the package defaults (rate index, schedule alternate, u at its mean). "
+        "(the data's prior); `decl` = DeCL with the package defaults (every loss's full flags, the estimate among "
+        "them, are the JSON's `loss_flags`). "
         f"Ablation: one decl setting changed at a time, training seeds {ablation_seeds}, "
         + ("against the main comparison's decl run of the same seed (the same training). " if abl_budget == budget
            else f"{abl_budget.epochs} epochs (the main comparison's other settings), against the default decl "
@@ -330,6 +348,8 @@ def write(out: Path, main_runs, abl_runs, results, scores, eval_seconds, timing,
                            "ablation_budget": dataclasses.asdict(abl_budget), "fewshot_seeds": fewshot_seeds,
                            "complete": complete, "wall_minutes_of_this_call": seconds / 60,
                            "train_minutes": train_s / 60, "eval_minutes": eval_s / 60, "finished": finish_times,
+                           "loss_flags": {r.name: full_loss_flags(r.flags) for r in [*main_runs, *abl_runs]
+                                          if r.name in have},
                            "fewshot_timing": {k: v for k, v in timing.items() if k != "settings"},
                            "eval_seconds": {n: eval_seconds[n] for n in have}, "summary": summary,
                            "paired_vs_clip": paired_main, "paired_vs_default_decl": paired_abl})
@@ -356,6 +376,50 @@ def write(out: Path, main_runs, abl_runs, results, scores, eval_seconds, timing,
         ]
     parts.append(f"![training curves, validation R@1 and held-out scores]({STEM}.png)")
     (out / f"{STEM}.md").write_text("# " + "\n\n".join(p for p in parts if p) + "\n")
+
+
+# ------------------------------------------------------------------------------------------
+# The README's numbers (clip_dcl.experiment.quotes)
+# ------------------------------------------------------------------------------------------
+#: A difference below this (a fraction; one point of R@1 on 1,000 images) is a tie (shared/spec/evidence.md).
+RESOLUTION = 0.01
+
+
+def decl_estimate(doc: dict, name: str = DECL) -> str:
+    """Which estimate ``name`` ran with: from its full flags, else from the note added to an older JSON."""
+    flags = doc.get("loss_flags", {}).get(name)
+    if flags and "--decl-estimate" in flags:
+        return f"`--decl-estimate {flags[flags.index('--decl-estimate') + 1]}`"
+    note = doc.get("decl_estimate", {})
+    if name in note:
+        return f"the {note[name]} estimate (not recorded by the run; from git history, see the JSON)"
+    return "an estimate the run did not record"
+
+
+def readme_block(doc: dict) -> str:
+    """The README's table: headline scores (mean ± std) and the paired differences against clip, differences below
+    the evaluation's resolution counted as ties."""
+    s, paired, c = doc["summary"], doc["paired_vs_clip"], doc["data"]["config"]
+    names = list(doc["runs"])
+    lines = [f"Held-out split of the demo's synthetic data ({c['num_classes']} classes, {c['val_samples']} retrieval "
+             f"images), `{doc['budget']['model']}`, {doc['budget']['epochs']} epochs at batch {doc['budget']['batch_size']}, "
+             f"seeds {', '.join(map(str, doc['seeds']))}; `{DECL}` ran with {decl_estimate(doc)}. %, mean ± sample std:", "",
+             "| objective | " + " | ".join(label for _, label in HEADLINE) + " |", "|---|" + "---:|" * len(HEADLINE)]
+    for n in names:
+        lines.append(f"| `{n}` | " + " | ".join(ex.format_mean_std(s[n][k]) for k, _ in HEADLINE) + " |")
+    lines += ["", f"Paired by seed against `clip` (points; a difference below {100 * RESOLUTION:.0f} point is a tie):", "",
+              "| objective - clip | " + " | ".join(label for _, label in HEADLINE) + " |", "|---|" + "---|" * len(HEADLINE)]
+    for n, per_key in paired.items():
+        cells = []
+        for k, _ in HEADLINE:
+            d = per_key[k]["diffs"]
+            up, down = sum(x >= RESOLUTION for x in d), sum(x <= -RESOLUTION for x in d)
+            mean = per_key[k]["mean"]
+            cells.append(f"{100 * mean:+.1f}{' (tie)' if abs(mean) < RESOLUTION else ''}; "
+                         f"per seed {', '.join(f'{100 * x:+.1f}' for x in d)}: {up} above, {down} below, "
+                         f"{len(d) - up - down} tied")
+        lines.append(f"| `{n}` | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -414,5 +414,52 @@ def write(out: Path, runs, results, scores, eval_seconds, data, budget, seeds, f
     (out / f"{STEM}.md").write_text(md)
 
 
+# ------------------------------------------------------------------------------------------
+# The README's numbers (clip_dcl.experiment.quotes)
+# ------------------------------------------------------------------------------------------
+#: The README's columns.
+README_SCORES = (("zeroshot/top1", "zero-shot top-1"), ("fewshot/average/linear_probe", "5-shot probe"),
+                 ("retrieval/image_to_text_R@10", "image->text R@10"))
+
+
+def readme_table(doc: dict, ratios: bool = False) -> str:
+    """Markdown: per run of ``doc``, the README's scores (mean ± std over seeds, %; with ``ratios`` the ratio to
+    clip's mean and dcl's mean clamp rate and final tau_plus estimate)."""
+    summary, logs = doc["summary"], doc.get("training_logs", {})
+    head = ["objective", "seeds"] + [label for _, label in README_SCORES] + (["clamp rate", "final tau_plus"] if ratios else [])
+    lines = ["| " + " | ".join(head) + " |", "|---|---:|" + "---:|" * (len(head) - 2)]
+    for name, per_seed in doc["runs"].items():
+        cells = []
+        for key, _ in README_SCORES:
+            cell = format_mean_std(summary[name][key])
+            base = summary["clip"][key]["mean"]
+            if ratios and name != "clip" and base:
+                cell += f" ({summary[name][key]['mean'] / base:.2f}x)"
+            cells.append(cell)
+        if ratios:
+            clamp = mean_std([d["clamp_rate"] for d in logs.get(name, [])])
+            tau = mean_std([d["tau_plus_final"] for d in logs.get(name, [])])
+            dcl = "dcl" in per_seed[0]["flags"]
+            cells += [f"{clamp['mean']:.2f}" if dcl and clamp["n"] else "",
+                      format_mean_std(tau, scale=1, digits=2) if tau["n"] else ""]
+        lines.append(f"| `{name}` | {len(per_seed)} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def readme_block(doc: dict) -> str:
+    """The README's table of the tau_plus sweep (held-out split of the synthetic data)."""
+    c = doc["data"]["config"]
+    return (f"Scores on the held-out split ({c['val_samples']} retrieval images; zero-shot over the "
+            f"{c['num_classes']} classes, chance {100 * doc['chance']['zeroshot/top1']:.0f} %), %, mean ± std over seeds "
+            f"{', '.join(map(str, doc['seeds']))}:\n\n" + readme_table(doc))
+
+
+def extra_readme_block(doc: dict) -> str:
+    """The README's table of the other objectives (held-out split; ratio to clip's mean in the same run)."""
+    return (f"Held-out split, %, mean ± std over seeds {', '.join(map(str, doc['seeds']))} (ratio to `clip`'s mean in "
+            "this run); clamp rate: `dcl`'s mean `Clamp_rate` over training; final tau_plus: `--tau-plus auto`'s "
+            f"last estimate (truth {doc['true_tau_plus']:g}):\n\n" + readme_table(doc, ratios=True))
+
+
 if __name__ == "__main__":  # pragma: no cover
     sys.exit(main())

@@ -508,5 +508,20 @@ def main(argv: Optional[List[str]] = None) -> int:
     return 0
 
 
+# ------------------------------------------------------------------------------------------
+# The README's numbers (clip_dcl.experiment.quotes)
+# ------------------------------------------------------------------------------------------
+def readme_block(doc: dict) -> str:
+    """The README's sentence: the baseline's samples/s and spread, each objective's median ratio to it."""
+    s, setup, base = doc["summary"], doc["setup"], doc["baseline"]
+    b = s[base]
+    ratios = ", ".join(f"`{name}` {v['ratio_median']:.2f}" for name, v in s.items() if name != base)
+    rounds = len(b["per_round"])
+    return (f"On {doc['machine'].split(';')[0]} with `{setup['model']}` at batch {setup['batch_size']} "
+            f"({setup['device']}, {setup['precision']}), `{base}` runs {b['median']:.0f} samples/s (median over {rounds} "
+            f"rounds; its own rounds spread by {100 * (b['max'] - b['min']) / b['median']:.1f} %). Median ratios to it: "
+            f"{ratios} (goal: at least {doc['goal']:.2f}).")
+
+
 if __name__ == "__main__":
     sys.exit(main())

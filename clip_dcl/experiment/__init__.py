@@ -32,6 +32,8 @@ The pieces (their main names also importable from here):
 * :mod:`~clip_dcl.experiment.commands`: a loss's full flags from the loss registry;
 * :mod:`~clip_dcl.experiment.arguments`: the benchmarks' command-line checks;
 * :mod:`~clip_dcl.experiment.torchrun`: a benchmark that launches itself on several gloo ranks.
+* :mod:`~clip_dcl.experiment.quotes`: the README's and docs' generated blocks of benchmark numbers
+  (``python -m clip_dcl.experiment.quotes README.md docs/*.md``).
 
 Tests that replace a piece (a stand-in for :func:`train`) patch the module that owns it
 (``clip_dcl.experiment.runner.train``), which is where the other pieces look it up.
