@@ -67,6 +67,7 @@ QUOTES: Tuple[Quote, ...] = (
     Quote("sampling-bias extra numbers", "sampling_bias.py", "sampling_bias_extra.json", render="extra_readme_block"),
     Quote("prior-diagnosis numbers", "prior_diagnosis.py", "prior_diagnosis.json"),
     Quote("quality numbers", "quality.py", "quality.json"),
+    Quote("batch-size verdicts", "batch_size.py", "batch_size.json"),
 )
 
 
