@@ -225,7 +225,7 @@ def test_resume_refuses_a_grown_data_set_then_decl_grow_state_keeps_the_rates(tr
     refused = train_in_process([*flags, "--name", "refused"])
     assert refused.returncode == 1
     assert "--decl-grow-state" in refused.stderr and "--loss-reset" in refused.stderr
-    assert "sample id" not in refused.stderr  # refused at the resume, not at the first id out of range
+    assert "is outside [0, num_samples" not in refused.stderr  # refused at the resume, not at an id out of range
 
     res = train_in_process([*flags, "--name", "grown", "--decl-grow-state"])
     assert res.returncode == 0, res.stderr[-6000:]
