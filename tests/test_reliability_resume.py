@@ -126,9 +126,8 @@ def _resume(tmp_path, saved_args, now_args, reset=False, grow=False):
     ({}, {"drift_correction": False}, "--decl-drift-correction"),
     ({"drift_correction": False}, {}, "--no-decl-drift-correction"),
     ({}, {"state_dtype": "bfloat16"}, "--decl-state-dtype float32"),
-    ({"accum_freq": 2}, {}, "--accum-freq 2"),
     ({}, {"rate": "queue"}, "--decl-rate index"),
-], ids=["estimate", "drift-correction-off", "drift-correction-on", "state-dtype", "accum-freq", "rate"])
+], ids=["estimate", "drift-correction-off", "drift-correction-on", "state-dtype", "rate"])
 def test_resume_refuses_changed_state_settings_with_the_flag_to_add(tmp_path, saved, now, add):
     from clip_dcl.train.patch import LossSettingMismatch
 
@@ -151,6 +150,22 @@ def test_resume_refuses_only_what_the_state_depends_on(tmp_path, now):
     # the queue's state does not depend on what the index buffer would estimate
     queue, path = _resume(tmp_path, _decl_args(rate="queue"), _decl_args(rate="queue", estimate="absolute"))
     assert queue.pt_load(path)["epoch"] == 1
+
+
+def test_resume_refuses_nothing_for_another_accum_freq_and_keeps_the_step_count(tmp_path):
+    """Doubling the ranks and halving --accum-freq keeps the global batch: DeCL's step counter (loss calls)
+    is converted, not refused, so lambda_t and gamma_t continue at the same optimizer step."""
+    from clip_dcl.losses import create_loss
+
+    run, path = _resume(tmp_path, _decl_args(accum_freq=2), _decl_args(accum_freq=1))
+    assert run.pt_load(path)["epoch"] == 1
+    saved = {"calls": torch.tensor(8), "log_rate": torch.zeros(2, 400), "prev_log_rate": torch.zeros(2)}
+    for accum, calls in ((1, 4), (2, 8), (4, 16)):
+        loss = create_loss("decl", rate="index", num_samples=400, accum_freq=accum)
+        state, notes = loss.adapt_saved_state(saved, _decl_args(accum_freq=2))
+        loss.load_state_dict(state)
+        assert int(loss.calls) == calls and loss.step == 5  # 4 steps taken, the next is the 5th
+        assert bool(notes) == (accum != 2)
 
 
 @pytest.mark.slow

@@ -452,6 +452,13 @@ class ContrastiveLoss(nn.Module):
         a saved state. A loss whose state depends on a setting only in some configurations narrows it."""
         return {k: loss_args[k] for k in cls.state_settings if k in loss_args}
 
+    def adapt_saved_state(self, state: Dict[str, torch.Tensor],
+                          saved_args: Dict[str, object]) -> Tuple[Dict[str, torch.Tensor], List[str]]:
+        """A saved ``state_dict`` (of a run with the keyword arguments ``saved_args``) converted to mean for
+        this loss what it meant for that run, for a setting that changes its units rather than its
+        meaning; and one line per conversion made, for the log. As is by default."""
+        return state, []
+
     def _no_grad_gather_blocker(self) -> str:
         """What in this loss's configuration rules out ``no_grad_gather`` (for the error message)."""
         return type(self).__name__

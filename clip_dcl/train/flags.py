@@ -220,7 +220,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--loss-reset", action="store_true",
                    help="with --resume: train the configured --loss from a checkpoint trained with another one, or "
                         "with another value of a setting its loss state depends on (e.g. --decl-estimate, "
-                        "--decl-drift-correction, --decl-state-dtype, --accum-freq), or for another number of "
+                        "--decl-drift-correction, --decl-state-dtype), or for another number of "
                         "sample ids; the saved loss state is dropped, the model and optimizer kept (without it "
                         "such a resume is refused)")
     g.add_argument("--decl-grow-state", action="store_true",

@@ -328,6 +328,10 @@ class TrainingRun:
             if stateful:
                 logging.warning(f"{self.resumed_path} holds no loss state; the {self.config.loss} loss starts fresh.")
             return
+        if hasattr(loss, "adapt_saved_state"):
+            state, notes = loss.adapt_saved_state(state, meta.get("loss_args") or {})
+            for note in notes:
+                logging.info(f"{self.resumed_path}: converted {note}.")
         try:
             index = meta.get(ckpt_format.SHARD_INDEX_KEY)
             if index:  # a sharded buffer: in files beside the checkpoint, built into this rank's part
