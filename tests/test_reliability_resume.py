@@ -106,7 +106,7 @@ def _decl_args(**kw):
     return full_loss_args("decl", {"rate": "index", "num_samples": 400, **kw})
 
 
-def _resume(tmp_path, saved_args, now_args, reset=False, grow=False):
+def _resume(tmp_path, saved_args, now_args, reset=False, grow=False, id_block=None):
     """``pt_load`` of a decl checkpoint saved with ``saved_args`` by a run configured with ``now_args``."""
     from clip_dcl.train.flags import TrainConfig
     from clip_dcl.train.run import TrainingRun
@@ -116,7 +116,7 @@ def _resume(tmp_path, saved_args, now_args, reset=False, grow=False):
                 "loss_state": {"calls": torch.tensor(3), "log_rate": torch.zeros(2, saved_args["num_samples"])},
                 "clip_dcl": {"model": "m", "loss": "decl", "loss_args": saved_args}}, path)
     run = TrainingRun(TrainConfig("decl", {}, now_args, num_samples=now_args.get("num_samples"), loss_reset=reset,
-                                  grow_state=grow))
+                                  grow_state=grow, id_block=id_block))
     run.args = argparse.Namespace(checkpoint_path=str(tmp_path), resume=path, distributed=False, horovod=False)
     return run, path
 
@@ -195,6 +195,12 @@ def test_resume_refuses_other_num_samples_with_the_ways_on(tmp_path):
     assert "add --loss-reset" in msg and "--decl-num-samples 384" not in msg  # not the advice that led in a circle
     grow, path = _resume(tmp_path, _decl_args(num_samples=384), _decl_args(num_samples=512), grow=True)
     assert grow.pt_load(path)["epoch"] == 1 and grow.grow_from == 384
+    # ::-joined sources: source j's ids start at j x block, so a grown block would move the saved rates
+    moved, path = _resume(tmp_path, _decl_args(num_samples=384), _decl_args(num_samples=512), grow=True, id_block=256)
+    with pytest.raises(LossSettingMismatch, match=r"source j start at j x 256 .* Add --loss-reset instead"):
+        moved.pt_load(path)
+    added, path = _resume(tmp_path, _decl_args(num_samples=512), _decl_args(num_samples=768), grow=True, id_block=256)
+    assert added.pt_load(path)["epoch"] == 1 and added.grow_from == 512  # a third source of the same block
     shrunk, path = _resume(tmp_path, _decl_args(num_samples=512), _decl_args(num_samples=384))
     with pytest.raises(LossSettingMismatch, match=r"the data set shrank\. Either add --decl-num-samples 512 .* "
                                                   r"or add --loss-reset"):

@@ -237,6 +237,12 @@ class TrainingRun:
         saved, now = int(saved), int(now)
         reset = "add --loss-reset to start the whole loss state fresh (the model and optimizer are kept)"
         if now > saved:
+            if cfg.grow_state and cfg.id_block is not None and saved % cfg.id_block:
+                raise LossSettingMismatch(
+                    f"--decl-grow-state keeps every id's rate in its place, but with ::-joined sources the ids of "
+                    f"source j start at j x {cfg.id_block} (the block of each source), and {path}'s {saved} ids were "
+                    "laid out in other blocks: the rates would move to other samples. Add --loss-reset instead, or "
+                    f"resume with the --decl-num-samples that gives the saved blocks.")
             if cfg.grow_state:
                 logging.info(f"--decl-grow-state: {path} holds the rates of {saved} sample ids; they are kept, "
                              f"and the {now - saved} new ids [{saved}, {now}) start unvisited.")
