@@ -223,9 +223,9 @@ class TrainingRun:
                 f"state as another quantity. To continue the same training, add: {saved}. To train with {given} "
                 "from this checkpoint on purpose (the loss state starts fresh; the model and optimizer are kept), "
                 "add --loss-reset.")
-        self._check_num_samples(ckpt, entry, path)
+        self._check_num_samples(entry, path)
 
-    def _check_num_samples(self, ckpt: dict, entry: dict, path) -> None:
+    def _check_num_samples(self, entry: dict, path) -> None:
         """A per-sample buffer saved for ``num_samples`` ids other than this run's: refused with the ways on,
         or (``--decl-grow-state``, the data set grew) kept for the ids seen, the new ids unvisited."""
         cfg = self.config
