@@ -300,6 +300,16 @@ def test_bad_optimizer_values_exit_2_naming_them_before_the_model_is_built(tmp_p
     assert not (tmp_path / "logs").exists()
 
 
+def _cannot_create_a_file_in(folder) -> bool:
+    probe = os.path.join(folder, f".clip-dcl-probe-{os.getpid()}")
+    try:
+        open(probe, "x").close()
+    except OSError:
+        return os.path.isdir(folder)
+    os.remove(probe)
+    return False
+
+
 def test_unwritable_logs_exit_2_before_any_work(tmp_path, capsys):
     blocker = tmp_path / "a-file"
     blocker.write_text("")
@@ -309,6 +319,9 @@ def test_unwritable_logs_exit_2_before_any_work(tmp_path, capsys):
     from clip_dcl.paths import folder_problem
 
     assert folder_problem(tmp_path / "new" / "deeper") is None  # created by OpenCLIP: its parent is writable
+    if _cannot_create_a_file_in("/sys"):  # sysfs or a read-only mount: refused even for root
+        assert main([*base, "--logs", "/sys/clip-dcl-logs"]) == 2
+        assert "--logs /sys/clip-dcl-logs: cannot write in '/sys'" in capsys.readouterr().err
     if os.geteuid() != 0:  # root writes through permission bits
         locked = tmp_path / "locked"
         locked.mkdir(mode=0o500)
