@@ -175,6 +175,23 @@ def save_atomically(obj, path, save=None) -> None:
         raise
 
 
+def remove_stale_partials(folder) -> list:
+    """Remove the ``*`` + :data:`PARTIAL_SUFFIX` files under ``folder`` (recursively) and return their paths.
+
+    :func:`save_atomically` removes its partial file on any error, but a process killed during a
+    save (SIGKILL, a node lost) leaves it behind, as large as a checkpoint. Call it only where no
+    save can be running (before a run's first save).
+    """
+    import glob as _glob
+
+    removed = []
+    for path in sorted(_glob.glob(os.path.join(os.fspath(folder), "**", "*" + PARTIAL_SUFFIX), recursive=True)):
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(path)
+            removed.append(path)
+    return removed
+
+
 def _disk_full(err: BaseException) -> OSError | None:
     """The ``ENOSPC`` / ``EDQUOT`` ``OSError`` in ``err``'s chain (torch wraps it in a RuntimeError)."""
     import errno
@@ -355,10 +372,28 @@ def _create_empty(name: str, preprocess_cfg: dict | None = None):
     return net, preprocess
 
 
+#: the prefix ``DistributedDataParallel`` gives every key of the ``state_dict`` of the model it wraps
+DDP_PREFIX = "module."
+
+
 def _strip_module(state_dict: dict) -> dict:
-    if state_dict and all(k.startswith("module.") for k in state_dict):
-        return {k[len("module."):]: v for k, v in state_dict.items()}
+    if state_dict and all(k.startswith(DDP_PREFIX) for k in state_dict):
+        return {k[len(DDP_PREFIX):]: v for k, v in state_dict.items()}
     return state_dict
+
+
+def model_keys_for(state_dict: dict, wrapped: bool) -> dict:
+    """``state_dict`` with the keys of a model that is (``wrapped``) or is not wrapped in DDP.
+
+    A checkpoint saved on several ranks holds DDP's ``module.`` keys and one saved by one process
+    holds none; OpenCLIP's resume strips the prefix for one process but never adds it for several,
+    so a one-process checkpoint did not resume under torchrun. Either way round, the keys are
+    made to fit the model they are loaded into (all keys or none carry the prefix).
+    """
+    bare = _strip_module(state_dict)
+    if not wrapped or not bare:
+        return bare
+    return {DDP_PREFIX + k: v for k, v in bare.items()}
 
 
 def resolve_model(path: str | os.PathLike, ckpt: dict, model: str | None = None,

@@ -373,12 +373,20 @@ def test_a_full_disk_names_the_file_the_space_and_the_intact_previous_checkpoint
 
 @pytest.mark.slow
 @pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full")
-def test_a_full_disk_during_training_ends_with_one_clear_line(tmp_path, capsys):
+def test_a_full_disk_during_training_ends_with_one_clear_line(tmp_path, capsys, monkeypatch):
+    from clip_dcl import checkpoint as ckpt_format
     from clip_dcl.train import main as train_main
 
     folder = tmp_path / "logs" / "f" / "checkpoints"
     folder.mkdir(parents=True)
-    (folder / "epoch_2.pt.partial").symlink_to("/dev/full")  # the disk fills up before the second save
+    removes = ckpt_format.remove_stale_partials
+
+    def then_fill(where):  # planted once the run has removed stale partial files (as it starts)
+        removed = removes(where)
+        (folder / "epoch_2.pt.partial").symlink_to("/dev/full")  # the disk fills up before the second save
+        return removed
+
+    monkeypatch.setattr(ckpt_format, "remove_stale_partials", then_fill)
     rc = train_main(["--dataset-type", "synthetic", "--train-num-samples", "8", "--batch-size", "4", "--epochs", "2",
                      "--workers", "0", "--model", TINY_MODEL, "--logs", str(tmp_path / "logs"), "--name", "f",
                      "--save-frequency", "1", "--report-to", "", "--loss", "clip"])

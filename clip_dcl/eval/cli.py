@@ -48,7 +48,8 @@ def _add_common(p: argparse.ArgumentParser) -> None:
                    help="encoder precision (default fp32; CLIP_benchmark runs under autocast unless --no_amp, "
                         "compare with amp_bf16/amp_fp16 there). Recorded in the JSON")
     g.add_argument("--workers", type=int, default=0, help="data-loading worker processes (default 0)")
-    g.add_argument("--output", default=None, help="write the results as JSON to this path")
+    g.add_argument("--output", default=None,
+                   help="write the results as JSON to this path (checked for writing before the evaluation starts)")
     g.add_argument("--strict", action="store_true",
                    help="stop at the first sample that would be skipped (no or empty caption, a caption or image "
                         "that does not decode, a shard that ends early), naming it (exit 2); by default such "
@@ -185,6 +186,21 @@ def main(argv: list[str] | None = None) -> int:
     if getattr(args, "format", "flat") == "clip_benchmark" and not args.output:
         print("clip-dcl eval: --format clip_benchmark writes beside --output; give --output FILE.json", file=sys.stderr)
         return 2
+    if args.output:  # written after the whole evaluation: checked before it
+        from ..paths import output_file_problem
+
+        problem = output_file_problem(args.output)
+        if problem:
+            print(f"clip-dcl eval: --output {args.output}: {problem}", file=sys.stderr)
+            return 2
+    if args.task == "zeroshot" and args.templates:  # read again by the evaluation; checked before the model loads
+        from ..data.evalsets.files import read_templates
+
+        try:
+            read_templates(args.templates)
+        except ValueError as e:
+            print(f"clip-dcl eval zeroshot: --templates: {e}", file=sys.stderr)
+            return 2
     if not logging.getLogger().handlers:
         logging.basicConfig(level=logging.INFO, format="%(message)s")
     args.device = resolve_device(args.device)

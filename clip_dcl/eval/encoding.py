@@ -222,7 +222,8 @@ def normalize_templates(templates) -> list | dict:
     * a CuPL-style mapping ``class name -> [prompts]`` (the prompts already name the class):
       returned as a dict of lists.
 
-    ``ValueError`` names an empty list, a string without a placeholder, or a class without prompts.
+    ``ValueError`` names an empty list, a string without the placeholder or with another one, or a
+    class without prompts.
     """
     if isinstance(templates, Mapping):
         if not templates:
@@ -241,10 +242,12 @@ def normalize_templates(templates) -> list | dict:
         if callable(t):
             out.append(t)
         elif isinstance(t, str):
-            t2 = t.replace("{c}", "{}")
-            if "{}" not in t2:
-                raise ValueError(f"template {t!r} has no '{{c}}' placeholder")
-            out.append(t2)
+            from ..data.evalsets.files import template_problem
+
+            problem = template_problem(t)
+            if problem:
+                raise ValueError(f"template {problem}")
+            out.append(t.replace("{c}", "{}"))
         else:
             raise ValueError(f"template {t!r} is neither a string nor a callable")
     if any(callable(t) for t in out):  # OpenCLIP's builder formats all or calls all

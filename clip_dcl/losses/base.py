@@ -455,6 +455,10 @@ class ContrastiveLoss(nn.Module):
     supports_no_grad_gather = True
     #: whether the loss takes ``M > 1`` captions per image (``text_features`` of ``B * M`` rows)
     supports_captions_per_image = False
+    #: keyword arguments that give the loss's saved state its meaning: a checkpoint resumed with another
+    #: value would have its state read as another quantity, so the trainer refuses it (see
+    #: :meth:`state_meaning`)
+    state_settings: tuple = ()
 
     def __init__(self, local_loss: bool = False, gather_with_grad: bool = False, cache_labels: bool = False,
                  rank: int = 0, world_size: int = 1, use_horovod: bool = False, no_grad_gather: bool = False):
@@ -501,6 +505,20 @@ class ContrastiveLoss(nn.Module):
         each whole epoch and logs the line, prefixed with the epoch. None here: nothing to check.
         """
         return None
+
+    @classmethod
+    def state_meaning(cls, loss_args: Dict[str, object]) -> Dict[str, object]:
+        """The values in ``loss_args`` (a checkpoint's or a run's) of the :attr:`state_settings` that the
+        state of this configuration depends on; two configurations whose values differ cannot share
+        a saved state. A loss whose state depends on a setting only in some configurations narrows it."""
+        return {k: loss_args[k] for k in cls.state_settings if k in loss_args}
+
+    def adapt_saved_state(self, state: Dict[str, torch.Tensor],
+                          saved_args: Dict[str, object]) -> Tuple[Dict[str, torch.Tensor], List[str]]:
+        """A saved ``state_dict`` (of a run with the keyword arguments ``saved_args``) converted to mean for
+        this loss what it meant for that run, for a setting that changes its units rather than its
+        meaning; and one line per conversion made, for the log. As is by default."""
+        return state, []
 
     def _no_grad_gather_blocker(self) -> str:
         """What in this loss's configuration rules out ``no_grad_gather`` (for the error message)."""

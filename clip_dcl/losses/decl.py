@@ -345,6 +345,36 @@ class DeCLLoss(ContrastiveLoss):
                       "stored log-rate (see docs/training.md)"),
     )
 
+    #: what the saved state means: the estimator (which buffers), what each stored rate estimates
+    #: (``estimate``), relative to its step's level or absolute (``drift_correction``), in which storage
+    #: dtype, and the queue's length. (``accum_freq`` only changes the unit of ``calls``: converted, see
+    #: :meth:`adapt_saved_state`.)
+    state_settings = ("rate", "estimate", "drift_correction", "state_dtype", "queue_size")
+    #: the settings of ``state_settings`` that only the state of one estimator depends on
+    _RATE_STATE_SETTINGS = {"index": ("estimate", "drift_correction", "state_dtype"), "queue": ("queue_size",)}
+
+    @classmethod
+    def state_meaning(cls, loss_args: Dict[str, object]) -> Dict[str, object]:
+        """:attr:`state_settings` less those of the estimators not configured (``queue_size`` means nothing
+        to the ``index`` buffer, the queue stores embeddings whatever ``estimate``)."""
+        rate = loss_args.get("rate", _DEFAULTS["rate"])
+        others = {k for r, keys in cls._RATE_STATE_SETTINGS.items() if r != rate for k in keys}
+        mine = set(cls._RATE_STATE_SETTINGS.get(rate, ()))
+        return {k: v for k, v in super().state_meaning(loss_args).items() if k in mine or k not in others}
+
+    def adapt_saved_state(self, state, saved_args):
+        """``calls`` counts loss calls, ``accum_freq`` of them an optimizer step: a state saved with another
+        ``--accum-freq`` (e.g. halved when the ranks are doubled) keeps its step count ``t``."""
+        saved = saved_args.get("accum_freq")
+        if saved is None or int(saved) == self.accum_freq or "calls" not in state:
+            return state, []
+        calls = int(state["calls"])
+        steps = calls // int(saved)  # a checkpoint is taken at a step boundary: calls is a multiple
+        converted = torch.full_like(state["calls"], steps * self.accum_freq)
+        return {**state, "calls": converted}, [
+            f"the step counter: {calls} loss calls at --accum-freq {saved} are {steps} optimizer steps, "
+            f"{int(converted)} calls at --accum-freq {self.accum_freq}"]
+
     @classmethod
     def resolve_data_params(cls, kwargs: Dict[str, object], data: DataFacts) -> Dict[str, object]:
         """``kwargs`` with what the data sets: ``num_samples`` (``rate="index"``, when not given) and the
@@ -572,7 +602,8 @@ class DeCLLoss(ContrastiveLoss):
             out = torch.empty(want, dtype=table.dtype)
             return reshard([(0, 1, lambda: table)], self.num_samples, self.rank, self.world_size, out)
         raise ValueError(f"the saved log_rate has shape {tuple(table.shape)}, but this loss has num_samples="
-                         f"{self.num_samples} ({layout}); resume with the --decl-num-samples it was trained with")
+                         f"{self.num_samples} ({layout}); resume with the --decl-num-samples it was trained with, with "
+                         "--decl-grow-state (the data set grew: the new ids start unvisited) or with --loss-reset")
 
     def full_log_rate(self) -> torch.Tensor:
         """The whole ``(2, num_samples)`` buffer on every rank (all-gathers the shards when sharded).

@@ -77,6 +77,62 @@ def loss_command(loss: str, loss_args: Dict[str, object]) -> List[str]:
     return words
 
 
+def setting_words(loss: str, kwarg: str, value) -> List[str]:
+    """The command-line words that give ``loss``'s keyword argument ``kwarg`` the value ``value``."""
+    for dest, (owner, name) in loss_flags().items():
+        if owner == loss and name == kwarg:
+            if isinstance(value, bool):
+                return [_flag(dest) if value else "--no-" + _flag(dest)[2:]]
+            return [_flag(dest), f"{value:g}" if isinstance(value, float) else str(value)]
+    if kwarg in OPENCLIP_LOSS_FLAGS:
+        return [OPENCLIP_LOSS_FLAGS[kwarg], str(value)]
+    return [f"{kwarg}={value!r}"]  # a keyword argument no flag sets (a loss used from Python)
+
+
+def check_optimizer_values(oc_args) -> None:
+    """OpenCLIP's optimizer and schedule values that cannot train, refused before the model is built
+    (torch's optimizer would raise its own traceback after it): the first bad one is named."""
+    import math
+
+    def bad(value, ok) -> bool:
+        return value is not None and not (isinstance(value, (int, float)) and math.isfinite(value) and ok(value))
+
+    checks = (("--lr", oc_args.lr, lambda v: v > 0, "a finite number > 0"),
+              ("--wd", oc_args.wd, lambda v: v >= 0, "a finite number >= 0"),
+              ("--beta1", oc_args.beta1, lambda v: 0 <= v < 1, "in [0, 1)"),
+              ("--beta2", oc_args.beta2, lambda v: 0 <= v < 1, "in [0, 1)"),
+              ("--eps", oc_args.eps, lambda v: v > 0, "a finite number > 0"),
+              ("--momentum", getattr(oc_args, "momentum", None), lambda v: v >= 0, "a finite number >= 0"),
+              ("--grad-clip-norm", oc_args.grad_clip_norm, lambda v: v > 0, "a finite number > 0"),
+              ("--warmup", oc_args.warmup, lambda v: v >= 0, "an integer >= 0"),
+              ("--batch-size", oc_args.batch_size, lambda v: v >= 1, "an integer >= 1"),
+              ("--accum-freq", oc_args.accum_freq, lambda v: v >= 1, "an integer >= 1"),
+              ("--epochs", oc_args.epochs, lambda v: v >= 0, "an integer >= 0"))
+    for flag, value, ok, want in checks:
+        if bad(value, ok):
+            raise FlagError(f"{flag} {value:g}: must be {want}" if isinstance(value, (int, float)) else
+                            f"{flag} {value!r}: must be {want}")
+
+
+def check_output_paths(oc_args) -> None:
+    """``--logs`` can be written (OpenCLIP creates ``--logs/--name`` there at the start, and every
+    checkpoint after that), and ``--resume PATH`` is a checkpoint file, not a folder."""
+    from clip_dcl.paths import folder_problem
+
+    logs = oc_args.logs
+    if logs and str(logs).lower() != "none":
+        problem = folder_problem(logs)
+        if problem:
+            raise FlagError(f"--logs {logs}: {problem}")
+    resume = oc_args.resume
+    if resume and resume != "latest" and "://" not in str(resume):
+        if os.path.isdir(resume):
+            raise FlagError(f"--resume {resume} is a folder, not a checkpoint file: give a file in it "
+                            "(e.g. checkpoints/epoch_N.pt), or --resume latest with the run's --logs and --name")
+        if not os.path.exists(resume):
+            raise FlagError(f"--resume {resume} does not exist")
+
+
 def check_data_paths(oc_args) -> None:
     """Every local shard of ``--train-data`` / ``--val-data`` (a CSV file for ``--dataset-type csv``)
     exists and is readable, so that a wrong path fails here, naming the first missing file, and
@@ -162,8 +218,16 @@ def build_parser() -> argparse.ArgumentParser:
                         "then uses clip-dcl's InfoNCE, equal to OpenCLIP's; not with --loss curl, --hcl-beta > 0, "
                         "--dcl-temperature or --captions-per-image > 1, whose gradients need more than two numbers)")
     g.add_argument("--loss-reset", action="store_true",
-                   help="with --resume: train the configured --loss from a checkpoint trained with another one, "
-                        "its saved loss state dropped (without it such a resume is refused)")
+                   help="with --resume: train the configured --loss from a checkpoint trained with another one, or "
+                        "with another value of a setting its loss state depends on (e.g. --decl-estimate, "
+                        "--decl-drift-correction, --decl-state-dtype), or for another number of "
+                        "sample ids; the saved loss state is dropped, the model and optimizer kept (without it "
+                        "such a resume is refused)")
+    g.add_argument("--decl-grow-state", action="store_true",
+                   help="with --resume and --loss decl --decl-rate index: the training data grew since the "
+                        "checkpoint (--decl-num-samples above the saved one); keep the learned rates of the ids it "
+                        "holds and start the new ids unvisited, as a fresh buffer starts them (without it such a "
+                        "resume is refused)")
     g.add_argument("--model-config", default=None, metavar="PATH",
                    help="a model config JSON (or a folder of them) to register with OpenCLIP; the model name is "
                         "the file name without .json, and --model defaults to it")
@@ -206,6 +270,8 @@ class TrainConfig:
     no_grad_gather: bool = False
     #: ``--loss-reset``: resume a checkpoint of another objective, with fresh loss state
     loss_reset: bool = False
+    #: ``--decl-grow-state``: resume a per-sample state saved for fewer ids, the new ids unvisited
+    grow_state: bool = False
     #: ids per source of ``::``-joined ``--train-data`` (None for one source; see clip_dcl.train.ids)
     id_block: Optional[int] = None
     #: ``--captions-per-image``: M captions per training image (the pipeline draws them, the loss takes B x M texts)
@@ -367,8 +433,10 @@ def parse_train_args(argv: List[str], check_files: bool = True) -> Optional[Trai
         if not _given_model(rest):
             rest = rest + ["--model", name]
     oc_args = openclip_parse_args(list(rest))
+    check_optimizer_values(oc_args)
     if check_files:
         check_data_paths(oc_args)
+        check_output_paths(oc_args)
 
     loss = ours.loss
     flag_map = loss_flags()
@@ -406,13 +474,25 @@ def parse_train_args(argv: List[str], check_files: bool = True) -> Optional[Trai
         probe = create_loss_checked(loss, resolved, oc_args, no_grad_gather=ours.no_grad_gather)
     _require_data(oc_args)
     num_samples = id_block = None
-    if probe is not None and getattr(probe, "requires_sample_ids", False) and data.training:
+    per_sample = probe is not None and getattr(probe, "requires_sample_ids", False)
+    if per_sample and data.training:
         num_samples = int(probe.num_samples)
         if data.num_sources > 1:  # each source owns a block of the ids (clip_dcl.train.ids)
             id_block = num_samples // data.num_sources
+    if ours.decl_grow_state:
+        if not oc_args.resume:
+            raise FlagError("--decl-grow-state widens the per-sample state of the checkpoint being resumed: give "
+                            "--resume")
+        if not per_sample:
+            raise FlagError(f"--decl-grow-state applies to a loss with per-sample state (--loss decl --decl-rate "
+                            f"index), not --loss {loss}" + (f" --decl-rate {resolved.get('rate')}"
+                                                           if loss == "decl" else ""))
+        if ours.loss_reset:
+            raise FlagError("--decl-grow-state keeps the saved rates and --loss-reset drops them: give one of them")
     return TrainConfig(loss, kwargs, full_loss_args(loss, resolved), list(rest), ours.model_config, num_samples,
                        data, no_grad_gather=ours.no_grad_gather, captions_per_image=ours.captions_per_image,
-                       loss_reset=ours.loss_reset, id_block=id_block, preempt=preempt)
+                       loss_reset=ours.loss_reset, grow_state=ours.decl_grow_state, id_block=id_block,
+                       preempt=preempt)
 
 
 def openclip_native(loss: str) -> bool:

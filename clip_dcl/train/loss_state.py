@@ -161,20 +161,36 @@ def _sources(index: Dict[str, object], ckpt_path: str) -> List[tuple]:
     return [(r, world, loader(p)) for r, p in enumerate(paths)]
 
 
-def restore_sharded(loss, state: Dict[str, torch.Tensor], index: Dict[str, object], ckpt_path: str) -> dict:
-    """``state`` completed with this rank's part of the saved shards (built one saved shard at a time)."""
+def restore_sharded(loss, state: Dict[str, torch.Tensor], index: Dict[str, object], ckpt_path: str,
+                    grow: bool = False) -> dict:
+    """``state`` completed with this rank's part of the saved shards (built one saved shard at a time).
+
+    ``grow`` (``--decl-grow-state``): the saved shards hold fewer ids than the loss; the ids beyond
+    them start unvisited (NaN, as a fresh buffer's).
+    """
     saved_n = int(index["num_samples"])
-    if saved_n != loss.num_samples:
+    if saved_n != loss.num_samples and not (grow and saved_n < loss.num_samples):
         raise LossStateFilesError(f"{ckpt_path} holds DeCL rates for num_samples={saved_n}, but this run has "
-                                  f"--decl-num-samples {loss.num_samples}; resume with {saved_n}")
+                                  f"--decl-num-samples {loss.num_samples}")
     rank, world = (loss.rank, loss.world_size) if is_sharded(loss) else (0, 1)
     dtype = getattr(loss, SHARDED).dtype
-    out = torch.empty(2, shard_size(saved_n, rank, world), dtype=dtype)
+    out = torch.full((2, shard_size(loss.num_samples, rank, world)), float("nan"), dtype=dtype)
+    # a shard's ids rise with its columns, so the saved ids are its first shard_size(saved_n, ...) columns
     try:
-        reshard(_sources(index, ckpt_path), saved_n, rank, world, out)
+        reshard(_sources(index, ckpt_path), saved_n, rank, world, out[:, :shard_size(saved_n, rank, world)])
     except ValueError as e:
         raise LossStateFilesError(f"the loss state files of {ckpt_path}: {e}") from None
     return {**state, SHARDED: out}
+
+
+def grown_state(loss, state: Dict[str, torch.Tensor]) -> Dict[str, torch.Tensor]:
+    """``state`` with its whole ``(2, saved)`` table widened to the loss's ``num_samples`` ids, the new
+    ones unvisited (NaN, as a fresh buffer's); the loss then takes its own columns as from any table."""
+    table = state.get(SHARDED)
+    if table is None or table.shape[1] >= loss.num_samples:
+        return state
+    fresh = torch.full((table.shape[0], loss.num_samples - table.shape[1]), float("nan"), dtype=table.dtype)
+    return {**state, SHARDED: torch.cat([table, fresh], dim=1)}
 
 
 def read_loss_state(ckpt_path: str | os.PathLike) -> Dict[str, torch.Tensor]:

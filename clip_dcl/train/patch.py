@@ -14,11 +14,17 @@ duration of the call (and restored afterwards):
     that carry the sample ids around it (see :class:`clip_dcl.train.steps.IdChannel`), plus a log filter that adds
     ``loss.metrics`` to OpenCLIP's training log line and tensorboard/wandb.
 ``open_clip_train.main.pt_load``
-    OpenCLIP's loader; keeps the ``loss_state`` of the checkpoint being resumed, refuses one
-    trained with another ``--loss`` (unless ``--loss-reset``), and on ``--resume latest`` passes
-    over a checkpoint that does not load (a torn file) to the previous one, with a warning.
+    OpenCLIP's loader; fits the model keys to this run's model (DDP's ``module.`` prefix added on
+    several ranks, removed on one: any checkpoint resumes on any number of ranks), keeps the
+    ``loss_state`` of the checkpoint being resumed, refuses one trained with another ``--loss`` or
+    another value of a setting its loss state depends on, or for another number of sample ids
+    (unless ``--loss-reset``; ``--decl-grow-state`` keeps the rates of a data set that grew), and on
+    ``--resume latest`` passes over a checkpoint that does not load (a torn file) to the previous
+    one, with a warning.
 ``open_clip_train.main.setup_logging``
-    OpenCLIP's, leaving PyTorch's own loggers at their levels (it sets every logger to INFO).
+    OpenCLIP's, leaving PyTorch's own loggers at their levels (it sets every logger to INFO); then
+    the master removes the ``.partial`` files that a save killed halfway left in the checkpoint
+    folder, with a log line.
 ``open_clip_train.main.torch``
     ``torch`` itself except for two names that only ``main`` sees: ``torch.save`` adds
     the loss state and clip-dcl's entry to every training checkpoint main writes
@@ -68,11 +74,12 @@ from .. import checkpoint as ckpt_format
 from . import preempt as preemption
 from .flags import TrainConfig
 from .ids import SampleIdOutOfRange
-from .run import LossStateMismatch, ObjectiveMismatch, TrainingRun, loss_state_digest
+from .run import LossSettingMismatch, LossStateMismatch, ObjectiveMismatch, TrainingRun, loss_state_digest
 from .upstream import (SUPPORTED_OPENCLIP, OpenCLIPMismatch, Overlay, check_openclip, cpu_safe_ddp,
-                       openclip_problems, setup_logging, torch_log_levels_kept)
+                       openclip_problems, torch_log_levels_kept)
 
-__all__ = ["patched", "run_training", "TrainingRun", "LossStateMismatch", "ObjectiveMismatch", "SampleIdOutOfRange",
+__all__ = ["patched", "run_training", "TrainingRun", "LossStateMismatch", "ObjectiveMismatch", "LossSettingMismatch",
+           "SampleIdOutOfRange",
            "loss_state_digest", "check_openclip", "openclip_problems", "OpenCLIPMismatch", "SUPPORTED_OPENCLIP",
            "torch_log_levels_kept"]
 
@@ -88,7 +95,7 @@ def patched(run: TrainingRun):
         (oc_main, "create_loss"): run.create_loss,
         (oc_main, "train_one_epoch"): run.train_one_epoch,
         (oc_main, "pt_load"): run.pt_load,
-        (oc_main, "setup_logging"): setup_logging,
+        (oc_main, "setup_logging"): run.setup_logging,
         (oc_main, "torch"): Overlay(torch, save=run.save, nn=Overlay(
             torch.nn, parallel=Overlay(torch.nn.parallel, DistributedDataParallel=cpu_safe_ddp))),
         (oc_data, "get_wds_dataset"): run.get_wds_dataset,

@@ -30,11 +30,12 @@ from clip_dcl.losses.state import digest_of_state_dict
 from .. import checkpoint as ckpt_format
 from . import loss_state as sharded_state
 from . import preempt as preemption
-from .flags import TrainConfig, full_loss_args, loss_command, openclip_native
+from .flags import TrainConfig, full_loss_args, loss_command, openclip_native, setting_words
 from .pipeline import get_wds_train_dataset, id_collisions, summary_line, with_indices
 from .steps import IdChannel, LossWithIds, SkippedSteps, TrainLineHook, log_epoch_health, seed_main_process
 from .upstream import (OPENCLIP_CREATE_LOSS, OPENCLIP_GET_CSV_DATASET, OPENCLIP_GET_SYNTHETIC_DATASET,
                        OPENCLIP_GET_WDS_DATASET, OPENCLIP_PT_LOAD, OPENCLIP_TRAIN_ONE_EPOCH)
+from .upstream import setup_logging as upstream_setup_logging
 
 
 class LossStateMismatch(RuntimeError):
@@ -43,6 +44,11 @@ class LossStateMismatch(RuntimeError):
 
 class ObjectiveMismatch(LossStateMismatch):
     """The checkpoint being resumed was trained with another ``--loss`` than the one configured."""
+
+
+class LossSettingMismatch(LossStateMismatch):
+    """The checkpoint being resumed was trained with another value of a setting that gives its loss
+    state its meaning (the loss class's ``state_settings``), or for another number of sample ids."""
 
 
 # -- checkpoint contents ---------------------------------------------------------------------------
@@ -78,6 +84,7 @@ class TrainingRun:
         self.resume_position: Optional[dict] = None  # ckpt["clip_dcl"]["resume"] of a mid-epoch checkpoint
         self.last_step_save: Optional[str] = None
         self.epoch_num_batches: Optional[int] = None
+        self.grow_from: Optional[int] = None  # --decl-grow-state: the ids the resumed per-sample state holds
 
     # open_clip_train.main.parse_args
     def parse_args(self, argv):
@@ -95,20 +102,50 @@ class TrainingRun:
         self.args = args
         return args
 
+    # open_clip_train.main.setup_logging
+    def setup_logging(self, log_file, level, include_host=False):
+        """OpenCLIP's (as :func:`clip_dcl.train.upstream.setup_logging` keeps it), then, on the master rank,
+        the removal of the partial files a save killed halfway left in the run's checkpoint folder
+        (main calls it once the folder is known, before any save)."""
+        upstream_setup_logging(log_file, level, include_host=include_host)
+        args = self.args
+        if args is None or getattr(args, "rank", 0) != 0 or not args.logs or str(args.logs).lower() == "none":
+            return
+        folder = os.path.join(args.logs, args.name, "checkpoints")
+        for path in ckpt_format.remove_stale_partials(folder):
+            logging.info(f"Removed {path}: the partial file of a save that was killed halfway (the checkpoint it "
+                         "was writing was never completed).")
+
     # open_clip_train.main.pt_load
     def pt_load(self, path, map_location="cpu"):
         ckpt = self._load_resumable(path, map_location)
+        ckpt = self._fit_model_keys(ckpt)
         if isinstance(ckpt, dict) and "epoch" in ckpt:
             path = self.args.resume if self.args is not None and self.args.resume else path
             entry = ckpt.get(ckpt_format.CKPT_KEY)
             self.resume_position = entry.get("resume") if isinstance(entry, dict) else None
             self._check_objective(ckpt, path)
+            self._check_state_settings(ckpt, path)
             if self.config.loss_reset:
                 logging.info(f"--loss-reset: the {self.config.loss} loss starts with fresh state; {path} keeps "
                              "only the model and optimizer.")
                 return ckpt
             self.resumed = {key: ckpt.get(key) for key in (ckpt_format.LOSS_STATE_KEY, ckpt_format.CKPT_KEY)}
             self.resumed_path = path
+        return ckpt
+
+    def _fit_model_keys(self, ckpt):
+        """The checkpoint with its model keys fitting this run's model: DDP's ``module.`` prefix added on
+        several ranks and removed on one, whatever world size saved it (:func:`clip_dcl.checkpoint.model_keys_for`)."""
+        args = self.args
+        if args is None or not isinstance(ckpt, dict):
+            return ckpt
+        # main wraps the model in DDP when distributed, except under Horovod
+        wrapped = bool(getattr(args, "distributed", False)) and not getattr(args, "horovod", False)
+        if "epoch" in ckpt and isinstance(ckpt.get("state_dict"), dict):
+            return {**ckpt, "state_dict": ckpt_format.model_keys_for(ckpt["state_dict"], wrapped)}
+        if ckpt and all(torch.is_tensor(v) for v in ckpt.values()):  # a bare state dict (fine-tuning)
+            return ckpt_format.model_keys_for(ckpt, wrapped)
         return ckpt
 
     def _load_resumable(self, path, map_location):
@@ -118,6 +155,10 @@ class TrainingRun:
         ``*.pt`` that OpenCLIP's ``--resume latest`` would pick and die on.
         """
         unreadable = (RuntimeError, EOFError, OSError, ValueError, pickle.UnpicklingError)
+        if os.path.isdir(path):  # checked with the flags too; here for callers from Python
+            raise ckpt_format.CheckpointUnreadable(
+                f"--resume {path} is a folder, not a checkpoint file: give a file in it (epoch_N.pt) or "
+                "--resume latest") from None
         try:
             return OPENCLIP_PT_LOAD(path, map_location=map_location)
         except unreadable as e:
@@ -154,6 +195,68 @@ class TrainingRun:
             f"{path} was trained with {saved_flags}; resuming it with --loss {self.config.loss} would change the "
             f"objective. To continue the same training, add: {saved_flags}. To train --loss {self.config.loss} from "
             f"this checkpoint on purpose (the saved loss state is dropped), add --loss-reset.")
+
+    def _check_state_settings(self, ckpt: dict, path) -> None:
+        """Refuse to resume loss state that this run's settings would read as another quantity.
+
+        Each loss class declares the keyword arguments that give its saved state its meaning
+        (``state_settings``, :meth:`clip_dcl.losses.base.ContrastiveLoss.state_meaning`); a value that
+        differs from the checkpoint's is refused with the flag to add, as another ``--loss`` is. A
+        per-sample buffer for another number of ids (the data set grew) is refused with the ways on,
+        unless ``--decl-grow-state`` asks to keep the rates of the ids seen.
+        """
+        from clip_dcl.losses import LOSSES
+
+        entry = ckpt.get(ckpt_format.CKPT_KEY)
+        cfg = self.config
+        if not isinstance(entry, dict) or entry.get("loss") != cfg.loss or cfg.loss_reset or cfg.loss not in LOSSES:
+            return
+        cls = LOSSES[cfg.loss]
+        then = cls.state_meaning(entry.get("loss_args") or {})
+        now = cls.state_meaning(cfg.loss_args)
+        changed = [k for k in then if k in now and then[k] != now[k]]
+        if changed:
+            saved = " ".join(w for k in changed for w in setting_words(cfg.loss, k, then[k]))
+            given = " ".join(w for k in changed for w in setting_words(cfg.loss, k, now[k]))
+            raise LossSettingMismatch(
+                f"{path} was trained with {saved}; resuming it with {given} would read its saved --loss {cfg.loss} "
+                f"state as another quantity. To continue the same training, add: {saved}. To train with {given} "
+                "from this checkpoint on purpose (the loss state starts fresh; the model and optimizer are kept), "
+                "add --loss-reset.")
+        self._check_num_samples(entry, path)
+
+    def _check_num_samples(self, entry: dict, path) -> None:
+        """A per-sample buffer saved for ``num_samples`` ids other than this run's: refused with the ways on,
+        or (``--decl-grow-state``, the data set grew) kept for the ids seen, the new ids unvisited."""
+        cfg = self.config
+        now = cfg.loss_args.get("num_samples") if cfg.num_samples is not None else None
+        index = entry.get(ckpt_format.SHARD_INDEX_KEY)
+        saved = (index or {}).get("num_samples", (entry.get("loss_args") or {}).get("num_samples"))
+        if now is None or saved is None or int(saved) == int(now):
+            return
+        saved, now = int(saved), int(now)
+        reset = "add --loss-reset to start the whole loss state fresh (the model and optimizer are kept)"
+        if now > saved:
+            if cfg.grow_state and cfg.id_block is not None and saved % cfg.id_block:
+                raise LossSettingMismatch(
+                    f"--decl-grow-state keeps every id's rate in its place, but with ::-joined sources the ids of "
+                    f"source j start at j x {cfg.id_block} (the block of each source), and {path}'s {saved} ids were "
+                    "laid out in other blocks: the rates would move to other samples. Add --loss-reset instead, or "
+                    f"resume with the --decl-num-samples that gives the saved blocks.")
+            if cfg.grow_state:
+                logging.info(f"--decl-grow-state: {path} holds the rates of {saved} sample ids; they are kept, "
+                             f"and the {now - saved} new ids [{saved}, {now}) start unvisited.")
+                self.grow_from = saved
+                return
+            raise LossSettingMismatch(
+                f"{path} holds --loss {cfg.loss} state for {saved} sample ids, and this run needs {now} "
+                f"(--decl-num-samples {now}: the training data's size unless given): the data set grew. Either "
+                f"add --decl-grow-state to keep the learned rates of the {saved} ids seen and start the "
+                f"{now - saved} new ids unvisited, as a fresh buffer starts them; or {reset}.")
+        raise LossSettingMismatch(
+            f"{path} holds --loss {cfg.loss} state for {saved} sample ids, and this run has --decl-num-samples {now} "
+            f"(the training data's size unless given): the data set shrank. Either add --decl-num-samples {saved} to "
+            f"keep the learned rates (every id of the smaller data set is below it); or {reset}.")
 
     # open_clip_train.main.create_loss
     def create_loss(self, args):
@@ -231,10 +334,17 @@ class TrainingRun:
             if stateful:
                 logging.warning(f"{self.resumed_path} holds no loss state; the {self.config.loss} loss starts fresh.")
             return
+        if hasattr(loss, "adapt_saved_state"):
+            state, notes = loss.adapt_saved_state(state, meta.get("loss_args") or {})
+            for note in notes:
+                logging.info(f"{self.resumed_path}: converted {note}.")
         try:
             index = meta.get(ckpt_format.SHARD_INDEX_KEY)
             if index:  # a sharded buffer: in files beside the checkpoint, built into this rank's part
-                state = sharded_state.restore_sharded(loss, state, index, self.resumed_path)
+                state = sharded_state.restore_sharded(loss, state, index, self.resumed_path,
+                                                      grow=self.grow_from is not None)
+            elif self.grow_from is not None:  # the whole table, its new ids' columns unvisited
+                state = sharded_state.grown_state(loss, state)
             loss.load_state_dict(state)
         except (RuntimeError, KeyError, ValueError) as e:
             raise LossStateMismatch(

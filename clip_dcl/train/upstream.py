@@ -55,6 +55,7 @@ _TARGETS = {
     ("main", "create_loss"): ["args"],
     ("main", "train_one_epoch"): _TRAIN_STEP_ARGS,
     ("main", "pt_load"): ["file_path", "map_location"],
+    ("main", "setup_logging"): ["log_file", "level", "include_host"],
     ("main", "natural_key"): ["string_"],
     ("main", "torch"): None,
     ("main", "LATEST_CHECKPOINT_NAME"): None,
@@ -84,7 +85,8 @@ _TARGETS = {
 #: ``clip_dcl.experiment``.
 _SOURCE_NEEDS = {
     ("main", "main"): ["torch.save(", "torch.nn.parallel.DistributedDataParallel(", "pt_load(args.resume",
-                       "create_loss(args)", "train_one_epoch(model, data, loss, epoch", "get_latest_checkpoint("],
+                       "create_loss(args)", "train_one_epoch(model, data, loss, epoch", "get_latest_checkpoint(",
+                       "setup_logging(args.log_path"],
     ("train", "train_one_epoch"): ['f"Train Epoch: {epoch} [', 'f"Data (t): ', 'f"Batch (t): ',
                                    "images, texts = batch", "for i, batch in enumerate(dataloader)",
                                    "scheduler(step)"],

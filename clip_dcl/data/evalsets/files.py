@@ -37,6 +37,28 @@ def read_classnames(path: str | os.PathLike) -> list[str]:
     return read_lines(path, "class-name file")
 
 
+def template_problem(template: str) -> str | None:
+    """Why a prompt template cannot be filled with a class name, or None when it can.
+
+    A template takes the class name at ``{c}`` (CLIP_benchmark) or ``{}`` (OpenCLIP) and is filled
+    with ``str.format``: any other placeholder (``{x}``), or an unmatched brace, would fail there,
+    after the model is loaded; literal braces are written ``{{`` and ``}}``.
+    """
+    import string
+
+    try:
+        fields = [f for _, f, _, _ in string.Formatter().parse(template.replace("{c}", "{}")) if f is not None]
+    except ValueError as e:
+        return f"{template!r} is not a format string ({e}; write a literal brace as {{{{ or }}}})"
+    others = sorted({f for f in fields if f not in ("", "0")})
+    if others:
+        named = ", ".join("{" + f + "}" for f in others)
+        return f"{template!r} has the placeholder(s) {named}; a template takes only {{c}} (or {{}}) for the class name"
+    if not fields:
+        return f"{template!r} has no '{{c}}' placeholder"
+    return None
+
+
 def read_templates(path: str | os.PathLike) -> list[str] | dict[str, list[str]]:
     """Prompt templates from a file.
 
@@ -44,8 +66,9 @@ def read_templates(path: str | os.PathLike) -> list[str] | dict[str, list[str]]:
       one template per line, with ``{c}`` (or ``{}``) where the class name goes; blank lines skipped;
     * ``.json``: a list of such templates, or a CuPL-style object ``{"class name": [prompts]}``.
 
-    Text templates come back with ``{}`` as the placeholder; a template without one raises
-    ``ValueError`` naming the file and line.
+    Text templates come back with ``{}`` as the placeholder; a template without one, or with
+    another placeholder or an unmatched brace (:func:`template_problem`), raises ``ValueError``
+    naming the file and line.
     """
     path = Path(path)
     if path.suffix.lower() == ".json":
@@ -72,10 +95,10 @@ def read_templates(path: str | os.PathLike) -> list[str] | dict[str, list[str]]:
         lines = read_lines(path, "template file")
     out = []
     for i, line in enumerate(lines, 1):
-        t = line.replace("{c}", "{}")
-        if "{}" not in t:
-            raise ValueError(f"template file {str(path)!r} line {i}: {line!r} has no '{{c}}' placeholder")
-        out.append(t)
+        problem = template_problem(line)
+        if problem:
+            raise ValueError(f"template file {str(path)!r} line {i}: {problem}")
+        out.append(line.replace("{c}", "{}"))
     return out
 
 
