@@ -17,8 +17,10 @@ the run had not stopped.
 from __future__ import annotations
 
 import logging
+import os
 import random
 import signal
+import threading
 import time
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Sequence
@@ -31,20 +33,41 @@ import torch
 PREEMPTED_EXIT_CODE = 75
 #: Signals that stop a run, by default.
 DEFAULT_SIGNALS = ("SIGTERM", "SIGUSR1")
-#: The signals this process stops on, which its data-loader workers (forked after) ignore.
+#: The signals this process stops on, which its data-loader workers (forked after) take from it alone.
 _STOP_SIGNALS: List[signal.Signals] = []
 
 
 def worker_ignores_stop_signals(worker_id: Optional[int] = None) -> None:
-    """``worker_init_fn`` of the training data loaders: ignore the signals the trainer stops on.
+    """``worker_init_fn`` of the training data loaders: a stop signal ends the worker only when its parent sends it.
 
     A scheduler signals every process of a task, data-loader workers included. PyTorch's workers
     die of a SIGTERM from anyone but their parent, and the main process then fails at once
     ("DataLoader worker ... is killed by signal"), in the middle of a step or of the save; the
-    trainer decides when to stop, and the workers end with it.
+    trainer decides when to stop, and the workers end with it. But the parent also stops its
+    workers with SIGTERM on its way out (``multiprocessing``'s exit handler terminates daemonic
+    children and then joins them, as does PyTorch's loader shutdown when a worker does not
+    answer): a worker that ignored it would keep a failed run from ever exiting.
+
+    So the signals are blocked here and a daemon thread waits for them with ``sigwaitinfo``, which
+    tells who sent each one: the parent's ends the worker at once, anyone else's is dropped.
     """
-    for num in _STOP_SIGNALS:
-        signal.signal(num, signal.SIG_IGN)
+    if not _STOP_SIGNALS or not hasattr(signal, "sigwaitinfo"):  # not POSIX: ignore them, as before
+        for num in _STOP_SIGNALS:
+            signal.signal(num, signal.SIG_IGN)
+        return
+    numbers = set(_STOP_SIGNALS)
+    # blocked in this (the worker's only) thread before any other starts: every thread inherits the mask
+    signal.pthread_sigmask(signal.SIG_BLOCK, numbers)
+    parent = os.getppid()
+    threading.Thread(target=_exit_on_parents_signal, args=(numbers, parent), daemon=True,
+                     name="clip-dcl-stop-signals").start()
+
+
+def _exit_on_parents_signal(numbers, parent: int) -> None:
+    while True:
+        info = signal.sigwaitinfo(numbers)
+        if info.si_pid == parent or os.getppid() != parent:
+            os._exit(128 + info.si_signo)  # as the signal's default action would end it
 
 
 def chain_worker_init(fn):
