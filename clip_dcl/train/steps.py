@@ -112,10 +112,11 @@ class IdChannel:
 class LossWithIds:
     """Calls the loss with ``sample_ids`` from the channel when it needs them; keeps its metrics."""
 
-    def __init__(self, loss, channel: IdChannel, device):
+    def __init__(self, loss, channel: IdChannel, device, on_output=None):
         self.loss = loss
         self.channel = channel
         self.device = device
+        self.on_output = on_output  # called with every output (the count of non-finite steps)
         self.metrics: Dict[str, torch.Tensor] = {}
 
     def __call__(self, *args, **kwargs):
@@ -135,6 +136,8 @@ class LossWithIds:
             raise SampleIdOutOfRange(f"{e}{hint}") from None
         # Kept as tensors: reading them (a device sync) waits for OpenCLIP's logging steps.
         self.metrics = dict(getattr(self.loss, "metrics", {}))
+        if self.on_output is not None:
+            self.on_output(out)
         return out
 
 
