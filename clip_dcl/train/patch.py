@@ -63,6 +63,7 @@ import contextlib
 import glob
 import logging
 import os
+import re
 import shutil
 from typing import Optional
 
@@ -127,9 +128,26 @@ class PeerFailure(RuntimeError):
     """A collective with the other ranks failed (a rank died, or ``--dist-timeout`` ran out)."""
 
 
+#: What the process-group backends say when a peer is gone or a collective timed out (gloo raises a plain
+#: RuntimeError; torch's own DistError types are recognised by class).
+_COLLECTIVE_FAILURE = re.compile(r"Connection (?:closed|reset) by peer|[Tt]imed out|gloo/transport|NCCL error|"
+                                 r"ProcessGroup\w* .*(?:aborted|timeout)|Broken pipe")
+
+
+def collective_failed(err: BaseException) -> bool:
+    """Whether ``err`` is a failed collective (a dead or hung peer), not an error of this rank's own."""
+    dist = getattr(torch.distributed, "DistError", ())
+    if dist and isinstance(err, dist):
+        return True
+    return isinstance(err, RuntimeError) and bool(_COLLECTIVE_FAILURE.search(str(err)))
+
+
 def _first_line(err: BaseException) -> str:
+    """The error's first line without the backend's source location and advice ("[.../pair.cc:561] ...")."""
     lines = [line for line in str(err).strip().splitlines() if line.strip()]
-    return f"{type(err).__name__}: {lines[0] if lines else ''}".rstrip(": ")
+    text = re.sub(r"^\[[^\]]*\]\s*", "", lines[0] if lines else "")
+    text = text.split(" This is typically")[0]
+    return f"{type(err).__name__}: {text}".rstrip(": ")
 
 
 def run_training(config: TrainConfig) -> int:
@@ -159,7 +177,9 @@ def run_training(config: TrainConfig) -> int:
             how = "rank 0 saved the checkpoint"
         logging.warning(f"Stopped on {e.signame} after step {e.step} of epoch {e.epoch}: {how}. Exit code "
                         f"{result}.")
-    except torch.distributed.DistError as e:
+    except RuntimeError as e:
+        if not collective_failed(e):
+            raise
         # a collective failed: another rank died (gloo: "Connection closed by peer") or --dist-timeout ran out
         rank = getattr(run.args, "rank", "?") if run.args is not None else "?"
         raise PeerFailure(f"rank {rank}: a collective with the other ranks failed, so this rank stops: "
