@@ -173,11 +173,12 @@ def build_parser() -> argparse.ArgumentParser:
     g = parser.add_argument_group("preemption")
     g.add_argument("--preempt-signals", nargs="+", default=None, metavar="SIG",
                    help="signals on which every rank finishes its step, a checkpoint is saved at that step and the "
-                        f"run exits with code {PREEMPTED_EXIT_CODE} ('none': no handler) "
+                        f"run exits with code {PREEMPTED_EXIT_CODE}; with them, the first Ctrl-C during training steps "
+                        "does the same and exits with code 130 ('none': no handler) "
                         f"(default: {' '.join(DEFAULT_SIGNALS)})")
     g.add_argument("--preempt-check-every", type=int, default=1, metavar="N",
                    help="look for a signal (and the --save-every-minutes clock) every N optimizer steps; with "
-                        "several ranks each look is one all-reduce of two int32 (default: 1)")
+                        "several ranks each look is one all-reduce of three int32 (default: 1)")
     g.add_argument("--save-every-minutes", type=float, default=None, metavar="M",
                    help="also save a mid-epoch checkpoint every M minutes (rank 0's clock), at a step boundary, to "
                         "the file a preemption writes (default: only at epoch ends and on a signal)")
