@@ -80,6 +80,7 @@ class TrainingRun:
         self.last_step_save: Optional[str] = None
         self.epoch_num_batches: Optional[int] = None
         self.nonfinite: Optional[NonFiniteSteps] = None  # the run's count of non-finite steps, across epochs
+        self.model = None  # the model being trained (main's), whose parameters a checkpoint must find finite
 
     # open_clip_train.main.parse_args
     def parse_args(self, argv):
@@ -259,6 +260,7 @@ class TrainingRun:
         if self.gate is None:
             self.gate = preemption.StepGate(self.config.preempt, self.signals, args.world_size, args.rank,
                                             args.device)
+        self.model = model
         if self.nonfinite is None:
             self.nonfinite = NonFiniteSteps(self.config.max_nonfinite_steps, args.device)
         self.epoch_num_batches = data["train"].dataloader.num_batches
@@ -361,8 +363,14 @@ class TrainingRun:
         return Diverged(f"training diverged: {why}; {kept}. Lower --lr (or lengthen --warmup), check --wd and "
                         f"the other optimizer flags{fp32}")
 
-    def _refuse_nonfinite(self, state_dict: dict, path) -> None:
-        names, count = nonfinite_tensors(state_dict.items())
+    def _refuse_nonfinite(self, path) -> None:
+        """:class:`Diverged` instead of writing ``path`` when the trained model's parameters are not finite.
+
+        The parameters, not the state dict: a buffer may hold inf on purpose (a causal ``attn_mask``,
+        which a TorchScript model keeps in its state dict)."""
+        if self.model is None:
+            return
+        names, count = nonfinite_tensors(oc_train.unwrap_model(self.model).named_parameters())
         if count:
             raise Diverged(f"training diverged: not writing {path}: {describe_tensors(names, count)}; the "
                            "previous checkpoints are kept")
@@ -419,7 +427,7 @@ class TrainingRun:
                       "accum_freq": args.accum_freq, "workers": args.workers, "seed": args.seed,
                       "num_batches": self.epoch_num_batches, "rng": rng, "signal": signame}
             ckpt = self._with_entries(ckpt, folder, resume)
-            self._refuse_nonfinite(ckpt["state_dict"], path)
+            self._refuse_nonfinite(path)
             ckpt_format.save_atomically(ckpt, path, self._torch_save)
             for old in glob.glob(os.path.join(args.checkpoint_path, "epoch_*_step_*.pt")):
                 if old != path:
@@ -463,7 +471,7 @@ class TrainingRun:
     def save(self, obj, f, *args, **kwargs):
         training = isinstance(obj, dict) and "state_dict" in obj and "epoch" in obj and self.loss is not None
         if training:
-            self._refuse_nonfinite(obj["state_dict"], f)  # no NaN file over the last good one
+            self._refuse_nonfinite(f)  # no NaN file over the last good one
             obj = self._with_entries(obj, self.shards)
         if not isinstance(f, (str, os.PathLike)):
             return torch.save(obj, f, *args, **kwargs)
