@@ -7,11 +7,12 @@ with inf or NaN gradients, so under ``amp`` (fp16) a non-finite loss can be a pa
 
 :class:`NonFiniteSteps` counts, on the device (no host sync per step), the consecutive optimizer
 steps whose loss (any term of any micro-batch) is NaN or inf, and remembers the step that began
-the run of bad steps. The trainer reads it where it already syncs: at the step boundaries where
-:class:`clip_dcl.train.preempt.StepGate` decides (one all-reduce with the other ranks, so that
-every rank stops at the same step), at each epoch end, and before every checkpoint; weights that
-are not finite there (:func:`nonfinite_tensors`) stop the run too. The run then ends with
-:class:`Diverged` and writes nothing, so the last finite checkpoint stays the newest.
+the run of bad steps. The trainer reads it at the step boundaries where
+:class:`clip_dcl.train.preempt.StepGate` decides (one all-reduce with the other ranks, so that every
+rank stops at the same step; on CUDA from a copy that has landed, without waiting for the step),
+and at each epoch end, where weights that are not finite (:func:`nonfinite_tensors`) stop the run
+too; a checkpoint of such weights is refused. The run then ends with :class:`Diverged` and writes
+nothing, so the last finite checkpoint stays the newest.
 """
 from __future__ import annotations
 
@@ -67,7 +68,7 @@ class NonFiniteSteps:
 
     :meth:`record` is called with every loss output of a step (``accum_freq`` calls), :meth:`end_step`
     when the step is over, with its global step number (``steps_per_epoch * epoch + step``); neither
-    reads the device. :meth:`tripped` (a sync) says whether ``limit`` bad steps in a row happened.
+    reads the device. :meth:`tripped` says whether ``limit`` bad steps in a row happened.
     """
 
     def __init__(self, limit: int, device):
@@ -78,6 +79,11 @@ class NonFiniteSteps:
         self.run_start = torch.full((), -1, dtype=torch.long, device=device)  # first step of that run
         self.trip_start = torch.full((), -1, dtype=torch.long, device=device)  # run_start of the first run of limit
         self.first_bad = torch.full((), -1, dtype=torch.long, device=device)  # the first bad step of all
+        # On CUDA, tripped() reads a copy made after each step without waiting for it (an event says when
+        # it has landed): the step boundary asks every step, and a sync there would stall the GPU queue.
+        self._event = torch.cuda.Event() if device.type == "cuda" else None
+        self._host = torch.full((), -1, dtype=torch.long, pin_memory=self._event is not None)
+        self._seen = -1
 
     def record(self, out) -> None:
         for term in _terms(out):
@@ -93,9 +99,20 @@ class NonFiniteSteps:
             self.trip_start = torch.where((self.run >= self.limit) & (self.trip_start < 0), self.run_start,
                                           self.trip_start)
         self.bad_now = torch.zeros_like(self.bad_now)
+        if self._event is not None and self.limit > 0:
+            self._host.copy_(self.trip_start, non_blocking=True)
+            self._event.record()
 
-    def tripped(self) -> bool:
-        return self.limit > 0 and int(self.trip_start) >= 0
+    def tripped(self, wait: bool = False) -> bool:
+        """Whether ``limit`` bad steps in a row happened; on CUDA, as far as the last copy that has landed
+        tells (a step or two late), unless ``wait``."""
+        if self.limit <= 0:
+            return False
+        if self._event is None or wait:
+            return int(self.trip_start) >= 0
+        if self._event.query():
+            self._seen = int(self._host)
+        return self._seen >= 0
 
     def where(self, steps_per_epoch: int, which: Optional[int] = None) -> str:
         """``"step K of epoch E"`` of the first step of the tripping run (or of ``which``, a global step)."""

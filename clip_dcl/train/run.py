@@ -327,7 +327,7 @@ class TrainingRun:
         for ``--max-nonfinite-steps`` steps in a row, on any rank (one all-reduce)."""
         original = oc_train.unwrap_model(model)
         names, count = nonfinite_tensors(original.named_parameters())
-        tripped = self.nonfinite.tripped()
+        tripped = self.nonfinite.tripped(wait=True)
         flags = torch.tensor([int(count > 0), int(tripped)], dtype=torch.int32, device=args.device)
         if args.world_size > 1 and torch.distributed.is_available() and torch.distributed.is_initialized():
             torch.distributed.all_reduce(flags, op=torch.distributed.ReduceOp.MAX)
@@ -345,7 +345,7 @@ class TrainingRun:
         if weights is not None:
             why = weights + (f"; the loss was first NaN or inf at {count.where(per, first)}" if first >= 0 else
                              "; every step's loss was finite")
-        elif count.tripped():
+        elif count.tripped(wait=True):
             why = (f"the loss was NaN or inf for {count.limit} optimizer steps in a row (--max-nonfinite-steps "
                    f"{count.limit}), from {count.where(per)}")
             if first >= 0 and first != int(count.trip_start):
