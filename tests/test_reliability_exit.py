@@ -311,6 +311,18 @@ def test_diverge_mid_run_stops_naming_the_step_and_keeps_the_last_finite_checkpo
     assert all(torch.isfinite(p).all() for p in model.parameters())
 
 
+@pytest.mark.slow
+def test_diverge_a_mid_epoch_save_of_nan_weights_is_refused_and_the_previous_one_kept(tmp_path, nan_after_step):
+    nan_after_step(2)
+    # a save at every step boundary: step 1's is finite, step 2's would be NaN
+    res = train_in_process(_synthetic(tmp_path, "step", "--save-every-minutes", "1e-9"))
+    assert res.returncode == 1, res.stderr[-3000:]
+    assert ("training diverged: not writing the checkpoint of step 2 of epoch 0: " in res.stderr
+            and "weight tensor(s) hold NaN or inf"
+            in res.stderr), res.stderr[-3000:]
+    assert sorted(p.name for p in (tmp_path / "step" / "checkpoints").glob("*.pt")) == ["epoch_0_step_1.pt"]
+
+
 def test_diverge_no_checkpoint_of_nan_weights_is_written(tmp_path):
     from clip_dcl.train.divergence import Diverged
     from clip_dcl.train.flags import TrainConfig

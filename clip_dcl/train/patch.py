@@ -178,7 +178,7 @@ def run_training(config: TrainConfig) -> int:
         logging.warning(f"Stopped on {e.signame} after step {e.step} of epoch {e.epoch}: {how}. Exit code "
                         f"{result}.")
     except RuntimeError as e:
-        if not collective_failed(e):
+        if not (getattr(run.args, "world_size", 1) > 1 and collective_failed(e)):
             raise
         # a collective failed: another rank died (gloo: "Connection closed by peer") or --dist-timeout ran out
         rank = getattr(run.args, "rank", "?") if run.args is not None else "?"

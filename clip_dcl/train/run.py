@@ -410,6 +410,8 @@ class TrainingRun:
         the step, the settings it was taken with and every rank's random state. Returns the path
         (None on other ranks, or without --logs).
         """
+        # every rank (DDP keeps the weights equal on all), before any collective: all stop together
+        self._refuse_nonfinite(f"the checkpoint of step {step} of epoch {epoch}")
         rng = preemption.gather_rng_states(args.world_size)
         if not (args.logs and str(args.logs).lower() != "none"):
             return None
@@ -427,7 +429,6 @@ class TrainingRun:
                       "accum_freq": args.accum_freq, "workers": args.workers, "seed": args.seed,
                       "num_batches": self.epoch_num_batches, "rng": rng, "signal": signame}
             ckpt = self._with_entries(ckpt, folder, resume)
-            self._refuse_nonfinite(path)
             ckpt_format.save_atomically(ckpt, path, self._torch_save)
             for old in glob.glob(os.path.join(args.checkpoint_path, "epoch_*_step_*.pt")):
                 if old != path:
