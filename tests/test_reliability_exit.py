@@ -318,8 +318,7 @@ def test_diverge_a_mid_epoch_save_of_nan_weights_is_refused_and_the_previous_one
     res = train_in_process(_synthetic(tmp_path, "step", "--save-every-minutes", "1e-9"))
     assert res.returncode == 1, res.stderr[-3000:]
     assert ("training diverged: not writing the checkpoint of step 2 of epoch 0: " in res.stderr
-            and "weight tensor(s) hold NaN or inf"
-            in res.stderr), res.stderr[-3000:]
+            and "weight tensor(s) hold NaN or inf" in res.stderr), res.stderr[-3000:]
     assert sorted(p.name for p in (tmp_path / "step" / "checkpoints").glob("*.pt")) == ["epoch_0_step_1.pt"]
 
 
