@@ -8,7 +8,11 @@ encoders, on the model's device). CLIP_benchmark encodes under ``torch.autocast`
 ``--no_amp`` turns it off), so compare with its numbers at ``amp_*`` or run it with ``--no_amp``;
 every result file records the precision used.
 
-Features always come back as float32 on the CPU, whatever the precision.
+Features always come back as float32 on the CPU, whatever the precision, and finite: every
+encoder goes through :func:`encode_batch` (and the zero-shot classifier through
+:func:`finite_features`), which refuses NaN or inf features with :class:`NonFiniteFeatures`
+naming the model's non-finite weights. A diverged checkpoint would otherwise score chance
+(zero-shot: the argmax of NaN logits is a fixed class) or NaN, and look like a result.
 """
 from __future__ import annotations
 
@@ -108,6 +112,38 @@ def autocast(device: str | torch.device, precision: str):
     return torch.autocast(torch.device(device).type, dtype=_AMP_DTYPES[precision])
 
 
+class NonFiniteFeatures(ValueError):
+    """The model's features hold NaN or inf (a checkpoint of a training that diverged): nothing to score."""
+
+
+def finite_features(features: torch.Tensor, model, desc: str) -> torch.Tensor:
+    """``features`` (rows of ``desc``), or :class:`NonFiniteFeatures` when any value is NaN or inf.
+
+    The message counts the rows and names the model's parameters that are not finite, if any.
+    """
+    finite = torch.isfinite(features)
+    if bool(finite.all()):
+        return features
+    rows = int((~finite.reshape(finite.shape[0], -1).all(1)).sum()) if features.ndim else 1
+    total = features.shape[0] if features.ndim else 1
+    bad = [name for name, p in model.named_parameters() if not bool(torch.isfinite(p.detach()).all())] \
+        if hasattr(model, "named_parameters") else []
+    weights = (f", and so do {len(bad)} of its weight tensors ({', '.join(bad[:3])}{', ...' if len(bad) > 3 else ''}; "
+               "a training that diverged)" if bad else "")
+    raise NonFiniteFeatures(f"the model's features of the {desc} hold NaN or inf ({rows} of {total} rows){weights}: "
+                            "nothing is scored")
+
+
+def encode_batch(model, kind: str, inputs: torch.Tensor, options: "EvalOptions", normalize: bool = True,
+                 desc: str | None = None) -> torch.Tensor:
+    """``model.encode_image`` (``kind="image"``) or ``encode_text`` (``"text"``) of one batch, under the
+    options' precision on their device: (B, D) float32 on the CPU, checked by :func:`finite_features`."""
+    encode = {"image": model.encode_image, "text": model.encode_text}[kind]
+    with autocast(options.device, options.precision):
+        feats = encode(inputs.to(options.device), normalize=normalize)
+    return finite_features(feats.float().cpu(), model, desc or f"{kind}s")
+
+
 def resolve_device(device: str | torch.device | None) -> str:
     """``"auto"`` (or None) -> ``"cuda"`` when a GPU is visible, else ``"cpu"``; other names unchanged."""
     if device is None or str(device) == "auto":
@@ -162,7 +198,7 @@ def encode_images(model, dataset, *, options: EvalOptions | None = None, normali
     from torch.utils.data import DataLoader
 
     options = EvalOptions.from_kwargs(options, **kwargs)
-    device, precision = options.device, options.precision
+    device = options.device
     n = len(dataset)
     marked = skips is not None
     loader = DataLoader(dataset, batch_size=options.batch_size, shuffle=False, num_workers=options.workers,
@@ -176,9 +212,7 @@ def encode_images(model, dataset, *, options: EvalOptions | None = None, normali
             skips.record(skip)
         if images is None:
             continue
-        with autocast(device, precision):
-            feats = model.encode_image(images.to(device), normalize=normalize)
-        feats = feats.float().cpu()
+        feats = encode_batch(model, "image", images, options, normalize, desc)
         if out is None:
             out = torch.empty(n, feats.shape[1])
         out[idx] = feats
@@ -200,14 +234,10 @@ def encode_texts(model, tokenizer, texts: Sequence[str], *, options: EvalOptions
     ``options`` and keywords of its names give the device, progress and precision.
     """
     options = EvalOptions.from_kwargs(options, **kwargs)
-    device, precision = options.device, options.precision
     out = []
     steps = range(0, len(texts), batch_size)
     for s in progress_bar(steps, f"encoding {desc}", len(steps), options.progress):
-        tokens = tokenizer(list(texts[s:s + batch_size])).to(device)
-        with autocast(device, precision):
-            feats = model.encode_text(tokens, normalize=normalize)
-        out.append(feats.float().cpu())
+        out.append(encode_batch(model, "text", tokenizer(list(texts[s:s + batch_size])), options, normalize, desc))
     if not out:
         raise ValueError(f"no {desc} to encode")
     return torch.cat(out)
@@ -289,7 +319,8 @@ def zeroshot_classifier(model, tokenizer, classnames: Sequence[str], templates, 
         else:
             w = build_zero_shot_classifier(model, tokenizer, list(classnames), templates,
                                            num_classes_per_batch=10, device=device, use_tqdm=progress)
-    return w.float().cpu()
+    # (D, C): one column a class
+    return finite_features(w.float().cpu().T, model, "class prompts (the zero-shot classifier)").T
 
 
 def labelled_batches(data, batch_size: int, workers: int, collate: Callable | None = None):

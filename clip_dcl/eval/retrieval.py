@@ -22,7 +22,7 @@ from ..data.evalsets.files import ImageListDataset
 from ..data.evalsets.retrieval import expand_shards, read_retrieval_csv, retrieval_wds
 from ..data.evalsets.samples import split_captions
 from ..data.evalsets.skips import Skip, SkipCounter
-from .encoding import EvalOptions, autocast, encode_images, encode_texts, labelled_batches, progress_bar
+from .encoding import EvalOptions, encode_batch, encode_images, encode_texts, labelled_batches, progress_bar
 from .metrics import retrieval_metrics
 
 log = logging.getLogger(__name__)
@@ -62,7 +62,6 @@ def _caption_list(caps, where: str) -> list[str]:
 def _encode_batches(model, batches, options: EvalOptions, what: str, skips: SkipCounter):
     """(image features, captions per image) over batches of (images, captions of each image[, skips])."""
     feats, captions = [], []
-    device = options.device
     model.eval()
     for batch in progress_bar(batches, "encoding retrieval images", None, options.progress):
         images, caps = batch[0], batch[1]
@@ -70,9 +69,7 @@ def _encode_batches(model, batches, options: EvalOptions, what: str, skips: Skip
             skips.record(skip)
         if images is None:
             continue
-        with autocast(device, options.precision):
-            f = model.encode_image(images.to(device), normalize=True)
-        feats.append(f.float().cpu())
+        feats.append(encode_batch(model, "image", images, options, desc="retrieval images"))
         captions.extend(_caption_list(c, what) for c in caps)
     if not feats:
         raise ValueError(f"no samples in {what}" + (f" ({skips.summary()})" if skips.total else ""))

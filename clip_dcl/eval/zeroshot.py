@@ -34,7 +34,7 @@ from ..data.evalsets.folders import imagenet_classnames_for, is_imagenet_synsets
 from ..data.evalsets.skips import Skip, SkipCounter
 from .encoding import (
     EvalOptions,
-    autocast,
+    encode_batch,
     encode_images,
     labelled_batches,
     normalize_templates,
@@ -122,7 +122,6 @@ def encode_labelled(model, batches, *, options: EvalOptions | None = None, desc:
     skips]); the skips are recorded in ``skips``. ``options`` and keywords of its names give the
     device, precision and progress (the batches are already made)."""
     options = EvalOptions.from_kwargs(options, **kwargs)
-    device = options.device
     feats, labels = [], []
     skips = SkipCounter(options.strict) if skips is None else skips
     model.eval()
@@ -134,9 +133,7 @@ def encode_labelled(model, batches, *, options: EvalOptions | None = None, desc:
             skips.record(skip)
         if images is None:
             continue
-        with autocast(device, options.precision):
-            f = model.encode_image(images.to(device), normalize=True)
-        feats.append(f.float().cpu())
+        feats.append(encode_batch(model, "image", images, options, desc=desc))
         labels.append(torch.as_tensor(y).cpu())
     if not feats:
         raise ValueError(f"no {desc} to encode" + (f" ({skips.summary()})" if skips.total else ""))

@@ -52,11 +52,16 @@ def main(argv: Optional[List[str]] = None) -> int:
     - ``75`` (:data:`clip_dcl.train.preempt.PREEMPTED_EXIT_CODE`): the run stopped on a signal
       (``--preempt-signals``) after saving a checkpoint at its last step; ``--resume latest``
       continues there;
+    - ``130`` (:data:`clip_dcl.train.preempt.INTERRUPTED_EXIT_CODE`): Ctrl-C; the first one during
+      training steps saves a checkpoint at the step, as a signal does (with ``--preempt-signals``
+      on); one at another time, or a second one, stops at once without saving;
     - ``1``: the run stopped with a clear error (logged, and on stderr): OpenCLIP refused to start
       (e.g. the experiment name exists), a sample id is missing or does not fit the buffer, the
       loss state of ``--resume`` does not fit, a checkpoint cannot be read, no training data, or a
       checkpoint cannot be written because the disk is full (the message names the file and the
-      previous checkpoint, which is intact).
+      previous checkpoint, which is intact), the training diverged (``--max-nonfinite-steps``; the
+      message names the first bad step; nothing was saved), or a collective with another rank
+      failed (the message names this rank and the cause).
 
     Any other exception (a bug, or a failure inside OpenCLIP) propagates, as from OpenCLIP's own
     ``main``.
@@ -78,17 +83,25 @@ def main(argv: Optional[List[str]] = None) -> int:
 
     from ..checkpoint import CheckpointDiskFull, CheckpointUnreadable
     from .ids import MissingSampleIds
-    from .patch import LossStateMismatch, SampleIdOutOfRange, run_training
+    from .divergence import Diverged
+    from .patch import LossStateMismatch, PeerFailure, SampleIdOutOfRange, run_training
     from .pipeline import TrainingDataError
+    from .preempt import INTERRUPTED_EXIT_CODE
 
     with _run_log_handlers_closed():
         try:
             return run_training(config)
         except (MissingSampleIds, SampleIdOutOfRange, LossStateMismatch, CheckpointUnreadable, TrainingDataError,
-                CheckpointDiskFull) as e:
-            e = _without_worker_traceback(e)
-            if logging.getLogger().handlers:  # OpenCLIP's logging is set up: into out.log and stderr
-                logging.error(f"clip-dcl train: error: {e}")
-            else:
-                print(f"clip-dcl train: error: {e}", file=sys.stderr)
+                CheckpointDiskFull, Diverged, PeerFailure) as e:
+            _report(f"clip-dcl train: error: {_without_worker_traceback(e)}")
             return 1
+        except KeyboardInterrupt:
+            _report("clip-dcl train: interrupted (Ctrl-C); no checkpoint was saved at this point")
+            return INTERRUPTED_EXIT_CODE
+
+
+def _report(line: str) -> None:
+    if logging.getLogger().handlers:  # OpenCLIP's logging is set up: into out.log and stderr
+        logging.error(line)
+    else:
+        print(line, file=sys.stderr)

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import inspect
+import math
 import os
 import re
 import sys
@@ -236,14 +237,28 @@ def build_parser() -> argparse.ArgumentParser:
     g = parser.add_argument_group("preemption")
     g.add_argument("--preempt-signals", nargs="+", default=None, metavar="SIG",
                    help="signals on which every rank finishes its step, a checkpoint is saved at that step and the "
-                        f"run exits with code {PREEMPTED_EXIT_CODE} ('none': no handler) "
+                        f"run exits with code {PREEMPTED_EXIT_CODE}; with them, the first Ctrl-C during training steps "
+                        "does the same and exits with code 130 ('none': no handler) "
                         f"(default: {' '.join(DEFAULT_SIGNALS)})")
     g.add_argument("--preempt-check-every", type=int, default=1, metavar="N",
                    help="look for a signal (and the --save-every-minutes clock) every N optimizer steps; with "
-                        "several ranks each look is one all-reduce of two int32 (default: 1)")
+                        "several ranks each look is one all-reduce of three int32 (default: 1)")
     g.add_argument("--save-every-minutes", type=float, default=None, metavar="M",
                    help="also save a mid-epoch checkpoint every M minutes (rank 0's clock), at a step boundary, to "
                         "the file a preemption writes (default: only at epoch ends and on a signal)")
+    from .divergence import DEFAULT_MAX_NONFINITE_STEPS
+
+    g = parser.add_argument_group("failures")
+    g.add_argument("--max-nonfinite-steps", type=int, default=DEFAULT_MAX_NONFINITE_STEPS, metavar="N",
+                   help="stop the run (exit code 1, naming the first bad step) after N consecutive optimizer steps "
+                        "whose loss is NaN or inf, or at an epoch end or a save whose model weights are; no "
+                        "checkpoint of non-finite weights is written, so the last finite one stays the latest; "
+                        f"0: never stop on a non-finite loss (default: {DEFAULT_MAX_NONFINITE_STEPS})")
+    g.add_argument("--dist-timeout", type=float, default=None, metavar="SECONDS",
+                   help="seconds a collective (all-reduce, barrier, ...) waits for the other ranks before this rank "
+                        "fails with a line naming it, so that a rank that died or hangs ends the others "
+                        "(torch.distributed's init_process_group timeout; default: torch's, 30 minutes for gloo, "
+                        "10 for nccl)")
     return parser
 
 
@@ -278,6 +293,16 @@ class TrainConfig:
     captions_per_image: int = 1
     #: ``--preempt-signals``, ``--preempt-check-every``, ``--save-every-minutes``
     preempt: "PreemptConfig" = field(default_factory=lambda: _default_preempt())
+    #: ``--max-nonfinite-steps``: consecutive non-finite steps that stop the run (0: never)
+    max_nonfinite_steps: int = field(default_factory=lambda: _default_max_nonfinite_steps())
+    #: ``--dist-timeout``: seconds a collective waits (None: torch's default)
+    dist_timeout: Optional[float] = None
+
+
+def _default_max_nonfinite_steps() -> int:
+    from .divergence import DEFAULT_MAX_NONFINITE_STEPS
+
+    return DEFAULT_MAX_NONFINITE_STEPS
 
 
 def _default_preempt():
@@ -458,6 +483,11 @@ def parse_train_args(argv: List[str], check_files: bool = True) -> Optional[Trai
                                 f"use {native}")
     _check_captions_per_image(ours, oc_args, loss)
     preempt = _preempt_config(ours)
+    if ours.max_nonfinite_steps < 0:
+        raise FlagError(f"--max-nonfinite-steps must be >= 0 (0: never stop), got {ours.max_nonfinite_steps}")
+    timeout = ours.dist_timeout
+    if timeout is not None and not (timeout > 0 and math.isfinite(timeout)):
+        raise FlagError(f"--dist-timeout must be a number of seconds > 0, got {timeout:g}")
 
     if ours.no_grad_gather:
         _check_no_grad_gather(oc_args)
@@ -492,7 +522,7 @@ def parse_train_args(argv: List[str], check_files: bool = True) -> Optional[Trai
     return TrainConfig(loss, kwargs, full_loss_args(loss, resolved), list(rest), ours.model_config, num_samples,
                        data, no_grad_gather=ours.no_grad_gather, captions_per_image=ours.captions_per_image,
                        loss_reset=ours.loss_reset, grow_state=ours.decl_grow_state, id_block=id_block,
-                       preempt=preempt)
+                       preempt=preempt, max_nonfinite_steps=ours.max_nonfinite_steps, dist_timeout=timeout)
 
 
 def openclip_native(loss: str) -> bool:

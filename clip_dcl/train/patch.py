@@ -32,6 +32,10 @@ duration of the call (and restored afterwards):
     every file under a temporary name first (:func:`clip_dcl.checkpoint.save_atomically`), and ``torch.nn.parallel.DistributedDataParallel``
     drops ``device_ids`` for CPU devices (main passes ``device_ids=[device]`` even on CPU, which
     DDP rejects, so gloo training on CPU would fail).
+``open_clip_train.distributed.torch``
+    ``torch`` itself except for ``torch.distributed.init_process_group``, which gets ``--dist-timeout``
+    as its ``timeout`` (OpenCLIP passes none), so that a collective waiting for a rank that died or
+    hangs fails within that time, on every other rank.
 ``open_clip_train.data.get_wds_dataset``
     for training, :func:`clip_dcl.train.pipeline.get_wds_train_dataset` (batches carry ids);
     validation keeps OpenCLIP's.
@@ -43,7 +47,10 @@ Between optimizer steps (in the dataloader handed to ``train_one_epoch``): a sig
 ``--preempt-signals`` (or ``--save-every-minutes``) saves a checkpoint at that step and, for a
 signal, ends the run (:mod:`clip_dcl.train.preempt`); a resume from such a checkpoint reads the
 epoch's batches already trained on again without training on them and shifts the scheduler's step
-by as many steps, so the epoch continues where it stopped.
+by as many steps, so the epoch continues where it stopped (the first Ctrl-C does the same, when
+``--preempt-signals`` is on). A run of ``--max-nonfinite-steps`` steps whose loss is NaN or inf,
+or weights that are not finite at an epoch end or a save, end the run on every rank without
+writing a checkpoint (:mod:`clip_dcl.train.divergence`).
 
 Also per epoch: the main process's RNGs are seeded from ``(--seed, epoch, rank)``, so that a run
 resumed at an epoch boundary repeats an uninterrupted run (the data workers do the same, see
@@ -62,11 +69,13 @@ import contextlib
 import glob
 import logging
 import os
+import re
 import shutil
 from typing import Optional
 
 import torch
 from open_clip_train import data as oc_data
+from open_clip_train import distributed as oc_distributed
 from open_clip_train import main as oc_main
 from open_clip_train import params as oc_params
 
@@ -76,7 +85,7 @@ from .flags import TrainConfig
 from .ids import SampleIdOutOfRange
 from .run import LossSettingMismatch, LossStateMismatch, ObjectiveMismatch, TrainingRun, loss_state_digest
 from .upstream import (SUPPORTED_OPENCLIP, OpenCLIPMismatch, Overlay, check_openclip, cpu_safe_ddp,
-                       openclip_problems, torch_log_levels_kept)
+                       init_process_group_with_timeout, openclip_problems, torch_log_levels_kept)
 
 __all__ = ["patched", "run_training", "TrainingRun", "LossStateMismatch", "ObjectiveMismatch", "LossSettingMismatch",
            "SampleIdOutOfRange",
@@ -98,6 +107,8 @@ def patched(run: TrainingRun):
         (oc_main, "setup_logging"): run.setup_logging,
         (oc_main, "torch"): Overlay(torch, save=run.save, nn=Overlay(
             torch.nn, parallel=Overlay(torch.nn.parallel, DistributedDataParallel=cpu_safe_ddp))),
+        (oc_distributed, "torch"): Overlay(torch, distributed=Overlay(
+            torch.distributed, init_process_group=init_process_group_with_timeout(run.config.dist_timeout))),
         (oc_data, "get_wds_dataset"): run.get_wds_dataset,
         (oc_data, "get_csv_dataset"): run.get_csv_dataset,
         (oc_data, "get_synthetic_dataset"): run.get_synthetic_dataset,
@@ -120,6 +131,32 @@ def _log_dir(argv) -> Optional[str]:
     return os.path.join(args.logs, args.name)
 
 
+class PeerFailure(RuntimeError):
+    """A collective with the other ranks failed (a rank died, or ``--dist-timeout`` ran out)."""
+
+
+#: What the process-group backends say when a peer is gone or a collective timed out (gloo raises a plain
+#: RuntimeError; torch's own DistError types are recognised by class).
+_COLLECTIVE_FAILURE = re.compile(r"Connection (?:closed|reset) by peer|[Tt]imed out|gloo/transport|NCCL error|"
+                                 r"ProcessGroup\w* .*(?:aborted|timeout)|Broken pipe")
+
+
+def collective_failed(err: BaseException) -> bool:
+    """Whether ``err`` is a failed collective (a dead or hung peer), not an error of this rank's own."""
+    dist = getattr(torch.distributed, "DistError", ())
+    if dist and isinstance(err, dist):
+        return True
+    return isinstance(err, RuntimeError) and bool(_COLLECTIVE_FAILURE.search(str(err)))
+
+
+def _first_line(err: BaseException) -> str:
+    """The error's first line without the backend's source location and advice ("[.../pair.cc:561] ...")."""
+    lines = [line for line in str(err).strip().splitlines() if line.strip()]
+    text = re.sub(r"^\[[^\]]*\]\s*", "", lines[0] if lines else "")
+    text = text.split(" This is typically")[0]
+    return f"{type(err).__name__}: {text}".rstrip(": ")
+
+
 def run_training(config: TrainConfig) -> int:
     """Run ``open_clip_train.main.main`` with ``config``'s objective; return an exit code.
 
@@ -131,12 +168,13 @@ def run_training(config: TrainConfig) -> int:
     created = log_dir is not None and not os.path.exists(log_dir)
     result = -1
     if config.preempt.signals:  # before main starts the data workers, which inherit the handlers
-        run.signals = preemption.StopSignals(config.preempt.signals).install()
+        run.signals = preemption.StopSignals(config.preempt.signals, ctrl_c=True).install()
     try:
         with patched(run):
             result = oc_main.main(list(config.openclip_argv))
     except preemption.Preempted as e:
-        result = preemption.PREEMPTED_EXIT_CODE
+        interrupted = e.signame == "SIGINT"
+        result = preemption.INTERRUPTED_EXIT_CODE if interrupted else preemption.PREEMPTED_EXIT_CODE
         if e.path:
             how = (f"run the same command with --resume latest (or --resume {e.path}); it continues at step "
                    f"{e.step} of epoch {e.epoch}")
@@ -146,6 +184,14 @@ def run_training(config: TrainConfig) -> int:
             how = "rank 0 saved the checkpoint"
         logging.warning(f"Stopped on {e.signame} after step {e.step} of epoch {e.epoch}: {how}. Exit code "
                         f"{result}.")
+    except RuntimeError as e:
+        if not (getattr(run.args, "world_size", 1) > 1 and collective_failed(e)):
+            raise
+        # a collective failed: another rank died (gloo: "Connection closed by peer") or --dist-timeout ran out
+        rank = getattr(run.args, "rank", "?") if run.args is not None else "?"
+        raise PeerFailure(f"rank {rank}: a collective with the other ranks failed, so this rank stops: "
+                          f"{_first_line(e)} (another rank died or hangs? its own log says why; --dist-timeout "
+                          "bounds the wait for a rank that hangs)") from None
     finally:
         if run.signals is not None:
             run.signals.restore()

@@ -5,9 +5,11 @@ before they kill a job. :class:`StopSignals` turns each configured signal into a
 does nothing else). At every ``--preempt-check-every``-th optimizer-step boundary, before the next
 batch is fetched, :class:`StepGate` decides whether to stop (a signal on *any* rank) and whether to
 save (``--save-every-minutes`` on rank 0's clock): with more than one rank, by one all-reduce
-(MAX) of two int32, so that all ranks take the same decision at the same step and none is left
-waiting in a collective. On a stop the trainer saves a checkpoint at that step (see
-:mod:`clip_dcl.train.patch`) and the process exits with :data:`PREEMPTED_EXIT_CODE`.
+(MAX) of three int32 (the third: whether a rank's training diverged, see
+:mod:`clip_dcl.train.divergence`), so that all ranks take the same decision at the same step and
+none is left waiting in a collective. On a stop the trainer saves a checkpoint at that step (see
+:mod:`clip_dcl.train.patch`) and the process exits with :data:`PREEMPTED_EXIT_CODE`; on the first
+Ctrl-C during training steps the same, with :data:`INTERRUPTED_EXIT_CODE`.
 
 The per-rank random state of the main process (Python, NumPy, torch, CUDA) is saved with the
 checkpoint (:func:`rng_state`, gathered on rank 0) and restored on resume (:func:`set_rng_state`),
@@ -17,8 +19,10 @@ the run had not stopped.
 from __future__ import annotations
 
 import logging
+import os
 import random
 import signal
+import threading
 import time
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Sequence
@@ -31,20 +35,41 @@ import torch
 PREEMPTED_EXIT_CODE = 75
 #: Signals that stop a run, by default.
 DEFAULT_SIGNALS = ("SIGTERM", "SIGUSR1")
-#: The signals this process stops on, which its data-loader workers (forked after) ignore.
+#: The signals this process stops on, which its data-loader workers (forked after) take from it alone.
 _STOP_SIGNALS: List[signal.Signals] = []
 
 
 def worker_ignores_stop_signals(worker_id: Optional[int] = None) -> None:
-    """``worker_init_fn`` of the training data loaders: ignore the signals the trainer stops on.
+    """``worker_init_fn`` of the training data loaders: a stop signal ends the worker only when its parent sends it.
 
     A scheduler signals every process of a task, data-loader workers included. PyTorch's workers
     die of a SIGTERM from anyone but their parent, and the main process then fails at once
     ("DataLoader worker ... is killed by signal"), in the middle of a step or of the save; the
-    trainer decides when to stop, and the workers end with it.
+    trainer decides when to stop, and the workers end with it. But the parent also stops its
+    workers with SIGTERM on its way out (``multiprocessing``'s exit handler terminates daemonic
+    children and then joins them, as does PyTorch's loader shutdown when a worker does not
+    answer): a worker that ignored it would keep a failed run from ever exiting.
+
+    So the signals are blocked here and a daemon thread waits for them with ``sigwaitinfo``, which
+    tells who sent each one: the parent's ends the worker at once, anyone else's is dropped.
     """
-    for num in _STOP_SIGNALS:
-        signal.signal(num, signal.SIG_IGN)
+    if not _STOP_SIGNALS or not hasattr(signal, "sigwaitinfo"):  # not POSIX: ignore them, as before
+        for num in _STOP_SIGNALS:
+            signal.signal(num, signal.SIG_IGN)
+        return
+    numbers = set(_STOP_SIGNALS)
+    # blocked in this (the worker's only) thread before any other starts: every thread inherits the mask
+    signal.pthread_sigmask(signal.SIG_BLOCK, numbers)
+    parent = os.getppid()
+    threading.Thread(target=_exit_on_parents_signal, args=(numbers, parent), daemon=True,
+                     name="clip-dcl-stop-signals").start()
+
+
+def _exit_on_parents_signal(numbers, parent: int) -> None:
+    while True:
+        info = signal.sigwaitinfo(numbers)
+        if info.si_pid == parent or os.getppid() != parent:
+            os._exit(128 + info.si_signo)  # as the signal's default action would end it
 
 
 def chain_worker_init(fn):
@@ -99,15 +124,35 @@ def signal_number(name: str) -> signal.Signals:
         raise ValueError(f"unknown signal {name!r} (e.g. SIGTERM, SIGUSR1, USR2)") from None
 
 
-class StopSignals:
-    """Handlers that record the first of ``signals`` received; :meth:`restore` puts the old ones back."""
+#: Exit code of a run stopped by Ctrl-C (128 + SIGINT, what a shell shows for a process SIGINT ended).
+INTERRUPTED_EXIT_CODE = 130
 
-    def __init__(self, signals: Sequence[str]):
+
+class StopSignals:
+    """Handlers that record the first of ``signals`` received; :meth:`restore` puts the old ones back.
+
+    With ``ctrl_c``, SIGINT too: the first Ctrl-C while :attr:`armed` (training steps are running,
+    so the step boundary where the run saves comes soon) is recorded like a stop signal; a Ctrl-C
+    otherwise (loading, evaluating, saving), or a second one, raises ``KeyboardInterrupt`` at once,
+    as Python's own handler does.
+    """
+
+    def __init__(self, signals: Sequence[str], ctrl_c: bool = False):
         self.numbers = [signal_number(s) for s in signals]
+        if ctrl_c and signal.SIGINT not in self.numbers:
+            self.numbers.append(signal.SIGINT)
         self.received: Optional[str] = None
+        self.armed = False
         self._saved: Dict[int, object] = {}
 
     def _handle(self, signum, frame):  # only sets the flag: the training loop acts on it
+        if signum == signal.SIGINT:
+            if self.received is not None or not self.armed:
+                raise KeyboardInterrupt
+            self.received = "SIGINT"
+            logging.warning("Ctrl-C: finishing the current step, then saving a checkpoint and stopping (Ctrl-C "
+                            "again stops at once, without saving).")
+            return
         if self.received is None:
             self.received = signal.Signals(signum).name
             logging.warning(f"Received {self.received}: finishing the current step, then saving a checkpoint "
@@ -119,7 +164,7 @@ class StopSignals:
                 self._saved[num] = signal.signal(num, self._handle)
             except ValueError:  # not the main thread of the main interpreter: signals cannot be caught here
                 logging.warning(f"cannot catch {num.name} outside the main thread; a preemption will not be saved")
-        _STOP_SIGNALS[:] = list(self._saved)
+        _STOP_SIGNALS[:] = [num for num in self._saved if num != signal.SIGINT]  # PyTorch's workers ignore it
         return self
 
     def restore(self) -> None:
@@ -139,6 +184,7 @@ class StepGate:
         self.device = torch.device(device)
         self.last_save = time.monotonic()
         self.signame: Optional[str] = None
+        self.diverged = False  # agreed by the last poll: some rank's training diverged
         if world_size > 1 and not (torch.distributed.is_available() and torch.distributed.is_initialized()):
             logging.warning("several ranks without torch.distributed (--horovod): each rank decides alone when to "
                             "stop on a signal, so the signal must reach every rank at the same step")
@@ -149,15 +195,21 @@ class StepGate:
         save = bool(minutes) and self.rank == 0 and time.monotonic() - self.last_save >= minutes * 60
         return int(stop), int(save)
 
-    def poll(self, boundary: int) -> tuple:
-        """At the ``boundary``-th step boundary of an epoch: whether to stop, whether to save now."""
+    def poll(self, boundary: int, diverged=None) -> tuple:
+        """At the ``boundary``-th step boundary of an epoch: whether to stop, whether to save now.
+
+        ``diverged`` (a callable: whether this rank's training diverged) is asked at the same
+        boundaries and agreed on in the same all-reduce: :attr:`diverged` is then true on every rank
+        when it is on one (:mod:`clip_dcl.train.divergence`)."""
         if boundary % max(1, self.config.check_every):
             return False, False
         stop, save = self._local()
+        bad = int(bool(diverged())) if diverged is not None else 0
         if self.world_size > 1 and torch.distributed.is_available() and torch.distributed.is_initialized():
-            flags = torch.tensor([stop, save], dtype=torch.int32, device=self.device)
+            flags = torch.tensor([stop, save, bad], dtype=torch.int32, device=self.device)
             torch.distributed.all_reduce(flags, op=torch.distributed.ReduceOp.MAX)
-            stop, save = (int(v) for v in flags.tolist())
+            stop, save, bad = (int(v) for v in flags.tolist())
+        self.diverged = bool(bad)
         if stop:
             self.signame = self.signals.received if self.signals and self.signals.received else "a signal on another rank"
         return bool(stop), bool(save)

@@ -30,6 +30,7 @@ from clip_dcl.losses.state import digest_of_state_dict
 from .. import checkpoint as ckpt_format
 from . import loss_state as sharded_state
 from . import preempt as preemption
+from .divergence import Diverged, NonFiniteSteps, describe_tensors, nonfinite_tensors
 from .flags import TrainConfig, full_loss_args, loss_command, openclip_native, setting_words
 from .pipeline import get_wds_train_dataset, id_collisions, summary_line, with_indices
 from .steps import IdChannel, LossWithIds, SkippedSteps, TrainLineHook, log_epoch_health, seed_main_process
@@ -85,6 +86,8 @@ class TrainingRun:
         self.last_step_save: Optional[str] = None
         self.epoch_num_batches: Optional[int] = None
         self.grow_from: Optional[int] = None  # --decl-grow-state: the ids the resumed per-sample state holds
+        self.nonfinite: Optional[NonFiniteSteps] = None  # the run's count of non-finite steps, across epochs
+        self.model = None  # the model being trained (main's), whose parameters a checkpoint must find finite
 
     # open_clip_train.main.parse_args
     def parse_args(self, argv):
@@ -367,15 +370,28 @@ class TrainingRun:
         if self.gate is None:
             self.gate = preemption.StepGate(self.config.preempt, self.signals, args.world_size, args.rank,
                                             args.device)
+        self.model = model
+        if self.nonfinite is None:
+            self.nonfinite = NonFiniteSteps(self.config.max_nonfinite_steps, args.device)
         self.epoch_num_batches = data["train"].dataloader.num_batches
         skip_steps, resumed = self._resume_point(epoch, args, self.epoch_num_batches)
+        steps_per_epoch = self.epoch_num_batches // args.accum_freq
 
         state_loss = getattr(loss, "contrastive", loss)  # CoCa: the contrastive term holds the state
         skipped = SkippedSteps(scaler, state_loss)
+        ended = [skip_steps]  # steps of the epoch whose loss the count has taken in
+
+        def end_steps(taken: int) -> None:
+            if taken > ended[0]:  # one step at each boundary
+                self.nonfinite.end_step(steps_per_epoch * epoch + taken - 1)
+                ended[0] = taken
 
         def at_boundary(step: int) -> bool:
             skipped.check(epoch, step)
-            stop, save = self.gate.poll(step)
+            end_steps(step)
+            stop, save = self.gate.poll(step, diverged=self.nonfinite.tripped)
+            if self.gate.diverged:
+                raise self._diverged(args)
             if stop or save:
                 self.last_step_save = self.save_step(model, optimizer, scaler, epoch, step, args,
                                                      self.gate.signame if stop else None)
@@ -390,15 +406,21 @@ class TrainingRun:
 
             def scheduler(step):
                 return schedule(step + skip_steps)
-        wrapped = LossWithIds(loss, channel, torch.device(args.device))
+        wrapped = LossWithIds(loss, channel, torch.device(args.device), on_output=self.nonfinite.record)
         hook = TrainLineHook(wrapped, channel, epoch, args, tb_writer)
         logging.getLogger().addFilter(hook)
+        if self.signals is not None:
+            self.signals.armed = True  # a first Ctrl-C now stops at the next step boundary, with a save
         try:
             OPENCLIP_TRAIN_ONE_EPOCH(model, data, wrapped, epoch, optimizer, scaler, scheduler, dist_model, args,
                                       tb_writer=tb_writer)
         finally:
             logging.getLogger().removeFilter(hook)
+            if self.signals is not None:
+                self.signals.armed = False
         skipped.check(epoch, channel.fetched // args.accum_freq)  # the epoch's last step
+        end_steps(channel.fetched // args.accum_freq)
+        self._check_finite(model, epoch, args)  # before main evaluates and saves the epoch
         if channel.stopped_at is not None:
             raise preemption.Preempted(self.gate.signame or "a signal", self.last_step_save, epoch, channel.stopped_at)
         log_epoch_health(state_loss, wrapped, epoch, args)  # a whole epoch (a preempted one ended above)
@@ -410,6 +432,59 @@ class TrainingRun:
             calls = f"calls {int(state['calls'])}, " if "calls" in state else ""
             logging.info(f"Loss state after epoch {epoch} on rank {args.rank}: {calls}"
                          f"digest {loss_state_digest(loss)}")
+
+    def _check_finite(self, model, epoch: int, args) -> None:
+        """Every rank: stop (:class:`Diverged`) if the weights hold NaN or inf, or the loss was not finite
+        for ``--max-nonfinite-steps`` steps in a row, on any rank (one all-reduce)."""
+        original = oc_train.unwrap_model(model)
+        names, count = nonfinite_tensors(original.named_parameters())
+        tripped = self.nonfinite.tripped(wait=True)
+        flags = torch.tensor([int(count > 0), int(tripped)], dtype=torch.int32, device=args.device)
+        if args.world_size > 1 and torch.distributed.is_available() and torch.distributed.is_initialized():
+            torch.distributed.all_reduce(flags, op=torch.distributed.ReduceOp.MAX)
+        if not bool(flags.any()):
+            return
+        if count:
+            raise self._diverged(args, f"after epoch {epoch}, {describe_tensors(names, count)}")
+        raise self._diverged(args)
+
+    def _diverged(self, args, weights: Optional[str] = None) -> Diverged:
+        """The :class:`Diverged` error naming the first bad step and the checkpoint that stays the newest."""
+        count = self.nonfinite
+        per = (self.epoch_num_batches or 0) // max(1, args.accum_freq)
+        first = count.first()
+        if weights is not None:
+            why = weights + (f"; the loss was first NaN or inf at {count.where(per, first)}" if first >= 0 else
+                             "; every step's loss was finite")
+        elif count.tripped(wait=True):
+            why = (f"the loss was NaN or inf for {count.limit} optimizer steps in a row (--max-nonfinite-steps "
+                   f"{count.limit}), from {count.where(per)}")
+            if first >= 0 and first != int(count.trip_start):
+                why += f" (the first non-finite loss: {count.where(per, first)})"
+        else:
+            why = "another rank's loss was NaN or inf for --max-nonfinite-steps steps in a row"
+        if args.world_size > 1:
+            why = f"rank {args.rank}: {why}"
+        folder = getattr(args, "checkpoint_path", None)
+        saved = sorted(glob.glob(os.path.join(folder, "**", "*.pt"), recursive=True),
+                       key=oc_main.natural_key) if folder and args.save_logs else []
+        kept = (f"no checkpoint of these weights was written; the newest, {saved[-1]}, is what --resume latest "
+                "picks" if saved else "no checkpoint of these weights was written")
+        fp32 = "" if args.precision == "fp32" else ", or train with --precision fp32"
+        return Diverged(f"training diverged: {why}; {kept}. Lower --lr (or lengthen --warmup), check --wd and "
+                        f"the other optimizer flags{fp32}")
+
+    def _refuse_nonfinite(self, path) -> None:
+        """:class:`Diverged` instead of writing ``path`` when the trained model's parameters are not finite.
+
+        The parameters, not the state dict: a buffer may hold inf on purpose (a causal ``attn_mask``,
+        which a TorchScript model keeps in its state dict)."""
+        if self.model is None:
+            return
+        names, count = nonfinite_tensors(oc_train.unwrap_model(self.model).named_parameters())
+        if count:
+            raise Diverged(f"training diverged: not writing {path}: {describe_tensors(names, count)}; the "
+                           "previous checkpoints are kept")
 
     def _resume_point(self, epoch: int, args, num_batches: int):
         """``(optimizer steps to skip, callback after the skip)`` for ``epoch``: a mid-epoch checkpoint's
@@ -446,6 +521,8 @@ class TrainingRun:
         the step, the settings it was taken with and every rank's random state. Returns the path
         (None on other ranks, or without --logs).
         """
+        # every rank (DDP keeps the weights equal on all), before any collective: all stop together
+        self._refuse_nonfinite(f"the checkpoint of step {step} of epoch {epoch}")
         rng = preemption.gather_rng_states(args.world_size)
         if not (args.logs and str(args.logs).lower() != "none"):
             return None
@@ -506,6 +583,7 @@ class TrainingRun:
     def save(self, obj, f, *args, **kwargs):
         training = isinstance(obj, dict) and "state_dict" in obj and "epoch" in obj and self.loss is not None
         if training:
+            self._refuse_nonfinite(f)  # no NaN file over the last good one
             obj = self._with_entries(obj, self.shards)
         if not isinstance(f, (str, os.PathLike)):
             return torch.save(obj, f, *args, **kwargs)

@@ -113,10 +113,11 @@ class IdChannel:
 class LossWithIds:
     """Calls the loss with ``sample_ids`` from the channel when it needs them; keeps its metrics."""
 
-    def __init__(self, loss, channel: IdChannel, device):
+    def __init__(self, loss, channel: IdChannel, device, on_output=None):
         self.loss = loss
         self.channel = channel
         self.device = device
+        self.on_output = on_output  # called with every output (the count of non-finite steps)
         self.metrics: Dict[str, torch.Tensor] = {}
         # every call's metrics summed over the epoch, kept as tensors (no device sync per step)
         self.sums: Dict[str, torch.Tensor] = {}
@@ -149,6 +150,8 @@ class LossWithIds:
                 continue
             self.sums[name] = self.sums[name] + value if name in self.sums else value
         self.calls += 1
+        if self.on_output is not None:
+            self.on_output(out)
         return out
 
 

@@ -7,7 +7,8 @@ trainer (and the log line parsed from ``train_one_epoch``), and fails with one m
 supported range rather than with an ``AttributeError`` halfway through a run, or a patch that
 silently stops taking effect. Then it keeps OpenCLIP's originals of the patched names (the
 ``OPENCLIP_*`` constants), which the replacements call, and the stand-ins that change one thing
-about them (:func:`setup_logging`, :func:`cpu_safe_ddp`, :class:`Overlay`).
+about them (:func:`setup_logging`, :func:`cpu_safe_ddp`, :func:`init_process_group_with_timeout`,
+:class:`Overlay`).
 """
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from typing import Dict, Optional
 import open_clip
 import torch
 from open_clip_train import data as oc_data
+from open_clip_train import distributed as oc_distributed
 from open_clip_train import main as oc_main
 from open_clip_train import params as oc_params
 from open_clip_train import train as oc_train
@@ -79,6 +81,9 @@ _TARGETS = {
     ("data", "_SHARD_SHUFFLE_INITIAL"): None,
     ("data", "_SAMPLE_SHUFFLE_SIZE"): None,
     ("data", "_SAMPLE_SHUFFLE_INITIAL"): None,
+    ("distributed", "init_distributed_device_so"): ["device", "dist_backend", "dist_url", "horovod",
+                                                    "no_set_device_rank"],
+    ("distributed", "torch"): None,
 }
 #: Code the patches rely on: main must look these names up in its own namespace when it runs (so
 #: that swapping them takes effect), and train_one_epoch must log the line parsed here and in
@@ -91,14 +96,22 @@ _SOURCE_NEEDS = {
                                    "images, texts = batch", "for i, batch in enumerate(dataloader)",
                                    "scheduler(step)"],
     ("data", "get_dataset_fn"): ["return get_wds_dataset", "return get_csv_dataset", "return get_synthetic_dataset"],
+    # --dist-timeout reaches init_process_group through the module's torch global (see init_process_group)
+    ("distributed", "init_distributed_device_so"): ["torch.distributed.init_process_group("],
 }
+
+
+def _installed_modules() -> Dict[str, types.ModuleType]:
+    return {"main": oc_main, "train": oc_train, "data": oc_data, "params": oc_params, "distributed": oc_distributed}
 
 
 def openclip_problems(version: str, modules: Dict[str, types.ModuleType]) -> list:
     """What keeps the patches from working with these ``open_clip_train`` modules (empty: nothing).
 
-    ``modules`` maps ``"main"``, ``"train"``, ``"data"``, ``"params"`` to the modules.
+    ``modules`` maps ``"main"``, ``"train"``, ``"data"``, ``"params"``, ``"distributed"`` to the modules
+    (the installed ones for those it leaves out).
     """
+    modules = {**_installed_modules(), **modules}
     problems = []
     try:
         major_minor = tuple(int(p) for p in version.split(".")[:2])
@@ -139,7 +152,7 @@ def check_openclip(version: Optional[str] = None, modules: Optional[Dict[str, ty
             version = dist_version("open_clip_torch")
         except PackageNotFoundError:
             version = getattr(open_clip, "__version__", "unknown")
-    modules = modules or {"main": oc_main, "train": oc_train, "data": oc_data, "params": oc_params}
+    modules = modules or _installed_modules()
     problems = openclip_problems(version, modules)
     if problems:
         (a, b), (c, d) = SUPPORTED_OPENCLIP
@@ -179,6 +192,20 @@ def setup_logging(log_file, level, include_host=False):
     with torch_log_levels_kept():
         OPENCLIP_SETUP_LOGGING(log_file, level, include_host=include_host)
 
+
+
+def init_process_group_with_timeout(seconds: Optional[float]):
+    """``torch.distributed.init_process_group`` with ``timeout=seconds`` (OpenCLIP's
+    ``init_distributed_device`` passes none, so a collective waits torch's default, 30 minutes for
+    gloo, for a rank that died or hangs); unchanged when ``seconds`` is None."""
+    import datetime
+
+    def init_process_group(*args, **kwargs):
+        if seconds is not None and kwargs.get("timeout") is None:
+            kwargs["timeout"] = datetime.timedelta(seconds=seconds)
+        return torch.distributed.init_process_group(*args, **kwargs)
+
+    return init_process_group
 
 
 def cpu_safe_ddp(module, device_ids=None, **kwargs):
