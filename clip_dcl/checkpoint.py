@@ -180,12 +180,15 @@ def remove_stale_partials(folder) -> list:
 
     :func:`save_atomically` removes its partial file on any error, but a process killed during a
     save (SIGKILL, a node lost) leaves it behind, as large as a checkpoint. Call it only where no
-    save can be running (before a run's first save).
+    save can be running (before a run's first save). Only regular files go: a link of that name is
+    none of :func:`save_atomically`'s making (it writes a fresh file), so it is left as it is.
     """
     import glob as _glob
 
     removed = []
     for path in sorted(_glob.glob(os.path.join(os.fspath(folder), "**", "*" + PARTIAL_SUFFIX), recursive=True)):
+        if os.path.islink(path) or not os.path.isfile(path):
+            continue
         with contextlib.suppress(FileNotFoundError):
             os.remove(path)
             removed.append(path)

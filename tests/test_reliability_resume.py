@@ -403,11 +403,13 @@ def test_stale_partial_files_are_removed_at_start_with_a_log_line(tmp_path):
         path.write_bytes(b"torn")
     keep = checkpoints / "notes.txt"
     keep.write_text("kept")
+    link = checkpoints / "epoch_9.pt.partial"  # a link is none of a save's making: left alone
+    link.symlink_to(keep)
     res = train_in_process(["--model", "clip-dcl-tiny", "--dataset-type", "synthetic", "--train-num-samples", "16",
                             "--batch-size", "16", "--epochs", "1", "--precision", "fp32", "--device", "cpu",
                             "--workers", "0", "--report-to", "", "--logs", tmp_path / "logs", "--name", "p"])
     assert res.returncode == 0, res.stderr[-6000:]
-    assert not any(p.exists() for p in stale) and keep.read_text() == "kept"
+    assert not any(p.exists() for p in stale) and keep.read_text() == "kept" and link.is_symlink()
     log = (tmp_path / "logs" / "p" / "out.log").read_text()
     for path in stale:
         assert f"Removed {path}: the partial file of a save that was killed halfway" in log
