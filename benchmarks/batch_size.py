@@ -417,19 +417,18 @@ def beat_verdict(c: dict) -> str:
 
 
 def verdicts(records: List[dict], archived: Sequence[dict] = (), label: str = "decl default") -> List[dict]:
-    """Per batch size of :data:`VERDICT_SIZES`: the reach and beat comparisons of ``label`` on the test split,
-    or on the validation split of the archived sweep where the test split has fewer than :data:`MIN_SEEDS`
-    seeds (B = 16); each with its split and verdict."""
+    """Per batch size of :data:`VERDICT_SIZES`, the reach and beat comparisons of ``label`` on the test
+    split (the verdicts), then on the validation split of the archived sweep (``archived``, where the
+    defaults were chosen: context, never a verdict); each row with its ``split``."""
     rows = []
     for b in VERDICT_SIZES:
         for kind, other, judge in (("reach", 2 * b, reach_verdict), ("beat", b, beat_verdict)):
             c = comparison(records, label, b, other)
-            split = "test"
-            if c["n"] < MIN_SEEDS and archived:
+            rows.append({**c, "kind": kind, "split": "test", "verdict": judge(c)})
+            if archived:
                 old = comparison(list(archived), label, b, other, key="metrics")
-                if old["n"] >= MIN_SEEDS:
-                    c, split = old, "validation"
-            rows.append({**c, "kind": kind, "split": split, "verdict": judge(c)})
+                if old["n"]:
+                    rows.append({**old, "kind": kind, "split": "validation", "verdict": judge(old)})
     return rows
 
 
@@ -464,9 +463,10 @@ def verdict_table(rows: List[dict]) -> str:
             continue
         threshold = -r["gain"] / 2 if r["kind"] == "reach" else 0.0
         interval = "-" if r["n"] < 2 else f"[{100 * r['lo']:+.1f}, {100 * r['hi']:+.1f}]"
+        verdict = f"**{r['verdict']}**" if r["split"] == "test" else f"none (the rule would read: {r['verdict']})"
         lines.append(f"| {r['batch_size']} | {r['against']} | {r['split']} | {r['n']} | "
                      + ", ".join(f"s{s} {100 * d:+.1f}" for s, d in zip(r["seeds"], r["diffs"]))
-                     + f" | {100 * r['mean']:+.1f} | {interval} | {100 * threshold:+.1f} | **{r['verdict']}** |")
+                     + f" | {100 * r['mean']:+.1f} | {interval} | {100 * threshold:+.1f} | {verdict} |")
     return "\n".join(lines)
 
 
@@ -583,9 +583,9 @@ def plot(records: List[dict], path: Path) -> Optional[Path]:
 
 def decisive_status(rows: List[dict]) -> str:
     """Where the verdicts stand: per batch size, the reach verdict with its split and seeds."""
-    return "; ".join(f"B = {r['batch_size']}: {r['verdict']} ({r['split']} split, {r['n']} seeds"
-                     + (f", the cap of {SEED_CAP} reached" if r["split"] == "test" and r["n"] >= SEED_CAP else "")
-                     + ")" for r in rows if r["kind"] == "reach")
+    return "; ".join(f"B = {r['batch_size']}: {r['verdict']} ({r['n']} test-split seeds"
+                     + (f", the cap of {SEED_CAP} reached" if r["n"] >= SEED_CAP else "")
+                     + ")" for r in rows if r["kind"] == "reach" and r["split"] == "test")
 
 
 def controls_table(records: List[dict]) -> str:
@@ -658,9 +658,12 @@ def write(out: Path, records: List[dict], planned: int, data: dict, budget: ex.B
         return write_dcl_screen(out, records, planned, data, budget, command, started, stem)
     out.mkdir(parents=True, exist_ok=True)
     rows = verdicts(records, archived_runs(data["config"]))
-    status = (("complete" if len(records) == planned else f"PARTIAL: {len(records)} of {planned} planned runs")
-              + f" (stages: {', '.join(stages)}; finished runs are reused by later calls); verdicts: "
-              + decisive_status(rows))
+    if list(stages) == ["report of finished runs"]:
+        status = f"{len(records)} finished runs gathered from the cache (each run's command and commit in the JSON)"
+    else:
+        status = (("complete" if len(records) == planned else f"PARTIAL: {len(records)} of {planned} planned runs")
+                  + f" (stages: {', '.join(stages)}; finished runs are reused by later calls)")
+    status += "; verdicts: " + decisive_status(rows)
     finished = sorted(r.get("finished", "") for r in records)
     train_min = sum(r["train_seconds"] for r in records) / 60
     cfg = data["config"]
@@ -700,11 +703,19 @@ def write(out: Path, records: List[dict], planned: int, data: dict, budget: ex.B
         "",
         "## Verdicts: `decl default` against `clip` (retrieval mean R@1)",
         "",
-        "B = 16 has no test-split runs: its row is the validation sweep's, on the split its settings were chosen "
-        "on, so it is no test-split verdict.",
+        "Each verdict is on the test split. Beside it, for context, the same comparison on the validation "
+        "split of the earlier sweep: `decl`'s default was chosen on those images, so those rows are no verdict.",
         "",
         verdict_table(rows),
     ]
+    archived = {(r["label"], r["batch_size"], r["seed"]): r["metrics"][MEAN_R1] for r in archived_runs(cfg)}
+    again = [(r["metrics"][MEAN_R1], archived[key]) for r in records
+             if (key := (r["label"], r["batch_size"], r["seed"])) in archived]
+    if again:
+        same = sum(abs(a - b) < 5e-5 for a, b in again)
+        parts += ["", f"Reproduction: {same} of {len(again)} runs trained again here score on the validation split "
+                  "what the validation sweep's run of the same objective, batch and seed scored (to 0.01 point): "
+                  "training is deterministic on this CPU, so the sweep's models are these models."]
     controls = controls_table(records)
     if controls:
         parts += ["", "## Temperature controls (test split, paired by seed)", "",
@@ -733,29 +744,33 @@ _VERB = {"reach": {"reaches": "reaches", "does not reach": "does not reach", "no
 
 
 def readme_block(doc: dict) -> str:
-    """The README's verdicts, from a report's JSON (``doc``): one line per batch size with its split, seeds,
-    mean paired difference and interval, then the temperature controls (the README's generated block
+    """The README's verdicts, from a report's JSON (``doc``): per batch size the test split's verdict with
+    its seeds, mean paired difference and interval, the validation split's comparison beside it (where the
+    default was chosen: context only), then the temperature controls (the README's generated block
     ``batch-size verdicts``, :mod:`clip_dcl.experiment.quotes`)."""
     def cell(r):
-        interval = "" if r["n"] < 2 else f" [{100 * r['lo']:+.1f}, {100 * r['hi']:+.1f}]"
-        return f"{100 * r['mean']:+.1f}{interval}"
+        seeds = ", ".join(f"{100 * d:+.1f}" for d in r["diffs"])
+        interval = f" [{100 * r['lo']:+.1f}, {100 * r['hi']:+.1f}]" if r["n"] >= 2 else ""
+        return f"{100 * r['mean']:+.1f}{interval} (per seed {seeds})"
 
     conf = f"{100 * doc['confidence']:.0f} %"
-    lines = []
-    by_b: Dict[int, Dict[str, dict]] = {}
-    for r in doc["verdicts"]:
-        by_b.setdefault(r["batch_size"], {})[r["kind"]] = r
-    for b, rows in sorted(by_b.items()):
-        reach, beat = rows["reach"], rows["beat"]
-        if not reach["n"]:
-            lines.append(f"- **B = {b}: not run yet.**")
-            continue
-        lines.append(
-            f"- **B = {b}: `decl` {_VERB['reach'][reach['verdict']]} `clip` at {2 * b}** ({reach['split']} split, "
-            f"{reach['n']} seeds): decl@{b} - clip@{2 * b} = {cell(reach)} points of retrieval mean R@1 "
-            f"(mean [{conf} interval]), threshold {-100 * reach['gain'] / 2:+.1f} (half of `clip`'s gain from {b} "
-            f"to {2 * b}). Against `clip` at {b}: {cell(beat)}, {beat['verdict']}"
-            + (f" ({beat['split']} split, {beat['n']} seeds)" if beat["split"] != reach["split"] else "") + ".")
+    lines = [f"Paired differences of retrieval mean R@1 in points, mean [{conf} interval]:", ""]
+    rows: Dict[tuple, dict] = {(r["batch_size"], r["kind"], r["split"]): r for r in doc["verdicts"]}
+    for b in sorted({r["batch_size"] for r in doc["verdicts"]}):
+        reach, beat = rows[(b, "reach", "test")], rows[(b, "beat", "test")]
+        if reach["n"]:
+            line = (f"- **B = {b}: `decl` {_VERB['reach'][reach['verdict']]} `clip` at {2 * b}** (test split, "
+                    f"{reach['n']} seeds{'' if reach['n'] >= MIN_SEEDS else f'; {MIN_SEEDS} at least for a verdict'}): "
+                    f"decl@{b} - clip@{2 * b} = {cell(reach)}, threshold {-100 * reach['gain'] / 2:+.1f} (half of "
+                    f"`clip`'s gain from {b} to {2 * b}); against `clip` at {b}: {cell(beat)}, {beat['verdict']}.")
+        else:
+            line = f"- **B = {b}: no test-split runs yet.**"
+        old = rows.get((b, "reach", "validation"))
+        if old:
+            old_beat = rows[(b, "beat", "validation")]
+            line += (f" On the validation split, where the default was chosen ({old['n']} seeds; context, no "
+                     f"verdict): {cell(old)} against `clip` at {2 * b}, {cell(old_beat)} against `clip` at {b}.")
+        lines.append(line)
     controls = [r for r in doc["runs"] if "scale (B=" in r["label"]]
     if controls:
         lines.append(f"- Temperature controls: {len(controls)} runs; their paired intervals are in the report.")
@@ -814,10 +829,12 @@ def main(argv: Optional[List[str]] = None) -> int:
         args.variants, args.sweep_variants, args.decisive_batch_sizes, args.decisive_seeds)]
     command = ex.command_line("batch_size.py", argv)
     started = datetime.now(timezone.utc)
-    if args.report_only:
+    if args.report_only:  # the dcl screen's runs in its own report (--stage dcl-screen), the rest in this one
         records = finished_runs(work, data, budget)
-        write(results, records, len(records), data, budget, command, started, ["report of finished runs"],
-              args.batch_sizes, args.stem)
+        screen = "dcl-screen" in args.stage
+        records = [r for r in records if (r["label"] in DCL_VARIANTS or (screen and r["label"] == "clip")) == screen]
+        write(results, records, len(records), data, budget, command, started,
+              ["dcl-screen"] if screen else ["report of finished runs"], args.batch_sizes, args.stem)
         print(f"[batch_size] {len(records)} finished runs -> {results / (args.stem + '.md')}")
         return 0
     records: List[dict] = []

@@ -216,14 +216,19 @@ def test_decisive_runs_add_seeds_only_while_a_verdict_is_missing():
     assert bs.decided(capped, 32)  # the cap of 10 seeds
 
 
-def test_verdicts_fall_back_to_the_validation_split_only_without_test_seeds():
+def test_verdicts_are_the_test_splits_and_the_validation_split_is_context_beside_them():
     archived = [{**rec(lab, b, s, v), "split": "validation"} for s in range(3)
                 for lab, b, v in (("clip", 16, 0.20), ("clip", 32, 0.28), ("decl default", 16, 0.17 + s / 1000))]
     rows = bs.verdicts(reach_records([0.000, 0.005, -0.005]), archived)
-    by = {(r["batch_size"], r["kind"]): r for r in rows}
-    assert by[(16, "reach")]["split"] == "validation" and by[(16, "reach")]["verdict"] == "does not reach"
-    assert by[(32, "reach")]["split"] == "test" and by[(32, "reach")]["verdict"] == "reaches"
-    assert by[(64, "reach")]["n"] == 0 and "not run" in bs.verdict_table(rows)
+    by = {(r["batch_size"], r["kind"], r["split"]): r for r in rows}
+    assert by[(16, "reach", "test")]["n"] == 0 and by[(16, "reach", "test")]["verdict"] == "no verdict"
+    assert by[(16, "reach", "validation")]["verdict"] == "does not reach"  # computed, shown as context
+    assert by[(32, "reach", "test")]["verdict"] == "reaches" and (32, "reach", "validation") not in by
+    table = bs.verdict_table(rows)
+    assert "| 16 | clip at 32 | validation | 3 |" in table and "none (the rule would read: does not reach)" in table
+    assert "| 32 | clip at 64 | test | 3 |" in table and "**reaches**" in table
+    assert bs.decisive_status(rows) == ("B = 16: no verdict (0 test-split seeds); B = 32: reaches (3 test-split "
+                                        "seeds); B = 64: no verdict (0 test-split seeds)")
 
 
 def test_the_readme_block_is_built_from_the_reports_verdicts():
@@ -232,7 +237,8 @@ def test_the_readme_block_is_built_from_the_reports_verdicts():
     doc = {"verdicts": rows, "runs": [], "status": "PARTIAL", "confidence": bs.CONFIDENCE}
     block = bs.readme_block(doc)
     assert "**B = 32: `decl` reaches `clip` at 64** (test split, 3 seeds): decl@32 - clip@64 = +0.0 [" in block
-    assert "**B = 16: not run yet.**" in block and "not run yet" in block.split("Temperature controls")[1]
+    assert "(per seed +0.0, +0.5, -0.5)" in block
+    assert "**B = 16: no test-split runs yet.**" in block and "not run yet" in block.split("Temperature controls")[1]
     changed = json.loads(json.dumps(doc))
     changed["verdicts"][2]["mean"] += 0.05
     assert bs.readme_block(changed) != block
