@@ -242,3 +242,12 @@ def test_the_readme_block_is_built_from_the_reports_verdicts():
     changed = json.loads(json.dumps(doc))
     changed["verdicts"][2]["mean"] += 0.05
     assert bs.readme_block(changed) != block
+
+
+def test_each_dcl_variant_changes_only_its_settings_of_the_screens_base():
+    base = decl_kwargs(bs.loss_flags("dcl", **bs.DCL_SCREEN_BASE))
+    assert decl_kwargs(bs.objectives()["dcl default"]) == base
+    for name, settings in bs.DCL_VARIANTS.items():
+        got = decl_kwargs(bs.objectives()[name])
+        assert {k for k in set(base) | set(got) if base.get(k) != got.get(k)} == set(settings), name
+    assert "dcl top" not in bs.screen_objectives() and ("dcl top", 64, 0) in bs.planned_runs(["dcl-screen"])
