@@ -26,7 +26,7 @@
 #   VAL_SHARDS         their pattern inside CC3M_VAL                                   [{00000..00001}.tar]
 #   VAL_NUM_SAMPLES    number of validation samples (for the progress log)             [none]
 #   IMAGENET_VAL       ImageNet val folder for zero-shot top-1/top-5                   [none]
-#   TAU_PLUS           dcl's class prior tau+                                          [0.1]
+#   TAU_PLUS           dcl's class prior tau+                       [the package default]
 #   DECL_RATE          decl's rate estimator: index | queue | batch                    [index]
 #   DECL_SCHEDULE      decl's lambda_t schedule                                        [alternate]
 #   DECL_NUM_SAMPLES   decl's per-sample buffer size          [NUM_SHARDS x SAMPLES_PER_SHARD]
@@ -66,7 +66,7 @@ if [[ -n "${CC3M_VAL:-}" ]]; then
 fi
 if [[ -n "${IMAGENET_VAL:-}" ]]; then args+=(--imagenet-val "$IMAGENET_VAL"); fi
 case "$LOSS" in
-    dcl) args+=(--tau-plus "${TAU_PLUS:-0.1}") ;;
+    dcl) if [[ -n "${TAU_PLUS:-}" ]]; then args+=(--tau-plus "$TAU_PLUS"); fi ;;
     decl)
         args+=(--decl-rate "${DECL_RATE:-index}" --decl-schedule "${DECL_SCHEDULE:-alternate}")
         if [[ "${DECL_RATE:-index}" == index ]]; then
