@@ -621,15 +621,27 @@ def write_dcl_screen(out: Path, records: List[dict], planned: int, data: dict, b
     status = "complete" if len(records) == planned else f"PARTIAL: {len(records)} of {planned} planned runs"
     finished = sorted(r.get("finished", "") for r in records)
     idx = per_seed(records, "metrics")
-    rows = []
+    # the screen's bar: clip's lowest validation score over the sweep's seeds at that batch (the seeds' noise)
+    floor = {}
+    for r in archived_runs(data["config"]):
+        if r["label"] == "clip":
+            floor[r["batch_size"]] = min(floor.get(r["batch_size"], 1.0), r["metrics"][MEAN_R1])
+    rows, passing, gaps = [], [], []
     for label in DCL_VARIANTS:
         for b in sorted({r["batch_size"] for r in records if r["label"] == label}):
             for seed in sorted(s for (lab, bb, s) in idx if lab == label and bb == b):
                 clip = idx.get(("clip", b, seed))
                 rec = next(r for r in records if (r["label"], r["batch_size"], r["seed"]) == (label, b, seed))
                 clamp = rec.get("clamp_rate")
+                bar = floor.get(b)
+                ok = bar is not None and idx[(label, b, seed)] >= bar
+                if bar is not None:
+                    gaps.append(idx[(label, b, seed)] - bar)
+                if ok:
+                    passing.append(f"{label} at B = {b}")
                 rows.append(f"| {label} | {b} | {seed} | {100 * idx[(label, b, seed)]:.1f} | "
                             + ("-" if clip is None else f"{100 * (idx[(label, b, seed)] - clip):+.1f}")
+                            + f" | {'-' if bar is None else f'{100 * bar:.1f}'} | {'yes' if ok else 'no'}"
                             + f" | {'-' if clamp is None else f'{clamp:.2f}'} |")
     parts = ["# The `dcl` screen on the testbed (validation split)", "",
              *ex.about_lines(status=status, command=command,
@@ -643,11 +655,18 @@ def write_dcl_screen(out: Path, records: List[dict], planned: int, data: dict, b
              "`dcl tau+ 0.021`; every flag written out):",
              *[f"  - `{name}`: `{' '.join(objectives()[name])}`" for name in DCL_VARIANTS
                if any(r["label"] == name for r in records)],
-             "", "| setting | B | seed | retrieval mean R@1 | minus `clip` (same B and seed) | clamp rate, last "
-             "fifth of training |", "|---|---:|---:|---:|---:|---:|", *rows,
+             "- **The screen's bar**: a setting goes on to the sweep when its score is at least `clip`'s lowest over "
+             "the validation sweep's seeds at the same batch (within the seeds' noise, or above). The bar was written "
+             "after the runs had started" + (f"; the closest setting ends {100 * -max(gaps):.1f} points below it"
+                                            if gaps and max(gaps) < 0 else "") + ". The default follows the sweep's "
+             "rule (README); with no setting through, `dcl`'s default is `tau_plus` 0, InfoNCE exactly.",
+             f"- **Through the screen**: {', '.join(passing) if passing else 'none'}.",
+             "", "| setting | B | seed | retrieval mean R@1 | minus `clip` (same B and seed) | bar: `clip`'s lowest seed "
+             "| through | clamp rate, last fifth of training |", "|---|---:|---:|---:|---:|---:|---|---:|", *rows,
              "", "## Scores (validation split)", "", table(records)]
     (out / f"{stem}.md").write_text("\n".join(parts) + "\n")
-    doc = {"machine": ex.machine_info(), "command": command, "status": status, "split": "validation",
+    doc = {"machine": ex.machine_info(), "command": command, "status": status, "split": "validation", "passing": passing,
+           "bars": {str(b): v for b, v in floor.items()},
            "budget": dataclasses.asdict(budget), "data": data["config"], "objectives": objectives(), "runs": records}
     (out / f"{stem}.json").write_text(json.dumps(doc, indent=1, default=str) + "\n")
 
@@ -783,6 +802,18 @@ def readme_block(doc: dict) -> str:
     return "\n".join(lines)
 
 
+def dcl_readme_block(doc: dict) -> str:
+    """The README's ``dcl`` screen, from ``dcl_screen.json``: each setting's validation R@1 minus ``clip``'s at
+    the same batch and seed, and what passed the screen's bar."""
+    idx = {(r["label"], r["batch_size"], r["seed"]): r["metrics"][MEAN_R1] for r in doc["runs"]}
+    cells = [f"`{lab}` {100 * (v - idx[('clip', b, seed)]):+.1f} at B = {b}"
+             for (lab, b, seed), v in idx.items() if lab != "clip" and ("clip", b, seed) in idx]
+    seeds = sorted({seed for (lab, b, seed) in idx})
+    return (f"Validation split, seed{'s' if len(seeds) > 1 else ''} {', '.join(map(str, seeds))}, retrieval mean R@1 "
+            "minus `clip`'s at the same batch and seed, in points: " + "; ".join(cells) + ". Through the screen: "
+            + (", ".join(doc["passing"]) if doc["passing"] else "none") + ".")
+
+
 # ------------------------------------------------------------------------------------------
 # Driver
 # ------------------------------------------------------------------------------------------
@@ -835,7 +866,11 @@ def main(argv: Optional[List[str]] = None) -> int:
     if args.report_only:  # the dcl screen's runs in its own report (--stage dcl-screen), the rest in this one
         records = finished_runs(work, data, budget)
         screen = "dcl-screen" in args.stage
-        records = [r for r in records if (r["label"] in DCL_VARIANTS or (screen and r["label"] == "clip")) == screen]
+        if screen:
+            records = [r for r in records if r["label"] in DCL_VARIANTS or (
+                r["label"] == "clip" and r["batch_size"] in args.screen_batch_sizes and r["seed"] == args.screen_seed)]
+        else:
+            records = [r for r in records if r["label"] not in DCL_VARIANTS]
         write(results, records, len(records), data, budget, command, started,
               ["dcl-screen"] if screen else ["report of finished runs"], args.batch_sizes, args.stem)
         print(f"[batch_size] {len(records)} finished runs -> {results / (args.stem + '.md')}")

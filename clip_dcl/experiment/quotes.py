@@ -68,6 +68,7 @@ QUOTES: Tuple[Quote, ...] = (
     Quote("prior-diagnosis numbers", "prior_diagnosis.py", "prior_diagnosis.json"),
     Quote("quality numbers", "quality.py", "quality.json"),
     Quote("batch-size verdicts", "batch_size.py", "batch_size.json"),
+    Quote("dcl screen", "batch_size.py", "dcl_screen.json", render="dcl_readme_block"),
 )
 
 
