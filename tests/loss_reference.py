@@ -8,6 +8,7 @@ from __future__ import annotations
 import math
 
 import torch
+import torch.nn.functional as F
 
 
 def _directions(f, g, s):
@@ -324,3 +325,11 @@ def dcl_top(f, g, s, tau_plus, clamp="clamp", beta=0.0):
                 rows.append(-torch.log(pos / (pos + ng)))
         total = total + torch.stack(rows).mean()
     return total / 2, sum(clamped) / len(clamped)
+
+
+def features(n, m=1, d=16, seed=0, dtype=torch.float64, align=0.0):
+    """``n`` images and ``n * m`` captions (the ``m`` captions of image i at rows i*m .. i*m+m-1), unit rows."""
+    gen = torch.Generator().manual_seed(seed)
+    f = torch.randn(n, d, generator=gen, dtype=dtype)
+    g = torch.randn(n * m, d, generator=gen, dtype=dtype) + align * f.repeat_interleave(m, 0)
+    return F.normalize(f, dim=-1), F.normalize(g, dim=-1)

@@ -15,17 +15,11 @@ import torch
 import torch.nn.functional as F
 
 import loss_reference as ref
+from loss_reference import features
 from clip_dcl.losses import create_loss
 
 SCALES = [1.0, 14.3, 100.0]
 
-
-def features(n, m=1, d=16, seed=0, dtype=torch.float64, align=0.0):
-    """``n`` images and ``n * m`` captions (the ``m`` captions of image i at rows i*m .. i*m+m-1)."""
-    gen = torch.Generator().manual_seed(seed)
-    f = torch.randn(n, d, generator=gen, dtype=dtype)
-    g = torch.randn(n * m, d, generator=gen, dtype=dtype) + align * f.repeat_interleave(m, 0)
-    return F.normalize(f, dim=-1), F.normalize(g, dim=-1)
 
 
 def value_and_grads(fn, f, g, s):
