@@ -765,6 +765,27 @@ _VERB = {"reach": {"reaches": "reaches", "does not reach": "does not reach", "no
          "beat": {"beats": "beats", "trails": "trails", "tie": "ties with", "no verdict": "no verdict against"}}
 
 
+def control_leads(records: List[dict]) -> Dict[int, Dict[str, dict]]:
+    """Per decisive batch size with both temperature controls run: ``decl``'s lead over ``clip``, over InfoNCE at
+    ``decl``'s scale, and ``decl`` at ``clip``'s scale over ``clip``, each paired by seed on the test split over
+    the seeds every arm has (:func:`t_interval` plus the per-seed ``diffs``)."""
+    idx = per_seed(records)
+    out = {}
+    for b in DECISIVE_SIZES:
+        arms = {"clip": ("clip", b), "decl": ("decl default", b), "clip at decl scale": (f"clip at decl's scale (B={b})", b),
+                "decl at clip scale": (f"decl at clip's scale (B={b})", b)}
+        seeds = sorted(s for (lab, bb, s) in idx if (lab, bb) == arms["clip"]
+                       and all((*arm, s) in idx for arm in arms.values()))
+        if not seeds:
+            continue
+        out[b] = {}
+        for name, (x, y) in {"decl - clip": ("decl", "clip"), "decl - clip at decl scale": ("decl", "clip at decl scale"),
+                             "decl at clip scale - clip": ("decl at clip scale", "clip")}.items():
+            diffs = [idx[(*arms[x], s)] - idx[(*arms[y], s)] for s in seeds]
+            out[b][name] = {**t_interval(diffs), "diffs": diffs, "seeds": seeds}
+    return out
+
+
 def readme_block(doc: dict) -> str:
     """The README's verdicts, from a report's JSON (``doc``): per batch size the test split's verdict with
     its seeds, mean paired difference and interval, the validation split's comparison beside it (where the
@@ -793,10 +814,13 @@ def readme_block(doc: dict) -> str:
             line += (f" On the validation split, where the default was chosen ({old['n']} seeds; context, no "
                      f"verdict): {cell(old)} against `clip` at {2 * b}, {cell(old_beat)} against `clip` at {b}.")
         lines.append(line)
-    controls = [r for r in doc["runs"] if "scale (B=" in r["label"]]
-    if controls:
-        lines.append(f"- Temperature controls: {len(controls)} runs; their paired intervals are in the report.")
-    else:
+    lead = control_leads(doc["runs"])
+    for b, c in sorted(lead.items()):
+        lines.append(
+            f"- **Temperature controls at B = {b}** (test split): `decl`'s lead over `clip` is {cell(c['decl - clip'])}; "
+            f"over InfoNCE trained at `decl`'s final scale, {cell(c['decl - clip at decl scale'])}; `decl` trained at "
+            f"`clip`'s final scale leads `clip` by {cell(c['decl at clip scale - clip'])}.")
+    if not lead:
         lines.append("- Temperature controls (InfoNCE at `decl`'s scale, `decl` at `clip`'s): not run yet.")
     lines += ["", f"Status of the report: {doc['status']}"]
     return "\n".join(lines)

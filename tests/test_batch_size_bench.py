@@ -251,3 +251,17 @@ def test_each_dcl_variant_changes_only_its_settings_of_the_screens_base():
         got = decl_kwargs(bs.objectives()[name])
         assert {k for k in set(base) | set(got) if base.get(k) != got.get(k)} == set(settings), name
     assert "dcl top" not in bs.screen_objectives() and ("dcl top", 64, 0) in bs.planned_runs(["dcl-screen"])
+
+
+def test_control_leads_pair_the_four_arms_by_seed_on_the_test_split():
+    arms = {"clip": 0.30, "decl default": 0.36, "clip at decl's scale (B=32)": 0.33, "decl at clip's scale (B=32)": 0.31}
+    records = [scored(lab, 32, s, v + s / 100) for s in range(2) for lab, v in arms.items()]
+    records.append(scored("clip at decl's scale (B=32)", 32, 2, 0.5))  # seed 2 lacks the other arms: left out
+    lead = bs.control_leads(records)[32]
+    assert lead["decl - clip"]["seeds"] == [0, 1] and lead["decl - clip"]["mean"] == pytest.approx(0.06)
+    assert lead["decl - clip at decl scale"]["mean"] == pytest.approx(0.03)
+    assert lead["decl at clip scale - clip"]["mean"] == pytest.approx(0.01)
+    assert 64 not in bs.control_leads(records)
+    block = bs.readme_block({"verdicts": bs.verdicts(records), "runs": records, "status": "x",
+                             "confidence": bs.CONFIDENCE})
+    assert "**Temperature controls at B = 32** (test split): `decl`'s lead over `clip` is +6.0" in block
