@@ -492,16 +492,6 @@ def progress(records: List[dict], sizes: Sequence[int], screen_sizes: Sequence[i
             + f"; sweep: {len(beyond)} runs beyond the screen" + (f", complete for {', '.join(swept)}" if swept else ""))
 
 
-def gathered_status(records: List[dict], sizes: Sequence[int]) -> str:
-    """The status of a report over every finished run: complete once the three stages' planned runs
-    (:func:`planned_runs` at their defaults) have all finished, else PARTIAL with how many are left."""
-    have = {(r["label"], r["batch_size"], r["seed"]) for r in records}
-    left = [j for j in planned_runs(("gate", "screen", "sweep"), sizes) if j not in have]
-    return (f"{'PARTIAL' if left else 'complete'}: the {len(records)} runs finished at this budget"
-            + (f" ({len(left)} runs of the three stages still to run)" if left else "")
-            + f", gathered from several calls (each run's own command is in the JSON); {progress(records, sizes)}")
-
-
 def table(records: List[dict], key: str = "metrics") -> str:
     """One row per (objective, batch): mean ± std over seeds of each headline score on one split (``key``:
     ``metrics``, the validation split, or ``test_metrics``), the final logit scale, the plateau check, seeds."""
@@ -744,6 +734,21 @@ def write(out: Path, records: List[dict], planned: int, data: dict, budget: ex.B
                   "`clip at decl's scale`: InfoNCE with the logit scale fixed at the final scale of `decl default` "
                   "in the validation sweep; `decl at clip's scale`: `decl default` with its scale fixed at `clip`'s. "
                   "Each changes only the temperature of one arm.", "", controls]
+    earlier = [r for r in records if r["label"] in screen_objectives()]
+    g = gate(earlier, sizes)
+    same, double = paired(earlier, "clip"), paired(earlier, "clip", same_b=False)
+    variants = paired(earlier, "decl absolute", prefix="decl ")
+    if any(x for x in (g, variants)) or any(r["label"] not in ("clip", "decl default") for r in earlier):
+        parts += ["", "## The gate, screen and sweep stages of these runs (validation split: where choices are made)", "",
+                  f"- Where they stand: {progress(earlier, sizes)}."]
+        if g:
+            parts.append(f"- Gate: clip at {g['large']} minus clip at {g['small']}: {100 * g['gain']:+.1f} points of mean "
+                         f"R@1, seeds {'separate' if g['separate'] else 'overlapping'}: "
+                         f"**{'passed' if g['passed'] else 'not passed'}**.")
+        for title, body in (("Against clip at the same batch", same), ("Against clip at twice the batch", double),
+                            ("DeCL variants against the screen's base, the absolute estimate", variants)):
+            if body:
+                parts += ["", f"### {title} (paired by seed)", "", body]
     if any(r.get("test_metrics") for r in records):
         parts += ["", "## Scores on the test split (%, mean ± sample std over seeds)", "",
                   table(records, key="test_metrics")]
