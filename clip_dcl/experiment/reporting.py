@@ -153,6 +153,7 @@ def write_report(out_dir: os.PathLike, stem: str, *, data: dict, budget: Budget,
         "budget": dataclasses.asdict(budget),
         "data": {k: data[k] for k in ("out_dir", "train_data", "val_data", "tau_plus", "config") if k in data},
         "chance": chance,
+        "table": table,
         "runs": {
             name: [{"flags": list(r.run.flags), "seed": s.get("seed"), "checkpoint": str(r.checkpoint),
                     "train_seconds": r.seconds, "command": r.command, "curves": r.curves, "val": r.val,
