@@ -173,8 +173,10 @@ def control_objectives() -> Dict[str, tuple]:
     out = {}
     for b in DECISIVE_SIZES:
         decl_s, clip_s = final_scale("decl default", b), final_scale("clip", b)
-        if decl_s:
-            out[f"clip at decl's scale (B={b})"] = loss_flags("dcl", tau_plus=0.0, temperature=round(1 / decl_s, 5))
+        if decl_s:  # without --dcl-same-class, which a prior of 0 leaves unused: the flags the arm first ran with
+            flags = loss_flags("dcl", tau_plus=0.0, temperature=round(1 / decl_s, 5))
+            at = flags.index("--dcl-same-class") if "--dcl-same-class" in flags else None
+            out[f"clip at decl's scale (B={b})"] = flags if at is None else flags[:at] + flags[at + 2:]
         if clip_s:
             out[f"decl at clip's scale (B={b})"] = loss_flags("decl", temperature_mode="fixed",
                                                               temperature=round(1 / clip_s, 5))
