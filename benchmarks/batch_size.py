@@ -824,7 +824,8 @@ def readme_block(doc: dict) -> str:
     lead = control_leads(doc["runs"])
     for b, c in sorted(lead.items()):
         lines.append(
-            f"- **Temperature controls at B = {b}** (test split): `decl`'s lead over `clip` is {cell(c['decl - clip'])}; "
+            f"- **Temperature controls at B = {b}** (test split, seeds {', '.join(map(str, c['decl - clip']['seeds']))}): "
+            f"`decl`'s lead over `clip` is {cell(c['decl - clip'])}; "
             f"over InfoNCE trained at `decl`'s final scale, {cell(c['decl - clip at decl scale'])}; `decl` trained at "
             f"`clip`'s final scale leads `clip` by {cell(c['decl at clip scale - clip'])}.")
     if not lead:

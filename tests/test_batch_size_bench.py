@@ -260,4 +260,4 @@ def test_control_leads_pair_the_four_arms_by_seed_on_the_test_split():
     assert 64 not in bs.control_leads(records)
     block = bs.readme_block({"verdicts": bs.verdicts(records), "runs": records, "status": "x",
                              "confidence": bs.CONFIDENCE})
-    assert "**Temperature controls at B = 32** (test split): `decl`'s lead over `clip` is +6.0" in block
+    assert "**Temperature controls at B = 32** (test split, seeds 0, 1): `decl`'s lead over `clip` is +6.0" in block
