@@ -494,6 +494,15 @@ def progress(records: List[dict], sizes: Sequence[int], screen_sizes: Sequence[i
             + f"; sweep: {len(beyond)} runs beyond the screen" + (f", complete for {', '.join(swept)}" if swept else ""))
 
 
+def fixed_scale(record: dict) -> Optional[str]:
+    """``"s (fixed)"`` for a run whose loss fixed its temperature (the model's own scale then stays unused)."""
+    flags = list(record.get("flags", ()))
+    for flag in ("--dcl-temperature", "--decl-temperature"):
+        if flag in flags and (flag == "--dcl-temperature" or "fixed" in flags):
+            return f"{1 / float(flags[flags.index(flag) + 1]):.1f} (fixed)"
+    return None
+
+
 def table(records: List[dict], key: str = "metrics") -> str:
     """One row per (objective, batch): mean ± std over seeds of each headline score on one split (``key``:
     ``metrics``, the validation split, or ``test_metrics``), the final logit scale, the plateau check, seeds."""
@@ -507,7 +516,7 @@ def table(records: List[dict], key: str = "metrics") -> str:
     for (label, b), rs in sorted(groups.items(), key=lambda kv: (list(objectives()).index(kv[0][0])
                                                                    if kv[0][0] in objectives() else 99, kv[0][1])):
         cells = [format_mean_std(mean_std([r[key].get(metric) for r in rs])) for metric, _ in HEADLINE]
-        scales = ", ".join(f"{r['logit_scale'][-1]:.1f}" for r in rs if r["logit_scale"])
+        scales = ", ".join(fixed_scale(r) or f"{r['logit_scale'][-1]:.1f}" for r in rs if r["logit_scale"])
         plateaus = ", ".join(f"{p:+.1f}" for p in (plateau(r["val_r1"]) for r in rs) if p is not None) or "n/a"
         lines.append(f"| {label} | {b} | " + " | ".join(cells) + f" | {scales} | {plateaus} | "
                      + ", ".join(str(r["seed"]) for r in rs) + " |")
