@@ -399,7 +399,7 @@ def test_one_epoch_writes_checkpoint_with_loss_state_and_logs_terms(tmp_path, lo
     for term in terms + ["Loss:"]:
         assert all(term in line for line in lines), (term, lines[-1])
     if loss == "dcl":
-        assert ckpt["clip_dcl"]["loss_args"] == {"tau_plus": 0.0, "clamp": "clamp", "beta": 0.0, "temperature": None,
+        assert ckpt["clip_dcl"]["loss_args"] == {"tau_plus": 0.1, "clamp": "clamp", "beta": 0.0, "temperature": None,
                                                  "tau_momentum": 0.05, "same_class": "positive"}
     if loss == "decl":
         state = ckpt["loss_state"]
