@@ -106,15 +106,5 @@ def main(argv: Optional[List[str]] = None) -> int:
     return 0
 
 
-def readme_block(doc: dict) -> str:
-    """The README's demo table, from a demo's ``demo.json`` (``benchmarks/results/demo.json``): the run's
-    times, then the comparison table it printed (:mod:`clip_dcl.experiment.quotes`)."""
-    runs = doc["runs"]
-    times = " / ".join(f"{runs[name][0]['train_seconds']:.0f} s" for name in runs)
-    return (f"A run of `clip-dcl demo` on {doc['machine']} ({doc['date']}) took {doc['minutes']:.1f} minutes; training "
-            f"{times} for {' / '.join(runs)}. Its table, in percent, with the chance level of each metric:\n\n"
-            + doc["table"])
-
-
 if __name__ == "__main__":  # pragma: no cover
     sys.exit(main())

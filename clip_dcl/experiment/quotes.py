@@ -104,10 +104,7 @@ def replace_block(text: str, name: str, block: str) -> str:
 
 
 def renderer(quote: Quote, root: Path = ROOT):
-    """The function of the benchmark script that renders ``quote`` (the script imported as a module; a
-    ``script`` without ``.py`` names a module of the package, e.g. ``clip_dcl.demo``)."""
-    if not quote.script.endswith(".py"):
-        return getattr(importlib.import_module(quote.script), quote.render)
+    """The function of the benchmark script that renders ``quote`` (the script imported as a module)."""
     bench = str(root / "benchmarks")
     if bench not in sys.path:
         sys.path.insert(0, bench)
