@@ -777,8 +777,8 @@ def write(out: Path, records: List[dict], planned: int, data: dict, budget: ex.B
 # ------------------------------------------------------------------------------------------
 # The README's answer, generated from the report's JSON
 # ------------------------------------------------------------------------------------------
-_VERB = {"reach": {"reaches": "reaches", "does not reach": "does not reach", "no verdict": "no verdict on reaching"},
-         "beat": {"beats": "beats", "trails": "trails", "tie": "ties with", "no verdict": "no verdict against"}}
+#: how the README phrases each reach verdict
+_REACH = {"reaches": "reaches", "does not reach": "does not reach", "no verdict": "no verdict on reaching"}
 
 
 def control_leads(records: List[dict]) -> Dict[int, Dict[str, dict]]:
@@ -818,7 +818,7 @@ def readme_block(doc: dict) -> str:
     for b in sorted({r["batch_size"] for r in doc["verdicts"]}):
         reach, beat = rows[(b, "reach", "test")], rows[(b, "beat", "test")]
         if reach["n"]:
-            line = (f"- **B = {b}: `decl` {_VERB['reach'][reach['verdict']]} `clip` at {2 * b}** (test split, "
+            line = (f"- **B = {b}: `decl` {_REACH[reach['verdict']]} `clip` at {2 * b}** (test split, "
                     f"{reach['n']} seeds{'' if reach['n'] >= MIN_SEEDS else f'; {MIN_SEEDS} at least for a verdict'}): "
                     f"decl@{b} - clip@{2 * b} = {cell(reach)}, threshold {-100 * reach['gain'] / 2:+.1f} (half of "
                     f"`clip`'s gain from {b} to {2 * b}); against `clip` at {b}: {cell(beat)}, {beat['verdict']}.")
