@@ -131,6 +131,10 @@ DECL_VARIANTS = {
     "decl RGCL-g temperature": {**SCREEN_BASE, "temperature_mode": "rgclg"},
 }
 BASELINES = {"clip": ("--loss", "clip")}
+#: ``--loss dcl`` with no other loss flag, whatever the package defaults are when it runs (its
+#: record's commit says which): checked against ``clip`` at :data:`DCL_DEFAULT_SIZE` on the test split
+DCL_DEFAULT = "dcl package default"
+DCL_DEFAULT_SIZE = 64
 #: ``dcl``'s package defaults when its screen ran: every ``dcl`` objective here spells them out, so that
 #: a cached run keeps its meaning whatever the package default becomes
 DCL_SCREEN_BASE = {"tau_plus": 0.1, "clamp": "clamp", "same_class": "positive"}
@@ -186,7 +190,7 @@ def control_objectives() -> Dict[str, tuple]:
 def screen_objectives() -> List[str]:
     """The objectives of the gate, screen and sweep (every one but the temperature controls and the ``dcl``
     screen, which came later)."""
-    later = {**control_objectives(), **DCL_VARIANTS}
+    later = {**control_objectives(), **DCL_VARIANTS, DCL_DEFAULT: ()}
     return [name for name in objectives() if name not in later]
 
 
@@ -196,6 +200,7 @@ def objectives() -> Dict[str, tuple]:
     out.update({name: loss_flags("decl", **settings) for name, settings in DECL_VARIANTS.items()})
     out.update(control_objectives())
     out.update({name: loss_flags("dcl", **{**DCL_SCREEN_BASE, **settings}) for name, settings in DCL_VARIANTS.items()})
+    out[DCL_DEFAULT] = ("--loss", "dcl")
     return out
 
 
@@ -364,6 +369,8 @@ def planned_runs(stages: Sequence[str], sizes: Sequence[int] = BATCH_SIZES, seed
         chosen = [v for v in DCL_VARIANTS if not screen_variants or v in screen_variants]
         runs += [(label, b, screen_seed) for b in sorted(screen_sizes, reverse=True) for label in chosen]
         runs += [("clip", b, screen_seed) for b in sorted(screen_sizes, reverse=True)]
+    if "dcl-default" in stages:
+        runs += [(label, DCL_DEFAULT_SIZE, s) for s in seeds for label in (DCL_DEFAULT, "clip")]
     if "controls" in stages:
         runs += [(label, b, s) for s in seeds for b in decisive_sizes
                  for label in (f"clip at decl's scale (B={b})", f"decl at clip's scale (B={b})")]
@@ -860,7 +867,7 @@ def dcl_readme_block(doc: dict) -> str:
 # ------------------------------------------------------------------------------------------
 def build_parser() -> argparse.ArgumentParser:
     p = arguments.benchmark_parser("batch_size.py", __doc__)
-    p.add_argument("--stage", nargs="+", choices=("gate", "screen", "sweep", "decisive", "controls", "dcl-screen"),
+    p.add_argument("--stage", nargs="+", choices=("gate", "screen", "sweep", "decisive", "controls", "dcl-screen", "dcl-default"),
                    default=["decisive"])
     p.add_argument("--decisive-batch-sizes", type=int, nargs="+", default=list(DECISIVE_SIZES))
     p.add_argument("--decisive-seeds", type=int, nargs="+", default=list(range(SEED_CAP)),
