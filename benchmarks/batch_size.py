@@ -354,7 +354,8 @@ def planned_runs(stages: Sequence[str], sizes: Sequence[int] = BATCH_SIZES, seed
     every batch size and seed), the screen (``screen_variants``, default every objective, at
     ``screen_sizes`` with one seed) and the sweep (``clip``, ``dcl`` at 0.05 and ``sweep_variants``
     at every seed and batch size, the largest for ``clip`` only), the decisive stage (:func:`decisive_runs`;
-    the driver skips those whose batch sizes are decided) and the temperature controls (``seeds``)."""
+    the driver skips those whose batch sizes are decided), ``--loss dcl`` at its package defaults beside
+    ``clip`` (:data:`DCL_DEFAULT_SIZE`, ``seeds``) and the temperature controls (``seeds``)."""
     runs = []
     if "gate" in stages:
         runs += [("clip", b, s) for s in seeds for b in sizes]
@@ -621,6 +622,38 @@ def controls_table(records: List[dict]) -> str:
                       f"{100 * CONFIDENCE:.0f} % interval |", "|---|---|---:|---|---:|---|", *lines])
 
 
+def dcl_default_rows(records: List[dict]) -> List[dict]:
+    """``--loss dcl`` at its package defaults minus ``clip`` at :data:`DCL_DEFAULT_SIZE`, paired by seed, on the
+    test split (the check) and the validation split (context): each with its seeds, per-seed differences,
+    interval and the rule's reading: **trails** when the interval lies below zero, **within the seeds' noise**
+    when it holds zero, **above** when it lies above zero (below :data:`MIN_SEEDS` seeds: no verdict)."""
+    rows = []
+    for split, key in (("test", "test_metrics"), ("validation", "metrics")):
+        idx = per_seed(records, key)
+        seeds = sorted(s for (lab, b, s) in idx if lab == DCL_DEFAULT and b == DCL_DEFAULT_SIZE
+                       and ("clip", b, s) in idx)
+        diffs = [idx[(DCL_DEFAULT, DCL_DEFAULT_SIZE, s)] - idx[("clip", DCL_DEFAULT_SIZE, s)] for s in seeds]
+        st = t_interval(diffs)
+        verdict = ("no verdict" if st["n"] < MIN_SEEDS else "trails" if st["hi"] < 0 else
+                   "above" if st["lo"] > 0 else "within the seeds' noise")
+        rows.append({"split": split, "batch_size": DCL_DEFAULT_SIZE, "seeds": seeds, "diffs": diffs, **st,
+                     "verdict": verdict})
+    return rows
+
+
+def dcl_default_table(rows: List[dict]) -> str:
+    """Markdown: :func:`dcl_default_rows`, one line per split that has runs."""
+    lines = [f"| `{DCL_DEFAULT}` - `clip` at B = {r['batch_size']} | {r['split']} | {r['n']} | "
+             + ", ".join(f"s{s} {100 * d:+.1f}" for s, d in zip(r["seeds"], r["diffs"]))
+             + f" | {100 * r['mean']:+.1f} | "
+             + ("-" if r["n"] < 2 else f"[{100 * r['lo']:+.1f}, {100 * r['hi']:+.1f}]") + f" | {r['verdict']} |"
+             for r in rows if r["n"]]
+    if not lines:
+        return ""
+    return "\n".join([f"| comparison | split | seeds | per-seed differences (points) | mean | "
+                      f"{100 * CONFIDENCE:.0f} % interval | reading |", "|---|---|---:|---|---:|---|---|", *lines])
+
+
 def write_dcl_screen(out: Path, records: List[dict], planned: int, data: dict, budget: ex.Budget, command: str,
                      started: datetime, stem: str) -> None:
     """The ``dcl`` screen's report: validation-split scores of every setting and its difference from ``clip``
@@ -752,6 +785,14 @@ def write(out: Path, records: List[dict], planned: int, data: dict, budget: ex.B
                   "`clip at decl's scale`: InfoNCE with the logit scale fixed at the final scale of `decl default` "
                   "in the validation sweep; `decl at clip's scale`: `decl default` with its scale fixed at `clip`'s. "
                   "Each changes only the temperature of one arm.", "", controls]
+    dcl_rows = dcl_default_rows(records)
+    dcl_table = dcl_default_table(dcl_rows)
+    if dcl_table:
+        parts += ["", "## `--loss dcl` with no other loss flag, against `clip` (paired by seed)", "",
+                  f"`{DCL_DEFAULT}` runs `python -m clip_dcl.train --loss dcl` with no other loss flag, so the "
+                  "package defaults of the commit in its record. **Trails** when the interval lies below zero, "
+                  "**within the seeds' noise** when it holds zero, **above** when it lies above zero; the test "
+                  "split is the check, the validation split context.", "", dcl_table]
     earlier = [r for r in records if r["label"] in screen_objectives()]
     g = gate(earlier, sizes)
     same, double = paired(earlier, "clip"), paired(earlier, "clip", same_b=False)
@@ -777,7 +818,7 @@ def write(out: Path, records: List[dict], planned: int, data: dict, budget: ex.B
     (out / f"{stem}.md").write_text("\n".join(parts) + "\n")
     doc = {"machine": ex.machine_info(), "command": command, "status": status, "budget": dataclasses.asdict(budget),
            "data": cfg, "splits": splits, "rule": RULE, "confidence": CONFIDENCE, "resolution": RESOLUTION,
-           "seed_cap": SEED_CAP, "verdicts": rows, "objectives": objectives(), "runs": records}
+           "seed_cap": SEED_CAP, "verdicts": rows, "dcl_default": dcl_rows, "objectives": objectives(), "runs": records}
     (out / f"{stem}.json").write_text(json.dumps(doc, indent=1, default=str) + "\n")
 
 
@@ -860,6 +901,24 @@ def dcl_readme_block(doc: dict) -> str:
     return (f"Validation split, seed{'s' if len(seeds) > 1 else ''} {', '.join(map(str, seeds))}, retrieval mean R@1 "
             "minus `clip`'s at the same batch and seed, in points: " + "; ".join(cells) + ". Through the screen: "
             + (", ".join(doc["passing"]) if doc["passing"] else "none") + ".")
+
+
+def dcl_default_block(doc: dict) -> str:
+    """The README's check of ``--loss dcl`` with no other loss flag against ``clip``, from a report's JSON
+    (:func:`dcl_default_rows`): test split first, the validation split beside it."""
+    rows = {r["split"]: r for r in doc.get("dcl_default", []) if r["n"]}
+    if "test" not in rows:
+        return f"`--loss dcl` with no other loss flag: no test-split runs yet at B = {DCL_DEFAULT_SIZE}."
+    t = rows["test"]
+    text = (f"`python -m clip_dcl.train --loss dcl` with no other loss flag, against `clip` at B = {t['batch_size']}, "
+            f"20 epochs, test split, {t['n']} seeds: retrieval mean R@1 {100 * t['mean']:+.2f} points "
+            + (f"[{100 * t['lo']:+.2f}, {100 * t['hi']:+.2f}] " if t["n"] >= 2 else "")
+            + f"(per seed {', '.join(f'{100 * d:+.2f}' for d in t['diffs'])}): **{t['verdict']}**.")
+    v = rows.get("validation")
+    if v:
+        text += (f" Validation split: {100 * v['mean']:+.2f} (per seed "
+                 f"{', '.join(f'{100 * d:+.2f}' for d in v['diffs'])}).")
+    return text
 
 
 # ------------------------------------------------------------------------------------------

@@ -106,5 +106,16 @@ def main(argv: Optional[List[str]] = None) -> int:
     return 0
 
 
+def readme_block(doc: dict) -> str:
+    """The README's demo table, from a ``demo.json`` (the README's generated block ``demo table``,
+    :mod:`clip_dcl.experiment.quotes`): where and when it ran, its time, each objective's training time,
+    then the comparison table with the chance level of every metric."""
+    runs = doc["runs"]
+    trained = " / ".join(f"{runs[name][0]['train_seconds']:.0f} s" for name in runs)
+    return (f"A run of `clip-dcl demo` on {doc['machine']}, {doc['date']}: {doc['minutes']:.1f} minutes in all "
+            f"(training {trained} for {' / '.join(runs)}). Its table, in percent, with the chance level of "
+            f"each metric:\n\n{doc['table'].strip()}")
+
+
 if __name__ == "__main__":  # pragma: no cover
     sys.exit(main())

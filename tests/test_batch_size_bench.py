@@ -261,3 +261,29 @@ def test_control_leads_pair_the_four_arms_by_seed_on_the_test_split():
     block = bs.readme_block({"verdicts": bs.verdicts(records), "runs": records, "status": "x",
                              "confidence": bs.CONFIDENCE})
     assert "**Temperature controls at B = 32** (test split, seeds 0, 1): `decl`'s lead over `clip` is +6.0" in block
+
+
+def test_dcl_package_default_is_the_bare_loss_flag_planned_beside_clip_at_its_batch():
+    assert bs.objectives()[bs.DCL_DEFAULT] == ("--loss", "dcl")
+    assert bs.DCL_DEFAULT not in bs.screen_objectives()
+    plan = bs.planned_runs(["dcl-default"], seeds=(0, 1))
+    assert plan == [(bs.DCL_DEFAULT, 64, 0), ("clip", 64, 0), (bs.DCL_DEFAULT, 64, 1), ("clip", 64, 1)]
+
+
+def test_dcl_default_rows_read_the_paired_interval_against_zero():
+    def rows(diffs):
+        records = [scored("clip", 64, s, 0.30) for s in range(len(diffs))]
+        records += [scored(bs.DCL_DEFAULT, 64, s, 0.30 + d) for s, d in enumerate(diffs)]
+        return {r["split"]: r for r in bs.dcl_default_rows(records)}
+    noise = rows([0.01, -0.01, 0.004])["test"]
+    assert noise["seeds"] == [0, 1, 2] and noise["verdict"] == "within the seeds' noise"
+    assert noise["mean"] == pytest.approx(0.004 / 3)
+    assert rows([-0.05, -0.06, -0.04])["test"]["verdict"] == "trails"
+    assert rows([0.05, 0.06, 0.04])["test"]["verdict"] == "above"
+    assert rows([-0.05, -0.06])["test"]["verdict"] == "no verdict"  # below MIN_SEEDS
+    assert rows([0.0, 0.0, 0.0])["validation"]["n"] == 3  # the validation scores (0 here) pair the same way
+    table = bs.dcl_default_table(list(rows([-0.05, -0.06, -0.04]).values()))
+    assert "| test | 3 | s0 -5.0, s1 -6.0, s2 -4.0 | -5.0 |" in table and "| trails |" in table
+    block = bs.dcl_default_block({"dcl_default": list(rows([0.01, -0.01, 0.004]).values())})
+    assert "test split, 3 seeds: retrieval mean R@1 +0.13 points [" in block and "within the seeds' noise" in block
+    assert "no test-split runs yet" in bs.dcl_default_block({"dcl_default": []})

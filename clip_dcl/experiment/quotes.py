@@ -36,8 +36,8 @@ TEST = "tests/test_quoted_numbers.py"
 
 @dataclass(frozen=True)
 class Quote:
-    """One generated block: ``name`` (in its markers), the benchmark ``script`` (under benchmarks/)
-    whose function ``render`` turns the JSON ``results`` (under benchmarks/results/) into the block's
+    """One generated block: ``name`` (in its markers), the benchmark ``script`` (under benchmarks/, or a
+    package module by its dotted name) whose function ``render`` turns the JSON ``results`` (under benchmarks/results/) into the block's
     Markdown, and the ``files`` (relative to the repository root) that must hold it."""
     name: str
     script: str
@@ -104,7 +104,10 @@ def replace_block(text: str, name: str, block: str) -> str:
 
 
 def renderer(quote: Quote, root: Path = ROOT):
-    """The function of the benchmark script that renders ``quote`` (the script imported as a module)."""
+    """The function that renders ``quote``: of the benchmark script ``quote.script`` (a ``.py`` file under
+    benchmarks/, imported as a module), or of the package module it names (``clip_dcl.demo``)."""
+    if not quote.script.endswith(".py"):
+        return getattr(importlib.import_module(quote.script), quote.render)
     bench = str(root / "benchmarks")
     if bench not in sys.path:
         sys.path.insert(0, bench)
