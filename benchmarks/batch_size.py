@@ -753,6 +753,9 @@ def write(out: Path, records: List[dict], planned: int, data: dict, budget: ex.B
         "disjoint seed streams of the data writer.",
         f"- Training: `{budget.model}`, {budget.epochs} epochs at every batch size, lr {budget.lr}, wd {budget.wd}, "
         f"warm-up {budget.warmup} steps, fp32 CPU, `python -m clip_dcl.train`, validation every epoch.",
+        f"- **Tuning budget**: `decl default` was chosen among {len(DECL_VARIANTS)} DeCL settings on the validation "
+        "split (the screen of the archived sweep); `clip` got no tuning (OpenCLIP's defaults); the temperature "
+        "controls below are the one tuning either arm got on the other's behalf.",
         "- Objectives (every flag written out from the loss registry, so a cached run keeps its meaning):",
         *[f"  - `{name}`: `{' '.join(flags)}`" for name, flags in objectives().items()
           if any(r["label"] == name for r in records)],
