@@ -94,6 +94,9 @@ ARCHIVE = HERE / "results" / "batch_size_validation_sweep.json"
 # ------------------------------------------------------------------------------------------
 # The decision rule, fixed before the decisive runs (the report and the README print it from here)
 # ------------------------------------------------------------------------------------------
+#: the data's seed (``clip-dcl data synth --seed``): draw 0 holds every split the verdicts read; another draw,
+#: same recipe, repeats the decisive comparison (``--data-seed``) in a data folder of its own
+DATA_SEED = 0
 DECISIVE_SIZES = (32, 64)
 #: the batch sizes the verdict table covers (16 from the validation sweep: no test-split runs there)
 VERDICT_SIZES = (16, 32, 64)
@@ -162,6 +165,34 @@ def archived_runs(data_config: Optional[dict] = None) -> List[dict]:
     if data_config is not None and {k: v for k, v in data_config.items() if k != "test_samples"} != doc["data"]:
         return []
     return [{**r, "split": "validation", "source": "archived"} for r in doc["runs"]]
+
+
+def data_dir(work: Path, seed: int = DATA_SEED) -> Path:
+    """The folder of draw ``seed`` of the testbed's data under ``work`` (draw 0 in ``data``, as it always was)."""
+    return work / ("data" if seed == DATA_SEED else f"data-seed{seed}")
+
+
+def other_draws(work: Path, budget: ex.Budget) -> Dict[int, List[dict]]:
+    """The finished runs of every draw of the data under ``work`` but draw 0, by the draw's seed."""
+    out = {}
+    for summary in sorted(work.glob("data-seed*/summary.json")):
+        data = json.loads(summary.read_text())
+        runs = finished_runs(work, data, budget)
+        if runs:
+            out[data["config"]["seed"]] = runs
+    return out
+
+
+def draw_rows(draws: Dict[int, List[dict]], sizes: Sequence[int] = DECISIVE_SIZES) -> List[dict]:
+    """The decisive comparisons (reach and beat, test split, :data:`RULE`) on each other draw of the data."""
+    rows = []
+    for seed, records in sorted(draws.items()):
+        for b in sizes:
+            for kind, other, judge in (("reach", 2 * b, reach_verdict), ("beat", b, beat_verdict)):
+                c = comparison(records, "decl default", b, other)
+                if c["n"]:
+                    rows.append({**c, "kind": kind, "split": "test", "data_seed": seed, "verdict": judge(c)})
+    return rows
 
 
 def final_scale(label: str, b: int) -> Optional[float]:
@@ -713,10 +744,12 @@ def write_dcl_screen(out: Path, records: List[dict], planned: int, data: dict, b
 
 
 def write(out: Path, records: List[dict], planned: int, data: dict, budget: ex.Budget, command: str,
-          started: datetime, stages: Sequence[str], sizes: Sequence[int], stem: str = STEM) -> None:
+          started: datetime, stages: Sequence[str], sizes: Sequence[int], stem: str = STEM,
+          draws: Optional[Dict[int, List[dict]]] = None) -> None:
     """The report of this call's runs: the splits, the rule, the verdicts (test split; B = 16 from the archived
-    validation sweep), the temperature controls and both splits' scores; ``{stem}.json`` holds the numbers
-    the README quotes (:func:`readme_block`)."""
+    validation sweep), the verdicts on other draws of the data (``draws``: their finished runs by data seed), the
+    temperature controls and both splits' scores; ``{stem}.json`` holds the numbers the README quotes
+    (:func:`readme_block`)."""
     if list(stages) == ["dcl-screen"]:
         return write_dcl_screen(out, records, planned, data, budget, command, started, stem)
     out.mkdir(parents=True, exist_ok=True)
@@ -782,6 +815,14 @@ def write(out: Path, records: List[dict], planned: int, data: dict, budget: ex.B
         parts += ["", f"Reproduction: {same} of {len(again)} runs trained again here score on the validation split "
                   "what the validation sweep's run of the same objective, batch and seed scored (to 0.01 point): "
                   "training is deterministic on this CPU, so the sweep's models are these models."]
+    again_rows = draw_rows(draws or {})
+    parts += ["", "## The decisive comparison on another draw of the data (test split)", ""]
+    if again_rows:
+        parts += [f"The same recipe with `clip-dcl data synth --seed {', '.join(map(str, sorted(draws)))}`: other "
+                  "training, validation and test images, the same rule. A verdict that holds on one draw only is "
+                  "reported as such.", "", verdict_table(again_rows)]
+    else:
+        parts += ["Not run yet (`--data-seed 1`: the same recipe, other images)."]
     controls = controls_table(records)
     if controls:
         parts += ["", "## Temperature controls (test split, paired by seed)", "",
@@ -821,7 +862,7 @@ def write(out: Path, records: List[dict], planned: int, data: dict, budget: ex.B
     (out / f"{stem}.md").write_text("\n".join(parts) + "\n")
     doc = {"machine": ex.machine_info(), "command": command, "status": status, "budget": dataclasses.asdict(budget),
            "data": cfg, "splits": splits, "rule": RULE, "confidence": CONFIDENCE, "resolution": RESOLUTION,
-           "seed_cap": SEED_CAP, "verdicts": rows, "dcl_default": dcl_rows, "objectives": objectives(), "runs": records}
+           "seed_cap": SEED_CAP, "verdicts": rows, "draws": again_rows, "dcl_default": dcl_rows, "objectives": objectives(), "runs": records}
     (out / f"{stem}.json").write_text(json.dumps(doc, indent=1, default=str) + "\n")
 
 
@@ -881,6 +922,14 @@ def readme_block(doc: dict) -> str:
             line += (f" On the validation split, where the default was chosen ({old['n']} seeds; context, no "
                      f"verdict): {cell(old)} against `clip` at {2 * b}, {cell(old_beat)} against `clip` at {b}.")
         lines.append(line)
+    again = [r for r in doc.get("draws", []) if r["kind"] == "reach"]
+    for r in again:
+        lines.append(f"- **Another draw of the data** (`--seed {r['data_seed']}`, B = {r['batch_size']}, test split, "
+                     f"{r['n']} seeds): decl@{r['batch_size']} - clip@{2 * r['batch_size']} = {cell(r)}, "
+                     f"{r['verdict']}.")
+    if not again:
+        lines.append("- Another draw of the data (same recipe, other images): not run yet; every verdict above "
+                     "holds on one draw.")
     lead = control_leads(doc["runs"])
     for b, c in sorted(lead.items()):
         lines.append(
@@ -934,6 +983,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--decisive-batch-sizes", type=int, nargs="+", default=list(DECISIVE_SIZES))
     p.add_argument("--decisive-seeds", type=int, nargs="+", default=list(range(SEED_CAP)),
                    help="decisive: seeds in the order they are added, until each batch size has its verdict")
+    p.add_argument("--data-seed", type=int, default=DATA_SEED,
+                   help="draw of the data (same recipe); another draw than 0 writes its own data folder and report "
+                        "(<stem>_draw<seed>), and the report of draw 0 reads its verdicts beside its own")
     p.add_argument("--quick", action="store_true", help="smoke run: 256 pairs, 1 epoch; report under --work")
     p.add_argument("--work", default="/tmp/clip_dcl_testbed", help="folder of the data, runs and caches")
     p.add_argument("--results", default=None, help=f"report folder (default {HERE / 'results'})")
@@ -963,7 +1015,12 @@ def main(argv: Optional[List[str]] = None) -> int:
     if args.quick:
         args.batch_sizes, args.screen_batch_sizes, args.seeds = [16, 32], [16], args.seeds[:2]
     work, results = arguments.work_and_results(args, HERE / "results")
-    data = ex.synth_data(work / "data", quick=args.quick, verbose=False, **(QUICK_DATA if args.quick else DATA))
+    if args.data_seed < 0:
+        raise SystemExit(f"--data-seed must be >= 0, got {args.data_seed}")
+    if args.data_seed != DATA_SEED and args.stem == STEM:
+        args.stem = f"{STEM}_draw{args.data_seed}"
+    data = ex.synth_data(data_dir(work, args.data_seed), quick=args.quick, verbose=False, seed=args.data_seed,
+                         **(QUICK_DATA if args.quick else DATA))
     if max(args.batch_sizes + args.screen_batch_sizes) > data["train"]["num_samples"]:
         raise SystemExit(f"a batch is larger than the {data['train']['num_samples']} training pairs")
     budget = ex.Budget(epochs=1 if args.quick else args.epochs, lr=1e-3, wd=0.1, warmup=50, model=MODEL,
@@ -982,7 +1039,8 @@ def main(argv: Optional[List[str]] = None) -> int:
         else:
             records = [r for r in records if r["label"] not in DCL_VARIANTS]
         write(results, records, len(records), data, budget, command, started,
-              ["dcl-screen"] if screen else ["report of finished runs"], args.batch_sizes, args.stem)
+              ["dcl-screen"] if screen else ["report of finished runs"], args.batch_sizes, args.stem,
+              draws=other_draws(work, budget) if args.data_seed == DATA_SEED else None)
         print(f"[batch_size] {len(records)} finished runs -> {results / (args.stem + '.md')}")
         return 0
     records: List[dict] = []

@@ -287,3 +287,19 @@ def test_dcl_default_rows_read_the_paired_interval_against_zero():
     block = bs.dcl_default_block({"dcl_default": list(rows([0.01, -0.01, 0.004]).values())})
     assert "test split, 3 seeds: retrieval mean R@1 +0.13 points [" in block and "within the seeds' noise" in block
     assert "no test-split runs yet" in bs.dcl_default_block({"dcl_default": []})
+
+
+def test_another_draw_of_the_data_gets_its_own_folder_and_its_verdicts_beside_draw_0(tmp_path):
+    assert bs.data_dir(tmp_path) == tmp_path / "data" and bs.data_dir(tmp_path, 1) == tmp_path / "data-seed1"
+    rows = bs.draw_rows({1: reach_records([0.000, 0.005, -0.005])})
+    reach = [r for r in rows if r["kind"] == "reach"]
+    assert [(r["data_seed"], r["batch_size"], r["verdict"]) for r in reach] == [(1, 32, "reaches")]
+    doc = {"verdicts": bs.verdicts([]), "runs": [], "status": "x", "confidence": bs.CONFIDENCE, "draws": rows}
+    assert "**Another draw of the data** (`--seed 1`, B = 32, test split, 3 seeds)" in bs.readme_block(doc)
+    assert "holds on one draw" in bs.readme_block({**doc, "draws": []})
+
+
+def test_a_negative_data_seed_stops_before_any_work(tmp_path):
+    with pytest.raises(SystemExit, match="--data-seed must be >= 0, got -1"):
+        bs.main(["--data-seed", "-1", "--work", str(tmp_path), "--report-only"])
+    assert not any(tmp_path.iterdir())
