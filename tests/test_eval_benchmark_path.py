@@ -60,7 +60,8 @@ def test_data_benchmark_writes_clip_benchmarks_layout(synth):
 def test_auto_tells_retrieval_from_classification_with_our_numbers(synth, tmp_path, monkeypatch):
     ckpt = str(synth / "ckpt.pt")
     monkeypatch.chdir(tmp_path)
-    assert eval_main(["benchmark", "--dataset", "wds/synval", "wds/synzs", "--dataset_root", str(synth / "wds_{dataset}"),
+    assert eval_main(["benchmark", "--dataset", "wds/synval", "wds/synzs",
+                      "--dataset_root", str(synth / "wds_{dataset}"),
                       "--model", MODEL, "--pretrained", ckpt, "--recall_k", "1", "5", "--num_workers", "0",
                       "--no_amp", "--quiet"]) == 0
     retrieval = json.loads((tmp_path / f"synval_ckpt.pt_{MODEL}_en_zeroshot_retrieval.json").read_text())
@@ -93,7 +94,8 @@ def test_auto_on_synths_val_folder_from_relative_paths_names_cleanly(synth, tmp_
 def test_linear_probe_runs_the_few_shot_probe(synth, tmp_path):
     ckpt = str(synth / "ckpt.pt")
     out = str(tmp_path / "{dataset}_{task}.json")
-    assert eval_main(["benchmark", "--task", "linear_probe", "--dataset", str(synth / "syn" / "fewshot" / "synth-colour"),
+    assert eval_main(["benchmark", "--task", "linear_probe",
+                      "--dataset", str(synth / "syn" / "fewshot" / "synth-colour"),
                       "--model", MODEL, "--pretrained", ckpt, "--fewshot_k", "2", "--fewshot_grid", "reduced",
                       "--num_workers", "0", "--no_amp", "--quiet", "--output", out]) == 0
     (written,) = list(tmp_path.iterdir())
