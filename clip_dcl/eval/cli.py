@@ -1,5 +1,8 @@
 """``clip-dcl eval retrieval|zeroshot|fewshot|benchmark``: thin wrappers over the evaluate_* functions.
 
+One subcommand per registered task (:mod:`clip_dcl.eval.registry`); a bad invocation raises
+:class:`clip_dcl.train.flags.FlagError`, printed as one line naming the flag (exit 2).
+
 Each subcommand loads the model (``--checkpoint`` a trainer ``.pt`` or an exported folder, see
 :func:`clip_dcl.checkpoint.load_checkpoint`; or ``--model`` alone with OpenCLIP's
 ``--pretrained`` tag/file), runs one evaluator, prints a table and, with ``--output``, writes the

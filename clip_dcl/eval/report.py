@@ -1,4 +1,8 @@
-"""Readable tables and JSON files for evaluation results.
+"""Readable tables and JSON files for evaluation results, and CLIP_benchmark's result files.
+
+Each task's own table is declared with the task (:mod:`clip_dcl.eval.registry`); this module holds
+what every task shares: the table format, the flat JSON document, and CLIP_benchmark's file names
+and common fields (the task supplies its CLIP_benchmark name and metric keys).
 
 The JSON an evaluation writes is flat: ``metric -> value`` at the top level, plus the keys
 ``model`` (name and checkpoint), ``data`` (paths and sizes) and ``settings`` (every option that
