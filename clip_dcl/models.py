@@ -1,13 +1,18 @@
 """Model configs shipped with clip-dcl and their registration with OpenCLIP.
 
-OpenCLIP keeps its model registry per process, so every process (every torchrun rank,
-every dataloader-free evaluation) must call :func:`register_model_config` before
-``open_clip.create_model_and_transforms`` sees a custom name.
+OpenCLIP keeps its model registry per process (``open_clip.add_model_config``), so every process
+(every torchrun rank, every evaluation) registers the configs it uses before
+``open_clip.create_model_and_transforms`` sees a custom name. ``import clip_dcl`` does it for the
+shipped configs (:func:`register_on_open_clip_import`); a config of one's own goes through
+:func:`register_model_config`.
 """
 from __future__ import annotations
 
+import importlib.abc
+import importlib.util
 import json
 import os
+import sys
 from pathlib import Path
 
 #: Name of the tiny ViT used by the embedded default (64x64 images, 2+2 layers, 64-d embeddings).
@@ -47,3 +52,46 @@ def register_model_config(path: str | os.PathLike) -> str:
 def register_builtin_configs() -> None:
     """Register every config shipped in ``clip_dcl/model_configs`` (idempotent)."""
     register_model_config(_CONFIG_DIR)
+
+
+class _Registering(importlib.abc.Loader):
+    """OpenCLIP's own loader, then :func:`register_builtin_configs` once its module has run."""
+
+    def __init__(self, loader):
+        self.loader = loader
+
+    def create_module(self, spec):
+        return self.loader.create_module(spec)
+
+    def exec_module(self, module):
+        self.loader.exec_module(module)
+        module.__loader__ = module.__spec__.loader = self.loader  # the module as OpenCLIP's loader leaves it
+        register_builtin_configs()
+
+    def __getattr__(self, name):  # resources and the like: OpenCLIP's loader answers
+        return getattr(self.loader, name)
+
+
+class _OnOpenClipImport(importlib.abc.MetaPathFinder):
+    """Finds ``open_clip`` as the other finders do, with its loader wrapped in :class:`_Registering`; once."""
+
+    def find_spec(self, fullname, path=None, target=None):
+        if fullname != "open_clip":
+            return None
+        if self in sys.meta_path:
+            sys.meta_path.remove(self)
+        spec = importlib.util.find_spec(fullname)
+        if spec is not None and spec.loader is not None:
+            spec.loader = _Registering(spec.loader)
+        return spec
+
+
+def register_on_open_clip_import() -> None:
+    """Make the shipped configs visible to OpenCLIP without importing it: registered now when
+    ``open_clip`` is already imported, else as soon as it is (a one-shot import hook on
+    ``sys.meta_path``, so that ``import clip_dcl`` stays free of torch). Idempotent."""
+    module = sys.modules.get("open_clip")
+    if module is not None and hasattr(module, "add_model_config"):
+        register_builtin_configs()
+    elif not any(isinstance(f, _OnOpenClipImport) for f in sys.meta_path):
+        sys.meta_path.insert(0, _OnOpenClipImport())

@@ -75,7 +75,7 @@ def test_defaults_are_clip_benchmarks_and_no_flag_is_taken_as_a_prefix(capsys):
 
 @pytest.mark.parametrize("flag,why", [("--distributed", "ranks of a launcher"),
                                       ("--wds_cache_dir", "streamed from a hub"),
-                                      ("--fewshot_k", "linear_probe"), ("--annotation_file", "webdataset layout")])
+                                      ("--fewshot_epochs", "linear_probe"), ("--annotation_file", "webdataset layout")])
 def test_flags_with_no_meaning_here_are_refused_by_name(flag, why, capsys):
     with pytest.raises(SystemExit):
         build_parser().parse_args(["benchmark", "--dataset", "wds/x", flag, "5"][: 4 if flag == "--distributed" else 5])
@@ -89,7 +89,8 @@ def test_bad_values_are_named(data, tmp_path, capsys):
     cases = [
         (["--dataset_root", "https://huggingface.co/datasets/clip-benchmark/wds_{dataset_cleaned}/tree/main"],
          "'https://huggingface.co/datasets/clip-benchmark/wds_toy_captions/tree/main' is a remote location"),
-        (["--task", "linear_probe"], "--task linear_probe: CLIP_benchmark's linear_probe"),
+        (["--task", "captioning"], "--task captioning: captioning needs a generative (CoCa) model"),
+        (["--task", "linear_probe", "--fewshot_k", "-1"], "--fewshot_k -1: give K >= 1 images per class"),
         (["--recall_k", "0"], "--recall_k values must be >= 1, got [0]"),
         (["--output", str(tmp_path / "{nope}.json")], "unknown or malformed field ('nope')"),
         (["--dataset", "cifar10"], "data set 'cifar10': CLIP_benchmark builds it with its own downloader"),
@@ -169,7 +170,7 @@ def test_every_parser_refuses_abbreviations():
     parsers = [eval_parser, data_parser(), *subs.choices.values()]
     data_subs = next(a for a in parsers[1]._actions if isinstance(a, argparse._SubParsersAction))
     parsers += list(data_subs.choices.values())
-    assert len(parsers) == 7 and not any(p.allow_abbrev for p in parsers)
+    assert len(parsers) == 8 and not any(p.allow_abbrev for p in parsers)  # eval, data; 4 eval subcommands; synth, benchmark
     with pytest.raises(SystemExit):
         export_main(["a.pt", "out", "--mod", "x"])  # --model's prefix
 
@@ -189,7 +190,7 @@ def test_file_names_follow_clip_benchmarks_rules(tmp_path):
     assert str(full) == str(ckpt).replace("/", "_") + ".json"
     # a tag stays as is; a '/' in a model name does not become folders
     assert str(bm.output_path("{model}_{pretrained}.json", "x", "local-dir:/a/b", "laion2b", "en", "t")) == \
-        "local-dir:_a_b_laion2b.json"
+        "local-dir_a_b_laion2b.json"
 
 
 def test_format_clip_benchmark_names_wds_folders_and_never_writes_null(data, tmp_path):
@@ -201,9 +202,9 @@ def test_format_clip_benchmark_names_wds_folders_and_never_writes_null(data, tmp
     assert main(["zeroshot", "--checkpoint", str(data["exported"]), "--data", str(data["data"] / "wds_toy_colours"),
                  "--no-progress", "--format", "clip_benchmark", "--output", str(out)]) == 0
     model = f"local-dir:{data['exported']}"
-    name = f"toy_colours_exported_{model.replace('/', '_')}_en_zeroshot_classification.json"
+    name = f"toy_colours_exported_{model.replace(':/', '_').replace('/', '_')}_en_zeroshot_classification.json"
     files = sorted(p.name for p in tmp_path.iterdir() if p.name.startswith("toy_colours_"))
-    assert files == [name]  # the folder's name for {pretrained}; '/' in the model made '_'
+    assert files == [name]  # the folder's name for {pretrained}; '/' and ':' in the model made one '_'
     doc = json.loads((tmp_path / files[0]).read_text())
     assert doc["pretrained"] == str(data["exported"]) and doc["model"] == model
 

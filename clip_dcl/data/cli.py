@@ -4,6 +4,10 @@ Subcommands:
 
 * ``synth OUT_DIR``: the synthetic image-caption data with latent classes
   (:func:`clip_dcl.data.synth.generate`).
+* ``benchmark SOURCE OUT_DIR``: image-caption shards (retrieval) or an ImageFolder tree
+  (classification) written in CLIP_benchmark's webdataset layout, for ``clip-dcl eval benchmark
+  --dataset wds/<name>`` and CLIP_benchmark itself
+  (:func:`clip_dcl.data.evalsets.write_benchmark.write_benchmark_shards`).
 """
 from __future__ import annotations
 
@@ -69,12 +73,47 @@ def _run_synth(args) -> int:
     return 0
 
 
+def _add_benchmark_parser(subparsers) -> None:
+    p = subparsers.add_parser(
+        "benchmark", allow_abbrev=False, help="write shards or an image folder in CLIP_benchmark's webdataset layout",
+        description="Write image-caption shards (img2dataset's layout, e.g. synth's val/ or test/) as a CLIP_benchmark "
+                    "retrieval set, or an ImageFolder tree (e.g. synth's zeroshot/) as a classification set: "
+                    "OUT_DIR/<split>/nshards.txt, 0.tar ... and the set's metadata. Evaluate it with `clip-dcl eval "
+                    "benchmark --dataset wds/<name> --dataset_root OUT_DIR` (a folder named wds_<name> is how "
+                    "CLIP_benchmark publishes <name>).")
+    p.add_argument("source", metavar="SOURCE", help="a folder of .tar shards, a shard pattern, or an ImageFolder root")
+    p.add_argument("out_dir", metavar="OUT_DIR", help="output folder (its split folder must be absent or empty)")
+    p.add_argument("--kind", choices=["auto", "retrieval", "classification"], default="auto",
+                   help="auto (default): retrieval for shards, classification for an ImageFolder tree")
+    p.add_argument("--split", default="test", help="split folder to write (default test)")
+    p.add_argument("--shard-size", type=int, default=1000, help="samples per shard (default 1000)")
+    p.add_argument("--classnames", default=None,
+                   help="classification: class-name file (default: SOURCE/classnames.txt, else the folder names)")
+    p.add_argument("--templates", default=None,
+                   help="classification: template file (default: SOURCE/templates.txt when present)")
+    p.set_defaults(func=_run_benchmark, parser=p)
+
+
+def _run_benchmark(args) -> int:
+    from .evalsets.write_benchmark import write_benchmark_shards
+
+    try:
+        written = write_benchmark_shards(args.source, args.out_dir, kind=args.kind, split=args.split,
+                                         shard_size=args.shard_size, classnames=args.classnames,
+                                         templates=args.templates)
+    except ValueError as e:
+        args.parser.error(str(e))
+    print(f"{written.dataset_type} {len(written.shards)} shards {written.root / written.split}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="clip-dcl data", description="Generate or convert data sets.",
                                      allow_abbrev=False)
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
     subparsers.required = True
     _add_synth_parser(subparsers)
+    _add_benchmark_parser(subparsers)
     return parser
 
 

@@ -18,6 +18,11 @@ every function; the same names as keywords override it::
  ``run_fewshot`` returns the few-shot report with per-seed records;
 ``run_benchmark`` runs a CLIP_benchmark ``eval`` grid (:mod:`clip_dcl.eval.benchmark`).
 
+Each task is registered in :mod:`clip_dcl.eval.registry` by the module that defines it (its
+options, metrics, table and CLIP_benchmark name); :mod:`clip_dcl.eval.tasks` imports the built-in
+ones, and the command line, the report and ``eval benchmark`` read the registry
+(docs/extending-eval.md adds a task).
+
 The metric math lives in :mod:`clip_dcl.eval.metrics` (tensors in, numbers out); encoding, the
 zero-shot classifier and precision in :mod:`clip_dcl.eval.encoding`; the few-shot protocol in
 :mod:`clip_dcl.eval.kshot` (draws) and :mod:`clip_dcl.eval.probe` (head and sweep). Submodules are

@@ -7,7 +7,12 @@ autocast unless ``--no_amp``), the model x pretrained x dataset x language grid 
 another, ``--skip_existing``, ``--output`` templates, and result files named and shaped as
 CLIP_benchmark writes them (``dataset``, ``model``, ``pretrained``, ``task``, ``metrics``,
 ``language``, plus ``precision``). Flags that only make sense for CLIP_benchmark's own downloads,
-its distributed launcher or its ``linear_probe`` task are refused with a message naming them.
+its distributed launcher, or its linear probe's own training (epochs, learning rate, train split)
+are refused with a message naming them. ``--task linear_probe`` runs ELEVATER's few-shot probe
+(:mod:`clip_dcl.eval.fewshot`) on a few-shot data set folder, with ``--fewshot_k`` shots (5 by
+default here: CLIP_benchmark's -1, the whole train split, is not this protocol). Each task runs
+through the task registry (:mod:`clip_dcl.eval.registry`): the registered task whose CLIP_benchmark
+name is ``--task`` evaluates and maps its metrics to CLIP_benchmark's keys.
 
 Python: :func:`run_benchmark` takes the same settings as keyword arguments and returns the
 written documents.
@@ -23,24 +28,25 @@ from itertools import product
 from pathlib import Path
 from typing import Sequence
 
+from .report import DEFAULT_OUTPUT, name_part, output_path, pretrained_slug, short_name, write_json
+from .tasks import benchmark_task, registered_tasks
+
+__all__ = ["run_benchmark", "plan_runs", "resolve_task", "locate_dataset", "output_path", "DEFAULT_OUTPUT",
+           "short_name", "pretrained_slug", "name_part", "add_benchmark_arguments", "BenchmarkRun"]
+
 log = logging.getLogger(__name__)
 
-#: CLIP_benchmark's default ``--output`` template.
-DEFAULT_OUTPUT = "{dataset}_{pretrained}_{model}_{language}_{task}.json"
-#: Tasks run here; CLIP_benchmark's other tasks are refused with the reason.
-TASKS = ("zeroshot_classification", "zeroshot_retrieval", "auto")
+#: CLIP_benchmark's tasks that no registered task runs here, refused with the reason.
 OTHER_TASKS = {
-    "linear_probe": "CLIP_benchmark's linear_probe (AdamW on features of the whole train split) is not run here; "
-                    "the few-shot probe is `clip-dcl eval fewshot` (ELEVATER's protocol), whose "
-                    "`--format clip_benchmark` writes a linear_probe result file",
     "captioning": "captioning needs a generative (CoCa) model and is not evaluated here",
     "image_caption_selection": "image_caption_selection (SugarCrepe, Winoground) is not evaluated here",
 }
 #: CLIP_benchmark's names of retrieval data sets (its ``--task auto`` rule), besides ``dataset_type.txt``.
 RETRIEVAL_NAMES = ("flickr30k", "flickr8k", "mscoco_captions", "multilingual_mscoco_captions", "flickr30k-200",
                    "crossmodal3600", "xtd10", "xtd200")
-_LINEAR_PROBE = ("only CLIP_benchmark's linear_probe task reads it, and that task is not run here "
-                 "(the few-shot probe is `clip-dcl eval fewshot`)")
+_LINEAR_PROBE = ("only CLIP_benchmark's own linear_probe training reads it; here --task linear_probe runs "
+                 "ELEVATER's few-shot probe, whose sweep chooses its epochs, learning rate and weight decay on the "
+                 "data set's own train/test split (see `clip-dcl eval fewshot`)")
 #: CLIP_benchmark ``eval`` flags refused here, with the reason printed.
 REFUSED_FLAGS = {
     "--distributed": "it splits the runs across the ranks of a launcher; here the runs go one after another",
@@ -49,7 +55,7 @@ REFUSED_FLAGS = {
                          "its webdataset layout (--dataset wds/<name>)",
     "--save_clf": "saving the zero-shot classifier is not supported",
     "--load_clfs": "loading and averaging saved zero-shot classifiers is not supported",
-    "--fewshot_k": _LINEAR_PROBE, "--fewshot_epochs": _LINEAR_PROBE, "--fewshot_lr": _LINEAR_PROBE,
+    "--fewshot_epochs": _LINEAR_PROBE, "--fewshot_lr": _LINEAR_PROBE,
     "--skip_load": _LINEAR_PROBE, "--feature_root": _LINEAR_PROBE, "--train_split": _LINEAR_PROBE,
     "--val_split": _LINEAR_PROBE, "--val_proportion": _LINEAR_PROBE, "--normalize": _LINEAR_PROBE,
 }
@@ -82,9 +88,11 @@ def add_benchmark_arguments(p: argparse.ArgumentParser) -> None:
                    help="the data set's folder; a template with {dataset} (the name without wds/) and "
                         "{dataset_cleaned} ('/' made '-'), e.g. /data/wds_{dataset_cleaned} (default root)")
     g.add_argument("--split", "--test_split", dest="split", default="test", help="split folder (default test)")
-    g.add_argument("--task", dest="bench_task", default="auto", choices=list(TASKS) + list(OTHER_TASKS),
-                   help="auto (default): zeroshot_retrieval when dataset_type.txt says retrieval or the name is one "
-                        "of CLIP_benchmark's retrieval sets, else zeroshot_classification")
+    g.add_argument("--task", dest="bench_task", default="auto", choices=benchmark_tasks() + list(OTHER_TASKS),
+                   help="auto (default): zeroshot_retrieval when dataset_type.txt says retrieval, the name is one "
+                        "of CLIP_benchmark's retrieval sets or the folder holds image-caption .tar shards (what "
+                        "`clip-dcl data synth` writes in val/), else zeroshot_classification; linear_probe: "
+                        "ELEVATER's few-shot probe on one few-shot data set folder")
     g.add_argument("--language", nargs="+", default=["en"],
                    help="language(s), recorded in the result and its file name (default en)")
     g.add_argument("--custom_classname_file", default=None,
@@ -111,7 +119,14 @@ def add_benchmark_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--no_amp", action="store_false", dest="amp",
                    help="encode in float32; by default the encoders run under torch.autocast (bf16 on CPU, fp16 "
                         "on CUDA), as CLIP_benchmark's")
-    g.add_argument("--seed", type=int, default=0, help="torch.manual_seed before each run (default 0)")
+    g.add_argument("--seed", type=int, default=0,
+                   help="torch.manual_seed before each run, and linear_probe's k-shot draw (default 0)")
+    g.add_argument("--fewshot_k", type=int, default=5,
+                   help="linear_probe: images per class (default 5 here; CLIP_benchmark's -1, the whole train "
+                        "split, is not the few-shot protocol run here)")
+    g.add_argument("--fewshot_grid", choices=["full", "reduced", "toolkit-exact"], default="full",
+                   help="(ours) linear_probe: the lr x weight-decay sweep of `clip-dcl eval fewshot --grid` "
+                        "(default full)")
     g.add_argument("--output", default=DEFAULT_OUTPUT,
                    help="result file, a template with {dataset} {pretrained} {pretrained_full_path} {model} "
                         f"{{language}} {{task}} (default {DEFAULT_OUTPUT})")
@@ -126,38 +141,10 @@ def add_benchmark_arguments(p: argparse.ArgumentParser) -> None:
 # ----------------------------------------------------------------------------------------------
 # Names, as CLIP_benchmark makes them
 # ----------------------------------------------------------------------------------------------
-def short_name(dataset: str) -> str:
-    """The name without ``wds/`` (what CLIP_benchmark formats ``--dataset_root`` and file names with)."""
-    return dataset[len("wds/"):] if dataset.startswith("wds/") else dataset
-
-
-def _slug(value: str) -> str:
-    return str(value).replace("/", "_").replace(os.sep, "_")
-
-
-def pretrained_slug(pretrained: str) -> str:
-    """``{pretrained}`` of a file name: a file's (or folder's) base name, else the tag as is."""
-    p = str(pretrained)
-    if os.path.isfile(p) or os.path.isdir(p):
-        return os.path.basename(p.rstrip("/" + os.sep)) or p
-    return p
-
-
-def output_path(template: str, dataset: str, model: str, pretrained: str, language: str, task: str) -> Path:
-    """``template`` with CLIP_benchmark's fields: ``{dataset}`` (without ``wds/``, '/' made '_'),
-    ``{pretrained}`` (:func:`pretrained_slug`), ``{pretrained_full_path}`` (a path with '/' made
-    '_'), ``{model}``, ``{language}``, ``{task}``. A '/' inside a model name (``local-dir:/path``,
-    ``hf-hub:org/name``) is made '_' so that the name stays one file; CLIP_benchmark inserts the
-    model raw, which makes such a name a path into folders that do not exist."""
-    p = str(pretrained)
-    full = p.replace("/", "_") if (os.path.isfile(p) or os.path.isdir(p)) else p
-    try:
-        name = template.format(dataset=_slug(short_name(dataset)), model=_slug(model),
-                               pretrained=pretrained_slug(p), pretrained_full_path=full, language=language, task=task)
-    except (KeyError, IndexError, ValueError) as e:
-        raise ValueError(f"--output {template!r}: unknown or malformed field ({e}); the fields are {{dataset}} "
-                         "{pretrained} {pretrained_full_path} {model} {language} {task}") from e
-    return Path(name)
+def benchmark_tasks() -> list[str]:
+    """``--task`` values run here: ``auto`` and the CLIP_benchmark name of every registered task that has one."""
+    return ["auto"] + [t.benchmark_name for t in registered_tasks().values()
+                       if t.benchmark_name and t.benchmark_run is not None]
 
 
 # ----------------------------------------------------------------------------------------------
@@ -247,11 +234,16 @@ def locate_dataset(dataset: str, template: str, split: str = "test") -> Path:
 
 
 def resolve_task(task: str, dataset: str, root: Path, split: str = "test") -> str:
-    """``auto``: ``zeroshot_retrieval`` when the data's ``dataset_type.txt`` says retrieval (or
-    the name is one of CLIP_benchmark's retrieval sets), else ``zeroshot_classification``."""
+    """The CLIP_benchmark task of a run. ``auto``: ``zeroshot_retrieval`` when the data's
+    ``dataset_type.txt`` says retrieval, the name is one of CLIP_benchmark's retrieval sets, the
+    data is a CSV/TSV, or it is a folder of image-caption ``.tar`` shards (img2dataset's layout,
+    what ``clip-dcl data synth`` writes in ``val/``) or one such shard; else
+    ``zeroshot_classification``. A task no registered task runs is a ``ValueError`` with the reason."""
     if task in OTHER_TASKS:
         raise ValueError(f"--task {task}: {OTHER_TASKS[task]}")
     if task != "auto":
+        if task not in benchmark_tasks():
+            raise ValueError(f"--task {task!r}: no evaluation task runs it here; expected one of {benchmark_tasks()}")
         return task
     from ..data.evalsets.benchmark import benchmark_layout_root
 
@@ -260,9 +252,36 @@ def resolve_task(task: str, dataset: str, root: Path, split: str = "test") -> st
         kind = found[0] / "dataset_type.txt"
         if kind.is_file() and kind.read_text().strip() == "retrieval":
             return "zeroshot_retrieval"
-    if short_name(dataset) in RETRIEVAL_NAMES or (root.is_file() and root.suffix.lower() in (".csv", ".tsv")):
+        return "zeroshot_classification"
+    if short_name(dataset) in RETRIEVAL_NAMES or (root.is_file() and root.suffix.lower() in (".csv", ".tsv", ".tar")):
+        return "zeroshot_retrieval"
+    if root.is_dir() and any(root.glob("*.tar")):
         return "zeroshot_retrieval"
     return "zeroshot_classification"
+
+
+@dataclass
+class BenchmarkSettings:
+    """The settings of a ``run_benchmark`` call that a task's ``benchmark_run`` reads."""
+
+    options: object
+    split: str = "test"
+    recall_k: list = field(default_factory=lambda: [5])
+    seed: int = 0
+    fewshot_k: int = 5
+    fewshot_grid: str = "full"
+    custom_classname_file: str | None = None
+    custom_template_file: str | None = None
+    dump_classnames: bool = False
+    dump_templates: bool = False
+
+    def classnames(self, run: BenchmarkRun):
+        """``--custom_classname_file``'s entry for the run's data set, else None."""
+        return _custom(self.custom_classname_file, run.dataset, "classname")
+
+    def templates(self, run: BenchmarkRun):
+        """``--custom_template_file``'s entry for the run's data set (or ``imagenet1k``'s), else None."""
+        return _custom(self.custom_template_file, run.dataset, "template", ("imagenet1k",))
 
 
 def _custom(path, dataset: str, what: str, fallback: tuple[str, ...] = ()):
@@ -364,13 +383,14 @@ def run_benchmark(
     model_cache_dir: str | None = None,
     device: str = "auto",
     verbose: bool = True,
+    fewshot_k: int = 5,
+    fewshot_grid: str = "full",
 ) -> list[BenchmarkRun]:
     """CLIP_benchmark's ``eval`` over the grid, locally (module docstring). Returns the runs, each
     with its result ``document`` (empty when skipped as existing)."""
     import torch
 
     from .encoding import EvalOptions, device_problem, resolve_device
-    from .report import BENCHMARK_TASK_METRICS, write_json
 
     if batch_size < 1:
         raise ValueError(f"--batch_size must be >= 1, got {batch_size}")
@@ -378,6 +398,11 @@ def run_benchmark(
         raise ValueError(f"--num_workers must be >= 0, got {num_workers}")
     if min(recall_k) < 1:
         raise ValueError(f"--recall_k values must be >= 1, got {list(recall_k)}")
+    if fewshot_k < 1:
+        raise ValueError(f"--fewshot_k {fewshot_k}: give K >= 1 images per class; the probe here is ELEVATER's k-shot "
+                         "protocol (CLIP_benchmark's -1, the whole train split, is not run)")
+    if fewshot_grid not in ("full", "reduced", "toolkit-exact"):
+        raise ValueError(f"--fewshot_grid must be full, reduced or toolkit-exact, got {fewshot_grid!r}")
     device = resolve_device(device)
     problem = device_problem(device)
     if problem:
@@ -386,6 +411,10 @@ def run_benchmark(
     options = EvalOptions(batch_size=batch_size, device=device, workers=num_workers, progress=verbose,
                           precision=precision)
     runs = plan_runs(dataset, dataset_root, model, pretrained, pretrained_model, task, language, split, output)
+    settings = BenchmarkSettings(options=options, split=split, recall_k=list(recall_k), seed=seed, fewshot_k=fewshot_k,
+                                 fewshot_grid=fewshot_grid, custom_classname_file=custom_classname_file,
+                                 custom_template_file=custom_template_file, dump_classnames=dump_classnames,
+                                 dump_templates=dump_templates)
     loaded_key, loaded = None, None
     for run in runs:
         if skip_existing and run.output.exists():
@@ -402,24 +431,9 @@ def run_benchmark(
             loaded_key = (run.model, run.pretrained)
         net, preprocess, tokenizer = loaded
         torch.manual_seed(seed)
-        extra = {}
-        if run.task == "zeroshot_retrieval":
-            from .retrieval import evaluate_retrieval
-
-            metrics = evaluate_retrieval(net, preprocess, tokenizer, run.root if run.root.is_file() else
-                                         _split_folder(run.root, split), ks=tuple(recall_k), options=options)
-        else:
-            from .zeroshot import evaluate_zeroshot
-
-            names = _custom(custom_classname_file, run.dataset, "classname")
-            tmpls = _custom(custom_template_file, run.dataset, "template", ("imagenet1k",))
-            metrics, info = evaluate_zeroshot(net, preprocess, tokenizer, run.root, classnames=names, templates=tmpls,
-                                              split=split, return_info=True, options=options)
-            if dump_classnames:
-                extra["classnames"] = info["classnames"]
-            if dump_templates:
-                extra["templates"] = info["templates"]
-        keep = BENCHMARK_TASK_METRICS[run.task](metrics)
+        evaluation = benchmark_task(run.task)
+        metrics, extra = evaluation.benchmark_run(net, preprocess, tokenizer, run, settings)
+        keep = evaluation.benchmark_metrics(metrics) if evaluation.benchmark_metrics else metrics
         run.document = {"dataset": run.dataset, "model": run.model, "pretrained": run.pretrained, "task": run.task,
                         "metrics": keep, "language": run.language, **extra, "precision": precision}
         write_json(run.output, run.document)
@@ -427,11 +441,6 @@ def run_benchmark(
             print(json.dumps(keep))
             print(f"Dump results to: {run.output}")
     return runs
-
-
-def _split_folder(root: Path, split: str) -> Path:
-    """Retrieval reads a split folder of CLIP_benchmark's layout, or a folder of shards."""
-    return root / split if (root / split / "nshards.txt").is_file() else root
 
 
 def main(args: argparse.Namespace) -> int:
@@ -448,7 +457,8 @@ def main(args: argparse.Namespace) -> int:
             seed=args.seed, output=args.output, skip_existing=args.skip_existing,
             custom_classname_file=args.custom_classname_file, custom_template_file=args.custom_template_file,
             dump_classnames=args.dump_classnames, dump_templates=args.dump_templates,
-            model_cache_dir=args.model_cache_dir, device=args.device, verbose=args.verbose)
+            model_cache_dir=args.model_cache_dir, device=args.device, verbose=args.verbose, fewshot_k=args.fewshot_k,
+            fewshot_grid=args.fewshot_grid)
     except ValueError as e:
         print(f"clip-dcl eval benchmark: {e}", file=sys.stderr)
         return 2

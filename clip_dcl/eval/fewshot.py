@@ -45,6 +45,7 @@ from .encoding import EvalOptions, encode_images, zeroshot_classifier
 from .kshot import VAL_SPLIT, sample_few_shot, shot_plan
 from .metrics import ELEVATER_METRICS, elevater_scores
 from .probe import BATCH_SIZE, GRIDS, ProbeResult, SweepGrid, default_head_init, labels_to_targets, linear_probe
+from .registry import EvalTask, TaskResult, register_task
 
 log = logging.getLogger(__name__)
 
@@ -358,3 +359,129 @@ def evaluate_fewshot(
     """
     return run_fewshot(model, preprocess, tokenizer, root, datasets=datasets, shots=shots, seeds=seeds, grid=grid,
                        epoch_selection=epoch_selection, text_init=text_init, options=options, **kwargs).metrics
+
+
+# ----------------------------------------------------------------------------------------------
+# The task: `clip-dcl eval fewshot` and CLIP_benchmark's linear_probe
+# ----------------------------------------------------------------------------------------------
+#: Score families of the few-shot table, one column each.
+FEWSHOT_COLUMNS = ("linear_probe", "linear_probe_last", "linear_probe_toolkit", "mean_classifier", "zeroshot")
+#: ELEVATER metric -> the key of a ``linear_probe`` result (CLIP_benchmark's ``lp_`` names where it has one).
+LINEAR_PROBE_KEYS = {"accuracy": "lp_acc1", "mean_per_class": "lp_mean_per_class_recall",
+                     "11point_mAP": "lp_mean_average_precision_11point", "roc_auc": "lp_roc_auc"}
+
+
+def _add_arguments(p) -> None:
+    import argparse
+
+    p.add_argument("--data", required=True,
+                   help="the ELEVATER toolkit's data root as downloaded (classification/<root_folder>/...), or one "
+                        "folder per data set (iris index, COCO json or train/test ImageFolder); optional catalog.json")
+    p.add_argument("--datasets", nargs="+", default=None, help="data set names under --data (default: all)")
+    p.add_argument("--shots", type=int, default=5, help="images per class (default 5)")
+    p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2], help="sampling seeds (default 0 1 2)")
+    p.add_argument("--grid", choices=list(GRIDS), default="full",
+                   help="lr x weight-decay sweep: the toolkit's full grid (default; pairs with lr*wd >= 3.8 "
+                        "skipped), a reduced one for quick runs, or toolkit-exact (the full grid, every pair trained "
+                        "and scored as the toolkit does)")
+    p.add_argument("--epoch-selection", choices=list(EPOCH_SELECTIONS), default="last",
+                   help="the probe column: the final run's last epoch (default), or its best test epoch, which is "
+                        "what the toolkit reports; the table shows both")
+    p.add_argument("--text-init", action=argparse.BooleanOptionalAction, default=True,
+                   help="initialise the head with the zero-shot text classifier (default on)")
+
+
+def _check(args) -> None:
+    from ..train.flags import FlagError
+
+    if args.dataset_name and len(args.datasets or []) != 1:
+        raise FlagError(f"--dataset-name {args.dataset_name!r} names one data set; give exactly one with --datasets")
+
+
+def _run(model, preprocess, tokenizer, args, common) -> TaskResult:
+    report = run_fewshot(model, preprocess, tokenizer, args.data, datasets=args.datasets, shots=args.shots,
+                         seeds=args.seeds, grid=args.grid, epoch_selection=args.epoch_selection,
+                         text_init=args.text_init, **common)
+    return TaskResult(report.metrics, {"path": str(args.data), "datasets": report.datasets},
+                      settings=dict(report.settings), details=report.to_dict()["probes"],
+                      facts={"datasets": report.datasets})
+
+
+def fewshot_table(metrics: dict[str, float]) -> str:
+    """One row per data set (and ``average``), one column per score family."""
+    from .report import format_table
+
+    names = []
+    for key in metrics:
+        name = key.rsplit("/", 1)[0]
+        if "/" in key and name not in names and name != "average":
+            names.append(name)
+    names.append("average")
+    rows = [[n] + [metrics.get(f"{n}/{c}", float("nan")) for c in FEWSHOT_COLUMNS] for n in names]
+    headers = ["data set", "probe", "probe (last epoch)", "probe (best test epoch, as ELEVATER reports)",
+               "mean classifier", "zero-shot"]
+    return format_table(headers, rows)
+
+
+def linear_probe_metrics(name: str, metrics: dict[str, float], metric: str, settings: dict,
+                         probes: list[dict]) -> dict:
+    """CLIP_benchmark ``linear_probe`` metrics of one data set: the probe score (mean over seeds
+    at the run's epoch selection) under :data:`LINEAR_PROBE_KEYS` of the set's ELEVATER
+    ``metric``; ``fewshot_k``, ``seeds``, ``epochs`` (of the final run), the chosen
+    ``learning_rate`` / ``weight_decay`` per seed, ``metric`` (ELEVATER's) and ``epoch_selection``.
+    The protocol is ELEVATER's, not CLIP_benchmark's (see docs/evaluation.md)."""
+    mine = [p for p in probes if p["dataset"] == name]
+    return {
+        LINEAR_PROBE_KEYS[metric]: metrics[f"{name}/linear_probe"],
+        "fewshot_k": settings["shots"],
+        "seeds": [p["seed"] for p in mine],
+        "epochs": settings["final_epochs"],
+        "learning_rate": [p["best_lr"] for p in mine],
+        "weight_decay": [p["best_wd"] for p in mine],
+        "metric": metric,
+        "epoch_selection": settings["epoch_selection"],
+    }
+
+
+def _benchmark_documents(result: TaskResult, model_info: dict, args, precision: str) -> list[dict]:
+    """One CLIP_benchmark ``linear_probe`` result per few-shot data set (``--dataset-name`` renames a single one)."""
+    from .report import benchmark_document
+
+    docs = []
+    for name, facts in result.facts["datasets"].items():
+        lp = linear_probe_metrics(name, result.metrics, facts["metric"], result.settings, result.details)
+        docs.append(benchmark_document("linear_probe", lp, model_info, None, args.dataset_name or name, precision))
+    return docs
+
+
+def _benchmark_run(model, preprocess, tokenizer, run, settings):
+    """CLIP_benchmark's ``--task linear_probe``, run as ELEVATER's few-shot probe on one data set
+    folder (``--dataset``) with ``--fewshot_k`` shots and the ``--seed`` draw."""
+    from ..data.evalsets.fewshot import fewshot_layout
+
+    folder = run.root
+    if not folder.is_dir() or fewshot_layout(folder) is None:
+        raise ValueError(f"--task linear_probe: data set {run.dataset!r} ({str(folder)!r}) is not a few-shot data set "
+                         f"folder; expected {FEWSHOT_LAYOUTS[1]}")
+    name = folder.resolve().name
+    report = run_fewshot(model, preprocess, tokenizer, folder.resolve().parent, datasets=[name],
+                         shots=settings.fewshot_k, seeds=[settings.seed], grid=settings.fewshot_grid,
+                         options=settings.options)
+    probes = report.to_dict()["probes"]
+    return linear_probe_metrics(name, report.metrics, report.datasets[name]["metric"], report.settings, probes), {}
+
+
+register_task(EvalTask(
+    name="fewshot",
+    help="ELEVATER k-shot linear probe (and mean classifier)",
+    description="ELEVATER few-shot linear probe on frozen features.",
+    add_arguments=_add_arguments,
+    check=_check,
+    run=_run,
+    metrics=tuple(f"{{dataset}}/{c}" for c in FEWSHOT_COLUMNS) + ("{dataset}/linear_probe_seed{s}",)
+    + tuple(f"average/{c}" for c in FEWSHOT_COLUMNS),
+    table=lambda metrics, args: fewshot_table(metrics),
+    benchmark_name="linear_probe",
+    benchmark_documents=_benchmark_documents,
+    benchmark_run=_benchmark_run,
+))

@@ -1,4 +1,8 @@
-"""Readable tables and JSON files for evaluation results.
+"""Readable tables and JSON files for evaluation results, and CLIP_benchmark's result files.
+
+Each task's own table is declared with the task (:mod:`clip_dcl.eval.registry`); this module holds
+what every task shares: the table format, the flat JSON document, and CLIP_benchmark's file names
+and common fields (the task supplies its CLIP_benchmark name and metric keys).
 
 The JSON an evaluation writes is flat: ``metric -> value`` at the top level, plus the keys
 ``model`` (name and checkpoint), ``data`` (paths and sizes) and ``settings`` (every option that
@@ -43,32 +47,6 @@ def metrics_table(metrics: dict[str, float]) -> str:
     return format_table(["metric", "value"], [[k, v] for k, v in metrics.items()])
 
 
-def retrieval_table(metrics: dict[str, float], ks: Sequence[int] = (1, 5, 10)) -> str:
-    """Rows image->text and text->image; columns R@k for each k of ``ks``, mean and median rank."""
-    rows = []
-    for prefix, label in (("image_to_text", "image -> text"), ("text_to_image", "text -> image")):
-        rows.append([label] + [metrics[f"{prefix}_R@{k}"] for k in ks]
-                    + [metrics[f"{prefix}_mean_rank"], metrics[f"{prefix}_median_rank"]])
-    return format_table(["direction"] + [f"R@{k}" for k in ks] + ["mean rank", "median rank"], rows)
-
-
-FEWSHOT_COLUMNS = ("linear_probe", "linear_probe_last", "linear_probe_toolkit", "mean_classifier", "zeroshot")
-
-
-def fewshot_table(metrics: dict[str, float]) -> str:
-    """One row per data set (and ``average``), one column per score family."""
-    names = []
-    for key in metrics:
-        name = key.rsplit("/", 1)[0]
-        if "/" in key and name not in names and name != "average":
-            names.append(name)
-    names.append("average")
-    rows = [[n] + [metrics.get(f"{n}/{c}", float("nan")) for c in FEWSHOT_COLUMNS] for n in names]
-    headers = ["data set", "probe", "probe (last epoch)", "probe (best test epoch, as ELEVATER reports)",
-               "mean classifier", "zero-shot"]
-    return format_table(headers, rows)
-
-
 def result_document(metrics: dict[str, float], model: dict, data: dict, settings: dict,
                     details=None) -> dict:
     """The flat JSON document: metrics at the top level plus the reserved keys."""
@@ -104,31 +82,53 @@ def write_json(path: str | os.PathLike, document: dict) -> Path:
     return path
 
 
+
 # ----------------------------------------------------------------------------------------------
-# CLIP_benchmark's result files
+# CLIP_benchmark's result files: names and the common part of their contents
 # ----------------------------------------------------------------------------------------------
-#: Our subcommand -> CLIP_benchmark's task name.
-BENCHMARK_TASKS = {"retrieval": "zeroshot_retrieval", "zeroshot": "zeroshot_classification", "fewshot": "linear_probe"}
+#: CLIP_benchmark's default ``--output`` template.
+DEFAULT_OUTPUT = "{dataset}_{pretrained}_{model}_{language}_{task}.json"
 
 
-def _retrieval_keys(metrics: dict[str, float]) -> dict[str, float]:
-    """Per k, ``image_retrieval_recall@k`` then ``text_retrieval_recall@k``, CLIP_benchmark's order."""
-    ks = [k.split("@", 1)[1] for k in metrics if k.startswith("image_retrieval_recall@")]
-    return {f"{d}_retrieval_recall@{k}": metrics[f"{d}_retrieval_recall@{k}"] for k in ks for d in ("image", "text")}
+def short_name(dataset: str) -> str:
+    """The name without ``wds/`` (what CLIP_benchmark formats ``--dataset_root`` and file names with)."""
+    return dataset[len("wds/"):] if dataset.startswith("wds/") else dataset
 
 
-def _classification_keys(metrics: dict[str, float]) -> dict[str, float]:
-    keys = ("mean_average_precision",) if "mean_average_precision" in metrics else \
-        ("acc1", "acc5", "mean_per_class_recall")
-    return {k: metrics[k] for k in keys}
+def name_part(value: str) -> str:
+    """``value`` as one piece of a file name: its parts between '/', the path separator and ':'
+    joined by '_', with empty, ``.`` and ``..`` parts left out, so that a relative path
+    (``../data/val/``), a model schema (``local-dir:../exported``) or a data set name
+    (``vtab/cifar10``) gives no ``..``, ``:`` or ``__`` (``data_val``, ``local-dir_exported``,
+    ``vtab_cifar10``); CLIP_benchmark only replaces '/' in the data set name."""
+    parts = str(value).replace(os.sep, "/").replace(":", "/").split("/")
+    return "_".join(p for p in parts if p not in ("", ".", "..")) or "_"
 
 
-#: CLIP_benchmark task -> the metric keys it writes, taken from our flat metrics.
-BENCHMARK_TASK_METRICS = {"zeroshot_retrieval": _retrieval_keys, "zeroshot_classification": _classification_keys}
+def pretrained_slug(pretrained: str) -> str:
+    """``{pretrained}`` of a file name: a file's (or folder's) base name, else the tag as is."""
+    p = str(pretrained)
+    if os.path.isfile(p) or os.path.isdir(p):
+        return os.path.basename(os.path.abspath(p)) or p
+    return p
 
-#: ELEVATER metric -> the key of a ``linear_probe`` result (CLIP_benchmark's ``lp_`` names where it has one).
-LINEAR_PROBE_KEYS = {"accuracy": "lp_acc1", "mean_per_class": "lp_mean_per_class_recall",
-                     "11point_mAP": "lp_mean_average_precision_11point", "roc_auc": "lp_roc_auc"}
+
+def output_path(template: str, dataset: str, model: str, pretrained: str, language: str, task: str) -> Path:
+    """``template`` with CLIP_benchmark's fields: ``{dataset}`` (without ``wds/``, as :func:`name_part`),
+    ``{pretrained}`` (:func:`pretrained_slug`), ``{pretrained_full_path}`` (a file's absolute path
+    with '/' made '_'), ``{model}`` (:func:`name_part`), ``{language}``, ``{task}``. A '/' inside a
+    model name (``local-dir:/path``, ``hf-hub:org/name``) is made '_' so that the name stays one
+    file; CLIP_benchmark inserts the model raw, which makes such a name a path into folders that
+    do not exist."""
+    p = str(pretrained)
+    full = os.path.abspath(p).replace(os.sep, "_") if (os.path.isfile(p) or os.path.isdir(p)) else p
+    try:
+        name = template.format(dataset=name_part(short_name(dataset)), model=name_part(model),
+                               pretrained=pretrained_slug(p), pretrained_full_path=full, language=language, task=task)
+    except (KeyError, IndexError, ValueError) as e:
+        raise ValueError(f"--output {template!r}: unknown or malformed field ({e}); the fields are {{dataset}} "
+                         "{pretrained} {pretrained_full_path} {model} {language} {task}") from e
+    return Path(name)
 
 
 def benchmark_dataset_name(data) -> str:
@@ -159,66 +159,25 @@ def benchmark_pretrained(model: dict) -> str:
     return "none"
 
 
-def benchmark_document(task: str, metrics: dict[str, float], model: dict, data, dataset_name: str | None = None,
+def benchmark_document(benchmark_name: str, metrics: dict, model: dict, data, dataset_name: str | None = None,
                        precision: str = "fp32", language: str = "en") -> dict:
     """CLIP_benchmark's per-task result JSON (``dataset``, ``model``, ``pretrained``, ``task``,
-    ``metrics``, ``language``; what its ``clip_benchmark build`` merges into a CSV) with the metrics
-    under its keys, plus ``precision``: CLIP_benchmark encodes under autocast by default, we at
-    the precision named here."""
-    if task not in ("retrieval", "zeroshot"):
-        raise ValueError(f"CLIP_benchmark's format covers retrieval and zeroshot here (fewshot: "
-                         f"fewshot_benchmark_documents), not {task!r}")
-    name = BENCHMARK_TASKS[task]
+    ``metrics``, ``language``; what its ``clip_benchmark build`` merges into a CSV) for the task
+    CLIP_benchmark names ``benchmark_name``, ``metrics`` already under its keys, plus ``precision``:
+    CLIP_benchmark encodes under autocast by default, we at the precision named here."""
     return {
         "dataset": dataset_name or benchmark_dataset_name(data),
         "model": model.get("name"),
         "pretrained": benchmark_pretrained(model),
-        "task": name,
-        "metrics": BENCHMARK_TASK_METRICS[name](metrics),
+        "task": benchmark_name,
+        "metrics": metrics,
         "language": language,
         "precision": precision,
     }
 
 
-def fewshot_benchmark_documents(metrics: dict[str, float], model: dict, datasets: dict[str, dict], settings: dict,
-                                probes: list[dict], precision: str = "fp32", language: str = "en") -> list[dict]:
-    """One CLIP_benchmark ``linear_probe`` result per few-shot data set.
-
-    ``metrics``: the probe score (mean over seeds at the run's epoch selection) under
-    :data:`LINEAR_PROBE_KEYS` of the set's ELEVATER metric; ``fewshot_k``, ``seeds``, ``epochs`` (of
-    the final run), the chosen ``learning_rate`` / ``weight_decay`` per seed, ``metric`` (ELEVATER's)
-    and ``epoch_selection``. The protocol is ELEVATER's, not CLIP_benchmark's (see
-    docs/evaluation.md)."""
-    docs = []
-    for name, facts in datasets.items():
-        mine = [p for p in probes if p["dataset"] == name]
-        docs.append({
-            "dataset": name,
-            "model": model.get("name"),
-            "pretrained": benchmark_pretrained(model),
-            "task": "linear_probe",
-            "metrics": {
-                LINEAR_PROBE_KEYS[facts["metric"]]: metrics[f"{name}/linear_probe"],
-                "fewshot_k": settings["shots"],
-                "seeds": [p["seed"] for p in mine],
-                "epochs": settings["final_epochs"],
-                "learning_rate": [p["best_lr"] for p in mine],
-                "weight_decay": [p["best_wd"] for p in mine],
-                "metric": facts["metric"],
-                "epoch_selection": settings["epoch_selection"],
-            },
-            "language": language,
-            "precision": precision,
-        })
-    return docs
-
-
 def benchmark_output_path(our_output: str | os.PathLike, doc: dict) -> Path:
     """Beside ``our_output``, CLIP_benchmark's default file name
-    ``{dataset}_{pretrained}_{model}_{language}_{task}.json`` with its rules
-    (:func:`clip_dcl.eval.benchmark.output_path`): the data set without ``wds/``, a weights path
-    reduced to its base name, '/' made '_'."""
-    from .benchmark import DEFAULT_OUTPUT, output_path
-
+    ``{dataset}_{pretrained}_{model}_{language}_{task}.json`` with the rules of :func:`output_path`."""
     name = output_path(DEFAULT_OUTPUT, doc["dataset"], doc["model"], doc["pretrained"], doc["language"], doc["task"])
     return Path(our_output).parent / name

@@ -24,6 +24,8 @@ from ..data.evalsets.samples import split_captions
 from ..data.evalsets.skips import Skip, SkipCounter
 from .encoding import EvalOptions, encode_batch, encode_images, encode_texts, labelled_batches, progress_bar
 from .metrics import retrieval_metrics
+from .registry import EvalTask, TaskResult, register_task
+from .report import format_table
 
 log = logging.getLogger(__name__)
 
@@ -169,3 +171,75 @@ def evaluate_retrieval(
     if return_info:
         return metrics, {"num_images": int(img.shape[0]), "num_texts": int(txt.shape[0]), "skipped": skips.as_dict()}
     return metrics
+
+
+# ----------------------------------------------------------------------------------------------
+# The task: `clip-dcl eval retrieval` and CLIP_benchmark's zeroshot_retrieval
+# ----------------------------------------------------------------------------------------------
+def _add_arguments(p) -> None:
+    p.add_argument("--data", required=True,
+                   help="folder of .tar shards, a shard pattern ('val-{000..003}.tar'), or a CSV/TSV of image,caption")
+    p.add_argument("--csv-img-key", default=None, help="CSV image-path column (default: filepath/image/...)")
+    p.add_argument("--csv-caption-key", default=None, help="CSV caption column (default: title/caption/...)")
+    p.add_argument("--csv-separator", default=None, help="CSV separator (default: tab for .tsv, else comma)")
+    p.add_argument("--recall-k", type=int, nargs="+", default=[1, 5, 10], metavar="K",
+                   help="the k of recall@k, one or more (default 1 5 10)")
+    p.add_argument("--chunk-size", type=int, default=1024,
+                   help="query rows scored at once; memory ~ chunk x N x 5 bytes (default 1024)")
+
+
+def _check(args) -> None:
+    from ..train.flags import FlagError
+
+    if min(args.recall_k) < 1:
+        raise FlagError(f"--recall-k values must be >= 1, got {args.recall_k}")
+
+
+def _run(model, preprocess, tokenizer, args, common) -> TaskResult:
+    metrics, info = evaluate_retrieval(model, preprocess, tokenizer, args.data, chunk_size=args.chunk_size,
+                                       csv_img_key=args.csv_img_key, csv_caption_key=args.csv_caption_key,
+                                       csv_separator=args.csv_separator, ks=args.recall_k, return_info=True, **common)
+    return TaskResult(metrics, {"path": str(args.data), **info},
+                      settings=dict(chunk_size=args.chunk_size, normalize=True, recall_k=args.recall_k))
+
+
+def retrieval_table(metrics: dict[str, float], ks: Sequence[int] = (1, 5, 10)) -> str:
+    """Rows image->text and text->image; columns R@k for each k of ``ks``, mean and median rank."""
+    rows = []
+    for prefix, label in (("image_to_text", "image -> text"), ("text_to_image", "text -> image")):
+        rows.append([label] + [metrics[f"{prefix}_R@{k}"] for k in ks]
+                    + [metrics[f"{prefix}_mean_rank"], metrics[f"{prefix}_median_rank"]])
+    return format_table(["direction"] + [f"R@{k}" for k in ks] + ["mean rank", "median rank"], rows)
+
+
+def benchmark_retrieval_metrics(metrics: dict[str, float]) -> dict[str, float]:
+    """Per k, ``image_retrieval_recall@k`` then ``text_retrieval_recall@k``, CLIP_benchmark's order."""
+    ks = [k.split("@", 1)[1] for k in metrics if k.startswith("image_retrieval_recall@")]
+    return {f"{d}_retrieval_recall@{k}": metrics[f"{d}_retrieval_recall@{k}"] for k in ks for d in ("image", "text")}
+
+
+def _benchmark_run(model, preprocess, tokenizer, run, settings):
+    # CLIP_benchmark's layout is read at its split folder; a folder of shards (or a CSV) as it is
+    data = run.root
+    if not data.is_file() and (data / settings.split / "nshards.txt").is_file():
+        data = data / settings.split
+    metrics = evaluate_retrieval(model, preprocess, tokenizer, data, ks=tuple(settings.recall_k),
+                                 options=settings.options)
+    return metrics, {}
+
+
+register_task(EvalTask(
+    name="retrieval",
+    help="image<->text recall@k and ranks on val shards or a CSV",
+    description="Image-to-text and text-to-image recall@1/5/10, mean and median rank.",
+    add_arguments=_add_arguments,
+    check=_check,
+    run=_run,
+    metrics=("image_to_text_R@{k}", "text_to_image_R@{k}", "image_to_text_mean_rank", "text_to_image_mean_rank",
+             "image_to_text_median_rank", "text_to_image_median_rank", "image_retrieval_recall@{k}",
+             "text_retrieval_recall@{k}"),
+    table=lambda metrics, args: retrieval_table(metrics, args.recall_k),
+    benchmark_name="zeroshot_retrieval",
+    benchmark_metrics=benchmark_retrieval_metrics,
+    benchmark_run=_benchmark_run,
+))

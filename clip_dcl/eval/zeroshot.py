@@ -42,6 +42,8 @@ from .encoding import (
     zeroshot_classifier,
 )
 from .metrics import classification_metrics, mean_average_precision
+from .registry import EvalTask, TaskResult, register_task
+from .report import metrics_table
 
 log = logging.getLogger(__name__)
 
@@ -275,3 +277,74 @@ def _printable_templates(templates):
 
 def _names_of(classnames) -> list[str]:
     return read_classnames(classnames) if isinstance(classnames, (str, os.PathLike)) else list(classnames)
+
+
+# ----------------------------------------------------------------------------------------------
+# The task: `clip-dcl eval zeroshot` and CLIP_benchmark's zeroshot_classification
+# ----------------------------------------------------------------------------------------------
+def _add_arguments(p) -> None:
+    p.add_argument("--data", required=True,
+                   help="ImageFolder root ROOT/<class>/<images>, or a CLIP_benchmark webdataset data set "
+                        "(ROOT/test/nshards.txt, classnames.txt, zeroshot_classification_templates.txt)")
+    p.add_argument("--split", default="test", help="split folder of CLIP_benchmark's layout (default test)")
+    p.add_argument("--classnames", default=None,
+                   help="class-name file (default: the data's classnames.txt, or ImageNet's)")
+    p.add_argument("--templates", default=None,
+                   help="template file: one per line with {c}, or JSON (a list, or CuPL's class -> prompts) "
+                        "(default: the data's templates, or OpenAI's 80)")
+
+
+def _check(args) -> None:
+    from ..train.flags import FlagError
+
+    if args.templates:  # read again by the evaluation; checked before the model loads
+        try:
+            read_templates(args.templates)
+        except ValueError as e:
+            raise FlagError(f"--templates: {e}") from None
+
+
+def _run(model, preprocess, tokenizer, args, common) -> TaskResult:
+    metrics, info = evaluate_zeroshot(model, preprocess, tokenizer, args.data, classnames=args.classnames,
+                                      templates=args.templates, split=args.split, return_info=True, **common)
+    info.pop("classnames")
+    info.pop("templates")
+    settings = dict(classnames=info.pop("classnames_source"), templates=info.pop("templates_source"),
+                    num_templates=info.pop("num_templates"))
+    return TaskResult(metrics, {"path": str(args.data), **info}, settings=settings)
+
+
+def benchmark_classification_metrics(metrics: dict[str, float]) -> dict[str, float]:
+    """CLIP_benchmark's keys: ``mean_average_precision`` for multi-label data, else ``acc1``,
+    ``acc5``, ``mean_per_class_recall``."""
+    keys = ("mean_average_precision",) if "mean_average_precision" in metrics else \
+        ("acc1", "acc5", "mean_per_class_recall")
+    return {k: metrics[k] for k in keys}
+
+
+def _benchmark_run(model, preprocess, tokenizer, run, settings):
+    metrics, info = evaluate_zeroshot(model, preprocess, tokenizer, run.root, classnames=settings.classnames(run),
+                                      templates=settings.templates(run), split=settings.split, return_info=True,
+                                      options=settings.options)
+    extra = {}
+    if settings.dump_classnames:
+        extra["classnames"] = info["classnames"]
+    if settings.dump_templates:
+        extra["templates"] = info["templates"]
+    return metrics, extra
+
+
+register_task(EvalTask(
+    name="zeroshot",
+    help="zero-shot top-1/top-5/mean per-class recall (or mAP for multi-label data)",
+    description="Zero-shot classification on an ImageFolder tree (ImageNet synset folders use OpenCLIP's class "
+                "names and templates) or CLIP_benchmark's webdataset layout.",
+    add_arguments=_add_arguments,
+    check=_check,
+    run=_run,
+    metrics=("acc1", "acc5", "mean_per_class_recall", "mean_average_precision (multi-label data)"),
+    table=lambda metrics, args: metrics_table(metrics),
+    benchmark_name="zeroshot_classification",
+    benchmark_metrics=benchmark_classification_metrics,
+    benchmark_run=_benchmark_run,
+))

@@ -115,3 +115,4 @@ def classification_wds(shards: Sequence[str], transform: Callable, multilabel: b
     import functools
 
     return ShardSamples(shards, functools.partial(_classification_item, transform, multilabel), markers, strict)
+

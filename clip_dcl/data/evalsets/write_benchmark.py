@@ -1,0 +1,99 @@
+"""Writing a data set in CLIP_benchmark's webdataset layout (:class:`~.benchmark.BenchmarkShards`):
+image-caption shards as a retrieval set, an ImageFolder tree as a classification set
+(``clip-dcl data benchmark``)."""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from .benchmark import BENCHMARK_IMAGE_KEYS, BenchmarkShards, read_benchmark_shards
+from .files import read_classnames, read_templates
+from .skips import Skip
+
+
+def write_benchmark_shards(source: str | os.PathLike, out_dir: str | os.PathLike, kind: str = "auto",
+                           split: str = "test", shard_size: int = 1000, classnames: str | os.PathLike | None = None,
+                           templates: str | os.PathLike | None = None) -> BenchmarkShards:
+    """Write ``source`` in CLIP_benchmark's webdataset layout (:class:`BenchmarkShards`) under ``out_dir``.
+
+    ``source`` is either image-caption shards (a folder of ``.tar`` in img2dataset's layout, a
+    brace pattern or one shard; each image with its captions: the json ``captions`` list, else
+    the ``.txt``), written as a ``retrieval`` set (all captions of an image in its ``.txt``, one
+    per line), or an ImageFolder tree ``ROOT/<class>/<image>``, written as a classification set
+    (``.cls`` labels in sorted-folder order; ``classnames.txt`` from ``classnames``, else
+    ``ROOT/classnames.txt``, else ImageNet's names for synset folders, else the folder names;
+    ``zeroshot_classification_templates.txt`` from ``templates``, else ``ROOT/templates.txt``
+    when present). ``kind``: ``auto`` (a folder holding ``.tar`` files, or a shard pattern, is
+    retrieval), ``retrieval`` or ``classification``. Image bytes are copied unchanged, so an
+    evaluation of the written set gives the source's numbers. A sample without captions or an
+    image raises ``ValueError`` naming it; an ``out_dir`` that already holds the split too.
+    """
+    import webdataset as wds
+
+    from .folders import imagenet_classnames_for, is_imagenet_synsets, scan_image_folder
+    from .retrieval import expand_shards
+    from .samples import sample_captions, shard_samples
+
+    if kind not in ("auto", "retrieval", "classification"):
+        raise ValueError(f"kind must be auto, retrieval or classification, got {kind!r}")
+    if shard_size < 1:
+        raise ValueError(f"shard_size must be >= 1, got {shard_size}")
+    src = Path(source)
+    if kind == "auto":
+        kind = "classification" if src.is_dir() and not any(src.glob("*.tar")) else "retrieval"
+    out = Path(out_dir)
+    if (out / split).exists() and any((out / split).iterdir()):
+        raise ValueError(f"{str(out / split)!r} exists and is not empty")
+    (out / split).mkdir(parents=True, exist_ok=True)
+
+    def items():
+        if kind == "retrieval":
+            for sample in shard_samples(expand_shards(source)):
+                if isinstance(sample, Skip):
+                    raise ValueError(sample.describe())
+                caps = sample_captions(sample)
+                if isinstance(caps, Skip):
+                    raise ValueError(caps.describe())
+                ext = next((k for k in BENCHMARK_IMAGE_KEYS if k in sample), None)
+                if ext is None:
+                    raise ValueError(Skip(sample.get("__url__"), sample.get("__key__"), "no image",
+                                          f"none of .{', .'.join(BENCHMARK_IMAGE_KEYS)}").describe())
+                yield {ext: sample[ext], "txt": "\n".join(caps)}
+        else:
+            for path, label in samples:
+                yield {Path(path).suffix.lower().lstrip(".") or "jpg": Path(path).read_bytes(), "cls": str(label)}
+
+    if kind == "classification":
+        folders, samples = scan_image_folder(src)
+        if classnames is not None:
+            names = read_classnames(classnames)
+        elif (src / "classnames.txt").is_file():
+            names = read_classnames(src / "classnames.txt")
+        else:
+            names = imagenet_classnames_for(folders) if is_imagenet_synsets(folders) else list(folders)
+        if len(names) != len(folders):
+            raise ValueError(f"{len(names)} class names for the {len(folders)} class folders of {str(src)!r}")
+        (out / "classnames.txt").write_text("\n".join(names) + "\n")
+        tfile = Path(templates) if templates is not None else src / "templates.txt"
+        if tfile.is_file():
+            found = read_templates(tfile)
+            if isinstance(found, dict):
+                raise ValueError(f"templates {str(tfile)!r} are per class (CuPL); CLIP_benchmark's layout holds one "
+                                 "template a line")
+            # CLIP_benchmark fills a template with str.format(c=name): {} is written as {c}
+            lines = [t.replace("{}", "{c}") for t in found]
+            (out / "zeroshot_classification_templates.txt").write_text("\n".join(lines) + "\n")
+    else:
+        (out / "dataset_type.txt").write_text("retrieval\n")
+    count, writer = 0, None
+    for count, item in enumerate(items()):
+        if count % shard_size == 0:
+            if writer is not None:
+                writer.close()
+            writer = wds.TarWriter(str(out / split / f"{count // shard_size}.tar"))
+        writer.write({"__key__": f"s{count:09d}", **item})
+    if writer is None:
+        raise ValueError(f"{str(source)!r} holds no samples")
+    writer.close()
+    (out / split / "nshards.txt").write_text(f"{count // shard_size + 1}\n")
+    return read_benchmark_shards(out, split)

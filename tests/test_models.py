@@ -1,0 +1,54 @@
+"""OpenCLIP sees clip-dcl's models after ``import clip_dcl``: ``open_clip.create_model_and_transforms(
+"clip-dcl-tiny", pretrained=...)`` loads our training checkpoints and our exports, in a fresh process."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import torch
+
+SCRIPT = r"""
+import json, sys
+import clip_dcl
+assert "torch" not in sys.modules and "open_clip" not in sys.modules, "import clip_dcl imported torch or OpenCLIP"
+import open_clip
+import torch
+model, _, preprocess = open_clip.create_model_and_transforms("clip-dcl-tiny", pretrained=sys.argv[1])
+tokenizer = open_clip.get_tokenizer("clip-dcl-tiny")
+with torch.no_grad():
+    text = model.eval().encode_text(tokenizer(["a red square", "two blue circles"]))
+print(json.dumps(text.tolist()))
+"""
+
+
+def _open_clip_features(pretrained) -> torch.Tensor:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": ""}
+    res = subprocess.run([sys.executable, "-c", SCRIPT, str(pretrained)], capture_output=True, text=True, env=env,
+                         timeout=300)
+    assert res.returncode == 0, res.stderr[-3000:]
+    return torch.tensor(json.loads(res.stdout.strip().splitlines()[-1]))
+
+
+def test_open_clip_loads_our_checkpoint_and_export_after_import_clip_dcl(trained_run, tmp_path):
+    from clip_dcl.checkpoint import export, load_checkpoint
+
+    ckpt = trained_run("decl") / "checkpoints" / "epoch_1.pt"
+    model, _, tokenizer = load_checkpoint(ckpt)
+    with torch.no_grad():
+        ours = model.encode_text(tokenizer(["a red square", "two blue circles"]))
+    assert torch.equal(_open_clip_features(ckpt), ours)  # the trained weights, not a random model
+    folder = export(ckpt, tmp_path / "exported")
+    assert torch.equal(_open_clip_features(folder / "open_clip_model.safetensors"), ours)
+
+
+def test_registration_waits_for_open_clip_and_happens_once(monkeypatch):
+    import open_clip
+
+    from clip_dcl import models
+
+    monkeypatch.setattr(sys, "meta_path", list(sys.meta_path))
+    models.register_on_open_clip_import()  # OpenCLIP is imported here: registered at once, no hook left
+    assert "clip-dcl-tiny" in open_clip.list_models()
+    assert not any(isinstance(f, models._OnOpenClipImport) for f in sys.meta_path)
