@@ -300,7 +300,7 @@ def test_a_shard_that_disappears_is_skipped_and_no_shard_left_is_an_error_not_a_
 def _loss_refuses(ids, num_samples, match):
     """The loss, which sees the ids of the whole global batch (so every rank stops together), refuses them."""
     from clip_dcl.losses import create_loss
-    from clip_dcl.losses.decl import SampleIdError
+    from clip_dcl.losses.base import SampleIdError
 
     f = torch.nn.functional.normalize(torch.randn(len(ids), 4), dim=-1)
     with pytest.raises(SampleIdError, match=match):

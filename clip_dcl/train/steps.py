@@ -17,7 +17,7 @@ import numpy as np
 import torch
 from open_clip_train import train as oc_train
 
-from clip_dcl.losses.decl import SampleIdError
+from clip_dcl.losses.base import SampleIdError
 
 from .ids import MissingSampleIds, SampleIdOutOfRange
 from .pipeline import mix_seed
