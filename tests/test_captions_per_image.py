@@ -187,7 +187,7 @@ def test_an_epoch_with_three_captions_per_image(tmp_path, loss, flags, terms):
     if "auto" in flags:
         assert "tau_plus_estimate" in ckpt["loss_state"]
     if loss == "decl":  # one epoch over the 32 ids: every image's rates stored, in both directions
-        from clip_dcl.train.loss_state import read_loss_state
+        from clip_dcl.train.saving import read_loss_state
 
         table = read_loss_state(logs / loss / "checkpoints" / "epoch_1.pt")["log_rate"]
         assert table.shape == (2, 32) and bool(torch.isfinite(table).all())

@@ -213,7 +213,7 @@ def test_ids_reach_the_loss_aligned_through_openclip_train_one_epoch(accum_freq,
     from open_clip_train.params import parse_args
 
     from clip_dcl.train.flags import TrainConfig
-    from clip_dcl.train.patch import TrainingRun
+    from clip_dcl.train.run import TrainingRun
 
     gen = torch.Generator().manual_seed(0)
     ids = torch.randperm(5000, generator=gen)[:48]

@@ -164,6 +164,12 @@ class LossDeclaration:
         return dict(kwargs)
 
     @classmethod
+    def settings_in_effect(cls, values: Dict[str, object]) -> Dict[str, object]:
+        """``values`` (all of the loss's flags' values) with the ``None`` defaults the loss resolves itself
+        replaced by what they resolve to; as given here."""
+        return dict(values)
+
+    @classmethod
     def reads_setting(cls, kwarg: str, values: Dict[str, object]) -> bool:
         """Whether the keyword argument ``kwarg`` takes effect in the configuration ``values`` (all of the
         loss's flags' values); a loss that refuses a setting its configuration ignores answers False."""
@@ -184,6 +190,10 @@ class LossDeclaration:
         each whole epoch and logs the line, prefixed with the epoch. None here: nothing to check.
         """
         return None
+
+    def logged_metrics(self, metrics: Dict[str, object]) -> Dict[str, object]:
+        """The part of ``metrics`` for the training log line; all of it here."""
+        return metrics
 
     def step_note(self) -> str:
         """Words for the training log line about the last call beside its metrics (e.g. which term a

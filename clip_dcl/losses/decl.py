@@ -14,10 +14,9 @@ In log space ``u_i * mean_k S_ik = eps_i * exp(lse_neg_i - log K - log r_i)`` wi
 Exponential(1)`` (1 for the mean). The exponent is clamped at ``max_log_ratio`` so that a stale rate
 cannot overflow (``metrics["clamp_rate"]``; those rows get no gradient through their negatives).
 
-The parts: the rate estimators ``index`` (per-sample buffer), ``queue`` and ``batch`` are in
-:mod:`clip_dcl.losses.decl_rates`, each with its buffers, checks and undo; the ``lambda_t`` and
-``gamma_t`` schedules and the temperature modes are the named pieces of
-:mod:`clip_dcl.losses.decl_schedules`. This module is the objective.
+This module is the objective; the rate estimators (``index``, ``queue``, ``batch``) are in
+:mod:`clip_dcl.losses.decl_rates`, the ``lambda_t`` / ``gamma_t`` schedules and temperature modes in
+:mod:`clip_dcl.losses.decl_schedules`, the flags in :mod:`clip_dcl.losses.decl_flags`.
 
 **The anchor-relative estimate** (``estimate="relative"``, the default; FastCLIP, Wei et al. 2024,
 arXiv 2407.01445, ``FastCLIPLoss``): the rate estimates ``g_i = mean_{k != i} exp(l_ik - l_ii)``,
@@ -65,7 +64,7 @@ from .state import STATE_DTYPES
 
 
 
-__all__ = ["DeCLLoss", "SampleIdError", "RATES", "SCHEDULES", "ESTIMATES", "TEMPERATURE_MODES"]
+__all__ = ["DeCLLoss", "SampleIdError", "RATES", "SCHEDULES", "ESTIMATES", "TEMPERATURE_MODES"]  # noqa: F401
 
 
 class DeCLLoss(StatefulLoss):
@@ -141,6 +140,14 @@ class DeCLLoss(StatefulLoss):
         others = {k for r, t in RATE_TYPES.items() if r != rate for k in t.state_settings}
         mine = set(RATE_TYPES[rate].state_settings if rate in RATE_TYPES else ())
         return {k: v for k, v in super().state_meaning(loss_args).items() if k in mine or k not in others}
+
+    @classmethod
+    def settings_in_effect(cls, values: Dict[str, object]) -> Dict[str, object]:
+        """``include_current=None`` resolved: True for ``index`` (update, then read), False otherwise."""
+        out = dict(values)
+        if out.get("include_current") is None:
+            out["include_current"] = out.get("rate") == "index"
+        return out
 
     @classmethod
     def reads_setting(cls, kwarg: str, values: Dict[str, object]) -> bool:
@@ -242,9 +249,7 @@ class DeCLLoss(StatefulLoss):
         #: the index buffer is split over the ranks (with one rank, sharded and replicated coincide)
         self.sharded = isinstance(self.rates, IndexRate) and self.rates.sharded
         self.requires_sample_ids = self.rates.requires_sample_ids
-        self._step_cache = None
-        self._calls_at_step = None
-        self._last_step = None
+        self._step_cache = self._calls_at_step = self._last_step = None
 
     # -- the StatefulLoss contract ----------------------------------------------------------
     def state_buffers(self):
