@@ -17,6 +17,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+
+from clip_dcl.losses.base import LossDeclaration
 import webdataset as wds
 from PIL import Image
 
@@ -378,7 +380,7 @@ def visited(loss_state):
     ("clip", [], ["Contrastive_loss:"]),
     ("dcl", ["--tau-plus", "0.1"], ["Dcl_loss:", "Clamp_rate:"]),
     ("decl", ["--decl-rate", "index", "--workers", "2"],
-     ["Decl_loss:", "Lambda_t:", "Loss1:", "Loss2:", "Mean_log_rate:", "Clamp_rate:"]),
+     ["Decl_loss:", "Term: loss1", "Lambda_t:", "Loss2:", "Mean_log_rate:", "Clamp_rate:"]),
 ])
 def test_one_epoch_writes_checkpoint_with_loss_state_and_logs_terms(tmp_path, loss, flags, terms):
     import open_clip
@@ -561,7 +563,7 @@ def test_params_and_checkpoint_record_the_resolved_decl_arguments(tmp_path):
     assert params["loss_args"] == str(recorded)
 
 
-class DataSizedLoss(torch.nn.Module):
+class DataSizedLoss(LossDeclaration, torch.nn.Module):
     """A loss registered by a test: InfoNCE that counts each sample's visits in a buffer sized from the data."""
 
     requires_sample_ids = True

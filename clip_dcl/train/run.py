@@ -280,15 +280,15 @@ class TrainingRun:
             logging.warning(f"{self.resumed_path} was trained on {saved_size} samples of --train-data, which now has "
                             f"{self.train_data_size}: its rows are the sample ids, so rows that moved read the rates "
                             "of other samples (keep the CSV's rows in place between a run and its resume)")
-        stateful = isinstance(loss, torch.nn.Module) and len(loss.state_dict()) > 0
+        has_state = isinstance(loss, torch.nn.Module) and len(loss.state_dict()) > 0
         saved_loss = meta.get("loss")
         if saved_loss is not None and saved_loss != self.config.loss:
-            if stateful:
+            if has_state:
                 logging.warning(f"{self.resumed_path} was trained with --loss {saved_loss}; --loss "
                                 f"{self.config.loss} starts with fresh loss state.")
             return
         if state is None:
-            if stateful:
+            if has_state:
                 logging.warning(f"{self.resumed_path} holds no loss state; the {self.config.loss} loss starts fresh.")
             return
         owner = stateful(loss)
@@ -308,7 +308,7 @@ class TrainingRun:
             raise LossStateMismatch(
                 f"cannot restore the {self.config.loss} loss state from {self.resumed_path} (it was trained with "
                 f"{meta.get('loss_args')}; now {self.config.loss_args}): {e}") from None
-        if stateful:
+        if has_state:
             logging.info(f"Restored the {self.config.loss} loss state from {self.resumed_path} "
                          f"(digest {saving.loss_state_digest(loss)}).")
 
