@@ -176,7 +176,7 @@ class _Toy(torch.nn.Module):
                 "logit_scale": self.logit_scale.exp()}
 
 
-class _RecordingLoss(torch.nn.Module):
+class _RecordingLoss(LossDeclaration, torch.nn.Module):
     requires_sample_ids = True
     num_samples = 10_000
 

@@ -10,7 +10,8 @@ import abc
 import inspect
 import math
 from dataclasses import dataclass, field
-from typing import Callable, Dict, List, Optional, Tuple
+from types import MappingProxyType
+from typing import Callable, Dict, List, Mapping, Optional, Tuple
 
 import torch
 import torch.distributed as dist
@@ -137,6 +138,8 @@ class LossDeclaration:
     #: keyword arguments that give the loss's saved state its meaning: a checkpoint resumed with another
     #: value would have its state read as another quantity, so the trainer refuses it (:meth:`state_meaning`)
     state_settings: tuple = ()
+    #: diagnostics of the last call, logged apart from the loss terms (an instance sets its own)
+    metrics: Mapping[str, object] = MappingProxyType({})
 
     @classmethod
     def defaults(cls) -> Dict[str, object]:

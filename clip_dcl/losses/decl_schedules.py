@@ -43,7 +43,7 @@ class LambdaSchedule:
 
 class Alternate(LambdaSchedule):
     name = "alternate"
-    help = "alternate: loss1 (the decomposed loss) on odd steps, InfoNCE on even steps (the paper's OpenCLIP setting)"
+    help = "alternate: loss1 on odd steps, InfoNCE on even steps (the paper's OpenCLIP setting)"
 
     def value(self, step: int) -> float:
         return 1.0 if step % 2 == 1 else 0.0
