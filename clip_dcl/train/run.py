@@ -28,7 +28,8 @@ from . import preempt as preemption
 from . import saving
 from .divergence import Diverged, NonFiniteSteps, describe_tensors, nonfinite_tensors
 from .flags import TrainConfig, full_loss_args, loss_command, openclip_native, setting_words
-from .pipeline import get_wds_train_dataset, with_indices
+from .ids import with_indices
+from .pipeline import get_wds_train_dataset
 from .steps import (IdChannel, LossWithIds, SkippedSteps, TrainLineHook, log_data_stats, log_epoch_health,
                     seed_main_process)
 from .upstream import (OPENCLIP_CREATE_LOSS, OPENCLIP_GET_CSV_DATASET, OPENCLIP_GET_SYNTHETIC_DATASET,
