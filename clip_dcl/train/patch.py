@@ -41,7 +41,7 @@ duration of the call (and restored afterwards):
     validation keeps OpenCLIP's.
 ``open_clip_train.data.get_csv_dataset``, ``get_synthetic_dataset``
     OpenCLIP's, with each training batch extended by the samples' indices (the CSV row, the
-    synthetic sample's index) as their ids (:func:`clip_dcl.train.pipeline.with_indices`).
+    synthetic sample's index) as their ids (:func:`clip_dcl.train.ids.with_indices`).
 
 Between optimizer steps (in the dataloader handed to ``train_one_epoch``): a signal of
 ``--preempt-signals`` (or ``--save-every-minutes``) saves a checkpoint at that step and, for a
