@@ -37,7 +37,8 @@ import torch
 from open_clip.loss import gather_features
 
 from clip_dcl.losses import register_loss
-from clip_dcl.losses.base import ContrastiveLoss, all_gather_cat, compute_dtype
+from clip_dcl.losses.base import ContrastiveLoss
+from clip_dcl.losses.gather import all_gather_cat, compute_dtype
 
 
 def label_table(shard_dir) -> torch.Tensor:

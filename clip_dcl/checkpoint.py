@@ -18,7 +18,7 @@ OpenCLIP before the model is built, so custom architectures load in a fresh proc
 returned transform.
 
 The checkpoint format is defined here, for the reader and for the trainer that writes it
-(``clip_dcl.train.patch``): OpenCLIP's ``{"epoch", "name", "state_dict", "optimizer"[, "scaler"]}``
+(``clip_dcl.train.saving``): OpenCLIP's ``{"epoch", "name", "state_dict", "optimizer"[, "scaler"]}``
 plus :data:`LOSS_STATE_KEY` (the loss's ``state_dict()``) and :data:`CKPT_KEY` (the entry of
 :func:`checkpoint_entry`). :func:`save_atomically` writes a file under a temporary name and
 renames it, so that a killed save never leaves a torn ``*.pt``.
@@ -51,7 +51,7 @@ CKPT_KEY = "clip_dcl"
 #: Key under which our training stores the loss's ``state_dict()`` in a checkpoint.
 LOSS_STATE_KEY = "loss_state"
 #: Key of ``ckpt[CKPT_KEY]`` that says where a sharded loss state's files are (see
-#: :mod:`clip_dcl.train.loss_state`): their folder, world size, ``num_samples`` and buffers.
+#: :mod:`clip_dcl.train.saving`): their folder, world size, ``num_samples`` and buffers.
 SHARD_INDEX_KEY = "loss_state_shards"
 #: Sub-folder of the checkpoint folder that holds the shard files of a sharded loss state.
 SHARD_FOLDER = "loss_state"
@@ -318,11 +318,6 @@ def read_params(ckpt_path: str | os.PathLike) -> dict[str, str]:
         if sep and key.strip() in ("model", "model_config") and value.strip() not in ("", "None"):
             out[key.strip()] = value.strip()
     return out
-
-
-def read_params_model(ckpt_path: str | os.PathLike) -> str | None:
-    """The ``model:`` line of the ``params.txt`` of a trainer checkpoint (see :func:`read_params`)."""
-    return read_params(ckpt_path).get("model")
 
 
 def register_config_dict(name: str, config: dict) -> str:

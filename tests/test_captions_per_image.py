@@ -168,7 +168,7 @@ def test_a_loss_registered_by_a_script_gets_its_flags_without_editing_flags_py(t
     ("dcl", ["--tau-plus", "auto", "--hcl-beta", "0.5"], ["Dcl_loss:", "Tau_plus:", "Clamp_rate:"]),
     ("curl", [], ["Curl_loss:", "Block_size: 3.0000"]),
     ("clip", [], ["Contrastive_loss:"]),
-    ("decl", ["--decl-rate", "index"], ["Decl_loss:", "Loss1:", "First_visit_rate:"]),
+    ("decl", ["--decl-rate", "index", "--no-decl-include-current"], ["Decl_loss:", "Loss1:", "First_visit_rate:"]),
 ])
 def test_an_epoch_with_three_captions_per_image(tmp_path, loss, flags, terms):
     pattern = write_caption_shards(tmp_path / "shards", num_shards=2, per_shard=16)
@@ -187,7 +187,7 @@ def test_an_epoch_with_three_captions_per_image(tmp_path, loss, flags, terms):
     if "auto" in flags:
         assert "tau_plus_estimate" in ckpt["loss_state"]
     if loss == "decl":  # one epoch over the 32 ids: every image's rates stored, in both directions
-        from clip_dcl.train.loss_state import read_loss_state
+        from clip_dcl.train.saving import read_loss_state
 
         table = read_loss_state(logs / loss / "checkpoints" / "epoch_1.pt")["log_rate"]
         assert table.shape == (2, 32) and bool(torch.isfinite(table).all())

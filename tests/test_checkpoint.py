@@ -24,7 +24,7 @@ def trained(tmp_path_factory):
     """A real checkpoint: one epoch of OpenCLIP's own training loop on synthetic data (CPU)."""
     import open_clip_train.main
 
-    from clip_dcl.train.patch import torch_log_levels_kept
+    from clip_dcl.train.upstream import torch_log_levels_kept
 
     logs = tmp_path_factory.mktemp("logs")
     register_builtin_configs()
@@ -296,7 +296,7 @@ def test_the_trainer_writes_the_format_the_reader_defines(tmp_path, monkeypatch)
 
     import clip_dcl.checkpoint as fmt
     from clip_dcl.train.flags import TrainConfig
-    from clip_dcl.train.patch import TrainingRun
+    from clip_dcl.train.run import TrainingRun
 
     run = TrainingRun(TrainConfig("dcl", {"tau_plus": 0.1}, {"tau_plus": 0.1, "clamp": "clamp"}))
     run.loss = torch.nn.Module()
@@ -318,7 +318,7 @@ def test_the_trainer_writes_the_format_the_reader_defines(tmp_path, monkeypatch)
 
 def test_a_save_killed_halfway_leaves_no_torn_pt_file(tmp_path, monkeypatch):
     from clip_dcl.train.flags import TrainConfig
-    from clip_dcl.train.patch import TrainingRun
+    from clip_dcl.train.run import TrainingRun
 
     def dies_halfway(obj, f, *args, **kwargs):
         f.write(b"PK\x03\x04 half of a zip")

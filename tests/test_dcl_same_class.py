@@ -161,7 +161,7 @@ def test_the_floor_does_not_bite_off_the_minimum_score(tau_plus):
 def test_at_the_minimum_score_the_estimate_is_the_floor():
     """Image 0's negatives: g1 (cosine 0) and g2 (cosine -1, the minimum score exp(-s)). With k = 1, g1 is
     set aside and the estimate is N exp(-s) = 2 exp(-s), the floor; with k < 1 part of g1 stays."""
-    from clip_dcl.losses.base import anchor_stats
+    from clip_dcl.losses.gather import anchor_stats
     from clip_dcl.losses.dcl import debiased_log_negatives
 
     f = torch.tensor([[1.0, 0.0], [0.0, 1.0], [0.6, 0.8]], dtype=torch.float64)

@@ -17,7 +17,7 @@ import torch
 
 from clip_dcl.losses import create_loss
 from clip_dcl.losses.state import digest_of_state_dict, reshard, shard_size, state_digest, table_sums
-from clip_dcl.train import loss_state
+from clip_dcl.train import saving as loss_state
 
 N = 23
 

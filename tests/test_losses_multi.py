@@ -16,7 +16,8 @@ import torch.nn.functional as F
 import loss_reference as ref
 from loss_reference import features
 from clip_dcl.losses import LOSSES, BlockContrastiveLoss, create_loss, register_loss
-from clip_dcl.losses.base import ContrastiveLoss, anchor_stats
+from clip_dcl.losses.base import ContrastiveLoss
+from clip_dcl.losses.gather import anchor_stats
 
 SCALES = [1.0, 14.3, 100.0]
 

@@ -71,8 +71,8 @@ def test_world_size_1_to_2_to_1_resume(trained_run, tmp_path):
     """One process -> two gloo ranks -> one process, each resuming the last one's checkpoint: the model
     loads (strict), AdamW's step counts and the loss's calls continue, and the loss state restored on
     every rank is the saved one (sharded over the two ranks, then gathered from their files)."""
-    from clip_dcl.train.loss_state import read_loss_state
-    from clip_dcl.train.patch import loss_state_digest
+    from clip_dcl.train.saving import read_loss_state
+    from clip_dcl.train.saving import loss_state_digest
 
     first = trained_run("decl") / "checkpoints" / "epoch_1.pt"  # 3 steps of 16 on one process
     logs = tmp_path / "logs"
@@ -129,7 +129,7 @@ def _resume(tmp_path, saved_args, now_args, reset=False, grow=False, id_block=No
     ({}, {"rate": "queue"}, "--decl-rate index"),
 ], ids=["estimate", "drift-correction-off", "drift-correction-on", "state-dtype", "rate"])
 def test_resume_refuses_changed_state_settings_with_the_flag_to_add(tmp_path, saved, now, add):
-    from clip_dcl.train.patch import LossSettingMismatch
+    from clip_dcl.train.run import LossSettingMismatch
 
     run, path = _resume(tmp_path, _decl_args(**saved), _decl_args(**now))
     with pytest.raises(LossSettingMismatch) as err:
@@ -184,7 +184,7 @@ def test_resume_refuses_changed_estimate_before_any_training(trained_run, tmp_pa
 
 # -- a data set that grew ------------------------------------------------------------------------------
 def test_resume_refuses_other_num_samples_with_the_ways_on(tmp_path):
-    from clip_dcl.train.patch import LossSettingMismatch
+    from clip_dcl.train.run import LossSettingMismatch
 
     run, path = _resume(tmp_path, _decl_args(num_samples=384), _decl_args(num_samples=512))
     with pytest.raises(LossSettingMismatch) as err:
@@ -214,7 +214,7 @@ def test_world_size_any_grows_sharded_state_keeping_the_saved_rates(tmp_path, ne
     from test_loss_state import N, full_table, shard_of, write_run
 
     from clip_dcl.losses import create_loss
-    from clip_dcl.train import loss_state
+    from clip_dcl.train import saving as loss_state
 
     table = full_table(2)
     saved = torch.load(write_run(tmp_path, table, 2, 1), weights_only=True)
@@ -237,7 +237,7 @@ def test_resume_refuses_a_grown_data_set_then_decl_grow_state_keeps_the_rates(tr
     """48 -> 64 synthetic samples: refused naming --decl-grow-state and --loss-reset; with --decl-grow-state
     the restored state is the saved one with 16 unvisited columns, and the next epoch visits them."""
     from clip_dcl.losses.state import digest_of_state_dict
-    from clip_dcl.train.loss_state import read_loss_state
+    from clip_dcl.train.saving import read_loss_state
 
     path = trained_run("decl") / "checkpoints" / "epoch_1.pt"
     logs = tmp_path / "logs"

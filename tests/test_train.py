@@ -17,6 +17,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+
+from clip_dcl.losses.base import LossDeclaration
 import webdataset as wds
 from PIL import Image
 
@@ -174,7 +176,7 @@ class _Toy(torch.nn.Module):
                 "logit_scale": self.logit_scale.exp()}
 
 
-class _RecordingLoss(torch.nn.Module):
+class _RecordingLoss(LossDeclaration, torch.nn.Module):
     requires_sample_ids = True
     num_samples = 10_000
 
@@ -213,7 +215,7 @@ def test_ids_reach_the_loss_aligned_through_openclip_train_one_epoch(accum_freq,
     from open_clip_train.params import parse_args
 
     from clip_dcl.train.flags import TrainConfig
-    from clip_dcl.train.patch import TrainingRun
+    from clip_dcl.train.run import TrainingRun
 
     gen = torch.Generator().manual_seed(0)
     ids = torch.randperm(5000, generator=gen)[:48]
@@ -378,7 +380,7 @@ def visited(loss_state):
     ("clip", [], ["Contrastive_loss:"]),
     ("dcl", ["--tau-plus", "0.1"], ["Dcl_loss:", "Clamp_rate:"]),
     ("decl", ["--decl-rate", "index", "--workers", "2"],
-     ["Decl_loss:", "Lambda_t:", "Loss1:", "Loss2:", "Mean_log_rate:", "Clamp_rate:"]),
+     ["Decl_loss:", "Term: ", "Lambda_t:", "Loss2:", "Mean_log_rate:", "Clamp_rate:"]),
 ])
 def test_one_epoch_writes_checkpoint_with_loss_state_and_logs_terms(tmp_path, loss, flags, terms):
     import open_clip
@@ -424,6 +426,9 @@ def test_decl_with_accum_freq_2_counts_steps_and_visits_every_key(tmp_path):
     assert len(lines) == 4 and all("Lambda_t:" in line for line in lines)
     # alternate schedule, one lambda per optimizer step: 1, 0, 1, 0
     assert [float(re.search(r"Lambda_t: (\S+)", line).group(1)) for line in lines] == [1.0, 0.0, 1.0, 0.0]
+    # the log names the term each step optimised, and leaves out loss1, which update-then-read pins near 1
+    assert [re.search(r"Term: (\S+)", line).group(1) for line in lines] == ["loss1", "infonce", "loss1", "infonce"]
+    assert not any("Loss1:" in line or "First_visit_rate:" in line for line in lines)
 
 
 @pytest.mark.slow
@@ -561,7 +566,7 @@ def test_params_and_checkpoint_record_the_resolved_decl_arguments(tmp_path):
     assert params["loss_args"] == str(recorded)
 
 
-class DataSizedLoss(torch.nn.Module):
+class DataSizedLoss(LossDeclaration, torch.nn.Module):
     """A loss registered by a test: InfoNCE that counts each sample's visits in a buffer sized from the data."""
 
     requires_sample_ids = True

@@ -21,8 +21,8 @@ import torch
 import webdataset as wds
 from PIL import Image
 
-from clip_dcl.train.loss_state import read_loss_state
-from clip_dcl.train.patch import loss_state_digest
+from clip_dcl.train.saving import read_loss_state
+from clip_dcl.train.saving import loss_state_digest
 
 
 def write_shards(out: Path, num_shards=4, per_shard=16):

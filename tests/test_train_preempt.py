@@ -177,7 +177,7 @@ def _run(tmp_path, name, pattern, nproc, extra=(), env=None):
 
 
 def _assert_same_end(tmp_path, a, b):
-    from clip_dcl.train.loss_state import read_loss_state
+    from clip_dcl.train.saving import read_loss_state
 
     pa, pb = (tmp_path / "logs" / n / "checkpoints" / "epoch_2.pt" for n in (a, b))
     ca, cb = (torch.load(p, map_location="cpu", weights_only=True) for p in (pa, pb))

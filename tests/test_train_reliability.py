@@ -57,7 +57,7 @@ def test_decl_lambda_with_a_schedule_that_ignores_it_is_refused(tmp_path, capsys
 # -- resume: the objective, torn checkpoints ---------------------------------------------------------
 def _resume_run(loss, tmp_path, latest=False, reset=False):
     from clip_dcl.train.flags import TrainConfig
-    from clip_dcl.train.patch import TrainingRun
+    from clip_dcl.train.run import TrainingRun
 
     run = TrainingRun(TrainConfig(loss, {}, {}, loss_reset=reset))
     run.args = argparse.Namespace(checkpoint_path=str(tmp_path), resume=None)
@@ -72,7 +72,7 @@ def _save(path, epoch, loss="decl", loss_args=None):
 
 
 def test_resuming_another_objective_is_refused_with_the_flags_to_add(tmp_path):
-    from clip_dcl.train.patch import ObjectiveMismatch
+    from clip_dcl.train.run import ObjectiveMismatch
 
     path = str(tmp_path / "epoch_1.pt")
     _save(path, 1, "decl", {"rate": "index", "schedule": "harmonic", "lam": 5.0, "sample_u": True,
@@ -165,7 +165,7 @@ def _train_step_logging_otherwise(model, data, loss, epoch, optimizer, scaler, s
 
 
 def test_the_installed_openclip_fits_the_patches():
-    from clip_dcl.train.patch import check_openclip, openclip_problems
+    from clip_dcl.train.upstream import check_openclip, openclip_problems
 
     check_openclip()
     assert openclip_problems("3.3.0", _modules()) == []
@@ -184,7 +184,7 @@ def test_the_installed_openclip_fits_the_patches():
     ("3.3.0", {("train", "train_one_epoch"): _train_step_logging_otherwise}, "'f\"Train Epoch: {epoch} ['"),
 ])
 def test_openclip_drift_fails_with_one_message_naming_the_supported_range(version, changes, named):
-    from clip_dcl.train.patch import OpenCLIPMismatch, check_openclip
+    from clip_dcl.train.upstream import OpenCLIPMismatch, check_openclip
 
     with pytest.raises(OpenCLIPMismatch) as err:
         check_openclip(version, _modules(changes))
@@ -300,7 +300,7 @@ def test_a_shard_that_disappears_is_skipped_and_no_shard_left_is_an_error_not_a_
 def _loss_refuses(ids, num_samples, match):
     """The loss, which sees the ids of the whole global batch (so every rank stops together), refuses them."""
     from clip_dcl.losses import create_loss
-    from clip_dcl.losses.decl import SampleIdError
+    from clip_dcl.losses.base import SampleIdError
 
     f = torch.nn.functional.normalize(torch.randn(len(ids), 4), dim=-1)
     with pytest.raises(SampleIdError, match=match):

@@ -20,7 +20,9 @@ The registry is the source of truth for the command line: each class declares it
         flags = (LossFlag("--mine-alpha", "alpha", type=float, help="..."),)
         def __init__(self, alpha=1.0, **dist_kwargs): ...
 
-A loss whose arguments depend on the training data (DeCL's per-sample buffer is as large as the
+A loss that keeps state across steps derives from :class:`~clip_dcl.losses.base.StatefulLoss` and
+declares its buffers' layout, its rollback and its digest there; the trainer reads that contract
+(docs/extending-losses.md). A loss whose arguments depend on the training data (DeCL's per-sample buffer is as large as the
 data, its gamma schedule is given in epochs) completes them in the classmethod
 ``resolve_data_params(kwargs, data)`` from a :class:`~clip_dcl.losses.base.DataFacts`; the trainer
 calls it through :func:`resolve_loss_args`, and records what it returns.
@@ -38,7 +40,8 @@ from typing import Dict, Type
 
 import torch.nn as nn
 
-from .base import ContrastiveLoss, DataFacts, DataSizeUnknown, LossFlag
+from .base import (ContrastiveLoss, DataFacts, DataSizeUnknown, LossDeclaration, LossFlag, StateBuffer, StatefulLoss,
+                   declared, stateful)
 from .clip import InfoNCEFromStats, InfoNCELoss
 from .curl import BlockContrastiveLoss
 from .dcl import DebiasedClipLoss
@@ -48,9 +51,17 @@ LOSSES: Dict[str, Type[nn.Module]] = {}
 
 
 def register_loss(name: str):
-    """Class decorator adding a loss to :data:`LOSSES` under ``name``; warns when it replaces one."""
+    """Class decorator adding a loss to :data:`LOSSES` under ``name``; warns when it replaces one.
+
+    Raises:
+        TypeError: the class does not derive from :class:`~clip_dcl.losses.base.LossDeclaration` (what the
+            trainer reads of every loss).
+    """
 
     def wrap(cls):
+        if not (isinstance(cls, type) and issubclass(cls, LossDeclaration)):
+            raise TypeError(f"register_loss({name!r}): {cls!r} must derive from clip_dcl.losses.base.LossDeclaration "
+                            "(ContrastiveLoss or StatefulLoss do)")
         old = LOSSES.get(name)
         if old is not None and old is not cls:
             warnings.warn(f"register_loss({name!r}) replaces {old.__module__}.{old.__qualname__} with "
@@ -85,25 +96,22 @@ def create_loss(name: str, **kwargs) -> nn.Module:
     """
     if name not in LOSSES:
         raise ValueError(f"unknown loss {name!r}; expected one of {sorted(LOSSES)}")
-    if name == "clip" and kwargs.get("no_grad_gather"):  # ClipLoss has no such mode: the same InfoNCE, ours
-        return InfoNCEFromStats(**kwargs)
-    return LOSSES[name](**kwargs)
+    return LOSSES[name].from_args(**kwargs)
 
 
 def resolve_loss_args(name: str, kwargs: Dict[str, object], data: DataFacts) -> Dict[str, object]:
     """The keyword arguments of the loss registered as ``name``, completed from the training data by its
-    class's ``resolve_data_params`` (``kwargs`` unchanged for a class without one, such as OpenCLIP's
-    ``ClipLoss``).
+    class's ``resolve_data_params`` (``kwargs`` unchanged unless the class overrides it).
 
     Raises:
         ValueError: ``name`` is not in :data:`LOSSES`; or the loss refuses a value (the message names it).
     """
     if name not in LOSSES:
         raise ValueError(f"unknown loss {name!r}; expected one of {sorted(LOSSES)}")
-    hook = getattr(LOSSES[name], "resolve_data_params", None)
-    return dict(kwargs) if hook is None else hook(dict(kwargs), data)
+    return LOSSES[name].resolve_data_params(dict(kwargs), data)
 
 
 __all__ = ["LOSSES", "create_loss", "register_loss", "unregister_loss", "resolve_loss_args", "DataFacts",
            "DataSizeUnknown", "InfoNCELoss", "InfoNCEFromStats", "DebiasedClipLoss", "DeCLLoss",
-           "BlockContrastiveLoss", "ContrastiveLoss", "LossFlag"]
+           "BlockContrastiveLoss", "ContrastiveLoss", "LossDeclaration", "LossFlag", "StateBuffer", "StatefulLoss",
+           "declared", "stateful"]

@@ -15,24 +15,27 @@ from __future__ import annotations
 
 from open_clip.loss import ClipLoss
 
-from .base import ContrastiveLoss
-from .dcl import contrast_rows
+from .base import ContrastiveLoss, LossDeclaration, contrast_rows
 
 
-class InfoNCELoss(ClipLoss):
+class InfoNCELoss(LossDeclaration, ClipLoss):
     """OpenCLIP's ``ClipLoss`` with clip-dcl's uniform call signature.
 
     ``L = (L_img + L_txt) / 2`` with ``L_img = mean_i[-l_ii + logsumexp_j l_ij]``
     (the InfoNCE of CLIP, both directions). Returns ``{"contrastive_loss": L}`` with ``output_dict=True``.
     """
 
-    requires_sample_ids = False
     supports_captions_per_image = True  # through InfoNCEFromStats
-    flags = ()
     #: OpenCLIP's ``create_loss(args)`` builds this objective (and SigLIP, CoCa, distillation as its flags
     #: say) unless clip-dcl's own is needed (``no_grad_gather``, M > 1 captions per image)
     openclip_native = True
     summary = "OpenCLIP's own loss (InfoNCE; also SigLIP/CoCa/distillation as OpenCLIP picks them)"
+
+    @classmethod
+    def from_args(cls, **kwargs):
+        """``ClipLoss`` itself, or with ``no_grad_gather=True`` (a mode ``ClipLoss`` lacks) the same InfoNCE,
+        :class:`InfoNCEFromStats`."""
+        return InfoNCEFromStats(**kwargs) if kwargs.get("no_grad_gather") else cls(**kwargs)
 
     def __init__(self, local_loss=False, gather_with_grad=False, cache_labels=True, rank=0, world_size=1,
                  use_horovod=False, no_grad_gather=False):

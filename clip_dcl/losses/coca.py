@@ -18,8 +18,10 @@ from __future__ import annotations
 import torch.nn as nn
 from open_clip.loss import CoCaLoss
 
+from .base import LossWrapper
 
-class CoCaObjective(nn.Module):
+
+class CoCaObjective(LossWrapper):
     """``contrastive_weight * contrastive(...) + OpenCLIP's CoCa captioning term``.
 
     Args:
@@ -41,11 +43,11 @@ class CoCaObjective(nn.Module):
 
     @property
     def requires_sample_ids(self) -> bool:
-        return bool(getattr(self.contrastive, "requires_sample_ids", False))
+        return bool(self.contrastive.requires_sample_ids)
 
     @property
     def metrics(self) -> dict:
-        return getattr(self.contrastive, "metrics", {})
+        return self.contrastive.metrics
 
     def forward(self, image_features, text_features, logits, labels, logit_scale, logit_bias=None,
                 output_dict=False, sample_ids=None):

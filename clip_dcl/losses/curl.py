@@ -31,7 +31,8 @@ from __future__ import annotations
 import torch
 from open_clip.loss import gather_features
 
-from .base import ContrastiveLoss, LossFlag, captions_per_image, compute_dtype
+from .base import ContrastiveLoss, LossFlag
+from .gather import captions_per_image, compute_dtype
 
 LINKS = ("logistic", "hinge")
 

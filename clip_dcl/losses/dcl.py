@@ -75,7 +75,8 @@ from typing import Optional
 
 import torch
 
-from .base import AnchorStats, ContrastiveLoss, LossFlag, compute_dtype, log1mexp
+from .base import ContrastiveLoss, LossFlag, contrast_rows, log1mexp
+from .gather import AnchorStats, compute_dtype
 
 CLAMP_MODES = ("clamp", "biased")
 #: an epoch whose mean ``clamp_rate`` is above this gets a warning in the training log (see ``epoch_warning``)
@@ -137,13 +138,6 @@ def debiased_log_negatives(stats: AnchorStats, num_negatives: int, tau_plus, log
     clamped = ~valid | (log_ng < floor)
     fallback = floor.expand_as(log_ng) if clamp == "clamp" else lse_neg
     return torch.where(clamped, fallback, log_ng), clamped
-
-
-def contrast_rows(pos: torch.Tensor, log_ng: torch.Tensor) -> torch.Tensor:
-    """Mean of ``-l_iv + log(S_iv + Ng_i)`` over the anchors (and their M positives when ``pos`` is (n, M))."""
-    if pos.dim() == 2:
-        log_ng = log_ng[:, None]
-    return (torch.logaddexp(pos, log_ng) - pos).mean()
 
 
 class DebiasedClipLoss(ContrastiveLoss):

@@ -84,7 +84,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     from ..checkpoint import CheckpointDiskFull, CheckpointUnreadable
     from .ids import MissingSampleIds
     from .divergence import Diverged
-    from .patch import LossStateMismatch, PeerFailure, SampleIdOutOfRange, run_training
+    from .ids import SampleIdOutOfRange
+    from .patch import PeerFailure, run_training
+    from .run import LossStateMismatch
     from .pipeline import TrainingDataError
     from .preempt import INTERRUPTED_EXIT_CODE
 

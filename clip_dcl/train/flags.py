@@ -16,7 +16,6 @@ built, once the data's batches per epoch are known.
 from __future__ import annotations
 
 import argparse
-import inspect
 import math
 import os
 import re
@@ -27,7 +26,7 @@ from typing import TYPE_CHECKING, Dict, List, Optional
 if TYPE_CHECKING:
     from clip_dcl.losses.base import DataFacts
 
-def loss_flags() -> Dict[str, tuple]:
+def flag_owners() -> Dict[str, tuple]:
     """Our loss flags' ``dest`` -> (the loss it belongs to, that loss's keyword argument), from the registry.
 
     Each loss class declares its flags (``flags``, :class:`clip_dcl.losses.base.LossFlag`).
@@ -36,7 +35,7 @@ def loss_flags() -> Dict[str, tuple]:
 
     out = {}
     for name, cls in LOSSES.items():
-        for flag in getattr(cls, "flags", ()):
+        for flag in cls.flags:
             if flag.dest in out and out[flag.dest][0] != name:
                 raise ValueError(f"{flag.flag} is declared by the losses {out[flag.dest][0]!r} and {name!r}")
             out[flag.dest] = (name, flag.kwarg)
@@ -45,7 +44,7 @@ def loss_flags() -> Dict[str, tuple]:
 
 def __getattr__(name):  # LOSS_FLAGS: computed from the registry when asked for
     if name == "LOSS_FLAGS":
-        return loss_flags()
+        return flag_owners()
     raise AttributeError(name)
 
 
@@ -67,7 +66,7 @@ def loss_command(loss: str, loss_args: Dict[str, object]) -> List[str]:
     """The command-line words that select ``loss`` with ``loss_args`` (values at their default left out)."""
     words = ["--loss", loss]
     defaults = _loss_defaults().get(loss, {})
-    for dest, (owner, kwarg) in loss_flags().items():
+    for dest, (owner, kwarg) in flag_owners().items():
         if owner != loss or kwarg not in loss_args or loss_args[kwarg] == defaults.get(kwarg, object()):
             continue
         value = loss_args[kwarg]
@@ -80,7 +79,7 @@ def loss_command(loss: str, loss_args: Dict[str, object]) -> List[str]:
 
 def setting_words(loss: str, kwarg: str, value) -> List[str]:
     """The command-line words that give ``loss``'s keyword argument ``kwarg`` the value ``value``."""
-    for dest, (owner, name) in loss_flags().items():
+    for dest, (owner, name) in flag_owners().items():
         if owner == loss and name == kwarg:
             if isinstance(value, bool):
                 return [_flag(dest) if value else "--no-" + _flag(dest)[2:]]
@@ -164,11 +163,7 @@ def _loss_defaults() -> Dict[str, Dict[str, object]]:
     """``{loss name: {kwarg: default}}`` read from the loss classes' signatures (for --help)."""
     from clip_dcl.losses import LOSSES
 
-    out = {}
-    for name, cls in LOSSES.items():
-        params = inspect.signature(cls).parameters.values()
-        out[name] = {p.name: p.default for p in params if p.default is not inspect.Parameter.empty}
-    return out
+    return {name: cls.defaults() for name, cls in LOSSES.items()}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -187,18 +182,18 @@ def build_parser() -> argparse.ArgumentParser:
     )
     g = parser.add_argument_group("clip-dcl objective")
     registered = tuple(LOSSES)  # the package's objectives first (registered on import), then any other
-    described = "; ".join(f"{n} = {getattr(LOSSES[n], 'summary', '') or LOSSES[n].__name__}" for n in registered)
+    described = "; ".join(f"{n} = {LOSSES[n].summary or LOSSES[n].__name__}" for n in registered)
     default = next((n for n in registered if openclip_native(n)), registered[0])
     g.add_argument("--loss", choices=registered, default=default,
                    help=f"training objective: {described}; or any other loss registered in clip_dcl.losses.LOSSES "
                         f"before this parser is built (default: {default})")
-    multi = ", ".join(n for n in registered if getattr(LOSSES[n], "supports_captions_per_image", False))
+    multi = ", ".join(n for n in registered if LOSSES[n].supports_captions_per_image)
     g.add_argument("--captions-per-image", type=int, default=1, metavar="M",
                    help="captions drawn per training image from the json 'captions' list (or the .txt lines), "
                         "repeated in order when an image has fewer; the model encodes B x M texts and the loss takes "
                         f"them as M positives of each image (webdataset shards; --loss {multi}) (default: 1)")
     for name in registered:
-        for flag in getattr(LOSSES[name], "flags", ()):
+        for flag in LOSSES[name].flags:
             value = defaults.get(name, {}).get(flag.kwarg, None)
             shown = "" if value is None else f" (default: {value})"
             if flag.kwarg not in defaults.get(name, {}) and flag.default_text:  # resolved by the loss
@@ -350,7 +345,7 @@ def loss_flags_table() -> str:
     defaults = _loss_defaults()
     rows = []
     for name, cls in LOSSES.items():
-        for flag in getattr(cls, "flags", ()):
+        for flag in cls.flags:
             spelled = f"`{flag.flag}` / `--no-{flag.flag[2:]}`" if flag.boolean else (
                 f"`{flag.flag} {{{','.join(map(str, flag.choices))}}}`" if flag.choices else f"`{flag.flag}`")
             meaning = flag.help.replace("|", "\\|")
@@ -384,7 +379,7 @@ def _explain(err: Exception, loss: str, kwargs: Dict[str, object]) -> str:
     """The loss's own message, plus the flags that set the arguments it names."""
     msg = str(err)
     # a keyword argument named in the message, not a word of a flag the message names itself (``--decl-rate``)
-    flags = [_flag(dest) for dest, (owner, kwarg) in loss_flags().items()
+    flags = [_flag(dest) for dest, (owner, kwarg) in flag_owners().items()
              if owner == loss and re.search(rf"(?<![-\w]){kwarg}\b", msg)]
     flags += [flag for kwarg, flag in OPENCLIP_LOSS_FLAGS.items() if re.search(rf"\b{kwarg}\b", msg)]
     where = f" (set by {', '.join(flags)})" if flags else ""
@@ -395,16 +390,7 @@ def full_loss_args(loss: str, kwargs: Dict[str, object]) -> Dict[str, object]:
     """``kwargs`` completed with the defaults of the loss class's signature."""
     from clip_dcl.losses import LOSSES
 
-    sig = inspect.signature(LOSSES[loss])
-    out = {}
-    for p in sig.parameters.values():
-        if p.kind in (p.VAR_KEYWORD, p.VAR_POSITIONAL) or p.name in _DIST_KWARGS:
-            continue
-        if p.name in kwargs:
-            out[p.name] = kwargs[p.name]
-        elif p.default is not p.empty:
-            out[p.name] = p.default
-    return out
+    return {k: kwargs.get(k, v) for k, v in LOSSES[loss].defaults().items() if k not in _DIST_KWARGS}
 
 
 def _check_no_grad_gather(oc_args) -> None:
@@ -464,7 +450,7 @@ def parse_train_args(argv: List[str], check_files: bool = True) -> Optional[Trai
         check_output_paths(oc_args)
 
     loss = ours.loss
-    flag_map = loss_flags()
+    flag_map = flag_owners()
     given = {dest: getattr(ours, dest) for dest in flag_map if getattr(ours, dest, None) is not None}
     foreign = [f"{_flag(d)}" for d in given if flag_map[d][0] != loss]
     if foreign:
@@ -492,7 +478,7 @@ def parse_train_args(argv: List[str], check_files: bool = True) -> Optional[Trai
     if ours.no_grad_gather:
         _check_no_grad_gather(oc_args)
     kwargs = {flag_map[d][1]: v for d, v in given.items()}
-    takes = inspect.signature(LOSSES[loss]).parameters
+    takes = LOSSES[loss].defaults()
     kwargs.update({kwarg: getattr(oc_args, kwarg) for kwarg in OPENCLIP_LOSS_FLAGS if kwarg in takes})
     data = data_facts(oc_args)
     try:
@@ -530,7 +516,7 @@ def openclip_native(loss: str) -> bool:
     ``openclip_native`` on the loss class)."""
     from clip_dcl.losses import LOSSES
 
-    return bool(getattr(LOSSES[loss], "openclip_native", False))
+    return bool(LOSSES[loss].openclip_native)
 
 
 def create_loss_checked(loss: str, kwargs: Dict[str, object], oc_args, no_grad_gather: bool = False):
@@ -543,7 +529,7 @@ def create_loss_checked(loss: str, kwargs: Dict[str, object], oc_args, no_grad_g
     from clip_dcl.losses import LOSSES, create_loss
 
     try:
-        extra = {"device": "meta"} if "device" in inspect.signature(LOSSES[loss]).parameters else {}
+        extra = {"device": "meta"} if "device" in LOSSES[loss].defaults() else {}
         if no_grad_gather:
             extra.update(no_grad_gather=True, local_loss=True, gather_with_grad=False)
         else:
@@ -566,7 +552,7 @@ def _check_captions_per_image(ours, oc_args, loss: str) -> None:
         return
     from clip_dcl.losses import LOSSES
 
-    if not getattr(LOSSES[loss], "supports_captions_per_image", False):
+    if not LOSSES[loss].supports_captions_per_image:
         raise FlagError(f"--captions-per-image {m}: --loss {loss} takes one caption per image")
     if ours.no_grad_gather:
         raise FlagError(f"--captions-per-image {m} cannot be combined with --no-grad-gather: with M positives the "

@@ -33,9 +33,14 @@ Written here because neither OpenCLIP nor webdataset hands sample keys to the lo
 """
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import os
 from typing import Dict, Mapping, Optional, Tuple
+
+import torch
+
+from .preempt import chain_worker_init
 
 #: Ids of the hash fallback without a buffer size are taken modulo this (they fit an int64).
 _HASH_MODULUS = 2 ** 62
@@ -115,3 +120,38 @@ def sample_id(sample: Mapping, num_samples: Optional[int] = None, with_kind: boo
     if hashed:
         key = hashed_id(sample.get("__url__", ""), raw_key, num_samples)
     return (key, hashed) if with_kind else key
+
+
+class IndexedDataset(torch.utils.data.Dataset):
+    """A map-style data set whose items also carry their index, which is the sample id.
+
+    For OpenCLIP's ``CsvDataset`` that is the row of the CSV (so ids are stable as long as the CSV
+    keeps its rows in place: a split or reordered CSV gives other rows the same ids), for its
+    ``SyntheticDataset`` the sample's index.
+    """
+
+    def __init__(self, base):
+        self.base = base
+
+    def __len__(self):
+        return len(self.base)
+
+    def __getitem__(self, idx):
+        return (*self.base[idx], torch.tensor(idx, dtype=torch.long))
+
+
+def with_indices(info):
+    """OpenCLIP's ``DataInfo`` of a map-style training set, its batches extended with the sample ids.
+
+    The same sampler (OpenCLIP's ``DistributedSampler``, or the random sampler of one process),
+    batch size, workers and ``drop_last``, so the data order is OpenCLIP's own.
+    """
+    from torch.utils.data import DataLoader
+
+    old = info.dataloader
+    loader = DataLoader(IndexedDataset(old.dataset), batch_size=old.batch_size, sampler=old.sampler,
+                        num_workers=old.num_workers, pin_memory=old.pin_memory, drop_last=old.drop_last,
+                        collate_fn=old.collate_fn, persistent_workers=old.persistent_workers,
+                        worker_init_fn=chain_worker_init(old.worker_init_fn))
+    loader.num_samples, loader.num_batches = old.num_samples, old.num_batches
+    return dataclasses.replace(info, dataloader=loader)

@@ -41,7 +41,7 @@ duration of the call (and restored afterwards):
     validation keeps OpenCLIP's.
 ``open_clip_train.data.get_csv_dataset``, ``get_synthetic_dataset``
     OpenCLIP's, with each training batch extended by the samples' indices (the CSV row, the
-    synthetic sample's index) as their ids (:func:`clip_dcl.train.pipeline.with_indices`).
+    synthetic sample's index) as their ids (:func:`clip_dcl.train.ids.with_indices`).
 
 Between optimizer steps (in the dataloader handed to ``train_one_epoch``): a signal of
 ``--preempt-signals`` (or ``--save-every-minutes``) saves a checkpoint at that step and, for a
@@ -56,7 +56,7 @@ Also per epoch: the main process's RNGs are seeded from ``(--seed, epoch, rank)`
 resumed at an epoch boundary repeats an uninterrupted run (the data workers do the same, see
 ``pipeline.py``); every rank logs a digest of the whole loss state (identical on all ranks, whether
 DeCL's buffer is sharded or replicated); a sharded buffer is checkpointed one file per rank (see
-``loss_state.py``).
+``saving.py``).
 
 The replacements are the methods of one :class:`~clip_dcl.train.run.TrainingRun` (the run's state
 and checkpoint bookkeeping), with the step plumbing in :mod:`clip_dcl.train.steps`; the
@@ -79,21 +79,13 @@ from open_clip_train import distributed as oc_distributed
 from open_clip_train import main as oc_main
 from open_clip_train import params as oc_params
 
-from .. import checkpoint as ckpt_format
+
 from . import preempt as preemption
 from .flags import TrainConfig
-from .ids import SampleIdOutOfRange
-from .run import LossSettingMismatch, LossStateMismatch, ObjectiveMismatch, TrainingRun, loss_state_digest
-from .upstream import (SUPPORTED_OPENCLIP, OpenCLIPMismatch, Overlay, check_openclip, cpu_safe_ddp,
-                       init_process_group_with_timeout, openclip_problems, torch_log_levels_kept)
+from .run import TrainingRun
+from .upstream import Overlay, cpu_safe_ddp, init_process_group_with_timeout
 
-__all__ = ["patched", "run_training", "TrainingRun", "LossStateMismatch", "ObjectiveMismatch", "LossSettingMismatch",
-           "SampleIdOutOfRange",
-           "loss_state_digest", "check_openclip", "openclip_problems", "OpenCLIPMismatch", "SUPPORTED_OPENCLIP",
-           "torch_log_levels_kept"]
-
-#: Moved to :mod:`clip_dcl.checkpoint`, which owns the checkpoint format.
-trained_model_config = ckpt_format.trained_model_config
+__all__ = ["patched", "run_training", "PeerFailure", "collective_failed"]
 
 
 @contextlib.contextmanager

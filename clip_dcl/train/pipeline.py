@@ -41,7 +41,6 @@ workers to the main process.
 from __future__ import annotations
 
 import hashlib
-import dataclasses
 import logging
 import math
 import multiprocessing
@@ -63,7 +62,7 @@ from webdataset.filters import _shuffle
 
 from ..data.shards import TailRecorder
 from .ids import id_layout, sample_id, source_index
-from .preempt import chain_worker_init, worker_ignores_stop_signals
+from .preempt import worker_ignores_stop_signals
 
 #: Attempts at opening a shard before it is skipped (a network file system may fail transiently).
 OPEN_TRIES = 3
@@ -580,36 +579,3 @@ def get_wds_train_dataset(args, preprocess_img, is_train=True, epoch=0, floor=Fa
 
 
 # -- ids on OpenCLIP's map-style data paths (CSV, synthetic) ---------------------------------------
-class IndexedDataset(torch.utils.data.Dataset):
-    """A map-style data set whose items also carry their index, which is the sample id.
-
-    For OpenCLIP's ``CsvDataset`` that is the row of the CSV (so ids are stable as long as the CSV
-    keeps its rows in place: a split or reordered CSV gives other rows the same ids), for its
-    ``SyntheticDataset`` the sample's index.
-    """
-
-    def __init__(self, base):
-        self.base = base
-
-    def __len__(self):
-        return len(self.base)
-
-    def __getitem__(self, idx):
-        return (*self.base[idx], torch.tensor(idx, dtype=torch.long))
-
-
-def with_indices(info):
-    """OpenCLIP's ``DataInfo`` of a map-style training set, its batches extended with the sample ids.
-
-    The same sampler (OpenCLIP's ``DistributedSampler``, or the random sampler of one process),
-    batch size, workers and ``drop_last``, so the data order is OpenCLIP's own.
-    """
-    from torch.utils.data import DataLoader
-
-    old = info.dataloader
-    loader = DataLoader(IndexedDataset(old.dataset), batch_size=old.batch_size, sampler=old.sampler,
-                        num_workers=old.num_workers, pin_memory=old.pin_memory, drop_last=old.drop_last,
-                        collate_fn=old.collate_fn, persistent_workers=old.persistent_workers,
-                        worker_init_fn=chain_worker_init(old.worker_init_fn))
-    loader.num_samples, loader.num_batches = old.num_samples, old.num_batches
-    return dataclasses.replace(info, dataloader=loader)

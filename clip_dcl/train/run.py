@@ -8,15 +8,11 @@ clip-dcl's entry to every checkpoint ``main`` writes (the format is :mod:`clip_d
 """
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import glob
-import inspect
 import logging
 import math
 import os
-import pickle
-import re
 from typing import Optional
 
 import open_clip
@@ -25,15 +21,17 @@ from open_clip_train import main as oc_main
 from open_clip_train import params as oc_params
 from open_clip_train import train as oc_train
 
-from clip_dcl.losses.state import digest_of_state_dict
+from clip_dcl.losses.base import stateful
 
 from .. import checkpoint as ckpt_format
-from . import loss_state as sharded_state
 from . import preempt as preemption
+from . import saving
 from .divergence import Diverged, NonFiniteSteps, describe_tensors, nonfinite_tensors
 from .flags import TrainConfig, full_loss_args, loss_command, openclip_native, setting_words
-from .pipeline import get_wds_train_dataset, id_collisions, summary_line, with_indices
-from .steps import IdChannel, LossWithIds, SkippedSteps, TrainLineHook, log_epoch_health, seed_main_process
+from .ids import with_indices
+from .pipeline import get_wds_train_dataset
+from .steps import (IdChannel, LossWithIds, SkippedSteps, TrainLineHook, log_data_stats, log_epoch_health,
+                    seed_main_process)
 from .upstream import (OPENCLIP_CREATE_LOSS, OPENCLIP_GET_CSV_DATASET, OPENCLIP_GET_SYNTHETIC_DATASET,
                        OPENCLIP_GET_WDS_DATASET, OPENCLIP_PT_LOAD, OPENCLIP_TRAIN_ONE_EPOCH)
 from .upstream import setup_logging as upstream_setup_logging
@@ -50,20 +48,6 @@ class ObjectiveMismatch(LossStateMismatch):
 class LossSettingMismatch(LossStateMismatch):
     """The checkpoint being resumed was trained with another value of a setting that gives its loss
     state its meaning (the loss class's ``state_settings``), or for another number of sample ids."""
-
-
-# -- checkpoint contents ---------------------------------------------------------------------------
-def loss_state_digest(loss) -> str:
-    """Digest of a live loss's whole state (collective for a sharded DeCL buffer), or of a ``state_dict``.
-
-    The same value for the same state however it is held: see :mod:`clip_dcl.losses.state`.
-    """
-    if isinstance(loss, dict):
-        return digest_of_state_dict(loss)
-    if hasattr(loss, "state_digest"):
-        return loss.state_digest()
-    return digest_of_state_dict(loss.state_dict())
-
 
 
 class TrainingRun:
@@ -152,40 +136,11 @@ class TrainingRun:
         return ckpt
 
     def _load_resumable(self, path, map_location):
-        """OpenCLIP's ``pt_load``; on ``--resume latest``, the newest checkpoint that loads, from ``path`` down.
-
-        A save killed halfway (by OpenCLIP before 3.3's own saves, or another tool) leaves a torn
-        ``*.pt`` that OpenCLIP's ``--resume latest`` would pick and die on.
-        """
-        unreadable = (RuntimeError, EOFError, OSError, ValueError, pickle.UnpicklingError)
-        if os.path.isdir(path):  # checked with the flags too; here for callers from Python
-            raise ckpt_format.CheckpointUnreadable(
-                f"--resume {path} is a folder, not a checkpoint file: give a file in it (epoch_N.pt) or "
-                "--resume latest") from None
-        try:
-            return OPENCLIP_PT_LOAD(path, map_location=map_location)
-        except unreadable as e:
-            if not self.resume_latest:
-                raise ckpt_format.CheckpointUnreadable(
-                    f"--resume {path}: the checkpoint cannot be read; it is truncated (a save that was "
-                    f"interrupted?) or not a torch checkpoint ({ckpt_format._first_line(e)})") from None
-            failed = [(path, ckpt_format._first_line(e))]
-        folder = getattr(self.args, "checkpoint_path", None) or os.path.dirname(path)
-        older = sorted(glob.glob(os.path.join(folder, "**", "*.pt"), recursive=True), key=oc_main.natural_key)
-        older = [c for c in older if oc_main.natural_key(c) < oc_main.natural_key(path)]
-        for candidate in reversed(older):
-            logging.warning(f"--resume latest: {failed[-1][0]} cannot be read ({failed[-1][1]}); trying the "
-                            f"previous checkpoint, {candidate}.")
-            try:
-                ckpt = OPENCLIP_PT_LOAD(candidate, map_location=map_location)
-            except unreadable as e:
-                failed.append((candidate, ckpt_format._first_line(e)))
-                continue
-            self.args.resume = candidate  # main logs the file it resumed from args.resume
-            return ckpt
-        raise ckpt_format.CheckpointUnreadable(
-            f"--resume latest: no checkpoint under {folder} can be read ("
-            f"{'; '.join(f'{p}: {why}' for p, why in failed)}); remove the torn files, or start without --resume")
+        found = saving.load_resumable(path, map_location, self.resume_latest,
+                                      getattr(self.args, "checkpoint_path", None), OPENCLIP_PT_LOAD)
+        if found.path != path:
+            self.args.resume = found.path  # main logs the file it resumed from args.resume
+        return found.checkpoint
 
     def _check_objective(self, ckpt: dict, path) -> None:
         """Refuse to resume a checkpoint trained with another ``--loss``, unless ``--loss-reset``."""
@@ -272,7 +227,7 @@ class TrainingRun:
 
             kwargs = self.resolve_loss_args(args)
             # allocated on the device directly: no host copy of a large per-sample buffer
-            on_device = {"device": args.device} if "device" in inspect.signature(LOSSES[cfg.loss]).parameters else {}
+            on_device = {"device": args.device} if "device" in LOSSES[cfg.loss].defaults() else {}
             if cfg.no_grad_gather:
                 on_device["no_grad_gather"] = True
             loss = create_loss(cfg.loss, rank=args.rank, world_size=args.world_size, local_loss=args.local_loss,
@@ -326,36 +281,37 @@ class TrainingRun:
             logging.warning(f"{self.resumed_path} was trained on {saved_size} samples of --train-data, which now has "
                             f"{self.train_data_size}: its rows are the sample ids, so rows that moved read the rates "
                             "of other samples (keep the CSV's rows in place between a run and its resume)")
-        stateful = isinstance(loss, torch.nn.Module) and len(loss.state_dict()) > 0
+        has_state = isinstance(loss, torch.nn.Module) and len(loss.state_dict()) > 0
         saved_loss = meta.get("loss")
         if saved_loss is not None and saved_loss != self.config.loss:
-            if stateful:
+            if has_state:
                 logging.warning(f"{self.resumed_path} was trained with --loss {saved_loss}; --loss "
                                 f"{self.config.loss} starts with fresh loss state.")
             return
         if state is None:
-            if stateful:
+            if has_state:
                 logging.warning(f"{self.resumed_path} holds no loss state; the {self.config.loss} loss starts fresh.")
             return
-        if hasattr(loss, "adapt_saved_state"):
-            state, notes = loss.adapt_saved_state(state, meta.get("loss_args") or {})
+        owner = stateful(loss)
+        if owner is not None:
+            state, notes = owner.adapt_saved_state(state, meta.get("loss_args") or {})
             for note in notes:
                 logging.info(f"{self.resumed_path}: converted {note}.")
         try:
             index = meta.get(ckpt_format.SHARD_INDEX_KEY)
             if index:  # a sharded buffer: in files beside the checkpoint, built into this rank's part
-                state = sharded_state.restore_sharded(loss, state, index, self.resumed_path,
+                state = saving.restore_sharded(loss, state, index, self.resumed_path,
                                                       grow=self.grow_from is not None)
             elif self.grow_from is not None:  # the whole table, its new ids' columns unvisited
-                state = sharded_state.grown_state(loss, state)
+                state = saving.grown_state(loss, state)
             loss.load_state_dict(state)
         except (RuntimeError, KeyError, ValueError) as e:
             raise LossStateMismatch(
                 f"cannot restore the {self.config.loss} loss state from {self.resumed_path} (it was trained with "
                 f"{meta.get('loss_args')}; now {self.config.loss_args}): {e}") from None
-        if stateful:
+        if has_state:
             logging.info(f"Restored the {self.config.loss} loss state from {self.resumed_path} "
-                         f"(digest {loss_state_digest(loss)}).")
+                         f"(digest {saving.loss_state_digest(loss)}).")
 
     # open_clip_train.main.train_one_epoch
     def train_one_epoch(self, model, data, loss, epoch, optimizer, scaler, scheduler, dist_model, args,
@@ -377,8 +333,7 @@ class TrainingRun:
         skip_steps, resumed = self._resume_point(epoch, args, self.epoch_num_batches)
         steps_per_epoch = self.epoch_num_batches // args.accum_freq
 
-        state_loss = getattr(loss, "contrastive", loss)  # CoCa: the contrastive term holds the state
-        skipped = SkippedSteps(scaler, state_loss)
+        skipped = SkippedSteps(scaler, loss)
         ended = [skip_steps]  # steps of the epoch whose loss the count has taken in
 
         def end_steps(taken: int) -> None:
@@ -423,15 +378,15 @@ class TrainingRun:
         self._check_finite(model, epoch, args)  # before main evaluates and saves the epoch
         if channel.stopped_at is not None:
             raise preemption.Preempted(self.gate.signame or "a signal", self.last_step_save, epoch, channel.stopped_at)
-        log_epoch_health(state_loss, wrapped, epoch, args)  # a whole epoch (a preempted one ended above)
-        self.log_data_stats(data["train"].dataloader.dataloader, epoch, args)
-        loss = getattr(loss, "contrastive", loss)  # CoCa: the contrastive term holds the state
+        log_epoch_health(loss, wrapped, epoch, args)  # a whole epoch (a preempted one ended above)
+        log_data_stats(data["train"].dataloader.dataloader, epoch, args)
+        loss = self.loss  # the module whose state is checkpointed (CoCa: its contrastive term)
         if isinstance(loss, torch.nn.Module) and len(loss.state_dict()):
-            self.shards = sharded_state.write_shards(loss, args, epoch + 1)
+            self.shards = saving.write_shards(loss, args, epoch + 1)
             state = loss.state_dict()
             calls = f"calls {int(state['calls'])}, " if "calls" in state else ""
             logging.info(f"Loss state after epoch {epoch} on rank {args.rank}: {calls}"
-                         f"digest {loss_state_digest(loss)}")
+                         f"digest {saving.loss_state_digest(loss)}")
 
     def _check_finite(self, model, epoch: int, args) -> None:
         """Every rank: stop (:class:`Diverged`) if the weights hold NaN or inf, or the loss was not finite
@@ -526,7 +481,7 @@ class TrainingRun:
         rng = preemption.gather_rng_states(args.world_size)
         if not (args.logs and str(args.logs).lower() != "none"):
             return None
-        folder = sharded_state.write_step_shards(self.loss, args, epoch, step) if self.loss is not None else None
+        folder = saving.write_step_shards(self.loss, args, epoch, step) if self.loss is not None else None
         path = None
         if args.save_logs:
             name = oc_main.LATEST_CHECKPOINT_NAME if args.save_most_recent else f"epoch_{epoch}_step_{step}.pt"
@@ -541,11 +496,8 @@ class TrainingRun:
                       "num_batches": self.epoch_num_batches, "rng": rng, "signal": signame}
             ckpt = self._with_entries(ckpt, folder, resume)
             ckpt_format.save_atomically(ckpt, path, self._torch_save)
-            for old in glob.glob(os.path.join(args.checkpoint_path, "epoch_*_step_*.pt")):
-                if old != path:
-                    with contextlib.suppress(OSError):
-                        os.remove(old)
-            sharded_state.prune_step_folders(args.checkpoint_path, keep=folder.name if folder else None)
+            saving.supersede_step_files(args.checkpoint_path, epoch, keep=path)
+            saving.prune_step_folders(args.checkpoint_path, keep=folder.name if folder else None)
             why = f"on {signame}" if signame else f"every {self.config.preempt.save_every_minutes:g} minutes"
             logging.info(f"Saved {path}: step {step} of epoch {epoch} ({why}).")
         if args.world_size > 1 and torch.distributed.is_available() and torch.distributed.is_initialized():
@@ -555,29 +507,6 @@ class TrainingRun:
     @staticmethod
     def _torch_save(obj, fh):
         torch.save(obj, fh)
-
-    def log_data_stats(self, dataloader, epoch: int, args) -> None:
-        """Log the epoch's account of the training data, and in the tracked (first) epoch the sample-id
-        collisions (see ``clip_dcl.train.pipeline.DataStats``)."""
-        stats = getattr(dataloader, "data_stats", None)
-        if stats is None:
-            return
-        report = stats.collect(epoch)
-        logging.info(f"{summary_line(epoch, report)}" + (f" (rank {args.rank})" if args.world_size > 1 else ""))
-        if stats.track_epoch != epoch or not len(report["pairs"]):
-            return
-        samples, ids = id_collisions(report["pairs"])
-        where = f" on rank {args.rank}" if args.world_size > 1 else ""
-        if samples == ids:
-            logging.info(f"Sample ids, epoch {epoch}{where}: {samples} distinct samples, {ids} distinct ids.")
-            return
-        why = ("their keys are not numeric, so their ids are hashed into --decl-num-samples rows; give the shards "
-               "numeric json keys, or raise --decl-num-samples to share fewer rows"
-               if report["counts"]["hashed"] else
-               "two samples carry the same key (shards whose keys restart, or a key repeated); give every sample "
-               "a unique numeric json 'key'")
-        logging.warning(f"Sample ids, epoch {epoch}{where}: {samples} distinct samples but {ids} distinct ids: "
-                        f"{samples - ids} samples share a rate row with another ({why}).")
 
     # open_clip_train.main.torch.save
     def save(self, obj, f, *args, **kwargs):
@@ -591,23 +520,19 @@ class TrainingRun:
         if training and self.args is not None and getattr(self.args, "checkpoint_path", None):
             # an epoch's checkpoint supersedes the mid-epoch ones of earlier epochs
             completed = int(obj["epoch"])
-            for old in glob.glob(os.path.join(self.args.checkpoint_path, "epoch_*_step_*.pt")):
-                m = re.fullmatch(r"epoch_(\d+)_step_\d+\.pt", os.path.basename(old))
-                if m and int(m.group(1)) < completed:
-                    with contextlib.suppress(OSError):
-                        os.remove(old)
-            sharded_state.prune_step_folders(self.args.checkpoint_path, before_epoch=completed)
+            saving.supersede_step_files(self.args.checkpoint_path, completed)
+            saving.prune_step_folders(self.args.checkpoint_path, before_epoch=completed)
 
     def _with_entries(self, obj: dict, shards, resume: Optional[dict] = None) -> dict:
         """OpenCLIP's checkpoint dict with the loss state and ``ckpt["clip_dcl"]`` added."""
         meta = self.checkpoint_meta()
-        if sharded_state.is_sharded(self.loss):  # the shards are in files beside (written by every rank)
+        if saving.is_sharded(self.loss):  # the shards are in files beside (written by every rank)
             if shards is None:
                 raise RuntimeError("OpenCLIP saves a checkpoint for an epoch whose loss-state shards were not "
-                                   "written; clip_dcl.train.loss_state.checkpointed() no longer matches its "
+                                   "written; clip_dcl.train.saving.checkpointed() no longer matches its "
                                    "conditions")
-            state = sharded_state.small_state(self.loss)
-            meta[ckpt_format.SHARD_INDEX_KEY] = sharded_state.shard_index(self.loss, shards, self.args.checkpoint_path)
+            state = saving.small_state(self.loss)
+            meta[ckpt_format.SHARD_INDEX_KEY] = saving.shard_index(self.loss, shards, self.args.checkpoint_path)
         else:
             state = self.loss.state_dict() if isinstance(self.loss, torch.nn.Module) else {}
         if resume is not None:

@@ -17,10 +17,10 @@ import numpy as np
 import torch
 from open_clip_train import train as oc_train
 
-from clip_dcl.losses.decl import SampleIdError
+from clip_dcl.losses.base import SampleIdError, declared, stateful
 
 from .ids import MissingSampleIds, SampleIdOutOfRange
-from .pipeline import mix_seed
+from .pipeline import id_collisions, mix_seed, summary_line
 
 class SkippedSteps:
     """Undoes the loss state's update of an optimizer step that AMP's GradScaler skipped.
@@ -34,7 +34,7 @@ class SkippedSteps:
 
     def __init__(self, scaler, loss):
         self.scaler = scaler if scaler is not None and getattr(scaler, "is_enabled", lambda: True)() else None
-        self.loss = loss
+        self.loss = stateful(loss)  # None: no state to roll back
         self.scale = self.scaler.get_scale() if self.scaler is not None else None
         self.count = 0
 
@@ -42,7 +42,7 @@ class SkippedSteps:
         if self.scaler is None or step == 0:
             return
         scale = self.scaler.get_scale()
-        if scale < self.scale and callable(getattr(self.loss, "rollback_step", None)) and self.loss.rollback_step():
+        if scale < self.scale and self.loss is not None and self.loss.rollback_step():
             self.count += 1
             logging.warning(f"Epoch {epoch}, step {step}: the AMP GradScaler skipped the optimizer step (inf or NaN "
                             "gradients); the loss state's update of that step was undone")
@@ -115,6 +115,7 @@ class LossWithIds:
 
     def __init__(self, loss, channel: IdChannel, device, on_output=None):
         self.loss = loss
+        self.declared = declared(loss)  # None: a loss of OpenCLIP's that declares nothing
         self.channel = channel
         self.device = device
         self.on_output = on_output  # called with every output (the count of non-finite steps)
@@ -128,7 +129,7 @@ class LossWithIds:
         return {name: float(total) / self.calls for name, total in self.sums.items()} if self.calls else {}
 
     def __call__(self, *args, **kwargs):
-        if getattr(self.loss, "requires_sample_ids", False):
+        if self.declared is not None and self.declared.requires_sample_ids:
             ids = self.channel.ids()
             if ids is None:
                 raise MissingSampleIds("--decl-rate index needs sample ids and the training batches carry none: "
@@ -143,7 +144,7 @@ class LossWithIds:
                     "exceed the sample count in sizes.json: set --decl-num-samples above the largest key)")
             raise SampleIdOutOfRange(f"{e}{hint}") from None
         # Kept as tensors: reading them (a device sync) waits for OpenCLIP's logging steps.
-        self.metrics = dict(getattr(self.loss, "metrics", {}))
+        self.metrics = dict(self.declared.metrics) if self.declared is not None else {}
         for name, value in self.metrics.items():
             value = value.detach().float() if torch.is_tensor(value) else torch.tensor(float(value))
             if value.numel() != 1:
@@ -162,10 +163,10 @@ def log_epoch_health(loss, wrapped: LossWithIds, epoch: int, args) -> Optional[s
     Any loss may declare the check (:meth:`clip_dcl.losses.base.ContrastiveLoss.epoch_warning`); the
     trainer knows no loss by name. OpenCLIP's own losses have none.
     """
-    check = getattr(loss, "epoch_warning", None)
-    if check is None or args.rank != 0 or not wrapped.calls:
+    owner = declared(loss)
+    if owner is None or args.rank != 0 or not wrapped.calls:
         return None
-    message = check(wrapped.epoch_means())
+    message = owner.epoch_warning(wrapped.epoch_means())
     if message:
         logging.warning(f"Epoch {epoch}: {message}")
     return message or None
@@ -188,9 +189,11 @@ class TrainLineHook(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:
         if not (isinstance(record.msg, str) and record.msg.startswith("Train Epoch:") and self.wrapped.metrics):
             return True
-        for name, value in self.wrapped.metrics.items():
+        owner = self.wrapped.declared
+        for name, value in owner.logged_metrics(self.wrapped.metrics).items():
             self.meters.setdefault(name, oc_train.AverageMeter()).update(float(value))
-        record.msg += " " + " ".join(
+        note = owner.step_note()
+        record.msg += (" " + note if note else "") + " " + " ".join(
             f"{name.capitalize()}: {m.val:#.5g} ({m.avg:#.5g})" for name, m in self.meters.items())
         steps_per_epoch = self.channel.num_batches // self.args.accum_freq
         step = steps_per_epoch * self.epoch + (self.channel.fetched - 1) // self.args.accum_freq
@@ -204,6 +207,29 @@ class TrainLineHook(logging.Filter):
             wandb.log(log_data, step=step)
         return True
 
+
+def log_data_stats(dataloader, epoch: int, args) -> None:
+    """Log the epoch's account of the training data, and in the tracked (first) epoch the sample-id
+    collisions (see ``clip_dcl.train.pipeline.DataStats``)."""
+    stats = getattr(dataloader, "data_stats", None)
+    if stats is None:
+        return
+    report = stats.collect(epoch)
+    logging.info(f"{summary_line(epoch, report)}" + (f" (rank {args.rank})" if args.world_size > 1 else ""))
+    if stats.track_epoch != epoch or not len(report["pairs"]):
+        return
+    samples, ids = id_collisions(report["pairs"])
+    where = f" on rank {args.rank}" if args.world_size > 1 else ""
+    if samples == ids:
+        logging.info(f"Sample ids, epoch {epoch}{where}: {samples} distinct samples, {ids} distinct ids.")
+        return
+    why = ("their keys are not numeric, so their ids are hashed into --decl-num-samples rows; give the shards "
+           "numeric json keys, or raise --decl-num-samples to share fewer rows"
+           if report["counts"]["hashed"] else
+           "two samples carry the same key (shards whose keys restart, or a key repeated); give every sample "
+           "a unique numeric json 'key'")
+    logging.warning(f"Sample ids, epoch {epoch}{where}: {samples} distinct samples but {ids} distinct ids: "
+                    f"{samples - ids} samples share a rate row with another ({why}).")
 
 
 def seed_main_process(args, epoch: int) -> None:

@@ -91,7 +91,11 @@ _TARGETS = {
 _SOURCE_NEEDS = {
     ("main", "main"): ["torch.save(", "torch.nn.parallel.DistributedDataParallel(", "pt_load(args.resume",
                        "create_loss(args)", "train_one_epoch(model, data, loss, epoch", "get_latest_checkpoint(",
-                       "setup_logging(args.log_path"],
+                       "setup_logging(args.log_path",
+                       # the epochs main checkpoints and keeps, restated by clip_dcl.train.saving.checkpointed / _kept
+                       "if args.save_logs:", "completed_epoch == args.epochs or (",
+                       "args.save_frequency > 0 and (completed_epoch % args.save_frequency) == 0",
+                       "if args.delete_previous_checkpoint:", "if args.save_most_recent:"],
     ("train", "train_one_epoch"): ['f"Train Epoch: {epoch} [', 'f"Data (t): ', 'f"Batch (t): ',
                                    "images, texts = batch", "for i, batch in enumerate(dataloader)",
                                    "scheduler(step)"],

@@ -208,7 +208,7 @@ def run(loss_name, kwargs, rank=0, world_size=1, local_loss=False, gather_with_g
 
 def bad_id(rank, world_size):
     """One rank passes an id past the buffer: every rank must raise (none may wait in a collective)."""
-    from clip_dcl.losses.decl import SampleIdError
+    from clip_dcl.losses.base import SampleIdError
 
     loss_fn = build_loss("decl", {"rate": "index", "num_samples": NUM_SAMPLES}, rank, world_size, True)
     f = F.normalize(torch.randn(4, DIM, dtype=torch.float64), dim=-1)
