@@ -38,7 +38,7 @@ import torch.nn.functional as F
 
 from clip_dcl.experiment import torchrun
 from clip_dcl.experiment.memory import peak_rss_mib
-from clip_dcl.experiment.reporting import Report, command_line, markdown_table
+from clip_dcl.experiment.reporting import Report, add_report_arguments, command_line, markdown_table, report_path
 from clip_dcl.losses import create_loss
 
 HERE = Path(__file__).resolve().parent
@@ -235,9 +235,7 @@ def main(argv=None) -> int:
     p.add_argument("--steps", type=int, default=30)
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--global-batch-at-scale", type=int, default=32768)
-    p.add_argument("--out", default=None,
-                   help="the report's path without suffix (default results/decl_state; with --quick a temporary folder)")
-    p.add_argument("--quick", action="store_true", help="smoke run: 1e5 samples, 5 steps, 1 warm-up step")
+    add_report_arguments(p, "decl_state", "1e5 samples, 5 steps, 1 warm-up step")
     p.add_argument("--mode", choices=MODES + ("both",), help=argparse.SUPPRESS)
     torchrun.add_worker_arguments(p)
     args = p.parse_args(argv)
@@ -247,10 +245,8 @@ def main(argv=None) -> int:
         return 0
     if args.quick:
         args.num_samples, args.steps, args.warmup = [1e5], min(args.steps, 5), min(args.warmup, 1)
-    out = Path(args.out) if args.out else (Path(tempfile.mkdtemp(prefix="decl_state_")) / "decl_state" if args.quick
-                                           else HERE / "results" / "decl_state")
-    rep = Report(out.parent, out.name, command_line("decl_state.py", sys.argv[1:] if argv is None else argv,
-                                                    python="python"))
+    rep = Report.at(report_path(args.out, HERE / "results" / "decl_state", args.quick),
+                    command_line("decl_state.py", sys.argv[1:] if argv is None else argv, python="python"))
     measured = {}
     for n in (int(v) for v in args.num_samples):
         measured[n] = {}

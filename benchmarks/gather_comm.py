@@ -25,7 +25,6 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
-import tempfile
 import time
 from collections import defaultdict
 from pathlib import Path
@@ -35,7 +34,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from clip_dcl.experiment import torchrun
-from clip_dcl.experiment.reporting import Report, command_line, markdown_table
+from clip_dcl.experiment.reporting import Report, add_report_arguments, command_line, markdown_table, report_path
 from clip_dcl.losses import create_loss
 
 HERE = Path(__file__).resolve().parent
@@ -169,9 +168,7 @@ def main(argv=None) -> int:
     p.add_argument("--dim", type=int, default=512)
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--warmup", type=int, default=2)
-    p.add_argument("--out", default=None,
-                   help="the report's path without suffix (default results/gather_comm; with --quick a temporary folder)")
-    p.add_argument("--quick", action="store_true", help="smoke run: 2 ranks, local batch 16, d 32, 2 steps")
+    add_report_arguments(p, "gather_comm", "2 ranks, local batch 16, d 32, 2 steps")
     torchrun.add_worker_arguments(p)
     args = p.parse_args(argv)
     if args.worker:
@@ -179,10 +176,8 @@ def main(argv=None) -> int:
         return 0
     if args.quick:
         args.nproc, args.batch, args.dim, args.steps, args.warmup = [2], 16, 32, 2, 1
-    out = Path(args.out) if args.out else (Path(tempfile.mkdtemp(prefix="gather_comm_")) / "gather_comm" if args.quick
-                                           else HERE / "results" / "gather_comm")
-    rep = Report(out.parent, out.name, command_line("gather_comm.py", sys.argv[1:] if argv is None else argv,
-                                                    python="python"))
+    rep = Report.at(report_path(args.out, HERE / "results" / "gather_comm", args.quick),
+                    command_line("gather_comm.py", sys.argv[1:] if argv is None else argv, python="python"))
     measured = {}
     for nproc in args.nproc:
         print(f"counting on {nproc} gloo ranks ...", flush=True)

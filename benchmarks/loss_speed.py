@@ -16,7 +16,6 @@ import argparse
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -24,7 +23,7 @@ import torch
 import torch.nn.functional as F
 
 from clip_dcl.experiment.memory import MIB, current_rss_bytes, peak_rss_bytes
-from clip_dcl.experiment.reporting import Report, command_line, markdown_table
+from clip_dcl.experiment.reporting import Report, command_line, markdown_table, report_path
 from clip_dcl.losses import create_loss
 
 DIM = 512
@@ -160,11 +159,9 @@ def main(argv=None):
     table = markdown_table(["device", "G", "loss", "fwd+bwd ms", "time / ClipLoss", "saved for backward MiB",
                             "saved / ClipLoss", "extra peak MiB", "peak / ClipLoss"], map(cells, rows))
     print(table)
-    output = Path(args.output) if args.output else (
-        Path(tempfile.mkdtemp(prefix="loss_speed_")) / "loss_speed.md" if args.quick
-        else Path(__file__).parent / "results" / "loss_speed.md")
-    report = Report(output.parent, output.stem,
-                    command_line("loss_speed.py", sys.argv[1:] if argv is None else argv, python="python"))
+    report = Report.at(report_path(args.output and Path(args.output).with_suffix(""),
+                                   Path(__file__).parent / "results" / "loss_speed", args.quick),
+                       command_line("loss_speed.py", sys.argv[1:] if argv is None else argv, python="python"))
     md = report.write([
         "# Loss forward+backward: time and peak memory against OpenCLIP's ClipLoss",
         "",
@@ -174,11 +171,11 @@ def main(argv=None):
         "  (exact; the G x G logits are 4 G^2 bytes: 64 MiB at G=4096);",
         "- extra peak: over the inputs (CUDA allocator peak, or a child process's peak RSS on CPU, which",
         "  is noisy at small G, where allocator and thread-pool start-up dominate);",
-        f"- raw numbers: `{output.stem}.json`.",
+        f"- raw numbers: `{report.stem}.json`.",
         "",
         table,
     ], {"dim": DIM, "rows": rows})
-    print(f"wrote {md}, {output.stem}.json")
+    print(f"wrote {md}, {report.stem}.json")
     return 0
 
 if __name__ == "__main__":

@@ -21,6 +21,7 @@ import os
 import platform
 import shlex
 import sys
+import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -110,6 +111,12 @@ class Report:
     def __post_init__(self):
         self.folder = Path(self.folder)
 
+    @classmethod
+    def at(cls, path: os.PathLike, command: str, **about) -> "Report":
+        """The report whose files are ``path`` plus ``.md``, ``.json``, ``.png``."""
+        path = Path(path)
+        return cls(path.parent, path.name, command, **about)
+
     def path(self, suffix: str) -> Path:
         """``folder/<stem><suffix>``."""
         return self.folder / f"{self.stem}{suffix}"
@@ -138,6 +145,24 @@ class Report:
     def figure(self, fig, title: str = "", **options) -> Path:
         """Save ``fig`` as the report's PNG (:func:`save_figure`)."""
         return save_figure(fig, self.png, title, **options)
+
+
+def add_report_arguments(parser, stem: str, quick: str) -> None:
+    """``--out`` (the report's path without suffix, read by :func:`report_path`) and ``--quick``
+    (``quick``: what the smoke run does) of a benchmark that writes ``benchmarks/results/<stem>``."""
+    parser.add_argument("--out", default=None, help=f"the report's path without suffix (default "
+                        f"benchmarks/results/{stem}; with --quick a new temporary folder)")
+    parser.add_argument("--quick", action="store_true", help=f"smoke run: {quick}")
+
+
+def report_path(given: Optional[os.PathLike], default: os.PathLike, quick: bool) -> Path:
+    """Where a report goes, as a path without suffix: ``given`` (a flag's value), else for a smoke run
+    ``<a new temporary folder>/<default's name>`` (a smoke run must not overwrite the committed
+    results), else ``default``."""
+    if given:
+        return Path(given)
+    default = Path(default)
+    return Path(tempfile.mkdtemp(prefix=f"{default.name}_")) / default.name if quick else default
 
 
 def comparison_table(scores: Dict[str, List[Dict[str, float]]], rows: Sequence[tuple],
