@@ -18,6 +18,7 @@ Usage::
     python benchmarks/retrieval_speed.py                       # 20k chunked, naive at 5k/10k/20k
     python benchmarks/retrieval_speed.py --sizes 20000 --naive-sizes 5000 --chunk-sizes 256 1024
     python benchmarks/retrieval_speed.py --output benchmarks/results/retrieval_speed.json
+    python benchmarks/retrieval_speed.py --quick                # N = 2000: a smoke run
 """
 from __future__ import annotations
 
@@ -27,7 +28,7 @@ import os
 import subprocess
 import sys
 
-from clip_dcl.experiment.reporting import command_line, machine_info, utc_date, write_json
+from clip_dcl.experiment.reporting import command_line, machine_info, report_path, utc_date, write_json
 
 _CHILD = r"""
 import json, sys, time, torch
@@ -77,7 +78,12 @@ def main(argv=None) -> int:
     p.add_argument("--dim", type=int, default=512, help="embedding size (default 512, ViT-B)")
     p.add_argument("--threads", type=int, default=2, help="torch threads (default 2)")
     p.add_argument("--output", default=None, help="also write the raw results as JSON")
+    p.add_argument("--quick", action="store_true",
+                   help="smoke run: N 2000, chunk 256; the JSON goes to a new temporary folder unless --output")
     args = p.parse_args(argv)
+    if args.quick:
+        args.sizes, args.naive_sizes, args.chunk_sizes = [2000], [2000], [256]
+        args.output = report_path(args.output, "retrieval_speed", quick=True).with_suffix(".json")
 
     rows = []
     for n in sorted(set(args.sizes) | set(args.naive_sizes)):
