@@ -300,6 +300,9 @@ def main(argv: Optional[List[str]] = None) -> int:
         runs = make_extra_runs(float(data["tau_plus"]))
         stem = STEM + "_extra"
 
+    if not args.no_oracle:
+        import train_oracle  # noqa: F401  registers the oracle's loss here too: the run cache reads its defaults
+
     entry = {ORACLE: [sys.executable, str(HERE / "train_oracle.py")]}
     results: Dict[str, List[ex.TrainResult]] = {r.name: [] for r in runs}
     scores: Dict[str, List[Dict[str, float]]] = {r.name: [] for r in runs}
