@@ -24,11 +24,8 @@ Three parts, one report (``results/decl_state.md`` and ``.json``):
 from __future__ import annotations
 
 import argparse
-import datetime
-import json
 import math
 import os
-import resource
 import statistics
 import sys
 import tempfile
@@ -39,7 +36,9 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from clip_dcl.experiment import command_line, machine_info, torchrun
+from clip_dcl.experiment import torchrun
+from clip_dcl.experiment.memory import peak_rss_mib
+from clip_dcl.experiment.reporting import Report, add_report_arguments, command_line, markdown_table, report_path
 from clip_dcl.losses import create_loss
 
 HERE = Path(__file__).resolve().parent
@@ -48,10 +47,6 @@ MODES = ("replicated", "sharded")
 SCALES = {"LAION-400M": 400_000_000, "DataComp-1.4B": 1_400_000_000}
 WORLDS = (8, 64, 512)
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2}
-
-
-def rss_mb() -> float:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
 # -- part 1: one configuration on the ranks of a process group ------------------------------------
@@ -100,7 +95,7 @@ def _measure_layout(args, rank: int, world: int) -> dict:
         digests = {mode: fn.state_digest() for mode, fn in losses.items()}
         out["same_state"] = len(set(digests.values())) == 1
     else:
-        before = rss_mb()
+        before = peak_rss_mib()
         loss = _decl(args, args.mode, rank, world)
         for _ in range(3):
             f, g, ids = _batch(args, rank, world, gen)
@@ -119,7 +114,7 @@ def _measure_layout(args, rank: int, world: int) -> dict:
                 torch.save(loss.state_dict(), os.path.join(tmp, "state.pt"))
             out["write_s"] = time.perf_counter() - t0
             dist.barrier()
-        out["peak_rss_mb"] = rss_mb()
+        out["peak_rss_mb"] = peak_rss_mib()
     return out
 
 
@@ -177,13 +172,24 @@ def precision(num_samples=8192, batch=512, epochs=6, dim=256, seed=0) -> dict:
     return out
 
 
-def report(measured, comp, prec, args, command) -> str:
+def report(measured, comp, prec, args, about) -> str:
     g = args.nproc * args.batch
+    rows = []
+    for n, by_mode in measured.items():
+        steps = by_mode["both"][0]["step_ms"]
+        for mode in MODES:
+            r = by_mode[mode][0]
+            rows.append([f"{n:.0e}", mode, f"{r['state_bytes'] / 1e6:.0f}", f"{r['peak_rss_mb']:.0f}",
+                         f"{r['peak_rss_mb'] - r['rss_before_mb']:.0f}", f"{steps[mode]:.1f}",
+                         f"{steps[mode] / steps['replicated']:.2f}", f"{r['digest_s']:.3f}", f"{r['write_s']:.2f}"])
+        same = len({r["digest"] for mode in MODES for r in by_mode[mode]}) == 1 and all(
+            r["same_state"] for r in by_mode["both"])
+        rows.append(["", f"digests identical across ranks and layouts: {same}"] + [""] * 7)
     lines = [
         "# DeCL's per-sample rate buffer: sharded vs replicated, 16-bit storage",
         "",
-        f"Machine: {machine_info()}. Date: {datetime.date.today()}. Command: `{command}`.",
-        "No GPU was available to this run: nothing here is measured on CUDA/NCCL.",
+        *about,
+        "- No GPU was available to this run: nothing here is measured on CUDA/NCCL.",
         "",
         f"## Measured: {args.nproc} gloo ranks on CPU, global batch {g} (local {args.batch}), d = {args.dim}",
         "",
@@ -194,32 +200,17 @@ def report(measured, comp, prec, args, command) -> str:
         "sharded over replicated. Digest: the per-epoch state digest. Write: this rank's checkpoint shard "
         "(sharded) or the master's whole buffer (replicated).",
         "",
-        "| num_samples | state | state MB / rank | peak RSS MB | rise MB | step ms | step ratio | digest s | write s |",
-        "|---:|---|---:|---:|---:|---:|---:|---:|---:|",
-    ]
-    for n, by_mode in measured.items():
-        steps = by_mode["both"][0]["step_ms"]
-        for mode in MODES:
-            r = by_mode[mode][0]
-            lines.append(f"| {n:.0e} | {mode} | {r['state_bytes'] / 1e6:.0f} | {r['peak_rss_mb']:.0f} | "
-                         f"{r['peak_rss_mb'] - r['rss_before_mb']:.0f} | {steps[mode]:.1f} | "
-                         f"{steps[mode] / steps['replicated']:.2f} | {r['digest_s']:.3f} | {r['write_s']:.2f} |")
-        digests = {r["digest"] for mode in MODES for r in by_mode[mode]}
-        same = all(r["same_state"] for r in by_mode["both"])
-        lines.append(f"| | digests identical across ranks and layouts: {len(digests) == 1 and same} | | | | | | | |")
-    lines += [
+        markdown_table(["num_samples", "state", "state MB / rank", "peak RSS MB", "rise MB", "step ms", "step ratio",
+                        "digest s", "write s"], rows, align="rlrrrrrrr"),
         "",
         f"## Computed: bytes per rank at scale (global batch {comp[0]['global_batch']:,} for the all-reduce)",
         "",
-        "| data | W | replicated fp32 GB | sharded fp32 GB | sharded bf16 GB | replicated: estimates all-gather "
-        "MB / step / rank | sharded: (rates, estimates) all-reduce MB / step / rank |",
-        "|---|---:|---:|---:|---:|---:|---:|",
-    ]
-    for r in comp:
-        lines.append(f"| {r['data']} | {r['world_size']} | {r['replicated_float32_gb']:.1f} | "
-                     f"{r['sharded_float32_gb']:.3f} | {r['sharded_bfloat16_gb']:.3f} | "
-                     f"{r['replicated_gather_mb_per_step']:.2f} | {r['allreduce_mb_per_step']:.2f} |")
-    lines += [
+        markdown_table(["data", "W", "replicated fp32 GB", "sharded fp32 GB", "sharded bf16 GB",
+                        "replicated: estimates all-gather MB / step / rank",
+                        "sharded: (rates, estimates) all-reduce MB / step / rank"],
+                       ([r["data"], r["world_size"], f"{r['replicated_float32_gb']:.1f}", f"{r['sharded_float32_gb']:.3f}",
+                         f"{r['sharded_bfloat16_gb']:.3f}", f"{r['replicated_gather_mb_per_step']:.2f}",
+                         f"{r['allreduce_mb_per_step']:.2f}"] for r in comp), align="lrrrrrr"),
         "",
         f"## 16-bit storage against float32 ({prec['num_samples']} samples, batch {prec['batch']}, "
         f"{prec['epochs']} epochs, {prec['steps']} steps, the same features for every dtype)",
@@ -227,14 +218,12 @@ def report(measured, comp, prec, args, command) -> str:
         f"Stored relative log-rates range over [{prec['bfloat16']['rate_range'][0]:.2f}, "
         f"{prec['bfloat16']['rate_range'][1]:.2f}] in float32.",
         "",
-        "| storage | log-rate abs. error, max | median | loss rel. error, max | median |",
-        "|---|---:|---:|---:|---:|",
+        markdown_table(["storage", "log-rate abs. error, max", "median", "loss rel. error, max", "median"],
+                       ([d, *(f"{prec[d][k]:.2e}" for k in ("rate_abs_err_max", "rate_abs_err_median",
+                                                              "loss_rel_err_max", "loss_rel_err_median"))]
+                        for d in ("bfloat16", "float16")), align="lrrrr"),
     ]
-    for d in ("bfloat16", "float16"):
-        p = prec[d]
-        lines.append(f"| {d} | {p['rate_abs_err_max']:.2e} | {p['rate_abs_err_median']:.2e} | "
-                     f"{p['loss_rel_err_max']:.2e} | {p['loss_rel_err_median']:.2e} |")
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines)
 
 
 def main(argv=None) -> int:
@@ -246,7 +235,7 @@ def main(argv=None) -> int:
     p.add_argument("--steps", type=int, default=30)
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--global-batch-at-scale", type=int, default=32768)
-    p.add_argument("--out", default=str(HERE / "results" / "decl_state"))
+    add_report_arguments(p, "decl_state", "1e5 samples, 5 steps, 1 warm-up step")
     p.add_argument("--mode", choices=MODES + ("both",), help=argparse.SUPPRESS)
     torchrun.add_worker_arguments(p)
     args = p.parse_args(argv)
@@ -254,7 +243,10 @@ def main(argv=None) -> int:
         args.num_samples = int(args.num_samples[0])
         worker(args)
         return 0
-    command = command_line("decl_state.py", sys.argv[1:] if argv is None else argv, python="python")
+    if args.quick:
+        args.num_samples, args.steps, args.warmup = [1e5], min(args.steps, 5), min(args.warmup, 1)
+    rep = Report.at(report_path(args.out, HERE / "results" / "decl_state", args.quick),
+                    command_line("decl_state.py", sys.argv[1:] if argv is None else argv, python="python"))
     measured = {}
     for n in (int(v) for v in args.num_samples):
         measured[n] = {}
@@ -266,13 +258,8 @@ def main(argv=None) -> int:
         row["global_batch"] = args.global_batch_at_scale
     print("16-bit storage error ...", flush=True)
     prec = precision()
-    text = report(measured, comp, prec, args, command)
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.with_suffix(".md").write_text(text)
-    out.with_suffix(".json").write_text(json.dumps(
-        {"measured": {str(k): v for k, v in measured.items()}, "computed": comp, "precision": prec,
-         "machine": machine_info(), "date": str(datetime.date.today()), "command": command}, indent=1))
+    text = report(measured, comp, prec, args, rep.about())
+    rep.write(text, {"measured": {str(k): v for k, v in measured.items()}, "computed": comp, "precision": prec})
     print(text)
     return 0
 
@@ -305,10 +292,15 @@ def readme_block(doc: dict) -> str:
                      f"{cells('allreduce_mb_per_step', '.2f')} |")
     p = doc["precision"]
     lines += ["", f"16-bit storage against float32 over {p['epochs']} epochs of revisits ({p['num_samples']} samples): "
-              f"stored log-rates within {p['float16']['rate_abs_err_max']:.0e} (float16) and "
-              f"{p['bfloat16']['rate_abs_err_max']:.0e} (bfloat16), the loss within "
-              f"{p['float16']['loss_rel_err_max']:.0e} and {p['bfloat16']['loss_rel_err_max']:.0e} relative."]
+              f"{storage_errors(p)}."]
     return "\n".join(lines)
+
+
+def storage_errors(p: dict) -> str:
+    """How far 16-bit storage moved the stored log-rates and the loss (``p``: the JSON's ``precision``)."""
+    return (f"stored log-rates within {p['float16']['rate_abs_err_max']:.0e} (float16) and "
+            f"{p['bfloat16']['rate_abs_err_max']:.0e} (bfloat16), the loss within "
+            f"{p['float16']['loss_rel_err_max']:.0e} and {p['bfloat16']['loss_rel_err_max']:.0e} relative")
 
 
 def docs_block(doc: dict) -> str:
@@ -320,10 +312,8 @@ def docs_block(doc: dict) -> str:
     return (f"Replicated, the float32 state is {', '.join(f'{gb:.1f} GB at {d}' for d, gb in rep.items())} on every "
             f"rank; sharded on W = {w} ranks, {sharded} per rank. The all-reduce moves at most "
             f"{max(r['allreduce_mb_per_step'] for r in comp):.1f} MB per rank per step at G = {comp[0]['global_batch']}. "
-            f"16-bit storage against float32 ({p['epochs']} epochs of revisits): stored log-rates within "
-            f"{p['float16']['rate_abs_err_max']:.0e} (float16) and {p['bfloat16']['rate_abs_err_max']:.0e} (bfloat16), "
-            f"the loss within {p['float16']['loss_rel_err_max']:.0e} and {p['bfloat16']['loss_rel_err_max']:.0e} "
-            "relative ([results](../benchmarks/results/decl_state.md)).")
+            f"16-bit storage against float32 ({p['epochs']} epochs of revisits): {storage_errors(p)} "
+            "([results](../benchmarks/results/decl_state.md)).")
 
 
 if __name__ == "__main__":

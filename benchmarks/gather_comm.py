@@ -18,12 +18,11 @@ NCCL as a reduce-scatter: the same bytes).
    inputs, alternating which goes first; the ratio is no-grad-gather over gather-with-grad.
 
     .venv/bin/python benchmarks/gather_comm.py                # writes results/gather_comm.md/.json
+    .venv/bin/python benchmarks/gather_comm.py --quick        # smoke run, report in a temporary folder
 """
 from __future__ import annotations
 
 import argparse
-import datetime
-import json
 import statistics
 import sys
 import time
@@ -34,7 +33,8 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from clip_dcl.experiment import command_line, machine_info, torchrun
+from clip_dcl.experiment import torchrun
+from clip_dcl.experiment.reporting import Report, add_report_arguments, command_line, markdown_table, report_path
 from clip_dcl.losses import create_loss
 
 HERE = Path(__file__).resolve().parent
@@ -168,13 +168,16 @@ def main(argv=None) -> int:
     p.add_argument("--dim", type=int, default=512)
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--warmup", type=int, default=2)
-    p.add_argument("--out", default=str(HERE / "results" / "gather_comm"))
+    add_report_arguments(p, "gather_comm", "2 ranks, local batch 16, d 32, 2 steps")
     torchrun.add_worker_arguments(p)
     args = p.parse_args(argv)
     if args.worker:
         worker(args)
         return 0
-    command = command_line("gather_comm.py", sys.argv[1:] if argv is None else argv, python="python")
+    if args.quick:
+        args.nproc, args.batch, args.dim, args.steps, args.warmup = [2], 16, 32, 2, 1
+    rep = Report.at(report_path(args.out, HERE / "results" / "gather_comm", args.quick),
+                    command_line("gather_comm.py", sys.argv[1:] if argv is None else argv, python="python"))
     measured = {}
     for nproc in args.nproc:
         print(f"counting on {nproc} gloo ranks ...", flush=True)
@@ -194,11 +197,26 @@ def main(argv=None) -> int:
                     for mode in MODES:
                         row[f"{loss}/{mode}"] = predicted(loss, mode, g // w, d, w, feat_bytes=2)
                 computed.append(row)
-    lines = [
+    counted = []
+    for nproc, res in measured.items():
+        for loss in LOSSES:
+            a, b = res["counted"][f"{loss}/gather_with_grad"], res["counted"][f"{loss}/no_grad_gather"]
+            t = res["step_ms"][loss]
+            calls = ", ".join(f"{k} x{v}" for k, v in sorted(b["calls"].items()))
+            counted.append([nproc, loss, f"{a['bytes']:,}", f"{b['bytes']:,}", f"{b['bytes'] / a['bytes']:.3f}", calls,
+                            f"{t['gather_with_grad']:.1f}", f"{t['no_grad_gather']:.1f}",
+                            f"{t['no_grad_gather'] / t['gather_with_grad']:.2f}"])
+    at_scale = []
+    for r in computed:
+        cw, cn = r["clip/gather_with_grad"], r["clip/no_grad_gather"]
+        dw, dn = r["decl/gather_with_grad"], r["decl/no_grad_gather"]
+        at_scale.append([r["G"], r["d"], r["W"], f"{cw / 1e6:.2f}", f"{cn / 1e6:.2f}", f"{cn / cw:.3f}",
+                         f"{dw / 1e6:.2f}", f"{dn / 1e6:.2f}", f"{dn / dw:.3f}"])
+    text = "\n".join([
         "# Communication per loss step: --gather-with-grad against --no-grad-gather",
         "",
-        f"Machine: {machine_info()}. Date: {datetime.date.today()}. Command: `{command}`.",
-        "No GPU was available to this run: NCCL was not measured.",
+        *rep.about(),
+        "- No GPU was available to this run: NCCL was not measured.",
         "",
         "Bytes each rank sends per step (forward + backward of the loss; DDP's parameter all-reduce, the "
         "same in both modes, is not counted), under ring all-gather / all-reduce and pairwise "
@@ -208,37 +226,17 @@ def main(argv=None) -> int:
         "",
         "Every count equals the closed form used below (checked by the script).",
         "",
-        "| W | loss | gather-with-grad bytes | no-grad-gather bytes | ratio | collectives (no-grad) | "
-        "step ms (with grad) | step ms (no grad) | step ratio |",
-        "|---:|---|---:|---:|---:|---|---:|---:|---:|",
-    ]
-    for nproc, res in measured.items():
-        for loss in LOSSES:
-            a, b = res["counted"][f"{loss}/gather_with_grad"], res["counted"][f"{loss}/no_grad_gather"]
-            t = res["step_ms"][loss]
-            calls = ", ".join(f"{k} x{v}" for k, v in sorted(b["calls"].items()))
-            lines.append(f"| {nproc} | {loss} | {a['bytes']:,} | {b['bytes']:,} | {b['bytes'] / a['bytes']:.3f} | "
-                         f"{calls} | {t['gather_with_grad']:.1f} | {t['no_grad_gather']:.1f} | "
-                         f"{t['no_grad_gather'] / t['gather_with_grad']:.2f} |")
-    lines += [
+        markdown_table(["W", "loss", "gather-with-grad bytes", "no-grad-gather bytes", "ratio", "collectives (no-grad)",
+                        "step ms (with grad)", "step ms (no grad)", "step ratio"], counted, align="rlrrrlrrr"),
         "",
         "## Computed: MB each rank sends per step (bf16 features, float32 per-anchor scalars)",
         "",
-        "| G | d | W | clip with grad | clip no-grad | ratio | decl with grad | decl no-grad | ratio |",
-        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
-    ]
-    for r in computed:
-        cw, cn = r["clip/gather_with_grad"], r["clip/no_grad_gather"]
-        dw, dn = r["decl/gather_with_grad"], r["decl/no_grad_gather"]
-        lines.append(f"| {r['G']} | {r['d']} | {r['W']} | {cw / 1e6:.2f} | {cn / 1e6:.2f} | {cn / cw:.3f} | "
-                     f"{dw / 1e6:.2f} | {dn / 1e6:.2f} | {dn / dw:.3f} |")
-    lines += ["", "dcl moves exactly what clip moves in both modes."]
-    text = "\n".join(lines) + "\n"
-    out = Path(args.out)
-    out.with_suffix(".md").write_text(text)
-    out.with_suffix(".json").write_text(json.dumps(
-        {"measured": {str(k): v for k, v in measured.items()}, "computed": computed, "machine": machine_info(),
-         "date": str(datetime.date.today()), "command": command}, indent=1))
+        markdown_table(["G", "d", "W", "clip with grad", "clip no-grad", "ratio", "decl with grad", "decl no-grad",
+                        "ratio"], at_scale, align="r" * 9),
+        "",
+        "dcl moves exactly what clip moves in both modes.",
+    ])
+    rep.write(text, {"measured": {str(k): v for k, v in measured.items()}, "computed": computed})
     print(text)
     return 0
 

@@ -50,6 +50,7 @@ import torch
 from clip_dcl import experiment as ex
 from clip_dcl.experiment import arguments
 from clip_dcl.experiment.figures import pyplot
+from clip_dcl.experiment.reporting import Report, markdown_table, utc_date, write_json
 
 HERE = Path(__file__).resolve().parent
 STEM = "gradient_bias_clip"
@@ -200,17 +201,14 @@ def measure(model, tokenizer, images, captions, batch_sizes, objectives, shuffle
 def table(res: dict, objectives: Sequence[str]) -> str:
     """Markdown: one row per B; per objective the relative error, its noise floor and the cosine."""
     names = [o for o in objectives if o in res["results"]]
-    lines = ["| B | " + " | ".join(names) + " |", "|" + "---|" * (len(names) + 1)]
-    for b in sorted(next(iter(res["results"].values()))):
-        cells = []
-        for n in names:
-            r = res["results"][n][b]
-            cells.append(f"{r['rel_error']:.4f} (floor {r['noise_floor']:.4f}; cos {r['cosine']:.4f})")
-        lines.append(f"| {b} | " + " | ".join(cells) + " |")
-    return "\n".join(lines)
+
+    def cell(r):
+        return f"{r['rel_error']:.4f} (floor {r['noise_floor']:.4f}; cos {r['cosine']:.4f})"
+    return markdown_table(["B", *names], ([b, *(cell(res["results"][n][b]) for n in names)]
+                                          for b in sorted(next(iter(res["results"].values())))))
 
 
-def plot(all_res: Dict[str, dict], objectives: Sequence[str], path: Path) -> Path:
+def plot(all_res: Dict[str, dict], objectives: Sequence[str], report: Report) -> Path:
     fig, axes = pyplot().subplots(1, len(all_res), figsize=(6.5 * len(all_res), 4.5), squeeze=False)
     for ax, (label, res) in zip(axes[0], all_res.items()):
         for name in objectives:
@@ -226,7 +224,7 @@ def plot(all_res: Dict[str, dict], objectives: Sequence[str], path: Path) -> Pat
                title=f"{label} (s = {res['logit_scale']:.1f}); dotted: noise floor")
         ax.grid(alpha=0.3, which="both")
         ax.legend(fontsize=8)
-    return ex.save_figure(fig, path, "Expected minibatch gradient against the full-data gradient")
+    return report.figure(fig, "Expected minibatch gradient against the full-data gradient")
 
 
 #: the column that is the package's default DeCL (rate index, update then read, gamma 0.9, the relative estimate;
@@ -256,13 +254,14 @@ def default_reading(all_res: Dict[str, dict], batch: int = 32) -> List[str]:
     return lines
 
 
-def write_report(results_dir: Path, all_res: Dict[str, dict], doc: dict, minutes: float, date: str) -> None:
+def write_report(results_dir: Path, all_res: Dict[str, dict], doc: dict) -> None:
     """``gradient_bias_clip.md`` and ``.png`` from the measurements and the run's JSON document."""
-    png = plot(all_res, OBJECTIVES, results_dir / f"{STEM}.png")
+    report = Report(results_dir, STEM, doc["command"], date=doc["date"], machine=doc["machine"])
+    png = plot(all_res, OBJECTIVES, report)
     parts = [
         "# Gradient bias in a CLIP model: expected minibatch gradient against the full-data gradient",
-        f"- Machine: {doc['machine']}\n- Date: {date} ({minutes:.1f} min)\n- Command: `{doc['command']}`\n"
-        f"- Raw numbers: `{STEM}.json`",
+        "\n".join([*report.about(date=f"{doc['date'].removesuffix(' UTC')} ({doc['minutes']:.1f} min)"),
+                   f"- Raw numbers: `{STEM}.json`"]),
         f"- Setup: `{ex.DEFAULT_MODEL}` at fixed parameters (initialisation, seed {doc['seed']}; and after one epoch "
         f"of `--loss clip` training at batch {doc.get('train_batch_size', 128)}), eval mode; N = {doc['num_pairs']} "
         "synthetic pairs (the first of the training shards, eval transform); for each B the mean gradient over "
@@ -289,7 +288,7 @@ def write_report(results_dir: Path, all_res: Dict[str, dict], doc: dict, minutes
         parts += [f"## {label} (logit scale s = {res['logit_scale']:.2f})", table(res, OBJECTIVES)]
     parts += ["## Reading: the package default against InfoNCE", *default_reading(all_res)]
     parts.append(f"![relative error against B]({png.name})")
-    (results_dir / f"{STEM}.md").write_text("\n\n".join(parts) + "\n")
+    report.write(parts, sep="\n\n")
 
 
 def merge_earlier(all_res: Dict[str, dict], earlier: dict, n: int, sizes, shuffles: int, seed: int) -> dict:
@@ -342,7 +341,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         all_res = {label: {**res, "results": {o: {int(b): v for b, v in r.items()} for o, r in res["results"].items()}}
                    for label, res in doc["checkpoints"].items()}
         out = Path(args.results) if args.results else Path(args.rewrite).parent
-        write_report(out, all_res, doc, doc["minutes"], doc["date"])
+        write_report(out, all_res, doc)
         print((out / f"{STEM}.md").read_text().split("![")[0])
         return 0
     n = args.num_pairs or (256 if args.quick else 2048)
@@ -385,16 +384,15 @@ def main(argv: Optional[List[str]] = None) -> int:
     if args.merge:
         merged_from = merge_earlier(all_res, json.loads(Path(args.merge).read_text()), n, sizes, shuffles, args.seed)
     minutes = (time.perf_counter() - t0) / 60
-    doc = {"machine": ex.machine_info(), "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+    doc = {"machine": ex.machine_info(), "date": utc_date(),
            "command": command, "minutes": minutes, "num_pairs": n, "batch_sizes": sizes, "shuffles": shuffles,
            "seed": args.seed, "train_command": trained.command, "train_batch_size": budget.batch_size,
            "merged_from": merged_from,
            "checkpoints": {label: {**res, "results": {o: {str(b): v for b, v in r.items()}
                                                       for o, r in res["results"].items()}}
                            for label, res in all_res.items()}}
-    results_dir.mkdir(parents=True, exist_ok=True)
-    (results_dir / f"{STEM}.json").write_text(json.dumps(doc, indent=1) + "\n")
-    write_report(results_dir, all_res, doc, minutes, doc["date"])
+    write_json(results_dir / f"{STEM}.json", doc)
+    write_report(results_dir, all_res, doc)
     print((results_dir / f"{STEM}.md").read_text().split("![")[0])
     print(f"[gradient_bias_clip] wrote {results_dir / (STEM + '.md')}, .json, .png", flush=True)
     return 0

@@ -49,18 +49,16 @@ Run ``python benchmarks/gradient_bias_toy.py`` (``--quick`` for a smoke run, ``-
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import tempfile
 import time
-from datetime import datetime, timezone
 from pathlib import Path
 
 import numpy as np
 from scipy import integrate, optimize, special
 
-from clip_dcl.experiment import command_line, machine_info
-from clip_dcl.experiment.figures import pyplot, save_figure
+from clip_dcl.experiment.figures import pyplot
+from clip_dcl.experiment.reporting import Report, command_line, machine_info, markdown_table
 
 REG = 0.1
 METHODS = ("sgd", "decl_sampled", "decl_mean")
@@ -436,30 +434,25 @@ def paper_point_check(reg: float = REG) -> dict:
 
 def table(runs: dict, variances, steps: int) -> str:
     """Markdown table of the per-(v, method) summaries of one ``runs[v][method]`` block."""
-    rows = ["| v | method | dist. final | dist. Polyak avg | predicted fixed-point dist. | excess J at Polyak avg "
-            "| clamped steps |",
-            "| --- | --- | --- | --- | --- | --- | --- |"]
-    for v in variances:
-        for method in METHODS:
-            r = runs[f"{v:g}"][method]
-            sm = r["summary"]
-            rows.append(f"| {v:g} | {LABELS[method]} | {sm['dist_final'][0]:.4f} +- {sm['dist_final'][1]:.4f} "
-                        f"| {sm['dist_polyak'][0]:.4f} +- {sm['dist_polyak'][1]:.4f} "
-                        f"| {r['predicted_fixed_point_distance']:.4f} "
-                        f"| {sm['excess_objective_polyak'][0]:.2e} +- {sm['excess_objective_polyak'][1]:.1e} "
-                        f"| {sum(r['clamped_steps'])} of {steps * len(r['clamped_steps'])} |")
-    return "\n".join(rows)
+    def cells(v, method):
+        r = runs[f"{v:g}"][method]
+        sm = r["summary"]
+        return [f"{v:g}", LABELS[method], f"{sm['dist_final'][0]:.4f} +- {sm['dist_final'][1]:.4f}",
+                f"{sm['dist_polyak'][0]:.4f} +- {sm['dist_polyak'][1]:.4f}", f"{r['predicted_fixed_point_distance']:.4f}",
+                f"{sm['excess_objective_polyak'][0]:.2e} +- {sm['excess_objective_polyak'][1]:.1e}",
+                f"{sum(r['clamped_steps'])} of {steps * len(r['clamped_steps'])}"]
+    return markdown_table(["v", "method", "dist. final", "dist. Polyak avg", "predicted fixed-point dist.",
+                           "excess J at Polyak avg", "clamped steps"],
+                          (cells(v, method) for v in variances for method in METHODS))
 
 
 def floor_table(sens: dict, variances) -> str:
     """Markdown table of :func:`floor_sensitivity`."""
-    rows = ["| clamp level | " + " | ".join(f"v = {v:g}: SGD / DeCL" for v in variances) + " |",
-            "| --- |" + " --- |" * len(variances)]
-    for floor, per_v in sens.items():
-        cells = [" / ".join(f"{r['distance']:.4f}" + ("" if r["global"] else "*")
-                            for r in (per_v[f"{v:g}"]["sgd"], per_v[f"{v:g}"]["decl_mean"])) for v in variances]
-        rows.append(f"| {floor} | " + " | ".join(cells) + " |")
-    return "\n".join(rows)
+    def cells(per_v):
+        return [" / ".join(f"{r['distance']:.4f}" + ("" if r["global"] else "*")
+                           for r in (per_v[f"{v:g}"]["sgd"], per_v[f"{v:g}"]["decl_mean"])) for v in variances]
+    return markdown_table(["clamp level", *(f"v = {v:g}: SGD / DeCL" for v in variances)],
+                          ([floor, *cells(per_v)] for floor, per_v in sens.items()))
 
 
 def verdict(runs: dict, variances) -> list[str]:
@@ -478,7 +471,7 @@ def verdict(runs: dict, variances) -> list[str]:
     return out
 
 
-def plot(trajectories: dict, results: dict, positivities, variances, path: Path) -> None:
+def plot(trajectories: dict, results: dict, positivities, variances, report: Report) -> None:
     """One panel per (handling, v): every run's trajectory per method, the Polyak averages, the optimum."""
     opt = np.array(results["optimum"])
     # Sampled u spreads widest: draw it first so that the other two stay visible on top.
@@ -508,7 +501,7 @@ def plot(trajectories: dict, results: dict, positivities, variances, path: Path)
             ax.set_xlim(-1.2, 2.2)
             ax.set_ylim(-2.4, 0.5)
     axes[0][0].legend(loc="upper left", fontsize=7)
-    save_figure(fig, path, "Trajectories (lines), Polyak average of each seed (dots), zero of the expected update (X)",
+    report.figure(fig, "Trajectories (lines), Polyak average of each seed (dots), zero of the expected update (X)",
                 dpi=100)
 
 
@@ -531,16 +524,15 @@ def reading(runs: dict, variances, label: str) -> list[str]:
     return out
 
 
-def write_report(path: Path, results: dict, args, command: str, when: str, check: dict) -> None:
+def write_report(report: Report, results: dict, args, check: dict, payload: dict) -> None:
+    """``gradient_bias_toy.md`` and ``.json`` (``payload``, the raw numbers)."""
     opt = results["optimum"]
     head = args.positivity[0]
     start = "(0, 0), as in Appendix F" if args.init_std == 0 else f"N(0, {args.init_std:g}^2) per seed"
     lines = [
         "# Gradient-bias toy (DeCL paper, Sec. 2.1 and Appendix F)",
         "",
-        f"- Command: `{command}`",
-        f"- Date (UTC): {when}",
-        f"- Machine: {machine()}",
+        *report.about(),
         "- Raw numbers per seed (final points, Polyak averages, distances, clamp counts, final rates, largest "
         "step): `gradient_bias_toy.json`; trajectories: `gradient_bias_toy.png`.",
         "",
@@ -619,9 +611,8 @@ def write_report(path: Path, results: dict, args, command: str, when: str, check
         "With a positive regulariser every stationary point has s2 = -s1, because F depends on s1 - s2 only. The "
         "paper's numbers therefore cannot be reproduced as stated; the runs above are compared with the exact "
         "optimum instead.",
-        "",
     ]
-    path.write_text("\n".join(lines))
+    report.write(lines, payload)
 
 
 class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
@@ -689,10 +680,9 @@ def parse_args(argv=None) -> argparse.Namespace:
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     args = parse_args(argv)
-    command = command_line("gradient_bias_toy.py", argv)
-    when = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M")
+    report = Report(args.out_dir, "gradient_bias_toy", command_line("gradient_bias_toy.py", argv), machine=machine())
     head = args.positivity[0]
-    print(f"{command}\noptimum {exact_optimum().tolist()}; {len(args.positivity)} clamps x {len(args.variances)} "
+    print(f"{report.command}\noptimum {exact_optimum().tolist()}; {len(args.positivity)} clamps x {len(args.variances)} "
           f"noise levels x {len(METHODS)} methods x {args.seeds} seeds x {args.steps} steps")
     bench = benchmark(args.variances, args.seeds, args.steps, args.lr, args.rate_momentum, args.init_std,
                       args.positivity, args.floor)
@@ -709,13 +699,9 @@ def main(argv=None) -> int:
         results["floor_sensitivity"] = floor_sensitivity(args.variances, args.floor_check, head,
                                                          start=np.mean(results["starts"], axis=0))
     check = paper_point_check()
-    args.out_dir.mkdir(parents=True, exist_ok=True)
     config = {k: v for k, v in vars(args).items() if k != "out_dir"}
-    payload = {"command": command, "date_utc": when, "machine": machine(), "config": {**config, "reg": REG},
-               "paper_point_check": check, **results}
-    (args.out_dir / "gradient_bias_toy.json").write_text(json.dumps(payload, indent=1))
-    write_report(args.out_dir / "gradient_bias_toy.md", results, args, command, when, check)
-    plot(bench["trajectories"], results, args.positivity, args.variances, args.out_dir / "gradient_bias_toy.png")
+    write_report(report, results, args, check, {"config": {**config, "reg": REG}, "paper_point_check": check, **results})
+    plot(bench["trajectories"], results, args.positivity, args.variances, report)
     for pos in args.positivity:
         print(f"\nclamp: {pos}, step {args.lr:g}\n{table(results['runs'][pos], args.variances, args.steps)}\n")
         print("\n".join(verdict(results["runs"][pos], args.variances)))

@@ -7,15 +7,12 @@ memory is the extra peak over the inputs: on CUDA ``torch.cuda.max_memory_alloca
 the peak resident set of a fresh child process per (loss, G), minus its resident set just before
 the call (the CPU allocator has no peak counter).
 
-    .venv/bin/python benchmarks/loss_speed.py                 # full run, writes results/loss_speed.md
-    .venv/bin/python benchmarks/loss_speed.py --quick         # G=256,1024 and fewer repetitions
+    .venv/bin/python benchmarks/loss_speed.py                 # full run, writes results/loss_speed.md, .json
+    .venv/bin/python benchmarks/loss_speed.py --quick         # G=256,1024, fewer repetitions, a temporary folder
 """
 from __future__ import annotations
 
 import argparse
-import datetime
-import json
-import resource
 import statistics
 import subprocess
 import sys
@@ -25,7 +22,8 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from clip_dcl.experiment import command_line, machine_info
+from clip_dcl.experiment.memory import MIB, current_rss_bytes, peak_rss_bytes
+from clip_dcl.experiment.reporting import Report, command_line, markdown_table, report_path
 from clip_dcl.losses import create_loss
 
 DIM = 512
@@ -113,11 +111,9 @@ def peak_memory_cpu_child(name, batch):
     f, g, s, ids = make_inputs(batch, torch.device("cpu"))
     if loss == "decl" and kw.get("rate") == "queue":
         step(fn, f, g, s, ids)  # a full queue, as in steady state
-    with open("/proc/self/statm") as fh:
-        rss_before = int(fh.read().split()[1]) * resource.getpagesize()
+    rss_before = current_rss_bytes()
     step(fn, f, g, s, ids)
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-    return max(0, peak - rss_before)
+    return max(0, peak_rss_bytes() - rss_before)
 
 
 def peak_memory_cpu(name, batch):
@@ -131,7 +127,9 @@ def main(argv=None):
     parser.add_argument("--quick", action="store_true", help="G=256,1024 only, 3 rounds")
     parser.add_argument("--batches", type=int, nargs="+", default=None)
     parser.add_argument("--rounds", type=int, default=None)
-    parser.add_argument("--output", default=str(Path(__file__).parent / "results" / "loss_speed.md"))
+    parser.add_argument("--output", default=None,
+                        help="the report's Markdown; its JSON goes beside it (default results/loss_speed.md; "
+                             "with --quick a temporary folder)")
     parser.add_argument("--child-memory", nargs=2, metavar=("LOSS", "G"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child_memory:
@@ -151,45 +149,34 @@ def main(argv=None):
                              "peak_extra_bytes": mem,
                              "saved_bytes": saved_for_backward_bytes(name, batch, device)})
     base = {(r["device"], r["G"]): r for r in rows if r["loss"] == BASELINE}
-    lines = ["| device | G | loss | fwd+bwd ms | time / ClipLoss | saved for backward MiB | saved / ClipLoss "
-             "| extra peak MiB | peak / ClipLoss |",
-             "|---|---|---|---|---|---|---|---|---|"]
-    for r in rows:
+
+    def cells(r):
         b = base[(r["device"], r["G"])]
         mem_ratio = r["peak_extra_bytes"] / b["peak_extra_bytes"] if b["peak_extra_bytes"] else float("nan")
-        lines.append(f"| {r['device']} | {r['G']} | {r['loss']} | {1000 * r['seconds']:.1f} | "
-                     f"{r['seconds'] / b['seconds']:.2f}x | {r['saved_bytes'] / 2**20:.1f} | "
-                     f"{r['saved_bytes'] / b['saved_bytes']:.2f}x | "
-                     f"{r['peak_extra_bytes'] / 2**20:.1f} | {mem_ratio:.2f}x |")
-    table = "\n".join(lines)
+        return [r["device"], r["G"], r["loss"], f"{1000 * r['seconds']:.1f}", f"{r['seconds'] / b['seconds']:.2f}x",
+                f"{r['saved_bytes'] / MIB:.1f}", f"{r['saved_bytes'] / b['saved_bytes']:.2f}x",
+                f"{r['peak_extra_bytes'] / MIB:.1f}", f"{mem_ratio:.2f}x"]
+    table = markdown_table(["device", "G", "loss", "fwd+bwd ms", "time / ClipLoss", "saved for backward MiB",
+                            "saved / ClipLoss", "extra peak MiB", "peak / ClipLoss"], map(cells, rows))
     print(table)
-    command = command_line("loss_speed.py", sys.argv[1:] if argv is None else argv, python="python")
-    report = "\n".join([
+    report = Report.at(report_path(args.output and Path(args.output).with_suffix(""),
+                                   Path(__file__).parent / "results" / "loss_speed", args.quick),
+                       command_line("loss_speed.py", sys.argv[1:] if argv is None else argv, python="python"))
+    md = report.write([
         "# Loss forward+backward: time and peak memory against OpenCLIP's ClipLoss",
         "",
-        f"- date: {datetime.date.today().isoformat()}",
-        f"- machine: {machine_info()}",
-        f"- command: `{command}`",
+        *report.about(),
         f"- embedding dim {DIM}, one process, float32 features; medians over interleaved rounds;",
         "- saved for backward: the distinct storages autograd keeps between forward and backward",
         "  (exact; the G x G logits are 4 G^2 bytes: 64 MiB at G=4096);",
         "- extra peak: over the inputs (CUDA allocator peak, or a child process's peak RSS on CPU, which",
-        "  is noisy at small G, where allocator and thread-pool start-up dominate).",
+        "  is noisy at small G, where allocator and thread-pool start-up dominate);",
+        f"- raw numbers: `{report.stem}.json`.",
         "",
         table,
-        "",
-        "Raw numbers:",
-        "",
-        "```json",
-        json.dumps(rows, indent=1),
-        "```",
-        "",
-    ])
-    Path(args.output).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.output).write_text(report)
-    print(f"wrote {args.output}")
+    ], {"dim": DIM, "rows": rows})
+    print(f"wrote {md}, {report.stem}.json")
     return 0
-
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -18,13 +18,13 @@ negatives alone (a clean two-class mixture, whose true weight is printed beside 
 
 Run ``.venv/bin/python benchmarks/prior_diagnosis.py --work DIR`` after ``sampling_bias.py --extra
 --work DIR``; writes ``prior_diagnosis.md`` / ``.json`` into ``benchmarks/results`` (``--results``).
-A minute or two on 2 CPU cores.
+A minute or two on 2 CPU cores. ``--quick`` reads the runs of ``sampling_bias.py --quick --work DIR``
+(``clip`` and ``dcl tau+=0.25``) and writes its report under ``DIR``.
 """
 from __future__ import annotations
 
 import json
 import time
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence
 
@@ -32,6 +32,7 @@ import torch
 
 from clip_dcl import experiment as ex
 from clip_dcl.experiment import arguments
+from clip_dcl.experiment.reporting import Report, markdown_table, utc_date
 
 HERE = Path(__file__).resolve().parent
 STEM = "prior_diagnosis"
@@ -137,17 +138,17 @@ def table(results: Dict[str, List[dict]], truth: float) -> str:
     head = ["run", "seeds", f"estimate (all negatives; truth {truth:.3f})", "scikit-learn fit, k-means start",
             "positive logit"]
     head += [f"{r} logit (share)" for r in RELATIONS] + ["estimate (same class + neither only)", "its truth"]
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    for run, rows in results.items():
-        if not rows:
+    rows = []
+    for run, per_seed in results.items():
+        if not per_seed:
             continue
-        cells = [run, str(len(rows)), f"{avg(rows, 'estimate'):.3f}", f"{avg(rows, 'sklearn_estimate'):.3f}",
-                 f"{avg(rows, 'positive', 'mean'):.2f}"]
+        cells = [run, str(len(per_seed)), f"{avg(per_seed, 'estimate'):.3f}", f"{avg(per_seed, 'sklearn_estimate'):.3f}",
+                 f"{avg(per_seed, 'positive', 'mean'):.2f}"]
         for rel in RELATIONS:
-            cells.append(f"{avg(rows, rel, 'mean'):.2f} ± {avg(rows, rel, 'sd'):.2f} ({avg(rows, rel, 'share'):.2f})")
-        cells += [f"{avg(rows, 'clean_estimate'):.3f}", f"{avg(rows, 'clean_truth'):.3f}"]
-        lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines)
+            cells.append(f"{avg(per_seed, rel, 'mean'):.2f} ± {avg(per_seed, rel, 'sd'):.2f} "
+                         f"({avg(per_seed, rel, 'share'):.2f})")
+        rows.append(cells + [f"{avg(per_seed, 'clean_estimate'):.3f}", f"{avg(per_seed, 'clean_truth'):.3f}"])
+    return markdown_table(head, rows)
 
 
 def main(argv: Optional[List[str]] = None) -> int:
@@ -155,21 +156,26 @@ def main(argv: Optional[List[str]] = None) -> int:
     p.add_argument("--work", default="/tmp/clip_dcl_sampling_bias",
                    help="the --work folder of a finished sampling_bias.py --extra run")
     p.add_argument("--runs", nargs="+", default=list(RUNS), help="run names to diagnose")
-    p.add_argument("--samples", type=int, default=512, help="training pairs encoded per checkpoint")
-    p.add_argument("--results", default=str(HERE / "results"), help="folder of the report")
+    p.add_argument("--samples", type=int, default=None, help="training pairs encoded per checkpoint (default 512; "
+                                                                  "quick 64)")
+    p.add_argument("--results", default=None,
+                   help=f"folder of the report (default {HERE / 'results'}; with --quick WORK/quick/report)")
+    p.add_argument("--quick", action="store_true",
+                   help="smoke run on the checkpoints of sampling_bias.py --quick --work WORK; report under --work")
     args, argv = arguments.parse(p, argv)
+    args.samples = args.samples or (64 if args.quick else 512)
     if args.samples < 8:
         raise SystemExit(f"--samples must be >= 8, got {args.samples}")
-    work = Path(args.work) / "full"
+    work, results_dir = arguments.work_and_results(args, HERE / "results")
     summary = work / "data" / "summary.json"
     if not summary.is_file():
-        raise SystemExit(f"no synthetic data under {work / 'data'}: run benchmarks/sampling_bias.py --extra "
-                         f"--work {args.work} first")
+        raise SystemExit(f"no synthetic data under {work / 'data'}: run benchmarks/sampling_bias.py "
+                         f"{'--quick' if args.quick else '--extra'} --work {args.work} first")
     truth = float(json.loads(summary.read_text())["tau_plus"])
     found = checkpoints(work, args.runs)
     if not any(found.values()):
         raise SystemExit(f"no finished run of {args.runs} under {work / 'scores'}")
-    started, t0 = datetime.now(timezone.utc), time.perf_counter()
+    started, t0 = utc_date(), time.perf_counter()
     pairs = read_pairs(sorted((work / "data" / "train").glob("*.tar"))[0], args.samples)
     results: Dict[str, List[dict]] = {}
     for run, items in found.items():
@@ -178,18 +184,11 @@ def main(argv: Optional[List[str]] = None) -> int:
             print(f"[prior_diagnosis] {run}, seed {seed}: {ckpt}", flush=True)
             results[run].append({"seed": seed, **diagnose(ckpt, pairs)})
             print(f"[prior_diagnosis]     estimate {results[run][-1]['estimate']:.3f} (truth {truth:.3f})", flush=True)
-    out = Path(args.results)
-    out.mkdir(parents=True, exist_ok=True)
-    command = ex.command_line("prior_diagnosis.py", argv)
-
-    (out / f"{STEM}.json").write_text(json.dumps({
-        "command": command, "date": started.strftime("%Y-%m-%d %H:%M"), "machine": ex.machine_info(),
-        "samples": args.samples, "true_tau_plus": truth, "results": results}, indent=1) + "\n")
+    report = Report(results_dir, STEM, ex.command_line("prior_diagnosis.py", argv), date=started)
     md = "\n".join([
         "# What `--tau-plus auto` estimates: the negatives' logits by latent relation",
         "",
-        *ex.about_lines(command=command, date=f"{started.strftime('%Y-%m-%d %H:%M')}; "
-                                              f"{time.perf_counter() - t0:.0f} s"),
+        *report.about(date=f"{started}; {time.perf_counter() - t0:.0f} s"),
         f"- Data: the first {args.samples} training pairs of the sampling-bias benchmark's synthetic shards "
         f"(image and its first caption); classes are shape x colour, true tau_plus {truth:.3f}. "
         "Checkpoints: the final ones of `sampling_bias.py --extra` (one per training seed).",
@@ -203,9 +202,8 @@ def main(argv: Optional[List[str]] = None) -> int:
         "Per seed (estimate / scikit-learn fit): " + "; ".join(
             f"{run} " + ", ".join(f"{r['estimate']:.2f} / {r['sklearn_estimate']:.2f}" for r in rows)
             for run, rows in results.items() if rows),
-        "",
     ])
-    (out / f"{STEM}.md").write_text(md)
+    report.write(md, {"samples": args.samples, "true_tau_plus": truth, "results": results})
     print(md)
     return 0
 

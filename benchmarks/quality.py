@@ -100,19 +100,16 @@ def paired_table(paired: Dict[str, Dict[str, dict]], reference: str,
                  headline: Sequence[tuple] = HEADLINE) -> str:
     """Markdown: one row per run; per headline score the per-seed differences (percentage points),
     their mean and the seeds won against ``reference``."""
-    head = f"| objective - {reference} | " + " | ".join(f"{label}: per seed / mean / wins" for _, label in headline)
-    lines = [head + " |", "|" + "---|" * (len(headline) + 1)]
-    for name, per_key in paired.items():
-        cells = []
+    def cells(per_key):
         for key, _ in headline:
             d = per_key.get(key)
             if not d or not d["n"]:
-                cells.append("n/a")
+                yield "n/a"
                 continue
             seeds = ", ".join(f"s{s} {100 * v:+.1f}" for s, v in zip(d["seeds"], d["diffs"]))
-            cells.append(f"{seeds} / **{100 * d['mean']:+.1f}** / {d['wins']} of {d['n']}")
-        lines.append(f"| {name} | " + " | ".join(cells) + " |")
-    return "\n".join(lines)
+            yield f"{seeds} / **{100 * d['mean']:+.1f}** / {d['wins']} of {d['n']}"
+    return ex.markdown_table([f"objective - {reference}", *(f"{label}: per seed / mean / wins" for _, label in headline)],
+                             ([name, *cells(per_key)] for name, per_key in paired.items()))
 
 
 def full_loss_flags(flags: Sequence[str]) -> List[str]:
@@ -136,12 +133,6 @@ def table_rows(data: dict) -> List[tuple]:
     """The experiment's headline rows plus the retrieval mean R@1."""
     rows = ex.headline_metrics(data)
     return rows[:6] + [(MEAN_R1, "retrieval mean R@1")] + rows[6:]
-
-
-def chance_with_mean_r1(data: dict) -> Dict[str, float]:
-    chance = ex.chance_levels(data)
-    chance[MEAN_R1] = (chance["retrieval/image_to_text_R@1"] + chance["retrieval/text_to_image_R@1"]) / 2
-    return chance
 
 
 # ------------------------------------------------------------------------------------------
@@ -280,7 +271,7 @@ def write(out: Path, main_runs, abl_runs, results, scores, eval_seconds, timing,
     """(Re)write the report from the runs finished so far."""
     have = {n: v for n, v in scores.items() if v}
     rows = table_rows(data)
-    chance = chance_with_mean_r1(data)
+    chance = with_mean_r1(ex.chance_levels(data))
     keys = [k for k, _ in HEADLINE]
     main_have = {r.name: have[r.name] for r in main_runs if r.name in have}
     paired_main = paired_differences(main_have, "clip", keys) if "clip" in main_have else {}
@@ -375,7 +366,7 @@ def write(out: Path, main_runs, abl_runs, results, scores, eval_seconds, timing,
             paired_table(paired_abl, ABL_REF) if paired_abl else "(no ablation run finished yet)",
         ]
     parts.append(f"![training curves, validation R@1 and held-out scores]({STEM}.png)")
-    (out / f"{STEM}.md").write_text("# " + "\n\n".join(p for p in parts if p) + "\n")
+    ex.Report(out, STEM, command).write("# " + "\n\n".join(p for p in parts if p))
 
 
 # ------------------------------------------------------------------------------------------

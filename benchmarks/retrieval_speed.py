@@ -18,6 +18,7 @@ Usage::
     python benchmarks/retrieval_speed.py                       # 20k chunked, naive at 5k/10k/20k
     python benchmarks/retrieval_speed.py --sizes 20000 --naive-sizes 5000 --chunk-sizes 256 1024
     python benchmarks/retrieval_speed.py --output benchmarks/results/retrieval_speed.json
+    python benchmarks/retrieval_speed.py --quick                # N = 2000: a smoke run
 """
 from __future__ import annotations
 
@@ -26,12 +27,12 @@ import json
 import os
 import subprocess
 import sys
-import time
 
-from clip_dcl.experiment import machine_info
+from clip_dcl.experiment.reporting import command_line, machine_info, report_path, utc_date, write_json
 
 _CHILD = r"""
-import json, resource, sys, time, torch
+import json, sys, time, torch
+from clip_dcl.experiment.memory import current_rss_mib, peak_rss_mib
 mode, n, d, chunk, threads = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
 torch.set_num_threads(threads)
 g = torch.Generator().manual_seed(0)
@@ -43,18 +44,12 @@ if mode == "chunked":
 else:
     from open_clip_train.train import get_clip_metrics
     fn = lambda x, y: get_clip_metrics(x, y, torch.tensor(1.0))
-def rss_mb():
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024
 fn(img[:64], txt[:64])  # one-time costs (BLAS set-up, lazy imports) out of the measurement
-before = rss_mb()
+before = current_rss_mib()
 t = time.perf_counter()
 m = fn(img, txt)
 seconds = time.perf_counter() - t
-peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-print(json.dumps({"seconds": seconds, "extra_peak_mb": peak - before,
+print(json.dumps({"seconds": seconds, "extra_peak_mb": peak_rss_mib() - before,
                   "metrics": {k: float(v) for k, v in m.items() if "recall" not in k}}))
 """
 
@@ -83,7 +78,12 @@ def main(argv=None) -> int:
     p.add_argument("--dim", type=int, default=512, help="embedding size (default 512, ViT-B)")
     p.add_argument("--threads", type=int, default=2, help="torch threads (default 2)")
     p.add_argument("--output", default=None, help="also write the raw results as JSON")
+    p.add_argument("--quick", action="store_true",
+                   help="smoke run: N 2000, chunk 256; the JSON goes to a new temporary folder unless --output")
     args = p.parse_args(argv)
+    if args.quick:
+        args.sizes, args.naive_sizes, args.chunk_sizes = [2000], [2000], [256]
+        args.output = report_path(args.output, "retrieval_speed", quick=True).with_suffix(".json")
 
     rows = []
     for n in sorted(set(args.sizes) | set(args.naive_sizes)):
@@ -120,10 +120,9 @@ def main(argv=None) -> int:
                       f"memory {naive['extra_peak_mb'] / max(r['extra_peak_mb'], 1):.0f}x; "
                       f"R@k identical: {same_recall}; max |mean/median rank difference| {rank_diff:.2g}")
     if args.output:
-        doc = {"machine": machine_info(), "date": time.strftime("%Y-%m-%d"),
-               "command": " ".join([os.path.basename(sys.executable)] + sys.argv), "results": rows}
-        with open(args.output, "w") as f:
-            json.dump(doc, f, indent=2)
+        write_json(args.output, {"machine": machine_info(), "date": utc_date(),
+                                 "command": command_line("retrieval_speed.py", sys.argv[1:] if argv is None else argv),
+                                 "results": rows})
     return 0
 
 

@@ -135,9 +135,7 @@ def extra_table(runs: Sequence[ex.Run], summary: Dict[str, Dict[str, dict]], log
     """Markdown: headline scores (mean ± std, %) with their ratio to clip's mean, clamp rate and tau estimate."""
     keys = [k for k, _ in HEADLINE] + ["retrieval/image_to_text_R@10"]
     labels = [label for _, label in HEADLINE] + ["retrieval image->text R@10"]
-    head = "| objective | seeds | " + " | ".join(labels) + " | mean clamp rate | final tau_plus |"
-    lines = [head, "|" + "---|" * (len(keys) + 4)]
-    lines.append("| chance | | " + " | ".join(f"{100 * chance.get(k, float('nan')):.1f}" for k in keys) + " | | |")
+    rows = [["chance", "", *(f"{100 * chance.get(k, float('nan')):.1f}" for k in keys), "", ""]]
     base = summary.get("clip", {})
     for run in runs:
         if run.name not in summary:
@@ -157,8 +155,8 @@ def extra_table(runs: Sequence[ex.Run], summary: Dict[str, Dict[str, dict]], log
         clamp_cell = f"{clamp['mean']:.2f}" if clamp["n"] and "dcl" in run.flags else ""
         tau_cell = format_mean_std(tau, scale=1, digits=3) if tau["n"] else ""
         n = max(s["n"] for s in summary[run.name].values())
-        lines.append(f"| {run.name} | {n} | " + " | ".join(cells) + f" | {clamp_cell} | {tau_cell} |")
-    return "\n".join(lines)
+        rows.append([run.name, n, *cells, clamp_cell, tau_cell])
+    return ex.markdown_table(["objective", "seeds", *labels, "mean clamp rate", "final tau_plus"], rows)
 
 
 def run_tau_plus(run: ex.Run) -> Optional[float]:
@@ -172,19 +170,15 @@ def run_tau_plus(run: ex.Run) -> Optional[float]:
 
 def tau_table(runs: Sequence[ex.Run], summary: Dict[str, Dict[str, dict]], chance: Dict[str, float]) -> str:
     """Markdown: one row per run (with its tau_plus), one column per headline score, mean ± std in %."""
-    head = "| objective | tau_plus | seeds | " + " | ".join(label for _, label in HEADLINE) + " |"
-    lines = [head, "|" + "---|" * (len(HEADLINE) + 3)]
-    lines.append("| chance | | | " + " | ".join(f"{100 * chance.get(k, float('nan')):.1f}" for k, _ in HEADLINE)
-                 + " |")
+    rows = [["chance", "", "", *(f"{100 * chance.get(k, float('nan')):.1f}" for k, _ in HEADLINE)]]
     for run in runs:
         if run.name not in summary:
             continue
         tau = run_tau_plus(run)
-        cells = [format_mean_std(summary[run.name][key]) for key, _ in HEADLINE]
         n = max(s["n"] for s in summary[run.name].values())
-        tau_cell = "labels" if tau is None else f"{tau:g}"
-        lines.append(f"| {run.name} | {tau_cell} | {n} | " + " | ".join(cells) + " |")
-    return "\n".join(lines)
+        rows.append([run.name, "labels" if tau is None else f"{tau:g}", n,
+                     *(format_mean_std(summary[run.name][key]) for key, _ in HEADLINE)])
+    return ex.markdown_table(["objective", "tau_plus", "seeds", *(label for _, label in HEADLINE)], rows)
 
 
 # ------------------------------------------------------------------------------------------
@@ -306,6 +300,9 @@ def main(argv: Optional[List[str]] = None) -> int:
         runs = make_extra_runs(float(data["tau_plus"]))
         stem = STEM + "_extra"
 
+    if not args.no_oracle:
+        import train_oracle  # noqa: F401  registers the oracle's loss here too: the run cache reads its defaults
+
     entry = {ORACLE: [sys.executable, str(HERE / "train_oracle.py")]}
     results: Dict[str, List[ex.TrainResult]] = {r.name: [] for r in runs}
     scores: Dict[str, List[Dict[str, float]]] = {r.name: [] for r in runs}
@@ -390,28 +387,16 @@ def write(out: Path, runs, results, scores, eval_seconds, data, budget, seeds, f
                                     "eval_seconds": {n: eval_seconds[n] for n in have},
                                     "summary": summary, "training_logs": logs})
     ordered = [r for r in runs if r.name in have]
-    if stem != STEM:
-        md = "\n\n".join([
-            header,
-            "## Headline scores (%, mean ± sample std over training seeds; (ratio to clip's mean in this run); "
-            "mean Clamp_rate over the logged training steps; final Tau_plus estimate)",
-            extra_table(ordered, summary, logs, chance),
-            f"![curves and scores]({stem}.png)",
-            "## Full comparison (%, mean ± sample std over training seeds; best mean in bold)",
-            report["table"],
-        ]) + "\n"
-        (out / f"{stem}.md").write_text(md)
-        return
-    plot_tau(ordered, have, chance, true_tau, out / f"{STEM}.png", title=title)
-    md = "\n\n".join([
-        header,
-        "## Headline scores against tau_plus (%, mean ± sample std over training seeds)",
-        tau_table(ordered, summary, chance),
-        f"![scores against tau_plus]({STEM}.png)",
-        "## Full comparison (%, mean ± sample std over training seeds; best mean in bold)",
-        report["table"],
-    ]) + "\n"
-    (out / f"{STEM}.md").write_text(md)
+    if stem == STEM:
+        plot_tau(ordered, have, chance, true_tau, out / f"{STEM}.png", title=title)
+        headline = ["## Headline scores against tau_plus (%, mean ± sample std over training seeds)",
+                    tau_table(ordered, summary, chance), f"![scores against tau_plus]({STEM}.png)"]
+    else:
+        headline = ["## Headline scores (%, mean ± sample std over training seeds; (ratio to clip's mean in this run); "
+                    "mean Clamp_rate over the logged training steps; final Tau_plus estimate)",
+                    extra_table(ordered, summary, logs, chance), f"![curves and scores]({stem}.png)"]
+    ex.Report(out, stem, command).write([header, *headline, "## Full comparison (%, mean ± sample std over training "
+                                         "seeds; best mean in bold)", report["table"]], sep="\n\n")
 
 
 # ------------------------------------------------------------------------------------------

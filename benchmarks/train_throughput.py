@@ -45,23 +45,21 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
-import json
 import math
 import os
-import shlex
 import shutil
 import statistics
 import sys
 import tempfile
 import time
 from dataclasses import dataclass
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Callable, Dict, List, Optional, Sequence
 
 from clip_dcl import experiment as ex
 from clip_dcl.experiment import Run, StepTime, parse_step_times
 from clip_dcl.experiment.figures import pyplot
+from clip_dcl.experiment.reporting import Report, markdown_table
 
 HERE = Path(__file__).resolve().parent
 STEM = "train_throughput"
@@ -277,21 +275,21 @@ def measure(objs: Sequence[Run], data: dict, setup: Setup, rounds: int, work: Pa
 # Report
 # ------------------------------------------------------------------------------------------
 def table(summary: Dict[str, dict], objs: Sequence[Run]) -> str:
-    lines = ["| objective | samples/s (median over rounds) | range over rounds | samples/s (pooled) "
-             "| / clip (median of per-round ratios) | ratio range | >= 0.97x | / clip, faster steps (upper quartile) |",
-             "|---|---|---|---|---|---|---|---|"]
+    rows = []
     for obj in objs:
         s = summary.get(obj.name)
         if not s:
             continue
         meets = "baseline" if obj.name == BASELINE else ("yes" if s["ratio_median"] >= GOAL else "**no**")
-        lines.append(f"| {obj.name} | {s['median']:.1f} | {s['min']:.1f} - {s['max']:.1f} | {s['throughput']:.1f} | "
-                     f"{s['ratio_median']:.3f} | {s['ratio_min']:.3f} - {s['ratio_max']:.3f} | {meets} | "
-                     f"{s['fast_ratio_median']:.3f} |")
-    return "\n".join(lines)
+        rows.append([obj.name, f"{s['median']:.1f}", f"{s['min']:.1f} - {s['max']:.1f}", f"{s['throughput']:.1f}",
+                     f"{s['ratio_median']:.3f}", f"{s['ratio_min']:.3f} - {s['ratio_max']:.3f}", meets,
+                     f"{s['fast_ratio_median']:.3f}"])
+    return markdown_table(["objective", "samples/s (median over rounds)", "range over rounds", "samples/s (pooled)",
+                           "/ clip (median of per-round ratios)", "ratio range", ">= 0.97x",
+                           "/ clip, faster steps (upper quartile)"], rows)
 
 
-def plot(records: Sequence[dict], summary: Dict[str, dict], objs: Sequence[Run], path: Path,
+def plot(records: Sequence[dict], summary: Dict[str, dict], objs: Sequence[Run], report: Report,
          title: str) -> Path:
     """Left: per-step samples/s of every child (one dot per step) and each round's median.
     Right: each round's ratio to clip, the median over rounds, and the 0.97 goal."""
@@ -322,21 +320,20 @@ def plot(records: Sequence[dict], summary: Dict[str, dict], objs: Sequence[Run],
     ax1.set(ylabel="samples/s / clip's in the same round", title="ratio to OpenCLIP's loss")
     ax1.grid(axis="y", alpha=0.3)
     ax1.legend(fontsize=8)
-    return ex.save_figure(fig, path, title)
+    return report.figure(fig, title)
 
 
-def write_report(out_dir: Path, records: List[dict], objs: Sequence[Run], setup: Setup, rounds: int,
+def write_report(report: Report, records: List[dict], objs: Sequence[Run], setup: Setup, rounds: int,
                  data: dict, about: dict) -> Dict[str, Path]:
     """``train_throughput.md`` (settings, machine, command, table), ``.json`` (raw steps), ``.png``."""
     per_round: List[Dict[str, List[float]]] = [{} for _ in range(rounds)]
     for rec in records:
         per_round[rec["round"]][rec["objective"]] = rec["steady_samples_per_second"]
     summary = summarize([r for r in per_round if r])
-    out_dir.mkdir(parents=True, exist_ok=True)
     device_words = about["gpu"] if setup.device == "cuda" else "CPU"
     title = (f"training throughput, {setup.model} {setup.precision} on {device_words}, batch {setup.batch_size}, "
              f"{rounds} rounds")
-    png = plot(records, summary, objs, out_dir / f"{STEM}.png", title)
+    png = plot(records, summary, objs, report, title)
     data_time = {name: statistics.median(s["data_seconds"] for rec in records if rec["objective"] == name
                                          for s in rec["steps"][setup.warmup_steps:len(rec["steps"]) - setup.tail_steps])
                  for name in summary}
@@ -345,9 +342,7 @@ def write_report(out_dir: Path, records: List[dict], objs: Sequence[Run], setup:
     lines = [
         f"# Training throughput: dcl and decl against OpenCLIP's loss ({setup.device})",
         "",
-        f"- machine: {about['machine']}",
-        f"- date: {about['date']}",
-        f"- command: `{about['command']}`",
+        *report.about(),
         f"- load average (1/5/15 min) before: {fmt_load(about['load_before'])}; after: {fmt_load(about['load_after'])}",
         f"- setup: `python -m clip_dcl.train` children, model `{setup.model}` ({setup.image_size} px synthetic "
         f"shards), `--precision {setup.precision} --device {setup.device}`, batch {setup.batch_size}, "
@@ -370,15 +365,12 @@ def write_report(out_dir: Path, records: List[dict], objs: Sequence[Run], setup:
         "",
         about.get("notes", ""),
     ]
-    md = out_dir / f"{STEM}.md"
-    md.write_text("\n".join(lines).rstrip() + "\n")
     doc = {**{k: v for k, v in about.items() if k != "notes"}, "setup": dataclasses.asdict(setup),
            "rounds": rounds, "goal": GOAL, "baseline": BASELINE,
            "data": {k: data.get(k) for k in ("out_dir", "train_data", "tau_plus")},
            "summary": summary, "children": records}
-    js = out_dir / f"{STEM}.json"
-    js.write_text(json.dumps(doc, indent=1) + "\n")
-    return {"markdown": md, "json": js, "png": png, "summary": summary}
+    md = report.write(lines, doc)
+    return {"markdown": md, "json": report.path(".json"), "png": png, "summary": summary}
 
 
 def notes(records: Sequence[dict], setup: Setup, about: dict) -> str:
@@ -481,8 +473,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     if args.only:
         objs = [o for o in objs if o.name == BASELINE or o.name in args.only]
 
-    command = shlex.join([f"{Path(sys.executable).parent.parent.name}/bin/python",
-                          os.path.relpath(__file__), *(sys.argv[1:] if argv is None else argv)])
+    report = Report(out_dir, STEM, ex.command_line("train_throughput.py", sys.argv[1:] if argv is None else argv))
     print(f"{len(objs)} objectives x {rounds} rounds, {setup.train_steps} steps each "
           f"({setup.warmup_steps} warm-up, {setup.tail_steps} tail) at batch {setup.batch_size} on {setup.device}", flush=True)
     lock = contextlib.nullcontext() if args.no_lock else ex.machine_lock(lambda m: print(m, flush=True))
@@ -492,19 +483,16 @@ def main(argv: Optional[List[str]] = None) -> int:
         records = measure(objs, data, setup, rounds, work, echo=lambda m: print(m, flush=True))
         load_after = os.getloadavg()
     about = {
-        "machine": ex.machine_info(),
         "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else "no GPU",
-        "date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-        "command": command,
         "load_before": list(load_before),
         "load_after": list(load_after),
         "measure_seconds": time.perf_counter() - start,
         "locked": not args.no_lock,
     }
     about["notes"] = notes(records, setup, about)
-    report = write_report(out_dir, records, objs, setup, rounds, data, about)
-    print(table(report["summary"], objs))
-    print(f"wrote {report['markdown']}, {report['json'].name}, {report['png'].name}")
+    written = write_report(report, records, objs, setup, rounds, data, about)
+    print(table(written["summary"], objs))
+    print(f"wrote {written['markdown']}, {written['json'].name}, {written['png'].name}")
     return 0
 
 

@@ -23,9 +23,12 @@ The pieces (their main names also importable from here):
   :func:`parse_step_times`), and the synthetic data (:func:`synth_data`);
 * :mod:`~clip_dcl.experiment.scoring` evaluates and compares: :func:`evaluate`,
   :func:`train_and_evaluate` (with its cache), :func:`chance_levels`, :func:`headline_metrics`;
-* :mod:`~clip_dcl.experiment.reporting` writes tables, JSON and plots (:func:`write_report`,
-  :func:`comparison_table`, :func:`plot`) and the opening lines of a report (:func:`machine_info`,
-  :func:`command_line`, :func:`run_status`, :func:`about_lines`);
+* :mod:`~clip_dcl.experiment.reporting`, the benchmarks' reporting kit: a report's files and
+  opening lines (:class:`Report`: :func:`command_line`, :func:`utc_date`, :func:`machine_info`,
+  :func:`run_status`, :func:`about_lines`), tables (:func:`markdown_table`), JSON
+  (:func:`write_json`), and a comparison's whole report (:func:`write_report`,
+  :func:`comparison_table`, :func:`plot`);
+* :mod:`~clip_dcl.experiment.memory`: a process's peak and current resident memory;
 * :mod:`~clip_dcl.experiment.stats`: mean and spread over seeds, paired differences and wins;
 * :mod:`~clip_dcl.experiment.figures`: matplotlib without a display, :func:`save_figure`;
 * :mod:`~clip_dcl.experiment.budgets`: the demo's budgets, which the quality benchmark shares;
@@ -43,7 +46,19 @@ from __future__ import annotations
 from .budgets import DEMO_BUDGET, DEMO_CLASSES, QUICK_BUDGET
 from .commands import loss_defaults, loss_flags
 from .figures import save_figure
-from .reporting import about_lines, command_line, comparison_table, machine_info, plot, run_status, write_report
+from .reporting import (
+    Report,
+    about_lines,
+    command_line,
+    comparison_table,
+    machine_info,
+    markdown_table,
+    plot,
+    run_status,
+    utc_date,
+    write_json,
+    write_report,
+)
 from .runner import (
     DEFAULT_MODEL,
     Budget,
@@ -77,7 +92,7 @@ __all__ = [
     "EVALUATOR", "Outcome", "train_and_evaluate", "evaluate", "chance_levels", "headline_metrics",
     "MEAN_R1", "with_mean_r1",
     "machine_info", "comparison_table", "plot", "save_figure", "write_report",
-    "command_line", "run_status", "about_lines",
+    "command_line", "run_status", "about_lines", "Report", "markdown_table", "write_json", "utc_date",
     "mean_std", "format_mean_std", "summarize", "wins", "paired_differences",
     "DEMO_BUDGET", "QUICK_BUDGET", "DEMO_CLASSES", "loss_defaults", "loss_flags",
 ]

@@ -1,10 +1,16 @@
-"""Tables, JSON, plots and the machine line of a comparison's report.
+"""The reporting kit of the benchmarks: a report's files and opening lines, tables, JSON, figures.
 
-:func:`write_report` writes a comparison as a Markdown table (:func:`comparison_table`), a JSON
-document with the raw numbers and settings, and a PNG with the training curves and the scores
-(:func:`plot`); :func:`machine_info` is the one line naming the machine that every results file
-of the benchmarks carries, and :func:`command_line`, :func:`run_status` and :func:`about_lines` the
-rest of their reports' opening lines.
+Every benchmark writes ``<stem>.md``, ``<stem>.json`` and (most) ``<stem>.png`` into one folder
+through a :class:`Report`, which holds what each results file records besides the measurement:
+the command (:func:`command_line`), the date (:func:`utc_date`), the machine (:func:`machine_info`)
+and, for a benchmark that rewrites its report while it runs, its status (:func:`run_status`).
+:meth:`Report.about` gives the report's opening items (:func:`about_lines`), :meth:`Report.write`
+writes the Markdown and the JSON (:func:`write_json`, the about items first),
+:meth:`Report.figure` the PNG; :func:`markdown_table` lays out any table.
+
+For a comparison of objectives trained on the synthetic data, :func:`write_report` writes the
+whole report: a table of the scores over seeds (:func:`comparison_table`), the raw numbers and
+settings, and the training curves and scores (:func:`plot`).
 """
 from __future__ import annotations
 
@@ -15,9 +21,11 @@ import os
 import platform
 import shlex
 import sys
+import tempfile
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, Iterable, List, Optional, Sequence, Union
 
 from .figures import pyplot, save_figure
 from .runner import Budget, TrainResult
@@ -60,6 +68,101 @@ def about_lines(*, command: str, date: str, machine: Optional[str] = None, statu
     lines = [f"- Status: {status}"] if status is not None else []
     return lines + [f"- Command: `{command}`", f"- Date (UTC): {date}",
                     f"- Machine: {machine_info() if machine is None else machine}"]
+
+
+def utc_date(fmt: str = "%Y-%m-%d %H:%M") -> str:
+    """Now in UTC, as a report's date line gives it."""
+    return time.strftime(fmt, time.gmtime())
+
+
+def markdown_table(head: Sequence[str], rows: Iterable[Sequence[object]], align: str = "") -> str:
+    """A Markdown table: the header cells ``head``, then one line per row of ``rows`` (cells as ``str``).
+
+    ``align``: one letter a column, ``l`` (``---``) or ``r`` (``---:``); columns without one are ``---``.
+    """
+    rule = "|" + "|".join("---:" if a == "r" else "---" for a in align.ljust(len(head), "l")) + "|"
+    lines = ["| " + " | ".join(map(str, head)) + " |", rule]
+    return "\n".join(lines + ["| " + " | ".join(map(str, cells)) + " |" for cells in rows])
+
+
+def write_json(path: os.PathLike, doc: dict) -> Path:
+    """``doc`` as indented JSON (anything JSON lacks, a path or a date, as its ``str``), folders created."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(doc, indent=1, default=str) + "\n")
+    return path
+
+
+@dataclass
+class Report:
+    """One benchmark's results: ``<stem>.md``, ``.json`` and ``.png`` in ``folder``.
+
+    ``command`` (:func:`command_line`), ``date`` (default now, :func:`utc_date`) and ``machine``
+    (default :func:`machine_info`) are recorded in the opening items of the Markdown
+    (:meth:`about`) and at the top of the JSON (:meth:`write`).
+    """
+
+    folder: Path
+    stem: str
+    command: str
+    date: str = field(default_factory=utc_date)
+    machine: str = field(default_factory=lambda: machine_info())
+
+    def __post_init__(self):
+        self.folder = Path(self.folder)
+
+    @classmethod
+    def at(cls, path: os.PathLike, command: str, **about) -> "Report":
+        """The report whose files are ``path`` plus ``.md``, ``.json``, ``.png``."""
+        path = Path(path)
+        return cls(path.parent, path.name, command, **about)
+
+    def path(self, suffix: str) -> Path:
+        """``folder/<stem><suffix>``."""
+        return self.folder / f"{self.stem}{suffix}"
+
+    @property
+    def png(self) -> Path:
+        return self.path(".png")
+
+    def about(self, status: Optional[str] = None, date: Optional[str] = None) -> List[str]:
+        """The report's opening items: status (when given), command, date (default :attr:`date`; a
+        longer text may say more, such as the time taken) and machine."""
+        return about_lines(status=status, command=self.command, date=self.date if date is None else date,
+                           machine=self.machine)
+
+    def write(self, markdown: Union[str, Sequence[str]], doc: Optional[dict] = None, sep: str = "\n") -> Path:
+        """Write the Markdown (a text, or its parts joined by ``sep``, ending in one newline) and, when
+        ``doc`` is given, the JSON: ``command``, ``date`` and ``machine``, then ``doc`` (whose keys win)."""
+        self.folder.mkdir(parents=True, exist_ok=True)
+        text = markdown if isinstance(markdown, str) else sep.join(markdown)
+        md = self.path(".md")
+        md.write_text(text.rstrip("\n") + "\n")
+        if doc is not None:
+            write_json(self.path(".json"), {"command": self.command, "date": self.date, "machine": self.machine, **doc})
+        return md
+
+    def figure(self, fig, title: str = "", **options) -> Path:
+        """Save ``fig`` as the report's PNG (:func:`save_figure`)."""
+        return save_figure(fig, self.png, title, **options)
+
+
+def add_report_arguments(parser, stem: str, quick: str) -> None:
+    """``--out`` (the report's path without suffix, read by :func:`report_path`) and ``--quick``
+    (``quick``: what the smoke run does) of a benchmark that writes ``benchmarks/results/<stem>``."""
+    parser.add_argument("--out", default=None, help=f"the report's path without suffix (default "
+                        f"benchmarks/results/{stem}; with --quick a new temporary folder)")
+    parser.add_argument("--quick", action="store_true", help=f"smoke run: {quick}")
+
+
+def report_path(given: Optional[os.PathLike], default: os.PathLike, quick: bool) -> Path:
+    """Where a report goes, as a path without suffix: ``given`` (a flag's value), else for a smoke run
+    ``<a new temporary folder>/<default's name>`` (a smoke run must not overwrite the committed
+    results), else ``default``."""
+    if given:
+        return Path(given)
+    default = Path(default)
+    return Path(tempfile.mkdtemp(prefix=f"{default.name}_")) / default.name if quick else default
 
 
 def comparison_table(scores: Dict[str, List[Dict[str, float]]], rows: Sequence[tuple],
@@ -134,22 +237,12 @@ def write_report(out_dir: os.PathLike, stem: str, *, data: dict, budget: Budget,
                  results: Dict[str, List[TrainResult]], scores: Dict[str, List[Dict[str, float]]],
                  header: str = "", extra: Optional[dict] = None) -> Dict[str, Path]:
     """Write ``<stem>.md`` (table), ``<stem>.json`` (raw numbers, commands) and ``<stem>.png``."""
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
+    report = Report(out_dir, stem, command=" ".join([Path(sys.argv[0]).name] + sys.argv[1:]))
     rows = headline_metrics(data)
     chance = chance_levels(data)
     table = comparison_table(scores, rows, chance)
-    png = plot(results, scores, rows, chance, out / f"{stem}.png", title=header.splitlines()[0] if header else "")
-    md = out / f"{stem}.md"
-    about = (f"- machine: {machine_info()}\n- date: {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}\n"
-             f"- command: `{' '.join([Path(sys.argv[0]).name] + sys.argv[1:])}`\n"
-             f"- raw numbers, commands and curves: `{stem}.json`\n")
-    md.write_text((header + "\n\n" if header else "") + about + "\n" + table + "\n\n"
-                  + f"![curves and scores]({png.name})\n")
+    png = plot(results, scores, rows, chance, report.png, title=header.splitlines()[0] if header else "")
     doc = {
-        "machine": machine_info(),
-        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-        "command": " ".join([Path(sys.argv[0]).name] + sys.argv[1:]),
         "budget": dataclasses.asdict(budget),
         "data": {k: data[k] for k in ("out_dir", "train_data", "val_data", "tau_plus", "config") if k in data},
         "chance": chance,
@@ -163,6 +256,7 @@ def write_report(out_dir: os.PathLike, stem: str, *, data: dict, budget: Budget,
         },
         **(extra or {}),
     }
-    js = out / f"{stem}.json"
-    js.write_text(json.dumps(doc, indent=1, default=str) + "\n")
-    return {"markdown": md, "json": js, "png": png, "table": table}
+    md = report.write([*([header, ""] if header else []), *report.about(),
+                       f"- raw numbers, commands and curves: `{stem}.json`", "", table, "",
+                       f"![curves and scores]({png.name})"], doc)
+    return {"markdown": md, "json": report.path(".json"), "png": png, "table": table}

@@ -1,0 +1,53 @@
+"""The benchmarks' reporting kit (``clip_dcl.experiment.reporting``) and memory readings."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from clip_dcl.experiment import memory
+from clip_dcl.experiment.reporting import Report, markdown_table, report_path
+
+
+def test_markdown_table_lays_out_header_rule_and_rows():
+    table = markdown_table(["run", "n", "score"], [["clip", 3, "1.5"], ["dcl", 10, "2.0"]], align="lrr")
+    assert table.splitlines() == ["| run | n | score |", "|---|---:|---:|", "| clip | 3 | 1.5 |", "| dcl | 10 | 2.0 |"]
+    # columns past ``align`` are left-aligned; no rows is a header alone
+    assert markdown_table(["a", "b"], [], align="r").splitlines() == ["| a | b |", "|---:|---|"]
+
+
+def test_report_writes_markdown_and_json_with_its_about_items_first(tmp_path):
+    report = Report.at(tmp_path / "sub" / "bench", "python benchmarks/bench.py --quick", date="2030-01-02 03:04",
+                       machine="a test machine")
+    assert report.about(status="complete") == ["- Status: complete", "- Command: `python benchmarks/bench.py --quick`",
+                                               "- Date (UTC): 2030-01-02 03:04", "- Machine: a test machine"]
+    assert report.about(date="later")[1] == "- Date (UTC): later"
+    md = report.write(["# title", "", "body\n\n"], {"rows": [1, 2], "path": tmp_path, "machine": "overridden"})
+    assert md == tmp_path / "sub" / "bench.md" and md.read_text() == "# title\n\nbody\n"
+    doc = json.loads((tmp_path / "sub" / "bench.json").read_text())
+    assert list(doc) == ["command", "date", "machine", "rows", "path"]
+    assert doc["machine"] == "overridden" and doc["path"] == str(tmp_path) and doc["date"] == "2030-01-02 03:04"
+    assert report.png == tmp_path / "sub" / "bench.png"
+
+
+def test_a_smoke_run_reports_into_a_new_folder_and_a_given_path_wins(tmp_path):
+    default = tmp_path / "results" / "bench"
+    assert report_path(None, default, quick=False) == default
+    quick = report_path(None, default, quick=True)
+    assert quick.name == "bench" and quick.parent.is_dir() and tmp_path not in quick.parents
+    assert quick != report_path(None, default, quick=True)
+    assert report_path(str(tmp_path / "mine"), default, quick=True) == tmp_path / "mine"
+
+
+def test_peak_memory_keeps_an_allocation_that_current_memory_gives_back():
+    before = memory.current_rss_bytes()
+    block = np.ones(64 * memory.MIB // 8)  # 64 MiB, touched
+    during = memory.current_rss_bytes()
+    assert during - before > 48 * memory.MIB
+    del block
+    after = memory.current_rss_bytes()
+    assert after < during - 32 * memory.MIB  # numpy returns a block this large to the system
+    # the kernel's high-water mark may trail the resident size by a few pages
+    assert memory.peak_rss_bytes() > during - memory.MIB > after
+    assert memory.peak_rss_mib() == pytest.approx(memory.peak_rss_bytes() / memory.MIB)
