@@ -448,6 +448,7 @@ def parse_train_args(argv: List[str], check_files: bool = True) -> Optional[Trai
     from open_clip_train.params import parse_args as openclip_parse_args
 
     from clip_dcl.models import register_builtin_configs, register_model_config
+    from .precision import settle_machine_flags
 
     register_builtin_configs()
     if ours.model_config is not None:
@@ -457,6 +458,7 @@ def parse_train_args(argv: List[str], check_files: bool = True) -> Optional[Trai
             raise FlagError(f"--model-config: {e}") from None
         if not _given_model(rest):
             rest = rest + ["--model", name]
+    rest = settle_machine_flags(rest)  # --report-to's packages; fp32 on a CPU (clip_dcl.train.precision)
     oc_args = openclip_parse_args(list(rest))
     check_optimizer_values(oc_args)
     if check_files:
