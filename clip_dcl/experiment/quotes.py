@@ -42,7 +42,7 @@ class Quote:
     name: str
     script: str
     results: str
-    files: Tuple[str, ...] = ("README.md",)
+    files: Tuple[str, ...] = ("docs/results.md",)
     render: str = "readme_block"
 
     @property
