@@ -78,6 +78,18 @@ def test_a_missing_logger_is_refused_naming_the_extra(monkeypatch):
     precision.check_loggers("")  # no logger: nothing to check
 
 
+def test_a_command_for_another_machine_is_checked_for_logger_names_only(monkeypatch):
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "wandb" else real(name, *a))
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    argv = [w for w in BASE if w not in ("--report-to", "")] + ["--report-to", "wandb", "--device", "cpu"]
+    assert precision.settle_machine_flags(argv, this_machine=False) == argv  # no fp32 added, wandb not needed here
+    cfg = parse_train_args(argv + ["--loss", "clip"], check_files=False)
+    assert cfg.openclip_argv[-4:] == ["--report-to", "wandb", "--device", "cpu"]
+    with pytest.raises(FlagError, match="wandbb is not one of"):
+        precision.settle_machine_flags(argv[:-3] + ["wandbb"], this_machine=False)
+
+
 def test_an_unknown_logger_is_refused_naming_it():
     with pytest.raises(FlagError, match=r"--report-to tensorbord: tensorbord is not one of tensorboard, wandb, all"):
         precision.check_loggers("tensorbord")

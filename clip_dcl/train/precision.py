@@ -60,8 +60,9 @@ def _is_first_rank() -> bool:
     return all(os.environ.get(var, "0") == "0" for var in ("RANK", "SLURM_PROCID"))
 
 
-def check_loggers(report_to: str) -> None:
-    """Refuse a ``--report-to`` value that names an unknown logger or one whose package is missing.
+def check_loggers(report_to: str, installed: bool = True) -> None:
+    """Refuse a ``--report-to`` value that names an unknown logger or (``installed``) one whose package
+    is missing here.
 
     Raises:
         FlagError: naming the bad value and, for a missing package, the extra that installs it.
@@ -74,6 +75,8 @@ def check_loggers(report_to: str) -> None:
         raise FlagError(f"--report-to {report_to}: {', '.join(unknown)} is not one of "
                         f"{', '.join([*LOGGERS, 'all'])} (comma-separated)")
     wanted = list(LOGGERS) if "all" in names else names
+    if not installed:
+        return
     missing = [n for n in wanted if importlib.util.find_spec(LOGGERS[n][0]) is None]
     if missing:
         extras = ",".join(LOGGERS[n][1] for n in missing)
@@ -83,9 +86,10 @@ def check_loggers(report_to: str) -> None:
                         "or leave --report-to out")
 
 
-def settle_machine_flags(argv: Sequence[str], log=None) -> List[str]:
+def settle_machine_flags(argv: Sequence[str], this_machine: bool = True, log=None) -> List[str]:
     """OpenCLIP's words ``argv``, checked for ``--report-to`` and with ``--precision fp32`` added for a
     CPU run that names no precision (one line on ``log``, default stderr, from the first rank).
+    ``this_machine=False`` (a command checked for another machine) checks the logger names only.
 
     Raises:
         FlagError: ``--report-to`` names an unknown logger or one that is not installed.
@@ -93,8 +97,8 @@ def settle_machine_flags(argv: Sequence[str], log=None) -> List[str]:
     """
     argv = list(argv)
     args = _openclip_args(argv)
-    check_loggers(args.report_to)
-    if runs_on_cpu(args.device) and not names_precision(argv):
+    check_loggers(args.report_to, installed=this_machine)
+    if this_machine and runs_on_cpu(args.device) and not names_precision(argv):
         argv += ["--precision", CPU_PRECISION]
         if _is_first_rank():
             print(f"clip-dcl train: on the CPU (--device {args.device}{'' if args.device == 'cpu' else ', no GPU visible'}) "
