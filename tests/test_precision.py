@@ -2,7 +2,8 @@
 
 On a CPU, OpenCLIP's default ``--precision amp`` is replaced by ``fp32`` with one line saying so, and
 a named precision is kept; ``--report-to`` with a logger whose package is missing is refused before
-any work, naming the extra. The last test trains one tiny epoch with ``--report-to tensorboard``.
+any work, naming the extra. The last two train one tiny epoch with ``--report-to tensorboard`` and
+``wandb`` (offline), where those packages are installed.
 """
 from __future__ import annotations
 
@@ -115,3 +116,16 @@ def test_report_to_tensorboard_trains_and_writes_events(tmp_path):
     assert res.returncode == 0, res.stderr[-3000:]
     events = list((tmp_path / "tb" / "tensorboard").glob("events.out.tfevents.*"))
     assert events and events[0].stat().st_size > 0
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(importlib.util.find_spec("wandb") is None,
+                    reason="wandb is not installed (pip install 'clip-dcl[wandb]')")
+def test_report_to_wandb_trains_offline(tmp_path, monkeypatch):
+    monkeypatch.setenv("WANDB_MODE", "offline")  # no account, nothing sent: the run is written locally
+    monkeypatch.setenv("WANDB_DIR", str(tmp_path))
+    argv = [w for w in BASE if w not in ("--report-to", "")]
+    res = train_in_process(argv + ["--device", "cpu", "--report-to", "wandb", "--logs", tmp_path / "logs",
+                                   "--name", "wb", "--loss", "clip"])
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert list((tmp_path / "wandb").glob("offline-run-*"))
