@@ -33,7 +33,8 @@
 #   BATCH_SIZE         per GPU                                                         [128]
 #   WORKERS            dataloader workers per GPU                                      [8]
 #   PRECISION          OpenCLIP's --precision                                          [amp]
-#   REPORT_TO          OpenCLIP's --report-to ("" for none; tensorboard needs the package) [tensorboard]
+#   REPORT_TO          OpenCLIP's --report-to ("" for none; tensorboard needs the extra
+#                      clip-dcl[tensorboard], else the run stops before any work)     [tensorboard]
 #   LOGS               OpenCLIP's --logs                                               [./logs]
 #   NAME               experiment name                                     [cc3m-rn50x4-$LOSS]
 #   LAUNCHER           single (train_single_node.sh) | multi (train_multi_node.sh) |

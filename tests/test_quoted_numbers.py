@@ -2,8 +2,8 @@
 
 Each generated block (:data:`clip_dcl.experiment.quotes.QUOTES`) is rendered again from
 ``benchmarks/results/*.json`` and compared with the text; a block whose markers are missing fails.
-Outside the blocks, the README's Benchmarks sections (the batch-size testbed's aside, which quotes
-through its own generated block) hold no typed measurement: no decimal number, percentage, ratio
+Outside the blocks, the Benchmarks sections of docs/results.md (the batch-size testbed's aside, which
+quotes through its own generated block) hold no typed measurement: no decimal number, percentage, ratio
 or ± outside code spans. Rewrite the blocks with ``python -m clip_dcl.experiment.quotes README.md docs/*.md``.
 """
 from __future__ import annotations
@@ -18,7 +18,7 @@ import pytest
 from clip_dcl.experiment import quotes
 
 ROOT = Path(__file__).resolve().parents[1]
-#: The README's Benchmarks subsection another block (tests/test_batch_size_bench.py) keeps.
+#: The Benchmarks subsection (docs/results.md) another block (tests/test_batch_size_bench.py) keeps.
 NOT_HERE = ("### Batch size: the testbed",)
 #: What a typed measurement looks like: a decimal, a percentage, a ratio, a spread.
 TYPED = re.compile(r"\d+(?:\.\d+)?x\b|\d+\.\d+|\d\s?%|±")
@@ -59,10 +59,10 @@ def test_a_changed_number_in_the_json_changes_the_block():
 
 
 def benchmark_sections(text: str):
-    """(title, body) of the README's ``### `` subsections under ``## Benchmarks``."""
+    """(title, body) of the ``### `` subsections under ``## Benchmarks`` (to the next ``## `` or the end)."""
     start = text.index("\n## Benchmarks")
-    end = text.index("\n## ", start + 1)
-    parts = re.split(r"\n(?=### )", text[start:end])
+    end = text.find("\n## ", start + 1)
+    parts = re.split(r"\n(?=### )", text[start:end if end >= 0 else None])
     return [(p.splitlines()[0], p) for p in parts if p.startswith("### ")]
 
 
@@ -75,7 +75,7 @@ def strip_quoted(body: str) -> str:
 
 
 def test_the_benchmarks_sections_type_no_measurement_outside_generated_blocks():
-    sections = benchmark_sections((ROOT / "README.md").read_text())
+    sections = benchmark_sections((ROOT / "docs" / "results.md").read_text())
     assert len(sections) >= 8
     typed = {}
     for title, body in sections:

@@ -6,7 +6,7 @@ A quoted number lives in a *generated block* of a Markdown file, between two mar
     ...
     <!-- end of the generated gather-comm numbers -->
 
-(the form the loss flags' table of ``docs/training.md`` and the batch-size verdicts of the README
+(the form the loss flags' table of ``docs/training.md`` and the batch-size verdicts of ``docs/results.md``
 already use: ``<!-- NAME: generated ... -->`` / ``<!-- end of the generated NAME -->``).
 
 Each block is a :class:`Quote`: its name, the benchmark script that renders it, the function of that
@@ -42,7 +42,7 @@ class Quote:
     name: str
     script: str
     results: str
-    files: Tuple[str, ...] = ("README.md",)
+    files: Tuple[str, ...] = ("docs/results.md",)
     render: str = "readme_block"
 
     @property

@@ -419,7 +419,8 @@ def parse_train_args(argv: List[str], check_files: bool = True) -> Optional[Trai
     """Parse and validate a training command line; ``None`` when ``--help`` was printed.
 
     Registers clip-dcl's model configs (and ``--model-config``) with OpenCLIP in this process.
-    ``check_files=False`` skips :func:`check_data_paths` (to validate a command for another machine).
+    ``check_files=False`` skips :func:`check_data_paths` and what depends on this machine (the loggers'
+    packages, the CPU precision of :mod:`clip_dcl.train.precision`), to validate a command for another one.
 
     Raises:
         FlagError: a flag value that cannot work (the message names it).
@@ -434,6 +435,7 @@ def parse_train_args(argv: List[str], check_files: bool = True) -> Optional[Trai
     from open_clip_train.params import parse_args as openclip_parse_args
 
     from clip_dcl.models import register_builtin_configs, register_model_config
+    from .precision import settle_machine_flags
 
     register_builtin_configs()
     if ours.model_config is not None:
@@ -443,6 +445,7 @@ def parse_train_args(argv: List[str], check_files: bool = True) -> Optional[Trai
             raise FlagError(f"--model-config: {e}") from None
         if not _given_model(rest):
             rest = rest + ["--model", name]
+    rest = settle_machine_flags(rest, this_machine=check_files)  # --report-to's loggers; fp32 on a CPU
     oc_args = openclip_parse_args(list(rest))
     check_optimizer_values(oc_args)
     if check_files:

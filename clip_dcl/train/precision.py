@@ -1,0 +1,108 @@
+"""What a training command line needs on the machine it runs on, settled before any work.
+
+:func:`settle_machine_flags` takes the words handed to OpenCLIP's ``main`` and returns them, or
+refuses them with a :class:`~clip_dcl.train.flags.FlagError`, for two of OpenCLIP's defaults that go
+wrong quietly or late:
+
+- **The precision on a CPU.** OpenCLIP's ``--precision`` defaults to ``amp``, which on a CPU runs
+  every matmul under bfloat16 autocast: many times slower than plain float32 on the CPUs we train
+  on, and no more accurate. When the run will be on the CPU (``--device cpu``, or OpenCLIP's
+  default ``cuda`` with no GPU visible, where OpenCLIP falls back to the CPU) and the command line
+  does not name ``--precision``, ``--precision fp32`` is added and one line says so. A command that
+  names a precision keeps it, whatever the device.
+- **The loggers of ``--report-to``.** ``tensorboard`` and ``wandb`` are optional packages (the
+  extras ``clip-dcl[tensorboard]`` and ``clip-dcl[wandb]``); OpenCLIP notices one is missing only
+  after building the model and the data, and stops with a bare ``AssertionError``. Here a missing
+  logger, or a name OpenCLIP would silently ignore, is refused before any work, naming the extra.
+"""
+from __future__ import annotations
+
+import importlib.util
+import os
+import sys
+from typing import List, Sequence
+
+#: ``--report-to`` names -> (the module OpenCLIP imports for it, the extra that installs it).
+LOGGERS = {"tensorboard": ("tensorboard", "tensorboard"), "wandb": ("wandb", "wandb")}
+#: The precision a CPU run gets when the command line names none.
+CPU_PRECISION = "fp32"
+
+
+def _openclip_args(argv: Sequence[str]):
+    from open_clip_train.params import parse_args
+
+    return parse_args(list(argv))
+
+
+def names_precision(argv: Sequence[str]) -> bool:
+    """Whether ``argv`` sets ``--precision`` in any form OpenCLIP's parser accepts (``--precision X``,
+    ``--precision=X``, an abbreviation): parsed once with each of two different precisions in front,
+    the result differs only when the command line leaves it to the default."""
+    first = _openclip_args(["--precision", "fp32", *argv]).precision
+    second = _openclip_args(["--precision", "amp", *argv]).precision
+    return first == second
+
+
+def runs_on_cpu(device: str) -> bool:
+    """Whether OpenCLIP's ``--device`` value ends up on the CPU: ``cpu``, or ``cuda[:N]`` with no GPU
+    visible (OpenCLIP warns and falls back to the CPU). Other accelerators are left to OpenCLIP."""
+    kind = device.split(":", 1)[0]
+    if kind == "cpu":
+        return True
+    if kind == "cuda":
+        import torch
+
+        return not torch.cuda.is_available()
+    return False
+
+
+def _is_first_rank() -> bool:
+    return all(os.environ.get(var, "0") == "0" for var in ("RANK", "SLURM_PROCID"))
+
+
+def check_loggers(report_to: str, installed: bool = True) -> None:
+    """Refuse a ``--report-to`` value that names an unknown logger or (``installed``) one whose package
+    is missing here.
+
+    Raises:
+        FlagError: naming the bad value and, for a missing package, the extra that installs it.
+    """
+    from .flags import FlagError
+
+    names = [n.strip() for n in report_to.split(",") if n.strip()]
+    unknown = [n for n in names if n not in LOGGERS and n != "all"]
+    if unknown:
+        raise FlagError(f"--report-to {report_to}: {', '.join(unknown)} is not one of "
+                        f"{', '.join([*LOGGERS, 'all'])} (comma-separated)")
+    wanted = list(LOGGERS) if "all" in names else names
+    if not installed:
+        return
+    missing = [n for n in wanted if importlib.util.find_spec(LOGGERS[n][0]) is None]
+    if missing:
+        extras = ",".join(LOGGERS[n][1] for n in missing)
+        raise FlagError(f"--report-to {report_to}: the {' and '.join(missing)} package"
+                        f"{'s are' if len(missing) > 1 else ' is'} not installed; run "
+                        f"`pip install 'clip-dcl[{extras}]'` (or `pip install {' '.join(missing)}`), "
+                        "or leave --report-to out")
+
+
+def settle_machine_flags(argv: Sequence[str], this_machine: bool = True, log=None) -> List[str]:
+    """OpenCLIP's words ``argv``, checked for ``--report-to`` and with ``--precision fp32`` added for a
+    CPU run that names no precision (one line on ``log``, default stderr, from the first rank).
+    ``this_machine=False`` (a command checked for another machine) checks the logger names only.
+
+    Raises:
+        FlagError: ``--report-to`` names an unknown logger or one that is not installed.
+        SystemExit: OpenCLIP's parser rejected a word (it printed why).
+    """
+    argv = list(argv)
+    args = _openclip_args(argv)
+    check_loggers(args.report_to, installed=this_machine)
+    if this_machine and runs_on_cpu(args.device) and not names_precision(argv):
+        argv += ["--precision", CPU_PRECISION]
+        if _is_first_rank():
+            print(f"clip-dcl train: on the CPU (--device {args.device}{'' if args.device == 'cpu' else ', no GPU visible'}) "
+                  f"with no --precision: using --precision {CPU_PRECISION} instead of OpenCLIP's default "
+                  f"{args.precision}, which is many times slower on a CPU; name --precision to choose",
+                  file=log or sys.stderr)
+    return argv

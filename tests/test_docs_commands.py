@@ -1,0 +1,208 @@
+"""Every command and code block of README.md and docs/*.md that can run on a CPU runs, at small size.
+
+The ``bash`` and ``python`` fenced blocks of each page run in the page's order (data, then training,
+evaluation, export, loading), the pages in :data:`PAGES` order (the README's quickstart makes the
+data, the run and the export that the other pages use), all in one scratch folder; bash blocks
+through ``bash -euo pipefail``, python blocks through this interpreter, with ``clip-dcl`` and
+``python`` on the PATH meaning this checkout. Before running, every block gets the small sizes of
+:data:`SUBSTITUTIONS`, and the files of :data:`PREPARED` are written.
+
+A block that cannot run here (GPUs, several nodes, Slurm, downloads, installs) has the marker
+``<!-- docs-test: skip (why) -->`` on the line before it; those are counted, not run. A ``text``
+block (output, a layout, a synopsis with placeholders) is neither. The structure checks run in the
+quick suite; running the blocks is marked slow.
+"""
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Dict, List, Optional
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+#: The pages, in the order they run: later pages read what earlier ones made.
+PAGES = ["README.md", "docs/training.md", "docs/evaluation.md", "docs/losses.md", "docs/results.md",
+         "docs/development.md"]
+PAGES += sorted(str(p.relative_to(ROOT)) for p in (ROOT / "docs").glob("*.md") if str(p.relative_to(ROOT)) not in PAGES)
+
+#: (the documented text, what the test runs instead, why): applied to every block, in this order.
+SUBSTITUTIONS = [
+    ("clip-dcl data synth data", "clip-dcl data synth data --quick --train-samples 64 --val-samples 32 --quiet",
+     "64 training pairs in one shard, a 32-image retrieval split, the tiny zero-shot and few-shot sets"),
+    ("{00000..00007}.tar", "{00000..00000}.tar", "the one shard of those 64 pairs"),
+    ("--batch-size 128", "--batch-size 16", "four steps an epoch"),
+    ("--epochs 4", "--epochs 1", "one epoch"),
+    ("epoch_4.pt", "epoch_1.pt", "the checkpoint of that one epoch"),
+    ("--warmup 100", "--warmup 1", "a warm-up shorter than the run"),
+    ("--workers 2", "--workers 1", "one loader process on a 2-core machine"),
+    ("clip-dcl eval fewshot", "clip-dcl eval fewshot --grid reduced", "the few-shot probe's small sweep"),
+]
+#: Files a page reads that no block makes, written by the test: path -> what is there.
+PREPARED = {"my_images/": "8 images of 64x64 pixels, each with its caption in a .txt of the same name"}
+
+SKIP = re.compile(r"^<!-- docs-test: skip \((?P<why>[^)]+)\) -->$")
+MARKER = re.compile(r"<!-- docs-test:")
+RUNNERS = {"bash": "bash", "python": "python"}
+NOT_RUN = {"text"}
+TIMEOUT = 600
+
+
+@dataclass
+class Block:
+    page: str
+    line: int  # of the opening fence, 1-based
+    lang: str
+    code: str
+    skip: Optional[str]  # the marker's reason, or None when the block runs
+
+    def where(self) -> str:
+        return f"{self.page}:{self.line}"
+
+
+def blocks(page: str) -> List[Block]:
+    """The fenced blocks of ``page``, with the skip marker of the line before each (blank lines between
+    allowed). ValueError for an unclosed fence or a marker that is malformed or precedes no block."""
+    lines = (ROOT / page).read_text().split("\n")
+    out, i, pending = [], 0, None
+    while i < len(lines):
+        line = lines[i].strip()
+        if MARKER.search(line):
+            m = SKIP.match(line)
+            if not m:
+                raise ValueError(f"{page}:{i + 1}: a docs-test marker must read `<!-- docs-test: skip (why) -->`, "
+                                 f"got {line!r}")
+            pending = (i + 1, m.group("why"))
+        elif line.startswith("```"):
+            lang, start = line[3:].strip(), i
+            i += 1
+            while i < len(lines) and lines[i].strip() != "```":
+                i += 1
+            if i == len(lines):
+                raise ValueError(f"{page}:{start + 1}: a fence that is never closed")
+            out.append(Block(page, start + 1, lang, "\n".join(lines[start + 1:i]), pending and pending[1]))
+            pending = None
+        elif line and pending:
+            raise ValueError(f"{page}:{pending[0]}: a docs-test marker followed by text, not by a code block")
+        i += 1
+    if pending:
+        raise ValueError(f"{page}:{pending[0]}: a docs-test marker at the end of the page, with no block after it")
+    return out
+
+
+def substituted(code: str) -> str:
+    for documented, small, _ in SUBSTITUTIONS:
+        code = code.replace(documented, small)
+    return code
+
+
+def runnable(block: Block) -> bool:
+    return block.skip is None and block.lang in RUNNERS
+
+
+# ------------------------------------------------------------------------------------------
+# The structure of the pages (quick)
+# ------------------------------------------------------------------------------------------
+def test_every_block_is_run_marked_or_text_and_the_skipped_ones_are_counted():
+    every = [b for page in PAGES for b in blocks(page)]
+    unknown = [f"{b.where()} ({b.lang or 'no language'})" for b in every
+               if b.lang not in RUNNERS and b.lang not in NOT_RUN]
+    assert not unknown, f"give each fence a language ({', '.join([*RUNNERS, *NOT_RUN])}): {unknown}"
+    skipped = [b for b in every if b.skip]
+    assert all(b.lang in RUNNERS for b in skipped), "a skip marker on a block that would not run anyway"
+    outside_code = [re.sub(r"^```.*?^```$", "", (ROOT / page).read_text(), flags=re.S | re.M) for page in PAGES]
+    markers = sum(1 for text in outside_code for line in text.split("\n") if SKIP.match(line.strip()))
+    assert len(skipped) == markers  # each marker is on one block
+    runs = [b for b in every if runnable(b)]
+    readme = [b for b in runs if b.page == "README.md"]
+    assert len(readme) >= 6, "the README's quickstart: data, shards from one's images, train, eval, export, load"
+    print(f"{len(runs)} blocks run, {len(skipped)} skipped: "
+          + "; ".join(f"{b.where()} ({b.skip})" for b in skipped))
+
+
+def test_every_substitution_changes_some_block():
+    code = "\n".join(b.code for page in PAGES for b in blocks(page) if runnable(b))
+    unused = [documented for documented, _, _ in SUBSTITUTIONS if documented not in code]
+    assert not unused, f"substitutions that match no documented command any more: {unused}"
+
+
+def test_the_parser_reads_markers_and_refuses_a_stray_one(tmp_path, monkeypatch):
+    monkeypatch.setattr(sys.modules[__name__], "ROOT", tmp_path)
+    (tmp_path / "a.md").write_text("x\n<!-- docs-test: skip (needs GPUs) -->\n\n```bash\nnvidia-smi\n```\n"
+                                   "```python\nprint(1)\n```\n")
+    got = blocks("a.md")
+    assert [(b.line, b.lang, b.code, b.skip) for b in got] == [(4, "bash", "nvidia-smi", "needs GPUs"),
+                                                              (7, "python", "print(1)", None)]
+    for bad in ("<!-- docs-test: skip -->\n```bash\nx\n```\n",
+                "<!-- docs-test: skip (why) -->\nprose\n```bash\nx\n```\n",
+                "```bash\nnever closed\n",
+                "<!-- docs-test: skip (why) -->\n"):
+        (tmp_path / "b.md").write_text(bad)
+        with pytest.raises(ValueError):
+            blocks("b.md")
+
+
+# ------------------------------------------------------------------------------------------
+# Running them (slow)
+# ------------------------------------------------------------------------------------------
+def prepare(work: Path) -> Dict[str, str]:
+    """The scratch folder's PREPARED files and shims; the environment the blocks run in."""
+    from PIL import Image
+
+    images = work / "my_images"
+    images.mkdir()
+    for i, (colour, shape) in enumerate([(c, s) for c in ("red", "blue", "green", "yellow") for s in ("a", "b")]):
+        Image.new("RGB", (64, 64), colour).save(images / f"{i:03d}.jpg")
+        (images / f"{i:03d}.txt").write_text(f"a {colour} picture, version {shape}\n")
+    shims = work / ".bin"
+    shims.mkdir()
+    for name, target in (("clip-dcl", f'"{sys.executable}" -m clip_dcl.cli "$@"'),
+                         ("python", f'"{sys.executable}" "$@"')):
+        (shims / name).write_text(f"#!/usr/bin/env bash\nexec {target}\n")
+        (shims / name).chmod(0o755)
+    return {**os.environ, "PATH": f"{shims}{os.pathsep}{os.environ.get('PATH', '')}",
+            "PYTHONPATH": os.pathsep.join([str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])]),
+            "CUDA_VISIBLE_DEVICES": "", "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
+
+
+def run_block(block: Block, work: Path, env: Dict[str, str]) -> subprocess.CompletedProcess:
+    code = substituted(block.code)
+    argv = ["bash", "-euo", "pipefail", "-c", code] if block.lang == "bash" else [sys.executable, "-c", code]
+    return subprocess.run(argv, cwd=work, env=env, capture_output=True, text=True, timeout=TIMEOUT)
+
+
+@pytest.fixture(scope="module")
+def run_page(tmp_path_factory):
+    """``run_page(page)``: run the runnable blocks of every page up to ``page`` (once each, in
+    :data:`PAGES` order, in one scratch folder); the failures of ``page`` (block, output), or of the
+    page it depends on."""
+    work = tmp_path_factory.mktemp("docs")
+    env = prepare(work)
+    done: Dict[str, List[str]] = {}
+
+    def run(page: str) -> List[str]:
+        for earlier in PAGES[:PAGES.index(page) + 1]:
+            if earlier in done:
+                continue
+            failures = done[earlier] = []
+            for block in filter(runnable, blocks(earlier)):
+                res = run_block(block, work, env)
+                if res.returncode != 0:
+                    failures.append(f"{block.where()} exited {res.returncode}:\n{substituted(block.code)}\n"
+                                    f"--- stdout\n{res.stdout[-2000:]}\n--- stderr\n{res.stderr[-4000:]}")
+                    break  # the page's later blocks read what this one should have made
+        upstream = [f"(an earlier page failed) {f}" for p in PAGES[:PAGES.index(page)] for f in done[p]]
+        return done[page] + upstream
+
+    return run
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("page", PAGES)
+def test_the_pages_commands_run(run_page, page):
+    failures = run_page(page)
+    assert not failures, "\n\n".join(failures)
