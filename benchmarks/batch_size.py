@@ -973,6 +973,59 @@ def dcl_default_block(doc: dict) -> str:
     return text
 
 
+def _interval(st: dict) -> str:
+    """``+m [+lo, +hi]`` in points (the interval only from two values up)."""
+    return f"{100 * st['mean']:+.1f}" + (f" [{100 * st['lo']:+.1f}, {100 * st['hi']:+.1f}]" if st["n"] >= 2 else "")
+
+
+def which_loss_block(doc: dict) -> str:
+    """The numbers behind the README's "which loss when", from this report's JSON (``doc``) and, beside it in
+    the results folder, the ``dcl`` screen's (``dcl_screen.json``) and the sampling-bias benchmark's
+    (``sampling_bias.json``): per batch size ``decl``'s paired lead over ``clip`` (test split), the temperature
+    control, ``--loss dcl`` at its defaults, the best debiased ``dcl`` setting of the screen and the
+    sampling-bias data's zero-shot difference."""
+    conf = f"{100 * doc['confidence']:.0f} %"
+    lines = [f"Paired differences in points, mean [{conf} interval], with the split and the seeds:", ""]
+    beat = {r["batch_size"]: r for r in doc["verdicts"] if r["kind"] == "beat" and r["split"] == "test"}
+    cells = [f"B = {b}: {_interval(r)} ({r['n']} seeds, {r['verdict']})" for b, r in sorted(beat.items()) if r["n"]]
+    lines.append("- `decl` - `clip` at the same batch, retrieval mean R@1, test split: "
+                 + ("; ".join(cells) if cells else "no test-split runs yet") + ".")
+    for b, c in sorted(control_leads(doc["runs"]).items()):
+        lines.append(f"- `decl` - InfoNCE trained at `decl`'s final temperature, B = {b}, test split: "
+                     f"{_interval(c['decl - clip at decl scale'])} ({len(c['decl - clip at decl scale']['seeds'])} "
+                     "seeds).")
+    dcl = {r["split"]: r for r in doc.get("dcl_default", []) if r["n"]}
+    if "test" in dcl:
+        r = dcl["test"]
+        lines.append(f"- `--loss dcl` at its defaults - `clip`, B = {r['batch_size']}, retrieval mean R@1, test split: "
+                     f"{100 * r['mean']:+.2f}" + (f" [{100 * r['lo']:+.2f}, {100 * r['hi']:+.2f}]" if r["n"] >= 2 else "")
+                     + f" ({r['n']} seeds, {r['verdict']}).")
+    screen_path = HERE / "results" / "dcl_screen.json"
+    if screen_path.is_file():
+        screen = json.loads(screen_path.read_text())
+        idx = {(r["label"], r["batch_size"], r["seed"]): r["metrics"][MEAN_R1] for r in screen["runs"]}
+        diffs = [(v - idx[("clip", b, seed)], lab, b) for (lab, b, seed), v in idx.items()
+                 if lab != "clip" and ("clip", b, seed) in idx]
+        if diffs:
+            best = max(diffs)
+            lines.append(f"- The debiased `dcl` screen ({screen['data']['num_classes']} classes, validation split, "
+                         f"one seed): its best setting, `{best[1]}`, - `clip` at B = {best[2]}: {100 * best[0]:+.1f}; "
+                         f"settings through the screen: {', '.join(screen['passing']) or 'none'}.")
+    bias_path = HERE / "results" / "sampling_bias.json"
+    if bias_path.is_file():
+        bias = json.loads(bias_path.read_text())
+        clip_runs = {r["seed"]: r["metrics"]["zeroshot/top1"] for r in bias["runs"].get("clip", [])}
+        for name, runs in bias["runs"].items():
+            if name.startswith("dcl tau+="):
+                paired = [r["metrics"]["zeroshot/top1"] - clip_runs[r["seed"]] for r in runs if r["seed"] in clip_runs]
+                if paired:
+                    lines.append(f"- `{name.replace('tau+=', '--tau-plus ')}` - `clip`, zero-shot top-1 on the "
+                                 f"{bias['data']['config']['num_classes']}-class sampling-bias data (true prior "
+                                 f"{bias['true_tau_plus']:g}), held-out split: {_interval(t_interval(paired))} "
+                                 f"({len(paired)} seeds).")
+    return "\n".join(lines)
+
+
 # ------------------------------------------------------------------------------------------
 # Driver
 # ------------------------------------------------------------------------------------------

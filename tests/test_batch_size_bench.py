@@ -303,3 +303,17 @@ def test_a_negative_data_seed_stops_before_any_work(tmp_path):
     with pytest.raises(SystemExit, match="--data-seed must be >= 0, got -1"):
         bs.main(["--data-seed", "-1", "--work", str(tmp_path), "--report-only"])
     assert not any(tmp_path.iterdir())
+
+
+def test_which_loss_numbers_come_from_the_verdicts_the_dcl_check_and_the_screens():
+    records = reach_records([0.000, 0.005, -0.005], gain=0.0)  # decl@32 - clip@32 = decl@32 - clip@64 here
+    records += [scored(bs.DCL_DEFAULT, 64, s, 0.30) for s in range(3)] + [scored("clip", 64, s, 0.30) for s in range(3)]
+    doc = {"verdicts": bs.verdicts(records), "runs": records, "confidence": bs.CONFIDENCE,
+           "dcl_default": bs.dcl_default_rows(records)}
+    block = bs.which_loss_block(doc)
+    assert "- `decl` - `clip` at the same batch, retrieval mean R@1, test split: B = 32: +0.0 [" in block
+    assert "(3 seeds, no verdict)" in block
+    assert "- `--loss dcl` at its defaults - `clip`, B = 64, retrieval mean R@1, test split: +0.00 [+0.00, +0.00] " \
+           "(3 seeds, within the seeds' noise)." in block
+    empty = bs.which_loss_block({"verdicts": bs.verdicts([]), "runs": [], "confidence": bs.CONFIDENCE})
+    assert "no test-split runs yet" in empty and "--loss dcl` at its defaults" not in empty
