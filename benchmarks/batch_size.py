@@ -92,7 +92,7 @@ GATE_POINTS = 0.03
 ARCHIVE = HERE / "results" / "batch_size_validation_sweep.json"
 
 # ------------------------------------------------------------------------------------------
-# The decision rule, fixed before the decisive runs (the report and the README print it from here)
+# The decision rule, fixed before the decisive runs (the report and docs/results.md print it from here)
 # ------------------------------------------------------------------------------------------
 #: the data's seed (``clip-dcl data synth --seed``): draw 0 holds every split the verdicts read; another draw,
 #: same recipe, repeats the decisive comparison (``--data-seed``) in a data folder of its own
@@ -731,7 +731,7 @@ def write_dcl_screen(out: Path, records: List[dict], planned: int, data: dict, b
              "the validation sweep's seeds at the same batch (within the seeds' noise, or above). The bar was written "
              "after the runs had started" + (f"; the closest setting ends {100 * -max(gaps):.1f} points below it"
                                             if gaps and max(gaps) < 0 else "") + ". The default follows the sweep's "
-             "rule (README); with no setting through, `dcl`'s default is `tau_plus` 0, InfoNCE exactly.",
+             "rule (docs/results.md); with no setting through, `dcl`'s default is `tau_plus` 0, InfoNCE exactly.",
              f"- **Through the screen**: {', '.join(passing) if passing else 'none'}.",
              "", "| setting | B | seed | retrieval mean R@1 | minus `clip` (same B and seed) | bar: `clip`'s lowest seed "
              "| through | clamp rate, last fifth of training |", "|---|---:|---:|---:|---:|---:|---|---:|", *rows,
@@ -748,7 +748,7 @@ def write(out: Path, records: List[dict], planned: int, data: dict, budget: ex.B
           draws: Optional[Dict[int, List[dict]]] = None) -> None:
     """The report of this call's runs: the splits, the rule, the verdicts (test split; B = 16 from the archived
     validation sweep), the verdicts on other draws of the data (``draws``: their finished runs by data seed), the
-    temperature controls and both splits' scores; ``{stem}.json`` holds the numbers the README quotes
+    temperature controls and both splits' scores; ``{stem}.json`` holds the numbers the docs quote
     (:func:`readme_block`)."""
     if list(stages) == ["dcl-screen"]:
         return write_dcl_screen(out, records, planned, data, budget, command, started, stem)
@@ -867,9 +867,9 @@ def write(out: Path, records: List[dict], planned: int, data: dict, budget: ex.B
 
 
 # ------------------------------------------------------------------------------------------
-# The README's answer, generated from the report's JSON
+# The docs' answer, generated from the report's JSON (docs/results.md and the README)
 # ------------------------------------------------------------------------------------------
-#: how the README phrases each reach verdict
+#: how the docs phrase each reach verdict
 _REACH = {"reaches": "reaches", "does not reach": "does not reach", "no verdict": "no verdict on reaching"}
 
 
@@ -895,9 +895,9 @@ def control_leads(records: List[dict]) -> Dict[int, Dict[str, dict]]:
 
 
 def readme_block(doc: dict) -> str:
-    """The README's verdicts, from a report's JSON (``doc``): per batch size the test split's verdict with
+    """docs/results.md's verdicts, from a report's JSON (``doc``): per batch size the test split's verdict with
     its seeds, mean paired difference and interval, the validation split's comparison beside it (where the
-    default was chosen: context only), then the temperature controls (the README's generated block
+    default was chosen: context only), then the temperature controls (the generated block
     ``batch-size verdicts``, :mod:`clip_dcl.experiment.quotes`)."""
     def cell(r):
         seeds = ", ".join(f"{100 * d:+.1f}" for d in r["diffs"])
@@ -944,7 +944,7 @@ def readme_block(doc: dict) -> str:
 
 
 def dcl_readme_block(doc: dict) -> str:
-    """The README's ``dcl`` screen, from ``dcl_screen.json``: each setting's validation R@1 minus ``clip``'s at
+    """docs/results.md's ``dcl`` screen, from ``dcl_screen.json``: each setting's validation R@1 minus ``clip``'s at
     the same batch and seed, and what passed the screen's bar."""
     idx = {(r["label"], r["batch_size"], r["seed"]): r["metrics"][MEAN_R1] for r in doc["runs"]}
     cells = [f"`{lab}` {100 * (v - idx[('clip', b, seed)]):+.1f} at B = {b}"
@@ -956,7 +956,7 @@ def dcl_readme_block(doc: dict) -> str:
 
 
 def dcl_default_block(doc: dict) -> str:
-    """The README's check of ``--loss dcl`` with no other loss flag against ``clip``, from a report's JSON
+    """docs/results.md's check of ``--loss dcl`` with no other loss flag against ``clip``, from a report's JSON
     (:func:`dcl_default_rows`): test split first, the validation split beside it."""
     rows = {r["split"]: r for r in doc.get("dcl_default", []) if r["n"]}
     if "test" not in rows:

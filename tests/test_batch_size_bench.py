@@ -150,7 +150,7 @@ def test_bad_arguments_stop_before_any_work(tmp_path):
 
 
 # ------------------------------------------------------------------------------------------
-# The decision rule, the decisive stage and the README's generated verdicts
+# The decision rule, the decisive stage and the docs' generated verdicts
 # ------------------------------------------------------------------------------------------
 def scored(label, b, seed, r1):
     """A finished run scored on both splits (the test split's score is ``r1``, the validation one 0)."""
@@ -228,7 +228,7 @@ def test_verdicts_are_the_test_splits_and_the_validation_split_is_context_beside
 
 
 def test_the_readme_block_is_built_from_the_reports_verdicts():
-    """(tests/test_quoted_numbers.py compares the README's block with the committed JSON.)"""
+    """(tests/test_quoted_numbers.py compares the docs' block with the committed JSON.)"""
     rows = bs.verdicts(reach_records([0.000, 0.005, -0.005]))
     doc = {"verdicts": rows, "runs": [], "status": "PARTIAL", "confidence": bs.CONFIDENCE}
     block = bs.readme_block(doc)
