@@ -258,24 +258,11 @@ def late_clamp_rate(out_log: Path, epochs: int) -> Optional[float]:
 
 def evaluate(checkpoint: Path, data: dict) -> Dict[str, Dict[str, float]]:
     """Retrieval and zero-shot scores of a checkpoint on each split the data has: ``{"validation": ...,
-    "test": ...}`` (the few-shot probe is left out of this testbed)."""
-    from clip_dcl.checkpoint import load_checkpoint
-    from clip_dcl.eval.retrieval import evaluate_retrieval
-    from clip_dcl.eval.zeroshot import evaluate_zeroshot
+    "test": ...}`` (:func:`clip_dcl.experiment.scoring.evaluate` without the few-shot probe, on the CPU)."""
+    from clip_dcl.experiment.scoring import evaluate as score
 
-    model, preprocess, tokenizer = load_checkpoint(checkpoint, "cpu")
-    splits = {"validation": (data["val_data"], data["zeroshot"]["dir"])}
-    if "test_data" in data:
-        splits["test"] = (data["test_data"], data["zeroshot_test"]["dir"])
-    scores = {}
-    for split, (pairs, zeroshot) in splits.items():
-        out = {f"retrieval/{k}": float(v) for k, v in evaluate_retrieval(
-            model, preprocess, tokenizer, pairs, batch_size=256, device="cpu", progress=False).items()}
-        out.update({f"zeroshot/{k}": float(v) for k, v in evaluate_zeroshot(
-            model, preprocess, tokenizer, Path(data["out_dir"]) / zeroshot, batch_size=256, device="cpu",
-            progress=False).items()})
-        scores[split] = with_mean_r1(out)
-    return scores
+    splits = ["validation", "test"] if "test_data" in data else ["validation"]
+    return {split: with_mean_r1(score(checkpoint, data, split=split, fewshot=False, device="cpu")) for split in splits}
 
 
 def code_commit() -> str:

@@ -317,3 +317,11 @@ def test_which_loss_numbers_come_from_the_verdicts_the_dcl_check_and_the_screens
            "(3 seeds, within the seeds' noise)." in block
     empty = bs.which_loss_block({"verdicts": bs.verdicts([]), "runs": [], "confidence": bs.CONFIDENCE})
     assert "no test-split runs yet" in empty and "--loss dcl` at its defaults" not in empty
+
+
+def test_scoring_refuses_an_unknown_split_and_a_test_split_the_data_lack():
+    from clip_dcl.experiment.scoring import evaluate
+    with pytest.raises(ValueError, match="split='train': choose 'validation' or 'test'"):
+        evaluate("missing.pt", {"out_dir": "d", "val_data": "v"}, split="train")
+    with pytest.raises(ValueError, match="written without a test split"):
+        evaluate("missing.pt", {"out_dir": "d", "val_data": "v"}, split="test")

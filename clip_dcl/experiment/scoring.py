@@ -84,13 +84,19 @@ def train_and_evaluate(run: Run, data: dict, logs: os.PathLike, budget: Budget, 
 # ------------------------------------------------------------------------------------------
 def evaluate(checkpoint: os.PathLike, data: dict, *, shots: int = 5, fewshot_seeds: Sequence[int] = (0, 1, 2),
              grid: str = "reduced", batch_size: int = 256, progress: bool = False,
-             device: str = "auto") -> Dict[str, float]:
+             device: str = "auto", split: str = "validation", fewshot: bool = True) -> Dict[str, float]:
     """Retrieval, zero-shot and few-shot scores of a checkpoint on a synthetic data set.
 
     Keys: ``retrieval/<metric>``, ``zeroshot/<metric>``, ``fewshot/<data set>/<score>`` (the
     evaluators' own names under a prefix). ``device``: ``auto`` (the GPU when one is visible),
-    ``cpu``, ``cuda``...
+    ``cpu``, ``cuda``... ``split``: ``"validation"`` (the held-out retrieval split and zero-shot
+    set) or ``"test"`` (the data's test split, when it was written with one); ``fewshot=False``
+    leaves the few-shot probe out.
     """
+    if split not in ("validation", "test"):
+        raise ValueError(f"split={split!r}: choose 'validation' or 'test'")
+    if split == "test" and "test_data" not in data:
+        raise ValueError(f"split='test': the data under {data.get('out_dir')} were written without a test split")
     from ..eval.encoding import EvalOptions, resolve_device
 
     from ..checkpoint import load_checkpoint
@@ -103,10 +109,14 @@ def evaluate(checkpoint: os.PathLike, data: dict, *, shots: int = 5, fewshot_see
     model, preprocess, tokenizer = load_checkpoint(checkpoint, device)
     out: Dict[str, float] = {}
     options = EvalOptions(batch_size=batch_size, progress=progress, device=device)
-    ret = evaluate_retrieval(model, preprocess, tokenizer, data["val_data"], options=options)
+    pairs, zeroshot = ((data["val_data"], data["zeroshot"]["dir"]) if split == "validation"
+                       else (data["test_data"], data["zeroshot_test"]["dir"]))
+    ret = evaluate_retrieval(model, preprocess, tokenizer, pairs, options=options)
     out.update({f"retrieval/{k}": float(v) for k, v in ret.items()})
-    zs = evaluate_zeroshot(model, preprocess, tokenizer, root / data["zeroshot"]["dir"], options=options)
+    zs = evaluate_zeroshot(model, preprocess, tokenizer, root / zeroshot, options=options)
     out.update({f"zeroshot/{k}": float(v) for k, v in zs.items()})
+    if not fewshot:
+        return out
     fs = evaluate_fewshot(model, preprocess, tokenizer, root / data["fewshot"]["dir"], shots=shots,
                           seeds=tuple(fewshot_seeds), grid=grid, options=options)
     out.update({f"fewshot/{k}": float(v) for k, v in fs.items()})
