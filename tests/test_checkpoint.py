@@ -316,6 +316,28 @@ def test_the_trainer_writes_the_format_the_reader_defines(tmp_path, monkeypatch)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["epoch_1.pt"]
 
 
+def test_one_module_reads_and_writes_training_checkpoints():
+    """Every torch.load and atomic write of clip-dcl is train/saving.py's, and saving imports no module
+    that calls it (the loader, the run, the loss state): nothing else builds or parses the files."""
+    import ast
+    from pathlib import Path
+
+    import clip_dcl
+
+    package = Path(clip_dcl.__file__).parent
+    owners = sorted(str(p.relative_to(package)) for p in package.rglob("*.py")
+                    if "torch.load(" in p.read_text() or "PARTIAL_SUFFIX =" in p.read_text())
+    assert owners == ["train/saving.py"]
+    imported = set()
+    for node in ast.walk(ast.parse((package / "train" / "saving.py").read_text())):
+        if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module.startswith("clip_dcl"):
+            imported.add(node.module)
+        elif (isinstance(node, ast.ImportFrom) and node.level) or (
+                isinstance(node, ast.Import) and any(a.name.startswith("clip_dcl") for a in node.names)):
+            imported.add(f"relative or plain import at line {node.lineno}")
+    assert imported == {"clip_dcl._version", "clip_dcl.losses.base", "clip_dcl.losses.state"}
+
+
 def test_a_save_killed_halfway_leaves_no_torn_pt_file(tmp_path, monkeypatch):
     from clip_dcl.train.flags import TrainConfig
     from clip_dcl.train.run import TrainingRun
