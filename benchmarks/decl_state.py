@@ -72,7 +72,7 @@ def _measure_layout(args, rank: int, world: int) -> dict:
     """One layout (memory, digest, checkpoint write), or ``--mode both``: step times, interleaved."""
     import torch.distributed as dist
 
-    from clip_dcl.train import saving as loss_state
+    from clip_dcl.train import loss_state
 
     torch.manual_seed(rank)
     gen = torch.Generator().manual_seed(1)  # the same ids on every rank: each takes its slice

@@ -291,10 +291,10 @@ def test_openclip_checkpoint_of_a_custom_config_loads_from_params_txt(tmp_path):
 
 
 def test_the_trainer_writes_the_format_the_reader_defines(tmp_path, monkeypatch):
-    """Checkpoint keys are spelled once, in clip_dcl.checkpoint; the trainer writes what it says."""
+    """Checkpoint keys are spelled once, in clip_dcl.train.saving; the trainer writes what it says."""
     import argparse
 
-    import clip_dcl.checkpoint as fmt
+    import clip_dcl.train.saving as fmt
     from clip_dcl.train.flags import TrainConfig
     from clip_dcl.train.run import TrainingRun
 
@@ -314,6 +314,28 @@ def test_the_trainer_writes_the_format_the_reader_defines(tmp_path, monkeypatch)
     assert ckpt["renamed_entry"] == fmt.checkpoint_entry(TINY_MODEL, fmt.trained_model_config(run.args), None,
                                                          "dcl", {"tau_plus": 0.1, "clamp": "clamp"})
     assert sorted(p.name for p in tmp_path.iterdir()) == ["epoch_1.pt"]
+
+
+def test_one_module_reads_and_writes_training_checkpoints():
+    """Every torch.load and atomic write of clip-dcl is train/saving.py's, and saving imports no module
+    that calls it (the loader, the run, the loss state): nothing else builds or parses the files."""
+    import ast
+    from pathlib import Path
+
+    import clip_dcl
+
+    package = Path(clip_dcl.__file__).parent
+    owners = sorted(str(p.relative_to(package)) for p in package.rglob("*.py")
+                    if "torch.load(" in p.read_text() or "PARTIAL_SUFFIX =" in p.read_text())
+    assert owners == ["train/saving.py"]
+    imported = set()
+    for node in ast.walk(ast.parse((package / "train" / "saving.py").read_text())):
+        if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module.startswith("clip_dcl"):
+            imported.add(node.module)
+        elif (isinstance(node, ast.ImportFrom) and node.level) or (
+                isinstance(node, ast.Import) and any(a.name.startswith("clip_dcl") for a in node.names)):
+            imported.add(f"relative or plain import at line {node.lineno}")
+    assert imported == {"clip_dcl._version", "clip_dcl.losses.base", "clip_dcl.losses.state"}
 
 
 def test_a_save_killed_halfway_leaves_no_torn_pt_file(tmp_path, monkeypatch):
@@ -356,7 +378,7 @@ def test_a_checkpoint_loaded_as_another_model_names_the_model_it_was_trained_as(
 
 @pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full")
 def test_a_full_disk_names_the_file_the_space_and_the_intact_previous_checkpoint(tmp_path):
-    from clip_dcl.checkpoint import CheckpointDiskFull, save_atomically
+    from clip_dcl.train.saving import CheckpointDiskFull, save_atomically
 
     save_atomically({"w": torch.zeros(4)}, tmp_path / "epoch_1.pt")
     (tmp_path / "epoch_2.pt.partial").symlink_to("/dev/full")  # every write to it fails with ENOSPC
@@ -374,8 +396,8 @@ def test_a_full_disk_names_the_file_the_space_and_the_intact_previous_checkpoint
 @pytest.mark.slow
 @pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full")
 def test_a_full_disk_during_training_ends_with_one_clear_line(tmp_path, capsys, monkeypatch):
-    from clip_dcl import checkpoint as ckpt_format
     from clip_dcl.train import main as train_main
+    from clip_dcl.train import saving as ckpt_format
 
     folder = tmp_path / "logs" / "f" / "checkpoints"
     folder.mkdir(parents=True)

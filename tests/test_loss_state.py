@@ -17,7 +17,7 @@ import torch
 
 from clip_dcl.losses import create_loss
 from clip_dcl.losses.state import digest_of_state_dict, reshard, shard_size, state_digest, table_sums
-from clip_dcl.train import saving as loss_state
+from clip_dcl.train import loss_state, saving
 
 N = 23
 
@@ -133,8 +133,8 @@ def write_run(tmp_path, table, world, epoch, **kw):
         loss.calls.fill_(7)
         folder = loss_state.write_shards(loss, args, epoch)
     ckpt = Path(args.checkpoint_path) / f"epoch_{epoch}.pt"
-    torch.save({"epoch": epoch, "loss_state": loss_state.small_state(loss),
-                "clip_dcl": {loss_state.INDEX_KEY: loss_state.shard_index(loss, folder, args.checkpoint_path)}}, ckpt)
+    torch.save({"epoch": epoch, "loss_state": saving.small_state(loss),
+                "clip_dcl": {saving.SHARD_INDEX_KEY: saving.shard_index(loss, folder, args.checkpoint_path)}}, ckpt)
     return ckpt
 
 
@@ -147,11 +147,11 @@ def test_checkpoint_shards_resume_on_any_world_size(tmp_path, new_world, state):
     assert not any(p.suffix == ".pt" for p in (tmp_path / "checkpoints" / "loss_state").rglob("*"))
     saved = torch.load(ckpt, weights_only=True)
     assert "log_rate" not in saved["loss_state"]  # the master's file holds no rates
-    whole = loss_state.read_loss_state(ckpt)
+    whole = saving.read_loss_state(ckpt)
     assert torch.equal(whole["log_rate"].nan_to_num(-9), table.nan_to_num(-9))
     for rank in range(new_world):
         loss = sharded_loss(rank, new_world, state=state)
-        restored = loss_state.restore_sharded(loss, saved["loss_state"], saved["clip_dcl"][loss_state.INDEX_KEY],
+        restored = loss_state.restore_sharded(loss, saved["loss_state"], saved["clip_dcl"][saving.SHARD_INDEX_KEY],
                                               str(ckpt))
         loss.load_state_dict(restored)
         want = shard_of(table, rank, new_world) if loss.sharded else table
@@ -161,13 +161,13 @@ def test_checkpoint_shards_resume_on_any_world_size(tmp_path, new_world, state):
 def test_missing_shard_or_other_num_samples_is_named(tmp_path):
     ckpt = write_run(tmp_path, full_table(), 2, 1)
     saved = torch.load(ckpt, weights_only=True)
-    index = saved["clip_dcl"][loss_state.INDEX_KEY]
+    index = saved["clip_dcl"][saving.SHARD_INDEX_KEY]
     other = create_loss("decl", rate="index", num_samples=N + 5)
-    with pytest.raises(loss_state.LossStateFilesError, match=r"num_samples=23.*--decl-num-samples 28"):
+    with pytest.raises(saving.LossStateFilesError, match=r"num_samples=23.*--decl-num-samples 28"):
         loss_state.restore_sharded(other, saved["loss_state"], index, str(ckpt))
     victim = next((tmp_path / "checkpoints").rglob("*rank00001*"))
     victim.unlink()
-    with pytest.raises(loss_state.LossStateFilesError, match="rank00001-of-00002.state is missing"):
+    with pytest.raises(saving.LossStateFilesError, match="rank00001-of-00002.state is missing"):
         loss_state.restore_sharded(sharded_loss(0, 2), saved["loss_state"], index, str(ckpt))
 
 
@@ -178,7 +178,7 @@ def test_shards_of_epochs_without_a_kept_checkpoint_are_pruned(tmp_path):
     left = sorted(p.name for p in (tmp_path / "checkpoints" / "loss_state").iterdir())
     assert left == ["epoch_3", "epoch_4"]  # the previous epoch's stay until the next checkpoint is written
     args = args_for(tmp_path, epochs=4, save_frequency=0)
-    assert not loss_state.checkpointed(args, 2) and loss_state.checkpointed(args, 4)
+    assert not saving.checkpointed(args, 2) and saving.checkpointed(args, 4)
 
 
 @pytest.mark.slow

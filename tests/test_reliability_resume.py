@@ -214,7 +214,7 @@ def test_world_size_any_grows_sharded_state_keeping_the_saved_rates(tmp_path, ne
     from test_loss_state import N, full_table, shard_of, write_run
 
     from clip_dcl.losses import create_loss
-    from clip_dcl.train import saving as loss_state
+    from clip_dcl.train import loss_state, saving
 
     table = full_table(2)
     saved = torch.load(write_run(tmp_path, table, 2, 1), weights_only=True)
@@ -222,14 +222,14 @@ def test_world_size_any_grows_sharded_state_keeping_the_saved_rates(tmp_path, ne
     grown = torch.cat([table, torch.full((2, 9), float("nan"))], dim=1)
     for rank in range(new_world):
         loss = create_loss("decl", rate="index", num_samples=N + 9, rank=rank, world_size=new_world)
-        state = loss_state.restore_sharded(loss, saved["loss_state"], saved["clip_dcl"][loss_state.INDEX_KEY], ckpt,
+        state = loss_state.restore_sharded(loss, saved["loss_state"], saved["clip_dcl"][saving.SHARD_INDEX_KEY], ckpt,
                                            grow=True)
         loss.load_state_dict(state)
         assert torch.equal(loss.log_rate.nan_to_num(-9), shard_of(grown, rank, new_world).nan_to_num(-9))
         assert int(loss.calls) == 7
-    with pytest.raises(loss_state.LossStateFilesError, match="num_samples=23"):  # never shrinks
+    with pytest.raises(saving.LossStateFilesError, match="num_samples=23"):  # never shrinks
         small = create_loss("decl", rate="index", num_samples=N - 1)
-        loss_state.restore_sharded(small, saved["loss_state"], saved["clip_dcl"][loss_state.INDEX_KEY], ckpt, grow=True)
+        loss_state.restore_sharded(small, saved["loss_state"], saved["clip_dcl"][saving.SHARD_INDEX_KEY], ckpt, grow=True)
 
 
 @pytest.mark.slow

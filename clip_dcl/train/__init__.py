@@ -81,7 +81,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     if config is None:  # --help
         return 0
 
-    from ..checkpoint import CheckpointDiskFull, CheckpointUnreadable
+    from .saving import CheckpointDiskFull, CheckpointUnreadable
     from .ids import MissingSampleIds
     from .divergence import Diverged
     from .ids import SampleIdOutOfRange

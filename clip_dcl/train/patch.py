@@ -28,8 +28,9 @@ duration of the call (and restored afterwards):
 ``open_clip_train.main.torch``
     ``torch`` itself except for two names that only ``main`` sees: ``torch.save`` adds
     the loss state and clip-dcl's entry to every training checkpoint main writes
-    (``epoch_N.pt``, ``epoch_latest.pt``; the format is :mod:`clip_dcl.checkpoint`'s) and writes
-    every file under a temporary name first (:func:`clip_dcl.checkpoint.save_atomically`), and ``torch.nn.parallel.DistributedDataParallel``
+    (``epoch_N.pt``, ``epoch_latest.pt``; written by :mod:`clip_dcl.train.saving`, which defines the
+    format) under a temporary name first (:func:`clip_dcl.train.saving.save_atomically`), and
+    ``torch.nn.parallel.DistributedDataParallel``
     drops ``device_ids`` for CPU devices (main passes ``device_ids=[device]`` even on CPU, which
     DDP rejects, so gloo training on CPU would fail).
 ``open_clip_train.distributed.torch``

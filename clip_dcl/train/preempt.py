@@ -7,12 +7,13 @@ batch is fetched, :class:`StepGate` decides whether to stop (a signal on *any* r
 save (``--save-every-minutes`` on rank 0's clock): with more than one rank, by one all-reduce
 (MAX) of three int32 (the third: whether a rank's training diverged, see
 :mod:`clip_dcl.train.divergence`), so that all ranks take the same decision at the same step and
-none is left waiting in a collective. On a stop the trainer saves a checkpoint at that step (see
-:mod:`clip_dcl.train.patch`) and the process exits with :data:`PREEMPTED_EXIT_CODE`; on the first
+none is left waiting in a collective. On a stop the trainer saves a checkpoint at that step
+(:func:`clip_dcl.train.saving.save_step_checkpoint`) and the process exits with :data:`PREEMPTED_EXIT_CODE`; on the first
 Ctrl-C during training steps the same, with :data:`INTERRUPTED_EXIT_CODE`.
 
 The per-rank random state of the main process (Python, NumPy, torch, CUDA) is saved with the
-checkpoint (:func:`rng_state`, gathered on rank 0) and restored on resume (:func:`set_rng_state`),
+checkpoint's position (:func:`rng_state`, gathered on rank 0, into
+:func:`clip_dcl.train.saving.resume_entry`) and restored on resume (:func:`set_rng_state`),
 so that anything drawing from it (dropout, augmentation with ``--workers 0``) continues as if
 the run had not stopped.
 """

@@ -4,7 +4,7 @@
 ``main`` call (:func:`clip_dcl.train.patch.patched` swaps them in): it parses the arguments, builds
 and restores the loss, runs each epoch through OpenCLIP's ``train_one_epoch`` with the ids carried
 around it (:mod:`clip_dcl.train.steps`), saves mid-epoch checkpoints, and adds the loss state and
-clip-dcl's entry to every checkpoint ``main`` writes (the format is :mod:`clip_dcl.checkpoint`'s).
+clip-dcl's entry to every checkpoint ``main`` writes, all through :mod:`clip_dcl.train.saving`.
 """
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ from open_clip_train import train as oc_train
 
 from clip_dcl.losses.base import stateful
 
-from .. import checkpoint as ckpt_format
+from . import loss_state
 from . import preempt as preemption
 from . import saving
 from .divergence import Diverged, NonFiniteSteps, describe_tensors, nonfinite_tensors
@@ -99,7 +99,7 @@ class TrainingRun:
         if args is None or getattr(args, "rank", 0) != 0 or not args.logs or str(args.logs).lower() == "none":
             return
         folder = os.path.join(args.logs, args.name, "checkpoints")
-        for path in ckpt_format.remove_stale_partials(folder):
+        for path in saving.remove_stale_partials(folder):
             logging.info(f"Removed {path}: the partial file of a save that was killed halfway (the checkpoint it "
                          "was writing was never completed).")
 
@@ -109,30 +109,29 @@ class TrainingRun:
         ckpt = self._fit_model_keys(ckpt)
         if isinstance(ckpt, dict) and "epoch" in ckpt:
             path = self.args.resume if self.args is not None and self.args.resume else path
-            entry = ckpt.get(ckpt_format.CKPT_KEY)
-            self.resume_position = entry.get("resume") if isinstance(entry, dict) else None
+            self.resume_position = saving.resume_position(ckpt)
             self._check_objective(ckpt, path)
             self._check_state_settings(ckpt, path)
             if self.config.loss_reset:
                 logging.info(f"--loss-reset: the {self.config.loss} loss starts with fresh state; {path} keeps "
                              "only the model and optimizer.")
                 return ckpt
-            self.resumed = {key: ckpt.get(key) for key in (ckpt_format.LOSS_STATE_KEY, ckpt_format.CKPT_KEY)}
+            self.resumed = saving.entries_of(ckpt)
             self.resumed_path = path
         return ckpt
 
     def _fit_model_keys(self, ckpt):
         """The checkpoint with its model keys fitting this run's model: DDP's ``module.`` prefix added on
-        several ranks and removed on one, whatever world size saved it (:func:`clip_dcl.checkpoint.model_keys_for`)."""
+        several ranks and removed on one, whatever world size saved it (:func:`clip_dcl.train.saving.model_keys_for`)."""
         args = self.args
         if args is None or not isinstance(ckpt, dict):
             return ckpt
         # main wraps the model in DDP when distributed, except under Horovod
         wrapped = bool(getattr(args, "distributed", False)) and not getattr(args, "horovod", False)
         if "epoch" in ckpt and isinstance(ckpt.get("state_dict"), dict):
-            return {**ckpt, "state_dict": ckpt_format.model_keys_for(ckpt["state_dict"], wrapped)}
+            return {**ckpt, "state_dict": saving.model_keys_for(ckpt["state_dict"], wrapped)}
         if ckpt and all(torch.is_tensor(v) for v in ckpt.values()):  # a bare state dict (fine-tuning)
-            return ckpt_format.model_keys_for(ckpt, wrapped)
+            return saving.model_keys_for(ckpt, wrapped)
         return ckpt
 
     def _load_resumable(self, path, map_location):
@@ -144,7 +143,7 @@ class TrainingRun:
 
     def _check_objective(self, ckpt: dict, path) -> None:
         """Refuse to resume a checkpoint trained with another ``--loss``, unless ``--loss-reset``."""
-        entry = ckpt.get(ckpt_format.CKPT_KEY)
+        entry = ckpt.get(saving.CKPT_KEY)
         saved = entry.get("loss") if isinstance(entry, dict) else None
         if saved is None or saved == self.config.loss or self.config.loss_reset:
             return
@@ -165,7 +164,7 @@ class TrainingRun:
         """
         from clip_dcl.losses import LOSSES
 
-        entry = ckpt.get(ckpt_format.CKPT_KEY)
+        entry = ckpt.get(saving.CKPT_KEY)
         cfg = self.config
         if not isinstance(entry, dict) or entry.get("loss") != cfg.loss or cfg.loss_reset or cfg.loss not in LOSSES:
             return
@@ -188,7 +187,7 @@ class TrainingRun:
         or (``--decl-grow-state``, the data set grew) kept for the ids seen, the new ids unvisited."""
         cfg = self.config
         now = cfg.loss_args.get("num_samples") if cfg.num_samples is not None else None
-        index = entry.get(ckpt_format.SHARD_INDEX_KEY)
+        index = entry.get(saving.SHARD_INDEX_KEY)
         saved = (index or {}).get("num_samples", (entry.get("loss_args") or {}).get("num_samples"))
         if now is None or saved is None or int(saved) == int(now):
             return
@@ -275,7 +274,7 @@ class TrainingRun:
     def _restore(self, loss) -> None:
         if self.resumed is None:
             return
-        state, meta = self.resumed[ckpt_format.LOSS_STATE_KEY], self.resumed[ckpt_format.CKPT_KEY] or {}
+        state, meta = self.resumed[saving.LOSS_STATE_KEY], self.resumed[saving.CKPT_KEY] or {}
         saved_size = meta.get("train_data_size")
         if saved_size is not None and self.train_data_size is not None and saved_size != self.train_data_size:
             logging.warning(f"{self.resumed_path} was trained on {saved_size} samples of --train-data, which now has "
@@ -298,12 +297,12 @@ class TrainingRun:
             for note in notes:
                 logging.info(f"{self.resumed_path}: converted {note}.")
         try:
-            index = meta.get(ckpt_format.SHARD_INDEX_KEY)
+            index = meta.get(saving.SHARD_INDEX_KEY)
             if index:  # a sharded buffer: in files beside the checkpoint, built into this rank's part
-                state = saving.restore_sharded(loss, state, index, self.resumed_path,
-                                                      grow=self.grow_from is not None)
+                state = loss_state.restore_sharded(loss, state, index, self.resumed_path,
+                                                   grow=self.grow_from is not None)
             elif self.grow_from is not None:  # the whole table, its new ids' columns unvisited
-                state = saving.grown_state(loss, state)
+                state = loss_state.grown_state(loss, state)
             loss.load_state_dict(state)
         except (RuntimeError, KeyError, ValueError) as e:
             raise LossStateMismatch(
@@ -382,7 +381,7 @@ class TrainingRun:
         log_data_stats(data["train"].dataloader.dataloader, epoch, args)
         loss = self.loss  # the module whose state is checkpointed (CoCa: its contrastive term)
         if isinstance(loss, torch.nn.Module) and len(loss.state_dict()):
-            self.shards = saving.write_shards(loss, args, epoch + 1)
+            self.shards = loss_state.write_shards(loss, args, epoch + 1)
             state = loss.state_dict()
             calls = f"calls {int(state['calls'])}, " if "calls" in state else ""
             logging.info(f"Loss state after epoch {epoch} on rank {args.rank}: {calls}"
@@ -449,8 +448,7 @@ class TrainingRun:
             return 0, None
         self.resume_position = None
         step = int(pos["step"])
-        now = {"world_size": args.world_size, "batch_size": args.batch_size, "accum_freq": args.accum_freq,
-               "workers": args.workers, "seed": args.seed, "num_batches": num_batches}
+        now = saving.resume_settings(args, num_batches)
         changed = [f"{k} {pos.get(k)} -> {v}" for k, v in now.items() if pos.get(k) != v]
         if changed:
             logging.warning(f"Resuming epoch {epoch} at step {step} with other settings than the stopped run "
@@ -481,23 +479,12 @@ class TrainingRun:
         rng = preemption.gather_rng_states(args.world_size)
         if not (args.logs and str(args.logs).lower() != "none"):
             return None
-        folder = saving.write_step_shards(self.loss, args, epoch, step) if self.loss is not None else None
+        folder = loss_state.write_step_shards(self.loss, args, epoch, step) if self.loss is not None else None
         path = None
         if args.save_logs:
-            name = oc_main.LATEST_CHECKPOINT_NAME if args.save_most_recent else f"epoch_{epoch}_step_{step}.pt"
-            path = os.path.join(args.checkpoint_path, name)
-            original = getattr(model, "_orig_mod", model)  # torch.compile's wrapper: save the model's own keys
-            ckpt = {"epoch": epoch, "name": args.name, "state_dict": original.state_dict(),
-                    "optimizer": optimizer.state_dict()}
-            if scaler is not None:
-                ckpt["scaler"] = scaler.state_dict()
-            resume = {"epoch": epoch, "step": step, "world_size": args.world_size, "batch_size": args.batch_size,
-                      "accum_freq": args.accum_freq, "workers": args.workers, "seed": args.seed,
-                      "num_batches": self.epoch_num_batches, "rng": rng, "signal": signame}
-            ckpt = self._with_entries(ckpt, folder, resume)
-            ckpt_format.save_atomically(ckpt, path, self._torch_save)
-            saving.supersede_step_files(args.checkpoint_path, epoch, keep=path)
-            saving.prune_step_folders(args.checkpoint_path, keep=folder.name if folder else None)
+            resume = saving.resume_entry(epoch, step, args, self.epoch_num_batches, rng, signame)
+            path = saving.save_step_checkpoint(model, optimizer, scaler, epoch, step, args, self.loss,
+                                               self.checkpoint_meta(), folder, resume, self._torch_save)
             why = f"on {signame}" if signame else f"every {self.config.preempt.save_every_minutes:g} minutes"
             logging.info(f"Saved {path}: step {step} of epoch {epoch} ({why}).")
         if args.world_size > 1 and torch.distributed.is_available() and torch.distributed.is_initialized():
@@ -511,39 +498,17 @@ class TrainingRun:
     # open_clip_train.main.torch.save
     def save(self, obj, f, *args, **kwargs):
         training = isinstance(obj, dict) and "state_dict" in obj and "epoch" in obj and self.loss is not None
+        folder = getattr(self.args, "checkpoint_path", None) if self.args is not None else None
         if training:
             self._refuse_nonfinite(f)  # no NaN file over the last good one
-            obj = self._with_entries(obj, self.shards)
-        if not isinstance(f, (str, os.PathLike)):
-            return torch.save(obj, f, *args, **kwargs)
-        ckpt_format.save_atomically(obj, f, lambda o, fh: torch.save(o, fh, *args, **kwargs))
-        if training and self.args is not None and getattr(self.args, "checkpoint_path", None):
-            # an epoch's checkpoint supersedes the mid-epoch ones of earlier epochs
-            completed = int(obj["epoch"])
-            saving.supersede_step_files(self.args.checkpoint_path, completed)
-            saving.prune_step_folders(self.args.checkpoint_path, before_epoch=completed)
-
-    def _with_entries(self, obj: dict, shards, resume: Optional[dict] = None) -> dict:
-        """OpenCLIP's checkpoint dict with the loss state and ``ckpt["clip_dcl"]`` added."""
-        meta = self.checkpoint_meta()
-        if saving.is_sharded(self.loss):  # the shards are in files beside (written by every rank)
-            if shards is None:
-                raise RuntimeError("OpenCLIP saves a checkpoint for an epoch whose loss-state shards were not "
-                                   "written; clip_dcl.train.saving.checkpointed() no longer matches its "
-                                   "conditions")
-            state = saving.small_state(self.loss)
-            meta[ckpt_format.SHARD_INDEX_KEY] = saving.shard_index(self.loss, shards, self.args.checkpoint_path)
-        else:
-            state = self.loss.state_dict() if isinstance(self.loss, torch.nn.Module) else {}
-        if resume is not None:
-            meta["resume"] = resume
-        return ckpt_format.add_training_entries(obj, state, meta)
+            obj = saving.training_checkpoint(obj, self.loss, self.checkpoint_meta(), self.shards, folder)
+        saving.save_checkpoint(obj, f, folder, lambda o, fh: torch.save(o, fh, *args, **kwargs), training)
 
     def checkpoint_meta(self) -> dict:
         """What a downstream loader needs without the training flags (``ckpt["clip_dcl"]``)."""
         args = self.args
-        entry = ckpt_format.checkpoint_entry(args.model, ckpt_format.trained_model_config(args), self.preprocess_cfg,
-                                             self.config.loss, self.config.loss_args)
+        entry = saving.checkpoint_entry(args.model, saving.trained_model_config(args), self.preprocess_cfg,
+                                        self.config.loss, self.config.loss_args)
         if self.train_data_size is not None:  # CSV rows / synthetic samples: the ids are their indices
             entry["train_data_size"] = self.train_data_size
         return entry

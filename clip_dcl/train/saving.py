@@ -1,65 +1,437 @@
-"""Writing and reading training checkpoints: the one module the run, its loss state and preemption save
-and load through (the file format is :mod:`clip_dcl.checkpoint`'s).
+"""Writing and reading training checkpoints: the one module the run, its loss state and preemption
+save and load through, and the one that defines the files' format.
 
-It adds the loss state and clip-dcl's entry to OpenCLIP's checkpoint dict (:func:`with_entries`),
-writes a mid-epoch checkpoint (:func:`save_step_checkpoint`, on a stop signal or a timer), replaces an
-epoch's mid-epoch files once the epoch's checkpoint is written (:func:`supersede_step_files`), loads
-the checkpoint to resume (:func:`load_resumable`, passing over a torn file on ``--resume latest``) and
-restores the loss state (:func:`restore_loss_state`), and keeps the sharded loss state:
+**The checkpoint**: OpenCLIP's ``{"epoch", "name", "state_dict", "optimizer"[, "scaler"]}`` plus
+:data:`LOSS_STATE_KEY` (the loss's ``state_dict()``, less a sharded buffer) and :data:`CKPT_KEY`
+(:func:`checkpoint_entry`: what a loader needs without the training flags; for a sharded loss
+state its :data:`SHARD_INDEX_KEY`; for a mid-epoch checkpoint its ``"resume"`` position,
+:func:`resume_entry`). :func:`training_checkpoint` builds it from OpenCLIP's dict, for the
+checkpoints OpenCLIP's ``main`` writes (:func:`save_checkpoint`) and the mid-epoch ones the run
+writes on a stop signal or a timer (:func:`save_step_checkpoint`). Every file is written under a
+temporary name and renamed (:func:`save_atomically`), so that a killed save never leaves a torn
+``*.pt``; a full disk is one :class:`CheckpointDiskFull` naming the file and the intact previous
+checkpoint. Files are read weights-only (:func:`read_checkpoint`); on resume, :func:`load_resumable`
+passes over a torn file on ``--resume latest``. The user-facing loader,
+:func:`clip_dcl.checkpoint.load_checkpoint`, reads through this module.
 
 **Sharded loss state**: one file per rank beside OpenCLIP's checkpoint.
 
 OpenCLIP's ``main`` saves ``epoch_N.pt`` / ``epoch_latest.pt`` on the master rank only, so a
 buffer that is split over the ranks (a :class:`~clip_dcl.losses.base.StatefulLoss` buffer declared
-``sharded``, such as DeCL's ``--decl-state sharded`` on more than one rank) cannot
-go into that file without gathering it onto one host. Instead, at the end of every epoch that
-OpenCLIP will checkpoint, every rank writes its own shard::
+``sharded``, such as DeCL's ``--decl-state sharded`` on more than one rank) cannot go into that file
+without gathering it onto one host. Instead, at the end of every epoch that OpenCLIP will
+checkpoint, every rank writes its own shard (:mod:`clip_dcl.train.loss_state`, through
+:func:`save_loss_shard`)::
 
     CHECKPOINTS/loss_state/epoch_N/<buffer>.rank00001-of-00008.state
 
-(written to a temporary name and renamed by :func:`clip_dcl.checkpoint.save_loss_shard`, which
-owns the files' format as it owns the checkpoint's; ``.state``, not ``.pt``, so that OpenCLIP's
-``--resume latest``, which takes the last ``*.pt`` under the folder, never picks one). The master's
-checkpoint keeps the loss's small buffers with its loss state and, in its shard index
-(:data:`clip_dcl.checkpoint.SHARD_INDEX_KEY`), where the shards are (relative to the checkpoint's
-folder), their world size and ``num_samples``.
-
-On resume each rank builds its own shard from the saved ones, for any new world size (or a
-replicated buffer), memory-mapping one saved shard at a time (:func:`clip_dcl.losses.state.reshard`),
-so no rank ever holds the whole buffer. The folder must be visible to every rank, as OpenCLIP's
-resume already requires of the checkpoint itself. Shards of epochs whose checkpoint OpenCLIP does
-not keep are deleted one epoch later (the previous epoch's stay until the next checkpoint is safely
-written). Which epochs OpenCLIP checkpoints and keeps is its own rule (``--save-frequency``,
+(``.state``, not ``.pt``, so that OpenCLIP's ``--resume latest``, which takes the last ``*.pt``
+under the folder, never picks one). The master's checkpoint keeps the loss's small buffers with its
+loss state and, in its shard index, where the shards are (relative to the checkpoint's folder),
+their world size and ``num_samples``. On resume each rank builds its own shard from the saved ones,
+for any new world size, one saved shard at a time (:func:`shard_sources`), so no rank ever holds the
+whole buffer; the folder must be visible to every rank, as OpenCLIP's resume already requires of
+the checkpoint itself. Shards of epochs whose checkpoint OpenCLIP does not keep are deleted one
+epoch later. Which epochs OpenCLIP checkpoints and keeps is its own rule (``--save-frequency``,
 ``--delete-previous-checkpoint``, ``--save-most-recent``), restated in :func:`checkpointed` and
 :func:`_kept`; :mod:`clip_dcl.train.upstream` checks that OpenCLIP's ``main`` still has it.
 """
 from __future__ import annotations
 
 import contextlib
+import errno
 import glob
 import logging
 import os
 import pickle
 import re
+import shutil
 from pathlib import Path
-from typing import Dict, List, NamedTuple, Optional
+from typing import Callable, Dict, List, NamedTuple, Optional
 
 import torch
 
-from clip_dcl import checkpoint as ckpt_format
+from clip_dcl._version import __version__
 from clip_dcl.losses.base import stateful
-from clip_dcl.losses.state import digest_of_state_dict, reshard, shard_size
+from clip_dcl.losses.state import digest_of_state_dict, reshard
 
-#: sub-folder of the checkpoint folder that holds the shards
-FOLDER = ckpt_format.SHARD_FOLDER
-#: key of the shard index in the checkpoint's ``clip_dcl`` entry (the checkpoint format's)
-INDEX_KEY = ckpt_format.SHARD_INDEX_KEY
+#: Key under which our training stores the model name and config in a checkpoint.
+CKPT_KEY = "clip_dcl"
+#: Key under which our training stores the loss's ``state_dict()`` in a checkpoint.
+LOSS_STATE_KEY = "loss_state"
+#: Key of ``ckpt[CKPT_KEY]`` that says where a sharded loss state's files are: their folder, world
+#: size, ``num_samples`` and buffers.
+SHARD_INDEX_KEY = "loss_state_shards"
+#: Key of ``ckpt[CKPT_KEY]`` that holds a mid-epoch checkpoint's position (:func:`resume_entry`).
+RESUME_KEY = "resume"
+#: Sub-folder of the checkpoint folder that holds the shard files of a sharded loss state.
+SHARD_FOLDER = "loss_state"
+#: Suffix of a checkpoint being written; not ``.pt``, so OpenCLIP's ``--resume latest`` (which takes
+#: the last ``*.pt`` under the checkpoint folder) never picks a half-written file.
+PARTIAL_SUFFIX = ".partial"
+#: the prefix ``DistributedDataParallel`` gives every key of the ``state_dict`` of the model it wraps
+DDP_PREFIX = "module."
+#: The settings a mid-epoch checkpoint records, which a resume compares with its own.
+RESUME_SETTINGS = ("world_size", "batch_size", "accum_freq", "workers", "seed")
+
+
+class UnsafeCheckpoint(ValueError):
+    """A checkpoint that only loads by full unpickling, which can run arbitrary code."""
+
+
+class CheckpointUnreadable(ValueError):
+    """A checkpoint file that cannot be read (truncated by a killed save, or not a torch file)."""
+
+
+class CheckpointDiskFull(RuntimeError):
+    """A checkpoint could not be written: no space left on the disk (or the quota is reached).
+
+    The message names the file, the space needed and free where known, the previous checkpoint
+    (intact: the partial file is removed and nothing was renamed) and how to resume.
+    """
 
 
 class LossStateFilesError(RuntimeError):
     """The shard files a checkpoint refers to are missing or do not fit the configured loss."""
 
 
+# -- what a training checkpoint holds ---------------------------------------------------------------
+def checkpoint_entry(model: str, model_config: Optional[dict], preprocess_cfg: Optional[dict], loss: str,
+                     loss_args: dict) -> dict:
+    """The :data:`CKPT_KEY` entry of a training checkpoint: what a loader needs without the flags."""
+    return {"model": model, "model_config": model_config, "preprocess_cfg": preprocess_cfg, "loss": loss,
+            "loss_args": dict(loss_args), "version": __version__}
+
+
+def trained_model_config(args) -> Optional[dict]:
+    """OpenCLIP's config of ``args.model`` with the ``--force-*`` overrides main applied to it."""
+    import open_clip
+
+    cfg = open_clip.get_model_config(args.model)
+    if cfg is None:
+        return None
+    # The same overrides open_clip.factory.create_model applies, so the config describes the trained model.
+    if args.force_quick_gelu:
+        cfg["quick_gelu"] = True
+    if args.force_patch_dropout is not None:
+        cfg["vision_cfg"]["patch_dropout"] = args.force_patch_dropout
+    if args.force_image_size is not None:
+        size = args.force_image_size
+        cfg["vision_cfg"]["image_size"] = size[0] if isinstance(size, (list, tuple)) and len(size) == 1 else size
+    if args.force_context_length is not None:
+        cfg["text_cfg"]["context_length"] = args.force_context_length
+    if args.force_custom_text:
+        cfg["custom_text"] = True
+    return cfg
+
+
+def training_checkpoint(obj: dict, loss, entry: dict, shards: Optional[Path], checkpoint_path: Optional[str],
+                        resume: Optional[dict] = None) -> dict:
+    """A copy of OpenCLIP's checkpoint dict ``obj`` with ``loss``'s state and the entry ``entry`` added.
+
+    A sharded loss state keeps only its small buffers in the file, and in the entry the index of its
+    shards, written by every rank into ``shards`` (a folder under ``checkpoint_path``); ``resume`` is
+    a mid-epoch checkpoint's position (:func:`resume_entry`).
+
+    Raises:
+        RuntimeError: the loss is sharded and ``shards`` is None (OpenCLIP saves a checkpoint for an
+            epoch :func:`checkpointed` says it does not).
+    """
+    entry = dict(entry)
+    if is_sharded(loss):  # the shards are in files beside (written by every rank)
+        if shards is None:
+            raise RuntimeError("OpenCLIP saves a checkpoint for an epoch whose loss-state shards were not "
+                               "written; clip_dcl.train.saving.checkpointed() no longer matches its "
+                               "conditions")
+        state = small_state(loss)
+        entry[SHARD_INDEX_KEY] = shard_index(loss, shards, checkpoint_path)
+    else:
+        state = loss.state_dict() if isinstance(loss, torch.nn.Module) else {}
+    if resume is not None:
+        entry[RESUME_KEY] = resume
+    out = dict(obj)
+    out[LOSS_STATE_KEY] = {k: v.detach().cpu() for k, v in state.items()}
+    out[CKPT_KEY] = entry
+    return out
+
+
+def resume_settings(args, num_batches: Optional[int]) -> dict:
+    """The settings a mid-epoch position depends on (:data:`RESUME_SETTINGS` and the epoch's batches)."""
+    return {**{k: getattr(args, k) for k in RESUME_SETTINGS}, "num_batches": num_batches}
+
+
+def resume_entry(epoch: int, step: int, args, num_batches: Optional[int], rng: list, signame: Optional[str]) -> dict:
+    """A mid-epoch checkpoint's position: ``step`` optimizer steps of ``epoch``, the settings they were
+    taken with (:func:`resume_settings`), every rank's random state ``rng`` and the stop signal."""
+    return {"epoch": epoch, "step": step, **resume_settings(args, num_batches), "rng": rng, "signal": signame}
+
+
+def entries_of(ckpt: dict) -> dict:
+    """The loss state and the clip_dcl entry a training checkpoint holds, under their keys (each None
+    when it holds none)."""
+    return {key: ckpt.get(key) for key in (LOSS_STATE_KEY, CKPT_KEY)}
+
+
+def resume_position(ckpt: dict) -> Optional[dict]:
+    """A mid-epoch checkpoint's position (:func:`resume_entry`), or None."""
+    entry = ckpt.get(CKPT_KEY)
+    return entry.get(RESUME_KEY) if isinstance(entry, dict) else None
+
+
+def model_keys_for(state_dict: dict, wrapped: bool) -> dict:
+    """``state_dict`` with the keys of a model that is (``wrapped``) or is not wrapped in DDP.
+
+    A checkpoint saved on several ranks holds DDP's ``module.`` keys and one saved by one process
+    holds none; OpenCLIP's resume strips the prefix for one process but never adds it for several,
+    so a one-process checkpoint did not resume under torchrun. Either way round, the keys are
+    made to fit the model they are loaded into (all keys or none carry the prefix).
+    """
+    bare = state_dict
+    if state_dict and all(k.startswith(DDP_PREFIX) for k in state_dict):
+        bare = {k[len(DDP_PREFIX):]: v for k, v in state_dict.items()}
+    if not wrapped or not bare:
+        return bare
+    return {DDP_PREFIX + k: v for k, v in bare.items()}
+
+
+# -- writing -----------------------------------------------------------------------------------------
+def save_checkpoint(obj, f, checkpoint_path: Optional[str], save: Callable, training: bool) -> None:
+    """Write a checkpoint OpenCLIP's ``main`` saves (``obj``, to ``f``) with ``save(obj, file)``.
+
+    A path is written atomically (:func:`save_atomically`); an open file as it is. After a training
+    checkpoint (an epoch's, built by :func:`training_checkpoint`) the mid-epoch checkpoints of earlier
+    epochs, and their shard folders, are removed from ``checkpoint_path``.
+    """
+    if not isinstance(f, (str, os.PathLike)):
+        save(obj, f)
+        return
+    save_atomically(obj, f, save)
+    if training and checkpoint_path:  # an epoch's checkpoint supersedes the mid-epoch ones of earlier epochs
+        completed = int(obj["epoch"])
+        supersede_step_files(checkpoint_path, completed)
+        prune_step_folders(checkpoint_path, before_epoch=completed)
+
+
+def save_step_checkpoint(model, optimizer, scaler, epoch: int, step: int, args, loss, entry: dict,
+                         shards: Optional[Path], resume: dict, save: Callable) -> str:
+    """The master: write the checkpoint of step ``step`` of ``epoch`` and return its path.
+
+    The file is ``epoch_latest.pt`` with ``--save-most-recent`` (what ``--resume latest`` reads then),
+    else ``epoch_{epoch}_step_{step}.pt`` (after ``epoch_{epoch}.pt`` and before ``epoch_{epoch+1}.pt``
+    in ``--resume latest``'s order); an earlier mid-epoch file, and its shard folder, is removed once it
+    is written. ``"epoch"`` is the epochs completed, as OpenCLIP's main reads it.
+    """
+    from open_clip_train.main import LATEST_CHECKPOINT_NAME
+
+    name = LATEST_CHECKPOINT_NAME if args.save_most_recent else f"epoch_{epoch}_step_{step}.pt"
+    path = os.path.join(args.checkpoint_path, name)
+    original = getattr(model, "_orig_mod", model)  # torch.compile's wrapper: save the model's own keys
+    ckpt = {"epoch": epoch, "name": args.name, "state_dict": original.state_dict(),
+            "optimizer": optimizer.state_dict()}
+    if scaler is not None:
+        ckpt["scaler"] = scaler.state_dict()
+    ckpt = training_checkpoint(ckpt, loss, entry, shards, args.checkpoint_path, resume)
+    save_atomically(ckpt, path, save)
+    supersede_step_files(args.checkpoint_path, epoch, keep=path)
+    prune_step_folders(args.checkpoint_path, keep=shards.name if shards else None)
+    return path
+
+
+def save_atomically(obj, path, save=None) -> None:
+    """``torch.save(obj, path)`` through ``path + PARTIAL_SUFFIX``, flushed to disk, then renamed.
+
+    A kill during the save leaves at most the ``.partial`` file, never a truncated ``path``.
+
+    Raises:
+        CheckpointDiskFull: the disk is full (``ENOSPC``/``EDQUOT``, however deep in torch's error it
+            is); the ``.partial`` file is removed and ``path``, if it existed, is untouched.
+    """
+    save = save or torch.save
+    path = os.fspath(path)
+    tmp = path + PARTIAL_SUFFIX
+    try:
+        with open(tmp, "wb") as f:
+            save(obj, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException as e:
+        with contextlib.suppress(OSError):
+            os.remove(tmp)
+        full = _disk_full(e)
+        if full is not None:
+            raise CheckpointDiskFull(_disk_full_message(obj, path, full)) from e
+        raise
+
+
+def remove_stale_partials(folder) -> list:
+    """Remove the ``*`` + :data:`PARTIAL_SUFFIX` files under ``folder`` (recursively) and return their paths.
+
+    :func:`save_atomically` removes its partial file on any error, but a process killed during a
+    save (SIGKILL, a node lost) leaves it behind, as large as a checkpoint. Call it only where no
+    save can be running (before a run's first save). Only regular files go: a link of that name is
+    none of :func:`save_atomically`'s making (it writes a fresh file), so it is left as it is.
+    """
+    removed = []
+    for path in sorted(glob.glob(os.path.join(os.fspath(folder), "**", "*" + PARTIAL_SUFFIX), recursive=True)):
+        if os.path.islink(path) or not os.path.isfile(path):
+            continue
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(path)
+            removed.append(path)
+    return removed
+
+
+def _disk_full(err: BaseException) -> Optional[OSError]:
+    """The ``ENOSPC`` / ``EDQUOT`` ``OSError`` in ``err``'s chain (torch wraps it in a RuntimeError)."""
+    seen = set()
+    while err is not None and id(err) not in seen:
+        seen.add(id(err))
+        if isinstance(err, OSError) and err.errno in (errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC)):
+            return err
+        err = err.__cause__ or err.__context__
+    return None
+
+
+def _payload_bytes(obj) -> int:
+    """The bytes of the tensors in ``obj`` (dicts, lists and tuples walked): about what the file needs."""
+    if isinstance(obj, torch.Tensor):
+        return obj.numel() * obj.element_size()
+    if isinstance(obj, dict):
+        return sum(_payload_bytes(v) for v in obj.values())
+    if isinstance(obj, (list, tuple)):
+        return sum(_payload_bytes(v) for v in obj)
+    return 0
+
+
+def _size(n: int) -> str:
+    for unit in ("bytes", "KB", "MB", "GB", "TB"):
+        if n < 1024 or unit == "TB":
+            return f"{n:.0f} {unit}" if unit == "bytes" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n} bytes"
+
+
+def _disk_full_message(obj, path: str, err: OSError) -> str:
+    from open_clip_train.main import natural_key  # the order OpenCLIP's --resume latest picks in
+
+    folder = os.path.dirname(os.path.abspath(path))
+    need = _payload_bytes(obj)
+    try:
+        free = f"{_size(shutil.disk_usage(folder).free)} free"
+    except OSError:
+        free = "free space unknown"
+    needs = f"it needs about {_size(need)}, {free} on that disk" if need else free
+    others = sorted(glob.glob(os.path.join(folder, "**", "*.pt"), recursive=True), key=natural_key)
+    if others:
+        previous = (f"the previous checkpoint, {others[-1]}, is intact (the partial file was removed). Free "
+                    f"space, then run the same command with --resume latest (or --resume {others[-1]})")
+    else:
+        previous = ("the partial file was removed; there is no earlier checkpoint in that folder, so the run "
+                    "would start over. Free space (or give --logs another disk) and run it again")
+    return (f"cannot write checkpoint {path}: the disk is full ({err.strerror or err}); {needs}. "
+            f"{previous[0].upper()}{previous[1:]}.")
+
+
+def supersede_step_files(checkpoint_path: str, completed_epoch: int, keep: Optional[str] = None) -> None:
+    """Remove the mid-epoch checkpoints that a newer checkpoint supersedes: those of epochs before
+    ``completed_epoch``; with ``keep`` (a just-written mid-epoch file), every other one."""
+    for old in glob.glob(os.path.join(checkpoint_path, "epoch_*_step_*.pt")):
+        m = re.fullmatch(r"epoch_(\d+)_step_\d+\.pt", os.path.basename(old))
+        if old != keep and m and (keep is not None or int(m.group(1)) < completed_epoch):
+            with contextlib.suppress(OSError):
+                os.remove(old)
+
+
+# -- reading -----------------------------------------------------------------------------------------
+def _first_line(err: BaseException) -> str:
+    text = str(err).strip().splitlines()
+    return f"{type(err).__name__}: {text[0]}" if text else type(err).__name__
+
+
+def read_checkpoint(path, allow_unsafe_pickle: bool = False):
+    """The object in a checkpoint file, loaded weights-only on the CPU (see :func:`_torch_load`).
+
+    Raises:
+        CheckpointUnreadable: a truncated or foreign file (one line naming it).
+        UnsafeCheckpoint: the file needs full unpickling and ``allow_unsafe_pickle`` is off.
+    """
+    try:
+        return _torch_load(Path(path), allow_unsafe_pickle)
+    except UnsafeCheckpoint:
+        raise
+    except (RuntimeError, EOFError, OSError, ValueError) as e:
+        raise CheckpointUnreadable(f"checkpoint {str(path)!r} cannot be read; it is truncated (a save that was "
+                                   f"interrupted?) or not a torch checkpoint ({_first_line(e)})") from None
+
+
+def _torch_load(path: Path, allow_unsafe_pickle: bool = False):
+    """``torch.load`` with ``weights_only=True``; full unpickling only when ``allow_unsafe_pickle``.
+
+    Checkpoints written by clip-dcl's training hold tensors, numbers, strings and dicts only, so they
+    load weights-only. A pickle that needs more can execute code while it loads: it is refused
+    unless the caller says it trusts the file.
+    """
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as e:
+        reason = str(e).splitlines()[0]
+    if allow_unsafe_pickle:  # the caller's explicit opt-in: the file is trusted
+        logging.getLogger(__name__).warning(
+            "%s: weights-only load failed (%s); fully unpickling it as asked (allow_unsafe_pickle)", path, reason)
+        return torch.load(path, map_location="cpu", weights_only=False)
+    raise UnsafeCheckpoint(
+        f"checkpoint {str(path)!r} does not load as weights only ({reason}); loading it would unpickle "
+        "arbitrary objects, which can run code. If you trust the file, pass allow_unsafe_pickle=True "
+        "(--unsafe-pickle on the command line)")
+
+
+class Resumable(NamedTuple):
+    checkpoint: object
+    path: str  #: the file it was read from (an older one when the newest is torn)
+
+
+def load_resumable(path, map_location, resume_latest: bool, checkpoint_path: Optional[str], pt_load) -> Resumable:
+    """OpenCLIP's ``pt_load`` (``pt_load``) of ``path``; on ``--resume latest`` (``resume_latest``), the newest
+    checkpoint that loads, from ``path`` down, with a warning for each one passed over.
+
+    A save killed halfway (by OpenCLIP before 3.3's own saves, or another tool) leaves a torn
+    ``*.pt`` that OpenCLIP's ``--resume latest`` would pick and die on.
+
+    Raises:
+        CheckpointUnreadable: ``path`` is a folder, or no candidate can be read.
+    """
+    from open_clip_train.main import natural_key  # the order OpenCLIP's --resume latest picks in
+
+    unreadable = (RuntimeError, EOFError, OSError, ValueError, pickle.UnpicklingError)
+    if os.path.isdir(path):  # checked with the flags too; here for callers from Python
+        raise CheckpointUnreadable(
+            f"--resume {path} is a folder, not a checkpoint file: give a file in it (epoch_N.pt) or "
+            "--resume latest") from None
+    try:
+        return Resumable(pt_load(path, map_location=map_location), path)
+    except unreadable as e:
+        if not resume_latest:
+            raise CheckpointUnreadable(
+                f"--resume {path}: the checkpoint cannot be read; it is truncated (a save that was "
+                f"interrupted?) or not a torch checkpoint ({_first_line(e)})") from None
+        failed = [(path, _first_line(e))]
+    folder = checkpoint_path or os.path.dirname(path)
+    older = sorted(glob.glob(os.path.join(folder, "**", "*.pt"), recursive=True), key=natural_key)
+    older = [c for c in older if natural_key(c) < natural_key(path)]
+    for candidate in reversed(older):
+        logging.warning(f"--resume latest: {failed[-1][0]} cannot be read ({failed[-1][1]}); trying the "
+                        f"previous checkpoint, {candidate}.")
+        try:
+            return Resumable(pt_load(candidate, map_location=map_location), candidate)
+        except unreadable as e:
+            failed.append((candidate, _first_line(e)))
+    raise CheckpointUnreadable(
+        f"--resume latest: no checkpoint under {folder} can be read ("
+        f"{'; '.join(f'{p}: {why}' for p, why in failed)}); remove the torn files, or start without --resume")
+
+
+# -- the sharded loss state's files ------------------------------------------------------------------
 def is_sharded(loss) -> bool:
     """Whether ``loss`` keeps a buffer split over the ranks (its :class:`~clip_dcl.losses.base.StatefulLoss`
     layout says so)."""
@@ -67,23 +439,46 @@ def is_sharded(loss) -> bool:
     return owner is not None and bool(owner.sharded_buffers())
 
 
+def small_state(loss) -> Dict[str, torch.Tensor]:
+    """The loss state that goes into the master's checkpoint: all but the sharded buffers."""
+    owner = stateful(loss)
+    sharded = {b.name for b in owner.sharded_buffers()} if owner is not None else set()
+    return {k: v for k, v in loss.state_dict().items() if k not in sharded}
+
+
+def shard_index(loss, folder: Path, checkpoint_path: str) -> Dict[str, object]:
+    """The shard index (:data:`SHARD_INDEX_KEY` of the checkpoint's entry) for shards in ``folder``."""
+    owner = stateful(loss)
+    sharded = owner.sharded_buffers()
+    return {"folder": os.path.relpath(folder, Path(checkpoint_path)), "world_size": owner.world_size,
+            "num_samples": sharded[0].shape[-1], "buffers": [b.name for b in sharded]}
+
+
 def shard_path(folder: Path, rank: int, world_size: int, name: str) -> Path:
     return Path(folder) / f"{name}.rank{rank:05d}-of-{world_size:05d}.state"
 
 
-def loss_state_digest(loss) -> str:
-    """Digest of a live loss's whole state (collective for a sharded buffer), or of a ``state_dict``.
-
-    The same value for the same state however it is held: see :mod:`clip_dcl.losses.state`.
-    """
-    if isinstance(loss, dict):
-        return digest_of_state_dict(loss)
-    owner = stateful(loss)
-    return owner.state_digest() if owner is not None else digest_of_state_dict(loss.state_dict())
-
-
 def epoch_folder(checkpoint_path: str, epoch: int) -> Path:
-    return Path(checkpoint_path) / FOLDER / f"epoch_{epoch}"
+    """The shard folder of the checkpoint OpenCLIP writes after ``epoch`` (1-based) epochs."""
+    return Path(checkpoint_path) / SHARD_FOLDER / f"epoch_{epoch}"
+
+
+def step_folder(checkpoint_path: str, epoch: int, step: int) -> Path:
+    """The shard folder of the mid-epoch checkpoint of step ``step`` of ``epoch``."""
+    return Path(checkpoint_path) / SHARD_FOLDER / f"epoch_{epoch}_step_{step}"
+
+
+def save_loss_shard(path, name: str, tensor, rank: int, world_size: int, num_samples: int) -> None:
+    """Write one rank's shard ``tensor`` of the loss buffer ``name`` to ``path``, atomically
+    (:func:`save_atomically`), with the rank, world size and ``num_samples`` it belongs to."""
+    save_atomically({name: tensor.detach().cpu(), "rank": rank, "world_size": world_size,
+                     "num_samples": num_samples}, path)
+
+
+def load_loss_shard(path, name: str):
+    """The buffer ``name`` of a shard file written by :func:`save_loss_shard`, memory-mapped (only the
+    columns read are paged in)."""
+    return torch.load(path, map_location="cpu", mmap=True, weights_only=True)[name]
 
 
 def checkpointed(args, completed_epoch: int) -> bool:
@@ -101,62 +496,9 @@ def _kept(args, epoch: int) -> bool:
     return epoch == args.epochs or (args.save_frequency > 0 and epoch % args.save_frequency == 0)
 
 
-def write_shards(loss, args, completed_epoch: int) -> Optional[Path]:
-    """Every rank: write this rank's shard for ``completed_epoch`` if OpenCLIP checkpoints it.
-
-    Collective when distributed (a barrier after writing, so that the master's checkpoint is written
-    only once every shard is complete). Returns the epoch's folder, or None when nothing is written.
-    """
-    if not (is_sharded(loss) and checkpointed(args, completed_epoch)):
-        return None
-    folder = epoch_folder(args.checkpoint_path, completed_epoch)
-    _save_shard(loss, folder)
-    _prune(args, loss.rank, loss.world_size, completed_epoch)
-    if torch.distributed.is_available() and torch.distributed.is_initialized():
-        torch.distributed.barrier()
-    return folder
-
-
-def _save_shard(loss, folder: Path) -> None:
-    """Write this rank's shard of the loss state into ``folder`` (atomically: a temporary file renamed)."""
-    folder.mkdir(parents=True, exist_ok=True)
-    owner = stateful(loss)
-    state = owner.state_dict()
-    for buf in owner.sharded_buffers():
-        ckpt_format.save_loss_shard(shard_path(folder, owner.rank, owner.world_size, buf.name), buf.name,
-                                    state[buf.name], owner.rank, owner.world_size, buf.shape[-1])
-
-
-def write_step_shards(loss, args, epoch: int, step: int) -> Optional[Path]:
-    """Every rank: write this rank's shard for a mid-epoch checkpoint (step ``step`` of ``epoch``).
-
-    Written to ``loss_state/epoch_{epoch}_step_{step}`` (whatever OpenCLIP's epoch-end conditions);
-    collective when distributed, as :func:`write_shards`. None when the loss is not sharded.
-    """
-    if not is_sharded(loss):
-        return None
-    folder = Path(args.checkpoint_path) / FOLDER / f"epoch_{epoch}_step_{step}"
-    _save_shard(loss, folder)
-    if torch.distributed.is_available() and torch.distributed.is_initialized():
-        torch.distributed.barrier()
-    return folder
-
-
-def prune_step_folders(checkpoint_path: str, keep: Optional[str] = None, before_epoch: Optional[int] = None) -> None:
-    """Remove the shard folders of mid-epoch checkpoints: all but ``keep`` (a folder name), or only
-    those of epochs before ``before_epoch``."""
-    import shutil
-
-    for folder in (Path(checkpoint_path) / FOLDER).glob("epoch_*_step_*"):
-        m = re.fullmatch(r"epoch_(\d+)_step_(\d+)", folder.name)
-        if not m or folder.name == keep or (before_epoch is not None and int(m.group(1)) >= before_epoch):
-            continue
-        shutil.rmtree(folder, ignore_errors=True)
-
-
-def _prune(args, rank: int, world_size: int, completed_epoch: int) -> None:
-    root = Path(args.checkpoint_path) / FOLDER
-    for folder in root.glob("epoch_*"):
+def prune_epoch_shards(args, rank: int, world_size: int, completed_epoch: int) -> None:
+    """Remove this rank's shards of epochs before the previous one whose checkpoint OpenCLIP does not keep."""
+    for folder in (Path(args.checkpoint_path) / SHARD_FOLDER).glob("epoch_*"):
         m = re.fullmatch(r"epoch_(\d+)", folder.name)
         if not m or int(m.group(1)) >= completed_epoch - 1 or _kept(args, int(m.group(1))):
             continue
@@ -168,22 +510,23 @@ def _prune(args, rank: int, world_size: int, completed_epoch: int) -> None:
             pass
 
 
-def shard_index(loss, folder: Path, checkpoint_path: str) -> Dict[str, object]:
-    """The shard index (:data:`INDEX_KEY` of the checkpoint's entry) for shards in ``folder``."""
-    owner = stateful(loss)
-    sharded = owner.sharded_buffers()
-    return {"folder": os.path.relpath(folder, Path(checkpoint_path)), "world_size": owner.world_size,
-            "num_samples": sharded[0].shape[-1], "buffers": [b.name for b in sharded]}
+def prune_step_folders(checkpoint_path: str, keep: Optional[str] = None, before_epoch: Optional[int] = None) -> None:
+    """Remove the shard folders of mid-epoch checkpoints: all but ``keep`` (a folder name), or only
+    those of epochs before ``before_epoch``."""
+    for folder in (Path(checkpoint_path) / SHARD_FOLDER).glob("epoch_*_step_*"):
+        m = re.fullmatch(r"epoch_(\d+)_step_(\d+)", folder.name)
+        if not m or folder.name == keep or (before_epoch is not None and int(m.group(1)) >= before_epoch):
+            continue
+        shutil.rmtree(folder, ignore_errors=True)
 
 
-def small_state(loss) -> Dict[str, torch.Tensor]:
-    """The loss state that goes into the master's checkpoint: all but the sharded buffers."""
-    owner = stateful(loss)
-    sharded = {b.name for b in owner.sharded_buffers()} if owner is not None else set()
-    return {k: v for k, v in loss.state_dict().items() if k not in sharded}
+def shard_sources(index: Dict[str, object], ckpt_path: str, name: str) -> List[tuple]:
+    """``(rank, world_size, load)`` of every saved shard of buffer ``name`` (the sources of
+    :func:`clip_dcl.losses.state.reshard`); ``load()`` memory-maps the file.
 
-
-def _sources(index: Dict[str, object], ckpt_path: str, name: str) -> List[tuple]:
+    Raises:
+        LossStateFilesError: a shard file is missing (naming it and how many are).
+    """
     folder = Path(ckpt_path).parent / str(index["folder"])
     world = int(index["world_size"])
     paths = [shard_path(folder, r, world, name) for r in range(world)]
@@ -193,122 +536,35 @@ def _sources(index: Dict[str, object], ckpt_path: str, name: str) -> List[tuple]
                                   f"({len(missing)} of {world} shard files): copy the folder with the checkpoint")
 
     def loader(path: Path):
-        return lambda: ckpt_format.load_loss_shard(path, name)
+        return lambda: load_loss_shard(path, name)
 
     return [(r, world, loader(p)) for r, p in enumerate(paths)]
 
 
-def restore_sharded(loss, state: Dict[str, torch.Tensor], index: Dict[str, object], ckpt_path: str,
-                    grow: bool = False) -> dict:
-    """``state`` completed with this rank's part of the saved shards (built one saved shard at a time).
-
-    ``grow`` (``--decl-grow-state``): the saved shards hold fewer ids than the loss; the ids beyond
-    them start unvisited (NaN, as a fresh buffer's).
-    """
-    owner = stateful(loss)
-    layout = {b.name: b for b in owner.state_buffers()}
-    saved_n = int(index["num_samples"])
-    out_state = dict(state)
-    for name in index.get("buffers", []):
-        buf = layout.get(name)
-        if buf is None or not buf.per_sample:
-            raise LossStateFilesError(f"{ckpt_path} keeps a sharded buffer {name!r} that this loss does not have")
-        num_samples = buf.shape[-1]
-        if saved_n != num_samples and not (grow and saved_n < num_samples):
-            raise LossStateFilesError(f"{ckpt_path} holds DeCL rates for num_samples={saved_n}, but this run has "
-                                      f"--decl-num-samples {num_samples}")
-        rank, world = (owner.rank, owner.world_size) if buf.sharded else (0, 1)
-        out = torch.full((*buf.shape[:-1], shard_size(num_samples, rank, world)), float("nan"), dtype=buf.dtype)
-        # a shard's ids rise with its columns, so the saved ids are its first shard_size(saved_n, ...) columns
-        try:
-            reshard(_sources(index, ckpt_path, name), saved_n, rank, world, out[:, :shard_size(saved_n, rank, world)])
-        except ValueError as e:
-            raise LossStateFilesError(f"the loss state files of {ckpt_path}: {e}") from None
-        out_state[name] = out
-    return out_state
-
-
-def grown_state(loss, state: Dict[str, torch.Tensor]) -> Dict[str, torch.Tensor]:
-    """``state`` with its whole per-sample table widened to the loss's ``num_samples`` ids, the new ones
-    unvisited (NaN, as a fresh buffer's); the loss then takes its own columns as from any table."""
-    owner = stateful(loss)
-    buf = owner.per_sample_buffer() if owner is not None else None
-    table = state.get(buf.name) if buf is not None else None
-    if table is None or table.shape[1] >= buf.shape[-1]:
-        return state
-    fresh = torch.full((table.shape[0], buf.shape[-1] - table.shape[1]), float("nan"), dtype=table.dtype)
-    return {**state, buf.name: torch.cat([table, fresh], dim=1)}
-
-
-def read_loss_state(ckpt_path: str | os.PathLike) -> Dict[str, torch.Tensor]:
+def read_loss_state(ckpt_path) -> Dict[str, torch.Tensor]:
     """The whole loss state of a training checkpoint, with a sharded buffer reassembled.
 
     ``O(num_samples)`` host memory: for inspection and tests, not for resuming (which never
     assembles it).
     """
-    state, entry = ckpt_format.read_training_state(ckpt_path)
-    index = entry.get(INDEX_KEY)
+    ckpt = read_checkpoint(ckpt_path)
+    state = dict(ckpt.get(LOSS_STATE_KEY) or {})
+    index = dict(ckpt.get(CKPT_KEY) or {}).get(SHARD_INDEX_KEY)
     for name in (index or {}).get("buffers", []):
         n = int(index["num_samples"])
-        sources = _sources(index, str(ckpt_path), name)
+        sources = shard_sources(index, str(ckpt_path), name)
         first = sources[0][2]()
         out = torch.empty(first.shape[0], n, dtype=first.dtype)
         state[name] = reshard(sources, n, 0, 1, out)
     return state
 
 
+def loss_state_digest(loss) -> str:
+    """Digest of a live loss's whole state (collective for a sharded buffer), or of a ``state_dict``.
 
-# -- the run's checkpoint files --------------------------------------------------------------------
-class Resumable(NamedTuple):
-    checkpoint: object
-    path: str  #: the file it was read from (an older one when the newest is torn)
-
-
-def load_resumable(path, map_location, resume_latest: bool, checkpoint_path: Optional[str], pt_load) -> Resumable:
-    """OpenCLIP's ``pt_load`` (``pt_load``) of ``path``; on ``--resume latest`` (``resume_latest``), the newest
-    checkpoint that loads, from ``path`` down, with a warning for each one passed over.
-
-    A save killed halfway (by OpenCLIP before 3.3's own saves, or another tool) leaves a torn
-    ``*.pt`` that OpenCLIP's ``--resume latest`` would pick and die on.
-
-    Raises:
-        clip_dcl.checkpoint.CheckpointUnreadable: ``path`` is a folder, or no candidate can be read.
+    The same value for the same state however it is held: see :mod:`clip_dcl.losses.state`.
     """
-    from open_clip_train.main import natural_key  # the order OpenCLIP's --resume latest picks in
-
-    unreadable = (RuntimeError, EOFError, OSError, ValueError, pickle.UnpicklingError)
-    if os.path.isdir(path):  # checked with the flags too; here for callers from Python
-        raise ckpt_format.CheckpointUnreadable(
-            f"--resume {path} is a folder, not a checkpoint file: give a file in it (epoch_N.pt) or "
-            "--resume latest") from None
-    try:
-        return Resumable(pt_load(path, map_location=map_location), path)
-    except unreadable as e:
-        if not resume_latest:
-            raise ckpt_format.CheckpointUnreadable(
-                f"--resume {path}: the checkpoint cannot be read; it is truncated (a save that was "
-                f"interrupted?) or not a torch checkpoint ({ckpt_format._first_line(e)})") from None
-        failed = [(path, ckpt_format._first_line(e))]
-    folder = checkpoint_path or os.path.dirname(path)
-    older = sorted(glob.glob(os.path.join(folder, "**", "*.pt"), recursive=True), key=natural_key)
-    older = [c for c in older if natural_key(c) < natural_key(path)]
-    for candidate in reversed(older):
-        logging.warning(f"--resume latest: {failed[-1][0]} cannot be read ({failed[-1][1]}); trying the "
-                        f"previous checkpoint, {candidate}.")
-        try:
-            return Resumable(pt_load(candidate, map_location=map_location), candidate)
-        except unreadable as e:
-            failed.append((candidate, ckpt_format._first_line(e)))
-    raise ckpt_format.CheckpointUnreadable(
-        f"--resume latest: no checkpoint under {folder} can be read ("
-        f"{'; '.join(f'{p}: {why}' for p, why in failed)}); remove the torn files, or start without --resume")
-
-
-def supersede_step_files(checkpoint_path: str, completed_epoch: int, keep: Optional[str] = None) -> None:
-    """Remove the mid-epoch checkpoints (and their shard folders) that a newer checkpoint supersedes: those
-    of epochs before ``completed_epoch``; with ``keep`` (a just-written mid-epoch file), every other one."""
-    for old in glob.glob(os.path.join(checkpoint_path, "epoch_*_step_*.pt")):
-        m = re.fullmatch(r"epoch_(\d+)_step_\d+\.pt", os.path.basename(old))
-        if old != keep and m and (keep is not None or int(m.group(1)) < completed_epoch):
-            with contextlib.suppress(OSError):
-                os.remove(old)
+    if isinstance(loss, dict):
+        return digest_of_state_dict(loss)
+    owner = stateful(loss)
+    return owner.state_digest() if owner is not None else digest_of_state_dict(loss.state_dict())

@@ -1,0 +1,113 @@
+"""This rank's part of a loss state split over the ranks: written to, and rebuilt from, the shard
+files of :mod:`clip_dcl.train.saving`.
+
+A :class:`~clip_dcl.losses.base.StatefulLoss` buffer declared ``sharded`` (DeCL's
+``--decl-state sharded`` on more than one rank) goes into one file per rank beside OpenCLIP's
+checkpoint, never into the master's file (:mod:`clip_dcl.train.saving` says why and where).
+:func:`write_shards` and :func:`write_step_shards` write this rank's shard at an epoch's end and at
+a mid-epoch save; on resume :func:`restore_sharded` builds this rank's part, for any world size,
+from the saved shards one at a time (:func:`clip_dcl.losses.state.reshard`), and
+:func:`grown_state` widens a whole per-sample table for ``--decl-grow-state``.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Dict, Optional
+
+import torch
+
+from clip_dcl.losses.base import stateful
+from clip_dcl.losses.state import reshard, shard_size
+
+from . import saving
+
+
+def write_shards(loss, args, completed_epoch: int) -> Optional[Path]:
+    """Every rank: write this rank's shard for ``completed_epoch`` if OpenCLIP checkpoints it.
+
+    Collective when distributed (a barrier after writing, so that the master's checkpoint is written
+    only once every shard is complete). Returns the epoch's folder, or None when nothing is written.
+    """
+    if not (saving.is_sharded(loss) and saving.checkpointed(args, completed_epoch)):
+        return None
+    folder = saving.epoch_folder(args.checkpoint_path, completed_epoch)
+    _save_shard(loss, folder)
+    saving.prune_epoch_shards(args, loss.rank, loss.world_size, completed_epoch)
+    _barrier()
+    return folder
+
+
+def write_step_shards(loss, args, epoch: int, step: int) -> Optional[Path]:
+    """Every rank: write this rank's shard for a mid-epoch checkpoint (step ``step`` of ``epoch``).
+
+    Written to ``loss_state/epoch_{epoch}_step_{step}`` (whatever OpenCLIP's epoch-end conditions);
+    collective when distributed, as :func:`write_shards`. None when the loss is not sharded.
+    """
+    if not saving.is_sharded(loss):
+        return None
+    folder = saving.step_folder(args.checkpoint_path, epoch, step)
+    _save_shard(loss, folder)
+    _barrier()
+    return folder
+
+
+def _barrier() -> None:
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        torch.distributed.barrier()
+
+
+def _save_shard(loss, folder: Path) -> None:
+    """Write this rank's shard of the loss state into ``folder`` (atomically: a temporary file renamed)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    owner = stateful(loss)
+    state = owner.state_dict()
+    for buf in owner.sharded_buffers():
+        saving.save_loss_shard(saving.shard_path(folder, owner.rank, owner.world_size, buf.name), buf.name,
+                               state[buf.name], owner.rank, owner.world_size, buf.shape[-1])
+
+
+def restore_sharded(loss, state: Dict[str, torch.Tensor], index: Dict[str, object], ckpt_path: str,
+                    grow: bool = False) -> dict:
+    """``state`` completed with this rank's part of the saved shards (built one saved shard at a time).
+
+    ``grow`` (``--decl-grow-state``): the saved shards hold fewer ids than the loss; the ids beyond
+    them start unvisited (NaN, as a fresh buffer's).
+
+    Raises:
+        clip_dcl.train.saving.LossStateFilesError: a shard is missing, or does not fit the loss.
+    """
+    owner = stateful(loss)
+    layout = {b.name: b for b in owner.state_buffers()}
+    saved_n = int(index["num_samples"])
+    out_state = dict(state)
+    for name in index.get("buffers", []):
+        buf = layout.get(name)
+        if buf is None or not buf.per_sample:
+            raise saving.LossStateFilesError(f"{ckpt_path} keeps a sharded buffer {name!r} that this loss does "
+                                             "not have")
+        num_samples = buf.shape[-1]
+        if saved_n != num_samples and not (grow and saved_n < num_samples):
+            raise saving.LossStateFilesError(f"{ckpt_path} holds DeCL rates for num_samples={saved_n}, but this "
+                                             f"run has --decl-num-samples {num_samples}")
+        rank, world = (owner.rank, owner.world_size) if buf.sharded else (0, 1)
+        out = torch.full((*buf.shape[:-1], shard_size(num_samples, rank, world)), float("nan"), dtype=buf.dtype)
+        # a shard's ids rise with its columns, so the saved ids are its first shard_size(saved_n, ...) columns
+        try:
+            reshard(saving.shard_sources(index, ckpt_path, name), saved_n, rank, world,
+                    out[:, :shard_size(saved_n, rank, world)])
+        except ValueError as e:
+            raise saving.LossStateFilesError(f"the loss state files of {ckpt_path}: {e}") from None
+        out_state[name] = out
+    return out_state
+
+
+def grown_state(loss, state: Dict[str, torch.Tensor]) -> Dict[str, torch.Tensor]:
+    """``state`` with its whole per-sample table widened to the loss's ``num_samples`` ids, the new ones
+    unvisited (NaN, as a fresh buffer's); the loss then takes its own columns as from any table."""
+    owner = stateful(loss)
+    buf = owner.per_sample_buffer() if owner is not None else None
+    table = state.get(buf.name) if buf is not None else None
+    if table is None or table.shape[1] >= buf.shape[-1]:
+        return state
+    fresh = torch.full((table.shape[0], buf.shape[-1] - table.shape[1]), float("nan"), dtype=table.dtype)
+    return {**state, buf.name: torch.cat([table, fresh], dim=1)}
