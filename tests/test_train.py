@@ -328,7 +328,7 @@ def test_flags_resolve_and_pass_openclip_flags_through(tmp_path):
 
     custom = tmp_path / "my-model.json"
     custom.write_text(tiny_config_path().read_text())
-    cfg = parse_train_args(["--model-config", str(custom), "--train-data", pattern])
+    cfg = parse_train_args(["--model-config", str(custom), "--train-data", pattern, "--precision", "fp32"])
     assert cfg.openclip_argv[-2:] == ["--model", "my-model"] and cfg.loss == "clip"
     import open_clip
 
