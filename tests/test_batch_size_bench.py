@@ -325,3 +325,16 @@ def test_scoring_refuses_an_unknown_split_and_a_test_split_the_data_lack():
         evaluate("missing.pt", {"out_dir": "d", "val_data": "v"}, split="train")
     with pytest.raises(ValueError, match="written without a test split"):
         evaluate("missing.pt", {"out_dir": "d", "val_data": "v"}, split="test")
+
+
+def test_the_b16_screen_changes_one_setting_of_the_package_default_each():
+    base = decl_kwargs(bs.objectives()["decl default"])
+    default_lam = inspect.signature(DeCLLoss).parameters["lam"].default
+    for name, settings in bs.SCREEN16_VARIANTS.items():
+        got = decl_kwargs(bs.objectives()[name])
+        changed = {k for k in set(base) | set(got) if base.get(k) != got.get(k)}
+        # a constant or harmonic schedule reads lambda, spelled out at its default
+        assert changed - {"lam"} == set(settings) and got.get("lam", default_lam) == default_lam, name
+    plan = bs.planned_runs(["screen16"])
+    assert plan[:2] == [("decl default", 16, 0), ("clip", 16, 0)] and len(plan) == 2 + len(bs.SCREEN16_VARIANTS)
+    assert not set(bs.SCREEN16_VARIANTS) & set(bs.screen_objectives())
