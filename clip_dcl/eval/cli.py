@@ -26,7 +26,7 @@ import argparse
 import logging
 import sys
 
-from ..train.flags import FlagError
+from ..errors import FlagError
 from .encoding import PRECISIONS, EvalOptions, device_problem, resolve_device
 from .report import metrics_table
 

@@ -392,7 +392,7 @@ def _add_arguments(p) -> None:
 
 
 def _check(args) -> None:
-    from ..train.flags import FlagError
+    from ..errors import FlagError
 
     if args.dataset_name and len(args.datasets or []) != 1:
         raise FlagError(f"--dataset-name {args.dataset_name!r} names one data set; give exactly one with --datasets")

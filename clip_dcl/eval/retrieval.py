@@ -189,7 +189,7 @@ def _add_arguments(p) -> None:
 
 
 def _check(args) -> None:
-    from ..train.flags import FlagError
+    from ..errors import FlagError
 
     if min(args.recall_k) < 1:
         raise FlagError(f"--recall-k values must be >= 1, got {args.recall_k}")

@@ -295,7 +295,7 @@ def _add_arguments(p) -> None:
 
 
 def _check(args) -> None:
-    from ..train.flags import FlagError
+    from ..errors import FlagError
 
     if args.templates:  # read again by the evaluation; checked before the model loads
         try:

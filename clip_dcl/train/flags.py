@@ -23,6 +23,8 @@ import sys
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Dict, List, Optional
 
+from ..errors import FlagError  # noqa: F401  (raised here, and imported from here by callers)
+
 if TYPE_CHECKING:
     from clip_dcl.losses.base import DataFacts
 
@@ -52,10 +54,6 @@ def __getattr__(name):  # LOSS_FLAGS: computed from the registry when asked for
 OPENCLIP_LOSS_FLAGS = {"accum_freq": "--accum-freq", "seed": "--seed"}
 _DIST_KWARGS = {"rank", "world_size", "local_loss", "gather_with_grad", "cache_labels", "use_horovod",
                 "no_grad_gather", "device"}
-
-
-class FlagError(ValueError):
-    """A flag value that cannot work; the message names the flag and the value."""
 
 
 def _flag(dest: str) -> str:

@@ -67,7 +67,7 @@ def check_loggers(report_to: str, installed: bool = True) -> None:
     Raises:
         FlagError: naming the bad value and, for a missing package, the extra that installs it.
     """
-    from .flags import FlagError
+    from ..errors import FlagError
 
     names = [n.strip() for n in report_to.split(",") if n.strip()]
     unknown = [n for n in names if n not in LOGGERS and n != "all"]
