@@ -204,6 +204,15 @@ def train(run: Run, data: dict, logs: os.PathLike, budget: Budget, *, echo: Call
                        read_val(log_dir / "checkpoints" / "results.jsonl"))
 
 
+def progress_line(name: str, match: "re.Match", line: str, epochs: int, seconds: float) -> str:
+    """The echo of one training progress line (``match``: :data:`_PROGRESS` on ``line``): epoch, share and the
+    logged loss; for DeCL, whose total moves between its two terms, the step's term and the InfoNCE it estimates."""
+    epoch, pct, loss = int(match.group(1)), int(match.group(4)), float(match.group(5))
+    term, loss2 = re.search(r"\bTerm: (\w+)", line), re.search(r"\bLoss2: (\S+)", line)
+    extra = (f" ({term.group(1)} step)" if term else "") + (f", InfoNCE {float(loss2.group(1)):.4f}" if loss2 else "")
+    return f"  [{name}] epoch {epoch + 1}/{epochs} {pct:3d}%  loss {loss:.4f}{extra}  ({seconds:.0f} s)"
+
+
 def _stream(cmd, env, run: Run, budget: Budget, echo, start: float):
     """Run ``cmd``; echo its progress lines; return the exit code and the output's lines."""
     lines: List[str] = []
@@ -215,9 +224,7 @@ def _stream(cmd, env, run: Run, budget: Budget, echo, start: float):
             match = _PROGRESS.search(line)
             now = time.perf_counter()
             if match and (now - last_echo > 5 or match.group(4) == "100"):
-                epoch, pct, loss = int(match.group(1)), int(match.group(4)), float(match.group(5))
-                echo(f"  [{run.name}] epoch {epoch + 1}/{budget.epochs} {pct:3d}%  loss {loss:.4f}  "
-                     f"({now - start:.0f} s)")
+                echo(progress_line(run.name, match, line, budget.epochs, now - start))
                 last_echo = now
             elif "Eval Epoch:" in line and "R@1" in line:
                 found = dict(re.findall(r"(\w+_R@1|clip_val_loss): (\S+)", line))
