@@ -112,9 +112,10 @@ def readme_block(doc: dict) -> str:
     then the comparison table with the chance level of every metric."""
     runs = doc["runs"]
     trained = " / ".join(f"{runs[name][0]['train_seconds']:.0f} s" for name in runs)
-    return (f"A run of `clip-dcl demo` on {doc['machine']}, {doc['date']}: {doc['minutes']:.1f} minutes in all "
-            f"(training {trained} for {' / '.join(runs)}). Its table, in percent, with the chance level of "
-            f"each metric:\n\n{doc['table'].strip()}")
+    return (f"A run of `clip-dcl demo` on {doc['machine']}, {doc['date']}: {doc['minutes']:.1f} minutes of wall-clock "
+            f"time in all (training {trained} for {' / '.join(runs)}; times, not speed measurements: other jobs may "
+            f"have shared the CPU). Its table, in percent, with the chance level of each metric:\n\n"
+            f"{doc['table'].strip()}")
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -12,8 +12,8 @@ def test_the_demo_block_quotes_the_jsons_table_and_times(tmp_path):
            "runs": {"clip": [{"train_seconds": 181.4}], "dcl": [{"train_seconds": 175.0}]},
            "table": "| metric (%) | chance | clip | dcl |\n|---|---|---|---|\n| zero-shot top-1 | 10.0 | 65.0 | 56.5 |\n"}
     block = demo.readme_block(doc)
-    assert block.startswith("A run of `clip-dcl demo` on a CPU, 2026-11-25 12:00 UTC: 9.0 minutes in all "
-                            "(training 181 s / 175 s for clip / dcl).")
+    assert block.startswith("A run of `clip-dcl demo` on a CPU, 2026-11-25 12:00 UTC: 9.0 minutes of wall-clock time "
+                            "in all (training 181 s / 175 s for clip / dcl; times, not speed measurements")
     assert block.endswith("| zero-shot top-1 | 10.0 | 65.0 | 56.5 |")
     # a Quote may name a package module instead of a benchmark script
     (tmp_path / "benchmarks" / "results").mkdir(parents=True)
