@@ -318,12 +318,43 @@ def finished_training(run: ex.Run, data: dict, logs: Path, budget: ex.Budget) ->
                           ex.read_curves(out_log), ex.read_val(log_dir / "checkpoints" / "results.jsonl"))
 
 
-def run_one(label: str, flags: tuple, data: dict, budget: ex.Budget, work: Path, threads: int) -> dict:
-    """Train and evaluate one run, or reuse its cache; the record of the report."""
+def cache_entry(flags: Sequence[str], data: dict, budget: ex.Budget, work: Path) -> tuple:
+    """The settings a run is cached by (flags, budget, data), their digest and the run's score file."""
     key = json.loads(json.dumps({"flags": list(flags), "budget": dataclasses.asdict(budget),
                                  "data": data["config"]}))
     digest = hashlib.sha1(json.dumps(key, sort_keys=True).encode()).hexdigest()[:12]
-    cache = work / "scores" / f"{digest}-b{budget.batch_size}-seed{budget.seed}.json"
+    return key, digest, work / "scores" / f"{digest}-b{budget.batch_size}-seed{budget.seed}.json"
+
+
+def restore_cache(reports: Sequence[Path], work: Path, data: dict, budget: ex.Budget) -> int:
+    """Write the score cache of every run in the report JSONs ``reports`` that trained on ``data`` with
+    ``budget`` (batch size and seed aside), so that a fresh machine resumes the stages from the committed
+    reports instead of retraining their runs (training is deterministic on CPU: the report's
+    "Reproduction" line checks it). Runs already cached are left alone; returns how many were written."""
+    want = {k: v for k, v in json.loads(json.dumps(dataclasses.asdict(budget))).items()
+            if k not in ("batch_size", "seed")}
+    written = 0
+    for path in reports:
+        doc = json.loads(Path(path).read_text())
+        got = {k: v for k, v in doc.get("budget", {}).items() if k not in ("batch_size", "seed")}
+        if doc.get("data") != json.loads(json.dumps(data["config"])) or got != want:
+            print(f"[batch_size] {path}: other data or budget than this call's; nothing restored from it")
+            continue
+        for r in doc["runs"]:
+            run_budget = dataclasses.replace(budget, batch_size=r["batch_size"], seed=r["seed"])
+            key, _, cache = cache_entry(r["flags"], data, run_budget, work)
+            if cache.is_file():
+                continue
+            record = {k: v for k, v in r.items() if k not in ("source", "split")}
+            cache.parent.mkdir(parents=True, exist_ok=True)
+            cache.write_text(json.dumps({"settings": key, "record": record}, indent=1) + "\n")
+            written += 1
+    return written
+
+
+def run_one(label: str, flags: tuple, data: dict, budget: ex.Budget, work: Path, threads: int) -> dict:
+    """Train and evaluate one run, or reuse its cache; the record of the report."""
+    key, digest, cache = cache_entry(flags, data, budget, work)
     if cache.is_file():
         doc = json.loads(cache.read_text())
         if doc.get("settings") == key:
@@ -1063,6 +1094,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--report-only", action="store_true",
                    help="train nothing: write the report from every finished run under --work with this budget")
     p.add_argument("--stem", default=STEM)
+    p.add_argument("--restore-from", nargs="+", default=[], metavar="REPORT.json",
+                   help="first write the score cache of the runs in these reports (e.g. the committed "
+                        "results/batch_size.json), so a fresh machine reuses them instead of retraining")
     return p
 
 
@@ -1087,6 +1121,9 @@ def main(argv: Optional[List[str]] = None) -> int:
         raise SystemExit(f"a batch is larger than the {data['train']['num_samples']} training pairs")
     budget = ex.Budget(epochs=1 if args.quick else args.epochs, lr=1e-3, wd=0.1, warmup=50, model=MODEL,
                        log_every_n_steps=50, workers=1)
+    if args.restore_from:
+        print(f"[batch_size] restored {restore_cache(args.restore_from, work, data, budget)} runs' scores "
+              f"from {', '.join(map(str, args.restore_from))}", flush=True)
     jobs = [(label, names[label], b, s) for label, b, s in planned_runs(
         args.stage, args.batch_sizes, args.seeds, args.screen_batch_sizes, args.screen_seed,
         args.variants, args.sweep_variants, args.decisive_batch_sizes, args.decisive_seeds)]

@@ -338,3 +338,26 @@ def test_the_b16_screen_changes_one_setting_of_the_package_default_each():
     plan = bs.planned_runs(["screen16"])
     assert plan[:2] == [("decl default", 16, 0), ("clip", 16, 0)] and len(plan) == 2 + len(bs.SCREEN16_VARIANTS)
     assert not set(bs.SCREEN16_VARIANTS) & set(bs.screen_objectives())
+
+
+def test_restore_cache_makes_a_reports_runs_reused_and_skips_a_report_of_other_data(tmp_path, monkeypatch):
+    data = {"config": {"seed": 0, "num_classes": 48}}
+    budget = bs.ex.Budget(epochs=2, lr=1e-3, wd=0.1, warmup=5, model=bs.MODEL)
+    run = {**rec("clip", 32, 1, 0.25), "flags": ["--loss", "clip"], "epochs": 2, "source": "trained", "split": "test"}
+    report = tmp_path / "report.json"
+    doc = {"data": data["config"], "budget": bs.dataclasses.asdict(budget), "runs": [run]}
+    report.write_text(json.dumps(doc))
+    other = tmp_path / "other.json"
+    other.write_text(json.dumps({**doc, "data": {"seed": 1, "num_classes": 48}}))
+    assert bs.restore_cache([other], tmp_path, data, budget) == 0
+    assert bs.restore_cache([report], tmp_path, data, budget) == 1
+    assert bs.restore_cache([report], tmp_path, data, budget) == 0  # already cached: left alone
+    monkeypatch.setattr(bs.ex, "train", lambda *a, **k: pytest.fail("a restored run was retrained"))
+    got = bs.run_one("clip", ("--loss", "clip"), data, bs.dataclasses.replace(budget, batch_size=32, seed=1),
+                     tmp_path, threads=1)
+    assert got["source"] == "reused" and got["metrics"] == run["metrics"] and "split" not in got
+    # another seed of the same objective is not in the report: it would train
+    with pytest.raises(pytest.fail.Exception):
+        bs.run_one("clip", ("--loss", "clip"), data, bs.dataclasses.replace(budget, batch_size=32, seed=2),
+                   tmp_path, threads=1)
+    assert [r["label"] for r in bs.finished_runs(tmp_path, data, budget)] == ["clip"]
