@@ -678,11 +678,12 @@ def controls_table(records: List[dict]) -> str:
             interval = "-" if st["n"] < 2 else f"[{100 * st['lo']:+.1f}, {100 * st['hi']:+.1f}]"
             lines.append(f"| {label} | {ref} at {other} | {st['n']} | "
                          + ", ".join(f"s{s} {100 * (idx[(label, b, s)] - idx[(ref, other, s)]):+.1f}" for s in seeds)
-                         + f" | {100 * st['mean']:+.1f} | {interval} |")
+                         + f" | {100 * st['mean']:+.1f} | {interval} | {beat_verdict(st)} |")
     if not lines:
         return ""
     return "\n".join([f"| control | against | seeds | per-seed differences (points) | mean | "
-                      f"{100 * CONFIDENCE:.0f} % interval |", "|---|---|---:|---|---:|---|", *lines])
+                      f"{100 * CONFIDENCE:.0f} % interval | verdict (the rule's beats / trails / tie) |",
+                      "|---|---|---:|---|---:|---|---|", *lines])
 
 
 def dcl_default_rows(records: List[dict]) -> List[dict]:
@@ -916,7 +917,7 @@ _REACH = {"reaches": "reaches", "does not reach": "does not reach", "no verdict"
 def control_leads(records: List[dict]) -> Dict[int, Dict[str, dict]]:
     """Per decisive batch size with both temperature controls run: ``decl``'s lead over ``clip``, over InfoNCE at
     ``decl``'s scale, and ``decl`` at ``clip``'s scale over ``clip``, each paired by seed on the test split over
-    the seeds every arm has (:func:`t_interval` plus the per-seed ``diffs``)."""
+    the seeds every arm has (:func:`t_interval` plus the per-seed ``diffs`` and the :func:`beat_verdict`)."""
     idx = per_seed(records)
     out = {}
     for b in DECISIVE_SIZES:
@@ -928,9 +929,11 @@ def control_leads(records: List[dict]) -> Dict[int, Dict[str, dict]]:
             continue
         out[b] = {}
         for name, (x, y) in {"decl - clip": ("decl", "clip"), "decl - clip at decl scale": ("decl", "clip at decl scale"),
+                             "clip at decl scale - clip": ("clip at decl scale", "clip"),
                              "decl at clip scale - clip": ("decl at clip scale", "clip")}.items():
             diffs = [idx[(*arms[x], s)] - idx[(*arms[y], s)] for s in seeds]
-            out[b][name] = {**t_interval(diffs), "diffs": diffs, "seeds": seeds}
+            st = t_interval(diffs)
+            out[b][name] = {**st, "diffs": diffs, "seeds": seeds, "verdict": beat_verdict(st)}
     return out
 
 
@@ -974,9 +977,12 @@ def readme_block(doc: dict) -> str:
     for b, c in sorted(lead.items()):
         lines.append(
             f"- **Temperature controls at B = {b}** (test split, seeds {', '.join(map(str, c['decl - clip']['seeds']))}): "
-            f"`decl`'s lead over `clip` is {cell(c['decl - clip'])}; "
-            f"over InfoNCE trained at `decl`'s final scale, {cell(c['decl - clip at decl scale'])}; `decl` trained at "
-            f"`clip`'s final scale leads `clip` by {cell(c['decl at clip scale - clip'])}.")
+            f"`decl`'s lead over `clip` is {cell(c['decl - clip'])}, {c['decl - clip']['verdict']}; "
+            f"InfoNCE trained at `decl`'s final scale leads `clip` by {cell(c['clip at decl scale - clip'])}, "
+            f"{c['clip at decl scale - clip']['verdict']}; `decl`'s lead over that InfoNCE is "
+            f"{cell(c['decl - clip at decl scale'])}, {c['decl - clip at decl scale']['verdict']}; `decl` trained at "
+            f"`clip`'s final scale leads `clip` by {cell(c['decl at clip scale - clip'])}, "
+            f"{c['decl at clip scale - clip']['verdict']} (verdicts by the rule's beats / trails / tie).")
     if not lead:
         lines.append("- Temperature controls (InfoNCE at `decl`'s scale, `decl` at `clip`'s): not run yet.")
     lines += ["", f"Status of the report: {doc['status']}"]
@@ -1031,9 +1037,10 @@ def which_loss_block(doc: dict) -> str:
     lines.append("- `decl` - `clip` at the same batch, retrieval mean R@1, test split: "
                  + ("; ".join(cells) if cells else "no test-split runs yet") + ".")
     for b, c in sorted(control_leads(doc["runs"]).items()):
-        lines.append(f"- `decl` - InfoNCE trained at `decl`'s final temperature, B = {b}, test split: "
-                     f"{_interval(c['decl - clip at decl scale'])} ({len(c['decl - clip at decl scale']['seeds'])} "
-                     "seeds).")
+        for name, what in (("clip at decl scale - clip", "InfoNCE trained at `decl`'s final temperature - `clip`"),
+                           ("decl - clip at decl scale", "`decl` - InfoNCE trained at `decl`'s final temperature")):
+            lines.append(f"- {what}, B = {b}, test split: {_interval(c[name])} ({c[name]['n']} seeds, "
+                         f"{c[name]['verdict']}).")
     dcl = {r["split"]: r for r in doc.get("dcl_default", []) if r["n"]}
     if "test" in dcl:
         r = dcl["test"]

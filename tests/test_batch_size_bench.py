@@ -257,10 +257,29 @@ def test_control_leads_pair_the_four_arms_by_seed_on_the_test_split():
     assert lead["decl - clip"]["seeds"] == [0, 1] and lead["decl - clip"]["mean"] == pytest.approx(0.06)
     assert lead["decl - clip at decl scale"]["mean"] == pytest.approx(0.03)
     assert lead["decl at clip scale - clip"]["mean"] == pytest.approx(0.01)
+    assert lead["clip at decl scale - clip"]["mean"] == pytest.approx(0.03)
     assert 64 not in bs.control_leads(records)
     block = bs.readme_block({"verdicts": bs.verdicts(records), "runs": records, "status": "x",
                              "confidence": bs.CONFIDENCE})
     assert "**Temperature controls at B = 32** (test split, seeds 0, 1): `decl`'s lead over `clip` is +6.0" in block
+    assert lead["decl - clip"]["verdict"] == "no verdict"  # 2 seeds: below the rule's 3
+
+
+def test_controls_carry_the_rules_verdict_once_three_seeds_agree():
+    arms = {"clip": 0.30, "decl default": 0.36, "clip at decl's scale (B=32)": 0.355, "decl at clip's scale (B=32)": 0.30}
+    jitter = {0: 0.0, 1: 0.004, 2: -0.003}  # each arm moves alike per seed: paired differences barely spread
+    records = [scored(lab, 32, s, v + jitter[s] + (0.001 * s if lab == "decl default" else 0.0))
+               for s in range(3) for lab, v in arms.items()]
+    lead = bs.control_leads(records)[32]
+    assert lead["decl - clip"]["verdict"] == "beats"
+    assert lead["clip at decl scale - clip"]["verdict"] == "beats"
+    assert lead["decl - clip at decl scale"]["verdict"] == "tie"  # +0.6 point: inside the resolution
+    assert lead["decl at clip scale - clip"]["verdict"] == "no verdict"  # 0 on every seed: the interval holds zero
+    table = bs.controls_table(records)
+    assert "| clip at decl's scale (B=32) | clip at 32 | 3 | s0 +5.5, s1 +5.5, s2 +5.5 | +5.5 | [+5.5, +5.5] | beats |" in table
+    which = bs.which_loss_block({"verdicts": bs.verdicts(records), "runs": records, "confidence": bs.CONFIDENCE})
+    assert "- InfoNCE trained at `decl`'s final temperature - `clip`, B = 32, test split: +5.5 [+5.5, +5.5] (3 seeds, beats)." in which
+    assert "- `decl` - InfoNCE trained at `decl`'s final temperature, B = 32, test split: +0.6" in which
 
 
 def test_dcl_package_default_is_the_bare_loss_flag_planned_beside_clip_at_its_batch():
