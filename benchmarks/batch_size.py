@@ -663,6 +663,23 @@ def decisive_status(rows: List[dict]) -> str:
                      + ")" for r in rows if r["kind"] == "reach" and r["split"] == "test")
 
 
+def code_checks_line(commits: Sequence[str], folder: Path = HERE / "results") -> str:
+    """What the code checks (``code_check.py``, ``results/code_check*.json``) say of the commits the runs came
+    from: for each check, whether short runs of the earlier commit and a later one train to the same bits."""
+    said = []
+    for path in sorted(folder.glob("code_check*.json")):
+        doc = json.loads(path.read_text())
+        for check in doc["checks"]:
+            old, new = next(iter(check["objectives"].values()))["commits"]
+            if any(c[:7] in (old[:7], new[:7]) for c in commits):
+                said.append(f"{old} and {new} train {', '.join(f'`{o}`' for o in check['objectives'])} at "
+                            f"B = {doc['batch_size']}, seed {doc['seed']}, {doc['epochs']} epochs "
+                            + ("to the same bits (data files, the loss at every logged step, validation and test "
+                               "scores)" if check["identical"] else "**differently**: rerun the runs of "
+                               f"{old}") + f" ([{path.stem}.md]({path.stem}.md))")
+    return (" Code checks: " + "; ".join(said) + ".") if said else ""
+
+
 def controls_table(records: List[dict]) -> str:
     """Markdown: each temperature control against ``clip`` and ``decl default`` at its batch (test split,
     paired by seed)."""
@@ -807,7 +824,8 @@ def write(out: Path, records: List[dict], planned: int, data: dict, budget: ex.B
             date=f"runs finished {finished[0] if finished else '-'} to {finished[-1] if finished else '-'}; this "
             f"report written by a call started {started:%Y-%m-%d %H:%M}. Training time over the runs: "
             f"{train_min:.0f} min."),
-        f"- Code: the runs ran at commit(s) {', '.join(commits)} (each run's own in the JSON).",
+        f"- Code: the runs ran at commit(s) {', '.join(commits)} (each run's own in the JSON)."
+        + code_checks_line(commits),
         f"- Data: `clip-dcl data synth --image-size {cfg['image_size']} --num-classes {cfg['num_classes']} "
         f"--train-samples {cfg['train_samples']} --test-samples {cfg.get('test_samples', 0)}` "
         f"(tau_plus {float(data['tau_plus']):.3f}).",

@@ -380,3 +380,17 @@ def test_restore_cache_makes_a_reports_runs_reused_and_skips_a_report_of_other_d
         bs.run_one("clip", ("--loss", "clip"), data, bs.dataclasses.replace(budget, batch_size=32, seed=2),
                    tmp_path, threads=1)
     assert [r["label"] for r in bs.finished_runs(tmp_path, data, budget)] == ["clip"]
+
+
+def test_code_checks_line_names_the_checked_commits_of_the_runs_only(tmp_path):
+    def check(old, new, identical):
+        return {"against": old, "identical": identical, "same_data": True,
+                "objectives": {"clip": {"commits": [old, new], "identical": identical}}}
+    doc = {"batch_size": 64, "seed": 0, "epochs": 2,
+           "checks": [check("aaaaaaa111", "ccccccc333", True), check("bbbbbbb222", "ccccccc333", False)]}
+    (tmp_path / "code_check.json").write_text(json.dumps(doc))
+    line = bs.code_checks_line(["aaaaaaa111"], tmp_path)
+    assert "aaaaaaa111 and ccccccc333 train `clip` at B = 64, seed 0, 2 epochs to the same bits" in line
+    assert "bbbbbbb222" not in line
+    assert "**differently**: rerun the runs of bbbbbbb222" in bs.code_checks_line(["bbbbbbb222"], tmp_path)
+    assert bs.code_checks_line(["ddddddd444"], tmp_path) == ""
