@@ -933,25 +933,27 @@ _REACH = {"reaches": "reaches", "does not reach": "does not reach", "no verdict"
 
 
 def control_leads(records: List[dict]) -> Dict[int, Dict[str, dict]]:
-    """Per decisive batch size with both temperature controls run: ``decl``'s lead over ``clip``, over InfoNCE at
-    ``decl``'s scale, and ``decl`` at ``clip``'s scale over ``clip``, each paired by seed on the test split over
-    the seeds every arm has (:func:`t_interval` plus the per-seed ``diffs`` and the :func:`beat_verdict`)."""
+    """Per decisive batch size with a temperature control run: ``decl``'s lead over ``clip`` (on the seeds a
+    control ran), over InfoNCE at ``decl``'s scale, InfoNCE at ``decl``'s scale over ``clip``, and ``decl`` at
+    ``clip``'s scale over ``clip``; each paired by seed on the test split over the seeds both of its arms have
+    (:func:`t_interval` plus the per-seed ``diffs``, the ``seeds`` and the :func:`beat_verdict`)."""
     idx = per_seed(records)
     out = {}
     for b in DECISIVE_SIZES:
         arms = {"clip": ("clip", b), "decl": ("decl default", b), "clip at decl scale": (f"clip at decl's scale (B={b})", b),
                 "decl at clip scale": (f"decl at clip's scale (B={b})", b)}
-        seeds = sorted(s for (lab, bb, s) in idx if (lab, bb) == arms["clip"]
-                       and all((*arm, s) in idx for arm in arms.values()))
-        if not seeds:
-            continue
-        out[b] = {}
+        controlled = {s for (lab, bb, s) in idx if (lab, bb) in (arms["clip at decl scale"], arms["decl at clip scale"])}
+        comparisons = {}
         for name, (x, y) in {"decl - clip": ("decl", "clip"), "decl - clip at decl scale": ("decl", "clip at decl scale"),
                              "clip at decl scale - clip": ("clip at decl scale", "clip"),
                              "decl at clip scale - clip": ("decl at clip scale", "clip")}.items():
-            diffs = [idx[(*arms[x], s)] - idx[(*arms[y], s)] for s in seeds]
-            st = t_interval(diffs)
-            out[b][name] = {**st, "diffs": diffs, "seeds": seeds, "verdict": beat_verdict(st)}
+            seeds = sorted(s for s in controlled if (*arms[x], s) in idx and (*arms[y], s) in idx)
+            if seeds:
+                diffs = [idx[(*arms[x], s)] - idx[(*arms[y], s)] for s in seeds]
+                st = t_interval(diffs)
+                comparisons[name] = {**st, "diffs": diffs, "seeds": seeds, "verdict": beat_verdict(st)}
+        if any(name != "decl - clip" for name in comparisons):
+            out[b] = comparisons
     return out
 
 
@@ -992,15 +994,14 @@ def readme_block(doc: dict) -> str:
         lines.append("- Another draw of the data (same recipe, other images): not run yet; every verdict above "
                      "holds on one draw.")
     lead = control_leads(doc["runs"])
+    said = {"decl - clip": "`decl`'s lead over `clip`", "clip at decl scale - clip": "InfoNCE trained at `decl`'s "
+            "final scale, fixed, over `clip`", "decl - clip at decl scale": "`decl`'s lead over that InfoNCE",
+            "decl at clip scale - clip": "`decl` trained at `clip`'s final scale, fixed, over `clip`"}
     for b, c in sorted(lead.items()):
-        lines.append(
-            f"- **Temperature controls at B = {b}** (test split, seeds {', '.join(map(str, c['decl - clip']['seeds']))}): "
-            f"`decl`'s lead over `clip` is {cell(c['decl - clip'])}, {c['decl - clip']['verdict']}; "
-            f"InfoNCE trained at `decl`'s final scale leads `clip` by {cell(c['clip at decl scale - clip'])}, "
-            f"{c['clip at decl scale - clip']['verdict']}; `decl`'s lead over that InfoNCE is "
-            f"{cell(c['decl - clip at decl scale'])}, {c['decl - clip at decl scale']['verdict']}; `decl` trained at "
-            f"`clip`'s final scale leads `clip` by {cell(c['decl at clip scale - clip'])}, "
-            f"{c['decl at clip scale - clip']['verdict']} (verdicts by the rule's beats / trails / tie).")
+        parts = [f"{what}: {cell(c[name])}, {c[name]['verdict']} (seeds {', '.join(map(str, c[name]['seeds']))})"
+                 for name, what in said.items() if name in c]
+        lines.append(f"- **Temperature controls at B = {b}** (test split, paired by seed; verdicts by the rule's beats / "
+                     f"trails / tie): " + "; ".join(parts) + ".")
     if not lead:
         lines.append("- Temperature controls (InfoNCE at `decl`'s scale, `decl` at `clip`'s): not run yet.")
     lines += ["", f"Status of the report: {doc['status']}"]
@@ -1056,7 +1057,10 @@ def which_loss_block(doc: dict) -> str:
                  + ("; ".join(cells) if cells else "no test-split runs yet") + ".")
     for b, c in sorted(control_leads(doc["runs"]).items()):
         for name, what in (("clip at decl scale - clip", "InfoNCE trained at `decl`'s final temperature - `clip`"),
-                           ("decl - clip at decl scale", "`decl` - InfoNCE trained at `decl`'s final temperature")):
+                           ("decl - clip at decl scale", "`decl` - InfoNCE trained at `decl`'s final temperature"),
+                           ("decl at clip scale - clip", "`decl` trained at `clip`'s final temperature - `clip`")):
+            if name not in c:
+                continue
             lines.append(f"- {what}, B = {b}, test split: {_interval(c[name])} ({c[name]['n']} seeds, "
                          f"{c[name]['verdict']}).")
     dcl = {r["split"]: r for r in doc.get("dcl_default", []) if r["n"]}

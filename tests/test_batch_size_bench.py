@@ -249,7 +249,7 @@ def test_each_dcl_variant_changes_only_its_settings_of_the_screens_base():
     assert "dcl top" not in bs.screen_objectives() and ("dcl top", 64, 0) in bs.planned_runs(["dcl-screen"])
 
 
-def test_control_leads_pair_the_four_arms_by_seed_on_the_test_split():
+def test_control_leads_pair_each_comparisons_arms_by_seed_on_the_test_split():
     arms = {"clip": 0.30, "decl default": 0.36, "clip at decl's scale (B=32)": 0.33, "decl at clip's scale (B=32)": 0.31}
     records = [scored(lab, 32, s, v + s / 100) for s in range(2) for lab, v in arms.items()]
     records.append(scored("clip at decl's scale (B=32)", 32, 2, 0.5))  # seed 2 lacks the other arms: left out
@@ -261,8 +261,15 @@ def test_control_leads_pair_the_four_arms_by_seed_on_the_test_split():
     assert 64 not in bs.control_leads(records)
     block = bs.readme_block({"verdicts": bs.verdicts(records), "runs": records, "status": "x",
                              "confidence": bs.CONFIDENCE})
-    assert "**Temperature controls at B = 32** (test split, seeds 0, 1): `decl`'s lead over `clip` is +6.0" in block
+    assert ("**Temperature controls at B = 32** (test split, paired by seed; verdicts by the rule's beats / trails / "
+            "tie): `decl`'s lead over `clip`: +6.0 [+6.0, +6.0] (per seed +6.0, +6.0), no verdict (seeds 0, 1)") in block
     assert lead["decl - clip"]["verdict"] == "no verdict"  # 2 seeds: below the rule's 3
+    # one control with a seed more than the other: each comparison over the seeds both of its arms have
+    more = records + [scored(lab, 32, 2, arms[lab] + 0.02) for lab in ("clip", "decl default")]
+    lead = bs.control_leads(more)[32]
+    assert lead["clip at decl scale - clip"]["seeds"] == [0, 1, 2] and lead["decl - clip"]["seeds"] == [0, 1, 2]
+    assert lead["decl at clip scale - clip"]["seeds"] == [0, 1]
+    assert 32 not in bs.control_leads([r for r in more if "scale" not in r["label"]])  # no control: no row
 
 
 def test_controls_carry_the_rules_verdict_once_three_seeds_agree():
