@@ -975,7 +975,7 @@ def readme_block(doc: dict) -> str:
         if reach["n"]:
             line = (f"- **B = {b}: `decl` {_REACH[reach['verdict']]} `clip` at {2 * b}** (test split, "
                     f"{reach['n']} seeds{'' if reach['n'] >= MIN_SEEDS else f'; {MIN_SEEDS} at least for a verdict'}): "
-                    f"decl@{b} - clip@{2 * b} = {cell(reach)}, threshold {-100 * reach['gain'] / 2:+.1f} (half of "
+                    f"decl@{b} - clip@{2 * b} = {cell(reach)}, threshold {0.0 - 100 * reach['gain'] / 2:+.1f} (half of "
                     f"`clip`'s gain from {b} to {2 * b}); against `clip` at {b}: {cell(beat)}, {beat['verdict']}.")
         else:
             line = f"- **B = {b}: no test-split runs yet.**"
@@ -1051,6 +1051,12 @@ def which_loss_block(doc: dict) -> str:
     sampling-bias data's zero-shot difference."""
     conf = f"{100 * doc['confidence']:.0f} %"
     lines = [f"Paired differences in points, mean [{conf} interval], with the split and the seeds:", ""]
+    reach = {r["batch_size"]: r for r in doc["verdicts"] if r["kind"] == "reach" and r["split"] == "test"}
+    cells = [f"B = {b}: {_interval(r)} against a threshold of {0.0 - 100 * r['gain'] / 2:+.1f} ({r['n']} seeds, "
+             f"{r['verdict']})" for b, r in sorted(reach.items()) if r["n"]]
+    lines.append("- `decl` at B - `clip` at 2B (reaches when the interval lies above minus half of `clip`'s gain from "
+                 "B to 2B), retrieval mean R@1, test split: " + ("; ".join(cells) if cells else "no test-split runs yet")
+                 + ".")
     beat = {r["batch_size"]: r for r in doc["verdicts"] if r["kind"] == "beat" and r["split"] == "test"}
     cells = [f"B = {b}: {_interval(r)} ({r['n']} seeds, {r['verdict']})" for b, r in sorted(beat.items()) if r["n"]]
     lines.append("- `decl` - `clip` at the same batch, retrieval mean R@1, test split: "

@@ -339,6 +339,8 @@ def test_which_loss_numbers_come_from_the_verdicts_the_dcl_check_and_the_screens
     block = bs.which_loss_block(doc)
     assert "- `decl` - `clip` at the same batch, retrieval mean R@1, test split: B = 32: +0.0 [" in block
     assert "(3 seeds, no verdict)" in block
+    assert ("minus half of `clip`'s gain from B to 2B), retrieval mean R@1, test split: B = 32: +0.0 [-0.8, +0.8] "
+            "against a threshold of +0.0 (3 seeds, no verdict).") in block
     assert "- `--loss dcl` at its defaults - `clip`, B = 64, retrieval mean R@1, test split: +0.00 [+0.00, +0.00] " \
            "(3 seeds, within the seeds' noise)." in block
     empty = bs.which_loss_block({"verdicts": bs.verdicts([]), "runs": [], "confidence": bs.CONFIDENCE})
