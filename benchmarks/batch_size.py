@@ -529,20 +529,33 @@ def needed(job: tuple, records: List[dict], sizes: Sequence[int] = DECISIVE_SIZE
     return any(not decided(records, x) for x in users)
 
 
+def clearance(r: dict) -> Optional[float]:
+    """How far a comparison's interval lies past its threshold (fraction; positive: the side its verdict names,
+    negative: short of either side by that much), or None below two seeds."""
+    if r["n"] < 2:
+        return None
+    threshold = -r["gain"] / 2 if r["kind"] == "reach" else 0.0
+    return max(r["lo"] - threshold, threshold - r["hi"])
+
+
 def verdict_table(rows: List[dict]) -> str:
-    """Markdown: one row per batch size and comparison, with the split, seeds, interval and verdict."""
+    """Markdown: one row per batch size and comparison, with the split, seeds, interval, how far the interval
+    clears its threshold (:func:`clearance`) and the verdict."""
     lines = ["| B | decl default against | split | seeds | per-seed differences (points) | mean | "
-             f"{100 * CONFIDENCE:.0f} % interval | threshold | verdict |", "|---:|---|---|---:|---|---:|---|---:|---|"]
+             f"{100 * CONFIDENCE:.0f} % interval | threshold | interval clears it by (points) | verdict |",
+             "|---:|---|---|---:|---|---:|---|---:|---:|---|"]
     for r in rows:
         if not r["n"]:
-            lines.append(f"| {r['batch_size']} | {r['against']} | - | 0 | - | - | - | - | not run |")
+            lines.append(f"| {r['batch_size']} | {r['against']} | - | 0 | - | - | - | - | - | not run |")
             continue
         threshold = -r["gain"] / 2 if r["kind"] == "reach" else 0.0
         interval = "-" if r["n"] < 2 else f"[{100 * r['lo']:+.1f}, {100 * r['hi']:+.1f}]"
+        clear = clearance(r)
+        clear = "-" if clear is None else f"{100 * clear:+.2f}"
         verdict = f"**{r['verdict']}**" if r["split"] == "test" else f"none (the rule would read: {r['verdict']})"
         lines.append(f"| {r['batch_size']} | {r['against']} | {r['split']} | {r['n']} | "
                      + ", ".join(f"s{s} {100 * d:+.1f}" for s, d in zip(r["seeds"], r["diffs"]))
-                     + f" | {100 * r['mean']:+.1f} | {interval} | {100 * threshold:+.1f} | {verdict} |")
+                     + f" | {100 * r['mean']:+.1f} | {interval} | {100 * threshold:+.1f} | {clear} | {verdict} |")
     return "\n".join(lines)
 
 
@@ -856,6 +869,12 @@ def write(out: Path, records: List[dict], planned: int, data: dict, budget: ex.B
         "Each verdict is on the test split. Beside it, for context, the same comparison on the validation "
         "split of the earlier sweep: `decl`'s default was chosen on those images, so those rows are no verdict.",
         "",
+        "How to read a verdict reached by a small clearance: the decisive stage adds seeds one at a time and stops at "
+        f"the first verdict, and an interval read after every seed covers the true difference less often than its "
+        f"nominal {100 * CONFIDENCE:.0f} %. A clearance of a few hundredths of a point means one more seed could have "
+        "taken the verdict away; such a verdict needs the second draw of the data, or more seeds, before it carries "
+        "a claim.",
+        "",
         verdict_table(rows),
     ]
     archived = {(r["label"], r["batch_size"], r["seed"]): r["metrics"][MEAN_R1] for r in archived_runs(cfg)}
@@ -976,7 +995,8 @@ def readme_block(doc: dict) -> str:
             line = (f"- **B = {b}: `decl` {_REACH[reach['verdict']]} `clip` at {2 * b}** (test split, "
                     f"{reach['n']} seeds{'' if reach['n'] >= MIN_SEEDS else f'; {MIN_SEEDS} at least for a verdict'}): "
                     f"decl@{b} - clip@{2 * b} = {cell(reach)}, threshold {0.0 - 100 * reach['gain'] / 2:+.1f} (half of "
-                    f"`clip`'s gain from {b} to {2 * b}); against `clip` at {b}: {cell(beat)}, {beat['verdict']}.")
+                    f"`clip`'s gain from {b} to {2 * b}){_cleared(reach)}; against `clip` at {b}: {cell(beat)}, "
+                    f"{beat['verdict']}.")
         else:
             line = f"- **B = {b}: no test-split runs yet.**"
         old = rows.get((b, "reach", "validation"))
@@ -1038,6 +1058,14 @@ def dcl_default_block(doc: dict) -> str:
     return text
 
 
+def _cleared(r: dict) -> str:
+    """``, the interval clearing it by 0.01 point`` for a verdict (:func:`clearance`); nothing without one."""
+    c = clearance(r)
+    if c is None or r["verdict"] == "no verdict":
+        return ""
+    return f", the interval clearing it by {100 * c:.2f} point{'' if round(100 * c, 2) == 1 else 's'}"
+
+
 def _interval(st: dict) -> str:
     """``+m [+lo, +hi]`` in points (the interval only from two values up)."""
     return f"{100 * st['mean']:+.1f}" + (f" [{100 * st['lo']:+.1f}, {100 * st['hi']:+.1f}]" if st["n"] >= 2 else "")
@@ -1053,7 +1081,7 @@ def which_loss_block(doc: dict) -> str:
     lines = [f"Paired differences in points, mean [{conf} interval], with the split and the seeds:", ""]
     reach = {r["batch_size"]: r for r in doc["verdicts"] if r["kind"] == "reach" and r["split"] == "test"}
     cells = [f"B = {b}: {_interval(r)} against a threshold of {0.0 - 100 * r['gain'] / 2:+.1f} ({r['n']} seeds, "
-             f"{r['verdict']})" for b, r in sorted(reach.items()) if r["n"]]
+             f"{r['verdict']}{_cleared(r)})" for b, r in sorted(reach.items()) if r["n"]]
     lines.append("- `decl` at B - `clip` at 2B (reaches when the interval lies above minus half of `clip`'s gain from "
                  "B to 2B), retrieval mean R@1, test split: " + ("; ".join(cells) if cells else "no test-split runs yet")
                  + ".")

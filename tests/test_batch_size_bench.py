@@ -403,3 +403,15 @@ def test_code_checks_line_names_the_checked_commits_of_the_runs_only(tmp_path):
     assert "bbbbbbb222" not in line
     assert "**differently**: rerun the runs of bbbbbbb222" in bs.code_checks_line(["bbbbbbb222"], tmp_path)
     assert bs.code_checks_line(["ddddddd444"], tmp_path) == ""
+
+
+def test_clearance_is_how_far_the_interval_lies_past_its_threshold():
+    reach = {"kind": "reach", "gain": 0.04, "lo": -0.019, "hi": 0.01, "n": 5, "verdict": "reaches"}
+    assert bs.clearance(reach) == pytest.approx(0.001)  # threshold -0.02
+    short = {**reach, "lo": -0.03, "hi": 0.01, "verdict": "no verdict"}
+    assert bs.clearance(short) == pytest.approx(-0.01)  # 1 point short of the threshold's upper side
+    below = {**reach, "lo": -0.06, "hi": -0.05, "verdict": "does not reach"}
+    assert bs.clearance(below) == pytest.approx(0.03)
+    beat = {"kind": "beat", "gain": 0.04, "lo": 0.005, "hi": 0.02, "n": 3, "verdict": "beats"}
+    assert bs.clearance(beat) == pytest.approx(0.005) and bs.clearance({**beat, "n": 1}) is None
+    assert bs._cleared(reach) == ", the interval clearing it by 0.10 points" and bs._cleared(short) == ""
