@@ -1085,6 +1085,13 @@ def which_loss_block(doc: dict) -> str:
     lines.append("- `decl` at B - `clip` at 2B (reaches when the interval lies above minus half of `clip`'s gain from "
                  "B to 2B), retrieval mean R@1, test split: " + ("; ".join(cells) if cells else "no test-split runs yet")
                  + ".")
+    again = [r for r in doc.get("draws", []) if r["n"]]
+    for r in again:
+        other = 2 * r["batch_size"] if r["kind"] == "reach" else r["batch_size"]
+        lines.append(f"- The same on another draw of the data (`--seed {r['data_seed']}`: other training, validation and "
+                     f"test images), `decl` at {r['batch_size']} - `clip` at {other}, test split: {_interval(r)} "
+                     + (f"against a threshold of {0.0 - 100 * r['gain'] / 2:+.1f} " if r["kind"] == "reach" else "")
+                     + f"({r['n']} seeds, {r['verdict']}{_cleared(r)}).")
     beat = {r["batch_size"]: r for r in doc["verdicts"] if r["kind"] == "beat" and r["split"] == "test"}
     cells = [f"B = {b}: {_interval(r)} ({r['n']} seeds, {r['verdict']})" for b, r in sorted(beat.items()) if r["n"]]
     lines.append("- `decl` - `clip` at the same batch, retrieval mean R@1, test split: "

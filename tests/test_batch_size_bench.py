@@ -323,6 +323,11 @@ def test_another_draw_of_the_data_gets_its_own_folder_and_its_verdicts_beside_dr
     doc = {"verdicts": bs.verdicts([]), "runs": [], "status": "x", "confidence": bs.CONFIDENCE, "draws": rows}
     assert "**Another draw of the data** (`--seed 1`, B = 32, test split, 3 seeds)" in bs.readme_block(doc)
     assert "holds on one draw" in bs.readme_block({**doc, "draws": []})
+    which = bs.which_loss_block(doc)
+    assert "- The same on another draw of the data (`--seed 1`: other training, validation and test images), `decl` " \
+           "at 32 - `clip` at 64, test split: +0.0 [-0.8, +0.8] against a threshold of " in which
+    assert "(3 seeds, reaches, the interval clearing it by " in which
+    assert "another draw" not in bs.which_loss_block({**doc, "draws": []})
 
 
 def test_a_negative_data_seed_stops_before_any_work(tmp_path):
