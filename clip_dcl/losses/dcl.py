@@ -149,9 +149,10 @@ class DebiasedClipLoss(ContrastiveLoss):
 
     Args:
         tau_plus: class prior ``tau^+`` in [0, 1), or ``"auto"`` (estimated from the batches, see the module
-            docstring). The default, 0, is InfoNCE exactly: no prior screened on the project's batch-size
-            testbed kept retrieval within the seeds' noise of ``clip`` (``benchmarks/results/dcl_screen.md``),
-            so debiasing is asked for by giving the prior.
+            docstring). The default, 0, is InfoNCE exactly: no prior has yet kept retrieval within the seeds'
+            noise of ``clip`` across the project's batch-size testbed's batch sizes and seeds (one, 0.01, passed
+            the one-seed screen at one batch size: ``benchmarks/results/dcl_screen.md``), so debiasing is asked
+            for by giving the prior.
         clamp: ``"clamp"`` (default, Eq. 7's floor ``N e^{-1/t}``) or ``"biased"`` (clamped rows use
             the uncorrected row instead).
         beta: hard-negative concentration ``beta >= 0`` (HCL); 0 is the debiased loss.
@@ -183,13 +184,13 @@ class DebiasedClipLoss(ContrastiveLoss):
     output_key = "dcl_loss"
     supports_captions_per_image = True
     summary = ("debiased contrastive loss (DCL; with --hcl-beta, hard negatives as HCL); InfoNCE until --tau-plus "
-               "is given: no setting screened kept retrieval within the seeds' noise of clip (README)")
+               "is given: no setting has yet kept retrieval within the seeds' noise of clip across batch sizes (README)")
     flags = (
         LossFlag("--tau-plus", "tau_plus", type=parse_tau_plus, metavar="TAU|auto",
                  help="class prior tau+ in [0, 1), the chance that a negative shares the anchor's class, or auto "
                       "(estimated from the batches' scores, logged as Tau_plus; not recommended: it overestimates in "
-                      "training). Default 0: InfoNCE exactly, since no prior screened on the batch-size testbed kept "
-                      "retrieval within the seeds' noise of clip (README, 'Which loss when')"),
+                      "training). Default 0: InfoNCE exactly, since no prior has yet kept retrieval within the seeds' noise "
+                      "of clip across the batch-size testbed's batch sizes and seeds (README, 'Which loss when')"),
         LossFlag("--dcl-clamp", "clamp", choices=CLAMP_MODES,
                  help="rows whose negative estimate hits the floor N e^{-1/t}: keep the floor (clamp) or use the "
                       "uncorrected row (biased)"),
