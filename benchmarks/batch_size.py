@@ -287,17 +287,21 @@ def code_commit() -> str:
     return head + ("+changes" if git("status", "--porcelain", "--untracked-files=no") else "")
 
 
+def shared_budget(budget: dict) -> dict:
+    """A budget's settings that every run of a report shares (its batch size and seed aside)."""
+    return {k: v for k, v in budget.items() if k not in ("batch_size", "seed")}
+
+
 def finished_runs(work: Path, data: dict, budget: ex.Budget) -> List[dict]:
     """Every cached run under ``work`` trained on ``data`` with ``budget`` (any batch size and seed),
     labelled by the objective whose flags it has."""
     by_flags = {tuple(flags): name for name, flags in objectives().items()}
-    want = json.loads(json.dumps({k: v for k, v in dataclasses.asdict(budget).items()
-                                  if k not in ("batch_size", "seed")}))
+    want = shared_budget(json.loads(json.dumps(dataclasses.asdict(budget))))
     out = []
     for path in sorted((work / "scores").glob("*.json")):
         doc = json.loads(path.read_text())
         settings = doc.get("settings", {})
-        got = {k: v for k, v in settings.get("budget", {}).items() if k not in ("batch_size", "seed")}
+        got = shared_budget(settings.get("budget", {}))
         label = by_flags.get(tuple(settings.get("flags", ())))
         if got == want and settings.get("data") == json.loads(json.dumps(data["config"])) and label:
             out.append({**doc["record"], "label": label, "source": "reused"})
@@ -331,12 +335,11 @@ def restore_cache(reports: Sequence[Path], work: Path, data: dict, budget: ex.Bu
     ``budget`` (batch size and seed aside), so that a fresh machine resumes the stages from the committed
     reports instead of retraining their runs (training is deterministic on CPU: the report's
     "Reproduction" line checks it). Runs already cached are left alone; returns how many were written."""
-    want = {k: v for k, v in json.loads(json.dumps(dataclasses.asdict(budget))).items()
-            if k not in ("batch_size", "seed")}
+    want = shared_budget(json.loads(json.dumps(dataclasses.asdict(budget))))
     written = 0
     for path in reports:
         doc = json.loads(Path(path).read_text())
-        got = {k: v for k, v in doc.get("budget", {}).items() if k not in ("batch_size", "seed")}
+        got = shared_budget(doc.get("budget", {}))
         if doc.get("data") != json.loads(json.dumps(data["config"])) or got != want:
             print(f"[batch_size] {path}: other data or budget than this call's; nothing restored from it")
             continue
