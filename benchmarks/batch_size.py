@@ -165,6 +165,10 @@ DCL_VARIANTS = {
     "dcl tau+ auto": {"tau_plus": "auto"},
     "dcl default": {},
 }
+#: the ``dcl`` settings through the screen's bar, swept at every batch size and seed against ``clip`` on the
+#: test split (``--stage dcl-sweep``): one passed (``dcl tau+ 0.01``); the next best trailed ``clip`` by 11 points
+DCL_SWEEP_VARIANTS = ("dcl tau+ 0.01",)
+DCL_SWEEP_SIZES = (16, 32, 64, 128, 256)
 
 
 def archived_runs(data_config: Optional[dict] = None) -> List[dict]:
@@ -413,13 +417,15 @@ def planned_runs(stages: Sequence[str], sizes: Sequence[int] = BATCH_SIZES, seed
                  screen_sizes: Sequence[int] = SCREEN_BATCH_SIZES, screen_seed: int = 0,
                  screen_variants: Optional[Sequence[str]] = None,
                  sweep_variants: Sequence[str] = SWEEP_VARIANTS, decisive_sizes: Sequence[int] = DECISIVE_SIZES,
-                 decisive_seeds: Sequence[int] = tuple(range(SEED_CAP))) -> List[tuple]:
+                 decisive_seeds: Sequence[int] = tuple(range(SEED_CAP)),
+                 dcl_sweep_variants: Sequence[str] = DCL_SWEEP_VARIANTS) -> List[tuple]:
     """The (objective, batch, seed) runs the stages plan, in order, each once: the gate (``clip`` at
     every batch size and seed), the screen (``screen_variants``, default every objective, at
     ``screen_sizes`` with one seed) and the sweep (``clip``, ``dcl`` at 0.05 and ``sweep_variants``
     at every seed and batch size, the largest for ``clip`` only), the decisive stage (:func:`decisive_runs`;
     the driver skips those whose batch sizes are decided), ``--loss dcl`` at its package defaults beside
-    ``clip`` (:data:`DCL_DEFAULT_SIZE`, ``seeds``) and the temperature controls (``seeds``)."""
+    ``clip`` (:data:`DCL_DEFAULT_SIZE`, ``seeds``), the temperature controls (``seeds``) and the ``dcl`` sweep
+    (``dcl_sweep_variants`` and ``clip`` at every batch size, the largest first, and seed)."""
     runs = []
     if "gate" in stages:
         runs += [("clip", b, s) for s in seeds for b in sizes]
@@ -441,6 +447,9 @@ def planned_runs(stages: Sequence[str], sizes: Sequence[int] = BATCH_SIZES, seed
     if "controls" in stages:
         runs += [(label, b, s) for s in seeds for b in decisive_sizes
                  for label in (f"clip at decl's scale (B={b})", f"decl at clip's scale (B={b})")]
+    if "dcl-sweep" in stages:
+        runs += [(label, b, s) for b in sorted(sizes, reverse=True) for s in seeds
+                 for label in (*dcl_sweep_variants, "clip")]
     return list(dict.fromkeys(runs))
 
 
@@ -1144,7 +1153,8 @@ def which_loss_block(doc: dict) -> str:
 # ------------------------------------------------------------------------------------------
 def build_parser() -> argparse.ArgumentParser:
     p = arguments.benchmark_parser("batch_size.py", __doc__)
-    p.add_argument("--stage", nargs="+", choices=("gate", "screen", "sweep", "decisive", "controls", "dcl-screen", "dcl-default", "screen16"),
+    p.add_argument("--stage", nargs="+", choices=("gate", "screen", "sweep", "decisive", "controls", "dcl-screen", "dcl-default", "screen16",
+                                                       "dcl-sweep"),
                    default=["decisive"])
     p.add_argument("--decisive-batch-sizes", type=int, nargs="+", default=list(DECISIVE_SIZES))
     p.add_argument("--decisive-seeds", type=int, nargs="+", default=list(range(SEED_CAP)),
@@ -1162,6 +1172,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--screen-seed", type=int, default=0)
     p.add_argument("--variants", nargs="+", default=None, help="screen: objectives to run (default: all)")
     p.add_argument("--sweep-variants", nargs="+", default=list(SWEEP_VARIANTS), help="sweep: DeCL variants")
+    p.add_argument("--dcl-sweep-variants", nargs="+", default=list(DCL_SWEEP_VARIANTS),
+                   help="dcl-sweep: dcl settings (from the screen's)")
     p.add_argument("--jobs", type=int, default=2, help="trainings side by side")
     p.add_argument("--threads", type=int, default=1, help="torch threads per training")
     p.add_argument("--report-only", action="store_true",
@@ -1176,7 +1188,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Optional[List[str]] = None) -> int:
     args, argv = arguments.parse(build_parser(), argv)
     names = objectives()
-    for name in (args.variants or []) + args.sweep_variants:
+    for name in (args.variants or []) + args.sweep_variants + args.dcl_sweep_variants:
         if name not in names:
             raise SystemExit(f"unknown objective {name!r}; choose from {list(names)}")
     if args.epochs < 1 or args.jobs < 1 or args.threads < 1:
@@ -1199,7 +1211,8 @@ def main(argv: Optional[List[str]] = None) -> int:
               f"from {', '.join(map(str, args.restore_from))}", flush=True)
     jobs = [(label, names[label], b, s) for label, b, s in planned_runs(
         args.stage, args.batch_sizes, args.seeds, args.screen_batch_sizes, args.screen_seed,
-        args.variants, args.sweep_variants, args.decisive_batch_sizes, args.decisive_seeds)]
+        args.variants, args.sweep_variants, args.decisive_batch_sizes, args.decisive_seeds,
+        args.dcl_sweep_variants)]
     command = ex.command_line("batch_size.py", argv)
     started = datetime.now(timezone.utc)
     if args.report_only:  # the dcl screen's runs in its own report (--stage dcl-screen), the rest in this one
