@@ -39,6 +39,7 @@ import argparse
 import dataclasses
 import math
 import os
+import re
 import sys
 import time
 from datetime import datetime, timezone
@@ -252,6 +253,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "temperature, decl) against clip and dcl at the true prior; report sampling_bias_extra.md")
     p.add_argument("--fewshot-seeds", type=int, nargs="+", default=None,
                    help="k-shot draws of the 5-shot probe (default 0 1 2; quick 0)")
+    p.add_argument("--stem", default=None,
+                   help=f"report name under --results (default {STEM}, or {STEM}_extra with --extra): another "
+                        "data set or prior list in a report of its own")
     p.add_argument("--threads", type=int, default=0,
                    help="torch threads of each training child (0: torch's default; trainings started through "
                         "clip_dcl.experiment take turns on a machine, see its machine_lock)")
@@ -277,6 +281,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     budget = dataclasses.replace(base, epochs=args.epochs or base.epochs)
     seeds = args.seeds if args.seeds is not None else ([0] if args.quick else [0, 1, 2])
     arguments.check_seeds(seeds)
+    stem = args.stem or (STEM + "_extra" if args.extra else STEM)
+    if not re.fullmatch(r"[A-Za-z0-9_.-]+", stem):
+        raise SystemExit(f"--stem must be a file name without a folder, got {stem!r}")
     taus = args.tau_plus if args.tau_plus is not None else ([0.25] if args.quick else [0.05, 0.1, 0.25, 0.4])
     fewshot_seeds = args.fewshot_seeds or ([0] if args.quick else [0, 1, 2])
     if args.extra and args.tau_plus is not None:
@@ -295,10 +302,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     if not args.quick or args.train_samples != 6000:
         overrides["train_samples"] = args.train_samples
     data = ex.synth_data(work / "data", quick=args.quick, **overrides)
-    stem = STEM
     if args.extra:
         runs = make_extra_runs(float(data["tau_plus"]))
-        stem = STEM + "_extra"
 
     if not args.no_oracle:
         import train_oracle  # noqa: F401  registers the oracle's loss here too: the run cache reads its defaults
@@ -326,15 +331,17 @@ def main(argv: Optional[List[str]] = None) -> int:
             scores[run.name].append({**metrics, "seed": seed})
             eval_seconds[run.name].append(secs)
             write(results_dir, runs, results, scores, eval_seconds, data, budget, seeds, fewshot_seeds, command,
-                  started, time.perf_counter() - t_start, complete=(done == total), stem=stem)
+                  started, time.perf_counter() - t_start, complete=(done == total), stem=stem, extra=args.extra)
     print(f"[sampling_bias] wrote {results_dir / (stem + '.md')}, .json, .png", flush=True)
     print((results_dir / f"{stem}.md").read_text().split("## Full comparison")[0])
     return 0
 
 
 def write(out: Path, runs, results, scores, eval_seconds, data, budget, seeds, fewshot_seeds, command, started,
-          seconds, complete: bool, stem: str = STEM) -> None:
-    """(Re)write the report from the runs finished so far (``stem``: ``sampling_bias`` or its ``_extra``)."""
+          seconds, complete: bool, stem: str = STEM, extra: Optional[bool] = None) -> None:
+    """(Re)write the report from the runs finished so far under ``stem``; ``extra``: the other objectives' report
+    (default: ``stem`` is not ``sampling_bias``)."""
+    main_report = stem == STEM if extra is None else not extra
     have = {n: v for n, v in scores.items() if v}
     res = {n: results[n] for n in have}
     chance = ex.chance_levels(data)
@@ -349,7 +356,7 @@ def write(out: Path, runs, results, scores, eval_seconds, data, budget, seeds, f
     eval_s = [s for n in have for s in eval_seconds[n]]
     header = "\n".join([
         ("# Sampling bias, the other objectives: M captions, curl, hcl, tau_plus auto, clamp, temperature, decl"
-         if stem != STEM else "# Sampling bias: clip vs dcl(tau_plus) vs the unbiased oracle"),
+         if not main_report else "# Sampling bias: clip vs dcl(tau_plus) vs the unbiased oracle"),
         "",
         *ex.about_lines(
             status=status, command=command, machine=machine(),
@@ -369,7 +376,7 @@ def write(out: Path, runs, results, scores, eval_seconds, data, budget, seeds, f
         f"k-shot draws {fewshot_seeds} (reduced grid).",
         ("- Objectives: `clip` = OpenCLIP's InfoNCE (= dcl at tau_plus 0); `dcl tau+=t` = debiased contrastive loss "
          "with class prior t; `unbiased (oracle)` = InfoNCE whose negatives exclude the anchor's latent class "
-         "(true labels; the upper reference dcl approximates)." if stem == STEM else
+         "(true labels; the upper reference dcl approximates)." if main_report else
          "- Objectives (each run's flags are in the json): `clip`; `dcl tau+=t` at the true prior; `clamp biased` = "
          "clamped rows fall back to InfoNCE; `t=` = a fixed temperature for dcl instead of the learned scale; "
          "`tau+=auto` = the prior estimated during training; `M=3` = 3 of each image's 5 captions as positives "
@@ -387,10 +394,10 @@ def write(out: Path, runs, results, scores, eval_seconds, data, budget, seeds, f
                                     "eval_seconds": {n: eval_seconds[n] for n in have},
                                     "summary": summary, "training_logs": logs})
     ordered = [r for r in runs if r.name in have]
-    if stem == STEM:
-        plot_tau(ordered, have, chance, true_tau, out / f"{STEM}.png", title=title)
+    if main_report:
+        plot_tau(ordered, have, chance, true_tau, out / f"{stem}.png", title=title)
         headline = ["## Headline scores against tau_plus (%, mean ± sample std over training seeds)",
-                    tau_table(ordered, summary, chance), f"![scores against tau_plus]({STEM}.png)"]
+                    tau_table(ordered, summary, chance), f"![scores against tau_plus]({stem}.png)"]
     else:
         headline = ["## Headline scores (%, mean ± sample std over training seeds; (ratio to clip's mean in this run); "
                     "mean Clamp_rate over the logged training steps; final Tau_plus estimate)",
