@@ -740,11 +740,18 @@ def dcl_default_rows(records: List[dict]) -> List[dict]:
                        and ("clip", b, s) in idx)
         diffs = [idx[(DCL_DEFAULT, DCL_DEFAULT_SIZE, s)] - idx[("clip", DCL_DEFAULT_SIZE, s)] for s in seeds]
         st = t_interval(diffs)
-        verdict = ("no verdict" if st["n"] < MIN_SEEDS else "trails" if st["hi"] < 0 else
-                   "above" if st["lo"] > 0 else "within the seeds' noise")
         rows.append({"split": split, "batch_size": DCL_DEFAULT_SIZE, "seeds": seeds, "diffs": diffs, **st,
-                     "verdict": verdict})
+                     "verdict": noise_reading(st)})
     return rows
+
+
+def noise_reading(st: dict) -> str:
+    """The ``dcl`` rule's reading of a paired interval against ``clip``: **trails** when it lies below zero,
+    **above** when it lies above, **within the seeds' noise** when it holds zero; below :data:`MIN_SEEDS`
+    seeds, no verdict."""
+    if st["n"] < MIN_SEEDS:
+        return "no verdict"
+    return "trails" if st["hi"] < 0 else "above" if st["lo"] > 0 else "within the seeds' noise"
 
 
 def dcl_default_table(rows: List[dict]) -> str:
@@ -818,6 +825,194 @@ def write_dcl_screen(out: Path, records: List[dict], planned: int, data: dict, b
     (out / f"{stem}.json").write_text(json.dumps(doc, indent=1, default=str) + "\n")
 
 
+#: the rule that picks ``dcl``'s defaults from the sweep (stated in the issue that asked for the sweep, before it ran)
+DCL_RULE = (
+    f"A `dcl` setting can be the default when at no batch size of the sweep it trails `clip` by more than the "
+    f"seeds' noise: at every batch size ({', '.join(map(str, DCL_SWEEP_SIZES))}) the {100 * CONFIDENCE:.0f} % "
+    f"t-interval of its retrieval mean R@1 minus `clip`'s (test split, paired by seed, {MIN_SEEDS} seeds at least) "
+    "holds zero or lies above it. Among the settings that pass, the default is the one with the best zero-shot "
+    "top-1 on the sampling-bias data (4 and 10 classes). If none passes, `dcl`'s default stays `tau_plus` 0 "
+    "(InfoNCE exactly) and the README and `--help` say so.")
+#: the sampling-bias reports of the ``dcl`` sweep (``benchmarks/sampling_bias.py --stem ...``), by class count
+DCL_BIAS_REPORTS = {4: "sampling_bias_dcl_4classes.json", 10: "sampling_bias_dcl_10classes.json"}
+
+
+def dcl_sweep_rows(records: List[dict], labels: Sequence[str] = DCL_SWEEP_VARIANTS) -> List[dict]:
+    """Per ``dcl`` setting and batch size: minus ``clip`` at the same batch, paired by seed, on the test split
+    (retrieval mean R@1: the rule's; zero-shot top-1 beside it) with its reading (:func:`noise_reading`), the
+    validation split's mean difference (context) and the mean clamp rate over the last fifth of training."""
+    rows = []
+    for label in labels:
+        for b in sorted({r["batch_size"] for r in records if r["label"] == label}):
+            row = {"label": label, "batch_size": b}
+            for split, key in (("test", "test_metrics"), ("validation", "metrics")):
+                idx = {(r["label"], r["seed"]): r for r in records if r["batch_size"] == b and r.get(key)}
+                seeds = sorted(s for (lab, s) in idx if lab == label and ("clip", s) in idx)
+                for metric, name in ((MEAN_R1, "r1"), ("zeroshot/top1", "zeroshot")):
+                    both = [s for s in seeds if metric in idx[(label, s)][key] and metric in idx[("clip", s)][key]]
+                    diffs = [idx[(label, s)][key][metric] - idx[("clip", s)][key][metric] for s in both]
+                    row[f"{split}_{name}"] = {"seeds": both, "diffs": diffs, **t_interval(diffs)}
+            row["reading"] = noise_reading(row["test_r1"])
+            clamps = [r["clamp_rate"] for r in records if r["label"] == label and r["batch_size"] == b
+                      and r.get("clamp_rate") is not None]
+            row["clamp_rate"] = sum(clamps) / len(clamps) if clamps else None
+            rows.append(row)
+    return rows
+
+
+def dcl_bias_rows(folder: Path = HERE / "results") -> List[dict]:
+    """Per sampling-bias report of :data:`DCL_BIAS_REPORTS` found in ``folder`` and per objective but ``clip``:
+    its zero-shot top-1 minus ``clip``'s, paired by seed (the held-out split), with the data's true prior."""
+    rows = []
+    for classes, name in sorted(DCL_BIAS_REPORTS.items()):
+        path = folder / name
+        if not path.is_file():
+            continue
+        doc = json.loads(path.read_text())
+        clip = {r["seed"]: r["metrics"]["zeroshot/top1"] for r in doc["runs"].get("clip", [])}
+        for label, runs in doc["runs"].items():
+            if label == "clip":
+                continue
+            pairs = [(r["seed"], r["metrics"]["zeroshot/top1"] - clip[r["seed"]]) for r in runs if r["seed"] in clip]
+            rows.append({"classes": doc["data"]["config"]["num_classes"], "true_tau_plus": doc["true_tau_plus"],
+                         "label": label, "report": name, "complete": doc.get("complete", False),
+                         "seeds": [s for s, _ in pairs], "diffs": [d for _, d in pairs],
+                         **t_interval([d for _, d in pairs])})
+    return rows
+
+
+def bias_label(label: str) -> str:
+    """The sampling-bias report's name of a sweep setting (``dcl tau+ 0.01`` -> ``dcl tau+=0.01``)."""
+    tau = DCL_VARIANTS.get(label, {}).get("tau_plus")
+    return f"dcl tau+={tau:g}" if isinstance(tau, float) else label
+
+
+def dcl_sweep_decision(rows: List[dict], bias: List[dict], labels: Sequence[str] = DCL_SWEEP_VARIANTS) -> dict:
+    """:data:`DCL_RULE` applied: per setting ``passes`` (a reading at every sweep size, none **trails**),
+    ``trails_at`` and ``missing`` (sizes without the rule's seeds); ``default``: the passing setting with the
+    best mean zero-shot difference over the sampling-bias reports (None when none passes)."""
+    out = {}
+    for label in labels:
+        mine = {r["batch_size"]: r for r in rows if r["label"] == label}
+        missing = [b for b in DCL_SWEEP_SIZES if b not in mine or mine[b]["reading"] == "no verdict"]
+        trails = [b for b in DCL_SWEEP_SIZES if b in mine and mine[b]["reading"] == "trails"]
+        zs = [r["mean"] for r in bias if r["label"] == bias_label(label) and r["n"]]
+        out[label] = {"passes": not missing and not trails, "trails_at": trails, "missing": missing,
+                      "bias_zeroshot": sum(zs) / len(zs) if zs else None}
+    passing = [lab for lab, d in out.items() if d["passes"]]
+    best = max(passing, key=lambda lab: out[lab]["bias_zeroshot"] if out[lab]["bias_zeroshot"] is not None
+               else float("-inf"), default=None)
+    return {"settings": out, "default": best}
+
+
+def _pm(st: dict, digits: int = 1) -> str:
+    """``+m [+lo, +hi]`` in points at ``digits`` (the interval only from two values up); ``-`` without values."""
+    if not st["n"]:
+        return "-"
+    return f"{100 * st['mean']:+.{digits}f}" + (
+        f" [{100 * st['lo']:+.{digits}f}, {100 * st['hi']:+.{digits}f}]" if st["n"] >= 2 else "")
+
+
+def _seeds(n: int) -> str:
+    return f"{n} seed{'' if n == 1 else 's'}"
+
+
+def write_dcl_sweep(out: Path, records: List[dict], planned: int, data: dict, budget: ex.Budget, command: str,
+                    started: datetime, stem: str, labels: Sequence[str] = DCL_SWEEP_VARIANTS,
+                    gathered: Optional[int] = None) -> None:
+    """The ``dcl`` sweep's report: per setting and batch size its paired difference from ``clip`` on the test
+    split with the rule's reading (:data:`DCL_RULE`), the sampling-bias data's zero-shot differences, and the
+    default the rule picks (``gathered``: the number of cached runs a report-only call read, for the status)."""
+    out.mkdir(parents=True, exist_ok=True)
+    status = ("complete" if len(records) == planned else f"PARTIAL: {len(records)} of {planned} planned runs"
+              ) if gathered is None else f"{gathered} finished runs gathered from the cache (stage dcl-sweep)"
+    finished = sorted(r.get("finished", "") for r in records)
+    rows = dcl_sweep_rows(records, labels)
+    bias = dcl_bias_rows(out)
+    decision = dcl_sweep_decision(rows, bias, labels)
+    said = []
+    for label, d in decision["settings"].items():
+        why = ("passes" if d["passes"] else
+               f"fails: trails `clip` at B = {', '.join(map(str, d['trails_at']))}" if d["trails_at"] else
+               f"no reading yet at B = {', '.join(map(str, d['missing']))}")
+        if d["trails_at"] and d["missing"]:
+            why += f" (no reading yet at B = {', '.join(map(str, d['missing']))})"
+        said.append(f"`{label}` {why}")
+    waiting = any(d["missing"] and not d["trails_at"] for d in decision["settings"].values())
+    verdict = ("; ".join(said) + ". "
+               + (f"The rule's default: `{decision['default']}`." if decision["default"] else
+                  "No setting passes yet." if waiting else
+                  "No setting passes: `dcl`'s default stays `tau_plus` 0 (InfoNCE exactly)."))
+    table_rows = [[f"`{r['label']}`", r["batch_size"], r["test_r1"]["n"],
+                   ", ".join(f"s{s} {100 * d:+.1f}" for s, d in zip(r["test_r1"]["seeds"], r["test_r1"]["diffs"])),
+                   _pm(r["test_r1"]), f"**{r['reading']}**", _pm(r["test_zeroshot"]),
+                   "-" if not r["validation_r1"]["n"] else f"{100 * r['validation_r1']['mean']:+.1f}",
+                   "-" if r["clamp_rate"] is None else f"{r['clamp_rate']:.2f}"] for r in rows]
+    bias_rows = [[f"`{r['label']}`", r["classes"], f"{r['true_tau_plus']:.3g}", r["n"],
+                  ", ".join(f"s{s} {100 * d:+.1f}" for s, d in zip(r["seeds"], r["diffs"])), _pm(r)]
+                 for r in bias]
+    parts = ["# The `dcl` sweep on the testbed (test split)", "",
+             *ex.about_lines(status=status, command=command,
+                             date=f"runs finished {finished[0] if finished else '-'} to "
+                                  f"{finished[-1] if finished else '-'}; report written by a call started "
+                                  f"{started:%Y-%m-%d %H:%M}."),
+             f"- Code: commit(s) {', '.join(sorted({r.get('commit', 'unrecorded') for r in records}))}.",
+             f"- Data and training: as [`batch_size.md`](batch_size.md) ({budget.epochs} epochs, `{budget.model}`, "
+             f"true prior {float(data['tau_plus']):.3f}). **The rule reads the test split**; the settings swept are "
+             "those through the screen on the validation split ([`dcl_screen.md`](dcl_screen.md)).",
+             "- Settings (every flag written out):",
+             *[f"  - `{name}`: `{' '.join(objectives()[name])}`" for name in labels],
+             f"- **The rule**: {DCL_RULE}",
+             f"- **Verdict**: {verdict}",
+             "", f"## Against `clip` at the same batch (test split, points, paired by seed; {100 * CONFIDENCE:.0f} % "
+             "t-interval)", "",
+             ex.markdown_table(["setting", "B", "seeds", "per-seed R@1 differences", "mean R@1 [interval]", "reading",
+                                "zero-shot top-1 [interval]", "validation R@1 (context)",
+                                "clamp rate, last fifth of training"], table_rows, "lrrllllrr"),
+             "", "## Zero-shot on the sampling-bias data (held-out split, points, minus `clip`, paired by seed)", "",
+             ("Each report: `benchmarks/sampling_bias.py --stem sampling_bias_dcl_<C>classes` (2 epochs at B = 128; "
+              "its own JSON has every run's flags). The oracle drops same-class negatives using the true labels.\n\n"
+              + ex.markdown_table(["objective", "classes", "true prior", "seeds", "per-seed differences",
+                                   "mean [interval]"], bias_rows, "lrrrll")) if bias_rows else
+             "Not run yet (`benchmarks/sampling_bias.py --stem sampling_bias_dcl_4classes`, and with `--num-classes 10`).",
+             "", "## Scores on the test split (%, mean ± sample std over seeds)", "", table(records, "test_metrics"),
+             "", "## Scores on the validation split (context)", "", table(records)]
+    (out / f"{stem}.md").write_text("\n".join(parts) + "\n")
+    doc = {"machine": ex.machine_info(), "command": command, "status": status, "split": "test",
+           "confidence": CONFIDENCE, "rule": DCL_RULE, "sizes": list(DCL_SWEEP_SIZES), "rows": rows,
+           "sampling_bias": bias, "decision": decision, "budget": dataclasses.asdict(budget),
+           "data": data["config"], "objectives": {n: objectives()[n] for n in labels}, "runs": records}
+    (out / f"{stem}.json").write_text(json.dumps(doc, indent=1, default=str) + "\n")
+
+
+def dcl_sweep_block(doc: dict) -> str:
+    """docs/results.md's ``dcl`` sweep, from ``dcl_sweep.json``: per setting its paired difference from ``clip``
+    at each batch size (test split) with the rule's reading, the sampling-bias zero-shot differences and the
+    default the rule picks."""
+    conf = f"{100 * doc['confidence']:.0f} %"
+    lines = [f"Retrieval mean R@1 minus `clip`'s at the same batch, test split, points, mean [{conf} interval] "
+             "(seeds, reading):", ""]
+    for label, d in doc["decision"]["settings"].items():
+        cells = [f"B = {r['batch_size']}: {_pm(r['test_r1'])} ({_seeds(r['test_r1']['n'])}, {r['reading']})"
+                 for r in doc["rows"] if r["label"] == label]
+        lines.append(f"- `{label}`: " + ("; ".join(cells) or "no runs yet") + ".")
+        zs = [f"{r['classes']} classes (true prior {r['true_tau_plus']:.3g}): {_pm(r)} ({_seeds(r['n'])})"
+              for r in doc["sampling_bias"] if r["label"] == bias_label(label)]
+        if zs:
+            lines.append(f"  Zero-shot top-1 minus `clip`'s on the sampling-bias data: {'; '.join(zs)}.")
+    oracle = [f"{r['classes']} classes {_pm(r)}" for r in doc["sampling_bias"] if "oracle" in r["label"]]
+    if oracle:
+        lines.append(f"- The oracle (same-class negatives dropped by the true labels) minus `clip`, zero-shot: "
+                     f"{'; '.join(oracle)}.")
+    default = doc["decision"]["default"]
+    waiting = any(d["missing"] and not d["trails_at"] for d in doc["decision"]["settings"].values())
+    lines += ["", "By the rule: " + (f"`{default}` passes and becomes the default." if default else
+                                      "no setting has passed yet (the sweep is not complete)." if waiting else
+                                      "no setting passes at every batch size; `dcl`'s default stays `tau_plus` 0."),
+              "", f"Status of the report: {doc['status']}"]
+    return "\n".join(lines)
+
+
 def write(out: Path, records: List[dict], planned: int, data: dict, budget: ex.Budget, command: str,
           started: datetime, stages: Sequence[str], sizes: Sequence[int], stem: str = STEM,
           draws: Optional[Dict[int, List[dict]]] = None) -> None:
@@ -827,6 +1022,8 @@ def write(out: Path, records: List[dict], planned: int, data: dict, budget: ex.B
     (:func:`readme_block`)."""
     if list(stages) == ["dcl-screen"]:
         return write_dcl_screen(out, records, planned, data, budget, command, started, stem)
+    if list(stages) == ["dcl-sweep"]:
+        return write_dcl_sweep(out, records, planned, data, budget, command, started, stem)
     out.mkdir(parents=True, exist_ok=True)
     rows = verdicts(records, archived_runs(data["config"]))
     if list(stages) == ["report of finished runs"]:
@@ -1217,6 +1414,14 @@ def main(argv: Optional[List[str]] = None) -> int:
     started = datetime.now(timezone.utc)
     if args.report_only:  # the dcl screen's runs in its own report (--stage dcl-screen), the rest in this one
         records = finished_runs(work, data, budget)
+        if "dcl-sweep" in args.stage:  # the sweep's settings at its batch sizes, and clip where they have a seed
+            mine = [r for r in records if r["label"] in args.dcl_sweep_variants and r["batch_size"] in args.batch_sizes]
+            have = {(r["batch_size"], r["seed"]) for r in mine}
+            records = mine + [r for r in records if r["label"] == "clip" and (r["batch_size"], r["seed"]) in have]
+            write_dcl_sweep(results, records, len(records), data, budget, command, started, args.stem,
+                            args.dcl_sweep_variants, gathered=len(records))
+            print(f"[batch_size] {len(records)} finished runs -> {results / (args.stem + '.md')}")
+            return 0
         screen = "dcl-screen" in args.stage
         if screen:
             records = [r for r in records if r["label"] in DCL_VARIANTS or (

@@ -420,3 +420,91 @@ def test_clearance_is_how_far_the_interval_lies_past_its_threshold():
     beat = {"kind": "beat", "gain": 0.04, "lo": 0.005, "hi": 0.02, "n": 3, "verdict": "beats"}
     assert bs.clearance(beat) == pytest.approx(0.005) and bs.clearance({**beat, "n": 1}) is None
     assert bs._cleared(reach) == ", the interval clearing it by 0.10 points" and bs._cleared(short) == ""
+
+
+# ------------------------------------------------------------------------------------------
+# The dcl sweep: its plan, its rule and its report
+# ------------------------------------------------------------------------------------------
+DCL = bs.DCL_SWEEP_VARIANTS[0]
+
+
+def sweep_records(diffs_by_b, label=DCL):
+    """clip at 0.30 and ``label`` at 0.30 + d on the test split, per batch size and seed (``diffs_by_b``)."""
+    out = []
+    for b, diffs in diffs_by_b.items():
+        for s, d in enumerate(diffs):
+            out += [scored("clip", b, s, 0.30), scored(label, b, s, 0.30 + d)]
+    return out
+
+
+def test_the_dcl_sweep_plans_its_settings_beside_clip_largest_batch_first():
+    plan = bs.planned_runs(["dcl-sweep"], sizes=(16, 256), seeds=(0, 1), dcl_sweep_variants=("dcl tau+ 0.01",))
+    assert plan == [("dcl tau+ 0.01", 256, 0), ("clip", 256, 0), ("dcl tau+ 0.01", 256, 1), ("clip", 256, 1),
+                    ("dcl tau+ 0.01", 16, 0), ("clip", 16, 0), ("dcl tau+ 0.01", 16, 1), ("clip", 16, 1)]
+    assert set(bs.DCL_SWEEP_VARIANTS) <= set(bs.DCL_VARIANTS)  # swept settings are screened ones
+    assert "--tau-plus 0.01" in " ".join(bs.objectives()[DCL])
+
+
+def test_dcl_sweep_rows_pair_each_batch_with_clip_and_read_the_interval():
+    rows = {r["batch_size"]: r for r in bs.dcl_sweep_rows(
+        sweep_records({16: [0.01, -0.01, 0.0], 64: [-0.05, -0.06, -0.04], 128: [0.02, 0.03]}))}
+    assert rows[16]["reading"] == "within the seeds' noise" and rows[16]["test_r1"]["seeds"] == [0, 1, 2]
+    assert rows[64]["reading"] == "trails" and rows[64]["test_r1"]["mean"] == pytest.approx(-0.05)
+    assert rows[128]["reading"] == "no verdict"  # two seeds
+    assert rows[16]["validation_r1"]["n"] == 3 and rows[16]["test_zeroshot"]["n"] == 0  # no zero-shot scored here
+
+
+def test_the_dcl_rule_passes_a_setting_only_with_a_reading_at_every_size_and_none_trailing():
+    ok = {b: [0.01, -0.01, 0.0] for b in bs.DCL_SWEEP_SIZES}
+    d = bs.dcl_sweep_decision(bs.dcl_sweep_rows(sweep_records(ok)), [])
+    assert d["settings"][DCL]["passes"] and d["default"] == DCL
+    short = dict(ok)
+    short.pop(256)
+    d = bs.dcl_sweep_decision(bs.dcl_sweep_rows(sweep_records(short)), [])
+    assert not d["settings"][DCL]["passes"] and d["settings"][DCL]["missing"] == [256] and d["default"] is None
+    bad = {**ok, 32: [-0.05, -0.06, -0.04]}
+    d = bs.dcl_sweep_decision(bs.dcl_sweep_rows(sweep_records(bad)), [])
+    assert d["settings"][DCL]["trails_at"] == [32] and d["default"] is None
+
+
+def test_among_passing_settings_the_best_sampling_bias_zero_shot_is_the_default():
+    ok = {b: [0.01, -0.01, 0.0] for b in bs.DCL_SWEEP_SIZES}
+    other = "dcl tau+ 0.021"
+    rows = bs.dcl_sweep_rows(sweep_records(ok) + sweep_records(ok, other), (DCL, other))
+    bias = [{"label": bs.bias_label(DCL), "mean": 0.01, "n": 3}, {"label": bs.bias_label(other), "mean": 0.03, "n": 3}]
+    assert bs.bias_label(other) == "dcl tau+=0.021"
+    assert bs.dcl_sweep_decision(rows, bias, (DCL, other))["default"] == other
+    bias[0]["mean"] = 0.05
+    assert bs.dcl_sweep_decision(rows, bias, (DCL, other))["default"] == DCL
+
+
+def test_dcl_bias_rows_pair_each_objective_with_clip_by_seed(tmp_path):
+    def run(seed, z):
+        return {"seed": seed, "metrics": {"zeroshot/top1": z}}
+    doc = {"data": {"config": {"num_classes": 10}}, "true_tau_plus": 0.1, "complete": True,
+           "runs": {"clip": [run(0, 0.50), run(1, 0.40)], "dcl tau+=0.01": [run(0, 0.55), run(1, 0.40), run(2, 0.9)]}}
+    (tmp_path / bs.DCL_BIAS_REPORTS[10]).write_text(json.dumps(doc))
+    rows = bs.dcl_bias_rows(tmp_path)
+    assert len(rows) == 1 and rows[0]["classes"] == 10 and rows[0]["seeds"] == [0, 1]  # seed 2 has no clip
+    assert rows[0]["diffs"] == pytest.approx([0.05, 0.0]) and rows[0]["label"] == "dcl tau+=0.01"
+    assert bs.dcl_bias_rows(tmp_path / "none") == []
+
+
+def test_the_dcl_sweep_report_and_block_say_the_rules_verdict(tmp_path):
+    data = {"config": {"num_classes": 48}, "tau_plus": 0.021}
+    budget = bs.ex.Budget(epochs=20, model=bs.MODEL)
+    trailing = {**{b: [0.01, -0.01, 0.0] for b in bs.DCL_SWEEP_SIZES}, 256: [-0.2, -0.25, -0.22]}
+    records = [{**r, "logit_scale": [], "val_r1": [], "train_seconds": 1.0} for r in sweep_records(trailing)]
+    bs.write_dcl_sweep(tmp_path, records, len(records), data, budget, "cmd", bs.datetime.now(bs.timezone.utc),
+                       "dcl_sweep")
+    text = (tmp_path / "dcl_sweep.md").read_text()
+    assert "fails: trails `clip` at B = 256" in text and "default stays `tau_plus` 0" in text
+    assert "| `dcl tau+ 0.01` | 256 | 3 | s0 -20.0, s1 -25.0, s2 -22.0 |" in text
+    doc = json.loads((tmp_path / "dcl_sweep.json").read_text())
+    block = bs.dcl_sweep_block(doc)
+    assert "B = 256: -22.3 [" in block and "(3 seeds, trails)" in block
+    assert "no setting passes at every batch size" in block
+    partial = [r for r in records if r["batch_size"] != 16]
+    bs.write_dcl_sweep(tmp_path, partial, len(records), data, budget, "cmd", bs.datetime.now(bs.timezone.utc),
+                       "partial")
+    assert "PARTIAL" in (tmp_path / "partial.md").read_text()
