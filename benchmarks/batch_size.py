@@ -1000,6 +1000,12 @@ def dcl_sweep_block(doc: dict) -> str:
               for r in doc["sampling_bias"] if r["label"] == bias_label(label)]
         if zs:
             lines.append(f"  Zero-shot top-1 minus `clip`'s on the sampling-bias data: {'; '.join(zs)}.")
+    swept = {bias_label(label) for label in doc["decision"]["settings"]}
+    others = [f"`{r['label']}` {_pm(r)} on {r['classes']} classes" for r in doc["sampling_bias"]
+              if r["label"] not in swept and "oracle" not in r["label"] and r["n"]]
+    if others:
+        lines.append("- Other priors on the same sampling-bias data, zero-shot top-1 minus `clip`'s (context: not "
+                     f"in this sweep): {'; '.join(others)}.")
     oracle = [f"{r['classes']} classes {_pm(r)}" for r in doc["sampling_bias"] if "oracle" in r["label"]]
     if oracle:
         lines.append(f"- The oracle (same-class negatives dropped by the true labels) minus `clip`, zero-shot: "
@@ -1330,19 +1336,39 @@ def which_loss_block(doc: dict) -> str:
             lines.append(f"- The debiased `dcl` screen ({screen['data']['num_classes']} classes, validation split, "
                          f"one seed): its best setting, `{best[1]}`, - `clip` at B = {best[2]}: {100 * best[0]:+.1f}; "
                          f"settings through the screen: {', '.join(screen['passing']) or 'none'}.")
+    sweep_path = HERE / "results" / "dcl_sweep.json"
+    if sweep_path.is_file():
+        sweep = json.loads(sweep_path.read_text())
+        for label, d in sweep["decision"]["settings"].items():
+            cells = [f"B = {r['batch_size']}: {_interval(r['test_r1'])} ({_seeds(r['test_r1']['n'])}, {r['reading']})"
+                     for r in sweep["rows"] if r["label"] == label]
+            rule = ("passes" if d["passes"] else f"fails (trails at B = {', '.join(map(str, d['trails_at']))})"
+                    if d["trails_at"] else "no reading yet at every batch size")
+            lines.append(f"- The `dcl` sweep, `{label}` - `clip` at the same batch, retrieval mean R@1, test split: "
+                         + ("; ".join(cells) or "no runs yet") + f"; by the default's rule: {rule}.")
+    zero_shot: Dict[tuple, str] = {}  # (objective, classes): its line; the sweep's reports first, then the main one
+    for r in (json.loads(sweep_path.read_text())["sampling_bias"] if sweep_path.is_file() else []):
+        if r["label"].startswith("dcl tau+=") and r["n"]:
+            zero_shot[(r["label"], r["classes"])] = _zero_shot_line(r["label"], r["classes"], r["true_tau_plus"],
+                                                                    _interval(r), r["n"])
     bias_path = HERE / "results" / "sampling_bias.json"
     if bias_path.is_file():
         bias = json.loads(bias_path.read_text())
+        classes = bias["data"]["config"]["num_classes"]
         clip_runs = {r["seed"]: r["metrics"]["zeroshot/top1"] for r in bias["runs"].get("clip", [])}
         for name, runs in bias["runs"].items():
-            if name.startswith("dcl tau+="):
+            if name.startswith("dcl tau+=") and (name, classes) not in zero_shot:
                 paired = [r["metrics"]["zeroshot/top1"] - clip_runs[r["seed"]] for r in runs if r["seed"] in clip_runs]
                 if paired:
-                    lines.append(f"- `{name.replace('tau+=', '--tau-plus ')}` - `clip`, zero-shot top-1 on the "
-                                 f"{bias['data']['config']['num_classes']}-class sampling-bias data (true prior "
-                                 f"{bias['true_tau_plus']:g}), held-out split: {_interval(t_interval(paired))} "
-                                 f"({len(paired)} seeds).")
-    return "\n".join(lines)
+                    zero_shot[(name, classes)] = _zero_shot_line(name, classes, bias["true_tau_plus"],
+                                                                 _interval(t_interval(paired)), len(paired))
+    return "\n".join(lines + [zero_shot[k] for k in sorted(zero_shot, key=lambda k: (k[1], k[0]))])
+
+
+def _zero_shot_line(name: str, classes: int, true_tau: float, interval: str, n: int) -> str:
+    """One which-loss line: a ``dcl tau+=t`` run's zero-shot top-1 minus ``clip``'s on the sampling-bias data."""
+    return (f"- `{name.replace('tau+=', '--tau-plus ')}` - `clip`, zero-shot top-1 on the {classes}-class sampling-bias "
+            f"data (true prior {true_tau:.3g}), held-out split: {interval} ({_seeds(n)}).")
 
 
 # ------------------------------------------------------------------------------------------

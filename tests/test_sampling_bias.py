@@ -157,3 +157,9 @@ def test_prior_diagnosis_splits_the_pairs_by_relation_and_names_the_runs():
     scores = torch.cat([torch.randn(3000, generator=torch.Generator().manual_seed(0)),
                         8 + torch.randn(1000, generator=torch.Generator().manual_seed(1))])
     assert pd.sklearn_upper_weight(scores) == pytest.approx(0.25, abs=0.02)
+
+
+def test_a_stem_with_a_folder_stops_before_any_data_is_written(tmp_path, capsys):
+    with pytest.raises(SystemExit, match="--stem must be a file name without a folder, got '../x'"):
+        sb.main(["--stem", "../x", "--work", str(tmp_path / "work"), "--results", str(tmp_path / "out")])
+    assert not (tmp_path / "work").exists() and not (tmp_path / "out").exists()

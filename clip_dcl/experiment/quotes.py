@@ -69,6 +69,7 @@ QUOTES: Tuple[Quote, ...] = (
     Quote("quality numbers", "quality.py", "quality.json"),
     Quote("batch-size verdicts", "batch_size.py", "batch_size.json"),
     Quote("dcl screen", "batch_size.py", "dcl_screen.json", render="dcl_readme_block"),
+    Quote("dcl sweep", "batch_size.py", "dcl_sweep.json", render="dcl_sweep_block"),
     Quote("demo table", "clip_dcl.demo", "demo.json"),
     Quote("dcl default check", "batch_size.py", "batch_size.json", render="dcl_default_block"),
     Quote("which-loss numbers", "batch_size.py", "batch_size.json", ("README.md",), "which_loss_block"),
