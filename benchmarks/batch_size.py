@@ -41,6 +41,10 @@ budget and data, and reused):
 6. ``dcl-screen``: every ``dcl`` setting of :data:`DCL_VARIANTS` at ``--screen-batch-sizes`` (the
    largest first), ``--screen-seed``, judged on the validation split against ``clip`` at the same
    batch and seed.
+7. ``dcl-sweep``: the settings through that screen (``--dcl-sweep-variants``, default
+   :data:`DCL_SWEEP_VARIANTS`) and ``clip`` at every ``--batch-sizes`` (largest first) and ``--seeds``,
+   read on the test split by :data:`DCL_RULE` (report ``dcl_sweep.{md,json}``, beside the
+   sampling-bias data's zero-shot reports of :data:`DCL_BIAS_REPORTS`).
 
 The gate, screen and sweep of the 2026-11 reports ran before the test split existed: their scores
 are on the validation split, kept in ``results/batch_size_validation_sweep.{md,json}``.
