@@ -932,6 +932,7 @@ def write_dcl_sweep(out: Path, records: List[dict], planned: int, data: dict, bu
               ) if gathered is None else f"{gathered} finished runs gathered from the cache (stage dcl-sweep)"
     finished = sorted(r.get("finished", "") for r in records)
     rows = dcl_sweep_rows(records, labels)
+    commits = sorted({r.get("commit", "unrecorded") for r in records})
     bias = dcl_bias_rows(out)
     decision = dcl_sweep_decision(rows, bias, labels)
     said = []
@@ -960,7 +961,7 @@ def write_dcl_sweep(out: Path, records: List[dict], planned: int, data: dict, bu
                              date=f"runs finished {finished[0] if finished else '-'} to "
                                   f"{finished[-1] if finished else '-'}; report written by a call started "
                                   f"{started:%Y-%m-%d %H:%M}."),
-             f"- Code: commit(s) {', '.join(sorted({r.get('commit', 'unrecorded') for r in records}))}.",
+             f"- Code: commit(s) {', '.join(commits)} (each run's own in the JSON)." + code_checks_line(commits),
              f"- Data and training: as [`batch_size.md`](batch_size.md) ({budget.epochs} epochs, `{budget.model}`, "
              f"true prior {float(data['tau_plus']):.3f}). **The rule reads the test split**; the settings swept are "
              "those through the screen on the validation split ([`dcl_screen.md`](dcl_screen.md)).",

@@ -149,10 +149,10 @@ class DebiasedClipLoss(ContrastiveLoss):
 
     Args:
         tau_plus: class prior ``tau^+`` in [0, 1), or ``"auto"`` (estimated from the batches, see the module
-            docstring). The default, 0, is InfoNCE exactly: no prior has yet kept retrieval within the seeds'
-            noise of ``clip`` across the project's batch-size testbed's batch sizes and seeds (one, 0.01, passed
-            the one-seed screen at one batch size: ``benchmarks/results/dcl_screen.md``), so debiasing is asked
-            for by giving the prior.
+            docstring). The default, 0, is InfoNCE exactly: no prior kept retrieval within the seeds' noise of
+            ``clip`` at every batch size of the project's batch-size testbed (the one through its screen, 0.01,
+            trails at the largest: ``benchmarks/results/dcl_sweep.md``), so debiasing is asked for by giving
+            the prior.
         clamp: ``"clamp"`` (default, Eq. 7's floor ``N e^{-1/t}``) or ``"biased"`` (clamped rows use
             the uncorrected row instead).
         beta: hard-negative concentration ``beta >= 0`` (HCL); 0 is the debiased loss.
