@@ -1367,7 +1367,7 @@ def which_loss_block(doc: dict) -> str:
                 if paired:
                     zero_shot[(name, classes)] = _zero_shot_line(name, classes, bias["true_tau_plus"],
                                                                  _interval(t_interval(paired)), len(paired))
-    return "\n".join(lines + [zero_shot[k] for k in sorted(zero_shot, key=lambda k: (k[1], k[0]))])
+    return "\n".join(lines + [zero_shot[k] for k in sorted(zero_shot, key=lambda k: (k[1], float(k[0].split("=")[1])))])
 
 
 def _zero_shot_line(name: str, classes: int, true_tau: float, interval: str, n: int) -> str:
