@@ -865,11 +865,15 @@ def dcl_sweep_rows(records: List[dict], labels: Sequence[str] = DCL_SWEEP_VARIAN
 
 
 def dcl_bias_rows(folder: Path = HERE / "results") -> List[dict]:
-    """Per sampling-bias report of :data:`DCL_BIAS_REPORTS` found in ``folder`` and per objective but ``clip``:
-    its zero-shot top-1 minus ``clip``'s, paired by seed (the held-out split), with the data's true prior."""
+    """:func:`bias_rows` of the sampling-bias reports of :data:`DCL_BIAS_REPORTS` found in ``folder``."""
+    return bias_rows([folder / name for _, name in sorted(DCL_BIAS_REPORTS.items())])
+
+
+def bias_rows(paths: Sequence[Path]) -> List[dict]:
+    """Per sampling-bias report of ``paths`` that exists and per objective but ``clip``: its zero-shot top-1
+    minus ``clip``'s, paired by seed (the held-out split), with the data's class count and true prior."""
     rows = []
-    for classes, name in sorted(DCL_BIAS_REPORTS.items()):
-        path = folder / name
+    for path in paths:
         if not path.is_file():
             continue
         doc = json.loads(path.read_text())
@@ -879,7 +883,7 @@ def dcl_bias_rows(folder: Path = HERE / "results") -> List[dict]:
                 continue
             pairs = [(r["seed"], r["metrics"]["zeroshot/top1"] - clip[r["seed"]]) for r in runs if r["seed"] in clip]
             rows.append({"classes": doc["data"]["config"]["num_classes"], "true_tau_plus": doc["true_tau_plus"],
-                         "label": label, "report": name, "complete": doc.get("complete", False),
+                         "label": label, "report": path.name, "complete": doc.get("complete", False),
                          "seeds": [s for s, _ in pairs], "diffs": [d for _, d in pairs],
                          **t_interval([d for _, d in pairs])})
     return rows
@@ -894,7 +898,8 @@ def bias_label(label: str) -> str:
 def dcl_sweep_decision(rows: List[dict], bias: List[dict], labels: Sequence[str] = DCL_SWEEP_VARIANTS) -> dict:
     """:data:`DCL_RULE` applied: per setting ``passes`` (a reading at every sweep size, none **trails**),
     ``trails_at`` and ``missing`` (sizes without the rule's seeds); ``default``: the passing setting with the
-    best mean zero-shot difference over the sampling-bias reports (None when none passes)."""
+    best mean zero-shot difference over the sampling-bias reports (None when none passes); ``waiting``: a
+    setting still lacks a reading and trails nowhere yet."""
     out = {}
     for label in labels:
         mine = {r["batch_size"]: r for r in rows if r["label"] == label}
@@ -906,15 +911,8 @@ def dcl_sweep_decision(rows: List[dict], bias: List[dict], labels: Sequence[str]
     passing = [lab for lab, d in out.items() if d["passes"]]
     best = max(passing, key=lambda lab: out[lab]["bias_zeroshot"] if out[lab]["bias_zeroshot"] is not None
                else float("-inf"), default=None)
-    return {"settings": out, "default": best}
-
-
-def _pm(st: dict, digits: int = 1) -> str:
-    """``+m [+lo, +hi]`` in points at ``digits`` (the interval only from two values up); ``-`` without values."""
-    if not st["n"]:
-        return "-"
-    return f"{100 * st['mean']:+.{digits}f}" + (
-        f" [{100 * st['lo']:+.{digits}f}, {100 * st['hi']:+.{digits}f}]" if st["n"] >= 2 else "")
+    return {"settings": out, "default": best,
+            "waiting": any(d["missing"] and not d["trails_at"] for d in out.values())}
 
 
 def _seeds(n: int) -> str:
@@ -943,18 +941,17 @@ def write_dcl_sweep(out: Path, records: List[dict], planned: int, data: dict, bu
         if d["trails_at"] and d["missing"]:
             why += f" (no reading yet at B = {', '.join(map(str, d['missing']))})"
         said.append(f"`{label}` {why}")
-    waiting = any(d["missing"] and not d["trails_at"] for d in decision["settings"].values())
     verdict = ("; ".join(said) + ". "
                + (f"The rule's default: `{decision['default']}`." if decision["default"] else
-                  "No setting passes yet." if waiting else
+                  "No setting passes yet." if decision["waiting"] else
                   "No setting passes: `dcl`'s default stays `tau_plus` 0 (InfoNCE exactly)."))
     table_rows = [[f"`{r['label']}`", r["batch_size"], r["test_r1"]["n"],
                    ", ".join(f"s{s} {100 * d:+.1f}" for s, d in zip(r["test_r1"]["seeds"], r["test_r1"]["diffs"])),
-                   _pm(r["test_r1"]), f"**{r['reading']}**", _pm(r["test_zeroshot"]),
+                   _interval(r["test_r1"]), f"**{r['reading']}**", _interval(r["test_zeroshot"]),
                    "-" if not r["validation_r1"]["n"] else f"{100 * r['validation_r1']['mean']:+.1f}",
                    "-" if r["clamp_rate"] is None else f"{r['clamp_rate']:.2f}"] for r in rows]
     bias_rows = [[f"`{r['label']}`", r["classes"], f"{r['true_tau_plus']:.3g}", r["n"],
-                  ", ".join(f"s{s} {100 * d:+.1f}" for s, d in zip(r["seeds"], r["diffs"])), _pm(r)]
+                  ", ".join(f"s{s} {100 * d:+.1f}" for s, d in zip(r["seeds"], r["diffs"])), _interval(r)]
                  for r in bias]
     parts = ["# The `dcl` sweep on the testbed (test split)", "",
              *ex.about_lines(status=status, command=command,
@@ -998,27 +995,26 @@ def dcl_sweep_block(doc: dict) -> str:
     lines = [f"Retrieval mean R@1 minus `clip`'s at the same batch, test split, points, mean [{conf} interval] "
              "(seeds, reading):", ""]
     for label, d in doc["decision"]["settings"].items():
-        cells = [f"B = {r['batch_size']}: {_pm(r['test_r1'])} ({_seeds(r['test_r1']['n'])}, {r['reading']})"
+        cells = [f"B = {r['batch_size']}: {_interval(r['test_r1'])} ({_seeds(r['test_r1']['n'])}, {r['reading']})"
                  for r in doc["rows"] if r["label"] == label]
         lines.append(f"- `{label}`: " + ("; ".join(cells) or "no runs yet") + ".")
-        zs = [f"{r['classes']} classes (true prior {r['true_tau_plus']:.3g}): {_pm(r)} ({_seeds(r['n'])})"
+        zs = [f"{r['classes']} classes (true prior {r['true_tau_plus']:.3g}): {_interval(r)} ({_seeds(r['n'])})"
               for r in doc["sampling_bias"] if r["label"] == bias_label(label)]
         if zs:
             lines.append(f"  Zero-shot top-1 minus `clip`'s on the sampling-bias data: {'; '.join(zs)}.")
     swept = {bias_label(label) for label in doc["decision"]["settings"]}
-    others = [f"`{r['label']}` {_pm(r)} on {r['classes']} classes" for r in doc["sampling_bias"]
+    others = [f"`{r['label']}` {_interval(r)} on {r['classes']} classes" for r in doc["sampling_bias"]
               if r["label"] not in swept and "oracle" not in r["label"] and r["n"]]
     if others:
         lines.append("- Other priors on the same sampling-bias data, zero-shot top-1 minus `clip`'s (context: not "
                      f"in this sweep): {'; '.join(others)}.")
-    oracle = [f"{r['classes']} classes {_pm(r)}" for r in doc["sampling_bias"] if "oracle" in r["label"]]
+    oracle = [f"{r['classes']} classes {_interval(r)}" for r in doc["sampling_bias"] if "oracle" in r["label"]]
     if oracle:
         lines.append(f"- The oracle (same-class negatives dropped by the true labels) minus `clip`, zero-shot: "
                      f"{'; '.join(oracle)}.")
     default = doc["decision"]["default"]
-    waiting = any(d["missing"] and not d["trails_at"] for d in doc["decision"]["settings"].values())
     lines += ["", "By the rule: " + (f"`{default}` passes and becomes the default." if default else
-                                      "no setting has passed yet (the sweep is not complete)." if waiting else
+                                      "no setting has passed yet (the sweep is not complete)." if doc["decision"]["waiting"] else
                                       "no setting passes at every batch size; `dcl`'s default stays `tau_plus` 0."),
               "", f"Status of the report: {doc['status']}"]
     return "\n".join(lines)
@@ -1287,7 +1283,9 @@ def _cleared(r: dict) -> str:
 
 
 def _interval(st: dict) -> str:
-    """``+m [+lo, +hi]`` in points (the interval only from two values up)."""
+    """``+m [+lo, +hi]`` in points (the interval only from two values up); ``-`` without values."""
+    if not st["n"]:
+        return "-"
     return f"{100 * st['mean']:+.1f}" + (f" [{100 * st['lo']:+.1f}, {100 * st['hi']:+.1f}]" if st["n"] >= 2 else "")
 
 
@@ -1356,17 +1354,10 @@ def which_loss_block(doc: dict) -> str:
         if r["label"].startswith("dcl tau+=") and r["n"]:
             zero_shot[(r["label"], r["classes"])] = _zero_shot_line(r["label"], r["classes"], r["true_tau_plus"],
                                                                     _interval(r), r["n"])
-    bias_path = HERE / "results" / "sampling_bias.json"
-    if bias_path.is_file():
-        bias = json.loads(bias_path.read_text())
-        classes = bias["data"]["config"]["num_classes"]
-        clip_runs = {r["seed"]: r["metrics"]["zeroshot/top1"] for r in bias["runs"].get("clip", [])}
-        for name, runs in bias["runs"].items():
-            if name.startswith("dcl tau+=") and (name, classes) not in zero_shot:
-                paired = [r["metrics"]["zeroshot/top1"] - clip_runs[r["seed"]] for r in runs if r["seed"] in clip_runs]
-                if paired:
-                    zero_shot[(name, classes)] = _zero_shot_line(name, classes, bias["true_tau_plus"],
-                                                                 _interval(t_interval(paired)), len(paired))
+    for r in bias_rows([HERE / "results" / "sampling_bias.json"]):
+        if r["label"].startswith("dcl tau+=") and r["n"] and (r["label"], r["classes"]) not in zero_shot:
+            zero_shot[(r["label"], r["classes"])] = _zero_shot_line(r["label"], r["classes"], r["true_tau_plus"],
+                                                                    _interval(r), r["n"])
     return "\n".join(lines + [zero_shot[k] for k in sorted(zero_shot, key=lambda k: (k[1], float(k[0].split("=")[1])))])
 
 
