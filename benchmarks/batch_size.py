@@ -45,6 +45,10 @@ budget and data, and reused):
    :data:`DCL_SWEEP_VARIANTS`) and ``clip`` at every ``--batch-sizes`` (largest first) and ``--seeds``,
    read on the test split by :data:`DCL_RULE` (report ``dcl_sweep.{md,json}``, beside the
    sampling-bias data's zero-shot reports of :data:`DCL_BIAS_REPORTS`).
+8. ``screen16``: ``decl default``, ``clip`` and each setting of :data:`SCREEN16_VARIANTS` at B = 16,
+   ``--screen-seed``, on the validation split; ``screen16-test``: the best of them (refused until the
+   screen is complete, or when no variant scores above the package default) at B = 16 beside ``clip``
+   at 16 and 32 with ``--seeds``, read on the test split by the decisive rule.
 
 The gate, screen and sweep of the 2026-11 reports ran before the test split existed: their scores
 are on the validation split, kept in ``results/batch_size_validation_sweep.{md,json}``.
@@ -422,14 +426,16 @@ def planned_runs(stages: Sequence[str], sizes: Sequence[int] = BATCH_SIZES, seed
                  screen_variants: Optional[Sequence[str]] = None,
                  sweep_variants: Sequence[str] = SWEEP_VARIANTS, decisive_sizes: Sequence[int] = DECISIVE_SIZES,
                  decisive_seeds: Sequence[int] = tuple(range(SEED_CAP)),
-                 dcl_sweep_variants: Sequence[str] = DCL_SWEEP_VARIANTS) -> List[tuple]:
+                 dcl_sweep_variants: Sequence[str] = DCL_SWEEP_VARIANTS,
+                 screen16_best: Optional[str] = None) -> List[tuple]:
     """The (objective, batch, seed) runs the stages plan, in order, each once: the gate (``clip`` at
     every batch size and seed), the screen (``screen_variants``, default every objective, at
     ``screen_sizes`` with one seed) and the sweep (``clip``, ``dcl`` at 0.05 and ``sweep_variants``
     at every seed and batch size, the largest for ``clip`` only), the decisive stage (:func:`decisive_runs`;
     the driver skips those whose batch sizes are decided), ``--loss dcl`` at its package defaults beside
-    ``clip`` (:data:`DCL_DEFAULT_SIZE`, ``seeds``), the temperature controls (``seeds``) and the ``dcl`` sweep
-    (``dcl_sweep_variants`` and ``clip`` at every batch size, the largest first, and seed)."""
+    ``clip`` (:data:`DCL_DEFAULT_SIZE`, ``seeds``), the temperature controls (``seeds``), the ``dcl`` sweep
+    (``dcl_sweep_variants`` and ``clip`` at every batch size, the largest first, and seed) and the B = 16
+    screen's best on the test split (``screen16_best`` at 16 beside ``clip`` at 16 and 32, ``seeds``)."""
     runs = []
     if "gate" in stages:
         runs += [("clip", b, s) for s in seeds for b in sizes]
@@ -446,6 +452,9 @@ def planned_runs(stages: Sequence[str], sizes: Sequence[int] = BATCH_SIZES, seed
         runs += [("clip", b, screen_seed) for b in sorted(screen_sizes, reverse=True)]
     if "screen16" in stages:  # the package default beside its variants, same seed
         runs += [(label, SCREEN16_SIZE, screen_seed) for label in ("decl default", "clip", *SCREEN16_VARIANTS)]
+    if "screen16-test" in stages and screen16_best:  # the driver refuses the stage without one
+        runs += [(label, b, s) for s in seeds
+                 for label, b in ((screen16_best, SCREEN16_SIZE), ("clip", SCREEN16_SIZE), ("clip", 2 * SCREEN16_SIZE))]
     if "dcl-default" in stages:
         runs += [(label, DCL_DEFAULT_SIZE, s) for s in seeds for label in (DCL_DEFAULT, "clip")]
     if "controls" in stages:
@@ -538,6 +547,30 @@ def decisive_runs(sizes: Sequence[int] = DECISIVE_SIZES, seeds: Sequence[int] = 
     return list(dict.fromkeys(runs))
 
 
+def screen16_choice(records: List[dict], seed: int = 0) -> dict:
+    """The B = 16 screen on the validation split: the score of ``decl default`` and of each of
+    :data:`SCREEN16_VARIANTS` at ``seed``, those not run yet, and the best (None until every one has run;
+    ``decl default`` when no variant scores above it)."""
+    val = per_seed(records, "metrics")
+    names = ("decl default", *SCREEN16_VARIANTS)
+    scores = {n: val[(n, SCREEN16_SIZE, seed)] for n in names if (n, SCREEN16_SIZE, seed) in val}
+    missing = [n for n in names if n not in scores]
+    return {"seed": seed, "scores": scores, "missing": missing,
+            "best": None if missing else max(scores, key=scores.get)}
+
+
+def screen16_rows(records: List[dict], best: Optional[str]) -> List[dict]:
+    """The screen's best variant at B = 16 against ``clip`` at 32 (reach) and at 16 (beat), test split,
+    :data:`RULE`; none when the best is the package default (its verdicts are the decisive table's)."""
+    if not best or best == "decl default":
+        return []
+    rows = []
+    for kind, other, judge in (("reach", 2 * SCREEN16_SIZE, reach_verdict), ("beat", SCREEN16_SIZE, beat_verdict)):
+        c = comparison(records, best, SCREEN16_SIZE, other)
+        rows.append({**c, "kind": kind, "split": "test", "verdict": judge(c)})
+    return rows
+
+
 def needed(job: tuple, records: List[dict], sizes: Sequence[int] = DECISIVE_SIZES) -> bool:
     """Whether a decisive run still serves an undecided batch size (``clip`` at 64 serves 32 and 64)."""
     label, b, _ = job
@@ -554,10 +587,10 @@ def clearance(r: dict) -> Optional[float]:
     return max(r["lo"] - threshold, threshold - r["hi"])
 
 
-def verdict_table(rows: List[dict]) -> str:
-    """Markdown: one row per batch size and comparison, with the split, seeds, interval, how far the interval
-    clears its threshold (:func:`clearance`) and the verdict."""
-    lines = ["| B | decl default against | split | seeds | per-seed differences (points) | mean | "
+def verdict_table(rows: List[dict], who: str = "decl default") -> str:
+    """Markdown: one row per batch size and comparison of ``who``, with the split, seeds, interval, how far the
+    interval clears its threshold (:func:`clearance`) and the verdict."""
+    lines = [f"| B | {who} against | split | seeds | per-seed differences (points) | mean | "
              f"{100 * CONFIDENCE:.0f} % interval | threshold | interval clears it by (points) | verdict |",
              "|---:|---|---|---:|---|---:|---|---:|---:|---|"]
     for r in rows:
@@ -1119,10 +1152,22 @@ def write(out: Path, records: List[dict], planned: int, data: dict, budget: ex.B
     s16 = [f"| {name} | {seed} | {100 * v:.1f} | {100 * (v - idx_val[('decl default', b, seed)]):+.1f} |"
            for (name, b, seed), v in sorted(idx_val.items())
            if name in SCREEN16_VARIANTS and ("decl default", b, seed) in idx_val]
+    choice = screen16_choice(records)
+    rows16 = screen16_rows(records, choice["best"])
     if s16:
         parts += ["", f"## DeCL at B = {SCREEN16_SIZE}: the screen (validation split)", "",
                   "Each variant changes one setting of the package default; the best goes on to the test split.", "",
-                  "| variant | seed | retrieval mean R@1 | minus `decl default` |", "|---|---:|---:|---:|", *s16]
+                  "| variant | seed | retrieval mean R@1 | minus `decl default` |", "|---|---:|---:|---:|", *s16, ""]
+        if choice["missing"]:
+            parts.append("The screen is not complete (not yet run: " + ", ".join(f"`{n}`" for n in choice["missing"])
+                         + "), so no variant is chosen.")
+        elif not rows16:
+            parts.append("No variant scores above the package default on the validation split: none goes on, and "
+                         f"B = {SCREEN16_SIZE}'s verdicts are the package default's, above.")
+        else:
+            best = choice["best"]
+            parts += [f"The best on the validation split, `{best}`, on the test split by the same rule "
+                      f"(`--stage screen16-test`; the seeds its runs have):", "", verdict_table(rows16, who=best)]
     dcl_rows = dcl_default_rows(records)
     dcl_table = dcl_default_table(dcl_rows)
     if dcl_table:
@@ -1156,7 +1201,8 @@ def write(out: Path, records: List[dict], planned: int, data: dict, budget: ex.B
     (out / f"{stem}.md").write_text("\n".join(parts) + "\n")
     doc = {"machine": ex.machine_info(), "command": command, "status": status, "budget": dataclasses.asdict(budget),
            "data": cfg, "splits": splits, "rule": RULE, "confidence": CONFIDENCE, "resolution": RESOLUTION,
-           "seed_cap": SEED_CAP, "verdicts": rows, "draws": again_rows, "dcl_default": dcl_rows, "objectives": objectives(), "runs": records}
+           "seed_cap": SEED_CAP, "verdicts": rows, "draws": again_rows, "dcl_default": dcl_rows,
+           "screen16": {**choice, "verdicts": rows16}, "objectives": objectives(), "runs": records}
     (out / f"{stem}.json").write_text(json.dumps(doc, indent=1, default=str) + "\n")
 
 
@@ -1322,6 +1368,12 @@ def which_loss_block(doc: dict) -> str:
                 continue
             lines.append(f"- {what}, B = {b}, test split: {_interval(c[name])} ({c[name]['n']} seeds, "
                          f"{c[name]['verdict']}).")
+    s16 = doc.get("screen16") or {}
+    for r in (r for r in s16.get("verdicts", []) if r["n"]):
+        threshold = f" against a threshold of {0.0 - 100 * r['gain'] / 2:+.1f}" if r["kind"] == "reach" else ""
+        lines.append(f"- `{r['label']}` (the best of the B = {SCREEN16_SIZE} screen on the validation split) at "
+                     f"{r['batch_size']} - `{r['against'].replace(' at ', '` at ')}, retrieval mean R@1, test split: "
+                     f"{_interval(r)}{threshold} ({r['n']} seeds, {r['verdict']}{_cleared(r)}).")
     dcl = {r["split"]: r for r in doc.get("dcl_default", []) if r["n"]}
     if "test" in dcl:
         r = dcl["test"]
@@ -1373,7 +1425,7 @@ def _zero_shot_line(name: str, classes: int, true_tau: float, interval: str, n: 
 def build_parser() -> argparse.ArgumentParser:
     p = arguments.benchmark_parser("batch_size.py", __doc__)
     p.add_argument("--stage", nargs="+", choices=("gate", "screen", "sweep", "decisive", "controls", "dcl-screen", "dcl-default", "screen16",
-                                                       "dcl-sweep"),
+                                                       "dcl-sweep", "screen16-test"),
                    default=["decisive"])
     p.add_argument("--decisive-batch-sizes", type=int, nargs="+", default=list(DECISIVE_SIZES))
     p.add_argument("--decisive-seeds", type=int, nargs="+", default=list(range(SEED_CAP)),
@@ -1428,10 +1480,21 @@ def main(argv: Optional[List[str]] = None) -> int:
     if args.restore_from:
         print(f"[batch_size] restored {restore_cache(args.restore_from, work, data, budget)} runs' scores "
               f"from {', '.join(map(str, args.restore_from))}", flush=True)
+    best16 = None
+    if "screen16-test" in args.stage and not args.report_only:  # chosen on the validation split only
+        choice = screen16_choice(finished_runs(work, data, budget), args.screen_seed)
+        if choice["missing"]:
+            raise SystemExit("--stage screen16-test: the B = 16 screen is not complete (not yet run: "
+                             + ", ".join(choice["missing"]) + "); run --stage screen16 first")
+        if choice["best"] == "decl default":
+            raise SystemExit("--stage screen16-test: no variant of the B = 16 screen scores above the package "
+                             "default on the validation split; none goes on to the test split")
+        best16 = choice["best"]
+        print(f"[batch_size] the B = 16 screen's best on the validation split: {best16}", flush=True)
     jobs = [(label, names[label], b, s) for label, b, s in planned_runs(
         args.stage, args.batch_sizes, args.seeds, args.screen_batch_sizes, args.screen_seed,
         args.variants, args.sweep_variants, args.decisive_batch_sizes, args.decisive_seeds,
-        args.dcl_sweep_variants)]
+        args.dcl_sweep_variants, best16)]
     command = ex.command_line("batch_size.py", argv)
     started = datetime.now(timezone.utc)
     if args.report_only:  # the dcl screen's runs in its own report (--stage dcl-screen), the rest in this one

@@ -508,3 +508,56 @@ def test_the_dcl_sweep_report_and_block_say_the_rules_verdict(tmp_path):
     bs.write_dcl_sweep(tmp_path, partial, len(records), data, budget, "cmd", bs.datetime.now(bs.timezone.utc),
                        "partial")
     assert "PARTIAL" in (tmp_path / "partial.md").read_text()
+
+
+def screen16_records(variant_scores, default=0.20, seed=0):
+    """The B = 16 screen's runs on the validation split: ``decl default`` and the variants given."""
+    return [rec("decl default", 16, seed, default)] + [rec(n, 16, seed, v) for n, v in variant_scores.items()]
+
+
+def test_the_b16_screens_best_is_chosen_on_the_validation_split_once_every_variant_has_run():
+    names = list(bs.SCREEN16_VARIANTS)
+    partial = bs.screen16_choice(screen16_records({names[0]: 0.25}))
+    assert partial["best"] is None and partial["missing"] == names[1:]
+    scores = {n: 0.19 for n in names} | {names[1]: 0.23}
+    records = screen16_records(scores)
+    records += [scored(names[0], 16, 0, 0.90)]  # a test-split score plays no part in the choice
+    choice = bs.screen16_choice(records)
+    assert choice["best"] == names[1] and not choice["missing"] and choice["scores"]["decl default"] == 0.20
+    assert bs.screen16_choice(screen16_records({n: 0.19 for n in names}))["best"] == "decl default"
+    assert bs.screen16_choice(screen16_records(scores, seed=1), seed=0)["best"] is None  # another seed's screen
+
+
+def test_the_b16_screens_best_goes_to_the_test_split_beside_clip_at_16_and_32():
+    plan = bs.planned_runs(["screen16-test"], seeds=(0, 1, 2), screen16_best="decl gamma 0.5")
+    assert plan[:3] == [("decl gamma 0.5", 16, 0), ("clip", 16, 0), ("clip", 32, 0)] and len(plan) == 9
+    assert bs.planned_runs(["screen16-test"]) == []  # the driver refuses the stage before it plans
+    assert bs.screen16_rows([], "decl default") == [] and bs.screen16_rows([], None) == []
+    records = []
+    for s, d in enumerate([0.010, 0.005, 0.015]):  # clip gains 4 points from 16 to 32
+        records += [scored("clip", 16, s, 0.20), scored("clip", 32, s, 0.24), scored("decl gamma 0.5", 16, s, 0.24 + d)]
+    rows = bs.screen16_rows(records, "decl gamma 0.5")
+    assert [(r["kind"], r["against"], r["verdict"]) for r in rows] == [("reach", "clip at 32", "reaches"),
+                                                                         ("beat", "clip at 16", "beats")]
+    table = bs.verdict_table(rows, who="decl gamma 0.5")
+    assert table.startswith("| B | decl gamma 0.5 against |") and "| 16 | clip at 32 | test | 3 |" in table
+    doc = {"verdicts": bs.verdicts([]), "runs": [], "confidence": bs.CONFIDENCE,
+           "screen16": {"best": "decl gamma 0.5", "verdicts": rows}}
+    block = bs.which_loss_block(doc)
+    assert ("- `decl gamma 0.5` (the best of the B = 16 screen on the validation split) at 16 - `clip` at 32, "
+            "retrieval mean R@1, test split: +1.0 [") in block and "(3 seeds, reaches, the interval clearing" in block
+    assert "at 16 - `clip` at 16, retrieval mean R@1, test split: +5.0 [" in block
+
+
+def test_screen16_test_is_refused_before_any_training_until_the_screen_is_complete(tmp_path, monkeypatch):
+    monkeypatch.setattr(bs.ex, "synth_data", lambda *a, **k: {"config": {"seed": 0}, "train": {"num_samples": 999}})
+    monkeypatch.setattr(bs, "finished_runs", lambda *a, **k: screen16_records({"decl gamma 0.5": 0.3}))
+    monkeypatch.setattr(bs, "run_one", lambda *a, **k: pytest.fail("trained before refusing"))
+    with pytest.raises(SystemExit, match="not complete .*decl gamma 0.2"):
+        bs.main(["--stage", "screen16-test", "--work", str(tmp_path), "--batch-sizes", "16", "32",
+                 "--screen-batch-sizes", "16"])
+    monkeypatch.setattr(bs, "finished_runs",
+                        lambda *a, **k: screen16_records({n: 0.1 for n in bs.SCREEN16_VARIANTS}))
+    with pytest.raises(SystemExit, match="no variant of the B = 16 screen scores above the package default"):
+        bs.main(["--stage", "screen16-test", "--work", str(tmp_path), "--batch-sizes", "16", "32",
+                 "--screen-batch-sizes", "16"])
