@@ -7,12 +7,19 @@ memory is the extra peak over the inputs: on CUDA ``torch.cuda.max_memory_alloca
 the peak resident set of a fresh child process per (loss, G), minus its resident set just before
 the call (the CPU allocator has no peak counter).
 
+``--precision amp_bf16`` runs every forward under ``torch.autocast(dtype=torch.bfloat16)``, as OpenCLIP's
+``--precision amp_bf16`` trains: ``ClipLoss`` then takes its logits in bfloat16, ours in float32 (computed
+outside autocast). On CUDA the matmuls may use TF32, as OpenCLIP's training allows
+(``torch.backends.cuda.matmul.allow_tf32``).
+
     .venv/bin/python benchmarks/loss_speed.py                 # full run, writes results/loss_speed.md, .json
     .venv/bin/python benchmarks/loss_speed.py --quick         # G=256,1024, fewer repetitions, a temporary folder
+    python benchmarks/loss_speed.py --devices cuda --precision amp_bf16 --batches 4096 16384 32768 --output X.md
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
 import statistics
 import subprocess
 import sys
@@ -35,6 +42,16 @@ LOSSES = {
     "decl rate=batch": ("decl", {"rate": "batch"}),
 }
 BASELINE = "clip (OpenCLIP ClipLoss)"
+PRECISIONS = ("fp32", "amp_bf16")
+#: the precision every step runs at (``--precision``; set once by :func:`main`, read by the child processes too)
+PRECISION = "fp32"
+
+
+def autocast(device):
+    """``torch.autocast`` in bfloat16 on ``device`` under ``--precision amp_bf16``; nothing under fp32."""
+    if PRECISION == "amp_bf16":
+        return torch.autocast(device.type, dtype=torch.bfloat16)
+    return contextlib.nullcontext()
 
 
 def make_inputs(batch, device, seed=0):
@@ -47,7 +64,8 @@ def make_inputs(batch, device, seed=0):
 
 
 def step(loss_fn, f, g, s, ids):
-    loss = loss_fn(f, g, s, sample_ids=ids)
+    with autocast(f.device):
+        loss = loss_fn(f, g, s, sample_ids=ids)
     loss.backward()
     f.grad = g.grad = s.grad = None
 
@@ -98,7 +116,7 @@ def saved_for_backward_bytes(name, batch, device):
         storages[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
         return t
 
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), autocast(device):
         fn(f, g, s, sample_ids=ids)
     return sum(storages.values())
 
@@ -117,7 +135,7 @@ def peak_memory_cpu_child(name, batch):
 
 
 def peak_memory_cpu(name, batch):
-    out = subprocess.run([sys.executable, __file__, "--child-memory", name, str(batch)],
+    out = subprocess.run([sys.executable, __file__, "--precision", PRECISION, "--child-memory", name, str(batch)],
                          capture_output=True, text=True, check=True)
     return int(out.stdout.strip().splitlines()[-1])
 
@@ -127,16 +145,28 @@ def main(argv=None):
     parser.add_argument("--quick", action="store_true", help="G=256,1024 only, 3 rounds")
     parser.add_argument("--batches", type=int, nargs="+", default=None)
     parser.add_argument("--rounds", type=int, default=None)
+    parser.add_argument("--devices", nargs="+", choices=("cpu", "cuda"), default=None,
+                        help="where to time (default: the CPU, and CUDA when present)")
+    parser.add_argument("--precision", choices=PRECISIONS, default="fp32",
+                        help="fp32, or amp_bf16: every forward under bfloat16 autocast, as OpenCLIP trains with it")
     parser.add_argument("--output", default=None,
                         help="the report's Markdown; its JSON goes beside it (default results/loss_speed.md; "
                              "with --quick a temporary folder)")
     parser.add_argument("--child-memory", nargs=2, metavar=("LOSS", "G"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    global PRECISION
+    PRECISION = args.precision
     if args.child_memory:
         print(peak_memory_cpu_child(args.child_memory[0], int(args.child_memory[1])))
         return 0
     batches = args.batches or ([256, 1024] if args.quick else [256, 1024, 4096])
-    devices = [torch.device("cpu")] + ([torch.device("cuda")] if torch.cuda.is_available() else [])
+    names = args.devices or ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+    if "cuda" in names and not torch.cuda.is_available():
+        parser.error("--devices cuda: torch.cuda.is_available() is False on this machine")
+    if "cuda" in names:
+        torch.backends.cuda.matmul.allow_tf32 = True  # as OpenCLIP's training sets it
+        torch.backends.cudnn.allow_tf32 = True
+    devices = [torch.device(n) for n in names]
     rows = []
     for device in devices:
         for batch in batches:
@@ -166,7 +196,10 @@ def main(argv=None):
         "# Loss forward+backward: time and peak memory against OpenCLIP's ClipLoss",
         "",
         *report.about(),
-        f"- embedding dim {DIM}, one process, float32 features; medians over interleaved rounds;",
+        f"- embedding dim {DIM}, one process, float32 features, precision {PRECISION}"
+        + (" (every forward under bfloat16 autocast)" if PRECISION == "amp_bf16" else "")
+        + ("; TF32 matmuls allowed on CUDA, as OpenCLIP's training sets" if any(d.type == "cuda" for d in devices)
+           else "") + f"; devices: {', '.join(_device_name(d) for d in devices)}; medians over interleaved rounds;",
         "- saved for backward: the distinct storages autograd keeps between forward and backward",
         "  (exact; the G x G logits are 4 G^2 bytes: 64 MiB at G=4096);",
         "- extra peak: over the inputs (CUDA allocator peak, or a child process's peak RSS on CPU, which",
@@ -174,9 +207,14 @@ def main(argv=None):
         f"- raw numbers: `{report.stem}.json`.",
         "",
         table,
-    ], {"dim": DIM, "rows": rows})
+    ], {"dim": DIM, "precision": PRECISION, "devices": [_device_name(d) for d in devices], "rows": rows})
     print(f"wrote {md}, {report.stem}.json")
     return 0
+
+
+def _device_name(device):
+    return torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+
 
 if __name__ == "__main__":
     sys.exit(main())
