@@ -1284,6 +1284,23 @@ def readme_block(doc: dict) -> str:
                  for name, what in said.items() if name in c]
         lines.append(f"- **Temperature controls at B = {b}** (test split, paired by seed; verdicts by the rule's beats / "
                      f"trails / tie): " + "; ".join(parts) + ".")
+    s16 = doc.get("screen16") or {}
+    if s16.get("scores"):
+        base = s16["scores"].get("decl default")
+        said16 = [f"`{n}` {100 * v:.1f}" + (f" ({100 * (v - base):+.1f})" if base is not None and n != "decl default" else "")
+                  for n, v in s16["scores"].items()]
+        line = (f"- **The B = {SCREEN16_SIZE} screen** (validation split, seed {s16['seed']}, retrieval mean R@1 and the "
+                "difference from `decl default`): " + ", ".join(said16))
+        if s16.get("missing"):
+            line += "; not yet run: " + ", ".join(f"`{n}`" for n in s16["missing"]) + "."
+        elif s16.get("best") == "decl default":
+            line += "; no variant scores above the package default, so none goes on to the test split."
+        else:
+            tested = {r["kind"]: r for r in s16.get("verdicts", []) if r["n"]}
+            line += f"; the best, `{s16['best']}`, on the test split: " + (
+                "; ".join(f"{s16['best'].split(' ', 1)[0]}@{SCREEN16_SIZE} - clip@{r['against'].split(' at ')[1]} = "
+                          f"{cell(r)}, {r['verdict']}" for r in tested.values()) if tested else "not run yet") + "."
+        lines.append(line)
     if not lead:
         lines.append("- Temperature controls (InfoNCE at `decl`'s scale, `decl` at `clip`'s): not run yet.")
     lines += ["", f"Status of the report: {doc['status']}"]

@@ -521,7 +521,7 @@ def test_the_b16_screens_best_is_chosen_on_the_validation_split_once_every_varia
     assert partial["best"] is None and partial["missing"] == names[1:]
     scores = {n: 0.19 for n in names} | {names[1]: 0.23}
     records = screen16_records(scores)
-    records += [scored(names[0], 16, 0, 0.90)]  # a test-split score plays no part in the choice
+    records[1]["test_metrics"] = {bs.MEAN_R1: 0.90}  # names[0]'s test-split score plays no part in the choice
     choice = bs.screen16_choice(records)
     assert choice["best"] == names[1] and not choice["missing"] and choice["scores"]["decl default"] == 0.20
     assert bs.screen16_choice(screen16_records({n: 0.19 for n in names}))["best"] == "decl default"
@@ -561,3 +561,23 @@ def test_screen16_test_is_refused_before_any_training_until_the_screen_is_comple
     with pytest.raises(SystemExit, match="no variant of the B = 16 screen scores above the package default"):
         bs.main(["--stage", "screen16-test", "--work", str(tmp_path), "--batch-sizes", "16", "32",
                  "--screen-batch-sizes", "16"])
+
+
+def test_the_readme_block_carries_the_b16_screen_and_its_best_on_the_test_split():
+    doc = {"verdicts": bs.verdicts([]), "runs": [], "confidence": bs.CONFIDENCE, "status": "PARTIAL"}
+    names = list(bs.SCREEN16_VARIANTS)
+    partial = {**bs.screen16_choice(screen16_records({names[0]: 0.25})), "verdicts": []}
+    block = bs.readme_block({**doc, "screen16": partial})
+    assert f"`{names[0]}` 25.0 (+5.0)" in block and "`decl default` 20.0," in block and "not yet run: `" in block
+    records = screen16_records({n: 0.19 for n in names if n != names[1]})
+    for s, d in enumerate([0.010, 0.005, 0.015]):  # names[1]'s seed-0 run scores 23.0 on the validation split
+        records += [scored("clip", 16, s, 0.20), scored("clip", 32, s, 0.24),
+                    {**scored(names[1], 16, s, 0.24 + d), "metrics": {bs.MEAN_R1: 0.23 if s == 0 else 0.5}}]
+    choice = bs.screen16_choice(records)
+    block = bs.readme_block({**doc, "screen16": {**choice, "verdicts": bs.screen16_rows(records, choice["best"])}})
+    assert f"`{names[1]}` 23.0 (+3.0)" in block
+    assert f"the best, `{names[1]}`, on the test split: decl@16 - clip@32 = +1.0 [" in block
+    assert "decl@16 - clip@16 = +5.0 [" in block and ", beats." in block
+    assert "not run yet" not in next(line for line in block.splitlines() if "B = 16 screen" in line)
+    none = {**bs.screen16_choice(screen16_records({n: 0.19 for n in names})), "verdicts": []}
+    assert "no variant scores above the package default" in bs.readme_block({**doc, "screen16": none})
