@@ -149,7 +149,8 @@ SCREEN16_VARIANTS = {
     "decl gamma 0.2": {"gamma": 0.2},
     "decl schedule decl": {"schedule": "decl"},
     "decl schedule harmonic": {"schedule": "harmonic"},
-    "decl schedule constant": {"schedule": "constant"},
+    "decl schedule constant": {"schedule": "constant"},  # at lambda 1 (the default): the decl schedule exactly
+    "decl schedule constant 0.5": {"schedule": "constant", "lam": 0.5},
 }
 SCREEN16_SIZE = 16
 BASELINES = {"clip": ("--loss", "clip")}

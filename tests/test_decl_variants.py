@@ -161,6 +161,22 @@ def test_decl_temperature_infonce_trains_the_scale_with_infonce_alone(estimate, 
         assert float(g_learned[2]) < 0.0 and float(g_infonce[2]) == 0.0
 
 
+@pytest.mark.parametrize("kw,warns", [(dict(schedule="decl"), True), (dict(schedule="constant", lam=1.0), True),
+                                      (dict(schedule="constant", lam=0.5), False), (dict(schedule="alternate"), False),
+                                      (dict(schedule="harmonic", lam=1.0), False),
+                                      (dict(schedule="decl", temperature_mode="fixed", temperature=0.05), False),
+                                      (dict(schedule="decl", temperature_mode="rgclg"), False)])
+def test_decl_warns_when_no_step_would_train_the_scale_it_leaves_to_infonce(kw, warns, recwarn):
+    """With lambda_t = 1 on every step the InfoNCE-trained scale gets a zero gradient for the whole run (pinned
+    above at lam = 1): say so when the loss is built, and only then."""
+    create_loss("decl", rate="batch", **kw)
+    said = [str(w.message) for w in recwarn if "takes no InfoNCE step" in str(w.message)]
+    assert len(said) == int(warns)
+    if warns:
+        assert f"schedule={kw['schedule']!r}" in said[0] and "keeps its initial value" in said[0]
+        assert ("lam=1.0" in said[0]) == ("lam" in kw)
+
+
 def test_decl_temperature_fixed_uses_its_temperature_and_gives_the_scale_a_zero_gradient():
     f, g = features(6, seed=4)
     loss_fn = create_loss("decl", estimate="absolute",

@@ -49,6 +49,7 @@ Written here because no released implementation of DeCL exists for CLIP.
 from __future__ import annotations
 
 import math
+import warnings
 from typing import Dict, Optional
 
 import torch
@@ -200,6 +201,12 @@ class DeCLLoss(StatefulLoss):
             raise ValueError(f"rate={rate!r} is not one of {RATES}")
         self.lambdas = lambda_schedule(schedule, lam)
         self.lambdas.check()
+        if temperature_mode == "infonce" and self.lambdas.always_loss1():
+            warnings.warn(f"schedule={schedule!r}" + (f" with lam={lam!r}" if self.lambdas.uses_lam else "")
+                          + " takes no InfoNCE step, and temperature_mode='infonce' trains the logit scale on "
+                          "InfoNCE terms only: the scale keeps its initial value for the whole run. Fix it on "
+                          "purpose (temperature_mode='fixed' with a temperature) or train it ('rgclg' or 'learned')",
+                          stacklevel=2)
         if not 0.0 < gamma <= 1.0:
             raise ValueError(f"gamma={gamma!r} is outside (0, 1]")
         if gamma_schedule not in GAMMA_SCHEDULES:

@@ -48,7 +48,8 @@ FLAGS = (
              default_text="on for rate index, off for queue"),
     LossFlag("--decl-temperature-mode", "temperature_mode", choices=TEMPERATURE_MODES,
              help="what trains the logit scale: loss1 and InfoNCE (learned), InfoNCE alone (infonce: loss1 "
-                  "sees a detached scale, which it would otherwise push to OpenCLIP's clamp), none "
+                  "sees a detached scale, which it would otherwise push to OpenCLIP's clamp; under --decl-schedule "
+                  "decl, or constant at --decl-lambda 1, no step trains it and it keeps its initial value), none "
                   "(fixed: --decl-temperature), or FastCLIP v3's RGCL-g objective (rgclg: --decl-rho)"),
     LossFlag("--decl-temperature", "temperature", type=float,
              help="temperature-mode fixed: the temperature t > 0 of both terms (logits <f, g> / t)",

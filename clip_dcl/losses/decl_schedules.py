@@ -36,6 +36,10 @@ class LambdaSchedule:
     def value(self, step: int) -> float:
         raise NotImplementedError
 
+    def always_loss1(self) -> bool:
+        """Whether every step is loss1 alone (``lambda_t = 1``): no step has an InfoNCE term."""
+        return False
+
     def term(self, step: int) -> str:
         lam = self.value(step)
         return "loss1" if lam == 1.0 else "infonce" if lam == 0.0 else f"{lam:.3g} loss1 + {1 - lam:.3g} infonce"
@@ -55,6 +59,9 @@ class DeclOnly(LambdaSchedule):
 
     def value(self, step: int) -> float:
         return 1.0
+
+    def always_loss1(self) -> bool:
+        return True
 
 
 class Harmonic(LambdaSchedule):
@@ -81,6 +88,9 @@ class Constant(LambdaSchedule):
 
     def value(self, step: int) -> float:
         return self.lam
+
+    def always_loss1(self) -> bool:
+        return self.lam >= 1.0
 
 
 LAMBDA_SCHEDULES: Dict[str, type] = {c.name: c for c in (Alternate, DeclOnly, Harmonic, Constant)}
