@@ -1159,6 +1159,11 @@ def write(out: Path, records: List[dict], planned: int, data: dict, budget: ex.B
         parts += ["", f"## DeCL at B = {SCREEN16_SIZE}: the screen (validation split)", "",
                   "Each variant changes one setting of the package default; the best goes on to the test split.", "",
                   "| variant | seed | retrieval mean R@1 | minus `decl default` |", "|---|---:|---:|---:|", *s16, ""]
+        if any("decl schedule constant |" in row for row in s16):
+            parts += ["`decl schedule constant` runs at `--decl-lambda 1` (the default), which is the `decl` schedule "
+                      "exactly: loss1 on every step, so under the default temperature mode (`infonce`) no step trains "
+                      "the logit scale and it keeps its initial value (the two runs score alike; the loss warns of "
+                      "this combination since). `decl schedule constant 0.5` mixes the two terms evenly.", ""]
         if choice["missing"]:
             parts.append("The screen is not complete (not yet run: " + ", ".join(f"`{n}`" for n in choice["missing"])
                          + "), so no variant is chosen.")
