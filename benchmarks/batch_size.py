@@ -572,6 +572,12 @@ def screen16_rows(records: List[dict], best: Optional[str]) -> List[dict]:
     return rows
 
 
+def known_runs(cached: List[dict], records: List[dict]) -> List[dict]:
+    """The cache's finished runs with this call's in their place (one record per objective, batch and seed)."""
+    mine = {(r["label"], r["batch_size"], r["seed"]) for r in records}
+    return [r for r in cached if (r["label"], r["batch_size"], r["seed"]) not in mine] + list(records)
+
+
 def needed(job: tuple, records: List[dict], sizes: Sequence[int] = DECISIVE_SIZES) -> bool:
     """Whether a decisive run still serves an undecided batch size (``clip`` at 64 serves 32 and 64)."""
     label, b, _ = job
@@ -1557,6 +1563,8 @@ def main(argv: Optional[List[str]] = None) -> int:
                   args.stem)
 
     decisive = set(decisive_runs(args.decisive_batch_sizes, args.decisive_seeds)) if "decisive" in args.stage else set()
+    # the stopping rule reads every seed the cache holds, not only this call's (--decisive-seeds 4 5 after 0-3)
+    cached = finished_runs(work, data, budget) if decisive else []
     pending = list(jobs)
 
     def next_job():
@@ -1565,7 +1573,8 @@ def main(argv: Optional[List[str]] = None) -> int:
         with lock:
             while pending:
                 job = pending.pop(0)
-                if (job[0], job[2], job[3]) not in decisive or needed((job[0], job[2], job[3]), records,
+                if (job[0], job[2], job[3]) not in decisive or needed((job[0], job[2], job[3]),
+                                                                       known_runs(cached, records),
                                                                        args.decisive_batch_sizes):
                     return job
                 print(f"[batch_size] skipped {job[0]} B={job[2]} seed {job[3]}: its batch sizes have their verdict",

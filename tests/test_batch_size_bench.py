@@ -582,3 +582,27 @@ def test_the_readme_block_carries_the_b16_screen_and_its_best_on_the_test_split(
     assert "not run yet" not in next(line for line in block.splitlines() if "B = 16 screen" in line)
     none = {**bs.screen16_choice(screen16_records({n: 0.19 for n in names})), "verdicts": []}
     assert "no variant scores above the package default" in bs.readme_block({**doc, "screen16": none})
+
+
+def test_a_decisive_call_that_adds_later_seeds_reads_the_cached_earlier_ones(tmp_path, monkeypatch):
+    """Seeds 0-2 in the cache are wide; seeds 3-5 alone would read "reaches", all six read no verdict: a call
+    with --decisive-seeds 3 4 5 6 must go on to seed 6."""
+    cached = reach_records([0.03, -0.05, 0.00])
+    later = [r for r in reach_records([0.0, 0.0, 0.0, 0.000, 0.005, -0.005, 0.0]) if r["seed"] >= 3]
+    assert bs.reach_verdict(bs.comparison(later[:9], "decl default", 32, 64)) == "reaches"  # seeds 3-5 alone
+    both = bs.known_runs(cached, later[:9])
+    assert len(both) == 18 and bs.reach_verdict(bs.comparison(both, "decl default", 32, 64)) == "no verdict"
+    assert bs.known_runs(cached + later[:1], later[:1]).count(later[0]) == 1  # this call's record replaces the cache's
+    monkeypatch.setattr(bs.ex, "synth_data", lambda *a, **k: {"config": {"seed": 0}, "train": {"num_samples": 999}})
+    monkeypatch.setattr(bs, "finished_runs", lambda *a, **k: cached)
+    monkeypatch.setattr(bs, "write", lambda *a, **k: None)
+    trained = []
+
+    def run_one(label, flags, data, budget, work, threads):
+        trained.append((label, budget.batch_size, budget.seed))
+        r = next(r for r in later if (r["label"], r["batch_size"], r["seed"]) == trained[-1])
+        return {**r, "metrics": {"zeroshot/top1": 0.0, **r["metrics"]}, "source": "trained"}
+    monkeypatch.setattr(bs, "run_one", run_one)
+    bs.main(["--stage", "decisive", "--decisive-batch-sizes", "32", "--decisive-seeds", "3", "4", "5", "6",
+             "--jobs", "1", "--work", str(tmp_path), "--batch-sizes", "16", "32"])
+    assert {s for _, _, s in trained} == {3, 4, 5, 6} and len(trained) == 12
