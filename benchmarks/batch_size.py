@@ -209,14 +209,8 @@ def other_draws(work: Path, budget: ex.Budget) -> Dict[int, List[dict]]:
 
 def draw_rows(draws: Dict[int, List[dict]], sizes: Sequence[int] = DECISIVE_SIZES) -> List[dict]:
     """The decisive comparisons (reach and beat, test split, :data:`RULE`) on each other draw of the data."""
-    rows = []
-    for seed, records in sorted(draws.items()):
-        for b in sizes:
-            for kind, other, judge in (("reach", 2 * b, reach_verdict), ("beat", b, beat_verdict)):
-                c = comparison(records, "decl default", b, other)
-                if c["n"]:
-                    rows.append({**c, "kind": kind, "split": "test", "data_seed": seed, "verdict": judge(c)})
-    return rows
+    return [{**r, "data_seed": seed} for seed, records in sorted(draws.items()) for b in sizes
+            for r in judged(records, "decl default", b) if r["n"]]
 
 
 def final_scale(label: str, b: int) -> Optional[float]:
@@ -518,19 +512,26 @@ def beat_verdict(c: dict) -> str:
     return "beats" if c["lo"] > 0 else "trails"
 
 
+def judged(records: List[dict], label: str, b: int, split: str = "test") -> List[dict]:
+    """The rule's two comparisons of ``label`` at ``b`` on ``split``: reach (against ``clip`` at ``2 b``) and
+    beat (against ``clip`` at ``b``), each with its ``kind``, ``split`` and verdict."""
+    key = "test_metrics" if split == "test" else "metrics"
+    rows = []
+    for kind, other, judge in (("reach", 2 * b, reach_verdict), ("beat", b, beat_verdict)):
+        c = comparison(records, label, b, other, key=key)
+        rows.append({**c, "kind": kind, "split": split, "verdict": judge(c)})
+    return rows
+
+
 def verdicts(records: List[dict], archived: Sequence[dict] = (), label: str = "decl default") -> List[dict]:
     """Per batch size of :data:`VERDICT_SIZES`, the reach and beat comparisons of ``label`` on the test
     split (the verdicts), then on the validation split of the archived sweep (``archived``, where the
     defaults were chosen: context, never a verdict); each row with its ``split``."""
     rows = []
     for b in VERDICT_SIZES:
-        for kind, other, judge in (("reach", 2 * b, reach_verdict), ("beat", b, beat_verdict)):
-            c = comparison(records, label, b, other)
-            rows.append({**c, "kind": kind, "split": "test", "verdict": judge(c)})
-            if archived:
-                old = comparison(list(archived), label, b, other, key="metrics")
-                if old["n"]:
-                    rows.append({**old, "kind": kind, "split": "validation", "verdict": judge(old)})
+        old = judged(list(archived), label, b, split="validation") if archived else []
+        for i, row in enumerate(judged(records, label, b)):
+            rows += [row] + ([old[i]] if old and old[i]["n"] else [])
     return rows
 
 
@@ -565,11 +566,7 @@ def screen16_rows(records: List[dict], best: Optional[str]) -> List[dict]:
     :data:`RULE`; none when the best is the package default (its verdicts are the decisive table's)."""
     if not best or best == "decl default":
         return []
-    rows = []
-    for kind, other, judge in (("reach", 2 * SCREEN16_SIZE, reach_verdict), ("beat", SCREEN16_SIZE, beat_verdict)):
-        c = comparison(records, best, SCREEN16_SIZE, other)
-        rows.append({**c, "kind": kind, "split": "test", "verdict": judge(c)})
-    return rows
+    return judged(records, best, SCREEN16_SIZE)
 
 
 def known_runs(cached: List[dict], records: List[dict]) -> List[dict]:
