@@ -219,14 +219,16 @@ def _packed_argv(tmp_path, data, *flags):
 
 
 @pytest.mark.slow
-def test_training_on_a_packed_set_visits_every_sample_id_with_fused_adamw(tmp_path):
+def test_training_on_a_packed_set_visits_every_sample_id_with_fused_adamw_and_the_initial_scale(tmp_path):
     pattern, _ = _shards(tmp_path / "shards", n=48)
     pack_shards(pattern, tmp_path / "train.npz", verbose=False)
     out = train_run(_packed_argv(tmp_path, tmp_path / "train.npz", "--loss", "decl", "--decl-rate", "index",
-                                 "--adamw-impl", "fused"))
+                                 "--adamw-impl", "fused", "--init-logit-scale", "30"))
     assert out.returncode == 0, out.stderr[-3000:]
     log = (tmp_path / "logs" / "p" / "out.log").read_text()
     assert "fused: True" in log and "Packed training set" in log
+    first = next(line for line in log.splitlines() if "Train Epoch: 0" in line)
+    assert "Logit Scale: 30.000" in first  # logged after the first step, at the warm-up's tiny learning rate
     ckpt = torch.load(tmp_path / "logs" / "p" / "checkpoints" / "epoch_1.pt", map_location="cpu", weights_only=True)
     log_rate = ckpt["loss_state"]["log_rate"]  # rows start NaN; the index rate writes each id it sees
     assert log_rate.shape[-1] == 48 and not torch.isnan(log_rate).any(0).any()
@@ -239,4 +241,6 @@ def test_packed_set_refuses_flags_it_cannot_honour_before_any_work(tmp_path):
     assert out.returncode == 2 and "--dataset-resampled" in out.stderr
     out = train_run(_packed_argv(tmp_path, tmp_path / "train.npz", "--adamw-impl", "fused", "--opt", "timm/adamw"))
     assert out.returncode == 2 and "--adamw-impl fused applies to --opt adamw" in out.stderr
+    out = train_run(_packed_argv(tmp_path, tmp_path / "train.npz", "--init-logit-scale", "-3"))
+    assert out.returncode == 2 and "--init-logit-scale must be a number > 0, got -3" in out.stderr
     assert not (tmp_path / "logs" / "p").exists()

@@ -267,6 +267,11 @@ def build_parser() -> argparse.ArgumentParser:
                         "fails with a line naming it, so that a rank that died or hangs ends the others "
                         "(torch.distributed's init_process_group timeout; default: torch's, 30 minutes for gloo, "
                         "10 for nccl)")
+    g = parser.add_argument_group("model")
+    g.add_argument("--init-logit-scale", type=float, default=None, metavar="S",
+                   help="the model's learned logit scale starts at S (a temperature of 1/S), for tuning InfoNCE's "
+                        "temperature from several starting points; OpenCLIP's --lock-* flags and the loss's own "
+                        "fixed temperatures are unaffected (default: the model's, 1/0.07 for CLIP models)")
     g = parser.add_argument_group("speed")
     g.add_argument("--adamw-impl", choices=ADAMW_IMPLS, default=None,
                    help="PyTorch's AdamW kernel for OpenCLIP's --opt adamw: 'foreach' (one kernel per step over all "
@@ -312,6 +317,8 @@ class TrainConfig:
     dist_timeout: Optional[float] = None
     #: ``--adamw-impl``: ``foreach`` or ``fused`` for OpenCLIP's AdamW (None: PyTorch's choice)
     adamw_impl: Optional[str] = None
+    #: ``--init-logit-scale``: the learned logit scale's initial value (None: the model's)
+    init_logit_scale: Optional[float] = None
 
 
 def _default_max_nonfinite_steps() -> int:
@@ -499,6 +506,8 @@ def parse_train_args(argv: List[str], check_files: bool = True) -> Optional[Trai
     if timeout is not None and not (timeout > 0 and math.isfinite(timeout)):
         raise FlagError(f"--dist-timeout must be a number of seconds > 0, got {timeout:g}")
 
+    if ours.init_logit_scale is not None and not (ours.init_logit_scale > 0 and math.isfinite(ours.init_logit_scale)):
+        raise FlagError(f"--init-logit-scale must be a number > 0, got {ours.init_logit_scale:g}")
     if ours.adamw_impl and getattr(oc_args, "opt", "adamw").lower() != "adamw":
         raise FlagError(f"--adamw-impl {ours.adamw_impl} applies to --opt adamw, not --opt {oc_args.opt}")
     if ours.no_grad_gather:
@@ -535,7 +544,7 @@ def parse_train_args(argv: List[str], check_files: bool = True) -> Optional[Trai
                        data, no_grad_gather=ours.no_grad_gather, captions_per_image=ours.captions_per_image,
                        loss_reset=ours.loss_reset, grow_state=ours.decl_grow_state, id_block=id_block,
                        preempt=preempt, max_nonfinite_steps=ours.max_nonfinite_steps, dist_timeout=timeout,
-                       adamw_impl=ours.adamw_impl)
+                       adamw_impl=ours.adamw_impl, init_logit_scale=ours.init_logit_scale)
 
 
 def openclip_native(loss: str) -> bool:

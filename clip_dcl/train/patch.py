@@ -33,6 +33,9 @@ duration of the call (and restored afterwards):
     ``torch.nn.parallel.DistributedDataParallel``
     drops ``device_ids`` for CPU devices (main passes ``device_ids=[device]`` even on CPU, which
     DDP rejects, so gloo training on CPU would fail).
+``open_clip_train.main.create_model_and_transforms``
+    with ``--init-logit-scale S``, OpenCLIP's, given ``init_logit_scale=log(S)`` (a model keyword OpenCLIP itself
+    sets only for SigLIP), so the learned scale starts at ``S``.
 ``open_clip_train.main.optim``
     with ``--adamw-impl``, ``torch.optim`` except for ``AdamW``, which gets ``foreach=True`` or ``fused=True``
     (the same update; OpenCLIP passes neither, so PyTorch's for-loop runs on CPU).
@@ -76,6 +79,7 @@ import contextlib
 import functools
 import glob
 import logging
+import math
 import os
 import re
 import shutil
@@ -110,6 +114,9 @@ def patched(run: TrainingRun):
         (oc_distributed, "torch"): Overlay(torch, distributed=Overlay(
             torch.distributed, init_process_group=init_process_group_with_timeout(run.config.dist_timeout))),
         (oc_data, "get_dataset_fn"): run.get_dataset_fn,
+        **({(oc_main, "create_model_and_transforms"): functools.partial(
+            oc_main.create_model_and_transforms, init_logit_scale=math.log(run.config.init_logit_scale))}
+           if run.config.init_logit_scale is not None else {}),
         **({(oc_main, "optim"): Overlay(torch.optim, AdamW=functools.partial(torch.optim.AdamW, **{
             run.config.adamw_impl: True}))} if run.config.adamw_impl else {}),
         (oc_data, "get_wds_dataset"): run.get_wds_dataset,
