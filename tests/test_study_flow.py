@@ -227,3 +227,23 @@ def test_margin_gain_is_the_share_of_the_paired_gain_on_the_judged_split(tmp_pat
     from clip_dcl.experiment.study.report import build
     final = build(plan, work)["comparisons"][0]["final"]
     assert final["margin"] == pytest.approx(0.5 * 0.05)  # half the test split's mean gain decl - clip
+
+
+def test_the_slurm_script_runs_the_line_of_its_array_task(tmp_path):
+    import os
+    import subprocess
+
+    script = Path(__file__).resolve().parents[1] / "launch" / "study_slurm.sbatch"
+    lines = tmp_path / "lines.sh"
+    lines.write_text(f"echo first > {tmp_path}/out\necho second > {tmp_path}/out\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
+    got = subprocess.run(["bash", str(script), str(lines)], env={**env, "SLURM_ARRAY_TASK_ID": "2", "DRY_RUN": "1"},
+                         capture_output=True, text=True, cwd=tmp_path)
+    assert got.returncode == 0 and got.stdout.strip() == f"echo second > {tmp_path}/out"
+    got = subprocess.run(["bash", str(script), str(lines)], env={**env, "SLURM_ARRAY_TASK_ID": "2"},
+                         capture_output=True, text=True, cwd="/")
+    assert got.returncode == 0 and (tmp_path / "out").read_text() == "second\n"
+    got = subprocess.run(["bash", str(script), str(lines)], env={**env, "SLURM_ARRAY_TASK_ID": "3"},
+                         capture_output=True, text=True)
+    assert got.returncode == 2 and "no line 3" in got.stderr
+    assert subprocess.run(["bash", str(script), str(lines)], env=env, capture_output=True).returncode != 0
