@@ -49,9 +49,39 @@ def register_model_config(path: str | os.PathLike) -> str:
     return path.stem
 
 
+#: The testbed's model with the synthetic captions' word vocabulary (:mod:`clip_dcl.data.synth.words`):
+#: ``clip-dcl-micro`` with a 745-token table in place of OpenCLIP's 49,408.
+WORDS_MODEL = "clip-dcl-micro-words"
+#: configs whose tokenizer reads a merges file shipped beside them (``text_cfg.tokenizer_kwargs.bpe_path``)
+_WORDS_DIR = _CONFIG_DIR / "words"
+
+
+def register_word_configs() -> None:
+    """Register the configs of ``clip_dcl/model_configs/words`` with their ``bpe_path`` made absolute.
+
+    OpenCLIP hands ``tokenizer_kwargs`` to its ``SimpleTokenizer`` as they are, and a config read from a
+    file by ``open_clip.add_model_config`` is read again from that file at every later registration; so
+    these configs go into OpenCLIP's registry (``open_clip.factory._MODEL_CONFIGS``, which a rescan
+    extends and never clears) with the path resolved against their folder. Idempotent.
+    """
+    from open_clip import factory
+
+    registry = getattr(factory, "_MODEL_CONFIGS", None)
+    if not isinstance(registry, dict):
+        raise RuntimeError("open_clip.factory._MODEL_CONFIGS is not a dict in this OpenCLIP version: the "
+                           f"models of {_WORDS_DIR} cannot be registered")
+    for f in sorted(_WORDS_DIR.glob("*.json")):
+        cfg = json.loads(f.read_text())
+        kwargs = cfg["text_cfg"].get("tokenizer_kwargs") or {}
+        if "bpe_path" in kwargs:
+            kwargs["bpe_path"] = str((_WORDS_DIR / kwargs["bpe_path"]).resolve())
+        registry[f.stem] = cfg
+
+
 def register_builtin_configs() -> None:
     """Register every config shipped in ``clip_dcl/model_configs`` (idempotent)."""
     register_model_config(_CONFIG_DIR)
+    register_word_configs()
 
 
 class _Registering(importlib.abc.Loader):

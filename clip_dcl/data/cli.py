@@ -8,6 +8,8 @@ Subcommands:
   (classification) written in CLIP_benchmark's webdataset layout, for ``clip-dcl eval benchmark
   --dataset wds/<name>`` and CLIP_benchmark itself
   (:func:`clip_dcl.data.evalsets.write_benchmark.write_benchmark_shards`).
+* ``pack PATTERN OUT.npz``: training shards decoded once into one file that training holds in memory
+  (:func:`clip_dcl.data.packed.pack_shards`; ``--train-data OUT.npz`` trains on it).
 """
 from __future__ import annotations
 
@@ -54,6 +56,8 @@ def _add_synth_parser(subparsers) -> None:
     p.add_argument("--reuse", action="store_true",
                    help="keep earlier outputs in OUT_DIR when their summary.json has the same settings")
     p.add_argument("--quiet", action="store_true", help="no progress lines")
+    p.add_argument("--pack", action="store_true",
+                   help="also write OUT_DIR/train.npz: the training shards decoded once (see `clip-dcl data pack`)")
     p.set_defaults(func=_run_synth, parser=p)
 
 
@@ -70,6 +74,38 @@ def _run_synth(args) -> int:
     print(f"train_data {summary['train_data']}")
     print(f"val_data {summary['val_data']}")
     print(f"summary {summary['out_dir']}/summary.json")
+    if args.pack:
+        from pathlib import Path
+
+        from .packed import pack_shards
+
+        out = Path(summary["out_dir"]) / "train.npz"
+        if not (args.reuse and out.is_file() and out.stat().st_mtime >= Path(summary["out_dir"], "summary.json").stat().st_mtime):
+            pack_shards(summary["train_data"], out, verbose=not args.quiet)
+        print(f"train_packed {out}")
+    return 0
+
+
+def _add_pack_parser(subparsers) -> None:
+    p = subparsers.add_parser(
+        "pack", allow_abbrev=False, help="decode training shards once into one .npz that training holds in memory",
+        description="Read the shards of PATTERN once, in order, and write OUT (.npz): the decoded images (one size), "
+                    "their .txt captions, keys and sample ids. `python -m clip_dcl.train -- --train-data OUT ...` "
+                    "then trains without decoding or tokenising per epoch (see clip_dcl.train.packed).")
+    p.add_argument("pattern", metavar="PATTERN", help="training shards, as --train-data takes them ('train/{00000..00007}.tar')")
+    p.add_argument("out", metavar="OUT", help="the packed file to write (.npz)")
+    p.add_argument("--quiet", action="store_true", help="no progress lines")
+    p.set_defaults(func=_run_pack, parser=p)
+
+
+def _run_pack(args) -> int:
+    from .packed import pack_shards
+
+    try:
+        written = pack_shards(args.pattern, args.out, verbose=not args.quiet)
+    except ValueError as e:
+        args.parser.error(str(e))
+    print(f"train_packed {written['path']} {written['num_samples']} samples")
     return 0
 
 
@@ -114,6 +150,7 @@ def build_parser() -> argparse.ArgumentParser:
     subparsers.required = True
     _add_synth_parser(subparsers)
     _add_benchmark_parser(subparsers)
+    _add_pack_parser(subparsers)
     return parser
 
 

@@ -16,7 +16,7 @@ from clip_dcl.losses.base import DataFacts, DataSizeUnknown
 from .ids import num_sources
 
 #: where each kind of training data takes its sample ids from (see DataFacts.sample_ids)
-_SAMPLE_IDS = {"webdataset": "keys", "csv": "rows", "synthetic": "indices"}
+_SAMPLE_IDS = {"webdataset": "keys", "csv": "rows", "synthetic": "indices", "packed": "keys"}
 
 
 def train_data_kind(oc_args) -> str:
@@ -24,7 +24,8 @@ def train_data_kind(oc_args) -> str:
     ``get_dataset_fn`` does (``"other"`` where OpenCLIP would find no reader)."""
     if oc_args.dataset_type != "auto":
         return oc_args.dataset_type
-    return {"tar": "webdataset", "csv": "csv", "tsv": "csv"}.get(oc_args.train_data.split(".")[-1], "other")
+    kinds = {"tar": "webdataset", "csv": "csv", "tsv": "csv", "npz": "packed"}  # npz: clip_dcl.train.packed
+    return kinds.get(oc_args.train_data.split(".")[-1], "other")
 
 
 def data_facts(oc_args) -> DataFacts:
@@ -47,6 +48,15 @@ def _sizes(oc_args, kind) -> Tuple[int, Tuple[int, ...]]:
             raise DataSizeUnknown("--dataset-type synthetic makes --train-num-samples samples (their indices are "
                                   "the sample ids) and --train-num-samples is not set", "set --train-num-samples")
         return int(oc_args.train_num_samples), (int(oc_args.train_num_samples),)
+    if kind == "packed":
+        from clip_dcl.data.packed import packed_size
+
+        try:
+            total = packed_size(oc_args.train_data)
+        except (OSError, ValueError, KeyError) as e:
+            raise DataSizeUnknown(f"the packed training set {oc_args.train_data!r} cannot be read ({e})",
+                                  "write it again with `clip-dcl data pack`") from None
+        return total, (total,)
     if kind == "csv":
         rows = _csv_rows(oc_args)
         return rows, (rows,)

@@ -28,6 +28,10 @@ from ..errors import FlagError  # noqa: F401  (raised here, and imported from he
 if TYPE_CHECKING:
     from clip_dcl.losses.base import DataFacts
 
+#: ``--adamw-impl`` choices: the keyword of ``torch.optim.AdamW`` each sets
+ADAMW_IMPLS = ("foreach", "fused")
+
+
 def flag_owners() -> Dict[str, tuple]:
     """Our loss flags' ``dest`` -> (the loss it belongs to, that loss's keyword argument), from the registry.
 
@@ -157,6 +161,17 @@ def check_data_paths(oc_args) -> None:
             raise FlagError(f"{flag}: {unreadable[0]!r} is not readable")
 
 
+def check_packed_flags(oc_args) -> None:
+    """A packed training set (``--train-data PATH.npz``) refuses the flags it cannot honour, here, before any work."""
+    from .packed import PackedDataError, check_flags, is_packed
+
+    if oc_args.dataset_type == "auto" and is_packed(oc_args.train_data):
+        try:
+            check_flags(oc_args)
+        except PackedDataError as e:
+            raise FlagError(str(e)) from None
+
+
 def _loss_defaults() -> Dict[str, Dict[str, object]]:
     """``{loss name: {kwarg: default}}`` read from the loss classes' signatures (for --help)."""
     from clip_dcl.losses import LOSSES
@@ -252,6 +267,11 @@ def build_parser() -> argparse.ArgumentParser:
                         "fails with a line naming it, so that a rank that died or hangs ends the others "
                         "(torch.distributed's init_process_group timeout; default: torch's, 30 minutes for gloo, "
                         "10 for nccl)")
+    g = parser.add_argument_group("speed")
+    g.add_argument("--adamw-impl", choices=ADAMW_IMPLS, default=None,
+                   help="PyTorch's AdamW kernel for OpenCLIP's --opt adamw: 'foreach' (one kernel per step over all "
+                        "parameters) or 'fused'; the same update, in fewer, larger operations, which pays on a small "
+                        "model (default: PyTorch's choice: for-loop on CPU, foreach on CUDA)")
     return parser
 
 
@@ -290,6 +310,8 @@ class TrainConfig:
     max_nonfinite_steps: int = field(default_factory=lambda: _default_max_nonfinite_steps())
     #: ``--dist-timeout``: seconds a collective waits (None: torch's default)
     dist_timeout: Optional[float] = None
+    #: ``--adamw-impl``: ``foreach`` or ``fused`` for OpenCLIP's AdamW (None: PyTorch's choice)
+    adamw_impl: Optional[str] = None
 
 
 def _default_max_nonfinite_steps() -> int:
@@ -449,6 +471,7 @@ def parse_train_args(argv: List[str], check_files: bool = True) -> Optional[Trai
     if check_files:
         check_data_paths(oc_args)
         check_output_paths(oc_args)
+    check_packed_flags(oc_args)
 
     loss = ours.loss
     flag_map = flag_owners()
@@ -476,6 +499,8 @@ def parse_train_args(argv: List[str], check_files: bool = True) -> Optional[Trai
     if timeout is not None and not (timeout > 0 and math.isfinite(timeout)):
         raise FlagError(f"--dist-timeout must be a number of seconds > 0, got {timeout:g}")
 
+    if ours.adamw_impl and getattr(oc_args, "opt", "adamw").lower() != "adamw":
+        raise FlagError(f"--adamw-impl {ours.adamw_impl} applies to --opt adamw, not --opt {oc_args.opt}")
     if ours.no_grad_gather:
         _check_no_grad_gather(oc_args)
     kwargs = {flag_map[d][1]: v for d, v in given.items()}
@@ -509,7 +534,8 @@ def parse_train_args(argv: List[str], check_files: bool = True) -> Optional[Trai
     return TrainConfig(loss, kwargs, full_loss_args(loss, resolved), list(rest), ours.model_config, num_samples,
                        data, no_grad_gather=ours.no_grad_gather, captions_per_image=ours.captions_per_image,
                        loss_reset=ours.loss_reset, grow_state=ours.decl_grow_state, id_block=id_block,
-                       preempt=preempt, max_nonfinite_steps=ours.max_nonfinite_steps, dist_timeout=timeout)
+                       preempt=preempt, max_nonfinite_steps=ours.max_nonfinite_steps, dist_timeout=timeout,
+                       adamw_impl=ours.adamw_impl)
 
 
 def openclip_native(loss: str) -> bool:

@@ -33,10 +33,16 @@ duration of the call (and restored afterwards):
     ``torch.nn.parallel.DistributedDataParallel``
     drops ``device_ids`` for CPU devices (main passes ``device_ids=[device]`` even on CPU, which
     DDP rejects, so gloo training on CPU would fail).
+``open_clip_train.main.optim``
+    with ``--adamw-impl``, ``torch.optim`` except for ``AdamW``, which gets ``foreach=True`` or ``fused=True``
+    (the same update; OpenCLIP passes neither, so PyTorch's for-loop runs on CPU).
 ``open_clip_train.distributed.torch``
     ``torch`` itself except for ``torch.distributed.init_process_group``, which gets ``--dist-timeout``
     as its ``timeout`` (OpenCLIP passes none), so that a collective waiting for a rank that died or
     hangs fails within that time, on every other rank.
+``open_clip_train.data.get_dataset_fn``
+    OpenCLIP's, except that ``--dataset-type auto`` with a ``.npz`` ``--train-data`` (a packed set, which
+    OpenCLIP has no reader for) gets :func:`clip_dcl.train.packed.get_packed_train_dataset`.
 ``open_clip_train.data.get_wds_dataset``
     for training, :func:`clip_dcl.train.pipeline.get_wds_train_dataset` (batches carry ids);
     validation keeps OpenCLIP's.
@@ -67,6 +73,7 @@ and checkpoint bookkeeping), with the step plumbing in :mod:`clip_dcl.train.step
 from __future__ import annotations
 
 import contextlib
+import functools
 import glob
 import logging
 import os
@@ -102,6 +109,9 @@ def patched(run: TrainingRun):
             torch.nn, parallel=Overlay(torch.nn.parallel, DistributedDataParallel=cpu_safe_ddp))),
         (oc_distributed, "torch"): Overlay(torch, distributed=Overlay(
             torch.distributed, init_process_group=init_process_group_with_timeout(run.config.dist_timeout))),
+        (oc_data, "get_dataset_fn"): run.get_dataset_fn,
+        **({(oc_main, "optim"): Overlay(torch.optim, AdamW=functools.partial(torch.optim.AdamW, **{
+            run.config.adamw_impl: True}))} if run.config.adamw_impl else {}),
         (oc_data, "get_wds_dataset"): run.get_wds_dataset,
         (oc_data, "get_csv_dataset"): run.get_csv_dataset,
         (oc_data, "get_synthetic_dataset"): run.get_synthetic_dataset,

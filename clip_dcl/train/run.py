@@ -29,11 +29,12 @@ from . import saving
 from .divergence import Diverged, NonFiniteSteps, describe_tensors, nonfinite_tensors
 from .flags import TrainConfig, full_loss_args, loss_command, openclip_native, setting_words
 from .ids import with_indices
+from .packed import PackedDataError, get_packed_train_dataset, is_packed
 from .pipeline import get_wds_train_dataset
 from .steps import (IdChannel, LossWithIds, SkippedSteps, TrainLineHook, log_data_stats, log_epoch_health,
                     seed_main_process)
-from .upstream import (OPENCLIP_CREATE_LOSS, OPENCLIP_GET_CSV_DATASET, OPENCLIP_GET_SYNTHETIC_DATASET,
-                       OPENCLIP_GET_WDS_DATASET, OPENCLIP_PT_LOAD, OPENCLIP_TRAIN_ONE_EPOCH)
+from .upstream import (OPENCLIP_CREATE_LOSS, OPENCLIP_GET_CSV_DATASET, OPENCLIP_GET_DATASET_FN,
+                       OPENCLIP_GET_SYNTHETIC_DATASET, OPENCLIP_GET_WDS_DATASET, OPENCLIP_PT_LOAD, OPENCLIP_TRAIN_ONE_EPOCH)
 from .upstream import setup_logging as upstream_setup_logging
 
 
@@ -522,6 +523,19 @@ class TrainingRun:
             return info
         return OPENCLIP_GET_WDS_DATASET(args, preprocess_img, is_train, epoch=epoch, floor=floor,
                                          tokenizer=tokenizer)
+
+    # open_clip_train.data.get_dataset_fn: a packed set (.npz, --dataset-type auto) is ours, the rest OpenCLIP's
+    def get_dataset_fn(self, data_path, dataset_type):
+        if dataset_type == "auto" and is_packed(data_path):
+            return self.get_packed_dataset
+        return OPENCLIP_GET_DATASET_FN(data_path, dataset_type)
+
+    def get_packed_dataset(self, args, preprocess_img, is_train, epoch=0, floor=False, tokenizer=None):
+        if not is_train:
+            raise PackedDataError(f"--val-data {args.val_data}: a packed set is for training; validate on shards")
+        info = get_packed_train_dataset(args, preprocess_img, epoch=epoch, tokenizer=tokenizer)
+        self.train_num_batches = info.dataloader.num_batches
+        return info
 
     # open_clip_train.data.get_csv_dataset / get_synthetic_dataset
     def _map_style(self, load, args, preprocess_fn, is_train, epoch=0, tokenizer=None):

@@ -1,0 +1,88 @@
+"""The testbed's recipes: the data, model, loader and trainer settings that a testbed run is made of.
+
+A recipe is everything a run shares with every other run of its kind (the batch size, seed and
+objective aside): the argv after ``clip-dcl`` that writes its data into a folder (``{DATA}``), and
+the argv after ``python -m clip_dcl.train --`` of one run reading ``{DATA}`` and writing under
+``{LOGS}`` (:meth:`Recipe.train_argv`). Runs record the name of their recipe; runs of two recipes are
+never paired or pooled (they train other models on other inputs).
+
+``micro-bpe``
+    The testbed until 2026-11: ``clip-dcl-micro`` (2+2-layer ViT at 32 px, width 64) with OpenCLIP's
+    49,408-token BPE, on the webdataset shards (each image decoded, transformed and its caption
+    tokenised per sample, per epoch, in one loader worker), validation after every epoch.
+``micro-words`` (:data:`DEFAULT_RECIPE`)
+    The same data draw, packed once into memory (``clip-dcl data synth --pack``:
+    :mod:`clip_dcl.data.packed`, :mod:`clip_dcl.train.packed`); ``clip-dcl-micro-words``: the same
+    vision tower, a 1-layer text tower over the captions' own 745-token vocabulary
+    (:mod:`clip_dcl.data.synth.words`); PyTorch's fused AdamW (``--adamw-impl fused``); validation
+    every 4th epoch. ``benchmarks/testbed_speed.py`` measures both, and checks that batch size still
+    matters on it (the gate).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Dict, List, Sequence, Tuple
+
+#: the synthetic testbed data: 48 shape x colour classes at 32 px, 12,000 training pairs, 1,000 validation
+#: and 1,000 test images (5 captions each), 20 zero-shot images per class in each of the two splits
+_SYNTH = ("data", "synth", "{DATA}", "--image-size", "32", "--num-classes", "48", "--train-samples", "12000",
+          "--test-samples", "1000")
+#: trainer settings every recipe shares (OpenCLIP's flags)
+_COMMON = ("--val-data", "{DATA}/val/{00000..00000}.tar", "--val-num-samples", "1000",
+           "--train-num-samples", "12000", "--lr", "1e-3", "--wd", "0.1", "--warmup", "50", "--workers", "1",
+           "--log-every-n-steps", "50", "--save-frequency", "1", "--delete-previous-checkpoint",
+           "--zeroshot-frequency", "0", "--report-to", "")
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """One testbed recipe (see the module docstring)."""
+
+    name: str
+    summary: str
+    model: str
+    #: argv after ``clip-dcl`` that writes the recipe's data into ``{DATA}``
+    data_argv: Tuple[str, ...]
+    #: ``--train-data`` (with ``{DATA}``) and ``--dataset-type``
+    train_data: str
+    dataset_type: str
+    #: validation (retrieval on ``{DATA}/val``) every this many epochs
+    val_frequency: int = 1
+    #: trainer flags of this recipe beyond :data:`_COMMON`
+    extra: Tuple[str, ...] = field(default_factory=tuple)
+
+    def train_argv(self, *, batch_size: int = 32, seed: int = 0, epochs: int = 20, name: str = "run",
+                   objective: Sequence[str] = ("--loss", "clip"), device: str = "cpu") -> List[str]:
+        """The argv after ``python -m clip_dcl.train --`` of one run (``{DATA}``, ``{LOGS}`` left to fill in)."""
+        precision = ["--precision", "fp32"] if device == "cpu" else []
+        return ["--model", self.model, "--train-data", self.train_data, "--dataset-type", self.dataset_type,
+                *_COMMON, "--val-frequency", str(self.val_frequency), *self.extra,
+                "--batch-size", str(batch_size), "--epochs", str(epochs), "--seed", str(seed),
+                "--device", device, *precision, "--logs", "{LOGS}", "--name", name, *objective]
+
+
+RECIPES: Dict[str, Recipe] = {
+    "micro-bpe": Recipe(
+        "micro-bpe", "clip-dcl-micro (OpenCLIP's BPE) on webdataset shards, validation every epoch",
+        "clip-dcl-micro", _SYNTH, "{DATA}/train/{00000..00007}.tar", "webdataset", val_frequency=1),
+    "micro-words": Recipe(
+        "micro-words", "clip-dcl-micro-words (word vocabulary, 1-layer text tower) on the shards packed in "
+                       "memory, fused AdamW, validation every 4th epoch",
+        "clip-dcl-micro-words", _SYNTH + ("--pack",), "{DATA}/train.npz", "auto", val_frequency=4,
+        extra=("--adamw-impl", "fused")),
+}
+#: the recipe the testbed uses unless told otherwise
+DEFAULT_RECIPE = "micro-words"
+
+
+def get_recipe(name: str) -> Recipe:
+    """The recipe called ``name``; ``ValueError`` naming the known ones otherwise."""
+    try:
+        return RECIPES[name]
+    except KeyError:
+        raise ValueError(f"unknown testbed recipe {name!r}; choose from {sorted(RECIPES)}") from None
+
+
+def fill(argv: Sequence[str], data: str, logs: str = "") -> List[str]:
+    """``argv`` with ``{DATA}`` and ``{LOGS}`` replaced (shard patterns' own braces are left alone)."""
+    return [a.replace("{DATA}", str(data)).replace("{LOGS}", str(logs)) for a in argv]
