@@ -247,3 +247,60 @@ def test_the_slurm_script_runs_the_line_of_its_array_task(tmp_path):
                          capture_output=True, text=True)
     assert got.returncode == 2 and "no line 3" in got.stderr
     assert subprocess.run(["bash", str(script), str(lines)], env=env, capture_output=True).returncode != 0
+
+
+def test_an_exploratory_study_reads_the_validation_split_only(tmp_path, monkeypatch):
+    plan = load_plan(write_plan(tmp_path, extra="exploratory = true"))
+    work = tmp_path / "work"
+    W.seal(plan, work)
+    for run in plan.runs():
+        finish(work, *run)
+    read = []
+    real = W.read_scores
+    monkeypatch.setattr(W, "read_scores", lambda w, a, s, split: read.append(split) or real(w, a, s, split))
+    from clip_dcl.experiment.study.report import write_report
+    doc = write_report(plan, work)["doc"]
+    final = doc["comparisons"][0]["final"]
+    assert final["split"] == "validation" and final["diffs"] == pytest.approx([0.01, -0.02])
+    assert set(read) == {"validation"} and not any("test" in r for r in doc["runs"])
+    assert "## Readings (validation split: an exploratory study chooses" in (work / "STUDY.md").read_text()
+
+
+def test_a_registered_recipe_brings_its_data_command_and_training_flags(tmp_path):
+    from clip_dcl.experiment.recipes import RECIPES
+    from clip_dcl.experiment.study.lines import shell_line
+
+    text = PLAN.format(extra='recipe = "micro-bpe"').split("[data]")[0] + """
+[train]
+epochs = 3
+device = "cpu"
+
+[[arms]]
+name = "clip-b16"
+batch_size = 16
+flags = ["--loss", "clip"]
+
+[[arms]]
+name = "decl-b16"
+batch_size = 16
+flags = ["--loss", "decl"]
+
+[[comparisons]]
+a = "decl-b16"
+b = "clip-b16"
+rule = "beats"
+"""
+    (tmp_path / "p.toml").write_text(text)
+    plan = load_plan(tmp_path / "p.toml")
+    assert plan.data["command"] == list(RECIPES["micro-bpe"].data_argv) and plan.data["from_summary"]
+    work = tmp_path / "work"
+    splits = {"validation": "/v.tar", "test": "/t.tar"}
+    words = shlex.split(shell_line(plan, work, splits, "decl-b16", 1, threads=2).split(" && ")[0])
+    argv = words[words.index("--") + 1:]
+    data = str(W.data_dir(work))
+    want = RECIPES["micro-bpe"].train_argv(batch_size=16, seed=1, epochs=3, name="seed1",
+                                           objective=("--loss", "decl"), device="cpu")
+    assert argv == [a.replace("{DATA}", data).replace("{LOGS}", str(W.run_dir(work, "decl-b16", 1).parent))
+                    for a in want] + ["--resume", "latest"]
+    with pytest.raises(Exception, match=r"unknown key 'lr' in \[train\]"):
+        load_plan((tmp_path / "p.toml").write_text(text.replace("epochs = 3", "lr = 0.1")) and tmp_path / "p.toml")

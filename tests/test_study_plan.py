@@ -144,7 +144,7 @@ def test_plan_changes_name_each_changed_key():
     renamed = BASE.replace('name = "decl"', 'name = "decl2"').replace('a = "decl"', 'a = "decl2"')
     assert plan_changes(a, plan(text=renamed).canonical()) == ["arms[1].name: 'decl' -> 'decl2'",
                                                                 "comparisons[0].a: 'decl' -> 'decl2'"]
-    assert plan_changes(a, plan("recipe = \"micro-bpe\"\n").canonical()) == ["recipe: 'custom' -> 'micro-bpe'"]
+    assert plan_changes(a, plan("recipe = \"mine\"\n").canonical()) == ["recipe: 'custom' -> 'mine'"]
 
 
 def test_check_counts_the_seeds_each_comparison_needs_and_says_when_too_few(capsys):

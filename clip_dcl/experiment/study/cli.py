@@ -175,7 +175,7 @@ def _report(plan: Plan, args) -> int:
     for c in doc["comparisons"]:
         r = c["final"]
         if r is not None:
-            print(f"  {c['label']} (test split, {r['n']} seeds, look {r['look']}): {100 * r['mean']:+.2f} "
+            print(f"  {c['label']} ({r['split']} split, {r['n']} seeds, look {r['look']}): {100 * r['mean']:+.2f} "
                   f"[{100 * r['lo']:+.2f}, {100 * r['hi']:+.2f}] -> {r['verdict']}")
         else:
             print(f"  {c['label']}: no verdict yet")

@@ -13,8 +13,8 @@ import sys
 from typing import Dict, List, Optional
 
 from ..runner import Budget, Run, train_command
-from .plan import Plan
-from .work import package_root, run_dir
+from .plan import Plan, registered_recipe
+from .work import data_dir, package_root, run_dir
 
 #: [train] keys that map onto :class:`Budget` fields
 _BUDGET = ("model", "epochs", "batch_size", "lr", "wd", "warmup", "workers", "log_every_n_steps")
@@ -32,10 +32,27 @@ def budget(plan: Plan, arm: str, seed: int) -> Budget:
     return Budget(**{k: s[k] for k in _BUDGET if k in s}, seed=seed, extra=tuple(s.get("flags", ())))
 
 
+def epochs(plan: Plan, arm: str) -> int:
+    """The epochs of ``arm``'s runs (a registered recipe's default is the testbed's 20)."""
+    return int(settings(plan, arm).get("epochs", 20 if registered_recipe(plan.recipe) else Budget().epochs))
+
+
 def train_argv(plan: Plan, work, splits: Dict[str, object], arm: str, seed: int,
                python: Optional[str] = None) -> List[str]:
-    """``python -m clip_dcl.train -- ...`` of one run (``splits``: :func:`prepare_data`'s)."""
+    """``python -m clip_dcl.train -- ...`` of one run (``splits``: :func:`prepare_data`'s): the registered
+    recipe's flags (:meth:`clip_dcl.experiment.recipes.Recipe.train_argv`), or :func:`train_command`'s from the
+    plan's [train] keys; then the arm's flags and ``--resume latest``."""
     s = settings(plan, arm)
+    entry = [python or sys.executable, "-m", "clip_dcl.train", "--"]
+    recipe = registered_recipe(plan.recipe)
+    if recipe is not None:
+        from ..recipes import fill
+
+        folder = run_dir(work, arm, seed)
+        argv = recipe.train_argv(batch_size=int(s.get("batch_size", 32)), seed=seed, epochs=epochs(plan, arm),
+                                 name=folder.name, objective=(*s.get("flags", ()), *plan.arm(arm).flags),
+                                 device=s.get("device", "cpu"))
+        return entry + fill(argv, str(data_dir(work)), str(folder.parent)) + ["--resume", "latest"]
     data = {"train_data": splits["train"], "val_data": splits["validation"],
             "train": {"num_samples": splits["train_samples"]}, "val": {"num_samples": splits["validation_samples"]}}
     folder = run_dir(work, arm, seed)
@@ -51,15 +68,14 @@ def score_argv(plan: Plan, work, splits: Dict[str, object], arm: str, seed: int,
     """``clip-dcl study score ...`` of one run: both splits' scores and the run's record into its folder."""
     s = settings(plan, arm)
     folder = run_dir(work, arm, seed)
-    b = budget(plan, arm, seed)
     argv = [python or sys.executable, "-m", "clip_dcl.cli", "study", "score", str(folder),
-            "--checkpoint", str(folder / "checkpoints" / f"epoch_{b.epochs}.pt"),
+            "--checkpoint", str(folder / "checkpoints" / f"epoch_{epochs(plan, arm)}.pt"),
             "--validation", str(splits["validation"]), "--test", str(splits["test"]),
             "--recipe", plan.recipe, "--arm", arm, "--seed", str(seed)]
     for key in ("validation_zeroshot", "test_zeroshot"):
         if splits.get(key):
             argv += [f"--{key.replace('_', '-')}", str(splits[key])]
-    device = s.get("device", "auto")
+    device = s.get("device", "cpu" if registered_recipe(plan.recipe) else "auto")
     return argv + ["--device", device]
 
 

@@ -13,6 +13,7 @@ The plan (every key is checked; an unknown key or a bad value is one :class:`Pla
     looks = [3, 5]                # optional sequential design: seed counts at which the report may judge
     alpha_split = [0.05, 0.05]    # its error spent over the looks (or "bonferroni"); needed with looks
     threads = 1                   # optional: torch threads per run (default: the cores split between runs)
+    exploratory = false           # optional: true judges on the validation split (a screen: choices, no claim)
     pair_across = []              # optional: "machines" and/or "recipes" may be paired (default: never)
 
     [data]                        # shards made by a command (argv after `clip-dcl`) into {DATA} ...
@@ -37,6 +38,10 @@ The plan (every key is checked; an unknown key or a bad value is one :class:`Pla
     rule = "reaches"              # beats | reaches | matches
     margin = 0.02                 # reaches / matches: stated in the plan (or margin_gain, below)
     expected = 0.0                # optional: the true difference assumed by the seed count
+
+A ``recipe`` registered in :data:`clip_dcl.experiment.recipes.RECIPES` (``micro-bpe``, ``micro-words``) brings
+its data command and its training flags: such a plan may leave [data] out, and its [train] (and an arm) may
+set only ``epochs``, ``batch_size``, ``device`` and ``flags``.
 
 ``margin_gain = {from = "clip-b32", to = "clip-b64", share = 0.5}`` makes the margin that share of the
 mean paired gain ``to - from`` over the comparison's seeds, on the split being judged (the testbed's
@@ -71,11 +76,20 @@ METRICS = tuple([f"retrieval/{d}_R@{k}" for d in ("image_to_text", "text_to_imag
 TRAIN_KEYS = {"model": str, "epochs": int, "batch_size": int, "lr": float, "wd": float, "warmup": int,
               "workers": int, "log_every_n_steps": int, "precision": str, "device": str, "validate": bool,
               "flags": list}
+#: what a plan of a registered recipe may set (the recipe sets the rest)
+RECIPE_TRAIN_KEYS = ("epochs", "batch_size", "device", "flags")
 DATA_KEYS = ("command", "train", "train_samples", "validation", "validation_samples", "validation_zeroshot",
              "test", "test_samples", "test_zeroshot")
-TOP_KEYS = ("title", "recipe", "seeds", "metric", "confidence", "resolution", "power", "paired_sd", "spread_from",
+TOP_KEYS = ("title", "recipe", "exploratory", "seeds", "metric", "confidence", "resolution", "power", "paired_sd", "spread_from",
             "looks", "alpha_split", "threads", "pair_across", "data", "train", "arms", "comparisons")
 ARM_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.+=-]*$")
+
+
+def registered_recipe(name: str):
+    """The testbed recipe called ``name`` (:mod:`clip_dcl.experiment.recipes`), or None for a name of one's own."""
+    from ..recipes import RECIPES
+
+    return RECIPES.get(name)
 
 
 class PlanError(ValueError):
@@ -130,6 +144,7 @@ class Plan:
     alpha_split: Tuple[float, ...] = ()
     threads: Optional[int] = None
     pair_across: Tuple[str, ...] = ()
+    exploratory: bool = False
     text: str = field(default="", compare=False)
     source: str = field(default="", compare=False)
 
@@ -143,6 +158,11 @@ class Plan:
     def runs(self) -> List[Tuple[str, int]]:
         """Every ``(arm, seed)`` the plan trains, seed after seed (the arms of seed 0 first)."""
         return [(arm.name, seed) for seed in self.seeds for arm in self.arms]
+
+    @property
+    def split(self) -> str:
+        """The split the comparisons are judged on: the test split, or the validation split when exploratory."""
+        return "validation" if self.exploratory else "test"
 
     def design(self) -> List[Tuple[int, float]]:
         """The looks as ``(seeds, alpha)``: one look at every seed at ``1 - confidence`` unless declared."""
@@ -194,8 +214,10 @@ def parse_plan(text: str, source: str = "plan") -> Plan:
         raise PlanError(f"{source}: not valid TOML: {e}") from None
     c = _Checker(source)
     c.keys(doc, TOP_KEYS, "")
+    recipe = c.typed(doc.get("recipe", "custom"), str, "recipe")
+    registered = registered_recipe(recipe)
     for key in ("seeds", "metric", "confidence", "resolution", "data", "train", "arms", "comparisons"):
-        if key not in doc:
+        if key not in doc and not (registered and key in ("data", "train")):
             raise PlanError(f"{source}: missing key {key!r}")
     seeds = c.int_list(doc["seeds"], "seeds", minimum=0)
     if not seeds or len(set(seeds)) != len(seeds):
@@ -205,9 +227,10 @@ def parse_plan(text: str, source: str = "plan") -> Plan:
         raise PlanError(f"{source}: metric = {metric!r}: choose one of {', '.join(METRICS)}")
     confidence = c.fraction(doc["confidence"], "confidence")
     resolution = c.number(doc["resolution"], "resolution", minimum=0.0)
-    data = _data(c, doc["data"])
-    train = _train(c, doc["train"], "train")
-    arms = _arms(c, doc["arms"])
+    data = _data(c, doc["data"] if "data" in doc else {"command": list(registered.data_argv)})
+    allowed = RECIPE_TRAIN_KEYS if registered else TRAIN_KEYS
+    train = _train(c, doc.get("train", {}), "train", allowed)
+    arms = _arms(c, doc["arms"], allowed)
     names = [a.name for a in arms]
     comparisons = tuple(_comparison(c, x, f"comparisons[{i}]", names) for i, x in enumerate(c.tables(doc["comparisons"], "comparisons")))
     if not comparisons:
@@ -226,7 +249,8 @@ def parse_plan(text: str, source: str = "plan") -> Plan:
         raise PlanError(f"{source}: metric = {metric!r} needs [data] validation_zeroshot and test_zeroshot")
     return Plan(seeds=tuple(seeds), metric=metric, confidence=confidence, resolution=resolution, data=data,
                 train=train, arms=arms, comparisons=comparisons,
-                recipe=c.typed(doc.get("recipe", "custom"), str, "recipe"), title=c.typed(doc.get("title", ""), str, "title"),
+                recipe=recipe, title=c.typed(doc.get("title", ""), str, "title"),
+                exploratory=c.typed(doc.get("exploratory", False), bool, "exploratory"),
                 power=power, paired_sd=paired_sd, spread_from=spread_from, looks=looks, alpha_split=alpha,
                 threads=threads, pair_across=pair_across, text=text, source=source)
 
@@ -340,7 +364,7 @@ def _train(c: _Checker, table, where: str, allowed=TRAIN_KEYS) -> Dict[str, Any]
     return out
 
 
-def _arms(c: _Checker, value) -> Tuple[Arm, ...]:
+def _arms(c: _Checker, value, allowed=TRAIN_KEYS) -> Tuple[Arm, ...]:
     arms = []
     for i, table in enumerate(c.tables(value, "arms")):
         where = f"arms[{i}]"
@@ -350,7 +374,7 @@ def _arms(c: _Checker, value) -> Tuple[Arm, ...]:
         if not ARM_NAME.match(name):
             c.fail(f"{where}.name", name, "use letters, digits and _ . + = - (it names the arm's folder)")
         rest = {k: v for k, v in table.items() if k != "name"}
-        settings = _train(c, rest, where, allowed=("flags", *(k for k in TRAIN_KEYS if k != "flags")))
+        settings = _train(c, rest, where, allowed=("flags", *(k for k in allowed if k != "flags")))
         flags = tuple(settings.pop("flags", ()))
         arms.append(Arm(name, flags, tuple(sorted(settings.items()))))
     names = [a.name for a in arms]

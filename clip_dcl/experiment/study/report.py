@@ -4,7 +4,8 @@ seed, their interval and the verdict by the plan's rule.
 Verdicts come only from a complete look (every planned run of its seeds has its scores: for a one-look
 plan, every run), and the test split is read only then. Before, the report says "incomplete: k of n runs"
 and shows the validation split's differences, labelled as such (the split for choices, never a verdict).
-A sequential plan judges each comparison at its looks in order, each at one minus its share of the error,
+An exploratory plan (a screen, a sweep, a spread measurement) is judged on the validation split and
+never reads the test split. A sequential plan judges each comparison at its looks in order, each at one minus its share of the error,
 and stops a comparison at its first verdict. Runs of different recipes or hardware (CPU model, GPU, torch)
 are never paired unless the plan's ``pair_across`` says so: such a seed is left out and the comparison
 gets no verdict.
@@ -96,7 +97,7 @@ def decisions(plan: Plan, work: Path, state: Optional[dict] = None) -> List[dict
     for c in plan.comparisons:
         looks, final = [], None
         for k, (n, alpha) in enumerate(design[:state["complete_looks"]], start=1):
-            row = {"look": k, "alpha": alpha, **judged(plan, work, c, plan.seeds[:n], "test", 1 - alpha)}
+            row = {"look": k, "alpha": alpha, **judged(plan, work, c, plan.seeds[:n], plan.split, 1 - alpha)}
             looks.append(row)
             if row["verdict"] != "no verdict" or k == len(design):
                 final = row
@@ -138,7 +139,8 @@ def build(plan: Plan, work: Path) -> dict:
     state = progress(plan, work)
     rows = decisions(plan, work, state)
     design = plan.design()
-    tested = set(plan.seeds[:design[state["complete_looks"] - 1][0]]) if state["complete_looks"] else set()
+    tested = set(plan.seeds[:design[state["complete_looks"] - 1][0]]) if state["complete_looks"] and \
+        not plan.exploratory else set()
     runs = []
     for arm, seed in plan.runs():
         rec = W.read_record(work, arm, seed)
@@ -168,7 +170,8 @@ def build(plan: Plan, work: Path) -> dict:
             status += f" (look {state['complete_looks']} of {len(design)} complete)"
     return {"title": plan.title or Path(plan.source).stem, "status": status, "plan": plan.source,
             "plan_sha256": plan.sha256, "sealed": seal and seal["sealed"], "sealed_commit": seal and seal["commit"],
-            "recipe": plan.recipe, "design": plan.design_text(), "looks": [list(x) for x in design],
+            "recipe": plan.recipe, "split": plan.split, "exploratory": plan.exploratory,
+            "design": plan.design_text(), "looks": [list(x) for x in design],
             "metric": plan.metric, "confidence": plan.confidence, "resolution": plan.resolution,
             "pair_across": list(plan.pair_across), "runs_done": state["n_done"], "runs_planned": state["n_planned"],
             "comparisons": rows, "validation": validation, "reruns": reruns, "runs": runs,
@@ -196,7 +199,8 @@ def markdown(doc: dict, plan: Plan) -> List[str]:
              + "; ".join(RULE_TEXT[r].format(res=_points(doc["resolution"], False)) for r in rules) + ".", ""]
     tested = [c for c in doc["comparisons"] if c["looks"]]
     if tested:
-        lines += ["## Verdicts (test split)", ""]
+        lines += ["## Verdicts (test split)" if not doc["exploratory"] else
+                  "## Readings (validation split: an exploratory study chooses, it makes no claim)", ""]
         table = []
         for c in doc["comparisons"]:
             for r in c["looks"]:
@@ -213,13 +217,14 @@ def markdown(doc: dict, plan: Plan) -> List[str]:
                  for r in c["looks"] if r["left_out"]]
         lines += notes + ([""] if notes else [])
     else:
-        lines += [f"**{doc['status']}**: no verdict and no test-split score until every planned run of a look has "
-                  "its scores.", ""]
-    lines += ["## Validation split (for choices; never a verdict)", "",
-              markdown_table(["comparison", "seeds", "per-seed differences (points)", "mean",
-                              f"{100 * doc['confidence']:.0f} % interval"],
-                             [[v["label"], v["n"], _per_seed(v), _points(v["mean"]), _interval(v)]
-                              for v in doc["validation"]], "lrlrl"), ""]
+        lines += [f"**{doc['status']}**: no verdict and no " + ("reading" if doc["exploratory"] else "test-split score")
+                  + " until every planned run of a look has its scores.", ""]
+    if not doc["exploratory"] or not tested:
+        lines += ["## Validation split (for choices; never a verdict)", "",
+                  markdown_table(["comparison", "seeds", "per-seed differences (points)", "mean",
+                                  f"{100 * doc['confidence']:.0f} % interval"],
+                                 [[v["label"], v["n"], _per_seed(v), _points(v["mean"]), _interval(v)]
+                                  for v in doc["validation"]], "lrlrl"), ""]
     show_test = any("test" in r for r in doc["runs"])
     head = ["arm", "seed", "recipe", "commit", "started", f"validation {doc['metric']}"]
     rows = []
@@ -242,7 +247,7 @@ def figure(doc: dict, path: Path) -> Path:
     fig, axes = plt.subplots(1, len(comps), figsize=(4.2 * len(comps), 3.8), squeeze=False)
     for ax, c, v in zip(axes[0], comps, doc["validation"]):
         r = c["final"] or (c["looks"][-1] if c["looks"] else None)
-        split = "test" if r else "validation"
+        split = doc["split"] if r else "validation"
         r = r or v
         ax.scatter(range(len(r["diffs"])), [100 * d for d in r["diffs"]], color="C0", zorder=3, label="seeds")
         if r["n"] >= 2:
@@ -255,7 +260,7 @@ def figure(doc: dict, path: Path) -> Path:
             for y in ([-margin] if c["rule"] == "reaches" else [-margin, margin]):
                 ax.axhline(100 * y, color="C2", ls="--", lw=1)
         ax.set_xticks(list(range(len(r["seeds"]))) + [len(r["seeds"])], [f"s{s}" for s in r["seeds"]] + ["mean"])
-        verdict = r.get("verdict", "no verdict") if split == "test" else "validation: no verdict"
+        verdict = r.get("verdict", "no verdict") if c["looks"] else "validation: no verdict"
         ax.set(title=f"{c['a']} - {c['b']}\n{c['rule']}: {verdict}", ylabel=f"points ({split} split)")
         ax.grid(alpha=0.3)
     return save_figure(fig, path, doc["title"])
