@@ -64,8 +64,13 @@ def test_the_interval_and_every_verdict_equal_the_slow_recomputation_on_many_ran
 def test_edges_a_single_seed_and_a_margin_the_rule_needs():
     assert judge("beats", [0.5], 0.9)["verdict"] == "no verdict"
     assert t_interval([0.5])["n"] == 1 and math.isnan(t_interval([0.5])["lo"])
-    with pytest.raises(ValueError, match="needs a margin > 0"):
+    with pytest.raises(ValueError, match="needs a margin"):
         verdict("reaches", t_interval([0.1, 0.2]), margin=None)
+    with pytest.raises(ValueError, match="needs a margin > 0"):
+        verdict("matches", t_interval([0.1, 0.2]), margin=0.0)
+    # a margin taken from the runs may be negative: the bar -margin then lies above zero
+    assert verdict("reaches", t_interval([0.01, 0.012, 0.011]), margin=-0.005) == "reaches"
+    assert verdict("reaches", t_interval([0.001, 0.002, 0.0015]), margin=-0.005) == "does not reach"
     # below min_seeds no verdict, whatever the interval (the batch-size testbed's rule asks three)
     assert verdict("beats", t_interval([0.05, 0.06]), min_seeds=3) == "no verdict"
     assert verdict("beats", t_interval([0.05, 0.06, 0.05]), min_seeds=3) == "beats"

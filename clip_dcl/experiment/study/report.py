@@ -78,9 +78,9 @@ def judged(plan: Plan, work: Path, c: Comparison, seeds, split: str, confidence:
     """One comparison on ``split`` over ``seeds``: seeds, per-seed differences, interval, margin, verdict."""
     got, diffs, left = _pairs(plan, work, c.a, c.b, seeds, split)
     margin = _margin(plan, work, c, got, split)
-    if c.rule != "beats" and (margin is None or not margin > 0):
+    if c.rule != "beats" and (margin is None or (c.rule == "matches" and not margin > 0)):
         row = {**t_interval(diffs, confidence), "margin": margin, "verdict": "no verdict"}
-        left = left + [f"margin not positive ({margin})"]
+        left = left + [f"no margin > 0 from the runs ({margin})"]
     else:
         row = judge(c.rule, diffs, confidence, resolution=plan.resolution, margin=margin)
     if left:

@@ -37,9 +37,9 @@ def verdict(rule: str, interval: Dict[str, float], *, resolution: float = 0.0, m
         if abs(mean) < resolution:
             return "tie"
         return "beats" if lo > 0 else "trails"
-    if margin is None or not margin > 0:
-        raise ValueError(f"rule {rule!r} needs a margin > 0, got {margin!r}")
-    if rule == "reaches":
+    if margin is None or not math.isfinite(margin) or (rule == "matches" and not margin > 0):
+        raise ValueError(f"rule {rule!r} needs a margin{' > 0' if rule == 'matches' else ''}, got {margin!r}")
+    if rule == "reaches":  # a margin from the runs (margin_gain) may come out <= 0: the bar -margin is then >= 0
         return "reaches" if lo > -margin else "does not reach" if hi < -margin else "no verdict"
     if rule == "matches":
         if -margin < lo and hi < margin:
