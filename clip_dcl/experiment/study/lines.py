@@ -81,7 +81,7 @@ def score_argv(plan: Plan, work, splits: Dict[str, object], arm: str, seed: int,
 
 def shell_line(plan: Plan, work, splits: Dict[str, object], arm: str, seed: int, threads: int,
                python: Optional[str] = None) -> str:
-    """The run's line: ``env THREADS PYTHONPATH python -m clip_dcl.train -- ... && env ... clip-dcl study score ...``."""
+    """The run's line: ``env THREADS PYTHONPATH python -m clip_dcl.train -- ... && env ... study score ...``."""
     env = ["env", f"OMP_NUM_THREADS={threads}", f"MKL_NUM_THREADS={threads}", f"PYTHONPATH={package_root()}"]
     train = " ".join(map(shlex.quote, env + train_argv(plan, work, splits, arm, seed, python)))
     score = " ".join(map(shlex.quote, env + score_argv(plan, work, splits, arm, seed, python)))

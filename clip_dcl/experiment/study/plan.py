@@ -80,7 +80,8 @@ TRAIN_KEYS = {"model": str, "epochs": int, "batch_size": int, "lr": float, "wd":
 RECIPE_TRAIN_KEYS = ("epochs", "batch_size", "device", "flags")
 DATA_KEYS = ("command", "train", "train_samples", "validation", "validation_samples", "validation_zeroshot",
              "test", "test_samples", "test_zeroshot")
-TOP_KEYS = ("title", "recipe", "exploratory", "seeds", "metric", "confidence", "resolution", "power", "paired_sd", "spread_from",
+TOP_KEYS = ("title", "recipe", "exploratory", "seeds", "metric", "confidence", "resolution", "power", "paired_sd",
+            "spread_from",
             "looks", "alpha_split", "threads", "pair_across", "data", "train", "arms", "comparisons")
 ARM_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.+=-]*$")
 
@@ -232,7 +233,8 @@ def parse_plan(text: str, source: str = "plan") -> Plan:
     train = _train(c, doc.get("train", {}), "train", allowed)
     arms = _arms(c, doc["arms"], allowed)
     names = [a.name for a in arms]
-    comparisons = tuple(_comparison(c, x, f"comparisons[{i}]", names) for i, x in enumerate(c.tables(doc["comparisons"], "comparisons")))
+    comparisons = tuple(_comparison(c, x, f"comparisons[{i}]", names)
+                        for i, x in enumerate(c.tables(doc["comparisons"], "comparisons")))
     if not comparisons:
         raise PlanError(f"{source}: comparisons: declare at least one [[comparisons]]")
     power = c.fraction(doc.get("power", 0.8), "power")

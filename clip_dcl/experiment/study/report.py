@@ -5,10 +5,10 @@ Verdicts come only from a complete look (every planned run of its seeds has its 
 plan, every run), and the test split is read only then. Before, the report says "incomplete: k of n runs"
 and shows the validation split's differences, labelled as such (the split for choices, never a verdict).
 An exploratory plan (a screen, a sweep, a spread measurement) is judged on the validation split and
-never reads the test split. A sequential plan judges each comparison at its looks in order, each at one minus its share of the error,
-and stops a comparison at its first verdict. Runs of different recipes or hardware (CPU model, GPU, torch)
-are never paired unless the plan's ``pair_across`` says so: such a seed is left out and the comparison
-gets no verdict.
+never reads the test split. A sequential plan judges each comparison at its looks in order, each at one
+minus its share of the error, and stops a comparison at its first verdict. Runs of different recipes or
+hardware (CPU model, GPU, torch) are never paired unless the plan's ``pair_across`` says so: such a seed is
+left out and the comparison gets no verdict.
 """
 from __future__ import annotations
 

@@ -5,7 +5,6 @@ defaults, and the numbers behind the README's "which loss when".
 from __future__ import annotations
 
 import json
-from pathlib import Path
 from typing import Dict
 
 from ..scoring import MEAN_R1

@@ -19,7 +19,7 @@ from .objectives import (ARCHIVE, DCL_VARIANTS, DECL_VARIANTS, HEADLINE, RESULTS
                          SCREEN_BATCH_SIZES, DCL_DEFAULT, archived_runs, control_objectives, objectives,
                          screen_objectives)
 from .rule import (CONFIDENCE, RESOLUTION, DCL_RULE, DCL_SWEEP_SIZES, DCL_SWEEP_VARIANTS, RULE, SEED_CAP, beat_verdict,
-                   clearance, control_leads, dcl_bias_rows, dcl_default_rows, dcl_sweep_decision, dcl_sweep_rows,
+                   clearance, dcl_bias_rows, dcl_default_rows, dcl_sweep_decision, dcl_sweep_rows,
                    draw_rows, gate, per_seed, plateau, screen16_choice, screen16_rows, verdicts)
 
 
