@@ -529,3 +529,30 @@ def test_a_studys_runs_become_the_testbed_reports_records(tmp_path):
     # an unfinished study gives no test-split scores to the report
     (study.work.run_dir(work, "clip-b64", 2) / "run.json").unlink()
     assert all(r["test_metrics"] is None for r in bs.records_of(STUDIES / "testbed_second_draw.toml", work))
+
+
+def test_each_stages_lines_are_training_commands_of_the_recipe(tmp_path):
+    from open_clip_train.params import parse_args as openclip_args
+
+    from clip_dcl.experiment.study.lines import train_argv
+
+    splits = {"validation": "/v.tar", "test": "/t.tar"}
+    shards = study.work.data_dir(tmp_path) / "train"  # what decl's per-sample buffer is sized by
+    shards.mkdir(parents=True)
+    (shards / "sizes.json").write_text(json.dumps({f"{i:05d}.tar": 1500 for i in range(8)}))
+    seen = set()
+    for path in sorted(STUDIES.glob("testbed_*.toml")):
+        plan = study.load_plan(path)
+        for arm in plan.arms:
+            if arm.name in seen:  # the same objective at the same batch in another stage: the same command
+                continue
+            seen.add(arm.name)
+            argv = train_argv(plan, tmp_path, splits, arm.name, plan.seeds[0])
+            words = argv[argv.index("--") + 1:]
+            cfg = parse_train_args(words, check_files=False)  # clip-dcl's and the loss's flags are valid
+            assert cfg.loss == arm.flags[1]
+            got = openclip_args(cfg.openclip_argv)
+            assert (got.model, got.batch_size, got.epochs, got.seed) == \
+                ("clip-dcl-micro", dict(arm.overrides)["batch_size"], 20, plan.seeds[0]), path.name
+            assert words[-len(arm.flags) - 2:-2] == list(arm.flags) and words[-2:] == ["--resume", "latest"]
+            assert got.train_data.startswith(str(study.work.data_dir(tmp_path))) and got.resume == "latest"
