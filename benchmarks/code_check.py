@@ -9,7 +9,8 @@ compares every earlier tree with ``--now``: the data files, the loss logged at e
 validation and test scores, bit for bit. Identical runs mean the cached runs of that commit stand
 for runs of the later one (training is deterministic on one CPU).
 
-Each tree trains through its own ``batch_size.run_one`` in a child process (``--child``), so the two
+Each tree trains through its own testbed in a child process (``--child``): ``batch_size.run_one`` in the trees
+before the testbed ran on ``clip-dcl study``, a one-seed study of the testbed's recipe after, so the two
 versions of the package never share a process. The report, ``results/code_check.{md,json}``, is
 read by ``batch_size.py``'s report beside the commits its runs came from.
 
@@ -63,6 +64,8 @@ def child(tree: Path, work: Path, objectives: List[str], batch_size: int, seed: 
     import batch_size as bs
     from clip_dcl import experiment as ex
 
+    if not hasattr(bs, "run_one"):  # a tree whose testbed runs through clip-dcl study
+        return study_child(bs, work, objectives, batch_size, seed, epochs)
     data_folder = bs.data_dir(work, 0) if hasattr(bs, "data_dir") else work / "data"
     data = ex.synth_data(data_folder, quick=False, verbose=False, seed=0, **bs.DATA)
     budget = ex.Budget(epochs=epochs, lr=1e-3, wd=0.1, warmup=50, model=bs.MODEL, log_every_n_steps=50, workers=1,
@@ -75,6 +78,33 @@ def child(tree: Path, work: Path, objectives: List[str], batch_size: int, seed: 
         runs[label] = {"commit": rec["commit"], "flags": rec["flags"], "validation": rec["metrics"],
                        "test": rec.get("test_metrics"), "losses": logged_losses(logs[-1])}
     return {"data_digest": data_digest(data_folder), "data": data["config"], "runs": runs}
+
+
+def study_child(bs, work: Path, objectives: List[str], batch_size: int, seed: int, epochs: int) -> dict:
+    """:func:`child` for a tree whose testbed runs are studies: a plan of ``objectives`` at ``batch_size`` with the
+    testbed's recipe and ``seed``, run in ``work`` (its data written by the recipe's command into ``work/data``)."""
+    from clip_dcl.experiment import study
+    from clip_dcl.experiment.testbed.objectives import objectives as names
+
+    arms = "".join(f'[[arms]]\nname = "{bs.arm_name(label, batch_size)}"\nbatch_size = {batch_size}\n'
+                   f"flags = {json.dumps(list(names()[label]))}\n\n" for label in objectives)
+    first, second = (bs.arm_name(label, batch_size) for label in (objectives * 2)[:2])
+    text = (f'recipe = "{bs.RECIPE}"\nseeds = [{seed}]\nmetric = "retrieval/mean_R@1"\nconfidence = 0.9\n'
+            f'resolution = 0.01\nthreads = 1\nexploratory = true\n\n[train]\nepochs = {epochs}\ndevice = "cpu"\n\n'
+            f'{arms}[[comparisons]]\na = "{first}"\nb = "{second}"\nrule = "beats"\n')
+    plan = study.parse_plan(text, "code_check")
+    out = study.run_study(plan, work, 1, 1, echo=lambda line: print(line, file=sys.stderr))
+    if out["failed"]:
+        raise RuntimeError(f"training failed: {out['failed']}")
+    runs = {}
+    for label in objectives:
+        arm = bs.arm_name(label, batch_size)
+        runs[label] = {"commit": study.work.read_record(work, arm, seed)["commit"], "flags": list(names()[label]),
+                       "validation": study.work.read_scores(work, arm, seed, "validation"),
+                       "test": study.work.read_scores(work, arm, seed, "test"),
+                       "losses": logged_losses(study.work.run_dir(work, arm, seed) / "out.log")}
+    data = json.loads((study.work.data_dir(work) / "summary.json").read_text())
+    return {"data_digest": data_digest(study.work.data_dir(work)), "data": data["config"], "runs": runs}
 
 
 def run_child(tree: Path, work: Path, args: argparse.Namespace) -> dict:
@@ -116,7 +146,7 @@ def write(out: Path, checks: List[dict], args: argparse.Namespace, command: str)
           *report.about(status="complete"),
           f"- Trees: {', '.join(f'`{c}`' for c in args.against)} against `{args.now or 'this tree'}`, each in a "
           f"temporary worktree (this tree in place); each writes its own copy of the testbed's data "
-          f"(`batch_size.py`'s recipe) and trains through its own `batch_size.run_one`.",
+          f"(`batch_size.py`'s recipe) and trains through its own testbed code.",
           f"- Runs: {', '.join(f'`{o}`' for o in args.objectives)} at B = {args.batch_size}, seed {args.seed}, "
           f"{args.epochs} epoch{'' if args.epochs == 1 else 's'} (the testbed's learning rate, warm-up and model), "
           f"one torch thread.",
@@ -157,10 +187,10 @@ def main(argv: Optional[List[str]] = None) -> int:
     if args.epochs < 1 or args.batch_size < 1:
         raise SystemExit(f"--epochs and --batch-size must be >= 1, got {args.epochs} and {args.batch_size}")
     sys.path.insert(0, str(HERE))
-    import batch_size as bs
-    unknown = [o for o in args.objectives if o not in bs.objectives()]
+    from clip_dcl.experiment.testbed.objectives import objectives
+    unknown = [o for o in args.objectives if o not in objectives()]
     if unknown:
-        raise SystemExit(f"unknown objective(s) {unknown}; choose from {list(bs.objectives())}")
+        raise SystemExit(f"unknown objective(s) {unknown}; choose from {list(objectives())}")
     commits = [git("rev-parse", "--verify", f"{c}^{{commit}}") for c in [*args.against, *([args.now] if args.now else [])]]
     with tempfile.TemporaryDirectory(prefix="code_check_") as tmp:
         work = Path(args.work) if args.work else Path(tmp)

@@ -1,4 +1,4 @@
-"""The ``clip-dcl`` command: ``clip-dcl data|train|eval|export|demo ...``.
+"""The ``clip-dcl`` command: ``clip-dcl data|train|eval|export|demo|study ...``.
 
 Each subcommand is a thin wrapper over a Python function that takes the remaining
 command-line words; the modules are imported only when their command runs, so that
@@ -16,6 +16,7 @@ COMMANDS = {
     "eval": ("clip_dcl.eval.cli:main", "evaluate a checkpoint: retrieval | zeroshot | fewshot | benchmark"),
     "export": ("clip_dcl.checkpoint:export_main", "export a checkpoint to OpenCLIP's local-dir layout"),
     "demo": ("clip_dcl.demo:main", "the whole job on synthetic data: data, training, evaluation, table"),
+    "study": ("clip_dcl.experiment.study.cli:main", "a comparison declared in a plan file: check | commands | run | report"),
 }
 
 

@@ -48,7 +48,7 @@ PREPARED = {"my_images/": "8 images of 64x64 pixels, each with its caption in a 
 SKIP = re.compile(r"^<!-- docs-test: skip \((?P<why>[^)]+)\) -->$")
 MARKER = re.compile(r"<!-- docs-test:")
 RUNNERS = {"bash": "bash", "python": "python"}
-NOT_RUN = {"text"}
+NOT_RUN = {"text", "toml"}
 TIMEOUT = 600
 
 

@@ -37,6 +37,10 @@ The pieces (their main names also importable from here):
 * :mod:`~clip_dcl.experiment.torchrun`: a benchmark that launches itself on several gloo ranks.
 * :mod:`~clip_dcl.experiment.quotes`: the README's and docs' generated blocks of benchmark numbers
   (``python -m clip_dcl.experiment.quotes README.md docs/*.md``).
+* :mod:`~clip_dcl.experiment.study`: ``clip-dcl study``, a comparison declared in one plan file, sealed by its
+  first run, run as shell lines here or on a cluster, judged once every run has its scores (docs/studies.md);
+* :mod:`~clip_dcl.experiment.testbed`: the batch-size testbed's objectives, rule, reports and generated blocks
+  (its stages are study plans in ``benchmarks/studies/``).
 
 Tests that replace a piece (a stand-in for :func:`train`) patch the module that owns it
 (``clip_dcl.experiment.runner.train``), which is where the other pieces look it up.

@@ -33,19 +33,41 @@ from .scoring import chance_levels, headline_metrics
 from .stats import format_mean_std, mean_std
 
 
-def machine_info() -> str:
-    """One line naming this machine for results files: CPU model, cores, GPU, OS, Python, torch."""
-    import torch
-
+def cpu_model() -> str:
+    """This machine's CPU model (``/proc/cpuinfo``'s, else what ``platform`` knows)."""
     cpu = platform.processor() or platform.machine()
     try:
         with open("/proc/cpuinfo") as f:
             cpu = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), cpu)
     except OSError:
         pass
+    return cpu
+
+
+def machine_info() -> str:
+    """One line naming this machine for results files: CPU model, cores, GPU, OS, Python, torch."""
+    import torch
+
+    cpu = cpu_model()
     gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "no GPU"
     return (f"{cpu}, {os.cpu_count()} CPU cores ({torch.get_num_threads()} torch threads), {gpu}; "
             f"{platform.system()} {platform.release()}, Python {platform.python_version()}, torch {torch.__version__}")
+
+
+def code_commit(where: Optional[os.PathLike] = None) -> str:
+    """The commit the code at ``where`` (default: this package's repository) is at, with ``+changes`` when
+    tracked files differ from it; ``unknown`` outside a git checkout (an installed wheel)."""
+    import subprocess
+
+    where = Path(where) if where is not None else Path(__file__).resolve().parents[2]
+
+    def git(*a):
+        try:
+            return subprocess.run(["git", *a], cwd=where, capture_output=True, text=True, timeout=30).stdout.strip()
+        except (OSError, subprocess.SubprocessError):
+            return ""
+    head = git("rev-parse", "--short=10", "HEAD") or "unknown"
+    return head + ("+changes" if head != "unknown" and git("status", "--porcelain", "--untracked-files=no") else "")
 
 
 def command_line(script: str, argv: Sequence[str], python: str = ".venv/bin/python") -> str:

@@ -90,7 +90,9 @@ def train_command(run: Run, data: dict, logs: os.PathLike, budget: Budget,
 
     ``entry`` replaces ``[python, "-m", "clip_dcl.train"]``, e.g. with a script that registers
     an extra loss before calling :func:`clip_dcl.train.main`. ``precision`` and ``device`` are
-    OpenCLIP's; ``device="auto"`` (the default) is ``cuda`` when a GPU is visible, else ``cpu``. ``num_samples`` makes every epoch that many samples drawn with replacement
+    OpenCLIP's; ``device="auto"`` (the default) is ``cuda`` when a GPU is visible here, else ``cpu``;
+    ``device=None`` leaves the flag out, so that the machine that runs the line picks (OpenCLIP's ``cuda``,
+    which falls back to the CPU where there is no GPU): a line written on one machine to run on another. ``num_samples`` makes every epoch that many samples drawn with replacement
     (``--dataset-resampled``), whatever the shard sizes and the loader workers, in place of one
     pass over the data's training split: an exact number of steps, as a timing needs.
     ``validate=False`` only trains: no validation, and no checkpoint but the last epoch's.
@@ -109,7 +111,7 @@ def train_command(run: Run, data: dict, logs: os.PathLike, budget: Budget,
         "--batch-size", str(budget.batch_size), "--epochs", str(budget.epochs),
         "--lr", repr(budget.lr), "--wd", repr(budget.wd), "--warmup", str(budget.warmup),
         "--seed", str(budget.seed), "--workers", str(budget.workers),
-        "--precision", precision, "--device", resolve_device(device),
+        "--precision", precision, *(["--device", resolve_device(device)] if device is not None else []),
         "--logs", str(logs), "--name", run.slug,
         "--log-every-n-steps", str(budget.log_every_n_steps),
         "--save-frequency", every_epoch, "--zeroshot-frequency", "0", "--val-frequency", every_epoch,

@@ -91,7 +91,8 @@ def evaluate(checkpoint: os.PathLike, data: dict, *, shots: int = 5, fewshot_see
     evaluators' own names under a prefix). ``device``: ``auto`` (the GPU when one is visible),
     ``cpu``, ``cuda``... ``split``: ``"validation"`` (the held-out retrieval split and zero-shot
     set) or ``"test"`` (the data's test split, when it was written with one); ``fewshot=False``
-    leaves the few-shot probe out.
+    leaves the few-shot probe out. Without a ``zeroshot`` (``zeroshot_test``) entry in ``data`` the split
+    has no zero-shot scores.
     """
     if split not in ("validation", "test"):
         raise ValueError(f"split={split!r}: choose 'validation' or 'test'")
@@ -109,12 +110,13 @@ def evaluate(checkpoint: os.PathLike, data: dict, *, shots: int = 5, fewshot_see
     model, preprocess, tokenizer = load_checkpoint(checkpoint, device)
     out: Dict[str, float] = {}
     options = EvalOptions(batch_size=batch_size, progress=progress, device=device)
-    pairs, zeroshot = ((data["val_data"], data["zeroshot"]["dir"]) if split == "validation"
-                       else (data["test_data"], data["zeroshot_test"]["dir"]))
+    pairs, zeroshot = ((data["val_data"], data.get("zeroshot")) if split == "validation"
+                       else (data["test_data"], data.get("zeroshot_test")))
     ret = evaluate_retrieval(model, preprocess, tokenizer, pairs, options=options)
     out.update({f"retrieval/{k}": float(v) for k, v in ret.items()})
-    zs = evaluate_zeroshot(model, preprocess, tokenizer, root / zeroshot, options=options)
-    out.update({f"zeroshot/{k}": float(v) for k, v in zs.items()})
+    if zeroshot is not None:  # a study on a user's shards may have no zero-shot set (an absolute "dir" stays itself)
+        zs = evaluate_zeroshot(model, preprocess, tokenizer, root / zeroshot["dir"], options=options)
+        out.update({f"zeroshot/{k}": float(v) for k, v in zs.items()})
     if not fewshot:
         return out
     fs = evaluate_fewshot(model, preprocess, tokenizer, root / data["fewshot"]["dir"], shots=shots,

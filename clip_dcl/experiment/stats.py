@@ -1,8 +1,9 @@
-"""Statistics of the benchmarks' seeds: mean and spread, paired differences, wins.
+"""Statistics of the benchmarks' seeds: mean and spread, paired differences, wins, t-intervals.
 
 Training seeds share the data and, seed for seed, the initialisation, so a comparison of two
 objectives is read from their per-seed differences (:func:`paired_differences`) as well as from
-each one's mean and sample standard deviation (:func:`mean_std`).
+each one's mean and sample standard deviation (:func:`mean_std`); :func:`t_interval` gives the
+Student t-interval of a mean difference that the decision rules read.
 """
 from __future__ import annotations
 
@@ -86,3 +87,17 @@ def paired_differences(scores: Dict[str, List[Dict[str, float]]], reference: str
                     diffs.append(a - b)
             out[name][key] = {"seeds": seeds, "diffs": diffs, **wins(diffs)}
     return out
+
+
+def t_interval(diffs: Sequence[float], confidence: float = 0.90) -> Dict[str, float]:
+    """Mean of paired differences and its two-sided ``confidence`` Student t-interval over seeds.
+
+    ``{"mean", "lo", "hi", "std", "n"}``: ``mean -/+ t_{(1 + confidence) / 2, n - 1} * std / sqrt(n)``
+    with the sample std (scipy's t quantile); nan bounds below two values (one seed has no spread).
+    """
+    from scipy import stats
+
+    st = mean_std(diffs)
+    half = (float(stats.t.ppf((1 + confidence) / 2, st["n"] - 1)) * st["std"] / st["n"] ** 0.5
+            if st["n"] > 1 else float("nan"))
+    return {"mean": st["mean"], "lo": st["mean"] - half, "hi": st["mean"] + half, "std": st["std"], "n": st["n"]}

@@ -1,0 +1,187 @@
+"""``clip-dcl study check|commands|run|report|score``: thin wrappers over the study's functions.
+
+* ``check PLAN``: validate the plan; print its runs and, from a paired spread (the plan's ``paired_sd``, a
+  comparison's own, or an earlier study's ``STUDY.json`` named by ``spread_from``), the seeds each comparison
+  needs for the plan's power at its confidence, one look. Exit 1 when a comparison has fewer seeds than it
+  needs (the plan says so before any run), 0 otherwise.
+* ``commands PLAN --work DIR``: seal the plan in DIR, make the data, print one shell line per run on stdout
+  (``> lines.sh``; a Slurm array runs line ``$SLURM_ARRAY_TASK_ID`` with ``sed -n``).
+* ``run PLAN --work DIR --parallel N``: the same lines on this machine, N at once; finished runs skipped.
+* ``report PLAN --work DIR``: write ``STUDY.md/.json/.png`` (verdicts only once every run of a look has its
+  scores) and print the status and one line per comparison.
+* ``score RUN_DIR ...``: a run's last step (:mod:`.score`).
+
+A plan changed after DIR was sealed is refused by ``commands``, ``run`` and ``report`` with one line naming
+the change. Exit 2 on a bad plan or a refused call.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+import sys
+from pathlib import Path
+from typing import List, Optional
+
+from ..stats import t_interval
+from .plan import Plan, PlanError, load_plan
+from .rule import power, seeds_needed
+from .work import StudyError
+
+
+def spread_of(plan: Plan, c) -> tuple:
+    """``(sd, where)`` of comparison ``c``'s paired differences: its own, the plan's, or the earlier study's
+    (its test split's differences of the same comparison, else its validation split's)."""
+    if c.paired_sd is not None:
+        return c.paired_sd, "the comparison's paired_sd"
+    if plan.paired_sd is not None:
+        return plan.paired_sd, "the plan's paired_sd"
+    if plan.spread_from:
+        path = Path(plan.spread_from)
+        if not path.is_absolute() and plan.source:
+            path = Path(plan.source).parent / path
+        if not path.is_file():
+            raise PlanError(f"{plan.source}: spread_from = {plan.spread_from!r}: no such file ({path})")
+        doc = json.loads(path.read_text())
+        for row in doc.get("comparisons", []):
+            if (row["a"], row["b"]) == (c.a, c.b):
+                test = row.get("final") or (row["looks"][-1] if row.get("looks") else None)
+                if test and test["n"] >= 2:
+                    return t_interval(test["diffs"])["std"], f"{path.name}, test split, {test['n']} seeds"
+        for row in doc.get("validation", []):
+            if row.get("label", "").split(" ")[::2] == [c.a, c.b] and row["n"] >= 2:
+                return t_interval(row["diffs"])["std"], f"{path.name}, validation split, {row['n']} seeds"
+        return None, f"{path.name} has no paired differences of {c.a} - {c.b}"
+    return None, "no paired spread given (paired_sd or spread_from)"
+
+
+def check(plan: Plan, echo=print) -> int:
+    """``study check``: what the plan runs, and whether its seeds suffice for its power."""
+    echo(f"{plan.source}: valid; recipe {plan.recipe}; metric {plan.metric}; design: {plan.design_text()}")
+    for arm in plan.arms:
+        extra = "".join(f" {k}={v}" for k, v in arm.overrides)
+        echo(f"  arm {arm.name}: {' '.join(arm.flags) or '(no flags)'}{extra}")
+    runs = plan.runs()
+    echo(f"runs: {len(runs)} ({len(plan.arms)} arms x {len(plan.seeds)} seeds {list(plan.seeds)}): "
+         + ", ".join(f"{a}/s{s}" for a, s in runs))
+    short = 0
+    for c in plan.comparisons:
+        sd, where = spread_of(plan, c)
+        head = f"{c.label}"
+        if sd is None:
+            echo(f"  {head}: seeds not checked: {where}")
+            continue
+        if c.rule == "beats" and c.expected is None:
+            echo(f"  {head}: seeds not checked: give the comparison's expected difference (beats)")
+            continue
+        if c.margin is None and c.rule != "beats":
+            echo(f"  {head}: seeds not checked: its margin comes from the runs (margin_gain)")
+            continue
+        expected = c.expected or 0.0
+        need = seeds_needed(c.rule, sd, plan.confidence, plan.power, expected=expected, margin=c.margin)
+        have = power(c.rule, len(plan.seeds), sd, plan.confidence, expected=expected, margin=c.margin)
+        enough = need is not None and need <= len(plan.seeds)
+        short += not enough
+        echo(f"  {head}: paired sd {100 * sd:.2f} points ({where}), true difference assumed "
+             f"{100 * expected:+.2f}" + (f", margin {100 * c.margin:.2f}" if c.margin else "")
+             + f": needs {need if need else 'more than 1000'} seeds for power {plan.power:g} at "
+             f"{100 * plan.confidence:.0f} % (one look); the plan's {len(plan.seeds)} give power {have:.2f}"
+             + ("" if enough else " -- TOO FEW SEEDS"))
+    if short:
+        echo(f"too few seeds: {short} comparison(s) below power {plan.power:g}")
+    return 1 if short else 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="clip-dcl study", allow_abbrev=False, description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter,
+                                epilog="\n\n".join(__doc__.split("\n\n")[1:]))
+    sub = p.add_subparsers(dest="command", metavar="COMMAND")
+    sub.required = True
+    c = sub.add_parser("check", allow_abbrev=False, help="validate a plan; its runs and the seeds it needs")
+    c.add_argument("plan", metavar="PLAN")
+    for name, text in (("commands", "seal the plan, make the data, print one shell line per run"),
+                       ("run", "run the plan's runs on this machine"),
+                       ("report", "write STUDY.md/.json/.png from the finished runs")):
+        s = sub.add_parser(name, allow_abbrev=False, help=text)
+        s.add_argument("plan", metavar="PLAN")
+        s.add_argument("--work", required=True, help="the study's folder (sealed by the first commands or run)")
+        if name in ("commands", "run"):
+            s.add_argument("--threads", type=int, default=None,
+                           help="torch threads per run (default: the plan's threads, else "
+                                + ("1" if name == "commands" else "the cores split between the parallel runs") + ")")
+        if name == "commands":
+            s.add_argument("--look", type=int, default=None, help="sequential plans: only the runs of looks 1..LOOK")
+            s.add_argument("--python", default=None, help="the Python that runs the lines (default: this one)")
+        if name == "run":
+            s.add_argument("--parallel", type=int, default=1, help="runs at once (default 1)")
+        if name == "report":
+            s.add_argument("--out", default=None, help="folder of STUDY.md/.json/.png (default: --work)")
+    sub.add_parser("score", add_help=False, help="a run's last step: score both splits into its folder")
+    return p
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["score"]:
+        from .score import main as score_main
+        return score_main(argv[1:])
+    args = build_parser().parse_args(argv)
+    for name in ("threads", "parallel", "look"):
+        value = getattr(args, name, None)
+        if value is not None and value < 1:
+            print(f"clip-dcl study: --{name} {value}: must be >= 1", file=sys.stderr)
+            return 2
+    try:
+        plan = load_plan(args.plan)
+        if args.command == "check":
+            return check(plan)
+        if args.command == "commands":
+            return _commands(plan, args)
+        if args.command == "run":
+            from .local import run_study
+            out = run_study(plan, Path(args.work), args.parallel, args.threads)
+            return 1 if out["failed"] else 0
+        return _report(plan, args)
+    except (PlanError, StudyError) as e:
+        print(f"clip-dcl study: {e}", file=sys.stderr)
+        return 2
+
+
+def _commands(plan: Plan, args) -> int:
+    from .lines import all_lines
+    from .work import prepare_data, seal
+
+    if args.look is not None and args.look > len(plan.design()):
+        raise PlanError(f"--look {args.look}: the plan has {len(plan.design())} look(s)")
+    work = Path(args.work).resolve()
+    seal(plan, work)
+    splits = prepare_data(plan, work, echo=lambda s: print(s, file=sys.stderr))
+    threads = args.threads or plan.threads or 1
+    for _, _, line in all_lines(plan, work, splits, threads, args.look):
+        if args.python:
+            line = line.replace(shlex.quote(sys.executable), shlex.quote(args.python))
+        print(line)
+    return 0
+
+
+def _report(plan: Plan, args) -> int:
+    from .report import write_report
+
+    command = " ".join(["clip-dcl", "study", "report", *map(shlex.quote, [args.plan, "--work", args.work])])
+    got = write_report(plan, Path(args.work), Path(args.out) if args.out else None, command=command)
+    doc = got["doc"]
+    print(doc["status"])
+    for c in doc["comparisons"]:
+        r = c["final"]
+        if r is not None:
+            print(f"  {c['label']} ({r['split']} split, {r['n']} seeds, look {r['look']}): {100 * r['mean']:+.2f} "
+                  f"[{100 * r['lo']:+.2f}, {100 * r['hi']:+.2f}] -> {r['verdict']}")
+        else:
+            print(f"  {c['label']}: no verdict yet")
+    if not any(c["looks"] for c in doc["comparisons"]):
+        for v in doc["validation"]:
+            mean = "-" if not v["n"] else f"{100 * v['mean']:+.2f}"
+            print(f"  validation split (for choices, no verdict): {v['label']}: {mean} over {v['n']} seed(s)")
+    print(f"wrote {got['markdown']}, {got['json'].name}, {got['png'].name}")
+    return 0

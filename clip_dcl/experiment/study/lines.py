@@ -1,0 +1,95 @@
+"""One self-contained shell line per run: train through ``python -m clip_dcl.train``, then score both splits.
+
+A line names everything by absolute path and sets its own environment (torch threads, this code first on
+``PYTHONPATH``), so that it runs from any folder, on any machine that sees the work folder: a Slurm array
+task (``sed -n "${SLURM_ARRAY_TASK_ID}p" lines.sh``), a GPU box, or `study run` here. The training
+command is :func:`clip_dcl.experiment.train_command`'s, with ``--resume latest`` so that a line run again
+after an interruption goes on from the run's last checkpoint; the scoring step is ``clip-dcl study score``.
+"""
+from __future__ import annotations
+
+import shlex
+import sys
+from typing import Dict, List, Optional
+
+from ..runner import Budget, Run, train_command
+from .plan import Plan, registered_recipe
+from .work import data_dir, package_root, run_dir
+
+#: [train] keys that map onto :class:`Budget` fields
+_BUDGET = ("model", "epochs", "batch_size", "lr", "wd", "warmup", "workers", "log_every_n_steps")
+
+
+def settings(plan: Plan, arm: str) -> Dict[str, object]:
+    """The [train] settings of ``arm``: the plan's, then the arm's overrides."""
+    return {**plan.train, **dict(plan.arm(arm).overrides)}
+
+
+def budget(plan: Plan, arm: str, seed: int) -> Budget:
+    """The :class:`Budget` of one run; a key the plan leaves out keeps Budget's default (the printed
+    command shows every value)."""
+    s = settings(plan, arm)
+    return Budget(**{k: s[k] for k in _BUDGET if k in s}, seed=seed, extra=tuple(s.get("flags", ())))
+
+
+def epochs(plan: Plan, arm: str) -> int:
+    """The epochs of ``arm``'s runs (a registered recipe's default is the testbed's 20)."""
+    return int(settings(plan, arm).get("epochs", 20 if registered_recipe(plan.recipe) else Budget().epochs))
+
+
+def train_argv(plan: Plan, work, splits: Dict[str, object], arm: str, seed: int,
+               python: Optional[str] = None) -> List[str]:
+    """``python -m clip_dcl.train -- ...`` of one run (``splits``: :func:`prepare_data`'s): the registered
+    recipe's flags (:meth:`clip_dcl.experiment.recipes.Recipe.train_argv`), or :func:`train_command`'s from the
+    plan's [train] keys; then the arm's flags and ``--resume latest``."""
+    s = settings(plan, arm)
+    entry = [python or sys.executable, "-m", "clip_dcl.train", "--"]
+    recipe = registered_recipe(plan.recipe)
+    if recipe is not None:
+        from ..recipes import fill
+
+        folder = run_dir(work, arm, seed)
+        argv = recipe.train_argv(batch_size=int(s.get("batch_size", 32)), seed=seed, epochs=epochs(plan, arm),
+                                 name=folder.name, objective=(*s.get("flags", ()), *plan.arm(arm).flags),
+                                 device=s.get("device", "cpu"))
+        return entry + fill(argv, str(data_dir(work)), str(folder.parent)) + ["--resume", "latest"]
+    data = {"train_data": splits["train"], "val_data": splits["validation"],
+            "train": {"num_samples": splits["train_samples"]}, "val": {"num_samples": splits["validation_samples"]}}
+    folder = run_dir(work, arm, seed)
+    device = s.get("device", "auto")
+    argv = train_command(Run(folder.name, plan.arm(arm).flags), data, folder.parent, budget(plan, arm, seed),
+                         [python or sys.executable, "-m", "clip_dcl.train"], precision=s.get("precision", "fp32"),
+                         device=None if device == "auto" else device, validate=s.get("validate", True))
+    return argv + ["--resume", "latest"]
+
+
+def score_argv(plan: Plan, work, splits: Dict[str, object], arm: str, seed: int,
+               python: Optional[str] = None) -> List[str]:
+    """``clip-dcl study score ...`` of one run: both splits' scores and the run's record into its folder."""
+    s = settings(plan, arm)
+    folder = run_dir(work, arm, seed)
+    argv = [python or sys.executable, "-m", "clip_dcl.cli", "study", "score", str(folder),
+            "--checkpoint", str(folder / "checkpoints" / f"epoch_{epochs(plan, arm)}.pt"),
+            "--validation", str(splits["validation"]), "--test", str(splits["test"]),
+            "--recipe", plan.recipe, "--arm", arm, "--seed", str(seed)]
+    for key in ("validation_zeroshot", "test_zeroshot"):
+        if splits.get(key):
+            argv += [f"--{key.replace('_', '-')}", str(splits[key])]
+    device = s.get("device", "cpu" if registered_recipe(plan.recipe) else "auto")
+    return argv + ["--device", device]
+
+
+def shell_line(plan: Plan, work, splits: Dict[str, object], arm: str, seed: int, threads: int,
+               python: Optional[str] = None) -> str:
+    """The run's line: ``env THREADS PYTHONPATH python -m clip_dcl.train -- ... && env ... study score ...``."""
+    env = ["env", f"OMP_NUM_THREADS={threads}", f"MKL_NUM_THREADS={threads}", f"PYTHONPATH={package_root()}"]
+    train = " ".join(map(shlex.quote, env + train_argv(plan, work, splits, arm, seed, python)))
+    score = " ".join(map(shlex.quote, env + score_argv(plan, work, splits, arm, seed, python)))
+    return f"{train} && {score}"
+
+
+def all_lines(plan: Plan, work, splits: Dict[str, object], threads: int, look: Optional[int] = None) -> List[tuple]:
+    """``(arm, seed, line)`` of every run of the plan (of its first ``look`` looks' seeds only, when given)."""
+    seeds = plan.seeds if look is None else plan.seeds[:plan.design()[look - 1][0]]
+    return [(arm, seed, shell_line(plan, work, splits, arm, seed, threads)) for arm, seed in plan.runs()
+            if seed in seeds]

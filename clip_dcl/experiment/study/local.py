@@ -1,0 +1,99 @@
+"""``study run``: a study's lines on this machine, N at once, the cores split between them.
+
+Each run is its shell line (:func:`.lines.shell_line`, the same line `study commands` prints), run with
+``bash -c`` and its output kept in ``logs/<arm>-seed<N>.log``. A run that has its scores is skipped; a failed
+run is reported (its exit code and log), noted in ``attempts.jsonl``, and run again by the next call. With
+a sequential plan the runs go look by look, and stop once every comparison has its verdict.
+"""
+from __future__ import annotations
+
+import concurrent.futures
+import os
+import subprocess
+import threading
+import time
+from pathlib import Path
+from typing import Callable, List, Optional
+
+from ..reporting import utc_date
+from . import work as W
+from .lines import shell_line
+from .plan import Plan
+from .report import all_decided, decisions
+
+
+def default_threads(parallel: int) -> int:
+    """Torch threads per run when the plan and the caller leave it open: the cores split between the runs."""
+    return max(1, (os.cpu_count() or 1) // parallel)
+
+
+def run_study(plan: Plan, work: Path, parallel: int = 1, threads: Optional[int] = None,
+              echo: Callable[[str], None] = print) -> dict:
+    """Seal ``work``, make the data, then run every unfinished run, ``parallel`` at once; return
+    ``{"finished", "failed", "skipped", "planned", "stopped_at_look"}`` (runs as ``(arm, seed)``)."""
+    if parallel < 1:
+        raise ValueError(f"parallel={parallel}: must be >= 1")
+    work = Path(work).resolve()
+    W.seal(plan, work)
+    splits = W.prepare_data(plan, work, echo)
+    threads = threads or plan.threads or default_threads(parallel)
+    runs = plan.runs()
+    out = {"finished": [], "failed": [], "skipped": [], "planned": len(runs), "stopped_at_look": None}
+    lock = threading.Lock()
+    count = [0]
+
+    def one(job):
+        arm, seed = job
+        line = shell_line(plan, work, splits, arm, seed, threads)
+        log = W.log_path(work, arm, seed)
+        log.parent.mkdir(parents=True, exist_ok=True)
+        started, t0 = utc_date("%Y-%m-%d %H:%M:%S"), time.perf_counter()
+        with open(log, "a") as f:
+            f.write(f"$ {line}\n")
+            f.flush()
+            code = subprocess.run(["bash", "-c", line], stdout=f, stderr=subprocess.STDOUT).returncode
+        seconds = time.perf_counter() - t0
+        if code == 0 and not W.finished(work, arm, seed):
+            code = -1  # the line ended without the run's scores
+        W.note_attempt(work, arm, seed, started, seconds, code)
+        with lock:
+            count[0] += 1
+            where = f"[study] {count[0]}/{len(runs)} {arm} seed {seed}"
+            if code == 0:
+                out["finished"].append(job)
+                val = W.read_scores(work, arm, seed, "validation") or {}
+                echo(f"{where}: done in {seconds:.0f} s (validation {plan.metric} "
+                     f"{100 * val.get(plan.metric, float('nan')):.2f})")
+            else:
+                out["failed"].append(job)
+                echo(f"{where}: FAILED (exit {code}) after {seconds:.0f} s; log {log}; a later `study run` reruns it")
+
+    design = plan.design()
+    echo(f"[study] {len(runs)} runs planned ({len(plan.arms)} arms x {len(plan.seeds)} seeds), {parallel} at once, "
+         f"{threads} torch thread(s) each -> {work}")
+    for k, (n, _) in enumerate(design, start=1):
+        seeds = set(plan.seeds[:n])
+        todo: List[tuple] = []
+        for job in runs:
+            if job[1] not in seeds or job in out["skipped"] or job in out["finished"] or job in out["failed"]:
+                continue
+            if W.finished(work, *job):
+                out["skipped"].append(job)
+                count[0] += 1
+                echo(f"[study] {count[0]}/{len(runs)} {job[0]} seed {job[1]}: finished earlier, skipped")
+            else:
+                todo.append(job)
+        with concurrent.futures.ThreadPoolExecutor(max_workers=parallel) as pool:
+            list(pool.map(one, todo))
+        if out["failed"]:
+            break
+        if len(design) > 1 and k < len(design) and all_decided(decisions(plan, work)):
+            out["stopped_at_look"] = k
+            echo(f"[study] every comparison has its verdict at look {k} ({n} seeds): the later looks' runs are "
+                 "not needed")
+            break
+    done = len(out["finished"]) + len(out["skipped"])
+    echo(f"[study] {done} of {len(runs)} runs have their scores" + (f"; {len(out['failed'])} failed: run "
+         "`clip-dcl study run` again to rerun them" if out["failed"] else "")
+         + f"; the report: clip-dcl study report {plan.source} --work {work}")
+    return out

@@ -1,0 +1,278 @@
+"""A study's report, ``STUDY.md``, ``STUDY.json`` and ``STUDY.png``: per comparison the paired differences per
+seed, their interval and the verdict by the plan's rule.
+
+Verdicts come only from a complete look (every planned run of its seeds has its scores: for a one-look
+plan, every run), and the test split is read only then. Before, the report says "incomplete: k of n runs"
+and shows the validation split's differences, labelled as such (the split for choices, never a verdict).
+An exploratory plan (a screen, a sweep, a spread measurement) is judged on the validation split and
+never reads the test split. A sequential plan judges each comparison at its looks in order, each at one
+minus its share of the error, and stops a comparison at its first verdict. Runs of different recipes or
+hardware (CPU model, GPU, torch) are never paired unless the plan's ``pair_across`` says so: such a seed is
+left out and the comparison gets no verdict.
+"""
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+from typing import Dict, List, Optional, Tuple
+
+from ..figures import pyplot, save_figure
+from ..reporting import Report, markdown_table
+from ..stats import t_interval
+from . import work as W
+from .plan import Comparison, Plan
+from .rule import judge
+
+RULE_TEXT = {
+    "beats": "**beats**: the interval lies above zero and the mean exceeds the resolution ({res}); **trails**: the "
+             "mirror image; an interval on one side of zero whose mean is inside the resolution is a **tie**; an "
+             "interval across zero gives **no verdict**",
+    "reaches": "**reaches**: the interval lies above minus the margin; **does not reach**: it lies below; otherwise "
+               "**no verdict**",
+    "matches": "**matches**: the interval lies inside plus or minus the margin; **differs**: it lies wholly "
+               "outside; otherwise **no verdict**",
+}
+
+
+def progress(plan: Plan, work: Path) -> Dict[str, object]:
+    """Which runs have their scores, and the looks complete (``complete_looks``: how many, in order)."""
+    done = {(a, s) for a, s in plan.runs() if W.finished(work, a, s)}
+    complete = 0
+    for n, _ in plan.design():
+        if all((a.name, s) in done for s in plan.seeds[:n] for a in plan.arms):
+            complete += 1
+        else:
+            break
+    return {"done": done, "n_done": len(done), "n_planned": len(plan.runs()), "complete_looks": complete}
+
+
+def _pairs(plan: Plan, work: Path, a: str, b: str, seeds, split: str) -> Tuple[List[int], List[float], List[str]]:
+    """Seeds, differences ``a - b`` of the plan's metric on ``split`` and the seeds left out (with why)."""
+    out_seeds, diffs, left = [], [], []
+    for seed in seeds:
+        sa, sb = W.read_scores(work, a, seed, split), W.read_scores(work, b, seed, split)
+        if sa is None or sb is None or plan.metric not in sa or plan.metric not in sb:
+            continue
+        ra, rb = W.read_record(work, a, seed) or {}, W.read_record(work, b, seed) or {}
+        if ra.get("recipe") != rb.get("recipe") and "recipes" not in plan.pair_across:
+            left.append(f"seed {seed}: recipes differ ({ra.get('recipe')}, {rb.get('recipe')})")
+            continue
+        if ra.get("hardware") != rb.get("hardware") and "machines" not in plan.pair_across:
+            left.append(f"seed {seed}: machines differ ({ra.get('hardware')}; {rb.get('hardware')})")
+            continue
+        out_seeds.append(seed)
+        diffs.append(sa[plan.metric] - sb[plan.metric])
+    return out_seeds, diffs, left
+
+
+def _margin(plan: Plan, work: Path, c: Comparison, seeds, split: str) -> Optional[float]:
+    """The comparison's margin: as stated, or its share of the mean paired gain over the same seeds."""
+    if c.margin_gain is None:
+        return c.margin
+    low, high, share = c.margin_gain
+    _, gains, _ = _pairs(plan, work, high, low, seeds, split)
+    return share * t_interval(gains)["mean"] if gains else None
+
+
+def judged(plan: Plan, work: Path, c: Comparison, seeds, split: str, confidence: float) -> dict:
+    """One comparison on ``split`` over ``seeds``: seeds, per-seed differences, interval, margin, verdict."""
+    got, diffs, left = _pairs(plan, work, c.a, c.b, seeds, split)
+    margin = _margin(plan, work, c, got, split)
+    if c.rule != "beats" and (margin is None or (c.rule == "matches" and not margin > 0)):
+        row = {**t_interval(diffs, confidence), "margin": margin, "verdict": "no verdict"}
+        left = left + [f"no margin > 0 from the runs ({margin})"]
+    else:
+        row = judge(c.rule, diffs, confidence, resolution=plan.resolution, margin=margin)
+    if left:
+        row["verdict"] = "no verdict"
+    return {"seeds": got, "diffs": diffs, "left_out": left, "split": split, "confidence": confidence, **row}
+
+
+def decisions(plan: Plan, work: Path, state: Optional[dict] = None) -> List[dict]:
+    """Per comparison: its rows at each complete look (test split) and ``final`` (the first look with a
+    verdict, or the last look; None while undecided with looks to come)."""
+    state = state or progress(plan, work)
+    design = plan.design()
+    out = []
+    for c in plan.comparisons:
+        looks, final = [], None
+        for k, (n, alpha) in enumerate(design[:state["complete_looks"]], start=1):
+            row = {"look": k, "alpha": alpha, **judged(plan, work, c, plan.seeds[:n], plan.split, 1 - alpha)}
+            looks.append(row)
+            if row["verdict"] != "no verdict" or k == len(design):
+                final = row
+                break
+        out.append({"a": c.a, "b": c.b, "rule": c.rule, "label": c.label, "looks": looks, "final": final})
+    return out
+
+
+def all_decided(rows: List[dict]) -> bool:
+    return all(r["final"] is not None for r in rows)
+
+
+def _points(x: Optional[float], sign: bool = True) -> str:
+    if x is None or x != x:
+        return "-"
+    return f"{100 * x:+.2f}" if sign else f"{100 * x:.2f}"
+
+
+def _interval(r: dict) -> str:
+    return "-" if r["n"] < 2 else f"[{_points(r['lo'])}, {_points(r['hi'])}]"
+
+
+def _per_seed(r: dict) -> str:
+    return ", ".join(f"s{s} {_points(d)}" for s, d in zip(r["seeds"], r["diffs"])) or "-"
+
+
+def _threshold(rule: str, margin: Optional[float], resolution: float) -> str:
+    if rule == "beats":
+        return f"0 (mean past ±{_points(resolution, False)})"
+    if margin is None:
+        return "-"
+    return _points(-margin) if rule == "reaches" else f"±{_points(margin, False)}"
+
+
+def build(plan: Plan, work: Path) -> dict:
+    """Everything the report says, as one JSON document (the test split read only at complete looks)."""
+    work = Path(work)
+    seal = W.check_seal(plan, work)
+    state = progress(plan, work)
+    rows = decisions(plan, work, state)
+    design = plan.design()
+    tested = set(plan.seeds[:design[state["complete_looks"] - 1][0]]) if state["complete_looks"] and \
+        not plan.exploratory else set()
+    runs = []
+    for arm, seed in plan.runs():
+        rec = W.read_record(work, arm, seed)
+        if rec is None:
+            runs.append({"arm": arm, "seed": seed, "finished": False})
+            continue
+        val = W.read_scores(work, arm, seed, "validation") or {}
+        test = W.read_scores(work, arm, seed, "test") if seed in tested else None
+        runs.append({**rec, "arm": arm, "seed": seed, "finished": (arm, seed) in state["done"], "validation": val,
+                     **({"test": test} if test is not None else {})})
+    validation = [{"label": c.label, **judged(plan, work, c, plan.seeds, "validation", plan.confidence)}
+                  for c in plan.comparisons]
+    for v in validation:
+        v.pop("verdict")  # the validation split chooses; it never judges
+    failed = [a for a in W.attempts(work) if a["exit"] != 0]
+    reruns = [{"arm": a["arm"], "seed": a["seed"], "failed": a["started"], "exit": a["exit"]} for a in failed]
+    reruns += [{"arm": r["arm"], "seed": r["seed"], "resumed": True} for r in runs if r.get("resumed")]
+    decided = all_decided(rows)
+    if decided and state["n_done"] == state["n_planned"]:
+        status = "complete"
+    elif decided:
+        status = (f"complete: every comparison decided at a look ({state['n_done']} of {state['n_planned']} runs; "
+                  "later looks' runs not needed)")
+    else:
+        status = f"incomplete: {state['n_done']} of {state['n_planned']} runs"
+        if state["complete_looks"]:
+            status += f" (look {state['complete_looks']} of {len(design)} complete)"
+    return {"title": plan.title or Path(plan.source).stem, "status": status, "plan": plan.source,
+            "plan_sha256": plan.sha256, "sealed": seal and seal["sealed"], "sealed_commit": seal and seal["commit"],
+            "recipe": plan.recipe, "split": plan.split, "exploratory": plan.exploratory,
+            "design": plan.design_text(), "looks": [list(x) for x in design],
+            "metric": plan.metric, "confidence": plan.confidence, "resolution": plan.resolution,
+            "pair_across": list(plan.pair_across), "runs_done": state["n_done"], "runs_planned": state["n_planned"],
+            "comparisons": rows, "validation": validation, "reruns": reruns, "runs": runs,
+            "plan_canonical": plan.canonical()}
+
+
+def markdown(doc: dict, plan: Plan) -> List[str]:
+    """The report's Markdown lines from :func:`build`'s document."""
+    done = [r for r in doc["runs"] if r.get("commit")]
+    commits = Counter(r["commit"] for r in done)
+    machines = Counter(r.get("hardware", "?") for r in done)
+    rules = sorted({c.rule for c in plan.comparisons}, key=list(RULE_TEXT).index)
+    lines = [f"# Study: {doc['title']}", "", f"- Status: **{doc['status']}**",
+             f"- Plan: `{doc['plan']}` (sha256 {doc['plan_sha256'][:12]}), sealed {doc['sealed'] or '(not yet)'} at "
+             f"commit {doc['sealed_commit'] or '-'}; recipe `{doc['recipe']}`",
+             f"- Design: {doc['design']}",
+             f"- Metric: `{doc['metric']}` in points (percent); resolution {_points(doc['resolution'], False)} point",
+             "- Runs' commits: " + (", ".join(f"{c} ({n} runs)" for c, n in commits.items()) or "none yet"),
+             "- Runs' machines: " + ("; ".join(f"{m} ({n} runs)" for m, n in machines.items()) or "none yet")
+             + ("" if not doc["pair_across"] else f" (the plan pairs across {', '.join(doc['pair_across'])})"),
+             "- Rerun runs: " + (", ".join(f"{r['arm']} seed {r['seed']} (" + ("resumed from a checkpoint" if
+                                  r.get("resumed") else f"failed {r['failed']}, exit {r['exit']}") + ")"
+                                  for r in doc["reruns"]) or "none"),
+             "- The rule (paired by seed; mean difference and its t-interval): "
+             + "; ".join(RULE_TEXT[r].format(res=_points(doc["resolution"], False)) for r in rules) + ".", ""]
+    tested = [c for c in doc["comparisons"] if c["looks"]]
+    if tested:
+        lines += ["## Verdicts (test split)" if not doc["exploratory"] else
+                  "## Readings (validation split: an exploratory study chooses, it makes no claim)", ""]
+        table = []
+        for c in doc["comparisons"]:
+            for r in c["looks"]:
+                final = c["final"] is r
+                table.append([f"{c['a']} - {c['b']} ({c['rule']})", f"{r['look']} at {100 * (1 - r['alpha']):.3g} %",
+                              r["n"], _per_seed(r), _points(r["mean"]), _interval(r),
+                              _threshold(c["rule"], r["margin"], doc["resolution"]),
+                              f"**{r['verdict']}**" if final else f"{r['verdict']} (look goes on)"])
+            if not c["looks"]:
+                table.append([f"{c['a']} - {c['b']} ({c['rule']})", "-", 0, "-", "-", "-", "-", "not judged yet"])
+        lines += [markdown_table(["comparison", "look, interval", "seeds", "per-seed differences (points)", "mean",
+                                  "interval", "threshold", "verdict"], table, "llrlrlll"), ""]
+        notes = [f"- {c['label']}: left out " + "; ".join(r["left_out"]) for c in doc["comparisons"]
+                 for r in c["looks"] if r["left_out"]]
+        lines += notes + ([""] if notes else [])
+    else:
+        lines += [f"**{doc['status']}**: no verdict and no " + ("reading" if doc["exploratory"] else "test-split score")
+                  + " until every planned run of a look has its scores.", ""]
+    if not doc["exploratory"] or not tested:
+        lines += ["## Validation split (for choices; never a verdict)", "",
+                  markdown_table(["comparison", "seeds", "per-seed differences (points)", "mean",
+                                  f"{100 * doc['confidence']:.0f} % interval"],
+                                 [[v["label"], v["n"], _per_seed(v), _points(v["mean"]), _interval(v)]
+                                  for v in doc["validation"]], "lrlrl"), ""]
+    show_test = any("test" in r for r in doc["runs"])
+    head = ["arm", "seed", "recipe", "commit", "started", f"validation {doc['metric']}"]
+    rows = []
+    for r in doc["runs"]:
+        cells = [r["arm"], r["seed"], r.get("recipe", "-"), r.get("commit", "-"), r.get("started") or "-",
+                 _points(r.get("validation", {}).get(doc["metric"]), False) if r.get("finished") else "not run"]
+        if show_test:
+            cells.append(_points(r["test"].get(doc["metric"]), False) if "test" in r else "-")
+        rows.append(cells)
+    lines += ["## Runs", "", markdown_table(head + ([f"test {doc['metric']}"] if show_test else []), rows), "",
+              "![per-seed differences](STUDY.png)"]
+    return lines
+
+
+def figure(doc: dict, path: Path) -> Path:
+    """Per comparison: the per-seed differences (test split at its final or last look, else validation),
+    their mean and interval, and the rule's thresholds."""
+    plt = pyplot()
+    comps = doc["comparisons"]
+    fig, axes = plt.subplots(1, len(comps), figsize=(4.2 * len(comps), 3.8), squeeze=False)
+    for ax, c, v in zip(axes[0], comps, doc["validation"]):
+        r = c["final"] or (c["looks"][-1] if c["looks"] else None)
+        split = doc["split"] if r else "validation"
+        r = r or v
+        ax.scatter(range(len(r["diffs"])), [100 * d for d in r["diffs"]], color="C0", zorder=3, label="seeds")
+        if r["n"] >= 2:
+            ax.errorbar([len(r["diffs"])], [100 * r["mean"]], yerr=[[100 * (r["mean"] - r["lo"])],
+                                                                    [100 * (r["hi"] - r["mean"])]],
+                        fmt="s", color="C3", capsize=4, label="mean, interval")
+        ax.axhline(0, color="grey", lw=1)
+        margin = r.get("margin")
+        if c["rule"] != "beats" and margin:
+            for y in ([-margin] if c["rule"] == "reaches" else [-margin, margin]):
+                ax.axhline(100 * y, color="C2", ls="--", lw=1)
+        ax.set_xticks(list(range(len(r["seeds"]))) + [len(r["seeds"])], [f"s{s}" for s in r["seeds"]] + ["mean"])
+        verdict = r.get("verdict", "no verdict") if c["looks"] else "validation: no verdict"
+        ax.set(title=f"{c['a']} - {c['b']}\n{c['rule']}: {verdict}", ylabel=f"points ({split} split)")
+        ax.grid(alpha=0.3)
+    return save_figure(fig, path, doc["title"])
+
+
+def write_report(plan: Plan, work: Path, out: Optional[Path] = None, command: str = "") -> Dict[str, object]:
+    """Write ``STUDY.md/.json/.png`` into ``out`` (default ``work``); return the document and the paths."""
+    work = Path(work)
+    out = Path(out) if out else work
+    doc = build(plan, work)
+    report = Report(out, "STUDY", command=command or "clip-dcl study report")
+    png = figure(doc, report.png)
+    lines = markdown(doc, plan)
+    md = report.write([*lines[:3], *report.about()[:2], *lines[3:]], doc)  # the command and date after the status
+    return {"doc": doc, "markdown": md, "json": report.path(".json"), "png": png}

@@ -1,0 +1,96 @@
+"""The study's decision rule on paired differences, and the seeds it needs for a stated power.
+
+A comparison ``a - b`` is read from its per-seed differences through their mean and two-sided
+Student t-interval at the plan's confidence (:func:`clip_dcl.experiment.stats.t_interval`):
+
+* **beats**: the interval lies above zero and the mean exceeds the resolution; **trails**: the mirror
+  image; an interval on one side of zero whose mean is inside the resolution is a **tie** (never a
+  win); an interval across zero: **no verdict**;
+* **reaches** (``margin`` m): the interval lies above ``-m``; **does not reach**: below it; else no verdict;
+* **matches** (``margin`` m): the interval lies inside ``(-m, +m)``; **differs**: it lies wholly
+  outside; else no verdict.
+
+:func:`power` is the chance that the rule gives its positive verdict with ``n`` seeds when the true
+paired difference is ``expected`` and the differences' spread is ``sd`` (noncentral t); :func:`seeds_needed`
+the smallest ``n`` that reaches a target power.
+"""
+from __future__ import annotations
+
+import math
+from typing import Dict, Optional, Sequence
+
+from ..stats import t_interval
+
+POSITIVE = {"beats": "beats", "reaches": "reaches", "matches": "matches"}
+
+
+def verdict(rule: str, interval: Dict[str, float], *, resolution: float = 0.0, margin: Optional[float] = None,
+            min_seeds: int = 2) -> str:
+    """The rule's reading of ``interval`` (:func:`t_interval`'s ``mean``, ``lo``, ``hi``, ``n``): see the
+    module's text. Below ``min_seeds`` differences: "no verdict"."""
+    n, lo, hi, mean = interval["n"], interval["lo"], interval["hi"], interval["mean"]
+    if n < max(2, min_seeds) or not (math.isfinite(lo) and math.isfinite(hi)):
+        return "no verdict"
+    if rule == "beats":
+        if lo <= 0 <= hi:
+            return "no verdict"
+        if abs(mean) < resolution:
+            return "tie"
+        return "beats" if lo > 0 else "trails"
+    if margin is None or not math.isfinite(margin) or (rule == "matches" and not margin > 0):
+        raise ValueError(f"rule {rule!r} needs a margin{' > 0' if rule == 'matches' else ''}, got {margin!r}")
+    if rule == "reaches":  # a margin from the runs (margin_gain) may come out <= 0: the bar -margin is then >= 0
+        return "reaches" if lo > -margin else "does not reach" if hi < -margin else "no verdict"
+    if rule == "matches":
+        if -margin < lo and hi < margin:
+            return "matches"
+        return "differs" if lo >= margin or hi <= -margin else "no verdict"
+    raise ValueError(f"unknown rule {rule!r}; choose beats, reaches or matches")
+
+
+def judge(rule: str, diffs: Sequence[float], confidence: float, *, resolution: float = 0.0,
+          margin: Optional[float] = None, min_seeds: int = 2) -> Dict[str, object]:
+    """:func:`t_interval` of ``diffs`` with the rule's ``verdict`` (and the ``margin`` it read)."""
+    st = t_interval(list(diffs), confidence)
+    return {**st, "margin": margin, "verdict": verdict(rule, st, resolution=resolution, margin=margin,
+                                                       min_seeds=min_seeds)}
+
+
+def power(rule: str, n: int, sd: float, confidence: float, *, expected: float = 0.0, margin: Optional[float] = None,
+          resolution: float = 0.0) -> float:
+    """P(the rule's positive verdict) with ``n`` seeds, paired differences ~ Normal(``expected``, ``sd``).
+
+    The interval's lower bound clears a threshold ``c`` when ``T' = (mean - c) / (s / sqrt n)`` exceeds
+    ``t* = t_{(1 + confidence) / 2, n - 1}``, and ``T'`` is noncentral t with ``n - 1`` degrees of freedom
+    and noncentrality ``(expected - c) sqrt(n) / sd``. beats: ``c = 0`` (the mean must also pass the
+    resolution, which a power worth planning for makes near certain: not counted); reaches: ``c = -margin``;
+    matches: both bounds inside ``(-m, m)``, at least ``1 - P(lo <= -m) - P(hi >= m)`` (two one-sided
+    tests; the joint event is the rarer, so this is a lower bound, tight at the powers worth planning for).
+    """
+    from scipy import stats
+
+    if n < 2:
+        return 0.0
+    df, tcrit = n - 1, float(stats.t.ppf((1 + confidence) / 2, n - 1))
+
+    def clears(threshold: float, delta: float) -> float:  # P(mean - t* s / sqrt n > threshold)
+        return float(stats.nct.sf(tcrit, df, (delta - threshold) * math.sqrt(n) / sd))
+
+    if rule == "beats":
+        return clears(0.0, expected)
+    if margin is None:
+        raise ValueError(f"rule {rule!r} needs a margin for its power")
+    if rule == "reaches":
+        return clears(-margin, expected)
+    if rule == "matches":  # upper bound below m: the mirror image of the lower bound above -m
+        return max(0.0, clears(-margin, expected) + clears(-margin, -expected) - 1.0)
+    raise ValueError(f"unknown rule {rule!r}")
+
+
+def seeds_needed(rule: str, sd: float, confidence: float, target: float = 0.8, *, expected: float = 0.0,
+                 margin: Optional[float] = None, cap: int = 1000) -> Optional[int]:
+    """The fewest seeds (2 at least) whose :func:`power` reaches ``target``; None when ``cap`` seeds do not."""
+    for n in range(2, cap + 1):
+        if power(rule, n, sd, confidence, expected=expected, margin=margin) >= target:
+            return n
+    return None

@@ -1,0 +1,197 @@
+"""A study's work folder: its seal, its data, its runs' folders and their attempts.
+
+Layout under ``WORK``::
+
+    SEAL.json            the plan as sealed by the first `run` or `commands`: its text, hash, parsed
+                         form, the commit and the date (a changed plan is refused afterwards)
+    plan.toml            the sealed plan's text, as written
+    data/                what the plan's [data] command wrote (absent when the plan names its shards)
+    data.json            the splits the runs read: shard patterns, sample counts, zero-shot folders
+    runs/<arm>/seed<N>/  one run: OpenCLIP's out.log, params.txt and checkpoints/, then the scoring step's
+                         run.json (recipe, commit, machine, start), scores-validation.json, scores-test.json
+    logs/<arm>-seed<N>.log   the output of the run's line under `study run`
+    attempts.jsonl       one line per attempt `study run` made (start, end, exit code)
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Callable, Dict, List, Optional
+
+from ..reporting import code_commit, machine_info, utc_date
+from .plan import Plan, plan_changes
+
+SEAL = "SEAL.json"
+
+
+class StudyError(RuntimeError):
+    """A study that cannot go on (a changed plan, data that cannot be made): one line saying why."""
+
+
+# ------------------------------------------------------------------------------------------
+# The seal
+# ------------------------------------------------------------------------------------------
+def read_seal(work: Path) -> Optional[dict]:
+    path = Path(work) / SEAL
+    return json.loads(path.read_text()) if path.is_file() else None
+
+
+def check_seal(plan: Plan, work: Path) -> Optional[dict]:
+    """The seal of ``work`` (None when not sealed yet); :class:`StudyError` naming the change when ``plan``
+    is not the plan sealed there (comments and layout of the file may change; no key may)."""
+    seal = read_seal(work)
+    if seal is None:
+        return None
+    changes = plan_changes(seal["plan"], plan.canonical())
+    if changes:
+        raise StudyError(f"the plan changed since {work} was sealed ({seal['sealed']}, {seal['source']}): "
+                         + "; ".join(changes) + f"; a changed plan is a new study: give it a new --work folder")
+    return seal
+
+
+def seal(plan: Plan, work: Path) -> dict:
+    """Seal ``work`` with ``plan`` unless it is sealed already (then check it, :func:`check_seal`)."""
+    work = Path(work)
+    found = check_seal(plan, work)
+    if found is not None:
+        return found
+    work.mkdir(parents=True, exist_ok=True)
+    doc = {"plan_sha256": plan.sha256, "source": str(Path(plan.source).resolve()) if plan.source else "",
+           "sealed": utc_date(), "commit": code_commit(), "machine": machine_info(), "plan": plan.canonical(),
+           "plan_text": plan.text}
+    (work / "plan.toml").write_text(plan.text)
+    tmp = work / (SEAL + ".tmp")
+    tmp.write_text(json.dumps(doc, indent=1) + "\n")
+    os.replace(tmp, work / SEAL)  # never half a seal
+    return doc
+
+
+# ------------------------------------------------------------------------------------------
+# The data
+# ------------------------------------------------------------------------------------------
+def data_dir(work: Path) -> Path:
+    return Path(work).resolve() / "data"
+
+
+def prepare_data(plan: Plan, work: Path, echo: Callable[[str], None] = print) -> Dict[str, object]:
+    """The splits the runs read (``work/data.json``), made first by the plan's [data] command when it has one
+    (once: a later call reuses them). Keys: ``train``, ``train_samples``, ``validation``,
+    ``validation_samples``, ``test``, ``test_samples``, ``validation_zeroshot``, ``test_zeroshot`` (None
+    when absent); paths absolute."""
+    work = Path(work).resolve()
+    path = work / "data.json"
+    spec = plan.data
+    if path.is_file():
+        done = json.loads(path.read_text())
+        if done.get("plan_data") == spec:
+            return done["splits"]
+    folder = data_dir(work)
+    if "command" in spec:
+        argv = [w.replace("{DATA}", str(folder)) for w in spec["command"]]
+        echo(f"[study] data: clip-dcl {' '.join(argv)}")
+        log = work / "logs" / "data.log"
+        log.parent.mkdir(parents=True, exist_ok=True)
+        with open(log, "w") as out:
+            proc = subprocess.run([sys.executable, "-m", "clip_dcl.cli", *argv], stdout=out, stderr=subprocess.STDOUT,
+                                  env={**os.environ, "PYTHONPATH": os.pathsep.join(
+                                      [package_root(), *filter(None, [os.environ.get("PYTHONPATH")])])})
+        if proc.returncode != 0:
+            tail = log.read_text().strip().splitlines()[-1:] or ["(no output)"]
+            raise StudyError(f"the [data] command failed (exit {proc.returncode}; log {log}): {tail[0]}")
+    splits = _from_summary(folder) if spec.get("from_summary") else {
+        key: (spec[key].replace("{DATA}", str(folder)) if isinstance(spec.get(key), str) else spec.get(key))
+        for key in ("train", "validation", "test", "validation_zeroshot", "test_zeroshot", "train_samples",
+                    "validation_samples", "test_samples")}
+    for key in ("train", "validation", "test"):
+        if not splits.get(f"{key}_samples"):
+            splits[f"{key}_samples"] = shard_samples(splits[key], key)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"plan_data": spec, "splits": splits, "made": utc_date()}, indent=1) + "\n")
+    return splits
+
+
+def _from_summary(folder: Path) -> Dict[str, object]:
+    """The splits of the synthetic layout (``clip-dcl data synth``) from its ``summary.json``."""
+    path = folder / "summary.json"
+    if not path.is_file():
+        raise StudyError(f"the [data] command wrote no {path}: name train, validation and test in [data]")
+    s = json.loads(path.read_text())
+    if "test" not in s:
+        raise StudyError(f"{path}: the data have no test split; add --test-samples N to the [data] command")
+    return {"train": str(folder / s["train"]["pattern"]), "train_samples": s["train"]["num_samples"],
+            "validation": str(folder / s["val"]["pattern"]), "validation_samples": s["val"]["num_samples"],
+            "test": str(folder / s["test"]["pattern"]), "test_samples": s["test"]["num_samples"],
+            "validation_zeroshot": str(folder / s["zeroshot"]["dir"]),
+            "test_zeroshot": str(folder / s["zeroshot_test"]["dir"])}
+
+
+def shard_samples(pattern: str, split: str) -> int:
+    """The samples of the shards ``pattern`` from the ``sizes.json`` beside them (what ``clip-dcl data``
+    and img2dataset write); :class:`StudyError` when a shard is not listed."""
+    import braceexpand
+
+    total = 0
+    for shard in braceexpand.braceexpand(pattern):
+        sizes = Path(shard).parent / "sizes.json"
+        counts = json.loads(sizes.read_text()) if sizes.is_file() else {}
+        if Path(shard).name not in counts:
+            raise StudyError(f"cannot count the samples of {shard} (no entry in {sizes}): give [data] {split}_samples")
+        total += int(counts[Path(shard).name])
+    return total
+
+
+def package_root() -> str:
+    """The folder that holds this ``clip_dcl``: first on a child's path, so that the lines run this very code."""
+    return str(Path(__file__).resolve().parents[3])
+
+
+# ------------------------------------------------------------------------------------------
+# Runs
+# ------------------------------------------------------------------------------------------
+def run_dir(work: Path, arm: str, seed: int) -> Path:
+    return Path(work).resolve() / "runs" / arm / f"seed{seed}"
+
+
+def log_path(work: Path, arm: str, seed: int) -> Path:
+    return Path(work).resolve() / "logs" / f"{arm}-seed{seed}.log"
+
+
+def finished(work: Path, arm: str, seed: int) -> bool:
+    """Whether the run has its record and its scores on both splits (read nothing else)."""
+    d = run_dir(work, arm, seed)
+    return all((d / name).is_file() for name in ("run.json", "scores-validation.json", "scores-test.json"))
+
+
+def read_record(work: Path, arm: str, seed: int) -> Optional[dict]:
+    path = run_dir(work, arm, seed) / "run.json"
+    return json.loads(path.read_text()) if path.is_file() else None
+
+
+def read_scores(work: Path, arm: str, seed: int, split: str) -> Optional[Dict[str, float]]:
+    """The run's scores on ``split`` ("validation" or "test"), None when not scored yet."""
+    path = run_dir(work, arm, seed) / f"scores-{split}.json"
+    return json.loads(path.read_text()) if path.is_file() else None
+
+
+def note_attempt(work: Path, arm: str, seed: int, started: str, seconds: float, code: int) -> None:
+    """Append one attempt of ``study run`` to ``attempts.jsonl``."""
+    path = Path(work) / "attempts.jsonl"
+    with open(path, "a") as f:
+        f.write(json.dumps({"arm": arm, "seed": seed, "started": started, "seconds": round(seconds, 1),
+                            "exit": code}) + "\n")
+
+
+def attempts(work: Path) -> List[dict]:
+    path = Path(work) / "attempts.jsonl"
+    if not path.is_file():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def resumed(work: Path, arm: str, seed: int) -> bool:
+    """Whether the run's training resumed from a checkpoint of an earlier attempt (OpenCLIP logs it)."""
+    log = run_dir(work, arm, seed) / "out.log"
+    return log.is_file() and "=> resuming checkpoint" in log.read_text(errors="replace")

@@ -1,0 +1,306 @@
+"""A study's work folder without training: sealing, incompleteness, resuming, reruns, looks, pairing.
+
+Runs are stood in for by their files (``run.json`` and the two splits' scores), written directly or by a
+shell line in place of the real one (``clip_dcl.experiment.study.local.shell_line``), so these tests check
+the study's bookkeeping; tests/test_study_e2e.py trains for real.
+"""
+from __future__ import annotations
+
+import json
+import shlex
+from pathlib import Path
+
+import pytest
+
+from clip_dcl.experiment.study import cli, load_plan, run_study
+from clip_dcl.experiment.study import local as L
+from clip_dcl.experiment.study import work as W
+
+PLAN = """
+seeds = [0, 1]
+metric = "retrieval/mean_R@1"
+confidence = 0.9
+resolution = 0.01
+{extra}
+[data]
+train = "/nowhere/train/{{0..1}}.tar"
+train_samples = 64
+validation = "/nowhere/val/0.tar"
+validation_samples = 8
+test = "/nowhere/test/0.tar"
+test_samples = 8
+
+[train]
+epochs = 1
+
+[[arms]]
+name = "clip"
+flags = ["--loss", "clip"]
+
+[[arms]]
+name = "decl"
+flags = ["--loss", "decl"]
+
+[[comparisons]]
+a = "decl"
+b = "clip"
+rule = "beats"
+"""
+#: each run's mean R@1 on the validation and test splits; decl beats clip by 5 points on the test split
+SCORES = {("clip", 0): (0.20, 0.30), ("decl", 0): (0.21, 0.35), ("clip", 1): (0.22, 0.31), ("decl", 1): (0.20, 0.36),
+          ("clip", 2): (0.20, 0.30), ("decl", 2): (0.22, 0.355)}
+HARDWARE = "cpu X / no GPU / torch 2"
+
+
+def write_plan(tmp_path, extra="", seeds=None):
+    text = PLAN.format(extra=extra)
+    if seeds is not None:
+        text = text.replace("seeds = [0, 1]", f"seeds = {seeds}")
+    path = tmp_path / "plan.toml"
+    path.write_text(text)
+    return path
+
+
+def files_of(arm, seed, hardware=HARDWARE):
+    val, test = SCORES[(arm, seed)]
+    return {"run.json": {"arm": arm, "seed": seed, "recipe": "custom", "commit": "abc", "hardware": hardware,
+                         "started": "2030-01-01 00:00:00"},
+            "scores-validation.json": {"retrieval/mean_R@1": val}, "scores-test.json": {"retrieval/mean_R@1": test}}
+
+
+def finish(work, arm, seed, hardware=HARDWARE):
+    folder = W.run_dir(work, arm, seed)
+    folder.mkdir(parents=True, exist_ok=True)
+    for name, doc in files_of(arm, seed, hardware).items():
+        (folder / name).write_text(json.dumps(doc))
+
+
+def stand_in_line(work, log: Path, fail=()):
+    """A shell_line stand-in: append ``arm seed`` to ``log``, then write the run's files (or exit 3 for ``fail``)."""
+    def line(plan, work_, splits, arm, seed, threads):
+        if (arm, seed) in fail:
+            return f"echo {arm} {seed} >> {shlex.quote(str(log))}; exit 3"
+        folder = W.run_dir(work, arm, seed)
+        cmds = [f"echo {arm} {seed} >> {shlex.quote(str(log))}", f"mkdir -p {shlex.quote(str(folder))}"]
+        cmds += [f"echo {shlex.quote(json.dumps(doc))} > {shlex.quote(str(folder / name))}"
+                 for name, doc in files_of(arm, seed).items()]
+        return " && ".join(cmds)
+    return line
+
+
+def ran(log: Path):
+    return [tuple(x.split()) for x in log.read_text().splitlines()] if log.is_file() else []
+
+
+def test_a_seed_added_after_the_seal_is_refused_by_run_commands_and_report(tmp_path, capsys):
+    plan = write_plan(tmp_path)
+    work = tmp_path / "work"
+    assert cli.main(["commands", str(plan), "--work", str(work)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 4 and all("-m clip_dcl.train --" in x and "study score" in x for x in lines)
+    seal = json.loads((work / "SEAL.json").read_text())
+    assert seal["plan"]["seeds"] == [0, 1] and seal["plan_text"] == plan.read_text() and seal["commit"]
+    write_plan(tmp_path, seeds=[0, 1, 2])
+    for command in ("run", "commands", "report"):
+        assert cli.main([command, str(plan), "--work", str(work)]) == 2, command
+        captured = capsys.readouterr()
+        err = captured.err.strip()
+        assert "\n" not in err and "seeds: [0, 1] -> [0, 1, 2]" in err and "new --work folder" in err, command
+        assert captured.out == ""
+    assert not (work / "runs").exists() and not (work / "STUDY.md").exists()
+    # a new study in a new folder is fine; the old plan in the old folder still is
+    assert cli.main(["commands", str(plan), "--work", str(tmp_path / "new")]) == 0
+    write_plan(tmp_path)
+    assert cli.main(["commands", str(plan), "--work", str(work)]) == 0
+
+
+def test_a_margin_moved_or_an_arm_renamed_is_named(tmp_path, capsys):
+    plan = write_plan(tmp_path, extra="")
+    work = tmp_path / "work"
+    W.seal(load_plan(plan), work)
+    plan.write_text(plan.read_text().replace('name = "decl"', 'name = "decl2"').replace('a = "decl"', 'a = "decl2"'))
+    assert cli.main(["report", str(plan), "--work", str(work)]) == 2
+    assert "arms[1].name: 'decl' -> 'decl2'; comparisons[0].a: 'decl' -> 'decl2'" in capsys.readouterr().err
+
+
+def test_an_unfinished_study_prints_no_test_split_verdict_and_reads_no_test_score(tmp_path, capsys, monkeypatch):
+    plan = write_plan(tmp_path)
+    work = tmp_path / "work"
+    W.seal(load_plan(plan), work)
+    for run in (("clip", 0), ("decl", 0), ("clip", 1)):
+        finish(work, *run)
+    read = []
+    real = W.read_scores
+    monkeypatch.setattr(W, "read_scores", lambda w, a, s, split: read.append(split) or real(w, a, s, split))
+    assert cli.main(["report", str(plan), "--work", str(work)]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("incomplete: 3 of 4 runs") and "test split" not in out and "->" not in out
+    assert "validation split (for choices, no verdict): decl beats clip: +1.00 over 1 seed(s)" in out
+    assert read and "test" not in read
+    doc = json.loads((work / "STUDY.json").read_text())
+    assert doc["status"] == "incomplete: 3 of 4 runs" and not any("test" in r for r in doc["runs"])
+    assert all(not c["looks"] and c["final"] is None for c in doc["comparisons"])
+    md = (work / "STUDY.md").read_text()
+    assert "## Verdicts" not in md and "## Validation split (for choices; never a verdict)" in md
+    assert (work / "STUDY.png").is_file()
+    finish(work, "decl", 1)
+    read.clear()
+    assert cli.main(["report", str(plan), "--work", str(work)]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("complete") and "decl beats clip (test split, 2 seeds, look 1): +5.00 [" in out
+    assert "test" in read
+    doc = json.loads((work / "STUDY.json").read_text())
+    final = doc["comparisons"][0]["final"]
+    assert final["seeds"] == [0, 1] and final["diffs"] == pytest.approx([0.05, 0.05]) and final["verdict"] == "beats"
+
+
+def test_finished_runs_are_skipped_and_a_failed_run_is_rerun_and_listed(tmp_path, monkeypatch):
+    plan = load_plan(write_plan(tmp_path))
+    work, log = tmp_path / "work", tmp_path / "ran.txt"
+    finish(work, "clip", 0)
+    finish(work, "decl", 0)
+    monkeypatch.setattr(L, "shell_line", stand_in_line(work, log, fail={("decl", 1)}))
+    printed = []
+    out = run_study(plan, work, parallel=2, threads=1, echo=printed.append)
+    assert sorted(ran(log)) == [("clip", "1"), ("decl", "1")]  # seed 0 was finished: not run again
+    assert out["skipped"] == [("clip", 0), ("decl", 0)] and out["failed"] == [("decl", 1)]
+    assert any("decl seed 1: FAILED (exit 3)" in p for p in printed)
+    assert any("clip seed 0: finished earlier, skipped" in p for p in printed)
+    assert W.attempts(work)[-1]["exit"] in (0, 3) and not W.finished(work, "decl", 1)
+    assert cli.main(["run", str(plan.source), "--work", str(work)]) == 1  # still failing: exit 1
+    monkeypatch.setattr(L, "shell_line", stand_in_line(work, log))
+    log.unlink()
+    out = run_study(plan, work, parallel=1, threads=1, echo=printed.append)
+    assert ran(log) == [("decl", "1")] and out["finished"] == [("decl", 1)] and not out["failed"]
+    doc = json.loads((work / "STUDY.json").read_text()) if (work / "STUDY.json").exists() else None
+    assert doc is None  # run writes no report
+    from clip_dcl.experiment.study.report import write_report
+    doc = write_report(plan, work)["doc"]
+    assert doc["status"] == "complete"
+    assert [(r["arm"], r["seed"], r["exit"]) for r in doc["reruns"]] == [("decl", 1, 3), ("decl", 1, 3)]
+    assert "decl seed 1 (failed" in (work / "STUDY.md").read_text()
+    log.unlink()
+    run_study(plan, work, parallel=1, threads=1, echo=printed.append)
+    assert ran(log) == []  # everything finished: nothing runs
+
+
+def test_a_sequential_plan_stops_at_the_first_look_that_decides_every_comparison(tmp_path, monkeypatch):
+    path = write_plan(tmp_path, extra='looks = [2, 3]\nalpha_split = "bonferroni"\n', seeds=[0, 1, 2])
+    plan, work, log = load_plan(path), tmp_path / "work", tmp_path / "ran.txt"
+    # seeds 0 and 1 both differ by +5 points: beats at the first look's 95 %, so seed 2 never runs
+    monkeypatch.setattr(L, "shell_line", stand_in_line(work, log))
+    out = run_study(plan, work, parallel=1, threads=1, echo=lambda s: None)
+    assert out["stopped_at_look"] == 1 and {s for _, s in ran(log)} == {"0", "1"}
+    from clip_dcl.experiment.study.report import write_report
+    doc = write_report(plan, work)["doc"]
+    final = doc["comparisons"][0]["final"]
+    assert final["look"] == 1 and final["verdict"] == "beats" and final["confidence"] == pytest.approx(0.95)
+    assert doc["status"].startswith("complete: every comparison decided at a look (4 of 6 runs")
+    assert "sequential: 2 looks, at 2, 3 seeds" in (work / "STUDY.md").read_text()
+
+
+def test_runs_on_different_machines_are_not_paired_unless_the_plan_says_so(tmp_path):
+    for extra, verdict in (("", "no verdict"), ('pair_across = ["machines"]', "beats")):
+        plan = load_plan(write_plan(tmp_path, extra=extra))
+        work = tmp_path / f"work{len(extra)}"
+        W.seal(plan, work)
+        for arm, seed in plan.runs():
+            finish(work, arm, seed, hardware="other GPU" if (arm, seed) == ("decl", 1) else HARDWARE)
+        from clip_dcl.experiment.study.report import build
+        final = build(plan, work)["comparisons"][0]["final"]
+        if extra:
+            assert final["seeds"] == [0, 1] and not final["left_out"]
+        else:
+            assert final["seeds"] == [0] and "seed 1: machines differ" in final["left_out"][0]
+        assert final["verdict"] == verdict
+
+
+def test_margin_gain_is_the_share_of_the_paired_gain_on_the_judged_split(tmp_path):
+    text = PLAN.format(extra="").replace('rule = "beats"', 'rule = "reaches"\n'
+                                         'margin_gain = {from = "clip", to = "decl", share = 0.5}')
+    (tmp_path / "p.toml").write_text(text)
+    plan = load_plan(tmp_path / "p.toml")
+    work = tmp_path / "work"
+    W.seal(plan, work)
+    for run in plan.runs():
+        finish(work, *run)
+    from clip_dcl.experiment.study.report import build
+    final = build(plan, work)["comparisons"][0]["final"]
+    assert final["margin"] == pytest.approx(0.5 * 0.05)  # half the test split's mean gain decl - clip
+
+
+def test_the_slurm_script_runs_the_line_of_its_array_task(tmp_path):
+    import os
+    import subprocess
+
+    script = Path(__file__).resolve().parents[1] / "launch" / "study_slurm.sbatch"
+    lines = tmp_path / "lines.sh"
+    lines.write_text(f"echo first > {tmp_path}/out\necho second > {tmp_path}/out\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
+    got = subprocess.run(["bash", str(script), str(lines)], env={**env, "SLURM_ARRAY_TASK_ID": "2", "DRY_RUN": "1"},
+                         capture_output=True, text=True, cwd=tmp_path)
+    assert got.returncode == 0 and got.stdout.strip() == f"echo second > {tmp_path}/out"
+    got = subprocess.run(["bash", str(script), str(lines)], env={**env, "SLURM_ARRAY_TASK_ID": "2"},
+                         capture_output=True, text=True, cwd="/")
+    assert got.returncode == 0 and (tmp_path / "out").read_text() == "second\n"
+    got = subprocess.run(["bash", str(script), str(lines)], env={**env, "SLURM_ARRAY_TASK_ID": "3"},
+                         capture_output=True, text=True)
+    assert got.returncode == 2 and "no line 3" in got.stderr
+    assert subprocess.run(["bash", str(script), str(lines)], env=env, capture_output=True).returncode != 0
+
+
+def test_an_exploratory_study_reads_the_validation_split_only(tmp_path, monkeypatch):
+    plan = load_plan(write_plan(tmp_path, extra="exploratory = true"))
+    work = tmp_path / "work"
+    W.seal(plan, work)
+    for run in plan.runs():
+        finish(work, *run)
+    read = []
+    real = W.read_scores
+    monkeypatch.setattr(W, "read_scores", lambda w, a, s, split: read.append(split) or real(w, a, s, split))
+    from clip_dcl.experiment.study.report import write_report
+    doc = write_report(plan, work)["doc"]
+    final = doc["comparisons"][0]["final"]
+    assert final["split"] == "validation" and final["diffs"] == pytest.approx([0.01, -0.02])
+    assert set(read) == {"validation"} and not any("test" in r for r in doc["runs"])
+    assert "## Readings (validation split: an exploratory study chooses" in (work / "STUDY.md").read_text()
+
+
+def test_a_registered_recipe_brings_its_data_command_and_training_flags(tmp_path):
+    from clip_dcl.experiment.recipes import RECIPES
+    from clip_dcl.experiment.study.lines import shell_line
+
+    text = PLAN.format(extra='recipe = "micro-bpe"').split("[data]")[0] + """
+[train]
+epochs = 3
+device = "cpu"
+
+[[arms]]
+name = "clip-b16"
+batch_size = 16
+flags = ["--loss", "clip"]
+
+[[arms]]
+name = "decl-b16"
+batch_size = 16
+flags = ["--loss", "decl"]
+
+[[comparisons]]
+a = "decl-b16"
+b = "clip-b16"
+rule = "beats"
+"""
+    (tmp_path / "p.toml").write_text(text)
+    plan = load_plan(tmp_path / "p.toml")
+    assert plan.data["command"] == list(RECIPES["micro-bpe"].data_argv) and plan.data["from_summary"]
+    work = tmp_path / "work"
+    splits = {"validation": "/v.tar", "test": "/t.tar"}
+    words = shlex.split(shell_line(plan, work, splits, "decl-b16", 1, threads=2).split(" && ")[0])
+    argv = words[words.index("--") + 1:]
+    data = str(W.data_dir(work))
+    want = RECIPES["micro-bpe"].train_argv(batch_size=16, seed=1, epochs=3, name="seed1",
+                                           objective=("--loss", "decl"), device="cpu")
+    assert argv == [a.replace("{DATA}", data).replace("{LOGS}", str(W.run_dir(work, "decl-b16", 1).parent))
+                    for a in want] + ["--resume", "latest"]
+    with pytest.raises(Exception, match=r"unknown key 'lr' in \[train\]"):
+        load_plan((tmp_path / "p.toml").write_text(text.replace("epochs = 3", "lr = 0.1")) and tmp_path / "p.toml")
