@@ -179,6 +179,13 @@ class LossDeclaration:
         return True
 
     @classmethod
+    def start_notice(cls, loss_args: Dict[str, object]) -> Optional[str]:
+        """One line for the start of a training run with ``loss_args`` (all of the loss's arguments, as
+        the run builds it) that a user should read before spending the run: a configuration that is
+        another objective than its name says. None here."""
+        return None
+
+    @classmethod
     def state_meaning(cls, loss_args: Dict[str, object]) -> Dict[str, object]:
         """The values in ``loss_args`` (a checkpoint's or a run's) of the :attr:`state_settings` that the
         state of this configuration depends on; two configurations whose values differ cannot share
