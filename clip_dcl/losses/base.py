@@ -210,6 +210,13 @@ class LossDeclaration:
         schedule optimised); empty here."""
         return ""
 
+    def logged_loss(self, metrics: Dict[str, object]) -> Optional[torch.Tensor]:
+        """The value the training log shows as OpenCLIP's ``Loss`` (and tensorboard's ``train/loss``) for
+        the last call, when that should not be the optimised total (a loss whose total is not on
+        InfoNCE's scale reports its InfoNCE value there, so that runs compare); None here: the total.
+        The objective keeps its own column, the loss's output key."""
+        return None
+
 
 class ContrastiveLoss(LossDeclaration, nn.Module):
     """Base class: OpenCLIP's distributed arguments, the ``ClipLoss`` call contract, metrics.
