@@ -161,6 +161,12 @@ def test_every_substitution_changes_some_block():
     assert not unused, f"substitutions that match no documented command any more: {unused}"
 
 
+def test_the_readmes_load_snippet_scores_with_the_models_own_scale():
+    """A model's learned scale (about 14 for clip-dcl-tiny) and a hard-coded 100 give other probabilities."""
+    (snippet,) = [b.code for b in blocks("README.md") if b.lang == "python" and "load_checkpoint(" in b.code]
+    assert "model.logit_scale.exp() * image_features @ text_features.T" in snippet and "100 *" not in snippet
+
+
 def test_the_parser_reads_markers_and_refuses_a_stray_one(tmp_path, monkeypatch):
     monkeypatch.setattr(sys.modules[__name__], "ROOT", tmp_path)
     (tmp_path / "a.md").write_text("x\n<!-- docs-test: skip (needs GPUs) -->\n\n```bash\nnvidia-smi\n```\n"
