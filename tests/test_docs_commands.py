@@ -77,7 +77,7 @@ class Block:
         return f"{self.page}:{self.line}"
 
     def commands(self) -> List[str]:
-        """The block's commands: its lines, a line ending in a backslash joined to the next, comments and blanks left out."""
+        """The block's commands: its lines (one ending in a backslash joined to the next), less comments and blanks."""
         out, held = [], ""
         for line in self.code.split("\n"):
             held += line.rstrip()[:-1] + " " if line.rstrip().endswith("\\") else line
@@ -174,7 +174,8 @@ def test_the_parser_reads_markers_and_refuses_a_stray_one(tmp_path, monkeypatch)
     got = blocks("a.md")
     assert [(b.line, b.lang, b.code, b.skip) for b in got] == [(4, "bash", "nvidia-smi", "needs GPUs"),
                                                               (7, "python", "print(1)", None)]
-    (tmp_path / "c.md").write_text("<!-- docs-test: refused -->\n```bash\n# why\nclip-dcl a \\\n    --b  # c\n\nclip-dcl d\n```\n")
+    (tmp_path / "c.md").write_text("<!-- docs-test: refused -->\n```bash\n# why\nclip-dcl a \\\n    --b  # c\n\n"
+                                   "clip-dcl d\n```\n")
     (refused,) = blocks("c.md")
     assert refused.refused and refused.skip is None and runnable(refused)
     assert refused.commands() == ["clip-dcl a      --b  # c", "clip-dcl d"]

@@ -66,7 +66,8 @@ def test_each_rows_training_logs_exactly_its_columns(tmp_path, trained_run, flag
 @pytest.mark.slow
 def test_decls_loss_is_its_infonce_term_and_its_total_has_its_own_column(trained_run):
     lines = [ln for ln in (trained_run("decl") / "out.log").read_text().splitlines() if "Train Epoch:" in ln]
-    value = {name: [float(re.search(rf"\b{name}: (\S+)", ln).group(1)) for ln in lines] for name in ("Loss", "Decl_loss")}
+    value = {name: [float(re.search(rf"\b{name}: (\S+)", ln).group(1)) for ln in lines]
+             for name in ("Loss", "Decl_loss")}
     terms = [re.search(r"Term: (\w+)", ln).group(1) for ln in lines]
     assert terms[:2] == ["loss1", "infonce"]
     # the InfoNCE step optimises InfoNCE alone: there the total is the logged Loss; on a loss1 step it is not

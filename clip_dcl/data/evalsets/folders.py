@@ -154,9 +154,11 @@ def mapped_names(mapping: dict[str, str], folders: Sequence[str], source: str, r
     missing = [f for f in folders if f not in mapping]
     unknown = sorted(set(mapping) - set(folders))
     if missing or unknown:
-        parts = ([f"no name for the folder(s) {missing[:5]}" + (" ..." if len(missing) > 5 else "")] if missing else []) \
-            + ([f"names for {unknown[:5]}" + (" ..." if len(unknown) > 5 else "") + " that are not class folders"]
-               if unknown else [])
+        parts = []
+        if missing:
+            parts.append(f"no name for the folder(s) {missing[:5]}" + (" ..." if len(missing) > 5 else ""))
+        if unknown:
+            parts.append(f"names for {unknown[:5]}{' ...' if len(unknown) > 5 else ''} that are not class folders")
         raise ValueError(f"class names from {source} do not match the class folders of {str(root)!r}: "
                          + "; ".join(parts))
     return [mapping[f] for f in folders]
