@@ -5,7 +5,7 @@ loss, the trainer, the data writer) is unchanged since the run's commit. When th
 (a refactor), this check trains each ``--objectives`` for ``--epochs`` at ``--batch-size`` and
 ``--seed`` with the tree at each ``--against`` commit and at ``--now`` (default: this tree), each
 checked out into a temporary ``git worktree`` and writing its own copy of the testbed's data, and
-compares every earlier tree with ``--now``: the data files, the loss logged at every step and the
+compares every earlier tree with ``--now``: the data files, the loss optimised at every step and the
 validation and test scores, bit for bit. Identical runs mean the cached runs of that commit stand
 for runs of the later one (training is deterministic on one CPU).
 
@@ -54,8 +54,15 @@ def data_digest(folder: Path) -> str:
 
 
 def logged_losses(out_log: Path) -> List[str]:
-    """Every ``Loss: value (running mean)`` the trainer logged, as written (so compared to the last digit)."""
-    return re.findall(r"\bLoss: (\S+ \(\S+\))", out_log.read_text())
+    """The optimised loss of every logged step, ``value (running mean)`` as written (so compared to the last
+    digit): its terms' columns (``Contrastive_loss``, ``Decl_loss``, ...), else OpenCLIP's ``Loss``. The terms,
+    because ``decl``'s ``Loss`` became its InfoNCE value while its total kept its term's column, which
+    older trees log too."""
+    out = []
+    for line in out_log.read_text().splitlines():
+        terms = re.findall(r"\b\w+_loss: (\S+ \(\S+\))", line)
+        out += terms or re.findall(r"\bLoss: (\S+ \(\S+\))", line)
+    return out
 
 
 def child(tree: Path, work: Path, objectives: List[str], batch_size: int, seed: int, epochs: int) -> dict:

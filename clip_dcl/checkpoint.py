@@ -209,7 +209,10 @@ def load_checkpoint(path: str | os.PathLike, device: str = "cpu", model: str | N
             run code from the file; only for files you trust.
 
     Returns:
-        The model, its eval image transform, its tokenizer.
+        ``(model, preprocess, tokenizer)``: the model (in eval mode, on ``device``), its evaluation
+        image transform (PIL image -> tensor; OpenCLIP's ``create_model_and_transforms`` returns
+        ``(model, preprocess_train, preprocess_val)``, and this is its ``preprocess_val``) and its
+        tokenizer (list of str -> token tensor), what every ``clip_dcl.eval`` evaluator takes.
 
     Raises:
         ValueError: a missing path, or a checkpoint whose model cannot be determined.
@@ -250,6 +253,15 @@ def load_checkpoint(path: str | os.PathLike, device: str = "cpu", model: str | N
     return net, preprocess, open_clip.get_tokenizer(name)
 
 
+def _plain_file_mode(path: Path) -> None:
+    """Give ``path`` the mode a plain ``open(path, "w")`` gives under the process's umask (0644 under
+    022). safetensors writes through a private temporary file, mode 0600, and renames it into place,
+    so a service running as another user could not read the exported weights."""
+    umask = os.umask(0)
+    os.umask(umask)
+    path.chmod(0o666 & ~umask)
+
+
 def export(ckpt: str | os.PathLike, out_dir: str | os.PathLike, model: str | None = None,
            model_config: str | os.PathLike | dict | None = None, allow_unsafe_pickle: bool = False,
            force: bool = False) -> Path:
@@ -257,7 +269,8 @@ def export(ckpt: str | os.PathLike, out_dir: str | os.PathLike, model: str | Non
 
     ``open_clip_config.json`` holds ``model_cfg`` (the architecture config), ``preprocess_cfg``
     (size, mean, std, interpolation, resize_mode) and, for provenance only, ``clip_dcl``
-    (model name, source checkpoint); ``open_clip_model.safetensors`` holds the weights.
+    (model name, source checkpoint); ``open_clip_model.safetensors`` holds the weights. Both files get
+    the mode of any file the process writes (0644 under the usual umask 022), readable by other users.
 
     Raises:
         ValueError: ``out_dir`` exists and is not empty, unless ``force`` (then the two files are
@@ -293,6 +306,7 @@ def export(ckpt: str | os.PathLike, out_dir: str | os.PathLike, model: str | Non
     # Clones: safetensors refuses tensors that share storage.
     tensors = {k: v.detach().cpu().contiguous().clone() for k, v in net.state_dict().items()}
     save_file(tensors, str(out / WEIGHTS_NAME))
+    _plain_file_mode(out / WEIGHTS_NAME)
     log.info("exported %s (%s) to %s", ckpt, name, out)
     return out
 

@@ -12,7 +12,8 @@ import sys
 #: subcommand -> ("module:function", one-line help). The function takes ``argv`` and returns an exit code.
 COMMANDS = {
     "data": ("clip_dcl.data.cli:main", "generate or convert data sets: synth | benchmark (CLIP_benchmark's layout)"),
-    "train": ("clip_dcl.train:main", "train with OpenCLIP's loop and a registered objective (clip, dcl, decl, curl)"),
+    "train": ("clip_dcl.train:command_main",
+              "train with OpenCLIP's loop and a registered objective (clip, dcl, decl, curl)"),
     "eval": ("clip_dcl.eval.cli:main", "evaluate a checkpoint: retrieval | zeroshot | fewshot | benchmark"),
     "export": ("clip_dcl.checkpoint:export_main", "export a checkpoint to OpenCLIP's local-dir layout"),
     "demo": ("clip_dcl.demo:main", "the whole job on synthetic data: data, training, evaluation, table"),

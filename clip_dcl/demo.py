@@ -15,6 +15,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 from pathlib import Path
@@ -24,27 +25,34 @@ from . import experiment as ex
 from .experiment.budgets import DEMO_BUDGET, DEMO_CLASSES, QUICK_BUDGET
 
 
+#: ``clip-dcl demo --help``'s first lines.
+DESCRIPTION = ("The whole job on the embedded synthetic data: synthetic caption shards and evaluation sets, "
+               "training of each objective with the same seed and budget, retrieval, zero-shot and few-shot "
+               "evaluation, one comparison table. It prints its elapsed time at the end and records it in "
+               "demo.json (\"minutes\"); a machine whose cores other work shares takes proportionally longer.")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="clip-dcl demo", allow_abbrev=False,
-                                description=__doc__.split("\n\n")[0].strip("`"),
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("--out", default="demo_out", help="folder for the data, the runs and the report")
-    p.add_argument("--quick", action="store_true", help="a tiny version for tests (about a minute)")
+    p = argparse.ArgumentParser(prog="clip-dcl demo", allow_abbrev=False, description=DESCRIPTION)
+    p.add_argument("--out", default="demo_out", help="folder for the data, the runs and the report (default demo_out)")
+    p.add_argument("--quick", action="store_true",
+                   help="a tiny version for a first look and for tests: small data, one short epoch, one few-shot "
+                        "seed (make demo DEMO_ARGS=--quick)")
     from .losses import LOSSES
 
     p.add_argument("--losses", nargs="+", default=["clip", "dcl", "decl"], choices=list(LOSSES),
                    help="objectives to train and compare (any registered loss; those beyond clip, dcl and decl "
-                        "with their own defaults)")
+                        "with their own defaults; default clip dcl decl)")
     p.add_argument("--epochs", type=int, default=None, help=f"training epochs (default {DEMO_BUDGET.epochs}; "
                                                             f"quick {QUICK_BUDGET.epochs})")
-    p.add_argument("--seed", type=int, default=0, help="training seed shared by every run")
+    p.add_argument("--seed", type=int, default=0, help="training seed shared by every run (default 0)")
     p.add_argument("--num-classes", type=int, default=DEMO_CLASSES,
-                   help="latent classes of the synthetic data (tau_plus = 1 / classes)")
+                   help=f"latent classes of the synthetic data, tau_plus = 1 / classes (default {DEMO_CLASSES})")
     p.add_argument("--fewshot-seeds", type=int, nargs="+", default=None,
                    help="k-shot draws of the few-shot probe (default 0 1 2; quick 0)")
     p.add_argument("--device", default="auto",
-                   help="where training and evaluation run: auto (a GPU when one is visible, else the CPU), "
-                        "cpu, cuda, cuda:1...")
+                   help="where training and evaluation run: auto (the default; a GPU when one is visible, else the "
+                        "CPU), cpu, cuda, cuda:1...")
     return p
 
 
@@ -72,7 +80,7 @@ def main(argv: Optional[List[str]] = None) -> int:
                           "epochs": args.epochs if args.epochs is not None else base.epochs})
     fewshot_seeds = args.fewshot_seeds or ([0] if args.quick else [0, 1, 2])
     out = Path(args.out)
-    start = time.perf_counter()
+    start, load_at_start = time.perf_counter(), _load_average()
 
     print(f"[demo] 1/4 synthetic data -> {out / 'data'} (training and evaluation on {device})", flush=True)
     data = ex.synth_data(out / "data", quick=args.quick, num_classes=args.num_classes)
@@ -98,11 +106,14 @@ def main(argv: Optional[List[str]] = None) -> int:
               f"{budget.epochs} epoch(s), batch {budget.batch_size}, seed {budget.seed}; "
               f"{minutes:.1f} min in all")
     report = ex.write_report(out, "demo", data=data, budget=budget, results=results, scores=scores, header=header,
-                             extra={"fewshot_seeds": fewshot_seeds, "minutes": minutes, "device": device})
+                             extra={"fewshot_seeds": fewshot_seeds, "minutes": minutes, "device": device,
+                                    "load_average": {"start": load_at_start, "end": _load_average()}})
     print("[demo] 4/4 comparison (percent; chance = a content-blind embedding)\n", flush=True)
     print(header + "\n")
     print(report["table"] + "\n")
     print(f"[demo] wrote {report['markdown']}, {report['json']}, {report['png']}", flush=True)
+    print(f"[demo] done: {minutes:.1f} minutes of wall-clock time in all (\"minutes\" in {report['json']})",
+          flush=True)
     return 0
 
 
@@ -116,6 +127,30 @@ def readme_block(doc: dict) -> str:
             f"time in all (training {trained} for {' / '.join(runs)}; times, not speed measurements: other jobs may "
             f"have shared the CPU). Its table, in percent, with the chance level of each metric:\n\n"
             f"{doc['table'].strip()}")
+
+
+def _load_average() -> Optional[float]:
+    """The machine's 1-minute load average (runnable processes, this one's included), None where the
+    system has none: beside the run's time, it says whether other work shared the cores."""
+    try:
+        return os.getloadavg()[0]
+    except (AttributeError, OSError):
+        return None
+
+
+def readme_time_block(doc: dict) -> str:
+    """The README's sentence on how long ``make demo`` takes, from a ``demo.json`` (the generated block
+    ``demo time``): the recorded run's minutes, machine and date (and the load average at its start and
+    end, where recorded), that busy cores take proportionally longer, and ``--quick``."""
+    load = doc.get("load_average") or {}
+    loads = (f" (1-minute load average {load['start']:.1f} at its start and {load['end']:.1f} at its end)"
+             if load.get("start") is not None and load.get("end") is not None else "")
+    return (f"The recorded run (`benchmarks/results/demo.json`) took {doc['minutes']:.1f} minutes of wall-clock "
+            f"time on {doc['machine']}, {doc['date']}{loads}, the set-up of `.venv` aside. Wall-clock time "
+            f"depends on what else runs: on cores that other work shares, the demo takes proportionally longer "
+            f"than on idle ones (times, not speed measurements). It prints its own time at the end. `make demo "
+            f"DEMO_ARGS=--quick` runs a tiny version (small data, one short epoch, one few-shot seed) for a first "
+            f"look.")
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -51,6 +51,9 @@ def test_the_recipe_trains_its_first_steps_on_synthetic_shards(shards, tmp_path,
         assert "'num_samples': 64" in log and "64 distinct samples, 64 distinct ids" in log
     if HAS_TENSORBOARD:
         assert list((run / "tensorboard").glob("events.out.tfevents.*"))
+    # without TAU_PLUS, dcl trains InfoNCE exactly, and the run says so in one line
+    said = [ln for ln in res.stderr.splitlines() if "InfoNCE exactly" in ln]
+    assert len(said) == (1 if loss == "dcl" else 0), said
 
 
 @pytest.mark.skipif(HAS_TENSORBOARD, reason="tensorboard is installed: the recipe's default logger works")

@@ -267,6 +267,35 @@ def test_export_refuses_a_non_empty_folder_without_force(tmp_path, capsys):
     assert (out / "notes.txt").exists()
 
 
+def test_load_checkpoint_returns_the_eval_model_openclips_preprocess_val_and_the_tokenizer(tmp_path):
+    """What the docs say it returns: OpenCLIP's factory gives (model, preprocess_train, preprocess_val);
+    load_checkpoint gives (model in eval mode, that preprocess_val, the tokenizer)."""
+    import open_clip
+
+    path, _, _, _ = _custom_checkpoint(tmp_path)
+    out = export(path, tmp_path / "exp")
+    model, preprocess, tokenizer = load_checkpoint(out)
+    _, train, val = open_clip.create_model_and_transforms(f"local-dir:{out}")
+    assert not model.training and repr(preprocess) == repr(val) != repr(train)
+    assert torch.equal(tokenizer(["a red square"]), open_clip.get_tokenizer(f"local-dir:{out}")(["a red square"]))
+
+
+@pytest.mark.parametrize("umask, mode", [(0o022, 0o644), (0o077, 0o600)])
+def test_exported_files_have_the_mode_the_umask_gives(tmp_path, umask, mode):
+    """A service running as another user reads an export made under umask 022 (safetensors alone
+    leaves its file 0600)."""
+    import stat
+
+    path, _, _, _ = _custom_checkpoint(tmp_path)
+    before = os.umask(umask)
+    try:
+        out = export(path, tmp_path / "exp")
+    finally:
+        os.umask(before)
+    assert {p.name: stat.S_IMODE(p.stat().st_mode) for p in out.iterdir()} == \
+        {CONFIG_NAME: mode, "open_clip_model.safetensors": mode}
+
+
 def test_openclip_checkpoint_of_a_custom_config_loads_from_params_txt(tmp_path):
     """OpenCLIP's own layout: logs/NAME/params.txt (model, model_config) and checkpoints/epoch_K.pt."""
     import open_clip

@@ -25,9 +25,11 @@ def test_identical_needs_the_same_data_losses_scores_and_flags():
 
 def test_logged_losses_are_read_as_written_and_the_digest_ignores_the_summary(tmp_path):
     log = tmp_path / "out.log"
-    log.write_text("x | Train Epoch: 1 Contrastive_loss: 0.5 (0.6) Loss: 0.50041 (0.60401)\n"
-                   "x | Train Epoch: 2 Loss: 0.40000 (0.55000) Term: loss1\n")
-    assert cc.logged_losses(log) == ["0.50041 (0.60401)", "0.40000 (0.55000)"]
+    log.write_text("x | Train Epoch: 1 Contrastive_loss: 0.50041 (0.60401) Loss: 0.50041 (0.60401)\n"
+                   "x | Train Epoch: 2 Loss: 0.40000 (0.55000) Term: loss1\n"
+                   "x | Train Epoch: 3 Decl_loss: 1.0000 (0.9000) Loss: 2.7726 (2.7726) Term: loss1\n")
+    # the optimised total: a term's column (decl's Loss is its InfoNCE value), else Loss
+    assert cc.logged_losses(log) == ["0.50041 (0.60401)", "0.40000 (0.55000)", "1.0000 (0.9000)"]
     (tmp_path / "summary.json").write_text("{\"seconds\": 1}")
     before = cc.data_digest(tmp_path)
     (tmp_path / "summary.json").write_text("{\"seconds\": 2}")

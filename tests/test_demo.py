@@ -111,6 +111,9 @@ def test_demo_quick_end_to_end(tmp_path):
     # progress was visible, and the table was printed
     assert "[demo] 2/4 training 3/3: decl" in proc.stdout and "| metric (%) | chance | clip | dcl | decl |" in proc.stdout
     doc = json.loads((out / "demo.json").read_text())
+    # its time, printed at the very end, is the one its JSON records
+    assert proc.stdout.strip().splitlines()[-1].startswith(f"[demo] done: {doc['minutes']:.1f} minutes of wall-clock")
+    assert 0 < doc["minutes"] < 30 and set(doc["load_average"]) == {"start", "end"}
     assert list(doc["runs"]) == ["clip", "dcl", "decl"]
     keys = list(doc["chance"])  # every scored metric with a chance level: retrieval, zero-shot, few-shot
     assert len(keys) >= 20 and any(k.startswith("fewshot/digits/") for k in keys)

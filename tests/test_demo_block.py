@@ -23,3 +23,25 @@ def test_the_demo_block_quotes_the_jsons_table_and_times(tmp_path):
     doc["minutes"] = 12.0
     (tmp_path / "benchmarks" / "results" / "demo.json").write_text(json.dumps(doc))
     assert quotes.render(q, root=tmp_path) != block
+
+
+def test_the_readmes_demo_time_is_the_jsons():
+    import re
+
+    from clip_dcl.experiment.quotes import ROOT, read_block
+
+    doc = json.loads((ROOT / "benchmarks" / "results" / "demo.json").read_text())
+    block = read_block((ROOT / "README.md").read_text(), "demo time")
+    minutes = float(re.search(r"took (\d+\.\d) minutes of wall-clock time on ", block).group(1))
+    assert minutes == round(doc["minutes"], 1) and doc["machine"] in block and doc["date"] in block
+    assert "proportionally longer" in block and "DEMO_ARGS=--quick" in block
+    # a run that records the load around it says so; one that does not (the committed one) is read without it
+    with_load = demo.readme_time_block({**doc, "minutes": 6.94, "load_average": {"start": 0.12, "end": 2.05}})
+    assert "took 6.9 minutes" in with_load and "load average 0.1 at its start and 2.0 at its end" in with_load
+    assert ("load average" in block) == ("load_average" in doc)
+
+
+def test_demo_help_reads_cleanly():
+    text = demo.build_parser().format_help()
+    assert "``" not in text and "(default: None)" not in text and "default 4; quick 1" in text
+    assert "proportionally longer" in text and "DEMO_ARGS=--quick" in text

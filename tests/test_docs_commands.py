@@ -8,16 +8,22 @@ through ``bash -euo pipefail``, python blocks through this interpreter, with ``c
 :data:`SUBSTITUTIONS`, and the files of :data:`PREPARED` are written.
 
 A block that cannot run here (GPUs, several nodes, Slurm, downloads, installs) has the marker
-``<!-- docs-test: skip (why) -->`` on the line before it; those are counted, not run. A ``text``
-block (output, a layout, a synopsis with placeholders) is neither. The structure checks run in the
-quick suite; running the blocks is marked slow.
+``<!-- docs-test: skip (why) -->`` on the line before it; those are counted, not run. A bash block
+of commands the docs say are refused has ``<!-- docs-test: refused -->``: each of its commands (a
+line, with the lines it continues with a backslash) runs on its own and must exit with code 2, saying why on stderr
+without a traceback. A ``text`` block (output, a layout, a synopsis with placeholders) is neither.
+The structure checks run in the quick suite; running the blocks is marked slow.
 """
 from __future__ import annotations
 
+import contextlib
+import io
 import os
 import re
+import shlex
 import subprocess
 import sys
+import traceback
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, List, Optional
@@ -43,9 +49,15 @@ SUBSTITUTIONS = [
     ("clip-dcl eval fewshot", "clip-dcl eval fewshot --grid reduced", "the few-shot probe's small sweep"),
 ]
 #: Files a page reads that no block makes, written by the test: path -> what is there.
-PREPARED = {"my_images/": "8 images of 64x64 pixels, each with its caption in a .txt of the same name"}
+PREPARED = {"my_images/": "8 images of 64x64 pixels, each with its caption in a .txt of the same name",
+            "diverged.pt": "a checkpoint of clip-dcl-tiny whose weights are NaN, as a diverged training leaves them",
+            "pickled.pt": "a checkpoint of clip-dcl-tiny that also holds an argparse.Namespace (full unpickling only)",
+            "truncated.pt": "the first half of pickled.pt's bytes, as an interrupted save leaves a file"}
 
 SKIP = re.compile(r"^<!-- docs-test: skip \((?P<why>[^)]+)\) -->$")
+REFUSED = "<!-- docs-test: refused -->"
+#: The exit code of every refusal (a bad flag, or data the command cannot use), in every ``clip-dcl`` command.
+REFUSED_EXIT = 2
 MARKER = re.compile(r"<!-- docs-test:")
 RUNNERS = {"bash": "bash", "python": "python"}
 NOT_RUN = {"text", "toml"}
@@ -59,9 +71,21 @@ class Block:
     lang: str
     code: str
     skip: Optional[str]  # the marker's reason, or None when the block runs
+    refused: bool = False  # each command of the block must be refused (exit code 2)
 
     def where(self) -> str:
         return f"{self.page}:{self.line}"
+
+    def commands(self) -> List[str]:
+        """The block's commands: its lines (one ending in a backslash joined to the next), less comments and blanks."""
+        out, held = [], ""
+        for line in self.code.split("\n"):
+            held += line.rstrip()[:-1] + " " if line.rstrip().endswith("\\") else line
+            if not line.rstrip().endswith("\\"):
+                if held.strip() and not held.strip().startswith("#"):
+                    out.append(held.strip())
+                held = ""
+        return out
 
 
 def blocks(page: str) -> List[Block]:
@@ -73,10 +97,10 @@ def blocks(page: str) -> List[Block]:
         line = lines[i].strip()
         if MARKER.search(line):
             m = SKIP.match(line)
-            if not m:
-                raise ValueError(f"{page}:{i + 1}: a docs-test marker must read `<!-- docs-test: skip (why) -->`, "
-                                 f"got {line!r}")
-            pending = (i + 1, m.group("why"))
+            if not m and line != REFUSED:
+                raise ValueError(f"{page}:{i + 1}: a docs-test marker must read `<!-- docs-test: skip (why) -->` or "
+                                 f"`{REFUSED}`, got {line!r}")
+            pending = (i + 1, m.group("why") if m else REFUSED)
         elif line.startswith("```"):
             lang, start = line[3:].strip(), i
             i += 1
@@ -84,7 +108,11 @@ def blocks(page: str) -> List[Block]:
                 i += 1
             if i == len(lines):
                 raise ValueError(f"{page}:{start + 1}: a fence that is never closed")
-            out.append(Block(page, start + 1, lang, "\n".join(lines[start + 1:i]), pending and pending[1]))
+            refused = bool(pending) and pending[1] == REFUSED
+            if refused and lang != "bash":
+                raise ValueError(f"{page}:{start + 1}: {REFUSED} marks a bash block, not {lang or 'no language'}")
+            out.append(Block(page, start + 1, lang, "\n".join(lines[start + 1:i]),
+                             None if refused else pending and pending[1], refused))
             pending = None
         elif line and pending:
             raise ValueError(f"{page}:{pending[0]}: a docs-test marker followed by text, not by a code block")
@@ -117,10 +145,13 @@ def test_every_block_is_run_marked_or_text_and_the_skipped_ones_are_counted():
     outside_code = [re.sub(r"^```.*?^```$", "", (ROOT / page).read_text(), flags=re.S | re.M) for page in PAGES]
     markers = sum(1 for text in outside_code for line in text.split("\n") if SKIP.match(line.strip()))
     assert len(skipped) == markers  # each marker is on one block
+    refusing = [b for b in every if b.refused]
+    assert len(refusing) == sum(1 for text in outside_code for line in text.split("\n") if line.strip() == REFUSED)
+    assert all(b.commands() for b in refusing), "a refused block without a command"
     runs = [b for b in every if runnable(b)]
     readme = [b for b in runs if b.page == "README.md"]
     assert len(readme) >= 6, "the README's quickstart: data, shards from one's images, train, eval, export, load"
-    print(f"{len(runs)} blocks run, {len(skipped)} skipped: "
+    print(f"{len(runs)} blocks run ({len(refusing)} of refused commands), {len(skipped)} skipped: "
           + "; ".join(f"{b.where()} ({b.skip})" for b in skipped))
 
 
@@ -130,6 +161,12 @@ def test_every_substitution_changes_some_block():
     assert not unused, f"substitutions that match no documented command any more: {unused}"
 
 
+def test_the_readmes_load_snippet_scores_with_the_models_own_scale():
+    """A model's learned scale (about 14 for clip-dcl-tiny) and a hard-coded 100 give other probabilities."""
+    (snippet,) = [b.code for b in blocks("README.md") if b.lang == "python" and "load_checkpoint(" in b.code]
+    assert "model.logit_scale.exp() * image_features @ text_features.T" in snippet and "100 *" not in snippet
+
+
 def test_the_parser_reads_markers_and_refuses_a_stray_one(tmp_path, monkeypatch):
     monkeypatch.setattr(sys.modules[__name__], "ROOT", tmp_path)
     (tmp_path / "a.md").write_text("x\n<!-- docs-test: skip (needs GPUs) -->\n\n```bash\nnvidia-smi\n```\n"
@@ -137,7 +174,13 @@ def test_the_parser_reads_markers_and_refuses_a_stray_one(tmp_path, monkeypatch)
     got = blocks("a.md")
     assert [(b.line, b.lang, b.code, b.skip) for b in got] == [(4, "bash", "nvidia-smi", "needs GPUs"),
                                                               (7, "python", "print(1)", None)]
+    (tmp_path / "c.md").write_text("<!-- docs-test: refused -->\n```bash\n# why\nclip-dcl a \\\n    --b  # c\n\n"
+                                   "clip-dcl d\n```\n")
+    (refused,) = blocks("c.md")
+    assert refused.refused and refused.skip is None and runnable(refused)
+    assert refused.commands() == ["clip-dcl a      --b  # c", "clip-dcl d"]
     for bad in ("<!-- docs-test: skip -->\n```bash\nx\n```\n",
+                "<!-- docs-test: refused -->\n```python\nx\n```\n",
                 "<!-- docs-test: skip (why) -->\nprose\n```bash\nx\n```\n",
                 "```bash\nnever closed\n",
                 "<!-- docs-test: skip (why) -->\n"):
@@ -158,6 +201,22 @@ def prepare(work: Path) -> Dict[str, str]:
     for i, (colour, shape) in enumerate([(c, s) for c in ("red", "blue", "green", "yellow") for s in ("a", "b")]):
         Image.new("RGB", (64, 64), colour).save(images / f"{i:03d}.jpg")
         (images / f"{i:03d}.txt").write_text(f"a {colour} picture, version {shape}\n")
+    import argparse
+
+    import open_clip
+    import torch
+
+    from clip_dcl.models import register_builtin_configs
+
+    register_builtin_configs()
+    weights = open_clip.create_model("clip-dcl-tiny").state_dict()
+    torch.save({"state_dict": {k: torch.full_like(v, float("nan")) if v.is_floating_point() else v
+                               for k, v in weights.items()}, "clip_dcl": {"model": "clip-dcl-tiny"}},
+               work / "diverged.pt")
+    torch.save({"state_dict": weights, "clip_dcl": {"model": "clip-dcl-tiny"},
+                "args": argparse.Namespace(model="clip-dcl-tiny")}, work / "pickled.pt")
+    whole = (work / "pickled.pt").read_bytes()
+    (work / "truncated.pt").write_bytes(whole[:len(whole) // 2])
     shims = work / ".bin"
     shims.mkdir()
     for name, target in (("clip-dcl", f'"{sys.executable}" -m clip_dcl.cli "$@"'),
@@ -169,7 +228,45 @@ def prepare(work: Path) -> Dict[str, str]:
             "CUDA_VISIBLE_DEVICES": "", "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
 
 
+def refused(command: str, work: Path, env: Dict[str, str]) -> subprocess.CompletedProcess:
+    """One command of a refused block. A plain ``clip-dcl ...`` line runs in this process (``clip_dcl.cli.main``
+    in ``work``, its output captured; a refusal comes before any work, so the interpreter's start-up would be
+    most of its time); any other line through bash."""
+    argv = shlex.split(substituted(command), comments=True)
+    if argv[:1] != ["clip-dcl"] or any(c in command for c in "$|;&<>`"):
+        return subprocess.run(["bash", "-uo", "pipefail", "-c", substituted(command)], cwd=work, env=env,
+                              capture_output=True, text=True, timeout=TIMEOUT)
+    from clip_dcl.cli import main
+
+    out, err, here = io.StringIO(), io.StringIO(), os.getcwd()
+    try:
+        os.chdir(work)
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            try:
+                code = main(argv[1:])
+            except SystemExit as e:  # argparse's refusals
+                code = e.code if isinstance(e.code, int) else 1
+            except Exception:  # noqa: BLE001  (a refusal never raises: the traceback is the failure)
+                err.write(traceback.format_exc())
+                code = 1
+    finally:
+        os.chdir(here)
+    return subprocess.CompletedProcess(argv, code, out.getvalue(), err.getvalue())
+
+
 def run_block(block: Block, work: Path, env: Dict[str, str]) -> subprocess.CompletedProcess:
+    """The block run as a script; a refused block's commands one by one: a failure (exit code 1) for the
+    first that is not refused as documented (exit code 2, a reason on stderr, no traceback), else 0."""
+    if block.refused:
+        reasons = []
+        for command in block.commands():
+            res = refused(command, work, env)
+            if res.returncode != REFUSED_EXIT or not res.stderr.strip() or "Traceback" in res.stderr:
+                return subprocess.CompletedProcess(res.args, 1, res.stdout,
+                                                   f"not refused as documented (exit code {res.returncode}, expected "
+                                                   f"{REFUSED_EXIT} and a reason): {command}\n{res.stderr}")
+            reasons.append(res.stderr)
+        return subprocess.CompletedProcess(block.commands(), 0, "", "".join(reasons))
     code = substituted(block.code)
     argv = ["bash", "-euo", "pipefail", "-c", code] if block.lang == "bash" else [sys.executable, "-c", code]
     return subprocess.run(argv, cwd=work, env=env, capture_output=True, text=True, timeout=TIMEOUT)

@@ -1,8 +1,9 @@
 """CLIP_benchmark's path from one's own data: ``clip-dcl data benchmark`` writes synth's shards and
 zero-shot tree in its webdataset layout, ``eval benchmark --task auto`` tells retrieval from
 classification (synth's ``val/`` folder included), result names from relative paths carry no
-``..``, ``:`` or ``__``, ``--task linear_probe`` runs the few-shot probe, and ``clip-dcl --help``
-lists every eval subcommand."""
+``..``, ``:`` or ``__``, ``--task linear_probe`` runs the few-shot probe, class names are tied to
+the folders (``data benchmark`` and ``eval benchmark``, checked before any model loads), and
+``clip-dcl --help`` lists every eval subcommand."""
 from __future__ import annotations
 
 import json
@@ -113,3 +114,45 @@ def test_clip_dcl_help_lists_every_eval_subcommand(capsys):
     subcommands = build_parser()._subparsers._group_actions[0].choices
     assert list(subcommands) == ["retrieval", "zeroshot", "fewshot", "benchmark"]
     assert line.split(": ", 1)[1].split(" | ") == list(subcommands)
+
+
+def _two_class_tree(synth, tree):
+    """``tree/blue`` and ``tree/red``, one of synth's zero-shot images in each."""
+    image = next((synth / "syn" / "zeroshot").glob("*/*.jpg")).read_bytes()
+    for folder in ("blue", "red"):
+        (tree / folder).mkdir(parents=True)
+        (tree / folder / "0.jpg").write_bytes(image)
+    return tree
+
+
+def test_data_benchmark_ties_class_names_to_the_folders(synth, tmp_path):
+    from clip_dcl.data.evalsets import read_benchmark_shards
+
+    tree = _two_class_tree(synth, tmp_path / "tree")
+    (tree / "classnames.txt").write_text("red\nblue\n")  # the user's order, not the folders'
+    with pytest.raises(SystemExit):
+        clip_dcl_main(["data", "benchmark", str(tree), str(tmp_path / "out")])
+    assert not (tmp_path / "out").exists()  # refused before anything is written
+    (tree / "classnames.txt").unlink()
+    (tree / "classnames.json").write_text(json.dumps({"red": "a red thing", "blue": "a blue thing"}))
+    assert clip_dcl_main(["data", "benchmark", str(tree), str(tmp_path / "out")]) == 0
+    assert read_benchmark_shards(tmp_path / "out").classnames == ["a blue thing", "a red thing"]  # label order
+
+
+def test_benchmark_reads_every_data_set_before_any_model_loads(synth, tmp_path, monkeypatch, capsys):
+    from clip_dcl.eval import benchmark
+
+    def no_model(*args, **kwargs):
+        raise AssertionError("a model was loaded")
+
+    monkeypatch.setattr(benchmark, "load_benchmark_model", no_model)
+    # linear_probe on a zero-shot tree, not a few-shot data set folder
+    assert eval_main(["benchmark", "--task", "linear_probe", "--dataset", str(synth / "syn" / "zeroshot"),
+                      "--model", MODEL, "--pretrained", "none", "--quiet"]) == 2
+    assert "is not a few-shot data set folder" in capsys.readouterr().err
+    # zero-shot class names in another order than the folders, as the second data set of the grid
+    tree = _two_class_tree(synth, tmp_path / "tree")
+    (tree / "classnames.txt").write_text("red\nblue\n")
+    assert eval_main(["benchmark", "--task", "zeroshot_classification", "--dataset", str(synth / "syn" / "zeroshot"),
+                      str(tree), "--model", MODEL, "--pretrained", "none", "--quiet"]) == 2
+    assert "not in sorted folder order: line 1, 'red'" in capsys.readouterr().err

@@ -45,12 +45,42 @@ def test_imagenet_names_for_synset_folders_and_errors(tmp_path):
     synsets = [f"n{i:08d}" for i in range(1000)]
     names, source = resolve_classnames(tmp_path, synsets)
     assert names == list(IMAGENET_CLASSNAMES) and "IMAGENET_CLASSNAMES" in source
-    with pytest.raises(ValueError, match="no class names"):
-        resolve_classnames(tmp_path, ["cat", "dog"])
+    # OpenCLIP's own list written out for the synset folders is their standard order: accepted
+    (tmp_path / "classnames.txt").write_text("\n".join(IMAGENET_CLASSNAMES) + "\n")
+    assert resolve_classnames(tmp_path, synsets)[0] == list(IMAGENET_CLASSNAMES)
+    # no class-name file and no synsets: the folder names, as `clip-dcl data benchmark` takes them
+    assert resolve_classnames(tmp_path / "none", ["cat", "dog"]) == (["cat", "dog"], "the folder names")
     (tmp_path / "classnames.txt").write_text("cat\n")
     with pytest.raises(ValueError, match=r"classnames.txt count 1, but .* has 2 class folders"):
         resolve_classnames(tmp_path, ["cat", "dog"])
-    assert resolve_classnames(tmp_path, ["a"], ["x"]) == (["x"], "argument")
+    assert resolve_classnames(tmp_path, ["a_x"], ["x"]) == (["x"], "argument")
+
+
+def test_a_name_list_must_name_each_folder_in_sorted_order(tmp_path):
+    folders = ["003_big_circle", "golden_retriever", "tabby"]
+    assert resolve_classnames(tmp_path, folders, ["big circle", "Golden Retriever", "tabby"])[0][1] == \
+        "Golden Retriever"
+    # the user's own order: refused, naming the line, the folder it names and the folder of that label
+    with pytest.raises(ValueError, match=r"not in sorted folder order: line 1, 'tabby', names folder 'tabby', but "
+                                         r"label 0 is folder '003_big_circle'.*classnames.json"):
+        resolve_classnames(tmp_path, folders, ["tabby", "big circle", "golden retriever"])
+    # names that are not the folders' (synset ids, numbers): their order cannot be checked
+    with pytest.raises(ValueError, match=r"line 1, 'tench', does not name folder 'n01440764' .*cannot be checked.*"
+                                         r"classnames.json.*\{\"n01440764\": \"...\""):
+        resolve_classnames(tmp_path, ["n01440764", "n01443537"], ["tench", "goldfish"])
+
+
+def test_a_folder_to_name_mapping_in_any_order(tmp_path):
+    folders = ["n01440764", "n01443537"]
+    (tmp_path / "classnames.json").write_text(json.dumps({"n01443537": "goldfish", "n01440764": "tench"}))
+    assert resolve_classnames(tmp_path, folders) == (["tench", "goldfish"], str(tmp_path / "classnames.json"))
+    assert resolve_classnames(tmp_path, folders, {"n01443537": "b", "n01440764": "a"})[0] == ["a", "b"]
+    with pytest.raises(ValueError, match=r"no name for the folder\(s\) \['n01443537'\]; names for \['n9'\] that"):
+        resolve_classnames(tmp_path, folders, {"n01440764": "tench", "n9": "x"})
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"n01440764": 3}')
+    with pytest.raises(ValueError, match="must hold a JSON object mapping each class folder to its name"):
+        resolve_classnames(tmp_path, folders, bad)
 
 
 def _colour_tree(root, names, per_class=3):
@@ -68,10 +98,41 @@ def test_evaluate_zeroshot_uses_folder_order_for_names(tmp_path):
     m, info = evaluate_zeroshot(ToyCLIP(), to_tensor, ToyTokenizer(), root, progress=False, return_info=True)
     assert m["top1"] == 1.0 and m["mean_per_class_recall"] == 1.0 and math.isnan(m["top5"])
     assert info["num_images"] == 12 and info["num_templates"] == 2
-    # Names in the wrong order: blue<->green swapped, those two classes are now always wrong.
+    # Names in another order (blue<->green swapped) would score those two classes always wrong: refused.
     swapped = ["green", "blue", "red", "yellow"]
-    m = evaluate_zeroshot(ToyCLIP(), to_tensor, ToyTokenizer(), root, classnames=swapped, progress=False)
-    assert m["top1"] == pytest.approx(0.5) and m["mean_per_class_recall"] == pytest.approx(0.5)
+    with pytest.raises(ValueError, match="not in sorted folder order: line 1, 'green', names folder 'green_folder'"):
+        evaluate_zeroshot(ToyCLIP(), to_tensor, ToyTokenizer(), root, classnames=swapped, progress=False)
+    # The same names as a mapping, written in that order: each folder gets its own name.
+    mapping = {f"{c}_folder": c for c in swapped}
+    mapped = evaluate_zeroshot(ToyCLIP(), to_tensor, ToyTokenizer(), root, classnames=mapping, progress=False)
+    assert mapped["top1"] == mapped["mean_per_class_recall"] == 1.0
+    # Without any class-name file the folder names are the names.
+    plain = tmp_path / "plain"
+    plain.mkdir()
+    for c in names:
+        (root / f"{c}_folder").rename(plain / c)
+    m2, info = evaluate_zeroshot(ToyCLIP(), to_tensor, ToyTokenizer(), plain, progress=False, return_info=True)
+    assert info["classnames"] == names and info["classnames_source"] == "the folder names"
+    assert m2["top1"] == 1.0
+
+
+def test_cli_refuses_misaligned_names_before_the_model_loads(tmp_path, monkeypatch, capsys):
+    from clip_dcl.eval import cli
+
+    names = ["blue", "green", "red"]
+    root = _colour_tree(tmp_path / "zs", names, per_class=1)
+    (root / "classnames.txt").write_text("red\nblue\ngreen\n")  # the user's own order
+
+    def no_model(args):
+        raise AssertionError("the model was loaded")
+
+    monkeypatch.setattr(cli, "_load_model", no_model)
+    assert cli.main(["zeroshot", "--model", "clip-dcl-tiny", "--data", str(root), "--no-progress"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("clip-dcl eval zeroshot: class names from ") and "line 1, 'red', names folder " \
+        "'red_folder', but label 0 is folder 'blue_folder'" in err and len(err.splitlines()) == 1
+    assert cli.main(["zeroshot", "--model", "clip-dcl-tiny", "--data", str(tmp_path / "nothing")]) == 2
+    assert "is in neither layout" in capsys.readouterr().err
 
 
 def test_zeroshot_cli_with_tiny_model(tmp_path):
@@ -79,7 +140,7 @@ def test_zeroshot_cli_with_tiny_model(tmp_path):
 
     names = ["blue", "green", "red", "yellow", "purple", "cyan"]
     root = _colour_tree(tmp_path / "zs", names, per_class=2)
-    (root / "classnames.txt").write_text("\n".join(names) + "\n")
+    (root / "classnames.txt").write_text("\n".join(sorted(names)) + "\n")  # label order: the sorted folders
     (root / "templates.txt").write_text("a photo of a {c} thing.\n")
     out = tmp_path / "z.json"
     assert main(["zeroshot", "--model", "clip-dcl-tiny", "--data", str(root), "--output", str(out),

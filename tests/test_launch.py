@@ -105,6 +105,17 @@ def test_cc3m_recipe_is_the_papers_openclip_run_and_parses(loss, launcher):
         assert cfg.loss_args["tau_plus"] == 0.0 and "--tau-plus" not in out.stdout
 
 
+def test_cc3m_recipe_passes_tau_plus_to_dcl_and_says_where_dcl_is_infonce():
+    from clip_dcl.train.flags import parse_train_args
+
+    out = dry_run("cc3m_rn50x4.sh", LOSS="dcl", TAU_PLUS="0.05", CC3M_TRAIN="/data/cc3m")
+    assert parse_train_args(training_args(out.stdout), check_files=False).loss_args["tau_plus"] == 0.05
+    header = (LAUNCH / "cc3m_rn50x4.sh").read_text().split("\nset -euo")[0]
+    # Table 5 is clip and decl; dcl without TAU_PLUS is named for what it trains
+    assert "for loss in clip decl;" in header and "for loss in clip dcl decl" not in header
+    assert "Without TAU_PLUS it passes no prior" in header and "InfoNCE exactly" in header
+
+
 def test_cc3m_recipe_rejects_an_unknown_loss_and_missing_data():
     assert dry_run("cc3m_rn50x4.sh", LOSS="simclr", CC3M_TRAIN="/d").returncode == 2
     assert "CC3M_TRAIN" in dry_run("cc3m_rn50x4.sh", LOSS="dcl").stderr

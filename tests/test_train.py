@@ -381,7 +381,7 @@ def visited(loss_state):
     ("clip", [], ["Contrastive_loss:"]),
     ("dcl", ["--tau-plus", "0.1"], ["Dcl_loss:", "Clamp_rate:"]),
     ("decl", ["--decl-rate", "index", "--workers", "2"],
-     ["Decl_loss:", "Term: ", "Lambda_t:", "Loss2:", "Mean_log_rate:", "Clamp_rate:"]),
+     ["Decl_loss:", "Term: ", "Lambda_t:", "Mean_log_rate:", "Weight_max:"]),
 ])
 def test_one_epoch_writes_checkpoint_with_loss_state_and_logs_terms(tmp_path, loss, flags, terms):
     import open_clip

@@ -124,7 +124,9 @@ def _add_benchmark_parser(subparsers) -> None:
     p.add_argument("--split", default="test", help="split folder to write (default test)")
     p.add_argument("--shard-size", type=int, default=1000, help="samples per shard (default 1000)")
     p.add_argument("--classnames", default=None,
-                   help="classification: class-name file (default: SOURCE/classnames.txt, else the folder names)")
+                   help="classification: class-name file, JSON {\"folder\": \"name\", ...} or one name a line in "
+                        "sorted folder order, each line naming its folder (default: SOURCE/classnames.json or "
+                        "SOURCE/classnames.txt, else ImageNet's names for its synset folders, else the folder names)")
     p.add_argument("--templates", default=None,
                    help="classification: template file (default: SOURCE/templates.txt when present)")
     p.set_defaults(func=_run_benchmark, parser=p)

@@ -415,6 +415,14 @@ def run_benchmark(
                                  fewshot_grid=fewshot_grid, custom_classname_file=custom_classname_file,
                                  custom_template_file=custom_template_file, dump_classnames=dump_classnames,
                                  dump_templates=dump_templates)
+    checked = set()  # every data set's data read as far as it can be without a model, before the first one loads
+    for run in runs:
+        evaluation = benchmark_task(run.task)
+        if (run.dataset, run.task) in checked or evaluation.benchmark_check is None or \
+                (skip_existing and run.output.exists()):
+            continue
+        evaluation.benchmark_check(run, settings)
+        checked.add((run.dataset, run.task))
     loaded_key, loaded = None, None
     for run in runs:
         if skip_existing and run.output.exists():

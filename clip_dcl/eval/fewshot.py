@@ -454,15 +454,20 @@ def _benchmark_documents(result: TaskResult, model_info: dict, args, precision: 
     return docs
 
 
+def _benchmark_check(run, settings) -> None:
+    """``--task linear_probe`` needs a few-shot data set folder: checked before any model loads."""
+    from ..data.evalsets.fewshot import fewshot_layout
+
+    if not run.root.is_dir() or fewshot_layout(run.root) is None:
+        raise ValueError(f"--task linear_probe: data set {run.dataset!r} ({str(run.root)!r}) is not a few-shot data "
+                         f"set folder; expected {FEWSHOT_LAYOUTS[1]}")
+
+
 def _benchmark_run(model, preprocess, tokenizer, run, settings):
     """CLIP_benchmark's ``--task linear_probe``, run as ELEVATER's few-shot probe on one data set
     folder (``--dataset``) with ``--fewshot_k`` shots and the ``--seed`` draw."""
-    from ..data.evalsets.fewshot import fewshot_layout
-
+    _benchmark_check(run, settings)
     folder = run.root
-    if not folder.is_dir() or fewshot_layout(folder) is None:
-        raise ValueError(f"--task linear_probe: data set {run.dataset!r} ({str(folder)!r}) is not a few-shot data set "
-                         f"folder; expected {FEWSHOT_LAYOUTS[1]}")
     name = folder.resolve().name
     report = run_fewshot(model, preprocess, tokenizer, folder.resolve().parent, datasets=[name],
                          shots=settings.fewshot_k, seeds=[settings.seed], grid=settings.fewshot_grid,
@@ -484,4 +489,5 @@ register_task(EvalTask(
     benchmark_name="linear_probe",
     benchmark_documents=_benchmark_documents,
     benchmark_run=_benchmark_run,
+    benchmark_check=_benchmark_check,
 ))

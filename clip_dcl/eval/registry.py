@@ -68,6 +68,9 @@ class EvalTask:
     - ``benchmark_run(model, preprocess, tokenizer, run, settings) -> (metrics, extra)``: the task
       under ``clip-dcl eval benchmark`` (``run`` a :class:`clip_dcl.eval.benchmark.BenchmarkRun`,
       ``settings`` the parsed CLIP_benchmark settings); ``extra`` is added to the result file.
+    - ``benchmark_check(run, settings)``: reads what ``benchmark_run`` will read of a run's data
+      (its layout, class names) and raises ``ValueError`` naming what does not fit; ``clip-dcl eval
+      benchmark`` calls it for every run before the first model loads.
     """
 
     name: str
@@ -82,6 +85,7 @@ class EvalTask:
     benchmark_metrics: Callable[[dict], dict] | None = None
     benchmark_documents: Callable | None = None
     benchmark_run: Callable | None = None
+    benchmark_check: Callable | None = None
 
     def __post_init__(self):
         if not self.name or not self.name.replace("_", "").replace("-", "").isalnum():

@@ -12,9 +12,14 @@ Multi-label data (CLIP_benchmark's ``dataset_type.txt`` = ``multilabel`` with ``
 labels, e.g. VOC 2007; or a dataset whose labels are multi-hot vectors): CLIP_benchmark's
 ``mean_average_precision`` (:func:`clip_dcl.eval.metrics.mean_average_precision`).
 
-Class names: an explicit list or file, else the data's own (CLIP_benchmark's ``classnames.txt``,
-``ROOT/classnames.txt`` of a tree, a dataset's ``classes`` attribute), else, when every folder is
-an ImageNet synset (``n01440764``...), OpenCLIP's ``IMAGENET_CLASSNAMES`` in sorted-synset order.
+Class names of an ImageFolder tree are tied to its folders, so that they cannot be misaligned with
+the labels (the sorted folders) without an error: an explicit ``{folder: name}`` mapping, list or file
+(``--classnames``), else ``ROOT/classnames.json`` (a mapping), else ``ROOT/classnames.txt`` (one name a
+line, each line naming its folder: ``golden retriever`` for ``golden_retriever``), else OpenCLIP's
+``IMAGENET_CLASSNAMES`` for the 1000 ImageNet synset folders (``n01440764``...), else the folder
+names, as ``clip-dcl data benchmark`` writes them (:func:`clip_dcl.data.evalsets.folder_classnames`).
+CLIP_benchmark's shards and a Dataset label by number: a list (its ``classnames.txt``, a dataset's
+``classes`` attribute) in label order.
 Templates: an explicit list, per-class dict (CuPL) or file, else the data's own
 (``zeroshot_classification_templates.txt``, ``ROOT/templates.txt``, a dataset's ``templates``),
 else OpenCLIP's ``OPENAI_IMAGENET_TEMPLATES`` (80 generic photo prompts).
@@ -23,14 +28,15 @@ from __future__ import annotations
 
 import logging
 import os
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Sequence
 
 import torch
 
 from ..data.evalsets.benchmark import benchmark_layout_root, classification_wds, read_benchmark_shards
-from ..data.evalsets.files import ImageListDataset, ImageSource, describe_folder, read_classnames, read_templates
-from ..data.evalsets.folders import imagenet_classnames_for, is_imagenet_synsets, scan_image_folder
+from ..data.evalsets.files import ImageListDataset, ImageSource, describe_folder, read_templates
+from ..data.evalsets.folders import folder_classnames, load_classnames, scan_image_folder
 from ..data.evalsets.skips import Skip, SkipCounter
 from .encoding import (
     EvalOptions,
@@ -54,23 +60,10 @@ ZEROSHOT_LAYOUTS = ("an ImageFolder tree ROOT/<class>/<image> (ImageNet's synset
 
 
 def resolve_classnames(root: str | os.PathLike, folders: Sequence[str],
-                       classnames: Sequence[str] | str | os.PathLike | None = None) -> tuple[list[str], str]:
-    """(class names in label order, where they came from) for the class folders of ``root``."""
-    if classnames is not None:
-        if isinstance(classnames, (str, os.PathLike)):
-            names, source = read_classnames(classnames), str(classnames)
-        else:
-            names, source = list(classnames), "argument"
-    elif (Path(root) / "classnames.txt").is_file():
-        names, source = read_classnames(Path(root) / "classnames.txt"), str(Path(root) / "classnames.txt")
-    elif is_imagenet_synsets(folders):
-        names, source = imagenet_classnames_for(folders), "open_clip IMAGENET_CLASSNAMES"
-    else:
-        raise ValueError(f"no class names for {str(root)!r}: write classnames.txt (one name per line, in sorted "
-                         f"folder order) or pass classnames")
-    if len(names) != len(folders):
-        raise ValueError(f"class names from {source} count {len(names)}, but {str(root)!r} has {len(folders)} class folders")
-    return names, source
+                       classnames: Sequence[str] | dict | str | os.PathLike | None = None) -> tuple[list[str], str]:
+    """(class names in label order, where they came from) for the sorted class folders of ``root``:
+    :func:`clip_dcl.data.evalsets.folder_classnames` (each name tied to its folder, or refused)."""
+    return folder_classnames(root, folders, classnames)
 
 
 def resolve_templates(root: str | os.PathLike | None, templates=None, own=None, own_source: str = "") -> tuple:
@@ -150,6 +143,62 @@ def _dataset_attr(data, name):
     return getattr(ds, name, None)
 
 
+@dataclass
+class ZeroshotData:
+    """What a zero-shot evaluation reads, resolved before any model is needed (:func:`zeroshot_data`)."""
+
+    layout: str  #: ``imagefolder``, ``clip_benchmark`` or ``dataset``
+    classnames: list
+    classnames_source: str
+    templates: object
+    templates_source: str
+    multilabel: bool | None = None
+    samples: list | None = None  #: an ImageFolder tree's ``(path, label)``
+    bench: object | None = None  #: CLIP_benchmark's shards (:class:`~clip_dcl.data.evalsets.BenchmarkShards`)
+
+
+def zeroshot_data(root, classnames=None, templates=None, split: str = "test",
+                  multilabel: bool | None = None) -> ZeroshotData:
+    """The layout, class names (in label order) and templates of the zero-shot data ``root`` (the
+    arguments of :func:`evaluate_zeroshot`), read without the model, so that a folder in no layout,
+    class names that do not fit the folders, or a template file that does not parse are a
+    ``ValueError`` naming them before the model loads (``clip-dcl eval zeroshot`` calls it first)."""
+    from torch.utils.data import DataLoader, Dataset
+
+    if isinstance(root, (Dataset, DataLoader)):
+        own = classnames if classnames is not None else _dataset_attr(root, "classes")
+        if own is None:
+            raise ValueError("a Dataset/DataLoader needs classnames (or a `classes` attribute)")
+        source = str(own) if isinstance(own, (str, os.PathLike)) else \
+            ("argument" if classnames is not None else "dataset.classes")
+        tmpls, tmpl_source = resolve_templates(None, templates, _dataset_attr(root, "templates"), "dataset.templates")
+        return ZeroshotData("dataset", _names_of(own), source, tmpls, tmpl_source, multilabel)
+    if benchmark_layout_root(root, split) is not None:
+        bench = read_benchmark_shards(root, split)
+        if bench.dataset_type == "retrieval":
+            raise ValueError(f"{str(bench.root)!r} is a retrieval data set (dataset_type.txt); use the retrieval "
+                             f"evaluation")
+        if classnames is not None:
+            names = _names_of(classnames)
+            source = str(classnames) if isinstance(classnames, (str, os.PathLike)) else "argument"
+        elif bench.classnames is not None:
+            names, source = bench.classnames, str(bench.root / "classnames.txt")
+        else:
+            raise ValueError(f"no class names for {str(bench.root)!r}: classnames.txt is missing; pass classnames")
+        tmpls, tmpl_source = resolve_templates(None, templates, bench.templates,
+                                               str(bench.root / "zeroshot_classification_templates.txt"))
+        if multilabel is None:
+            multilabel = bench.dataset_type == "multilabel"
+        return ZeroshotData("clip_benchmark", names, source, tmpls, tmpl_source, multilabel, bench=bench)
+    if Path(root).is_dir() and any(p.is_dir() for p in Path(root).iterdir()):
+        folders, samples = scan_image_folder(root)
+        names, source = resolve_classnames(root, folders, classnames)
+        tmpls, tmpl_source = resolve_templates(root, templates)
+        return ZeroshotData("imagefolder", names, source, tmpls, tmpl_source, multilabel, samples=samples)
+    raise ValueError(f"zero-shot data {str(root)!r} is in neither layout: expected {ZEROSHOT_LAYOUTS[0]}, or "
+                     f"{ZEROSHOT_LAYOUTS[1]}; found {describe_folder(root)}")
+
+
 def evaluate_zeroshot(
     model,
     preprocess: Callable,
@@ -175,7 +224,8 @@ def evaluate_zeroshot(
             order), a data set in CLIP_benchmark's webdataset layout (its root or split folder), or a
             ``torch.utils.data.Dataset`` / ``DataLoader`` of ``(image tensor, label)`` (label an int,
             or a multi-hot vector for multi-label data).
-        classnames: names, or a file of names; see the module docstring for the defaults.
+        classnames: a ``{folder: name}`` mapping (ImageFolder trees), names in label order, or a file of
+            either; see the module docstring for the defaults and checks.
         templates: prompt strings with ``{c}``, callables, a CuPL dict ``name -> [prompts]``, or a
             file (text, one a line; or JSON); defaults as above.
         options: an :class:`~clip_dcl.eval.encoding.EvalOptions`: batch size, device, workers,
@@ -197,53 +247,23 @@ def evaluate_zeroshot(
         ``{"top1", "top5", "mean_per_class_recall", "acc1", "acc5"}`` (fractions), or
         ``{"mean_average_precision"}`` for multi-label data; and the info dict if asked.
     """
-    from torch.utils.data import DataLoader, Dataset
-
     options = EvalOptions.from_kwargs(options, **kwargs)
     batch_size, workers = options.batch_size, options.workers
     skips = SkipCounter(options.strict) if skips is None else skips
-    if isinstance(root, (Dataset, DataLoader)):
-        layout = "dataset"
-        own = classnames if classnames is not None else _dataset_attr(root, "classes")
-        if own is None:
-            raise ValueError("a Dataset/DataLoader needs classnames (or a `classes` attribute)")
-        names = _names_of(own)
-        names_source = str(own) if isinstance(own, (str, os.PathLike)) else \
-            ("argument" if classnames is not None else "dataset.classes")
-        tmpls, tmpl_source = resolve_templates(None, templates, _dataset_attr(root, "templates"), "dataset.templates")
+    data = zeroshot_data(root, classnames, templates, split=split, multilabel=multilabel)
+    names, tmpls, multilabel = data.classnames, data.templates, data.multilabel
+    log.info("zero-shot: %d classes (names: %s), %d templates (%s)", len(names), data.classnames_source,
+             len(tmpls), data.templates_source)
+    batches = samples = None
+    if data.layout == "dataset":
         batches = labelled_batches(root, batch_size, workers)
-    elif benchmark_layout_root(root, split) is not None:
-        layout = "clip_benchmark"
-        bench = read_benchmark_shards(root, split)
-        if bench.dataset_type == "retrieval":
-            raise ValueError(f"{str(bench.root)!r} is a retrieval data set (dataset_type.txt); use the retrieval "
-                             f"evaluation")
-        if classnames is not None:
-            names = _names_of(classnames)
-            names_source = str(classnames) if isinstance(classnames, (str, os.PathLike)) else "argument"
-        elif bench.classnames is not None:
-            names, names_source = bench.classnames, str(bench.root / "classnames.txt")
-        else:
-            raise ValueError(f"no class names for {str(bench.root)!r}: classnames.txt is missing; pass classnames")
-        tmpls, tmpl_source = resolve_templates(None, templates, bench.templates,
-                                               str(bench.root / "zeroshot_classification_templates.txt"))
-        if multilabel is None:
-            multilabel = bench.dataset_type == "multilabel"
-        batches = labelled_batches(classification_wds(bench.shards, preprocess, multilabel, markers=True), batch_size,
-                                   workers, collate=_collate_labelled)
-    elif Path(root).is_dir() and any(p.is_dir() for p in Path(root).iterdir()):
-        layout = "imagefolder"
-        folders, samples = scan_image_folder(root)
-        names, names_source = resolve_classnames(root, folders, classnames)
-        tmpls, tmpl_source = resolve_templates(root, templates)
-        batches = None
+    elif data.layout == "clip_benchmark":
+        batches = labelled_batches(classification_wds(data.bench.shards, preprocess, multilabel, markers=True),
+                                   batch_size, workers, collate=_collate_labelled)
     else:
-        raise ValueError(f"zero-shot data {str(root)!r} is in neither layout: expected {ZEROSHOT_LAYOUTS[0]}, or "
-                         f"{ZEROSHOT_LAYOUTS[1]}; found {describe_folder(root)}")
-    log.info("zero-shot: %d classes (names: %s), %d templates (%s)", len(names), names_source,
-             len(tmpls), tmpl_source)
+        samples = data.samples
     classifier = zeroshot_classifier(model, tokenizer, names, tmpls, options=options)
-    if batches is None:
+    if samples is not None:
         dataset = ImageListDataset([p for p, _ in samples], ImageSource("/"), preprocess, markers=True,
                                    where=str(root))
         feats, kept = encode_images(model, dataset, options=options, desc="zero-shot images", skips=skips)
@@ -260,8 +280,9 @@ def evaluate_zeroshot(
                          f"class names")
     metrics = zeroshot_metrics(feats, classifier, labels)
     if return_info:
-        info = {"num_images": int(feats.shape[0]), "num_classes": len(names), "layout": layout,
-                "classnames_source": names_source, "templates_source": tmpl_source, "num_templates": len(tmpls),
+        info = {"num_images": int(feats.shape[0]), "num_classes": len(names), "layout": data.layout,
+                "classnames_source": data.classnames_source, "templates_source": data.templates_source,
+                "num_templates": len(tmpls),
                 "classnames": list(names), "templates": _printable_templates(tmpls), "skipped": skips.as_dict()}
         return metrics, info
     return metrics
@@ -276,7 +297,14 @@ def _printable_templates(templates):
 
 
 def _names_of(classnames) -> list[str]:
-    return read_classnames(classnames) if isinstance(classnames, (str, os.PathLike)) else list(classnames)
+    """A list of names in label order, or a file of them; a ``{folder: name}`` mapping has no order
+    without class folders, so it is refused here (CLIP_benchmark's labels, a Dataset's)."""
+    names = load_classnames(classnames) if isinstance(classnames, (str, os.PathLike)) else classnames
+    if isinstance(names, dict):
+        raise ValueError(f"class names from {classnames if isinstance(classnames, (str, os.PathLike)) else 'argument'}"
+                         " map folders to names, but these labels are numbers, not class folders; give the names "
+                         "as a list in label order")
+    return list(names)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -288,20 +316,33 @@ def _add_arguments(p) -> None:
                         "(ROOT/test/nshards.txt, classnames.txt, zeroshot_classification_templates.txt)")
     p.add_argument("--split", default="test", help="split folder of CLIP_benchmark's layout (default test)")
     p.add_argument("--classnames", default=None,
-                   help="class-name file (default: the data's classnames.txt, or ImageNet's)")
+                   help="class-name file: JSON {\"folder\": \"name\", ...} for an ImageFolder tree, or one name a "
+                        "line in label order (each line must name its folder: sorted folder order); default: the "
+                        "data's classnames.json or classnames.txt, ImageNet's names for its synset folders, else the "
+                        "folder names")
     p.add_argument("--templates", default=None,
                    help="template file: one per line with {c}, or JSON (a list, or CuPL's class -> prompts) "
                         "(default: the data's templates, or OpenAI's 80)")
 
 
 def _check(args) -> None:
+    """The data, its class names and templates, read before the model loads (:func:`zeroshot_data`)."""
     from ..errors import FlagError
 
-    if args.templates:  # read again by the evaluation; checked before the model loads
+    if args.templates:  # read again by the evaluation
         try:
             read_templates(args.templates)
         except ValueError as e:
             raise FlagError(f"--templates: {e}") from None
+    try:
+        zeroshot_data(args.data, args.classnames, args.templates, split=args.split)
+    except ValueError as e:
+        raise FlagError(str(e)) from None
+
+
+def _benchmark_check(run, settings) -> None:
+    """``clip-dcl eval benchmark``: a run's data and class names, read before any model loads."""
+    zeroshot_data(run.root, settings.classnames(run), settings.templates(run), split=settings.split)
 
 
 def _run(model, preprocess, tokenizer, args, common) -> TaskResult:
@@ -347,4 +388,5 @@ register_task(EvalTask(
     benchmark_name="zeroshot_classification",
     benchmark_metrics=benchmark_classification_metrics,
     benchmark_run=_benchmark_run,
+    benchmark_check=_benchmark_check,
 ))

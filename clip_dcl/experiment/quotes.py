@@ -71,6 +71,7 @@ QUOTES: Tuple[Quote, ...] = (
     Quote("dcl screen", "batch_size.py", "dcl_screen.json", render="dcl_readme_block"),
     Quote("dcl sweep", "batch_size.py", "dcl_sweep.json", render="dcl_sweep_block"),
     Quote("demo table", "clip_dcl.demo", "demo.json"),
+    Quote("demo time", "clip_dcl.demo", "demo.json", ("README.md",), "readme_time_block"),
     Quote("dcl default check", "batch_size.py", "batch_size.json", render="dcl_default_block"),
     Quote("which-loss numbers", "batch_size.py", "batch_size.json", ("README.md",), "which_loss_block"),
 )

@@ -224,8 +224,9 @@ def plot(results: Dict[str, List[TrainResult]], scores: Dict[str, List[Dict[str,
         colour = colours[i % len(colours)]
         for j, res in enumerate(results[name]):
             label = name if j == 0 else None
-            curve = res.curves.get("loss2") or res.curves["loss"]
-            label = f"{name} (InfoNCE term)" if j == 0 and "loss2" in res.curves else label
+            curve = res.curves.get("loss2") or res.curves["loss"]  # loss2: DeCL's InfoNCE in older logs
+            infonce_of_decl = "loss2" in res.curves or "decl" in getattr(res.run, "flags", ())  # its Loss is InfoNCE
+            label = f"{name} (InfoNCE term)" if j == 0 and infonce_of_decl else label
             axes[0].plot(res.curves["epoch"], curve, color=colour, alpha=0.8, lw=1, label=label)
             if res.val:
                 ep = [r.get("epoch", k + 1) for k, r in enumerate(res.val)]

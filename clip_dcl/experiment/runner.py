@@ -208,7 +208,8 @@ def train(run: Run, data: dict, logs: os.PathLike, budget: Budget, *, echo: Call
 
 def progress_line(name: str, match: "re.Match", line: str, epochs: int, seconds: float) -> str:
     """The echo of one training progress line (``match``: :data:`_PROGRESS` on ``line``): epoch, share and the
-    logged loss; for DeCL, whose total moves between its two terms, the step's term and the InfoNCE it estimates."""
+    logged ``Loss`` (DeCL's InfoNCE value); for DeCL the step's term, and, in the logs of older versions
+    whose ``Loss`` was DeCL's total, the InfoNCE they logged as ``Loss2``."""
     epoch, pct, loss = int(match.group(1)), int(match.group(4)), float(match.group(5))
     term, loss2 = re.search(r"\bTerm: (\w+)", line), re.search(r"\bLoss2: (\S+)", line)
     extra = (f" ({term.group(1)} step)" if term else "") + (f", InfoNCE {float(loss2.group(1)):.4f}" if loss2 else "")
@@ -244,8 +245,9 @@ def read_curves(out_log: os.PathLike) -> Dict[str, list]:
     """Training loss against epochs from OpenCLIP's ``out.log``: ``{"epoch", "loss"[, "loss2"]}``.
 
     ``epoch`` is fractional (epoch index plus the share of the epoch done at the logged step);
-    ``loss`` is the step's total loss as OpenCLIP logs it; ``loss2`` is DeCL's InfoNCE term, when
-    logged (DeCL's total moves between its two terms as ``lambda_t`` changes).
+    ``loss`` is the step's ``Loss`` as OpenCLIP logs it (the total; DeCL's InfoNCE value, since its
+    total moves between its two terms as ``lambda_t`` changes); ``loss2`` is DeCL's InfoNCE term in the
+    logs of older versions, which logged the total as ``Loss`` and InfoNCE as ``Loss2``.
 
     Raises:
         ValueError: a ``Train Epoch:`` line in another format than OpenCLIP 3.3's.

@@ -179,6 +179,13 @@ class LossDeclaration:
         return True
 
     @classmethod
+    def start_notice(cls, loss_args: Dict[str, object]) -> Optional[str]:
+        """One line for the start of a training run with ``loss_args`` (all of the loss's arguments, as
+        the run builds it) that a user should read before spending the run: a configuration that is
+        another objective than its name says. None here."""
+        return None
+
+    @classmethod
     def state_meaning(cls, loss_args: Dict[str, object]) -> Dict[str, object]:
         """The values in ``loss_args`` (a checkpoint's or a run's) of the :attr:`state_settings` that the
         state of this configuration depends on; two configurations whose values differ cannot share
@@ -202,6 +209,13 @@ class LossDeclaration:
         """Words for the training log line about the last call beside its metrics (e.g. which term a
         schedule optimised); empty here."""
         return ""
+
+    def logged_loss(self, metrics: Dict[str, object]) -> Optional[torch.Tensor]:
+        """The value the training log shows as OpenCLIP's ``Loss`` (and tensorboard's ``train/loss``) for
+        the last call, when that should not be the optimised total (a loss whose total is not on
+        InfoNCE's scale reports its InfoNCE value there, so that runs compare); None here: the total.
+        The objective keeps its own column, the loss's output key."""
+        return None
 
 
 class ContrastiveLoss(LossDeclaration, nn.Module):

@@ -308,6 +308,16 @@ class DebiasedClipLoss(ContrastiveLoss):
         metrics["clamp_rate"] = torch.cat(clamped).float().mean()
         return loss, metrics
 
+    @classmethod
+    def start_notice(cls, loss_args):
+        """At ``tau_plus = 0`` without hard negatives (``beta = 0``) the loss is InfoNCE exactly (the
+        module docstring): a run of it trains what ``--loss clip`` trains, which its name does not say."""
+        if loss_args.get("tau_plus", 0.0) != 0 or loss_args.get("beta", 0.0):
+            return None
+        at = "" if loss_args.get("temperature") is None else f" at the fixed temperature {loss_args['temperature']:g}"
+        return (f"--loss dcl at --tau-plus 0 (its default) is InfoNCE exactly{at}, the objective of --loss clip; "
+                f"give --tau-plus for the debiased loss")
+
     def epoch_warning(self, epoch_means):
         """A warning when more than half of the anchor rows sat at the floor over the epoch (mean ``clamp_rate``).
 

@@ -40,6 +40,10 @@ class LambdaSchedule:
         """Whether every step is loss1 alone (``lambda_t = 1``): no step has an InfoNCE term."""
         return False
 
+    def varies(self) -> bool:
+        """Whether ``lambda_t`` changes from step to step (else the log leaves it out)."""
+        return True
+
     def term(self, step: int) -> str:
         lam = self.value(step)
         return "loss1" if lam == 1.0 else "infonce" if lam == 0.0 else f"{lam:.3g} loss1 + {1 - lam:.3g} infonce"
@@ -62,6 +66,9 @@ class DeclOnly(LambdaSchedule):
 
     def always_loss1(self) -> bool:
         return True
+
+    def varies(self) -> bool:
+        return False
 
 
 class Harmonic(LambdaSchedule):
@@ -91,6 +98,9 @@ class Constant(LambdaSchedule):
 
     def always_loss1(self) -> bool:
         return self.lam >= 1.0
+
+    def varies(self) -> bool:
+        return False
 
 
 LAMBDA_SCHEDULES: Dict[str, type] = {c.name: c for c in (Alternate, DeclOnly, Harmonic, Constant)}

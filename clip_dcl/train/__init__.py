@@ -42,8 +42,9 @@ def _run_log_handlers_closed():
             handler.close()
 
 
-def main(argv: Optional[List[str]] = None) -> int:
-    """Train from a command line (a list of words, as after ``python -m clip_dcl.train``).
+def main(argv: Optional[List[str]] = None, prog: Optional[str] = None) -> int:
+    """Train from a command line (a list of words, as after ``python -m clip_dcl.train``); ``prog``
+    names the command in its usage and errors (default ``python -m clip_dcl.train``).
 
     Returns the exit code, which a caller must check (the command line exits with it):
 
@@ -69,10 +70,10 @@ def main(argv: Optional[List[str]] = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["--"]:  # torchrun ... -m clip_dcl.train -- ARGS
         argv = argv[1:]
-    from .flags import FlagError, parse_train_args
+    from .flags import PROG, FlagError, parse_train_args
 
     try:
-        config = parse_train_args(argv)
+        config = parse_train_args(argv, prog=prog or PROG)
     except FlagError as e:
         print(f"clip-dcl train: error: {e}", file=sys.stderr)
         return 2
@@ -107,3 +108,8 @@ def _report(line: str) -> None:
         logging.error(line)
     else:
         print(line, file=sys.stderr)
+
+
+def command_main(argv: Optional[List[str]] = None) -> int:
+    """``clip-dcl train ARGS``: :func:`main`, its usage and errors naming ``clip-dcl train``."""
+    return main(argv, prog="clip-dcl train")

@@ -16,6 +16,7 @@ built, once the data's batches per epoch are known.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import math
 import os
 import re
@@ -179,7 +180,12 @@ def _loss_defaults() -> Dict[str, Dict[str, object]]:
     return {name: cls.defaults() for name, cls in LOSSES.items()}
 
 
-def build_parser() -> argparse.ArgumentParser:
+#: How the training command is named in its usage and errors when run as ``python -m clip_dcl.train``
+#: (or under torchrun); ``clip-dcl train`` names itself so.
+PROG = "python -m clip_dcl.train"
+
+
+def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
     """The parser of clip-dcl's own training flags (OpenCLIP's are parsed by OpenCLIP).
 
     ``--loss`` and the loss flags come from ``clip_dcl.losses.LOSSES`` (each class's ``flags`` and
@@ -189,7 +195,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     defaults = _loss_defaults()
     parser = argparse.ArgumentParser(
-        prog="python -m clip_dcl.train", add_help=False, allow_abbrev=False,
+        prog=prog, add_help=False, allow_abbrev=False,
         description="OpenCLIP's training (open_clip_train.main) with a choice of objective. "
                     "Every OpenCLIP flag works as in OpenCLIP; clip-dcl adds these:",
     )
@@ -388,12 +394,21 @@ def print_help(parser: argparse.ArgumentParser, file=None) -> None:
     file.write(parser.format_help())
     file.write("\nOpenCLIP's flags (open_clip_train.main), all accepted:\n\n")
     file.flush()
+    with program_named(parser.prog):
+        try:
+            openclip_parse_args(["--help"])
+        except SystemExit:
+            pass
+
+
+@contextlib.contextmanager
+def program_named(prog: str):
+    """``sys.argv[0]`` set to ``prog`` inside: OpenCLIP's parser names ``argv[0]`` in its usage and
+    errors, which would otherwise read ``__main__.py`` or ``cli.py``."""
     argv0 = sys.argv[:1]
-    sys.argv[:1] = [parser.prog]  # OpenCLIP's usage line names argv[0]
+    sys.argv[:1] = [prog]
     try:
-        openclip_parse_args(["--help"])
-    except SystemExit:
-        pass
+        yield
     finally:
         sys.argv[:1] = argv0
 
@@ -442,19 +457,21 @@ def _require_data(oc_args) -> None:
                         "evaluate only)")
 
 
-def parse_train_args(argv: List[str], check_files: bool = True) -> Optional[TrainConfig]:
+def parse_train_args(argv: List[str], check_files: bool = True, prog: str = PROG) -> Optional[TrainConfig]:
     """Parse and validate a training command line; ``None`` when ``--help`` was printed.
 
     Registers clip-dcl's model configs (and ``--model-config``) with OpenCLIP in this process.
     ``check_files=False`` skips :func:`check_data_paths` and what depends on this machine (the loggers'
     packages, the CPU precision of :mod:`clip_dcl.train.precision`), to validate a command for another one.
+    ``prog`` names the command in the usage and error lines of both parsers.
 
     Raises:
         FlagError: a flag value that cannot work (the message names it).
         SystemExit: OpenCLIP's or our argparse rejected a flag (argparse prints the message).
     """
-    parser = build_parser()
-    ours, rest = parser.parse_known_args(argv)
+    parser = build_parser(prog)
+    with program_named(prog):
+        ours, rest = parser.parse_known_args(argv)
     if "-h" in rest or "--help" in rest:
         print_help(parser)
         return None
@@ -462,7 +479,7 @@ def parse_train_args(argv: List[str], check_files: bool = True) -> Optional[Trai
     from open_clip_train.params import parse_args as openclip_parse_args
 
     from clip_dcl.models import register_builtin_configs, register_model_config
-    from .precision import settle_machine_flags
+    from .precision import _is_first_rank, settle_machine_flags
 
     register_builtin_configs()
     if ours.model_config is not None:
@@ -472,8 +489,9 @@ def parse_train_args(argv: List[str], check_files: bool = True) -> Optional[Trai
             raise FlagError(f"--model-config: {e}") from None
         if not _given_model(rest):
             rest = rest + ["--model", name]
-    rest = settle_machine_flags(rest, this_machine=check_files)  # --report-to's loggers; fp32 on a CPU
-    oc_args = openclip_parse_args(list(rest))
+    with program_named(prog):
+        rest = settle_machine_flags(rest, this_machine=check_files)  # --report-to's loggers; fp32 on a CPU
+        oc_args = openclip_parse_args(list(rest))
     check_optimizer_values(oc_args)
     if check_files:
         check_data_paths(oc_args)
@@ -486,7 +504,8 @@ def parse_train_args(argv: List[str], check_files: bool = True) -> Optional[Trai
     foreign = [f"{_flag(d)}" for d in given if flag_map[d][0] != loss]
     if foreign:
         owners = sorted({flag_map[d][0] for d in given if flag_map[d][0] != loss})
-        raise FlagError(f"{', '.join(foreign)} only apply to --loss {' / '.join(owners)}, not --loss {loss}")
+        verb = "applies" if len(foreign) == 1 else "apply"
+        raise FlagError(f"{', '.join(foreign)} only {verb} to --loss {' / '.join(owners)}, not --loss {loss}")
     from clip_dcl.losses import LOSSES, resolve_loss_args
 
     from .facts import data_facts
@@ -520,6 +539,10 @@ def parse_train_args(argv: List[str], check_files: bool = True) -> Optional[Trai
         resolved = resolve_loss_args(loss, kwargs, data)
     except ValueError as e:
         raise FlagError(_explain(e, loss, kwargs)) from None
+    full_args = full_loss_args(loss, resolved)
+    notice = LOSSES[loss].start_notice(full_args) if data.training else None
+    if notice and check_files and _is_first_rank():
+        print(f"clip-dcl train: {notice}", file=sys.stderr)
     probe = None
     if not openclip_native(loss) or ours.no_grad_gather:  # OpenCLIP checks its own loss's arguments
         probe = create_loss_checked(loss, resolved, oc_args, no_grad_gather=ours.no_grad_gather)
@@ -540,7 +563,7 @@ def parse_train_args(argv: List[str], check_files: bool = True) -> Optional[Trai
                                                            if loss == "decl" else ""))
         if ours.loss_reset:
             raise FlagError("--decl-grow-state keeps the saved rates and --loss-reset drops them: give one of them")
-    return TrainConfig(loss, kwargs, full_loss_args(loss, resolved), list(rest), ours.model_config, num_samples,
+    return TrainConfig(loss, kwargs, full_args, list(rest), ours.model_config, num_samples,
                        data, no_grad_gather=ours.no_grad_gather, captions_per_image=ours.captions_per_image,
                        loss_reset=ours.loss_reset, grow_state=ours.decl_grow_state, id_block=id_block,
                        preempt=preempt, max_nonfinite_steps=ours.max_nonfinite_steps, dist_timeout=timeout,

@@ -21,6 +21,7 @@ from clip_dcl.losses.base import SampleIdError, declared, stateful
 
 from .ids import MissingSampleIds, SampleIdOutOfRange
 from .pipeline import id_collisions, mix_seed, summary_line
+from .upstream import LoggedLoss
 
 class SkippedSteps:
     """Undoes the loss state's update of an optimizer step that AMP's GradScaler skipped.
@@ -145,6 +146,9 @@ class LossWithIds:
             raise SampleIdOutOfRange(f"{e}{hint}") from None
         # Kept as tensors: reading them (a device sync) waits for OpenCLIP's logging steps.
         self.metrics = dict(self.declared.metrics) if self.declared is not None else {}
+        logged = self.declared.logged_loss(self.metrics) if self.declared is not None else None
+        if logged is not None and isinstance(out, dict):
+            out = LoggedLoss(out, logged)  # OpenCLIP's Loss column: the loss's InfoNCE, not its total
         for name, value in self.metrics.items():
             value = value.detach().float() if torch.is_tensor(value) else torch.tensor(float(value))
             if value.numel() != 1:

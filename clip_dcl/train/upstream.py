@@ -98,7 +98,11 @@ _SOURCE_NEEDS = {
                        "if args.delete_previous_checkpoint:", "if args.save_most_recent:"],
     ("train", "train_one_epoch"): ['f"Train Epoch: {epoch} [', 'f"Data (t): ', 'f"Batch (t): ',
                                    "images, texts = batch", "for i, batch in enumerate(dataloader)",
-                                   "scheduler(step)"],
+                                   "scheduler(step)",
+                                   # the terms summed into the loss it back-propagates, then logged as Loss
+                                   # (LoggedLoss)
+                                   "total_loss = sum(losses.values())", 'losses["loss"] = total_loss',
+                                   "backward(total_loss, scaler)", "for key, val in losses.items():"],
     ("data", "get_dataset_fn"): ["return get_wds_dataset", "return get_csv_dataset", "return get_synthetic_dataset"],
     # --dist-timeout reaches init_process_group through the module's torch global (see init_process_group)
     ("distributed", "init_distributed_device_so"): ["torch.distributed.init_process_group("],
@@ -231,3 +235,23 @@ class Overlay(types.ModuleType):
     def __getattr__(self, name):
         return getattr(self._base, name)
 
+
+class LoggedLoss(dict):
+    """A loss's terms (``output_dict=True``) whose ``"loss"`` entry shows ``logged`` instead of their sum.
+
+    OpenCLIP's ``train_one_epoch`` sums the terms into ``total_loss``, back-propagates that variable,
+    and stores it under ``losses["loss"]``, which it logs as ``Loss`` and writes as ``train/loss``
+    (checked by :func:`check_openclip`). For a loss whose total is not on InfoNCE's scale
+    (:meth:`clip_dcl.losses.base.LossDeclaration.logged_loss`) that entry takes the loss's InfoNCE
+    value, so that ``Loss`` compares across runs; the sum that trains is OpenCLIP's variable,
+    untouched, and each term keeps its own column.
+    """
+
+    def __init__(self, terms: dict, logged: torch.Tensor):
+        super().__init__(terms)
+        self.logged = logged
+
+    def __setitem__(self, key, value):
+        if key == "loss":
+            value = self.logged.detach().to(value.dtype) if torch.is_tensor(value) else float(self.logged)
+        super().__setitem__(key, value)

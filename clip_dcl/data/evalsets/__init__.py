@@ -36,7 +36,8 @@ from .fewshot import (FEWSHOT_LAYOUTS, FewShotData, fewshot_layout, find_toolkit
                       parse_index_line, read_coco_classification, read_fewshot_dataset, read_index_file)
 from .files import (IMAGE_EXTENSIONS, ImageListDataset, ImageSource, describe_folder, read_classnames, read_lines,
                     read_templates, split_zip_ref)
-from .folders import imagenet_classnames_for, is_imagenet_synsets, scan_image_folder
+from .folders import (CLASSNAME_FILES, folder_classnames, imagenet_classnames_for, is_imagenet_synsets,
+                      load_classnames, names_folder, scan_image_folder)
 from .retrieval import RetrievalCSV, expand_shards, read_retrieval_csv, retrieval_wds
 from .samples import WDS_IMAGE_KEYS, ShardSamples, sample_captions, sample_image, shard_samples, split_captions
 from .skips import SKIP_CAUSES, SampleSkipped, Skip, SkipCounter
@@ -55,7 +56,8 @@ __all__ = [
     "BENCHMARK_IMAGE_KEYS", "BENCHMARK_TYPES", "BenchmarkShards", "benchmark_layout_root", "read_benchmark_shards",
     "classification_wds",
     # ImageFolder trees
-    "scan_image_folder", "is_imagenet_synsets", "imagenet_classnames_for",
+    "scan_image_folder", "is_imagenet_synsets", "imagenet_classnames_for", "CLASSNAME_FILES", "folder_classnames",
+    "load_classnames", "names_folder",
     # few-shot data sets
     "parse_index_line", "read_index_file", "FewShotData", "read_coco_classification", "FEWSHOT_LAYOUTS",
     "fewshot_layout", "find_toolkit_folder", "list_fewshot_datasets", "read_fewshot_dataset",

@@ -1,5 +1,6 @@
-"""ImageFolder trees (``ROOT/<class>/<image>``, zero-shot sets and few-shot train/test pairs) and
-ImageNet's synset folders with OpenCLIP's class names."""
+"""ImageFolder trees (``ROOT/<class>/<image>``, zero-shot sets and few-shot train/test pairs), their
+class names tied to the folders (a ``{folder: name}`` file, or a list checked line by line against the
+sorted folders), and ImageNet's synset folders with OpenCLIP's class names."""
 from __future__ import annotations
 
 import os
@@ -7,10 +8,9 @@ import re
 from pathlib import Path
 from typing import Sequence
 
-from .files import IMAGE_EXTENSIONS
+from .files import IMAGE_EXTENSIONS, read_classnames
 
 _SYNSET = re.compile(r"^n\d{8}$")
-
 
 
 def scan_image_folder(root: str | os.PathLike, class_to_idx: dict[str, int] | None = None,
@@ -70,3 +70,121 @@ def imagenet_classnames_for(folders: Sequence[str]) -> list[str]:
     if list(folders) != sorted(folders):
         raise ValueError("synset folders must be given in sorted order")
     return list(IMAGENET_CLASSNAMES)
+
+
+# ----------------------------------------------------------------------------------------------
+# Class names of an ImageFolder tree: every label's name tied to its folder
+# ----------------------------------------------------------------------------------------------
+#: The files of a tree's own class names, in the order they are looked for.
+CLASSNAME_FILES = ("classnames.json", "classnames.txt")
+
+
+def load_classnames(path: str | os.PathLike) -> list[str] | dict[str, str]:
+    """A class-name file: a JSON object ``{"folder": "class name", ...}`` (a mapping), a JSON list,
+    or text with one name a line (a list, line i = label i)."""
+    import json
+
+    path = Path(path)
+    if path.suffix.lower() != ".json":
+        return read_classnames(path)
+    if not path.is_file():
+        raise ValueError(f"class-name file {str(path)!r} does not exist")
+    try:
+        doc = json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as e:
+        raise ValueError(f"class-name file {str(path)!r} is not valid JSON: {e}") from None
+    if isinstance(doc, dict) and all(isinstance(k, str) and isinstance(v, str) and v.strip() for k, v in doc.items()):
+        return {k: v.strip() for k, v in doc.items()}
+    if isinstance(doc, list) and all(isinstance(v, str) and v.strip() for v in doc):
+        return [v.strip() for v in doc]
+    raise ValueError(f"class-name file {str(path)!r} must hold a JSON object mapping each class folder to its "
+                     f"name ({{\"n01440764\": \"tench\", ...}}), or a list of names")
+
+
+def _words(text: str) -> list[str]:
+    return re.findall(r"[0-9a-z]+", text.lower())
+
+
+def names_folder(name: str, folder: str) -> bool:
+    """Whether class name ``name`` names ``folder``: its words run, in order, inside the folder name's
+    words, case and punctuation aside (``golden retriever`` names ``golden_retriever``,
+    ``003_golden-retriever`` and ``Golden_Retriever_images``)."""
+    words, held = _words(name), _words(folder)
+    return bool(words) and any(held[i:i + len(words)] == words for i in range(len(held) - len(words) + 1))
+
+
+def _mapping_example(folders: Sequence[str]) -> str:
+    return "{" + ", ".join(f'"{f}": "..."' for f in folders[:2]) + (", ..." if len(folders) > 2 else "") + "}"
+
+
+def checked_name_list(names: Sequence[str], folders: Sequence[str], source: str, root: str | os.PathLike) -> list[str]:
+    """``names`` (line i = label i = the i-th folder in sorted order) once each line names its folder
+    (:func:`names_folder`); ``ValueError`` otherwise, naming the first line that does not, since a
+    list in any other order would score every image against another class's name without a word.
+
+    OpenCLIP's ImageNet names for the 1000 synset folders pass too (their order is the standard one).
+    """
+    names = list(names)
+    if len(names) != len(folders):
+        raise ValueError(f"class names from {source} count {len(names)}, but {str(root)!r} has {len(folders)} "
+                         f"class folders")
+    if is_imagenet_synsets(folders) and len(folders) == 1000 and names == imagenet_classnames_for(folders):
+        return names
+    json_file = Path(root) / CLASSNAME_FILES[0]
+    for i, (name, folder) in enumerate(zip(names, folders)):
+        if names_folder(name, folder):
+            continue
+        elsewhere = [f for f in folders if names_folder(name, f)]
+        if elsewhere:
+            raise ValueError(
+                f"class names from {source} are not in sorted folder order: line {i + 1}, {name!r}, names folder "
+                f"{elsewhere[0]!r}, but label {i} is folder {folder!r}; sort the lines by folder name, or write "
+                f"{str(json_file)!r} mapping each folder to its name ({_mapping_example(folders)})")
+        raise ValueError(
+            f"class names from {source}: line {i + 1}, {name!r}, does not name folder {folder!r} (label {i} in "
+            f"sorted folder order), so the order of the names cannot be checked against the folders; write "
+            f"{str(json_file)!r} mapping each folder to its name ({_mapping_example(folders)}), or pass that file "
+            f"as the class names")
+    return names
+
+
+def mapped_names(mapping: dict[str, str], folders: Sequence[str], source: str, root: str | os.PathLike) -> list[str]:
+    """The names of ``folders`` (label order) from a ``{folder: name}`` mapping that names each folder
+    exactly once; ``ValueError`` naming the folders it misses or the keys no folder has."""
+    missing = [f for f in folders if f not in mapping]
+    unknown = sorted(set(mapping) - set(folders))
+    if missing or unknown:
+        parts = []
+        if missing:
+            parts.append(f"no name for the folder(s) {missing[:5]}" + (" ..." if len(missing) > 5 else ""))
+        if unknown:
+            parts.append(f"names for {unknown[:5]}{' ...' if len(unknown) > 5 else ''} that are not class folders")
+        raise ValueError(f"class names from {source} do not match the class folders of {str(root)!r}: "
+                         + "; ".join(parts))
+    return [mapping[f] for f in folders]
+
+
+def folder_classnames(root: str | os.PathLike, folders: Sequence[str],
+                      classnames: Sequence[str] | dict | str | os.PathLike | None = None) -> tuple[list[str], str]:
+    """(class names in label order, where they came from) for the sorted class ``folders`` of ``root``.
+
+    In order: ``classnames`` (a ``{folder: name}`` dict, a list, or a file of either, see
+    :func:`load_classnames`), else ``root/classnames.json`` (a mapping), else ``root/classnames.txt``
+    (one name a line), else OpenCLIP's ImageNet names for the 1000 synset folders, else the folder
+    names themselves. A mapping must name every folder and no other; a list must name its folder on
+    each line (:func:`checked_name_list`). ``ValueError`` naming the file, line and folder otherwise.
+    """
+    if classnames is None:
+        found = next((Path(root) / n for n in CLASSNAME_FILES if (Path(root) / n).is_file()), None)
+        if found is None:
+            if is_imagenet_synsets(folders):
+                return imagenet_classnames_for(folders), "open_clip IMAGENET_CLASSNAMES"
+            return list(folders), "the folder names"
+        classnames = found
+    if isinstance(classnames, (str, os.PathLike)):
+        names, source = load_classnames(classnames), str(classnames)
+    else:
+        names, source = (dict(classnames) if isinstance(classnames, dict) else list(classnames)), "argument"
+    if isinstance(names, dict):
+        return mapped_names(names, folders, source, root), source
+    return checked_name_list(names, folders, source, root), source

@@ -7,7 +7,7 @@ import os
 from pathlib import Path
 
 from .benchmark import BENCHMARK_IMAGE_KEYS, BenchmarkShards, read_benchmark_shards
-from .files import read_classnames, read_templates
+from .files import read_templates
 from .skips import Skip
 
 
@@ -21,7 +21,8 @@ def write_benchmark_shards(source: str | os.PathLike, out_dir: str | os.PathLike
     the ``.txt``), written as a ``retrieval`` set (all captions of an image in its ``.txt``, one
     per line), or an ImageFolder tree ``ROOT/<class>/<image>``, written as a classification set
     (``.cls`` labels in sorted-folder order; ``classnames.txt`` from ``classnames``, else
-    ``ROOT/classnames.txt``, else ImageNet's names for synset folders, else the folder names;
+    ``ROOT/classnames.json`` or ``ROOT/classnames.txt``, else ImageNet's names for synset folders,
+    else the folder names, each name tied to its folder by :func:`~.folders.folder_classnames`;
     ``zeroshot_classification_templates.txt`` from ``templates``, else ``ROOT/templates.txt``
     when present). ``kind``: ``auto`` (a folder holding ``.tar`` files, or a shard pattern, is
     retrieval), ``retrieval`` or ``classification``. Image bytes are copied unchanged, so an
@@ -30,7 +31,7 @@ def write_benchmark_shards(source: str | os.PathLike, out_dir: str | os.PathLike
     """
     import webdataset as wds
 
-    from .folders import imagenet_classnames_for, is_imagenet_synsets, scan_image_folder
+    from .folders import folder_classnames, scan_image_folder
     from .retrieval import expand_shards
     from .samples import sample_captions, shard_samples
 
@@ -42,6 +43,9 @@ def write_benchmark_shards(source: str | os.PathLike, out_dir: str | os.PathLike
     if kind == "auto":
         kind = "classification" if src.is_dir() and not any(src.glob("*.tar")) else "retrieval"
     out = Path(out_dir)
+    if kind == "classification":  # the class names are checked against the folders before anything is written
+        folders, samples = scan_image_folder(src)
+        names, _ = folder_classnames(src, folders, classnames)
     if (out / split).exists() and any((out / split).iterdir()):
         raise ValueError(f"{str(out / split)!r} exists and is not empty")
     (out / split).mkdir(parents=True, exist_ok=True)
@@ -64,15 +68,6 @@ def write_benchmark_shards(source: str | os.PathLike, out_dir: str | os.PathLike
                 yield {Path(path).suffix.lower().lstrip(".") or "jpg": Path(path).read_bytes(), "cls": str(label)}
 
     if kind == "classification":
-        folders, samples = scan_image_folder(src)
-        if classnames is not None:
-            names = read_classnames(classnames)
-        elif (src / "classnames.txt").is_file():
-            names = read_classnames(src / "classnames.txt")
-        else:
-            names = imagenet_classnames_for(folders) if is_imagenet_synsets(folders) else list(folders)
-        if len(names) != len(folders):
-            raise ValueError(f"{len(names)} class names for the {len(folders)} class folders of {str(src)!r}")
         (out / "classnames.txt").write_text("\n".join(names) + "\n")
         tfile = Path(templates) if templates is not None else src / "templates.txt"
         if tfile.is_file():
