@@ -151,6 +151,7 @@ def test_hang_a_full_disk_at_a_save_with_a_worker_exits(shards, tmp_path):
     rc, err, _ = _finish(proc)
     assert rc == 1, err[-3000:]
     assert f"cannot write checkpoint {folder / 'epoch_1.pt'}: the disk is full" in err
+    assert "clip-dcl train: error: cannot write checkpoint" in err.strip().splitlines()[-1]  # the last line
 
 
 @pytest.mark.slow

@@ -89,17 +89,23 @@ def main(argv: Optional[List[str]] = None) -> int:
     from .run import LossStateMismatch
     from .pipeline import TrainingDataError
     from .preempt import INTERRUPTED_EXIT_CODE
+    from .exits import stop_loader_workers
 
+    code = None
     with _run_log_handlers_closed():
         try:
-            return run_training(config)
+            code = run_training(config)
         except (MissingSampleIds, SampleIdOutOfRange, LossStateMismatch, CheckpointUnreadable, TrainingDataError,
                 CheckpointDiskFull, Diverged, PeerFailure) as e:
             _report(f"clip-dcl train: error: {_without_worker_traceback(e)}")
-            return 1
+            code = 1
         except KeyboardInterrupt:
             _report("clip-dcl train: interrupted (Ctrl-C); no checkpoint was saved at this point")
-            return INTERRUPTED_EXIT_CODE
+            code = INTERRUPTED_EXIT_CODE
+        finally:
+            if code != 0:  # failed: no loader is read again, and none may outlive this line (see exits.py)
+                stop_loader_workers()
+    return code
 
 
 def _report(line: str) -> None:

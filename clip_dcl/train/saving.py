@@ -55,6 +55,8 @@ from clip_dcl._version import __version__
 from clip_dcl.losses.base import stateful
 from clip_dcl.losses.state import digest_of_state_dict, reshard
 
+from .exits import interrupted
+
 #: Key under which our training stores the model name and config in a checkpoint.
 CKPT_KEY = "clip_dcl"
 #: Key under which our training stores the loss's ``state_dict()`` in a checkpoint.
@@ -245,6 +247,9 @@ def save_atomically(obj, path, save=None) -> None:
     Raises:
         CheckpointDiskFull: the disk is full (``ENOSPC``/``EDQUOT``, however deep in torch's error it
             is); the ``.partial`` file is removed and ``path``, if it existed, is untouched.
+        KeyboardInterrupt: a Ctrl-C during the save, also when torch's writer hid it behind its own
+            error as it closed the torn file (:func:`clip_dcl.train.exits.interrupted`); the
+            ``.partial`` file is removed.
     """
     save = save or torch.save
     path = os.fspath(path)
@@ -261,6 +266,8 @@ def save_atomically(obj, path, save=None) -> None:
         full = _disk_full(e)
         if full is not None:
             raise CheckpointDiskFull(_disk_full_message(obj, path, full)) from e
+        if not isinstance(e, KeyboardInterrupt) and interrupted(e):
+            raise KeyboardInterrupt from None
         raise
 
 
