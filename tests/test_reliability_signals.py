@@ -126,3 +126,23 @@ def test_ctrl_c_a_second_one_during_the_save_exits_130_and_leaves_no_file(shards
     assert "Traceback" not in err and "unexpected pos" not in err, err[-3000:]
     assert err.count("Ctrl-C: finishing the current step") == 1, err[-3000:]  # not also from the worker
     assert not [p for p in logs.rglob("*") if p.is_file()]  # no checkpoint, no partial file, no shard
+
+
+# -- a save that fails leaves no shard folder ----------------------------------------------------------------
+@pytest.mark.slow
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full")
+def test_failed_save_on_two_ranks_leaves_no_shard_folder_without_its_checkpoint(shards, tmp_path):  # noqa: F811
+    folder = tmp_path / "logs" / "full" / "checkpoints"
+    folder.mkdir(parents=True)
+    (folder / "epoch_2.pt.partial").symlink_to("/dev/full")  # epoch 1 saves, epoch 2 finds the disk full
+    flags = _flags(shards, tmp_path / "logs", "full", "--loss", "decl", "--decl-num-samples", "400",
+                   "--decl-state", "sharded", "--local-loss", "--gather-with-grad", "--dist-timeout", "20",
+                   "--train-num-samples", "32")
+    proc, _ = _launch(["-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", "-m", "clip_dcl.train",
+                       "--", *flags])
+    rc, err, _ = _finish(proc)
+    assert rc != 0 and f"cannot write checkpoint {folder / 'epoch_2.pt'}: the disk is full" in err, err[-3000:]
+    assert sorted(p.name for p in folder.glob("*.pt")) == ["epoch_1.pt"]
+    shards_left = sorted(p.name for p in (folder / "loss_state").iterdir())
+    assert shards_left == ["epoch_1"], shards_left  # epoch_2's shards went with the checkpoint that was not written
+    assert len(list((folder / "loss_state" / "epoch_1").glob("*.state"))) == 2

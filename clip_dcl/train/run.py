@@ -8,6 +8,7 @@ clip-dcl's entry to every checkpoint ``main`` writes, all through :mod:`clip_dcl
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import glob
 import logging
@@ -62,6 +63,7 @@ class TrainingRun:
         self.preprocess_cfg: Optional[dict] = None
         self.train_num_batches: Optional[int] = None  # batches per epoch of the training data
         self.shards = None  # the folder of this epoch's loss-state shards (sharded DeCL state)
+        self.unsaved_shards: set = set()  # shard folders this run made whose checkpoint is not written yet
         self.train_data_size: Optional[int] = None  # rows of a CSV / size of synthetic training data
         self.resume_latest = False  # --resume latest (main replaces args.resume with the file it found)
         self.signals: Optional[preemption.StopSignals] = None  # installed by run_training
@@ -381,7 +383,7 @@ class TrainingRun:
         log_data_stats(data["train"].dataloader.dataloader, epoch, args)
         loss = self.loss  # the module whose state is checkpointed (CoCa: its contrastive term)
         if isinstance(loss, torch.nn.Module) and len(loss.state_dict()):
-            self.shards = loss_state.write_shards(loss, args, epoch + 1)
+            self.shards = loss_state.write_shards(loss, args, epoch + 1, self.unsaved_shards)
             state = loss.state_dict()
             calls = f"calls {int(state['calls'])}, " if "calls" in state else ""
             logging.info(f"Loss state after epoch {epoch} on rank {args.rank}: {calls}"
@@ -479,12 +481,14 @@ class TrainingRun:
         rng = preemption.gather_rng_states(args.world_size)
         if not (args.logs and str(args.logs).lower() != "none"):
             return None
-        folder = loss_state.write_step_shards(self.loss, args, epoch, step) if self.loss is not None else None
+        folder = (loss_state.write_step_shards(self.loss, args, epoch, step, self.unsaved_shards)
+                  if self.loss is not None else None)
         path = None
         if args.save_logs:
             resume = saving.resume_entry(epoch, step, args, self.epoch_num_batches, rng, signame)
-            path = saving.save_step_checkpoint(model, optimizer, scaler, epoch, step, args, self.loss,
-                                               self.checkpoint_meta(), folder, resume, self._torch_save)
+            with self._shards_of(folder):
+                path = saving.save_step_checkpoint(model, optimizer, scaler, epoch, step, args, self.loss,
+                                                   self.checkpoint_meta(), folder, resume, self._torch_save)
             why = f"on {signame}" if signame else f"every {self.config.preempt.save_every_minutes:g} minutes"
             logging.info(f"Saved {path}: step {step} of epoch {epoch} ({why}).")
         if args.world_size > 1 and torch.distributed.is_available() and torch.distributed.is_initialized():
@@ -502,7 +506,19 @@ class TrainingRun:
         if training:
             self._refuse_nonfinite(f)  # no NaN file over the last good one
             obj = saving.training_checkpoint(obj, self.loss, self.checkpoint_meta(), self.shards, folder)
-        saving.save_checkpoint(obj, f, folder, lambda o, fh: torch.save(o, fh, *args, **kwargs), training)
+        with self._shards_of(self.shards if training else None):
+            saving.save_checkpoint(obj, f, folder, lambda o, fh: torch.save(o, fh, *args, **kwargs), training)
+
+    @contextlib.contextmanager
+    def _shards_of(self, folder):
+        """Around the master's save of a checkpoint that refers to the shard folder ``folder``: once written,
+        the folder is the checkpoint's; if the save fails, a folder this run made goes with it."""
+        try:
+            yield
+        except BaseException:
+            loss_state.drop_unsaved(folder, self.unsaved_shards)
+            raise
+        self.unsaved_shards.discard(folder)
 
     def checkpoint_meta(self) -> dict:
         """What a downstream loader needs without the training flags (``ckpt["clip_dcl"]``)."""
