@@ -26,7 +26,7 @@ from clip_dcl.losses.base import stateful
 
 from . import loss_state
 from . import preempt as preemption
-from . import saving
+from . import runfolder, saving
 from .divergence import Diverged, NonFiniteSteps, describe_tensors, nonfinite_tensors
 from .flags import TrainConfig, full_loss_args, loss_command, openclip_native, setting_words
 from .ids import with_indices
@@ -74,6 +74,8 @@ class TrainingRun:
         self.grow_from: Optional[int] = None  # --decl-grow-state: the ids the resumed per-sample state holds
         self.nonfinite: Optional[NonFiniteSteps] = None  # the run's count of non-finite steps, across epochs
         self.model = None  # the model being trained (main's), whose parameters a checkpoint must find finite
+        self.lock: Optional[runfolder.RunLock] = None  # the master's lock of the run folder, while it runs
+        self.named = True  # --name was given (else OpenCLIP names the run after the clock)
 
     # open_clip_train.main.parse_args
     def parse_args(self, argv):
@@ -87,6 +89,10 @@ class TrainingRun:
         args.loss_reset = cfg.loss_reset
         args.decl_id_block = cfg.id_block
         self.resume_latest = args.resume == "latest"
+        self.named = args.name is not None
+        if self.resume_latest and args.save_most_recent and args.name and args.logs and args.remote_sync is None:
+            # OpenCLIP would look at epoch_latest.pt alone (see runfolder.latest_checkpoint)
+            args.resume = runfolder.latest_checkpoint(os.path.join(args.logs, args.name, "checkpoints"), True)
         args.captions_per_image = cfg.captions_per_image
         self.args = args
         return args
@@ -95,15 +101,32 @@ class TrainingRun:
     def setup_logging(self, log_file, level, include_host=False):
         """OpenCLIP's (as :func:`clip_dcl.train.upstream.setup_logging` keeps it), then, on the master rank,
         the removal of the partial files a save killed halfway left in the run's checkpoint folder
-        (main calls it once the folder is known, before any save)."""
-        upstream_setup_logging(log_file, level, include_host=include_host)
+        (main calls it once the folder is known, before any save). Before both, the run claims its folder
+        (:func:`clip_dcl.train.runfolder.claim`: its lock, and the check in place of OpenCLIP's)."""
         args = self.args
+        took = None
+        if args is not None:
+            self.lock, took = runfolder.claim(args, self.resume_latest)
+        upstream_setup_logging(log_file, level, include_host=include_host)
         if args is None or getattr(args, "rank", 0) != 0 or not args.logs or str(args.logs).lower() == "none":
             return
+        if took:
+            logging.warning(took)
+        if self.resume_latest and args.save_most_recent and self.named:
+            logging.info(f"--resume latest with --save-most-recent: {args.resume or 'no checkpoint'} (the newest of "
+                         "epoch_latest.pt and epoch_N.pt).")
         folder = os.path.join(args.logs, args.name, "checkpoints")
         for path in saving.remove_stale_partials(folder):
             logging.info(f"Removed {path}: the partial file of a save that was killed halfway (the checkpoint it "
                          "was writing was never completed).")
+
+    # open_clip_train.main.os.path.exists
+    def path_exists(self, path) -> bool:
+        """``os.path.exists``, except that OpenCLIP's "Experiment already exists" check sees no log: the
+        run's own check (:func:`clip_dcl.train.runfolder.folder_problem`) takes its place in setup_logging."""
+        if self.args is not None and path is not None and path == getattr(self.args, "log_path", None):
+            return False
+        return os.path.exists(path)
 
     # open_clip_train.main.pt_load
     def pt_load(self, path, map_location="cpu"):
