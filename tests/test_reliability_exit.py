@@ -314,7 +314,8 @@ def test_diverge_mid_run_stops_naming_the_step_and_keeps_the_last_finite_checkpo
     assert res.returncode == 1, res.stderr[-3000:]
     assert ("training diverged: the loss was NaN or inf for 2 optimizer steps in a row (--max-nonfinite-steps 2), "
             "from step 2 of epoch 1; no checkpoint of these weights was written; the newest, "
-            f"{folder / 'epoch_1.pt'}, is what --resume latest picks") in res.stderr, res.stderr[-3000:]
+            f"{folder / 'epoch_1.pt'}, is what the same command with --resume latest resumes") in res.stderr, \
+        res.stderr[-3000:]
     assert "Train Epoch: 1 [32/64" in res.stderr and "Train Epoch: 1 [40/64" not in res.stderr  # after step 3
     assert sorted(p.name for p in folder.glob("*.pt")) == ["epoch_1.pt"]
     model, _, _ = load_checkpoint(folder / "epoch_1.pt")

@@ -111,7 +111,9 @@ def main(argv: Optional[List[str]] = None) -> int:
 
 
 def _report(line: str) -> None:
-    if logging.getLogger().handlers:  # OpenCLIP's logging is set up: into out.log and stderr
+    # OpenCLIP's logging, once set up, writes to this stderr (and out.log); before, other handlers (a
+    # harness's) would take the line without showing it
+    if any(type(h) is logging.StreamHandler and h.stream is sys.stderr for h in logging.getLogger().handlers):
         logging.error(line)
     else:
         print(line, file=sys.stderr)

@@ -177,8 +177,8 @@ def run_training(config: TrainConfig) -> int:
         interrupted = e.signame == "SIGINT"
         result = preemption.INTERRUPTED_EXIT_CODE if interrupted else preemption.PREEMPTED_EXIT_CODE
         if e.path:
-            how = (f"run the same command with --resume latest (or --resume {e.path}); it continues at step "
-                   f"{e.step} of epoch {e.epoch}")
+            how = (f"run {run.rerun(f'--resume latest (or --resume {e.path})')}; it continues at step {e.step} of "
+                   f"epoch {e.epoch}")
         elif run.args is not None and run.args.rank == 0:
             how = "no checkpoint was written (no --logs)"
         else:

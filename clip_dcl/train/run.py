@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import glob
 import logging
 import math
 import os
@@ -18,7 +17,6 @@ from typing import Optional
 
 import open_clip
 import torch
-from open_clip_train import main as oc_main
 from open_clip_train import params as oc_params
 from open_clip_train import train as oc_train
 
@@ -28,27 +26,16 @@ from . import loss_state
 from . import preempt as preemption
 from . import runfolder, saving
 from .divergence import Diverged, NonFiniteSteps, describe_tensors, nonfinite_tensors
-from .flags import TrainConfig, full_loss_args, loss_command, openclip_native, setting_words
+from .flags import TrainConfig, full_loss_args, openclip_native
 from .ids import with_indices
+from .resume_checks import (LossSettingMismatch, LossStateMismatch, ObjectiveMismatch,  # noqa: F401 (its errors)
+                            check_objective, check_state_settings)
 from .pipeline import get_wds_train_dataset
 from .steps import (IdChannel, LossWithIds, SkippedSteps, TrainLineHook, log_data_stats, log_epoch_health,
                     seed_main_process)
 from .upstream import (OPENCLIP_CREATE_LOSS, OPENCLIP_GET_CSV_DATASET, OPENCLIP_GET_SYNTHETIC_DATASET,
                        OPENCLIP_GET_WDS_DATASET, OPENCLIP_PT_LOAD, OPENCLIP_TRAIN_ONE_EPOCH)
 from .upstream import setup_logging as upstream_setup_logging
-
-
-class LossStateMismatch(RuntimeError):
-    """The checkpoint being resumed holds loss state that the configured loss cannot take."""
-
-
-class ObjectiveMismatch(LossStateMismatch):
-    """The checkpoint being resumed was trained with another ``--loss`` than the one configured."""
-
-
-class LossSettingMismatch(LossStateMismatch):
-    """The checkpoint being resumed was trained with another value of a setting that gives its loss
-    state its meaning (the loss class's ``state_settings``), or for another number of sample ids."""
 
 
 class TrainingRun:
@@ -135,8 +122,10 @@ class TrainingRun:
         if isinstance(ckpt, dict) and "epoch" in ckpt:
             path = self.args.resume if self.args is not None and self.args.resume else path
             self.resume_position = saving.resume_position(ckpt)
-            self._check_objective(ckpt, path)
-            self._check_state_settings(ckpt, path)
+            check_objective(self.config, ckpt, path)
+            grow_from = check_state_settings(self.config, ckpt, path)
+            if grow_from is not None:
+                self.grow_from = grow_from
             if self.config.loss_reset:
                 logging.info(f"--loss-reset: the {self.config.loss} loss starts with fresh state; {path} keeps "
                              "only the model and optimizer.")
@@ -165,80 +154,6 @@ class TrainingRun:
         if found.path != path:
             self.args.resume = found.path  # main logs the file it resumed from args.resume
         return found.checkpoint
-
-    def _check_objective(self, ckpt: dict, path) -> None:
-        """Refuse to resume a checkpoint trained with another ``--loss``, unless ``--loss-reset``."""
-        entry = ckpt.get(saving.CKPT_KEY)
-        saved = entry.get("loss") if isinstance(entry, dict) else None
-        if saved is None or saved == self.config.loss or self.config.loss_reset:
-            return
-        saved_flags = " ".join(loss_command(saved, entry.get("loss_args") or {}))
-        raise ObjectiveMismatch(
-            f"{path} was trained with {saved_flags}; resuming it with --loss {self.config.loss} would change the "
-            f"objective. To continue the same training, add: {saved_flags}. To train --loss {self.config.loss} from "
-            f"this checkpoint on purpose (the saved loss state is dropped), add --loss-reset.")
-
-    def _check_state_settings(self, ckpt: dict, path) -> None:
-        """Refuse to resume loss state that this run's settings would read as another quantity.
-
-        Each loss class declares the keyword arguments that give its saved state its meaning
-        (``state_settings``, :meth:`clip_dcl.losses.base.ContrastiveLoss.state_meaning`); a value that
-        differs from the checkpoint's is refused with the flag to add, as another ``--loss`` is. A
-        per-sample buffer for another number of ids (the data set grew) is refused with the ways on,
-        unless ``--decl-grow-state`` asks to keep the rates of the ids seen.
-        """
-        from clip_dcl.losses import LOSSES
-
-        entry = ckpt.get(saving.CKPT_KEY)
-        cfg = self.config
-        if not isinstance(entry, dict) or entry.get("loss") != cfg.loss or cfg.loss_reset or cfg.loss not in LOSSES:
-            return
-        cls = LOSSES[cfg.loss]
-        then = cls.state_meaning(entry.get("loss_args") or {})
-        now = cls.state_meaning(cfg.loss_args)
-        changed = [k for k in then if k in now and then[k] != now[k]]
-        if changed:
-            saved = " ".join(w for k in changed for w in setting_words(cfg.loss, k, then[k]))
-            given = " ".join(w for k in changed for w in setting_words(cfg.loss, k, now[k]))
-            raise LossSettingMismatch(
-                f"{path} was trained with {saved}; resuming it with {given} would read its saved --loss {cfg.loss} "
-                f"state as another quantity. To continue the same training, add: {saved}. To train with {given} "
-                "from this checkpoint on purpose (the loss state starts fresh; the model and optimizer are kept), "
-                "add --loss-reset.")
-        self._check_num_samples(entry, path)
-
-    def _check_num_samples(self, entry: dict, path) -> None:
-        """A per-sample buffer saved for ``num_samples`` ids other than this run's: refused with the ways on,
-        or (``--decl-grow-state``, the data set grew) kept for the ids seen, the new ids unvisited."""
-        cfg = self.config
-        now = cfg.loss_args.get("num_samples") if cfg.num_samples is not None else None
-        index = entry.get(saving.SHARD_INDEX_KEY)
-        saved = (index or {}).get("num_samples", (entry.get("loss_args") or {}).get("num_samples"))
-        if now is None or saved is None or int(saved) == int(now):
-            return
-        saved, now = int(saved), int(now)
-        reset = "add --loss-reset to start the whole loss state fresh (the model and optimizer are kept)"
-        if now > saved:
-            if cfg.grow_state and cfg.id_block is not None and saved % cfg.id_block:
-                raise LossSettingMismatch(
-                    f"--decl-grow-state keeps every id's rate in its place, but with ::-joined sources the ids of "
-                    f"source j start at j x {cfg.id_block} (the block of each source), and {path}'s {saved} ids were "
-                    "laid out in other blocks: the rates would move to other samples. Add --loss-reset instead, or "
-                    f"resume with the --decl-num-samples that gives the saved blocks.")
-            if cfg.grow_state:
-                logging.info(f"--decl-grow-state: {path} holds the rates of {saved} sample ids; they are kept, "
-                             f"and the {now - saved} new ids [{saved}, {now}) start unvisited.")
-                self.grow_from = saved
-                return
-            raise LossSettingMismatch(
-                f"{path} holds --loss {cfg.loss} state for {saved} sample ids, and this run needs {now} "
-                f"(--decl-num-samples {now}: the training data's size unless given): the data set grew. Either "
-                f"add --decl-grow-state to keep the learned rates of the {saved} ids seen and start the "
-                f"{now - saved} new ids unvisited, as a fresh buffer starts them; or {reset}.")
-        raise LossSettingMismatch(
-            f"{path} holds --loss {cfg.loss} state for {saved} sample ids, and this run has --decl-num-samples {now} "
-            f"(the training data's size unless given): the data set shrank. Either add --decl-num-samples {saved} to "
-            f"keep the learned rates (every id of the smaller data set is below it); or {reset}.")
 
     # open_clip_train.main.create_loss
     def create_loss(self, args):
@@ -445,10 +360,9 @@ class TrainingRun:
         if args.world_size > 1:
             why = f"rank {args.rank}: {why}"
         folder = getattr(args, "checkpoint_path", None)
-        saved = sorted(glob.glob(os.path.join(folder, "**", "*.pt"), recursive=True),
-                       key=oc_main.natural_key) if folder and args.save_logs else []
-        kept = (f"no checkpoint of these weights was written; the newest, {saved[-1]}, is what --resume latest "
-                "picks" if saved else "no checkpoint of these weights was written")
+        newest = runfolder.latest_checkpoint(folder, args.save_most_recent) if folder and args.save_logs else None
+        kept = (f"no checkpoint of these weights was written; the newest, {newest}, is what "
+                f"{self.rerun('--resume latest')} resumes" if newest else "no checkpoint of these weights was written")
         fp32 = "" if args.precision == "fp32" else ", or train with --precision fp32"
         return Diverged(f"training diverged: {why}; {kept}. Lower --lr (or lengthen --warmup), check --wd and "
                         f"the other optimizer flags{fp32}")
@@ -511,7 +425,8 @@ class TrainingRun:
             resume = saving.resume_entry(epoch, step, args, self.epoch_num_batches, rng, signame)
             with self._shards_of(folder):
                 path = saving.save_step_checkpoint(model, optimizer, scaler, epoch, step, args, self.loss,
-                                                   self.checkpoint_meta(), folder, resume, self._torch_save)
+                                                   self.checkpoint_meta(), folder, resume, self._torch_save,
+                                                   self.rerun())
             why = f"on {signame}" if signame else f"every {self.config.preempt.save_every_minutes:g} minutes"
             logging.info(f"Saved {path}: step {step} of epoch {epoch} ({why}).")
         if args.world_size > 1 and torch.distributed.is_available() and torch.distributed.is_initialized():
@@ -530,7 +445,15 @@ class TrainingRun:
             self._refuse_nonfinite(f)  # no NaN file over the last good one
             obj = saving.training_checkpoint(obj, self.loss, self.checkpoint_meta(), self.shards, folder)
         with self._shards_of(self.shards if training else None):
-            saving.save_checkpoint(obj, f, folder, lambda o, fh: torch.save(o, fh, *args, **kwargs), training)
+            saving.save_checkpoint(obj, f, folder, lambda o, fh: torch.save(o, fh, *args, **kwargs), training,
+                                   self.rerun())
+
+    def rerun(self, flags: Optional[str] = None) -> str:
+        """:data:`clip_dcl.train.saving.RERUN`, with this run's ``--name`` when OpenCLIP made it up; with ``flags``,
+        filled in: the command a message tells to run."""
+        name = "" if self.named or self.args is None else f"--name {self.args.name} "
+        template = saving.RERUN.replace("{}", name + "{}")
+        return template if flags is None else template.format(flags)
 
     @contextlib.contextmanager
     def _shards_of(self, folder):

@@ -73,6 +73,9 @@ SHARD_FOLDER = "loss_state"
 PARTIAL_SUFFIX = ".partial"
 #: the prefix ``DistributedDataParallel`` gives every key of the ``state_dict`` of the model it wraps
 DDP_PREFIX = "module."
+#: How a message says to run the stopped run again with more flags (``{}``); a run that OpenCLIP named after
+#: the clock (no ``--name``) adds its name, without which ``--resume latest`` would start another run.
+RERUN = "the same command with {}"
 #: The settings a mid-epoch checkpoint records, which a resume compares with its own.
 RESUME_SETTINGS = ("world_size", "batch_size", "accum_freq", "workers", "seed")
 
@@ -197,17 +200,17 @@ def model_keys_for(state_dict: dict, wrapped: bool) -> dict:
 
 
 # -- writing -----------------------------------------------------------------------------------------
-def save_checkpoint(obj, f, checkpoint_path: Optional[str], save: Callable, training: bool) -> None:
+def save_checkpoint(obj, f, checkpoint_path: Optional[str], save: Callable, training: bool, rerun: str = RERUN) -> None:
     """Write a checkpoint OpenCLIP's ``main`` saves (``obj``, to ``f``) with ``save(obj, file)``.
 
-    A path is written atomically (:func:`save_atomically`); an open file as it is. After a training
+    A path is written atomically (:func:`save_atomically`, ``rerun`` as there); an open file as it is. After a training
     checkpoint (an epoch's, built by :func:`training_checkpoint`) the mid-epoch checkpoints of earlier
     epochs, and their shard folders, are removed from ``checkpoint_path``.
     """
     if not isinstance(f, (str, os.PathLike)):
         save(obj, f)
         return
-    save_atomically(obj, f, save)
+    save_atomically(obj, f, save, rerun)
     if training and checkpoint_path:  # an epoch's checkpoint supersedes the mid-epoch ones of earlier epochs
         completed = int(obj["epoch"])
         supersede_step_files(checkpoint_path, completed)
@@ -215,7 +218,7 @@ def save_checkpoint(obj, f, checkpoint_path: Optional[str], save: Callable, trai
 
 
 def save_step_checkpoint(model, optimizer, scaler, epoch: int, step: int, args, loss, entry: dict,
-                         shards: Optional[Path], resume: dict, save: Callable) -> str:
+                         shards: Optional[Path], resume: dict, save: Callable, rerun: str = RERUN) -> str:
     """The master: write the checkpoint of step ``step`` of ``epoch`` and return its path.
 
     The file is ``epoch_latest.pt`` with ``--save-most-recent`` (what ``--resume latest`` reads then),
@@ -233,16 +236,17 @@ def save_step_checkpoint(model, optimizer, scaler, epoch: int, step: int, args, 
     if scaler is not None:
         ckpt["scaler"] = scaler.state_dict()
     ckpt = training_checkpoint(ckpt, loss, entry, shards, args.checkpoint_path, resume)
-    save_atomically(ckpt, path, save)
+    save_atomically(ckpt, path, save, rerun)
     supersede_step_files(args.checkpoint_path, epoch, keep=path)
     prune_step_folders(args.checkpoint_path, keep=shards.name if shards else None)
     return path
 
 
-def save_atomically(obj, path, save=None) -> None:
+def save_atomically(obj, path, save=None, rerun: str = RERUN) -> None:
     """``torch.save(obj, path)`` through ``path + PARTIAL_SUFFIX``, flushed to disk, then renamed.
 
-    A kill during the save leaves at most the ``.partial`` file, never a truncated ``path``.
+    A kill during the save leaves at most the ``.partial`` file, never a truncated ``path``. ``rerun``
+    (:data:`RERUN`) words the command a full disk's message tells to run.
 
     Raises:
         CheckpointDiskFull: the disk is full (``ENOSPC``/``EDQUOT``, however deep in torch's error it
@@ -265,7 +269,7 @@ def save_atomically(obj, path, save=None) -> None:
             os.remove(tmp)
         full = _disk_full(e)
         if full is not None:
-            raise CheckpointDiskFull(_disk_full_message(obj, path, full)) from e
+            raise CheckpointDiskFull(_disk_full_message(obj, path, full, rerun)) from e
         if not isinstance(e, KeyboardInterrupt) and interrupted(e):
             raise KeyboardInterrupt from None
         raise
@@ -319,8 +323,8 @@ def _size(n: int) -> str:
     return f"{n} bytes"
 
 
-def _disk_full_message(obj, path: str, err: OSError) -> str:
-    from open_clip_train.main import natural_key  # the order OpenCLIP's --resume latest picks in
+def _disk_full_message(obj, path: str, err: OSError, rerun: str = RERUN) -> str:
+    from .runfolder import latest_checkpoint
 
     folder = os.path.dirname(os.path.abspath(path))
     need = _payload_bytes(obj)
@@ -329,10 +333,13 @@ def _disk_full_message(obj, path: str, err: OSError) -> str:
     except OSError:
         free = "free space unknown"
     needs = f"it needs about {_size(need)}, {free} on that disk" if need else free
-    others = sorted(glob.glob(os.path.join(folder, "**", "*.pt"), recursive=True), key=natural_key)
-    if others:
-        previous = (f"the previous checkpoint, {others[-1]}, is intact (the partial file was removed). Free "
-                    f"space, then run the same command with --resume latest (or --resume {others[-1]})")
+    parts = Path(folder).parts  # a shard's folder is under the checkpoints' (CHECKPOINTS/loss_state/epoch_N)
+    checkpoints = str(Path(*parts[:parts.index(SHARD_FOLDER)])) if SHARD_FOLDER in parts else folder
+    # the newest by position: what --resume latest resumes (with --save-most-recent too, see latest_checkpoint)
+    newest = latest_checkpoint(checkpoints, save_most_recent=True)
+    if newest:
+        previous = (f"the previous checkpoint, {newest}, is intact (the partial file was removed). Free "
+                    f"space, then run {rerun.format(f'--resume latest (or --resume {newest})')}")
     else:
         previous = ("the partial file was removed; there is no earlier checkpoint in that folder, so the run "
                     "would start over. Free space (or give --logs another disk) and run it again")
