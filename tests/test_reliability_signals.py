@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
 import sys
 import time
 
@@ -144,3 +145,53 @@ def test_failed_save_on_two_ranks_leaves_no_shard_folder_without_its_checkpoint(
     shards_left = sorted(p.name for p in (folder / "loss_state").iterdir())
     assert shards_left == ["epoch_1"], shards_left  # epoch_2's shards went with the checkpoint that was not written
     assert len(list((folder / "loss_state" / "epoch_1").glob("*.state"))) == 2
+
+
+# -- torchrun's exit on a signal is the run's -------------------------------------------------------------------
+def test_torchrun_exit_codes_pass_the_ranks_stop_through():
+    from clip_dcl.train.torchrun import exit_code, signal_exit
+
+    assert signal_exit(signal.SIGINT) == ("SIGINT (Ctrl-C)", 130)
+    assert signal_exit(signal.SIGTERM) == ("SIGTERM", 75)
+    assert exit_code([75, 75]) == 75 and exit_code([130, 75]) == 130 and exit_code([130]) == 130
+    assert exit_code([75, 1]) == 1 and exit_code([-9]) == 1 and exit_code([]) == 1
+
+
+def _two_rank_flags(shards, logs, *extra):  # noqa: F811
+    return _flags(shards, logs, "x", "--loss", "dcl", "--local-loss", "--gather-with-grad", "--epochs", "20",
+                  "--train-num-samples", "32", *extra)
+
+
+@pytest.mark.slow
+def test_torchrun_ctrl_c_through_the_launch_script_exits_130_after_the_ranks_save(shards, tmp_path):  # noqa: F811
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[1] / "launch" / "train_single_node.sh"
+    logs = tmp_path / "logs"
+    proc = subprocess.Popen(["bash", str(script), *_two_rank_flags(shards, logs)], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=_env(PYTHON=sys.executable, NPROC="2"),
+                            start_new_session=True)
+    deadline = time.monotonic() + 90
+    log = logs / "x" / "out.log"
+    while not (log.exists() and "Train Epoch: 0" in log.read_text()):
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()[1][-3000:]
+        time.sleep(0.2)
+    os.killpg(proc.pid, signal.SIGINT)  # a terminal's Ctrl-C: to the foreground group (torchrun, here the script)
+    rc, err, _ = _finish(proc)
+    assert rc == 130, err[-3000:]
+    assert _last_line(err).startswith("clip-dcl train: torchrun stopped on SIGINT (Ctrl-C)"), err[-3000:]
+    assert "Traceback" not in err and "SignalException" not in err.split("Stopped on SIGINT")[-1]
+    assert err.count("Stopped on SIGINT after step") == 2  # both ranks saved their step (rank 0 wrote it)
+    assert len(list((logs / "x" / "checkpoints").glob("epoch_*_step_*.pt"))) == 1
+
+
+@pytest.mark.slow
+def test_torchrun_ranks_stopped_by_their_own_signal_exit_75(shards, tmp_path):  # noqa: F811
+    # a scheduler's SIGTERM to the rank (not to torchrun): it saves, exits 75, and torchrun's failure passes it on
+    proc, _ = _launch(["-m", "clip_dcl.train.torchrun", "--standalone", "--nproc_per_node", "1", HELPER, "--",
+                       *_two_rank_flags(shards, tmp_path / "logs")], env=_env(PREEMPT_AT_STEP="2"))
+    rc, err, _ = _finish(proc)
+    assert rc == 75, err[-3000:]
+    assert _last_line(err) == "clip-dcl train: the ranks stopped on a signal after saving their step (exit codes 75); " \
+                              "exit code 75"
+    assert "ChildFailedError" not in err
