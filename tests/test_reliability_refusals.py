@@ -39,3 +39,43 @@ def test_evaluation_alone_takes_any_batch_size(tmp_path):
     val = tmp_path / "val.csv"
     val.write_text("filepath\ttitle\n")
     assert parse_train_args(["--val-data", str(val), "--dataset-type", "csv", "--batch-size", "1"]) is not None
+
+
+# -- an empty caption -------------------------------------------------------------------------------------------
+def test_empty_captions_are_counted_and_skipped_like_missing_ones(tmp_path, caplog):
+    import io
+    import json
+    import logging
+
+    import numpy as np
+    import torch
+    import webdataset as wds
+    from PIL import Image
+
+    from clip_dcl.train.pipeline import get_wds_train_dataset, summary_line
+    from test_train import _epoch_batches, _pipeline_args
+
+    (tmp_path / "shards").mkdir()
+    captions = {0: "sample 0", 1: "", 2: "  \n ", 3: None, 4: "sample 4", 5: "sample 5"}  # None: no .txt at all
+    with wds.TarWriter(str(tmp_path / "shards" / "00000.tar")) as w:
+        for k, caption in captions.items():
+            buf = io.BytesIO()
+            Image.fromarray(np.zeros((8, 8, 3), dtype=np.uint8)).save(buf, format="PNG")
+            sample = {"__key__": f"{k:09d}", "png": buf.getvalue(), "json": json.dumps({"key": f"{k:09d}"}).encode()}
+            if caption is not None:
+                sample["txt"] = caption
+            w.write(sample)
+    (tmp_path / "shards" / "sizes.json").write_text(json.dumps({"00000.tar": len(captions)}))
+    caplog.set_level(logging.WARNING)
+    info = get_wds_train_dataset(_pipeline_args(str(tmp_path / "shards" / "00000.tar"), workers=0, batch_size=1),
+                                 lambda img: torch.zeros(1), tokenizer=lambda text: [torch.tensor(len(text))])
+    seen = {int(ids) for _, _, ids in _epoch_batches(info, 0)}
+    assert seen == {0, 4, 5}  # never trained on an empty string
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    for k in (1, 2):
+        assert any(f"'{k:09d}'" in m and "empty caption (.txt holds no caption)" in m for m in warnings), warnings
+    assert any("'000000003'" in m and "no caption (.txt)" in m for m in warnings), warnings
+    report = info.dataloader.data_stats.collect(0)
+    assert report["counts"]["empty caption"] >= 2 and report["counts"]["no caption"] >= 1
+    line = summary_line(0, report)
+    assert "empty caption" in line and "no caption" in line, line
