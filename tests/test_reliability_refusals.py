@@ -79,3 +79,73 @@ def test_empty_captions_are_counted_and_skipped_like_missing_ones(tmp_path, capl
     assert report["counts"]["empty caption"] >= 2 and report["counts"]["no caption"] >= 1
     line = summary_line(0, report)
     assert "empty caption" in line and "no caption" in line, line
+
+
+# -- non-finite weights: export and evaluation ---------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def checkpoints(tmp_path_factory):
+    """Checkpoints of clip-dcl-tiny: ``nan.pt`` (every weight NaN) and ``scale.pt`` (only its logit_scale NaN)."""
+    import open_clip
+    import torch
+
+    from clip_dcl.models import register_builtin_configs
+
+    root = tmp_path_factory.mktemp("nonfinite")
+    register_builtin_configs()
+    state = open_clip.create_model("clip-dcl-tiny").state_dict()
+    nan = {k: torch.full_like(v, float("nan")) if v.is_floating_point() else v for k, v in state.items()}
+    torch.save({"epoch": 1, "state_dict": nan, "clip_dcl": {"model": "clip-dcl-tiny"}}, root / "nan.pt")
+    scale = dict(state, logit_scale=torch.tensor(float("nan")))
+    torch.save({"epoch": 1, "state_dict": scale, "clip_dcl": {"model": "clip-dcl-tiny"}}, root / "scale.pt")
+    return root
+
+
+@pytest.mark.parametrize("name, named", [("nan.pt", "weight tensor(s) hold NaN or inf ("),
+                                         ("scale.pt", "1 weight tensor(s) hold NaN or inf (logit_scale)")])
+def test_export_refuses_non_finite_weights_and_writes_nothing(checkpoints, tmp_path, capsys, name, named):
+    from clip_dcl.checkpoint import export_main
+
+    out = tmp_path / "exported"
+    assert export_main([str(checkpoints / name), str(out)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and err.startswith(f"clip-dcl export: checkpoint {str(checkpoints / name)!r} is not a model "
+                                              "to export: ") and named in err, err
+    assert err.endswith("nothing was written")
+    assert not out.exists()
+
+
+def test_eval_warns_on_a_nan_logit_scale_where_the_score_does_not_depend_on_it(checkpoints, tmp_path, capsys, caplog):
+    import logging
+
+    from clip_dcl.data.synth import generate
+    from clip_dcl.eval.cli import main as eval_main
+
+    synth = generate(tmp_path / "synth", quick=True, verbose=False)["out_dir"]
+    caplog.set_level(logging.WARNING)
+    rc = eval_main(["zeroshot", "--data", f"{synth}/zeroshot", "--checkpoint", str(checkpoints / "scale.pt"),
+                    "--device", "cpu", "--no-progress"])
+    assert rc == 0  # cosine ranks at CLIP's fixed scale 100: scored
+    assert "acc1" in capsys.readouterr().out
+    warned = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING and "logit_scale" in r.getMessage()]
+    assert warned == ["clip-dcl eval zeroshot: the model's logit_scale is nan (a training that diverged?); the scores "
+                      "below do not depend on it (cosine similarities, CLIP's fixed logit scale 100), but the "
+                      "checkpoint's training did not end well"], warned
+
+
+def test_eval_refuses_a_nan_logit_scale_where_the_score_depends_on_it(checkpoints, capsys, monkeypatch):
+    from clip_dcl.eval import registry
+    from clip_dcl.eval.cli import main as eval_main
+
+    monkeypatch.setattr(registry, "_TASKS", dict(registry._TASKS))
+    registry.register_task(registry.EvalTask(
+        name="temperature", help="the model's learned temperature", description="Reads logit_scale.",
+        run=lambda model, preprocess, tokenizer, args, common: registry.TaskResult(
+            {"scale": float(model.logit_scale.exp())}, {}),
+        uses_logit_scale=True))
+    rc = eval_main(["temperature", "--checkpoint", str(checkpoints / "scale.pt"), "--device", "cpu"])
+    captured = capsys.readouterr()
+    assert rc == 2
+    assert captured.err.strip() == ("clip-dcl eval temperature: the model's logit_scale is nan (a training that "
+                                    "diverged?), and the scores of clip-dcl eval temperature depend on it: nothing is "
+                                    "scored")
+    assert "scale" not in captured.out

@@ -68,6 +68,9 @@ class EvalTask:
     - ``benchmark_run(model, preprocess, tokenizer, run, settings) -> (metrics, extra)``: the task
       under ``clip-dcl eval benchmark`` (``run`` a :class:`clip_dcl.eval.benchmark.BenchmarkRun`,
       ``settings`` the parsed CLIP_benchmark settings); ``extra`` is added to the result file.
+    - ``uses_logit_scale``: its scores depend on the model's ``logit_scale``, so a model whose scale is
+      NaN or inf is refused (exit 2); otherwise it is scored with a warning
+      (:func:`clip_dcl.eval.encoding.check_logit_scale`).
     """
 
     name: str
@@ -82,6 +85,7 @@ class EvalTask:
     benchmark_metrics: Callable[[dict], dict] | None = None
     benchmark_documents: Callable | None = None
     benchmark_run: Callable | None = None
+    uses_logit_scale: bool = False
 
     def __post_init__(self):
         if not self.name or not self.name.replace("_", "").replace("-", "").isalnum():

@@ -9,9 +9,6 @@ error line, in some runs and not others (it depends on which worker the collecto
 Shut down by PyTorch's own shutdown (workers told to stop, joined, then removed from that handler's
 list), they exit quietly.
 
-:func:`interrupted` tells whether an error raised while saving is a Ctrl-C in disguise: a
-``KeyboardInterrupt`` in the middle of ``torch.save`` makes its zip writer fail as it closes the file
-("[enforce fail at inline_container.cc] unexpected pos"), which hides the interrupt.
 """
 from __future__ import annotations
 
@@ -36,13 +33,3 @@ def stop_loader_workers() -> int:
             stopped += 1
     return stopped
 
-
-def interrupted(err: BaseException) -> bool:
-    """Whether ``err`` or an error it was raised while handling (``__context__``) is a ``KeyboardInterrupt``."""
-    seen = set()
-    while err is not None and id(err) not in seen:
-        if isinstance(err, KeyboardInterrupt):
-            return True
-        seen.add(id(err))
-        err = err.__cause__ or err.__context__
-    return False

@@ -255,13 +255,12 @@ def _position(path: str) -> Optional[tuple]:
         m = pattern.fullmatch(name)
         if m:
             return tuple(int(g) for g in m.groups()) + (0,) * (2 - len(m.groups()))
-    import torch
+    from . import saving
 
     try:
-        ckpt = torch.load(path, map_location="cpu", mmap=True, weights_only=True)
-        resume = (ckpt.get("clip_dcl") or {}).get("resume") or {}
-        return int(ckpt["epoch"]), int(resume.get("step", 0))
-    except Exception:  # noqa: BLE001 - torn or foreign: not a candidate
+        ckpt = saving.read_checkpoint(path, mmap=True)
+        return int(ckpt["epoch"]), int((saving.resume_position(ckpt) or {}).get("step", 0))
+    except (ValueError, KeyError, TypeError, AttributeError):  # torn, unsafe or foreign: not a candidate
         return None
 
 

@@ -55,8 +55,6 @@ from clip_dcl._version import __version__
 from clip_dcl.losses.base import stateful
 from clip_dcl.losses.state import digest_of_state_dict, reshard
 
-from .exits import interrupted
-
 #: Key under which our training stores the model name and config in a checkpoint.
 CKPT_KEY = "clip_dcl"
 #: Key under which our training stores the loss's ``state_dict()`` in a checkpoint.
@@ -252,8 +250,8 @@ def save_atomically(obj, path, save=None, rerun: str = RERUN) -> None:
         CheckpointDiskFull: the disk is full (``ENOSPC``/``EDQUOT``, however deep in torch's error it
             is); the ``.partial`` file is removed and ``path``, if it existed, is untouched.
         KeyboardInterrupt: a Ctrl-C during the save, also when torch's writer hid it behind its own
-            error as it closed the torn file (:func:`clip_dcl.train.exits.interrupted`); the
-            ``.partial`` file is removed.
+            error as it closed the torn file ("[enforce fail at inline_container.cc] unexpected pos");
+            the ``.partial`` file is removed.
     """
     save = save or torch.save
     path = os.fspath(path)
@@ -270,7 +268,7 @@ def save_atomically(obj, path, save=None, rerun: str = RERUN) -> None:
         full = _disk_full(e)
         if full is not None:
             raise CheckpointDiskFull(_disk_full_message(obj, path, full, rerun)) from e
-        if not isinstance(e, KeyboardInterrupt) and interrupted(e):
+        if not isinstance(e, KeyboardInterrupt) and _interrupted(e):
             raise KeyboardInterrupt from None
         raise
 
@@ -291,6 +289,18 @@ def remove_stale_partials(folder) -> list:
             os.remove(path)
             removed.append(path)
     return removed
+
+
+def _interrupted(err: BaseException) -> bool:
+    """Whether ``err`` or an error raised while handling it (``__context__``) is a ``KeyboardInterrupt``: a
+    Ctrl-C inside ``torch.save`` makes its zip writer fail as it closes the file, which hides the interrupt."""
+    seen = set()
+    while err is not None and id(err) not in seen:
+        if isinstance(err, KeyboardInterrupt):
+            return True
+        seen.add(id(err))
+        err = err.__cause__ or err.__context__
+    return False
 
 
 def _disk_full(err: BaseException) -> Optional[OSError]:
@@ -324,7 +334,7 @@ def _size(n: int) -> str:
 
 
 def _disk_full_message(obj, path: str, err: OSError, rerun: str = RERUN) -> str:
-    from .runfolder import latest_checkpoint
+    from open_clip_train.main import natural_key  # the order OpenCLIP's --resume latest picks in
 
     folder = os.path.dirname(os.path.abspath(path))
     need = _payload_bytes(obj)
@@ -335,8 +345,8 @@ def _disk_full_message(obj, path: str, err: OSError, rerun: str = RERUN) -> str:
     needs = f"it needs about {_size(need)}, {free} on that disk" if need else free
     parts = Path(folder).parts  # a shard's folder is under the checkpoints' (CHECKPOINTS/loss_state/epoch_N)
     checkpoints = str(Path(*parts[:parts.index(SHARD_FOLDER)])) if SHARD_FOLDER in parts else folder
-    # the newest by position: what --resume latest resumes (with --save-most-recent too, see latest_checkpoint)
-    newest = latest_checkpoint(checkpoints, save_most_recent=True)
+    others = sorted(glob.glob(os.path.join(checkpoints, "**", "*.pt"), recursive=True), key=natural_key)
+    newest = others[-1] if others else None
     if newest:
         previous = (f"the previous checkpoint, {newest}, is intact (the partial file was removed). Free "
                     f"space, then run {rerun.format(f'--resume latest (or --resume {newest})')}")
@@ -363,15 +373,16 @@ def _first_line(err: BaseException) -> str:
     return f"{type(err).__name__}: {text[0]}" if text else type(err).__name__
 
 
-def read_checkpoint(path, allow_unsafe_pickle: bool = False):
-    """The object in a checkpoint file, loaded weights-only on the CPU (see :func:`_torch_load`).
+def read_checkpoint(path, allow_unsafe_pickle: bool = False, mmap: bool = False):
+    """The object in a checkpoint file, loaded weights-only on the CPU (see :func:`_torch_load`); with ``mmap``,
+    its tensors memory-mapped (only what is read is paged in: cheap for a look at its entries).
 
     Raises:
         CheckpointUnreadable: a truncated or foreign file (one line naming it).
         UnsafeCheckpoint: the file needs full unpickling and ``allow_unsafe_pickle`` is off.
     """
     try:
-        return _torch_load(Path(path), allow_unsafe_pickle)
+        return _torch_load(Path(path), allow_unsafe_pickle, mmap)
     except UnsafeCheckpoint:
         raise
     except (RuntimeError, EOFError, OSError, ValueError) as e:
@@ -379,7 +390,7 @@ def read_checkpoint(path, allow_unsafe_pickle: bool = False):
                                    f"interrupted?) or not a torch checkpoint ({_first_line(e)})") from None
 
 
-def _torch_load(path: Path, allow_unsafe_pickle: bool = False):
+def _torch_load(path: Path, allow_unsafe_pickle: bool = False, mmap: bool = False):
     """``torch.load`` with ``weights_only=True``; full unpickling only when ``allow_unsafe_pickle``.
 
     Checkpoints written by clip-dcl's training hold tensors, numbers, strings and dicts only, so they
@@ -387,7 +398,7 @@ def _torch_load(path: Path, allow_unsafe_pickle: bool = False):
     unless the caller says it trusts the file.
     """
     try:
-        return torch.load(path, map_location="cpu", weights_only=True)
+        return torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
     except pickle.UnpicklingError as e:
         reason = str(e).splitlines()[0]
     if allow_unsafe_pickle:  # the caller's explicit opt-in: the file is trusted
