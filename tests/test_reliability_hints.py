@@ -100,6 +100,7 @@ def test_hint_of_a_divergence_names_what_resume_latest_resumes_under_save_most_r
     assert named in (str(checkpoints / "epoch_latest.pt"), str(checkpoints / "epoch_2.pt"))  # both hold epoch 2
 
 
+@pytest.mark.slow
 def test_hint_resume_latest_under_save_most_recent_reaches_the_file_the_message_names(tmp_path):
     """Without the NaN hook of the test above: the same command with --resume latest resumes the file named."""
     logs = tmp_path / "logs"
