@@ -274,7 +274,8 @@ def export(ckpt: str | os.PathLike, out_dir: str | os.PathLike, model: str | Non
 
     Raises:
         ValueError: ``out_dir`` exists and is not empty, unless ``force`` (then the two files are
-            overwritten); and the errors of :func:`load_checkpoint`.
+            overwritten); the weights hold NaN or inf (a training that diverged: nothing is written);
+            and the errors of :func:`load_checkpoint`.
     """
     import open_clip
     from safetensors.torch import save_file
@@ -288,6 +289,13 @@ def export(ckpt: str | os.PathLike, out_dir: str | os.PathLike, model: str | Non
             raise ValueError(f"output folder {str(out)!r} is not empty (holds {', '.join(held[:3])}"
                              f"{', ...' if len(held) > 3 else ''}); pass --force (force=True) to overwrite")
     net, _, _ = load_checkpoint(ckpt, "cpu", model, model_config, allow_unsafe_pickle)
+    from .train.divergence import describe_tensors, nonfinite_tensors
+
+    # the parameters, not the buffers: a causal attention mask holds -inf on purpose
+    names, count = nonfinite_tensors(net.named_parameters())
+    if count:
+        raise ValueError(f"checkpoint {str(ckpt)!r} is not a model to export: {describe_tensors(names, count)} (a "
+                         "training that diverged?); nothing was written")
     if Path(ckpt).is_dir():
         cfg_doc = json.loads((Path(ckpt) / CONFIG_NAME).read_text())
         model_cfg, name = cfg_doc["model_cfg"], cfg_doc.get(saving.CKPT_KEY, {}).get("model")

@@ -10,6 +10,8 @@
 # assigned when all NNODES nodes have joined, so no node rank has to be given; every node must use the
 # same RDZV_ID. OpenCLIP picks nccl on GPUs and gloo on CPUs. The data must be readable from every node;
 # each rank reads its own shards (--train-data), so there must be at least workers x ranks shards.
+# torchrun runs as `python -m clip_dcl.train.torchrun` (torchrun's arguments): stopped by Ctrl-C it exits
+# 130, by SIGTERM 75 (after the ranks saved their step), not torchrun's 1 and its traceback.
 #
 # Variables (environment, default in brackets):
 #   NNODES     number of nodes                                   [2]
@@ -37,7 +39,7 @@ if [[ -z "${NPROC:-}" ]]; then
     fi
 fi
 
-cmd=("$PYTHON" -m torch.distributed.run --nnodes "$NNODES" --nproc_per_node "$NPROC"
+cmd=("$PYTHON" -m clip_dcl.train.torchrun --nnodes "$NNODES" --nproc_per_node "$NPROC"
      --rdzv_id "$RDZV_ID" --rdzv_backend c10d --rdzv_endpoint "$RDZV_HOST:$RDZV_PORT"
      -m clip_dcl.train -- "$@")
 if [[ "${DRY_RUN:-0}" == 1 ]]; then

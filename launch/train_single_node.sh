@@ -8,6 +8,8 @@
 #
 # The flags are those of `python -m clip_dcl.train --help` (OpenCLIP's plus --loss and its flags).
 # torchrun's own `--logs-specs` option would swallow OpenCLIP's `--logs`, hence the `--` before them.
+# torchrun runs as `python -m clip_dcl.train.torchrun` (torchrun's arguments): stopped by Ctrl-C it exits
+# 130, by SIGTERM 75 (after the ranks saved their step), not torchrun's 1 and its traceback.
 #
 # Variables (environment, default in brackets):
 #   NPROC    processes on this node, one per GPU    [number of GPUs nvidia-smi lists, else 1]
@@ -24,7 +26,7 @@ if [[ -z "${NPROC:-}" ]]; then
     fi
 fi
 
-cmd=("$PYTHON" -m torch.distributed.run --standalone --nnodes 1 --nproc_per_node "$NPROC"
+cmd=("$PYTHON" -m clip_dcl.train.torchrun --standalone --nnodes 1 --nproc_per_node "$NPROC"
      -m clip_dcl.train -- "$@")
 if [[ "${DRY_RUN:-0}" == 1 ]]; then
     printf '%q ' "${cmd[@]}"; echo

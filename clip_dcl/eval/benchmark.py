@@ -390,7 +390,7 @@ def run_benchmark(
     with its result ``document`` (empty when skipped as existing)."""
     import torch
 
-    from .encoding import EvalOptions, device_problem, resolve_device
+    from .encoding import EvalOptions, check_logit_scale, device_problem, resolve_device
 
     if batch_size < 1:
         raise ValueError(f"--batch_size must be >= 1, got {batch_size}")
@@ -440,6 +440,7 @@ def run_benchmark(
         net, preprocess, tokenizer = loaded
         torch.manual_seed(seed)
         evaluation = benchmark_task(run.task)
+        check_logit_scale(net, evaluation.uses_logit_scale, f"clip-dcl eval benchmark --task {run.task}")
         metrics, extra = evaluation.benchmark_run(net, preprocess, tokenizer, run, settings)
         keep = evaluation.benchmark_metrics(metrics) if evaluation.benchmark_metrics else metrics
         run.document = {"dataset": run.dataset, "model": run.model, "pretrained": run.pretrained, "task": run.task,

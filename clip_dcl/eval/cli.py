@@ -27,7 +27,7 @@ import logging
 import sys
 
 from ..errors import FlagError
-from .encoding import PRECISIONS, EvalOptions, device_problem, resolve_device
+from .encoding import PRECISIONS, EvalOptions, check_logit_scale, device_problem, resolve_device
 from .report import metrics_table
 
 log = logging.getLogger(__name__)
@@ -183,6 +183,7 @@ def main(argv: list[str] | None = None) -> int:
                 "precision": args.precision}
     try:
         model, preprocess, tokenizer, model_info = _load_model(args)
+        check_logit_scale(model, task.uses_logit_scale, f"clip-dcl eval {task.name}")
         result = task.run(model, preprocess, tokenizer, args, common)
     except ValueError as e:
         print(f"clip-dcl eval {task.name}: {e}", file=sys.stderr)

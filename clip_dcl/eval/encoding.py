@@ -116,6 +116,34 @@ class NonFiniteFeatures(ValueError):
     """The model's features hold NaN or inf (a checkpoint of a training that diverged): nothing to score."""
 
 
+def logit_scale_problem(model) -> str | None:
+    """What is wrong with the model's ``logit_scale`` (NaN or inf), or None: a model whose other weights are
+    finite still encodes finite features, so :func:`finite_features` lets it through."""
+    scale = getattr(model, "logit_scale", None)
+    if not isinstance(scale, torch.Tensor) or bool(torch.isfinite(scale.detach()).all()):
+        return None
+    value = scale.detach().float().reshape(-1)[0].item()
+    return f"the model's logit_scale is {value} (a training that diverged?)"
+
+
+def check_logit_scale(model, scored_with_it: bool, what: str) -> None:
+    """Refuse (:class:`NonFiniteFeatures`) a model whose ``logit_scale`` is not finite when the score of ``what``
+    depends on it (``scored_with_it``); warn when it does not. The built-in tasks score cosine ranks and
+    logits at CLIP's fixed scale 100 (the few-shot probe trains its own head), so for them it is a warning
+    that the checkpoint is suspect; a registered task that reads the model's scale declares it
+    (``EvalTask.uses_logit_scale``)."""
+    import logging
+
+    problem = logit_scale_problem(model)
+    if problem is None:
+        return
+    if scored_with_it:
+        raise NonFiniteFeatures(f"{problem}, and the scores of {what} depend on it: nothing is scored")
+    logging.getLogger(__name__).warning(
+        f"{what}: {problem}; the scores below do not depend on it (cosine similarities, CLIP's fixed logit scale "
+        "100), but the checkpoint's training did not end well")
+
+
 def finite_features(features: torch.Tensor, model, desc: str) -> torch.Tensor:
     """``features`` (rows of ``desc``), or :class:`NonFiniteFeatures` when any value is NaN or inf.
 

@@ -71,6 +71,9 @@ class EvalTask:
     - ``benchmark_check(run, settings)``: reads what ``benchmark_run`` will read of a run's data
       (its layout, class names) and raises ``ValueError`` naming what does not fit; ``clip-dcl eval
       benchmark`` calls it for every run before the first model loads.
+    - ``uses_logit_scale``: its scores depend on the model's ``logit_scale``, so a model whose scale is
+      NaN or inf is refused (exit 2); otherwise it is scored with a warning
+      (:func:`clip_dcl.eval.encoding.check_logit_scale`).
     """
 
     name: str
@@ -86,6 +89,7 @@ class EvalTask:
     benchmark_documents: Callable | None = None
     benchmark_run: Callable | None = None
     benchmark_check: Callable | None = None
+    uses_logit_scale: bool = False
 
     def __post_init__(self):
         if not self.name or not self.name.replace("_", "").replace("-", "").isalnum():

@@ -56,8 +56,9 @@ def main(argv: Optional[List[str]] = None, prog: Optional[str] = None) -> int:
     - ``130`` (:data:`clip_dcl.train.preempt.INTERRUPTED_EXIT_CODE`): Ctrl-C; the first one during
       training steps saves a checkpoint at the step, as a signal does (with ``--preempt-signals``
       on); one at another time, or a second one, stops at once without saving;
-    - ``1``: the run stopped with a clear error (logged, and on stderr): OpenCLIP refused to start
-      (e.g. the experiment name exists), a sample id is missing or does not fit the buffer, the
+    - ``1``: the run stopped with a clear error (logged, and on stderr): another process trains in the
+      run folder, or the folder holds a run that the command does not continue (``--resume latest``, or
+      ``--resume`` of a checkpoint in it, does), OpenCLIP refused to start, a sample id is missing or does not fit the buffer, the
       loss state of ``--resume`` does not fit, a checkpoint cannot be read, no training data, or a
       checkpoint cannot be written because the disk is full (the message names the file and the
       previous checkpoint, which is intact), the training diverged (``--max-nonfinite-steps``; the
@@ -89,22 +90,31 @@ def main(argv: Optional[List[str]] = None, prog: Optional[str] = None) -> int:
     from .patch import PeerFailure, run_training
     from .run import LossStateMismatch
     from .pipeline import TrainingDataError
+    from .runfolder import RunFolderBusy, RunFolderTaken
     from .preempt import INTERRUPTED_EXIT_CODE
+    from .exits import stop_loader_workers
 
+    code = None
     with _run_log_handlers_closed():
         try:
-            return run_training(config)
+            code = run_training(config)
         except (MissingSampleIds, SampleIdOutOfRange, LossStateMismatch, CheckpointUnreadable, TrainingDataError,
-                CheckpointDiskFull, Diverged, PeerFailure) as e:
+                CheckpointDiskFull, Diverged, PeerFailure, RunFolderBusy, RunFolderTaken) as e:
             _report(f"clip-dcl train: error: {_without_worker_traceback(e)}")
-            return 1
+            code = 1
         except KeyboardInterrupt:
             _report("clip-dcl train: interrupted (Ctrl-C); no checkpoint was saved at this point")
-            return INTERRUPTED_EXIT_CODE
+            code = INTERRUPTED_EXIT_CODE
+        finally:
+            if code != 0:  # failed: no loader is read again, and none may outlive this line (see exits.py)
+                stop_loader_workers()
+    return code
 
 
 def _report(line: str) -> None:
-    if logging.getLogger().handlers:  # OpenCLIP's logging is set up: into out.log and stderr
+    # OpenCLIP's logging, once set up, writes to this stderr (and out.log); before, other handlers (a
+    # harness's) would take the line without showing it
+    if any(type(h) is logging.StreamHandler and h.stream is sys.stderr for h in logging.getLogger().handlers):
         logging.error(line)
     else:
         print(line, file=sys.stderr)

@@ -117,6 +117,21 @@ def check_optimizer_values(oc_args) -> None:
                             f"{flag} {value!r}: must be {want}")
 
 
+def check_global_batch(oc_args) -> None:
+    """A training step of fewer than 2 pairs has no negative: every objective's loss is 0 (clip) or undefined.
+
+    OpenCLIP's loop scores the ``--accum-freq`` micro-batches of a step together, over every rank (the
+    world size is the launcher's, read as OpenCLIP reads it)."""
+    from open_clip_train.distributed import world_info_from_env
+
+    world = world_info_from_env()[2]
+    pairs = oc_args.batch_size * oc_args.accum_freq * world
+    if pairs < 2:
+        raise FlagError(f"--batch-size {oc_args.batch_size}: a contrastive loss needs at least 2 pairs a step, and "
+                        f"--batch-size {oc_args.batch_size} x --accum-freq {oc_args.accum_freq} x {world} rank(s) "
+                        f"gives {pairs}: give --batch-size 2 or more")
+
+
 def check_output_paths(oc_args) -> None:
     """``--logs`` can be written (OpenCLIP creates ``--logs/--name`` there at the start, and every
     checkpoint after that), and ``--resume PATH`` is a checkpoint file, not a folder."""
@@ -547,6 +562,8 @@ def parse_train_args(argv: List[str], check_files: bool = True, prog: str = PROG
     if not openclip_native(loss) or ours.no_grad_gather:  # OpenCLIP checks its own loss's arguments
         probe = create_loss_checked(loss, resolved, oc_args, no_grad_gather=ours.no_grad_gather)
     _require_data(oc_args)
+    if check_files and data.training:  # the ranks are this machine's launcher's
+        check_global_batch(oc_args)
     num_samples = id_block = None
     per_sample = probe is not None and getattr(probe, "requires_sample_ids", False)
     if per_sample and data.training:

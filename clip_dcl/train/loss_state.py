@@ -11,8 +11,10 @@ from the saved shards one at a time (:func:`clip_dcl.losses.state.reshard`), and
 """
 from __future__ import annotations
 
+import logging
+import shutil
 from pathlib import Path
-from typing import Dict, Optional
+from typing import Dict, Optional, Set
 
 import torch
 
@@ -22,22 +24,23 @@ from clip_dcl.losses.state import reshard, shard_size
 from . import saving
 
 
-def write_shards(loss, args, completed_epoch: int) -> Optional[Path]:
+def write_shards(loss, args, completed_epoch: int, fresh: Optional[Set[Path]] = None) -> Optional[Path]:
     """Every rank: write this rank's shard for ``completed_epoch`` if OpenCLIP checkpoints it.
 
     Collective when distributed (a barrier after writing, so that the master's checkpoint is written
     only once every shard is complete). Returns the epoch's folder, or None when nothing is written.
+    ``fresh`` gets the folder when this call made it (see :func:`drop_unsaved`).
     """
     if not (saving.is_sharded(loss) and saving.checkpointed(args, completed_epoch)):
         return None
     folder = saving.epoch_folder(args.checkpoint_path, completed_epoch)
-    _save_shard(loss, folder)
+    _write(loss, folder, fresh)
     saving.prune_epoch_shards(args, loss.rank, loss.world_size, completed_epoch)
     _barrier()
     return folder
 
 
-def write_step_shards(loss, args, epoch: int, step: int) -> Optional[Path]:
+def write_step_shards(loss, args, epoch: int, step: int, fresh: Optional[Set[Path]] = None) -> Optional[Path]:
     """Every rank: write this rank's shard for a mid-epoch checkpoint (step ``step`` of ``epoch``).
 
     Written to ``loss_state/epoch_{epoch}_step_{step}`` (whatever OpenCLIP's epoch-end conditions);
@@ -46,9 +49,29 @@ def write_step_shards(loss, args, epoch: int, step: int) -> Optional[Path]:
     if not saving.is_sharded(loss):
         return None
     folder = saving.step_folder(args.checkpoint_path, epoch, step)
-    _save_shard(loss, folder)
+    _write(loss, folder, fresh)
     _barrier()
     return folder
+
+
+def _write(loss, folder: Path, fresh: Optional[Set[Path]]) -> None:
+    if fresh is not None:
+        made = not folder.exists()
+        _barrier()  # every rank looks before any rank writes
+        if made:
+            fresh.add(folder)
+    _save_shard(loss, folder)
+
+
+def drop_unsaved(folder: Optional[Path], fresh: Set[Path]) -> None:
+    """The master, when the checkpoint that was to refer to ``folder`` was not written (a full disk, a second
+    Ctrl-C): remove the folder if this run made it (it is in ``fresh``), so that no shard folder stays
+    without its checkpoint; one that an older checkpoint may refer to stays."""
+    if folder is None or folder not in fresh:
+        return
+    fresh.discard(folder)
+    shutil.rmtree(folder, ignore_errors=True)
+    logging.info(f"Removed {folder}: the loss-state shards of the checkpoint that was not written.")
 
 
 def _barrier() -> None:

@@ -24,7 +24,14 @@ duration of the call (and restored afterwards):
 ``open_clip_train.main.setup_logging``
     OpenCLIP's, leaving PyTorch's own loggers at their levels (it sets every logger to INFO); then
     the master removes the ``.partial`` files that a save killed halfway left in the checkpoint
-    folder, with a log line.
+    folder, with a log line. Before that (main calls it once the run is named, before its log is
+    opened) the master takes the run folder's lock and checks that the command may run in a folder
+    that holds a run (:mod:`clip_dcl.train.runfolder`); every rank stops if not.
+``open_clip_train.main.os``
+    ``os`` itself except for ``os.path.exists`` of the run's log, which main's "Experiment already
+    exists" check sees as absent: that check refuses ``--resume`` of a checkpoint in the run's own
+    folder (the hint of our messages), and names the run with a literal ``{}``;
+    :func:`clip_dcl.train.runfolder.folder_problem` takes its place.
 ``open_clip_train.main.torch``
     ``torch`` itself except for two names that only ``main`` sees: ``torch.save`` adds
     the loss state and clip-dcl's entry to every training checkpoint main writes
@@ -109,6 +116,7 @@ def patched(run: TrainingRun):
         (oc_main, "train_one_epoch"): run.train_one_epoch,
         (oc_main, "pt_load"): run.pt_load,
         (oc_main, "setup_logging"): run.setup_logging,
+        (oc_main, "os"): Overlay(os, path=Overlay(os.path, exists=run.path_exists)),
         (oc_main, "torch"): Overlay(torch, save=run.save, nn=Overlay(
             torch.nn, parallel=Overlay(torch.nn.parallel, DistributedDataParallel=cpu_safe_ddp))),
         (oc_distributed, "torch"): Overlay(torch, distributed=Overlay(
@@ -186,8 +194,8 @@ def run_training(config: TrainConfig) -> int:
         interrupted = e.signame == "SIGINT"
         result = preemption.INTERRUPTED_EXIT_CODE if interrupted else preemption.PREEMPTED_EXIT_CODE
         if e.path:
-            how = (f"run the same command with --resume latest (or --resume {e.path}); it continues at step "
-                   f"{e.step} of epoch {e.epoch}")
+            how = (f"run {run.rerun(f'--resume latest (or --resume {e.path})')}; it continues at step {e.step} of "
+                   f"epoch {e.epoch}")
         elif run.args is not None and run.args.rank == 0:
             how = "no checkpoint was written (no --logs)"
         else:
@@ -205,11 +213,13 @@ def run_training(config: TrainConfig) -> int:
     finally:
         if run.signals is not None:
             run.signals.restore()
-        master = run.args is not None and getattr(run.args, "rank", 0) == 0
-        if result is not None and created and master and os.path.isdir(log_dir) and not glob.glob(
+        # only the holder of the folder's lock: a run refused there must not remove the folder of the one running
+        if result is not None and created and run.lock is not None and os.path.isdir(log_dir) and not glob.glob(
                 os.path.join(log_dir, "checkpoints", "**", "*.pt"), recursive=True):
             shutil.rmtree(log_dir, ignore_errors=True)
             logging.error(f"The run failed before writing a checkpoint; removed {log_dir}, so the same command "
                           "can be run again.")
+        if run.lock is not None:
+            run.lock.release()
     # OpenCLIP's main returns None when it finishes and -1 when it refuses to start.
     return 0 if result is None else (1 if result < 0 else int(result))

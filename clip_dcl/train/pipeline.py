@@ -10,7 +10,8 @@ sizes, the same epoch length rounding, the same ``WebLoader``) and differs in th
   computed in the same stage that builds the tuple, so it stays aligned with the images and texts
   whatever the number of workers, with ``--dataset-resampled`` and through the shuffle buffer;
 - every skip is logged with its shard, key and cause, and counted (:class:`DataStats`): a sample
-  without a caption or an image (OpenCLIP drops it silently), an undecodable image (OpenCLIP logs
+  without a caption or an image (OpenCLIP drops it silently), one whose caption is empty (OpenCLIP
+  trains on it), an undecodable image (OpenCLIP logs
   the exception alone), a shard that cannot be opened (tried :data:`OPEN_TRIES` times, then
   skipped), a shard that ends early: a read error inside a member, or no end-of-archive marker
   (a tar truncated at a member boundary, which ``tarfile`` reads as a normal end). The main
@@ -69,7 +70,7 @@ OPEN_TRIES = 3
 #: Seconds before the second attempt; doubled for each further one.
 OPEN_RETRY_SECONDS = 0.5
 #: Skip causes, in the order of the epoch summary.
-CAUSES = ("no caption", "no image", "undecodable", "truncated shard")
+CAUSES = ("no caption", "empty caption", "no image", "undecodable", "truncated shard")
 
 
 class TrainingDataError(RuntimeError):
@@ -90,7 +91,8 @@ def _worker_position():
 
 
 def has_caption_and_image(sample, stats: Optional["DataStats"] = None) -> bool:
-    """OpenCLIP's ``filter_no_caption_or_no_image``, plus a warning naming the dropped sample."""
+    """OpenCLIP's ``filter_no_caption_or_no_image``, plus a warning naming the dropped sample; a ``.txt``
+    that holds only white space is no caption either (OpenCLIP would train on the empty string)."""
     has_caption = "txt" in sample
     has_image = any(ext in sample for ext in _IMAGE_EXTS)
     if not (has_caption and has_image):
@@ -98,6 +100,13 @@ def has_caption_and_image(sample, stats: Optional["DataStats"] = None) -> bool:
         logging.warning(f"Skipping sample {sample.get('__key__')!r} in {sample.get('__url__')}: no {missing}.")
         if stats is not None:
             stats.skipped("no caption" if not has_caption else "no image")
+        return False
+    text = sample["txt"]
+    if not (text.strip() if isinstance(text, (bytes, str)) else text):
+        logging.warning(f"Skipping sample {sample.get('__key__')!r} in {sample.get('__url__')}: empty caption "
+                        "(.txt holds no caption).")
+        if stats is not None:
+            stats.skipped("empty caption")
         return False
     return True
 

@@ -53,7 +53,13 @@ def worker_ignores_stop_signals(worker_id: Optional[int] = None) -> None:
 
     So the signals are blocked here and a daemon thread waits for them with ``sigwaitinfo``, which
     tells who sent each one: the parent's ends the worker at once, anyone else's is dropped.
+
+    A terminal's Ctrl-C reaches the workers too, which inherit the trainer's handler (:class:`StopSignals`)
+    when it is installed: they ignore it instead (the parent decides, and stops them on its way out),
+    rather than announce a save they will not make.
     """
+    if isinstance(getattr(signal.getsignal(signal.SIGINT), "__self__", None), StopSignals):
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
     if not _STOP_SIGNALS or not hasattr(signal, "sigwaitinfo"):  # not POSIX: ignore them, as before
         for num in _STOP_SIGNALS:
             signal.signal(num, signal.SIG_IGN)
@@ -165,7 +171,7 @@ class StopSignals:
                 self._saved[num] = signal.signal(num, self._handle)
             except ValueError:  # not the main thread of the main interpreter: signals cannot be caught here
                 logging.warning(f"cannot catch {num.name} outside the main thread; a preemption will not be saved")
-        _STOP_SIGNALS[:] = [num for num in self._saved if num != signal.SIGINT]  # PyTorch's workers ignore it
+        _STOP_SIGNALS[:] = [num for num in self._saved if num != signal.SIGINT]  # the workers ignore SIGINT
         return self
 
     def restore(self) -> None:

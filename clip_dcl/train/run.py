@@ -8,8 +8,8 @@ clip-dcl's entry to every checkpoint ``main`` writes, all through :mod:`clip_dcl
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
-import glob
 import logging
 import math
 import os
@@ -17,7 +17,6 @@ from typing import Optional
 
 import open_clip
 import torch
-from open_clip_train import main as oc_main
 from open_clip_train import params as oc_params
 from open_clip_train import train as oc_train
 
@@ -25,30 +24,19 @@ from clip_dcl.losses.base import stateful
 
 from . import loss_state
 from . import preempt as preemption
-from . import saving
+from . import runfolder, saving
 from .divergence import Diverged, NonFiniteSteps, describe_tensors, nonfinite_tensors
-from .flags import TrainConfig, full_loss_args, loss_command, openclip_native, setting_words
+from .flags import TrainConfig, full_loss_args, openclip_native
 from .ids import with_indices
 from .packed import PackedDataError, get_packed_train_dataset, is_packed
+from .resume_checks import (LossSettingMismatch, LossStateMismatch, ObjectiveMismatch,  # noqa: F401 (its errors)
+                            check_objective, check_state_settings)
 from .pipeline import get_wds_train_dataset
 from .steps import (IdChannel, LossWithIds, SkippedSteps, TrainLineHook, log_data_stats, log_epoch_health,
                     seed_main_process)
 from .upstream import (OPENCLIP_CREATE_LOSS, OPENCLIP_GET_CSV_DATASET, OPENCLIP_GET_DATASET_FN,
                        OPENCLIP_GET_SYNTHETIC_DATASET, OPENCLIP_GET_WDS_DATASET, OPENCLIP_PT_LOAD, OPENCLIP_TRAIN_ONE_EPOCH)
 from .upstream import setup_logging as upstream_setup_logging
-
-
-class LossStateMismatch(RuntimeError):
-    """The checkpoint being resumed holds loss state that the configured loss cannot take."""
-
-
-class ObjectiveMismatch(LossStateMismatch):
-    """The checkpoint being resumed was trained with another ``--loss`` than the one configured."""
-
-
-class LossSettingMismatch(LossStateMismatch):
-    """The checkpoint being resumed was trained with another value of a setting that gives its loss
-    state its meaning (the loss class's ``state_settings``), or for another number of sample ids."""
 
 
 class TrainingRun:
@@ -63,6 +51,7 @@ class TrainingRun:
         self.preprocess_cfg: Optional[dict] = None
         self.train_num_batches: Optional[int] = None  # batches per epoch of the training data
         self.shards = None  # the folder of this epoch's loss-state shards (sharded DeCL state)
+        self.unsaved_shards: set = set()  # shard folders this run made whose checkpoint is not written yet
         self.train_data_size: Optional[int] = None  # rows of a CSV / size of synthetic training data
         self.resume_latest = False  # --resume latest (main replaces args.resume with the file it found)
         self.signals: Optional[preemption.StopSignals] = None  # installed by run_training
@@ -73,6 +62,8 @@ class TrainingRun:
         self.grow_from: Optional[int] = None  # --decl-grow-state: the ids the resumed per-sample state holds
         self.nonfinite: Optional[NonFiniteSteps] = None  # the run's count of non-finite steps, across epochs
         self.model = None  # the model being trained (main's), whose parameters a checkpoint must find finite
+        self.lock: Optional[runfolder.RunLock] = None  # the master's lock of the run folder, while it runs
+        self.named = True  # --name was given (else OpenCLIP names the run after the clock)
 
     # open_clip_train.main.parse_args
     def parse_args(self, argv):
@@ -86,6 +77,10 @@ class TrainingRun:
         args.loss_reset = cfg.loss_reset
         args.decl_id_block = cfg.id_block
         self.resume_latest = args.resume == "latest"
+        self.named = args.name is not None
+        if self.resume_latest and args.save_most_recent and args.name and args.logs and args.remote_sync is None:
+            # OpenCLIP would look at epoch_latest.pt alone (see runfolder.latest_checkpoint)
+            args.resume = runfolder.latest_checkpoint(os.path.join(args.logs, args.name, "checkpoints"), True)
         args.captions_per_image = cfg.captions_per_image
         self.args = args
         return args
@@ -94,15 +89,32 @@ class TrainingRun:
     def setup_logging(self, log_file, level, include_host=False):
         """OpenCLIP's (as :func:`clip_dcl.train.upstream.setup_logging` keeps it), then, on the master rank,
         the removal of the partial files a save killed halfway left in the run's checkpoint folder
-        (main calls it once the folder is known, before any save)."""
-        upstream_setup_logging(log_file, level, include_host=include_host)
+        (main calls it once the folder is known, before any save). Before both, the run claims its folder
+        (:func:`clip_dcl.train.runfolder.claim`: its lock, and the check in place of OpenCLIP's)."""
         args = self.args
+        took = None
+        if args is not None:
+            self.lock, took = runfolder.claim(args, self.resume_latest)
+        upstream_setup_logging(log_file, level, include_host=include_host)
         if args is None or getattr(args, "rank", 0) != 0 or not args.logs or str(args.logs).lower() == "none":
             return
+        if took:
+            logging.warning(took)
+        if self.resume_latest and args.save_most_recent and self.named:
+            logging.info(f"--resume latest with --save-most-recent: {args.resume or 'no checkpoint'} (the newest of "
+                         "epoch_latest.pt and epoch_N.pt).")
         folder = os.path.join(args.logs, args.name, "checkpoints")
         for path in saving.remove_stale_partials(folder):
             logging.info(f"Removed {path}: the partial file of a save that was killed halfway (the checkpoint it "
                          "was writing was never completed).")
+
+    # open_clip_train.main.os.path.exists
+    def path_exists(self, path) -> bool:
+        """``os.path.exists``, except that OpenCLIP's "Experiment already exists" check sees no log: the
+        run's own check (:func:`clip_dcl.train.runfolder.folder_problem`) takes its place in setup_logging."""
+        if self.args is not None and path is not None and path == getattr(self.args, "log_path", None):
+            return False
+        return os.path.exists(path)
 
     # open_clip_train.main.pt_load
     def pt_load(self, path, map_location="cpu"):
@@ -111,8 +123,10 @@ class TrainingRun:
         if isinstance(ckpt, dict) and "epoch" in ckpt:
             path = self.args.resume if self.args is not None and self.args.resume else path
             self.resume_position = saving.resume_position(ckpt)
-            self._check_objective(ckpt, path)
-            self._check_state_settings(ckpt, path)
+            check_objective(self.config, ckpt, path)
+            grow_from = check_state_settings(self.config, ckpt, path)
+            if grow_from is not None:
+                self.grow_from = grow_from
             if self.config.loss_reset:
                 logging.info(f"--loss-reset: the {self.config.loss} loss starts with fresh state; {path} keeps "
                              "only the model and optimizer.")
@@ -141,80 +155,6 @@ class TrainingRun:
         if found.path != path:
             self.args.resume = found.path  # main logs the file it resumed from args.resume
         return found.checkpoint
-
-    def _check_objective(self, ckpt: dict, path) -> None:
-        """Refuse to resume a checkpoint trained with another ``--loss``, unless ``--loss-reset``."""
-        entry = ckpt.get(saving.CKPT_KEY)
-        saved = entry.get("loss") if isinstance(entry, dict) else None
-        if saved is None or saved == self.config.loss or self.config.loss_reset:
-            return
-        saved_flags = " ".join(loss_command(saved, entry.get("loss_args") or {}))
-        raise ObjectiveMismatch(
-            f"{path} was trained with {saved_flags}; resuming it with --loss {self.config.loss} would change the "
-            f"objective. To continue the same training, add: {saved_flags}. To train --loss {self.config.loss} from "
-            f"this checkpoint on purpose (the saved loss state is dropped), add --loss-reset.")
-
-    def _check_state_settings(self, ckpt: dict, path) -> None:
-        """Refuse to resume loss state that this run's settings would read as another quantity.
-
-        Each loss class declares the keyword arguments that give its saved state its meaning
-        (``state_settings``, :meth:`clip_dcl.losses.base.ContrastiveLoss.state_meaning`); a value that
-        differs from the checkpoint's is refused with the flag to add, as another ``--loss`` is. A
-        per-sample buffer for another number of ids (the data set grew) is refused with the ways on,
-        unless ``--decl-grow-state`` asks to keep the rates of the ids seen.
-        """
-        from clip_dcl.losses import LOSSES
-
-        entry = ckpt.get(saving.CKPT_KEY)
-        cfg = self.config
-        if not isinstance(entry, dict) or entry.get("loss") != cfg.loss or cfg.loss_reset or cfg.loss not in LOSSES:
-            return
-        cls = LOSSES[cfg.loss]
-        then = cls.state_meaning(entry.get("loss_args") or {})
-        now = cls.state_meaning(cfg.loss_args)
-        changed = [k for k in then if k in now and then[k] != now[k]]
-        if changed:
-            saved = " ".join(w for k in changed for w in setting_words(cfg.loss, k, then[k]))
-            given = " ".join(w for k in changed for w in setting_words(cfg.loss, k, now[k]))
-            raise LossSettingMismatch(
-                f"{path} was trained with {saved}; resuming it with {given} would read its saved --loss {cfg.loss} "
-                f"state as another quantity. To continue the same training, add: {saved}. To train with {given} "
-                "from this checkpoint on purpose (the loss state starts fresh; the model and optimizer are kept), "
-                "add --loss-reset.")
-        self._check_num_samples(entry, path)
-
-    def _check_num_samples(self, entry: dict, path) -> None:
-        """A per-sample buffer saved for ``num_samples`` ids other than this run's: refused with the ways on,
-        or (``--decl-grow-state``, the data set grew) kept for the ids seen, the new ids unvisited."""
-        cfg = self.config
-        now = cfg.loss_args.get("num_samples") if cfg.num_samples is not None else None
-        index = entry.get(saving.SHARD_INDEX_KEY)
-        saved = (index or {}).get("num_samples", (entry.get("loss_args") or {}).get("num_samples"))
-        if now is None or saved is None or int(saved) == int(now):
-            return
-        saved, now = int(saved), int(now)
-        reset = "add --loss-reset to start the whole loss state fresh (the model and optimizer are kept)"
-        if now > saved:
-            if cfg.grow_state and cfg.id_block is not None and saved % cfg.id_block:
-                raise LossSettingMismatch(
-                    f"--decl-grow-state keeps every id's rate in its place, but with ::-joined sources the ids of "
-                    f"source j start at j x {cfg.id_block} (the block of each source), and {path}'s {saved} ids were "
-                    "laid out in other blocks: the rates would move to other samples. Add --loss-reset instead, or "
-                    f"resume with the --decl-num-samples that gives the saved blocks.")
-            if cfg.grow_state:
-                logging.info(f"--decl-grow-state: {path} holds the rates of {saved} sample ids; they are kept, "
-                             f"and the {now - saved} new ids [{saved}, {now}) start unvisited.")
-                self.grow_from = saved
-                return
-            raise LossSettingMismatch(
-                f"{path} holds --loss {cfg.loss} state for {saved} sample ids, and this run needs {now} "
-                f"(--decl-num-samples {now}: the training data's size unless given): the data set grew. Either "
-                f"add --decl-grow-state to keep the learned rates of the {saved} ids seen and start the "
-                f"{now - saved} new ids unvisited, as a fresh buffer starts them; or {reset}.")
-        raise LossSettingMismatch(
-            f"{path} holds --loss {cfg.loss} state for {saved} sample ids, and this run has --decl-num-samples {now} "
-            f"(the training data's size unless given): the data set shrank. Either add --decl-num-samples {saved} to "
-            f"keep the learned rates (every id of the smaller data set is below it); or {reset}.")
 
     # open_clip_train.main.create_loss
     def create_loss(self, args):
@@ -382,7 +322,7 @@ class TrainingRun:
         log_data_stats(data["train"].dataloader.dataloader, epoch, args)
         loss = self.loss  # the module whose state is checkpointed (CoCa: its contrastive term)
         if isinstance(loss, torch.nn.Module) and len(loss.state_dict()):
-            self.shards = loss_state.write_shards(loss, args, epoch + 1)
+            self.shards = loss_state.write_shards(loss, args, epoch + 1, self.unsaved_shards)
             state = loss.state_dict()
             calls = f"calls {int(state['calls'])}, " if "calls" in state else ""
             logging.info(f"Loss state after epoch {epoch} on rank {args.rank}: {calls}"
@@ -421,10 +361,9 @@ class TrainingRun:
         if args.world_size > 1:
             why = f"rank {args.rank}: {why}"
         folder = getattr(args, "checkpoint_path", None)
-        saved = sorted(glob.glob(os.path.join(folder, "**", "*.pt"), recursive=True),
-                       key=oc_main.natural_key) if folder and args.save_logs else []
-        kept = (f"no checkpoint of these weights was written; the newest, {saved[-1]}, is what --resume latest "
-                "picks" if saved else "no checkpoint of these weights was written")
+        newest = runfolder.latest_checkpoint(folder, args.save_most_recent) if folder and args.save_logs else None
+        kept = (f"no checkpoint of these weights was written; the newest, {newest}, is what "
+                f"{self.rerun('--resume latest')} resumes" if newest else "no checkpoint of these weights was written")
         fp32 = "" if args.precision == "fp32" else ", or train with --precision fp32"
         return Diverged(f"training diverged: {why}; {kept}. Lower --lr (or lengthen --warmup), check --wd and "
                         f"the other optimizer flags{fp32}")
@@ -480,12 +419,15 @@ class TrainingRun:
         rng = preemption.gather_rng_states(args.world_size)
         if not (args.logs and str(args.logs).lower() != "none"):
             return None
-        folder = loss_state.write_step_shards(self.loss, args, epoch, step) if self.loss is not None else None
+        folder = (loss_state.write_step_shards(self.loss, args, epoch, step, self.unsaved_shards)
+                  if self.loss is not None else None)
         path = None
         if args.save_logs:
             resume = saving.resume_entry(epoch, step, args, self.epoch_num_batches, rng, signame)
-            path = saving.save_step_checkpoint(model, optimizer, scaler, epoch, step, args, self.loss,
-                                               self.checkpoint_meta(), folder, resume, self._torch_save)
+            with self._shards_of(folder):
+                path = saving.save_step_checkpoint(model, optimizer, scaler, epoch, step, args, self.loss,
+                                                   self.checkpoint_meta(), folder, resume, self._torch_save,
+                                                   self.rerun())
             why = f"on {signame}" if signame else f"every {self.config.preempt.save_every_minutes:g} minutes"
             logging.info(f"Saved {path}: step {step} of epoch {epoch} ({why}).")
         if args.world_size > 1 and torch.distributed.is_available() and torch.distributed.is_initialized():
@@ -503,7 +445,27 @@ class TrainingRun:
         if training:
             self._refuse_nonfinite(f)  # no NaN file over the last good one
             obj = saving.training_checkpoint(obj, self.loss, self.checkpoint_meta(), self.shards, folder)
-        saving.save_checkpoint(obj, f, folder, lambda o, fh: torch.save(o, fh, *args, **kwargs), training)
+        with self._shards_of(self.shards if training else None):
+            saving.save_checkpoint(obj, f, folder, lambda o, fh: torch.save(o, fh, *args, **kwargs), training,
+                                   self.rerun())
+
+    def rerun(self, flags: Optional[str] = None) -> str:
+        """:data:`clip_dcl.train.saving.RERUN`, with this run's ``--name`` when OpenCLIP made it up; with ``flags``,
+        filled in: the command a message tells to run."""
+        name = "" if self.named or self.args is None else f"--name {self.args.name} "
+        template = saving.RERUN.replace("{}", name + "{}")
+        return template if flags is None else template.format(flags)
+
+    @contextlib.contextmanager
+    def _shards_of(self, folder):
+        """Around the master's save of a checkpoint that refers to the shard folder ``folder``: once written,
+        the folder is the checkpoint's; if the save fails, a folder this run made goes with it."""
+        try:
+            yield
+        except BaseException:
+            loss_state.drop_unsaved(folder, self.unsaved_shards)
+            raise
+        self.unsaved_shards.discard(folder)
 
     def checkpoint_meta(self) -> dict:
         """What a downstream loader needs without the training flags (``ckpt["clip_dcl"]``)."""

@@ -71,6 +71,9 @@ SHARD_FOLDER = "loss_state"
 PARTIAL_SUFFIX = ".partial"
 #: the prefix ``DistributedDataParallel`` gives every key of the ``state_dict`` of the model it wraps
 DDP_PREFIX = "module."
+#: How a message says to run the stopped run again with more flags (``{}``); a run that OpenCLIP named after
+#: the clock (no ``--name``) adds its name, without which ``--resume latest`` would start another run.
+RERUN = "the same command with {}"
 #: The settings a mid-epoch checkpoint records, which a resume compares with its own.
 RESUME_SETTINGS = ("world_size", "batch_size", "accum_freq", "workers", "seed")
 
@@ -195,17 +198,17 @@ def model_keys_for(state_dict: dict, wrapped: bool) -> dict:
 
 
 # -- writing -----------------------------------------------------------------------------------------
-def save_checkpoint(obj, f, checkpoint_path: Optional[str], save: Callable, training: bool) -> None:
+def save_checkpoint(obj, f, checkpoint_path: Optional[str], save: Callable, training: bool, rerun: str = RERUN) -> None:
     """Write a checkpoint OpenCLIP's ``main`` saves (``obj``, to ``f``) with ``save(obj, file)``.
 
-    A path is written atomically (:func:`save_atomically`); an open file as it is. After a training
+    A path is written atomically (:func:`save_atomically`, ``rerun`` as there); an open file as it is. After a training
     checkpoint (an epoch's, built by :func:`training_checkpoint`) the mid-epoch checkpoints of earlier
     epochs, and their shard folders, are removed from ``checkpoint_path``.
     """
     if not isinstance(f, (str, os.PathLike)):
         save(obj, f)
         return
-    save_atomically(obj, f, save)
+    save_atomically(obj, f, save, rerun)
     if training and checkpoint_path:  # an epoch's checkpoint supersedes the mid-epoch ones of earlier epochs
         completed = int(obj["epoch"])
         supersede_step_files(checkpoint_path, completed)
@@ -213,7 +216,7 @@ def save_checkpoint(obj, f, checkpoint_path: Optional[str], save: Callable, trai
 
 
 def save_step_checkpoint(model, optimizer, scaler, epoch: int, step: int, args, loss, entry: dict,
-                         shards: Optional[Path], resume: dict, save: Callable) -> str:
+                         shards: Optional[Path], resume: dict, save: Callable, rerun: str = RERUN) -> str:
     """The master: write the checkpoint of step ``step`` of ``epoch`` and return its path.
 
     The file is ``epoch_latest.pt`` with ``--save-most-recent`` (what ``--resume latest`` reads then),
@@ -231,20 +234,24 @@ def save_step_checkpoint(model, optimizer, scaler, epoch: int, step: int, args, 
     if scaler is not None:
         ckpt["scaler"] = scaler.state_dict()
     ckpt = training_checkpoint(ckpt, loss, entry, shards, args.checkpoint_path, resume)
-    save_atomically(ckpt, path, save)
+    save_atomically(ckpt, path, save, rerun)
     supersede_step_files(args.checkpoint_path, epoch, keep=path)
     prune_step_folders(args.checkpoint_path, keep=shards.name if shards else None)
     return path
 
 
-def save_atomically(obj, path, save=None) -> None:
+def save_atomically(obj, path, save=None, rerun: str = RERUN) -> None:
     """``torch.save(obj, path)`` through ``path + PARTIAL_SUFFIX``, flushed to disk, then renamed.
 
-    A kill during the save leaves at most the ``.partial`` file, never a truncated ``path``.
+    A kill during the save leaves at most the ``.partial`` file, never a truncated ``path``. ``rerun``
+    (:data:`RERUN`) words the command a full disk's message tells to run.
 
     Raises:
         CheckpointDiskFull: the disk is full (``ENOSPC``/``EDQUOT``, however deep in torch's error it
             is); the ``.partial`` file is removed and ``path``, if it existed, is untouched.
+        KeyboardInterrupt: a Ctrl-C during the save, also when torch's writer hid it behind its own
+            error as it closed the torn file ("[enforce fail at inline_container.cc] unexpected pos");
+            the ``.partial`` file is removed.
     """
     save = save or torch.save
     path = os.fspath(path)
@@ -260,7 +267,9 @@ def save_atomically(obj, path, save=None) -> None:
             os.remove(tmp)
         full = _disk_full(e)
         if full is not None:
-            raise CheckpointDiskFull(_disk_full_message(obj, path, full)) from e
+            raise CheckpointDiskFull(_disk_full_message(obj, path, full, rerun)) from e
+        if not isinstance(e, KeyboardInterrupt) and _interrupted(e):
+            raise KeyboardInterrupt from None
         raise
 
 
@@ -280,6 +289,18 @@ def remove_stale_partials(folder) -> list:
             os.remove(path)
             removed.append(path)
     return removed
+
+
+def _interrupted(err: BaseException) -> bool:
+    """Whether ``err`` or an error raised while handling it (``__context__``) is a ``KeyboardInterrupt``: a
+    Ctrl-C inside ``torch.save`` makes its zip writer fail as it closes the file, which hides the interrupt."""
+    seen = set()
+    while err is not None and id(err) not in seen:
+        if isinstance(err, KeyboardInterrupt):
+            return True
+        seen.add(id(err))
+        err = err.__cause__ or err.__context__
+    return False
 
 
 def _disk_full(err: BaseException) -> Optional[OSError]:
@@ -312,7 +333,7 @@ def _size(n: int) -> str:
     return f"{n} bytes"
 
 
-def _disk_full_message(obj, path: str, err: OSError) -> str:
+def _disk_full_message(obj, path: str, err: OSError, rerun: str = RERUN) -> str:
     from open_clip_train.main import natural_key  # the order OpenCLIP's --resume latest picks in
 
     folder = os.path.dirname(os.path.abspath(path))
@@ -322,10 +343,13 @@ def _disk_full_message(obj, path: str, err: OSError) -> str:
     except OSError:
         free = "free space unknown"
     needs = f"it needs about {_size(need)}, {free} on that disk" if need else free
-    others = sorted(glob.glob(os.path.join(folder, "**", "*.pt"), recursive=True), key=natural_key)
-    if others:
-        previous = (f"the previous checkpoint, {others[-1]}, is intact (the partial file was removed). Free "
-                    f"space, then run the same command with --resume latest (or --resume {others[-1]})")
+    parts = Path(folder).parts  # a shard's folder is under the checkpoints' (CHECKPOINTS/loss_state/epoch_N)
+    checkpoints = str(Path(*parts[:parts.index(SHARD_FOLDER)])) if SHARD_FOLDER in parts else folder
+    others = sorted(glob.glob(os.path.join(checkpoints, "**", "*.pt"), recursive=True), key=natural_key)
+    newest = others[-1] if others else None
+    if newest:
+        previous = (f"the previous checkpoint, {newest}, is intact (the partial file was removed). Free "
+                    f"space, then run {rerun.format(f'--resume latest (or --resume {newest})')}")
     else:
         previous = ("the partial file was removed; there is no earlier checkpoint in that folder, so the run "
                     "would start over. Free space (or give --logs another disk) and run it again")
@@ -349,15 +373,16 @@ def _first_line(err: BaseException) -> str:
     return f"{type(err).__name__}: {text[0]}" if text else type(err).__name__
 
 
-def read_checkpoint(path, allow_unsafe_pickle: bool = False):
-    """The object in a checkpoint file, loaded weights-only on the CPU (see :func:`_torch_load`).
+def read_checkpoint(path, allow_unsafe_pickle: bool = False, mmap: bool = False):
+    """The object in a checkpoint file, loaded weights-only on the CPU (see :func:`_torch_load`); with ``mmap``,
+    its tensors memory-mapped (only what is read is paged in: cheap for a look at its entries).
 
     Raises:
         CheckpointUnreadable: a truncated or foreign file (one line naming it).
         UnsafeCheckpoint: the file needs full unpickling and ``allow_unsafe_pickle`` is off.
     """
     try:
-        return _torch_load(Path(path), allow_unsafe_pickle)
+        return _torch_load(Path(path), allow_unsafe_pickle, mmap)
     except UnsafeCheckpoint:
         raise
     except (RuntimeError, EOFError, OSError, ValueError) as e:
@@ -365,7 +390,7 @@ def read_checkpoint(path, allow_unsafe_pickle: bool = False):
                                    f"interrupted?) or not a torch checkpoint ({_first_line(e)})") from None
 
 
-def _torch_load(path: Path, allow_unsafe_pickle: bool = False):
+def _torch_load(path: Path, allow_unsafe_pickle: bool = False, mmap: bool = False):
     """``torch.load`` with ``weights_only=True``; full unpickling only when ``allow_unsafe_pickle``.
 
     Checkpoints written by clip-dcl's training hold tensors, numbers, strings and dicts only, so they
@@ -373,7 +398,7 @@ def _torch_load(path: Path, allow_unsafe_pickle: bool = False):
     unless the caller says it trusts the file.
     """
     try:
-        return torch.load(path, map_location="cpu", weights_only=True)
+        return torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
     except pickle.UnpicklingError as e:
         reason = str(e).splitlines()[0]
     if allow_unsafe_pickle:  # the caller's explicit opt-in: the file is trusted

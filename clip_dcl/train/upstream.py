@@ -60,6 +60,7 @@ _TARGETS = {
     ("main", "setup_logging"): ["log_file", "level", "include_host"],
     ("main", "natural_key"): ["string_"],
     ("main", "torch"): None,
+    ("main", "os"): None,
     ("main", "LATEST_CHECKPOINT_NAME"): None,
     ("train", "train_one_epoch"): _TRAIN_STEP_ARGS,
     ("train", "AverageMeter"): [],
@@ -92,6 +93,8 @@ _SOURCE_NEEDS = {
     ("main", "main"): ["torch.save(", "torch.nn.parallel.DistributedDataParallel(", "pt_load(args.resume",
                        "create_loss(args)", "train_one_epoch(model, data, loss, epoch", "get_latest_checkpoint(",
                        "setup_logging(args.log_path",
+                       # the "already exists" check that clip_dcl.train.runfolder.folder_problem replaces
+                       "if os.path.exists(args.log_path) and not resume_latest:",
                        # the epochs main checkpoints and keeps, restated by clip_dcl.train.saving.checkpointed / _kept
                        "if args.save_logs:", "completed_epoch == args.epochs or (",
                        "args.save_frequency > 0 and (completed_epoch % args.save_frequency) == 0",
@@ -136,9 +139,9 @@ def openclip_problems(version: str, modules: Dict[str, types.ModuleType]) -> lis
         if name.startswith("_SHARD") or name.startswith("_SAMPLE"):
             if not isinstance(value, int):
                 problems.append(f"open_clip_train.{mod}.{name} is not an int")
-        elif name == "torch":
-            if value is not torch and not isinstance(value, types.ModuleType):
-                problems.append(f"open_clip_train.{mod}.torch is not the torch module")
+        elif name in ("torch", "os"):
+            if not isinstance(value, types.ModuleType):
+                problems.append(f"open_clip_train.{mod}.{name} is not the {name} module")
         elif expected is not None and _params(value) != expected:
             problems.append(f"open_clip_train.{mod}.{name}{tuple(_params(value) or ())} differs from "
                             f"{name}{tuple(expected)}")

@@ -4,12 +4,17 @@
 with ``PREEMPT_AT_STEP=K`` (and ``PREEMPT_RANK=R``, default every rank) the process sends
 ``PREEMPT_SIGNAL`` (default SIGTERM) to itself and to its child processes (its data-loader workers),
 as Slurm signals every process of a task, right after its K-th optimizer step, from an optimizer
-hook: in the middle of an epoch, between two steps.
+hook: in the middle of an epoch, between two steps. With ``SIGINT_IN_SAVE=1`` a SIGINT also reaches
+this process while its mid-epoch checkpoint is being written (a second Ctrl-C in the save), after its
+first bytes. With ``PAUSE_AT_STEP=K`` and ``PAUSE_FILE=PATH`` the process writes ``PATH.paused`` right after
+its K-th optimizer step and waits (at most two minutes) until ``PATH`` exists: a run held mid-epoch, alive,
+while a test does something beside it.
 """
 import os
 import signal
 import subprocess
 import sys
+import time
 
 
 
@@ -46,8 +51,57 @@ def _install() -> None:
     register_optimizer_step_post_hook(hook)
 
 
+def _pause() -> None:
+    at, release = int(os.environ.get("PAUSE_AT_STEP", "0")), os.environ.get("PAUSE_FILE")
+    if not at or not release:
+        return
+    steps = [0]
+
+    def hook(optimizer, args, kwargs):
+        steps[0] += 1
+        if steps[0] == at:
+            with open(release + ".paused", "w") as f:
+                f.write(str(os.getpid()))
+            deadline = time.monotonic() + 120
+            while not os.path.exists(release) and time.monotonic() < deadline:
+                time.sleep(0.1)
+
+    from torch.optim.optimizer import register_optimizer_step_post_hook
+
+    register_optimizer_step_post_hook(hook)
+
+
+class _Interrupting:
+    """A file that sends this process SIGINT once its first 4 KB are written (the handler raises inside torch.save)."""
+
+    def __init__(self, f):
+        self.f, self.written, self.sent = f, 0, False
+
+    def write(self, data):
+        n = self.f.write(data)
+        self.written += n
+        if self.written > 4096 and not self.sent:
+            self.sent = True
+            os.kill(os.getpid(), signal.SIGINT)
+        return n
+
+    def flush(self):
+        self.f.flush()
+
+
+def _interrupt_saves() -> None:
+    if os.environ.get("SIGINT_IN_SAVE") != "1":
+        return
+    from clip_dcl.train.run import TrainingRun
+
+    save = TrainingRun._torch_save
+    TrainingRun._torch_save = staticmethod(lambda obj, fh: save(obj, _Interrupting(fh)))
+
+
 if __name__ == "__main__":
     _install()
+    _pause()
+    _interrupt_saves()
     from clip_dcl.train import main
 
     sys.exit(main(sys.argv[1:]))
