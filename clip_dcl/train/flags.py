@@ -18,13 +18,14 @@ from __future__ import annotations
 import argparse
 import contextlib
 import math
-import os
 import re
 import sys
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Dict, List, Optional
 
 from ..errors import FlagError  # noqa: F401  (raised here, and imported from here by callers)
+from .flag_checks import (check_data_paths, check_global_batch, check_optimizer_values,  # noqa: F401 (re-exported)
+                          check_output_paths, check_packed_flags)
 
 if TYPE_CHECKING:
     from clip_dcl.losses.base import DataFacts
@@ -90,102 +91,6 @@ def setting_words(loss: str, kwarg: str, value) -> List[str]:
     if kwarg in OPENCLIP_LOSS_FLAGS:
         return [OPENCLIP_LOSS_FLAGS[kwarg], str(value)]
     return [f"{kwarg}={value!r}"]  # a keyword argument no flag sets (a loss used from Python)
-
-
-def check_optimizer_values(oc_args) -> None:
-    """OpenCLIP's optimizer and schedule values that cannot train, refused before the model is built
-    (torch's optimizer would raise its own traceback after it): the first bad one is named."""
-    import math
-
-    def bad(value, ok) -> bool:
-        return value is not None and not (isinstance(value, (int, float)) and math.isfinite(value) and ok(value))
-
-    checks = (("--lr", oc_args.lr, lambda v: v > 0, "a finite number > 0"),
-              ("--wd", oc_args.wd, lambda v: v >= 0, "a finite number >= 0"),
-              ("--beta1", oc_args.beta1, lambda v: 0 <= v < 1, "in [0, 1)"),
-              ("--beta2", oc_args.beta2, lambda v: 0 <= v < 1, "in [0, 1)"),
-              ("--eps", oc_args.eps, lambda v: v > 0, "a finite number > 0"),
-              ("--momentum", getattr(oc_args, "momentum", None), lambda v: v >= 0, "a finite number >= 0"),
-              ("--grad-clip-norm", oc_args.grad_clip_norm, lambda v: v > 0, "a finite number > 0"),
-              ("--warmup", oc_args.warmup, lambda v: v >= 0, "an integer >= 0"),
-              ("--batch-size", oc_args.batch_size, lambda v: v >= 1, "an integer >= 1"),
-              ("--accum-freq", oc_args.accum_freq, lambda v: v >= 1, "an integer >= 1"),
-              ("--epochs", oc_args.epochs, lambda v: v >= 0, "an integer >= 0"))
-    for flag, value, ok, want in checks:
-        if bad(value, ok):
-            raise FlagError(f"{flag} {value:g}: must be {want}" if isinstance(value, (int, float)) else
-                            f"{flag} {value!r}: must be {want}")
-
-
-def check_global_batch(oc_args) -> None:
-    """A training step of fewer than 2 pairs has no negative: every objective's loss is 0 (clip) or undefined.
-
-    OpenCLIP's loop scores the ``--accum-freq`` micro-batches of a step together, over every rank (the
-    world size is the launcher's, read as OpenCLIP reads it)."""
-    from open_clip_train.distributed import world_info_from_env
-
-    world = world_info_from_env()[2]
-    pairs = oc_args.batch_size * oc_args.accum_freq * world
-    if pairs < 2:
-        raise FlagError(f"--batch-size {oc_args.batch_size}: a contrastive loss needs at least 2 pairs a step, and "
-                        f"--batch-size {oc_args.batch_size} x --accum-freq {oc_args.accum_freq} x {world} rank(s) "
-                        f"gives {pairs}: give --batch-size 2 or more")
-
-
-def check_output_paths(oc_args) -> None:
-    """``--logs`` can be written (OpenCLIP creates ``--logs/--name`` there at the start, and every
-    checkpoint after that), and ``--resume PATH`` is a checkpoint file, not a folder."""
-    from clip_dcl.paths import folder_problem
-
-    logs = oc_args.logs
-    if logs and str(logs).lower() != "none":
-        problem = folder_problem(logs)
-        if problem:
-            raise FlagError(f"--logs {logs}: {problem}")
-    resume = oc_args.resume
-    if resume and resume != "latest" and "://" not in str(resume):
-        if os.path.isdir(resume):
-            raise FlagError(f"--resume {resume} is a folder, not a checkpoint file: give a file in it "
-                            "(e.g. checkpoints/epoch_N.pt), or --resume latest with the run's --logs and --name")
-        if not os.path.exists(resume):
-            raise FlagError(f"--resume {resume} does not exist")
-
-
-def check_data_paths(oc_args) -> None:
-    """Every local shard of ``--train-data`` / ``--val-data`` (a CSV file for ``--dataset-type csv``)
-    exists and is readable, so that a wrong path fails here, naming the first missing file, and
-    not in the data workers (which log a ``FileNotFoundError`` per shard and retry).
-
-    ``pipe:`` and ``scheme://`` urls are left to the pipeline; ``--dataset-type synthetic`` reads none.
-    """
-    from open_clip_train.data import expand_urls
-
-    for flag, value in (("--train-data", oc_args.train_data), ("--val-data", oc_args.val_data)):
-        if not value or oc_args.dataset_type == "synthetic":
-            continue
-        try:
-            urls, _ = expand_urls(value)
-        except (ValueError, TypeError) as e:
-            raise FlagError(f"{flag} {value!r}: cannot expand the shard pattern ({e})") from None
-        local = [u for u in urls if "://" not in u and not u.startswith("pipe:")]
-        missing = [u for u in local if not os.path.isfile(u)]
-        if missing:
-            more = f" (and {len(missing) - 1} more of {len(urls)})" if len(missing) > 1 else ""
-            raise FlagError(f"{flag}: {missing[0]!r} does not exist{more}")
-        unreadable = [u for u in local if not os.access(u, os.R_OK)]
-        if unreadable:
-            raise FlagError(f"{flag}: {unreadable[0]!r} is not readable")
-
-
-def check_packed_flags(oc_args) -> None:
-    """A packed training set (``--train-data PATH.npz``) refuses the flags it cannot honour, here, before any work."""
-    from .packed import PackedDataError, check_flags, is_packed
-
-    if oc_args.dataset_type == "auto" and is_packed(oc_args.train_data):
-        try:
-            check_flags(oc_args)
-        except PackedDataError as e:
-            raise FlagError(str(e)) from None
 
 
 def _loss_defaults() -> Dict[str, Dict[str, object]]:
