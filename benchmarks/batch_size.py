@@ -176,9 +176,11 @@ def plans() -> Dict[str, str]:
     fresh = list(range(FRESH_SEED, FRESH_SEED + int(design["seeds"])))
     decisive = [(lab, bb) for b in O.DECISIVE_SIZES for lab, bb in (("clip", b), ("decl default", b), ("clip", 2 * b))]
     out["testbed_decisive"] = plan_text(
-        f"Confirmatory: decl at B = {' and '.join(map(str, O.DECISIVE_SIZES))} against clip at B and 2B, on a data draw "
-        f"({FRESH_DRAW}) and seeds\nno earlier run used. Margins: half of clip's mean gain from B to 2B on the validation "
-        "sweep; seeds: the\nmost a reach needs for power 0.8 from the sweep's paired spread (`clip-dcl study check`).",
+        f"The decisive stage as a plan on the micro-bpe recipe (not run; the study that decides is\n"
+        f"benchmarks/studies/confirmatory.toml, on the micro-words recipe, with a tuned InfoNCE arm): decl at B = "
+        f"{' and '.join(map(str, O.DECISIVE_SIZES))}\nagainst clip at B and 2B, on a data draw ({FRESH_DRAW}) and seeds no "
+        "earlier run used. Margins: half of clip's mean\ngain from B to 2B on the validation sweep; seeds: the most a "
+        "reach needs for power 0.8 from the sweep's\npaired spread (`clip-dcl study check`).",
         decisive, [c for b in O.DECISIVE_SIZES for c in _reach_and_beat("decl default", b, design)], fresh,
         exploratory=False, data_seed=FRESH_DRAW)
     controls = [(lab, b) for b in O.DECISIVE_SIZES for lab in

@@ -233,6 +233,36 @@ def _quote(a: str) -> str:
     return shlex.quote(a)
 
 
+def readme_block(doc: dict) -> str:
+    """The testbed-speed block of docs/results.md, from the report's JSON."""
+    parts = []
+    if doc.get("speed"):
+        by = {(r["recipe"], r["batch_size"]): r for r in doc["speed"]}
+        cells = []
+        for b, ratio in sorted(doc["ratios"].items(), key=lambda kv: int(kv[0])):
+            old, new = by[(doc["baseline_recipe"], int(b))], by[(doc["recipe"], int(b))]
+            cells.append(f"B = {b}: `{doc['recipe']}` {new['seconds']:.0f} s against `{doc['baseline_recipe']}` "
+                         f"{old['seconds']:.0f} s, **{ratio:.2f}x** (goal <= {doc['goal']})")
+        epochs = doc["speed"][0]["epochs"]
+        parts.append(f"One torch thread, {epochs} epochs a run, wall-clock time of `python -m clip_dcl.train` "
+                     f"start-up and validation included: " + "; ".join(cells) + ".")
+    if doc.get("cuda") is not None:
+        worst = max(r["seconds"] for r in doc["cuda"])
+        parts.append(f"CUDA: {len(doc['cuda'])} runs at once, the slowest {worst:.0f} s (goal <= {CUDA_GOAL:.0f} s).")
+    elif "cuda_note" in doc:
+        parts.append("CUDA: no GPU was lent to the run that wrote the report; no CUDA timing.")
+    g = doc.get("gate_verdict")
+    if g and g.get("holds") is not None:
+        lo, hi = g["sizes"]
+        parts.append(f"The gate on `{doc['recipe']}` (`clip`, validation split, seeds "
+                     f"{', '.join(str(r['seed']) for r in doc['gate'] if r['batch_size'] == lo)}): retrieval mean "
+                     f"R@1 {100 * sum(g['small']) / len(g['small']):.1f} at B = {lo} and "
+                     f"{100 * sum(g['large']) / len(g['large']):.1f} at B = {hi}, a gain of {100 * g['gain']:+.1f} "
+                     f"points (needed {100 * g['points']:.0f}), the seeds' ranges "
+                     f"{'apart' if g['apart'] else 'overlapping'}: **the gate {'holds' if g['holds'] else 'fails'}**.")
+    return "\n\n".join(parts) + f"\n\nStatus of the report: {doc['status']}, code {doc['commit']}."
+
+
 def build_parser():
     p = arguments.benchmark_parser("testbed_speed.py", __doc__)
     p.add_argument("--parts", nargs="+", choices=["speed", "cuda", "gate"], default=["speed", "cuda", "gate"])
