@@ -20,17 +20,20 @@ validation sweep's runs):
 ``testbed_dcl_screen``     exploratory: the ``dcl`` settings against ``clip`` at B = 64 and 16, seed 0
 ``testbed_dcl_sweep``      ``dcl --tau-plus 0.01`` against ``clip`` at every batch size, seeds 0-2, test split
 ``testbed_second_draw``    the decisive comparison at B = 32 on another draw of the data (``--seed 1``)
-``testbed_decisive``       confirmatory: ``decl`` at B = 32 and 64 against ``clip`` at B and 2B on a fresh
-                           draw with fresh seeds, the seed count from the validation sweep's paired spread
-                           and the margin fixed from its gains, declared before any run
+``testbed_decisive``       the decisive stage restated: ``decl`` at B = 32 and 64 against ``clip`` at B and 2B
+                           on a fresh draw with fresh seeds, the seed count from the validation sweep's
+                           paired spread and the margin fixed from its gains (not run; the study that
+                           decides is ``benchmarks/studies/confirmatory.toml``)
 ``testbed_controls``       the temperature controls at B = 32 and 64 on that draw and those seeds
 =========================  ==========================================================================
 
 Commands (``.venv/bin/python benchmarks/batch_size.py COMMAND``):
 
 - ``plans``: write the plan files (``--check``: exit 1 when a committed plan differs from its rendering);
-- ``run STAGE --work DIR [--recipe NAME] [--parallel N]``: ``clip-dcl study run`` of the stage's plan (with
-  ``--recipe``, a copy of the plan naming that recipe, in the work folder: a new study);
+- ``run STAGE --work DIR [--recipe NAME] [--parallel N]``: ``clip-dcl study run`` of the stage's plan on the
+  recipe ``--recipe`` (default: :data:`clip_dcl.experiment.recipes.DEFAULT_RECIPE`, ``micro-words``; the plans,
+  like the committed runs, name ``micro-bpe``, and another recipe is another study: a copy of the plan naming
+  it, in the work folder);
 - ``report STAGE --work DIR``: the testbed's report (``batch_size.md``-style, ``dcl_screen.md``,
   ``dcl_sweep.md``) from a study's finished runs, besides the study's own ``STUDY.md``;
 - ``regenerate OUT``: every committed testbed report written again from its JSON into ``OUT``; the
@@ -49,6 +52,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence
 
+from clip_dcl.experiment.recipes import DEFAULT_RECIPE, RECIPES
 from clip_dcl.experiment.runner import Budget
 from clip_dcl.experiment.scoring import MEAN_R1, with_mean_r1
 from clip_dcl.experiment.study import load_plan, parse_plan, run_study
@@ -341,7 +345,9 @@ def main(argv: Optional[List[str]] = None) -> int:
         s.add_argument("stage", help="a plan of benchmarks/studies/ (testbed_decisive, testbed_sweep, ...)")
         s.add_argument("--work", required=True, help="the study's folder")
         if name == "run":
-            s.add_argument("--recipe", default=RECIPE, help=f"the testbed recipe (default {RECIPE})")
+            s.add_argument("--recipe", default=DEFAULT_RECIPE, choices=sorted(RECIPES),
+                           help=f"the testbed recipe (default {DEFAULT_RECIPE}; the committed runs are {RECIPE}'s: "
+                                f"--recipe {RECIPE} runs the plan as written)")
             s.add_argument("--parallel", type=int, default=2, help="runs at once (default 2, one thread each)")
         else:
             s.add_argument("--out", default=None, help="report folder (default: the work folder)")
