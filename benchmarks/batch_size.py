@@ -23,7 +23,7 @@ validation sweep's runs):
 ``testbed_decisive``       the decisive stage restated: ``decl`` at B = 32 and 64 against ``clip`` at B and 2B
                            on a fresh draw with fresh seeds, the seed count from the validation sweep's
                            paired spread and the margin fixed from its gains (not run; the study that
-                           decides is ``benchmarks/studies/confirmatory.toml``)
+                           decides will be ``benchmarks/studies/confirmatory.toml``)
 ``testbed_controls``       the temperature controls at B = 32 and 64 on that draw and those seeds
 =========================  ==========================================================================
 
@@ -180,7 +180,7 @@ def plans() -> Dict[str, str]:
     fresh = list(range(FRESH_SEED, FRESH_SEED + int(design["seeds"])))
     decisive = [(lab, bb) for b in O.DECISIVE_SIZES for lab, bb in (("clip", b), ("decl default", b), ("clip", 2 * b))]
     out["testbed_decisive"] = plan_text(
-        f"The decisive stage as a plan on the micro-bpe recipe (not run; the study that decides is\n"
+        f"The decisive stage as a plan on the micro-bpe recipe (not run; the study that decides will be\n"
         f"benchmarks/studies/confirmatory.toml, on the micro-words recipe, with a tuned InfoNCE arm): decl at B = "
         f"{' and '.join(map(str, O.DECISIVE_SIZES))}\nagainst clip at B and 2B, on a data draw ({FRESH_DRAW}) and seeds no "
         "earlier run used. Margins: half of clip's mean\ngain from B to 2B on the validation sweep; seeds: the most a "

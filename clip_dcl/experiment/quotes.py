@@ -74,6 +74,7 @@ QUOTES: Tuple[Quote, ...] = (
     Quote("demo time", "clip_dcl.demo", "demo.json", ("README.md",), "readme_time_block"),
     Quote("dcl default check", "batch_size.py", "batch_size.json", render="dcl_default_block"),
     Quote("which-loss numbers", "batch_size.py", "batch_size.json", ("README.md",), "which_loss_block"),
+    Quote("testbed speed", "testbed_speed.py", "testbed_speed.json"),
 )
 
 
