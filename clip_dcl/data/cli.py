@@ -80,7 +80,9 @@ def _run_synth(args) -> int:
         from .packed import pack_shards
 
         out = Path(summary["out_dir"]) / "train.npz"
-        if not (args.reuse and out.is_file() and out.stat().st_mtime >= Path(summary["out_dir"], "summary.json").stat().st_mtime):
+        # --reuse keeps a packed file written after the shards it was packed from (summary.json is written last)
+        written_after = out.is_file() and out.stat().st_mtime >= (Path(summary["out_dir"]) / "summary.json").stat().st_mtime
+        if not (args.reuse and written_after):
             pack_shards(summary["train_data"], out, verbose=not args.quiet)
         print(f"train_packed {out}")
     return 0
