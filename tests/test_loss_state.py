@@ -197,4 +197,5 @@ def test_flag_validation_does_not_allocate_the_buffer(tmp_path):
     assert out.returncode == 2, out.stderr[-2000:]
     assert "nothing to train or evaluate: give --train-data" in out.stderr
     rss_gb = int(out.stdout.split("rss_kb")[1]) / 2 ** 20
-    assert rss_gb < 1.5, f"peak resident memory {rss_gb:.2f} GB"
+    # the buffer alone would add 3.2 GB to the interpreter's own (torch, OpenCLIP: about 1.5 GB)
+    assert rss_gb < 2.5, f"peak resident memory {rss_gb:.2f} GB"

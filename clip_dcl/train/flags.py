@@ -461,8 +461,6 @@ def parse_train_args(argv: List[str], check_files: bool = True, prog: str = PROG
         raise FlagError(_explain(e, loss, kwargs)) from None
     full_args = full_loss_args(loss, resolved)
     notice = LOSSES[loss].start_notice(full_args) if data.training else None
-    if notice and check_files and _is_first_rank():
-        print(f"clip-dcl train: {notice}", file=sys.stderr)
     probe = None
     if not openclip_native(loss) or ours.no_grad_gather:  # OpenCLIP checks its own loss's arguments
         probe = create_loss_checked(loss, resolved, oc_args, no_grad_gather=ours.no_grad_gather)
@@ -485,6 +483,8 @@ def parse_train_args(argv: List[str], check_files: bool = True, prog: str = PROG
                                                            if loss == "decl" else ""))
         if ours.loss_reset:
             raise FlagError("--decl-grow-state keeps the saved rates and --loss-reset drops them: give one of them")
+    if notice and check_files and _is_first_rank():  # once every check has passed: a refused run prints one line
+        print(f"clip-dcl train: {notice}", file=sys.stderr)
     return TrainConfig(loss, kwargs, full_args, list(rest), ours.model_config, num_samples,
                        data, no_grad_gather=ours.no_grad_gather, captions_per_image=ours.captions_per_image,
                        loss_reset=ours.loss_reset, grow_state=ours.decl_grow_state, id_block=id_block,
