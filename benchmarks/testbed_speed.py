@@ -44,7 +44,7 @@ from typing import Dict, List, Optional, Sequence
 
 from clip_dcl.experiment import arguments
 from clip_dcl.experiment.recipes import DEFAULT_RECIPE, RECIPES, fill, get_recipe
-from clip_dcl.experiment.reporting import Report, command_line, markdown_table, utc_date
+from clip_dcl.experiment.reporting import Report, code_commit, command_line, markdown_table, utc_date
 from clip_dcl.experiment.scoring import MEAN_R1, with_mean_r1
 
 HERE = Path(__file__).resolve().parent
@@ -62,14 +62,6 @@ GOAL = 0.33
 QUICK_DATA = ("--train-samples", "512", "--shard-size", "64", "--val-samples", "128", "--test-samples", "64", "--zeroshot-per-class", "4",
               "--fewshot-train-per-class", "5", "--fewshot-test-per-class", "5")
 QUICK_TRAIN = ("--train-num-samples", "512", "--val-num-samples", "128")
-
-
-def code_commit() -> str:
-    """The commit the code is at (``+changes`` when the tracked tree differs from it)."""
-    def git(*a):
-        return subprocess.run(["git", *a], cwd=HERE, capture_output=True, text=True).stdout.strip()
-    head = git("rev-parse", "--short=10", "HEAD") or "unknown"
-    return head + ("+changes" if git("status", "--porcelain", "--untracked-files=no") else "")
 
 
 def make_data(folder: Path, quick: bool) -> dict:
