@@ -1,0 +1,99 @@
+"""The README's headline: the confirmatory study's verdicts, rendered from its report's JSON.
+
+``benchmarks/studies/confirmatory.toml`` names its arms ``decl-bB``, ``clip-bB``, ``clip-b2B`` and
+``tuned-bB`` (InfoNCE with its temperature tuned) for each batch size B, and compares, per B, ``decl``
+with ``clip`` at B (beats), with the tuned InfoNCE at B (beats) and with ``clip`` at 2B (reaches).
+:func:`readme_block` turns ``benchmarks/results/confirmatory.json`` (the study's ``STUDY.json``, copied by
+``clip-dcl study report ... --out``) into the README's block: while runs are missing it says how many and
+gives no number; once the study is complete, one line per comparison (per-seed differences, interval,
+verdict) and, per batch size, one plain line on what to train, read off the verdicts by :func:`advice`.
+Nothing in it is typed: it is rendered by ``python -m clip_dcl.experiment.quotes``.
+"""
+from __future__ import annotations
+
+import re
+from typing import Dict, List, Optional, Tuple
+
+PLAN = "benchmarks/studies/confirmatory.toml"
+_ARM = re.compile(r"^(decl|clip|tuned)-b(\d+)$")
+
+
+def _pts(x: float) -> str:
+    return f"{100 * x:+.1f}"
+
+
+def _arm(name: str) -> Tuple[str, int]:
+    m = _ARM.match(name)
+    if not m:
+        raise ValueError(f"confirmatory arm {name!r} is not named decl-bB, clip-bB or tuned-bB")
+    return m.group(1), int(m.group(2))
+
+
+def _flags(doc: dict) -> Dict[str, List[str]]:
+    return {a["name"]: list(a.get("flags", [])) for a in doc["plan_canonical"]["arms"]}
+
+
+def _verdicts(doc: dict) -> Dict[int, Dict[str, dict]]:
+    """Per batch size B: ``{"clip": row, "tuned": row, "2B": row}``, the final row of ``decl-bB`` against each."""
+    out: Dict[int, Dict[str, dict]] = {}
+    for c in doc["comparisons"]:
+        kind_a, b_a = _arm(c["a"])
+        kind_b, b_b = _arm(c["b"])
+        if kind_a != "decl":
+            raise ValueError(f"confirmatory comparison {c['label']!r}: the headline reads decl - X only")
+        key = "2B" if (kind_b == "clip" and b_b == 2 * b_a) else kind_b if b_b == b_a else None
+        if key is None:
+            raise ValueError(f"confirmatory comparison {c['label']!r} is not decl against clip or tuned at B or clip at 2B")
+        out.setdefault(b_a, {})[key] = c["final"]
+    return out
+
+
+def advice(batch: int, rows: Dict[str, Optional[dict]], tuned_flags: List[str]) -> str:
+    """One plain line on what to train at ``batch``, read off the three verdicts (``rows``: the final rows of
+    ``decl`` against ``clip``, the tuned InfoNCE and ``clip`` at 2B)."""
+    v = {k: (r or {}).get("verdict", "no verdict") for k, r in rows.items()}
+    tuned = "`" + " ".join(tuned_flags) + "`"
+    if v.get("tuned") == "beats":
+        line = f"train `--loss decl`: it beat InfoNCE with its temperature tuned ({tuned})"
+        if v.get("2B") == "reaches":
+            line += f", and reached `clip` at B = {2 * batch}"
+        return line + "."
+    if v.get("tuned") == "trails":
+        return f"train InfoNCE at the tuned temperature ({tuned}): it beat `--loss decl`."
+    if v.get("clip") == "beats":
+        return (f"`--loss decl` beat `clip` but not the tuned InfoNCE ({tuned}): train either; the gain over `clip` "
+                f"is not shown to be more than a temperature's.")
+    return f"no loss is shown better than `clip` here: keep `--loss clip` (or the tuned temperature, {tuned})."
+
+
+def readme_block(doc: dict) -> str:
+    """The README's headline block from the confirmatory study's JSON (see the module's text)."""
+    plan = doc.get("plan", PLAN)
+    head = (f"The confirmatory study ([plan]({plan}), sealed {doc['sealed']} at commit {doc['sealed_commit']} before "
+            f"its first run; recipe `{doc['recipe']}`; {doc['design']}; metric `{doc['metric']}`, test split): ")
+    if doc["exploratory"]:
+        raise ValueError(f"{plan} is exploratory: the headline takes a confirmatory study's verdicts only")
+    if not doc["status"].startswith("complete"):
+        return head + (f"**{doc['status']}**. Its verdicts appear here when every planned run has its scores; "
+                       "until then it states nothing.")
+    flags = _flags(doc)
+    lines = [head + f"**{doc['status']}**. Paired differences in points, `a - b`, mean [interval], per seed:", ""]
+    names = {"clip": "`clip` at B", "tuned": "InfoNCE tuned at B", "2B": "`clip` at 2B"}
+    per_b = _verdicts(doc)
+    for batch in sorted(per_b):
+        parts = []
+        for key in ("clip", "tuned", "2B"):
+            r = per_b[batch].get(key)
+            if r is None:
+                continue
+            seeds = ", ".join(_pts(d) for d in r["diffs"])
+            bar = "" if r.get("margin") is None else f", bar {_pts(-r['margin'])}"
+            parts.append(f"- {names[key]}: {_pts(r['mean'])} [{_pts(r['lo'])}, {_pts(r['hi'])}] ({r['n']} seeds: "
+                         f"{seeds}{bar}): **{r['verdict']}**")
+        lines += [f"`decl` at B = {batch} against", *parts, ""]
+    lines.append("What to train, from these verdicts:")
+    lines.append("")
+    for batch in sorted(per_b):
+        tuned = flags.get(f"tuned-b{batch}", [])
+        lines.append(f"- B = {batch}: " + advice(batch, per_b[batch], tuned))
+    return "\n".join(lines)

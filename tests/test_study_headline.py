@@ -1,0 +1,75 @@
+"""The README's headline block rendered from a confirmatory study's JSON (clip_dcl.experiment.study.headline)."""
+import re
+
+import pytest
+
+from clip_dcl.experiment.stats import t_interval
+from clip_dcl.experiment.study.headline import advice, readme_block
+from clip_dcl.experiment.study.rule import judge
+
+
+def _row(rule, diffs, margin=None):
+    return {"seeds": list(range(len(diffs))), "diffs": diffs, **judge(rule, diffs, 0.9, resolution=0.01, margin=margin)}
+
+
+def _doc(rows, status="complete"):
+    comps = []
+    for (a, b, rule), r in rows.items():
+        comps.append({"a": a, "b": b, "rule": rule, "label": f"{a} {rule} {b}", "looks": [r] if r else [],
+                      "final": r})
+    arms = [{"name": n, "flags": ["--loss", "dcl", "--tau-plus", "0", "--dcl-temperature", "0.035714"]
+             if n.startswith("tuned") else ["--loss", n.split("-")[0]]}
+            for n in sorted({x for k in rows for x in k[:2]})]
+    return {"plan": "benchmarks/studies/confirmatory.toml", "sealed": "2026-11-26 16:00", "sealed_commit": "abc123",
+            "recipe": "micro-words", "design": "one look", "metric": "retrieval/mean_R@1", "exploratory": False,
+            "status": status, "comparisons": comps, "plan_canonical": {"arms": arms}}
+
+
+WIN = [0.05, 0.07, 0.04, 0.06]
+NONE = [0.05, -0.04, 0.02, -0.03]
+
+
+def test_complete_study_renders_every_comparison_from_its_rows():
+    rows = {("decl-b32", "clip-b32", "beats"): _row("beats", WIN),
+            ("decl-b32", "tuned-b32", "beats"): _row("beats", NONE),
+            ("decl-b32", "clip-b64", "reaches"): _row("reaches", [0.0, -0.01, 0.01, 0.0], margin=0.02)}
+    text = readme_block(_doc(rows))
+    st = t_interval(WIN, 0.9)
+    assert f"+{100 * st['mean']:.1f} [+{100 * st['lo']:.1f}, +{100 * st['hi']:.1f}]" in text
+    assert "+5.0, +7.0, +4.0, +6.0" in text  # every seed's difference
+    assert text.count("**beats**") == 1 and "**no verdict**" in text and "**reaches**" in text
+    assert "bar -2.0" in text  # the reach's threshold, minus the margin
+    line = [x for x in text.splitlines() if x.startswith("- B = 32:")]
+    assert len(line) == 1 and "not shown to be more than a temperature" in line[0]
+    assert "--dcl-temperature 0.035714" in line[0]
+
+
+def test_incomplete_study_states_no_number():
+    rows = {("decl-b32", "clip-b32", "beats"): None}
+    text = readme_block(_doc(rows, status="incomplete: 5 of 56 runs"))
+    assert "incomplete: 5 of 56 runs" in text and "states nothing" in text
+    assert not re.search(r"[+-]\d+\.\d", text)
+
+
+@pytest.mark.parametrize("verdicts, expect", [
+    ({"clip": "beats", "tuned": "beats", "2B": "reaches"}, "train `--loss decl`: it beat InfoNCE"),
+    ({"clip": "beats", "tuned": "trails", "2B": "no verdict"}, "train InfoNCE at the tuned temperature"),
+    ({"clip": "beats", "tuned": "no verdict", "2B": "reaches"}, "train either"),
+    ({"clip": "no verdict", "tuned": "no verdict", "2B": "no verdict"}, "keep `--loss clip`"),
+    ({"clip": "tie", "tuned": "tie", "2B": "reaches"}, "keep `--loss clip`"),
+])
+def test_advice_follows_the_verdicts(verdicts, expect):
+    line = advice(32, {k: {"verdict": v} for k, v in verdicts.items()}, ["--loss", "clip", "--init-logit-scale", "28"])
+    assert expect in line
+    assert ("reached `clip` at B = 64" in line) == (verdicts["tuned"] == "beats" and verdicts["2B"] == "reaches")
+
+
+def test_refuses_exploratory_and_unknown_arms():
+    rows = {("decl-b32", "clip-b32", "beats"): _row("beats", WIN)}
+    doc = _doc(rows)
+    doc["exploratory"] = True
+    with pytest.raises(ValueError, match="exploratory"):
+        readme_block(doc)
+    bad = _doc({("decl-b32", "infonce-b32", "beats"): _row("beats", WIN)})
+    with pytest.raises(ValueError, match="infonce-b32"):
+        readme_block(bad)
