@@ -52,10 +52,17 @@ def _flags(pattern, logs, name, *extra):
             *extra]
 
 
+def _default_sigint():
+    """In the child before it starts: SIGINT at its default, as in a terminal. A suite started in the background
+    (``make test &``) inherits SIGINT ignored, and Python then installs no Ctrl-C handler of its own."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def _launch(args, env=None):
     """Start ``python ARGS``; return the process and its start time."""
     return subprocess.Popen([sys.executable, *map(str, args)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, env=env or _env(), start_new_session=True), time.monotonic()
+                            text=True, env=env or _env(), start_new_session=True,
+                            preexec_fn=_default_sigint), time.monotonic()
 
 
 def _finish(proc, timeout=BOUND):

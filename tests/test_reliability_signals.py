@@ -15,7 +15,7 @@ import time
 import pytest
 import torch
 
-from test_reliability_exit import HELPER, _env, _finish, _flags, _launch, shards  # noqa: F401 (a fixture)
+from test_reliability_exit import HELPER, _default_sigint, _env, _finish, _flags, _launch, shards  # noqa: F401 (a fixture)
 
 
 def _last_line(err: str) -> str:
@@ -170,7 +170,7 @@ def test_torchrun_ctrl_c_through_the_launch_script_exits_130_after_the_ranks_sav
     logs = tmp_path / "logs"
     proc = subprocess.Popen(["bash", str(script), *_two_rank_flags(shards, logs)], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, env=_env(PYTHON=sys.executable, NPROC="2"),
-                            start_new_session=True)
+                            start_new_session=True, preexec_fn=_default_sigint)
     deadline = time.monotonic() + 90
     log = logs / "x" / "out.log"
     while not (log.exists() and "Train Epoch: 0" in log.read_text()):
