@@ -1,4 +1,4 @@
-"""The docs' example study end to end: `study run --parallel 1`, and the lines of `study commands` run as a
+"""The docs' example study end to end: `study run --parallel 2`, and the lines of `study commands` run as a
 Slurm array would run them (``sed -n "${i}p"``, from another folder), give the same per-seed differences."""
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ def study(*args, cwd=ROOT):
 @pytest.mark.slow
 def test_the_example_study_gives_the_same_report_run_here_and_through_its_lines(tmp_path):
     here, lines_work = tmp_path / "here", tmp_path / "lines"
-    got = study("run", PLAN, "--work", here, "--parallel", "1")
+    got = study("run", PLAN, "--work", here, "--parallel", "2")
     assert got.returncode == 0, got.stdout[-3000:] + got.stderr[-3000:]
     progress = [x for x in got.stdout.splitlines() if x.startswith("[study] ") and " seed " in x]
     assert len(progress) == 4 and all(": done in " in x for x in progress)
