@@ -304,3 +304,18 @@ rule = "beats"
                     for a in want] + ["--resume", "latest"]
     with pytest.raises(Exception, match=r"unknown key 'lr' in \[train\]"):
         load_plan((tmp_path / "p.toml").write_text(text.replace("epochs = 3", "lr = 0.1")) and tmp_path / "p.toml")
+
+
+def test_a_report_published_under_a_name_links_its_own_figure(tmp_path, capsys):
+    plan = write_plan(tmp_path)
+    work, out = tmp_path / "work", tmp_path / "results"
+    W.seal(load_plan(plan), work)
+    for run in (("clip", 0), ("decl", 0), ("clip", 1), ("decl", 1)):
+        finish(work, *run)
+    assert cli.main(["report", str(plan), "--work", str(work), "--out", str(out), "--name", "my_study"]) == 0
+    assert sorted(p.name for p in out.iterdir()) == ["my_study.json", "my_study.md", "my_study.png"]
+    md = (out / "my_study.md").read_text()
+    assert "](my_study.png)" in md and "STUDY.png" not in md
+    assert json.loads((out / "my_study.json").read_text())["status"] == "complete"
+    assert cli.main(["report", str(plan), "--work", str(work), "--out", str(out), "--name", "../x"]) == 2
+    assert "--name must be a plain file name stem, got '../x'" in capsys.readouterr().err

@@ -117,6 +117,8 @@ def build_parser() -> argparse.ArgumentParser:
             s.add_argument("--parallel", type=int, default=1, help="runs at once (default 1)")
         if name == "report":
             s.add_argument("--out", default=None, help="folder of STUDY.md/.json/.png (default: --work)")
+            s.add_argument("--name", default="STUDY", help="the report files' name: NAME.md, NAME.json, NAME.png "
+                                                          "(default STUDY), e.g. to publish it beside other reports")
     sub.add_parser("score", add_help=False, help="a run's last step: score both splits into its folder")
     return p
 
@@ -169,7 +171,10 @@ def _report(plan: Plan, args) -> int:
     from .report import write_report
 
     command = " ".join(["clip-dcl", "study", "report", *map(shlex.quote, [args.plan, "--work", args.work])])
-    got = write_report(plan, Path(args.work), Path(args.out) if args.out else None, command=command)
+    if not args.name or "/" in args.name or args.name.startswith("."):
+        print(f"clip-dcl study report: --name must be a plain file name stem, got {args.name!r}", file=sys.stderr)
+        return 2
+    got = write_report(plan, Path(args.work), Path(args.out) if args.out else None, command=command, name=args.name)
     doc = got["doc"]
     print(doc["status"])
     for c in doc["comparisons"]:

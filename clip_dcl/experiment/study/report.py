@@ -178,7 +178,7 @@ def build(plan: Plan, work: Path) -> dict:
             "plan_canonical": plan.canonical()}
 
 
-def markdown(doc: dict, plan: Plan) -> List[str]:
+def markdown(doc: dict, plan: Plan, figure_name: str = "STUDY.png") -> List[str]:
     """The report's Markdown lines from :func:`build`'s document."""
     done = [r for r in doc["runs"] if r.get("commit")]
     commits = Counter(r["commit"] for r in done)
@@ -235,7 +235,7 @@ def markdown(doc: dict, plan: Plan) -> List[str]:
             cells.append(_points(r["test"].get(doc["metric"]), False) if "test" in r else "-")
         rows.append(cells)
     lines += ["## Runs", "", markdown_table(head + ([f"test {doc['metric']}"] if show_test else []), rows), "",
-              "![per-seed differences](STUDY.png)"]
+              f"![per-seed differences]({figure_name})"]
     return lines
 
 
@@ -266,13 +266,15 @@ def figure(doc: dict, path: Path) -> Path:
     return save_figure(fig, path, doc["title"])
 
 
-def write_report(plan: Plan, work: Path, out: Optional[Path] = None, command: str = "") -> Dict[str, object]:
-    """Write ``STUDY.md/.json/.png`` into ``out`` (default ``work``); return the document and the paths."""
+def write_report(plan: Plan, work: Path, out: Optional[Path] = None, command: str = "",
+                 name: str = "STUDY") -> Dict[str, object]:
+    """Write ``NAME.md/.json/.png`` (default ``STUDY``) into ``out`` (default ``work``); return the document
+    and the paths."""
     work = Path(work)
     out = Path(out) if out else work
     doc = build(plan, work)
-    report = Report(out, "STUDY", command=command or "clip-dcl study report")
+    report = Report(out, name, command=command or "clip-dcl study report")
     png = figure(doc, report.png)
-    lines = markdown(doc, plan)
+    lines = markdown(doc, plan, figure_name=png.name)
     md = report.write([*lines[:3], *report.about()[:2], *lines[3:]], doc)  # the command and date after the status
     return {"doc": doc, "markdown": md, "json": report.path(".json"), "png": png}
