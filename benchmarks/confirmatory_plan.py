@@ -1,0 +1,178 @@
+"""Write ``benchmarks/studies/confirmatory.toml`` from the exploratory spread measurements, once, before it runs.
+
+    python benchmarks/confirmatory_plan.py            # prints the plan's numbers and writes the plan
+    python benchmarks/confirmatory_plan.py --dry-run  # prints them only
+
+Reads the published reports of ``spread.toml`` and ``spread_tuned.toml`` (``benchmarks/results/spread.json`` and
+``spread_tuned.json``: validation split, micro-words recipe, the default data draw, seeds 1-3) and the tuned
+InfoNCE arms' flags from ``spread_tuned.toml``. For each batch size B (32, 64) and each comparison of ``decl`` at B
+against ``clip`` at B, the tuned InfoNCE at B and ``clip`` at 2B, it takes the paired differences seed by seed:
+
+- ``paired_sd``: their sample standard deviation; ``expected``: their mean (an exploratory estimate; the seed
+  count is planned for a verdict in either direction, so on its size);
+- the reach's ``margin``: half of ``clip``'s mean paired gain from B to 2B over the same seeds;
+- the seeds: the fewest giving every comparison power 0.8 at 90 % (one look), at most ``--max-seeds``; a
+  comparison that would need more is run at that count and named in the plan with its power.
+
+The plan's data draw (``--seed 3``) and training seeds (300 on) are ones no earlier run used. It refuses to
+overwrite an existing plan: a plan is written once, committed, and then only run.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tomllib
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from clip_dcl.experiment.study.rule import power, seeds_needed  # noqa: E402
+from clip_dcl.experiment.testbed.objectives import loss_flags  # noqa: E402
+
+RESULTS = ROOT / "benchmarks" / "results"
+STUDIES = ROOT / "benchmarks" / "studies"
+PLAN = STUDIES / "confirmatory.toml"
+METRIC = "retrieval/mean_R@1"
+CONFIDENCE, POWER, RESOLUTION = 0.90, 0.8, 0.01
+SIZES = (32, 64)
+DATA_SEED = 3
+FIRST_SEED = 300
+
+
+def scores(*reports: Path) -> dict:
+    """``{(arm, seed): validation score}`` over the finished runs of the given study reports."""
+    out = {}
+    for path in reports:
+        doc = json.loads(path.read_text())
+        if not doc["status"].startswith("complete"):
+            raise SystemExit(f"{path}: {doc['status']}: the spread is measured on complete studies only")
+        for r in doc["runs"]:
+            out[(r["arm"], r["seed"])] = r["validation"][METRIC]
+    return out
+
+
+def diffs(s: dict, a: str, b: str) -> list:
+    seeds = sorted({seed for arm, seed in s if arm == a} & {seed for arm, seed in s if arm == b})
+    return [s[(a, seed)] - s[(b, seed)] for seed in seeds]
+
+
+def comparisons(s: dict) -> list:
+    """Per B: decl against clip at B (beats), the tuned InfoNCE at B (beats), clip at 2B (reaches)."""
+    rows = []
+    for b in SIZES:
+        gain = statistics.mean(diffs(s, f"clip-b{2 * b}", f"clip-b{b}"))
+        for other, rule in ((f"clip-b{b}", "beats"), (f"tuned-b{b}", "beats"), (f"clip-b{2 * b}", "reaches")):
+            d = diffs(s, f"decl-b{b}", other)
+            row = {"a": f"decl-b{b}", "b": other, "rule": rule, "diffs": d, "expected": statistics.mean(d),
+                   "paired_sd": statistics.stdev(d)}
+            if rule == "reaches":
+                row["margin"] = gain / 2
+                row["gain"] = gain
+            rows.append(row)
+    return rows
+
+
+def needed(row: dict) -> int:
+    """Seeds for power :data:`POWER` (beats: a verdict in the direction of the expected difference)."""
+    expected = abs(row["expected"]) if row["rule"] == "beats" else row["expected"]
+    return seeds_needed(row["rule"], row["paired_sd"], CONFIDENCE, POWER, expected=expected,
+                        margin=row.get("margin"), cap=1000) or 1001
+
+
+def write(rows: list, n: int, tuned: dict) -> str:
+    seeds = list(range(FIRST_SEED, FIRST_SEED + n))
+    decl = list(loss_flags("decl"))
+    arms = []
+    for b in SIZES:
+        arms += [(f"decl-b{b}", b, decl), (f"clip-b{b}", b, ["--loss", "clip"]), (f"tuned-b{b}", b, tuned[b])]
+    arms.append((f"clip-b{2 * SIZES[-1]}", 2 * SIZES[-1], ["--loss", "clip"]))
+    lines = []
+    for r in rows:
+        p = power(r["rule"], n, r["paired_sd"], CONFIDENCE,
+                  expected=abs(r["expected"]) if r["rule"] == "beats" else r["expected"], margin=r.get("margin"))
+        lines.append(f"#   {r['a']} {r['rule']} {r['b']}: paired sd {100 * r['paired_sd']:.2f}, mean "
+                     f"{100 * r['expected']:+.2f}" + (f", margin {100 * r['margin']:.2f} (half of clip's gain "
+                                                       f"{100 * r['gain']:+.2f})" if "margin" in r else "")
+                     + f": {needed(r) if needed(r) <= 1000 else 'more than 1000'} seeds for power {POWER}; "
+                       f"power at {n}: {p:.2f}")
+    toml = [
+        "# CONFIRMATORY. Written by benchmarks/confirmatory_plan.py from the exploratory spread measurements",
+        "# (benchmarks/results/spread.md, spread_tuned.md; validation split, the default data draw, seeds 1-3) and",
+        "# committed before its first run. Does decl beat clip and InfoNCE with its temperature tuned at B = 32 and",
+        "# 64, and does it reach clip at twice the batch? Nothing here may change once it has run: no seed added,",
+        "# no arm dropped, no margin moved; a failed run is rerun and listed in the report.",
+        "#",
+        f"# Data: a draw no earlier run used (--seed {DATA_SEED}); training seeds {seeds[0]}-{seeds[-1]}, used by no earlier run.",
+        "# Every run on the CPU (device cpu, one torch thread, the micro-words recipe); GPU runs may not be",
+        "# paired with these. The arms' flags are written out in full, so that a later default changes nothing.",
+        "# The tuned InfoNCE: the setting temperature_tuning.toml chose at each B (validation split, one seed).",
+        "# Margins and seed count (90 % two-sided t-intervals, one look; per comparison: paired spread and mean",
+        "# from the exploratory runs; seeds for power 0.8 to a verdict in the direction of that mean):",
+        *lines,
+        "#",
+        "#   clip-dcl study check benchmarks/studies/confirmatory.toml",
+        "#   clip-dcl study run benchmarks/studies/confirmatory.toml --work WORK/confirmatory --parallel 2",
+        "#   clip-dcl study report benchmarks/studies/confirmatory.toml --work WORK/confirmatory \\",
+        "#       --out benchmarks/results --name confirmatory",
+        "",
+        'title = "decl against clip at B and 2B and against a tuned InfoNCE, B = 32 and 64 (confirmatory)"',
+        'recipe = "micro-words"',
+        "exploratory = false",
+        f"seeds = {json.dumps(seeds)}",
+        f'metric = "{METRIC}"',
+        f"confidence = {CONFIDENCE}",
+        f"resolution = {RESOLUTION}",
+        f"power = {POWER}",
+        "threads = 1",
+        "",
+        "[data]",
+        "command = " + json.dumps(["data", "synth", "{DATA}", "--image-size", "32", "--num-classes", "48",
+                                   "--train-samples", "12000", "--test-samples", "1000", "--pack",
+                                   "--seed", str(DATA_SEED)]),
+        "",
+        "[train]",
+        "epochs = 20",
+        'device = "cpu"',
+    ]
+    for name, b, flags in arms:
+        toml += ["", "[[arms]]", f'name = "{name}"', f"batch_size = {b}", f"flags = {json.dumps(list(flags))}"]
+    for r in rows:
+        toml += ["", "[[comparisons]]", f'a = "{r["a"]}"', f'b = "{r["b"]}"', f'rule = "{r["rule"]}"']
+        if "margin" in r:
+            toml.append(f"margin = {round(r['margin'], 4)}")
+        toml += [f"expected = {round(abs(r['expected']) if r['rule'] == 'beats' else r['expected'], 4)}",
+                 f"paired_sd = {round(r['paired_sd'], 4)}"]
+    return "\n".join(toml) + "\n"
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0], allow_abbrev=False)
+    p.add_argument("--dry-run", action="store_true", help="print the numbers; write nothing")
+    p.add_argument("--max-seeds", type=int, default=10, help="the most seeds the plan runs (default 10)")
+    args = p.parse_args(argv)
+    if args.max_seeds < 3:
+        p.error(f"--max-seeds must be >= 3, got {args.max_seeds}")
+    s = scores(RESULTS / "spread.json", RESULTS / "spread_tuned.json")
+    rows = comparisons(s)
+    n = max(3, min(args.max_seeds, max(needed(r) for r in rows)))
+    tuned_plan = tomllib.loads((STUDIES / "spread_tuned.toml").read_text())
+    tuned = {a["batch_size"]: a["flags"] for a in tuned_plan["arms"]}
+    text = write(rows, n, tuned)
+    print("\n".join(x[4:] for x in text.splitlines() if x.startswith("#   ")))
+    print(f"seeds: {n}")
+    if args.dry_run:
+        return 0
+    if PLAN.exists():
+        print(f"{PLAN} exists: a plan is written once (delete it only if it was never committed or run)",
+              file=sys.stderr)
+        return 1
+    PLAN.write_text(text)
+    print(f"wrote {PLAN}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
