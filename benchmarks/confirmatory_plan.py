@@ -11,8 +11,10 @@ against ``clip`` at B, the tuned InfoNCE at B and ``clip`` at 2B, it takes the p
 - ``paired_sd``: their sample standard deviation; ``expected``: their mean (an exploratory estimate; the seed
   count is planned for a verdict in either direction, so on its size);
 - the reach's ``margin``: half of ``clip``'s mean paired gain from B to 2B over the same seeds;
-- the seeds: the fewest giving every comparison power 0.8 at 90 % (one look), at most ``--max-seeds``; a
-  comparison that would need more is run at that count and named in the plan with its power.
+- the seeds, per comparison (the plan's first ones; an arm trains as many as its comparisons read): the fewest
+  giving it power 0.8 at 90 % (one look), at least ``--min-seeds`` (a spread from three seeds may be low); a
+  comparison that would need more than ``--max-seeds`` cannot be powered here: it is judged on as many seeds
+  as the most any powered comparison gets, and the plan states its power there.
 
 The plan's data draw (``--seed 3``) and training seeds (300 on) are ones no earlier run used. It refuses to
 overwrite an existing plan: a plan is written once, committed, and then only run.
@@ -82,7 +84,16 @@ def needed(row: dict) -> int:
                         margin=row.get("margin"), cap=1000) or 1001
 
 
-def write(rows: list, n: int, tuned: dict) -> str:
+def seed_counts(rows: list, floor: int, cap: int) -> list:
+    """Per comparison: its seed count (see the module's text)."""
+    need = [needed(r) for r in rows]
+    powered = [max(floor, k) for k in need if k <= cap]
+    most = max(powered) if powered else cap
+    return [max(floor, k) if k <= cap else most for k in need]
+
+
+def write(rows: list, counts: list, tuned: dict) -> str:
+    n = max(counts)
     seeds = list(range(FIRST_SEED, FIRST_SEED + n))
     decl = list(loss_flags("decl"))
     arms = []
@@ -90,14 +101,14 @@ def write(rows: list, n: int, tuned: dict) -> str:
         arms += [(f"decl-b{b}", b, decl), (f"clip-b{b}", b, ["--loss", "clip"]), (f"tuned-b{b}", b, tuned[b])]
     arms.append((f"clip-b{2 * SIZES[-1]}", 2 * SIZES[-1], ["--loss", "clip"]))
     lines = []
-    for r in rows:
-        p = power(r["rule"], n, r["paired_sd"], CONFIDENCE,
+    for r, k in zip(rows, counts):
+        p = power(r["rule"], k, r["paired_sd"], CONFIDENCE,
                   expected=abs(r["expected"]) if r["rule"] == "beats" else r["expected"], margin=r.get("margin"))
         lines.append(f"#   {r['a']} {r['rule']} {r['b']}: paired sd {100 * r['paired_sd']:.2f}, mean "
                      f"{100 * r['expected']:+.2f}" + (f", margin {100 * r['margin']:.2f} (half of clip's gain "
                                                        f"{100 * r['gain']:+.2f})" if "margin" in r else "")
                      + f": {needed(r) if needed(r) <= 1000 else 'more than 1000'} seeds for power {POWER}; "
-                       f"power at {n}: {p:.2f}")
+                       f"judged on {k}, power {p:.2f}")
     toml = [
         "# CONFIRMATORY. Written by benchmarks/confirmatory_plan.py from the exploratory spread measurements",
         "# (benchmarks/results/spread.md, spread_tuned.md; validation split, the default data draw, seeds 1-3) and",
@@ -112,6 +123,11 @@ def write(rows: list, n: int, tuned: dict) -> str:
         "# Margins and seed count (90 % two-sided t-intervals, one look; per comparison: paired spread and mean",
         "# from the exploratory runs; seeds for power 0.8 to a verdict in the direction of that mean):",
         *lines,
+        "# Each comparison is judged on the plan's first seeds, as many as it says (`seeds`), at least the floor,",
+        "# since a spread from three seeds may be low; an arm trains as many as its comparisons read.",
+        *[f"# {r['a']} {r['rule']} {r['b']} would need more seeds than this plan can run: judged on {k}, its"
+          " interval is reported, and a 'no verdict' there is the expected outcome, not a finding."
+          for r, k in zip(rows, counts) if needed(r) > k],
         "#",
         "#   clip-dcl study check benchmarks/studies/confirmatory.toml",
         "#   clip-dcl study run benchmarks/studies/confirmatory.toml --work WORK/confirmatory --parallel 2",
@@ -139,8 +155,8 @@ def write(rows: list, n: int, tuned: dict) -> str:
     ]
     for name, b, flags in arms:
         toml += ["", "[[arms]]", f'name = "{name}"', f"batch_size = {b}", f"flags = {json.dumps(list(flags))}"]
-    for r in rows:
-        toml += ["", "[[comparisons]]", f'a = "{r["a"]}"', f'b = "{r["b"]}"', f'rule = "{r["rule"]}"']
+    for r, k in zip(rows, counts):
+        toml += ["", "[[comparisons]]", f'a = "{r["a"]}"', f'b = "{r["b"]}"', f'rule = "{r["rule"]}"', f"seeds = {k}"]
         if "margin" in r:
             toml.append(f"margin = {round(r['margin'], 4)}")
         toml += [f"expected = {round(abs(r['expected']) if r['rule'] == 'beats' else r['expected'], 4)}",
@@ -151,18 +167,20 @@ def write(rows: list, n: int, tuned: dict) -> str:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0], allow_abbrev=False)
     p.add_argument("--dry-run", action="store_true", help="print the numbers; write nothing")
-    p.add_argument("--max-seeds", type=int, default=10, help="the most seeds the plan runs (default 10)")
+    p.add_argument("--min-seeds", type=int, default=6, help="the fewest seeds a comparison is judged on (default 6)")
+    p.add_argument("--max-seeds", type=int, default=20,
+                   help="a comparison needing more for power 0.8 is not powered here (default 20)")
     args = p.parse_args(argv)
-    if args.max_seeds < 3:
-        p.error(f"--max-seeds must be >= 3, got {args.max_seeds}")
+    if not 2 <= args.min_seeds <= args.max_seeds:
+        p.error(f"expected 2 <= --min-seeds <= --max-seeds, got {args.min_seeds} and {args.max_seeds}")
     s = scores(RESULTS / "spread.json", RESULTS / "spread_tuned.json")
     rows = comparisons(s)
-    n = max(3, min(args.max_seeds, max(needed(r) for r in rows)))
+    counts = seed_counts(rows, args.min_seeds, args.max_seeds)
     tuned_plan = tomllib.loads((STUDIES / "spread_tuned.toml").read_text())
     tuned = {a["batch_size"]: a["flags"] for a in tuned_plan["arms"]}
-    text = write(rows, n, tuned)
-    print("\n".join(x[4:] for x in text.splitlines() if x.startswith("#   ")))
-    print(f"seeds: {n}")
+    text = write(rows, counts, tuned)
+    print("\n".join(x[4:] for x in text.splitlines() if x.startswith("#   ") and "seeds for power" in x))
+    print(f"seeds: {max(counts)} (per comparison: {counts})")
     if args.dry_run:
         return 0
     if PLAN.exists():

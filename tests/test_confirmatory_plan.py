@@ -54,9 +54,10 @@ def test_the_written_plan_is_valid_and_carries_the_numbers(cp, tmp_path):
     tuned = {32: ["--loss", "dcl", "--tau-plus", "0.0", "--dcl-temperature", "0.035714"],
              64: ["--loss", "dcl", "--tau-plus", "0.0", "--dcl-temperature", "0.06993"]}
     path = tmp_path / "confirmatory.toml"
-    path.write_text(cp.write(rows, 7, tuned))
+    path.write_text(cp.write(rows, [7, 7, 7, 3, 3, 3], tuned))
     plan = load_plan(path)
     assert list(plan.seeds) == list(range(300, 307)) and not plan.exploratory
+    assert plan.arm_seeds("decl-b32") == tuple(range(300, 307)) and plan.arm_seeds("clip-b128") == (300, 301, 302)
     assert sorted(a.name for a in plan.arms) == sorted(["decl-b32", "clip-b32", "tuned-b32", "decl-b64", "clip-b64",
                                                          "tuned-b64", "clip-b128"])
     reach = next(c for c in plan.comparisons if c.b == "clip-b128")
@@ -71,3 +72,11 @@ def test_the_seed_count_follows_the_spread(cp):
     rows = cp.comparisons(_scores())
     noisy = [{**r, "paired_sd": r["paired_sd"] * 4} for r in rows]
     assert max(cp.needed(r) for r in noisy) > max(cp.needed(r) for r in rows)
+
+
+def test_seed_counts_floor_cap_and_the_unpowered_comparison(cp):
+    rows = [{"rule": "beats", "paired_sd": 0.01, "expected": 0.05}, {"rule": "beats", "paired_sd": 0.04, "expected": 0.01},
+            {"rule": "reaches", "paired_sd": 0.034, "expected": -0.005, "margin": 0.0256}]
+    need = [cp.needed(r) for r in rows]
+    assert need[0] < 6 and need[1] > 20 and 6 < need[2] <= 20
+    assert cp.seed_counts(rows, 6, 20) == [6, need[2], need[2]]

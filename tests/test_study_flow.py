@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from clip_dcl.experiment.study import cli, load_plan, run_study
+from clip_dcl.experiment.study.plan import PlanError
 from clip_dcl.experiment.study import local as L
 from clip_dcl.experiment.study import work as W
 
@@ -319,3 +320,64 @@ def test_a_report_published_under_a_name_links_its_own_figure(tmp_path, capsys):
     assert json.loads((out / "my_study.json").read_text())["status"] == "complete"
     assert cli.main(["report", str(plan), "--work", str(work), "--out", str(out), "--name", "../x"]) == 2
     assert "--name must be a plain file name stem, got '../x'" in capsys.readouterr().err
+
+
+THREE_ARMS = """
+[[arms]]
+name = "tuned"
+flags = ["--loss", "clip", "--init-logit-scale", "28"]
+
+[[comparisons]]
+a = "decl"
+b = "tuned"
+rule = "beats"
+seeds = 2
+"""
+
+
+def test_a_comparison_with_fewer_seeds_trains_its_arms_only_on_those_and_is_judged_on_them(tmp_path, capsys,
+                                                                                           monkeypatch):
+    path = write_plan(tmp_path, seeds=[0, 1, 2])
+    path.write_text(path.read_text() + THREE_ARMS)
+    plan = load_plan(path)
+    assert plan.arm_seeds("tuned") == (0, 1) and plan.arm_seeds("decl") == (0, 1, 2)
+    assert plan.runs() == [("clip", 0), ("decl", 0), ("tuned", 0), ("clip", 1), ("decl", 1), ("tuned", 1),
+                           ("clip", 2), ("decl", 2)]
+    work = tmp_path / "work"
+    W.seal(plan, work)
+    monkeypatch.setitem(SCORES, ("tuned", 0), (0.20, 0.31))
+    monkeypatch.setitem(SCORES, ("tuned", 1), (0.21, 0.33))
+    for job in plan.runs()[:-1]:
+        finish(work, *job)
+    assert cli.main(["report", str(path), "--work", str(work)]) == 0
+    assert capsys.readouterr().out.startswith("incomplete: 7 of 8 runs")
+    finish(work, "decl", 2)
+    assert cli.main(["report", str(path), "--work", str(work)]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("complete")
+    doc = json.loads((work / "STUDY.json").read_text())
+    first, second = (c["final"] for c in doc["comparisons"])
+    assert first["seeds"] == [0, 1, 2] and second["seeds"] == [0, 1]
+    assert second["diffs"] == pytest.approx([0.35 - 0.31, 0.36 - 0.33])
+
+
+def test_per_comparison_seeds_are_checked_and_sealed(tmp_path, capsys):
+    path = write_plan(tmp_path, seeds=[0, 1, 2])
+    path.write_text(path.read_text() + THREE_ARMS.replace("seeds = 2", "seeds = 4"))
+    with pytest.raises(PlanError, match=r"comparisons\[1\].seeds = 4: expected a number of seeds from 2 to the plan's 3"):
+        load_plan(path)
+    path.write_text(path.read_text().replace("seeds = 4", "seeds = 2") + "\n")
+    with_looks = path.read_text().replace("resolution = 0.01", "resolution = 0.01\nlooks = [2, 3]\nalpha_split = \"bonferroni\"")
+    (tmp_path / "looks.toml").write_text(with_looks)
+    with pytest.raises(PlanError, match=r"comparisons\[1\].seeds: a sequential plan"):
+        load_plan(tmp_path / "looks.toml")
+    work = tmp_path / "work"
+    W.seal(load_plan(path), work)
+    path.write_text(path.read_text().replace("seeds = 2", "seeds = 3"))
+    assert cli.main(["report", str(path), "--work", str(work)]) == 2
+    assert "comparisons[1].seeds: 2 -> 3" in capsys.readouterr().err
+
+
+def test_a_plan_without_per_comparison_seeds_keeps_its_sealed_form(tmp_path):
+    plan = load_plan(write_plan(tmp_path))
+    assert all("seeds" not in c for c in plan.canonical()["comparisons"])

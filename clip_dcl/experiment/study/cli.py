@@ -62,7 +62,12 @@ def check(plan: Plan, echo=print) -> int:
         extra = "".join(f" {k}={v}" for k, v in arm.overrides)
         echo(f"  arm {arm.name}: {' '.join(arm.flags) or '(no flags)'}{extra}")
     runs = plan.runs()
-    echo(f"runs: {len(runs)} ({len(plan.arms)} arms x {len(plan.seeds)} seeds {list(plan.seeds)}): "
+    uneven = {a.name: len(plan.arm_seeds(a.name)) for a in plan.arms if len(plan.arm_seeds(a.name)) < len(plan.seeds)}
+    if uneven:
+        echo("  seeds per arm (the first ones its comparisons read): "
+             + ", ".join(f"{a.name} {len(plan.arm_seeds(a.name))}" for a in plan.arms))
+    echo(f"runs: {len(runs)} ({len(plan.arms)} arms x {len(plan.seeds)} seeds {list(plan.seeds)}"
+         + (", fewer for some arms" if uneven else "") + "): "
          + ", ".join(f"{a}/s{s}" for a, s in runs))
     short = 0
     for c in plan.comparisons:
@@ -79,13 +84,14 @@ def check(plan: Plan, echo=print) -> int:
             continue
         expected = c.expected or 0.0
         need = seeds_needed(c.rule, sd, plan.confidence, plan.power, expected=expected, margin=c.margin)
-        have = power(c.rule, len(plan.seeds), sd, plan.confidence, expected=expected, margin=c.margin)
-        enough = need is not None and need <= len(plan.seeds)
+        n = len(plan.comparison_seeds(c))
+        have = power(c.rule, n, sd, plan.confidence, expected=expected, margin=c.margin)
+        enough = need is not None and need <= n
         short += not enough
         echo(f"  {head}: paired sd {100 * sd:.2f} points ({where}), true difference assumed "
              f"{100 * expected:+.2f}" + (f", margin {100 * c.margin:.2f}" if c.margin else "")
              + f": needs {need if need else 'more than 1000'} seeds for power {plan.power:g} at "
-             f"{100 * plan.confidence:.0f} % (one look); the plan's {len(plan.seeds)} give power {have:.2f}"
+             f"{100 * plan.confidence:.0f} % (one look); its {n} give power {have:.2f}"
              + ("" if enough else " -- TOO FEW SEEDS"))
     if short:
         echo(f"too few seeds: {short} comparison(s) below power {plan.power:g}")

@@ -69,7 +69,8 @@ def run_study(plan: Plan, work: Path, parallel: int = 1, threads: Optional[int] 
                 echo(f"{where}: FAILED (exit {code}) after {seconds:.0f} s; log {log}; a later `study run` reruns it")
 
     design = plan.design()
-    echo(f"[study] {len(runs)} runs planned ({len(plan.arms)} arms x {len(plan.seeds)} seeds), {parallel} at once, "
+    echo(f"[study] {len(runs)} runs planned ({len(plan.arms)} arms x {len(plan.seeds)} seeds"
+         + (", fewer for some arms" if len(runs) < len(plan.arms) * len(plan.seeds) else "") + f"), {parallel} at once, "
          f"{threads} torch thread(s) each -> {work}")
     for k, (n, _) in enumerate(design, start=1):
         seeds = set(plan.seeds[:n])

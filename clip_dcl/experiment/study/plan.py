@@ -118,6 +118,8 @@ class Comparison:
     margin_gain: Optional[Tuple[str, str, float]] = None
     expected: Optional[float] = None
     paired_sd: Optional[float] = None
+    #: judged on the plan's first this many seeds (None: all of them); its arms train at least these
+    seeds: Optional[int] = None
 
     @property
     def label(self) -> str:
@@ -156,9 +158,21 @@ class Plan:
     def arm(self, name: str) -> Arm:
         return next(a for a in self.arms if a.name == name)
 
+    def comparison_seeds(self, c: Comparison) -> Tuple[int, ...]:
+        """The seeds ``c`` is judged on: the plan's first ``c.seeds`` (all of them when not given)."""
+        return self.seeds if c.seeds is None else self.seeds[:c.seeds]
+
+    def arm_seeds(self, name: str) -> Tuple[int, ...]:
+        """The seeds arm ``name`` trains: as many of the plan's as its comparisons (and the margins they take
+        from it) read, all of them for an arm no comparison names."""
+        counts = [len(self.comparison_seeds(c)) for c in self.comparisons
+                  if name in (c.a, c.b) or (c.margin_gain is not None and name in c.margin_gain[:2])]
+        return self.seeds[:max(counts)] if counts else self.seeds
+
     def runs(self) -> List[Tuple[str, int]]:
-        """Every ``(arm, seed)`` the plan trains, seed after seed (the arms of seed 0 first)."""
-        return [(arm.name, seed) for seed in self.seeds for arm in self.arms]
+        """Every ``(arm, seed)`` the plan trains, seed after seed (the arms of the first seed first)."""
+        per_arm = {arm.name: set(self.arm_seeds(arm.name)) for arm in self.arms}
+        return [(arm.name, seed) for seed in self.seeds for arm in self.arms if seed in per_arm[arm.name]]
 
     @property
     def split(self) -> str:
@@ -186,6 +200,9 @@ class Plan:
         out = dataclasses.asdict(self)
         out.pop("text"), out.pop("source")
         out["arms"] = [{"name": a.name, "flags": list(a.flags), **dict(a.overrides)} for a in self.arms]
+        for c in out["comparisons"]:  # a plan without per-comparison seeds keeps the form sealed before they existed
+            if c.get("seeds") is None:
+                c.pop("seeds", None)
         return _plain(out)
 
 
@@ -233,7 +250,7 @@ def parse_plan(text: str, source: str = "plan") -> Plan:
     train = _train(c, doc.get("train", {}), "train", allowed)
     arms = _arms(c, doc["arms"], allowed)
     names = [a.name for a in arms]
-    comparisons = tuple(_comparison(c, x, f"comparisons[{i}]", names)
+    comparisons = tuple(_comparison(c, x, f"comparisons[{i}]", names, len(seeds))
                         for i, x in enumerate(c.tables(doc["comparisons"], "comparisons")))
     if not comparisons:
         raise PlanError(f"{source}: comparisons: declare at least one [[comparisons]]")
@@ -241,6 +258,10 @@ def parse_plan(text: str, source: str = "plan") -> Plan:
     paired_sd = c.number(doc["paired_sd"], "paired_sd", minimum=0.0, strict=True) if "paired_sd" in doc else None
     spread_from = c.typed(doc["spread_from"], str, "spread_from") if "spread_from" in doc else None
     looks, alpha = _looks(c, doc, len(seeds), confidence)
+    per_comparison = next((i for i, x in enumerate(comparisons) if x.seeds is not None), None)
+    if looks and per_comparison is not None:
+        raise PlanError(f"{source}: comparisons[{per_comparison}].seeds: a sequential plan (looks) judges every "
+                        "comparison on the seeds of each look; give seeds per comparison in a one-look plan only")
     threads = c.int_value(doc["threads"], "threads", minimum=1) if "threads" in doc else None
     pair_across = tuple(c.str_list(doc.get("pair_across", []), "pair_across"))
     for value in pair_across:
@@ -388,8 +409,8 @@ def _arms(c: _Checker, value, allowed=TRAIN_KEYS) -> Tuple[Arm, ...]:
     return tuple(arms)
 
 
-def _comparison(c: _Checker, table: dict, where: str, names: List[str]) -> Comparison:
-    c.keys(table, ("a", "b", "rule", "margin", "margin_gain", "expected", "paired_sd"), where)
+def _comparison(c: _Checker, table: dict, where: str, names: List[str], n_seeds: int) -> Comparison:
+    c.keys(table, ("a", "b", "rule", "margin", "margin_gain", "expected", "paired_sd", "seeds"), where)
     for key in ("a", "b", "rule"):
         if key not in table:
             raise PlanError(f"{c.source}: {where} lacks {key!r}")
@@ -419,7 +440,12 @@ def _comparison(c: _Checker, table: dict, where: str, names: List[str]) -> Compa
         raise PlanError(f"{c.source}: {where}: rule {rule!r} needs exactly one of margin and margin_gain")
     expected = c.typed(table["expected"], float, f"{where}.expected") if "expected" in table else None
     sd = c.number(table["paired_sd"], f"{where}.paired_sd", minimum=0.0, strict=True) if "paired_sd" in table else None
-    return Comparison(a, b, rule, margin, gain, expected, sd)
+    n = None
+    if "seeds" in table:
+        n = table["seeds"]
+        if isinstance(n, bool) or not isinstance(n, int) or not 2 <= n <= n_seeds:
+            c.fail(f"{where}.seeds", n, f"expected a number of seeds from 2 to the plan's {n_seeds} (its first ones)")
+    return Comparison(a, b, rule, margin, gain, expected, sd, n)
 
 
 def _looks(c: _Checker, doc: dict, n_seeds: int, confidence: float):

@@ -39,7 +39,7 @@ def progress(plan: Plan, work: Path) -> Dict[str, object]:
     done = {(a, s) for a, s in plan.runs() if W.finished(work, a, s)}
     complete = 0
     for n, _ in plan.design():
-        if all((a.name, s) in done for s in plan.seeds[:n] for a in plan.arms):
+        if all(job in done for job in plan.runs() if job[1] in plan.seeds[:n]):
             complete += 1
         else:
             break
@@ -97,7 +97,8 @@ def decisions(plan: Plan, work: Path, state: Optional[dict] = None) -> List[dict
     for c in plan.comparisons:
         looks, final = [], None
         for k, (n, alpha) in enumerate(design[:state["complete_looks"]], start=1):
-            row = {"look": k, "alpha": alpha, **judged(plan, work, c, plan.seeds[:n], plan.split, 1 - alpha)}
+            seeds = [s for s in plan.seeds[:n] if s in plan.comparison_seeds(c)]
+            row = {"look": k, "alpha": alpha, **judged(plan, work, c, seeds, plan.split, 1 - alpha)}
             looks.append(row)
             if row["verdict"] != "no verdict" or k == len(design):
                 final = row
@@ -151,7 +152,7 @@ def build(plan: Plan, work: Path) -> dict:
         test = W.read_scores(work, arm, seed, "test") if seed in tested else None
         runs.append({**rec, "arm": arm, "seed": seed, "finished": (arm, seed) in state["done"], "validation": val,
                      **({"test": test} if test is not None else {})})
-    validation = [{"label": c.label, **judged(plan, work, c, plan.seeds, "validation", plan.confidence)}
+    validation = [{"label": c.label, **judged(plan, work, c, plan.comparison_seeds(c), "validation", plan.confidence)}
                   for c in plan.comparisons]
     for v in validation:
         v.pop("verdict")  # the validation split chooses; it never judges
