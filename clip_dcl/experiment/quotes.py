@@ -75,6 +75,7 @@ QUOTES: Tuple[Quote, ...] = (
     Quote("dcl default check", "batch_size.py", "batch_size.json", render="dcl_default_block"),
     Quote("which-loss numbers", "batch_size.py", "batch_size.json", ("README.md",), "which_loss_block"),
     Quote("testbed speed", "testbed_speed.py", "testbed_speed.json"),
+    Quote("confirmatory verdicts", "clip_dcl.experiment.study.headline", "confirmatory.json", ("README.md",)),
 )
 
 

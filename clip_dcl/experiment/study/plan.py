@@ -189,6 +189,9 @@ class Plan:
         """The design in words, as the report states it."""
         looks = self.design()
         if len(looks) == 1:
+            if any(c.seeds is not None for c in self.comparisons):
+                return (f"one look, when every planned run has its scores (each comparison on its own number of the "
+                        f"{len(self.seeds)} seeds); {100 * self.confidence:.0f} % t-intervals")
             return (f"one look, when all {len(self.seeds)} seeds have run; {100 * self.confidence:.0f} % "
                     "t-intervals")
         return (f"sequential: {len(looks)} looks, at " + ", ".join(str(n) for n, _ in looks) + " seeds, the error "
