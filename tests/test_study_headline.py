@@ -64,6 +64,11 @@ def test_advice_follows_the_verdicts(verdicts, expect):
     assert ("reached `clip` at B = 64" in line) == (verdicts["tuned"] == "beats" and verdicts["2B"] == "reaches")
 
 
+def test_advice_without_a_tuned_arm_says_so():
+    line = advice(64, {"clip": {"verdict": "beats"}, "2B": {"verdict": "no verdict"}}, [])
+    assert "train `--loss decl`" in line and "no tuned InfoNCE" in line and "``" not in line
+
+
 def test_refuses_exploratory_and_unknown_arms():
     rows = {("decl-b32", "clip-b32", "beats"): _row("beats", WIN)}
     doc = _doc(rows)

@@ -60,6 +60,9 @@ def advice(batch: int, rows: Dict[str, Optional[dict]], tuned_flags: List[str]) 
         return line + "."
     if v.get("tuned") == "trails":
         return f"train InfoNCE at the tuned temperature ({tuned}): it beat `--loss decl`."
+    if v.get("clip") == "beats" and "tuned" not in v:
+        return ("train `--loss decl`: it beat `clip` (this study has no tuned InfoNCE, so the gain may be a "
+                "temperature's).")
     if v.get("clip") == "beats":
         return (f"`--loss decl` beat `clip` but not the tuned InfoNCE ({tuned}): train either; the gain over `clip` "
                 f"is not shown to be more than a temperature's.")
