@@ -62,7 +62,7 @@ def check(plan: Plan, echo=print) -> int:
         extra = "".join(f" {k}={v}" for k, v in arm.overrides)
         echo(f"  arm {arm.name}: {' '.join(arm.flags) or '(no flags)'}{extra}")
     runs = plan.runs()
-    uneven = {a.name: len(plan.arm_seeds(a.name)) for a in plan.arms if len(plan.arm_seeds(a.name)) < len(plan.seeds)}
+    uneven = len(runs) < len(plan.arms) * len(plan.seeds)
     if uneven:
         echo("  seeds per arm (the first ones its comparisons read): "
              + ", ".join(f"{a.name} {len(plan.arm_seeds(a.name))}" for a in plan.arms))
