@@ -30,6 +30,10 @@ The report (``benchmarks/results/testbed_speed.{md,json}``) holds ``data_argv`` 
 
     .venv/bin/python benchmarks/testbed_speed.py               # all parts (about 40 min on 2 idle cores)
     .venv/bin/python benchmarks/testbed_speed.py --quick       # smoke run, report under --work
+    # a part run elsewhere (the CUDA part on a lent GPU), merged into the report with where it was made:
+    python benchmarks/testbed_speed.py --parts cuda --out GPU/testbed_speed        # on the GPU machine
+    .venv/bin/python benchmarks/testbed_speed.py --parts --merge benchmarks/results/testbed_speed.json \
+        benchmarks/results/testbed_speed_cuda_h100.json
 """
 from __future__ import annotations
 
@@ -56,6 +60,8 @@ GATE_SEEDS = (0, 1, 2)
 GATE_POINTS = 0.03
 #: runs of the new recipe at once on a GPU, and the time each may take (seconds)
 CUDA_RUNS, CUDA_GOAL = 8, 60.0
+#: the parts a call can run, and the keys of the report that hold each one
+PARTS = {"speed": ("speed", "ratios"), "cuda": ("cuda", "cuda_note"), "gate": ("gate", "gate_verdict")}
 #: the goal: the new recipe's run in at most this share of the old one's
 GOAL = 0.33
 #: a smoke run: small data written over the recipe's sizes (later flags win in both parsers)
@@ -178,6 +184,34 @@ def gate_verdict(runs: Sequence[dict], sizes: Sequence[int] = GATE_SIZES, points
             "points": points, "sizes": [min(sizes), max(sizes)]}
 
 
+def merged(doc: dict, others: Sequence[dict], ran: Sequence[str], made: dict) -> dict:
+    """``doc`` with each part it did not run taken from the last of ``others`` that has it, and ``sources``:
+    per part, where it was made (``made`` for the parts run in this call; an earlier merge's sources kept).
+    Written by hand: nothing in the ecosystem merges our reports."""
+    out = {**doc, "sources": {part: made for part in ran}}
+    for part, keys in PARTS.items():
+        if part in ran:
+            continue
+        for other in others:
+            if other.get(keys[0]) is not None or keys[1] in other:
+                for key in keys:
+                    if key in other:
+                        out[key] = other[key]
+                    else:
+                        out.pop(key, None)
+                out["sources"][part] = other.get("sources", {}).get(part) or {
+                    k: other.get(k) for k in ("command", "date", "machine", "commit")}
+    return out
+
+
+def _source(doc: dict, part: str, report: Report) -> List[str]:
+    """The line that says where a part was made, when another call than the one writing the report made it."""
+    src = doc.get("sources", {}).get(part)
+    if not src or (src.get("command"), src.get("machine")) == (report.command, report.machine):
+        return []
+    return [f"Made by `{src['command']}` on {src['machine']}, {src['date']} (UTC), code {src['commit']}.", ""]
+
+
 def write(report: Report, doc: dict) -> None:
     """The Markdown and JSON report of whatever parts ran."""
     lines = ["# Testbed speed", "", *report.about(status=doc["status"]), f"- Code: {doc['commit']}", "",
@@ -185,6 +219,7 @@ def write(report: Report, doc: dict) -> None:
     lines += [f"- `{name}`: {RECIPES[name].summary}" for name in (OLD, DEFAULT_RECIPE)]
     lines += ["", "## One thread", ""]
     if doc.get("speed"):
+        lines += _source(doc, "speed", report)
         rows = [(r["recipe"], r["batch_size"], r["epochs"], r["steps"], f"{r['seconds']:.1f}", f"{r['ms_per_step']:.2f}",
                  f"{r['load_before']:.1f} / {r['load_after']:.1f}") for r in doc["speed"]]
         lines += [markdown_table(["recipe", "B", "epochs", "steps", "wall s", "ms a step", "load avg before / after"],
@@ -201,10 +236,16 @@ def write(report: Report, doc: dict) -> None:
         lines += [doc.get("cuda_note", "Not run in this call.")]
     else:
         worst = max(r["seconds"] for r in doc["cuda"])
-        lines += [f"{len(doc['cuda'])} runs at once, B = 32: slowest {worst:.1f} s (goal <= {CUDA_GOAL:.0f} s each)"]
+        rows = [(r["seed"], r["steps"], f"{r['seconds']:.1f}", f"{r['ms_per_step']:.2f}",
+                 f"{r['load_before']:.1f} / {r['load_after']:.1f}") for r in doc["cuda"]]
+        lines += _source(doc, "cuda", report)
+        lines += [markdown_table(["seed", "steps", "wall s", "ms a step", "load avg before / after"], rows, "rrrrr"),
+                  "", f"{len(doc['cuda'])} runs at once, B = 32: slowest {worst:.1f} s (goal <= {CUDA_GOAL:.0f} s each): "
+                  f"**{'met' if worst <= CUDA_GOAL else 'not met'}**"]
     lines += ["", "## The gate (validation split)", ""]
     g = doc.get("gate_verdict")
     if g and g.get("holds") is not None:
+        lines += _source(doc, "gate", report)
         runs = doc["gate"]
         rows = [(r["batch_size"], r["seed"], f"{100 * r['metrics'][MEAN_R1]:.1f}", f"{r['seconds']:.0f}")
                 for r in sorted(runs, key=lambda r: (r["batch_size"], r["seed"]))]
@@ -241,7 +282,10 @@ def readme_block(doc: dict) -> str:
                      f"start-up and validation included: " + "; ".join(cells) + ".")
     if doc.get("cuda") is not None:
         worst = max(r["seconds"] for r in doc["cuda"])
-        parts.append(f"CUDA: {len(doc['cuda'])} runs at once, the slowest {worst:.0f} s (goal <= {CUDA_GOAL:.0f} s).")
+        where = (doc.get("sources", {}).get("cuda") or {}).get("machine") or doc.get("machine", "")
+        gpu = where.split(";")[0].split(", ")[-1]  # machine_info: "CPU, N cores (...), GPU; OS, Python, torch"
+        parts.append(f"CUDA ({gpu}): {len(doc['cuda'])} runs of `{doc['recipe']}` at once at B = 32, the slowest "
+                     f"{worst:.0f} s (goal <= {CUDA_GOAL:.0f} s): **{'met' if worst <= CUDA_GOAL else 'not met'}**.")
     elif "cuda_note" in doc:
         parts.append("CUDA: no GPU was lent to the run that wrote the report; no CUDA timing.")
     g = doc.get("gate_verdict")
@@ -258,7 +302,11 @@ def readme_block(doc: dict) -> str:
 
 def build_parser():
     p = arguments.benchmark_parser("testbed_speed.py", __doc__)
-    p.add_argument("--parts", nargs="+", choices=["speed", "cuda", "gate"], default=["speed", "cuda", "gate"])
+    p.add_argument("--parts", nargs="*", choices=list(PARTS), default=list(PARTS),
+                   help="the parts this call runs (none: only --merge)")
+    p.add_argument("--merge", nargs="+", default=[], metavar="JSON",
+                   help="reports of this benchmark from other calls (a lent GPU's CUDA part, say): each part this "
+                        "call does not run is taken from the last of them that has it, with where it was made")
     p.add_argument("--epochs", type=int, default=20, help="epochs of every run")
     p.add_argument("--jobs", type=int, default=2, help="gate runs at once (one torch thread each)")
     p.add_argument("--work", default=str(HERE / "work" / STEM), help="folder for the data and the runs")
@@ -276,13 +324,17 @@ def main(argv: Optional[List[str]] = None) -> int:
     out = Path(args.out) if args.out else (work / "report" / STEM if args.quick else HERE / "results" / STEM)
     epochs = 1 if args.quick else args.epochs
     data = work / "data"
-    summary = make_data(data, args.quick)
+    summary = make_data(data, args.quick) if args.parts else None
     report = Report.at(out, command_line("testbed_speed.py", argv))
     new = get_recipe(DEFAULT_RECIPE)
     doc = {"status": "running", "commit": code_commit(), "recipes": {n: RECIPES[n].summary for n in (OLD, DEFAULT_RECIPE)},
            "recipe": DEFAULT_RECIPE, "baseline_recipe": OLD, "data_argv": list(new.data_argv),
            "train_argv": new.train_argv(batch_size=32, seed=0, epochs=20, name="testbed"),
            "goal": GOAL, "epochs": epochs, "quick": args.quick}
+    others = [json.loads(Path(m).read_text()) for m in args.merge]
+    made = {"command": report.command, "date": report.date, "machine": report.machine, "commit": doc["commit"]}
+    if not args.parts and not others:
+        raise SystemExit("--parts with no part needs --merge (reports to take the parts from)")
     if "speed" in args.parts:
         doc["speed"] = speed(data, work, epochs, args.quick)
         doc["ratios"] = ratios(doc["speed"])
@@ -296,6 +348,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         sizes = (16, 32) if args.quick else GATE_SIZES
         doc["gate"] = gate(data, summary, work, epochs, args.quick, args.jobs, sizes)
         doc["gate_verdict"] = gate_verdict(doc["gate"], sizes)
+    doc = merged(doc, others, args.parts, made)
     doc["status"] = "complete"
     write(report, doc)
     print(f"[testbed_speed] -> {report.path('.md')}")
