@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import shlex
+import shutil
 from pathlib import Path
 
 import pytest
@@ -381,3 +382,40 @@ def test_per_comparison_seeds_are_checked_and_sealed(tmp_path, capsys):
 def test_a_plan_without_per_comparison_seeds_keeps_its_sealed_form(tmp_path):
     plan = load_plan(write_plan(tmp_path))
     assert all("seeds" not in c for c in plan.canonical()["comparisons"])
+
+
+def test_a_study_split_across_machines_by_seed_runs_each_share_and_skips_runs_copied_in_meanwhile(tmp_path, monkeypatch,
+                                                                                          capsys):
+    path = write_plan(tmp_path, seeds=[0, 1, 2])
+    plan, log = load_plan(path), tmp_path / "ran.txt"
+    assert plan.pick_seeds(["2", "0-1"]) == (0, 1, 2) and plan.pick_seeds(["1,2"]) == (1, 2)
+    for bad in (["7"], ["5-9"], ["x"]):
+        with pytest.raises(PlanError, match=f"--seeds '{bad[0]}'"):
+            plan.pick_seeds(bad)
+    # machine B takes seed 2 into its own work folder; machine A the rest of the plan into the study's
+    other, work = tmp_path / "other", tmp_path / "work"
+    monkeypatch.setattr(L, "shell_line", stand_in_line(other, log))
+    out = run_study(plan, other, parallel=2, threads=1, echo=lambda s: None, seeds=(2,))
+    assert sorted(ran(log)) == [("clip", "2"), ("decl", "2")] and len(out["finished"]) == 2
+    # B's runs copied into the study's folder while A's run goes on: A skips them when their turn comes
+    monkeypatch.setattr(L, "shell_line", stand_in_line(work, log))
+    log.unlink()
+    real_one_finish = L.subprocess.run
+
+    def copy_in_then_run(*a, **k):
+        if a and a[0][:1] == ["bash"] and not W.finished(work, "clip", 2):  # once A's first run has begun
+            for arm in ("clip", "decl"):
+                shutil.copytree(W.run_dir(other, arm, 2), W.run_dir(work, arm, 2))
+        return real_one_finish(*a, **k)
+    monkeypatch.setattr(L.subprocess, "run", copy_in_then_run)
+    printed = []
+    out = run_study(plan, work, parallel=1, threads=1, echo=printed.append)
+    assert sorted(ran(log)) == [("clip", "0"), ("clip", "1"), ("decl", "0"), ("decl", "1")]
+    assert sorted(out["skipped"]) == [("clip", 2), ("decl", 2)]
+    assert any("clip seed 2: finished meanwhile, skipped" in p for p in printed), printed
+    # a bad --seeds is refused before any work: no seal, no data
+    fresh = tmp_path / "fresh"
+    assert cli.main(["run", str(path), "--work", str(fresh), "--seeds", "3"]) == 2
+    assert "--seeds '3': not among the plan's seeds (0..2)" in capsys.readouterr().err and not fresh.exists()
+    assert cli.main(["commands", str(path), "--work", str(fresh), "--seeds", "1-"]) == 2
+    assert not fresh.exists()

@@ -7,6 +7,9 @@
 * ``commands PLAN --work DIR``: seal the plan in DIR, make the data, print one shell line per run on stdout
   (``> lines.sh``; a Slurm array runs line ``$SLURM_ARRAY_TASK_ID`` with ``sed -n``).
 * ``run PLAN --work DIR --parallel N``: the same lines on this machine, N at once; finished runs skipped.
+  ``--seeds`` (both): this machine's share of a study split across machines by whole seeds; copy each
+  machine's ``runs/<arm>/seed<N>/`` folders into one work folder for the report, which pairs runs of one
+  machine only.
 * ``report PLAN --work DIR``: write ``STUDY.md/.json/.png`` (verdicts only once every run of a look has its
   scores) and print the status and one line per comparison.
 * ``score RUN_DIR ...``: a run's last step (:mod:`.score`).
@@ -116,6 +119,12 @@ def build_parser() -> argparse.ArgumentParser:
             s.add_argument("--threads", type=int, default=None,
                            help="torch threads per run (default: the plan's threads, else "
                                 + ("1" if name == "commands" else "the cores split between the parallel runs") + ")")
+        if name in ("commands", "run"):
+            s.add_argument("--seeds", nargs="+", default=None, metavar="SEED",
+                           help="only these of the plan's seeds (ranges A-B too): this machine's share of a study "
+                                "split across machines by whole seeds, so that each seed's pairs are made on one "
+                                "machine (the report pairs runs of one machine only, unless the plan's pair_across "
+                                "names machines)")
         if name == "commands":
             s.add_argument("--look", type=int, default=None, help="sequential plans: only the runs of looks 1..LOOK")
             s.add_argument("--python", default=None, help="the Python that runs the lines (default: this one)")
@@ -148,7 +157,8 @@ def main(argv: Optional[List[str]] = None) -> int:
             return _commands(plan, args)
         if args.command == "run":
             from .local import run_study
-            out = run_study(plan, Path(args.work), args.parallel, args.threads)
+            seeds = plan.pick_seeds(args.seeds) if args.seeds else None
+            out = run_study(plan, Path(args.work), args.parallel, args.threads, seeds=seeds)
             return 1 if out["failed"] else 0
         return _report(plan, args)
     except (PlanError, StudyError) as e:
@@ -162,11 +172,12 @@ def _commands(plan: Plan, args) -> int:
 
     if args.look is not None and args.look > len(plan.design()):
         raise PlanError(f"--look {args.look}: the plan has {len(plan.design())} look(s)")
+    only = plan.pick_seeds(args.seeds) if args.seeds else None
     work = Path(args.work).resolve()
     seal(plan, work)
     splits = prepare_data(plan, work, echo=lambda s: print(s, file=sys.stderr))
     threads = args.threads or plan.threads or 1
-    for _, _, line in all_lines(plan, work, splits, threads, args.look):
+    for _, _, line in all_lines(plan, work, splits, threads, args.look, only):
         if args.python:
             line = line.replace(shlex.quote(sys.executable), shlex.quote(args.python))
         print(line)

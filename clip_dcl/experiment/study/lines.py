@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import shlex
 import sys
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Sequence
 
 from ..runner import Budget, Run, train_command
 from .plan import Plan, registered_recipe
@@ -88,8 +88,10 @@ def shell_line(plan: Plan, work, splits: Dict[str, object], arm: str, seed: int,
     return f"{train} && {score}"
 
 
-def all_lines(plan: Plan, work, splits: Dict[str, object], threads: int, look: Optional[int] = None) -> List[tuple]:
-    """``(arm, seed, line)`` of every run of the plan (of its first ``look`` looks' seeds only, when given)."""
+def all_lines(plan: Plan, work, splits: Dict[str, object], threads: int, look: Optional[int] = None,
+              only: Optional[Sequence[int]] = None) -> List[tuple]:
+    """``(arm, seed, line)`` of every run of the plan (of its first ``look`` looks' seeds only, when given; of
+    the seeds in ``only`` only, when given)."""
     seeds = plan.seeds if look is None else plan.seeds[:plan.design()[look - 1][0]]
     return [(arm, seed, shell_line(plan, work, splits, arm, seed, threads)) for arm, seed in plan.runs()
-            if seed in seeds]
+            if seed in seeds and (only is None or seed in only)]

@@ -13,7 +13,7 @@ import subprocess
 import threading
 import time
 from pathlib import Path
-from typing import Callable, List, Optional
+from typing import Callable, List, Optional, Sequence
 
 from ..reporting import utc_date
 from . import work as W
@@ -28,22 +28,30 @@ def default_threads(parallel: int) -> int:
 
 
 def run_study(plan: Plan, work: Path, parallel: int = 1, threads: Optional[int] = None,
-              echo: Callable[[str], None] = print) -> dict:
-    """Seal ``work``, make the data, then run every unfinished run, ``parallel`` at once; return
-    ``{"finished", "failed", "skipped", "planned", "stopped_at_look"}`` (runs as ``(arm, seed)``)."""
+              echo: Callable[[str], None] = print, seeds: Optional[Sequence[int]] = None) -> dict:
+    """Seal ``work``, make the data, then run every unfinished run (of ``seeds`` only, when given: the share
+    of a study this machine takes), ``parallel`` at once; return ``{"finished", "failed", "skipped",
+    "planned", "stopped_at_look"}`` (runs as ``(arm, seed)``). A run whose scores appear while the study
+    runs (copied in from another machine's work folder) is skipped when its turn comes."""
     if parallel < 1:
         raise ValueError(f"parallel={parallel}: must be >= 1")
     work = Path(work).resolve()
     W.seal(plan, work)
     splits = W.prepare_data(plan, work, echo)
     threads = threads or plan.threads or default_threads(parallel)
-    runs = plan.runs()
+    runs = [job for job in plan.runs() if seeds is None or job[1] in seeds]
     out = {"finished": [], "failed": [], "skipped": [], "planned": len(runs), "stopped_at_look": None}
     lock = threading.Lock()
     count = [0]
 
     def one(job):
         arm, seed = job
+        if W.finished(work, arm, seed):  # made elsewhere and copied in since the look began
+            with lock:
+                out["skipped"].append(job)
+                count[0] += 1
+                echo(f"[study] {count[0]}/{len(runs)} {arm} seed {seed}: finished meanwhile, skipped")
+            return
         line = shell_line(plan, work, splits, arm, seed, threads)
         log = W.log_path(work, arm, seed)
         log.parent.mkdir(parents=True, exist_ok=True)
@@ -70,7 +78,8 @@ def run_study(plan: Plan, work: Path, parallel: int = 1, threads: Optional[int] 
 
     design = plan.design()
     echo(f"[study] {len(runs)} runs planned ({len(plan.arms)} arms x {len(plan.seeds)} seeds"
-         + (", fewer for some arms" if len(runs) < len(plan.arms) * len(plan.seeds) else "") + f"), {parallel} at once, "
+         + (", fewer for some arms" if len(plan.runs()) < len(plan.arms) * len(plan.seeds) else "")
+         + (f"; here seeds {', '.join(map(str, seeds))} only" if seeds is not None else "") + f"), {parallel} at once, "
          f"{threads} torch thread(s) each -> {work}")
     for k, (n, _) in enumerate(design, start=1):
         seeds = set(plan.seeds[:n])

@@ -60,7 +60,7 @@ import re
 import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 try:  # Python 3.11+
     import tomllib
@@ -168,6 +168,23 @@ class Plan:
         counts = [len(self.comparison_seeds(c)) for c in self.comparisons
                   if name in (c.a, c.b) or (c.margin_gain is not None and name in c.margin_gain[:2])]
         return self.seeds[:max(counts)] if counts else self.seeds
+
+    def pick_seeds(self, values: Sequence[str]) -> Tuple[int, ...]:
+        """The plan's seeds named by ``values`` (``--seeds``: seeds and ranges ``A-B``, both ends included), in
+        the plan's order; :class:`PlanError` naming a value that is not a seed or a range of the plan's seeds."""
+        picked = set()
+        for value in values:
+            for part in str(value).split(","):
+                part = part.strip()
+                m = re.fullmatch(r"(-?\d+)(?:-(-?\d+))?", part)
+                if not m:
+                    raise PlanError(f"--seeds {part!r}: not a seed or a range A-B")
+                low, high = int(m.group(1)), int(m.group(2) if m.group(2) is not None else m.group(1))
+                chosen = [s for s in self.seeds if low <= s <= high]
+                if not chosen or (m.group(2) is None and low not in self.seeds):
+                    raise PlanError(f"--seeds {part!r}: not among the plan's seeds ({self.seeds[0]}..{self.seeds[-1]})")
+                picked.update(chosen)
+        return tuple(s for s in self.seeds if s in picked)
 
     def runs(self) -> List[Tuple[str, int]]:
         """Every ``(arm, seed)`` the plan trains, seed after seed (the arms of the first seed first)."""
