@@ -1,22 +1,18 @@
 """benchmarks/confirmatory_plan.py: the confirmatory plan's numbers come from the spread runs, and the plan it
 writes is one `clip-dcl study` accepts, with every number where the spread puts it."""
-import importlib.util
 import statistics
-import sys
 from pathlib import Path
 
 import pytest
+
+import benchmark_script
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module")
 def cp():
-    spec = importlib.util.spec_from_file_location("confirmatory_plan", ROOT / "benchmarks" / "confirmatory_plan.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules["confirmatory_plan"] = mod
-    spec.loader.exec_module(mod)
-    return mod
+    return benchmark_script.load("confirmatory_plan")
 
 
 def _scores():

@@ -1,18 +1,15 @@
 """The pure functions of ``benchmarks/gradient_bias_toy.py`` against independent references."""
 
-import importlib.util
 import json
-from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 from scipy import optimize
 
-_PATH = Path(__file__).resolve().parents[1] / "benchmarks" / "gradient_bias_toy.py"
-_spec = importlib.util.spec_from_file_location("gradient_bias_toy", _PATH)
-toy = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(toy)
+import benchmark_script
+
+toy = benchmark_script.load("gradient_bias_toy")
 
 
 def _neg_log_f(s, reg):

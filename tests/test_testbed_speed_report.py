@@ -2,20 +2,13 @@
 in with where it was made, and the generated block names the GPU and whether the goal was met."""
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+import benchmark_script
 
 
 def _module():
-    spec = importlib.util.spec_from_file_location("testbed_speed", ROOT / "benchmarks" / "testbed_speed.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules["testbed_speed"] = mod
-    spec.loader.exec_module(mod)
-    return mod
+    return benchmark_script.load("testbed_speed")
 
 
 def _cuda_run(seed, seconds):
