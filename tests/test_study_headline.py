@@ -1,4 +1,5 @@
 """The README's headline block rendered from a confirmatory study's JSON (clip_dcl.experiment.study.headline)."""
+import os
 import re
 
 import pytest
@@ -78,3 +79,66 @@ def test_refuses_exploratory_and_unknown_arms():
     bad = _doc({("decl-b32", "infonce-b32", "beats"): _row("beats", WIN)})
     with pytest.raises(ValueError, match="infonce-b32"):
         readme_block(bad)
+
+
+@pytest.mark.parametrize("committed, sealed, first, said, unsaid", [
+    # the plan's commit precedes the first run: that is the claim, whenever the folder was sealed
+    ("2026-11-26 16:40:11", "2026-11-26 23:58", "2026-11-26 16:40:58", "committed 2026-11-26 16:40, before its first run",
+     "after"),
+    ("2026-11-26 17:00:00", "2026-11-26 16:30", "2026-11-26 16:40:58", "committed 2026-11-26 17:00, after its first run",
+     "before"),
+    # no commit date (no checkout): only the seal's own date, and "before" only when it is
+    (None, "2026-11-26 16:30", "2026-11-26 16:40:58", "sealed 2026-11-26 16:30 at commit abc123 before its first run",
+     "committed"),
+    (None, "2026-11-26 23:58", "2026-11-26 16:40:58", "sealed 2026-11-26 23:58 at commit abc123 (first run", "before"),
+])
+def test_the_headline_says_the_plan_came_first_only_when_the_dates_do(committed, sealed, first, said, unsaid):
+    doc = {**_doc({("decl-b32", "clip-b32", "beats"): _row("beats", WIN)}), "plan_committed": committed,
+           "sealed": sealed, "first_run": first}
+    head = readme_block(doc).split("): **complete**")[0]
+    assert said in head and unsaid not in head
+
+
+def test_the_plans_commit_date_comes_from_git(tmp_path):
+    import subprocess
+    from types import SimpleNamespace
+
+    from clip_dcl.experiment.study.report import plan_committed
+
+    def git(*a, date=None):
+        env = {**os.environ, "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t",
+               "GIT_COMMITTER_EMAIL": "t@t", **({"GIT_COMMITTER_DATE": date} if date else {})}
+        return subprocess.run(["git", *a], cwd=tmp_path, env=env, check=True, capture_output=True,
+                              text=True).stdout.strip()
+
+    git("init", "-q")
+    (tmp_path / "plan.toml").write_text("seeds = [1]\n")
+    git("add", "plan.toml")
+    git("commit", "-qm", "plan", date="2026-01-02T03:04:05+00:00")
+    first = git("rev-parse", "--short=10", "HEAD")
+    (tmp_path / "other.txt").write_text("x\n")
+    git("add", "other.txt")
+    git("commit", "-qm", "later", date="2026-02-03T04:05:06+00:00")
+    head = git("rev-parse", "--short=10", "HEAD")
+    plan = SimpleNamespace(source=str(tmp_path / "plan.toml"))
+    # the date the plan itself was committed, not that of the later commit the folder was sealed at
+    assert plan_committed(plan, head + "+changes") == "2026-01-02 03:04:05"
+    assert plan_committed(plan, first) == "2026-01-02 03:04:05"
+    assert plan_committed(SimpleNamespace(source=str(tmp_path / "missing.toml")), head) is None
+    assert plan_committed(plan, None) is None
+
+
+def test_caveats_name_a_straddled_bar_and_a_low_powered_verdict():
+    below = [-0.04, -0.02, -0.03, -0.01, -0.035]  # below zero, across a bar at -2.5 points
+    rows = {("decl-b32", "clip-b32", "beats"): _row("beats", WIN),
+            ("decl-b32", "tuned-b32", "beats"): _row("beats", WIN),
+            ("decl-b32", "clip-b64", "reaches"): _row("reaches", below, margin=0.025)}
+    doc = _doc(rows)
+    doc["confidence"] = 0.9
+    doc["plan_canonical"]["comparisons"] = [
+        {"a": "decl-b32", "b": "clip-b32", "rule": "beats", "seeds": 4, "expected": 0.05, "paired_sd": 0.01},
+        {"a": "decl-b32", "b": "tuned-b32", "rule": "beats", "seeds": 4, "expected": 0.01, "paired_sd": 0.04}]
+    lines = {x.split(":")[0]: x for x in readme_block(doc).splitlines() if x.startswith("- ")}
+    assert "**no verdict**; the interval straddles the bar; it lies wholly below zero" in lines["- `clip` at 2B"]
+    assert "planned power 0.1" in lines["- InfoNCE tuned at B"]  # 4 seeds for +1 at sd 4: about 0.12
+    assert "planned power" not in lines["- `clip` at B"]  # well powered: nothing to add

@@ -14,6 +14,8 @@ from __future__ import annotations
 import re
 from typing import Dict, List, Optional, Tuple
 
+from .report import provenance
+
 PLAN = "benchmarks/studies/confirmatory.toml"
 _ARM = re.compile(r"^(decl|clip|tuned)-b(\d+)$")
 
@@ -44,8 +46,34 @@ def _verdicts(doc: dict) -> Dict[int, Dict[str, dict]]:
         key = "2B" if (kind_b == "clip" and b_b == 2 * b_a) else kind_b if b_b == b_a else None
         if key is None:
             raise ValueError(f"confirmatory comparison {c['label']!r} is not decl against clip or tuned at B or clip at 2B")
-        out.setdefault(b_a, {})[key] = c["final"]
+        out.setdefault(b_a, {})[key] = c["final"] and {**c["final"], "a": c["a"], "b": c["b"]}
     return out
+
+
+def planned_power(doc: dict, row: dict) -> Optional[float]:
+    """The power the plan gave ``row``'s comparison (its expected difference, paired spread and seed count, as
+    the plan's comments state it); None when the plan gives no spread."""
+    from .rule import power
+
+    for c in doc["plan_canonical"].get("comparisons", []):
+        if (c["a"], c["b"]) == (row.get("a"), row.get("b")) and c.get("paired_sd") and c.get("seeds"):
+            expected = c.get("expected") or 0.0
+            return power(c["rule"], int(c["seeds"]), c["paired_sd"], doc.get("confidence", 0.9),
+                         expected=abs(expected) if c["rule"] == "beats" else expected, margin=c.get("margin"))
+    return None
+
+
+def caveat(doc: dict, row: dict) -> str:
+    """What a verdict's words alone would leave out, from its numbers: a reach with no verdict whose interval lies
+    below zero, and a positive verdict the plan gave little power (such verdicts overstate the gap)."""
+    notes = []
+    if row["verdict"] == "no verdict" and row.get("margin") is not None:
+        notes.append("the interval straddles the bar" + ("; it lies wholly below zero" if row["hi"] < 0 else ""))
+    p = planned_power(doc, row)
+    if p is not None and p < 0.5 and row["verdict"] not in ("no verdict",):
+        notes.append(f"planned power {p:.2f}: a verdict reached at low power tends to overstate the gap, so read "
+                     "its interval's near end rather than its mean")
+    return "".join(f"; {n}" for n in notes)
 
 
 def advice(batch: int, rows: Dict[str, Optional[dict]], tuned_flags: List[str]) -> str:
@@ -72,8 +100,7 @@ def advice(batch: int, rows: Dict[str, Optional[dict]], tuned_flags: List[str]) 
 def readme_block(doc: dict) -> str:
     """The README's headline block from the confirmatory study's JSON (see the module's text)."""
     plan = doc.get("plan", PLAN)
-    head = (f"The confirmatory study ([plan]({plan}), sealed {doc['sealed']} at commit {doc['sealed_commit']} before "
-            f"its first run; recipe `{doc['recipe']}`; {doc['design']}; metric `{doc['metric']}`, test split): ")
+    head = (f"The confirmatory study ([plan]({plan}), {provenance(doc)}; recipe `{doc['recipe']}`; {doc['design']}; metric `{doc['metric']}`, test split): ")
     if doc["exploratory"]:
         raise ValueError(f"{plan} is exploratory: the headline takes a confirmatory study's verdicts only")
     if not doc["status"].startswith("complete"):
@@ -92,7 +119,7 @@ def readme_block(doc: dict) -> str:
             seeds = ", ".join(_pts(d) for d in r["diffs"])
             bar = "" if r.get("margin") is None else f", bar {_pts(-r['margin'])}"
             parts.append(f"- {names[key]}: {_pts(r['mean'])} [{_pts(r['lo'])}, {_pts(r['hi'])}] ({r['n']} seeds: "
-                         f"{seeds}{bar}): **{r['verdict']}**")
+                         f"{seeds}{bar}): **{r['verdict']}**{caveat(doc, r)}")
         lines += [f"`decl` at B = {batch} against", *parts, ""]
     lines.append("What to train, from these verdicts:")
     lines.append("")

@@ -34,6 +34,26 @@ RULE_TEXT = {
 }
 
 
+def plan_committed(plan: Plan, commit: Optional[str]) -> Optional[str]:
+    """When (UTC, ``YYYY-MM-DD HH:MM:SS``) the plan file was last committed at or before ``commit`` (the seal's),
+    from git; None outside a checkout or for a plan git does not track. What makes "planned before its first
+    run" checkable by anyone: a seal's date is a local file's word, a commit's is in the history."""
+    import os
+    import subprocess
+
+    source = Path(plan.source)
+    if not commit or not source.exists():
+        return None
+    ref = commit.split("+")[0]
+    try:
+        out = subprocess.run(["git", "log", "-1", "--format=%cd", "--date=format-local:%Y-%m-%d %H:%M:%S", ref, "--",
+                              source.resolve().name], cwd=source.resolve().parent, capture_output=True, text=True,
+                             timeout=30, env={**os.environ, "TZ": "UTC"})
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return (out.stdout.strip() or None) if out.returncode == 0 else None
+
+
 def progress(plan: Plan, work: Path) -> Dict[str, object]:
     """Which runs have their scores, and the looks complete (``complete_looks``: how many, in order)."""
     done = {(a, s) for a, s in plan.runs() if W.finished(work, a, s)}
@@ -159,6 +179,8 @@ def build(plan: Plan, work: Path) -> dict:
     failed = [a for a in W.attempts(work) if a["exit"] != 0]
     reruns = [{"arm": a["arm"], "seed": a["seed"], "failed": a["started"], "exit": a["exit"]} for a in failed]
     reruns += [{"arm": r["arm"], "seed": r["seed"], "resumed": True} for r in runs if r.get("resumed")]
+    starts = [a["started"] for a in W.attempts(work) if a.get("started")]
+    starts += [r["started"] for r in runs if r.get("started")]
     decided = all_decided(rows)
     if decided and state["n_done"] == state["n_planned"]:
         status = "complete"
@@ -171,12 +193,29 @@ def build(plan: Plan, work: Path) -> dict:
             status += f" (look {state['complete_looks']} of {len(design)} complete)"
     return {"title": plan.title or Path(plan.source).stem, "status": status, "plan": plan.source,
             "plan_sha256": plan.sha256, "sealed": seal and seal["sealed"], "sealed_commit": seal and seal["commit"],
+            "plan_committed": plan_committed(plan, seal and seal["commit"]), "first_run": min(starts, default=None),
             "recipe": plan.recipe, "split": plan.split, "exploratory": plan.exploratory,
             "design": plan.design_text(), "looks": [list(x) for x in design],
             "metric": plan.metric, "confidence": plan.confidence, "resolution": plan.resolution,
             "pair_across": list(plan.pair_across), "runs_done": state["n_done"], "runs_planned": state["n_planned"],
             "comparisons": rows, "validation": validation, "reruns": reruns, "runs": runs,
             "plan_canonical": plan.canonical()}
+
+
+def provenance(doc: dict) -> str:
+    """Where and when the plan was fixed, against its first run (the earliest attempt), in words: "committed
+    DATE, before its first run (DATE); sealed DATE at commit C", and "before its first run" only when the dates
+    say so."""
+    sealed, commit, first = doc.get("sealed"), doc.get("sealed_commit"), doc.get("first_run")
+    if not sealed:
+        return "not sealed yet"
+    committed = doc.get("plan_committed")
+    if committed:
+        when = "before" if first is None or committed < first else "after"
+        return (f"committed {committed[:16]}, {when} its first run ({first or 'none yet'}); sealed {sealed} at commit "
+                f"{commit}")
+    when = "" if first is None or sealed > first[:16] else " before its first run"
+    return f"sealed {sealed} at commit {commit or '-'}{when}" + (f" (first run {first})" if first else "")
 
 
 def markdown(doc: dict, plan: Plan, figure_name: str = "STUDY.png") -> List[str]:
@@ -186,8 +225,7 @@ def markdown(doc: dict, plan: Plan, figure_name: str = "STUDY.png") -> List[str]
     machines = Counter(r.get("hardware", "?") for r in done)
     rules = sorted({c.rule for c in plan.comparisons}, key=list(RULE_TEXT).index)
     lines = [f"# Study: {doc['title']}", "", f"- Status: **{doc['status']}**",
-             f"- Plan: `{doc['plan']}` (sha256 {doc['plan_sha256'][:12]}), sealed {doc['sealed'] or '(not yet)'} at "
-             f"commit {doc['sealed_commit'] or '-'}; recipe `{doc['recipe']}`",
+             f"- Plan: `{doc['plan']}` (sha256 {doc['plan_sha256'][:12]}), {provenance(doc)}; recipe `{doc['recipe']}`",
              f"- Design: {doc['design']}",
              f"- Metric: `{doc['metric']}` in points (percent); resolution {_points(doc['resolution'], False)} point",
              "- Runs' commits: " + (", ".join(f"{c} ({n} runs)" for c, n in commits.items()) or "none yet"),
