@@ -206,7 +206,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     overrides = dict(num_classes=args.num_classes)
     if args.train_samples is not None:
         overrides["train_samples"] = args.train_samples
-    data = ex.synth_data(work / "data", quick=args.quick, **overrides)
+    # trained as the demo trains: on the training shards packed once into memory
+    data = ex.packed_training_set(ex.synth_data(work / "data", quick=args.quick, **overrides))
     main_runs = ex.default_runs(data["tau_plus"])
     decl = next(r for r in main_runs if r.name == DECL)
     if args.objectives:

@@ -2,7 +2,9 @@
 
 1. writes the synthetic caption shards, the held-out retrieval split, the zero-shot class set
    and the few-shot suite (:func:`clip_dcl.data.synth.generate`; reused when already there);
-2. trains the tiny registered model with ``clip``, ``dcl`` (``tau_plus`` = the data's measured
+2. packs the training shards once into memory (:func:`clip_dcl.experiment.packed_training_set`) and
+   trains the demo's tiny model (:data:`clip_dcl.experiment.budgets.DEMO_MODEL`) with ``clip``,
+   ``dcl`` (``tau_plus`` = the data's measured
    class prior) and ``decl`` (rate ``index``) under the same seed and budget, each through
    ``python -m clip_dcl.train`` as a user would run it;
 3. evaluates each final checkpoint: retrieval R@1/5/10, zero-shot top-1/top-5, the 5-shot
@@ -75,7 +77,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     if device_error:
         print(f"clip-dcl demo: --device {args.device!r}: {device_error}", file=sys.stderr)
         return 2
-    base = QUICK_BUDGET if args.quick else DEMO_BUDGET
+    # --quick: the small budget on the demo's own model and optimizer, so that it runs the same path
+    base = (ex.Budget(**{**QUICK_BUDGET.__dict__, "model": DEMO_BUDGET.model, "extra": DEMO_BUDGET.extra})
+            if args.quick else DEMO_BUDGET)
     budget = ex.Budget(**{**base.__dict__, "seed": args.seed,
                           "epochs": args.epochs if args.epochs is not None else base.epochs})
     fewshot_seeds = args.fewshot_seeds or ([0] if args.quick else [0, 1, 2])
@@ -83,7 +87,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     start, load_at_start = time.perf_counter(), _load_average()
 
     print(f"[demo] 1/4 synthetic data -> {out / 'data'} (training and evaluation on {device})", flush=True)
-    data = ex.synth_data(out / "data", quick=args.quick, num_classes=args.num_classes)
+    data = ex.packed_training_set(ex.synth_data(out / "data", quick=args.quick, num_classes=args.num_classes))
     known = {r.name: r for r in ex.default_runs(data["tau_plus"])}
     runs = [known.get(name, ex.Run(name, ("--loss", name))) for name in dict.fromkeys(args.losses)]
 

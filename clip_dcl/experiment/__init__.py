@@ -74,6 +74,7 @@ from .runner import (
     parse_step_times,
     read_curves,
     read_val,
+    packed_training_set,
     synth_data,
     train,
     train_command,
@@ -92,7 +93,7 @@ from .stats import format_mean_std, mean_std, paired_differences, summarize, win
 
 __all__ = [
     "DEFAULT_MODEL", "Run", "Budget", "default_runs", "train_command", "TrainResult", "machine_lock", "train",
-    "read_curves", "read_val", "StepTime", "parse_step_times", "synth_data",
+    "read_curves", "read_val", "StepTime", "parse_step_times", "packed_training_set", "synth_data",
     "EVALUATOR", "Outcome", "train_and_evaluate", "evaluate", "chance_levels", "headline_metrics",
     "MEAN_R1", "with_mean_r1",
     "machine_info", "comparison_table", "plot", "save_figure", "write_report",
