@@ -115,6 +115,14 @@ def test_demo_quick_end_to_end(tmp_path):
     assert proc.stdout.strip().splitlines()[-1].startswith(f"[demo] done: {doc['minutes']:.1f} minutes of wall-clock")
     assert 0 < doc["minutes"] < 30 and set(doc["load_average"]) == {"start", "end"}
     assert list(doc["runs"]) == ["clip", "dcl", "decl"]
+    # the demo's own model and optimizer on its packed training set, in --quick too
+    from clip_dcl.experiment.budgets import DEMO_MODEL
+
+    assert doc["budget"]["model"] == DEMO_MODEL
+    for name, (run,) in doc["runs"].items():
+        cmd = run["command"]
+        assert cmd[cmd.index("--train-data") + 1] == str(out / "data" / "train.npz"), name
+        assert cmd[cmd.index("--dataset-type") + 1] == "auto" and "--adamw-impl" in cmd, name
     keys = list(doc["chance"])  # every scored metric with a chance level: retrieval, zero-shot, few-shot
     assert len(keys) >= 20 and any(k.startswith("fewshot/digits/") for k in keys)
     for name, (run,) in doc["runs"].items():
@@ -213,3 +221,29 @@ def test_training_and_evaluation_use_a_gpu_when_one_is_present(tmp_path, monkeyp
     assert resolve_device("auto") == "cpu"
     assert "--device cpu" in " ".join(ex.train_command(run, data, tmp_path, budget))
     assert demo.main(["--device", "cuda", "--out", str(tmp_path / "d")]) == 2  # named, not available
+
+
+def test_packed_training_set_holds_the_shards_and_is_remade_only_when_they_are(tmp_path):
+    import webdataset as wds
+    from open_clip_train.data import expand_urls
+
+    from clip_dcl.data.packed import load_packed
+
+    data = ex.synth_data(tmp_path / "data", quick=True, verbose=False)
+    packed = ex.packed_training_set(data, verbose=False)
+    path = Path(packed["train_data"])
+    assert path == tmp_path / "data" / "train.npz" and packed["dataset_type"] == "auto"
+    assert data["train_data"].endswith(".tar") and "dataset_type" not in data  # the shards' summary unchanged
+    arrays = load_packed(path)
+    shards = list(wds.WebDataset(expand_urls(data["train_data"])[0], shardshuffle=False))
+    assert [s["__key__"] for s in shards] == [str(k) for k in arrays["keys"]]
+    assert [s["txt"].decode() for s in shards] == [str(c) for c in arrays["captions"]]
+    assert len(arrays["images"]) == data["train"]["num_samples"]
+    # reused while newer than the data's summary; packed again once the data is rewritten
+    stamp = path.stat().st_mtime_ns
+    ex.packed_training_set(data, verbose=False)
+    assert path.stat().st_mtime_ns == stamp
+    summary = tmp_path / "data" / "summary.json"
+    os.utime(summary, ns=(stamp + 10**9, stamp + 10**9))
+    ex.packed_training_set(data, verbose=False)
+    assert path.stat().st_mtime_ns != stamp
