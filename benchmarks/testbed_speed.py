@@ -184,6 +184,28 @@ def gate_verdict(runs: Sequence[dict], sizes: Sequence[int] = GATE_SIZES, points
             "points": points, "sizes": [min(sizes), max(sizes)]}
 
 
+def gate_paired(runs: Sequence[dict], sizes: Sequence[int] = GATE_SIZES, confidence: float = 0.90) -> Optional[dict]:
+    """The gate's runs read paired by seed (a reading the gate did not name before its runs): per seed run at
+    both sizes, mean R@1 at the largest batch minus at the smallest, their mean and t-interval; None with fewer
+    than two such seeds. Same seed, same initialisation: the pairing removes the seed's own share of the spread,
+    which "ranges apart" over three seeds does not."""
+    from clip_dcl.experiment.stats import t_interval
+
+    at = {(r["batch_size"], r["seed"]): r["metrics"][MEAN_R1] for r in runs}
+    seeds = sorted(s for (b, s) in at if b == min(sizes) and (max(sizes), s) in at)
+    if len(seeds) < 2:
+        return None
+    diffs = [at[(max(sizes), s)] - at[(min(sizes), s)] for s in seeds]
+    return {"seeds": seeds, "diffs": diffs, "confidence": confidence, **t_interval(diffs, confidence)}
+
+
+def _paired_text(p: dict) -> str:
+    per = ", ".join(f"{100 * d:+.1f}" for d in p["diffs"])
+    return (f"Read paired by seed (a reading the gate did not name before its runs): per seed {per}, mean "
+            f"{100 * p['mean']:+.1f} points, {100 * p['confidence']:.0f} % interval [{100 * p['lo']:+.1f}, "
+            f"{100 * p['hi']:+.1f}].")
+
+
 def merged(doc: dict, others: Sequence[dict], ran: Sequence[str], made: dict) -> dict:
     """``doc`` with each part it did not run taken from the last of ``others`` that has it, and ``sources``:
     per part, where it was made (``made`` for the parts run in this call; an earlier merge's sources kept).
@@ -253,6 +275,9 @@ def write(report: Report, doc: dict) -> None:
                   f"Gain from B = {g['sizes'][0]} to {g['sizes'][-1]}: {100 * g['gain']:+.1f} points "
                   f"(needed: {100 * g['points']:.0f}); seeds' ranges {'apart' if g['apart'] else 'overlap'}: "
                   f"**the gate {'holds' if g['holds'] else 'fails'}**."]
+        paired = gate_paired(runs, g["sizes"])
+        if paired:
+            lines += ["", _paired_text(paired)]
     else:
         lines += ["Not run in this call."]
     lines += ["", "## Rerun the recipe", "", "```bash",
@@ -297,6 +322,9 @@ def readme_block(doc: dict) -> str:
                      f"{100 * sum(g['large']) / len(g['large']):.1f} at B = {hi}, a gain of {100 * g['gain']:+.1f} "
                      f"points (needed {100 * g['points']:.0f}), the seeds' ranges "
                      f"{'apart' if g['apart'] else 'overlapping'}: **the gate {'holds' if g['holds'] else 'fails'}**.")
+        paired = gate_paired(doc["gate"], g["sizes"])
+        if paired:
+            parts[-1] += " " + _paired_text(paired)
     return "\n\n".join(parts) + f"\n\nStatus of the report: {doc['status']}, code {doc['commit']}."
 
 

@@ -63,3 +63,27 @@ def test_report_and_block_name_the_gpu_and_the_goal_of_the_merged_cuda_part(tmp_
     assert "Made by `python benchmarks/testbed_speed.py --parts cuda` on Intel Xeon" in md
     assert "| 0 | 7500 | 183.3 |" in md
     assert json.loads((tmp_path / "tb.json").read_text())["sources"]["cuda"]["commit"] == "bbb"
+
+
+def test_the_gate_read_paired_by_seed_matches_a_slow_recomputation():
+    from scipy import stats
+
+    ts = _module()
+
+    def run(b, seed, r1):
+        return {"batch_size": b, "seed": seed, "metrics": {ts.MEAN_R1: r1}}
+
+    runs = [run(16, 0, 0.238), run(16, 1, 0.193), run(16, 2, 0.152), run(512, 0, 0.328), run(512, 1, 0.236),
+            run(512, 2, 0.297), run(512, 3, 0.9)]  # seed 3 has no B = 16 run: not paired
+    p = ts.gate_paired(runs)
+    diffs = [0.328 - 0.238, 0.236 - 0.193, 0.297 - 0.152]
+    mean = sum(diffs) / 3
+    sd = (sum((d - mean) ** 2 for d in diffs) / 2) ** 0.5
+    half = stats.t.ppf(0.95, 2) * sd / 3 ** 0.5
+    assert p["seeds"] == [0, 1, 2] and p["diffs"] == diffs
+    assert abs(p["mean"] - mean) < 1e-12 and abs(p["lo"] - (mean - half)) < 1e-12 and abs(p["hi"] - (mean + half)) < 1e-12
+    # the ranges touch (0.236 < 0.238) while every seed's pair rises: the gate fails, the paired reading is above 0
+    assert not ts.gate_verdict(runs[:6])["apart"] and p["lo"] > 0
+    text = ts._paired_text(p)
+    assert "per seed +9.0, +4.3, +14.5" in text and "did not name before its runs" in text
+    assert ts.gate_paired(runs[:1] + runs[3:4]) is None  # one paired seed: no interval
