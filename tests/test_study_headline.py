@@ -101,8 +101,9 @@ def test_the_headline_says_the_plan_came_first_only_when_the_dates_do(committed,
 
 def test_the_plans_commit_date_comes_from_git(tmp_path):
     import subprocess
-    from types import SimpleNamespace
+    from pathlib import Path
 
+    from clip_dcl.experiment.study.plan import load_plan
     from clip_dcl.experiment.study.report import plan_committed
 
     def git(*a, date=None):
@@ -111,8 +112,10 @@ def test_the_plans_commit_date_comes_from_git(tmp_path):
         return subprocess.run(["git", *a], cwd=tmp_path, env=env, check=True, capture_output=True,
                               text=True).stdout.strip()
 
+    example = (Path(__file__).resolve().parents[1] / "benchmarks" / "studies" / "example.toml").read_text()
+    path = tmp_path / "plan.toml"
     git("init", "-q")
-    (tmp_path / "plan.toml").write_text("seeds = [1]\n")
+    path.write_text(example)
     git("add", "plan.toml")
     git("commit", "-qm", "plan", date="2026-01-02T03:04:05+00:00")
     first = git("rev-parse", "--short=10", "HEAD")
@@ -120,12 +123,19 @@ def test_the_plans_commit_date_comes_from_git(tmp_path):
     git("add", "other.txt")
     git("commit", "-qm", "later", date="2026-02-03T04:05:06+00:00")
     head = git("rev-parse", "--short=10", "HEAD")
-    plan = SimpleNamespace(source=str(tmp_path / "plan.toml"))
     # the date the plan itself was committed, not that of the later commit the folder was sealed at
-    assert plan_committed(plan, head + "+changes") == "2026-01-02 03:04:05"
-    assert plan_committed(plan, first) == "2026-01-02 03:04:05"
-    assert plan_committed(SimpleNamespace(source=str(tmp_path / "missing.toml")), head) is None
-    assert plan_committed(plan, None) is None
+    assert plan_committed(load_plan(path), head) == "2026-01-02 03:04:05"
+    assert plan_committed(load_plan(path), first) == "2026-01-02 03:04:05"
+    # a comment added since changes no key: still that plan
+    path.write_text("# a note\n" + example)
+    assert plan_committed(load_plan(path), head + "+changes") == "2026-01-02 03:04:05"
+    # a seed added since: the committed file is another plan, and its date vouches for nothing
+    path.write_text(example.replace("seeds = [0, 1]", "seeds = [0, 1, 2]"))
+    assert "seeds = [0, 1, 2]" in path.read_text()
+    assert plan_committed(load_plan(path), head + "+changes") is None
+    assert plan_committed(load_plan(path), None) is None
+    (tmp_path / "untracked.toml").write_text(example)
+    assert plan_committed(load_plan(tmp_path / "untracked.toml"), head) is None
 
 
 def test_caveats_name_a_straddled_bar_and_a_low_powered_verdict():

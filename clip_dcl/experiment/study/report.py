@@ -36,22 +36,36 @@ RULE_TEXT = {
 
 def plan_committed(plan: Plan, commit: Optional[str]) -> Optional[str]:
     """When (UTC, ``YYYY-MM-DD HH:MM:SS``) the plan file was last committed at or before ``commit`` (the seal's),
-    from git; None outside a checkout or for a plan git does not track. What makes "planned before its first
-    run" checkable by anyone: a seal's date is a local file's word, a commit's is in the history."""
+    from git, provided the file as committed there is this plan (every key equal: comments may differ); None
+    outside a checkout, for a plan git does not track, or for one whose committed keys differ. What makes
+    "planned before its first run" checkable by anyone: a seal's date is a local file's word, a commit's is in
+    the history."""
     import os
     import subprocess
 
-    source = Path(plan.source)
-    if not commit or not source.exists():
+    from .plan import parse_plan
+
+    source = Path(plan.source).resolve()
+    if not commit or not source.is_file():
         return None
     ref = commit.split("+")[0]
+
+    def git(*args) -> Optional[str]:
+        try:
+            out = subprocess.run(["git", *args], cwd=source.parent, capture_output=True, text=True, timeout=30,
+                                 env={**os.environ, "TZ": "UTC"})
+        except (OSError, subprocess.SubprocessError):
+            return None
+        return out.stdout if out.returncode == 0 else None
+
+    text = git("show", f"{ref}:./{source.name}")
     try:
-        out = subprocess.run(["git", "log", "-1", "--format=%cd", "--date=format-local:%Y-%m-%d %H:%M:%S", ref, "--",
-                              source.resolve().name], cwd=source.resolve().parent, capture_output=True, text=True,
-                             timeout=30, env={**os.environ, "TZ": "UTC"})
-    except (OSError, subprocess.SubprocessError):
+        if text is None or parse_plan(text, str(source)).canonical() != plan.canonical():
+            return None
+    except ValueError:  # PlanError, or a file that is no plan
         return None
-    return (out.stdout.strip() or None) if out.returncode == 0 else None
+    return (git("log", "-1", "--format=%cd", "--date=format-local:%Y-%m-%d %H:%M:%S", ref, "--", source.name)
+            or "").strip() or None
 
 
 def progress(plan: Plan, work: Path) -> Dict[str, object]:
