@@ -31,7 +31,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from clip_dcl.experiment.study.rule import power, seeds_needed  # noqa: E402
+from clip_dcl.experiment.study.rule import planned_power, seeds_needed  # noqa: E402
 from clip_dcl.experiment.testbed.objectives import loss_flags  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results"
@@ -102,8 +102,7 @@ def write(rows: list, counts: list, tuned: dict) -> str:
     arms.append((f"clip-b{2 * SIZES[-1]}", 2 * SIZES[-1], ["--loss", "clip"]))
     lines = []
     for r, k in zip(rows, counts):
-        p = power(r["rule"], k, r["paired_sd"], CONFIDENCE,
-                  expected=abs(r["expected"]) if r["rule"] == "beats" else r["expected"], margin=r.get("margin"))
+        p = planned_power(r["rule"], k, r["paired_sd"], CONFIDENCE, r["expected"], r.get("margin"))
         lines.append(f"#   {r['a']} {r['rule']} {r['b']}: paired sd {100 * r['paired_sd']:.2f}, mean "
                      f"{100 * r['expected']:+.2f}" + (f", margin {100 * r['margin']:.2f} (half of clip's gain "
                                                        f"{100 * r['gain']:+.2f})" if "margin" in r else "")

@@ -59,8 +59,8 @@ def main(argv=None) -> int:
               f"samples at batch {budget.batch_size}", flush=True)
         res = ex.train(dataclasses.replace(run, name=f"clip-{name}"), data, work / "runs", budget, device="cpu",
                        validate=False, echo=lambda line: None)
-        rows.append({"setting": name, "model": budget.model, "train_data": data.get("dataset_type", "webdataset"), "extra": list(budget.extra),
-                     "seconds": res.seconds, "command": res.command})
+        rows.append({"setting": name, "model": budget.model, "train_data": data.get("dataset_type", "webdataset"),
+                     "extra": list(budget.extra), "seconds": res.seconds, "command": res.command})
         print(f"[demo_speed]     {res.seconds:.1f} s", flush=True)
     ratio = rows[1]["seconds"] / rows[0]["seconds"]
     report = Report.at(out, command_line("demo_speed.py", argv))

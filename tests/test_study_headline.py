@@ -83,10 +83,10 @@ def test_refuses_exploratory_and_unknown_arms():
 
 @pytest.mark.parametrize("committed, sealed, first, said, unsaid", [
     # the plan's commit precedes the first run: that is the claim, whenever the folder was sealed
-    ("2026-11-26 16:40:11", "2026-11-26 23:58", "2026-11-26 16:40:58", "committed 2026-11-26 16:40, before its first run",
-     "after"),
-    ("2026-11-26 17:00:00", "2026-11-26 16:30", "2026-11-26 16:40:58", "committed 2026-11-26 17:00, after its first run",
-     "before"),
+    ("2026-11-26 16:40:11", "2026-11-26 23:58", "2026-11-26 16:40:58",
+     "committed 2026-11-26 16:40, before its first run", "after"),
+    ("2026-11-26 17:00:00", "2026-11-26 16:30", "2026-11-26 16:40:58",
+     "committed 2026-11-26 17:00, after its first run", "before"),
     # no commit date (no checkout): only the seal's own date, and "before" only when it is
     (None, "2026-11-26 16:30", "2026-11-26 16:40:58", "sealed 2026-11-26 16:30 at commit abc123 before its first run",
      "committed"),

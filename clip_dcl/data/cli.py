@@ -75,16 +75,10 @@ def _run_synth(args) -> int:
     print(f"val_data {summary['val_data']}")
     print(f"summary {summary['out_dir']}/summary.json")
     if args.pack:
-        from pathlib import Path
+        from .packed import pack_synth
 
-        from .packed import pack_shards
-
-        out = Path(summary["out_dir"]) / "train.npz"
-        # --reuse keeps a packed file written after the shards it was packed from (summary.json is written last)
-        written_after = out.is_file() and out.stat().st_mtime >= (Path(summary["out_dir"]) / "summary.json").stat().st_mtime
-        if not (args.reuse and written_after):
-            pack_shards(summary["train_data"], out, verbose=not args.quiet)
-        print(f"train_packed {out}")
+        # --reuse keeps a packed file written after the shards it was packed from
+        print(f"train_packed {pack_synth(summary, reuse=args.reuse, verbose=not args.quiet)}")
     return 0
 
 

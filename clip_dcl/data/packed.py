@@ -81,6 +81,19 @@ def pack_shards(pattern: str, out, verbose: bool = True) -> Dict[str, object]:
     return {"path": str(out), "num_samples": len(images), "skipped": skipped, "image_shape": list(images[0].shape)}
 
 
+def pack_synth(summary: dict, reuse: bool = True, verbose: bool = True) -> Path:
+    """``OUT_DIR/train.npz``: the training shards of a synthetic data set (``summary``, as
+    :func:`clip_dcl.data.synth.generate` returns it) packed with :func:`pack_shards`. With ``reuse``, a
+    packed file written after the data's ``summary.json`` (written last, so after every shard) is kept."""
+    out_dir = Path(summary["out_dir"])
+    out = out_dir / "train.npz"
+    marker = out_dir / "summary.json"
+    fresh = out.is_file() and marker.is_file() and out.stat().st_mtime >= marker.stat().st_mtime
+    if not (reuse and fresh):
+        pack_shards(summary["train_data"], out, verbose=verbose)
+    return out
+
+
 def load_packed(path) -> Dict[str, np.ndarray]:
     """The arrays of a packed file; ``ValueError`` naming the file when it is not one."""
     path = Path(path)

@@ -105,7 +105,8 @@ def train_command(run: Run, data: dict, logs: os.PathLike, budget: Budget,
         *(entry or [sys.executable, "-m", "clip_dcl.train"]), "--",
         "--model", budget.model,
         "--train-data", data["train_data"], *(["--val-data", data["val_data"]] if validate else []),
-        "--dataset-type", data.get("dataset_type", "webdataset"), *(["--dataset-resampled"] if num_samples is not None else []),
+        "--dataset-type", data.get("dataset_type", "webdataset"),
+        *(["--dataset-resampled"] if num_samples is not None else []),
         "--train-num-samples", str(data["train"]["num_samples"] if num_samples is None else num_samples),
         *(["--val-num-samples", str(data["val"]["num_samples"])] if validate else []),
         "--batch-size", str(budget.batch_size), "--epochs", str(budget.epochs),
@@ -320,15 +321,11 @@ def packed_training_set(data: dict, verbose: bool = True) -> dict:
     """``data`` (a synth summary) training on its training shards packed once into ``OUT_DIR/train.npz``
     (:func:`clip_dcl.data.packed.pack_shards`: images decoded and kept in memory, captions tokenised once),
     through ``--dataset-type auto``: the same samples in the same order as the shards, without a loader
-    worker decoding each image every epoch. A packed file written after the data's summary is reused."""
-    from ..data.packed import pack_shards
+    worker decoding each image every epoch. A packed file written after the data's summary is reused
+    (:func:`clip_dcl.data.packed.pack_synth`)."""
+    from ..data.packed import pack_synth
 
-    out_dir = Path(data["out_dir"])
-    out = out_dir / "train.npz"
-    summary = out_dir / "summary.json"
-    if not (out.is_file() and summary.is_file() and out.stat().st_mtime >= summary.stat().st_mtime):
-        pack_shards(data["train_data"], out, verbose=verbose)
-    return {**data, "train_data": str(out), "dataset_type": "auto"}
+    return {**data, "train_data": str(pack_synth(data, verbose=verbose)), "dataset_type": "auto"}
 
 
 def synth_data(out_dir: os.PathLike, *, quick: bool = False, verbose: bool = True, **overrides) -> dict:

@@ -53,13 +53,12 @@ def _verdicts(doc: dict) -> Dict[int, Dict[str, dict]]:
 def planned_power(doc: dict, row: dict) -> Optional[float]:
     """The power the plan gave ``row``'s comparison (its expected difference, paired spread and seed count, as
     the plan's comments state it); None when the plan gives no spread."""
-    from .rule import power
+    from .rule import planned_power as power_of
 
     for c in doc["plan_canonical"].get("comparisons", []):
         if (c["a"], c["b"]) == (row.get("a"), row.get("b")) and c.get("paired_sd") and c.get("seeds"):
-            expected = c.get("expected") or 0.0
-            return power(c["rule"], int(c["seeds"]), c["paired_sd"], doc.get("confidence", 0.9),
-                         expected=abs(expected) if c["rule"] == "beats" else expected, margin=c.get("margin"))
+            return power_of(c["rule"], int(c["seeds"]), c["paired_sd"], doc.get("confidence", 0.9),
+                            c.get("expected") or 0.0, c.get("margin"))
     return None
 
 
@@ -70,7 +69,7 @@ def caveat(doc: dict, row: dict) -> str:
     if row["verdict"] == "no verdict" and row.get("margin") is not None:
         notes.append("the interval straddles the bar" + ("; it lies wholly below zero" if row["hi"] < 0 else ""))
     p = planned_power(doc, row)
-    if p is not None and p < 0.5 and row["verdict"] not in ("no verdict",):
+    if p is not None and p < 0.5 and row["verdict"] not in ("no verdict", "tie"):
         notes.append(f"planned power {p:.2f}: a verdict reached at low power tends to overstate the gap, so read "
                      "its interval's near end rather than its mean")
     return "".join(f"; {n}" for n in notes)
@@ -100,7 +99,8 @@ def advice(batch: int, rows: Dict[str, Optional[dict]], tuned_flags: List[str]) 
 def readme_block(doc: dict) -> str:
     """The README's headline block from the confirmatory study's JSON (see the module's text)."""
     plan = doc.get("plan", PLAN)
-    head = (f"The confirmatory study ([plan]({plan}), {provenance(doc)}; recipe `{doc['recipe']}`; {doc['design']}; metric `{doc['metric']}`, test split): ")
+    head = (f"The confirmatory study ([plan]({plan}), {provenance(doc)}; recipe `{doc['recipe']}`; {doc['design']}; "
+            f"metric `{doc['metric']}`, test split): ")
     if doc["exploratory"]:
         raise ValueError(f"{plan} is exploratory: the headline takes a confirmatory study's verdicts only")
     if not doc["status"].startswith("complete"):

@@ -87,6 +87,14 @@ def power(rule: str, n: int, sd: float, confidence: float, *, expected: float = 
     raise ValueError(f"unknown rule {rule!r}")
 
 
+def planned_power(rule: str, n: int, sd: float, confidence: float, expected: float,
+                  margin: Optional[float] = None) -> float:
+    """The power a plan states for a comparison: :func:`power`, where for ``beats`` a verdict in the direction
+    of the expected difference counts (a plan expecting ``a`` to trail plans for **trails**), so the
+    expected difference enters by its size."""
+    return power(rule, n, sd, confidence, expected=abs(expected) if rule == "beats" else expected, margin=margin)
+
+
 def seeds_needed(rule: str, sd: float, confidence: float, target: float = 0.8, *, expected: float = 0.0,
                  margin: Optional[float] = None, cap: int = 1000) -> Optional[int]:
     """The fewest seeds (2 at least) whose :func:`power` reaches ``target``; None when ``cap`` seeds do not."""
