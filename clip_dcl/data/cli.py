@@ -8,6 +8,8 @@ Subcommands:
   (classification) written in CLIP_benchmark's webdataset layout, for ``clip-dcl eval benchmark
   --dataset wds/<name>`` and CLIP_benchmark itself
   (:func:`clip_dcl.data.evalsets.write_benchmark.write_benchmark_shards`).
+* ``fashion-mnist OUT_DIR [--from DIR]``: Fashion-MNIST's (or any IDX set's) images with captions from their
+  pixels, in the same layout (:func:`clip_dcl.data.fashion.generate`).
 * ``pack PATTERN OUT.npz``: training shards decoded once into one file that training holds in memory
   (:func:`clip_dcl.data.packed.pack_shards`; ``--train-data OUT.npz`` trains on it).
 """
@@ -82,6 +84,84 @@ def _run_synth(args) -> int:
     return 0
 
 
+_FASHION_HELP = {
+    "seed": "the data draw: which training images are held out for validation and which train, and the "
+            "captions' wording; the test split is the official test set whatever the draw",
+    "image_size": "image side in pixels (the 28 px images are centred on a black square; smaller sizes resize)",
+    "val_samples": "validation images held out of the official training set (choices are made on them; the "
+                   "zero-shot tree zeroshot/ and the few-shot pools are made of them)",
+    "train_samples": "training images (0: every official training image not held out)",
+    "test_samples": "test images, the first of the official test set (0: all of them)",
+    "captions_per_image": "captions per training image (the first one is the .txt, all are in the json)",
+    "val_captions_per_image": "captions per validation and test image (retrieval's targets)",
+    "shard_size": "samples per .tar shard",
+    "fewshot_train_per_class": "few-shot training images per class (from the validation images; >= 5)",
+    "fewshot_test_per_class": "few-shot test images per class (from the test set)",
+}
+
+
+def _add_fashion_parser(subparsers) -> None:
+    from .fashion import DEBIAN_DIR, DEBIAN_PACKAGE, FILES, FashionConfig
+
+    defaults = FashionConfig()
+    p = subparsers.add_parser(
+        "fashion-mnist", allow_abbrev=False, help="Fashion-MNIST (real photographs) as captioned shards and eval sets",
+        description="Write Fashion-MNIST's images with captions measured from their pixels (class name, brightness, "
+                    "size in the frame, width against height, texture) in the layout the trainer, the evaluators and "
+                    "`clip-dcl study` read: train/val/test shards, zero-shot trees with the real class names, an "
+                    "ELEVATER-layout few-shot suite, summary.json (see clip_dcl.data.fashion). It reads the four "
+                    f"official files ({', '.join(FILES.values())}): `apt-get install {DEBIAN_PACKAGE}` puts them "
+                    f"in {DEBIAN_DIR}. Any IDX image/label pair of that layout works (MNIST: give --classnames).")
+    p.add_argument("out_dir", metavar="OUT_DIR", help="output folder")
+    p.add_argument("--from", dest="source", default=DEBIAN_DIR, metavar="DIR",
+                   help=f"folder of the four IDX files (default {DEBIAN_DIR})")
+    p.add_argument("--classnames", default=None, metavar="FILE",
+                   help="one class name a line, in label order (default: Fashion-MNIST's ten names)")
+    for field in dataclasses.fields(FashionConfig):
+        value = getattr(defaults, field.name)
+        p.add_argument("--" + field.name.replace("_", "-"), dest=field.name, type=int, default=None,
+                       help=_FASHION_HELP[field.name] + f" (default {value})")
+    p.add_argument("--overwrite", action="store_true", help="replace earlier outputs in OUT_DIR")
+    p.add_argument("--reuse", action="store_true",
+                   help="keep earlier outputs in OUT_DIR when their summary.json has the same settings and files")
+    p.add_argument("--quiet", action="store_true", help="no progress lines")
+    p.add_argument("--pack", action="store_true",
+                   help="also write OUT_DIR/train.npz: the training shards decoded once (see `clip-dcl data pack`)")
+    p.set_defaults(func=_run_fashion, parser=p)
+
+
+def _run_fashion(args) -> int:
+    import sys
+    from pathlib import Path
+
+    from .fashion import DataMissing, generate
+
+    overrides = {f: getattr(args, f) for f in _FASHION_HELP if getattr(args, f) is not None}
+    classnames = None
+    if args.classnames:
+        path = Path(args.classnames)
+        if not path.is_file():
+            args.parser.error(f"--classnames {args.classnames}: no such file")
+        classnames = [line.strip() for line in path.read_text().splitlines() if line.strip()]
+    try:
+        summary = generate(args.out_dir, args.source, classnames=classnames, overwrite=args.overwrite,
+                           reuse=args.reuse, verbose=not args.quiet, **overrides)
+    except DataMissing as e:
+        print(f"clip-dcl data fashion-mnist: {e}", file=sys.stderr)
+        return 2
+    except (ValueError, FileExistsError) as e:
+        args.parser.error(str(e))
+    print(f"tau_plus {summary['tau_plus']:.6f}")
+    for key in ("train_data", "val_data", "test_data"):
+        print(f"{key} {summary[key]}")
+    print(f"summary {summary['out_dir']}/summary.json")
+    if args.pack:
+        from .packed import pack_synth
+
+        print(f"train_packed {pack_synth(summary, reuse=args.reuse, verbose=not args.quiet)}")
+    return 0
+
+
 def _add_pack_parser(subparsers) -> None:
     p = subparsers.add_parser(
         "pack", allow_abbrev=False, help="decode training shards once into one .npz that training holds in memory",
@@ -147,6 +227,7 @@ def build_parser() -> argparse.ArgumentParser:
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
     subparsers.required = True
     _add_synth_parser(subparsers)
+    _add_fashion_parser(subparsers)
     _add_benchmark_parser(subparsers)
     _add_pack_parser(subparsers)
     return parser

@@ -126,10 +126,13 @@ class CaptionShardWriter:
         self.sizes[name] = 0
         self._count_in_shard = 0
 
-    def write(self, key: str, jpg: bytes, caption: str, meta: dict | None = None) -> None:
-        """Append one sample; opens the next shard when the current one is full."""
+    def write(self, key: str, jpg: bytes, caption: str, meta: dict | None = None, *, ext: str = "jpg") -> None:
+        """Append one sample; opens the next shard when the current one is full. ``ext`` names the image's
+        entry (``jpg``, or ``png`` for lossless images: OpenCLIP's loader and our readers take either)."""
         if self._closed:
             raise ValueError("write() on a closed CaptionShardWriter")
+        if ext not in ("jpg", "png"):
+            raise ValueError(f"ext={ext!r}: images are stored as 'jpg' or 'png'")
         if not (isinstance(key, str) and key.isdigit()):
             raise ValueError(f"key must be a decimal string such as '000000123', got {key!r}")
         if self._last_key is not None and int(key) <= self._last_key:
@@ -145,7 +148,7 @@ class CaptionShardWriter:
             self._open_next()
         self._tar.write({
             "__key__": key,
-            "jpg": bytes(jpg),
+            ext: bytes(jpg),
             "txt": caption.encode("utf-8"),
             "json": json.dumps(record).encode("utf-8"),
         })

@@ -1,0 +1,412 @@
+"""Fashion-MNIST (or any IDX image/label pair of its layout) in the layout the rest of clip-dcl reads.
+
+``clip-dcl data fashion-mnist OUT [--from DIR]`` reads the four official files
+(``train-images-idx3-ubyte.gz``, ``train-labels-idx1-ubyte.gz``, ``t10k-images-idx3-ubyte.gz``,
+``t10k-labels-idx1-ubyte.gz``; Debian's ``dataset-fashion-mnist`` installs them in
+:data:`DEBIAN_DIR`) and writes, under ``OUT``::
+
+    summary.json                  config, classes, per-class distinct captions, sizes, relative paths
+    train/00000.tar ...           training pairs ({key}.png/.txt/.json), drawn from the official training set
+    val/00000.tar                 validation pairs: images held out of the official training set (choices)
+    test/00000.tar ...            the official test images (verdicts)
+    zeroshot/<NN_name>/*.png      ImageFolder tree of the validation images, classnames.txt, templates.txt
+    zeroshot_test/<NN_name>/...   the same of the test images
+    fewshot/fashion-mnist/...     ELEVATER layout: 5-shot pools from the validation images, test from the test set
+    fewshot/catalog.json
+    train.npz                     with --pack: the training pairs decoded once (clip_dcl.data.packed)
+
+so that a study plan, the trainer and every evaluator take it as they take the synthetic data.
+
+**Splits.** A seeded permutation (``--seed``, the data draw) of the official training images holds out
+``val_samples`` for validation, and the next ``train_samples`` (default: all the rest) train; the test
+split is the official test set (its first ``test_samples``, default all 10,000), whatever the draw.
+
+**Captions.** The class name in one of several sentence templates, with two to four attributes measured
+from the image's own pixels (:func:`pixel_attributes`): how bright the garment's pixels are, how much of the
+frame it fills, its width against its height, and how much its pixels vary. Each attribute is cut into
+bins at quantiles of the whole official training set (fixed for every draw), and each bin has a few
+words. Captions of one class therefore differ, and images of one class share words with one another
+and with other classes (a "large bright coat" and a "large bright pullover"). ``summary.json`` reports
+the distinct captions of each class.
+
+**Images.** The 28 x 28 grey images are centred on a black square of ``image_size`` pixels (32 by
+default: no pixel is resampled; a smaller size resizes), stored as lossless RGB PNGs.
+
+Written here by hand (no library writes IDX data into captioned shards); the IDX reader is
+:mod:`clip_dcl.data.idx`, the shards go through :class:`clip_dcl.data.shards.CaptionShardWriter`.
+"""
+from __future__ import annotations
+
+import dataclasses
+import io
+import json
+import os
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Dict, List, Optional, Sequence
+
+import numpy as np
+
+from .idx import IdxError, read_idx_pair
+from .shards import CaptionShardWriter, format_key
+
+#: where ``apt-get install dataset-fashion-mnist`` puts the files
+DEBIAN_DIR = "/usr/share/datasets/fashion-mnist"
+DEBIAN_PACKAGE = "dataset-fashion-mnist"
+#: the official file names (gzipped; the same names without ``.gz`` are read too)
+FILES = {"train_images": "train-images-idx3-ubyte.gz", "train_labels": "train-labels-idx1-ubyte.gz",
+         "test_images": "t10k-images-idx3-ubyte.gz", "test_labels": "t10k-labels-idx1-ubyte.gz"}
+#: Fashion-MNIST's class names, in label order (its authors' names, lower case)
+CLASSNAMES = ("t-shirt/top", "trouser", "pullover", "dress", "coat", "sandal", "shirt", "sneaker", "bag",
+              "ankle boot")
+
+#: attribute -> words of its bins, low to high (synonyms per bin)
+ATTRIBUTE_WORDS = {
+    "brightness": (("faint", "dim"), ("grey", "mid-grey"), ("bright", "light")),
+    "fill": (("small", "little"), ("medium-sized",), ("large", "big")),
+    "aspect": (("tall", "narrow"), ("squarish",), ("wide", "broad")),
+    "texture": (("plain", "smooth"), ("patterned", "textured")),
+}
+#: caption templates: {a} the attribute words, {c} the class name
+CAPTION_TEMPLATES = (
+    "{a} {c}.", "one {a} {c}.", "photo of one {a} {c}.", "a product photo: {a} {c}.",
+    "{a} {c} on a black background.", "there is one {a} {c} in the picture.", "{c}, {a}.",
+    "an image of one {a} {c}.",
+)
+#: zero-shot prompts, in the captions' own words
+ZEROSHOT_TEMPLATES = ("{c}.", "one {c}.", "photo of one {c}.", "a product photo: {c}.", "{c} on a black background.",
+                      "there is one {c} in the picture.", "an image of one {c}.")
+#: few-shot prompts (ELEVATER's templates.txt of the task)
+FEWSHOT_TEMPLATES = ("photo of one {c}.", "one {c}.", "a product photo: {c}.")
+#: a pixel counts as the garment's above this grey level (the background is 0; edges are faint)
+_INK = 32
+_STREAMS = {"split": 0, "captions-train": 1, "captions-val": 2, "captions-test": 3, "fewshot": 4}
+
+
+class DataMissing(ValueError):
+    """The IDX files are absent or unreadable; the message is one line naming the package and the files."""
+
+
+@dataclass(frozen=True)
+class FashionConfig:
+    """Sizes of a Fashion-MNIST layout (``clip-dcl data fashion-mnist --help`` describes each)."""
+
+    seed: int = 0
+    image_size: int = 32
+    val_samples: int = 5000
+    train_samples: int = 0  # 0: every official training image not held out
+    test_samples: int = 0  # 0: every official test image
+    captions_per_image: int = 5
+    val_captions_per_image: int = 1
+    shard_size: int = 5000
+    fewshot_train_per_class: int = 20
+    fewshot_test_per_class: int = 50
+
+    def validate(self, n_train: int, n_test: int, n_classes: int) -> None:
+        """Raise ``ValueError`` naming the first bad value (field and its flag) against the files' sizes."""
+        def bad(field, why):
+            raise ValueError(f"--{field.replace('_', '-')} {getattr(self, field)!r}: {why}")
+
+        if self.seed < 0:
+            bad("seed", "must be >= 0")
+        if not 8 <= self.image_size <= 512:
+            bad("image_size", "must be within [8, 512] pixels")
+        if not 1 <= self.val_samples < n_train:
+            bad("val_samples", f"must be within [1, {n_train - 1}] (the official training set has {n_train} images)")
+        if not 0 <= self.train_samples <= n_train - self.val_samples:
+            bad("train_samples", f"must be within [0, {n_train - self.val_samples}] (0: all {n_train} training "
+                                 f"images but the {self.val_samples} held out)")
+        if not 0 <= self.test_samples <= n_test:
+            bad("test_samples", f"must be within [0, {n_test}] (0: all of them)")
+        for field in ("captions_per_image", "val_captions_per_image"):
+            if not 1 <= getattr(self, field) <= 20:
+                bad(field, "must be within [1, 20]")
+        if self.shard_size < 1:
+            bad("shard_size", "must be >= 1")
+        if self.fewshot_train_per_class < 5:
+            bad("fewshot_train_per_class", "must be >= 5 (the few-shot protocol samples 5 shots per class)")
+        if self.fewshot_test_per_class < 1:
+            bad("fewshot_test_per_class", "must be >= 1")
+        if self.fewshot_train_per_class * n_classes > self.val_samples:
+            bad("fewshot_train_per_class", f"needs {self.fewshot_train_per_class * n_classes} held-out images, "
+                                           f"more than --val-samples {self.val_samples}")
+
+
+# ------------------------------------------------------------------------------------------
+# Reading
+# ------------------------------------------------------------------------------------------
+def _locate(directory: Path, name: str) -> Path:
+    """The file ``name`` in ``directory``, or the same without ``.gz``; the ``.gz`` path when neither exists."""
+    plain = directory / name[:-3]
+    return plain if not (directory / name).exists() and plain.exists() else directory / name
+
+
+def missing_line(directory, problem: str) -> str:
+    """The one line that says what to install or download."""
+    return (f"{problem}: Fashion-MNIST's four files {', '.join(FILES.values())} are needed in {directory}; "
+            f"install them with `apt-get install {DEBIAN_PACKAGE}` (into {DEBIAN_DIR}), or download the same files "
+            f"from Fashion-MNIST's authors and give their folder with --from DIR")
+
+
+def load_idx_set(directory: str | os.PathLike = DEBIAN_DIR) -> Dict[str, np.ndarray]:
+    """``{"train_images", "train_labels", "test_images", "test_labels"}`` read from ``directory``.
+
+    Raises :class:`DataMissing` (one line naming the package and the four files) when a file is missing,
+    truncated or not IDX, or when the training and test images differ in size."""
+    directory = Path(directory)
+    paths = {k: _locate(directory, name) for k, name in FILES.items()}
+    absent = [p.name for p in paths.values() if not p.is_file()]
+    if absent:
+        raise DataMissing(missing_line(directory, f"{', '.join(absent)} not found in {directory}"))
+    try:
+        out = {}
+        for split in ("train", "test"):
+            out[f"{split}_images"], out[f"{split}_labels"] = read_idx_pair(paths[f"{split}_images"],
+                                                                           paths[f"{split}_labels"])
+    except IdxError as e:
+        raise DataMissing(missing_line(directory, str(e))) from None
+    if out["train_images"].shape[1:] != out["test_images"].shape[1:]:
+        raise DataMissing(missing_line(directory, f"training images are {out['train_images'].shape[1:]} but test "
+                                                  f"images {out['test_images'].shape[1:]}"))
+    return out
+
+
+# ------------------------------------------------------------------------------------------
+# Pixels -> attributes -> captions
+# ------------------------------------------------------------------------------------------
+def pixel_attributes(images: np.ndarray) -> Dict[str, np.ndarray]:
+    """Per image (``(N, H, W)`` grey bytes): ``brightness`` (mean grey level of the garment's pixels),
+    ``fill`` (share of the frame they cover), ``aspect`` (their bounding box's width over its height) and
+    ``texture`` (the spread of their grey levels over their mean). A pixel is the garment's above
+    grey level 32; an image without one gets 0 brightness, fill and texture, and aspect 1."""
+    x = images.astype(np.float32)
+    ink = images > _INK
+    count = ink.sum(axis=(1, 2))
+    safe = np.maximum(count, 1)
+    mean = (x * ink).sum(axis=(1, 2)) / safe
+    var = ((x - mean[:, None, None]) ** 2 * ink).sum(axis=(1, 2)) / safe
+    rows, cols = ink.any(axis=2), ink.any(axis=1)
+    height = np.where(count > 0, rows.shape[1] - rows[:, ::-1].argmax(1) - rows.argmax(1), 1)
+    width = np.where(count > 0, cols.shape[1] - cols[:, ::-1].argmax(1) - cols.argmax(1), 1)
+    return {"brightness": mean, "fill": count / float(ink.shape[1] * ink.shape[2]),
+            "aspect": width / np.maximum(height, 1), "texture": np.sqrt(var) / np.maximum(mean, 1.0)}
+
+
+def attribute_cuts(reference: np.ndarray) -> Dict[str, List[float]]:
+    """Each attribute's bin edges: quantiles of ``reference`` images' values (the whole official training
+    set, so the same for every draw), as many as the attribute has bins less one."""
+    values = pixel_attributes(reference)
+    return {name: [float(q) for q in np.quantile(values[name], np.linspace(0, 1, len(words) + 1)[1:-1])]
+            for name, words in ATTRIBUTE_WORDS.items()}
+
+
+def attribute_bins(images: np.ndarray, cuts: Dict[str, List[float]]) -> Dict[str, np.ndarray]:
+    """Each image's bin of each attribute (0 = lowest), cut at ``cuts``."""
+    values = pixel_attributes(images)
+    return {name: np.searchsorted(np.asarray(cuts[name]), values[name], side="right") for name in ATTRIBUTE_WORDS}
+
+
+def with_article(phrase: str) -> str:
+    return ("an " if phrase[0] in "aeiou" else "a ") + phrase
+
+
+def make_caption(classname: str, bins: Dict[str, int], rng: np.random.Generator) -> str:
+    """One caption: the class name in a random template with two to four of the image's attribute words
+    (a random subset, in a random order; a random synonym per bin)."""
+    names = list(ATTRIBUTE_WORDS)
+    chosen = rng.permutation(len(names))[: int(rng.integers(2, len(names) + 1))]
+    words = []
+    for k in chosen:
+        options = ATTRIBUTE_WORDS[names[k]][int(bins[names[k]])]
+        words.append(options[int(rng.integers(len(options)))])
+    template = CAPTION_TEMPLATES[int(rng.integers(len(CAPTION_TEMPLATES)))]
+    joined = (", ".join(words[:-1]) + " and " + words[-1]) if template.startswith("{c},") else " ".join(words)
+    return template.format(a=joined, c=classname)
+
+
+def caption_words() -> List[str]:
+    """Every word this data set writes (captions, class names, zero-shot and few-shot prompts), lower
+    case and sorted: the vocabulary of the ``clip-dcl-micro-fmnist`` model's tokenizer."""
+    import re
+
+    texts = [*CLASSNAMES, *CAPTION_TEMPLATES, *ZEROSHOT_TEMPLATES, *FEWSHOT_TEMPLATES, "and"]
+    texts += [w for bins in ATTRIBUTE_WORDS.values() for words in bins for w in words]
+    found = {w.lower() for t in texts for w in re.findall(r"[^\W\d_]+", t.replace("{a}", "").replace("{c}", ""))}
+    return sorted(found)
+
+
+# ------------------------------------------------------------------------------------------
+# Writing
+# ------------------------------------------------------------------------------------------
+def _png(image: np.ndarray, size: int) -> bytes:
+    """Lossless RGB PNG of a grey image, centred on a black ``size`` square (resized when larger)."""
+    from PIL import Image
+
+    h, w = image.shape
+    if h <= size and w <= size:
+        canvas = np.zeros((size, size), dtype=np.uint8)
+        top, left = (size - h) // 2, (size - w) // 2
+        canvas[top:top + h, left:left + w] = image
+        img = Image.fromarray(canvas, "L")
+    else:
+        img = Image.fromarray(image, "L").resize((size, size), Image.BILINEAR)
+    buf = io.BytesIO()
+    img.convert("RGB").save(buf, format="PNG", compress_level=6)
+    return buf.getvalue()
+
+
+def class_folders(names: Sequence[str]) -> List[str]:
+    """Folder names whose sorted order is the label order: ``00_t-shirt-top``, ``09_ankle-boot``."""
+    width = len(str(len(names) - 1))
+    return [f"{k:0{width}d}_" + "".join(ch if ch.isalnum() or ch == "-" else "-" for ch in n) for k, n in enumerate(names)]
+
+
+def _write_pairs(directory: Path, images, labels, bins, names, cfg: FashionConfig, per_image: int,
+                 stream: str, verbose: bool) -> dict:
+    rng = np.random.default_rng([cfg.seed, _STREAMS[stream]])
+    width = max(9, len(str(len(images) - 1)))
+    captions_by_class: Dict[int, set] = {}
+    start = time.perf_counter()
+    with CaptionShardWriter(directory, cfg.shard_size) as writer:
+        for i, (image, label) in enumerate(zip(images, labels)):
+            sample_bins = {k: int(v[i]) for k, v in bins.items()}
+            caps = [make_caption(names[label], sample_bins, rng) for _ in range(per_image)]
+            captions_by_class.setdefault(int(label), set()).update(caps)
+            meta = {"label": int(label), "classname": names[label], "captions": caps,
+                    "attributes": sample_bins, "width": cfg.image_size, "height": cfg.image_size}
+            writer.write(format_key(i, width), _png(image, cfg.image_size), caps[0], meta, ext="png")
+            if verbose and (i + 1) % 10000 == 0:
+                print(f"[fashion-mnist] {directory.name}: {i + 1}/{len(images)} ({time.perf_counter() - start:.1f} s)",
+                      flush=True)
+    return {"dir": directory.name, "pattern": f"{directory.name}/{Path(writer.pattern).name}",
+            "num_samples": writer.num_samples, "num_shards": len(writer.sizes), "captions_per_image": per_image,
+            "key_scheme": "dense", "key_width": width,
+            "distinct_captions": {names[k]: len(v) for k, v in sorted(captions_by_class.items())}}
+
+
+def _write_tree(directory: Path, images, labels, names, size: int) -> dict:
+    folders = class_folders(names)
+    for folder in folders:
+        (directory / folder).mkdir(parents=True)
+    seen = [0] * len(names)
+    for image, label in zip(images, labels):
+        (directory / folders[label] / f"{seen[label]:05d}.png").write_bytes(_png(image, size))
+        seen[label] += 1
+    (directory / "classnames.txt").write_text("\n".join(names) + "\n")
+    (directory / "templates.txt").write_text("\n".join(ZEROSHOT_TEMPLATES) + "\n")
+    return {"dir": directory.name, "num_classes": len(names), "num_images": int(len(images)),
+            "classnames": f"{directory.name}/classnames.txt", "templates": f"{directory.name}/templates.txt"}
+
+
+def _per_class(labels: np.ndarray, per_class: int, num_classes: int, rng) -> np.ndarray:
+    """Indices of the first ``per_class`` images of each class in a seeded order, class-interleaved."""
+    order = rng.permutation(len(labels))
+    picks = [order[labels[order] == c][:per_class] for c in range(num_classes)]
+    short = [c for c, p in enumerate(picks) if len(p) < per_class]
+    if short:
+        raise ValueError(f"classes {short} have fewer than {per_class} images for the few-shot suite")
+    return np.stack(picks, axis=1).reshape(-1)
+
+
+def _write_fewshot(directory: Path, sets, names, cfg: FashionConfig) -> dict:
+    from .synth.layout import _write_iris
+
+    rng = np.random.default_rng([cfg.seed, _STREAMS["fewshot"]])
+    splits = {}
+    for split, (images, labels), per_class in (("train", sets["val"], cfg.fewshot_train_per_class),
+                                               ("test", sets["test"], cfg.fewshot_test_per_class)):
+        idx = _per_class(labels, per_class, len(names), rng)
+        splits[split] = [(f"{n:06d}.png", _png(images[i], cfg.image_size), int(labels[i])) for n, i in enumerate(idx)]
+    _write_iris(directory / "fashion-mnist", list(names), list(FEWSHOT_TEMPLATES), splits)
+    catalog = {"fashion-mnist": {"metric": "accuracy", "num_classes": len(names), "multilabel": False,
+                                 "classes": list(names), "train": len(splits["train"]), "test": len(splits["test"])}}
+    (directory / "catalog.json").write_text(json.dumps(catalog, indent=1) + "\n")
+    return {"dir": directory.name, "catalog": f"{directory.name}/catalog.json", "datasets": catalog}
+
+
+_OUTPUTS = ("summary.json", "train", "val", "test", "zeroshot", "zeroshot_test", "fewshot", "train.npz")
+
+
+def generate(out_dir, source: str | os.PathLike = DEBIAN_DIR, *, classnames: Optional[Sequence[str]] = None,
+             overwrite: bool = False, reuse: bool = False, verbose: bool = True, **overrides) -> dict:
+    """Write the layout of the module docstring under ``out_dir`` from the IDX files in ``source``.
+
+    ``classnames`` (default: Fashion-MNIST's) names the labels 0..C-1; ``overrides`` set fields of
+    :class:`FashionConfig`. Returns the summary (as :func:`clip_dcl.data.synth.generate` does: relative paths,
+    plus ``out_dir`` and absolute ``train_data``/``val_data``/``test_data``). Raises :class:`DataMissing` when
+    the files are not there, ``ValueError`` for a bad value (named), ``FileExistsError`` when ``out_dir`` holds
+    earlier outputs and neither ``overwrite`` nor a reusable summary (``reuse``, same settings and files)."""
+    from .synth.layout import _with_paths
+    from .synth.attributes import same_class_rate_distinct, tau_plus_from_labels
+
+    unknown = sorted(set(overrides) - {f.name for f in dataclasses.fields(FashionConfig)})
+    if unknown:
+        raise ValueError(f"unknown Fashion-MNIST data option(s) {unknown}")
+    cfg = FashionConfig(**overrides)
+    data = load_idx_set(source)
+    names = tuple(classnames) if classnames is not None else CLASSNAMES
+    n_classes = int(max(data["train_labels"].max(), data["test_labels"].max())) + 1
+    if len(names) != n_classes:
+        raise ValueError(f"{len(names)} class names for labels 0..{n_classes - 1} in {source}: give one name a label")
+    n_train, n_test = len(data["train_labels"]), len(data["test_labels"])
+    cfg.validate(n_train, n_test, n_classes)
+    out = Path(out_dir)
+    record = {"config": dataclasses.asdict(cfg), "classnames": list(names),
+              "source": {"dir": str(Path(source)), "train_images": n_train, "test_images": n_test,
+                         "image_shape": list(data["train_images"].shape[1:])}}
+    existing = [name for name in _OUTPUTS if (out / name).exists()]
+    if existing and reuse and (out / "summary.json").is_file():
+        summary = json.loads((out / "summary.json").read_text())
+        if all(summary.get(k) == v for k, v in record.items()):
+            if verbose:
+                print(f"[fashion-mnist] reusing {out} (same settings and files)", flush=True)
+            return _with_paths(summary, out, seconds=0.0)
+    if existing and not overwrite:
+        raise FileExistsError(f"{str(out)!r} already holds {existing}; pass --overwrite to replace them")
+    for name in existing:
+        path = out / name
+        shutil.rmtree(path) if path.is_dir() else path.unlink()
+    out.mkdir(parents=True, exist_ok=True)
+    start = time.perf_counter()
+
+    order = np.random.default_rng([cfg.seed, _STREAMS["split"]]).permutation(n_train)
+    val_idx = np.sort(order[:cfg.val_samples])
+    rest = order[cfg.val_samples:]
+    train_idx = rest[:cfg.train_samples] if cfg.train_samples else rest  # seeded order: shuffled shards
+    test_n = cfg.test_samples or n_test
+    sets = {"train": (data["train_images"][train_idx], data["train_labels"][train_idx]),
+            "val": (data["train_images"][val_idx], data["train_labels"][val_idx]),
+            "test": (data["test_images"][:test_n], data["test_labels"][:test_n])}
+    cuts = attribute_cuts(data["train_images"])
+    if verbose:
+        print(f"[fashion-mnist] {n_classes} classes from {source}; draw {cfg.seed}: {len(train_idx)} train, "
+              f"{len(val_idx)} validation (held out of the official training set), {test_n} test -> {out}", flush=True)
+    parts = {}
+    for split, per_image in (("train", cfg.captions_per_image), ("val", cfg.val_captions_per_image),
+                             ("test", cfg.val_captions_per_image)):
+        images, labels = sets[split]
+        parts[split] = _write_pairs(out / split, images, labels, attribute_bins(images, cuts), names, cfg, per_image,
+                                    f"captions-{split}", verbose)
+    parts["zeroshot"] = _write_tree(out / "zeroshot", *sets["val"], names, cfg.image_size)
+    parts["zeroshot_test"] = _write_tree(out / "zeroshot_test", *sets["test"], names, cfg.image_size)
+    parts["fewshot"] = _write_fewshot(out / "fewshot", sets, names, cfg)
+    train_labels = sets["train"][1]
+    summary = {
+        "format": "clip-dcl-idx/1", **record,
+        "classes": {"names": list(names), "folders": class_folders(names),
+                    "train_counts": np.bincount(train_labels, minlength=n_classes).tolist(),
+                    "distinct_train_captions": parts["train"]["distinct_captions"]},
+        "attribute_cuts": cuts, "attribute_words": {k: [list(b) for b in v] for k, v in ATTRIBUTE_WORDS.items()},
+        "tau_plus": tau_plus_from_labels(train_labels, n_classes),
+        "same_class_rate_distinct_pairs": same_class_rate_distinct(train_labels),
+        **parts,
+    }
+    (out / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
+    seconds = time.perf_counter() - start
+    if verbose:
+        print(f"[fashion-mnist] tau_plus = sum_c p_c^2 = {summary['tau_plus']:.4f}; distinct training captions per "
+              f"class {min(parts['train']['distinct_captions'].values())}-"
+              f"{max(parts['train']['distinct_captions'].values())}; {seconds:.1f} s", flush=True)
+    return _with_paths(summary, out, seconds)
