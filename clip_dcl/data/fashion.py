@@ -203,7 +203,7 @@ def attribute_cuts(reference: np.ndarray) -> Dict[str, List[float]]:
 
 
 def attribute_bins(images: np.ndarray, cuts: Dict[str, List[float]]) -> Dict[str, np.ndarray]:
-    """Each image's bin of each attribute (0 = lowest), cut at ``cuts``."""
+    """Each image's bin of each attribute (0 = lowest), cut at ``cuts`` (a value on a cut goes to the upper bin)."""
     values = pixel_attributes(images)
     return {name: np.searchsorted(np.asarray(cuts[name]), values[name], side="right") for name in ATTRIBUTE_WORDS}
 
@@ -258,7 +258,7 @@ def _png(image: np.ndarray, size: int) -> bytes:
 
 
 def class_folders(names: Sequence[str]) -> List[str]:
-    """Folder names whose sorted order is the label order: ``00_t-shirt-top``, ``09_ankle-boot``."""
+    """Folder names whose sorted order is the label order: ``0_t-shirt-top``, ``9_ankle-boot`` (zero-padded to the widest label)."""
     width = len(str(len(names) - 1))
     return [f"{k:0{width}d}_" + "".join(ch if ch.isalnum() or ch == "-" else "-" for ch in n) for k, n in enumerate(names)]
 
