@@ -68,7 +68,7 @@ def is_infonce(flags: list) -> bool:
     """``clip``, or ``dcl`` at prior 0 (InfoNCE exactly, at a fixed temperature)."""
     if flags[flags.index("--loss") + 1] == "clip":
         return True
-    return flags[flags.index("--loss") + 1] == "dcl" and float(flags[flags.index("--tau-plus") + 1]) == 0.0
+    return flags[flags.index("--loss") + 1] == "dcl" and flags[flags.index("--tau-plus") + 1] in ("0", "0.0")
 
 
 def is_debiased(flags: list) -> bool:
@@ -110,7 +110,7 @@ def comparisons(s: dict, arms: dict, chosen: dict) -> list:
         for a_name, a_screen in (("debiased", deb or chosen["debiased"]), ("decl", f"decl-b{b}")):
             for b_name, b_screen in others:
                 stand_in = a_name == "debiased" and deb is None
-                ref = b_screen if not stand_in else (f"clip-b32" if b_name == "clip" else chosen["tuned"][32])
+                ref = b_screen if not stand_in else ("clip-b32" if b_name == "clip" else chosen["tuned"][32])
                 d = diffs(s, a_screen, ref)
                 rows.append({"a": f"{a_name}-b{b}", "b": f"{b_name}-b{b}", "rule": "beats", "diffs": d,
                              "screen": f"{a_screen} - {ref}", "expected": statistics.mean(d),
