@@ -127,3 +127,35 @@ def readme_block(doc: dict) -> str:
         tuned = flags.get(f"tuned-b{batch}", [])
         lines.append(f"- B = {batch}: " + advice(batch, per_b[batch], tuned))
     return "\n".join(lines)
+
+
+#: the testbeds whose confirmatory verdicts the README's table gives: (name, what it is, report JSON, plan)
+TESTBEDS = (("synthetic", "coloured shapes, 48 latent classes, template captions (`micro-words`)",
+             "benchmarks/results/confirmatory.json", "benchmarks/studies/confirmatory.toml"),
+            ("Fashion-MNIST", "real photographs, 10 classes, captions from their pixels (`fmnist-words`)",
+             "benchmarks/results/fmnist_confirmatory.json", "benchmarks/studies/fmnist_confirmatory.toml"))
+_METRIC_NAMES = {"retrieval/mean_R@1": "retrieval mean R@1", "zeroshot/top1": "zero-shot top-1"}
+
+
+def verdict_table(studies: List[Tuple[str, str, dict]]) -> str:
+    """One Markdown table of every confirmatory verdict of ``studies`` (``(testbed, plan path, report JSON)``),
+    a row per comparison naming its testbed, metric, split, seeds and interval, the plans linked; a study with
+    runs missing gets one row saying so and no number."""
+    lines = ["| testbed | `a - b` | metric, split | seeds | mean [90 % interval], points | verdict |",
+             "|---|---|---|---|---|---|"]
+    for testbed, plan, doc in studies:
+        if doc["exploratory"]:
+            raise ValueError(f"{plan} is exploratory: the verdict table takes confirmatory studies only")
+        where = f"[{testbed}]({plan})"
+        metric = _METRIC_NAMES.get(doc["metric"], doc["metric"])
+        if not doc["status"].startswith("complete"):
+            lines.append(f"| {where} | {doc['status']}: no verdict is read before every planned run has its scores "
+                         f"| {metric}, {doc['split']} | | | |")
+            continue
+        for c in doc["comparisons"]:
+            r = c["final"]
+            seeds = f"{r['n']} ({min(r['seeds'])}-{max(r['seeds'])})"
+            bar = "" if r.get("margin") is None else f"; bar {_pts(-r['margin'])}"
+            lines.append(f"| {where} | `{c['a']}` - `{c['b']}` ({c['rule']}) | {metric}, {r['split']} | {seeds} | "
+                         f"{_pts(r['mean'])} [{_pts(r['lo'])}, {_pts(r['hi'])}]{bar} | **{r['verdict']}** |")
+    return "\n".join(lines)
