@@ -178,3 +178,33 @@ def main(argv=None) -> int:
 
 if __name__ == "__main__":
     sys.exit(main())
+
+
+def readme_block(doc: dict) -> str:
+    """docs/results.md's block: the screen's readings in a few lines (exploratory; every number from the JSON)."""
+    arms = doc["arms"]
+    if not arms:
+        return "No run of the Fashion-MNIST screen has finished."
+    lines = [f"Exploratory, validation split ({doc['data']}; {doc['status']}). Mean validation zero-shot top-1 over "
+             "the seeds, and each setting's mean paired difference against `clip` at the same batch:", ""]
+    for b in (32, 64):
+        clip = arms.get(f"clip-b{b}")
+        if clip is None:
+            continue
+        parts = []
+        for arm, s in arms.items():
+            if not arm.endswith(f"-b{b}") or arm == f"clip-b{b}":
+                continue
+            paired = [v - clip["zeroshot_top1"][clip["seeds"].index(k)] for k, v in zip(s["seeds"], s["zeroshot_top1"])
+                      if k in clip["seeds"]]
+            parts.append(f"`{arm[:-len(f'-b{b}')]}` {s['mean_top1']:.1f} ({statistics.mean(paired):+.1f})")
+        lines.append(f"- B = {b}: `clip` {clip['mean_top1']:.1f}; " + ", ".join(parts) + ".")
+    auto = doc["auto_prior"]
+    if auto["estimates"]:
+        lines += ["", f"`--tau-plus auto` settled at {auto['mean']:.3f} on average (seeds: "
+                  + ", ".join(f"{v:.3f}" for v in auto["estimates"]) + f") where the true prior is {auto['true']:.3f}."]
+    for b, t in doc["tuning"].items():
+        if t:
+            lines.append(f"InfoNCE's temperature at B = {b}: {len(t['settings'])} settings, their means within "
+                         f"{t['range_of_means']:.1f} points; chosen `{t['chosen']}`.")
+    return "\n".join(lines)
