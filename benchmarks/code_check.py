@@ -66,8 +66,8 @@ def logged_losses(out_log: Path) -> List[str]:
 
 
 def child(tree: Path, work: Path, objectives: List[str], batch_size: int, seed: int, epochs: int) -> dict:
-    """Train ``objectives`` with the testbed code of ``tree``; what the parent compares."""
-    sys.path[:0] = [str(tree / "benchmarks"), str(tree)]
+    """Train ``objectives`` with the testbed code of ``tree`` (its package and ``benchmarks/`` are this process's
+    path: :func:`run_child`); what the parent compares."""
     import batch_size as bs
     from clip_dcl import experiment as ex
 
@@ -115,10 +115,12 @@ def study_child(bs, work: Path, objectives: List[str], batch_size: int, seed: in
 
 
 def run_child(tree: Path, work: Path, args: argparse.Namespace) -> dict:
-    cmd = [sys.executable, str(Path(__file__).resolve()), "--child", str(tree), "--work", str(work),
+    # -P: the child's path is the tree's (PYTHONPATH), not this script's folder, so it imports the tree's batch_size
+    cmd = [sys.executable, "-P", str(Path(__file__).resolve()), "--child", str(tree), "--work", str(work),
            "--objectives", *args.objectives, "--batch-size", str(args.batch_size), "--seed", str(args.seed),
            "--epochs", str(args.epochs)]
-    env = {**os.environ, "PYTHONPATH": str(tree), "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tree), str(tree / "benchmarks")]), "OMP_NUM_THREADS": "1",
+           "MKL_NUM_THREADS": "1"}
     print(f"[code_check] training {', '.join(args.objectives)} with the code of {tree}", flush=True)
     out = subprocess.run(cmd, env=env, capture_output=True, text=True)
     if out.returncode:
@@ -193,7 +195,6 @@ def main(argv: Optional[List[str]] = None) -> int:
         raise SystemExit("--against COMMIT is required")
     if args.epochs < 1 or args.batch_size < 1:
         raise SystemExit(f"--epochs and --batch-size must be >= 1, got {args.epochs} and {args.batch_size}")
-    sys.path.insert(0, str(HERE))
     from clip_dcl.experiment.testbed.objectives import objectives
     unknown = [o for o in args.objectives if o not in objectives()]
     if unknown:
