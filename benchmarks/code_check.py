@@ -91,7 +91,8 @@ def study_child(bs, work: Path, objectives: List[str], batch_size: int, seed: in
     """:func:`child` for a tree whose testbed runs are studies: a plan of ``objectives`` at ``batch_size`` with the
     testbed's recipe and ``seed``, run in ``work`` (its data written by the recipe's command into ``work/data``)."""
     from clip_dcl.experiment import study
-    from clip_dcl.experiment.testbed.objectives import objectives as names
+
+    names = bs.O.objectives  # the tree's testbed objectives (every study-era batch_size.py imports them as O)
 
     arms = "".join(f'[[arms]]\nname = "{bs.arm_name(label, batch_size)}"\nbatch_size = {batch_size}\n'
                    f"flags = {json.dumps(list(names()[label]))}\n\n" for label in objectives)
@@ -195,7 +196,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         raise SystemExit("--against COMMIT is required")
     if args.epochs < 1 or args.batch_size < 1:
         raise SystemExit(f"--epochs and --batch-size must be >= 1, got {args.epochs} and {args.batch_size}")
-    from clip_dcl.experiment.testbed.objectives import objectives
+    from testbed.objectives import objectives
     unknown = [o for o in args.objectives if o not in objectives()]
     if unknown:
         raise SystemExit(f"unknown objective(s) {unknown}; choose from {list(objectives())}")

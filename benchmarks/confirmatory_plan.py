@@ -29,7 +29,7 @@ import tomllib
 from pathlib import Path
 
 from clip_dcl.experiment.study.rule import planned_power, seeds_needed
-from clip_dcl.experiment.testbed.objectives import loss_flags
+from testbed.objectives import loss_flags
 
 ROOT = Path(__file__).resolve().parents[1]
 

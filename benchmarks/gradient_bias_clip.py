@@ -399,7 +399,7 @@ def main(argv: Optional[List[str]] = None) -> int:
 
 
 # ------------------------------------------------------------------------------------------
-# The README's numbers (clip_dcl.experiment.quotes)
+# The README's numbers (benchmarks/quotes.py)
 # ------------------------------------------------------------------------------------------
 #: The README's rows: JSON column -> label.
 README_ROWS = (

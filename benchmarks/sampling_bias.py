@@ -407,7 +407,7 @@ def write(out: Path, runs, results, scores, eval_seconds, data, budget, seeds, f
 
 
 # ------------------------------------------------------------------------------------------
-# The README's numbers (clip_dcl.experiment.quotes)
+# The README's numbers (benchmarks/quotes.py)
 # ------------------------------------------------------------------------------------------
 #: The README's columns.
 README_SCORES = (("zeroshot/top1", "zero-shot top-1"), ("fewshot/average/linear_probe", "5-shot probe"),

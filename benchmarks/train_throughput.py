@@ -497,7 +497,7 @@ def main(argv: Optional[List[str]] = None) -> int:
 
 
 # ------------------------------------------------------------------------------------------
-# The README's numbers (clip_dcl.experiment.quotes)
+# The README's numbers (benchmarks/quotes.py)
 # ------------------------------------------------------------------------------------------
 def readme_block(doc: dict) -> str:
     """The README's sentence: the baseline's samples/s and spread, each objective's median ratio to it."""
