@@ -4,8 +4,8 @@ The last step of each run's line (:mod:`.lines`). It scores the checkpoint with
 :func:`clip_dcl.experiment.scoring.evaluate` (retrieval R@1/5/10, their mean R@1, and zero-shot where a
 zero-shot set is given) on the validation split and on the test split, and writes
 ``scores-validation.json``, ``scores-test.json`` and ``run.json``: the arm, the seed, the recipe, the commit
-(``+changes`` when the tree differs from it), this machine, and when the training started and ended (read
-from OpenCLIP's ``out.log``). It prints no score: the test split is read by the report, once.
+(``+changes`` when the tree differs from it), this machine, when the training started and ended (read
+from OpenCLIP's ``out.log``) and the checkpoint, relative to the study's work folder. It prints no score: the test split is read by the report, once.
 """
 from __future__ import annotations
 
@@ -41,6 +41,14 @@ def training_times(out_log: Path) -> Dict[str, Optional[str]]:
             "train_seconds": (b - a).total_seconds()}
 
 
+def work_relative(folder, path) -> str:
+    """``path`` relative to the study's work folder (``folder`` is ``WORK/runs/<arm>/seed<N>``; a folder of
+    another layout is its own base), so that a published record names no path of the machine that made it."""
+    folder = Path(folder).resolve()
+    base = folder.parents[2] if folder.parent.parent.name == "runs" else folder
+    return os.path.relpath(Path(path).resolve(), base)
+
+
 def score_run(folder, checkpoint, *, validation: str, test: str, validation_zeroshot: Optional[str] = None,
               test_zeroshot: Optional[str] = None, recipe: str = "custom", arm: str = "", seed: int = 0,
               device: str = "auto") -> dict:
@@ -58,7 +66,7 @@ def score_run(folder, checkpoint, *, validation: str, test: str, validation_zero
     log = folder / "out.log"
     record = {"arm": arm, "seed": seed, "recipe": recipe, "commit": code_commit(), "machine": machine_info(),
               "hardware": hardware(), **training_times(log), "scored": utc_date("%Y-%m-%d %H:%M:%S"),
-              "checkpoint": str(Path(checkpoint).resolve()),
+              "checkpoint": work_relative(folder, checkpoint),
               "resumed": log.is_file() and "=> resuming checkpoint" in log.read_text(errors="replace"),
               "threads": int(os.environ.get("OMP_NUM_THREADS", "0")) or None}
     for split, values in scores.items():  # the record last: a run counts as finished once it exists

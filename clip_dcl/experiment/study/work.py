@@ -2,13 +2,15 @@
 
 Layout under ``WORK``::
 
-    SEAL.json            the plan as sealed by the first `run` or `commands`: its text, hash, parsed
-                         form, the commit and the date (a changed plan is refused afterwards)
+    SEAL.json            the plan as sealed by the first `run` or `commands`: its path as given on the
+                         command line, its text, hash and parsed form, the commit and the date (a changed
+                         plan is refused afterwards)
     plan.toml            the sealed plan's text, as written
     data/                what the plan's [data] command wrote (absent when the plan names its shards)
     data.json            the splits the runs read: shard patterns, sample counts, zero-shot folders
     runs/<arm>/seed<N>/  one run: OpenCLIP's out.log, params.txt and checkpoints/, then the scoring step's
-                         run.json (recipe, commit, machine, start), scores-validation.json, scores-test.json
+                         run.json (recipe, commit, machine, start, the checkpoint relative to WORK),
+                         scores-validation.json, scores-test.json
     logs/<arm>-seed<N>.log   the output of the run's line under `study run`
     attempts.jsonl       one line per attempt `study run` made (start, end, exit code)
 """
@@ -59,7 +61,8 @@ def seal(plan: Plan, work: Path) -> dict:
     if found is not None:
         return found
     work.mkdir(parents=True, exist_ok=True)
-    doc = {"plan_sha256": plan.sha256, "source": str(Path(plan.source).resolve()) if plan.source else "",
+    # the plan as given on the command line (no path of this machine), its text and hash beside it
+    doc = {"plan_sha256": plan.sha256, "source": plan.source,
            "sealed": utc_date(), "commit": code_commit(), "machine": machine_info(), "plan": plan.canonical(),
            "plan_text": plan.text}
     (work / "plan.toml").write_text(plan.text)
