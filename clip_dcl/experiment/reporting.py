@@ -19,6 +19,7 @@ import json
 import math
 import os
 import platform
+import re
 import shlex
 import sys
 import tempfile
@@ -107,11 +108,46 @@ def markdown_table(head: Sequence[str], rows: Iterable[Sequence[object]], align:
     return "\n".join(lines + ["| " + " | ".join(map(str, cells)) + " |" for cells in rows])
 
 
-def write_json(path: os.PathLike, doc: dict) -> Path:
-    """``doc`` as indented JSON (anything JSON lacks, a path or a date, as its ``str``), folders created."""
+#: the file name of a Python interpreter (``python``, ``python3``, ``python3.11``)
+_PYTHON = re.compile(r"python[\d.]*")
+
+
+def portable(doc, roots: Sequence[os.PathLike] = ()):
+    """``doc`` (JSON's types, paths as :class:`~pathlib.Path` or ``str``) without the paths of the machine that
+    made it, for a published report: an absolute path under one of ``roots`` (a benchmark's work folder) is
+    written relative to it, the interpreter of a recorded command (an absolute path named ``python*``) as
+    ``python``; any other value is kept."""
+    bases = []
+    for root in roots:
+        for form in (Path(root).absolute(), Path(root).resolve()):
+            if str(form) not in bases:
+                bases.append(str(form))
+
+    def one(value):
+        if isinstance(value, dict):
+            return {k: one(v) for k, v in value.items()}
+        if isinstance(value, (list, tuple)):
+            return [one(v) for v in value]
+        if isinstance(value, Path):
+            value = str(value)
+        if not isinstance(value, str) or not os.path.isabs(value):
+            return value
+        if _PYTHON.fullmatch(os.path.basename(value)):
+            return "python"
+        for base in bases:
+            if value == base or value.startswith(base.rstrip(os.sep) + os.sep):
+                return os.path.relpath(value, base)
+        return value
+
+    return one(doc)
+
+
+def write_json(path: os.PathLike, doc: dict, roots: Sequence[os.PathLike] = ()) -> Path:
+    """``doc`` as indented JSON (anything JSON lacks, a date, as its ``str``; paths :func:`portable` with
+    ``roots``), folders created."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(doc, indent=1, default=str) + "\n")
+    path.write_text(json.dumps(portable(doc, roots), indent=1, default=str) + "\n")
     return path
 
 
@@ -121,7 +157,8 @@ class Report:
 
     ``command`` (:func:`command_line`), ``date`` (default now, :func:`utc_date`) and ``machine``
     (default :func:`machine_info`) are recorded in the opening items of the Markdown
-    (:meth:`about`) and at the top of the JSON (:meth:`write`).
+    (:meth:`about`) and at the top of the JSON (:meth:`write`). The JSON names paths under ``work`` (the
+    benchmark's work folder) relative to it, and the interpreter as ``python`` (:func:`portable`).
     """
 
     folder: Path
@@ -129,6 +166,7 @@ class Report:
     command: str
     date: str = field(default_factory=utc_date)
     machine: str = field(default_factory=lambda: machine_info())
+    work: Optional[os.PathLike] = None
 
     def __post_init__(self):
         self.folder = Path(self.folder)
@@ -161,7 +199,8 @@ class Report:
         md = self.path(".md")
         md.write_text(text.rstrip("\n") + "\n")
         if doc is not None:
-            write_json(self.path(".json"), {"command": self.command, "date": self.date, "machine": self.machine, **doc})
+            write_json(self.path(".json"), {"command": self.command, "date": self.date, "machine": self.machine, **doc},
+                       roots=[self.work] if self.work else [])
         return md
 
     def figure(self, fig, title: str = "", **options) -> Path:
@@ -259,8 +298,10 @@ def plot(results: Dict[str, List[TrainResult]], scores: Dict[str, List[Dict[str,
 def write_report(out_dir: os.PathLike, stem: str, *, data: dict, budget: Budget,
                  results: Dict[str, List[TrainResult]], scores: Dict[str, List[Dict[str, float]]],
                  header: str = "", extra: Optional[dict] = None) -> Dict[str, Path]:
-    """Write ``<stem>.md`` (table), ``<stem>.json`` (raw numbers, commands) and ``<stem>.png``."""
-    report = Report(out_dir, stem, command=" ".join([Path(sys.argv[0]).name] + sys.argv[1:]))
+    """Write ``<stem>.md`` (table), ``<stem>.json`` (raw numbers, commands; paths relative to the work folder,
+    the one that holds the data's ``out_dir``) and ``<stem>.png``."""
+    work = Path(data["out_dir"]).parent if data.get("out_dir") else None
+    report = Report(out_dir, stem, command=" ".join([Path(sys.argv[0]).name] + sys.argv[1:]), work=work)
     rows = headline_metrics(data)
     chance = chance_levels(data)
     table = comparison_table(scores, rows, chance)
