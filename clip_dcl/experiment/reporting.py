@@ -26,7 +26,7 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Dict, Iterable, List, Optional, Sequence, Union
+from typing import Dict, Iterable, List, Optional, Sequence, Tuple, Union
 
 from .figures import pyplot, save_figure
 from .runner import Budget, TrainResult
@@ -114,14 +114,15 @@ _PYTHON = re.compile(r"python[\d.]*")
 
 def portable(doc, roots: Sequence[os.PathLike] = ()):
     """``doc`` (JSON's types, paths as :class:`~pathlib.Path` or ``str``) without the paths of the machine that
-    made it, for a published report: an absolute path under one of ``roots`` (a benchmark's work folder) is
-    written relative to it, the interpreter of a recorded command (an absolute path named ``python*``) as
+    made it, for a published report: an absolute path under one of ``roots`` (a benchmark's work folder, the
+    repository) is written relative to the innermost, the interpreter of a recorded command (an absolute path named ``python*``) as
     ``python``; any other value is kept."""
     bases = []
     for root in roots:
         for form in (Path(root).absolute(), Path(root).resolve()):
             if str(form) not in bases:
                 bases.append(str(form))
+    bases.sort(key=len, reverse=True)  # the innermost root first: a work folder inside the repository
 
     def one(value):
         if isinstance(value, dict):
@@ -158,7 +159,7 @@ class Report:
     ``command`` (:func:`command_line`), ``date`` (default now, :func:`utc_date`) and ``machine``
     (default :func:`machine_info`) are recorded in the opening items of the Markdown
     (:meth:`about`) and at the top of the JSON (:meth:`write`). The JSON names paths under ``work`` (the
-    benchmark's work folder) relative to it, and the interpreter as ``python`` (:func:`portable`).
+    benchmark's work folder) or ``roots`` relative to them, and the interpreter as ``python`` (:func:`portable`).
     """
 
     folder: Path
@@ -167,6 +168,7 @@ class Report:
     date: str = field(default_factory=utc_date)
     machine: str = field(default_factory=lambda: machine_info())
     work: Optional[os.PathLike] = None
+    roots: Tuple[os.PathLike, ...] = ()
 
     def __post_init__(self):
         self.folder = Path(self.folder)
@@ -200,7 +202,7 @@ class Report:
         md.write_text(text.rstrip("\n") + "\n")
         if doc is not None:
             write_json(self.path(".json"), {"command": self.command, "date": self.date, "machine": self.machine, **doc},
-                       roots=[self.work] if self.work else [])
+                       roots=[*([self.work] if self.work else []), *self.roots])
         return md
 
     def figure(self, fig, title: str = "", **options) -> Path:
@@ -297,11 +299,12 @@ def plot(results: Dict[str, List[TrainResult]], scores: Dict[str, List[Dict[str,
 
 def write_report(out_dir: os.PathLike, stem: str, *, data: dict, budget: Budget,
                  results: Dict[str, List[TrainResult]], scores: Dict[str, List[Dict[str, float]]],
-                 header: str = "", extra: Optional[dict] = None) -> Dict[str, Path]:
+                 header: str = "", extra: Optional[dict] = None, roots: Sequence[os.PathLike] = ()) -> Dict[str, Path]:
     """Write ``<stem>.md`` (table), ``<stem>.json`` (raw numbers, commands; paths relative to the work folder,
-    the one that holds the data's ``out_dir``) and ``<stem>.png``."""
+    the one that holds the data's ``out_dir``, or to one of ``roots``) and ``<stem>.png``."""
     work = Path(data["out_dir"]).parent if data.get("out_dir") else None
-    report = Report(out_dir, stem, command=" ".join([Path(sys.argv[0]).name] + sys.argv[1:]), work=work)
+    report = Report(out_dir, stem, command=" ".join([Path(sys.argv[0]).name] + sys.argv[1:]), work=work,
+                    roots=tuple(roots))
     rows = headline_metrics(data)
     chance = chance_levels(data)
     table = comparison_table(scores, rows, chance)
