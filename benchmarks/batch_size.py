@@ -7,7 +7,7 @@ to a plateau: the recipe ``micro-bpe`` of :mod:`clip_dcl.experiment.recipes` (48
 ``clip-dcl-micro``), 20 epochs at every batch size, retrieval mean R@1 first.
 
 Each stage of the testbed is a study plan in ``benchmarks/studies/`` (:mod:`clip_dcl.experiment.study`),
-written by :func:`plans` from the objectives of :mod:`clip_dcl.experiment.testbed` (every loss flag spelled
+written by :func:`plans` from the objectives of ``benchmarks/testbed/`` (every loss flag spelled
 out) and the committed reports (the margins and spreads the confirmatory plan reads come from the
 validation sweep's runs):
 
@@ -39,7 +39,7 @@ Commands (``.venv/bin/python benchmarks/batch_size.py COMMAND``):
 - ``regenerate OUT``: every committed testbed report written again from its JSON into ``OUT``; the
   verdicts must come out equal (``tests/test_batch_size_bench.py`` checks it).
 
-The README's and docs' generated blocks of these reports (:mod:`clip_dcl.experiment.quotes`) are rendered
+The README's and docs' generated blocks of these reports (``benchmarks/quotes.py``) are rendered
 by the functions re-exported here.
 """
 from __future__ import annotations
@@ -60,10 +60,10 @@ from clip_dcl.experiment.study import work as W
 from clip_dcl.experiment.study.lines import epochs, settings
 from clip_dcl.experiment.study.report import progress
 from clip_dcl.experiment.study.rule import seeds_needed
-from clip_dcl.experiment.testbed import objectives as O
-from clip_dcl.experiment.testbed import report as R
-from clip_dcl.experiment.testbed import rule as T
-from clip_dcl.experiment.testbed.blocks import (  # noqa: F401 - the renderers of the generated blocks (quotes.py)
+from testbed import objectives as O
+from testbed import report as R
+from testbed import rule as T
+from testbed.blocks import (  # noqa: F401 - the renderers of the generated blocks (quotes.py)
     dcl_default_block, dcl_readme_block, dcl_sweep_block, readme_block, which_loss_block)
 
 HERE = Path(__file__).resolve().parent
@@ -97,7 +97,7 @@ def plan_text(head: str, arms: Sequence[tuple], comparisons: Sequence[dict], see
     """One plan: ``arms`` as ``(label, batch)``, ``comparisons`` as the keys of a ``[[comparisons]]``."""
     names = O.objectives()
     lines = [f"# {line}" if line else "#" for line in head.splitlines()]
-    lines += ["# Written by `python benchmarks/batch_size.py plans` from clip_dcl/experiment/testbed (edit there).", "",
+    lines += ["# Written by `python benchmarks/batch_size.py plans` from benchmarks/testbed (edit there).", "",
               f'recipe = "{RECIPE}"', f"seeds = {_toml(list(seeds))}", f'metric = "{MEAN_R1}"',
               f"confidence = {T.CONFIDENCE}", f"resolution = {T.RESOLUTION}", "threads = 1",
               f"exploratory = {'true' if exploratory else 'false'}", *extra, ""]
@@ -168,7 +168,7 @@ def plans() -> Dict[str, str]:
         [0], exploratory=True)
     out["testbed_dcl_sweep"] = plan_text(
         "The dcl sweep: the settings through the dcl screen against clip at every batch size, test split.\n"
-        "A setting fails where it trails clip (clip_dcl.experiment.testbed.rule.DCL_RULE).",
+        "A setting fails where it trails clip (benchmarks/testbed/rule.py, DCL_RULE).",
         [(lab, b) for b in sorted(O.DCL_SWEEP_SIZES, reverse=True) for lab in (*O.DCL_SWEEP_VARIANTS, "clip")],
         [{"a": arm_name(lab, b), "b": arm_name("clip", b), "rule": "beats"} for lab in O.DCL_SWEEP_VARIANTS
          for b in O.DCL_SWEEP_SIZES], [0, 1, 2], exploratory=False)

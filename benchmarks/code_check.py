@@ -66,8 +66,8 @@ def logged_losses(out_log: Path) -> List[str]:
 
 
 def child(tree: Path, work: Path, objectives: List[str], batch_size: int, seed: int, epochs: int) -> dict:
-    """Train ``objectives`` with the testbed code of ``tree``; what the parent compares."""
-    sys.path[:0] = [str(tree / "benchmarks"), str(tree)]
+    """Train ``objectives`` with the testbed code of ``tree`` (its package and ``benchmarks/`` are this process's
+    path: :func:`run_child`); what the parent compares."""
     import batch_size as bs
     from clip_dcl import experiment as ex
 
@@ -91,7 +91,8 @@ def study_child(bs, work: Path, objectives: List[str], batch_size: int, seed: in
     """:func:`child` for a tree whose testbed runs are studies: a plan of ``objectives`` at ``batch_size`` with the
     testbed's recipe and ``seed``, run in ``work`` (its data written by the recipe's command into ``work/data``)."""
     from clip_dcl.experiment import study
-    from clip_dcl.experiment.testbed.objectives import objectives as names
+
+    names = bs.O.objectives  # the tree's testbed objectives (every study-era batch_size.py imports them as O)
 
     arms = "".join(f'[[arms]]\nname = "{bs.arm_name(label, batch_size)}"\nbatch_size = {batch_size}\n'
                    f"flags = {json.dumps(list(names()[label]))}\n\n" for label in objectives)
@@ -115,10 +116,12 @@ def study_child(bs, work: Path, objectives: List[str], batch_size: int, seed: in
 
 
 def run_child(tree: Path, work: Path, args: argparse.Namespace) -> dict:
-    cmd = [sys.executable, str(Path(__file__).resolve()), "--child", str(tree), "--work", str(work),
+    # -P: the child's path is the tree's (PYTHONPATH), not this script's folder, so it imports the tree's batch_size
+    cmd = [sys.executable, "-P", str(Path(__file__).resolve()), "--child", str(tree), "--work", str(work),
            "--objectives", *args.objectives, "--batch-size", str(args.batch_size), "--seed", str(args.seed),
            "--epochs", str(args.epochs)]
-    env = {**os.environ, "PYTHONPATH": str(tree), "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tree), str(tree / "benchmarks")]), "OMP_NUM_THREADS": "1",
+           "MKL_NUM_THREADS": "1"}
     print(f"[code_check] training {', '.join(args.objectives)} with the code of {tree}", flush=True)
     out = subprocess.run(cmd, env=env, capture_output=True, text=True)
     if out.returncode:
@@ -193,8 +196,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         raise SystemExit("--against COMMIT is required")
     if args.epochs < 1 or args.batch_size < 1:
         raise SystemExit(f"--epochs and --batch-size must be >= 1, got {args.epochs} and {args.batch_size}")
-    sys.path.insert(0, str(HERE))
-    from clip_dcl.experiment.testbed.objectives import objectives
+    from testbed.objectives import objectives
     unknown = [o for o in args.objectives if o not in objectives()]
     if unknown:
         raise SystemExit(f"unknown objective(s) {unknown}; choose from {list(objectives())}")

@@ -28,11 +28,10 @@ import sys
 import tomllib
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from clip_dcl.experiment.study.rule import planned_power, seeds_needed
+from testbed.objectives import loss_flags
 
-from clip_dcl.experiment.study.rule import planned_power, seeds_needed  # noqa: E402
-from clip_dcl.experiment.testbed.objectives import loss_flags  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 RESULTS = ROOT / "benchmarks" / "results"
 STUDIES = ROOT / "benchmarks" / "studies"

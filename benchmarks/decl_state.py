@@ -265,7 +265,7 @@ def main(argv=None) -> int:
 
 
 # ------------------------------------------------------------------------------------------
-# The README's and docs' numbers (clip_dcl.experiment.quotes)
+# The README's and docs' numbers (benchmarks/quotes.py)
 # ------------------------------------------------------------------------------------------
 def readme_block(doc: dict) -> str:
     """The README's tables (measured per layout; computed at scale) and the 16-bit storage errors."""

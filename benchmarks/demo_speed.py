@@ -63,7 +63,7 @@ def main(argv=None) -> int:
                      "extra": list(budget.extra), "seconds": res.seconds, "command": res.command})
         print(f"[demo_speed]     {res.seconds:.1f} s", flush=True)
     ratio = rows[1]["seconds"] / rows[0]["seconds"]
-    report = Report.at(out, command_line("demo_speed.py", argv))
+    report = Report.at(out, command_line("demo_speed.py", argv), work=work)
     doc = {"epochs": args.epochs, "samples": shards["train"]["num_samples"], "batch_size": DEMO_BUDGET.batch_size,
            "rows": rows, "ratio": ratio, "load_average": {"start": load_start, "end": os.getloadavg()[0]},
            "quick": args.quick}

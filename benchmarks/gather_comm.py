@@ -242,7 +242,7 @@ def main(argv=None) -> int:
 
 
 # ------------------------------------------------------------------------------------------
-# The README's and docs' numbers (clip_dcl.experiment.quotes)
+# The README's and docs' numbers (benchmarks/quotes.py)
 # ------------------------------------------------------------------------------------------
 #: The README's rows of the computed table: (G, d, W).
 README_ROWS = ((1024, 512, 8), (8192, 768, 8), (32768, 512, 64), (32768, 768, 64))

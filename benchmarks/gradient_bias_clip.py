@@ -391,7 +391,7 @@ def main(argv: Optional[List[str]] = None) -> int:
            "checkpoints": {label: {**res, "results": {o: {str(b): v for b, v in r.items()}
                                                       for o, r in res["results"].items()}}
                            for label, res in all_res.items()}}
-    write_json(results_dir / f"{STEM}.json", doc)
+    write_json(results_dir / f"{STEM}.json", doc, roots=[work])
     write_report(results_dir, all_res, doc)
     print((results_dir / f"{STEM}.md").read_text().split("![")[0])
     print(f"[gradient_bias_clip] wrote {results_dir / (STEM + '.md')}, .json, .png", flush=True)
@@ -399,7 +399,7 @@ def main(argv: Optional[List[str]] = None) -> int:
 
 
 # ------------------------------------------------------------------------------------------
-# The README's numbers (clip_dcl.experiment.quotes)
+# The README's numbers (benchmarks/quotes.py)
 # ------------------------------------------------------------------------------------------
 #: The README's rows: JSON column -> label.
 README_ROWS = (

@@ -717,7 +717,7 @@ def main(argv=None) -> int:
 
 
 # ------------------------------------------------------------------------------------------
-# The README's numbers (clip_dcl.experiment.quotes)
+# The README's numbers (benchmarks/quotes.py)
 # ------------------------------------------------------------------------------------------
 def readme_block(doc: dict) -> str:
     """The README's table: distance of the averaged iterate from the optimum, per positivity rule and noise level."""

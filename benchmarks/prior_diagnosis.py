@@ -209,7 +209,7 @@ def main(argv: Optional[List[str]] = None) -> int:
 
 
 # ------------------------------------------------------------------------------------------
-# The README's numbers (clip_dcl.experiment.quotes)
+# The README's numbers (benchmarks/quotes.py)
 # ------------------------------------------------------------------------------------------
 def readme_block(doc: dict, run: str = "dcl tau+=0.25") -> str:
     """The README's sentence: how the negatives' relations score, and the two mixture estimates, for ``run``."""

@@ -371,7 +371,7 @@ def write(out: Path, main_runs, abl_runs, results, scores, eval_seconds, timing,
 
 
 # ------------------------------------------------------------------------------------------
-# The README's numbers (clip_dcl.experiment.quotes)
+# The README's numbers (benchmarks/quotes.py)
 # ------------------------------------------------------------------------------------------
 #: A difference below this (a fraction; one point of R@1 on 1,000 images) is a tie (shared/spec/evidence.md).
 RESOLUTION = 0.01

@@ -392,7 +392,8 @@ def write(out: Path, runs, results, scores, eval_seconds, data, budget, seeds, f
                                     "complete": complete, "minutes": seconds / 60, "true_tau_plus": true_tau,
                                     "tau_plus_of_run": {r.name: run_tau_plus(r) for r in runs},
                                     "eval_seconds": {n: eval_seconds[n] for n in have},
-                                    "summary": summary, "training_logs": logs})
+                                    "summary": summary, "training_logs": logs},
+                             roots=[HERE.parent])  # the oracle's entry point: benchmarks/train_oracle.py
     ordered = [r for r in runs if r.name in have]
     if main_report:
         plot_tau(ordered, have, chance, true_tau, out / f"{stem}.png", title=title)
@@ -407,7 +408,7 @@ def write(out: Path, runs, results, scores, eval_seconds, data, budget, seeds, f
 
 
 # ------------------------------------------------------------------------------------------
-# The README's numbers (clip_dcl.experiment.quotes)
+# The README's numbers (benchmarks/quotes.py)
 # ------------------------------------------------------------------------------------------
 #: The README's columns.
 README_SCORES = (("zeroshot/top1", "zero-shot top-1"), ("fewshot/average/linear_probe", "5-shot probe"),

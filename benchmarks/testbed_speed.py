@@ -353,7 +353,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     epochs = 1 if args.quick else args.epochs
     data = work / "data"
     summary = make_data(data, args.quick) if args.parts else None
-    report = Report.at(out, command_line("testbed_speed.py", argv))
+    report = Report.at(out, command_line("testbed_speed.py", argv), work=work)
     new = get_recipe(DEFAULT_RECIPE)
     doc = {"status": "running", "commit": code_commit(), "recipes": {n: RECIPES[n].summary for n in (OLD, DEFAULT_RECIPE)},
            "recipe": DEFAULT_RECIPE, "baseline_recipe": OLD, "data_argv": list(new.data_argv),

@@ -473,7 +473,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     if args.only:
         objs = [o for o in objs if o.name == BASELINE or o.name in args.only]
 
-    report = Report(out_dir, STEM, ex.command_line("train_throughput.py", sys.argv[1:] if argv is None else argv))
+    report = Report(out_dir, STEM, ex.command_line("train_throughput.py", sys.argv[1:] if argv is None else argv),
+                    work=work)
     print(f"{len(objs)} objectives x {rounds} rounds, {setup.train_steps} steps each "
           f"({setup.warmup_steps} warm-up, {setup.tail_steps} tail) at batch {setup.batch_size} on {setup.device}", flush=True)
     lock = contextlib.nullcontext() if args.no_lock else ex.machine_lock(lambda m: print(m, flush=True))
@@ -497,7 +498,7 @@ def main(argv: Optional[List[str]] = None) -> int:
 
 
 # ------------------------------------------------------------------------------------------
-# The README's numbers (clip_dcl.experiment.quotes)
+# The README's numbers (benchmarks/quotes.py)
 # ------------------------------------------------------------------------------------------
 def readme_block(doc: dict) -> str:
     """The README's sentence: the baseline's samples/s and spread, each objective's median ratio to it."""

@@ -123,7 +123,7 @@ def main(argv: Optional[List[str]] = None) -> int:
 
 def readme_block(doc: dict) -> str:
     """The README's demo table, from a ``demo.json`` (the README's generated block ``demo table``,
-    :mod:`clip_dcl.experiment.quotes`): where and when it ran, its time, each objective's training time,
+    ``benchmarks/quotes.py``): where and when it ran, its time, each objective's training time,
     then the comparison table with the chance level of every metric."""
     runs = doc["runs"]
     trained = " / ".join(f"{runs[name][0]['train_seconds']:.0f} s" for name in runs)

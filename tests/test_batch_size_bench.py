@@ -1,29 +1,25 @@
-"""The batch-size testbed (clip_dcl.experiment.testbed, benchmarks/batch_size.py): its objectives from the
+"""The batch-size testbed (benchmarks/testbed/, benchmarks/batch_size.py): its objectives from the
 registry, the rule and its readings, the reports and the docs' blocks, the stages' plans, and today's reports
 written again from their JSON with the same verdicts."""
 from __future__ import annotations
 
 import inspect
 import json
-import sys
 from datetime import datetime, timezone
 from pathlib import Path
 
 import pytest
 
+import batch_size as bs
 from clip_dcl import experiment as ex
+from clip_dcl.experiment import study
 from clip_dcl.experiment.commands import loss_flags
-from clip_dcl.experiment.testbed import blocks as B
-from clip_dcl.experiment.testbed import objectives as O
-from clip_dcl.experiment.testbed import report as R
-from clip_dcl.experiment.testbed import rule as T
 from clip_dcl.losses import DeCLLoss
 from clip_dcl.train.flags import LOSS_FLAGS, build_parser, parse_train_args
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
-import batch_size as bs  # noqa: E402
-
-from clip_dcl.experiment import study  # noqa: E402
+from testbed import blocks as B
+from testbed import objectives as O
+from testbed import report as R
+from testbed import rule as T
 
 STUDIES = Path(__file__).resolve().parents[1] / "benchmarks" / "studies"
 

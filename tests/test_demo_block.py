@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import json
 
+import quotes
 from clip_dcl import demo
-from clip_dcl.experiment import quotes
 
 
 def test_the_demo_block_quotes_the_jsons_table_and_times(tmp_path):
@@ -28,7 +28,7 @@ def test_the_demo_block_quotes_the_jsons_table_and_times(tmp_path):
 def test_the_readmes_demo_time_is_the_jsons():
     import re
 
-    from clip_dcl.experiment.quotes import ROOT, read_block
+    from quotes import ROOT, read_block
 
     doc = json.loads((ROOT / "benchmarks" / "results" / "demo.json").read_text())
     block = read_block((ROOT / "README.md").read_text(), "demo time")

@@ -3,7 +3,7 @@
 A *result number* is a number next to what results are stated in: points, seeds (a count of them),
 a percentage, a ratio (``2.4x``), a retrieval or zero-shot metric (``R@1``, ``top-1``) or a verdict
 word (beats, reaches, matches, trails, tie, no verdict). Outside the generated blocks (the
-``<!-- NAME: generated ... -->`` markers of :mod:`clip_dcl.experiment.quotes`), fenced code, code
+``<!-- NAME: generated ... -->`` markers of ``benchmarks/quotes.py``), fenced code, code
 spans and link targets, README.md and docs/*.md hold none. The numbers that are settings, not
 results, are the exceptions of :data:`EXCEPTIONS`, each with its reason; nothing else is guessed.
 """
@@ -81,7 +81,7 @@ def result_numbers(text: str):
 def test_no_page_types_a_result_number_outside_generated_blocks(page):
     found = result_numbers((ROOT / page).read_text())
     assert not found, (f"{page} types result numbers outside generated blocks (quote them from a results JSON "
-                       f"through clip_dcl.experiment.quotes, or list a setting in EXCEPTIONS): {found}")
+                       f"through benchmarks/quotes.py, or list a setting in EXCEPTIONS): {found}")
 
 
 @pytest.mark.parametrize("typed", [

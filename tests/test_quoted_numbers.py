@@ -1,10 +1,10 @@
 """Every number the README and docs quote from a benchmark comes from its committed JSON.
 
-Each generated block (:data:`clip_dcl.experiment.quotes.QUOTES`) is rendered again from
+Each generated block (``QUOTES`` of ``benchmarks/quotes.py``) is rendered again from
 ``benchmarks/results/*.json`` and compared with the text; a block whose markers are missing fails.
 Outside the blocks, the Benchmarks sections of docs/results.md (the batch-size testbed's aside, which
 quotes through its own generated block) hold no typed measurement: no decimal number, percentage, ratio
-or ± outside code spans. Rewrite the blocks with ``python -m clip_dcl.experiment.quotes README.md docs/*.md``.
+or ± outside code spans. Rewrite the blocks with ``python benchmarks/quotes.py README.md docs/*.md``.
 """
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from clip_dcl.experiment import quotes
+import quotes
 
 ROOT = Path(__file__).resolve().parents[1]
 #: The Benchmarks subsection (docs/results.md) another block (tests/test_batch_size_bench.py) keeps.
@@ -31,7 +31,7 @@ def test_each_generated_block_equals_its_rendering_from_the_committed_json(quote
         assert quote.begin in text, f"{name} lacks the begin marker of {quote.name!r} (or it was edited)"
         assert quotes.read_block(text, quote.name) == quotes.render(quote), (
             f"{name}: block {quote.name!r} differs from {quote.results}; run "
-            "`python -m clip_dcl.experiment.quotes README.md docs/*.md`")
+            "`python benchmarks/quotes.py README.md docs/*.md`")
 
 
 def test_the_rewrite_command_finds_nothing_to_change():

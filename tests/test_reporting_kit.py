@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from clip_dcl.experiment.reporting import Report, markdown_table, report_path
+from clip_dcl.experiment.reporting import Report, markdown_table, report_path, write_json
 
 
 def test_markdown_table_lays_out_header_rule_and_rows():
@@ -30,6 +30,20 @@ def test_report_writes_markdown_and_json_with_its_about_items_first(tmp_path):
     assert list(doc) == ["command", "date", "machine", "rows", "path"]
     assert doc["machine"] == "overridden" and doc["path"] == str(tmp_path) and doc["date"] == "2030-01-02 03:04"
     assert report.png == tmp_path / "sub" / "bench.png"
+
+
+def test_a_published_json_names_paths_under_the_work_folder_relative_to_it_and_the_interpreter_python(tmp_path):
+    work = tmp_path / "work"
+    doc = {"command": [sys.executable, "-m", "clip_dcl.train", "--train-data", str(work / "data" / "{0..3}.tar")],
+           "checkpoint": work / "runs" / "c.pt", "work": str(work), "beside": str(tmp_path / "work2" / "x"),
+           "rows": [{"interpreter": "/opt/env/bin/python3.11"}], "n": 3, "text": "a/b"}
+    got = json.loads(write_json(tmp_path / "r.json", doc, roots=[work]).read_text())
+    assert got["command"] == ["python", "-m", "clip_dcl.train", "--train-data", "data/{0..3}.tar"]
+    assert (got["checkpoint"], got["work"], got["rows"][0]["interpreter"]) == ("runs/c.pt", ".", "python")
+    assert (got["beside"], got["n"], got["text"]) == (str(tmp_path / "work2" / "x"), 3, "a/b")  # not under work
+    report = Report.at(tmp_path / "bench", "python benchmarks/bench.py", work=work)
+    report.write("# x", {"checkpoint": str(work / "runs" / "c.pt")})
+    assert json.loads(report.path(".json").read_text())["checkpoint"] == "runs/c.pt"
 
 
 def test_a_smoke_run_reports_into_a_new_folder_and_a_given_path_wins(tmp_path):

@@ -116,6 +116,18 @@ def test_a_seed_added_after_the_seal_is_refused_by_run_commands_and_report(tmp_p
     assert cli.main(["commands", str(plan), "--work", str(work)]) == 0
 
 
+def test_the_seal_and_the_run_records_name_no_path_of_the_machine(tmp_path, monkeypatch):
+    from clip_dcl.experiment.study.score import work_relative
+
+    write_plan(tmp_path)
+    monkeypatch.chdir(tmp_path)
+    seal = W.seal(load_plan("plan.toml"), Path("work"))
+    assert seal["source"] == "plan.toml" and json.loads((tmp_path / "work" / "SEAL.json").read_text()) == seal
+    folder = W.run_dir(tmp_path / "work", "clip", 0)  # WORK/runs/<arm>/seed<N>: relative to WORK
+    assert work_relative(folder, folder / "checkpoints" / "epoch_2.pt") == "runs/clip/seed0/checkpoints/epoch_2.pt"
+    assert work_relative(tmp_path / "elsewhere", tmp_path / "elsewhere" / "c.pt") == "c.pt"
+
+
 def test_a_margin_moved_or_an_arm_renamed_is_named(tmp_path, capsys):
     plan = write_plan(tmp_path, extra="")
     work = tmp_path / "work"

@@ -1,12 +1,12 @@
-"""The README's headline block rendered from a confirmatory study's JSON (clip_dcl.experiment.study.headline)."""
+"""The README's headline block rendered from a confirmatory study's JSON (benchmarks/headline.py)."""
 import os
 import re
 
 import pytest
 
 from clip_dcl.experiment.stats import t_interval
-from clip_dcl.experiment.study.headline import advice, readme_block
 from clip_dcl.experiment.study.rule import judge
+from headline import advice, readme_block
 
 
 def _row(rule, diffs, margin=None):

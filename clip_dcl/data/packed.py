@@ -8,7 +8,7 @@ than the model's step. :func:`pack_shards` reads a set of shards once, in their 
 ``captions`` the ``.txt`` caption of each sample (str);
 ``keys``     the ``__key__`` of each sample (str);
 ``ids``      int64, the sample id the webdataset training pipeline gives the same sample
-             (:func:`clip_dcl.train.ids.sample_id`), so that DeCL's per-sample rates index alike;
+             (:func:`clip_dcl.data.ids.sample_id`), so that DeCL's per-sample rates index alike;
 ``source``   the shard pattern read (a 0-d str array).
 
 ``python -m clip_dcl.train -- --train-data PATH.npz`` (``--dataset-type auto``) trains on it
@@ -38,7 +38,7 @@ def pack_shards(pattern: str, out, verbose: bool = True) -> Dict[str, object]:
     import webdataset as wds
     from open_clip_train.data import expand_urls
 
-    from clip_dcl.train.ids import sample_id
+    from .ids import sample_id
 
     out = Path(out)
     if out.suffix != ".npz":

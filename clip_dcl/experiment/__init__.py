@@ -34,13 +34,12 @@ The pieces (their main names also importable from here):
 * :mod:`~clip_dcl.experiment.budgets`: the demo's budgets, which the quality benchmark shares;
 * :mod:`~clip_dcl.experiment.commands`: a loss's full flags from the loss registry;
 * :mod:`~clip_dcl.experiment.arguments`: the benchmarks' command-line checks;
-* :mod:`~clip_dcl.experiment.torchrun`: a benchmark that launches itself on several gloo ranks.
-* :mod:`~clip_dcl.experiment.quotes`: the README's and docs' generated blocks of benchmark numbers
-  (``python -m clip_dcl.experiment.quotes README.md docs/*.md``).
+* :mod:`~clip_dcl.experiment.torchrun`: a benchmark that launches itself on several gloo ranks;
 * :mod:`~clip_dcl.experiment.study`: ``clip-dcl study``, a comparison declared in one plan file, sealed by its
-  first run, run as shell lines here or on a cluster, judged once every run has its scores (docs/studies.md);
-* :mod:`~clip_dcl.experiment.testbed`: the batch-size testbed's objectives, rule, reports and generated blocks
-  (its stages are study plans in ``benchmarks/studies/``).
+  first run, run as shell lines here or on a cluster, judged once every run has its scores (docs/studies.md).
+
+The generators of the README's and docs' blocks and the archived batch-size testbed are scripts of the
+repository, not of the package: ``benchmarks/quotes.py``, ``benchmarks/testbed/``.
 
 Tests that replace a piece (a stand-in for :func:`train`) patch the module that owns it
 (``clip_dcl.experiment.runner.train``), which is where the other pieces look it up.

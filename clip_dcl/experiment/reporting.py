@@ -19,13 +19,14 @@ import json
 import math
 import os
 import platform
+import re
 import shlex
 import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Dict, Iterable, List, Optional, Sequence, Union
+from typing import Dict, Iterable, List, Optional, Sequence, Tuple, Union
 
 from .figures import pyplot, save_figure
 from .runner import Budget, TrainResult
@@ -107,11 +108,47 @@ def markdown_table(head: Sequence[str], rows: Iterable[Sequence[object]], align:
     return "\n".join(lines + ["| " + " | ".join(map(str, cells)) + " |" for cells in rows])
 
 
-def write_json(path: os.PathLike, doc: dict) -> Path:
-    """``doc`` as indented JSON (anything JSON lacks, a path or a date, as its ``str``), folders created."""
+#: the file name of a Python interpreter (``python``, ``python3``, ``python3.11``)
+_PYTHON = re.compile(r"python[\d.]*")
+
+
+def portable(doc, roots: Sequence[os.PathLike] = ()):
+    """``doc`` (JSON's types, paths as :class:`~pathlib.Path` or ``str``) without the paths of the machine that
+    made it, for a published report: an absolute path under one of ``roots`` (a benchmark's work folder, the
+    repository) is written relative to the innermost, the interpreter of a recorded command (an absolute path named ``python*``) as
+    ``python``; any other value is kept."""
+    bases = []
+    for root in roots:
+        for form in (Path(root).absolute(), Path(root).resolve()):
+            if str(form) not in bases:
+                bases.append(str(form))
+    bases.sort(key=len, reverse=True)  # the innermost root first: a work folder inside the repository
+
+    def one(value):
+        if isinstance(value, dict):
+            return {k: one(v) for k, v in value.items()}
+        if isinstance(value, (list, tuple)):
+            return [one(v) for v in value]
+        if isinstance(value, Path):
+            value = str(value)
+        if not isinstance(value, str) or not os.path.isabs(value):
+            return value
+        if _PYTHON.fullmatch(os.path.basename(value)):
+            return "python"
+        for base in bases:
+            if value == base or value.startswith(base.rstrip(os.sep) + os.sep):
+                return os.path.relpath(value, base)
+        return value
+
+    return one(doc)
+
+
+def write_json(path: os.PathLike, doc: dict, roots: Sequence[os.PathLike] = ()) -> Path:
+    """``doc`` as indented JSON (anything JSON lacks, a date, as its ``str``; paths :func:`portable` with
+    ``roots``), folders created."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(doc, indent=1, default=str) + "\n")
+    path.write_text(json.dumps(portable(doc, roots), indent=1, default=str) + "\n")
     return path
 
 
@@ -121,7 +158,8 @@ class Report:
 
     ``command`` (:func:`command_line`), ``date`` (default now, :func:`utc_date`) and ``machine``
     (default :func:`machine_info`) are recorded in the opening items of the Markdown
-    (:meth:`about`) and at the top of the JSON (:meth:`write`).
+    (:meth:`about`) and at the top of the JSON (:meth:`write`). The JSON names paths under ``work`` (the
+    benchmark's work folder) or ``roots`` relative to them, and the interpreter as ``python`` (:func:`portable`).
     """
 
     folder: Path
@@ -129,6 +167,8 @@ class Report:
     command: str
     date: str = field(default_factory=utc_date)
     machine: str = field(default_factory=lambda: machine_info())
+    work: Optional[os.PathLike] = None
+    roots: Tuple[os.PathLike, ...] = ()
 
     def __post_init__(self):
         self.folder = Path(self.folder)
@@ -161,7 +201,8 @@ class Report:
         md = self.path(".md")
         md.write_text(text.rstrip("\n") + "\n")
         if doc is not None:
-            write_json(self.path(".json"), {"command": self.command, "date": self.date, "machine": self.machine, **doc})
+            write_json(self.path(".json"), {"command": self.command, "date": self.date, "machine": self.machine, **doc},
+                       roots=[*([self.work] if self.work else []), *self.roots])
         return md
 
     def figure(self, fig, title: str = "", **options) -> Path:
@@ -258,9 +299,12 @@ def plot(results: Dict[str, List[TrainResult]], scores: Dict[str, List[Dict[str,
 
 def write_report(out_dir: os.PathLike, stem: str, *, data: dict, budget: Budget,
                  results: Dict[str, List[TrainResult]], scores: Dict[str, List[Dict[str, float]]],
-                 header: str = "", extra: Optional[dict] = None) -> Dict[str, Path]:
-    """Write ``<stem>.md`` (table), ``<stem>.json`` (raw numbers, commands) and ``<stem>.png``."""
-    report = Report(out_dir, stem, command=" ".join([Path(sys.argv[0]).name] + sys.argv[1:]))
+                 header: str = "", extra: Optional[dict] = None, roots: Sequence[os.PathLike] = ()) -> Dict[str, Path]:
+    """Write ``<stem>.md`` (table), ``<stem>.json`` (raw numbers, commands; paths relative to the work folder,
+    the one that holds the data's ``out_dir``, or to one of ``roots``) and ``<stem>.png``."""
+    work = Path(data["out_dir"]).parent if data.get("out_dir") else None
+    report = Report(out_dir, stem, command=" ".join([Path(sys.argv[0]).name] + sys.argv[1:]), work=work,
+                    roots=tuple(roots))
     rows = headline_metrics(data)
     chance = chance_levels(data)
     table = comparison_table(scores, rows, chance)

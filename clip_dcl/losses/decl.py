@@ -16,7 +16,8 @@ cannot overflow (``metrics["clamp_rate"]``; those rows get no gradient through t
 
 This module is the objective; the rate estimators (``index``, ``queue``, ``batch``) are in
 :mod:`clip_dcl.losses.decl_rates`, the ``lambda_t`` / ``gamma_t`` schedules and temperature modes in
-:mod:`clip_dcl.losses.decl_schedules`, the flags in :mod:`clip_dcl.losses.decl_flags`.
+:mod:`clip_dcl.losses.decl_schedules`, the flags in :mod:`clip_dcl.losses.decl_flags`, what the
+training log shows in :mod:`clip_dcl.losses.decl_log`.
 
 **The anchor-relative estimate** (``estimate="relative"``, the default; FastCLIP, Wei et al. 2024,
 arXiv 2407.01445, ``FastCLIPLoss``): the rate estimates ``g_i = mean_{k != i} exp(l_ik - l_ii)``,
@@ -56,6 +57,7 @@ import torch
 
 from .base import DataFacts, PairStats, SampleIdError, StateBuffer, StatefulLoss, contrast_rows
 from .decl_flags import ESTIMATES, FLAGS, resolve_data_params
+from .decl_log import DeCLLog
 from .decl_rates import FIRST_VISITS, RATE_TYPES, RATES, STATES, IndexRate, build_rate
 from .decl_schedules import (GAMMA_SCHEDULE_TYPES, GAMMA_SCHEDULES, LAMBDA_SCHEDULES, RGCLG_ENTROPY, SCHEDULES,
                              TEMPERATURE_MODES, lambda_schedule)
@@ -68,7 +70,7 @@ from .state import STATE_DTYPES
 __all__ = ["DeCLLoss", "SampleIdError", "RATES", "SCHEDULES", "ESTIMATES", "TEMPERATURE_MODES"]  # noqa: F401
 
 
-class DeCLLoss(StatefulLoss):
+class DeCLLoss(DeCLLog, StatefulLoss):
     """Decomposable contrastive loss (``decl``), both directions, state in registered buffers.
 
     Args:
@@ -401,69 +403,6 @@ class DeCLLoss(StatefulLoss):
         loss = self.scale_mode.finish(loss, model_scale, live_scale, lambda: self._rgclg_term(
             st, image_features, text_features, live_scale, logit_bias, log_r))
         return loss, metrics
-
-    def logged_loss(self, metrics: Dict[str, object]) -> torch.Tensor:
-        """``loss2``, the InfoNCE value, as the log's ``Loss``: the total (``Decl_loss``) moves between
-        loss1's scale and InfoNCE's as ``lambda_t`` does, so only InfoNCE compares with ``clip``'s ``Loss``."""
-        return metrics["loss2"]
-
-    def ceiling_can_bite(self, captions_per_image: int = 1) -> bool:
-        """Whether ``max_log_ratio`` can bite on a row whose sample id is alone in its batch. Read after
-        this step's update (``index`` with ``include_current``), the rate holds ``gamma_t`` times the
-        row's own estimate, so the ratio is at most ``-log gamma_t`` (``gamma`` is the smallest
-        ``gamma_t``), plus ``log M`` for a caption among M; ``queue`` with the current batch counted
-        holds its N negatives among ``N + Q``, at most ``log(1 + Q)``; ``batch`` reads the row's own
-        estimate (ratio 0). Two rows of one id in a batch (resampled data, hashed keys) are not bounded:
-        an epoch where the ceiling bites anyway gets a warning (:meth:`epoch_warning`)."""
-        if self.rate == "batch":
-            return False
-        if self.include_current and self.rate == "index":
-            return -math.log(self.gamma) + math.log(captions_per_image) > self.max_log_ratio
-        if self.include_current and self.rate == "queue":
-            return math.log1p(self.queue_size) > self.max_log_ratio
-        return True
-
-    def constant_metrics(self, captions_per_image: int = 1) -> set:
-        """The :attr:`metrics` the log leaves out under this configuration: ``loss2`` (it is the log's
-        ``Loss``), and those that cannot change: ``lambda_t`` under a constant schedule, ``gamma_t``
-        under a constant gamma, ``clamp_rate`` where the ceiling cannot bite (:meth:`ceiling_can_bite`),
-        the ratio and weight statistics of ``batch`` (its ratio is 0); and ``loss1`` read after this
-        step's update (``index`` with ``include_current``: ``exp(e_i) / r_i`` is then close to 1 by
-        construction, and InfoNCE is the value to follow)."""
-        out = {"loss2"}
-        if not self.lambdas.varies():
-            out.add("lambda_t")
-        if self.gamma_schedule == "constant":
-            out.add("gamma_t")
-        if not self.ceiling_can_bite(captions_per_image):
-            out.add("clamp_rate")
-        if self.rate == "batch":
-            out.update(("log_ratio_mean", "log_ratio_std", "weight_mean", "weight_max"))
-        if isinstance(self.rates, IndexRate) and self.include_current:
-            out.add("loss1")
-        return out
-
-    def logged_metrics(self, metrics: Dict[str, object]) -> Dict[str, object]:
-        """:attr:`metrics` less :meth:`constant_metrics`: the log line holds the columns that can change."""
-        left_out = self.constant_metrics(self._captions_per_image)
-        return {k: v for k, v in metrics.items() if k not in left_out}
-
-    def step_note(self) -> str:
-        """``Term: ...``: what the schedule optimised at the last call's step (``loss1``, ``infonce``, or both);
-        nothing when every step optimises the same."""
-        if self._last_step is None or not self.lambdas.varies():
-            return ""
-        return f"Term: {self.lambdas.term(self._last_step)}"
-
-    def epoch_warning(self, epoch_means: Dict[str, float]) -> Optional[str]:
-        """A line when the ``max_log_ratio`` ceiling bit in an epoch where the configuration bounds the
-        ratio below it (:meth:`ceiling_can_bite`), so that its count, left out of the log line, is not lost."""
-        rate = epoch_means.get("clamp_rate", 0.0)
-        if rate > 0 and not self.ceiling_can_bite(self._captions_per_image):
-            return (f"DeCL's log-ratio ceiling (max_log_ratio {self.max_log_ratio:g}) bit on {100 * rate:.3g}% of the "
-                    f"anchor rows on average; with --decl-rate {self.rate} reading this step's estimate it binds only "
-                    "where two rows of a batch share a sample id (resampled data, hashed keys)")
-        return None
 
     def rgclg_rho(self, num_negatives: int) -> float:
         """``rho`` of the RGCL-g temperature objective for anchors with ``num_negatives`` negatives."""

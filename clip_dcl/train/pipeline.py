@@ -6,7 +6,7 @@ OpenCLIP's own stages (``ResampledShards2`` / ``SimpleShardList`` + ``detshuffle
 ``split_by_node``, ``split_by_worker``, ``tarfile_to_samples_nothrow``, the same shuffle buffer
 sizes, the same epoch length rounding, the same ``WebLoader``) and differs in these places:
 
-- batches are ``(images, texts, ids)``: ``ids`` is a LongTensor of :func:`clip_dcl.train.ids.sample_id`,
+- batches are ``(images, texts, ids)``: ``ids`` is a LongTensor of :func:`clip_dcl.data.ids.sample_id`,
   computed in the same stage that builds the tuple, so it stays aligned with the images and texts
   whatever the number of workers, with ``--dataset-resampled`` and through the shuffle buffer;
 - every skip is logged with its shard, key and cause, and counted (:class:`DataStats`): a sample
@@ -61,8 +61,9 @@ from webdataset import autodecode, tariterators
 from webdataset.gopen import gopen
 from webdataset.filters import _shuffle
 
+from ..data.ids import sample_id
 from ..data.shards import TailRecorder
-from .ids import id_layout, sample_id, source_index
+from .ids import id_layout, source_index
 from .preempt import worker_ignores_stop_signals
 
 #: Attempts at opening a shard before it is skipped (a network file system may fail transiently).
@@ -443,7 +444,7 @@ class _AttachId:
     """Stage adding ``sample["__id__"]`` (a picklable callable, for dataloader workers).
 
     With ``--decl-rate index`` (``num_samples`` set) it also checks the id (see
-    :func:`clip_dcl.train.ids.sample_id`), places it in its source's range when sources are
+    :func:`clip_dcl.data.ids.sample_id`), places it in its source's range when sources are
     ``::``-joined, and records ``(id, fingerprint of url and key)`` in the tracked epoch.
     """
 

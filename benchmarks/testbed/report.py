@@ -10,11 +10,12 @@ from datetime import datetime
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence
 
-from .. import reporting
-from ..figures import pyplot, save_figure
-from ..runner import Budget
-from ..scoring import MEAN_R1
-from ..stats import format_mean_std, mean_std, t_interval, wins
+from clip_dcl.experiment import reporting
+from clip_dcl.experiment.figures import pyplot, save_figure
+from clip_dcl.experiment.runner import Budget
+from clip_dcl.experiment.scoring import MEAN_R1
+from clip_dcl.experiment.stats import format_mean_std, mean_std, t_interval, wins
+
 from .objectives import (ARCHIVE, DCL_VARIANTS, DECL_VARIANTS, HEADLINE, RESULTS, SCREEN16_SIZE, SCREEN16_VARIANTS,
                          SCREEN_BATCH_SIZES, DCL_DEFAULT, archived_runs, control_objectives, objectives,
                          screen_objectives)

@@ -7,14 +7,14 @@ with ``clip`` at B (beats), with the tuned InfoNCE at B (beats) and with ``clip`
 ``clip-dcl study report ... --out``) into the README's block: while runs are missing it says how many and
 gives no number; once the study is complete, one line per comparison (per-seed differences, interval,
 verdict) and, per batch size, one plain line on what to train, read off the verdicts by :func:`advice`.
-Nothing in it is typed: it is rendered by ``python -m clip_dcl.experiment.quotes``.
+Nothing in it is typed: it is rendered by ``python benchmarks/quotes.py``.
 """
 from __future__ import annotations
 
 import re
 from typing import Dict, List, Optional, Tuple
 
-from .report import provenance
+from clip_dcl.experiment.study.report import provenance
 
 PLAN = "benchmarks/studies/confirmatory.toml"
 _ARM = re.compile(r"^(decl|clip|tuned)-b(\d+)$")
@@ -53,7 +53,7 @@ def _verdicts(doc: dict) -> Dict[int, Dict[str, dict]]:
 def planned_power(doc: dict, row: dict) -> Optional[float]:
     """The power the plan gave ``row``'s comparison (its expected difference, paired spread and seed count, as
     the plan's comments state it); None when the plan gives no spread."""
-    from .rule import planned_power as power_of
+    from clip_dcl.experiment.study.rule import planned_power as power_of
 
     for c in doc["plan_canonical"].get("comparisons", []):
         if (c["a"], c["b"]) == (row.get("a"), row.get("b")) and c.get("paired_sd") and c.get("seeds"):

@@ -1,4 +1,4 @@
-"""The README's and docs' generated blocks of the batch-size testbed (:mod:`clip_dcl.experiment.quotes`), each
+"""The README's and docs' generated blocks of the batch-size testbed (``benchmarks/quotes.py``), each
 rendered from a committed report's JSON: the verdicts, the ``dcl`` screen and sweep, ``--loss dcl`` at its
 defaults, and the numbers behind the README's "which loss when".
 """
@@ -7,7 +7,8 @@ from __future__ import annotations
 import json
 from typing import Dict
 
-from ..scoring import MEAN_R1
+from clip_dcl.experiment.scoring import MEAN_R1
+
 from .objectives import DCL_DEFAULT_SIZE, RESULTS, SCREEN16_SIZE
 from .report import _interval, _seeds
 from .rule import MIN_SEEDS, bias_label, bias_rows, clearance, control_leads
@@ -21,7 +22,7 @@ def readme_block(doc: dict) -> str:
     """docs/results.md's verdicts, from a report's JSON (``doc``): per batch size the test split's verdict with
     its seeds, mean paired difference and interval, the validation split's comparison beside it (where the
     default was chosen: context only), then the temperature controls (the generated block
-    ``batch-size verdicts``, :mod:`clip_dcl.experiment.quotes`)."""
+    ``batch-size verdicts``, ``benchmarks/quotes.py``)."""
     def cell(r):
         seeds = ", ".join(f"{100 * d:+.1f}" for d in r["diffs"])
         interval = f" [{100 * r['lo']:+.1f}, {100 * r['hi']:+.1f}]" if r["n"] >= 2 else ""
