@@ -96,9 +96,15 @@ def advice(batch: int, rows: Dict[str, Optional[dict]], tuned_flags: List[str]) 
     return f"no loss is shown better than `clip` here: keep `--loss clip` (or the tuned temperature, {tuned})."
 
 
-def readme_block(doc: dict) -> str:
-    """The README's headline block from the confirmatory study's JSON (see the module's text)."""
-    plan = doc.get("plan", PLAN)
+def docs_block(doc: dict) -> str:
+    """:func:`readme_block` for a page of ``docs/`` (its links one folder up)."""
+    return readme_block(doc, link_prefix="../")
+
+
+def readme_block(doc: dict, link_prefix: str = "") -> str:
+    """The headline block from the confirmatory study's JSON (see the module's text); ``link_prefix`` leads
+    the plan's link from the page that holds the block to the repository root."""
+    plan = link_prefix + doc.get("plan", PLAN)
     head = (f"The confirmatory study ([plan]({plan}), {provenance(doc)}; recipe `{doc['recipe']}`; {doc['design']}; "
             f"metric `{doc['metric']}`, test split): ")
     if doc["exploratory"]:
@@ -130,7 +136,7 @@ def readme_block(doc: dict) -> str:
 
 
 #: the testbeds whose confirmatory verdicts the README's table gives: (name, what it is, report JSON, plan)
-TESTBEDS = (("synthetic", "coloured shapes, 48 latent classes, template captions (`micro-words`)",
+TESTBEDS = (("synthetic", "coloured shapes, many latent classes, template captions (`micro-words`)",
              "benchmarks/results/confirmatory.json", "benchmarks/studies/confirmatory.toml"),
             ("Fashion-MNIST", "real photographs, 10 classes, captions from their pixels (`fmnist-words`)",
              "benchmarks/results/fmnist_confirmatory.json", "benchmarks/studies/fmnist_confirmatory.toml"))
@@ -159,3 +165,24 @@ def verdict_table(studies: List[Tuple[str, str, dict]]) -> str:
             lines.append(f"| {where} | `{c['a']}` - `{c['b']}` ({c['rule']}) | {metric}, {r['split']} | {seeds} | "
                          f"{_pts(r['mean'])} [{_pts(r['lo'])}, {_pts(r['hi'])}]{bar} | **{r['verdict']}** |")
     return "\n".join(lines)
+
+
+def verdict_table_block(doc: dict) -> str:
+    """The README's table of confirmatory verdicts on every testbed of :data:`TESTBEDS`: ``doc`` is the first
+    one's report JSON (the generator hands each block one file), the others are read from the repository; a
+    testbed whose report is not committed yet gets one row saying so."""
+    import json
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    studies, missing = [], []
+    for i, (name, what, report, plan) in enumerate(TESTBEDS):
+        path = root / report
+        if i == 0:
+            studies.append((name, plan, doc))
+        elif path.is_file():
+            studies.append((name, plan, json.loads(path.read_text())))
+        else:
+            missing.append(f"| [{name}]({plan}) | not run yet: no verdict | | | | |")
+    legend = "; ".join(f"**{name}**: {what}" for name, what, _, _ in TESTBEDS)
+    return "\n".join([verdict_table(studies), *missing, "", f"Testbeds: {legend}."])

@@ -74,9 +74,11 @@ QUOTES: Tuple[Quote, ...] = (
     Quote("demo table", "clip_dcl.demo", "demo.json"),
     Quote("demo time", "clip_dcl.demo", "demo.json", ("README.md",), "readme_time_block"),
     Quote("dcl default check", "batch_size.py", "batch_size.json", render="dcl_default_block"),
-    Quote("which-loss numbers", "batch_size.py", "batch_size.json", ("README.md",), "which_loss_block"),
+    Quote("which-loss numbers", "batch_size.py", "batch_size.json", render="which_loss_block"),
     Quote("testbed speed", "testbed_speed.py", "testbed_speed.json"),
-    Quote("confirmatory verdicts", "headline.py", "confirmatory.json", ("README.md",)),
+    Quote("confirmatory verdicts", "headline.py", "confirmatory.json", render="docs_block"),
+    Quote("verdict table", "headline.py", "confirmatory.json", ("README.md",), "verdict_table_block"),
+    Quote("fmnist screen", "fmnist_readings.py", "fmnist_readings.json"),
 )
 
 

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from clip_dcl.experiment.study.headline import verdict_table
+from headline import verdict_table
 
 ROOT = Path(__file__).resolve().parents[1]
 
