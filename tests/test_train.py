@@ -310,6 +310,49 @@ def test_argparse_errors_exit_nonzero(capsys):
     assert "high" in capsys.readouterr().err
 
 
+SYNTHETIC_RUN = ["--model", "clip-dcl-tiny", "--dataset-type", "synthetic", "--train-num-samples", "16",
+                 "--batch-size", "8", "--epochs", "1", "--precision", "fp32", "--device", "cpu", "--workers", "0",
+                 "--report-to", ""]
+
+
+@pytest.mark.parametrize("words, line", [
+    # OpenCLIP's parser would take --los for --loss-dist-impl and train the default loss
+    (["--los", "decl"], "--los is not a flag (flags are spelled out in full); it could mean --loss, "
+                        "--loss-dist-impl, --loss-reset"),
+    (["--decl-ra", "index"], "--decl-ra is not a flag (flags are spelled out in full); it could mean --decl-rate"),
+    (["--mod=clip-dcl-tiny"], "--mod is not a flag (flags are spelled out in full); it could mean --model, "
+                              "--model-config"),
+], ids=["ours-and-openclip", "ours", "with-equals"])
+def test_a_flag_not_spelled_out_is_refused_naming_what_it_could_mean(tmp_path, capsys, words, line):
+    rc = main([*SYNTHETIC_RUN, "--logs", str(tmp_path), "--name", "abbrev", *words])
+    assert rc == 2
+    assert capsys.readouterr().err.strip() == f"clip-dcl train: error: {line}"
+    assert not list(tmp_path.iterdir())  # no run started
+
+
+def test_a_flag_not_spelled_out_is_refused_by_the_module_command(tmp_path):
+    res = train_run(["--", *SYNTHETIC_RUN, "--logs", tmp_path, "--name", "abbrev", "--batch-si", "8"], cli=True,
+                    timeout=300)
+    assert res.returncode == 2
+    assert res.stderr.strip() == ("clip-dcl train: error: --batch-si is not a flag (flags are spelled out in full); "
+                                  "it could mean --batch-size")
+    assert not list(tmp_path.iterdir())
+
+
+def test_openclip_parser_is_caught_whole_and_its_module_left_as_it_was():
+    import argparse
+
+    from open_clip_train import params
+
+    from clip_dcl.train.upstream import openclip_parser
+
+    parser = openclip_parser()
+    assert {"--batch-size", "--loss-dist-impl", "--train-data", "--help"} <= set(parser._option_string_actions)
+    assert parser.allow_abbrev  # why the words are checked before it parses them
+    assert params.argparse is argparse
+    assert params.parse_args(["--batch-size", "3"]).batch_size == 3
+
+
 def test_flags_resolve_and_pass_openclip_flags_through(tmp_path):
     from clip_dcl.train.flags import parse_train_args
 

@@ -4,7 +4,8 @@
 :func:`build_parser`. Ours are taken out with ``parse_known_args`` on a parser with
 ``allow_abbrev=False`` (with abbreviations, OpenCLIP's ``--model tiny`` would be read as
 ``--model-config tiny``); the rest is parsed by OpenCLIP's own ``parse_args`` here, once, so
-that a bad OpenCLIP flag also fails before anything starts.
+that a bad OpenCLIP flag also fails before anything starts. OpenCLIP's parser takes abbreviations,
+so a word that only begins a flag of either parser is refused first (:func:`check_spelled_out`).
 
 The loss values are completed from the training data by the loss's own ``resolve_data_params``
 (with the facts of :func:`clip_dcl.train.facts.data_facts`; no loss is known here by name) and
@@ -377,6 +378,31 @@ def _require_data(oc_args) -> None:
                         "evaluate only)")
 
 
+def check_spelled_out(argv: List[str], parsers: List[argparse.ArgumentParser]) -> None:
+    """Refuse a ``--flag`` that none of ``parsers`` knows by that exact name but some flag begins with.
+
+    OpenCLIP's parser allows abbreviations, so a prefix of any of its flags selects that flag: a
+    mistyped ``--los decl`` would set ``--loss-dist-impl`` and train the default loss. A word is
+    checked as argparse would read it: an option up to its ``=``; a word with a space is a value.
+
+    Raises:
+        FlagError: naming the word and every flag it could mean.
+    """
+    known = set()
+    for parser in parsers:
+        known.update(parser._option_string_actions)  # argparse keeps no public list of its option strings
+    for word in argv:
+        if word == "--":  # what follows is positional
+            break
+        name = word.split("=", 1)[0]
+        if not name.startswith("--") or name == "--" or " " in name or name in known:
+            continue
+        candidates = sorted(flag for flag in known if flag.startswith(name))
+        if candidates:
+            raise FlagError(f"{name} is not a flag (flags are spelled out in full); it could mean "
+                            f"{', '.join(candidates)}")
+
+
 def parse_train_args(argv: List[str], check_files: bool = True, prog: str = PROG) -> Optional[TrainConfig]:
     """Parse and validate a training command line; ``None`` when ``--help`` was printed.
 
@@ -390,6 +416,9 @@ def parse_train_args(argv: List[str], check_files: bool = True, prog: str = PROG
         SystemExit: OpenCLIP's or our argparse rejected a flag (argparse prints the message).
     """
     parser = build_parser(prog)
+    from .upstream import openclip_parser
+
+    check_spelled_out(argv, [parser, openclip_parser()])
     with program_named(prog):
         ours, rest = parser.parse_known_args(argv)
     if "-h" in rest or "--help" in rest:
