@@ -360,9 +360,9 @@ def test_flags_resolve_and_pass_openclip_flags_through(tmp_path):
     # --model must reach OpenCLIP whole (with abbreviations it would be taken for --model-config).
     cfg = parse_train_args(["--model", "clip-dcl-tiny", "--train-data", pattern, "--loss", "decl",
                             "--accum-freq", "2", "--seed", "7", "--decl-schedule", "harmonic", "--decl-lambda", "5",
-                            "--no-decl-sample-u", "--precision", "fp32"])  # a named precision: no CPU default added
+                            "--no-decl-sample-u", "--precision", "fp32", "--batch-size", "16"])  # a named precision: no CPU default added
     assert cfg.openclip_argv == ["--model", "clip-dcl-tiny", "--train-data", pattern, "--accum-freq", "2", "--seed", "7",
-                                 "--precision", "fp32"]
+                                 "--precision", "fp32", "--batch-size", "16"]
     assert cfg.num_samples == 64  # sum of sizes.json
     assert cfg.loss_kwargs == {"schedule": "harmonic", "lam": 5.0, "sample_u": False, "accum_freq": 2, "seed": 7}
     assert cfg.loss_args["num_samples"] == 64  # resolved by the loss from the data
@@ -371,7 +371,8 @@ def test_flags_resolve_and_pass_openclip_flags_through(tmp_path):
 
     custom = tmp_path / "my-model.json"
     custom.write_text(tiny_config_path().read_text())
-    cfg = parse_train_args(["--model-config", str(custom), "--train-data", pattern, "--precision", "fp32"])
+    cfg = parse_train_args(["--model-config", str(custom), "--train-data", pattern, "--precision", "fp32",
+                            "--batch-size", "16"])
     assert cfg.openclip_argv[-2:] == ["--model", "my-model"] and cfg.loss == "clip"
     import open_clip
 

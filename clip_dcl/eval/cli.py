@@ -107,7 +107,7 @@ def _load_model(args):
     """(model, preprocess, tokenizer, model description) from the common flags."""
     import open_clip
 
-    from ..models import register_builtin_configs, register_model_config
+    from ..models import model_name_problem, register_builtin_configs, register_model_config
 
     if args.checkpoint:
         from ..checkpoint import load_checkpoint
@@ -122,6 +122,9 @@ def _load_model(args):
     name = register_model_config(args.model_config) if args.model_config else args.model
     if args.model_config and args.model != name:
         raise ValueError(f"--model {args.model!r} differs from the config file's name {name!r}")
+    problem = model_name_problem(name)
+    if problem:
+        raise ValueError(f"--model {problem}")
     if not args.pretrained:
         log.warning("no --checkpoint or --pretrained: evaluating randomly initialised %s", name)
     model, _, preprocess = open_clip.create_model_and_transforms(name, pretrained=args.pretrained, device=args.device)

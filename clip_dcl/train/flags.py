@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import io
 import math
 import re
 import sys
@@ -26,7 +27,7 @@ from typing import TYPE_CHECKING, Dict, List, Optional
 
 from ..errors import FlagError  # noqa: F401  (raised here, and imported from here by callers)
 from .flag_checks import (check_data_paths, check_global_batch, check_optimizer_values,  # noqa: F401 (re-exported)
-                          check_output_paths, check_packed_flags)
+                          check_output_paths, check_packed_flags, check_worker_batches, shard_folders_as_patterns)
 
 if TYPE_CHECKING:
     from clip_dcl.losses.base import DataFacts
@@ -427,7 +428,7 @@ def parse_train_args(argv: List[str], check_files: bool = True, prog: str = PROG
 
     from open_clip_train.params import parse_args as openclip_parse_args
 
-    from clip_dcl.models import register_builtin_configs, register_model_config
+    from clip_dcl.models import model_name_problem, register_builtin_configs, register_model_config
     from .precision import _is_first_rank, settle_machine_flags
 
     register_builtin_configs()
@@ -438,9 +439,16 @@ def parse_train_args(argv: List[str], check_files: bool = True, prog: str = PROG
             raise FlagError(f"--model-config: {e}") from None
         if not _given_model(rest):
             rest = rest + ["--model", name]
+    folders = []
+    if check_files:  # a folder of shards is read as the pattern of its .tar files
+        rest, folders = shard_folders_as_patterns(rest)
+    machine_notes = io.StringIO()  # printed once every check has passed, so that a refused run prints one line
     with program_named(prog):
-        rest = settle_machine_flags(rest, this_machine=check_files)  # --report-to's loggers; fp32 on a CPU
+        rest = settle_machine_flags(rest, this_machine=check_files, log=machine_notes)  # loggers; fp32 on a CPU
         oc_args = openclip_parse_args(list(rest))
+    problem = model_name_problem(oc_args.model) if check_files or not oc_args.model.startswith("local-dir:") else None
+    if problem:
+        raise FlagError(f"--model {problem}")
     check_optimizer_values(oc_args)
     if check_files:
         check_data_paths(oc_args)
@@ -496,6 +504,7 @@ def parse_train_args(argv: List[str], check_files: bool = True, prog: str = PROG
     _require_data(oc_args)
     if check_files and data.training:  # the ranks are this machine's launcher's
         check_global_batch(oc_args)
+        check_worker_batches(oc_args)
     num_samples = id_block = None
     per_sample = probe is not None and getattr(probe, "requires_sample_ids", False)
     if per_sample and data.training:
@@ -512,8 +521,12 @@ def parse_train_args(argv: List[str], check_files: bool = True, prog: str = PROG
                                                            if loss == "decl" else ""))
         if ours.loss_reset:
             raise FlagError("--decl-grow-state keeps the saved rates and --loss-reset drops them: give one of them")
-    if notice and check_files and _is_first_rank():  # once every check has passed: a refused run prints one line
-        print(f"clip-dcl train: {notice}", file=sys.stderr)
+    sys.stderr.write(machine_notes.getvalue())
+    if check_files and _is_first_rank():  # once every check has passed: a refused run prints one line
+        for flag, folder, pattern in folders:
+            print(f"clip-dcl train: {flag} {folder} is a folder: reading its shards {pattern}", file=sys.stderr)
+        if notice:
+            print(f"clip-dcl train: {notice}", file=sys.stderr)
     return TrainConfig(loss, kwargs, full_args, list(rest), ours.model_config, num_samples,
                        data, no_grad_gather=ours.no_grad_gather, captions_per_image=ours.captions_per_image,
                        loss_reset=ours.loss_reset, grow_state=ours.decl_grow_state, id_block=id_block,
