@@ -25,11 +25,11 @@ confidence = 0.9
 resolution = 0.01
 {extra}
 [data]
-train = "/nowhere/train/{{0..1}}.tar"
+train = "shards/train/{{0..1}}.tar"
 train_samples = 64
-validation = "/nowhere/val/0.tar"
+validation = "shards/val/0.tar"
 validation_samples = 8
-test = "/nowhere/test/0.tar"
+test = "shards/test/0.tar"
 test_samples = 8
 
 [train]
@@ -55,9 +55,14 @@ HARDWARE = "cpu X / no GPU / torch 2"
 
 
 def write_plan(tmp_path, extra="", seeds=None):
+    """The plan in ``tmp_path``, with the (empty) shard files its [data] names beside it: a run must find
+    its data, and no stand-in line reads it."""
     text = PLAN.format(extra=extra)
     if seeds is not None:
         text = text.replace("seeds = [0, 1]", f"seeds = {seeds}")
+    for name in ("train/0.tar", "train/1.tar", "val/0.tar", "test/0.tar"):
+        (tmp_path / "shards" / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / "shards" / name).touch()
     path = tmp_path / "plan.toml"
     path.write_text(text)
     return path
@@ -419,3 +424,67 @@ def test_a_study_split_across_machines_by_seed_runs_each_share_and_skips_runs_co
     assert "--seeds '3': not among the plan's seeds (0..2)" in capsys.readouterr().err and not fresh.exists()
     assert cli.main(["commands", str(path), "--work", str(fresh), "--seeds", "1-"]) == 2
     assert not fresh.exists()
+
+
+# -- paths and the seal of a study that never trained ----------------------------------------------------------
+def test_data_paths_are_read_from_the_plan_files_folder_wherever_the_study_runs(tmp_path, monkeypatch):
+    plans = tmp_path / "plans"
+    plans.mkdir()
+    path = write_plan(plans)
+    # a folder of shards is taken as the pattern of its .tar files, and counted from its sizes.json
+    text = path.read_text().replace('train = "shards/train/{0..1}.tar"\ntrain_samples = 64', 'train = "shards/train"')
+    (plans / "shards" / "train" / "sizes.json").write_text(json.dumps({"0.tar": 30, "1.tar": 34}))
+    path.write_text(text)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    plan = load_plan(Path("..") / "plans" / "plan.toml")  # a relative plan path, read from another folder
+    splits = W.prepare_data(plan, tmp_path / "work")
+    assert splits["train"] == str(plans.resolve() / "shards" / "train" / "{0..1}.tar")
+    assert splits["train_samples"] == 64
+    assert splits["test"] == str(plans.resolve() / "shards" / "test" / "0.tar") and splits["test_samples"] == 8
+
+
+def test_check_names_a_missing_shard_and_a_split_it_cannot_count(tmp_path, capsys):
+    path = write_plan(tmp_path)
+    assert cli.main(["check", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert f"data: train {tmp_path}/shards/train/{{0..1}}.tar (64 samples);" in out
+    (tmp_path / "shards" / "test" / "0.tar").unlink()
+    assert cli.main(["check", str(path)]) == 2
+    assert capsys.readouterr().err.strip() == (
+        f"clip-dcl study: {path}: [data] test: {tmp_path}/shards/test/0.tar does not exist (a relative path is read "
+        "from the plan file's folder)")
+    (tmp_path / "shards" / "test" / "0.tar").touch()
+    path.write_text(path.read_text().replace("test_samples = 8\n", ""))  # no count, no sizes.json
+    assert cli.main(["check", str(path)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"clip-dcl study: cannot count the samples of {tmp_path}/shards/test/0.tar") and \
+        err.endswith("give [data] test_samples")
+
+
+def test_a_run_that_fails_before_any_training_leaves_the_work_folder_unsealed(tmp_path, capsys, monkeypatch):
+    path = write_plan(tmp_path)
+    work = tmp_path / "work"
+    (tmp_path / "shards" / "val" / "0.tar").unlink()
+    assert cli.main(["run", str(path), "--work", str(work)]) == 2  # its data cannot be read
+    assert "[data] validation:" in capsys.readouterr().err
+    assert not (work / "SEAL.json").exists()
+    (tmp_path / "shards" / "val" / "0.tar").touch()
+    # every run fails before a training step: still unsealed, and the corrected plan is taken
+    monkeypatch.setattr(L, "shell_line", stand_in_line(work, tmp_path / "ran.txt",
+                                                      fail={(a, s) for a in ("clip", "decl") for s in (0, 1)}))
+    assert cli.main(["run", str(path), "--work", str(work)]) == 1
+    assert "is left unsealed" in capsys.readouterr().out
+    assert not (work / "SEAL.json").exists()
+    path.write_text(path.read_text().replace("epochs = 1", "epochs = 2"))
+    # one run trained (it left a checkpoint): the folder stays sealed, and a changed plan is refused
+    def one_checkpoint(plan, work_, splits, arm, seed, threads):
+        folder = W.run_dir(work, arm, seed) / "checkpoints"
+        return f"mkdir -p {shlex.quote(str(folder))} && touch {shlex.quote(str(folder / 'epoch_1.pt'))}; exit 1"
+    monkeypatch.setattr(L, "shell_line", one_checkpoint)
+    assert cli.main(["run", str(path), "--work", str(work)]) == 1
+    assert (work / "SEAL.json").exists()
+    path.write_text(path.read_text().replace("epochs = 2", "epochs = 3"))
+    assert cli.main(["run", str(path), "--work", str(work)]) == 2
+    assert "train.epochs: 2 -> 3" in capsys.readouterr().err

@@ -59,8 +59,22 @@ def spread_of(plan: Plan, c) -> tuple:
 
 
 def check(plan: Plan, echo=print) -> int:
-    """``study check``: what the plan runs, and whether its seeds suffice for its power."""
+    """``study check``: what the plan runs, that its data can be read, and whether its seeds suffice for its
+    power. Data that a [data] command makes are checked when they are made (``commands`` or ``run``).
+
+    Raises:
+        StudyError: a shard or zero-shot folder of [data] does not exist, or a split's samples cannot be counted.
+    """
+    from .work import check_splits, plan_splits
+
+    splits = None if "command" in plan.data else check_splits(plan_splits(plan), plan.source)
     echo(f"{plan.source}: valid; recipe {plan.recipe}; metric {plan.metric}; design: {plan.design_text()}")
+    if splits is None:
+        echo("  data: made by its [data] command at the first `commands` or `run` (checked then)")
+    else:
+        echo("  data: " + "; ".join(f"{key} {splits[key]} ({splits[key + '_samples']} samples)"
+                                    for key in ("train", "validation", "test"))
+             + "".join(f"; {key} {splits[key]}" for key in ("validation_zeroshot", "test_zeroshot") if splits[key]))
     for arm in plan.arms:
         extra = "".join(f" {k}={v}" for k, v in arm.overrides)
         echo(f"  arm {arm.name}: {' '.join(arm.flags) or '(no flags)'}{extra}")
@@ -168,14 +182,15 @@ def main(argv: Optional[List[str]] = None) -> int:
 
 def _commands(plan: Plan, args) -> int:
     from .lines import all_lines
-    from .work import prepare_data, seal
+    from .work import check_seal, prepare_data, seal
 
     if args.look is not None and args.look > len(plan.design()):
         raise PlanError(f"--look {args.look}: the plan has {len(plan.design())} look(s)")
     only = plan.pick_seeds(args.seeds) if args.seeds else None
     work = Path(args.work).resolve()
-    seal(plan, work)
+    check_seal(plan, work)
     splits = prepare_data(plan, work, echo=lambda s: print(s, file=sys.stderr))
+    seal(plan, work)  # once the data are there (see seal)
     threads = args.threads or plan.threads or 1
     for _, _, line in all_lines(plan, work, splits, threads, args.look, only):
         if args.python:
