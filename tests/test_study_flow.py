@@ -142,7 +142,7 @@ def test_an_unfinished_study_prints_no_test_split_verdict_and_reads_no_test_scor
     assert cli.main(["report", str(plan), "--work", str(work)]) == 0
     out = capsys.readouterr().out
     assert out.startswith("incomplete: 3 of 4 runs") and "test split" not in out and "->" not in out
-    assert "validation split (for choices, no verdict): decl beats clip: +1.00 over 1 seed(s)" in out
+    assert "validation split (for choices, no verdict): decl beats clip: +1.00 points over 1 seed(s)" in out
     assert read and "test" not in read
     doc = json.loads((work / "STUDY.json").read_text())
     assert doc["status"] == "incomplete: 3 of 4 runs" and not any("test" in r for r in doc["runs"])
@@ -154,7 +154,10 @@ def test_an_unfinished_study_prints_no_test_split_verdict_and_reads_no_test_scor
     read.clear()
     assert cli.main(["report", str(plan), "--work", str(work)]) == 0
     out = capsys.readouterr().out
-    assert out.startswith("complete") and "decl beats clip (test split, 2 seeds, look 1): +5.00 [" in out
+    assert out.startswith("complete")
+    # one look: none named; the numbers in points, the verdict with its reason in words
+    assert "  decl beats clip (test split, 2 seeds): mean +5.00 points, 90 % interval [+5.00, +5.00] -> beats: the " \
+        "whole interval lies above zero and its mean (+5.00) is past the resolution of ±1 point\n" in out
     assert "test" in read
     doc = json.loads((work / "STUDY.json").read_text())
     final = doc["comparisons"][0]["final"]

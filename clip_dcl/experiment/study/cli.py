@@ -200,7 +200,7 @@ def _commands(plan: Plan, args) -> int:
 
 
 def _report(plan: Plan, args) -> int:
-    from .report import write_report
+    from .report import verdict_line, write_report
 
     command = " ".join(["clip-dcl", "study", "report", *map(shlex.quote, [args.plan, "--work", args.work])])
     if not args.name or "/" in args.name or args.name.startswith("."):
@@ -210,15 +210,10 @@ def _report(plan: Plan, args) -> int:
     doc = got["doc"]
     print(doc["status"])
     for c in doc["comparisons"]:
-        r = c["final"]
-        if r is not None:
-            print(f"  {c['label']} ({r['split']} split, {r['n']} seeds, look {r['look']}): {100 * r['mean']:+.2f} "
-                  f"[{100 * r['lo']:+.2f}, {100 * r['hi']:+.2f}] -> {r['verdict']}")
-        else:
-            print(f"  {c['label']}: no verdict yet")
+        print(f"  {verdict_line(c, doc)}" if c["final"] is not None else f"  {c['label']}: no verdict yet")
     if not any(c["looks"] for c in doc["comparisons"]):
         for v in doc["validation"]:
-            mean = "-" if not v["n"] else f"{100 * v['mean']:+.2f}"
+            mean = "-" if not v["n"] else f"{100 * v['mean']:+.2f} points"
             print(f"  validation split (for choices, no verdict): {v['label']}: {mean} over {v['n']} seed(s)")
     print(f"wrote {got['markdown']}, {got['json'].name}, {got['png'].name}")
     return 0

@@ -72,7 +72,7 @@ def run_study(plan: Plan, work: Path, parallel: int = 1, threads: Optional[int] 
                 out["finished"].append(job)
                 val = W.read_scores(work, arm, seed, "validation") or {}
                 echo(f"{where}: done in {seconds:.0f} s (validation {plan.metric} "
-                     f"{100 * val.get(plan.metric, float('nan')):.2f})")
+                     f"{100 * val.get(plan.metric, float('nan')):.2f} points)")
             else:
                 out["failed"].append(job)
                 echo(f"{where}: FAILED (exit {code}) after {seconds:.0f} s; log {log}; a later `study run` reruns it")
