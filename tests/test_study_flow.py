@@ -491,3 +491,37 @@ def test_a_run_that_fails_before_any_training_leaves_the_work_folder_unsealed(tm
     path.write_text(path.read_text().replace("epochs = 2", "epochs = 3"))
     assert cli.main(["run", str(path), "--work", str(work)]) == 2
     assert "train.epochs: 2 -> 3" in capsys.readouterr().err
+
+
+def test_the_report_opens_with_its_words_and_draws_every_comparison_on_one_axis(tmp_path, monkeypatch):
+    from clip_dcl.experiment.study import report as R
+
+    path = write_plan(tmp_path)
+    path.write_text(path.read_text() + '\n[[comparisons]]\na = "decl"\nb = "clip"\nrule = "reaches"\nmargin = 0.02\n')
+    plan = load_plan(path)
+    work = tmp_path / "work"
+    W.seal(plan, work)  # tmp_path is no git checkout: the plan was not committed
+    for arm in ("clip", "decl"):
+        for seed in (0, 1):
+            finish(work, arm, seed)
+    figures = []
+    real = R.save_figure
+    monkeypatch.setattr(R, "save_figure", lambda fig, p, title="": figures.append(fig) or real(fig, p, title))
+    md = R.write_report(plan, work)["markdown"].read_text()
+    # the glossary first, before any number
+    glossary = md.index("## How to read it")
+    assert glossary < md.index("## The plan and its runs") < md.index("## Verdicts")
+    for word in ("**points**", "**interval**", "**resolution**", "**margin**", "**look**"):
+        assert md.index(word) > glossary
+    # the plan's commit: git holds no such file, so no commit or date is the plan's, and nothing came "before"
+    assert "the plan was not committed to git" in md and "before its first run" not in md
+    # each verdict with its reason
+    assert "- decl reaches clip: **reaches**: the interval's low end (+5.00) is above the bar of -2.00 points" in md
+    # one forest plot: one axis for both comparisons, zero drawn, the reach's margin at -2 points, seeds as dots
+    (fig,) = figures
+    (ax,) = fig.axes
+    assert [t.get_text().split("\n")[0] for t in ax.get_yticklabels()] == ["decl reaches clip", "decl beats clip"]
+    xs = {round(float(line.get_xdata()[0]), 6) for line in ax.get_lines() if len(set(line.get_xdata())) == 1}
+    assert {0.0, -2.0} <= xs
+    dots = [c for c in ax.collections if c.get_label() == "one seed"]
+    assert len(dots) == 1 and dots[0].get_offsets().shape == (2, 2)
