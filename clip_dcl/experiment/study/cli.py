@@ -106,7 +106,7 @@ def check(plan: Plan, echo=print) -> int:
         enough = need is not None and need <= n
         short += not enough
         echo(f"  {head}: paired sd {100 * sd:.2f} points ({where}), true difference assumed "
-             f"{100 * expected:+.2f}" + (f", margin {100 * c.margin:.2f}" if c.margin else "")
+             f"{100 * expected:+.2f} points" + (f", margin {100 * c.margin:.2f} points" if c.margin else "")
              + f": needs {need if need else 'more than 1000'} seeds for power {plan.power:g} at "
              f"{100 * plan.confidence:.0f} % (one look); its {n} give power {have:.2f}"
              + ("" if enough else " -- TOO FEW SEEDS"))
