@@ -4,7 +4,7 @@
   comparison's own, or an earlier study's ``STUDY.json`` named by ``spread_from``), the seeds each comparison
   needs for the plan's power at its confidence, one look. Exit 1 when a comparison has fewer seeds than it
   needs (the plan says so before any run), 0 otherwise.
-* ``commands PLAN --work DIR``: seal the plan in DIR, make the data, print one shell line per run on stdout
+* ``commands PLAN --work DIR``: make and check the data, seal the plan in DIR, print one shell line per run on stdout
   (``> lines.sh``; a Slurm array runs line ``$SLURM_ARRAY_TASK_ID`` with ``sed -n``).
 * ``run PLAN --work DIR --parallel N``: the same lines on this machine, N at once; finished runs skipped.
   ``--seeds`` (both): this machine's share of a study split across machines by whole seeds; copy each
@@ -12,7 +12,7 @@
   machine only.
 * ``report PLAN --work DIR``: write ``STUDY.md/.json/.png`` (verdicts only once every run of a look has its
   scores) and print the status and one line per comparison.
-* ``score RUN_DIR ...``: a run's last step (:mod:`.score`).
+* ``score RUN_DIR ...``: a run's last step, which scores both splits into its folder (:mod:`.score`).
 
 A plan changed after DIR was sealed is refused by ``commands``, ``run`` and ``report`` with one line naming
 the change. Exit 2 on a bad plan or a refused call.
@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import shlex
 import sys
 from pathlib import Path
@@ -115,15 +116,23 @@ def check(plan: Plan, echo=print) -> int:
     return 1 if short else 0
 
 
+def plain_text(text: str) -> str:
+    """``text`` without its reStructuredText markup (the module's docstring serves as ``--help``): ``a`` and
+    :role:`a` become a (a leading dot of a relative name dropped)."""
+    text = re.sub(r":[a-z]+:`~?\.?([^`]+)`", r"\1", text)
+    return text.replace("``", "")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="clip-dcl study", allow_abbrev=False, description=__doc__.split("\n\n")[0],
+    doc = plain_text(__doc__)
+    p = argparse.ArgumentParser(prog="clip-dcl study", allow_abbrev=False, description=doc.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter,
-                                epilog="\n\n".join(__doc__.split("\n\n")[1:]))
+                                epilog="\n\n".join(doc.split("\n\n")[1:]))
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
     c = sub.add_parser("check", allow_abbrev=False, help="validate a plan; its runs and the seeds it needs")
     c.add_argument("plan", metavar="PLAN")
-    for name, text in (("commands", "seal the plan, make the data, print one shell line per run"),
+    for name, text in (("commands", "make the data, seal the plan, print one shell line per run"),
                        ("run", "run the plan's runs on this machine"),
                        ("report", "write STUDY.md/.json/.png from the finished runs")):
         s = sub.add_parser(name, allow_abbrev=False, help=text)
