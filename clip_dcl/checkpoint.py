@@ -231,7 +231,8 @@ def load_checkpoint(path: str | os.PathLike, device: str = "cpu", model: str | N
         recorded = exported_model_name(path, model)
         name = f"local-dir:{path}"
         net, _, preprocess = open_clip.create_model_and_transforms(name, device=device)
-        net.clip_dcl_model_name = recorded or name  # what the evaluations record as the model scored
+        # what the evaluations record: the name OpenCLIP loads it by, and the model its config was exported from
+        net.clip_dcl_model_name, net.clip_dcl_exported_model = name, recorded
         return net.eval(), preprocess, open_clip.get_tokenizer(name)
     if not path.is_file():
         raise ValueError(f"checkpoint {str(path)!r} does not exist")

@@ -170,4 +170,5 @@ def test_model_against_an_exported_folder_of_another_model_is_refused(tmp_path, 
     for extra in ([], ["--model", "clip-dcl-tiny"]):
         out = tmp_path / "z.json"
         assert eval_main([*common, *extra, "--output", str(out)]) == 0
-        assert json.loads(out.read_text())["model"]["name"] == "clip-dcl-tiny"  # the model scored
+        model = json.loads(out.read_text())["model"]  # the model scored: never --model as given
+        assert model["name"] == f"local-dir:{exported_tiny}" and model["exported_model"] == "clip-dcl-tiny"

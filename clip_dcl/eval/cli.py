@@ -114,8 +114,11 @@ def _load_model(args):
 
         model, preprocess, tokenizer = load_checkpoint(args.checkpoint, args.device, args.model, args.model_config,
                                                        allow_unsafe_pickle=args.unsafe_pickle)
-        name = getattr(model, "clip_dcl_model_name", args.model or f"local-dir:{args.checkpoint}")
-        return model, preprocess, tokenizer, {"name": name, "checkpoint": str(args.checkpoint)}
+        # the model scored, never --model as given (an exported folder loads what its config says)
+        info = {"name": model.clip_dcl_model_name, "checkpoint": str(args.checkpoint)}
+        if getattr(model, "clip_dcl_exported_model", None):
+            info["exported_model"] = model.clip_dcl_exported_model
+        return model, preprocess, tokenizer, info
     if not args.model:
         raise ValueError("give --checkpoint, or --model (with --pretrained for weights)")
     register_builtin_configs()
