@@ -1,5 +1,7 @@
 """A study's report, ``STUDY.md``, ``STUDY.json`` and ``STUDY.png``: per comparison the paired differences per
-seed, their interval and the verdict by the plan's rule.
+seed, their interval and the verdict by the plan's rule, with its reason in words. The Markdown opens with
+what its words mean (:data:`GLOSSARY`), every number is in points, and the figure is one forest plot of
+every comparison on a shared axis.
 
 Verdicts come only from a complete look (every planned run of its seeds has its scores: for a one-look
 plan, every run), and the test split is read only then. Before, the report says "incomplete: k of n runs"
