@@ -360,7 +360,8 @@ def test_flags_resolve_and_pass_openclip_flags_through(tmp_path):
     # --model must reach OpenCLIP whole (with abbreviations it would be taken for --model-config).
     cfg = parse_train_args(["--model", "clip-dcl-tiny", "--train-data", pattern, "--loss", "decl",
                             "--accum-freq", "2", "--seed", "7", "--decl-schedule", "harmonic", "--decl-lambda", "5",
-                            "--no-decl-sample-u", "--precision", "fp32", "--batch-size", "16"])  # a named precision: no CPU default added
+                            "--no-decl-sample-u", "--precision", "fp32",  # a named precision: no CPU default added
+                            "--batch-size", "16"])
     assert cfg.openclip_argv == ["--model", "clip-dcl-tiny", "--train-data", pattern, "--accum-freq", "2", "--seed", "7",
                                  "--precision", "fp32", "--batch-size", "16"]
     assert cfg.num_samples == 64  # sum of sizes.json

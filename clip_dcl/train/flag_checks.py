@@ -130,9 +130,10 @@ def check_worker_batches(oc_args) -> None:
     readers = per_rank * world
     ranks = f" x {world} ranks" if world > 1 else ""
     if len(urls) < readers:
+        fewer = max(1, len(urls) // world)
         raise FlagError(f"--train-data has {len(urls)} shard(s) for --workers {oc_args.workers}{ranks}: each worker "
-                        f"reads shards of its own, so {readers} are needed; give --workers {max(1, len(urls) // world)} "
-                        "or fewer, more shards, or --dataset-resampled")
+                        f"reads shards of its own, so {readers} are needed; give --workers {fewer} or fewer, more "
+                        "shards, or --dataset-resampled")
     sizes = _shard_sizes(urls)
     if sizes is None:
         return

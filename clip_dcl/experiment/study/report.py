@@ -270,7 +270,8 @@ def provenance(doc: dict) -> str:
                 f"{commit}")
     # A seal's date is a local file's word, and its commit is the code's: neither vouches for the plan.
     return (f"the plan was not committed to git, so no date of record shows it fixed before its runs; its work "
-            f"folder was sealed {sealed} (clip-dcl at commit {commit or '-'})" + (f", first run {first}" if first else ""))
+            f"folder was sealed {sealed} (clip-dcl at commit {commit or '-'})"
+            + (f", first run {first}" if first else ""))
 
 
 def markdown(doc: dict, plan: Plan, figure_name: str = "STUDY.png") -> List[str]:
