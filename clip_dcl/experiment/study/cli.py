@@ -21,12 +21,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 import shlex
 import sys
 from pathlib import Path
 from typing import List, Optional
 
+from ..arguments import plain_text
 from ..stats import t_interval
 from .plan import Plan, PlanError, load_plan
 from .rule import power, seeds_needed
@@ -114,13 +114,6 @@ def check(plan: Plan, echo=print) -> int:
     if short:
         echo(f"too few seeds: {short} comparison(s) below power {plan.power:g}")
     return 1 if short else 0
-
-
-def plain_text(text: str) -> str:
-    """``text`` without its reStructuredText markup (the module's docstring serves as ``--help``): ``a`` and
-    :role:`a` become a (a leading dot of a relative name dropped)."""
-    text = re.sub(r":[a-z]+:`~?\.?([^`]+)`", r"\1", text)
-    return text.replace("``", "")
 
 
 def build_parser() -> argparse.ArgumentParser:

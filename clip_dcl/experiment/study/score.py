@@ -68,7 +68,7 @@ def score_run(folder, checkpoint, *, validation: str, test: str, validation_zero
 
 
 def main(argv: List[str]) -> int:
-    from .cli import plain_text
+    from ..arguments import plain_text
 
     p = argparse.ArgumentParser(prog="clip-dcl study score", allow_abbrev=False,
                                 description=plain_text(__doc__.split("\n\n")[0]))
