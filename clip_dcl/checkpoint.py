@@ -228,8 +228,11 @@ def load_checkpoint(path: str | os.PathLike, device: str = "cpu", model: str | N
         from .models import register_builtin_configs
 
         register_builtin_configs()
+        recorded = exported_model_name(path, model)
         name = f"local-dir:{path}"
         net, _, preprocess = open_clip.create_model_and_transforms(name, device=device)
+        # what the evaluations record: the name OpenCLIP loads it by, and the model its config was exported from
+        net.clip_dcl_model_name, net.clip_dcl_exported_model = name, recorded
         return net.eval(), preprocess, open_clip.get_tokenizer(name)
     if not path.is_file():
         raise ValueError(f"checkpoint {str(path)!r} does not exist")
@@ -237,6 +240,11 @@ def load_checkpoint(path: str | os.PathLike, device: str = "cpu", model: str | N
     if not isinstance(ckpt, dict):
         raise ValueError(f"checkpoint {str(path)!r} holds a {type(ckpt).__name__}, not a dict")
     name = resolve_model(path, ckpt, model, model_config)
+    from .models import model_name_problem
+
+    problem = model_name_problem(name)
+    if problem:
+        raise ValueError(f"--model {problem}" if model else f"checkpoint {str(path)!r} names the model {problem}")
     state_dict = ckpt.get("state_dict", ckpt)
     state_dict = saving.model_keys_for({k: v for k, v in state_dict.items()
                                         if k not in (saving.CKPT_KEY, saving.LOSS_STATE_KEY)}, wrapped=False)
@@ -251,6 +259,31 @@ def load_checkpoint(path: str | os.PathLike, device: str = "cpu", model: str | N
     # Remember the name: export() writes the config registered under it.
     net.clip_dcl_model_name = name
     return net, preprocess, open_clip.get_tokenizer(name)
+
+
+def exported_model_name(folder: Path, model: str | None = None) -> str | None:
+    """The model name an exported folder records (``clip_dcl.model`` in its config; None for a folder
+    that OpenCLIP wrote), checked against ``model`` (the ``--model`` given with it).
+
+    The folder's config decides the architecture, so a ``model`` that names another one is refused
+    rather than ignored (and recorded as the model scored): accepted when it is the recorded name, or,
+    for a folder that records none, a registered model with the same config.
+
+    Raises:
+        ValueError: ``model`` names another model than the folder holds.
+    """
+    import open_clip
+
+    doc = json.loads((folder / CONFIG_NAME).read_text())
+    entry = doc.get(saving.CKPT_KEY) if isinstance(doc.get(saving.CKPT_KEY), dict) else {}
+    recorded = entry.get("model")
+    if model is None or model == recorded:
+        return recorded
+    if recorded is None and open_clip.get_model_config(model) == doc.get("model_cfg", doc):
+        return model
+    held = f"a {recorded}" if recorded else "a model of another config"
+    raise ValueError(f"--model {model}: the exported folder {str(folder)!r} holds {held} (its {CONFIG_NAME}), "
+                     f"which is what it loads: drop --model" + (f" or give --model {recorded}" if recorded else ""))
 
 
 def _plain_file_mode(path: Path) -> None:

@@ -125,3 +125,30 @@ def register_on_open_clip_import() -> None:
         register_builtin_configs()
     elif not any(isinstance(f, _OnOpenClipImport) for f in sys.meta_path):
         sys.meta_path.insert(0, _OnOpenClipImport())
+
+
+def model_name_problem(name: str) -> str | None:
+    """Why OpenCLIP's ``create_model`` would not find the model ``name`` (None: it would).
+
+    OpenCLIP finds a plain name among its registered configs (``/`` read as ``-``) and raises its
+    own error after printing every name it knows; this says it in one line with the closest names
+    (``difflib``) before anything is built. A ``local-dir:`` folder must hold its config; an
+    ``hf-hub:`` name is left to OpenCLIP (it needs the network). Register custom configs first.
+    """
+    import difflib
+
+    import open_clip
+
+    if name.startswith("hf-hub:"):
+        return None
+    if name.startswith("local-dir:"):
+        folder = Path(name[len("local-dir:"):])
+        if not (folder / "open_clip_config.json").is_file():
+            return f"{name!r}: the folder {str(folder)!r} holds no open_clip_config.json"
+        return None
+    known = open_clip.list_models()
+    if name.replace("/", "-") in known:
+        return None
+    close = difflib.get_close_matches(name, known, n=3, cutoff=0.6)
+    hint = f"the closest are {', '.join(close)}" if close else "open_clip.list_models() lists them"
+    return f"{name!r} is not a model OpenCLIP knows ({hint})"

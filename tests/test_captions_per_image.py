@@ -134,11 +134,12 @@ def test_flags_reach_the_loss_and_captions_per_image_the_config(tmp_path):
     from clip_dcl.train.flags import parse_train_args
 
     pattern = write_caption_shards(tmp_path / "shards")
+    small = ["--workers", "1", "--batch-size", "8"]  # what the 2 shards of 16 can fill
     cfg = parse_train_args(["--train-data", pattern, "--loss", "dcl", "--tau-plus", "auto", "--hcl-beta", "0.5",
-                            "--captions-per-image", "3", "--dcl-temperature", "0.1"])
+                            "--captions-per-image", "3", "--dcl-temperature", "0.1", *small])
     assert cfg.captions_per_image == 3
     assert cfg.loss_kwargs == {"tau_plus": "auto", "beta": 0.5, "temperature": 0.1}
-    cfg = parse_train_args(["--train-data", pattern, "--loss", "curl", "--curl-link", "hinge"])
+    cfg = parse_train_args(["--train-data", pattern, "--loss", "curl", "--curl-link", "hinge", *small])
     assert cfg.loss_kwargs == {"link": "hinge"} and cfg.captions_per_image == 1  # curl with M = 1 is allowed
 
 
@@ -156,7 +157,8 @@ def test_a_loss_registered_by_a_script_gets_its_flags_without_editing_flags_py(t
         register_loss("tempered")(Tempered)
         assert "--tempered-scale" in build_parser().format_help()
         pattern = write_caption_shards(tmp_path / "shards")
-        cfg = parse_train_args(["--train-data", pattern, "--loss", "tempered", "--tempered-scale", "0.5"])
+        cfg = parse_train_args(["--train-data", pattern, "--loss", "tempered", "--tempered-scale", "0.5",
+                                "--workers", "1", "--batch-size", "8"])
         assert cfg.loss == "tempered" and cfg.loss_kwargs == {"temperature": 0.5}
     finally:
         LOSSES.clear()

@@ -236,6 +236,13 @@ def test_a_checkpoint_that_would_run_code_is_refused_and_runs_nothing(tmp_path, 
     assert marker.exists()
 
 
+def _val_shards(tmp_path) -> str:
+    """Retrieval shards that exist (the data is checked before the checkpoint is read)."""
+    from test_train import dense_keys, write_shards
+
+    return write_shards(tmp_path / "val", dense_keys(num_shards=1, per_shard=2))
+
+
 def test_truncated_checkpoint_is_a_one_line_error_naming_the_file(tmp_path, capsys):
     from clip_dcl.eval.cli import main as eval_main
 
@@ -248,7 +255,7 @@ def test_truncated_checkpoint_is_a_one_line_error_naming_the_file(tmp_path, caps
     assert export_main([str(path), str(tmp_path / "out")]) == 2
     out = capsys.readouterr().err
     assert str(path) in out and "Traceback" not in out and len(out.strip().splitlines()) == 1
-    assert eval_main(["retrieval", "--checkpoint", str(path), "--data", str(tmp_path), "--device", "cpu"]) == 2
+    assert eval_main(["retrieval", "--checkpoint", str(path), "--data", _val_shards(tmp_path), "--device", "cpu"]) == 2
     assert "cannot be read" in capsys.readouterr().err
 
 
@@ -400,7 +407,7 @@ def test_a_checkpoint_loaded_as_another_model_names_the_model_it_was_trained_as(
     with pytest.raises(ValueError, match=r"was trained as model 'clip-dcl-tiny' \(the params.txt of its run\), not "
                                          r"'clip-dcl-test-other'"):
         load_checkpoint(trained, model="clip-dcl-test-other")
-    rc = eval_main(["retrieval", "--checkpoint", str(path), "--model", TINY_MODEL, "--data", str(tmp_path),
+    rc = eval_main(["retrieval", "--checkpoint", str(path), "--model", TINY_MODEL, "--data", _val_shards(tmp_path),
                     "--no-progress", "--device", "cpu"])
     assert rc == 2 and f"was trained as model {name!r}" in capsys.readouterr().err
 

@@ -100,6 +100,38 @@ def test_demo_rejects_bad_flags_before_work(tmp_path, capsys):
         main(["--losses", "infonce"])
 
 
+@pytest.mark.parametrize("quick", [True, False])
+def test_quick_demo_says_it_is_a_smoke_test_bolds_nothing_and_counts_its_steps_forward(tmp_path, monkeypatch, capsys,
+                                                                                      quick):
+    import re
+
+    from clip_dcl import demo
+
+    data = {**_data(classes=10), "train": {"num_samples": 32}, "tau_plus": 0.1}
+    data["config"]["num_classes"] = 10
+    monkeypatch.setattr(ex, "synth_data", lambda *a, **k: data)
+    monkeypatch.setattr(ex, "packed_training_set", lambda d: d)
+    monkeypatch.setattr(ex, "train", lambda run, *a, **k: ex.TrainResult(
+        run, tmp_path / f"{run.name}.pt", tmp_path, 1.0, ["cmd"], {"epoch": [1.0], "loss": [2.0]}, []))
+    level = iter([0.1, 0.3, 0.2])  # dcl scores best: bold in a full demo only
+    monkeypatch.setattr(ex, "evaluate", lambda ckpt, d, **k: dict.fromkeys([m for m, _ in ex.headline_metrics(d)],
+                                                                          next(level)))
+    assert demo.main([*(["--quick"] if quick else []), "--out", str(tmp_path / "o")]) == 0
+    out = capsys.readouterr().out
+    steps = [int(s) for s in re.findall(r"^\[demo\] (\d)/4", out, flags=re.M)]
+    assert steps == sorted(steps) and steps[0] == 1 and steps[-1] == 4  # never 2, 3, 2, 3
+    assert "[demo] 3/4 evaluating 3/3: decl" in out
+    md = (tmp_path / "o" / "demo.md").read_text()
+    table = md[md.index("| metric (%)"):md.index("![")]
+    doc = json.loads((tmp_path / "o" / "demo.json").read_text())
+    if quick:
+        assert demo.SMOKE_TEST in out and f"**{demo.SMOKE_TEST}**" in md and doc["smoke_test"] == demo.SMOKE_TEST
+        assert "**" not in table and "**" not in doc["table"]
+    else:
+        assert "smoke test" not in out + md and "smoke_test" not in doc
+        assert "**30.0**" in table
+
+
 @pytest.mark.slow
 def test_demo_quick_end_to_end(tmp_path):
     out = tmp_path / "demo"
@@ -110,6 +142,7 @@ def test_demo_quick_end_to_end(tmp_path):
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     # progress was visible, and the table was printed
     assert "[demo] 2/4 training 3/3: decl" in proc.stdout and "| metric (%) | chance | clip | dcl | decl |" in proc.stdout
+    assert "--quick is a smoke test" in proc.stdout and "**" not in (out / "demo.md").read_text().split("| metric")[1]
     doc = json.loads((out / "demo.json").read_text())
     # its time, printed at the very end, is the one its JSON records
     assert proc.stdout.strip().splitlines()[-1].startswith(f"[demo] done: {doc['minutes']:.1f} minutes of wall-clock")

@@ -48,7 +48,7 @@ def test_the_example_study_gives_the_same_report_run_here_and_through_its_lines(
     for work in (here, lines_work):
         got = study("report", PLAN, "--work", work)
         assert got.returncode == 0 and got.stdout.startswith("complete"), got.stdout + got.stderr
-        assert "decl beats clip (test split, 2 seeds, look 1): " in got.stdout
+        assert "decl beats clip (test split, 2 seeds): mean " in got.stdout
         docs.append(json.loads((work / "STUDY.json").read_text()))
         assert (work / "STUDY.md").is_file() and (work / "STUDY.png").is_file()
     a, b = (d["comparisons"][0]["final"] for d in docs)

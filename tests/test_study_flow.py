@@ -25,11 +25,11 @@ confidence = 0.9
 resolution = 0.01
 {extra}
 [data]
-train = "/nowhere/train/{{0..1}}.tar"
+train = "shards/train/{{0..1}}.tar"
 train_samples = 64
-validation = "/nowhere/val/0.tar"
+validation = "shards/val/0.tar"
 validation_samples = 8
-test = "/nowhere/test/0.tar"
+test = "shards/test/0.tar"
 test_samples = 8
 
 [train]
@@ -55,9 +55,14 @@ HARDWARE = "cpu X / no GPU / torch 2"
 
 
 def write_plan(tmp_path, extra="", seeds=None):
+    """The plan in ``tmp_path``, with the (empty) shard files its [data] names beside it: a run must find
+    its data, and no stand-in line reads it."""
     text = PLAN.format(extra=extra)
     if seeds is not None:
         text = text.replace("seeds = [0, 1]", f"seeds = {seeds}")
+    for name in ("train/0.tar", "train/1.tar", "val/0.tar", "test/0.tar"):
+        (tmp_path / "shards" / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / "shards" / name).touch()
     path = tmp_path / "plan.toml"
     path.write_text(text)
     return path
@@ -149,7 +154,7 @@ def test_an_unfinished_study_prints_no_test_split_verdict_and_reads_no_test_scor
     assert cli.main(["report", str(plan), "--work", str(work)]) == 0
     out = capsys.readouterr().out
     assert out.startswith("incomplete: 3 of 4 runs") and "test split" not in out and "->" not in out
-    assert "validation split (for choices, no verdict): decl beats clip: +1.00 over 1 seed(s)" in out
+    assert "validation split (for choices, no verdict): decl beats clip: +1.00 points over 1 seed(s)" in out
     assert read and "test" not in read
     doc = json.loads((work / "STUDY.json").read_text())
     assert doc["status"] == "incomplete: 3 of 4 runs" and not any("test" in r for r in doc["runs"])
@@ -161,7 +166,10 @@ def test_an_unfinished_study_prints_no_test_split_verdict_and_reads_no_test_scor
     read.clear()
     assert cli.main(["report", str(plan), "--work", str(work)]) == 0
     out = capsys.readouterr().out
-    assert out.startswith("complete") and "decl beats clip (test split, 2 seeds, look 1): +5.00 [" in out
+    assert out.startswith("complete")
+    # one look: none named; the numbers in points, the verdict with its reason in words
+    assert "  decl beats clip (test split, 2 seeds): mean +5.00 points, 90 % interval [+5.00, +5.00] -> beats: the " \
+        "whole interval lies above zero and its mean (+5.00) is past the resolution of ±1 point\n" in out
     assert "test" in read
     doc = json.loads((work / "STUDY.json").read_text())
     final = doc["comparisons"][0]["final"]
@@ -431,3 +439,101 @@ def test_a_study_split_across_machines_by_seed_runs_each_share_and_skips_runs_co
     assert "--seeds '3': not among the plan's seeds (0..2)" in capsys.readouterr().err and not fresh.exists()
     assert cli.main(["commands", str(path), "--work", str(fresh), "--seeds", "1-"]) == 2
     assert not fresh.exists()
+
+
+# -- paths and the seal of a study that never trained ----------------------------------------------------------
+def test_data_paths_are_read_from_the_plan_files_folder_wherever_the_study_runs(tmp_path, monkeypatch):
+    plans = tmp_path / "plans"
+    plans.mkdir()
+    path = write_plan(plans)
+    # a folder of shards is taken as the pattern of its .tar files, and counted from its sizes.json
+    text = path.read_text().replace('train = "shards/train/{0..1}.tar"\ntrain_samples = 64', 'train = "shards/train"')
+    (plans / "shards" / "train" / "sizes.json").write_text(json.dumps({"0.tar": 30, "1.tar": 34}))
+    path.write_text(text)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    plan = load_plan(Path("..") / "plans" / "plan.toml")  # a relative plan path, read from another folder
+    splits = W.prepare_data(plan, tmp_path / "work")
+    assert splits["train"] == str(plans.resolve() / "shards" / "train" / "{0..1}.tar")
+    assert splits["train_samples"] == 64
+    assert splits["test"] == str(plans.resolve() / "shards" / "test" / "0.tar") and splits["test_samples"] == 8
+
+
+def test_check_names_a_missing_shard_and_a_split_it_cannot_count(tmp_path, capsys):
+    path = write_plan(tmp_path)
+    assert cli.main(["check", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert f"data: train {tmp_path}/shards/train/{{0..1}}.tar (64 samples);" in out
+    (tmp_path / "shards" / "test" / "0.tar").unlink()
+    assert cli.main(["check", str(path)]) == 2
+    assert capsys.readouterr().err.strip() == (
+        f"clip-dcl study: {path}: [data] test: {tmp_path}/shards/test/0.tar does not exist (a relative path is read "
+        "from the plan file's folder)")
+    (tmp_path / "shards" / "test" / "0.tar").touch()
+    path.write_text(path.read_text().replace("test_samples = 8\n", ""))  # no count, no sizes.json
+    assert cli.main(["check", str(path)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"clip-dcl study: cannot count the samples of {tmp_path}/shards/test/0.tar") and \
+        err.endswith("give [data] test_samples")
+
+
+def test_a_run_that_fails_before_any_training_leaves_the_work_folder_unsealed(tmp_path, capsys, monkeypatch):
+    path = write_plan(tmp_path)
+    work = tmp_path / "work"
+    (tmp_path / "shards" / "val" / "0.tar").unlink()
+    assert cli.main(["run", str(path), "--work", str(work)]) == 2  # its data cannot be read
+    assert "[data] validation:" in capsys.readouterr().err
+    assert not (work / "SEAL.json").exists()
+    (tmp_path / "shards" / "val" / "0.tar").touch()
+    # every run fails before a training step: still unsealed, and the corrected plan is taken
+    monkeypatch.setattr(L, "shell_line", stand_in_line(work, tmp_path / "ran.txt",
+                                                      fail={(a, s) for a in ("clip", "decl") for s in (0, 1)}))
+    assert cli.main(["run", str(path), "--work", str(work)]) == 1
+    assert "is left unsealed" in capsys.readouterr().out
+    assert not (work / "SEAL.json").exists()
+    path.write_text(path.read_text().replace("epochs = 1", "epochs = 2"))
+    # one run trained (it left a checkpoint): the folder stays sealed, and a changed plan is refused
+    def one_checkpoint(plan, work_, splits, arm, seed, threads):
+        folder = W.run_dir(work, arm, seed) / "checkpoints"
+        return f"mkdir -p {shlex.quote(str(folder))} && touch {shlex.quote(str(folder / 'epoch_1.pt'))}; exit 1"
+    monkeypatch.setattr(L, "shell_line", one_checkpoint)
+    assert cli.main(["run", str(path), "--work", str(work)]) == 1
+    assert (work / "SEAL.json").exists()
+    path.write_text(path.read_text().replace("epochs = 2", "epochs = 3"))
+    assert cli.main(["run", str(path), "--work", str(work)]) == 2
+    assert "train.epochs: 2 -> 3" in capsys.readouterr().err
+
+
+def test_the_report_opens_with_its_words_and_draws_every_comparison_on_one_axis(tmp_path, monkeypatch):
+    from clip_dcl.experiment.study import report as R
+
+    path = write_plan(tmp_path)
+    path.write_text(path.read_text() + '\n[[comparisons]]\na = "decl"\nb = "clip"\nrule = "reaches"\nmargin = 0.02\n')
+    plan = load_plan(path)
+    work = tmp_path / "work"
+    W.seal(plan, work)  # tmp_path is no git checkout: the plan was not committed
+    for arm in ("clip", "decl"):
+        for seed in (0, 1):
+            finish(work, arm, seed)
+    figures = []
+    real = R.save_figure
+    monkeypatch.setattr(R, "save_figure", lambda fig, p, title="": figures.append(fig) or real(fig, p, title))
+    md = R.write_report(plan, work)["markdown"].read_text()
+    # the glossary first, before any number
+    glossary = md.index("## How to read it")
+    assert glossary < md.index("## The plan and its runs") < md.index("## Verdicts")
+    for word in ("**points**", "**interval**", "**resolution**", "**margin**", "**look**"):
+        assert md.index(word) > glossary
+    # the plan's commit: git holds no such file, so no commit or date is the plan's, and nothing came "before"
+    assert "the plan was not committed to git" in md and "before its first run" not in md
+    # each verdict with its reason
+    assert "- decl reaches clip: **reaches**: the interval's low end (+5.00) is above the bar of -2.00 points" in md
+    # one forest plot: one axis for both comparisons, zero drawn, the reach's margin at -2 points, seeds as dots
+    (fig,) = figures
+    (ax,) = fig.axes
+    assert [t.get_text().split("\n")[0] for t in ax.get_yticklabels()] == ["decl reaches clip", "decl beats clip"]
+    xs = {round(float(line.get_xdata()[0]), 6) for line in ax.get_lines() if len(set(line.get_xdata())) == 1}
+    assert {0.0, -2.0} <= xs
+    dots = [c for c in ax.collections if c.get_label() == "one seed"]
+    assert len(dots) == 1 and dots[0].get_offsets().shape == (2, 2)

@@ -87,10 +87,12 @@ def test_refuses_exploratory_and_unknown_arms():
      "committed 2026-11-26 16:40, before its first run", "after"),
     ("2026-11-26 17:00:00", "2026-11-26 16:30", "2026-11-26 16:40:58",
      "committed 2026-11-26 17:00, after its first run", "before"),
-    # no commit date (no checkout): only the seal's own date, and "before" only when it is
-    (None, "2026-11-26 16:30", "2026-11-26 16:40:58", "sealed 2026-11-26 16:30 at commit abc123 before its first run",
-     "committed"),
-    (None, "2026-11-26 23:58", "2026-11-26 16:40:58", "sealed 2026-11-26 23:58 at commit abc123 (first run", "before"),
+    # git holds no such plan at the seal's commit: said so, whatever the seal's date (a local file's word), and
+    # the commit is named as the code's, not the plan's
+    (None, "2026-11-26 16:30", "2026-11-26 16:40:58", "the plan was not committed to git, so no date of record shows "
+     "it fixed before its runs; its work folder was sealed 2026-11-26 16:30 (clip-dcl at commit abc123)",
+     "before its first run"),
+    (None, "2026-11-26 23:58", "2026-11-26 16:40:58", "the plan was not committed to git", "before its first run"),
 ])
 def test_the_headline_says_the_plan_came_first_only_when_the_dates_do(committed, sealed, first, said, unsaid):
     doc = {**_doc({("decl-b32", "clip-b32", "beats"): _row("beats", WIN)}), "plan_committed": committed,

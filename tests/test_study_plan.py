@@ -147,14 +147,24 @@ def test_plan_changes_name_each_changed_key():
     assert plan_changes(a, plan("recipe = \"mine\"\n").canonical()) == ["recipe: 'custom' -> 'mine'"]
 
 
-def test_check_counts_the_seeds_each_comparison_needs_and_says_when_too_few(capsys):
-    few = plan("paired_sd = 0.02\n")  # reaches at margin 0.02 = one sd: 8 seeds at 90 %, power 0.8
+def plan_with_data(tmp_path, extra_top: str = "", text: str = BASE):
+    """``plan(...)`` written as ``tmp_path/p.toml`` with its [data] relative to it (``d/...``) and those
+    (empty) shards made: what `study check` reads."""
+    for name in ("train/0.tar", "train/1.tar", "val/0.tar", "test/0.tar"):
+        (tmp_path / "d" / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / "d" / name).touch()
+    (tmp_path / "p.toml").write_text(extra_top + text.replace('"/d/', '"d/'))
+    return load_plan(tmp_path / "p.toml")
+
+
+def test_check_counts_the_seeds_each_comparison_needs_and_says_when_too_few(tmp_path, capsys):
+    few = plan_with_data(tmp_path, "paired_sd = 0.02\n")  # reaches at margin 0.02 = one sd: 8 seeds at 90 %, power 0.8
     assert check(few) == 1
     out = capsys.readouterr().out
     assert "runs: 6 (2 arms x 3 seeds [0, 1, 2])" in out and "needs 8 seeds" in out and "TOO FEW SEEDS" in out
-    enough = plan("paired_sd = 0.02\n", text=BASE.replace("[0, 1, 2]", str(list(range(8)))))
+    enough = plan_with_data(tmp_path, "paired_sd = 0.02\n", text=BASE.replace("[0, 1, 2]", str(list(range(8)))))
     assert check(enough) == 0 and "TOO FEW" not in capsys.readouterr().out
-    assert check(plan()) == 0 and "seeds not checked: no paired spread" in capsys.readouterr().out
+    assert check(plan_with_data(tmp_path)) == 0 and "seeds not checked: no paired spread" in capsys.readouterr().out
 
 
 def test_check_reads_the_spread_of_an_earlier_studys_report(tmp_path):
@@ -162,7 +172,6 @@ def test_check_reads_the_spread_of_an_earlier_studys_report(tmp_path):
 
     earlier = {"comparisons": [{"a": "decl", "b": "clip", "final": {"n": 3, "diffs": [0.0, 0.02, 0.04]}, "looks": []}]}
     (tmp_path / "STUDY.json").write_text(json.dumps(earlier))
-    (tmp_path / "p.toml").write_text('spread_from = "STUDY.json"\n' + BASE)
     lines = []
-    check(load_plan(tmp_path / "p.toml"), echo=lines.append)
+    check(plan_with_data(tmp_path, 'spread_from = "STUDY.json"\n'), echo=lines.append)
     assert any("paired sd 2.00 points (STUDY.json, test split, 3 seeds)" in line for line in lines)

@@ -9,7 +9,7 @@ import pytest
 from scipy import stats
 
 from clip_dcl.experiment.stats import t_interval
-from clip_dcl.experiment.study.rule import judge, power, seeds_needed, verdict
+from clip_dcl.experiment.study.rule import judge, power, reason, seeds_needed, verdict
 
 
 def slow_interval(diffs, confidence):
@@ -74,6 +74,31 @@ def test_edges_a_single_seed_and_a_margin_the_rule_needs():
     # below min_seeds no verdict, whatever the interval (the batch-size testbed's rule asks three)
     assert verdict("beats", t_interval([0.05, 0.06]), min_seeds=3) == "no verdict"
     assert verdict("beats", t_interval([0.05, 0.06, 0.05]), min_seeds=3) == "beats"
+
+
+@pytest.mark.parametrize("rule, diffs, margin, said, words", [
+    ("beats", [0.0, 0.0], None, "no verdict", "the interval crosses zero: the data cannot tell which is better"),
+    ("beats", [0.05, -0.04, 0.02], None, "no verdict", "the interval crosses zero: the data cannot tell which is "
+                                                       "better"),
+    ("beats", [0.004, 0.005, 0.006], None, "tie", "a tie: the interval lies on one side of zero, but its mean (+0.50) "
+                                                  "is within the resolution of ±1 point"),
+    ("beats", [0.05, 0.06, 0.04], None, "beats", "the whole interval lies above zero and its mean (+5.00) is past "
+                                                 "the resolution of ±1 point"),
+    ("beats", [-0.05, -0.06, -0.04], None, "trails", "the whole interval lies below zero"),
+    ("reaches", [0.0, -0.01, 0.005], 0.02, "reaches", "is above the bar of -2.00 points (minus the margin of 2.00 "
+                                                      "points): any shortfall is within the margin"),
+    ("reaches", [-0.05, -0.06, -0.04], 0.02, "does not reach", "is below the bar of -2.00 points"),
+    ("reaches", [0.0, -0.05, 0.01], 0.02, "no verdict", "the interval crosses the bar of -2.00 points (minus the "
+                                                        "margin of 2.00 points): the data cannot tell"),
+    ("matches", [0.0, 0.005, -0.005], 0.03, "matches", "the whole interval lies within ±3.00 points (the margin)"),
+    ("matches", [0.1, 0.11, 0.12], 0.03, "differs", "the whole interval lies outside ±3.00 points"),
+    ("matches", [0.0, 0.06, -0.01], 0.03, "no verdict", "the interval crosses ±3.00 points (the margin)"),
+    ("beats", [0.05], None, "no verdict", "1 paired seed(s): an interval needs 2 or more"),
+])
+def test_each_verdict_says_why_in_words(rule, diffs, margin, said, words):
+    row = judge(rule, diffs, 0.9, resolution=0.01, margin=margin)
+    assert row["verdict"] == said
+    assert words in reason(rule, row, 0.01)
 
 
 def simulated_power(rule, n, sd, confidence, expected, margin, draws=40000, seed=1):

@@ -287,6 +287,49 @@ def test_argparse_errors_exit_nonzero(capsys):
     assert "high" in capsys.readouterr().err
 
 
+SYNTHETIC_RUN = ["--model", "clip-dcl-tiny", "--dataset-type", "synthetic", "--train-num-samples", "16",
+                 "--batch-size", "8", "--epochs", "1", "--precision", "fp32", "--device", "cpu", "--workers", "0",
+                 "--report-to", ""]
+
+
+@pytest.mark.parametrize("words, line", [
+    # OpenCLIP's parser would take --los for --loss-dist-impl and train the default loss
+    (["--los", "decl"], "--los is not a flag (flags are spelled out in full); it could mean --loss, "
+                        "--loss-dist-impl, --loss-reset"),
+    (["--decl-ra", "index"], "--decl-ra is not a flag (flags are spelled out in full); it could mean --decl-rate"),
+    (["--mod=clip-dcl-tiny"], "--mod is not a flag (flags are spelled out in full); it could mean --model, "
+                              "--model-config"),
+], ids=["ours-and-openclip", "ours", "with-equals"])
+def test_a_flag_not_spelled_out_is_refused_naming_what_it_could_mean(tmp_path, capsys, words, line):
+    rc = main([*SYNTHETIC_RUN, "--logs", str(tmp_path), "--name", "abbrev", *words])
+    assert rc == 2
+    assert capsys.readouterr().err.strip() == f"clip-dcl train: error: {line}"
+    assert not list(tmp_path.iterdir())  # no run started
+
+
+def test_a_flag_not_spelled_out_is_refused_by_the_module_command(tmp_path):
+    res = train_run(["--", *SYNTHETIC_RUN, "--logs", tmp_path, "--name", "abbrev", "--batch-si", "8"], cli=True,
+                    timeout=300)
+    assert res.returncode == 2
+    assert res.stderr.strip() == ("clip-dcl train: error: --batch-si is not a flag (flags are spelled out in full); "
+                                  "it could mean --batch-size")
+    assert not list(tmp_path.iterdir())
+
+
+def test_openclip_parser_is_caught_whole_and_its_module_left_as_it_was():
+    import argparse
+
+    from open_clip_train import params
+
+    from clip_dcl.train.upstream import openclip_parser
+
+    parser = openclip_parser()
+    assert {"--batch-size", "--loss-dist-impl", "--train-data", "--help"} <= set(parser._option_string_actions)
+    assert parser.allow_abbrev  # why the words are checked before it parses them
+    assert params.argparse is argparse
+    assert params.parse_args(["--batch-size", "3"]).batch_size == 3
+
+
 def test_flags_resolve_and_pass_openclip_flags_through(tmp_path):
     from clip_dcl.train.flags import parse_train_args
 
@@ -294,9 +337,10 @@ def test_flags_resolve_and_pass_openclip_flags_through(tmp_path):
     # --model must reach OpenCLIP whole (with abbreviations it would be taken for --model-config).
     cfg = parse_train_args(["--model", "clip-dcl-tiny", "--train-data", pattern, "--loss", "decl",
                             "--accum-freq", "2", "--seed", "7", "--decl-schedule", "harmonic", "--decl-lambda", "5",
-                            "--no-decl-sample-u", "--precision", "fp32"])  # a named precision: no CPU default added
+                            "--no-decl-sample-u", "--precision", "fp32",  # a named precision: no CPU default added
+                            "--batch-size", "16"])
     assert cfg.openclip_argv == ["--model", "clip-dcl-tiny", "--train-data", pattern, "--accum-freq", "2", "--seed", "7",
-                                 "--precision", "fp32"]
+                                 "--precision", "fp32", "--batch-size", "16"]
     assert cfg.num_samples == 64  # sum of sizes.json
     assert cfg.loss_kwargs == {"schedule": "harmonic", "lam": 5.0, "sample_u": False, "accum_freq": 2, "seed": 7}
     assert cfg.loss_args["num_samples"] == 64  # resolved by the loss from the data
@@ -305,7 +349,8 @@ def test_flags_resolve_and_pass_openclip_flags_through(tmp_path):
 
     custom = tmp_path / "my-model.json"
     custom.write_text(tiny_config_path().read_text())
-    cfg = parse_train_args(["--model-config", str(custom), "--train-data", pattern, "--precision", "fp32"])
+    cfg = parse_train_args(["--model-config", str(custom), "--train-data", pattern, "--precision", "fp32",
+                            "--batch-size", "16"])
     assert cfg.openclip_argv[-2:] == ["--model", "my-model"] and cfg.loss == "clip"
     import open_clip
 

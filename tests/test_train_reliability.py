@@ -50,7 +50,7 @@ def test_decl_lambda_with_a_schedule_that_ignores_it_is_refused(tmp_path, capsys
     from clip_dcl.train.flags import parse_train_args
 
     cfg = parse_train_args(["--train-data", pattern, "--loss", "decl", "--decl-schedule", "constant",
-                            "--decl-lambda", "0.5", "--decl-num-samples", "2"])
+                            "--decl-lambda", "0.5", "--decl-num-samples", "2", "--workers", "1", "--batch-size", "2"])
     assert cfg.loss_kwargs["lam"] == 0.5
 
 
@@ -127,13 +127,20 @@ def test_an_unreadable_resume_is_a_clear_error(tmp_path):
 # -- a failed start leaves nothing behind --------------------------------------------------------------
 def test_a_failed_start_removes_its_log_folder_so_the_rerun_works(tmp_path):
     pattern = write_shards(tmp_path / "shards", dense_keys(num_shards=1, per_shard=4))
-    cmd = [PY, "-m", "clip_dcl.train", "--model", "no-such-model", "--train-data", pattern, "--dataset-type",
-           "webdataset", "--device", "cpu", "--logs", str(tmp_path / "logs"), "--name", "x"]
+    # a config that registers but cannot be built: the run fails in OpenCLIP's main, after making its folder
+    from clip_dcl.models import tiny_config_path
+
+    cfg = json.loads(tiny_config_path().read_text())
+    cfg["vision_cfg"]["width"] = -5
+    (tmp_path / "unbuildable.json").write_text(json.dumps(cfg))
+    cmd = [PY, "-m", "clip_dcl.train", "--model-config", str(tmp_path / "unbuildable.json"), "--train-data", pattern,
+           "--dataset-type", "webdataset", "--workers", "1", "--batch-size", "4", "--device", "cpu", "--logs",
+           str(tmp_path / "logs"), "--name", "x"]
     env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "OMP_NUM_THREADS": "1"}
     for _ in range(2):
         out = subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=env)
         assert out.returncode != 0
-        assert "no-such-model" in out.stderr
+        assert "negative dimension -5" in out.stderr
         assert "Experiment already exists" not in out.stdout + out.stderr
         assert "removed" in out.stderr and not (tmp_path / "logs" / "x").exists()
 
@@ -315,7 +322,7 @@ def test_joined_sources_get_disjoint_ids_and_collisions_are_counted(tmp_path, ca
     a = write_shards(tmp_path / "a", dense_keys(num_shards=2, per_shard=8))  # keys 0..15
     b = write_shards(tmp_path / "b", dense_keys(num_shards=2, per_shard=8))  # keys 0..15 again
     joined = f"{a}::{b}"
-    cfg = parse_train_args(["--train-data", joined, "--loss", "decl", "--decl-rate", "index"])
+    cfg = parse_train_args(["--train-data", joined, "--loss", "decl", "--decl-rate", "index", "--batch-size", "4"])
     assert (cfg.id_block, cfg.num_samples) == (16, 32)  # each source owns 16 ids (its sizes.json), the buffer 2 x 16
     info = _pipeline(joined, batch_size=4, num_samples=cfg.num_samples, block=cfg.id_block)
     seen = _epoch(info)

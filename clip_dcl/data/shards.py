@@ -67,6 +67,33 @@ def _brace(directory: str | os.PathLike, first: str, last: str) -> str:
     return os.path.join(str(directory), f"{{{stem_first}..{stem_last}}}{ext}")
 
 
+def folder_pattern(folder: str | os.PathLike) -> str:
+    """The shard pattern of every ``.tar`` in ``folder``: its plain path for one shard, a range
+    (``dir/{00000..00003}.tar``) for shards numbered without a gap, else a brace list
+    (``dir/{a,b}.tar``); what OpenCLIP's ``--train-data`` expands (with braceexpand, not a glob).
+
+    Raises:
+        ValueError: no ``.tar`` in the folder, or names a brace pattern cannot hold (``,{}``); the
+            message shows the pattern to give.
+    """
+    folder = str(folder)
+    names = sorted(n for n in os.listdir(folder) if n.endswith(".tar") and os.path.isfile(os.path.join(folder, n)))
+    example = os.path.join(folder, "{00000..00009}.tar")
+    if not names:
+        raise ValueError(f"{folder!r} is a folder with no .tar shard in it: give the shards' pattern, e.g. {example!r}")
+    if len(names) == 1:
+        return os.path.join(folder, names[0])
+    stems = [n[:-len(".tar")] for n in names]
+    width = len(stems[0])
+    if all(s.isdigit() and len(s) == width for s in stems) and \
+            [int(s) for s in stems] == list(range(int(stems[0]), int(stems[0]) + len(stems))):
+        return _brace(folder, names[0], names[-1])
+    if any(c in s for s in stems for c in ",{}"):
+        raise ValueError(f"the shard names in {folder!r} cannot be listed in a brace pattern: give the shards' "
+                         f"pattern, e.g. {example!r}")
+    return os.path.join(folder, "{" + ",".join(stems) + "}.tar")
+
+
 def write_sizes_json(directory: str | os.PathLike, sizes: dict[str, int]) -> Path:
     """Write ``sizes.json`` (shard basename -> sample count) into ``directory``; return its path."""
     path = Path(directory) / "sizes.json"

@@ -107,21 +107,27 @@ def _load_model(args):
     """(model, preprocess, tokenizer, model description) from the common flags."""
     import open_clip
 
-    from ..models import register_builtin_configs, register_model_config
+    from ..models import model_name_problem, register_builtin_configs, register_model_config
 
     if args.checkpoint:
         from ..checkpoint import load_checkpoint
 
         model, preprocess, tokenizer = load_checkpoint(args.checkpoint, args.device, args.model, args.model_config,
                                                        allow_unsafe_pickle=args.unsafe_pickle)
-        name = getattr(model, "clip_dcl_model_name", args.model or f"local-dir:{args.checkpoint}")
-        return model, preprocess, tokenizer, {"name": name, "checkpoint": str(args.checkpoint)}
+        # the model scored, never --model as given (an exported folder loads what its config says)
+        info = {"name": model.clip_dcl_model_name, "checkpoint": str(args.checkpoint)}
+        if getattr(model, "clip_dcl_exported_model", None):
+            info["exported_model"] = model.clip_dcl_exported_model
+        return model, preprocess, tokenizer, info
     if not args.model:
         raise ValueError("give --checkpoint, or --model (with --pretrained for weights)")
     register_builtin_configs()
     name = register_model_config(args.model_config) if args.model_config else args.model
     if args.model_config and args.model != name:
         raise ValueError(f"--model {args.model!r} differs from the config file's name {name!r}")
+    problem = model_name_problem(name)
+    if problem:
+        raise ValueError(f"--model {problem}")
     if not args.pretrained:
         log.warning("no --checkpoint or --pretrained: evaluating randomly initialised %s", name)
     model, _, preprocess = open_clip.create_model_and_transforms(name, pretrained=args.pretrained, device=args.device)

@@ -189,10 +189,19 @@ def _add_arguments(p) -> None:
 
 
 def _check(args) -> None:
+    """``--recall-k``, and ``--data`` read as the evaluation will read it (a CSV's rows and image paths, or
+    the shard list), before the model loads."""
     from ..errors import FlagError
 
     if min(args.recall_k) < 1:
         raise FlagError(f"--recall-k values must be >= 1, got {args.recall_k}")
+    try:
+        if is_csv(args.data):
+            read_retrieval_csv(args.data, args.csv_img_key, args.csv_caption_key, args.csv_separator)
+        else:
+            expand_shards(args.data)
+    except (ValueError, OSError) as e:
+        raise FlagError(f"--data {args.data}: {e}") from None
 
 
 def _run(model, preprocess, tokenizer, args, common) -> TaskResult:

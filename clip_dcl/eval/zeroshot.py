@@ -27,6 +27,7 @@ else OpenCLIP's ``OPENAI_IMAGENET_TEMPLATES`` (80 generic photo prompts).
 from __future__ import annotations
 
 import logging
+import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -375,6 +376,16 @@ def _benchmark_run(model, preprocess, tokenizer, run, settings):
     return metrics, extra
 
 
+def zeroshot_table(metrics: dict[str, float], args=None) -> str:
+    """The metrics' table, and a line saying why ``top5`` is NaN when it is (fewer than 5 classes)."""
+    table = metrics_table(metrics)
+    top5 = metrics.get("top5")
+    if isinstance(top5, float) and math.isnan(top5):
+        table += ("\ntop5 and acc5 are nan: the data have fewer than 5 classes, so the true class is always among "
+                  "the top 5 and they measure nothing")
+    return table
+
+
 register_task(EvalTask(
     name="zeroshot",
     help="zero-shot top-1/top-5/mean per-class recall (or mAP for multi-label data)",
@@ -384,7 +395,7 @@ register_task(EvalTask(
     check=_check,
     run=_run,
     metrics=("acc1", "acc5", "mean_per_class_recall", "mean_average_precision (multi-label data)"),
-    table=lambda metrics, args: metrics_table(metrics),
+    table=zeroshot_table,
     benchmark_name="zeroshot_classification",
     benchmark_metrics=benchmark_classification_metrics,
     benchmark_run=_benchmark_run,

@@ -6,9 +6,17 @@ bad flag, so a benchmark's ``main`` reads as a list of checks.
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 from pathlib import Path
 from typing import List, Optional, Sequence, Tuple
+
+
+def plain_text(text: str) -> str:
+    """``text`` without its reStructuredText markup, for a docstring that serves as ``--help``: ``a`` and
+    :role:`a` become a (a leading dot of a relative name dropped)."""
+    text = re.sub(r":[a-z]+:`~?\.?([^`]+)`", r"\1", text)
+    return text.replace("``", "")
 
 
 def parse(parser: argparse.ArgumentParser, argv: Optional[Sequence[str]]) -> Tuple[argparse.Namespace, List[str]]:

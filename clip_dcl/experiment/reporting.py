@@ -229,10 +229,11 @@ def report_path(given: Optional[os.PathLike], default: os.PathLike, quick: bool)
 
 
 def comparison_table(scores: Dict[str, List[Dict[str, float]]], rows: Sequence[tuple],
-                     chance: Dict[str, float]) -> str:
+                     chance: Dict[str, float], bold: bool = True) -> str:
     """Markdown: one row per metric, one column per run (mean ± sample std over seeds), in percent.
 
-    ``scores``: run name -> one metrics dict per seed. The best mean of a row is in bold.
+    ``scores``: run name -> one metrics dict per seed. The best mean of a row is in bold, unless ``bold`` is
+    False (numbers that cannot rank the runs, such as a smoke test's).
     """
     names = list(scores)
     header = "| metric (%) | chance | " + " | ".join(names) + " |"
@@ -246,7 +247,7 @@ def comparison_table(scores: Dict[str, List[Dict[str, float]]], rows: Sequence[t
         cells = []
         for n in names:
             cell = format_mean_std(mean_std(values[n]))
-            cells.append(f"**{cell}**" if best is not None and means[n] == best and len(names) > 1 else cell)
+            cells.append(f"**{cell}**" if bold and best is not None and means[n] == best and len(names) > 1 else cell)
         level = chance.get(key)
         lines.append(f"| {label} | {'' if level is None else f'{100 * level:.1f}'} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
@@ -299,15 +300,19 @@ def plot(results: Dict[str, List[TrainResult]], scores: Dict[str, List[Dict[str,
 
 def write_report(out_dir: os.PathLike, stem: str, *, data: dict, budget: Budget,
                  results: Dict[str, List[TrainResult]], scores: Dict[str, List[Dict[str, float]]],
-                 header: str = "", extra: Optional[dict] = None, roots: Sequence[os.PathLike] = ()) -> Dict[str, Path]:
+                 header: str = "", extra: Optional[dict] = None, roots: Sequence[os.PathLike] = (),
+                 smoke_test: Optional[str] = None) -> Dict[str, Path]:
     """Write ``<stem>.md`` (table), ``<stem>.json`` (raw numbers, commands; paths relative to the work folder,
-    the one that holds the data's ``out_dir``, or to one of ``roots``) and ``<stem>.png``."""
+    the one that holds the data's ``out_dir``, or to one of ``roots``) and ``<stem>.png``.
+
+    ``smoke_test``: the sentence that says the numbers only show the job ran (a run too small to compare
+    anything): written above the table and into the JSON, and no number is in bold."""
     work = Path(data["out_dir"]).parent if data.get("out_dir") else None
     report = Report(out_dir, stem, command=" ".join([Path(sys.argv[0]).name] + sys.argv[1:]), work=work,
                     roots=tuple(roots))
     rows = headline_metrics(data)
     chance = chance_levels(data)
-    table = comparison_table(scores, rows, chance)
+    table = comparison_table(scores, rows, chance, bold=smoke_test is None)
     png = plot(results, scores, rows, chance, report.png, title=header.splitlines()[0] if header else "")
     doc = {
         "budget": dataclasses.asdict(budget),
@@ -322,8 +327,10 @@ def write_report(out_dir: os.PathLike, stem: str, *, data: dict, budget: Budget,
             for name in results
         },
         **(extra or {}),
+        **({"smoke_test": smoke_test} if smoke_test else {}),
     }
     md = report.write([*([header, ""] if header else []), *report.about(),
-                       f"- raw numbers, commands and curves: `{stem}.json`", "", table, "",
+                       f"- raw numbers, commands and curves: `{stem}.json`", "",
+                       *([f"**{smoke_test}**", ""] if smoke_test else []), table, "",
                        f"![curves and scores]({png.name})"], doc)
     return {"markdown": md, "json": report.path(".json"), "png": png, "table": table}

@@ -51,6 +51,107 @@ def check_global_batch(oc_args) -> None:
                         f"gives {pairs}: give --batch-size 2 or more")
 
 
+def shard_folders_as_patterns(words: list) -> tuple:
+    """``words`` with each ``--train-data`` / ``--val-data`` value that names a folder (or a
+    ``::``-joined part that does) replaced by the pattern of the ``.tar`` shards in it
+    (:func:`clip_dcl.data.shards.folder_pattern`); and ``(flag, folder, pattern)`` for each replaced.
+
+    OpenCLIP reads these values as brace patterns of files, and a folder would fail as a missing
+    file; ``clip-dcl eval retrieval --data`` takes a folder, so training takes it too.
+
+    Raises:
+        FlagError: a folder with no shard, or shards a pattern cannot list (the message gives the pattern to give).
+    """
+    from clip_dcl.data.shards import folder_pattern
+
+    out, replaced = list(words), []
+    for i, word in enumerate(out):
+        for flag in ("--train-data", "--val-data"):
+            if word == flag and i + 1 < len(out):
+                at, value, prefix = i + 1, out[i + 1], ""
+            elif word.startswith(flag + "="):
+                at, value, prefix = i, word[len(flag) + 1:], flag + "="
+            else:
+                continue
+            parts = value.split("::")
+            for j, part in enumerate(parts):
+                if part and os.path.isdir(part):
+                    try:
+                        parts[j] = folder_pattern(part)
+                    except (ValueError, OSError) as e:
+                        raise FlagError(f"{flag}: {e}") from None
+                    replaced.append((flag, part, parts[j]))
+            out[at] = prefix + "::".join(parts)
+    return out, replaced
+
+
+def _shard_sizes(urls: list):
+    """Each shard's sample count from the ``sizes.json`` beside it (as OpenCLIP's ``get_dataset_size``
+    reads it), or None when one is not known."""
+    import json
+
+    tables, sizes = {}, []
+    for url in urls:
+        folder = os.path.dirname(url)
+        if folder not in tables:
+            try:
+                with open(os.path.join(folder, "sizes.json")) as f:
+                    tables[folder] = json.load(f)
+            except (OSError, ValueError):
+                return None
+        try:
+            sizes.append(int(tables[folder][os.path.basename(url)]))
+        except (KeyError, TypeError, ValueError):
+            return None
+    return sizes
+
+
+def check_worker_batches(oc_args) -> None:
+    """Every data-loader worker can fill a batch from its own shards, checked before the model is built.
+
+    Without ``--dataset-resampled``, webdataset shards are split over the ranks, then over each rank's
+    ``--workers`` (one reader with 0), and each reader fills whole batches (``partial=False``) from the
+    shards it was given, in an order shuffled each epoch; OpenCLIP's pipeline learns that a reader has
+    too few samples only when a whole pass of it yields no batch, after the model was built, and its
+    message names neither flag. With the shard sizes known (``sizes.json``), a reader gets at least
+    ``shards // readers`` shards, so the smallest of those hold the fewest samples it may be given.
+    """
+    from open_clip_train.data import expand_urls
+    from open_clip_train.distributed import world_info_from_env
+
+    from .facts import train_data_kind
+
+    if (not oc_args.train_data or oc_args.dataset_type == "synthetic" or oc_args.dataset_resampled
+            or train_data_kind(oc_args) != "webdataset"):
+        return
+    urls, _ = expand_urls(oc_args.train_data)
+    world = world_info_from_env()[2]
+    per_rank = max(1, oc_args.workers)
+    readers = per_rank * world
+    ranks = f" x {world} ranks" if world > 1 else ""
+    if len(urls) < readers:
+        fewer = max(1, len(urls) // world)
+        raise FlagError(f"--train-data has {len(urls)} shard(s) for --workers {oc_args.workers}{ranks}: each worker "
+                        f"reads shards of its own, so {readers} are needed; give --workers {fewer} or fewer, more "
+                        "shards, or --dataset-resampled")
+    sizes = _shard_sizes(urls)
+    if sizes is None:
+        return
+
+    def fewest(n_readers: int) -> int:
+        return sum(sorted(sizes)[:len(sizes) // n_readers])
+
+    least = fewest(readers)
+    if oc_args.batch_size > least:
+        fix = f"give --batch-size {least} or less"
+        if per_rank > 1 and fewest(world) >= oc_args.batch_size:
+            fix += ", or fewer --workers"
+        raise FlagError(f"--batch-size {oc_args.batch_size} is more than the {least} samples a data-loader worker may "
+                        f"be given: the {len(sizes)} training shard(s) ({sum(sizes)} samples) are split over {readers} "
+                        f"worker(s) (--workers {oc_args.workers}{ranks}), and each fills whole batches from its own "
+                        f"shards; {fix}")
+
+
 def check_output_paths(oc_args) -> None:
     """``--logs`` can be written (OpenCLIP creates ``--logs/--name`` there at the start, and every
     checkpoint after that), and ``--resume PATH`` is a checkpoint file, not a folder."""

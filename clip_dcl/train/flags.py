@@ -4,7 +4,8 @@
 :func:`build_parser`. Ours are taken out with ``parse_known_args`` on a parser with
 ``allow_abbrev=False`` (with abbreviations, OpenCLIP's ``--model tiny`` would be read as
 ``--model-config tiny``); the rest is parsed by OpenCLIP's own ``parse_args`` here, once, so
-that a bad OpenCLIP flag also fails before anything starts.
+that a bad OpenCLIP flag also fails before anything starts. OpenCLIP's parser takes abbreviations,
+so a word that only begins a flag of either parser is refused first (:func:`check_spelled_out`).
 
 The loss values are completed from the training data by the loss's own ``resolve_data_params``
 (with the facts of :func:`clip_dcl.train.facts.data_facts`; no loss is known here by name) and
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import io
 import math
 import re
 import sys
@@ -25,7 +27,7 @@ from typing import TYPE_CHECKING, Dict, List, Optional
 
 from ..errors import FlagError  # noqa: F401  (raised here, and imported from here by callers)
 from .flag_checks import (check_data_paths, check_global_batch, check_optimizer_values,  # noqa: F401 (re-exported)
-                          check_output_paths, check_packed_flags)
+                          check_output_paths, check_packed_flags, check_worker_batches, shard_folders_as_patterns)
 
 if TYPE_CHECKING:
     from clip_dcl.losses.base import DataFacts
@@ -377,6 +379,31 @@ def _require_data(oc_args) -> None:
                         "evaluate only)")
 
 
+def check_spelled_out(argv: List[str], parsers: List[argparse.ArgumentParser]) -> None:
+    """Refuse a ``--flag`` that none of ``parsers`` knows by that exact name but some flag begins with.
+
+    OpenCLIP's parser allows abbreviations, so a prefix of any of its flags selects that flag: a
+    mistyped ``--los decl`` would set ``--loss-dist-impl`` and train the default loss. A word is
+    checked as argparse would read it: an option up to its ``=``; a word with a space is a value.
+
+    Raises:
+        FlagError: naming the word and every flag it could mean.
+    """
+    known = set()
+    for parser in parsers:
+        known.update(parser._option_string_actions)  # argparse keeps no public list of its option strings
+    for word in argv:
+        if word == "--":  # what follows is positional
+            break
+        name = word.split("=", 1)[0]
+        if not name.startswith("--") or name == "--" or " " in name or name in known:
+            continue
+        candidates = sorted(flag for flag in known if flag.startswith(name))
+        if candidates:
+            raise FlagError(f"{name} is not a flag (flags are spelled out in full); it could mean "
+                            f"{', '.join(candidates)}")
+
+
 def parse_train_args(argv: List[str], check_files: bool = True, prog: str = PROG) -> Optional[TrainConfig]:
     """Parse and validate a training command line; ``None`` when ``--help`` was printed.
 
@@ -390,6 +417,9 @@ def parse_train_args(argv: List[str], check_files: bool = True, prog: str = PROG
         SystemExit: OpenCLIP's or our argparse rejected a flag (argparse prints the message).
     """
     parser = build_parser(prog)
+    from .upstream import openclip_parser
+
+    check_spelled_out(argv, [parser, openclip_parser()])
     with program_named(prog):
         ours, rest = parser.parse_known_args(argv)
     if "-h" in rest or "--help" in rest:
@@ -398,7 +428,7 @@ def parse_train_args(argv: List[str], check_files: bool = True, prog: str = PROG
 
     from open_clip_train.params import parse_args as openclip_parse_args
 
-    from clip_dcl.models import register_builtin_configs, register_model_config
+    from clip_dcl.models import model_name_problem, register_builtin_configs, register_model_config
     from .precision import _is_first_rank, settle_machine_flags
 
     register_builtin_configs()
@@ -409,9 +439,16 @@ def parse_train_args(argv: List[str], check_files: bool = True, prog: str = PROG
             raise FlagError(f"--model-config: {e}") from None
         if not _given_model(rest):
             rest = rest + ["--model", name]
+    folders = []
+    if check_files:  # a folder of shards is read as the pattern of its .tar files
+        rest, folders = shard_folders_as_patterns(rest)
+    machine_notes = io.StringIO()  # printed once every check has passed, so that a refused run prints one line
     with program_named(prog):
-        rest = settle_machine_flags(rest, this_machine=check_files)  # --report-to's loggers; fp32 on a CPU
+        rest = settle_machine_flags(rest, this_machine=check_files, log=machine_notes)  # loggers; fp32 on a CPU
         oc_args = openclip_parse_args(list(rest))
+    problem = model_name_problem(oc_args.model) if check_files or not oc_args.model.startswith("local-dir:") else None
+    if problem:
+        raise FlagError(f"--model {problem}")
     check_optimizer_values(oc_args)
     if check_files:
         check_data_paths(oc_args)
@@ -467,6 +504,7 @@ def parse_train_args(argv: List[str], check_files: bool = True, prog: str = PROG
     _require_data(oc_args)
     if check_files and data.training:  # the ranks are this machine's launcher's
         check_global_batch(oc_args)
+        check_worker_batches(oc_args)
     num_samples = id_block = None
     per_sample = probe is not None and getattr(probe, "requires_sample_ids", False)
     if per_sample and data.training:
@@ -483,8 +521,12 @@ def parse_train_args(argv: List[str], check_files: bool = True, prog: str = PROG
                                                            if loss == "decl" else ""))
         if ours.loss_reset:
             raise FlagError("--decl-grow-state keeps the saved rates and --loss-reset drops them: give one of them")
-    if notice and check_files and _is_first_rank():  # once every check has passed: a refused run prints one line
-        print(f"clip-dcl train: {notice}", file=sys.stderr)
+    sys.stderr.write(machine_notes.getvalue())
+    if check_files and _is_first_rank():  # once every check has passed: a refused run prints one line
+        for flag, folder, pattern in folders:
+            print(f"clip-dcl train: {flag} {folder} is a folder: reading its shards {pattern}", file=sys.stderr)
+        if notice:
+            print(f"clip-dcl train: {notice}", file=sys.stderr)
     return TrainConfig(loss, kwargs, full_args, list(rest), ours.model_config, num_samples,
                        data, no_grad_gather=ours.no_grad_gather, captions_per_image=ours.captions_per_image,
                        loss_reset=ours.loss_reset, grow_state=ours.decl_grow_state, id_block=id_block,

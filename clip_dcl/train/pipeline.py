@@ -374,7 +374,8 @@ class _EveryPassYields:
                 f"a full pass over the training shards (rank {rank}, worker {worker}) yielded no batch of "
                 f"{self.batch_size}: {c['read']} samples read, skipped: {skipped}; "
                 f"{len(self.stats.unreadable)} shard(s) could not be opened, {len(self.stats.ended_early)} ended "
-                "early (see the warnings above); check --train-data")
+                "early (see the warnings above); each worker fills whole batches from its own shards: lower "
+                "--batch-size or --workers, or check --train-data")
 
 
 class SeededSampleShuffle(wds.PipelineStage):

@@ -12,6 +12,7 @@ about them (:func:`setup_logging`, :func:`cpu_safe_ddp`, :func:`init_process_gro
 """
 from __future__ import annotations
 
+import argparse
 import contextlib
 import inspect
 import logging
@@ -66,6 +67,7 @@ _TARGETS = {
     ("train", "AverageMeter"): [],
     ("train", "unwrap_model"): ["model"],
     ("params", "parse_args"): ["args"],
+    ("params", "argparse"): None,
     ("data", "get_wds_dataset"): ["args", "preprocess_img", "is_train", "epoch", "floor", "tokenizer"],
     ("data", "get_csv_dataset"): ["args", "preprocess_fn", "is_train", "epoch", "tokenizer"],
     ("data", "get_synthetic_dataset"): ["args", "preprocess_fn", "is_train", "epoch", "tokenizer"],
@@ -106,6 +108,8 @@ _SOURCE_NEEDS = {
                                    # (LoggedLoss)
                                    "total_loss = sum(losses.values())", 'losses["loss"] = total_loss',
                                    "backward(total_loss, scaler)", "for key, val in losses.items():"],
+    # the parser that openclip_parser catches (built and used in one call)
+    ("params", "parse_args"): ["parser = argparse.ArgumentParser()", "args = parser.parse_args(args)"],
     ("data", "get_dataset_fn"): ["return get_wds_dataset", "return get_csv_dataset", "return get_synthetic_dataset"],
     # --dist-timeout reaches init_process_group through the module's torch global (see init_process_group)
     ("distributed", "init_distributed_device_so"): ["torch.distributed.init_process_group("],
@@ -139,7 +143,7 @@ def openclip_problems(version: str, modules: Dict[str, types.ModuleType]) -> lis
         if name.startswith("_SHARD") or name.startswith("_SAMPLE"):
             if not isinstance(value, int):
                 problems.append(f"open_clip_train.{mod}.{name} is not an int")
-        elif name in ("torch", "os"):
+        elif name in ("torch", "os", "argparse"):
             if not isinstance(value, types.ModuleType):
                 problems.append(f"open_clip_train.{mod}.{name} is not the {name} module")
         elif expected is not None and _params(value) != expected:
@@ -184,6 +188,34 @@ OPENCLIP_GET_CSV_DATASET = oc_data.get_csv_dataset
 OPENCLIP_GET_SYNTHETIC_DATASET = oc_data.get_synthetic_dataset
 OPENCLIP_PT_LOAD = oc_main.pt_load
 OPENCLIP_SETUP_LOGGING = oc_main.setup_logging
+
+
+def openclip_parser() -> argparse.ArgumentParser:
+    """OpenCLIP's training parser, as ``open_clip_train.params.parse_args`` builds it.
+
+    That function builds the parser and parses with it in one call, and returns only the namespace;
+    the parser is caught here at its ``parse_args`` (``argparse`` swapped in the module for the
+    call), so that the flags it knows can be listed without parsing anything. OpenCLIP's parser
+    allows abbreviations (``--los`` is taken for ``--loss-dist-impl``), which
+    :func:`clip_dcl.train.flags.check_spelled_out` refuses with this list.
+    """
+
+    class Caught(Exception):
+        pass
+
+    class CatchingParser(argparse.ArgumentParser):
+        def parse_args(self, args=None, namespace=None):
+            raise Caught(self)
+
+    module = oc_params.argparse
+    oc_params.argparse = Overlay(argparse, ArgumentParser=CatchingParser)
+    try:
+        oc_params.parse_args([])
+    except Caught as caught:
+        return caught.args[0]
+    finally:
+        oc_params.argparse = module
+    raise OpenCLIPMismatch("open_clip_train.params.parse_args returned without calling its parser's parse_args")
 
 
 @contextlib.contextmanager

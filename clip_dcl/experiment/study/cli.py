@@ -4,7 +4,7 @@
   comparison's own, or an earlier study's ``STUDY.json`` named by ``spread_from``), the seeds each comparison
   needs for the plan's power at its confidence, one look. Exit 1 when a comparison has fewer seeds than it
   needs (the plan says so before any run), 0 otherwise.
-* ``commands PLAN --work DIR``: seal the plan in DIR, make the data, print one shell line per run on stdout
+* ``commands PLAN --work DIR``: make and check the data, seal the plan in DIR, print one shell line per run on stdout
   (``> lines.sh``; a Slurm array runs line ``$SLURM_ARRAY_TASK_ID`` with ``sed -n``).
 * ``run PLAN --work DIR --parallel N``: the same lines on this machine, N at once; finished runs skipped.
   ``--seeds`` (both): this machine's share of a study split across machines by whole seeds; copy each
@@ -12,7 +12,7 @@
   machine only.
 * ``report PLAN --work DIR``: write ``STUDY.md/.json/.png`` (verdicts only once every run of a look has its
   scores) and print the status and one line per comparison.
-* ``score RUN_DIR ...``: a run's last step (:mod:`.score`).
+* ``score RUN_DIR ...``: a run's last step, which scores both splits into its folder (:mod:`.score`).
 
 A plan changed after DIR was sealed is refused by ``commands``, ``run`` and ``report`` with one line naming
 the change. Exit 2 on a bad plan or a refused call.
@@ -26,6 +26,7 @@ import sys
 from pathlib import Path
 from typing import List, Optional
 
+from ..arguments import plain_text
 from ..stats import t_interval
 from .plan import Plan, PlanError, load_plan
 from .rule import power, seeds_needed
@@ -59,8 +60,22 @@ def spread_of(plan: Plan, c) -> tuple:
 
 
 def check(plan: Plan, echo=print) -> int:
-    """``study check``: what the plan runs, and whether its seeds suffice for its power."""
+    """``study check``: what the plan runs, that its data can be read, and whether its seeds suffice for its
+    power. Data that a [data] command makes are checked when they are made (``commands`` or ``run``).
+
+    Raises:
+        StudyError: a shard or zero-shot folder of [data] does not exist, or a split's samples cannot be counted.
+    """
+    from .work import check_splits, plan_splits
+
+    splits = None if "command" in plan.data else check_splits(plan_splits(plan), plan.source)
     echo(f"{plan.source}: valid; recipe {plan.recipe}; metric {plan.metric}; design: {plan.design_text()}")
+    if splits is None:
+        echo("  data: made by its [data] command at the first `commands` or `run` (checked then)")
+    else:
+        echo("  data: " + "; ".join(f"{key} {splits[key]} ({splits[key + '_samples']} samples)"
+                                    for key in ("train", "validation", "test"))
+             + "".join(f"; {key} {splits[key]}" for key in ("validation_zeroshot", "test_zeroshot") if splits[key]))
     for arm in plan.arms:
         extra = "".join(f" {k}={v}" for k, v in arm.overrides)
         echo(f"  arm {arm.name}: {' '.join(arm.flags) or '(no flags)'}{extra}")
@@ -92,7 +107,7 @@ def check(plan: Plan, echo=print) -> int:
         enough = need is not None and need <= n
         short += not enough
         echo(f"  {head}: paired sd {100 * sd:.2f} points ({where}), true difference assumed "
-             f"{100 * expected:+.2f}" + (f", margin {100 * c.margin:.2f}" if c.margin else "")
+             f"{100 * expected:+.2f} points" + (f", margin {100 * c.margin:.2f} points" if c.margin else "")
              + f": needs {need if need else 'more than 1000'} seeds for power {plan.power:g} at "
              f"{100 * plan.confidence:.0f} % (one look); its {n} give power {have:.2f}"
              + ("" if enough else " -- TOO FEW SEEDS"))
@@ -102,14 +117,15 @@ def check(plan: Plan, echo=print) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="clip-dcl study", allow_abbrev=False, description=__doc__.split("\n\n")[0],
+    doc = plain_text(__doc__)
+    p = argparse.ArgumentParser(prog="clip-dcl study", allow_abbrev=False, description=doc.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter,
-                                epilog="\n\n".join(__doc__.split("\n\n")[1:]))
+                                epilog="\n\n".join(doc.split("\n\n")[1:]))
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
     c = sub.add_parser("check", allow_abbrev=False, help="validate a plan; its runs and the seeds it needs")
     c.add_argument("plan", metavar="PLAN")
-    for name, text in (("commands", "seal the plan, make the data, print one shell line per run"),
+    for name, text in (("commands", "make the data, seal the plan, print one shell line per run"),
                        ("run", "run the plan's runs on this machine"),
                        ("report", "write STUDY.md/.json/.png from the finished runs")):
         s = sub.add_parser(name, allow_abbrev=False, help=text)
@@ -168,14 +184,15 @@ def main(argv: Optional[List[str]] = None) -> int:
 
 def _commands(plan: Plan, args) -> int:
     from .lines import all_lines
-    from .work import prepare_data, seal
+    from .work import check_seal, prepare_data, seal
 
     if args.look is not None and args.look > len(plan.design()):
         raise PlanError(f"--look {args.look}: the plan has {len(plan.design())} look(s)")
     only = plan.pick_seeds(args.seeds) if args.seeds else None
     work = Path(args.work).resolve()
-    seal(plan, work)
+    check_seal(plan, work)
     splits = prepare_data(plan, work, echo=lambda s: print(s, file=sys.stderr))
+    seal(plan, work)  # once the data are there (see seal)
     threads = args.threads or plan.threads or 1
     for _, _, line in all_lines(plan, work, splits, threads, args.look, only):
         if args.python:
@@ -185,7 +202,7 @@ def _commands(plan: Plan, args) -> int:
 
 
 def _report(plan: Plan, args) -> int:
-    from .report import write_report
+    from .report import verdict_line, write_report
 
     command = " ".join(["clip-dcl", "study", "report", *map(shlex.quote, [args.plan, "--work", args.work])])
     if not args.name or "/" in args.name or args.name.startswith("."):
@@ -195,15 +212,10 @@ def _report(plan: Plan, args) -> int:
     doc = got["doc"]
     print(doc["status"])
     for c in doc["comparisons"]:
-        r = c["final"]
-        if r is not None:
-            print(f"  {c['label']} ({r['split']} split, {r['n']} seeds, look {r['look']}): {100 * r['mean']:+.2f} "
-                  f"[{100 * r['lo']:+.2f}, {100 * r['hi']:+.2f}] -> {r['verdict']}")
-        else:
-            print(f"  {c['label']}: no verdict yet")
+        print(f"  {verdict_line(c, doc)}" if c["final"] is not None else f"  {c['label']}: no verdict yet")
     if not any(c["looks"] for c in doc["comparisons"]):
         for v in doc["validation"]:
-            mean = "-" if not v["n"] else f"{100 * v['mean']:+.2f}"
+            mean = "-" if not v["n"] else f"{100 * v['mean']:+.2f} points"
             print(f"  validation split (for choices, no verdict): {v['label']}: {mean} over {v['n']} seed(s)")
     print(f"wrote {got['markdown']}, {got['json'].name}, {got['png'].name}")
     return 0

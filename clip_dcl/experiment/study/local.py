@@ -36,8 +36,9 @@ def run_study(plan: Plan, work: Path, parallel: int = 1, threads: Optional[int] 
     if parallel < 1:
         raise ValueError(f"parallel={parallel}: must be >= 1")
     work = Path(work).resolve()
-    W.seal(plan, work)
+    sealed_before = W.check_seal(plan, work) is not None  # a changed plan is refused before any work
     splits = W.prepare_data(plan, work, echo)
+    W.seal(plan, work)  # once the data are there: a plan whose data cannot be read is not sealed
     threads = threads or plan.threads or default_threads(parallel)
     runs = [job for job in plan.runs() if seeds is None or job[1] in seeds]
     out = {"finished": [], "failed": [], "skipped": [], "planned": len(runs), "stopped_at_look": None}
@@ -71,7 +72,7 @@ def run_study(plan: Plan, work: Path, parallel: int = 1, threads: Optional[int] 
                 out["finished"].append(job)
                 val = W.read_scores(work, arm, seed, "validation") or {}
                 echo(f"{where}: done in {seconds:.0f} s (validation {plan.metric} "
-                     f"{100 * val.get(plan.metric, float('nan')):.2f})")
+                     f"{100 * val.get(plan.metric, float('nan')):.2f} points)")
             else:
                 out["failed"].append(job)
                 echo(f"{where}: FAILED (exit {code}) after {seconds:.0f} s; log {log}; a later `study run` reruns it")
@@ -102,6 +103,8 @@ def run_study(plan: Plan, work: Path, parallel: int = 1, threads: Optional[int] 
             echo(f"[study] every comparison has its verdict at look {k} ({n} seeds): the later looks' runs are "
                  "not needed")
             break
+    if out["failed"] and not sealed_before and W.unseal_untrained(work):
+        echo(f"[study] no run trained: {work} is left unsealed, so the plan may still be corrected")
     done = len(out["finished"]) + len(out["skipped"])
     echo(f"[study] {done} of {len(runs)} runs have their scores" + (f"; {len(out['failed'])} failed: run "
          "`clip-dcl study run` again to rerun them" if out["failed"] else "")

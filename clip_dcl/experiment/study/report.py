@@ -1,5 +1,7 @@
 """A study's report, ``STUDY.md``, ``STUDY.json`` and ``STUDY.png``: per comparison the paired differences per
-seed, their interval and the verdict by the plan's rule.
+seed, their interval and the verdict by the plan's rule, with its reason in words. The Markdown opens with
+what its words mean (:data:`GLOSSARY`), every number is in points, and the figure is one forest plot of
+every comparison on a shared axis.
 
 Verdicts come only from a complete look (every planned run of its seeds has its scores: for a one-look
 plan, every run), and the test split is read only then. Before, the report says "incomplete: k of n runs"
@@ -21,7 +23,7 @@ from ..reporting import Report, markdown_table
 from ..stats import t_interval
 from . import work as W
 from .plan import Comparison, Plan
-from .rule import judge
+from .rule import judge, reason
 
 RULE_TEXT = {
     "beats": "**beats**: the interval lies above zero and the mean exceeds the resolution ({res}); **trails**: the "
@@ -160,11 +162,48 @@ def _per_seed(r: dict) -> str:
 
 
 def _threshold(rule: str, margin: Optional[float], resolution: float) -> str:
+    """The bar a comparison's interval is read against, in points (see :data:`GLOSSARY`)."""
     if rule == "beats":
-        return f"0 (mean past ±{_points(resolution, False)})"
+        return f"zero, and the mean past ±{_points(resolution, False)}"
     if margin is None:
         return "-"
-    return _points(-margin) if rule == "reaches" else f"±{_points(margin, False)}"
+    return f"{_points(-margin)} (minus the margin)" if rule == "reaches" else f"±{_points(margin, False)} (the margin)"
+
+
+def why(c: dict, r: dict, resolution: float) -> str:
+    """Why row ``r`` of comparison ``c`` has its verdict, in words (:func:`clip_dcl.experiment.study.rule.reason`)."""
+    if r.get("left_out"):
+        return "seeds left out (" + "; ".join(r["left_out"]) + ")"
+    return reason(c["rule"], r, resolution)
+
+
+def verdict_line(c: dict, doc: dict) -> str:
+    """One comparison's final row in one line, its numbers in points and its verdict with the reason."""
+    r = c["final"]
+    looks = len(doc.get("looks") or [1])
+    look = f", look {r['look']} of {looks}" if looks > 1 else ""
+    interval = "no interval" if r["n"] < 2 else \
+        f"{100 * r['confidence']:.0f} % interval [{_points(r['lo'])}, {_points(r['hi'])}]"
+    return (f"{c['label']} ({r['split']} split, {r['n']} seeds{look}): mean {_points(r['mean'])} points, {interval} "
+            f"-> {r['verdict']}: {why(c, r, doc['resolution'])}")
+
+
+#: What the report's words mean, for a reader who has not met the rule; it opens the report.
+GLOSSARY = [
+    "- **points**: every number is the metric in percentage points; a difference `a - b` is taken seed by seed "
+    "(both arms trained with the same seed) and averaged.",
+    "- **interval**: the range that holds the true mean difference at the plan's confidence (a Student "
+    "t-interval over the per-seed differences); the more the seeds disagree, or the fewer they are, the wider.",
+    "- **resolution**: the smallest difference the plan counts as real; a mean within ±resolution is a tie, "
+    "never a win.",
+    "- **margin** (reaches, matches): how far below zero (reaches) or around zero (matches) a difference may lie "
+    "and still count, fixed in the plan before any run.",
+    "- **look**: a point, fixed in the plan, at which the report may judge (a number of seeds); a one-look plan "
+    "judges once, when every run has its scores. Each extra look costs confidence, so each is judged at a "
+    "stricter interval.",
+    "- **no verdict**: the interval crosses the bar it is read against; the data cannot tell, and more seeds "
+    "might.",
+]
 
 
 def build(plan: Plan, work: Path) -> dict:
@@ -218,8 +257,9 @@ def build(plan: Plan, work: Path) -> dict:
 
 def provenance(doc: dict) -> str:
     """Where and when the plan was fixed, against its first run (the earliest attempt), in words: "committed
-    DATE, before its first run (DATE); sealed DATE at commit C", and "before its first run" only when the dates
-    say so."""
+    DATE, before its first run (DATE); sealed DATE at commit C" when git holds the plan file itself at the
+    seal's commit (:func:`plan_committed`), and "before its first run" only when the dates say so; else that
+    the plan was not committed (the commit is then only the code's, and no date is the plan's)."""
     sealed, commit, first = doc.get("sealed"), doc.get("sealed_commit"), doc.get("first_run")
     if not sealed:
         return "not sealed yet"
@@ -228,8 +268,10 @@ def provenance(doc: dict) -> str:
         when = "before" if first is None or committed < first else "after"
         return (f"committed {committed[:16]}, {when} its first run ({first or 'none yet'}); sealed {sealed} at commit "
                 f"{commit}")
-    when = "" if first is None or sealed > first[:16] else " before its first run"
-    return f"sealed {sealed} at commit {commit or '-'}{when}" + (f" (first run {first})" if first else "")
+    # A seal's date is a local file's word, and its commit is the code's: neither vouches for the plan.
+    return (f"the plan was not committed to git, so no date of record shows it fixed before its runs; its work "
+            f"folder was sealed {sealed} (clip-dcl at commit {commit or '-'})"
+            + (f", first run {first}" if first else ""))
 
 
 def markdown(doc: dict, plan: Plan, figure_name: str = "STUDY.png") -> List[str]:
@@ -238,10 +280,12 @@ def markdown(doc: dict, plan: Plan, figure_name: str = "STUDY.png") -> List[str]
     commits = Counter(r["commit"] for r in done)
     machines = Counter(r.get("hardware", "?") for r in done)
     rules = sorted({c.rule for c in plan.comparisons}, key=list(RULE_TEXT).index)
-    lines = [f"# Study: {doc['title']}", "", f"- Status: **{doc['status']}**",
+    lines = [f"# Study: {doc['title']}", "", f"- Status: **{doc['status']}**", "", "## How to read it", "",
+             *GLOSSARY, "", "## The plan and its runs", "",
              f"- Plan: `{doc['plan']}` (sha256 {doc['plan_sha256'][:12]}), {provenance(doc)}; recipe `{doc['recipe']}`",
              f"- Design: {doc['design']}",
-             f"- Metric: `{doc['metric']}` in points (percent); resolution {_points(doc['resolution'], False)} point",
+             f"- Metric: `{doc['metric']}` in points (percent); resolution ±{_points(doc['resolution'], False)} "
+             "points",
              "- Runs' commits: " + (", ".join(f"{c} ({n} runs)" for c, n in commits.items()) or "none yet"),
              "- Runs' machines: " + ("; ".join(f"{m} ({n} runs)" for m, n in machines.items()) or "none yet")
              + ("" if not doc["pair_across"] else f" (the plan pairs across {', '.join(doc['pair_across'])})"),
@@ -249,7 +293,8 @@ def markdown(doc: dict, plan: Plan, figure_name: str = "STUDY.png") -> List[str]
                                   r.get("resumed") else f"failed {r['failed']}, exit {r['exit']}") + ")"
                                   for r in doc["reruns"]) or "none"),
              "- The rule (paired by seed; mean difference and its t-interval): "
-             + "; ".join(RULE_TEXT[r].format(res=_points(doc["resolution"], False)) for r in rules) + ".", ""]
+             + "; ".join(RULE_TEXT[r].format(res=_points(doc["resolution"], False) + " points") for r in rules)
+             + ".", ""]
     tested = [c for c in doc["comparisons"] if c["looks"]]
     if tested:
         lines += ["## Verdicts (test split)" if not doc["exploratory"] else
@@ -265,7 +310,9 @@ def markdown(doc: dict, plan: Plan, figure_name: str = "STUDY.png") -> List[str]
             if not c["looks"]:
                 table.append([f"{c['a']} - {c['b']} ({c['rule']})", "-", 0, "-", "-", "-", "-", "not judged yet"])
         lines += [markdown_table(["comparison", "look, interval", "seeds", "per-seed differences (points)", "mean",
-                                  "interval", "threshold", "verdict"], table, "llrlrlll"), ""]
+                                  "interval", "read against (points)", "verdict"], table, "llrlrlll"), ""]
+        lines += [f"- {c['label']}: **{c['final']['verdict']}**: {why(c, c['final'], doc['resolution'])}."
+                  for c in doc["comparisons"] if c["final"]] + [""]
         notes = [f"- {c['label']}: left out " + "; ".join(r["left_out"]) for c in doc["comparisons"]
                  for r in c["looks"] if r["left_out"]]
         lines += notes + ([""] if notes else [])
@@ -288,34 +335,75 @@ def markdown(doc: dict, plan: Plan, figure_name: str = "STUDY.png") -> List[str]
             cells.append(_points(r["test"].get(doc["metric"]), False) if "test" in r else "-")
         rows.append(cells)
     lines += ["## Runs", "", markdown_table(head + ([f"test {doc['metric']}"] if show_test else []), rows), "",
-              f"![per-seed differences]({figure_name})"]
+              f"![every comparison on one axis: seeds, mean, interval, zero and margins]({figure_name})"]
     return lines
 
 
-def figure(doc: dict, path: Path) -> Path:
-    """Per comparison: the per-seed differences (test split at its final or last look, else validation),
-    their mean and interval, and the rule's thresholds."""
-    plt = pyplot()
-    comps = doc["comparisons"]
-    fig, axes = plt.subplots(1, len(comps), figsize=(4.2 * len(comps), 3.8), squeeze=False)
-    for ax, c, v in zip(axes[0], comps, doc["validation"]):
+def forest_rows(doc: dict) -> List[dict]:
+    """The rows of :func:`figure`, top to bottom: per comparison its row (the test split at its final or last
+    look, else the validation split's), the split, the verdict shown and the bars it is read against, in points."""
+    rows = []
+    for c, v in zip(doc["comparisons"], doc["validation"]):
         r = c["final"] or (c["looks"][-1] if c["looks"] else None)
         split = doc["split"] if r else "validation"
+        verdict = r["verdict"] if r else "no verdict (validation split: for choices)"
         r = r or v
-        ax.scatter(range(len(r["diffs"])), [100 * d for d in r["diffs"]], color="C0", zorder=3, label="seeds")
-        if r["n"] >= 2:
-            ax.errorbar([len(r["diffs"])], [100 * r["mean"]], yerr=[[100 * (r["mean"] - r["lo"])],
-                                                                    [100 * (r["hi"] - r["mean"])]],
-                        fmt="s", color="C3", capsize=4, label="mean, interval")
-        ax.axhline(0, color="grey", lw=1)
         margin = r.get("margin")
-        if c["rule"] != "beats" and margin:
-            for y in ([-margin] if c["rule"] == "reaches" else [-margin, margin]):
-                ax.axhline(100 * y, color="C2", ls="--", lw=1)
-        ax.set_xticks(list(range(len(r["seeds"]))) + [len(r["seeds"])], [f"s{s}" for s in r["seeds"]] + ["mean"])
-        verdict = r.get("verdict", "no verdict") if c["looks"] else "validation: no verdict"
-        ax.set(title=f"{c['a']} - {c['b']}\n{c['rule']}: {verdict}", ylabel=f"points ({split} split)")
-        ax.grid(alpha=0.3)
+        bars = []
+        if c["rule"] == "reaches" and margin is not None:
+            bars = [-100 * margin]
+        elif c["rule"] == "matches" and margin is not None:
+            bars = [-100 * margin, 100 * margin]
+        rows.append({"label": c["label"], "rule": c["rule"], "split": split, "verdict": verdict, "n": r["n"],
+                     "seeds": [100 * d for d in r["diffs"]], "mean": 100 * r["mean"] if r["n"] else None,
+                     "interval": (100 * r["lo"], 100 * r["hi"]) if r["n"] >= 2 else None, "bars": bars})
+    return rows
+
+
+def figure(doc: dict, path: Path) -> Path:
+    """One forest plot: every comparison on one shared axis of differences ``a - b`` in points, so that the
+    eye compares them: each seed a dot, the mean a square with its interval, zero a line, and the bars each
+    is read against (minus the margin for reaches, ± the margin for matches; for beats, ± the resolution
+    shaded, the band where a mean is a tie)."""
+    plt = pyplot()
+    rows = forest_rows(doc)
+    fig, ax = plt.subplots(figsize=(8.5, 1.4 + 0.75 * len(rows)))
+    labelled = set()
+
+    def once(name: str) -> Optional[str]:  # each legend entry once
+        if name in labelled:
+            return None
+        labelled.add(name)
+        return name
+
+    res = 100 * doc["resolution"]
+    for i, row in enumerate(rows):
+        y = len(rows) - 1 - i  # the plan's first comparison on top
+        if row["rule"] == "beats" and res > 0:
+            ax.fill_betweenx([y - 0.35, y + 0.35], -res, res, color="grey", alpha=0.18, lw=0,
+                             label=once("± resolution (beats)"))
+        for x in row["bars"]:
+            ax.plot([x, x], [y - 0.35, y + 0.35], color="C2", ls="--", lw=1.5, label=once("margin"))
+        k = len(row["seeds"])
+        offsets = [0.0] if k == 1 else [-0.2 + 0.4 * j / (k - 1) for j in range(k)]  # spread, so dots do not hide
+        ax.scatter(row["seeds"], [y + o for o in offsets], s=16, color="C0", alpha=0.75, zorder=3,
+                   label=once("one seed"))
+        if row["interval"] is not None:
+            lo, hi = row["interval"]
+            ax.errorbar([row["mean"]], [y], xerr=[[row["mean"] - lo], [hi - row["mean"]]], fmt="s", color="C3",
+                        ms=7, capsize=5, lw=2, zorder=4, label=once(f"mean, {100 * doc['confidence']:.0f} % interval"))
+        elif row["mean"] is not None:
+            ax.plot([row["mean"]], [y], "s", color="C3", ms=7, zorder=4)
+    ax.axvline(0, color="black", lw=1)
+    ax.set_yticks(range(len(rows)))
+    ax.set_yticklabels([f"{r['label']}\n{r['verdict']} ({r['split']}, {r['n']} seeds)" for r in reversed(rows)],
+                       fontsize=9)
+    ax.set_ylim(-0.7, len(rows) - 0.3)
+    ax.set_xlabel(f"a - b, {doc['metric']} in points (paired by seed)")
+    ax.grid(axis="x", alpha=0.3)
+    if labelled:
+        ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.45 / max(1, len(rows)) - 0.12),
+                  ncol=len(labelled), frameon=False)  # below the axis: no row hidden
     return save_figure(fig, path, doc["title"])
 
 

@@ -48,6 +48,47 @@ def verdict(rule: str, interval: Dict[str, float], *, resolution: float = 0.0, m
     raise ValueError(f"unknown rule {rule!r}; choose beats, reaches or matches")
 
 
+def _pt(x: float, sign: bool = True) -> str:
+    return f"{100 * x:+.2f}" if sign else f"{100 * x:.2f}"
+
+
+def _points(x: float) -> str:
+    """``x`` (a fraction) in points, with the unit: ``1 point``, ``2.50 points``."""
+    return "1 point" if round(100 * x, 2) == 1 else f"{_pt(x, False)} points"
+
+
+def reason(rule: str, row: Dict[str, object], resolution: float = 0.0) -> str:
+    """Why ``row`` (:func:`judge`'s, with its ``verdict``) got its verdict, in words and in points: what a
+    reader who does not know the rule needs to read the verdict line."""
+    n, lo, hi, mean = row["n"], row["lo"], row["hi"], row["mean"]
+    margin, said = row.get("margin"), row["verdict"]
+    if n < 2 or not (math.isfinite(lo) and math.isfinite(hi)):
+        return f"{n} paired seed(s): an interval needs 2 or more"
+    if rule == "beats":
+        if said == "no verdict":
+            return "the interval crosses zero: the data cannot tell which is better"
+        if said == "tie":
+            return (f"a tie: the interval lies on one side of zero, but its mean ({_pt(mean)}) is within the "
+                    f"resolution of ±{_points(resolution)}, too small a difference to count")
+        side = "above" if said == "beats" else "below"
+        return (f"the whole interval lies {side} zero and its mean ({_pt(mean)}) is past the resolution of "
+                f"±{_points(resolution)}")
+    if margin is None:
+        return "no margin to read the interval against"
+    bar = f"the bar of {_pt(-margin)} points (minus the margin of {_points(margin)})"
+    if rule == "reaches":
+        if said == "reaches":
+            return f"the interval's low end ({_pt(lo)}) is above {bar}: any shortfall is within the margin"
+        if said == "does not reach":
+            return f"the interval's high end ({_pt(hi)}) is below {bar}: the shortfall is more than the margin"
+        return f"the interval crosses {bar}: the data cannot tell whether the shortfall is within the margin"
+    if said == "matches":
+        return f"the whole interval lies within ±{_points(margin)} (the margin)"
+    if said == "differs":
+        return f"the whole interval lies outside ±{_points(margin)} (the margin)"
+    return f"the interval crosses ±{_points(margin)} (the margin): the data cannot tell whether they match"
+
+
 def judge(rule: str, diffs: Sequence[float], confidence: float, *, resolution: float = 0.0,
           margin: Optional[float] = None, min_seeds: int = 2) -> Dict[str, object]:
     """:func:`t_interval` of ``diffs`` with the rule's ``verdict`` (and the ``margin`` it read)."""

@@ -55,7 +55,11 @@ def check_seal(plan: Plan, work: Path) -> Optional[dict]:
 
 
 def seal(plan: Plan, work: Path) -> dict:
-    """Seal ``work`` with ``plan`` unless it is sealed already (then check it, :func:`check_seal`)."""
+    """Seal ``work`` with ``plan`` unless it is sealed already (then check it, :func:`check_seal`).
+
+    ``commands`` and ``run`` seal once the data are made and checked, just before the first line, so that
+    a plan whose data cannot be read can be corrected and run in the same folder; ``run`` also unseals a
+    folder it sealed where no run trained (:func:`unseal_untrained`)."""
     work = Path(work)
     found = check_seal(plan, work)
     if found is not None:
@@ -70,6 +74,28 @@ def seal(plan: Plan, work: Path) -> dict:
     tmp.write_text(json.dumps(doc, indent=1) + "\n")
     os.replace(tmp, work / SEAL)  # never half a seal
     return doc
+
+
+def trained_anything(work: Path) -> bool:
+    """Whether any run in ``work`` got as far as a training step: a logged step, a checkpoint or scores."""
+    for folder in (Path(work) / "runs").glob("*/seed*"):
+        if any(folder.glob("scores-*.json")) or any(folder.glob("checkpoints/*.pt")):
+            return True
+        log = folder / "out.log"
+        if log.is_file() and "Train Epoch:" in log.read_text(errors="replace"):
+            return True
+    return False
+
+
+def unseal_untrained(work: Path) -> bool:
+    """Remove the seal of ``work`` when no run trained (nothing was learnt from the plan's runs, so it may
+    still change); return whether it was removed. The runs' failed attempts stay in ``attempts.jsonl``."""
+    path = Path(work) / SEAL
+    if not path.is_file() or trained_anything(work):
+        return False
+    path.unlink()
+    (Path(work) / "plan.toml").unlink(missing_ok=True)
+    return True
 
 
 # ------------------------------------------------------------------------------------------
@@ -104,15 +130,68 @@ def prepare_data(plan: Plan, work: Path, echo: Callable[[str], None] = print) ->
         if proc.returncode != 0:
             tail = log.read_text().strip().splitlines()[-1:] or ["(no output)"]
             raise StudyError(f"the [data] command failed (exit {proc.returncode}; log {log}): {tail[0]}")
-    splits = _from_summary(folder) if spec.get("from_summary") else {
-        key: (spec[key].replace("{DATA}", str(folder)) if isinstance(spec.get(key), str) else spec.get(key))
-        for key in ("train", "validation", "test", "validation_zeroshot", "test_zeroshot", "train_samples",
-                    "validation_samples", "test_samples")}
-    for key in ("train", "validation", "test"):
-        if not splits.get(f"{key}_samples"):
-            splits[f"{key}_samples"] = shard_samples(splits[key], key)
+    splits = _from_summary(folder) if spec.get("from_summary") else plan_splits(plan, folder)
+    check_splits(splits)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps({"plan_data": spec, "splits": splits, "made": utc_date()}, indent=1) + "\n")
+    return splits
+
+
+#: [data] keys that name shards (a pattern or a folder of .tar files), and those that name ImageFolder trees
+SHARD_KEYS = ("train", "validation", "test")
+TREE_KEYS = ("validation_zeroshot", "test_zeroshot")
+
+
+def plan_folder(plan: Plan) -> Path:
+    """The folder a plan's relative paths are read from: the plan file's own (the current folder for a
+    plan parsed from text), so that a plan means the same data from wherever it is run."""
+    return Path(plan.source).resolve().parent if plan.source else Path.cwd()
+
+
+def plan_splits(plan: Plan, folder: Optional[Path] = None) -> Dict[str, object]:
+    """The splits a plan's [data] names: ``{DATA}`` replaced by ``folder`` (the data a command writes), a
+    relative path read from :func:`plan_folder`, a folder of shards taken as the pattern of its ``.tar``
+    files; the sample counts as the plan gives them (None where it does not)."""
+    from clip_dcl.data.shards import folder_pattern
+
+    spec, base = plan.data, plan_folder(plan)
+    splits: Dict[str, object] = {}
+    for key in (*SHARD_KEYS, *TREE_KEYS):
+        value = spec.get(key)
+        if isinstance(value, str):
+            if folder is not None:
+                value = value.replace("{DATA}", str(folder))
+            value = os.path.join(base, value)  # an absolute value stays as it is
+            if key in SHARD_KEYS and os.path.isdir(value):
+                try:
+                    value = folder_pattern(value)
+                except ValueError as e:
+                    raise StudyError(f"[data] {key}: {e}") from None
+        splits[key] = value
+    for key in SHARD_KEYS:
+        splits[f"{key}_samples"] = spec.get(f"{key}_samples")
+    return splits
+
+
+def check_splits(splits: Dict[str, object], source: str = "") -> Dict[str, object]:
+    """``splits`` with every shard and zero-shot tree checked to exist and each split's sample count known
+    (from ``sizes.json`` where [data] does not give it); :class:`StudyError` naming the first that is not."""
+    import braceexpand
+
+    where = f"{source}: " if source else ""
+    for key in SHARD_KEYS:
+        shards = list(braceexpand.braceexpand(str(splits[key])))
+        missing = [s for s in shards if not os.path.isfile(s)]
+        if missing:
+            more = f" (and {len(missing) - 1} more of {len(shards)})" if len(missing) > 1 else ""
+            raise StudyError(f"{where}[data] {key}: {missing[0]} does not exist{more} (a relative path is read from "
+                             "the plan file's folder)")
+        if not splits.get(f"{key}_samples"):
+            splits[f"{key}_samples"] = shard_samples(str(splits[key]), key)
+    for key in TREE_KEYS:
+        if splits.get(key) and not os.path.isdir(str(splits[key])):
+            raise StudyError(f"{where}[data] {key}: {splits[key]} is not a folder (a relative path is read from the "
+                             "plan file's folder)")
     return splits
 
 
