@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import sys
 from typing import List, Optional
 
@@ -56,6 +57,9 @@ def main(argv: Optional[List[str]] = None, prog: Optional[str] = None) -> int:
     - ``130`` (:data:`clip_dcl.train.preempt.INTERRUPTED_EXIT_CODE`): Ctrl-C; the first one during
       training steps saves a checkpoint at the step, as a signal does (with ``--preempt-signals``
       on); one at another time, or a second one, stops at once without saving;
+    - ``75`` or ``130`` also for a stop signal or Ctrl-C during start-up (before the first training
+      step): the run ends at once, within seconds even while it waits for the other ranks, and says
+      that nothing was trained since the last checkpoint;
     - ``1``: the run stopped with a clear error (logged, and on stderr): another process trains in the
       run folder, or the folder holds a run that the command does not continue (``--resume latest``, or
       ``--resume`` of a checkpoint in it, does), OpenCLIP refused to start, a sample id is missing or does not fit the buffer, the
@@ -71,28 +75,35 @@ def main(argv: Optional[List[str]] = None, prog: Optional[str] = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["--"]:  # torchrun ... -m clip_dcl.train -- ARGS
         argv = argv[1:]
-    from .flags import PROG, FlagError, parse_train_args
+    from .exits import StartupStop, launched_rank, startup_stop_line, stop_at_once
 
     try:
-        config = parse_train_args(argv, prog=prog or PROG)
-    except FlagError as e:
-        print(f"clip-dcl train: error: {e}", file=sys.stderr)
-        return 2
-    except SystemExit as e:  # argparse already printed why
-        return e.code if isinstance(e.code, int) else 2
-    if config is None:  # --help
-        return 0
+        with stop_at_once():  # until the run's own handlers (run_training): imports, flags
+            from .flags import PROG, FlagError, parse_train_args
 
-    from .saving import CheckpointDiskFull, CheckpointUnreadable
-    from .ids import MissingSampleIds
-    from .divergence import Diverged
-    from .ids import SampleIdOutOfRange
-    from .patch import PeerFailure, run_training
-    from .run import LossStateMismatch
-    from .pipeline import TrainingDataError
-    from .runfolder import RunFolderBusy, RunFolderTaken
-    from .preempt import INTERRUPTED_EXIT_CODE
-    from .exits import stop_loader_workers
+            try:
+                config = parse_train_args(argv, prog=prog or PROG)
+            except FlagError as e:
+                _refuse(f"clip-dcl train: error: {e}")
+                return 2
+            except SystemExit as e:  # argparse already printed why
+                return e.code if isinstance(e.code, int) else 2
+            if config is None:  # --help
+                return 0
+
+            from .saving import CheckpointDiskFull, CheckpointUnreadable
+            from .ids import MissingSampleIds
+            from .divergence import Diverged
+            from .ids import SampleIdOutOfRange
+            from .patch import PeerFailure, run_training
+            from .run import LossStateMismatch
+            from .pipeline import TrainingDataError
+            from .runfolder import RunFolderBusy, RunFolderTaken
+            from .preempt import INTERRUPTED_EXIT_CODE
+            from .exits import stop_loader_workers
+    except StartupStop as e:
+        print(startup_stop_line(e.signame, launched_rank()), file=sys.stderr)
+        return e.exit_code
 
     code = None
     with _run_log_handlers_closed():
@@ -102,6 +113,9 @@ def main(argv: Optional[List[str]] = None, prog: Optional[str] = None) -> int:
                 CheckpointDiskFull, Diverged, PeerFailure, RunFolderBusy, RunFolderTaken) as e:
             _report(f"clip-dcl train: error: {_without_worker_traceback(e)}")
             code = 1
+        except StartupStop as e:  # a stop signal or Ctrl-C before the first step: nothing to save
+            _report(startup_stop_line(e.signame, launched_rank()))
+            code = e.exit_code
         except KeyboardInterrupt:
             _report("clip-dcl train: interrupted (Ctrl-C); no checkpoint was saved at this point")
             code = INTERRUPTED_EXIT_CODE
@@ -112,12 +126,21 @@ def main(argv: Optional[List[str]] = None, prog: Optional[str] = None) -> int:
 
 
 def _report(line: str) -> None:
-    # OpenCLIP's logging, once set up, writes to this stderr (and out.log); before, other handlers (a
-    # harness's) would take the line without showing it
-    if any(type(h) is logging.StreamHandler and h.stream is sys.stderr for h in logging.getLogger().handlers):
-        logging.error(line)
-    else:
-        print(line, file=sys.stderr)
+    from .exits import report_error
+
+    report_error(line)
+
+
+def _refuse(line: str) -> None:
+    """A refused command line's error. Under plain torchrun every rank of a node refuses the same flags and files:
+    the node's first rank says so (under :mod:`clip_dcl.train.torchrun` the launcher does, once)."""
+    from .exits import LAUNCHER_ENV, record_for_launcher
+
+    if record_for_launcher(line):
+        return
+    if os.environ.get(LAUNCHER_ENV) != "1" and os.environ.get("LOCAL_RANK", "0") != "0":
+        return
+    print(line, file=sys.stderr)
 
 
 def command_main(argv: Optional[List[str]] = None) -> int:

@@ -105,3 +105,42 @@ def check_packed_flags(oc_args) -> None:
             check_flags(oc_args)
         except PackedDataError as e:
             raise FlagError(str(e)) from None
+
+
+def check_shards_for_ranks(oc_args, world: int) -> None:
+    """Webdataset shards read once an epoch (no ``--dataset-resampled``) are split between ``--workers`` x
+    ``world`` readers, each of which needs a shard; known from the file list alone (the pipeline would
+    raise the same on every rank, after the model is built)."""
+    from open_clip_train.data import expand_urls
+
+    from .facts import train_data_kind
+
+    if (not oc_args.train_data or oc_args.dataset_type == "synthetic" or getattr(oc_args, "dataset_resampled", False)
+            or train_data_kind(oc_args) != "webdataset"):
+        return
+    try:
+        shards = len(expand_urls(oc_args.train_data)[0])
+    except (ValueError, TypeError):
+        return  # check_data_paths names a pattern that does not expand
+    readers = max(1, oc_args.workers) * world
+    if shards < readers:
+        raise FlagError(f"{shards} training shards for {oc_args.workers} workers x {world} ranks: the number of "
+                        "shards must be >= workers x ranks (or use --dataset-resampled)")
+
+
+def check_ranks_against_devices(local_ranks: int, device: str) -> None:
+    """On CUDA, one process per GPU: ``local_ranks`` processes on this node (torchrun's ``--nproc_per_node``)
+    need as many visible GPUs (each rank takes ``cuda:LOCAL_RANK``, and one past the last fails in CUDA).
+    Nothing to check on a CPU (gloo runs any number), nor where no GPU is visible (OpenCLIP then falls back
+    to the CPU)."""
+    import torch
+
+    if local_ranks <= 1 or str(device).split(":")[0] != "cuda" or not torch.cuda.is_available():
+        return
+    gpus = torch.cuda.device_count()
+    if local_ranks > gpus:
+        visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+        where = f" (CUDA_VISIBLE_DEVICES={visible})" if visible else ""
+        raise FlagError(f"{local_ranks} ranks on this node but {gpus} GPU{'s' if gpus != 1 else ''} visible{where}: "
+                        f"one rank per GPU; start {gpus} (NPROC={gpus}, --nproc_per_node {gpus}), or train on the "
+                        "CPU with --device cpu")

@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import math
+import os
 import re
 import sys
 from dataclasses import dataclass, field
@@ -25,7 +26,7 @@ from typing import TYPE_CHECKING, Dict, List, Optional
 
 from ..errors import FlagError  # noqa: F401  (raised here, and imported from here by callers)
 from .flag_checks import (check_data_paths, check_global_batch, check_optimizer_values,  # noqa: F401 (re-exported)
-                          check_output_paths, check_packed_flags)
+                          check_output_paths, check_packed_flags, check_ranks_against_devices, check_shards_for_ranks)
 
 if TYPE_CHECKING:
     from clip_dcl.losses.base import DataFacts
@@ -467,6 +468,13 @@ def parse_train_args(argv: List[str], check_files: bool = True, prog: str = PROG
     _require_data(oc_args)
     if check_files and data.training:  # the ranks are this machine's launcher's
         check_global_batch(oc_args)
+        from open_clip_train.distributed import world_info_from_env
+
+        check_shards_for_ranks(oc_args, world_info_from_env()[2])
+    if check_files:
+        local = os.environ.get("LOCAL_WORLD_SIZE")
+        if local and local.isdigit():  # torchrun's ranks on this node
+            check_ranks_against_devices(int(local), oc_args.device)
     num_samples = id_block = None
     per_sample = probe is not None and getattr(probe, "requires_sample_ids", False)
     if per_sample and data.training:
