@@ -91,15 +91,20 @@ def test_startup_the_line_says_nothing_was_trained():
 def test_startup_the_launcher_names_the_rank_that_failed_first_not_those_it_stopped():
     from clip_dcl.train.torchrun import _first_failure
 
-    def failure(code, ts, precise=None):
-        extra = {"clip_dcl_time": repr(precise)} if precise is not None else {}
+    def failure(code, ts, precise=None, kind=None):
+        extra = {"clip_dcl_time": repr(precise), "clip_dcl_kind": kind} if precise is not None else {}
         return SimpleNamespace(exitcode=code, timestamp=ts, error_file_data={"message": {"extraInfo": extra}})
 
-    stopped, killed = failure(75, 100), failure(-9, 101)
+    stopped, killed = failure(75, 100, 99.5, "stop"), failure(-9, 101)
     assert _first_failure([(0, stopped), (1, killed)]) == (1, killed)  # 75: torchrun's SIGTERM, not the cause
-    a, b = failure(1, 100, precise=100.7), failure(1, 100, precise=100.2)
+    a, b = failure(1, 100, 100.7, "error"), failure(1, 100, 100.2, "error")
     assert _first_failure([(0, a), (1, b)]) == (1, b)  # the same second: the finer time decides
-    c, d = failure(75, 100), failure(130, 99)
+    own, peer = failure(75, 100, 100.1, "stop"), failure(1, 100, 100.0, "peer")
+    # a SIGTERM to rank 1 alone: rank 0's collective failed because rank 1 left (whatever the clock says)
+    assert _first_failure([(0, peer), (1, own)]) == (1, own)
+    error, hung = failure(1, 100, 100.3, "error"), failure(-9, 130)
+    assert _first_failure([(0, hung), (1, error)]) == (1, error)  # the rank torchrun killed last is not the cause
+    c, d = failure(75, 100, 100.5, "stop"), failure(130, 100, 100.2, "stop")
     assert _first_failure([(0, c), (1, d)]) == (1, d)  # all stopped on a signal: the earliest
 
 

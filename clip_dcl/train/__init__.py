@@ -99,8 +99,8 @@ def main(argv: Optional[List[str]] = None, prog: Optional[str] = None) -> int:
             from .run import LossStateMismatch
             from .pipeline import TrainingDataError
             from .runfolder import RunFolderBusy, RunFolderTaken
-            from .preempt import INTERRUPTED_EXIT_CODE
-            from .exits import stop_loader_workers
+            from .preempt import INTERRUPTED_EXIT_CODE, PREEMPTED_EXIT_CODE
+            from .exits import record_for_launcher, stop_loader_workers
     except StartupStop as e:
         print(startup_stop_line(e.signame, launched_rank()), file=sys.stderr)
         return e.exit_code
@@ -109,15 +109,19 @@ def main(argv: Optional[List[str]] = None, prog: Optional[str] = None) -> int:
     with _run_log_handlers_closed():
         try:
             code = run_training(config)
+            if code in (PREEMPTED_EXIT_CODE, INTERRUPTED_EXIT_CODE):  # saved its step: when, for the launcher
+                record_for_launcher(f"clip-dcl train: stopped on a signal after saving its step; exit code {code}",
+                                    "stop")
         except (MissingSampleIds, SampleIdOutOfRange, LossStateMismatch, CheckpointUnreadable, TrainingDataError,
                 CheckpointDiskFull, Diverged, PeerFailure, RunFolderBusy, RunFolderTaken) as e:
-            _report(f"clip-dcl train: error: {_without_worker_traceback(e)}")
+            _report(f"clip-dcl train: error: {_without_worker_traceback(e)}", "peer" if isinstance(e, PeerFailure)
+                    else "error")
             code = 1
         except StartupStop as e:  # a stop signal or Ctrl-C before the first step: nothing to save
-            _report(startup_stop_line(e.signame, launched_rank()))
+            _report(startup_stop_line(e.signame, launched_rank()), "stop")
             code = e.exit_code
         except KeyboardInterrupt:
-            _report("clip-dcl train: interrupted (Ctrl-C); no checkpoint was saved at this point")
+            _report("clip-dcl train: interrupted (Ctrl-C); no checkpoint was saved at this point", "stop")
             code = INTERRUPTED_EXIT_CODE
         finally:
             if code != 0:  # failed: no loader is read again, and none may outlive this line (see exits.py)
@@ -125,10 +129,10 @@ def main(argv: Optional[List[str]] = None, prog: Optional[str] = None) -> int:
     return code
 
 
-def _report(line: str) -> None:
+def _report(line: str, kind: str = "error") -> None:
     from .exits import report_error
 
-    report_error(line)
+    report_error(line, kind)
 
 
 def _refuse(line: str) -> None:

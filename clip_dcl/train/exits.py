@@ -112,16 +112,22 @@ def _raise_startup_stop(signum, frame):
 
 
 # -- a failed rank's one line ----------------------------------------------------------------------------------
-def record_for_launcher(line: str) -> bool:
+#: What a rank's line in its error file is: its own error, a stop on a signal (75 / 130), or a collective that
+#: failed because another rank did (the launcher looks for the cause among the errors first).
+LAUNCHER_KINDS = ("error", "stop", "peer")
+
+
+def record_for_launcher(line: str, kind: str = "error") -> bool:
     """Under :mod:`clip_dcl.train.torchrun`, write ``line`` to this rank's torchrun error file, in torchrun's
-    format plus the time to the microsecond (``clip_dcl_time``: which rank met its error first); return
-    whether it was written (the launcher then prints it, so the rank does not)."""
+    format plus the time to the microsecond (``clip_dcl_time``: which rank met its error first) and ``kind``
+    (one of :data:`LAUNCHER_KINDS`); return whether it was written (the launcher then prints an error's
+    line, so the rank does not)."""
     path = os.environ.get("TORCHELASTIC_ERROR_FILE")
     if os.environ.get(LAUNCHER_ENV) != "1" or not path:
         return False
     now = time.time()
     data = {"message": {"message": line, "extraInfo": {"timestamp": str(int(now)), "clip_dcl_time": repr(now),
-                                                       "py_callstack": ""}}}
+                                                       "clip_dcl_kind": kind, "py_callstack": ""}}}
     try:
         with open(path, "w") as f:
             json.dump(data, f)
@@ -130,10 +136,11 @@ def record_for_launcher(line: str) -> bool:
     return True
 
 
-def report_error(line: str) -> None:
+def report_error(line: str, kind: str = "error") -> None:
     """The run's last line: on stderr (through OpenCLIP's logging once it is set up, so that out.log has it
-    too); under :mod:`clip_dcl.train.torchrun`, to the launcher instead of stderr (:func:`record_for_launcher`)."""
-    to_launcher = record_for_launcher(line)
+    too); under :mod:`clip_dcl.train.torchrun`, an error's to the launcher instead of stderr
+    (:func:`record_for_launcher`); a stop's or a failed collective's to both (each rank says where it stopped)."""
+    to_launcher = record_for_launcher(line, kind) and kind == "error"
     handlers = logging.getLogger().handlers
     to_stderr = [h for h in handlers if type(h) is logging.StreamHandler and h.stream is sys.stderr]
     if not to_stderr:  # OpenCLIP's logging is not set up (other handlers, a harness's, would not show it)

@@ -40,7 +40,8 @@ from typing import Dict, List, Optional, Sequence
 import numpy as np
 import torch
 
-from .exits import INTERRUPTED_EXIT_CODE, PREEMPTED_EXIT_CODE, StartupStop, launched_rank, startup_stop_line  # noqa: F401
+from .exits import (INTERRUPTED_EXIT_CODE, PREEMPTED_EXIT_CODE, StartupStop, launched_rank,  # noqa: F401
+                    record_for_launcher, startup_stop_line)
 
 #: Signals that stop a run, by default.
 DEFAULT_SIGNALS = ("SIGTERM", "SIGUSR1")
@@ -253,6 +254,7 @@ class StopSignals:
         except Exception as e:  # noqa: BLE001 - the process ends now, whatever its clean-up met
             logging.debug(f"clean-up before a forced exit failed: {e!r}")
         line = startup_stop_line(name, launched_rank())
+        record_for_launcher(line, "stop")
         try:
             sys.stderr.flush()
             os.write(2, (line + "\n").encode())

@@ -114,31 +114,48 @@ def precheck(argv: List[str]) -> Optional[Tuple[str, int]]:
     return None
 
 
+def _ours(failure) -> dict:
+    """``extraInfo`` of the error file a rank of ours wrote (:func:`clip_dcl.train.exits.record_for_launcher`),
+    else ``{}``."""
+    data = failure.error_file_data if isinstance(failure.error_file_data, dict) else {}
+    info = data.get("message")
+    extra = info.get("extraInfo") if isinstance(info, dict) else None
+    return extra if isinstance(extra, dict) and "clip_dcl_time" in extra else {}
+
+
+def _kind(failure) -> str:
+    """``error`` (the rank's own error), ``stop`` (75 / 130: stopped on a signal), ``peer`` (a collective failed
+    because another rank did) or ``other`` (no line of ours: killed by a signal, or an exception of no known kind)."""
+    kind = _ours(failure).get("clip_dcl_kind")
+    if kind in ("error", "stop", "peer"):
+        return kind
+    return "stop" if failure.exitcode in (PREEMPTED_EXIT_CODE, INTERRUPTED_EXIT_CODE) else "other"
+
+
 def _first_failure(failures):
-    """``(global rank, failure)`` of the rank that failed first and was not stopped by a signal (75, 130): the
-    cause; the earliest of all when every one was."""
+    """``(global rank, failure)`` of the cause among the failed ranks: a rank's own error (the first, by the time
+    it wrote its line), else a rank that died with no line of ours (the lowest rank), else the first that stopped
+    on a signal, else the first whose collective failed. Ranks that torchrun stopped when the cause failed (75 /
+    130), or whose collective failed then, come after it."""
     def when(item):
         rank, f = item
-        info = f.error_file_data.get("message", {}) if isinstance(f.error_file_data, dict) else {}
-        extra = info.get("extraInfo", {}) if isinstance(info, dict) else {}
-        precise = extra.get("clip_dcl_time") if isinstance(extra, dict) else None
         try:
-            t = float(precise) if precise is not None else float(f.timestamp)
+            return float(_ours(f).get("clip_dcl_time", f.timestamp)), rank
         except (TypeError, ValueError):
-            t = float(f.timestamp)
-        return t, rank
+            return float(f.timestamp), rank
 
-    causes = [item for item in failures if item[1].exitcode not in (PREEMPTED_EXIT_CODE, INTERRUPTED_EXIT_CODE)]
-    return min(causes or failures, key=when)
+    for kind in ("error", "other", "stop", "peer"):
+        found = [item for item in failures if _kind(item[1]) == kind]
+        if found:
+            return min(found, key=when) if kind != "other" else min(found, key=lambda item: item[0])
+    return min(failures, key=when)
 
 
 def _rank_line(failure) -> Optional[str]:
     """The error line a rank of ours wrote to its error file, if any."""
-    data = failure.error_file_data if isinstance(failure.error_file_data, dict) else {}
-    info = data.get("message")
-    if isinstance(info, dict) and isinstance(info.get("extraInfo"), dict) and "clip_dcl_time" in info["extraInfo"]:
-        return str(info.get("message", "")) or None
-    return None
+    if not _ours(failure):
+        return None
+    return str(failure.error_file_data["message"].get("message", "")) or None
 
 
 def main(argv: Optional[List[str]] = None) -> int:
@@ -167,15 +184,21 @@ def main(argv: Optional[List[str]] = None) -> int:
         return code
     except ChildFailedError as e:
         failures = sorted(e.failures.items())
+        codes = ", ".join(str(f.exitcode) for _, f in failures)
         code = exit_code([f.exitcode for _, f in failures])
         if code != 1:
-            print(f"clip-dcl train: the ranks stopped on a signal (exit codes "
-                  f"{', '.join(str(f.exitcode) for _, f in failures)}); exit code {code}", file=sys.stderr)
+            print(f"clip-dcl train: the ranks stopped on a signal (exit codes {codes}); exit code {code}",
+                  file=sys.stderr)
             return code
         rank, first = _first_failure(failures)
         others = f"; {len(failures) - 1} more rank(s) stopped after it" if len(failures) > 1 else ""
+        kind = _kind(first)
+        if kind == "stop":  # a signal stopped one rank first; the others' collectives failed with it
+            print(f"clip-dcl train: rank {rank} stopped on a signal first (its line above says whether it saved), "
+                  f"the others with it (exit codes {codes}); exit code {first.exitcode}", file=sys.stderr)
+            return first.exitcode
         line = _rank_line(first)
-        if line is not None:  # ours: the rank's own line, printed once (the other ranks' are in their logs)
+        if line is not None and kind == "error":  # the rank's own line, printed once (the others' are in their logs)
             print(f"{line} (rank {rank}{others})", file=sys.stderr)
             return first.exitcode if first.exitcode > 0 else 1
         how = (f"was killed by {first.signal_name()}" if first.exitcode < 0 else f"exited with code {first.exitcode}")
