@@ -292,7 +292,8 @@ def digests(checkpoint: Path) -> Dict[str, str]:
     opt = ckpt["optimizer"]["state"]
     optimizer = digest((f"{i}.{k}", opt[i][k]) for i in sorted(opt) for k in sorted(opt[i]))
     loss_state = read_loss_state(checkpoint)
-    return {"model": model, "optimizer": optimizer, "decl_state": digest((k, loss_state[k]) for k in sorted(loss_state))}
+    decl = digest((k, loss_state[k]) for k in sorted(loss_state))
+    return {"model": model, "optimizer": optimizer, "decl_state": decl}
 
 
 def final_checkpoint(logs: Path, name: str, epochs: int) -> Path:
@@ -324,8 +325,9 @@ def soak(n: int, seed: int, work: Path, data: Path, timeout: float, log=print) -
                   "hung": out["hung"], "last_line": out["last_line"],
                   "printed_the_resume_command": "--resume latest" in out["stderr"]}
         records.append(record)
-        log(f"[soak] fault {i + 1}/{n}: {fault.kind} {fault.signal} to {fault.target if fault.target == 'all' else f'rank {fault.rank}'}"
-            f" -> fired {record['where']!r}, exit {out['rc']} in {out['seconds']} s")
+        whom = "all" if fault.target == "all" else f"rank {fault.rank}"
+        log(f"[soak] fault {i + 1}/{n}: {fault.kind} {fault.signal} to {whom} -> fired {record['where']!r}, exit "
+            f"{out['rc']} in {out['seconds']} s")
         if out["rc"] == 0:
             break  # the run finished (the fault fired where nothing was left to lose, or never)
     final_runs = []
