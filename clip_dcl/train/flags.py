@@ -466,15 +466,15 @@ def parse_train_args(argv: List[str], check_files: bool = True, prog: str = PROG
     if not openclip_native(loss) or ours.no_grad_gather:  # OpenCLIP checks its own loss's arguments
         probe = create_loss_checked(loss, resolved, oc_args, no_grad_gather=ours.no_grad_gather)
     _require_data(oc_args)
+    if check_files:
+        local = os.environ.get("LOCAL_WORLD_SIZE")
+        if local and local.isdigit():  # torchrun's ranks on this node
+            check_ranks_against_devices(int(local), oc_args.device)
     if check_files and data.training:  # the ranks are this machine's launcher's
         check_global_batch(oc_args)
         from open_clip_train.distributed import world_info_from_env
 
         check_shards_for_ranks(oc_args, world_info_from_env()[2])
-    if check_files:
-        local = os.environ.get("LOCAL_WORLD_SIZE")
-        if local and local.isdigit():  # torchrun's ranks on this node
-            check_ranks_against_devices(int(local), oc_args.device)
     num_samples = id_block = None
     per_sample = probe is not None and getattr(probe, "requires_sample_ids", False)
     if per_sample and data.training:

@@ -83,7 +83,6 @@ def precheck(argv: List[str]) -> Optional[Tuple[str, int]]:
         return None
 
     from ..errors import FlagError
-    from .flag_checks import check_ranks_against_devices
     from .flags import parse_train_args
 
     env = {"WORLD_SIZE": str(nproc * nnodes), "LOCAL_WORLD_SIZE": str(nproc), "RANK": "0", "LOCAL_RANK": "0"}
@@ -91,14 +90,9 @@ def precheck(argv: List[str]) -> Optional[Tuple[str, int]]:
     out, err = io.StringIO(), io.StringIO()
     try:
         os.environ.update(env)
-        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):  # the ranks print their notices
-            config = parse_train_args(train_argv)
-        device = "cuda"
-        if config is not None:
-            device = next((a.split("=", 1)[1] if "=" in a else train_argv[i + 1]
-                           for i, a in enumerate(train_argv) if a.split("=", 1)[0] == "--device"
-                           and ("=" in a or i + 1 < len(train_argv))), "cuda")
-            check_ranks_against_devices(nproc, device)
+        # as in a rank (LOCAL_WORLD_SIZE: the ranks against the GPUs); the ranks print the notices, not this
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            parse_train_args(train_argv)
     except FlagError as e:
         return f"clip-dcl train: error: {e}", 2
     except SystemExit as e:  # argparse's usage error, printed into err
