@@ -210,7 +210,7 @@ def rank_main(argv: List[str]) -> int:
         _install(Fault(**json.loads(spec)), Path(os.environ["SOAK_DIR"]))
     from clip_dcl.train import main
 
-    return main(argv)
+    return main(argv, exiting=True)
 
 
 # -- the soak's side --------------------------------------------------------------------------------------------

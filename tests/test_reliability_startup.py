@@ -149,6 +149,9 @@ def test_startup_the_launcher_names_the_rank_that_failed_first_not_those_it_stop
     assert _first_failure([(0, hung), (1, error)]) == (1, error)  # the rank torchrun killed last is not the cause
     c, d = failure(75, 100, 100.5, "stop"), failure(130, 100, 100.2, "stop")
     assert _first_failure([(0, c), (1, d)]) == (1, d)  # all stopped on a signal: the earliest
+    # rank 0 stopped on its SIGTERM and saved; torchrun's SIGTERM reached rank 1 on its way out, with no handler
+    saved, leaving = failure(75, 100, 100.5, "stop"), failure(-signal.SIGTERM, 101)
+    assert _first_failure([(0, saved), (1, leaving)]) == (0, saved)
 
 
 # -- startup: end to end ----------------------------------------------------------------------------------------

@@ -43,9 +43,12 @@ def _run_log_handlers_closed():
             handler.close()
 
 
-def main(argv: Optional[List[str]] = None, prog: Optional[str] = None) -> int:
+def main(argv: Optional[List[str]] = None, prog: Optional[str] = None, exiting: bool = False) -> int:
     """Train from a command line (a list of words, as after ``python -m clip_dcl.train``); ``prog``
-    names the command in its usage and errors (default ``python -m clip_dcl.train``).
+    names the command in its usage and errors (default ``python -m clip_dcl.train``). ``exiting``: the
+    caller exits with the code at once (the command line): once the run is over, SIGTERM and Ctrl-C
+    are ignored, so that a launcher's SIGTERM to a rank on its way out (torchrun's, when another rank
+    ended first) does not replace the rank's exit code with a death by signal.
 
     Returns the exit code, which a caller must check (the command line exits with it):
 
@@ -124,6 +127,11 @@ def main(argv: Optional[List[str]] = None, prog: Optional[str] = None) -> int:
             _report("clip-dcl train: interrupted (Ctrl-C); no checkpoint was saved at this point", "stop")
             code = INTERRUPTED_EXIT_CODE
         finally:
+            if exiting:  # the run is over: the process leaves with its code (its workers stop below)
+                import signal
+
+                for num in (signal.SIGTERM, signal.SIGINT):
+                    signal.signal(num, signal.SIG_IGN)
             if code != 0:  # failed: no loader is read again, and none may outlive this line (see exits.py)
                 stop_loader_workers()
     return code

@@ -123,14 +123,18 @@ def _kind(failure) -> str:
     kind = _ours(failure).get("clip_dcl_kind")
     if kind in ("error", "stop", "peer"):
         return kind
-    return "stop" if failure.exitcode in (PREEMPTED_EXIT_CODE, INTERRUPTED_EXIT_CODE) else "other"
+    if failure.exitcode in (PREEMPTED_EXIT_CODE, INTERRUPTED_EXIT_CODE):
+        return "stop"
+    # killed by SIGTERM with no line: what torchrun sends the others when one fails (or a scheduler sends all)
+    return "terminated" if failure.exitcode == -signal.SIGTERM else "other"
 
 
 def _first_failure(failures):
     """``(global rank, failure)`` of the cause among the failed ranks: a rank's own error (the first, by the time
-    it wrote its line), else a rank that died with no line of ours (the lowest rank), else the first that stopped
-    on a signal, else the first whose collective failed. Ranks that torchrun stopped when the cause failed (75 /
-    130), or whose collective failed then, come after it."""
+    it wrote its line), else a rank that died with no line of ours (the lowest rank) of another signal than
+    SIGTERM, else the first that stopped on a signal, else one SIGTERM killed, else the first whose collective
+    failed. Ranks that torchrun stopped when the cause failed (75 / 130, or SIGTERM on their way out), or whose
+    collective failed then, come after it."""
     def when(item):
         rank, f = item
         try:
@@ -138,7 +142,7 @@ def _first_failure(failures):
         except (TypeError, ValueError):
             return float(f.timestamp), rank
 
-    for kind in ("error", "other", "stop", "peer"):
+    for kind in ("error", "other", "stop", "terminated", "peer"):
         found = [item for item in failures if _kind(item[1]) == kind]
         if found:
             return min(found, key=when) if kind != "other" else min(found, key=lambda item: item[0])
@@ -187,10 +191,11 @@ def main(argv: Optional[List[str]] = None) -> int:
         rank, first = _first_failure(failures)
         others = f"; {len(failures) - 1} more rank(s) stopped after it" if len(failures) > 1 else ""
         kind = _kind(first)
-        if kind == "stop":  # a signal stopped one rank first; the others' collectives failed with it
+        if kind == "stop" or kind == "terminated":  # a signal stopped one rank first; the others with it
             print(f"clip-dcl train: rank {rank} stopped on a signal first (its line above says whether it saved), "
-                  f"the others with it (exit codes {codes}); exit code {first.exitcode}", file=sys.stderr)
-            return first.exitcode
+                  f"the others with it (exit codes {codes}); exit code {max(first.exitcode, PREEMPTED_EXIT_CODE)}",
+                  file=sys.stderr)
+            return max(first.exitcode, PREEMPTED_EXIT_CODE)
         line = _rank_line(first)
         if line is not None and kind == "error":  # the rank's own line, printed once (the others' are in their logs)
             print(f"{line} (rank {rank}{others})", file=sys.stderr)

@@ -148,4 +148,4 @@ if __name__ == "__main__":
     _interrupt_saves()
     from clip_dcl.train import main
 
-    sys.exit(main(sys.argv[1:]))
+    sys.exit(main(sys.argv[1:], exiting=True))
