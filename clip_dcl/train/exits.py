@@ -12,6 +12,10 @@ list), they exit quietly.
 Under :mod:`clip_dcl.train.torchrun` a rank's error line (:func:`report_error`) goes to torchrun's
 error file and the rank's log file, not to the shared stderr: the launcher prints the line of the
 rank that failed first, once (every rank meets a bad input, and each would print it).
+
+A stop signal or Ctrl-C before the first training step ends the process at once (:class:`StartupStop`,
+exit 75 or 130, :func:`startup_stop_line`): during the command's first seconds through
+:func:`stop_at_once`, then through the run's handlers (:class:`clip_dcl.train.preempt.StopSignals`).
 """
 from __future__ import annotations
 
@@ -88,7 +92,6 @@ def startup_stop_line(signame: str, rank: Optional[object] = None) -> str:
     code = INTERRUPTED_EXIT_CODE if signame == "SIGINT" else PREEMPTED_EXIT_CODE
     return (f"clip-dcl train: {what}{who} during start-up, before the first training step: nothing was trained "
             f"since the last checkpoint; exit code {code}")
-
 
 
 @contextlib.contextmanager

@@ -145,8 +145,6 @@ def signal_number(name: str) -> signal.Signals:
         raise ValueError(f"unknown signal {name!r} (e.g. SIGTERM, SIGUSR1, USR2)") from None
 
 
-
-
 class StopSignals:
     """Handlers that record the first of ``signals`` received; :meth:`restore` puts the old ones back.
 
@@ -217,11 +215,12 @@ class StopSignals:
         try:
             old = signal.set_wakeup_fd(w, warn_on_full_buffer=False)
         except ValueError:  # not the main thread
-            os.close(r), os.close(w)
-            return
-        if old != -1:  # someone else's (an event loop): theirs stays
-            signal.set_wakeup_fd(old)
-            os.close(r), os.close(w)
+            old = None
+        if old != -1:  # not the main thread, or someone else's (an event loop), which stays
+            if old is not None:
+                signal.set_wakeup_fd(old)
+            os.close(r)
+            os.close(w)
             return
         self._pipe, self._old_wakeup = (r, w), old
         threading.Thread(target=self._read_wakeup_pipe, args=(r,), daemon=True, name="clip-dcl-startup-signals").start()
