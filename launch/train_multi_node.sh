@@ -11,7 +11,9 @@
 # same RDZV_ID. OpenCLIP picks nccl on GPUs and gloo on CPUs. The data must be readable from every node;
 # each rank reads its own shards (--train-data), so there must be at least workers x ranks shards.
 # torchrun runs as `python -m clip_dcl.train.torchrun` (torchrun's arguments): stopped by Ctrl-C it exits
-# 130, by SIGTERM 75 (after the ranks saved their step), not torchrun's 1 and its traceback.
+# 130, by SIGTERM 75 (after the ranks saved their step), not torchrun's 1 and its traceback. It checks the
+# training flags and the shards before any rank starts (and, on CUDA, NPROC against the GPUs this node sees),
+# refusing in one line, and prints a failed rank's error line once.
 #
 # Variables (environment, default in brackets):
 #   NNODES     number of nodes                                   [2]

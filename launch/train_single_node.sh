@@ -9,7 +9,9 @@
 # The flags are those of `python -m clip_dcl.train --help` (OpenCLIP's plus --loss and its flags).
 # torchrun's own `--logs-specs` option would swallow OpenCLIP's `--logs`, hence the `--` before them.
 # torchrun runs as `python -m clip_dcl.train.torchrun` (torchrun's arguments): stopped by Ctrl-C it exits
-# 130, by SIGTERM 75 (after the ranks saved their step), not torchrun's 1 and its traceback.
+# 130, by SIGTERM 75 (after the ranks saved their step), not torchrun's 1 and its traceback. It checks the
+# training flags and the shards before any rank starts (and, on CUDA, NPROC against the GPUs this node sees),
+# refusing in one line, and prints a failed rank's error line once.
 #
 # Variables (environment, default in brackets):
 #   NPROC    processes on this node, one per GPU    [number of GPUs nvidia-smi lists, else 1]

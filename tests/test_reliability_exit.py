@@ -120,8 +120,9 @@ def test_hang_ctrl_c_stops_at_the_next_step_while_training_and_at_once_otherwise
 
     before = signal.getsignal(signal.SIGINT)
     signals = StopSignals(["SIGTERM"], ctrl_c=True).install()
+    signals.training_started()  # before the first step: test_reliability_startup
     try:
-        with pytest.raises(KeyboardInterrupt):  # not training: loading, evaluating, saving
+        with pytest.raises(KeyboardInterrupt):  # not training: evaluating, saving
             os.kill(os.getpid(), signal.SIGINT)
             time.sleep(1)
         signals.armed = True

@@ -57,6 +57,7 @@ def test_preempt_signal_sets_a_flag_and_the_old_handler_comes_back():
 
     before = signal.getsignal(signal.SIGUSR2)
     signals = StopSignals(["USR2"]).install()
+    signals.training_started()  # before it, a signal stops at once (test_reliability_startup)
     gate = StepGate(PreemptConfig(check_every=3), signals, world_size=1, rank=0, device="cpu")
     try:
         assert gate.poll(3) == (False, False)

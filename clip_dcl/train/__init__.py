@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import sys
 from typing import List, Optional
 
@@ -42,9 +43,12 @@ def _run_log_handlers_closed():
             handler.close()
 
 
-def main(argv: Optional[List[str]] = None, prog: Optional[str] = None) -> int:
+def main(argv: Optional[List[str]] = None, prog: Optional[str] = None, exiting: bool = False) -> int:
     """Train from a command line (a list of words, as after ``python -m clip_dcl.train``); ``prog``
-    names the command in its usage and errors (default ``python -m clip_dcl.train``).
+    names the command in its usage and errors (default ``python -m clip_dcl.train``). ``exiting``: the
+    caller exits with the code at once (the command line): once the run is over, SIGTERM and Ctrl-C
+    are ignored, so that a launcher's SIGTERM to a rank on its way out (torchrun's, when another rank
+    ended first) does not replace the rank's exit code with a death by signal.
 
     Returns the exit code, which a caller must check (the command line exits with it):
 
@@ -56,6 +60,9 @@ def main(argv: Optional[List[str]] = None, prog: Optional[str] = None) -> int:
     - ``130`` (:data:`clip_dcl.train.preempt.INTERRUPTED_EXIT_CODE`): Ctrl-C; the first one during
       training steps saves a checkpoint at the step, as a signal does (with ``--preempt-signals``
       on); one at another time, or a second one, stops at once without saving;
+    - ``75`` or ``130`` also for a stop signal or Ctrl-C during start-up (before the first training
+      step): the run ends at once, within seconds even while it waits for the other ranks, and says
+      that nothing was trained since the last checkpoint;
     - ``1``: the run stopped with a clear error (logged, and on stderr): another process trains in the
       run folder, or the folder holds a run that the command does not continue (``--resume latest``, or
       ``--resume`` of a checkpoint in it, does), OpenCLIP refused to start, a sample id is missing or does not fit the buffer, the
@@ -71,53 +78,99 @@ def main(argv: Optional[List[str]] = None, prog: Optional[str] = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["--"]:  # torchrun ... -m clip_dcl.train -- ARGS
         argv = argv[1:]
-    from .flags import PROG, FlagError, parse_train_args
+    from .exits import StartupStop, launched_rank, startup_stop_line, stop_at_once
 
     try:
-        config = parse_train_args(argv, prog=prog or PROG)
-    except FlagError as e:
-        print(f"clip-dcl train: error: {e}", file=sys.stderr)
-        return 2
-    except SystemExit as e:  # argparse already printed why
-        return e.code if isinstance(e.code, int) else 2
-    if config is None:  # --help
-        return 0
+        with stop_at_once():  # until the run's own handlers (run_training): imports, flags
+            from .flags import PROG, FlagError, parse_train_args
 
-    from .saving import CheckpointDiskFull, CheckpointUnreadable
-    from .ids import MissingSampleIds
-    from .divergence import Diverged
-    from .ids import SampleIdOutOfRange
-    from .patch import PeerFailure, run_training
-    from .run import LossStateMismatch
-    from .pipeline import TrainingDataError
-    from .runfolder import RunFolderBusy, RunFolderTaken
-    from .preempt import INTERRUPTED_EXIT_CODE
-    from .exits import stop_loader_workers
+            try:
+                config = parse_train_args(argv, prog=prog or PROG)
+            except FlagError as e:
+                _refuse(f"clip-dcl train: error: {e}")
+                return 2
+            except SystemExit as e:  # argparse already printed why
+                return e.code if isinstance(e.code, int) else 2
+            if config is None:  # --help
+                return 0
+
+            from .saving import CheckpointDiskFull, CheckpointUnreadable
+            from .ids import MissingSampleIds
+            from .divergence import Diverged
+            from .ids import SampleIdOutOfRange
+            from .patch import PeerFailure, run_training
+            from .run import LossStateMismatch
+            from .pipeline import TrainingDataError
+            from .runfolder import RunFolderBusy, RunFolderTaken
+            from .preempt import INTERRUPTED_EXIT_CODE, PREEMPTED_EXIT_CODE
+            from .exits import record_for_launcher, stop_loader_workers
+    except StartupStop as e:
+        print(startup_stop_line(e.signame, launched_rank()), file=sys.stderr)
+        return e.exit_code
 
     code = None
+    stopped_in_startup = False
     with _run_log_handlers_closed():
         try:
             code = run_training(config)
+            if code in (PREEMPTED_EXIT_CODE, INTERRUPTED_EXIT_CODE):  # saved its step: when, for the launcher
+                record_for_launcher(f"clip-dcl train: stopped on a signal after saving its step; exit code {code}",
+                                    "stop")
         except (MissingSampleIds, SampleIdOutOfRange, LossStateMismatch, CheckpointUnreadable, TrainingDataError,
                 CheckpointDiskFull, Diverged, PeerFailure, RunFolderBusy, RunFolderTaken) as e:
-            _report(f"clip-dcl train: error: {_without_worker_traceback(e)}")
+            _report(f"clip-dcl train: error: {_without_worker_traceback(e)}", "peer" if isinstance(e, PeerFailure)
+                    else "error")
             code = 1
+        except StartupStop as e:  # a stop signal or Ctrl-C before the first step: nothing to save
+            _report(startup_stop_line(e.signame, launched_rank()), "stop")
+            code = e.exit_code
+            stopped_in_startup = True
         except KeyboardInterrupt:
-            _report("clip-dcl train: interrupted (Ctrl-C); no checkpoint was saved at this point")
+            _report("clip-dcl train: interrupted (Ctrl-C); no checkpoint was saved at this point", "stop")
             code = INTERRUPTED_EXIT_CODE
         finally:
+            if exiting:  # the run is over: the process leaves with its code (its workers stop below)
+                import signal
+
+                for num in (signal.SIGTERM, signal.SIGINT):
+                    signal.signal(num, signal.SIG_IGN)
             if code != 0:  # failed: no loader is read again, and none may outlive this line (see exits.py)
                 stop_loader_workers()
+    if exiting and stopped_in_startup:
+        _leave_now(code)
     return code
 
 
-def _report(line: str) -> None:
-    # OpenCLIP's logging, once set up, writes to this stderr (and out.log); before, other handlers (a
-    # harness's) would take the line without showing it
-    if any(type(h) is logging.StreamHandler and h.stream is sys.stderr for h in logging.getLogger().handlers):
-        logging.error(line)
-    else:
-        print(line, file=sys.stderr)
+def _leave_now(code: int) -> None:
+    """End the process with ``code`` without the interpreter's teardown of the model, the data and the
+    libraries (seconds of CPU, many more on a busy machine): a stop during start-up has nothing to write
+    (its loaders' workers are stopped, its folder cleaned, its line written and flushed)."""
+    for handler in logging.getLogger().handlers:
+        try:
+            handler.flush()
+        except Exception:  # noqa: BLE001 - leaving anyway
+            pass
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
+def _report(line: str, kind: str = "error") -> None:
+    from .exits import report_error
+
+    report_error(line, kind)
+
+
+def _refuse(line: str) -> None:
+    """A refused command line's error. Under plain torchrun every rank of a node refuses the same flags and files:
+    the node's first rank says so (under :mod:`clip_dcl.train.torchrun` the launcher does, once)."""
+    from .exits import LAUNCHER_ENV, record_for_launcher
+
+    if record_for_launcher(line):
+        return
+    if os.environ.get(LAUNCHER_ENV) != "1" and os.environ.get("LOCAL_RANK", "0") != "0":
+        return
+    print(line, file=sys.stderr)
 
 
 def command_main(argv: Optional[List[str]] = None) -> int:

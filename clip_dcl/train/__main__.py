@@ -3,4 +3,4 @@ import sys
 
 from clip_dcl.train import main
 
-sys.exit(main(sys.argv[1:]))
+sys.exit(main(sys.argv[1:], exiting=True))

@@ -9,11 +9,36 @@ error line, in some runs and not others (it depends on which worker the collecto
 Shut down by PyTorch's own shutdown (workers told to stop, joined, then removed from that handler's
 list), they exit quietly.
 
+Under :mod:`clip_dcl.train.torchrun` a rank's error line (:func:`report_error`) goes to torchrun's
+error file and the rank's log file, not to the shared stderr: the launcher prints the line of the
+rank that failed first, once (every rank meets a bad input, and each would print it).
+
+A stop signal or Ctrl-C before the first training step ends the process at once (:class:`StartupStop`,
+exit 75 or 130, :func:`startup_stop_line`): during the command's first seconds through
+:func:`stop_at_once`, then through the run's handlers (:class:`clip_dcl.train.preempt.StopSignals`).
 """
 from __future__ import annotations
 
+import contextlib
 import gc
+import json
 import logging
+import os
+import signal
+import sys
+import threading
+import time
+from typing import Optional
+
+#: Set by :mod:`clip_dcl.train.torchrun` for its ranks: a rank's error line goes to torchrun's error file
+#: (``TORCHELASTIC_ERROR_FILE``), and the launcher prints the first failed rank's line, once.
+LAUNCHER_ENV = "CLIP_DCL_LAUNCHER"
+
+#: Exit code of a run that stopped on a signal after saving its checkpoint (sysexits' EX_TEMPFAIL:
+#: a temporary failure, try again). ``launch/train_slurm.sbatch`` requeues the job on it.
+PREEMPTED_EXIT_CODE = 75
+#: Exit code of a run stopped by Ctrl-C (128 + SIGINT, what a shell shows for a process SIGINT ended).
+INTERRUPTED_EXIT_CODE = 130
 
 
 def stop_loader_workers() -> int:
@@ -33,3 +58,102 @@ def stop_loader_workers() -> int:
             stopped += 1
     return stopped
 
+
+
+# -- a stop before the first training step ------------------------------------------------------------------
+class StartupStop(KeyboardInterrupt):
+    """A stop signal or Ctrl-C before the run's first training step: the process ends at once, saving nothing.
+
+    A ``KeyboardInterrupt`` (as Ctrl-C's is), so that what cleans up after an interruption (PyTorch's data
+    loaders, ``finally`` blocks) does so, and no ``except Exception`` takes it for an error to handle."""
+
+    def __init__(self, signame: str):
+        self.signame = signame
+        super().__init__(signame)
+
+    @property
+    def exit_code(self) -> int:
+        return INTERRUPTED_EXIT_CODE if self.signame == "SIGINT" else PREEMPTED_EXIT_CODE
+
+
+def launched_rank() -> Optional[str]:
+    """This process's rank when a launcher started several (``RANK`` of ``WORLD_SIZE`` > 1), else None."""
+    try:
+        several = int(os.environ.get("WORLD_SIZE", "1")) > 1
+    except ValueError:
+        several = False
+    return os.environ.get("RANK") if several else None
+
+
+def startup_stop_line(signame: str, rank: Optional[object] = None) -> str:
+    """The one line of a process stopped by ``signame`` before its first training step."""
+    what = "interrupted (Ctrl-C)" if signame == "SIGINT" else f"stopped on {signame}"
+    who = f" (rank {rank})" if rank is not None else ""
+    code = INTERRUPTED_EXIT_CODE if signame == "SIGINT" else PREEMPTED_EXIT_CODE
+    return (f"clip-dcl train: {what}{who} during start-up, before the first training step: nothing was trained "
+            f"since the last checkpoint; exit code {code}")
+
+
+@contextlib.contextmanager
+def stop_at_once():
+    """SIGTERM and Ctrl-C raise :class:`StartupStop` inside the block (the command's first seconds: imports,
+    flags), unless they are handled otherwise already; the old handlers come back after it."""
+    saved = {}
+    if threading.current_thread() is threading.main_thread():
+        for num in (signal.SIGTERM, signal.SIGINT):
+            if signal.getsignal(num) in (signal.SIG_DFL, signal.default_int_handler):
+                saved[num] = signal.signal(num, _raise_startup_stop)
+    try:
+        yield
+    finally:
+        for num, old in saved.items():
+            signal.signal(num, old)
+
+
+def _raise_startup_stop(signum, frame):
+    raise StartupStop(signal.Signals(signum).name)
+
+
+# -- a failed rank's one line ----------------------------------------------------------------------------------
+#: What a rank's line in its error file is: its own error, a stop on a signal (75 / 130), or a collective that
+#: failed because another rank did (the launcher looks for the cause among the errors first).
+LAUNCHER_KINDS = ("error", "stop", "peer")
+
+
+def record_for_launcher(line: str, kind: str = "error") -> bool:
+    """Under :mod:`clip_dcl.train.torchrun`, write ``line`` to this rank's torchrun error file, in torchrun's
+    format plus the time to the microsecond (``clip_dcl_time``: which rank met its error first) and ``kind``
+    (one of :data:`LAUNCHER_KINDS`); return whether it was written (the launcher then prints an error's
+    line, so the rank does not)."""
+    path = os.environ.get("TORCHELASTIC_ERROR_FILE")
+    if os.environ.get(LAUNCHER_ENV) != "1" or not path:
+        return False
+    now = time.time()
+    data = {"message": {"message": line, "extraInfo": {"timestamp": str(int(now)), "clip_dcl_time": repr(now),
+                                                       "clip_dcl_kind": kind, "py_callstack": ""}}}
+    try:
+        with open(path, "w") as f:
+            json.dump(data, f)
+    except OSError:
+        return False
+    return True
+
+
+def report_error(line: str, kind: str = "error") -> None:
+    """The run's last line: on stderr (through OpenCLIP's logging once it is set up, so that out.log has it
+    too); under :mod:`clip_dcl.train.torchrun`, an error's to the launcher instead of stderr
+    (:func:`record_for_launcher`); a stop's or a failed collective's to both (each rank says where it stopped)."""
+    to_launcher = record_for_launcher(line, kind) and kind == "error"
+    handlers = logging.getLogger().handlers
+    to_stderr = [h for h in handlers if type(h) is logging.StreamHandler and h.stream is sys.stderr]
+    if not to_stderr:  # OpenCLIP's logging is not set up (other handlers, a harness's, would not show it)
+        if not to_launcher:
+            print(line, file=sys.stderr)
+        return
+    if not to_launcher:
+        logging.error(line)
+        return
+    record = logging.getLogger().makeRecord("root", logging.ERROR, __file__, 0, line, None, None)
+    for handler in handlers:  # the log file, not the terminal: the launcher prints it once
+        if handler not in to_stderr and record.levelno >= handler.level:
+            handler.handle(record)

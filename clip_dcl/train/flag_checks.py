@@ -106,8 +106,10 @@ def _shard_sizes(urls: list):
     return sizes
 
 
-def check_worker_batches(oc_args) -> None:
-    """Every data-loader worker can fill a batch from its own shards, checked before the model is built.
+def check_worker_batches(oc_args, world: int | None = None) -> None:
+    """Every data-loader worker can fill a batch from its own shards, checked before the model is built
+    (``world``: the ranks, default torchrun's ``WORLD_SIZE``). The shards' count against workers x ranks
+    is known from the file list alone; the pipeline would raise it on every rank, after the model is built.
 
     Without ``--dataset-resampled``, webdataset shards are split over the ranks, then over each rank's
     ``--workers`` (one reader with 0), and each reader fills whole batches (``partial=False``) from the
@@ -124,8 +126,11 @@ def check_worker_batches(oc_args) -> None:
     if (not oc_args.train_data or oc_args.dataset_type == "synthetic" or oc_args.dataset_resampled
             or train_data_kind(oc_args) != "webdataset"):
         return
-    urls, _ = expand_urls(oc_args.train_data)
-    world = world_info_from_env()[2]
+    try:
+        urls, _ = expand_urls(oc_args.train_data)
+    except (ValueError, TypeError):
+        return  # check_data_paths names a pattern that does not expand
+    world = world if world is not None else world_info_from_env()[2]
     per_rank = max(1, oc_args.workers)
     readers = per_rank * world
     ranks = f" x {world} ranks" if world > 1 else ""
@@ -206,3 +211,21 @@ def check_packed_flags(oc_args) -> None:
             check_flags(oc_args)
         except PackedDataError as e:
             raise FlagError(str(e)) from None
+
+
+def check_ranks_against_devices(local_ranks: int, device: str) -> None:
+    """On CUDA, one process per GPU: ``local_ranks`` processes on this node (torchrun's ``--nproc_per_node``)
+    need as many visible GPUs (each rank takes ``cuda:LOCAL_RANK``, and one past the last fails in CUDA).
+    Nothing to check on a CPU (gloo runs any number), nor where no GPU is visible (OpenCLIP then falls back
+    to the CPU)."""
+    import torch
+
+    if local_ranks <= 1 or str(device).split(":")[0] != "cuda" or not torch.cuda.is_available():
+        return
+    gpus = torch.cuda.device_count()
+    if local_ranks > gpus:
+        visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+        where = f" (CUDA_VISIBLE_DEVICES={visible})" if visible else ""
+        raise FlagError(f"{local_ranks} ranks on this node but {gpus} GPU{'s' if gpus != 1 else ''} visible{where}: "
+                        f"one rank per GPU; start {gpus} (NPROC={gpus}, --nproc_per_node {gpus}), or train on the "
+                        "CPU with --device cpu")

@@ -20,6 +20,7 @@ import argparse
 import contextlib
 import io
 import math
+import os
 import re
 import sys
 from dataclasses import dataclass, field
@@ -27,7 +28,8 @@ from typing import TYPE_CHECKING, Dict, List, Optional
 
 from ..errors import FlagError  # noqa: F401  (raised here, and imported from here by callers)
 from .flag_checks import (check_data_paths, check_global_batch, check_optimizer_values,  # noqa: F401 (re-exported)
-                          check_output_paths, check_packed_flags, check_worker_batches, shard_folders_as_patterns)
+                          check_output_paths, check_packed_flags, check_ranks_against_devices,
+                          check_worker_batches, shard_folders_as_patterns)
 
 if TYPE_CHECKING:
     from clip_dcl.losses.base import DataFacts
@@ -502,6 +504,10 @@ def parse_train_args(argv: List[str], check_files: bool = True, prog: str = PROG
     if not openclip_native(loss) or ours.no_grad_gather:  # OpenCLIP checks its own loss's arguments
         probe = create_loss_checked(loss, resolved, oc_args, no_grad_gather=ours.no_grad_gather)
     _require_data(oc_args)
+    if check_files:
+        local = os.environ.get("LOCAL_WORLD_SIZE")
+        if local and local.isdigit():  # torchrun's ranks on this node
+            check_ranks_against_devices(int(local), oc_args.device)
     if check_files and data.training:  # the ranks are this machine's launcher's
         check_global_batch(oc_args)
         check_worker_batches(oc_args)

@@ -185,8 +185,25 @@ def run_training(config: TrainConfig) -> int:
     log_dir = _log_dir(config.openclip_argv)
     created = log_dir is not None and not os.path.exists(log_dir)
     result = -1
+    cleaned = []
+
+    def clean_up():  # once: on the way out, or before a stop during start-up ends a process stuck in C++
+        if cleaned:
+            return
+        cleaned.append(True)
+        # only the holder of the folder's lock: a run refused there must not remove the folder of the one running
+        if result is not None and created and run.lock is not None and os.path.isdir(log_dir) and not glob.glob(
+                os.path.join(log_dir, "checkpoints", "**", "*.pt"), recursive=True):
+            shutil.rmtree(log_dir, ignore_errors=True)
+            logging.error(f"The run failed before writing a checkpoint; removed {log_dir}, so the same command "
+                          "can be run again.")
+        if run.lock is not None:
+            run.lock.release()
+
     if config.preempt.signals:  # before main starts the data workers, which inherit the handlers
-        run.signals = preemption.StopSignals(config.preempt.signals, ctrl_c=True).install()
+        run.signals = preemption.StopSignals(config.preempt.signals, ctrl_c=True)
+        run.signals.on_forced_exit = clean_up
+        run.signals.install()
     try:
         with patched(run):
             result = oc_main.main(list(config.openclip_argv))
@@ -213,13 +230,6 @@ def run_training(config: TrainConfig) -> int:
     finally:
         if run.signals is not None:
             run.signals.restore()
-        # only the holder of the folder's lock: a run refused there must not remove the folder of the one running
-        if result is not None and created and run.lock is not None and os.path.isdir(log_dir) and not glob.glob(
-                os.path.join(log_dir, "checkpoints", "**", "*.pt"), recursive=True):
-            shutil.rmtree(log_dir, ignore_errors=True)
-            logging.error(f"The run failed before writing a checkpoint; removed {log_dir}, so the same command "
-                          "can be run again.")
-        if run.lock is not None:
-            run.lock.release()
+        clean_up()
     # OpenCLIP's main returns None when it finishes and -1 when it refuses to start.
     return 0 if result is None else (1 if result < 0 else int(result))

@@ -567,8 +567,9 @@ def get_wds_train_dataset(args, preprocess_img, is_train=True, epoch=0, floor=Fa
     if not resampled:
         num_shards = num_shards or len(oc_data.expand_urls(input_shards)[0])
         if num_shards < args.workers * args.world_size:
-            raise ValueError(f"{num_shards} training shards for {args.workers} workers x {args.world_size} ranks: "
-                             "the number of shards must be >= workers x ranks (or use --dataset-resampled)")
+            raise TrainingDataError(f"{num_shards} training shards for {args.workers} workers x {args.world_size} "
+                                    "ranks: the number of shards must be >= workers x ranks (or use "
+                                    "--dataset-resampled)")
     # As OpenCLIP: every worker yields the same number of full batches, so some samples repeat.
     round_fn = math.floor if floor else math.ceil
     global_batch_size = args.batch_size * args.world_size

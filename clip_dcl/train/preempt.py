@@ -11,6 +11,14 @@ none is left waiting in a collective. On a stop the trainer saves a checkpoint a
 (:func:`clip_dcl.train.saving.save_step_checkpoint`) and the process exits with :data:`PREEMPTED_EXIT_CODE`; on the first
 Ctrl-C during training steps the same, with :data:`INTERRUPTED_EXIT_CODE`.
 
+Before the run's first step (building the model, reading shards, resuming a checkpoint, waiting for
+the other ranks at the rendezvous) there is no step to save at and nothing trained to lose: a stop
+signal or Ctrl-C ends the process at once (:class:`StartupStop`, exit 75 or 130, one line). Python
+runs a signal's handler only between bytecodes of the main thread, and a rank waiting at the
+rendezvous sits in one C++ call for as long as the wait lasts (``--dist-timeout``): so the signal
+is also written to a wakeup pipe (``signal.set_wakeup_fd``), whose reader thread ends the process
+itself (:data:`STARTUP_GRACE_S` after the signal) when the main thread has not.
+
 The per-rank random state of the main process (Python, NumPy, torch, CUDA) is saved with the
 checkpoint's position (:func:`rng_state`, gathered on rank 0, into
 :func:`clip_dcl.train.saving.resume_entry`) and restored on resume (:func:`set_rng_state`),
@@ -23,6 +31,7 @@ import logging
 import os
 import random
 import signal
+import sys
 import threading
 import time
 from dataclasses import dataclass, field
@@ -31,9 +40,9 @@ from typing import Dict, List, Optional, Sequence
 import numpy as np
 import torch
 
-#: Exit code of a run that stopped on a signal after saving its checkpoint (sysexits' EX_TEMPFAIL:
-#: a temporary failure, try again). ``launch/train_slurm.sbatch`` requeues the job on it.
-PREEMPTED_EXIT_CODE = 75
+from .exits import (INTERRUPTED_EXIT_CODE, PREEMPTED_EXIT_CODE, StartupStop, launched_rank,  # noqa: F401
+                    record_for_launcher, startup_stop_line)
+
 #: Signals that stop a run, by default.
 DEFAULT_SIGNALS = ("SIGTERM", "SIGUSR1")
 #: The signals this process stops on, which its data-loader workers (forked after) take from it alone.
@@ -104,6 +113,11 @@ class PreemptConfig:
     save_every_minutes: Optional[float] = None
 
 
+#: Seconds the wakeup pipe's reader gives the main thread to leave after a stop signal during start-up, before
+#: it ends the process itself (the main thread is then stuck in a C++ call: the rendezvous, a long load).
+STARTUP_GRACE_S = 2.5
+
+
 class Preempted(Exception):
     """The run stopped on a signal after saving its checkpoint at ``path`` (step ``step`` of ``epoch``)."""
 
@@ -131,17 +145,17 @@ def signal_number(name: str) -> signal.Signals:
         raise ValueError(f"unknown signal {name!r} (e.g. SIGTERM, SIGUSR1, USR2)") from None
 
 
-#: Exit code of a run stopped by Ctrl-C (128 + SIGINT, what a shell shows for a process SIGINT ended).
-INTERRUPTED_EXIT_CODE = 130
-
-
 class StopSignals:
     """Handlers that record the first of ``signals`` received; :meth:`restore` puts the old ones back.
 
+    Until :meth:`training_started` (the first step boundary of the run), any of them, Ctrl-C included,
+    raises :class:`StartupStop` at once: nothing is trained yet, so nothing is lost (see the module doc,
+    and :attr:`on_forced_exit`, run before the reader of the wakeup pipe ends a process stuck in C++).
+
     With ``ctrl_c``, SIGINT too: the first Ctrl-C while :attr:`armed` (training steps are running,
     so the step boundary where the run saves comes soon) is recorded like a stop signal; a Ctrl-C
-    otherwise (loading, evaluating, saving), or a second one, raises ``KeyboardInterrupt`` at once,
-    as Python's own handler does.
+    otherwise (evaluating, saving), or a second one, raises ``KeyboardInterrupt`` at once, as
+    Python's own handler does.
     """
 
     def __init__(self, signals: Sequence[str], ctrl_c: bool = False):
@@ -150,9 +164,25 @@ class StopSignals:
             self.numbers.append(signal.SIGINT)
         self.received: Optional[str] = None
         self.armed = False
+        self.started = False  # the first step boundary was reached: signals wait for a step to save at
+        self.startup_stop: Optional[str] = None  # the signal that ended the start-up
+        self.on_forced_exit = None  # called (from the pipe's reader) before it ends a process stuck in C++
         self._saved: Dict[int, object] = {}
+        self._pipe: Optional[tuple] = None
+        self._old_wakeup: Optional[int] = None
+        self._closed = threading.Event()
+
+    def training_started(self) -> None:
+        """From now on a stop signal is a flag, acted on at the next step boundary (with a save)."""
+        self.started = True
 
     def _handle(self, signum, frame):  # only sets the flag: the training loop acts on it
+        name = signal.Signals(signum).name
+        if not self.started:
+            if self.startup_stop is None:  # a second one while the first is unwinding: the same stop
+                self.startup_stop = name
+                raise StartupStop(name)
+            return
         if signum == signal.SIGINT:
             if self.received is not None or not self.armed:
                 raise KeyboardInterrupt
@@ -161,7 +191,7 @@ class StopSignals:
                             "again stops at once, without saving).")
             return
         if self.received is None:
-            self.received = signal.Signals(signum).name
+            self.received = name
             logging.warning(f"Received {self.received}: finishing the current step, then saving a checkpoint "
                             "and stopping.")
 
@@ -172,9 +202,76 @@ class StopSignals:
             except ValueError:  # not the main thread of the main interpreter: signals cannot be caught here
                 logging.warning(f"cannot catch {num.name} outside the main thread; a preemption will not be saved")
         _STOP_SIGNALS[:] = [num for num in self._saved if num != signal.SIGINT]  # the workers ignore SIGINT
+        if self._saved:
+            self._watch_wakeup_pipe()
         return self
 
+    def _watch_wakeup_pipe(self) -> None:
+        """Have every caught signal written to a pipe, read by a thread that acts when the main thread cannot."""
+        if not hasattr(signal, "set_wakeup_fd"):
+            return
+        r, w = os.pipe()
+        os.set_blocking(w, False)
+        try:
+            old = signal.set_wakeup_fd(w, warn_on_full_buffer=False)
+        except ValueError:  # not the main thread
+            old = None
+        if old != -1:  # not the main thread, or someone else's (an event loop), which stays
+            if old is not None:
+                signal.set_wakeup_fd(old)
+            os.close(r)
+            os.close(w)
+            return
+        self._pipe, self._old_wakeup = (r, w), old
+        threading.Thread(target=self._read_wakeup_pipe, args=(r,), daemon=True, name="clip-dcl-startup-signals").start()
+
+    def _read_wakeup_pipe(self, fd: int) -> None:
+        numbers = {int(n) for n in self._saved}
+        try:
+            while not self._closed.is_set():
+                data = os.read(fd, 64)
+                if not data or self._closed.is_set():
+                    return
+                hit = [b for b in data if b in numbers]
+                if not hit or self.started:
+                    continue
+                # the main thread raises StartupStop when it runs Python; if it has not left by then, it is stuck
+                if self._closed.wait(STARTUP_GRACE_S):
+                    return
+                if self.started and self.startup_stop is None:  # it came as training started: a flag, as after
+                    continue
+                self._force_exit(self.startup_stop or signal.Signals(hit[0]).name)
+        except OSError:
+            return
+        finally:
+            os.close(fd)  # restore() took the pipe out of the signals' way first
+
+    def _force_exit(self, name: str) -> None:
+        try:
+            if self.on_forced_exit is not None:
+                self.on_forced_exit()
+        except Exception as e:  # noqa: BLE001 - the process ends now, whatever its clean-up met
+            logging.debug(f"clean-up before a forced exit failed: {e!r}")
+        line = startup_stop_line(name, launched_rank())
+        record_for_launcher(line, "stop")
+        try:
+            sys.stderr.flush()
+            os.write(2, (line + "\n").encode())
+        finally:
+            os._exit(INTERRUPTED_EXIT_CODE if name == "SIGINT" else PREEMPTED_EXIT_CODE)
+
     def restore(self) -> None:
+        if self._pipe is not None:
+            signal.set_wakeup_fd(self._old_wakeup if self._old_wakeup is not None else -1)
+        self._closed.set()
+        if self._pipe is not None:
+            r, w = self._pipe
+            try:
+                os.write(w, b"\0")  # wakes the reader, which sees the run closed and closes the read end
+            except OSError:
+                pass
+            os.close(w)
+            self._pipe = None
         for num, old in self._saved.items():
             signal.signal(num, old)
         self._saved = {}

@@ -282,6 +282,8 @@ class TrainingRun:
                 ended[0] = taken
 
         def at_boundary(step: int) -> bool:
+            if self.signals is not None and not self.signals.started:  # the run's first: a signal now saves here
+                self.signals.training_started()
             skipped.check(epoch, step)
             end_steps(step)
             stop, save = self.gate.poll(step, diverged=self.nonfinite.tripped)

@@ -8,7 +8,11 @@ hook: in the middle of an epoch, between two steps. With ``SIGINT_IN_SAVE=1`` a 
 this process while its mid-epoch checkpoint is being written (a second Ctrl-C in the save), after its
 first bytes. With ``PAUSE_AT_STEP=K`` and ``PAUSE_FILE=PATH`` the process writes ``PATH.paused`` right after
 its K-th optimizer step and waits (at most two minutes) until ``PATH`` exists: a run held mid-epoch, alive,
-while a test does something beside it.
+while a test does something beside it. With ``FREEZE_RANK=R`` and ``PAUSE_FILE=PATH`` rank R writes its pid to
+``PATH.frozen`` before it starts and sleeps (a rank that never reaches the rendezvous); with ``PAUSE_FILE`` every
+other rank writes ``PATH.rdzv.RANK`` as it enters ``init_process_group`` (it waits there for the frozen one).
+With ``STARTUP_PAUSE=1`` and ``PAUSE_FILE=PATH`` the process writes ``PATH.startup`` as it builds its loss (the
+model is built, no step taken) and waits there (at most a minute): a run held in start-up.
 """
 import os
 import signal
@@ -98,10 +102,50 @@ def _interrupt_saves() -> None:
     TrainingRun._torch_save = staticmethod(lambda obj, fh: save(obj, _Interrupting(fh)))
 
 
+def _freeze() -> None:
+    rank, marker = os.environ.get("FREEZE_RANK"), os.environ.get("PAUSE_FILE")
+    if rank is None or not marker:
+        return
+    if os.environ.get("RANK") == rank:
+        with open(marker + ".frozen", "w") as f:
+            f.write(str(os.getpid()))
+        time.sleep(600)
+        return
+    import torch.distributed
+
+    init = torch.distributed.init_process_group
+
+    def init_process_group(*args, **kwargs):
+        with open(f"{marker}.rdzv.{os.environ.get('RANK')}", "w") as f:
+            f.write(str(os.getpid()))
+        return init(*args, **kwargs)
+
+    torch.distributed.init_process_group = init_process_group
+
+
+def _startup_pause() -> None:
+    marker = os.environ.get("PAUSE_FILE")
+    if os.environ.get("STARTUP_PAUSE") != "1" or not marker:
+        return
+    from clip_dcl.train.run import TrainingRun
+
+    create = TrainingRun.create_loss
+
+    def create_loss(self, args):
+        with open(marker + ".startup", "w") as f:
+            f.write(str(os.getpid()))
+        time.sleep(60)
+        return create(self, args)
+
+    TrainingRun.create_loss = create_loss
+
+
 if __name__ == "__main__":
+    _freeze()
+    _startup_pause()
     _install()
     _pause()
     _interrupt_saves()
     from clip_dcl.train import main
 
-    sys.exit(main(sys.argv[1:]))
+    sys.exit(main(sys.argv[1:], exiting=True))
