@@ -28,7 +28,8 @@ import sys
 import tomllib
 from pathlib import Path
 
-from clip_dcl.experiment.study.rule import planned_power, seeds_needed
+from clip_dcl.experiment.study.rule import planned_power
+from plan_writing import affordable_counts, diffs, plan_body, seeds_for_power, validation_scores, write_once
 from testbed.objectives import loss_flags
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -45,19 +46,7 @@ FIRST_SEED = 300
 
 def scores(*reports: Path) -> dict:
     """``{(arm, seed): validation score}`` over the finished runs of the given study reports."""
-    out = {}
-    for path in reports:
-        doc = json.loads(path.read_text())
-        if not doc["status"].startswith("complete"):
-            raise SystemExit(f"{path}: {doc['status']}: the spread is measured on complete studies only")
-        for r in doc["runs"]:
-            out[(r["arm"], r["seed"])] = r["validation"][METRIC]
-    return out
-
-
-def diffs(s: dict, a: str, b: str) -> list:
-    seeds = sorted({seed for arm, seed in s if arm == a} & {seed for arm, seed in s if arm == b})
-    return [s[(a, seed)] - s[(b, seed)] for seed in seeds]
+    return validation_scores(METRIC, *reports)
 
 
 def comparisons(s: dict) -> list:
@@ -78,17 +67,12 @@ def comparisons(s: dict) -> list:
 
 def needed(row: dict) -> int:
     """Seeds for power :data:`POWER` (beats: a verdict in the direction of the expected difference)."""
-    expected = abs(row["expected"]) if row["rule"] == "beats" else row["expected"]
-    return seeds_needed(row["rule"], row["paired_sd"], CONFIDENCE, POWER, expected=expected,
-                        margin=row.get("margin"), cap=1000) or 1001
+    return seeds_for_power(row, CONFIDENCE, POWER)
 
 
 def seed_counts(rows: list, floor: int, cap: int) -> list:
     """Per comparison: its seed count (see the module's text)."""
-    need = [needed(r) for r in rows]
-    powered = [max(floor, k) for k in need if k <= cap]
-    most = max(powered) if powered else cap
-    return [max(floor, k) if k <= cap else most for k in need]
+    return affordable_counts([needed(r) for r in rows], floor, cap)
 
 
 def write(rows: list, counts: list, tuned: dict) -> str:
@@ -132,33 +116,13 @@ def write(rows: list, counts: list, tuned: dict) -> str:
         "#   clip-dcl study report benchmarks/studies/confirmatory.toml --work WORK/confirmatory \\",
         "#       --out benchmarks/results --name confirmatory",
         "",
-        'title = "decl against clip at B and 2B and against a tuned InfoNCE, B = 32 and 64 (confirmatory)"',
-        'recipe = "micro-words"',
-        "exploratory = false",
-        f"seeds = {json.dumps(seeds)}",
-        f'metric = "{METRIC}"',
-        f"confidence = {CONFIDENCE}",
-        f"resolution = {RESOLUTION}",
-        f"power = {POWER}",
-        "threads = 1",
-        "",
-        "[data]",
-        "command = " + json.dumps(["data", "synth", "{DATA}", "--image-size", "32", "--num-classes", "48",
-                                   "--train-samples", "12000", "--test-samples", "1000", "--pack",
-                                   "--seed", str(DATA_SEED)]),
-        "",
-        "[train]",
-        "epochs = 20",
-        'device = "cpu"',
     ]
-    for name, b, flags in arms:
-        toml += ["", "[[arms]]", f'name = "{name}"', f"batch_size = {b}", f"flags = {json.dumps(list(flags))}"]
-    for r, k in zip(rows, counts):
-        toml += ["", "[[comparisons]]", f'a = "{r["a"]}"', f'b = "{r["b"]}"', f'rule = "{r["rule"]}"', f"seeds = {k}"]
-        if "margin" in r:
-            toml.append(f"margin = {round(r['margin'], 4)}")
-        toml += [f"expected = {round(abs(r['expected']) if r['rule'] == 'beats' else r['expected'], 4)}",
-                 f"paired_sd = {round(r['paired_sd'], 4)}"]
+    toml += plan_body(title="decl against clip at B and 2B and against a tuned InfoNCE, B = 32 and 64 (confirmatory)",
+                      recipe="micro-words", seeds=seeds, metric=METRIC, confidence=CONFIDENCE, resolution=RESOLUTION,
+                      power=POWER, data_command=["data", "synth", "{DATA}", "--image-size", "32", "--num-classes", "48",
+                                                 "--train-samples", "12000", "--test-samples", "1000", "--pack",
+                                                 "--seed", str(DATA_SEED)],
+                      epochs=20, arms=arms, rows=rows, counts=counts)
     return "\n".join(toml) + "\n"
 
 
@@ -179,15 +143,7 @@ def main(argv=None) -> int:
     text = write(rows, counts, tuned)
     print("\n".join(x[4:] for x in text.splitlines() if x.startswith("#   ") and "seeds for power" in x))
     print(f"seeds: {max(counts)} (per comparison: {counts})")
-    if args.dry_run:
-        return 0
-    if PLAN.exists():
-        print(f"{PLAN} exists: a plan is written once (delete it only if it was never committed or run)",
-              file=sys.stderr)
-        return 1
-    PLAN.write_text(text)
-    print(f"wrote {PLAN}")
-    return 0
+    return write_once(PLAN, text, args.dry_run)
 
 
 if __name__ == "__main__":

@@ -35,7 +35,8 @@ import tomllib
 from pathlib import Path
 
 from clip_dcl.experiment.commands import loss_flags
-from clip_dcl.experiment.study.rule import planned_power, seeds_needed
+from clip_dcl.experiment.study.rule import planned_power
+from plan_writing import affordable_counts, diffs, plan_body, seeds_for_power, validation_scores, write_once
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
@@ -49,15 +50,7 @@ DATA_SEED, FIRST_SEED = 1, 100
 
 def screen_scores(report: Path) -> dict:
     """``{(arm, seed): validation score}`` of the screen's finished runs."""
-    doc = json.loads(report.read_text())
-    if not doc["status"].startswith("complete"):
-        raise SystemExit(f"{report}: {doc['status']}: the plan is written from a complete screen only")
-    return {(r["arm"], r["seed"]): r["validation"][METRIC] for r in doc["runs"]}
-
-
-def diffs(s: dict, a: str, b: str) -> list:
-    seeds = sorted({k for arm, k in s if arm == a} & {k for arm, k in s if arm == b})
-    return [s[(a, k)] - s[(b, k)] for k in seeds]
+    return validation_scores(METRIC, report)
 
 
 def mean_of(s: dict, arm: str) -> float:
@@ -119,14 +112,11 @@ def comparisons(s: dict, arms: dict, chosen: dict) -> list:
 
 
 def needed(row: dict) -> int:
-    return seeds_needed("beats", row["paired_sd"], CONFIDENCE, POWER, expected=abs(row["expected"]), cap=1000) or 1001
+    return seeds_for_power(row, CONFIDENCE, POWER)
 
 
 def seed_counts(rows: list, floor: int, cap: int) -> list:
-    need = [needed(r) for r in rows]
-    powered = [max(floor, k) for k in need if k <= cap]
-    most = max(powered) if powered else cap
-    return [max(floor, k) if k <= cap else most for k in need]
+    return affordable_counts([needed(r) for r in rows], floor, cap)
 
 
 def write(rows: list, counts: list, chosen: dict, arms: dict, floor: float, recipe: str) -> str:
@@ -180,29 +170,13 @@ def write(rows: list, counts: list, chosen: dict, arms: dict, floor: float, reci
         "#   clip-dcl study report benchmarks/studies/fmnist_confirmatory.toml --work WORK/fmnist_confirmatory \\",
         "#       --out benchmarks/results --name fmnist_confirmatory",
         "",
-        'title = "Fashion-MNIST: the debiased loss and decl against clip and a tuned InfoNCE, B = 32 and 64 (confirmatory)"',
-        f'recipe = "{recipe}"',
-        "exploratory = false",
-        f"seeds = {json.dumps(seeds)}",
-        f'metric = "{METRIC}"',
-        f"confidence = {CONFIDENCE}",
-        f"resolution = {RESOLUTION}",
-        f"power = {POWER}",
-        "threads = 1",
-        "",
-        "[data]",
-        "command = " + json.dumps(["data", "fashion-mnist", "{DATA}", "--train-samples", "20000", "--val-samples",
-                                   "2000", "--pack", "--seed", str(DATA_SEED)]),
-        "",
-        "[train]",
-        "epochs = 10",
-        'device = "cpu"',
     ]
-    for name, b, flags in out_arms:
-        toml += ["", "[[arms]]", f'name = "{name}"', f"batch_size = {b}", f"flags = {json.dumps(list(flags))}"]
-    for r, k in zip(rows, counts):
-        toml += ["", "[[comparisons]]", f'a = "{r["a"]}"', f'b = "{r["b"]}"', 'rule = "beats"', f"seeds = {k}",
-                 f"expected = {round(abs(r['expected']), 4)}", f"paired_sd = {round(r['paired_sd'], 4)}"]
+    toml += plan_body(title="Fashion-MNIST: the debiased loss and decl against clip and a tuned InfoNCE, B = 32 and 64 "
+                            "(confirmatory)",
+                      recipe=recipe, seeds=seeds, metric=METRIC, confidence=CONFIDENCE, resolution=RESOLUTION,
+                      power=POWER, data_command=["data", "fashion-mnist", "{DATA}", "--train-samples", "20000",
+                                                 "--val-samples", "2000", "--pack", "--seed", str(DATA_SEED)],
+                      epochs=10, arms=out_arms, rows=rows, counts=counts)
     return "\n".join(toml) + "\n"
 
 
@@ -225,15 +199,7 @@ def main(argv=None) -> int:
     text = write(rows, counts, chosen, arms, pooled_sd(s, arms), screen["recipe"])
     print("\n".join(x[2:] for x in text.splitlines() if x.startswith("# The ") or x.startswith("#   ")))
     print(f"seeds: {max(counts)} (per comparison: {counts})")
-    if args.dry_run:
-        return 0
-    if PLAN.exists():
-        print(f"{PLAN} exists: a plan is written once (delete it only if it was never committed or run)",
-              file=sys.stderr)
-        return 1
-    PLAN.write_text(text)
-    print(f"wrote {PLAN}")
-    return 0
+    return write_once(PLAN, text, args.dry_run)
 
 
 if __name__ == "__main__":

@@ -90,3 +90,13 @@ def test_the_written_plan_is_valid_and_carries_the_choices(fp, arms, tmp_path):
     text = path.read_text()
     assert '"fashion-mnist"' in text and '"--seed", "1"' in text
     assert all(5 <= k <= 10 for k in counts)
+
+
+def test_the_committed_plan_is_the_one_written_from_the_committed_screen(fp, arms):
+    s = fp.screen_scores(fp.RESULTS / "fmnist_screen.json")
+    chosen = fp.choose(s, arms)
+    rows = fp.comparisons(s, arms, chosen)
+    plan = tomllib.loads(fp.PLAN.read_text())
+    counts = [c["seeds"] for c in plan["comparisons"]]
+    text = fp.write(rows, counts, chosen, arms, fp.pooled_sd(s, arms), "fmnist-words")
+    assert text == fp.PLAN.read_text()
