@@ -8,6 +8,8 @@
   training). Its result reads like ``subprocess.run``'s, so a test can switch between the two.
 - :func:`trained_run`: one tiny run per objective for the whole session, for tests that only need
   *a* trained run (its checkpoint, log and ``params.txt``) and change nothing in it.
+- :func:`preloaded`: ``python`` and ``clip-dcl`` commands that start without importing torch and OpenCLIP
+  again (tests/preloaded.py), for the tests that run commands through bash, a process each.
 """
 from __future__ import annotations
 
@@ -79,3 +81,13 @@ def trained_run(tmp_path_factory):
         return runs[loss]
 
     return get
+
+
+@pytest.fixture(scope="session")
+def preloaded(tmp_path_factory):
+    """The session's :class:`preloaded.Preloaded`: ``.python`` (a path, for ``python -c``/``-m`` commands) and
+    ``.env(env)`` (``env`` with its ``python`` and ``clip-dcl`` first on the PATH)."""
+    from preloaded import Preloaded
+
+    with Preloaded(tmp_path_factory.mktemp("preloaded")) as server:
+        yield server
