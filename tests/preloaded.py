@@ -30,7 +30,8 @@ import socket
 import struct
 import sys
 
-#: What the server imports before it forks: the libraries whose import is most of a command's start-up.
+#: What the server imports before it forks: the libraries whose import is most of a command's start-up (a
+#: command gets these from the server's own path, whatever its PYTHONPATH says).
 PRELOAD = ("numpy", "PIL.Image", "torch", "torchvision", "open_clip", "open_clip_train.main", "open_clip_train.data",
            "webdataset")
 
@@ -98,9 +99,16 @@ def _read_int(conn: socket.socket):
 # ------------------------------------------------------------------------------------------
 def serve(path: str, shim: str):
     """Preload, listen at ``path``, fork a handler per connection; return (in the worker only) its request."""
+    import gc
     import importlib
     import signal
 
+    try:  # the server ends with the test session that started it, however that ends (Linux: PR_SET_PDEATHSIG)
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)
+    except (OSError, AttributeError):
+        pass
     for name in PRELOAD:
         try:
             importlib.import_module(name)
@@ -112,8 +120,6 @@ def serve(path: str, shim: str):
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     sock.bind(path)
     sock.listen(64)
-    import gc
-
     gc.freeze()  # the preloaded objects stay out of the workers' collections: fewer pages copied after a fork
     print("ready", flush=True)
     sys.stderr.flush()
