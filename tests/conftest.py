@@ -48,13 +48,15 @@ def train_in_process(argv) -> InProcessRun:
     return InProcessRun(rc, out.getvalue(), err.getvalue())
 
 
-def train_run(argv, cli: bool = False, timeout: int = 600):
+def train_run(argv, cli=False, timeout: int = 600):
     """One training: :func:`train_in_process`, or ``python -m clip_dcl.train`` in a fresh process with
-    ``cli`` (one torch thread, no GPU), for tests of the command line or of what one process can hold."""
+    ``cli`` (one torch thread, no GPU), for tests of the command line or of what one process can hold.
+    ``cli`` is True (this interpreter) or the path of a python to start (:func:`preloaded`'s ``.python``)."""
     if not cli:
         return train_in_process(argv)
     env = {**os.environ, "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": ""}
-    return subprocess.run([sys.executable, "-m", "clip_dcl.train", *map(str, argv)], capture_output=True, text=True,
+    python = sys.executable if cli is True else str(cli)
+    return subprocess.run([python, "-m", "clip_dcl.train", *map(str, argv)], capture_output=True, text=True,
                           timeout=timeout, env=env)
 
 
