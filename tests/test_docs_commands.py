@@ -3,8 +3,9 @@
 The ``bash`` and ``python`` fenced blocks of each page run in the page's order (data, then training,
 evaluation, export, loading), the pages in :data:`PAGES` order (the README's quickstart makes the
 data, the run and the export that the other pages use), all in one scratch folder; bash blocks
-through ``bash -euo pipefail``, python blocks through this interpreter, with ``clip-dcl`` and
-``python`` on the PATH meaning this checkout. Before running, every block gets the small sizes of
+through ``bash -euo pipefail``, python blocks through ``python -c``, with ``clip-dcl`` and ``python``
+on the PATH meaning this checkout: each a process of its own, started from conftest's ``preloaded``
+python (torch and OpenCLIP already imported, this checkout imported afresh). Before running, every block gets the small sizes of
 :data:`SUBSTITUTIONS`, and the files of :data:`PREPARED` are written.
 
 A block that cannot run here (GPUs, several nodes, Slurm, downloads, installs) has the marker
