@@ -8,6 +8,8 @@
   training). Its result reads like ``subprocess.run``'s, so a test can switch between the two.
 - :func:`trained_run`: one tiny run per objective for the whole session, for tests that only need
   *a* trained run (its checkpoint, log and ``params.txt``) and change nothing in it.
+- :func:`preloaded`: ``python`` and ``clip-dcl`` commands that start without importing torch and OpenCLIP
+  again (tests/preloaded.py), for the tests that run commands through bash, a process each.
 """
 from __future__ import annotations
 
@@ -46,13 +48,15 @@ def train_in_process(argv) -> InProcessRun:
     return InProcessRun(rc, out.getvalue(), err.getvalue())
 
 
-def train_run(argv, cli: bool = False, timeout: int = 600):
+def train_run(argv, cli=False, timeout: int = 600):
     """One training: :func:`train_in_process`, or ``python -m clip_dcl.train`` in a fresh process with
-    ``cli`` (one torch thread, no GPU), for tests of the command line or of what one process can hold."""
+    ``cli`` (one torch thread, no GPU), for tests of the command line or of what one process can hold.
+    ``cli`` is True (this interpreter) or the path of a python to start (:func:`preloaded`'s ``.python``)."""
     if not cli:
         return train_in_process(argv)
     env = {**os.environ, "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": ""}
-    return subprocess.run([sys.executable, "-m", "clip_dcl.train", *map(str, argv)], capture_output=True, text=True,
+    python = sys.executable if cli is True else str(cli)
+    return subprocess.run([python, "-m", "clip_dcl.train", *map(str, argv)], capture_output=True, text=True,
                           timeout=timeout, env=env)
 
 
@@ -79,3 +83,13 @@ def trained_run(tmp_path_factory):
         return runs[loss]
 
     return get
+
+
+@pytest.fixture(scope="session")
+def preloaded(tmp_path_factory):
+    """The session's :class:`preloaded.Preloaded`: ``.python`` (a path, for ``python -c``/``-m`` commands) and
+    ``.env(env)`` (``env`` with its ``python`` and ``clip-dcl`` first on the PATH)."""
+    from preloaded import Preloaded
+
+    with Preloaded(tmp_path_factory.mktemp("preloaded")) as server:
+        yield server

@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 import uuid
 
 import pytest
@@ -94,7 +93,7 @@ def test_export_reloads_through_local_dir_with_same_embeddings(trained, tmp_path
 
 
 @pytest.mark.slow
-def test_exported_folder_loads_without_clip_dcl(trained, tmp_path):
+def test_exported_folder_loads_without_clip_dcl(trained, tmp_path, preloaded):
     """A fresh interpreter where importing clip_dcl fails still loads the export with OpenCLIP alone."""
     model, _, tokenizer = load_checkpoint(trained)
     out = export(trained, tmp_path / "exported")
@@ -116,7 +115,9 @@ exp = torch.load("{tmp_path / 'expected.pt'}")
 assert all(torch.equal(a, b) for a, b in zip(got, exp))
 print("ok")
 """
-    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path)
+    # another process (the preloaded python has imported OpenCLIP and torch, never clip_dcl): this one has imported
+    # clip_dcl, whose model configs OpenCLIP would then know
+    res = subprocess.run([preloaded.python, "-c", code], capture_output=True, text=True, cwd=tmp_path)
     assert res.returncode == 0 and res.stdout.strip().endswith("ok"), res.stderr[-2000:]
 
 

@@ -133,11 +133,12 @@ def test_quick_demo_says_it_is_a_smoke_test_bolds_nothing_and_counts_its_steps_f
 
 
 @pytest.mark.slow
-def test_demo_quick_end_to_end(tmp_path):
+def test_demo_quick_end_to_end(tmp_path, preloaded):
     out = tmp_path / "demo"
     # its own lock: a test does not queue behind trainings outside it
     env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "CLIP_DCL_TRAIN_LOCK": str(tmp_path / "train.lock")}
-    proc = subprocess.run([sys.executable, "-m", "clip_dcl.cli", "demo", "--quick", "--out", str(out)],
+    # the command as a user types it, in a process of its own (its trainings too, started from the preloaded python)
+    proc = subprocess.run([preloaded.python, "-m", "clip_dcl.cli", "demo", "--quick", "--out", str(out)],
                           capture_output=True, text=True, timeout=600, env=env)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     # progress was visible, and the table was printed
@@ -175,7 +176,7 @@ def test_trainings_take_turns_on_one_machine(tmp_path, monkeypatch):
     monkeypatch.setenv("CLIP_DCL_TRAIN_LOCK", str(lock))
     probe = ("import fcntl, sys\nf = open(sys.argv[1], 'a+')\n"
              "try:\n    fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)\nexcept BlockingIOError:\n    sys.exit(3)\n")
-    with ex.machine_lock(echo=lambda s: None):
+    with ex.machine_lock(echo=lambda s: None):  # the probe is another process: an flock is held per process
         assert subprocess.run([sys.executable, "-c", probe, str(lock)]).returncode == 3  # held
     assert subprocess.run([sys.executable, "-c", probe, str(lock)]).returncode == 0  # released
     monkeypatch.setenv("CLIP_DCL_TRAIN_LOCK", "")

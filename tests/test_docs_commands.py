@@ -3,8 +3,9 @@
 The ``bash`` and ``python`` fenced blocks of each page run in the page's order (data, then training,
 evaluation, export, loading), the pages in :data:`PAGES` order (the README's quickstart makes the
 data, the run and the export that the other pages use), all in one scratch folder; bash blocks
-through ``bash -euo pipefail``, python blocks through this interpreter, with ``clip-dcl`` and
-``python`` on the PATH meaning this checkout. Before running, every block gets the small sizes of
+through ``bash -euo pipefail``, python blocks through ``python -c``, with ``clip-dcl`` and ``python``
+on the PATH meaning this checkout: each a process of its own, started from conftest's ``preloaded``
+python (torch and OpenCLIP already imported, this checkout imported afresh). Before running, every block gets the small sizes of
 :data:`SUBSTITUTIONS`, and the files of :data:`PREPARED` are written.
 
 A block that cannot run here (GPUs, several nodes, Slurm, downloads, installs) has the marker
@@ -29,6 +30,8 @@ from pathlib import Path
 from typing import Dict, List, Optional
 
 import pytest
+
+from preloaded import Preloaded
 
 ROOT = Path(__file__).resolve().parents[1]
 #: The pages, in the order they run: later pages read what earlier ones made.
@@ -192,8 +195,9 @@ def test_the_parser_reads_markers_and_refuses_a_stray_one(tmp_path, monkeypatch)
 # ------------------------------------------------------------------------------------------
 # Running them (slow)
 # ------------------------------------------------------------------------------------------
-def prepare(work: Path) -> Dict[str, str]:
-    """The scratch folder's PREPARED files and shims; the environment the blocks run in."""
+def prepare(work: Path, python: Preloaded) -> Dict[str, str]:
+    """The scratch folder's PREPARED files; the environment the blocks run in, where ``python`` and ``clip-dcl``
+    are ``python``'s shims (a process per command, without paying torch's import each time)."""
     from PIL import Image
 
     images = work / "my_images"
@@ -217,15 +221,9 @@ def prepare(work: Path) -> Dict[str, str]:
                 "args": argparse.Namespace(model="clip-dcl-tiny")}, work / "pickled.pt")
     whole = (work / "pickled.pt").read_bytes()
     (work / "truncated.pt").write_bytes(whole[:len(whole) // 2])
-    shims = work / ".bin"
-    shims.mkdir()
-    for name, target in (("clip-dcl", f'"{sys.executable}" -m clip_dcl.cli "$@"'),
-                         ("python", f'"{sys.executable}" "$@"')):
-        (shims / name).write_text(f"#!/usr/bin/env bash\nexec {target}\n")
-        (shims / name).chmod(0o755)
-    return {**os.environ, "PATH": f"{shims}{os.pathsep}{os.environ.get('PATH', '')}",
-            "PYTHONPATH": os.pathsep.join([str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])]),
-            "CUDA_VISIBLE_DEVICES": "", "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
+    return python.env({**os.environ, "CUDA_VISIBLE_DEVICES": "",
+                       "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"),
+                       "PYTHONPATH": os.pathsep.join([str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])])})
 
 
 def refused(command: str, work: Path, env: Dict[str, str]) -> subprocess.CompletedProcess:
@@ -254,7 +252,7 @@ def refused(command: str, work: Path, env: Dict[str, str]) -> subprocess.Complet
     return subprocess.CompletedProcess(argv, code, out.getvalue(), err.getvalue())
 
 
-def run_block(block: Block, work: Path, env: Dict[str, str]) -> subprocess.CompletedProcess:
+def run_block(block: Block, work: Path, env: Dict[str, str], python: str) -> subprocess.CompletedProcess:
     """The block run as a script; a refused block's commands one by one: a failure (exit code 1) for the
     first that is not refused as documented (exit code 2, a reason on stderr, no traceback), else 0."""
     if block.refused:
@@ -268,34 +266,34 @@ def run_block(block: Block, work: Path, env: Dict[str, str]) -> subprocess.Compl
             reasons.append(res.stderr)
         return subprocess.CompletedProcess(block.commands(), 0, "", "".join(reasons))
     code = substituted(block.code)
-    argv = ["bash", "-euo", "pipefail", "-c", code] if block.lang == "bash" else [sys.executable, "-c", code]
+    argv = ["bash", "-euo", "pipefail", "-c", code] if block.lang == "bash" else [python, "-c", code]
     return subprocess.run(argv, cwd=work, env=env, capture_output=True, text=True, timeout=TIMEOUT)
 
 
 @pytest.fixture(scope="module")
-def run_page(tmp_path_factory):
+def run_page(tmp_path_factory, preloaded):
     """``run_page(page)``: run the runnable blocks of every page up to ``page`` (once each, in
     :data:`PAGES` order, in one scratch folder); the failures of ``page`` (block, output), or of the
     page it depends on."""
-    work = tmp_path_factory.mktemp("docs")
-    env = prepare(work)
     done: Dict[str, List[str]] = {}
+    work = tmp_path_factory.mktemp("docs")
+    env = prepare(work, preloaded)
+    return lambda page: run_pages(page, work, env, preloaded.python, done)
 
-    def run(page: str) -> List[str]:
-        for earlier in PAGES[:PAGES.index(page) + 1]:
-            if earlier in done:
-                continue
-            failures = done[earlier] = []
-            for block in filter(runnable, blocks(earlier)):
-                res = run_block(block, work, env)
-                if res.returncode != 0:
-                    failures.append(f"{block.where()} exited {res.returncode}:\n{substituted(block.code)}\n"
-                                    f"--- stdout\n{res.stdout[-2000:]}\n--- stderr\n{res.stderr[-4000:]}")
-                    break  # the page's later blocks read what this one should have made
-        upstream = [f"(an earlier page failed) {f}" for p in PAGES[:PAGES.index(page)] for f in done[p]]
-        return done[page] + upstream
 
-    return run
+def run_pages(page: str, work: Path, env: Dict[str, str], python: str, done: Dict[str, List[str]]) -> List[str]:
+    for earlier in PAGES[:PAGES.index(page) + 1]:
+        if earlier in done:
+            continue
+        failures = done[earlier] = []
+        for block in filter(runnable, blocks(earlier)):
+            res = run_block(block, work, env, python)
+            if res.returncode != 0:
+                failures.append(f"{block.where()} exited {res.returncode}:\n{substituted(block.code)}\n"
+                                f"--- stdout\n{res.stdout[-2000:]}\n--- stderr\n{res.stderr[-4000:]}")
+                break  # the page's later blocks read what this one should have made
+    upstream = [f"(an earlier page failed) {f}" for p in PAGES[:PAGES.index(page)] for f in done[p]]
+    return done[page] + upstream
 
 
 @pytest.mark.slow

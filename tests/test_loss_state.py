@@ -192,6 +192,7 @@ def test_flag_validation_does_not_allocate_the_buffer(tmp_path):
             "rc = main(['--loss', 'decl', '--decl-num-samples', '400000000'])\n"
             "print('rss_kb', resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)\n"
             "sys.exit(rc)\n")
+    # a fresh interpreter: its peak resident memory is the measurement
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
                          env={**os.environ, "CUDA_VISIBLE_DEVICES": ""})
     assert out.returncode == 2, out.stderr[-2000:]

@@ -24,10 +24,12 @@ import loss_harness as harness  # noqa: E402
 pytestmark = pytest.mark.slow
 
 
-def launch(out, world_size, mode="all", timeout=600):
+def launch(python, out, world_size, mode="all", timeout=600):
+    """torchrun with ``world_size`` ranks, processes of their own; ``python`` (the preloaded one, which the ranks
+    start from too) saves torch's import in each."""
     env = dict(os.environ, OMP_NUM_THREADS="1", CUDA_VISIBLE_DEVICES="")
     env["PYTHONPATH"] = os.pathsep.join([str(HERE.parent), env.get("PYTHONPATH", "")])
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(world_size),
+    cmd = [python, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(world_size),
            str(HERE / "distributed" / "loss_harness.py"), str(out), mode]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
     saved = sorted(p.name for p in out.glob("rank*.pt"))
@@ -36,13 +38,13 @@ def launch(out, world_size, mode="all", timeout=600):
 
 
 @pytest.fixture(scope="module")
-def rank_results(tmp_path_factory):
-    return launch(tmp_path_factory.mktemp("gloo"), 2)
+def rank_results(tmp_path_factory, preloaded):
+    return launch(preloaded.python, tmp_path_factory.mktemp("gloo"), 2)
 
 
 @pytest.fixture(scope="module")
-def four_rank_results(tmp_path_factory):
-    return launch(tmp_path_factory.mktemp("gloo4"), 4, "index")
+def four_rank_results(tmp_path_factory, preloaded):
+    return launch(preloaded.python, tmp_path_factory.mktemp("gloo4"), 4, "index")
 
 
 CASES = [(name, loss, kw, local) for name, loss, kw in harness.CONFIGS for local in (False, True)]
@@ -109,8 +111,8 @@ def test_four_ranks_equal_one_process(four_rank_results, name, loss_name, kwargs
                     torch.testing.assert_close(got["buffers"][key], buf, rtol=1e-10, atol=1e-12, equal_nan=True)
 
 
-def test_an_id_out_of_range_on_one_rank_stops_every_rank(tmp_path):
-    results = launch(tmp_path, 2, "bad_id", timeout=120)  # a hang would time out
+def test_an_id_out_of_range_on_one_rank_stops_every_rank(tmp_path, preloaded):
+    results = launch(preloaded.python, tmp_path, 2, "bad_id", timeout=120)  # a hang would time out
     for res in results:
         assert res["error"] and f"sample id {harness.NUM_SAMPLES + 7} is outside" in res["error"]
 
@@ -125,12 +127,12 @@ def test_harness_detects_a_wrong_gradient(rank_results):
 
 @pytest.mark.parametrize("name", [c[0] for c in harness.NONFINITE_CONFIGS])
 @pytest.mark.parametrize("bad", ["nan", "inf"])
-def test_nonfinite_step_rolled_back_leaves_the_state_of_a_run_without_it(tmp_path, name, bad):
+def test_nonfinite_step_rolled_back_leaves_the_state_of_a_run_without_it(tmp_path, preloaded, name, bad):
     """Two gloo ranks, one NaN or inf feature entry in one step: only finite estimates and embeddings
     reach the state (counted), and once the step is rolled back (as for a step the GradScaler
     skipped) the digest is the one before it, and the next clean step's loss and state equal those
     of a run that never saw it."""
-    results = _nonfinite_results(tmp_path)
+    results = _nonfinite_results(preloaded.python, tmp_path)
     for rank, res in enumerate(results):
         got = res[(name, bad)]
         assert got[("with_bad_step", "dropped")] > 0 and got[("with_bad_step", "finite_state")], rank
@@ -144,7 +146,7 @@ def test_nonfinite_step_rolled_back_leaves_the_state_of_a_run_without_it(tmp_pat
 _NONFINITE = {}
 
 
-def _nonfinite_results(tmp_path):
+def _nonfinite_results(python, tmp_path):
     if "res" not in _NONFINITE:
-        _NONFINITE["res"] = launch(tmp_path, 2, "nonfinite")
+        _NONFINITE["res"] = launch(python, tmp_path, 2, "nonfinite")
     return _NONFINITE["res"]

@@ -17,8 +17,8 @@ pytestmark = pytest.mark.slow
 
 # -- features gathered without autograd (no_grad_gather) -------------------------------------------
 @pytest.fixture(scope="module")
-def no_grad_results(tmp_path_factory):
-    return {w: launch(tmp_path_factory.mktemp(f"nograd{w}"), w, "no_grad") for w in (2, 4)}
+def no_grad_results(tmp_path_factory, preloaded):
+    return {w: launch(preloaded.python, tmp_path_factory.mktemp(f"nograd{w}"), w, "no_grad") for w in (2, 4)}
 
 
 TOL = {"torch.float64": dict(rtol=1e-10, atol=1e-10), "torch.float32": dict(rtol=1e-5, atol=1e-5)}

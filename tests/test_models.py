@@ -25,6 +25,8 @@ print(json.dumps(text.tolist()))
 
 def _open_clip_features(pretrained) -> torch.Tensor:
     env = {**os.environ, "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": ""}
+    # a fresh interpreter, not the preloaded one: the script checks that `import clip_dcl` imports neither torch
+    # nor OpenCLIP, which only an interpreter that has not imported them yet can tell
     res = subprocess.run([sys.executable, "-c", SCRIPT, str(pretrained)], capture_output=True, text=True, env=env,
                          timeout=300)
     assert res.returncode == 0, res.stderr[-3000:]

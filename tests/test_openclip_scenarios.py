@@ -68,7 +68,7 @@ def read_run(run: Path, loss: str):
 
 
 def train(tmp_path, name, data_flags, loss, extra=(), model=("--model", "clip-dcl-tiny"), cli=False):
-    """One epoch in this process, or through ``python -m clip_dcl.train`` with ``cli``."""
+    """One epoch in this process, or through ``python -m clip_dcl.train`` with ``cli`` (conftest's train_run)."""
     logs = tmp_path / "logs"
     argv = [*model, *data_flags, "--batch-size", "16", "--epochs", "1", "--precision", "fp32", "--device", "cpu",
             "--workers", "1", "--lr", "1e-3", "--warmup", "1", "--log-every-n-steps", "1", "--logs", str(logs),
@@ -124,13 +124,15 @@ def test_torchscript(tmp_path, loss):
 
 
 @pytest.mark.parametrize("loss", list(TERMS))
-def test_coca(tmp_path, loss):
+def test_coca(tmp_path, preloaded, loss):
     # a fresh process each: OpenCLIP 3.3's CoCa does not train twice in one process (OpenCLIP's own
-    # main, unpatched, gives another caption loss at the same seed on the third run and 2e31 on the fourth)
+    # main, unpatched, gives another caption loss at the same seed on the third run and 2e31 on the fourth);
+    # the preloaded python's workers are fresh in that sense (forked from a server that only imported)
     config = tiny_coca(tmp_path)
     ckpt, log = train(tmp_path, f"coca-{loss}", ["--dataset-type", "synthetic", "--train-num-samples", "32"], loss,
                       model=("--model-config", str(config)),
-                      extra=["--coca-caption-loss-weight", "2.0", "--coca-contrastive-loss-weight", "1.0"], cli=True)
+                      extra=["--coca-caption-loss-weight", "2.0", "--coca-contrastive-loss-weight", "1.0"],
+                      cli=preloaded.python)
     captions = [float(v) for v in re.findall(r"Caption_loss: (\S+)", log)]
     assert captions and all(math.isfinite(v) for v in captions), captions
     if loss == "decl":

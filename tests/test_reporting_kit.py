@@ -72,6 +72,7 @@ print(json.dumps({"before": before, "during": during, "after": after, "peak": me
 
 
 def test_peak_memory_keeps_an_allocation_that_current_memory_gives_back():
+    # a fresh interpreter (no torch): a small process whose resident memory the probe can move measurably
     out = subprocess.run([sys.executable, "-c", _MEMORY_PROBE], capture_output=True, text=True, check=True,
                          cwd=Path(__file__).resolve().parents[1]).stdout
     r = json.loads(out)

@@ -96,7 +96,7 @@ def test_loss_flag_accepts_a_registered_loss_and_still_rejects_unknown_ones():
 
 
 @pytest.mark.slow
-def test_oracle_trains_through_clip_dcl_train_and_checkpoint_has_no_labels(tmp_path, monkeypatch):
+def test_oracle_trains_through_clip_dcl_train_and_checkpoint_has_no_labels(tmp_path, monkeypatch, preloaded):
     from clip_dcl import experiment as ex
 
     monkeypatch.setenv("CLIP_DCL_TRAIN_LOCK", "")  # a 6-step run: no need to queue behind long trainings
@@ -105,7 +105,7 @@ def test_oracle_trains_through_clip_dcl_train_and_checkpoint_has_no_labels(tmp_p
     data = generate(tmp_path / "data", quick=True, num_classes=3, train_samples=96, verbose=False)
     budget = ex.Budget(epochs=2, batch_size=32, warmup=1, workers=0, log_every_n_steps=1)
     res = ex.train(ex.Run("oracle", ("--loss", "unbiased")), data, tmp_path / "runs", budget, echo=lambda s: None,
-                   entry=[sys.executable, str(BENCH / "train_oracle.py")])
+                   entry=[preloaded.python, str(BENCH / "train_oracle.py")])  # the benchmark's script, as run
     # each epoch's checkpoint replaced the one before: a run keeps one
     assert sorted(p.name for p in res.checkpoint.parent.glob("*.pt")) == ["epoch_2.pt"]
     ckpt = torch.load(res.checkpoint, map_location="cpu", weights_only=False)

@@ -2,10 +2,10 @@
 Slurm array would run them (``sed -n "${i}p"``, from another folder), give the same per-seed differences."""
 from __future__ import annotations
 
+import functools
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -14,15 +14,18 @@ ROOT = Path(__file__).resolve().parents[1]
 PLAN = ROOT / "benchmarks" / "studies" / "example.toml"
 
 
-def study(*args, cwd=ROOT):
+def run_study(python, *args, cwd=ROOT):
+    """``python -m clip_dcl.cli study ARGS`` in a process of its own: its runs' lines are shell lines, and the
+    commands they start (data, trainings, scores) start from ``python`` (the preloaded one) too."""
     env = {**os.environ, "PYTHONPATH": str(ROOT), "CUDA_VISIBLE_DEVICES": ""}
-    return subprocess.run([sys.executable, "-m", "clip_dcl.cli", "study", *map(str, args)], cwd=cwd, env=env,
+    return subprocess.run([python, "-m", "clip_dcl.cli", "study", *map(str, args)], cwd=cwd, env=env,
                           capture_output=True, text=True, timeout=900)
 
 
 @pytest.mark.slow
-def test_the_example_study_gives_the_same_report_run_here_and_through_its_lines(tmp_path):
+def test_the_example_study_gives_the_same_report_run_here_and_through_its_lines(tmp_path, preloaded):
     here, lines_work = tmp_path / "here", tmp_path / "lines"
+    study = functools.partial(run_study, preloaded.python)
     got = study("run", PLAN, "--work", here, "--parallel", "2")
     assert got.returncode == 0, got.stdout[-3000:] + got.stderr[-3000:]
     progress = [x for x in got.stdout.splitlines() if x.startswith("[study] ") and " seed " in x]

@@ -374,7 +374,8 @@ def test_cli_dispatches_to_train(capsys):
 
 # -- end to end: shards to checkpoint -------------------------------------------------------------------
 def train(tmp_path, name, pattern, *flags, check=True, timeout=300, cli=False):
-    """One run on ``pattern``'s shards: in this process, or through ``python -m clip_dcl.train`` with ``cli``."""
+    """One run on ``pattern``'s shards: in this process, or through ``python -m clip_dcl.train`` with ``cli``
+    (conftest's train_run)."""
     argv = ["--model", "clip-dcl-tiny", "--train-data", pattern, "--dataset-type", "webdataset", "--batch-size", "16",
             "--precision", "fp32", "--device", "cpu", "--logs", str(tmp_path / "logs"), "--name", name, "--lr", "1e-3",
             "--lr-scheduler", "const", "--warmup", "1", "--log-every-n-steps", "1", *flags]
@@ -498,9 +499,11 @@ def test_corrupt_samples_are_logged_and_skipped_and_the_run_finishes(tmp_path):
 
 
 @pytest.mark.slow
-def test_sample_ids_beyond_the_buffer_stop_the_run_naming_the_flag(tmp_path):
+def test_sample_ids_beyond_the_buffer_stop_the_run_naming_the_flag(tmp_path, preloaded):
     pattern = write_shards(tmp_path / "shards", gapped_keys())  # keys up to 315, sizes.json sums to 64
-    out = train(tmp_path, "small", pattern, "--epochs", "1", "--workers", "0", "--loss", "decl", check=False, cli=True)
+    # through `python -m clip_dcl.train`: the error line and exit code are the command's
+    out = train(tmp_path, "small", pattern, "--epochs", "1", "--workers", "0", "--loss", "decl", check=False,
+                cli=preloaded.python)
     assert out.returncode == 1
     assert "--decl-num-samples" in out.stderr
     assert not (tmp_path / "logs" / "small" / "checkpoints" / "epoch_1.pt").exists()

@@ -12,7 +12,6 @@ import json
 import os
 import re
 import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -44,9 +43,11 @@ def write_shards(out: Path, num_shards=4, per_shard=16):
     return str(out / f"{{00000..{num_shards - 1:05d}}}.tar")
 
 
-def train(tmp_path, pattern, name, loss, flags, nproc=2, epochs=1, extra=(), gather=("--gather-with-grad",)):
-    launch = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(nproc),
-              "-m", "clip_dcl.train", "--"] if nproc > 1 else [sys.executable, "-m", "clip_dcl.train"]
+def train(python, tmp_path, pattern, name, loss, flags, nproc=2, epochs=1, extra=(), gather=("--gather-with-grad",)):
+    """torchrun's ranks are processes of their own, what this file is about; ``python`` (the preloaded one, which
+    torchrun's ranks start from too) saves torch's import in each."""
+    launch = [python, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(nproc),
+              "-m", "clip_dcl.train", "--"] if nproc > 1 else [python, "-m", "clip_dcl.train"]
     cmd = [*launch,
            "--model", "clip-dcl-tiny", "--train-data", pattern, "--dataset-type", "webdataset",
            "--train-num-samples", "32", "--batch-size", "8", "--workers", "1", "--epochs", str(epochs),
@@ -71,10 +72,10 @@ DECL = ["--decl-rate", "index", "--decl-num-samples", "400"]
     ("clip_no_grad_gather", "clip", ["--no-grad-gather"], "Contrastive_loss:"),
     ("decl_no_grad_gather", "decl", DECL + ["--no-grad-gather"], "Decl_loss:"),
 ])
-def test_two_ranks_train_and_agree_on_loss_state(tmp_path, name, loss, flags, term):
+def test_two_ranks_train_and_agree_on_loss_state(tmp_path, preloaded, name, loss, flags, term):
     pattern = write_shards(tmp_path / "shards")
     gather = () if "--no-grad-gather" in flags else ("--gather-with-grad",)
-    out = train(tmp_path, pattern, name, loss, flags, gather=gather)
+    out = train(preloaded.python, tmp_path, pattern, name, loss, flags, gather=gather)
     log = (tmp_path / "logs" / name / "out.log").read_text()
     lines = [line for line in log.splitlines() if "Train Epoch:" in line]
     assert len(lines) == 2 and all(term in line for line in lines)  # 32 samples / (8 x 2 ranks)
@@ -94,7 +95,7 @@ def test_two_ranks_train_and_agree_on_loss_state(tmp_path, name, loss, flags, te
         # 2 steps x 16 global rows, all distinct: the saved state holds both ranks' samples
         assert len(rows) == 32 and all(r % 100 < 16 and r // 100 < 4 for r in rows)
         if name == "decl":  # resumed in one process: its state is the two shards', exactly
-            resumed = train(tmp_path, pattern, "resumed", loss, flags, nproc=1, epochs=2,
+            resumed = train(preloaded.python, tmp_path, pattern, "resumed", loss, flags, nproc=1, epochs=2,
                             extra=["--resume", str(path)])
             restored = re.findall(r"Restored the decl loss state from .*\(digest ([0-9a-f]{64})\)", resumed.stderr)
             assert restored == [digests["0"]], resumed.stderr[-3000:]

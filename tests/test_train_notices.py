@@ -58,16 +58,16 @@ def test_a_foreign_flag_is_refused_in_words_that_fit_their_number():
 @pytest.mark.slow
 @pytest.mark.parametrize("entry, prog", [("clip_dcl.cli", "clip-dcl train"),
                                          ("clip_dcl.train", "python -m clip_dcl.train")])
-def test_the_usage_and_errors_name_the_command_that_was_typed(entry, prog):
+def test_the_usage_and_errors_name_the_command_that_was_typed(preloaded, entry, prog):
     import subprocess
-    import sys
 
     words = ["train"] if entry == "clip_dcl.cli" else []
-    helped = subprocess.run([sys.executable, "-m", entry, *words, "--help"], capture_output=True, text=True,
+    # `python -m` in a process of its own: the program name comes from how the interpreter was started
+    helped = subprocess.run([preloaded.python, "-m", entry, *words, "--help"], capture_output=True, text=True,
                             timeout=300)
     usages = [ln for ln in helped.stdout.splitlines() if ln.startswith("usage:")]
     assert len(usages) == 2 and all(ln.startswith(f"usage: {prog} [") for ln in usages)  # ours, then OpenCLIP's
-    refused = subprocess.run([sys.executable, "-m", entry, *words, "--no-such-flag"], capture_output=True, text=True,
+    refused = subprocess.run([preloaded.python, "-m", entry, *words, "--no-such-flag"], capture_output=True, text=True,
                              timeout=300)
     assert refused.returncode == 2 and refused.stderr.splitlines()[-1] == \
         f"{prog}: error: unrecognized arguments: --no-such-flag"

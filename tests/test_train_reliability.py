@@ -9,7 +9,6 @@ import re
 import logging
 import os
 import subprocess
-import sys
 import types
 
 import pytest
@@ -17,8 +16,6 @@ import torch
 
 from clip_dcl.train import main
 from test_train import dense_keys, write_shards
-
-PY = sys.executable
 
 
 # -- wrong data paths fail before any work -----------------------------------------------------------
@@ -125,7 +122,7 @@ def test_an_unreadable_resume_is_a_clear_error(tmp_path):
 
 
 # -- a failed start leaves nothing behind --------------------------------------------------------------
-def test_a_failed_start_removes_its_log_folder_so_the_rerun_works(tmp_path):
+def test_a_failed_start_removes_its_log_folder_so_the_rerun_works(tmp_path, preloaded):
     pattern = write_shards(tmp_path / "shards", dense_keys(num_shards=1, per_shard=4))
     # a config that registers but cannot be built: the run fails in OpenCLIP's main, after making its folder
     from clip_dcl.models import tiny_config_path
@@ -133,9 +130,10 @@ def test_a_failed_start_removes_its_log_folder_so_the_rerun_works(tmp_path):
     cfg = json.loads(tiny_config_path().read_text())
     cfg["vision_cfg"]["width"] = -5
     (tmp_path / "unbuildable.json").write_text(json.dumps(cfg))
-    cmd = [PY, "-m", "clip_dcl.train", "--model-config", str(tmp_path / "unbuildable.json"), "--train-data", pattern,
-           "--dataset-type", "webdataset", "--workers", "1", "--batch-size", "4", "--device", "cpu", "--logs",
-           str(tmp_path / "logs"), "--name", "x"]
+    # processes of their own: what one start leaves behind when its interpreter exits is what the next one meets
+    cmd = [preloaded.python, "-m", "clip_dcl.train", "--model-config", str(tmp_path / "unbuildable.json"),
+           "--train-data", pattern, "--dataset-type", "webdataset", "--workers", "1", "--batch-size", "4",
+           "--device", "cpu", "--logs", str(tmp_path / "logs"), "--name", "x"]
     env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "OMP_NUM_THREADS": "1"}
     for _ in range(2):
         out = subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=env)
