@@ -1,6 +1,6 @@
 """Exploratory readings of the Fashion-MNIST screen: per setting, what the study report's single metric leaves out.
 
-    python benchmarks/fmnist_readings.py --work WORK/fmnist_screen
+    python benchmarks/fmnist_readings.py --work benchmarks/studies/fmnist_screen.work
 
 Reads the screen's work folder (``clip-dcl study run benchmarks/studies/fmnist_screen.toml --work ...``) and
 writes ``benchmarks/results/fmnist_readings.{md,json}``, every number on the **validation split** (the screen's
@@ -39,7 +39,17 @@ _TAU = re.compile(r"Tau_plus: ([0-9.eE+-]+)")
 
 
 def log_values(out_log: Path, pattern: re.Pattern) -> list:
-    return [float(v) for v in pattern.findall(out_log.read_text(errors="replace"))] if out_log.is_file() else []
+    """The values ``pattern`` finds in OpenCLIP's ``out.log`` (or its gzipped copy in committed records)."""
+    import gzip
+
+    gz = out_log.with_name(out_log.name + ".gz")
+    if out_log.is_file():
+        text = out_log.read_text(errors="replace")
+    elif gz.is_file():
+        text = gzip.decompress(gz.read_bytes()).decode(errors="replace")
+    else:
+        return []
+    return [float(v) for v in pattern.findall(text)]
 
 
 def read_runs(work: Path, arms: dict) -> list:
@@ -161,7 +171,7 @@ def main(argv=None) -> int:
     estimates = [v for a in auto_arms for v in arms[a]["tau_plus_estimate"]]
     planned = len(arms_flags) * len(plan["seeds"])
     doc = {"status": "complete" if len(rows) == planned else f"incomplete ({len(rows)} of {planned} runs)",
-           "command": "python benchmarks/fmnist_readings.py --work WORK/fmnist_screen", "date": utc_date(),
+           "command": f"python benchmarks/fmnist_readings.py --work {args.work}", "date": utc_date(),
            "machine": machine_info(), "commit": code_commit(), "split": "validation",
            "data": f"clip-dcl data fashion-mnist, draw {summary['config']['seed']}, "
                    f"{summary['train']['num_samples']} training pairs, {summary['val']['num_samples']} validation images",

@@ -185,4 +185,16 @@ def verdict_table_block(doc: dict) -> str:
         else:
             missing.append(f"| [{name}]({plan}) | not run yet: no verdict | | | | |")
     legend = "; ".join(f"**{name}**: {what}" for name, what, _, _ in TESTBEDS)
-    return "\n".join([verdict_table(studies), *missing, "", f"Testbeds: {legend}."])
+    arms = []
+    for name, plan, d in studies:  # what the arms named for a role (tuned, debiased) train, at their first batch
+        seen = {}
+        for a in d["plan_canonical"]["arms"]:
+            role = a["name"].rsplit("-b", 1)[0]
+            if role in ("tuned", "debiased") and role not in seen:
+                seen[role] = f"`{role}` is `{' '.join(a.get('flags', []))}` at B = {a['name'].rsplit('-b', 1)[1]}"
+        if seen:
+            arms.append(f"{name}: " + "; ".join(seen.values()))
+    lines = [verdict_table(studies), *missing, "", f"Testbeds: {legend}."]
+    if arms:
+        lines.append("Arms (the plans give every arm's flags): " + ". ".join(arms) + ".")
+    return "\n".join(lines)

@@ -194,8 +194,8 @@ class DebiasedClipLoss(ContrastiveLoss):
                       "true prior in training, above it on the 4-class synthetic data, below it on Fashion-MNIST). "
                       "Default 0: InfoNCE exactly. No debiased setting has beaten InfoNCE in a study: on "
                       "Fashion-MNIST (10 classes, true prior 0.1), the few-class case it was made for, every setting "
-                      "at and around the true prior scored at or below clip, and the best of them did not beat clip or "
-                      "a tuned InfoNCE in the confirmatory study (README, 'Which loss when'); on the synthetic testbed "
+                      "at and around the true prior scored at or below clip, and the best of them trailed clip and a "
+                      "tuned InfoNCE in the confirmatory study (README, 'Which loss when'); on the synthetic testbed "
                       "none passed either"),
         LossFlag("--dcl-clamp", "clamp", choices=CLAMP_MODES,
                  help="rows whose negative estimate hits the floor N e^{-1/t}: keep the floor (clamp) or use the "
