@@ -251,12 +251,12 @@ def test_the_flag_reaches_the_loss():
 
 
 @pytest.mark.slow
-def test_two_ranks_equal_one_process(tmp_path):
+def test_two_ranks_equal_one_process(tmp_path, preloaded):
     """``gather_with_grad`` with ``local_loss`` off and on: loss and DDP-averaged gradients of each step, and
     the auto prior's buffer, as one process on the concatenated batch (the harness's check of every loss)."""
     from test_losses_distributed import harness, launch
 
-    results = launch(tmp_path, 2, "same_class")
+    results = launch(preloaded.python, tmp_path, 2, "same_class")
     for name, loss_name, kwargs in harness.SAME_CLASS_CONFIGS:
         single = harness.run(loss_name, kwargs)
         for local_loss in (False, True):

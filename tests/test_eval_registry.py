@@ -150,3 +150,15 @@ def test_no_import_cycle_in_the_package():
     cycles = sorted(name for name in graph if reaches(name, name, set()))
     assert cycles == []
     assert "clip_dcl.eval.benchmark" in graph["clip_dcl.eval.cli"]  # the graph is read, not empty
+
+
+def test_the_shipped_tasks_are_listed_in_one_order_whichever_module_registered_first(monkeypatch):
+    from clip_dcl.eval import tasks  # noqa: F401  (every shipped task registered)
+
+    shipped = {name: registry.get_task(name) for name in registry.BUILTIN_ORDER}
+    # as a process that imported clip_dcl.eval.zeroshot before the others would have them
+    monkeypatch.setattr(registry, "_TASKS", {"zeroshot": shipped["zeroshot"], "mine": shipped["fewshot"],
+                                             "fewshot": shipped["fewshot"], "retrieval": shipped["retrieval"]})
+    assert list(registry.registered_tasks()) == ["retrieval", "zeroshot", "fewshot", "mine"]
+    with pytest.raises(KeyError, match="registered: retrieval, zeroshot, fewshot, mine"):
+        registry.get_task("nope")

@@ -102,6 +102,14 @@ class EvalTask:
 
 
 _TASKS: dict[str, EvalTask] = {}
+#: the shipped tasks, listed first and in this order whichever of their modules a process imported first
+BUILTIN_ORDER = ("retrieval", "zeroshot", "fewshot")
+
+
+def _ordered() -> dict[str, EvalTask]:
+    """The registered tasks: the shipped ones in :data:`BUILTIN_ORDER`, then the others in registration order."""
+    first = {name: _TASKS[name] for name in BUILTIN_ORDER if name in _TASKS}
+    return {**first, **{name: task for name, task in _TASKS.items() if name not in first}}
 
 
 def register_task(task: EvalTask) -> EvalTask:
@@ -116,8 +124,9 @@ def register_task(task: EvalTask) -> EvalTask:
 
 
 def registered_tasks() -> dict[str, EvalTask]:
-    """The tasks registered so far, by name, in registration order (a copy)."""
-    return dict(_TASKS)
+    """The tasks registered so far, by name: the shipped ones first (:data:`BUILTIN_ORDER`), then the others in
+    registration order (a copy)."""
+    return _ordered()
 
 
 def get_task(name: str) -> EvalTask:
@@ -125,7 +134,7 @@ def get_task(name: str) -> EvalTask:
     try:
         return _TASKS[name]
     except KeyError:
-        raise KeyError(f"no evaluation task {name!r}; registered: {', '.join(_TASKS) or 'none'}") from None
+        raise KeyError(f"no evaluation task {name!r}; registered: {', '.join(_ordered()) or 'none'}") from None
 
 
 def benchmark_task(benchmark_name: str) -> EvalTask | None:
