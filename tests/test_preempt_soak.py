@@ -6,8 +6,6 @@ marked slow, as the suite's other end-to-end runs.
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 import pytest
 
@@ -38,9 +36,10 @@ def test_soak_refuses_no_faults(capsys):
 
 @pytest.mark.slow
 def test_soak_short_three_faults_survived_and_digests_equal(tmp_path):
+    from clip_dcl.data.synth import generate
+
     data = tmp_path / "data"
-    subprocess.run([sys.executable, "-m", "clip_dcl.cli", "data", "synth", "--quick", str(data)], check=True,
-                   env=soak._env(), stdout=subprocess.DEVNULL)
+    generate(data, quick=True, verbose=False)  # in this process: the data's command line is not what this tests
     # seed 2: SIGTERM to one rank mid-step, SIGKILL to both during a save, SIGTERM to one rank in start-up
     out = tmp_path / "report" / "preempt_soak"
     rc = soak.main(["--faults", "3", "--seed", "2", "--data", str(data), "--work", str(tmp_path / "work"),
