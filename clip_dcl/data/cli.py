@@ -48,19 +48,30 @@ def _add_synth_parser(subparsers) -> None:
                     "Conceptual Captions layout, a zero-shot ImageFolder set and an ELEVATER-layout few-shot "
                     "suite (see clip_dcl.data.synth).")
     p.add_argument("out_dir", metavar="OUT_DIR", help="output folder")
-    for field in dataclasses.fields(SynthConfig):
-        flag = "--" + field.name.replace("_", "-")
-        value, small = getattr(defaults, field.name), getattr(quick, field.name)
-        text = _SYNTH_HELP[field.name] + f" (default {value}" + (f"; {small} with --quick)" if small != value else ")")
-        p.add_argument(flag, dest=field.name, type=type(value), default=None, help=text)
+    _add_config_flags(p, defaults, _SYNTH_HELP, quick)
     p.add_argument("--quick", action="store_true", help="a tiny set for tests and smoke runs")
+    _add_output_flags(p, "the same settings")
+    p.set_defaults(func=_run_synth, parser=p)
+
+
+def _add_config_flags(p, defaults, helps: dict, quick=None) -> None:
+    """One ``--field-name`` flag per field of the config dataclass ``defaults`` (its type, default None: the
+    config's own default applies), its help from ``helps`` with the default (and ``quick``'s, where it differs)."""
+    for field in dataclasses.fields(defaults):
+        value = getattr(defaults, field.name)
+        small = value if quick is None else getattr(quick, field.name)
+        text = helps[field.name] + f" (default {value}" + (f"; {small} with --quick)" if small != value else ")")
+        p.add_argument("--" + field.name.replace("_", "-"), dest=field.name, type=type(value), default=None, help=text)
+
+
+def _add_output_flags(p, same: str) -> None:
+    """The flags every data writer shares: --overwrite, --reuse (when the summary has ``same``), --quiet, --pack."""
     p.add_argument("--overwrite", action="store_true", help="replace earlier outputs in OUT_DIR")
     p.add_argument("--reuse", action="store_true",
-                   help="keep earlier outputs in OUT_DIR when their summary.json has the same settings")
+                   help=f"keep earlier outputs in OUT_DIR when their summary.json has {same}")
     p.add_argument("--quiet", action="store_true", help="no progress lines")
     p.add_argument("--pack", action="store_true",
                    help="also write OUT_DIR/train.npz: the training shards decoded once (see `clip-dcl data pack`)")
-    p.set_defaults(func=_run_synth, parser=p)
 
 
 def _run_synth(args) -> int:
@@ -117,16 +128,8 @@ def _add_fashion_parser(subparsers) -> None:
                    help=f"folder of the four IDX files (default {DEBIAN_DIR})")
     p.add_argument("--classnames", default=None, metavar="FILE",
                    help="one class name a line, in label order (default: Fashion-MNIST's ten names)")
-    for field in dataclasses.fields(FashionConfig):
-        value = getattr(defaults, field.name)
-        p.add_argument("--" + field.name.replace("_", "-"), dest=field.name, type=int, default=None,
-                       help=_FASHION_HELP[field.name] + f" (default {value})")
-    p.add_argument("--overwrite", action="store_true", help="replace earlier outputs in OUT_DIR")
-    p.add_argument("--reuse", action="store_true",
-                   help="keep earlier outputs in OUT_DIR when their summary.json has the same settings and files")
-    p.add_argument("--quiet", action="store_true", help="no progress lines")
-    p.add_argument("--pack", action="store_true",
-                   help="also write OUT_DIR/train.npz: the training shards decoded once (see `clip-dcl data pack`)")
+    _add_config_flags(p, defaults, _FASHION_HELP)
+    _add_output_flags(p, "the same settings and files")
     p.set_defaults(func=_run_fashion, parser=p)
 
 
