@@ -196,7 +196,8 @@ def readme_block(doc: dict) -> str:
     if not arms:
         return "No run of the Fashion-MNIST screen has finished."
     lines = [f"Exploratory, validation split ({doc['data']}; {doc['status']}). Mean validation zero-shot top-1 over "
-             "the seeds, and each setting's mean paired difference against `clip` at the same batch:", ""]
+             "the seeds, and each setting's mean paired difference against `clip` at the same batch (two seeds: their "
+             "90 % intervals, wide, are in the screen's report; no setting is judged here):", ""]
     for b in (32, 64):
         clip = arms.get(f"clip-b{b}")
         if clip is None:
