@@ -21,7 +21,11 @@ def no_grad_results(tmp_path_factory, preloaded):
     return {w: launch(preloaded.python, tmp_path_factory.mktemp(f"nograd{w}"), w, "no_grad") for w in (2, 4)}
 
 
-TOL = {"torch.float64": dict(rtol=1e-10, atol=1e-10), "torch.float32": dict(rtol=1e-5, atol=1e-5)}
+#: float32: three SGD steps (lr 0.5) carry each step's rounding into the next one's weights; against float64 the
+#: third step's gradients drift by up to ~7e-6 of their largest entry (decl_rgclg, decl_queue), and two float32
+#: runs (here the ranks' reduction order and the CPU's kernels against one process's) by up to twice that
+F32_TOL = 200 * torch.finfo(torch.float32).eps  # 2.4e-5
+TOL = {"torch.float64": dict(rtol=1e-10, atol=1e-10), "torch.float32": dict(rtol=F32_TOL, atol=F32_TOL)}
 
 
 @pytest.mark.parametrize("world_size", [2, 4])
@@ -42,7 +46,9 @@ def test_no_grad_gather_equals_one_process(no_grad_results, world_size, dtype, n
                 tol = dict(TOL[dtype], atol=TOL[dtype]["atol"] * max(1.0, float(want.abs().max())))
                 torch.testing.assert_close(a, want, **tol, msg=f"feature grad, {where}")
             for p, (a, ref_grad) in enumerate(zip(got["grads"], ref_step["grads"])):
-                torch.testing.assert_close(a, ref_grad, **TOL[dtype], msg=f"grad {p}, {where}")
+                # a sum over the global batch, reduced in another order (and by other kernels) than in one process
+                tol = dict(TOL[dtype], atol=TOL[dtype]["atol"] * max(1.0, float(ref_grad.abs().max())))
+                torch.testing.assert_close(a, ref_grad, **tol, msg=f"grad {p}, {where}")
             for key, buf in ref_step["buffers"].items():
                 # a 16-bit buffer rounds float32's last-bit differences to one of its own ulps
                 tol = dict(rtol=2 ** -7, atol=1e-5) if buf.element_size() == 2 else TOL[dtype]

@@ -1,7 +1,7 @@
 """Stopping a run whose loss or weights are no longer finite, before it writes them over a good checkpoint.
 
-OpenCLIP's loop trains on whatever the loss returns: once a step's loss is NaN (``--wd nan``,
-``--lr 50``), its gradients and then the weights are NaN, every later step too, and each epoch
+OpenCLIP's loop trains on whatever the loss returns: once a step's loss is NaN (``--lr 1e30
+--warmup 1``), its gradients and then the weights are NaN, every later step too, and each epoch
 end writes a NaN ``epoch_N.pt`` that ``--resume latest`` would pick. AMP's GradScaler skips a step
 with inf or NaN gradients, so under ``amp`` (fp16) a non-finite loss can be a passing overflow.
 
