@@ -3,70 +3,44 @@
 For anchor ``i`` with ``N`` negatives, ``M`` positives ``v`` and class prior ``tau_plus`` (the chance
 that a random negative shares the anchor's latent class)::
 
-    pos_i  = S_ii = exp(l_ii)                                 (each positive in turn, see below)
+    pos_i  = S_ii = exp(l_ii)
     neg_i  = sum_{j neg} S_ij
     pbar_i = mean over the M positives of S_iv                (Eq. 7; M = 1: pbar_i = pos_i)
     Ng_i   = max((neg_i - N * tau_plus * pbar_i) / (1 - tau_plus),  N * exp(-s))      (Eq. 7)
     loss_i = -log(pos_i / (pos_i + Ng_i)) = -l_ii + log(pos_i + Ng_i)
 
-computed for image anchors and text anchors and averaged, ``L = (L_img + L_txt) / 2``.
-``exp(-s) = e^{-1/t}`` is the smallest score two unit vectors can have, so the floor keeps the
-estimate of the negatives' mass positive. Everything runs in log space:
+for image and text anchors, averaged. ``exp(-s) = e^{-1/t}`` is the smallest score of two unit
+vectors, so the floor keeps the negatives' mass positive. In log space:
 ``log(neg - N tau pbar) = lse_neg + log(1 - exp(log(N tau) + log pbar - lse_neg))``.
 
-**M positives** (several captions per image: ``text_features`` of shape ``(B * M, d)``, the M
-captions of each image in image order; M is read from the row counts). An image anchor's
-negatives are the ``N = (G - 1) M`` captions of the other images (its own captions never are);
-``pbar_i`` is the mean of its M captions' scores (Eq. 7), and each caption in turn is the ``x+`` of
-the numerator, ``loss_i = mean_m [-l_im + log(S_im + Ng_i)]``. Each caption is also an anchor
-against the ``G`` images, with one positive (its image) and ``N = G - 1`` negatives. With ``M = 1``
-this is the loss above, computed by the same code.
+M positives: ``text_features`` is ``(B * M, d)``, the M captions of each image in image order. An
+image anchor's negatives are the ``N = (G - 1) M`` captions of the other images; each of its captions
+in turn is the numerator's ``x+``: ``loss_i = mean_m [-l_im + log(S_im + Ng_i)]``. A caption anchor
+has one positive and ``N = G - 1`` negatives.
 
-**Hard negatives** (``beta > 0``; Robinson et al., "Contrastive Learning with Hard Negative
-Samples", ICLR 2021, Eq. 3-4, the same authors' follow-up). ``neg_i`` becomes
-``N * sum_j w_ij S_ij / sum_j w_ij`` with ``w_ij = exp(beta * l_ij)`` over the negatives (weights
-normalised to mean 1 and kept in the graph, as the authors' code does), in log space
-``log N + logsumexp_j (1 + beta) l_ij - logsumexp_j beta l_ij``; then Eq. 7 and the floor as above.
-``beta = 0`` is the debiased loss, computed by the same code.
+Hard negatives (``beta > 0``; Robinson et al. 2021, HCL, Eq. 3-4): ``neg_i`` becomes
+``N * sum_j w_ij S_ij / sum_j w_ij``, ``w_ij = exp(beta * l_ij)`` kept in the graph as the authors'
+code does; ``beta = 0`` is the debiased loss.
 
-When the floor is active for a row (``clamp="clamp"``, the paper's Eq. 7) that row's negatives get
-no gradient; ``clamp="biased"`` instead falls back to the biased (InfoNCE, or hard-negative
-InfoNCE) row, as the paper's CMC appendix does. The fraction of clamped rows is reported as
-``metrics["clamp_rate"]``. ``tau_plus = 0`` gives InfoNCE exactly.
+On a floored row, ``clamp="clamp"`` (Eq. 7) gives the negatives no gradient; ``clamp="biased"`` uses
+the uncorrected row, as the paper's CMC appendix does. ``metrics["clamp_rate"]`` is the floored
+fraction. ``tau_plus = 0`` is InfoNCE exactly.
 
-**Same-class estimate for paired captions** (``same_class="top"``; ours, not the paper's). Eq. 7
-estimates the same-class negatives' mass ``N tau_plus E_{v~p+}[S_iv]`` with the positives' scores
-``pbar_i``. The paper draws its positives like same-class samples (augmentations); CLIP's positive is
-the image's own caption, which scores far above any same-class negative once training starts, so the
-subtraction overshoots and most rows sit at the floor, where their negatives get no gradient. With
-``"top"`` the same-class mass is instead the mass of the row's ``k = tau_plus N`` highest-scoring
-negatives, the ones most likely to share the anchor's class::
+``same_class="top"`` (ours): CLIP's positive is the image's own caption, which scores far above any
+same-class negative, so Eq. 7's ``N tau_plus pbar_i`` overshoots and rows sit at the floor. "top"
+takes the same-class mass as that of the row's ``k = tau_plus N`` highest-scoring negatives::
 
-    top_i = sum of the floor(k) highest S_ij  +  frac(k) * the next one       (j over the negatives)
+    top_i = sum of the floor(k) highest S_ij  +  frac(k) * the next one
     Ng_i  = max((neg_i - top_i) / (1 - tau_plus),  N exp(-s))
 
-The fractional part makes ``top_i`` continuous (piecewise linear) in ``tau_plus``, and ``tau_plus = 0``
-removes nothing: InfoNCE exactly. ``neg_i - top_i`` is the mass of the ``N - k`` negatives left
-(the ``(floor(k) + 1)``-th with weight ``1 - frac(k)``), so ``Ng_i`` is ``N`` times their weighted
-mean score: never above the uncorrected ``neg_i``, never negative, and at the floor only when every
-negative left scores the minimum ``exp(-s)`` (anchor and candidates opposite, ``cos = -1``; without a
-logit bias), since then and only then is their mean ``exp(-s)``. It is summed directly over the
-negatives left, in log space (never ``neg - top``, which cancels in float32 when the top few hold
-nearly all the mass). With ``M`` captions per image an image anchor's ``k`` counts captions,
-``tau_plus (G - 1) M``, among the other images' captions (its own are never negatives). With
-``beta > 0`` the reweighted mean is taken over the negatives left,
-``Ng_i = N * sum_{j left} w_ij S_ij / sum_{j left} w_ij`` (HCL's ``E_{q-}[S]`` with ``q-`` the
-weights restricted to the presumed true negatives; ``beta = 0`` is the formula above). Its gradient
-reaches the logits beyond ``(pos, lse_neg)``, so ``no_grad_gather`` is refused.
+``Ng_i`` is ``N`` times the weighted mean score of the negatives left: never above ``neg_i``, at the
+floor only when all of them score ``exp(-s)``. It is summed over the negatives left in log space
+(``neg - top`` would cancel in float32). With ``beta > 0`` the reweighted mean is taken over the
+negatives left. Its gradient reaches the logits beyond ``(pos, lse_neg)``: no ``no_grad_gather``.
 
-**tau_plus = "auto"**: the prior is estimated from the batch's score distribution each training
-call (:mod:`clip_dcl.losses.prior`) and an exponential moving average of the estimates (buffer
-``tau_plus_estimate``, in the checkpoint) is used; ``metrics["tau_plus"]`` logs it.
-
-**temperature**: a fixed ``t`` for this loss (the paper's setting, ``s = 1 / t``) instead of CLIP's
-learned scale; the model's ``logit_scale`` then gets no gradient from the loss.
-
-Written here because OpenCLIP has no debiased objective.
+``tau_plus="auto"`` estimates the prior from each training batch's scores (`clip_dcl.losses.prior`)
+and uses a moving average (buffer ``tau_plus_estimate``). ``temperature`` fixes ``t`` (``s = 1/t``)
+instead of the model's learned scale, which then gets no gradient from the loss.
 """
 from __future__ import annotations
 
@@ -100,17 +74,9 @@ def debiased_log_negatives(stats: AnchorStats, num_negatives: int, tau_plus, log
                            clamp: str = "clamp", beta: float = 0.0, same_class: str = "positive"):
     """``(log Ng_i, clamped_i)`` of Eq. 7 for one direction, in log space.
 
-    Args:
-        stats: ``pos`` (n,) or (n, M) and ``lse_neg`` (n,) of the anchors (``lse_hard`` and
-            ``lse_weight`` too when ``beta > 0``).
-        num_negatives: ``N``.
-        tau_plus: class prior in [0, 1).
-        logit_scale: ``s``; the floor is ``log N - s``.
-        clamp: ``"clamp"`` (floor) or ``"biased"`` (fall back to the uncorrected negatives on clamped rows).
-        beta: hard-negative concentration (0: the plain debiased estimator).
-        same_class: ``"positive"`` (Eq. 7: ``N tau_plus pbar_i``) or ``"top"`` (the mass of the ``tau_plus N``
-            highest-scoring negatives; ``stats`` must then carry ``lse_tail``, and with ``beta`` the
-            ``lse_hard_tail`` and ``lse_weight_tail``, of ``anchor_stats(top_share=tau_plus)``).
+    ``stats`` holds ``pos`` ((n,) or (n, M)) and ``lse_neg``, plus ``lse_hard``/``lse_weight`` when
+    ``beta > 0`` and the ``*_tail`` fields of ``anchor_stats(top_share=tau_plus)`` for ``"top"``.
+    The floor is ``log N - s``.
     """
     pos, lse_neg = stats.pos, stats.lse_neg
     if pos.dim() == 2:  # M positives: log of the mean of their scores (Eq. 7)
@@ -141,62 +107,24 @@ def debiased_log_negatives(stats: AnchorStats, num_negatives: int, tau_plus, log
 
 
 class DebiasedClipLoss(ContrastiveLoss):
-    """Debiased symmetric contrastive loss for image-text pairs (``dcl``), with M positives and hard negatives.
+    """Debiased symmetric contrastive loss (``dcl``; Chuang et al., NeurIPS 2020), see the module docstring.
 
-    Chuang, Robinson, Lin, Torralba, Jegelka, "Debiased Contrastive Learning", NeurIPS 2020,
-    Eq. 6-8, applied to both directions of the CLIP logits with negatives gathered across ranks;
-    ``beta > 0`` adds the hard-negative weights of Robinson et al. 2021 (HCL).
-
-    Args:
-        tau_plus: class prior ``tau^+`` in [0, 1), or ``"auto"`` (estimated from the batches, see the module
-            docstring). The default, 0, is InfoNCE exactly: no debiased setting has beaten InfoNCE in a study
-            (on Fashion-MNIST, whose ten classes collide, none at or around the true prior did:
-            ``benchmarks/results/fmnist_readings.md``, ``fmnist_confirmatory.md``; on the batch-size testbed
-            none kept retrieval within the seeds' noise of ``clip`` at every batch size:
-            ``benchmarks/results/dcl_sweep.md``), so debiasing is asked for by giving the prior.
-        clamp: ``"clamp"`` (default, Eq. 7's floor ``N e^{-1/t}``) or ``"biased"`` (clamped rows use
-            the uncorrected row instead).
-        beta: hard-negative concentration ``beta >= 0`` (HCL); 0 is the debiased loss.
-        same_class: the same-class negatives' mass that Eq. 7 subtracts: ``"positive"`` (default, the paper's
-            ``N tau_plus pbar_i``) or ``"top"`` (ours, for paired captions: the mass of the row's ``tau_plus N``
-            highest-scoring negatives; see the module docstring).
-        temperature: a fixed ``t > 0`` for this loss (``s = 1 / t``), or None for the model's learned scale.
-        tau_momentum: ``tau_plus="auto"``: weight of each new estimate in the moving average, in (0, 1].
-        local_loss, gather_with_grad, rank, world_size: as OpenCLIP's ``ClipLoss``.
-
-    Attributes:
-        metrics: ``clamp_rate`` (fraction of anchor rows, both directions, where the floor bit); with
-            ``tau_plus="auto"`` also ``tau_plus`` (the value used) and ``tau_plus_batch`` (this call's estimate).
-        tau_plus_estimate: buffer (``tau_plus="auto"``), the moving average; NaN before the first estimate.
-
-    Raises:
-        ValueError: ``tau_plus`` outside [0, 1) and not ``"auto"``, an unknown ``clamp`` or ``same_class``,
-            ``beta < 0``, ``temperature <= 0``, or ``no_grad_gather=True`` with ``beta > 0``, ``temperature`` or
-            ``same_class="top"``.
-
-    Example::
-
-        loss = DebiasedClipLoss(tau_plus=0.1)
-        value = loss(image_features, text_features, logit_scale)
-        hcl = DebiasedClipLoss(tau_plus=0.1, beta=1.0)
-        paired = DebiasedClipLoss(tau_plus=0.02, same_class="top")
+    ``tau_plus``: prior in [0, 1) or ``"auto"``; 0 (default) is InfoNCE. ``clamp``: ``"clamp"`` or
+    ``"biased"``. ``beta``: HCL concentration >= 0. ``same_class``: ``"positive"`` (Eq. 7) or ``"top"``.
+    ``temperature``: fixed ``t``, or None for the learned scale. ``tau_momentum``: weight of each new
+    estimate under ``"auto"``. ``metrics``: ``clamp_rate``, and ``tau_plus``/``tau_plus_batch`` under
+    ``"auto"``. ``no_grad_gather`` is refused with ``beta``, ``temperature`` or ``"top"``.
     """
 
     output_key = "dcl_loss"
     supports_captions_per_image = True
     summary = ("debiased contrastive loss (DCL; with --hcl-beta, hard negatives as HCL); InfoNCE until --tau-plus "
-               "is given: no debiased setting has beaten InfoNCE in a study, on real images with few classes "
-               "included (README)")
+               "is given")
     flags = (
         LossFlag("--tau-plus", "tau_plus", type=parse_tau_plus, metavar="TAU|auto",
                  help="class prior tau+ in [0, 1), the chance that a negative shares the anchor's class, or auto "
-                      "(estimated from the batches' scores, logged as Tau_plus; not recommended: its estimate missed the "
-                      "true prior in training, above it on the 4-class synthetic data, below it on Fashion-MNIST). "
-                      "Default 0: InfoNCE exactly. No debiased setting has beaten InfoNCE in a study: on "
-                      "Fashion-MNIST (10 classes, true prior 0.1), the few-class case it was made for, every setting "
-                      "at and around the true prior scored at or below clip, and the best of them trailed clip and a "
-                      "tuned InfoNCE in the confirmatory study (README, 'Which loss when'); on the synthetic testbed "
-                      "none passed either"),
+                      "(estimated from the batches' scores, logged as Tau_plus). Default 0: InfoNCE exactly. How "
+                      "the settings fared: README, 'What the studies found'"),
         LossFlag("--dcl-clamp", "clamp", choices=CLAMP_MODES,
                  help="rows whose negative estimate hits the floor N e^{-1/t}: keep the floor (clamp) or use the "
                       "uncorrected row (biased)"),
@@ -258,10 +186,7 @@ class DebiasedClipLoss(ContrastiveLoss):
         return not self.beta and self.temperature is None and self.same_class == "positive"
 
     def _prior(self, all_image_features, all_text_features, logit_scale) -> float:
-        """The ``tau_plus`` to use this call (``"auto"``): update the moving average when training.
-
-        Reads the gathered features of the global batch (in the loss's compute dtype) and the scale ``s``.
-        """
+        """The prior for this call under ``"auto"``; updates the moving average when training."""
         from .prior import estimate_tau_plus
 
         if self.training:
@@ -315,8 +240,7 @@ class DebiasedClipLoss(ContrastiveLoss):
 
     @classmethod
     def start_notice(cls, loss_args):
-        """At ``tau_plus = 0`` without hard negatives (``beta = 0``) the loss is InfoNCE exactly (the
-        module docstring): a run of it trains what ``--loss clip`` trains, which its name does not say."""
+        """At ``tau_plus = 0`` and ``beta = 0`` the loss is InfoNCE: say so, the name does not."""
         if loss_args.get("tau_plus", 0.0) != 0 or loss_args.get("beta", 0.0):
             return None
         at = "" if loss_args.get("temperature") is None else f" at the fixed temperature {loss_args['temperature']:g}"
@@ -324,11 +248,7 @@ class DebiasedClipLoss(ContrastiveLoss):
                 f"give --tau-plus for the debiased loss")
 
     def epoch_warning(self, epoch_means):
-        """A warning when more than half of the anchor rows sat at the floor over the epoch (mean ``clamp_rate``).
-
-        Floored rows train no negatives (``clamp``) or fall back to InfoNCE (``biased``): the debiasing
-        then does nothing useful for them. Names the settings that move rows off the floor.
-        """
+        """A warning when the epoch's mean ``clamp_rate`` is over one half, naming what moves rows off the floor."""
         rate = epoch_means.get("clamp_rate")
         if rate is None or not rate > FLOOR_WARNING_RATE:
             return None
