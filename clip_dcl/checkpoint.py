@@ -18,8 +18,8 @@ OpenCLIP before the model is built, so custom architectures load in a fresh proc
 returned transform.
 
 The checkpoint format, and the reading and writing of training checkpoints, are
-:mod:`clip_dcl.train.saving`'s: this module reads a file through it (weights-only,
-:func:`clip_dcl.train.saving.read_checkpoint`) and takes the model's weights and the entry from it.
+`clip_dcl.train.saving`'s: this module reads a file through it (weights-only,
+`clip_dcl.train.saving.read_checkpoint`) and takes the model's weights and the entry from it.
 
 ``export(ckpt, out_dir)`` writes ``open_clip_config.json`` (``model_cfg`` and ``preprocess_cfg``,
 what OpenCLIP 3.3's ``create_model`` reads for ``local-dir:``) and ``open_clip_model.safetensors``
@@ -201,7 +201,7 @@ def load_checkpoint(path: str | os.PathLike, device: str = "cpu", model: str | N
     """Load a trained model for downstream use: ``(model, preprocess, tokenizer)``.
 
     Args:
-        path: a trainer checkpoint (``epoch_K.pt``) or an exported folder (:func:`export`).
+        path: a trainer checkpoint (``epoch_K.pt``) or an exported folder (`export`).
         device: where the model goes; it is returned in eval mode.
         model: the OpenCLIP model name, when the checkpoint does not say it.
         model_config: a config JSON path or dict for a custom architecture (registered with OpenCLIP).
@@ -308,7 +308,7 @@ def export(ckpt: str | os.PathLike, out_dir: str | os.PathLike, model: str | Non
     Raises:
         ValueError: ``out_dir`` exists and is not empty, unless ``force`` (then the two files are
             overwritten); the weights hold NaN or inf (a training that diverged: nothing is written);
-            and the errors of :func:`load_checkpoint`.
+            and the errors of `load_checkpoint`.
     """
     import open_clip
     from safetensors.torch import save_file

@@ -3,8 +3,8 @@
 OpenCLIP keeps its model registry per process (``open_clip.add_model_config``), so every process
 (every torchrun rank, every evaluation) registers the configs it uses before
 ``open_clip.create_model_and_transforms`` sees a custom name. ``import clip_dcl`` does it for the
-shipped configs (:func:`register_on_open_clip_import`); a config of one's own goes through
-:func:`register_model_config`.
+shipped configs (`register_on_open_clip_import`); a config of one's own goes through
+`register_model_config`.
 """
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ _CONFIG_DIR = Path(__file__).parent / "model_configs"
 
 
 def tiny_config_path() -> Path:
-    """Path of the JSON config of :data:`TINY_MODEL`."""
+    """Path of the JSON config of `TINY_MODEL`."""
     return _CONFIG_DIR / f"{TINY_MODEL}.json"
 
 
@@ -49,7 +49,7 @@ def register_model_config(path: str | os.PathLike) -> str:
     return path.stem
 
 
-#: The testbed's model with the synthetic captions' word vocabulary (:mod:`clip_dcl.data.synth.words`):
+#: The testbed's model with the synthetic captions' word vocabulary (`clip_dcl.data.synth.words`):
 #: ``clip-dcl-micro`` with a 745-token table in place of OpenCLIP's 49,408.
 WORDS_MODEL = "clip-dcl-micro-words"
 #: configs whose tokenizer reads a merges file shipped beside them (``text_cfg.tokenizer_kwargs.bpe_path``)
@@ -85,7 +85,7 @@ def register_builtin_configs() -> None:
 
 
 class _Registering(importlib.abc.Loader):
-    """OpenCLIP's own loader, then :func:`register_builtin_configs` once its module has run."""
+    """OpenCLIP's own loader, then `register_builtin_configs` once its module has run."""
 
     def __init__(self, loader):
         self.loader = loader
@@ -103,7 +103,7 @@ class _Registering(importlib.abc.Loader):
 
 
 class _OnOpenClipImport(importlib.abc.MetaPathFinder):
-    """Finds ``open_clip`` as the other finders do, with its loader wrapped in :class:`_Registering`; once."""
+    """Finds ``open_clip`` as the other finders do, with its loader wrapped in `_Registering`; once."""
 
     def find_spec(self, fullname, path=None, target=None):
         if fullname != "open_clip":

@@ -10,22 +10,22 @@ Python API (each returns a flat ``dict[str, float]``)::
 
 ``data``/``root`` may also be a ``torch.utils.data.Dataset`` or ``DataLoader`` (retrieval and
 zero-shot). How an evaluation runs (batch size, device, workers, progress, precision ``fp32``,
-``amp_bf16`` or ``amp_fp16``, strict) is one :class:`EvalOptions` passed as ``options=``, shared by
+``amp_bf16`` or ``amp_fp16``, strict) is one `EvalOptions` passed as ``options=``, shared by
 every function; the same names as keywords override it::
 
     opts = EvalOptions(device="cuda", precision="amp_bf16", batch_size=256)
     metrics = evaluate_zeroshot(model, preprocess, tokenizer, "imagenet/val", options=opts)
  ``run_fewshot`` returns the few-shot report with per-seed records;
-``run_benchmark`` runs a CLIP_benchmark ``eval`` grid (:mod:`clip_dcl.eval.benchmark`).
+``run_benchmark`` runs a CLIP_benchmark ``eval`` grid (`clip_dcl.eval.benchmark`).
 
-Each task is registered in :mod:`clip_dcl.eval.registry` by the module that defines it (its
-options, metrics, table and CLIP_benchmark name); :mod:`clip_dcl.eval.tasks` imports the built-in
+Each task is registered in `clip_dcl.eval.registry` by the module that defines it (its
+options, metrics, table and CLIP_benchmark name); `clip_dcl.eval.tasks` imports the built-in
 ones, and the command line, the report and ``eval benchmark`` read the registry
 (docs/extending-eval.md adds a task).
 
-The metric math lives in :mod:`clip_dcl.eval.metrics` (tensors in, numbers out); encoding, the
-zero-shot classifier and precision in :mod:`clip_dcl.eval.encoding`; the few-shot protocol in
-:mod:`clip_dcl.eval.kshot` (draws) and :mod:`clip_dcl.eval.probe` (head and sweep). Submodules are
+The metric math lives in `clip_dcl.eval.metrics` (tensors in, numbers out); encoding, the
+zero-shot classifier and precision in `clip_dcl.eval.encoding`; the few-shot protocol in
+`clip_dcl.eval.kshot` (draws) and `clip_dcl.eval.probe` (head and sweep). Submodules are
 imported on first use, so ``import clip_dcl.eval`` stays cheap.
 """
 from __future__ import annotations

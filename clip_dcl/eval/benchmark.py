@@ -9,12 +9,12 @@ CLIP_benchmark writes them (``dataset``, ``model``, ``pretrained``, ``task``, ``
 ``language``, plus ``precision``). Flags that only make sense for CLIP_benchmark's own downloads,
 its distributed launcher, or its linear probe's own training (epochs, learning rate, train split)
 are refused with a message naming them. ``--task linear_probe`` runs ELEVATER's few-shot probe
-(:mod:`clip_dcl.eval.fewshot`) on a few-shot data set folder, with ``--fewshot_k`` shots (5 by
+(`clip_dcl.eval.fewshot`) on a few-shot data set folder, with ``--fewshot_k`` shots (5 by
 default here: CLIP_benchmark's -1, the whole train split, is not this protocol). Each task runs
-through the task registry (:mod:`clip_dcl.eval.registry`): the registered task whose CLIP_benchmark
+through the task registry (`clip_dcl.eval.registry`): the registered task whose CLIP_benchmark
 name is ``--task`` evaluates and maps its metrics to CLIP_benchmark's keys.
 
-Python: :func:`run_benchmark` takes the same settings as keyword arguments and returns the
+Python: `run_benchmark` takes the same settings as keyword arguments and returns the
 written documents.
 """
 from __future__ import annotations
@@ -79,7 +79,7 @@ class _Refuse(argparse.Action):
 
 def add_benchmark_arguments(p: argparse.ArgumentParser) -> None:
     """CLIP_benchmark 1.6's ``eval`` flags (the ones that mean something for a local evaluation,
-    with its defaults) plus ``--device``; the others refused (:data:`REFUSED_FLAGS`)."""
+    with its defaults) plus ``--device``; the others refused (`REFUSED_FLAGS`)."""
     g = p.add_argument_group("data (CLIP_benchmark's flags)")
     g.add_argument("--dataset", nargs="+", required=True,
                    help="wds/<name> (CLIP_benchmark's webdataset layout under --dataset_root), a folder, or a text "
@@ -316,7 +316,7 @@ def load_benchmark_model(model: str, pretrained: str, device: str, cache_dir: st
 
     ``local-dir:FOLDER`` models load through OpenCLIP, which then ignores ``pretrained`` (as in
     CLIP_benchmark). Otherwise ``pretrained`` is a clip-dcl trainer checkpoint or exported folder
-    (:func:`clip_dcl.checkpoint.load_checkpoint`), an OpenCLIP weights file or tag, or ``none``
+    (`clip_dcl.checkpoint.load_checkpoint`), an OpenCLIP weights file or tag, or ``none``
     (random weights)."""
     import open_clip
 
@@ -453,7 +453,7 @@ def run_benchmark(
 
 
 def main(args: argparse.Namespace) -> int:
-    """``clip-dcl eval benchmark``: :func:`run_benchmark` with the parsed flags."""
+    """``clip-dcl eval benchmark``: `run_benchmark` with the parsed flags."""
     import sys
 
     if not logging.getLogger().handlers:

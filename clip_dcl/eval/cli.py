@@ -1,14 +1,14 @@
 """``clip-dcl eval retrieval|zeroshot|fewshot|benchmark``: thin wrappers over the evaluate_* functions.
 
-One subcommand per registered task (:mod:`clip_dcl.eval.registry`); a bad invocation raises
-:class:`clip_dcl.train.flags.FlagError`, printed as one line naming the flag (exit 2).
+One subcommand per registered task (`clip_dcl.eval.registry`); a bad invocation raises
+`clip_dcl.train.flags.FlagError`, printed as one line naming the flag (exit 2).
 
 Each subcommand loads the model (``--checkpoint`` a trainer ``.pt`` or an exported folder, see
-:func:`clip_dcl.checkpoint.load_checkpoint`; or ``--model`` alone with OpenCLIP's
+`clip_dcl.checkpoint.load_checkpoint`; or ``--model`` alone with OpenCLIP's
 ``--pretrained`` tag/file), runs one evaluator, prints a table and, with ``--output``, writes the
-flat JSON of :mod:`clip_dcl.eval.report` (with ``--format clip_benchmark``, also CLIP_benchmark's
+flat JSON of `clip_dcl.eval.report` (with ``--format clip_benchmark``, also CLIP_benchmark's
 per-task JSON beside it). ``benchmark`` takes CLIP_benchmark's ``eval`` command line
-(:mod:`clip_dcl.eval.benchmark`).
+(`clip_dcl.eval.benchmark`).
 
 Examples::
 
@@ -73,7 +73,7 @@ def _add_benchmark_format(p: argparse.ArgumentParser, task: str) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """``clip-dcl eval``: one subcommand per registered task (:mod:`clip_dcl.eval.tasks`), each with
+    """``clip-dcl eval``: one subcommand per registered task (`clip_dcl.eval.tasks`), each with
     its own options, the model and run flags, and ``--format``/``--dataset-name`` when the task has a
     CLIP_benchmark counterpart; plus ``benchmark`` (CLIP_benchmark's command line)."""
     from .benchmark import add_benchmark_arguments
@@ -135,7 +135,7 @@ def _load_model(args):
 
 
 def _check_common(args) -> None:
-    """The flags every task shares, checked before the model loads; :class:`FlagError` naming the bad one."""
+    """The flags every task shares, checked before the model loads; `FlagError` naming the bad one."""
     if args.batch_size < 1:
         raise FlagError(f"--batch-size must be >= 1, got {args.batch_size}")
     if args.workers < 0:

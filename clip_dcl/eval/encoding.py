@@ -1,4 +1,4 @@
-"""Encoding shared by every evaluator: the options every evaluator takes (:class:`EvalOptions`),
+"""Encoding shared by every evaluator: the options every evaluator takes (`EvalOptions`),
 images and texts through the model, the zero-shot classifier, the precision they run at, and
 progress bars.
 
@@ -9,8 +9,8 @@ encoders, on the model's device). CLIP_benchmark encodes under ``torch.autocast`
 every result file records the precision used.
 
 Features always come back as float32 on the CPU, whatever the precision, and finite: every
-encoder goes through :func:`encode_batch` (and the zero-shot classifier through
-:func:`finite_features`), which refuses NaN or inf features with :class:`NonFiniteFeatures`
+encoder goes through `encode_batch` (and the zero-shot classifier through
+`finite_features`), which refuses NaN or inf features with `NonFiniteFeatures`
 naming the model's non-finite weights. A diverged checkpoint would otherwise score chance
 (zero-shot: the argmax of NaN logits is a fixed class) or NaN, and look like a result.
 """
@@ -42,7 +42,7 @@ class EvalOptions:
 
     Every evaluator (``evaluate_retrieval``, ``evaluate_zeroshot``, ``evaluate_fewshot``,
     ``run_fewshot``) and encoder of this package takes ``options=EvalOptions(...)``, and also the
-    same names as keywords, which override the object's fields (:meth:`from_kwargs`), so that calls
+    same names as keywords, which override the object's fields (`from_kwargs`), so that calls
     written with keywords alone keep working. Frozen, so that one object can be shared by several
     evaluations without one changing it for the next.
 
@@ -53,7 +53,7 @@ class EvalOptions:
         progress: show progress bars.
         precision: ``fp32``, ``amp_bf16`` or ``amp_fp16`` for the encoders (see the module docstring).
         strict: a sample that would be left out (an image that does not decode, a missing caption or
-            label) raises :class:`~clip_dcl.data.evalsets.SampleSkipped` naming it, instead of being
+            label) raises `SampleSkipped` naming it, instead of being
             logged and counted. A ``skips`` counter passed to an evaluator applies its own ``strict``.
 
     Raises:
@@ -88,7 +88,7 @@ class EvalOptions:
         """``options`` (default: ``EvalOptions()``) with the fields named in ``kwargs`` replaced.
 
         Raises:
-            TypeError: ``options`` is not an :class:`EvalOptions` (e.g. a batch size passed where the
+            TypeError: ``options`` is not an `EvalOptions` (e.g. a batch size passed where the
                 options go), or a keyword is not one of its fields, naming it.
         """
         if options is None:
@@ -118,7 +118,7 @@ class NonFiniteFeatures(ValueError):
 
 def logit_scale_problem(model) -> str | None:
     """What is wrong with the model's ``logit_scale`` (NaN or inf), or None: a model whose other weights are
-    finite still encodes finite features, so :func:`finite_features` lets it through."""
+    finite still encodes finite features, so `finite_features` lets it through."""
     scale = getattr(model, "logit_scale", None)
     if not isinstance(scale, torch.Tensor) or bool(torch.isfinite(scale.detach()).all()):
         return None
@@ -127,7 +127,7 @@ def logit_scale_problem(model) -> str | None:
 
 
 def check_logit_scale(model, scored_with_it: bool, what: str) -> None:
-    """Refuse (:class:`NonFiniteFeatures`) a model whose ``logit_scale`` is not finite when the score of ``what``
+    """Refuse (`NonFiniteFeatures`) a model whose ``logit_scale`` is not finite when the score of ``what``
     depends on it (``scored_with_it``); warn when it does not. The built-in tasks score cosine ranks and
     logits at CLIP's fixed scale 100 (the few-shot probe trains its own head), so for them it is a warning
     that the checkpoint is suspect; a registered task that reads the model's scale declares it
@@ -145,7 +145,7 @@ def check_logit_scale(model, scored_with_it: bool, what: str) -> None:
 
 
 def finite_features(features: torch.Tensor, model, desc: str) -> torch.Tensor:
-    """``features`` (rows of ``desc``), or :class:`NonFiniteFeatures` when any value is NaN or inf.
+    """``features`` (rows of ``desc``), or `NonFiniteFeatures` when any value is NaN or inf.
 
     The message counts the rows and names the model's parameters that are not finite, if any.
     """
@@ -165,7 +165,7 @@ def finite_features(features: torch.Tensor, model, desc: str) -> torch.Tensor:
 def encode_batch(model, kind: str, inputs: torch.Tensor, options: "EvalOptions", normalize: bool = True,
                  desc: str | None = None) -> torch.Tensor:
     """``model.encode_image`` (``kind="image"``) or ``encode_text`` (``"text"``) of one batch, under the
-    options' precision on their device: (B, D) float32 on the CPU, checked by :func:`finite_features`."""
+    options' precision on their device: (B, D) float32 on the CPU, checked by `finite_features`."""
     encode = {"image": model.encode_image, "text": model.encode_text}[kind]
     with autocast(options.device, options.precision):
         feats = encode(inputs.to(options.device), normalize=normalize)
@@ -216,7 +216,7 @@ def encode_images(model, dataset, *, options: EvalOptions | None = None, normali
                   desc: str = "images", skips=None, **kwargs):
     """``model.encode_image`` over a map-style dataset of ``(image_tensor, index)``; (N, D) float32 on CPU.
 
-    ``options`` (and keywords of the same names, :meth:`EvalOptions.from_kwargs`): batch size,
+    ``options`` (and keywords of the same names, `EvalOptions.from_kwargs`): batch size,
     device, workers, progress and precision; ``strict`` is the ``skips`` counter's business.
     Rows come back in dataset order whatever the worker interleaving (each item carries its index).
     With ``skips`` (a ``clip_dcl.data.evalsets.SkipCounter``), items whose image is a ``Skip`` (an

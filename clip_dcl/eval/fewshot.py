@@ -1,15 +1,15 @@
-"""ELEVATER few-shot linear probe (image classification): :func:`evaluate_fewshot`.
+"""ELEVATER few-shot linear probe (image classification): `evaluate_fewshot`.
 
 The protocol is the Elevater_Toolkit_IC linear probe (``linear_probe.py`` ->
 ``full_model_finetune.py``, samplers from vision-datasets 0.2.17), re-implemented on frozen
 features encoded once per data set:
 
-* k-shot draws per seed and the train / validation split: :mod:`clip_dcl.eval.kshot` (including
+* k-shot draws per seed and the train / validation split: `clip_dcl.eval.kshot` (including
   the toolkit's 1-shot rule: a 2-shot draw, final run without merging);
 * the BatchNorm + linear head, its (lr, wd) sweep and the final 50-epoch run:
-  :mod:`clip_dcl.eval.probe` (grids ``full``, ``reduced`` and ``toolkit-exact``);
+  `clip_dcl.eval.probe` (grids ``full``, ``reduced`` and ``toolkit-exact``);
 * the data: the toolkit's download layout read as is (``classification/<root_folder>/`` with each
-  set's own index files) or one folder a set (:mod:`clip_dcl.data.evalsets`).
+  set's own index files) or one folder a set (`clip_dcl.data.evalsets`).
 
 Class names and prompt templates of the 20 sets ship as package data (``elevater_prompts.json``,
 the toolkit's ``class_map`` / ``template_map``); as in the toolkit they take precedence over a
@@ -68,7 +68,7 @@ def builtin_catalog() -> dict[str, dict]:
 def load_catalog(root: str | os.PathLike | None = None) -> dict[str, dict]:
     """Built-in catalogue, aliases expanded, updated with ``root/catalog.json`` when present.
 
-    A local entry needs ``metric`` (one of :data:`ELEVATER_METRICS`); ``num_classes`` and
+    A local entry needs ``metric`` (one of `ELEVATER_METRICS`); ``num_classes`` and
     ``multilabel`` are optional. A malformed file raises ``ValueError`` naming it.
     """
     cat = {}
@@ -128,7 +128,7 @@ def dataset_prompts(name: str, catalog: dict[str, dict]) -> dict | None:
 # ----------------------------------------------------------------------------------------------
 @dataclass
 class FewShotReport:
-    """Everything :func:`run_fewshot` measured: flat metrics, per-(data set, seed) records, per data set
+    """Everything `run_fewshot` measured: flat metrics, per-(data set, seed) records, per data set
     facts (metric, layout, folder, where its class names and templates came from), settings."""
 
     metrics: dict[str, float]
@@ -211,13 +211,13 @@ def run_fewshot(
     skips: SkipCounter | None = None,
     **kwargs,
 ) -> FewShotReport:
-    """The probe with everything it measured (:class:`FewShotReport`); arguments as :func:`evaluate_fewshot`.
+    """The probe with everything it measured (`FewShotReport`); arguments as `evaluate_fewshot`.
 
     An image that does not decode is logged and counted (``report.skipped``, per data set in
     ``report.datasets[name]["skipped"]``) and left out: a test image from the scores, a train image
     from the k-shot draws it was in (which then have one shot fewer for its class). ``strict`` (an
-    option): it raises :class:`~clip_dcl.data.evalsets.SampleSkipped` naming it instead. ``skips``: a
-    :class:`~clip_dcl.data.evalsets.SkipCounter` to count into (its own ``strict`` applies).
+    option): it raises `SampleSkipped` naming it instead. ``skips``: a
+    `SkipCounter` to count into (its own ``strict`` applies).
     """
     if epoch_selection not in EPOCH_SELECTIONS:
         raise ValueError(f"epoch_selection must be 'last' or 'toolkit', got {epoch_selection!r}")
@@ -336,17 +336,17 @@ def evaluate_fewshot(
             transform, tokenizer.
         root: the ELEVATER toolkit's data root as downloaded (holding ``classification/``), or one
             folder per data set (iris index files, COCO json or train/test ImageFolder trees;
-            :mod:`clip_dcl.data.evalsets`), plus an optional ``catalog.json`` for sets not in the
+            `clip_dcl.data.evalsets`), plus an optional ``catalog.json`` for sets not in the
             built-in ELEVATER catalogue.
         datasets: names (the toolkit's, e.g. ``cifar-10``, or its yaml names, e.g. ``cifar10``;
             default: all found).
         shots, seeds: k per class; one k-shot draw per seed (1 shot: the toolkit's 2-shot rule).
         grid: ``"full"`` (the toolkit's, default), ``"reduced"`` (quick runs), ``"toolkit-exact"``
-            (the full grid, unstable pairs trained as the toolkit does) or a :class:`SweepGrid`.
+            (the full grid, unstable pairs trained as the toolkit does) or a `SweepGrid`.
         epoch_selection: ``"last"`` (final-run last epoch) or ``"toolkit"`` (best test epoch, what
             the toolkit reports).
         text_init: initialise the head from the zero-shot text classifier (bias 0).
-        options: an :class:`~clip_dcl.eval.encoding.EvalOptions`: batch size, device, workers,
+        options: an `EvalOptions`: batch size, device, workers,
             progress, precision (``fp32``, ``amp_bf16`` or ``amp_fp16`` for the encoders) and
             ``strict`` (an image that does not decode raises, naming it, instead of being left out
             and counted). Keywords of the same names override it.
@@ -355,7 +355,7 @@ def evaluate_fewshot(
         Flat metrics: per data set ``{ds}/linear_probe`` (mean over seeds, selected epoch),
         ``{ds}/linear_probe_last``, ``{ds}/linear_probe_toolkit``, ``{ds}/linear_probe_seed{s}``,
         ``{ds}/mean_classifier``, ``{ds}/zeroshot``; and ``average/...`` of each over data sets.
-        :func:`run_fewshot` also returns the per-seed records and settings.
+        `run_fewshot` also returns the per-seed records and settings.
     """
     return run_fewshot(model, preprocess, tokenizer, root, datasets=datasets, shots=shots, seeds=seeds, grid=grid,
                        epoch_selection=epoch_selection, text_init=text_init, options=options, **kwargs).metrics
@@ -426,7 +426,7 @@ def fewshot_table(metrics: dict[str, float]) -> str:
 def linear_probe_metrics(name: str, metrics: dict[str, float], metric: str, settings: dict,
                          probes: list[dict]) -> dict:
     """CLIP_benchmark ``linear_probe`` metrics of one data set: the probe score (mean over seeds
-    at the run's epoch selection) under :data:`LINEAR_PROBE_KEYS` of the set's ELEVATER
+    at the run's epoch selection) under `LINEAR_PROBE_KEYS` of the set's ELEVATER
     ``metric``; ``fewshot_k``, ``seeds``, ``epochs`` (of the final run), the chosen
     ``learning_rate`` / ``weight_decay`` per seed, ``metric`` (ELEVATER's) and ``epoch_selection``.
     The protocol is ELEVATER's, not CLIP_benchmark's (see docs/evaluation.md)."""

@@ -3,14 +3,14 @@
 Pure functions over label lists (vision-datasets 0.2.17's samplers, used by Elevater_Toolkit_IC),
 so that the draws are tested without images:
 
-1. **k-shot subset, per seed** (:func:`sample_few_shot`): ``random.Random(seed)`` shuffles the
+1. **k-shot subset, per seed** (`sample_few_shot`): ``random.Random(seed)`` shuffles the
    train index list (index-file order; COCO indexes sorted by image id, as vision-datasets reads
    them); walking it, an image is kept while a class still has fewer than k images (multilabel:
    kept if ``min(counts) <= k/2 or max(counts) <= 1.5k`` over its labels and not all of them
    full; images without labels kept up to k), stopping once every class has k.
-2. **Validation split** (:func:`split_train_val`): the first ``ceil(0.2 n_c)`` images of each class
+2. **Validation split** (`split_train_val`): the first ``ceil(0.2 n_c)`` images of each class
    in subset order (multilabel: the toolkit's greedy fill), the rest trains.
-3. **1 shot** (:func:`shot_plan`): the toolkit's ``linear_probe.py`` turns a 1-shot run into a
+3. **1 shot** (`shot_plan`): the toolkit's ``linear_probe.py`` turns a 1-shot run into a
    2-shot draw whose final run does not merge train and validation, so 1 image per class trains
    the final head (the other one chose its hyper-parameters).
 """

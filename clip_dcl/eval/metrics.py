@@ -5,11 +5,11 @@ each function is tested against scikit-learn or a slow re-computation on random 
 
 Written by hand (and why):
 
-* :func:`retrieval_ranks` - OpenCLIP's ``get_clip_metrics`` materialises the full N x N logit
+* `retrieval_ranks` - OpenCLIP's ``get_clip_metrics`` materialises the full N x N logit
   matrix and argsorts it (1:1 pairs only); CLIP_benchmark's ``recall_at_k`` builds an
   (n, k, N) one-hot tensor. Neither scales to 100k x 100k nor does both several captions per
   image and ranks, so ranks are counted here chunk by chunk.
-* :func:`average_precision_11point`, :func:`binary_roc_auc` - scikit-learn computes them one
+* `average_precision_11point`, `binary_roc_auc` - scikit-learn computes them one
   class and one call at a time; the few-shot sweep scores hundreds of (head, epoch) pairs per
   data set, so they are vectorised over a leading batch of heads. Both are tested against
   scikit-learn (``precision_recall_curve``, ``roc_auc_score``).
@@ -168,7 +168,7 @@ def retrieval_metrics(
     OpenCLIP's names: ``image_to_text_R@k``, ``image_to_text_mean_rank``,
     ``image_to_text_median_rank`` and the same for ``text_to_image``. CLIP_benchmark's names:
     ``text_retrieval_recall@k`` (= image_to_text_R@k, a hit when any true caption is in the top
-    k) and ``image_retrieval_recall@k`` (= text_to_image_R@k). See :func:`retrieval_ranks` for
+    k) and ``image_retrieval_recall@k`` (= text_to_image_R@k). See `retrieval_ranks` for
     the rank definition and the memory bound.
     """
     i2t, t2i = retrieval_ranks(image_features, text_features, text_to_image, chunk_size)
@@ -332,14 +332,14 @@ def elevater_scores(metric: str, logits: torch.Tensor, targets: torch.Tensor, na
 
     * ``accuracy``: top-1 accuracy.
     * ``mean_per_class``: balanced accuracy, the argmax taken over the classes present only.
-    * ``11point_mAP``: mean over classes of :func:`average_precision_11point`.
-    * ``roc_auc``: :func:`binary_roc_auc` of the class-1 probability (binary data sets).
+    * ``11point_mAP``: mean over classes of `average_precision_11point`.
+    * ``roc_auc``: `binary_roc_auc` of the class-1 probability (binary data sets).
 
     ``nan_rule`` says how a head whose probabilities are not finite (a diverged head) scores:
 
     * ``"zero"`` (default): 0, whatever the metric;
     * ``"toolkit"``: as vision-evaluation 0.2.9 scores it. Accuracy and mean per class take
-      ``numpy.argmax`` of the probabilities as they are (:func:`numpy_argmax`: a row with a NaN
+      ``numpy.argmax`` of the probabilities as they are (`numpy_argmax`: a row with a NaN
       predicts the first NaN's class, so an all-NaN row predicts class 0); the 11-point mAP and
       ROC-AUC go through scikit-learn, which raises on NaN, and score 0.
 

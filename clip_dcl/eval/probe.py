@@ -10,12 +10,12 @@ frozen features cached once (``full_model_finetune.py`` re-implemented on tensor
    data). SGD, momentum 0.9, no Nesterov, constant lr, weight decay on every head parameter,
    batch 64, a batch of one skipped, order from a ``torch.Generator`` seeded 0 afresh for every
    run (the toolkit's ``create_dataloader``).
-2. **Sweep** (:func:`sweep_hyperparameters`): for each lr in ``logspace(-6, -1, 6)``, weight decays
+2. **Sweep** (`sweep_hyperparameters`): for each lr in ``logspace(-6, -1, 6)``, weight decays
    from ``logspace(-6, 6, 97)``: 7 coarse points (indices 0, 16, ..., 96), then around the peak
    index +-8, +-4, +-2, +-1; a run (10 epochs) scores its best validation metric over epochs;
    ties keep the first (strict ``>`` from 0, peak index -1 at start, as the toolkit).
-3. **Final run** (:func:`linear_probe`): train + val merged (subset order; not merged at 1 shot,
-   see :mod:`clip_dcl.eval.kshot`), the chosen (lr, wd), 50 epochs, the test metric after every
+3. **Final run** (`linear_probe`): train + val merged (subset order; not merged at 1 shot,
+   see `clip_dcl.eval.kshot`), the chosen (lr, wd), 50 epochs, the test metric after every
    epoch. Both the last epoch and the best test epoch (what the toolkit reports) are kept.
 4. **Diverged runs** (our addition, grids ``full`` and ``reduced``; the toolkit scores whatever the
    logits are): SGD with momentum ``m`` on the weight-decay term alone is unstable when
@@ -28,10 +28,10 @@ frozen features cached once (``full_model_finetune.py`` re-implemented on tensor
    The grid ``toolkit-exact`` turns all of this off: every pair is trained, a diverged head is
    scored by the toolkit's rule (``numpy.argmax`` of its NaN probabilities picks class 0 for
    accuracy and mean per class; the 11-point mAP and ROC-AUC raise in scikit-learn and score
-   0; :func:`clip_dcl.eval.metrics.elevater_scores` with ``nan_rule="toolkit"``), and the final
+   0; `clip_dcl.eval.metrics.elevater_scores` with ``nan_rule="toolkit"``), and the final
    run is the selected pair's, whatever it gives.
 5. **Metrics** on ``softmax`` probabilities: accuracy, mean per class, 11-point mAP (VOC 2007),
-   ROC-AUC (Hateful Memes), per the catalogue (:mod:`clip_dcl.eval.metrics`).
+   ROC-AUC (Hateful Memes), per the catalogue (`clip_dcl.eval.metrics`).
 
 Why batching is exact: the features are frozen and there is no augmentation, so every run of a
 data set sees the same batches in the same order (same generator seed), and BatchNorm without
@@ -118,7 +118,7 @@ def train_heads(
     Args:
         x: (n, D) frozen features; y: (n,) class ids, or (n, C) multi-hot when ``multilabel``.
         lrs, wds: per-head learning rate and weight decay.
-        batches: index batches per epoch (:func:`epoch_batches`); their count is the epoch count.
+        batches: index batches per epoch (`epoch_batches`); their count is the epoch count.
         init_weight, init_bias: (C, D), (C,) initial head, copied to every head.
         eval_sets: name -> (features, targets), scored with ``metric`` (eval-mode BatchNorm).
         score_diverged: score a head whose weights became non-finite by the toolkit's rule
@@ -375,7 +375,7 @@ def linear_probe(
     """Split, sweep, final run and mean classifier for one k-shot subset (features in subset order).
 
     ``merge_final``: the final run trains on train + validation (the toolkit's default), or on the
-    train part only (its 1-shot rule, :func:`clip_dcl.eval.kshot.shot_plan`). The mean classifier
+    train part only (its 1-shot rule, `clip_dcl.eval.kshot.shot_plan`). The mean classifier
     sees the same images as the final run.
     """
     t_subset = labels_to_targets(labels_subset, num_classes, multilabel)

@@ -1,13 +1,13 @@
-"""The evaluation task registry: a name on the command line maps to one :class:`EvalTask`.
+"""The evaluation task registry: a name on the command line maps to one `EvalTask`.
 
 Each task declares, where it is defined, everything the command line, the report and the
 CLIP_benchmark writer need: its options, its metric names, its table (the report rows), its
 CLIP_benchmark task name and how its metrics map to CLIP_benchmark's keys. A module registers its
-task with :func:`register_task` at import; :mod:`clip_dcl.eval.tasks` imports the built-in ones.
+task with `register_task` at import; `clip_dcl.eval.tasks` imports the built-in ones.
 Registering a name a second time replaces the earlier task with a warning, as timm's model
 registry does (``timm/models/_registry.py``).
 
-This module imports nothing else of :mod:`clip_dcl.eval`, so that every task module can import it.
+This module imports nothing else of `clip_dcl.eval`, so that every task module can import it.
 """
 from __future__ import annotations
 
@@ -51,12 +51,12 @@ class EvalTask:
     - ``name``: the subcommand; ``help`` its line in ``clip-dcl eval --help``, ``description`` its
       ``--help`` text.
     - ``run(model, preprocess, tokenizer, args, common) -> TaskResult``: the evaluation over the
-      parsed flags; ``common`` holds ``options`` (:class:`clip_dcl.eval.encoding.EvalOptions`) and
-      ``skips`` (:class:`clip_dcl.data.evalsets.skips.SkipCounter`).
+      parsed flags; ``common`` holds ``options`` (`clip_dcl.eval.encoding.EvalOptions`) and
+      ``skips`` (`clip_dcl.data.evalsets.skips.SkipCounter`).
     - ``add_arguments(parser)``: the task's options (``--data`` and the model/run flags every task
       shares are added by the command line).
     - ``check(args)``: refuses a bad invocation before the model loads, raising
-      :class:`clip_dcl.train.flags.FlagError` naming the flag and the value.
+      `clip_dcl.train.flags.FlagError` naming the flag and the value.
     - ``metrics``: the metric names it reports (``{k}`` and ``{dataset}`` stand for the values of
       its options), shown in its ``--help``.
     - ``table(metrics, args) -> str``: its report rows, printed after the run.
@@ -64,16 +64,16 @@ class EvalTask:
       ``benchmark_metrics(metrics) -> dict``: CLIP_benchmark's metric keys from ours.
     - ``benchmark_documents(result, model_info, args, precision) -> list[dict]``: CLIP_benchmark
       result files of one run, when one run makes more than one (default: one, built by
-      :func:`clip_dcl.eval.report.benchmark_document`).
+      `clip_dcl.eval.report.benchmark_document`).
     - ``benchmark_run(model, preprocess, tokenizer, run, settings) -> (metrics, extra)``: the task
-      under ``clip-dcl eval benchmark`` (``run`` a :class:`clip_dcl.eval.benchmark.BenchmarkRun`,
+      under ``clip-dcl eval benchmark`` (``run`` a `clip_dcl.eval.benchmark.BenchmarkRun`,
       ``settings`` the parsed CLIP_benchmark settings); ``extra`` is added to the result file.
     - ``benchmark_check(run, settings)``: reads what ``benchmark_run`` will read of a run's data
       (its layout, class names) and raises ``ValueError`` naming what does not fit; ``clip-dcl eval
       benchmark`` calls it for every run before the first model loads.
     - ``uses_logit_scale``: its scores depend on the model's ``logit_scale``, so a model whose scale is
       NaN or inf is refused (exit 2); otherwise it is scored with a warning
-      (:func:`clip_dcl.eval.encoding.check_logit_scale`).
+      (`clip_dcl.eval.encoding.check_logit_scale`).
     """
 
     name: str
@@ -107,7 +107,7 @@ BUILTIN_ORDER = ("retrieval", "zeroshot", "fewshot")
 
 
 def _ordered() -> dict[str, EvalTask]:
-    """The registered tasks: the shipped ones in :data:`BUILTIN_ORDER`, then the others in registration order."""
+    """The registered tasks: the shipped ones in `BUILTIN_ORDER`, then the others in registration order."""
     first = {name: _TASKS[name] for name in BUILTIN_ORDER if name in _TASKS}
     return {**first, **{name: task for name, task in _TASKS.items() if name not in first}}
 
@@ -124,7 +124,7 @@ def register_task(task: EvalTask) -> EvalTask:
 
 
 def registered_tasks() -> dict[str, EvalTask]:
-    """The tasks registered so far, by name: the shipped ones first (:data:`BUILTIN_ORDER`), then the others in
+    """The tasks registered so far, by name: the shipped ones first (`BUILTIN_ORDER`), then the others in
     registration order (a copy)."""
     return _ordered()
 

@@ -1,6 +1,6 @@
 """Readable tables and JSON files for evaluation results, and CLIP_benchmark's result files.
 
-Each task's own table is declared with the task (:mod:`clip_dcl.eval.registry`); this module holds
+Each task's own table is declared with the task (`clip_dcl.eval.registry`); this module holds
 what every task shares: the table format, the flat JSON document, and CLIP_benchmark's file names
 and common fields (the task supplies its CLIP_benchmark name and metric keys).
 
@@ -74,7 +74,7 @@ def _finite(value):
 
 
 def write_json(path: str | os.PathLike, document: dict) -> Path:
-    """Write ``document`` (see :func:`result_document`) to ``path``, creating folders."""
+    """Write ``document`` (see `result_document`) to ``path``, creating folders."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     # NaN and infinities (e.g. acc5 with fewer than 5 classes) are not JSON: strict parsers reject them.
@@ -114,9 +114,9 @@ def pretrained_slug(pretrained: str) -> str:
 
 
 def output_path(template: str, dataset: str, model: str, pretrained: str, language: str, task: str) -> Path:
-    """``template`` with CLIP_benchmark's fields: ``{dataset}`` (without ``wds/``, as :func:`name_part`),
-    ``{pretrained}`` (:func:`pretrained_slug`), ``{pretrained_full_path}`` (a file's absolute path
-    with '/' made '_'), ``{model}`` (:func:`name_part`), ``{language}``, ``{task}``. A '/' inside a
+    """``template`` with CLIP_benchmark's fields: ``{dataset}`` (without ``wds/``, as `name_part`),
+    ``{pretrained}`` (`pretrained_slug`), ``{pretrained_full_path}`` (a file's absolute path
+    with '/' made '_'), ``{model}`` (`name_part`), ``{language}``, ``{task}``. A '/' inside a
     model name (``local-dir:/path``, ``hf-hub:org/name``) is made '_' so that the name stays one
     file; CLIP_benchmark inserts the model raw, which makes such a name a path into folders that
     do not exist."""
@@ -178,6 +178,6 @@ def benchmark_document(benchmark_name: str, metrics: dict, model: dict, data, da
 
 def benchmark_output_path(our_output: str | os.PathLike, doc: dict) -> Path:
     """Beside ``our_output``, CLIP_benchmark's default file name
-    ``{dataset}_{pretrained}_{model}_{language}_{task}.json`` with the rules of :func:`output_path`."""
+    ``{dataset}_{pretrained}_{model}_{language}_{task}.json`` with the rules of `output_path`."""
     name = output_path(DEFAULT_OUTPUT, doc["dataset"], doc["model"], doc["pretrained"], doc["language"], doc["task"])
     return Path(our_output).parent / name

@@ -1,12 +1,12 @@
 """Image-text retrieval: recall@k, mean and median rank, several captions per image.
 
-Data (:mod:`clip_dcl.data.evalsets`): webdataset shards in the Conceptual Captions layout (the
+Data (`clip_dcl.data.evalsets`): webdataset shards in the Conceptual Captions layout (the
 json's ``captions`` list when present, else the ``.txt``, one caption per line) or in
 CLIP_benchmark's layout (``test/nshards.txt``; all captions of an image in its ``.txt``, one per
 line); a CSV/TSV of image path and caption with several rows per image allowed; or a
 ``torch.utils.data.Dataset`` / ``DataLoader`` of (image tensor, captions). Images and captions are encoded
 with L2 normalisation (cosine similarity, as CLIP_benchmark and OpenCLIP's validation), then
-scored by :func:`clip_dcl.eval.metrics.retrieval_metrics` in chunks, so that 100k x 100k never
+scored by `clip_dcl.eval.metrics.retrieval_metrics` in chunks, so that 100k x 100k never
 materialises (see its docstring for the memory bound).
 """
 from __future__ import annotations
@@ -35,7 +35,7 @@ def is_csv(data) -> bool:
 
 
 def _collate(batch):
-    """Stack a batch; skipped samples (a :class:`~clip_dcl.data.evalsets.Skip` from ``retrieval_wds``,
+    """Stack a batch; skipped samples (a `Skip` from ``retrieval_wds``,
     or an item whose image is ``None`` from a user's dataset) are left out and returned apart:
     ``(images or None, captions, skips)``."""
     good, skips = [], []
@@ -97,9 +97,9 @@ def embed_retrieval_data(
     layout), a shard pattern (``val-{000000..000003}.tar``, ``::``-joined patterns), a list of
     shard paths, or a ``Dataset`` / ``DataLoader`` whose items are (image tensor, captions):
     captions a list of strings, or one string with a caption per line. ``options``
-    (:class:`~clip_dcl.eval.encoding.EvalOptions`) and keywords of its names say how to encode.
+    (`EvalOptions`) and keywords of its names say how to encode.
 
-    Samples that cannot be used (see :func:`clip_dcl.data.evalsets.retrieval_wds`; a CSV's images
+    Samples that cannot be used (see `clip_dcl.data.evalsets.retrieval_wds`; a CSV's images
     that do not decode) are logged and counted by cause in ``skips``, which raises at the first one
     when it is strict.
     """
@@ -143,19 +143,19 @@ def evaluate_retrieval(
     skips: SkipCounter | None = None,
     **kwargs,
 ):
-    """Retrieval metrics of ``model`` on ``data`` (see :func:`embed_retrieval_data` for the forms).
+    """Retrieval metrics of ``model`` on ``data`` (see `embed_retrieval_data` for the forms).
 
-    ``options``: an :class:`~clip_dcl.eval.encoding.EvalOptions` (batch size, device, workers,
+    ``options``: an `EvalOptions` (batch size, device, workers,
     progress, precision: ``fp32`` by default, ``amp_bf16`` or ``amp_fp16`` for the encoders, strict);
     keywords of the same names override it. ``ks``: the k of recall@k (each >= 1).
 
-    Returns the flat dict of :func:`clip_dcl.eval.metrics.retrieval_metrics`
+    Returns the flat dict of `clip_dcl.eval.metrics.retrieval_metrics`
     (``image_to_text_R@k``, ``text_to_image_R@k``, ``*_mean_rank``, ``*_median_rank``,
     ``text_retrieval_recall@k``, ``image_retrieval_recall@k``), and with ``return_info`` also
     ``{"num_images", "num_texts", "skipped"}``: ``skipped`` counts the samples left out by cause
     (empty when none). ``strict`` (an option): a sample that would be skipped raises
-    :class:`~clip_dcl.data.evalsets.SampleSkipped` (a ``ValueError``) naming it. ``skips``: a
-    :class:`~clip_dcl.data.evalsets.SkipCounter` to count into (its own ``strict`` applies).
+    `SampleSkipped` (a ``ValueError``) naming it. ``skips``: a
+    `SkipCounter` to count into (its own ``strict`` applies).
     """
     ks = [int(k) for k in ks]
     if not ks or min(ks) < 1:

@@ -3,21 +3,21 @@ or any ``Dataset`` / ``DataLoader`` of (image, label).
 
 Protocol (OpenCLIP's ``open_clip_train/zero_shot.py``, CLIP_benchmark's
 ``zeroshot_classification``): each class's text embedding is the re-normalised mean of its
-L2-normalised prompt embeddings (:func:`clip_dcl.eval.encoding.zeroshot_classifier`); an image is
+L2-normalised prompt embeddings (`clip_dcl.eval.encoding.zeroshot_classifier`); an image is
 scored by ``logits = 100 * normalize(f(x)) @ W``.
 
 Single-label data: ``top1``, ``top5`` (NaN with fewer than 5 classes) and ``mean_per_class_recall``
 (balanced accuracy), plus the same numbers under CLIP_benchmark's keys ``acc1`` and ``acc5``.
 Multi-label data (CLIP_benchmark's ``dataset_type.txt`` = ``multilabel`` with ``.npy`` multi-hot
 labels, e.g. VOC 2007; or a dataset whose labels are multi-hot vectors): CLIP_benchmark's
-``mean_average_precision`` (:func:`clip_dcl.eval.metrics.mean_average_precision`).
+``mean_average_precision`` (`clip_dcl.eval.metrics.mean_average_precision`).
 
 Class names of an ImageFolder tree are tied to its folders, so that they cannot be misaligned with
 the labels (the sorted folders) without an error: an explicit ``{folder: name}`` mapping, list or file
 (``--classnames``), else ``ROOT/classnames.json`` (a mapping), else ``ROOT/classnames.txt`` (one name a
 line, each line naming its folder: ``golden retriever`` for ``golden_retriever``), else OpenCLIP's
 ``IMAGENET_CLASSNAMES`` for the 1000 ImageNet synset folders (``n01440764``...), else the folder
-names, as ``clip-dcl data benchmark`` writes them (:func:`clip_dcl.data.evalsets.folder_classnames`).
+names, as ``clip-dcl data benchmark`` writes them (`clip_dcl.data.evalsets.folder_classnames`).
 CLIP_benchmark's shards and a Dataset label by number: a list (its ``classnames.txt``, a dataset's
 ``classes`` attribute) in label order.
 Templates: an explicit list, per-class dict (CuPL) or file, else the data's own
@@ -63,7 +63,7 @@ ZEROSHOT_LAYOUTS = ("an ImageFolder tree ROOT/<class>/<image> (ImageNet's synset
 def resolve_classnames(root: str | os.PathLike, folders: Sequence[str],
                        classnames: Sequence[str] | dict | str | os.PathLike | None = None) -> tuple[list[str], str]:
     """(class names in label order, where they came from) for the sorted class folders of ``root``:
-    :func:`clip_dcl.data.evalsets.folder_classnames` (each name tied to its folder, or refused)."""
+    `clip_dcl.data.evalsets.folder_classnames` (each name tied to its folder, or refused)."""
     return folder_classnames(root, folders, classnames)
 
 
@@ -146,7 +146,7 @@ def _dataset_attr(data, name):
 
 @dataclass
 class ZeroshotData:
-    """What a zero-shot evaluation reads, resolved before any model is needed (:func:`zeroshot_data`)."""
+    """What a zero-shot evaluation reads, resolved before any model is needed (`zeroshot_data`)."""
 
     layout: str  #: ``imagefolder``, ``clip_benchmark`` or ``dataset``
     classnames: list
@@ -155,13 +155,13 @@ class ZeroshotData:
     templates_source: str
     multilabel: bool | None = None
     samples: list | None = None  #: an ImageFolder tree's ``(path, label)``
-    bench: object | None = None  #: CLIP_benchmark's shards (:class:`~clip_dcl.data.evalsets.BenchmarkShards`)
+    bench: object | None = None  #: CLIP_benchmark's shards (`BenchmarkShards`)
 
 
 def zeroshot_data(root, classnames=None, templates=None, split: str = "test",
                   multilabel: bool | None = None) -> ZeroshotData:
     """The layout, class names (in label order) and templates of the zero-shot data ``root`` (the
-    arguments of :func:`evaluate_zeroshot`), read without the model, so that a folder in no layout,
+    arguments of `evaluate_zeroshot`), read without the model, so that a folder in no layout,
     class names that do not fit the folders, or a template file that does not parse are a
     ``ValueError`` naming them before the model loads (``clip-dcl eval zeroshot`` calls it first)."""
     from torch.utils.data import DataLoader, Dataset
@@ -229,16 +229,16 @@ def evaluate_zeroshot(
             either; see the module docstring for the defaults and checks.
         templates: prompt strings with ``{c}``, callables, a CuPL dict ``name -> [prompts]``, or a
             file (text, one a line; or JSON); defaults as above.
-        options: an :class:`~clip_dcl.eval.encoding.EvalOptions`: batch size, device, workers,
+        options: an `EvalOptions`: batch size, device, workers,
             progress, precision (``fp32`` by default, ``amp_bf16`` or ``amp_fp16``: ``torch.autocast``)
             and ``strict`` (a sample that would be skipped: no image or label, one that does not
             decode, the rest of a shard that ends early, raises
-            :class:`~clip_dcl.data.evalsets.SampleSkipped` naming it; otherwise it is logged and
+            `SampleSkipped` naming it; otherwise it is logged and
             counted by cause). Keywords of the same names override it.
         split: the split folder of CLIP_benchmark's layout (default ``test``).
         multilabel: force multi-label scoring (default: CLIP_benchmark's ``dataset_type.txt``, or
             labels that are multi-hot vectors).
-        skips: a :class:`~clip_dcl.data.evalsets.SkipCounter` to count into (its own ``strict`` applies).
+        skips: a `SkipCounter` to count into (its own ``strict`` applies).
         return_info: also return ``{"num_images", "num_classes", "layout", "classnames_source",
             "templates_source", "num_templates", "classnames", "templates", "skipped"}`` (the class
             names and templates used, a callable template as its text for the class ``{c}``;
@@ -327,7 +327,7 @@ def _add_arguments(p) -> None:
 
 
 def _check(args) -> None:
-    """The data, its class names and templates, read before the model loads (:func:`zeroshot_data`)."""
+    """The data, its class names and templates, read before the model loads (`zeroshot_data`)."""
     from ..errors import FlagError
 
     if args.templates:  # read again by the evaluation

@@ -10,7 +10,7 @@ from .runner import Budget
 #: The demo's model: ``clip-dcl-tiny``'s towers with 16 px patches (16 image tokens, not 64), the synthetic
 #: captions' word vocabulary (745 tokens, not OpenCLIP's 49,408) and one text layer, registered from
 #: ``clip_dcl/model_configs/words``. It trains on the packed training set
-#: (:func:`clip_dcl.experiment.runner.packed_training_set`) with PyTorch's fused AdamW; together faster
+#: (`clip_dcl.experiment.runner.packed_training_set`) with PyTorch's fused AdamW; together faster
 #: than ``clip-dcl-tiny`` on the shards by the ratio ``benchmarks/demo_speed.py`` measures.
 DEMO_MODEL = "clip-dcl-tiny-words"
 #: The full demo's budget: chosen so that the three runs and their evaluations, with the set-up of a

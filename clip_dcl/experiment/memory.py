@@ -1,8 +1,8 @@
 """Resident memory of this process, as the benchmarks measure it: its peak so far and its size now.
 
 The CPU allocator keeps no peak counter of its own, so a benchmark that wants the extra memory of
-one call runs it in a fresh process and takes :func:`peak_rss_bytes` after the call minus
-:func:`current_rss_bytes` just before it. Linux only (``/proc`` and ``ru_maxrss`` in KiB).
+one call runs it in a fresh process and takes `peak_rss_bytes` after the call minus
+`current_rss_bytes` just before it. Linux only (``/proc`` and ``ru_maxrss`` in KiB).
 """
 from __future__ import annotations
 
@@ -23,10 +23,10 @@ def current_rss_bytes() -> int:
 
 
 def peak_rss_mib() -> float:
-    """:func:`peak_rss_bytes` in MiB."""
+    """`peak_rss_bytes` in MiB."""
     return peak_rss_bytes() / MIB
 
 
 def current_rss_mib() -> float:
-    """:func:`current_rss_bytes` in MiB."""
+    """`current_rss_bytes` in MiB."""
     return current_rss_bytes() / MIB

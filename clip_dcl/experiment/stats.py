@@ -1,8 +1,8 @@
 """Statistics of the benchmarks' seeds: mean and spread, paired differences, wins, t-intervals.
 
 Training seeds share the data and, seed for seed, the initialisation, so a comparison of two
-objectives is read from their per-seed differences (:func:`paired_differences`) as well as from
-each one's mean and sample standard deviation (:func:`mean_std`); :func:`t_interval` gives the
+objectives is read from their per-seed differences (`paired_differences`) as well as from
+each one's mean and sample standard deviation (`mean_std`); `t_interval` gives the
 Student t-interval of a mean difference that the decision rules read.
 """
 from __future__ import annotations
@@ -27,7 +27,7 @@ def mean_std(values: Sequence[float]) -> Dict[str, float]:
 
 
 def format_mean_std(st: Dict[str, float], scale: float = 100.0, digits: int = 1) -> str:
-    """``"m ± s"`` of a :func:`mean_std` record times ``scale`` (percent by default); ``"m"`` alone
+    """``"m ± s"`` of a `mean_std` record times ``scale`` (percent by default); ``"m"`` alone
     below two values, ``"nan"`` for none."""
     cell = f"{scale * st['mean']:.{digits}f}"
     return cell + (f" ± {scale * st['std']:.{digits}f}" if st["n"] > 1 else "")

@@ -7,25 +7,25 @@ A name -> class registry and a factory, in the manner of timm's model registry::
     terms = loss(image_features, text_features, logit_scale, output_dict=True)
 
 ``no_grad_gather=True`` (with ``local_loss=True``) gathers the features without autograd and
-still gives every rank the exact gradient (see :mod:`clip_dcl.losses.base`), for every loss whose
+still gives every rank the exact gradient (see `clip_dcl.losses.base`), for every loss whose
 gradient follows from each anchor's ``(pos, lse_neg)``; the others (``curl``, ``dcl`` with
 ``beta > 0``, M > 1 captions per image) refuse it with a ``ValueError``.
 
 The registry is the source of truth for the command line: each class declares its flags
-(``flags``, a tuple of :class:`~clip_dcl.losses.base.LossFlag`) and a one-line ``summary``, and
-``clip_dcl.train`` builds ``--loss`` and the loss flags from :data:`LOSSES`. A new objective::
+(``flags``, a tuple of `LossFlag`) and a one-line ``summary``, and
+``clip_dcl.train`` builds ``--loss`` and the loss flags from `LOSSES`. A new objective::
 
     @register_loss("mine")
     class MyLoss(ContrastiveLoss):
         flags = (LossFlag("--mine-alpha", "alpha", type=float, help="..."),)
         def __init__(self, alpha=1.0, **dist_kwargs): ...
 
-A loss that keeps state across steps derives from :class:`~clip_dcl.losses.base.StatefulLoss` and
+A loss that keeps state across steps derives from `StatefulLoss` and
 declares its buffers' layout, its rollback and its digest there; the trainer reads that contract
 (docs/extending-losses.md). A loss whose arguments depend on the training data (DeCL's per-sample buffer is as large as the
 data, its gamma schedule is given in epochs) completes them in the classmethod
-``resolve_data_params(kwargs, data)`` from a :class:`~clip_dcl.losses.base.DataFacts`; the trainer
-calls it through :func:`resolve_loss_args`, and records what it returns.
+``resolve_data_params(kwargs, data)`` from a `DataFacts`; the trainer
+calls it through `resolve_loss_args`, and records what it returns.
 
 Every loss follows OpenCLIP's ``ClipLoss`` contract
 ``forward(image_features, text_features, logit_scale, logit_bias=None, output_dict=False)``
@@ -51,10 +51,10 @@ LOSSES: Dict[str, Type[nn.Module]] = {}
 
 
 def register_loss(name: str):
-    """Class decorator adding a loss to :data:`LOSSES` under ``name``; warns when it replaces one.
+    """Class decorator adding a loss to `LOSSES` under ``name``; warns when it replaces one.
 
     Raises:
-        TypeError: the class does not derive from :class:`~clip_dcl.losses.base.LossDeclaration` (what the
+        TypeError: the class does not derive from `LossDeclaration` (what the
             trainer reads of every loss).
     """
 
@@ -92,7 +92,7 @@ def create_loss(name: str, **kwargs) -> nn.Module:
     """Build the loss registered as ``name`` with keyword arguments ``kwargs``.
 
     Raises:
-        ValueError: ``name`` is not in :data:`LOSSES`, or an argument is out of range.
+        ValueError: ``name`` is not in `LOSSES`, or an argument is out of range.
     """
     if name not in LOSSES:
         raise ValueError(f"unknown loss {name!r}; expected one of {sorted(LOSSES)}")
@@ -104,7 +104,7 @@ def resolve_loss_args(name: str, kwargs: Dict[str, object], data: DataFacts) -> 
     class's ``resolve_data_params`` (``kwargs`` unchanged unless the class overrides it).
 
     Raises:
-        ValueError: ``name`` is not in :data:`LOSSES`; or the loss refuses a value (the message names it).
+        ValueError: ``name`` is not in `LOSSES`; or the loss refuses a value (the message names it).
     """
     if name not in LOSSES:
         raise ValueError(f"unknown loss {name!r}; expected one of {sorted(LOSSES)}")

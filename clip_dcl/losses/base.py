@@ -1,8 +1,8 @@
 """What every clip-dcl loss shares: its declaration (flags, data-dependent parameters), the call
-contract, the :class:`StatefulLoss` contract of a loss that keeps state, and small numeric helpers.
+contract, the `StatefulLoss` contract of a loss that keeps state, and small numeric helpers.
 
 The statistics the losses are computed from (gathered logits, ``pos`` and ``lse_neg`` per anchor,
-the exact column gradient of ``no_grad_gather``) are in :mod:`clip_dcl.losses.gather`.
+the exact column gradient of ``no_grad_gather``) are in `clip_dcl.losses.gather`.
 """
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ from .state import plain_sums, state_digest, table_sums
 class LossFlag:
     """One command-line flag of a loss, declared on the loss class (``flags = (LossFlag(...), ...)``).
 
-    The training parser (:mod:`clip_dcl.train.flags`) adds every registered loss's flags; the value
+    The training parser (`clip_dcl.train.flags`) adds every registered loss's flags; the value
     goes to the loss's keyword argument ``kwarg``, whose default (read from the class's signature)
     is the flag's default, and whose range the loss checks in ``__init__`` (``help`` states it).
     """
@@ -83,15 +83,15 @@ class DataFacts:
     #: ``::``-joined training sources (their sample ids are laid out in one block each)
     num_sources: int = 1
     #: ``() -> (total, per-source sizes)``, the per-source sizes 0 where unknown; raises
-    #: :class:`DataSizeUnknown` when the total is unknown
+    #: `DataSizeUnknown` when the total is unknown
     sizes: Callable[[], Tuple[int, Tuple[int, ...]]] = field(default=_size_unknown, repr=False, compare=False)
 
     def num_samples(self) -> int:
-        """The training data's size (the sum over its sources); raises :class:`DataSizeUnknown`."""
+        """The training data's size (the sum over its sources); raises `DataSizeUnknown`."""
         return self.sizes()[0]
 
     def source_sizes(self) -> Tuple[int, ...]:
-        """The size of each ``::``-joined source, 0 where unknown; raises :class:`DataSizeUnknown`."""
+        """The size of each ``::``-joined source, 0 where unknown; raises `DataSizeUnknown`."""
         return self.sizes()[1]
 
 
@@ -120,12 +120,12 @@ def signature_defaults(cls) -> Dict[str, object]:
 class LossDeclaration:
     """What a registered loss class declares, read by the command line, the trainer and the checkpoints.
 
-    Every class in :data:`clip_dcl.losses.LOSSES` derives from it (through :class:`ContrastiveLoss`,
+    Every class in `clip_dcl.losses.LOSSES` derives from it (through `ContrastiveLoss`,
     or beside OpenCLIP's ``ClipLoss``), so the trainer reads these attributes and methods and never
     probes a loss for them.
     """
 
-    #: the loss's command-line flags (see :class:`LossFlag`)
+    #: the loss's command-line flags (see `LossFlag`)
     flags: tuple = ()
     #: one line for ``--loss``'s help
     summary: str = ""
@@ -136,14 +136,14 @@ class LossDeclaration:
     #: whether OpenCLIP's own ``create_loss(args)`` builds this objective
     openclip_native = False
     #: keyword arguments that give the loss's saved state its meaning: a checkpoint resumed with another
-    #: value would have its state read as another quantity, so the trainer refuses it (:meth:`state_meaning`)
+    #: value would have its state read as another quantity, so the trainer refuses it (`state_meaning`)
     state_settings: tuple = ()
     #: diagnostics of the last call, logged apart from the loss terms (an instance sets its own)
     metrics: Mapping[str, object] = MappingProxyType({})
 
     @classmethod
     def defaults(cls) -> Dict[str, object]:
-        """The defaults of the class's keyword arguments (:func:`signature_defaults`)."""
+        """The defaults of the class's keyword arguments (`signature_defaults`)."""
         return signature_defaults(cls)
 
     @classmethod
@@ -187,7 +187,7 @@ class LossDeclaration:
 
     @classmethod
     def state_meaning(cls, loss_args: Dict[str, object]) -> Dict[str, object]:
-        """The values in ``loss_args`` (a checkpoint's or a run's) of the :attr:`state_settings` that the
+        """The values in ``loss_args`` (a checkpoint's or a run's) of the `state_settings` that the
         state of this configuration depends on; two configurations whose values differ cannot share
         a saved state. A loss whose state depends on a setting only in some configurations narrows it."""
         return {k: loss_args[k] for k in cls.state_settings if k in loss_args}
@@ -221,7 +221,7 @@ class LossDeclaration:
 class ContrastiveLoss(LossDeclaration, nn.Module):
     """Base class: OpenCLIP's distributed arguments, the ``ClipLoss`` call contract, metrics.
 
-    Subclasses implement :meth:`compute` returning ``(loss, metrics)``.
+    Subclasses implement `compute` returning ``(loss, metrics)``.
 
     Attributes:
         metrics: dict of detached scalar tensors from the last call (not part of the loss).
@@ -232,7 +232,7 @@ class ContrastiveLoss(LossDeclaration, nn.Module):
     #: key of the loss term in the ``output_dict=True`` result
     output_key = "contrastive_loss"
     #: whether the loss reaches the logits only through each anchor's ``(pos, lse_neg)`` with one
-    #: positive, which is what the ``no_grad_gather`` column term needs (see :mod:`clip_dcl.losses.gather`)
+    #: positive, which is what the ``no_grad_gather`` column term needs (see `clip_dcl.losses.gather`)
     supports_no_grad_gather = True
 
     def __init__(self, local_loss: bool = False, gather_with_grad: bool = False, cache_labels: bool = False,
@@ -305,14 +305,14 @@ class ContrastiveLoss(LossDeclaration, nn.Module):
 
 @dataclass(frozen=True)
 class StateBuffer:
-    """One buffer of a :class:`StatefulLoss`'s state and how it is laid out across ranks."""
+    """One buffer of a `StatefulLoss`'s state and how it is laid out across ranks."""
 
     name: str  #: the buffer's name in the loss's ``state_dict``
     dtype: torch.dtype
     shape: Tuple[int, ...]  #: its global shape (the whole buffer, whatever this rank holds)
     #: a table of one column per training sample, ``(rows, num_samples)``, indexed by sample id
     per_sample: bool = False
-    #: split over the ranks (rank ``r`` holds the ids ``r, r + W, ...``; :mod:`clip_dcl.losses.state`);
+    #: split over the ranks (rank ``r`` holds the ids ``r, r + W, ...``; `clip_dcl.losses.state`);
     #: otherwise every rank holds all of it, the same on each
     sharded: bool = False
 
@@ -323,17 +323,17 @@ class StatefulLoss(ContrastiveLoss, metaclass=abc.ABCMeta):
     Its state is its registered buffers (``state_dict()`` round-trips through checkpoints), and it
     provides:
 
-    - :meth:`state_buffers`: each buffer's name, dtype, global shape, whether it is a per-sample table
+    - `state_buffers`: each buffer's name, dtype, global shape, whether it is a per-sample table
       and whether it is sharded over the ranks (the trainer writes a sharded buffer one file per
       rank beside the checkpoint and rebuilds it for any world size on resume; every other buffer
       goes into the checkpoint itself);
-    - :meth:`rollback_step`: undo the state update of the last optimizer step, which AMP's
+    - `rollback_step`: undo the state update of the last optimizer step, which AMP's
       GradScaler skipped;
-    - :meth:`state_digest`: one string, equal on every rank, for the rank-agreement check (derived from
-      the layout here; equal to :func:`clip_dcl.losses.state.digest_of_state_dict` of the whole state);
-    - :meth:`adapt_saved_state`: a saved state converted for a setting that changes its units;
-    - from :class:`LossDeclaration`: :attr:`state_settings` and :meth:`state_meaning` (what the saved
-      state means) and :meth:`resolve_data_params` (its data-dependent parameters, e.g. the
+    - `state_digest`: one string, equal on every rank, for the rank-agreement check (derived from
+      the layout here; equal to `clip_dcl.losses.state.digest_of_state_dict` of the whole state);
+    - `adapt_saved_state`: a saved state converted for a setting that changes its units;
+    - from `LossDeclaration`: `state_settings` and `state_meaning` (what the saved
+      state means) and `resolve_data_params` (its data-dependent parameters, e.g. the
       per-sample table's ``num_samples``).
 
     A new one is one class and one registration (see docs/extending-losses.md)::
@@ -346,7 +346,7 @@ class StatefulLoss(ContrastiveLoss, metaclass=abc.ABCMeta):
 
     @abc.abstractmethod
     def state_buffers(self) -> Tuple[StateBuffer, ...]:
-        """The layout of every buffer of the state (see :class:`StateBuffer`)."""
+        """The layout of every buffer of the state (see `StateBuffer`)."""
 
     @abc.abstractmethod
     def rollback_step(self) -> bool:
@@ -372,7 +372,7 @@ class StatefulLoss(ContrastiveLoss, metaclass=abc.ABCMeta):
     def state_digest(self) -> str:
         """Digest of the whole state, equal on every rank, on any world size, sharded or not.
 
-        Computed on the buffers' device without a host copy (see :mod:`clip_dcl.losses.state`); for
+        Computed on the buffers' device without a host copy (see `clip_dcl.losses.state`); for
         a sharded buffer each rank sums its shard and one all-reduce of two integers adds them.
         """
         layout = {b.name: b for b in self.state_buffers()}
@@ -392,7 +392,7 @@ class StatefulLoss(ContrastiveLoss, metaclass=abc.ABCMeta):
 
 
 class LossWrapper(nn.Module):
-    """A loss that takes its contrastive term from a registered loss, :attr:`contrastive`, whose
+    """A loss that takes its contrastive term from a registered loss, `contrastive`, whose
     declaration, state and metrics are its own (CoCa's objective)."""
 
     contrastive: nn.Module
@@ -407,6 +407,6 @@ def declared(loss) -> Optional[LossDeclaration]:
 
 
 def stateful(loss) -> Optional[StatefulLoss]:
-    """The :class:`StatefulLoss` that ``loss`` is or wraps, or None."""
+    """The `StatefulLoss` that ``loss`` is or wraps, or None."""
     inner = declared(loss)
     return inner if isinstance(inner, StatefulLoss) else None

@@ -3,10 +3,10 @@
 Nothing is re-implemented: the class only accepts (and ignores) the ``sample_ids`` keyword
 and exposes an empty ``metrics`` dict, so that the training plugin can treat all losses alike.
 The exceptions are what ``ClipLoss`` does not offer: ``create_loss("clip", no_grad_gather=True)``
-builds :class:`InfoNCEFromStats`, the same InfoNCE computed from the per-anchor statistics of
-:mod:`clip_dcl.losses.base` (tested equal to ``ClipLoss`` in value and gradient); and ``M > 1``
-captions per image (``text_features`` of shape ``(B * M, d)``), which :class:`InfoNCELoss` hands to
-:class:`InfoNCEFromStats`: each of an image's M captions is in turn the positive of the image
+builds `InfoNCEFromStats`, the same InfoNCE computed from the per-anchor statistics of
+`clip_dcl.losses.base` (tested equal to ``ClipLoss`` in value and gradient); and ``M > 1``
+captions per image (``text_features`` of shape ``(B * M, d)``), which `InfoNCELoss` hands to
+`InfoNCEFromStats`: each of an image's M captions is in turn the positive of the image
 anchor, against the ``(G - 1) M`` captions of the other images (its other captions are neither
 positive nor negative in that term), ``L_img = mean_{i, m}[-l_im + log(S_im + sum_{j neg} S_ij)]``;
 each caption is an anchor against the G images. It is ``dcl`` with ``tau_plus = 0`` and M positives.
@@ -34,7 +34,7 @@ class InfoNCELoss(LossDeclaration, ClipLoss):
     @classmethod
     def from_args(cls, **kwargs):
         """``ClipLoss`` itself, or with ``no_grad_gather=True`` (a mode ``ClipLoss`` lacks) the same InfoNCE,
-        :class:`InfoNCEFromStats`."""
+        `InfoNCEFromStats`."""
         return InfoNCEFromStats(**kwargs) if kwargs.get("no_grad_gather") else cls(**kwargs)
 
     def __init__(self, local_loss=False, gather_with_grad=False, cache_labels=True, rank=0, world_size=1,

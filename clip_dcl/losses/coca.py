@@ -1,7 +1,7 @@
 """CoCa's objective with a clip-dcl contrastive term: ``dcl`` or ``decl`` for CoCa models.
 
 CoCa (Yu et al. 2022) trains a contrastive term and a captioning term; OpenCLIP's ``CoCaLoss``
-computes both, the contrastive one with InfoNCE. :class:`CoCaObjective` keeps OpenCLIP's
+computes both, the contrastive one with InfoNCE. `CoCaObjective` keeps OpenCLIP's
 captioning term as it is (``CoCaLoss`` with its contrastive weight at 0, so only the caption
 cross-entropy is computed, with the padding id ignored) and takes the contrastive term from any
 clip-dcl loss, so that::
@@ -10,7 +10,7 @@ clip-dcl loss, so that::
          + caption_weight * CE(logits, labels)
 
 as OpenCLIP's ``--coca-contrastive-loss-weight`` and ``--coca-caption-loss-weight`` weigh them.
-The contrastive loss keeps its own state (DeCL's rates) and metrics: :attr:`contrastive` is the
+The contrastive loss keeps its own state (DeCL's rates) and metrics: `contrastive` is the
 module to checkpoint.
 """
 from __future__ import annotations

@@ -15,9 +15,9 @@ Exponential(1)`` (1 for the mean). The exponent is clamped at ``max_log_ratio`` 
 cannot overflow (``metrics["clamp_rate"]``; those rows get no gradient through their negatives).
 
 This module is the objective; the rate estimators (``index``, ``queue``, ``batch``) are in
-:mod:`clip_dcl.losses.decl_rates`, the ``lambda_t`` / ``gamma_t`` schedules and temperature modes in
-:mod:`clip_dcl.losses.decl_schedules`, the flags in :mod:`clip_dcl.losses.decl_flags`, what the
-training log shows in :mod:`clip_dcl.losses.decl_log`.
+`clip_dcl.losses.decl_rates`, the ``lambda_t`` / ``gamma_t`` schedules and temperature modes in
+`clip_dcl.losses.decl_schedules`, the flags in `clip_dcl.losses.decl_flags`, what the
+training log shows in `clip_dcl.losses.decl_log`.
 
 **The anchor-relative estimate** (``estimate="relative"``, the default; FastCLIP, Wei et al. 2024,
 arXiv 2407.01445, ``FastCLIPLoss``): the rate estimates ``g_i = mean_{k != i} exp(l_ik - l_ii)``,
@@ -29,7 +29,7 @@ is the paper's loss1 above. With M captions ``l_ii`` is ``mean_m l_im``.
 **Optimizer steps, not calls**: OpenCLIP's loop calls the loss ``accum_freq`` times per optimizer
 step, each on all micro-batches' rows. The loss counts its training calls in the buffer ``calls``;
 the first call of each group updates the state and draws ``u``, the later calls reuse them, so the
-accumulated gradient is that of one loss over the whole step. :meth:`DeCLLoss.rollback_step` undoes
+accumulated gradient is that of one loss over the whole step. `DeCLLoss.rollback_step` undoes
 a step's state update and counter (the trainer calls it for a step AMP's GradScaler skipped).
 
 ``u`` is drawn from a generator seeded by ``(seed, t)`` for the whole global batch and sliced per
@@ -75,9 +75,9 @@ class DeCLLoss(DeCLLog, StatefulLoss):
 
     Args:
         rate: ``"index"`` (per-sample buffer, needs ``num_samples`` and ``sample_ids``), ``"queue"`` or
-            ``"batch"`` (:mod:`clip_dcl.losses.decl_rates`).
+            ``"batch"`` (`clip_dcl.losses.decl_rates`).
         schedule: ``lambda_t``: ``"alternate"``, ``"decl"``, ``"harmonic"`` or ``"constant"``
-            (:mod:`clip_dcl.losses.decl_schedules`).
+            (`clip_dcl.losses.decl_schedules`).
         lam: ``lambda`` for ``constant`` (in [0, 1]) and ``c`` of ``harmonic`` (> 0).
         gamma: moving-average weight of the new estimate (``index``), in (0, 1]; the final value of the
             cosine schedule.
@@ -110,12 +110,12 @@ class DeCLLoss(DeCLLog, StatefulLoss):
             their first visit).
         calls: buffer, training-mode calls so far (``t = calls // accum_freq + 1``).
         log_rate, prev_log_rate: ``index`` buffers, ``(2, num_samples)`` relative log-rates (this rank's
-            columns when sharded; see :meth:`full_log_rate`) and the previous step's mean estimate.
+            columns when sharded; see `full_log_rate`) and the previous step's mean estimate.
         queue, queue_ptr, queue_count: ``queue`` buffers.
 
     Raises:
         ValueError: an unknown choice, ``num_samples`` missing for ``index``, or an argument out of range
-            (the message names it); at call time, ``sample_ids`` missing, or :class:`SampleIdError` for an
+            (the message names it); at call time, ``sample_ids`` missing, or `SampleIdError` for an
             id out of range (raised on every rank, from the gathered ids).
 
     Example::
@@ -131,13 +131,13 @@ class DeCLLoss(DeCLLog, StatefulLoss):
     flags = FLAGS
 
     #: what the saved state means: the estimator (which buffers) and what its own buffers depend on
-    #: (:attr:`~clip_dcl.losses.decl_rates.RateEstimator.state_settings`). (``accum_freq`` only changes the
-    #: unit of ``calls``: converted, see :meth:`adapt_saved_state`.)
+    #: (`state_settings`). (``accum_freq`` only changes the
+    #: unit of ``calls``: converted, see `adapt_saved_state`.)
     state_settings = ("rate", "estimate", "drift_correction", "state_dtype", "queue_size")
 
     @classmethod
     def state_meaning(cls, loss_args: Dict[str, object]) -> Dict[str, object]:
-        """:attr:`state_settings` less those of the estimators not configured (``queue_size`` means nothing
+        """`state_settings` less those of the estimators not configured (``queue_size`` means nothing
         to the ``index`` buffer, the queue stores embeddings whatever ``estimate``)."""
         rate = loss_args.get("rate", cls.defaults()["rate"])
         others = {k for r, t in RATE_TYPES.items() if r != rate for k in t.state_settings}
@@ -181,7 +181,7 @@ class DeCLLoss(DeCLLog, StatefulLoss):
 
     @classmethod
     def resolve_data_params(cls, kwargs: Dict[str, object], data: DataFacts) -> Dict[str, object]:
-        """``kwargs`` completed from the data (:func:`clip_dcl.losses.decl_flags.resolve_data_params`)."""
+        """``kwargs`` completed from the data (`clip_dcl.losses.decl_flags.resolve_data_params`)."""
         return resolve_data_params(kwargs, data, cls.defaults())
 
     def __init__(self, rate: str = "index", schedule: str = "alternate", lam: float = 1.0, gamma: float = 0.9,

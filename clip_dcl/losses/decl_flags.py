@@ -1,4 +1,4 @@
-"""DeCL's command line: its flags (declared on :class:`~clip_dcl.losses.decl.DeCLLoss`, from which the
+"""DeCL's command line: its flags (declared on `DeCLLoss`, from which the
 training CLI is built) and the arguments it completes from the training data."""
 from __future__ import annotations
 

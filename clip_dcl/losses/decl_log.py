@@ -1,8 +1,8 @@
 """What DeCL's training log shows: its comparable ``Loss``, the columns that can change, the step's term
 and the epoch warning of the ``max_log_ratio`` ceiling.
 
-The log half of :class:`~clip_dcl.losses.decl.DeCLLoss` (it mixes :class:`DeCLLog` in): the hooks
-:class:`~clip_dcl.losses.base.LossDeclaration` declares (``logged_loss``, ``logged_metrics``,
+The log half of `DeCLLoss` (it mixes `DeCLLog` in): the hooks
+`LossDeclaration` declares (``logged_loss``, ``logged_metrics``,
 ``step_note``, ``epoch_warning``), answered from the loss's settings. docs/training.md lists the
 columns per setting.
 """
@@ -17,7 +17,7 @@ from .decl_rates import IndexRate
 
 
 class DeCLLog:
-    """DeCL's answers to the training log's questions; reads the settings :class:`~clip_dcl.losses.decl.DeCLLoss`
+    """DeCL's answers to the training log's questions; reads the settings `DeCLLoss`
     holds (``rate``, ``include_current``, ``gamma``, ``gamma_schedule``, ``queue_size``, ``max_log_ratio``,
     ``lambdas``, ``rates``) and the last call's ``_captions_per_image`` and ``_last_step``."""
 
@@ -33,7 +33,7 @@ class DeCLLog:
         ``gamma_t``), plus ``log M`` for a caption among M; ``queue`` with the current batch counted
         holds its N negatives among ``N + Q``, at most ``log(1 + Q)``; ``batch`` reads the row's own
         estimate (ratio 0). Two rows of one id in a batch (resampled data, hashed keys) are not bounded:
-        an epoch where the ceiling bites anyway gets a warning (:meth:`epoch_warning`)."""
+        an epoch where the ceiling bites anyway gets a warning (`epoch_warning`)."""
         if self.rate == "batch":
             return False
         if self.include_current and self.rate == "index":
@@ -43,9 +43,9 @@ class DeCLLog:
         return True
 
     def constant_metrics(self, captions_per_image: int = 1) -> set:
-        """The :attr:`metrics` the log leaves out under this configuration: ``loss2`` (it is the log's
+        """The `metrics` the log leaves out under this configuration: ``loss2`` (it is the log's
         ``Loss``), and those that cannot change: ``lambda_t`` under a constant schedule, ``gamma_t``
-        under a constant gamma, ``clamp_rate`` where the ceiling cannot bite (:meth:`ceiling_can_bite`),
+        under a constant gamma, ``clamp_rate`` where the ceiling cannot bite (`ceiling_can_bite`),
         the ratio and weight statistics of ``batch`` (its ratio is 0); and ``loss1`` read after this
         step's update (``index`` with ``include_current``: ``exp(e_i) / r_i`` is then close to 1 by
         construction, and InfoNCE is the value to follow)."""
@@ -63,7 +63,7 @@ class DeCLLog:
         return out
 
     def logged_metrics(self, metrics: Dict[str, object]) -> Dict[str, object]:
-        """:attr:`metrics` less :meth:`constant_metrics`: the log line holds the columns that can change."""
+        """`metrics` less `constant_metrics`: the log line holds the columns that can change."""
         left_out = self.constant_metrics(self._captions_per_image)
         return {k: v for k, v in metrics.items() if k not in left_out}
 
@@ -76,7 +76,7 @@ class DeCLLog:
 
     def epoch_warning(self, epoch_means: Dict[str, float]) -> Optional[str]:
         """A line when the ``max_log_ratio`` ceiling bit in an epoch where the configuration bounds the
-        ratio below it (:meth:`ceiling_can_bite`), so that its count, left out of the log line, is not lost."""
+        ratio below it (`ceiling_can_bite`), so that its count, left out of the log line, is not lost."""
         rate = epoch_means.get("clamp_rate", 0.0)
         if rate > 0 and not self.ceiling_can_bite(self._captions_per_image):
             return (f"DeCL's log-ratio ceiling (max_log_ratio {self.max_log_ratio:g}) bit on {100 * rate:.3g}% of the "

@@ -5,7 +5,7 @@ their layout across ranks, its part of the argument checks, the update of a step
 ``e_i`` is the anchor's batch estimate (``lse_neg_i - log K``, less ``l_ii`` for the relative
 estimate); only ``log r`` is ever stored.
 
-- :class:`IndexRate` (``index``, the paper's global buffer, Chen et al. 2022 Alg. 1): ``log r`` per
+- `IndexRate` (``index``, the paper's global buffer, Chen et al. 2022 Alg. 1): ``log r`` per
   training sample and direction, indexed by the sample ids. **Update, then read**
   (``include_current=True``, as SogCLR and FastCLIP do): this step's ``e_i`` is folded in first,
   ``log r <- log((1 - gamma_t) r + gamma_t exp(e_i))`` (an unvisited entry stores ``e_i``), and loss1
@@ -19,15 +19,15 @@ estimate); only ``log r`` is ever stored.
   the update, ``m_{t-1}`` before it): a stale rate follows the global drift of the similarities.
   A repeated id in one global batch reads one stored value and is updated with its first
   occurrence's estimate. **Layout** (``state``): ``sharded`` keeps the ids ``i mod W = r`` on rank
-  ``r`` (:mod:`clip_dcl.losses.state`); each step one all-reduce of a ``(2 or 4, G)`` tensor, where
+  ``r`` (`clip_dcl.losses.state`); each step one all-reduce of a ``(2 or 4, G)`` tensor, where
   exactly one owner adds each stored value (so the sum is exact), gives every rank the global
   batch's rates (and, with ``local_loss``, every rank's estimates); ``replicated`` keeps all of it
   on every rank. Both give the same values, gradients and state, bit for bit. ``state_dtype``
   stores the rates in 16 bits (read and updated in float32).
-- :class:`QueueRate` (``queue``, no ids): a FIFO of the last ``queue_size`` gathered embeddings of
+- `QueueRate` (``queue``, no ids): a FIFO of the last ``queue_size`` gathered embeddings of
   each modality; ``log r_i = logsumexp`` over the other modality's queue minus ``log(count)``
   (with ``include_current``, the batch's negatives counted too); the batch is enqueued after use.
-- :class:`BatchRate` (``batch``, the ablation): ``log r_i = e_i``, the minibatch-coupled gradient that
+- `BatchRate` (``batch``, the ablation): ``log r_i = e_i``, the minibatch-coupled gradient that
   DeCL is meant to remove.
 
 Only finite estimates (``index``) and finite pairs of embeddings (``queue``) enter the state; the others
@@ -89,7 +89,7 @@ class RateEstimator:
         return ()
 
     def rollback(self) -> None:
-        """Undo the last step's update (see :meth:`~clip_dcl.losses.decl.DeCLLoss.rollback_step`)."""
+        """Undo the last step's update (see `rollback_step`)."""
 
     def adapt_loaded(self, state_dict, prefix: str) -> None:
         """Fit a ``state_dict`` being loaded to this estimator's buffers (in place)."""

@@ -1,7 +1,7 @@
 """DeCL's small named pieces: the schedules of ``lambda_t`` and ``gamma_t``, and the temperature modes.
 
 Each piece is one class in one table, chosen by its flag's value (``--decl-schedule``,
-``--decl-gamma-schedule``, ``--decl-temperature-mode``); :class:`~clip_dcl.losses.decl.DeCLLoss` asks
+``--decl-gamma-schedule``, ``--decl-temperature-mode``); `DeCLLoss` asks
 the piece, never the string. ``t`` counts optimizer steps from 1.
 
 Sources: Chen et al., NeurIPS 2022 (DeCL), Sec. 2.2.3 and Appendix (the ``lambda_t`` schedules);
@@ -21,7 +21,7 @@ RGCLG_ENTROPY = math.log(1023) - 6.5
 
 # -- lambda_t: the weight of the decomposed loss (loss1) against InfoNCE (loss2) ---------------------
 class LambdaSchedule:
-    """``lambda_t`` at step ``t``; :meth:`term` names what the step optimises, for the log line."""
+    """``lambda_t`` at step ``t``; `term` names what the step optimises, for the log line."""
 
     name = ""
     help = ""

@@ -6,7 +6,7 @@ texts, text anchors against images), to two numbers:
 - ``pos_i = l_ii``, the logit of the positive pair, and
 - ``lse_neg_i = logsumexp_{j != i} l_ij``, the log of the negatives' mass ``sum_{j != i} S_ij``.
 
-:func:`anchor_stats` computes both for both directions from one set of gathered features,
+`anchor_stats` computes both for both directions from one set of gathered features,
 the way OpenCLIP's ``ClipLoss`` lays out its logits (``open_clip.loss.gather_features``, with
 ``local_loss`` and ``gather_with_grad`` honoured), and with three numerical choices:
 
@@ -77,7 +77,7 @@ class AnchorStats:
     lse_hard: Optional[torch.Tensor] = None
     lse_weight: Optional[torch.Tensor] = None
     #: the negatives left after the ``k = top_share * N`` highest-scoring ones are set aside (only when
-    #: ``anchor_stats(top_share=...)`` is nonzero; see :func:`_tail_stats`): ``logsumexp`` of their
+    #: ``anchor_stats(top_share=...)`` is nonzero; see `_tail_stats`): ``logsumexp`` of their
     #: logits, and with ``beta`` of ``(1 + beta) l`` and ``beta l``
     lse_tail: Optional[torch.Tensor] = None
     lse_hard_tail: Optional[torch.Tensor] = None
@@ -202,11 +202,11 @@ def anchor_stats(
     ``(n, M)`` when ``M > 1``) and the ``(G - 1) M`` captions of the other images as negatives; a
     caption anchor has its image as positive and the other ``G - 1`` images as negatives. With
     ``beta > 0`` the hard-negative sums ``lse_hard`` and ``lse_weight`` are added (see
-    :class:`AnchorStats`). ``gathered=(all_image_features, all_text_features)`` reuses features
+    `AnchorStats`). ``gathered=(all_image_features, all_text_features)`` reuses features
     gathered earlier in the same step instead of gathering again. With ``top_share`` in (0, 1), each
     anchor's ``k = top_share * N`` highest-scoring negatives are also set aside and the log-masses of
     the rest are added (``lse_tail``, and ``lse_hard_tail`` / ``lse_weight_tail`` with ``beta``; see
-    :func:`_tail_stats`).
+    `_tail_stats`).
     """
     m = captions_per_image(image_features, text_features)
     batch = image_features.shape[0]

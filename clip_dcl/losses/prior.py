@@ -32,7 +32,7 @@ the sampling-bias benchmark ``auto`` trained worse than a fixed prior.
 
 EM is written here (about 20 lines of tensor code) rather than taken from scikit-learn's
 ``GaussianMixture``, which fits on the CPU in NumPy: one host round trip and about 0.3 s per fit on
-a few thousand scores on a 2-core machine, every training step. :func:`fit_two_gaussians` is tested
+a few thousand scores on a 2-core machine, every training step. `fit_two_gaussians` is tested
 equal to ``GaussianMixture`` started from the same parameters.
 """
 from __future__ import annotations

@@ -3,15 +3,15 @@
 **Layout.** A per-sample table of ``num_samples`` columns (DeCL's ``log_rate``, shape
 ``(rows, num_samples)``) is split over ``world_size`` ranks by id modulo the world size: rank ``r``
 owns the ids ``r, r + W, r + 2W, ...`` and keeps id ``i`` at local column ``i // W``. Its shard has
-:func:`shard_size` ``= ceil((num_samples - r) / W)`` columns, so no rank holds more than
+`shard_size` ``= ceil((num_samples - r) / W)`` columns, so no rank holds more than
 ``ceil(num_samples / W)``. Modulo (not ranges) spreads every global batch of shuffled ids evenly
 over the owners, and with ``W = 1`` the shard is the whole table.
 
-**Re-sharding** (:func:`reshard`) builds one rank's shard from the shards of a run on any other
+**Re-sharding** (`reshard`) builds one rank's shard from the shards of a run on any other
 world size, one source shard at a time and a bounded number of columns at a time, so a rank never
 holds more than its own shard plus one source shard (which may be memory-mapped).
 
-**Digest** (:func:`state_digest`). Hashing the whole table needs a full host copy (6.4 GB per rank
+**Digest** (`state_digest`). Hashing the whole table needs a full host copy (6.4 GB per rank
 at LAION-400M). Instead, every entry contributes ``bits(x) * w(p) mod P`` at its *global* position
 ``p`` (two weight sequences, ``P = 2^31 - 1``), summed exactly in int64 on the tensor's own device,
 a column chunk at a time. Integer sums do not depend on the order of addition, so the sum over the

@@ -5,13 +5,13 @@ OpenCLIP's loop trains on whatever the loss returns: once a step's loss is NaN (
 end writes a NaN ``epoch_N.pt`` that ``--resume latest`` would pick. AMP's GradScaler skips a step
 with inf or NaN gradients, so under ``amp`` (fp16) a non-finite loss can be a passing overflow.
 
-:class:`NonFiniteSteps` counts, on the device (no host sync per step), the consecutive optimizer
+`NonFiniteSteps` counts, on the device (no host sync per step), the consecutive optimizer
 steps whose loss (any term of any micro-batch) is NaN or inf, and remembers the step that began
 the run of bad steps. The trainer reads it at the step boundaries where
-:class:`clip_dcl.train.preempt.StepGate` decides (one all-reduce with the other ranks, so that every
+`clip_dcl.train.preempt.StepGate` decides (one all-reduce with the other ranks, so that every
 rank stops at the same step; on CUDA from a copy that has landed, without waiting for the step),
-and at each epoch end, where weights that are not finite (:func:`nonfinite_tensors`) stop the run
-too; a checkpoint of such weights is refused. The run then ends with :class:`Diverged` and writes
+and at each epoch end, where weights that are not finite (`nonfinite_tensors`) stop the run
+too; a checkpoint of such weights is refused. The run then ends with `Diverged` and writes
 nothing, so the last finite checkpoint stays the newest.
 """
 from __future__ import annotations
@@ -66,9 +66,9 @@ def describe_tensors(names: List[str], count: int) -> str:
 class NonFiniteSteps:
     """Consecutive optimizer steps with a non-finite loss, counted on ``device``.
 
-    :meth:`record` is called with every loss output of a step (``accum_freq`` calls), :meth:`end_step`
+    `record` is called with every loss output of a step (``accum_freq`` calls), `end_step`
     when the step is over, with its global step number (``steps_per_epoch * epoch + step``); neither
-    reads the device. :meth:`tripped` says whether ``limit`` bad steps in a row happened.
+    reads the device. `tripped` says whether ``limit`` bad steps in a row happened.
     """
 
     def __init__(self, limit: int, device):

@@ -1,6 +1,6 @@
 """What OpenCLIP's training flags tell about the training data, for the losses that size themselves from it.
 
-:func:`data_facts` reads OpenCLIP's parsed arguments into a :class:`clip_dcl.losses.base.DataFacts`,
+`data_facts` reads OpenCLIP's parsed arguments into a `clip_dcl.losses.base.DataFacts`,
 which a loss's ``resolve_data_params`` reads (the trainer knows no loss by name). The sizes are
 read only when a loss asks for them, and once: the sum of the shards' ``sizes.json``, the CSV's
 rows (OpenCLIP's ``CsvDataset`` size), or ``--train-num-samples`` for OpenCLIP's synthetic data,
@@ -42,7 +42,7 @@ def data_facts(oc_args) -> DataFacts:
 
 
 def _sizes(oc_args, kind) -> Tuple[int, Tuple[int, ...]]:
-    """``(total, per-source sizes)`` of the training data (see :attr:`DataFacts.sizes`)."""
+    """``(total, per-source sizes)`` of the training data (see `DataFacts.sizes`)."""
     if kind == "synthetic":
         if not oc_args.train_num_samples:
             raise DataSizeUnknown("--dataset-type synthetic makes --train-num-samples samples (their indices are "

@@ -1,7 +1,7 @@
 """Per-sample ids in training, for the losses that keep per-sample state (``--loss decl --decl-rate index``).
 
 How one sample's id is made from its shard (the img2dataset key, a numeric ``__key__``, or a hash of
-the shard's file name and key) is the data's business: :mod:`clip_dcl.data.ids`. This module places
+the shard's file name and key) is the data's business: `clip_dcl.data.ids`. This module places
 those ids in the loss's buffer, and gives map-style data sets their indices as ids.
 
 **Several sources.** ``--train-data 'a/{0..9}.tar::b/{0..9}.tar'`` joins sources whose keys

@@ -1,13 +1,13 @@
 """This rank's part of a loss state split over the ranks: written to, and rebuilt from, the shard
-files of :mod:`clip_dcl.train.saving`.
+files of `clip_dcl.train.saving`.
 
-A :class:`~clip_dcl.losses.base.StatefulLoss` buffer declared ``sharded`` (DeCL's
+A `StatefulLoss` buffer declared ``sharded`` (DeCL's
 ``--decl-state sharded`` on more than one rank) goes into one file per rank beside OpenCLIP's
-checkpoint, never into the master's file (:mod:`clip_dcl.train.saving` says why and where).
-:func:`write_shards` and :func:`write_step_shards` write this rank's shard at an epoch's end and at
-a mid-epoch save; on resume :func:`restore_sharded` builds this rank's part, for any world size,
-from the saved shards one at a time (:func:`clip_dcl.losses.state.reshard`), and
-:func:`grown_state` widens a whole per-sample table for ``--decl-grow-state``.
+checkpoint, never into the master's file (`clip_dcl.train.saving` says why and where).
+`write_shards` and `write_step_shards` write this rank's shard at an epoch's end and at
+a mid-epoch save; on resume `restore_sharded` builds this rank's part, for any world size,
+from the saved shards one at a time (`clip_dcl.losses.state.reshard`), and
+`grown_state` widens a whole per-sample table for ``--decl-grow-state``.
 """
 from __future__ import annotations
 
@@ -29,7 +29,7 @@ def write_shards(loss, args, completed_epoch: int, fresh: Optional[Set[Path]] = 
 
     Collective when distributed (a barrier after writing, so that the master's checkpoint is written
     only once every shard is complete). Returns the epoch's folder, or None when nothing is written.
-    ``fresh`` gets the folder when this call made it (see :func:`drop_unsaved`).
+    ``fresh`` gets the folder when this call made it (see `drop_unsaved`).
     """
     if not (saving.is_sharded(loss) and saving.checkpointed(args, completed_epoch)):
         return None
@@ -44,7 +44,7 @@ def write_step_shards(loss, args, epoch: int, step: int, fresh: Optional[Set[Pat
     """Every rank: write this rank's shard for a mid-epoch checkpoint (step ``step`` of ``epoch``).
 
     Written to ``loss_state/epoch_{epoch}_step_{step}`` (whatever OpenCLIP's epoch-end conditions);
-    collective when distributed, as :func:`write_shards`. None when the loss is not sharded.
+    collective when distributed, as `write_shards`. None when the loss is not sharded.
     """
     if not saving.is_sharded(loss):
         return None

@@ -1,7 +1,7 @@
 """What a training command line needs on the machine it runs on, settled before any work.
 
-:func:`settle_machine_flags` takes the words handed to OpenCLIP's ``main`` and returns them, or
-refuses them with a :class:`~clip_dcl.train.flags.FlagError`, for two of OpenCLIP's defaults that go
+`settle_machine_flags` takes the words handed to OpenCLIP's ``main`` and returns them, or
+refuses them with a `FlagError`, for two of OpenCLIP's defaults that go
 wrong quietly or late:
 
 - **The precision on a CPU.** OpenCLIP's ``--precision`` defaults to ``amp``, which on a CPU runs

@@ -1,6 +1,6 @@
 """Refusals of a resume whose saved loss state the configured loss would misread.
 
-:func:`check_objective` refuses a checkpoint of another ``--loss``, :func:`check_state_settings` one
+`check_objective` refuses a checkpoint of another ``--loss``, `check_state_settings` one
 trained with another value of a setting that gives the saved loss state its meaning, or for another
 number of sample ids; each message names the flags that continue the same training, and
 ``--loss-reset`` (or, for a data set that grew, ``--decl-grow-state``) as the way to go on on purpose.
@@ -44,7 +44,7 @@ def check_state_settings(cfg: TrainConfig, ckpt: dict, path) -> Optional[int]:
     """Refuse to resume loss state that this run's settings would read as another quantity.
 
     Each loss class declares the keyword arguments that give its saved state its meaning
-    (``state_settings``, :meth:`clip_dcl.losses.base.ContrastiveLoss.state_meaning`); a value that
+    (``state_settings``, `clip_dcl.losses.base.ContrastiveLoss.state_meaning`); a value that
     differs from the checkpoint's is refused with the flag to add, as another ``--loss`` is. A
     per-sample buffer for another number of ids (the data set grew) is refused with the ways on,
     unless ``--decl-grow-state`` asks to keep the rates of the ids seen: then the number of ids the

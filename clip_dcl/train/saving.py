@@ -2,26 +2,26 @@
 save and load through, and the one that defines the files' format.
 
 **The checkpoint**: OpenCLIP's ``{"epoch", "name", "state_dict", "optimizer"[, "scaler"]}`` plus
-:data:`LOSS_STATE_KEY` (the loss's ``state_dict()``, less a sharded buffer) and :data:`CKPT_KEY`
-(:func:`checkpoint_entry`: what a loader needs without the training flags; for a sharded loss
-state its :data:`SHARD_INDEX_KEY`; for a mid-epoch checkpoint its ``"resume"`` position,
-:func:`resume_entry`). :func:`training_checkpoint` builds it from OpenCLIP's dict, for the
-checkpoints OpenCLIP's ``main`` writes (:func:`save_checkpoint`) and the mid-epoch ones the run
-writes on a stop signal or a timer (:func:`save_step_checkpoint`). Every file is written under a
-temporary name and renamed (:func:`save_atomically`), so that a killed save never leaves a torn
-``*.pt``; a full disk is one :class:`CheckpointDiskFull` naming the file and the intact previous
-checkpoint. Files are read weights-only (:func:`read_checkpoint`); on resume, :func:`load_resumable`
+`LOSS_STATE_KEY` (the loss's ``state_dict()``, less a sharded buffer) and `CKPT_KEY`
+(`checkpoint_entry`: what a loader needs without the training flags; for a sharded loss
+state its `SHARD_INDEX_KEY`; for a mid-epoch checkpoint its ``"resume"`` position,
+`resume_entry`). `training_checkpoint` builds it from OpenCLIP's dict, for the
+checkpoints OpenCLIP's ``main`` writes (`save_checkpoint`) and the mid-epoch ones the run
+writes on a stop signal or a timer (`save_step_checkpoint`). Every file is written under a
+temporary name and renamed (`save_atomically`), so that a killed save never leaves a torn
+``*.pt``; a full disk is one `CheckpointDiskFull` naming the file and the intact previous
+checkpoint. Files are read weights-only (`read_checkpoint`); on resume, `load_resumable`
 passes over a torn file on ``--resume latest``. The user-facing loader,
-:func:`clip_dcl.checkpoint.load_checkpoint`, reads through this module.
+`clip_dcl.checkpoint.load_checkpoint`, reads through this module.
 
 **Sharded loss state**: one file per rank beside OpenCLIP's checkpoint.
 
 OpenCLIP's ``main`` saves ``epoch_N.pt`` / ``epoch_latest.pt`` on the master rank only, so a
-buffer that is split over the ranks (a :class:`~clip_dcl.losses.base.StatefulLoss` buffer declared
+buffer that is split over the ranks (a `StatefulLoss` buffer declared
 ``sharded``, such as DeCL's ``--decl-state sharded`` on more than one rank) cannot go into that file
 without gathering it onto one host. Instead, at the end of every epoch that OpenCLIP will
-checkpoint, every rank writes its own shard (:mod:`clip_dcl.train.loss_state`, through
-:func:`save_loss_shard`)::
+checkpoint, every rank writes its own shard (`clip_dcl.train.loss_state`, through
+`save_loss_shard`)::
 
     CHECKPOINTS/loss_state/epoch_N/<buffer>.rank00001-of-00008.state
 
@@ -29,12 +29,12 @@ checkpoint, every rank writes its own shard (:mod:`clip_dcl.train.loss_state`, t
 under the folder, never picks one). The master's checkpoint keeps the loss's small buffers with its
 loss state and, in its shard index, where the shards are (relative to the checkpoint's folder),
 their world size and ``num_samples``. On resume each rank builds its own shard from the saved ones,
-for any new world size, one saved shard at a time (:func:`shard_sources`), so no rank ever holds the
+for any new world size, one saved shard at a time (`shard_sources`), so no rank ever holds the
 whole buffer; the folder must be visible to every rank, as OpenCLIP's resume already requires of
 the checkpoint itself. Shards of epochs whose checkpoint OpenCLIP does not keep are deleted one
 epoch later. Which epochs OpenCLIP checkpoints and keeps is its own rule (``--save-frequency``,
-``--delete-previous-checkpoint``, ``--save-most-recent``), restated in :func:`checkpointed` and
-:func:`_kept`; :mod:`clip_dcl.train.upstream` checks that OpenCLIP's ``main`` still has it.
+``--delete-previous-checkpoint``, ``--save-most-recent``), restated in `checkpointed` and
+`_kept`; `clip_dcl.train.upstream` checks that OpenCLIP's ``main`` still has it.
 """
 from __future__ import annotations
 
@@ -62,7 +62,7 @@ LOSS_STATE_KEY = "loss_state"
 #: Key of ``ckpt[CKPT_KEY]`` that says where a sharded loss state's files are: their folder, world
 #: size, ``num_samples`` and buffers.
 SHARD_INDEX_KEY = "loss_state_shards"
-#: Key of ``ckpt[CKPT_KEY]`` that holds a mid-epoch checkpoint's position (:func:`resume_entry`).
+#: Key of ``ckpt[CKPT_KEY]`` that holds a mid-epoch checkpoint's position (`resume_entry`).
 RESUME_KEY = "resume"
 #: Sub-folder of the checkpoint folder that holds the shard files of a sharded loss state.
 SHARD_FOLDER = "loss_state"
@@ -101,7 +101,7 @@ class LossStateFilesError(RuntimeError):
 # -- what a training checkpoint holds ---------------------------------------------------------------
 def checkpoint_entry(model: str, model_config: Optional[dict], preprocess_cfg: Optional[dict], loss: str,
                      loss_args: dict) -> dict:
-    """The :data:`CKPT_KEY` entry of a training checkpoint: what a loader needs without the flags."""
+    """The `CKPT_KEY` entry of a training checkpoint: what a loader needs without the flags."""
     return {"model": model, "model_config": model_config, "preprocess_cfg": preprocess_cfg, "loss": loss,
             "loss_args": dict(loss_args), "version": __version__}
 
@@ -134,11 +134,11 @@ def training_checkpoint(obj: dict, loss, entry: dict, shards: Optional[Path], ch
 
     A sharded loss state keeps only its small buffers in the file, and in the entry the index of its
     shards, written by every rank into ``shards`` (a folder under ``checkpoint_path``); ``resume`` is
-    a mid-epoch checkpoint's position (:func:`resume_entry`).
+    a mid-epoch checkpoint's position (`resume_entry`).
 
     Raises:
         RuntimeError: the loss is sharded and ``shards`` is None (OpenCLIP saves a checkpoint for an
-            epoch :func:`checkpointed` says it does not).
+            epoch `checkpointed` says it does not).
     """
     entry = dict(entry)
     if is_sharded(loss):  # the shards are in files beside (written by every rank)
@@ -159,13 +159,13 @@ def training_checkpoint(obj: dict, loss, entry: dict, shards: Optional[Path], ch
 
 
 def resume_settings(args, num_batches: Optional[int]) -> dict:
-    """The settings a mid-epoch position depends on (:data:`RESUME_SETTINGS` and the epoch's batches)."""
+    """The settings a mid-epoch position depends on (`RESUME_SETTINGS` and the epoch's batches)."""
     return {**{k: getattr(args, k) for k in RESUME_SETTINGS}, "num_batches": num_batches}
 
 
 def resume_entry(epoch: int, step: int, args, num_batches: Optional[int], rng: list, signame: Optional[str]) -> dict:
     """A mid-epoch checkpoint's position: ``step`` optimizer steps of ``epoch``, the settings they were
-    taken with (:func:`resume_settings`), every rank's random state ``rng`` and the stop signal."""
+    taken with (`resume_settings`), every rank's random state ``rng`` and the stop signal."""
     return {"epoch": epoch, "step": step, **resume_settings(args, num_batches), "rng": rng, "signal": signame}
 
 
@@ -176,7 +176,7 @@ def entries_of(ckpt: dict) -> dict:
 
 
 def resume_position(ckpt: dict) -> Optional[dict]:
-    """A mid-epoch checkpoint's position (:func:`resume_entry`), or None."""
+    """A mid-epoch checkpoint's position (`resume_entry`), or None."""
     entry = ckpt.get(CKPT_KEY)
     return entry.get(RESUME_KEY) if isinstance(entry, dict) else None
 
@@ -201,8 +201,8 @@ def model_keys_for(state_dict: dict, wrapped: bool) -> dict:
 def save_checkpoint(obj, f, checkpoint_path: Optional[str], save: Callable, training: bool, rerun: str = RERUN) -> None:
     """Write a checkpoint OpenCLIP's ``main`` saves (``obj``, to ``f``) with ``save(obj, file)``.
 
-    A path is written atomically (:func:`save_atomically`, ``rerun`` as there); an open file as it is. After a training
-    checkpoint (an epoch's, built by :func:`training_checkpoint`) the mid-epoch checkpoints of earlier
+    A path is written atomically (`save_atomically`, ``rerun`` as there); an open file as it is. After a training
+    checkpoint (an epoch's, built by `training_checkpoint`) the mid-epoch checkpoints of earlier
     epochs, and their shard folders, are removed from ``checkpoint_path``.
     """
     if not isinstance(f, (str, os.PathLike)):
@@ -244,7 +244,7 @@ def save_atomically(obj, path, save=None, rerun: str = RERUN) -> None:
     """``torch.save(obj, path)`` through ``path + PARTIAL_SUFFIX``, flushed to disk, then renamed.
 
     A kill during the save leaves at most the ``.partial`` file, never a truncated ``path``. ``rerun``
-    (:data:`RERUN`) words the command a full disk's message tells to run.
+    (`RERUN`) words the command a full disk's message tells to run.
 
     Raises:
         CheckpointDiskFull: the disk is full (``ENOSPC``/``EDQUOT``, however deep in torch's error it
@@ -274,12 +274,12 @@ def save_atomically(obj, path, save=None, rerun: str = RERUN) -> None:
 
 
 def remove_stale_partials(folder) -> list:
-    """Remove the ``*`` + :data:`PARTIAL_SUFFIX` files under ``folder`` (recursively) and return their paths.
+    """Remove the ``*`` + `PARTIAL_SUFFIX` files under ``folder`` (recursively) and return their paths.
 
-    :func:`save_atomically` removes its partial file on any error, but a process killed during a
+    `save_atomically` removes its partial file on any error, but a process killed during a
     save (SIGKILL, a node lost) leaves it behind, as large as a checkpoint. Call it only where no
     save can be running (before a run's first save). Only regular files go: a link of that name is
-    none of :func:`save_atomically`'s making (it writes a fresh file), so it is left as it is.
+    none of `save_atomically`'s making (it writes a fresh file), so it is left as it is.
     """
     removed = []
     for path in sorted(glob.glob(os.path.join(os.fspath(folder), "**", "*" + PARTIAL_SUFFIX), recursive=True)):
@@ -374,7 +374,7 @@ def _first_line(err: BaseException) -> str:
 
 
 def read_checkpoint(path, allow_unsafe_pickle: bool = False, mmap: bool = False):
-    """The object in a checkpoint file, loaded weights-only on the CPU (see :func:`_torch_load`); with ``mmap``,
+    """The object in a checkpoint file, loaded weights-only on the CPU (see `_torch_load`); with ``mmap``,
     its tensors memory-mapped (only what is read is paged in: cheap for a look at its entries).
 
     Raises:
@@ -458,7 +458,7 @@ def load_resumable(path, map_location, resume_latest: bool, checkpoint_path: Opt
 
 # -- the sharded loss state's files ------------------------------------------------------------------
 def is_sharded(loss) -> bool:
-    """Whether ``loss`` keeps a buffer split over the ranks (its :class:`~clip_dcl.losses.base.StatefulLoss`
+    """Whether ``loss`` keeps a buffer split over the ranks (its `StatefulLoss`
     layout says so)."""
     owner = stateful(loss)
     return owner is not None and bool(owner.sharded_buffers())
@@ -472,7 +472,7 @@ def small_state(loss) -> Dict[str, torch.Tensor]:
 
 
 def shard_index(loss, folder: Path, checkpoint_path: str) -> Dict[str, object]:
-    """The shard index (:data:`SHARD_INDEX_KEY` of the checkpoint's entry) for shards in ``folder``."""
+    """The shard index (`SHARD_INDEX_KEY` of the checkpoint's entry) for shards in ``folder``."""
     owner = stateful(loss)
     sharded = owner.sharded_buffers()
     return {"folder": os.path.relpath(folder, Path(checkpoint_path)), "world_size": owner.world_size,
@@ -495,13 +495,13 @@ def step_folder(checkpoint_path: str, epoch: int, step: int) -> Path:
 
 def save_loss_shard(path, name: str, tensor, rank: int, world_size: int, num_samples: int) -> None:
     """Write one rank's shard ``tensor`` of the loss buffer ``name`` to ``path``, atomically
-    (:func:`save_atomically`), with the rank, world size and ``num_samples`` it belongs to."""
+    (`save_atomically`), with the rank, world size and ``num_samples`` it belongs to."""
     save_atomically({name: tensor.detach().cpu(), "rank": rank, "world_size": world_size,
                      "num_samples": num_samples}, path)
 
 
 def load_loss_shard(path, name: str):
-    """The buffer ``name`` of a shard file written by :func:`save_loss_shard`, memory-mapped (only the
+    """The buffer ``name`` of a shard file written by `save_loss_shard`, memory-mapped (only the
     columns read are paged in)."""
     return torch.load(path, map_location="cpu", mmap=True, weights_only=True)[name]
 
@@ -547,7 +547,7 @@ def prune_step_folders(checkpoint_path: str, keep: Optional[str] = None, before_
 
 def shard_sources(index: Dict[str, object], ckpt_path: str, name: str) -> List[tuple]:
     """``(rank, world_size, load)`` of every saved shard of buffer ``name`` (the sources of
-    :func:`clip_dcl.losses.state.reshard`); ``load()`` memory-maps the file.
+    `clip_dcl.losses.state.reshard`); ``load()`` memory-maps the file.
 
     Raises:
         LossStateFilesError: a shard file is missing (naming it and how many are).
@@ -587,7 +587,7 @@ def read_loss_state(ckpt_path) -> Dict[str, torch.Tensor]:
 def loss_state_digest(loss) -> str:
     """Digest of a live loss's whole state (collective for a sharded buffer), or of a ``state_dict``.
 
-    The same value for the same state however it is held: see :mod:`clip_dcl.losses.state`.
+    The same value for the same state however it is held: see `clip_dcl.losses.state`.
     """
     if isinstance(loss, dict):
         return digest_of_state_dict(loss)

@@ -19,12 +19,12 @@ name in the message rather than an hour into an embedding loop:
 
 One module a reason to change, every public name importable from here:
 
-* :mod:`.retrieval`: retrieval pairs (CSV/TSV, shard folders and patterns);
-* :mod:`.benchmark`: CLIP_benchmark's webdataset layout (retrieval, classification, multi-label);
-* :mod:`.folders`: ImageFolder trees and ImageNet's synset folders;
-* :mod:`.fewshot`: few-shot data sets (ELEVATER's download, iris and COCO indices, ImageFolder pairs);
-* shared by them: :mod:`.files` (text files, images in files or zips), :mod:`.samples` (webdataset
-  samples, shards read to their end) and :mod:`.skips` (what is left out, why, how many).
+* `.retrieval`: retrieval pairs (CSV/TSV, shard folders and patterns);
+* `.benchmark`: CLIP_benchmark's webdataset layout (retrieval, classification, multi-label);
+* `.folders`: ImageFolder trees and ImageNet's synset folders;
+* `.fewshot`: few-shot data sets (ELEVATER's download, iris and COCO indices, ImageFolder pairs);
+* shared by them: `.files` (text files, images in files or zips), `.samples` (webdataset
+  samples, shards read to their end) and `.skips` (what is left out, why, how many).
 
 open_clip (ImageNet names), torchvision (folder scanning) and webdataset are imported where used.
 """

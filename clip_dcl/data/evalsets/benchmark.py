@@ -50,7 +50,7 @@ def benchmark_layout_root(path: str | os.PathLike, split: str = "test") -> tuple
 
 
 def read_benchmark_shards(path: str | os.PathLike, split: str = "test") -> BenchmarkShards:
-    """Read the metadata of a CLIP_benchmark webdataset data set (see :class:`BenchmarkShards`).
+    """Read the metadata of a CLIP_benchmark webdataset data set (see `BenchmarkShards`).
 
     ``path`` is the data set root or its split folder. Every shard ``0..n-1`` must exist;
     ``ValueError`` names what is missing or malformed.
@@ -111,7 +111,7 @@ def classification_wds(shards: Sequence[str], transform: Callable, multilabel: b
     ``int`` from ``.cls``, or with ``multilabel`` a float multi-hot vector from ``.npy``
     (CLIP_benchmark's classification and multilabel shards). A sample without an image or a label,
     or whose image or label does not decode, and the rest of a shard that ends early, is a
-    :class:`Skip` (see :class:`ShardSamples` for ``markers`` and ``strict``)."""
+    `Skip` (see `ShardSamples` for ``markers`` and ``strict``)."""
     import functools
 
     return ShardSamples(shards, functools.partial(_classification_item, transform, multilabel), markers, strict)

@@ -153,7 +153,7 @@ def find_toolkit_folder(root: str | os.PathLike, root_folder: str) -> Path | Non
 
 
 def list_fewshot_datasets(root: str | os.PathLike, toolkit: dict[str, dict] | None = None) -> list[str]:
-    """Names of the data sets under ``root`` in either layout (:data:`FEWSHOT_LAYOUTS`), sorted:
+    """Names of the data sets under ``root`` in either layout (`FEWSHOT_LAYOUTS`), sorted:
     sub-folders holding a set, and the sets of ``toolkit`` (name -> catalogue entry with
     ``root_folder``) whose download folder exists."""
     root = Path(root)
@@ -196,7 +196,7 @@ def _read_labels(folder: Path, labelmap: str | None, names_given: Sequence[str] 
 
 def read_fewshot_dataset(root: str | os.PathLike, name: str, check_files: bool = True,
                          toolkit: dict | None = None, classnames: Sequence[str] | None = None) -> FewShotData:
-    """Read the data set ``name`` under ``root`` in either layout (:data:`FEWSHOT_LAYOUTS`); every
+    """Read the data set ``name`` under ``root`` in either layout (`FEWSHOT_LAYOUTS`); every
     image reference is checked before returning.
 
     ``toolkit``: the set's catalogue entry (``root_folder``, ``train``, ``test``, ``labelmap``,

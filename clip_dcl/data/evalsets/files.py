@@ -1,6 +1,6 @@
 """How the evaluation readers open what they read: plain text files (class names, templates,
 label lists), images as paths or as members of uncompressed zips read in place, and folder
-listings for error messages. Shared by every layout of :mod:`clip_dcl.data.evalsets`."""
+listings for error messages. Shared by every layout of `clip_dcl.data.evalsets`."""
 from __future__ import annotations
 
 import io
@@ -67,7 +67,7 @@ def read_templates(path: str | os.PathLike) -> list[str] | dict[str, list[str]]:
     * ``.json``: a list of such templates, or a CuPL-style object ``{"class name": [prompts]}``.
 
     Text templates come back with ``{}`` as the placeholder; a template without one, or with
-    another placeholder or an unmatched brace (:func:`template_problem`), raises ``ValueError``
+    another placeholder or an unmatched brace (`template_problem`), raises ``ValueError``
     naming the file and line.
     """
     path = Path(path)

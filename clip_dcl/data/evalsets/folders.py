@@ -17,7 +17,7 @@ def scan_image_folder(root: str | os.PathLike, class_to_idx: dict[str, int] | No
                       allow_empty: bool = False) -> tuple[list[str], list[tuple[str, int]]]:
     """(sorted class folders, [(absolute image path, label)]) of ``root/<class>/<image>``.
 
-    Image files are those with an extension in :data:`IMAGE_EXTENSIONS`; a class folder without
+    Image files are those with an extension in `IMAGE_EXTENSIONS`; a class folder without
     any raises ``ValueError`` unless ``allow_empty``.
 
     With ``class_to_idx`` given (a test split scanned with the train split's classes), folders
@@ -119,7 +119,7 @@ def _mapping_example(folders: Sequence[str]) -> str:
 
 def checked_name_list(names: Sequence[str], folders: Sequence[str], source: str, root: str | os.PathLike) -> list[str]:
     """``names`` (line i = label i = the i-th folder in sorted order) once each line names its folder
-    (:func:`names_folder`); ``ValueError`` otherwise, naming the first line that does not, since a
+    (`names_folder`); ``ValueError`` otherwise, naming the first line that does not, since a
     list in any other order would score every image against another class's name without a word.
 
     OpenCLIP's ImageNet names for the 1000 synset folders pass too (their order is the standard one).
@@ -169,10 +169,10 @@ def folder_classnames(root: str | os.PathLike, folders: Sequence[str],
     """(class names in label order, where they came from) for the sorted class ``folders`` of ``root``.
 
     In order: ``classnames`` (a ``{folder: name}`` dict, a list, or a file of either, see
-    :func:`load_classnames`), else ``root/classnames.json`` (a mapping), else ``root/classnames.txt``
+    `load_classnames`), else ``root/classnames.json`` (a mapping), else ``root/classnames.txt``
     (one name a line), else OpenCLIP's ImageNet names for the 1000 synset folders, else the folder
     names themselves. A mapping must name every folder and no other; a list must name its folder on
-    each line (:func:`checked_name_list`). ``ValueError`` naming the file, line and folder otherwise.
+    each line (`checked_name_list`). ``ValueError`` naming the file, line and folder otherwise.
     """
     if classnames is None:
         found = next((Path(root) / n for n in CLASSNAME_FILES if (Path(root) / n).is_file()), None)

@@ -129,7 +129,7 @@ def retrieval_wds(shards: Sequence[str], transform: Callable, markers: bool = Fa
 
     A sample without a caption or an image, with an empty caption, a caption that is not UTF-8 (or
     json that does not parse), or an image that does not decode, and the rest of a shard that ends
-    early, is a :class:`Skip` (see :class:`ShardSamples` for ``markers`` and ``strict``). Every
+    early, is a `Skip` (see `ShardSamples` for ``markers`` and ``strict``). Every
     sample carries its own captions, so the interleaving of workers does not matter.
     """
     import functools

@@ -26,7 +26,7 @@ def split_captions(txt: str) -> list[str]:
 
 def shard_samples(urls: Sequence[str]):
     """The samples of ``urls`` in order, as webdataset groups them (``{"__key__", "__url__", ext: bytes}``),
-    and a :class:`Skip` ("shard ended early") for a shard that cannot be read to its end: a read error,
+    and a `Skip` ("shard ended early") for a shard that cannot be read to its end: a read error,
     bytes that are not a tar, or no end-of-archive marker (a tar cut at a member boundary). The
     samples before the break are yielded; one cut by it is dropped (named in the skip's detail)."""
     import webdataset as wds
@@ -72,7 +72,7 @@ def shard_samples(urls: Sequence[str]):
 
 
 def sample_image(sample: dict, keys: Sequence[str] = WDS_IMAGE_KEYS):
-    """The sample's image as an RGB ``PIL.Image``, or a :class:`Skip` (no image, undecodable image)."""
+    """The sample's image as an RGB ``PIL.Image``, or a `Skip` (no image, undecodable image)."""
     from PIL import Image
 
     url, key = sample.get("__url__"), sample.get("__key__")
@@ -89,7 +89,7 @@ def sample_image(sample: dict, keys: Sequence[str] = WDS_IMAGE_KEYS):
 
 def sample_captions(sample: dict):
     """A webdataset sample's captions (the json ``captions`` list when present and not empty, else
-    the ``.txt``, one caption a line), or a :class:`Skip`: no caption, an empty one, or one that is
+    the ``.txt``, one caption a line), or a `Skip`: no caption, an empty one, or one that is
     not UTF-8 / not valid JSON."""
     url, key = sample.get("__url__"), sample.get("__key__")
     meta = sample.get("json")
@@ -118,8 +118,8 @@ class ShardSamples(IterableDataset):
     """An ``IterableDataset`` of ``to_item(sample)`` over webdataset shards, shards in order; each
     DataLoader worker reads whole shards (every ``num_workers``-th, as webdataset's ``split_by_worker``).
 
-    ``to_item`` returns the item or a :class:`Skip`. With ``markers`` the skips are yielded too, for
-    the caller to count in its own process (:class:`SkipCounter`, also across workers); without, they
+    ``to_item`` returns the item or a `Skip`. With ``markers`` the skips are yielded too, for
+    the caller to count in its own process (`SkipCounter`, also across workers); without, they
     are logged and left out here (``strict``: raised).
     """
 

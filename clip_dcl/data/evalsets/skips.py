@@ -28,7 +28,7 @@ class SampleSkipped(ValueError):
 
 class SkipCounter:
     """Counts skips by cause, logging each one with its shard, key and cause; with ``strict``, the
-    first one raises :class:`SampleSkipped` instead."""
+    first one raises `SampleSkipped` instead."""
 
     def __init__(self, strict: bool = False):
         import collections

@@ -1,4 +1,4 @@
-"""Writing a data set in CLIP_benchmark's webdataset layout (:class:`~.benchmark.BenchmarkShards`):
+"""Writing a data set in CLIP_benchmark's webdataset layout (`BenchmarkShards`):
 image-caption shards as a retrieval set, an ImageFolder tree as a classification set
 (``clip-dcl data benchmark``)."""
 from __future__ import annotations
@@ -14,7 +14,7 @@ from .skips import Skip
 def write_benchmark_shards(source: str | os.PathLike, out_dir: str | os.PathLike, kind: str = "auto",
                            split: str = "test", shard_size: int = 1000, classnames: str | os.PathLike | None = None,
                            templates: str | os.PathLike | None = None) -> BenchmarkShards:
-    """Write ``source`` in CLIP_benchmark's webdataset layout (:class:`BenchmarkShards`) under ``out_dir``.
+    """Write ``source`` in CLIP_benchmark's webdataset layout (`BenchmarkShards`) under ``out_dir``.
 
     ``source`` is either image-caption shards (a folder of ``.tar`` in img2dataset's layout, a
     brace pattern or one shard; each image with its captions: the json ``captions`` list, else
@@ -22,7 +22,7 @@ def write_benchmark_shards(source: str | os.PathLike, out_dir: str | os.PathLike
     per line), or an ImageFolder tree ``ROOT/<class>/<image>``, written as a classification set
     (``.cls`` labels in sorted-folder order; ``classnames.txt`` from ``classnames``, else
     ``ROOT/classnames.json`` or ``ROOT/classnames.txt``, else ImageNet's names for synset folders,
-    else the folder names, each name tied to its folder by :func:`~.folders.folder_classnames`;
+    else the folder names, each name tied to its folder by `folder_classnames`;
     ``zeroshot_classification_templates.txt`` from ``templates``, else ``ROOT/templates.txt``
     when present). ``kind``: ``auto`` (a folder holding ``.tar`` files, or a shard pattern, is
     retrieval), ``retrieval`` or ``classification``. Image bytes are copied unchanged, so an

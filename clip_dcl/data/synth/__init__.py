@@ -18,7 +18,7 @@ background     grey, white, black                                         nuisan
 
 **Latent classes.** ``num_classes = C`` picks the first ``n_shapes`` shapes and the first
 ``n_colours`` colours above; class ``k`` is the pair ``(shape k // n_colours, colour k %
-n_colours)`` (:func:`class_grid`). When ``C`` factors as ``n_shapes * n_colours`` with
+n_colours)`` (`class_grid`). When ``C`` factors as ``n_shapes * n_colours`` with
 ``n_shapes <= 6``, ``n_colours <= 8``, the most even factorisation is used (ties: more colours,
 since colour is the quicker attribute to learn); otherwise the smallest most even grid with more
 than ``C`` cells is filled row by row and its last cells stay unused. Size, count, position and
@@ -28,7 +28,7 @@ Zipf-like, ``p_c ∝ (c + 1)^-class_imbalance``, rounded to counts by largest re
 **Share of same-class negatives.** For two samples drawn independently from the training split,
 ``P(same class) = tau_plus = sum_c p_c^2`` with ``p_c = n_c / N`` the empirical class shares
 (``1 / C`` when balanced); this is DCL's class prior ``tau_plus``. It is computed from the labels
-written (:func:`tau_plus_from_labels`), printed, and stored in ``summary.json``, together with the
+written (`tau_plus_from_labels`), printed, and stored in ``summary.json``, together with the
 rate over pairs of *distinct* samples, ``sum_c n_c (n_c - 1) / (N (N - 1))``, which is what a
 batch without repeats sees.
 
@@ -55,13 +55,13 @@ Layout written under ``OUT_DIR`` (defaults in brackets)::
 
 Drawing, captions and the few-shot index files are written in this package by hand: no library
 draws captioned shapes; the shard tars come from ``webdataset.TarWriter``
-(:mod:`clip_dcl.data.shards`), the digits from ``sklearn.datasets.load_digits`` and their split
+(`clip_dcl.data.shards`), the digits from ``sklearn.datasets.load_digits`` and their split
 from ``sklearn.model_selection``.
 
-One module a reason to change, every public name importable from here: :mod:`.attributes` (the
-latent attributes, the class grid and its frequencies), :mod:`.render` (the image and its JPEG
-bytes), :mod:`.captions` (the words), :mod:`.layout` (the configuration, the files written and
-:func:`generate`).
+One module a reason to change, every public name importable from here: `.attributes` (the
+latent attributes, the class grid and its frequencies), `.render` (the image and its JPEG
+bytes), `.captions` (the words), `.layout` (the configuration, the files written and
+`generate`).
 """
 from __future__ import annotations
 

@@ -1,8 +1,8 @@
 """The latent attributes of a synthetic sample and the classes made of them: the vocabularies, the
 class grid over (shape, colour), class frequencies and their share of same-class pairs
 (``tau_plus``), and the draw of a sample's nuisance attributes. What the data means, apart from
-how it looks (:mod:`.render`), how it is worded (:mod:`.captions`) and how it is written
-(:mod:`.layout`)."""
+how it looks (`.render`), how it is worded (`.captions`) and how it is written
+(`.layout`)."""
 from __future__ import annotations
 
 import numpy as np
@@ -30,7 +30,7 @@ _QUADRANTS = POSITIONS[:4]
 # ------------------------------------------------------------------------------------------
 def grid_shape(num_classes: int) -> tuple[int, int]:
     """``(n_shapes, n_colours)`` of the class grid for ``num_classes`` classes (see
-    :mod:`clip_dcl.data.synth`, latent classes)."""
+    `clip_dcl.data.synth`, latent classes)."""
     if not 1 <= num_classes <= MAX_CLASSES:
         raise ValueError(f"num_classes={num_classes} must be within [1, {MAX_CLASSES}]")
     grids = [(s, c) for s in range(1, len(SHAPES) + 1) for c in range(1, len(COLOURS) + 1)

@@ -1,5 +1,5 @@
 """How a synthetic sample is worded: the caption vocabulary (synonyms per attribute value), the
-sentence patterns of :func:`make_caption`, and the zero-shot prompts in the captions' own words."""
+sentence patterns of `make_caption`, and the zero-shot prompts in the captions' own words."""
 from __future__ import annotations
 
 import numpy as np

@@ -1,7 +1,7 @@
 """The synthetic data set on disk: its configuration, the seed streams every sample draws from, the
 writers of each part of the layout (train/val shards, the zero-shot tree, the few-shot suite) and
-:func:`generate`, which writes them all (``clip-dcl data synth``). Layout and determinism: see
-:mod:`clip_dcl.data.synth`."""
+`generate`, which writes them all (``clip-dcl data synth``). Layout and determinism: see
+`clip_dcl.data.synth`."""
 from __future__ import annotations
 
 import dataclasses
@@ -38,7 +38,7 @@ _TEST_OFFSET = 1 << 30
 # ------------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class SynthConfig:
-    """Sizes and knobs of a synthetic data set; see :mod:`clip_dcl.data.synth` for their meaning."""
+    """Sizes and knobs of a synthetic data set; see `clip_dcl.data.synth` for their meaning."""
 
     seed: int = 0
     image_size: int = 64
@@ -332,7 +332,7 @@ def generate(out_dir, config: SynthConfig | None = None, *, quick: bool = False,
 
     Args:
         out_dir: output folder (created).
-        config: a :class:`SynthConfig`; default ``SynthConfig()`` (``SynthConfig.quick()`` with
+        config: a `SynthConfig`; default ``SynthConfig()`` (``SynthConfig.quick()`` with
             ``quick=True``). ``overrides`` replace single fields, e.g. ``num_classes=5``.
         overwrite: remove earlier outputs (only the names this function writes) first.
         reuse: when ``out_dir/summary.json`` exists with the same config, return it untouched.

@@ -1,13 +1,13 @@
 """A word-level vocabulary for the synthetic captions, in the format of OpenCLIP's own tokenizer.
 
-OpenCLIP's :class:`open_clip.tokenizer.SimpleTokenizer` reads its byte-pair merges from a gzipped
+OpenCLIP's `open_clip.tokenizer.SimpleTokenizer` reads its byte-pair merges from a gzipped
 text file (``bpe_path``): a header line, then one merge ``"left right"`` a line, in rank order. Its
 vocabulary is the 256 byte symbols, the same with ``</w>`` (end of word), one symbol a merge, and
 ``<start_of_text>``, ``<end_of_text>`` last (so the end-of-text id is the largest, which the text
 tower's ``argmax`` pooling relies on).
 
 OpenCLIP's own merges (49,408 tokens) make the testbed model's token table 3.2M of its 3.4M
-parameters, while the synthetic captions use fewer than a hundred words. :func:`learn_merges`
+parameters, while the synthetic captions use fewer than a hundred words. `learn_merges`
 learns merges from the captions' words until every word is one token (byte-pair encoding's greedy
 rule: merge the most frequent adjacent pair, ties by order), so that the same ``SimpleTokenizer``
 (cleaning, pre-tokenising regex, context length, special tokens) reads the captions word by word
@@ -51,7 +51,7 @@ def _strings(obj) -> Iterable[str]:
 
 def caption_words() -> List[str]:
     """Every word the synthetic data writes: captions (every synonym, and the sentence patterns' words,
-    collected from :data:`_DRAWS` captions of a fixed seed), class names, zero-shot prompts and the few-shot
+    collected from `_DRAWS` captions of a fixed seed), class names, zero-shot prompts and the few-shot
     tasks' class names; lower case, sorted."""
     from .attributes import BACKGROUNDS, POSITIONS, SIZES
     from .layout import DIGIT_NAMES

@@ -1,6 +1,6 @@
 """A study's plan: one TOML file that declares, before anything runs, what is compared and how it is judged.
 
-The plan (every key is checked; an unknown key or a bad value is one :class:`PlanError` line naming it)::
+The plan (every key is checked; an unknown key or a bad value is one `PlanError` line naming it)::
 
     recipe = "micro-bpe"          # optional: a name recorded with every run (default "custom")
     seeds = [0, 1, 2, 3, 4]       # training seeds, one run per arm and seed
@@ -39,7 +39,7 @@ The plan (every key is checked; an unknown key or a bad value is one :class:`Pla
     margin = 0.02                 # reaches / matches: stated in the plan (or margin_gain, below)
     expected = 0.0                # optional: the true difference assumed by the seed count
 
-A ``recipe`` registered in :data:`clip_dcl.experiment.recipes.RECIPES` (``micro-bpe``, ``micro-words``) brings
+A ``recipe`` registered in `clip_dcl.experiment.recipes.RECIPES` (``micro-bpe``, ``micro-words``) brings
 its data command and its training flags: such a plan may leave [data] out, and its [train] (and an arm) may
 set only ``epochs``, ``batch_size``, ``device`` and ``flags``.
 
@@ -47,8 +47,8 @@ set only ``epochs``, ``batch_size``, ``device`` and ``flags``.
 mean paired gain ``to - from`` over the comparison's seeds, on the split being judged (the testbed's
 "half of `clip`'s gain from B to 2B").
 
-:func:`load_plan` parses and checks a file; :meth:`Plan.runs` enumerates its runs (seed after seed, so
-that the looks of a sequential design complete in order); :func:`plan_changes` names what differs between
+`load_plan` parses and checks a file; `Plan.runs` enumerates its runs (seed after seed, so
+that the looks of a sequential design complete in order); `plan_changes` names what differs between
 two plans (how a sealed study refuses an edited plan).
 """
 from __future__ import annotations
@@ -71,8 +71,8 @@ RULES = ("beats", "reaches", "matches")
 #: the scores `clip-dcl study score` writes (retrieval always; zero-shot where the data have a zero-shot set)
 METRICS = tuple([f"retrieval/{d}_R@{k}" for d in ("image_to_text", "text_to_image") for k in (1, 5, 10)]
                 + ["retrieval/mean_R@1", "zeroshot/top1", "zeroshot/top5", "zeroshot/mean_per_class_recall"])
-#: [train] keys (and the arms' overrides) -> their type; they map onto :class:`clip_dcl.experiment.Budget`
-#: and :func:`clip_dcl.experiment.train_command`'s options
+#: [train] keys (and the arms' overrides) -> their type; they map onto `clip_dcl.experiment.Budget`
+#: and `clip_dcl.experiment.train_command`'s options
 TRAIN_KEYS = {"model": str, "epochs": int, "batch_size": int, "lr": float, "wd": float, "warmup": int,
               "workers": int, "log_every_n_steps": int, "precision": str, "device": str, "validate": bool,
               "flags": list}
@@ -87,7 +87,7 @@ ARM_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.+=-]*$")
 
 
 def registered_recipe(name: str):
-    """The testbed recipe called ``name`` (:mod:`clip_dcl.experiment.recipes`), or None for a name of one's own."""
+    """The testbed recipe called ``name`` (`clip_dcl.experiment.recipes`), or None for a name of one's own."""
     from ..recipes import RECIPES
 
     return RECIPES.get(name)
@@ -128,7 +128,7 @@ class Comparison:
 
 @dataclass(frozen=True)
 class Plan:
-    """A parsed, checked plan (:func:`load_plan`). ``text`` is the file as written, ``source`` its path."""
+    """A parsed, checked plan (`load_plan`). ``text`` is the file as written, ``source`` its path."""
 
     seeds: Tuple[int, ...]
     metric: str
@@ -171,7 +171,7 @@ class Plan:
 
     def pick_seeds(self, values: Sequence[str]) -> Tuple[int, ...]:
         """The plan's seeds named by ``values`` (``--seeds``: seeds and ranges ``A-B``, both ends included), in
-        the plan's order; :class:`PlanError` naming a value that is not a seed or a range of the plan's seeds."""
+        the plan's order; `PlanError` naming a value that is not a seed or a range of the plan's seeds."""
         picked = set()
         for value in values:
             for part in str(value).split(","):
@@ -216,7 +216,7 @@ class Plan:
                 + " (each look's interval at 1 minus its share; a comparison stops at its first verdict)")
 
     def canonical(self) -> Dict[str, Any]:
-        """The plan as plain data (what :func:`plan_changes` compares)."""
+        """The plan as plain data (what `plan_changes` compares)."""
         out = dataclasses.asdict(self)
         out.pop("text"), out.pop("source")
         out["arms"] = [{"name": a.name, "flags": list(a.flags), **dict(a.overrides)} for a in self.arms]
@@ -235,7 +235,7 @@ def _plain(x):
 
 
 def load_plan(path) -> Plan:
-    """Read and check the plan file ``path`` (:class:`PlanError` on any problem)."""
+    """Read and check the plan file ``path`` (`PlanError` on any problem)."""
     path = Path(path)
     try:
         text = path.read_text()
@@ -494,7 +494,7 @@ def _looks(c: _Checker, doc: dict, n_seeds: int, confidence: float):
 
 
 def plan_changes(old: Dict[str, Any], new: Dict[str, Any], where: str = "") -> List[str]:
-    """What differs between two :meth:`Plan.canonical` plans, one ``key: old -> new`` a change
+    """What differs between two `Plan.canonical` plans, one ``key: old -> new`` a change
     (``seeds: [0, 1] -> [0, 1, 2]``, ``arms[1].name: 'decl' -> 'decl2'``)."""
     if isinstance(old, dict) and isinstance(new, dict):
         out = []

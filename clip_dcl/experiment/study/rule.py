@@ -1,7 +1,7 @@
 """The study's decision rule on paired differences, and the seeds it needs for a stated power.
 
 A comparison ``a - b`` is read from its per-seed differences through their mean and two-sided
-Student t-interval at the plan's confidence (:func:`clip_dcl.experiment.stats.t_interval`):
+Student t-interval at the plan's confidence (`clip_dcl.experiment.stats.t_interval`):
 
 * **beats**: the interval lies above zero and the mean exceeds the resolution; **trails**: the mirror
   image; an interval on one side of zero whose mean is inside the resolution is a **tie** (never a
@@ -10,8 +10,8 @@ Student t-interval at the plan's confidence (:func:`clip_dcl.experiment.stats.t_
 * **matches** (``margin`` m): the interval lies inside ``(-m, +m)``; **differs**: it lies wholly
   outside; else no verdict.
 
-:func:`power` is the chance that the rule gives its positive verdict with ``n`` seeds when the true
-paired difference is ``expected`` and the differences' spread is ``sd`` (noncentral t); :func:`seeds_needed`
+`power` is the chance that the rule gives its positive verdict with ``n`` seeds when the true
+paired difference is ``expected`` and the differences' spread is ``sd`` (noncentral t); `seeds_needed`
 the smallest ``n`` that reaches a target power.
 """
 from __future__ import annotations
@@ -26,7 +26,7 @@ POSITIVE = {"beats": "beats", "reaches": "reaches", "matches": "matches"}
 
 def verdict(rule: str, interval: Dict[str, float], *, resolution: float = 0.0, margin: Optional[float] = None,
             min_seeds: int = 2) -> str:
-    """The rule's reading of ``interval`` (:func:`t_interval`'s ``mean``, ``lo``, ``hi``, ``n``): see the
+    """The rule's reading of ``interval`` (`t_interval`'s ``mean``, ``lo``, ``hi``, ``n``): see the
     module's text. Below ``min_seeds`` differences: "no verdict"."""
     n, lo, hi, mean = interval["n"], interval["lo"], interval["hi"], interval["mean"]
     if n < max(2, min_seeds) or not (math.isfinite(lo) and math.isfinite(hi)):
@@ -58,7 +58,7 @@ def _points(x: float) -> str:
 
 
 def reason(rule: str, row: Dict[str, object], resolution: float = 0.0) -> str:
-    """Why ``row`` (:func:`judge`'s, with its ``verdict``) got its verdict, in words and in points: what a
+    """Why ``row`` (`judge`'s, with its ``verdict``) got its verdict, in words and in points: what a
     reader who does not know the rule needs to read the verdict line."""
     n, lo, hi, mean = row["n"], row["lo"], row["hi"], row["mean"]
     margin, said = row.get("margin"), row["verdict"]
@@ -91,7 +91,7 @@ def reason(rule: str, row: Dict[str, object], resolution: float = 0.0) -> str:
 
 def judge(rule: str, diffs: Sequence[float], confidence: float, *, resolution: float = 0.0,
           margin: Optional[float] = None, min_seeds: int = 2) -> Dict[str, object]:
-    """:func:`t_interval` of ``diffs`` with the rule's ``verdict`` (and the ``margin`` it read)."""
+    """`t_interval` of ``diffs`` with the rule's ``verdict`` (and the ``margin`` it read)."""
     st = t_interval(list(diffs), confidence)
     return {**st, "margin": margin, "verdict": verdict(rule, st, resolution=resolution, margin=margin,
                                                        min_seeds=min_seeds)}
@@ -130,7 +130,7 @@ def power(rule: str, n: int, sd: float, confidence: float, *, expected: float = 
 
 def planned_power(rule: str, n: int, sd: float, confidence: float, expected: float,
                   margin: Optional[float] = None) -> float:
-    """The power a plan states for a comparison: :func:`power`, where for ``beats`` a verdict in the direction
+    """The power a plan states for a comparison: `power`, where for ``beats`` a verdict in the direction
     of the expected difference counts (a plan expecting ``a`` to trail plans for **trails**), so the
     expected difference enters by its size."""
     return power(rule, n, sd, confidence, expected=abs(expected) if rule == "beats" else expected, margin=margin)
@@ -138,7 +138,7 @@ def planned_power(rule: str, n: int, sd: float, confidence: float, expected: flo
 
 def seeds_needed(rule: str, sd: float, confidence: float, target: float = 0.8, *, expected: float = 0.0,
                  margin: Optional[float] = None, cap: int = 1000) -> Optional[int]:
-    """The fewest seeds (2 at least) whose :func:`power` reaches ``target``; None when ``cap`` seeds do not."""
+    """The fewest seeds (2 at least) whose `power` reaches ``target``; None when ``cap`` seeds do not."""
     for n in range(2, cap + 1):
         if power(rule, n, sd, confidence, expected=expected, margin=margin) >= target:
             return n

@@ -1,7 +1,7 @@
 """``clip-dcl study score RUN_DIR ...``: a run's scores on both splits and its record, into its folder.
 
-The last step of each run's line (:mod:`.lines`). It scores the checkpoint with
-:func:`clip_dcl.experiment.scoring.evaluate` (retrieval R@1/5/10, their mean R@1, and zero-shot where a
+The last step of each run's line (`.lines`). It scores the checkpoint with
+`clip_dcl.experiment.scoring.evaluate` (retrieval R@1/5/10, their mean R@1, and zero-shot where a
 zero-shot set is given) on the validation split and on the test split, and writes
 ``scores-validation.json``, ``scores-test.json`` and ``run.json``: the arm, the seed, the recipe, the commit
 (``+changes`` when the tree differs from it), this machine, when the training started and ended (read
