@@ -1,18 +1,10 @@
-"""Encoding shared by every evaluator: the options every evaluator takes (`EvalOptions`),
-images and texts through the model, the zero-shot classifier, the precision they run at, and
-progress bars.
+"""Encoding shared by every evaluator: `EvalOptions`, images and texts through the model, the
+zero-shot classifier, the precision they run at, and progress bars.
 
-Precision (``--precision``): ``fp32`` (our default: numbers do not depend on the device's mixed
-precision kernels), ``amp_bf16`` or ``amp_fp16`` (``torch.autocast`` with that dtype around the
-encoders, on the model's device). CLIP_benchmark encodes under ``torch.autocast`` by default (its
-``--no_amp`` turns it off), so compare with its numbers at ``amp_*`` or run it with ``--no_amp``;
-every result file records the precision used.
-
-Features always come back as float32 on the CPU, whatever the precision, and finite: every
-encoder goes through `encode_batch` (and the zero-shot classifier through
-`finite_features`), which refuses NaN or inf features with `NonFiniteFeatures`
-naming the model's non-finite weights. A diverged checkpoint would otherwise score chance
-(zero-shot: the argmax of NaN logits is a fixed class) or NaN, and look like a result.
+``--precision`` is ``fp32`` (default: numbers independent of the device's mixed-precision kernels),
+``amp_bf16`` or ``amp_fp16``; CLIP_benchmark encodes under autocast unless ``--no_amp``. Features
+come back as finite float32 on the CPU: `encode_batch` refuses NaN or inf with `NonFiniteFeatures`,
+since a diverged checkpoint would otherwise score chance or NaN and look like a result.
 """
 from __future__ import annotations
 
@@ -40,30 +32,9 @@ def check_precision(precision: str) -> str:
 class EvalOptions:
     """How an evaluation runs, as opposed to what it measures: the settings every evaluator shares.
 
-    Every evaluator (``evaluate_retrieval``, ``evaluate_zeroshot``, ``evaluate_fewshot``,
-    ``run_fewshot``) and encoder of this package takes ``options=EvalOptions(...)``, and also the
-    same names as keywords, which override the object's fields (`from_kwargs`), so that calls
-    written with keywords alone keep working. Frozen, so that one object can be shared by several
-    evaluations without one changing it for the next.
-
-    Attributes:
-        batch_size: images per encoder batch (>= 1).
-        device: the torch device the model is on; inputs go there.
-        workers: data-loading worker processes (>= 0).
-        progress: show progress bars.
-        precision: ``fp32``, ``amp_bf16`` or ``amp_fp16`` for the encoders (see the module docstring).
-        strict: a sample that would be left out (an image that does not decode, a missing caption or
-            label) raises `SampleSkipped` naming it, instead of being
-            logged and counted. A ``skips`` counter passed to an evaluator applies its own ``strict``.
-
-    Raises:
-        ValueError: a batch size below 1, negative workers or an unknown precision, naming the value.
-
-    Example::
-
-        opts = EvalOptions(batch_size=256, device="cuda", precision="amp_bf16", progress=False)
-        evaluate_retrieval(model, preprocess, tokenizer, "data/val/", options=opts)
-        evaluate_zeroshot(model, preprocess, tokenizer, "imagenet/val", options=opts, batch_size=128)
+    Evaluators take ``options=EvalOptions(...)`` and the same names as keywords, which override its
+    fields (`from_kwargs`). Frozen, so one object can serve several evaluations. With ``strict``, a
+    sample that would be left out raises `SampleSkipped` instead of being logged and counted.
     """
 
     batch_size: int = 64
@@ -85,12 +56,7 @@ class EvalOptions:
 
     @classmethod
     def from_kwargs(cls, options: "EvalOptions | None" = None, /, **kwargs) -> "EvalOptions":
-        """``options`` (default: ``EvalOptions()``) with the fields named in ``kwargs`` replaced.
-
-        Raises:
-            TypeError: ``options`` is not an `EvalOptions` (e.g. a batch size passed where the
-                options go), or a keyword is not one of its fields, naming it.
-        """
+        """``options`` (default ``EvalOptions()``) with the fields in ``kwargs`` replaced; ``TypeError`` otherwise."""
         if options is None:
             options = cls()
         elif not isinstance(options, cls):
@@ -117,8 +83,7 @@ class NonFiniteFeatures(ValueError):
 
 
 def logit_scale_problem(model) -> str | None:
-    """What is wrong with the model's ``logit_scale`` (NaN or inf), or None: a model whose other weights are
-    finite still encodes finite features, so `finite_features` lets it through."""
+    """What is wrong with the model's ``logit_scale`` (NaN or inf), or None; `finite_features` misses it."""
     scale = getattr(model, "logit_scale", None)
     if not isinstance(scale, torch.Tensor) or bool(torch.isfinite(scale.detach()).all()):
         return None
@@ -127,11 +92,11 @@ def logit_scale_problem(model) -> str | None:
 
 
 def check_logit_scale(model, scored_with_it: bool, what: str) -> None:
-    """Refuse (`NonFiniteFeatures`) a model whose ``logit_scale`` is not finite when the score of ``what``
-    depends on it (``scored_with_it``); warn when it does not. The built-in tasks score cosine ranks and
-    logits at CLIP's fixed scale 100 (the few-shot probe trains its own head), so for them it is a warning
-    that the checkpoint is suspect; a registered task that reads the model's scale declares it
-    (``EvalTask.uses_logit_scale``)."""
+    """Refuse a model whose ``logit_scale`` is not finite when ``what``'s score depends on it, else warn.
+
+    The built-in tasks score at CLIP's fixed scale 100; a task that reads the model's scale declares
+    ``EvalTask.uses_logit_scale``.
+    """
     import logging
 
     problem = logit_scale_problem(model)
@@ -145,10 +110,7 @@ def check_logit_scale(model, scored_with_it: bool, what: str) -> None:
 
 
 def finite_features(features: torch.Tensor, model, desc: str) -> torch.Tensor:
-    """``features`` (rows of ``desc``), or `NonFiniteFeatures` when any value is NaN or inf.
-
-    The message counts the rows and names the model's parameters that are not finite, if any.
-    """
+    """``features``, or `NonFiniteFeatures` counting the bad rows and naming the model's non-finite weights."""
     finite = torch.isfinite(features)
     if bool(finite.all()):
         return features
@@ -164,8 +126,7 @@ def finite_features(features: torch.Tensor, model, desc: str) -> torch.Tensor:
 
 def encode_batch(model, kind: str, inputs: torch.Tensor, options: "EvalOptions", normalize: bool = True,
                  desc: str | None = None) -> torch.Tensor:
-    """``model.encode_image`` (``kind="image"``) or ``encode_text`` (``"text"``) of one batch, under the
-    options' precision on their device: (B, D) float32 on the CPU, checked by `finite_features`."""
+    """One batch through ``encode_image`` or ``encode_text`` at the options' precision: (B, D) float32 on CPU."""
     encode = {"image": model.encode_image, "text": model.encode_text}[kind]
     with autocast(options.device, options.precision):
         feats = encode(inputs.to(options.device), normalize=normalize)
@@ -199,8 +160,7 @@ def progress_bar(iterable, desc: str, total: int | None, enabled: bool):
 
 
 def _collate_indexed(batch):
-    """``(images or None, indices, skips)`` of a batch of ``(image, index)`` items, some of which may
-    carry a skip (``clip_dcl.data.evalsets.Skip``) in place of the image."""
+    """``(images or None, indices, skips)`` of ``(image, index)`` items, some carrying a ``Skip``."""
     from ..data.evalsets.skips import Skip
 
     good = [(img, i) for img, i in batch if not isinstance(img, Skip)]
@@ -214,14 +174,10 @@ def _collate_indexed(batch):
 @torch.no_grad()
 def encode_images(model, dataset, *, options: EvalOptions | None = None, normalize: bool = True,
                   desc: str = "images", skips=None, **kwargs):
-    """``model.encode_image`` over a map-style dataset of ``(image_tensor, index)``; (N, D) float32 on CPU.
+    """``model.encode_image`` over a dataset of ``(image_tensor, index)``: (N, D) float32 on CPU, in order.
 
-    ``options`` (and keywords of the same names, `EvalOptions.from_kwargs`): batch size,
-    device, workers, progress and precision; ``strict`` is the ``skips`` counter's business.
-    Rows come back in dataset order whatever the worker interleaving (each item carries its index).
-    With ``skips`` (a ``clip_dcl.data.evalsets.SkipCounter``), items whose image is a ``Skip`` (an
-    ``ImageListDataset`` with ``markers``) are recorded there and left out, and the result is
-    ``(features (K, D), kept (K,))``: the rows of the K images kept and their dataset indices, in order.
+    With ``skips``, items whose image is a ``Skip`` are recorded and left out, and the result is
+    ``(features (K, D), kept (K,))``.
     """
     from torch.utils.data import DataLoader
 
@@ -256,11 +212,7 @@ def encode_images(model, dataset, *, options: EvalOptions | None = None, normali
 @torch.no_grad()
 def encode_texts(model, tokenizer, texts: Sequence[str], *, options: EvalOptions | None = None,
                  batch_size: int = 256, normalize: bool = True, desc: str = "texts", **kwargs) -> torch.Tensor:
-    """``model.encode_text(tokenizer(texts))`` in batches; (T, D) float32 on CPU.
-
-    ``batch_size`` counts texts (the options' ``batch_size`` counts images and is not used here);
-    ``options`` and keywords of its names give the device, progress and precision.
-    """
+    """``model.encode_text(tokenizer(texts))`` in batches of ``batch_size`` texts; (T, D) float32 on CPU."""
     options = EvalOptions.from_kwargs(options, **kwargs)
     out = []
     steps = range(0, len(texts), batch_size)
@@ -272,16 +224,9 @@ def encode_texts(model, tokenizer, texts: Sequence[str], *, options: EvalOptions
 
 
 def normalize_templates(templates) -> list | dict:
-    """Templates as the classifier builders take them.
-
-    * a sequence of strings with ``{c}`` (CLIP_benchmark) or ``{}`` (OpenCLIP) where the class name
-      goes, or callables ``name -> prompt`` (OpenCLIP's ``OPENAI_IMAGENET_TEMPLATES``): ``{c}`` is
-      rewritten to ``{}``;
-    * a CuPL-style mapping ``class name -> [prompts]`` (the prompts already name the class):
-      returned as a dict of lists.
-
-    ``ValueError`` names an empty list, a string without the placeholder or with another one, or a
-    class without prompts.
+    """Templates as the classifier builders take them: strings with ``{c}`` or ``{}`` or callables, as a
+    list (``{c}`` rewritten to ``{}``), or a CuPL mapping ``class name -> [prompts]`` as a dict.
+    Bad templates raise ``ValueError`` naming them.
     """
     if isinstance(templates, Mapping):
         if not templates:
@@ -315,14 +260,8 @@ def normalize_templates(templates) -> list | dict:
 
 def zeroshot_classifier(model, tokenizer, classnames: Sequence[str], templates, *,
                         options: EvalOptions | None = None, **kwargs) -> torch.Tensor:
-    """(D, C) zero-shot weights (float32, CPU): column c is the re-normalised mean of the
-    normalised embeddings of class c's prompts.
-
-    Shared templates go through ``open_clip.build_zero_shot_classifier``. Per-class prompts
-    (CuPL, a dict ``name -> [prompts]``) go through it one class at a time, each prompt as a
-    constant template; a class missing from the dict raises ``ValueError`` naming it.
-    ``options`` and keywords of its names give the device, precision and progress (a bar over the
-    prompts; off unless asked for, when no options are given).
+    """(D, C) zero-shot weights (float32, CPU): column c is the re-normalised mean of class c's prompts'
+    embeddings, through ``open_clip.build_zero_shot_classifier`` (CuPL prompts one class at a time).
     """
     from open_clip import build_zero_shot_classifier
 
@@ -352,8 +291,7 @@ def zeroshot_classifier(model, tokenizer, classnames: Sequence[str], templates, 
 
 
 def labelled_batches(data, batch_size: int, workers: int, collate: Callable | None = None):
-    """A DataLoader over ``data`` (a map-style or iterable ``Dataset``), or ``data`` itself when it
-    already is a ``DataLoader``."""
+    """A DataLoader over ``data``, or ``data`` itself when it is one."""
     from torch.utils.data import DataLoader, IterableDataset
 
     if isinstance(data, DataLoader):

@@ -1,18 +1,9 @@
 """Metric functions over tensors: retrieval ranks, classification scores, ELEVATER's four metrics.
 
-Everything here takes tensors and returns tensors or floats; no files, models or processes, so
-each function is tested against scikit-learn or a slow re-computation on random inputs.
-
-Written by hand (and why):
-
-* `retrieval_ranks` - OpenCLIP's ``get_clip_metrics`` materialises the full N x N logit
-  matrix and argsorts it (1:1 pairs only); CLIP_benchmark's ``recall_at_k`` builds an
-  (n, k, N) one-hot tensor. Neither scales to 100k x 100k nor does both several captions per
-  image and ranks, so ranks are counted here chunk by chunk.
-* `average_precision_11point`, `binary_roc_auc` - scikit-learn computes them one
-  class and one call at a time; the few-shot sweep scores hundreds of (head, epoch) pairs per
-  data set, so they are vectorised over a leading batch of heads. Both are tested against
-  scikit-learn (``precision_recall_curve``, ``roc_auc_score``).
+Written here because OpenCLIP's ``get_clip_metrics`` materialises the N x N logits (1:1 pairs only)
+and scikit-learn scores one class and one call at a time; `retrieval_ranks` counts chunk by chunk
+with several captions per image, and the ELEVATER metrics are batched over heads. Each is tested
+against scikit-learn or a slow re-computation.
 """
 from __future__ import annotations
 
@@ -42,8 +33,7 @@ _COUNT_BLOCK = 1 << 20
 
 
 def _count_at_least(scores: torch.Tensor, thresholds: torch.Tensor) -> torch.Tensor:
-    """Per row i, ``#{j : scores[i, j] >= thresholds[i]}``, a few rows at a time, because summing a
-    boolean tensor materialises an int64 copy of it (8 bytes an element)."""
+    """Per row i, ``#{j : scores[i, j] >= thresholds[i]}``, a few rows at a time (a boolean sum copies to int64)."""
     rows, cols = scores.shape
     step = max(1, _COUNT_BLOCK // max(cols, 1))
     out = torch.empty(rows, dtype=torch.long, device=scores.device)
@@ -60,39 +50,17 @@ def retrieval_ranks(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """0-based rank of the best-ranked true match, per image query and per text query.
 
-    Scores are inner products ``s(i, t) = <f_i, g_t>`` (pass L2-normalised features for cosine
-    similarity; a positive logit scale does not change ranks). Text ``t`` describes image
-    ``text_to_image[t]`` (default: ``arange``, 1:1 pairs); an image may have several texts.
+    Scores are inner products ``s(i, t) = <f_i, g_t>``; text ``t`` describes image
+    ``text_to_image[t]`` (default ``arange``, 1:1 pairs), and every image needs a text.
 
     * image -> text: ``rank_i = #{t not of i : s(i, t) >= max_{t' of i} s(i, t')}``
     * text -> image: ``rank_t = #{j != img(t) : s(j, t) >= s(img(t), t)}``
 
-    so that "a true item is in the top k" is ``rank < k`` (CLIP_benchmark's hit rule), and on
-    1:1 pairs without ties the ranks are those of OpenCLIP's ``get_clip_metrics``. Ties with a
-    false item count against the query (a collapsed model scores 0, not 1).
-
-    Memory: the score matrix is built ``chunk_size`` query rows at a time and counted in blocks
-    of ~1M elements, so with ``N = max(N_images, N_texts)`` and float32 features the peak extra
-    memory is bounded by ``4 x chunk_size x N`` (one chunk of scores) ``+ 4 x N x D`` (the copy
-    of the other side's features that the BLAS matmul may pack) ``+ ~9 MB`` (one counting
-    block) ``+ O(N)`` index vectors: at most 126 MB for 20k x 20k, D = 512, at the default chunk
-    of 1024 (98 MB measured), and 600 MB for 100k x 100k, against 4 N^2 bytes for the logits
-    alone in a full-matrix computation (1.6 GB and 40 GB). This is live tensor memory; glibc's
-    allocator may keep freed chunk buffers resident on top (170 MB RSS measured for 20k x 20k).
-    Work is O(N_images x N_texts x D) either way. Measurements:
-    ``benchmarks/results/retrieval_speed.md``.
-
-    Args:
-        image_features: (I, D) image embeddings.
-        text_features: (T, D) text embeddings, same device and dtype.
-        text_to_image: (T,) long, the image index of each text; every image needs >= 1 text.
-        chunk_size: query rows scored at once.
-
-    Returns:
-        ``(image_to_text_ranks (I,), text_to_image_ranks (T,))``, long tensors.
-
-    Raises:
-        ValueError: bad shapes, non-finite features, an index out of range, an image without text.
+    so "in the top k" is ``rank < k`` (CLIP_benchmark's rule), and on 1:1 pairs without ties these are
+    OpenCLIP's ranks. A tie with a false item counts against the query (a collapsed model scores 0).
+    Scores are built ``chunk_size`` rows at a time: extra memory is about ``4 chunk_size N + 4 N D``
+    bytes, not the ``4 N^2`` of the full matrix (``benchmarks/results/retrieval_speed.md``).
+    Returns ``(image_to_text_ranks (I,), text_to_image_ranks (T,))``; bad inputs raise ``ValueError``.
     """
     _check_features("image_features", image_features)
     _check_features("text_features", text_features)
@@ -163,13 +131,9 @@ def retrieval_metrics(
     ks: Sequence[int] = (1, 5, 10),
     chunk_size: int = 1024,
 ) -> dict[str, float]:
-    """Image->text and text->image recall@k, mean and median rank, under both naming schemes.
-
-    OpenCLIP's names: ``image_to_text_R@k``, ``image_to_text_mean_rank``,
-    ``image_to_text_median_rank`` and the same for ``text_to_image``. CLIP_benchmark's names:
-    ``text_retrieval_recall@k`` (= image_to_text_R@k, a hit when any true caption is in the top
-    k) and ``image_retrieval_recall@k`` (= text_to_image_R@k). See `retrieval_ranks` for
-    the rank definition and the memory bound.
+    """Image->text and text->image recall@k, mean and median rank, under OpenCLIP's names
+    (``image_to_text_R@k``, ...) and CLIP_benchmark's (``text_retrieval_recall@k`` = image_to_text_R@k,
+    ``image_retrieval_recall@k`` = text_to_image_R@k).
     """
     i2t, t2i = retrieval_ranks(image_features, text_features, text_to_image, chunk_size)
     out = {}
@@ -193,10 +157,9 @@ def topk_accuracy(logits: torch.Tensor, labels: torch.Tensor, k: int = 1) -> flo
 
 
 def mean_per_class_recall(preds: torch.Tensor, labels: torch.Tensor) -> float:
-    """Mean over the classes present in ``labels`` of the recall ``P(pred = c | label = c)``.
+    """Mean over the classes present of ``P(pred = c | label = c)`` (scikit-learn's balanced accuracy).
 
-    ``preds`` are predicted class ids (or logits, argmax taken). This is scikit-learn's
-    ``balanced_accuracy_score`` (CLIP_benchmark's ``mean_per_class_recall``).
+    ``preds`` are class ids, or logits (argmax taken).
     """
     if preds.ndim == 2:
         preds = preds.argmax(-1)
@@ -218,13 +181,9 @@ def classification_metrics(logits: torch.Tensor, labels: torch.Tensor) -> dict[s
 
 
 def mean_average_precision(scores: torch.Tensor, targets: torch.Tensor) -> float:
-    """Multi-label zero-shot score as CLIP_benchmark reports it (``mean_average_precision``): the
-    mean over classes of the (non-interpolated) average precision of ``scores[:, c]`` against the
-    multi-hot ``targets[:, c]``; a class without any positive counts as 0, as in CLIP_benchmark.
-
-    Per class, scikit-learn's ``average_precision_score`` on the raw scores, which equals
-    CLIP_benchmark's rank formula when no two scores tie. (torchmetrics' version squashes logits
-    through a sigmoid first, which saturates CLIP's 100x logits into ties.)
+    """Mean over classes of the average precision of ``scores[:, c]`` against multi-hot ``targets[:, c]``,
+    as CLIP_benchmark reports it (a class without a positive counts 0). Raw scores, not torchmetrics'
+    sigmoid, which saturates CLIP's 100x logits into ties.
     """
     from sklearn.metrics import average_precision_score
 
@@ -250,14 +209,9 @@ def targets_to_matrix(targets: torch.Tensor, num_classes: int) -> torch.Tensor:
 def average_precision_11point(scores: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     """11-point interpolated average precision per class, batched: (B, N, C) -> (B, C).
 
-    ``AP = (1/11) sum_{t in 0, 0.1, ..., 1} max{p_j : r_j >= t}`` over the points
-    ``(r_j, p_j)`` of scikit-learn's ``precision_recall_curve`` (one per distinct score, plus its
-    end point ``(r, p) = (0, 1)``, so the ``t = 0`` term is always 1), as vision-evaluation's
-    ``MeanAveragePrecisionNPointsEvaluator`` computes it; recall thresholds are numpy's
-    ``linspace(1, 0, 11)`` and recalls ``tps / P`` in float64, so the ``>=`` comparisons match it
-    bit for bit. Classes without a positive get NaN.
-
-    ``targets``: (N, C) multi-hot (or (N,) class ids).
+    ``AP = (1/11) sum_{t in 0, 0.1, ..., 1} max{p_j : r_j >= t}`` over scikit-learn's
+    ``precision_recall_curve`` points, as vision-evaluation's ``MeanAveragePrecisionNPointsEvaluator``
+    computes it, bit for bit (float64 recalls, numpy's thresholds). Classes without a positive: NaN.
     """
     if scores.ndim == 2:
         return average_precision_11point(scores[None], targets)[0]
@@ -289,9 +243,8 @@ def average_precision_11point(scores: torch.Tensor, targets: torch.Tensor) -> to
 def binary_roc_auc(scores: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     """Area under the ROC curve, batched: scores (B, N), targets (N,) in {0, 1} -> (B,).
 
-    Mann-Whitney form ``AUC = (R_+ - P(P+1)/2) / (P Q)`` with ``R_+`` the sum of the (tie-averaged)
-    ranks of the P positives among the N = P + Q scores, which equals scikit-learn's
-    ``roc_auc_score`` including ties. NaN when only one class is present.
+    Mann-Whitney form ``AUC = (R_+ - P(P+1)/2) / (P Q)``, ``R_+`` the tie-averaged ranks' sum of the P
+    positives: scikit-learn's ``roc_auc_score``, ties included. NaN with one class only.
     """
     if scores.ndim == 1:
         return binary_roc_auc(scores[None], targets)[0]
@@ -315,8 +268,7 @@ def binary_roc_auc(scores: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
 
 
 def numpy_argmax(scores: torch.Tensor) -> torch.Tensor:
-    """``numpy.argmax`` over the last dimension: the first NaN of a row that holds one (numpy
-    treats NaN as the maximum), else the first maximum."""
+    """``numpy.argmax`` over the last dimension: a row's first NaN if it holds one, else its first maximum."""
     nan = torch.isnan(scores)
     first_max = torch.nan_to_num(scores, nan=float("-inf")).argmax(-1)
     first_nan = nan.to(torch.uint8).argmax(-1)
@@ -326,24 +278,11 @@ def numpy_argmax(scores: torch.Tensor) -> torch.Tensor:
 def elevater_scores(metric: str, logits: torch.Tensor, targets: torch.Tensor, nan_rule: str = "zero") -> torch.Tensor:
     """An ELEVATER data set's metric for a batch of heads: logits (B, N, C) -> scores (B,) in [0, 1].
 
-    As the toolkit scores (``validate`` in ``full_model_finetune.py`` feeding vision-evaluation):
-    the metric sees ``softmax(logits)`` (also for VOC, trained with BCE), and classes with no
-    positive target are dropped first.
-
-    * ``accuracy``: top-1 accuracy.
-    * ``mean_per_class``: balanced accuracy, the argmax taken over the classes present only.
-    * ``11point_mAP``: mean over classes of `average_precision_11point`.
-    * ``roc_auc``: `binary_roc_auc` of the class-1 probability (binary data sets).
-
-    ``nan_rule`` says how a head whose probabilities are not finite (a diverged head) scores:
-
-    * ``"zero"`` (default): 0, whatever the metric;
-    * ``"toolkit"``: as vision-evaluation 0.2.9 scores it. Accuracy and mean per class take
-      ``numpy.argmax`` of the probabilities as they are (`numpy_argmax`: a row with a NaN
-      predicts the first NaN's class, so an all-NaN row predicts class 0); the 11-point mAP and
-      ROC-AUC go through scikit-learn, which raises on NaN, and score 0.
-
-    Where the metric cannot be computed otherwise (one class only for ROC-AUC) it scores 0.
+    As the toolkit scores: on ``softmax(logits)``, classes without a positive dropped; ``accuracy``,
+    ``mean_per_class``, ``11point_mAP`` or ``roc_auc`` (of the class-1 probability). A head with
+    non-finite probabilities scores 0 (``nan_rule="zero"``) or as vision-evaluation 0.2.9 does
+    (``"toolkit"``: argmax through `numpy_argmax`, 0 for the metrics scikit-learn refuses NaN in).
+    A metric that cannot be computed (one class for ROC-AUC) scores 0.
     """
     if nan_rule not in ("zero", "toolkit"):
         raise ValueError(f"nan_rule must be 'zero' or 'toolkit', got {nan_rule!r}")

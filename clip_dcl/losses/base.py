@@ -1,8 +1,5 @@
 """What every clip-dcl loss shares: its declaration (flags, data-dependent parameters), the call
 contract, the `StatefulLoss` contract of a loss that keeps state, and small numeric helpers.
-
-The statistics the losses are computed from (gathered logits, ``pos`` and ``lse_neg`` per anchor,
-the exact column gradient of ``no_grad_gather``) are in `clip_dcl.losses.gather`.
 """
 from __future__ import annotations
 
@@ -24,12 +21,7 @@ from .state import plain_sums, state_digest, table_sums
 
 @dataclass(frozen=True)
 class LossFlag:
-    """One command-line flag of a loss, declared on the loss class (``flags = (LossFlag(...), ...)``).
-
-    The training parser (`clip_dcl.train.flags`) adds every registered loss's flags; the value
-    goes to the loss's keyword argument ``kwarg``, whose default (read from the class's signature)
-    is the flag's default, and whose range the loss checks in ``__init__`` (``help`` states it).
-    """
+    """One command-line flag of a loss, declared on its class; its default is that of the keyword ``kwarg``."""
 
     flag: str  #: e.g. ``"--tau-plus"``
     #: the loss's keyword argument it sets, or a key that the loss's ``resolve_data_params`` turns into them
@@ -63,10 +55,8 @@ def _size_unknown() -> Tuple[int, ...]:
 class DataFacts:
     """What the training data tells a loss about the parameters it leaves to the data.
 
-    The trainer builds it and hands it to the loss class's ``resolve_data_params`` twice: while it
-    checks the flags, before any work starts (``steps_per_epoch`` is then None: the data is not
-    loaded yet), and when it builds the loss, with every field known. Sizes are read only when a
-    loss asks for them (a CSV is read in full to count its rows), and then once.
+    Given to ``resolve_data_params`` twice: when the flags are checked (``steps_per_epoch`` None, data
+    not loaded) and when the loss is built. Sizes are read once, and only when asked for.
     """
 
     epochs: int  #: ``--epochs``
@@ -118,12 +108,7 @@ def signature_defaults(cls) -> Dict[str, object]:
 
 
 class LossDeclaration:
-    """What a registered loss class declares, read by the command line, the trainer and the checkpoints.
-
-    Every class in `clip_dcl.losses.LOSSES` derives from it (through `ContrastiveLoss`,
-    or beside OpenCLIP's ``ClipLoss``), so the trainer reads these attributes and methods and never
-    probes a loss for them.
-    """
+    """What a registered loss class declares, read by the command line, the trainer and the checkpoints."""
 
     #: the loss's command-line flags (see `LossFlag`)
     flags: tuple = ()
@@ -148,57 +133,41 @@ class LossDeclaration:
 
     @classmethod
     def from_args(cls, **kwargs):
-        """The loss built from keyword arguments; a class may return a sibling that computes the same
-        objective in a mode it lacks (OpenCLIP's ``ClipLoss`` has no ``no_grad_gather``)."""
+        """The loss built from keyword arguments, or a sibling that computes the same objective in a mode it lacks."""
         return cls(**kwargs)
 
     @classmethod
     def resolve_data_params(cls, kwargs: Dict[str, object], data: DataFacts) -> Dict[str, object]:
-        """The loss's keyword arguments, completed from what the training data tells (``data``).
+        """The loss's keyword arguments (those the command line gives), completed from ``data``.
 
-        ``kwargs`` holds the values the command line gives (the loss's flags, and OpenCLIP's flags
-        that the loss's signature takes), not the defaults; the result is what the loss is built
-        with and what the checkpoint records. A loss whose defaults depend on the data (a buffer
-        per sample, a schedule in epochs) overrides this, next to its ``flags``; with
-        ``data.steps_per_epoch`` None (the flags being checked before the data is loaded) it returns
-        arguments that pass its checks. It also refuses, with a ``ValueError`` naming the flag and
-        the value, combinations of flags that ``__init__`` cannot tell from defaults.
+        A loss whose defaults depend on the data overrides this; with ``data.steps_per_epoch`` None it
+        returns arguments that pass its checks. It refuses flag combinations ``__init__`` cannot tell from
+        defaults with a ``ValueError`` naming the flag.
         """
         return dict(kwargs)
 
     @classmethod
     def settings_in_effect(cls, values: Dict[str, object]) -> Dict[str, object]:
-        """``values`` (all of the loss's flags' values) with the ``None`` defaults the loss resolves itself
-        replaced by what they resolve to; as given here."""
+        """``values`` with the ``None`` defaults the loss resolves itself replaced; as given here."""
         return dict(values)
 
     @classmethod
     def reads_setting(cls, kwarg: str, values: Dict[str, object]) -> bool:
-        """Whether the keyword argument ``kwarg`` takes effect in the configuration ``values`` (all of the
-        loss's flags' values); a loss that refuses a setting its configuration ignores answers False."""
+        """Whether ``kwarg`` takes effect under the flags' values ``values``."""
         return True
 
     @classmethod
     def start_notice(cls, loss_args: Dict[str, object]) -> Optional[str]:
-        """One line for the start of a training run with ``loss_args`` (all of the loss's arguments, as
-        the run builds it) that a user should read before spending the run: a configuration that is
-        another objective than its name says. None here."""
+        """One line to show at the start of a run whose objective is not what its name says, or None."""
         return None
 
     @classmethod
     def state_meaning(cls, loss_args: Dict[str, object]) -> Dict[str, object]:
-        """The values in ``loss_args`` (a checkpoint's or a run's) of the `state_settings` that the
-        state of this configuration depends on; two configurations whose values differ cannot share
-        a saved state. A loss whose state depends on a setting only in some configurations narrows it."""
+        """The values of `state_settings` that the state of ``loss_args`` depends on (unequal: not shared)."""
         return {k: loss_args[k] for k in cls.state_settings if k in loss_args}
 
     def epoch_warning(self, epoch_means: Dict[str, float]) -> Optional[str]:
-        """The loss's own health check of an epoch just trained: one line to log as a warning, or None.
-
-        ``epoch_means`` holds each of ``metrics``' means over the epoch's training calls (on the
-        rank that logs: rank 0's anchor rows under ``local_loss``). The trainer calls it once after
-        each whole epoch and logs the line, prefixed with the epoch. None here: nothing to check.
-        """
+        """One warning line on an epoch just trained, from each metric's epoch mean (rank 0's), or None."""
         return None
 
     def logged_metrics(self, metrics: Dict[str, object]) -> Dict[str, object]:
@@ -206,27 +175,22 @@ class LossDeclaration:
         return metrics
 
     def step_note(self) -> str:
-        """Words for the training log line about the last call beside its metrics (e.g. which term a
-        schedule optimised); empty here."""
+        """Words about the last call for the training log line (e.g. which term a schedule optimised)."""
         return ""
 
     def logged_loss(self, metrics: Dict[str, object]) -> Optional[torch.Tensor]:
-        """The value the training log shows as OpenCLIP's ``Loss`` (and tensorboard's ``train/loss``) for
-        the last call, when that should not be the optimised total (a loss whose total is not on
-        InfoNCE's scale reports its InfoNCE value there, so that runs compare); None here: the total.
-        The objective keeps its own column, the loss's output key."""
+        """The value logged as OpenCLIP's ``Loss`` when it should not be the total (None: the total).
+
+        A loss whose total is not on InfoNCE's scale logs its InfoNCE value so that runs compare.
+        """
         return None
 
 
 class ContrastiveLoss(LossDeclaration, nn.Module):
     """Base class: OpenCLIP's distributed arguments, the ``ClipLoss`` call contract, metrics.
 
-    Subclasses implement `compute` returning ``(loss, metrics)``.
-
-    Attributes:
-        metrics: dict of detached scalar tensors from the last call (not part of the loss).
-        requires_sample_ids: whether ``forward`` needs ``sample_ids``; such a loss has ``num_samples``,
-            the ids' range ``[0, num_samples)``.
+    Subclasses implement `compute` returning ``(loss, metrics)``; ``metrics`` keeps the last call's
+    detached scalars. A loss with ``requires_sample_ids`` has ``num_samples``, the ids' range.
     """
 
     #: key of the loss term in the ``output_dict=True`` result
@@ -320,23 +284,10 @@ class StateBuffer:
 class StatefulLoss(ContrastiveLoss, metaclass=abc.ABCMeta):
     """The contract of a loss that keeps state across optimizer steps; the trainer reads nothing else.
 
-    Its state is its registered buffers (``state_dict()`` round-trips through checkpoints), and it
-    provides:
-
-    - `state_buffers`: each buffer's name, dtype, global shape, whether it is a per-sample table
-      and whether it is sharded over the ranks (the trainer writes a sharded buffer one file per
-      rank beside the checkpoint and rebuilds it for any world size on resume; every other buffer
-      goes into the checkpoint itself);
-    - `rollback_step`: undo the state update of the last optimizer step, which AMP's
-      GradScaler skipped;
-    - `state_digest`: one string, equal on every rank, for the rank-agreement check (derived from
-      the layout here; equal to `clip_dcl.losses.state.digest_of_state_dict` of the whole state);
-    - `adapt_saved_state`: a saved state converted for a setting that changes its units;
-    - from `LossDeclaration`: `state_settings` and `state_meaning` (what the saved
-      state means) and `resolve_data_params` (its data-dependent parameters, e.g. the
-      per-sample table's ``num_samples``).
-
-    A new one is one class and one registration (see docs/extending-losses.md)::
+    The state is the registered buffers. `state_buffers` gives their layout (a sharded buffer is saved
+    one file per rank and rebuilt for any world size); `rollback_step` undoes a step AMP skipped;
+    `state_digest` checks that the ranks agree; `adapt_saved_state` converts units. See
+    docs/extending-losses.md::
 
         @register_loss("mine")
         class Mine(StatefulLoss):
@@ -350,9 +301,7 @@ class StatefulLoss(ContrastiveLoss, metaclass=abc.ABCMeta):
 
     @abc.abstractmethod
     def rollback_step(self) -> bool:
-        """Undo the state update of the last optimizer step (its optimizer update was skipped), so the
-        state is that of a run without the step; whether there was an update to undo (a second call
-        does nothing)."""
+        """Undo the last optimizer step's state update; whether there was one to undo."""
 
     def sharded_buffers(self) -> Tuple[StateBuffer, ...]:
         """The buffers split over the ranks in this configuration."""
@@ -364,17 +313,11 @@ class StatefulLoss(ContrastiveLoss, metaclass=abc.ABCMeta):
 
     def adapt_saved_state(self, state: Dict[str, torch.Tensor],
                           saved_args: Dict[str, object]) -> Tuple[Dict[str, torch.Tensor], List[str]]:
-        """A saved ``state_dict`` (of a run with the keyword arguments ``saved_args``) converted to mean for
-        this loss what it meant for that run, for a setting that changes its units rather than its
-        meaning; and one line per conversion made, for the log. As is by default."""
+        """A saved state converted for a setting that changes its units, and one log line per conversion."""
         return state, []
 
     def state_digest(self) -> str:
-        """Digest of the whole state, equal on every rank, on any world size, sharded or not.
-
-        Computed on the buffers' device without a host copy (see `clip_dcl.losses.state`); for
-        a sharded buffer each rank sums its shard and one all-reduce of two integers adds them.
-        """
+        """Digest of the whole state, equal on every rank and world size (one all-reduce when sharded)."""
         layout = {b.name: b for b in self.state_buffers()}
         entries = []
         for name, buf in self.state_dict().items():
@@ -392,15 +335,13 @@ class StatefulLoss(ContrastiveLoss, metaclass=abc.ABCMeta):
 
 
 class LossWrapper(nn.Module):
-    """A loss that takes its contrastive term from a registered loss, `contrastive`, whose
-    declaration, state and metrics are its own (CoCa's objective)."""
+    """A loss whose contrastive term is a registered loss, `contrastive` (CoCa's objective)."""
 
     contrastive: nn.Module
 
 
 def declared(loss) -> Optional[LossDeclaration]:
-    """The registered loss that ``loss`` is or wraps; None for one that declares nothing (OpenCLIP's
-    SigLIP, CoCa or distillation losses, which ``--loss clip`` lets OpenCLIP pick)."""
+    """The registered loss that ``loss`` is or wraps; None for OpenCLIP's own SigLIP, CoCa or distillation."""
     if isinstance(loss, LossWrapper):
         loss = loss.contrastive
     return loss if isinstance(loss, LossDeclaration) else None

@@ -12,40 +12,22 @@ Perspective", NeurIPS 2022: Algorithm 1, Eq. 2-3 and Sec. 2.2.3 (stochastic EM).
 
 In log space ``u_i * mean_k S_ik = eps_i * exp(lse_neg_i - log K - log r_i)`` with ``eps_i ~
 Exponential(1)`` (1 for the mean). The exponent is clamped at ``max_log_ratio`` so that a stale rate
-cannot overflow (``metrics["clamp_rate"]``; those rows get no gradient through their negatives).
+cannot overflow (``metrics["clamp_rate"]``). Rate estimators are in `clip_dcl.losses.decl_rates`,
+schedules and temperature modes in `clip_dcl.losses.decl_schedules`.
 
-This module is the objective; the rate estimators (``index``, ``queue``, ``batch``) are in
-`clip_dcl.losses.decl_rates`, the ``lambda_t`` / ``gamma_t`` schedules and temperature modes in
-`clip_dcl.losses.decl_schedules`, the flags in `clip_dcl.losses.decl_flags`, what the
-training log shows in `clip_dcl.losses.decl_log`.
+``estimate="relative"`` (default; FastCLIP, Wei et al. 2024, arXiv 2407.01445): the rate estimates
+``g_i = mean_{k != i} exp(l_ik - l_ii)`` and ``loss1_i = u_i g_i``, gradient ``(eps_i / r_i) grad g_i``.
+Positive and negatives are scaled together, so a wrong rate rescales that anchor's step and cannot
+tip pull against push. With M captions ``l_ii`` is ``mean_m l_im``.
 
-**The anchor-relative estimate** (``estimate="relative"``, the default; FastCLIP, Wei et al. 2024,
-arXiv 2407.01445, ``FastCLIPLoss``): the rate estimates ``g_i = mean_{k != i} exp(l_ik - l_ii)``,
-the positive inside, and ``loss1_i = u_i g_i``, gradient ``(eps_i / r_i) grad g_i``: conditioned on
-``u`` still decomposed over the negatives, with the positive and the negatives scaled together, so
-a wrong rate rescales that anchor's step and cannot tip pull against push. ``estimate="absolute"``
-is the paper's loss1 above. With M captions ``l_ii`` is ``mean_m l_im``.
+``t`` counts optimizer steps: OpenCLIP calls the loss ``accum_freq`` times a step; the first call
+updates the state and draws ``u``, later ones reuse them. ``u`` comes from a generator seeded by
+``(seed, t)`` for the whole global batch, sliced per rank, so W ranks draw what one process would.
 
-**Optimizer steps, not calls**: OpenCLIP's loop calls the loss ``accum_freq`` times per optimizer
-step, each on all micro-batches' rows. The loss counts its training calls in the buffer ``calls``;
-the first call of each group updates the state and draws ``u``, the later calls reuse them, so the
-accumulated gradient is that of one loss over the whole step. `DeCLLoss.rollback_step` undoes
-a step's state update and counter (the trainer calls it for a step AMP's GradScaler skipped).
-
-``u`` is drawn from a generator seeded by ``(seed, t)`` for the whole global batch and sliced per
-rank, so a run on W ranks draws the same ``u`` as one process on the concatenated batch: ``G`` image
-draws, then ``G M`` caption draws in caption order.
-
-**M captions per image** (``text_features`` of shape ``(B * M, d)``, M read from the row counts; one
-sample id per image): image anchor ``i`` has the ``K = (G - 1) M`` captions of the other images as
-negatives and each of its M captions in turn as the positive (``loss1_i = u_i mean_k S_ik - mean_m
-l_im``; loss2 is the InfoNCE of ``clip`` with M captions); caption anchor ``c`` has its image as
-positive, ``G - 1`` negatives and its own ``u_c``. ``index`` stores for the text direction the mean
-of the id's captions' estimates, ``log mean_m exp(e_c)``, which every caption of the id reads;
-``batch`` gives each caption its own ``e_c``; ``queue`` scores each caption against the queued
-images and queues one caption per image (the first of its M).
-
-Written here because no released implementation of DeCL exists for CLIP.
+M captions per image (``text_features`` ``(B * M, d)``, one sample id per image): an image anchor's
+negatives are the ``(G - 1) M`` other images' captions, each of its own in turn the positive; a
+caption anchor has its image as positive and its own ``u_c``. ``index`` stores for the text direction
+``log mean_m exp(e_c)`` of the id's captions; ``queue`` queues the first caption of each image.
 """
 from __future__ import annotations
 
@@ -71,58 +53,14 @@ __all__ = ["DeCLLoss", "SampleIdError", "RATES", "SCHEDULES", "ESTIMATES", "TEMP
 
 
 class DeCLLoss(DeCLLog, StatefulLoss):
-    """Decomposable contrastive loss (``decl``), both directions, state in registered buffers.
+    """Decomposable contrastive loss (``decl``), both directions, its state in registered buffers.
 
-    Args:
-        rate: ``"index"`` (per-sample buffer, needs ``num_samples`` and ``sample_ids``), ``"queue"`` or
-            ``"batch"`` (`clip_dcl.losses.decl_rates`).
-        schedule: ``lambda_t``: ``"alternate"``, ``"decl"``, ``"harmonic"`` or ``"constant"``
-            (`clip_dcl.losses.decl_schedules`).
-        lam: ``lambda`` for ``constant`` (in [0, 1]) and ``c`` of ``harmonic`` (> 0).
-        gamma: moving-average weight of the new estimate (``index``), in (0, 1]; the final value of the
-            cosine schedule.
-        gamma_schedule: ``"constant"`` or ``"cosine"`` (``index`` only); ``gamma_decay_steps``,
-            ``gamma_hold_steps``: its steps.
-        first_visit: what an ``index`` anchor on its first visit reads when the rate is read before its
-            update: ``"batch"`` (its estimate) or ``"mean"`` (the previous step's mean estimate).
-        include_current: let the current batch enter the rate it is scored with (``index``: update, then
-            read; ``queue``: count the batch with the queue); ``None``: True for ``index``, False for ``queue``.
-        estimate: ``"relative"`` (FastCLIP's ``g_i``) or ``"absolute"`` (the paper's mean negative score).
-        temperature_mode: ``"infonce"``, ``"learned"``, ``"fixed"`` (``temperature``) or ``"rgclg"`` (``rho``,
-            default ``log K - 0.43``).
-        drift_correction: ``index`` stores each rate relative to its step's mean estimate.
-        sample_u: draw ``u ~ Gamma(1, r)`` (True) or use its mean ``1 / r`` (False).
-        num_samples: size of the ``index`` buffer (ids in ``[0, num_samples)``).
-        state: ``"sharded"`` or ``"replicated"`` ``index`` buffer; ``state_dtype`` its storage dtype.
-        device: where the buffers are allocated (``"meta"`` validates the arguments without allocating).
-        queue_size: length of the ``queue`` FIFO per modality.
-        accum_freq: loss calls per optimizer step (OpenCLIP's ``--accum-freq``).
-        max_log_ratio: ceiling on ``lse_neg - log K - log r`` before ``exp``.
-        seed: seed of the ``u`` draws.
-        local_loss, gather_with_grad, rank, world_size: as OpenCLIP's ``ClipLoss``.
-
-    Attributes:
-        metrics: from the last call: ``lambda_t``, ``loss1`` and ``loss2`` (each averaged over directions),
-            ``mean_log_rate``, ``clamp_rate``, ``log_ratio_mean`` / ``log_ratio_std`` (of ``e_i - log r_i``
-            over the anchor rows), ``weight_mean`` / ``weight_max`` (of the multiplier ``exp(e_i) / r_i``
-            after the ceiling); ``nonfinite_dropped`` (training, ``index`` and ``queue``); ``gamma_t``
-            (``index``) and ``first_visit_rate`` (``index`` read before its update: the share of rows on
-            their first visit).
-        calls: buffer, training-mode calls so far (``t = calls // accum_freq + 1``).
-        log_rate, prev_log_rate: ``index`` buffers, ``(2, num_samples)`` relative log-rates (this rank's
-            columns when sharded; see `full_log_rate`) and the previous step's mean estimate.
-        queue, queue_ptr, queue_count: ``queue`` buffers.
-
-    Raises:
-        ValueError: an unknown choice, ``num_samples`` missing for ``index``, or an argument out of range
-            (the message names it); at call time, ``sample_ids`` missing, or `SampleIdError` for an
-            id out of range (raised on every rank, from the gathered ids).
-
-    Example::
-
-        loss = DeCLLoss(rate="index", num_samples=len(dataset), schedule="alternate")
-        value = loss(image_features, text_features, logit_scale, sample_ids=ids)
-        loss.metrics["lambda_t"], loss.metrics["loss2"]
+    The arguments are those of the ``--decl-*`` flags (`clip_dcl.losses.decl_flags`), plus
+    ``accum_freq`` (OpenCLIP's ``--accum-freq``), ``seed`` (of the ``u`` draws), ``device`` (``"meta"``
+    validates without allocating) and OpenCLIP's ``ClipLoss`` distributed arguments. ``rate="index"``
+    needs ``num_samples`` and ``sample_ids`` on every call; an id out of range raises `SampleIdError` on
+    every rank. ``metrics`` holds ``lambda_t``, ``loss1``, ``loss2``, ``mean_log_rate``, ``clamp_rate``,
+    the log-ratio and weight statistics, and ``gamma_t`` / ``first_visit_rate`` for ``index``.
     """
 
     output_key = "decl_loss"
@@ -131,14 +69,12 @@ class DeCLLoss(DeCLLog, StatefulLoss):
     flags = FLAGS
 
     #: what the saved state means: the estimator (which buffers) and what its own buffers depend on
-    #: (`state_settings`). (``accum_freq`` only changes the
-    #: unit of ``calls``: converted, see `adapt_saved_state`.)
+    #: (``accum_freq`` only changes the unit of ``calls``: converted, see `adapt_saved_state`)
     state_settings = ("rate", "estimate", "drift_correction", "state_dtype", "queue_size")
 
     @classmethod
     def state_meaning(cls, loss_args: Dict[str, object]) -> Dict[str, object]:
-        """`state_settings` less those of the estimators not configured (``queue_size`` means nothing
-        to the ``index`` buffer, the queue stores embeddings whatever ``estimate``)."""
+        """`state_settings` less those of the estimators not configured."""
         rate = loss_args.get("rate", cls.defaults()["rate"])
         others = {k for r, t in RATE_TYPES.items() if r != rate for k in t.state_settings}
         mine = set(RATE_TYPES[rate].state_settings if rate in RATE_TYPES else ())
@@ -154,8 +90,7 @@ class DeCLLoss(DeCLLog, StatefulLoss):
 
     @classmethod
     def reads_setting(cls, kwarg: str, values: Dict[str, object]) -> bool:
-        """Whether ``kwarg`` takes effect under ``values``: an estimator's own settings with that estimator,
-        ``lam`` with the schedules that use it, ``temperature`` and ``rho`` with their modes."""
+        """Whether ``kwarg`` takes effect under ``values`` (an estimator's, a schedule's or a mode's own setting)."""
         rate = values.get("rate")
         owners = [r for r, t in RATE_TYPES.items() if kwarg in t.reads]
         if owners:
@@ -167,8 +102,7 @@ class DeCLLoss(DeCLLog, StatefulLoss):
         return True
 
     def adapt_saved_state(self, state, saved_args):
-        """``calls`` counts loss calls, ``accum_freq`` of them an optimizer step: a state saved with another
-        ``--accum-freq`` (e.g. halved when the ranks are doubled) keeps its step count ``t``."""
+        """A state saved with another ``--accum-freq`` keeps its step count ``t`` (``calls`` counts loss calls)."""
         saved = saved_args.get("accum_freq")
         if saved is None or int(saved) == self.accum_freq or "calls" not in state:
             return state, []
@@ -266,10 +200,10 @@ class DeCLLoss(DeCLLog, StatefulLoss):
         return (StateBuffer("calls", torch.long, ()),) + self.rates.buffers()
 
     def rollback_step(self) -> bool:
-        """Undo the state update of the last optimizer step: the rates or queue entries it wrote and
-        the step counter. For a step whose optimizer update was skipped (AMP's GradScaler found inf or
-        NaN gradients): the state is then that of a run without the step. Returns whether there was
-        an update to undo (a second call does nothing)."""
+        """Undo the last optimizer step's state update and counter (a step AMP's GradScaler skipped).
+
+        Returns whether there was an update to undo.
+        """
         if self._calls_at_step is None:
             return False
         with torch.no_grad():
@@ -290,10 +224,7 @@ class DeCLLoss(DeCLLog, StatefulLoss):
         super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
 
     def full_log_rate(self) -> torch.Tensor:
-        """The whole ``(2, num_samples)`` ``index`` buffer on every rank (all-gathers the shards when sharded).
-
-        ``O(num_samples)`` memory and communication: for tests and inspection, not for training.
-        """
+        """The whole ``(2, num_samples)`` ``index`` buffer on every rank (all-gathered; not for training)."""
         return self.rates.full_table()
 
     def gamma_at(self, step: int) -> float:
@@ -307,8 +238,7 @@ class DeCLLoss(DeCLLog, StatefulLoss):
         return stats.pos.mean(dim=1) if stats.pos.dim() == 2 else stats.pos
 
     def live_estimates(self, st: PairStats):
-        """``[e of the image rows, e of the caption rows]`` with their graph: ``e = log mean_k S_ik`` over the
-        row's negatives (``absolute``), or ``log g = log mean_k exp(l_ik - l_ii)`` (``relative``)."""
+        """``[e of the image rows, e of the caption rows]`` with their graph (``log mean_k S_ik``, or ``log g_i``)."""
         out = []
         for d in (st.image, st.text):
             e = d.lse_neg - math.log(d.num_negatives)
@@ -411,13 +341,11 @@ class DeCLLoss(DeCLLog, StatefulLoss):
     def _rgclg_term(self, st: PairStats, image_features, text_features, scale, logit_bias, log_r):
         """A surrogate whose gradient to the scale is FastCLIP v3's RGCL-g temperature gradient.
 
-        With ``tau = 1 / s`` and ``g_i(tau) = mean_k exp((c_ik - c_ii) / tau)`` (features fixed), the
-        objective is ``F(tau) = tau * (mean_i log g_i + rho)`` (both directions averaged), so ``dF/dtau =
-        rho - mean_i KL(p_i || uniform)``, ``p_i`` the softmax over the anchor's negatives: the scale
-        settles where the negatives' mean KL from uniform is ``rho``. Stochastic EM's estimate replaces
-        ``log g_i`` by the stored ``log r_i`` and ``g'_i / g_i`` by ``g'_i / r_i`` (FastCLIP's
-        ``loss / s.detach() + (rho + mean log u) / s``). With ``estimate="absolute"`` the relative rate
-        is ``r_i exp(-l_ii)``. The features enter detached, so only the scale is trained by it.
+        With ``tau = 1 / s`` and ``g_i(tau) = mean_k exp((c_ik - c_ii) / tau)``, the objective is
+        ``F(tau) = tau * (mean_i log g_i + rho)``, so ``dF/dtau = rho - mean_i KL(p_i || uniform)``: the scale
+        settles where the negatives' mean KL from uniform is ``rho``. Stochastic EM replaces ``log g_i`` by
+        the stored ``log r_i`` (FastCLIP's ``loss / s.detach() + (rho + mean log u) / s``); ``"absolute"``
+        uses ``r_i exp(-l_ii)``. The features enter detached: only the scale is trained by it.
         """
         g_stats = anchor_stats(
             image_features.detach(), text_features.detach(), scale,

@@ -1,53 +1,22 @@
 """Gathered logits and per-anchor statistics: what every clip-dcl loss is computed from.
 
-Every loss of this package reduces, per anchor ``i`` and per direction (image anchors against
-texts, text anchors against images), to two numbers:
+Every loss here reduces, per anchor ``i`` and direction, to ``pos_i = l_ii`` and
+``lse_neg_i = logsumexp_{j != i} l_ij``. `anchor_stats` computes both from features gathered as
+OpenCLIP's ``ClipLoss`` does (``local_loss`` and ``gather_with_grad`` honoured); ``ClipLoss`` itself
+exposes only the cross-entropy. The logits are float32 outside autocast (they reach +-100, where
+bf16 resolves 0.5), the positive is masked in place (one matrix kept for autograd, reduced along
+both axes), and the scale multiplies the (n x d) anchors, not the (n x G) product.
 
-- ``pos_i = l_ii``, the logit of the positive pair, and
-- ``lse_neg_i = logsumexp_{j != i} l_ij``, the log of the negatives' mass ``sum_{j != i} S_ij``.
-
-`anchor_stats` computes both for both directions from one set of gathered features,
-the way OpenCLIP's ``ClipLoss`` lays out its logits (``open_clip.loss.gather_features``, with
-``local_loss`` and ``gather_with_grad`` honoured), and with three numerical choices:
-
-- the logits are computed in float32 (or float64 when the features are), outside autocast:
-  logits reach +-100 and bf16 has a resolution of 0.5 there;
-- the positive is masked out *in place* (no second G x G matrix), so one logits matrix is
-  all that autograd keeps: for the full global matrix both directions reduce the same matrix
-  along its two axes, half the matmuls of ``ClipLoss``;
-- the logit scale multiplies the (n x d) anchors, not the (n x G) product, so no extra G x G
-  tensor is saved for its gradient.
-
-This is written here rather than taken from OpenCLIP because ``ClipLoss`` only exposes the
-full cross-entropy, not the negatives' mass the debiased and decomposable losses need.
-
-**Exact gradients from a gather without autograd** (``no_grad_gather=True``, with ``local_loss``).
-With ``gather_with_grad``, OpenCLIP all-gathers the ``G x d`` features of both modalities forward
-and sends the same amount back in the backward pass (reduce-scatter on NCCL, all-to-all on gloo).
-The backward collective carries, to each rank, the gradient that the *other* ranks' anchors put on
-its local features (their columns). Every loss here depends on the logits only through each
-anchor's ``pos_i`` and ``lse_neg_i``, so that gradient is determined by two numbers per remote
-anchor and direction:
-
-- ``lse_neg_i``, which turns column ``k``'s logit into the anchor's softmax weight over its
-  negatives, ``p_ik = exp(l_ik - lse_neg_i)``, and
-- ``c_i = dL_rho / d lse_neg_i``, the derivative of the anchor's own rank's loss by that mass.
-  It carries everything loss-specific: for ``clip`` the InfoNCE weight ``sigmoid(lse_neg_i -
-  pos_i) / n``; for ``dcl`` the debiasing factor and the clamp mask (0 where the floor bit, so the
-  mask need not be sent separately); for ``decl`` ``lambda_t``, ``u_i / r_i`` (the rate and the
-  ``u`` draw) and the clamp at ``max_log_ratio``.
-
-(``pos_i`` needs no exchange: the positive of a remote anchor is never a local column.) So each
-rank computes its loss from features gathered *without* autograd, takes ``c`` of its own anchors
-from autograd (``torch.autograd.grad`` of the loss by ``lse_neg``), all-gathers ``(lse_neg, c)``
-for both directions (``4 G`` floats), and adds a surrogate ``S - S.detach()`` (value 0) with
-``S = sum_{i, k local} w_ik * l_ik``, ``w_ik = c_i p_ik`` (``dL/d pos_i`` on the diagonal), and
-``l_ik`` built from the detached logit scale, bias and remote features. Its gradient is the
-exact column gradient on the local features; the logit scale and bias get theirs from the local
-rows only, as with ``gather_with_grad``. DDP's all-reduce of the parameter gradients does the
-rest. The idea is FastCLIP's (Wei et al. 2024, arXiv 2407.01445, which exchanges the InfoNCE
-weights); the derivation from ``(lse_neg, c)``, which covers any loss of ``(pos, lse_neg)``, is
-written here.
+``no_grad_gather=True`` (with ``local_loss``): exact gradients without gathering through autograd.
+The backward collective of ``gather_with_grad`` carries the gradient the other ranks' anchors put on
+the local features (their columns). For a loss of ``(pos, lse_neg)`` that is fixed by two numbers per
+remote anchor and direction: ``lse_neg_i`` (the softmax weight ``p_ik = exp(l_ik - lse_neg_i)``) and
+``c_i = dL / d lse_neg_i`` (everything loss-specific: InfoNCE's ``sigmoid(lse_neg_i - pos_i) / n``,
+dcl's debiasing factor and clamp mask, decl's ``lambda_t u_i / r_i`` and ceiling). ``pos_i`` of a
+remote anchor is never a local column. Each rank all-gathers ``(lse_neg, c)`` (``4 G`` floats) and
+adds ``S - S.detach()`` with ``S = sum_{i, k local} c_i p_ik l_ik``, ``l_ik`` built from the detached
+scale, bias and remote features: its gradient is the exact column gradient; DDP's all-reduce does the
+rest. The idea is FastCLIP's (Wei et al. 2024, arXiv 2407.01445, which exchanges InfoNCE's weights).
 """
 from __future__ import annotations
 
@@ -62,11 +31,7 @@ from open_clip.loss import gather_features
 
 @dataclass
 class AnchorStats:
-    """Per-anchor statistics of one direction (shapes ``(n,)``, n = anchors on this rank).
-
-    With ``M > 1`` captions per image, the image direction's ``pos`` is ``(n, M)``: the logits of
-    the anchor's M captions, none of which is among its negatives.
-    """
+    """Per-anchor statistics of one direction (``(n,)``; the image direction's ``pos`` is ``(n, M)`` for M > 1)."""
 
     pos: torch.Tensor  #: ``l_ii`` (``(n,)``), or ``l_{i, v}`` of the M positives (``(n, M)``)
     lse_neg: torch.Tensor  #: ``logsumexp_{j != i} l_ij``
@@ -133,16 +98,10 @@ def _hard_stats(masked: torch.Tensor, beta: float, dim: int):
 def _tail_stats(masked: torch.Tensor, dim: int, k: float, beta: float):
     """The negatives' log-masses without the ``k`` highest-scoring ones, along ``dim`` of ``masked``.
 
-    ``masked``: logits with each anchor's positives at ``-inf`` (so never among the highest), at least
-    ``floor(k) + 1`` negatives per anchor. Fractional ``k``: the top ``floor(k)`` negatives are removed
-    whole and the next one keeps the weight ``1 - frac(k)``, so the mass left is continuous in ``k`` and
-    ``k = 0`` leaves every negative. Returns ``(lse_tail, lse_hard_tail, lse_weight_tail)``: ``logsumexp``
-    of ``l``, and with ``beta`` of ``(1 + beta) l`` and ``beta l``, over what is left (the weight
-    entering as ``+ log(1 - frac)``); the last two are None without ``beta``.
-
-    Each sum is taken directly over the negatives left, never as ``neg - top`` (which cancels in float32
-    when the top few hold nearly all the mass). The ``(n, floor(k) + 1)`` top entries are found with
-    ``topk`` (its backward keeps only their indices); each sum keeps one logits-sized copy for backward.
+    ``masked`` has the positives at ``-inf``. The top ``floor(k)`` go whole and the next keeps weight
+    ``1 - frac(k)``, so the mass left is continuous in ``k``. Returns ``(lse_tail, lse_hard_tail,
+    lse_weight_tail)`` (the last two None without ``beta``), each summed over the negatives left, never
+    as ``neg - top``, which cancels in float32 when the top few hold nearly all the mass.
     """
     whole = int(math.floor(k))
     keep = math.log1p(-(k - whole))  # log of the weight of the (floor(k) + 1)-th negative
@@ -161,11 +120,7 @@ def _tail_stats(masked: torch.Tensor, dim: int, k: float, beta: float):
 
 
 def captions_per_image(image_features: torch.Tensor, text_features: torch.Tensor) -> int:
-    """``M`` from the row counts: ``text_features`` holds ``M`` captions per image row, in image order.
-
-    Raises:
-        ValueError: the shapes are not ``(B, d)`` and ``(B * M, d)`` with an integer ``M >= 1``.
-    """
+    """``M`` from the row counts (``(B, d)`` and ``(B * M, d)``); ``ValueError`` otherwise."""
     if image_features.dim() != 2 or text_features.dim() != 2 or image_features.shape[1] != text_features.shape[1] \
             or image_features.shape[0] < 1 or text_features.shape[0] % image_features.shape[0] \
             or text_features.shape[0] < image_features.shape[0]:
@@ -192,21 +147,11 @@ def anchor_stats(
 ) -> PairStats:
     """Gather features across ranks and return the per-anchor statistics of both directions.
 
-    Shapes: ``image_features``: ``(B, d)`` local rows; ``text_features``: ``(B * M, d)``, the ``M``
-    captions of each image in image order (``M = 1``: ``(B, d)``, CLIP's pairs); ``logit_scale``:
-    scalar ``s`` (already exponentiated, as OpenCLIP's models return it). With ``world_size > 1`` the
-    features are gathered with ``open_clip.loss.gather_features``; with ``local_loss`` the anchors
-    are the local rows against all gathered candidates, otherwise all rows.
-
-    Image anchor ``i`` has the ``M`` captions ``i M .. i M + M - 1`` as positives (``pos`` is
-    ``(n, M)`` when ``M > 1``) and the ``(G - 1) M`` captions of the other images as negatives; a
-    caption anchor has its image as positive and the other ``G - 1`` images as negatives. With
-    ``beta > 0`` the hard-negative sums ``lse_hard`` and ``lse_weight`` are added (see
-    `AnchorStats`). ``gathered=(all_image_features, all_text_features)`` reuses features
-    gathered earlier in the same step instead of gathering again. With ``top_share`` in (0, 1), each
-    anchor's ``k = top_share * N`` highest-scoring negatives are also set aside and the log-masses of
-    the rest are added (``lse_tail``, and ``lse_hard_tail`` / ``lse_weight_tail`` with ``beta``; see
-    `_tail_stats`).
+    ``image_features`` ``(B, d)``, ``text_features`` ``(B * M, d)`` (M captions per image, in image
+    order), ``logit_scale`` exponentiated. Image anchor ``i`` has captions ``i M .. i M + M - 1`` as
+    positives and the other images' ``(G - 1) M`` captions as negatives; a caption anchor has its image
+    and ``G - 1`` negatives. ``beta > 0`` adds ``lse_hard``/``lse_weight``; ``top_share`` adds the tail
+    masses (`_tail_stats`); ``gathered`` reuses features gathered earlier in the step.
     """
     m = captions_per_image(image_features, text_features)
     batch = image_features.shape[0]
@@ -312,12 +257,10 @@ def all_gather_cat(tensor: torch.Tensor, world_size: int, dim: int = 0) -> torch
 def column_surrogate(loss: torch.Tensor, stats: List[PairStats], image_features: torch.Tensor,
                      text_features: torch.Tensor, logit_bias: Optional[torch.Tensor], rank: int,
                      world_size: int) -> torch.Tensor:
-    """``S - S.detach()``: zero, with the gradient that every rank's anchors put on the local features.
+    """``S - S.detach()``: zero, with the gradient every rank's anchors put on the local features.
 
-    See the module docstring (``no_grad_gather``). ``stats`` holds the local anchors' statistics of
-    this call (``local_loss`` layout: ``B`` rows against ``G`` gathered, detached candidates): one set,
-    or several computed from the same features (a loss that scores two terms with a detached and a
-    live scale), whose derivatives add up.
+    See the module docstring. ``stats``: one or several sets of the local anchors' statistics from the
+    same features, whose derivatives add up.
     """
     st = stats[0]
     c_local = d_local = None

@@ -1,40 +1,20 @@
-"""Writing and reading training checkpoints: the one module the run, its loss state and preemption
-save and load through, and the one that defines the files' format.
+"""Writing and reading training checkpoints; the files' format is defined here.
 
-**The checkpoint**: OpenCLIP's ``{"epoch", "name", "state_dict", "optimizer"[, "scaler"]}`` plus
-`LOSS_STATE_KEY` (the loss's ``state_dict()``, less a sharded buffer) and `CKPT_KEY`
-(`checkpoint_entry`: what a loader needs without the training flags; for a sharded loss
-state its `SHARD_INDEX_KEY`; for a mid-epoch checkpoint its ``"resume"`` position,
-`resume_entry`). `training_checkpoint` builds it from OpenCLIP's dict, for the
-checkpoints OpenCLIP's ``main`` writes (`save_checkpoint`) and the mid-epoch ones the run
-writes on a stop signal or a timer (`save_step_checkpoint`). Every file is written under a
-temporary name and renamed (`save_atomically`), so that a killed save never leaves a torn
-``*.pt``; a full disk is one `CheckpointDiskFull` naming the file and the intact previous
-checkpoint. Files are read weights-only (`read_checkpoint`); on resume, `load_resumable`
-passes over a torn file on ``--resume latest``. The user-facing loader,
-`clip_dcl.checkpoint.load_checkpoint`, reads through this module.
+A checkpoint is OpenCLIP's ``{"epoch", "name", "state_dict", "optimizer"[, "scaler"]}`` plus
+`LOSS_STATE_KEY` (the loss's ``state_dict()`` less a sharded buffer) and `CKPT_KEY`
+(`checkpoint_entry`, with the shard index and a mid-epoch ``"resume"`` position where there are).
+Every file is written under a temporary name and renamed (`save_atomically`), so a killed save never
+leaves a torn ``*.pt``.
 
-**Sharded loss state**: one file per rank beside OpenCLIP's checkpoint.
-
-OpenCLIP's ``main`` saves ``epoch_N.pt`` / ``epoch_latest.pt`` on the master rank only, so a
-buffer that is split over the ranks (a `StatefulLoss` buffer declared
-``sharded``, such as DeCL's ``--decl-state sharded`` on more than one rank) cannot go into that file
-without gathering it onto one host. Instead, at the end of every epoch that OpenCLIP will
-checkpoint, every rank writes its own shard (`clip_dcl.train.loss_state`, through
-`save_loss_shard`)::
+A sharded loss buffer cannot go into the master's file without gathering it onto one host, so every
+rank writes its own shard beside it::
 
     CHECKPOINTS/loss_state/epoch_N/<buffer>.rank00001-of-00008.state
 
-(``.state``, not ``.pt``, so that OpenCLIP's ``--resume latest``, which takes the last ``*.pt``
-under the folder, never picks one). The master's checkpoint keeps the loss's small buffers with its
-loss state and, in its shard index, where the shards are (relative to the checkpoint's folder),
-their world size and ``num_samples``. On resume each rank builds its own shard from the saved ones,
-for any new world size, one saved shard at a time (`shard_sources`), so no rank ever holds the
-whole buffer; the folder must be visible to every rank, as OpenCLIP's resume already requires of
-the checkpoint itself. Shards of epochs whose checkpoint OpenCLIP does not keep are deleted one
-epoch later. Which epochs OpenCLIP checkpoints and keeps is its own rule (``--save-frequency``,
-``--delete-previous-checkpoint``, ``--save-most-recent``), restated in `checkpointed` and
-`_kept`; `clip_dcl.train.upstream` checks that OpenCLIP's ``main`` still has it.
+(``.state``, so that ``--resume latest``, which takes the last ``*.pt``, never picks one). On resume
+each rank builds its shard for any new world size one saved shard at a time (`shard_sources`); the
+folder must be visible to every rank. Which epochs OpenCLIP checkpoints and keeps is restated in
+`checkpointed` and `_kept` (`clip_dcl.train.upstream` checks it).
 """
 from __future__ import annotations
 
@@ -87,11 +67,7 @@ class CheckpointUnreadable(ValueError):
 
 
 class CheckpointDiskFull(RuntimeError):
-    """A checkpoint could not be written: no space left on the disk (or the quota is reached).
-
-    The message names the file, the space needed and free where known, the previous checkpoint
-    (intact: the partial file is removed and nothing was renamed) and how to resume.
-    """
+    """No space left for a checkpoint; the message names the file, the intact previous one and how to resume."""
 
 
 class LossStateFilesError(RuntimeError):
@@ -130,15 +106,10 @@ def trained_model_config(args) -> Optional[dict]:
 
 def training_checkpoint(obj: dict, loss, entry: dict, shards: Optional[Path], checkpoint_path: Optional[str],
                         resume: Optional[dict] = None) -> dict:
-    """A copy of OpenCLIP's checkpoint dict ``obj`` with ``loss``'s state and the entry ``entry`` added.
+    """A copy of OpenCLIP's checkpoint dict ``obj`` with ``loss``'s state and ``entry`` added.
 
-    A sharded loss state keeps only its small buffers in the file, and in the entry the index of its
-    shards, written by every rank into ``shards`` (a folder under ``checkpoint_path``); ``resume`` is
-    a mid-epoch checkpoint's position (`resume_entry`).
-
-    Raises:
-        RuntimeError: the loss is sharded and ``shards`` is None (OpenCLIP saves a checkpoint for an
-            epoch `checkpointed` says it does not).
+    A sharded loss keeps its small buffers here and the index of the shards every rank wrote into
+    ``shards``; None there for a sharded loss raises RuntimeError.
     """
     entry = dict(entry)
     if is_sharded(loss):  # the shards are in files beside (written by every rank)
@@ -164,14 +135,12 @@ def resume_settings(args, num_batches: Optional[int]) -> dict:
 
 
 def resume_entry(epoch: int, step: int, args, num_batches: Optional[int], rng: list, signame: Optional[str]) -> dict:
-    """A mid-epoch checkpoint's position: ``step`` optimizer steps of ``epoch``, the settings they were
-    taken with (`resume_settings`), every rank's random state ``rng`` and the stop signal."""
+    """A mid-epoch position: ``step`` optimizer steps of ``epoch``, their settings, every rank's RNG state."""
     return {"epoch": epoch, "step": step, **resume_settings(args, num_batches), "rng": rng, "signal": signame}
 
 
 def entries_of(ckpt: dict) -> dict:
-    """The loss state and the clip_dcl entry a training checkpoint holds, under their keys (each None
-    when it holds none)."""
+    """The loss state and the clip_dcl entry of a checkpoint, each None when absent."""
     return {key: ckpt.get(key) for key in (LOSS_STATE_KEY, CKPT_KEY)}
 
 
@@ -182,12 +151,9 @@ def resume_position(ckpt: dict) -> Optional[dict]:
 
 
 def model_keys_for(state_dict: dict, wrapped: bool) -> dict:
-    """``state_dict`` with the keys of a model that is (``wrapped``) or is not wrapped in DDP.
+    """``state_dict`` with DDP's ``module.`` prefix on all keys (``wrapped``) or on none.
 
-    A checkpoint saved on several ranks holds DDP's ``module.`` keys and one saved by one process
-    holds none; OpenCLIP's resume strips the prefix for one process but never adds it for several,
-    so a one-process checkpoint did not resume under torchrun. Either way round, the keys are
-    made to fit the model they are loaded into (all keys or none carry the prefix).
+    OpenCLIP's resume strips the prefix for one process but never adds it for several.
     """
     bare = state_dict
     if state_dict and all(k.startswith(DDP_PREFIX) for k in state_dict):
@@ -199,11 +165,8 @@ def model_keys_for(state_dict: dict, wrapped: bool) -> dict:
 
 # -- writing -----------------------------------------------------------------------------------------
 def save_checkpoint(obj, f, checkpoint_path: Optional[str], save: Callable, training: bool, rerun: str = RERUN) -> None:
-    """Write a checkpoint OpenCLIP's ``main`` saves (``obj``, to ``f``) with ``save(obj, file)``.
-
-    A path is written atomically (`save_atomically`, ``rerun`` as there); an open file as it is. After a training
-    checkpoint (an epoch's, built by `training_checkpoint`) the mid-epoch checkpoints of earlier
-    epochs, and their shard folders, are removed from ``checkpoint_path``.
+    """Write a checkpoint OpenCLIP's ``main`` saves (atomically for a path); after an epoch's checkpoint,
+    remove earlier epochs' mid-epoch files and their shard folders.
     """
     if not isinstance(f, (str, os.PathLike)):
         save(obj, f)
@@ -219,10 +182,8 @@ def save_step_checkpoint(model, optimizer, scaler, epoch: int, step: int, args, 
                          shards: Optional[Path], resume: dict, save: Callable, rerun: str = RERUN) -> str:
     """The master: write the checkpoint of step ``step`` of ``epoch`` and return its path.
 
-    The file is ``epoch_latest.pt`` with ``--save-most-recent`` (what ``--resume latest`` reads then),
-    else ``epoch_{epoch}_step_{step}.pt`` (after ``epoch_{epoch}.pt`` and before ``epoch_{epoch+1}.pt``
-    in ``--resume latest``'s order); an earlier mid-epoch file, and its shard folder, is removed once it
-    is written. ``"epoch"`` is the epochs completed, as OpenCLIP's main reads it.
+    ``epoch_latest.pt`` with ``--save-most-recent``, else ``epoch_{epoch}_step_{step}.pt`` (ordered between
+    ``epoch_{epoch}.pt`` and ``epoch_{epoch+1}.pt`` for ``--resume latest``); an earlier mid-epoch file goes.
     """
     from open_clip_train.main import LATEST_CHECKPOINT_NAME
 
@@ -241,17 +202,10 @@ def save_step_checkpoint(model, optimizer, scaler, epoch: int, step: int, args, 
 
 
 def save_atomically(obj, path, save=None, rerun: str = RERUN) -> None:
-    """``torch.save(obj, path)`` through ``path + PARTIAL_SUFFIX``, flushed to disk, then renamed.
+    """``torch.save(obj, path)`` through ``path + PARTIAL_SUFFIX``, flushed, then renamed.
 
-    A kill during the save leaves at most the ``.partial`` file, never a truncated ``path``. ``rerun``
-    (`RERUN`) words the command a full disk's message tells to run.
-
-    Raises:
-        CheckpointDiskFull: the disk is full (``ENOSPC``/``EDQUOT``, however deep in torch's error it
-            is); the ``.partial`` file is removed and ``path``, if it existed, is untouched.
-        KeyboardInterrupt: a Ctrl-C during the save, also when torch's writer hid it behind its own
-            error as it closed the torn file ("[enforce fail at inline_container.cc] unexpected pos");
-            the ``.partial`` file is removed.
+    A full disk raises `CheckpointDiskFull`; a Ctrl-C is re-raised as ``KeyboardInterrupt`` even when
+    torch's writer hid it behind its own error. Either way the partial file is removed.
     """
     save = save or torch.save
     path = os.fspath(path)
@@ -274,12 +228,9 @@ def save_atomically(obj, path, save=None, rerun: str = RERUN) -> None:
 
 
 def remove_stale_partials(folder) -> list:
-    """Remove the ``*`` + `PARTIAL_SUFFIX` files under ``folder`` (recursively) and return their paths.
+    """Remove the partial files a killed save left under ``folder`` and return their paths.
 
-    `save_atomically` removes its partial file on any error, but a process killed during a
-    save (SIGKILL, a node lost) leaves it behind, as large as a checkpoint. Call it only where no
-    save can be running (before a run's first save). Only regular files go: a link of that name is
-    none of `save_atomically`'s making (it writes a fresh file), so it is left as it is.
+    Call it only where no save can be running; links are left alone.
     """
     removed = []
     for path in sorted(glob.glob(os.path.join(os.fspath(folder), "**", "*" + PARTIAL_SUFFIX), recursive=True)):
@@ -292,8 +243,7 @@ def remove_stale_partials(folder) -> list:
 
 
 def _interrupted(err: BaseException) -> bool:
-    """Whether ``err`` or an error raised while handling it (``__context__``) is a ``KeyboardInterrupt``: a
-    Ctrl-C inside ``torch.save`` makes its zip writer fail as it closes the file, which hides the interrupt."""
+    """Whether ``err`` or its ``__context__`` is a ``KeyboardInterrupt`` (torch's zip writer hides it)."""
     seen = set()
     while err is not None and id(err) not in seen:
         if isinstance(err, KeyboardInterrupt):
@@ -358,8 +308,7 @@ def _disk_full_message(obj, path: str, err: OSError, rerun: str = RERUN) -> str:
 
 
 def supersede_step_files(checkpoint_path: str, completed_epoch: int, keep: Optional[str] = None) -> None:
-    """Remove the mid-epoch checkpoints that a newer checkpoint supersedes: those of epochs before
-    ``completed_epoch``; with ``keep`` (a just-written mid-epoch file), every other one."""
+    """Remove the mid-epoch checkpoints of epochs before ``completed_epoch``; with ``keep``, all others."""
     for old in glob.glob(os.path.join(checkpoint_path, "epoch_*_step_*.pt")):
         m = re.fullmatch(r"epoch_(\d+)_step_\d+\.pt", os.path.basename(old))
         if old != keep and m and (keep is not None or int(m.group(1)) < completed_epoch):
@@ -374,12 +323,10 @@ def _first_line(err: BaseException) -> str:
 
 
 def read_checkpoint(path, allow_unsafe_pickle: bool = False, mmap: bool = False):
-    """The object in a checkpoint file, loaded weights-only on the CPU (see `_torch_load`); with ``mmap``,
-    its tensors memory-mapped (only what is read is paged in: cheap for a look at its entries).
+    """The object in a checkpoint file, loaded weights-only on the CPU (``mmap``: memory-mapped).
 
-    Raises:
-        CheckpointUnreadable: a truncated or foreign file (one line naming it).
-        UnsafeCheckpoint: the file needs full unpickling and ``allow_unsafe_pickle`` is off.
+    Raises `CheckpointUnreadable` for a torn or foreign file, `UnsafeCheckpoint` when it needs full
+    unpickling and ``allow_unsafe_pickle`` is off.
     """
     try:
         return _torch_load(Path(path), allow_unsafe_pickle, mmap)
@@ -391,12 +338,7 @@ def read_checkpoint(path, allow_unsafe_pickle: bool = False, mmap: bool = False)
 
 
 def _torch_load(path: Path, allow_unsafe_pickle: bool = False, mmap: bool = False):
-    """``torch.load`` with ``weights_only=True``; full unpickling only when ``allow_unsafe_pickle``.
-
-    Checkpoints written by clip-dcl's training hold tensors, numbers, strings and dicts only, so they
-    load weights-only. A pickle that needs more can execute code while it loads: it is refused
-    unless the caller says it trusts the file.
-    """
+    """``torch.load`` weights-only; full unpickling (which can run code) only when ``allow_unsafe_pickle``."""
     try:
         return torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
     except pickle.UnpicklingError as e:
@@ -417,14 +359,8 @@ class Resumable(NamedTuple):
 
 
 def load_resumable(path, map_location, resume_latest: bool, checkpoint_path: Optional[str], pt_load) -> Resumable:
-    """OpenCLIP's ``pt_load`` (``pt_load``) of ``path``; on ``--resume latest`` (``resume_latest``), the newest
-    checkpoint that loads, from ``path`` down, with a warning for each one passed over.
-
-    A save killed halfway (by OpenCLIP before 3.3's own saves, or another tool) leaves a torn
-    ``*.pt`` that OpenCLIP's ``--resume latest`` would pick and die on.
-
-    Raises:
-        CheckpointUnreadable: ``path`` is a folder, or no candidate can be read.
+    """OpenCLIP's ``pt_load`` of ``path``; on ``--resume latest``, the newest checkpoint that loads, with a
+    warning for each torn one passed over. Raises `CheckpointUnreadable` when none can be read.
     """
     from open_clip_train.main import natural_key  # the order OpenCLIP's --resume latest picks in
 
@@ -458,8 +394,7 @@ def load_resumable(path, map_location, resume_latest: bool, checkpoint_path: Opt
 
 # -- the sharded loss state's files ------------------------------------------------------------------
 def is_sharded(loss) -> bool:
-    """Whether ``loss`` keeps a buffer split over the ranks (its `StatefulLoss`
-    layout says so)."""
+    """Whether ``loss`` keeps a buffer split over the ranks."""
     owner = stateful(loss)
     return owner is not None and bool(owner.sharded_buffers())
 
@@ -494,15 +429,13 @@ def step_folder(checkpoint_path: str, epoch: int, step: int) -> Path:
 
 
 def save_loss_shard(path, name: str, tensor, rank: int, world_size: int, num_samples: int) -> None:
-    """Write one rank's shard ``tensor`` of the loss buffer ``name`` to ``path``, atomically
-    (`save_atomically`), with the rank, world size and ``num_samples`` it belongs to."""
+    """Write one rank's shard of the loss buffer ``name`` atomically, with its rank, world size and size."""
     save_atomically({name: tensor.detach().cpu(), "rank": rank, "world_size": world_size,
                      "num_samples": num_samples}, path)
 
 
 def load_loss_shard(path, name: str):
-    """The buffer ``name`` of a shard file written by `save_loss_shard`, memory-mapped (only the
-    columns read are paged in)."""
+    """The buffer ``name`` of a shard file, memory-mapped."""
     return torch.load(path, map_location="cpu", mmap=True, weights_only=True)[name]
 
 
@@ -536,8 +469,7 @@ def prune_epoch_shards(args, rank: int, world_size: int, completed_epoch: int) -
 
 
 def prune_step_folders(checkpoint_path: str, keep: Optional[str] = None, before_epoch: Optional[int] = None) -> None:
-    """Remove the shard folders of mid-epoch checkpoints: all but ``keep`` (a folder name), or only
-    those of epochs before ``before_epoch``."""
+    """Remove mid-epoch shard folders: all but ``keep``, or those of epochs before ``before_epoch``."""
     for folder in (Path(checkpoint_path) / SHARD_FOLDER).glob("epoch_*_step_*"):
         m = re.fullmatch(r"epoch_(\d+)_step_(\d+)", folder.name)
         if not m or folder.name == keep or (before_epoch is not None and int(m.group(1)) >= before_epoch):
@@ -546,12 +478,7 @@ def prune_step_folders(checkpoint_path: str, keep: Optional[str] = None, before_
 
 
 def shard_sources(index: Dict[str, object], ckpt_path: str, name: str) -> List[tuple]:
-    """``(rank, world_size, load)`` of every saved shard of buffer ``name`` (the sources of
-    `clip_dcl.losses.state.reshard`); ``load()`` memory-maps the file.
-
-    Raises:
-        LossStateFilesError: a shard file is missing (naming it and how many are).
-    """
+    """``(rank, world_size, load)`` of every saved shard of ``name``; `LossStateFilesError` if one is missing."""
     folder = Path(ckpt_path).parent / str(index["folder"])
     world = int(index["world_size"])
     paths = [shard_path(folder, r, world, name) for r in range(world)]
@@ -567,11 +494,7 @@ def shard_sources(index: Dict[str, object], ckpt_path: str, name: str) -> List[t
 
 
 def read_loss_state(ckpt_path) -> Dict[str, torch.Tensor]:
-    """The whole loss state of a training checkpoint, with a sharded buffer reassembled.
-
-    ``O(num_samples)`` host memory: for inspection and tests, not for resuming (which never
-    assembles it).
-    """
+    """The whole loss state of a checkpoint, a sharded buffer reassembled (O(num_samples) memory: not for resuming)."""
     ckpt = read_checkpoint(ckpt_path)
     state = dict(ckpt.get(LOSS_STATE_KEY) or {})
     index = dict(ckpt.get(CKPT_KEY) or {}).get(SHARD_INDEX_KEY)
@@ -585,10 +508,7 @@ def read_loss_state(ckpt_path) -> Dict[str, torch.Tensor]:
 
 
 def loss_state_digest(loss) -> str:
-    """Digest of a live loss's whole state (collective for a sharded buffer), or of a ``state_dict``.
-
-    The same value for the same state however it is held: see `clip_dcl.losses.state`.
-    """
+    """Digest of a loss's whole state (collective when sharded) or of a ``state_dict``; equal for equal states."""
     if isinstance(loss, dict):
         return digest_of_state_dict(loss)
     owner = stateful(loss)
