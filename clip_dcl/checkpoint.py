@@ -1,30 +1,13 @@
 """Load any checkpoint our training writes, and export it to OpenCLIP's ``local-dir`` layout.
 
-``load_checkpoint(path) -> (model, preprocess, tokenizer)`` reads
+`load_checkpoint` reads a trainer checkpoint (a bare state dict also works) or an exported folder.
+The model is found without the training flags: the ``model`` argument, else the ``clip_dcl`` entry
+of the checkpoint (name, config, preprocess), else the ``params.txt`` OpenCLIP wrote two folders up
+or beside the file. A config found is registered with OpenCLIP first, so custom architectures load
+in a fresh process. The file format is `clip_dcl.train.saving`'s.
 
-* a checkpoint file OpenCLIP's trainer writes (``{"epoch", "name", "state_dict", "optimizer"}``,
-  keys prefixed ``module.`` after DDP; a bare state dict also works), or
-* an exported folder (``open_clip_config.json`` + weights), loaded through OpenCLIP's
-  ``local-dir:`` schema.
-
-The model name is found without any training flag at hand, in this order: the ``model``
-argument; the ``clip_dcl`` entry our training stores in every checkpoint
-(``{"model": name, "model_config": <config dict>, "preprocess_cfg": ...}``); the ``params.txt``
-OpenCLIP writes two folders up (``logs/<name>/params.txt``, line ``model: ViT-B-32``, and
-``model_config: PATH`` when the run registered a custom config with ``--model-config``) or beside
-the file. A config dict found in the checkpoint (or given as ``model_config``) is registered with
-OpenCLIP before the model is built, so custom architectures load in a fresh process; the entry's
-``preprocess_cfg`` (mean, std, interpolation, resize mode the model was trained with) sets the
-returned transform.
-
-The checkpoint format, and the reading and writing of training checkpoints, are
-`clip_dcl.train.saving`'s: this module reads a file through it (weights-only,
-`clip_dcl.train.saving.read_checkpoint`) and takes the model's weights and the entry from it.
-
-``export(ckpt, out_dir)`` writes ``open_clip_config.json`` (``model_cfg`` and ``preprocess_cfg``,
-what OpenCLIP 3.3's ``create_model`` reads for ``local-dir:``) and ``open_clip_model.safetensors``
-(the first name its ``_find_checkpoint_in_dir`` prefers), so that
-``open_clip.create_model_and_transforms("local-dir:OUT_DIR")`` loads it without clip-dcl.
+`export` writes ``open_clip_config.json`` and ``open_clip_model.safetensors``, which
+``open_clip.create_model_and_transforms("local-dir:OUT_DIR")`` loads without clip-dcl.
 """
 from __future__ import annotations
 
@@ -50,11 +33,7 @@ WEIGHTS_NAME = "open_clip_model.safetensors"
 
 
 def read_params(ckpt_path: str | os.PathLike) -> dict[str, str]:
-    """The ``model`` and ``model_config`` lines of the ``params.txt`` OpenCLIP wrote for a checkpoint.
-
-    Looked for two folders up (``logs/<name>/params.txt`` for ``logs/<name>/checkpoints/epoch_K.pt``),
-    then beside the file. Values ``None`` in the file are left out.
-    """
+    """The ``model`` and ``model_config`` lines of OpenCLIP's ``params.txt`` (two folders up, then beside)."""
     here = Path(ckpt_path).absolute().parent
     for params in (here.parent / "params.txt", here / "params.txt"):
         if params.is_file():
@@ -91,8 +70,7 @@ def register_config_dict(name: str, config: dict) -> str:
 
 
 class _QuietRandomInit(logging.Filter):
-    """Drops OpenCLIP's "No pretrained weights loaded ... initialized randomly" warning, which is
-    wrong here: the model is built empty and our weights are loaded right after."""
+    """Drops OpenCLIP's "initialized randomly" warning: our weights are loaded right after."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         return "No pretrained weights loaded" not in record.getMessage()
@@ -200,24 +178,10 @@ def load_checkpoint(path: str | os.PathLike, device: str = "cpu", model: str | N
                     model_config: str | os.PathLike | dict | None = None, allow_unsafe_pickle: bool = False):
     """Load a trained model for downstream use: ``(model, preprocess, tokenizer)``.
 
-    Args:
-        path: a trainer checkpoint (``epoch_K.pt``) or an exported folder (`export`).
-        device: where the model goes; it is returned in eval mode.
-        model: the OpenCLIP model name, when the checkpoint does not say it.
-        model_config: a config JSON path or dict for a custom architecture (registered with OpenCLIP).
-        allow_unsafe_pickle: load a checkpoint that is not weights-only by full unpickling, which can
-            run code from the file; only for files you trust.
-
-    Returns:
-        ``(model, preprocess, tokenizer)``: the model (in eval mode, on ``device``), its evaluation
-        image transform (PIL image -> tensor; OpenCLIP's ``create_model_and_transforms`` returns
-        ``(model, preprocess_train, preprocess_val)``, and this is its ``preprocess_val``) and its
-        tokenizer (list of str -> token tensor), what every ``clip_dcl.eval`` evaluator takes.
-
-    Raises:
-        ValueError: a missing path, or a checkpoint whose model cannot be determined.
-        CheckpointUnreadable: (a ValueError) a truncated or foreign file.
-        UnsafeCheckpoint: (a ValueError) the file needs full unpickling and ``allow_unsafe_pickle`` is off.
+    The model is in eval mode on ``device``; ``preprocess`` is OpenCLIP's ``preprocess_val``.
+    ``model``/``model_config`` say what the checkpoint does not; ``allow_unsafe_pickle`` permits full
+    unpickling, which can run code, for trusted files. Raises ``ValueError`` (also `CheckpointUnreadable`
+    and `UnsafeCheckpoint`) when the file or its model cannot be read.
     """
     import open_clip
 
@@ -262,15 +226,10 @@ def load_checkpoint(path: str | os.PathLike, device: str = "cpu", model: str | N
 
 
 def exported_model_name(folder: Path, model: str | None = None) -> str | None:
-    """The model name an exported folder records (``clip_dcl.model`` in its config; None for a folder
-    that OpenCLIP wrote), checked against ``model`` (the ``--model`` given with it).
+    """The model name an exported folder records (None for one OpenCLIP wrote), checked against ``model``.
 
-    The folder's config decides the architecture, so a ``model`` that names another one is refused
-    rather than ignored (and recorded as the model scored): accepted when it is the recorded name, or,
-    for a folder that records none, a registered model with the same config.
-
-    Raises:
-        ValueError: ``model`` names another model than the folder holds.
+    The folder's config decides the architecture, so a ``model`` naming another one is a ``ValueError``
+    rather than ignored; for a folder that records none, a registered model with the same config passes.
     """
     import open_clip
 
@@ -287,9 +246,7 @@ def exported_model_name(folder: Path, model: str | None = None) -> str | None:
 
 
 def _plain_file_mode(path: Path) -> None:
-    """Give ``path`` the mode a plain ``open(path, "w")`` gives under the process's umask (0644 under
-    022). safetensors writes through a private temporary file, mode 0600, and renames it into place,
-    so a service running as another user could not read the exported weights."""
+    """Give ``path`` the mode a plain ``open(path, "w")`` gives (safetensors writes 0600)."""
     umask = os.umask(0)
     os.umask(umask)
     path.chmod(0o666 & ~umask)
@@ -300,15 +257,8 @@ def export(ckpt: str | os.PathLike, out_dir: str | os.PathLike, model: str | Non
            force: bool = False) -> Path:
     """Write ``ckpt`` as OpenCLIP's ``local-dir`` layout in ``out_dir`` and return ``out_dir``.
 
-    ``open_clip_config.json`` holds ``model_cfg`` (the architecture config), ``preprocess_cfg``
-    (size, mean, std, interpolation, resize_mode) and, for provenance only, ``clip_dcl``
-    (model name, source checkpoint); ``open_clip_model.safetensors`` holds the weights. Both files get
-    the mode of any file the process writes (0644 under the usual umask 022), readable by other users.
-
-    Raises:
-        ValueError: ``out_dir`` exists and is not empty, unless ``force`` (then the two files are
-            overwritten); the weights hold NaN or inf (a training that diverged: nothing is written);
-            and the errors of `load_checkpoint`.
+    The config holds ``model_cfg``, ``preprocess_cfg`` and, for provenance, ``clip_dcl``. Refuses
+    (``ValueError``) a non-empty ``out_dir`` unless ``force``, and non-finite weights.
     """
     import open_clip
     from safetensors.torch import save_file

@@ -1,28 +1,13 @@
 """ELEVATER few-shot linear probe (image classification): `evaluate_fewshot`.
 
-The protocol is the Elevater_Toolkit_IC linear probe (``linear_probe.py`` ->
-``full_model_finetune.py``, samplers from vision-datasets 0.2.17), re-implemented on frozen
-features encoded once per data set:
-
-* k-shot draws per seed and the train / validation split: `clip_dcl.eval.kshot` (including
-  the toolkit's 1-shot rule: a 2-shot draw, final run without merging);
-* the BatchNorm + linear head, its (lr, wd) sweep and the final 50-epoch run:
-  `clip_dcl.eval.probe` (grids ``full``, ``reduced`` and ``toolkit-exact``);
-* the data: the toolkit's download layout read as is (``classification/<root_folder>/`` with each
-  set's own index files) or one folder a set (`clip_dcl.data.evalsets`).
-
-Class names and prompt templates of the 20 sets ship as package data (``elevater_prompts.json``,
-the toolkit's ``class_map`` / ``template_map``); as in the toolkit they take precedence over a
-set's label map, and they build the zero-shot classifier that scores the zero-shot column and
-initialises the head. A ``templates.txt`` / ``templates.json`` in a set's folder replaces the
-shipped templates; a set outside the catalogue uses its label map and the toolkit's fallback
-template ``"a photo of a {}"`` (no full stop).
-
-Reported per data set: the probe at the chosen epoch selection (``last``, ours, or ``toolkit``,
-the best test epoch, which is what the toolkit reports and what published ELEVATER numbers
-are), both selections side by side, per seed, the mean classifier of Arora et al. (2019,
-Definition 2.1; ``argmax_c f(x)^T mu_c`` over the class means of the k shots) and the zero-shot
-score of the text classifier on the same test set.
+The Elevater_Toolkit_IC linear probe (``linear_probe.py`` -> ``full_model_finetune.py``, samplers
+from vision-datasets 0.2.17) on features encoded once per data set: k-shot draws in
+`clip_dcl.eval.kshot`, the head and its sweep in `clip_dcl.eval.probe`, the data layouts in
+`clip_dcl.data.evalsets`. The 20 sets' class names and templates ship as package data and take
+precedence over a set's label map, as in the toolkit; a ``templates.txt``/``.json`` in a set's
+folder replaces them, and a set outside the catalogue uses ``"a photo of a {}"``. Reported per set:
+the probe at the chosen epoch selection (``last``, ours, or ``toolkit``, the best test epoch that
+published ELEVATER numbers use), both side by side, per seed, the mean classifier and zero-shot.
 """
 from __future__ import annotations
 
@@ -59,18 +44,13 @@ EPOCH_SELECTIONS = ("last", "toolkit")
 # Catalogue and prompts
 # ----------------------------------------------------------------------------------------------
 def builtin_catalog() -> dict[str, dict]:
-    """The 20 ELEVATER data sets (``catalog.json``): name -> metric, num_classes, test_size,
-    layout, multilabel, center_crop, aliases, toolkit (where the toolkit's download keeps it)."""
+    """The 20 ELEVATER data sets (``catalog.json``): name -> metric, classes, layout and the like."""
     doc = json.loads((Path(__file__).with_name("catalog.json")).read_text())
     return doc["datasets"]
 
 
 def load_catalog(root: str | os.PathLike | None = None) -> dict[str, dict]:
-    """Built-in catalogue, aliases expanded, updated with ``root/catalog.json`` when present.
-
-    A local entry needs ``metric`` (one of `ELEVATER_METRICS`); ``num_classes`` and
-    ``multilabel`` are optional. A malformed file raises ``ValueError`` naming it.
-    """
+    """Built-in catalogue, aliases expanded, updated with ``root/catalog.json`` (``ValueError`` if malformed)."""
     cat = {}
     for name, entry in builtin_catalog().items():
         cat[name] = dict(entry, name=name)
@@ -94,8 +74,7 @@ def load_catalog(root: str | os.PathLike | None = None) -> dict[str, dict]:
 
 
 def _check_enough_shots(d, name: str, shots: int) -> None:
-    """Refuse ``shots`` above the train images of a class: the result would be reported as
-    k-shot while some classes had fewer."""
+    """Refuse ``shots`` above a class's train images: the result would not be k-shot."""
     counts = np.zeros(d.num_classes, dtype=int)
     for _, ys in d.train:
         for y in set(ys):
@@ -109,8 +88,7 @@ def _check_enough_shots(d, name: str, shots: int) -> None:
 
 
 def builtin_prompts() -> dict[str, dict]:
-    """Class names and templates of the 20 ELEVATER sets (``elevater_prompts.json``):
-    name -> ``{"classnames": [...], "templates": [... with {c}]}``."""
+    """Class names and templates of the 20 ELEVATER sets (``elevater_prompts.json``)."""
     doc = json.loads((Path(__file__).with_name("elevater_prompts.json")).read_text())
     return doc["datasets"]
 
@@ -128,8 +106,7 @@ def dataset_prompts(name: str, catalog: dict[str, dict]) -> dict | None:
 # ----------------------------------------------------------------------------------------------
 @dataclass
 class FewShotReport:
-    """Everything `run_fewshot` measured: flat metrics, per-(data set, seed) records, per data set
-    facts (metric, layout, folder, where its class names and templates came from), settings."""
+    """Everything `run_fewshot` measured: flat metrics, per-(set, seed) records, per-set facts, settings."""
 
     metrics: dict[str, float]
     probes: list[ProbeResult]
@@ -213,11 +190,8 @@ def run_fewshot(
 ) -> FewShotReport:
     """The probe with everything it measured (`FewShotReport`); arguments as `evaluate_fewshot`.
 
-    An image that does not decode is logged and counted (``report.skipped``, per data set in
-    ``report.datasets[name]["skipped"]``) and left out: a test image from the scores, a train image
-    from the k-shot draws it was in (which then have one shot fewer for its class). ``strict`` (an
-    option): it raises `SampleSkipped` naming it instead. ``skips``: a
-    `SkipCounter` to count into (its own ``strict`` applies).
+    An image that does not decode is logged, counted and left out (a train image leaves its draw one
+    shot short), or raises `SampleSkipped` under ``strict``.
     """
     if epoch_selection not in EPOCH_SELECTIONS:
         raise ValueError(f"epoch_selection must be 'last' or 'toolkit', got {epoch_selection!r}")
@@ -331,31 +305,12 @@ def evaluate_fewshot(
 ) -> dict[str, float]:
     """ELEVATER k-shot linear probe of ``model`` on the data sets under ``root``.
 
-    Args:
-        model, preprocess, tokenizer: an OpenCLIP model on the options' ``device``, its eval
-            transform, tokenizer.
-        root: the ELEVATER toolkit's data root as downloaded (holding ``classification/``), or one
-            folder per data set (iris index files, COCO json or train/test ImageFolder trees;
-            `clip_dcl.data.evalsets`), plus an optional ``catalog.json`` for sets not in the
-            built-in ELEVATER catalogue.
-        datasets: names (the toolkit's, e.g. ``cifar-10``, or its yaml names, e.g. ``cifar10``;
-            default: all found).
-        shots, seeds: k per class; one k-shot draw per seed (1 shot: the toolkit's 2-shot rule).
-        grid: ``"full"`` (the toolkit's, default), ``"reduced"`` (quick runs), ``"toolkit-exact"``
-            (the full grid, unstable pairs trained as the toolkit does) or a `SweepGrid`.
-        epoch_selection: ``"last"`` (final-run last epoch) or ``"toolkit"`` (best test epoch, what
-            the toolkit reports).
-        text_init: initialise the head from the zero-shot text classifier (bias 0).
-        options: an `EvalOptions`: batch size, device, workers,
-            progress, precision (``fp32``, ``amp_bf16`` or ``amp_fp16`` for the encoders) and
-            ``strict`` (an image that does not decode raises, naming it, instead of being left out
-            and counted). Keywords of the same names override it.
-
-    Returns:
-        Flat metrics: per data set ``{ds}/linear_probe`` (mean over seeds, selected epoch),
-        ``{ds}/linear_probe_last``, ``{ds}/linear_probe_toolkit``, ``{ds}/linear_probe_seed{s}``,
-        ``{ds}/mean_classifier``, ``{ds}/zeroshot``; and ``average/...`` of each over data sets.
-        `run_fewshot` also returns the per-seed records and settings.
+    ``root``: the toolkit's download (``classification/``) or one folder per set, plus an optional
+    ``catalog.json``. ``shots`` per class, one draw per seed; ``grid`` ``"full"``, ``"reduced"``,
+    ``"toolkit-exact"`` or a `SweepGrid`; ``epoch_selection`` ``"last"`` or ``"toolkit"``; ``text_init``
+    starts the head from the zero-shot classifier. Returns flat metrics per set (``{ds}/linear_probe``,
+    ``_last``, ``_toolkit``, ``_seed{s}``, ``{ds}/mean_classifier``, ``{ds}/zeroshot``) and their
+    ``average/...``.
     """
     return run_fewshot(model, preprocess, tokenizer, root, datasets=datasets, shots=shots, seeds=seeds, grid=grid,
                        epoch_selection=epoch_selection, text_init=text_init, options=options, **kwargs).metrics
@@ -425,11 +380,9 @@ def fewshot_table(metrics: dict[str, float]) -> str:
 
 def linear_probe_metrics(name: str, metrics: dict[str, float], metric: str, settings: dict,
                          probes: list[dict]) -> dict:
-    """CLIP_benchmark ``linear_probe`` metrics of one data set: the probe score (mean over seeds
-    at the run's epoch selection) under `LINEAR_PROBE_KEYS` of the set's ELEVATER
-    ``metric``; ``fewshot_k``, ``seeds``, ``epochs`` (of the final run), the chosen
-    ``learning_rate`` / ``weight_decay`` per seed, ``metric`` (ELEVATER's) and ``epoch_selection``.
-    The protocol is ELEVATER's, not CLIP_benchmark's (see docs/evaluation.md)."""
+    """CLIP_benchmark ``linear_probe`` metrics of one set: the probe score under `LINEAR_PROBE_KEYS` of its
+    ELEVATER metric, and the settings (the protocol is ELEVATER's, see docs/evaluation.md).
+    """
     mine = [p for p in probes if p["dataset"] == name]
     return {
         LINEAR_PROBE_KEYS[metric]: metrics[f"{name}/linear_probe"],
@@ -444,7 +397,7 @@ def linear_probe_metrics(name: str, metrics: dict[str, float], metric: str, sett
 
 
 def _benchmark_documents(result: TaskResult, model_info: dict, args, precision: str) -> list[dict]:
-    """One CLIP_benchmark ``linear_probe`` result per few-shot data set (``--dataset-name`` renames a single one)."""
+    """One CLIP_benchmark ``linear_probe`` result per data set (``--dataset-name`` renames a single one)."""
     from .report import benchmark_document
 
     docs = []
@@ -464,8 +417,7 @@ def _benchmark_check(run, settings) -> None:
 
 
 def _benchmark_run(model, preprocess, tokenizer, run, settings):
-    """CLIP_benchmark's ``--task linear_probe``, run as ELEVATER's few-shot probe on one data set
-    folder (``--dataset``) with ``--fewshot_k`` shots and the ``--seed`` draw."""
+    """CLIP_benchmark's ``--task linear_probe``, run as ELEVATER's probe on one folder (``--dataset``)."""
     _benchmark_check(run, settings)
     folder = run.root
     name = folder.resolve().name

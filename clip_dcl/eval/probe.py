@@ -1,46 +1,27 @@
-"""The linear-probe head and its hyper-parameter sweep, as the ELEVATER toolkit trains them, on
-frozen features cached once (``full_model_finetune.py`` re-implemented on tensors).
+"""The linear-probe head and its hyper-parameter sweep as the ELEVATER toolkit trains them
+(``full_model_finetune.py``), on frozen features cached once.
 
-1. **Head**: ``Linear(BatchNorm1d(f(x), affine=False))`` on the frozen, un-normalised
-   ``encode_image`` output, logit scale 1; weight = the zero-shot text embeddings and bias 0
-   when text-initialised (run.sh's setting), else PyTorch's default Linear init (from a
-   generator seeded 0, the same for every run; the toolkit draws it from its global random
-   state, seeded once per process, so each of its runs starts from another draw, which depends
-   on everything that used the state before and cannot be replayed). Cross-entropy (BCE-with-logits for multilabel
-   data). SGD, momentum 0.9, no Nesterov, constant lr, weight decay on every head parameter,
-   batch 64, a batch of one skipped, order from a ``torch.Generator`` seeded 0 afresh for every
-   run (the toolkit's ``create_dataloader``).
-2. **Sweep** (`sweep_hyperparameters`): for each lr in ``logspace(-6, -1, 6)``, weight decays
-   from ``logspace(-6, 6, 97)``: 7 coarse points (indices 0, 16, ..., 96), then around the peak
-   index +-8, +-4, +-2, +-1; a run (10 epochs) scores its best validation metric over epochs;
-   ties keep the first (strict ``>`` from 0, peak index -1 at start, as the toolkit).
-3. **Final run** (`linear_probe`): train + val merged (subset order; not merged at 1 shot,
-   see `clip_dcl.eval.kshot`), the chosen (lr, wd), 50 epochs, the test metric after every
-   epoch. Both the last epoch and the best test epoch (what the toolkit reports) are kept.
-4. **Diverged runs** (our addition, grids ``full`` and ``reduced``; the toolkit scores whatever the
-   logits are): SGD with momentum ``m`` on the weight-decay term alone is unstable when
-   ``lr * wd >= 2 (1 + m)`` (3.8), so such (lr, wd) pairs of the grid are not trained and score
-   NaN; a run whose head turns non-finite scores NaN from then on. A NaN run is never selected
-   (the toolkit's strict ``>``), and when the final run of the selected pair diverges, the
-   next-best sweep pair is taken (the probe record lists the pairs that diverged). Without this,
-   a head of NaN weights would be scored as a classifier (argmax of NaN logits) and report a
-   meaningless score (the metric function scores non-finite probabilities 0 on these grids).
-   The grid ``toolkit-exact`` turns all of this off: every pair is trained, a diverged head is
-   scored by the toolkit's rule (``numpy.argmax`` of its NaN probabilities picks class 0 for
-   accuracy and mean per class; the 11-point mAP and ROC-AUC raise in scikit-learn and score
-   0; `clip_dcl.eval.metrics.elevater_scores` with ``nan_rule="toolkit"``), and the final
-   run is the selected pair's, whatever it gives.
-5. **Metrics** on ``softmax`` probabilities: accuracy, mean per class, 11-point mAP (VOC 2007),
-   ROC-AUC (Hateful Memes), per the catalogue (`clip_dcl.eval.metrics`).
+1. Head: ``Linear(BatchNorm1d(f(x), affine=False))`` on the un-normalised ``encode_image`` output;
+   text-initialised (zero-shot weights, bias 0) or PyTorch's default init from a generator seeded
+   0 (the toolkit's global random state cannot be replayed). Cross-entropy (BCE for multilabel),
+   SGD momentum 0.9, constant lr, weight decay on every parameter, batch 64, a batch of one skipped,
+   order from a generator seeded 0 for every run.
+2. Sweep (`sweep_hyperparameters`): lr in ``logspace(-6, -1, 6)``, wd on ``logspace(-6, 6, 97)``: 7
+   coarse points, then the peak's +-8, +-4, +-2, +-1; a 10-epoch run scores its best validation
+   epoch; ties keep the first (strict ``>``, as the toolkit).
+3. Final run (`linear_probe`): train + val merged (not at 1 shot), 50 epochs; the last epoch and
+   the best test epoch (what the toolkit reports) are both kept.
+4. Divergence (ours; grids ``full`` and ``reduced``): SGD with momentum ``m`` on the weight decay
+   alone diverges when ``lr * wd >= 2 (1 + m)``, so such pairs are not trained and score NaN, as
+   does a head that turns non-finite; NaN is never selected, and a diverged final run falls back to
+   the next-best pair. Otherwise a NaN head would be scored as a classifier. ``toolkit-exact``
+   turns this off and scores diverged heads by the toolkit's rule (``nan_rule="toolkit"``).
+5. Metrics on ``softmax`` probabilities, per the catalogue (`clip_dcl.eval.metrics`).
 
-Why batching is exact: the features are frozen and there is no augmentation, so every run of a
-data set sees the same batches in the same order (same generator seed), and BatchNorm without
-affine parameters depends on the data only; runs differ in (lr, wd) alone. All runs of one
-sweep round are therefore trained at once as a stack of heads (one matmul per step), which is
-the toolkit's sequence of runs computed in parallel; ``tests/test_eval_fewshot.py`` checks it
-against a plain ``nn.BatchNorm1d`` + ``nn.Linear`` + ``torch.optim.SGD`` + ``DataLoader`` loop.
-
-Also here, sweep-free: the **mean classifier** of Arora et al. (2019, Definition 2.1).
+Batching is exact: features are frozen, there is no augmentation and every run sees the same
+batches, so runs differ in (lr, wd) alone and one sweep round trains as a stack of heads
+(``tests/test_eval_fewshot.py`` checks it against a plain PyTorch loop). Also here: the mean
+classifier of Arora et al. (2019, Definition 2.1).
 """
 from __future__ import annotations
 
@@ -67,12 +48,8 @@ SINGLE_THREAD_WORK = 1 << 24
 
 
 def epoch_batches(n: int, epochs: int, batch_size: int = BATCH_SIZE, seed: int = 0) -> list[list[torch.Tensor]]:
-    """Index batches per epoch of ``DataLoader(range(n), batch_size, shuffle=True,
-    generator=torch.Generator().manual_seed(seed))`` iterated ``epochs`` times, size-1 batches
-    dropped (the toolkit skips them: BatchNorm cannot train on one sample).
-
-    Replays the generator draws the DataLoader makes (one ``int64`` base seed per epoch iterator,
-    then ``RandomSampler``'s permutations) without building the loader.
+    """Index batches per epoch of a shuffled ``DataLoader(range(n), batch_size)`` with a generator seeded
+    ``seed``, size-1 batches dropped; the generator's draws are replayed without building the loader.
     """
     from torch.utils.data import RandomSampler
 
@@ -115,19 +92,8 @@ def train_heads(
 ) -> tuple[dict[str, torch.Tensor], torch.Tensor, torch.Tensor]:
     """Train H = len(lrs) heads ``Linear(BN(x))`` at once; score every eval set after each epoch.
 
-    Args:
-        x: (n, D) frozen features; y: (n,) class ids, or (n, C) multi-hot when ``multilabel``.
-        lrs, wds: per-head learning rate and weight decay.
-        batches: index batches per epoch (`epoch_batches`); their count is the epoch count.
-        init_weight, init_bias: (C, D), (C,) initial head, copied to every head.
-        eval_sets: name -> (features, targets), scored with ``metric`` (eval-mode BatchNorm).
-        score_diverged: score a head whose weights became non-finite by the toolkit's rule
-            (``elevater_scores(..., nan_rule="toolkit")``: argmax of NaN probabilities is class 0)
-            instead of NaN.
-
-    Returns:
-        (name -> (epochs, H) scores, final weights (H, C, D), final biases (H, C)). A head whose
-        weights became non-finite scores NaN from that epoch on, unless ``score_diverged``.
+    Returns ``(name -> (epochs, H) scores, weights (H, C, D), biases (H, C))``. A head that turns
+    non-finite scores NaN from then on, or by the toolkit's rule with ``score_diverged``.
     """
     h = len(lrs)
     if len(wds) != h:
@@ -209,9 +175,9 @@ def _train_heads(x, y, lrs, wds, batches, init_weight, init_bias, eval_sets, met
 # ----------------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class SweepGrid:
-    """Learning rates, the weight-decay grid, its coarse indices, the refinement spans, epochs per
-    run; ``exact``: train unstable pairs and score diverged heads as the toolkit does (module
-    docstring, step 4)."""
+    """Learning rates, weight-decay grid, coarse indices, refinement spans, epochs per run; ``exact``:
+    the toolkit's handling of diverged heads (module docstring, step 4).
+    """
 
     name: str
     lrs: tuple[float, ...]
@@ -251,12 +217,7 @@ def sweep_hyperparameters(
     x_train: torch.Tensor, y_train: torch.Tensor, x_val: torch.Tensor, y_val: torch.Tensor,
     grid: SweepGrid, metric: str, multilabel: bool, init_weight: torch.Tensor, init_bias: torch.Tensor,
 ) -> SweepResult:
-    """The toolkit's ``hyperparameter_sweep_lr`` over ``grid`` (module docstring, step 4).
-
-    Each round (coarse, then each span) trains all its new (lr, wd) runs as one stack of heads;
-    a (lr, wd) pair already trained is not trained again (runs are deterministic, so the
-    toolkit's repeat would score the same).
-    """
+    """The toolkit's ``hyperparameter_sweep_lr`` over ``grid``; a pair is trained once (runs are deterministic)."""
     batches = epoch_batches(len(x_train), grid.epochs)
     cache: dict[tuple[int, int], float] = {}
     runs: list[dict] = []
@@ -325,10 +286,9 @@ def labels_to_targets(labels: Sequence[Sequence[int]], num_classes: int, multila
 
 def mean_classifier_logits(x_train: torch.Tensor, t_train: torch.Tensor, x_test: torch.Tensor,
                            num_classes: int) -> torch.Tensor:
-    """Arora et al. (2019), Definition 2.1: scores ``100 f(x)^T mu_c``, ``mu_c`` = mean of the
-    L2-normalised embeddings ``f`` of class c (multi-hot rows count for each of their classes);
-    a class without examples gets ``mu_c = 0``. The factor 100 is CLIP's logit scale, which the
-    softmax-based metrics (mAP, ROC-AUC) see; it does not change the argmax."""
+    """Arora et al. (2019), Definition 2.1: ``100 f(x)^T mu_c``, ``mu_c`` the mean normalised embedding
+    of class c (0 without examples); 100 is CLIP's logit scale, which the softmax metrics see.
+    """
     f_train = F.normalize(x_train.float(), dim=-1)
     onehot = t_train.float() if t_train.ndim == 2 else F.one_hot(t_train, num_classes).float()
     mu = onehot.T @ f_train / onehot.sum(0).clamp_min(1)[:, None]
@@ -374,9 +334,7 @@ def linear_probe(
 ) -> ProbeResult:
     """Split, sweep, final run and mean classifier for one k-shot subset (features in subset order).
 
-    ``merge_final``: the final run trains on train + validation (the toolkit's default), or on the
-    train part only (its 1-shot rule, `clip_dcl.eval.kshot.shot_plan`). The mean classifier
-    sees the same images as the final run.
+    ``merge_final``: train the final run on train + validation, or on train only (the 1-shot rule).
     """
     t_subset = labels_to_targets(labels_subset, num_classes, multilabel)
     tr, va = split_train_val(labels_subset, num_classes, multilabel)

@@ -1,28 +1,14 @@
-"""Zero-shot classification: ImageNet-style ImageFolder trees, CLIP_benchmark's webdataset shards,
-or any ``Dataset`` / ``DataLoader`` of (image, label).
+"""Zero-shot classification: ImageFolder trees, CLIP_benchmark's webdataset shards, or any
+``Dataset`` / ``DataLoader`` of (image, label).
 
-Protocol (OpenCLIP's ``open_clip_train/zero_shot.py``, CLIP_benchmark's
-``zeroshot_classification``): each class's text embedding is the re-normalised mean of its
-L2-normalised prompt embeddings (`clip_dcl.eval.encoding.zeroshot_classifier`); an image is
-scored by ``logits = 100 * normalize(f(x)) @ W``.
+As OpenCLIP's ``zero_shot.py`` and CLIP_benchmark: a class's weight is the re-normalised mean of its
+normalised prompt embeddings, and ``logits = 100 * normalize(f(x)) @ W``. Single-label data scores
+``top1``, ``top5``, ``mean_per_class_recall`` (and CLIP_benchmark's ``acc1``, ``acc5``); multi-label
+data ``mean_average_precision``.
 
-Single-label data: ``top1``, ``top5`` (NaN with fewer than 5 classes) and ``mean_per_class_recall``
-(balanced accuracy), plus the same numbers under CLIP_benchmark's keys ``acc1`` and ``acc5``.
-Multi-label data (CLIP_benchmark's ``dataset_type.txt`` = ``multilabel`` with ``.npy`` multi-hot
-labels, e.g. VOC 2007; or a dataset whose labels are multi-hot vectors): CLIP_benchmark's
-``mean_average_precision`` (`clip_dcl.eval.metrics.mean_average_precision`).
-
-Class names of an ImageFolder tree are tied to its folders, so that they cannot be misaligned with
-the labels (the sorted folders) without an error: an explicit ``{folder: name}`` mapping, list or file
-(``--classnames``), else ``ROOT/classnames.json`` (a mapping), else ``ROOT/classnames.txt`` (one name a
-line, each line naming its folder: ``golden retriever`` for ``golden_retriever``), else OpenCLIP's
-``IMAGENET_CLASSNAMES`` for the 1000 ImageNet synset folders (``n01440764``...), else the folder
-names, as ``clip-dcl data benchmark`` writes them (`clip_dcl.data.evalsets.folder_classnames`).
-CLIP_benchmark's shards and a Dataset label by number: a list (its ``classnames.txt``, a dataset's
-``classes`` attribute) in label order.
-Templates: an explicit list, per-class dict (CuPL) or file, else the data's own
-(``zeroshot_classification_templates.txt``, ``ROOT/templates.txt``, a dataset's ``templates``),
-else OpenCLIP's ``OPENAI_IMAGENET_TEMPLATES`` (80 generic photo prompts).
+An ImageFolder tree's class names are tied to its folders so that they cannot silently misalign
+with the labels (`clip_dcl.data.evalsets.folder_classnames`); shards and Datasets take a list in
+label order. Templates: given, else the data's own, else OpenCLIP's ``OPENAI_IMAGENET_TEMPLATES``.
 """
 from __future__ import annotations
 
@@ -62,14 +48,12 @@ ZEROSHOT_LAYOUTS = ("an ImageFolder tree ROOT/<class>/<image> (ImageNet's synset
 
 def resolve_classnames(root: str | os.PathLike, folders: Sequence[str],
                        classnames: Sequence[str] | dict | str | os.PathLike | None = None) -> tuple[list[str], str]:
-    """(class names in label order, where they came from) for the sorted class folders of ``root``:
-    `clip_dcl.data.evalsets.folder_classnames` (each name tied to its folder, or refused)."""
+    """(class names in label order, their source) for ``root``'s sorted folders, each tied to its folder."""
     return folder_classnames(root, folders, classnames)
 
 
 def resolve_templates(root: str | os.PathLike | None, templates=None, own=None, own_source: str = "") -> tuple:
-    """(templates, where they came from): ``templates`` (list, CuPL dict or file), else the data's
-    ``own``, else ``root/templates.txt`` (or ``.json``), else OpenCLIP's 80 ImageNet prompts."""
+    """(templates, their source): given, else the data's ``own``, else ``root/templates.*``, else OpenCLIP's 80."""
     if templates is not None:
         if isinstance(templates, (str, os.PathLike)):
             return normalize_templates(read_templates(templates)), str(templates)
@@ -85,10 +69,8 @@ def resolve_templates(root: str | os.PathLike | None, templates=None, own=None, 
 
 
 def zeroshot_metrics(image_features: torch.Tensor, classifier: torch.Tensor, labels: torch.Tensor) -> dict[str, float]:
-    """Metrics of ``logits = 100 * normalize(image_features) @ classifier`` (classifier (D, C)).
-
-    ``labels``: (N,) class ids -> ``top1``, ``top5``, ``mean_per_class_recall``, ``acc1``, ``acc5``;
-    (N, C) multi-hot -> ``mean_average_precision``.
+    """Metrics of ``logits = 100 * normalize(image_features) @ classifier``: single-label for (N,) labels,
+    ``mean_average_precision`` for (N, C) multi-hot.
     """
     feats = torch.nn.functional.normalize(image_features.float(), dim=-1)
     logits = 100.0 * feats @ classifier.float()
@@ -114,9 +96,7 @@ def _collate_labelled(batch):
 @torch.no_grad()
 def encode_labelled(model, batches, *, options: EvalOptions | None = None, desc: str = "zero-shot images",
                     skips: SkipCounter | None = None, **kwargs) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(normalised image features (N, D), labels (N,) or (N, C))`` over batches of (images, labels[,
-    skips]); the skips are recorded in ``skips``. ``options`` and keywords of its names give the
-    device, precision and progress (the batches are already made)."""
+    """``(normalised image features (N, D), labels)`` over batches of (images, labels[, skips])."""
     options = EvalOptions.from_kwargs(options, **kwargs)
     feats, labels = [], []
     skips = SkipCounter(options.strict) if skips is None else skips
@@ -137,7 +117,7 @@ def encode_labelled(model, batches, *, options: EvalOptions | None = None, desc:
 
 
 def _dataset_attr(data, name):
-    """A dataset's (or a DataLoader's dataset's) ``classes`` / ``templates``, as CLIP_benchmark's datasets carry them."""
+    """A dataset's (or a DataLoader's dataset's) ``classes`` / ``templates``."""
     from torch.utils.data import DataLoader
 
     ds = data.dataset if isinstance(data, DataLoader) else data
@@ -160,10 +140,9 @@ class ZeroshotData:
 
 def zeroshot_data(root, classnames=None, templates=None, split: str = "test",
                   multilabel: bool | None = None) -> ZeroshotData:
-    """The layout, class names (in label order) and templates of the zero-shot data ``root`` (the
-    arguments of `evaluate_zeroshot`), read without the model, so that a folder in no layout,
-    class names that do not fit the folders, or a template file that does not parse are a
-    ``ValueError`` naming them before the model loads (``clip-dcl eval zeroshot`` calls it first)."""
+    """The layout, class names and templates of ``root``, read without the model, so that bad data is a
+    ``ValueError`` naming it before the model loads.
+    """
     from torch.utils.data import DataLoader, Dataset
 
     if isinstance(root, (Dataset, DataLoader)):
@@ -217,36 +196,11 @@ def evaluate_zeroshot(
 ):
     """Zero-shot classification metrics of ``model`` on ``root``.
 
-    Args:
-        model: an OpenCLIP model (``encode_image``/``encode_text``), already on the options' ``device``.
-        preprocess: the model's eval transform (PIL image -> tensor); unused for a Dataset/DataLoader.
-        tokenizer: the model's tokenizer (list of str -> token tensor).
-        root: an ImageFolder tree (``root/<class folder>/<images>``; folders sorted give the label
-            order), a data set in CLIP_benchmark's webdataset layout (its root or split folder), or a
-            ``torch.utils.data.Dataset`` / ``DataLoader`` of ``(image tensor, label)`` (label an int,
-            or a multi-hot vector for multi-label data).
-        classnames: a ``{folder: name}`` mapping (ImageFolder trees), names in label order, or a file of
-            either; see the module docstring for the defaults and checks.
-        templates: prompt strings with ``{c}``, callables, a CuPL dict ``name -> [prompts]``, or a
-            file (text, one a line; or JSON); defaults as above.
-        options: an `EvalOptions`: batch size, device, workers,
-            progress, precision (``fp32`` by default, ``amp_bf16`` or ``amp_fp16``: ``torch.autocast``)
-            and ``strict`` (a sample that would be skipped: no image or label, one that does not
-            decode, the rest of a shard that ends early, raises
-            `SampleSkipped` naming it; otherwise it is logged and
-            counted by cause). Keywords of the same names override it.
-        split: the split folder of CLIP_benchmark's layout (default ``test``).
-        multilabel: force multi-label scoring (default: CLIP_benchmark's ``dataset_type.txt``, or
-            labels that are multi-hot vectors).
-        skips: a `SkipCounter` to count into (its own ``strict`` applies).
-        return_info: also return ``{"num_images", "num_classes", "layout", "classnames_source",
-            "templates_source", "num_templates", "classnames", "templates", "skipped"}`` (the class
-            names and templates used, a callable template as its text for the class ``{c}``;
-            ``skipped``: counts by cause).
-
-    Returns:
-        ``{"top1", "top5", "mean_per_class_recall", "acc1", "acc5"}`` (fractions), or
-        ``{"mean_average_precision"}`` for multi-label data; and the info dict if asked.
+    ``root``: an ImageFolder tree (sorted folders give the labels), CLIP_benchmark's webdataset layout,
+    or a ``Dataset`` / ``DataLoader`` of ``(image tensor, label or multi-hot)``. ``classnames`` and
+    ``templates`` as the module docstring says; ``multilabel`` forces multi-label scoring. Returns the
+    metrics (fractions), and with ``return_info`` a dict of what was used (sizes, sources, class names,
+    templates, skipped counts).
     """
     options = EvalOptions.from_kwargs(options, **kwargs)
     batch_size, workers = options.batch_size, options.workers
@@ -290,16 +244,14 @@ def evaluate_zeroshot(
 
 
 def _printable_templates(templates):
-    """Templates as JSON can hold them: strings with ``{c}``, a callable shown as its prompt for
-    ``{c}``, a CuPL dict as is."""
+    """Templates as JSON can hold them (a callable shown as its prompt for ``{c}``)."""
     if isinstance(templates, dict):
         return {k: list(v) for k, v in templates.items()}
     return [t("{c}") if callable(t) else str(t).replace("{}", "{c}") for t in templates]
 
 
 def _names_of(classnames) -> list[str]:
-    """A list of names in label order, or a file of them; a ``{folder: name}`` mapping has no order
-    without class folders, so it is refused here (CLIP_benchmark's labels, a Dataset's)."""
+    """A list of names in label order, or a file of them; a mapping has no order without folders: refused."""
     names = load_classnames(classnames) if isinstance(classnames, (str, os.PathLike)) else classnames
     if isinstance(names, dict):
         raise ValueError(f"class names from {classnames if isinstance(classnames, (str, os.PathLike)) else 'argument'}"
@@ -357,8 +309,7 @@ def _run(model, preprocess, tokenizer, args, common) -> TaskResult:
 
 
 def benchmark_classification_metrics(metrics: dict[str, float]) -> dict[str, float]:
-    """CLIP_benchmark's keys: ``mean_average_precision`` for multi-label data, else ``acc1``,
-    ``acc5``, ``mean_per_class_recall``."""
+    """CLIP_benchmark's keys of the metrics."""
     keys = ("mean_average_precision",) if "mean_average_precision" in metrics else \
         ("acc1", "acc5", "mean_per_class_recall")
     return {k: metrics[k] for k in keys}
@@ -377,7 +328,7 @@ def _benchmark_run(model, preprocess, tokenizer, run, settings):
 
 
 def zeroshot_table(metrics: dict[str, float], args=None) -> str:
-    """The metrics' table, and a line saying why ``top5`` is NaN when it is (fewer than 5 classes)."""
+    """The metrics' table, with a line saying why ``top5`` is NaN when it is."""
     table = metrics_table(metrics)
     top5 = metrics.get("top5")
     if isinstance(top5, float) and math.isnan(top5):
