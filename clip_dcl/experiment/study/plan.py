@@ -1,53 +1,8 @@
 """A study's plan: one TOML file that declares, before anything runs, what is compared and how it is judged.
 
-The plan (every key is checked; an unknown key or a bad value is one `PlanError` line naming it)::
-
-    recipe = "micro-bpe"          # optional: a name recorded with every run (default "custom")
-    seeds = [0, 1, 2, 3, 4]       # training seeds, one run per arm and seed
-    metric = "retrieval/mean_R@1" # the score compared (see METRICS)
-    confidence = 0.90             # of the paired t-interval
-    resolution = 0.01             # the evaluation's resolution: a difference below it is a tie, never a win
-    power = 0.8                   # optional: for `study check`'s seed count (default 0.8)
-    paired_sd = 0.02              # optional: the paired differences' spread, for that count ...
-    spread_from = "old/STUDY.json"  # ... or read from an earlier study's report
-    looks = [3, 5]                # optional sequential design: seed counts at which the report may judge
-    alpha_split = [0.05, 0.05]    # its error spent over the looks (or "bonferroni"); needed with looks
-    threads = 1                   # optional: torch threads per run (default: the cores split between runs)
-    exploratory = false           # optional: true judges on the validation split (a screen: choices, no claim)
-    pair_across = []              # optional: "machines" and/or "recipes" may be paired (default: never)
-
-    [data]                        # shards made by a command (argv after `clip-dcl`) into {DATA} ...
-    command = ["data", "synth", "--quick", "--test-samples", "64", "{DATA}"]
-    # ... or given: train = "/d/train/{00000..00099}.tar", validation = "/d/val/{0..3}.tar",
-    # test = "/d/test/{0..3}.tar", optional train_samples, validation_samples, validation_zeroshot,
-    # test_zeroshot (ImageFolder trees); with a command and none of these, {DATA}/summary.json
-    # (the layout `clip-dcl data synth` writes) names them.
-
-    [train]                       # what every run shares (see TRAIN_KEYS); an arm may override a key
-    model = "clip-dcl-micro"
-    epochs = 20
-    flags = ["--lr-scheduler", "const"]   # further flags of `python -m clip_dcl.train`
-
-    [[arms]]
-    name = "clip"
-    flags = ["--loss", "clip"]
-
-    [[comparisons]]
-    a = "decl"                    # a - b, paired by seed
-    b = "clip"
-    rule = "reaches"              # beats | reaches | matches
-    margin = 0.02                 # reaches / matches: stated in the plan (or margin_gain, below)
-    expected = 0.0                # optional: the true difference assumed by the seed count
-
-A ``recipe`` registered in `clip_dcl.experiment.recipes.RECIPES` (``micro-bpe``, ``micro-words``) brings
-its data command and its training flags: such a plan may leave [data] out, and its [train] (and an arm) may
-set only ``epochs``, ``batch_size``, ``device`` and ``flags``.
-
-``margin_gain = {from = "clip-b32", to = "clip-b64", share = 0.5}`` makes the margin that share of the
-mean paired gain ``to - from`` over the comparison's seeds, on the split being judged (the testbed's
-"half of `clip`'s gain from B to 2B").
-
-`load_plan` parses and checks a file; `Plan.runs` enumerates its runs (seed after seed, so
+The keys are documented in docs/studies.md; every one is checked, and an unknown key or a bad value
+is one `PlanError` line naming it. A registered ``recipe`` brings its data command and training
+flags. `load_plan` parses and checks a file; `Plan.runs` enumerates its runs seed after seed (so
 that the looks of a sequential design complete in order); `plan_changes` names what differs between
 two plans (how a sealed study refuses an edited plan).
 """
@@ -87,7 +42,7 @@ ARM_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.+=-]*$")
 
 
 def registered_recipe(name: str):
-    """The testbed recipe called ``name`` (`clip_dcl.experiment.recipes`), or None for a name of one's own."""
+    """The recipe called ``name`` (`clip_dcl.experiment.recipes`), or None for a name of one's own."""
     from ..recipes import RECIPES
 
     return RECIPES.get(name)
@@ -163,15 +118,13 @@ class Plan:
         return self.seeds if c.seeds is None else self.seeds[:c.seeds]
 
     def arm_seeds(self, name: str) -> Tuple[int, ...]:
-        """The seeds arm ``name`` trains: as many of the plan's as its comparisons (and the margins they take
-        from it) read, all of them for an arm no comparison names."""
+        """The seeds arm ``name`` trains: as many as its comparisons read, all of them for an arm none names."""
         counts = [len(self.comparison_seeds(c)) for c in self.comparisons
                   if name in (c.a, c.b) or (c.margin_gain is not None and name in c.margin_gain[:2])]
         return self.seeds[:max(counts)] if counts else self.seeds
 
     def pick_seeds(self, values: Sequence[str]) -> Tuple[int, ...]:
-        """The plan's seeds named by ``values`` (``--seeds``: seeds and ranges ``A-B``, both ends included), in
-        the plan's order; `PlanError` naming a value that is not a seed or a range of the plan's seeds."""
+        """The plan's seeds named by ``values`` (seeds and ranges ``A-B``), in the plan's order."""
         picked = set()
         for value in values:
             for part in str(value).split(","):
@@ -193,7 +146,7 @@ class Plan:
 
     @property
     def split(self) -> str:
-        """The split the comparisons are judged on: the test split, or the validation split when exploratory."""
+        """The split the comparisons are judged on: test, or validation when exploratory."""
         return "validation" if self.exploratory else "test"
 
     def design(self) -> List[Tuple[int, float]]:
@@ -494,8 +447,7 @@ def _looks(c: _Checker, doc: dict, n_seeds: int, confidence: float):
 
 
 def plan_changes(old: Dict[str, Any], new: Dict[str, Any], where: str = "") -> List[str]:
-    """What differs between two `Plan.canonical` plans, one ``key: old -> new`` a change
-    (``seeds: [0, 1] -> [0, 1, 2]``, ``arms[1].name: 'decl' -> 'decl2'``)."""
+    """What differs between two `Plan.canonical` plans, one ``key: old -> new`` a change."""
     if isinstance(old, dict) and isinstance(new, dict):
         out = []
         for key in list(old) + [k for k in new if k not in old]:
