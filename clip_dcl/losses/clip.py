@@ -1,15 +1,10 @@
 """``clip``: OpenCLIP's own InfoNCE (``open_clip.loss.ClipLoss``), the baseline.
 
-Nothing is re-implemented: the class only accepts (and ignores) the ``sample_ids`` keyword
-and exposes an empty ``metrics`` dict, so that the training plugin can treat all losses alike.
-The exceptions are what ``ClipLoss`` does not offer: ``create_loss("clip", no_grad_gather=True)``
-builds `InfoNCEFromStats`, the same InfoNCE computed from the per-anchor statistics of
-`clip_dcl.losses.base` (tested equal to ``ClipLoss`` in value and gradient); and ``M > 1``
-captions per image (``text_features`` of shape ``(B * M, d)``), which `InfoNCELoss` hands to
-`InfoNCEFromStats`: each of an image's M captions is in turn the positive of the image
-anchor, against the ``(G - 1) M`` captions of the other images (its other captions are neither
-positive nor negative in that term), ``L_img = mean_{i, m}[-l_im + log(S_im + sum_{j neg} S_ij)]``;
-each caption is an anchor against the G images. It is ``dcl`` with ``tau_plus = 0`` and M positives.
+The class only accepts ``sample_ids`` and exposes empty ``metrics``. What ``ClipLoss`` lacks,
+``no_grad_gather`` and ``M > 1`` captions per image, is computed by `InfoNCEFromStats` from the
+per-anchor statistics: each caption in turn is the image anchor's positive against the other
+images' ``(G - 1) M`` captions, ``L_img = mean_{i, m}[-l_im + log(S_im + sum_{j neg} S_ij)]``
+(``dcl`` at ``tau_plus = 0``).
 """
 from __future__ import annotations
 
@@ -19,11 +14,7 @@ from .base import ContrastiveLoss, LossDeclaration, contrast_rows
 
 
 class InfoNCELoss(LossDeclaration, ClipLoss):
-    """OpenCLIP's ``ClipLoss`` with clip-dcl's uniform call signature.
-
-    ``L = (L_img + L_txt) / 2`` with ``L_img = mean_i[-l_ii + logsumexp_j l_ij]``
-    (the InfoNCE of CLIP, both directions). Returns ``{"contrastive_loss": L}`` with ``output_dict=True``.
-    """
+    """OpenCLIP's ``ClipLoss`` with clip-dcl's call signature: ``{"contrastive_loss": L}`` with ``output_dict``."""
 
     supports_captions_per_image = True  # through InfoNCEFromStats
     #: OpenCLIP's ``create_loss(args)`` builds this objective (and SigLIP, CoCa, distillation as its flags
@@ -33,8 +24,7 @@ class InfoNCELoss(LossDeclaration, ClipLoss):
 
     @classmethod
     def from_args(cls, **kwargs):
-        """``ClipLoss`` itself, or with ``no_grad_gather=True`` (a mode ``ClipLoss`` lacks) the same InfoNCE,
-        `InfoNCEFromStats`."""
+        """``ClipLoss`` itself, or `InfoNCEFromStats` for ``no_grad_gather=True``."""
         return InfoNCEFromStats(**kwargs) if kwargs.get("no_grad_gather") else cls(**kwargs)
 
     def __init__(self, local_loss=False, gather_with_grad=False, cache_labels=True, rank=0, world_size=1,
@@ -58,11 +48,7 @@ class InfoNCELoss(LossDeclaration, ClipLoss):
 
 
 class InfoNCEFromStats(ContrastiveLoss):
-    """CLIP's InfoNCE from ``pos`` and ``lse_neg``: ``mean_i[logaddexp(pos_i, lse_neg_i) - pos_i]`` per
-    direction, averaged; equal to ``ClipLoss``. Written here for ``no_grad_gather``, which needs
-    the per-anchor statistics that ``ClipLoss`` does not expose, and for M captions per image
-    (see the module docstring).
-    """
+    """InfoNCE from ``pos`` and ``lse_neg``, ``mean_i[logaddexp(pos_i, lse_neg_i) - pos_i]``; equals ``ClipLoss``."""
 
     output_key = "contrastive_loss"
     supports_captions_per_image = True

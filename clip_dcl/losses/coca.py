@@ -1,17 +1,10 @@
 """CoCa's objective with a clip-dcl contrastive term: ``dcl`` or ``decl`` for CoCa models.
 
-CoCa (Yu et al. 2022) trains a contrastive term and a captioning term; OpenCLIP's ``CoCaLoss``
-computes both, the contrastive one with InfoNCE. `CoCaObjective` keeps OpenCLIP's
-captioning term as it is (``CoCaLoss`` with its contrastive weight at 0, so only the caption
-cross-entropy is computed, with the padding id ignored) and takes the contrastive term from any
-clip-dcl loss, so that::
+OpenCLIP's ``CoCaLoss`` computes CoCa's (Yu et al. 2022) captioning term with its contrastive weight
+at 0; the contrastive term comes from a clip-dcl loss, which keeps its own state and metrics::
 
     loss = contrastive_weight * ours(image_features, text_features, logit_scale)
          + caption_weight * CE(logits, labels)
-
-as OpenCLIP's ``--coca-contrastive-loss-weight`` and ``--coca-caption-loss-weight`` weigh them.
-The contrastive loss keeps its own state (DeCL's rates) and metrics: `contrastive` is the
-module to checkpoint.
 """
 from __future__ import annotations
 
@@ -24,14 +17,8 @@ from .base import LossWrapper
 class CoCaObjective(LossWrapper):
     """``contrastive_weight * contrastive(...) + OpenCLIP's CoCa captioning term``.
 
-    Args:
-        contrastive: a clip-dcl loss (``create_loss("dcl" | "decl" | "clip", ...)``).
-        caption_loss_weight, contrastive_loss_weight: OpenCLIP's ``--coca-*-loss-weight``.
-        pad_id: the tokenizer's padding id, ignored by the caption cross-entropy (OpenCLIP's default 0).
-
-    ``forward`` takes the CoCa model's outputs (``image_features``, ``text_features``, ``logits``,
-    ``labels``, ``logit_scale``) and returns ``{contrastive key: ..., "caption_loss": ...}`` with
-    ``output_dict=True`` (OpenCLIP sums the terms), else their sum.
+    ``forward`` takes the CoCa model's outputs and returns ``{contrastive key, "caption_loss"}`` with
+    ``output_dict=True``, else their sum. ``pad_id`` is ignored by the caption cross-entropy.
     """
 
     def __init__(self, contrastive: nn.Module, caption_loss_weight: float, contrastive_loss_weight: float,

@@ -1,30 +1,16 @@
 """``curl``: the block contrastive loss of Arora et al. 2019 (Eq. 12, "CURL"), for image-text pairs.
 
-Arora, Khandeparkar, Khodak, Plevrakis, Saunshi, "A Theoretical Analysis of Contrastive
-Unsupervised Representation Learning", ICML 2019, Sec. 6.3: with blocks of ``b`` points of one
-class, the anchor ``x`` is contrasted with the *mean embedding* of a positive block against the
-mean embedding of a negative block,
-``L_block = E[ l( f(x)^T (mean_i f(x_i^+) - mean_i f(x_i^-)) ) ]``, and, as their Eq. 5 does for
-pairs, with several negative blocks.
+Arora et al., "A Theoretical Analysis of Contrastive Unsupervised Representation Learning",
+ICML 2019, Sec. 6.3: the anchor is contrasted with the mean embedding of a positive block against
+those of negative blocks, ``L_block = E[ l( f(x)^T (mean_i f(x_i^+) - mean_i f(x_i^-)) ) ]``.
 
-Here a block is the set of ``M`` captions of one image (``b = M``; ``text_features`` of shape
-``(B * M, d)`` in image order). With ``p_j = mean_m g_jm`` (the plain mean of the unit caption
-embeddings, not renormalised, as in the paper) and ``v_ik = s <f_i, p_i> - s <f_i, p_k>``:
-
-- image anchor ``i`` against its block ``p_i`` and the blocks ``p_k`` of the other ``G - 1`` images
-  of the global batch (gathered across ranks):
-  ``logistic`` (the paper's experiments): ``log(1 + sum_{k != i} exp(-v_ik))``;
-  ``hinge``: ``max(0, 1 + max_{k != i} (-v_ik))`` (the paper's two losses, Sec. 2, with natural
-  logs; the margin is 1 in units of the scaled logit ``s <f, g>``);
-- text anchors "where defined": a caption's positive block is its image (one image, ``b = 1`` on
-  that side), its negative blocks the other ``G - 1`` images, with the same ``l``;
-- ``L = (L_img + L_txt) / 2``, the mean over image anchors and over caption anchors.
-
-``b = M = 1``: a block is one caption, and ``logistic`` is CLIP's InfoNCE exactly (tested equal to
-``clip``); ``hinge`` is a multi-class hinge on the CLIP logits.
-
-The loss reads the logits through block means and (hinge) maxima, not through each anchor's
-``(pos, lse_neg)``, so ``no_grad_gather`` is refused. Written here: OpenCLIP has no block loss.
+A block is the ``M`` captions of one image (``text_features`` ``(B * M, d)``). With
+``p_j = mean_m g_jm`` (not renormalised, as in the paper) and ``v_ik = s <f_i, p_i> - s <f_i, p_k>``,
+image anchor ``i`` against the other ``G - 1`` images' blocks scores ``logistic``
+``log(1 + sum_{k != i} exp(-v_ik))`` or ``hinge`` ``max(0, 1 + max_{k != i} (-v_ik))`` (margin 1 in
+units of the scaled logit); a caption anchor's positive block is its image. ``L = (L_img + L_txt) / 2``.
+At ``M = 1`` ``logistic`` is InfoNCE exactly. The loss reads block means and maxima, not
+``(pos, lse_neg)``, so ``no_grad_gather`` is refused.
 """
 from __future__ import annotations
 
@@ -49,23 +35,10 @@ def _row_loss(logits: torch.Tensor, pos_cols: torch.Tensor, link: str) -> torch.
 
 
 class BlockContrastiveLoss(ContrastiveLoss):
-    """Arora et al.'s block contrastive loss (CURL, Eq. 12) with the captions of an image as its block.
+    """Arora et al.'s block contrastive loss with the captions of an image as its block.
 
-    Args:
-        link: ``"logistic"`` (default, the paper's experiments) or ``"hinge"``.
-        local_loss, gather_with_grad, rank, world_size: as OpenCLIP's ``ClipLoss``.
-
-    Attributes:
-        metrics: ``block_size`` (M); with ``hinge``, ``active_rate``, the share of anchor rows whose
-            margin is violated (the rows with a gradient).
-
-    Raises:
-        ValueError: an unknown ``link``, or ``no_grad_gather=True``.
-
-    Example::
-
-        loss = BlockContrastiveLoss(link="logistic")
-        value = loss(image_features, text_features_of_3_captions_each, logit_scale)
+    ``link``: ``"logistic"`` (default) or ``"hinge"``. ``metrics``: ``block_size`` (M), and with
+    ``hinge`` ``active_rate``, the share of rows whose margin is violated.
     """
 
     output_key = "curl_loss"

@@ -1,5 +1,4 @@
-"""DeCL's command line: its flags (declared on `DeCLLoss`, from which the
-training CLI is built) and the arguments it completes from the training data."""
+"""DeCL's flags and the arguments it completes from the training data."""
 from __future__ import annotations
 
 import math
@@ -85,13 +84,9 @@ FLAGS = (
 
 
 def resolve_data_params(kwargs: Dict[str, object], data: DataFacts, defaults: Dict[str, object]) -> Dict[str, object]:
-    """``kwargs`` with what the data sets: ``num_samples`` (``rate="index"``, when not given) and the
-    cosine gamma schedule's steps (``gamma_decay_steps`` from ``--decl-gamma-decay-epochs``,
-    ``gamma_hold_steps`` one epoch); refuses flags the configuration would ignore.
-
-    The buffer holds the training data's size (the sum of the shards' ``sizes.json``, the CSV's rows,
-    ``--train-num-samples`` for synthetic data); with ``k`` ``::``-joined sources each owns a block of
-    ``B`` ids, ``B`` = ``--decl-num-samples`` or the largest source, so it holds ``k * B`` rows.
+    """``kwargs`` with what the data sets: ``num_samples`` (``index``) and the cosine gamma schedule's steps;
+    refuses flags the configuration would ignore. With ``k`` ``::``-joined sources each owns a block of
+    ``B`` ids (``--decl-num-samples`` or the largest source): ``k * B`` rows.
     """
     out = dict(kwargs)
     schedule = out.get("schedule", defaults["schedule"])

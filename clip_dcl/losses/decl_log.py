@@ -1,10 +1,5 @@
-"""What DeCL's training log shows: its comparable ``Loss``, the columns that can change, the step's term
-and the epoch warning of the ``max_log_ratio`` ceiling.
-
-The log half of `DeCLLoss` (it mixes `DeCLLog` in): the hooks
-`LossDeclaration` declares (``logged_loss``, ``logged_metrics``,
-``step_note``, ``epoch_warning``), answered from the loss's settings. docs/training.md lists the
-columns per setting.
+"""What DeCL's training log shows: its comparable ``Loss``, the columns that can change, the step's
+term and the ``max_log_ratio`` ceiling's epoch warning (docs/training.md lists the columns).
 """
 from __future__ import annotations
 
@@ -17,23 +12,18 @@ from .decl_rates import IndexRate
 
 
 class DeCLLog:
-    """DeCL's answers to the training log's questions; reads the settings `DeCLLoss`
-    holds (``rate``, ``include_current``, ``gamma``, ``gamma_schedule``, ``queue_size``, ``max_log_ratio``,
-    ``lambdas``, ``rates``) and the last call's ``_captions_per_image`` and ``_last_step``."""
+    """DeCL's answers to the training log's hooks, mixed into `DeCLLoss` and reading its settings."""
 
     def logged_loss(self, metrics: Dict[str, object]) -> torch.Tensor:
-        """``loss2``, the InfoNCE value, as the log's ``Loss``: the total (``Decl_loss``) moves between
-        loss1's scale and InfoNCE's as ``lambda_t`` does, so only InfoNCE compares with ``clip``'s ``Loss``."""
+        """``loss2`` (InfoNCE) as the log's ``Loss``: the total moves with ``lambda_t`` and compares with nothing."""
         return metrics["loss2"]
 
     def ceiling_can_bite(self, captions_per_image: int = 1) -> bool:
-        """Whether ``max_log_ratio`` can bite on a row whose sample id is alone in its batch. Read after
-        this step's update (``index`` with ``include_current``), the rate holds ``gamma_t`` times the
-        row's own estimate, so the ratio is at most ``-log gamma_t`` (``gamma`` is the smallest
-        ``gamma_t``), plus ``log M`` for a caption among M; ``queue`` with the current batch counted
-        holds its N negatives among ``N + Q``, at most ``log(1 + Q)``; ``batch`` reads the row's own
-        estimate (ratio 0). Two rows of one id in a batch (resampled data, hashed keys) are not bounded:
-        an epoch where the ceiling bites anyway gets a warning (`epoch_warning`)."""
+        """Whether ``max_log_ratio`` can bite on a row whose id is alone in its batch.
+
+        Update-then-read bounds the ratio by ``-log gamma`` (plus ``log M`` for a caption among M); a queue
+        counting the batch by ``log(1 + Q)``; ``batch`` reads ratio 0. Repeated ids are not bounded.
+        """
         if self.rate == "batch":
             return False
         if self.include_current and self.rate == "index":
@@ -43,12 +33,9 @@ class DeCLLog:
         return True
 
     def constant_metrics(self, captions_per_image: int = 1) -> set:
-        """The `metrics` the log leaves out under this configuration: ``loss2`` (it is the log's
-        ``Loss``), and those that cannot change: ``lambda_t`` under a constant schedule, ``gamma_t``
-        under a constant gamma, ``clamp_rate`` where the ceiling cannot bite (`ceiling_can_bite`),
-        the ratio and weight statistics of ``batch`` (its ratio is 0); and ``loss1`` read after this
-        step's update (``index`` with ``include_current``: ``exp(e_i) / r_i`` is then close to 1 by
-        construction, and InfoNCE is the value to follow)."""
+        """The `metrics` the log leaves out: ``loss2`` (the log's ``Loss``) and those that cannot change here
+        (``loss1`` too under update-then-read, where its weight is near 1 by construction).
+        """
         out = {"loss2"}
         if not self.lambdas.varies():
             out.add("lambda_t")
@@ -68,15 +55,13 @@ class DeCLLog:
         return {k: v for k, v in metrics.items() if k not in left_out}
 
     def step_note(self) -> str:
-        """``Term: ...``: what the schedule optimised at the last call's step (``loss1``, ``infonce``, or both);
-        nothing when every step optimises the same."""
+        """``Term: ...``: what the schedule optimised at the last step; nothing when every step is the same."""
         if self._last_step is None or not self.lambdas.varies():
             return ""
         return f"Term: {self.lambdas.term(self._last_step)}"
 
     def epoch_warning(self, epoch_means: Dict[str, float]) -> Optional[str]:
-        """A line when the ``max_log_ratio`` ceiling bit in an epoch where the configuration bounds the
-        ratio below it (`ceiling_can_bite`), so that its count, left out of the log line, is not lost."""
+        """A line when the ceiling bit where the configuration bounds the ratio below it (its column is not logged)."""
         rate = epoch_means.get("clamp_rate", 0.0)
         if rate > 0 and not self.ceiling_can_bite(self._captions_per_image):
             return (f"DeCL's log-ratio ceiling (max_log_ratio {self.max_log_ratio:g}) bit on {100 * rate:.3g}% of the "

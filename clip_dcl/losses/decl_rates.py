@@ -1,37 +1,20 @@
 """DeCL's rate estimators: where each anchor's rate ``r_i`` (its expected negative score) comes from.
 
-Each estimator owns its buffers (registered on the loss, so ``state_dict`` keys stay the loss's own),
-their layout across ranks, its part of the argument checks, the update of a step and its undo.
-``e_i`` is the anchor's batch estimate (``lse_neg_i - log K``, less ``l_ii`` for the relative
-estimate); only ``log r`` is ever stored.
+Each owns its buffers (registered on the loss), their layout across ranks, its checks, a step's
+update and its undo. ``e_i`` is the anchor's batch estimate (``lse_neg_i - log K``, less ``l_ii`` for
+the relative estimate); only ``log r`` is stored, and non-finite estimates are dropped and counted.
 
-- `IndexRate` (``index``, the paper's global buffer, Chen et al. 2022 Alg. 1): ``log r`` per
-  training sample and direction, indexed by the sample ids. **Update, then read**
-  (``include_current=True``, as SogCLR and FastCLIP do): this step's ``e_i`` is folded in first,
-  ``log r <- log((1 - gamma_t) r + gamma_t exp(e_i))`` (an unvisited entry stores ``e_i``), and loss1
-  reads the result, so the weight ``exp(e_i - log r_i)`` is at most ``1 / gamma_t``. **Read, then
-  update** (``include_current=False``, the paper's "statistics taken from previous iterations"):
-  loss1 reads the rate stored by earlier visits; an anchor on its first visit (entry still NaN)
-  reads ``first_visit="batch"``, its own ``e_i``, or ``"mean"``, the previous step's mean estimate
-  (with update-then-read every entry read has just been written, so there are no first visits).
-  **Drift correction**: each rate is stored relative to the mean estimate ``m_t`` of the step that
-  stored it (over the global batch's finite estimates) and read at the latest level (``m_t`` after
-  the update, ``m_{t-1}`` before it): a stale rate follows the global drift of the similarities.
-  A repeated id in one global batch reads one stored value and is updated with its first
-  occurrence's estimate. **Layout** (``state``): ``sharded`` keeps the ids ``i mod W = r`` on rank
-  ``r`` (`clip_dcl.losses.state`); each step one all-reduce of a ``(2 or 4, G)`` tensor, where
-  exactly one owner adds each stored value (so the sum is exact), gives every rank the global
-  batch's rates (and, with ``local_loss``, every rank's estimates); ``replicated`` keeps all of it
-  on every rank. Both give the same values, gradients and state, bit for bit. ``state_dtype``
-  stores the rates in 16 bits (read and updated in float32).
-- `QueueRate` (``queue``, no ids): a FIFO of the last ``queue_size`` gathered embeddings of
-  each modality; ``log r_i = logsumexp`` over the other modality's queue minus ``log(count)``
-  (with ``include_current``, the batch's negatives counted too); the batch is enqueued after use.
-- `BatchRate` (``batch``, the ablation): ``log r_i = e_i``, the minibatch-coupled gradient that
-  DeCL is meant to remove.
-
-Only finite estimates (``index``) and finite pairs of embeddings (``queue``) enter the state; the others
-are dropped and counted.
+- `IndexRate` (``index``, the paper's global buffer, Chen et al. 2022 Alg. 1): ``log r`` per sample
+  and direction. Update, then read (default, as SogCLR and FastCLIP):
+  ``log r <- log((1 - gamma_t) r + gamma_t exp(e_i))``, then loss1 reads it, so the weight
+  ``exp(e_i - log r_i)`` is at most ``1 / gamma_t``. Read, then update (the paper's wording): loss1
+  reads earlier visits' rate; a first visit reads its own ``e_i`` or the previous step's mean.
+  Drift correction stores each rate relative to its step's mean estimate and reads it at the latest
+  one. ``sharded`` keeps ids ``i mod W = r`` on rank ``r``; one all-reduce a step, where exactly one
+  owner adds each value, gives every rank the batch's rates, bit for bit as ``replicated``.
+- `QueueRate` (``queue``, no ids): ``log r_i`` is the logsumexp over a FIFO of the other modality's
+  last ``queue_size`` embeddings less ``log(count)``; the batch is enqueued after use.
+- `BatchRate` (``batch``, the ablation): ``log r_i = e_i``, the coupling DeCL is meant to remove.
 """
 from __future__ import annotations
 
@@ -246,8 +229,7 @@ class IndexRate(RateEstimator):
             state_dict[key] = self._own_columns(state_dict[key])
 
     def _own_columns(self, table: torch.Tensor) -> torch.Tensor:
-        """``table`` as this rank's buffer: as is when it has the buffer's shape; this rank's columns
-        when it is the whole ``(2, num_samples)`` table and the buffer is sharded."""
+        """``table`` as this rank's buffer (its own columns of a whole ``(2, num_samples)`` table when sharded)."""
         h = self.host
         want = tuple(h.log_rate.shape)
         if tuple(table.shape) == want:
@@ -274,11 +256,10 @@ class IndexRate(RateEstimator):
         return torch.stack(parts, dim=2).reshape(2, -1)[:, :self.num_samples].clone()
 
     def _read_rates(self, ids: torch.Tensor, local_rows: Optional[torch.Tensor] = None, row_offset: int = 0):
-        """Stored relative rates of the global batch's ``ids`` (``(2, G)``, compute dtype), on every rank.
+        """Stored relative rates of the global batch's ``ids`` (``(2, G)``), on every rank.
 
-        Sharded, with ``local_rows`` (this rank's ``(2, B)`` estimates, at columns ``row_offset:``), the
-        same all-reduce also gathers the estimates of all ranks: returns ``(rates, estimates)``, so
-        that sharding costs no collective more than replication, which all-gathers the estimates.
+        Sharded, with ``local_rows``, the same all-reduce gathers every rank's estimates too:
+        ``(rates, estimates)``.
         """
         h = self.host
         work = h.prev_log_rate.dtype
@@ -293,11 +274,10 @@ class IndexRate(RateEstimator):
         return vals[:2], (None if local_rows is None else vals[2:])
 
     def _write_rates(self, ids: torch.Tensor, values: torch.Tensor) -> None:
-        """Store ``values`` (``(2, U)``) for the distinct ``ids``: the ones this rank keeps.
+        """Store ``values`` for the distinct ``ids`` this rank keeps.
 
-        The values are computed for the whole global batch on every rank and only then cut to the
-        owned columns: CPU kernels round a vector's tail differently from its body, so computing on
-        the owned subset would differ from the replicated buffer in the last bit.
+        They are computed for the whole batch and then cut: CPU kernels round a vector's tail differently
+        from its body, so computing on the owned subset would differ from replication in the last bit.
         """
         h = self.host
         if self.sharded:

@@ -1,12 +1,8 @@
-"""DeCL's small named pieces: the schedules of ``lambda_t`` and ``gamma_t``, and the temperature modes.
+"""DeCL's schedules of ``lambda_t`` and ``gamma_t`` and its temperature modes, one class per flag value.
 
-Each piece is one class in one table, chosen by its flag's value (``--decl-schedule``,
-``--decl-gamma-schedule``, ``--decl-temperature-mode``); `DeCLLoss` asks
-the piece, never the string. ``t`` counts optimizer steps from 1.
-
-Sources: Chen et al., NeurIPS 2022 (DeCL), Sec. 2.2.3 and Appendix (the ``lambda_t`` schedules);
-Wei et al. 2024, arXiv 2407.01445 (FastCLIP: the cosine ``gamma`` schedule, ``adjust_gamma``, and the
-RGCL-g temperature objective of its v3).
+``t`` counts optimizer steps from 1. Sources: Chen et al., NeurIPS 2022 (DeCL), Sec. 2.2.3 and
+Appendix (``lambda_t``); Wei et al. 2024, arXiv 2407.01445 (FastCLIP: the cosine ``gamma`` schedule,
+``adjust_gamma``, and v3's RGCL-g temperature objective).
 """
 from __future__ import annotations
 
@@ -137,9 +133,9 @@ class ConstantGamma(GammaSchedule):
 
 
 class CosineGamma(GammaSchedule):
-    """1 for ``hold_steps`` steps, then from 1 down to ``gamma`` over ``decay_steps``:
-    ``gamma + (1 - gamma) (1 + cos(pi min(1, (t - 1 - H) / T))) / 2`` (FastCLIP's ``adjust_gamma``, which
-    steps once per epoch, made continuous in the step)."""
+    """1 for ``hold_steps`` steps, then ``gamma + (1 - gamma) (1 + cos(pi min(1, (t - 1 - H) / T))) / 2``
+    (FastCLIP's ``adjust_gamma``, made continuous in the step).
+    """
 
     name = "cosine"
 
@@ -163,10 +159,9 @@ def schedule_gamma(schedule: str, step: int, gamma: float, decay_steps: Optional
 class TemperatureMode:
     """Which scale each term sees, and what trains the model's scale.
 
-    loss1 has no positive in its normaliser: its gradient by the logit scale is ``E_w[c_ik] - c_ii``
-    (w the negatives' weights), negative once positives outrank negatives, so it would drive a learned
-    scale to OpenCLIP's clamp. A step that does not train the scale gives it a zero gradient (DDP
-    expects one for every parameter, and one process then steps as W ranks do).
+    loss1 has no positive in its normaliser: its gradient by the scale is ``E_w[c_ik] - c_ii``, negative
+    once positives outrank negatives, so it would drive a learned scale to OpenCLIP's clamp. A step that
+    does not train the scale gives it a zero gradient (DDP expects one for every parameter).
     """
 
     name = ""
@@ -245,11 +240,7 @@ TEMPERATURE_MODES = tuple(TEMPERATURE_MODE_TYPES)
 
 
 def temperature_mode(name: str, temperature: Optional[float], rho: Optional[float]) -> TemperatureMode:
-    """The mode ``name``, its ``temperature`` (fixed) and ``rho`` (rgclg) checked.
-
-    Raises:
-        ValueError: an unknown mode, or a value for another mode or out of range (the message names it).
-    """
+    """The mode ``name`` with its ``temperature`` (fixed) and ``rho`` (rgclg) checked (``ValueError``)."""
     if name not in TEMPERATURE_MODE_TYPES:
         raise ValueError(f"temperature_mode={name!r} is not one of {TEMPERATURE_MODES}")
     if name == "fixed":

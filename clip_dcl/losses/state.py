@@ -1,27 +1,16 @@
 """Per-sample loss state split across ranks: the layout, re-sharding, and a digest that scales.
 
-**Layout.** A per-sample table of ``num_samples`` columns (DeCL's ``log_rate``, shape
-``(rows, num_samples)``) is split over ``world_size`` ranks by id modulo the world size: rank ``r``
-owns the ids ``r, r + W, r + 2W, ...`` and keeps id ``i`` at local column ``i // W``. Its shard has
-`shard_size` ``= ceil((num_samples - r) / W)`` columns, so no rank holds more than
-``ceil(num_samples / W)``. Modulo (not ranges) spreads every global batch of shuffled ids evenly
-over the owners, and with ``W = 1`` the shard is the whole table.
+A ``(rows, num_samples)`` table is split by id modulo the world size: rank ``r`` keeps id ``i`` at
+local column ``i // W`` (`shard_size` columns), which spreads every shuffled batch evenly over the
+owners. `reshard` builds one rank's shard from another world size's shards, one source at a time, so
+a rank never holds more than its shard plus one (memory-mapped) source.
 
-**Re-sharding** (`reshard`) builds one rank's shard from the shards of a run on any other
-world size, one source shard at a time and a bounded number of columns at a time, so a rank never
-holds more than its own shard plus one source shard (which may be memory-mapped).
-
-**Digest** (`state_digest`). Hashing the whole table needs a full host copy (6.4 GB per rank
-at LAION-400M). Instead, every entry contributes ``bits(x) * w(p) mod P`` at its *global* position
-``p`` (two weight sequences, ``P = 2^31 - 1``), summed exactly in int64 on the tensor's own device,
-a column chunk at a time. Integer sums do not depend on the order of addition, so the sum over the
-shards of a sharded table (combined with one all-reduce of two integers) equals the sum over the
-whole table of a replicated one, bit for bit, on any world size. The digest is the sha256 of every
-buffer's name, dtype, global shape and two sums: not cryptographic, but any change of one entry
-changes it, and ranks that disagree are seen at once.
-
-Written here because ``torch.distributed`` has no sharded-table type that survives a change of
-world size and a ``state_dict`` round trip on CPU and GPU alike.
+`state_digest` avoids a full host copy of the table: every entry adds ``bits(x) * w(p) mod P`` at its
+global position ``p`` (two weight sequences, ``P = 2^31 - 1``), summed exactly in int64 on the
+tensor's device. Integer sums do not depend on the order of addition, so a sharded table (plus one
+all-reduce of two integers) digests as the replicated one, bit for bit, on any world size. Not
+cryptographic, but any change of one entry changes it. ``torch.distributed`` has no sharded table
+that survives a change of world size and a ``state_dict`` round trip.
 """
 from __future__ import annotations
 
@@ -53,15 +42,10 @@ def global_ids(num_samples: int, rank: int, world_size: int, start: int = 0, sto
 
 def reshard(sources: Iterable[Tuple[int, int, Callable[[], torch.Tensor]]], num_samples: int, rank: int,
             world_size: int, out: torch.Tensor) -> torch.Tensor:
-    """Fill ``out`` (``(rows, shard_size(num_samples, rank, world_size))``) from another layout's shards.
+    """Fill ``out`` (rank ``rank``'s shard) from another layout's shards, one at a time.
 
-    ``sources`` yields ``(source_rank, source_world_size, load)``, one per source shard, where
-    ``load()`` returns that shard (``(rows, shard_size(num_samples, source_rank, source_world_size))``,
-    typically memory-mapped). Each source is loaded, its columns that ``rank`` owns are copied, and
-    it is released before the next one. A replicated table is the source ``(0, 1, load)``.
-
-    Raises:
-        ValueError: a source shard of the wrong shape, or sources that do not cover every column.
+    ``sources`` yields ``(source_rank, source_world_size, load)``; a replicated table is ``(0, 1, load)``.
+    Raises ``ValueError`` for a shard of the wrong shape or sources that do not cover every column.
     """
     covered = 0
     for src_rank, src_world, load in sources:
@@ -99,9 +83,7 @@ def _bits(x: torch.Tensor) -> torch.Tensor:
 
 
 def _partial_sums(values: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-    """``(2,)`` int64: ``sum_p (bits_p + 1) * w_m(p) mod P`` for the two weight sequences.
-
-    ``bits + 1 <= 2^32`` and ``w < 2^31``, so every product fits in int64 before its remainder."""
+    """``(2,)`` int64: ``sum_p (bits_p + 1) * w_m(p) mod P``; each product fits in int64 before its remainder."""
     b = _bits(values.reshape(-1))
     pos = positions.reshape(-1).to(b.device)  # < 2^35, so pos * m < 2^52
     sums = [torch.remainder(b * torch.remainder(pos * m + 1, _P), _P).sum() for m in _MULTIPLIERS]
