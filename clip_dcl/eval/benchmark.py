@@ -1,21 +1,12 @@
 """CLIP_benchmark's ``eval`` command line, run locally: ``clip-dcl eval benchmark``.
 
 A ``clip_benchmark eval ...`` command line on a webdataset (``--dataset wds/<name>``) or a local
-folder runs with ``clip-dcl eval benchmark`` in place of ``clip_benchmark eval``: the same flags
-(underscored), the same defaults (``--recall_k 5``, ``--batch_size 64``, ``--num_workers 4``,
-autocast unless ``--no_amp``), the model x pretrained x dataset x language grid run one after
-another, ``--skip_existing``, ``--output`` templates, and result files named and shaped as
-CLIP_benchmark writes them (``dataset``, ``model``, ``pretrained``, ``task``, ``metrics``,
-``language``, plus ``precision``). Flags that only make sense for CLIP_benchmark's own downloads,
-its distributed launcher, or its linear probe's own training (epochs, learning rate, train split)
-are refused with a message naming them. ``--task linear_probe`` runs ELEVATER's few-shot probe
-(`clip_dcl.eval.fewshot`) on a few-shot data set folder, with ``--fewshot_k`` shots (5 by
-default here: CLIP_benchmark's -1, the whole train split, is not this protocol). Each task runs
-through the task registry (`clip_dcl.eval.registry`): the registered task whose CLIP_benchmark
-name is ``--task`` evaluates and maps its metrics to CLIP_benchmark's keys.
-
-Python: `run_benchmark` takes the same settings as keyword arguments and returns the
-written documents.
+folder runs with the same flags and defaults, the same model x pretrained x dataset x language grid,
+``--skip_existing``, ``--output`` templates and result files shaped as CLIP_benchmark writes them
+(plus ``precision``). Flags that only mean something for its downloads, its launcher or its linear
+probe's training are refused, naming them. ``--task linear_probe`` runs ELEVATER's few-shot probe
+with ``--fewshot_k`` shots (5 here: CLIP_benchmark's -1 is not this protocol). The registered task
+whose CLIP_benchmark name is ``--task`` evaluates. `run_benchmark` is the Python entry.
 """
 from __future__ import annotations
 
@@ -78,8 +69,9 @@ class _Refuse(argparse.Action):
 
 
 def add_benchmark_arguments(p: argparse.ArgumentParser) -> None:
-    """CLIP_benchmark 1.6's ``eval`` flags (the ones that mean something for a local evaluation,
-    with its defaults) plus ``--device``; the others refused (`REFUSED_FLAGS`)."""
+    """CLIP_benchmark 1.6's ``eval`` flags that mean something locally, with its defaults, plus ``--device``;
+    the others refused (`REFUSED_FLAGS`).
+    """
     g = p.add_argument_group("data (CLIP_benchmark's flags)")
     g.add_argument("--dataset", nargs="+", required=True,
                    help="wds/<name> (CLIP_benchmark's webdataset layout under --dataset_root), a folder, or a text "
@@ -152,8 +144,7 @@ def benchmark_tasks() -> list[str]:
 # ----------------------------------------------------------------------------------------------
 def expand_models(models: Sequence[str], pretrained: Sequence[str],
                   pretrained_model: Sequence[str] | None = None) -> list[tuple[str, str]]:
-    """(model, pretrained) pairs: every model with every pretrained (CLIP_benchmark's product), or
-    the ``--pretrained_model`` pairs and files."""
+    """(model, pretrained) pairs: CLIP_benchmark's product, or the ``--pretrained_model`` pairs and files."""
     if not pretrained_model:
         return list(product(models, pretrained))
     pairs = []
@@ -203,8 +194,7 @@ def _is_remote(root: str) -> bool:
 
 
 def locate_dataset(dataset: str, template: str, split: str = "test") -> Path:
-    """``--dataset_root`` formatted for ``dataset``, checked: a local folder (or file); for
-    ``wds/<name>``, a folder in CLIP_benchmark's webdataset layout (``ROOT/<split>/nshards.txt``)."""
+    """``--dataset_root`` formatted for ``dataset`` and checked (``wds/<name>``: CLIP_benchmark's layout)."""
     short = short_name(dataset)
     try:
         root = template.format(dataset=short, dataset_cleaned=short.replace("/", "-"))
@@ -234,11 +224,10 @@ def locate_dataset(dataset: str, template: str, split: str = "test") -> Path:
 
 
 def resolve_task(task: str, dataset: str, root: Path, split: str = "test") -> str:
-    """The CLIP_benchmark task of a run. ``auto``: ``zeroshot_retrieval`` when the data's
-    ``dataset_type.txt`` says retrieval, the name is one of CLIP_benchmark's retrieval sets, the
-    data is a CSV/TSV, or it is a folder of image-caption ``.tar`` shards (img2dataset's layout,
-    what ``clip-dcl data synth`` writes in ``val/``) or one such shard; else
-    ``zeroshot_classification``. A task no registered task runs is a ``ValueError`` with the reason."""
+    """The CLIP_benchmark task of a run; ``auto`` is ``zeroshot_retrieval`` for retrieval data (its
+    ``dataset_type.txt``, a retrieval set's name, a CSV/TSV, image-caption shards), else
+    ``zeroshot_classification``. A task nothing runs is a ``ValueError``.
+    """
     if task in OTHER_TASKS:
         raise ValueError(f"--task {task}: {OTHER_TASKS[task]}")
     if task != "auto":
@@ -285,8 +274,7 @@ class BenchmarkSettings:
 
 
 def _custom(path, dataset: str, what: str, fallback: tuple[str, ...] = ()):
-    """The entry of a CLIP_benchmark custom class-name / template JSON for ``dataset``: keys
-    ``dataset``, then its name without ``wds/``, then ``fallback``; None without a file."""
+    """A CLIP_benchmark custom class-name / template JSON's entry for ``dataset`` (or ``fallback``), or None."""
     if path is None:
         return None
     p = Path(path)
@@ -312,12 +300,11 @@ def benchmark_precision(amp: bool, device: str) -> str:
 
 
 def load_benchmark_model(model: str, pretrained: str, device: str, cache_dir: str | None = None):
-    """(model, preprocess, tokenizer) for a CLIP_benchmark (``--model``, ``--pretrained``) pair.
+    """(model, preprocess, tokenizer) for a (``--model``, ``--pretrained``) pair.
 
-    ``local-dir:FOLDER`` models load through OpenCLIP, which then ignores ``pretrained`` (as in
-    CLIP_benchmark). Otherwise ``pretrained`` is a clip-dcl trainer checkpoint or exported folder
-    (`clip_dcl.checkpoint.load_checkpoint`), an OpenCLIP weights file or tag, or ``none``
-    (random weights)."""
+    ``local-dir:`` models load through OpenCLIP (``pretrained`` ignored); otherwise ``pretrained`` is a
+    clip-dcl checkpoint or export, an OpenCLIP weights file or tag, or ``none`` (random weights).
+    """
     import open_clip
 
     from ..models import register_builtin_configs
@@ -346,8 +333,7 @@ def plan_runs(dataset: Sequence[str], dataset_root: str = "root", model: Sequenc
               pretrained: Sequence[str] = ("laion400m_e32",), pretrained_model: Sequence[str] | None = None,
               task: str = "auto", language: Sequence[str] = ("en",), split: str = "test",
               output: str = DEFAULT_OUTPUT) -> list[BenchmarkRun]:
-    """Every run of the grid, in CLIP_benchmark's order (model pairs, then data sets, then
-    languages), with its data folder, task and result path checked before anything is loaded."""
+    """Every run of the grid in CLIP_benchmark's order, its data, task and result path checked first."""
     pairs = expand_models(model, pretrained, pretrained_model)
     names = expand_datasets(dataset)
     if not names:
@@ -386,8 +372,7 @@ def run_benchmark(
     fewshot_k: int = 5,
     fewshot_grid: str = "full",
 ) -> list[BenchmarkRun]:
-    """CLIP_benchmark's ``eval`` over the grid, locally (module docstring). Returns the runs, each
-    with its result ``document`` (empty when skipped as existing)."""
+    """CLIP_benchmark's ``eval`` over the grid; the runs with their result ``document`` (empty when skipped)."""
     import torch
 
     from .encoding import EvalOptions, check_logit_scale, device_problem, resolve_device

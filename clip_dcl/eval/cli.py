@@ -1,24 +1,12 @@
 """``clip-dcl eval retrieval|zeroshot|fewshot|benchmark``: thin wrappers over the evaluate_* functions.
 
-One subcommand per registered task (`clip_dcl.eval.registry`); a bad invocation raises
-`clip_dcl.train.flags.FlagError`, printed as one line naming the flag (exit 2).
-
-Each subcommand loads the model (``--checkpoint`` a trainer ``.pt`` or an exported folder, see
-`clip_dcl.checkpoint.load_checkpoint`; or ``--model`` alone with OpenCLIP's
-``--pretrained`` tag/file), runs one evaluator, prints a table and, with ``--output``, writes the
-flat JSON of `clip_dcl.eval.report` (with ``--format clip_benchmark``, also CLIP_benchmark's
-per-task JSON beside it). ``benchmark`` takes CLIP_benchmark's ``eval`` command line
-(`clip_dcl.eval.benchmark`).
-
-Examples::
+Each subcommand loads the model (``--checkpoint`` or ``--model``/``--pretrained``), runs one task,
+prints its table and, with ``--output``, writes the JSON (and CLIP_benchmark's with ``--format
+clip_benchmark``). A bad invocation is one `FlagError` line naming the flag (exit 2)::
 
     clip-dcl eval retrieval --checkpoint logs/x/checkpoints/epoch_10.pt --data data/val/ --output r.json
-    clip-dcl eval retrieval --checkpoint exported/ --data /data/wds_mscoco_captions --recall-k 1 5 10 \
-        --precision amp_bf16 --format clip_benchmark --output results/coco.json
     clip-dcl eval zeroshot  --checkpoint exported/ --data /data/imagenet/val
     clip-dcl eval fewshot   --checkpoint exported/ --data /data/elevater --datasets cifar-10 dtd --grid full
-    clip-dcl eval benchmark --dataset wds/mscoco_captions --dataset_root '/data/wds_{dataset_cleaned}' \
-        --task zeroshot_retrieval --model clip-dcl-tiny --pretrained epoch_10.pt --recall_k 1 5 10
 """
 from __future__ import annotations
 
@@ -73,9 +61,7 @@ def _add_benchmark_format(p: argparse.ArgumentParser, task: str) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """``clip-dcl eval``: one subcommand per registered task (`clip_dcl.eval.tasks`), each with
-    its own options, the model and run flags, and ``--format``/``--dataset-name`` when the task has a
-    CLIP_benchmark counterpart; plus ``benchmark`` (CLIP_benchmark's command line)."""
+    """``clip-dcl eval``: a subcommand per registered task (its options, the shared flags) and ``benchmark``."""
     from .benchmark import add_benchmark_arguments
     from .tasks import registered_tasks
 
@@ -151,8 +137,7 @@ def _check_common(args) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run ``clip-dcl eval`` with ``argv`` (the words after ``eval``); return the exit code: 0, or 2
-    for a bad invocation or data the evaluation cannot use (the message, naming it, on stderr)."""
+    """Run ``clip-dcl eval`` with ``argv``; the exit code (2 for a bad invocation or unusable data)."""
     from .report import benchmark_document, benchmark_output_path, result_document, write_json
     from .tasks import get_task
 

@@ -1,13 +1,9 @@
 """The evaluation task registry: a name on the command line maps to one `EvalTask`.
 
-Each task declares, where it is defined, everything the command line, the report and the
-CLIP_benchmark writer need: its options, its metric names, its table (the report rows), its
-CLIP_benchmark task name and how its metrics map to CLIP_benchmark's keys. A module registers its
-task with `register_task` at import; `clip_dcl.eval.tasks` imports the built-in ones.
-Registering a name a second time replaces the earlier task with a warning, as timm's model
-registry does (``timm/models/_registry.py``).
-
-This module imports nothing else of `clip_dcl.eval`, so that every task module can import it.
+A task declares where it is defined what the command line, the report and the CLIP_benchmark writer
+need, and registers itself with `register_task` at import; a second registration of a name replaces
+the first with a warning, as timm's registry does. This module imports nothing else of
+`clip_dcl.eval`, so every task module can import it.
 """
 from __future__ import annotations
 
@@ -21,12 +17,8 @@ __all__ = ["EvalTask", "TaskResult", "register_task", "get_task", "registered_ta
 
 @dataclass
 class TaskResult:
-    """What one run of a task gives the report.
-
-    ``metrics``: the flat ``metric -> value`` dict; ``data``: the JSON's ``data`` entry (paths, sizes);
-    ``settings``: the task's own settings beside the common ones (batch size, device, ...);
-    ``details``: per-record results (the JSON's ``details``), ``None`` when the task has none;
-    ``facts``: anything else the task's own CLIP_benchmark writer needs (never written as such).
+    """What one run of a task gives the report: flat ``metrics``, the JSON's ``data``, the task's own
+    ``settings``, per-record ``details`` (or None) and ``facts`` for its CLIP_benchmark writer.
     """
 
     metrics: dict
@@ -46,34 +38,15 @@ def _no_check(args: argparse.Namespace) -> None:
 
 @dataclass(frozen=True)
 class EvalTask:
-    """One evaluation: ``clip-dcl eval <name>`` and its report.
+    """One evaluation: ``clip-dcl eval <name>`` and its report (docs/extending-eval.md).
 
-    - ``name``: the subcommand; ``help`` its line in ``clip-dcl eval --help``, ``description`` its
-      ``--help`` text.
-    - ``run(model, preprocess, tokenizer, args, common) -> TaskResult``: the evaluation over the
-      parsed flags; ``common`` holds ``options`` (`clip_dcl.eval.encoding.EvalOptions`) and
-      ``skips`` (`clip_dcl.data.evalsets.skips.SkipCounter`).
-    - ``add_arguments(parser)``: the task's options (``--data`` and the model/run flags every task
-      shares are added by the command line).
-    - ``check(args)``: refuses a bad invocation before the model loads, raising
-      `clip_dcl.train.flags.FlagError` naming the flag and the value.
-    - ``metrics``: the metric names it reports (``{k}`` and ``{dataset}`` stand for the values of
-      its options), shown in its ``--help``.
-    - ``table(metrics, args) -> str``: its report rows, printed after the run.
-    - ``benchmark_name``: CLIP_benchmark's task name (``None``: no CLIP_benchmark counterpart);
-      ``benchmark_metrics(metrics) -> dict``: CLIP_benchmark's metric keys from ours.
-    - ``benchmark_documents(result, model_info, args, precision) -> list[dict]``: CLIP_benchmark
-      result files of one run, when one run makes more than one (default: one, built by
-      `clip_dcl.eval.report.benchmark_document`).
-    - ``benchmark_run(model, preprocess, tokenizer, run, settings) -> (metrics, extra)``: the task
-      under ``clip-dcl eval benchmark`` (``run`` a `clip_dcl.eval.benchmark.BenchmarkRun`,
-      ``settings`` the parsed CLIP_benchmark settings); ``extra`` is added to the result file.
-    - ``benchmark_check(run, settings)``: reads what ``benchmark_run`` will read of a run's data
-      (its layout, class names) and raises ``ValueError`` naming what does not fit; ``clip-dcl eval
-      benchmark`` calls it for every run before the first model loads.
-    - ``uses_logit_scale``: its scores depend on the model's ``logit_scale``, so a model whose scale is
-      NaN or inf is refused (exit 2); otherwise it is scored with a warning
-      (`clip_dcl.eval.encoding.check_logit_scale`).
+    ``run(model, preprocess, tokenizer, args, common) -> TaskResult`` evaluates (``common`` holds the
+    `EvalOptions` and the `SkipCounter`); ``add_arguments`` adds its options; ``check(args)`` refuses a
+    bad invocation before the model loads (`FlagError`); ``metrics`` names what it reports (``{k}``,
+    ``{dataset}`` stand for option values); ``table`` gives its report rows. ``benchmark_name``,
+    ``benchmark_metrics``, ``benchmark_documents``, ``benchmark_run`` and ``benchmark_check`` serve
+    ``clip-dcl eval benchmark`` (None: no CLIP_benchmark counterpart). ``uses_logit_scale``: a model
+    whose scale is not finite is refused rather than scored with a warning.
     """
 
     name: str
@@ -124,8 +97,7 @@ def register_task(task: EvalTask) -> EvalTask:
 
 
 def registered_tasks() -> dict[str, EvalTask]:
-    """The tasks registered so far, by name: the shipped ones first (`BUILTIN_ORDER`), then the others in
-    registration order (a copy)."""
+    """The tasks registered so far, by name, the shipped ones first (a copy)."""
     return _ordered()
 
 

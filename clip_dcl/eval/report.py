@@ -1,14 +1,8 @@
 """Readable tables and JSON files for evaluation results, and CLIP_benchmark's result files.
 
-Each task's own table is declared with the task (`clip_dcl.eval.registry`); this module holds
-what every task shares: the table format, the flat JSON document, and CLIP_benchmark's file names
-and common fields (the task supplies its CLIP_benchmark name and metric keys).
-
-The JSON an evaluation writes is flat: ``metric -> value`` at the top level, plus the keys
-``model`` (name and checkpoint), ``data`` (paths and sizes) and ``settings`` (every option that
-changes a number), ``skipped`` (the samples left out, counted by cause: ``{"empty caption": 1, ...}``,
-empty when none), and for the few-shot probe ``details`` (one record per data set and seed).
-NaN (e.g. top-5 with fewer than 5 classes) is written as ``NaN``, which Python's ``json`` reads back.
+The JSON an evaluation writes is flat: ``metric -> value`` at the top level plus ``model``, ``data``,
+``settings`` (every option that changes a number), ``skipped`` (counts by cause) and, for the
+few-shot probe, ``details``. Non-finite values are written as ``null``.
 """
 from __future__ import annotations
 
@@ -96,11 +90,9 @@ def short_name(dataset: str) -> str:
 
 
 def name_part(value: str) -> str:
-    """``value`` as one piece of a file name: its parts between '/', the path separator and ':'
-    joined by '_', with empty, ``.`` and ``..`` parts left out, so that a relative path
-    (``../data/val/``), a model schema (``local-dir:../exported``) or a data set name
-    (``vtab/cifar10``) gives no ``..``, ``:`` or ``__`` (``data_val``, ``local-dir_exported``,
-    ``vtab_cifar10``); CLIP_benchmark only replaces '/' in the data set name."""
+    """``value`` as one piece of a file name: its parts between '/', the path separator and ':' joined by
+    '_', without empty, ``.`` and ``..`` parts (``../data/val/`` -> ``data_val``).
+    """
     parts = str(value).replace(os.sep, "/").replace(":", "/").split("/")
     return "_".join(p for p in parts if p not in ("", ".", "..")) or "_"
 
@@ -114,12 +106,9 @@ def pretrained_slug(pretrained: str) -> str:
 
 
 def output_path(template: str, dataset: str, model: str, pretrained: str, language: str, task: str) -> Path:
-    """``template`` with CLIP_benchmark's fields: ``{dataset}`` (without ``wds/``, as `name_part`),
-    ``{pretrained}`` (`pretrained_slug`), ``{pretrained_full_path}`` (a file's absolute path
-    with '/' made '_'), ``{model}`` (`name_part`), ``{language}``, ``{task}``. A '/' inside a
-    model name (``local-dir:/path``, ``hf-hub:org/name``) is made '_' so that the name stays one
-    file; CLIP_benchmark inserts the model raw, which makes such a name a path into folders that
-    do not exist."""
+    """``template`` with CLIP_benchmark's fields filled; a '/' inside a model name is made '_' so that the
+    name stays one file (CLIP_benchmark inserts it raw).
+    """
     p = str(pretrained)
     full = os.path.abspath(p).replace(os.sep, "_") if (os.path.isfile(p) or os.path.isdir(p)) else p
     try:
@@ -132,9 +121,9 @@ def output_path(template: str, dataset: str, model: str, pretrained: str, langua
 
 
 def benchmark_dataset_name(data) -> str:
-    """CLIP_benchmark's ``--dataset`` name for ``data``: ``wds/<name>`` for its webdataset layout,
-    where a folder ``wds_<name>`` (how its shards are published) is ``wds/<name>``; else the data's
-    file or folder name."""
+    """CLIP_benchmark's ``--dataset`` name for ``data``: ``wds/<name>`` for a folder ``wds_<name>`` in its
+    layout, else the file or folder name.
+    """
     from ..data.evalsets.benchmark import benchmark_layout_root
 
     if isinstance(data, (str, os.PathLike)):
@@ -147,9 +136,7 @@ def benchmark_dataset_name(data) -> str:
 
 
 def benchmark_pretrained(model: dict) -> str:
-    """``pretrained`` as CLIP_benchmark writes it, never null: the checkpoint path, else the
-    OpenCLIP tag or weights file, else the folder of a ``local-dir:`` model, else ``none``
-    (randomly initialised weights)."""
+    """``pretrained`` as CLIP_benchmark writes it: the checkpoint, tag, file or ``local-dir`` folder, else ``none``."""
     for key in ("checkpoint", "pretrained"):
         if model.get(key):
             return str(model[key])
@@ -161,10 +148,9 @@ def benchmark_pretrained(model: dict) -> str:
 
 def benchmark_document(benchmark_name: str, metrics: dict, model: dict, data, dataset_name: str | None = None,
                        precision: str = "fp32", language: str = "en") -> dict:
-    """CLIP_benchmark's per-task result JSON (``dataset``, ``model``, ``pretrained``, ``task``,
-    ``metrics``, ``language``; what its ``clip_benchmark build`` merges into a CSV) for the task
-    CLIP_benchmark names ``benchmark_name``, ``metrics`` already under its keys, plus ``precision``:
-    CLIP_benchmark encodes under autocast by default, we at the precision named here."""
+    """CLIP_benchmark's per-task result JSON for ``benchmark_name``, ``metrics`` under its keys, plus
+    ``precision`` (CLIP_benchmark encodes under autocast by default).
+    """
     return {
         "dataset": dataset_name or benchmark_dataset_name(data),
         "model": model.get("name"),
@@ -177,7 +163,6 @@ def benchmark_document(benchmark_name: str, metrics: dict, model: dict, data, da
 
 
 def benchmark_output_path(our_output: str | os.PathLike, doc: dict) -> Path:
-    """Beside ``our_output``, CLIP_benchmark's default file name
-    ``{dataset}_{pretrained}_{model}_{language}_{task}.json`` with the rules of `output_path`."""
+    """Beside ``our_output``, CLIP_benchmark's default file name with the rules of `output_path`."""
     name = output_path(DEFAULT_OUTPUT, doc["dataset"], doc["model"], doc["pretrained"], doc["language"], doc["task"])
     return Path(our_output).parent / name

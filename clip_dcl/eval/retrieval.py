@@ -1,13 +1,9 @@
 """Image-text retrieval: recall@k, mean and median rank, several captions per image.
 
-Data (`clip_dcl.data.evalsets`): webdataset shards in the Conceptual Captions layout (the
-json's ``captions`` list when present, else the ``.txt``, one caption per line) or in
-CLIP_benchmark's layout (``test/nshards.txt``; all captions of an image in its ``.txt``, one per
-line); a CSV/TSV of image path and caption with several rows per image allowed; or a
-``torch.utils.data.Dataset`` / ``DataLoader`` of (image tensor, captions). Images and captions are encoded
-with L2 normalisation (cosine similarity, as CLIP_benchmark and OpenCLIP's validation), then
-scored by `clip_dcl.eval.metrics.retrieval_metrics` in chunks, so that 100k x 100k never
-materialises (see its docstring for the memory bound).
+Data (`clip_dcl.data.evalsets`): webdataset shards (Conceptual Captions' or CLIP_benchmark's layout),
+a CSV/TSV with several rows per image allowed, or a ``Dataset`` / ``DataLoader`` of (image, captions).
+Features are L2-normalised (cosine, as CLIP_benchmark and OpenCLIP's validation) and scored in
+chunks by `clip_dcl.eval.metrics.retrieval_metrics`, so 100k x 100k never materialises.
 """
 from __future__ import annotations
 
@@ -35,9 +31,7 @@ def is_csv(data) -> bool:
 
 
 def _collate(batch):
-    """Stack a batch; skipped samples (a `Skip` from ``retrieval_wds``,
-    or an item whose image is ``None`` from a user's dataset) are left out and returned apart:
-    ``(images or None, captions, skips)``."""
+    """Stack a batch, skipped samples returned apart: ``(images or None, captions, skips)``."""
     good, skips = [], []
     for item in batch:
         if isinstance(item, Skip):
@@ -93,15 +87,8 @@ def embed_retrieval_data(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """``(image_features (I, D), text_features (T, D), text_to_image (T,))``, L2-normalised, on CPU.
 
-    ``data`` is a CSV/TSV path, a folder of ``.tar`` shards (or a data set in CLIP_benchmark's
-    layout), a shard pattern (``val-{000000..000003}.tar``, ``::``-joined patterns), a list of
-    shard paths, or a ``Dataset`` / ``DataLoader`` whose items are (image tensor, captions):
-    captions a list of strings, or one string with a caption per line. ``options``
-    (`EvalOptions`) and keywords of its names say how to encode.
-
-    Samples that cannot be used (see `clip_dcl.data.evalsets.retrieval_wds`; a CSV's images
-    that do not decode) are logged and counted by cause in ``skips``, which raises at the first one
-    when it is strict.
+    ``data``: a CSV/TSV, a folder of shards, a shard pattern or list, or a ``Dataset`` / ``DataLoader`` of
+    (image tensor, captions as a list or lines). Unusable samples are counted by cause in ``skips``.
     """
     from torch.utils.data import DataLoader, Dataset
 
@@ -143,19 +130,10 @@ def evaluate_retrieval(
     skips: SkipCounter | None = None,
     **kwargs,
 ):
-    """Retrieval metrics of ``model`` on ``data`` (see `embed_retrieval_data` for the forms).
+    """Retrieval metrics of ``model`` on ``data`` (forms as `embed_retrieval_data`).
 
-    ``options``: an `EvalOptions` (batch size, device, workers,
-    progress, precision: ``fp32`` by default, ``amp_bf16`` or ``amp_fp16`` for the encoders, strict);
-    keywords of the same names override it. ``ks``: the k of recall@k (each >= 1).
-
-    Returns the flat dict of `clip_dcl.eval.metrics.retrieval_metrics`
-    (``image_to_text_R@k``, ``text_to_image_R@k``, ``*_mean_rank``, ``*_median_rank``,
-    ``text_retrieval_recall@k``, ``image_retrieval_recall@k``), and with ``return_info`` also
-    ``{"num_images", "num_texts", "skipped"}``: ``skipped`` counts the samples left out by cause
-    (empty when none). ``strict`` (an option): a sample that would be skipped raises
-    `SampleSkipped` (a ``ValueError``) naming it. ``skips``: a
-    `SkipCounter` to count into (its own ``strict`` applies).
+    Returns `clip_dcl.eval.metrics.retrieval_metrics`'s dict for ``ks``, and with ``return_info``
+    ``{"num_images", "num_texts", "skipped"}``. Under ``strict`` a skipped sample raises `SampleSkipped`.
     """
     ks = [int(k) for k in ks]
     if not ks or min(ks) < 1:
@@ -189,8 +167,7 @@ def _add_arguments(p) -> None:
 
 
 def _check(args) -> None:
-    """``--recall-k``, and ``--data`` read as the evaluation will read it (a CSV's rows and image paths, or
-    the shard list), before the model loads."""
+    """``--recall-k``, and ``--data`` read as the evaluation will read it, before the model loads."""
     from ..errors import FlagError
 
     if min(args.recall_k) < 1:
