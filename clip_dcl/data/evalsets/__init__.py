@@ -1,32 +1,11 @@
 """Readers for the evaluation data sets: retrieval pairs, ImageFolder trees, ELEVATER index files.
 
-Three layouts are read here, each checked in full (every referenced file or zip member exists,
-every label parses) before any image is decoded, so that a bad path fails in seconds with its
-name in the message rather than an hour into an embedding loop:
-
-* **Retrieval pairs.** Webdataset ``.tar`` shards in the Conceptual Captions layout that
-  img2dataset writes (``{key}.jpg|png|jpeg|webp``, ``{key}.txt``, ``{key}.json``; the json's
-  ``"captions"`` list, when present, holds every caption of the image), or a CSV/TSV of image
-  path and caption with one row per (image, caption) pair, several rows per image allowed.
-* **ImageFolder trees** (``ROOT/<class>/<image>``), read with torchvision's folder scanner.
-* **ELEVATER "iris" index files**: ``<image_path> <label ids, comma separated>`` per line (split
-  on the last space, as ``IrisManifestAdaptor`` does), where ``image_path`` is relative to the
-  data set folder or ``<zipname>@<path inside the zip>``; images are read in place from the zip
-  (``zipfile``), never extracted. A few-shot data set is
-  ``ROOT/<name>/{labels.txt,train.txt,test.txt}`` (+ zips), a COCO-style
-  ``ROOT/<name>/{train.json,test.json}`` (the index format of three ELEVATER sets), or an
-  ImageFolder pair ``ROOT/<name>/{train,test}/<class>/<image>``.
-
-One module a reason to change, every public name importable from here:
-
-* `.retrieval`: retrieval pairs (CSV/TSV, shard folders and patterns);
-* `.benchmark`: CLIP_benchmark's webdataset layout (retrieval, classification, multi-label);
-* `.folders`: ImageFolder trees and ImageNet's synset folders;
-* `.fewshot`: few-shot data sets (ELEVATER's download, iris and COCO indices, ImageFolder pairs);
-* shared by them: `.files` (text files, images in files or zips), `.samples` (webdataset
-  samples, shards read to their end) and `.skips` (what is left out, why, how many).
-
-open_clip (ImageNet names), torchvision (folder scanning) and webdataset are imported where used.
+Every layout is checked in full (each referenced file or zip member exists, each label parses)
+before any image is decoded, so a bad path fails in seconds, naming it, not an hour into encoding.
+Retrieval pairs are img2dataset's webdataset shards or a CSV/TSV (`.retrieval`), or CLIP_benchmark's
+layout (`.benchmark`); ImageFolder trees are scanned by torchvision (`.folders`); few-shot sets are
+ELEVATER's iris index files (``<image_path> <label ids>``, images read in place from zips), COCO json
+indices or train/test trees (`.fewshot`).
 """
 from __future__ import annotations
 

@@ -1,5 +1,4 @@
-"""CLIP_benchmark's webdataset layout: a data set's metadata (type, class names, templates,
-shards of a split) and its classification shards as a dataset of (image, label)."""
+"""CLIP_benchmark's webdataset layout: metadata and classification shards as (image, label)."""
 from __future__ import annotations
 
 import io
@@ -38,8 +37,7 @@ class BenchmarkShards:
 
 
 def benchmark_layout_root(path: str | os.PathLike, split: str = "test") -> tuple[Path, str] | None:
-    """``(root, split)`` when ``path`` is a CLIP_benchmark data set root (``path/split/nshards.txt``)
-    or one of its split folders (``path/nshards.txt``); ``None`` otherwise."""
+    """``(root, split)`` for a CLIP_benchmark data set root or split folder, else ``None``."""
     path = Path(path)
     if (path / split / "nshards.txt").is_file():
         return path, split
@@ -50,11 +48,7 @@ def benchmark_layout_root(path: str | os.PathLike, split: str = "test") -> tuple
 
 
 def read_benchmark_shards(path: str | os.PathLike, split: str = "test") -> BenchmarkShards:
-    """Read the metadata of a CLIP_benchmark webdataset data set (see `BenchmarkShards`).
-
-    ``path`` is the data set root or its split folder. Every shard ``0..n-1`` must exist;
-    ``ValueError`` names what is missing or malformed.
-    """
+    """The metadata of a CLIP_benchmark data set (root or split folder); ``ValueError`` naming what is amiss."""
     found = benchmark_layout_root(path, split)
     if found is None:
         raise ValueError(f"{str(path)!r} is not in CLIP_benchmark's webdataset layout (no {split}/nshards.txt); "
@@ -107,11 +101,9 @@ def _classification_item(transform: Callable, multilabel: bool, sample: dict):
 
 def classification_wds(shards: Sequence[str], transform: Callable, multilabel: bool = False, markers: bool = False,
                        strict: bool = False):
-    """Dataset yielding ``(transform(image), label)`` per sample, shards in order: ``label`` an
-    ``int`` from ``.cls``, or with ``multilabel`` a float multi-hot vector from ``.npy``
-    (CLIP_benchmark's classification and multilabel shards). A sample without an image or a label,
-    or whose image or label does not decode, and the rest of a shard that ends early, is a
-    `Skip` (see `ShardSamples` for ``markers`` and ``strict``)."""
+    """Dataset of ``(transform(image), label)`` in shard order (``.cls`` ids, or ``.npy`` multi-hot with
+    ``multilabel``); an unusable sample is a `Skip` (see `ShardSamples`).
+    """
     import functools
 
     return ShardSamples(shards, functools.partial(_classification_item, transform, multilabel), markers, strict)

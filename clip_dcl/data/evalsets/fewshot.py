@@ -1,5 +1,4 @@
-"""Few-shot data sets: the ELEVATER toolkit's download layout and iris index files, COCO-style
-json indices, one folder a set, or train/test ImageFolder trees."""
+"""Few-shot data sets: ELEVATER's download layout and iris index files, COCO json indices, folders."""
 from __future__ import annotations
 
 import glob
@@ -26,10 +25,7 @@ def parse_index_line(line: str, where: str) -> tuple[str, list[int]]:
 
 
 def read_index_file(path: str | os.PathLike, num_classes: int | None = None) -> list[tuple[str, list[int]]]:
-    """Read an iris index file: ``[(image_ref, [label ids])]`` in file order.
-
-    Label ids outside ``[0, num_classes)`` raise ``ValueError`` naming the file and line.
-    """
+    """An iris index file as ``[(image_ref, [label ids])]`` in file order; bad ids raise ``ValueError``."""
     path = Path(path)
     if not path.is_file():
         raise ValueError(f"index file {str(path)!r} does not exist")
@@ -52,10 +48,8 @@ def read_index_file(path: str | os.PathLike, num_classes: int | None = None) -> 
 
 @dataclass
 class FewShotData:
-    """One few-shot data set read from disk, images not yet decoded.
-
-    ``train``/``test`` are ``[(image_ref, [label ids])]`` in the order the few-shot sampler
-    shuffles (index-file order; COCO indexes sorted by image id); refs are opened with ``source``.
+    """One few-shot data set, images not decoded: ``train``/``test`` as ``[(image_ref, [label ids])]`` in
+    the order the sampler shuffles, opened through ``source``.
     """
 
     name: str
@@ -75,14 +69,10 @@ class FewShotData:
 
 
 def read_coco_classification(path: str | os.PathLike) -> tuple[list[str], list[tuple[str, list[int]]]]:
-    """Read a COCO-style classification index (vision-datasets' COCO format, used by three
-    ELEVATER data sets): ``(class names, [(image_ref, [label ids])])``.
+    """A COCO-style classification index (three ELEVATER sets): ``(class names, [(image_ref, [ids])])``.
 
-    ``images[{id, file_name, zip_file?}]``, ``annotations[{image_id, category_id}]``,
-    ``categories[{id, name}]`` with ids from 1; label = position of the category in id order.
-    An image stored in a zip is referenced as ``zip_file@file_name``. Images come back **sorted by
-    id**, the order vision-datasets gives them (it re-sorts the json's images when it reads them),
-    so that a k-shot draw shuffles the same list as the toolkit's.
+    Labels are category positions in id order; images come back sorted by id, as vision-datasets
+    re-sorts them, so that a k-shot draw shuffles the toolkit's list.
     """
     path = Path(path)
     if not path.is_file():
@@ -119,8 +109,7 @@ FEWSHOT_LAYOUTS = (
 
 
 def fewshot_layout(folder: str | os.PathLike) -> str | None:
-    """``'iris'`` for index files, ``'coco'`` for COCO json indexes, ``'imagefolder'`` for
-    train/test trees, ``None`` otherwise (the one-folder-a-set layout)."""
+    """``'iris'``, ``'coco'``, ``'imagefolder'``, or ``None`` (the one-folder-a-set layout)."""
     folder = Path(folder)
     if (folder / "train.txt").is_file() and (folder / "test.txt").is_file():
         return "iris"
@@ -132,13 +121,7 @@ def fewshot_layout(folder: str | os.PathLike) -> str | None:
 
 
 def find_toolkit_folder(root: str | os.PathLike, root_folder: str) -> Path | None:
-    """The folder of a data set in the ELEVATER toolkit's download layout, or ``None``.
-
-    ``root`` is the toolkit's ``DATASET.ROOT`` (holding ``classification/``) or that
-    ``classification/`` folder itself; ``root_folder`` is the set's ``vision_datasets.json`` entry
-    (``classification/cifar_10_20211007``). A download of another date (``cifar_10_2022...``) is
-    found too; of several, the latest.
-    """
+    """A data set's folder in ELEVATER's download (the latest date of ``root_folder``), or ``None``."""
     root, rel = Path(root), Path(root_folder)
     for cand in (root / rel, root / rel.name):
         if cand.is_dir():
@@ -153,9 +136,7 @@ def find_toolkit_folder(root: str | os.PathLike, root_folder: str) -> Path | Non
 
 
 def list_fewshot_datasets(root: str | os.PathLike, toolkit: dict[str, dict] | None = None) -> list[str]:
-    """Names of the data sets under ``root`` in either layout (`FEWSHOT_LAYOUTS`), sorted:
-    sub-folders holding a set, and the sets of ``toolkit`` (name -> catalogue entry with
-    ``root_folder``) whose download folder exists."""
+    """Names of the data sets under ``root``, sorted, in either layout."""
     root = Path(root)
     if not root.is_dir():
         raise ValueError(f"few-shot root {str(root)!r} does not exist")
@@ -170,8 +151,7 @@ def list_fewshot_datasets(root: str | os.PathLike, toolkit: dict[str, dict] | No
 
 def _read_labels(folder: Path, labelmap: str | None, names_given: Sequence[str] | None,
                  fallback: list[str] | None = None) -> tuple[list[str], str]:
-    """(class names, their source): given names (checked against the label map when there is
-    one), else the label map, else ``fallback`` (COCO categories, folder names)."""
+    """(class names, their source): given (and checked), else the label map, else ``fallback``."""
     from_file = None
     if labelmap and (folder / labelmap).is_file():
         from_file = read_classnames(folder / labelmap)
@@ -196,17 +176,10 @@ def _read_labels(folder: Path, labelmap: str | None, names_given: Sequence[str] 
 
 def read_fewshot_dataset(root: str | os.PathLike, name: str, check_files: bool = True,
                          toolkit: dict | None = None, classnames: Sequence[str] | None = None) -> FewShotData:
-    """Read the data set ``name`` under ``root`` in either layout (`FEWSHOT_LAYOUTS`); every
-    image reference is checked before returning.
+    """The data set ``name`` under ``root``, every image reference checked.
 
-    ``toolkit``: the set's catalogue entry (``root_folder``, ``train``, ``test``, ``labelmap``,
-    ``format``, from the toolkit's ``vision_datasets.json``); its download folder is read as is,
-    with the set's own index-file names. Without it, or when that folder is absent, ``root/name``.
-
-    Class names: ``classnames`` when given (checked against the label map or index), else the
-    label map (``labels.txt``; required for iris index files), else the COCO categories or the
-    ImageFolder folder names (``_`` read as spaces). Templates: an optional ``templates.txt`` or
-    ``templates.json`` in the folder. ``multilabel`` is set when an image carries several labels.
+    With ``toolkit`` (its catalogue entry), the toolkit's download folder is read as is. Class names:
+    ``classnames``, else ``labels.txt``, else COCO categories or folder names; ``templates.*`` is optional.
     """
     folder = None
     if toolkit and toolkit.get("root_folder"):

@@ -1,6 +1,4 @@
-"""How the evaluation readers open what they read: plain text files (class names, templates,
-label lists), images as paths or as members of uncompressed zips read in place, and folder
-listings for error messages. Shared by every layout of `clip_dcl.data.evalsets`."""
+"""Text files, images as paths or zip members read in place, and folder listings for the evaluation readers."""
 from __future__ import annotations
 
 import io
@@ -38,12 +36,7 @@ def read_classnames(path: str | os.PathLike) -> list[str]:
 
 
 def template_problem(template: str) -> str | None:
-    """Why a prompt template cannot be filled with a class name, or None when it can.
-
-    A template takes the class name at ``{c}`` (CLIP_benchmark) or ``{}`` (OpenCLIP) and is filled
-    with ``str.format``: any other placeholder (``{x}``), or an unmatched brace, would fail there,
-    after the model is loaded; literal braces are written ``{{`` and ``}}``.
-    """
+    """Why a template cannot be filled with ``str.format`` at ``{c}`` or ``{}``, or None when it can."""
     import string
 
     try:
@@ -60,15 +53,8 @@ def template_problem(template: str) -> str | None:
 
 
 def read_templates(path: str | os.PathLike) -> list[str] | dict[str, list[str]]:
-    """Prompt templates from a file.
-
-    * text (CLIP_benchmark's ``zeroshot_classification_templates.txt``, our ``templates.txt``):
-      one template per line, with ``{c}`` (or ``{}``) where the class name goes; blank lines skipped;
-    * ``.json``: a list of such templates, or a CuPL-style object ``{"class name": [prompts]}``.
-
-    Text templates come back with ``{}`` as the placeholder; a template without one, or with
-    another placeholder or an unmatched brace (`template_problem`), raises ``ValueError``
-    naming the file and line.
+    """Prompt templates from a file: text (one a line, ``{c}`` or ``{}``) or JSON (a list, or CuPL's
+    ``{"class name": [prompts]}``). Text templates come back with ``{}``; bad ones raise ``ValueError``.
     """
     path = Path(path)
     if path.suffix.lower() == ".json":
@@ -116,10 +102,9 @@ def split_zip_ref(ref: str) -> tuple[str, str] | None:
 
 
 class ImageSource:
-    """Opens images given as paths relative to ``base_dir`` or as ``zipname@member`` references.
+    """Opens images given as paths relative to ``base_dir`` or as ``zipname@member``.
 
-    Zip handles are opened lazily and cached per process (the cache is dropped after a fork, so
-    DataLoader workers never share a file offset with their parent).
+    Zip handles are cached per process and dropped after a fork, so workers share no file offset.
     """
 
     def __init__(self, base_dir: str | os.PathLike):
@@ -178,11 +163,7 @@ class ImageSource:
 
 
 class ImageListDataset(Dataset):
-    """``dataset[i] -> (transform(image_i), i)`` over a list of image references.
-
-    With ``markers``, an image that does not decode gives ``(Skip, i)`` (cause "undecodable image",
-    ``where`` as its url, the reference as its key) instead of raising.
-    """
+    """``dataset[i] -> (transform(image_i), i)``; with ``markers``, an undecodable image gives ``(Skip, i)``."""
 
     def __init__(self, refs: Sequence[str], source: ImageSource, transform: Callable, markers: bool = False,
                  where: str | None = None):

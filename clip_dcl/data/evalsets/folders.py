@@ -1,6 +1,4 @@
-"""ImageFolder trees (``ROOT/<class>/<image>``, zero-shot sets and few-shot train/test pairs), their
-class names tied to the folders (a ``{folder: name}`` file, or a list checked line by line against the
-sorted folders), and ImageNet's synset folders with OpenCLIP's class names."""
+"""ImageFolder trees, their class names tied to the folders, and ImageNet's synset folders."""
 from __future__ import annotations
 
 import os
@@ -15,13 +13,8 @@ _SYNSET = re.compile(r"^n\d{8}$")
 
 def scan_image_folder(root: str | os.PathLike, class_to_idx: dict[str, int] | None = None,
                       allow_empty: bool = False) -> tuple[list[str], list[tuple[str, int]]]:
-    """(sorted class folders, [(absolute image path, label)]) of ``root/<class>/<image>``.
-
-    Image files are those with an extension in `IMAGE_EXTENSIONS`; a class folder without
-    any raises ``ValueError`` unless ``allow_empty``.
-
-    With ``class_to_idx`` given (a test split scanned with the train split's classes), folders
-    of unknown classes raise ``ValueError``.
+    """(sorted class folders, [(image path, label)]) of ``root/<class>/<image>``; an empty class folder, or
+    one outside ``class_to_idx`` when given, raises ``ValueError``.
     """
     from torchvision.datasets.folder import find_classes, make_dataset
 
@@ -52,11 +45,9 @@ def is_imagenet_synsets(folders: Sequence[str]) -> bool:
 
 
 def imagenet_classnames_for(folders: Sequence[str]) -> list[str]:
-    """OpenCLIP's ImageNet class names for the 1000 synset folders, in sorted-synset order.
+    """OpenCLIP's ImageNet class names for the 1000 synset folders (sorted synsets are the label order).
 
-    The standard ImageNet label order is the sorted list of the 1000 synsets, and
-    ``open_clip.IMAGENET_CLASSNAMES`` follows it; with fewer folders the mapping is ambiguous
-    (OpenCLIP ships no synset list), so a ``ValueError`` asks for an explicit class-name file.
+    With fewer folders the mapping is ambiguous (OpenCLIP ships no synset list): ``ValueError``.
     """
     from open_clip.zero_shot_metadata import IMAGENET_CLASSNAMES
 
@@ -80,8 +71,7 @@ CLASSNAME_FILES = ("classnames.json", "classnames.txt")
 
 
 def load_classnames(path: str | os.PathLike) -> list[str] | dict[str, str]:
-    """A class-name file: a JSON object ``{"folder": "class name", ...}`` (a mapping), a JSON list,
-    or text with one name a line (a list, line i = label i)."""
+    """A class-name file: a JSON mapping ``{"folder": "class name"}``, a JSON list, or one name a line."""
     import json
 
     path = Path(path)
@@ -106,9 +96,7 @@ def _words(text: str) -> list[str]:
 
 
 def names_folder(name: str, folder: str) -> bool:
-    """Whether class name ``name`` names ``folder``: its words run, in order, inside the folder name's
-    words, case and punctuation aside (``golden retriever`` names ``golden_retriever``,
-    ``003_golden-retriever`` and ``Golden_Retriever_images``)."""
+    """Whether ``name``'s words run, in order, inside ``folder``'s (``golden retriever``, ``003_golden-retriever``)."""
     words, held = _words(name), _words(folder)
     return bool(words) and any(held[i:i + len(words)] == words for i in range(len(held) - len(words) + 1))
 
@@ -118,11 +106,8 @@ def _mapping_example(folders: Sequence[str]) -> str:
 
 
 def checked_name_list(names: Sequence[str], folders: Sequence[str], source: str, root: str | os.PathLike) -> list[str]:
-    """``names`` (line i = label i = the i-th folder in sorted order) once each line names its folder
-    (`names_folder`); ``ValueError`` otherwise, naming the first line that does not, since a
-    list in any other order would score every image against another class's name without a word.
-
-    OpenCLIP's ImageNet names for the 1000 synset folders pass too (their order is the standard one).
+    """``names`` once line i names the i-th sorted folder; otherwise ``ValueError`` naming the first that
+    does not (a list in another order would score every image against the wrong name).
     """
     names = list(names)
     if len(names) != len(folders):
@@ -149,8 +134,7 @@ def checked_name_list(names: Sequence[str], folders: Sequence[str], source: str,
 
 
 def mapped_names(mapping: dict[str, str], folders: Sequence[str], source: str, root: str | os.PathLike) -> list[str]:
-    """The names of ``folders`` (label order) from a ``{folder: name}`` mapping that names each folder
-    exactly once; ``ValueError`` naming the folders it misses or the keys no folder has."""
+    """The names of ``folders`` from a ``{folder: name}`` mapping that names each exactly once (else ``ValueError``)."""
     missing = [f for f in folders if f not in mapping]
     unknown = sorted(set(mapping) - set(folders))
     if missing or unknown:
@@ -166,13 +150,10 @@ def mapped_names(mapping: dict[str, str], folders: Sequence[str], source: str, r
 
 def folder_classnames(root: str | os.PathLike, folders: Sequence[str],
                       classnames: Sequence[str] | dict | str | os.PathLike | None = None) -> tuple[list[str], str]:
-    """(class names in label order, where they came from) for the sorted class ``folders`` of ``root``.
+    """(class names in label order, their source) for ``root``'s sorted class ``folders``.
 
-    In order: ``classnames`` (a ``{folder: name}`` dict, a list, or a file of either, see
-    `load_classnames`), else ``root/classnames.json`` (a mapping), else ``root/classnames.txt``
-    (one name a line), else OpenCLIP's ImageNet names for the 1000 synset folders, else the folder
-    names themselves. A mapping must name every folder and no other; a list must name its folder on
-    each line (`checked_name_list`). ``ValueError`` naming the file, line and folder otherwise.
+    ``classnames``, else ``classnames.json``, else ``classnames.txt``, else ImageNet's names for synset
+    folders, else the folder names; each name must be tied to its folder (``ValueError`` otherwise).
     """
     if classnames is None:
         found = next((Path(root) / n for n in CLASSNAME_FILES if (Path(root) / n).is_file()), None)

@@ -1,5 +1,4 @@
-"""Retrieval pairs: a CSV/TSV of (image path, caption) rows, and webdataset shards in the
-Conceptual Captions layout (or CLIP_benchmark's) given as a folder, a brace pattern or a list."""
+"""Retrieval pairs: a CSV/TSV of (image path, caption) rows, or webdataset shards (folder, pattern, list)."""
 from __future__ import annotations
 
 import csv
@@ -33,13 +32,10 @@ def read_retrieval_csv(
     caption_key: str | None = None,
     sep: str | None = None,
 ) -> RetrievalCSV:
-    """Read a CSV/TSV of (image path, caption) rows, grouping rows of the same image.
+    """A CSV/TSV of (image path, caption) rows, rows of one image grouped in order of first appearance.
 
-    The separator defaults to a tab for ``.tsv`` and to a comma otherwise; column names default to
-    the first of ``filepath|image|image_path|img|path|file|filename`` and
-    ``title|caption|text|captions`` present in the header (OpenCLIP's trainer calls them
-    ``filepath``/``title``). Image paths are relative to the CSV's folder unless absolute. Image
-    order is the order of first appearance.
+    Tab for ``.tsv``, else comma; columns default to the first of the usual names present (OpenCLIP's
+    ``filepath``/``title`` among them); relative paths are read from the CSV's folder.
     """
     path = Path(path)
     if not path.is_file():
@@ -85,9 +81,7 @@ def read_retrieval_csv(
 
 
 def expand_shards(data: str | os.PathLike | Sequence[str]) -> list[str]:
-    """Shard paths from a folder (its ``*.tar``, sorted; or, in CLIP_benchmark's layout, the
-    ``test`` split's ``0..n-1.tar``), a brace pattern, ``::``-joined patterns, a single ``.tar``
-    or a list of those; ``ValueError`` naming a missing shard."""
+    """Shard paths from a folder, a brace pattern, ``::``-joined patterns, a ``.tar`` or a list of those."""
     if isinstance(data, (list, tuple)):
         out = []
         for d in data:
@@ -125,13 +119,7 @@ def _retrieval_item(transform: Callable, sample: dict):
 
 
 def retrieval_wds(shards: Sequence[str], transform: Callable, markers: bool = False, strict: bool = False):
-    """Dataset yielding ``(transform(image), captions, key)`` per sample, shards in order.
-
-    A sample without a caption or an image, with an empty caption, a caption that is not UTF-8 (or
-    json that does not parse), or an image that does not decode, and the rest of a shard that ends
-    early, is a `Skip` (see `ShardSamples` for ``markers`` and ``strict``). Every
-    sample carries its own captions, so the interleaving of workers does not matter.
-    """
+    """Dataset of ``(transform(image), captions, key)`` in shard order; an unusable sample is a `Skip`."""
     import functools
 
     return ShardSamples(shards, functools.partial(_retrieval_item, transform), markers, strict)

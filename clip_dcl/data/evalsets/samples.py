@@ -1,7 +1,6 @@
-"""Webdataset samples as the evaluation readers take them: the samples of ``.tar`` shards read to
-their end (a shard that breaks off is a skip, not an exception), a sample's image and captions,
-and the ``IterableDataset`` that turns samples into items for the retrieval and classification
-layouts."""
+"""Webdataset samples for the evaluation readers: shards read to their end (a break is a skip, not an
+exception), a sample's image and captions, and the ``IterableDataset`` of items.
+"""
 from __future__ import annotations
 
 import io
@@ -18,17 +17,14 @@ WDS_IMAGE_KEYS = ("jpg", "png", "jpeg", "webp")
 
 
 def split_captions(txt: str) -> list[str]:
-    """The captions of one ``.txt``: one per line (CLIP_benchmark's retrieval shards put all
-    captions of an image in one file, and its reader splits them with ``splitlines``), stripped,
-    blank lines skipped. A one-line file is one caption, as img2dataset writes it."""
+    """The captions of one ``.txt``, one per line, blank lines skipped (CLIP_benchmark's layout)."""
     return [line.strip() for line in txt.splitlines() if line.strip()]
 
 
 def shard_samples(urls: Sequence[str]):
-    """The samples of ``urls`` in order, as webdataset groups them (``{"__key__", "__url__", ext: bytes}``),
-    and a `Skip` ("shard ended early") for a shard that cannot be read to its end: a read error,
-    bytes that are not a tar, or no end-of-archive marker (a tar cut at a member boundary). The
-    samples before the break are yielded; one cut by it is dropped (named in the skip's detail)."""
+    """The samples of ``urls`` in order, and a `Skip` for a shard that cannot be read to its end (the
+    samples before the break are yielded, the one it cut is dropped).
+    """
     import webdataset as wds
     from webdataset import tariterators
 
@@ -88,9 +84,7 @@ def sample_image(sample: dict, keys: Sequence[str] = WDS_IMAGE_KEYS):
 
 
 def sample_captions(sample: dict):
-    """A webdataset sample's captions (the json ``captions`` list when present and not empty, else
-    the ``.txt``, one caption a line), or a `Skip`: no caption, an empty one, or one that is
-    not UTF-8 / not valid JSON."""
+    """A sample's captions (the json ``captions`` list, else the ``.txt`` lines), or a `Skip`."""
     url, key = sample.get("__url__"), sample.get("__key__")
     meta = sample.get("json")
     if meta is not None:
@@ -115,12 +109,9 @@ def sample_captions(sample: dict):
 
 
 class ShardSamples(IterableDataset):
-    """An ``IterableDataset`` of ``to_item(sample)`` over webdataset shards, shards in order; each
-    DataLoader worker reads whole shards (every ``num_workers``-th, as webdataset's ``split_by_worker``).
+    """An ``IterableDataset`` of ``to_item(sample)`` over shards in order, each worker reading whole shards.
 
-    ``to_item`` returns the item or a `Skip`. With ``markers`` the skips are yielded too, for
-    the caller to count in its own process (`SkipCounter`, also across workers); without, they
-    are logged and left out here (``strict``: raised).
+    With ``markers`` skips are yielded for the caller to count; without, logged and left out.
     """
 
     def __init__(self, shards: Sequence[str], to_item: Callable, markers: bool = False, strict: bool = False):

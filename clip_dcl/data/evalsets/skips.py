@@ -27,8 +27,7 @@ class SampleSkipped(ValueError):
 
 
 class SkipCounter:
-    """Counts skips by cause, logging each one with its shard, key and cause; with ``strict``, the
-    first one raises `SampleSkipped` instead."""
+    """Counts skips by cause, logging each; with ``strict`` the first raises `SampleSkipped`."""
 
     def __init__(self, strict: bool = False):
         import collections

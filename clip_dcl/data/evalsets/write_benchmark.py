@@ -1,6 +1,4 @@
-"""Writing a data set in CLIP_benchmark's webdataset layout (`BenchmarkShards`):
-image-caption shards as a retrieval set, an ImageFolder tree as a classification set
-(``clip-dcl data benchmark``)."""
+"""Writing a data set in CLIP_benchmark's webdataset layout (``clip-dcl data benchmark``)."""
 from __future__ import annotations
 
 import os
@@ -14,20 +12,12 @@ from .skips import Skip
 def write_benchmark_shards(source: str | os.PathLike, out_dir: str | os.PathLike, kind: str = "auto",
                            split: str = "test", shard_size: int = 1000, classnames: str | os.PathLike | None = None,
                            templates: str | os.PathLike | None = None) -> BenchmarkShards:
-    """Write ``source`` in CLIP_benchmark's webdataset layout (`BenchmarkShards`) under ``out_dir``.
+    """Write ``source`` in CLIP_benchmark's webdataset layout under ``out_dir``.
 
-    ``source`` is either image-caption shards (a folder of ``.tar`` in img2dataset's layout, a
-    brace pattern or one shard; each image with its captions: the json ``captions`` list, else
-    the ``.txt``), written as a ``retrieval`` set (all captions of an image in its ``.txt``, one
-    per line), or an ImageFolder tree ``ROOT/<class>/<image>``, written as a classification set
-    (``.cls`` labels in sorted-folder order; ``classnames.txt`` from ``classnames``, else
-    ``ROOT/classnames.json`` or ``ROOT/classnames.txt``, else ImageNet's names for synset folders,
-    else the folder names, each name tied to its folder by `folder_classnames`;
-    ``zeroshot_classification_templates.txt`` from ``templates``, else ``ROOT/templates.txt``
-    when present). ``kind``: ``auto`` (a folder holding ``.tar`` files, or a shard pattern, is
-    retrieval), ``retrieval`` or ``classification``. Image bytes are copied unchanged, so an
-    evaluation of the written set gives the source's numbers. A sample without captions or an
-    image raises ``ValueError`` naming it; an ``out_dir`` that already holds the split too.
+    Image-caption shards become a ``retrieval`` set; an ImageFolder tree a classification set, its class
+    names tied to its folders (`folder_classnames`). ``kind``: ``auto``, ``retrieval`` or
+    ``classification``. Image bytes are copied unchanged, so the written set scores as the source.
+    A sample without captions or image, or an ``out_dir`` holding the split, raises ``ValueError``.
     """
     import webdataset as wds
 
