@@ -1,8 +1,6 @@
-"""The latent attributes of a synthetic sample and the classes made of them: the vocabularies, the
-class grid over (shape, colour), class frequencies and their share of same-class pairs
-(``tau_plus``), and the draw of a sample's nuisance attributes. What the data means, apart from
-how it looks (`.render`), how it is worded (`.captions`) and how it is written
-(`.layout`)."""
+"""The latent attributes of a synthetic sample and the classes made of them: vocabularies, the class
+grid, class frequencies and ``tau_plus``, and the draw of the nuisance attributes.
+"""
 from __future__ import annotations
 
 import numpy as np
@@ -29,8 +27,7 @@ _QUADRANTS = POSITIONS[:4]
 # Classes and their frequencies (pure functions)
 # ------------------------------------------------------------------------------------------
 def grid_shape(num_classes: int) -> tuple[int, int]:
-    """``(n_shapes, n_colours)`` of the class grid for ``num_classes`` classes (see
-    `clip_dcl.data.synth`, latent classes)."""
+    """``(n_shapes, n_colours)`` of the class grid for ``num_classes`` classes, the most even that fits."""
     if not 1 <= num_classes <= MAX_CLASSES:
         raise ValueError(f"num_classes={num_classes} must be within [1, {MAX_CLASSES}]")
     grids = [(s, c) for s in range(1, len(SHAPES) + 1) for c in range(1, len(COLOURS) + 1)
@@ -87,10 +84,8 @@ def same_class_rate_distinct(labels) -> float:
 
 
 def sample_attributes(rng: np.random.Generator, shape: str, colour: str, **fixed) -> dict:
-    """Draw the nuisance attributes (size, count, position, background) for a given class.
-
-    ``fixed`` pins any of them (``count=1`` for a position task, ...). ``position`` is
-    ``"scattered"`` whenever ``count > 1``; ``quadrants`` lists where the shapes go.
+    """Draw the nuisance attributes for a class; ``fixed`` pins any of them (``position`` is
+    ``"scattered"`` when ``count > 1``).
     """
     unknown = sorted(set(fixed) - {"size", "count", "position", "background"})
     if unknown:

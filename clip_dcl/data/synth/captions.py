@@ -1,5 +1,4 @@
-"""How a synthetic sample is worded: the caption vocabulary (synonyms per attribute value), the
-sentence patterns of `make_caption`, and the zero-shot prompts in the captions' own words."""
+"""How a synthetic sample is worded: synonyms per attribute value, sentence patterns, zero-shot prompts."""
 from __future__ import annotations
 
 import numpy as np
@@ -47,11 +46,7 @@ def _with_article(phrase: str) -> str:
 
 
 def make_caption(attrs: dict, rng: np.random.Generator) -> str:
-    """One caption of the attributes in varied words.
-
-    Shape, colour and count are always named; size, position and background each with a
-    fixed probability. Five sentence patterns, synonyms per value, optional lead-ins.
-    """
+    """One caption in varied words: shape, colour and count always, size, position and background by chance."""
     count = attrs["count"]
     singular, plural = _pick(rng, _SHAPE_NOUNS[attrs["shape"]])
     words = [_pick(rng, _COLOUR_WORDS[attrs["colour"]]), singular if count == 1 else plural]

@@ -1,7 +1,6 @@
-"""The synthetic data set on disk: its configuration, the seed streams every sample draws from, the
-writers of each part of the layout (train/val shards, the zero-shot tree, the few-shot suite) and
-`generate`, which writes them all (``clip-dcl data synth``). Layout and determinism: see
-`clip_dcl.data.synth`."""
+"""The synthetic data set on disk: its configuration, seed streams, the writers of each part of the
+layout and `generate` (``clip-dcl data synth``); see `clip_dcl.data.synth`.
+"""
 from __future__ import annotations
 
 import dataclasses
@@ -222,11 +221,7 @@ _DIGIT_TEMPLATES = ("a picture of the digit {c}.", "the number {c}.", "a handwri
 
 
 def fewshot_tasks(num_classes: int) -> dict[str, list[str]]:
-    """Class names of each synthetic few-shot task over the attributes the classes use.
-
-    Shape and colour tasks cover the shapes and colours present in the class grid (a task
-    with fewer than two values is left out); count and position cover all their values.
-    """
+    """Class names of each synthetic few-shot task; a shape or colour task with under two values is left out."""
     grid = class_grid(num_classes)
     shapes = [s for s in SHAPES if any(s == g[0] for g in grid)]
     colours = [c for c in COLOURS if any(c == g[1] for g in grid)]
@@ -283,10 +278,7 @@ def _write_fewshot(directory: Path, cfg: SynthConfig, verbose: bool) -> dict:
 
 @functools.lru_cache(maxsize=2)
 def _digit_images(image_size: int) -> tuple[tuple[bytes, ...], np.ndarray]:
-    """PNG bytes of every scikit-learn digit upscaled to ``image_size`` RGB, and the targets.
-
-    Cached: they depend on the size only, and encoding 1797 PNGs is most of a small set's time.
-    """
+    """PNG bytes of every scikit-learn digit upscaled to ``image_size`` RGB, and the targets (cached per size)."""
     from PIL import Image
     from sklearn.datasets import load_digits
 
@@ -302,11 +294,7 @@ def _digit_images(image_size: int) -> tuple[tuple[bytes, ...], np.ndarray]:
 
 
 def _write_digits(directory: Path, cfg: SynthConfig) -> dict:
-    """scikit-learn's 8x8 digits, upscaled to ``image_size`` RGB PNGs.
-
-    A stratified test split of ``10 * fewshot_test_per_class`` images (about that many per class),
-    the rest, unbalanced as the digit classes are, for training.
-    """
+    """scikit-learn's 8x8 digits as PNGs: a stratified test split of ``10 * fewshot_test_per_class``."""
     from sklearn.model_selection import train_test_split
 
     encoded, target = _digit_images(cfg.image_size)
@@ -328,23 +316,12 @@ _OUTPUTS = ("summary.json", "train", "val", "zeroshot", "fewshot", "test", "zero
 
 def generate(out_dir, config: SynthConfig | None = None, *, quick: bool = False, overwrite: bool = False,
              reuse: bool = False, verbose: bool = True, **overrides) -> dict:
-    """Write the whole synthetic data set under ``out_dir``; return its summary.
+    """Write the whole synthetic data set under ``out_dir``; return ``summary.json``'s content plus
+    ``out_dir``, ``train_data`` / ``val_data`` (brace patterns) and ``seconds``.
 
-    Args:
-        out_dir: output folder (created).
-        config: a `SynthConfig`; default ``SynthConfig()`` (``SynthConfig.quick()`` with
-            ``quick=True``). ``overrides`` replace single fields, e.g. ``num_classes=5``.
-        overwrite: remove earlier outputs (only the names this function writes) first.
-        reuse: when ``out_dir/summary.json`` exists with the same config, return it untouched.
-        verbose: print progress lines.
-
-    Returns:
-        The content of ``summary.json`` (paths relative to ``out_dir``) plus ``out_dir``,
-        ``train_data`` / ``val_data`` (absolute brace patterns for OpenCLIP) and ``seconds``.
-
-    Raises:
-        ValueError: a bad config value (named), or an unknown override.
-        FileExistsError: earlier outputs in ``out_dir`` and neither ``overwrite`` nor a reusable summary.
+    ``config`` defaults to ``SynthConfig()`` (``quick()`` with ``quick``), ``overrides`` replace fields.
+    ``reuse`` returns an existing summary of the same config; earlier outputs without ``overwrite``
+    raise ``FileExistsError``.
     """
     base = config if config is not None else (SynthConfig.quick() if quick else SynthConfig())
     unknown = sorted(set(overrides) - {f.name for f in dataclasses.fields(SynthConfig)})

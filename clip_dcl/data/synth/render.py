@@ -1,5 +1,4 @@
-"""How a synthetic sample looks: its attributes drawn with PIL as an RGB image, and the JPEG bytes
-it is written as (fixed quality and chroma sampling, no metadata: the same image, the same bytes)."""
+"""How a synthetic sample looks: drawn with PIL, written as JPEG bytes that depend on the image only."""
 from __future__ import annotations
 
 import io
@@ -41,11 +40,8 @@ def _outline(shape: str, cx: float, cy: float, r: float, angle: float) -> list[t
 
 
 def draw_image(attrs: dict, image_size: int, rng: np.random.Generator):
-    """Render the attributes as an RGB ``PIL.Image`` of side ``image_size``.
-
-    Drawn at ``ss`` times the size and reduced by box averaging (anti-aliased edges); object
-    colour, background level, placement, rotation (up to 10 degrees) and pixel noise are
-    jittered from ``rng``.
+    """The attributes as an RGB image of side ``image_size``, drawn at ``ss`` times and box-averaged, with
+    colour, placement, rotation and noise jittered from ``rng``.
     """
     from PIL import Image, ImageDraw
 

@@ -1,21 +1,11 @@
 """A word-level vocabulary for the synthetic captions, in the format of OpenCLIP's own tokenizer.
 
-OpenCLIP's `open_clip.tokenizer.SimpleTokenizer` reads its byte-pair merges from a gzipped
-text file (``bpe_path``): a header line, then one merge ``"left right"`` a line, in rank order. Its
-vocabulary is the 256 byte symbols, the same with ``</w>`` (end of word), one symbol a merge, and
-``<start_of_text>``, ``<end_of_text>`` last (so the end-of-text id is the largest, which the text
-tower's ``argmax`` pooling relies on).
-
-OpenCLIP's own merges (49,408 tokens) make the testbed model's token table 3.2M of its 3.4M
-parameters, while the synthetic captions use fewer than a hundred words. `learn_merges`
-learns merges from the captions' words until every word is one token (byte-pair encoding's greedy
-rule: merge the most frequent adjacent pair, ties by order), so that the same ``SimpleTokenizer``
-(cleaning, pre-tokenising regex, context length, special tokens) reads the captions word by word
-with a vocabulary of under a thousand tokens. A word outside the vocabulary still tokenises, into
-shorter pieces, as with any BPE.
-
-Written here by hand: the merge learner (OpenCLIP ships merges but no learner, and the
-``tokenizers`` package is not a dependency) and the list of words the synthetic data can say.
+OpenCLIP's ``SimpleTokenizer`` reads byte-pair merges from a gzipped file (a header line, then one
+merge a line in rank order); its vocabulary is the 512 byte symbols, one per merge, then the two
+special tokens (end-of-text last, which ``argmax`` pooling relies on). OpenCLIP's 49,408 tokens would
+make most of a tiny model's parameters a token table for under a hundred words, so `learn_merges`
+learns merges from the captions' words until each is one token; the same tokenizer then reads
+them word by word. OpenCLIP ships no learner and ``tokenizers`` is not a dependency.
 """
 from __future__ import annotations
 
@@ -50,9 +40,7 @@ def _strings(obj) -> Iterable[str]:
 
 
 def caption_words() -> List[str]:
-    """Every word the synthetic data writes: captions (every synonym, and the sentence patterns' words,
-    collected from `_DRAWS` captions of a fixed seed), class names, zero-shot prompts and the few-shot
-    tasks' class names; lower case, sorted."""
+    """Every word the synthetic data writes (captions, class names, prompts, few-shot names), lower case, sorted."""
     from .attributes import BACKGROUNDS, POSITIONS, SIZES
     from .layout import DIGIT_NAMES
 
@@ -69,12 +57,10 @@ def caption_words() -> List[str]:
 
 
 def learn_merges(words: Sequence[str]) -> List[Tuple[str, str]]:
-    """Byte-pair merges, in rank order, after which each of ``words`` is one symbol.
+    """Byte-pair merges, in rank order, after which each of ``words`` (non-empty letters) is one symbol.
 
-    A word starts as its characters, the last one marked ``</w>`` (SimpleTokenizer's convention);
-    each round merges the adjacent pair found in the most words not yet whole (ties: the
-    lexicographically smallest pair), until every word is one symbol. Applying the merges by rank,
-    as SimpleTokenizer does, reproduces these segmentations. Words must be non-empty letters.
+    Each round merges the adjacent pair in most words not yet whole (ties: the smallest pair), from
+    characters with the last marked ``</w>``, as ``SimpleTokenizer`` applies them.
     """
     bad = [w for w in words if not w or not _WORD.fullmatch(w)]
     if bad:
@@ -103,13 +89,12 @@ def learn_merges(words: Sequence[str]) -> List[Tuple[str, str]]:
 
 
 def merges_text(merges: Sequence[Tuple[str, str]]) -> str:
-    """The merges file's text, as SimpleTokenizer reads it: its first line is skipped, and every other line is
-    a merge (so no newline at the end: SimpleTokenizer would read the empty last line as one more token)."""
+    """The merges file's text: a header line, then a merge a line, no newline at the end (it would be a token)."""
     return "\n".join(["#version: clip-dcl synthetic caption words", *(f"{a} {b}" for a, b in merges)])
 
 
 def write_merges(path, merges: Sequence[Tuple[str, str]]) -> Path:
-    """Write ``merges`` gzipped (with no file name or time in the gzip header: the same merges, the same bytes)."""
+    """Write ``merges`` gzipped, with no file name or time in the header (same merges, same bytes)."""
     path = Path(path)
     with open(path, "wb") as raw, gzip.GzipFile(filename="", mode="wb", fileobj=raw, mtime=0) as f:
         f.write(merges_text(merges).encode("utf-8"))
