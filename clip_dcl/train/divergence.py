@@ -1,18 +1,11 @@
 """Stopping a run whose loss or weights are no longer finite, before it writes them over a good checkpoint.
 
-OpenCLIP's loop trains on whatever the loss returns: once a step's loss is NaN (``--lr 1e30
---warmup 1``), its gradients and then the weights are NaN, every later step too, and each epoch
-end writes a NaN ``epoch_N.pt`` that ``--resume latest`` would pick. AMP's GradScaler skips a step
-with inf or NaN gradients, so under ``amp`` (fp16) a non-finite loss can be a passing overflow.
-
-`NonFiniteSteps` counts, on the device (no host sync per step), the consecutive optimizer
-steps whose loss (any term of any micro-batch) is NaN or inf, and remembers the step that began
-the run of bad steps. The trainer reads it at the step boundaries where
-`clip_dcl.train.preempt.StepGate` decides (one all-reduce with the other ranks, so that every
-rank stops at the same step; on CUDA from a copy that has landed, without waiting for the step),
-and at each epoch end, where weights that are not finite (`nonfinite_tensors`) stop the run
-too; a checkpoint of such weights is refused. The run then ends with `Diverged` and writes
-nothing, so the last finite checkpoint stays the newest.
+OpenCLIP trains on whatever the loss returns: after a NaN loss every later step is NaN and each
+epoch end writes a NaN checkpoint that ``--resume latest`` would pick. `NonFiniteSteps` counts the
+consecutive bad steps on the device (no host sync per step); the trainer reads it where
+`StepGate` decides (one all-reduce, so every rank stops at the same step) and checks the weights at
+each epoch end. The run ends with `Diverged` and writes nothing. Under fp16 ``amp`` a non-finite
+loss can be a passing overflow that GradScaler skips, hence a count rather than one step.
 """
 from __future__ import annotations
 
@@ -43,9 +36,7 @@ def _terms(out) -> Iterable[torch.Tensor]:
 
 
 def nonfinite_tensors(named: Iterable[Tuple[str, torch.Tensor]], limit: int = 3) -> Tuple[List[str], int]:
-    """``(the first `limit` names, how many)`` of the floating-point tensors holding NaN or inf.
-
-    One host sync for all of them (the flags are stacked, then read once)."""
+    """``(the first `limit` names, how many)`` of the floating-point tensors holding NaN or inf (one host sync)."""
     names, flags = [], []
     for name, t in named:
         if isinstance(t, torch.Tensor) and t.is_floating_point() and t.numel():
@@ -66,9 +57,7 @@ def describe_tensors(names: List[str], count: int) -> str:
 class NonFiniteSteps:
     """Consecutive optimizer steps with a non-finite loss, counted on ``device``.
 
-    `record` is called with every loss output of a step (``accum_freq`` calls), `end_step`
-    when the step is over, with its global step number (``steps_per_epoch * epoch + step``); neither
-    reads the device. `tripped` says whether ``limit`` bad steps in a row happened.
+    `record` takes every loss output of a step and `end_step` its global step number; neither syncs.
     """
 
     def __init__(self, limit: int, device):
@@ -104,8 +93,7 @@ class NonFiniteSteps:
             self._event.record()
 
     def tripped(self, wait: bool = False) -> bool:
-        """Whether ``limit`` bad steps in a row happened; on CUDA, as far as the last copy that has landed
-        tells (a step or two late), unless ``wait``."""
+        """Whether ``limit`` bad steps in a row happened (on CUDA, from the last copy landed, unless ``wait``)."""
         if self.limit <= 0:
             return False
         if self._event is None or wait:

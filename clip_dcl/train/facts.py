@@ -1,10 +1,8 @@
 """What OpenCLIP's training flags tell about the training data, for the losses that size themselves from it.
 
-`data_facts` reads OpenCLIP's parsed arguments into a `clip_dcl.losses.base.DataFacts`,
-which a loss's ``resolve_data_params`` reads (the trainer knows no loss by name). The sizes are
-read only when a loss asks for them, and once: the sum of the shards' ``sizes.json``, the CSV's
-rows (OpenCLIP's ``CsvDataset`` size), or ``--train-num-samples`` for OpenCLIP's synthetic data,
-whose sample ids are the keys, the rows and the indices.
+`data_facts` turns OpenCLIP's arguments into a `DataFacts` that a loss's ``resolve_data_params``
+reads; sizes are read once, when asked: the shards' ``sizes.json``, the CSV's rows, or
+``--train-num-samples`` for synthetic data.
 """
 from __future__ import annotations
 
@@ -20,8 +18,7 @@ _SAMPLE_IDS = {"webdataset": "keys", "csv": "rows", "synthetic": "indices", "pac
 
 
 def train_data_kind(oc_args) -> str:
-    """``--dataset-type``, with ``auto`` resolved from ``--train-data``'s extension as OpenCLIP's
-    ``get_dataset_fn`` does (``"other"`` where OpenCLIP would find no reader)."""
+    """``--dataset-type`` with ``auto`` resolved as OpenCLIP's ``get_dataset_fn`` does (``"other"``: no reader)."""
     if oc_args.dataset_type != "auto":
         return oc_args.dataset_type
     kinds = {"tar": "webdataset", "csv": "csv", "tsv": "csv", "npz": "packed"}  # npz: clip_dcl.train.packed

@@ -1,19 +1,10 @@
-"""Per-sample ids in training, for the losses that keep per-sample state (``--loss decl --decl-rate index``).
+"""Per-sample ids in training, for the losses that keep per-sample state (``--decl-rate index``).
 
-How one sample's id is made from its shard (the img2dataset key, a numeric ``__key__``, or a hash of
-the shard's file name and key) is the data's business: `clip_dcl.data.ids`. This module places
-those ids in the loss's buffer, and gives map-style data sets their indices as ids.
-
-**Several sources.** ``--train-data 'a/{0..9}.tar::b/{0..9}.tar'`` joins sources whose keys
-each start at 0. So with ``k`` sources, source ``i`` (in the order given) owns the ids
-``[i * B, (i + 1) * B)`` where ``B`` is ``--decl-num-samples`` (default: the largest ``sizes.json``
-total of any source): a sample's id is ``i * B + key`` (hash fallback: ``i * B + hash % B``), and
-the buffer has ``k * B`` rows. A key that is not below ``B`` stops the run and names the flag.
-
-Collisions are checked in the first epoch of a run: the trainer logs the number of distinct
-samples (by shard url and key) against the number of distinct ids, and warns when they differ.
-
-Written here because neither OpenCLIP nor webdataset hands sample keys to the loss.
+A sample's id comes from its shard key (`clip_dcl.data.ids`); map-style sets use their index.
+With ``k`` ``::``-joined sources, source ``i`` owns ids ``[i * B, (i + 1) * B)``, ``B`` being
+``--decl-num-samples`` or the largest source, so keys that each start at 0 do not collide; a key
+not below ``B`` stops the run. The first epoch compares distinct samples with distinct ids and warns
+on collisions. Neither OpenCLIP nor webdataset hands sample keys to the loss.
 """
 from __future__ import annotations
 
@@ -30,8 +21,7 @@ class MissingSampleIds(RuntimeError):
 
 
 class SampleIdOutOfRange(RuntimeError):
-    """A sample id does not fit the loss's per-sample buffer (``--decl-num-samples`` is too small),
-    or is negative."""
+    """A sample id that is negative or does not fit the per-sample buffer (``--decl-num-samples``)."""
 
 
 def num_sources(train_data: Optional[str]) -> int:
@@ -56,11 +46,8 @@ def source_index(sources: Mapping[str, int], url) -> int:
 
 
 class IndexedDataset(torch.utils.data.Dataset):
-    """A map-style data set whose items also carry their index, which is the sample id.
-
-    For OpenCLIP's ``CsvDataset`` that is the row of the CSV (so ids are stable as long as the CSV
-    keeps its rows in place: a split or reordered CSV gives other rows the same ids), for its
-    ``SyntheticDataset`` the sample's index.
+    """A map-style data set whose items carry their index as the sample id (a CSV's row, stable while the
+    CSV keeps its rows in place).
     """
 
     def __init__(self, base):
@@ -74,11 +61,7 @@ class IndexedDataset(torch.utils.data.Dataset):
 
 
 def with_indices(info):
-    """OpenCLIP's ``DataInfo`` of a map-style training set, its batches extended with the sample ids.
-
-    The same sampler (OpenCLIP's ``DistributedSampler``, or the random sampler of one process),
-    batch size, workers and ``drop_last``, so the data order is OpenCLIP's own.
-    """
+    """OpenCLIP's ``DataInfo`` of a map-style set with sample ids in its batches, in OpenCLIP's own order."""
     from torch.utils.data import DataLoader
 
     old = info.dataloader

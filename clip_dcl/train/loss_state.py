@@ -1,13 +1,5 @@
-"""This rank's part of a loss state split over the ranks: written to, and rebuilt from, the shard
-files of `clip_dcl.train.saving`.
-
-A `StatefulLoss` buffer declared ``sharded`` (DeCL's
-``--decl-state sharded`` on more than one rank) goes into one file per rank beside OpenCLIP's
-checkpoint, never into the master's file (`clip_dcl.train.saving` says why and where).
-`write_shards` and `write_step_shards` write this rank's shard at an epoch's end and at
-a mid-epoch save; on resume `restore_sharded` builds this rank's part, for any world size,
-from the saved shards one at a time (`clip_dcl.losses.state.reshard`), and
-`grown_state` widens a whole per-sample table for ``--decl-grow-state``.
+"""This rank's part of a sharded loss state: written to, and rebuilt from, the shard files of
+`clip_dcl.train.saving` (which says why and where), for any world size on resume.
 """
 from __future__ import annotations
 
@@ -25,11 +17,10 @@ from . import saving
 
 
 def write_shards(loss, args, completed_epoch: int, fresh: Optional[Set[Path]] = None) -> Optional[Path]:
-    """Every rank: write this rank's shard for ``completed_epoch`` if OpenCLIP checkpoints it.
+    """Every rank: write this rank's shard for ``completed_epoch`` if OpenCLIP checkpoints it; the folder or None.
 
-    Collective when distributed (a barrier after writing, so that the master's checkpoint is written
-    only once every shard is complete). Returns the epoch's folder, or None when nothing is written.
-    ``fresh`` gets the folder when this call made it (see `drop_unsaved`).
+    Collective (a barrier after writing, so the master's checkpoint follows complete shards); ``fresh``
+    gets the folder when this call made it.
     """
     if not (saving.is_sharded(loss) and saving.checkpointed(args, completed_epoch)):
         return None
@@ -41,11 +32,7 @@ def write_shards(loss, args, completed_epoch: int, fresh: Optional[Set[Path]] = 
 
 
 def write_step_shards(loss, args, epoch: int, step: int, fresh: Optional[Set[Path]] = None) -> Optional[Path]:
-    """Every rank: write this rank's shard for a mid-epoch checkpoint (step ``step`` of ``epoch``).
-
-    Written to ``loss_state/epoch_{epoch}_step_{step}`` (whatever OpenCLIP's epoch-end conditions);
-    collective when distributed, as `write_shards`. None when the loss is not sharded.
-    """
+    """Every rank: write this rank's shard for the mid-epoch checkpoint of step ``step`` (collective)."""
     if not saving.is_sharded(loss):
         return None
     folder = saving.step_folder(args.checkpoint_path, epoch, step)
@@ -64,9 +51,7 @@ def _write(loss, folder: Path, fresh: Optional[Set[Path]]) -> None:
 
 
 def drop_unsaved(folder: Optional[Path], fresh: Set[Path]) -> None:
-    """The master, when the checkpoint that was to refer to ``folder`` was not written (a full disk, a second
-    Ctrl-C): remove the folder if this run made it (it is in ``fresh``), so that no shard folder stays
-    without its checkpoint; one that an older checkpoint may refer to stays."""
+    """The master: remove ``folder`` when its checkpoint was not written and this run made it (in ``fresh``)."""
     if folder is None or folder not in fresh:
         return
     fresh.discard(folder)
@@ -91,13 +76,10 @@ def _save_shard(loss, folder: Path) -> None:
 
 def restore_sharded(loss, state: Dict[str, torch.Tensor], index: Dict[str, object], ckpt_path: str,
                     grow: bool = False) -> dict:
-    """``state`` completed with this rank's part of the saved shards (built one saved shard at a time).
+    """``state`` completed with this rank's part of the saved shards, one saved shard at a time.
 
-    ``grow`` (``--decl-grow-state``): the saved shards hold fewer ids than the loss; the ids beyond
-    them start unvisited (NaN, as a fresh buffer's).
-
-    Raises:
-        clip_dcl.train.saving.LossStateFilesError: a shard is missing, or does not fit the loss.
+    With ``grow`` the ids beyond the saved ones start unvisited (NaN); a missing or unfitting shard raises
+    `LossStateFilesError`.
     """
     owner = stateful(loss)
     layout = {b.name: b for b in owner.state_buffers()}
@@ -125,8 +107,7 @@ def restore_sharded(loss, state: Dict[str, torch.Tensor], index: Dict[str, objec
 
 
 def grown_state(loss, state: Dict[str, torch.Tensor]) -> Dict[str, torch.Tensor]:
-    """``state`` with its whole per-sample table widened to the loss's ``num_samples`` ids, the new ones
-    unvisited (NaN, as a fresh buffer's); the loss then takes its own columns as from any table."""
+    """``state`` with its per-sample table widened to ``num_samples`` ids, the new ones unvisited (NaN)."""
     owner = stateful(loss)
     buf = owner.per_sample_buffer() if owner is not None else None
     table = state.get(buf.name) if buf is not None else None

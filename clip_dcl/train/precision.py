@@ -1,19 +1,9 @@
 """What a training command line needs on the machine it runs on, settled before any work.
 
-`settle_machine_flags` takes the words handed to OpenCLIP's ``main`` and returns them, or
-refuses them with a `FlagError`, for two of OpenCLIP's defaults that go
-wrong quietly or late:
-
-- **The precision on a CPU.** OpenCLIP's ``--precision`` defaults to ``amp``, which on a CPU runs
-  every matmul under bfloat16 autocast: many times slower than plain float32 on the CPUs we train
-  on, and no more accurate. When the run will be on the CPU (``--device cpu``, or OpenCLIP's
-  default ``cuda`` with no GPU visible, where OpenCLIP falls back to the CPU) and the command line
-  does not name ``--precision``, ``--precision fp32`` is added and one line says so. A command that
-  names a precision keeps it, whatever the device.
-- **The loggers of ``--report-to``.** ``tensorboard`` and ``wandb`` are optional packages (the
-  extras ``clip-dcl[tensorboard]`` and ``clip-dcl[wandb]``); OpenCLIP notices one is missing only
-  after building the model and the data, and stops with a bare ``AssertionError``. Here a missing
-  logger, or a name OpenCLIP would silently ignore, is refused before any work, naming the extra.
+On a CPU OpenCLIP's default ``--precision amp`` runs every matmul under bfloat16 autocast, many times
+slower than float32 and no more accurate: a CPU run that names no precision gets ``fp32``, said in
+one line. A ``--report-to`` logger that is not installed would fail only after the model and data
+are built, with a bare ``AssertionError``: it is refused first, naming the extra that installs it.
 """
 from __future__ import annotations
 
@@ -35,17 +25,14 @@ def _openclip_args(argv: Sequence[str]):
 
 
 def names_precision(argv: Sequence[str]) -> bool:
-    """Whether ``argv`` sets ``--precision`` in any form OpenCLIP's parser accepts (``--precision X``,
-    ``--precision=X``, an abbreviation): parsed once with each of two different precisions in front,
-    the result differs only when the command line leaves it to the default."""
+    """Whether ``argv`` sets ``--precision`` in any form OpenCLIP accepts (parsed with two defaults in front)."""
     first = _openclip_args(["--precision", "fp32", *argv]).precision
     second = _openclip_args(["--precision", "amp", *argv]).precision
     return first == second
 
 
 def runs_on_cpu(device: str) -> bool:
-    """Whether OpenCLIP's ``--device`` value ends up on the CPU: ``cpu``, or ``cuda[:N]`` with no GPU
-    visible (OpenCLIP warns and falls back to the CPU). Other accelerators are left to OpenCLIP."""
+    """Whether ``--device`` ends up on the CPU: ``cpu``, or ``cuda[:N]`` with no GPU visible."""
     kind = device.split(":", 1)[0]
     if kind == "cpu":
         return True
@@ -61,12 +48,7 @@ def _is_first_rank() -> bool:
 
 
 def check_loggers(report_to: str, installed: bool = True) -> None:
-    """Refuse a ``--report-to`` value that names an unknown logger or (``installed``) one whose package
-    is missing here.
-
-    Raises:
-        FlagError: naming the bad value and, for a missing package, the extra that installs it.
-    """
+    """Refuse (`FlagError`) a ``--report-to`` logger that is unknown or, with ``installed``, not installed."""
     from ..errors import FlagError
 
     names = [n.strip() for n in report_to.split(",") if n.strip()]
@@ -87,13 +69,10 @@ def check_loggers(report_to: str, installed: bool = True) -> None:
 
 
 def settle_machine_flags(argv: Sequence[str], this_machine: bool = True, log=None) -> List[str]:
-    """OpenCLIP's words ``argv``, checked for ``--report-to`` and with ``--precision fp32`` added for a
-    CPU run that names no precision (one line on ``log``, default stderr, from the first rank).
-    ``this_machine=False`` (a command checked for another machine) checks the logger names only.
+    """OpenCLIP's words ``argv``, loggers checked and ``--precision fp32`` added for a CPU run that names none.
 
-    Raises:
-        FlagError: ``--report-to`` names an unknown logger or one that is not installed.
-        SystemExit: OpenCLIP's parser rejected a word (it printed why).
+    ``this_machine=False`` checks the logger names only. `FlagError` for a bad logger; ``SystemExit``
+    when OpenCLIP's parser rejected a word.
     """
     argv = list(argv)
     args = _openclip_args(argv)

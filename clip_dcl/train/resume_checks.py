@@ -1,9 +1,5 @@
-"""Refusals of a resume whose saved loss state the configured loss would misread.
-
-`check_objective` refuses a checkpoint of another ``--loss``, `check_state_settings` one
-trained with another value of a setting that gives the saved loss state its meaning, or for another
-number of sample ids; each message names the flags that continue the same training, and
-``--loss-reset`` (or, for a data set that grew, ``--decl-grow-state``) as the way to go on on purpose.
+"""Refusals of a resume whose saved loss state the configured loss would misread; each message names
+the flags that continue the same training, and ``--loss-reset`` (or ``--decl-grow-state``).
 """
 from __future__ import annotations
 
@@ -23,8 +19,7 @@ class ObjectiveMismatch(LossStateMismatch):
 
 
 class LossSettingMismatch(LossStateMismatch):
-    """The checkpoint being resumed was trained with another value of a setting that gives its loss
-    state its meaning (the loss class's ``state_settings``), or for another number of sample ids."""
+    """The checkpoint was trained with another value of a ``state_settings`` setting, or another id count."""
 
 
 def check_objective(cfg: TrainConfig, ckpt: dict, path) -> None:
@@ -43,12 +38,8 @@ def check_objective(cfg: TrainConfig, ckpt: dict, path) -> None:
 def check_state_settings(cfg: TrainConfig, ckpt: dict, path) -> Optional[int]:
     """Refuse to resume loss state that this run's settings would read as another quantity.
 
-    Each loss class declares the keyword arguments that give its saved state its meaning
-    (``state_settings``, `clip_dcl.losses.base.ContrastiveLoss.state_meaning`); a value that
-    differs from the checkpoint's is refused with the flag to add, as another ``--loss`` is. A
-    per-sample buffer for another number of ids (the data set grew) is refused with the ways on,
-    unless ``--decl-grow-state`` asks to keep the rates of the ids seen: then the number of ids the
-    saved state holds is returned (None otherwise).
+    A differing `state_meaning` value is refused with the flag to add. A per-sample buffer for another
+    number of ids is refused, unless ``--decl-grow-state``: then the saved id count is returned (else None).
     """
     from clip_dcl.losses import LOSSES
 
@@ -71,9 +62,7 @@ def check_state_settings(cfg: TrainConfig, ckpt: dict, path) -> Optional[int]:
 
 
 def _check_num_samples(cfg: TrainConfig, entry: dict, path) -> Optional[int]:
-    """A per-sample buffer saved for ``num_samples`` ids other than this run's: refused with the ways on,
-    or (``--decl-grow-state``, the data set grew) kept for the ids seen, the new ids unvisited: their
-    number is returned."""
+    """A per-sample buffer saved for another id count: refused, or with ``--decl-grow-state`` its count returned."""
     now = cfg.loss_args.get("num_samples") if cfg.num_samples is not None else None
     index = entry.get(saving.SHARD_INDEX_KEY)
     saved = (index or {}).get("num_samples", (entry.get("loss_args") or {}).get("num_samples"))
