@@ -1,10 +1,8 @@
 """Model configs shipped with clip-dcl and their registration with OpenCLIP.
 
-OpenCLIP keeps its model registry per process (``open_clip.add_model_config``), so every process
-(every torchrun rank, every evaluation) registers the configs it uses before
-``open_clip.create_model_and_transforms`` sees a custom name. ``import clip_dcl`` does it for the
-shipped configs (`register_on_open_clip_import`); a config of one's own goes through
-`register_model_config`.
+OpenCLIP's model registry is per process, so every process registers the configs it uses before
+``create_model_and_transforms`` sees a custom name: ``import clip_dcl`` does it for the shipped
+ones, `register_model_config` for one's own.
 """
 from __future__ import annotations
 
@@ -26,10 +24,9 @@ def tiny_config_path() -> Path:
 
 
 def register_model_config(path: str | os.PathLike) -> str:
-    """Register a model config JSON (or a folder of them) with OpenCLIP; return the model name.
+    """Register a model config JSON (or a folder of them) with OpenCLIP; return the model name (the stem).
 
-    The model name is the file stem, as OpenCLIP names its own configs. A missing file or a
-    JSON without ``embed_dim``/``vision_cfg``/``text_cfg`` raises ``ValueError`` naming the path.
+    A missing file or one without ``embed_dim``/``vision_cfg``/``text_cfg`` raises ``ValueError``.
     """
     import open_clip
 
@@ -57,12 +54,10 @@ _WORDS_DIR = _CONFIG_DIR / "words"
 
 
 def register_word_configs() -> None:
-    """Register the configs of ``clip_dcl/model_configs/words`` with their ``bpe_path`` made absolute.
+    """Register the ``model_configs/words`` configs with their ``bpe_path`` made absolute (idempotent).
 
-    OpenCLIP hands ``tokenizer_kwargs`` to its ``SimpleTokenizer`` as they are, and a config read from a
-    file by ``open_clip.add_model_config`` is read again from that file at every later registration; so
-    these configs go into OpenCLIP's registry (``open_clip.factory._MODEL_CONFIGS``, which a rescan
-    extends and never clears) with the path resolved against their folder. Idempotent.
+    OpenCLIP hands ``tokenizer_kwargs`` to ``SimpleTokenizer`` as they are and re-reads a config file at
+    every registration, so these go into its registry directly with the path resolved.
     """
     from open_clip import factory
 
@@ -117,9 +112,9 @@ class _OnOpenClipImport(importlib.abc.MetaPathFinder):
 
 
 def register_on_open_clip_import() -> None:
-    """Make the shipped configs visible to OpenCLIP without importing it: registered now when
-    ``open_clip`` is already imported, else as soon as it is (a one-shot import hook on
-    ``sys.meta_path``, so that ``import clip_dcl`` stays free of torch). Idempotent."""
+    """Register the shipped configs now if ``open_clip`` is imported, else when it is (a one-shot
+    ``sys.meta_path`` hook, so that ``import clip_dcl`` stays free of torch). Idempotent.
+    """
     module = sys.modules.get("open_clip")
     if module is not None and hasattr(module, "add_model_config"):
         register_builtin_configs()
@@ -128,12 +123,9 @@ def register_on_open_clip_import() -> None:
 
 
 def model_name_problem(name: str) -> str | None:
-    """Why OpenCLIP's ``create_model`` would not find the model ``name`` (None: it would).
+    """Why OpenCLIP's ``create_model`` would not find ``name``, with the closest names, or None.
 
-    OpenCLIP finds a plain name among its registered configs (``/`` read as ``-``) and raises its
-    own error after printing every name it knows; this says it in one line with the closest names
-    (``difflib``) before anything is built. A ``local-dir:`` folder must hold its config; an
-    ``hf-hub:`` name is left to OpenCLIP (it needs the network). Register custom configs first.
+    OpenCLIP raises only after printing every name it knows; ``hf-hub:`` names are left to it.
     """
     import difflib
 

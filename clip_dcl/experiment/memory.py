@@ -1,8 +1,7 @@
 """Resident memory of this process, as the benchmarks measure it: its peak so far and its size now.
 
-The CPU allocator keeps no peak counter of its own, so a benchmark that wants the extra memory of
-one call runs it in a fresh process and takes `peak_rss_bytes` after the call minus
-`current_rss_bytes` just before it. Linux only (``/proc`` and ``ru_maxrss`` in KiB).
+The CPU allocator keeps no peak counter, so a benchmark runs a call in a fresh process and takes
+`peak_rss_bytes` after it minus `current_rss_bytes` before it. Linux only.
 """
 from __future__ import annotations
 

@@ -1,9 +1,7 @@
 """Statistics of the benchmarks' seeds: mean and spread, paired differences, wins, t-intervals.
 
-Training seeds share the data and, seed for seed, the initialisation, so a comparison of two
-objectives is read from their per-seed differences (`paired_differences`) as well as from
-each one's mean and sample standard deviation (`mean_std`); `t_interval` gives the
-Student t-interval of a mean difference that the decision rules read.
+Seeds share the data and, seed for seed, the initialisation, so two objectives are compared by
+their per-seed differences (`paired_differences`) and `t_interval`, as well as by `mean_std`.
 """
 from __future__ import annotations
 
@@ -12,11 +10,7 @@ from typing import Dict, List, Sequence
 
 
 def mean_std(values: Sequence[float]) -> Dict[str, float]:
-    """Mean, sample standard deviation (``ddof = 1``; nan for one value) and count of the finite values.
-
-    ``None`` and non-finite values (a run that diverged, a metric a run does not report) are
-    left out, so that one of them does not turn a whole row into nan.
-    """
+    """Mean, sample standard deviation (``ddof = 1``) and count of the finite values (None and NaN left out)."""
     finite = [float(v) for v in values if v is not None and math.isfinite(v)]
     n = len(finite)
     if n == 0:
@@ -27,8 +21,7 @@ def mean_std(values: Sequence[float]) -> Dict[str, float]:
 
 
 def format_mean_std(st: Dict[str, float], scale: float = 100.0, digits: int = 1) -> str:
-    """``"m ± s"`` of a `mean_std` record times ``scale`` (percent by default); ``"m"`` alone
-    below two values, ``"nan"`` for none."""
+    """``"m ± s"`` of a `mean_std` record times ``scale``; ``"m"`` below two values, ``"nan"`` for none."""
     cell = f"{scale * st['mean']:.{digits}f}"
     return cell + (f" ± {scale * st['std']:.{digits}f}" if st["n"] > 1 else "")
 
@@ -40,11 +33,7 @@ def summarize(scores: Dict[str, List[Dict[str, float]]], keys: Sequence[str]) ->
 
 
 def wins(diffs: Sequence[float]) -> Dict[str, float]:
-    """Mean and sample std of paired differences, and how many are above, below and at zero.
-
-    ``{"mean", "std", "wins", "losses", "ties", "n"}``: ``wins`` counts the pairs where the first
-    of the two scores strictly higher.
-    """
+    """``{"mean", "std", "wins", "losses", "ties", "n"}`` of paired differences (wins: the first higher)."""
     st = mean_std(diffs)
     return {"mean": st["mean"], "std": st["std"], "wins": sum(d > 0 for d in diffs),
             "losses": sum(d < 0 for d in diffs), "ties": sum(d == 0 for d in diffs), "n": len(diffs)}
@@ -52,15 +41,10 @@ def wins(diffs: Sequence[float]) -> Dict[str, float]:
 
 def paired_differences(scores: Dict[str, List[Dict[str, float]]], reference: str,
                        keys: Sequence[str]) -> Dict[str, Dict[str, dict]]:
-    """Per-seed differences ``run - reference`` of each metric, paired by the ``"seed"`` of each record.
+    """Per-seed differences ``run - reference`` of each metric, paired by ``"seed"`` where both are finite.
 
-    ``scores``: run -> one metrics dict per seed, each with a ``"seed"``. Only seeds present in
-    both runs with finite values are paired. For each run other than ``reference`` and each key:
-    ``{"seeds", "diffs", "mean", "std", "wins", "losses", "ties", "n"}`` (``wins``: seeds where the
-    run scores strictly higher; ``std``: sample std of the differences, nan below two pairs).
-
-    Raises:
-        ValueError: ``reference`` not in ``scores``, or a run repeats a seed.
+    For each other run and key: ``{"seeds", "diffs", "mean", "std", "wins", "losses", "ties", "n"}``.
+    ``ValueError`` for an unknown ``reference`` or a repeated seed.
     """
     if reference not in scores:
         raise ValueError(f"reference run {reference!r} not among {list(scores)}")
@@ -90,10 +74,8 @@ def paired_differences(scores: Dict[str, List[Dict[str, float]]], reference: str
 
 
 def t_interval(diffs: Sequence[float], confidence: float = 0.90) -> Dict[str, float]:
-    """Mean of paired differences and its two-sided ``confidence`` Student t-interval over seeds.
-
-    ``{"mean", "lo", "hi", "std", "n"}``: ``mean -/+ t_{(1 + confidence) / 2, n - 1} * std / sqrt(n)``
-    with the sample std (scipy's t quantile); nan bounds below two values (one seed has no spread).
+    """``{"mean", "lo", "hi", "std", "n"}``: ``mean -/+ t_{(1 + confidence) / 2, n - 1} * std / sqrt(n)``
+    over paired differences; NaN bounds below two values.
     """
     from scipy import stats
 

@@ -1,18 +1,10 @@
 """The study's decision rule on paired differences, and the seeds it needs for a stated power.
 
-A comparison ``a - b`` is read from its per-seed differences through their mean and two-sided
-Student t-interval at the plan's confidence (`clip_dcl.experiment.stats.t_interval`):
-
-* **beats**: the interval lies above zero and the mean exceeds the resolution; **trails**: the mirror
-  image; an interval on one side of zero whose mean is inside the resolution is a **tie** (never a
-  win); an interval across zero: **no verdict**;
-* **reaches** (``margin`` m): the interval lies above ``-m``; **does not reach**: below it; else no verdict;
-* **matches** (``margin`` m): the interval lies inside ``(-m, +m)``; **differs**: it lies wholly
-  outside; else no verdict.
-
-`power` is the chance that the rule gives its positive verdict with ``n`` seeds when the true
-paired difference is ``expected`` and the differences' spread is ``sd`` (noncentral t); `seeds_needed`
-the smallest ``n`` that reaches a target power.
+A comparison ``a - b`` is read from the mean of its per-seed differences and their two-sided Student
+t-interval at the plan's confidence; the verdicts of ``beats``, ``reaches`` and ``matches`` are
+defined in docs/studies.md ("The rule"). `power` is the chance of the positive verdict with ``n``
+seeds for a true difference ``expected`` and spread ``sd`` (noncentral t); `seeds_needed` the
+smallest ``n`` that reaches a target power.
 """
 from __future__ import annotations
 
@@ -26,8 +18,7 @@ POSITIVE = {"beats": "beats", "reaches": "reaches", "matches": "matches"}
 
 def verdict(rule: str, interval: Dict[str, float], *, resolution: float = 0.0, margin: Optional[float] = None,
             min_seeds: int = 2) -> str:
-    """The rule's reading of ``interval`` (`t_interval`'s ``mean``, ``lo``, ``hi``, ``n``): see the
-    module's text. Below ``min_seeds`` differences: "no verdict"."""
+    """The rule's reading of ``interval`` (`t_interval`'s); "no verdict" below ``min_seeds`` differences."""
     n, lo, hi, mean = interval["n"], interval["lo"], interval["hi"], interval["mean"]
     if n < max(2, min_seeds) or not (math.isfinite(lo) and math.isfinite(hi)):
         return "no verdict"
@@ -58,8 +49,7 @@ def _points(x: float) -> str:
 
 
 def reason(rule: str, row: Dict[str, object], resolution: float = 0.0) -> str:
-    """Why ``row`` (`judge`'s, with its ``verdict``) got its verdict, in words and in points: what a
-    reader who does not know the rule needs to read the verdict line."""
+    """Why ``row`` got its verdict, in words and points, for a reader who does not know the rule."""
     n, lo, hi, mean = row["n"], row["lo"], row["hi"], row["mean"]
     margin, said = row.get("margin"), row["verdict"]
     if n < 2 or not (math.isfinite(lo) and math.isfinite(hi)):
@@ -101,12 +91,10 @@ def power(rule: str, n: int, sd: float, confidence: float, *, expected: float = 
           resolution: float = 0.0) -> float:
     """P(the rule's positive verdict) with ``n`` seeds, paired differences ~ Normal(``expected``, ``sd``).
 
-    The interval's lower bound clears a threshold ``c`` when ``T' = (mean - c) / (s / sqrt n)`` exceeds
-    ``t* = t_{(1 + confidence) / 2, n - 1}``, and ``T'`` is noncentral t with ``n - 1`` degrees of freedom
-    and noncentrality ``(expected - c) sqrt(n) / sd``. beats: ``c = 0`` (the mean must also pass the
-    resolution, which a power worth planning for makes near certain: not counted); reaches: ``c = -margin``;
-    matches: both bounds inside ``(-m, m)``, at least ``1 - P(lo <= -m) - P(hi >= m)`` (two one-sided
-    tests; the joint event is the rarer, so this is a lower bound, tight at the powers worth planning for).
+    The lower bound clears ``c`` when ``T' = (mean - c) / (s / sqrt n) > t_{(1 + confidence) / 2, n - 1}``,
+    ``T'`` noncentral t with ``n - 1`` degrees of freedom and noncentrality ``(expected - c) sqrt(n) / sd``.
+    beats: ``c = 0`` (the resolution not counted); reaches: ``c = -margin``; matches: at least
+    ``1 - P(lo <= -m) - P(hi >= m)`` (two one-sided tests: a lower bound, tight at useful powers).
     """
     from scipy import stats
 
@@ -130,9 +118,9 @@ def power(rule: str, n: int, sd: float, confidence: float, *, expected: float = 
 
 def planned_power(rule: str, n: int, sd: float, confidence: float, expected: float,
                   margin: Optional[float] = None) -> float:
-    """The power a plan states for a comparison: `power`, where for ``beats`` a verdict in the direction
-    of the expected difference counts (a plan expecting ``a`` to trail plans for **trails**), so the
-    expected difference enters by its size."""
+    """A plan's stated power: for ``beats`` a verdict in the expected direction counts (a plan expecting
+    ``a`` to trail plans for trails).
+    """
     return power(rule, n, sd, confidence, expected=abs(expected) if rule == "beats" else expected, margin=margin)
 
 

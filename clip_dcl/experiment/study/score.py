@@ -1,11 +1,8 @@
 """``clip-dcl study score RUN_DIR ...``: a run's scores on both splits and its record, into its folder.
 
-The last step of each run's line (`.lines`). It scores the checkpoint with
-`clip_dcl.experiment.scoring.evaluate` (retrieval R@1/5/10, their mean R@1, and zero-shot where a
-zero-shot set is given) on the validation split and on the test split, and writes
-``scores-validation.json``, ``scores-test.json`` and ``run.json``: the arm, the seed, the recipe, the commit
-(``+changes`` when the tree differs from it), this machine, when the training started and ended (read
-from OpenCLIP's ``out.log``) and the checkpoint, relative to the study's work folder. It prints no score: the test split is read by the report, once.
+The last step of each run's line: scores on the validation and test splits
+(`clip_dcl.experiment.scoring.evaluate`) and ``run.json`` (arm, seed, recipe, commit, machine,
+training times, checkpoint). It prints no score: the test split is read by the report, once.
 """
 from __future__ import annotations
 
@@ -30,7 +27,7 @@ def hardware() -> str:
 
 
 def training_times(out_log: Path) -> Dict[str, Optional[str]]:
-    """The first and last time stamps of OpenCLIP's ``out.log`` (``YYYY-MM-DD,HH:MM:SS``) and the seconds between."""
+    """The first and last time stamps of OpenCLIP's ``out.log`` and the seconds between."""
     stamps = re.findall(r"^(\d{4}-\d\d-\d\d,\d\d:\d\d:\d\d)", out_log.read_text(errors="replace"), flags=re.M) \
         if out_log.is_file() else []
     if not stamps:
@@ -42,8 +39,7 @@ def training_times(out_log: Path) -> Dict[str, Optional[str]]:
 
 
 def work_relative(folder, path) -> str:
-    """``path`` relative to the study's work folder (``folder`` is ``WORK/runs/<arm>/seed<N>``; a folder of
-    another layout is its own base), so that a published record names no path of the machine that made it."""
+    """``path`` relative to the study's work folder, so that a published record names no local path."""
     folder = Path(folder).resolve()
     base = folder.parents[2] if folder.parent.parent.name == "runs" else folder
     return os.path.relpath(Path(path).resolve(), base)
