@@ -1,16 +1,8 @@
 """Evaluations: retrieval, zero-shot classification, ELEVATER few-shot linear probe.
 
-Each returns a flat ``dict[str, float]``::
-
-    from clip_dcl.eval import evaluate_retrieval, evaluate_zeroshot, evaluate_fewshot
-
-    metrics = evaluate_retrieval(model, preprocess, tokenizer, "data/val/")
-    metrics = evaluate_fewshot(model, preprocess, tokenizer, "elevater/", shots=5, seeds=(0, 1, 2))
-    opts = EvalOptions(device="cuda", precision="amp_bf16", batch_size=256)
-    metrics = evaluate_zeroshot(model, preprocess, tokenizer, "imagenet/val", options=opts)
-
-Tasks register in `clip_dcl.eval.registry` (docs/extending-eval.md). Submodules are imported on
-first use, so ``import clip_dcl.eval`` stays cheap.
+``evaluate_retrieval``, ``evaluate_zeroshot`` and ``evaluate_fewshot`` take ``(model, preprocess,
+tokenizer, data)`` and return a flat ``dict[str, float]``; how they run is one `EvalOptions`. Tasks
+register in `clip_dcl.eval.registry`. Submodules are imported on first use.
 """
 from __future__ import annotations
 

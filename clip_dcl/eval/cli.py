@@ -1,12 +1,7 @@
 """``clip-dcl eval retrieval|zeroshot|fewshot|benchmark``: thin wrappers over the evaluate_* functions.
 
-Each subcommand loads the model (``--checkpoint`` or ``--model``/``--pretrained``), runs one task,
-prints its table and, with ``--output``, writes the JSON (and CLIP_benchmark's with ``--format
-clip_benchmark``). A bad invocation is one `FlagError` line naming the flag (exit 2)::
-
-    clip-dcl eval retrieval --checkpoint logs/x/checkpoints/epoch_10.pt --data data/val/ --output r.json
-    clip-dcl eval zeroshot  --checkpoint exported/ --data /data/imagenet/val
-    clip-dcl eval fewshot   --checkpoint exported/ --data /data/elevater --datasets cifar-10 dtd --grid full
+Each subcommand loads the model, runs one task, prints its table and with ``--output`` writes the
+JSON; a bad invocation is one `FlagError` line naming the flag (exit 2).
 """
 from __future__ import annotations
 

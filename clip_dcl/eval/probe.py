@@ -1,27 +1,17 @@
 """The linear-probe head and its hyper-parameter sweep as the ELEVATER toolkit trains them
-(``full_model_finetune.py``), on frozen features cached once.
+(``full_model_finetune.py``), on frozen features cached once; and Arora et al.'s mean classifier.
 
-1. Head: ``Linear(BatchNorm1d(f(x), affine=False))`` on the un-normalised ``encode_image`` output;
-   text-initialised (zero-shot weights, bias 0) or PyTorch's default init from a generator seeded
-   0 (the toolkit's global random state cannot be replayed). Cross-entropy (BCE for multilabel),
-   SGD momentum 0.9, constant lr, weight decay on every parameter, batch 64, a batch of one skipped,
-   order from a generator seeded 0 for every run.
-2. Sweep (`sweep_hyperparameters`): lr in ``logspace(-6, -1, 6)``, wd on ``logspace(-6, 6, 97)``: 7
-   coarse points, then the peak's +-8, +-4, +-2, +-1; a 10-epoch run scores its best validation
-   epoch; ties keep the first (strict ``>``, as the toolkit).
-3. Final run (`linear_probe`): train + val merged (not at 1 shot), 50 epochs; the last epoch and
-   the best test epoch (what the toolkit reports) are both kept.
-4. Divergence (ours; grids ``full`` and ``reduced``): SGD with momentum ``m`` on the weight decay
-   alone diverges when ``lr * wd >= 2 (1 + m)``, so such pairs are not trained and score NaN, as
-   does a head that turns non-finite; NaN is never selected, and a diverged final run falls back to
-   the next-best pair. Otherwise a NaN head would be scored as a classifier. ``toolkit-exact``
-   turns this off and scores diverged heads by the toolkit's rule (``nan_rule="toolkit"``).
-5. Metrics on ``softmax`` probabilities, per the catalogue (`clip_dcl.eval.metrics`).
+The head is ``Linear(BatchNorm1d(f(x), affine=False))``, text-initialised or PyTorch's default init
+from a generator seeded 0 (the toolkit's global random state cannot be replayed), trained by SGD
+(momentum 0.9, batch 64) in an order seeded 0 for every run. `sweep_hyperparameters` follows the
+toolkit's lr x wd search; `linear_probe` trains the final 50-epoch run and keeps both its last epoch
+and its best test epoch (what the toolkit reports). Ours: SGD with momentum ``m`` on the weight decay
+alone diverges when ``lr * wd >= 2 (1 + m)``, so such pairs score NaN untrained, NaN is never selected
+and a diverged final run falls back to the next-best pair; grid ``toolkit-exact`` scores diverged
+heads as the toolkit does instead.
 
 Batching is exact: features are frozen, there is no augmentation and every run sees the same
-batches, so runs differ in (lr, wd) alone and one sweep round trains as a stack of heads
-(``tests/test_eval_fewshot.py`` checks it against a plain PyTorch loop). Also here: the mean
-classifier of Arora et al. (2019, Definition 2.1).
+batches, so runs differ in (lr, wd) alone and a sweep round trains as one stack of heads.
 """
 from __future__ import annotations
 

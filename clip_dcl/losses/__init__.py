@@ -2,23 +2,13 @@
 
 A name -> class registry and a factory, as timm's model registry::
 
-    loss = create_loss("dcl", tau_plus=0.1, rank=rank, world_size=world_size,
-                       local_loss=True, gather_with_grad=True)
+    loss = create_loss("dcl", tau_plus=0.1, rank=rank, world_size=world_size, local_loss=True)
     terms = loss(image_features, text_features, logit_scale, output_dict=True)
 
 Every loss follows OpenCLIP's ``ClipLoss`` call contract and also accepts ``sample_ids=``; with
 ``output_dict=True`` the dict holds only terms to be summed, diagnostics are in ``loss.metrics``.
-``no_grad_gather=True`` gives exact gradients without an autograd gather (`clip_dcl.losses.gather`)
-for losses of ``(pos, lse_neg)``; the others refuse it. Each class declares its ``flags`` and a
-one-line ``summary``, from which ``clip_dcl.train`` builds its command line::
-
-    @register_loss("mine")
-    class MyLoss(ContrastiveLoss):
-        flags = (LossFlag("--mine-alpha", "alpha", type=float, help="..."),)
-        def __init__(self, alpha=1.0, **dist_kwargs): ...
-
-A loss with state derives from `StatefulLoss`; one whose arguments depend on the data overrides
-``resolve_data_params`` (docs/extending-losses.md).
+Each class declares its ``flags`` and a one-line ``summary``, from which ``clip_dcl.train`` builds
+its command line; docs/extending-losses.md adds one.
 """
 from __future__ import annotations
 

@@ -284,15 +284,9 @@ class StateBuffer:
 class StatefulLoss(ContrastiveLoss, metaclass=abc.ABCMeta):
     """The contract of a loss that keeps state across optimizer steps; the trainer reads nothing else.
 
-    The state is the registered buffers. `state_buffers` gives their layout (a sharded buffer is saved
-    one file per rank and rebuilt for any world size); `rollback_step` undoes a step AMP skipped;
-    `state_digest` checks that the ranks agree; `adapt_saved_state` converts units. See
-    docs/extending-losses.md::
-
-        @register_loss("mine")
-        class Mine(StatefulLoss):
-            def state_buffers(self): return (StateBuffer("total", torch.float64, ()),)
-            def rollback_step(self): ...
+    The state is the registered buffers: `state_buffers` gives their layout across ranks,
+    `rollback_step` undoes a step AMP skipped, `state_digest` checks that ranks agree and
+    `adapt_saved_state` converts units (docs/extending-losses.md).
     """
 
     @abc.abstractmethod

@@ -9,38 +9,23 @@ that a random negative shares the anchor's latent class)::
     Ng_i   = max((neg_i - N * tau_plus * pbar_i) / (1 - tau_plus),  N * exp(-s))      (Eq. 7)
     loss_i = -log(pos_i / (pos_i + Ng_i)) = -l_ii + log(pos_i + Ng_i)
 
-for image and text anchors, averaged. ``exp(-s) = e^{-1/t}`` is the smallest score of two unit
-vectors, so the floor keeps the negatives' mass positive. In log space:
-``log(neg - N tau pbar) = lse_neg + log(1 - exp(log(N tau) + log pbar - lse_neg))``.
+for image and text anchors, averaged; ``tau_plus = 0`` is InfoNCE exactly. ``exp(-s) = e^{-1/t}`` is
+the smallest score of two unit vectors, so the floor keeps the negatives' mass positive. In log space
+``log(neg - N tau pbar) = lse_neg + log(1 - exp(log(N tau) + log pbar - lse_neg))``. On a floored row
+``clamp="clamp"`` gives the negatives no gradient, ``"biased"`` uses the uncorrected row (the paper's
+CMC appendix); ``metrics["clamp_rate"]`` is the floored share.
 
-M positives: ``text_features`` is ``(B * M, d)``, the M captions of each image in image order. An
-image anchor's negatives are the ``N = (G - 1) M`` captions of the other images; each of its captions
-in turn is the numerator's ``x+``: ``loss_i = mean_m [-l_im + log(S_im + Ng_i)]``. A caption anchor
-has one positive and ``N = G - 1`` negatives.
-
-Hard negatives (``beta > 0``; Robinson et al. 2021, HCL, Eq. 3-4): ``neg_i`` becomes
-``N * sum_j w_ij S_ij / sum_j w_ij``, ``w_ij = exp(beta * l_ij)`` kept in the graph as the authors'
-code does; ``beta = 0`` is the debiased loss.
-
-On a floored row, ``clamp="clamp"`` (Eq. 7) gives the negatives no gradient; ``clamp="biased"`` uses
-the uncorrected row, as the paper's CMC appendix does. ``metrics["clamp_rate"]`` is the floored
-fraction. ``tau_plus = 0`` is InfoNCE exactly.
+With M captions per image (``text_features`` ``(B * M, d)``) an image anchor's negatives are the
+``(G - 1) M`` other images' captions and each of its own is in turn the numerator's ``x+``. Hard
+negatives (``beta > 0``; Robinson et al. 2021, HCL, Eq. 3-4): ``neg_i`` becomes
+``N * sum_j w_ij S_ij / sum_j w_ij``, ``w_ij = exp(beta * l_ij)`` kept in the graph.
 
 ``same_class="top"`` (ours): CLIP's positive is the image's own caption, which scores far above any
 same-class negative, so Eq. 7's ``N tau_plus pbar_i`` overshoots and rows sit at the floor. "top"
-takes the same-class mass as that of the row's ``k = tau_plus N`` highest-scoring negatives::
-
-    top_i = sum of the floor(k) highest S_ij  +  frac(k) * the next one
-    Ng_i  = max((neg_i - top_i) / (1 - tau_plus),  N exp(-s))
-
-``Ng_i`` is ``N`` times the weighted mean score of the negatives left: never above ``neg_i``, at the
-floor only when all of them score ``exp(-s)``. It is summed over the negatives left in log space
-(``neg - top`` would cancel in float32). With ``beta > 0`` the reweighted mean is taken over the
-negatives left. Its gradient reaches the logits beyond ``(pos, lse_neg)``: no ``no_grad_gather``.
-
-``tau_plus="auto"`` estimates the prior from each training batch's scores (`clip_dcl.losses.prior`)
-and uses a moving average (buffer ``tau_plus_estimate``). ``temperature`` fixes ``t`` (``s = 1/t``)
-instead of the model's learned scale, which then gets no gradient from the loss.
+takes instead the mass of the row's ``k = tau_plus N`` highest-scoring negatives (the next one
+weighted ``frac(k)``), so ``Ng_i`` is ``N`` times the mean score of the negatives left, summed over
+them in log space (``neg - top`` would cancel in float32); it reaches the floor only when all score
+``exp(-s)``. ``tau_plus="auto"`` estimates the prior from each batch (`clip_dcl.losses.prior`).
 """
 from __future__ import annotations
 

@@ -1,19 +1,13 @@
 """Estimating DCL's class prior ``tau_plus`` from the batch (``create_loss("dcl", tau_plus="auto")``).
 
-False negatives score like positives, so the negatives' scores are a two-component mixture
-
-    p(l_ij) = tau_plus * p_same(l) + (1 - tau_plus) * p_other(l)
-
-and ``tau_plus`` is the upper component's weight: mixture proportion estimation as in
-positive-unlabeled learning (Elkan & Noto 2008; Blanchard et al. 2010), to which the DCL paper
-relates its estimator (Chuang et al. 2020, Sec. 2). A two-Gaussian EM on the detached negatives'
-logits, the upper component started at the positives' mean and variance, gives the weight, or 0
-when the means are less than one pooled standard deviation apart (no class structure yet).
-
-What it estimates is the share of negatives the embedding scores like positives, which is not the
-class prior while the embedding separates only part of a class (``benchmarks/prior_diagnosis.py``).
-EM is written here because scikit-learn's ``GaussianMixture`` fits on the host in NumPy, a round
-trip every step; `fit_two_gaussians` is tested equal to it.
+False negatives score like positives, so the negatives' scores are a mixture
+``tau_plus * p_same(l) + (1 - tau_plus) * p_other(l)``: mixture proportion estimation as in
+positive-unlabeled learning (Elkan & Noto 2008), to which the DCL paper relates its estimator
+(Chuang et al. 2020, Sec. 2). A two-Gaussian EM, the upper component started at the positives'
+moments, gives the weight, or 0 when the means are under one pooled standard deviation apart. It
+measures what the embedding scores like positives, which is not the class prior while the embedding
+separates only part of a class. EM is written here because scikit-learn's ``GaussianMixture`` fits
+on the host every step; `fit_two_gaussians` is tested equal to it.
 """
 from __future__ import annotations
 

@@ -1,20 +1,11 @@
 """Writing and reading training checkpoints; the files' format is defined here.
 
-A checkpoint is OpenCLIP's ``{"epoch", "name", "state_dict", "optimizer"[, "scaler"]}`` plus
-`LOSS_STATE_KEY` (the loss's ``state_dict()`` less a sharded buffer) and `CKPT_KEY`
-(`checkpoint_entry`, with the shard index and a mid-epoch ``"resume"`` position where there are).
-Every file is written under a temporary name and renamed (`save_atomically`), so a killed save never
-leaves a torn ``*.pt``.
-
-A sharded loss buffer cannot go into the master's file without gathering it onto one host, so every
-rank writes its own shard beside it::
-
-    CHECKPOINTS/loss_state/epoch_N/<buffer>.rank00001-of-00008.state
-
-(``.state``, so that ``--resume latest``, which takes the last ``*.pt``, never picks one). On resume
-each rank builds its shard for any new world size one saved shard at a time (`shard_sources`); the
-folder must be visible to every rank. Which epochs OpenCLIP checkpoints and keeps is restated in
-`checkpointed` and `_kept` (`clip_dcl.train.upstream` checks it).
+A checkpoint is OpenCLIP's dict plus `LOSS_STATE_KEY` (the loss's ``state_dict()`` less a sharded
+buffer) and `CKPT_KEY` (`checkpoint_entry`). Files are written under a temporary name and renamed,
+so a killed save never leaves a torn ``*.pt``. A sharded loss buffer is written one file per rank,
+``CHECKPOINTS/loss_state/epoch_N/<buffer>.rank00001-of-00008.state`` (not ``.pt``, which
+``--resume latest`` would pick), rather than gathered onto one host; resume rebuilds each rank's part
+for any world size. `checkpointed` and `_kept` restate which epochs OpenCLIP checkpoints and keeps.
 """
 from __future__ import annotations
 

@@ -1,24 +1,10 @@
 """Synthetic image-caption data with latent classes: clip-dcl's embedded default data.
 
 Every image shows one to three flat shapes drawn with PIL; its caption names them in varied words
-("a small red circle in the top left on a grey background"). The latent attributes:
-
-=============  =========================================================  ==================
-attribute      values                                                     role
-=============  =========================================================  ==================
-shape          circle, square, triangle, star, cross, diamond             class (subset)
-colour         red, blue, green, yellow, purple, orange, pink, cyan       class (subset)
-size           small, large                                               nuisance
-count          1, 2, 3                                                    nuisance
-position       top left, top right, bottom left, bottom right, center     nuisance (count 1)
-               ("scattered" when count > 1: one shape per quadrant)
-background     grey, white, black                                         nuisance
-=============  =========================================================  ==================
-
-Class ``k`` of ``C`` is ``(shape k // n_colours, colour k % n_colours)`` on the most even grid
-(`class_grid`). Class shares are balanced or Zipf-like, ``p_c ∝ (c + 1)^-class_imbalance``.
-DCL's class prior ``tau_plus = sum_c p_c^2`` (and the rate over distinct pairs, which a batch
-without repeats sees) is computed from the labels written and stored in ``summary.json``.
+("a small red circle in the top left on a grey background"). A class is a (shape, colour) pair:
+shape (6 values) and colour (8) make the class grid (`class_grid`); size, count, position and
+background are nuisances. Class shares are balanced or Zipf-like, ``p_c ∝ (c + 1)^-class_imbalance``;
+DCL's class prior ``tau_plus = sum_c p_c^2`` is computed from the labels and stored in ``summary.json``.
 
 Sample ``i`` of a split draws from ``numpy.random.default_rng([seed, split, i])``, and nothing
 written depends on the clock or the output path. Under ``OUT_DIR``::
@@ -29,8 +15,7 @@ written depends on the clock or the output path. Under ``OUT_DIR``::
     zeroshot/, zeroshot_test/     ImageFolder trees over the latent classes
     fewshot/                      ELEVATER iris layout: synth-shape, -colour, -count, -position, digits
 
-No library draws captioned shapes; the tars come from ``webdataset.TarWriter``, the digits from
-scikit-learn. Submodules: `.attributes`, `.render`, `.captions`, `.layout` (`generate`).
+Submodules: `.attributes`, `.render`, `.captions`, `.layout` (`generate`).
 """
 from __future__ import annotations
 
