@@ -1,13 +1,8 @@
 """Load any checkpoint our training writes, and export it to OpenCLIP's ``local-dir`` layout.
 
-`load_checkpoint` reads a trainer checkpoint (a bare state dict also works) or an exported folder.
-The model is found without the training flags: the ``model`` argument, else the ``clip_dcl`` entry
-of the checkpoint (name, config, preprocess), else the ``params.txt`` OpenCLIP wrote two folders up
-or beside the file. A config found is registered with OpenCLIP first, so custom architectures load
-in a fresh process. The file format is `clip_dcl.train.saving`'s.
-
-`export` writes ``open_clip_config.json`` and ``open_clip_model.safetensors``, which
-``open_clip.create_model_and_transforms("local-dir:OUT_DIR")`` loads without clip-dcl.
+The model is found without the training flags: the ``model`` argument, the checkpoint's
+``clip_dcl`` entry, or OpenCLIP's ``params.txt``; a config found is registered with OpenCLIP first.
+An export loads with ``open_clip.create_model_and_transforms("local-dir:OUT_DIR")``, without clip-dcl.
 """
 from __future__ import annotations
 

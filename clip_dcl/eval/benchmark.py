@@ -1,12 +1,8 @@
 """CLIP_benchmark's ``eval`` command line, run locally: ``clip-dcl eval benchmark``.
 
-A ``clip_benchmark eval ...`` command line on a webdataset (``--dataset wds/<name>``) or a local
-folder runs with the same flags and defaults, the same model x pretrained x dataset x language grid,
-``--skip_existing``, ``--output`` templates and result files shaped as CLIP_benchmark writes them
-(plus ``precision``). Flags that only mean something for its downloads, its launcher or its linear
-probe's training are refused, naming them. ``--task linear_probe`` runs ELEVATER's few-shot probe
-with ``--fewshot_k`` shots (5 here: CLIP_benchmark's -1 is not this protocol). The registered task
-whose CLIP_benchmark name is ``--task`` evaluates. `run_benchmark` is the Python entry.
+The same flags, defaults, grid, ``--skip_existing``, ``--output`` templates and result files as
+``clip_benchmark eval``; flags for its downloads, launcher or probe training are refused, naming
+them. ``--task linear_probe`` runs ELEVATER's few-shot probe (``--fewshot_k`` 5 by default here).
 """
 from __future__ import annotations
 

@@ -1,13 +1,8 @@
 """ELEVATER few-shot linear probe (image classification): `evaluate_fewshot`.
 
-The Elevater_Toolkit_IC linear probe (``linear_probe.py`` -> ``full_model_finetune.py``, samplers
-from vision-datasets 0.2.17) on features encoded once per data set: k-shot draws in
-`clip_dcl.eval.kshot`, the head and its sweep in `clip_dcl.eval.probe`, the data layouts in
-`clip_dcl.data.evalsets`. The 20 sets' class names and templates ship as package data and take
-precedence over a set's label map, as in the toolkit; a ``templates.txt``/``.json`` in a set's
-folder replaces them, and a set outside the catalogue uses ``"a photo of a {}"``. Reported per set:
-the probe at the chosen epoch selection (``last``, ours, or ``toolkit``, the best test epoch that
-published ELEVATER numbers use), both side by side, per seed, the mean classifier and zero-shot.
+The Elevater_Toolkit_IC linear probe on features encoded once per set: draws in `clip_dcl.eval.kshot`,
+head and sweep in `clip_dcl.eval.probe`. The 20 sets' class names and templates ship as package data
+and take precedence over a set's label map, as in the toolkit.
 """
 from __future__ import annotations
 
@@ -303,14 +298,9 @@ def evaluate_fewshot(
     options: EvalOptions | None = None,
     **kwargs,
 ) -> dict[str, float]:
-    """ELEVATER k-shot linear probe of ``model`` on the data sets under ``root``.
-
-    ``root``: the toolkit's download (``classification/``) or one folder per set, plus an optional
-    ``catalog.json``. ``shots`` per class, one draw per seed; ``grid`` ``"full"``, ``"reduced"``,
-    ``"toolkit-exact"`` or a `SweepGrid`; ``epoch_selection`` ``"last"`` or ``"toolkit"``; ``text_init``
-    starts the head from the zero-shot classifier. Returns flat metrics per set (``{ds}/linear_probe``,
-    ``_last``, ``_toolkit``, ``_seed{s}``, ``{ds}/mean_classifier``, ``{ds}/zeroshot``) and their
-    ``average/...``.
+    """ELEVATER k-shot linear probe of ``model`` on the data sets under ``root`` (the toolkit's download or
+    one folder per set): flat metrics per set (``{ds}/linear_probe``, ``_last``, ``_toolkit``,
+    ``_seed{s}``, ``mean_classifier``, ``zeroshot``) and their ``average/...``.
     """
     return run_fewshot(model, preprocess, tokenizer, root, datasets=datasets, shots=shots, seeds=seeds, grid=grid,
                        epoch_selection=epoch_selection, text_init=text_init, options=options, **kwargs).metrics

@@ -50,17 +50,11 @@ def retrieval_ranks(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """0-based rank of the best-ranked true match, per image query and per text query.
 
-    Scores are inner products ``s(i, t) = <f_i, g_t>``; text ``t`` describes image
-    ``text_to_image[t]`` (default ``arange``, 1:1 pairs), and every image needs a text.
-
-    * image -> text: ``rank_i = #{t not of i : s(i, t) >= max_{t' of i} s(i, t')}``
-    * text -> image: ``rank_t = #{j != img(t) : s(j, t) >= s(img(t), t)}``
-
-    so "in the top k" is ``rank < k`` (CLIP_benchmark's rule), and on 1:1 pairs without ties these are
-    OpenCLIP's ranks. A tie with a false item counts against the query (a collapsed model scores 0).
-    Scores are built ``chunk_size`` rows at a time: extra memory is about ``4 chunk_size N + 4 N D``
-    bytes, not the ``4 N^2`` of the full matrix (``benchmarks/results/retrieval_speed.md``).
-    Returns ``(image_to_text_ranks (I,), text_to_image_ranks (T,))``; bad inputs raise ``ValueError``.
+    Scores are ``<f_i, g_t>``; text ``t`` describes image ``text_to_image[t]`` (default 1:1). Image ->
+    text: ``#{t not of i : s(i, t) >= max_{t' of i} s(i, t')}``; text -> image:
+    ``#{j != img(t) : s(j, t) >= s(img(t), t)}``. "In the top k" is ``rank < k``, and a tie counts
+    against the query (a collapsed model scores 0). Built ``chunk_size`` rows at a time: about
+    ``4 chunk_size N + 4 N D`` extra bytes, not ``4 N^2`` (``benchmarks/results/retrieval_speed.md``).
     """
     _check_features("image_features", image_features)
     _check_features("text_features", text_features)
@@ -278,11 +272,8 @@ def numpy_argmax(scores: torch.Tensor) -> torch.Tensor:
 def elevater_scores(metric: str, logits: torch.Tensor, targets: torch.Tensor, nan_rule: str = "zero") -> torch.Tensor:
     """An ELEVATER data set's metric for a batch of heads: logits (B, N, C) -> scores (B,) in [0, 1].
 
-    As the toolkit scores: on ``softmax(logits)``, classes without a positive dropped; ``accuracy``,
-    ``mean_per_class``, ``11point_mAP`` or ``roc_auc`` (of the class-1 probability). A head with
-    non-finite probabilities scores 0 (``nan_rule="zero"``) or as vision-evaluation 0.2.9 does
-    (``"toolkit"``: argmax through `numpy_argmax`, 0 for the metrics scikit-learn refuses NaN in).
-    A metric that cannot be computed (one class for ROC-AUC) scores 0.
+    On ``softmax(logits)`` as the toolkit scores, classes without a positive dropped. A non-finite head
+    scores 0 (``nan_rule="zero"``) or as vision-evaluation 0.2.9 does (``"toolkit"``).
     """
     if nan_rule not in ("zero", "toolkit"):
         raise ValueError(f"nan_rule must be 'zero' or 'toolkit', got {nan_rule!r}")

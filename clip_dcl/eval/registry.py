@@ -40,13 +40,9 @@ def _no_check(args: argparse.Namespace) -> None:
 class EvalTask:
     """One evaluation: ``clip-dcl eval <name>`` and its report (docs/extending-eval.md).
 
-    ``run(model, preprocess, tokenizer, args, common) -> TaskResult`` evaluates (``common`` holds the
-    `EvalOptions` and the `SkipCounter`); ``add_arguments`` adds its options; ``check(args)`` refuses a
-    bad invocation before the model loads (`FlagError`); ``metrics`` names what it reports (``{k}``,
-    ``{dataset}`` stand for option values); ``table`` gives its report rows. ``benchmark_name``,
-    ``benchmark_metrics``, ``benchmark_documents``, ``benchmark_run`` and ``benchmark_check`` serve
-    ``clip-dcl eval benchmark`` (None: no CLIP_benchmark counterpart). ``uses_logit_scale``: a model
-    whose scale is not finite is refused rather than scored with a warning.
+    ``run(model, preprocess, tokenizer, args, common) -> TaskResult``; ``check(args)`` refuses a bad
+    invocation before the model loads; the ``benchmark_*`` fields serve ``clip-dcl eval benchmark``;
+    with ``uses_logit_scale`` a model whose scale is not finite is refused rather than warned about.
     """
 
     name: str

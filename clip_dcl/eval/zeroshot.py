@@ -1,14 +1,8 @@
-"""Zero-shot classification: ImageFolder trees, CLIP_benchmark's webdataset shards, or any
-``Dataset`` / ``DataLoader`` of (image, label).
+"""Zero-shot classification on ImageFolder trees, CLIP_benchmark's shards, or any (image, label) data.
 
-As OpenCLIP's ``zero_shot.py`` and CLIP_benchmark: a class's weight is the re-normalised mean of its
-normalised prompt embeddings, and ``logits = 100 * normalize(f(x)) @ W``. Single-label data scores
-``top1``, ``top5``, ``mean_per_class_recall`` (and CLIP_benchmark's ``acc1``, ``acc5``); multi-label
-data ``mean_average_precision``.
-
-An ImageFolder tree's class names are tied to its folders so that they cannot silently misalign
-with the labels (`clip_dcl.data.evalsets.folder_classnames`); shards and Datasets take a list in
-label order. Templates: given, else the data's own, else OpenCLIP's ``OPENAI_IMAGENET_TEMPLATES``.
+As OpenCLIP's ``zero_shot.py``: a class's weight is the re-normalised mean of its prompts'
+embeddings, ``logits = 100 * normalize(f(x)) @ W``. A tree's class names are tied to its folders
+(`folder_classnames`), so they cannot silently misalign with the labels.
 """
 from __future__ import annotations
 
@@ -194,13 +188,9 @@ def evaluate_zeroshot(
     skips: SkipCounter | None = None,
     **kwargs,
 ):
-    """Zero-shot classification metrics of ``model`` on ``root``.
-
-    ``root``: an ImageFolder tree (sorted folders give the labels), CLIP_benchmark's webdataset layout,
-    or a ``Dataset`` / ``DataLoader`` of ``(image tensor, label or multi-hot)``. ``classnames`` and
-    ``templates`` as the module docstring says; ``multilabel`` forces multi-label scoring. Returns the
-    metrics (fractions), and with ``return_info`` a dict of what was used (sizes, sources, class names,
-    templates, skipped counts).
+    """Zero-shot classification metrics of ``model`` on ``root`` (a tree, CLIP_benchmark's layout, or a
+    ``Dataset`` / ``DataLoader`` of ``(image, label or multi-hot)``); with ``return_info`` also a dict of
+    what was used. ``multilabel`` forces ``mean_average_precision``.
     """
     options = EvalOptions.from_kwargs(options, **kwargs)
     batch_size, workers = options.batch_size, options.workers

@@ -1,10 +1,7 @@
 """``clip``: OpenCLIP's own InfoNCE (``open_clip.loss.ClipLoss``), the baseline.
 
-The class only accepts ``sample_ids`` and exposes empty ``metrics``. What ``ClipLoss`` lacks,
-``no_grad_gather`` and ``M > 1`` captions per image, is computed by `InfoNCEFromStats` from the
-per-anchor statistics: each caption in turn is the image anchor's positive against the other
-images' ``(G - 1) M`` captions, ``L_img = mean_{i, m}[-l_im + log(S_im + sum_{j neg} S_ij)]``
-(``dcl`` at ``tau_plus = 0``).
+What ``ClipLoss`` lacks, ``no_grad_gather`` and ``M > 1`` captions per image (each in turn the
+positive, ``L_img = mean_{i, m}[-l_im + log(S_im + sum_{j neg} S_ij)]``), is `InfoNCEFromStats`.
 """
 from __future__ import annotations
 

@@ -1,7 +1,4 @@
-"""CoCa's objective with a clip-dcl contrastive term: ``dcl`` or ``decl`` for CoCa models.
-
-OpenCLIP's ``CoCaLoss`` computes CoCa's (Yu et al. 2022) captioning term with its contrastive weight
-at 0; the contrastive term comes from a clip-dcl loss, which keeps its own state and metrics::
+"""CoCa's objective with a clip-dcl contrastive term, OpenCLIP's ``CoCaLoss`` giving the caption term::
 
     loss = contrastive_weight * ours(image_features, text_features, logit_scale)
          + caption_weight * CE(logits, labels)

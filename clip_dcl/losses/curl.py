@@ -1,16 +1,11 @@
 """``curl``: the block contrastive loss of Arora et al. 2019 (Eq. 12, "CURL"), for image-text pairs.
 
-Arora et al., "A Theoretical Analysis of Contrastive Unsupervised Representation Learning",
-ICML 2019, Sec. 6.3: the anchor is contrasted with the mean embedding of a positive block against
-those of negative blocks, ``L_block = E[ l( f(x)^T (mean_i f(x_i^+) - mean_i f(x_i^-)) ) ]``.
-
-A block is the ``M`` captions of one image (``text_features`` ``(B * M, d)``). With
-``p_j = mean_m g_jm`` (not renormalised, as in the paper) and ``v_ik = s <f_i, p_i> - s <f_i, p_k>``,
-image anchor ``i`` against the other ``G - 1`` images' blocks scores ``logistic``
-``log(1 + sum_{k != i} exp(-v_ik))`` or ``hinge`` ``max(0, 1 + max_{k != i} (-v_ik))`` (margin 1 in
-units of the scaled logit); a caption anchor's positive block is its image. ``L = (L_img + L_txt) / 2``.
-At ``M = 1`` ``logistic`` is InfoNCE exactly. The loss reads block means and maxima, not
-``(pos, lse_neg)``, so ``no_grad_gather`` is refused.
+Arora et al., ICML 2019, Sec. 6.3: the anchor is contrasted with the mean embedding of a positive
+block against negative blocks, ``L_block = E[ l( f(x)^T (mean_i f(x_i^+) - mean_i f(x_i^-)) ) ]``.
+A block is the ``M`` captions of one image. With ``p_j = mean_m g_jm`` (not renormalised) and
+``v_ik = s <f_i, p_i> - s <f_i, p_k>``, image anchor ``i`` scores ``logistic``
+``log(1 + sum_{k != i} exp(-v_ik))`` or ``hinge`` ``max(0, 1 + max_{k != i} (-v_ik))``; a caption's
+positive block is its image. At ``M = 1`` ``logistic`` is InfoNCE. No ``no_grad_gather``.
 """
 from __future__ import annotations
 

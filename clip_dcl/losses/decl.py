@@ -10,24 +10,16 @@ Perspective", NeurIPS 2022: Algorithm 1, Eq. 2-3 and Sec. 2.2.3 (stochastic EM).
     loss2_i = -l_ii + logsumexp_j l_ij                   (InfoNCE, the smoothing loss, line 9)
     loss    = lambda_t * mean(loss1) + (1 - lambda_t) * mean(loss2)
 
-In log space ``u_i * mean_k S_ik = eps_i * exp(lse_neg_i - log K - log r_i)`` with ``eps_i ~
-Exponential(1)`` (1 for the mean). The exponent is clamped at ``max_log_ratio`` so that a stale rate
-cannot overflow (``metrics["clamp_rate"]``). Rate estimators are in `clip_dcl.losses.decl_rates`,
-schedules and temperature modes in `clip_dcl.losses.decl_schedules`.
+In log space ``u_i * mean_k S_ik = eps_i * exp(lse_neg_i - log K - log r_i)``, ``eps_i ~
+Exponential(1)``; the exponent is clamped at ``max_log_ratio`` so a stale rate cannot overflow.
+``estimate="relative"`` (default; FastCLIP, Wei et al. 2024, arXiv 2407.01445) estimates
+``g_i = mean_{k != i} exp(l_ik - l_ii)`` and takes ``loss1_i = u_i g_i``: positive and negatives are
+scaled together, so a wrong rate rescales that anchor's step and cannot tip pull against push.
 
-``estimate="relative"`` (default; FastCLIP, Wei et al. 2024, arXiv 2407.01445): the rate estimates
-``g_i = mean_{k != i} exp(l_ik - l_ii)`` and ``loss1_i = u_i g_i``, gradient ``(eps_i / r_i) grad g_i``.
-Positive and negatives are scaled together, so a wrong rate rescales that anchor's step and cannot
-tip pull against push. With M captions ``l_ii`` is ``mean_m l_im``.
-
-``t`` counts optimizer steps: OpenCLIP calls the loss ``accum_freq`` times a step; the first call
-updates the state and draws ``u``, later ones reuse them. ``u`` comes from a generator seeded by
-``(seed, t)`` for the whole global batch, sliced per rank, so W ranks draw what one process would.
-
-M captions per image (``text_features`` ``(B * M, d)``, one sample id per image): an image anchor's
-negatives are the ``(G - 1) M`` other images' captions, each of its own in turn the positive; a
-caption anchor has its image as positive and its own ``u_c``. ``index`` stores for the text direction
-``log mean_m exp(e_c)`` of the id's captions; ``queue`` queues the first caption of each image.
+``t`` counts optimizer steps: of the ``accum_freq`` calls of a step, the first updates the state and
+draws ``u`` from a generator seeded by ``(seed, t)`` for the whole global batch (sliced per rank, so
+W ranks draw what one process would), the later ones reuse them. With M captions per image the
+image anchor's positive is ``mean_m l_im`` and each caption anchor has its own ``u_c``.
 """
 from __future__ import annotations
 
@@ -55,12 +47,8 @@ __all__ = ["DeCLLoss", "SampleIdError", "RATES", "SCHEDULES", "ESTIMATES", "TEMP
 class DeCLLoss(DeCLLog, StatefulLoss):
     """Decomposable contrastive loss (``decl``), both directions, its state in registered buffers.
 
-    The arguments are those of the ``--decl-*`` flags (`clip_dcl.losses.decl_flags`), plus
-    ``accum_freq`` (OpenCLIP's ``--accum-freq``), ``seed`` (of the ``u`` draws), ``device`` (``"meta"``
-    validates without allocating) and OpenCLIP's ``ClipLoss`` distributed arguments. ``rate="index"``
-    needs ``num_samples`` and ``sample_ids`` on every call; an id out of range raises `SampleIdError` on
-    every rank. ``metrics`` holds ``lambda_t``, ``loss1``, ``loss2``, ``mean_log_rate``, ``clamp_rate``,
-    the log-ratio and weight statistics, and ``gamma_t`` / ``first_visit_rate`` for ``index``.
+    Arguments are the ``--decl-*`` flags' plus ``accum_freq``, ``seed`` (of the ``u`` draws), ``device``
+    (``"meta"`` validates only) and ``ClipLoss``'s; ``rate="index"`` needs ``sample_ids`` on every call.
     """
 
     output_key = "decl_loss"

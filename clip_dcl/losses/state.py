@@ -1,16 +1,10 @@
 """Per-sample loss state split across ranks: the layout, re-sharding, and a digest that scales.
 
-A ``(rows, num_samples)`` table is split by id modulo the world size: rank ``r`` keeps id ``i`` at
-local column ``i // W`` (`shard_size` columns), which spreads every shuffled batch evenly over the
-owners. `reshard` builds one rank's shard from another world size's shards, one source at a time, so
-a rank never holds more than its shard plus one (memory-mapped) source.
-
-`state_digest` avoids a full host copy of the table: every entry adds ``bits(x) * w(p) mod P`` at its
-global position ``p`` (two weight sequences, ``P = 2^31 - 1``), summed exactly in int64 on the
-tensor's device. Integer sums do not depend on the order of addition, so a sharded table (plus one
-all-reduce of two integers) digests as the replicated one, bit for bit, on any world size. Not
-cryptographic, but any change of one entry changes it. ``torch.distributed`` has no sharded table
-that survives a change of world size and a ``state_dict`` round trip.
+Rank ``r`` keeps id ``i`` of a ``(rows, num_samples)`` table at local column ``i // W`` when
+``i mod W = r``, which spreads every shuffled batch evenly. `reshard` builds a shard from another
+world size's, one source at a time. `state_digest` adds ``bits(x) * w(p) mod P`` over global
+positions ``p``, exactly in int64 on the tensor's device: integer sums do not depend on the order,
+so a sharded table digests as the replicated one, bit for bit, without a host copy.
 """
 from __future__ import annotations
 

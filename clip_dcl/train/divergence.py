@@ -1,11 +1,8 @@
 """Stopping a run whose loss or weights are no longer finite, before it writes them over a good checkpoint.
 
-OpenCLIP trains on whatever the loss returns: after a NaN loss every later step is NaN and each
-epoch end writes a NaN checkpoint that ``--resume latest`` would pick. `NonFiniteSteps` counts the
-consecutive bad steps on the device (no host sync per step); the trainer reads it where
-`StepGate` decides (one all-reduce, so every rank stops at the same step) and checks the weights at
-each epoch end. The run ends with `Diverged` and writes nothing. Under fp16 ``amp`` a non-finite
-loss can be a passing overflow that GradScaler skips, hence a count rather than one step.
+After a NaN loss every later step is NaN and each epoch end would write a NaN checkpoint that
+``--resume latest`` picks. `NonFiniteSteps` counts consecutive bad steps on the device (under fp16 a
+single one can be an overflow GradScaler skips); the ranks stop at the same step with `Diverged`.
 """
 from __future__ import annotations
 

@@ -1,8 +1,5 @@
-"""What OpenCLIP's training flags tell about the training data, for the losses that size themselves from it.
-
-`data_facts` turns OpenCLIP's arguments into a `DataFacts` that a loss's ``resolve_data_params``
-reads; sizes are read once, when asked: the shards' ``sizes.json``, the CSV's rows, or
-``--train-num-samples`` for synthetic data.
+"""What OpenCLIP's training flags tell about the training data, for the losses that size themselves from it
+(`DataFacts`; sizes read once, when a loss asks).
 """
 from __future__ import annotations
 

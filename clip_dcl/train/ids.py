@@ -1,10 +1,7 @@
 """Per-sample ids in training, for the losses that keep per-sample state (``--decl-rate index``).
 
-A sample's id comes from its shard key (`clip_dcl.data.ids`); map-style sets use their index.
-With ``k`` ``::``-joined sources, source ``i`` owns ids ``[i * B, (i + 1) * B)``, ``B`` being
-``--decl-num-samples`` or the largest source, so keys that each start at 0 do not collide; a key
-not below ``B`` stops the run. The first epoch compares distinct samples with distinct ids and warns
-on collisions. Neither OpenCLIP nor webdataset hands sample keys to the loss.
+With ``k`` ``::``-joined sources, source ``i`` owns ids ``[i * B, (i + 1) * B)`` (``B`` is
+``--decl-num-samples`` or the largest source), so keys that each start at 0 do not collide.
 """
 from __future__ import annotations
 

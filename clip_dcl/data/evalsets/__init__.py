@@ -1,11 +1,7 @@
 """Readers for the evaluation data sets: retrieval pairs, ImageFolder trees, ELEVATER index files.
 
-Every layout is checked in full (each referenced file or zip member exists, each label parses)
-before any image is decoded, so a bad path fails in seconds, naming it, not an hour into encoding.
-Retrieval pairs are img2dataset's webdataset shards or a CSV/TSV (`.retrieval`), or CLIP_benchmark's
-layout (`.benchmark`); ImageFolder trees are scanned by torchvision (`.folders`); few-shot sets are
-ELEVATER's iris index files (``<image_path> <label ids>``, images read in place from zips), COCO json
-indices or train/test trees (`.fewshot`).
+Every layout is checked in full before any image is decoded, so a bad path fails in seconds, naming
+it, not an hour into encoding.
 """
 from __future__ import annotations
 

@@ -1,11 +1,8 @@
 """A word-level vocabulary for the synthetic captions, in the format of OpenCLIP's own tokenizer.
 
-OpenCLIP's ``SimpleTokenizer`` reads byte-pair merges from a gzipped file (a header line, then one
-merge a line in rank order); its vocabulary is the 512 byte symbols, one per merge, then the two
-special tokens (end-of-text last, which ``argmax`` pooling relies on). OpenCLIP's 49,408 tokens would
-make most of a tiny model's parameters a token table for under a hundred words, so `learn_merges`
-learns merges from the captions' words until each is one token; the same tokenizer then reads
-them word by word. OpenCLIP ships no learner and ``tokenizers`` is not a dependency.
+OpenCLIP's 49,408 tokens would make most of a tiny model's parameters a token table for under a
+hundred words, so `learn_merges` learns byte-pair merges until each caption word is one token, and
+OpenCLIP's ``SimpleTokenizer`` reads them word by word (it ships no learner).
 """
 from __future__ import annotations
 

@@ -1,10 +1,5 @@
-"""The study's decision rule on paired differences, and the seeds it needs for a stated power.
-
-A comparison ``a - b`` is read from the mean of its per-seed differences and their two-sided Student
-t-interval at the plan's confidence; the verdicts of ``beats``, ``reaches`` and ``matches`` are
-defined in docs/studies.md ("The rule"). `power` is the chance of the positive verdict with ``n``
-seeds for a true difference ``expected`` and spread ``sd`` (noncentral t); `seeds_needed` the
-smallest ``n`` that reaches a target power.
+"""The study's decision rule on paired differences (docs/studies.md, "The rule"), and the seeds it
+needs for a stated power: `power` (noncentral t) and `seeds_needed`.
 """
 from __future__ import annotations
 
@@ -91,10 +86,9 @@ def power(rule: str, n: int, sd: float, confidence: float, *, expected: float = 
           resolution: float = 0.0) -> float:
     """P(the rule's positive verdict) with ``n`` seeds, paired differences ~ Normal(``expected``, ``sd``).
 
-    The lower bound clears ``c`` when ``T' = (mean - c) / (s / sqrt n) > t_{(1 + confidence) / 2, n - 1}``,
-    ``T'`` noncentral t with ``n - 1`` degrees of freedom and noncentrality ``(expected - c) sqrt(n) / sd``.
-    beats: ``c = 0`` (the resolution not counted); reaches: ``c = -margin``; matches: at least
-    ``1 - P(lo <= -m) - P(hi >= m)`` (two one-sided tests: a lower bound, tight at useful powers).
+    The bound clears ``c`` when ``(mean - c) / (s / sqrt n) > t_{(1 + confidence) / 2, n - 1}``, a noncentral
+    t with noncentrality ``(expected - c) sqrt(n) / sd``: beats ``c = 0``, reaches ``c = -margin``;
+    matches is at least ``1 - P(lo <= -m) - P(hi >= m)`` (two one-sided tests).
     """
     from scipy import stats
 
