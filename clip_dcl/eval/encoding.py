@@ -32,9 +32,8 @@ def check_precision(precision: str) -> str:
 class EvalOptions:
     """How an evaluation runs, as opposed to what it measures: the settings every evaluator shares.
 
-    Evaluators take ``options=EvalOptions(...)`` and the same names as keywords, which override its
-    fields (`from_kwargs`). Frozen, so one object can serve several evaluations. With ``strict``, a
-    sample that would be left out raises `SampleSkipped` instead of being logged and counted.
+    Keywords of the same names override its fields (`from_kwargs`); frozen, so one object can serve
+    several evaluations. ``strict``: a sample that would be left out raises `SampleSkipped`.
     """
 
     batch_size: int = 64

@@ -38,11 +38,13 @@ def _no_check(args: argparse.Namespace) -> None:
 
 @dataclass(frozen=True)
 class EvalTask:
-    """One evaluation: ``clip-dcl eval <name>`` and its report (docs/extending-eval.md).
+    """One evaluation: ``clip-dcl eval <name>`` and its report; docs/extending-eval.md explains ``run``,
+    ``check``, ``table`` and the CLIP_benchmark fields.
 
-    ``run(model, preprocess, tokenizer, args, common) -> TaskResult``; ``check(args)`` refuses a bad
-    invocation before the model loads; the ``benchmark_*`` fields serve ``clip-dcl eval benchmark``;
-    with ``uses_logit_scale`` a model whose scale is not finite is refused rather than warned about.
+    ``help``/``description``: its lines in ``--help``; ``add_arguments(parser)``: its own options
+    (``--data`` and the model flags are shared); ``metrics``: the names it reports (``{k}``, ``{dataset}``
+    stand for option values); ``benchmark_check(run, settings)``: reads a run's data before any model
+    loads (``ValueError``); ``uses_logit_scale``: a model whose scale is not finite is refused, not warned.
     """
 
     name: str

@@ -138,11 +138,9 @@ class LossDeclaration:
 
     @classmethod
     def resolve_data_params(cls, kwargs: Dict[str, object], data: DataFacts) -> Dict[str, object]:
-        """The loss's keyword arguments (those the command line gives), completed from ``data``.
-
-        A loss whose defaults depend on the data overrides this; with ``data.steps_per_epoch`` None it
-        returns arguments that pass its checks. It refuses flag combinations ``__init__`` cannot tell from
-        defaults with a ``ValueError`` naming the flag.
+        """The loss's keyword arguments (as given) completed from ``data``; a loss whose defaults depend on the
+        data overrides it. With ``data.steps_per_epoch`` None (flags checked before the data loads) it must
+        return arguments that pass its checks; flag combinations ``__init__`` cannot tell apart: ``ValueError``.
         """
         return dict(kwargs)
 

@@ -22,10 +22,13 @@ negatives (``beta > 0``; Robinson et al. 2021, HCL, Eq. 3-4): ``neg_i`` becomes
 
 ``same_class="top"`` (ours): CLIP's positive is the image's own caption, which scores far above any
 same-class negative, so Eq. 7's ``N tau_plus pbar_i`` overshoots and rows sit at the floor. "top"
-takes instead the mass of the row's ``k = tau_plus N`` highest-scoring negatives (the next one
-weighted ``frac(k)``), so ``Ng_i`` is ``N`` times the mean score of the negatives left, summed over
-them in log space (``neg - top`` would cancel in float32); it reaches the floor only when all score
-``exp(-s)``. ``tau_plus="auto"`` estimates the prior from each batch (`clip_dcl.losses.prior`).
+takes instead the mass of the row's ``k = tau_plus N`` highest-scoring negatives::
+
+    top_i = sum of the floor(k) highest S_ij  +  frac(k) * the next one
+    Ng_i  = max((neg_i - top_i) / (1 - tau_plus),  N exp(-s))
+
+``Ng_i`` is ``N`` times the mean score of the negatives left, summed over them in log space
+(``neg - top`` would cancel in float32). ``tau_plus="auto"`` estimates the prior per batch (`.prior`).
 """
 from __future__ import annotations
 

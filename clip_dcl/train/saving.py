@@ -97,11 +97,7 @@ def trained_model_config(args) -> Optional[dict]:
 
 def training_checkpoint(obj: dict, loss, entry: dict, shards: Optional[Path], checkpoint_path: Optional[str],
                         resume: Optional[dict] = None) -> dict:
-    """A copy of OpenCLIP's checkpoint dict ``obj`` with ``loss``'s state and ``entry`` added.
-
-    A sharded loss keeps its small buffers here and the index of the shards every rank wrote into
-    ``shards``; None there for a sharded loss raises RuntimeError.
-    """
+    """OpenCLIP's checkpoint dict ``obj`` with ``loss``'s state and ``entry`` (a sharded loss: its shard index)."""
     entry = dict(entry)
     if is_sharded(loss):  # the shards are in files beside (written by every rank)
         if shards is None:
@@ -171,10 +167,8 @@ def save_checkpoint(obj, f, checkpoint_path: Optional[str], save: Callable, trai
 
 def save_step_checkpoint(model, optimizer, scaler, epoch: int, step: int, args, loss, entry: dict,
                          shards: Optional[Path], resume: dict, save: Callable, rerun: str = RERUN) -> str:
-    """The master: write the checkpoint of step ``step`` of ``epoch`` and return its path.
-
-    ``epoch_latest.pt`` with ``--save-most-recent``, else ``epoch_{epoch}_step_{step}.pt`` (ordered between
-    ``epoch_{epoch}.pt`` and ``epoch_{epoch+1}.pt`` for ``--resume latest``); an earlier mid-epoch file goes.
+    """The master: write step ``step`` of ``epoch`` as ``epoch_latest.pt`` (``--save-most-recent``) or
+    ``epoch_{epoch}_step_{step}.pt``, remove the earlier mid-epoch file, and return the path.
     """
     from open_clip_train.main import LATEST_CHECKPOINT_NAME
 
@@ -193,10 +187,8 @@ def save_step_checkpoint(model, optimizer, scaler, epoch: int, step: int, args, 
 
 
 def save_atomically(obj, path, save=None, rerun: str = RERUN) -> None:
-    """``torch.save(obj, path)`` through ``path + PARTIAL_SUFFIX``, flushed, then renamed.
-
-    A full disk raises `CheckpointDiskFull`; a Ctrl-C is re-raised as ``KeyboardInterrupt`` even when
-    torch's writer hid it behind its own error. Either way the partial file is removed.
+    """``torch.save`` through ``path + PARTIAL_SUFFIX``, flushed, then renamed; the partial file goes on any
+    error (`CheckpointDiskFull` for a full disk, a Ctrl-C torch's writer hid re-raised as such).
     """
     save = save or torch.save
     path = os.fspath(path)
@@ -314,10 +306,8 @@ def _first_line(err: BaseException) -> str:
 
 
 def read_checkpoint(path, allow_unsafe_pickle: bool = False, mmap: bool = False):
-    """The object in a checkpoint file, loaded weights-only on the CPU (``mmap``: memory-mapped).
-
-    Raises `CheckpointUnreadable` for a torn or foreign file, `UnsafeCheckpoint` when it needs full
-    unpickling and ``allow_unsafe_pickle`` is off.
+    """The object in a checkpoint file, loaded weights-only on the CPU (``mmap``: memory-mapped); raises
+    `CheckpointUnreadable`, or `UnsafeCheckpoint` when it needs full unpickling not allowed.
     """
     try:
         return _torch_load(Path(path), allow_unsafe_pickle, mmap)
