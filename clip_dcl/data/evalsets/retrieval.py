@@ -99,6 +99,10 @@ def expand_shards(data: str | os.PathLike | Sequence[str]) -> list[str]:
             return read_benchmark_shards(data).shards
         shards = sorted(glob.glob(os.path.join(data, "*.tar")))
         if not shards:
+            from ..pairs import caption_folder_hint, is_caption_folder
+
+            if is_caption_folder(data):
+                raise ValueError(caption_folder_hint(data))
             raise ValueError(f"shard folder {data!r} is in neither layout: no .tar shards (img2dataset's "
                              f"layout) and no test/nshards.txt (CLIP_benchmark's webdataset layout); found "
                              f"{describe_folder(data)}")
