@@ -171,7 +171,7 @@ def folder_classnames(root: str | os.PathLike, folders: Sequence[str],
     In order: ``classnames`` (a ``{folder: name}`` dict, a list, or a file of either, see
     :func:`load_classnames`), else ``root/classnames.json`` (a mapping), else ``root/classnames.txt``
     (one name a line), else OpenCLIP's ImageNet names for the 1000 synset folders, else the folder
-    names themselves. A mapping must name every folder and no other; a list must name its folder on
+    names themselves, underscores read as spaces (``ankle_boot`` is ``ankle boot``). A mapping must name every folder and no other; a list must name its folder on
     each line (:func:`checked_name_list`). ``ValueError`` naming the file, line and folder otherwise.
     """
     if classnames is None:
@@ -179,7 +179,7 @@ def folder_classnames(root: str | os.PathLike, folders: Sequence[str],
         if found is None:
             if is_imagenet_synsets(folders):
                 return imagenet_classnames_for(folders), "open_clip IMAGENET_CLASSNAMES"
-            return list(folders), "the folder names"
+            return [f.replace("_", " ").strip() or f for f in folders], "the folder names"
         classnames = found
     if isinstance(classnames, (str, os.PathLike)):
         names, source = load_classnames(classnames), str(classnames)
