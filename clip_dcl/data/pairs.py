@@ -16,6 +16,7 @@ skipped and counted by cause.
 """
 from __future__ import annotations
 
+import csv
 import io
 import json
 import os
@@ -80,7 +81,7 @@ def csv_columns(path, img_key: str | None = None, caption_key: str | None = None
         raise CsvColumnsError(f"{path}: cannot be read ({e})") from None
     if sep is None:
         sep = _separator(first, path.suffix.lower())
-    header = [c.strip().strip('"') for c in first.split(sep)] if first else []
+    header = [c.strip() for c in next(csv.reader([first], delimiter=sep))] if first else []
     shown = ", ".join(repr(c) for c in header) if header else "none"
     named = "tab" if sep == "\t" else repr(sep)
     fix = (f"give {flags[0]} COLUMN and {flags[1]} COLUMN (and {flags[2]} for a separator other than {named})")
@@ -88,7 +89,7 @@ def csv_columns(path, img_key: str | None = None, caption_key: str | None = None
     def pick(given, candidates, what, flag):
         if given is not None:
             if given not in header:
-                raise CsvColumnsError(f"{path}: no column {given!r} ({flag}); columns found with separator {named}: "
+                raise CsvColumnsError(f"{path} has no column {given!r} ({flag}); columns found with separator {named}: "
                                       f"{shown}; {fix}")
             return given
         for c in candidates:

@@ -23,10 +23,6 @@ class RetrievalCSV:
     source: ImageSource
 
 
-_CSV_IMAGE_KEYS = ("filepath", "image", "image_path", "img", "path", "file", "filename")
-_CSV_CAPTION_KEYS = ("title", "caption", "text", "captions")
-
-
 def read_retrieval_csv(
     path: str | os.PathLike,
     img_key: str | None = None,
@@ -35,36 +31,21 @@ def read_retrieval_csv(
 ) -> RetrievalCSV:
     """Read a CSV/TSV of (image path, caption) rows, grouping rows of the same image.
 
-    The separator defaults to a tab for ``.tsv`` and to a comma otherwise; column names default to
-    the first of ``filepath|image|image_path|img|path|file|filename`` and
-    ``title|caption|text|captions`` present in the header (OpenCLIP's trainer calls them
-    ``filepath``/``title``). Image paths are relative to the CSV's folder unless absolute. Image
-    order is the order of first appearance.
+    The separator and the columns, where not given, are found as training finds them
+    (:func:`clip_dcl.data.pairs.csv_columns`: a tab when the header line has one, else a comma; the
+    first of ``filepath|image|image_path|img|path|file|filename`` and ``title|caption|text|captions``).
+    Image paths are relative to the CSV's folder unless absolute. Image order is the order of first
+    appearance.
     """
+    from ..pairs import csv_columns
+
     path = Path(path)
     if not path.is_file():
         raise ValueError(f"retrieval CSV {str(path)!r} does not exist")
-    if sep is None:
-        sep = "\t" if path.suffix.lower() == ".tsv" else ","
+    columns = csv_columns(path, img_key, caption_key, sep)
+    ik, ck = columns.img_key, columns.caption_key
     with open(path, newline="", encoding="utf-8") as f:
-        reader = csv.DictReader(f, delimiter=sep)
-        header = reader.fieldnames or []
-
-        def pick(given, candidates, what):
-            if given is not None:
-                if given not in header:
-                    raise ValueError(f"retrieval CSV {str(path)!r} has no column {given!r} (columns: {header})")
-                return given
-            for c in candidates:
-                if c in header:
-                    return c
-            raise ValueError(
-                f"retrieval CSV {str(path)!r}: no {what} column among {header}; name it with one of "
-                f"{list(candidates)} or pass it explicitly"
-            )
-
-        ik = pick(img_key, _CSV_IMAGE_KEYS, "image")
-        ck = pick(caption_key, _CSV_CAPTION_KEYS, "caption")
+        reader = csv.DictReader(f, delimiter=columns.sep)
         index: dict[str, int] = {}
         images: list[str] = []
         captions: list[list[str]] = []
