@@ -59,7 +59,8 @@ def finished_study(tmp_path, comparisons: int = 1):
         folder.mkdir(parents=True)
         files = {"run.json": {"arm": arm, "seed": seed, "recipe": "custom", "commit": "abc", "hardware": "cpu",
                               "started": "2030-01-01 00:00:00"},
-                 "scores-validation.json": {"retrieval/mean_R@1": val}, "scores-test.json": {"retrieval/mean_R@1": test}}
+                 "scores-validation.json": {"retrieval/mean_R@1": val},
+                 "scores-test.json": {"retrieval/mean_R@1": test}}
         for name, doc in files.items():
             (folder / name).write_text(json.dumps(doc))
     return plan, work

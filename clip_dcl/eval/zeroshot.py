@@ -209,7 +209,8 @@ def _found(root) -> str:
 
     if is_caption_folder(root):
         return (f"images with .txt captions: image-caption pairs, not classes; write shards with `clip-dcl data "
-                f"shards {shlex.quote(str(root))} OUT`, then evaluate them with `clip-dcl eval retrieval --data OUT/val`")
+                f"shards {shlex.quote(str(root))} OUT`, then evaluate them with "
+                "`clip-dcl eval retrieval --data OUT/val`")
     try:
         shards = expand_shards(str(root))
     except (ValueError, OSError):

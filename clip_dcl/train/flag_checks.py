@@ -283,8 +283,11 @@ def csv_data_flags(words: list) -> list:
             if given[name] is None and seen.setdefault(name, value) != value:
                 raise FlagError(f"--train-data and --val-data are CSVs of different {name[6:]}s ({seen[name]!r}, "
                                 f"{value!r}): give {name}")
-        images = pd.read_csv(path, sep=cols.sep, usecols=[cols.img_key], dtype=str, nrows=CSV_ROWS_CHECKED,
-                             keep_default_na=False)[cols.img_key]
+        try:
+            images = pd.read_csv(path, sep=cols.sep, usecols=[cols.img_key], dtype=str, nrows=CSV_ROWS_CHECKED,
+                                 keep_default_na=False)[cols.img_key]
+        except (ValueError, OSError) as e:  # pandas' ParserError is a ValueError
+            raise FlagError(f"{flag} {path} cannot be read as a CSV: {' '.join(str(e).split())}") from None
         for line, image in enumerate(images, 2):
             if not (os.path.isfile(os.path.join(os.path.dirname(path), image)) or os.path.isfile(image)):
                 raise FlagError(f"{flag} {path} line {line}: image {image!r} is neither beside the CSV nor in the "
