@@ -11,7 +11,8 @@ import sys
 
 #: subcommand -> ("module:function", one-line help). The function takes ``argv`` and returns an exit code.
 COMMANDS = {
-    "data": ("clip_dcl.data.cli:main", "generate or convert data sets: synth | benchmark (CLIP_benchmark's layout)"),
+    "data": ("clip_dcl.data.cli:main", "make or convert data sets: synth | fashion-mnist | fashion-scenes | shards (your own images and "
+                                      "captions) | pack | benchmark (CLIP_benchmark's layout)"),
     "train": ("clip_dcl.train:command_main",
               "train with OpenCLIP's loop and a registered objective (clip, dcl, decl, curl)"),
     "eval": ("clip_dcl.eval.cli:main", "evaluate a checkpoint: retrieval | zeroshot | fewshot | benchmark"),

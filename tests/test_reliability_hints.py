@@ -120,7 +120,7 @@ def test_hint_of_a_folder_that_holds_a_run_both_ways_on_work(tmp_path):
     flags = [*SYNTHETIC, "--logs", str(logs), "--name", "x", "--epochs", "1"]
     assert train_in_process(flags).returncode == 0
     refused = train_in_process(flags)
-    assert refused.returncode == 1
+    assert refused.returncode == 2
     line = refused.stderr.strip().splitlines()[-1]
     assert line.startswith(f"clip-dcl train: error: {logs / 'x'} already holds a run"), refused.stderr[-3000:]
     assert "{}" not in refused.stderr and "Experiment already exists" not in refused.stderr

@@ -10,6 +10,8 @@ Subcommands:
   (:func:`clip_dcl.data.evalsets.write_benchmark.write_benchmark_shards`).
 * ``fashion-mnist OUT_DIR [--from DIR]``: Fashion-MNIST's (or any IDX set's) images with captions from their
   pixels, in the same layout (:func:`clip_dcl.data.fashion.generate`).
+* ``shards SRC OUT_DIR``: your own pairs (a folder of images with ``.txt`` captions, or a CSV/TSV) as
+  training and validation shards (:func:`clip_dcl.data.pairs.write_pairs`).
 * ``pack PATTERN OUT.npz``: training shards decoded once into one file that training holds in memory
   (:func:`clip_dcl.data.packed.pack_shards`; ``--train-data OUT.npz`` trains on it).
 """
@@ -224,6 +226,56 @@ def _run_benchmark(args) -> int:
     return 0
 
 
+def _add_shards_parser(subparsers) -> None:
+    p = subparsers.add_parser(
+        "shards", allow_abbrev=False, help="your own images and captions (a folder or a CSV) as training shards",
+        description="Write your own image-caption pairs as webdataset shards that training and evaluation read: "
+                    "OUT_DIR/train and OUT_DIR/val (a held-out share), each numbered .tar files with sizes.json, and "
+                    "OUT_DIR/summary.json. SRC is a folder of image files, each with its caption in a .txt of the "
+                    "same name (x.jpg + x.txt, sub-folders included), or a CSV/TSV of image paths (relative to its "
+                    "folder) and captions. Prints what it wrote and skipped, and the commands to train and evaluate.")
+    p.add_argument("source", metavar="SRC", help="a folder of images with .txt captions, or a CSV/TSV file")
+    p.add_argument("out_dir", metavar="OUT_DIR", help="output folder")
+    p.add_argument("--val-fraction", type=float, default=0.1,
+                   help="share of the pairs held out in OUT_DIR/val for evaluation (default 0.1; 0: none)")
+    p.add_argument("--shard-size", type=int, default=1000, help="pairs per .tar shard (default 1000)")
+    p.add_argument("--seed", type=int, default=0, help="the shuffle that decides which pairs are held out (default 0)")
+    p.add_argument("--img-key", default=None,
+                   help="CSV: the image column (default: the first of filepath, image, image_path, img, path, file, "
+                        "filename)")
+    p.add_argument("--caption-key", default=None,
+                   help="CSV: the caption column (default: the first of title, caption, text, captions)")
+    p.add_argument("--separator", default=None,
+                   help="CSV: the separator (default: a tab when the header line has one, else a comma)")
+    p.add_argument("--overwrite", action="store_true", help="replace earlier outputs in OUT_DIR")
+    p.add_argument("--quiet", action="store_true", help="no progress lines")
+    p.set_defaults(func=_run_shards, parser=p)
+
+
+def _run_shards(args) -> int:
+    import sys
+
+    from .pairs import next_commands, write_pairs
+
+    try:
+        summary = write_pairs(args.source, args.out_dir, val_fraction=args.val_fraction, shard_size=args.shard_size,
+                              seed=args.seed, img_key=args.img_key, caption_key=args.caption_key, sep=args.separator,
+                              overwrite=args.overwrite, verbose=not args.quiet)
+    except ValueError as e:
+        print(f"clip-dcl data shards: {e}", file=sys.stderr)
+        return 2
+    for name, split in summary["splits"].items():
+        print(f"{name}: {split['pairs']} pairs in {split['shards']} shard(s), {split['folder']}")
+    skipped = summary["skipped"]
+    print(f"skipped: {sum(s['count'] for s in skipped.values())}" + "".join(
+        f"\n  {cause}: {s['count']} (e.g. {s['examples'][0]})" for cause, s in skipped.items()))
+    print(f"summary: {args.out_dir}/summary.json")
+    print("next (on a GPU: a larger --model, e.g. ViT-B-32, and more --epochs):")
+    for command in next_commands(summary, args.out_dir):
+        print(f"  {command}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="clip-dcl data", description="Generate or convert data sets.",
                                      allow_abbrev=False)
@@ -232,6 +284,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_synth_parser(subparsers)
     _add_fashion_parser(subparsers)
     _add_benchmark_parser(subparsers)
+    _add_shards_parser(subparsers)
     _add_pack_parser(subparsers)
     return parser
 

@@ -72,6 +72,20 @@ def _encode_batches(model, batches, options: EvalOptions, what: str, skips: Skip
     return torch.cat(feats), captions
 
 
+def duplicate_captions_warning(texts: Sequence[str], num_images: int) -> str | None:
+    """Warn (and return the line) when the captions are mostly the same few texts: fewer distinct
+    captions than half the images. A caption shared by several images counts as found only at its own
+    image, so the scores sit near chance whatever the model."""
+    distinct = len(set(texts))
+    if num_images < 10 or distinct >= num_images / 2:
+        return None
+    line = (f"retrieval: only {distinct} distinct captions among the {len(texts)} captions of {num_images} images: "
+            "a caption shared by several images is scored as found only at its own image, so recall stays near "
+            "chance whatever the model; give each image a caption of its own")
+    log.warning(line)
+    return line
+
+
 def embed_retrieval_data(
     model,
     preprocess: Callable,
@@ -109,6 +123,7 @@ def embed_retrieval_data(
         image_features, captions = _encode_batches(model, loader, options, f"the shards {list(shards)[:3]}", skips)
     text_to_image = torch.tensor([i for i, caps in enumerate(captions) for _ in caps], dtype=torch.long)
     texts = [c for caps in captions for c in caps]
+    duplicate_captions_warning(texts, len(captions))
     text_features = encode_texts(model, tokenizer, texts, options=options, batch_size=max(options.batch_size, 256),
                                  desc="retrieval captions")
     return image_features, text_features, text_to_image

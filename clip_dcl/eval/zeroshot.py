@@ -170,7 +170,28 @@ def zeroshot_data(root, classnames=None, templates=None, split: str = "test",
         tmpls, tmpl_source = resolve_templates(root, templates)
         return ZeroshotData("imagefolder", names, source, tmpls, tmpl_source, multilabel, samples=samples)
     raise ValueError(f"zero-shot data {str(root)!r} is in neither layout: expected {ZEROSHOT_LAYOUTS[0]}, or "
-                     f"{ZEROSHOT_LAYOUTS[1]}; found {describe_folder(root)}")
+                     f"{ZEROSHOT_LAYOUTS[1]}; found {_found(root)}")
+
+
+def _found(root) -> str:
+    """What ``root`` is, for the message of data in no zero-shot layout: image-caption pairs get their command."""
+    import shlex
+
+    from ..data.evalsets.retrieval import expand_shards
+    from ..data.pairs import is_caption_folder
+
+    if is_caption_folder(root):
+        return (f"images with .txt captions: image-caption pairs, not classes; write shards with `clip-dcl data "
+                f"shards {shlex.quote(str(root))} OUT`, then evaluate them with "
+                "`clip-dcl eval retrieval --data OUT/val`")
+    try:
+        shards = expand_shards(str(root))
+    except (ValueError, OSError):
+        shards = []
+    if shards:
+        return (f"{len(shards)} .tar shard(s) in img2dataset's layout: image-caption pairs, not classes; evaluate "
+                f"them with `clip-dcl eval retrieval --data {shlex.quote(str(root))}`")
+    return describe_folder(root)
 
 
 def evaluate_zeroshot(

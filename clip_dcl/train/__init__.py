@@ -53,7 +53,9 @@ def main(argv: Optional[List[str]] = None, prog: Optional[str] = None, exiting: 
     Returns the exit code, which a caller must check (the command line exits with it):
 
     - ``0``: OpenCLIP's ``main`` finished (or ``--help`` was printed);
-    - ``2``: a flag was refused before any work (the message, naming the flag, is on stderr);
+    - ``2``: a flag was refused before any work (the message, naming the flag, is on stderr), or the run
+      folder holds a run that the command does not continue (``--resume latest``, or ``--resume`` of a
+      checkpoint in it, does);
     - ``75`` (:data:`clip_dcl.train.preempt.PREEMPTED_EXIT_CODE`): the run stopped on a signal
       (``--preempt-signals``) after saving a checkpoint at its last step; ``--resume latest``
       continues there;
@@ -64,8 +66,7 @@ def main(argv: Optional[List[str]] = None, prog: Optional[str] = None, exiting: 
       step): the run ends at once, within seconds even while it waits for the other ranks, and says
       that nothing was trained since the last checkpoint;
     - ``1``: the run stopped with a clear error (logged, and on stderr): another process trains in the
-      run folder, or the folder holds a run that the command does not continue (``--resume latest``, or
-      ``--resume`` of a checkpoint in it, does), OpenCLIP refused to start, a sample id is missing or does not fit the buffer, the
+      run folder, OpenCLIP refused to start, a sample id is missing or does not fit the buffer, the
       loss state of ``--resume`` does not fit, a checkpoint cannot be read, no training data, or a
       checkpoint cannot be written because the disk is full (the message names the file and the
       previous checkpoint, which is intact), the training diverged (``--max-nonfinite-steps``; the
@@ -120,7 +121,7 @@ def main(argv: Optional[List[str]] = None, prog: Optional[str] = None, exiting: 
                 CheckpointDiskFull, Diverged, PeerFailure, RunFolderBusy, RunFolderTaken) as e:
             _report(f"clip-dcl train: error: {_without_worker_traceback(e)}", "peer" if isinstance(e, PeerFailure)
                     else "error")
-            code = 1
+            code = 2 if isinstance(e, RunFolderTaken) else 1  # a taken --name is a refusal, as a bad flag is
         except StartupStop as e:  # a stop signal or Ctrl-C before the first step: nothing to save
             _report(startup_stop_line(e.signame, launched_rank()), "stop")
             code = e.exit_code

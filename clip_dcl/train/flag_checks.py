@@ -62,6 +62,7 @@ def shard_folders_as_patterns(words: list) -> tuple:
     Raises:
         FlagError: a folder with no shard, or shards a pattern cannot list (the message gives the pattern to give).
     """
+    from clip_dcl.data.pairs import caption_folder_hint, is_caption_folder
     from clip_dcl.data.shards import folder_pattern
 
     out, replaced = list(words), []
@@ -76,6 +77,8 @@ def shard_folders_as_patterns(words: list) -> tuple:
             parts = value.split("::")
             for j, part in enumerate(parts):
                 if part and os.path.isdir(part):
+                    if is_caption_folder(part):
+                        raise FlagError(f"{flag} {caption_folder_hint(part)}")
                     try:
                         parts[j] = folder_pattern(part)
                     except (ValueError, OSError) as e:
@@ -229,3 +232,75 @@ def check_ranks_against_devices(local_ranks: int, device: str) -> None:
         raise FlagError(f"{local_ranks} ranks on this node but {gpus} GPU{'s' if gpus != 1 else ''} visible{where}: "
                         f"one rank per GPU; start {gpus} (NPROC={gpus}, --nproc_per_node {gpus}), or train on the "
                         "CPU with --device cpu")
+
+
+def _word_value(words: list, flag: str):
+    """The value ``words`` give ``flag`` (``--flag V`` or ``--flag=V``; the last one counts), or None."""
+    value = None
+    for i, word in enumerate(words):
+        if word == flag and i + 1 < len(words):
+            value = words[i + 1]
+        elif word.startswith(flag + "="):
+            value = word[len(flag) + 1:]
+    return value
+
+
+#: How many rows of a training CSV have their image looked for before training (the rest fail in the loader).
+CSV_ROWS_CHECKED = 1000
+
+
+def csv_data_flags(words: list) -> list:
+    """``words`` with OpenCLIP's ``--csv-separator``, ``--csv-img-key`` and ``--csv-caption-key`` added where
+    ``--train-data`` / ``--val-data`` is a CSV/TSV and the words do not give them: the separator and the
+    columns that ``clip-dcl eval retrieval`` reads in the same file (header ``image,caption`` or OpenCLIP's
+    ``filepath,title``; comma or tab). The images of the first :data:`CSV_ROWS_CHECKED` rows are looked for
+    beside the CSV (where the training reads them, see :func:`csv_images_beside`) or from the working folder.
+
+    Raises:
+        FlagError: a column that is not there (one line naming the columns found and the flags to give), or a
+            missing image.
+    """
+    import pandas as pd
+
+    from clip_dcl.data.pairs import CsvColumnsError, csv_columns
+
+    dataset_type = _word_value(words, "--dataset-type") or "auto"
+    given = {flag: _word_value(words, flag) for flag in ("--csv-separator", "--csv-img-key", "--csv-caption-key")}
+    added, seen = [], {}
+    for flag in ("--train-data", "--val-data"):
+        path = _word_value(words, flag)
+        if not path or not os.path.isfile(path):
+            continue
+        if not (dataset_type == "csv" or (dataset_type == "auto" and path.lower().endswith((".csv", ".tsv")))):
+            continue
+        sep = given["--csv-separator"]
+        try:
+            cols = csv_columns(path, given["--csv-img-key"], given["--csv-caption-key"], sep)
+        except CsvColumnsError as e:
+            raise FlagError(f"{flag} {e}") from None
+        wanted = {"--csv-separator": cols.sep, "--csv-img-key": cols.img_key, "--csv-caption-key": cols.caption_key}
+        for name, value in wanted.items():
+            if given[name] is None and seen.setdefault(name, value) != value:
+                raise FlagError(f"--train-data and --val-data are CSVs of different {name[6:]}s ({seen[name]!r}, "
+                                f"{value!r}): give {name}")
+        try:
+            images = pd.read_csv(path, sep=cols.sep, usecols=[cols.img_key], dtype=str, nrows=CSV_ROWS_CHECKED,
+                                 keep_default_na=False)[cols.img_key]
+        except (ValueError, OSError) as e:  # pandas' ParserError is a ValueError
+            raise FlagError(f"{flag} {path} cannot be read as a CSV: {' '.join(str(e).split())}") from None
+        for line, image in enumerate(images, 2):
+            if not (os.path.isfile(os.path.join(os.path.dirname(path), image)) or os.path.isfile(image)):
+                raise FlagError(f"{flag} {path} line {line}: image {image!r} is neither beside the CSV nor in the "
+                                "working folder")
+    for name, value in seen.items():
+        added += [name, value]
+    return list(words) + added
+
+
+def csv_images_beside(dataset, csv_path: str) -> None:
+    """Point a CSV dataset's relative image paths at the CSV's folder where the image is there (where
+    ``clip-dcl eval retrieval`` reads them); a path found only from the working folder (OpenCLIP's reading)
+    is kept."""
+    folder = os.path.dirname(csv_path)
+    dataset.images = [p if os.path.isabs(str(p)) or not os.path.isfile(os.path.join(folder, str(p)))
+                      else os.path.join(folder, str(p)) for p in dataset.images]

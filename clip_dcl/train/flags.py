@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Dict, List, Optional
 from ..errors import FlagError  # noqa: F401  (raised here, and imported from here by callers)
 from .flag_checks import (check_data_paths, check_global_batch, check_optimizer_values,  # noqa: F401 (re-exported)
                           check_output_paths, check_packed_flags, check_ranks_against_devices,
-                          check_worker_batches, shard_folders_as_patterns)
+                          check_worker_batches, csv_data_flags, shard_folders_as_patterns)
 
 if TYPE_CHECKING:
     from clip_dcl.losses.base import DataFacts
@@ -444,6 +444,7 @@ def parse_train_args(argv: List[str], check_files: bool = True, prog: str = PROG
     folders = []
     if check_files:  # a folder of shards is read as the pattern of its .tar files
         rest, folders = shard_folders_as_patterns(rest)
+        rest = csv_data_flags(rest)  # the separator and columns evaluation reads, where not given
     machine_notes = io.StringIO()  # printed once every check has passed, so that a refused run prints one line
     with program_named(prog):
         rest = settle_machine_flags(rest, this_machine=check_files, log=machine_notes)  # loggers; fp32 on a CPU

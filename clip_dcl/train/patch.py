@@ -90,6 +90,7 @@ import math
 import os
 import re
 import shutil
+import warnings
 from typing import Optional
 
 import torch
@@ -205,7 +206,9 @@ def run_training(config: TrainConfig) -> int:
         run.signals.on_forced_exit = clean_up
         run.signals.install()
     try:
-        with patched(run):
+        with patched(run), warnings.catch_warnings():
+            # OpenCLIP's loaders ask for pinned memory; without a GPU torch warns once a loader that it is not used
+            warnings.filterwarnings("ignore", message=".*'pin_memory' argument is set as true but no accelerator")
             result = oc_main.main(list(config.openclip_argv))
     except preemption.Preempted as e:
         interrupted = e.signame == "SIGINT"

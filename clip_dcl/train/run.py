@@ -512,10 +512,19 @@ class TrainingRun:
         return info
 
     def get_csv_dataset(self, args, preprocess_fn, is_train, epoch=0, tokenizer=None):
-        return self._map_style(OPENCLIP_GET_CSV_DATASET, args, preprocess_fn, is_train, epoch, tokenizer)
+        return self._map_style(_csv_dataset, args, preprocess_fn, is_train, epoch, tokenizer)
 
     def get_synthetic_dataset(self, args, preprocess_fn, is_train, epoch=0, tokenizer=None):
         return self._map_style(OPENCLIP_GET_SYNTHETIC_DATASET, args, preprocess_fn, is_train, epoch, tokenizer)
+
+
+def _csv_dataset(args, preprocess_fn, is_train, epoch=0, tokenizer=None):
+    """OpenCLIP's CSV dataset, its relative image paths read beside the CSV as evaluation reads them."""
+    from .flag_checks import csv_images_beside
+
+    info = OPENCLIP_GET_CSV_DATASET(args, preprocess_fn, is_train, epoch=epoch, tokenizer=tokenizer)
+    csv_images_beside(info.dataloader.dataset, args.train_data if is_train else args.val_data)
+    return info
 
 
 def rewrite_param(params_file: str, name: str, value) -> None:

@@ -153,14 +153,15 @@ def folder_classnames(root: str | os.PathLike, folders: Sequence[str],
     """(class names in label order, their source) for ``root``'s sorted class ``folders``.
 
     ``classnames``, else ``classnames.json``, else ``classnames.txt``, else ImageNet's names for synset
-    folders, else the folder names; each name must be tied to its folder (``ValueError`` otherwise).
+    folders, else the folder names with underscores read as spaces (``ankle_boot`` is ``ankle boot``); each
+    name must be tied to its folder (``ValueError`` otherwise).
     """
     if classnames is None:
         found = next((Path(root) / n for n in CLASSNAME_FILES if (Path(root) / n).is_file()), None)
         if found is None:
             if is_imagenet_synsets(folders):
                 return imagenet_classnames_for(folders), "open_clip IMAGENET_CLASSNAMES"
-            return list(folders), "the folder names"
+            return [f.replace("_", " ").strip() or f for f in folders], "the folder names"
         classnames = found
     if isinstance(classnames, (str, os.PathLike)):
         names, source = load_classnames(classnames), str(classnames)

@@ -22,10 +22,6 @@ class RetrievalCSV:
     source: ImageSource
 
 
-_CSV_IMAGE_KEYS = ("filepath", "image", "image_path", "img", "path", "file", "filename")
-_CSV_CAPTION_KEYS = ("title", "caption", "text", "captions")
-
-
 def read_retrieval_csv(
     path: str | os.PathLike,
     img_key: str | None = None,
@@ -34,33 +30,18 @@ def read_retrieval_csv(
 ) -> RetrievalCSV:
     """A CSV/TSV of (image path, caption) rows, rows of one image grouped in order of first appearance.
 
-    Tab for ``.tsv``, else comma; columns default to the first of the usual names present (OpenCLIP's
-    ``filepath``/``title`` among them); relative paths are read from the CSV's folder.
+    Separator and columns, where not given, are found as training finds them (``clip_dcl.data.pairs.csv_columns``);
+    relative paths are read from the CSV's folder.
     """
+    from ..pairs import csv_columns
+
     path = Path(path)
     if not path.is_file():
         raise ValueError(f"retrieval CSV {str(path)!r} does not exist")
-    if sep is None:
-        sep = "\t" if path.suffix.lower() == ".tsv" else ","
+    columns = csv_columns(path, img_key, caption_key, sep)
+    ik, ck = columns.img_key, columns.caption_key
     with open(path, newline="", encoding="utf-8") as f:
-        reader = csv.DictReader(f, delimiter=sep)
-        header = reader.fieldnames or []
-
-        def pick(given, candidates, what):
-            if given is not None:
-                if given not in header:
-                    raise ValueError(f"retrieval CSV {str(path)!r} has no column {given!r} (columns: {header})")
-                return given
-            for c in candidates:
-                if c in header:
-                    return c
-            raise ValueError(
-                f"retrieval CSV {str(path)!r}: no {what} column among {header}; name it with one of "
-                f"{list(candidates)} or pass it explicitly"
-            )
-
-        ik = pick(img_key, _CSV_IMAGE_KEYS, "image")
-        ck = pick(caption_key, _CSV_CAPTION_KEYS, "caption")
+        reader = csv.DictReader(f, delimiter=columns.sep)
         index: dict[str, int] = {}
         images: list[str] = []
         captions: list[list[str]] = []
@@ -93,6 +74,10 @@ def expand_shards(data: str | os.PathLike | Sequence[str]) -> list[str]:
             return read_benchmark_shards(data).shards
         shards = sorted(glob.glob(os.path.join(data, "*.tar")))
         if not shards:
+            from ..pairs import caption_folder_hint, is_caption_folder
+
+            if is_caption_folder(data):
+                raise ValueError(caption_folder_hint(data))
             raise ValueError(f"shard folder {data!r} is in neither layout: no .tar shards (img2dataset's "
                              f"layout) and no test/nshards.txt (CLIP_benchmark's webdataset layout); found "
                              f"{describe_folder(data)}")

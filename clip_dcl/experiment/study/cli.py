@@ -20,43 +20,15 @@ the change. Exit 2 on a bad plan or a refused call.
 from __future__ import annotations
 
 import argparse
-import json
 import shlex
 import sys
 from pathlib import Path
 from typing import List, Optional
 
 from ..arguments import plain_text
-from ..stats import t_interval
 from .plan import Plan, PlanError, load_plan
-from .rule import power, seeds_needed
+from .power import planned_power, spread_of  # noqa: F401 (spread_of: imported from here too)
 from .work import StudyError
-
-
-def spread_of(plan: Plan, c) -> tuple:
-    """``(sd, where)`` of comparison ``c``'s paired differences: its own, the plan's, or the earlier study's
-    (its test split's differences of the same comparison, else its validation split's)."""
-    if c.paired_sd is not None:
-        return c.paired_sd, "the comparison's paired_sd"
-    if plan.paired_sd is not None:
-        return plan.paired_sd, "the plan's paired_sd"
-    if plan.spread_from:
-        path = Path(plan.spread_from)
-        if not path.is_absolute() and plan.source:
-            path = Path(plan.source).parent / path
-        if not path.is_file():
-            raise PlanError(f"{plan.source}: spread_from = {plan.spread_from!r}: no such file ({path})")
-        doc = json.loads(path.read_text())
-        for row in doc.get("comparisons", []):
-            if (row["a"], row["b"]) == (c.a, c.b):
-                test = row.get("final") or (row["looks"][-1] if row.get("looks") else None)
-                if test and test["n"] >= 2:
-                    return t_interval(test["diffs"])["std"], f"{path.name}, test split, {test['n']} seeds"
-        for row in doc.get("validation", []):
-            if row.get("label", "").split(" ")[::2] == [c.a, c.b] and row["n"] >= 2:
-                return t_interval(row["diffs"])["std"], f"{path.name}, validation split, {row['n']} seeds"
-        return None, f"{path.name} has no paired differences of {c.a} - {c.b}"
-    return None, "no paired spread given (paired_sd or spread_from)"
 
 
 def check(plan: Plan, echo=print) -> int:
@@ -89,28 +61,16 @@ def check(plan: Plan, echo=print) -> int:
          + ", ".join(f"{a}/s{s}" for a, s in runs))
     short = 0
     for c in plan.comparisons:
-        sd, where = spread_of(plan, c)
-        head = f"{c.label}"
-        if sd is None:
-            echo(f"  {head}: seeds not checked: {where}")
+        p = planned_power(plan, c)
+        if "unchecked" in p:
+            echo(f"  {c.label}: seeds not checked: {p['unchecked']}")
             continue
-        if c.rule == "beats" and c.expected is None:
-            echo(f"  {head}: seeds not checked: give the comparison's expected difference (beats)")
-            continue
-        if c.margin is None and c.rule != "beats":
-            echo(f"  {head}: seeds not checked: its margin comes from the runs (margin_gain)")
-            continue
-        expected = c.expected or 0.0
-        need = seeds_needed(c.rule, sd, plan.confidence, plan.power, expected=expected, margin=c.margin)
-        n = len(plan.comparison_seeds(c))
-        have = power(c.rule, n, sd, plan.confidence, expected=expected, margin=c.margin)
-        enough = need is not None and need <= n
-        short += not enough
-        echo(f"  {head}: paired sd {100 * sd:.2f} points ({where}), true difference assumed "
-             f"{100 * expected:+.2f} points" + (f", margin {100 * c.margin:.2f} points" if c.margin else "")
-             + f": needs {need if need else 'more than 1000'} seeds for power {plan.power:g} at "
-             f"{100 * plan.confidence:.0f} % (one look); its {n} give power {have:.2f}"
-             + ("" if enough else " -- TOO FEW SEEDS"))
+        short += p["short"]
+        echo(f"  {c.label}: paired sd {100 * p['sd']:.2f} points ({p['where']}), true difference assumed "
+             f"{100 * p['expected']:+.2f} points" + (f", margin {100 * c.margin:.2f} points" if c.margin else "")
+             + f": needs {p['need'] if p['need'] else 'more than 1000'} seeds for power {plan.power:g} at "
+             f"{100 * plan.confidence:.0f} % (one look); its {p['n']} give power {p['power']:.2f}"
+             + (" -- TOO FEW SEEDS" if p["short"] else ""))
     if short:
         echo(f"too few seeds: {short} comparison(s) below power {plan.power:g}")
     return 1 if short else 0
@@ -202,7 +162,7 @@ def _commands(plan: Plan, args) -> int:
 
 
 def _report(plan: Plan, args) -> int:
-    from .report import verdict_line, write_report
+    from .report import _points as points, planned_text, verdict_line, write_report
 
     command = " ".join(["clip-dcl", "study", "report", *map(shlex.quote, [args.plan, "--work", args.work])])
     if not args.name or "/" in args.name or args.name.startswith("."):
@@ -213,9 +173,11 @@ def _report(plan: Plan, args) -> int:
     print(doc["status"])
     for c in doc["comparisons"]:
         print(f"  {verdict_line(c, doc)}" if c["final"] is not None else f"  {c['label']}: no verdict yet")
+        if (c.get("planned") or {}).get("short"):
+            print(f"    planned: {planned_text(c)}")
     if not any(c["looks"] for c in doc["comparisons"]):
         for v in doc["validation"]:
-            mean = "-" if not v["n"] else f"{100 * v['mean']:+.2f} points"
+            mean = "-" if not v["n"] else f"{points(v['mean'])} points"
             print(f"  validation split (for choices, no verdict): {v['label']}: {mean} over {v['n']} seed(s)")
     print(f"wrote {got['markdown']}, {got['json'].name}, {got['png'].name}")
     return 0

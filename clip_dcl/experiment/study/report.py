@@ -22,7 +22,8 @@ from ..figures import pyplot, save_figure
 from ..reporting import Report, markdown_table
 from ..stats import t_interval
 from . import work as W
-from .plan import Comparison, Plan
+from .plan import Comparison, Plan, PlanError
+from .power import planned_power
 from .rule import judge, reason
 
 RULE_TEXT = {
@@ -139,8 +140,30 @@ def decisions(plan: Plan, work: Path, state: Optional[dict] = None) -> List[dict
             if row["verdict"] != "no verdict" or k == len(design):
                 final = row
                 break
-        out.append({"a": c.a, "b": c.b, "rule": c.rule, "label": c.label, "looks": looks, "final": final})
+        out.append({"a": c.a, "b": c.b, "rule": c.rule, "label": c.label, "looks": looks, "final": final,
+                    "planned": _planned(plan, c)})
     return out
+
+
+def _planned(plan: Plan, c: Comparison) -> dict:
+    """What ``study check`` said of the comparison's seeds (:func:`~.power.planned_power`), kept in the report."""
+    try:
+        return planned_power(plan, c)
+    except (PlanError, OSError, ValueError) as e:  # an earlier study's STUDY.json gone or unreadable
+        return {"unchecked": str(e)}
+
+
+def planned_text(c: dict) -> str:
+    """The comparison's planned power in words, ``check``'s shortfall named."""
+    p = c.get("planned") or {}
+    if "power" not in p:
+        return f"not planned: {p.get('unchecked', 'no paired spread given')}"
+    need = p["need"] if p["need"] else "more than 1000"
+    text = (f"power {p['power']:.2f} with its {p['n']} seeds (paired sd {_points(p['sd'], False)} points from "
+            f"{p['where']}, true difference assumed {_points(p['expected'])} points); {need} seeds give "
+            f"{p['target']:g}")
+    return text + (" -- TOO FEW SEEDS: a real difference of that size would often give no verdict"
+                   if p["short"] else "")
 
 
 def all_decided(rows: List[dict]) -> bool:
@@ -150,7 +173,8 @@ def all_decided(rows: List[dict]) -> bool:
 def _points(x: Optional[float], sign: bool = True) -> str:
     if x is None or x != x:
         return "-"
-    return f"{100 * x:+.2f}" if sign else f"{100 * x:.2f}"
+    value = round(100 * x, 2) + 0.0  # + 0.0: a value that rounds to zero is "+0.00", never "-0.00"
+    return f"{value:+.2f}" if sign else f"{value:.2f}"
 
 
 def _interval(r: dict) -> str:
@@ -294,7 +318,12 @@ def markdown(doc: dict, plan: Plan, figure_name: str = "STUDY.png") -> List[str]
                                   for r in doc["reruns"]) or "none"),
              "- The rule (paired by seed; mean difference and its t-interval): "
              + "; ".join(RULE_TEXT[r].format(res=_points(doc["resolution"], False) + " points") for r in rules)
-             + ".", ""]
+             + ".",
+             f"- Planned power (as `clip-dcl study check` computed it, at {100 * doc['confidence']:.0f} %, one look):",
+             *[f"  - {c['label']}: {planned_text(c)}" for c in doc["comparisons"]], ""]
+    short = [c["label"] for c in doc["comparisons"] if (c.get("planned") or {}).get("short")]
+    if short:  # check's warning, kept where the verdicts are read
+        lines[2:3] = [lines[2], f"- Too few seeds for power {plan.power:g}: {', '.join(short)} (see Planned power)"]
     tested = [c for c in doc["comparisons"] if c["looks"]]
     if tested:
         lines += ["## Verdicts (test split)" if not doc["exploratory"] else
@@ -367,7 +396,7 @@ def figure(doc: dict, path: Path) -> Path:
     shaded, the band where a mean is a tie)."""
     plt = pyplot()
     rows = forest_rows(doc)
-    fig, ax = plt.subplots(figsize=(8.5, 1.4 + 0.75 * len(rows)))
+    fig, ax = plt.subplots(figsize=(9.5, 1.5 + 0.6 * len(rows)))  # the height from the rows: one or twenty
     labelled = set()
 
     def once(name: str) -> Optional[str]:  # each legend entry once
@@ -401,9 +430,8 @@ def figure(doc: dict, path: Path) -> Path:
     ax.set_ylim(-0.7, len(rows) - 0.3)
     ax.set_xlabel(f"a - b, {doc['metric']} in points (paired by seed)")
     ax.grid(axis="x", alpha=0.3)
-    if labelled:
-        ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.45 / max(1, len(rows)) - 0.12),
-                  ncol=len(labelled), frameon=False)  # below the axis: no row hidden
+    if labelled:  # right of the axes, outside them: it hides no row and no label, whatever the rows
+        ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0, frameon=False)
     return save_figure(fig, path, doc["title"])
 
 

@@ -35,7 +35,8 @@ def verdict(rule: str, interval: Dict[str, float], *, resolution: float = 0.0, m
 
 
 def _pt(x: float, sign: bool = True) -> str:
-    return f"{100 * x:+.2f}" if sign else f"{100 * x:.2f}"
+    value = round(100 * x, 2) + 0.0  # + 0.0: a value that rounds to zero is "+0.00", never "-0.00"
+    return f"{value:+.2f}" if sign else f"{value:.2f}"
 
 
 def _points(x: float) -> str:

@@ -1,0 +1,120 @@
+"""Your own images and captions: `clip-dcl data shards` from a folder of image + .txt pairs or a CSV, then the
+training and retrieval commands it prints; the same CSV read by training and by evaluation."""
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import re
+import shlex
+
+import pytest
+from PIL import Image
+
+from clip_dcl.cli import main as clip_dcl
+
+TRAIN = ["--model", "clip-dcl-tiny", "--epochs", "1", "--lr", "1e-3", "--warmup", "1", "--workers", "0",
+         "--seed", "0", "--report-to", ""]
+
+
+def run(argv, cwd=None, monkeypatch=None):
+    """``clip-dcl ARGV`` in this process: (exit code, stdout, stderr)."""
+    if cwd is not None:
+        monkeypatch.chdir(cwd)
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = clip_dcl([str(a) for a in argv])
+    return code, out.getvalue(), err.getvalue()
+
+
+def write_pairs(folder, n, caption=lambda i: f"a square of shade {i} on a plain ground"):
+    """``n`` 16x16 PNGs, each with its caption in a .txt of the same stem."""
+    folder.mkdir(parents=True, exist_ok=True)
+    for i in range(n):
+        Image.new("RGB", (16, 16), ((37 * i) % 256, (11 * i) % 256, (91 * i) % 256)).save(folder / f"img{i:03d}.png")
+        (folder / f"img{i:03d}.txt").write_text(caption(i) + "\n")
+
+
+@pytest.mark.slow
+def test_a_folder_of_pngs_and_captions_trains_decl_and_evaluates_with_the_printed_commands(tmp_path, monkeypatch):
+    write_pairs(tmp_path / "my_images", 300)
+    Image.new("RGB", (8, 8)).save(tmp_path / "my_images" / "uncaptioned.png")
+    (tmp_path / "my_images" / "broken.png").write_bytes(b"not an image")
+    (tmp_path / "my_images" / "broken.txt").write_text("a caption of a broken file")
+    code, out, err = run(["data", "shards", "my_images", "my_shards"], cwd=tmp_path, monkeypatch=monkeypatch)
+    assert code == 0, err
+    assert re.search(r"^train: 27[01] pairs in 1 shard\(s\), my_shards/train$", out, re.M), out
+    assert "skipped: 2" in out and "no caption file: 1" in out and "undecodable image: 1" in out, out
+    summary = json.loads((tmp_path / "my_shards" / "summary.json").read_text())
+    assert summary["splits"]["train"]["pairs"] + summary["splits"]["val"]["pairs"] == 300
+    commands = [line.strip() for line in out.splitlines() if line.strip().startswith("clip-dcl ")]
+    train, evaluate = commands
+    assert "--loss decl" in train and "--train-data my_shards/train" in train and "--data my_shards/val" in evaluate
+    # one epoch instead of the printed ten: the same command otherwise
+    train = train.replace("--epochs 10", "--epochs 1")
+    evaluate = evaluate.replace("epoch_10.pt", "epoch_1.pt")
+    code, _, err = run(shlex.split(train)[1:])
+    assert code == 0, err[-3000:]
+    assert "pin_memory" not in err  # torch's warning of a loader on a machine without a GPU
+    code, out, err = run(shlex.split(evaluate)[1:] + ["--no-progress"])
+    assert code == 0, err[-3000:]
+    assert "image -> text" in out and "text -> image" in out
+
+
+def test_training_and_evaluation_given_the_folder_itself_name_the_command(tmp_path, monkeypatch):
+    write_pairs(tmp_path / "pics", 3)
+    code, _, err = run(["train", "--loss", "decl", "--train-data", "pics", *TRAIN], cwd=tmp_path,
+                       monkeypatch=monkeypatch)
+    assert code == 2 and len(err.strip().splitlines()) == 1, err
+    assert "clip-dcl data shards pics OUT" in err
+    code, _, err = run(["eval", "retrieval", "--model", "clip-dcl-tiny", "--data", "pics"])
+    assert code == 2 and "clip-dcl data shards pics OUT" in err and "Traceback" not in err, err
+
+
+def test_shards_from_a_tab_csv_group_an_images_captions_and_name_what_they_skip(tmp_path):
+    from clip_dcl.data.pairs import CsvColumns, csv_columns, write_pairs as write
+
+    write_pairs(tmp_path / "img", 4)
+    (tmp_path / "pairs.tsv").write_text("filepath\ttitle\nimg/img000.png\tone\nimg/img001.png\ttwo\n"
+                                        "img/img000.png\tone again\nimg/gone.png\tlost\nimg/img002.png\t \n"
+                                        "img/img003.png\tthree\n")
+    summary = write(tmp_path / "pairs.tsv", tmp_path / "out", val_fraction=0, verbose=False)
+    assert summary["splits"]["train"]["pairs"] == 3 and "val" not in summary["splits"]
+    assert summary["skipped"]["image not found"]["count"] == 1 and summary["skipped"]["empty caption"]["count"] == 1
+    import tarfile
+
+    with tarfile.open(tmp_path / "out" / "train" / "00000.tar") as tar:
+        docs = [json.loads(tar.extractfile(m).read()) for m in tar.getmembers() if m.name.endswith(".json")]
+    assert sorted(len(d["captions"]) for d in docs) == [1, 1, 2]
+    assert csv_columns(tmp_path / "pairs.tsv") == CsvColumns("\t", "filepath", "title", ["filepath", "title"])
+    with pytest.raises(ValueError, match="already holds train, summary.json: give --overwrite"):
+        write(tmp_path / "pairs.tsv", tmp_path / "out", val_fraction=0, verbose=False)
+
+
+def test_a_comma_csv_with_other_columns_is_refused_in_one_line_naming_the_flags(tmp_path, monkeypatch):
+    write_pairs(tmp_path / "img", 2)
+    (tmp_path / "pairs.csv").write_text("picture,words\nimg/img000.png,one\nimg/img001.png,two\n")
+    for loss in ("clip", "decl"):
+        code, _, err = run(["train", "--loss", loss, "--train-data", "pairs.csv", "--batch-size", "2", *TRAIN],
+                           cwd=tmp_path, monkeypatch=monkeypatch)
+        lines = err.strip().splitlines()
+        assert code == 2 and len(lines) == 1, err[-3000:]
+        assert "'picture', 'words'" in lines[0] and "--csv-img-key" in lines[0] and "--csv-caption-key" in lines[0]
+        assert "Traceback" not in err and "--decl-num-samples" not in err and "KeyError" not in err
+
+
+@pytest.mark.slow
+def test_the_csv_evaluation_reads_trains_from_any_folder(tmp_path, monkeypatch):
+    """header image,caption, comma-separated, image paths relative to the CSV: what `eval retrieval --data` reads."""
+    data = tmp_path / "data"
+    write_pairs(data / "img", 32)
+    rows = "".join(f'img/img{i:03d}.png,"a square, shade {i}"\n' for i in range(32))
+    (data / "pairs.csv").write_text("image,caption\n" + rows)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    code, _, err = run(["train", "--loss", "decl", "--train-data", data / "pairs.csv", "--batch-size", "16",
+                        "--logs", "logs", "--name", "csv", *TRAIN], cwd=elsewhere, monkeypatch=monkeypatch)
+    assert code == 0, err[-3000:]
+    assert (elsewhere / "logs" / "csv" / "checkpoints" / "epoch_1.pt").is_file()
+    params = (elsewhere / "logs" / "csv" / "params.txt").read_text()
+    assert "csv_img_key: image" in params and "csv_caption_key: caption" in params and "csv_separator: ," in params
