@@ -8,13 +8,18 @@ after an interruption goes on from the run's last checkpoint; the scoring step i
 """
 from __future__ import annotations
 
+import contextlib
+import io
+import json
 import shlex
 import sys
+import tempfile
+from pathlib import Path
 from typing import Dict, List, Optional, Sequence
 
 from ..runner import Budget, Run, train_command
 from .plan import Plan, registered_recipe
-from .work import data_dir, package_root, run_dir
+from .work import StudyError, data_dir, package_root, run_dir
 
 #: [train] keys that map onto :class:`Budget` fields
 _BUDGET = ("model", "epochs", "batch_size", "lr", "wd", "warmup", "workers", "log_every_n_steps")
@@ -95,3 +100,52 @@ def all_lines(plan: Plan, work, splits: Dict[str, object], threads: int, look: O
     seeds = plan.seeds if look is None else plan.seeds[:plan.design()[look - 1][0]]
     return [(arm, seed, shell_line(plan, work, splits, arm, seed, threads)) for arm, seed in plan.runs()
             if seed in seeds and (only is None or seed in only)]
+
+
+@contextlib.contextmanager
+def placeholder_splits(plan: Plan):
+    """Splits standing in for data a [data] command has not made yet, for as long as the context lasts: two
+    empty shards a split in a temporary folder, with a ``sizes.json`` that gives the plan's sample counts
+    (1024 where it gives none), enough for the trainer to parse a training command and size a loss."""
+    with tempfile.TemporaryDirectory(prefix="clip-dcl-study-check-") as folder:
+        splits: Dict[str, object] = {}
+        for key in ("train", "validation", "test"):
+            samples = int(plan.data.get(f"{key}_samples") or 1024)
+            where = Path(folder) / key
+            where.mkdir()
+            for name in ("0.tar", "1.tar"):
+                (where / name).touch()
+            (where / "sizes.json").write_text(json.dumps({"0.tar": samples - samples // 2, "1.tar": samples // 2}))
+            splits[key], splits[f"{key}_samples"] = str(where / "{0..1}.tar"), samples
+        yield splits
+
+
+def check_arms(plan: Plan, work, splits: Dict[str, object], check_files: bool = True) -> None:
+    """Each arm's training command (its first seed's) through the trainer's own parsing and the checks that
+    need only flags and files, in this process: no model is built and nothing trains. A command the trainer
+    would refuse is then named with its arm before the plan is sealed, not in the log of each of its runs.
+    ``check_files=False``: the flags only (the data not made yet, or the work folder not known).
+
+    Raises:
+        StudyError: naming the arm and the trainer's own message.
+    """
+    from clip_dcl.train.flags import FlagError, parse_train_args
+
+    for arm in plan.arms:
+        seeds = plan.arm_seeds(arm.name)
+        if not seeds:
+            continue
+        argv = train_argv(plan, work, splits, arm.name, seeds[0])
+        argv = argv[argv.index("--") + 1:]
+        said = io.StringIO()
+        try:
+            with contextlib.redirect_stderr(said), contextlib.redirect_stdout(io.StringIO()):
+                parse_train_args(argv, check_files=check_files)
+        except FlagError as e:
+            message = str(e)
+        except SystemExit:  # argparse printed why
+            lines = [x for x in said.getvalue().splitlines() if x.strip()]
+            message = lines[-1].split(": error: ", 1)[-1] if lines else "its flags were refused"
+        else:
+            continue
+        raise StudyError(f"arm {arm.name}: the trainer refuses its command: {message}")
