@@ -154,3 +154,73 @@ def test_a_signal_stops_every_run_and_its_children_notes_each_and_the_next_run_c
     assert doc["status"] == "complete"
     assert sum(r.get("stopped") == signame for r in doc["reruns"]) == 2
     assert f"(stopped by {signame} " in (work / "STUDY.md").read_text()
+
+
+def descendants(pid: int) -> set:
+    """``pid`` and every process below it, as /proc shows them now."""
+    children = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    children.setdefault(int(f.read().rsplit(")", 1)[1].split()[1]), []).append(int(entry))
+            except (OSError, IndexError, ValueError):
+                continue
+    found, todo = set(), [pid]
+    while todo:
+        p = todo.pop()
+        found.add(p)
+        todo += children.get(p, [])
+    return found
+
+
+def trainer_of(work: Path, arm: str, seconds: float = 120) -> set:
+    """Once run ``arm`` seed 0 logs a training step: its trainer's pid (from its run lock) and its children."""
+    folder = work / "runs" / arm / "seed0"
+    wait_for(lambda: (folder / "run.lock").is_file() and (folder / "out.log").is_file()
+             and "Train Epoch:" in (folder / "out.log").read_text(errors="replace"), seconds, f"{arm} training")
+    return descendants(int(json.loads((folder / "run.lock").read_text())["pid"]))
+
+
+@pytest.mark.slow
+def test_the_real_trainer_stopped_by_sigterm_then_ctrl_c_is_continued_and_the_study_completes(tmp_path, preloaded):
+    plan = tmp_path / "plan.toml"
+    plan.write_text((ROOT / "benchmarks" / "studies" / "example.toml").read_text()
+                    .replace("seeds = [0, 1]", "seeds = [0]").replace('"--train-samples", "128"', '"--train-samples", "640"')
+                    .replace("log_every_n_steps = 2", "log_every_n_steps = 1"))
+    work = tmp_path / "work"
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "CUDA_VISIBLE_DEVICES": ""}
+
+    def study(*args):
+        return subprocess.Popen([preloaded.python, "-m", "clip_dcl.cli", "study", "run", str(plan), "--work",
+                                 str(work), *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                                start_new_session=True)
+
+    first = study()
+    trainer = trainer_of(work, "clip")
+    first.send_signal(signal.SIGTERM)
+    out, err = finish(first, 120)
+    assert first.returncode == 75 and "Traceback" not in out + err, out + err
+    assert [p for p in trainer if alive(p)] == []  # the trainer and its loader workers
+    assert "[study] stopped by SIGTERM: clip seed 0 (exit 75; " in out
+    tried = [json.loads(x) for x in (work / "attempts.jsonl").read_text().splitlines()]
+    assert [(a["arm"], a["exit"], a["stopped"]) for a in tried] == [("clip", 75, "SIGTERM")]
+
+    second = study()
+    trainer = trainer_of(work, "decl")
+    os.killpg(second.pid, signal.SIGINT)  # Ctrl-C
+    out, err = finish(second, 120)
+    assert second.returncode == 130 and "Traceback" not in out + err, out + err
+    assert [p for p in trainer if alive(p)] == []
+    assert "[study] clip seed 0: continues from its checkpoint " in out or "clip seed 0: reruns from the start" in out
+    assert "[study] stopped by Ctrl-C: decl seed 0 (exit 130; " in out
+
+    third = study()
+    out, err = finish(third, 300)
+    assert third.returncode == 0, out + err
+    assert "decl seed 0: continues from its checkpoint" in out or "decl seed 0: reruns from the start" in out
+    report = subprocess.run([preloaded.python, "-m", "clip_dcl.cli", "study", "report", str(plan), "--work", str(work)],
+                            capture_output=True, text=True, env=env, timeout=300)
+    assert report.returncode == 0 and report.stdout.startswith("complete"), report.stdout + report.stderr
+    md = (work / "STUDY.md").read_text()
+    assert "clip seed 0 (stopped by SIGTERM " in md and "decl seed 0 (stopped by SIGINT " in md
