@@ -74,10 +74,9 @@ def check(plan: Plan, echo=print) -> int:
     from .lines import check_arms, placeholder_splits
 
     splits = None if "command" in plan.data else check_splits(plan_splits(plan), plan.source)
-    # the flags only: the work folder is not known here, and a [data] command's data are not made yet
-    if splits is None:
-        with placeholder_splits(plan) as made:
-            check_arms(plan, Path("WORK"), made, check_files=False)
+    # not this machine's files: the work folder is not known here
+    if splits is None:  # the data are not made yet: the flags only
+        check_arms(plan, Path("WORK"), placeholder_splits(plan), check_files=False, data=False)
     else:
         check_arms(plan, Path("WORK"), splits, check_files=False)
     echo(f"{plan.source}: valid; recipe {plan.recipe}; metric {plan.metric}; design: {plan.design_text()}")
@@ -208,7 +207,9 @@ def _commands(plan: Plan, args) -> int:
     work = Path(args.work).resolve()
     check_seal(plan, work)
     splits = prepare_data(plan, work, echo=lambda s: print(s, file=sys.stderr))
-    check_arms(plan, work, splits)  # a command the trainer would refuse is named before the seal
+    # a command the trainer would refuse is named before the seal (not this machine's checks: the lines may
+    # run on another)
+    check_arms(plan, work, splits, check_files=False)
     seal(plan, work)  # once the data are there (see seal)
     threads = args.threads or plan.threads or 1
     for _, _, line in all_lines(plan, work, splits, threads, args.look, only):

@@ -10,11 +10,8 @@ from __future__ import annotations
 
 import contextlib
 import io
-import json
 import shlex
 import sys
-import tempfile
-from pathlib import Path
 from typing import Dict, List, Optional, Sequence
 
 from ..runner import Budget, Run, train_command
@@ -102,34 +99,27 @@ def all_lines(plan: Plan, work, splits: Dict[str, object], threads: int, look: O
             if seed in seeds and (only is None or seed in only)]
 
 
-@contextlib.contextmanager
-def placeholder_splits(plan: Plan):
-    """Splits standing in for data a [data] command has not made yet, for as long as the context lasts: two
-    empty shards a split in a temporary folder, with a ``sizes.json`` that gives the plan's sample counts
-    (1024 where it gives none), enough for the trainer to parse a training command and size a loss."""
-    with tempfile.TemporaryDirectory(prefix="clip-dcl-study-check-") as folder:
-        splits: Dict[str, object] = {}
-        for key in ("train", "validation", "test"):
-            samples = int(plan.data.get(f"{key}_samples") or 1024)
-            where = Path(folder) / key
-            where.mkdir()
-            for name in ("0.tar", "1.tar"):
-                (where / name).touch()
-            (where / "sizes.json").write_text(json.dumps({"0.tar": samples - samples // 2, "1.tar": samples // 2}))
-            splits[key], splits[f"{key}_samples"] = str(where / "{0..1}.tar"), samples
-        yield splits
+def placeholder_splits(plan: Plan) -> Dict[str, object]:
+    """Splits standing in for data a [data] command has not made yet (paths under ``WORK/data``, the plan's
+    sample counts or 1024), enough to build a training command and check its flags."""
+    splits: Dict[str, object] = {}
+    for key in ("train", "validation", "test"):
+        splits[key] = f"WORK/data/{key}/{{0..1}}.tar"
+        splits[f"{key}_samples"] = int(plan.data.get(f"{key}_samples") or 1024)
+    return splits
 
 
-def check_arms(plan: Plan, work, splits: Dict[str, object], check_files: bool = True) -> None:
+def check_arms(plan: Plan, work, splits: Dict[str, object], check_files: bool = True, data: bool = True) -> None:
     """Each arm's training command (its first seed's) through the trainer's own parsing and the checks that
     need only flags and files, in this process: no model is built and nothing trains. A command the trainer
     would refuse is then named with its arm before the plan is sealed, not in the log of each of its runs.
-    ``check_files=False``: the flags only (the data not made yet, or the work folder not known).
+    ``check_files=False``: not the files of this machine (the work folder is not known); ``data=False``: the
+    flags only, neither the data nor what the loss learns from them (the data are not made yet).
 
     Raises:
         StudyError: naming the arm and the trainer's own message.
     """
-    from clip_dcl.train.flags import FlagError, parse_train_args
+    from clip_dcl.train.flags import FlagError, check_flag_words, parse_train_args
 
     for arm in plan.arms:
         seeds = plan.arm_seeds(arm.name)
@@ -140,7 +130,10 @@ def check_arms(plan: Plan, work, splits: Dict[str, object], check_files: bool = 
         said = io.StringIO()
         try:
             with contextlib.redirect_stderr(said), contextlib.redirect_stdout(io.StringIO()):
-                parse_train_args(argv, check_files=check_files)
+                if data:
+                    parse_train_args(argv, check_files=check_files)
+                else:
+                    check_flag_words(argv)
         except FlagError as e:
             message = str(e)
         except SystemExit:  # argparse printed why

@@ -174,10 +174,9 @@ def run_study(plan: Plan, work: Path, parallel: int = 1, threads: Optional[int] 
             sealed_before = W.check_seal(plan, work) is not None  # a changed plan is refused before any work
             made = (work / "data.json").is_file()
             if not made:  # the flags first: a typo is named before the data are made
-                with placeholder_splits(plan) as stand_in:
-                    _check_arms(plan, work, stand_in, False, sealed_before)
+                _check_arms(plan, work, placeholder_splits(plan), sealed_before, check_files=False, data=False)
             splits = W.prepare_data(plan, work, echo)
-            _check_arms(plan, work, splits, True, sealed_before)
+            _check_arms(plan, work, splits, sealed_before)
             W.seal(plan, work)  # once the data are there: a plan whose data cannot be read is not sealed
         except Stopped as e:
             out["signal"] = e.signame
@@ -188,9 +187,9 @@ def run_study(plan: Plan, work: Path, parallel: int = 1, threads: Optional[int] 
         return _run(plan, work, parallel, threads, echo, seeds, splits, sealed_before, command, out, live)
 
 
-def _check_arms(plan, work, splits, check_files, sealed_before) -> None:
+def _check_arms(plan, work, splits, sealed_before, **how) -> None:
     try:
-        check_arms(plan, work, splits, check_files)
+        check_arms(plan, work, splits, **how)
     except W.StudyError as e:
         raise W.StudyError(f"{e}; " + ("no run was started" if sealed_before else "nothing was sealed or trained")
                            + ": correct the arm's flags in the plan") from None
