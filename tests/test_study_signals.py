@@ -186,7 +186,7 @@ def trainer_of(work: Path, arm: str, seconds: float = 120) -> set:
 def test_the_real_trainer_stopped_by_sigterm_then_ctrl_c_is_continued_and_the_study_completes(tmp_path, preloaded):
     plan = tmp_path / "plan.toml"
     plan.write_text((ROOT / "benchmarks" / "studies" / "example.toml").read_text()
-                    .replace("seeds = [0, 1]", "seeds = [0]").replace('"--train-samples", "128"', '"--train-samples", "640"')
+                    .replace("seeds = [0, 1]", "seeds = [0]").replace('"--train-samples", "128"', '"--train-samples", "320"')
                     .replace("log_every_n_steps = 2", "log_every_n_steps = 1"))
     work = tmp_path / "work"
     env = {**os.environ, "PYTHONPATH": str(ROOT), "CUDA_VISIBLE_DEVICES": ""}
