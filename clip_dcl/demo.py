@@ -25,8 +25,8 @@ from pathlib import Path
 from typing import List, Optional
 
 from . import experiment as ex
-from .experiment.runner import Stopped, stop_on_signals
 from .experiment.budgets import DEMO_BUDGET, DEMO_CLASSES, QUICK_BUDGET
+from .experiment.runner import Stopped, stop_on_signals
 
 
 #: ``clip-dcl demo --help``'s first lines.
@@ -98,7 +98,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     state = {"step": "writing the synthetic data"}
     try:
         with stop_on_signals():
-            data, runs = _train_and_evaluate(args, out, budget, device, fewshot_seeds, results, scores, state)
+            data = _train_and_evaluate(args, out, budget, device, fewshot_seeds, results, scores, state)
     except (KeyboardInterrupt, Stopped) as e:
         said, code = ("SIGTERM", 75) if isinstance(e, Stopped) else ("Ctrl-C", 130)
         print(stopped_line(said, state, out, results), file=sys.stderr, flush=True)
@@ -127,8 +127,8 @@ def main(argv: Optional[List[str]] = None) -> int:
 
 def _train_and_evaluate(args, out: Path, budget, device: str, fewshot_seeds, results: dict, scores: dict,
                         state: dict):
-    """Steps 1-3 of the demo: the data, every training, then every evaluation (the step counter only goes
-    forward); ``results``, ``scores`` and ``state["step"]`` filled as they go, for :func:`stopped_line`."""
+    """Steps 1-3 of the demo: the data (returned), every training, then every evaluation (the step counter
+    only goes forward); ``results``, ``scores`` and ``state`` filled as they go, for :func:`stopped_line`."""
     print(f"[demo] 1/4 synthetic data -> {out / 'data'} (training and evaluation on {device})", flush=True)
     data = ex.packed_training_set(ex.synth_data(out / "data", quick=args.quick, num_classes=args.num_classes))
     state["data"] = True
@@ -149,7 +149,7 @@ def _train_and_evaluate(args, out: Path, budget, device: str, fewshot_seeds, res
         metrics = ex.evaluate(results[run.name][0].checkpoint, data, fewshot_seeds=fewshot_seeds, device=device)
         print(f"[demo]     {run.name}: evaluated in {time.perf_counter() - t0:.0f} s", flush=True)
         scores[run.name] = [metrics]
-    return data, runs
+    return data
 
 
 def stopped_line(said: str, state: dict, out: Path, results: dict) -> str:

@@ -142,7 +142,7 @@ def test_a_signal_stops_every_run_and_its_children_notes_each_and_the_next_run_c
     again = start_driver(preloaded.python, tmp_path, plan, work)
     out, err = finish(again)
     assert again.returncode == 0, out + err
-    assert out.count(f": continues from its checkpoint epoch_0_step_1.pt (its last attempt, ") == 2
+    assert out.count(": continues from its checkpoint epoch_0_step_1.pt (its last attempt, ") == 2
     assert out.count(f"was stopped by {said})") == 2
     for a, s in ((a["arm"], a["seed"]) for a in tried):
         assert "a new attempt continues this run from checkpoints/epoch_0_step_1.pt" in \
