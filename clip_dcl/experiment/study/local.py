@@ -191,8 +191,9 @@ def _check_arms(plan, work, splits, sealed_before, **how) -> None:
     try:
         check_arms(plan, work, splits, **how)
     except W.StudyError as e:
-        raise W.StudyError(f"{e}; " + ("no run was started" if sealed_before else "nothing was sealed or trained")
-                           + ": correct the arm's flags in the plan") from None
+        raise W.StudyError(f"{e}; " + ("no run was started (the plan is sealed here: a corrected plan is a new "
+                                       "study, in a new --work folder)" if sealed_before else
+                                       "nothing was sealed or trained: correct the arm's flags in the plan")) from None
 
 
 def _said(signame: str) -> str:
