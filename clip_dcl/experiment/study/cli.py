@@ -89,6 +89,8 @@ def check(plan: Plan, echo=print) -> int:
     for arm in plan.arms:
         extra = "".join(f" {k}={v}" for k, v in arm.overrides)
         echo(f"  arm {arm.name}: {' '.join(arm.flags) or '(no flags)'}{extra}")
+    echo("  each arm's training command passes the trainer's checks"
+         + (" of its flags (the rest once the data are made)" if splits is None else ""))
     runs = plan.runs()
     uneven = len(runs) < len(plan.arms) * len(plan.seeds)
     if uneven:
