@@ -26,6 +26,7 @@ from typing import List, Optional
 
 from . import experiment as ex
 from .experiment.budgets import DEMO_BUDGET, DEMO_CLASSES, QUICK_BUDGET
+from .experiment.runner import Stopped, stop_on_signals
 
 
 #: ``clip-dcl demo --help``'s first lines.
@@ -93,27 +94,15 @@ def main(argv: Optional[List[str]] = None) -> int:
     fewshot_seeds = args.fewshot_seeds or ([0] if args.quick else [0, 1, 2])
     out = Path(args.out)
     start, load_at_start = time.perf_counter(), _load_average()
-
-    print(f"[demo] 1/4 synthetic data -> {out / 'data'} (training and evaluation on {device})", flush=True)
-    data = ex.packed_training_set(ex.synth_data(out / "data", quick=args.quick, num_classes=args.num_classes))
-    known = {r.name: r for r in ex.default_runs(data["tau_plus"])}
-    runs = [known.get(name, ex.Run(name, ("--loss", name))) for name in dict.fromkeys(args.losses)]
-
-    # every training, then every evaluation: the step counter only goes forward
     results, scores = {}, {}
-    for i, run in enumerate(runs, 1):
-        print(f"[demo] 2/4 training {i}/{len(runs)}: {run.name} ({' '.join(run.flags)}), {budget.epochs} epoch(s) "
-              f"of {data['train']['num_samples']} samples, batch {budget.batch_size}", flush=True)
-        res = ex.train(run, data, out / "runs", budget, device=device)
-        print(f"[demo]     {run.name}: trained in {res.seconds:.0f} s -> {res.checkpoint}", flush=True)
-        results[run.name] = [res]
-    for i, run in enumerate(runs, 1):
-        print(f"[demo] 3/4 evaluating {i}/{len(runs)}: {run.name}: retrieval, zero-shot, 5-shot probe "
-              f"({len(fewshot_seeds)} seed(s))", flush=True)
-        t0 = time.perf_counter()
-        metrics = ex.evaluate(results[run.name][0].checkpoint, data, fewshot_seeds=fewshot_seeds, device=device)
-        print(f"[demo]     {run.name}: evaluated in {time.perf_counter() - t0:.0f} s", flush=True)
-        scores[run.name] = [metrics]
+    state = {"step": "writing the synthetic data"}
+    try:
+        with stop_on_signals():
+            data = _train_and_evaluate(args, out, budget, device, fewshot_seeds, results, scores, state)
+    except (KeyboardInterrupt, Stopped) as e:
+        said, code = ("SIGTERM", 75) if isinstance(e, Stopped) else ("Ctrl-C", 130)
+        print(stopped_line(said, state, out, results), file=sys.stderr, flush=True)
+        return code
 
     minutes = (time.perf_counter() - start) / 60
     header = (f"clip-dcl demo: tiny model, {data['train']['num_samples']} synthetic pairs, "
@@ -134,6 +123,46 @@ def main(argv: Optional[List[str]] = None) -> int:
     print(f"[demo] done: {minutes:.1f} minutes of wall-clock time in all (\"minutes\" in {report['json']})",
           flush=True)
     return 0
+
+
+def _train_and_evaluate(args, out: Path, budget, device: str, fewshot_seeds, results: dict, scores: dict,
+                        state: dict):
+    """Steps 1-3 of the demo: the data (returned), every training, then every evaluation (the step counter
+    only goes forward); ``results``, ``scores`` and ``state`` filled as they go, for :func:`stopped_line`."""
+    print(f"[demo] 1/4 synthetic data -> {out / 'data'} (training and evaluation on {device})", flush=True)
+    data = ex.packed_training_set(ex.synth_data(out / "data", quick=args.quick, num_classes=args.num_classes))
+    state["data"] = True
+    known = {r.name: r for r in ex.default_runs(data["tau_plus"])}
+    runs = [known.get(name, ex.Run(name, ("--loss", name))) for name in dict.fromkeys(args.losses)]
+    for i, run in enumerate(runs, 1):
+        state["step"] = f"training {i}/{len(runs)} ({run.name})"
+        print(f"[demo] 2/4 training {i}/{len(runs)}: {run.name} ({' '.join(run.flags)}), {budget.epochs} epoch(s) "
+              f"of {data['train']['num_samples']} samples, batch {budget.batch_size}", flush=True)
+        res = ex.train(run, data, out / "runs", budget, device=device)
+        print(f"[demo]     {run.name}: trained in {res.seconds:.0f} s -> {res.checkpoint}", flush=True)
+        results[run.name] = [res]
+    for i, run in enumerate(runs, 1):
+        state["step"] = f"evaluating {i}/{len(runs)} ({run.name})"
+        print(f"[demo] 3/4 evaluating {i}/{len(runs)}: {run.name}: retrieval, zero-shot, 5-shot probe "
+              f"({len(fewshot_seeds)} seed(s))", flush=True)
+        t0 = time.perf_counter()
+        metrics = ex.evaluate(results[run.name][0].checkpoint, data, fewshot_seeds=fewshot_seeds, device=device)
+        print(f"[demo]     {run.name}: evaluated in {time.perf_counter() - t0:.0f} s", flush=True)
+        scores[run.name] = [metrics]
+    return data
+
+
+def stopped_line(said: str, state: dict, out: Path, results: dict) -> str:
+    """The one line of a demo stopped by Ctrl-C or SIGTERM: where it was, and what it kept."""
+    if not state.get("data"):
+        kept = f"nothing finished (a rerun writes the data in {out / 'data'} again)"
+    else:
+        kept = f"the synthetic data in {out / 'data'} (a rerun reuses them)"
+    if results:
+        kept += (f" and the finished training(s) of {', '.join(results)} in {out / 'runs'} (a rerun trains them "
+                 "again)")
+    return (f"[demo] stopped by {said} while {state['step']}: kept {kept}; no report was written (demo.md, demo.json and "
+            f"demo.png in {out} are an earlier run's, if there)")
 
 
 def readme_block(doc: dict) -> str:

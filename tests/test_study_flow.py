@@ -34,6 +34,7 @@ test_samples = 8
 
 [train]
 epochs = 1
+batch_size = 16
 
 [[arms]]
 name = "clip"
@@ -55,14 +56,18 @@ HARDWARE = "cpu X / no GPU / torch 2"
 
 
 def write_plan(tmp_path, extra="", seeds=None):
-    """The plan in ``tmp_path``, with the (empty) shard files its [data] names beside it: a run must find
-    its data, and no stand-in line reads it."""
+    """The plan in ``tmp_path``, with the (empty) shard files its [data] names beside it and their
+    ``sizes.json``: a run must find its data (the trainer's flag checks read the sizes), and no stand-in
+    line reads it."""
     text = PLAN.format(extra=extra)
     if seeds is not None:
         text = text.replace("seeds = [0, 1]", f"seeds = {seeds}")
     for name in ("train/0.tar", "train/1.tar", "val/0.tar", "test/0.tar"):
         (tmp_path / "shards" / name).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / "shards" / name).touch()
+    (tmp_path / "shards" / "train" / "sizes.json").write_text('{"0.tar": 32, "1.tar": 32}')
+    for split in ("val", "test"):
+        (tmp_path / "shards" / split / "sizes.json").write_text('{"0.tar": 8}')
     path = tmp_path / "plan.toml"
     path.write_text(text)
     return path
@@ -420,14 +425,14 @@ def test_a_study_split_across_machines_by_seed_runs_each_share_and_skips_runs_co
     # B's runs copied into the study's folder while A's run goes on: A skips them when their turn comes
     monkeypatch.setattr(L, "shell_line", stand_in_line(work, log))
     log.unlink()
-    real_one_finish = L.subprocess.run
+    real_one_finish = L.subprocess.Popen
 
     def copy_in_then_run(*a, **k):
         if a and a[0][:1] == ["bash"] and not W.finished(work, "clip", 2):  # once A's first run has begun
             for arm in ("clip", "decl"):
                 shutil.copytree(W.run_dir(other, arm, 2), W.run_dir(work, arm, 2))
         return real_one_finish(*a, **k)
-    monkeypatch.setattr(L.subprocess, "run", copy_in_then_run)
+    monkeypatch.setattr(L.subprocess, "Popen", copy_in_then_run)
     printed = []
     out = run_study(plan, work, parallel=1, threads=1, echo=printed.append)
     assert sorted(ran(log)) == [("clip", "0"), ("clip", "1"), ("decl", "0"), ("decl", "1")]
@@ -472,6 +477,7 @@ def test_check_names_a_missing_shard_and_a_split_it_cannot_count(tmp_path, capsy
         "from the plan file's folder)")
     (tmp_path / "shards" / "test" / "0.tar").touch()
     path.write_text(path.read_text().replace("test_samples = 8\n", ""))  # no count, no sizes.json
+    (tmp_path / "shards" / "test" / "sizes.json").unlink()
     assert cli.main(["check", str(path)]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith(f"clip-dcl study: cannot count the samples of {tmp_path}/shards/test/0.tar") and \

@@ -149,10 +149,14 @@ def test_plan_changes_name_each_changed_key():
 
 def plan_with_data(tmp_path, extra_top: str = "", text: str = BASE):
     """``plan(...)`` written as ``tmp_path/p.toml`` with its [data] relative to it (``d/...``) and those
-    (empty) shards made: what `study check` reads."""
+    (empty) shards made, with their ``sizes.json``: what `study check` reads (the trainer's checks size
+    DeCL's per-sample state from the sizes)."""
     for name in ("train/0.tar", "train/1.tar", "val/0.tar", "test/0.tar"):
         (tmp_path / "d" / name).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / "d" / name).touch()
+    (tmp_path / "d" / "train" / "sizes.json").write_text('{"0.tar": 50, "1.tar": 50}')
+    for split in ("val", "test"):
+        (tmp_path / "d" / split / "sizes.json").write_text('{"0.tar": 10}')
     (tmp_path / "p.toml").write_text(extra_top + text.replace('"/d/', '"d/'))
     return load_plan(tmp_path / "p.toml")
 

@@ -4,6 +4,11 @@ A :class:`Run` (a label and its ``--loss ...`` flags) and a :class:`Budget` (wha
 comparison shares) make one command line (:func:`train_command`); :func:`train` runs it under the
 machine-wide lock (:func:`machine_lock`), streams its progress and reads back what OpenCLIP
 logged (:func:`read_curves`, :func:`read_val`, :func:`parse_step_times`).
+
+The child is a process group of its own: Ctrl-C (or SIGTERM, under :func:`stop_on_signals`) reaches this
+process only, which passes it on once to the child's group, waits for the child to save and exit
+(:data:`STOP_GRACE_S` at most) and raises on (:class:`KeyboardInterrupt`, :class:`Stopped`), so that
+the caller can say what it kept and nothing it started outlives it.
 """
 from __future__ import annotations
 
@@ -12,9 +17,11 @@ import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -23,6 +30,37 @@ from typing import Callable, Dict, List, Optional, Sequence
 
 #: The model every demo run trains (registered by clip_dcl.models).
 DEFAULT_MODEL = "clip-dcl-tiny"
+#: Seconds a training child gets to save and exit once stopped, before its process group is killed.
+STOP_GRACE_S = 90.0
+
+
+class Stopped(Exception):
+    """SIGTERM under :func:`stop_on_signals`: raised in the main thread, as Ctrl-C raises KeyboardInterrupt."""
+
+    def __init__(self, signame: str = "SIGTERM"):
+        super().__init__(signame)
+        self.signame = signame
+
+
+@contextmanager
+def stop_on_signals():
+    """Inside (from the main thread only), SIGTERM raises :class:`Stopped` and SIGINT KeyboardInterrupt (also
+    where the process was started with SIGINT ignored, as a shell starts a background job), so that a
+    training child is stopped and waited for; the handlers before are restored after."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def stop(signum, frame):
+        raise Stopped(signal.Signals(signum).name)
+
+    before = {signal.SIGTERM: signal.signal(signal.SIGTERM, stop),
+              signal.SIGINT: signal.signal(signal.SIGINT, signal.default_int_handler)}
+    try:
+        yield
+    finally:
+        for num, handler in before.items():
+            signal.signal(num, handler)
 
 
 @dataclass(frozen=True)
@@ -221,19 +259,50 @@ def _stream(cmd, env, run: Run, budget: Budget, echo, start: float):
     """Run ``cmd``; echo its progress lines; return the exit code and the output's lines."""
     lines: List[str] = []
     last_echo = 0.0
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
+                            start_new_session=True)
     with proc.stdout:
-        for line in proc.stdout:
-            lines.append(line.rstrip())
-            match = _PROGRESS.search(line)
-            now = time.perf_counter()
-            if match and (now - last_echo > 5 or match.group(4) == "100"):
-                echo(progress_line(run.name, match, line, budget.epochs, now - start))
-                last_echo = now
-            elif "Eval Epoch:" in line and "R@1" in line:
-                found = dict(re.findall(r"(\w+_R@1|clip_val_loss): (\S+)", line))
-                echo(f"  [{run.name}] validation: " + ", ".join(f"{k} {float(v):.4f}" for k, v in found.items()))
+        try:
+            for line in proc.stdout:
+                lines.append(line.rstrip())
+                match = _PROGRESS.search(line)
+                now = time.perf_counter()
+                if match and (now - last_echo > 5 or match.group(4) == "100"):
+                    echo(progress_line(run.name, match, line, budget.epochs, now - start))
+                    last_echo = now
+                elif "Eval Epoch:" in line and "R@1" in line:
+                    found = dict(re.findall(r"(\w+_R@1|clip_val_loss): (\S+)", line))
+                    echo(f"  [{run.name}] validation: " + ", ".join(f"{k} {float(v):.4f}" for k, v in found.items()))
+        except (KeyboardInterrupt, Stopped) as e:
+            stop_child(proc, signal.SIGTERM if isinstance(e, Stopped) else signal.SIGINT, lines)
+            raise
     return proc.wait(), lines
+
+
+def stop_child(proc: subprocess.Popen, signum: int, lines: Optional[List[str]] = None) -> int:
+    """Pass ``signum`` to the group of ``proc`` (a session leader), read what it still prints while it saves,
+    and return its exit code; the group is killed :data:`STOP_GRACE_S` after the signal. A Ctrl-C meanwhile
+    is passed on too (the trainer's second Ctrl-C stops it at once, without saving)."""
+    def send(num):
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(proc.pid, num)
+
+    send(signum)
+    timer = threading.Timer(STOP_GRACE_S, send, args=(signal.SIGKILL,))
+    timer.daemon = True
+    timer.start()
+    try:
+        while True:
+            try:
+                if proc.stdout is not None and not proc.stdout.closed:
+                    for line in proc.stdout:
+                        if lines is not None:
+                            lines.append(line.rstrip())
+                return proc.wait()
+            except KeyboardInterrupt:
+                send(signal.SIGINT)
+    finally:
+        timer.cancel()
 
 
 def _changed_line(line: str, where: Optional[os.PathLike] = None) -> ValueError:

@@ -5,7 +5,8 @@
 ``allow_abbrev=False`` (with abbreviations, OpenCLIP's ``--model tiny`` would be read as
 ``--model-config tiny``); the rest is parsed by OpenCLIP's own ``parse_args`` here, once, so
 that a bad OpenCLIP flag also fails before anything starts. OpenCLIP's parser takes abbreviations,
-so a word that only begins a flag of either parser is refused first (:func:`check_spelled_out`).
+so a word that only begins a flag of either parser is refused first (:func:`check_spelled_out`), and a
+misspelt one with the flags closest to it (:func:`check_known`).
 
 The loss values are completed from the training data by the loss's own ``resolve_data_params``
 (with the facts of :func:`clip_dcl.train.facts.data_facts`; no loss is known here by name) and
@@ -406,6 +407,68 @@ def check_spelled_out(argv: List[str], parsers: List[argparse.ArgumentParser]) -
                             f"{', '.join(candidates)}")
 
 
+def check_known(argv: List[str], parsers: List[argparse.ArgumentParser]) -> None:
+    """Refuse a ``--flag`` that none of ``parsers`` knows, naming the closest flags they do know.
+
+    argparse would only say "unrecognized arguments"; a typo (``--batchsize``, ``--decl-gama``) is then
+    left to the reader. A word with no flag close to it is left to argparse's own message. Words are
+    read as in :func:`check_spelled_out`, which runs first (a word that begins a flag is named there).
+
+    Raises:
+        FlagError: naming the word and up to three flags close to it.
+    """
+    import difflib
+
+    known = set()
+    for parser in parsers:
+        known.update(parser._option_string_actions)
+    for word in argv:
+        if word == "--":
+            break
+        name = word.split("=", 1)[0]
+        if not name.startswith("--") or name == "--" or " " in name or name in known:
+            continue
+        close = difflib.get_close_matches(name, sorted(known), n=3, cutoff=0.7)
+        if close:
+            raise FlagError(f"{name} is not a flag of clip-dcl or OpenCLIP; the closest: {', '.join(close)}")
+
+
+def _loss_flags_given(ours) -> Dict[str, object]:
+    """The loss flags given (``dest`` -> value); :class:`FlagError` for one of another loss than ``--loss``."""
+    flag_map = flag_owners()
+    given = {dest: getattr(ours, dest) for dest in flag_map if getattr(ours, dest, None) is not None}
+    foreign = [f"{_flag(d)}" for d in given if flag_map[d][0] != ours.loss]
+    if foreign:
+        owners = sorted({flag_map[d][0] for d in given if flag_map[d][0] != ours.loss})
+        verb = "applies" if len(foreign) == 1 else "apply"
+        raise FlagError(f"{', '.join(foreign)} only {verb} to --loss {' / '.join(owners)}, not --loss {ours.loss}")
+    return given
+
+
+def check_flag_words(argv: List[str], prog: str = PROG) -> None:
+    """The checks of a training command line that need neither its data nor this machine: every word a flag
+    of clip-dcl or OpenCLIP, spelled out, with a value of its type and among its choices (both parsers' own
+    checks), and no loss flag of another loss than ``--loss``. For a command whose data are not made yet
+    (``clip-dcl study check``); :func:`parse_train_args` checks the rest once they are.
+
+    Raises:
+        FlagError: a flag that cannot work (the message names it).
+        SystemExit: OpenCLIP's or our argparse rejected a flag (argparse prints the message).
+    """
+    from open_clip_train.params import parse_args as openclip_parse_args
+
+    from .upstream import openclip_parser
+
+    parser = build_parser(prog)
+    parsers = [parser, openclip_parser()]
+    check_spelled_out(argv, parsers)
+    check_known(argv, parsers)
+    with program_named(prog):
+        ours, rest = parser.parse_known_args(argv)
+        openclip_parse_args(list(rest))
+    _loss_flags_given(ours)
+
+
 def parse_train_args(argv: List[str], check_files: bool = True, prog: str = PROG) -> Optional[TrainConfig]:
     """Parse and validate a training command line; ``None`` when ``--help`` was printed.
 
@@ -421,7 +484,9 @@ def parse_train_args(argv: List[str], check_files: bool = True, prog: str = PROG
     parser = build_parser(prog)
     from .upstream import openclip_parser
 
-    check_spelled_out(argv, [parser, openclip_parser()])
+    parsers = [parser, openclip_parser()]
+    check_spelled_out(argv, parsers)
+    check_known(argv, parsers)
     with program_named(prog):
         ours, rest = parser.parse_known_args(argv)
     if "-h" in rest or "--help" in rest:
@@ -460,12 +525,7 @@ def parse_train_args(argv: List[str], check_files: bool = True, prog: str = PROG
 
     loss = ours.loss
     flag_map = flag_owners()
-    given = {dest: getattr(ours, dest) for dest in flag_map if getattr(ours, dest, None) is not None}
-    foreign = [f"{_flag(d)}" for d in given if flag_map[d][0] != loss]
-    if foreign:
-        owners = sorted({flag_map[d][0] for d in given if flag_map[d][0] != loss})
-        verb = "applies" if len(foreign) == 1 else "apply"
-        raise FlagError(f"{', '.join(foreign)} only {verb} to --loss {' / '.join(owners)}, not --loss {loss}")
+    given = _loss_flags_given(ours)
     from clip_dcl.losses import LOSSES, resolve_loss_args
 
     from .facts import data_facts

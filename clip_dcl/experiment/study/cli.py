@@ -1,12 +1,15 @@
 """``clip-dcl study check|commands|run|report|score``: thin wrappers over the study's functions.
 
-* ``check PLAN``: validate the plan; print its runs and, from a paired spread (the plan's ``paired_sd``, a
+* ``check PLAN``: validate the plan (each arm's training command through the trainer's own flag checks, as
+  ``commands`` and ``run`` also do, with the data, before they seal); print its runs and, from a paired spread (the plan's ``paired_sd``, a
   comparison's own, or an earlier study's ``STUDY.json`` named by ``spread_from``), the seeds each comparison
   needs for the plan's power at its confidence, one look. Exit 1 when a comparison has fewer seeds than it
   needs (the plan says so before any run), 0 otherwise.
 * ``commands PLAN --work DIR``: make and check the data, seal the plan in DIR, print one shell line per run on stdout
   (``> lines.sh``; a Slurm array runs line ``$SLURM_ARRAY_TASK_ID`` with ``sed -n``).
 * ``run PLAN --work DIR --parallel N``: the same lines on this machine, N at once; finished runs skipped.
+  SIGTERM or Ctrl-C stops every run (each saves at its step), notes them and exits 75 or 130; the next
+  ``run`` continues them (:mod:`.local`).
   ``--seeds`` (both): this machine's share of a study split across machines by whole seeds; copy each
   machine's ``runs/<arm>/seed<N>/`` folders into one work folder for the report, which pairs runs of one
   machine only.
@@ -40,7 +43,14 @@ def check(plan: Plan, echo=print) -> int:
     """
     from .work import check_splits, plan_splits
 
+    from .lines import check_arms, placeholder_splits
+
     splits = None if "command" in plan.data else check_splits(plan_splits(plan), plan.source)
+    # not this machine's files: the work folder is not known here
+    if splits is None:  # the data are not made yet: the flags only
+        check_arms(plan, Path("WORK"), placeholder_splits(plan), check_files=False, data=False)
+    else:
+        check_arms(plan, Path("WORK"), splits, check_files=False)
     echo(f"{plan.source}: valid; recipe {plan.recipe}; metric {plan.metric}; design: {plan.design_text()}")
     if splits is None:
         echo("  data: made by its [data] command at the first `commands` or `run` (checked then)")
@@ -51,6 +61,8 @@ def check(plan: Plan, echo=print) -> int:
     for arm in plan.arms:
         extra = "".join(f" {k}={v}" for k, v in arm.overrides)
         echo(f"  arm {arm.name}: {' '.join(arm.flags) or '(no flags)'}{extra}")
+    echo("  each arm's training command passes the trainer's checks"
+         + (" of its flags (the rest once the data are made)" if splits is None else ""))
     runs = plan.runs()
     uneven = len(runs) < len(plan.arms) * len(plan.seeds)
     if uneven:
@@ -132,18 +144,23 @@ def main(argv: Optional[List[str]] = None) -> int:
         if args.command == "commands":
             return _commands(plan, args)
         if args.command == "run":
-            from .local import run_study
+            from .local import STOP_EXIT, run_study
             seeds = plan.pick_seeds(args.seeds) if args.seeds else None
             out = run_study(plan, Path(args.work), args.parallel, args.threads, seeds=seeds)
+            if out["signal"]:
+                return STOP_EXIT.get(out["signal"], 1)
             return 1 if out["failed"] else 0
         return _report(plan, args)
     except (PlanError, StudyError) as e:
         print(f"clip-dcl study: {e}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        print(f"clip-dcl study {args.command}: interrupted (Ctrl-C)", file=sys.stderr)
+        return 130
 
 
 def _commands(plan: Plan, args) -> int:
-    from .lines import all_lines
+    from .lines import all_lines, check_arms
     from .work import check_seal, prepare_data, seal
 
     if args.look is not None and args.look > len(plan.design()):
@@ -152,6 +169,9 @@ def _commands(plan: Plan, args) -> int:
     work = Path(args.work).resolve()
     check_seal(plan, work)
     splits = prepare_data(plan, work, echo=lambda s: print(s, file=sys.stderr))
+    # a command the trainer would refuse is named before the seal (not this machine's checks: the lines may
+    # run on another)
+    check_arms(plan, work, splits, check_files=False)
     seal(plan, work)  # once the data are there (see seal)
     threads = args.threads or plan.threads or 1
     for _, _, line in all_lines(plan, work, splits, threads, args.look, only):

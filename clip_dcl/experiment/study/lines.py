@@ -8,13 +8,15 @@ after an interruption goes on from the run's last checkpoint; the scoring step i
 """
 from __future__ import annotations
 
+import contextlib
+import io
 import shlex
 import sys
 from typing import Dict, List, Optional, Sequence
 
 from ..runner import Budget, Run, train_command
 from .plan import Plan, registered_recipe
-from .work import data_dir, package_root, run_dir
+from .work import StudyError, data_dir, package_root, run_dir
 
 #: [train] keys that map onto :class:`Budget` fields
 _BUDGET = ("model", "epochs", "batch_size", "lr", "wd", "warmup", "workers", "log_every_n_steps")
@@ -95,3 +97,48 @@ def all_lines(plan: Plan, work, splits: Dict[str, object], threads: int, look: O
     seeds = plan.seeds if look is None else plan.seeds[:plan.design()[look - 1][0]]
     return [(arm, seed, shell_line(plan, work, splits, arm, seed, threads)) for arm, seed in plan.runs()
             if seed in seeds and (only is None or seed in only)]
+
+
+def placeholder_splits(plan: Plan) -> Dict[str, object]:
+    """Splits standing in for data a [data] command has not made yet (paths under ``WORK/data``, the plan's
+    sample counts or 1024), enough to build a training command and check its flags."""
+    splits: Dict[str, object] = {}
+    for key in ("train", "validation", "test"):
+        splits[key] = f"WORK/data/{key}/{{0..1}}.tar"
+        splits[f"{key}_samples"] = int(plan.data.get(f"{key}_samples") or 1024)
+    return splits
+
+
+def check_arms(plan: Plan, work, splits: Dict[str, object], check_files: bool = True, data: bool = True) -> None:
+    """Each arm's training command (its first seed's) through the trainer's own parsing and the checks that
+    need only flags and files, in this process: no model is built and nothing trains. A command the trainer
+    would refuse is then named with its arm before the plan is sealed, not in the log of each of its runs.
+    ``check_files=False``: not the files of this machine (the work folder is not known); ``data=False``: the
+    flags only, neither the data nor what the loss learns from them (the data are not made yet).
+
+    Raises:
+        StudyError: naming the arm and the trainer's own message.
+    """
+    from clip_dcl.train.flags import FlagError, check_flag_words, parse_train_args
+
+    for arm in plan.arms:
+        seeds = plan.arm_seeds(arm.name)
+        if not seeds:
+            continue
+        argv = train_argv(plan, work, splits, arm.name, seeds[0])
+        argv = argv[argv.index("--") + 1:]
+        said = io.StringIO()
+        try:
+            with contextlib.redirect_stderr(said), contextlib.redirect_stdout(io.StringIO()):
+                if data:
+                    parse_train_args(argv, check_files=check_files)
+                else:
+                    check_flag_words(argv)
+        except FlagError as e:
+            message = str(e)
+        except SystemExit:  # argparse printed why
+            lines = [x for x in said.getvalue().splitlines() if x.strip()]
+            message = lines[-1].split(": error: ", 1)[-1] if lines else "its flags were refused"
+        else:
+            continue
+        raise StudyError(f"arm {arm.name}: the trainer refuses its command: {message}")

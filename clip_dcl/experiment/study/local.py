@@ -1,25 +1,43 @@
 """``study run``: a study's lines on this machine, N at once, the cores split between them.
 
 Each run is its shell line (:func:`.lines.shell_line`, the same line `study commands` prints), run with
-``bash -c`` and its output kept in ``logs/<arm>-seed<N>.log``. A run that has its scores is skipped; a failed
-run is reported (its exit code and log), noted in ``attempts.jsonl``, and run again by the next call. With
-a sequential plan the runs go look by look, and stop once every comparison has its verdict.
+``bash -c`` in a process group of its own and its output kept in ``logs/<arm>-seed<N>.log``. A run that has
+its scores is skipped; a failed run is reported (its exit code, its log and the line of it that names the
+error), noted in ``attempts.jsonl``, and run again by the next call. With a sequential plan the runs go look
+by look, and stop once every comparison has its verdict.
+
+SIGTERM or Ctrl-C to `study run` is passed to every run's process group (a terminal's Ctrl-C does not reach
+them otherwise: each is a group of its own, so that a signal reaches the trainer and whatever it started, and
+nothing of the study outlives it). The trainer saves at its step and exits (``clip_dcl.train.preempt``); the
+study waits for each group to end (:data:`STOP_GRACE_S` at most, then kills what is left), notes every
+attempt that started, with how it ended, prints one line naming what it stopped and the command that goes
+on, and returns; ``clip-dcl study run`` then exits 75 (SIGTERM) or 130 (Ctrl-C). The next call continues a
+stopped run from its checkpoint, or reruns it from the start when it saved none, and says which; a run's
+``out.log`` then says where a new attempt begins, or the earlier one is kept beside it as
+``out.attempt<K>.log``, so that no log mixes two sessions without saying so.
 """
 from __future__ import annotations
 
 import concurrent.futures
 import os
+import shlex
+import signal
 import subprocess
 import threading
 import time
 from pathlib import Path
-from typing import Callable, List, Optional, Sequence
+from typing import Callable, Dict, List, Optional, Sequence
 
 from ..reporting import utc_date
 from . import work as W
-from .lines import shell_line
+from .lines import check_arms, placeholder_splits, shell_line
 from .plan import Plan
 from .report import all_decided, decisions
+
+#: The exit codes of a study stopped by a signal, as the trainer's (``clip_dcl.train.preempt``).
+STOP_EXIT = {"SIGTERM": 75, "SIGINT": 130}
+#: Seconds the runs get to save and exit once the study is stopped, before what is left of them is killed.
+STOP_GRACE_S = 90.0
 
 
 def default_threads(parallel: int) -> int:
@@ -27,26 +45,172 @@ def default_threads(parallel: int) -> int:
     return max(1, (os.cpu_count() or 1) // parallel)
 
 
+class Stopped(Exception):
+    """The study was stopped (``signame``) while no run was running (making the data, checking the plan)."""
+
+    def __init__(self, signame: str):
+        super().__init__(signame)
+        self.signame = signame
+
+
+def group_alive(pgid: int) -> bool:
+    """Whether a process of group ``pgid`` is still running (a zombie, which nobody may reap here, is not)."""
+    try:
+        entries = os.listdir("/proc")
+    except OSError:  # no /proc: ask the kernel, which counts zombies too
+        try:
+            os.killpg(pgid, 0)
+            return True
+        except (ProcessLookupError, PermissionError):
+            return False
+    for entry in entries:
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if len(fields) > 2 and int(fields[2]) == pgid and fields[0] not in ("Z", "X"):
+            return True
+    return False
+
+
+class Runs:
+    """The runs this study has started, each the leader of a process group; a stop signal is passed to every
+    group. The handlers are installed for the call (from the main thread only) and restored after it."""
+
+    def __init__(self):
+        self.live: Dict[tuple, subprocess.Popen] = {}
+        self.signalled: set = set()
+        self.lock = threading.Lock()  # never taken by the main thread, whose handler takes it
+        self.signame: Optional[str] = None
+        self.stopped_at: Optional[float] = None
+        self.raising = True  # raise Stopped from the handler (only while no run can be running)
+        self._before = {}
+
+    def __enter__(self):
+        if threading.current_thread() is threading.main_thread():
+            for num in (signal.SIGTERM, signal.SIGINT):
+                self._before[num] = signal.signal(num, self._on_signal)
+        return self
+
+    def __exit__(self, *exc):
+        for num, handler in self._before.items():
+            signal.signal(num, handler)
+        return False
+
+    def _on_signal(self, signum, frame):
+        if self.signame is None:
+            self.signame, self.stopped_at = signal.Signals(signum).name, time.monotonic()
+        if self.raising:
+            raise Stopped(self.signame)
+        with self.lock:
+            for job, proc in list(self.live.items()):
+                self._signal(job, proc, signum)
+
+    def _signal(self, job, proc, signum) -> None:
+        self.signalled.add(job)
+        try:
+            os.killpg(proc.pid, signum)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+    def start(self, job, argv, **kwargs) -> Optional[subprocess.Popen]:
+        """Start ``argv`` as the leader of a new process group; None once the study is stopped."""
+        with self.lock:
+            if self.signame is not None:
+                return None
+            proc = subprocess.Popen(argv, start_new_session=True, **kwargs)
+            self.live[job] = proc
+            return proc
+
+    def wait(self, job, proc: subprocess.Popen) -> int:
+        """The exit code of ``proc``; once the study is stopped, also wait for the rest of its group (a child
+        the line left behind), killing the group :data:`STOP_GRACE_S` after the stop."""
+        while True:
+            try:
+                code = proc.wait(timeout=0.5)
+                break
+            except subprocess.TimeoutExpired:
+                self._overdue(proc)
+        while self.signame is not None and group_alive(proc.pid):
+            self._overdue(proc)
+            time.sleep(0.2)
+        with self.lock:
+            self.live.pop(job, None)
+        return code
+
+    def _overdue(self, proc) -> None:
+        if self.stopped_at is not None and time.monotonic() - self.stopped_at > STOP_GRACE_S:
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+
+
 def run_study(plan: Plan, work: Path, parallel: int = 1, threads: Optional[int] = None,
               echo: Callable[[str], None] = print, seeds: Optional[Sequence[int]] = None) -> dict:
-    """Seal ``work``, make the data, then run every unfinished run (of ``seeds`` only, when given: the share
-    of a study this machine takes), ``parallel`` at once; return ``{"finished", "failed", "skipped",
-    "planned", "stopped_at_look"}`` (runs as ``(arm, seed)``). A run whose scores appear while the study
-    runs (copied in from another machine's work folder) is skipped when its turn comes."""
+    """Check each arm's training command against the trainer, make the data, seal ``work``, then run every
+    unfinished run (of ``seeds`` only, when given: the share of a study this machine takes), ``parallel`` at
+    once; return ``{"finished", "failed", "skipped", "stopped", "planned", "stopped_at_look", "signal"}`` (runs
+    as ``(arm, seed)``; ``signal``: the name of the signal that stopped the study, else None). A run whose
+    scores appear while the study runs (copied in from another machine's work folder) is skipped when its turn
+    comes.
+
+    Raises:
+        StudyError: a changed plan, data that cannot be made, an arm whose command the trainer refuses.
+    """
     if parallel < 1:
         raise ValueError(f"parallel={parallel}: must be >= 1")
     work = Path(work).resolve()
-    sealed_before = W.check_seal(plan, work) is not None  # a changed plan is refused before any work
-    splits = W.prepare_data(plan, work, echo)
-    W.seal(plan, work)  # once the data are there: a plan whose data cannot be read is not sealed
+    command = " ".join(["clip-dcl", "study", "run", *map(shlex.quote, [plan.source, "--work", str(work)])]
+                       + ([f"--parallel {parallel}"] if parallel > 1 else [])
+                       + (["--seeds", *map(str, seeds)] if seeds is not None else []))
+    out = {"finished": [], "failed": [], "skipped": [], "stopped": [], "planned": 0, "stopped_at_look": None,
+           "signal": None}
+    with Runs() as live:
+        try:
+            sealed_before = W.check_seal(plan, work) is not None  # a changed plan is refused before any work
+            made = (work / "data.json").is_file()
+            if not made:  # the flags first: a typo is named before the data are made
+                _check_arms(plan, work, placeholder_splits(plan), sealed_before, check_files=False, data=False)
+            splits = W.prepare_data(plan, work, echo)
+            _check_arms(plan, work, splits, sealed_before)
+            W.seal(plan, work)  # once the data are there: a plan whose data cannot be read is not sealed
+        except Stopped as e:
+            out["signal"] = e.signame
+            echo(f"[study] stopped by {_said(e.signame)} before any run started (while making the data or checking "
+                 f"the plan); nothing trained; continue with: {command}")
+            return out
+        live.raising = False
+        return _run(plan, work, parallel, threads, echo, seeds, splits, sealed_before, command, out, live)
+
+
+def _check_arms(plan, work, splits, sealed_before, **how) -> None:
+    try:
+        check_arms(plan, work, splits, **how)
+    except W.StudyError as e:
+        raise W.StudyError(f"{e}; " + ("no run was started (the plan is sealed here: a corrected plan is a new "
+                                       "study, in a new --work folder)" if sealed_before else
+                                       "nothing was sealed or trained: correct the arm's flags in the plan")) from None
+
+
+def _said(signame: str) -> str:
+    return "Ctrl-C" if signame == "SIGINT" else signame
+
+
+def _run(plan, work, parallel, threads, echo, seeds, splits, sealed_before, command, out, live: Runs) -> dict:
     threads = threads or plan.threads or default_threads(parallel)
     runs = [job for job in plan.runs() if seeds is None or job[1] in seeds]
-    out = {"finished": [], "failed": [], "skipped": [], "planned": len(runs), "stopped_at_look": None}
+    out["planned"] = len(runs)
     lock = threading.Lock()
     count = [0]
 
     def one(job):
         arm, seed = job
+        if live.signame is not None:
+            return
         if W.finished(work, arm, seed):  # made elsewhere and copied in since the look began
             with lock:
                 out["skipped"].append(job)
@@ -57,17 +221,28 @@ def run_study(plan: Plan, work: Path, parallel: int = 1, threads: Optional[int] 
         log = W.log_path(work, arm, seed)
         log.parent.mkdir(parents=True, exist_ok=True)
         started, t0 = utc_date("%Y-%m-%d %H:%M:%S"), time.perf_counter()
+        resumes = _before_attempt(work, arm, seed, started, echo)
+        offset = log.stat().st_size if log.is_file() else 0
         with open(log, "a") as f:
             f.write(f"$ {line}\n")
             f.flush()
-            code = subprocess.run(["bash", "-c", line], stdout=f, stderr=subprocess.STDOUT).returncode
+            # the trap: bash waits for the trainer to save and exit rather than die of the signal at once
+            proc = live.start(job, ["bash", "-c", f"trap : TERM INT; {line}"], stdout=f, stderr=subprocess.STDOUT)
+            if proc is None:  # stopped just before: not started, nothing to note
+                return
+            code = live.wait(job, proc)
         seconds = time.perf_counter() - t0
         if code == 0 and not W.finished(work, arm, seed):
             code = -1  # the line ended without the run's scores
-        W.note_attempt(work, arm, seed, started, seconds, code)
+        stopped = live.signame if (code != 0 and job in live.signalled) else None
+        more = {"stopped": stopped, "checkpoint": W.latest_checkpoint(work, arm, seed)} if stopped else {}
+        W.note_attempt(work, arm, seed, started, seconds, code, **more, **({"continued": resumes} if resumes else {}))
         with lock:
+            where = f"[study] {count[0] + 1}/{len(runs)} {arm} seed {seed}"
+            if stopped:
+                out["stopped"].append(job)
+                return
             count[0] += 1
-            where = f"[study] {count[0]}/{len(runs)} {arm} seed {seed}"
             if code == 0:
                 out["finished"].append(job)
                 val = W.read_scores(work, arm, seed, "validation") or {}
@@ -75,7 +250,9 @@ def run_study(plan: Plan, work: Path, parallel: int = 1, threads: Optional[int] 
                      f"{100 * val.get(plan.metric, float('nan')):.2f} points)")
             else:
                 out["failed"].append(job)
-                echo(f"{where}: FAILED (exit {code}) after {seconds:.0f} s; log {log}; a later `study run` reruns it")
+                why = W.error_line(log, offset)
+                echo(f"{where}: FAILED (exit {code}) after {seconds:.0f} s" + (f": {why}" if why else "")
+                     + f"; log {log}; a later `study run` reruns it")
 
     design = plan.design()
     echo(f"[study] {len(runs)} runs planned ({len(plan.arms)} arms x {len(plan.seeds)} seeds"
@@ -83,10 +260,10 @@ def run_study(plan: Plan, work: Path, parallel: int = 1, threads: Optional[int] 
          + (f"; here seeds {', '.join(map(str, seeds))} only" if seeds is not None else "") + f"), {parallel} at once, "
          f"{threads} torch thread(s) each -> {work}")
     for k, (n, _) in enumerate(design, start=1):
-        seeds = set(plan.seeds[:n])
+        look_seeds = set(plan.seeds[:n])
         todo: List[tuple] = []
         for job in runs:
-            if job[1] not in seeds or job in out["skipped"] or job in out["finished"] or job in out["failed"]:
+            if job[1] not in look_seeds or job in out["skipped"] or job in out["finished"] or job in out["failed"]:
                 continue
             if W.finished(work, *job):
                 out["skipped"].append(job)
@@ -95,18 +272,75 @@ def run_study(plan: Plan, work: Path, parallel: int = 1, threads: Optional[int] 
             else:
                 todo.append(job)
         with concurrent.futures.ThreadPoolExecutor(max_workers=parallel) as pool:
-            list(pool.map(one, todo))
-        if out["failed"]:
+            for future in [pool.submit(one, job) for job in todo]:
+                _result(future)
+        if out["failed"] or live.signame is not None:
             break
         if len(design) > 1 and k < len(design) and all_decided(decisions(plan, work)):
             out["stopped_at_look"] = k
             echo(f"[study] every comparison has its verdict at look {k} ({n} seeds): the later looks' runs are "
                  "not needed")
             break
+    done = len(out["finished"]) + len(out["skipped"])
+    if live.signame is not None:
+        out["signal"] = live.signame
+        what = "; ".join(_stopped_text(work, job) for job in out["stopped"]) or "no run was running"
+        echo(f"[study] stopped by {_said(live.signame)}: {what}; {done} of {len(runs)} runs have their scores"
+             + (f", {len(out['failed'])} failed" if out["failed"] else "") + f"; continue with: {command}")
+        return out
     if out["failed"] and not sealed_before and W.unseal_untrained(work):
         echo(f"[study] no run trained: {work} is left unsealed, so the plan may still be corrected")
-    done = len(out["finished"]) + len(out["skipped"])
     echo(f"[study] {done} of {len(runs)} runs have their scores" + (f"; {len(out['failed'])} failed: run "
          "`clip-dcl study run` again to rerun them" if out["failed"] else "")
          + f"; the report: clip-dcl study report {plan.source} --work {work}")
     return out
+
+
+def _result(future) -> None:
+    """Wait for ``future`` in short steps: a signal's handler runs in this (the main) thread between them."""
+    while True:
+        try:
+            return future.result(timeout=0.5)
+        except concurrent.futures.TimeoutError:
+            continue
+
+
+def _stopped_text(work: Path, job) -> str:
+    """How a stopped run ended, from its last attempt: ``decl seed 1 (exit 75; saved epoch_0_step_3.pt)``."""
+    arm, seed = job
+    last = [a for a in W.attempts(work) if (a["arm"], a["seed"]) == (arm, seed)][-1:]
+    if not last:
+        return f"{arm} seed {seed}"
+    a = last[0]
+    ended = f"killed by signal {-a['exit']}" if a["exit"] < 0 else f"exit {a['exit']}"
+    kept = f"its checkpoint {a['checkpoint']} kept" if a.get("checkpoint") else "no checkpoint yet"
+    return f"{arm} seed {seed} ({ended}; {kept})"
+
+
+def _before_attempt(work: Path, arm: str, seed: int, started: str, echo) -> Optional[str]:
+    """Ready the run's folder for a new attempt when an earlier one left its ``out.log``, and say what the
+    attempt does: continue from the checkpoint (a line in ``out.log`` marks where it begins; returns the
+    checkpoint's name), or start afresh (the earlier log kept as ``out.attempt<K>.log``; returns None)."""
+    folder = W.run_dir(work, arm, seed)
+    log = folder / "out.log"
+    if not log.is_file():
+        return None
+    earlier = [a for a in W.attempts(work) if (a["arm"], a["seed"]) == (arm, seed)]
+    last = earlier[-1] if earlier else None
+    how = ("" if last is None else f" (its last attempt, {last['started']}, "
+           + (f"was stopped by {_said(last['stopped'])}" if last.get("stopped") else f"ended with exit {last['exit']}")
+           + ")")
+    checkpoint = W.latest_checkpoint(work, arm, seed)
+    if checkpoint is not None:
+        with open(log, "a") as f:
+            f.write(f"==== clip-dcl study run {started}: a new attempt continues this run from "
+                    f"checkpoints/{checkpoint}{how} ====\n")
+        echo(f"[study] {arm} seed {seed}: continues from its checkpoint {checkpoint}{how}")
+        return checkpoint
+    k = 1
+    while (folder / f"out.attempt{k}.log").exists():
+        k += 1
+    log.rename(folder / f"out.attempt{k}.log")
+    echo(f"[study] {arm} seed {seed}: reruns from the start: no checkpoint was saved{how}; the earlier log is kept "
+         f"as out.attempt{k}.log")
+    return None

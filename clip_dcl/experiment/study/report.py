@@ -254,7 +254,8 @@ def build(plan: Plan, work: Path) -> dict:
     for v in validation:
         v.pop("verdict")  # the validation split chooses; it never judges
     failed = [a for a in W.attempts(work) if a["exit"] != 0]
-    reruns = [{"arm": a["arm"], "seed": a["seed"], "failed": a["started"], "exit": a["exit"]} for a in failed]
+    reruns = [{"arm": a["arm"], "seed": a["seed"], "failed": a["started"], "exit": a["exit"],
+               **({"stopped": a["stopped"]} if a.get("stopped") else {})} for a in failed]
     reruns += [{"arm": r["arm"], "seed": r["seed"], "resumed": True} for r in runs if r.get("resumed")]
     starts = [a["started"] for a in W.attempts(work) if a.get("started")]
     starts += [r["started"] for r in runs if r.get("started")]
@@ -298,6 +299,15 @@ def provenance(doc: dict) -> str:
             + (f", first run {first}" if first else ""))
 
 
+def _rerun_text(r: dict) -> str:
+    """How an earlier attempt of a run ended, or that the run resumed from a checkpoint."""
+    if r.get("resumed"):
+        return "resumed from a checkpoint"
+    if r.get("stopped"):
+        return f"stopped by {r['stopped']} {r['failed']}, exit {r['exit']}"
+    return f"failed {r['failed']}, exit {r['exit']}"
+
+
 def markdown(doc: dict, plan: Plan, figure_name: str = "STUDY.png") -> List[str]:
     """The report's Markdown lines from :func:`build`'s document."""
     done = [r for r in doc["runs"] if r.get("commit")]
@@ -313,8 +323,7 @@ def markdown(doc: dict, plan: Plan, figure_name: str = "STUDY.png") -> List[str]
              "- Runs' commits: " + (", ".join(f"{c} ({n} runs)" for c, n in commits.items()) or "none yet"),
              "- Runs' machines: " + ("; ".join(f"{m} ({n} runs)" for m, n in machines.items()) or "none yet")
              + ("" if not doc["pair_across"] else f" (the plan pairs across {', '.join(doc['pair_across'])})"),
-             "- Rerun runs: " + (", ".join(f"{r['arm']} seed {r['seed']} (" + ("resumed from a checkpoint" if
-                                  r.get("resumed") else f"failed {r['failed']}, exit {r['exit']}") + ")"
+             "- Rerun runs: " + (", ".join(f"{r['arm']} seed {r['seed']} (" + _rerun_text(r) + ")"
                                   for r in doc["reruns"]) or "none"),
              "- The rule (paired by seed; mean difference and its t-interval): "
              + "; ".join(RULE_TEXT[r].format(res=_points(doc["resolution"], False) + " points") for r in rules)

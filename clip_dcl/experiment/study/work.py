@@ -258,12 +258,16 @@ def read_scores(work: Path, arm: str, seed: int, split: str) -> Optional[Dict[st
     return json.loads(path.read_text()) if path.is_file() else None
 
 
-def note_attempt(work: Path, arm: str, seed: int, started: str, seconds: float, code: int) -> None:
-    """Append one attempt of ``study run`` to ``attempts.jsonl``."""
+def note_attempt(work: Path, arm: str, seed: int, started: str, seconds: float, code: int, **more) -> None:
+    """Append one attempt of ``study run`` to ``attempts.jsonl``: its start, length and exit code (negative: the
+    line died of that signal), and ``more`` (``stopped``: the signal that stopped the study, ``checkpoint``:
+    the one it left, ``continued``: the one it started from)."""
     path = Path(work) / "attempts.jsonl"
     with open(path, "a") as f:
         f.write(json.dumps({"arm": arm, "seed": seed, "started": started, "seconds": round(seconds, 1),
-                            "exit": code}) + "\n")
+                            "exit": code, **more}) + "\n")
+        f.flush()
+        os.fsync(f.fileno())
 
 
 def attempts(work: Path) -> List[dict]:
@@ -277,3 +281,25 @@ def resumed(work: Path, arm: str, seed: int) -> bool:
     """Whether the run's training resumed from a checkpoint of an earlier attempt (OpenCLIP logs it)."""
     log = run_dir(work, arm, seed) / "out.log"
     return log.is_file() and "=> resuming checkpoint" in log.read_text(errors="replace")
+
+
+def latest_checkpoint(work: Path, arm: str, seed: int) -> Optional[str]:
+    """The newest checkpoint of the run (its name under ``checkpoints/``), the one ``--resume latest``
+    continues from; None when the run saved none."""
+    files = sorted((run_dir(work, arm, seed) / "checkpoints").glob("*.pt"), key=lambda p: p.stat().st_mtime)
+    return files[-1].name if files else None
+
+
+def error_line(log: Path, offset: int = 0) -> Optional[str]:
+    """The line of ``log`` (from byte ``offset``: one attempt's output) that says why it failed: the last that
+    names an error, else the last line; None for an empty log."""
+    try:
+        with open(log, "rb") as f:
+            f.seek(offset)
+            text = f.read().decode(errors="replace")
+    except OSError:
+        return None
+    lines = [x.strip() for x in text.splitlines() if x.strip() and not x.startswith("$ ")]
+    named = [x for x in lines if "error" in x.lower() or "refus" in x.lower()]
+    line = (named or lines or [None])[-1]
+    return line if line is None or len(line) <= 400 else line[:400] + " ..."
