@@ -51,6 +51,7 @@ def finished_study(tmp_path, comparisons: int = 1):
     for name in ("train", "val", "test"):
         (tmp_path / "shards" / name).mkdir(parents=True)
         (tmp_path / "shards" / name / "0.tar").touch()
+        (tmp_path / "shards" / name / "sizes.json").write_text('{"0.tar": 64}')  # the trainer's checks read it
     (tmp_path / "plan.toml").write_text(text)
     plan, work = load_plan(tmp_path / "plan.toml"), tmp_path / "work"
     W.seal(plan, work)
