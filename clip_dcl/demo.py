@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import List, Optional
 
 from . import experiment as ex
+from .arguments import FlagParser
 from .experiment.budgets import DEMO_BUDGET, DEMO_CLASSES, QUICK_BUDGET
 from .experiment.runner import Stopped, stop_on_signals
 
@@ -44,7 +45,7 @@ SMOKE_TEST = ("--quick is a smoke test: one short epoch on a small set shows tha
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="clip-dcl demo", allow_abbrev=False, description=DESCRIPTION)
+    p = FlagParser(prog="clip-dcl demo", allow_abbrev=False, description=DESCRIPTION)
     p.add_argument("--out", default="demo_out", help="folder for the data, the runs and the report (default demo_out)")
     p.add_argument("--quick", action="store_true",
                    help="a tiny version for a first look and for tests: small data, one short epoch, one few-shot "
