@@ -79,6 +79,8 @@ def precheck(argv: List[str]) -> Optional[Tuple[str, int]]:
     found = misspelt_flag(unknown, parser._option_string_actions)  # words before the script: torchrun's
     if found:
         return f"clip-dcl train: error: {found[0]} is not a flag of torchrun; the closest: {', '.join(found[1])}", 2
+    if unknown:
+        return None  # torchrun says it
     if not (args.module and args.training_script == "clip_dcl.train"):
         return None
     train_argv = list(args.training_script_args)
