@@ -4,6 +4,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -132,6 +133,63 @@ def test_quick_demo_says_it_is_a_smoke_test_bolds_nothing_and_counts_its_steps_f
         assert "**30.0**" in table
 
 
+def _fake_demo(monkeypatch, tmp_path):
+    data = {**_data(classes=10), "train": {"num_samples": 32}, "tau_plus": 0.1}
+    data["config"]["num_classes"] = 10
+    monkeypatch.setattr(ex, "synth_data", lambda *a, **k: data)
+    monkeypatch.setattr(ex, "packed_training_set", lambda d: d)
+    monkeypatch.setattr(ex, "train", lambda run, *a, **k: ex.TrainResult(
+        run, tmp_path / f"{run.name}.pt", tmp_path, 1.0, ["cmd"], {"epoch": [1.0], "loss": [2.0]}, []))
+    monkeypatch.setattr(ex, "evaluate", lambda ckpt, d, **k: dict.fromkeys([m for m, _ in ex.headline_metrics(d)], 0.1))
+
+
+def test_a_rerun_with_other_settings_is_refused_and_one_with_the_same_continues(tmp_path, monkeypatch, capsys):
+    from clip_dcl import demo
+
+    _fake_demo(monkeypatch, tmp_path)
+    out = tmp_path / "o"
+    assert demo.main(["--quick", "--out", str(out)]) == 0
+    made = sorted(p.name for p in out.iterdir())
+    assert demo.SETTINGS in made and json.loads((out / demo.SETTINGS).read_text())["quick"] is True
+    capsys.readouterr()
+    assert demo.main(["--out", str(out), "--seed", "3"]) == 2  # a full run into the quick run's folder
+    err = capsys.readouterr().err.strip()
+    assert err == (f"clip-dcl demo: {out} holds a demo run with other settings (--quick there, no --quick here; "
+                   f"--epochs 1 there, --epochs {demo.DEMO_BUDGET.epochs} here; --seed 0 there, --seed 3 here; "
+                   f"--fewshot-seeds 0 there, --fewshot-seeds 0 1 2 here): rerun with its settings to continue it, "
+                   f"or, for these, give another --out, or delete it to start again")
+    assert sorted(p.name for p in out.iterdir()) == made  # nothing touched
+    assert demo.main(["--quick", "--out", str(out)]) == 0  # the same settings: continues
+    (tmp_path / "other").mkdir()
+    (tmp_path / "other" / "notes.txt").write_text("mine")
+    assert demo.main(["--quick", "--out", str(tmp_path / "other")]) == 2
+    assert f"holds files but no {demo.SETTINGS}" in capsys.readouterr().err
+    assert sorted(p.name for p in (tmp_path / "other").iterdir()) == ["notes.txt"]
+
+
+def test_progress_estimates_the_time_left_from_the_steps_measured(monkeypatch):
+    import io
+
+    from clip_dcl import demo
+
+    clock = [0.0]
+    monkeypatch.setattr(demo.time, "perf_counter", lambda: clock[0])
+    stream = io.StringIO()
+    progress = demo.Progress(2, 0.0, stream)
+    progress.begin("train")
+    clock[0] = 5.0
+    assert progress.left() is None and "estimated once" in progress.status()
+    progress.echo("  [clip] epoch 1/2 100%  loss 4.0000  (5 s)")  # half of the first training in 5 s
+    # 5 s more of it, one more training of 10 s, two evaluations of 1.5 s (EVAL_SHARE of one training)
+    assert progress.left() == pytest.approx(5 + 10 + 2 * demo.EVAL_SHARE * 10)
+    clock[0] = 10.0
+    progress.end()
+    progress.begin("train")
+    clock[0] = 12.0
+    assert progress.left() == pytest.approx(8 + 3)
+    assert stream.getvalue().splitlines()[-1].endswith("| 22% of the demo done, about 18 s left")
+
+
 @pytest.mark.slow
 def test_demo_quick_end_to_end(tmp_path, preloaded):
     out = tmp_path / "demo"
@@ -143,6 +201,8 @@ def test_demo_quick_end_to_end(tmp_path, preloaded):
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     # progress was visible, and the table was printed
     assert "[demo] 2/4 training 3/3: decl" in proc.stdout and "| metric (%) | chance | clip | dcl | decl |" in proc.stdout
+    # the whole demo's share done and time left, from the first training on
+    assert re.search(r"trained in \d+ s -> .*; \d+% of the demo done, about \d+(\.\d)? (s|min) left", proc.stdout)
     assert "--quick is a smoke test" in proc.stdout and "**" not in (out / "demo.md").read_text().split("| metric")[1]
     doc = json.loads((out / "demo.json").read_text())
     # its time, printed at the very end, is the one its JSON records
