@@ -201,24 +201,24 @@ def _words(key: str, value) -> str:
 
 
 #: One evaluation's time as a share of one training's, until the first evaluation is measured.
-EVAL_SHARE = 0.15
+EVAL_SHARE = 0.25
 _ECHOED = re.compile(r"\] epoch (\d+)/(\d+)\s+(\d+)%")
 
 
 class Progress:
     """The demo's progress line: its step, the share of the whole demo done and the time left, estimated from
-    the trainings and evaluations measured so far (a training under way: from the share of it done)."""
+    the trainings and evaluations measured so far (before the first training ends: from its logged steps)."""
 
     def __init__(self, runs: int, start: float, stream=None):
         self.runs, self.start, self.stream = runs, start, stream or sys.stdout
         self.trained: List[float] = []
         self.evaluated: List[float] = []
-        self.kind, self.began, self.share = None, start, 0.0
+        self.kind, self.began, self.share, self.first = None, start, 0.0, None
         self.tty = bool(getattr(self.stream, "isatty", lambda: False)())
         self.open = False  # a terminal's progress line, written over by the next
 
     def begin(self, kind: str) -> None:
-        self.kind, self.began, self.share = kind, time.perf_counter(), 0.0
+        self.kind, self.began, self.share, self.first = kind, time.perf_counter(), 0.0, None
 
     def end(self) -> float:
         seconds = time.perf_counter() - self.began
@@ -229,7 +229,10 @@ class Progress:
     def left(self) -> Optional[float]:
         """Seconds left (the report aside), None before a training has a measured share."""
         now = time.perf_counter() - self.began
-        current = now / self.share if self.kind == "train" and self.share >= 0.02 else None
+        current = None  # the whole time of the first training, from its steps (the child's start-up aside)
+        if self.kind == "train" and not self.trained and self.share >= 0.02:
+            t0, s0 = self.first
+            current = now + (1 - self.share) * ((now - t0) / (self.share - s0) if self.share > s0 else now / self.share)
         per_train = sum(self.trained) / len(self.trained) if self.trained else current
         if per_train is None:
             return None
@@ -254,6 +257,8 @@ class Progress:
             return self.say(line)
         epoch, epochs, pct = (int(g) for g in match.groups())
         self.share = min(1.0, ((epoch - 1) + pct / 100) / max(epochs, 1))
+        if self.first is None:
+            self.first = (time.perf_counter() - self.began, self.share)
         text = f"{line}  | {self.status()}"
         if self.tty:
             self.stream.write("\r\033[K" + text)

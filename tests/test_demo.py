@@ -180,14 +180,17 @@ def test_progress_estimates_the_time_left_from_the_steps_measured(monkeypatch):
     clock[0] = 5.0
     assert progress.left() is None and "estimated once" in progress.status()
     progress.echo("  [clip] epoch 1/2 100%  loss 4.0000  (5 s)")  # half of the first training in 5 s
-    # 5 s more of it, one more training of 10 s, two evaluations of 1.5 s (EVAL_SHARE of one training)
+    # 5 s more of it, one more training of 10 s, two evaluations (EVAL_SHARE of a training each)
     assert progress.left() == pytest.approx(5 + 10 + 2 * demo.EVAL_SHARE * 10)
-    clock[0] = 10.0
-    progress.end()
-    progress.begin("train")
-    clock[0] = 12.0
-    assert progress.left() == pytest.approx(8 + 3)
-    assert stream.getvalue().splitlines()[-1].endswith("| 22% of the demo done, about 18 s left")
+    assert stream.getvalue().splitlines()[-1].endswith("| 20% of the demo done, about 20 s left")
+    clock[0] = 6.0
+    progress.echo("  [clip] epoch 2/2  50%  loss 3.0000  (6 s)")  # a quarter more in 1 s: the start-up was slow
+    assert progress.left() == pytest.approx(1 + 7 + 2 * demo.EVAL_SHARE * 7)
+    clock[0] = 7.0
+    assert progress.end() == 7.0
+    progress.begin("eval")
+    clock[0] = 8.0
+    assert progress.left() == pytest.approx(demo.EVAL_SHARE * 7 - 1 + 7 + demo.EVAL_SHARE * 7)
 
 
 @pytest.mark.slow
