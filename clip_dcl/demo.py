@@ -227,12 +227,12 @@ class Progress:
         return seconds
 
     def left(self) -> Optional[float]:
-        """Seconds left (the report aside), None before a training has a measured share."""
+        """Seconds left (the report aside), None before the first training has logged two steps."""
         now = time.perf_counter() - self.began
         current = None  # the whole time of the first training, from its steps (the child's start-up aside)
-        if self.kind == "train" and not self.trained and self.share >= 0.02:
+        if self.kind == "train" and not self.trained and self.first and self.share > self.first[1]:
             t0, s0 = self.first
-            current = now + (1 - self.share) * ((now - t0) / (self.share - s0) if self.share > s0 else now / self.share)
+            current = now + (1 - self.share) * (now - t0) / (self.share - s0)
         per_train = sum(self.trained) / len(self.trained) if self.trained else current
         if per_train is None:
             return None
@@ -246,7 +246,7 @@ class Progress:
     def status(self) -> str:
         left = self.left()
         if left is None:
-            return "time left: estimated once the first training has taken its first steps"
+            return "time left: estimated once the first training has logged two steps"
         spent = time.perf_counter() - self.start
         return f"{100 * spent / (spent + left):.0f}% of the demo done, about {_duration(left)} left"
 
