@@ -193,6 +193,25 @@ def test_progress_estimates_the_time_left_from_the_steps_measured(monkeypatch):
     assert progress.left() == pytest.approx(demo.EVAL_SHARE * 7 - 1 + 7 + demo.EVAL_SHARE * 7)
 
 
+def test_progress_on_a_terminal_is_one_line_written_over():
+    import io
+
+    from clip_dcl import demo
+
+    class Terminal(io.StringIO):
+        def isatty(self):
+            return True
+
+    stream = Terminal()
+    progress = demo.Progress(1, 0.0, stream)
+    progress.begin("train")
+    progress.echo("  [clip] epoch 1/1  50%  loss 4.0000  (5 s)")
+    progress.echo("  [clip] epoch 1/1 100%  loss 3.0000  (9 s)")
+    progress.say("[demo]     clip: trained")
+    text = stream.getvalue()
+    assert text.count("\r\033[K") == 2 and text.count("\n") == 2 and text.endswith("\n[demo]     clip: trained\n")
+
+
 @pytest.mark.slow
 def test_demo_quick_end_to_end(tmp_path, preloaded):
     out = tmp_path / "demo"
