@@ -15,6 +15,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+from .arguments import FlagParser
 from .train import saving
 from .train.saving import CheckpointUnreadable, UnsafeCheckpoint
 
@@ -299,7 +300,7 @@ def export(ckpt: str | os.PathLike, out_dir: str | os.PathLike, model: str | Non
 
 def export_main(argv: list[str] | None = None) -> int:
     """``clip-dcl export CKPT OUT_DIR [--model NAME] [--model-config PATH]``."""
-    parser = argparse.ArgumentParser(
+    parser = FlagParser(
         prog="clip-dcl export", allow_abbrev=False,
         description="Export a checkpoint to OpenCLIP's local-dir layout "
                     "(open_clip.create_model_and_transforms('local-dir:OUT_DIR') loads it).")

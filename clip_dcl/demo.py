@@ -18,13 +18,16 @@ so above its table (:data:`SMOKE_TEST`), with no number in bold.
 from __future__ import annotations
 
 import argparse
+import json
 import os
+import re
 import sys
 import time
 from pathlib import Path
 from typing import List, Optional
 
 from . import experiment as ex
+from .arguments import FlagParser
 from .experiment.budgets import DEMO_BUDGET, DEMO_CLASSES, QUICK_BUDGET
 from .experiment.runner import Stopped, stop_on_signals
 
@@ -44,7 +47,7 @@ SMOKE_TEST = ("--quick is a smoke test: one short epoch on a small set shows tha
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="clip-dcl demo", allow_abbrev=False, description=DESCRIPTION)
+    p = FlagParser(prog="clip-dcl demo", allow_abbrev=False, description=DESCRIPTION)
     p.add_argument("--out", default="demo_out", help="folder for the data, the runs and the report (default demo_out)")
     p.add_argument("--quick", action="store_true",
                    help="a tiny version for a first look and for tests: small data, one short epoch, one few-shot "
@@ -93,14 +96,23 @@ def main(argv: Optional[List[str]] = None) -> int:
                           "epochs": args.epochs if args.epochs is not None else base.epochs})
     fewshot_seeds = args.fewshot_seeds or ([0] if args.quick else [0, 1, 2])
     out = Path(args.out)
+    settings = {"quick": args.quick, "losses": list(dict.fromkeys(args.losses)), "epochs": budget.epochs,
+                "seed": args.seed, "num_classes": args.num_classes, "fewshot_seeds": fewshot_seeds, "device": device}
+    refusal = settings_problem(out, settings)
+    if refusal:
+        print(f"clip-dcl demo: {refusal}", file=sys.stderr)
+        return 2
+    out.mkdir(parents=True, exist_ok=True)
+    (out / SETTINGS).write_text(json.dumps(settings, indent=1) + "\n")
     start, load_at_start = time.perf_counter(), _load_average()
     results, scores = {}, {}
-    state = {"step": "writing the synthetic data"}
+    state = {"step": "writing the synthetic data", "progress": Progress(len(settings["losses"]), start)}
     try:
         with stop_on_signals():
             data = _train_and_evaluate(args, out, budget, device, fewshot_seeds, results, scores, state)
     except (KeyboardInterrupt, Stopped) as e:
         said, code = ("SIGTERM", 75) if isinstance(e, Stopped) else ("Ctrl-C", 130)
+        state["progress"].say("")
         print(stopped_line(said, state, out, results), file=sys.stderr, flush=True)
         return code
 
@@ -134,22 +146,137 @@ def _train_and_evaluate(args, out: Path, budget, device: str, fewshot_seeds, res
     state["data"] = True
     known = {r.name: r for r in ex.default_runs(data["tau_plus"])}
     runs = [known.get(name, ex.Run(name, ("--loss", name))) for name in dict.fromkeys(args.losses)]
+    progress = state["progress"]
     for i, run in enumerate(runs, 1):
         state["step"] = f"training {i}/{len(runs)} ({run.name})"
-        print(f"[demo] 2/4 training {i}/{len(runs)}: {run.name} ({' '.join(run.flags)}), {budget.epochs} epoch(s) "
-              f"of {data['train']['num_samples']} samples, batch {budget.batch_size}", flush=True)
-        res = ex.train(run, data, out / "runs", budget, device=device)
-        print(f"[demo]     {run.name}: trained in {res.seconds:.0f} s -> {res.checkpoint}", flush=True)
+        progress.say(f"[demo] 2/4 training {i}/{len(runs)}: {run.name} ({' '.join(run.flags)}), {budget.epochs} "
+                     f"epoch(s) of {data['train']['num_samples']} samples, batch {budget.batch_size}")
+        progress.begin("train")
+        res = ex.train(run, data, out / "runs", budget, device=device, echo=progress.echo)
+        progress.end()
+        progress.say(f"[demo]     {run.name}: trained in {res.seconds:.0f} s -> {res.checkpoint}; {progress.status()}")
         results[run.name] = [res]
     for i, run in enumerate(runs, 1):
         state["step"] = f"evaluating {i}/{len(runs)} ({run.name})"
-        print(f"[demo] 3/4 evaluating {i}/{len(runs)}: {run.name}: retrieval, zero-shot, 5-shot probe "
-              f"({len(fewshot_seeds)} seed(s))", flush=True)
-        t0 = time.perf_counter()
+        progress.say(f"[demo] 3/4 evaluating {i}/{len(runs)}: {run.name}: retrieval, zero-shot, 5-shot probe "
+                     f"({len(fewshot_seeds)} seed(s))")
+        progress.begin("eval")
         metrics = ex.evaluate(results[run.name][0].checkpoint, data, fewshot_seeds=fewshot_seeds, device=device)
-        print(f"[demo]     {run.name}: evaluated in {time.perf_counter() - t0:.0f} s", flush=True)
+        seconds = progress.end()
+        progress.say(f"[demo]     {run.name}: evaluated in {seconds:.0f} s; {progress.status()}")
         scores[run.name] = [metrics]
     return data
+
+
+#: The file in the demo's folder that records its settings: a rerun with others is refused (never mixed).
+SETTINGS = "demo_settings.json"
+
+
+def settings_problem(out: Path, settings: dict) -> Optional[str]:
+    """Why the demo with ``settings`` cannot write into ``out`` (another run's output is there), else None."""
+    if not out.exists() or (out.is_dir() and not any(out.iterdir())):
+        return None
+    what = "give another --out, or delete it to start again"
+    if not out.is_dir():
+        return f"--out {out} is a file, not a folder: {what}"
+    try:
+        there = json.loads((out / SETTINGS).read_text())
+    except (OSError, ValueError):
+        return f"{out} holds files but no {SETTINGS} (not a demo's output, or an earlier version's): {what}"
+    if there == settings:
+        return None
+    diff = "; ".join(f"{_words(k, there.get(k))} there, {_words(k, v)} here" for k, v in settings.items()
+                     if there.get(k) != v)
+    return (f"{out} holds a demo run with other settings ({diff}): rerun with its settings to continue it, or, "
+            f"for these, {what}")
+
+
+def _words(key: str, value) -> str:
+    if key == "quick":
+        return "--quick" if value else "no --quick"
+    if value is None:
+        return f"no --{key.replace('_', '-')}"
+    shown = " ".join(map(str, value)) if isinstance(value, list) else value
+    return f"--{key.replace('_', '-')} {shown}"
+
+
+#: One evaluation's time as a share of one training's, until the first evaluation is measured.
+EVAL_SHARE = 0.25
+_ECHOED = re.compile(r"\] epoch (\d+)/(\d+)\s+(\d+)%")
+
+
+class Progress:
+    """The demo's progress line: its step, the share of the whole demo done and the time left, estimated from
+    the trainings and evaluations measured so far (before the first training ends: from its logged steps)."""
+
+    def __init__(self, runs: int, start: float, stream=None):
+        self.runs, self.start, self.stream = runs, start, stream or sys.stdout
+        self.trained: List[float] = []
+        self.evaluated: List[float] = []
+        self.kind, self.began, self.share, self.first = None, start, 0.0, None
+        self.tty = bool(getattr(self.stream, "isatty", lambda: False)())
+        self.open = False  # a terminal's progress line, written over by the next
+
+    def begin(self, kind: str) -> None:
+        self.kind, self.began, self.share, self.first = kind, time.perf_counter(), 0.0, None
+
+    def end(self) -> float:
+        seconds = time.perf_counter() - self.began
+        (self.trained if self.kind == "train" else self.evaluated).append(seconds)
+        self.kind = None
+        return seconds
+
+    def left(self) -> Optional[float]:
+        """Seconds left (the report aside), None before the first training has logged two steps."""
+        now = time.perf_counter() - self.began
+        current = None  # the whole time of the first training, from its steps (the child's start-up aside)
+        if self.kind == "train" and not self.trained and self.first and self.share > self.first[1]:
+            t0, s0 = self.first
+            current = now + (1 - self.share) * (now - t0) / (self.share - s0)
+        per_train = sum(self.trained) / len(self.trained) if self.trained else current
+        if per_train is None:
+            return None
+        per_eval = sum(self.evaluated) / len(self.evaluated) if self.evaluated else EVAL_SHARE * per_train
+        left = (self.runs - len(self.trained)) * per_train + (self.runs - len(self.evaluated)) * per_eval
+        if self.kind is not None:  # the step under way: what it has left in place of its whole time
+            whole = per_train if self.kind == "train" else per_eval
+            left += (current if current is not None else max(whole, now)) - now - whole
+        return max(left, 0.0)
+
+    def status(self) -> str:
+        left = self.left()
+        if left is None:
+            return "time left: estimated once the first training has logged two steps"
+        spent = time.perf_counter() - self.start
+        return f"{100 * spent / (spent + left):.0f}% of the demo done, about {_duration(left)} left"
+
+    def echo(self, line: str) -> None:
+        """A line of the training under way (:func:`clip_dcl.experiment.train`'s ``echo``), with the demo's status."""
+        match = _ECHOED.search(line)
+        if not match:
+            return self.say(line)
+        epoch, epochs, pct = (int(g) for g in match.groups())
+        self.share = min(1.0, ((epoch - 1) + pct / 100) / max(epochs, 1))
+        if self.first is None:
+            self.first = (time.perf_counter() - self.began, self.share)
+        text = f"{line}  | {self.status()}"
+        if self.tty:
+            self.stream.write("\r\033[K" + text)
+            self.stream.flush()
+            self.open = True
+        else:
+            self.say(text)
+
+    def say(self, line: str) -> None:
+        if self.open:
+            self.stream.write("\n")
+            self.open = False
+        if line:
+            print(line, file=self.stream, flush=True)
+
+
+def _duration(seconds: float) -> str:
+    return f"{seconds:.0f} s" if seconds < 90 else f"{seconds / 60:.1f} min"
 
 
 def stopped_line(said: str, state: dict, out: Path, results: dict) -> str:

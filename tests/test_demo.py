@@ -4,6 +4,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -132,6 +133,85 @@ def test_quick_demo_says_it_is_a_smoke_test_bolds_nothing_and_counts_its_steps_f
         assert "**30.0**" in table
 
 
+def _fake_demo(monkeypatch, tmp_path):
+    data = {**_data(classes=10), "train": {"num_samples": 32}, "tau_plus": 0.1}
+    data["config"]["num_classes"] = 10
+    monkeypatch.setattr(ex, "synth_data", lambda *a, **k: data)
+    monkeypatch.setattr(ex, "packed_training_set", lambda d: d)
+    monkeypatch.setattr(ex, "train", lambda run, *a, **k: ex.TrainResult(
+        run, tmp_path / f"{run.name}.pt", tmp_path, 1.0, ["cmd"], {"epoch": [1.0], "loss": [2.0]}, []))
+    monkeypatch.setattr(ex, "evaluate", lambda ckpt, d, **k: dict.fromkeys([m for m, _ in ex.headline_metrics(d)], 0.1))
+
+
+def test_a_rerun_with_other_settings_is_refused_and_one_with_the_same_continues(tmp_path, monkeypatch, capsys):
+    from clip_dcl import demo
+
+    _fake_demo(monkeypatch, tmp_path)
+    out = tmp_path / "o"
+    assert demo.main(["--quick", "--out", str(out)]) == 0
+    made = sorted(p.name for p in out.iterdir())
+    assert demo.SETTINGS in made and json.loads((out / demo.SETTINGS).read_text())["quick"] is True
+    capsys.readouterr()
+    assert demo.main(["--out", str(out), "--seed", "3"]) == 2  # a full run into the quick run's folder
+    err = capsys.readouterr().err.strip()
+    assert err == (f"clip-dcl demo: {out} holds a demo run with other settings (--quick there, no --quick here; "
+                   f"--epochs 1 there, --epochs {demo.DEMO_BUDGET.epochs} here; --seed 0 there, --seed 3 here; "
+                   f"--fewshot-seeds 0 there, --fewshot-seeds 0 1 2 here): rerun with its settings to continue it, "
+                   f"or, for these, give another --out, or delete it to start again")
+    assert sorted(p.name for p in out.iterdir()) == made  # nothing touched
+    assert demo.main(["--quick", "--out", str(out)]) == 0  # the same settings: continues
+    (tmp_path / "other").mkdir()
+    (tmp_path / "other" / "notes.txt").write_text("mine")
+    assert demo.main(["--quick", "--out", str(tmp_path / "other")]) == 2
+    assert f"holds files but no {demo.SETTINGS}" in capsys.readouterr().err
+    assert sorted(p.name for p in (tmp_path / "other").iterdir()) == ["notes.txt"]
+
+
+def test_progress_estimates_the_time_left_from_the_steps_measured(monkeypatch):
+    import io
+
+    from clip_dcl import demo
+
+    clock = [0.0]
+    monkeypatch.setattr(demo.time, "perf_counter", lambda: clock[0])
+    stream = io.StringIO()
+    progress = demo.Progress(2, 0.0, stream)
+    progress.begin("train")
+    clock[0] = 5.0
+    assert progress.left() is None and "estimated once" in progress.status()
+    progress.echo("  [clip] epoch 1/2 100%  loss 4.0000  (5 s)")  # half of the first training in 5 s
+    assert progress.left() is None  # one point: the child's start-up is in it
+    clock[0] = 6.0
+    progress.echo("  [clip] epoch 2/2  50%  loss 3.0000  (6 s)")  # a quarter more in 1 s
+    # 1 s more of it (7 s in all), one more training of 7 s, two evaluations (EVAL_SHARE of a training each)
+    assert progress.left() == pytest.approx(1 + 7 + 2 * demo.EVAL_SHARE * 7)
+    assert stream.getvalue().splitlines()[-1].endswith("| 34% of the demo done, about 12 s left")
+    clock[0] = 7.0
+    assert progress.end() == 7.0
+    progress.begin("eval")
+    clock[0] = 8.0
+    assert progress.left() == pytest.approx(demo.EVAL_SHARE * 7 - 1 + 7 + demo.EVAL_SHARE * 7)
+
+
+def test_progress_on_a_terminal_is_one_line_written_over():
+    import io
+
+    from clip_dcl import demo
+
+    class Terminal(io.StringIO):
+        def isatty(self):
+            return True
+
+    stream = Terminal()
+    progress = demo.Progress(1, 0.0, stream)
+    progress.begin("train")
+    progress.echo("  [clip] epoch 1/1  50%  loss 4.0000  (5 s)")
+    progress.echo("  [clip] epoch 1/1 100%  loss 3.0000  (9 s)")
+    progress.say("[demo]     clip: trained")
+    text = stream.getvalue()
+    assert text.count("\r\033[K") == 2 and text.count("\n") == 2 and text.endswith("\n[demo]     clip: trained\n")
+
+
 @pytest.mark.slow
 def test_demo_quick_end_to_end(tmp_path, preloaded):
     out = tmp_path / "demo"
@@ -143,6 +223,8 @@ def test_demo_quick_end_to_end(tmp_path, preloaded):
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     # progress was visible, and the table was printed
     assert "[demo] 2/4 training 3/3: decl" in proc.stdout and "| metric (%) | chance | clip | dcl | decl |" in proc.stdout
+    # the whole demo's share done and time left, from the first training on
+    assert re.search(r"trained in \d+ s -> .*; \d+% of the demo done, about \d+(\.\d)? (s|min) left", proc.stdout)
     assert "--quick is a smoke test" in proc.stdout and "**" not in (out / "demo.md").read_text().split("| metric")[1]
     doc = json.loads((out / "demo.json").read_text())
     # its time, printed at the very end, is the one its JSON records

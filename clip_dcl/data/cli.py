@@ -20,6 +20,8 @@ from __future__ import annotations
 import argparse
 import dataclasses
 
+from ..arguments import FlagParser
+
 _SYNTH_HELP = {
     "seed": "random seed; the same seed gives the same bytes",
     "image_size": "image side in pixels",
@@ -277,7 +279,7 @@ def _run_shards(args) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="clip-dcl data", description="Generate or convert data sets.",
+    parser = FlagParser(prog="clip-dcl data", description="Generate or convert data sets.",
                                      allow_abbrev=False)
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
     subparsers.required = True

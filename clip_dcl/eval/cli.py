@@ -9,6 +9,7 @@ import argparse
 import logging
 import sys
 
+from ..arguments import FlagParser
 from ..errors import FlagError
 from .encoding import PRECISIONS, EvalOptions, check_logit_scale, device_problem, resolve_device
 from .report import metrics_table
@@ -61,7 +62,7 @@ def build_parser() -> argparse.ArgumentParser:
     from .tasks import registered_tasks
 
     tasks = registered_tasks()
-    parser = argparse.ArgumentParser(prog="clip-dcl eval", description="Evaluate a CLIP model.", allow_abbrev=False)
+    parser = FlagParser(prog="clip-dcl eval", description="Evaluate a CLIP model.", allow_abbrev=False)
     sub = parser.add_subparsers(dest="task", required=True, metavar="{" + ",".join([*tasks, "benchmark"]) + "}")
     for task in tasks.values():
         description = task.description

@@ -58,8 +58,10 @@ def check_seeds(seeds: Sequence[int], name: str = "seeds") -> None:
 def benchmark_parser(script: str, doc: str) -> argparse.ArgumentParser:
     """The parser of ``benchmarks/<script>``: its module docstring's first paragraph as the
     description, defaults shown, no abbreviated flags (a typo must not select another flag)."""
-    return argparse.ArgumentParser(prog=f"benchmarks/{script}", allow_abbrev=False, description=doc.split("\n\n")[0],
-                                   formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    from ..arguments import FlagParser
+
+    return FlagParser(prog=f"benchmarks/{script}", allow_abbrev=False, description=doc.split("\n\n")[0],
+                      formatter_class=argparse.ArgumentDefaultsHelpFormatter)
 
 
 def add_comparison_arguments(p: argparse.ArgumentParser, *, quick: str, work: str, results: str, quick_report: str,

@@ -417,20 +417,11 @@ def check_known(argv: List[str], parsers: List[argparse.ArgumentParser]) -> None
     Raises:
         FlagError: naming the word and up to three flags close to it.
     """
-    import difflib
+    from ..arguments import misspelt_flag
 
-    known = set()
-    for parser in parsers:
-        known.update(parser._option_string_actions)
-    for word in argv:
-        if word == "--":
-            break
-        name = word.split("=", 1)[0]
-        if not name.startswith("--") or name == "--" or " " in name or name in known:
-            continue
-        close = difflib.get_close_matches(name, sorted(known), n=3, cutoff=0.7)
-        if close:
-            raise FlagError(f"{name} is not a flag of clip-dcl or OpenCLIP; the closest: {', '.join(close)}")
+    found = misspelt_flag(argv, [flag for parser in parsers for flag in parser._option_string_actions])
+    if found:
+        raise FlagError(f"{found[0]} is not a flag of clip-dcl or OpenCLIP; the closest: {', '.join(found[1])}")
 
 
 def _loss_flags_given(ours) -> Dict[str, object]:

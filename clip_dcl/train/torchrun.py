@@ -68,10 +68,19 @@ def precheck(argv: List[str]) -> Optional[Tuple[str, int]]:
 
     from torch.distributed.run import get_args_parser
 
-    try:
-        args = get_args_parser().parse_args(list(argv))
-    except SystemExit:
-        return None  # torchrun's own usage error: torchrun says it
+    from ..arguments import misspelt_flag
+
+    parser = get_args_parser()
+    with contextlib.redirect_stderr(io.StringIO()):
+        try:
+            args, unknown = parser.parse_known_args(list(argv))
+        except SystemExit:
+            return None  # torchrun's own usage error: torchrun says it
+    found = misspelt_flag(unknown, parser._option_string_actions)  # words before the script: torchrun's
+    if found:
+        return f"clip-dcl train: error: {found[0]} is not a flag of torchrun; the closest: {', '.join(found[1])}", 2
+    if unknown:
+        return None  # torchrun says it
     if not (args.module and args.training_script == "clip_dcl.train"):
         return None
     train_argv = list(args.training_script_args)

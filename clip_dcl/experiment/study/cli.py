@@ -28,6 +28,7 @@ import sys
 from pathlib import Path
 from typing import List, Optional
 
+from ...arguments import FlagParser
 from ..arguments import plain_text
 from .plan import Plan, PlanError, load_plan
 from .power import planned_power, spread_of  # noqa: F401 (spread_of: imported from here too)
@@ -90,7 +91,7 @@ def check(plan: Plan, echo=print) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     doc = plain_text(__doc__)
-    p = argparse.ArgumentParser(prog="clip-dcl study", allow_abbrev=False, description=doc.split("\n\n")[0],
+    p = FlagParser(prog="clip-dcl study", allow_abbrev=False, description=doc.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter,
                                 epilog="\n\n".join(doc.split("\n\n")[1:]))
     sub = p.add_subparsers(dest="command", metavar="COMMAND")

@@ -72,9 +72,10 @@ def score_run(folder, checkpoint, *, validation: str, test: str, validation_zero
 
 
 def main(argv: List[str]) -> int:
+    from ...arguments import FlagParser
     from ..arguments import plain_text
 
-    p = argparse.ArgumentParser(prog="clip-dcl study score", allow_abbrev=False,
+    p = FlagParser(prog="clip-dcl study score", allow_abbrev=False,
                                 description=plain_text(__doc__.split("\n\n")[0]))
     p.add_argument("folder", metavar="RUN_DIR", help="the run's folder (OpenCLIP's --logs/--name)")
     p.add_argument("--checkpoint", required=True, help="the checkpoint to score")
