@@ -182,6 +182,7 @@ check_openclip()
 
 OPENCLIP_CREATE_LOSS = oc_main.create_loss
 OPENCLIP_TRAIN_ONE_EPOCH = oc_train.train_one_epoch
+OPENCLIP_EVALUATE = oc_train.evaluate
 OPENCLIP_GET_WDS_DATASET = oc_data.get_wds_dataset
 OPENCLIP_GET_DATASET_FN = oc_data.get_dataset_fn
 OPENCLIP_GET_CSV_DATASET = oc_data.get_csv_dataset
