@@ -197,16 +197,17 @@ def test_openclip_drift_fails_with_one_message_naming_the_supported_range(versio
     assert named in str(err.value)
 
 
-def test_log_parsing_fails_loudly_when_the_training_line_changes(tmp_path):
-    from clip_dcl.experiment import parse_step_times, read_curves
+def test_the_readers_read_records_not_log_text(tmp_path):
+    """A changed ``Train Epoch:`` line upstream changes nothing read: the readers take ``metrics.jsonl``."""
+    from clip_dcl.experiment import read_curves, read_step_times
 
-    new_format = "2026-01-01,00:00:00 | INFO | Train Epoch: 0 [ 16/64 (25%)] t_data=0.1 t_batch=0.2 loss=4.1\n"
-    with pytest.raises(ValueError, match="Train Epoch"):
-        parse_step_times(new_format)
-    (tmp_path / "out.log").write_text(new_format)
-    with pytest.raises(ValueError, match="Train Epoch"):
-        read_curves(tmp_path / "out.log")
-    assert parse_step_times("nothing of training here\n") == []
+    (tmp_path / "out.log").write_text("2026-01-01,00:00:00 | INFO | Train Epoch: 0 [ 16/64 (25%)] t_data=0.1 loss=4.1\n")
+    assert read_step_times(tmp_path) == [] and read_curves(tmp_path) == {"epoch": [], "loss": []}
+    (tmp_path / "metrics.jsonl").write_text('{"kind": "train", "step": 0, "epoch": 0, "samples": 16, '
+                                            '"samples_per_epoch": 64, "loss": 4.1, "data_time": 0.1, '
+                                            '"batch_time": 0.2, "samples_per_second": 80.0}\n')
+    assert [s.samples_per_second for s in read_step_times(tmp_path)] == [80.0]
+    assert read_curves(tmp_path) == {"epoch": [0.25], "loss": [4.1]}
 
 
 @pytest.mark.slow

@@ -9,7 +9,6 @@ scalars into one record. The readers (the runner, the study engine, the benchmar
 from __future__ import annotations
 
 import json
-import math
 import os
 import time
 from typing import Dict, List, Optional
@@ -92,11 +91,26 @@ def read_metrics(path, kind: Optional[str] = None) -> List[dict]:
     return out
 
 
+def read_new_records(path, offset: int = 0):
+    """``(records, offset)``: the whole lines of ``path`` after byte ``offset`` (a file being written), and
+    the offset after them."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(offset)
+            data = f.read()
+    except FileNotFoundError:
+        return [], offset
+    whole = data[:data.rfind(b"\n") + 1]
+    records = []
+    for line in whole.splitlines():
+        try:
+            records.append(json.loads(line))
+        except ValueError:
+            continue
+    return records, offset + len(whole)
+
+
 def epoch_position(record: dict) -> float:
     """A training record's place in epochs: its epoch plus the share of that epoch done."""
     total = record.get("samples_per_epoch") or 0
     return record["epoch"] + (record["samples"] / total if total else 0.0)
-
-
-def finite(value) -> bool:
-    return isinstance(value, (int, float)) and math.isfinite(value)

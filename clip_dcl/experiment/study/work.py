@@ -8,7 +8,7 @@ Layout under ``WORK``::
     plan.toml            the sealed plan's text, as written
     data/                what the plan's [data] command wrote (absent when the plan names its shards)
     data.json            the splits the runs read: shard patterns, sample counts, zero-shot folders
-    runs/<arm>/seed<N>/  one run: OpenCLIP's out.log, params.txt and checkpoints/, then the scoring step's
+    runs/<arm>/seed<N>/  one run: OpenCLIP's out.log, params.txt and checkpoints/, metrics.jsonl, then the scoring step's
                          run.json (recipe, commit, machine, start, the checkpoint relative to WORK),
                          scores-validation.json, scores-test.json
     logs/<arm>-seed<N>.log   the output of the run's line under `study run`
@@ -23,6 +23,7 @@ import sys
 from pathlib import Path
 from typing import Callable, Dict, List, Optional
 
+from ...train.metrics import read_metrics
 from ..reporting import code_commit, machine_info, utc_date
 from .plan import Plan, plan_changes
 
@@ -81,8 +82,7 @@ def trained_anything(work: Path) -> bool:
     for folder in (Path(work) / "runs").glob("*/seed*"):
         if any(folder.glob("scores-*.json")) or any(folder.glob("checkpoints/*.pt")):
             return True
-        log = folder / "out.log"
-        if log.is_file() and "Train Epoch:" in log.read_text(errors="replace"):
+        if read_metrics(folder, "train"):
             return True
     return False
 
