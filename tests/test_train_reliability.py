@@ -184,9 +184,10 @@ def test_the_installed_openclip_fits_the_patches():
      "open_clip_train.main.train_one_epoch"),
     ("3.3.0", {("data", "_SAMPLE_SHUFFLE_SIZE"): None}, "_SAMPLE_SHUFFLE_SIZE is missing"),
     # main no longer calls torch.save through its module global: the torch stand-in would do nothing
-    ("3.3.0", {("main", "main"): _main_without_module_lookups}, "no longer contains 'torch.save('"),
-    # the training log line the trainer's hook and clip_dcl.experiment parse
-    ("3.3.0", {("train", "train_one_epoch"): _train_step_logging_otherwise}, "'f\"Train Epoch: {epoch} ['"),
+    ("3.3.0", {("main", "main"): _main_without_module_lookups}, "main.main no longer looks up parse_args, "),
+    # a training step that does nothing: the first thing the trainer relies on that it no longer does
+    ("3.3.0", {("train", "train_one_epoch"): _train_step_logging_otherwise},
+     "train_one_epoch no longer calls the loss once per batch"),
 ])
 def test_openclip_drift_fails_with_one_message_naming_the_supported_range(version, changes, named):
     from clip_dcl.train.upstream import OpenCLIPMismatch, check_openclip
@@ -195,6 +196,73 @@ def test_openclip_drift_fails_with_one_message_naming_the_supported_range(versio
         check_openclip(version, _modules(changes))
     assert "supports open_clip_torch >=3.3,<3.4" in str(err.value)
     assert named in str(err.value)
+
+
+def _rewritten(module, name, edit=None, reformat=True):
+    """``module.name`` compiled again from its source (``ast.unparse``: other line breaks, spaces and quotes;
+    ``edit`` then changes the text), in a copy of the module's globals."""
+    import ast
+    import inspect
+    import textwrap
+
+    source = textwrap.dedent(inspect.getsource(getattr(module, name)))
+    source = ast.unparse(ast.parse(source)) if reformat else source
+    if edit is not None:
+        old, new = edit
+        assert old in source
+        source = source.replace(old, new)
+    namespace = dict(vars(module))
+    exec(compile(source, f"<{name} rewritten>", "exec"), namespace)
+    return namespace[name], namespace
+
+
+def test_an_openclip_release_formatted_otherwise_is_accepted():
+    from open_clip_train import main as oc_main, train
+
+    from clip_dcl.train.upstream import openclip_problems
+
+    step, _ = _rewritten(train, "train_one_epoch")
+    evaluate, _ = _rewritten(train, "evaluate")
+    main, _ = _rewritten(oc_main, "main")
+    assert openclip_problems("3.3.0", _modules({("train", "train_one_epoch"): step, ("train", "evaluate"): evaluate,
+                                                 ("main", "main"): main})) == []
+
+
+@pytest.mark.parametrize("module, name, edit, named", [
+    ("train", "train_one_epoch", ("total_loss = sum(losses.values())", "total_loss = next(iter(losses.values()))"),
+     "train_one_epoch no longer stores the sum of the loss terms under losses['loss']; open_clip_train.train."
+     "train_one_epoch no longer back-propagates the sum of the loss terms"),
+    ("train", "train_one_epoch", ("scheduler(step)", "scheduler(i)"), "no longer calls the scheduler with each step"),
+    ("train", "train_one_epoch", ('logging.info(f"Train Epoch', 'logging.getLogger("x").info(f"Train Epoch'),
+     "no longer logs a 'Train Epoch:' line per logged step on the root logger"),
+    ("train", "evaluate", ("tb_writer.add_scalar(name, val, epoch)", "pass"),
+     "open_clip_train.train.evaluate no longer writes each of its metrics through tb_writer.add_scalar"),
+    ("main", "main", ("torch.save(", "save_file("), "open_clip_train.main.main no longer looks up torch.save through"),
+    ("main", "main", ("create_loss(args)", "make_loss(args)"), "no longer looks up create_loss through"),
+])
+def test_an_openclip_release_that_behaves_otherwise_is_refused_naming_what_changed(module, name, edit, named):
+    import open_clip_train
+
+    from clip_dcl.train.upstream import OpenCLIPMismatch, check_openclip
+
+    mod = getattr(open_clip_train, module)
+    fn, namespace = _rewritten(mod, name, edit)
+    namespace.update(save_file=namespace["torch"].save, make_loss=namespace.get("create_loss"))
+    with pytest.raises(OpenCLIPMismatch) as err:
+        check_openclip("3.3.0", _modules({(module, name): fn}))
+    assert named in str(err.value) and len(str(err.value).splitlines()) == 1
+
+
+def test_a_dataset_fn_that_no_longer_returns_its_module_loaders_is_refused():
+    from open_clip_train import data
+
+    from clip_dcl.train.upstream import openclip_problems
+
+    fixed = {"webdataset": data.get_wds_dataset, "csv": data.get_csv_dataset, "synthetic": data.get_synthetic_dataset}
+    problems = openclip_problems("3.3.0", _modules({("data", "get_dataset_fn"): lambda data_path, dataset_type:
+                                                    fixed[dataset_type]}))
+    assert problems == ["open_clip_train.data.get_dataset_fn no longer returns the module's get_wds_dataset, "
+                        "get_csv_dataset, get_synthetic_dataset"]
 
 
 def test_the_readers_read_records_not_log_text(tmp_path):
