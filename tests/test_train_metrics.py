@@ -35,6 +35,17 @@ def test_the_writer_passes_scalars_on_and_writes_one_record_per_flush(tmp_path):
     assert MetricsWriter(None).flush() is None
 
 
+def test_a_resumed_runs_records_replace_those_of_the_steps_it_repeats(tmp_path):
+    steps = [{"kind": "train", "step": s} for s in range(4)] + [{"kind": "val", "step": 2, "epoch": 1},
+                                                                {"kind": "val", "step": 4, "epoch": 2}]
+    resumed = [{"kind": "train", "step": 2, "again": True}, {"kind": "train", "step": 3, "again": True}]
+    order = sorted(steps, key=lambda r: (r["step"], r["kind"] == "val")) + resumed
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in order))
+    kept = read_metrics(tmp_path)
+    assert [(r["kind"], r["step"], "again" in r) for r in kept] == [
+        ("train", 0, False), ("train", 1, False), ("val", 2, False), ("train", 2, True), ("train", 3, True)]
+
+
 @pytest.mark.slow
 def test_a_decl_run_writes_every_logged_step_with_its_terms_scale_lr_and_columns(trained_run):
     run_dir = trained_run("decl")
@@ -68,6 +79,7 @@ def test_a_validated_run_writes_its_evaluations_and_the_runner_reads_them(tmp_pa
     assert [r["step"] for r in val] == [2, 4]  # the optimizer steps taken when each evaluation ran
     results = [json.loads(x) for x in (res.log_dir / "checkpoints" / "results.jsonl").read_text().splitlines()]
     assert res.val == results  # OpenCLIP's own record of the evaluations, value for value
-    assert res.curves == {"epoch": [0.5, 1.0, 1.5, 2.0], "loss": [r["loss"] for r in read_metrics(res.log_dir, "train")]}
+    losses = [r["loss"] for r in read_metrics(res.log_dir, "train")]
+    assert res.curves == {"epoch": [0.5, 1.0, 1.5, 2.0], "loss": losses}
     assert any("validation: image_to_text_R@1" in line for line in echoed)
     assert any(line.startswith("  [clip] epoch 2/2 100%  loss ") for line in echoed)

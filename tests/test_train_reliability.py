@@ -269,7 +269,7 @@ def test_the_readers_read_records_not_log_text(tmp_path):
     """A changed ``Train Epoch:`` line upstream changes nothing read: the readers take ``metrics.jsonl``."""
     from clip_dcl.experiment import read_curves, read_step_times
 
-    (tmp_path / "out.log").write_text("2026-01-01,00:00:00 | INFO | Train Epoch: 0 [ 16/64 (25%)] t_data=0.1 loss=4.1\n")
+    (tmp_path / "out.log").write_text("x | INFO | Train Epoch: 0 [ 16/64 (25%)] t_data=0.1 loss=4.1\n")
     assert read_step_times(tmp_path) == [] and read_curves(tmp_path) == {"epoch": [], "loss": []}
     (tmp_path / "metrics.jsonl").write_text('{"kind": "train", "step": 0, "epoch": 0, "samples": 16, '
                                             '"samples_per_epoch": 64, "loss": 4.1, "data_time": 0.1, '

@@ -73,7 +73,10 @@ def metrics_path(args) -> Optional[str]:
 
 def read_metrics(path, kind: Optional[str] = None) -> List[dict]:
     """The records of a ``metrics.jsonl`` (or of the run folder holding one), in order; ``kind``: only
-    ``"train"`` or ``"val"`` records. A torn last line (a killed run) is skipped; no file: no records."""
+    ``"train"`` or ``"val"`` records. A torn line (a killed run) is skipped; no file: no records.
+
+    A resumed run repeats the steps after its checkpoint, appending to the file: the records of a repeated
+    step replace those of that step and after (:func:`superseded`)."""
     path = os.fspath(path)
     if os.path.isdir(path):
         path = os.path.join(path, METRICS_FILE)
@@ -86,8 +89,22 @@ def read_metrics(path, kind: Optional[str] = None) -> List[dict]:
                 record = json.loads(line)
             except ValueError:
                 continue
-            if isinstance(record, dict) and (kind is None or record.get("kind") == kind):
+            if isinstance(record, dict):
                 out.append(record)
+    out = superseded(out)
+    return [r for r in out if kind is None or r.get("kind") == kind]
+
+
+def superseded(records: List[dict]) -> List[dict]:
+    """``records`` without those a later training record's step repeats: training at or after that step,
+    evaluations after it."""
+    out: List[dict] = []
+    for record in records:
+        step = record.get("step")
+        if record.get("kind") == "train" and isinstance(step, int):
+            out = [r for r in out if not isinstance(r.get("step"), int) or r["step"] < step
+                   or (r["step"] == step and r.get("kind") == "val")]
+        out.append(record)
     return out
 
 

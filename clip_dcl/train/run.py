@@ -35,9 +35,9 @@ from .pipeline import get_wds_train_dataset
 from .metrics import MetricsWriter, metrics_path
 from .steps import (IdChannel, LossWithIds, SkippedSteps, TrainLineHook, log_data_stats, log_epoch_health,
                     seed_main_process, train_record)
-from .upstream import (OPENCLIP_CREATE_LOSS, OPENCLIP_GET_CSV_DATASET, OPENCLIP_GET_DATASET_FN,
-                       OPENCLIP_GET_SYNTHETIC_DATASET, OPENCLIP_GET_WDS_DATASET, OPENCLIP_PT_LOAD, OPENCLIP_TRAIN_ONE_EPOCH,
-                       OPENCLIP_EVALUATE)
+from .upstream import (OPENCLIP_CREATE_LOSS, OPENCLIP_EVALUATE, OPENCLIP_GET_CSV_DATASET, OPENCLIP_GET_DATASET_FN,
+                       OPENCLIP_GET_SYNTHETIC_DATASET, OPENCLIP_GET_WDS_DATASET, OPENCLIP_PT_LOAD,
+                       OPENCLIP_TRAIN_ONE_EPOCH)
 from .upstream import setup_logging as upstream_setup_logging
 
 

@@ -8,7 +8,7 @@ Layout under ``WORK``::
     plan.toml            the sealed plan's text, as written
     data/                what the plan's [data] command wrote (absent when the plan names its shards)
     data.json            the splits the runs read: shard patterns, sample counts, zero-shot folders
-    runs/<arm>/seed<N>/  one run: OpenCLIP's out.log, params.txt and checkpoints/, metrics.jsonl, then the scoring step's
+    runs/<arm>/seed<N>/  one run: OpenCLIP's out.log, params.txt and checkpoints/, then the scoring step's
                          run.json (recipe, commit, machine, start, the checkpoint relative to WORK),
                          scores-validation.json, scores-test.json
     logs/<arm>-seed<N>.log   the output of the run's line under `study run`
