@@ -80,7 +80,7 @@ DeCL's buffer is sharded or replicated); a sharded buffer is checkpointed one fi
 
 The replacements are the methods of one :class:`~clip_dcl.train.run.TrainingRun` (the run's state
 and checkpoint bookkeeping), with the step plumbing in :mod:`clip_dcl.train.steps`; the
-``open_clip_train`` surface they rely on is checked, version and names, when
+``open_clip_train`` surface they rely on is checked (version, names, behaviour) when
 :mod:`clip_dcl.train.upstream` is imported (before anything here is swapped).
 """
 from __future__ import annotations
