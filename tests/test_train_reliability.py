@@ -216,6 +216,22 @@ def _rewritten(module, name, edit=None, reformat=True):
     return namespace[name], namespace
 
 
+def test_the_check_leaves_the_root_logger_as_it_was():
+    """The check's run logs through the root logger; one without a handler must not get basicConfig's."""
+    import logging
+
+    from clip_dcl.train.upstream import check_openclip
+
+    root = logging.getLogger()
+    handlers, level = root.handlers[:], root.level
+    root.handlers = []
+    try:
+        check_openclip()
+        assert root.handlers == [] and root.filters == [] and root.level == level
+    finally:
+        root.handlers = handlers
+
+
 def test_an_openclip_release_formatted_otherwise_is_accepted():
     from open_clip_train import main as oc_main, train
 

@@ -366,13 +366,16 @@ class _Records(logging.Filter):
 
 @contextlib.contextmanager
 def _root_records():
-    root, records = logging.getLogger(), _Records()
+    # a handler for the duration: logging.info() on a root logger without one would add a stderr handler for good
+    root, records, handler = logging.getLogger(), _Records(), logging.NullHandler()
     level = root.level
     root.setLevel(logging.INFO)
     root.addFilter(records)
+    root.addHandler(handler)
     try:
         yield records.records
     finally:
+        root.removeHandler(handler)
         root.removeFilter(records)
         root.setLevel(level)
 
