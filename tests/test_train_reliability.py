@@ -232,6 +232,20 @@ def test_the_check_leaves_the_root_logger_as_it_was():
         root.handlers = handlers
 
 
+def test_the_checks_run_takes_no_optimizer_step_that_global_hooks_see():
+    from torch.optim.optimizer import register_optimizer_step_post_hook
+
+    from clip_dcl.train.upstream import check_openclip
+
+    steps = []
+    handle = register_optimizer_step_post_hook(lambda *a: steps.append(1))
+    try:
+        check_openclip()
+    finally:
+        handle.remove()
+    assert steps == []
+
+
 def test_an_openclip_release_formatted_otherwise_is_accepted():
     from open_clip_train import main as oc_main, train
 

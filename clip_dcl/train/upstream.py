@@ -403,7 +403,9 @@ def _train_step_problems(train_one_epoch) -> list:
         calls.append(output_dict)
         return Terms({"a_loss": image_features.sum(), "b_loss": 2 * text_features.sum()}, torch.tensor(-1.0))
 
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.0)
+    # not a torch optimizer: its global step hooks (e.g. a test's step counter) must not see the probe
+    optimizer = types.SimpleNamespace(param_groups=[{"lr": 0.0}], step=lambda: None,
+                                      zero_grad=lambda: model.zero_grad(set_to_none=True))
     name = "open_clip_train.train.train_one_epoch"
     try:
         with _root_records() as records:
@@ -413,7 +415,7 @@ def _train_step_problems(train_one_epoch) -> list:
         return [f"{name} fails on a stand-in model ({type(e).__name__}: {e})"]
     problems = []
     images, texts = batches[-1]
-    weight = torch.tensor([1.0, 2.0])  # unchanged: the learning rate is 0
+    weight = torch.tensor([1.0, 2.0])  # unchanged: the optimizer steps nothing
     expected = [float((i * weight).sum() + 2 * (t * weight).sum()) for i, t in batches]
     if calls != [True, True]:
         problems.append(f"{name} no longer calls the loss once per batch with output_dict=True")
