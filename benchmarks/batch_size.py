@@ -60,6 +60,7 @@ from clip_dcl.experiment.study import work as W
 from clip_dcl.experiment.study.lines import epochs, settings
 from clip_dcl.experiment.study.report import progress
 from clip_dcl.experiment.study.rule import seeds_needed
+from clip_dcl.train.metrics import read_metrics
 from testbed import objectives as O
 from testbed import report as R
 from testbed import rule as T
@@ -217,31 +218,27 @@ def records_of(plan_path: Path, work: Path) -> List[dict]:
     for arm, seed in sorted(state["done"], key=lambda r: (plan.runs().index(r))):
         folder, rec = W.run_dir(work, arm, seed), W.read_record(work, arm, seed)
         label, b = labels.get(arm, (arm, settings(plan, arm).get("batch_size")))
-        log = folder / "out.log"
+        steps = read_metrics(folder, "train")
         val = [with_mean_r1({f"retrieval/{k}": v for k, v in r.items() if isinstance(v, (int, float))})
-               for r in (json.loads(x) for x in (folder / "checkpoints" / "results.jsonl").read_text().splitlines()
-                         if x.strip())] if (folder / "checkpoints" / "results.jsonl").is_file() else []
+               for r in read_metrics(folder, "val")]
         out.append({"label": label, "flags": list(plan.arm(arm).flags), "batch_size": b, "seed": seed,
                     "epochs": epochs(plan, arm), "metrics": W.read_scores(work, arm, seed, "validation"),
                     "test_metrics": W.read_scores(work, arm, seed, "test") if test else None,
                     "commit": rec["commit"], "recipe": rec["recipe"], "val_r1": [v[MEAN_R1] for v in val],
-                    "logit_scale": _last_per_epoch(log, "Logit Scale"), "clamp_rate": _late_clamp(log),
+                    "logit_scale": _last_per_epoch(steps, "logit_scale"), "clamp_rate": _late_clamp(steps),
                     "train_seconds": rec.get("train_seconds") or 0.0, "finished": (rec.get("ended") or "")[:16]})
     return out
 
 
-def _last_per_epoch(out_log: Path, key: str) -> List[float]:
-    """The value of ``key`` OpenCLIP logged last in each epoch."""
-    last: Dict[int, float] = {}
-    for m in re.finditer(rf"Train Epoch: (\d+) .*{key}: (\S+)", out_log.read_text(errors="replace")):
-        last[int(m.group(1))] = float(m.group(2))
+def _last_per_epoch(steps: List[dict], key: str) -> List[float]:
+    """The value of ``key`` in each epoch's last training record (``metrics.jsonl``)."""
+    last: Dict[int, float] = {r["epoch"]: r[key] for r in steps if key in r}
     return [last[e] for e in sorted(last)]
 
 
-def _late_clamp(out_log: Path) -> Optional[float]:
-    """Mean logged ``Clamp_rate`` over the last fifth of training (``dcl``: the rows at the floor)."""
-    rows = [(int(m.group(1)), float(m.group(2))) for m in
-            re.finditer(r"Train Epoch: (\d+) .*Clamp_rate: (\S+)", out_log.read_text(errors="replace"))]
+def _late_clamp(steps: List[dict]) -> Optional[float]:
+    """Mean logged ``clamp_rate`` over the last fifth of training (``dcl``: the rows at the floor)."""
+    rows = [(r["epoch"], r["clamp_rate"]) for r in steps if "clamp_rate" in r]
     if not rows:
         return None
     last = max(e for e, _ in rows) + 1

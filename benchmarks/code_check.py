@@ -53,15 +53,22 @@ def data_digest(folder: Path) -> str:
     return h.hexdigest()
 
 
-def logged_losses(out_log: Path) -> List[str]:
-    """The optimised loss of every logged step, ``value (running mean)`` as written (so compared to the last
-    digit): its terms' columns (``Contrastive_loss``, ``Decl_loss``, ...), else OpenCLIP's ``Loss``. The terms,
-    because ``decl``'s ``Loss`` became its InfoNCE value while its total kept its term's column, which
-    older trees log too."""
+def logged_losses(folder: Path) -> List[str]:
+    """The optimised loss of every logged step of the run in ``folder``, to OpenCLIP's five significant digits:
+    its terms (``contrastive_loss``, ``decl_loss``, ...), else ``loss``. The terms, because ``decl``'s ``loss``
+    became its InfoNCE value while its total kept its term's column. Read from the run's ``metrics.jsonl``; a
+    tree older than that file wrote them only into ``out.log``'s training lines, read there."""
+    metrics = folder / "metrics.jsonl"
     out = []
-    for line in out_log.read_text().splitlines():
-        terms = re.findall(r"\b\w+_loss: (\S+ \(\S+\))", line)
-        out += terms or re.findall(r"\bLoss: (\S+ \(\S+\))", line)
+    if metrics.is_file():
+        for line in metrics.read_text().splitlines():
+            record = json.loads(line) if line.strip() else {}
+            if record.get("kind") == "train":
+                terms = [v for k, v in record.items() if k.endswith("_loss")]
+                out += [f"{v:#.5g}" for v in terms or [record["loss"]]]
+        return out
+    for line in (folder / "out.log").read_text().splitlines():
+        out += re.findall(r"\b\w+_loss: (\S+) \(", line) or re.findall(r"\bLoss: (\S+) \(", line)
     return out
 
 
@@ -83,7 +90,7 @@ def child(tree: Path, work: Path, objectives: List[str], batch_size: int, seed: 
         rec = bs.run_one(label, names[label], data, budget, work, 1)
         logs = sorted((work / "runs").glob(f"*/b{batch_size}-seed{seed}/out.log"), key=os.path.getmtime)
         runs[label] = {"commit": rec["commit"], "flags": rec["flags"], "validation": rec["metrics"],
-                       "test": rec.get("test_metrics"), "losses": logged_losses(logs[-1])}
+                       "test": rec.get("test_metrics"), "losses": logged_losses(logs[-1].parent)}
     return {"data_digest": data_digest(data_folder), "data": data["config"], "runs": runs}
 
 
@@ -110,7 +117,7 @@ def study_child(bs, work: Path, objectives: List[str], batch_size: int, seed: in
         runs[label] = {"commit": study.work.read_record(work, arm, seed)["commit"], "flags": list(names()[label]),
                        "validation": study.work.read_scores(work, arm, seed, "validation"),
                        "test": study.work.read_scores(work, arm, seed, "test"),
-                       "losses": logged_losses(study.work.run_dir(work, arm, seed) / "out.log")}
+                       "losses": logged_losses(study.work.run_dir(work, arm, seed))}
     data = json.loads((study.work.data_dir(work) / "summary.json").read_text())
     return {"data_digest": data_digest(study.work.data_dir(work)), "data": data["config"], "runs": runs}
 

@@ -34,22 +34,23 @@ from clip_dcl.experiment.reporting import code_commit, machine_info, utc_date
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
 SCREEN = ROOT / "benchmarks" / "studies" / "fmnist_screen.toml"
-_SCALE = re.compile(r"Logit Scale: ([0-9.]+)")
-_TAU = re.compile(r"Tau_plus: ([0-9.eE+-]+)")
+#: what the screen's committed records hold: OpenCLIP's gzipped out.log, from before runs wrote metrics.jsonl
+_LOGGED = {"logit_scale": re.compile(r"Logit Scale: ([0-9.]+)"), "tau_plus": re.compile(r"Tau_plus: ([0-9.eE+-]+)")}
 
 
-def log_values(out_log: Path, pattern: re.Pattern) -> list:
-    """The values ``pattern`` finds in OpenCLIP's ``out.log`` (or its gzipped copy in committed records)."""
+def logged_values(folder: Path, key: str) -> list:
+    """``key``'s value in each training record of the run's ``metrics.jsonl``; for a committed record
+    older than that file, the values its gzipped ``out.log`` shows."""
     import gzip
 
-    gz = out_log.with_name(out_log.name + ".gz")
-    if out_log.is_file():
-        text = out_log.read_text(errors="replace")
-    elif gz.is_file():
-        text = gzip.decompress(gz.read_bytes()).decode(errors="replace")
-    else:
+    from clip_dcl.train.metrics import read_metrics
+
+    if (folder / "metrics.jsonl").is_file():
+        return [r[key] for r in read_metrics(folder, "train") if key in r]
+    gz = folder / "out.log.gz"
+    if not gz.is_file():
         return []
-    return [float(v) for v in pattern.findall(text)]
+    return [float(v) for v in _LOGGED[key].findall(gzip.decompress(gz.read_bytes()).decode(errors="replace"))]
 
 
 def read_runs(work: Path, arms: dict) -> list:
@@ -61,8 +62,8 @@ def read_runs(work: Path, arms: dict) -> list:
             if not scores.is_file():
                 continue
             v = json.loads(scores.read_text())
-            taus = log_values(folder / "out.log", _TAU)
-            scales = log_values(folder / "out.log", _SCALE)
+            taus = logged_values(folder, "tau_plus")
+            scales = logged_values(folder, "logit_scale")
             if "--dcl-temperature" in flags:  # the loss's own fixed scale; the model's logged one gets no gradient
                 scales = [1.0 / float(flags[flags.index("--dcl-temperature") + 1])]
             rows.append({"arm": arm, "seed": int(folder.name[4:]), "flags": flags,

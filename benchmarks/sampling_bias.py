@@ -31,7 +31,7 @@ in the same run (report ``sampling_bias_extra.md``/``.json``): ``--dcl-clamp bia
 ``--dcl-temperature``, ``--tau-plus auto`` (beside ``dcl`` at ``tau_plus = 0.05``, the best of the main
 sweep), M = 3 captions per image (``clip``, ``dcl``, ``curl``, ``decl``), hard negatives
 (``--hcl-beta`` 0.5 and 1) and ``decl`` at its defaults. Its table gives each score's ratio to ``clip``'s, the
-mean ``Clamp_rate`` over training and the final ``Tau_plus`` estimate, read from the training logs.
+mean ``clamp_rate`` over training and the final ``tau_plus`` estimate, read from the runs' ``metrics.jsonl``.
 """
 from __future__ import annotations
 
@@ -51,6 +51,7 @@ from clip_dcl.experiment import arguments
 from clip_dcl.experiment.budgets import QUICK_BUDGET
 from clip_dcl.experiment.figures import pyplot
 from clip_dcl.experiment.stats import format_mean_std, mean_std, summarize
+from clip_dcl.train.metrics import read_metrics
 
 HERE = Path(__file__).resolve().parent
 STEM = "sampling_bias"
@@ -119,14 +120,12 @@ def make_extra_runs(true_tau: float) -> List[ex.Run]:
     ]
 
 
-def log_means(out_log: os.PathLike) -> Dict[str, float]:
-    """Mean ``Clamp_rate`` over a training's logged steps and its last ``Tau_plus`` (nan when not logged)."""
-    import re
-
-    path = Path(out_log)
-    text = path.read_text(errors="replace") if path.is_file() else ""
-    clamp = [float(v) for v in re.findall(r"\bClamp_rate: (\S+)", text)]
-    tau = [float(v) for v in re.findall(r"\bTau_plus: (\S+)", text)]
+def log_means(run_dir: os.PathLike) -> Dict[str, float]:
+    """Mean ``clamp_rate`` over a training's logged steps and its last ``tau_plus`` (nan when not logged), from
+    the run's ``metrics.jsonl``."""
+    steps = read_metrics(run_dir, "train")
+    clamp = [r["clamp_rate"] for r in steps if "clamp_rate" in r]
+    tau = [r["tau_plus"] for r in steps if "tau_plus" in r]
     return {"clamp_rate": sum(clamp) / len(clamp) if clamp else float("nan"),
             "tau_plus_final": tau[-1] if tau else float("nan")}
 
@@ -385,7 +384,7 @@ def write(out: Path, runs, results, scores, eval_seconds, data, budget, seeds, f
         f"- Raw numbers per seed, commands and training curves: `{stem}.json`; figure: `{stem}.png`.",
     ])
     out.mkdir(parents=True, exist_ok=True)
-    logs = {n: [log_means(Path(r.log_dir) / "out.log") for r in results[n]] for n in have}
+    logs = {n: [log_means(r.log_dir) for r in results[n]] for n in have}
     report = ex.write_report(out, stem, data=data, budget=budget, results=res, scores=have, header=header,
                              extra={"seeds": seeds, "fewshot_seeds": fewshot_seeds, "command": command,
                                     "date": f"{started:%Y-%m-%d %H:%M} UTC", "machine": machine(),

@@ -6,10 +6,10 @@ all with the same model, data, seed, batch size and precision. The objectives ar
 (OpenCLIP's ``ClipLoss``, the baseline), ``--loss dcl`` (``--tau-plus`` = the data's class prior)
 and ``--loss decl`` with each rate estimator (``--decl-rate index``, ``queue``, ``batch``).
 
-Step times come from OpenCLIP itself: with ``--log-every-n-steps 1`` every step's training line
-holds ``Batch (t): <seconds>, <samples/s>/s, ...``, the wall time from the end of the previous step
-to the end of this one (so the wait for the data loader is included), over one step
-(:func:`clip_dcl.experiment.parse_step_times`). Start-up (imports, model, data pipeline) never
+Step times come from OpenCLIP itself: with ``--log-every-n-steps 1`` every step's record in the run's
+``metrics.jsonl`` holds OpenCLIP's ``batch_time`` and ``samples_per_second``, the wall time from the end of
+the previous step to the end of this one (so the wait for the data loader is included), over one step
+(:func:`clip_dcl.experiment.read_step_times`). Start-up (imports, model, data pipeline) never
 enters; the first ``--warmup-steps`` of every child are dropped (the shuffle buffer filling,
 allocator and thread pool warm-up, on CUDA kernel selection), and so are the last two per loader
 worker (:attr:`Setup.tail_steps`: prefetched batches, trained after the workers stop). Per child
@@ -57,7 +57,7 @@ from pathlib import Path
 from typing import Callable, Dict, List, Optional, Sequence
 
 from clip_dcl import experiment as ex
-from clip_dcl.experiment import Run, StepTime, parse_step_times
+from clip_dcl.experiment import Run, StepTime, read_step_times
 from clip_dcl.experiment.figures import pyplot
 from clip_dcl.experiment.reporting import Report, markdown_table
 
@@ -247,7 +247,7 @@ def run_child(objective: Run, data: dict, setup: Setup, logs: Path, echo: Callab
     env = {"OMP_NUM_THREADS": str(setup.threads), "MKL_NUM_THREADS": str(setup.threads)} if setup.threads else None
     load_before = os.getloadavg()
     res = ex.train(objective, data, logs, setup.budget, echo=echo, env=env, lock=False, **setup.child_options)
-    steps = parse_step_times((res.log_dir / "stdout.txt").read_text())
+    steps = read_step_times(res.log_dir)
     shutil.rmtree(res.log_dir / "checkpoints", ignore_errors=True)  # only the timing is kept
     return {"command": res.command, "wall_seconds": res.seconds, "load_before": load_before,
             "load_after": os.getloadavg(), "steps": [dataclasses.asdict(s) for s in steps]}

@@ -513,9 +513,10 @@ def test_a_studys_runs_become_the_testbed_reports_records(tmp_path):
             (folder / f"scores-{split}.json").write_text(json.dumps({T.MEAN_R1: v, "zeroshot/top1": 0.1}))
         (folder / "run.json").write_text(json.dumps({"arm": arm, "seed": seed, "recipe": "micro-bpe", "commit": "abc",
                                                      "hardware": "x", "ended": "2030-01-01 00:00:00"}))
-        (folder / "out.log").write_text("".join(f"t | Train Epoch: {e} [1/1 (100%)] Logit Scale: {10 + e}.5 Loss: 1\n"
-                                                for e in range(3)))
-        (folder / "checkpoints" / "results.jsonl").write_text('{"image_to_text_R@1": 0.2, "text_to_image_R@1": 0.4}\n')
+        steps = [{"kind": "train", "epoch": e, "logit_scale": 10 + e + last / 2, "loss": 1} for e in range(3)
+                 for last in (0, 1)]
+        val = {"kind": "val", "epoch": 1, "image_to_text_R@1": 0.2, "text_to_image_R@1": 0.4}
+        (folder / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in [*steps, val]))
     recs = bs.records_of(STUDIES / "testbed_second_draw.toml", work)
     decl = next(r for r in recs if r["label"] == "decl default" and r["seed"] == 1)
     assert (decl["batch_size"], decl["test_metrics"][T.MEAN_R1]) == (32, pytest.approx(0.346))

@@ -59,21 +59,17 @@ def test_comparison_table_means_spreads_and_best():
 
 
 def test_read_curves_and_val(tmp_path):
-    log = tmp_path / "out.log"
-    log.write_text(
-        "2026-01-01,00:00:00 | INFO | Train Epoch: 0 [   32/256 (12%)] Data (t): 0.1 Batch (t): 0.2, 160/s, "
-        "160/s/gpu LR: 0.001000 Logit Scale: 14.2 Contrastive_loss: 3.5 (3.5) Loss: 3.5 (3.5) Loss1: 1.0 (1.0)\n"
-        "2026-01-01,00:00:01 | INFO | Start epoch 1\n"
-        "2026-01-01,00:00:02 | INFO | Train Epoch: 1 [  256/256 (100%)] Data (t): 0.1 Batch (t): 0.2, 160/s, "
-        "160/s/gpu LR: 0.001000 Logit Scale: 14.2 Dcl_loss: 2.25 (2.3) Loss: 2.25 (2.3)\n")
-    curves = ex.read_curves(log)
+    records = [{"kind": "train", "step": 0, "epoch": 0, "samples": 32, "samples_per_epoch": 256, "loss": 3.5,
+                "contrastive_loss": 3.5},
+               {"kind": "val", "step": 8, "epoch": 1, "image_to_text_R@1": 0.5, "time": 1.0},
+               {"kind": "train", "step": 15, "epoch": 1, "samples": 256, "samples_per_epoch": 256, "loss": 2.25}]
+    path = tmp_path / "metrics.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in records) + '{"kind": "tra')  # a torn last line
+    curves = ex.read_curves(path)
     assert curves == {"epoch": [pytest.approx(0.125), pytest.approx(2.0)], "loss": [3.5, 2.25]}
-    log.write_text("x | INFO | Train Epoch: 0 [  64/256 (25%)] Batch (t): 0.2 Decl_loss: -9.5 (1.0) Loss: -9.5 (1.0) "
-                   "Lambda_t: 1.0000 (0.5) Loss1: -9.5 (0.1) Loss2: 2.75 (2.8) Mean_log_rate: -1.0 (-1.0)\n")
-    assert ex.read_curves(log) == {"epoch": [0.25], "loss": [-9.5], "loss2": [2.75]}
-    (tmp_path / "results.jsonl").write_text('{"epoch": 1, "image_to_text_R@1": 0.5}\n\n')
-    assert ex.read_val(tmp_path / "results.jsonl") == [{"epoch": 1, "image_to_text_R@1": 0.5}]
-    assert ex.read_val(tmp_path / "missing.jsonl") == [] and ex.read_curves(tmp_path / "missing.log")["loss"] == []
+    assert ex.read_curves(tmp_path) == curves  # the run folder names its file
+    assert ex.read_val(path) == [{"epoch": 1, "image_to_text_R@1": 0.5}]
+    assert ex.read_val(tmp_path / "missing.jsonl") == [] and ex.read_curves(tmp_path / "missing.jsonl")["loss"] == []
 
 
 def test_train_command_shares_the_budget():

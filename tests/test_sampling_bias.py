@@ -128,9 +128,9 @@ def test_extra_runs_parse_with_the_training_flags_and_their_table_gives_ratios_t
     m3 = [r for r in runs if "--captions-per-image" in r.flags]
     assert {r.flags[1] for r in m3} == {"clip", "dcl", "curl", "decl"}
     assert [sb.run_tau_plus(r) for r in runs if "auto" in r.flags] == [None]
-    log = tmp_path / "out.log"
-    log.write_text("Train Epoch: 0 Clamp_rate: 0.20000 (0.2) Tau_plus: 0.10000 (0.1)\n"
-                   "Train Epoch: 0 Clamp_rate: 0.40000 (0.3) Tau_plus: 0.20000 (0.15)\n")
+    log = tmp_path
+    (log / "metrics.jsonl").write_text('{"kind": "train", "clamp_rate": 0.2, "tau_plus": 0.1}\n'
+                                       '{"kind": "train", "clamp_rate": 0.4, "tau_plus": 0.2}\n')
     assert sb.log_means(log) == {"clamp_rate": pytest.approx(0.3), "tau_plus_final": 0.2}
     summary = {"clip": {k: {"mean": 0.5, "std": 0.1, "n": 3} for k, _ in sb.HEADLINE},
                runs[1].name: {k: {"mean": 0.6, "std": 0.1, "n": 3} for k, _ in sb.HEADLINE}}

@@ -184,9 +184,10 @@ def test_the_installed_openclip_fits_the_patches():
      "open_clip_train.main.train_one_epoch"),
     ("3.3.0", {("data", "_SAMPLE_SHUFFLE_SIZE"): None}, "_SAMPLE_SHUFFLE_SIZE is missing"),
     # main no longer calls torch.save through its module global: the torch stand-in would do nothing
-    ("3.3.0", {("main", "main"): _main_without_module_lookups}, "no longer contains 'torch.save('"),
-    # the training log line the trainer's hook and clip_dcl.experiment parse
-    ("3.3.0", {("train", "train_one_epoch"): _train_step_logging_otherwise}, "'f\"Train Epoch: {epoch} ['"),
+    ("3.3.0", {("main", "main"): _main_without_module_lookups}, "main.main no longer looks up parse_args, "),
+    # a training step that does nothing: the first thing the trainer relies on that it no longer does
+    ("3.3.0", {("train", "train_one_epoch"): _train_step_logging_otherwise},
+     "train_one_epoch no longer calls the loss once per batch"),
 ])
 def test_openclip_drift_fails_with_one_message_naming_the_supported_range(version, changes, named):
     from clip_dcl.train.upstream import OpenCLIPMismatch, check_openclip
@@ -197,16 +198,114 @@ def test_openclip_drift_fails_with_one_message_naming_the_supported_range(versio
     assert named in str(err.value)
 
 
-def test_log_parsing_fails_loudly_when_the_training_line_changes(tmp_path):
-    from clip_dcl.experiment import parse_step_times, read_curves
+def _rewritten(module, name, edit=None, reformat=True):
+    """``module.name`` compiled again from its source (``ast.unparse``: other line breaks, spaces and quotes;
+    ``edit`` then changes the text), in a copy of the module's globals."""
+    import ast
+    import inspect
+    import textwrap
 
-    new_format = "2026-01-01,00:00:00 | INFO | Train Epoch: 0 [ 16/64 (25%)] t_data=0.1 t_batch=0.2 loss=4.1\n"
-    with pytest.raises(ValueError, match="Train Epoch"):
-        parse_step_times(new_format)
-    (tmp_path / "out.log").write_text(new_format)
-    with pytest.raises(ValueError, match="Train Epoch"):
-        read_curves(tmp_path / "out.log")
-    assert parse_step_times("nothing of training here\n") == []
+    source = textwrap.dedent(inspect.getsource(getattr(module, name)))
+    source = ast.unparse(ast.parse(source)) if reformat else source
+    if edit is not None:
+        old, new = edit
+        assert old in source
+        source = source.replace(old, new)
+    namespace = dict(vars(module))
+    exec(compile(source, f"<{name} rewritten>", "exec"), namespace)
+    return namespace[name], namespace
+
+
+def test_the_check_leaves_the_root_logger_as_it_was():
+    """The check's run logs through the root logger; one without a handler must not get basicConfig's."""
+    import logging
+
+    from clip_dcl.train.upstream import check_openclip
+
+    root = logging.getLogger()
+    handlers, level = root.handlers[:], root.level
+    root.handlers = []
+    try:
+        check_openclip()
+        assert root.handlers == [] and root.filters == [] and root.level == level
+    finally:
+        root.handlers = handlers
+
+
+def test_the_checks_run_takes_no_optimizer_step_that_global_hooks_see():
+    from torch.optim.optimizer import register_optimizer_step_post_hook
+
+    from clip_dcl.train.upstream import check_openclip
+
+    steps = []
+    handle = register_optimizer_step_post_hook(lambda *a: steps.append(1))
+    try:
+        check_openclip()
+    finally:
+        handle.remove()
+    assert steps == []
+
+
+def test_an_openclip_release_formatted_otherwise_is_accepted():
+    from open_clip_train import main as oc_main, train
+
+    from clip_dcl.train.upstream import openclip_problems
+
+    step, _ = _rewritten(train, "train_one_epoch")
+    evaluate, _ = _rewritten(train, "evaluate")
+    main, _ = _rewritten(oc_main, "main")
+    assert openclip_problems("3.3.0", _modules({("train", "train_one_epoch"): step, ("train", "evaluate"): evaluate,
+                                                 ("main", "main"): main})) == []
+
+
+@pytest.mark.parametrize("module, name, edit, named", [
+    ("train", "train_one_epoch", ("total_loss = sum(losses.values())", "total_loss = next(iter(losses.values()))"),
+     "train_one_epoch no longer stores the sum of the loss terms under losses['loss']; open_clip_train.train."
+     "train_one_epoch no longer back-propagates the sum of the loss terms"),
+    ("train", "train_one_epoch", ("scheduler(step)", "scheduler(i)"), "no longer calls the scheduler with each step"),
+    ("train", "train_one_epoch", ('logging.info(f"Train Epoch', 'logging.getLogger("x").info(f"Train Epoch'),
+     "no longer logs a 'Train Epoch:' line per logged step on the root logger"),
+    ("train", "evaluate", ("tb_writer.add_scalar(name, val, epoch)", "pass"),
+     "open_clip_train.train.evaluate no longer writes each of its metrics through tb_writer.add_scalar"),
+    ("main", "main", ("torch.save(", "save_file("), "open_clip_train.main.main no longer looks up torch.save through"),
+    ("main", "main", ("create_loss(args)", "make_loss(args)"), "no longer looks up create_loss through"),
+])
+def test_an_openclip_release_that_behaves_otherwise_is_refused_naming_what_changed(module, name, edit, named):
+    import open_clip_train
+
+    from clip_dcl.train.upstream import OpenCLIPMismatch, check_openclip
+
+    mod = getattr(open_clip_train, module)
+    fn, namespace = _rewritten(mod, name, edit)
+    namespace.update(save_file=namespace["torch"].save, make_loss=namespace.get("create_loss"))
+    with pytest.raises(OpenCLIPMismatch) as err:
+        check_openclip("3.3.0", _modules({(module, name): fn}))
+    assert named in str(err.value) and len(str(err.value).splitlines()) == 1
+
+
+def test_a_dataset_fn_that_no_longer_returns_its_module_loaders_is_refused():
+    from open_clip_train import data
+
+    from clip_dcl.train.upstream import openclip_problems
+
+    fixed = {"webdataset": data.get_wds_dataset, "csv": data.get_csv_dataset, "synthetic": data.get_synthetic_dataset}
+    problems = openclip_problems("3.3.0", _modules({("data", "get_dataset_fn"): lambda data_path, dataset_type:
+                                                    fixed[dataset_type]}))
+    assert problems == ["open_clip_train.data.get_dataset_fn no longer returns the module's get_wds_dataset, "
+                        "get_csv_dataset, get_synthetic_dataset"]
+
+
+def test_the_readers_read_records_not_log_text(tmp_path):
+    """A changed ``Train Epoch:`` line upstream changes nothing read: the readers take ``metrics.jsonl``."""
+    from clip_dcl.experiment import read_curves, read_step_times
+
+    (tmp_path / "out.log").write_text("x | INFO | Train Epoch: 0 [ 16/64 (25%)] t_data=0.1 loss=4.1\n")
+    assert read_step_times(tmp_path) == [] and read_curves(tmp_path) == {"epoch": [], "loss": []}
+    (tmp_path / "metrics.jsonl").write_text('{"kind": "train", "step": 0, "epoch": 0, "samples": 16, '
+                                            '"samples_per_epoch": 64, "loss": 4.1, "data_time": 0.1, '
+                                            '"batch_time": 0.2, "samples_per_second": 80.0}\n')
+    assert [s.samples_per_second for s in read_step_times(tmp_path)] == [80.0]
+    assert read_curves(tmp_path) == {"epoch": [0.25], "loss": [4.1]}
 
 
 @pytest.mark.slow

@@ -1,6 +1,7 @@
-"""The training-throughput benchmark's pure parts: OpenCLIP log parsing, statistics, run order, commands."""
+"""The training-throughput benchmark's pure parts: reading the step records, statistics, run order, commands."""
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 
@@ -12,42 +13,43 @@ sys.path.insert(0, str(BENCH))
 import train_throughput as tt  # noqa: E402
 
 
-def openclip_line(epoch, done, total, data_t, batch_t, batch_size, extra=""):
-    """A training line as open_clip_train 3.3.0's train_one_epoch formats it (one step per line)."""
-    sps = batch_size / batch_t
-    digits = len(str(total))
-    pct = 100.0 * done / total
-    return (f"2026-11-23,02:23:48 | INFO | Train Epoch: {epoch} [{done:>{digits}}/{total} ({pct:.0f}%)] "
-            f"Data (t): {data_t:.3f} Batch (t): {batch_t:.3f}, {sps:#g}/s, {sps:#g}/s/gpu "
-            f"LR: 0.000500 Logit Scale: 14.286 {extra}Loss: 3.7102 (3.7102)")
+def step_record(epoch, done, total, data_t, batch_t, batch_size):
+    """A training record of ``metrics.jsonl`` as the trainer writes it (one step per record)."""
+    return {"kind": "train", "step": done // batch_size - 1, "epoch": epoch, "samples": done,
+            "samples_per_epoch": total, "data_time": data_t, "batch_time": batch_t,
+            "samples_per_second": batch_size / batch_t, "loss": 3.7102}
 
 
-def test_parse_step_times_reads_every_training_line_and_nothing_else():
+def write_records(path, records):
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    return path
+
+
+def test_read_step_times_reads_every_training_record_and_nothing_else(tmp_path):
     rng = np.random.default_rng(0)
     batch, n = 128, 12
     batch_t = rng.uniform(0.2, 3.0, n)
     data_t = rng.uniform(0.0, 0.2, n)
-    lines = ["2026-11-23,02:23:42 | INFO | Running with a single process. Device cpu."]
+    records = []
     for i in range(n):
-        extra = "Decl_loss: -4.7899 (0.92886) Loss2: 3.1 (3.2) " if i % 2 else "Contrastive_loss: 3.7 (3.7) "
-        lines.append(openclip_line(0, batch * (i + 1), batch * n, data_t[i], batch_t[i], batch, extra))
+        records.append(step_record(0, batch * (i + 1), batch * n, data_t[i], batch_t[i], batch))
         if i == 5:
-            lines.append("2026-11-23,02:23:50 | INFO | Eval Epoch: 1 image_to_text_R@1: 0.1 clip_val_loss: 3.2")
-    steps = tt.parse_step_times("\n".join(lines))
+            records.append({"kind": "val", "epoch": 1, "image_to_text_R@1": 0.1, "clip_val_loss": 3.2})
+    steps = tt.read_step_times(write_records(tmp_path / "metrics.jsonl", records))
     assert len(steps) == n
     assert [s.samples_done for s in steps] == [batch * (i + 1) for i in range(n)]
-    np.testing.assert_allclose([s.batch_seconds for s in steps], batch_t, atol=5e-4)
-    np.testing.assert_allclose([s.data_seconds for s in steps], data_t, atol=5e-4)
-    # samples/s is printed to 6 significant digits, more precise than the millisecond step time
-    np.testing.assert_allclose([s.samples_per_second for s in steps], batch / batch_t, rtol=1e-5)
+    np.testing.assert_allclose([s.batch_seconds for s in steps], batch_t)
+    np.testing.assert_allclose([s.data_seconds for s in steps], data_t)
+    np.testing.assert_allclose([s.samples_per_second for s in steps], batch / batch_t)
 
 
-def test_steady_rates_drops_warmup_and_rejects_multi_step_lines():
-    text = "\n".join(openclip_line(0, 32 * (i + 1), 320, 0.01, 0.1 * (i + 1), 32) for i in range(10))
-    steps = tt.parse_step_times(text)
+def test_steady_rates_drops_warmup_and_rejects_multi_step_lines(tmp_path):
+    records = [step_record(0, 32 * (i + 1), 320, 0.01, 0.1 * (i + 1), 32) for i in range(10)]
+    steps = tt.read_step_times(write_records(tmp_path / "a.jsonl", records))
     rates = tt.steady_rates(steps, warmup_steps=3)
     np.testing.assert_allclose(rates, [32 / (0.1 * (i + 1)) for i in range(3, 10)], rtol=1e-5)
-    every_5 = tt.parse_step_times("\n".join(openclip_line(0, d, 320, 0.01, 0.5, 32) for d in (32, 192, 320)))
+    every_5 = tt.read_step_times(write_records(tmp_path / "b.jsonl",
+                                               [step_record(0, d, 320, 0.01, 0.5, 32) for d in (32, 192, 320)]))
     with pytest.raises(ValueError, match="log-every-n-steps 1"):
         tt.steady_rates(every_5, 0)
     with pytest.raises(ValueError, match="none left"):

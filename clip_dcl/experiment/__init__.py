@@ -19,8 +19,8 @@ The pieces (their main names also importable from here):
 
 * :mod:`~clip_dcl.experiment.runner` runs trainings as a user would: the command line
   (:func:`train_command`), the child process under a machine-wide lock (:func:`train`,
-  :func:`machine_lock`) and what OpenCLIP logged (:func:`read_curves`, :func:`read_val`,
-  :func:`parse_step_times`), and the synthetic data (:func:`synth_data`);
+  :func:`machine_lock`) and what the run logged as data (:func:`read_curves`, :func:`read_val`,
+  :func:`read_step_times`), and the synthetic data (:func:`synth_data`);
 * :mod:`~clip_dcl.experiment.scoring` evaluates and compares: :func:`evaluate`,
   :func:`train_and_evaluate` (with its cache), :func:`chance_levels`, :func:`headline_metrics`;
 * :mod:`~clip_dcl.experiment.reporting`, the benchmarks' reporting kit: a report's files and
@@ -70,7 +70,7 @@ from .runner import (
     TrainResult,
     default_runs,
     machine_lock,
-    parse_step_times,
+    read_step_times,
     read_curves,
     read_val,
     packed_training_set,
@@ -92,7 +92,7 @@ from .stats import format_mean_std, mean_std, paired_differences, summarize, win
 
 __all__ = [
     "DEFAULT_MODEL", "Run", "Budget", "default_runs", "train_command", "TrainResult", "machine_lock", "train",
-    "read_curves", "read_val", "StepTime", "parse_step_times", "packed_training_set", "synth_data",
+    "read_curves", "read_val", "StepTime", "read_step_times", "packed_training_set", "synth_data",
     "EVALUATOR", "Outcome", "train_and_evaluate", "evaluate", "chance_levels", "headline_metrics",
     "MEAN_R1", "with_mean_r1",
     "machine_info", "comparison_table", "plot", "save_figure", "write_report",

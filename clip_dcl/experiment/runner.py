@@ -2,18 +2,16 @@
 
 A :class:`Run` (a label and its ``--loss ...`` flags) and a :class:`Budget` (what every run of a
 comparison shares) make one command line (:func:`train_command`); :func:`train` runs it under the
-machine-wide lock (:func:`machine_lock`), streams its progress and reads back what OpenCLIP
-logged (:func:`read_curves`, :func:`read_val`, :func:`parse_step_times`).
+machine-wide lock (:func:`machine_lock`), streams its progress and reads back the run's
+``metrics.jsonl`` (:func:`read_curves`, :func:`read_val`, :func:`read_step_times`).
 
-The child is a process group of its own: Ctrl-C (or SIGTERM, under :func:`stop_on_signals`) reaches this
-process only, which passes it on once to the child's group, waits for the child to save and exit
-(:data:`STOP_GRACE_S` at most) and raises on (:class:`KeyboardInterrupt`, :class:`Stopped`), so that
-the caller can say what it kept and nothing it started outlives it.
+The child is a process group of its own: Ctrl-C (or SIGTERM, under ``stop_on_signals``) reaches this
+process only, which passes it on once to the child's group, waits for it to save and exit (``STOP_GRACE_S``
+at most) and raises on, so that the caller can say what it kept and nothing it started outlives it.
 """
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import re
 import shutil
@@ -27,6 +25,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Dict, List, Optional, Sequence
+
+from ..train.metrics import METRICS_FILE, epoch_position, read_metrics, read_new_records
 
 #: The model every demo run trains (registered by clip_dcl.models).
 DEFAULT_MODEL = "clip-dcl-tiny"
@@ -200,9 +200,6 @@ def machine_lock(echo: Callable[[str], None] = print):
             fcntl.flock(handle, fcntl.LOCK_UN)
 
 
-_PROGRESS = re.compile(r"Train Epoch: (\d+) \[\s*(\d+)/(\d+) \((\d+)%\)\].*?\bLoss: (\S+)")
-
-
 def train(run: Run, data: dict, logs: os.PathLike, budget: Budget, *, echo: Callable[[str], None] = print,
           env: Optional[dict] = None, entry: Optional[Sequence[str]] = None, precision: str = "fp32",
           device: str = "auto", num_samples: Optional[int] = None, validate: bool = True,
@@ -232,7 +229,7 @@ def train(run: Run, data: dict, logs: os.PathLike, budget: Budget, *, echo: Call
             shutil.rmtree(log_dir)
         logs.mkdir(parents=True, exist_ok=True)
         start = time.perf_counter()
-        code, lines = _stream(cmd, child_env, run, budget, echo, start)
+        code, lines = _stream(cmd, child_env, run, budget, echo, start, log_dir / METRICS_FILE)
     seconds = time.perf_counter() - start
     log_dir.mkdir(parents=True, exist_ok=True)  # absent when the child failed before OpenCLIP started
     (log_dir / "stdout.txt").write_text("\n".join(lines) + "\n")
@@ -241,42 +238,56 @@ def train(run: Run, data: dict, logs: os.PathLike, budget: Budget, *, echo: Call
     if code != 0 or not checkpoint.is_file():
         raise RuntimeError(f"training {run.name!r} failed (exit code {code}): {' '.join(cmd)}\n"
                            + "\n".join(tail))
-    return TrainResult(run, checkpoint, log_dir, seconds, cmd, read_curves(log_dir / "out.log"),
-                       read_val(log_dir / "checkpoints" / "results.jsonl"))
+    return TrainResult(run, checkpoint, log_dir, seconds, cmd, read_curves(log_dir / METRICS_FILE),
+                       read_val(log_dir / METRICS_FILE))
 
 
-def progress_line(name: str, match: "re.Match", line: str, epochs: int, seconds: float) -> str:
-    """The echo of one training progress line (``match``: :data:`_PROGRESS` on ``line``): epoch, share and the
-    logged ``Loss`` (DeCL's InfoNCE value); for DeCL the step's term, and, in the logs of older versions
-    whose ``Loss`` was DeCL's total, the InfoNCE they logged as ``Loss2``."""
-    epoch, pct, loss = int(match.group(1)), int(match.group(4)), float(match.group(5))
-    term, loss2 = re.search(r"\bTerm: (\w+)", line), re.search(r"\bLoss2: (\S+)", line)
-    extra = (f" ({term.group(1)} step)" if term else "") + (f", InfoNCE {float(loss2.group(1)):.4f}" if loss2 else "")
-    return f"  [{name}] epoch {epoch + 1}/{epochs} {pct:3d}%  loss {loss:.4f}{extra}  ({seconds:.0f} s)"
+def progress_line(name: str, record: dict, epochs: int, seconds: float) -> str:
+    """The echo of one training record of ``metrics.jsonl``: epoch, share and the logged ``loss`` (DeCL's
+    InfoNCE value); for DeCL the step's term, and the InfoNCE of records that log it as ``loss2``."""
+    pct = round(100 * min(1.0, epoch_position(record) - record["epoch"]))
+    term, loss2 = record.get("term"), record.get("loss2")
+    extra = (f" ({term} step)" if term else "") + (f", InfoNCE {float(loss2):.4f}" if loss2 is not None else "")
+    return (f"  [{name}] epoch {record['epoch'] + 1}/{epochs} {pct:3d}%  loss {float(record['loss']):.4f}{extra}  "
+            f"({seconds:.0f} s)")
 
 
-def _stream(cmd, env, run: Run, budget: Budget, echo, start: float):
-    """Run ``cmd``; echo its progress lines; return the exit code and the output's lines."""
+def _val_line(name: str, record: dict) -> str:
+    found = {k: v for k, v in record.items() if k.endswith("_R@1") or k == "clip_val_loss"}
+    return f"  [{name}] validation: " + ", ".join(f"{k} {float(v):.4f}" for k, v in found.items())
+
+
+def _stream(cmd, env, run: Run, budget: Budget, echo, start: float, metrics: Path):
+    """Run ``cmd``; echo its progress from the records it appends to ``metrics``; return the exit code and
+    the output's lines."""
     lines: List[str] = []
-    last_echo = 0.0
+    last_echo, offset = 0.0, 0
+
+    def echo_new():
+        nonlocal last_echo, offset
+        records, offset = read_new_records(metrics, offset)
+        for record in records:
+            now = time.perf_counter()
+            if record.get("kind") == "val":
+                echo(_val_line(run.name, record))
+            elif record.get("kind") == "train" and (now - last_echo > 5 or
+                                                    record["samples"] >= record["samples_per_epoch"]):
+                echo(progress_line(run.name, record, budget.epochs, now - start))
+                last_echo = now
+
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
                             start_new_session=True)
     with proc.stdout:
         try:
             for line in proc.stdout:
                 lines.append(line.rstrip())
-                match = _PROGRESS.search(line)
-                now = time.perf_counter()
-                if match and (now - last_echo > 5 or match.group(4) == "100"):
-                    echo(progress_line(run.name, match, line, budget.epochs, now - start))
-                    last_echo = now
-                elif "Eval Epoch:" in line and "R@1" in line:
-                    found = dict(re.findall(r"(\w+_R@1|clip_val_loss): (\S+)", line))
-                    echo(f"  [{run.name}] validation: " + ", ".join(f"{k} {float(v):.4f}" for k, v in found.items()))
+                echo_new()
         except (KeyboardInterrupt, Stopped) as e:
             stop_child(proc, signal.SIGTERM if isinstance(e, Stopped) else signal.SIGINT, lines)
             raise
-    return proc.wait(), lines
+    code = proc.wait()
+    echo_new()
+    return code, lines
 
 
 def stop_child(proc: subprocess.Popen, signum: int, lines: Optional[List[str]] = None) -> int:
@@ -305,58 +316,25 @@ def stop_child(proc: subprocess.Popen, signum: int, lines: Optional[List[str]] =
         timer.cancel()
 
 
-def _changed_line(line: str, where: Optional[os.PathLike] = None) -> ValueError:
-    """A training line this module cannot parse: OpenCLIP's log format is not 3.3's."""
-    return ValueError(f"cannot parse OpenCLIP's 'Train Epoch:' line{f' in {where}' if where else ''}: "
-                      f"{line.strip()[:200]!r}; clip-dcl parses the format of open_clip_torch 3.3")
+def read_curves(metrics: os.PathLike) -> Dict[str, list]:
+    """Training loss against epochs from a run's ``metrics.jsonl`` (or its folder): ``{"epoch", "loss"}``.
 
-
-def read_curves(out_log: os.PathLike) -> Dict[str, list]:
-    """Training loss against epochs from OpenCLIP's ``out.log``: ``{"epoch", "loss"[, "loss2"]}``.
-
-    ``epoch`` is fractional (epoch index plus the share of the epoch done at the logged step);
-    ``loss`` is the step's ``Loss`` as OpenCLIP logs it (the total; DeCL's InfoNCE value, since its
-    total moves between its two terms as ``lambda_t`` changes); ``loss2`` is DeCL's InfoNCE term in the
-    logs of older versions, which logged the total as ``Loss`` and InfoNCE as ``Loss2``.
-
-    Raises:
-        ValueError: a ``Train Epoch:`` line in another format than OpenCLIP 3.3's.
+    ``epoch`` is fractional (epoch index plus the share of the epoch done at the logged step); ``loss``
+    is the step's ``loss`` as OpenCLIP logs it (the total; DeCL's InfoNCE value, since its total moves
+    between its two terms as ``lambda_t`` changes).
     """
-    curves: Dict[str, list] = {"epoch": [], "loss": []}
-    path = Path(out_log)
-    if not path.is_file():
-        return curves
-    for line in path.read_text(errors="replace").splitlines():
-        match = _PROGRESS.search(line)
-        if match is None and "Train Epoch:" in line:
-            raise _changed_line(line, out_log)
-        if match:
-            done, total = int(match.group(2)), int(match.group(3))
-            curves["epoch"].append(int(match.group(1)) + (done / total if total else 0.0))
-            curves["loss"].append(float(match.group(5)))
-            loss2 = re.search(r"\bLoss2: (\S+)", line)
-            if loss2:
-                curves.setdefault("loss2", []).append(float(loss2.group(1)))
-    return curves
+    records = read_metrics(metrics, "train")
+    return {"epoch": [epoch_position(r) for r in records], "loss": [r["loss"] for r in records]}
 
 
-def read_val(results_jsonl: os.PathLike) -> List[dict]:
-    """The per-epoch validation records OpenCLIP appends to ``checkpoints/results.jsonl``."""
-    path = Path(results_jsonl)
-    if not path.is_file():
-        return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-
-
-_TRAIN_LINE = re.compile(
-    r"Train Epoch: (?P<epoch>\d+) \[\s*(?P<done>\d+)/(?P<total>\d+) \(\s*\d+%\)\]\s+"
-    r"Data \(t\): (?P<data>[-+0-9.eE]+|nan|inf)\s+"
-    r"Batch \(t\): (?P<batch>[-+0-9.eE]+|nan|inf), (?P<sps>[-+0-9.eE]+|nan|inf)/s,")
+def read_val(metrics: os.PathLike) -> List[dict]:
+    """The per-epoch validation records of a run's ``metrics.jsonl``: OpenCLIP's ``evaluate`` metrics."""
+    return [{k: v for k, v in r.items() if k not in ("kind", "step", "time")} for r in read_metrics(metrics, "val")]
 
 
 @dataclass(frozen=True)
 class StepTime:
-    """One training line of OpenCLIP: epoch, samples done in the epoch, data and step seconds, samples/s."""
+    """One logged training step: epoch, samples done in the epoch, data and step seconds, samples/s."""
 
     epoch: int
     samples_done: int
@@ -365,25 +343,14 @@ class StepTime:
     samples_per_second: float
 
 
-def parse_step_times(text: str) -> List[StepTime]:
-    """The training lines of an OpenCLIP log, in order (``open_clip_train.train.train_one_epoch``).
+def read_step_times(metrics: os.PathLike) -> List[StepTime]:
+    """The logged training steps of a run's ``metrics.jsonl``, in order.
 
-    The line reads ``Train Epoch: E [done/total (p%)] Data (t): D Batch (t): B, S/s, S'/s/gpu ...``
-    where ``B`` and ``D`` are averages over the steps since the last line (one step with
-    ``--log-every-n-steps 1``), ``B`` printed to the millisecond, and ``S`` is the global batch
-    over the last step's time printed to six significant digits; so ``S`` is the precise figure.
-    Lines of anything else (validation, loss-state digests, warnings) are skipped; a ``Train Epoch:``
-    line in another format raises ``ValueError`` (rather than yielding no steps).
+    ``data_seconds`` and ``batch_seconds`` are the last step's (OpenCLIP's ``train/data_time`` and
+    ``train/batch_time``), ``samples_per_second`` the global batch over that step's time.
     """
-    out = []
-    for line in text.splitlines():
-        m = _TRAIN_LINE.search(line)
-        if m is None and "Train Epoch:" in line:
-            raise _changed_line(line)
-        if m:
-            out.append(StepTime(int(m["epoch"]), int(m["done"]), float(m["data"]), float(m["batch"]),
-                                float(m["sps"])))
-    return out
+    return [StepTime(r["epoch"], r["samples"], r["data_time"], r["batch_time"], r["samples_per_second"])
+            for r in read_metrics(metrics, "train")]
 
 
 def packed_training_set(data: dict, verbose: bool = True) -> dict:

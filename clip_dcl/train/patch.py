@@ -11,8 +11,11 @@ duration of the call (and restored afterwards):
     the device and, on ``--resume``, its state is restored from the checkpoint.
 ``open_clip_train.main.train_one_epoch``
     OpenCLIP's own ``train_one_epoch`` (nothing re-implemented), handed a dataloader and a loss
-    that carry the sample ids around it (see :class:`clip_dcl.train.steps.IdChannel`), plus a log filter that adds
-    ``loss.metrics`` to OpenCLIP's training log line and tensorboard/wandb.
+    that carry the sample ids around it (see :class:`clip_dcl.train.steps.IdChannel`), a log filter that adds
+    ``loss.metrics`` to OpenCLIP's training log line, and a ``tb_writer`` that also writes each logged step's
+    scalars and the loss's columns as one line of the run's ``metrics.jsonl`` (:mod:`clip_dcl.train.metrics`).
+``open_clip_train.main.evaluate``
+    OpenCLIP's, its scalars also written as one ``val`` line of ``metrics.jsonl``.
 ``open_clip_train.main.pt_load``
     OpenCLIP's loader; fits the model keys to this run's model (DDP's ``module.`` prefix added on
     several ranks, removed on one: any checkpoint resumes on any number of ranks), keeps the
@@ -77,7 +80,7 @@ DeCL's buffer is sharded or replicated); a sharded buffer is checkpointed one fi
 
 The replacements are the methods of one :class:`~clip_dcl.train.run.TrainingRun` (the run's state
 and checkpoint bookkeeping), with the step plumbing in :mod:`clip_dcl.train.steps`; the
-``open_clip_train`` surface they rely on is checked, version and names, when
+``open_clip_train`` surface they rely on is checked (version, names, behaviour) when
 :mod:`clip_dcl.train.upstream` is imported (before anything here is swapped).
 """
 from __future__ import annotations
@@ -115,6 +118,7 @@ def patched(run: TrainingRun):
         (oc_main, "parse_args"): run.parse_args,
         (oc_main, "create_loss"): run.create_loss,
         (oc_main, "train_one_epoch"): run.train_one_epoch,
+        (oc_main, "evaluate"): run.evaluate,
         (oc_main, "pt_load"): run.pt_load,
         (oc_main, "setup_logging"): run.setup_logging,
         (oc_main, "os"): Overlay(os, path=Overlay(os.path, exists=run.path_exists)),

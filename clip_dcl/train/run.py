@@ -32,10 +32,12 @@ from .packed import PackedDataError, get_packed_train_dataset, is_packed
 from .resume_checks import (LossSettingMismatch, LossStateMismatch, ObjectiveMismatch,  # noqa: F401 (its errors)
                             check_objective, check_state_settings)
 from .pipeline import get_wds_train_dataset
+from .metrics import MetricsWriter, metrics_path
 from .steps import (IdChannel, LossWithIds, SkippedSteps, TrainLineHook, log_data_stats, log_epoch_health,
-                    seed_main_process)
-from .upstream import (OPENCLIP_CREATE_LOSS, OPENCLIP_GET_CSV_DATASET, OPENCLIP_GET_DATASET_FN,
-                       OPENCLIP_GET_SYNTHETIC_DATASET, OPENCLIP_GET_WDS_DATASET, OPENCLIP_PT_LOAD, OPENCLIP_TRAIN_ONE_EPOCH)
+                    seed_main_process, train_record)
+from .upstream import (OPENCLIP_CREATE_LOSS, OPENCLIP_EVALUATE, OPENCLIP_GET_CSV_DATASET, OPENCLIP_GET_DATASET_FN,
+                       OPENCLIP_GET_SYNTHETIC_DATASET, OPENCLIP_GET_WDS_DATASET, OPENCLIP_PT_LOAD,
+                       OPENCLIP_TRAIN_ONE_EPOCH)
 from .upstream import setup_logging as upstream_setup_logging
 
 
@@ -282,6 +284,7 @@ class TrainingRun:
                 ended[0] = taken
 
         def at_boundary(step: int) -> bool:
+            log_step()  # the previous step's record, before anything here may end the epoch
             if self.signals is not None and not self.signals.started:  # the run's first: a signal now saves here
                 self.signals.training_started()
             skipped.check(epoch, step)
@@ -304,15 +307,21 @@ class TrainingRun:
             def scheduler(step):
                 return schedule(step + skip_steps)
         wrapped = LossWithIds(loss, channel, torch.device(args.device), on_output=self.nonfinite.record)
-        hook = TrainLineHook(wrapped, channel, epoch, args, tb_writer)
+        writer = MetricsWriter(metrics_path(args), tb_writer)
+
+        def log_step():
+            train_record(writer, wrapped, epoch, skip_steps, steps_per_epoch, channel.num_samples, args)
+
+        hook = TrainLineHook(wrapped)
         logging.getLogger().addFilter(hook)
         if self.signals is not None:
             self.signals.armed = True  # a first Ctrl-C now stops at the next step boundary, with a save
         try:
             OPENCLIP_TRAIN_ONE_EPOCH(model, data, wrapped, epoch, optimizer, scaler, scheduler, dist_model, args,
-                                      tb_writer=tb_writer)
+                                      tb_writer=writer)
         finally:
             logging.getLogger().removeFilter(hook)
+            log_step()
             if self.signals is not None:
                 self.signals.armed = False
         skipped.check(epoch, channel.fetched // args.accum_freq)  # the epoch's last step
@@ -329,6 +338,16 @@ class TrainingRun:
             calls = f"calls {int(state['calls'])}, " if "calls" in state else ""
             logging.info(f"Loss state after epoch {epoch} on rank {args.rank}: {calls}"
                          f"digest {saving.loss_state_digest(loss)}")
+
+    # open_clip_train.main.evaluate
+    def evaluate(self, model, data, epoch, args, tb_writer=None, tokenizer=None):
+        """OpenCLIP's ``evaluate``, its scalars also written as one ``val`` record of ``metrics.jsonl``."""
+        writer = MetricsWriter(metrics_path(args), tb_writer)
+        try:
+            return OPENCLIP_EVALUATE(model, data, epoch, args, tb_writer=writer, tokenizer=tokenizer)
+        finally:
+            per = (self.epoch_num_batches or 0) // max(1, args.accum_freq)
+            writer.flush(kind="val", step=per * epoch if per else None, epoch=epoch)
 
     def _check_finite(self, model, epoch: int, args) -> None:
         """Every rank: stop (:class:`Diverged`) if the weights hold NaN or inf, or the loss was not finite

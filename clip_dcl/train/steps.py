@@ -3,7 +3,8 @@
 OpenCLIP's loop unpacks ``images, texts = batch`` and calls the loss without ids; :class:`IdChannel`
 (the dataloader it iterates) keeps each batch's ids aside and :class:`LossWithIds` (the loss it
 calls) hands them on. :class:`SkippedSteps` undoes the loss state's update of a step that AMP's
-GradScaler skipped, and :class:`TrainLineHook` adds the loss's metrics to the training log line;
+GradScaler skipped, :class:`TrainLineHook` adds the loss's metrics to the training log line and
+:func:`train_record` writes each logged step as data;
 :func:`log_epoch_health` logs the loss's own check of the epoch's metrics (its ``epoch_warning``).
 """
 from __future__ import annotations
@@ -177,17 +178,16 @@ def log_epoch_health(loss, wrapped: LossWithIds, epoch: int, args) -> Optional[s
 
 
 class TrainLineHook(logging.Filter):
-    """Adds the loss's metrics to OpenCLIP's ``Train Epoch:`` log line, tensorboard and wandb.
+    """Adds the loss's metrics to OpenCLIP's ``Train Epoch:`` log line, for the human reader.
 
-    OpenCLIP logs on the master rank after the optimizer step of every ``--log-every-n-steps``-th
-    step; the metrics are those of the step's last loss call, with the running average over
-    logged steps in parentheses, in OpenCLIP's own format. They are logged apart from the loss
-    terms because OpenCLIP sums every term the loss returns.
+    The metrics are those of the step's last loss call, with the running average over logged steps
+    in parentheses, in OpenCLIP's own format; the same values reach ``metrics.jsonl``, tensorboard and
+    wandb as data (:func:`train_record`).
     """
 
-    def __init__(self, wrapped: LossWithIds, channel: IdChannel, epoch: int, args, tb_writer):
+    def __init__(self, wrapped: LossWithIds):
         super().__init__()
-        self.wrapped, self.channel, self.epoch, self.args, self.tb_writer = wrapped, channel, epoch, args, tb_writer
+        self.wrapped = wrapped
         self.meters: Dict[str, oc_train.AverageMeter] = {}
 
     def filter(self, record: logging.LogRecord) -> bool:
@@ -199,17 +199,47 @@ class TrainLineHook(logging.Filter):
         note = owner.step_note()
         record.msg += (" " + note if note else "") + " " + " ".join(
             f"{name.capitalize()}: {m.val:#.5g} ({m.avg:#.5g})" for name, m in self.meters.items())
-        steps_per_epoch = self.channel.num_batches // self.args.accum_freq
-        step = steps_per_epoch * self.epoch + (self.channel.fetched - 1) // self.args.accum_freq
-        log_data = {f"train/{name}": m.val for name, m in self.meters.items()}
-        if self.tb_writer is not None:
-            for name, value in log_data.items():
-                self.tb_writer.add_scalar(name, value, step)
-        if self.args.wandb:
-            import wandb
-
-            wandb.log(log_data, step=step)
         return True
+
+
+def loss_columns(wrapped: LossWithIds) -> Dict[str, object]:
+    """The loss's own columns of its last call: its logged metrics as numbers and its step note
+    (``"Term: loss1"`` -> ``{"term": "loss1"}``)."""
+    owner = wrapped.declared
+    if owner is None or not wrapped.metrics:
+        return {}
+    out: Dict[str, object] = {name: float(value) for name, value in owner.logged_metrics(wrapped.metrics).items()}
+    note = owner.step_note()
+    if note:
+        key, _, value = note.partition(": ")
+        out[key.lower() if value else "note"] = value or note
+    return out
+
+
+def train_record(writer, wrapped: LossWithIds, epoch: int, skip_steps: int, steps_per_epoch: int,
+                 samples_per_epoch: int, args) -> Optional[dict]:
+    """Flush one logged step's record into ``metrics.jsonl`` (None when OpenCLIP logged nothing since).
+
+    OpenCLIP counts the epoch's steps from 0 again after a mid-epoch resume, so its step is shifted by the
+    ``skip_steps`` already taken; the loss's numeric columns also go to tensorboard and wandb as ``train/...``.
+    """
+    if not writer.values:
+        return None
+    columns = loss_columns(wrapped)
+    numbers = {f"train/{k}": v for k, v in columns.items() if not isinstance(v, str)}
+    for name, value in numbers.items():
+        writer.add_scalar(name, value, writer.step)
+    if args.wandb and numbers:
+        import wandb
+
+        wandb.log(numbers, step=writer.step)
+    for key, value in columns.items():
+        if isinstance(value, str):
+            writer.values[key] = value
+    step = writer.step + skip_steps
+    samples = (step - steps_per_epoch * epoch + 1) * args.batch_size * args.accum_freq * args.world_size
+    return writer.flush(kind="train", step=step, epoch=epoch, samples=min(samples, samples_per_epoch),
+                        samples_per_epoch=samples_per_epoch)
 
 
 def log_data_stats(dataloader, epoch: int, args) -> None:

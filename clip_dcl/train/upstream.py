@@ -1,19 +1,21 @@
 """The ``open_clip_train`` surface that clip-dcl's trainer relies on, checked when this module is imported.
 
-Everything here targets open_clip_train 3.3's ``main.py``/``train.py``/``data.py``; upstream 4.x
-replaces this surface (training tasks with dict batches). :func:`check_openclip` checks the
-installed version and every name patched (by :func:`clip_dcl.train.patch.patched`) or called by the
-trainer (and the log line parsed from ``train_one_epoch``), and fails with one message naming the
-supported range rather than with an ``AttributeError`` halfway through a run, or a patch that
-silently stops taking effect. Then it keeps OpenCLIP's originals of the patched names (the
-``OPENCLIP_*`` constants), which the replacements call, and the stand-ins that change one thing
-about them (:func:`setup_logging`, :func:`cpu_safe_ddp`, :func:`init_process_group_with_timeout`,
+Everything here targets open_clip_train 3.3; upstream 4.x replaces this surface (training tasks with dict
+batches). :func:`check_openclip` checks the installed version, the signature of every name patched (by
+:func:`clip_dcl.train.patch.patched`) or called, the module globals the patched functions look up (from
+their bytecode, which formatting does not change), and what they do: a two-batch run of ``train_one_epoch``
+and an ``evaluate`` on a stand-in model (:func:`behaviour_problems`, milliseconds). A release that behaves
+the same is accepted; one that does not fails with one message naming what changed, rather than with an
+``AttributeError`` halfway through a run, or a patch that silently stops taking effect. Then it keeps
+OpenCLIP's originals of the patched names (the ``OPENCLIP_*`` constants) and the stand-ins that change one
+thing about them (:func:`setup_logging`, :func:`cpu_safe_ddp`, :func:`init_process_group_with_timeout`,
 :class:`Overlay`).
 """
 from __future__ import annotations
 
 import argparse
 import contextlib
+import dis
 import inspect
 import logging
 import types
@@ -42,13 +44,6 @@ def _params(fn) -> Optional[list]:
         return None
 
 
-def _source(obj) -> str:
-    try:
-        return inspect.getsource(obj)
-    except (OSError, TypeError):
-        return ""
-
-
 _TRAIN_STEP_ARGS = ["model", "data", "loss", "epoch", "optimizer", "scaler", "scheduler", "dist_model", "args",
                     "tb_writer"]
 #: ``(module name, attribute) -> expected parameter names`` (None: must exist, not a callable we wrap).
@@ -63,7 +58,9 @@ _TARGETS = {
     ("main", "torch"): None,
     ("main", "os"): None,
     ("main", "LATEST_CHECKPOINT_NAME"): None,
+    ("main", "evaluate"): ["model", "data", "epoch", "args", "tb_writer", "tokenizer"],
     ("train", "train_one_epoch"): _TRAIN_STEP_ARGS,
+    ("train", "evaluate"): ["model", "data", "epoch", "args", "tb_writer", "tokenizer"],
     ("train", "AverageMeter"): [],
     ("train", "unwrap_model"): ["model"],
     ("params", "parse_args"): ["args"],
@@ -88,32 +85,46 @@ _TARGETS = {
                                                     "no_set_device_rank"],
     ("distributed", "torch"): None,
 }
-#: Code the patches rely on: main must look these names up in its own namespace when it runs (so
-#: that swapping them takes effect), and train_one_epoch must log the line parsed here and in
-#: ``clip_dcl.experiment``.
-_SOURCE_NEEDS = {
-    ("main", "main"): ["torch.save(", "torch.nn.parallel.DistributedDataParallel(", "pt_load(args.resume",
-                       "create_loss(args)", "train_one_epoch(model, data, loss, epoch", "get_latest_checkpoint(",
-                       "setup_logging(args.log_path",
-                       # the "already exists" check that clip_dcl.train.runfolder.folder_problem replaces
-                       "if os.path.exists(args.log_path) and not resume_latest:",
-                       # the epochs main checkpoints and keeps, restated by clip_dcl.train.saving.checkpointed / _kept
-                       "if args.save_logs:", "completed_epoch == args.epochs or (",
-                       "args.save_frequency > 0 and (completed_epoch % args.save_frequency) == 0",
-                       "if args.delete_previous_checkpoint:", "if args.save_most_recent:"],
-    ("train", "train_one_epoch"): ['f"Train Epoch: {epoch} [', 'f"Data (t): ', 'f"Batch (t): ',
-                                   "images, texts = batch", "for i, batch in enumerate(dataloader)",
-                                   "scheduler(step)",
-                                   # the terms summed into the loss it back-propagates, then logged as Loss
-                                   # (LoggedLoss)
-                                   "total_loss = sum(losses.values())", 'losses["loss"] = total_loss',
-                                   "backward(total_loss, scaler)", "for key, val in losses.items():"],
-    # the parser that openclip_parser catches (built and used in one call)
-    ("params", "parse_args"): ["parser = argparse.ArgumentParser()", "args = parser.parse_args(args)"],
-    ("data", "get_dataset_fn"): ["return get_wds_dataset", "return get_csv_dataset", "return get_synthetic_dataset"],
-    # --dist-timeout reaches init_process_group through the module's torch global (see init_process_group)
-    ("distributed", "init_distributed_device_so"): ["torch.distributed.init_process_group("],
+#: The module globals each function must look up when it runs (with the attributes read from them), so that
+#: swapping them (:func:`clip_dcl.train.patch.patched`) takes effect; read from the bytecode (:func:`global_lookups`).
+_LOOKS_UP = {
+    ("main", "main"): ["parse_args", "create_loss", "train_one_epoch", "evaluate", "pt_load", "setup_logging",
+                       "get_latest_checkpoint", "create_model_and_transforms", "optim.AdamW", "os.path.exists",
+                       "torch.save", "torch.nn.parallel.DistributedDataParallel"],
+    ("distributed", "init_distributed_device_so"): ["torch.distributed.init_process_group"],
+    ("params", "parse_args"): ["argparse.ArgumentParser"],
 }
+#: Attributes of ``args`` main reads: the "already exists" check that clip_dcl.train.runfolder.folder_problem
+#: replaces, and the epochs it checkpoints and keeps, restated by clip_dcl.train.saving.checkpointed / _kept.
+_READS = {("main", "main"): ["log_path", "save_logs", "save_frequency", "delete_previous_checkpoint",
+                             "save_most_recent", "epochs"]}
+
+
+def global_lookups(code: types.CodeType) -> set:
+    """The module globals ``code`` and the functions defined in it look up, each also with the attributes
+    read from it (``torch``, ``torch.save``). From the bytecode, so formatting changes nothing."""
+    found = set()
+    ops = list(dis.get_instructions(code))
+    for i, op in enumerate(ops):
+        if op.opname == "LOAD_GLOBAL":
+            chain = [op.argval]
+            for nxt in ops[i + 1:]:
+                if nxt.opname not in ("LOAD_ATTR", "LOAD_METHOD"):
+                    break
+                chain.append(nxt.argval)
+            found.update(".".join(chain[:k]) for k in range(1, len(chain) + 1))
+    for const in code.co_consts:
+        if isinstance(const, types.CodeType):
+            found |= global_lookups(const)
+    return found
+
+
+def _all_names(code: types.CodeType) -> set:
+    names = set(code.co_names)
+    for const in code.co_consts:
+        if isinstance(const, types.CodeType):
+            names |= _all_names(const)
+    return names
 
 
 def _installed_modules() -> Dict[str, types.ModuleType]:
@@ -149,11 +160,21 @@ def openclip_problems(version: str, modules: Dict[str, types.ModuleType]) -> lis
         elif expected is not None and _params(value) != expected:
             problems.append(f"open_clip_train.{mod}.{name}{tuple(_params(value) or ())} differs from "
                             f"{name}{tuple(expected)}")
-    for (mod, name), needles in _SOURCE_NEEDS.items():
-        code = _source(getattr(modules[mod], name, None))
-        missing = [n for n in needles if n not in code]
+    for (mod, name), needed in _LOOKS_UP.items():
+        code = getattr(getattr(modules[mod], name, None), "__code__", None)
+        found = global_lookups(code) if code is not None else set()
+        missing = [n for n in needed if n not in found]
         if missing:
-            problems.append(f"open_clip_train.{mod}.{name} no longer contains {', '.join(repr(n) for n in missing)}")
+            problems.append(f"open_clip_train.{mod}.{name} no longer looks up {', '.join(missing)} through its "
+                            "module's globals")
+    for (mod, name), needed in _READS.items():
+        code = getattr(getattr(modules[mod], name, None), "__code__", None)
+        found = _all_names(code) if code is not None else set()
+        missing = [n for n in needed if n not in found]
+        if missing:
+            problems.append(f"open_clip_train.{mod}.{name} no longer reads args.{', args.'.join(missing)}")
+    if not problems:  # the names are there: what the patched functions do with them
+        problems += behaviour_problems(modules)
     return problems
 
 
@@ -177,28 +198,22 @@ def check_openclip(version: Optional[str] = None, modules: Optional[Dict[str, ty
             f"pip install 'open_clip_torch>={a}.{b},<{c}.{d}'")
 
 
-# The versions and names must match before anything below looks them up.
-check_openclip()
-
-OPENCLIP_CREATE_LOSS = oc_main.create_loss
-OPENCLIP_TRAIN_ONE_EPOCH = oc_train.train_one_epoch
-OPENCLIP_GET_WDS_DATASET = oc_data.get_wds_dataset
-OPENCLIP_GET_DATASET_FN = oc_data.get_dataset_fn
-OPENCLIP_GET_CSV_DATASET = oc_data.get_csv_dataset
-OPENCLIP_GET_SYNTHETIC_DATASET = oc_data.get_synthetic_dataset
-OPENCLIP_PT_LOAD = oc_main.pt_load
-OPENCLIP_SETUP_LOGGING = oc_main.setup_logging
-
-
 def openclip_parser() -> argparse.ArgumentParser:
     """OpenCLIP's training parser, as ``open_clip_train.params.parse_args`` builds it.
 
     That function builds the parser and parses with it in one call, and returns only the namespace;
-    the parser is caught here at its ``parse_args`` (``argparse`` swapped in the module for the
-    call), so that the flags it knows can be listed without parsing anything. OpenCLIP's parser
-    allows abbreviations (``--los`` is taken for ``--loss-dist-impl``), which
-    :func:`clip_dcl.train.flags.check_spelled_out` refuses with this list.
+    the parser is caught at its ``parse_args``, so that the flags it knows can be listed without parsing
+    anything (:func:`clip_dcl.train.flags.check_spelled_out` refuses abbreviations with this list).
     """
+    parser = _caught_parser(oc_params.parse_args)
+    if parser is None:
+        raise OpenCLIPMismatch("open_clip_train.params.parse_args returned without calling its parser's parse_args")
+    return parser
+
+
+def _caught_parser(parse_args) -> Optional[argparse.ArgumentParser]:
+    """The parser ``parse_args`` builds, caught at its ``parse_args`` (``argparse`` swapped in the function's
+    globals for the call); None when it builds none that way."""
 
     class Caught(Exception):
         pass
@@ -207,15 +222,18 @@ def openclip_parser() -> argparse.ArgumentParser:
         def parse_args(self, args=None, namespace=None):
             raise Caught(self)
 
-    module = oc_params.argparse
-    oc_params.argparse = Overlay(argparse, ArgumentParser=CatchingParser)
+    namespace = parse_args.__globals__
+    module = namespace.get("argparse")
+    namespace["argparse"] = Overlay(argparse, ArgumentParser=CatchingParser)
     try:
-        oc_params.parse_args([])
+        parse_args([])
     except Caught as caught:
         return caught.args[0]
+    except Exception:  # noqa: BLE001 - built otherwise
+        return None
     finally:
-        oc_params.argparse = module
-    raise OpenCLIPMismatch("open_clip_train.params.parse_args returned without calling its parser's parse_args")
+        namespace["argparse"] = module
+    return None
 
 
 @contextlib.contextmanager
@@ -290,3 +308,189 @@ class LoggedLoss(dict):
         if key == "loss":
             value = self.logged.detach().to(value.dtype) if torch.is_tensor(value) else float(self.logged)
         super().__setitem__(key, value)
+
+
+# -- What the patched functions do, checked on a stand-in model (milliseconds) ----------------------------------
+class _ProbeModel(torch.nn.Module):
+    """A stand-in CLIP model: features linear in one weight, OpenCLIP's output dict."""
+
+    def __init__(self):
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.tensor([1.0, 2.0]))
+        self.logit_scale = torch.nn.Parameter(torch.tensor(0.0))
+
+    def forward(self, images, texts):
+        return {"image_features": images * self.weight, "text_features": texts * self.weight,
+                "logit_scale": self.logit_scale.exp()}
+
+
+class _ProbeData:
+    """OpenCLIP's ``DataInfo`` over a list of batches."""
+
+    def __init__(self, batches):
+        self.dataloader = _ProbeLoader(batches)
+
+    def set_epoch(self, epoch):
+        pass
+
+
+class _ProbeLoader(list):
+    @property
+    def num_batches(self):
+        return len(self)
+
+    @property
+    def num_samples(self):
+        return 2 * len(self)
+
+
+class _ProbeWriter:
+    def __init__(self):
+        self.scalars = {}
+
+    def add_scalar(self, name, value, step):
+        self.scalars[(name, step)] = float(value)
+
+
+class _Records(logging.Filter):
+    """Keeps the root logger's records and drops them (the probe prints nothing)."""
+
+    def __init__(self):
+        super().__init__()
+        self.records = []
+
+    def filter(self, record):
+        self.records.append(record)
+        return False
+
+
+@contextlib.contextmanager
+def _root_records():
+    # a handler for the duration: logging.info() on a root logger without one would add a stderr handler for good
+    root, records, handler = logging.getLogger(), _Records(), logging.NullHandler()
+    level = root.level
+    root.setLevel(logging.INFO)
+    root.addFilter(records)
+    root.addHandler(handler)
+    try:
+        yield records.records
+    finally:
+        root.removeHandler(handler)
+        root.removeFilter(records)
+        root.setLevel(level)
+
+
+def _probe_args(**more) -> argparse.Namespace:
+    return argparse.Namespace(device="cpu", precision="fp32", distill=False, accum_freq=1, skip_scheduler=False,
+                              horovod=False, grad_clip_norm=None, log_every_n_steps=1, world_size=1, batch_size=2,
+                              wandb=False, rank=0, local_rank=0, distributed=False, **more)
+
+
+def _train_step_problems(train_one_epoch) -> list:
+    """What ``train_one_epoch`` no longer does, of what the trainer relies on, in epoch 1 of two batches of a
+    stand-in model."""
+    batches = [(torch.tensor([[1.0, 2.0], [3.0, 4.0]]), torch.tensor([[0.5, 1.0], [1.5, 2.0]])),
+               (torch.tensor([[2.0, 0.0], [1.0, 1.0]]), torch.tensor([[1.0, 3.0], [0.0, 1.0]]))]
+    model, writer, steps, calls, sums = _ProbeModel(), _ProbeWriter(), [], [], []
+
+    class Terms(LoggedLoss):  # LoggedLoss's contract: the sum trains, the "loss" entry shows the logged value
+        def __setitem__(self, key, value):
+            if key == "loss":
+                sums.append(float(value.detach()))
+            super().__setitem__(key, value)
+
+    def loss(image_features, text_features, logit_scale, output_dict=False):
+        calls.append(output_dict)
+        return Terms({"a_loss": image_features.sum(), "b_loss": 2 * text_features.sum()}, torch.tensor(-1.0))
+
+    # not a torch optimizer: its global step hooks (e.g. a test's step counter) must not see the probe
+    optimizer = types.SimpleNamespace(param_groups=[{"lr": 0.0}], step=lambda: None,
+                                      zero_grad=lambda: model.zero_grad(set_to_none=True))
+    name = "open_clip_train.train.train_one_epoch"
+    try:
+        with _root_records() as records:
+            train_one_epoch(model, {"train": _ProbeData(batches)}, loss, 1, optimizer, None, steps.append, None,
+                            _probe_args(), tb_writer=writer)
+    except Exception as e:  # noqa: BLE001 - any failure is the answer
+        return [f"{name} fails on a stand-in model ({type(e).__name__}: {e})"]
+    problems = []
+    images, texts = batches[-1]
+    weight = torch.tensor([1.0, 2.0])  # unchanged: the optimizer steps nothing
+    expected = [float((i * weight).sum() + 2 * (t * weight).sum()) for i, t in batches]
+    if calls != [True, True]:
+        problems.append(f"{name} no longer calls the loss once per batch with output_dict=True")
+    if steps != [2, 3]:  # epoch 1 of two steps each
+        problems.append(f"{name} no longer calls the scheduler with each step's index ({steps})")
+    if len(sums) != 2 or any(abs(a - b) > 1e-4 for a, b in zip(sums, expected)):
+        problems.append(f"{name} no longer stores the sum of the loss terms under losses['loss']")
+    grad = model.weight.grad
+    if grad is None or not torch.allclose(grad, (images.sum(0) + 2 * texts.sum(0)).float()):
+        problems.append(f"{name} no longer back-propagates the sum of the loss terms")
+    if sum(1 for r in records if r.name == "root" and str(r.msg).startswith("Train Epoch:")) != 2:
+        problems.append(f"{name} no longer logs a 'Train Epoch:' line per logged step on the root logger")
+    wanted = {(f"train/{k}", s) for k in ("loss", "a_loss", "b_loss", "scale", "lr") for s in (2, 3)}
+    if not wanted <= set(writer.scalars) or writer.scalars.get(("train/loss", 3)) != -1.0:
+        problems.append(f"{name} no longer writes each logged step's loss terms, loss, scale and lr through "
+                        "tb_writer.add_scalar")
+    return problems
+
+
+def _evaluate_problems(evaluate) -> list:
+    """What ``evaluate`` no longer does on a stand-in model that the trainer relies on: its metrics through
+    ``tb_writer.add_scalar`` as ``val/<name>`` at the epoch."""
+    import tempfile
+
+    batches = _ProbeLoader([(torch.tensor([[1.0, 0.0], [0.0, 1.0]]), torch.tensor([[1.0, 0.1], [0.1, 1.0]]))])
+    writer = _ProbeWriter()
+    name = "open_clip_train.train.evaluate"
+    try:
+        with tempfile.TemporaryDirectory() as folder, _root_records():
+            metrics = evaluate(_ProbeModel(), {"val": _ProbeData(batches)}, 1, _probe_args(
+                val_frequency=1, epochs=1, save_logs=True, checkpoint_path=folder, zeroshot_frequency=0),
+                tb_writer=writer)
+    except Exception as e:  # noqa: BLE001
+        return [f"{name} fails on a stand-in model ({type(e).__name__}: {e})"]
+    if not metrics or "clip_val_loss" not in metrics or any(
+            writer.scalars.get((f"val/{k}", 1)) != float(v) for k, v in metrics.items()):
+        return [f"{name} no longer writes each of its metrics through tb_writer.add_scalar"]
+    return []
+
+
+def _dataset_fn_problems(get_dataset_fn) -> list:
+    """Whether ``get_dataset_fn`` still returns the loaders it finds in its module's globals (the patched ones)."""
+    namespace, kinds = get_dataset_fn.__globals__, {"webdataset": "get_wds_dataset", "csv": "get_csv_dataset",
+                                                    "synthetic": "get_synthetic_dataset"}
+    saved = {fn: namespace.get(fn) for fn in kinds.values()}
+    markers = {fn: (lambda *a, **k: None) for fn in kinds.values()}
+    namespace.update(markers)
+    try:
+        wrong = [fn for kind, fn in kinds.items() if get_dataset_fn("x", kind) is not markers[fn]]
+    except Exception as e:  # noqa: BLE001
+        wrong = [f"({type(e).__name__}: {e})"]
+    finally:
+        namespace.update(saved)
+    return [f"open_clip_train.data.get_dataset_fn no longer returns the module's {', '.join(wrong)}"] if wrong else []
+
+
+def behaviour_problems(modules: Dict[str, types.ModuleType]) -> list:
+    """What the patched functions no longer do, run on stand-ins (empty: nothing)."""
+    problems = _train_step_problems(modules["train"].train_one_epoch)
+    problems += _evaluate_problems(modules["train"].evaluate)
+    problems += _dataset_fn_problems(modules["data"].get_dataset_fn)
+    if _caught_parser(modules["params"].parse_args) is None:
+        problems.append("open_clip_train.params.parse_args no longer builds its parser with its module's argparse")
+    return problems
+
+
+# The version, names and behaviour must match before anything uses them.
+check_openclip()
+
+OPENCLIP_CREATE_LOSS = oc_main.create_loss
+OPENCLIP_TRAIN_ONE_EPOCH = oc_train.train_one_epoch
+OPENCLIP_EVALUATE = oc_train.evaluate
+OPENCLIP_GET_WDS_DATASET = oc_data.get_wds_dataset
+OPENCLIP_GET_DATASET_FN = oc_data.get_dataset_fn
+OPENCLIP_GET_CSV_DATASET = oc_data.get_csv_dataset
+OPENCLIP_GET_SYNTHETIC_DATASET = oc_data.get_synthetic_dataset
+OPENCLIP_PT_LOAD = oc_main.pt_load
+OPENCLIP_SETUP_LOGGING = oc_main.setup_logging

@@ -23,6 +23,7 @@ import sys
 from pathlib import Path
 from typing import Callable, Dict, List, Optional
 
+from ...train.metrics import read_metrics
 from ..reporting import code_commit, machine_info, utc_date
 from .plan import Plan, plan_changes
 
@@ -81,8 +82,7 @@ def trained_anything(work: Path) -> bool:
     for folder in (Path(work) / "runs").glob("*/seed*"):
         if any(folder.glob("scores-*.json")) or any(folder.glob("checkpoints/*.pt")):
             return True
-        log = folder / "out.log"
-        if log.is_file() and "Train Epoch:" in log.read_text(errors="replace"):
+        if read_metrics(folder, "train"):
             return True
     return False
 
