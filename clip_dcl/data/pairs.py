@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .evalsets.files import IMAGE_EXTENSIONS
-from .shards import TAR_MODE, TAR_MTIME, TAR_OWNER, folder_pattern, format_key, write_sizes_json
+from .shards import folder_pattern, format_key, shard_writer, write_sizes_json
 
 #: The CSV columns read without flags: an image column and a caption column, the first found of each
 #: (OpenCLIP's trainer names them ``filepath`` and ``title``).
@@ -209,17 +209,6 @@ def image_entry(path: Path) -> tuple:
         return "png", out.getvalue()
 
 
-def _writer(directory: Path, shard_size: int):
-    """webdataset's ShardWriter writing ``00000.tar``, ... in ``directory`` with the fixed tar headers of
-    :mod:`clip_dcl.data.shards` (the same pairs give the same bytes)."""
-    import webdataset as wds
-
-    directory.mkdir(parents=True, exist_ok=True)
-    return wds.ShardWriter(str(directory / "%05d.tar"), maxcount=shard_size,
-                           maxsize=float("inf"), verbose=0, user=TAR_OWNER, group=TAR_OWNER, mode=TAR_MODE,
-                           mtime=TAR_MTIME, compress=False)
-
-
 def write_pairs(source, out_dir, *, val_fraction: float = 0.1, shard_size: int = 1000, seed: int = 0,
                 img_key: str | None = None, caption_key: str | None = None, sep: str | None = None,
                 overwrite: bool = False, verbose: bool = True) -> dict:
@@ -276,7 +265,7 @@ def write_pairs(source, out_dir, *, val_fraction: float = 0.1, shard_size: int =
                 skipped.setdefault("undecodable image", []).append(f"{pair.where} ({type(e).__name__})")
                 continue
             if writer is None:
-                writer = _writer(out / name, shard_size)
+                writer = shard_writer(out / name, shard_size)
             key = format_key(sum(sizes.values()))
             writer.write({"__key__": key, ext: data, "txt": pair.captions[0],
                           "json": {"key": key, "caption": pair.captions[0], "captions": pair.captions,

@@ -4,9 +4,9 @@ A shard is a ``.tar`` holding, per sample, ``{key}.jpg``, ``{key}.txt`` (one cap
 ``{key}.json`` (``{"key": key, "caption": caption, ...}``); ``sizes.json`` next to the shards maps
 each shard's basename to its sample count, which is what OpenCLIP's ``get_dataset_size`` reads.
 
-The tar entries are written by ``webdataset.TarWriter``; what is added here is only what it does
-not do: a fixed ``mtime``/owner/mode so that the same samples give the same bytes, numbering and
-rolling over shards, key checks, ``sizes.json`` and the brace pattern OpenCLIP expands.
+The shards are written by ``webdataset.ShardWriter`` (:func:`shard_writer`, with a fixed ``mtime``/owner/mode
+so that the same samples give the same bytes); what is added here is key checks, ``sizes.json`` and the
+brace pattern OpenCLIP expands.
 
 Two key schemes are in use (both give numeric keys unique across shards):
 
@@ -25,6 +25,8 @@ from pathlib import Path
 
 #: Shard file names: ``00000.tar``, ``00001.tar``, ... (img2dataset's naming).
 SHARD_NAME_FORMAT = "{:05d}.tar"
+#: The same names as webdataset's ``ShardWriter`` pattern.
+_SHARD_PATTERN = "%05d.tar"
 #: Width of zero-padded keys (``000000123``), widened automatically for larger splits.
 KEY_WIDTH = 9
 #: Fixed tar header fields, so that identical samples give identical shard bytes.
@@ -101,6 +103,18 @@ def write_sizes_json(directory: str | os.PathLike, sizes: dict[str, int]) -> Pat
     return path
 
 
+def shard_writer(directory: str | os.PathLike, shard_size: int, *, start_shard: int = 0, pattern: str = _SHARD_PATTERN,
+                 **kw):
+    """webdataset's ``ShardWriter`` writing ``00000.tar``, ... (``pattern``, from ``start_shard``) in ``directory``,
+    ``shard_size`` samples each, uncompressed and with fixed tar headers; ``kw`` goes to its ``TarWriter``."""
+    import webdataset as wds
+
+    Path(directory).mkdir(parents=True, exist_ok=True)
+    return wds.ShardWriter(os.path.join(str(directory), pattern), maxcount=shard_size, maxsize=float("inf"),
+                           start_shard=start_shard, verbose=0, user=TAR_OWNER, group=TAR_OWNER, mode=TAR_MODE,
+                           mtime=TAR_MTIME, compress=False, **kw)
+
+
 class CaptionShardWriter:
     """Write ``(key, jpg bytes, caption, json dict)`` samples into numbered ``.tar`` shards.
 
@@ -120,18 +134,15 @@ class CaptionShardWriter:
             ``key``/``caption`` entries that contradict the arguments.
     """
 
-    def __init__(self, directory: str | os.PathLike, shard_size: int, *,
-                 name_format: str = SHARD_NAME_FORMAT, start_shard: int = 0):
+    def __init__(self, directory: str | os.PathLike, shard_size: int, *, start_shard: int = 0):
         if shard_size < 1:
             raise ValueError(f"shard_size must be >= 1, got {shard_size}")
         self.directory = Path(directory)
         self.directory.mkdir(parents=True, exist_ok=True)
         self.shard_size = shard_size
-        self.name_format = name_format
         self.start_shard = start_shard
         self.sizes: dict[str, int] = {}
-        self._tar = None
-        self._count_in_shard = 0
+        self._writer = None  # webdataset's ShardWriter opens its first shard at once: made at the first sample
         self._last_key: int | None = None
         self._closed = False
 
@@ -143,16 +154,6 @@ class CaptionShardWriter:
         self.close()
 
     # -- writing --------------------------------------------------------------------------
-    def _open_next(self) -> None:
-        import webdataset as wds
-
-        name = self.name_format.format(self.start_shard + len(self.sizes))
-        # No compression and fixed header fields: the tar bytes depend on the samples only.
-        self._tar = wds.TarWriter(str(self.directory / name), user=TAR_OWNER, group=TAR_OWNER,
-                                  mode=TAR_MODE, compress=False, encoder=False, mtime=TAR_MTIME)
-        self.sizes[name] = 0
-        self._count_in_shard = 0
-
     def write(self, key: str, jpg: bytes, caption: str, meta: dict | None = None, *, ext: str = "jpg") -> None:
         """Append one sample; opens the next shard when the current one is full. ``ext`` names the image's
         entry (``jpg``, or ``png`` for lossless images: OpenCLIP's loader and our readers take either)."""
@@ -170,28 +171,22 @@ class CaptionShardWriter:
                 raise ValueError(f"meta[{field!r}]={meta[field]!r} contradicts the {field} argument {value!r}")
             meta.pop(field, None)
         record = {"key": key, "caption": caption, **meta}
-        if self._tar is None or self._count_in_shard >= self.shard_size:
-            self._close_current()
-            self._open_next()
-        self._tar.write({
+        if self._writer is None:
+            self._writer = shard_writer(self.directory, self.shard_size, start_shard=self.start_shard, encoder=False)
+        self._writer.write({
             "__key__": key,
             ext: bytes(jpg),
             "txt": caption.encode("utf-8"),
             "json": json.dumps(record).encode("utf-8"),
         })
-        self._count_in_shard += 1
-        self.sizes[self.name_format.format(self.start_shard + len(self.sizes) - 1)] = self._count_in_shard
+        self.sizes[os.path.basename(self._writer.fname)] = self._writer.count
         self._last_key = int(key)
-
-    def _close_current(self) -> None:
-        if self._tar is not None:
-            self._tar.close()
-            self._tar = None
 
     def close(self) -> dict[str, int]:
         """Close the open shard, write ``sizes.json``; return shard name -> count. Idempotent."""
         if not self._closed:
-            self._close_current()
+            if self._writer is not None:
+                self._writer.close()
             if self.sizes:
                 write_sizes_json(self.directory, self.sizes)
             self._closed = True

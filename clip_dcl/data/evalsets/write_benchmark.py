@@ -19,8 +19,7 @@ def write_benchmark_shards(source: str | os.PathLike, out_dir: str | os.PathLike
     ``classification``. Image bytes are copied unchanged, so the written set scores as the source.
     A sample without captions or image, or an ``out_dir`` holding the split, raises ``ValueError``.
     """
-    import webdataset as wds
-
+    from ..shards import shard_writer
     from .folders import folder_classnames, scan_image_folder
     from .retrieval import expand_shards
     from .samples import sample_captions, shard_samples
@@ -70,15 +69,14 @@ def write_benchmark_shards(source: str | os.PathLike, out_dir: str | os.PathLike
             (out / "zeroshot_classification_templates.txt").write_text("\n".join(lines) + "\n")
     else:
         (out / "dataset_type.txt").write_text("retrieval\n")
-    count, writer = 0, None
+    writer = None  # made at the first sample, as it opens its first shard at once
     for count, item in enumerate(items()):
-        if count % shard_size == 0:
-            if writer is not None:
-                writer.close()
-            writer = wds.TarWriter(str(out / split / f"{count // shard_size}.tar"))
+        if writer is None:  # CLIP_benchmark's names: 0.tar, 1.tar, ...
+            writer = shard_writer(out / split, shard_size, pattern="%d.tar")
         writer.write({"__key__": f"s{count:09d}", **item})
     if writer is None:
         raise ValueError(f"{str(source)!r} holds no samples")
+    nshards = writer.shard  # the shards it opened (close() deletes the count)
     writer.close()
-    (out / split / "nshards.txt").write_text(f"{count // shard_size + 1}\n")
+    (out / split / "nshards.txt").write_text(f"{nshards}\n")
     return read_benchmark_shards(out, split)
