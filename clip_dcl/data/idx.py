@@ -3,8 +3,8 @@
 An IDX file is a big-endian header, ``0 0 <type> <ndim>``, then ``ndim`` unsigned 32-bit sizes,
 then the values in C order; images are type ``0x08`` (unsigned bytes) with three dimensions
 ``(N, rows, cols)``, labels the same type with one dimension ``(N,)``. Files may be gzipped (the
-published ones are). Written here by hand: NumPy reads the values once the header is known, and
-no dependency of ours parses the header (torchvision's reader is private to its MNIST class).
+published ones are). Not torchvision's ``read_sn3_pascalvincent_tensor``: it opens a path only (no gzip, no
+bytes) and checks with bare ``assert``s, so every check and message below would stay around it.
 """
 from __future__ import annotations
 
