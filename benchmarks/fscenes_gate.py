@@ -1,11 +1,11 @@
 """The scene testbed's gates: does `clip` gain from a bigger batch on Fashion-MNIST scenes? (exploratory, validation)
 
     python benchmarks/fscenes_gate.py                       # every gate's committed records
-    python benchmarks/fscenes_gate.py --work benchmarks/studies/fscenes_gate.toml=benchmarks/work/fscenes_gate
+    python benchmarks/fscenes_gate.py --work benchmarks/studies/fscenes_gate.toml=benchmarks/work/fscenes_gate --keep
 
 Each gate is a study plan ``benchmarks/studies/fscenes_gate*.toml`` (one scene variant, `clip` at B = 16 ... 256,
 three seeds); its runs are read from ``benchmarks/studies/<plan>.work`` (the committed records) unless
-``--work PLAN=DIR`` names another folder. Writes ``benchmarks/results/fscenes_gate.{md,json}`` holding every
+``--work PLAN=DIR`` names another folder (``--keep`` copies that folder's records there first). Writes ``benchmarks/results/fscenes_gate.{md,json}`` holding every
 gate tried, each with its verdict under the rule its plan states before the runs:
 
 - **pass**: retrieval mean R@1 on the validation scenes gains at least 3 points from B = 16 to B = 256 (the
@@ -33,6 +33,33 @@ STUDIES = ROOT / "benchmarks" / "studies"
 #: the rule, in points of retrieval mean R@1
 MIN_GAIN = 3.0
 SMALL, LARGE = 16, 256
+
+
+def keep_records(work: Path, records: Path) -> int:
+    """Copy a gate's records (no data, no checkpoints) from its work folder into ``records``: the seal, the
+    attempts, the plan, the data's summary and per finished run ``run.json``, both score files, ``params.txt`` and
+    OpenCLIP's ``out.log`` gzipped. Returns the runs copied."""
+    import gzip
+    import shutil
+
+    for name in ("SEAL.json", "attempts.jsonl", "plan.toml", "data/summary.json"):
+        if (work / name).is_file():
+            (records / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(work / name, records / name)
+    copied = 0
+    for run in sorted((work / "runs").glob("*/seed*")):
+        if not (run / "run.json").is_file():
+            continue
+        dest = records / run.relative_to(work)
+        dest.mkdir(parents=True, exist_ok=True)
+        for name in ("run.json", "scores-validation.json", "scores-test.json", "params.txt"):
+            if (run / name).is_file():
+                shutil.copyfile(run / name, dest / name)
+        if (run / "out.log").is_file():
+            with open(dest / "out.log.gz", "wb") as raw, gzip.GzipFile(filename="", mode="wb", fileobj=raw, mtime=0) as f:
+                f.write((run / "out.log").read_bytes())
+        copied += 1
+    return copied
 
 
 def read_gate(plan_path: Path, work: Path) -> dict:
@@ -124,10 +151,37 @@ def markdown(doc: dict) -> str:
     return "\n".join(out)
 
 
+def readme_block(doc: dict) -> str:
+    """README's "Which loss when" line on the scene testbed: each gate's verdict, from the JSON."""
+    parts = []
+    for k, g in enumerate(doc["gates"], 1):
+        b = g["batches"]
+        if "gain" in g:
+            parts.append(f"gate {k} ({g['plan']}) **{g['verdict']}ed**: retrieval mean R@1 {b[SMALL]['mean_R@1']:.1f} at "
+                         f"B = {SMALL}, {b[LARGE]['mean_R@1']:.1f} at B = {LARGE} ({g['gain']:+.1f} points; every seed of "
+                         f"{LARGE} above every seed of {SMALL}: {'yes' if g['every_large_above_every_small'] else 'no'})")
+        else:
+            done = ", ".join(f"{b[x]['mean_R@1']:.1f} at B = {x} ({len(b[x]['seeds'])} of {len(g['seeds'])} seeds)"
+                             for x in b)
+            parts.append(f"gate {k} ({g['plan']}) has no verdict yet, {g['runs_finished']} of {g['runs_planned']} runs "
+                         f"finished" + (f" (retrieval mean R@1 {done})" if done else ""))
+    passed = bool(doc["passed"])
+    return ("- **The batch size on real pixels** (*exploratory, Fashion-MNIST scenes*: two to four photographs a "
+            f"scene, validation split, `clip` only; [the gates](benchmarks/results/fscenes_gate.md)): the testbed "
+            f"takes a loss comparison only once `clip` gains at least {MIN_GAIN:g} points of retrieval mean R@1 from "
+            f"B = {SMALL} to {LARGE}, every seed above. " + "; ".join(parts) + ". "
+            + ("A loss comparison may run there." if passed else
+               "No loss has been compared there: where the batch matters on real pixels, the data have not yet said "
+               "what `decl` does."))
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0], allow_abbrev=False)
     p.add_argument("--work", action="append", default=[], metavar="PLAN=DIR",
                    help="read PLAN's runs from DIR (default: the plan's committed records, benchmarks/studies/<plan>.work)")
+    p.add_argument("--keep", action="store_true",
+                   help="first copy each --work folder's records into the plan's benchmarks/studies/<plan>.work, "
+                        "and read them from there")
     p.add_argument("--out", default=str(RESULTS / "fscenes_gate"), help="output path without extension")
     args = p.parse_args(argv)
     works = {}
@@ -136,6 +190,11 @@ def main(argv=None) -> int:
         if not folder:
             p.error(f"--work {item}: give PLAN=DIR")
         works[Path(plan).resolve()] = Path(folder)
+    if args.keep:
+        for plan, folder in list(works.items()):
+            n = keep_records(folder, plan.with_suffix(".work"))
+            print(f"kept the records of {n} runs in {plan.with_suffix('.work').relative_to(ROOT)}")
+        works = {}
     gates = []
     for plan in sorted(STUDIES.glob("fscenes_gate*.toml"), key=lambda q: (len(q.stem), q.stem)):
         work = works.get(plan.resolve(), plan.with_suffix(".work"))
@@ -145,7 +204,7 @@ def main(argv=None) -> int:
         p.error("no gate has records: run one (see the module docstring) or name its folder with --work")
     done = all(g["status"] == "complete" for g in gates)
     doc = {"status": "complete" if done else "incomplete (a gate is still running)",
-           "command": " ".join(["python benchmarks/fscenes_gate.py", *(f"--work {w}" for w in args.work)]),
+           "command": "python benchmarks/fscenes_gate.py" + ("" if args.keep else "".join(f" --work {w}" for w in args.work)),
            "date": utc_date(), "machine": machine_info(), "commit": code_commit(), "split": "validation",
            "rule": {"metric": "retrieval/mean_R@1", "min_gain_points": MIN_GAIN, "from": SMALL, "to": LARGE,
                     "every_seed_above": True},
