@@ -123,7 +123,9 @@ def markdown(doc: dict) -> str:
            f"- Machine: {doc['machine']}", f"- Code: {doc['commit']}",
            f"- Rule (stated in each plan before its runs): retrieval mean R@1 on the validation scenes gains at least "
            f"{MIN_GAIN:g} points from B = {SMALL} to B = {LARGE} (means over the seeds), and every seed of B = {LARGE} "
-           f"scores above every seed of B = {SMALL}. `clip` only; nothing here judges a loss.", ""]
+           f"scores above every seed of B = {SMALL}. `clip` only; nothing here judges a loss.",
+           "- Training times are those of the runs as they ran (one torch thread each, two runs at once, on a machine "
+           "other work shared): a measure of that day's load as much as of the recipe's cost.", ""]
     for k, g in enumerate(doc["gates"], 1):
         out += [f"## Gate {k}: {g['verdict']}", "", f"- {g['title']}", f"- Plan: `{g['plan']}` ({g['status']}); "
                 f"recipe `{g['recipe']}`, {g['epochs']} epochs, seeds {', '.join(map(str, g['seeds']))}"]
@@ -169,7 +171,7 @@ def readme_block(doc: dict) -> str:
     return ("- **The batch size on real pixels** (*exploratory, Fashion-MNIST scenes*: two to four photographs a "
             f"scene, validation split, `clip` only; [the gates](benchmarks/results/fscenes_gate.md)): the testbed "
             f"takes a loss comparison only once `clip` gains at least {MIN_GAIN:g} points of retrieval mean R@1 from "
-            f"B = {SMALL} to {LARGE}, every seed above. " + "; ".join(parts) + ". "
+            f"B = {SMALL} to {LARGE}, every seed above. " + "; ".join(parts)[0].upper() + "; ".join(parts)[1:] + ". "
             + ("A loss comparison may run there." if passed else
                "No loss has been compared there: where the batch matters on real pixels, the data have not yet said "
                "what `decl` does."))
