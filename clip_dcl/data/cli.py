@@ -139,7 +139,8 @@ def _add_fashion_parser(subparsers) -> None:
 _SCENES_HELP = {
     "seed": "the data draw: which training images are held out for validation, the scenes and the captions' wording",
     "image_size": "canvas side in pixels (each photograph is shrunk to one cell: image size / grid)",
-    "grid": "cells per side: 2 (top left ... bottom right) or 3 (adds the centre row and column)",
+    "grid": "cells per side: 2 (top left ... bottom right) or 3 (adds the centre row and column; captions of more "
+            "than four items outgrow the 64 tokens clip-dcl-micro-fscenes reads)",
     "min_items": "fewest photographs in a scene (the top-left cell always holds one)",
     "max_items": "most photographs in a scene",
     "min_attributes": "fewest measured attributes named per item",
