@@ -335,7 +335,7 @@ def write_fewshot(directory: Path, sets, names, cfg, stream: int = _STREAMS["few
         splits[split] = [(f"{n:06d}.png", _png(images[i], cfg.image_size), int(labels[i])) for n, i in enumerate(idx)]
     _write_iris(directory / task, list(names), list(templates), splits)
     catalog = {task: {"metric": "accuracy", "num_classes": len(names), "multilabel": False,
-                                 "classes": list(names), "train": len(splits["train"]), "test": len(splits["test"])}}
+                      "classes": list(names), "train": len(splits["train"]), "test": len(splits["test"])}}
     (directory / "catalog.json").write_text(json.dumps(catalog, indent=1) + "\n")
     return {"dir": directory.name, "catalog": f"{directory.name}/catalog.json", "datasets": catalog}
 
