@@ -143,6 +143,12 @@ def markdown(doc: dict) -> str:
             sec = f"{s['mean_train_seconds']:.0f}" if s["mean_train_seconds"] else "-"
             out.append(f"| {b} | {len(s['seeds'])} | {', '.join(f'{v:.2f}' for v in s['R@1'])} | {s['mean_R@1']:.2f} | "
                        f"{zs} | {sec} |")
+        if g["batches"]:
+            best = max(g["batches"], key=lambda x: g["batches"][x]["mean_R@1"])
+            out += ["", f"The highest mean is at B = {best} ({g['batches'][best]['mean_R@1']:.2f})"
+                    + (f"; B = {LARGE} is {g['batches'][best]['mean_R@1'] - g['batches'][LARGE]['mean_R@1']:.2f} points "
+                       f"below it (a fixed budget in epochs gives a bigger batch fewer optimizer steps)."
+                       if LARGE in g["batches"] and best != LARGE else ".")]
         if "gain" in g:
             p = g["paired_gain"]
             out += ["", f"B = {LARGE} against B = {SMALL}: mean gain {g['gain']:+.2f} points (paired by seed "
@@ -161,7 +167,9 @@ def readme_block(doc: dict) -> str:
         if "gain" in g:
             parts.append(f"gate {k} ({g['plan']}) **{g['verdict']}ed**: retrieval mean R@1 {b[SMALL]['mean_R@1']:.1f} at "
                          f"B = {SMALL}, {b[LARGE]['mean_R@1']:.1f} at B = {LARGE} ({g['gain']:+.1f} points; every seed of "
-                         f"{LARGE} above every seed of {SMALL}: {'yes' if g['every_large_above_every_small'] else 'no'})")
+                         f"{LARGE} above every seed of {SMALL}: {'yes' if g['every_large_above_every_small'] else 'no'}; the highest "
+                         f"mean, {max(v['mean_R@1'] for v in b.values()):.1f}, at B = "
+                         f"{max(b, key=lambda x: b[x]['mean_R@1'])})")
         else:
             done = ", ".join(f"{b[x]['mean_R@1']:.1f} at B = {x} ({len(b[x]['seeds'])} of {len(g['seeds'])} seeds)"
                              for x in b)
