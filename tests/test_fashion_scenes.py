@@ -213,3 +213,6 @@ def test_recipe_reads_the_scenes_with_their_model():
     argv = r.train_argv(batch_size=16, seed=3, epochs=10)
     assert argv[argv.index("--model") + 1] == "clip-dcl-micro-fscenes"
     assert argv[argv.index("--train-num-samples") + 1] == "20000"
+    full = get_recipe("fscenes4-words")  # the second gate's scenes: four items, two attributes each, the same model
+    assert full.model == r.model and full.data_argv[full.data_argv.index("--min-items") + 1] == "4"
+    assert full.data_argv[full.data_argv.index("--min-attributes") + 1] == "2"

@@ -34,6 +34,9 @@ never paired or pooled (they train other models on other inputs).
     scenes of the official test images; ``clip-dcl-micro-fscenes`` (the micro ViT, a 1-layer text tower over the
     scenes' words, 64 tokens of context) on the packed pairs, fused AdamW. Its metric is retrieval mean R@1 (one
     distinct caption per validation or test scene). Needs the IDX files, as ``fmnist-words`` does.
+``fscenes4-words``
+    The same, but every scene fills all four cells and every item is named with two attributes: harder
+    negatives at every batch size (the scene testbed's second gate).
 """
 from __future__ import annotations
 
@@ -109,6 +112,10 @@ RECIPES: Dict[str, Recipe] = {
                          "validation every 4th epoch",
         "clip-dcl-micro-fscenes", _FSCENES + ("--pack",), "{DATA}/train.npz", "auto", val_frequency=4,
         extra=("--adamw-impl", "fused"), train_samples=20000, val_samples=2000),
+    "fscenes4-words": Recipe(
+        "fscenes4-words", "fscenes-words with four items a scene, each named with two attributes",
+        "clip-dcl-micro-fscenes", _FSCENES + ("--min-items", "4", "--min-attributes", "2", "--pack"), "{DATA}/train.npz",
+        "auto", val_frequency=4, extra=("--adamw-impl", "fused"), train_samples=20000, val_samples=2000),
 }
 #: the recipe the testbed uses unless told otherwise
 DEFAULT_RECIPE = "micro-words"
