@@ -163,7 +163,7 @@ def readme_block(doc: dict) -> str:
     """README's "Which loss when" line on the scene testbed: each gate's verdict, from the JSON."""
     parts = []
     for k, g in enumerate(doc["gates"], 1):
-        b = g["batches"]
+        b = {int(x): v for x, v in g["batches"].items()}  # the JSON's keys are strings
         if "gain" in g:
             parts.append(f"gate {k} ({g['plan']}) **{g['verdict']}ed**: retrieval mean R@1 {b[SMALL]['mean_R@1']:.1f} at "
                          f"B = {SMALL}, {b[LARGE]['mean_R@1']:.1f} at B = {LARGE} ({g['gain']:+.1f} points; every seed of "
@@ -176,8 +176,8 @@ def readme_block(doc: dict) -> str:
             parts.append(f"gate {k} ({g['plan']}) has no verdict yet, {g['runs_finished']} of {g['runs_planned']} runs "
                          f"finished" + (f" (retrieval mean R@1 {done})" if done else ""))
     passed = bool(doc["passed"])
-    return ("- **The batch size on real pixels** (*exploratory, Fashion-MNIST scenes*: two to four photographs a "
-            f"scene, validation split, `clip` only; [the gates](benchmarks/results/fscenes_gate.md)): the testbed "
+    return ("- **The batch size on real pixels** (*exploratory, Fashion-MNIST scenes*: photographs in a two-by-two grid, "
+            f"validation split, `clip` only; [the gates](benchmarks/results/fscenes_gate.md)): the testbed "
             f"takes a loss comparison only once `clip` gains at least {MIN_GAIN:g} points of retrieval mean R@1 from "
             f"B = {SMALL} to {LARGE}, every seed above. " + "; ".join(parts)[0].upper() + "; ".join(parts)[1:] + ". "
             + ("A loss comparison may run there." if passed else
