@@ -79,6 +79,7 @@ QUOTES: Tuple[Quote, ...] = (
     Quote("confirmatory verdicts", "headline.py", "confirmatory.json", render="docs_block"),
     Quote("verdict table", "headline.py", "confirmatory.json", ("README.md",), "verdict_table_block"),
     Quote("fmnist screen", "fmnist_readings.py", "fmnist_readings.json"),
+    Quote("fscenes gate", "fscenes_gate.py", "fscenes_gate.json", ("README.md",)),
 )
 
 

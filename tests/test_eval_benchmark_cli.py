@@ -171,8 +171,8 @@ def test_every_parser_refuses_abbreviations():
     parsers = [eval_parser, data_parser(), *subs.choices.values()]
     data_subs = next(a for a in parsers[1]._actions if isinstance(a, argparse._SubParsersAction))
     parsers += list(data_subs.choices.values())
-    # eval, data; 4 eval subcommands; synth, fashion-mnist, benchmark, shards, pack
-    assert len(parsers) == 11 and not any(p.allow_abbrev for p in parsers)
+    # eval, data; 4 eval subcommands; synth, fashion-mnist, fashion-scenes, benchmark, shards, pack
+    assert len(parsers) == 12 and not any(p.allow_abbrev for p in parsers)
     with pytest.raises(SystemExit):
         export_main(["a.pt", "out", "--mod", "x"])  # --model's prefix
 

@@ -10,6 +10,9 @@ Subcommands:
   (:func:`clip_dcl.data.evalsets.write_benchmark.write_benchmark_shards`).
 * ``fashion-mnist OUT_DIR [--from DIR]``: Fashion-MNIST's (or any IDX set's) images with captions from their
   pixels, in the same layout (:func:`clip_dcl.data.fashion.generate`).
+* ``fashion-scenes OUT_DIR [--from DIR]``: scenes of two to four Fashion-MNIST photographs at named places, with
+  captions naming each item, its place and attributes measured from its pixels, in the same layout
+  (:func:`clip_dcl.data.scenes.generate`).
 * ``shards SRC OUT_DIR``: your own pairs (a folder of images with ``.txt`` captions, or a CSV/TSV) as
   training and validation shards (:func:`clip_dcl.data.pairs.write_pairs`).
 * ``pack PATTERN OUT.npz``: training shards decoded once into one file that training holds in memory
@@ -137,6 +140,81 @@ def _add_fashion_parser(subparsers) -> None:
     p.set_defaults(func=_run_fashion, parser=p)
 
 
+_SCENES_HELP = {
+    "seed": "the data draw: which training images are held out for validation, the scenes and the captions' wording",
+    "image_size": "canvas side in pixels (each photograph is shrunk to one cell: image size / grid)",
+    "grid": "cells per side: 2 (top left ... bottom right) or 3 (adds the centre row and column; captions of more "
+            "than four items outgrow the 64 tokens clip-dcl-micro-fscenes reads)",
+    "min_items": "fewest photographs in a scene (the top-left cell always holds one)",
+    "max_items": "most photographs in a scene",
+    "min_attributes": "fewest measured attributes named per item",
+    "max_attributes": "most measured attributes named per item",
+    "holdout": "official training images held out: the validation scenes are made of them only",
+    "train_samples": "training scenes (of the training images not held out)",
+    "val_samples": "validation scenes (choices are made on them; the zero-shot tree zeroshot/ is made of them)",
+    "test_samples": "test scenes (of the official test images)",
+    "captions_per_image": "captions per training scene (the first one is the .txt, all are in the json)",
+    "val_captions_per_image": "captions per validation and test scene (retrieval's targets; distinct in a split)",
+    "shard_size": "samples per .tar shard",
+    "fewshot_train_per_class": "few-shot training scenes per class of the top-left item (from the validation scenes; >= 5)",
+    "fewshot_test_per_class": "few-shot test scenes per class (from the test scenes)",
+}
+
+
+def _add_scenes_parser(subparsers) -> None:
+    from .fashion import DEBIAN_DIR, DEBIAN_PACKAGE, FILES
+    from .scenes import ScenesConfig
+
+    p = subparsers.add_parser(
+        "fashion-scenes", allow_abbrev=False,
+        help="scenes of 2-4 Fashion-MNIST photographs at named places, captioned, in the same layout",
+        description="Write scenes of Fashion-MNIST photographs: each image a grid of cells (2 x 2 by default) holding "
+                    "two to four photographs, its caption naming each item's class, its cell and one or two attributes "
+                    "measured from its pixels (\"a faint coat on the top left and a small sneaker at the bottom "
+                    "right.\"); training scenes from the official training images, validation scenes from training "
+                    "images held out, test scenes from the official test images; the zero-shot class is the item on the "
+                    "top left (see clip_dcl.data.scenes). Same layout as `clip-dcl data fashion-mnist`; it reads the "
+                    f"same four files ({', '.join(FILES.values())}; `apt-get install {DEBIAN_PACKAGE}` puts them in "
+                    f"{DEBIAN_DIR}).")
+    p.add_argument("out_dir", metavar="OUT_DIR", help="output folder")
+    p.add_argument("--from", dest="source", default=DEBIAN_DIR, metavar="DIR",
+                   help=f"folder of the four IDX files (default {DEBIAN_DIR})")
+    _add_config_flags(p, ScenesConfig(), _SCENES_HELP)
+    _add_output_flags(p, "the same settings and files")
+    p.set_defaults(func=_run_scenes, parser=p)
+
+
+def _run_scenes(args) -> int:
+    import sys
+
+    from .fashion import DataMissing
+    from .scenes import generate
+
+    overrides = {f: getattr(args, f) for f in _SCENES_HELP if getattr(args, f) is not None}
+    try:
+        summary = generate(args.out_dir, args.source, overwrite=args.overwrite, reuse=args.reuse,
+                           verbose=not args.quiet, **overrides)
+    except DataMissing as e:
+        print(f"clip-dcl data fashion-scenes: {e}", file=sys.stderr)
+        return 2
+    except (ValueError, FileExistsError) as e:
+        args.parser.error(str(e))
+    return _print_written(args, summary)
+
+
+def _print_written(args, summary) -> int:
+    """The lines `clip-dcl data fashion-mnist` and `fashion-scenes` print; packs the training pairs with --pack."""
+    print(f"tau_plus {summary['tau_plus']:.6f}")
+    for key in ("train_data", "val_data", "test_data"):
+        print(f"{key} {summary[key]}")
+    print(f"summary {summary['out_dir']}/summary.json")
+    if args.pack:
+        from .packed import pack_synth
+
+        print(f"train_packed {pack_synth(summary, reuse=args.reuse, verbose=not args.quiet)}")
+    return 0
+
+
 def _run_fashion(args) -> int:
     import sys
     from pathlib import Path
@@ -158,15 +236,7 @@ def _run_fashion(args) -> int:
         return 2
     except (ValueError, FileExistsError) as e:
         args.parser.error(str(e))
-    print(f"tau_plus {summary['tau_plus']:.6f}")
-    for key in ("train_data", "val_data", "test_data"):
-        print(f"{key} {summary[key]}")
-    print(f"summary {summary['out_dir']}/summary.json")
-    if args.pack:
-        from .packed import pack_synth
-
-        print(f"train_packed {pack_synth(summary, reuse=args.reuse, verbose=not args.quiet)}")
-    return 0
+    return _print_written(args, summary)
 
 
 def _add_pack_parser(subparsers) -> None:
@@ -285,6 +355,7 @@ def build_parser() -> argparse.ArgumentParser:
     subparsers.required = True
     _add_synth_parser(subparsers)
     _add_fashion_parser(subparsers)
+    _add_scenes_parser(subparsers)
     _add_benchmark_parser(subparsers)
     _add_shards_parser(subparsers)
     _add_pack_parser(subparsers)

@@ -263,30 +263,41 @@ def class_folders(names: Sequence[str]) -> List[str]:
     return [f"{k:0{width}d}_" + "".join(ch if ch.isalnum() or ch == "-" else "-" for ch in n) for k, n in enumerate(names)]
 
 
+def write_pairs(directory: Path, samples, count: int, shard_size: int, tag: str, verbose: bool) -> dict:
+    """Write ``count`` samples (``(png, captions, meta)``, ``meta`` with ``label`` and ``classname``) as caption
+    shards: the first caption is the ``.txt``; returns the split's summary, with the distinct captions per class."""
+    width = max(9, len(str(count - 1)))
+    captions_by_class: Dict[str, set] = {}
+    start = time.perf_counter()
+    with CaptionShardWriter(directory, shard_size) as writer:
+        for i, (png, caps, meta) in enumerate(samples):
+            captions_by_class.setdefault((meta["label"], meta["classname"]), set()).update(caps)
+            writer.write(format_key(i, width), png, caps[0], meta, ext="png")
+            if verbose and (i + 1) % 10000 == 0:
+                print(f"[{tag}] {directory.name}: {i + 1}/{count} ({time.perf_counter() - start:.1f} s)", flush=True)
+    return {"dir": directory.name, "pattern": f"{directory.name}/{Path(writer.pattern).name}",
+            "num_samples": writer.num_samples, "num_shards": len(writer.sizes),
+            "captions_per_image": len(caps) if count else 0, "key_scheme": "dense", "key_width": width,
+            "distinct_captions": {name: len(v) for (_, name), v in sorted(captions_by_class.items())}}
+
+
 def _write_pairs(directory: Path, images, labels, bins, names, cfg: FashionConfig, per_image: int,
                  stream: str, verbose: bool) -> dict:
     rng = np.random.default_rng([cfg.seed, _STREAMS[stream]])
-    width = max(9, len(str(len(images) - 1)))
-    captions_by_class: Dict[int, set] = {}
-    start = time.perf_counter()
-    with CaptionShardWriter(directory, cfg.shard_size) as writer:
+
+    def samples():
         for i, (image, label) in enumerate(zip(images, labels)):
             sample_bins = {k: int(v[i]) for k, v in bins.items()}
             caps = [make_caption(names[label], sample_bins, rng) for _ in range(per_image)]
-            captions_by_class.setdefault(int(label), set()).update(caps)
             meta = {"label": int(label), "classname": names[label], "captions": caps,
                     "attributes": sample_bins, "width": cfg.image_size, "height": cfg.image_size}
-            writer.write(format_key(i, width), _png(image, cfg.image_size), caps[0], meta, ext="png")
-            if verbose and (i + 1) % 10000 == 0:
-                print(f"[fashion-mnist] {directory.name}: {i + 1}/{len(images)} ({time.perf_counter() - start:.1f} s)",
-                      flush=True)
-    return {"dir": directory.name, "pattern": f"{directory.name}/{Path(writer.pattern).name}",
-            "num_samples": writer.num_samples, "num_shards": len(writer.sizes), "captions_per_image": per_image,
-            "key_scheme": "dense", "key_width": width,
-            "distinct_captions": {names[k]: len(v) for k, v in sorted(captions_by_class.items())}}
+            yield _png(image, cfg.image_size), caps, meta
+
+    return write_pairs(directory, samples(), len(images), cfg.shard_size, "fashion-mnist", verbose)
 
 
-def _write_tree(directory: Path, images, labels, names, size: int) -> dict:
+def write_tree(directory: Path, images, labels, names, size: int, templates: Sequence[str] = ZEROSHOT_TEMPLATES) -> dict:
+    """An ImageFolder tree of ``images`` (one folder a class, :func:`class_folders`), classnames.txt, templates.txt."""
     folders = class_folders(names)
     for folder in folders:
         (directory / folder).mkdir(parents=True)
@@ -295,7 +306,7 @@ def _write_tree(directory: Path, images, labels, names, size: int) -> dict:
         (directory / folders[label] / f"{seen[label]:05d}.png").write_bytes(_png(image, size))
         seen[label] += 1
     (directory / "classnames.txt").write_text("\n".join(names) + "\n")
-    (directory / "templates.txt").write_text("\n".join(ZEROSHOT_TEMPLATES) + "\n")
+    (directory / "templates.txt").write_text("\n".join(templates) + "\n")
     return {"dir": directory.name, "num_classes": len(names), "num_images": int(len(images)),
             "classnames": f"{directory.name}/classnames.txt", "templates": f"{directory.name}/templates.txt"}
 
@@ -310,20 +321,53 @@ def _per_class(labels: np.ndarray, per_class: int, num_classes: int, rng) -> np.
     return np.stack(picks, axis=1).reshape(-1)
 
 
-def _write_fewshot(directory: Path, sets, names, cfg: FashionConfig) -> dict:
+def write_fewshot(directory: Path, sets, names, cfg, stream: int = _STREAMS["fewshot"], task: str = "fashion-mnist",
+                  templates: Sequence[str] = FEWSHOT_TEMPLATES) -> dict:
+    """The ELEVATER-layout task ``task``: pools of ``sets["val"]``, test images of ``sets["test"]`` (``(images,
+    labels)``; ``cfg`` gives the seed, the image size and the per-class counts)."""
     from .synth.layout import _write_iris
 
-    rng = np.random.default_rng([cfg.seed, _STREAMS["fewshot"]])
+    rng = np.random.default_rng([cfg.seed, stream])
     splits = {}
     for split, (images, labels), per_class in (("train", sets["val"], cfg.fewshot_train_per_class),
                                                ("test", sets["test"], cfg.fewshot_test_per_class)):
         idx = _per_class(labels, per_class, len(names), rng)
         splits[split] = [(f"{n:06d}.png", _png(images[i], cfg.image_size), int(labels[i])) for n, i in enumerate(idx)]
-    _write_iris(directory / "fashion-mnist", list(names), list(FEWSHOT_TEMPLATES), splits)
-    catalog = {"fashion-mnist": {"metric": "accuracy", "num_classes": len(names), "multilabel": False,
-                                 "classes": list(names), "train": len(splits["train"]), "test": len(splits["test"])}}
+    _write_iris(directory / task, list(names), list(templates), splits)
+    catalog = {task: {"metric": "accuracy", "num_classes": len(names), "multilabel": False,
+                      "classes": list(names), "train": len(splits["train"]), "test": len(splits["test"])}}
     (directory / "catalog.json").write_text(json.dumps(catalog, indent=1) + "\n")
     return {"dir": directory.name, "catalog": f"{directory.name}/catalog.json", "datasets": catalog}
+
+
+def prepare_out(out: Path, record: dict, outputs: Sequence[str], *, reuse: bool, overwrite: bool, verbose: bool,
+                tag: str) -> Optional[dict]:
+    """The earlier summary (with paths) when ``reuse`` and it has ``record``'s settings; otherwise ``out`` cleared
+    of ``outputs`` (``FileExistsError`` when it holds some and not ``overwrite``) and None."""
+    from .synth.layout import _with_paths
+
+    existing = [name for name in outputs if (out / name).exists()]
+    if existing and reuse and (out / "summary.json").is_file():
+        summary = json.loads((out / "summary.json").read_text())
+        if all(summary.get(k) == v for k, v in record.items()):
+            if verbose:
+                print(f"[{tag}] reusing {out} (same settings and files)", flush=True)
+            return _with_paths(summary, out, seconds=0.0)
+    if existing and not overwrite:
+        raise FileExistsError(f"{str(out)!r} already holds {existing}; pass --overwrite to replace them")
+    for name in existing:
+        path = out / name
+        shutil.rmtree(path) if path.is_dir() else path.unlink()
+    out.mkdir(parents=True, exist_ok=True)
+    return None
+
+
+def holdout(seed: int, n_train: int, val_samples: int, train_samples: int = 0):
+    """``(val_idx, train_idx)``: a seeded permutation of the official training images holds out ``val_samples``
+    (sorted) for validation; the next ``train_samples`` (0: all the rest, in the seeded order) train."""
+    order = np.random.default_rng([seed, _STREAMS["split"]]).permutation(n_train)
+    rest = order[val_samples:]
+    return np.sort(order[:val_samples]), (rest[:train_samples] if train_samples else rest)
 
 
 _OUTPUTS = ("summary.json", "train", "val", "test", "zeroshot", "zeroshot_test", "fewshot", "train.npz")
@@ -356,25 +400,12 @@ def generate(out_dir, source: str | os.PathLike = DEBIAN_DIR, *, classnames: Opt
     record = {"config": dataclasses.asdict(cfg), "classnames": list(names),
               "source": {"dir": str(Path(source)), "train_images": n_train, "test_images": n_test,
                          "image_shape": list(data["train_images"].shape[1:])}}
-    existing = [name for name in _OUTPUTS if (out / name).exists()]
-    if existing and reuse and (out / "summary.json").is_file():
-        summary = json.loads((out / "summary.json").read_text())
-        if all(summary.get(k) == v for k, v in record.items()):
-            if verbose:
-                print(f"[fashion-mnist] reusing {out} (same settings and files)", flush=True)
-            return _with_paths(summary, out, seconds=0.0)
-    if existing and not overwrite:
-        raise FileExistsError(f"{str(out)!r} already holds {existing}; pass --overwrite to replace them")
-    for name in existing:
-        path = out / name
-        shutil.rmtree(path) if path.is_dir() else path.unlink()
-    out.mkdir(parents=True, exist_ok=True)
+    summary = prepare_out(out, record, _OUTPUTS, reuse=reuse, overwrite=overwrite, verbose=verbose, tag="fashion-mnist")
+    if summary is not None:
+        return summary
     start = time.perf_counter()
 
-    order = np.random.default_rng([cfg.seed, _STREAMS["split"]]).permutation(n_train)
-    val_idx = np.sort(order[:cfg.val_samples])
-    rest = order[cfg.val_samples:]
-    train_idx = rest[:cfg.train_samples] if cfg.train_samples else rest  # seeded order: shuffled shards
+    val_idx, train_idx = holdout(cfg.seed, n_train, cfg.val_samples, cfg.train_samples)
     test_n = cfg.test_samples or n_test
     sets = {"train": (data["train_images"][train_idx], data["train_labels"][train_idx]),
             "val": (data["train_images"][val_idx], data["train_labels"][val_idx]),
@@ -389,9 +420,9 @@ def generate(out_dir, source: str | os.PathLike = DEBIAN_DIR, *, classnames: Opt
         images, labels = sets[split]
         parts[split] = _write_pairs(out / split, images, labels, attribute_bins(images, cuts), names, cfg, per_image,
                                     f"captions-{split}", verbose)
-    parts["zeroshot"] = _write_tree(out / "zeroshot", *sets["val"], names, cfg.image_size)
-    parts["zeroshot_test"] = _write_tree(out / "zeroshot_test", *sets["test"], names, cfg.image_size)
-    parts["fewshot"] = _write_fewshot(out / "fewshot", sets, names, cfg)
+    parts["zeroshot"] = write_tree(out / "zeroshot", *sets["val"], names, cfg.image_size)
+    parts["zeroshot_test"] = write_tree(out / "zeroshot_test", *sets["test"], names, cfg.image_size)
+    parts["fewshot"] = write_fewshot(out / "fewshot", sets, names, cfg)
     train_labels = sets["train"][1]
     summary = {
         "format": "clip-dcl-idx/1", **record,

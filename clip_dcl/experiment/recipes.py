@@ -26,6 +26,17 @@ never paired or pooled (they train other models on other inputs).
     same-class negatives (tau+ = 0.1). Its studies read zero-shot top-1 with the real class names
     (retrieval's targets are near-duplicate captions). Needs the IDX files (``apt-get install
     dataset-fashion-mnist``); the synthetic recipes need nothing.
+``fscenes-words``
+    Scenes of Fashion-MNIST's real photographs (``clip-dcl data fashion-scenes``, :mod:`clip_dcl.data.scenes`):
+    two to four photographs, shrunk to 16 px, in the cells of a 2 x 2 grid at 32 px, the caption naming each
+    item's class, cell and one or two measured attributes; thousands of latent classes (the kinds of item per
+    cell). 20,000 training scenes, 2,000 validation scenes made of 5,000 held-out training images, 2,000 test
+    scenes of the official test images; ``clip-dcl-micro-fscenes`` (the micro ViT, a 1-layer text tower over the
+    scenes' words, 64 tokens of context) on the packed pairs, fused AdamW. Its metric is retrieval mean R@1 (one
+    distinct caption per validation or test scene). Needs the IDX files, as ``fmnist-words`` does.
+``fscenes4-words``
+    The same, but every scene fills all four cells and every item is named with two attributes: harder
+    negatives at every batch size (the scene testbed's second gate).
 """
 from __future__ import annotations
 
@@ -39,6 +50,10 @@ _SYNTH = ("data", "synth", "{DATA}", "--image-size", "32", "--num-classes", "48"
 #: Fashion-MNIST (real images): 20,000 training pairs, 2,000 validation images held out of the official
 #: training set, the official 10,000 test images
 _FMNIST = ("data", "fashion-mnist", "{DATA}", "--train-samples", "20000", "--val-samples", "2000")
+#: Fashion-MNIST scenes: 20,000 training scenes, 2,000 validation scenes (of 5,000 held-out training images),
+#: 2,000 test scenes (of the official test images)
+_FSCENES = ("data", "fashion-scenes", "{DATA}", "--train-samples", "20000", "--val-samples", "2000",
+            "--test-samples", "2000")
 #: trainer settings every recipe shares (OpenCLIP's flags)
 _COMMON = ("--lr", "1e-3", "--wd", "0.1", "--warmup", "50", "--workers", "1",
            "--log-every-n-steps", "50", "--save-frequency", "1", "--delete-previous-checkpoint",
@@ -91,6 +106,16 @@ RECIPES: Dict[str, Recipe] = {
                         "in memory, fused AdamW, validation every 4th epoch",
         "clip-dcl-micro-fmnist", _FMNIST + ("--pack",), "{DATA}/train.npz", "auto", val_frequency=4,
         extra=("--adamw-impl", "fused"), train_samples=20000, val_samples=2000),
+    "fscenes-words": Recipe(
+        "fscenes-words", "clip-dcl-micro-fscenes on scenes of 2-4 Fashion-MNIST photographs in a 2 x 2 grid (captions "
+                         "naming each item, its cell and measured attributes), packed in memory, fused AdamW, "
+                         "validation every 4th epoch",
+        "clip-dcl-micro-fscenes", _FSCENES + ("--pack",), "{DATA}/train.npz", "auto", val_frequency=4,
+        extra=("--adamw-impl", "fused"), train_samples=20000, val_samples=2000),
+    "fscenes4-words": Recipe(
+        "fscenes4-words", "fscenes-words with four items a scene, each named with two attributes",
+        "clip-dcl-micro-fscenes", _FSCENES + ("--min-items", "4", "--min-attributes", "2", "--pack"), "{DATA}/train.npz",
+        "auto", val_frequency=4, extra=("--adamw-impl", "fused"), train_samples=20000, val_samples=2000),
 }
 #: the recipe the testbed uses unless told otherwise
 DEFAULT_RECIPE = "micro-words"
