@@ -19,7 +19,6 @@ Run ``.venv/bin/python benchmarks/code_check.py --against c360f58 2545ede`` (a f
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import hashlib
 import json
 import os

@@ -27,7 +27,6 @@ overwrite an existing plan: a plan is written once, committed, and then only run
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import statistics
 import sys

@@ -6,7 +6,6 @@ An export loads with ``open_clip.create_model_and_transforms("local-dir:OUT_DIR"
 """
 from __future__ import annotations
 
-import argparse
 import hashlib
 import json
 import logging

@@ -6,12 +6,10 @@ from __future__ import annotations
 import io
 import json
 import logging
-import os
 import tarfile
 
 import numpy as np
 import pytest
-import torch
 from test_evalsets import ToyCLIP, ToyTokenizer, png_bytes, to_tensor, write_iris, write_shard, colour_split
 
 from clip_dcl.data import evalsets as es

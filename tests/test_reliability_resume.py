@@ -7,12 +7,10 @@ unwritable ``--logs``/``--output``, a bad ``--lr``, a template with an unknown p
 from __future__ import annotations
 
 import argparse
-import logging
 import os
 import re
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import torch

@@ -14,7 +14,6 @@ from ..errors import FlagError
 def check_optimizer_values(oc_args) -> None:
     """OpenCLIP's optimizer and schedule values that cannot train, refused before the model is built
     (torch's optimizer would raise its own traceback after it): the first bad one is named."""
-    import math
 
     def bad(value, ok) -> bool:
         return value is not None and not (isinstance(value, (int, float)) and math.isfinite(value) and ok(value))

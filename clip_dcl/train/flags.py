@@ -34,6 +34,7 @@ from .flag_checks import (check_data_paths, check_global_batch, check_optimizer_
 
 if TYPE_CHECKING:
     from clip_dcl.losses.base import DataFacts
+    from clip_dcl.train.preempt import PreemptConfig
 
 #: ``--adamw-impl`` choices: the keyword of ``torch.optim.AdamW`` each sets
 ADAMW_IMPLS = ("foreach", "fused")

@@ -6,7 +6,6 @@ training times, checkpoint). It prints no score: the test split is read by the r
 """
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import re

@@ -51,7 +51,7 @@ def check_seal(plan: Plan, work: Path) -> Optional[dict]:
     changes = plan_changes(seal["plan"], plan.canonical())
     if changes:
         raise StudyError(f"the plan changed since {work} was sealed ({seal['sealed']}, {seal['source']}): "
-                         + "; ".join(changes) + f"; a changed plan is a new study: give it a new --work folder")
+                         + "; ".join(changes) + "; a changed plan is a new study: give it a new --work folder")
     return seal
 
 
