@@ -101,21 +101,26 @@ def test_startup_a_stop_signal_before_the_first_step_stops_at_once_and_after_it_
     from clip_dcl.train.preempt import StartupStop, StopSignals
 
     before = signal.getsignal(signal.SIGUSR2)
-    signals = StopSignals(["USR2"], ctrl_c=True).install()
+    signals = StopSignals(["USR2"], ctrl_c=True).install()  # called from Python: no exit from the handler
     try:
-        with pytest.raises(StartupStop) as stop:
-            os.kill(os.getpid(), signal.SIGUSR2)
-            time.sleep(1)
+        os.kill(os.getpid(), signal.SIGUSR2)
+        time.sleep(0.05)  # the handler ran and raised nothing (it may run inside Python that C++ called)
+        assert signals.startup_stop == "SIGUSR2"
+        with pytest.raises(StartupStop) as stop:  # at the run's next safe point
+            signals.check_startup()
         assert stop.value.signame == "SIGUSR2" and stop.value.exit_code == 75
         assert signals.received is None  # nothing for a step boundary to act on
         signals.startup_stop = None
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(0.05)
         with pytest.raises(StartupStop) as stop:
-            os.kill(os.getpid(), signal.SIGINT)
-            time.sleep(1)
+            signals.check_startup()
         assert stop.value.exit_code == 130
-        signals.training_started()
+        signals.startup_stop = None
+        signals.training_started()  # within the wakeup pipe's grace: its reader ends with the start-up
         os.kill(os.getpid(), signal.SIGUSR2)  # training: a flag, the step boundary saves and stops
         assert signals.received == "SIGUSR2"
+        signals.check_startup()  # no start-up stop any more
     finally:
         signals.restore()
     assert signal.getsignal(signal.SIGUSR2) is before

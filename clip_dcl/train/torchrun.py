@@ -23,15 +23,37 @@ the cause: the last line names the first rank that failed otherwise, and why.
 
 torchrun starts each rank in a session of its own, so a Ctrl-C at the terminal reaches torchrun alone,
 which sends it on to the ranks once: they take it as their first Ctrl-C (save the step, exit 130).
+
+SIGTERM and Ctrl-C are handled from the launcher's first line, before it imports torch (seconds on a
+busy machine): until torchrun installs its own handlers, just before it starts the first rank, the
+launcher leaves at once with its line, 75 or 130 (from the handler, with ``os._exit``: nothing is
+raised inside torch's import, see :mod:`clip_dcl.train.exits`). Once torchrun is done, both are
+ignored while the last line is written.
 """
 from __future__ import annotations
 
-import logging
+import os
 import signal
 import sys
-from typing import List, Optional, Tuple
 
-from .exits import INTERRUPTED_EXIT_CODE, PREEMPTED_EXIT_CODE
+
+def _stopped_before_the_ranks(signum, frame):
+    """SIGTERM or Ctrl-C before torchrun took the signals over: no rank has started; the line, and leave."""
+    name, code = ("SIGINT (Ctrl-C)", 130) if signum == signal.SIGINT else (signal.Signals(signum).name, 75)
+    os.write(2, (f"clip-dcl train: the launcher stopped on {name} before it started any rank: nothing was "
+                 f"trained; exit code {code}\n").encode())
+    os._exit(code)
+
+
+if __name__ == "__main__":  # the launcher itself (not a test importing it): before any other import
+    for _num in (signal.SIGTERM, signal.SIGINT):
+        if signal.getsignal(_num) in (signal.SIG_DFL, signal.default_int_handler):
+            signal.signal(_num, _stopped_before_the_ranks)
+
+import logging  # noqa: E402
+from typing import List, Optional, Tuple  # noqa: E402
+
+from .exits import INTERRUPTED_EXIT_CODE, PREEMPTED_EXIT_CODE  # noqa: E402
 
 
 def exit_code(failed_codes: List[int]) -> int:
@@ -157,8 +179,6 @@ def _rank_line(failure) -> Optional[str]:
 
 
 def main(argv: Optional[List[str]] = None) -> int:
-    import os
-
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import main as torchrun_main
@@ -174,7 +194,11 @@ def main(argv: Optional[List[str]] = None) -> int:
     # torchrun's record() logs an error when it has no error file of its own to copy a rank's into: our line says it
     logging.getLogger("torch.distributed.elastic.multiprocessing.errors.error_handler").setLevel(logging.CRITICAL)
     try:
-        torchrun_main(argv)
+        try:
+            torchrun_main(argv)
+        finally:  # the outcome is decided: a late signal must not replace the last line with a traceback
+            for num in (signal.SIGTERM, signal.SIGINT):
+                signal.signal(num, signal.SIG_IGN)
     except SignalException as e:
         name, code = signal_exit(e.sigval)
         print(f"clip-dcl train: torchrun stopped on {name}: its ranks were told to save their step and stop (their "
