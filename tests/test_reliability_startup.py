@@ -314,3 +314,93 @@ def test_oneline_an_error_every_rank_meets_is_printed_once_without_traceback(sha
     last = _last_line(err)
     assert last.startswith("clip-dcl train: error: sample id ") and "(rank " in last, err[-3000:]
     assert "Traceback" not in err, err[-3000:]
+
+
+# -- startup: no exception from a handler, no thread across a fork ---------------------------------------------
+_SWALLOWING = """\
+import os, signal, sys, time
+from clip_dcl.train.exits import StartupGuard
+StartupGuard(at_once=True).install()
+try:  # as torch's C++ does around its import of NumPy: an exception raised in here would be lost
+    os.kill(os.getpid(), signal.SIG{sig})
+    time.sleep(5)
+except BaseException:
+    pass
+print("went on after the signal", file=sys.stderr)
+"""
+
+
+@pytest.mark.parametrize("sig,code", [("TERM", 75), ("INT", 130)])
+def test_startup_the_command_leaves_from_the_handler_whatever_catches_exceptions_around_it(sig, code):
+    proc = subprocess.run([sys.executable, "-c", _SWALLOWING.format(sig=sig)], capture_output=True, text=True,
+                          env=_env(), timeout=LAUNCH_BOUND_S, preexec_fn=lambda: signal.signal(signal.SIGINT,
+                                                                                                signal.SIG_DFL))
+    assert proc.returncode == code, proc.stderr
+    what = "stopped on SIGTERM" if sig == "TERM" else "interrupted (Ctrl-C)"
+    assert proc.stderr.strip() == (f"clip-dcl train: {what} during start-up, before the first training step: "
+                                   f"nothing was trained since the last checkpoint; exit code {code}")
+
+
+def test_startup_no_thread_of_the_trainer_runs_while_the_process_forks():
+    from clip_dcl.train.threads import ForkSafeThread
+
+    state = {"in_loop": 0, "starts": 0}
+
+    def loop(stopping):
+        state["in_loop"] += 1
+        state["starts"] += 1
+        try:
+            while not stopping.wait(0.01):
+                pass
+        finally:
+            state["in_loop"] -= 1
+
+    thread = ForkSafeThread("test-fork-safe", loop).start()
+    try:
+        while not state["in_loop"]:
+            time.sleep(0.01)
+        r, w = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # the child: the loop was not running when the process forked, and none runs here
+            os.write(w, str(state["in_loop"]).encode())
+            os._exit(0)
+        os.close(w)
+        in_child = os.read(r, 16).decode()
+        os.close(r)
+        os.waitpid(pid, 0)
+        assert in_child == "0"
+        deadline = time.monotonic() + 10
+        while state["starts"] < 2 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert thread.alive and state["starts"] == 2  # started again in the parent
+    finally:
+        thread.stop()
+    assert not thread.alive and state["in_loop"] == 0
+
+
+def _catches(pid: int, sig: int) -> bool:
+    """Whether process ``pid`` has a handler for ``sig`` (``SigCgt`` of ``/proc/PID/status``)."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            mask = next(int(line.split()[1], 16) for line in f if line.startswith("SigCgt:"))
+    except (OSError, StopIteration):
+        return False
+    return bool(mask >> (int(sig) - 1) & 1)
+
+
+@pytest.mark.parametrize("sig,code,name", [(signal.SIGTERM, 75, "SIGTERM"), (signal.SIGINT, 130, "SIGINT (Ctrl-C)")],
+                         ids=["SIGTERM", "SIGINT"])
+def test_startup_the_launcher_stopped_before_it_starts_a_rank_says_so_in_one_line(tmp_path, sig, code, name):
+    proc, _ = _launch(["-m", "clip_dcl.train.torchrun", "--standalone", "--nproc_per_node", "2", "-m",
+                       "clip_dcl.train", "--", "--model", "clip-dcl-tiny", "--dataset-type", "synthetic",
+                       "--device", "cpu", "--logs", str(tmp_path / "logs")])
+    deadline = time.monotonic() + 30
+    # its first lines ran (SIGTERM is caught: Python catches SIGINT from its own start), torch is not imported yet
+    while not _catches(proc.pid, signal.SIGTERM) and time.monotonic() < deadline:
+        time.sleep(0.005)
+    os.kill(proc.pid, sig)
+    rc, err, _ = _finish(proc, timeout=LAUNCH_BOUND_S)
+    assert rc == code, err[-3000:]
+    assert err.strip() == (f"clip-dcl train: the launcher stopped on {name} before it started any rank: nothing "
+                           f"was trained; exit code {code}"), err[-3000:]
+    assert not (tmp_path / "logs").exists()

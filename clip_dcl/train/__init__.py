@@ -82,6 +82,7 @@ def main(argv: Optional[List[str]] = None, prog: Optional[str] = None, exiting: 
 
     # SIGTERM and Ctrl-C from here until the run's own handlers (run_training): imports, flags
     guard = StartupGuard(at_once=exiting).install()
+    guard.unblock()  # the launcher starts its ranks with them blocked (clip_dcl.train.torchrun): one sent comes now
     proceeding = False
     try:
         from .flags import PROG, FlagError, parse_train_args

@@ -122,6 +122,12 @@ class StartupGuard:
                     self._saved[num] = signal.signal(num, self._handle)
         return self
 
+    def unblock(self) -> None:
+        """Unblock SIGTERM and SIGINT in this thread, which :mod:`clip_dcl.train.torchrun` starts a rank with blocked:
+        one sent since is handled now, by the handlers just installed."""
+        if hasattr(signal, "pthread_sigmask") and threading.current_thread() is threading.main_thread():
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM, signal.SIGINT})
+
     def _handle(self, signum, frame):
         if os.getpid() != self._pid:
             as_forked_child(signum)

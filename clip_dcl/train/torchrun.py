@@ -178,6 +178,45 @@ def _rank_line(failure) -> Optional[str]:
     return str(failure.error_file_data["message"].get("message", "")) or None
 
 
+#: The signals a rank is started with blocked (:func:`_ranks_start_with_stop_signals_blocked`).
+STOP_SIGNALS = {signal.SIGTERM, signal.SIGINT}
+
+
+def _trains(argv: List[str]) -> bool:
+    """Whether torchrun's command line ``argv`` runs ``-m clip_dcl.train`` (whose ranks unblock :data:`STOP_SIGNALS`)."""
+    from torch.distributed.run import get_args_parser
+
+    try:
+        args = get_args_parser().parse_args(list(argv))
+    except SystemExit:
+        return False
+    return bool(args.module and args.training_script == "clip_dcl.train")
+
+
+def _ranks_start_with_stop_signals_blocked() -> None:
+    """torchrun starts each rank with SIGTERM and SIGINT blocked; the rank unblocks them once its handlers are in
+    (:func:`clip_dcl.train.main`), and one sent before then is handled there.
+
+    A rank's first instructions (the interpreter's start, its first imports) run with no handler of ours: a
+    SIGTERM then (a scheduler's, or torchrun's when another rank failed first) killed it with no line, and the
+    launcher could not tell the rank it was sent to from the ranks it stopped because of it. A blocked signal
+    waits instead; the mask is blocked only in the launcher's thread that starts the rank, for as long as that
+    takes, and the rank inherits it."""
+    from torch.distributed.elastic.multiprocessing.subprocess_handler import subprocess_handler
+
+    handler = subprocess_handler.SubprocessHandler
+    popen = handler._popen
+
+    def _popen(self, args, env):
+        old = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+        try:
+            return popen(self, args, env)
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, old)
+
+    handler._popen = _popen
+
+
 def main(argv: Optional[List[str]] = None) -> int:
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
@@ -191,6 +230,8 @@ def main(argv: Optional[List[str]] = None) -> int:
         print(refused[0], file=sys.stderr)
         return refused[1]
     os.environ[LAUNCHER_ENV] = "1"  # the ranks' error lines come here (clip_dcl.train.exits.report_error)
+    if _trains(argv) and hasattr(signal, "pthread_sigmask"):
+        _ranks_start_with_stop_signals_blocked()
     # torchrun's record() logs an error when it has no error file of its own to copy a rank's into: our line says it
     logging.getLogger("torch.distributed.elastic.multiprocessing.errors.error_handler").setLevel(logging.CRITICAL)
     try:
