@@ -188,11 +188,8 @@ def run_launch(index: int, fault: Fault, work: Path, args) -> Launch:
 
     def watch():
         for child in _children(proc.pid):
-            if child not in seen:
-                rank = _rank_of(child)
-                if rank is None and not _alive(child):
-                    continue
-                seen[child] = rank
+            if seen.get(child) is None:  # a rank: known once it runs its own program (its environment has RANK)
+                seen[child] = _rank_of(child)
         for pid, rank in list(seen.items()):
             if rank is not None:
                 for worker in _children(pid):

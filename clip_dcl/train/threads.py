@@ -26,7 +26,9 @@ from typing import Callable, Optional
 
 #: The threads started and not stopped for good: stopped before a fork, started again after it (in the parent).
 _RUNNING: set = set()
-_LOCK = threading.Lock()
+#: Reentrant: a stop signal's handler may stop a thread (leaving, the run lock's release) while its own thread is
+#: in the fork hook that holds it.
+_LOCK = threading.RLock()
 #: Seconds a fork waits for one thread to stop (a heartbeat in a slow ``utime`` on a network file system).
 JOIN_S = 5.0
 
@@ -98,8 +100,9 @@ def _after_fork_in_parent() -> None:
 
 
 def _after_fork_in_child() -> None:
+    global _LOCK
     _RUNNING.clear()  # the parent's: none runs here
-    _LOCK.release()  # taken by the forking thread, which is this one
+    _LOCK = threading.RLock()
 
 
 if hasattr(os, "register_at_fork"):
