@@ -157,6 +157,10 @@ def test_startup_the_launcher_names_the_rank_that_failed_first_not_those_it_stop
     # rank 0 stopped on its SIGTERM and saved; torchrun's SIGTERM reached rank 1 on its way out, with no handler
     saved, leaving = failure(75, 100, 100.5, "stop"), failure(-signal.SIGTERM, 101)
     assert _first_failure([(0, saved), (1, leaving)]) == (0, saved)
+    # rank 1 killed; rank 0 aborted because its collective failed (a C++ library's terminate): rank 1 is the cause
+    aborted, killed = failure(-signal.SIGABRT, 100), failure(-signal.SIGKILL, 100)
+    assert _first_failure([(0, aborted), (1, killed)]) == (1, killed)
+    assert _first_failure([(0, aborted)]) == (0, aborted)
 
 
 # -- startup: end to end ----------------------------------------------------------------------------------------

@@ -154,7 +154,8 @@ def _kind(failure) -> str:
 def _first_failure(failures):
     """``(global rank, failure)`` of the cause among the failed ranks: a rank's own error (the first, by the time
     it wrote its line), else a rank that died with no line of ours (the lowest rank) of another signal than
-    SIGTERM, else the first that stopped on a signal, else one SIGTERM killed, else the first whose collective
+    SIGTERM, one that aborted (SIGABRT: what a C++ library does when a peer's death fails its collective) after
+    the others, else the first that stopped on a signal, else one SIGTERM killed, else the first whose collective
     failed. Ranks that torchrun stopped when the cause failed (75 / 130, or SIGTERM on their way out), or whose
     collective failed then, come after it."""
     def when(item):
@@ -167,7 +168,8 @@ def _first_failure(failures):
     for kind in ("error", "other", "stop", "terminated", "peer"):
         found = [item for item in failures if _kind(item[1]) == kind]
         if found:
-            return min(found, key=when) if kind != "other" else min(found, key=lambda item: item[0])
+            return min(found, key=when) if kind != "other" else min(
+                found, key=lambda item: (item[1].exitcode == -signal.SIGABRT, item[0]))
     return min(failures, key=when)
 
 
