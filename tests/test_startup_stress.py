@@ -56,7 +56,7 @@ def test_stress_refuses_no_launches_and_unknown_kinds(capsys):
 def test_stress_short_four_faulted_launches_end_clean(tmp_path):
     out = tmp_path / "report" / "startup_stress"
     kinds = "launcher-SIGTERM,group-SIGINT,rank-SIGTERM,rank-SIGKILL"
-    rc = stress.main(["--launches", "4", "--seed", "0", "--window", "6", "--kinds", kinds, "--samples", "16",
+    rc = stress.main(["--launches", "4", "--seed", "0", "--window", "4", "--kinds", kinds, "--samples", "16",
                       "--work", str(tmp_path / "work"), "--out", str(out)])
     result = json.loads(out.with_suffix(".json").read_text())
     table = [(r["kind"], r["rank"], r["fired"], r["rc"], r["ended_after_fault"], r["problems"], r["last_line"])
