@@ -13,7 +13,11 @@ launcher starts:
 - ``rank-SIGKILL``: SIGKILL to one rank: exit 1, the last line names that rank and SIGKILL;
 - ``none``: no fault: exit 0 and the epoch's checkpoint written.
 
-A rank's fault waits for that rank to exist (its moment is then when it started). A launch must end, the
+A rank's fault waits for that rank to exist (its moment is then when it started); a fault to the launcher waits
+for its first line to run (it catches SIGTERM): before that the interpreter is starting (tens of milliseconds
+on an idle machine, more on a busy one), no code of ours can run, and a SIGTERM meets the system's default
+(the launcher dies of it with no line) and a Ctrl-C Python's own (a traceback from its ``site`` import). Each
+record keeps when its fault was sent (``fired``) beside its drawn moment (``at``). A launch must end, the
 launcher and every process it started (ranks, data-loader workers), within ``--bound`` seconds of its fault
 (``none``: within ``--launch-timeout``), else it is *hung* (and killed). It is *aborted* when a process died of
 SIGABRT or printed ``terminate called``; it has a *traceback* when its output holds one; its blame is *wrong*
@@ -117,6 +121,16 @@ def _alive(pid: int) -> bool:
         return False
 
 
+def _catches(pid: int, sig: int) -> bool:
+    """Whether process ``pid`` has a handler for ``sig`` (``SigCgt`` of ``/proc/PID/status``)."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            mask = next(int(line.split()[1], 16) for line in f if line.startswith("SigCgt:"))
+    except (OSError, StopIteration):
+        return False
+    return bool(mask >> (int(sig) - 1) & 1)
+
+
 def _rank_of(pid: int) -> Optional[int]:
     try:
         with open(f"/proc/{pid}/environ", "rb") as f:
@@ -196,6 +210,8 @@ def run_launch(index: int, fault: Fault, work: Path, args) -> Launch:
                     seen.setdefault(worker, None)
 
     def fire() -> bool:
+        if fault.kind in ("launcher-SIGTERM", "group-SIGINT") and not _catches(proc.pid, signal.SIGTERM):
+            return False  # the interpreter's own start: no line of the launcher has run yet (see the docstring)
         if fault.kind == "launcher-SIGTERM":
             os.kill(proc.pid, signal.SIGTERM)
             return True
@@ -278,6 +294,11 @@ def summarize(launches: List[Launch], args) -> dict:
         "bound_s": args.bound,
         "faults": dict(Counter(r.kind for r in launches)),
         "not_sent": sum(1 for r in launches if r.kind != "none" and r.fired is None),
+        # faults to the launcher whose moment came while its interpreter was starting: sent once its first line ran
+        "launcher_faults_held": sum(1 for r in launches if r.kind in ("launcher-SIGTERM", "group-SIGINT")
+                                    and r.fired is not None and r.fired - r.at > 0.05),
+        "rank_faults_held": sum(1 for r in launches if r.kind.startswith("rank") and r.fired is not None
+                                and r.fired - r.at > 0.05),
         "clean": sum(1 for r in launches if r.clean),
         "hung": sum(1 for r in launches if r.hung),
         "aborted": sum(1 for r in launches if r.aborted),
@@ -310,7 +331,9 @@ def write_report(result: dict, out: Path) -> None:
         "",
         f"A launch must end within {result['bound_s']:g} s of its fault (slowest exit: from the fault to the end "
         f"of the last process of the launch; median {result['median_exit_s'] or 0:.1f} s). "
-        f"{result['not_sent']} fault(s) were not sent (the launch had ended before their moment).",
+        f"{result['not_sent']} fault(s) were not sent (the launch had ended before their moment); "
+        f"{result['rank_faults_held']} to a rank waited for that rank to start, and "
+        f"{result['launcher_faults_held']} to the launcher for its first line to run.",
         "",
         "| fault | sent after | rank | exit | ended after the fault | last line |",
         "|---|---:|---:|---:|---:|---|",

@@ -274,5 +274,18 @@ def main(argv: Optional[List[str]] = None) -> int:
     return 0
 
 
+def _leave(code: int) -> None:
+    """Exit with ``code`` once the last line is out, without the interpreter's teardown of torch (seconds on a busy
+    machine, during which the job still looks alive): the launcher has nothing left to write."""
+    for handler in logging.getLogger().handlers:
+        try:
+            handler.flush()
+        except Exception:  # noqa: BLE001 - leaving anyway
+            pass
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    _leave(main(sys.argv[1:]))
