@@ -4,8 +4,9 @@ its first seconds; every launch must end soon after its fault, with no traceback
 Each launch runs ``python -m clip_dcl.train.torchrun --standalone --nproc_per_node 2 -m clip_dcl.train -- ...``
 (what ``launch/train_single_node.sh`` runs): ``clip-dcl-tiny`` on OpenCLIP's synthetic data, one data-loader
 worker per rank, one epoch of a few steps. Its fault is drawn from ``--seed`` (the kinds in a shuffled turn, so
-that every five launches hold each kind once), at a moment drawn from the first ``--window`` seconds after the
-launcher starts:
+that every five launches hold each kind once), at a moment drawn from the first ``--window`` seconds of the
+process it goes to (the launcher's, from its start; a rank's, from that rank's start, which comes seconds after
+the launcher's on a busy machine: a moment counted from the launcher would find most ranks not started yet):
 
 - ``launcher-SIGTERM``: SIGTERM to the launcher (a scheduler's, or ``kill``): exit 75, its line names SIGTERM;
 - ``group-SIGINT``: SIGINT to the launcher's process group (Ctrl-C at a terminal): exit 130, its line names Ctrl-C;
@@ -13,11 +14,12 @@ launcher starts:
 - ``rank-SIGKILL``: SIGKILL to one rank: exit 1, the last line names that rank and SIGKILL;
 - ``none``: no fault: exit 0 and the epoch's checkpoint written.
 
-A rank's fault waits for that rank to exist (its moment is then when it started); a fault to the launcher waits
-for its first line to run (it catches SIGTERM): before that the interpreter is starting (tens of milliseconds
+A fault to the launcher waits for its first line to run (it catches SIGTERM): before that the interpreter is
+starting (tens of milliseconds
 on an idle machine, more on a busy one), no code of ours can run, and a SIGTERM meets the system's default
 (the launcher dies of it with no line) and a Ctrl-C Python's own (a traceback from its ``site`` import). Each
-record keeps when its fault was sent (``fired``) beside its drawn moment (``at``). A launch must end, the
+record keeps when its fault was sent (``fired``, from the launcher's start) beside its drawn moment (``at``).
+A launch must end, the
 launcher and every process it started (ranks, data-loader workers), within ``--bound`` seconds of its fault
 (``none``: within ``--launch-timeout``), else it is *hung* (and killed). It is *aborted* when a process died of
 SIGABRT or printed ``terminate called``; it has a *traceback* when its output holds one; its blame is *wrong*
@@ -57,7 +59,7 @@ GRACE_AFTER_BOUND_S = 40.0
 class Fault:
     kind: str
     rank: int  # the rank of a rank-* fault
-    at: float  # seconds after the launcher started
+    at: float  # seconds after its target started: the launcher, or the rank
 
 
 def plan_faults(n: int, seed: int, window: float, kinds=KINDS) -> List[Fault]:
@@ -80,7 +82,8 @@ class Launch:
     kind: str
     rank: int
     at: float  # the drawn moment
-    fired: Optional[float] = None  # seconds after start the signal went (None: not sent)
+    fired: Optional[float] = None  # seconds after the launcher's start the signal went (None: not sent)
+    rank_started: Optional[float] = None  # seconds after the launcher's start the fault's rank started
     ended_after_fault: Optional[float] = None  # seconds from the fault to the last process's end
     duration: float = 0.0  # seconds from start to the last process's end
     rc: Optional[int] = None
@@ -196,12 +199,14 @@ def run_launch(index: int, fault: Fault, work: Path, args) -> Launch:
         proc = subprocess.Popen(cmd, stdout=out, stderr=err, env=env, cwd=folder, start_new_session=True,
                                 preexec_fn=_default_sigint)
     seen: Dict[int, Optional[int]] = {}  # every process of the launch: pid -> rank (None: a worker)
+    born: Dict[int, float] = {}  # the launcher's children: when each was first seen
     fired_at: Optional[float] = None
     fired_wall = 0.0
     deadline = start + args.launch_timeout
 
     def watch():
         for child in _children(proc.pid):
+            born.setdefault(child, time.monotonic())
             if seen.get(child) is None:  # a rank: known once it runs its own program (its environment has RANK)
                 seen[child] = _rank_of(child)
         for pid, rank in list(seen.items()):
@@ -221,13 +226,17 @@ def run_launch(index: int, fault: Fault, work: Path, args) -> Launch:
         target = [pid for pid, rank in seen.items() if rank == fault.rank and _alive(pid)]
         if not target:
             return False
+        rec.rank_started = round(born[target[0]] - start, 2)
+        if time.monotonic() - born[target[0]] < fault.at:
+            return False
         os.kill(target[0], signal.SIGTERM if fault.kind == "rank-SIGTERM" else signal.SIGKILL)
         return True
 
     while True:
         watch()
         now = time.monotonic()
-        if fired_at is None and fault.kind != "none" and now - start >= fault.at and proc.poll() is None:
+        due = now - start >= fault.at or fault.kind.startswith("rank")  # a rank's: from its own start (fire())
+        if fired_at is None and fault.kind != "none" and due and proc.poll() is None:
             try:
                 if fire():
                     fired_at, fired_wall = time.monotonic(), time.time()
@@ -297,8 +306,7 @@ def summarize(launches: List[Launch], args) -> dict:
         # faults to the launcher whose moment came while its interpreter was starting: sent once its first line ran
         "launcher_faults_held": sum(1 for r in launches if r.kind in ("launcher-SIGTERM", "group-SIGINT")
                                     and r.fired is not None and r.fired - r.at > 0.05),
-        "rank_faults_held": sum(1 for r in launches if r.kind.startswith("rank") and r.fired is not None
-                                and r.fired - r.at > 0.05),
+        "rank_started_s": sorted(r.rank_started for r in launches if r.rank_started is not None),
         "clean": sum(1 for r in launches if r.clean),
         "hung": sum(1 for r in launches if r.hung),
         "aborted": sum(1 for r in launches if r.aborted),
@@ -320,8 +328,8 @@ def write_report(result: dict, out: Path) -> None:
         "# Start-up stress",
         "",
         f"`benchmarks/startup_stress.py --launches {result['launches']} --seed {result['seed']}`: launches of two "
-        "gloo ranks through `python -m clip_dcl.train.torchrun`, each with one fault at a random moment of its "
-        f"first {result['window_s']:g} s (see the script's docstring). Status: {status}.",
+        "gloo ranks through `python -m clip_dcl.train.torchrun`, each with one fault at a random moment of the "
+        f"first {result['window_s']:g} s of the process it is sent to (see the script's docstring). Status: {status}.",
         "",
         "| launches | faults by kind | clean | hung | aborted | tracebacks | wrong blame | slowest exit |",
         "|---:|---|---:|---:|---:|---:|---:|---:|",
@@ -332,11 +340,14 @@ def write_report(result: dict, out: Path) -> None:
         f"A launch must end within {result['bound_s']:g} s of its fault (slowest exit: from the fault to the end "
         f"of the last process of the launch; median {result['median_exit_s'] or 0:.1f} s). "
         f"{result['not_sent']} fault(s) were not sent (the launch had ended before their moment); "
-        f"{result['rank_faults_held']} to a rank waited for that rank to start, and "
-        f"{result['launcher_faults_held']} to the launcher for its first line to run.",
+        f"{result['launcher_faults_held']} to the launcher waited for its first line to run. A rank's fault "
+        "came at its moment after that rank started, which was "
+        + (f"{result['rank_started_s'][0]:.1f}-{result['rank_started_s'][-1]:.1f} s after the launcher's start."
+           if result["rank_started_s"] else "never."),
         "",
-        "| fault | sent after | rank | exit | ended after the fault | last line |",
-        "|---|---:|---:|---:|---:|---|",
+        "| fault | moment (after its target started) | sent (after the launcher started) | rank | exit | ended after "
+        "the fault | last line |",
+        "|---|---:|---:|---:|---:|---:|---|",
     ]
     for kind in KINDS:  # one example of each kind, then every launch with a problem
         example = next((r for r in result["runs"] if r["kind"] == kind and r["clean"]), None)
@@ -346,7 +357,8 @@ def write_report(result: dict, out: Path) -> None:
             after = f"{r['ended_after_fault']:.1f} s" if r["ended_after_fault"] is not None else "-"
             rank = str(r["rank"]) if kind.startswith("rank") else "-"
             mark = "" if r["clean"] else f" **{', '.join(r['problems'])}**"
-            lines.append(f"| {kind}{mark} | {sent} | {rank} | {r['rc']} | {after} | "
+            moment = f"{r['at']:.1f} s" if kind != "none" else "-"
+            lines.append(f"| {kind}{mark} | {moment} | {sent} | {rank} | {r['rc']} | {after} | "
                          f"`{r['last_line'][:160].replace('|', '/')}` |")
     lines.append("")
     out.with_suffix(".md").write_text("\n".join(lines))
