@@ -304,6 +304,8 @@ def summarize(launches: List[Launch], args) -> dict:
         "faults": dict(Counter(r.kind for r in launches)),
         "not_sent": sum(1 for r in launches if r.kind != "none" and r.fired is None),
         # faults to the launcher whose moment came while its interpreter was starting: sent once its first line ran
+        # a fault sent after the run had trained its epoch (a rank's moment came late): exit 0 is then its end
+        "after_training": sum(1 for r in launches if r.kind != "none" and r.fired is not None and r.rc == 0),
         "launcher_faults_held": sum(1 for r in launches if r.kind in ("launcher-SIGTERM", "group-SIGINT")
                                     and r.fired is not None and r.fired - r.at > 0.05),
         "rank_started_s": sorted(r.rank_started for r in launches if r.rank_started is not None),
@@ -340,6 +342,7 @@ def write_report(result: dict, out: Path) -> None:
         f"A launch must end within {result['bound_s']:g} s of its fault (slowest exit: from the fault to the end "
         f"of the last process of the launch; median {result['median_exit_s'] or 0:.1f} s). "
         f"{result['not_sent']} fault(s) were not sent (the launch had ended before their moment); "
+        f"{result['after_training']} came after the run had trained its epoch (exit 0), and "
         f"{result['launcher_faults_held']} to the launcher waited for its first line to run. A rank's fault "
         "came at its moment after that rank started, which was "
         + (f"{result['rank_started_s'][0]:.1f}-{result['rank_started_s'][-1]:.1f} s after the launcher's start."
