@@ -46,7 +46,7 @@ def _stopped_before_the_ranks(signum, frame):
 
 
 if __name__ == "__main__":  # the launcher itself (not a test importing it): before any other import
-    for _num in (signal.SIGTERM, signal.SIGINT):
+    for _num in (signal.SIGINT, signal.SIGTERM):  # SIGTERM last: once it is caught, both are
         if signal.getsignal(_num) in (signal.SIG_DFL, signal.default_int_handler):
             signal.signal(_num, _stopped_before_the_ranks)
 
