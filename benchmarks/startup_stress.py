@@ -24,8 +24,8 @@ launcher and every process it started (ranks, data-loader workers), within ``--b
 (``none``: within ``--launch-timeout``), else it is *hung* (and killed). It is *aborted* when a process died of
 SIGABRT or printed ``terminate called``; it has a *traceback* when its output holds one; its blame is *wrong*
 when the exit code or the last line is not the fault's (above). A fault that comes after the run finished
-its training (its checkpoint is older than the fault) may leave exit 0. A launch with none of these problems
-is *clean*.
+its training (its checkpoint is older than the fault, or a rank took the signal after its last step, with no
+step boundary left to stop at) may leave exit 0. A launch with none of these problems is *clean*.
 
     .venv/bin/python benchmarks/startup_stress.py                    # 100 launches -> benchmarks/results/startup_stress
     .venv/bin/python benchmarks/startup_stress.py --launches 10 --out /tmp/stress
@@ -273,7 +273,10 @@ def run_launch(index: int, fault: Fault, work: Path, args) -> Launch:
     rec.traceback = "Traceback (most recent call last)" in text
     ckpt = folder / "logs" / "run" / "checkpoints" / "epoch_1.pt"
     rec.trained = ckpt.exists()
-    finished_before = rec.trained and fired_at is not None and ckpt.stat().st_mtime < fired_wall
+    # the fault came once the run had trained its epoch: its checkpoint was written before, or a rank took the
+    # signal after its last step (no step boundary is left to stop at: it saves the epoch and ends, exit 0)
+    finished_before = rec.trained and fired_at is not None and (
+        ckpt.stat().st_mtime < fired_wall or "Received SIGTERM: finishing the current step" in text)
     kind = fault.kind if fired_at is not None else "none"
     if rec.hung:
         rec.problems.append("hung")
