@@ -196,27 +196,29 @@ def _trains(argv: List[str]) -> bool:
 
 
 def _ranks_start_with_stop_signals_blocked() -> None:
-    """torchrun starts each rank with SIGTERM and SIGINT blocked; the rank unblocks them once its handlers are in
-    (:func:`clip_dcl.train.main`), and one sent before then is handled there.
+    """torchrun starts its ranks with SIGTERM and SIGINT blocked in the launcher, and each rank with them blocked;
+    the rank unblocks them once its handlers are in (:func:`clip_dcl.train.main`), and one sent before then is
+    handled there.
 
     A rank's first instructions (the interpreter's start, its first imports) run with no handler of ours: a
     SIGTERM then (a scheduler's, or torchrun's when another rank failed first) killed it with no line, and the
-    launcher could not tell the rank it was sent to from the ranks it stopped because of it. A blocked signal
-    waits instead; the mask is blocked only in the launcher's thread that starts the rank, for as long as that
-    takes, and the rank inherits it."""
-    from torch.distributed.elastic.multiprocessing.subprocess_handler import subprocess_handler
+    launcher could not tell the rank it was sent to from the ranks it stopped because of it. In the launcher, a
+    signal while torchrun starts the ranks raised its ``SignalException`` between a rank's start and torchrun's
+    record of it (the ranks are recorded together, once all have started): torchrun then stopped the ranks it
+    had recorded, none, and exited; the others ran on, alone, waiting at the rendezvous. Blocked for as long as
+    the ranks take to start, the signal comes once all are recorded, and torchrun stops them all."""
+    from torch.distributed.elastic.multiprocessing.api import SubprocessContext
 
-    handler = subprocess_handler.SubprocessHandler
-    popen = handler._popen
+    start = SubprocessContext._start
 
-    def _popen(self, args, env):
+    def _start(self):
         old = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
         try:
-            return popen(self, args, env)
+            return start(self)
         finally:
             signal.pthread_sigmask(signal.SIG_SETMASK, old)
 
-    handler._popen = _popen
+    SubprocessContext._start = _start
 
 
 def main(argv: Optional[List[str]] = None) -> int:
