@@ -408,3 +408,53 @@ def test_startup_the_launcher_stopped_before_it_starts_a_rank_says_so_in_one_lin
     assert err.strip() == (f"clip-dcl train: the launcher stopped on {name} before it started any rank: nothing "
                            f"was trained; exit code {code}"), err[-3000:]
     assert not (tmp_path / "logs").exists()
+
+
+_CTRL_C_AS_RANKS_START = """\
+import os, signal, subprocess, sys
+if "clip_dcl.train.torchrun" in sys.orig_argv:  # the launcher only, not its ranks
+    _init = subprocess.Popen.__init__
+
+    def __init__(self, *args, **kwargs):
+        _init(self, *args, **kwargs)
+        if "clip_dcl.train" not in map(str, kwargs.get("args", args[0] if args else ())):
+            return  # not a rank (torch's import runs ldconfig)
+        with open(os.environ["RANK_PIDS"], "a") as f:
+            f.write(f"{self.pid}\\n")
+        if not getattr(subprocess, "_sent", False):  # Ctrl-C right after the first rank started
+            subprocess._sent = True
+            os.kill(os.getpid(), signal.SIGINT)
+
+    subprocess.Popen.__init__ = __init__
+"""
+
+
+@pytest.mark.slow
+def test_startup_ctrl_c_while_the_launcher_starts_the_ranks_leaves_no_rank_running(tmp_path):
+    # torchrun records its ranks once all have started: a Ctrl-C raised between a rank's start and that record left
+    # the rank running alone after the launcher exited (waiting at the rendezvous)
+    hook = tmp_path / "hook"
+    hook.mkdir()
+    (hook / "sitecustomize.py").write_text(_CTRL_C_AS_RANKS_START)
+    pids = tmp_path / "pids"
+    env = _env(RANK_PIDS=str(pids))
+    env["PYTHONPATH"] = os.pathsep.join([str(hook), env["PYTHONPATH"]])
+    proc, _ = _launch(["-m", "clip_dcl.train.torchrun", "--standalone", "--nproc_per_node", "2", "-m",
+                       "clip_dcl.train", "--", "--model", "clip-dcl-tiny", "--dataset-type", "synthetic",
+                       "--train-num-samples", "16", "--batch-size", "8", "--device", "cpu", "--report-to", "",
+                       "--logs", str(tmp_path / "logs"), "--name", "c"], env=env)
+    deadline = time.monotonic() + LAUNCH_BOUND_S
+    while proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    started = [int(p) for p in pids.read_text().split()] if pids.exists() else []
+    deadline = time.monotonic() + 30  # after the launcher: a rank left running holds its stderr open
+    while any(not _ended(p) for p in started) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    alive = [p for p in started if not _ended(p)]
+    for p in alive:
+        _kill(p)
+    rc, err, _ = _finish(proc, timeout=60)
+    assert len(started) == 2 and not alive, f"ranks left running: {alive}\n{err[-3000:]}"
+    assert rc == 130, err[-3000:]
+    assert _last_line(err).startswith("clip-dcl train: torchrun stopped on SIGINT (Ctrl-C)"), err[-3000:]
+    assert "Traceback" not in err, err[-3000:]

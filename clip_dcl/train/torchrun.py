@@ -205,18 +205,28 @@ def _ranks_start_with_stop_signals_blocked() -> None:
     launcher could not tell the rank it was sent to from the ranks it stopped because of it. In the launcher, a
     signal while torchrun starts the ranks raised its ``SignalException`` between a rank's start and torchrun's
     record of it (the ranks are recorded together, once all have started): torchrun then stopped the ranks it
-    had recorded, none, and exited; the others ran on, alone, waiting at the rendezvous. Blocked for as long as
-    the ranks take to start, the signal comes once all are recorded, and torchrun stops them all."""
+    had recorded, none, and exited; the others ran on, alone, waiting at the rendezvous. So while the ranks
+    start, a signal is only recorded (by a Python handler: other threads of the launcher, the rendezvous store's,
+    may take a process's signal whatever this thread blocks), and sent again once all are recorded, to
+    torchrun's own handler, which stops them all."""
     from torch.distributed.elastic.multiprocessing.api import SubprocessContext
 
     start = SubprocessContext._start
 
     def _start(self):
-        old = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+        got = []
+        saved = {num: signal.signal(num, lambda signum, frame: got.append(signum)) for num in STOP_SIGNALS}
+        old = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)  # what the ranks start with
         try:
             return start(self)
         finally:
-            signal.pthread_sigmask(signal.SIG_SETMASK, old)
+            try:
+                for num, handler in saved.items():
+                    signal.signal(num, handler)
+            finally:
+                signal.pthread_sigmask(signal.SIG_SETMASK, old)
+            if got:
+                os.kill(os.getpid(), got[0])
 
     SubprocessContext._start = _start
 
