@@ -102,21 +102,26 @@ def test_startup_a_stop_signal_before_the_first_step_stops_at_once_and_after_it_
     from clip_dcl.train.preempt import StartupStop, StopSignals
 
     before = signal.getsignal(signal.SIGUSR2)
-    signals = StopSignals(["USR2"], ctrl_c=True).install()
+    signals = StopSignals(["USR2"], ctrl_c=True).install()  # called from Python: no exit from the handler
     try:
-        with pytest.raises(StartupStop) as stop:
-            os.kill(os.getpid(), signal.SIGUSR2)
-            time.sleep(1)
+        os.kill(os.getpid(), signal.SIGUSR2)
+        time.sleep(0.05)  # the handler ran and raised nothing (it may run inside Python that C++ called)
+        assert signals.startup_stop == "SIGUSR2"
+        with pytest.raises(StartupStop) as stop:  # at the run's next safe point
+            signals.check_startup()
         assert stop.value.signame == "SIGUSR2" and stop.value.exit_code == 75
         assert signals.received is None  # nothing for a step boundary to act on
         signals.startup_stop = None
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(0.05)
         with pytest.raises(StartupStop) as stop:
-            os.kill(os.getpid(), signal.SIGINT)
-            time.sleep(1)
+            signals.check_startup()
         assert stop.value.exit_code == 130
-        signals.training_started()
+        signals.startup_stop = None
+        signals.training_started()  # within the wakeup pipe's grace: its reader ends with the start-up
         os.kill(os.getpid(), signal.SIGUSR2)  # training: a flag, the step boundary saves and stops
         assert signals.received == "SIGUSR2"
+        signals.check_startup()  # no start-up stop any more
     finally:
         signals.restore()
     assert signal.getsignal(signal.SIGUSR2) is before
@@ -153,6 +158,10 @@ def test_startup_the_launcher_names_the_rank_that_failed_first_not_those_it_stop
     # rank 0 stopped on its SIGTERM and saved; torchrun's SIGTERM reached rank 1 on its way out, with no handler
     saved, leaving = failure(75, 100, 100.5, "stop"), failure(-signal.SIGTERM, 101)
     assert _first_failure([(0, saved), (1, leaving)]) == (0, saved)
+    # rank 1 killed; rank 0 aborted because its collective failed (a C++ library's terminate): rank 1 is the cause
+    aborted, killed = failure(-signal.SIGABRT, 100), failure(-signal.SIGKILL, 100)
+    assert _first_failure([(0, aborted), (1, killed)]) == (1, killed)
+    assert _first_failure([(0, aborted)]) == (0, aborted)
 
 
 # -- startup: end to end ----------------------------------------------------------------------------------------
@@ -309,4 +318,144 @@ def test_oneline_an_error_every_rank_meets_is_printed_once_without_traceback(sha
     assert err.count("is outside [0, num_samples=8)") == 1, err[-3000:]
     last = _last_line(err)
     assert last.startswith("clip-dcl train: error: sample id ") and "(rank " in last, err[-3000:]
+    assert "Traceback" not in err, err[-3000:]
+
+
+# -- startup: no exception from a handler, no thread across a fork ---------------------------------------------
+_SWALLOWING = """\
+import os, signal, sys, time
+from clip_dcl.train.exits import StartupGuard
+StartupGuard(at_once=True).install()
+try:  # as torch's C++ does around its import of NumPy: an exception raised in here would be lost
+    os.kill(os.getpid(), signal.SIG{sig})
+    time.sleep(5)
+except BaseException:
+    pass
+print("went on after the signal", file=sys.stderr)
+"""
+
+
+@pytest.mark.parametrize("sig,code", [("TERM", 75), ("INT", 130)])
+def test_startup_the_command_leaves_from_the_handler_whatever_catches_exceptions_around_it(sig, code):
+    proc = subprocess.run([sys.executable, "-c", _SWALLOWING.format(sig=sig)], capture_output=True, text=True,
+                          env=_env(), timeout=LAUNCH_BOUND_S, preexec_fn=lambda: signal.signal(signal.SIGINT,
+                                                                                                signal.SIG_DFL))
+    assert proc.returncode == code, proc.stderr
+    what = "stopped on SIGTERM" if sig == "TERM" else "interrupted (Ctrl-C)"
+    assert proc.stderr.strip() == (f"clip-dcl train: {what} during start-up, before the first training step: "
+                                   f"nothing was trained since the last checkpoint; exit code {code}")
+
+
+def test_startup_no_thread_of_the_trainer_runs_while_the_process_forks():
+    from clip_dcl.train.threads import ForkSafeThread
+
+    state = {"in_loop": 0, "starts": 0}
+
+    def loop(stopping):
+        state["in_loop"] += 1
+        state["starts"] += 1
+        try:
+            while not stopping.wait(0.01):
+                pass
+        finally:
+            state["in_loop"] -= 1
+
+    thread = ForkSafeThread("test-fork-safe", loop).start()
+    try:
+        while not state["in_loop"]:
+            time.sleep(0.01)
+        r, w = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # the child: the loop was not running when the process forked, and none runs here
+            os.write(w, str(state["in_loop"]).encode())
+            os._exit(0)
+        os.close(w)
+        in_child = os.read(r, 16).decode()
+        os.close(r)
+        os.waitpid(pid, 0)
+        assert in_child == "0"
+        deadline = time.monotonic() + 10
+        while state["starts"] < 2 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert thread.alive and state["starts"] == 2  # started again in the parent
+    finally:
+        thread.stop()
+    assert not thread.alive and state["in_loop"] == 0
+
+
+def _catches(pid: int, sig: int) -> bool:
+    """Whether process ``pid`` has a handler for ``sig`` (``SigCgt`` of ``/proc/PID/status``)."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            mask = next(int(line.split()[1], 16) for line in f if line.startswith("SigCgt:"))
+    except (OSError, StopIteration):
+        return False
+    return bool(mask >> (int(sig) - 1) & 1)
+
+
+@pytest.mark.parametrize("sig,code,name", [(signal.SIGTERM, 75, "SIGTERM"), (signal.SIGINT, 130, "SIGINT (Ctrl-C)")],
+                         ids=["SIGTERM", "SIGINT"])
+def test_startup_the_launcher_stopped_before_it_starts_a_rank_says_so_in_one_line(tmp_path, sig, code, name):
+    proc, _ = _launch(["-m", "clip_dcl.train.torchrun", "--standalone", "--nproc_per_node", "2", "-m",
+                       "clip_dcl.train", "--", "--model", "clip-dcl-tiny", "--dataset-type", "synthetic",
+                       "--device", "cpu", "--logs", str(tmp_path / "logs")])
+    deadline = time.monotonic() + 30
+    # its first lines ran (SIGTERM is caught: Python catches SIGINT from its own start), torch is not imported yet
+    while not _catches(proc.pid, signal.SIGTERM) and time.monotonic() < deadline:
+        time.sleep(0.005)
+    os.kill(proc.pid, sig)
+    rc, err, _ = _finish(proc, timeout=LAUNCH_BOUND_S)
+    assert rc == code, err[-3000:]
+    assert err.strip() == (f"clip-dcl train: the launcher stopped on {name} before it started any rank: nothing "
+                           f"was trained; exit code {code}"), err[-3000:]
+    assert not (tmp_path / "logs").exists()
+
+
+_CTRL_C_AS_RANKS_START = """\
+import os, signal, subprocess, sys
+if "clip_dcl.train.torchrun" in sys.orig_argv:  # the launcher only, not its ranks
+    _init = subprocess.Popen.__init__
+
+    def __init__(self, *args, **kwargs):
+        _init(self, *args, **kwargs)
+        if "clip_dcl.train" not in map(str, kwargs.get("args", args[0] if args else ())):
+            return  # not a rank (torch's import runs ldconfig)
+        with open(os.environ["RANK_PIDS"], "a") as f:
+            f.write(f"{self.pid}\\n")
+        if not getattr(subprocess, "_sent", False):  # Ctrl-C right after the first rank started
+            subprocess._sent = True
+            os.kill(os.getpid(), signal.SIGINT)
+
+    subprocess.Popen.__init__ = __init__
+"""
+
+
+@pytest.mark.slow
+def test_startup_ctrl_c_while_the_launcher_starts_the_ranks_leaves_no_rank_running(tmp_path):
+    # torchrun records its ranks once all have started: a Ctrl-C raised between a rank's start and that record left
+    # the rank running alone after the launcher exited (waiting at the rendezvous)
+    hook = tmp_path / "hook"
+    hook.mkdir()
+    (hook / "sitecustomize.py").write_text(_CTRL_C_AS_RANKS_START)
+    pids = tmp_path / "pids"
+    env = _env(RANK_PIDS=str(pids))
+    env["PYTHONPATH"] = os.pathsep.join([str(hook), env["PYTHONPATH"]])
+    proc, _ = _launch(["-m", "clip_dcl.train.torchrun", "--standalone", "--nproc_per_node", "2", "-m",
+                       "clip_dcl.train", "--", "--model", "clip-dcl-tiny", "--dataset-type", "synthetic",
+                       "--train-num-samples", "16", "--batch-size", "8", "--device", "cpu", "--report-to", "",
+                       "--logs", str(tmp_path / "logs"), "--name", "c"], env=env)
+    deadline = time.monotonic() + LAUNCH_BOUND_S
+    while proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    started = [int(p) for p in pids.read_text().split()] if pids.exists() else []
+    deadline = time.monotonic() + 30  # after the launcher: a rank left running holds its stderr open
+    while any(not _ended(p) for p in started) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    alive = [p for p in started if not _ended(p)]
+    for p in alive:
+        _kill(p)
+    rc, err, _ = _finish(proc, timeout=60)
+    assert len(started) == 2 and not alive, f"ranks left running: {alive}\n{err[-3000:]}"
+    assert rc == 130, err[-3000:]
+    assert _last_line(err).startswith("clip-dcl train: torchrun stopped on SIGINT (Ctrl-C)"), err[-3000:]
     assert "Traceback" not in err, err[-3000:]

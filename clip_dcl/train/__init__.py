@@ -79,41 +79,54 @@ def main(argv: Optional[List[str]] = None, prog: Optional[str] = None, exiting: 
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["--"]:  # torchrun ... -m clip_dcl.train -- ARGS
         argv = argv[1:]
-    from .exits import StartupStop, launched_rank, startup_stop_line, stop_at_once
+    from .exits import StartupGuard, StartupStop, launched_rank, startup_stop_line
 
+    # SIGTERM and Ctrl-C from here until the run's own handlers (run_training): imports, flags
+    guard = StartupGuard(at_once=exiting).install()
+    guard.unblock()  # the launcher starts its ranks with them blocked (clip_dcl.train.torchrun): one sent comes now
+    proceeding = False
     try:
-        with stop_at_once():  # until the run's own handlers (run_training): imports, flags
-            from .flags import PROG, FlagError, parse_train_args
+        from .flags import PROG, FlagError, parse_train_args
 
-            try:
-                config = parse_train_args(argv, prog=prog or PROG)
-            except FlagError as e:
-                _refuse(f"clip-dcl train: error: {e}")
-                return 2
-            except SystemExit as e:  # argparse already printed why
-                return e.code if isinstance(e.code, int) else 2
-            if config is None:  # --help
-                return 0
+        try:
+            config = parse_train_args(argv, prog=prog or PROG)
+        except FlagError as e:
+            guard.check()
+            _refuse(f"clip-dcl train: error: {e}")
+            return 2
+        except SystemExit as e:  # argparse already printed why
+            return e.code if isinstance(e.code, int) else 2
+        if config is None:  # --help
+            return 0
 
-            from .saving import CheckpointDiskFull, CheckpointUnreadable
-            from .ids import MissingSampleIds
-            from .divergence import Diverged
-            from .ids import SampleIdOutOfRange
-            from .patch import PeerFailure, run_training
-            from .run import LossStateMismatch
-            from .pipeline import TrainingDataError
-            from .runfolder import RunFolderBusy, RunFolderTaken
-            from .preempt import INTERRUPTED_EXIT_CODE, PREEMPTED_EXIT_CODE
-            from .exits import record_for_launcher, stop_loader_workers
+        from .saving import CheckpointDiskFull, CheckpointUnreadable
+        from .ids import MissingSampleIds
+        from .divergence import Diverged
+        from .ids import SampleIdOutOfRange
+        from .patch import PeerFailure, run_training
+        from .run import LossStateMismatch
+        from .pipeline import TrainingDataError
+        from .runfolder import RunFolderBusy, RunFolderTaken
+        from .preempt import INTERRUPTED_EXIT_CODE, PREEMPTED_EXIT_CODE, signal_number
+        from .exits import record_for_launcher, stop_loader_workers
+        guard.check()
+        proceeding = True
     except StartupStop as e:
         print(startup_stop_line(e.signame, launched_rank()), file=sys.stderr)
         return e.exit_code
+    finally:
+        if not proceeding:
+            guard.remove()
+    # the run's handlers (StopSignals) take over the signals they catch from the guard; it keeps none of the others
+    taken = ({signal_number(s) for s in config.preempt.signals} | {signal_number("SIGINT")}
+             if config.preempt.signals else set())
+    guard.remove(keep=taken)
 
     code = None
     stopped_in_startup = False
     with _run_log_handlers_closed():
         try:
-            code = run_training(config)
+            code = run_training(config, at_once=exiting)
             if code in (PREEMPTED_EXIT_CODE, INTERRUPTED_EXIT_CODE):  # saved its step: when, for the launcher
                 record_for_launcher(f"clip-dcl train: stopped on a signal after saving its step; exit code {code}",
                                     "stop")
@@ -135,6 +148,8 @@ def main(argv: Optional[List[str]] = None, prog: Optional[str] = None, exiting: 
 
                 for num in (signal.SIGTERM, signal.SIGINT):
                     signal.signal(num, signal.SIG_IGN)
+            else:
+                guard.remove()
             if code != 0:  # failed: no loader is read again, and none may outlive this line (see exits.py)
                 stop_loader_workers()
     if exiting and stopped_in_startup:

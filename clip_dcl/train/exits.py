@@ -13,13 +13,19 @@ Under :mod:`clip_dcl.train.torchrun` a rank's error line (:func:`report_error`) 
 error file and the rank's log file, not to the shared stderr: the launcher prints the line of the
 rank that failed first, once (every rank meets a bad input, and each would print it).
 
-A stop signal or Ctrl-C before the first training step ends the process at once (:class:`StartupStop`,
-exit 75 or 130, :func:`startup_stop_line`): during the command's first seconds through
-:func:`stop_at_once`, then through the run's handlers (:class:`clip_dcl.train.preempt.StopSignals`).
+A stop signal or Ctrl-C before the first training step ends the process at once (exit 75 or 130, one line,
+:func:`startup_stop_line`): during the command's first seconds through :class:`StartupGuard`, then through
+the run's handlers (:class:`clip_dcl.train.preempt.StopSignals`). No handler raises: Python runs a handler
+between two bytecodes of the main thread, and during start-up those are often Python that C++ called (torch's
+extension imports NumPy and initialises ``torch.distributed`` from C++). An exception raised there was either
+swallowed by the C++ (torch goes on without NumPy: the signal is lost and the rank trains, or waits at the
+rendezvous until torchrun's SIGKILL) or thrown through it (``terminate called after throwing an instance of
+'pybind11::error_already_set'``, SIGABRT). So the command line leaves from the handler with ``os._exit`` after
+its line (:func:`leave_now`), and a run called from Python records the signal and raises :class:`StartupStop`
+where only Python of ours is running.
 """
 from __future__ import annotations
 
-import contextlib
 import gc
 import json
 import logging
@@ -94,24 +100,127 @@ def startup_stop_line(signame: str, rank: Optional[object] = None) -> str:
             f"since the last checkpoint; exit code {code}")
 
 
-@contextlib.contextmanager
-def stop_at_once():
-    """SIGTERM and Ctrl-C raise :class:`StartupStop` inside the block (the command's first seconds: imports,
-    flags), unless they are handled otherwise already; the old handlers come back after it."""
-    saved = {}
-    if threading.current_thread() is threading.main_thread():
-        for num in (signal.SIGTERM, signal.SIGINT):
-            if signal.getsignal(num) in (signal.SIG_DFL, signal.default_int_handler):
-                saved[num] = signal.signal(num, _raise_startup_stop)
+class StartupGuard:
+    """SIGTERM and Ctrl-C from the command's first seconds (imports, flags) until the run's own handlers take
+    over (:class:`clip_dcl.train.preempt.StopSignals`): a stop before the first training step.
+
+    The handler raises nothing (see the module doc): with ``at_once`` (the command line, whose process ends
+    with the code anyway) it leaves at once (:func:`leave_now`); else it records the signal, and
+    :meth:`check`, called where the main thread runs only Python of ours, raises :class:`StartupStop`."""
+
+    def __init__(self, at_once: bool):
+        self.at_once = at_once
+        self.signame: Optional[str] = None
+        self.over = False  # the run's handlers gave the signals back: the run is over, this is no start-up stop
+        self._pid = os.getpid()
+        self._saved: dict = {}
+
+    def install(self) -> "StartupGuard":
+        if threading.current_thread() is threading.main_thread():
+            for num in (signal.SIGTERM, signal.SIGINT):
+                if signal.getsignal(num) in (signal.SIG_DFL, signal.default_int_handler):
+                    self._saved[num] = signal.signal(num, self._handle)
+        return self
+
+    def unblock(self) -> None:
+        """Unblock SIGTERM and SIGINT in this thread, which :mod:`clip_dcl.train.torchrun` starts a rank with blocked:
+        one sent since is handled now, by the handlers just installed."""
+        if hasattr(signal, "pthread_sigmask") and threading.current_thread() is threading.main_thread():
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM, signal.SIGINT})
+
+    def _handle(self, signum, frame):
+        if os.getpid() != self._pid:
+            as_forked_child(signum)
+            return
+        if self.over:  # the command leaves with the run's own code; called from Python, as without the guard
+            if self.at_once:
+                return
+            if signum == signal.SIGINT:
+                raise KeyboardInterrupt
+            signal.signal(signum, signal.SIG_DFL)
+            os.kill(os.getpid(), signum)
+            return
+        if self.signame is None:
+            self.signame = signal.Signals(signum).name
+        if self.at_once:
+            leave_now(self.signame)
+
+    def check(self) -> None:
+        """Raise :class:`StartupStop` if a stop signal came."""
+        if self.signame is not None:
+            raise StartupStop(self.signame)
+
+    def remove(self, keep=()) -> None:
+        """Put back the handlers it replaced (those still its own), except for the signals in ``keep``."""
+        for num in [n for n in self._saved if n not in keep]:
+            old = self._saved.pop(num)
+            if signal.getsignal(num) == self._handle:
+                signal.signal(num, old)
+
+
+def as_forked_child(signum: int) -> None:
+    """A start-up handler run in a process forked from the one that installed it (a data-loader worker before its
+    ``worker_init_fn``): Ctrl-C is its parent's to act on; another signal ends it, as the signal's default would."""
+    if signum != signal.SIGINT:
+        os._exit(128 + signum)
+
+
+#: Taken by the first thread that leaves (:func:`leave_now`): the main thread's handler, or the wakeup pipe's reader.
+_LEAVING = threading.Lock()
+
+
+def leave_now(signame: str, clean_up=None) -> None:
+    """End the process on ``signame`` before the first training step, now, without unwinding anything: run
+    ``clean_up`` (the run folder a start-up made, the lock it took), tell this process's children (data-loader
+    workers) to stop, write the one line (stderr, and the launcher's error file), and ``os._exit`` with 75 or 130.
+
+    Called from a signal handler, which may run inside Python that C++ called (torch's import of NumPy, its
+    ``_c10d_init``): an exception raised there is swallowed by the C++ (the signal is lost: the rank goes on to
+    wait at the rendezvous) or thrown through it (``terminate called``, SIGABRT). ``os._exit`` unwinds nothing."""
+    if not _LEAVING.acquire(blocking=False):  # another thread is leaving now: it ends the process
+        while True:
+            time.sleep(1)
+    code = INTERRUPTED_EXIT_CODE if signame == "SIGINT" else PREEMPTED_EXIT_CODE
+    line = startup_stop_line(signame, launched_rank())
     try:
-        yield
+        if clean_up is not None:
+            clean_up()
+    except Exception as e:  # noqa: BLE001 - the process ends now, whatever its clean-up met
+        logging.debug(f"clean-up before a stop during start-up failed: {e!r}")
+    try:
+        record_for_launcher(line, "stop")
+        _stop_children()
+        for handler in logging.getLogger().handlers:
+            handler.flush()
+        sys.stdout.flush()
+        sys.stderr.flush()
+    except Exception:  # noqa: BLE001 - the line and the exit come first
+        pass
     finally:
-        for num, old in saved.items():
-            signal.signal(num, old)
+        try:
+            os.write(2, (line + "\n").encode())
+        finally:
+            os._exit(code)
 
 
-def _raise_startup_stop(signum, frame):
-    raise StartupStop(signal.Signals(signum).name)
+def _stop_children() -> None:
+    """SIGTERM to this process's children: its data-loader workers, which end on their parent's SIGTERM."""
+    pid = os.getpid()
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return
+    for task in tasks:
+        try:
+            with open(f"/proc/{pid}/task/{task}/children") as f:
+                children = [int(c) for c in f.read().split()]
+        except OSError:
+            continue
+        for child in children:
+            try:
+                os.kill(child, signal.SIGTERM)
+            except OSError:
+                pass
 
 
 # -- a failed rank's one line ----------------------------------------------------------------------------------

@@ -180,11 +180,13 @@ def _first_line(err: BaseException) -> str:
     return f"{type(err).__name__}: {text}".rstrip(": ")
 
 
-def run_training(config: TrainConfig) -> int:
+def run_training(config: TrainConfig, at_once: bool = False) -> int:
     """Run ``open_clip_train.main.main`` with ``config``'s objective; return an exit code.
 
     A run that fails before writing any checkpoint removes the ``--logs/--name`` folder it created
     (OpenCLIP would refuse the rerun: "Experiment already exists"); its log went to stderr too.
+    ``at_once``: a stop signal before the first step ends the process from its handler (the command line;
+    :class:`clip_dcl.train.preempt.StopSignals`), instead of raising :class:`StartupStop` at the next safe point.
     """
     run = TrainingRun(config)
     log_dir = _log_dir(config.openclip_argv)
@@ -192,7 +194,7 @@ def run_training(config: TrainConfig) -> int:
     result = -1
     cleaned = []
 
-    def clean_up():  # once: on the way out, or before a stop during start-up ends a process stuck in C++
+    def clean_up():  # once: on the way out, or before a stop during start-up ends the process (leave_now)
         if cleaned:
             return
         cleaned.append(True)
@@ -206,7 +208,7 @@ def run_training(config: TrainConfig) -> int:
             run.lock.release()
 
     if config.preempt.signals:  # before main starts the data workers, which inherit the handlers
-        run.signals = preemption.StopSignals(config.preempt.signals, ctrl_c=True)
+        run.signals = preemption.StopSignals(config.preempt.signals, ctrl_c=True, at_once=at_once)
         run.signals.on_forced_exit = clean_up
         run.signals.install()
     try:

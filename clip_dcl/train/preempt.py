@@ -13,11 +13,15 @@ Ctrl-C during training steps the same, with :data:`INTERRUPTED_EXIT_CODE`.
 
 Before the run's first step (building the model, reading shards, resuming a checkpoint, waiting for
 the other ranks at the rendezvous) there is no step to save at and nothing trained to lose: a stop
-signal or Ctrl-C ends the process at once (:class:`StartupStop`, exit 75 or 130, one line). Python
-runs a signal's handler only between bytecodes of the main thread, and a rank waiting at the
+signal or Ctrl-C ends the process at once (exit 75 or 130, one line), from the handler itself
+(:func:`clip_dcl.train.exits.leave_now`, which raises nothing: see :mod:`clip_dcl.train.exits`) or,
+in a run called from Python, at the next point where only Python of ours runs (:class:`StartupStop`).
+Python runs a signal's handler only between bytecodes of the main thread, and a rank waiting at the
 rendezvous sits in one C++ call for as long as the wait lasts (``--dist-timeout``): so the signal
 is also written to a wakeup pipe (``signal.set_wakeup_fd``), whose reader thread ends the process
-itself (:data:`STARTUP_GRACE_S` after the signal) when the main thread has not.
+itself (:data:`STARTUP_GRACE_S` after the signal) when the main thread has not. The reader is a
+:class:`clip_dcl.train.threads.ForkSafeThread`, stopped while the process forks its data-loader workers,
+and for good at the first step.
 
 The per-rank random state of the main process (Python, NumPy, torch, CUDA) is saved with the
 checkpoint's position (:func:`rng_state`, gathered on rank 0, into
@@ -31,7 +35,6 @@ import logging
 import os
 import random
 import signal
-import sys
 import threading
 import time
 from dataclasses import dataclass, field
@@ -40,8 +43,9 @@ from typing import Dict, List, Optional, Sequence
 import numpy as np
 import torch
 
-from .exits import (INTERRUPTED_EXIT_CODE, PREEMPTED_EXIT_CODE, StartupStop, launched_rank,  # noqa: F401
-                    record_for_launcher, startup_stop_line)
+from .exits import (INTERRUPTED_EXIT_CODE, PREEMPTED_EXIT_CODE, StartupGuard, StartupStop,  # noqa: F401
+                    as_forked_child, leave_now)
+from .threads import ForkSafeThread
 
 #: Signals that stop a run, by default.
 DEFAULT_SIGNALS = ("SIGTERM", "SIGUSR1")
@@ -149,8 +153,9 @@ class StopSignals:
     """Handlers that record the first of ``signals`` received; :meth:`restore` puts the old ones back.
 
     Until :meth:`training_started` (the first step boundary of the run), any of them, Ctrl-C included,
-    raises :class:`StartupStop` at once: nothing is trained yet, so nothing is lost (see the module doc,
-    and :attr:`on_forced_exit`, run before the reader of the wakeup pipe ends a process stuck in C++).
+    stops the start-up: nothing is trained yet, so nothing is lost. With ``at_once`` (the command line)
+    the handler leaves at once (:func:`clip_dcl.train.exits.leave_now`, after :attr:`on_forced_exit`);
+    else it records the signal and :meth:`check_startup` raises :class:`StartupStop` (see the module doc).
 
     With ``ctrl_c``, SIGINT too: the first Ctrl-C while :attr:`armed` (training steps are running,
     so the step boundary where the run saves comes soon) is recorded like a stop signal; a Ctrl-C
@@ -158,30 +163,45 @@ class StopSignals:
     Python's own handler does.
     """
 
-    def __init__(self, signals: Sequence[str], ctrl_c: bool = False):
+    def __init__(self, signals: Sequence[str], ctrl_c: bool = False, at_once: bool = False):
         self.numbers = [signal_number(s) for s in signals]
         if ctrl_c and signal.SIGINT not in self.numbers:
             self.numbers.append(signal.SIGINT)
+        self.at_once = at_once
         self.received: Optional[str] = None
         self.armed = False
         self.started = False  # the first step boundary was reached: signals wait for a step to save at
         self.startup_stop: Optional[str] = None  # the signal that ended the start-up
-        self.on_forced_exit = None  # called (from the pipe's reader) before it ends a process stuck in C++
+        self.on_forced_exit = None  # called before a stop during start-up ends the process (leave_now)
         self._saved: Dict[int, object] = {}
         self._pipe: Optional[tuple] = None
         self._old_wakeup: Optional[int] = None
-        self._closed = threading.Event()
+        self._reader = None
+        self._pending: Optional[tuple] = None  # (signal name, when the reader ends the process) during start-up
+        self._pid = os.getpid()
 
     def training_started(self) -> None:
         """From now on a stop signal is a flag, acted on at the next step boundary (with a save)."""
         self.started = True
+        if self._reader is not None:  # the rendezvous is over: no C++ wait left that a handler cannot leave
+            self._reader.stop()
+            self._reader = None
+
+    def check_startup(self) -> None:
+        """Raise :class:`StartupStop` if a stop signal came before the first step (a run called from Python)."""
+        if not self.started and self.startup_stop is not None:
+            raise StartupStop(self.startup_stop)
 
     def _handle(self, signum, frame):  # only sets the flag: the training loop acts on it
         name = signal.Signals(signum).name
         if not self.started:
-            if self.startup_stop is None:  # a second one while the first is unwinding: the same stop
+            if os.getpid() != self._pid:  # a worker forked before its worker_init_fn
+                as_forked_child(signum)
+                return
+            if self.startup_stop is None:
                 self.startup_stop = name
-                raise StartupStop(name)
+            if self.at_once:
+                leave_now(self.startup_stop, self.on_forced_exit)
             return
         if signum == signal.SIGINT:
             if self.received is not None or not self.armed:
@@ -223,56 +243,46 @@ class StopSignals:
             os.close(w)
             return
         self._pipe, self._old_wakeup = (r, w), old
-        threading.Thread(target=self._read_wakeup_pipe, args=(r,), daemon=True, name="clip-dcl-startup-signals").start()
+        self._reader = ForkSafeThread("clip-dcl-startup-signals", self._read_wakeup_pipe, wake=self._wake).start()
 
-    def _read_wakeup_pipe(self, fd: int) -> None:
+    def _wake(self) -> None:
+        if self._pipe is not None:
+            os.write(self._pipe[1], b"\0")  # not a signal's number: the reader sees it is told to stop
+
+    def _read_wakeup_pipe(self, stopping: threading.Event) -> None:
         numbers = {int(n) for n in self._saved}
-        try:
-            while not self._closed.is_set():
-                data = os.read(fd, 64)
-                if not data or self._closed.is_set():
-                    return
-                hit = [b for b in data if b in numbers]
-                if not hit or self.started:
-                    continue
-                # the main thread raises StartupStop when it runs Python; if it has not left by then, it is stuck
-                if self._closed.wait(STARTUP_GRACE_S):
-                    return
+        fd = self._pipe[0]
+        while not stopping.is_set():
+            if self._pending is not None:  # the main thread leaves when it runs Python; if it has not by then, stuck
+                name, deadline = self._pending
+                if stopping.wait(max(0.0, deadline - time.monotonic())):
+                    return  # a fork, or the run closed: _pending stays for the reader that comes after
                 if self.started and self.startup_stop is None:  # it came as training started: a flag, as after
+                    self._pending = None
                     continue
-                self._force_exit(self.startup_stop or signal.Signals(hit[0]).name)
-        except OSError:
-            return
-        finally:
-            os.close(fd)  # restore() took the pipe out of the signals' way first
-
-    def _force_exit(self, name: str) -> None:
-        try:
-            if self.on_forced_exit is not None:
-                self.on_forced_exit()
-        except Exception as e:  # noqa: BLE001 - the process ends now, whatever its clean-up met
-            logging.debug(f"clean-up before a forced exit failed: {e!r}")
-        line = startup_stop_line(name, launched_rank())
-        record_for_launcher(line, "stop")
-        try:
-            sys.stderr.flush()
-            os.write(2, (line + "\n").encode())
-        finally:
-            os._exit(INTERRUPTED_EXIT_CODE if name == "SIGINT" else PREEMPTED_EXIT_CODE)
+                leave_now(self.startup_stop or name, self.on_forced_exit)
+            try:
+                data = os.read(fd, 64)
+            except OSError:
+                return
+            hit = [b for b in data if b in numbers]
+            if hit and not self.started and self._pending is None:
+                self._pending = (signal.Signals(hit[0]).name, time.monotonic() + STARTUP_GRACE_S)
 
     def restore(self) -> None:
         if self._pipe is not None:
             signal.set_wakeup_fd(self._old_wakeup if self._old_wakeup is not None else -1)
-        self._closed.set()
+        if self._reader is not None:
+            self._reader.stop()
+            self._reader = None
         if self._pipe is not None:
-            r, w = self._pipe
-            try:
-                os.write(w, b"\0")  # wakes the reader, which sees the run closed and closes the read end
-            except OSError:
-                pass
-            os.close(w)
+            for fd in self._pipe:
+                os.close(fd)
             self._pipe = None
         for num, old in self._saved.items():
+            guard = getattr(old, "__self__", None)
+            if isinstance(guard, StartupGuard):  # the guard of the command's first seconds: the run is over now
+                guard.over = True
             signal.signal(num, old)
         self._saved = {}
         _STOP_SIGNALS[:] = []

@@ -67,8 +67,15 @@ class TrainingRun:
         self.lock: Optional[runfolder.RunLock] = None  # the master's lock of the run folder, while it runs
         self.named = True  # --name was given (else OpenCLIP names the run after the clock)
 
+    def _startup_point(self) -> None:
+        """A point of the start-up where only Python of ours runs: a stop signal recorded since ends the start-up
+        here (:class:`clip_dcl.train.exits.StartupStop`; the command line has left from the handler already)."""
+        if self.signals is not None:
+            self.signals.check_startup()
+
     # open_clip_train.main.parse_args
     def parse_args(self, argv):
+        self._startup_point()
         args = oc_params.parse_args(argv)
         cfg = self.config
         args.loss = cfg.loss
@@ -93,6 +100,7 @@ class TrainingRun:
         the removal of the partial files a save killed halfway left in the run's checkpoint folder
         (main calls it once the folder is known, before any save). Before both, the run claims its folder
         (:func:`clip_dcl.train.runfolder.claim`: its lock, and the check in place of OpenCLIP's)."""
+        self._startup_point()
         args = self.args
         took = None
         if args is not None:
@@ -120,6 +128,7 @@ class TrainingRun:
 
     # open_clip_train.main.pt_load
     def pt_load(self, path, map_location="cpu"):
+        self._startup_point()
         ckpt = self._load_resumable(path, map_location)
         ckpt = self._fit_model_keys(ckpt)
         if isinstance(ckpt, dict) and "epoch" in ckpt:
@@ -160,6 +169,7 @@ class TrainingRun:
 
     # open_clip_train.main.create_loss
     def create_loss(self, args):
+        self._startup_point()
         cfg = self.config
         native = openclip_native(cfg.loss)
         if native and not cfg.no_grad_gather and cfg.captions_per_image == 1:
@@ -259,6 +269,7 @@ class TrainingRun:
     def train_one_epoch(self, model, data, loss, epoch, optimizer, scaler, scheduler, dist_model, args,
                         tb_writer=None):
         """OpenCLIP's ``train_one_epoch``, called as is, with ids carried around it (see module doc)."""
+        self._startup_point()
         if self.preprocess_cfg is None:
             try:
                 self.preprocess_cfg = dict(open_clip.get_model_preprocess_cfg(oc_train.unwrap_model(model)))
@@ -286,6 +297,7 @@ class TrainingRun:
         def at_boundary(step: int) -> bool:
             log_step()  # the previous step's record, before anything here may end the epoch
             if self.signals is not None and not self.signals.started:  # the run's first: a signal now saves here
+                self._startup_point()
                 self.signals.training_started()
             skipped.check(epoch, step)
             end_steps(step)

@@ -8,7 +8,8 @@ run ends: it is created with ``O_CREAT | O_EXCL`` (atomic, also on NFS v3+) and 
 holder. A lock whose holder is gone is taken over, with a line saying so: on the same host when its
 pid no longer exists (or is another process now: its start time differs); on another host (a shared
 file system) when its modification time, which a thread of the holder refreshes every
-:data:`HEARTBEAT_SECONDS`, is older than :data:`STALE_SECONDS`. A taker first renames the lock aside,
+:data:`HEARTBEAT_SECONDS` (a :class:`clip_dcl.train.threads.ForkSafeThread`: stopped while the process
+forks its data-loader workers), is older than :data:`STALE_SECONDS`. A taker first renames the lock aside,
 which only one of several takers can do, then creates its own, so two takers never both hold it.
 
 **The folder's run.** OpenCLIP refuses to start where ``out.log`` exists unless ``--resume latest``
@@ -31,6 +32,8 @@ import threading
 import time
 from pathlib import Path
 from typing import Optional, Tuple
+
+from .threads import ForkSafeThread
 
 #: The lock's file name inside the run folder.
 LOCK_NAME = "run.lock"
@@ -89,8 +92,7 @@ class RunLock:
         self.path = self.folder / LOCK_NAME
         self.token = secrets.token_hex(8)
         self.held = False
-        self._stop = threading.Event()
-        self._beat: Optional[threading.Thread] = None
+        self._beat: Optional[ForkSafeThread] = None
 
     def _mine(self) -> bytes:
         return json.dumps({"pid": os.getpid(), "host": socket.gethostname(), "started": time.time(),
@@ -115,8 +117,7 @@ class RunLock:
                     f.flush()
                     os.fsync(f.fileno())
                 self.held = True
-                self._beat = threading.Thread(target=self._heartbeat, daemon=True, name="clip-dcl-run-lock")
-                self._beat.start()
+                self._beat = ForkSafeThread("clip-dcl-run-lock", self._heartbeat).start()
                 return took
             try:
                 raw, mtime = self.path.read_bytes(), self.path.stat().st_mtime
@@ -162,8 +163,8 @@ class RunLock:
                 f"(kill -TERM {pid} on {host}: it saves its step and exits), then run this command again; or give "
                 "another --name")
 
-    def _heartbeat(self) -> None:
-        while not self._stop.wait(HEARTBEAT_SECONDS):
+    def _heartbeat(self, stopping: threading.Event) -> None:
+        while not stopping.wait(HEARTBEAT_SECONDS):
             try:
                 os.utime(self.path)
             except OSError:
@@ -171,9 +172,9 @@ class RunLock:
 
     def release(self) -> None:
         """Stop refreshing the lock and remove it, if it is still this holder's."""
-        self._stop.set()
         if self._beat is not None:
-            self._beat.join(timeout=5)
+            self._beat.stop()
+            self._beat = None
         if not self.held:
             return
         self.held = False

@@ -23,15 +23,37 @@ the cause: the last line names the first rank that failed otherwise, and why.
 
 torchrun starts each rank in a session of its own, so a Ctrl-C at the terminal reaches torchrun alone,
 which sends it on to the ranks once: they take it as their first Ctrl-C (save the step, exit 130).
+
+SIGTERM and Ctrl-C are handled from the launcher's first line, before it imports torch (seconds on a
+busy machine): until torchrun installs its own handlers, just before it starts the first rank, the
+launcher leaves at once with its line, 75 or 130 (from the handler, with ``os._exit``: nothing is
+raised inside torch's import, see :mod:`clip_dcl.train.exits`). Once torchrun is done, both are
+ignored while the last line is written.
 """
 from __future__ import annotations
 
-import logging
+import os
 import signal
 import sys
-from typing import List, Optional, Tuple
 
-from .exits import INTERRUPTED_EXIT_CODE, PREEMPTED_EXIT_CODE
+
+def _stopped_before_the_ranks(signum, frame):
+    """SIGTERM or Ctrl-C before torchrun took the signals over: no rank has started; the line, and leave."""
+    name, code = ("SIGINT (Ctrl-C)", 130) if signum == signal.SIGINT else (signal.Signals(signum).name, 75)
+    os.write(2, (f"clip-dcl train: the launcher stopped on {name} before it started any rank: nothing was "
+                 f"trained; exit code {code}\n").encode())
+    os._exit(code)
+
+
+if __name__ == "__main__":  # the launcher itself (not a test importing it): before any other import
+    for _num in (signal.SIGINT, signal.SIGTERM):  # SIGTERM last: once it is caught, both are
+        if signal.getsignal(_num) in (signal.SIG_DFL, signal.default_int_handler):
+            signal.signal(_num, _stopped_before_the_ranks)
+
+import logging  # noqa: E402
+from typing import List, Optional, Tuple  # noqa: E402
+
+from .exits import INTERRUPTED_EXIT_CODE, PREEMPTED_EXIT_CODE  # noqa: E402
 
 
 def exit_code(failed_codes: List[int]) -> int:
@@ -141,7 +163,8 @@ def _kind(failure) -> str:
 def _first_failure(failures):
     """``(global rank, failure)`` of the cause among the failed ranks: a rank's own error (the first, by the time
     it wrote its line), else a rank that died with no line of ours (the lowest rank) of another signal than
-    SIGTERM, else the first that stopped on a signal, else one SIGTERM killed, else the first whose collective
+    SIGTERM, one that aborted (SIGABRT: what a C++ library does when a peer's death fails its collective) after
+    the others, else the first that stopped on a signal, else one SIGTERM killed, else the first whose collective
     failed. Ranks that torchrun stopped when the cause failed (75 / 130, or SIGTERM on their way out), or whose
     collective failed then, come after it."""
     def when(item):
@@ -154,7 +177,8 @@ def _first_failure(failures):
     for kind in ("error", "other", "stop", "terminated", "peer"):
         found = [item for item in failures if _kind(item[1]) == kind]
         if found:
-            return min(found, key=when) if kind != "other" else min(found, key=lambda item: item[0])
+            return min(found, key=when) if kind != "other" else min(
+                found, key=lambda item: (item[1].exitcode == -signal.SIGABRT, item[0]))
     return min(failures, key=when)
 
 
@@ -165,9 +189,58 @@ def _rank_line(failure) -> Optional[str]:
     return str(failure.error_file_data["message"].get("message", "")) or None
 
 
-def main(argv: Optional[List[str]] = None) -> int:
-    import os
+#: The signals a rank is started with blocked (:func:`_ranks_start_with_stop_signals_blocked`).
+STOP_SIGNALS = {signal.SIGTERM, signal.SIGINT}
 
+
+def _trains(argv: List[str]) -> bool:
+    """Whether torchrun's command line ``argv`` runs ``-m clip_dcl.train`` (whose ranks unblock :data:`STOP_SIGNALS`)."""
+    from torch.distributed.run import get_args_parser
+
+    try:
+        args = get_args_parser().parse_args(list(argv))
+    except SystemExit:
+        return False
+    return bool(args.module and args.training_script == "clip_dcl.train")
+
+
+def _ranks_start_with_stop_signals_blocked() -> None:
+    """torchrun starts its ranks with SIGTERM and SIGINT blocked in the launcher, and each rank with them blocked;
+    the rank unblocks them once its handlers are in (:func:`clip_dcl.train.main`), and one sent before then is
+    handled there.
+
+    A rank's first instructions (the interpreter's start, its first imports) run with no handler of ours: a
+    SIGTERM then (a scheduler's, or torchrun's when another rank failed first) killed it with no line, and the
+    launcher could not tell the rank it was sent to from the ranks it stopped because of it. In the launcher, a
+    signal while torchrun starts the ranks raised its ``SignalException`` between a rank's start and torchrun's
+    record of it (the ranks are recorded together, once all have started): torchrun then stopped the ranks it
+    had recorded, none, and exited; the others ran on, alone, waiting at the rendezvous. So while the ranks
+    start, a signal is only recorded (by a Python handler: other threads of the launcher, the rendezvous store's,
+    may take a process's signal whatever this thread blocks), and sent again once all are recorded, to
+    torchrun's own handler, which stops them all."""
+    from torch.distributed.elastic.multiprocessing.api import SubprocessContext
+
+    start = SubprocessContext._start
+
+    def _start(self):
+        got = []
+        saved = {num: signal.signal(num, lambda signum, frame: got.append(signum)) for num in STOP_SIGNALS}
+        old = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)  # what the ranks start with
+        try:
+            return start(self)
+        finally:
+            try:
+                for num, handler in saved.items():
+                    signal.signal(num, handler)
+            finally:
+                signal.pthread_sigmask(signal.SIG_SETMASK, old)
+            if got:
+                os.kill(os.getpid(), got[0])
+
+    SubprocessContext._start = _start
+
+
+def main(argv: Optional[List[str]] = None) -> int:
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import main as torchrun_main
@@ -180,10 +253,16 @@ def main(argv: Optional[List[str]] = None) -> int:
         print(refused[0], file=sys.stderr)
         return refused[1]
     os.environ[LAUNCHER_ENV] = "1"  # the ranks' error lines come here (clip_dcl.train.exits.report_error)
+    if _trains(argv) and hasattr(signal, "pthread_sigmask"):
+        _ranks_start_with_stop_signals_blocked()
     # torchrun's record() logs an error when it has no error file of its own to copy a rank's into: our line says it
     logging.getLogger("torch.distributed.elastic.multiprocessing.errors.error_handler").setLevel(logging.CRITICAL)
     try:
-        torchrun_main(argv)
+        try:
+            torchrun_main(argv)
+        finally:  # the outcome is decided: a late signal must not replace the last line with a traceback
+            for num in (signal.SIGTERM, signal.SIGINT):
+                signal.signal(num, signal.SIG_IGN)
     except SignalException as e:
         name, code = signal_exit(e.sigval)
         print(f"clip-dcl train: torchrun stopped on {name}: its ranks were told to save their step and stop (their "
@@ -216,5 +295,18 @@ def main(argv: Optional[List[str]] = None) -> int:
     return 0
 
 
+def _leave(code: int) -> None:
+    """Exit with ``code`` once the last line is out, without the interpreter's teardown of torch (seconds on a busy
+    machine, during which the job still looks alive): the launcher has nothing left to write."""
+    for handler in logging.getLogger().handlers:
+        try:
+            handler.flush()
+        except Exception:  # noqa: BLE001 - leaving anyway
+            pass
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    _leave(main(sys.argv[1:]))
