@@ -9,7 +9,7 @@ PYTEST_ARGS ?=
 # module runs on one worker, so its module fixtures (a torchrun launch, a trained checkpoint) run once.
 PYTEST_WORKERS ?= auto
 
-.PHONY: test test-quick demo venv clean
+.PHONY: test test-quick lint demo venv clean
 
 $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -20,7 +20,12 @@ $(VENV)/.installed: pyproject.toml
 
 venv: $(VENV)/.installed
 
-test: venv
+# ruff (pyproject.toml's [tool.ruff]): the lint rules and the formatter's check; `make test` runs it first
+lint: venv
+	$(PY) -m ruff check .
+	$(PY) -m ruff format --check .
+
+test: lint
 	$(PY) -m pytest tests -n $(PYTEST_WORKERS) --dist loadfile --durations=15 $(PYTEST_ARGS)
 
 test-quick: venv

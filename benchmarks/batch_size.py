@@ -42,6 +42,7 @@ Commands (``.venv/bin/python benchmarks/batch_size.py COMMAND``):
 The README's and docs' generated blocks of these reports (``benchmarks/quotes.py``) are rendered
 by the functions re-exported here.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -52,6 +53,19 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence
 
+from testbed import objectives as O
+from testbed import report as R
+from testbed import rule as T
+
+# the renderers of the generated blocks (quotes.py)
+from testbed.blocks import (  # noqa: F401
+    dcl_default_block,
+    dcl_readme_block,
+    dcl_sweep_block,
+    readme_block,
+    which_loss_block,
+)
+
 from clip_dcl.experiment.recipes import DEFAULT_RECIPE, RECIPES
 from clip_dcl.experiment.runner import Budget
 from clip_dcl.experiment.scoring import MEAN_R1, with_mean_r1
@@ -61,18 +75,20 @@ from clip_dcl.experiment.study.lines import epochs, settings
 from clip_dcl.experiment.study.report import progress
 from clip_dcl.experiment.study.rule import seeds_needed
 from clip_dcl.train.metrics import read_metrics
-from testbed import objectives as O
-from testbed import report as R
-from testbed import rule as T
-from testbed.blocks import (  # noqa: F401 - the renderers of the generated blocks (quotes.py)
-    dcl_default_block, dcl_readme_block, dcl_sweep_block, readme_block, which_loss_block)
 
 HERE = Path(__file__).resolve().parent
 STUDIES = HERE / "studies"
 RECIPE = "micro-bpe"
 #: the committed reports, by stem: what wrote them (the writer and, for the main report, its other draws)
-REPORTS = ("batch_size", "batch_size_draw1", "batch_size_validation_sweep", "batch_size_5epochs",
-           "batch_size_6epochs", "dcl_screen", "dcl_sweep")
+REPORTS = (
+    "batch_size",
+    "batch_size_draw1",
+    "batch_size_validation_sweep",
+    "batch_size_5epochs",
+    "batch_size_6epochs",
+    "dcl_screen",
+    "dcl_sweep",
+)
 #: the confirmatory plan's fresh data draw and first seed (draws 0 and 1, seeds 0-9 were read before)
 FRESH_DRAW, FRESH_SEED = 2, 100
 
@@ -93,21 +109,45 @@ def _toml(value) -> str:
     return repr(value)
 
 
-def plan_text(head: str, arms: Sequence[tuple], comparisons: Sequence[dict], seeds: Sequence[int], *,
-              exploratory: bool, data_seed: int = 0, extra: Sequence[str] = ()) -> str:
+def plan_text(
+    head: str,
+    arms: Sequence[tuple],
+    comparisons: Sequence[dict],
+    seeds: Sequence[int],
+    *,
+    exploratory: bool,
+    data_seed: int = 0,
+    extra: Sequence[str] = (),
+) -> str:
     """One plan: ``arms`` as ``(label, batch)``, ``comparisons`` as the keys of a ``[[comparisons]]``."""
     names = O.objectives()
     lines = [f"# {line}" if line else "#" for line in head.splitlines()]
-    lines += ["# Written by `python benchmarks/batch_size.py plans` from benchmarks/testbed (edit there).", "",
-              f'recipe = "{RECIPE}"', f"seeds = {_toml(list(seeds))}", f'metric = "{MEAN_R1}"',
-              f"confidence = {T.CONFIDENCE}", f"resolution = {T.RESOLUTION}", "threads = 1",
-              f"exploratory = {'true' if exploratory else 'false'}", *extra, ""]
+    lines += [
+        "# Written by `python benchmarks/batch_size.py plans` from benchmarks/testbed (edit there).",
+        "",
+        f'recipe = "{RECIPE}"',
+        f"seeds = {_toml(list(seeds))}",
+        f'metric = "{MEAN_R1}"',
+        f"confidence = {T.CONFIDENCE}",
+        f"resolution = {T.RESOLUTION}",
+        "threads = 1",
+        f"exploratory = {'true' if exploratory else 'false'}",
+        *extra,
+        "",
+    ]
     if data_seed:
         from clip_dcl.experiment.recipes import RECIPES
+
         lines += ["[data]", f"command = {_toml([*RECIPES[RECIPE].data_argv, '--seed', str(data_seed)])}", ""]
     lines += ["[train]", "epochs = 20", 'device = "cpu"', ""]
     for label, b in dict.fromkeys(arms):
-        lines += ["[[arms]]", f'name = "{arm_name(label, b)}"', f"batch_size = {b}", f"flags = {_toml(names[label])}", ""]
+        lines += [
+            "[[arms]]",
+            f'name = "{arm_name(label, b)}"',
+            f"batch_size = {b}",
+            f"flags = {_toml(names[label])}",
+            "",
+        ]
     for c in comparisons:
         lines += ["[[comparisons]]", *[f"{k} = {v if k == 'margin_gain' else _toml(v)}" for k, v in c.items()], ""]
     return "\n".join(lines).rstrip() + "\n"
@@ -120,8 +160,11 @@ def _gain(low: str, high: str) -> str:
 def _reach_and_beat(label: str, b: int, fixed: Optional[dict] = None) -> List[dict]:
     a, same, double = arm_name(label, b), arm_name("clip", b), arm_name("clip", 2 * b)
     reach = {"a": a, "b": double, "rule": "reaches"}
-    reach.update({"margin": round(fixed["margins"][b], 4), "paired_sd": round(fixed["sds"][b], 4)} if fixed
-                 else {"margin_gain": _gain(same, double)})
+    reach.update(
+        {"margin": round(fixed["margins"][b], 4), "paired_sd": round(fixed["sds"][b], 4)}
+        if fixed
+        else {"margin_gain": _gain(same, double)}
+    )
     return [reach, {"a": a, "b": same, "rule": "beats"}]
 
 
@@ -131,12 +174,16 @@ def confirmatory_design(power: float = 0.8) -> Dict[str, object]:
     idx = T.per_seed(O.archived_runs(), "metrics")
     margins, sds, seeds = {}, {}, 2
     for b in O.DECISIVE_SIZES:
-        common = sorted(s for (lab, bb, s) in idx if (lab, bb) == ("decl default", b)
-                        and ("clip", b, s) in idx and ("clip", 2 * b, s) in idx)
+        common = sorted(
+            s
+            for (lab, bb, s) in idx
+            if (lab, bb) == ("decl default", b) and ("clip", b, s) in idx and ("clip", 2 * b, s) in idx
+        )
         margins[b] = sum(idx[("clip", 2 * b, s)] - idx[("clip", b, s)] for s in common) / len(common) / 2
         sds[b] = T.t_interval([idx[("decl default", b, s)] - idx[("clip", 2 * b, s)] for s in common])["std"]
-        seeds = max(seeds, seeds_needed("reaches", round(sds[b], 4), T.CONFIDENCE, power,
-                                        margin=round(margins[b], 4)) or 1000)
+        seeds = max(
+            seeds, seeds_needed("reaches", round(sds[b], 4), T.CONFIDENCE, power, margin=round(margins[b], 4)) or 1000
+        )
     return {"margins": margins, "sds": sds, "seeds": seeds}
 
 
@@ -149,54 +196,99 @@ def plans() -> Dict[str, str]:
         "dcl at 0.05 and the sweep's DeCL variants at every batch size but the largest, seeds 0-2.",
         [("clip", b) for b in sizes] + [(lab, b) for lab in sweep for b in sizes[:-1]],
         [{"a": arm_name("clip", sizes[-1]), "b": arm_name("clip", sizes[0]), "rule": "beats"}]
-        + [c for b in sizes[:-1] for c in _reach_and_beat("decl default", b)], [0, 1, 2], exploratory=True)
+        + [c for b in sizes[:-1] for c in _reach_and_beat("decl default", b)],
+        [0, 1, 2],
+        exploratory=True,
+    )
     screened = [n for n in O.screen_objectives() if n != "clip"]
     out["testbed_screen"] = plan_text(
         "The DeCL screen: each variant one setting away from the screen's base, dcl at 0.05 and clip,\n"
         "at B = 16 and 64, one seed (the readings are the differences; one seed has no interval).",
         [(lab, b) for b in O.SCREEN_BATCH_SIZES for lab in ("clip", *screened)],
-        [{"a": arm_name(lab, b), "b": arm_name("clip", b), "rule": "beats"} for b in O.SCREEN_BATCH_SIZES
-         for lab in screened], [0], exploratory=True)
+        [
+            {"a": arm_name(lab, b), "b": arm_name("clip", b), "rule": "beats"}
+            for b in O.SCREEN_BATCH_SIZES
+            for lab in screened
+        ],
+        [0],
+        exploratory=True,
+    )
     out["testbed_screen16"] = plan_text(
         "The B = 16 screen: settings of the package default's relative estimate, each one setting away.",
         [(lab, 16) for lab in ("decl default", "clip", *O.SCREEN16_VARIANTS)],
         [{"a": arm_name(lab, 16), "b": arm_name("decl default", 16), "rule": "beats"} for lab in O.SCREEN16_VARIANTS],
-        [0], exploratory=True)
+        [0],
+        exploratory=True,
+    )
     out["testbed_dcl_screen"] = plan_text(
         "The dcl screen: each dcl setting against clip at the same batch, one seed.",
         [(lab, b) for b in (64, 16) for lab in ("clip", *O.DCL_VARIANTS)],
-        [{"a": arm_name(lab, b), "b": arm_name("clip", b), "rule": "beats"} for b in (64, 16) for lab in O.DCL_VARIANTS],
-        [0], exploratory=True)
+        [
+            {"a": arm_name(lab, b), "b": arm_name("clip", b), "rule": "beats"}
+            for b in (64, 16)
+            for lab in O.DCL_VARIANTS
+        ],
+        [0],
+        exploratory=True,
+    )
     out["testbed_dcl_sweep"] = plan_text(
         "The dcl sweep: the settings through the dcl screen against clip at every batch size, test split.\n"
         "A setting fails where it trails clip (benchmarks/testbed/rule.py, DCL_RULE).",
         [(lab, b) for b in sorted(O.DCL_SWEEP_SIZES, reverse=True) for lab in (*O.DCL_SWEEP_VARIANTS, "clip")],
-        [{"a": arm_name(lab, b), "b": arm_name("clip", b), "rule": "beats"} for lab in O.DCL_SWEEP_VARIANTS
-         for b in O.DCL_SWEEP_SIZES], [0, 1, 2], exploratory=False)
+        [
+            {"a": arm_name(lab, b), "b": arm_name("clip", b), "rule": "beats"}
+            for lab in O.DCL_SWEEP_VARIANTS
+            for b in O.DCL_SWEEP_SIZES
+        ],
+        [0, 1, 2],
+        exploratory=False,
+    )
     out["testbed_second_draw"] = plan_text(
         "The decisive comparison at B = 32 on another draw of the data: the same recipe, other images.",
-        [("clip", 32), ("decl default", 32), ("clip", 64)], _reach_and_beat("decl default", 32), [0, 1, 2],
-        exploratory=False, data_seed=1)
+        [("clip", 32), ("decl default", 32), ("clip", 64)],
+        _reach_and_beat("decl default", 32),
+        [0, 1, 2],
+        exploratory=False,
+        data_seed=1,
+    )
     design = confirmatory_design()
     fresh = list(range(FRESH_SEED, FRESH_SEED + int(design["seeds"])))
     decisive = [(lab, bb) for b in O.DECISIVE_SIZES for lab, bb in (("clip", b), ("decl default", b), ("clip", 2 * b))]
     out["testbed_decisive"] = plan_text(
         f"The decisive stage as a plan on the micro-bpe recipe (not run; the study that decides will be\n"
         f"benchmarks/studies/confirmatory.toml, on the micro-words recipe, with a tuned InfoNCE arm): decl at B = "
-        f"{' and '.join(map(str, O.DECISIVE_SIZES))}\nagainst clip at B and 2B, on a data draw ({FRESH_DRAW}) and seeds no "
+        f"{' and '.join(map(str, O.DECISIVE_SIZES))}\nagainst clip at B and 2B, on a data draw ({FRESH_DRAW}) and "
+        "seeds no "
         "earlier run used. Margins: half of clip's mean\ngain from B to 2B on the validation sweep; seeds: the most a "
         "reach needs for power 0.8 from the sweep's\npaired spread (`clip-dcl study check`).",
-        decisive, [c for b in O.DECISIVE_SIZES for c in _reach_and_beat("decl default", b, design)], fresh,
-        exploratory=False, data_seed=FRESH_DRAW)
-    controls = [(lab, b) for b in O.DECISIVE_SIZES for lab in
-                ("clip", "decl default", f"clip at decl's scale (B={b})", f"decl at clip's scale (B={b})")]
+        decisive,
+        [c for b in O.DECISIVE_SIZES for c in _reach_and_beat("decl default", b, design)],
+        fresh,
+        exploratory=False,
+        data_seed=FRESH_DRAW,
+    )
+    controls = [
+        (lab, b)
+        for b in O.DECISIVE_SIZES
+        for lab in ("clip", "decl default", f"clip at decl's scale (B={b})", f"decl at clip's scale (B={b})")
+    ]
     out["testbed_controls"] = plan_text(
         "The temperature controls: InfoNCE at decl's final logit scale and decl at clip's, fixed (read from the\n"
         "validation sweep), beside clip and decl at B = 32 and 64, on the confirmatory plan's draw and seeds.",
-        controls, [{"a": arm_name(x, b), "b": arm_name(y, b), "rule": "beats"} for b in O.DECISIVE_SIZES
-                   for x, y in ((f"clip at decl's scale (B={b})", "clip"), ("decl default", f"clip at decl's scale (B={b})"),
-                                (f"decl at clip's scale (B={b})", "clip"))],
-        fresh, exploratory=False, data_seed=FRESH_DRAW)
+        controls,
+        [
+            {"a": arm_name(x, b), "b": arm_name(y, b), "rule": "beats"}
+            for b in O.DECISIVE_SIZES
+            for x, y in (
+                (f"clip at decl's scale (B={b})", "clip"),
+                ("decl default", f"clip at decl's scale (B={b})"),
+                (f"decl at clip's scale (B={b})", "clip"),
+            )
+        ],
+        fresh,
+        exploratory=False,
+        data_seed=FRESH_DRAW,
+    )
     for name, text in out.items():
         parse_plan(text, name)  # every plan is a valid one
     return out
@@ -215,18 +307,32 @@ def records_of(plan_path: Path, work: Path) -> List[dict]:
     state = progress(plan, work)
     test = state["n_done"] == state["n_planned"] and not plan.exploratory
     out = []
-    for arm, seed in sorted(state["done"], key=lambda r: (plan.runs().index(r))):
+    for arm, seed in sorted(state["done"], key=lambda r: plan.runs().index(r)):
         folder, rec = W.run_dir(work, arm, seed), W.read_record(work, arm, seed)
         label, b = labels.get(arm, (arm, settings(plan, arm).get("batch_size")))
         steps = read_metrics(folder, "train")
-        val = [with_mean_r1({f"retrieval/{k}": v for k, v in r.items() if isinstance(v, (int, float))})
-               for r in read_metrics(folder, "val")]
-        out.append({"label": label, "flags": list(plan.arm(arm).flags), "batch_size": b, "seed": seed,
-                    "epochs": epochs(plan, arm), "metrics": W.read_scores(work, arm, seed, "validation"),
-                    "test_metrics": W.read_scores(work, arm, seed, "test") if test else None,
-                    "commit": rec["commit"], "recipe": rec["recipe"], "val_r1": [v[MEAN_R1] for v in val],
-                    "logit_scale": _last_per_epoch(steps, "logit_scale"), "clamp_rate": _late_clamp(steps),
-                    "train_seconds": rec.get("train_seconds") or 0.0, "finished": (rec.get("ended") or "")[:16]})
+        val = [
+            with_mean_r1({f"retrieval/{k}": v for k, v in r.items() if isinstance(v, (int, float))})
+            for r in read_metrics(folder, "val")
+        ]
+        out.append(
+            {
+                "label": label,
+                "flags": list(plan.arm(arm).flags),
+                "batch_size": b,
+                "seed": seed,
+                "epochs": epochs(plan, arm),
+                "metrics": W.read_scores(work, arm, seed, "validation"),
+                "test_metrics": W.read_scores(work, arm, seed, "test") if test else None,
+                "commit": rec["commit"],
+                "recipe": rec["recipe"],
+                "val_r1": [v[MEAN_R1] for v in val],
+                "logit_scale": _last_per_epoch(steps, "logit_scale"),
+                "clamp_rate": _late_clamp(steps),
+                "train_seconds": rec.get("train_seconds") or 0.0,
+                "finished": (rec.get("ended") or "")[:16],
+            }
+        )
     return out
 
 
@@ -252,8 +358,15 @@ def report(stage: str, work: Path, out: Path) -> Path:
     records = records_of(plan_path, work)
     plan = load_plan(plan_path)
     data = json.loads((W.data_dir(work) / "summary.json").read_text())
-    budget = Budget(epochs=epochs(plan, plan.arms[0].name), lr=1e-3, wd=0.1, warmup=50, model=O.MODEL,
-                    log_every_n_steps=50, workers=1)
+    budget = Budget(
+        epochs=epochs(plan, plan.arms[0].name),
+        lr=1e-3,
+        wd=0.1,
+        warmup=50,
+        model=O.MODEL,
+        log_every_n_steps=50,
+        workers=1,
+    )
     command = f"benchmarks/batch_size.py report {stage} --work {work}"
     started = datetime.now(timezone.utc)
     if stage == "testbed_dcl_screen":
@@ -291,11 +404,35 @@ def regenerate(out: Path, results: Path = O.RESULTS) -> Dict[str, dict]:
         if stem == "dcl_screen":
             R.write_dcl_screen(out, runs, len(runs), data, budget, doc["command"], started, stem, machine=machine)
         elif stem == "dcl_sweep":
-            R.write_dcl_sweep(out, runs, len(runs), data, budget, doc["command"], started, stem, tuple(doc["objectives"]),
-                              gathered=len(runs), machine=machine, results=results)
+            R.write_dcl_sweep(
+                out,
+                runs,
+                len(runs),
+                data,
+                budget,
+                doc["command"],
+                started,
+                stem,
+                tuple(doc["objectives"]),
+                gathered=len(runs),
+                machine=machine,
+                results=results,
+            )
         else:
-            R.write(out, runs, len(runs), data, budget, doc["command"], started, ["report of finished runs"],
-                    O.BATCH_SIZES, stem, draws=draws if stem == "batch_size" else None, machine=machine)
+            R.write(
+                out,
+                runs,
+                len(runs),
+                data,
+                budget,
+                doc["command"],
+                started,
+                ["report of finished runs"],
+                O.BATCH_SIZES,
+                stem,
+                draws=draws if stem == "batch_size" else None,
+                machine=machine,
+            )
         written[stem] = json.loads((out / f"{stem}.json").read_text())
     return written
 
@@ -303,11 +440,15 @@ def regenerate(out: Path, results: Path = O.RESULTS) -> Dict[str, dict]:
 def verdicts_of(doc: dict) -> Dict[str, object]:
     """What a report concludes: its verdict rows, other draws, ``--loss dcl`` check, B = 16 screen, gate, the
     ``dcl`` screen's passing settings and the ``dcl`` sweep's decision (whichever it has)."""
+
     def rows(items):
         return [(r.get("kind"), r.get("split"), r["batch_size"], r["n"], r["verdict"]) for r in items or []]
+
     out: Dict[str, object] = {}
     if "verdicts" in doc:
-        out.update(verdicts=rows(doc["verdicts"]), draws=rows(doc.get("draws")), dcl_default=rows(doc.get("dcl_default")))
+        out.update(
+            verdicts=rows(doc["verdicts"]), draws=rows(doc.get("draws")), dcl_default=rows(doc.get("dcl_default"))
+        )
     if doc.get("screen16"):
         out["screen16"] = (doc["screen16"]["best"], rows(doc["screen16"]["verdicts"]))
     if "gate" in doc:  # None: not measured yet
@@ -316,8 +457,10 @@ def verdicts_of(doc: dict) -> Dict[str, object]:
     if "passing" in doc:
         out["passing"] = doc["passing"]
     if "decision" in doc:
-        out["decision"] = (doc["decision"]["default"], {k: (v["passes"], v["trails_at"], v["missing"])
-                                                        for k, v in doc["decision"]["settings"].items()})
+        out["decision"] = (
+            doc["decision"]["default"],
+            {k: (v["passes"], v["trails_at"], v["missing"]) for k, v in doc["decision"]["settings"].items()},
+        )
         out["readings"] = [(r["label"], r["batch_size"], r["reading"]) for r in doc["rows"]]
     return out
 
@@ -333,7 +476,9 @@ def same_verdicts(new: dict, old: dict) -> bool:
 # Driver
 # ------------------------------------------------------------------------------------------
 def main(argv: Optional[List[str]] = None) -> int:
-    p = argparse.ArgumentParser(prog="benchmarks/batch_size.py", allow_abbrev=False, description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(
+        prog="benchmarks/batch_size.py", allow_abbrev=False, description=__doc__.split("\n\n")[0]
+    )
     sub = p.add_subparsers(dest="command", required=True)
     a = sub.add_parser("plans", help="write the stages' plan files")
     a.add_argument("--check", action="store_true", help="write nothing; exit 1 when a committed plan differs")
@@ -342,9 +487,13 @@ def main(argv: Optional[List[str]] = None) -> int:
         s.add_argument("stage", help="a plan of benchmarks/studies/ (testbed_decisive, testbed_sweep, ...)")
         s.add_argument("--work", required=True, help="the study's folder")
         if name == "run":
-            s.add_argument("--recipe", default=DEFAULT_RECIPE, choices=sorted(RECIPES),
-                           help=f"the testbed recipe (default {DEFAULT_RECIPE}; the committed runs are {RECIPE}'s: "
-                                f"--recipe {RECIPE} runs the plan as written)")
+            s.add_argument(
+                "--recipe",
+                default=DEFAULT_RECIPE,
+                choices=sorted(RECIPES),
+                help=f"the testbed recipe (default {DEFAULT_RECIPE}; the committed runs are {RECIPE}'s: "
+                f"--recipe {RECIPE} runs the plan as written)",
+            )
             s.add_argument("--parallel", type=int, default=2, help="runs at once (default 2, one thread each)")
         else:
             s.add_argument("--out", default=None, help="report folder (default: the work folder)")
@@ -352,8 +501,11 @@ def main(argv: Optional[List[str]] = None) -> int:
     g.add_argument("out", help="folder for the reports")
     args = p.parse_args(argv)
     if args.command == "plans":
-        stale = [n for n, t in plans().items() if not (STUDIES / f"{n}.toml").is_file()
-                 or (STUDIES / f"{n}.toml").read_text() != t]
+        stale = [
+            n
+            for n, t in plans().items()
+            if not (STUDIES / f"{n}.toml").is_file() or (STUDIES / f"{n}.toml").read_text() != t
+        ]
         if not args.check:
             for name, text in plans().items():
                 (STUDIES / f"{name}.toml").write_text(text)
@@ -363,12 +515,16 @@ def main(argv: Optional[List[str]] = None) -> int:
         written = regenerate(Path(args.out))
         committed = {stem: json.loads((O.RESULTS / f"{stem}.json").read_text()) for stem in written}
         differ = [s for s in written if not same_verdicts(written[s], committed[s])]
-        print(f"{len(written)} reports written to {args.out}; verdicts differing from the committed ones: "
-              + (", ".join(differ) or "none"))
+        print(
+            f"{len(written)} reports written to {args.out}; verdicts differing from the committed ones: "
+            + (", ".join(differ) or "none")
+        )
         return 1 if differ else 0
     if not (STUDIES / f"{args.stage}.toml").is_file():
-        p.error(f"stage {args.stage!r}: no {STUDIES / args.stage}.toml; the stages: "
-                + ", ".join(sorted(x.stem for x in STUDIES.glob("testbed_*.toml"))))
+        p.error(
+            f"stage {args.stage!r}: no {STUDIES / args.stage}.toml; the stages: "
+            + ", ".join(sorted(x.stem for x in STUDIES.glob("testbed_*.toml")))
+        )
     work = Path(args.work)
     if args.command == "run":
         path = STUDIES / f"{args.stage}.toml"

@@ -16,6 +16,7 @@ read by ``batch_size.py``'s report beside the commits its runs came from.
 
 Run ``.venv/bin/python benchmarks/code_check.py --against c360f58 2545ede`` (a few minutes a tree on 2 cores).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -75,21 +76,36 @@ def child(tree: Path, work: Path, objectives: List[str], batch_size: int, seed: 
     """Train ``objectives`` with the testbed code of ``tree`` (its package and ``benchmarks/`` are this process's
     path: :func:`run_child`); what the parent compares."""
     import batch_size as bs
+
     from clip_dcl import experiment as ex
 
     if not hasattr(bs, "run_one"):  # a tree whose testbed runs through clip-dcl study
         return study_child(bs, work, objectives, batch_size, seed, epochs)
     data_folder = bs.data_dir(work, 0) if hasattr(bs, "data_dir") else work / "data"
     data = ex.synth_data(data_folder, quick=False, verbose=False, seed=0, **bs.DATA)
-    budget = ex.Budget(epochs=epochs, lr=1e-3, wd=0.1, warmup=50, model=bs.MODEL, log_every_n_steps=50, workers=1,
-                       batch_size=batch_size, seed=seed)
+    budget = ex.Budget(
+        epochs=epochs,
+        lr=1e-3,
+        wd=0.1,
+        warmup=50,
+        model=bs.MODEL,
+        log_every_n_steps=50,
+        workers=1,
+        batch_size=batch_size,
+        seed=seed,
+    )
     names = bs.objectives()
     runs = {}
     for label in objectives:
         rec = bs.run_one(label, names[label], data, budget, work, 1)
         logs = sorted((work / "runs").glob(f"*/b{batch_size}-seed{seed}/out.log"), key=os.path.getmtime)
-        runs[label] = {"commit": rec["commit"], "flags": rec["flags"], "validation": rec["metrics"],
-                       "test": rec.get("test_metrics"), "losses": logged_losses(logs[-1].parent)}
+        runs[label] = {
+            "commit": rec["commit"],
+            "flags": rec["flags"],
+            "validation": rec["metrics"],
+            "test": rec.get("test_metrics"),
+            "losses": logged_losses(logs[-1].parent),
+        }
     return {"data_digest": data_digest(data_folder), "data": data["config"], "runs": runs}
 
 
@@ -100,12 +116,17 @@ def study_child(bs, work: Path, objectives: List[str], batch_size: int, seed: in
 
     names = bs.O.objectives  # the tree's testbed objectives (every study-era batch_size.py imports them as O)
 
-    arms = "".join(f'[[arms]]\nname = "{bs.arm_name(label, batch_size)}"\nbatch_size = {batch_size}\n'
-                   f"flags = {json.dumps(list(names()[label]))}\n\n" for label in objectives)
+    arms = "".join(
+        f'[[arms]]\nname = "{bs.arm_name(label, batch_size)}"\nbatch_size = {batch_size}\n'
+        f"flags = {json.dumps(list(names()[label]))}\n\n"
+        for label in objectives
+    )
     first, second = (bs.arm_name(label, batch_size) for label in (objectives * 2)[:2])
-    text = (f'recipe = "{bs.RECIPE}"\nseeds = [{seed}]\nmetric = "retrieval/mean_R@1"\nconfidence = 0.9\n'
-            f'resolution = 0.01\nthreads = 1\nexploratory = true\n\n[train]\nepochs = {epochs}\ndevice = "cpu"\n\n'
-            f'{arms}[[comparisons]]\na = "{first}"\nb = "{second}"\nrule = "beats"\n')
+    text = (
+        f'recipe = "{bs.RECIPE}"\nseeds = [{seed}]\nmetric = "retrieval/mean_R@1"\nconfidence = 0.9\n'
+        f'resolution = 0.01\nthreads = 1\nexploratory = true\n\n[train]\nepochs = {epochs}\ndevice = "cpu"\n\n'
+        f'{arms}[[comparisons]]\na = "{first}"\nb = "{second}"\nrule = "beats"\n'
+    )
     plan = study.parse_plan(text, "code_check")
     out = study.run_study(plan, work, 1, 1, echo=lambda line: print(line, file=sys.stderr))
     if out["failed"]:
@@ -113,21 +134,42 @@ def study_child(bs, work: Path, objectives: List[str], batch_size: int, seed: in
     runs = {}
     for label in objectives:
         arm = bs.arm_name(label, batch_size)
-        runs[label] = {"commit": study.work.read_record(work, arm, seed)["commit"], "flags": list(names()[label]),
-                       "validation": study.work.read_scores(work, arm, seed, "validation"),
-                       "test": study.work.read_scores(work, arm, seed, "test"),
-                       "losses": logged_losses(study.work.run_dir(work, arm, seed))}
+        runs[label] = {
+            "commit": study.work.read_record(work, arm, seed)["commit"],
+            "flags": list(names()[label]),
+            "validation": study.work.read_scores(work, arm, seed, "validation"),
+            "test": study.work.read_scores(work, arm, seed, "test"),
+            "losses": logged_losses(study.work.run_dir(work, arm, seed)),
+        }
     data = json.loads((study.work.data_dir(work) / "summary.json").read_text())
     return {"data_digest": data_digest(study.work.data_dir(work)), "data": data["config"], "runs": runs}
 
 
 def run_child(tree: Path, work: Path, args: argparse.Namespace) -> dict:
     # -P: the child's path is the tree's (PYTHONPATH), not this script's folder, so it imports the tree's batch_size
-    cmd = [sys.executable, "-P", str(Path(__file__).resolve()), "--child", str(tree), "--work", str(work),
-           "--objectives", *args.objectives, "--batch-size", str(args.batch_size), "--seed", str(args.seed),
-           "--epochs", str(args.epochs)]
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tree), str(tree / "benchmarks")]), "OMP_NUM_THREADS": "1",
-           "MKL_NUM_THREADS": "1"}
+    cmd = [
+        sys.executable,
+        "-P",
+        str(Path(__file__).resolve()),
+        "--child",
+        str(tree),
+        "--work",
+        str(work),
+        "--objectives",
+        *args.objectives,
+        "--batch-size",
+        str(args.batch_size),
+        "--seed",
+        str(args.seed),
+        "--epochs",
+        str(args.epochs),
+    ]
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(tree), str(tree / "benchmarks")]),
+        "OMP_NUM_THREADS": "1",
+        "MKL_NUM_THREADS": "1",
+    }
     print(f"[code_check] training {', '.join(args.objectives)} with the code of {tree}", flush=True)
     out = subprocess.run(cmd, env=env, capture_output=True, text=True)
     if out.returncode:
@@ -140,44 +182,86 @@ def compare(old: dict, new: dict) -> dict:
     rows = {}
     for label, a in old["runs"].items():
         b = new["runs"][label]
-        rows[label] = {"commits": [a["commit"], b["commit"]], "steps_logged": len(a["losses"]),
-                       "same_losses": a["losses"] == b["losses"] and bool(a["losses"]),
-                       "same_validation": a["validation"] == b["validation"], "same_test": a["test"] == b["test"],
-                       "same_flags": a["flags"] == b["flags"]}
+        rows[label] = {
+            "commits": [a["commit"], b["commit"]],
+            "steps_logged": len(a["losses"]),
+            "same_losses": a["losses"] == b["losses"] and bool(a["losses"]),
+            "same_validation": a["validation"] == b["validation"],
+            "same_test": a["test"] == b["test"],
+            "same_flags": a["flags"] == b["flags"],
+        }
         rows[label]["identical"] = all(v for k, v in rows[label].items() if k.startswith("same_"))
     same_data = old["data_digest"] == new["data_digest"] and old["data"] == new["data"]
-    return {"same_data": same_data, "objectives": rows,
-            "identical": same_data and all(r["identical"] for r in rows.values())}
+    return {
+        "same_data": same_data,
+        "objectives": rows,
+        "identical": same_data and all(r["identical"] for r in rows.values()),
+    }
 
 
 def write(out: Path, checks: List[dict], args: argparse.Namespace, command: str) -> Path:
     from clip_dcl.experiment.reporting import Report, markdown_table
 
     report = Report.at(out / args.stem, command)
-    rows = [(label, " / ".join(r["commits"]), r["steps_logged"], "same" if c["same_data"] else "differ",
-             *("same" if r[k] else "differs" for k in ("same_flags", "same_losses", "same_validation", "same_test")),
-             "**identical**" if r["identical"] else "**differs**")
-            for c in checks for label, r in c["objectives"].items()]
-    md = ["# Code check: the testbed's runs at earlier commits and at a later one", "",
-          *report.about(status="complete"),
-          f"- Trees: {', '.join(f'`{c}`' for c in args.against)} against `{args.now or 'this tree'}`, each in a "
-          f"temporary worktree (this tree in place); each writes its own copy of the testbed's data "
-          f"(`batch_size.py`'s recipe) and trains through its own testbed code.",
-          f"- Runs: {', '.join(f'`{o}`' for o in args.objectives)} at B = {args.batch_size}, seed {args.seed}, "
-          f"{args.epochs} epoch{'' if args.epochs == 1 else 's'} (the testbed's learning rate, warm-up and model), "
-          f"one torch thread.",
-          "- Identical runs mean the runs cached at the earlier commit stand for runs of the later one; a run that "
-          "differs must be rerun.", "",
-          markdown_table(["objective", "commits (earlier / later)", "steps logged", "data files", "flags",
-                          "loss at every logged step", "validation scores", "test scores", "verdict"], rows)]
-    report.write(md, {"status": "complete", "against": list(args.against), "now": args.now,
-                      "batch_size": args.batch_size, "seed": args.seed, "epochs": args.epochs, "checks": checks})
+    rows = [
+        (
+            label,
+            " / ".join(r["commits"]),
+            r["steps_logged"],
+            "same" if c["same_data"] else "differ",
+            *("same" if r[k] else "differs" for k in ("same_flags", "same_losses", "same_validation", "same_test")),
+            "**identical**" if r["identical"] else "**differs**",
+        )
+        for c in checks
+        for label, r in c["objectives"].items()
+    ]
+    md = [
+        "# Code check: the testbed's runs at earlier commits and at a later one",
+        "",
+        *report.about(status="complete"),
+        f"- Trees: {', '.join(f'`{c}`' for c in args.against)} against `{args.now or 'this tree'}`, each in a "
+        f"temporary worktree (this tree in place); each writes its own copy of the testbed's data "
+        f"(`batch_size.py`'s recipe) and trains through its own testbed code.",
+        f"- Runs: {', '.join(f'`{o}`' for o in args.objectives)} at B = {args.batch_size}, seed {args.seed}, "
+        f"{args.epochs} epoch{'' if args.epochs == 1 else 's'} (the testbed's learning rate, warm-up and model), "
+        f"one torch thread.",
+        "- Identical runs mean the runs cached at the earlier commit stand for runs of the later one; a run that "
+        "differs must be rerun.",
+        "",
+        markdown_table(
+            [
+                "objective",
+                "commits (earlier / later)",
+                "steps logged",
+                "data files",
+                "flags",
+                "loss at every logged step",
+                "validation scores",
+                "test scores",
+                "verdict",
+            ],
+            rows,
+        ),
+    ]
+    report.write(
+        md,
+        {
+            "status": "complete",
+            "against": list(args.against),
+            "now": args.now,
+            "batch_size": args.batch_size,
+            "seed": args.seed,
+            "epochs": args.epochs,
+            "checks": checks,
+        },
+    )
     return report.path(".md")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="benchmarks/code_check.py", description=__doc__.split("\n\n")[0],
-                                allow_abbrev=False)
+    p = argparse.ArgumentParser(
+        prog="benchmarks/code_check.py", description=__doc__.split("\n\n")[0], allow_abbrev=False
+    )
     p.add_argument("--against", nargs="+", default=[], help="the earlier commits (any git revisions)")
     p.add_argument("--now", default=None, help="the later commit (default: this tree, as it is)")
     p.add_argument("--objectives", nargs="+", default=list(DEFAULT_OBJECTIVES), help="batch_size.py objectives")
@@ -195,18 +279,24 @@ def main(argv: Optional[List[str]] = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(argv)
     if args.child:
-        print(json.dumps(child(Path(args.child), Path(args.work), args.objectives, args.batch_size, args.seed,
-                               args.epochs)))
+        print(
+            json.dumps(
+                child(Path(args.child), Path(args.work), args.objectives, args.batch_size, args.seed, args.epochs)
+            )
+        )
         return 0
     if not args.against:
         raise SystemExit("--against COMMIT is required")
     if args.epochs < 1 or args.batch_size < 1:
         raise SystemExit(f"--epochs and --batch-size must be >= 1, got {args.epochs} and {args.batch_size}")
     from testbed.objectives import objectives
+
     unknown = [o for o in args.objectives if o not in objectives()]
     if unknown:
         raise SystemExit(f"unknown objective(s) {unknown}; choose from {list(objectives())}")
-    commits = [git("rev-parse", "--verify", f"{c}^{{commit}}") for c in [*args.against, *([args.now] if args.now else [])]]
+    commits = [
+        git("rev-parse", "--verify", f"{c}^{{commit}}") for c in [*args.against, *([args.now] if args.now else [])]
+    ]
     with tempfile.TemporaryDirectory(prefix="code_check_") as tmp:
         work = Path(args.work) if args.work else Path(tmp)
         trained = {}
@@ -218,8 +308,9 @@ def main(argv: Optional[List[str]] = None) -> int:
             finally:
                 git("worktree", "remove", "--force", str(tree))
         later = trained[commits[-1]] if args.now else run_child(ROOT, work / "now", args)
-    checks = [{"against": c, **compare(trained[c], later)} for c in commits[:len(args.against)]]
+    checks = [{"against": c, **compare(trained[c], later)} for c in commits[: len(args.against)]]
     from clip_dcl.experiment.reporting import command_line
+
     path = write(Path(args.results), checks, args, command_line("code_check.py", argv))
     for c in checks:
         print(f"[code_check] {c['against'][:10]}: {'identical' if c['identical'] else 'DIFFERS'}")

@@ -19,17 +19,19 @@ against ``clip`` at B, the tuned InfoNCE at B and ``clip`` at 2B, it takes the p
 The plan's data draw (``--seed 3``) and training seeds (300 on) are ones no earlier run used. It refuses to
 overwrite an existing plan: a plan is written once, committed, and then only run.
 """
+
 from __future__ import annotations
 
 import argparse
 import statistics
 import sys
-import tomllib
 from pathlib import Path
 
-from clip_dcl.experiment.study.rule import planned_power
+import tomllib
 from plan_writing import affordable_counts, diffs, plan_body, seeds_for_power, validation_scores, write_once
 from testbed.objectives import loss_flags
+
+from clip_dcl.experiment.study.rule import planned_power
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -55,8 +57,14 @@ def comparisons(s: dict) -> list:
         gain = statistics.mean(diffs(s, f"clip-b{2 * b}", f"clip-b{b}"))
         for other, rule in ((f"clip-b{b}", "beats"), (f"tuned-b{b}", "beats"), (f"clip-b{2 * b}", "reaches")):
             d = diffs(s, f"decl-b{b}", other)
-            row = {"a": f"decl-b{b}", "b": other, "rule": rule, "diffs": d, "expected": statistics.mean(d),
-                   "paired_sd": statistics.stdev(d)}
+            row = {
+                "a": f"decl-b{b}",
+                "b": other,
+                "rule": rule,
+                "diffs": d,
+                "expected": statistics.mean(d),
+                "paired_sd": statistics.stdev(d),
+            }
             if rule == "reaches":
                 row["margin"] = gain / 2
                 row["gain"] = gain
@@ -85,11 +93,17 @@ def write(rows: list, counts: list, tuned: dict) -> str:
     lines = []
     for r, k in zip(rows, counts):
         p = planned_power(r["rule"], k, r["paired_sd"], CONFIDENCE, r["expected"], r.get("margin"))
-        lines.append(f"#   {r['a']} {r['rule']} {r['b']}: paired sd {100 * r['paired_sd']:.2f}, mean "
-                     f"{100 * r['expected']:+.2f}" + (f", margin {100 * r['margin']:.2f} (half of clip's gain "
-                                                       f"{100 * r['gain']:+.2f})" if "margin" in r else "")
-                     + f": {needed(r) if needed(r) <= 1000 else 'more than 1000'} seeds for power {POWER}; "
-                       f"judged on {k}, power {p:.2f}")
+        lines.append(
+            f"#   {r['a']} {r['rule']} {r['b']}: paired sd {100 * r['paired_sd']:.2f}, mean "
+            f"{100 * r['expected']:+.2f}"
+            + (
+                f", margin {100 * r['margin']:.2f} (half of clip's gain {100 * r['gain']:+.2f})"
+                if "margin" in r
+                else ""
+            )
+            + f": {needed(r) if needed(r) <= 1000 else 'more than 1000'} seeds for power {POWER}; "
+            f"judged on {k}, power {p:.2f}"
+        )
     toml = [
         "# CONFIRMATORY. Written by benchmarks/confirmatory_plan.py from the exploratory spread measurements",
         "# (benchmarks/results/spread.md, spread_tuned.md; validation split, the default data draw, seeds 1-3) and",
@@ -97,7 +111,8 @@ def write(rows: list, counts: list, tuned: dict) -> str:
         "# 64, and does it reach clip at twice the batch? Nothing here may change once it has run: no seed added,",
         "# no arm dropped, no margin moved; a failed run is rerun and listed in the report.",
         "#",
-        f"# Data: a draw no earlier run used (--seed {DATA_SEED}); training seeds {seeds[0]}-{seeds[-1]}, used by no earlier run.",
+        f"# Data: a draw no earlier run used (--seed {DATA_SEED}); training seeds {seeds[0]}-{seeds[-1]}, used by no "
+        "earlier run.",
         "# Every run on the CPU (device cpu, one torch thread, the micro-words recipe); GPU runs may not be",
         "# paired with these. The arms' flags are written out in full, so that a later default changes nothing.",
         "# The tuned InfoNCE: the setting temperature_tuning.toml chose at each B (validation split, one seed).",
@@ -106,9 +121,12 @@ def write(rows: list, counts: list, tuned: dict) -> str:
         *lines,
         "# Each comparison is judged on the plan's first seeds, as many as it says (`seeds`), at least the floor,",
         "# since a spread from three seeds may be low; an arm trains as many as its comparisons read.",
-        *[f"# {r['a']} {r['rule']} {r['b']} would need more seeds than this plan can run: judged on {k}, its"
-          " interval is reported, and a 'no verdict' there is the expected outcome, not a finding."
-          for r, k in zip(rows, counts) if needed(r) > k],
+        *[
+            f"# {r['a']} {r['rule']} {r['b']} would need more seeds than this plan can run: judged on {k}, its"
+            " interval is reported, and a 'no verdict' there is the expected outcome, not a finding."
+            for r, k in zip(rows, counts)
+            if needed(r) > k
+        ],
         "#",
         "#   clip-dcl study check benchmarks/studies/confirmatory.toml",
         "#   clip-dcl study run benchmarks/studies/confirmatory.toml --work WORK/confirmatory --parallel 2",
@@ -116,12 +134,35 @@ def write(rows: list, counts: list, tuned: dict) -> str:
         "#       --out benchmarks/results --name confirmatory",
         "",
     ]
-    toml += plan_body(title="decl against clip at B and 2B and against a tuned InfoNCE, B = 32 and 64 (confirmatory)",
-                      recipe="micro-words", seeds=seeds, metric=METRIC, confidence=CONFIDENCE, resolution=RESOLUTION,
-                      power=POWER, data_command=["data", "synth", "{DATA}", "--image-size", "32", "--num-classes", "48",
-                                                 "--train-samples", "12000", "--test-samples", "1000", "--pack",
-                                                 "--seed", str(DATA_SEED)],
-                      epochs=20, arms=arms, rows=rows, counts=counts)
+    toml += plan_body(
+        title="decl against clip at B and 2B and against a tuned InfoNCE, B = 32 and 64 (confirmatory)",
+        recipe="micro-words",
+        seeds=seeds,
+        metric=METRIC,
+        confidence=CONFIDENCE,
+        resolution=RESOLUTION,
+        power=POWER,
+        data_command=[
+            "data",
+            "synth",
+            "{DATA}",
+            "--image-size",
+            "32",
+            "--num-classes",
+            "48",
+            "--train-samples",
+            "12000",
+            "--test-samples",
+            "1000",
+            "--pack",
+            "--seed",
+            str(DATA_SEED),
+        ],
+        epochs=20,
+        arms=arms,
+        rows=rows,
+        counts=counts,
+    )
     return "\n".join(toml) + "\n"
 
 
@@ -129,8 +170,12 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0], allow_abbrev=False)
     p.add_argument("--dry-run", action="store_true", help="print the numbers; write nothing")
     p.add_argument("--min-seeds", type=int, default=6, help="the fewest seeds a comparison is judged on (default 6)")
-    p.add_argument("--max-seeds", type=int, default=20,
-                   help="a comparison needing more for power 0.8 is not powered here (default 20)")
+    p.add_argument(
+        "--max-seeds",
+        type=int,
+        default=20,
+        help="a comparison needing more for power 0.8 is not powered here (default 20)",
+    )
     args = p.parse_args(argv)
     if not 2 <= args.min_seeds <= args.max_seeds:
         p.error(f"expected 2 <= --min-seeds <= --max-seeds, got {args.min_seeds} and {args.max_seeds}")

@@ -21,6 +21,7 @@ Three parts, one report (``results/decl_state.md`` and ``.json``):
     .venv/bin/python benchmarks/decl_state.py                          # 1e6, 1e7, 5e7 samples
     .venv/bin/python benchmarks/decl_state.py --num-samples 1e5 --steps 5 --quick
 """
+
 from __future__ import annotations
 
 import argparse
@@ -58,8 +59,17 @@ def _batch(args, rank, world, gen):
 
 
 def _decl(args, mode, rank, world):
-    return create_loss("decl", rate="index", num_samples=args.num_samples, state=mode, rank=rank, world_size=world,
-                       local_loss=True, gather_with_grad=True, schedule="decl")
+    return create_loss(
+        "decl",
+        rate="index",
+        num_samples=args.num_samples,
+        state=mode,
+        rank=rank,
+        world_size=world,
+        local_loss=True,
+        gather_with_grad=True,
+        schedule="decl",
+    )
 
 
 def worker(args) -> None:
@@ -105,8 +115,14 @@ def _measure_layout(args, rank: int, world: int) -> dict:
         out["digest"] = loss.state_digest()
         out["digest_s"] = time.perf_counter() - t0
         with tempfile.TemporaryDirectory() as tmp:
-            fake = Namespace(logs=tmp, checkpoint_path=tmp, epochs=1, save_frequency=1, save_most_recent=False,
-                             delete_previous_checkpoint=False)
+            fake = Namespace(
+                logs=tmp,
+                checkpoint_path=tmp,
+                epochs=1,
+                save_frequency=1,
+                save_most_recent=False,
+                delete_previous_checkpoint=False,
+            )
             t0 = time.perf_counter()
             if loss.sharded:
                 loss_state.write_shards(loss, fake, 1)
@@ -120,10 +136,26 @@ def _measure_layout(args, rank: int, world: int) -> dict:
 
 def measure(num_samples: int, mode: str, args) -> list:
     """Every rank's record of one layout (``mode``) at ``num_samples``, on ``args.nproc`` fresh ranks."""
-    return torchrun.launch(__file__, args.nproc, [
-        "--mode", mode, "--num-samples", str(num_samples), "--steps", str(args.steps), "--warmup", str(args.warmup),
-        "--batch", str(args.batch), "--dim", str(args.dim)],
-        threads=max(1, (os.cpu_count() or 2) // args.nproc), what=f"{mode} at {num_samples}")
+    return torchrun.launch(
+        __file__,
+        args.nproc,
+        [
+            "--mode",
+            mode,
+            "--num-samples",
+            str(num_samples),
+            "--steps",
+            str(args.steps),
+            "--warmup",
+            str(args.warmup),
+            "--batch",
+            str(args.batch),
+            "--dim",
+            str(args.dim),
+        ],
+        threads=max(1, (os.cpu_count() or 2) // args.nproc),
+        what=f"{mode} at {num_samples}",
+    )
 
 
 # -- part 2: computed ------------------------------------------------------------------------------
@@ -148,14 +180,16 @@ def precision(num_samples=8192, batch=512, epochs=6, dim=256, seed=0) -> dict:
     gen = torch.Generator().manual_seed(seed)
     base_i = F.normalize(torch.randn(num_samples, dim, generator=gen), dim=-1)
     base_t = F.normalize(base_i + 0.8 * torch.randn(num_samples, dim, generator=gen) / math.sqrt(dim) * 8, dim=-1)
-    losses = {d: create_loss("decl", rate="index", num_samples=num_samples, state_dtype=d, schedule="decl")
-              for d in ("float32", "bfloat16", "float16")}
+    losses = {
+        d: create_loss("decl", rate="index", num_samples=num_samples, state_dtype=d, schedule="decl")
+        for d in ("float32", "bfloat16", "float16")
+    }
     values = {d: [] for d in losses}
     for epoch in range(epochs):
         order = torch.randperm(num_samples, generator=gen)
         scale = torch.tensor(10.0 + 5.0 * epoch)  # the similarities sharpen as training would make them
         for start in range(0, num_samples - batch + 1, batch):
-            ids = order[start:start + batch]
+            ids = order[start : start + batch]
             noise = 0.3 * torch.randn(batch, dim, generator=gen) / math.sqrt(dim)
             f, g = F.normalize(base_i[ids] + noise, dim=-1), F.normalize(base_t[ids] - noise, dim=-1)
             for d, fn in losses.items():
@@ -166,9 +200,13 @@ def precision(num_samples=8192, batch=512, epochs=6, dim=256, seed=0) -> dict:
     for d in ("bfloat16", "float16"):
         err = (losses[d].log_rate.double() - ref_rates).abs()
         loss_err = [abs(a - b) / abs(b) for a, b in zip(values[d], values["float32"])]
-        out[d] = {"rate_abs_err_max": float(err.max()), "rate_abs_err_median": float(err.median()),
-                  "rate_range": [float(ref_rates.min()), float(ref_rates.max())],
-                  "loss_rel_err_max": max(loss_err), "loss_rel_err_median": statistics.median(loss_err)}
+        out[d] = {
+            "rate_abs_err_max": float(err.max()),
+            "rate_abs_err_median": float(err.median()),
+            "rate_range": [float(ref_rates.min()), float(ref_rates.max())],
+            "loss_rel_err_max": max(loss_err),
+            "loss_rel_err_median": statistics.median(loss_err),
+        }
     return out
 
 
@@ -179,11 +217,22 @@ def report(measured, comp, prec, args, about) -> str:
         steps = by_mode["both"][0]["step_ms"]
         for mode in MODES:
             r = by_mode[mode][0]
-            rows.append([f"{n:.0e}", mode, f"{r['state_bytes'] / 1e6:.0f}", f"{r['peak_rss_mb']:.0f}",
-                         f"{r['peak_rss_mb'] - r['rss_before_mb']:.0f}", f"{steps[mode]:.1f}",
-                         f"{steps[mode] / steps['replicated']:.2f}", f"{r['digest_s']:.3f}", f"{r['write_s']:.2f}"])
+            rows.append(
+                [
+                    f"{n:.0e}",
+                    mode,
+                    f"{r['state_bytes'] / 1e6:.0f}",
+                    f"{r['peak_rss_mb']:.0f}",
+                    f"{r['peak_rss_mb'] - r['rss_before_mb']:.0f}",
+                    f"{steps[mode]:.1f}",
+                    f"{steps[mode] / steps['replicated']:.2f}",
+                    f"{r['digest_s']:.3f}",
+                    f"{r['write_s']:.2f}",
+                ]
+            )
         same = len({r["digest"] for mode in MODES for r in by_mode[mode]}) == 1 and all(
-            r["same_state"] for r in by_mode["both"])
+            r["same_state"] for r in by_mode["both"]
+        )
         rows.append(["", f"digests identical across ranks and layouts: {same}"] + [""] * 7)
     lines = [
         "# DeCL's per-sample rate buffer: sharded vs replicated, 16-bit storage",
@@ -200,17 +249,48 @@ def report(measured, comp, prec, args, about) -> str:
         "sharded over replicated. Digest: the per-epoch state digest. Write: this rank's checkpoint shard "
         "(sharded) or the master's whole buffer (replicated).",
         "",
-        markdown_table(["num_samples", "state", "state MB / rank", "peak RSS MB", "rise MB", "step ms", "step ratio",
-                        "digest s", "write s"], rows, align="rlrrrrrrr"),
+        markdown_table(
+            [
+                "num_samples",
+                "state",
+                "state MB / rank",
+                "peak RSS MB",
+                "rise MB",
+                "step ms",
+                "step ratio",
+                "digest s",
+                "write s",
+            ],
+            rows,
+            align="rlrrrrrrr",
+        ),
         "",
         f"## Computed: bytes per rank at scale (global batch {comp[0]['global_batch']:,} for the all-reduce)",
         "",
-        markdown_table(["data", "W", "replicated fp32 GB", "sharded fp32 GB", "sharded bf16 GB",
-                        "replicated: estimates all-gather MB / step / rank",
-                        "sharded: (rates, estimates) all-reduce MB / step / rank"],
-                       ([r["data"], r["world_size"], f"{r['replicated_float32_gb']:.1f}", f"{r['sharded_float32_gb']:.3f}",
-                         f"{r['sharded_bfloat16_gb']:.3f}", f"{r['replicated_gather_mb_per_step']:.2f}",
-                         f"{r['allreduce_mb_per_step']:.2f}"] for r in comp), align="lrrrrrr"),
+        markdown_table(
+            [
+                "data",
+                "W",
+                "replicated fp32 GB",
+                "sharded fp32 GB",
+                "sharded bf16 GB",
+                "replicated: estimates all-gather MB / step / rank",
+                "sharded: (rates, estimates) all-reduce MB / step / rank",
+            ],
+            (
+                [
+                    r["data"],
+                    r["world_size"],
+                    f"{r['replicated_float32_gb']:.1f}",
+                    f"{r['sharded_float32_gb']:.3f}",
+                    f"{r['sharded_bfloat16_gb']:.3f}",
+                    f"{r['replicated_gather_mb_per_step']:.2f}",
+                    f"{r['allreduce_mb_per_step']:.2f}",
+                ]
+                for r in comp
+            ),
+            align="lrrrrrr",
+        ),
         "",
         f"## 16-bit storage against float32 ({prec['num_samples']} samples, batch {prec['batch']}, "
         f"{prec['epochs']} epochs, {prec['steps']} steps, the same features for every dtype)",
@@ -218,10 +298,20 @@ def report(measured, comp, prec, args, about) -> str:
         f"Stored relative log-rates range over [{prec['bfloat16']['rate_range'][0]:.2f}, "
         f"{prec['bfloat16']['rate_range'][1]:.2f}] in float32.",
         "",
-        markdown_table(["storage", "log-rate abs. error, max", "median", "loss rel. error, max", "median"],
-                       ([d, *(f"{prec[d][k]:.2e}" for k in ("rate_abs_err_max", "rate_abs_err_median",
-                                                              "loss_rel_err_max", "loss_rel_err_median"))]
-                        for d in ("bfloat16", "float16")), align="lrrrr"),
+        markdown_table(
+            ["storage", "log-rate abs. error, max", "median", "loss rel. error, max", "median"],
+            (
+                [
+                    d,
+                    *(
+                        f"{prec[d][k]:.2e}"
+                        for k in ("rate_abs_err_max", "rate_abs_err_median", "loss_rel_err_max", "loss_rel_err_median")
+                    ),
+                ]
+                for d in ("bfloat16", "float16")
+            ),
+            align="lrrrr",
+        ),
     ]
     return "\n".join(lines)
 
@@ -245,8 +335,10 @@ def main(argv=None) -> int:
         return 0
     if args.quick:
         args.num_samples, args.steps, args.warmup = [1e5], min(args.steps, 5), min(args.warmup, 1)
-    rep = Report.at(report_path(args.out, HERE / "results" / "decl_state", args.quick),
-                    command_line("decl_state.py", sys.argv[1:] if argv is None else argv, python="python"))
+    rep = Report.at(
+        report_path(args.out, HERE / "results" / "decl_state", args.quick),
+        command_line("decl_state.py", sys.argv[1:] if argv is None else argv, python="python"),
+    )
     measured = {}
     for n in (int(v) for v in args.num_samples):
         measured[n] = {}
@@ -269,38 +361,57 @@ def main(argv=None) -> int:
 # ------------------------------------------------------------------------------------------
 def readme_block(doc: dict) -> str:
     """The README's tables (measured per layout; computed at scale) and the 16-bit storage errors."""
-    lines = ["| num_samples | state MB / rank, replicated → sharded | peak RSS MB, replicated → sharded "
-             "| step time, sharded / replicated | digests identical |", "|---:|---:|---:|---:|---|"]
+    lines = [
+        "| num_samples | state MB / rank, replicated → sharded | peak RSS MB, replicated → sharded "
+        "| step time, sharded / replicated | digests identical |",
+        "|---:|---:|---:|---:|---|",
+    ]
     for n, by_mode in doc["measured"].items():
         rep, sha = by_mode["replicated"][0], by_mode["sharded"][0]
         steps = by_mode["both"][0]["step_ms"]
-        same = len({r["digest"] for m in MODES for r in by_mode[m]}) == 1 and all(r["same_state"] for r in by_mode["both"])
-        lines.append(f"| {int(n):.0e} | {rep['state_bytes'] / 1e6:.0f} → {sha['state_bytes'] / 1e6:.0f} | "
-                     f"{rep['peak_rss_mb']:.0f} → {sha['peak_rss_mb']:.0f} | {steps['sharded'] / steps['replicated']:.2f} "
-                     f"| {'yes' if same else '**no**'} |")
+        same = len({r["digest"] for m in MODES for r in by_mode[m]}) == 1 and all(
+            r["same_state"] for r in by_mode["both"]
+        )
+        lines.append(
+            f"| {int(n):.0e} | {rep['state_bytes'] / 1e6:.0f} → {sha['state_bytes'] / 1e6:.0f} | "
+            f"{rep['peak_rss_mb']:.0f} → {sha['peak_rss_mb']:.0f} | {steps['sharded'] / steps['replicated']:.2f} "
+            f"| {'yes' if same else '**no**'} |"
+        )
     comp = doc["computed"]
-    lines += ["", f"Computed at scale (global batch {comp[0]['global_batch']:,}):", "",
-              "| data | W | replicated fp32 GB / rank | sharded fp32 | sharded bf16 | sharded: all-reduce MB / step |",
-              "|---|---:|---:|---:|---:|---:|"]
+    lines += [
+        "",
+        f"Computed at scale (global batch {comp[0]['global_batch']:,}):",
+        "",
+        "| data | W | replicated fp32 GB / rank | sharded fp32 | sharded bf16 | sharded: all-reduce MB / step |",
+        "|---|---:|---:|---:|---:|---:|",
+    ]
     for data in dict.fromkeys(r["data"] for r in comp):
         rows = [r for r in comp if r["data"] == data]
 
         def cells(key, fmt):
             return " / ".join(format(r[key], fmt) for r in rows)
-        lines.append(f"| {data} | {cells('world_size', 'd')} | {rows[0]['replicated_float32_gb']:.1f} | "
-                     f"{cells('sharded_float32_gb', '.3f')} | {cells('sharded_bfloat16_gb', '.3f')} | "
-                     f"{cells('allreduce_mb_per_step', '.2f')} |")
+
+        lines.append(
+            f"| {data} | {cells('world_size', 'd')} | {rows[0]['replicated_float32_gb']:.1f} | "
+            f"{cells('sharded_float32_gb', '.3f')} | {cells('sharded_bfloat16_gb', '.3f')} | "
+            f"{cells('allreduce_mb_per_step', '.2f')} |"
+        )
     p = doc["precision"]
-    lines += ["", f"16-bit storage against float32 over {p['epochs']} epochs of revisits ({p['num_samples']} samples): "
-              f"{storage_errors(p)}."]
+    lines += [
+        "",
+        f"16-bit storage against float32 over {p['epochs']} epochs of revisits ({p['num_samples']} samples): "
+        f"{storage_errors(p)}.",
+    ]
     return "\n".join(lines)
 
 
 def storage_errors(p: dict) -> str:
     """How far 16-bit storage moved the stored log-rates and the loss (``p``: the JSON's ``precision``)."""
-    return (f"stored log-rates within {p['float16']['rate_abs_err_max']:.0e} (float16) and "
-            f"{p['bfloat16']['rate_abs_err_max']:.0e} (bfloat16), the loss within "
-            f"{p['float16']['loss_rel_err_max']:.0e} and {p['bfloat16']['loss_rel_err_max']:.0e} relative")
+    return (
+        f"stored log-rates within {p['float16']['rate_abs_err_max']:.0e} (float16) and "
+        f"{p['bfloat16']['rate_abs_err_max']:.0e} (bfloat16), the loss within "
+        f"{p['float16']['loss_rel_err_max']:.0e} and {p['bfloat16']['loss_rel_err_max']:.0e} relative"
+    )
 
 
 def docs_block(doc: dict) -> str:
@@ -309,11 +420,13 @@ def docs_block(doc: dict) -> str:
     rep = {r["data"]: r["replicated_float32_gb"] for r in comp}
     w = max(r["world_size"] for r in comp if r["world_size"] < 512)
     sharded = ", ".join(f"{r['sharded_float32_gb'] * 1e3:.0f} MB at {r['data']}" for r in comp if r["world_size"] == w)
-    return (f"Replicated, the float32 state is {', '.join(f'{gb:.1f} GB at {d}' for d, gb in rep.items())} on every "
-            f"rank; sharded on W = {w} ranks, {sharded} per rank. The all-reduce moves at most "
-            f"{max(r['allreduce_mb_per_step'] for r in comp):.1f} MB per rank per step at G = {comp[0]['global_batch']}. "
-            f"16-bit storage against float32 ({p['epochs']} epochs of revisits): {storage_errors(p)} "
-            "([results](../benchmarks/results/decl_state.md)).")
+    return (
+        f"Replicated, the float32 state is {', '.join(f'{gb:.1f} GB at {d}' for d, gb in rep.items())} on every "
+        f"rank; sharded on W = {w} ranks, {sharded} per rank. The all-reduce moves at most "
+        f"{max(r['allreduce_mb_per_step'] for r in comp):.1f} MB per rank per step at G = {comp[0]['global_batch']}. "
+        f"16-bit storage against float32 ({p['epochs']} epochs of revisits): {storage_errors(p)} "
+        "([results](../benchmarks/results/decl_state.md))."
+    )
 
 
 if __name__ == "__main__":

@@ -19,6 +19,7 @@ Usage::
     python benchmarks/demo_speed.py --epochs 2
     python benchmarks/demo_speed.py --quick         # the quick demo's data, a temporary report
 """
+
 from __future__ import annotations
 
 import argparse
@@ -55,27 +56,59 @@ def main(argv=None) -> int:
     rows = []
     for name, budget, data in (("before", BEFORE, shards), ("demo", DEMO_BUDGET, packed)):
         budget = dataclasses.replace(budget, epochs=args.epochs)
-        print(f"[demo_speed] {name}: {budget.model}, {args.epochs} epoch(s) of {data['train']['num_samples']} "
-              f"samples at batch {budget.batch_size}", flush=True)
-        res = ex.train(dataclasses.replace(run, name=f"clip-{name}"), data, work / "runs", budget, device="cpu",
-                       validate=False, echo=lambda line: None)
-        rows.append({"setting": name, "model": budget.model, "train_data": data.get("dataset_type", "webdataset"),
-                     "extra": list(budget.extra), "seconds": res.seconds, "command": res.command})
+        print(
+            f"[demo_speed] {name}: {budget.model}, {args.epochs} epoch(s) of {data['train']['num_samples']} "
+            f"samples at batch {budget.batch_size}",
+            flush=True,
+        )
+        res = ex.train(
+            dataclasses.replace(run, name=f"clip-{name}"),
+            data,
+            work / "runs",
+            budget,
+            device="cpu",
+            validate=False,
+            echo=lambda line: None,
+        )
+        rows.append(
+            {
+                "setting": name,
+                "model": budget.model,
+                "train_data": data.get("dataset_type", "webdataset"),
+                "extra": list(budget.extra),
+                "seconds": res.seconds,
+                "command": res.command,
+            }
+        )
         print(f"[demo_speed]     {res.seconds:.1f} s", flush=True)
     ratio = rows[1]["seconds"] / rows[0]["seconds"]
     report = Report.at(out, command_line("demo_speed.py", argv), work=work)
-    doc = {"epochs": args.epochs, "samples": shards["train"]["num_samples"], "batch_size": DEMO_BUDGET.batch_size,
-           "rows": rows, "ratio": ratio, "load_average": {"start": load_start, "end": os.getloadavg()[0]},
-           "quick": args.quick}
-    lines = ["# The demo's training against the demo's training as it was", "", *report.about(), "",
-             f"One run of `clip`, {args.epochs} epoch(s) of {doc['samples']} pairs at batch {doc['batch_size']}, "
-             f"each setting in turn on the CPU, start-up included (1-minute load average "
-             f"{doc['load_average']['start']:.1f} at the start, {doc['load_average']['end']:.1f} at the end).", "",
-             "| setting | model | training data | extra flags | seconds |", "|---|---|---|---|---:|"]
+    doc = {
+        "epochs": args.epochs,
+        "samples": shards["train"]["num_samples"],
+        "batch_size": DEMO_BUDGET.batch_size,
+        "rows": rows,
+        "ratio": ratio,
+        "load_average": {"start": load_start, "end": os.getloadavg()[0]},
+        "quick": args.quick,
+    }
+    lines = [
+        "# The demo's training against the demo's training as it was",
+        "",
+        *report.about(),
+        "",
+        f"One run of `clip`, {args.epochs} epoch(s) of {doc['samples']} pairs at batch {doc['batch_size']}, "
+        f"each setting in turn on the CPU, start-up included (1-minute load average "
+        f"{doc['load_average']['start']:.1f} at the start, {doc['load_average']['end']:.1f} at the end).",
+        "",
+        "| setting | model | training data | extra flags | seconds |",
+        "|---|---|---|---|---:|",
+    ]
     for r in rows:
         data_kind = "packed in memory" if r["train_data"] == "auto" else "webdataset shards"
-        lines.append(f"| {r['setting']} | `{r['model']}` | {data_kind} | {' '.join(r['extra']) or '-'} | "
-                     f"{r['seconds']:.1f} |")
+        lines.append(
+            f"| {r['setting']} | `{r['model']}` | {data_kind} | {' '.join(r['extra']) or '-'} | {r['seconds']:.1f} |"
+        )
     lines += ["", f"Ratio demo / before: **{ratio:.2f}** (measured in this run)."]
     report.write(lines, doc)
     print(f"[demo_speed] demo / before = {ratio:.2f}; wrote {report.path('.md')}", flush=True)

@@ -24,18 +24,20 @@ is judged on the most any powered comparison gets, and the plan states its power
 The data draw (``--seed 1``) and training seeds (100 on) are ones no earlier run used. It refuses to
 overwrite an existing plan: a plan is written once, committed, and then only run.
 """
+
 from __future__ import annotations
 
 import argparse
 import math
 import statistics
 import sys
-import tomllib
 from pathlib import Path
+
+import tomllib
+from plan_writing import affordable_counts, diffs, plan_body, seeds_for_power, validation_scores, write_once
 
 from clip_dcl.experiment.commands import loss_flags
 from clip_dcl.experiment.study.rule import planned_power
-from plan_writing import affordable_counts, diffs, plan_body, seeds_for_power, validation_scores, write_once
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
@@ -98,15 +100,26 @@ def comparisons(s: dict, arms: dict, chosen: dict) -> list:
     rows = []
     for b in SIZES:
         deb = f"{base}-b{b}" if f"{base}-b{b}" in arms else None
-        others = [("clip", f"clip-b{b}")] + ([] if chosen["tuned"][b] == f"clip-b{b}" else [("tuned", chosen["tuned"][b])])
+        others = [("clip", f"clip-b{b}")] + (
+            [] if chosen["tuned"][b] == f"clip-b{b}" else [("tuned", chosen["tuned"][b])]
+        )
         for a_name, a_screen in (("debiased", deb or chosen["debiased"]), ("decl", f"decl-b{b}")):
             for b_name, b_screen in others:
                 stand_in = a_name == "debiased" and deb is None
                 ref = b_screen if not stand_in else ("clip-b32" if b_name == "clip" else chosen["tuned"][32])
                 d = diffs(s, a_screen, ref)
-                rows.append({"a": f"{a_name}-b{b}", "b": f"{b_name}-b{b}", "rule": "beats", "diffs": d,
-                             "screen": f"{a_screen} - {ref}", "expected": statistics.mean(d),
-                             "sd_own": statistics.stdev(d), "paired_sd": max(statistics.stdev(d), floor)})
+                rows.append(
+                    {
+                        "a": f"{a_name}-b{b}",
+                        "b": f"{b_name}-b{b}",
+                        "rule": "beats",
+                        "diffs": d,
+                        "screen": f"{a_screen} - {ref}",
+                        "expected": statistics.mean(d),
+                        "sd_own": statistics.stdev(d),
+                        "paired_sd": max(statistics.stdev(d), floor),
+                    }
+                )
     return rows
 
 
@@ -132,13 +145,21 @@ def write(rows: list, counts: list, chosen: dict, arms: dict, floor: float, reci
     lines = []
     for r, k in zip(rows, counts):
         p = planned_power("beats", k, r["paired_sd"], CONFIDENCE, r["expected"])
-        lines.append(f"#   {r['a']} beats {r['b']} (screen: {r['screen']}): mean {100 * r['expected']:+.2f}, paired sd "
-                     f"{100 * r['sd_own']:.2f} (used {100 * r['paired_sd']:.2f}): "
-                     f"{needed(r) if needed(r) <= 1000 else 'more than 1000'} seeds for power {POWER}; judged on {k}, "
-                     f"power {p:.2f}")
-    tuned_lines = [f"#   B = {b}: {chosen['tuned'][b]}" + (" (the learned scale: tuned is clip itself)"
-                                                              if chosen["tuned"][b] == f"clip-b{b}" else
-                                                              f" {' '.join(arms[chosen['tuned'][b]])}") for b in SIZES]
+        lines.append(
+            f"#   {r['a']} beats {r['b']} (screen: {r['screen']}): mean {100 * r['expected']:+.2f}, paired sd "
+            f"{100 * r['sd_own']:.2f} (used {100 * r['paired_sd']:.2f}): "
+            f"{needed(r) if needed(r) <= 1000 else 'more than 1000'} seeds for power {POWER}; judged on {k}, "
+            f"power {p:.2f}"
+        )
+    tuned_lines = [
+        f"#   B = {b}: {chosen['tuned'][b]}"
+        + (
+            " (the learned scale: tuned is clip itself)"
+            if chosen["tuned"][b] == f"clip-b{b}"
+            else f" {' '.join(arms[chosen['tuned'][b]])}"
+        )
+        for b in SIZES
+    ]
     toml = [
         "# CONFIRMATORY. Written by benchmarks/fmnist_confirmatory_plan.py from the exploratory Fashion-MNIST screen",
         "# (benchmarks/results/fmnist_screen.md; validation split, data draw 0, seeds 1-2) and committed before its",
@@ -149,33 +170,59 @@ def write(rows: list, counts: list, chosen: dict, arms: dict, floor: float, reci
         "# no seed added, no arm dropped, no margin moved; a failed run is rerun and listed in the report.",
         "#",
         f"# Data: a draw no earlier run used (--seed {DATA_SEED}: other validation images held out, other training",
-        f"# images, other captions); training seeds {seeds[0]}-{seeds[-1]}, used by no earlier run. Every run on the CPU",
+        f"# images, other captions); training seeds {seeds[0]}-{seeds[-1]}, used by no earlier run. Every run on the "
+        "CPU",
         f"# (one torch thread, the {recipe} recipe). The arms' flags are written out in full.",
         f"# The debiased setting: {chosen['debiased'][:-4]} ({' '.join(debiased_flags)}), the best debiased dcl arm of",
         "# the screen at B = 32 by mean validation zero-shot top-1; the same flags at B = 64.",
         "# The tuned InfoNCE (the best InfoNCE arm of the screen at each B, same budget of settings as dcl's):",
         *tuned_lines,
         "# Seed counts (90 % two-sided t-intervals, one look; per comparison the screen's mean paired difference and",
-        f"# spread, the spread floored at the pooled spread of every screened arm against clip, {100 * floor:.2f} points):",
+        f"# spread, the spread floored at the pooled spread of every screened arm against clip, {100 * floor:.2f} "
+        "points):",
         *lines,
         "# Each comparison is judged on the plan's first seeds, as many as it says (`seeds`); an arm trains as many",
         "# as its comparisons read.",
-        *[f"# {r['a']} beats {r['b']} would need more seeds than this plan can run: judged on {k}, its interval is"
-          " reported, and a 'no verdict' there is the expected outcome, not a finding."
-          for r, k in zip(rows, counts) if needed(r) > k],
+        *[
+            f"# {r['a']} beats {r['b']} would need more seeds than this plan can run: judged on {k}, its interval is"
+            " reported, and a 'no verdict' there is the expected outcome, not a finding."
+            for r, k in zip(rows, counts)
+            if needed(r) > k
+        ],
         "#",
         "#   clip-dcl study check benchmarks/studies/fmnist_confirmatory.toml",
-        "#   clip-dcl study run benchmarks/studies/fmnist_confirmatory.toml --work WORK/fmnist_confirmatory --parallel 2",
+        "#   clip-dcl study run benchmarks/studies/fmnist_confirmatory.toml --work WORK/fmnist_confirmatory "
+        "--parallel 2",
         "#   clip-dcl study report benchmarks/studies/fmnist_confirmatory.toml --work WORK/fmnist_confirmatory \\",
         "#       --out benchmarks/results --name fmnist_confirmatory",
         "",
     ]
-    toml += plan_body(title="Fashion-MNIST: the debiased loss and decl against clip and a tuned InfoNCE, B = 32 and 64 "
-                            "(confirmatory)",
-                      recipe=recipe, seeds=seeds, metric=METRIC, confidence=CONFIDENCE, resolution=RESOLUTION,
-                      power=POWER, data_command=["data", "fashion-mnist", "{DATA}", "--train-samples", "20000",
-                                                 "--val-samples", "2000", "--pack", "--seed", str(DATA_SEED)],
-                      epochs=10, arms=out_arms, rows=rows, counts=counts)
+    toml += plan_body(
+        title="Fashion-MNIST: the debiased loss and decl against clip and a tuned InfoNCE, B = 32 and 64 "
+        "(confirmatory)",
+        recipe=recipe,
+        seeds=seeds,
+        metric=METRIC,
+        confidence=CONFIDENCE,
+        resolution=RESOLUTION,
+        power=POWER,
+        data_command=[
+            "data",
+            "fashion-mnist",
+            "{DATA}",
+            "--train-samples",
+            "20000",
+            "--val-samples",
+            "2000",
+            "--pack",
+            "--seed",
+            str(DATA_SEED),
+        ],
+        epochs=10,
+        arms=out_arms,
+        rows=rows,
+        counts=counts,
+    )
     return "\n".join(toml) + "\n"
 
 
@@ -184,8 +231,12 @@ def main(argv=None) -> int:
     p.add_argument("--dry-run", action="store_true", help="print the choices and numbers; write nothing")
     p.add_argument("--report", default=str(RESULTS / "fmnist_screen.json"), help="the screen's report JSON")
     p.add_argument("--min-seeds", type=int, default=5, help="the fewest seeds a comparison is judged on (default 5)")
-    p.add_argument("--max-seeds", type=int, default=10,
-                   help="a comparison needing more for power 0.8 is not powered here (default 10)")
+    p.add_argument(
+        "--max-seeds",
+        type=int,
+        default=10,
+        help="a comparison needing more for power 0.8 is not powered here (default 10)",
+    )
     args = p.parse_args(argv)
     if not 2 <= args.min_seeds <= args.max_seeds:
         p.error(f"expected 2 <= --min-seeds <= --max-seeds, got {args.min_seeds} and {args.max_seeds}")

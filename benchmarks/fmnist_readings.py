@@ -19,6 +19,7 @@ attributes, so other images of the same class often carry a caption with the sam
 a tie against the query (a false item scoring equal to the true one ranks above it), so an identical caption
 of another image costs the image-to-text rank; retrieval is reported, never the metric a choice is made on.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -26,8 +27,9 @@ import json
 import re
 import statistics
 import sys
-import tomllib
 from pathlib import Path
+
+import tomllib
 
 from clip_dcl.experiment.reporting import code_commit, machine_info, utc_date
 
@@ -66,13 +68,20 @@ def read_runs(work: Path, arms: dict) -> list:
             scales = logged_values(folder, "logit_scale")
             if "--dcl-temperature" in flags:  # the loss's own fixed scale; the model's logged one gets no gradient
                 scales = [1.0 / float(flags[flags.index("--dcl-temperature") + 1])]
-            rows.append({"arm": arm, "seed": int(folder.name[4:]), "flags": flags,
-                         "zeroshot_top1": 100 * v["zeroshot/top1"], "zeroshot_top5": 100 * v["zeroshot/top5"],
-                         "retrieval_mean_R@1": 100 * v["retrieval/mean_R@1"],
-                         "final_logit_scale": scales[-1] if scales else None,
-                         # the last tenth of training's logged estimates: where the moving average has settled
-                         "tau_plus_estimate": statistics.mean(taus[-max(1, len(taus) // 10):]) if taus else None,
-                         "tau_plus_logged": len(taus)})
+            rows.append(
+                {
+                    "arm": arm,
+                    "seed": int(folder.name[4:]),
+                    "flags": flags,
+                    "zeroshot_top1": 100 * v["zeroshot/top1"],
+                    "zeroshot_top5": 100 * v["zeroshot/top5"],
+                    "retrieval_mean_R@1": 100 * v["retrieval/mean_R@1"],
+                    "final_logit_scale": scales[-1] if scales else None,
+                    # the last tenth of training's logged estimates: where the moving average has settled
+                    "tau_plus_estimate": statistics.mean(taus[-max(1, len(taus) // 10) :]) if taus else None,
+                    "tau_plus_logged": len(taus),
+                }
+            )
     return rows
 
 
@@ -88,12 +97,16 @@ def summarise(rows: list) -> dict:
     arms = {}
     for arm, rs in by_arm.items():
         top1 = [r["zeroshot_top1"] for r in rs]
-        arms[arm] = {"seeds": [r["seed"] for r in rs], "zeroshot_top1": top1, "mean_top1": statistics.mean(top1),
-                     "mean_top5": statistics.mean(r["zeroshot_top5"] for r in rs),
-                     "mean_retrieval_R@1": statistics.mean(r["retrieval_mean_R@1"] for r in rs),
-                     "final_logit_scale": [r["final_logit_scale"] for r in rs],
-                     "tau_plus_estimate": [r["tau_plus_estimate"] for r in rs if r["tau_plus_estimate"] is not None],
-                     "flags": rs[0]["flags"]}
+        arms[arm] = {
+            "seeds": [r["seed"] for r in rs],
+            "zeroshot_top1": top1,
+            "mean_top1": statistics.mean(top1),
+            "mean_top5": statistics.mean(r["zeroshot_top5"] for r in rs),
+            "mean_retrieval_R@1": statistics.mean(r["retrieval_mean_R@1"] for r in rs),
+            "final_logit_scale": [r["final_logit_scale"] for r in rs],
+            "tau_plus_estimate": [r["tau_plus_estimate"] for r in rs if r["tau_plus_estimate"] is not None],
+            "flags": rs[0]["flags"],
+        }
     return arms
 
 
@@ -105,51 +118,77 @@ def tuning(arms: dict, b: int) -> dict:
     means = {a: arms[a]["mean_top1"] for a in names}
     chosen = max(means, key=means.get)
     seed_sd = [statistics.stdev(arms[a]["zeroshot_top1"]) for a in names if len(arms[a]["zeroshot_top1"]) > 1]
-    return {"settings": names, "means": means, "chosen": chosen,
-            "range_of_means": max(means.values()) - min(means.values()),
-            "mean_seed_sd": statistics.mean(seed_sd) if seed_sd else None}
+    return {
+        "settings": names,
+        "means": means,
+        "chosen": chosen,
+        "range_of_means": max(means.values()) - min(means.values()),
+        "mean_seed_sd": statistics.mean(seed_sd) if seed_sd else None,
+    }
 
 
 def markdown(doc: dict) -> str:
-    out = ["# Fashion-MNIST screen: readings (exploratory, validation split)", "",
-           f"- Status: {doc['status']}", f"- Command: `{doc['command']}`", f"- Date (UTC): {doc['date']}",
-           f"- Machine: {doc['machine']}", f"- Code: {doc['commit']}",
-           f"- Plan: `benchmarks/studies/fmnist_screen.toml` (its verdict table: [fmnist_screen.md](fmnist_screen.md)); "
-           f"data: {doc['data']}",
-           "- Every number is on the validation split (2,000 images held out of the official training set); the "
-           "screen chooses, it makes no claim.", "",
-           "Retrieval counts a tie against the query: another image's caption scoring equal to the true one ranks "
-           "above it, and captions here repeat (the class name and two to four coarse attributes), so retrieval is "
-           "reported, never chosen on.", "", "## Every setting", "",
-           "| arm | seeds | zero-shot top-1 per seed | mean top-1 | mean top-5 | mean retrieval R@1 | final logit scale (fixed: 1/--dcl-temperature) |",
-           "|---|---:|---|---:|---:|---:|---|"]
+    out = [
+        "# Fashion-MNIST screen: readings (exploratory, validation split)",
+        "",
+        f"- Status: {doc['status']}",
+        f"- Command: `{doc['command']}`",
+        f"- Date (UTC): {doc['date']}",
+        f"- Machine: {doc['machine']}",
+        f"- Code: {doc['commit']}",
+        f"- Plan: `benchmarks/studies/fmnist_screen.toml` (its verdict table: [fmnist_screen.md](fmnist_screen.md)); "
+        f"data: {doc['data']}",
+        "- Every number is on the validation split (2,000 images held out of the official training set); the "
+        "screen chooses, it makes no claim.",
+        "",
+        "Retrieval counts a tie against the query: another image's caption scoring equal to the true one ranks "
+        "above it, and captions here repeat (the class name and two to four coarse attributes), so retrieval is "
+        "reported, never chosen on.",
+        "",
+        "## Every setting",
+        "",
+        "| arm | seeds | zero-shot top-1 per seed | mean top-1 | mean top-5 | mean retrieval R@1 | final logit scale "
+        "(fixed: 1/--dcl-temperature) |",
+        "|---|---:|---|---:|---:|---:|---|",
+    ]
     for arm, s in doc["arms"].items():
         per = ", ".join(f"{v:.2f}" for v in s["zeroshot_top1"])
         scales = ", ".join(f"{v:.1f}" for v in s["final_logit_scale"] if v is not None)
-        out.append(f"| {arm} | {len(s['seeds'])} | {per} | {s['mean_top1']:.2f} | {s['mean_top5']:.2f} | "
-                   f"{s['mean_retrieval_R@1']:.2f} | {scales} |")
+        out.append(
+            f"| {arm} | {len(s['seeds'])} | {per} | {s['mean_top1']:.2f} | {s['mean_top5']:.2f} | "
+            f"{s['mean_retrieval_R@1']:.2f} | {scales} |"
+        )
     out += ["", "## InfoNCE's temperature, tuned", ""]
     for b, t in doc["tuning"].items():
         if not t:
             continue
-        line = (f"- B = {b}: {len(t['settings'])} settings ({', '.join(t['settings'])}); chosen **{t['chosen']}** "
-                f"({t['means'][t['chosen']]:.2f}); the settings' means span {t['range_of_means']:.2f} points")
+        line = (
+            f"- B = {b}: {len(t['settings'])} settings ({', '.join(t['settings'])}); chosen **{t['chosen']}** "
+            f"({t['means'][t['chosen']]:.2f}); the settings' means span {t['range_of_means']:.2f} points"
+        )
         if t["mean_seed_sd"] is None:
             line += "; one seed a setting so far: no spread of the seeds to set it against."
         else:
-            line += (f", while the seeds of one setting have a spread (sd) of {t['mean_seed_sd']:.2f} points on "
-                     "average: " + ("the grid's differences are within twice the seeds' spread, so the choice is "
-                                    "close to a coin's." if t["range_of_means"] < 2 * t["mean_seed_sd"] else
-                                    "the grid's differences exceed twice the seeds' spread."))
+            line += (
+                f", while the seeds of one setting have a spread (sd) of {t['mean_seed_sd']:.2f} points on "
+                "average: "
+                + (
+                    "the grid's differences are within twice the seeds' spread, so the choice is close to a coin's."
+                    if t["range_of_means"] < 2 * t["mean_seed_sd"]
+                    else "the grid's differences exceed twice the seeds' spread."
+                )
+            )
         out.append(line)
     auto = doc["auto_prior"]
     out += ["", "## What `--tau-plus auto` estimates", ""]
     if auto["estimates"]:
-        out.append(f"The data's true prior is tau+ = {auto['true']:.4f} (`sum_c p_c^2` of the training labels; "
-                   f"{auto['true_distinct']:.4f} over pairs of distinct samples). `--tau-plus auto` "
-                   f"({', '.join(auto['arms'])}) estimated, over the last tenth of training: "
-                   + ", ".join(f"{v:.4f}" for v in auto["estimates"])
-                   + f" (mean {auto['mean']:.4f}, {auto['mean'] / auto['true']:.1f} times the true prior).")
+        out.append(
+            f"The data's true prior is tau+ = {auto['true']:.4f} (`sum_c p_c^2` of the training labels; "
+            f"{auto['true_distinct']:.4f} over pairs of distinct samples). `--tau-plus auto` "
+            f"({', '.join(auto['arms'])}) estimated, over the last tenth of training: "
+            + ", ".join(f"{v:.4f}" for v in auto["estimates"])
+            + f" (mean {auto['mean']:.4f}, {auto['mean'] / auto['true']:.1f} times the true prior)."
+        )
     else:
         out.append("No `--tau-plus auto` run has finished.")
     return "\n".join(out) + "\n"
@@ -171,15 +210,26 @@ def main(argv=None) -> int:
     auto_arms = [a for a, s in arms.items() if "auto" in s["flags"]]
     estimates = [v for a in auto_arms for v in arms[a]["tau_plus_estimate"]]
     planned = len(arms_flags) * len(plan["seeds"])
-    doc = {"status": "complete" if len(rows) == planned else f"incomplete ({len(rows)} of {planned} runs)",
-           "command": f"python benchmarks/fmnist_readings.py --work {args.work}", "date": utc_date(),
-           "machine": machine_info(), "commit": code_commit(), "split": "validation",
-           "data": f"clip-dcl data fashion-mnist, draw {summary['config']['seed']}, "
-                   f"{summary['train']['num_samples']} training pairs, {summary['val']['num_samples']} validation images",
-           "runs": rows, "arms": arms, "tuning": {b: tuning(arms, b) for b in (32, 64)},
-           "auto_prior": {"true": summary["tau_plus"], "true_distinct": summary["same_class_rate_distinct_pairs"],
-                          "arms": auto_arms, "estimates": estimates,
-                          "mean": statistics.mean(estimates) if estimates else None}}
+    doc = {
+        "status": "complete" if len(rows) == planned else f"incomplete ({len(rows)} of {planned} runs)",
+        "command": f"python benchmarks/fmnist_readings.py --work {args.work}",
+        "date": utc_date(),
+        "machine": machine_info(),
+        "commit": code_commit(),
+        "split": "validation",
+        "data": f"clip-dcl data fashion-mnist, draw {summary['config']['seed']}, "
+        f"{summary['train']['num_samples']} training pairs, {summary['val']['num_samples']} validation images",
+        "runs": rows,
+        "arms": arms,
+        "tuning": {b: tuning(arms, b) for b in (32, 64)},
+        "auto_prior": {
+            "true": summary["tau_plus"],
+            "true_distinct": summary["same_class_rate_distinct_pairs"],
+            "arms": auto_arms,
+            "estimates": estimates,
+            "mean": statistics.mean(estimates) if estimates else None,
+        },
+    }
     out = Path(args.out)
     out.with_suffix(".json").write_text(json.dumps(doc, indent=1) + "\n")
     out.with_suffix(".md").write_text(markdown(doc))
@@ -196,9 +246,12 @@ def readme_block(doc: dict) -> str:
     arms = doc["arms"]
     if not arms:
         return "No run of the Fashion-MNIST screen has finished."
-    lines = [f"Exploratory, validation split ({doc['data']}; {doc['status']}). Mean validation zero-shot top-1 over "
-             "the seeds, and each setting's mean paired difference against `clip` at the same batch (two seeds: their "
-             "90 % intervals, wide, are in the screen's report; no setting is judged here):", ""]
+    lines = [
+        f"Exploratory, validation split ({doc['data']}; {doc['status']}). Mean validation zero-shot top-1 over "
+        "the seeds, and each setting's mean paired difference against `clip` at the same batch (two seeds: their "
+        "90 % intervals, wide, are in the screen's report; no setting is judged here):",
+        "",
+    ]
     for b in (32, 64):
         clip = arms.get(f"clip-b{b}")
         if clip is None:
@@ -207,16 +260,25 @@ def readme_block(doc: dict) -> str:
         for arm, s in arms.items():
             if not arm.endswith(f"-b{b}") or arm == f"clip-b{b}":
                 continue
-            paired = [v - clip["zeroshot_top1"][clip["seeds"].index(k)] for k, v in zip(s["seeds"], s["zeroshot_top1"])
-                      if k in clip["seeds"]]
-            parts.append(f"`{arm[:-len(f'-b{b}')]}` {s['mean_top1']:.1f} ({statistics.mean(paired):+.1f})")
+            paired = [
+                v - clip["zeroshot_top1"][clip["seeds"].index(k)]
+                for k, v in zip(s["seeds"], s["zeroshot_top1"])
+                if k in clip["seeds"]
+            ]
+            parts.append(f"`{arm[: -len(f'-b{b}')]}` {s['mean_top1']:.1f} ({statistics.mean(paired):+.1f})")
         lines.append(f"- B = {b}: `clip` {clip['mean_top1']:.1f}; " + ", ".join(parts) + ".")
     auto = doc["auto_prior"]
     if auto["estimates"]:
-        lines += ["", f"`--tau-plus auto` settled at {auto['mean']:.3f} on average (seeds: "
-                  + ", ".join(f"{v:.3f}" for v in auto["estimates"]) + f") where the true prior is {auto['true']:.3f}."]
+        lines += [
+            "",
+            f"`--tau-plus auto` settled at {auto['mean']:.3f} on average (seeds: "
+            + ", ".join(f"{v:.3f}" for v in auto["estimates"])
+            + f") where the true prior is {auto['true']:.3f}.",
+        ]
     for b, t in doc["tuning"].items():
         if t:
-            lines.append(f"InfoNCE's temperature at B = {b}: {len(t['settings'])} settings, their means within "
-                         f"{t['range_of_means']:.1f} points; chosen `{t['chosen']}`.")
+            lines.append(
+                f"InfoNCE's temperature at B = {b}: {len(t['settings'])} settings, their means within "
+                f"{t['range_of_means']:.1f} points; chosen `{t['chosen']}`."
+            )
     return "\n".join(lines)

@@ -20,6 +20,7 @@ NCCL as a reduce-scatter: the same bytes).
     .venv/bin/python benchmarks/gather_comm.py                # writes results/gather_comm.md/.json
     .venv/bin/python benchmarks/gather_comm.py --quick        # smoke run, report in a temporary folder
 """
+
 from __future__ import annotations
 
 import argparse
@@ -41,8 +42,16 @@ HERE = Path(__file__).resolve().parent
 
 LOSSES = {"clip": {}, "dcl": {"tau_plus": 0.1}, "decl": {"rate": "index", "num_samples": 1_000_000}}
 MODES = ("gather_with_grad", "no_grad_gather")
-WRAPPED = ("all_gather", "all_reduce", "reduce_scatter", "reduce_scatter_tensor", "all_to_all",
-           "all_gather_into_tensor", "broadcast", "scatter")
+WRAPPED = (
+    "all_gather",
+    "all_reduce",
+    "reduce_scatter",
+    "reduce_scatter_tensor",
+    "all_to_all",
+    "all_gather_into_tensor",
+    "broadcast",
+    "scatter",
+)
 
 
 class CollectiveCounter:
@@ -115,7 +124,7 @@ def _inputs(batch, dim, rank, seed):
     gen = torch.Generator().manual_seed(seed * 1000 + rank)
     f = F.normalize(torch.randn(batch, dim, generator=gen), dim=-1).requires_grad_()
     g = F.normalize(torch.randn(batch, dim, generator=gen), dim=-1).requires_grad_()
-    ids = torch.randperm(1_000_000, generator=torch.Generator().manual_seed(seed))[rank * batch:(rank + 1) * batch]
+    ids = torch.randperm(1_000_000, generator=torch.Generator().manual_seed(seed))[rank * batch : (rank + 1) * batch]
     return f, g, ids
 
 
@@ -130,13 +139,22 @@ def _count_and_time(args, rank: int, world: int) -> dict:
     out = {"rank": rank, "world_size": world, "counted": {}, "step_ms": {}}
     with CollectiveCounter(world) as counter:
         for name, kw in LOSSES.items():
-            fns = {mode: create_loss(name, rank=rank, world_size=world, local_loss=True,
-                                     gather_with_grad=mode == "gather_with_grad",
-                                     no_grad_gather=mode == "no_grad_gather", **kw) for mode in MODES}
+            fns = {
+                mode: create_loss(
+                    name,
+                    rank=rank,
+                    world_size=world,
+                    local_loss=True,
+                    gather_with_grad=mode == "gather_with_grad",
+                    no_grad_gather=mode == "no_grad_gather",
+                    **kw,
+                )
+                for mode in MODES
+            }
             times = {mode: [] for mode in MODES}
             for step in range(args.warmup + args.steps + 1):
                 f, g, ids = _inputs(args.batch, args.dim, rank, step)
-                for mode in (MODES if step % 2 == 0 else MODES[::-1]):
+                for mode in MODES if step % 2 == 0 else MODES[::-1]:
                     counter.active = step == 0
                     counter.sent.clear()
                     counter.calls.clear()
@@ -147,8 +165,10 @@ def _count_and_time(args, rank: int, world: int) -> dict:
                     counter.active = False
                     f.grad = g.grad = None
                     if step == 0:
-                        out["counted"][f"{name}/{mode}"] = {"bytes": sum(counter.sent.values()),
-                                                            "calls": dict(counter.calls)}
+                        out["counted"][f"{name}/{mode}"] = {
+                            "bytes": sum(counter.sent.values()),
+                            "calls": dict(counter.calls),
+                        }
                     elif step > args.warmup:
                         times[mode].append(elapsed)
             out["step_ms"][name] = {mode: 1e3 * statistics.median(t) for mode, t in times.items()}
@@ -157,8 +177,11 @@ def _count_and_time(args, rank: int, world: int) -> dict:
 
 def launch(nproc, args) -> dict:
     """Rank 0's record of a run on ``nproc`` gloo ranks."""
-    return torchrun.launch(__file__, nproc, ["--batch", str(args.batch), "--dim", str(args.dim),
-                                             "--steps", str(args.steps), "--warmup", str(args.warmup)])[0]
+    return torchrun.launch(
+        __file__,
+        nproc,
+        ["--batch", str(args.batch), "--dim", str(args.dim), "--steps", str(args.steps), "--warmup", str(args.warmup)],
+    )[0]
 
 
 def main(argv=None) -> int:
@@ -176,8 +199,10 @@ def main(argv=None) -> int:
         return 0
     if args.quick:
         args.nproc, args.batch, args.dim, args.steps, args.warmup = [2], 16, 32, 2, 1
-    rep = Report.at(report_path(args.out, HERE / "results" / "gather_comm", args.quick),
-                    command_line("gather_comm.py", sys.argv[1:] if argv is None else argv, python="python"))
+    rep = Report.at(
+        report_path(args.out, HERE / "results" / "gather_comm", args.quick),
+        command_line("gather_comm.py", sys.argv[1:] if argv is None else argv, python="python"),
+    )
     measured = {}
     for nproc in args.nproc:
         print(f"counting on {nproc} gloo ranks ...", flush=True)
@@ -203,39 +228,78 @@ def main(argv=None) -> int:
             a, b = res["counted"][f"{loss}/gather_with_grad"], res["counted"][f"{loss}/no_grad_gather"]
             t = res["step_ms"][loss]
             calls = ", ".join(f"{k} x{v}" for k, v in sorted(b["calls"].items()))
-            counted.append([nproc, loss, f"{a['bytes']:,}", f"{b['bytes']:,}", f"{b['bytes'] / a['bytes']:.3f}", calls,
-                            f"{t['gather_with_grad']:.1f}", f"{t['no_grad_gather']:.1f}",
-                            f"{t['no_grad_gather'] / t['gather_with_grad']:.2f}"])
+            counted.append(
+                [
+                    nproc,
+                    loss,
+                    f"{a['bytes']:,}",
+                    f"{b['bytes']:,}",
+                    f"{b['bytes'] / a['bytes']:.3f}",
+                    calls,
+                    f"{t['gather_with_grad']:.1f}",
+                    f"{t['no_grad_gather']:.1f}",
+                    f"{t['no_grad_gather'] / t['gather_with_grad']:.2f}",
+                ]
+            )
     at_scale = []
     for r in computed:
         cw, cn = r["clip/gather_with_grad"], r["clip/no_grad_gather"]
         dw, dn = r["decl/gather_with_grad"], r["decl/no_grad_gather"]
-        at_scale.append([r["G"], r["d"], r["W"], f"{cw / 1e6:.2f}", f"{cn / 1e6:.2f}", f"{cn / cw:.3f}",
-                         f"{dw / 1e6:.2f}", f"{dn / 1e6:.2f}", f"{dn / dw:.3f}"])
-    text = "\n".join([
-        "# Communication per loss step: --gather-with-grad against --no-grad-gather",
-        "",
-        *rep.about(),
-        "- No GPU was available to this run: NCCL was not measured.",
-        "",
-        "Bytes each rank sends per step (forward + backward of the loss; DDP's parameter all-reduce, the "
-        "same in both modes, is not counted), under ring all-gather / all-reduce and pairwise "
-        "reduce-scatter / all-to-all. decl: index rate, sharded state.",
-        "",
-        f"## Counted on gloo (float32 features, local batch {args.batch}, d = {args.dim})",
-        "",
-        "Every count equals the closed form used below (checked by the script).",
-        "",
-        markdown_table(["W", "loss", "gather-with-grad bytes", "no-grad-gather bytes", "ratio", "collectives (no-grad)",
-                        "step ms (with grad)", "step ms (no grad)", "step ratio"], counted, align="rlrrrlrrr"),
-        "",
-        "## Computed: MB each rank sends per step (bf16 features, float32 per-anchor scalars)",
-        "",
-        markdown_table(["G", "d", "W", "clip with grad", "clip no-grad", "ratio", "decl with grad", "decl no-grad",
-                        "ratio"], at_scale, align="r" * 9),
-        "",
-        "dcl moves exactly what clip moves in both modes.",
-    ])
+        at_scale.append(
+            [
+                r["G"],
+                r["d"],
+                r["W"],
+                f"{cw / 1e6:.2f}",
+                f"{cn / 1e6:.2f}",
+                f"{cn / cw:.3f}",
+                f"{dw / 1e6:.2f}",
+                f"{dn / 1e6:.2f}",
+                f"{dn / dw:.3f}",
+            ]
+        )
+    text = "\n".join(
+        [
+            "# Communication per loss step: --gather-with-grad against --no-grad-gather",
+            "",
+            *rep.about(),
+            "- No GPU was available to this run: NCCL was not measured.",
+            "",
+            "Bytes each rank sends per step (forward + backward of the loss; DDP's parameter all-reduce, the "
+            "same in both modes, is not counted), under ring all-gather / all-reduce and pairwise "
+            "reduce-scatter / all-to-all. decl: index rate, sharded state.",
+            "",
+            f"## Counted on gloo (float32 features, local batch {args.batch}, d = {args.dim})",
+            "",
+            "Every count equals the closed form used below (checked by the script).",
+            "",
+            markdown_table(
+                [
+                    "W",
+                    "loss",
+                    "gather-with-grad bytes",
+                    "no-grad-gather bytes",
+                    "ratio",
+                    "collectives (no-grad)",
+                    "step ms (with grad)",
+                    "step ms (no grad)",
+                    "step ratio",
+                ],
+                counted,
+                align="rlrrrlrrr",
+            ),
+            "",
+            "## Computed: MB each rank sends per step (bf16 features, float32 per-anchor scalars)",
+            "",
+            markdown_table(
+                ["G", "d", "W", "clip with grad", "clip no-grad", "ratio", "decl with grad", "decl no-grad", "ratio"],
+                at_scale,
+                align="r" * 9,
+            ),
+            "",
+            "dcl moves exactly what clip moves in both modes.",
+        ]
+    )
     rep.write(text, {"measured": {str(k): v for k, v in measured.items()}, "computed": computed})
     print(text)
     return 0
@@ -255,20 +319,30 @@ def byte_ratios(doc: dict) -> list:
 
 def readme_block(doc: dict) -> str:
     """The README's table (MB per rank per step at scale), the byte ratio's range and the measured step-time ratios."""
-    lines = ["| G | d | W | clip, with grad | clip, no-grad | decl, with grad | decl, no-grad |",
-             "|---:|---:|---:|---:|---:|---:|---:|"]
+    lines = [
+        "| G | d | W | clip, with grad | clip, no-grad | decl, with grad | decl, no-grad |",
+        "|---:|---:|---:|---:|---:|---:|---:|",
+    ]
     for r in doc["computed"]:
         if (r["G"], r["d"], r["W"]) in README_ROWS:
-            lines.append(f"| {r['G']} | {r['d']} | {r['W']} | " + " | ".join(
-                f"{r[f'{loss}/{mode}'] / 1e6:.2f}" for loss in ("clip", "decl") for mode in MODES) + " |")
+            lines.append(
+                f"| {r['G']} | {r['d']} | {r['W']} | "
+                + " | ".join(f"{r[f'{loss}/{mode}'] / 1e6:.2f}" for loss in ("clip", "decl") for mode in MODES)
+                + " |"
+            )
     ratios = byte_ratios(doc)
-    steps = [t["no_grad_gather"] / t["gather_with_grad"] for m in doc["measured"].values() for t in m["step_ms"].values()]
+    steps = [
+        t["no_grad_gather"] / t["gather_with_grad"] for m in doc["measured"].values() for t in m["step_ms"].values()
+    ]
     counted_ok = all(c["bytes"] == c["predicted"] for m in doc["measured"].values() for c in m["counted"].values())
     gs, ws = sorted({r["G"] for r in doc["computed"]}), sorted({r["W"] for r in doc["computed"]})
-    lines += ["", f"Bytes counted on {' and '.join(doc['measured'])} gloo ranks "
-              f"{'equal' if counted_ok else '**differ from**'} the closed form. No-grad over with-grad bytes: "
-              f"{min(ratios):.3f}-{max(ratios):.3f} for G {gs[0]}-{gs[-1]}, W {ws[0]}-{ws[-1]}. Step time of the loss on "
-              f"gloo CPU, no-grad / with-grad: {min(steps):.2f}-{max(steps):.2f}."]
+    lines += [
+        "",
+        f"Bytes counted on {' and '.join(doc['measured'])} gloo ranks "
+        f"{'equal' if counted_ok else '**differ from**'} the closed form. No-grad over with-grad bytes: "
+        f"{min(ratios):.3f}-{max(ratios):.3f} for G {gs[0]}-{gs[-1]}, W {ws[0]}-{ws[-1]}. Step time of the loss on "
+        f"gloo CPU, no-grad / with-grad: {min(steps):.2f}-{max(steps):.2f}.",
+    ]
     return "\n".join(lines)
 
 
@@ -277,9 +351,11 @@ def docs_block(doc: dict) -> str:
     ratios = byte_ratios(doc)
     gs, ws = sorted({r["G"] for r in doc["computed"]}), sorted({r["W"] for r in doc["computed"]})
     ds = sorted({r["d"] for r in doc["computed"]})
-    return (f"`--no-grad-gather` sends {min(ratios):.3f} to {max(ratios):.3f} of `--gather-with-grad`'s bytes per step "
-            f"for G {gs[0]}-{gs[-1]}, d {'/'.join(map(str, ds))}, W {ws[0]}-{ws[-1]}, bf16 features "
-            "([results](../benchmarks/results/gather_comm.md)).")
+    return (
+        f"`--no-grad-gather` sends {min(ratios):.3f} to {max(ratios):.3f} of `--gather-with-grad`'s bytes per step "
+        f"for G {gs[0]}-{gs[-1]}, d {'/'.join(map(str, ds))}, W {ws[0]}-{ws[-1]}, bf16 features "
+        "([results](../benchmarks/results/gather_comm.md))."
+    )
 
 
 if __name__ == "__main__":

@@ -17,7 +17,8 @@ clip`` training), on ``N`` synthetic image-caption pairs:
   S_ik``: the ideal), ``decl`` with the rates a training run holds (rate ``index``, gamma 0.9:
   update, then read, ``include_current=True``, the package default's order, with the relative
   estimate, the package default, and with the absolute one, the default before it; read from an
-  earlier pass, then updated), FastCLIP's gamma schedule, queues and ``decl`` rate ``batch``. DeCL runs its decomposed loss alone
+  earlier pass, then updated), FastCLIP's gamma schedule, queues and ``decl`` rate ``batch``. DeCL runs its decomposed
+  loss alone
   (schedule ``decl``, ``lambda_t = 1``) with ``u`` at its mean (``--no-decl-sample-u``; the draws
   of ``u`` are independent of the batch and have mean 1, so they change the noise, not the
   expectation).
@@ -35,6 +36,7 @@ of the mean feature gradient per partition. Writes ``gradient_bias_clip.md`` / `
 Run ``.venv/bin/python benchmarks/gradient_bias_clip.py`` (a few minutes on 2 CPU cores);
 ``--quick`` is a smoke run that reports under ``--work``.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -55,9 +57,17 @@ from clip_dcl.experiment.reporting import Report, markdown_table, utc_date, writ
 HERE = Path(__file__).resolve().parent
 STEM = "gradient_bias_clip"
 BATCH_SIZES = (16, 32, 64, 128, 256, 512)
-OBJECTIVES = ("clip", "decl exact rates", "decl rates from a previous pass", "decl update-then-read",
-              "decl rate=batch", "decl update-then-read, FastCLIP gamma", "decl relative (update-then-read)",
-              "decl queue 4096", "decl queue 16384")
+OBJECTIVES = (
+    "clip",
+    "decl exact rates",
+    "decl rates from a previous pass",
+    "decl update-then-read",
+    "decl rate=batch",
+    "decl update-then-read, FastCLIP gamma",
+    "decl relative (update-then-read)",
+    "decl queue 4096",
+    "decl queue 16384",
+)
 
 
 # ------------------------------------------------------------------------------------------
@@ -84,8 +94,7 @@ def full_objective(f: torch.Tensor, g: torch.Tensor, s: torch.Tensor) -> torch.T
     return ((rates[0] - pos).mean() + (rates[1] - pos).mean()) / 2
 
 
-def make_objective(name: str, n: int, f_full: torch.Tensor, g_full: torch.Tensor, s_full: torch.Tensor,
-                   batch: int = 1):
+def make_objective(name: str, n: int, f_full: torch.Tensor, g_full: torch.Tensor, s_full: torch.Tensor, batch: int = 1):
     """A callable ``(f_b, g_b, s, ids) -> loss`` of one batch, and a warm-up flag (run a pass first)."""
     from clip_dcl.losses import create_loss
 
@@ -108,14 +117,23 @@ def make_objective(name: str, n: int, f_full: torch.Tensor, g_full: torch.Tensor
     include = name != "decl rates from a previous pass"
     if name in ("decl rates from a previous pass", "decl update-then-read", "decl relative (update-then-read)"):
         estimate = "relative" if "relative" in name else "absolute"
-        loss = create_loss("decl", rate="index", num_samples=n, gamma=0.9, include_current=include,
-                           **{**common, "estimate": estimate})
+        loss = create_loss(
+            "decl", rate="index", num_samples=n, gamma=0.9, include_current=include, **{**common, "estimate": estimate}
+        )
         return (lambda f, g, s, ids: loss(f, g, s, sample_ids=ids)), True
     if name == "decl update-then-read, FastCLIP gamma":
         # FastCLIP's schedule in passes: gamma = 1 through the warm-up pass, then cosine to 0.2 over one pass
         steps = n // batch
-        loss = create_loss("decl", rate="index", num_samples=n, gamma=0.2, gamma_schedule="cosine",
-                           gamma_hold_steps=steps, gamma_decay_steps=steps, **common)
+        loss = create_loss(
+            "decl",
+            rate="index",
+            num_samples=n,
+            gamma=0.2,
+            gamma_schedule="cosine",
+            gamma_hold_steps=steps,
+            gamma_decay_steps=steps,
+            **common,
+        )
         return (lambda f, g, s, ids: loss(f, g, s, sample_ids=ids)), True
     if name.startswith("decl queue"):
         loss = create_loss("decl", rate="queue", queue_size=int(name.split()[-1]), **common)
@@ -123,13 +141,14 @@ def make_objective(name: str, n: int, f_full: torch.Tensor, g_full: torch.Tensor
     raise ValueError(f"unknown objective {name!r}; choose from {OBJECTIVES}")
 
 
-def feature_gradients(objective: Callable, f: torch.Tensor, g: torch.Tensor, s: torch.Tensor, batch: int,
-                      perm: torch.Tensor) -> tuple:
+def feature_gradients(
+    objective: Callable, f: torch.Tensor, g: torch.Tensor, s: torch.Tensor, batch: int, perm: torch.Tensor
+) -> tuple:
     """Mean over the batches of one partition ``perm`` of the gradient w.r.t. ``(f, g, s)``."""
     gf, gg, gs = torch.zeros_like(f), torch.zeros_like(g), torch.zeros_like(s)
     nb = len(perm) // batch
     for b in range(nb):
-        ids = perm[b * batch:(b + 1) * batch]
+        ids = perm[b * batch : (b + 1) * batch]
         fb, gb, sb = f[ids].clone().requires_grad_(), g[ids].clone().requires_grad_(), s.clone().requires_grad_()
         df, dg, ds = torch.autograd.grad(objective(fb, gb, sb, ids), (fb, gb, sb))
         gf[ids] += df / nb
@@ -156,8 +175,7 @@ def load_pairs(data: dict, n: int, preprocess) -> tuple:
     return torch.stack(images), captions
 
 
-def measure(model, tokenizer, images, captions, batch_sizes, objectives, shuffles: int, seed: int,
-            echo=print) -> dict:
+def measure(model, tokenizer, images, captions, batch_sizes, objectives, shuffles: int, seed: int, echo=print) -> dict:
     """The table of one checkpoint: per objective and batch size, the error against ``g_full``."""
     params = [p for p in model.parameters() if p.requires_grad]
     model.eval()
@@ -168,10 +186,12 @@ def measure(model, tokenizer, images, captions, batch_sizes, objectives, shuffle
     fd, gd, sd = f.detach().double(), g.detach().double(), s.detach().double()
 
     def backward(gf, gg, gs):
-        grads = torch.autograd.grad((f, g, s), params, grad_outputs=(gf.to(f), gg.to(g), gs.to(s)),
-                                    retain_graph=True, allow_unused=True)
-        return torch.cat([(x if x is not None else torch.zeros_like(p)).reshape(-1).double()
-                          for x, p in zip(grads, params)])
+        grads = torch.autograd.grad(
+            (f, g, s), params, grad_outputs=(gf.to(f), gg.to(g), gs.to(s)), retain_graph=True, allow_unused=True
+        )
+        return torch.cat(
+            [(x if x is not None else torch.zeros_like(p)).reshape(-1).double() for x, p in zip(grads, params)]
+        )
 
     fl, gl, sl = fd.clone().requires_grad_(), gd.clone().requires_grad_(), sd.clone().requires_grad_()
     g_full = backward(*torch.autograd.grad(full_objective(fl, gl, sl), (fl, gl, sl)))
@@ -186,15 +206,18 @@ def measure(model, tokenizer, images, captions, batch_sizes, objectives, shuffle
             objective, warm = make_objective(name, n, fd, gd, sd, batch)
             if warm:
                 feature_gradients(objective, fd, gd, sd, batch, perms[0])
-            per_shuffle = torch.stack([backward(*feature_gradients(objective, fd, gd, sd, batch, p))
-                                       for p in perms[1:]])
+            per_shuffle = torch.stack(
+                [backward(*feature_gradients(objective, fd, gd, sd, batch, p)) for p in perms[1:]]
+            )
             mean = per_shuffle.mean(0)
             floor = float((per_shuffle.var(0, unbiased=True).sum() / shuffles).sqrt()) if shuffles > 1 else float("nan")
             rel = float((mean - g_full).norm()) / norm
             cos = float(torch.nn.functional.cosine_similarity(mean, g_full, dim=0))
             out[name][batch] = {"rel_error": rel, "cosine": cos, "noise_floor": floor / norm}
-            echo(f"  B={batch:4d} {name:32s} ||E[g_B] - g_full|| / ||g_full|| = {rel:.4f}  cos {cos:.4f}  "
-                 f"(noise floor {floor / norm:.4f}, {time.perf_counter() - t0:.1f} s)")
+            echo(
+                f"  B={batch:4d} {name:32s} ||E[g_B] - g_full|| / ||g_full|| = {rel:.4f}  cos {cos:.4f}  "
+                f"(noise floor {floor / norm:.4f}, {time.perf_counter() - t0:.1f} s)"
+            )
     return {"g_full_norm": norm, "logit_scale": float(sd), "results": out}
 
 
@@ -204,8 +227,11 @@ def table(res: dict, objectives: Sequence[str]) -> str:
 
     def cell(r):
         return f"{r['rel_error']:.4f} (floor {r['noise_floor']:.4f}; cos {r['cosine']:.4f})"
-    return markdown_table(["B", *names], ([b, *(cell(res["results"][n][b]) for n in names)]
-                                          for b in sorted(next(iter(res["results"].values())))))
+
+    return markdown_table(
+        ["B", *names],
+        ([b, *(cell(res["results"][n][b]) for n in names)] for b in sorted(next(iter(res["results"].values())))),
+    )
 
 
 def plot(all_res: Dict[str, dict], objectives: Sequence[str], report: Report) -> Path:
@@ -216,12 +242,15 @@ def plot(all_res: Dict[str, dict], objectives: Sequence[str], report: Report) ->
             if not per_b:
                 continue
             bs = sorted(per_b)
-            line, = ax.plot(bs, [per_b[b]["rel_error"] for b in bs], "o-", label=name)
+            (line,) = ax.plot(bs, [per_b[b]["rel_error"] for b in bs], "o-", label=name)
             ax.plot(bs, [per_b[b]["noise_floor"] for b in bs], ":", color=line.get_color(), lw=0.8)
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")
-        ax.set(xlabel="batch size B", ylabel="||E[g_B] - g_full|| / ||g_full||",
-               title=f"{label} (s = {res['logit_scale']:.1f}); dotted: noise floor")
+        ax.set(
+            xlabel="batch size B",
+            ylabel="||E[g_B] - g_full|| / ||g_full||",
+            title=f"{label} (s = {res['logit_scale']:.1f}); dotted: noise floor",
+        )
         ax.grid(alpha=0.3, which="both")
         ax.legend(fontsize=8)
     return report.figure(fig, "Expected minibatch gradient against the full-data gradient")
@@ -242,15 +271,19 @@ def default_reading(all_res: Dict[str, dict], batch: int = 32) -> List[str]:
         ours, theirs = r[DEFAULT_OBJECTIVE][batch]["rel_error"], r["clip"][batch]["rel_error"]
         best = min((n for n in r if n != "decl exact rates" and batch in r[n]), key=lambda n: r[n][batch]["rel_error"])
         verdict = "at or below" if ours <= theirs else "**above**"
-        lines.append(f"- {label}, B = {batch}: the default ({DEFAULT_OBJECTIVE}) {ours:.4f} is {verdict} InfoNCE's "
-                     f"{theirs:.4f}; the lowest of the attainable columns is {best} ({r[best][batch]['rel_error']:.4f}).")
-    lines.append("- Why the default is not below InfoNCE: update-then-read with gamma 0.9 reads a rate that is 90 % "
-                 "the current batch's own estimate, so its loss1 is nearly the minibatch-coupled rate `batch` and "
-                 "carries InfoNCE's kind of bias (the absolute estimate's column and the `batch` column agree "
-                 "within their floors). What removes the "
-                 "bias is accurate rates (the exact column); stale ones read before the update add a larger error "
-                 "than they remove (the previous-pass column). The default was chosen by training outcome (the "
-                 "batch-size testbed), where the read-before-update order collapses.")
+        lines.append(
+            f"- {label}, B = {batch}: the default ({DEFAULT_OBJECTIVE}) {ours:.4f} is {verdict} InfoNCE's "
+            f"{theirs:.4f}; the lowest of the attainable columns is {best} ({r[best][batch]['rel_error']:.4f})."
+        )
+    lines.append(
+        "- Why the default is not below InfoNCE: update-then-read with gamma 0.9 reads a rate that is 90 % "
+        "the current batch's own estimate, so its loss1 is nearly the minibatch-coupled rate `batch` and "
+        "carries InfoNCE's kind of bias (the absolute estimate's column and the `batch` column agree "
+        "within their floors). What removes the "
+        "bias is accurate rates (the exact column); stale ones read before the update add a larger error "
+        "than they remove (the previous-pass column). The default was chosen by training outcome (the "
+        "batch-size testbed), where the read-before-update order collapses."
+    )
     return lines
 
 
@@ -260,8 +293,12 @@ def write_report(results_dir: Path, all_res: Dict[str, dict], doc: dict) -> None
     png = plot(all_res, OBJECTIVES, report)
     parts = [
         "# Gradient bias in a CLIP model: expected minibatch gradient against the full-data gradient",
-        "\n".join([*report.about(date=f"{doc['date'].removesuffix(' UTC')} ({doc['minutes']:.1f} min)"),
-                   f"- Raw numbers: `{STEM}.json`"]),
+        "\n".join(
+            [
+                *report.about(date=f"{doc['date'].removesuffix(' UTC')} ({doc['minutes']:.1f} min)"),
+                f"- Raw numbers: `{STEM}.json`",
+            ]
+        ),
         f"- Setup: `{ex.DEFAULT_MODEL}` at fixed parameters (initialisation, seed {doc['seed']}; and after one epoch "
         f"of `--loss clip` training at batch {doc.get('train_batch_size', 128)}), eval mode; N = {doc['num_pairs']} "
         "synthetic pairs (the first of the training shards, eval transform); for each B the mean gradient over "
@@ -281,9 +318,11 @@ def write_report(results_dir: Path, all_res: Dict[str, dict], doc: dict) -> None
     merged = doc.get("merged_from")
     if merged:
         agree = max(merged["largest_rel_error_difference_of_common_objectives"].values(), default=float("nan"))
-        parts.append(f"- Columns {', '.join(merged['objectives'])} come from the run of {merged['date']} "
-                     f"(`{merged['command']}`), measured on the same pairs, partitions and seed; the objectives "
-                     f"measured in both runs agree to {agree:.1e} in every cell.")
+        parts.append(
+            f"- Columns {', '.join(merged['objectives'])} come from the run of {merged['date']} "
+            f"(`{merged['command']}`), measured on the same pairs, partitions and seed; the objectives "
+            f"measured in both runs agree to {agree:.1e} in every cell."
+        )
     for label, res in all_res.items():
         parts += [f"## {label} (logit scale s = {res['logit_scale']:.2f})", table(res, OBJECTIVES)]
     parts += ["## Reading: the package default against InfoNCE", *default_reading(all_res)]
@@ -296,41 +335,64 @@ def merge_earlier(all_res: Dict[str, dict], earlier: dict, n: int, sizes, shuffl
     largest difference of the objectives measured in both (the two runs' agreement)."""
     same = (earlier["num_pairs"], sorted(earlier["batch_sizes"]), earlier["shuffles"], earlier["seed"])
     if same != (n, sorted(sizes), shuffles, seed):
-        raise SystemExit(f"--merge: the earlier run measured (pairs, batch sizes, partitions, seed) = {same}, this one "
-                         f"{(n, sorted(sizes), shuffles, seed)}")
+        raise SystemExit(
+            f"--merge: the earlier run measured (pairs, batch sizes, partitions, seed) = {same}, this one "
+            f"{(n, sorted(sizes), shuffles, seed)}"
+        )
     agreement, taken = {}, set()
     for label, res in all_res.items():
         old = earlier["checkpoints"][label]["results"]
         for name, per_b in old.items():
             if name in res["results"]:
-                agreement[f"{label}: {name}"] = max(abs(res["results"][name][int(b)]["rel_error"] - v["rel_error"])
-                                                    for b, v in per_b.items())
+                agreement[f"{label}: {name}"] = max(
+                    abs(res["results"][name][int(b)]["rel_error"] - v["rel_error"]) for b, v in per_b.items()
+                )
             else:
                 res["results"][name] = {int(b): v for b, v in per_b.items()}
                 taken.add(name)
-    return {"date": earlier["date"], "command": earlier["command"], "objectives": sorted(taken),
-            "largest_rel_error_difference_of_common_objectives": agreement}
+    return {
+        "date": earlier["date"],
+        "command": earlier["command"],
+        "objectives": sorted(taken),
+        "largest_rel_error_difference_of_common_objectives": agreement,
+    }
 
 
 def build_parser() -> argparse.ArgumentParser:
     p = arguments.benchmark_parser("gradient_bias_clip.py", __doc__)
-    p.add_argument("--quick", action="store_true", help="smoke run: 256 pairs, B 16 32, 2 shuffles; report under --work")
+    p.add_argument(
+        "--quick", action="store_true", help="smoke run: 256 pairs, B 16 32, 2 shuffles; report under --work"
+    )
     p.add_argument("--work", default="/tmp/clip_dcl_gradient_bias_clip", help="folder for the data and the training")
     p.add_argument("--results", default=None, help=f"folder of the report (default {HERE / 'results'})")
     p.add_argument("--num-pairs", type=int, default=None, help="N, the pairs of the full objective (default 2048)")
-    p.add_argument("--batch-sizes", type=int, nargs="+", default=None,
-                   help=f"B (default {' '.join(map(str, BATCH_SIZES))}); each must divide N")
+    p.add_argument(
+        "--batch-sizes",
+        type=int,
+        nargs="+",
+        default=None,
+        help=f"B (default {' '.join(map(str, BATCH_SIZES))}); each must divide N",
+    )
     p.add_argument("--shuffles", type=int, default=None, help="random partitions per B (default 4)")
     p.add_argument("--seed", type=int, default=0, help="seed of the model, the training and the partitions")
     p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
-    p.add_argument("--objectives", nargs="+", default=None, choices=OBJECTIVES,
-                   help="objectives to measure (default: all)")
-    p.add_argument("--merge", metavar="JSON", default=None,
-                   help="an earlier run's JSON (same pairs, batch sizes, partitions and seed): its columns of the "
-                        "objectives not measured now join the report; clip, when measured in both, is shown as "
-                        "the agreement of the two runs")
-    p.add_argument("--rewrite", metavar="JSON", default=None,
-                   help="write the Markdown and the plot again from an earlier run's JSON, measuring nothing")
+    p.add_argument(
+        "--objectives", nargs="+", default=None, choices=OBJECTIVES, help="objectives to measure (default: all)"
+    )
+    p.add_argument(
+        "--merge",
+        metavar="JSON",
+        default=None,
+        help="an earlier run's JSON (same pairs, batch sizes, partitions and seed): its columns of the "
+        "objectives not measured now join the report; clip, when measured in both, is shown as "
+        "the agreement of the two runs",
+    )
+    p.add_argument(
+        "--rewrite",
+        metavar="JSON",
+        default=None,
+        help="write the Markdown and the plot again from an earlier run's JSON, measuring nothing",
+    )
     return p
 
 
@@ -338,8 +400,10 @@ def main(argv: Optional[List[str]] = None) -> int:
     args, argv = arguments.parse(build_parser(), argv)
     if args.rewrite:
         doc = json.loads(Path(args.rewrite).read_text())
-        all_res = {label: {**res, "results": {o: {int(b): v for b, v in r.items()} for o, r in res["results"].items()}}
-                   for label, res in doc["checkpoints"].items()}
+        all_res = {
+            label: {**res, "results": {o: {int(b): v for b, v in r.items()} for o, r in res["results"].items()}}
+            for label, res in doc["checkpoints"].items()
+        }
         out = Path(args.results) if args.results else Path(args.rewrite).parent
         write_report(out, all_res, doc)
         print((out / f"{STEM}.md").read_text().split("![")[0])
@@ -369,28 +433,41 @@ def main(argv: Optional[List[str]] = None) -> int:
     init_model, _, preprocess = open_clip.create_model_and_transforms(ex.DEFAULT_MODEL)
     tokenizer = open_clip.get_tokenizer(ex.DEFAULT_MODEL)
     images, captions = load_pairs(data, n, preprocess)
-    budget = ex.Budget(epochs=1, batch_size=128 if not args.quick else 32, seed=args.seed,
-                       extra=("--val-frequency", "0"))
+    budget = ex.Budget(
+        epochs=1, batch_size=128 if not args.quick else 32, seed=args.seed, extra=("--val-frequency", "0")
+    )
     print(f"[gradient_bias_clip] training one epoch of --loss clip (batch {budget.batch_size})", flush=True)
     trained = ex.train(ex.Run("clip", ("--loss", "clip")), data, work / "runs", budget)
     trained_model, _, _ = load_checkpoint(trained.checkpoint)
     objectives = args.objectives or list(OBJECTIVES)
     all_res = {}
     for label, model in (("at initialisation", init_model), ("after one epoch of clip", trained_model)):
-        print(f"[gradient_bias_clip] {label}: {len(objectives)} objectives x B {sizes}, {shuffles} partitions each",
-              flush=True)
+        print(
+            f"[gradient_bias_clip] {label}: {len(objectives)} objectives x B {sizes}, {shuffles} partitions each",
+            flush=True,
+        )
         all_res[label] = measure(model, tokenizer, images, captions, sizes, objectives, shuffles, args.seed)
     merged_from = None
     if args.merge:
         merged_from = merge_earlier(all_res, json.loads(Path(args.merge).read_text()), n, sizes, shuffles, args.seed)
     minutes = (time.perf_counter() - t0) / 60
-    doc = {"machine": ex.machine_info(), "date": utc_date(),
-           "command": command, "minutes": minutes, "num_pairs": n, "batch_sizes": sizes, "shuffles": shuffles,
-           "seed": args.seed, "train_command": trained.command, "train_batch_size": budget.batch_size,
-           "merged_from": merged_from,
-           "checkpoints": {label: {**res, "results": {o: {str(b): v for b, v in r.items()}
-                                                      for o, r in res["results"].items()}}
-                           for label, res in all_res.items()}}
+    doc = {
+        "machine": ex.machine_info(),
+        "date": utc_date(),
+        "command": command,
+        "minutes": minutes,
+        "num_pairs": n,
+        "batch_sizes": sizes,
+        "shuffles": shuffles,
+        "seed": args.seed,
+        "train_command": trained.command,
+        "train_batch_size": budget.batch_size,
+        "merged_from": merged_from,
+        "checkpoints": {
+            label: {**res, "results": {o: {str(b): v for b, v in r.items()} for o, r in res["results"].items()}}
+            for label, res in all_res.items()
+        },
+    }
     write_json(results_dir / f"{STEM}.json", doc, roots=[work])
     write_report(results_dir, all_res, doc)
     print((results_dir / f"{STEM}.md").read_text().split("![")[0])
@@ -420,21 +497,33 @@ def readme_block(doc: dict) -> str:
     checks = list(doc["checkpoints"])
     res = [doc["checkpoints"][c]["results"] for c in checks]
     sizes = [str(b) for b in doc["batch_sizes"]]
-    lines = [f"`||E[g_B] - g_full|| / ||g_full||`, {checks[0]} / {checks[1]} (N = {doc['num_pairs']} pairs, "
-             f"{doc['shuffles']} partitions per B):", "",
-             "| B | " + " | ".join(sizes) + " |", "|---|" + "---|" * len(sizes)]
+    lines = [
+        f"`||E[g_B] - g_full|| / ||g_full||`, {checks[0]} / {checks[1]} (N = {doc['num_pairs']} pairs, "
+        f"{doc['shuffles']} partitions per B):",
+        "",
+        "| B | " + " | ".join(sizes) + " |",
+        "|---|" + "---|" * len(sizes),
+    ]
     for key, label in README_ROWS:
         if all(key in r for r in res):
-            lines.append(f"| {label} | " + " | ".join(" / ".join(f"{r[key][b]['rel_error']:.3f}" for r in res)
-                                                     for b in sizes) + " |")
+            lines.append(
+                f"| {label} | "
+                + " | ".join(" / ".join(f"{r[key][b]['rel_error']:.3f}" for r in res) for b in sizes)
+                + " |"
+            )
     b, after = "32", res[-1]
-    err = {k: after[k][b]["rel_error"] for k in ("clip", DEFAULT_OBJECTIVE, "decl update-then-read",
-                                                  "decl rates from a previous pass")}
-    lines += ["", f"At B = {b} {checks[-1]}: InfoNCE {err['clip']:.3f}; update-then-read {err[DEFAULT_OBJECTIVE]:.3f} "
-              f"(relative estimate) and {err['decl update-then-read']:.3f} (absolute), "
-              f"{'at or below' if err[DEFAULT_OBJECTIVE] <= err['clip'] else 'above'} InfoNCE; read-then-update "
-              f"{err['decl rates from a previous pass']:.3f}, {err['decl rates from a previous pass'] / err['clip']:.1f}x "
-              "InfoNCE's."]
+    err = {
+        k: after[k][b]["rel_error"]
+        for k in ("clip", DEFAULT_OBJECTIVE, "decl update-then-read", "decl rates from a previous pass")
+    }
+    lines += [
+        "",
+        f"At B = {b} {checks[-1]}: InfoNCE {err['clip']:.3f}; update-then-read {err[DEFAULT_OBJECTIVE]:.3f} "
+        f"(relative estimate) and {err['decl update-then-read']:.3f} (absolute), "
+        f"{'at or below' if err[DEFAULT_OBJECTIVE] <= err['clip'] else 'above'} InfoNCE; read-then-update "
+        f"{err['decl rates from a previous pass']:.3f}, {err['decl rates from a previous pass'] / err['clip']:.1f}x "
+        "InfoNCE's.",
+    ]
     return "\n".join(lines)
 
 

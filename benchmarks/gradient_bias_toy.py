@@ -72,6 +72,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 # -- the noise-free problem -----------------------------------------------------------------
 
+
 def objective(s: np.ndarray, reg: float = REG) -> np.ndarray:
     """``J(s) = log(e^{s1} + e^{s2}) - s1 + reg (s1^2 + s2^2)`` over the last axis (size 2)."""
     s = np.asarray(s, dtype=np.float64)
@@ -105,6 +106,7 @@ def exact_optimum(reg: float = REG) -> np.ndarray:
 
 
 # -- the stochastic losses ------------------------------------------------------------------
+
 
 def noisy_denominator(s: np.ndarray, delta: np.ndarray, positivity: str = "denominator", floor: float = 1e-2):
     """The noisy denominator ``D~ = max(e^{s1} + e^{s2} + delta, c)``, and its gradient in ``s``.
@@ -158,8 +160,18 @@ def decl_loss_and_grad(s, delta, u, reg: float = REG, positivity: str = "denomin
 
 # -- optimisation ---------------------------------------------------------------------------
 
-def run_method(method: str, deltas: np.ndarray, eps: np.ndarray, s0: np.ndarray, lr: float, reg: float = REG,
-               rate_momentum: float = 0.05, positivity: str = "denominator", floor: float = 1e-2) -> dict:
+
+def run_method(
+    method: str,
+    deltas: np.ndarray,
+    eps: np.ndarray,
+    s0: np.ndarray,
+    lr: float,
+    reg: float = REG,
+    rate_momentum: float = 0.05,
+    positivity: str = "denominator",
+    floor: float = 1e-2,
+) -> dict:
     """Run one method on a batch of independent runs; returns the trajectories.
 
     Args:
@@ -209,13 +221,15 @@ def run_method(method: str, deltas: np.ndarray, eps: np.ndarray, s0: np.ndarray,
 def polyak_average(traj: np.ndarray) -> np.ndarray:
     """Mean of the iterates of the second half, ``s_{T//2 + 1} .. s_T`` (``traj[0]`` is ``s_0``)."""
     steps = traj.shape[0] - 1
-    return traj[steps // 2 + 1:].mean(axis=0)
+    return traj[steps // 2 + 1 :].mean(axis=0)
 
 
 # -- what the expected updates converge to ----------------------------------------------------
 
-def expected_update_direction(method: str, s: np.ndarray, v: float, reg: float = REG,
-                              positivity: str = "denominator", floor: float = 1e-2) -> np.ndarray:
+
+def expected_update_direction(
+    method: str, s: np.ndarray, v: float, reg: float = REG, positivity: str = "denominator", floor: float = 1e-2
+) -> np.ndarray:
     """The mean gradient at ``s`` once DeCL's rate has settled, as an integral over ``delta ~ N(0, v)``.
 
     With ``c`` the clamp level and ``on = {D + delta > c}``:
@@ -248,9 +262,15 @@ def expected_update_direction(method: str, s: np.ndarray, v: float, reg: float =
         lo = cut / sd
         if lo >= 12.0:
             return 0.0
-        val, _ = integrate.quad(lambda z: f(sd * z) * np.exp(-0.5 * z * z) / np.sqrt(2.0 * np.pi),
-                                lo, 12.0, points=[0.0] if lo < 0.0 else None, epsabs=1e-15, epsrel=1e-13,
-                                limit=500)
+        val, _ = integrate.quad(
+            lambda z: f(sd * z) * np.exp(-0.5 * z * z) / np.sqrt(2.0 * np.pi),
+            lo,
+            12.0,
+            points=[0.0] if lo < 0.0 else None,
+            epsabs=1e-15,
+            epsrel=1e-13,
+            limit=500,
+        )
         return val
 
     if method == "sgd":
@@ -265,8 +285,15 @@ def clamp_level(s: np.ndarray, positivity: str, floor: float) -> np.ndarray:
     return np.full(s.shape[:-1], floor) if positivity == "denominator" else np.exp(s[..., 0]) + floor
 
 
-def potential(method: str, s: np.ndarray, v: float, reg: float = REG, positivity: str = "denominator",
-              floor: float = 1e-2, nodes: int = 0) -> np.ndarray:
+def potential(
+    method: str,
+    s: np.ndarray,
+    v: float,
+    reg: float = REG,
+    positivity: str = "denominator",
+    floor: float = 1e-2,
+    nodes: int = 0,
+) -> np.ndarray:
     """The function whose gradient is :func:`expected_update_direction`, over ``s (..., 2)``.
 
     ``sgd``: ``E[log D~(s)] - s1 + reg |s|^2``, the noisy loss in expectation: Jensen makes
@@ -296,14 +323,28 @@ def potential(method: str, s: np.ndarray, v: float, reg: float = REG, positivity
     out = np.empty(big_d.shape)
     for idx in np.ndindex(big_d.shape):
         lo = (c[idx] - big_d[idx]) / sd  # below lo the clamp is on and the log is log(c)
-        on, _ = integrate.quad(lambda z: np.log(big_d[idx] + sd * z) * np.exp(-0.5 * z * z) / np.sqrt(2.0 * np.pi),
-                               lo, 12.0, epsabs=1e-15, epsrel=1e-13, limit=500)
+        on, _ = integrate.quad(
+            lambda z: np.log(big_d[idx] + sd * z) * np.exp(-0.5 * z * z) / np.sqrt(2.0 * np.pi),
+            lo,
+            12.0,
+            epsabs=1e-15,
+            epsrel=1e-13,
+            limit=500,
+        )
         out[idx] = on + np.log(c[idx]) * special.ndtr(lo)
     return out + rest
 
 
-def predicted_fixed_point(method: str, v: float, reg: float = REG, positivity: str = "denominator",
-                          floor: float = 1e-2, start=(0.0, 0.0), box: float = 3.0, step: float = 0.1) -> dict:
+def predicted_fixed_point(
+    method: str,
+    v: float,
+    reg: float = REG,
+    positivity: str = "denominator",
+    floor: float = 1e-2,
+    start=(0.0, 0.0),
+    box: float = 3.0,
+    step: float = 0.1,
+) -> dict:
     """Where the expected update, followed from ``start``, comes to rest: a minimiser of :func:`potential`.
 
     The potential is tabulated on a grid over ``[-box, box]^2`` (spacing ``step``); a walk from the
@@ -324,7 +365,7 @@ def predicted_fixed_point(method: str, v: float, reg: float = REG, positivity: s
     n = len(axis)
     padded = np.pad(pot, 1, constant_values=np.inf)
     offsets = [(di, dj) for di in (-1, 0, 1) for dj in (-1, 0, 1) if di or dj]
-    neigh = np.stack([padded[1 + di:1 + di + n, 1 + dj:1 + dj + n] for di, dj in offsets])
+    neigh = np.stack([padded[1 + di : 1 + di + n, 1 + dj : 1 + dj + n] for di, dj in offsets])
     n_local = int(np.sum(pot <= neigh.min(axis=0)))
     ij = tuple(int(np.clip(np.rint((x + box) / step), 0, n - 1)) for x in start)
     while True:
@@ -345,8 +386,19 @@ def predicted_fixed_point(method: str, v: float, reg: float = REG, positivity: s
 
 # -- the benchmark ----------------------------------------------------------------------------
 
-def benchmark(variances, seeds: int, steps: int, lr: float, rate_momentum: float, init_std: float,
-              positivities=POSITIVITY, floor: float = 1e-2, reg: float = REG, log=print) -> dict:
+
+def benchmark(
+    variances,
+    seeds: int,
+    steps: int,
+    lr: float,
+    rate_momentum: float,
+    init_std: float,
+    positivities=POSITIVITY,
+    floor: float = 1e-2,
+    reg: float = REG,
+    log=print,
+) -> dict:
     """All methods on all noise levels and positivity handlings; raw per-seed numbers and trajectories.
 
     Seed ``k`` draws its noise from ``default_rng([k, 0])`` (standard normals, scaled by
@@ -380,28 +432,37 @@ def benchmark(variances, seeds: int, steps: int, lr: float, rate_momentum: float
                     "predicted_fixed_point_distance": float(np.linalg.norm(fixed - opt)),
                     "potential_grid_local_minima": pred["grid_local_minima"],
                     "predicted_is_global_minimum": pred["global"],
-                    "final": final.tolist(), "polyak": avg.tolist(),
-                    "dist_final": d_final.tolist(), "dist_polyak": d_avg.tolist(),
+                    "final": final.tolist(),
+                    "polyak": avg.tolist(),
+                    "dist_final": d_final.tolist(),
+                    "dist_polyak": d_avg.tolist(),
                     "dist_polyak_to_predicted": np.linalg.norm(avg - fixed, axis=-1).tolist(),
                     "excess_objective_polyak": excess.tolist(),
                     "F_polyak": special.expit(avg[:, 0] - avg[:, 1]).tolist(),
                     "clamped_steps": res["clamped"].tolist(),
                     "max_step_norm": np.linalg.norm(np.diff(traj, axis=0), axis=-1).max(axis=0).tolist(),
                     "final_rate": res["rate"][-1].tolist(),
-                    "summary": {k: [float(np.mean(x)), float(np.std(x))] for k, x in
-                                (("dist_final", d_final), ("dist_polyak", d_avg), ("excess_objective_polyak", excess),
-                                 ("clamped_fraction", res["clamped"] / steps))},
+                    "summary": {
+                        k: [float(np.mean(x)), float(np.std(x))]
+                        for k, x in (
+                            ("dist_final", d_final),
+                            ("dist_polyak", d_avg),
+                            ("excess_objective_polyak", excess),
+                            ("clamped_fraction", res["clamped"] / steps),
+                        )
+                    },
                 }
                 out["runs"].setdefault(pos, {}).setdefault(f"{v:g}", {})[method] = rec
                 trajectories[(pos, v, method)] = traj
-                log(f"[{pos}] v={v:g} {method:<13} dist final {d_final.mean():.4f} +- {d_final.std():.4f}, "
+                log(
+                    f"[{pos}] v={v:g} {method:<13} dist final {d_final.mean():.4f} +- {d_final.std():.4f}, "
                     f"Polyak {d_avg.mean():.4f} +- {d_avg.std():.4f}, predicted "
-                    f"{rec['predicted_fixed_point_distance']:.4f} ({time.perf_counter() - t0:.1f}s)")
+                    f"{rec['predicted_fixed_point_distance']:.4f} ({time.perf_counter() - t0:.1f}s)"
+                )
     return {"results": out, "trajectories": trajectories}
 
 
-def floor_sensitivity(variances, floors, positivity: str = "denominator", reg: float = REG,
-                      start=(0.0, 0.0)) -> dict:
+def floor_sensitivity(variances, floors, positivity: str = "denominator", reg: float = REG, start=(0.0, 0.0)) -> dict:
     """Distance of each method's predicted fixed point to the optimum, per clamp level and ``v``.
 
     The SGD potential holds ``log(floor) P(D + delta < floor)``, which goes to minus infinity as the
@@ -415,8 +476,11 @@ def floor_sensitivity(variances, floors, positivity: str = "denominator", reg: f
             for method in ("sgd", "decl_mean"):
                 pred = predicted_fixed_point(method, v, reg, positivity, floor, start=start)
                 out.setdefault(f"{floor:g}", {}).setdefault(f"{v:g}", {})[method] = {
-                    "point": pred["point"].tolist(), "distance": float(np.linalg.norm(pred["point"] - opt)),
-                    "grid_local_minima": pred["grid_local_minima"], "global": pred["global"]}
+                    "point": pred["point"].tolist(),
+                    "distance": float(np.linalg.norm(pred["point"] - opt)),
+                    "grid_local_minima": pred["grid_local_minima"],
+                    "global": pred["global"],
+                }
     return out
 
 
@@ -426,33 +490,62 @@ def paper_point_check(reg: float = REG) -> dict:
     f = special.expit(s[0] - s[1])
     # "maximise F - reg |s|^2" read literally: the gradient of -F + reg |s|^2.
     linear_grad = np.array([-f * (1 - f), f * (1 - f)]) + 2 * reg * s
-    return {"point": list(PAPER_DECL_POINT), "grad_log_form": objective_grad(s, reg).tolist(),
-            "grad_linear_form": linear_grad.tolist()}
+    return {
+        "point": list(PAPER_DECL_POINT),
+        "grad_log_form": objective_grad(s, reg).tolist(),
+        "grad_linear_form": linear_grad.tolist(),
+    }
 
 
 # -- reporting --------------------------------------------------------------------------------
 
+
 def table(runs: dict, variances, steps: int) -> str:
     """Markdown table of the per-(v, method) summaries of one ``runs[v][method]`` block."""
+
     def cells(v, method):
         r = runs[f"{v:g}"][method]
         sm = r["summary"]
-        return [f"{v:g}", LABELS[method], f"{sm['dist_final'][0]:.4f} +- {sm['dist_final'][1]:.4f}",
-                f"{sm['dist_polyak'][0]:.4f} +- {sm['dist_polyak'][1]:.4f}", f"{r['predicted_fixed_point_distance']:.4f}",
-                f"{sm['excess_objective_polyak'][0]:.2e} +- {sm['excess_objective_polyak'][1]:.1e}",
-                f"{sum(r['clamped_steps'])} of {steps * len(r['clamped_steps'])}"]
-    return markdown_table(["v", "method", "dist. final", "dist. Polyak avg", "predicted fixed-point dist.",
-                           "excess J at Polyak avg", "clamped steps"],
-                          (cells(v, method) for v in variances for method in METHODS))
+        return [
+            f"{v:g}",
+            LABELS[method],
+            f"{sm['dist_final'][0]:.4f} +- {sm['dist_final'][1]:.4f}",
+            f"{sm['dist_polyak'][0]:.4f} +- {sm['dist_polyak'][1]:.4f}",
+            f"{r['predicted_fixed_point_distance']:.4f}",
+            f"{sm['excess_objective_polyak'][0]:.2e} +- {sm['excess_objective_polyak'][1]:.1e}",
+            f"{sum(r['clamped_steps'])} of {steps * len(r['clamped_steps'])}",
+        ]
+
+    return markdown_table(
+        [
+            "v",
+            "method",
+            "dist. final",
+            "dist. Polyak avg",
+            "predicted fixed-point dist.",
+            "excess J at Polyak avg",
+            "clamped steps",
+        ],
+        (cells(v, method) for v in variances for method in METHODS),
+    )
 
 
 def floor_table(sens: dict, variances) -> str:
     """Markdown table of :func:`floor_sensitivity`."""
+
     def cells(per_v):
-        return [" / ".join(f"{r['distance']:.4f}" + ("" if r["global"] else "*")
-                           for r in (per_v[f"{v:g}"]["sgd"], per_v[f"{v:g}"]["decl_mean"])) for v in variances]
-    return markdown_table(["clamp level", *(f"v = {v:g}: SGD / DeCL" for v in variances)],
-                          ([floor, *cells(per_v)] for floor, per_v in sens.items()))
+        return [
+            " / ".join(
+                f"{r['distance']:.4f}" + ("" if r["global"] else "*")
+                for r in (per_v[f"{v:g}"]["sgd"], per_v[f"{v:g}"]["decl_mean"])
+            )
+            for v in variances
+        ]
+
+    return markdown_table(
+        ["clamp level", *(f"v = {v:g}: SGD / DeCL" for v in variances)],
+        ([floor, *cells(per_v)] for floor, per_v in sens.items()),
+    )
 
 
 def verdict(runs: dict, variances) -> list[str]:
@@ -477,8 +570,9 @@ def plot(trajectories: dict, results: dict, positivities, variances, report: Rep
     # Sampled u spreads widest: draw it first so that the other two stay visible on top.
     order = ("decl_sampled", "sgd", "decl_mean")
     alpha = {"decl_sampled": 0.08, "sgd": 0.15, "decl_mean": 0.3}
-    fig, axes = pyplot().subplots(len(positivities), len(variances), figsize=(5.0 * len(variances), 4.6 * len(positivities)),
-                             squeeze=False)
+    fig, axes = pyplot().subplots(
+        len(positivities), len(variances), figsize=(5.0 * len(variances), 4.6 * len(positivities)), squeeze=False
+    )
     for row, pos in zip(axes, positivities):
         for ax, v in zip(row, variances):
             for method in order:
@@ -490,8 +584,7 @@ def plot(trajectories: dict, results: dict, positivities, variances, report: Rep
                 r = results["runs"][pos][f"{v:g}"][method]
                 avg = np.array(r["polyak"])
                 ax.scatter(avg[:, 0], avg[:, 1], color=COLORS[method], edgecolor="k", lw=0.5, s=22, zorder=4)
-                ax.scatter(*r["predicted_fixed_point"], marker="X", color=COLORS[method], edgecolor="k", s=80,
-                           zorder=5)
+                ax.scatter(*r["predicted_fixed_point"], marker="X", color=COLORS[method], edgecolor="k", s=80, zorder=5)
             ax.scatter(*opt, marker="*", s=260, color="gold", edgecolor="k", zorder=3.5, label="noise-free optimum")
             ax.set_title(f"v = {v:g}, clamp: {pos}")
             ax.set_xlabel("s1 (log positive score)")
@@ -501,8 +594,9 @@ def plot(trajectories: dict, results: dict, positivities, variances, report: Rep
             ax.set_xlim(-1.2, 2.2)
             ax.set_ylim(-2.4, 0.5)
     axes[0][0].legend(loc="upper left", fontsize=7)
-    report.figure(fig, "Trajectories (lines), Polyak average of each seed (dots), zero of the expected update (X)",
-                dpi=100)
+    report.figure(
+        fig, "Trajectories (lines), Polyak average of each seed (dots), zero of the expected update (X)", dpi=100
+    )
 
 
 def machine() -> str:
@@ -515,12 +609,17 @@ def reading(runs: dict, variances, label: str) -> list[str]:
     """Where each DeCL variant's Polyak average beats SGD's, and where it does not."""
     out = []
     for m in ("decl_sampled", "decl_mean"):
-        won = [v for v in variances if runs[f"{v:g}"][m]["summary"]["dist_polyak"][0]
-               < runs[f"{v:g}"]["sgd"]["summary"]["dist_polyak"][0]]
+        won = [
+            v
+            for v in variances
+            if runs[f"{v:g}"][m]["summary"]["dist_polyak"][0] < runs[f"{v:g}"]["sgd"]["summary"]["dist_polyak"][0]
+        ]
         lost = [v for v in variances if v not in won]
-        out.append(f"- {label}, {LABELS[m]}: Polyak average closer to the optimum than SGD's at v = "
-                   f"{', '.join(f'{v:g}' for v in won) or 'none'}"
-                   + (f"; NOT closer at v = {', '.join(f'{v:g}' for v in lost)}." if lost else "."))
+        out.append(
+            f"- {label}, {LABELS[m]}: Polyak average closer to the optimum than SGD's at v = "
+            f"{', '.join(f'{v:g}' for v in won) or 'none'}"
+            + (f"; NOT closer at v = {', '.join(f'{v:g}' for v in lost)}." if lost else ".")
+        )
     return out
 
 
@@ -573,28 +672,43 @@ def write_report(report: Report, results: dict, args, check: dict, payload: dict
     ]
     for pos in args.positivity:
         runs = results["runs"][pos]
-        lines += [f"## Results, clamp `{pos}`{' (headline)' if pos == head else ''}", "",
-                  "Euclidean distance in the (s1, s2) plane to the noise-free optimum, mean +- std over seeds; "
-                  "excess J = J(Polyak avg) - J(optimum).", "",
-                  table(runs, args.variances, args.steps), ""]
+        lines += [
+            f"## Results, clamp `{pos}`{' (headline)' if pos == head else ''}",
+            "",
+            "Euclidean distance in the (s1, s2) plane to the noise-free optimum, mean +- std over seeds; "
+            "excess J = J(Polyak avg) - J(optimum).",
+            "",
+            table(runs, args.variances, args.steps),
+            "",
+        ]
         lines += verdict(runs, args.variances) + [""]
     step = results.get("step_size_check")
     if step:
-        lines += [f"## Step-size check, clamp `{head}`", "",
-                  f"The same runs with step size {step['lr']:g} for {step['steps']} steps (every method alike; "
-                  f"Polyak average over the second half). Sampled u multiplies the gradient by `Exp(1)` noise, "
-                  "so at a constant step it spreads more than the other two.", "",
-                  table(step["runs"], args.variances, step["steps"]), ""]
+        lines += [
+            f"## Step-size check, clamp `{head}`",
+            "",
+            f"The same runs with step size {step['lr']:g} for {step['steps']} steps (every method alike; "
+            f"Polyak average over the second half). Sampled u multiplies the gradient by `Exp(1)` noise, "
+            "so at a constant step it spreads more than the other two.",
+            "",
+            table(step["runs"], args.variances, step["steps"]),
+            "",
+        ]
         lines += verdict(step["runs"], args.variances) + [""]
     sens = results.get("floor_sensitivity")
     if sens:
-        lines += [f"## Clamp level, clamp `{head}`", "",
-                  "Distance of the predicted fixed point to the optimum for several clamp levels (SGD / DeCL). "
-                  "SGD's potential holds `log(floor) P(D + delta < floor)`: where the Gaussian reaches zero the "
-                  "direct loss is undefined, and where SGD goes is decided by how that is patched; DeCL's is not. "
-                  "`*`: the potential has a lower minimum elsewhere on the grid, which the descent from the start "
-                  "does not reach.",
-                  "", floor_table(sens, args.variances), ""]
+        lines += [
+            f"## Clamp level, clamp `{head}`",
+            "",
+            "Distance of the predicted fixed point to the optimum for several clamp levels (SGD / DeCL). "
+            "SGD's potential holds `log(floor) P(D + delta < floor)`: where the Gaussian reaches zero the "
+            "direct loss is undefined, and where SGD goes is decided by how that is patched; DeCL's is not. "
+            "`*`: the potential has a lower minimum elsewhere on the grid, which the descent from the start "
+            "does not reach.",
+            "",
+            floor_table(sens, args.variances),
+            "",
+        ]
     lines += ["## Reading", ""]
     for pos in args.positivity:
         lines += reading(results["runs"][pos], args.variances, f"clamp `{pos}`, step {args.lr:g}")
@@ -624,28 +738,58 @@ class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
 
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=_HelpFormatter)
-    p.add_argument("--variances", type=float, nargs="+", default=[0.1, 0.3, 0.5],
-                   help="variances v of the Gaussian noise added to the denominator")
+    p.add_argument(
+        "--variances",
+        type=float,
+        nargs="+",
+        default=[0.1, 0.3, 0.5],
+        help="variances v of the Gaussian noise added to the denominator",
+    )
     p.add_argument("--seeds", type=int, default=None, help="independent runs per (method, v) [10; 3 with --quick]")
     p.add_argument("--steps", type=int, default=None, help="gradient steps per run [4000; 400 with --quick]")
     p.add_argument("--lr", type=float, default=0.2, help="step size, the same for every method")
-    p.add_argument("--rate-momentum", type=float, default=0.05,
-                   help="weight gamma of the newest noisy denominator in DeCL's rate moving average")
-    p.add_argument("--init-std", type=float, default=0.0,
-                   help="std of the random start (0: start at (0, 0), as in Appendix F)")
-    p.add_argument("--positivity", nargs="+", choices=POSITIVITY, default=list(POSITIVITY),
-                   help="how the noisy denominator is kept positive; the first is the headline")
-    p.add_argument("--floor", type=float, default=1e-2,
-                   help="clamp level: of the whole noisy denominator (denominator) or of the noisy negatives' mass "
-                        "(neg_mass)")
-    p.add_argument("--step-check", type=int, default=None,
-                   help="also run the headline clamp with step lr/K for K times the steps (0 or 1: skip) "
-                        "[4; 0 with --quick]")
-    p.add_argument("--floor-check", type=float, nargs="*", default=None,
-                   help="clamp levels at which to recompute the predicted fixed points (none given: skip) "
-                        "[0.001 0.01 0.1; none with --quick]")
-    p.add_argument("--out-dir", type=Path, default=None,
-                   help="where the .md/.json/.png go (default benchmarks/results; a temporary folder with --quick)")
+    p.add_argument(
+        "--rate-momentum",
+        type=float,
+        default=0.05,
+        help="weight gamma of the newest noisy denominator in DeCL's rate moving average",
+    )
+    p.add_argument(
+        "--init-std", type=float, default=0.0, help="std of the random start (0: start at (0, 0), as in Appendix F)"
+    )
+    p.add_argument(
+        "--positivity",
+        nargs="+",
+        choices=POSITIVITY,
+        default=list(POSITIVITY),
+        help="how the noisy denominator is kept positive; the first is the headline",
+    )
+    p.add_argument(
+        "--floor",
+        type=float,
+        default=1e-2,
+        help="clamp level: of the whole noisy denominator (denominator) or of the noisy negatives' mass (neg_mass)",
+    )
+    p.add_argument(
+        "--step-check",
+        type=int,
+        default=None,
+        help="also run the headline clamp with step lr/K for K times the steps (0 or 1: skip) [4; 0 with --quick]",
+    )
+    p.add_argument(
+        "--floor-check",
+        type=float,
+        nargs="*",
+        default=None,
+        help="clamp levels at which to recompute the predicted fixed points (none given: skip) "
+        "[0.001 0.01 0.1; none with --quick]",
+    )
+    p.add_argument(
+        "--out-dir",
+        type=Path,
+        default=None,
+        help="where the .md/.json/.png go (default benchmarks/results; a temporary folder with --quick)",
+    )
     p.add_argument("--quick", action="store_true", help="smoke run: other defaults, in brackets above")
     args = p.parse_args(argv)
     defaults = {"seeds": (10, 3), "steps": (4000, 400), "step_check": (4, 0), "floor_check": ([1e-3, 1e-2, 1e-1], [])}
@@ -672,8 +816,9 @@ def parse_args(argv=None) -> argparse.Namespace:
         p.error("bad value: " + "; ".join(bad))
     args.positivity = list(dict.fromkeys(args.positivity))
     if args.out_dir is None:
-        args.out_dir = (Path(tempfile.mkdtemp(prefix="gradient_bias_toy_")) if args.quick
-                        else REPO / "benchmarks" / "results")
+        args.out_dir = (
+            Path(tempfile.mkdtemp(prefix="gradient_bias_toy_")) if args.quick else REPO / "benchmarks" / "results"
+        )
     return args
 
 
@@ -682,25 +827,42 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     report = Report(args.out_dir, "gradient_bias_toy", command_line("gradient_bias_toy.py", argv), machine=machine())
     head = args.positivity[0]
-    print(f"{report.command}\noptimum {exact_optimum().tolist()}; {len(args.positivity)} clamps x {len(args.variances)} "
-          f"noise levels x {len(METHODS)} methods x {args.seeds} seeds x {args.steps} steps")
-    bench = benchmark(args.variances, args.seeds, args.steps, args.lr, args.rate_momentum, args.init_std,
-                      args.positivity, args.floor)
+    print(
+        f"{report.command}\noptimum {exact_optimum().tolist()}; {len(args.positivity)} clamps x {len(args.variances)} "
+        f"noise levels x {len(METHODS)} methods x {args.seeds} seeds x {args.steps} steps"
+    )
+    bench = benchmark(
+        args.variances, args.seeds, args.steps, args.lr, args.rate_momentum, args.init_std, args.positivity, args.floor
+    )
     results = bench["results"]
     if args.step_check > 1:
         k = args.step_check
         print(f"step-size check: step {args.lr / k:g}, {args.steps * k} steps, clamp {head}")
-        small = benchmark(args.variances, args.seeds, args.steps * k, args.lr / k, args.rate_momentum,
-                          args.init_std, [head], args.floor)
-        results["step_size_check"] = {"lr": args.lr / k, "steps": args.steps * k,
-                                      "runs": small["results"]["runs"][head]}
+        small = benchmark(
+            args.variances,
+            args.seeds,
+            args.steps * k,
+            args.lr / k,
+            args.rate_momentum,
+            args.init_std,
+            [head],
+            args.floor,
+        )
+        results["step_size_check"] = {
+            "lr": args.lr / k,
+            "steps": args.steps * k,
+            "runs": small["results"]["runs"][head],
+        }
     if args.floor_check:
         print(f"predicted fixed points at clamp levels {args.floor_check}")
-        results["floor_sensitivity"] = floor_sensitivity(args.variances, args.floor_check, head,
-                                                         start=np.mean(results["starts"], axis=0))
+        results["floor_sensitivity"] = floor_sensitivity(
+            args.variances, args.floor_check, head, start=np.mean(results["starts"], axis=0)
+        )
     check = paper_point_check()
     config = {k: v for k, v in vars(args).items() if k != "out_dir"}
-    write_report(report, results, args, check, {"config": {**config, "reg": REG}, "paper_point_check": check, **results})
+    write_report(
+        report, results, args, check, {"config": {**config, "reg": REG}, "paper_point_check": check, **results}
+    )
     plot(bench["trajectories"], results, args.positivity, args.variances, report)
     for pos in args.positivity:
         print(f"\nclamp: {pos}, step {args.lr:g}\n{table(results['runs'][pos], args.variances, args.steps)}\n")
@@ -710,8 +872,10 @@ def main(argv=None) -> int:
         print(f"\nclamp: {head}, step {st['lr']:g}\n{table(st['runs'], args.variances, st['steps'])}\n")
         print("\n".join(verdict(st["runs"], args.variances)))
     if "floor_sensitivity" in results:
-        print(f"\npredicted fixed-point distance (SGD / DeCL) by clamp level, clamp {head}\n"
-              f"{floor_table(results['floor_sensitivity'], args.variances)}")
+        print(
+            f"\npredicted fixed-point distance (SGD / DeCL) by clamp level, clamp {head}\n"
+            f"{floor_table(results['floor_sensitivity'], args.variances)}"
+        )
     print(f"\nwrote {args.out_dir}/gradient_bias_toy.{{md,json,png}}")
     return 0
 
@@ -723,22 +887,30 @@ def readme_block(doc: dict) -> str:
     """The README's table: distance of the averaged iterate from the optimum, per positivity rule and noise level."""
     opt, seeds = doc["optimum"], doc["config"]["seeds"]
     rules = {"denominator": "the noisy denominator floored", "neg_mass": "the noisy negative mass kept >= 0"}
-    lines = [f"Exact optimum s = ({opt[0]:.4f}, {opt[1]:.4f}). Distance of the averaged (Polyak) iterate from it, "
-             f"mean ± std over {seeds} seeds (lower is better):", "",
-             "| noise kept valid by | v | SGD | DeCL, mean u | DeCL, sampled u |", "|---|---:|---:|---:|---:|"]
+    lines = [
+        f"Exact optimum s = ({opt[0]:.4f}, {opt[1]:.4f}). Distance of the averaged (Polyak) iterate from it, "
+        f"mean ± std over {seeds} seeds (lower is better):",
+        "",
+        "| noise kept valid by | v | SGD | DeCL, mean u | DeCL, sampled u |",
+        "|---|---:|---:|---:|---:|",
+    ]
     closer = {}
     for rule, label in rules.items():
         for v, r in doc["runs"][rule].items():
-            cells = [f"{r[m]['summary']['dist_polyak'][0]:.3f} ± {r[m]['summary']['dist_polyak'][1]:.3f}"
-                     for m in ("sgd", "decl_mean", "decl_sampled")]
+            cells = [
+                f"{r[m]['summary']['dist_polyak'][0]:.3f} ± {r[m]['summary']['dist_polyak'][1]:.3f}"
+                for m in ("sgd", "decl_mean", "decl_sampled")
+            ]
             lines.append(f"| {label} | {v} | " + " | ".join(cells) + " |")
             for m in ("decl_mean", "decl_sampled"):
                 if r[m]["summary"]["dist_polyak"][0] < r["sgd"]["summary"]["dist_polyak"][0]:
                     closer.setdefault((rule, m), []).append(v)
     lines.append("")
     for rule, label in rules.items():
-        parts = [f"{LABELS[m]} at " + (f"v = {', '.join(closer[(rule, m)])}" if (rule, m) in closer else "no v")
-                 for m in ("decl_mean", "decl_sampled")]
+        parts = [
+            f"{LABELS[m]} at " + (f"v = {', '.join(closer[(rule, m)])}" if (rule, m) in closer else "no v")
+            for m in ("decl_mean", "decl_sampled")
+        ]
         lines.append(f"- With {label}, closer to the optimum than SGD on average: " + "; ".join(parts) + ".")
     return "\n".join(lines)
 

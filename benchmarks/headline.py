@@ -9,6 +9,7 @@ gives no number; once the study is complete, one line per comparison (per-seed d
 verdict) and, per batch size, one plain line on what to train, read off the verdicts by :func:`advice`.
 Nothing in it is typed: it is rendered by ``python benchmarks/quotes.py``.
 """
+
 from __future__ import annotations
 
 import re
@@ -45,7 +46,9 @@ def _verdicts(doc: dict) -> Dict[int, Dict[str, dict]]:
             raise ValueError(f"confirmatory comparison {c['label']!r}: the headline reads decl - X only")
         key = "2B" if (kind_b == "clip" and b_b == 2 * b_a) else kind_b if b_b == b_a else None
         if key is None:
-            raise ValueError(f"confirmatory comparison {c['label']!r} is not decl against clip or tuned at B or clip at 2B")
+            raise ValueError(
+                f"confirmatory comparison {c['label']!r} is not decl against clip or tuned at B or clip at 2B"
+            )
         out.setdefault(b_a, {})[key] = c["final"] and {**c["final"], "a": c["a"], "b": c["b"]}
     return out
 
@@ -57,8 +60,14 @@ def planned_power(doc: dict, row: dict) -> Optional[float]:
 
     for c in doc["plan_canonical"].get("comparisons", []):
         if (c["a"], c["b"]) == (row.get("a"), row.get("b")) and c.get("paired_sd") and c.get("seeds"):
-            return power_of(c["rule"], int(c["seeds"]), c["paired_sd"], doc.get("confidence", 0.9),
-                            c.get("expected") or 0.0, c.get("margin"))
+            return power_of(
+                c["rule"],
+                int(c["seeds"]),
+                c["paired_sd"],
+                doc.get("confidence", 0.9),
+                c.get("expected") or 0.0,
+                c.get("margin"),
+            )
     return None
 
 
@@ -70,8 +79,10 @@ def caveat(doc: dict, row: dict) -> str:
         notes.append("the interval straddles the bar" + ("; it lies wholly below zero" if row["hi"] < 0 else ""))
     p = planned_power(doc, row)
     if p is not None and p < 0.5 and row["verdict"] not in ("no verdict", "tie"):
-        notes.append(f"planned power {p:.2f}: a verdict reached at low power tends to overstate the gap, so read "
-                     "its interval's near end rather than its mean")
+        notes.append(
+            f"planned power {p:.2f}: a verdict reached at low power tends to overstate the gap, so read "
+            "its interval's near end rather than its mean"
+        )
     return "".join(f"; {n}" for n in notes)
 
 
@@ -88,11 +99,14 @@ def advice(batch: int, rows: Dict[str, Optional[dict]], tuned_flags: List[str]) 
     if v.get("tuned") == "trails":
         return f"train InfoNCE at the tuned temperature ({tuned}): it beat `--loss decl`."
     if v.get("clip") == "beats" and "tuned" not in v:
-        return ("train `--loss decl`: it beat `clip` (this study has no tuned InfoNCE, so the gain may be a "
-                "temperature's).")
+        return (
+            "train `--loss decl`: it beat `clip` (this study has no tuned InfoNCE, so the gain may be a temperature's)."
+        )
     if v.get("clip") == "beats":
-        return (f"`--loss decl` beat `clip` but not the tuned InfoNCE ({tuned}): train either; the gain over `clip` "
-                f"is not shown to be more than a temperature's.")
+        return (
+            f"`--loss decl` beat `clip` but not the tuned InfoNCE ({tuned}): train either; the gain over `clip` "
+            f"is not shown to be more than a temperature's."
+        )
     return f"no loss is shown better than `clip` here: keep `--loss clip` (or the tuned temperature, {tuned})."
 
 
@@ -105,13 +119,17 @@ def readme_block(doc: dict, link_prefix: str = "") -> str:
     """The headline block from the confirmatory study's JSON (see the module's text); ``link_prefix`` leads
     the plan's link from the page that holds the block to the repository root."""
     plan = link_prefix + doc.get("plan", PLAN)
-    head = (f"The confirmatory study ([plan]({plan}), {provenance(doc)}; recipe `{doc['recipe']}`; {doc['design']}; "
-            f"metric `{doc['metric']}`, test split): ")
+    head = (
+        f"The confirmatory study ([plan]({plan}), {provenance(doc)}; recipe `{doc['recipe']}`; {doc['design']}; "
+        f"metric `{doc['metric']}`, test split): "
+    )
     if doc["exploratory"]:
         raise ValueError(f"{plan} is exploratory: the headline takes a confirmatory study's verdicts only")
     if not doc["status"].startswith("complete"):
-        return head + (f"**{doc['status']}**. Its verdicts appear here when every planned run has its scores; "
-                       "until then it states nothing.")
+        return head + (
+            f"**{doc['status']}**. Its verdicts appear here when every planned run has its scores; "
+            "until then it states nothing."
+        )
     flags = _flags(doc)
     lines = [head + f"**{doc['status']}**. Paired differences in points, `a - b`, mean [interval], per seed:", ""]
     names = {"clip": "`clip` at B", "tuned": "InfoNCE tuned at B", "2B": "`clip` at 2B"}
@@ -124,8 +142,10 @@ def readme_block(doc: dict, link_prefix: str = "") -> str:
                 continue
             seeds = ", ".join(_pts(d) for d in r["diffs"])
             bar = "" if r.get("margin") is None else f", bar {_pts(-r['margin'])}"
-            parts.append(f"- {names[key]}: {_pts(r['mean'])} [{_pts(r['lo'])}, {_pts(r['hi'])}] ({r['n']} seeds: "
-                         f"{seeds}{bar}): **{r['verdict']}**{caveat(doc, r)}")
+            parts.append(
+                f"- {names[key]}: {_pts(r['mean'])} [{_pts(r['lo'])}, {_pts(r['hi'])}] ({r['n']} seeds: "
+                f"{seeds}{bar}): **{r['verdict']}**{caveat(doc, r)}"
+            )
         lines += [f"`decl` at B = {batch} against", *parts, ""]
     lines.append("What to train, from these verdicts:")
     lines.append("")
@@ -136,10 +156,20 @@ def readme_block(doc: dict, link_prefix: str = "") -> str:
 
 
 #: the testbeds whose confirmatory verdicts the README's table gives: (name, what it is, report JSON, plan)
-TESTBEDS = (("synthetic", "coloured shapes, many latent classes, template captions (`micro-words`)",
-             "benchmarks/results/confirmatory.json", "benchmarks/studies/confirmatory.toml"),
-            ("Fashion-MNIST", "real photographs, 10 classes, captions from their pixels (`fmnist-words`)",
-             "benchmarks/results/fmnist_confirmatory.json", "benchmarks/studies/fmnist_confirmatory.toml"))
+TESTBEDS = (
+    (
+        "synthetic",
+        "coloured shapes, many latent classes, template captions (`micro-words`)",
+        "benchmarks/results/confirmatory.json",
+        "benchmarks/studies/confirmatory.toml",
+    ),
+    (
+        "Fashion-MNIST",
+        "real photographs, 10 classes, captions from their pixels (`fmnist-words`)",
+        "benchmarks/results/fmnist_confirmatory.json",
+        "benchmarks/studies/fmnist_confirmatory.toml",
+    ),
+)
 _METRIC_NAMES = {"retrieval/mean_R@1": "retrieval mean R@1", "zeroshot/top1": "zero-shot top-1"}
 
 
@@ -147,23 +177,29 @@ def verdict_table(studies: List[Tuple[str, str, dict]]) -> str:
     """One Markdown table of every confirmatory verdict of ``studies`` (``(testbed, plan path, report JSON)``),
     a row per comparison naming its testbed, metric, split, seeds and interval, the plans linked; a study with
     runs missing gets one row saying so and no number."""
-    lines = ["| testbed | `a - b` | metric, split | seeds | mean [90 % interval], points | verdict |",
-             "|---|---|---|---|---|---|"]
+    lines = [
+        "| testbed | `a - b` | metric, split | seeds | mean [90 % interval], points | verdict |",
+        "|---|---|---|---|---|---|",
+    ]
     for testbed, plan, doc in studies:
         if doc["exploratory"]:
             raise ValueError(f"{plan} is exploratory: the verdict table takes confirmatory studies only")
         where = f"[{testbed}]({plan})"
         metric = _METRIC_NAMES.get(doc["metric"], doc["metric"])
         if not doc["status"].startswith("complete"):
-            lines.append(f"| {where} | {doc['status']}: no verdict is read before every planned run has its scores "
-                         f"| {metric}, {doc['split']} | | | |")
+            lines.append(
+                f"| {where} | {doc['status']}: no verdict is read before every planned run has its scores "
+                f"| {metric}, {doc['split']} | | | |"
+            )
             continue
         for c in doc["comparisons"]:
             r = c["final"]
             seeds = f"{r['n']} ({min(r['seeds'])}-{max(r['seeds'])})"
             bar = "" if r.get("margin") is None else f"; bar {_pts(-r['margin'])}"
-            lines.append(f"| {where} | `{c['a']}` - `{c['b']}` ({c['rule']}) | {metric}, {r['split']} | {seeds} | "
-                         f"{_pts(r['mean'])} [{_pts(r['lo'])}, {_pts(r['hi'])}]{bar} | **{r['verdict']}** |")
+            lines.append(
+                f"| {where} | `{c['a']}` - `{c['b']}` ({c['rule']}) | {metric}, {r['split']} | {seeds} | "
+                f"{_pts(r['mean'])} [{_pts(r['lo'])}, {_pts(r['hi'])}]{bar} | **{r['verdict']}** |"
+            )
     return "\n".join(lines)
 
 

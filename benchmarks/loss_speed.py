@@ -16,6 +16,7 @@ outside autocast). On CUDA the matmuls may use TF32, as OpenCLIP's training allo
     .venv/bin/python benchmarks/loss_speed.py --quick         # G=256,1024, fewer repetitions, a temporary folder
     python benchmarks/loss_speed.py --devices cuda --precision amp_bf16 --batches 4096 16384 32768 --output X.md
 """
+
 from __future__ import annotations
 
 import argparse
@@ -135,8 +136,12 @@ def peak_memory_cpu_child(name, batch):
 
 
 def peak_memory_cpu(name, batch):
-    out = subprocess.run([sys.executable, __file__, "--precision", PRECISION, "--child-memory", name, str(batch)],
-                         capture_output=True, text=True, check=True)
+    out = subprocess.run(
+        [sys.executable, __file__, "--precision", PRECISION, "--child-memory", name, str(batch)],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     return int(out.stdout.strip().splitlines()[-1])
 
 
@@ -145,13 +150,25 @@ def main(argv=None):
     parser.add_argument("--quick", action="store_true", help="G=256,1024 only, 3 rounds")
     parser.add_argument("--batches", type=int, nargs="+", default=None)
     parser.add_argument("--rounds", type=int, default=None)
-    parser.add_argument("--devices", nargs="+", choices=("cpu", "cuda"), default=None,
-                        help="where to time (default: the CPU, and CUDA when present)")
-    parser.add_argument("--precision", choices=PRECISIONS, default="fp32",
-                        help="fp32, or amp_bf16: every forward under bfloat16 autocast, as OpenCLIP trains with it")
-    parser.add_argument("--output", default=None,
-                        help="the report's Markdown; its JSON goes beside it (default results/loss_speed.md; "
-                             "with --quick a temporary folder)")
+    parser.add_argument(
+        "--devices",
+        nargs="+",
+        choices=("cpu", "cuda"),
+        default=None,
+        help="where to time (default: the CPU, and CUDA when present)",
+    )
+    parser.add_argument(
+        "--precision",
+        choices=PRECISIONS,
+        default="fp32",
+        help="fp32, or amp_bf16: every forward under bfloat16 autocast, as OpenCLIP trains with it",
+    )
+    parser.add_argument(
+        "--output",
+        default=None,
+        help="the report's Markdown; its JSON goes beside it (default results/loss_speed.md; "
+        "with --quick a temporary folder)",
+    )
     parser.add_argument("--child-memory", nargs=2, metavar=("LOSS", "G"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     global PRECISION
@@ -175,39 +192,79 @@ def main(argv=None):
             times = time_losses(batch, device, rounds)
             for name in LOSSES:
                 mem = peak_memory_cuda(name, batch, device) if device.type == "cuda" else peak_memory_cpu(name, batch)
-                rows.append({"device": device.type, "G": batch, "loss": name, "seconds": times[name],
-                             "peak_extra_bytes": mem,
-                             "saved_bytes": saved_for_backward_bytes(name, batch, device)})
+                rows.append(
+                    {
+                        "device": device.type,
+                        "G": batch,
+                        "loss": name,
+                        "seconds": times[name],
+                        "peak_extra_bytes": mem,
+                        "saved_bytes": saved_for_backward_bytes(name, batch, device),
+                    }
+                )
     base = {(r["device"], r["G"]): r for r in rows if r["loss"] == BASELINE}
 
     def cells(r):
         b = base[(r["device"], r["G"])]
         mem_ratio = r["peak_extra_bytes"] / b["peak_extra_bytes"] if b["peak_extra_bytes"] else float("nan")
-        return [r["device"], r["G"], r["loss"], f"{1000 * r['seconds']:.1f}", f"{r['seconds'] / b['seconds']:.2f}x",
-                f"{r['saved_bytes'] / MIB:.1f}", f"{r['saved_bytes'] / b['saved_bytes']:.2f}x",
-                f"{r['peak_extra_bytes'] / MIB:.1f}", f"{mem_ratio:.2f}x"]
-    table = markdown_table(["device", "G", "loss", "fwd+bwd ms", "time / ClipLoss", "saved for backward MiB",
-                            "saved / ClipLoss", "extra peak MiB", "peak / ClipLoss"], map(cells, rows))
+        return [
+            r["device"],
+            r["G"],
+            r["loss"],
+            f"{1000 * r['seconds']:.1f}",
+            f"{r['seconds'] / b['seconds']:.2f}x",
+            f"{r['saved_bytes'] / MIB:.1f}",
+            f"{r['saved_bytes'] / b['saved_bytes']:.2f}x",
+            f"{r['peak_extra_bytes'] / MIB:.1f}",
+            f"{mem_ratio:.2f}x",
+        ]
+
+    table = markdown_table(
+        [
+            "device",
+            "G",
+            "loss",
+            "fwd+bwd ms",
+            "time / ClipLoss",
+            "saved for backward MiB",
+            "saved / ClipLoss",
+            "extra peak MiB",
+            "peak / ClipLoss",
+        ],
+        map(cells, rows),
+    )
     print(table)
-    report = Report.at(report_path(args.output and Path(args.output).with_suffix(""),
-                                   Path(__file__).parent / "results" / "loss_speed", args.quick),
-                       command_line("loss_speed.py", sys.argv[1:] if argv is None else argv, python="python"))
-    md = report.write([
-        "# Loss forward+backward: time and peak memory against OpenCLIP's ClipLoss",
-        "",
-        *report.about(),
-        f"- embedding dim {DIM}, one process, float32 features, precision {PRECISION}"
-        + (" (every forward under bfloat16 autocast)" if PRECISION == "amp_bf16" else "")
-        + ("; TF32 matmuls allowed on CUDA, as OpenCLIP's training sets" if any(d.type == "cuda" for d in devices)
-           else "") + f"; devices: {', '.join(_device_name(d) for d in devices)}; medians over interleaved rounds;",
-        "- saved for backward: the distinct storages autograd keeps between forward and backward",
-        "  (exact; the G x G logits are 4 G^2 bytes: 64 MiB at G=4096);",
-        "- extra peak: over the inputs (CUDA allocator peak, or a child process's peak RSS on CPU, which",
-        "  is noisy at small G, where allocator and thread-pool start-up dominate);",
-        f"- raw numbers: `{report.stem}.json`.",
-        "",
-        table,
-    ], {"dim": DIM, "precision": PRECISION, "devices": [_device_name(d) for d in devices], "rows": rows})
+    report = Report.at(
+        report_path(
+            args.output and Path(args.output).with_suffix(""),
+            Path(__file__).parent / "results" / "loss_speed",
+            args.quick,
+        ),
+        command_line("loss_speed.py", sys.argv[1:] if argv is None else argv, python="python"),
+    )
+    md = report.write(
+        [
+            "# Loss forward+backward: time and peak memory against OpenCLIP's ClipLoss",
+            "",
+            *report.about(),
+            f"- embedding dim {DIM}, one process, float32 features, precision {PRECISION}"
+            + (" (every forward under bfloat16 autocast)" if PRECISION == "amp_bf16" else "")
+            + (
+                "; TF32 matmuls allowed on CUDA, as OpenCLIP's training sets"
+                if any(d.type == "cuda" for d in devices)
+                else ""
+            )
+            + f"; devices: {', '.join(_device_name(d) for d in devices)}; medians over interleaved rounds;",
+            "- saved for backward: the distinct storages autograd keeps between forward and backward",
+            "  (exact; the G x G logits are 4 G^2 bytes: 64 MiB at G=4096);",
+            "- extra peak: over the inputs (CUDA allocator peak, or a child process's peak RSS on CPU, which",
+            "  is noisy at small G, where allocator and thread-pool start-up dominate);",
+            f"- raw numbers: `{report.stem}.json`.",
+            "",
+            table,
+        ],
+        {"dim": DIM, "precision": PRECISION, "devices": [_device_name(d) for d in devices], "rows": rows},
+    )
     print(f"wrote {md}, {report.stem}.json")
     return 0
 

@@ -1,6 +1,7 @@
 """What the confirmatory-plan writers share (``confirmatory_plan.py``, ``fmnist_confirmatory_plan.py``): the
 screens' paired differences, the seed count each comparison needs for a stated power, the counts a plan can
 afford, and writing a plan once."""
+
 from __future__ import annotations
 
 import json
@@ -33,8 +34,12 @@ def seeds_for_power(row: dict, confidence: float, power: float) -> int:
     """Seeds for ``power`` at ``confidence`` (one look); ``beats``: a verdict in the direction of the expected
     difference; 1001 when more than 1000 are needed."""
     expected = abs(row["expected"]) if row["rule"] == "beats" else row["expected"]
-    return seeds_needed(row["rule"], row["paired_sd"], confidence, power, expected=expected,
-                        margin=row.get("margin"), cap=1000) or 1001
+    return (
+        seeds_needed(
+            row["rule"], row["paired_sd"], confidence, power, expected=expected, margin=row.get("margin"), cap=1000
+        )
+        or 1001
+    )
 
 
 def affordable_counts(need: List[int], floor: int, cap: int) -> List[int]:
@@ -51,29 +56,58 @@ def write_once(path: Path, text: str, dry_run: bool, echo: Callable[[str], None]
     if dry_run:
         return 0
     if path.exists():
-        print(f"{path} exists: a plan is written once (delete it only if it was never committed or run)",
-              file=sys.stderr)
+        print(
+            f"{path} exists: a plan is written once (delete it only if it was never committed or run)", file=sys.stderr
+        )
         return 1
     path.write_text(text)
     echo(f"wrote {path}")
     return 0
 
 
-def plan_body(*, title: str, recipe: str, seeds: List[int], metric: str, confidence: float, resolution: float,
-              power: float, data_command: List[str], epochs: int, arms: List[tuple], rows: List[dict],
-              counts: List[int]) -> List[str]:
+def plan_body(
+    *,
+    title: str,
+    recipe: str,
+    seeds: List[int],
+    metric: str,
+    confidence: float,
+    resolution: float,
+    power: float,
+    data_command: List[str],
+    epochs: int,
+    arms: List[tuple],
+    rows: List[dict],
+    counts: List[int],
+) -> List[str]:
     """The plan's TOML after its comments: the study's keys, [data], [train], one [[arms]] per ``(name, batch,
     flags)`` and one [[comparisons]] per row with its seed count (``expected`` by its size for ``beats``)."""
-    toml = [f'title = "{title}"', f'recipe = "{recipe}"', "exploratory = false", f"seeds = {json.dumps(seeds)}",
-            f'metric = "{metric}"', f"confidence = {confidence}", f"resolution = {resolution}", f"power = {power}",
-            "threads = 1", "", "[data]", "command = " + json.dumps(data_command), "", "[train]", f"epochs = {epochs}",
-            'device = "cpu"']
+    toml = [
+        f'title = "{title}"',
+        f'recipe = "{recipe}"',
+        "exploratory = false",
+        f"seeds = {json.dumps(seeds)}",
+        f'metric = "{metric}"',
+        f"confidence = {confidence}",
+        f"resolution = {resolution}",
+        f"power = {power}",
+        "threads = 1",
+        "",
+        "[data]",
+        "command = " + json.dumps(data_command),
+        "",
+        "[train]",
+        f"epochs = {epochs}",
+        'device = "cpu"',
+    ]
     for name, b, flags in arms:
         toml += ["", "[[arms]]", f'name = "{name}"', f"batch_size = {b}", f"flags = {json.dumps(list(flags))}"]
     for r, k in zip(rows, counts):
         toml += ["", "[[comparisons]]", f'a = "{r["a"]}"', f'b = "{r["b"]}"', f'rule = "{r["rule"]}"', f"seeds = {k}"]
         if "margin" in r:
             toml.append(f"margin = {round(r['margin'], 4)}")
-        toml += [f"expected = {round(abs(r['expected']) if r['rule'] == 'beats' else r['expected'], 4)}",
-                 f"paired_sd = {round(r['paired_sd'], 4)}"]
+        toml += [
+            f"expected = {round(abs(r['expected']) if r['rule'] == 'beats' else r['expected'], 4)}",
+            f"paired_sd = {round(r['paired_sd'], 4)}",
+        ]
     return toml

@@ -27,6 +27,7 @@ digests then say whether the run as a whole came out as if never interrupted.
 
 The script is also the ranks' entry point (``--as-rank``): the fault is handed to it in ``SOAK_FAULT``.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -121,8 +122,9 @@ class _Injector:
         with open(self.folder / "fired", "a") as f:
             f.write(json.dumps({"rank": self.rank, "where": where, "time": time.time()}) + "\n")
         targets = [c for pid in pids for c in _children(pid)] + pids  # the workers first, as a scheduler's
-        subprocess.run(["kill", f"-{self.fault.signal[3:]}", *map(str, targets)], check=False,
-                       stderr=subprocess.DEVNULL)
+        subprocess.run(
+            ["kill", f"-{self.fault.signal[3:]}", *map(str, targets)], check=False, stderr=subprocess.DEVNULL
+        )
         if self.fault.signal == "SIGKILL" and os.getpid() in pids:
             time.sleep(30)  # the kill is on its way
 
@@ -151,6 +153,7 @@ def _install(fault: Fault, folder: Path) -> None:
     injector = _Injector(fault, folder)
     steps = [0]
     if fault.kind == "mid-step":
+
         def pre(optimizer, args, kwargs):  # after the backward pass, before the update
             if steps[0] + 1 == fault.step:
                 injector.fire(f"mid-step {fault.step}")
@@ -215,12 +218,50 @@ def rank_main(argv: List[str]) -> int:
 
 # -- the soak's side --------------------------------------------------------------------------------------------
 def train_flags(data: Path, logs: Path, name: str, epochs: int) -> List[str]:
-    return ["--model", "clip-dcl-tiny", "--train-data", str(data / "train" / "{00000..00003}.tar"),
-            "--dataset-type", "webdataset", "--dataset-resampled", "--train-num-samples", "64", "--batch-size", "8",
-            "--workers", "1", "--epochs", str(epochs), "--precision", "fp32", "--device", "cpu", "--seed", "0",
-            "--lr", "1e-3", "--warmup", "2", "--report-to", "", "--logs", str(logs), "--name", name,
-            "--loss", "decl", "--decl-rate", "index", "--local-loss", "--gather-with-grad",
-            "--delete-previous-checkpoint", "--dist-timeout", "60", "--resume", "latest"]
+    return [
+        "--model",
+        "clip-dcl-tiny",
+        "--train-data",
+        str(data / "train" / "{00000..00003}.tar"),
+        "--dataset-type",
+        "webdataset",
+        "--dataset-resampled",
+        "--train-num-samples",
+        "64",
+        "--batch-size",
+        "8",
+        "--workers",
+        "1",
+        "--epochs",
+        str(epochs),
+        "--precision",
+        "fp32",
+        "--device",
+        "cpu",
+        "--seed",
+        "0",
+        "--lr",
+        "1e-3",
+        "--warmup",
+        "2",
+        "--report-to",
+        "",
+        "--logs",
+        str(logs),
+        "--name",
+        name,
+        "--loss",
+        "decl",
+        "--decl-rate",
+        "index",
+        "--local-loss",
+        "--gather-with-grad",
+        "--delete-previous-checkpoint",
+        "--dist-timeout",
+        "60",
+        "--resume",
+        "latest",
+    ]
 
 
 def _env(extra: Optional[dict] = None) -> dict:
@@ -231,11 +272,28 @@ def _env(extra: Optional[dict] = None) -> dict:
 
 def launch(flags: List[str], timeout: float, extra_env: Optional[dict] = None) -> dict:
     """One launch of the two ranks; ``{rc, seconds, hung, last_line, stderr}``."""
-    cmd = [sys.executable, "-m", "clip_dcl.train.torchrun", "--standalone", "--nproc_per_node", "2",
-           str(Path(__file__).resolve()), "--as-rank", "--", *flags]
+    cmd = [
+        sys.executable,
+        "-m",
+        "clip_dcl.train.torchrun",
+        "--standalone",
+        "--nproc_per_node",
+        "2",
+        str(Path(__file__).resolve()),
+        "--as-rank",
+        "--",
+        *flags,
+    ]
     start = time.monotonic()
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-                            env=_env(extra_env), start_new_session=True, cwd=ROOT)
+    proc = subprocess.Popen(
+        cmd,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=_env(extra_env),
+        start_new_session=True,
+        cwd=ROOT,
+    )
     hung = False
     try:
         _, err = proc.communicate(timeout=timeout)
@@ -244,8 +302,13 @@ def launch(flags: List[str], timeout: float, extra_env: Optional[dict] = None) -
         _kill_tree(proc.pid)
         _, err = proc.communicate()
     lines = [line for line in err.strip().splitlines() if line.strip()]
-    return {"rc": proc.returncode, "seconds": round(time.monotonic() - start, 1), "hung": hung,
-            "last_line": lines[-1] if lines else "", "stderr": err}
+    return {
+        "rc": proc.returncode,
+        "seconds": round(time.monotonic() - start, 1),
+        "hung": hung,
+        "last_line": lines[-1] if lines else "",
+        "stderr": err,
+    }
 
 
 def _kill_tree(pid: int) -> None:
@@ -281,8 +344,11 @@ def digests(checkpoint: Path) -> Dict[str, str]:
         for key, value in tensors:
             h.update(str(key).encode())
             if torch.is_tensor(value):
-                h.update(value.detach().contiguous().cpu().view(-1).view(torch.uint8).numpy().tobytes()
-                         if value.numel() else b"")
+                h.update(
+                    value.detach().contiguous().cpu().view(-1).view(torch.uint8).numpy().tobytes()
+                    if value.numel()
+                    else b""
+                )
             else:
                 h.update(repr(value).encode())
         return h.hexdigest()
@@ -318,16 +384,28 @@ def soak(n: int, seed: int, work: Path, data: Path, timeout: float, log=print) -
         resumable = bool(list((logs / "soak" / "checkpoints").glob("*.pt")))
         out = launch(flags, timeout, {"SOAK_FAULT": json.dumps(asdict(fault)), "SOAK_DIR": str(folder)})
         _reaped_orphans(folder)
-        fired = [json.loads(line) for line in (folder / "fired").read_text().splitlines()] \
-            if (folder / "fired").exists() else []
-        record = {**asdict(fault), "fired": bool(fired), "where": fired[0]["where"] if fired else None,
-                  "resumed_from_a_checkpoint": resumable, "rc": out["rc"], "seconds": out["seconds"],
-                  "hung": out["hung"], "last_line": out["last_line"],
-                  "printed_the_resume_command": "--resume latest" in out["stderr"]}
+        fired = (
+            [json.loads(line) for line in (folder / "fired").read_text().splitlines()]
+            if (folder / "fired").exists()
+            else []
+        )
+        record = {
+            **asdict(fault),
+            "fired": bool(fired),
+            "where": fired[0]["where"] if fired else None,
+            "resumed_from_a_checkpoint": resumable,
+            "rc": out["rc"],
+            "seconds": out["seconds"],
+            "hung": out["hung"],
+            "last_line": out["last_line"],
+            "printed_the_resume_command": "--resume latest" in out["stderr"],
+        }
         records.append(record)
         whom = "all" if fault.target == "all" else f"rank {fault.rank}"
-        log(f"[soak] fault {i + 1}/{n}: {fault.kind} {fault.signal} to {whom} -> fired {record['where']!r}, exit "
-            f"{out['rc']} in {out['seconds']} s")
+        log(
+            f"[soak] fault {i + 1}/{n}: {fault.kind} {fault.signal} to {whom} -> fired {record['where']!r}, exit "
+            f"{out['rc']} in {out['seconds']} s"
+        )
         if out["rc"] == 0:
             break  # the run finished (the fault fired where nothing was left to lose, or never)
     final_runs = []
@@ -338,40 +416,78 @@ def soak(n: int, seed: int, work: Path, data: Path, timeout: float, log=print) -
     # a fault survived: it fired, its launch ended in time, and the launch after it trained again
     for i, record in enumerate(records):
         nxt = records[i + 1] if i + 1 < len(records) else (final_runs[0] if final_runs else {"rc": 0})
-        record["survived"] = bool(record["fired"] and not record["hung"] and
-                                  (record["rc"] == 0 or nxt.get("rc") == 0 or nxt.get("fired")))
+        record["survived"] = bool(
+            record["fired"] and not record["hung"] and (record["rc"] == 0 or nxt.get("rc") == 0 or nxt.get("fired"))
+        )
     a, b = final_checkpoint(logs, "uninterrupted", epochs), final_checkpoint(logs, "soak", epochs)
     da, db = digests(a), (digests(b) if b.exists() else {})
-    return {"faults": records, "final_runs": final_runs, "epochs": epochs, "seed": seed,
-            "injected": sum(r["fired"] for r in records), "survived": sum(r.get("survived", False) for r in records),
-            "by_kind": dict(Counter(f"{r['kind']} / {r['signal']} / {r['target']}" for r in records if r["fired"])),
-            "kinds": sorted({r["kind"] for r in records if r["fired"]}),
-            "digests": {"uninterrupted": da, "soak": db}, "digests_equal": bool(db) and da == db,
-            "wall_seconds": round(time.monotonic() - started, 1)}
+    return {
+        "faults": records,
+        "final_runs": final_runs,
+        "epochs": epochs,
+        "seed": seed,
+        "injected": sum(r["fired"] for r in records),
+        "survived": sum(r.get("survived", False) for r in records),
+        "by_kind": dict(Counter(f"{r['kind']} / {r['signal']} / {r['target']}" for r in records if r["fired"])),
+        "kinds": sorted({r["kind"] for r in records if r["fired"]}),
+        "digests": {"uninterrupted": da, "soak": db},
+        "digests_equal": bool(db) and da == db,
+        "wall_seconds": round(time.monotonic() - started, 1),
+    }
 
 
 def markdown(result: dict, report) -> List[str]:
     from clip_dcl.experiment.reporting import markdown_table
 
     ok = result["digests_equal"] and result["survived"] == result["injected"] == len(result["faults"])
-    lines = ["# Preemption soak", "", *report.about("complete" if ok else "FAILED: see the table"), "",
-             f"A 2-rank gloo `decl` run of {result['epochs']} epochs ({STEPS_PER_EPOCH} steps each) on the synthetic "
-             f"quick data, interrupted {len(result['faults'])} times and resumed with `--resume latest` each time.", "",
-             f"- faults injected: {result['injected']} of {len(result['faults'])}, survived: {result['survived']}",
-             f"- kinds: {', '.join(result['kinds'])}",
-             f"- digests of the final checkpoint equal to the uninterrupted run's (model, optimizer, DeCL state): "
-             f"{'yes' if result['digests_equal'] else 'NO'}",
-             f"- wall time: {result['wall_seconds']} s", "", "## Faults by kind", "",
-             markdown_table(["kind / signal / target", "count"], sorted(result["by_kind"].items()), "lr"), "",
-             "## Each fault", "",
-             markdown_table(["#", "kind", "signal", "target", "fired at", "exit", "s", "survived"],
-                            [(i + 1, r["kind"], r["signal"], "all" if r["target"] == "all" else f"rank {r['rank']}",
-                              r["where"] or "-", r["rc"], r["seconds"], "yes" if r.get("survived") else "NO")
-                             for i, r in enumerate(result["faults"])], "rlllllrl"), "",
-             "## Digests", "",
-             markdown_table(["part", "uninterrupted", "soak"],
-                            [(k, v[:16], result["digests"]["soak"].get(k, "-")[:16])
-                             for k, v in result["digests"]["uninterrupted"].items()])]
+    lines = [
+        "# Preemption soak",
+        "",
+        *report.about("complete" if ok else "FAILED: see the table"),
+        "",
+        f"A 2-rank gloo `decl` run of {result['epochs']} epochs ({STEPS_PER_EPOCH} steps each) on the synthetic "
+        f"quick data, interrupted {len(result['faults'])} times and resumed with `--resume latest` each time.",
+        "",
+        f"- faults injected: {result['injected']} of {len(result['faults'])}, survived: {result['survived']}",
+        f"- kinds: {', '.join(result['kinds'])}",
+        f"- digests of the final checkpoint equal to the uninterrupted run's (model, optimizer, DeCL state): "
+        f"{'yes' if result['digests_equal'] else 'NO'}",
+        f"- wall time: {result['wall_seconds']} s",
+        "",
+        "## Faults by kind",
+        "",
+        markdown_table(["kind / signal / target", "count"], sorted(result["by_kind"].items()), "lr"),
+        "",
+        "## Each fault",
+        "",
+        markdown_table(
+            ["#", "kind", "signal", "target", "fired at", "exit", "s", "survived"],
+            [
+                (
+                    i + 1,
+                    r["kind"],
+                    r["signal"],
+                    "all" if r["target"] == "all" else f"rank {r['rank']}",
+                    r["where"] or "-",
+                    r["rc"],
+                    r["seconds"],
+                    "yes" if r.get("survived") else "NO",
+                )
+                for i, r in enumerate(result["faults"])
+            ],
+            "rlllllrl",
+        ),
+        "",
+        "## Digests",
+        "",
+        markdown_table(
+            ["part", "uninterrupted", "soak"],
+            [
+                (k, v[:16], result["digests"]["soak"].get(k, "-")[:16])
+                for k, v in result["digests"]["uninterrupted"].items()
+            ],
+        ),
+    ]
     return lines
 
 
@@ -387,8 +503,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], allow_abbrev=False)
     parser.add_argument("--faults", type=int, default=20, help="faults to inject (default 20)")
     parser.add_argument("--seed", type=int, default=0, help="draws the faults (default 0)")
-    parser.add_argument("--data", type=Path, default=None,
-                        help="the synthetic quick data (default: written into the work folder)")
+    parser.add_argument(
+        "--data", type=Path, default=None, help="the synthetic quick data (default: written into the work folder)"
+    )
     parser.add_argument("--work", type=Path, default=None, help="where the runs go (default: a temporary folder)")
     parser.add_argument("--launch-timeout", type=float, default=300, help="seconds a launch may take (default 300)")
     add_report_arguments(parser, "preempt_soak", "writes the report into a temporary folder")
@@ -399,15 +516,29 @@ def main(argv: Optional[List[str]] = None) -> int:
     data = args.data
     if data is None:
         data = work / "data"
-        subprocess.run([sys.executable, "-m", "clip_dcl.cli", "data", "synth", "--quick", str(data)], check=True,
-                       env=_env(), stdout=subprocess.DEVNULL)
-    result = soak(args.faults, args.seed, work, data, args.launch_timeout,
-                  log=lambda line: print(line, file=sys.stderr, flush=True))
-    report = Report.at(report_path(args.out, HERE / "results" / "preempt_soak", args.quick),
-                       command_line("preempt_soak.py", argv))
+        subprocess.run(
+            [sys.executable, "-m", "clip_dcl.cli", "data", "synth", "--quick", str(data)],
+            check=True,
+            env=_env(),
+            stdout=subprocess.DEVNULL,
+        )
+    result = soak(
+        args.faults,
+        args.seed,
+        work,
+        data,
+        args.launch_timeout,
+        log=lambda line: print(line, file=sys.stderr, flush=True),
+    )
+    report = Report.at(
+        report_path(args.out, HERE / "results" / "preempt_soak", args.quick), command_line("preempt_soak.py", argv)
+    )
     md = report.write(markdown(result, report), result)
-    print(f"[soak] {result['survived']}/{len(result['faults'])} faults survived, digests "
-          f"{'equal' if result['digests_equal'] else 'DIFFER'}; wrote {md}", file=sys.stderr)
+    print(
+        f"[soak] {result['survived']}/{len(result['faults'])} faults survived, digests "
+        f"{'equal' if result['digests_equal'] else 'DIFFER'}; wrote {md}",
+        file=sys.stderr,
+    )
     return 0 if result["digests_equal"] and result["survived"] == len(result["faults"]) else 1
 
 

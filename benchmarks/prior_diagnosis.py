@@ -21,6 +21,7 @@ Run ``.venv/bin/python benchmarks/prior_diagnosis.py --work DIR`` after ``sampli
 A minute or two on 2 CPU cores. ``--quick`` reads the runs of ``sampling_bias.py --quick --work DIR``
 (``clip`` and ``dcl tau+=0.25``) and writes its report under ``DIR``.
 """
+
 from __future__ import annotations
 
 import json
@@ -46,8 +47,12 @@ def relation_masks(shapes: Sequence[str], colours: Sequence[str]) -> Dict[str, t
     colour = [[a == b for b in colours] for a in colours]
     s, c = torch.tensor(shape), torch.tensor(colour)
     off = ~torch.eye(len(shapes), dtype=torch.bool)
-    return {"same class": s & c & off, "same colour only": c & ~s & off, "same shape only": s & ~c & off,
-            "neither": ~s & ~c & off}
+    return {
+        "same class": s & c & off,
+        "same colour only": c & ~s & off,
+        "same shape only": s & ~c & off,
+        "neither": ~s & ~c & off,
+    }
 
 
 def read_pairs(shard: Path, samples: int):
@@ -78,8 +83,10 @@ def diagnose(checkpoint: Path, pairs) -> dict:
         logits = scale * f @ g.T
     masks = relation_masks([p[2] for p in pairs], [p[3] for p in pairs])
     off = ~torch.eye(len(pairs), dtype=torch.bool)
-    out = {"logit_scale": float(scale), "positive": {"mean": float(logits.diagonal().mean()),
-                                                     "sd": float(logits.diagonal().std())}}
+    out = {
+        "logit_scale": float(scale),
+        "positive": {"mean": float(logits.diagonal().mean()), "sd": float(logits.diagonal().std())},
+    }
     for name, mask in masks.items():
         x = logits[mask]
         out[name] = {"share": float(mask.sum() / off.sum()), "mean": float(x.mean()), "sd": float(x.std())}
@@ -126,6 +133,7 @@ def name_of(flags: Sequence[str]) -> str:
 
 def table(results: Dict[str, List[dict]], truth: float) -> str:
     """Markdown: per run, means over seeds of the estimate and of each relation's logits."""
+
     def avg(rows, *path):
         vals = []
         for r in rows:
@@ -135,33 +143,54 @@ def table(results: Dict[str, List[dict]], truth: float) -> str:
             vals.append(v)
         return sum(vals) / len(vals)
 
-    head = ["run", "seeds", f"estimate (all negatives; truth {truth:.3f})", "scikit-learn fit, k-means start",
-            "positive logit"]
+    head = [
+        "run",
+        "seeds",
+        f"estimate (all negatives; truth {truth:.3f})",
+        "scikit-learn fit, k-means start",
+        "positive logit",
+    ]
     head += [f"{r} logit (share)" for r in RELATIONS] + ["estimate (same class + neither only)", "its truth"]
     rows = []
     for run, per_seed in results.items():
         if not per_seed:
             continue
-        cells = [run, str(len(per_seed)), f"{avg(per_seed, 'estimate'):.3f}", f"{avg(per_seed, 'sklearn_estimate'):.3f}",
-                 f"{avg(per_seed, 'positive', 'mean'):.2f}"]
+        cells = [
+            run,
+            str(len(per_seed)),
+            f"{avg(per_seed, 'estimate'):.3f}",
+            f"{avg(per_seed, 'sklearn_estimate'):.3f}",
+            f"{avg(per_seed, 'positive', 'mean'):.2f}",
+        ]
         for rel in RELATIONS:
-            cells.append(f"{avg(per_seed, rel, 'mean'):.2f} ± {avg(per_seed, rel, 'sd'):.2f} "
-                         f"({avg(per_seed, rel, 'share'):.2f})")
+            cells.append(
+                f"{avg(per_seed, rel, 'mean'):.2f} ± {avg(per_seed, rel, 'sd'):.2f} ({avg(per_seed, rel, 'share'):.2f})"
+            )
         rows.append(cells + [f"{avg(per_seed, 'clean_estimate'):.3f}", f"{avg(per_seed, 'clean_truth'):.3f}"])
     return markdown_table(head, rows)
 
 
 def main(argv: Optional[List[str]] = None) -> int:
     p = arguments.benchmark_parser("prior_diagnosis.py", __doc__)
-    p.add_argument("--work", default="/tmp/clip_dcl_sampling_bias",
-                   help="the --work folder of a finished sampling_bias.py --extra run")
+    p.add_argument(
+        "--work",
+        default="/tmp/clip_dcl_sampling_bias",
+        help="the --work folder of a finished sampling_bias.py --extra run",
+    )
     p.add_argument("--runs", nargs="+", default=list(RUNS), help="run names to diagnose")
-    p.add_argument("--samples", type=int, default=None, help="training pairs encoded per checkpoint (default 512; "
-                                                                  "quick 64)")
-    p.add_argument("--results", default=None,
-                   help=f"folder of the report (default {HERE / 'results'}; with --quick WORK/quick/report)")
-    p.add_argument("--quick", action="store_true",
-                   help="smoke run on the checkpoints of sampling_bias.py --quick --work WORK; report under --work")
+    p.add_argument(
+        "--samples", type=int, default=None, help="training pairs encoded per checkpoint (default 512; quick 64)"
+    )
+    p.add_argument(
+        "--results",
+        default=None,
+        help=f"folder of the report (default {HERE / 'results'}; with --quick WORK/quick/report)",
+    )
+    p.add_argument(
+        "--quick",
+        action="store_true",
+        help="smoke run on the checkpoints of sampling_bias.py --quick --work WORK; report under --work",
+    )
     args, argv = arguments.parse(p, argv)
     args.samples = args.samples or (64 if args.quick else 512)
     if args.samples < 8:
@@ -169,8 +198,10 @@ def main(argv: Optional[List[str]] = None) -> int:
     work, results_dir = arguments.work_and_results(args, HERE / "results")
     summary = work / "data" / "summary.json"
     if not summary.is_file():
-        raise SystemExit(f"no synthetic data under {work / 'data'}: run benchmarks/sampling_bias.py "
-                         f"{'--quick' if args.quick else '--extra'} --work {args.work} first")
+        raise SystemExit(
+            f"no synthetic data under {work / 'data'}: run benchmarks/sampling_bias.py "
+            f"{'--quick' if args.quick else '--extra'} --work {args.work} first"
+        )
     truth = float(json.loads(summary.read_text())["tau_plus"])
     found = checkpoints(work, args.runs)
     if not any(found.values()):
@@ -185,24 +216,30 @@ def main(argv: Optional[List[str]] = None) -> int:
             results[run].append({"seed": seed, **diagnose(ckpt, pairs)})
             print(f"[prior_diagnosis]     estimate {results[run][-1]['estimate']:.3f} (truth {truth:.3f})", flush=True)
     report = Report(results_dir, STEM, ex.command_line("prior_diagnosis.py", argv), date=started)
-    md = "\n".join([
-        "# What `--tau-plus auto` estimates: the negatives' logits by latent relation",
-        "",
-        *report.about(date=f"{started}; {time.perf_counter() - t0:.0f} s"),
-        f"- Data: the first {args.samples} training pairs of the sampling-bias benchmark's synthetic shards "
-        f"(image and its first caption); classes are shape x colour, true tau_plus {truth:.3f}. "
-        "Checkpoints: the final ones of `sampling_bias.py --extra` (one per training seed).",
-        "- Columns: the estimator of `clip_dcl/losses/prior.py` on all image-to-caption negatives, and scikit-learn's "
-        "`GaussianMixture` (k-means start, 3 restarts) on the same scores; the positive "
-        "pairs' mean logit; per relation, the mean ± sd of the negatives' logits and their share; the estimator "
-        "on the same-class and neither negatives alone (a clean two-class mixture) and that mixture's true weight.",
-        "",
-        table(results, truth),
-        "",
-        "Per seed (estimate / scikit-learn fit): " + "; ".join(
-            f"{run} " + ", ".join(f"{r['estimate']:.2f} / {r['sklearn_estimate']:.2f}" for r in rows)
-            for run, rows in results.items() if rows),
-    ])
+    md = "\n".join(
+        [
+            "# What `--tau-plus auto` estimates: the negatives' logits by latent relation",
+            "",
+            *report.about(date=f"{started}; {time.perf_counter() - t0:.0f} s"),
+            f"- Data: the first {args.samples} training pairs of the sampling-bias benchmark's synthetic shards "
+            f"(image and its first caption); classes are shape x colour, true tau_plus {truth:.3f}. "
+            "Checkpoints: the final ones of `sampling_bias.py --extra` (one per training seed).",
+            "- Columns: the estimator of `clip_dcl/losses/prior.py` on all image-to-caption negatives, and "
+            "scikit-learn's "
+            "`GaussianMixture` (k-means start, 3 restarts) on the same scores; the positive "
+            "pairs' mean logit; per relation, the mean ± sd of the negatives' logits and their share; the estimator "
+            "on the same-class and neither negatives alone (a clean two-class mixture) and that mixture's true weight.",
+            "",
+            table(results, truth),
+            "",
+            "Per seed (estimate / scikit-learn fit): "
+            + "; ".join(
+                f"{run} " + ", ".join(f"{r['estimate']:.2f} / {r['sklearn_estimate']:.2f}" for r in rows)
+                for run, rows in results.items()
+                if rows
+            ),
+        ]
+    )
     report.write(md, {"samples": args.samples, "true_tau_plus": truth, "results": results})
     print(md)
     return 0
@@ -221,11 +258,14 @@ def readme_block(doc: dict, run: str = "dcl tau+=0.25") -> str:
     def span(key):
         vals = [r[key] for r in rows]
         return f"{min(vals):.2f}-{max(vals):.2f}"
-    return (f"On {doc['samples']} pairs, for `{run}` ({len(rows)} checkpoints; true prior "
-            f"{doc['true_tau_plus']:g}): mean logit of same-class negatives {mean('same class'):.1f}, same colour only "
-            f"{mean('same colour only'):.1f}, same shape only {mean('same shape only'):.1f}, neither "
-            f"{mean('neither'):.1f}. The EM estimate of the prior: {span('estimate')}; scikit-learn's "
-            f"`GaussianMixture` from a k-means start: {span('sklearn_estimate')}.")
+
+    return (
+        f"On {doc['samples']} pairs, for `{run}` ({len(rows)} checkpoints; true prior "
+        f"{doc['true_tau_plus']:g}): mean logit of same-class negatives {mean('same class'):.1f}, same colour only "
+        f"{mean('same colour only'):.1f}, same shape only {mean('same shape only'):.1f}, neither "
+        f"{mean('neither'):.1f}. The EM estimate of the prior: {span('estimate')}; scikit-learn's "
+        f"`GaussianMixture` from a k-means start: {span('sklearn_estimate')}."
+    )
 
 
 if __name__ == "__main__":

@@ -27,6 +27,7 @@ reused on a re-run with the same settings (kept under ``--work``), so an interru
 Run ``.venv/bin/python benchmarks/quality.py`` (``--quick``: a smoke run of a minute or two on tiny
 data that writes its report under ``--work``, not into ``benchmarks/results``).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -96,10 +97,10 @@ def ablation_runs(names: Sequence[str], decl: ex.Run) -> List[ex.Run]:
     return runs
 
 
-def paired_table(paired: Dict[str, Dict[str, dict]], reference: str,
-                 headline: Sequence[tuple] = HEADLINE) -> str:
+def paired_table(paired: Dict[str, Dict[str, dict]], reference: str, headline: Sequence[tuple] = HEADLINE) -> str:
     """Markdown: one row per run; per headline score the per-seed differences (percentage points),
     their mean and the seeds won against ``reference``."""
+
     def cells(per_key):
         for key, _ in headline:
             d = per_key.get(key)
@@ -108,8 +109,11 @@ def paired_table(paired: Dict[str, Dict[str, dict]], reference: str,
                 continue
             seeds = ", ".join(f"s{s} {100 * v:+.1f}" for s, v in zip(d["seeds"], d["diffs"]))
             yield f"{seeds} / **{100 * d['mean']:+.1f}** / {d['wins']} of {d['n']}"
-    return ex.markdown_table([f"objective - {reference}", *(f"{label}: per seed / mean / wins" for _, label in headline)],
-                             ([name, *cells(per_key)] for name, per_key in paired.items()))
+
+    return ex.markdown_table(
+        [f"objective - {reference}", *(f"{label}: per seed / mean / wins" for _, label in headline)],
+        ([name, *cells(per_key)] for name, per_key in paired.items()),
+    )
 
 
 def full_loss_flags(flags: Sequence[str]) -> List[str]:
@@ -124,8 +128,9 @@ def full_loss_flags(flags: Sequence[str]) -> List[str]:
     given = vars(build_parser().parse_known_args(list(flags))[0])
     name = given.get("loss") or "clip"
     own = {f.kwarg for f in LOSSES[name].flags}
-    settings = {LOSS_FLAGS[d][1]: v for d, v in given.items()
-                if d in LOSS_FLAGS and v is not None and LOSS_FLAGS[d][1] in own}
+    settings = {
+        LOSS_FLAGS[d][1]: v for d, v in given.items() if d in LOSS_FLAGS and v is not None and LOSS_FLAGS[d][1] in own
+    }
     return list(ex.loss_flags(name, **settings))
 
 
@@ -145,32 +150,75 @@ def time_fewshot(checkpoint: Path, data: dict, fewshot_seeds: Sequence[int]) -> 
 
     model, preprocess, tokenizer = load_checkpoint(checkpoint)
     t0 = time.perf_counter()
-    evaluate_fewshot(model, preprocess, tokenizer, Path(data["out_dir"]) / data["fewshot"]["dir"], shots=5,
-                     seeds=tuple(fewshot_seeds), grid="reduced", batch_size=256, progress=False)
+    evaluate_fewshot(
+        model,
+        preprocess,
+        tokenizer,
+        Path(data["out_dir"]) / data["fewshot"]["dir"],
+        shots=5,
+        seeds=tuple(fewshot_seeds),
+        grid="reduced",
+        batch_size=256,
+        progress=False,
+    )
     return time.perf_counter() - t0
 
 
 def build_parser() -> argparse.ArgumentParser:
     p = arguments.benchmark_parser("quality.py", __doc__)
     arguments.add_comparison_arguments(
-        p, quick="tiny data, 1 short epoch, seeds 0 1, one ablation", work="/tmp/clip_dcl_quality",
-        results=str(HERE / "results"), quick_report="WORK/quick/report", num_classes=DEMO_CLASSES,
-        train_samples=None, train_samples_help="training pairs (default: the demo's data set)",
+        p,
+        quick="tiny data, 1 short epoch, seeds 0 1, one ablation",
+        work="/tmp/clip_dcl_quality",
+        results=str(HERE / "results"),
+        quick_report="WORK/quick/report",
+        num_classes=DEMO_CLASSES,
+        train_samples=None,
+        train_samples_help="training pairs (default: the demo's data set)",
         epochs_help=f"training epochs (default the demo's {DEMO_BUDGET.epochs}; quick {QUICK_BUDGET.epochs})",
-        seeds_help="training seeds (default 0 1 2; quick 0 1)")
-    p.add_argument("--ablations", nargs="*", default=None, choices=list(ABLATIONS),
-                   help=f"DeCL variants (default {' '.join(DEFAULT_ABLATIONS)}; quick: rate=batch)")
-    p.add_argument("--ablation-seeds", type=int, nargs="+", default=None,
-                   help="training seeds of the ablation, among --seeds (default 0)")
-    p.add_argument("--ablation-epochs", type=int, default=None,
-                   help="training epochs of the ablation (default: the main comparison's); when they differ, the "
-                        "default decl is trained again at that budget as the ablation's reference")
-    p.add_argument("--fewshot-seeds", type=int, nargs="+", default=None,
-                   help="k-shot draws of the 5-shot probe (default 0 1 2; quick 0)")
-    p.add_argument("--objectives", nargs="+", default=None, choices=("clip", "dcl", "decl"),
-                   help="objectives of the main comparison (default: all three; clip is the paired reference)")
-    p.add_argument("--eval-threads", type=int, default=1,
-                   help="torch threads of the evaluations, which run beside other trainings on a shared machine")
+        seeds_help="training seeds (default 0 1 2; quick 0 1)",
+    )
+    p.add_argument(
+        "--ablations",
+        nargs="*",
+        default=None,
+        choices=list(ABLATIONS),
+        help=f"DeCL variants (default {' '.join(DEFAULT_ABLATIONS)}; quick: rate=batch)",
+    )
+    p.add_argument(
+        "--ablation-seeds",
+        type=int,
+        nargs="+",
+        default=None,
+        help="training seeds of the ablation, among --seeds (default 0)",
+    )
+    p.add_argument(
+        "--ablation-epochs",
+        type=int,
+        default=None,
+        help="training epochs of the ablation (default: the main comparison's); when they differ, the "
+        "default decl is trained again at that budget as the ablation's reference",
+    )
+    p.add_argument(
+        "--fewshot-seeds",
+        type=int,
+        nargs="+",
+        default=None,
+        help="k-shot draws of the 5-shot probe (default 0 1 2; quick 0)",
+    )
+    p.add_argument(
+        "--objectives",
+        nargs="+",
+        default=None,
+        choices=("clip", "dcl", "decl"),
+        help="objectives of the main comparison (default: all three; clip is the paired reference)",
+    )
+    p.add_argument(
+        "--eval-threads",
+        type=int,
+        default=1,
+        help="torch threads of the evaluations, which run beside other trainings on a shared machine",
+    )
     return p
 
 
@@ -183,8 +231,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     arguments.check_at_least(1, ablation_epochs=args.ablation_epochs)
     ablation_seeds = args.ablation_seeds if args.ablation_seeds is not None else [0]
     arguments.check_seeds(ablation_seeds, "ablation_seeds")
-    names = args.ablations if args.ablations is not None else (
-        ["rate=batch"] if args.quick else list(DEFAULT_ABLATIONS))
+    names = (
+        args.ablations if args.ablations is not None else (["rate=batch"] if args.quick else list(DEFAULT_ABLATIONS))
+    )
     fewshot_seeds = args.fewshot_seeds or ([0] if args.quick else [0, 1, 2])
     import torch
 
@@ -195,8 +244,10 @@ def main(argv: Optional[List[str]] = None) -> int:
     budget = dataclasses.replace(base, epochs=args.epochs or base.epochs)
     abl_budget = dataclasses.replace(budget, epochs=args.ablation_epochs or budget.epochs)
     if abl_budget == budget and not set(ablation_seeds) <= set(seeds):
-        raise SystemExit(f"--ablation-seeds must be among --seeds {seeds} (at the main budget the ablation's "
-                         f"reference is the main comparison's decl run of the same seed), got {ablation_seeds}")
+        raise SystemExit(
+            f"--ablation-seeds must be among --seeds {seeds} (at the main budget the ablation's "
+            f"reference is the main comparison's decl run of the same seed), got {ablation_seeds}"
+        )
     work, results_dir = arguments.work_and_results(args, HERE / "results")
     command = ex.command_line("quality.py", argv)
     started = datetime.now(timezone.utc)
@@ -227,7 +278,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     # Every main objective of a seed before the next seed (a partial report compares like with
     # like), then the ablation variants.
     jobs = [(run, seed, budget) for seed in seeds for run in main_runs] + [
-        (run, seed, abl_budget) for seed in ablation_seeds for run in abl_list]
+        (run, seed, abl_budget) for seed in ablation_seeds for run in abl_list
+    ]
     every = main_runs + abl_list
     results: Dict[str, List[ex.TrainResult]] = {r.name: [] for r in every}
     scores: Dict[str, List[Dict[str, float]]] = {r.name: [] for r in every}
@@ -240,35 +292,87 @@ def main(argv: Optional[List[str]] = None) -> int:
         timing = timing if timing.get("settings") == settings else {}
     for done, (run, seed, job_budget) in enumerate(jobs, 1):
         cache = work / "scores" / f"{run.slug}-seed{seed}.json"
-        print(f"[quality] {done}/{len(jobs)} {run.name} ({' '.join(run.flags)}), seed {seed}, "
-              f"{job_budget.epochs} epoch(s) of {data['train']['num_samples']} pairs", flush=True)
-        out = ex.train_and_evaluate(run, data, work / "runs" / f"seed{seed}", dataclasses.replace(job_budget, seed=seed),
-                                    cache, fewshot_seeds=fewshot_seeds)
+        print(
+            f"[quality] {done}/{len(jobs)} {run.name} ({' '.join(run.flags)}), seed {seed}, "
+            f"{job_budget.epochs} epoch(s) of {data['train']['num_samples']} pairs",
+            flush=True,
+        )
+        out = ex.train_and_evaluate(
+            run,
+            data,
+            work / "runs" / f"seed{seed}",
+            dataclasses.replace(job_budget, seed=seed),
+            cache,
+            fewshot_seeds=fewshot_seeds,
+        )
         res, metrics, secs, finished = out.result, out.metrics, out.eval_seconds, out.finished
         if out.source != "reused":
             if not timing:
                 # The few-shot probe's share of an evaluation, measured once on this checkpoint.
-                timing = {"checkpoint": str(res.checkpoint), "evaluate_seconds": secs,
-                          "fewshot_seconds": time_fewshot(res.checkpoint, data, fewshot_seeds),
-                          "fewshot_seeds": fewshot_seeds, "torch_threads": args.eval_threads, "settings": settings}
+                timing = {
+                    "checkpoint": str(res.checkpoint),
+                    "evaluate_seconds": secs,
+                    "fewshot_seconds": time_fewshot(res.checkpoint, data, fewshot_seeds),
+                    "fewshot_seeds": fewshot_seeds,
+                    "torch_threads": args.eval_threads,
+                    "settings": settings,
+                }
                 timing_file.write_text(json.dumps(timing) + "\n")
             shown = with_mean_r1(metrics)
-            print(f"[quality]     trained {res.seconds:.0f} s, evaluated {secs:.0f} s: " + ", ".join(
-                f"{label} {100 * shown[key]:.1f}" for key, label in HEADLINE), flush=True)
+            print(
+                f"[quality]     trained {res.seconds:.0f} s, evaluated {secs:.0f} s: "
+                + ", ".join(f"{label} {100 * shown[key]:.1f}" for key, label in HEADLINE),
+                flush=True,
+            )
         results[run.name].append(res)
         scores[run.name].append({**with_mean_r1(metrics), "seed": seed})
         eval_seconds[run.name].append(secs)
         finish_times.append(finished)
-        write(results_dir, main_runs, abl_list, results, scores, eval_seconds, timing, data, budget, abl_budget,
-              seeds, ablation_seeds, fewshot_seeds, command, started, time.perf_counter() - t_start, finish_times,
-              complete=(done == len(jobs)))
+        write(
+            results_dir,
+            main_runs,
+            abl_list,
+            results,
+            scores,
+            eval_seconds,
+            timing,
+            data,
+            budget,
+            abl_budget,
+            seeds,
+            ablation_seeds,
+            fewshot_seeds,
+            command,
+            started,
+            time.perf_counter() - t_start,
+            finish_times,
+            complete=(done == len(jobs)),
+        )
     print(f"[quality] wrote {results_dir / (STEM + '.md')}, .json, .png", flush=True)
     print((results_dir / f"{STEM}.md").read_text().split("![")[0])
     return 0
 
 
-def write(out: Path, main_runs, abl_runs, results, scores, eval_seconds, timing, data, budget, abl_budget, seeds,
-          ablation_seeds, fewshot_seeds, command, started, seconds, finish_times, complete: bool) -> None:
+def write(
+    out: Path,
+    main_runs,
+    abl_runs,
+    results,
+    scores,
+    eval_seconds,
+    timing,
+    data,
+    budget,
+    abl_budget,
+    seeds,
+    ablation_seeds,
+    fewshot_seeds,
+    command,
+    started,
+    seconds,
+    finish_times,
+    complete: bool,
+) -> None:
     """(Re)write the report from the runs finished so far."""
     have = {n: v for n, v in scores.items() if v}
     rows = table_rows(data)
@@ -289,62 +393,87 @@ def write(out: Path, main_runs, abl_runs, results, scores, eval_seconds, timing,
     n_train = data["train"]["num_samples"]
     tau = float(data["tau_plus"])
     if timing:
-        fs = (f"the 5-shot probe over {len(timing['fewshot_seeds'])} k-shot draw(s) alone took "
-              f"{timing['fewshot_seconds']:.1f} s of a {timing['evaluate_seconds']:.1f} s evaluation "
-              f"({100 * timing['fewshot_seconds'] / timing['evaluate_seconds']:.0f} %; measured once, "
-              f"{timing['torch_threads']} torch thread(s))")
+        fs = (
+            f"the 5-shot probe over {len(timing['fewshot_seeds'])} k-shot draw(s) alone took "
+            f"{timing['fewshot_seconds']:.1f} s of a {timing['evaluate_seconds']:.1f} s evaluation "
+            f"({100 * timing['fewshot_seconds'] / timing['evaluate_seconds']:.0f} %; measured once, "
+            f"{timing['torch_threads']} torch thread(s))"
+        )
     else:
         fs = "few-shot share not measured (all runs reused)"
     title = f"Quality: clip vs dcl vs decl over {len(seeds)} training seeds, and a DeCL ablation"
     span = f"runs finished {min(finish_times)} to {max(finish_times)}" if finish_times else "no run finished yet"
-    header = "\n".join([
-        title,
-        "",
-        *ex.about_lines(
-            status=status, command=command,
-            date=f"{span} (report written by a call started {started:%Y-%m-%d %H:%M}, {seconds / 60:.1f} min "
-            f"wall; runs finished by an earlier call with the same settings are reused). Time over all runs: "
-            f"training {train_s / 60:.1f} min, evaluation {eval_s / 60:.1f} min; {fs}. The CPU was shared with "
-            "other jobs (trainings take turns through clip_dcl.experiment's machine lock), so times are not speed "
-            "measurements."),
-        f"- Data: clip-dcl synthetic shards (the demo's), {data['config']['num_classes']} balanced latent classes, "
-        f"measured class prior tau_plus = {tau:.4f}; {n_train} training pairs, {data['val']['num_samples']} "
-        f"held-out retrieval images ({data['config']['val_captions_per_image']} captions each), zero-shot over "
-        f"the {data['zeroshot']['num_classes']} classes ({data['zeroshot']['num_images']} images), few-shot "
-        f"suite {', '.join(data['fewshot']['datasets'])}.",
-        f"- Training ({'the demo budget' if budget == DEMO_BUDGET else 'not the demo budget'}): tiny model "
-        f"`{budget.model}`, {budget.epochs} epochs, batch "
-        f"{budget.batch_size}, lr {budget.lr}, wd {budget.wd}, warmup {budget.warmup}, fp32 CPU, through "
-        f"`python -m clip_dcl.train`; training seeds {seeds} on the same data. Evaluation: "
-        f"`clip_dcl.experiment.evaluate` (5-shot probe: reduced grid, k-shot draws {fewshot_seeds}).",
-        f"- Objectives: `clip` = OpenCLIP's InfoNCE; `dcl` = debiased contrastive loss with tau_plus = {tau:.4g} "
-        "(the data's prior); `decl` = DeCL with the package defaults (every loss's full flags, the estimate among "
-        "them, are the JSON's `loss_flags`). "
-        f"Ablation: one decl setting changed at a time, training seeds {ablation_seeds}, "
-        + ("against the main comparison's decl run of the same seed (the same training). " if abl_budget == budget
-           else f"{abl_budget.epochs} epochs (the main comparison's other settings), against the default decl "
-                "trained again at that budget and seed. ")
-        + "With the default lambda 1, "
-        "`schedule=harmonic` is lambda_t = 1/t: DeCL's decomposed loss at the first steps, then almost pure "
-        "InfoNCE.",
-        "- Sizing: the main comparison runs at the demo's own budget, not a larger one: at about 200 s a "
-        "training alone on this 2-core CPU, nine trainings already take half an hour; the ablation is sized "
-        "down to one seed (and, with --ablation-epochs, fewer epochs) to fit. Read one-seed ablation "
-        "differences against the decl seed spread given with its table.",
-        f"- Raw numbers per seed, commands, curves: `{STEM}.json`; figure: `{STEM}.png`.",
-    ])
+    header = "\n".join(
+        [
+            title,
+            "",
+            *ex.about_lines(
+                status=status,
+                command=command,
+                date=f"{span} (report written by a call started {started:%Y-%m-%d %H:%M}, {seconds / 60:.1f} min "
+                f"wall; runs finished by an earlier call with the same settings are reused). Time over all runs: "
+                f"training {train_s / 60:.1f} min, evaluation {eval_s / 60:.1f} min; {fs}. The CPU was shared with "
+                "other jobs (trainings take turns through clip_dcl.experiment's machine lock), so times are not speed "
+                "measurements.",
+            ),
+            f"- Data: clip-dcl synthetic shards (the demo's), {data['config']['num_classes']} balanced latent classes, "
+            f"measured class prior tau_plus = {tau:.4f}; {n_train} training pairs, {data['val']['num_samples']} "
+            f"held-out retrieval images ({data['config']['val_captions_per_image']} captions each), zero-shot over "
+            f"the {data['zeroshot']['num_classes']} classes ({data['zeroshot']['num_images']} images), few-shot "
+            f"suite {', '.join(data['fewshot']['datasets'])}.",
+            f"- Training ({'the demo budget' if budget == DEMO_BUDGET else 'not the demo budget'}): tiny model "
+            f"`{budget.model}`, {budget.epochs} epochs, batch "
+            f"{budget.batch_size}, lr {budget.lr}, wd {budget.wd}, warmup {budget.warmup}, fp32 CPU, through "
+            f"`python -m clip_dcl.train`; training seeds {seeds} on the same data. Evaluation: "
+            f"`clip_dcl.experiment.evaluate` (5-shot probe: reduced grid, k-shot draws {fewshot_seeds}).",
+            f"- Objectives: `clip` = OpenCLIP's InfoNCE; `dcl` = debiased contrastive loss with tau_plus = {tau:.4g} "
+            "(the data's prior); `decl` = DeCL with the package defaults (every loss's full flags, the estimate among "
+            "them, are the JSON's `loss_flags`). "
+            f"Ablation: one decl setting changed at a time, training seeds {ablation_seeds}, "
+            + (
+                "against the main comparison's decl run of the same seed (the same training). "
+                if abl_budget == budget
+                else f"{abl_budget.epochs} epochs (the main comparison's other settings), against the default decl "
+                "trained again at that budget and seed. "
+            )
+            + "With the default lambda 1, "
+            "`schedule=harmonic` is lambda_t = 1/t: DeCL's decomposed loss at the first steps, then almost pure "
+            "InfoNCE.",
+            "- Sizing: the main comparison runs at the demo's own budget, not a larger one: at about 200 s a "
+            "training alone on this 2-core CPU, nine trainings already take half an hour; the ablation is sized "
+            "down to one seed (and, with --ablation-epochs, fewer epochs) to fit. Read one-seed ablation "
+            "differences against the decl seed spread given with its table.",
+            f"- Raw numbers per seed, commands, curves: `{STEM}.json`; figure: `{STEM}.png`.",
+        ]
+    )
     out.mkdir(parents=True, exist_ok=True)
     res = {n: results[n] for n in have}
-    ex.write_report(out, STEM, data=data, budget=budget, results=res, scores=have, header=header,
-                    extra={"seeds": seeds, "ablation_seeds": ablation_seeds,
-                           "ablation_budget": dataclasses.asdict(abl_budget), "fewshot_seeds": fewshot_seeds,
-                           "complete": complete, "wall_minutes_of_this_call": seconds / 60,
-                           "train_minutes": train_s / 60, "eval_minutes": eval_s / 60, "finished": finish_times,
-                           "loss_flags": {r.name: full_loss_flags(r.flags) for r in [*main_runs, *abl_runs]
-                                          if r.name in have},
-                           "fewshot_timing": {k: v for k, v in timing.items() if k != "settings"},
-                           "eval_seconds": {n: eval_seconds[n] for n in have}, "summary": summary,
-                           "paired_vs_clip": paired_main, "paired_vs_default_decl": paired_abl})
+    ex.write_report(
+        out,
+        STEM,
+        data=data,
+        budget=budget,
+        results=res,
+        scores=have,
+        header=header,
+        extra={
+            "seeds": seeds,
+            "ablation_seeds": ablation_seeds,
+            "ablation_budget": dataclasses.asdict(abl_budget),
+            "fewshot_seeds": fewshot_seeds,
+            "complete": complete,
+            "wall_minutes_of_this_call": seconds / 60,
+            "train_minutes": train_s / 60,
+            "eval_minutes": eval_s / 60,
+            "finished": finish_times,
+            "loss_flags": {r.name: full_loss_flags(r.flags) for r in [*main_runs, *abl_runs] if r.name in have},
+            "fewshot_timing": {k: v for k, v in timing.items() if k != "settings"},
+            "eval_seconds": {n: eval_seconds[n] for n in have},
+            "summary": summary,
+            "paired_vs_clip": paired_main,
+            "paired_vs_default_decl": paired_abl,
+        },
+    )
     main_table = ex.comparison_table(main_have, rows, chance) if main_have else "(no run finished yet)"
     parts = [
         header,
@@ -355,13 +484,19 @@ def write(out: Path, main_runs, abl_runs, results, scores, eval_seconds, timing,
     ]
     if abl_runs:
         decl_spread = summary.get(DECL, {})
-        spread = ", ".join(f"{label} {100 * decl_spread[k]['std']:.1f}" for k, label in HEADLINE
-                           if k in decl_spread and decl_spread[k]["n"] > 1)
+        spread = ", ".join(
+            f"{label} {100 * decl_spread[k]['std']:.1f}"
+            for k, label in HEADLINE
+            if k in decl_spread and decl_spread[k]["n"] > 1
+        )
         parts += [
             f"## DeCL ablation (%, {abl_budget.epochs} epochs, training seed(s) {ablation_seeds}; best in bold)",
-            (f"Seed-to-seed spread of the default decl in the main comparison ({budget.epochs} epochs; sample "
-             f"std, points): {spread}; an ablation difference smaller than that is within the seed noise."
-             if spread else ""),
+            (
+                f"Seed-to-seed spread of the default decl in the main comparison ({budget.epochs} epochs; sample "
+                f"std, points): {spread}; an ablation difference smaller than that is within the seed noise."
+                if spread
+                else ""
+            ),
             ex.comparison_table(abl_have, rows, chance) if len(abl_have) > 1 else "(no ablation run finished yet)",
             "### Paired against the default decl (percentage points, same seed)",
             paired_table(paired_abl, ABL_REF) if paired_abl else "(no ablation run finished yet)",
@@ -393,23 +528,35 @@ def readme_block(doc: dict) -> str:
     the evaluation's resolution counted as ties."""
     s, paired, c = doc["summary"], doc["paired_vs_clip"], doc["data"]["config"]
     names = list(doc["runs"])
-    lines = [f"Held-out split of the demo's synthetic data ({c['num_classes']} classes, {c['val_samples']} retrieval "
-             f"images), `{doc['budget']['model']}`, {doc['budget']['epochs']} epochs at batch {doc['budget']['batch_size']}, "
-             f"seeds {', '.join(map(str, doc['seeds']))}; `{DECL}` ran with {decl_estimate(doc)}. %, mean ± sample std:", "",
-             "| objective | " + " | ".join(label for _, label in HEADLINE) + " |", "|---|" + "---:|" * len(HEADLINE)]
+    lines = [
+        f"Held-out split of the demo's synthetic data ({c['num_classes']} classes, {c['val_samples']} retrieval "
+        f"images), `{doc['budget']['model']}`, {doc['budget']['epochs']} epochs at batch "
+        f"{doc['budget']['batch_size']}, "
+        f"seeds {', '.join(map(str, doc['seeds']))}; `{DECL}` ran with {decl_estimate(doc)}. %, mean ± sample std:",
+        "",
+        "| objective | " + " | ".join(label for _, label in HEADLINE) + " |",
+        "|---|" + "---:|" * len(HEADLINE),
+    ]
     for n in names:
         lines.append(f"| `{n}` | " + " | ".join(ex.format_mean_std(s[n][k]) for k, _ in HEADLINE) + " |")
-    lines += ["", f"Paired by seed against `clip` (points; a difference below {100 * RESOLUTION:.0f} point is a tie):", "",
-              "| objective - clip | " + " | ".join(label for _, label in HEADLINE) + " |", "|---|" + "---|" * len(HEADLINE)]
+    lines += [
+        "",
+        f"Paired by seed against `clip` (points; a difference below {100 * RESOLUTION:.0f} point is a tie):",
+        "",
+        "| objective - clip | " + " | ".join(label for _, label in HEADLINE) + " |",
+        "|---|" + "---|" * len(HEADLINE),
+    ]
     for n, per_key in paired.items():
         cells = []
         for k, _ in HEADLINE:
             d = per_key[k]["diffs"]
             up, down = sum(x >= RESOLUTION for x in d), sum(x <= -RESOLUTION for x in d)
             mean = per_key[k]["mean"]
-            cells.append(f"{100 * mean:+.1f}{' (tie)' if abs(mean) < RESOLUTION else ''}; "
-                         f"per seed {', '.join(f'{100 * x:+.1f}' for x in d)}: {up} above, {down} below, "
-                         f"{len(d) - up - down} tied")
+            cells.append(
+                f"{100 * mean:+.1f}{' (tie)' if abs(mean) < RESOLUTION else ''}; "
+                f"per seed {', '.join(f'{100 * x:+.1f}' for x in d)}: {up} above, {down} below, "
+                f"{len(d) - up - down} tied"
+            )
         lines.append(f"| `{n}` | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 

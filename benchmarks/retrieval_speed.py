@@ -20,6 +20,7 @@ Usage::
     python benchmarks/retrieval_speed.py --output benchmarks/results/retrieval_speed.json
     python benchmarks/retrieval_speed.py --quick                # N = 2000: a smoke run
 """
+
 from __future__ import annotations
 
 import argparse
@@ -58,10 +59,20 @@ def measure(mode: str, n: int, dim: int, chunk: int, threads: int, live: bool) -
     env = dict(os.environ)
     if live:
         env["MALLOC_MMAP_THRESHOLD_"] = "65536"
-    res = subprocess.run([sys.executable, "-c", _CHILD, mode, str(n), str(dim), str(chunk), str(threads)],
-                         capture_output=True, text=True, env=env)
-    row = {"mode": mode, "n": n, "dim": dim, "chunk": chunk, "threads": threads,
-           "allocator": "live" if live else "default"}
+    res = subprocess.run(
+        [sys.executable, "-c", _CHILD, mode, str(n), str(dim), str(chunk), str(threads)],
+        capture_output=True,
+        text=True,
+        env=env,
+    )
+    row = {
+        "mode": mode,
+        "n": n,
+        "dim": dim,
+        "chunk": chunk,
+        "threads": threads,
+        "allocator": "live" if live else "default",
+    }
     if res.returncode != 0:
         row["error"] = (res.stderr.strip().splitlines() or ["killed"])[-1]
         return row
@@ -72,14 +83,22 @@ def measure(mode: str, n: int, dim: int, chunk: int, threads: int, live: bool) -
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--sizes", type=int, nargs="+", default=[20000], help="N for the chunked computation only")
-    p.add_argument("--naive-sizes", type=int, nargs="+", default=[5000, 10000, 20000],
-                   help="N for both computations (default 5000 10000 20000)")
+    p.add_argument(
+        "--naive-sizes",
+        type=int,
+        nargs="+",
+        default=[5000, 10000, 20000],
+        help="N for both computations (default 5000 10000 20000)",
+    )
     p.add_argument("--chunk-sizes", type=int, nargs="+", default=[256, 1024], help="chunk sizes (default 256 1024)")
     p.add_argument("--dim", type=int, default=512, help="embedding size (default 512, ViT-B)")
     p.add_argument("--threads", type=int, default=2, help="torch threads (default 2)")
     p.add_argument("--output", default=None, help="also write the raw results as JSON")
-    p.add_argument("--quick", action="store_true",
-                   help="smoke run: N 2000, chunk 256; the JSON goes to a new temporary folder unless --output")
+    p.add_argument(
+        "--quick",
+        action="store_true",
+        help="smoke run: N 2000, chunk 256; the JSON goes to a new temporary folder unless --output",
+    )
     args = p.parse_args(argv)
     if args.quick:
         args.sizes, args.naive_sizes, args.chunk_sizes = [2000], [2000], [256]
@@ -104,8 +123,10 @@ def main(argv=None) -> int:
             bound = (4 * r["chunk"] * r["n"] + 4 * r["n"] * r["dim"] + 9 * 2**20) / 2**20
         else:
             bound = 4 * r["n"] ** 2 / 2**20
-        print(f"{r['mode']:8} {r['n']:>7} {r['chunk']:>6} {r['allocator']:>9} {r['seconds']:>8.2f} "
-              f"{r['extra_peak_mb']:>14.0f} {bound:>9.0f}")
+        print(
+            f"{r['mode']:8} {r['n']:>7} {r['chunk']:>6} {r['allocator']:>9} {r['seconds']:>8.2f} "
+            f"{r['extra_peak_mb']:>14.0f} {bound:>9.0f}"
+        )
     print("(bound: chunked 4 x chunk x N + 4 x N x D bytes + 9 MB; naive: the N x N float32 logits alone)\n")
     for n in args.naive_sizes:
         naive = next((r for r in rows if r["mode"] == "naive" and r["n"] == n and "error" not in r), None)
@@ -116,13 +137,21 @@ def main(argv=None) -> int:
                 recall_keys = [k for k in naive["metrics"] if "_R@" in k]
                 same_recall = all(r["metrics"][k] == naive["metrics"][k] for k in recall_keys)
                 rank_diff = max(abs(r["metrics"][k] - naive["metrics"][k]) for k in naive["metrics"] if "rank" in k)
-                print(f"N={n} chunk={r['chunk']}: naive/chunked time {naive['seconds'] / r['seconds']:.1f}x, "
-                      f"memory {naive['extra_peak_mb'] / max(r['extra_peak_mb'], 1):.0f}x; "
-                      f"R@k identical: {same_recall}; max |mean/median rank difference| {rank_diff:.2g}")
+                print(
+                    f"N={n} chunk={r['chunk']}: naive/chunked time {naive['seconds'] / r['seconds']:.1f}x, "
+                    f"memory {naive['extra_peak_mb'] / max(r['extra_peak_mb'], 1):.0f}x; "
+                    f"R@k identical: {same_recall}; max |mean/median rank difference| {rank_diff:.2g}"
+                )
     if args.output:
-        write_json(args.output, {"machine": machine_info(), "date": utc_date(),
-                                 "command": command_line("retrieval_speed.py", sys.argv[1:] if argv is None else argv),
-                                 "results": rows})
+        write_json(
+            args.output,
+            {
+                "machine": machine_info(),
+                "date": utc_date(),
+                "command": command_line("retrieval_speed.py", sys.argv[1:] if argv is None else argv),
+                "results": rows,
+            },
+        )
     return 0
 
 

@@ -33,6 +33,7 @@ sweep), M = 3 captions per image (``clip``, ``dcl``, ``curl``, ``decl``), hard n
 (``--hcl-beta`` 0.5 and 1) and ``decl`` at its defaults. Its table gives each score's ratio to ``clip``'s, the
 mean ``clamp_rate`` over training and the final ``tau_plus`` estimate, read from the runs' ``metrics.jsonl``.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -126,12 +127,15 @@ def log_means(run_dir: os.PathLike) -> Dict[str, float]:
     steps = read_metrics(run_dir, "train")
     clamp = [r["clamp_rate"] for r in steps if "clamp_rate" in r]
     tau = [r["tau_plus"] for r in steps if "tau_plus" in r]
-    return {"clamp_rate": sum(clamp) / len(clamp) if clamp else float("nan"),
-            "tau_plus_final": tau[-1] if tau else float("nan")}
+    return {
+        "clamp_rate": sum(clamp) / len(clamp) if clamp else float("nan"),
+        "tau_plus_final": tau[-1] if tau else float("nan"),
+    }
 
 
-def extra_table(runs: Sequence[ex.Run], summary: Dict[str, Dict[str, dict]], logs: Dict[str, List[dict]],
-                chance: Dict[str, float]) -> str:
+def extra_table(
+    runs: Sequence[ex.Run], summary: Dict[str, Dict[str, dict]], logs: Dict[str, List[dict]], chance: Dict[str, float]
+) -> str:
     """Markdown: headline scores (mean ± std, %) with their ratio to clip's mean, clamp rate and tau estimate."""
     keys = [k for k, _ in HEADLINE] + ["retrieval/image_to_text_R@10"]
     labels = [label for _, label in HEADLINE] + ["retrieval image->text R@10"]
@@ -176,16 +180,28 @@ def tau_table(runs: Sequence[ex.Run], summary: Dict[str, Dict[str, dict]], chanc
             continue
         tau = run_tau_plus(run)
         n = max(s["n"] for s in summary[run.name].values())
-        rows.append([run.name, "labels" if tau is None else f"{tau:g}", n,
-                     *(format_mean_std(summary[run.name][key]) for key, _ in HEADLINE)])
+        rows.append(
+            [
+                run.name,
+                "labels" if tau is None else f"{tau:g}",
+                n,
+                *(format_mean_std(summary[run.name][key]) for key, _ in HEADLINE),
+            ]
+        )
     return ex.markdown_table(["objective", "tau_plus", "seeds", *(label for _, label in HEADLINE)], rows)
 
 
 # ------------------------------------------------------------------------------------------
 # Figure
 # ------------------------------------------------------------------------------------------
-def plot_tau(runs: Sequence[ex.Run], scores: Dict[str, List[Dict[str, float]]], chance: Dict[str, float],
-             true_tau: float, path: os.PathLike, title: str = "") -> Path:
+def plot_tau(
+    runs: Sequence[ex.Run],
+    scores: Dict[str, List[Dict[str, float]]],
+    chance: Dict[str, float],
+    true_tau: float,
+    path: os.PathLike,
+    title: str = "",
+) -> Path:
     """Each headline score against the dcl tau_plus (clip at 0), with the oracle as a band."""
     fig, axes = pyplot().subplots(1, len(HEADLINE), figsize=(5.2 * len(HEADLINE), 4.4))
     curve = [r for r in runs if run_tau_plus(r) is not None and scores.get(r.name)]
@@ -202,8 +218,9 @@ def plot_tau(runs: Sequence[ex.Run], scores: Dict[str, List[Dict[str, float]]], 
             means.append(st["mean"])
             stds.append(0.0 if st["n"] < 2 else st["std"])
             ax.scatter([x] * len(vals), vals, s=10, color="grey", alpha=0.6, zorder=2)
-        ax.errorbar(xs, means, yerr=stds, fmt="o-", color="tab:blue", capsize=3, zorder=3,
-                    label="dcl (mean ± std over seeds)")
+        ax.errorbar(
+            xs, means, yerr=stds, fmt="o-", color="tab:blue", capsize=3, zorder=3, label="dcl (mean ± std over seeds)"
+        )
         if xs and xs[0] == 0.0:
             ax.scatter([0.0], [means[0]], marker="s", s=60, color="tab:red", zorder=4, label="clip (InfoNCE)")
         for r in oracle:
@@ -232,32 +249,60 @@ TRAIN_THREADS = 0
 def machine() -> str:
     import open_clip
 
-    return (f"{ex.machine_info()}, open_clip {open_clip.__version__}; training: {TRAIN_THREADS} torch threads, "
-            "evaluation: 1")
+    return (
+        f"{ex.machine_info()}, open_clip {open_clip.__version__}; training: {TRAIN_THREADS} torch threads, "
+        "evaluation: 1"
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
     p = arguments.benchmark_parser("sampling_bias.py", __doc__)
     arguments.add_comparison_arguments(
-        p, quick="tiny data, 1 short epoch, seed 0, tau_plus 0.25 only", work="/tmp/clip_dcl_sampling_bias",
-        results=str(HERE / "results"), quick_report="WORK/report", num_classes=4, train_samples=6000,
+        p,
+        quick="tiny data, 1 short epoch, seed 0, tau_plus 0.25 only",
+        work="/tmp/clip_dcl_sampling_bias",
+        results=str(HERE / "results"),
+        quick_report="WORK/report",
+        num_classes=4,
+        train_samples=6000,
         train_samples_help="training pairs (quick: the quick set's 256)",
         epochs_help=f"training epochs (default {FULL_BUDGET.epochs}; quick {QUICK_BUDGET.epochs})",
-        seeds_help="training seeds (default 0 1 2; quick 0)")
-    p.add_argument("--tau-plus", type=float, nargs="+", default=None,
-                   help="dcl tau_plus values (default 0.05 0.1 0.25 0.4; quick 0.25)")
+        seeds_help="training seeds (default 0 1 2; quick 0)",
+    )
+    p.add_argument(
+        "--tau-plus",
+        type=float,
+        nargs="+",
+        default=None,
+        help="dcl tau_plus values (default 0.05 0.1 0.25 0.4; quick 0.25)",
+    )
     p.add_argument("--no-oracle", action="store_true", help="leave out the unbiased oracle")
-    p.add_argument("--extra", action="store_true",
-                   help="run the other objectives (M captions, curl, hcl, tau_plus auto, clamp biased, fixed "
-                        "temperature, decl) against clip and dcl at the true prior; report sampling_bias_extra.md")
-    p.add_argument("--fewshot-seeds", type=int, nargs="+", default=None,
-                   help="k-shot draws of the 5-shot probe (default 0 1 2; quick 0)")
-    p.add_argument("--stem", default=None,
-                   help=f"report name under --results (default {STEM}, or {STEM}_extra with --extra): another "
-                        "data set or prior list in a report of its own")
-    p.add_argument("--threads", type=int, default=0,
-                   help="torch threads of each training child (0: torch's default; trainings started through "
-                        "clip_dcl.experiment take turns on a machine, see its machine_lock)")
+    p.add_argument(
+        "--extra",
+        action="store_true",
+        help="run the other objectives (M captions, curl, hcl, tau_plus auto, clamp biased, fixed "
+        "temperature, decl) against clip and dcl at the true prior; report sampling_bias_extra.md",
+    )
+    p.add_argument(
+        "--fewshot-seeds",
+        type=int,
+        nargs="+",
+        default=None,
+        help="k-shot draws of the 5-shot probe (default 0 1 2; quick 0)",
+    )
+    p.add_argument(
+        "--stem",
+        default=None,
+        help=f"report name under --results (default {STEM}, or {STEM}_extra with --extra): another "
+        "data set or prior list in a report of its own",
+    )
+    p.add_argument(
+        "--threads",
+        type=int,
+        default=0,
+        help="torch threads of each training child (0: torch's default; trainings started through "
+        "clip_dcl.experiment take turns on a machine, see its machine_lock)",
+    )
     return p
 
 
@@ -319,25 +364,69 @@ def main(argv: Optional[List[str]] = None) -> int:
         for run in runs:
             done += 1
             cache = work / "scores" / f"{run.slug}-seed{seed}.json"
-            print(f"[sampling_bias] {done}/{total} {run.name} ({' '.join(run.flags)}), seed {seed}, "
-                  f"{budget.epochs} epoch(s) of {data['train']['num_samples']} pairs", flush=True)
-            out = ex.train_and_evaluate(run, data, work / "runs" / f"seed{seed}", seed_budget, cache,
-                                        fewshot_seeds=fewshot_seeds, entry=entry.get(run.name), env=thread_env)
+            print(
+                f"[sampling_bias] {done}/{total} {run.name} ({' '.join(run.flags)}), seed {seed}, "
+                f"{budget.epochs} epoch(s) of {data['train']['num_samples']} pairs",
+                flush=True,
+            )
+            out = ex.train_and_evaluate(
+                run,
+                data,
+                work / "runs" / f"seed{seed}",
+                seed_budget,
+                cache,
+                fewshot_seeds=fewshot_seeds,
+                entry=entry.get(run.name),
+                env=thread_env,
+            )
             res, metrics, secs = out.result, out.metrics, out.eval_seconds
-            print(f"[sampling_bias]     {out.source}; training {res.seconds:.0f} s, evaluation {secs:.0f} s: "
-                  + ", ".join(f"{label} {100 * metrics[key]:.1f}" for key, label in HEADLINE), flush=True)
+            print(
+                f"[sampling_bias]     {out.source}; training {res.seconds:.0f} s, evaluation {secs:.0f} s: "
+                + ", ".join(f"{label} {100 * metrics[key]:.1f}" for key, label in HEADLINE),
+                flush=True,
+            )
             results[run.name].append(res)
             scores[run.name].append({**metrics, "seed": seed})
             eval_seconds[run.name].append(secs)
-            write(results_dir, runs, results, scores, eval_seconds, data, budget, seeds, fewshot_seeds, command,
-                  started, time.perf_counter() - t_start, complete=(done == total), stem=stem, extra=args.extra)
+            write(
+                results_dir,
+                runs,
+                results,
+                scores,
+                eval_seconds,
+                data,
+                budget,
+                seeds,
+                fewshot_seeds,
+                command,
+                started,
+                time.perf_counter() - t_start,
+                complete=(done == total),
+                stem=stem,
+                extra=args.extra,
+            )
     print(f"[sampling_bias] wrote {results_dir / (stem + '.md')}, .json, .png", flush=True)
     print((results_dir / f"{stem}.md").read_text().split("## Full comparison")[0])
     return 0
 
 
-def write(out: Path, runs, results, scores, eval_seconds, data, budget, seeds, fewshot_seeds, command, started,
-          seconds, complete: bool, stem: str = STEM, extra: Optional[bool] = None) -> None:
+def write(
+    out: Path,
+    runs,
+    results,
+    scores,
+    eval_seconds,
+    data,
+    budget,
+    seeds,
+    fewshot_seeds,
+    command,
+    started,
+    seconds,
+    complete: bool,
+    stem: str = STEM,
+    extra: Optional[bool] = None,
+) -> None:
     """(Re)write the report from the runs finished so far under ``stem``; ``extra``: the other objectives' report
     (default: ``stem`` is not ``sampling_bias``)."""
     main_report = stem == STEM if extra is None else not extra
@@ -348,77 +437,130 @@ def write(out: Path, runs, results, scores, eval_seconds, data, budget, seeds, f
     summary = summarize(have, keys)
     n_train = data["train"]["num_samples"]
     true_tau = float(data["tau_plus"])
-    title = (f"{data['config']['num_classes']} latent classes (tau_plus {true_tau:.3g}), {n_train} pairs, "
-             f"{budget.epochs} epochs, batch {budget.batch_size}, seeds {seeds}")
+    title = (
+        f"{data['config']['num_classes']} latent classes (tau_plus {true_tau:.3g}), {n_train} pairs, "
+        f"{budget.epochs} epochs, batch {budget.batch_size}, seeds {seeds}"
+    )
     status = ex.run_status(have, complete)
     train_s = [r.seconds for rs in res.values() for r in rs]
     eval_s = [s for n in have for s in eval_seconds[n]]
-    header = "\n".join([
-        ("# Sampling bias, the other objectives: M captions, curl, hcl, tau_plus auto, clamp, temperature, decl"
-         if not main_report else "# Sampling bias: clip vs dcl(tau_plus) vs the unbiased oracle"),
-        "",
-        *ex.about_lines(
-            status=status, command=command, machine=machine(),
-            date=f"{started:%Y-%m-%d %H:%M}; this invocation {seconds / 60:.1f} min (finished runs kept in --work "
-            f"are reused); the runs' training {sum(train_s) / 60:.1f} min and evaluation {sum(eval_s) / 60:.1f} min "
-            "in all (the CPU was shared with other jobs, so times are not speed measurements)"),
-        f"- Data: clip-dcl synthetic shards, {data['config']['num_classes']} balanced latent classes "
-        f"({', '.join(data['classes']['names'])}), measured class prior tau_plus = {true_tau:.4f}; "
-        f"{n_train} training pairs, {data['val']['num_samples']} held-out retrieval images "
-        f"({data['config']['val_captions_per_image']} captions each), zero-shot over the "
-        f"{data['zeroshot']['num_classes']} classes ({data['zeroshot']['num_images']} images), few-shot suite "
-        f"{', '.join(data['fewshot']['datasets'])}.",
-        f"- Training: tiny model `{budget.model}`, {budget.epochs} epochs, batch {budget.batch_size}, lr {budget.lr}, "
-        f"wd {budget.wd}, warmup {budget.warmup}, fp32 CPU, through `python -m clip_dcl.train` "
-        "(oracle: `benchmarks/train_oracle.py`, the same entry point with the label table bound); "
-        f"training seeds {seeds} (same data). Evaluation: `clip_dcl.experiment.evaluate`, 5-shot probe over "
-        f"k-shot draws {fewshot_seeds} (reduced grid).",
-        ("- Objectives: `clip` = OpenCLIP's InfoNCE (= dcl at tau_plus 0); `dcl tau+=t` = debiased contrastive loss "
-         "with class prior t; `unbiased (oracle)` = InfoNCE whose negatives exclude the anchor's latent class "
-         "(true labels; the upper reference dcl approximates)." if main_report else
-         "- Objectives (each run's flags are in the json): `clip`; `dcl tau+=t` at the true prior; `clamp biased` = "
-         "clamped rows fall back to InfoNCE; `t=` = a fixed temperature for dcl instead of the learned scale; "
-         "`tau+=auto` = the prior estimated during training; `M=3` = 3 of each image's 5 captions as positives "
-         "(`--captions-per-image 3`); `curl` = Arora et al.'s block loss (logistic); `hcl beta=b` = dcl with "
-         "hard-negative weights exp(b l)."),
-        f"- Raw numbers per seed, commands and training curves: `{stem}.json`; figure: `{stem}.png`.",
-    ])
+    header = "\n".join(
+        [
+            (
+                "# Sampling bias, the other objectives: M captions, curl, hcl, tau_plus auto, clamp, temperature, decl"
+                if not main_report
+                else "# Sampling bias: clip vs dcl(tau_plus) vs the unbiased oracle"
+            ),
+            "",
+            *ex.about_lines(
+                status=status,
+                command=command,
+                machine=machine(),
+                date=f"{started:%Y-%m-%d %H:%M}; this invocation {seconds / 60:.1f} min (finished runs kept in --work "
+                f"are reused); the runs' training {sum(train_s) / 60:.1f} min and evaluation {sum(eval_s) / 60:.1f} "
+                "min "
+                "in all (the CPU was shared with other jobs, so times are not speed measurements)",
+            ),
+            f"- Data: clip-dcl synthetic shards, {data['config']['num_classes']} balanced latent classes "
+            f"({', '.join(data['classes']['names'])}), measured class prior tau_plus = {true_tau:.4f}; "
+            f"{n_train} training pairs, {data['val']['num_samples']} held-out retrieval images "
+            f"({data['config']['val_captions_per_image']} captions each), zero-shot over the "
+            f"{data['zeroshot']['num_classes']} classes ({data['zeroshot']['num_images']} images), few-shot suite "
+            f"{', '.join(data['fewshot']['datasets'])}.",
+            f"- Training: tiny model `{budget.model}`, {budget.epochs} epochs, batch {budget.batch_size}, lr "
+            f"{budget.lr}, "
+            f"wd {budget.wd}, warmup {budget.warmup}, fp32 CPU, through `python -m clip_dcl.train` "
+            "(oracle: `benchmarks/train_oracle.py`, the same entry point with the label table bound); "
+            f"training seeds {seeds} (same data). Evaluation: `clip_dcl.experiment.evaluate`, 5-shot probe over "
+            f"k-shot draws {fewshot_seeds} (reduced grid).",
+            (
+                "- Objectives: `clip` = OpenCLIP's InfoNCE (= dcl at tau_plus 0); `dcl tau+=t` = debiased contrastive "
+                "loss "
+                "with class prior t; `unbiased (oracle)` = InfoNCE whose negatives exclude the anchor's latent class "
+                "(true labels; the upper reference dcl approximates)."
+                if main_report
+                else "- Objectives (each run's flags are in the json): `clip`; `dcl tau+=t` at the true prior; `clamp "
+                "biased` = "
+                "clamped rows fall back to InfoNCE; `t=` = a fixed temperature for dcl instead of the learned scale; "
+                "`tau+=auto` = the prior estimated during training; `M=3` = 3 of each image's 5 captions as positives "
+                "(`--captions-per-image 3`); `curl` = Arora et al.'s block loss (logistic); `hcl beta=b` = dcl with "
+                "hard-negative weights exp(b l)."
+            ),
+            f"- Raw numbers per seed, commands and training curves: `{stem}.json`; figure: `{stem}.png`.",
+        ]
+    )
     out.mkdir(parents=True, exist_ok=True)
     logs = {n: [log_means(r.log_dir) for r in results[n]] for n in have}
-    report = ex.write_report(out, stem, data=data, budget=budget, results=res, scores=have, header=header,
-                             extra={"seeds": seeds, "fewshot_seeds": fewshot_seeds, "command": command,
-                                    "date": f"{started:%Y-%m-%d %H:%M} UTC", "machine": machine(),
-                                    "complete": complete, "minutes": seconds / 60, "true_tau_plus": true_tau,
-                                    "tau_plus_of_run": {r.name: run_tau_plus(r) for r in runs},
-                                    "eval_seconds": {n: eval_seconds[n] for n in have},
-                                    "summary": summary, "training_logs": logs},
-                             roots=[HERE.parent])  # the oracle's entry point: benchmarks/train_oracle.py
+    report = ex.write_report(
+        out,
+        stem,
+        data=data,
+        budget=budget,
+        results=res,
+        scores=have,
+        header=header,
+        extra={
+            "seeds": seeds,
+            "fewshot_seeds": fewshot_seeds,
+            "command": command,
+            "date": f"{started:%Y-%m-%d %H:%M} UTC",
+            "machine": machine(),
+            "complete": complete,
+            "minutes": seconds / 60,
+            "true_tau_plus": true_tau,
+            "tau_plus_of_run": {r.name: run_tau_plus(r) for r in runs},
+            "eval_seconds": {n: eval_seconds[n] for n in have},
+            "summary": summary,
+            "training_logs": logs,
+        },
+        roots=[HERE.parent],
+    )  # the oracle's entry point: benchmarks/train_oracle.py
     ordered = [r for r in runs if r.name in have]
     if main_report:
         plot_tau(ordered, have, chance, true_tau, out / f"{stem}.png", title=title)
-        headline = ["## Headline scores against tau_plus (%, mean ± sample std over training seeds)",
-                    tau_table(ordered, summary, chance), f"![scores against tau_plus]({stem}.png)"]
+        headline = [
+            "## Headline scores against tau_plus (%, mean ± sample std over training seeds)",
+            tau_table(ordered, summary, chance),
+            f"![scores against tau_plus]({stem}.png)",
+        ]
     else:
-        headline = ["## Headline scores (%, mean ± sample std over training seeds; (ratio to clip's mean in this run); "
-                    "mean Clamp_rate over the logged training steps; final Tau_plus estimate)",
-                    extra_table(ordered, summary, logs, chance), f"![curves and scores]({stem}.png)"]
-    ex.Report(out, stem, command).write([header, *headline, "## Full comparison (%, mean ± sample std over training "
-                                         "seeds; best mean in bold)", report["table"]], sep="\n\n")
+        headline = [
+            "## Headline scores (%, mean ± sample std over training seeds; (ratio to clip's mean in this run); "
+            "mean Clamp_rate over the logged training steps; final Tau_plus estimate)",
+            extra_table(ordered, summary, logs, chance),
+            f"![curves and scores]({stem}.png)",
+        ]
+    ex.Report(out, stem, command).write(
+        [
+            header,
+            *headline,
+            "## Full comparison (%, mean ± sample std over training seeds; best mean in bold)",
+            report["table"],
+        ],
+        sep="\n\n",
+    )
 
 
 # ------------------------------------------------------------------------------------------
 # The README's numbers (benchmarks/quotes.py)
 # ------------------------------------------------------------------------------------------
 #: The README's columns.
-README_SCORES = (("zeroshot/top1", "zero-shot top-1"), ("fewshot/average/linear_probe", "5-shot probe"),
-                 ("retrieval/image_to_text_R@10", "image->text R@10"))
+README_SCORES = (
+    ("zeroshot/top1", "zero-shot top-1"),
+    ("fewshot/average/linear_probe", "5-shot probe"),
+    ("retrieval/image_to_text_R@10", "image->text R@10"),
+)
 
 
 def readme_table(doc: dict, ratios: bool = False) -> str:
     """Markdown: per run of ``doc``, the README's scores (mean ± std over seeds, %; with ``ratios`` the ratio to
     clip's mean and dcl's mean clamp rate and final tau_plus estimate)."""
     summary, logs = doc["summary"], doc.get("training_logs", {})
-    head = ["objective", "seeds"] + [label for _, label in README_SCORES] + (["clamp rate", "final tau_plus"] if ratios else [])
+    head = (
+        ["objective", "seeds"]
+        + [label for _, label in README_SCORES]
+        + (["clamp rate", "final tau_plus"] if ratios else [])
+    )
     lines = ["| " + " | ".join(head) + " |", "|---|---:|" + "---:|" * (len(head) - 2)]
     for name, per_seed in doc["runs"].items():
         cells = []
@@ -432,8 +574,10 @@ def readme_table(doc: dict, ratios: bool = False) -> str:
             clamp = mean_std([d["clamp_rate"] for d in logs.get(name, [])])
             tau = mean_std([d["tau_plus_final"] for d in logs.get(name, [])])
             dcl = "dcl" in per_seed[0]["flags"]
-            cells += [f"{clamp['mean']:.2f}" if dcl and clamp["n"] else "",
-                      format_mean_std(tau, scale=1, digits=2) if tau["n"] else ""]
+            cells += [
+                f"{clamp['mean']:.2f}" if dcl and clamp["n"] else "",
+                format_mean_std(tau, scale=1, digits=2) if tau["n"] else "",
+            ]
         lines.append(f"| `{name}` | {len(per_seed)} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
@@ -441,16 +585,20 @@ def readme_table(doc: dict, ratios: bool = False) -> str:
 def readme_block(doc: dict) -> str:
     """The README's table of the tau_plus sweep (held-out split of the synthetic data)."""
     c = doc["data"]["config"]
-    return (f"Scores on the held-out split ({c['val_samples']} retrieval images; zero-shot over the "
-            f"{c['num_classes']} classes, chance {100 * doc['chance']['zeroshot/top1']:.0f} %), %, mean ± std over seeds "
-            f"{', '.join(map(str, doc['seeds']))}:\n\n" + readme_table(doc))
+    return (
+        f"Scores on the held-out split ({c['val_samples']} retrieval images; zero-shot over the "
+        f"{c['num_classes']} classes, chance {100 * doc['chance']['zeroshot/top1']:.0f} %), %, mean ± std over seeds "
+        f"{', '.join(map(str, doc['seeds']))}:\n\n" + readme_table(doc)
+    )
 
 
 def extra_readme_block(doc: dict) -> str:
     """The README's table of the other objectives (held-out split; ratio to clip's mean in the same run)."""
-    return (f"Held-out split, %, mean ± std over seeds {', '.join(map(str, doc['seeds']))} (ratio to `clip`'s mean in "
-            "this run); clamp rate: `dcl`'s mean `Clamp_rate` over training; final tau_plus: `--tau-plus auto`'s "
-            f"last estimate (truth {doc['true_tau_plus']:g}):\n\n" + readme_table(doc, ratios=True))
+    return (
+        f"Held-out split, %, mean ± std over seeds {', '.join(map(str, doc['seeds']))} (ratio to `clip`'s mean in "
+        "this run); clamp rate: `dcl`'s mean `Clamp_rate` over training; final tau_plus: `--tau-plus auto`'s "
+        f"last estimate (truth {doc['true_tau_plus']:g}):\n\n" + readme_table(doc, ratios=True)
+    )
 
 
 if __name__ == "__main__":  # pragma: no cover

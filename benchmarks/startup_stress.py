@@ -30,6 +30,7 @@ step boundary left to stop at) may leave exit 0. A launch with none of these pro
     .venv/bin/python benchmarks/startup_stress.py                    # 100 launches -> benchmarks/results/startup_stress
     .venv/bin/python benchmarks/startup_stress.py --launches 10 --out /tmp/stress
 """
+
 from __future__ import annotations
 
 import argparse
@@ -144,10 +145,40 @@ def _rank_of(pid: int) -> Optional[int]:
 
 
 def train_flags(logs: Path, samples: int) -> List[str]:
-    return ["--model", "clip-dcl-tiny", "--dataset-type", "synthetic", "--train-num-samples", str(samples),
-            "--batch-size", "8", "--workers", "1", "--epochs", "1", "--precision", "fp32", "--device", "cpu",
-            "--seed", "0", "--lr", "1e-3", "--warmup", "1", "--log-every-n-steps", "1", "--report-to", "",
-            "--loss", "dcl", "--logs", str(logs), "--name", "run"]
+    return [
+        "--model",
+        "clip-dcl-tiny",
+        "--dataset-type",
+        "synthetic",
+        "--train-num-samples",
+        str(samples),
+        "--batch-size",
+        "8",
+        "--workers",
+        "1",
+        "--epochs",
+        "1",
+        "--precision",
+        "fp32",
+        "--device",
+        "cpu",
+        "--seed",
+        "0",
+        "--lr",
+        "1e-3",
+        "--warmup",
+        "1",
+        "--log-every-n-steps",
+        "1",
+        "--report-to",
+        "",
+        "--loss",
+        "dcl",
+        "--logs",
+        str(logs),
+        "--name",
+        "run",
+    ]
 
 
 def _default_sigint():
@@ -158,10 +189,13 @@ def _default_sigint():
 
 def expected(fault: Fault) -> str:
     """What the fault's launch must end with, in words."""
-    return {"launcher-SIGTERM": "exit 75, a line naming SIGTERM", "group-SIGINT": "exit 130, a line naming Ctrl-C",
-            "rank-SIGTERM": f"exit 75, the ranks stopped on a signal (rank {fault.rank}'s)",
-            "rank-SIGKILL": f"exit 1, a line naming rank {fault.rank} killed by SIGKILL",
-            "none": "exit 0, the epoch trained"}[fault.kind]
+    return {
+        "launcher-SIGTERM": "exit 75, a line naming SIGTERM",
+        "group-SIGINT": "exit 130, a line naming Ctrl-C",
+        "rank-SIGTERM": f"exit 75, the ranks stopped on a signal (rank {fault.rank}'s)",
+        "rank-SIGKILL": f"exit 1, a line naming rank {fault.rank} killed by SIGKILL",
+        "none": "exit 0, the epoch trained",
+    }[fault.kind]
 
 
 def judge_blame(kind: str, rank: int, rc: Optional[int], last: str, finished_before: bool) -> Optional[str]:
@@ -177,8 +211,12 @@ def judge_blame(kind: str, rank: int, rc: Optional[int], last: str, finished_bef
         ok = rc == 130 and "Ctrl-C" in last and ("launcher stopped" in last or "torchrun stopped" in last)
     elif kind == "rank-SIGTERM":
         named = re.search(r"\brank (\d+)\b", last)
-        ok = (rc == 75 and "stopped on a signal" in last and "error" not in last
-              and (named is None or int(named.group(1)) == rank))
+        ok = (
+            rc == 75
+            and "stopped on a signal" in last
+            and "error" not in last
+            and (named is None or int(named.group(1)) == rank)
+        )
     else:  # rank-SIGKILL
         ok = rc == 1 and f"rank {rank} " in last and "SIGKILL" in last
     return None if ok else f"exit {rc}, last line {last!r}"
@@ -191,13 +229,26 @@ def run_launch(index: int, fault: Fault, work: Path, args) -> Launch:
     folder.mkdir(parents=True)
     env = {**os.environ, "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": "", "PYTHONUNBUFFERED": "1"}
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)
-    cmd = [sys.executable, "-m", "clip_dcl.train.torchrun", "--standalone", "--nnodes", "1", "--nproc_per_node",
-           "2", "-m", "clip_dcl.train", "--", *train_flags(folder / "logs", args.samples)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "clip_dcl.train.torchrun",
+        "--standalone",
+        "--nnodes",
+        "1",
+        "--nproc_per_node",
+        "2",
+        "-m",
+        "clip_dcl.train",
+        "--",
+        *train_flags(folder / "logs", args.samples),
+    ]
     rec = Launch(index, fault.kind, fault.rank, fault.at)
     with open(folder / "stdout.txt", "w") as out, open(folder / "stderr.txt", "w") as err:
         start = time.monotonic()
-        proc = subprocess.Popen(cmd, stdout=out, stderr=err, env=env, cwd=folder, start_new_session=True,
-                                preexec_fn=_default_sigint)
+        proc = subprocess.Popen(
+            cmd, stdout=out, stderr=err, env=env, cwd=folder, start_new_session=True, preexec_fn=_default_sigint
+        )
     seen: Dict[int, Optional[int]] = {}  # every process of the launch: pid -> rank (None: a worker)
     born: Dict[int, float] = {}  # the launcher's children: when each was first seen
     fired_at: Optional[float] = None
@@ -275,8 +326,11 @@ def run_launch(index: int, fault: Fault, work: Path, args) -> Launch:
     rec.trained = ckpt.exists()
     # the fault came once the run had trained its epoch: its checkpoint was written before, or a rank took the
     # signal after its last step (no step boundary is left to stop at: it saves the epoch and ends, exit 0)
-    finished_before = rec.trained and fired_at is not None and (
-        ckpt.stat().st_mtime < fired_wall or "Received SIGTERM: finishing the current step" in text)
+    finished_before = (
+        rec.trained
+        and fired_at is not None
+        and (ckpt.stat().st_mtime < fired_wall or "Received SIGTERM: finishing the current step" in text)
+    )
     kind = fault.kind if fired_at is not None else "none"
     if rec.hung:
         rec.problems.append("hung")
@@ -309,8 +363,11 @@ def summarize(launches: List[Launch], args) -> dict:
         # faults to the launcher whose moment came while its interpreter was starting: sent once its first line ran
         # a fault sent after the run had trained its epoch (a rank's moment came late): exit 0 is then its end
         "after_training": sum(1 for r in launches if r.kind != "none" and r.fired is not None and r.rc == 0),
-        "launcher_faults_held": sum(1 for r in launches if r.kind in ("launcher-SIGTERM", "group-SIGINT")
-                                    and r.fired is not None and r.fired - r.at > 0.05),
+        "launcher_faults_held": sum(
+            1
+            for r in launches
+            if r.kind in ("launcher-SIGTERM", "group-SIGINT") and r.fired is not None and r.fired - r.at > 0.05
+        ),
         "rank_started_s": sorted(r.rank_started for r in launches if r.rank_started is not None),
         "clean": sum(1 for r in launches if r.clean),
         "hung": sum(1 for r in launches if r.hung),
@@ -348,8 +405,11 @@ def write_report(result: dict, out: Path) -> None:
         f"{result['after_training']} came after the run had trained its epoch (exit 0), and "
         f"{result['launcher_faults_held']} to the launcher waited for its first line to run. A rank's fault "
         "came at its moment after that rank started, which was "
-        + (f"{result['rank_started_s'][0]:.1f}-{result['rank_started_s'][-1]:.1f} s after the launcher's start."
-           if result["rank_started_s"] else "never."),
+        + (
+            f"{result['rank_started_s'][0]:.1f}-{result['rank_started_s'][-1]:.1f} s after the launcher's start."
+            if result["rank_started_s"]
+            else "never."
+        ),
         "",
         "| fault | moment (after its target started) | sent (after the launcher started) | rank | exit | ended after "
         "the fault | last line |",
@@ -364,8 +424,10 @@ def write_report(result: dict, out: Path) -> None:
             rank = str(r["rank"]) if kind.startswith("rank") else "-"
             mark = "" if r["clean"] else f" **{', '.join(r['problems'])}**"
             moment = f"{r['at']:.1f} s" if kind != "none" else "-"
-            lines.append(f"| {kind}{mark} | {moment} | {sent} | {rank} | {r['rc']} | {after} | "
-                         f"`{r['last_line'][:160].replace('|', '/')}` |")
+            lines.append(
+                f"| {kind}{mark} | {moment} | {sent} | {rank} | {r['rc']} | {after} | "
+                f"`{r['last_line'][:160].replace('|', '/')}` |"
+            )
     lines.append("")
     out.with_suffix(".md").write_text("\n".join(lines))
 
@@ -375,8 +437,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser.add_argument("--launches", type=int, default=100)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--window", type=float, default=10.0, help="faults come within this many seconds of the start")
-    parser.add_argument("--bound", type=float, default=10.0, help="a launch must end within this many seconds of "
-                        "its fault")
+    parser.add_argument(
+        "--bound", type=float, default=10.0, help="a launch must end within this many seconds of its fault"
+    )
     parser.add_argument("--launch-timeout", type=float, default=600.0, help="seconds a launch with no fault may take")
     parser.add_argument("--samples", type=int, default=32, help="--train-num-samples (8 per step and rank)")
     parser.add_argument("--kinds", default=",".join(KINDS), help="the fault kinds to draw from (comma-separated)")
@@ -387,8 +450,11 @@ def main(argv: Optional[List[str]] = None) -> int:
     kinds = [k.strip() for k in args.kinds.split(",") if k.strip()]
     unknown = [k for k in kinds if k not in KINDS]
     if args.launches < 1 or unknown or not kinds:
-        parser.error(f"--launches {args.launches}: give 1 or more" if args.launches < 1 else
-                     f"--kinds: unknown {', '.join(unknown) or '(none given)'}; choose from {', '.join(KINDS)}")
+        parser.error(
+            f"--launches {args.launches}: give 1 or more"
+            if args.launches < 1
+            else f"--kinds: unknown {', '.join(unknown) or '(none given)'}; choose from {', '.join(KINDS)}"
+        )
     faults = plan_faults(args.launches, args.seed, args.window, kinds)
     work = args.work or Path(tempfile.mkdtemp(prefix="startup_stress_"))
     launches = []
@@ -397,16 +463,21 @@ def main(argv: Optional[List[str]] = None) -> int:
         launches.append(rec)
         state = "clean" if rec.clean else ", ".join(rec.problems) + f" ({rec.why})"
         after = f"{rec.ended_after_fault:.1f} s after it" if rec.ended_after_fault is not None else "-"
-        print(f"[{i + 1}/{len(faults)}] {fault.kind} (rank {fault.rank}) at {rec.fired or fault.at:.1f} s: exit "
-              f"{rec.rc}, {after}; {state}", flush=True)
+        print(
+            f"[{i + 1}/{len(faults)}] {fault.kind} (rank {fault.rank}) at {rec.fired or fault.at:.1f} s: exit "
+            f"{rec.rc}, {after}; {state}",
+            flush=True,
+        )
         write_report(summarize(launches, args), args.out)  # as it goes: a long run can be read while it runs
     result = summarize(launches, args)
     write_report(result, args.out)
     if args.work is None and result["clean"] == result["launches"]:
         shutil.rmtree(work, ignore_errors=True)
-    print(f"{result['launches']} launches: {result['clean']} clean, {result['hung']} hung, {result['aborted']} "
-          f"aborted, {result['tracebacks']} with a traceback, {result['wrong_blame']} wrong blame; slowest exit "
-          f"{result['slowest_exit_s']} s -> {args.out.with_suffix('.md')}")
+    print(
+        f"{result['launches']} launches: {result['clean']} clean, {result['hung']} hung, {result['aborted']} "
+        f"aborted, {result['tracebacks']} with a traceback, {result['wrong_blame']} wrong blame; slowest exit "
+        f"{result['slowest_exit_s']} s -> {args.out.with_suffix('.md')}"
+    )
     return 0 if result["clean"] == result["launches"] else 1
 
 

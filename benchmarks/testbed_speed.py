@@ -35,6 +35,7 @@ The report (``benchmarks/results/testbed_speed.{md,json}``) holds ``data_argv`` 
     .venv/bin/python benchmarks/testbed_speed.py --parts --merge benchmarks/results/testbed_speed.json \
         benchmarks/results/testbed_speed_cuda_h100.json
 """
+
 from __future__ import annotations
 
 import concurrent.futures
@@ -65,8 +66,22 @@ PARTS = {"speed": ("speed", "ratios"), "cuda": ("cuda", "cuda_note"), "gate": ("
 #: the goal: the new recipe's run in at most this share of the old one's
 GOAL = 0.33
 #: a smoke run: small data written over the recipe's sizes (later flags win in both parsers)
-QUICK_DATA = ("--train-samples", "512", "--shard-size", "64", "--val-samples", "128", "--test-samples", "64", "--zeroshot-per-class", "4",
-              "--fewshot-train-per-class", "5", "--fewshot-test-per-class", "5")
+QUICK_DATA = (
+    "--train-samples",
+    "512",
+    "--shard-size",
+    "64",
+    "--val-samples",
+    "128",
+    "--test-samples",
+    "64",
+    "--zeroshot-per-class",
+    "4",
+    "--fewshot-train-per-class",
+    "5",
+    "--fewshot-test-per-class",
+    "5",
+)
 QUICK_TRAIN = ("--train-num-samples", "512", "--val-num-samples", "128")
 
 
@@ -74,8 +89,9 @@ def make_data(folder: Path, quick: bool) -> dict:
     """The new recipe's data (the old recipe's shards plus ``train.npz``) in ``folder``; its summary."""
     argv = fill(get_recipe(DEFAULT_RECIPE).data_argv, folder) + (list(QUICK_DATA) if quick else [])
     if not (folder / "train.npz").is_file() or not (folder / "summary.json").is_file():
-        subprocess.run([sys.executable, "-m", "clip_dcl.cli", *argv, "--reuse", "--quiet"], check=True,
-                       stdout=subprocess.DEVNULL)
+        subprocess.run(
+            [sys.executable, "-m", "clip_dcl.cli", *argv, "--reuse", "--quiet"], check=True, stdout=subprocess.DEVNULL
+        )
     summary, out = json.loads((folder / "summary.json").read_text()), folder.resolve()
     # the absolute paths the evaluators read (``clip_dcl.data.synth.generate`` returns them the same way)
     summary["out_dir"] = str(out)
@@ -85,11 +101,25 @@ def make_data(folder: Path, quick: bool) -> dict:
     return summary
 
 
-def train(recipe: str, data: Path, logs: Path, *, batch_size: int, epochs: int, seed: int = 0, name: str,
-          quick: bool, device: str = "cpu", threads: int = 1) -> dict:
+def train(
+    recipe: str,
+    data: Path,
+    logs: Path,
+    *,
+    batch_size: int,
+    epochs: int,
+    seed: int = 0,
+    name: str,
+    quick: bool,
+    device: str = "cpu",
+    threads: int = 1,
+) -> dict:
     """One run of ``recipe`` in a child process; its wall time, steps and checkpoint."""
-    argv = fill(get_recipe(recipe).train_argv(batch_size=batch_size, seed=seed, epochs=epochs, name=name,
-                                              device=device), data, logs)
+    argv = fill(
+        get_recipe(recipe).train_argv(batch_size=batch_size, seed=seed, epochs=epochs, name=name, device=device),
+        data,
+        logs,
+    )
     argv += list(QUICK_TRAIN) if quick else []
     env = {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
     log_dir = logs / name
@@ -99,27 +129,42 @@ def train(recipe: str, data: Path, logs: Path, *, batch_size: int, epochs: int, 
         shutil.rmtree(log_dir)
     load_before = os.getloadavg()[0]
     t0 = time.perf_counter()
-    done = subprocess.run([sys.executable, "-m", "clip_dcl.train", "--", *argv], env=env, capture_output=True,
-                          text=True)
+    done = subprocess.run(
+        [sys.executable, "-m", "clip_dcl.train", "--", *argv], env=env, capture_output=True, text=True
+    )
     seconds = time.perf_counter() - t0
     if done.returncode != 0:
-        raise RuntimeError(f"{recipe} B={batch_size} seed {seed} failed (exit {done.returncode}):\n"
-                           + done.stderr[-3000:])
+        raise RuntimeError(
+            f"{recipe} B={batch_size} seed {seed} failed (exit {done.returncode}):\n" + done.stderr[-3000:]
+        )
     samples = 512 if quick else 12000
     steps = epochs * (samples // batch_size)
-    return {"recipe": recipe, "batch_size": batch_size, "epochs": epochs, "seed": seed, "steps": steps,
-            "seconds": seconds, "ms_per_step": 1000 * seconds / steps, "threads": threads, "device": device,
-            "load_before": load_before, "load_after": os.getloadavg()[0],
-            "checkpoint": str(log_dir / "checkpoints" / f"epoch_{epochs}.pt"), "argv": argv}
+    return {
+        "recipe": recipe,
+        "batch_size": batch_size,
+        "epochs": epochs,
+        "seed": seed,
+        "steps": steps,
+        "seconds": seconds,
+        "ms_per_step": 1000 * seconds / steps,
+        "threads": threads,
+        "device": device,
+        "load_before": load_before,
+        "load_after": os.getloadavg()[0],
+        "checkpoint": str(log_dir / "checkpoints" / f"epoch_{epochs}.pt"),
+        "argv": argv,
+    }
 
 
 def speed(data: Path, work: Path, epochs: int, quick: bool) -> List[dict]:
     """Both recipes at every batch size of :data:`SIZES`, one after the other (the order alternates)."""
     rows = []
     for i, b in enumerate(SIZES):
-        for recipe in ((OLD, DEFAULT_RECIPE) if i % 2 == 0 else (DEFAULT_RECIPE, OLD)):
+        for recipe in (OLD, DEFAULT_RECIPE) if i % 2 == 0 else (DEFAULT_RECIPE, OLD):
             r = train(recipe, data, work / "speed", batch_size=b, epochs=epochs, name=f"{recipe}-b{b}", quick=quick)
-            print(f"[testbed_speed] {recipe} B={b}: {r['seconds']:.1f} s ({r['ms_per_step']:.1f} ms a step)", flush=True)
+            print(
+                f"[testbed_speed] {recipe} B={b}: {r['seconds']:.1f} s ({r['ms_per_step']:.1f} ms a step)", flush=True
+            )
             rows.append(r)
     return rows
 
@@ -137,8 +182,21 @@ def cuda(data: Path, work: Path, epochs: int, quick: bool) -> Optional[List[dict
     if not torch.cuda.is_available():
         return None
     with concurrent.futures.ThreadPoolExecutor(CUDA_RUNS) as pool:
-        futures = [pool.submit(train, DEFAULT_RECIPE, data, work / "cuda", batch_size=32, epochs=epochs, seed=s,
-                               name=f"cuda-{s}", quick=quick, device="cuda") for s in range(CUDA_RUNS)]
+        futures = [
+            pool.submit(
+                train,
+                DEFAULT_RECIPE,
+                data,
+                work / "cuda",
+                batch_size=32,
+                epochs=epochs,
+                seed=s,
+                name=f"cuda-{s}",
+                quick=quick,
+                device="cuda",
+            )
+            for s in range(CUDA_RUNS)
+        ]
         return [f.result() for f in futures]
 
 
@@ -149,8 +207,16 @@ def gate_run(data: Path, summary: dict, work: Path, b: int, seed: int, epochs: i
     cache = work / "gate" / f"b{b}-seed{seed}.json"
     if cache.is_file():
         return {**json.loads(cache.read_text()), "source": "reused"}
-    r = train(DEFAULT_RECIPE, data, work / "gate", batch_size=b, epochs=epochs, seed=seed, name=f"b{b}-seed{seed}",
-              quick=quick)
+    r = train(
+        DEFAULT_RECIPE,
+        data,
+        work / "gate",
+        batch_size=b,
+        epochs=epochs,
+        seed=seed,
+        name=f"b{b}-seed{seed}",
+        quick=quick,
+    )
     scores = with_mean_r1(evaluate(r["checkpoint"], summary, split="validation", fewshot=False, device="cpu"))
     record = {**r, "commit": code_commit(), "metrics": scores, "finished": utc_date()}
     cache.parent.mkdir(parents=True, exist_ok=True)
@@ -158,15 +224,19 @@ def gate_run(data: Path, summary: dict, work: Path, b: int, seed: int, epochs: i
     return {**record, "source": "trained"}
 
 
-def gate(data: Path, summary: dict, work: Path, epochs: int, quick: bool, jobs: int,
-         sizes: Sequence[int] = GATE_SIZES) -> List[dict]:
+def gate(
+    data: Path, summary: dict, work: Path, epochs: int, quick: bool, jobs: int, sizes: Sequence[int] = GATE_SIZES
+) -> List[dict]:
     """Every gate run, ``jobs`` at once (one torch thread each)."""
     plan = [(b, s) for b in sizes for s in GATE_SEEDS]
     out = []
     with concurrent.futures.ThreadPoolExecutor(jobs) as pool:
         for r in pool.map(lambda job: gate_run(data, summary, work, job[0], job[1], epochs, quick), plan):
-            print(f"[testbed_speed] gate clip B={r['batch_size']} seed {r['seed']} ({r['source']}): mean R@1 "
-                  f"{100 * r['metrics'][MEAN_R1]:.1f}", flush=True)
+            print(
+                f"[testbed_speed] gate clip B={r['batch_size']} seed {r['seed']} ({r['source']}): mean R@1 "
+                f"{100 * r['metrics'][MEAN_R1]:.1f}",
+                flush=True,
+            )
             out.append(r)
     return out
 
@@ -180,8 +250,15 @@ def gate_verdict(runs: Sequence[dict], sizes: Sequence[int] = GATE_SIZES, points
         return {"holds": None, "why": "runs missing"}
     gain = sum(hi) / len(hi) - sum(lo) / len(lo)
     apart = min(hi) > max(lo)
-    return {"holds": bool(gain >= points and apart), "gain": gain, "apart": apart, "small": lo, "large": hi,
-            "points": points, "sizes": [min(sizes), max(sizes)]}
+    return {
+        "holds": bool(gain >= points and apart),
+        "gain": gain,
+        "apart": apart,
+        "small": lo,
+        "large": hi,
+        "points": points,
+        "sizes": [min(sizes), max(sizes)],
+    }
 
 
 def gate_paired(runs: Sequence[dict], sizes: Sequence[int] = GATE_SIZES, confidence: float = 0.90) -> Optional[dict]:
@@ -201,9 +278,11 @@ def gate_paired(runs: Sequence[dict], sizes: Sequence[int] = GATE_SIZES, confide
 
 def _paired_text(p: dict) -> str:
     per = ", ".join(f"{100 * d:+.1f}" for d in p["diffs"])
-    return (f"Read paired by seed (a reading the gate did not name before its runs): per seed {per}, mean "
-            f"{100 * p['mean']:+.1f} points, {100 * p['confidence']:.0f} % interval [{100 * p['lo']:+.1f}, "
-            f"{100 * p['hi']:+.1f}].")
+    return (
+        f"Read paired by seed (a reading the gate did not name before its runs): per seed {per}, mean "
+        f"{100 * p['mean']:+.1f} points, {100 * p['confidence']:.0f} % interval [{100 * p['lo']:+.1f}, "
+        f"{100 * p['hi']:+.1f}]."
+    )
 
 
 def merged(doc: dict, others: Sequence[dict], ran: Sequence[str], made: dict) -> dict:
@@ -222,7 +301,8 @@ def merged(doc: dict, others: Sequence[dict], ran: Sequence[str], made: dict) ->
                     else:
                         out.pop(key, None)
                 out["sources"][part] = other.get("sources", {}).get(part) or {
-                    k: other.get(k) for k in ("command", "date", "machine", "commit")}
+                    k: other.get(k) for k in ("command", "date", "machine", "commit")
+                }
     return out
 
 
@@ -236,21 +316,45 @@ def _source(doc: dict, part: str, report: Report) -> List[str]:
 
 def write(report: Report, doc: dict) -> None:
     """The Markdown and JSON report of whatever parts ran."""
-    lines = ["# Testbed speed", "", *report.about(status=doc["status"]), f"- Code: {doc['commit']}", "",
-             "Recipes (`clip_dcl.experiment.recipes`):", ""]
+    lines = [
+        "# Testbed speed",
+        "",
+        *report.about(status=doc["status"]),
+        f"- Code: {doc['commit']}",
+        "",
+        "Recipes (`clip_dcl.experiment.recipes`):",
+        "",
+    ]
     lines += [f"- `{name}`: {RECIPES[name].summary}" for name in (OLD, DEFAULT_RECIPE)]
     lines += ["", "## One thread", ""]
     if doc.get("speed"):
         lines += _source(doc, "speed", report)
-        rows = [(r["recipe"], r["batch_size"], r["epochs"], r["steps"], f"{r['seconds']:.1f}", f"{r['ms_per_step']:.2f}",
-                 f"{r['load_before']:.1f} / {r['load_after']:.1f}") for r in doc["speed"]]
-        lines += [markdown_table(["recipe", "B", "epochs", "steps", "wall s", "ms a step", "load avg before / after"],
-                                 rows, "llrrrrr"), "",
-                  "The old recipe's loader runs in a worker process beside the trainer's thread; on a machine with "
-                  "other load (the load averages above) it competes for the cores, which slows the old recipe more "
-                  "than the new one.", ""]
-        lines += [f"- B = {b}: new / old = **{v:.3f}**" + (f" (goal <= {GOAL})" if int(b) == 32 else "")
-                  for b, v in doc["ratios"].items()]
+        rows = [
+            (
+                r["recipe"],
+                r["batch_size"],
+                r["epochs"],
+                r["steps"],
+                f"{r['seconds']:.1f}",
+                f"{r['ms_per_step']:.2f}",
+                f"{r['load_before']:.1f} / {r['load_after']:.1f}",
+            )
+            for r in doc["speed"]
+        ]
+        lines += [
+            markdown_table(
+                ["recipe", "B", "epochs", "steps", "wall s", "ms a step", "load avg before / after"], rows, "llrrrrr"
+            ),
+            "",
+            "The old recipe's loader runs in a worker process beside the trainer's thread; on a machine with "
+            "other load (the load averages above) it competes for the cores, which slows the old recipe more "
+            "than the new one.",
+            "",
+        ]
+        lines += [
+            f"- B = {b}: new / old = **{v:.3f}**" + (f" (goal <= {GOAL})" if int(b) == 32 else "")
+            for b, v in doc["ratios"].items()
+        ]
     else:
         lines += ["Not run in this call."]
     lines += ["", "## CUDA", ""]
@@ -258,31 +362,53 @@ def write(report: Report, doc: dict) -> None:
         lines += [doc.get("cuda_note", "Not run in this call.")]
     else:
         worst = max(r["seconds"] for r in doc["cuda"])
-        rows = [(r["seed"], r["steps"], f"{r['seconds']:.1f}", f"{r['ms_per_step']:.2f}",
-                 f"{r['load_before']:.1f} / {r['load_after']:.1f}") for r in doc["cuda"]]
+        rows = [
+            (
+                r["seed"],
+                r["steps"],
+                f"{r['seconds']:.1f}",
+                f"{r['ms_per_step']:.2f}",
+                f"{r['load_before']:.1f} / {r['load_after']:.1f}",
+            )
+            for r in doc["cuda"]
+        ]
         lines += _source(doc, "cuda", report)
-        lines += [markdown_table(["seed", "steps", "wall s", "ms a step", "load avg before / after"], rows, "rrrrr"),
-                  "", f"{len(doc['cuda'])} runs at once, B = 32: slowest {worst:.1f} s (goal <= {CUDA_GOAL:.0f} s each): "
-                  f"**{'met' if worst <= CUDA_GOAL else 'not met'}**"]
+        lines += [
+            markdown_table(["seed", "steps", "wall s", "ms a step", "load avg before / after"], rows, "rrrrr"),
+            "",
+            f"{len(doc['cuda'])} runs at once, B = 32: slowest {worst:.1f} s (goal <= {CUDA_GOAL:.0f} s each): "
+            f"**{'met' if worst <= CUDA_GOAL else 'not met'}**",
+        ]
     lines += ["", "## The gate (validation split)", ""]
     g = doc.get("gate_verdict")
     if g and g.get("holds") is not None:
         lines += _source(doc, "gate", report)
         runs = doc["gate"]
-        rows = [(r["batch_size"], r["seed"], f"{100 * r['metrics'][MEAN_R1]:.1f}", f"{r['seconds']:.0f}")
-                for r in sorted(runs, key=lambda r: (r["batch_size"], r["seed"]))]
-        lines += [markdown_table(["B", "seed", "mean R@1", "train s"], rows, "rrrr"), "",
-                  f"Gain from B = {g['sizes'][0]} to {g['sizes'][-1]}: {100 * g['gain']:+.1f} points "
-                  f"(needed: {100 * g['points']:.0f}); seeds' ranges {'apart' if g['apart'] else 'overlap'}: "
-                  f"**the gate {'holds' if g['holds'] else 'fails'}**."]
+        rows = [
+            (r["batch_size"], r["seed"], f"{100 * r['metrics'][MEAN_R1]:.1f}", f"{r['seconds']:.0f}")
+            for r in sorted(runs, key=lambda r: (r["batch_size"], r["seed"]))
+        ]
+        lines += [
+            markdown_table(["B", "seed", "mean R@1", "train s"], rows, "rrrr"),
+            "",
+            f"Gain from B = {g['sizes'][0]} to {g['sizes'][-1]}: {100 * g['gain']:+.1f} points "
+            f"(needed: {100 * g['points']:.0f}); seeds' ranges {'apart' if g['apart'] else 'overlap'}: "
+            f"**the gate {'holds' if g['holds'] else 'fails'}**.",
+        ]
         paired = gate_paired(runs, g["sizes"])
         if paired:
             lines += ["", _paired_text(paired)]
     else:
         lines += ["Not run in this call."]
-    lines += ["", "## Rerun the recipe", "", "```bash",
-              "clip-dcl " + " ".join(_quote(a) for a in doc["data_argv"]),
-              "python -m clip_dcl.train -- " + " ".join(_quote(a) for a in doc["train_argv"]), "```"]
+    lines += [
+        "",
+        "## Rerun the recipe",
+        "",
+        "```bash",
+        "clip-dcl " + " ".join(_quote(a) for a in doc["data_argv"]),
+        "python -m clip_dcl.train -- " + " ".join(_quote(a) for a in doc["train_argv"]),
+        "```",
+    ]
     report.write(lines, doc)
 
 
@@ -300,28 +426,36 @@ def readme_block(doc: dict) -> str:
         cells = []
         for b, ratio in sorted(doc["ratios"].items(), key=lambda kv: int(kv[0])):
             old, new = by[(doc["baseline_recipe"], int(b))], by[(doc["recipe"], int(b))]
-            cells.append(f"B = {b}: `{doc['recipe']}` {new['seconds']:.0f} s against `{doc['baseline_recipe']}` "
-                         f"{old['seconds']:.0f} s, **{ratio:.2f}x**" + (f" (goal <= {doc['goal']})" if int(b) == 32 else ""))
+            cells.append(
+                f"B = {b}: `{doc['recipe']}` {new['seconds']:.0f} s against `{doc['baseline_recipe']}` "
+                f"{old['seconds']:.0f} s, **{ratio:.2f}x**" + (f" (goal <= {doc['goal']})" if int(b) == 32 else "")
+            )
         epochs = doc["speed"][0]["epochs"]
-        parts.append(f"One torch thread, {epochs} epochs a run, wall-clock time of `python -m clip_dcl.train` "
-                     f"start-up and validation included: " + "; ".join(cells) + ".")
+        parts.append(
+            f"One torch thread, {epochs} epochs a run, wall-clock time of `python -m clip_dcl.train` "
+            f"start-up and validation included: " + "; ".join(cells) + "."
+        )
     if doc.get("cuda") is not None:
         worst = max(r["seconds"] for r in doc["cuda"])
         where = (doc.get("sources", {}).get("cuda") or {}).get("machine") or doc.get("machine", "")
         gpu = where.split(";")[0].split(", ")[-1]  # machine_info: "CPU, N cores (...), GPU; OS, Python, torch"
-        parts.append(f"CUDA ({gpu}): {len(doc['cuda'])} runs of `{doc['recipe']}` at once at B = 32, the slowest "
-                     f"{worst:.0f} s (goal <= {CUDA_GOAL:.0f} s): **{'met' if worst <= CUDA_GOAL else 'not met'}**.")
+        parts.append(
+            f"CUDA ({gpu}): {len(doc['cuda'])} runs of `{doc['recipe']}` at once at B = 32, the slowest "
+            f"{worst:.0f} s (goal <= {CUDA_GOAL:.0f} s): **{'met' if worst <= CUDA_GOAL else 'not met'}**."
+        )
     elif "cuda_note" in doc:
         parts.append("CUDA: no GPU was lent to the run that wrote the report; no CUDA timing.")
     g = doc.get("gate_verdict")
     if g and g.get("holds") is not None:
         lo, hi = g["sizes"]
-        parts.append(f"The gate on `{doc['recipe']}` (`clip`, validation split, seeds "
-                     f"{', '.join(str(r['seed']) for r in doc['gate'] if r['batch_size'] == lo)}): retrieval mean "
-                     f"R@1 {100 * sum(g['small']) / len(g['small']):.1f} at B = {lo} and "
-                     f"{100 * sum(g['large']) / len(g['large']):.1f} at B = {hi}, a gain of {100 * g['gain']:+.1f} "
-                     f"points (needed {100 * g['points']:.0f}), the seeds' ranges "
-                     f"{'apart' if g['apart'] else 'overlapping'}: **the gate {'holds' if g['holds'] else 'fails'}**.")
+        parts.append(
+            f"The gate on `{doc['recipe']}` (`clip`, validation split, seeds "
+            f"{', '.join(str(r['seed']) for r in doc['gate'] if r['batch_size'] == lo)}): retrieval mean "
+            f"R@1 {100 * sum(g['small']) / len(g['small']):.1f} at B = {lo} and "
+            f"{100 * sum(g['large']) / len(g['large']):.1f} at B = {hi}, a gain of {100 * g['gain']:+.1f} "
+            f"points (needed {100 * g['points']:.0f}), the seeds' ranges "
+            f"{'apart' if g['apart'] else 'overlapping'}: **the gate {'holds' if g['holds'] else 'fails'}**."
+        )
         paired = gate_paired(doc["gate"], g["sizes"])
         if paired:
             parts[-1] += " " + _paired_text(paired)
@@ -330,16 +464,29 @@ def readme_block(doc: dict) -> str:
 
 def build_parser():
     p = arguments.benchmark_parser("testbed_speed.py", __doc__)
-    p.add_argument("--parts", nargs="*", choices=list(PARTS), default=list(PARTS),
-                   help="the parts this call runs (none: only --merge)")
-    p.add_argument("--merge", nargs="+", default=[], metavar="JSON",
-                   help="reports of this benchmark from other calls (a lent GPU's CUDA part, say): each part this "
-                        "call does not run is taken from the last of them that has it, with where it was made")
+    p.add_argument(
+        "--parts",
+        nargs="*",
+        choices=list(PARTS),
+        default=list(PARTS),
+        help="the parts this call runs (none: only --merge)",
+    )
+    p.add_argument(
+        "--merge",
+        nargs="+",
+        default=[],
+        metavar="JSON",
+        help="reports of this benchmark from other calls (a lent GPU's CUDA part, say): each part this "
+        "call does not run is taken from the last of them that has it, with where it was made",
+    )
     p.add_argument("--epochs", type=int, default=20, help="epochs of every run")
     p.add_argument("--jobs", type=int, default=2, help="gate runs at once (one torch thread each)")
     p.add_argument("--work", default=str(HERE / "work" / STEM), help="folder for the data and the runs")
-    p.add_argument("--out", default=None, help="the report's path without suffix (default "
-                   "benchmarks/results/testbed_speed; with --quick under --work)")
+    p.add_argument(
+        "--out",
+        default=None,
+        help="the report's path without suffix (default benchmarks/results/testbed_speed; with --quick under --work)",
+    )
     p.add_argument("--quick", action="store_true", help="smoke run: 512 pairs, 1 epoch, gate at B = 16 and 32")
     return p
 
@@ -355,10 +502,18 @@ def main(argv: Optional[List[str]] = None) -> int:
     summary = make_data(data, args.quick) if args.parts else None
     report = Report.at(out, command_line("testbed_speed.py", argv), work=work)
     new = get_recipe(DEFAULT_RECIPE)
-    doc = {"status": "running", "commit": code_commit(), "recipes": {n: RECIPES[n].summary for n in (OLD, DEFAULT_RECIPE)},
-           "recipe": DEFAULT_RECIPE, "baseline_recipe": OLD, "data_argv": list(new.data_argv),
-           "train_argv": new.train_argv(batch_size=32, seed=0, epochs=20, name="testbed"),
-           "goal": GOAL, "epochs": epochs, "quick": args.quick}
+    doc = {
+        "status": "running",
+        "commit": code_commit(),
+        "recipes": {n: RECIPES[n].summary for n in (OLD, DEFAULT_RECIPE)},
+        "recipe": DEFAULT_RECIPE,
+        "baseline_recipe": OLD,
+        "data_argv": list(new.data_argv),
+        "train_argv": new.train_argv(batch_size=32, seed=0, epochs=20, name="testbed"),
+        "goal": GOAL,
+        "epochs": epochs,
+        "quick": args.quick,
+    }
     others = [json.loads(Path(m).read_text()) for m in args.merge]
     made = {"command": report.command, "date": report.date, "machine": report.machine, "commit": doc["commit"]}
     if not args.parts and not others:

@@ -23,6 +23,7 @@ and records no tensor in the checkpoints. The table is read from the json ``key`
 every ``.tar`` shard in ``--oracle-labels DIR`` (default: the folder of the ``--train-data``
 shards). Other losses pass straight through.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -76,21 +77,27 @@ class UnbiasedOracleLoss(ContrastiveLoss):
         if sample_ids is None:
             raise ValueError("the unbiased oracle needs sample_ids= to look up labels")
         if text_features.shape[0] != image_features.shape[0]:
-            raise ValueError(f"the unbiased oracle takes one caption per image; got {text_features.shape[0]} text rows "
-                             f"for {image_features.shape[0]} images")
+            raise ValueError(
+                f"the unbiased oracle takes one caption per image; got {text_features.shape[0]} text rows "
+                f"for {image_features.shape[0]} images"
+            )
         ids = sample_ids.to(self.labels.device)
         all_ids = all_gather_cat(ids, self.world_size)
         if self.world_size > 1:
-            all_img, all_txt = gather_features(image_features, text_features, self.local_loss,
-                                               self.gather_with_grad, self.rank, self.world_size)
+            all_img, all_txt = gather_features(
+                image_features, text_features, self.local_loss, self.gather_with_grad, self.rank, self.world_size
+            )
         else:
             all_img, all_txt = image_features, text_features
         dtype = compute_dtype(image_features)
         local = self.local_loss and self.world_size > 1
         with torch.autocast(image_features.device.type, enabled=False):
             s = logit_scale.to(dtype)
-            anchors = [(image_features, all_txt), (text_features, all_img)] if local else \
-                [(all_img, all_txt), (all_txt, all_img)]
+            anchors = (
+                [(image_features, all_txt), (text_features, all_img)]
+                if local
+                else [(all_img, all_txt), (all_txt, all_img)]
+            )
             row_ids = ids if local else all_ids
             offset = self.rank * ids.numel() if local else 0
             col_labels = self.labels[all_ids].to(image_features.device)
@@ -141,8 +148,12 @@ def main(argv: Optional[List[str]] = None) -> int:
     if argv[:1] == ["--"]:
         argv = argv[1:]
     ours = argparse.ArgumentParser(prog="train_oracle.py", add_help=False, allow_abbrev=False)
-    ours.add_argument("--oracle-labels", default=None, metavar="DIR",
-                      help="folder of the labelled .tar shards (default: the --train-data folder)")
+    ours.add_argument(
+        "--oracle-labels",
+        default=None,
+        metavar="DIR",
+        help="folder of the labelled .tar shards (default: the --train-data folder)",
+    )
     args, rest = ours.parse_known_args(argv)
     peek = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
     peek.add_argument("--loss", default="clip")

@@ -40,6 +40,7 @@ interleaved runs are robust to steady load and noisy under bursty load.
     .venv/bin/python benchmarks/train_throughput.py --quick       # smoke run, report under --work
     .venv/bin/python benchmarks/train_throughput.py --device cuda # ViT-B-32 at 224 px, amp_bf16
 """
+
 from __future__ import annotations
 
 import argparse
@@ -129,21 +130,42 @@ class Setup:
     @property
     def budget(self) -> ex.Budget:
         """The training flags every child shares: one epoch, a loss line per step."""
-        return ex.Budget(epochs=1, batch_size=self.batch_size, lr=1e-3, wd=0.1, warmup=2, seed=self.seed,
-                         workers=self.workers, model=self.model, log_every_n_steps=1)
+        return ex.Budget(
+            epochs=1,
+            batch_size=self.batch_size,
+            lr=1e-3,
+            wd=0.1,
+            warmup=2,
+            seed=self.seed,
+            workers=self.workers,
+            model=self.model,
+            log_every_n_steps=1,
+        )
 
     @property
     def child_options(self) -> dict:
         """:func:`clip_dcl.experiment.train`'s options of a timed child: ``device`` and ``precision``,
         an epoch of exactly :attr:`train_steps` steps, no validation."""
-        return {"precision": self.precision, "device": self.device,
-                "num_samples": self.batch_size * self.train_steps, "validate": False}
+        return {
+            "precision": self.precision,
+            "device": self.device,
+            "num_samples": self.batch_size * self.train_steps,
+            "validate": False,
+        }
 
 
 CPU_SETUP = Setup()
 QUICK_SETUP = Setup(batch_size=32, warmup_steps=2, steps=6)
-CUDA_SETUP = Setup(device="cuda", model="ViT-B-32", image_size=224, precision="amp_bf16", batch_size=256,
-                   warmup_steps=10, steps=40, workers=8)
+CUDA_SETUP = Setup(
+    device="cuda",
+    model="ViT-B-32",
+    image_size=224,
+    precision="amp_bf16",
+    batch_size=256,
+    warmup_steps=10,
+    steps=40,
+    workers=8,
+)
 
 
 # ------------------------------------------------------------------------------------------
@@ -162,12 +184,15 @@ def steady_rates(steps: Sequence[StepTime], warmup_steps: int, tail_steps: int =
     done = [s.samples_done for s in steps if s.epoch == steps[0].epoch] if steps else []
     increments = {b - a for a, b in zip(done, done[1:])}
     if len(increments) > 1 or (done and increments and done[0] != next(iter(increments))):
-        raise ValueError(f"training lines are not one per step (samples done: {done[:6]}...); "
-                         "run with --log-every-n-steps 1")
-    kept = [s.samples_per_second for s in steps[warmup_steps:len(steps) - tail_steps]]
+        raise ValueError(
+            f"training lines are not one per step (samples done: {done[:6]}...); run with --log-every-n-steps 1"
+        )
+    kept = [s.samples_per_second for s in steps[warmup_steps : len(steps) - tail_steps]]
     if not kept:
-        raise ValueError(f"{len(steps)} training step(s) logged, none left after {warmup_steps} warm-up and "
-                         f"{tail_steps} tail step(s)")
+        raise ValueError(
+            f"{len(steps)} training step(s) logged, none left after {warmup_steps} warm-up and "
+            f"{tail_steps} tail step(s)"
+        )
     return kept
 
 
@@ -249,12 +274,18 @@ def run_child(objective: Run, data: dict, setup: Setup, logs: Path, echo: Callab
     res = ex.train(objective, data, logs, setup.budget, echo=echo, env=env, lock=False, **setup.child_options)
     steps = read_step_times(res.log_dir)
     shutil.rmtree(res.log_dir / "checkpoints", ignore_errors=True)  # only the timing is kept
-    return {"command": res.command, "wall_seconds": res.seconds, "load_before": load_before,
-            "load_after": os.getloadavg(), "steps": [dataclasses.asdict(s) for s in steps]}
+    return {
+        "command": res.command,
+        "wall_seconds": res.seconds,
+        "load_before": load_before,
+        "load_after": os.getloadavg(),
+        "steps": [dataclasses.asdict(s) for s in steps],
+    }
 
 
-def measure(objs: Sequence[Run], data: dict, setup: Setup, rounds: int, work: Path,
-            echo: Callable[[str], None] = print) -> List[dict]:
+def measure(
+    objs: Sequence[Run], data: dict, setup: Setup, rounds: int, work: Path, echo: Callable[[str], None] = print
+) -> List[dict]:
     """Train every objective once per round, order rotated each round; one record per child.
 
     A child's output stays in ``work/runs/round<r>/<objective>/stdout.txt``.
@@ -264,10 +295,20 @@ def measure(objs: Sequence[Run], data: dict, setup: Setup, rounds: int, work: Pa
         for obj in round_order(objs, r):
             res = run_child(obj, data, setup, work / "runs" / f"round{r}", echo)
             rates = steady_rates([StepTime(**s) for s in res["steps"]], setup.warmup_steps, setup.tail_steps)
-            echo(f"  round {r + 1}/{rounds}  {obj.name:<16} median {statistics.median(rates):8.1f} samples/s "
-                 f"over {len(rates)} steps  (child {res['wall_seconds']:.0f} s, load {res['load_before'][0]:.2f})")
-            records.append({"round": r, "objective": obj.name, "flags": list(obj.flags), "command": res["command"],
-                            "steady_samples_per_second": rates, **res})
+            echo(
+                f"  round {r + 1}/{rounds}  {obj.name:<16} median {statistics.median(rates):8.1f} samples/s "
+                f"over {len(rates)} steps  (child {res['wall_seconds']:.0f} s, load {res['load_before'][0]:.2f})"
+            )
+            records.append(
+                {
+                    "round": r,
+                    "objective": obj.name,
+                    "flags": list(obj.flags),
+                    "command": res["command"],
+                    "steady_samples_per_second": rates,
+                    **res,
+                }
+            )
     return records
 
 
@@ -281,16 +322,34 @@ def table(summary: Dict[str, dict], objs: Sequence[Run]) -> str:
         if not s:
             continue
         meets = "baseline" if obj.name == BASELINE else ("yes" if s["ratio_median"] >= GOAL else "**no**")
-        rows.append([obj.name, f"{s['median']:.1f}", f"{s['min']:.1f} - {s['max']:.1f}", f"{s['throughput']:.1f}",
-                     f"{s['ratio_median']:.3f}", f"{s['ratio_min']:.3f} - {s['ratio_max']:.3f}", meets,
-                     f"{s['fast_ratio_median']:.3f}"])
-    return markdown_table(["objective", "samples/s (median over rounds)", "range over rounds", "samples/s (pooled)",
-                           "/ clip (median of per-round ratios)", "ratio range", ">= 0.97x",
-                           "/ clip, faster steps (upper quartile)"], rows)
+        rows.append(
+            [
+                obj.name,
+                f"{s['median']:.1f}",
+                f"{s['min']:.1f} - {s['max']:.1f}",
+                f"{s['throughput']:.1f}",
+                f"{s['ratio_median']:.3f}",
+                f"{s['ratio_min']:.3f} - {s['ratio_max']:.3f}",
+                meets,
+                f"{s['fast_ratio_median']:.3f}",
+            ]
+        )
+    return markdown_table(
+        [
+            "objective",
+            "samples/s (median over rounds)",
+            "range over rounds",
+            "samples/s (pooled)",
+            "/ clip (median of per-round ratios)",
+            "ratio range",
+            ">= 0.97x",
+            "/ clip, faster steps (upper quartile)",
+        ],
+        rows,
+    )
 
 
-def plot(records: Sequence[dict], summary: Dict[str, dict], objs: Sequence[Run], report: Report,
-         title: str) -> Path:
+def plot(records: Sequence[dict], summary: Dict[str, dict], objs: Sequence[Run], report: Report, title: str) -> Path:
     """Left: per-step samples/s of every child (one dot per step) and each round's median.
     Right: each round's ratio to clip, the median over rounds, and the 0.97 goal."""
     names = [o.name for o in objs if o.name in summary]
@@ -302,8 +361,14 @@ def plot(records: Sequence[dict], summary: Dict[str, dict], objs: Sequence[Run],
                 continue
             off = (rec["round"] - (len(rounds) - 1) / 2) * 0.8 / max(1, len(rounds))
             y = rec["steady_samples_per_second"]
-            ax0.scatter([i + off] * len(y), y, s=6, alpha=0.35, color=f"C{rec['round']}",
-                        label=f"round {rec['round'] + 1}" if i == 0 else None)
+            ax0.scatter(
+                [i + off] * len(y),
+                y,
+                s=6,
+                alpha=0.35,
+                color=f"C{rec['round']}",
+                label=f"round {rec['round'] + 1}" if i == 0 else None,
+            )
             ax0.plot([i + off - 0.05, i + off + 0.05], [statistics.median(y)] * 2, color="black", lw=2)
     ax0.set_xticks(range(len(names)), names, rotation=20)
     ax0.set(ylabel="samples/s per step (after warm-up)", title="per-step throughput (bars: round medians)")
@@ -312,8 +377,13 @@ def plot(records: Sequence[dict], summary: Dict[str, dict], objs: Sequence[Run],
     for i, name in enumerate(names):
         ratios = summary[name]["ratios"]
         ax1.scatter([i] * len(ratios), ratios, color="C0", alpha=0.7, label="per round" if i == 0 else None)
-        ax1.plot([i - 0.25, i + 0.25], [summary[name]["ratio_median"]] * 2, color="black", lw=2,
-                 label="median" if i == 0 else None)
+        ax1.plot(
+            [i - 0.25, i + 0.25],
+            [summary[name]["ratio_median"]] * 2,
+            color="black",
+            lw=2,
+            label="median" if i == 0 else None,
+        )
     ax1.axhline(GOAL, color="red", ls="--", lw=1, label=f"goal {GOAL}x")
     ax1.axhline(1.0, color="grey", lw=0.8)
     ax1.set_xticks(range(len(names)), names, rotation=20)
@@ -323,22 +393,32 @@ def plot(records: Sequence[dict], summary: Dict[str, dict], objs: Sequence[Run],
     return report.figure(fig, title)
 
 
-def write_report(report: Report, records: List[dict], objs: Sequence[Run], setup: Setup, rounds: int,
-                 data: dict, about: dict) -> Dict[str, Path]:
+def write_report(
+    report: Report, records: List[dict], objs: Sequence[Run], setup: Setup, rounds: int, data: dict, about: dict
+) -> Dict[str, Path]:
     """``train_throughput.md`` (settings, machine, command, table), ``.json`` (raw steps), ``.png``."""
     per_round: List[Dict[str, List[float]]] = [{} for _ in range(rounds)]
     for rec in records:
         per_round[rec["round"]][rec["objective"]] = rec["steady_samples_per_second"]
     summary = summarize([r for r in per_round if r])
     device_words = about["gpu"] if setup.device == "cuda" else "CPU"
-    title = (f"training throughput, {setup.model} {setup.precision} on {device_words}, batch {setup.batch_size}, "
-             f"{rounds} rounds")
+    title = (
+        f"training throughput, {setup.model} {setup.precision} on {device_words}, batch {setup.batch_size}, "
+        f"{rounds} rounds"
+    )
     png = plot(records, summary, objs, report, title)
-    data_time = {name: statistics.median(s["data_seconds"] for rec in records if rec["objective"] == name
-                                         for s in rec["steps"][setup.warmup_steps:len(rec["steps"]) - setup.tail_steps])
-                 for name in summary}
-    wall = {name: statistics.median(rec["wall_seconds"] for rec in records if rec["objective"] == name)
-            for name in summary}
+    data_time = {
+        name: statistics.median(
+            s["data_seconds"]
+            for rec in records
+            if rec["objective"] == name
+            for s in rec["steps"][setup.warmup_steps : len(rec["steps"]) - setup.tail_steps]
+        )
+        for name in summary
+    }
+    wall = {
+        name: statistics.median(rec["wall_seconds"] for rec in records if rec["objective"] == name) for name in summary
+    }
     lines = [
         f"# Training throughput: dcl and decl against OpenCLIP's loss ({setup.device})",
         "",
@@ -359,16 +439,24 @@ def write_report(report: Report, records: List[dict], objs: Sequence[Run], setup
         "",
         "Median data-loader wait per step (s): "
         + ", ".join(f"{n} {data_time[n]:.3f}" for n in summary)
-        + ". Median child wall time including start-up (s): " + ", ".join(f"{n} {wall[n]:.1f}" for n in summary) + ".",
+        + ". Median child wall time including start-up (s): "
+        + ", ".join(f"{n} {wall[n]:.1f}" for n in summary)
+        + ".",
         "",
         f"![per-step throughput and ratios]({png.name})",
         "",
         about.get("notes", ""),
     ]
-    doc = {**{k: v for k, v in about.items() if k != "notes"}, "setup": dataclasses.asdict(setup),
-           "rounds": rounds, "goal": GOAL, "baseline": BASELINE,
-           "data": {k: data.get(k) for k in ("out_dir", "train_data", "tau_plus")},
-           "summary": summary, "children": records}
+    doc = {
+        **{k: v for k, v in about.items() if k != "notes"},
+        "setup": dataclasses.asdict(setup),
+        "rounds": rounds,
+        "goal": GOAL,
+        "baseline": BASELINE,
+        "data": {k: data.get(k) for k in ("out_dir", "train_data", "tau_plus")},
+        "summary": summary,
+        "children": records,
+    }
     md = report.write(lines, doc)
     return {"markdown": md, "json": report.path(".json"), "png": png, "summary": summary}
 
@@ -384,10 +472,13 @@ def notes(records: Sequence[dict], setup: Setup, about: dict) -> str:
         f"- Noise floor: `clip` itself moved by {100 * spread:.1f} % (max - min over its round medians) from "
         "round to round; a ratio within about that distance of 1.0 is no measurable difference.",
         f"- Load: 1-minute load average {min(loads):.2f} - {max(loads):.2f} when the children started. "
-        + ("The benchmark held the clip-dcl training lock, so no other training started through "
-           "`clip_dcl.experiment` ran beside it, but other work on the machine (evaluations of other "
-           "benchmarks) was not stopped. " if about.get("locked") else
-           "Run with `--no-lock`: other trainings may have run beside it. ")
+        + (
+            "The benchmark held the clip-dcl training lock, so no other training started through "
+            "`clip_dcl.experiment` ran beside it, but other work on the machine (evaluations of other "
+            "benchmarks) was not stopped. "
+            if about.get("locked")
+            else "Run with `--no-lock`: other trainings may have run beside it. "
+        )
         + "Ratios from interleaved rounds are robust to steady load and noisy under bursty load; the "
         "upper-quartile column is less moved by bursts.",
     ]
@@ -410,12 +501,20 @@ def fmt_load(load: Sequence[float]) -> str:
 # Command line
 # ------------------------------------------------------------------------------------------
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0], allow_abbrev=False,
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("--quick", action="store_true",
-                   help="smoke run: batch 32, 2 warm-up + 6 timed steps, 1 round; report under --work")
-    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
-                   help="cpu: clip-dcl-tiny fp32; cuda: ViT-B-32 at 224 px, amp_bf16 (needs a GPU)")
+    p = argparse.ArgumentParser(
+        description=__doc__.splitlines()[0], allow_abbrev=False, formatter_class=argparse.ArgumentDefaultsHelpFormatter
+    )
+    p.add_argument(
+        "--quick",
+        action="store_true",
+        help="smoke run: batch 32, 2 warm-up + 6 timed steps, 1 round; report under --work",
+    )
+    p.add_argument(
+        "--device",
+        choices=("cpu", "cuda"),
+        default="cpu",
+        help="cpu: clip-dcl-tiny fp32; cuda: ViT-B-32 at 224 px, amp_bf16 (needs a GPU)",
+    )
     p.add_argument("--rounds", type=int, default=None, help="rounds (default: 5, 1 with --quick)")
     p.add_argument("--batch-size", type=int, default=None, help="per-step batch (default: 128 cpu, 256 cuda)")
     p.add_argument("--steps", type=int, default=None, help="timed steps per child (default: 20 cpu, 40 cuda)")
@@ -423,14 +522,28 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--workers", type=int, default=None, help="data loader workers (default: 1 cpu, 8 cuda)")
     p.add_argument("--model", default=None, help="OpenCLIP model name (default: clip-dcl-tiny cpu, ViT-B-32 cuda)")
     p.add_argument("--threads", type=int, default=0, help="torch threads per child (0: torch's default)")
-    p.add_argument("--only", nargs="+", default=None, metavar="NAME",
-                   help="time only these objectives (clip is always added), e.g. --only dcl 'decl rate=index'")
-    p.add_argument("--no-lock", action="store_true",
-                   help="do not wait for other clip-dcl trainings on this machine (clip_dcl.experiment.machine_lock)")
-    p.add_argument("--work", default=os.path.join(tempfile.gettempdir(), "clip_dcl_train_throughput"),
-                   help="synthetic data and child logs go here")
-    p.add_argument("--out-dir", default=None,
-                   help="report folder (default: benchmarks/results, or WORK/<mode>/report with --quick)")
+    p.add_argument(
+        "--only",
+        nargs="+",
+        default=None,
+        metavar="NAME",
+        help="time only these objectives (clip is always added), e.g. --only dcl 'decl rate=index'",
+    )
+    p.add_argument(
+        "--no-lock",
+        action="store_true",
+        help="do not wait for other clip-dcl trainings on this machine (clip_dcl.experiment.machine_lock)",
+    )
+    p.add_argument(
+        "--work",
+        default=os.path.join(tempfile.gettempdir(), "clip_dcl_train_throughput"),
+        help="synthetic data and child logs go here",
+    )
+    p.add_argument(
+        "--out-dir",
+        default=None,
+        help="report folder (default: benchmarks/results, or WORK/<mode>/report with --quick)",
+    )
     return p
 
 
@@ -438,8 +551,13 @@ def make_setup(args) -> Setup:
     base = CUDA_SETUP if args.device == "cuda" else (QUICK_SETUP if args.quick else CPU_SETUP)
     if args.quick and args.device == "cuda":
         base = dataclasses.replace(base, warmup_steps=3, steps=6, batch_size=64)
-    fields = {"batch_size": args.batch_size, "steps": args.steps, "warmup_steps": args.warmup_steps,
-              "workers": args.workers, "model": args.model}
+    fields = {
+        "batch_size": args.batch_size,
+        "steps": args.steps,
+        "warmup_steps": args.warmup_steps,
+        "workers": args.workers,
+        "model": args.model,
+    }
     setup = dataclasses.replace(base, threads=args.threads, **{k: v for k, v in fields.items() if v is not None})
     setup.validate()
     return setup
@@ -467,16 +585,27 @@ def main(argv: Optional[List[str]] = None) -> int:
     out_dir = Path(args.out_dir) if args.out_dir else (work / "report" if args.quick else HERE / "results")
     # Resampled shards: a few shards of any size do; twice a step's worth per worker keeps them varied.
     samples = max(setup.batch_size * max(2, setup.workers) * 2, 512)
-    data = generate(work / f"data-{setup.image_size}px", quick=True, reuse=True, image_size=setup.image_size,
-                    train_samples=samples, shard_size=math.ceil(samples / max(4, setup.workers)), num_classes=10)
+    data = generate(
+        work / f"data-{setup.image_size}px",
+        quick=True,
+        reuse=True,
+        image_size=setup.image_size,
+        train_samples=samples,
+        shard_size=math.ceil(samples / max(4, setup.workers)),
+        num_classes=10,
+    )
     objs = objectives(float(data["tau_plus"]))
     if args.only:
         objs = [o for o in objs if o.name == BASELINE or o.name in args.only]
 
-    report = Report(out_dir, STEM, ex.command_line("train_throughput.py", sys.argv[1:] if argv is None else argv),
-                    work=work)
-    print(f"{len(objs)} objectives x {rounds} rounds, {setup.train_steps} steps each "
-          f"({setup.warmup_steps} warm-up, {setup.tail_steps} tail) at batch {setup.batch_size} on {setup.device}", flush=True)
+    report = Report(
+        out_dir, STEM, ex.command_line("train_throughput.py", sys.argv[1:] if argv is None else argv), work=work
+    )
+    print(
+        f"{len(objs)} objectives x {rounds} rounds, {setup.train_steps} steps each "
+        f"({setup.warmup_steps} warm-up, {setup.tail_steps} tail) at batch {setup.batch_size} on {setup.device}",
+        flush=True,
+    )
     lock = contextlib.nullcontext() if args.no_lock else ex.machine_lock(lambda m: print(m, flush=True))
     with lock:
         load_before = os.getloadavg()
@@ -506,10 +635,12 @@ def readme_block(doc: dict) -> str:
     b = s[base]
     ratios = ", ".join(f"`{name}` {v['ratio_median']:.2f}" for name, v in s.items() if name != base)
     rounds = len(b["per_round"])
-    return (f"On {doc['machine'].split(';')[0]} with `{setup['model']}` at batch {setup['batch_size']} "
-            f"({setup['device']}, {setup['precision']}), `{base}` runs {b['median']:.0f} samples/s (median over {rounds} "
-            f"rounds; its own rounds spread by {100 * (b['max'] - b['min']) / b['median']:.1f} %). Median ratios to it: "
-            f"{ratios} (goal: at least {doc['goal']:.2f}).")
+    return (
+        f"On {doc['machine'].split(';')[0]} with `{setup['model']}` at batch {setup['batch_size']} "
+        f"({setup['device']}, {setup['precision']}), `{base}` runs {b['median']:.0f} samples/s (median over {rounds} "
+        f"rounds; its own rounds spread by {100 * (b['max'] - b['min']) / b['median']:.1f} %). Median ratios to it: "
+        f"{ratios} (goal: at least {doc['goal']:.2f})."
+    )
 
 
 if __name__ == "__main__":

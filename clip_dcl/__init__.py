@@ -9,6 +9,7 @@ Importing ``clip_dcl`` makes its model configs (``clip-dcl-tiny``) visible to Op
 training checkpoints (or an export's ``open_clip_model.safetensors``). It does so without importing
 torch or OpenCLIP itself: see :func:`clip_dcl.models.register_on_open_clip_import`.
 """
+
 from __future__ import annotations
 
 from ._version import __version__

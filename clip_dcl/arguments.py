@@ -1,5 +1,6 @@
 """The argument parser of the ``clip-dcl`` commands: flags spelled out in full, and an unknown flag refused
 with the flags closest to it (``--batchsize`` -> ``--batch-size``) before any work."""
+
 from __future__ import annotations
 
 import argparse

@@ -4,6 +4,7 @@ The model is found without the training flags: the ``model`` argument, the check
 ``clip_dcl`` entry, or OpenCLIP's ``params.txt``; a config found is registered with OpenCLIP first.
 An export loads with ``open_clip.create_model_and_transforms("local-dir:OUT_DIR")``, without clip-dcl.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -18,8 +19,18 @@ from .arguments import FlagParser
 from .train import saving
 from .train.saving import CheckpointUnreadable, UnsafeCheckpoint
 
-__all__ = ["load_checkpoint", "export", "export_main", "resolve_model", "read_params", "register_config_dict",
-           "CheckpointUnreadable", "UnsafeCheckpoint", "CONFIG_NAME", "WEIGHTS_NAME"]
+__all__ = [
+    "load_checkpoint",
+    "export",
+    "export_main",
+    "resolve_model",
+    "read_params",
+    "register_config_dict",
+    "CheckpointUnreadable",
+    "UnsafeCheckpoint",
+    "CONFIG_NAME",
+    "WEIGHTS_NAME",
+]
 
 log = logging.getLogger(__name__)
 
@@ -73,15 +84,22 @@ class _QuietRandomInit(logging.Filter):
 
 #: ``preprocess_cfg`` keys of a checkpoint's entry -> ``create_model_and_transforms`` arguments
 #: (the ``--image-*`` flags OpenCLIP's trainer applies; the size follows the model config).
-_PREPROCESS_ARGS = {"mean": "image_mean", "std": "image_std", "interpolation": "image_interpolation",
-                    "resize_mode": "image_resize_mode"}
+_PREPROCESS_ARGS = {
+    "mean": "image_mean",
+    "std": "image_std",
+    "interpolation": "image_interpolation",
+    "resize_mode": "image_resize_mode",
+}
 
 
 def _create_empty(name: str, preprocess_cfg: dict | None = None):
     import open_clip
 
-    kwargs = {arg: preprocess_cfg[key] for key, arg in _PREPROCESS_ARGS.items()
-              if preprocess_cfg and preprocess_cfg.get(key) is not None}
+    kwargs = {
+        arg: preprocess_cfg[key]
+        for key, arg in _PREPROCESS_ARGS.items()
+        if preprocess_cfg and preprocess_cfg.get(key) is not None
+    }
     root = logging.getLogger()
     quiet = _QuietRandomInit()
     root.addFilter(quiet)
@@ -92,15 +110,18 @@ def _create_empty(name: str, preprocess_cfg: dict | None = None):
     return net, preprocess
 
 
-def resolve_model(path: str | os.PathLike, ckpt: dict, model: str | None = None,
-                  model_config: str | os.PathLike | dict | None = None) -> str:
+def resolve_model(
+    path: str | os.PathLike, ckpt: dict, model: str | None = None, model_config: str | os.PathLike | dict | None = None
+) -> str:
     """The model name for a loaded checkpoint dict, registering any custom config (module docstring)."""
     from .models import register_builtin_configs, register_model_config
 
     register_builtin_configs()
     entry = ckpt.get(saving.CKPT_KEY) if isinstance(ckpt, dict) else None
     if entry is not None and not isinstance(entry, dict):
-        raise ValueError(f"checkpoint {str(path)!r}: {saving.CKPT_KEY!r} entry must be a dict, got {type(entry).__name__}")
+        raise ValueError(
+            f"checkpoint {str(path)!r}: {saving.CKPT_KEY!r} entry must be a dict, got {type(entry).__name__}"
+        )
     entry = entry or {}
     if model_config is not None:
         if isinstance(model_config, dict):
@@ -116,12 +137,15 @@ def resolve_model(path: str | os.PathLike, ckpt: dict, model: str | None = None,
         raise ValueError(
             f"checkpoint {str(path)!r} does not name its model (no {saving.CKPT_KEY!r} entry and no params.txt two "
             f"folders up or beside it); pass --model NAME (and --model-config PATH for a custom architecture), "
-            f"or model='<name>' / model_config=... from Python")
+            f"or model='<name>' / model_config=... from Python"
+        )
     if params.get("model_config") and entry.get("model_config") is None:
         config_path = Path(params["model_config"])
         if not config_path.exists():
-            raise ValueError(f"checkpoint {str(path)!r}: its params.txt names --model-config {str(config_path)!r}, "
-                             "which does not exist; pass --model-config PATH")
+            raise ValueError(
+                f"checkpoint {str(path)!r}: its params.txt names --model-config {str(config_path)!r}, "
+                "which does not exist; pass --model-config PATH"
+            )
         register_model_config(config_path)
     if entry.get("model_config") is not None and (model is None or model == entry.get("model")):
         register_config_dict(name, entry["model_config"])
@@ -133,16 +157,21 @@ def _mismatch_summary(err: RuntimeError) -> str:
     import re
 
     text = str(err)
-    sizes = re.findall(r"size mismatch for ([^:]+): copying a param with shape (torch\.Size\(\[[^\]]*\]\)) from "
-                       r"checkpoint, the shape in current model is (torch\.Size\(\[[^\]]*\]\))", text)
+    sizes = re.findall(
+        r"size mismatch for ([^:]+): copying a param with shape (torch\.Size\(\[[^\]]*\]\)) from "
+        r"checkpoint, the shape in current model is (torch\.Size\(\[[^\]]*\]\))",
+        text,
+    )
     missing = re.search(r"Missing key\(s\) in state_dict: (.*?)\.\s*(?:Unexpected|size mismatch|$)", text, re.S)
     unexpected = re.search(r"Unexpected key\(s\) in state_dict: (.*?)\.\s*(?:Missing|size mismatch|$)", text, re.S)
     parts = []
     if sizes:
         k, theirs, ours = sizes[0]
         shape = lambda s: s.replace("torch.Size(", "").rstrip(")")  # noqa: E731
-        parts.append(f"{len(sizes)} tensor(s) of another shape (e.g. {k}: {shape(theirs)} in the checkpoint, "
-                     f"{shape(ours)} in the model)")
+        parts.append(
+            f"{len(sizes)} tensor(s) of another shape (e.g. {k}: {shape(theirs)} in the checkpoint, "
+            f"{shape(ours)} in the model)"
+        )
     for what, m in (("missing from the checkpoint", missing), ("not in the model", unexpected)):
         if m:
             keys = re.findall(r'"([^"]+)"', m.group(1))
@@ -159,18 +188,29 @@ def _mismatch_message(path, ckpt: dict, name: str, asked: str | None, model_conf
     summary = _mismatch_summary(err)
     if own and own != name:
         flag = f"--model {asked}" if asked else f"--model-config {model_config}"
-        return (f"checkpoint {str(path)!r} was trained as model {own!r} ({source}), not {name!r} as {flag} asks: "
-                f"{summary}. Drop {flag.split()[0]} (the checkpoint names its model) or pass --model {own}")
+        return (
+            f"checkpoint {str(path)!r} was trained as model {own!r} ({source}), not {name!r} as {flag} asks: "
+            f"{summary}. Drop {flag.split()[0]} (the checkpoint names its model) or pass --model {own}"
+        )
     if own:
-        return (f"checkpoint {str(path)!r} was trained as model {own!r} ({source}) but does not fit its current "
-                f"config ({summary}); was the config changed? Pass the config it was trained with "
-                f"(--model-config)")
-    return (f"checkpoint {str(path)!r} does not fit model {name!r} ({summary}); it does not record the model it was "
-            f"trained as: pass that one with --model (and --model-config for a custom architecture)")
+        return (
+            f"checkpoint {str(path)!r} was trained as model {own!r} ({source}) but does not fit its current "
+            f"config ({summary}); was the config changed? Pass the config it was trained with "
+            f"(--model-config)"
+        )
+    return (
+        f"checkpoint {str(path)!r} does not fit model {name!r} ({summary}); it does not record the model it was "
+        f"trained as: pass that one with --model (and --model-config for a custom architecture)"
+    )
 
 
-def load_checkpoint(path: str | os.PathLike, device: str = "cpu", model: str | None = None,
-                    model_config: str | os.PathLike | dict | None = None, allow_unsafe_pickle: bool = False):
+def load_checkpoint(
+    path: str | os.PathLike,
+    device: str = "cpu",
+    model: str | None = None,
+    model_config: str | os.PathLike | dict | None = None,
+    allow_unsafe_pickle: bool = False,
+):
     """Load a trained model for downstream use: ``(model, preprocess, tokenizer)``.
 
     The model is in eval mode on ``device``; ``preprocess`` is OpenCLIP's ``preprocess_val``.
@@ -205,8 +245,9 @@ def load_checkpoint(path: str | os.PathLike, device: str = "cpu", model: str | N
     if problem:
         raise ValueError(f"--model {problem}" if model else f"checkpoint {str(path)!r} names the model {problem}")
     state_dict = ckpt.get("state_dict", ckpt)
-    state_dict = saving.model_keys_for({k: v for k, v in state_dict.items()
-                                        if k not in (saving.CKPT_KEY, saving.LOSS_STATE_KEY)}, wrapped=False)
+    state_dict = saving.model_keys_for(
+        {k: v for k, v in state_dict.items() if k not in (saving.CKPT_KEY, saving.LOSS_STATE_KEY)}, wrapped=False
+    )
     entry = ckpt.get(saving.CKPT_KEY) or {}
     # The eval transform the model was trained with (--image-mean/std/interpolation/resize-mode).
     net, preprocess = _create_empty(name, entry.get("preprocess_cfg"))
@@ -236,8 +277,10 @@ def exported_model_name(folder: Path, model: str | None = None) -> str | None:
     if recorded is None and open_clip.get_model_config(model) == doc.get("model_cfg", doc):
         return model
     held = f"a {recorded}" if recorded else "a model of another config"
-    raise ValueError(f"--model {model}: the exported folder {str(folder)!r} holds {held} (its {CONFIG_NAME}), "
-                     f"which is what it loads: drop --model" + (f" or give --model {recorded}" if recorded else ""))
+    raise ValueError(
+        f"--model {model}: the exported folder {str(folder)!r} holds {held} (its {CONFIG_NAME}), "
+        f"which is what it loads: drop --model" + (f" or give --model {recorded}" if recorded else "")
+    )
 
 
 def _plain_file_mode(path: Path) -> None:
@@ -247,9 +290,14 @@ def _plain_file_mode(path: Path) -> None:
     path.chmod(0o666 & ~umask)
 
 
-def export(ckpt: str | os.PathLike, out_dir: str | os.PathLike, model: str | None = None,
-           model_config: str | os.PathLike | dict | None = None, allow_unsafe_pickle: bool = False,
-           force: bool = False) -> Path:
+def export(
+    ckpt: str | os.PathLike,
+    out_dir: str | os.PathLike,
+    model: str | None = None,
+    model_config: str | os.PathLike | dict | None = None,
+    allow_unsafe_pickle: bool = False,
+    force: bool = False,
+) -> Path:
     """Write ``ckpt`` as OpenCLIP's ``local-dir`` layout in ``out_dir`` and return ``out_dir``.
 
     The config holds ``model_cfg``, ``preprocess_cfg`` and, for provenance, ``clip_dcl``. Refuses
@@ -264,16 +312,20 @@ def export(ckpt: str | os.PathLike, out_dir: str | os.PathLike, model: str | Non
             raise ValueError(f"output {str(out)!r} exists and is not a folder")
         held = sorted(p.name for p in out.iterdir())
         if held:
-            raise ValueError(f"output folder {str(out)!r} is not empty (holds {', '.join(held[:3])}"
-                             f"{', ...' if len(held) > 3 else ''}); pass --force (force=True) to overwrite")
+            raise ValueError(
+                f"output folder {str(out)!r} is not empty (holds {', '.join(held[:3])}"
+                f"{', ...' if len(held) > 3 else ''}); pass --force (force=True) to overwrite"
+            )
     net, _, _ = load_checkpoint(ckpt, "cpu", model, model_config, allow_unsafe_pickle)
     from .train.divergence import describe_tensors, nonfinite_tensors
 
     # the parameters, not the buffers: a causal attention mask holds -inf on purpose
     names, count = nonfinite_tensors(net.named_parameters())
     if count:
-        raise ValueError(f"checkpoint {str(ckpt)!r} is not a model to export: {describe_tensors(names, count)} (a "
-                         "training that diverged?); nothing was written")
+        raise ValueError(
+            f"checkpoint {str(ckpt)!r} is not a model to export: {describe_tensors(names, count)} (a "
+            "training that diverged?); nothing was written"
+        )
     if Path(ckpt).is_dir():
         cfg_doc = json.loads((Path(ckpt) / CONFIG_NAME).read_text())
         model_cfg, name = cfg_doc["model_cfg"], cfg_doc.get(saving.CKPT_KEY, {}).get("model")
@@ -283,11 +335,15 @@ def export(ckpt: str | os.PathLike, out_dir: str | os.PathLike, model: str | Non
         if model_cfg is None:
             raise ValueError(f"no model config registered for {name!r}")
     pp = dict(getattr(net.visual, "preprocess_cfg", {}) or {})
-    preprocess_cfg = {k: pp[k] for k in ("size", "mode", "mean", "std", "interpolation", "resize_mode", "fill_color")
-                      if k in pp}
+    preprocess_cfg = {
+        k: pp[k] for k in ("size", "mode", "mean", "std", "interpolation", "resize_mode", "fill_color") if k in pp
+    }
     out.mkdir(parents=True, exist_ok=True)
-    doc = {"model_cfg": model_cfg, "preprocess_cfg": preprocess_cfg,
-           saving.CKPT_KEY: {"model": name, "source": str(Path(ckpt).absolute())}}
+    doc = {
+        "model_cfg": model_cfg,
+        "preprocess_cfg": preprocess_cfg,
+        saving.CKPT_KEY: {"model": name, "source": str(Path(ckpt).absolute())},
+    }
     (out / CONFIG_NAME).write_text(json.dumps(doc, indent=2, default=list) + "\n")
     # Clones: safetensors refuses tensors that share storage.
     tensors = {k: v.detach().cpu().contiguous().clone() for k, v in net.state_dict().items()}
@@ -300,17 +356,21 @@ def export(ckpt: str | os.PathLike, out_dir: str | os.PathLike, model: str | Non
 def export_main(argv: list[str] | None = None) -> int:
     """``clip-dcl export CKPT OUT_DIR [--model NAME] [--model-config PATH]``."""
     parser = FlagParser(
-        prog="clip-dcl export", allow_abbrev=False,
+        prog="clip-dcl export",
+        allow_abbrev=False,
         description="Export a checkpoint to OpenCLIP's local-dir layout "
-                    "(open_clip.create_model_and_transforms('local-dir:OUT_DIR') loads it).")
+        "(open_clip.create_model_and_transforms('local-dir:OUT_DIR') loads it).",
+    )
     parser.add_argument("checkpoint", help="trainer checkpoint (epoch_K.pt) or an exported folder")
     parser.add_argument("out_dir", help="folder to write open_clip_config.json and open_clip_model.safetensors to")
-    parser.add_argument("--model", default=None,
-                        help="OpenCLIP model name, when the checkpoint does not record it")
+    parser.add_argument("--model", default=None, help="OpenCLIP model name, when the checkpoint does not record it")
     parser.add_argument("--model-config", default=None, help="model config JSON for a custom architecture")
-    parser.add_argument("--unsafe-pickle", action="store_true",
-                        help="load a checkpoint that is not weights-only by full unpickling, which can run code "
-                             "from the file: only for files you trust")
+    parser.add_argument(
+        "--unsafe-pickle",
+        action="store_true",
+        help="load a checkpoint that is not weights-only by full unpickling, which can run code "
+        "from the file: only for files you trust",
+    )
     parser.add_argument("--force", action="store_true", help="overwrite an export in a non-empty OUT_DIR")
     args = parser.parse_args(argv)
     try:

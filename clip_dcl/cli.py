@@ -4,6 +4,7 @@ Each subcommand is a thin wrapper over a Python function that takes the remainin
 command-line words; the modules are imported only when their command runs, so that
 ``clip-dcl --help`` stays fast.
 """
+
 from __future__ import annotations
 
 import importlib
@@ -11,14 +12,22 @@ import sys
 
 #: subcommand -> ("module:function", one-line help). The function takes ``argv`` and returns an exit code.
 COMMANDS = {
-    "data": ("clip_dcl.data.cli:main", "make or convert data sets: synth | fashion-mnist | fashion-scenes | shards (your own images and "
-                                      "captions) | pack | benchmark (CLIP_benchmark's layout)"),
-    "train": ("clip_dcl.train:command_main",
-              "train with OpenCLIP's loop and a registered objective (clip, dcl, decl, curl)"),
+    "data": (
+        "clip_dcl.data.cli:main",
+        "make or convert data sets: synth | fashion-mnist | fashion-scenes | shards (your own images and "
+        "captions) | pack | benchmark (CLIP_benchmark's layout)",
+    ),
+    "train": (
+        "clip_dcl.train:command_main",
+        "train with OpenCLIP's loop and a registered objective (clip, dcl, decl, curl)",
+    ),
     "eval": ("clip_dcl.eval.cli:main", "evaluate a checkpoint: retrieval | zeroshot | fewshot | benchmark"),
     "export": ("clip_dcl.checkpoint:export_main", "export a checkpoint to OpenCLIP's local-dir layout"),
     "demo": ("clip_dcl.demo:main", "the whole job on synthetic data: data, training, evaluation, table"),
-    "study": ("clip_dcl.experiment.study.cli:main", "a comparison declared in a plan file: check | commands | run | report"),
+    "study": (
+        "clip_dcl.experiment.study.cli:main",
+        "a comparison declared in a plan file: check | commands | run | report",
+    ),
 }
 
 

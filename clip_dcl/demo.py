@@ -15,6 +15,7 @@
 ``--quick`` runs a tiny version (small data, one short epoch, one few-shot seed) for tests: a smoke test, said
 so above its table (:data:`SMOKE_TEST`), with no number in bold.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -31,42 +32,69 @@ from .arguments import FlagParser
 from .experiment.budgets import DEMO_BUDGET, DEMO_CLASSES, QUICK_BUDGET
 from .experiment.runner import Stopped, stop_on_signals
 
-
 #: ``clip-dcl demo --help``'s first lines.
-DESCRIPTION = ("The whole job on the embedded synthetic data: synthetic caption shards and evaluation sets, "
-               "training of each objective with the same seed and budget, retrieval, zero-shot and few-shot "
-               "evaluation, one comparison table. It prints its elapsed time at the end and records it in "
-               "demo.json (\"minutes\"); a machine whose cores other work shares takes proportionally longer.")
+DESCRIPTION = (
+    "The whole job on the embedded synthetic data: synthetic caption shards and evaluation sets, "
+    "training of each objective with the same seed and budget, retrieval, zero-shot and few-shot "
+    "evaluation, one comparison table. It prints its elapsed time at the end and records it in "
+    'demo.json ("minutes"); a machine whose cores other work shares takes proportionally longer.'
+)
 
 
 #: What ``--quick`` prints above its table and writes into demo.md and demo.json: its numbers show that the
 #: whole job runs, not which objective is better (one short epoch on a small set stays near chance).
-SMOKE_TEST = ("--quick is a smoke test: one short epoch on a small set shows that every step runs, and its numbers "
-              "(near chance) say nothing about which objective is better; no number is marked best. Run `clip-dcl "
-              "demo` without --quick to compare them.")
+SMOKE_TEST = (
+    "--quick is a smoke test: one short epoch on a small set shows that every step runs, and its numbers "
+    "(near chance) say nothing about which objective is better; no number is marked best. Run `clip-dcl "
+    "demo` without --quick to compare them."
+)
 
 
 def build_parser() -> argparse.ArgumentParser:
     p = FlagParser(prog="clip-dcl demo", allow_abbrev=False, description=DESCRIPTION)
     p.add_argument("--out", default="demo_out", help="folder for the data, the runs and the report (default demo_out)")
-    p.add_argument("--quick", action="store_true",
-                   help="a tiny version for a first look and for tests: small data, one short epoch, one few-shot "
-                        "seed (make demo DEMO_ARGS=--quick)")
+    p.add_argument(
+        "--quick",
+        action="store_true",
+        help="a tiny version for a first look and for tests: small data, one short epoch, one few-shot "
+        "seed (make demo DEMO_ARGS=--quick)",
+    )
     from .losses import LOSSES
 
-    p.add_argument("--losses", nargs="+", default=["clip", "dcl", "decl"], choices=list(LOSSES),
-                   help="objectives to train and compare (any registered loss; those beyond clip, dcl and decl "
-                        "with their own defaults; default clip dcl decl)")
-    p.add_argument("--epochs", type=int, default=None, help=f"training epochs (default {DEMO_BUDGET.epochs}; "
-                                                            f"quick {QUICK_BUDGET.epochs})")
+    p.add_argument(
+        "--losses",
+        nargs="+",
+        default=["clip", "dcl", "decl"],
+        choices=list(LOSSES),
+        help="objectives to train and compare (any registered loss; those beyond clip, dcl and decl "
+        "with their own defaults; default clip dcl decl)",
+    )
+    p.add_argument(
+        "--epochs",
+        type=int,
+        default=None,
+        help=f"training epochs (default {DEMO_BUDGET.epochs}; quick {QUICK_BUDGET.epochs})",
+    )
     p.add_argument("--seed", type=int, default=0, help="training seed shared by every run (default 0)")
-    p.add_argument("--num-classes", type=int, default=DEMO_CLASSES,
-                   help=f"latent classes of the synthetic data, tau_plus = 1 / classes (default {DEMO_CLASSES})")
-    p.add_argument("--fewshot-seeds", type=int, nargs="+", default=None,
-                   help="k-shot draws of the few-shot probe (default 0 1 2; quick 0)")
-    p.add_argument("--device", default="auto",
-                   help="where training and evaluation run: auto (the default; a GPU when one is visible, else the "
-                        "CPU), cpu, cuda, cuda:1...")
+    p.add_argument(
+        "--num-classes",
+        type=int,
+        default=DEMO_CLASSES,
+        help=f"latent classes of the synthetic data, tau_plus = 1 / classes (default {DEMO_CLASSES})",
+    )
+    p.add_argument(
+        "--fewshot-seeds",
+        type=int,
+        nargs="+",
+        default=None,
+        help="k-shot draws of the few-shot probe (default 0 1 2; quick 0)",
+    )
+    p.add_argument(
+        "--device",
+        default="auto",
+        help="where training and evaluation run: auto (the default; a GPU when one is visible, else the "
+        "CPU), cpu, cuda, cuda:1...",
+    )
     return p
 
 
@@ -90,14 +118,25 @@ def main(argv: Optional[List[str]] = None) -> int:
         print(f"clip-dcl demo: --device {args.device!r}: {device_error}", file=sys.stderr)
         return 2
     # --quick: the small budget on the demo's own model and optimizer, so that it runs the same path
-    base = (ex.Budget(**{**QUICK_BUDGET.__dict__, "model": DEMO_BUDGET.model, "extra": DEMO_BUDGET.extra})
-            if args.quick else DEMO_BUDGET)
-    budget = ex.Budget(**{**base.__dict__, "seed": args.seed,
-                          "epochs": args.epochs if args.epochs is not None else base.epochs})
+    base = (
+        ex.Budget(**{**QUICK_BUDGET.__dict__, "model": DEMO_BUDGET.model, "extra": DEMO_BUDGET.extra})
+        if args.quick
+        else DEMO_BUDGET
+    )
+    budget = ex.Budget(
+        **{**base.__dict__, "seed": args.seed, "epochs": args.epochs if args.epochs is not None else base.epochs}
+    )
     fewshot_seeds = args.fewshot_seeds or ([0] if args.quick else [0, 1, 2])
     out = Path(args.out)
-    settings = {"quick": args.quick, "losses": list(dict.fromkeys(args.losses)), "epochs": budget.epochs,
-                "seed": args.seed, "num_classes": args.num_classes, "fewshot_seeds": fewshot_seeds, "device": device}
+    settings = {
+        "quick": args.quick,
+        "losses": list(dict.fromkeys(args.losses)),
+        "epochs": budget.epochs,
+        "seed": args.seed,
+        "num_classes": args.num_classes,
+        "fewshot_seeds": fewshot_seeds,
+        "device": device,
+    }
     refusal = settings_problem(out, settings)
     if refusal:
         print(f"clip-dcl demo: {refusal}", file=sys.stderr)
@@ -117,28 +156,40 @@ def main(argv: Optional[List[str]] = None) -> int:
         return code
 
     minutes = (time.perf_counter() - start) / 60
-    header = (f"clip-dcl demo: tiny model, {data['train']['num_samples']} synthetic pairs, "
-              f"{data['config']['num_classes']} latent classes (tau_plus = {data['tau_plus']:.3f}), "
-              f"{budget.epochs} epoch(s), batch {budget.batch_size}, seed {budget.seed}; "
-              f"{minutes:.1f} min in all")
+    header = (
+        f"clip-dcl demo: tiny model, {data['train']['num_samples']} synthetic pairs, "
+        f"{data['config']['num_classes']} latent classes (tau_plus = {data['tau_plus']:.3f}), "
+        f"{budget.epochs} epoch(s), batch {budget.batch_size}, seed {budget.seed}; "
+        f"{minutes:.1f} min in all"
+    )
     smoke = SMOKE_TEST if args.quick else None
-    report = ex.write_report(out, "demo", data=data, budget=budget, results=results, scores=scores, header=header,
-                             extra={"fewshot_seeds": fewshot_seeds, "minutes": minutes, "device": device,
-                                    "load_average": {"start": load_at_start, "end": _load_average()}},
-                             smoke_test=smoke)
+    report = ex.write_report(
+        out,
+        "demo",
+        data=data,
+        budget=budget,
+        results=results,
+        scores=scores,
+        header=header,
+        extra={
+            "fewshot_seeds": fewshot_seeds,
+            "minutes": minutes,
+            "device": device,
+            "load_average": {"start": load_at_start, "end": _load_average()},
+        },
+        smoke_test=smoke,
+    )
     print("[demo] 4/4 comparison (percent; chance = a content-blind embedding)\n", flush=True)
     print(header + "\n")
     if smoke:
         print(smoke + "\n")
     print(report["table"] + "\n")
     print(f"[demo] wrote {report['markdown']}, {report['json']}, {report['png']}", flush=True)
-    print(f"[demo] done: {minutes:.1f} minutes of wall-clock time in all (\"minutes\" in {report['json']})",
-          flush=True)
+    print(f'[demo] done: {minutes:.1f} minutes of wall-clock time in all ("minutes" in {report["json"]})', flush=True)
     return 0
 
 
-def _train_and_evaluate(args, out: Path, budget, device: str, fewshot_seeds, results: dict, scores: dict,
-                        state: dict):
+def _train_and_evaluate(args, out: Path, budget, device: str, fewshot_seeds, results: dict, scores: dict, state: dict):
     """Steps 1-3 of the demo: the data (returned), every training, then every evaluation (the step counter
     only goes forward); ``results``, ``scores`` and ``state`` filled as they go, for :func:`stopped_line`."""
     print(f"[demo] 1/4 synthetic data -> {out / 'data'} (training and evaluation on {device})", flush=True)
@@ -149,8 +200,10 @@ def _train_and_evaluate(args, out: Path, budget, device: str, fewshot_seeds, res
     progress = state["progress"]
     for i, run in enumerate(runs, 1):
         state["step"] = f"training {i}/{len(runs)} ({run.name})"
-        progress.say(f"[demo] 2/4 training {i}/{len(runs)}: {run.name} ({' '.join(run.flags)}), {budget.epochs} "
-                     f"epoch(s) of {data['train']['num_samples']} samples, batch {budget.batch_size}")
+        progress.say(
+            f"[demo] 2/4 training {i}/{len(runs)}: {run.name} ({' '.join(run.flags)}), {budget.epochs} "
+            f"epoch(s) of {data['train']['num_samples']} samples, batch {budget.batch_size}"
+        )
         progress.begin("train")
         res = ex.train(run, data, out / "runs", budget, device=device, echo=progress.echo)
         progress.end()
@@ -158,8 +211,10 @@ def _train_and_evaluate(args, out: Path, budget, device: str, fewshot_seeds, res
         results[run.name] = [res]
     for i, run in enumerate(runs, 1):
         state["step"] = f"evaluating {i}/{len(runs)} ({run.name})"
-        progress.say(f"[demo] 3/4 evaluating {i}/{len(runs)}: {run.name}: retrieval, zero-shot, 5-shot probe "
-                     f"({len(fewshot_seeds)} seed(s))")
+        progress.say(
+            f"[demo] 3/4 evaluating {i}/{len(runs)}: {run.name}: retrieval, zero-shot, 5-shot probe "
+            f"({len(fewshot_seeds)} seed(s))"
+        )
         progress.begin("eval")
         metrics = ex.evaluate(results[run.name][0].checkpoint, data, fewshot_seeds=fewshot_seeds, device=device)
         seconds = progress.end()
@@ -185,10 +240,13 @@ def settings_problem(out: Path, settings: dict) -> Optional[str]:
         return f"{out} holds files but no {SETTINGS} (not a demo's output, or an earlier version's): {what}"
     if there == settings:
         return None
-    diff = "; ".join(f"{_words(k, there.get(k))} there, {_words(k, v)} here" for k, v in settings.items()
-                     if there.get(k) != v)
-    return (f"{out} holds a demo run with other settings ({diff}): rerun with its settings to continue it, or, "
-            f"for these, {what}")
+    diff = "; ".join(
+        f"{_words(k, there.get(k))} there, {_words(k, v)} here" for k, v in settings.items() if there.get(k) != v
+    )
+    return (
+        f"{out} holds a demo run with other settings ({diff}): rerun with its settings to continue it, or, "
+        f"for these, {what}"
+    )
 
 
 def _words(key: str, value) -> str:
@@ -286,10 +344,11 @@ def stopped_line(said: str, state: dict, out: Path, results: dict) -> str:
     else:
         kept = f"the synthetic data in {out / 'data'} (a rerun reuses them)"
     if results:
-        kept += (f" and the finished training(s) of {', '.join(results)} in {out / 'runs'} (a rerun trains them "
-                 "again)")
-    return (f"[demo] stopped by {said} while {state['step']}: kept {kept}; no report was written (demo.md, demo.json and "
-            f"demo.png in {out} are an earlier run's, if there)")
+        kept += f" and the finished training(s) of {', '.join(results)} in {out / 'runs'} (a rerun trains them again)"
+    return (
+        f"[demo] stopped by {said} while {state['step']}: kept {kept}; no report was written (demo.md, demo.json and "
+        f"demo.png in {out} are an earlier run's, if there)"
+    )
 
 
 def readme_block(doc: dict) -> str:
@@ -298,10 +357,12 @@ def readme_block(doc: dict) -> str:
     then the comparison table with the chance level of every metric."""
     runs = doc["runs"]
     trained = " / ".join(f"{runs[name][0]['train_seconds']:.0f} s" for name in runs)
-    return (f"A run of `clip-dcl demo` on {doc['machine']}, {doc['date']}: {doc['minutes']:.1f} minutes of wall-clock "
-            f"time in all (training {trained} for {' / '.join(runs)}; times, not speed measurements: other jobs may "
-            f"have shared the CPU). Its table, in percent, with the chance level of each metric:\n\n"
-            f"{doc['table'].strip()}")
+    return (
+        f"A run of `clip-dcl demo` on {doc['machine']}, {doc['date']}: {doc['minutes']:.1f} minutes of wall-clock "
+        f"time in all (training {trained} for {' / '.join(runs)}; times, not speed measurements: other jobs may "
+        f"have shared the CPU). Its table, in percent, with the chance level of each metric:\n\n"
+        f"{doc['table'].strip()}"
+    )
 
 
 def _load_average() -> Optional[float]:
@@ -318,14 +379,19 @@ def readme_time_block(doc: dict) -> str:
     ``demo time``): the recorded run's minutes, machine and date (and the load average at its start and
     end, where recorded), that busy cores take proportionally longer, and ``--quick``."""
     load = doc.get("load_average") or {}
-    loads = (f" (1-minute load average {load['start']:.1f} at its start and {load['end']:.1f} at its end)"
-             if load.get("start") is not None and load.get("end") is not None else "")
-    return (f"The recorded run (`benchmarks/results/demo.json`) took {doc['minutes']:.1f} minutes of wall-clock "
-            f"time on {doc['machine']}, {doc['date']}{loads}, the set-up of `.venv` aside. Wall-clock time "
-            f"depends on what else runs: on cores that other work shares, the demo takes proportionally longer "
-            f"than on idle ones (times, not speed measurements). It prints its own time at the end. `make demo "
-            f"DEMO_ARGS=--quick` runs a tiny version (small data, one short epoch, one few-shot seed) for a first "
-            f"look.")
+    loads = (
+        f" (1-minute load average {load['start']:.1f} at its start and {load['end']:.1f} at its end)"
+        if load.get("start") is not None and load.get("end") is not None
+        else ""
+    )
+    return (
+        f"The recorded run (`benchmarks/results/demo.json`) took {doc['minutes']:.1f} minutes of wall-clock "
+        f"time on {doc['machine']}, {doc['date']}{loads}, the set-up of `.venv` aside. Wall-clock time "
+        f"depends on what else runs: on cores that other work shares, the demo takes proportionally longer "
+        f"than on idle ones (times, not speed measurements). It prints its own time at the end. `make demo "
+        f"DEMO_ARGS=--quick` runs a tiny version (small data, one short epoch, one few-shot seed) for a first "
+        f"look."
+    )
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -6,6 +6,7 @@ ones, `register_model_config` for one's own. Registration goes through ``open_cl
 a one-shot import hook defers it until OpenCLIP is imported, because importing it (and torch) in
 ``import clip_dcl`` would cost seconds and keep the launcher from handling signals before torch loads.
 """
+
 from __future__ import annotations
 
 import importlib.abc
@@ -65,8 +66,10 @@ def register_word_configs() -> None:
 
     registry = getattr(factory, "_MODEL_CONFIGS", None)
     if not isinstance(registry, dict):
-        raise RuntimeError("open_clip.factory._MODEL_CONFIGS is not a dict in this OpenCLIP version: the "
-                           f"models of {_WORDS_DIR} cannot be registered")
+        raise RuntimeError(
+            "open_clip.factory._MODEL_CONFIGS is not a dict in this OpenCLIP version: the "
+            f"models of {_WORDS_DIR} cannot be registered"
+        )
     for f in sorted(_WORDS_DIR.glob("*.json")):
         cfg = json.loads(f.read_text())
         kwargs = cfg["text_cfg"].get("tokenizer_kwargs") or {}
@@ -136,7 +139,7 @@ def model_name_problem(name: str) -> str | None:
     if name.startswith("hf-hub:"):
         return None
     if name.startswith("local-dir:"):
-        folder = Path(name[len("local-dir:"):])
+        folder = Path(name[len("local-dir:") :])
         if not (folder / "open_clip_config.json").is_file():
             return f"{name!r}: the folder {str(folder)!r} holds no open_clip_config.json"
         return None

@@ -7,6 +7,7 @@ not with ``os.makedirs``'s traceback at the start of training or after the whole
 Writability is tested by creating (and removing) a temporary file with :mod:`tempfile` in the
 nearest folder that exists: permission bits say nothing for root, nor for a read-only mount.
 """
+
 from __future__ import annotations
 
 import os

@@ -1,4 +1,5 @@
 """A script of ``benchmarks/`` imported as a module, for tests of its functions (the scripts are not a package)."""
+
 from __future__ import annotations
 
 import importlib.util

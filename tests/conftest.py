@@ -11,6 +11,7 @@
 - :func:`preloaded`: ``python`` and ``clip-dcl`` commands that start without importing torch and OpenCLIP
   again (tests/preloaded.py), for the tests that run commands through bash, a process each.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -56,8 +57,9 @@ def train_run(argv, cli=False, timeout: int = 600):
         return train_in_process(argv)
     env = {**os.environ, "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": ""}
     python = sys.executable if cli is True else str(cli)
-    return subprocess.run([python, "-m", "clip_dcl.train", *map(str, argv)], capture_output=True, text=True,
-                          timeout=timeout, env=env)
+    return subprocess.run(
+        [python, "-m", "clip_dcl.train", *map(str, argv)], capture_output=True, text=True, timeout=timeout, env=env
+    )
 
 
 # The shared runs: 48 synthetic pairs, batches of 16, one epoch of the tiny model, a term logged per step.
@@ -73,11 +75,43 @@ def trained_run(tmp_path_factory):
     def get(loss: str) -> Path:
         if loss not in runs:
             logs = tmp_path_factory.mktemp(f"shared-{loss}")
-            res = train_in_process([
-                "--model", "clip-dcl-tiny", "--dataset-type", "synthetic", "--train-num-samples", "48",
-                "--batch-size", "16", "--epochs", "1", "--precision", "fp32", "--device", "cpu", "--workers", "1",
-                "--lr", "1e-3", "--warmup", "1", "--log-every-n-steps", "1", "--seed", "0", "--report-to", "",
-                "--logs", logs, "--name", loss, "--loss", loss, *SHARED_RUN_FLAGS[loss]])
+            res = train_in_process(
+                [
+                    "--model",
+                    "clip-dcl-tiny",
+                    "--dataset-type",
+                    "synthetic",
+                    "--train-num-samples",
+                    "48",
+                    "--batch-size",
+                    "16",
+                    "--epochs",
+                    "1",
+                    "--precision",
+                    "fp32",
+                    "--device",
+                    "cpu",
+                    "--workers",
+                    "1",
+                    "--lr",
+                    "1e-3",
+                    "--warmup",
+                    "1",
+                    "--log-every-n-steps",
+                    "1",
+                    "--seed",
+                    "0",
+                    "--report-to",
+                    "",
+                    "--logs",
+                    logs,
+                    "--name",
+                    loss,
+                    "--loss",
+                    loss,
+                    *SHARED_RUN_FLAGS[loss],
+                ]
+            )
             assert res.returncode == 0, res.stderr[-5000:]
             runs[loss] = logs / loss
         return runs[loss]

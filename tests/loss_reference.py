@@ -3,6 +3,7 @@
 Plain loops over anchors with ``exp`` and sums exactly as the equations read: no log-space
 tricks, no masking, no gathering. Used by the unit tests and the distributed harness.
 """
+
 from __future__ import annotations
 
 import math
@@ -79,8 +80,10 @@ def _general_directions(f, g):
     """``(anchors, candidates, positive columns of each anchor)`` of both directions with ``M = len(g) / len(f)``."""
     n_img = f.shape[0]
     m = g.shape[0] // n_img
-    return [(f, g, [list(range(i * m, i * m + m)) for i in range(n_img)]),
-            (g, f, [[c // m] for c in range(g.shape[0])])]
+    return [
+        (f, g, [list(range(i * m, i * m + m)) for i in range(n_img)]),
+        (g, f, [[c // m] for c in range(g.shape[0])]),
+    ]
 
 
 def decl_general(f, g, s, rates, eps, lam, relative=False):
@@ -100,12 +103,15 @@ def decl_general(f, g, s, rates, eps, lam, relative=False):
             u = eps[d][i] / rates[d][i]
             pbar = sum(logit[v] for v in pos_cols) / len(pos_cols)
             if relative:  # g_i = mean_k exp(l_ik - mean_m l_im)
-                l1.append(u * sum(torch.exp(logit[k] - pbar) for k in range(cands.shape[0]) if k not in pos_cols)
-                          / len(negs))
+                l1.append(
+                    u * sum(torch.exp(logit[k] - pbar) for k in range(cands.shape[0]) if k not in pos_cols) / len(negs)
+                )
             else:
                 l1.append(u * sum(negs) / len(negs) - pbar)
-            l2.append(sum(-torch.log(torch.exp(logit[v]) / (torch.exp(logit[v]) + sum(negs)))
-                          for v in pos_cols) / len(pos_cols))
+            l2.append(
+                sum(-torch.log(torch.exp(logit[v]) / (torch.exp(logit[v]) + sum(negs))) for v in pos_cols)
+                / len(pos_cols)
+            )
         loss1 = loss1 + torch.stack(l1).mean()
         loss2 = loss2 + torch.stack(l2).mean()
     loss1, loss2 = loss1 / 2, loss2 / 2
@@ -120,14 +126,17 @@ def row_mean_negative_scores(f, g, s, relative=False):
         rows = []
         for i, pos_cols in enumerate(positives):
             pbar = sum(s * anchors[i] @ cands[v] for v in pos_cols) / len(pos_cols) if relative else 0.0
-            rows.append(sum(torch.exp(s * anchors[i] @ cands[k] - pbar) for k in range(cands.shape[0])
-                            if k not in pos_cols) / (cands.shape[0] - len(pos_cols)))
+            rows.append(
+                sum(torch.exp(s * anchors[i] @ cands[k] - pbar) for k in range(cands.shape[0]) if k not in pos_cols)
+                / (cands.shape[0] - len(pos_cols))
+            )
         out.append(torch.stack(rows).detach())
     return out
 
 
 def id_mean_negative_scores(f, g, s):
-    """``(2, n)`` per sample id: the image's ``E_k[S_ik]``, and the mean of its M captions' (the text-direction rate)."""
+    """``(2, n)`` per sample id: the image's ``E_k[S_ik]``, and the mean of its M captions' (the text-direction
+    rate)."""
     img, txt = row_mean_negative_scores(f, g, s)
     m = txt.shape[0] // img.shape[0]
     return torch.stack([img, torch.stack([sum(txt[i * m + k] for k in range(m)) / m for i in range(img.shape[0])])])
@@ -139,10 +148,15 @@ def batch_mean_negative_score(f, g, s, relative=False):
     out = []
     for logits in _directions(f, g, s):
         n = logits.shape[0]
-        out.append(torch.stack([
-            sum(torch.exp(logits[i, k] - (logits[i, i] if relative else 0.0)) for k in range(n) if k != i) / (n - 1)
-            for i in range(n)
-        ]))
+        out.append(
+            torch.stack(
+                [
+                    sum(torch.exp(logits[i, k] - (logits[i, i] if relative else 0.0)) for k in range(n) if k != i)
+                    / (n - 1)
+                    for i in range(n)
+                ]
+            )
+        )
     return torch.stack(out).detach()
 
 
@@ -161,7 +175,7 @@ def rgclg_scale_gradient(f, g, s, log_rates, rho):
             g_prime = sum(x * torch.exp(s * x) for x in diffs) / len(diffs)
             terms.append(g_prime / torch.exp(log_rates[d][i]))
         mean_log_r = sum(log_rates[d]) / n
-        total = total + (-(mean_log_r + rho) / s ** 2 + torch.stack(terms).mean() / s)
+        total = total + (-(mean_log_r + rho) / s**2 + torch.stack(terms).mean() / s)
     return total / 2
 
 
@@ -313,8 +327,11 @@ def dcl_top(f, g, s, tau_plus, clamp="clamp", beta=0.0):
             kept = [1.0 - min(1.0, max(0.0, k - r)) for r in range(big_n)]
             scores = [torch.exp(x) for x in ranked]
             weights = [torch.exp(beta * x) for x in ranked]
-            estimate = big_n * sum(c * w * x for c, w, x in zip(kept, weights, scores)) / \
-                sum(c * w for c, w in zip(kept, weights))
+            estimate = (
+                big_n
+                * sum(c * w * x for c, w, x in zip(kept, weights, scores))
+                / sum(c * w for c, w in zip(kept, weights))
+            )
             neg = big_n * sum(w * x for w, x in zip(weights, scores)) / sum(weights)
             floor = big_n * torch.exp(-s)
             is_clamped = bool(estimate < floor)

@@ -22,6 +22,7 @@ is passed to the real interpreter unchanged. The signals a test or launcher send
 HUP, USR1, USR2) are passed on to the worker. ``sys.executable`` of a worker is the ``python`` shim, so the commands a
 command starts (a study's trainings) start preloaded too.
 """
+
 from __future__ import annotations
 
 import json
@@ -32,8 +33,16 @@ import sys
 
 #: What the server imports before it forks: the libraries whose import is most of a command's start-up (a
 #: command gets these from the server's own path, whatever its PYTHONPATH says).
-PRELOAD = ("numpy", "PIL.Image", "torch", "torchvision", "open_clip", "open_clip_train.main", "open_clip_train.data",
-           "webdataset")
+PRELOAD = (
+    "numpy",
+    "PIL.Image",
+    "torch",
+    "torchvision",
+    "open_clip",
+    "open_clip_train.main",
+    "open_clip_train.data",
+    "webdataset",
+)
 
 
 def _send(conn: socket.socket, doc: dict, fds=()) -> None:
@@ -69,8 +78,7 @@ def client(path: str, real: str, args) -> int:
         rest = ["", os.path.abspath(rest[0]), *rest[1:]]
     conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     conn.connect(path)
-    _send(conn, {"args": list(rest), "unbuffered": unbuffered, "cwd": os.getcwd(), "env": dict(os.environ)},
-          [0, 1, 2])
+    _send(conn, {"args": list(rest), "unbuffered": unbuffered, "cwd": os.getcwd(), "env": dict(os.environ)}, [0, 1, 2])
     worker = _read_int(conn)
     if worker is None:
         return 1
@@ -181,8 +189,9 @@ def work(request: dict, fds, base, shim) -> None:
         sys.modules["numpy"].random.seed()
     if "torch" in sys.modules:
         threads = os.environ.get("OMP_NUM_THREADS", "")
-        sys.modules["torch"].set_num_threads(int(threads) if threads.isdigit() and int(threads) > 0
-                                             else os.cpu_count() or 1)
+        sys.modules["torch"].set_num_threads(
+            int(threads) if threads.isdigit() and int(threads) > 0 else os.cpu_count() or 1
+        )
     try:
         if flag == "-m":
             sys.argv = [what, *rest]
@@ -249,11 +258,17 @@ class Preloaded:
         for name, fixed in (("python", ""), ("clip-dcl", "-m clip_dcl.cli ")):
             shim = os.path.join(self.folder, "bin", name)
             with open(shim, "w") as f:
-                f.write(f'#!/usr/bin/env bash\nexec "{sys.executable}" -I -S "{me}" client "{self.socket}" '
-                        f'"{sys.executable}" {fixed}"$@"\n')
+                f.write(
+                    f'#!/usr/bin/env bash\nexec "{sys.executable}" -I -S "{me}" client "{self.socket}" '
+                    f'"{sys.executable}" {fixed}"$@"\n'
+                )
             os.chmod(shim, 0o755)
-        self.proc = subprocess.Popen([sys.executable, me, "serve", self.socket, self.python], stdout=subprocess.PIPE,
-                                     text=True, env={**os.environ, "CUDA_VISIBLE_DEVICES": ""})
+        self.proc = subprocess.Popen(
+            [sys.executable, me, "serve", self.socket, self.python],
+            stdout=subprocess.PIPE,
+            text=True,
+            env={**os.environ, "CUDA_VISIBLE_DEVICES": ""},
+        )
         if self.proc.stdout.readline().strip() != "ready":
             self.proc.kill()
             raise RuntimeError("the preloaded python did not start")

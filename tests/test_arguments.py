@@ -1,4 +1,5 @@
 """A misspelt flag of any clip-dcl command is refused with the closest flags, exit 2, before any work."""
+
 from __future__ import annotations
 
 import pytest
@@ -7,19 +8,22 @@ from clip_dcl.arguments import FlagParser, misspelt_flag
 from clip_dcl.cli import main as cli_main
 
 
-@pytest.mark.parametrize("argv, closest", [
-    (["train", "--batchsize", "64"], "--batch-size"),
-    (["train", "--decl-gama", "0.9"], "--decl-gamma"),
-    (["eval", "retrieval", "--batchsize", "4", "--data", "missing"], "--batch-size"),
-    (["eval", "zeroshot", "--dat", "missing"], "--data"),
-    (["eval", "benchmark", "--dataset_rot", "x"], "--dataset_root"),
-    (["data", "synth", "OUT", "--num-clases", "3"], "--num-classes"),
-    (["data", "shards", "SRC", "OUT", "--val-fractoin", "0.1"], "--val-fraction"),
-    (["study", "run", "plan.toml", "--work", "w", "--paralel", "2"], "--parallel"),
-    (["study", "score", "RUN", "--chekpoint", "x.pt"], "--checkpoint"),
-    (["demo", "--quik"], "--quick"),
-    (["export", "a.pt", "out", "--forse"], "--force"),
-])
+@pytest.mark.parametrize(
+    "argv, closest",
+    [
+        (["train", "--batchsize", "64"], "--batch-size"),
+        (["train", "--decl-gama", "0.9"], "--decl-gamma"),
+        (["eval", "retrieval", "--batchsize", "4", "--data", "missing"], "--batch-size"),
+        (["eval", "zeroshot", "--dat", "missing"], "--data"),
+        (["eval", "benchmark", "--dataset_rot", "x"], "--dataset_root"),
+        (["data", "synth", "OUT", "--num-clases", "3"], "--num-classes"),
+        (["data", "shards", "SRC", "OUT", "--val-fractoin", "0.1"], "--val-fraction"),
+        (["study", "run", "plan.toml", "--work", "w", "--paralel", "2"], "--parallel"),
+        (["study", "score", "RUN", "--chekpoint", "x.pt"], "--checkpoint"),
+        (["demo", "--quik"], "--quick"),
+        (["export", "a.pt", "out", "--forse"], "--force"),
+    ],
+)
 def test_a_misspelt_flag_names_the_closest(argv, closest, tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
     try:

@@ -1,6 +1,7 @@
 """The batch-size testbed (benchmarks/testbed/, benchmarks/batch_size.py): its objectives from the
 registry, the rule and its readings, the reports and the docs' blocks, the stages' plans, and today's reports
 written again from their JSON with the same verdicts."""
+
 from __future__ import annotations
 
 import inspect
@@ -8,18 +9,18 @@ import json
 from datetime import datetime, timezone
 from pathlib import Path
 
-import pytest
-
 import batch_size as bs
+import pytest
+from testbed import blocks as B
+from testbed import objectives as O
+from testbed import report as R
+from testbed import rule as T
+
 from clip_dcl import experiment as ex
 from clip_dcl.experiment import study
 from clip_dcl.experiment.commands import loss_flags
 from clip_dcl.losses import DeCLLoss
 from clip_dcl.train.flags import LOSS_FLAGS, build_parser, parse_train_args
-from testbed import blocks as B
-from testbed import objectives as O
-from testbed import report as R
-from testbed import rule as T
 
 STUDIES = Path(__file__).resolve().parents[1] / "benchmarks" / "studies"
 
@@ -31,8 +32,11 @@ def decl_kwargs(flags):
 
 
 def test_default_variant_is_the_package_default():
-    defaults = {p.name: p.default for p in inspect.signature(DeCLLoss).parameters.values()
-                if p.default is not inspect.Parameter.empty}
+    defaults = {
+        p.name: p.default
+        for p in inspect.signature(DeCLLoss).parameters.values()
+        if p.default is not inspect.Parameter.empty
+    }
     got = decl_kwargs(O.objectives()["decl default"])
     for kwarg, value in got.items():
         if kwarg == "include_current":  # None: the loss resolves it to update-then-read for rate index
@@ -56,17 +60,28 @@ def test_each_variant_changes_one_setting_of_the_screens_base():
         elif name.startswith("decl FastCLIP gamma"):  # the schedule and its final value
             assert changed == {"gamma_schedule", "gamma"}
         elif settings.get("rate") in ("queue", "batch"):  # the rate, and the index-only settings it drops
-            assert "rate" in changed and all(k in ("rate", "queue_size", "include_current", "gamma",
-                                                   "gamma_schedule", "first_visit", "drift_correction", "state",
-                                                   "state_dtype") for k in changed), (name, changed)
+            assert "rate" in changed and all(
+                k
+                in (
+                    "rate",
+                    "queue_size",
+                    "include_current",
+                    "gamma",
+                    "gamma_schedule",
+                    "first_visit",
+                    "drift_correction",
+                    "state",
+                    "state_dtype",
+                )
+                for k in changed
+            ), (name, changed)
         else:
             assert changed == set(settings) - set(O.SCREEN_BASE), (name, changed)
 
 
 def test_every_objective_is_a_valid_training_command(tmp_path):
     for name, flags in O.objectives().items():
-        cfg = parse_train_args(["--dataset-type", "synthetic", "--train-num-samples", "64", *flags],
-                               check_files=False)
+        cfg = parse_train_args(["--dataset-type", "synthetic", "--train-num-samples", "64", *flags], check_files=False)
         assert cfg.loss == flags[1], name
 
 
@@ -81,8 +96,15 @@ def test_loss_flags_refuse_unknown_settings():
 
 
 def rec(label, b, seed, r1, val=None):
-    return {"label": label, "batch_size": b, "seed": seed, "metrics": {T.MEAN_R1: r1}, "val_r1": val or [],
-            "logit_scale": [], "train_seconds": 0.0}
+    return {
+        "label": label,
+        "batch_size": b,
+        "seed": seed,
+        "metrics": {T.MEAN_R1: r1},
+        "val_r1": val or [],
+        "logit_scale": [],
+        "train_seconds": 0.0,
+    }
 
 
 def test_gate_needs_three_points_three_seeds_and_separate_ranges():
@@ -104,8 +126,14 @@ def test_plateau_is_the_change_over_the_last_fifth():
 
 
 def test_paired_differences_against_clip_at_the_same_and_twice_the_batch():
-    records = [rec("clip", 16, 0, 0.20), rec("clip", 16, 1, 0.22), rec("clip", 32, 0, 0.25), rec("clip", 32, 1, 0.27),
-               rec("decl default", 16, 0, 0.26), rec("decl default", 16, 1, 0.26)]
+    records = [
+        rec("clip", 16, 0, 0.20),
+        rec("clip", 16, 1, 0.22),
+        rec("clip", 32, 0, 0.25),
+        rec("clip", 32, 1, 0.27),
+        rec("decl default", 16, 0, 0.26),
+        rec("decl default", 16, 1, 0.26),
+    ]
     same = R.paired(records, "clip")
     assert "| decl default | 16 | clip at 16 | s0 +6.0, s1 +4.0 | **+5.0** | 2 of 2 |" in same
     double = R.paired(records, "clip", same_b=False)
@@ -128,8 +156,11 @@ def scored(label, b, seed, r1):
 def reach_records(decl_minus_2b, gain=0.04, b=32):
     out = []
     for s, d in enumerate(decl_minus_2b):
-        out += [scored("clip", b, s, 0.30), scored("clip", 2 * b, s, 0.30 + gain),
-                scored("decl default", b, s, 0.30 + gain + d)]
+        out += [
+            scored("clip", b, s, 0.30),
+            scored("clip", 2 * b, s, 0.30 + gain),
+            scored("decl default", b, s, 0.30 + gain + d),
+        ]
     return out
 
 
@@ -149,6 +180,7 @@ def test_beat_verdict_a_difference_inside_the_resolution_is_a_tie():
     def beat(diffs):
         recs = reach_records(diffs, gain=0.0)  # clip at 2B = clip at B: decl - clip at 2B is decl - clip at B
         return T.beat_verdict(T.comparison(recs, "decl default", 32, 32))
+
     assert beat([0.05, 0.06, 0.04]) == "beats"
     assert beat([0.005, 0.006, 0.004]) == "tie"  # interval above zero, mean half a point: never a win
     assert beat([-0.05, -0.06, -0.04]) == "trails"
@@ -157,8 +189,11 @@ def test_beat_verdict_a_difference_inside_the_resolution_is_a_tie():
 
 
 def test_verdicts_are_the_test_splits_and_the_validation_split_is_context_beside_them():
-    archived = [{**rec(lab, b, s, v), "split": "validation"} for s in range(3)
-                for lab, b, v in (("clip", 16, 0.20), ("clip", 32, 0.28), ("decl default", 16, 0.17 + s / 1000))]
+    archived = [
+        {**rec(lab, b, s, v), "split": "validation"}
+        for s in range(3)
+        for lab, b, v in (("clip", 16, 0.20), ("clip", 32, 0.28), ("decl default", 16, 0.17 + s / 1000))
+    ]
     rows = T.verdicts(reach_records([0.000, 0.005, -0.005]), archived)
     by = {(r["batch_size"], r["kind"], r["split"]): r for r in rows}
     assert by[(16, "reach", "test")]["n"] == 0 and by[(16, "reach", "test")]["verdict"] == "no verdict"
@@ -167,8 +202,10 @@ def test_verdicts_are_the_test_splits_and_the_validation_split_is_context_beside
     table = R.verdict_table(rows)
     assert "| 16 | clip at 32 | validation | 3 |" in table and "none (the rule would read: does not reach)" in table
     assert "| 32 | clip at 64 | test | 3 |" in table and "**reaches**" in table
-    assert R.decisive_status(rows) == ("B = 16: no verdict (0 test-split seeds); B = 32: reaches (3 test-split "
-                                        "seeds); B = 64: no verdict (0 test-split seeds)")
+    assert R.decisive_status(rows) == (
+        "B = 16: no verdict (0 test-split seeds); B = 32: reaches (3 test-split "
+        "seeds); B = 64: no verdict (0 test-split seeds)"
+    )
 
 
 def test_the_readme_block_is_built_from_the_reports_verdicts():
@@ -195,7 +232,12 @@ def test_each_dcl_variant_changes_only_its_settings_of_the_screens_base():
 
 
 def test_control_leads_pair_each_comparisons_arms_by_seed_on_the_test_split():
-    arms = {"clip": 0.30, "decl default": 0.36, "clip at decl's scale (B=32)": 0.33, "decl at clip's scale (B=32)": 0.31}
+    arms = {
+        "clip": 0.30,
+        "decl default": 0.36,
+        "clip at decl's scale (B=32)": 0.33,
+        "decl at clip's scale (B=32)": 0.31,
+    }
     records = [scored(lab, 32, s, v + s / 100) for s in range(2) for lab, v in arms.items()]
     records.append(scored("clip at decl's scale (B=32)", 32, 2, 0.5))  # seed 2 lacks the other arms: left out
     lead = T.control_leads(records)[32]
@@ -204,10 +246,13 @@ def test_control_leads_pair_each_comparisons_arms_by_seed_on_the_test_split():
     assert lead["decl at clip scale - clip"]["mean"] == pytest.approx(0.01)
     assert lead["clip at decl scale - clip"]["mean"] == pytest.approx(0.03)
     assert 64 not in T.control_leads(records)
-    block = B.readme_block({"verdicts": T.verdicts(records), "runs": records, "status": "x",
-                             "confidence": T.CONFIDENCE})
-    assert ("**Temperature controls at B = 32** (test split, paired by seed; verdicts by the rule's beats / trails / "
-            "tie): `decl`'s lead over `clip`: +6.0 [+6.0, +6.0] (per seed +6.0, +6.0), no verdict (seeds 0, 1)") in block
+    block = B.readme_block(
+        {"verdicts": T.verdicts(records), "runs": records, "status": "x", "confidence": T.CONFIDENCE}
+    )
+    assert (
+        "**Temperature controls at B = 32** (test split, paired by seed; verdicts by the rule's beats / trails / "
+        "tie): `decl`'s lead over `clip`: +6.0 [+6.0, +6.0] (per seed +6.0, +6.0), no verdict (seeds 0, 1)"
+    ) in block
     assert lead["decl - clip"]["verdict"] == "no verdict"  # 2 seeds: below the rule's 3
     # one control with a seed more than the other: each comparison over the seeds both of its arms have
     more = records + [scored(lab, 32, 2, arms[lab] + 0.02) for lab in ("clip", "decl default")]
@@ -218,19 +263,33 @@ def test_control_leads_pair_each_comparisons_arms_by_seed_on_the_test_split():
 
 
 def test_controls_carry_the_rules_verdict_once_three_seeds_agree():
-    arms = {"clip": 0.30, "decl default": 0.36, "clip at decl's scale (B=32)": 0.355, "decl at clip's scale (B=32)": 0.30}
+    arms = {
+        "clip": 0.30,
+        "decl default": 0.36,
+        "clip at decl's scale (B=32)": 0.355,
+        "decl at clip's scale (B=32)": 0.30,
+    }
     jitter = {0: 0.0, 1: 0.004, 2: -0.003}  # each arm moves alike per seed: paired differences barely spread
-    records = [scored(lab, 32, s, v + jitter[s] + (0.001 * s if lab == "decl default" else 0.0))
-               for s in range(3) for lab, v in arms.items()]
+    records = [
+        scored(lab, 32, s, v + jitter[s] + (0.001 * s if lab == "decl default" else 0.0))
+        for s in range(3)
+        for lab, v in arms.items()
+    ]
     lead = T.control_leads(records)[32]
     assert lead["decl - clip"]["verdict"] == "beats"
     assert lead["clip at decl scale - clip"]["verdict"] == "beats"
     assert lead["decl - clip at decl scale"]["verdict"] == "tie"  # +0.6 point: inside the resolution
     assert lead["decl at clip scale - clip"]["verdict"] == "no verdict"  # 0 on every seed: the interval holds zero
     table = R.controls_table(records)
-    assert "| clip at decl's scale (B=32) | clip at 32 | 3 | s0 +5.5, s1 +5.5, s2 +5.5 | +5.5 | [+5.5, +5.5] | beats |" in table
+    assert (
+        "| clip at decl's scale (B=32) | clip at 32 | 3 | s0 +5.5, s1 +5.5, s2 +5.5 | +5.5 | [+5.5, +5.5] | beats |"
+        in table
+    )
     which = B.which_loss_block({"verdicts": T.verdicts(records), "runs": records, "confidence": T.CONFIDENCE})
-    assert "- InfoNCE trained at `decl`'s final temperature - `clip`, B = 32, test split: +5.5 [+5.5, +5.5] (3 seeds, beats)." in which
+    assert (
+        "- InfoNCE trained at `decl`'s final temperature - `clip`, B = 32, test split: +5.5 [+5.5, +5.5] (3 seeds, "
+        "beats)." in which
+    )
     assert "- `decl` - InfoNCE trained at `decl`'s final temperature, B = 32, test split: +0.6" in which
 
 
@@ -239,6 +298,7 @@ def test_dcl_default_rows_read_the_paired_interval_against_zero():
         records = [scored("clip", 64, s, 0.30) for s in range(len(diffs))]
         records += [scored(O.DCL_DEFAULT, 64, s, 0.30 + d) for s, d in enumerate(diffs)]
         return {r["split"]: r for r in T.dcl_default_rows(records)}
+
     noise = rows([0.01, -0.01, 0.004])["test"]
     assert noise["seeds"] == [0, 1, 2] and noise["verdict"] == "within the seeds' noise"
     assert noise["mean"] == pytest.approx(0.004 / 3)
@@ -256,21 +316,30 @@ def test_dcl_default_rows_read_the_paired_interval_against_zero():
 def test_which_loss_numbers_come_from_the_verdicts_the_dcl_check_and_the_screens():
     records = reach_records([0.000, 0.005, -0.005], gain=0.0)  # decl@32 - clip@32 = decl@32 - clip@64 here
     records += [scored(O.DCL_DEFAULT, 64, s, 0.30) for s in range(3)] + [scored("clip", 64, s, 0.30) for s in range(3)]
-    doc = {"verdicts": T.verdicts(records), "runs": records, "confidence": T.CONFIDENCE,
-           "dcl_default": T.dcl_default_rows(records)}
+    doc = {
+        "verdicts": T.verdicts(records),
+        "runs": records,
+        "confidence": T.CONFIDENCE,
+        "dcl_default": T.dcl_default_rows(records),
+    }
     block = B.which_loss_block(doc)
     assert "- `decl` - `clip` at the same batch, retrieval mean R@1, test split: B = 32: +0.0 [" in block
     assert "(3 seeds, no verdict)" in block
-    assert ("minus half of `clip`'s gain from B to 2B), retrieval mean R@1, test split: B = 32: +0.0 [-0.8, +0.8] "
-            "against a threshold of +0.0 (3 seeds, no verdict).") in block
-    assert "- `--loss dcl` at its defaults - `clip`, B = 64, retrieval mean R@1, test split: +0.00 [+0.00, +0.00] " \
-           "(3 seeds, within the seeds' noise)." in block
+    assert (
+        "minus half of `clip`'s gain from B to 2B), retrieval mean R@1, test split: B = 32: +0.0 [-0.8, +0.8] "
+        "against a threshold of +0.0 (3 seeds, no verdict)."
+    ) in block
+    assert (
+        "- `--loss dcl` at its defaults - `clip`, B = 64, retrieval mean R@1, test split: +0.00 [+0.00, +0.00] "
+        "(3 seeds, within the seeds' noise)." in block
+    )
     empty = B.which_loss_block({"verdicts": T.verdicts([]), "runs": [], "confidence": T.CONFIDENCE})
     assert "no test-split runs yet" in empty and "--loss dcl` at its defaults" not in empty
 
 
 def test_scoring_refuses_an_unknown_split_and_a_test_split_the_data_lack():
     from clip_dcl.experiment.scoring import evaluate
+
     with pytest.raises(ValueError, match="split='train': choose 'validation' or 'test'"):
         evaluate("missing.pt", {"out_dir": "d", "val_data": "v"}, split="train")
     with pytest.raises(ValueError, match="written without a test split"):
@@ -293,10 +362,19 @@ def test_the_b16_screen_changes_one_setting_of_the_package_default_each():
 
 def test_code_checks_line_names_the_checked_commits_of_the_runs_only(tmp_path):
     def check(old, new, identical):
-        return {"against": old, "identical": identical, "same_data": True,
-                "objectives": {"clip": {"commits": [old, new], "identical": identical}}}
-    doc = {"batch_size": 64, "seed": 0, "epochs": 2,
-           "checks": [check("aaaaaaa111", "ccccccc333", True), check("bbbbbbb222", "ccccccc333", False)]}
+        return {
+            "against": old,
+            "identical": identical,
+            "same_data": True,
+            "objectives": {"clip": {"commits": [old, new], "identical": identical}},
+        }
+
+    doc = {
+        "batch_size": 64,
+        "seed": 0,
+        "epochs": 2,
+        "checks": [check("aaaaaaa111", "ccccccc333", True), check("bbbbbbb222", "ccccccc333", False)],
+    }
     (tmp_path / "code_check.json").write_text(json.dumps(doc))
     line = R.code_checks_line(["aaaaaaa111"], tmp_path)
     assert "aaaaaaa111 and ccccccc333 train `clip` at B = 64, seed 0, 2 epochs to the same bits" in line
@@ -333,8 +411,10 @@ def sweep_records(diffs_by_b, label=DCL):
 
 
 def test_dcl_sweep_rows_pair_each_batch_with_clip_and_read_the_interval():
-    rows = {r["batch_size"]: r for r in T.dcl_sweep_rows(
-        sweep_records({16: [0.01, -0.01, 0.0], 64: [-0.05, -0.06, -0.04], 128: [0.02, 0.03]}))}
+    rows = {
+        r["batch_size"]: r
+        for r in T.dcl_sweep_rows(sweep_records({16: [0.01, -0.01, 0.0], 64: [-0.05, -0.06, -0.04], 128: [0.02, 0.03]}))
+    }
     assert rows[16]["reading"] == "within the seeds' noise" and rows[16]["test_r1"]["seeds"] == [0, 1, 2]
     assert rows[64]["reading"] == "trails" and rows[64]["test_r1"]["mean"] == pytest.approx(-0.05)
     assert rows[128]["reading"] == "no verdict"  # two seeds
@@ -368,8 +448,13 @@ def test_among_passing_settings_the_best_sampling_bias_zero_shot_is_the_default(
 def test_dcl_bias_rows_pair_each_objective_with_clip_by_seed(tmp_path):
     def run(seed, z):
         return {"seed": seed, "metrics": {"zeroshot/top1": z}}
-    doc = {"data": {"config": {"num_classes": 10}}, "true_tau_plus": 0.1, "complete": True,
-           "runs": {"clip": [run(0, 0.50), run(1, 0.40)], "dcl tau+=0.01": [run(0, 0.55), run(1, 0.40), run(2, 0.9)]}}
+
+    doc = {
+        "data": {"config": {"num_classes": 10}},
+        "true_tau_plus": 0.1,
+        "complete": True,
+        "runs": {"clip": [run(0, 0.50), run(1, 0.40)], "dcl tau+=0.01": [run(0, 0.55), run(1, 0.40), run(2, 0.9)]},
+    }
     (tmp_path / T.DCL_BIAS_REPORTS[10]).write_text(json.dumps(doc))
     rows = T.dcl_bias_rows(tmp_path)
     assert len(rows) == 1 and rows[0]["classes"] == 10 and rows[0]["seeds"] == [0, 1]  # seed 2 has no clip
@@ -382,8 +467,7 @@ def test_the_dcl_sweep_report_and_block_say_the_rules_verdict(tmp_path):
     budget = ex.Budget(epochs=20, model=O.MODEL)
     trailing = {**{b: [0.01, -0.01, 0.0] for b in O.DCL_SWEEP_SIZES}, 256: [-0.2, -0.25, -0.22]}
     records = [{**r, "logit_scale": [], "val_r1": [], "train_seconds": 1.0} for r in sweep_records(trailing)]
-    R.write_dcl_sweep(tmp_path, records, len(records), data, budget, "cmd", datetime.now(timezone.utc),
-                       "dcl_sweep")
+    R.write_dcl_sweep(tmp_path, records, len(records), data, budget, "cmd", datetime.now(timezone.utc), "dcl_sweep")
     text = (tmp_path / "dcl_sweep.md").read_text()
     assert "fails: trails `clip` at B = 256" in text and "default stays `tau_plus` 0" in text
     assert "| `dcl tau+ 0.01` | 256 | 3 | s0 -20.0, s1 -25.0, s2 -22.0 |" in text
@@ -392,8 +476,7 @@ def test_the_dcl_sweep_report_and_block_say_the_rules_verdict(tmp_path):
     assert "B = 256: -22.3 [" in block and "(3 seeds, trails)" in block
     assert "no setting passes at every batch size" in block
     partial = [r for r in records if r["batch_size"] != 16]
-    R.write_dcl_sweep(tmp_path, partial, len(records), data, budget, "cmd", datetime.now(timezone.utc),
-                       "partial")
+    R.write_dcl_sweep(tmp_path, partial, len(records), data, budget, "cmd", datetime.now(timezone.utc), "partial")
     assert "PARTIAL" in (tmp_path / "partial.md").read_text()
 
 
@@ -423,8 +506,11 @@ def test_the_readme_block_carries_the_b16_screen_and_its_best_on_the_test_split(
     assert f"`{names[0]}` 25.0 (+5.0)" in block and "`decl default` 20.0," in block and "not yet run: `" in block
     records = screen16_records({n: 0.19 for n in names if n != names[1]})
     for s, d in enumerate([0.010, 0.005, 0.015]):  # names[1]'s seed-0 run scores 23.0 on the validation split
-        records += [scored("clip", 16, s, 0.20), scored("clip", 32, s, 0.24),
-                    {**scored(names[1], 16, s, 0.24 + d), "metrics": {T.MEAN_R1: 0.23 if s == 0 else 0.5}}]
+        records += [
+            scored("clip", 16, s, 0.20),
+            scored("clip", 32, s, 0.24),
+            {**scored(names[1], 16, s, 0.24 + d), "metrics": {T.MEAN_R1: 0.23 if s == 0 else 0.5}},
+        ]
     choice = T.screen16_choice(records)
     block = B.readme_block({**doc, "screen16": {**choice, "verdicts": T.screen16_rows(records, choice["best"])}})
     assert f"`{names[1]}` 23.0 (+3.0)" in block
@@ -433,8 +519,6 @@ def test_the_readme_block_carries_the_b16_screen_and_its_best_on_the_test_split(
     assert "not run yet" not in next(line for line in block.splitlines() if "B = 16 screen" in line)
     none = {**T.screen16_choice(screen16_records({n: 0.19 for n in names})), "verdicts": []}
     assert "no variant scores above the package default" in B.readme_block({**doc, "screen16": none})
-
-
 
 
 # ------------------------------------------------------------------------------------------
@@ -468,6 +552,7 @@ def test_the_decisive_plan_is_confirmatory_on_a_fresh_draw_and_fresh_seeds(capsy
         gains = [r1[("clip", 2 * b, s)] - r1[("clip", b, s)] for s in (0, 1, 2)]
         assert c.margin == pytest.approx(sum(gains) / 6, abs=1e-4)
     from clip_dcl.experiment.study.cli import check
+
     assert check(plan) == 0  # its seeds give each reach the plan's power
     assert "TOO FEW" not in capsys.readouterr().out
 
@@ -475,8 +560,9 @@ def test_the_decisive_plan_is_confirmatory_on_a_fresh_draw_and_fresh_seeds(capsy
 def test_verdicts_of_todays_report_come_again_from_its_runs():
     doc = json.loads((O.RESULTS / "batch_size.json").read_text())
     again = T.verdicts(doc["runs"], O.archived_runs(doc["data"]))
-    assert [(r["kind"], r["split"], r["batch_size"], r["n"], r["verdict"]) for r in again] == \
-        [(r["kind"], r["split"], r["batch_size"], r["n"], r["verdict"]) for r in doc["verdicts"]]
+    assert [(r["kind"], r["split"], r["batch_size"], r["n"], r["verdict"]) for r in again] == [
+        (r["kind"], r["split"], r["batch_size"], r["n"], r["verdict"]) for r in doc["verdicts"]
+    ]
     assert [r["mean"] for r in again] == pytest.approx([r["mean"] for r in doc["verdicts"]])
 
 
@@ -487,9 +573,11 @@ def test_todays_reports_regenerate_from_their_json_with_equal_verdicts(tmp_path)
     for stem, doc in written.items():
         committed = json.loads((O.RESULTS / f"{stem}.json").read_text())
         assert bs.same_verdicts(doc, committed), stem
+
     # the main report is the committed one but for the date line
     def body(path):
         return [x for x in path.read_text().splitlines() if not x.startswith("- Date (UTC)")]
+
     assert body(tmp_path / "batch_size.md") == body(O.RESULTS / "batch_size.md")
     changed = json.loads(json.dumps(written["batch_size"]))
     changed["verdicts"][2]["verdict"] = "reaches"
@@ -511,10 +599,23 @@ def test_a_studys_runs_become_the_testbed_reports_records(tmp_path):
         v = r1[arm] + seed / 1000
         for split in ("validation", "test"):
             (folder / f"scores-{split}.json").write_text(json.dumps({T.MEAN_R1: v, "zeroshot/top1": 0.1}))
-        (folder / "run.json").write_text(json.dumps({"arm": arm, "seed": seed, "recipe": "micro-bpe", "commit": "abc",
-                                                     "hardware": "x", "ended": "2030-01-01 00:00:00"}))
-        steps = [{"kind": "train", "epoch": e, "logit_scale": 10 + e + last / 2, "loss": 1} for e in range(3)
-                 for last in (0, 1)]
+        (folder / "run.json").write_text(
+            json.dumps(
+                {
+                    "arm": arm,
+                    "seed": seed,
+                    "recipe": "micro-bpe",
+                    "commit": "abc",
+                    "hardware": "x",
+                    "ended": "2030-01-01 00:00:00",
+                }
+            )
+        )
+        steps = [
+            {"kind": "train", "epoch": e, "logit_scale": 10 + e + last / 2, "loss": 1}
+            for e in range(3)
+            for last in (0, 1)
+        ]
         val = {"kind": "val", "epoch": 1, "image_to_text_R@1": 0.2, "text_to_image_R@1": 0.4}
         (folder / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in [*steps, val]))
     recs = bs.records_of(STUDIES / "testbed_second_draw.toml", work)
@@ -545,11 +646,15 @@ def test_each_stages_lines_are_training_commands_of_the_recipe(tmp_path):
                 continue
             seen.add(arm.name)
             argv = train_argv(plan, tmp_path, splits, arm.name, plan.seeds[0])
-            words = argv[argv.index("--") + 1:]
+            words = argv[argv.index("--") + 1 :]
             cfg = parse_train_args(words, check_files=False)  # clip-dcl's and the loss's flags are valid
             assert cfg.loss == arm.flags[1]
             got = openclip_args(cfg.openclip_argv)
-            assert (got.model, got.batch_size, got.epochs, got.seed) == \
-                ("clip-dcl-micro", dict(arm.overrides)["batch_size"], 20, plan.seeds[0]), path.name
-            assert words[-len(arm.flags) - 2:-2] == list(arm.flags) and words[-2:] == ["--resume", "latest"]
+            assert (got.model, got.batch_size, got.epochs, got.seed) == (
+                "clip-dcl-micro",
+                dict(arm.overrides)["batch_size"],
+                20,
+                plan.seeds[0],
+            ), path.name
+            assert words[-len(arm.flags) - 2 : -2] == list(arm.flags) and words[-2:] == ["--resume", "latest"]
             assert got.train_data.startswith(str(study.work.data_dir(tmp_path))) and got.resume == "latest"

@@ -3,6 +3,7 @@
 The fast tests run the webdataset pipeline in-process on shards written here and parse flags; the
 ``slow`` one trains an epoch through ``python -m clip_dcl.train``'s ``main``.
 """
+
 from __future__ import annotations
 
 import io
@@ -35,9 +36,14 @@ def write_caption_shards(out: Path, num_shards=2, per_shard=16, txt_only=()):
                 meta = {"key": f"{k:09d}"}
                 if k not in txt_only:
                     meta["captions"] = captions
-                w.write({"__key__": f"{k:09d}", "jpg": buf.getvalue(),
-                         "txt": "\n".join(captions) if k in txt_only else captions[0],
-                         "json": json.dumps(meta).encode()})
+                w.write(
+                    {
+                        "__key__": f"{k:09d}",
+                        "jpg": buf.getvalue(),
+                        "txt": "\n".join(captions) if k in txt_only else captions[0],
+                        "json": json.dumps(meta).encode(),
+                    }
+                )
         sizes[name] = per_shard
     (out / "sizes.json").write_text(json.dumps(sizes))
     return str(out / f"{{00000..{num_shards - 1:05d}}}.tar")
@@ -53,8 +59,20 @@ def numbers(texts):
 def pipeline_args(pattern, m, workers=2, batch_size=8, seed=0):
     from open_clip_train.params import parse_args
 
-    args = parse_args(["--train-data", pattern, "--dataset-type", "webdataset", "--batch-size", str(batch_size),
-                       "--workers", str(workers), "--seed", str(seed)])
+    args = parse_args(
+        [
+            "--train-data",
+            pattern,
+            "--dataset-type",
+            "webdataset",
+            "--batch-size",
+            str(batch_size),
+            "--workers",
+            str(workers),
+            "--seed",
+            str(seed),
+        ]
+    )
     args.world_size, args.rank, args.decl_num_samples, args.captions_per_image = 1, 0, None, m
     return args
 
@@ -85,7 +103,7 @@ def test_pipeline_yields_m_captions_per_image_in_image_order(tmp_path, m):
     for texts, ids in batches(info, 0):
         assert ids.shape == (8,) and texts.shape == (8 * m, 2)  # ids per image, M texts per image
         for i, key in enumerate(ids.tolist()):
-            block = texts[i * m:(i + 1) * m]
+            block = texts[i * m : (i + 1) * m]
             assert block[:, 0].tolist() == [key] * m  # the image's own captions, in image order
             have = key % 4 + 1
             if m == 1:
@@ -99,27 +117,29 @@ def test_pipeline_yields_m_captions_per_image_in_image_order(tmp_path, m):
     if m > 1:  # the draw is a function of (seed, epoch, id): a fresh pipeline draws the same captions
         again = get_wds_train_dataset(pipeline_args(pattern, m), lambda img: torch.zeros(1), tokenizer=tok)
         first = {int(i): t.tolist() for texts, ids in batches(info, 1) for i, t in zip(ids, texts.reshape(8, m, 2))}
-        second = {int(i): t.tolist() for texts, ids in batches(again, 1) for i, t in
-                  zip(ids, texts.reshape(8, m, 2))}
+        second = {int(i): t.tolist() for texts, ids in batches(again, 1) for i, t in zip(ids, texts.reshape(8, m, 2))}
         assert first == second
 
 
 # -- flags ----------------------------------------------------------------------------------------------
-@pytest.mark.parametrize("flags, named", [
-    (["--captions-per-image", "0"], "--captions-per-image must be >= 1, got 0"),
-    (["--loss", "clip", "--hcl-beta", "0.5"], "--hcl-beta"),
-    (["--loss", "curl", "--hcl-beta", "0.5"], "--hcl-beta"),
-    (["--loss", "clip", "--tau-plus", "auto"], "--tau-plus"),
-    (["--loss", "dcl", "--hcl-beta", "-1"], "--hcl-beta"),
-    (["--loss", "dcl", "--tau-plus", "often"], "often"),
-    (["--loss", "dcl", "--dcl-temperature", "0"], "--dcl-temperature"),
-    (["--loss", "curl", "--curl-link", "softmax"], "softmax"),
-    (["--loss", "decl", "--captions-per-image", "2", "--no-grad-gather", "--local-loss"], "--no-grad-gather"),
-    (["--loss", "dcl", "--captions-per-image", "2", "--no-grad-gather", "--local-loss"], "--no-grad-gather"),
-    (["--loss", "curl", "--no-grad-gather", "--local-loss"], "--no-grad-gather"),
-    (["--loss", "dcl", "--hcl-beta", "1", "--no-grad-gather", "--local-loss"], "--hcl-beta"),
-    (["--loss", "clip", "--captions-per-image", "2", "--siglip"], "--siglip"),
-])
+@pytest.mark.parametrize(
+    "flags, named",
+    [
+        (["--captions-per-image", "0"], "--captions-per-image must be >= 1, got 0"),
+        (["--loss", "clip", "--hcl-beta", "0.5"], "--hcl-beta"),
+        (["--loss", "curl", "--hcl-beta", "0.5"], "--hcl-beta"),
+        (["--loss", "clip", "--tau-plus", "auto"], "--tau-plus"),
+        (["--loss", "dcl", "--hcl-beta", "-1"], "--hcl-beta"),
+        (["--loss", "dcl", "--tau-plus", "often"], "often"),
+        (["--loss", "dcl", "--dcl-temperature", "0"], "--dcl-temperature"),
+        (["--loss", "curl", "--curl-link", "softmax"], "softmax"),
+        (["--loss", "decl", "--captions-per-image", "2", "--no-grad-gather", "--local-loss"], "--no-grad-gather"),
+        (["--loss", "dcl", "--captions-per-image", "2", "--no-grad-gather", "--local-loss"], "--no-grad-gather"),
+        (["--loss", "curl", "--no-grad-gather", "--local-loss"], "--no-grad-gather"),
+        (["--loss", "dcl", "--hcl-beta", "1", "--no-grad-gather", "--local-loss"], "--hcl-beta"),
+        (["--loss", "clip", "--captions-per-image", "2", "--siglip"], "--siglip"),
+    ],
+)
 def test_bad_flag_values_fail_before_any_work(tmp_path, capsys, flags, named):
     pattern = write_caption_shards(tmp_path / "shards", num_shards=1, per_shard=2)
     logs = tmp_path / "logs"
@@ -135,8 +155,23 @@ def test_flags_reach_the_loss_and_captions_per_image_the_config(tmp_path):
 
     pattern = write_caption_shards(tmp_path / "shards")
     small = ["--workers", "1", "--batch-size", "8"]  # what the 2 shards of 16 can fill
-    cfg = parse_train_args(["--train-data", pattern, "--loss", "dcl", "--tau-plus", "auto", "--hcl-beta", "0.5",
-                            "--captions-per-image", "3", "--dcl-temperature", "0.1", *small])
+    cfg = parse_train_args(
+        [
+            "--train-data",
+            pattern,
+            "--loss",
+            "dcl",
+            "--tau-plus",
+            "auto",
+            "--hcl-beta",
+            "0.5",
+            "--captions-per-image",
+            "3",
+            "--dcl-temperature",
+            "0.1",
+            *small,
+        ]
+    )
     assert cfg.captions_per_image == 3
     assert cfg.loss_kwargs == {"tau_plus": "auto", "beta": 0.5, "temperature": 0.1}
     cfg = parse_train_args(["--train-data", pattern, "--loss", "curl", "--curl-link", "hinge", *small])
@@ -157,8 +192,20 @@ def test_a_loss_registered_by_a_script_gets_its_flags_without_editing_flags_py(t
         register_loss("tempered")(Tempered)
         assert "--tempered-scale" in build_parser().format_help()
         pattern = write_caption_shards(tmp_path / "shards")
-        cfg = parse_train_args(["--train-data", pattern, "--loss", "tempered", "--tempered-scale", "0.5",
-                                "--workers", "1", "--batch-size", "8"])
+        cfg = parse_train_args(
+            [
+                "--train-data",
+                pattern,
+                "--loss",
+                "tempered",
+                "--tempered-scale",
+                "0.5",
+                "--workers",
+                "1",
+                "--batch-size",
+                "8",
+            ]
+        )
         assert cfg.loss == "tempered" and cfg.loss_kwargs == {"temperature": 0.5}
     finally:
         LOSSES.clear()
@@ -166,19 +213,53 @@ def test_a_loss_registered_by_a_script_gets_its_flags_without_editing_flags_py(t
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("loss, flags, terms", [
-    ("dcl", ["--tau-plus", "auto", "--hcl-beta", "0.5"], ["Dcl_loss:", "Tau_plus:", "Clamp_rate:"]),
-    ("curl", [], ["Curl_loss:", "Block_size: 3.0000"]),
-    ("clip", [], ["Contrastive_loss:"]),
-    ("decl", ["--decl-rate", "index", "--no-decl-include-current"], ["Decl_loss:", "Loss1:", "First_visit_rate:"]),
-])
+@pytest.mark.parametrize(
+    "loss, flags, terms",
+    [
+        ("dcl", ["--tau-plus", "auto", "--hcl-beta", "0.5"], ["Dcl_loss:", "Tau_plus:", "Clamp_rate:"]),
+        ("curl", [], ["Curl_loss:", "Block_size: 3.0000"]),
+        ("clip", [], ["Contrastive_loss:"]),
+        ("decl", ["--decl-rate", "index", "--no-decl-include-current"], ["Decl_loss:", "Loss1:", "First_visit_rate:"]),
+    ],
+)
 def test_an_epoch_with_three_captions_per_image(tmp_path, loss, flags, terms):
     pattern = write_caption_shards(tmp_path / "shards", num_shards=2, per_shard=16)
     logs = tmp_path / "logs"
-    rc = main(["--train-data", pattern, "--logs", str(logs), "--name", loss, "--device", "cpu", "--model",
-               "clip-dcl-tiny", "--batch-size", "8", "--workers", "1", "--epochs", "1", "--lr", "1e-3",
-               "--warmup", "1", "--log-every-n-steps", "1", "--precision", "fp32", "--save-frequency", "1",
-               "--captions-per-image", "3", "--loss", loss, *flags])
+    rc = main(
+        [
+            "--train-data",
+            pattern,
+            "--logs",
+            str(logs),
+            "--name",
+            loss,
+            "--device",
+            "cpu",
+            "--model",
+            "clip-dcl-tiny",
+            "--batch-size",
+            "8",
+            "--workers",
+            "1",
+            "--epochs",
+            "1",
+            "--lr",
+            "1e-3",
+            "--warmup",
+            "1",
+            "--log-every-n-steps",
+            "1",
+            "--precision",
+            "fp32",
+            "--save-frequency",
+            "1",
+            "--captions-per-image",
+            "3",
+            "--loss",
+            loss,
+            *flags,
+        ]
+    )
     assert rc == 0
     lines = [line for line in (logs / loss / "out.log").read_text().splitlines() if "Train Epoch:" in line]
     assert len(lines) == 4

@@ -5,6 +5,7 @@ it (which override the recipe's): 64 synthetic pairs in one shard, the tiny mode
 steps on the CPU through torchrun with one process. The recipe's flags themselves (RN50x4, 30 epochs,
 the CC3M buffer size) are checked without running in tests/test_launch.py.
 """
+
 from __future__ import annotations
 
 import importlib.util
@@ -22,8 +23,24 @@ HAS_TENSORBOARD = importlib.util.find_spec("tensorboard") is not None
 @pytest.fixture(scope="module")
 def shards(tmp_path_factory, preloaded):
     out = tmp_path_factory.mktemp("cc3m-synth")
-    res = subprocess.run([preloaded.python, "-m", "clip_dcl.cli", "data", "synth", str(out), "--quick",
-                          "--train-samples", "64", "--shard-size", "64", "--quiet"], capture_output=True, text=True)
+    res = subprocess.run(
+        [
+            preloaded.python,
+            "-m",
+            "clip_dcl.cli",
+            "data",
+            "synth",
+            str(out),
+            "--quick",
+            "--train-samples",
+            "64",
+            "--shard-size",
+            "64",
+            "--quiet",
+        ],
+        capture_output=True,
+        text=True,
+    )
     assert res.returncode == 0, res.stderr
     return out / "train"
 
@@ -32,12 +49,42 @@ def run_recipe(python, shards, logs, loss, **env):
     """The recipe through bash and torchrun, what this file is about; ``python`` (the preloaded one, which
     torchrun's rank starts from too) saves torch's import in each process."""
     full = {k: v for k, v in os.environ.items() if k not in ("NPROC", "CC3M_TRAIN", "TRAIN_DATA", "DRY_RUN")}
-    full.update(LOSS=loss, CC3M_TRAIN=str(shards), NUM_SHARDS="1", SAMPLES_PER_SHARD="64", BATCH_SIZE="16",
-                WORKERS="1", PRECISION="fp32", LOGS=str(logs), NPROC="1", PYTHON=python,
-                OMP_NUM_THREADS="1", CUDA_VISIBLE_DEVICES="", DRY_RUN="0", **env)
-    return subprocess.run(["bash", str(RECIPE), "--model", "clip-dcl-tiny", "--epochs", "1", "--warmup", "1",
-                           "--device", "cpu", "--train-num-samples", "64"],
-                          capture_output=True, text=True, env=full, timeout=300)
+    full.update(
+        LOSS=loss,
+        CC3M_TRAIN=str(shards),
+        NUM_SHARDS="1",
+        SAMPLES_PER_SHARD="64",
+        BATCH_SIZE="16",
+        WORKERS="1",
+        PRECISION="fp32",
+        LOGS=str(logs),
+        NPROC="1",
+        PYTHON=python,
+        OMP_NUM_THREADS="1",
+        CUDA_VISIBLE_DEVICES="",
+        DRY_RUN="0",
+        **env,
+    )
+    return subprocess.run(
+        [
+            "bash",
+            str(RECIPE),
+            "--model",
+            "clip-dcl-tiny",
+            "--epochs",
+            "1",
+            "--warmup",
+            "1",
+            "--device",
+            "cpu",
+            "--train-num-samples",
+            "64",
+        ],
+        capture_output=True,
+        text=True,
+        env=full,
+        timeout=300,
+    )
 
 
 @pytest.mark.parametrize("loss", ["decl", "dcl"])

@@ -4,6 +4,7 @@ A module fixture trains clip-dcl-tiny for one epoch with OpenCLIP's own ``main``
 two cores); hand-made checkpoints cover an unregistered architecture and ``module.`` keys. Only
 the check in a fresh interpreter without clip_dcl is marked slow.
 """
+
 from __future__ import annotations
 
 import json
@@ -28,11 +29,34 @@ def trained(tmp_path_factory):
     logs = tmp_path_factory.mktemp("logs")
     register_builtin_configs()
     with torch_log_levels_kept():  # OpenCLIP's own main, unpatched: its logging setup would unmute TorchDynamo
-        open_clip_train.main.main([
-            "--dataset-type", "synthetic", "--train-num-samples", "16", "--batch-size", "4", "--epochs", "1",
-            "--workers", "0", "--model", TINY_MODEL, "--logs", str(logs), "--name", "x", "--save-frequency", "1",
-            "--report-to", "", "--seed", "0", "--warmup", "1",
-        ])
+        open_clip_train.main.main(
+            [
+                "--dataset-type",
+                "synthetic",
+                "--train-num-samples",
+                "16",
+                "--batch-size",
+                "4",
+                "--epochs",
+                "1",
+                "--workers",
+                "0",
+                "--model",
+                TINY_MODEL,
+                "--logs",
+                str(logs),
+                "--name",
+                "x",
+                "--save-frequency",
+                "1",
+                "--report-to",
+                "",
+                "--seed",
+                "0",
+                "--warmup",
+                "1",
+            ]
+        )
     ckpt = logs / "x" / "checkpoints" / "epoch_1.pt"
     assert ckpt.is_file()
     return ckpt
@@ -111,7 +135,7 @@ images = torch.randn(3, 3, 64, 64, generator=g)
 with torch.no_grad():
     got = (model.encode_image(images),
            model.encode_text(open_clip.get_tokenizer(name)(["a red square", "two blue circles on grey", ""])))
-exp = torch.load("{tmp_path / 'expected.pt'}")
+exp = torch.load("{tmp_path / "expected.pt"}")
 assert all(torch.equal(a, b) for a, b in zip(got, exp))
 print("ok")
 """
@@ -130,8 +154,12 @@ def _custom_checkpoint(tmp_path, with_entry=True, prefix="module."):
     cfg["vision_cfg"]["layers"] = 1
     name = f"clip-dcl-test-{uuid.uuid4().hex[:8]}"
     model = open_clip.CLIP(**cfg)
-    ckpt = {"epoch": 3, "name": "run", "state_dict": {prefix + k: v for k, v in model.state_dict().items()},
-            "optimizer": {}}
+    ckpt = {
+        "epoch": 3,
+        "name": "run",
+        "state_dict": {prefix + k: v for k, v in model.state_dict().items()},
+        "optimizer": {},
+    }
     if with_entry:
         ckpt["clip_dcl"] = {"model": name, "model_config": cfg}
     path = tmp_path / "somewhere" / "epoch_3.pt"
@@ -181,10 +209,40 @@ def test_checkpoint_of_our_training_loads_from_its_entry(tmp_path):
 
     from clip_dcl.train import main as train_main
 
-    rc = train_main(["--dataset-type", "synthetic", "--train-num-samples", "16", "--batch-size", "4", "--epochs", "1",
-                     "--workers", "0", "--model", TINY_MODEL, "--logs", str(tmp_path / "logs"), "--name", "y",
-                     "--save-frequency", "1", "--report-to", "", "--loss", "clip", "--image-mean", "0.5", "0.5", "0.5",
-                     "--image-std", "0.25", "0.25", "0.25"])
+    rc = train_main(
+        [
+            "--dataset-type",
+            "synthetic",
+            "--train-num-samples",
+            "16",
+            "--batch-size",
+            "4",
+            "--epochs",
+            "1",
+            "--workers",
+            "0",
+            "--model",
+            TINY_MODEL,
+            "--logs",
+            str(tmp_path / "logs"),
+            "--name",
+            "y",
+            "--save-frequency",
+            "1",
+            "--report-to",
+            "",
+            "--loss",
+            "clip",
+            "--image-mean",
+            "0.5",
+            "0.5",
+            "0.5",
+            "--image-std",
+            "0.25",
+            "0.25",
+            "0.25",
+        ]
+    )
     assert rc == 0
     src = tmp_path / "logs" / "y" / "checkpoints" / "epoch_1.pt"
     ckpt = torch.load(src, map_location="cpu", weights_only=True)
@@ -300,8 +358,10 @@ def test_exported_files_have_the_mode_the_umask_gives(tmp_path, umask, mode):
         out = export(path, tmp_path / "exp")
     finally:
         os.umask(before)
-    assert {p.name: stat.S_IMODE(p.stat().st_mode) for p in out.iterdir()} == \
-        {CONFIG_NAME: mode, "open_clip_model.safetensors": mode}
+    assert {p.name: stat.S_IMODE(p.stat().st_mode) for p in out.iterdir()} == {
+        CONFIG_NAME: mode,
+        "open_clip_model.safetensors": mode,
+    }
 
 
 def test_openclip_checkpoint_of_a_custom_config_loads_from_params_txt(tmp_path):
@@ -338,8 +398,14 @@ def test_the_trainer_writes_the_format_the_reader_defines(tmp_path, monkeypatch)
     run = TrainingRun(TrainConfig("dcl", {"tau_plus": 0.1}, {"tau_plus": 0.1, "clamp": "clamp"}))
     run.loss = torch.nn.Module()
     run.loss.register_buffer("calls", torch.tensor(7))
-    run.args = argparse.Namespace(model=TINY_MODEL, force_quick_gelu=False, force_patch_dropout=None,
-                                  force_image_size=None, force_context_length=None, force_custom_text=False)
+    run.args = argparse.Namespace(
+        model=TINY_MODEL,
+        force_quick_gelu=False,
+        force_patch_dropout=None,
+        force_image_size=None,
+        force_context_length=None,
+        force_custom_text=False,
+    )
     register_builtin_configs()
     monkeypatch.setattr(fmt, "CKPT_KEY", "renamed_entry")
     monkeypatch.setattr(fmt, "LOSS_STATE_KEY", "renamed_state")
@@ -348,8 +414,9 @@ def test_the_trainer_writes_the_format_the_reader_defines(tmp_path, monkeypatch)
     ckpt = torch.load(target, weights_only=True)
     assert set(ckpt) == {"epoch", "name", "state_dict", "optimizer", "renamed_entry", "renamed_state"}
     assert int(ckpt["renamed_state"]["calls"]) == 7
-    assert ckpt["renamed_entry"] == fmt.checkpoint_entry(TINY_MODEL, fmt.trained_model_config(run.args), None,
-                                                         "dcl", {"tau_plus": 0.1, "clamp": "clamp"})
+    assert ckpt["renamed_entry"] == fmt.checkpoint_entry(
+        TINY_MODEL, fmt.trained_model_config(run.args), None, "dcl", {"tau_plus": 0.1, "clamp": "clamp"}
+    )
     assert sorted(p.name for p in tmp_path.iterdir()) == ["epoch_1.pt"]
 
 
@@ -362,15 +429,19 @@ def test_one_module_reads_and_writes_training_checkpoints():
     import clip_dcl
 
     package = Path(clip_dcl.__file__).parent
-    owners = sorted(str(p.relative_to(package)) for p in package.rglob("*.py")
-                    if "torch.load(" in p.read_text() or "PARTIAL_SUFFIX =" in p.read_text())
+    owners = sorted(
+        str(p.relative_to(package))
+        for p in package.rglob("*.py")
+        if "torch.load(" in p.read_text() or "PARTIAL_SUFFIX =" in p.read_text()
+    )
     assert owners == ["train/saving.py"]
     imported = set()
     for node in ast.walk(ast.parse((package / "train" / "saving.py").read_text())):
         if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module.startswith("clip_dcl"):
             imported.add(node.module)
         elif (isinstance(node, ast.ImportFrom) and node.level) or (
-                isinstance(node, ast.Import) and any(a.name.startswith("clip_dcl") for a in node.names)):
+            isinstance(node, ast.Import) and any(a.name.startswith("clip_dcl") for a in node.names)
+        ):
             imported.add(f"relative or plain import at line {node.lineno}")
     assert imported == {"clip_dcl._version", "clip_dcl.losses.base", "clip_dcl.losses.state"}
 
@@ -399,17 +470,34 @@ def test_a_checkpoint_loaded_as_another_model_names_the_model_it_was_trained_as(
     with pytest.raises(ValueError) as err:
         load_checkpoint(path, model=TINY_MODEL)
     msg = str(err.value)
-    assert f"was trained as model {name!r} (its 'clip_dcl' entry), not 'clip-dcl-tiny' as --model clip-dcl-tiny " \
-           "asks" in msg
+    assert (
+        f"was trained as model {name!r} (its 'clip_dcl' entry), not 'clip-dcl-tiny' as --model clip-dcl-tiny "
+        "asks" in msg
+    )
     assert msg.endswith(f"Drop --model (the checkpoint names its model) or pass --model {name}")
     assert "tensor(s) of another shape (e.g. " in msg and "size mismatch for" not in msg  # one line, not torch's list
     # an OpenCLIP-native checkpoint: its run's params.txt says what it was trained as
     register_config_dict("clip-dcl-test-other", cfg)
-    with pytest.raises(ValueError, match=r"was trained as model 'clip-dcl-tiny' \(the params.txt of its run\), not "
-                                         r"'clip-dcl-test-other'"):
+    with pytest.raises(
+        ValueError,
+        match=r"was trained as model 'clip-dcl-tiny' \(the params.txt of its run\), not "
+        r"'clip-dcl-test-other'",
+    ):
         load_checkpoint(trained, model="clip-dcl-test-other")
-    rc = eval_main(["retrieval", "--checkpoint", str(path), "--model", TINY_MODEL, "--data", _val_shards(tmp_path),
-                    "--no-progress", "--device", "cpu"])
+    rc = eval_main(
+        [
+            "retrieval",
+            "--checkpoint",
+            str(path),
+            "--model",
+            TINY_MODEL,
+            "--data",
+            _val_shards(tmp_path),
+            "--no-progress",
+            "--device",
+            "cpu",
+        ]
+    )
     assert rc == 2 and f"was trained as model {name!r}" in capsys.readouterr().err
 
 
@@ -422,8 +510,10 @@ def test_a_full_disk_names_the_file_the_space_and_the_intact_previous_checkpoint
     with pytest.raises(CheckpointDiskFull) as err:
         save_atomically({"w": torch.zeros(1 << 16)}, tmp_path / "epoch_2.pt")
     msg = str(err.value)
-    assert msg.startswith(f"cannot write checkpoint {tmp_path / 'epoch_2.pt'}: the disk is full (No space left on "
-                          "device); it needs about 256.0 KB, ")
+    assert msg.startswith(
+        f"cannot write checkpoint {tmp_path / 'epoch_2.pt'}: the disk is full (No space left on "
+        "device); it needs about 256.0 KB, "
+    )
     assert f"The previous checkpoint, {tmp_path / 'epoch_1.pt'}, is intact (the partial file was removed)" in msg
     assert "--resume latest" in msg
     assert sorted(p.name for p in tmp_path.iterdir()) == ["epoch_1.pt"]
@@ -446,9 +536,32 @@ def test_a_full_disk_during_training_ends_with_one_clear_line(tmp_path, capsys, 
         return removed
 
     monkeypatch.setattr(ckpt_format, "remove_stale_partials", then_fill)
-    rc = train_main(["--dataset-type", "synthetic", "--train-num-samples", "8", "--batch-size", "4", "--epochs", "2",
-                     "--workers", "0", "--model", TINY_MODEL, "--logs", str(tmp_path / "logs"), "--name", "f",
-                     "--save-frequency", "1", "--report-to", "", "--loss", "clip"])
+    rc = train_main(
+        [
+            "--dataset-type",
+            "synthetic",
+            "--train-num-samples",
+            "8",
+            "--batch-size",
+            "4",
+            "--epochs",
+            "2",
+            "--workers",
+            "0",
+            "--model",
+            TINY_MODEL,
+            "--logs",
+            str(tmp_path / "logs"),
+            "--name",
+            "f",
+            "--save-frequency",
+            "1",
+            "--report-to",
+            "",
+            "--loss",
+            "clip",
+        ]
+    )
     err = capsys.readouterr().err
     assert rc == 1
     assert f"clip-dcl train: error: cannot write checkpoint {folder / 'epoch_2.pt'}: the disk is full" in err

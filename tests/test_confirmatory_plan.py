@@ -1,11 +1,11 @@
 """benchmarks/confirmatory_plan.py: the confirmatory plan's numbers come from the spread runs, and the plan it
 writes is one `clip-dcl study` accepts, with every number where the spread puts it."""
+
 import statistics
 from pathlib import Path
 
-import pytest
-
 import benchmark_script
+import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -16,8 +16,15 @@ def cp():
 
 
 def _scores():
-    base = {"clip-b32": 0.28, "clip-b64": 0.31, "clip-b128": 0.40, "decl-b32": 0.31, "decl-b64": 0.38,
-            "tuned-b32": 0.33, "tuned-b64": 0.36}
+    base = {
+        "clip-b32": 0.28,
+        "clip-b64": 0.31,
+        "clip-b128": 0.40,
+        "decl-b32": 0.31,
+        "decl-b64": 0.38,
+        "tuned-b32": 0.33,
+        "tuned-b64": 0.36,
+    }
     wobble = {1: 0.0, 2: 0.01, 3: -0.02}
     s = {(arm, seed): v + wobble[seed] for arm, v in base.items() for seed in (1, 2, 3)}
     for i, key in enumerate(sorted(s)):  # every arm's seeds a little off, so no paired spread is zero
@@ -28,8 +35,14 @@ def _scores():
 
 def test_margins_spreads_and_means_are_the_paired_ones(cp):
     rows = {(r["a"], r["b"]): r for r in cp.comparisons(_scores())}
-    assert set(rows) == {("decl-b32", "clip-b32"), ("decl-b32", "tuned-b32"), ("decl-b32", "clip-b64"),
-                         ("decl-b64", "clip-b64"), ("decl-b64", "tuned-b64"), ("decl-b64", "clip-b128")}
+    assert set(rows) == {
+        ("decl-b32", "clip-b32"),
+        ("decl-b32", "tuned-b32"),
+        ("decl-b32", "clip-b64"),
+        ("decl-b64", "clip-b64"),
+        ("decl-b64", "tuned-b64"),
+        ("decl-b64", "clip-b128"),
+    }
     r = rows[("decl-b32", "clip-b64")]
     sc = _scores()
     gain = statistics.mean(sc[("clip-b64", k)] - sc[("clip-b32", k)] for k in (1, 2, 3))
@@ -47,21 +60,24 @@ def test_the_written_plan_is_valid_and_carries_the_numbers(cp, tmp_path):
     from clip_dcl.experiment.study.plan import load_plan
 
     rows = cp.comparisons(_scores())
-    tuned = {32: ["--loss", "dcl", "--tau-plus", "0.0", "--dcl-temperature", "0.035714"],
-             64: ["--loss", "dcl", "--tau-plus", "0.0", "--dcl-temperature", "0.06993"]}
+    tuned = {
+        32: ["--loss", "dcl", "--tau-plus", "0.0", "--dcl-temperature", "0.035714"],
+        64: ["--loss", "dcl", "--tau-plus", "0.0", "--dcl-temperature", "0.06993"],
+    }
     path = tmp_path / "confirmatory.toml"
     path.write_text(cp.write(rows, [7, 7, 7, 3, 3, 3], tuned))
     plan = load_plan(path)
     assert list(plan.seeds) == list(range(300, 307)) and not plan.exploratory
     assert plan.arm_seeds("decl-b32") == tuple(range(300, 307)) and plan.arm_seeds("clip-b128") == (300, 301, 302)
-    assert sorted(a.name for a in plan.arms) == sorted(["decl-b32", "clip-b32", "tuned-b32", "decl-b64", "clip-b64",
-                                                         "tuned-b64", "clip-b128"])
+    assert sorted(a.name for a in plan.arms) == sorted(
+        ["decl-b32", "clip-b32", "tuned-b32", "decl-b64", "clip-b64", "tuned-b64", "clip-b128"]
+    )
     reach = next(c for c in plan.comparisons if c.b == "clip-b128")
     want = next(r for r in rows if r["b"] == "clip-b128")["margin"]
     assert reach.rule == "reaches" and reach.margin == pytest.approx(want, abs=1e-4)
     text = path.read_text()
     assert '"--seed", "3"' in text and '"--pack"' in text
-    assert "--dcl-temperature\", \"0.06993\"" in text
+    assert '--dcl-temperature", "0.06993"' in text
 
 
 def test_the_seed_count_follows_the_spread(cp):
@@ -71,8 +87,11 @@ def test_the_seed_count_follows_the_spread(cp):
 
 
 def test_seed_counts_floor_cap_and_the_unpowered_comparison(cp):
-    rows = [{"rule": "beats", "paired_sd": 0.01, "expected": 0.05}, {"rule": "beats", "paired_sd": 0.04, "expected": 0.01},
-            {"rule": "reaches", "paired_sd": 0.034, "expected": -0.005, "margin": 0.0256}]
+    rows = [
+        {"rule": "beats", "paired_sd": 0.01, "expected": 0.05},
+        {"rule": "beats", "paired_sd": 0.04, "expected": 0.01},
+        {"rule": "reaches", "paired_sd": 0.034, "expected": -0.005, "margin": 0.0256},
+    ]
     need = [cp.needed(r) for r in rows]
     assert need[0] < 6 and need[1] > 20 and 6 < need[2] <= 20
     assert cp.seed_counts(rows, 6, 20) == [6, need[2], need[2]]

@@ -6,20 +6,20 @@ values and gradients (features and logit scale), with integer and fractional ``k
 continuous in ``tau_plus``; float32 keeps the mass left when the top few negatives hold nearly all of
 it; ``tau_plus="auto"``; the refusals; and two gloo ranks against one process.
 """
+
 from __future__ import annotations
 
 import math
 
+import loss_reference as ref
 import pytest
 import torch
 import torch.nn.functional as F
-
-import loss_reference as ref
 from loss_reference import features
+
 from clip_dcl.losses import create_loss
 
 SCALES = [1.0, 14.3, 100.0]
-
 
 
 def value_and_grads(fn, f, g, s):
@@ -64,7 +64,8 @@ def test_top_matches_the_sorted_reference(n, m, tau_plus, beta, s):
         loss = top(tau_plus=tau_plus, beta=beta, clamp=clamp)
         got, got_grads, _ = value_and_grads(loss, f, g, s)
         want, want_grads, (_, rate) = value_and_grads(
-            lambda a, b, c: ref.dcl_top(a, b, c, tau_plus, clamp, beta), f, g, s)
+            lambda a, b, c: ref.dcl_top(a, b, c, tau_plus, clamp, beta), f, g, s
+        )
         torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-12)
         assert_close_all(got_grads, want_grads)
         assert float(loss.metrics["clamp_rate"]) == pytest.approx(rate)
@@ -129,7 +130,7 @@ def paired(n, d=32, pos_cos=0.8, neg_cos=0.2, seed=0, dtype=torch.float64):
     noise = F.normalize(torch.randn(n, d, generator=gen, dtype=dtype), dim=-1)
     noise = F.normalize(noise - (noise * f).sum(-1, keepdim=True) * f, dim=-1)  # orthogonal to f
     # cos(f, g) = pos_cos exactly; the others meet through the shared direction
-    g = pos_cos * f + math.sqrt(1 - pos_cos ** 2) * noise
+    g = pos_cos * f + math.sqrt(1 - pos_cos**2) * noise
     return f, g
 
 
@@ -161,8 +162,8 @@ def test_the_floor_does_not_bite_off_the_minimum_score(tau_plus):
 def test_at_the_minimum_score_the_estimate_is_the_floor():
     """Image 0's negatives: g1 (cosine 0) and g2 (cosine -1, the minimum score exp(-s)). With k = 1, g1 is
     set aside and the estimate is N exp(-s) = 2 exp(-s), the floor; with k < 1 part of g1 stays."""
-    from clip_dcl.losses.gather import anchor_stats
     from clip_dcl.losses.dcl import debiased_log_negatives
+    from clip_dcl.losses.gather import anchor_stats
 
     f = torch.tensor([[1.0, 0.0], [0.0, 1.0], [0.6, 0.8]], dtype=torch.float64)
     g = torch.tensor([[1.0, 0.0], [0.0, 1.0], [-1.0, 0.0]], dtype=torch.float64)
@@ -228,10 +229,13 @@ def test_auto_uses_the_estimate_of_the_call_as_a_fixed_prior_would():
     torch.testing.assert_close(fresh(f, g, s), create_loss("clip")(f, g, s))
 
 
-@pytest.mark.parametrize("kwargs, pattern", [
-    (dict(same_class="negatives"), "same_class='negatives'"),
-    (dict(same_class="top", no_grad_gather=True, local_loss=True), "same_class='top'"),
-])
+@pytest.mark.parametrize(
+    "kwargs, pattern",
+    [
+        (dict(same_class="negatives"), "same_class='negatives'"),
+        (dict(same_class="top", no_grad_gather=True, local_loss=True), "same_class='top'"),
+    ],
+)
 def test_bad_arguments_name_the_value(kwargs, pattern):
     with pytest.raises(ValueError, match=pattern):
         create_loss("dcl", **kwargs)
@@ -267,8 +271,9 @@ def test_two_ranks_equal_one_process(tmp_path, preloaded):
                     for a, b in zip(got["grads"], want["grads"]):
                         torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-11, msg=where)
                     for key, buf in want["buffers"].items():
-                        torch.testing.assert_close(got["buffers"][key], buf, rtol=1e-10, atol=1e-12,
-                                                   equal_nan=True, msg=where)
+                        torch.testing.assert_close(
+                            got["buffers"][key], buf, rtol=1e-10, atol=1e-12, equal_nan=True, msg=where
+                        )
 
 
 def test_the_command_line_takes_the_flag_and_refuses_it_with_no_grad_gather(capsys, tmp_path):

@@ -1,18 +1,18 @@
 """DeCL's read order, anchor-relative estimate, gamma schedule, weight bound and temperature modes,
 against slow float64 re-computations (tests/loss_reference.py)."""
+
 from __future__ import annotations
 
 import math
 
+import loss_reference as ref
 import pytest
 import torch
 from open_clip.loss import ClipLoss
-
-import loss_reference as ref
-from clip_dcl.losses import create_loss
 from test_losses import SCALES, assert_close_all, features, grads, leaves
 from test_losses_multi import features as features_m
 
+from clip_dcl.losses import create_loss
 
 # --------------------------------------------------------------------------------------------
 # the anchor-relative estimate g_i = mean_k exp(l_ik - l_ii)
@@ -24,8 +24,9 @@ from test_losses_multi import features as features_m
 def test_decl_relative_batch_rate_matches_reference(n, s, lam):
     f, g = features(n, seed=n + 3)
     a, b = leaves(f, g, s), leaves(f, g, s)
-    loss_fn = create_loss("decl", rate="batch", estimate="relative", schedule="constant", lam=lam,
-                          temperature_mode="learned")
+    loss_fn = create_loss(
+        "decl", rate="batch", estimate="relative", schedule="constant", lam=lam, temperature_mode="learned"
+    )
     got = loss_fn(*a)
     rates = ref.batch_mean_negative_score(*b, relative=True)
     expected, l1, l2 = ref.decl(*b, rates, torch.ones_like(rates), lam, relative=True)
@@ -48,11 +49,24 @@ def test_decl_relative_differs_from_absolute_on_rates_of_another_batch():
 @pytest.mark.parametrize("include_current, drift", [(True, True), (False, True), (True, False)])
 def test_decl_relative_index_buffer_follows_moving_average_over_steps(include_current, drift):
     gamma, s, n = 0.3, 20.0, 6
-    loss_fn = create_loss("decl", rate="index", estimate="relative", num_samples=10, gamma=gamma, schedule="decl",
-                          include_current=include_current, drift_correction=drift, temperature_mode="learned")
+    loss_fn = create_loss(
+        "decl",
+        rate="index",
+        estimate="relative",
+        num_samples=10,
+        gamma=gamma,
+        schedule="decl",
+        include_current=include_current,
+        drift_correction=drift,
+        temperature_mode="learned",
+    )
     tracker = ref.IndexRates(gamma, include_current=include_current, drift=drift)
-    id_batches = [torch.tensor([0, 1, 2, 3, 4, 5]), torch.tensor([6, 7, 2, 3, 8, 9]),
-                  torch.tensor([1, 1, 4, 9, 0, 7]), torch.tensor([5, 6, 8, 2, 3, 1])]
+    id_batches = [
+        torch.tensor([0, 1, 2, 3, 4, 5]),
+        torch.tensor([6, 7, 2, 3, 8, 9]),
+        torch.tensor([1, 1, 4, 9, 0, 7]),
+        torch.tensor([5, 6, 8, 2, 3, 1]),
+    ]
     for step, ids in enumerate(id_batches):
         f, g = features(n, seed=300 + step)
         a, b = leaves(f, g, s), leaves(f, g, s)
@@ -63,8 +77,7 @@ def test_decl_relative_index_buffer_follows_moving_average_over_steps(include_cu
         assert_close_all(grads(got, a), grads(expected, b), rtol=1e-4, atol=1e-6)
     for d in range(2):
         for sid in range(10):
-            torch.testing.assert_close(float(loss_fn.log_rate[d, sid]), tracker.log_rate(d, sid),
-                                       rtol=1e-5, atol=1e-5)
+            torch.testing.assert_close(float(loss_fn.log_rate[d, sid]), tracker.log_rate(d, sid), rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("m", [2, 3])
@@ -73,8 +86,9 @@ def test_decl_relative_batch_rate_with_m_captions_matches_reference(m):
     s = 14.3
     a = (f.clone().requires_grad_(), g.clone().requires_grad_(), torch.tensor(s, dtype=f.dtype, requires_grad=True))
     b = (f.clone().requires_grad_(), g.clone().requires_grad_(), torch.tensor(s, dtype=f.dtype, requires_grad=True))
-    loss_fn = create_loss("decl", rate="batch", estimate="relative", schedule="constant", lam=0.4,
-                          temperature_mode="learned")
+    loss_fn = create_loss(
+        "decl", rate="batch", estimate="relative", schedule="constant", lam=0.4, temperature_mode="learned"
+    )
     got = loss_fn(*a)
     rates = ref.row_mean_negative_scores(*b, relative=True)
     expected, _, _ = ref.decl_general(*b, rates, [torch.ones_like(r) for r in rates], 0.4, relative=True)
@@ -111,8 +125,9 @@ def test_decl_include_current_bounds_the_weight_by_one_over_gamma(estimate):
 def test_decl_default_reads_after_the_update_and_the_clamp_bounds_read_then_update():
     assert create_loss("decl", num_samples=4).include_current is True
     assert create_loss("decl", rate="queue").include_current is False
-    loss_fn = create_loss("decl", rate="index", num_samples=8, include_current=False, schedule="decl",
-                          max_log_ratio=0.5)
+    loss_fn = create_loss(
+        "decl", rate="index", num_samples=8, include_current=False, schedule="decl", max_log_ratio=0.5
+    )
     metrics = _stale_steps(loss_fn)
     assert max(m["weight_max"] for m in metrics) == pytest.approx(math.exp(0.5))
     assert max(m["clamp_rate"] for m in metrics) > 0.0
@@ -125,8 +140,15 @@ def test_decl_default_reads_after_the_update_and_the_clamp_bounds_read_then_upda
 
 
 def test_decl_cosine_gamma_holds_one_through_the_first_epoch_then_decays():
-    loss_fn = create_loss("decl", rate="index", num_samples=4, gamma=0.2, gamma_schedule="cosine",
-                          gamma_decay_steps=10, gamma_hold_steps=5)
+    loss_fn = create_loss(
+        "decl",
+        rate="index",
+        num_samples=4,
+        gamma=0.2,
+        gamma_schedule="cosine",
+        gamma_decay_steps=10,
+        gamma_hold_steps=5,
+    )
     assert [loss_fn.gamma_at(t) for t in range(1, 7)] == [1.0] * 6  # steps 1-5 held, step 6 starts the cosine
     assert loss_fn.gamma_at(11) == pytest.approx(0.6)  # half way through the decay
     assert loss_fn.gamma_at(16) == pytest.approx(0.2) and loss_fn.gamma_at(100) == pytest.approx(0.2)
@@ -161,11 +183,18 @@ def test_decl_temperature_infonce_trains_the_scale_with_infonce_alone(estimate, 
         assert float(g_learned[2]) < 0.0 and float(g_infonce[2]) == 0.0
 
 
-@pytest.mark.parametrize("kw,warns", [(dict(schedule="decl"), True), (dict(schedule="constant", lam=1.0), True),
-                                      (dict(schedule="constant", lam=0.5), False), (dict(schedule="alternate"), False),
-                                      (dict(schedule="harmonic", lam=1.0), False),
-                                      (dict(schedule="decl", temperature_mode="fixed", temperature=0.05), False),
-                                      (dict(schedule="decl", temperature_mode="rgclg"), False)])
+@pytest.mark.parametrize(
+    "kw,warns",
+    [
+        (dict(schedule="decl"), True),
+        (dict(schedule="constant", lam=1.0), True),
+        (dict(schedule="constant", lam=0.5), False),
+        (dict(schedule="alternate"), False),
+        (dict(schedule="harmonic", lam=1.0), False),
+        (dict(schedule="decl", temperature_mode="fixed", temperature=0.05), False),
+        (dict(schedule="decl", temperature_mode="rgclg"), False),
+    ],
+)
 def test_decl_warns_when_no_step_would_train_the_scale_it_leaves_to_infonce(kw, warns, recwarn):
     """With lambda_t = 1 on every step the InfoNCE-trained scale gets a zero gradient for the whole run (pinned
     above at lam = 1): say so when the loss is built, and only then."""
@@ -179,9 +208,15 @@ def test_decl_warns_when_no_step_would_train_the_scale_it_leaves_to_infonce(kw, 
 
 def test_decl_temperature_fixed_uses_its_temperature_and_gives_the_scale_a_zero_gradient():
     f, g = features(6, seed=4)
-    loss_fn = create_loss("decl", estimate="absolute",
-                          rate="batch", schedule="constant", lam=0.5, temperature_mode="fixed",
-                          temperature=0.05)
+    loss_fn = create_loss(
+        "decl",
+        estimate="absolute",
+        rate="batch",
+        schedule="constant",
+        lam=0.5,
+        temperature_mode="fixed",
+        temperature=0.05,
+    )
     value, (_, _, scale_grad) = _scale_grad(loss_fn, f, g, 14.3)
     rates = ref.batch_mean_negative_score(f, g, 20.0)
     expected, _, _ = ref.decl(f, g, 20.0, rates, torch.ones_like(rates), 0.5)
@@ -211,8 +246,7 @@ def test_decl_rgclg_scale_settles_where_the_negatives_kl_equals_rho():
     """Gradient descent on the scale alone (features fixed) ends where mean_i KL(p_i || uniform) = rho."""
     f, g = features(16, seed=2, align=2.0)
     rho = 1.2
-    loss_fn = create_loss("decl", rate="batch", estimate="relative", schedule="decl", temperature_mode="rgclg",
-                          rho=rho)
+    loss_fn = create_loss("decl", rate="batch", estimate="relative", schedule="decl", temperature_mode="rgclg", rho=rho)
     log_s = torch.tensor(math.log(5.0), dtype=torch.float64, requires_grad=True)
     opt = torch.optim.Adam([log_s], lr=0.05)
     for _ in range(400):
@@ -224,21 +258,24 @@ def test_decl_rgclg_scale_settles_where_the_negatives_kl_equals_rho():
     for a, b in ((f, g), (g, f)):
         c = s * a @ b.T
         for i in range(16):
-            neg = torch.cat([c[i, :i], c[i, i + 1:]])
+            neg = torch.cat([c[i, :i], c[i, i + 1 :]])
             p = torch.softmax(neg, 0)
             kls.append(float((p * (p * 15).log()).sum()))
     assert sum(kls) / len(kls) == pytest.approx(rho, abs=0.02)
 
 
-@pytest.mark.parametrize("kwargs, pattern", [
-    (dict(estimate="both"), "estimate='both'"),
-    (dict(temperature_mode="free"), "temperature_mode='free'"),
-    (dict(temperature_mode="fixed"), "temperature=None"),
-    (dict(temperature_mode="fixed", temperature=0.0), "temperature=0.0"),
-    (dict(temperature=0.1), "temperature=0.1"),
-    (dict(rho=2.0), "rho=2.0"),
-    (dict(temperature_mode="rgclg", rho=float("nan")), "rho=nan"),
-])
+@pytest.mark.parametrize(
+    "kwargs, pattern",
+    [
+        (dict(estimate="both"), "estimate='both'"),
+        (dict(temperature_mode="free"), "temperature_mode='free'"),
+        (dict(temperature_mode="fixed"), "temperature=None"),
+        (dict(temperature_mode="fixed", temperature=0.0), "temperature=0.0"),
+        (dict(temperature=0.1), "temperature=0.1"),
+        (dict(rho=2.0), "rho=2.0"),
+        (dict(temperature_mode="rgclg", rho=float("nan")), "rho=nan"),
+    ],
+)
 def test_decl_variant_arguments_are_checked(kwargs, pattern):
     with pytest.raises(ValueError, match=pattern):
         create_loss("decl", rate="batch", **kwargs)
@@ -248,8 +285,10 @@ def test_decl_variant_arguments_are_checked(kwargs, pattern):
 def test_decl_relative_state_resumes_bit_exactly(tmp_path, rate):
     """Five steps in one go equal three steps, a save and load into a fresh loss, and two more."""
     kw = dict(rate=rate, estimate="relative", num_samples=12, queue_size=10, sample_u=True, seed=3)
-    batches = [(features(6, seed=700 + t, dtype=torch.float32), torch.tensor([(2 * t + k) % 12 for k in range(6)]))
-               for t in range(5)]
+    batches = [
+        (features(6, seed=700 + t, dtype=torch.float32), torch.tensor([(2 * t + k) % 12 for k in range(6)]))
+        for t in range(5)
+    ]
 
     def run(loss_fn, steps):
         return [float(loss_fn(f, g, torch.tensor(14.3), sample_ids=ids)) for (f, g), ids in steps]
@@ -298,8 +337,10 @@ def test_nonfinite_features_never_enter_the_state_and_the_next_step_is_finite(ra
 @pytest.mark.parametrize("rate", ["index", "queue"])
 def test_nonfinite_step_rolled_back_equals_a_run_without_it(rate):
     kw = dict(rate=rate, num_samples=12, queue_size=8, sample_u=True, accum_freq=1)
-    batches = [(features(6, seed=10 + t, dtype=torch.float32), torch.tensor([(3 * t + k) % 12 for k in range(6)]))
-               for t in range(3)]
+    batches = [
+        (features(6, seed=10 + t, dtype=torch.float32), torch.tensor([(3 * t + k) % 12 for k in range(6)]))
+        for t in range(3)
+    ]
     with_bad, without = create_loss("decl", **kw), create_loss("decl", **kw)
     for t, ((f, g), ids) in enumerate(batches):
         if t == 1:

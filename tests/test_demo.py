@@ -1,4 +1,5 @@
 """The demo and its comparison engine (clip_dcl.experiment, clip_dcl.demo)."""
+
 from __future__ import annotations
 
 import json
@@ -17,9 +18,12 @@ from clip_dcl.eval.metrics import classification_metrics, retrieval_metrics
 
 
 def _data(n_img=40, m=3, classes=7, fewshot=None):
-    return {"val": {"num_samples": n_img}, "config": {"val_captions_per_image": m},
-            "zeroshot": {"num_classes": classes},
-            "fewshot": {"datasets": fewshot or {"a": {"num_classes": 2}, "b": {"num_classes": 4}}}}
+    return {
+        "val": {"num_samples": n_img},
+        "config": {"val_captions_per_image": m},
+        "zeroshot": {"num_classes": classes},
+        "fewshot": {"datasets": fewshot or {"a": {"num_classes": 2}, "b": {"num_classes": 4}}},
+    }
 
 
 def test_chance_levels_match_random_embeddings():
@@ -39,9 +43,16 @@ def test_chance_levels_match_random_embeddings():
         labels = torch.arange(200) % classes
         for k, v in classification_metrics(logits, labels).items():
             sums[f"zeroshot/{k}"] = sums.get(f"zeroshot/{k}", 0.0) + v / draws
-    for key in ("retrieval/image_to_text_R@1", "retrieval/image_to_text_R@5", "retrieval/image_to_text_R@10",
-                "retrieval/text_to_image_R@1", "retrieval/text_to_image_R@10", "zeroshot/top1", "zeroshot/top5",
-                "zeroshot/mean_per_class_recall"):
+    for key in (
+        "retrieval/image_to_text_R@1",
+        "retrieval/image_to_text_R@5",
+        "retrieval/image_to_text_R@10",
+        "retrieval/text_to_image_R@1",
+        "retrieval/text_to_image_R@10",
+        "zeroshot/top1",
+        "zeroshot/top5",
+        "zeroshot/mean_per_class_recall",
+    ):
         assert sums[key] == pytest.approx(chance[key], abs=0.012), key
     # image -> text with several true captions is not k * m / M: the closed form counts overlaps.
     assert chance["retrieval/image_to_text_R@10"] < 10 * m / (n_img * m)
@@ -59,10 +70,19 @@ def test_comparison_table_means_spreads_and_best():
 
 
 def test_read_curves_and_val(tmp_path):
-    records = [{"kind": "train", "step": 0, "epoch": 0, "samples": 32, "samples_per_epoch": 256, "loss": 3.5,
-                "contrastive_loss": 3.5},
-               {"kind": "val", "step": 8, "epoch": 1, "image_to_text_R@1": 0.5, "time": 1.0},
-               {"kind": "train", "step": 15, "epoch": 1, "samples": 256, "samples_per_epoch": 256, "loss": 2.25}]
+    records = [
+        {
+            "kind": "train",
+            "step": 0,
+            "epoch": 0,
+            "samples": 32,
+            "samples_per_epoch": 256,
+            "loss": 3.5,
+            "contrastive_loss": 3.5,
+        },
+        {"kind": "val", "step": 8, "epoch": 1, "image_to_text_R@1": 0.5, "time": 1.0},
+        {"kind": "train", "step": 15, "epoch": 1, "samples": 256, "samples_per_epoch": 256, "loss": 2.25},
+    ]
     path = tmp_path / "metrics.jsonl"
     path.write_text("".join(json.dumps(r) + "\n" for r in records) + '{"kind": "tra')  # a torn last line
     curves = ex.read_curves(path)
@@ -73,8 +93,12 @@ def test_read_curves_and_val(tmp_path):
 
 
 def test_train_command_shares_the_budget():
-    data = {"train_data": "/d/train/{00000..00001}.tar", "val_data": "/d/val/00000.tar",
-            "train": {"num_samples": 100}, "val": {"num_samples": 10}}
+    data = {
+        "train_data": "/d/train/{00000..00001}.tar",
+        "val_data": "/d/val/00000.tar",
+        "train": {"num_samples": 100},
+        "val": {"num_samples": 10},
+    }
     budget = ex.Budget(epochs=3, seed=5, extra=("--lr-scheduler", "const"))
     runs = ex.default_runs(0.25)
     cmds = [ex.train_command(r, data, "/logs", budget) for r in runs]
@@ -98,8 +122,9 @@ def test_demo_rejects_bad_flags_before_work(tmp_path, capsys):
 
 
 @pytest.mark.parametrize("quick", [True, False])
-def test_quick_demo_says_it_is_a_smoke_test_bolds_nothing_and_counts_its_steps_forward(tmp_path, monkeypatch, capsys,
-                                                                                      quick):
+def test_quick_demo_says_it_is_a_smoke_test_bolds_nothing_and_counts_its_steps_forward(
+    tmp_path, monkeypatch, capsys, quick
+):
     import re
 
     from clip_dcl import demo
@@ -108,18 +133,24 @@ def test_quick_demo_says_it_is_a_smoke_test_bolds_nothing_and_counts_its_steps_f
     data["config"]["num_classes"] = 10
     monkeypatch.setattr(ex, "synth_data", lambda *a, **k: data)
     monkeypatch.setattr(ex, "packed_training_set", lambda d: d)
-    monkeypatch.setattr(ex, "train", lambda run, *a, **k: ex.TrainResult(
-        run, tmp_path / f"{run.name}.pt", tmp_path, 1.0, ["cmd"], {"epoch": [1.0], "loss": [2.0]}, []))
+    monkeypatch.setattr(
+        ex,
+        "train",
+        lambda run, *a, **k: ex.TrainResult(
+            run, tmp_path / f"{run.name}.pt", tmp_path, 1.0, ["cmd"], {"epoch": [1.0], "loss": [2.0]}, []
+        ),
+    )
     level = iter([0.1, 0.3, 0.2])  # dcl scores best: bold in a full demo only
-    monkeypatch.setattr(ex, "evaluate", lambda ckpt, d, **k: dict.fromkeys([m for m, _ in ex.headline_metrics(d)],
-                                                                          next(level)))
+    monkeypatch.setattr(
+        ex, "evaluate", lambda ckpt, d, **k: dict.fromkeys([m for m, _ in ex.headline_metrics(d)], next(level))
+    )
     assert demo.main([*(["--quick"] if quick else []), "--out", str(tmp_path / "o")]) == 0
     out = capsys.readouterr().out
     steps = [int(s) for s in re.findall(r"^\[demo\] (\d)/4", out, flags=re.M)]
     assert steps == sorted(steps) and steps[0] == 1 and steps[-1] == 4  # never 2, 3, 2, 3
     assert "[demo] 3/4 evaluating 3/3: decl" in out
     md = (tmp_path / "o" / "demo.md").read_text()
-    table = md[md.index("| metric (%)"):md.index("![")]
+    table = md[md.index("| metric (%)") : md.index("![")]
     doc = json.loads((tmp_path / "o" / "demo.json").read_text())
     if quick:
         assert demo.SMOKE_TEST in out and f"**{demo.SMOKE_TEST}**" in md and doc["smoke_test"] == demo.SMOKE_TEST
@@ -134,8 +165,13 @@ def _fake_demo(monkeypatch, tmp_path):
     data["config"]["num_classes"] = 10
     monkeypatch.setattr(ex, "synth_data", lambda *a, **k: data)
     monkeypatch.setattr(ex, "packed_training_set", lambda d: d)
-    monkeypatch.setattr(ex, "train", lambda run, *a, **k: ex.TrainResult(
-        run, tmp_path / f"{run.name}.pt", tmp_path, 1.0, ["cmd"], {"epoch": [1.0], "loss": [2.0]}, []))
+    monkeypatch.setattr(
+        ex,
+        "train",
+        lambda run, *a, **k: ex.TrainResult(
+            run, tmp_path / f"{run.name}.pt", tmp_path, 1.0, ["cmd"], {"epoch": [1.0], "loss": [2.0]}, []
+        ),
+    )
     monkeypatch.setattr(ex, "evaluate", lambda ckpt, d, **k: dict.fromkeys([m for m, _ in ex.headline_metrics(d)], 0.1))
 
 
@@ -150,10 +186,12 @@ def test_a_rerun_with_other_settings_is_refused_and_one_with_the_same_continues(
     capsys.readouterr()
     assert demo.main(["--out", str(out), "--seed", "3"]) == 2  # a full run into the quick run's folder
     err = capsys.readouterr().err.strip()
-    assert err == (f"clip-dcl demo: {out} holds a demo run with other settings (--quick there, no --quick here; "
-                   f"--epochs 1 there, --epochs {demo.DEMO_BUDGET.epochs} here; --seed 0 there, --seed 3 here; "
-                   f"--fewshot-seeds 0 there, --fewshot-seeds 0 1 2 here): rerun with its settings to continue it, "
-                   f"or, for these, give another --out, or delete it to start again")
+    assert err == (
+        f"clip-dcl demo: {out} holds a demo run with other settings (--quick there, no --quick here; "
+        f"--epochs 1 there, --epochs {demo.DEMO_BUDGET.epochs} here; --seed 0 there, --seed 3 here; "
+        f"--fewshot-seeds 0 there, --fewshot-seeds 0 1 2 here): rerun with its settings to continue it, "
+        f"or, for these, give another --out, or delete it to start again"
+    )
     assert sorted(p.name for p in out.iterdir()) == made  # nothing touched
     assert demo.main(["--quick", "--out", str(out)]) == 0  # the same settings: continues
     (tmp_path / "other").mkdir()
@@ -214,11 +252,18 @@ def test_demo_quick_end_to_end(tmp_path, preloaded):
     # its own lock: a test does not queue behind trainings outside it
     env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "CLIP_DCL_TRAIN_LOCK": str(tmp_path / "train.lock")}
     # the command as a user types it, in a process of its own (its trainings too, started from the preloaded python)
-    proc = subprocess.run([preloaded.python, "-m", "clip_dcl.cli", "demo", "--quick", "--out", str(out)],
-                          capture_output=True, text=True, timeout=600, env=env)
+    proc = subprocess.run(
+        [preloaded.python, "-m", "clip_dcl.cli", "demo", "--quick", "--out", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=env,
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     # progress was visible, and the table was printed
-    assert "[demo] 2/4 training 3/3: decl" in proc.stdout and "| metric (%) | chance | clip | dcl | decl |" in proc.stdout
+    assert (
+        "[demo] 2/4 training 3/3: decl" in proc.stdout and "| metric (%) | chance | clip | dcl | decl |" in proc.stdout
+    )
     # the whole demo's share done and time left, from the first training on
     assert re.search(r"trained in \d+ s -> .*; \d+% of the demo done, about \d+(\.\d)? (s|min) left", proc.stdout)
     assert "--quick is a smoke test" in proc.stdout and "**" not in (out / "demo.md").read_text().split("| metric")[1]
@@ -248,12 +293,13 @@ def test_demo_quick_end_to_end(tmp_path, preloaded):
     assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 10_000
 
 
-
 def test_trainings_take_turns_on_one_machine(tmp_path, monkeypatch):
     lock = tmp_path / "train.lock"
     monkeypatch.setenv("CLIP_DCL_TRAIN_LOCK", str(lock))
-    probe = ("import fcntl, sys\nf = open(sys.argv[1], 'a+')\n"
-             "try:\n    fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)\nexcept BlockingIOError:\n    sys.exit(3)\n")
+    probe = (
+        "import fcntl, sys\nf = open(sys.argv[1], 'a+')\n"
+        "try:\n    fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)\nexcept BlockingIOError:\n    sys.exit(3)\n"
+    )
     with ex.machine_lock(echo=lambda s: None):  # the probe is another process: an flock is held per process
         assert subprocess.run([sys.executable, "-c", probe, str(lock)]).returncode == 3  # held
     assert subprocess.run([sys.executable, "-c", probe, str(lock)]).returncode == 0  # released
@@ -292,7 +338,9 @@ def test_train_and_evaluate_resumes_from_its_cache(tmp_path, monkeypatch):
     assert out.source == "trained" and out.metrics == {"zeroshot/top1": 0.5} and len(calls) == 2
     again = ex.train_and_evaluate(run, data, tmp_path, budget, cache, fewshot_seeds=(0,))
     assert again.source == "reused" and again.metrics == out.metrics and len(calls) == 2  # tuples survive JSON
-    monkeypatch.setattr(scoring, "EVALUATOR", scoring.EVALUATOR + 1)  # the evaluators changed: score the checkpoint again
+    monkeypatch.setattr(
+        scoring, "EVALUATOR", scoring.EVALUATOR + 1
+    )  # the evaluators changed: score the checkpoint again
     assert ex.train_and_evaluate(run, data, tmp_path, budget, cache, fewshot_seeds=(0,)).source == "evaluated"
     assert calls[-1] == ("evaluate", "epoch_1.pt") and len(calls) == 3
     other = ex.Budget(epochs=1, extra=("--x",), seed=1)  # another seed is another run

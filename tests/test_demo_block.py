@@ -1,19 +1,27 @@
 """The README's demo table is rendered from a demo's JSON through a package module's renderer."""
+
 from __future__ import annotations
 
 import json
 
 import quotes
+
 from clip_dcl import demo
 
 
 def test_the_demo_block_quotes_the_jsons_table_and_times(tmp_path):
-    doc = {"machine": "a CPU", "date": "2026-11-25 12:00 UTC", "minutes": 9.04,
-           "runs": {"clip": [{"train_seconds": 181.4}], "dcl": [{"train_seconds": 175.0}]},
-           "table": "| metric (%) | chance | clip | dcl |\n|---|---|---|---|\n| zero-shot top-1 | 10.0 | 65.0 | 56.5 |\n"}
+    doc = {
+        "machine": "a CPU",
+        "date": "2026-11-25 12:00 UTC",
+        "minutes": 9.04,
+        "runs": {"clip": [{"train_seconds": 181.4}], "dcl": [{"train_seconds": 175.0}]},
+        "table": "| metric (%) | chance | clip | dcl |\n|---|---|---|---|\n| zero-shot top-1 | 10.0 | 65.0 | 56.5 |\n",
+    }
     block = demo.readme_block(doc)
-    assert block.startswith("A run of `clip-dcl demo` on a CPU, 2026-11-25 12:00 UTC: 9.0 minutes of wall-clock time "
-                            "in all (training 181 s / 175 s for clip / dcl; times, not speed measurements")
+    assert block.startswith(
+        "A run of `clip-dcl demo` on a CPU, 2026-11-25 12:00 UTC: 9.0 minutes of wall-clock time "
+        "in all (training 181 s / 175 s for clip / dcl; times, not speed measurements"
+    )
     assert block.endswith("| zero-shot top-1 | 10.0 | 65.0 | 56.5 |")
     # a Quote may name a package module instead of a benchmark script
     (tmp_path / "benchmarks" / "results").mkdir(parents=True)

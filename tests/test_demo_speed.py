@@ -1,11 +1,11 @@
 """benchmarks/demo_speed.py: the demo's training against the demo's training as it was, in one run."""
+
 from __future__ import annotations
 
 import json
 
-import pytest
-
 import benchmark_script
+import pytest
 
 speed = benchmark_script.load("demo_speed")
 

@@ -1,5 +1,6 @@
 """Every relative link in the README, docs/ and the committed benchmark reports leads to a file that
 exists, and every #anchor to a heading of that file (GitHub's slugs)."""
+
 from __future__ import annotations
 
 import re
@@ -8,7 +9,11 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")), *sorted((ROOT / "benchmarks" / "results").glob("*.md"))]
+PAGES = [
+    ROOT / "README.md",
+    *sorted((ROOT / "docs").glob("*.md")),
+    *sorted((ROOT / "benchmarks" / "results").glob("*.md")),
+]
 
 
 def slug(heading: str) -> str:
@@ -30,10 +35,14 @@ def links(page: Path):
 
 
 def test_slug_follows_githubs_rule():
-    assert slug("Does `decl` at batch B reach `clip` at 2B? Which loss when") == \
-        "does-decl-at-batch-b-reach-clip-at-2b-which-loss-when"
-    assert slug("Communication: `--gather-with-grad` against `--no-grad-gather`") == \
-        "communication---gather-with-grad-against---no-grad-gather"
+    assert (
+        slug("Does `decl` at batch B reach `clip` at 2B? Which loss when")
+        == "does-decl-at-batch-b-reach-clip-at-2b-which-loss-when"
+    )
+    assert (
+        slug("Communication: `--gather-with-grad` against `--no-grad-gather`")
+        == "communication---gather-with-grad-against---no-grad-gather"
+    )
 
 
 @pytest.mark.parametrize("page", PAGES, ids=lambda p: str(p.relative_to(ROOT)))

@@ -5,7 +5,8 @@ evaluation, export, loading), the pages in :data:`PAGES` order (the README's qui
 data, the run and the export that the other pages use), all in one scratch folder; bash blocks
 through ``bash -euo pipefail``, python blocks through ``python -c``, with ``clip-dcl`` and ``python``
 on the PATH meaning this checkout: each a process of its own, started from conftest's ``preloaded``
-python (torch and OpenCLIP already imported, this checkout imported afresh). Before running, every block gets the small sizes of
+python (torch and OpenCLIP already imported, this checkout imported afresh). Before running, every block gets the small
+sizes of
 :data:`SUBSTITUTIONS`, and the files of :data:`PREPARED` are written.
 
 A block that cannot run here (GPUs, several nodes, Slurm, downloads, installs) has the marker
@@ -15,6 +16,7 @@ line, with the lines it continues with a backslash) runs on its own and must exi
 without a traceback. A ``text`` block (output, a layout, a synopsis with placeholders) is neither.
 The structure checks run in the quick suite; running the blocks is marked slow.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -30,19 +32,27 @@ from pathlib import Path
 from typing import Dict, List, Optional
 
 import pytest
-
 from preloaded import Preloaded
 
 ROOT = Path(__file__).resolve().parents[1]
 #: The pages, in the order they run: later pages read what earlier ones made.
-PAGES = ["README.md", "docs/training.md", "docs/evaluation.md", "docs/losses.md", "docs/results.md",
-         "docs/development.md"]
+PAGES = [
+    "README.md",
+    "docs/training.md",
+    "docs/evaluation.md",
+    "docs/losses.md",
+    "docs/results.md",
+    "docs/development.md",
+]
 PAGES += sorted(str(p.relative_to(ROOT)) for p in (ROOT / "docs").glob("*.md") if str(p.relative_to(ROOT)) not in PAGES)
 
 #: (the documented text, what the test runs instead, why): applied to every block, in this order.
 SUBSTITUTIONS = [
-    ("clip-dcl data synth data", "clip-dcl data synth data --quick --train-samples 64 --val-samples 32 --quiet",
-     "64 training pairs in one shard, a 32-image retrieval split, the tiny zero-shot and few-shot sets"),
+    (
+        "clip-dcl data synth data",
+        "clip-dcl data synth data --quick --train-samples 64 --val-samples 32 --quiet",
+        "64 training pairs in one shard, a 32-image retrieval split, the tiny zero-shot and few-shot sets",
+    ),
     ("{00000..00007}.tar", "{00000..00000}.tar", "the one shard of those 64 pairs"),
     ("--batch-size 128", "--batch-size 16", "four steps an epoch"),
     ("--epochs 4", "--epochs 1", "one epoch"),
@@ -52,10 +62,12 @@ SUBSTITUTIONS = [
     ("clip-dcl eval fewshot", "clip-dcl eval fewshot --grid reduced", "the few-shot probe's small sweep"),
 ]
 #: Files a page reads that no block makes, written by the test: path -> what is there.
-PREPARED = {"my_images/": "8 images of 64x64 pixels, each with its caption in a .txt of the same name",
-            "diverged.pt": "a checkpoint of clip-dcl-tiny whose weights are NaN, as a diverged training leaves them",
-            "pickled.pt": "a checkpoint of clip-dcl-tiny that also holds an argparse.Namespace (full unpickling only)",
-            "truncated.pt": "the first half of pickled.pt's bytes, as an interrupted save leaves a file"}
+PREPARED = {
+    "my_images/": "8 images of 64x64 pixels, each with its caption in a .txt of the same name",
+    "diverged.pt": "a checkpoint of clip-dcl-tiny whose weights are NaN, as a diverged training leaves them",
+    "pickled.pt": "a checkpoint of clip-dcl-tiny that also holds an argparse.Namespace (full unpickling only)",
+    "truncated.pt": "the first half of pickled.pt's bytes, as an interrupted save leaves a file",
+}
 
 SKIP = re.compile(r"^<!-- docs-test: skip \((?P<why>[^)]+)\) -->$")
 REFUSED = "<!-- docs-test: refused -->"
@@ -101,8 +113,10 @@ def blocks(page: str) -> List[Block]:
         if MARKER.search(line):
             m = SKIP.match(line)
             if not m and line != REFUSED:
-                raise ValueError(f"{page}:{i + 1}: a docs-test marker must read `<!-- docs-test: skip (why) -->` or "
-                                 f"`{REFUSED}`, got {line!r}")
+                raise ValueError(
+                    f"{page}:{i + 1}: a docs-test marker must read `<!-- docs-test: skip (why) -->` or "
+                    f"`{REFUSED}`, got {line!r}"
+                )
             pending = (i + 1, m.group("why") if m else REFUSED)
         elif line.startswith("```"):
             lang, start = line[3:].strip(), i
@@ -114,8 +128,16 @@ def blocks(page: str) -> List[Block]:
             refused = bool(pending) and pending[1] == REFUSED
             if refused and lang != "bash":
                 raise ValueError(f"{page}:{start + 1}: {REFUSED} marks a bash block, not {lang or 'no language'}")
-            out.append(Block(page, start + 1, lang, "\n".join(lines[start + 1:i]),
-                             None if refused else pending and pending[1], refused))
+            out.append(
+                Block(
+                    page,
+                    start + 1,
+                    lang,
+                    "\n".join(lines[start + 1 : i]),
+                    None if refused else pending and pending[1],
+                    refused,
+                )
+            )
             pending = None
         elif line and pending:
             raise ValueError(f"{page}:{pending[0]}: a docs-test marker followed by text, not by a code block")
@@ -140,8 +162,9 @@ def runnable(block: Block) -> bool:
 # ------------------------------------------------------------------------------------------
 def test_every_block_is_run_marked_or_text_and_the_skipped_ones_are_counted():
     every = [b for page in PAGES for b in blocks(page)]
-    unknown = [f"{b.where()} ({b.lang or 'no language'})" for b in every
-               if b.lang not in RUNNERS and b.lang not in NOT_RUN]
+    unknown = [
+        f"{b.where()} ({b.lang or 'no language'})" for b in every if b.lang not in RUNNERS and b.lang not in NOT_RUN
+    ]
     assert not unknown, f"give each fence a language ({', '.join([*RUNNERS, *NOT_RUN])}): {unknown}"
     skipped = [b for b in every if b.skip]
     assert all(b.lang in RUNNERS for b in skipped), "a skip marker on a block that would not run anyway"
@@ -154,8 +177,10 @@ def test_every_block_is_run_marked_or_text_and_the_skipped_ones_are_counted():
     runs = [b for b in every if runnable(b)]
     readme = [b for b in runs if b.page == "README.md"]
     assert len(readme) >= 6, "the README's quickstart: data, shards from one's images, train, eval, export, load"
-    print(f"{len(runs)} blocks run ({len(refusing)} of refused commands), {len(skipped)} skipped: "
-          + "; ".join(f"{b.where()} ({b.skip})" for b in skipped))
+    print(
+        f"{len(runs)} blocks run ({len(refusing)} of refused commands), {len(skipped)} skipped: "
+        + "; ".join(f"{b.where()} ({b.skip})" for b in skipped)
+    )
 
 
 def test_every_substitution_changes_some_block():
@@ -172,21 +197,27 @@ def test_the_readmes_load_snippet_scores_with_the_models_own_scale():
 
 def test_the_parser_reads_markers_and_refuses_a_stray_one(tmp_path, monkeypatch):
     monkeypatch.setattr(sys.modules[__name__], "ROOT", tmp_path)
-    (tmp_path / "a.md").write_text("x\n<!-- docs-test: skip (needs GPUs) -->\n\n```bash\nnvidia-smi\n```\n"
-                                   "```python\nprint(1)\n```\n")
+    (tmp_path / "a.md").write_text(
+        "x\n<!-- docs-test: skip (needs GPUs) -->\n\n```bash\nnvidia-smi\n```\n```python\nprint(1)\n```\n"
+    )
     got = blocks("a.md")
-    assert [(b.line, b.lang, b.code, b.skip) for b in got] == [(4, "bash", "nvidia-smi", "needs GPUs"),
-                                                              (7, "python", "print(1)", None)]
-    (tmp_path / "c.md").write_text("<!-- docs-test: refused -->\n```bash\n# why\nclip-dcl a \\\n    --b  # c\n\n"
-                                   "clip-dcl d\n```\n")
+    assert [(b.line, b.lang, b.code, b.skip) for b in got] == [
+        (4, "bash", "nvidia-smi", "needs GPUs"),
+        (7, "python", "print(1)", None),
+    ]
+    (tmp_path / "c.md").write_text(
+        "<!-- docs-test: refused -->\n```bash\n# why\nclip-dcl a \\\n    --b  # c\n\nclip-dcl d\n```\n"
+    )
     (refused,) = blocks("c.md")
     assert refused.refused and refused.skip is None and runnable(refused)
     assert refused.commands() == ["clip-dcl a      --b  # c", "clip-dcl d"]
-    for bad in ("<!-- docs-test: skip -->\n```bash\nx\n```\n",
-                "<!-- docs-test: refused -->\n```python\nx\n```\n",
-                "<!-- docs-test: skip (why) -->\nprose\n```bash\nx\n```\n",
-                "```bash\nnever closed\n",
-                "<!-- docs-test: skip (why) -->\n"):
+    for bad in (
+        "<!-- docs-test: skip -->\n```bash\nx\n```\n",
+        "<!-- docs-test: refused -->\n```python\nx\n```\n",
+        "<!-- docs-test: skip (why) -->\nprose\n```bash\nx\n```\n",
+        "```bash\nnever closed\n",
+        "<!-- docs-test: skip (why) -->\n",
+    ):
         (tmp_path / "b.md").write_text(bad)
         with pytest.raises(ValueError):
             blocks("b.md")
@@ -214,16 +245,33 @@ def prepare(work: Path, python: Preloaded) -> Dict[str, str]:
 
     register_builtin_configs()
     weights = open_clip.create_model("clip-dcl-tiny").state_dict()
-    torch.save({"state_dict": {k: torch.full_like(v, float("nan")) if v.is_floating_point() else v
-                               for k, v in weights.items()}, "clip_dcl": {"model": "clip-dcl-tiny"}},
-               work / "diverged.pt")
-    torch.save({"state_dict": weights, "clip_dcl": {"model": "clip-dcl-tiny"},
-                "args": argparse.Namespace(model="clip-dcl-tiny")}, work / "pickled.pt")
+    torch.save(
+        {
+            "state_dict": {
+                k: torch.full_like(v, float("nan")) if v.is_floating_point() else v for k, v in weights.items()
+            },
+            "clip_dcl": {"model": "clip-dcl-tiny"},
+        },
+        work / "diverged.pt",
+    )
+    torch.save(
+        {
+            "state_dict": weights,
+            "clip_dcl": {"model": "clip-dcl-tiny"},
+            "args": argparse.Namespace(model="clip-dcl-tiny"),
+        },
+        work / "pickled.pt",
+    )
     whole = (work / "pickled.pt").read_bytes()
-    (work / "truncated.pt").write_bytes(whole[:len(whole) // 2])
-    return python.env({**os.environ, "CUDA_VISIBLE_DEVICES": "",
-                       "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"),
-                       "PYTHONPATH": os.pathsep.join([str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])])})
+    (work / "truncated.pt").write_bytes(whole[: len(whole) // 2])
+    return python.env(
+        {
+            **os.environ,
+            "CUDA_VISIBLE_DEVICES": "",
+            "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"),
+            "PYTHONPATH": os.pathsep.join([str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])]),
+        }
+    )
 
 
 def refused(command: str, work: Path, env: Dict[str, str]) -> subprocess.CompletedProcess:
@@ -232,8 +280,14 @@ def refused(command: str, work: Path, env: Dict[str, str]) -> subprocess.Complet
     most of its time); any other line through bash."""
     argv = shlex.split(substituted(command), comments=True)
     if argv[:1] != ["clip-dcl"] or any(c in command for c in "$|;&<>`"):
-        return subprocess.run(["bash", "-uo", "pipefail", "-c", substituted(command)], cwd=work, env=env,
-                              capture_output=True, text=True, timeout=TIMEOUT)
+        return subprocess.run(
+            ["bash", "-uo", "pipefail", "-c", substituted(command)],
+            cwd=work,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=TIMEOUT,
+        )
     from clip_dcl.cli import main
 
     out, err, here = io.StringIO(), io.StringIO(), os.getcwd()
@@ -260,9 +314,13 @@ def run_block(block: Block, work: Path, env: Dict[str, str], python: str) -> sub
         for command in block.commands():
             res = refused(command, work, env)
             if res.returncode != REFUSED_EXIT or not res.stderr.strip() or "Traceback" in res.stderr:
-                return subprocess.CompletedProcess(res.args, 1, res.stdout,
-                                                   f"not refused as documented (exit code {res.returncode}, expected "
-                                                   f"{REFUSED_EXIT} and a reason): {command}\n{res.stderr}")
+                return subprocess.CompletedProcess(
+                    res.args,
+                    1,
+                    res.stdout,
+                    f"not refused as documented (exit code {res.returncode}, expected "
+                    f"{REFUSED_EXIT} and a reason): {command}\n{res.stderr}",
+                )
             reasons.append(res.stderr)
         return subprocess.CompletedProcess(block.commands(), 0, "", "".join(reasons))
     code = substituted(block.code)
@@ -282,17 +340,19 @@ def run_page(tmp_path_factory, preloaded):
 
 
 def run_pages(page: str, work: Path, env: Dict[str, str], python: str, done: Dict[str, List[str]]) -> List[str]:
-    for earlier in PAGES[:PAGES.index(page) + 1]:
+    for earlier in PAGES[: PAGES.index(page) + 1]:
         if earlier in done:
             continue
         failures = done[earlier] = []
         for block in filter(runnable, blocks(earlier)):
             res = run_block(block, work, env, python)
             if res.returncode != 0:
-                failures.append(f"{block.where()} exited {res.returncode}:\n{substituted(block.code)}\n"
-                                f"--- stdout\n{res.stdout[-2000:]}\n--- stderr\n{res.stderr[-4000:]}")
+                failures.append(
+                    f"{block.where()} exited {res.returncode}:\n{substituted(block.code)}\n"
+                    f"--- stdout\n{res.stdout[-2000:]}\n--- stderr\n{res.stderr[-4000:]}"
+                )
                 break  # the page's later blocks read what this one should have made
-    upstream = [f"(an earlier page failed) {f}" for p in PAGES[:PAGES.index(page)] for f in done[p]]
+    upstream = [f"(an earlier page failed) {f}" for p in PAGES[: PAGES.index(page)] for f in done[p]]
     return done[page] + upstream
 
 

@@ -4,6 +4,7 @@ checkpoints in CLIP_benchmark's own ``eval``.
 
 The CLIP_benchmark-gated tests run where ``clip_benchmark`` is importable (it is not a dependency).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -60,23 +61,46 @@ def test_defaults_are_clip_benchmarks_and_no_flag_is_taken_as_a_prefix(capsys):
     assert (args.bench_task, args.split, args.language, args.seed) == ("auto", "test", ["en"], 0)
     assert args.output == "{dataset}_{pretrained}_{model}_{language}_{task}.json"
     assert (args.model, args.pretrained, args.verbose) == (["ViT-B-32-quickgelu"], ["laion400m_e32"], True)
-    parsed = build_parser().parse_args(["benchmark", "--dataset", "wds/x", "--no_amp", "--quiet", "--test_split",
-                                        "val", "--model", "a", "b", "--pretrained", "p", "q"])
+    parsed = build_parser().parse_args(
+        [
+            "benchmark",
+            "--dataset",
+            "wds/x",
+            "--no_amp",
+            "--quiet",
+            "--test_split",
+            "val",
+            "--model",
+            "a",
+            "b",
+            "--pretrained",
+            "p",
+            "q",
+        ]
+    )
     assert parsed.amp is False and parsed.verbose is False and parsed.split == "val"
     assert bm.expand_models(parsed.model, parsed.pretrained) == [("a", "p"), ("a", "q"), ("b", "p"), ("b", "q")]
     # abbreviations are refused on every parser, naming the flag they begin
-    for argv, flag in ((["retrieval", "--data", "x", "--dataset", "y"], "--dataset-name"),
-                       (["benchmark", "--dataset", "wds/x", "--recall", "1"], "--recall_k"),
-                       (["zeroshot", "--data", "x", "--templ", "t"], "--templates")):
+    for argv, flag in (
+        (["retrieval", "--data", "x", "--dataset", "y"], "--dataset-name"),
+        (["benchmark", "--dataset", "wds/x", "--recall", "1"], "--recall_k"),
+        (["zeroshot", "--data", "x", "--templ", "t"], "--templates"),
+    ):
         with pytest.raises(SystemExit):
             build_parser().parse_args(argv)
         err = capsys.readouterr().err
         assert f"{argv[-2]} is not a flag; the closest: " in err and flag in err
 
 
-@pytest.mark.parametrize("flag,why", [("--distributed", "ranks of a launcher"),
-                                      ("--wds_cache_dir", "streamed from a hub"),
-                                      ("--fewshot_epochs", "linear_probe"), ("--annotation_file", "webdataset layout")])
+@pytest.mark.parametrize(
+    "flag,why",
+    [
+        ("--distributed", "ranks of a launcher"),
+        ("--wds_cache_dir", "streamed from a hub"),
+        ("--fewshot_epochs", "linear_probe"),
+        ("--annotation_file", "webdataset layout"),
+    ],
+)
 def test_flags_with_no_meaning_here_are_refused_by_name(flag, why, capsys):
     with pytest.raises(SystemExit):
         build_parser().parse_args(["benchmark", "--dataset", "wds/x", flag, "5"][: 4 if flag == "--distributed" else 5])
@@ -85,11 +109,25 @@ def test_flags_with_no_meaning_here_are_refused_by_name(flag, why, capsys):
 
 
 def test_bad_values_are_named(data, tmp_path, capsys):
-    base = ["benchmark", "--dataset", "wds/toy_captions", "--dataset_root", str(data["data"] / "wds_{dataset}"),
-            "--model", "clip-dcl-tiny", "--pretrained", str(data["ckpt"]), "--quiet", "--num_workers", "0"]
+    base = [
+        "benchmark",
+        "--dataset",
+        "wds/toy_captions",
+        "--dataset_root",
+        str(data["data"] / "wds_{dataset}"),
+        "--model",
+        "clip-dcl-tiny",
+        "--pretrained",
+        str(data["ckpt"]),
+        "--quiet",
+        "--num_workers",
+        "0",
+    ]
     cases = [
-        (["--dataset_root", "https://huggingface.co/datasets/clip-benchmark/wds_{dataset_cleaned}/tree/main"],
-         "'https://huggingface.co/datasets/clip-benchmark/wds_toy_captions/tree/main' is a remote location"),
+        (
+            ["--dataset_root", "https://huggingface.co/datasets/clip-benchmark/wds_{dataset_cleaned}/tree/main"],
+            "'https://huggingface.co/datasets/clip-benchmark/wds_toy_captions/tree/main' is a remote location",
+        ),
         (["--task", "captioning"], "--task captioning: captioning needs a generative (CoCa) model"),
         (["--task", "linear_probe", "--fewshot_k", "-1"], "--fewshot_k -1: give K >= 1 images per class"),
         (["--recall_k", "0"], "--recall_k values must be >= 1, got [0]"),
@@ -109,32 +147,79 @@ def test_bad_values_are_named(data, tmp_path, capsys):
 # ----------------------------------------------------------------------------------------------
 def test_retrieval_command_writes_clip_benchmarks_file(data, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    assert main(["benchmark", "--dataset", "wds/toy_captions", "--dataset_root", str(data["data"] / "wds_{dataset}"),
-                 "--task", "zeroshot_retrieval", "--model", "clip-dcl-tiny", "--pretrained", str(data["ckpt"]),
-                 "--recall_k", "1", "5", "10", "--batch_size", "32", "--num_workers", "0", "--no_amp",
-                 "--output", "{dataset}_{pretrained}_{model}_{language}_{task}.json"]) == 0
+    assert (
+        main(
+            [
+                "benchmark",
+                "--dataset",
+                "wds/toy_captions",
+                "--dataset_root",
+                str(data["data"] / "wds_{dataset}"),
+                "--task",
+                "zeroshot_retrieval",
+                "--model",
+                "clip-dcl-tiny",
+                "--pretrained",
+                str(data["ckpt"]),
+                "--recall_k",
+                "1",
+                "5",
+                "10",
+                "--batch_size",
+                "32",
+                "--num_workers",
+                "0",
+                "--no_amp",
+                "--output",
+                "{dataset}_{pretrained}_{model}_{language}_{task}.json",
+            ]
+        )
+        == 0
+    )
     written = [p.name for p in tmp_path.iterdir()]
     assert written == ["toy_captions_ckpt.pt_clip-dcl-tiny_en_zeroshot_retrieval.json"]
     doc = json.loads((tmp_path / written[0]).read_text())
     assert list(doc) == ["dataset", "model", "pretrained", "task", "metrics", "language", "precision"]
     assert (doc["dataset"], doc["model"], doc["pretrained"], doc["task"], doc["language"], doc["precision"]) == (
-        "wds/toy_captions", "clip-dcl-tiny", str(data["ckpt"]), "zeroshot_retrieval", "en", "fp32")
+        "wds/toy_captions",
+        "clip-dcl-tiny",
+        str(data["ckpt"]),
+        "zeroshot_retrieval",
+        "en",
+        "fp32",
+    )
     ours = _ours(data, "zeroshot_retrieval", "toy_captions")
-    assert list(doc["metrics"].items()) == [(f"{d}_retrieval_recall@{k}", ours[f"{d}_retrieval_recall@{k}"])
-                                            for k in (1, 5, 10) for d in ("image", "text")]  # CLIP_benchmark's order
+    assert list(doc["metrics"].items()) == [
+        (f"{d}_retrieval_recall@{k}", ours[f"{d}_retrieval_recall@{k}"]) for k in (1, 5, 10) for d in ("image", "text")
+    ]  # CLIP_benchmark's order
 
 
 def test_classification_grid_skip_existing_dumps_and_custom_templates(data, tmp_path, capsys):
     out = str(tmp_path / "r" / "{dataset}_{pretrained}_{model}_{language}_{task}.json")
-    common = ["benchmark", "--dataset", "wds/toy_colours", "wds/toy_captions",
-              "--dataset_root", str(data["data"] / "wds_{dataset_cleaned}"), "--model", "clip-dcl-tiny",
-              "--num_workers", "0", "--no_amp", "--output", out, "--quiet"]
+    common = [
+        "benchmark",
+        "--dataset",
+        "wds/toy_colours",
+        "wds/toy_captions",
+        "--dataset_root",
+        str(data["data"] / "wds_{dataset_cleaned}"),
+        "--model",
+        "clip-dcl-tiny",
+        "--num_workers",
+        "0",
+        "--no_amp",
+        "--output",
+        out,
+        "--quiet",
+    ]
     assert main(common + ["--pretrained", str(data["ckpt"]), "none", "--dump_classnames", "--dump_templates"]) == 0
     names = sorted(p.name for p in (tmp_path / "r").iterdir())
-    assert names == ["toy_captions_ckpt.pt_clip-dcl-tiny_en_zeroshot_retrieval.json",
-                     "toy_captions_none_clip-dcl-tiny_en_zeroshot_retrieval.json",
-                     "toy_colours_ckpt.pt_clip-dcl-tiny_en_zeroshot_classification.json",
-                     "toy_colours_none_clip-dcl-tiny_en_zeroshot_classification.json"]  # --task auto per set
+    assert names == [
+        "toy_captions_ckpt.pt_clip-dcl-tiny_en_zeroshot_retrieval.json",
+        "toy_captions_none_clip-dcl-tiny_en_zeroshot_retrieval.json",
+        "toy_colours_ckpt.pt_clip-dcl-tiny_en_zeroshot_classification.json",
+        "toy_colours_none_clip-dcl-tiny_en_zeroshot_classification.json",
+    ]  # --task auto per set
     cls = json.loads((tmp_path / "r" / names[2]).read_text())
     ours = _ours(data, "zeroshot_classification", "toy_colours")
     assert cls["metrics"] == {k: ours[k] for k in ("acc1", "acc5", "mean_per_class_recall")}
@@ -145,9 +230,17 @@ def test_classification_grid_skip_existing_dumps_and_custom_templates(data, tmp_
     # --skip_existing: nothing is loaded or rewritten; a missing file is run again
     (tmp_path / "r" / names[3]).unlink()
     before = {n: (tmp_path / "r" / n).stat().st_mtime_ns for n in names[:3]}
-    runs = bm.run_benchmark(["wds/toy_colours", "wds/toy_captions"], str(data["data"] / "wds_{dataset_cleaned}"),
-                            model=["clip-dcl-tiny"], pretrained=[str(data["ckpt"]), "none"], num_workers=0, amp=False,
-                            output=out, skip_existing=True, verbose=False)
+    runs = bm.run_benchmark(
+        ["wds/toy_colours", "wds/toy_captions"],
+        str(data["data"] / "wds_{dataset_cleaned}"),
+        model=["clip-dcl-tiny"],
+        pretrained=[str(data["ckpt"]), "none"],
+        num_workers=0,
+        amp=False,
+        output=out,
+        skip_existing=True,
+        verbose=False,
+    )
     assert [r.skipped for r in runs] == [True, True, False, True]
     assert {n: (tmp_path / "r" / n).stat().st_mtime_ns for n in names[:3]} == before
     assert (tmp_path / "r" / names[3]).is_file()
@@ -155,9 +248,18 @@ def test_classification_grid_skip_existing_dumps_and_custom_templates(data, tmp_
     # CLIP_benchmark's custom template file, keyed by the name without wds/
     custom = tmp_path / "templates.json"
     custom.write_text(json.dumps({"toy_colours": ["{c}"], "imagenet1k": ["never used"]}))
-    runs = bm.run_benchmark(["wds/toy_colours"], str(data["data"] / "wds_{dataset_cleaned}"), model=["clip-dcl-tiny"],
-                            pretrained=[str(data["ckpt"])], num_workers=0, amp=False, output=str(tmp_path / "c.json"),
-                            custom_template_file=str(custom), dump_templates=True, verbose=False)
+    runs = bm.run_benchmark(
+        ["wds/toy_colours"],
+        str(data["data"] / "wds_{dataset_cleaned}"),
+        model=["clip-dcl-tiny"],
+        pretrained=[str(data["ckpt"])],
+        num_workers=0,
+        amp=False,
+        output=str(tmp_path / "c.json"),
+        custom_template_file=str(custom),
+        dump_templates=True,
+        verbose=False,
+    )
     assert runs[0].document["templates"] == ["{c}"]
     assert runs[0].document["metrics"] != cls["metrics"]  # other prompts, other numbers
 
@@ -191,18 +293,50 @@ def test_file_names_follow_clip_benchmarks_rules(tmp_path):
     full = bm.output_path("{pretrained_full_path}.json", "x", "m", str(ckpt), "en", "t")
     assert str(full) == str(ckpt).replace("/", "_") + ".json"
     # a tag stays as is; a '/' in a model name does not become folders
-    assert str(bm.output_path("{model}_{pretrained}.json", "x", "local-dir:/a/b", "laion2b", "en", "t")) == \
-        "local-dir_a_b_laion2b.json"
+    assert (
+        str(bm.output_path("{model}_{pretrained}.json", "x", "local-dir:/a/b", "laion2b", "en", "t"))
+        == "local-dir_a_b_laion2b.json"
+    )
 
 
 def test_format_clip_benchmark_names_wds_folders_and_never_writes_null(data, tmp_path):
     out = tmp_path / "ours.json"
-    assert main(["retrieval", "--model", "clip-dcl-tiny", "--data", str(data["data"] / "wds_toy_captions"),
-                 "--no-progress", "--format", "clip_benchmark", "--output", str(out)]) == 0
+    assert (
+        main(
+            [
+                "retrieval",
+                "--model",
+                "clip-dcl-tiny",
+                "--data",
+                str(data["data"] / "wds_toy_captions"),
+                "--no-progress",
+                "--format",
+                "clip_benchmark",
+                "--output",
+                str(out),
+            ]
+        )
+        == 0
+    )
     doc = json.loads((tmp_path / "toy_captions_none_clip-dcl-tiny_en_zeroshot_retrieval.json").read_text())
     assert doc["dataset"] == "wds/toy_captions" and doc["pretrained"] == "none"
-    assert main(["zeroshot", "--checkpoint", str(data["exported"]), "--data", str(data["data"] / "wds_toy_colours"),
-                 "--no-progress", "--format", "clip_benchmark", "--output", str(out)]) == 0
+    assert (
+        main(
+            [
+                "zeroshot",
+                "--checkpoint",
+                str(data["exported"]),
+                "--data",
+                str(data["data"] / "wds_toy_colours"),
+                "--no-progress",
+                "--format",
+                "clip_benchmark",
+                "--output",
+                str(out),
+            ]
+        )
+        == 0
+    )
     model = f"local-dir:{data['exported']}"
     name = f"toy_colours_exported_{model.replace(':/', '_').replace('/', '_')}_en_zeroshot_classification.json"
     files = sorted(p.name for p in tmp_path.iterdir() if p.name.startswith("toy_colours_"))
@@ -229,11 +363,31 @@ def test_clip_benchmark_eval_loads_our_export_as_local_dir_and_gives_our_numbers
     pytest.importorskip("clip_benchmark")
     monkeypatch.chdir(data["root"])  # a relative local-dir: path keeps CLIP_benchmark's default file name a file
     for name, task in (("toy_colours", "zeroshot_classification"), ("toy_captions", "zeroshot_retrieval")):
-        _clip_benchmark_eval(["--dataset", f"wds/{name}", "--dataset_root", "data/wds_{dataset}", "--task", task,
-                              "--model", "local-dir:exported", "--pretrained", "ckpt.pt", "--recall_k", "1", "5",
-                              "10", "--num_workers", "0", "--no_amp", "--quiet",
-                              "--output", str(tmp_path / "{dataset}_{pretrained}_{model}_{language}_{task}.json")],
-                             monkeypatch)
+        _clip_benchmark_eval(
+            [
+                "--dataset",
+                f"wds/{name}",
+                "--dataset_root",
+                "data/wds_{dataset}",
+                "--task",
+                task,
+                "--model",
+                "local-dir:exported",
+                "--pretrained",
+                "ckpt.pt",
+                "--recall_k",
+                "1",
+                "5",
+                "10",
+                "--num_workers",
+                "0",
+                "--no_amp",
+                "--quiet",
+                "--output",
+                str(tmp_path / "{dataset}_{pretrained}_{model}_{language}_{task}.json"),
+            ],
+            monkeypatch,
+        )
         theirs = json.loads((tmp_path / f"{name}_ckpt.pt_local-dir:exported_en_{task}.json").read_text())
         ours = _ours(data, task, name)
         assert theirs["metrics"] and all(ours[k] == pytest.approx(v, abs=1e-7) for k, v in theirs["metrics"].items())
@@ -242,18 +396,35 @@ def test_clip_benchmark_eval_loads_our_export_as_local_dir_and_gives_our_numbers
 def _our_results(data, folder):
     """Our result files of both tasks, one with pretrained none."""
     out = str(folder / "{dataset}_{pretrained}_{model}_{language}_{task}.json")
-    bm.run_benchmark(["wds/toy_colours", "wds/toy_captions"], str(data["data"] / "wds_{dataset_cleaned}"),
-                     model=["clip-dcl-tiny"], pretrained=[str(data["ckpt"]), "none"], recall_k=[1, 5], num_workers=0,
-                     amp=False, output=out, verbose=False)
+    bm.run_benchmark(
+        ["wds/toy_colours", "wds/toy_captions"],
+        str(data["data"] / "wds_{dataset_cleaned}"),
+        model=["clip-dcl-tiny"],
+        pretrained=[str(data["ckpt"]), "none"],
+        recall_k=[1, 5],
+        num_workers=0,
+        amp=False,
+        output=out,
+        verbose=False,
+    )
 
 
 def test_our_result_files_read_with_pandas_json_normalize(data, tmp_path):
     pd = pytest.importorskip("pandas")
     _our_results(data, tmp_path)
     # beside one as CLIP_benchmark's run() dumps it
-    (tmp_path / "cifar10_laion400m_e32_ViT-B-32_en_zeroshot_classification.json").write_text(json.dumps(
-        {"dataset": "cifar10", "model": "ViT-B-32", "pretrained": "laion400m_e32", "task": "zeroshot_classification",
-         "metrics": {"acc1": 0.9, "acc5": 0.99, "mean_per_class_recall": 0.9}, "language": "en"}))
+    (tmp_path / "cifar10_laion400m_e32_ViT-B-32_en_zeroshot_classification.json").write_text(
+        json.dumps(
+            {
+                "dataset": "cifar10",
+                "model": "ViT-B-32",
+                "pretrained": "laion400m_e32",
+                "task": "zeroshot_classification",
+                "metrics": {"acc1": 0.9, "acc5": 0.99, "mean_per_class_recall": 0.9},
+                "language": "en",
+            }
+        )
+    )
     docs = [json.loads(p.read_text()) for p in sorted(tmp_path.glob("*.json"))]
     table = pd.json_normalize(docs)
     assert len(table) == 5 and table["pretrained"].notna().all()
@@ -272,9 +443,23 @@ def test_clip_benchmark_build_reads_our_files_beside_its_own(data, tmp_path, mon
     results.mkdir()
     _our_results(data, results)
     monkeypatch.chdir(data["root"])
-    _clip_benchmark_eval(["--dataset", "wds/toy_colours", "--dataset_root", "data/wds_{dataset}", "--model",
-                          "local-dir:exported", "--num_workers", "0", "--no_amp", "--quiet",
-                          "--output", str(results / "theirs_{dataset}_{task}.json")], monkeypatch)
+    _clip_benchmark_eval(
+        [
+            "--dataset",
+            "wds/toy_colours",
+            "--dataset_root",
+            "data/wds_{dataset}",
+            "--model",
+            "local-dir:exported",
+            "--num_workers",
+            "0",
+            "--no_amp",
+            "--quiet",
+            "--output",
+            str(results / "theirs_{dataset}_{task}.json"),
+        ],
+        monkeypatch,
+    )
     monkeypatch.setattr(sys, "argv", ["clip_benchmark", "build", str(results), "--output", str(tmp_path / "b.csv")])
     cli.main()
     rows = list(csv.DictReader((tmp_path / "b.csv").open()))

@@ -6,6 +6,7 @@ inputs, --recall-k, --precision and --format clip_benchmark.
 Where CLIP_benchmark is importable (it is not a dependency), its own reader and metric functions
 run on the same shards and model and must give the same numbers.
 """
+
 from __future__ import annotations
 
 import io
@@ -17,12 +18,12 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from test_evalsets import COLOURS, ToyCLIP, ToyTokenizer, png_bytes, to_tensor, write_png
 
 from clip_dcl.data import evalsets as es
 from clip_dcl.eval.encoding import zeroshot_classifier
 from clip_dcl.eval.retrieval import evaluate_retrieval
 from clip_dcl.eval.zeroshot import evaluate_zeroshot
-from test_evalsets import COLOURS, ToyCLIP, ToyTokenizer, png_bytes, to_tensor, write_png
 
 
 # ----------------------------------------------------------------------------------------------
@@ -34,12 +35,11 @@ def _add(tf: tarfile.TarFile, name: str, data: bytes) -> None:
     tf.addfile(info, io.BytesIO(data))
 
 
-def write_benchmark_set(root, samples, dataset_type=None, classnames=None, templates=None, per_shard=5,
-                        split="test"):
+def write_benchmark_set(root, samples, dataset_type=None, classnames=None, templates=None, per_shard=5, split="test"):
     """ROOT/<split>/{0..n-1}.tar + nshards.txt (+ dataset_type.txt, classnames.txt, templates), as
     CLIP_benchmark's ``clip_benchmark_export_wds`` lays it out. ``samples``: (rgb, extra files)."""
     (root / split).mkdir(parents=True, exist_ok=True)
-    shards = [samples[i:i + per_shard] for i in range(0, len(samples), per_shard)]
+    shards = [samples[i : i + per_shard] for i in range(0, len(samples), per_shard)]
     for s, chunk in enumerate(shards):
         with tarfile.open(root / split / f"{s}.tar", "w") as tf:
             for j, (rgb, files) in enumerate(chunk):
@@ -63,8 +63,10 @@ def _retrieval_set(root, n=12, captions=3, seed=0):
     samples, truth = [], []
     for _ in range(n):
         rgb = tuple(int(v) for v in rng.integers(30, 225, 3))
-        caps = [f"rgb {' '.join(str(int(np.clip(v + rng.integers(-60, 61), 0, 255))) for v in rgb)}"
-                for _ in range(captions)]
+        caps = [
+            f"rgb {' '.join(str(int(np.clip(v + rng.integers(-60, 61), 0, 255))) for v in rgb)}"
+            for _ in range(captions)
+        ]
         samples.append((rgb, {"txt": "\n".join(caps).encode()}))
         truth.append(caps)
     write_benchmark_set(root, samples, dataset_type="retrieval")
@@ -111,8 +113,9 @@ def _benchmark_recall(images_emb, texts_emb, text_image, k):
 def test_retrieval_shards_with_several_captions_per_txt(tmp_path):
     truth = _retrieval_set(tmp_path / "coco", n=12, captions=3)
     model, tok = ToyCLIP(), ToyTokenizer()
-    m, info = evaluate_retrieval(model, to_tensor, tok, tmp_path / "coco", batch_size=4, progress=False,
-                                 return_info=True, ks=(1, 2, 5))
+    m, info = evaluate_retrieval(
+        model, to_tensor, tok, tmp_path / "coco", batch_size=4, progress=False, return_info=True, ks=(1, 2, 5)
+    )
     # several captions per image come back as several captions, not one text with newlines
     assert info == {"num_images": 12, "num_texts": 36, "skipped": {}}
     images, captions = _read_tars_as_benchmark_does(tmp_path / "coco")
@@ -147,8 +150,11 @@ def test_retrieval_equals_clip_benchmark_on_its_own_reader(tmp_path):
 
 def test_blank_caption_lines_are_skipped_and_an_empty_txt_is_named(tmp_path):
     assert es.split_captions("a red thing\n\n   \n a blue thing \r\n") == ["a red thing", "a blue thing"]
-    write_benchmark_set(tmp_path / "r", [((200, 20, 20), {"txt": b"rgb 200 20 20\n\nred\n"}),
-                                         ((20, 20, 200), {"txt": b"blue\n"})], dataset_type="retrieval")
+    write_benchmark_set(
+        tmp_path / "r",
+        [((200, 20, 20), {"txt": b"rgb 200 20 20\n\nred\n"}), ((20, 20, 200), {"txt": b"blue\n"})],
+        dataset_type="retrieval",
+    )
     caps = [c for _, c, _ in es.retrieval_wds(es.expand_shards(tmp_path / "r"), to_tensor)]
     assert caps == [["rgb 200 20 20", "red"], ["blue"]]
     write_benchmark_set(tmp_path / "e", [((200, 20, 20), {"txt": b"\n  \n"})], dataset_type="retrieval")
@@ -162,11 +168,17 @@ def test_blank_caption_lines_are_skipped_and_an_empty_txt_is_named(tmp_path):
 def test_a_folder_in_neither_layout_names_both(tmp_path):
     (tmp_path / "x").mkdir()
     (tmp_path / "x" / "readme.md").write_text("hi")
-    with pytest.raises(ValueError, match=r"neither layout: no \.tar shards \(img2dataset's layout\) and no "
-                                         r"test/nshards\.txt \(CLIP_benchmark's webdataset layout\); found readme\.md"):
+    with pytest.raises(
+        ValueError,
+        match=r"neither layout: no \.tar shards \(img2dataset's layout\) and no "
+        r"test/nshards\.txt \(CLIP_benchmark's webdataset layout\); found readme\.md",
+    ):
         evaluate_retrieval(ToyCLIP(), to_tensor, ToyTokenizer(), tmp_path / "x", progress=False)
-    with pytest.raises(ValueError, match=r"(?s)neither layout: expected an ImageFolder tree.*CLIP_benchmark's "
-                                         r"webdataset layout.*found readme\.md"):
+    with pytest.raises(
+        ValueError,
+        match=r"(?s)neither layout: expected an ImageFolder tree.*CLIP_benchmark's "
+        r"webdataset layout.*found readme\.md",
+    ):
         evaluate_zeroshot(ToyCLIP(), to_tensor, ToyTokenizer(), tmp_path / "x", progress=False)
     (tmp_path / "y" / "test").mkdir(parents=True)
     (tmp_path / "y" / "test" / "nshards.txt").write_text("2\n")
@@ -188,8 +200,11 @@ def test_retrieval_from_a_dataset_or_dataloader(tmp_path):
             return images[i], "\n".join(captions[i])
 
     got = evaluate_retrieval(model, None, tok, Pairs(), batch_size=3, progress=False)
-    loader = torch.utils.data.DataLoader(list(zip(images, captions)), batch_size=5,
-                                         collate_fn=lambda b: (torch.stack([x for x, _ in b]), [c for _, c in b]))
+    loader = torch.utils.data.DataLoader(
+        list(zip(images, captions)),
+        batch_size=5,
+        collate_fn=lambda b: (torch.stack([x for x, _ in b]), [c for _, c in b]),
+    )
     got_loader = evaluate_retrieval(model, None, tok, loader, progress=False)
     for k, v in expected.items():
         assert got[k] == pytest.approx(v, abs=1e-7) and got_loader[k] == pytest.approx(v, abs=1e-7), k
@@ -337,8 +352,9 @@ def test_cupl_per_class_prompts_and_a_class_without_prompts(tmp_path):
     # from a JSON file, on CLIP_benchmark shards
     _classification_set(tmp_path / "wds")
     (tmp_path / "cupl.json").write_text(json.dumps({n: [f"a {n} photo", f"{n}"] for n in NAMES}))
-    m, info = evaluate_zeroshot(model, to_tensor, tok, tmp_path / "wds", templates=tmp_path / "cupl.json",
-                                progress=False, return_info=True)
+    m, info = evaluate_zeroshot(
+        model, to_tensor, tok, tmp_path / "wds", templates=tmp_path / "cupl.json", progress=False, return_info=True
+    )
     assert info["templates_source"].endswith("cupl.json") and m["acc1"] > 0.3
 
 
@@ -359,14 +375,16 @@ def test_zeroshot_from_a_dataset_or_dataloader(tmp_path):
             return pairs[i]
 
     got = evaluate_zeroshot(model, None, tok, Colours(), batch_size=4, progress=False)
-    got_loader = evaluate_zeroshot(model, None, tok, torch.utils.data.DataLoader(Colours(), batch_size=11),
-                                   progress=False)
+    got_loader = evaluate_zeroshot(
+        model, None, tok, torch.utils.data.DataLoader(Colours(), batch_size=11), progress=False
+    )
     for k, v in expected.items():
         assert got[k] == pytest.approx(v, abs=1e-8) or (math.isnan(v) and math.isnan(got[k])), k
         assert got_loader[k] == pytest.approx(v, abs=1e-8) or (math.isnan(v) and math.isnan(got_loader[k])), k
     with pytest.raises(ValueError, match="needs classnames"):
-        evaluate_zeroshot(model, None, tok, torch.utils.data.TensorDataset(torch.zeros(2, 3, 4, 4), torch.zeros(2)),
-                          progress=False)
+        evaluate_zeroshot(
+            model, None, tok, torch.utils.data.TensorDataset(torch.zeros(2, 3, 4, 4), torch.zeros(2)), progress=False
+        )
 
 
 # ----------------------------------------------------------------------------------------------
@@ -394,9 +412,25 @@ def test_cli_recall_k_precision_and_clip_benchmark_format(tmp_path, capsys):
     assert build_parser().parse_args(["retrieval", "--data", "x"]).device == "auto"  # a GPU when one is visible
     _retrieval_set(tmp_path / "wds_coco", n=8, captions=2)
     out = tmp_path / "res" / "ours.json"
-    args = ["retrieval", "--model", "clip-dcl-tiny", "--data", str(tmp_path / "wds_coco"), "--no-progress",
-            "--device", "cpu", "--recall-k", "1", "3", "--precision", "amp_bf16", "--format", "clip_benchmark",
-            "--output", str(out)]
+    args = [
+        "retrieval",
+        "--model",
+        "clip-dcl-tiny",
+        "--data",
+        str(tmp_path / "wds_coco"),
+        "--no-progress",
+        "--device",
+        "cpu",
+        "--recall-k",
+        "1",
+        "3",
+        "--precision",
+        "amp_bf16",
+        "--format",
+        "clip_benchmark",
+        "--output",
+        str(out),
+    ]
     assert main(args) == 0
     printed = capsys.readouterr().out
     header = next(line for line in printed.splitlines() if line.startswith("direction"))
@@ -409,16 +443,40 @@ def test_cli_recall_k_precision_and_clip_benchmark_format(tmp_path, capsys):
     assert {"dataset", "model", "pretrained", "task", "metrics", "language"} <= bench.keys()
     assert bench["dataset"] == "wds/coco" and bench["task"] == "zeroshot_retrieval" and bench["pretrained"] == "none"
     assert bench["precision"] == "amp_bf16"
-    assert bench["metrics"] == {k: doc[k] for k in ("image_retrieval_recall@1", "image_retrieval_recall@3",
-                                                    "text_retrieval_recall@1", "text_retrieval_recall@3")}
+    assert bench["metrics"] == {
+        k: doc[k]
+        for k in (
+            "image_retrieval_recall@1",
+            "image_retrieval_recall@3",
+            "text_retrieval_recall@1",
+            "text_retrieval_recall@3",
+        )
+    }
     assert main(args[:-7] + ["--recall-k", "0"]) == 2
     assert "--recall-k values must be >= 1, got [0]" in capsys.readouterr().err
     assert main(args[:-2]) == 2  # clip_benchmark format without --output
 
     _classification_set(tmp_path / "cls")
     zout = tmp_path / "z.json"
-    assert main(["zeroshot", "--model", "clip-dcl-tiny", "--data", str(tmp_path / "cls"), "--no-progress",
-                 "--format", "clip_benchmark", "--dataset-name", "wds/toy_colours", "--output", str(zout)]) == 0
+    assert (
+        main(
+            [
+                "zeroshot",
+                "--model",
+                "clip-dcl-tiny",
+                "--data",
+                str(tmp_path / "cls"),
+                "--no-progress",
+                "--format",
+                "clip_benchmark",
+                "--dataset-name",
+                "wds/toy_colours",
+                "--output",
+                str(zout),
+            ]
+        )
+        == 0
+    )
     z = json.loads((tmp_path / "toy_colours_none_clip-dcl-tiny_en_zeroshot_classification.json").read_text())
     assert set(z["metrics"]) == {"acc1", "acc5", "mean_per_class_recall"} and z["precision"] == "fp32"
     assert json.loads(zout.read_text())["settings"]["precision"] == "fp32"

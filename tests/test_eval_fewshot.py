@@ -1,5 +1,6 @@
 """ELEVATER few-shot probe: metrics, sampler, split, shuffling, batched heads, sweep bookkeeping, suite,
 the toolkit's prompts, download layout, 1-shot rule and exact grid."""
+
 from __future__ import annotations
 
 import io
@@ -48,8 +49,9 @@ def test_11point_map_matches_sklearn_curve(seed):
             if targets[:, j].sum() == 0:
                 assert math.isnan(ap[b, j])
             else:
-                assert ap[b, j].item() == pytest.approx(_ap11_reference(scores[b, :, j].numpy(),
-                                                                         targets[:, j].numpy()), abs=1e-12)
+                assert ap[b, j].item() == pytest.approx(
+                    _ap11_reference(scores[b, :, j].numpy(), targets[:, j].numpy()), abs=1e-12
+                )
 
 
 def test_11point_map_hand_built():
@@ -304,8 +306,9 @@ def test_batched_heads_equal_separate_toolkit_runs(multilabel, n):
         metric = "mean_per_class"
     w0, b0 = probe.default_head_init(c, d, seed=1)
     lrs, wds = [0.1, 0.01, 0.5], [1e-4, 1e-2, 0.3]
-    scores, w, b = probe.train_heads(x, y, lrs, wds, probe.epoch_batches(n, 5), w0, b0, {"ev": (x_eval, y_eval)},
-                                  metric, multilabel)
+    scores, w, b = probe.train_heads(
+        x, y, lrs, wds, probe.epoch_batches(n, 5), w0, b0, {"ev": (x_eval, y_eval)}, metric, multilabel
+    )
     for h in range(3):
         ref_scores, ref_w, ref_b = _reference_head(x, y, lrs[h], wds[h], 5, w0, b0, x_eval, y_eval, metric, multilabel)
         torch.testing.assert_close(w[h], ref_w, atol=1e-5, rtol=1e-4)
@@ -360,15 +363,17 @@ def _fake_trainer(table, grid, calls):
 @pytest.mark.parametrize("seed", range(5))
 def test_sweep_rounds_match_the_sequential_toolkit_search(monkeypatch, seed):
     # every lr x wd below the stability bound, so the search is the toolkit's, pair for pair
-    grid = probe.SweepGrid("t", (1e-4, 2e-4, 3e-4), tuple(float(v) for v in np.logspace(-3, 3, 13)), (0, 4, 8, 12),
-                        (2, 1), epochs=3)
+    grid = probe.SweepGrid(
+        "t", (1e-4, 2e-4, 3e-4), tuple(float(v) for v in np.logspace(-3, 3, 13)), (0, 4, 8, 12), (2, 1), epochs=3
+    )
     rng = np.random.default_rng(seed)
     table = {(lr, j): float(rng.integers(0, 6)) / 5 for lr in grid.lrs for j in range(13)}  # many ties
     calls = []
     monkeypatch.setattr(probe, "train_heads", _fake_trainer(table, grid, calls))
     x = torch.zeros(4, 2)
-    res = probe.sweep_hyperparameters(x, torch.zeros(4), x, torch.zeros(4), grid, "accuracy", False,
-                                   torch.zeros(2, 2), torch.zeros(2))
+    res = probe.sweep_hyperparameters(
+        x, torch.zeros(4), x, torch.zeros(4), grid, "accuracy", False, torch.zeros(2, 2), torch.zeros(2)
+    )
     best_lr, best_wd, best_score, visited = _toolkit_sweep(lambda lr, j: table[(lr, j)], grid)
     assert (res.best_lr, res.best_wd, res.best_score) == (best_lr, best_wd, best_score)
     assert {(r["lr"], r["wd_index"]) for r in res.runs} == visited
@@ -382,8 +387,9 @@ def test_sweep_never_trains_or_picks_unstable_pairs(monkeypatch):
     calls = []
     monkeypatch.setattr(probe, "train_heads", _fake_trainer(table, grid, calls))
     x = torch.zeros(4, 2)
-    res = probe.sweep_hyperparameters(x, torch.zeros(4), x, torch.zeros(4), grid, "accuracy", False,
-                                   torch.zeros(2, 2), torch.zeros(2))
+    res = probe.sweep_hyperparameters(
+        x, torch.zeros(4), x, torch.zeros(4), grid, "accuracy", False, torch.zeros(2, 2), torch.zeros(2)
+    )
     assert (res.best_lr, res.best_wd, res.best_score) == (0.1, 10.0, 0.5)
     assert calls == [2]  # the pair (0.1, 100) was never trained
     unstable = [r for r in res.runs if r.get("unstable")]
@@ -401,7 +407,7 @@ def test_a_head_that_overflows_scores_nan_and_the_final_run_falls_back(monkeypat
     scores, w, _ = probe.train_heads(x, y, [1.0, 0.01], [10.0, 0.0], batches, init_w, init_b, {"t": (x, y)}, "accuracy")
     col = scores["t"][:, 0]
     assert torch.isnan(col[-1]) and torch.isfinite(col[0]) and not torch.isfinite(w[0]).all()
-    assert torch.isnan(col[int(torch.isnan(col).nonzero()[0]):]).all()  # once diverged, NaN from then on
+    assert torch.isnan(col[int(torch.isnan(col).nonzero()[0]) :]).all()  # once diverged, NaN from then on
     assert torch.isfinite(scores["t"][:, 1]).all()
     # If the stability bound let such a pair through and it won the short sweep, the 50-epoch final
     # run would diverge: the probe then takes the next-best pair and records the failure.
@@ -415,10 +421,13 @@ def test_a_head_that_overflows_scores_nan_and_the_final_run_falls_back(monkeypat
 
 def test_sweep_all_zero_keeps_toolkit_defaults(monkeypatch):
     grid = probe.SweepGrid("t", (0.1, 0.2), tuple(float(v) for v in np.logspace(-3, 3, 13)), (0, 6, 12), (2,), epochs=2)
-    monkeypatch.setattr(probe, "train_heads", _fake_trainer({(lr, j): 0.0 for lr in grid.lrs for j in range(13)}, grid, []))
+    monkeypatch.setattr(
+        probe, "train_heads", _fake_trainer({(lr, j): 0.0 for lr in grid.lrs for j in range(13)}, grid, [])
+    )
     x = torch.zeros(4, 2)
-    res = probe.sweep_hyperparameters(x, torch.zeros(4), x, torch.zeros(4), grid, "accuracy", False,
-                                   torch.zeros(2, 2), torch.zeros(2))
+    res = probe.sweep_hyperparameters(
+        x, torch.zeros(4), x, torch.zeros(4), grid, "accuracy", False, torch.zeros(2, 2), torch.zeros(2)
+    )
     assert (res.best_lr, res.best_wd, res.best_score) == (0.0, 0.0, 0.0)
 
 
@@ -432,8 +441,9 @@ def test_full_grid_is_the_toolkits(monkeypatch):
     table = {(lr, j): float(rng.random()) for lr in probe.FULL_GRID.lrs for j in range(97)}
     monkeypatch.setattr(probe, "train_heads", _fake_trainer(table, probe.FULL_GRID, []))
     x = torch.zeros(4, 2)
-    res = probe.sweep_hyperparameters(x, torch.zeros(4), x, torch.zeros(4), probe.FULL_GRID, "accuracy", False,
-                                   torch.zeros(2, 2), torch.zeros(2))
+    res = probe.sweep_hyperparameters(
+        x, torch.zeros(4), x, torch.zeros(4), probe.FULL_GRID, "accuracy", False, torch.zeros(2, 2), torch.zeros(2)
+    )
     assert 6 * 7 < len(res.runs) <= 90
 
 
@@ -478,17 +488,22 @@ def _suite(root):
                 lines[split].append(f"all.zip@{split}/{i}.png {','.join(str(v) for v in sorted({a, b}))}")
     for split in lines:
         (folder / f"{split}.txt").write_text("\n".join(lines[split]) + "\n")
-    (root / "catalog.json").write_text(json.dumps({
-        "pairs": {"metric": "mean_per_class", "num_classes": 2},
-        "halves": {"metric": "11point_mAP", "multilabel": True},
-    }))
+    (root / "catalog.json").write_text(
+        json.dumps(
+            {
+                "pairs": {"metric": "mean_per_class", "num_classes": 2},
+                "halves": {"metric": "11point_mAP", "multilabel": True},
+            }
+        )
+    )
     return root
 
 
 def test_evaluate_fewshot_end_to_end(tmp_path):
     root = _suite(tmp_path)
-    report = fs.run_fewshot(ToyCLIP(), to_tensor, ToyTokenizer(), root, shots=3, seeds=(0, 1),
-                            grid="reduced", progress=False)
+    report = fs.run_fewshot(
+        ToyCLIP(), to_tensor, ToyTokenizer(), root, shots=3, seeds=(0, 1), grid="reduced", progress=False
+    )
     m = report.metrics
     assert [p.dataset for p in report.probes] == ["colours", "colours", "halves", "halves", "pairs", "pairs"]
     assert {p.metric for p in report.probes} == {"accuracy", "11point_mAP", "mean_per_class"}
@@ -529,7 +544,8 @@ def test_catalogue_lists_the_20_elevater_sets():
     cat = fs.builtin_catalog()
     assert len(cat) == 20
     assert Counter(e["metric"] for e in cat.values()) == Counter(
-        {"accuracy": 14, "mean_per_class": 4, "11point_mAP": 1, "roc_auc": 1})
+        {"accuracy": 14, "mean_per_class": 4, "11point_mAP": 1, "roc_auc": 1}
+    )
     assert [n for n, e in cat.items() if e["multilabel"]] == ["voc-2007-classification"]
     assert fs.load_catalog()["cifar10"]["name"] == "cifar-10"
 
@@ -539,9 +555,35 @@ def test_fewshot_cli_with_tiny_model(tmp_path):
 
     root = _suite(tmp_path / "suite")
     out = tmp_path / "f.json"
-    assert main(["fewshot", "--model", "clip-dcl-tiny", "--data", str(root), "--datasets", "colours", "pairs",
-                 "--shots", "2", "--seeds", "0", "--no-text-init", "--epoch-selection", "toolkit",
-                 "--grid", "reduced", "--output", str(out), "--no-progress", "--format", "clip_benchmark"]) == 0
+    assert (
+        main(
+            [
+                "fewshot",
+                "--model",
+                "clip-dcl-tiny",
+                "--data",
+                str(root),
+                "--datasets",
+                "colours",
+                "pairs",
+                "--shots",
+                "2",
+                "--seeds",
+                "0",
+                "--no-text-init",
+                "--epoch-selection",
+                "toolkit",
+                "--grid",
+                "reduced",
+                "--output",
+                str(out),
+                "--no-progress",
+                "--format",
+                "clip_benchmark",
+            ]
+        )
+        == 0
+    )
     doc = json.loads(out.read_text())
     # CLIP_benchmark's linear_probe result, one per set, the score under the key of the set's metric
     colours = json.loads((tmp_path / "colours_none_clip-dcl-tiny_en_linear_probe.json").read_text())
@@ -551,8 +593,24 @@ def test_fewshot_cli_with_tiny_model(tmp_path):
     assert pairs["metrics"]["lp_mean_per_class_recall"] == doc["pairs/linear_probe"]
     assert colours["metrics"]["fewshot_k"] == 2 and colours["metrics"]["seeds"] == [0]
     assert colours["metrics"]["weight_decay"] == [d["best_wd"] for d in doc["details"] if d["dataset"] == "colours"]
-    assert main(["fewshot", "--model", "clip-dcl-tiny", "--data", str(root), "--dataset-name", "x",
-                 "--output", str(out), "--format", "clip_benchmark"]) == 2  # one name for several sets
+    assert (
+        main(
+            [
+                "fewshot",
+                "--model",
+                "clip-dcl-tiny",
+                "--data",
+                str(root),
+                "--dataset-name",
+                "x",
+                "--output",
+                str(out),
+                "--format",
+                "clip_benchmark",
+            ]
+        )
+        == 2
+    )  # one name for several sets
     assert doc["settings"]["epoch_selection"] == "toolkit" and doc["settings"]["text_init"] is False
     assert doc["settings"]["grid"] == "reduced"
     assert doc["colours/linear_probe"] == doc["colours/linear_probe_toolkit"]
@@ -573,13 +631,18 @@ def test_toolkit_exact_grid_trains_unstable_pairs_and_can_pick_them(monkeypatch)
     calls = []
     monkeypatch.setattr(probe, "train_heads", _fake_trainer(table, grid, calls))
     x = torch.zeros(4, 2)
-    res = probe.sweep_hyperparameters(x, torch.zeros(4), x, torch.zeros(4), grid, "accuracy", False,
-                                      torch.zeros(2, 2), torch.zeros(2))
+    res = probe.sweep_hyperparameters(
+        x, torch.zeros(4), x, torch.zeros(4), grid, "accuracy", False, torch.zeros(2, 2), torch.zeros(2)
+    )
     assert calls == [3] and not any(r.get("unstable") for r in res.runs)
     assert (res.best_lr, res.best_wd, res.best_score) == (0.1, 100.0, 0.9)
     exact = probe.GRIDS["toolkit-exact"]
     assert exact.exact and (exact.lrs, exact.wds, exact.coarse, exact.spans) == (
-        probe.FULL_GRID.lrs, probe.FULL_GRID.wds, probe.FULL_GRID.coarse, probe.FULL_GRID.spans)
+        probe.FULL_GRID.lrs,
+        probe.FULL_GRID.wds,
+        probe.FULL_GRID.coarse,
+        probe.FULL_GRID.spans,
+    )
 
 
 def test_toolkit_exact_scores_a_diverged_head_as_the_metric_does_and_keeps_its_final_run():
@@ -588,8 +651,9 @@ def test_toolkit_exact_scores_a_diverged_head_as_the_metric_does_and_keeps_its_f
     y = torch.arange(20) % 2
     batches = probe.epoch_batches(20, 30, batch_size=8)
     init_w, init_b = torch.randn(2, 4, generator=g), torch.zeros(2)
-    scores, w, _ = probe.train_heads(x, y, [1.0], [10.0], batches, init_w, init_b, {"t": (x, y)}, "accuracy",
-                                     score_diverged=True)
+    scores, w, _ = probe.train_heads(
+        x, y, [1.0], [10.0], batches, init_w, init_b, {"t": (x, y)}, "accuracy", score_diverged=True
+    )
     assert not torch.isfinite(w).all() and torch.isfinite(scores["t"]).all()
     # non-finite probabilities: numpy's argmax of a NaN row is 0, so every image is predicted class 0
     assert scores["t"][-1, 0] == pytest.approx(float((y == 0).double().mean()))
@@ -607,13 +671,15 @@ def test_one_shot_draws_two_and_the_final_run_does_not_merge(tmp_path):
         kshot.shot_plan(0)
     names = ["red", "green", "blue"]
     write_iris(tmp_path / "colours", names, colour_split(names, 6), colour_split(names, 3))
-    report = fs.run_fewshot(ToyCLIP(), to_tensor, ToyTokenizer(), tmp_path, shots=1, seeds=(0, 1), grid="reduced",
-                            progress=False)
+    report = fs.run_fewshot(
+        ToyCLIP(), to_tensor, ToyTokenizer(), tmp_path, shots=1, seeds=(0, 1), grid="reduced", progress=False
+    )
     for p in report.probes:  # 2 drawn per class: 1 chooses (lr, wd), 1 trains the final head
         assert (p.n_train, p.n_val, p.n_final) == (3, 3, 3)
     assert report.settings["shots_drawn"] == 2 and report.settings["final_run_merges_val"] is False
-    report5 = fs.run_fewshot(ToyCLIP(), to_tensor, ToyTokenizer(), tmp_path, shots=5, seeds=(0,), grid="reduced",
-                             progress=False)
+    report5 = fs.run_fewshot(
+        ToyCLIP(), to_tensor, ToyTokenizer(), tmp_path, shots=5, seeds=(0,), grid="reduced", progress=False
+    )
     assert (report5.probes[0].n_train, report5.probes[0].n_val, report5.probes[0].n_final) == (12, 3, 15)
 
 
@@ -622,10 +688,26 @@ def test_one_shot_draws_two_and_the_final_run_does_not_merge(tmp_path):
 # ----------------------------------------------------------------------------------------------
 #: Templates per set in the toolkit's template_map (its prompts.py).
 TOOLKIT_TEMPLATE_COUNTS = {
-    "caltech-101": 34, "cifar-10": 18, "cifar-100": 18, "country211": 5, "dtd": 8, "eurosat_clip": 3,
-    "fer-2013": 6, "fgvc-aircraft-2013b-variants102": 2, "food-101": 1, "gtsrb": 3, "hateful-memes": 1,
-    "kitti-distance": 1, "mnist": 1, "oxford-flower-102": 1, "oxford-iiit-pets": 1, "patch-camelyon": 1,
-    "rendered-sst2": 1, "resisc45_clip": 18, "stanford-cars": 8, "voc-2007-classification": 1,
+    "caltech-101": 34,
+    "cifar-10": 18,
+    "cifar-100": 18,
+    "country211": 5,
+    "dtd": 8,
+    "eurosat_clip": 3,
+    "fer-2013": 6,
+    "fgvc-aircraft-2013b-variants102": 2,
+    "food-101": 1,
+    "gtsrb": 3,
+    "hateful-memes": 1,
+    "kitti-distance": 1,
+    "mnist": 1,
+    "oxford-flower-102": 1,
+    "oxford-iiit-pets": 1,
+    "patch-camelyon": 1,
+    "rendered-sst2": 1,
+    "resisc45_clip": 18,
+    "stanford-cars": 8,
+    "voc-2007-classification": 1,
 }
 
 
@@ -652,7 +734,7 @@ class AnyTextTokenizer(ToyTokenizer):
             try:
                 out.append(super().__call__([t])[0])
             except StopIteration:
-                h = abs(hash(t)) % (256 ** 3)
+                h = abs(hash(t)) % (256**3)
                 out.append(torch.tensor([h % 256, (h // 256) % 256, h // 65536], dtype=torch.float32) / 255)
         return torch.stack(out)
 
@@ -690,8 +772,9 @@ def _toolkit_root(root, cifar_folder="cifar_10_20211007"):
                 images.append({"id": j + 1, "file_name": f"{j}.png", "zip_file": zname})
                 anns.append({"id": j + 1, "image_id": j + 1, "category_id": y + 1})
         images = images[::-1]  # listed out of id order
-        (kitti / f"{split}_meta.json").write_text(json.dumps({"images": images, "annotations": anns,
-                                                              "categories": cats}))
+        (kitti / f"{split}_meta.json").write_text(
+            json.dumps({"images": images, "annotations": anns, "categories": cats})
+        )
     return root
 
 
@@ -705,8 +788,17 @@ def test_toolkit_download_layout_reads_without_renaming(tmp_path, monkeypatch):
         return real(model, tokenizer, classnames, templates, **kw)
 
     monkeypatch.setattr(fs, "zeroshot_classifier", spy)
-    report = fs.run_fewshot(ToyCLIP(), to_tensor, AnyTextTokenizer(), root, datasets=["cifar10", "kitti-distance"],
-                            shots=2, seeds=(0,), grid="reduced", progress=False)
+    report = fs.run_fewshot(
+        ToyCLIP(),
+        to_tensor,
+        AnyTextTokenizer(),
+        root,
+        datasets=["cifar10", "kitti-distance"],
+        shots=2,
+        seeds=(0,),
+        grid="reduced",
+        progress=False,
+    )
     ds = report.datasets
     assert set(ds) == {"cifar-10", "kitti-distance"}
     assert ds["cifar-10"]["layout"] == "iris" and ds["kitti-distance"]["layout"] == "coco"
@@ -721,11 +813,28 @@ def test_toolkit_download_layout_reads_without_renaming(tmp_path, monkeypatch):
     assert {p.dataset for p in report.probes} == {"cifar-10", "kitti-distance"}
     assert report.probes[0].metric == "accuracy" and all(len(p.test_scores) == 50 for p in report.probes)
     # all sets found under the root, or under its classification/ folder, and another download date
-    assert fs.run_fewshot(ToyCLIP(), to_tensor, AnyTextTokenizer(), root / "classification", shots=2, seeds=(0,),
-                          grid="reduced", progress=False).datasets.keys() == {"cifar-10", "kitti-distance"}
+    assert fs.run_fewshot(
+        ToyCLIP(),
+        to_tensor,
+        AnyTextTokenizer(),
+        root / "classification",
+        shots=2,
+        seeds=(0,),
+        grid="reduced",
+        progress=False,
+    ).datasets.keys() == {"cifar-10", "kitti-distance"}
     (root / "classification" / "cifar_10_20211007").rename(root / "classification" / "cifar_10_20230101")
-    again = fs.run_fewshot(ToyCLIP(), to_tensor, AnyTextTokenizer(), root, datasets=["cifar-10"], shots=2,
-                           seeds=(0,), grid="reduced", progress=False)
+    again = fs.run_fewshot(
+        ToyCLIP(),
+        to_tensor,
+        AnyTextTokenizer(),
+        root,
+        datasets=["cifar-10"],
+        shots=2,
+        seeds=(0,),
+        grid="reduced",
+        progress=False,
+    )
     assert again.datasets["cifar-10"]["folder"].endswith("cifar_10_20230101")
     with pytest.raises(ValueError, match=r"(?s)\['dtd'\] not found .*toolkit's download layout.*one folder a data set"):
         fs.run_fewshot(ToyCLIP(), to_tensor, AnyTextTokenizer(), root, datasets=["dtd"], progress=False)
@@ -756,8 +865,12 @@ def test_coco_images_are_ordered_by_id_so_the_draws_match_the_toolkit(tmp_path):
 
 def test_catalogued_sets_in_the_one_folder_layout_use_the_shipped_prompts(tmp_path):
     folder = tmp_path / "mnist"
-    write_iris(folder, [f"digit {i}" for i in range(10)], [(y, COLOURS["red"], y) for y in range(10)],
-               [(y, COLOURS["red"], y) for y in range(10)])
+    write_iris(
+        folder,
+        [f"digit {i}" for i in range(10)],
+        [(y, COLOURS["red"], y) for y in range(10)],
+        [(y, COLOURS["red"], y) for y in range(10)],
+    )
     data, source = fs._read_dataset(tmp_path, "mnist", fs.load_catalog(tmp_path))
     assert data.classnames == [str(i) for i in range(10)] and source.endswith("elevater_prompts.json")
     assert data.templates == ['a photo of the number: "{c}".']
@@ -776,7 +889,9 @@ def test_more_shots_than_a_class_has_is_refused_before_encoding(tmp_path):
         def encode_image(self, x, normalize=False):
             raise AssertionError("encoded before checking the shots")
 
-    with pytest.raises(ValueError, match=r"--shots 10: data set 'pairs' has 2 class\(es\) with fewer train images "
-                                         r"\('cyan' 6, 'yellow' 6\); use --shots 6 or less"):
-        fs.evaluate_fewshot(Exploding(), to_tensor, ToyTokenizer(), root, datasets=["pairs"], shots=10,
-                            progress=False)
+    with pytest.raises(
+        ValueError,
+        match=r"--shots 10: data set 'pairs' has 2 class\(es\) with fewer train images "
+        r"\('cyan' 6, 'yellow' 6\); use --shots 6 or less",
+    ):
+        fs.evaluate_fewshot(Exploding(), to_tensor, ToyTokenizer(), root, datasets=["pairs"], shots=10, progress=False)

@@ -1,5 +1,6 @@
 """One options object for every evaluator: ``EvalOptions`` gives the same numbers as the keywords
 it replaces, the keywords still work and override it, and a wrong name or value is refused by name."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -47,16 +48,20 @@ def _both(call):
 
 def test_retrieval_with_options_equals_keywords(tmp_path):
     _retrieval_set(tmp_path / "coco", n=8, captions=2)
-    keywords, options = _both(lambda m, **kw: evaluate_retrieval(m, to_tensor, ToyTokenizer(), tmp_path / "coco",
-                                                                 ks=(1, 2), return_info=True, **kw))
+    keywords, options = _both(
+        lambda m, **kw: evaluate_retrieval(
+            m, to_tensor, ToyTokenizer(), tmp_path / "coco", ks=(1, 2), return_info=True, **kw
+        )
+    )
     assert keywords == options
 
 
 def test_zeroshot_with_options_equals_keywords(tmp_path):
     _classification_set(tmp_path / "wds", tree=tmp_path / "tree")
     for root in (tmp_path / "wds", tmp_path / "tree"):
-        keywords, options = _both(lambda m, **kw: evaluate_zeroshot(m, to_tensor, ToyTokenizer(), root,
-                                                                    return_info=True, **kw))
+        keywords, options = _both(
+            lambda m, **kw: evaluate_zeroshot(m, to_tensor, ToyTokenizer(), root, return_info=True, **kw)
+        )
         assert keywords == options
 
 
@@ -72,8 +77,19 @@ def test_fewshot_with_options_equals_keywords(tmp_path):
     keywords, options = _both(call)
     assert keywords == options
     assert json.loads(keywords[0])["settings"]["precision"] == "amp_bf16"
-    assert evaluate_fewshot(Recorder(), to_tensor, ToyTokenizer(), tmp_path, shots=2, seeds=(0,), grid="reduced",
-                            options=EvalOptions(**SETTINGS)) == json.loads(keywords[0])["metrics"]
+    assert (
+        evaluate_fewshot(
+            Recorder(),
+            to_tensor,
+            ToyTokenizer(),
+            tmp_path,
+            shots=2,
+            seeds=(0,),
+            grid="reduced",
+            options=EvalOptions(**SETTINGS),
+        )
+        == json.loads(keywords[0])["metrics"]
+    )
 
 
 def test_keywords_override_the_options_fields():
@@ -92,10 +108,27 @@ def test_strict_as_an_option_raises_at_a_bad_sample(tmp_path):
     bad = folder / (folder / "test.txt").read_text().splitlines()[0].rsplit(" ", 1)[0]
     bad.write_bytes(b"not a png")
     with pytest.raises(es.SampleSkipped, match="undecodable image"):
-        run_fewshot(ToyCLIP(), to_tensor, ToyTokenizer(), tmp_path, shots=2, seeds=(0,), grid="reduced",
-                    options=EvalOptions(progress=False, strict=True))
-    report = run_fewshot(ToyCLIP(), to_tensor, ToyTokenizer(), tmp_path, shots=2, seeds=(0,), grid="reduced",
-                         options=EvalOptions(progress=False, strict=True), strict=False)
+        run_fewshot(
+            ToyCLIP(),
+            to_tensor,
+            ToyTokenizer(),
+            tmp_path,
+            shots=2,
+            seeds=(0,),
+            grid="reduced",
+            options=EvalOptions(progress=False, strict=True),
+        )
+    report = run_fewshot(
+        ToyCLIP(),
+        to_tensor,
+        ToyTokenizer(),
+        tmp_path,
+        shots=2,
+        seeds=(0,),
+        grid="reduced",
+        options=EvalOptions(progress=False, strict=True),
+        strict=False,
+    )
     assert report.skipped == {"undecodable image": 1}
 
 
@@ -113,14 +146,17 @@ def test_text_batches_keep_their_own_size():
     assert calls == [2, 2, 1]
 
 
-@pytest.mark.parametrize("call", [
-    lambda: evaluate_retrieval(ToyCLIP(), to_tensor, ToyTokenizer(), "unused", batchsize=4),
-    lambda: evaluate_zeroshot(ToyCLIP(), to_tensor, ToyTokenizer(), "unused", batchsize=4),
-    lambda: evaluate_fewshot(ToyCLIP(), to_tensor, ToyTokenizer(), "unused", batchsize=4),
-    lambda: run_fewshot(ToyCLIP(), to_tensor, ToyTokenizer(), "unused", batchsize=4),
-    lambda: zeroshot_classifier(ToyCLIP(), ToyTokenizer(), ["red"], ["a {c}"], batchsize=4),
-    lambda: EvalOptions.from_kwargs(None, batchsize=4),
-])
+@pytest.mark.parametrize(
+    "call",
+    [
+        lambda: evaluate_retrieval(ToyCLIP(), to_tensor, ToyTokenizer(), "unused", batchsize=4),
+        lambda: evaluate_zeroshot(ToyCLIP(), to_tensor, ToyTokenizer(), "unused", batchsize=4),
+        lambda: evaluate_fewshot(ToyCLIP(), to_tensor, ToyTokenizer(), "unused", batchsize=4),
+        lambda: run_fewshot(ToyCLIP(), to_tensor, ToyTokenizer(), "unused", batchsize=4),
+        lambda: zeroshot_classifier(ToyCLIP(), ToyTokenizer(), ["red"], ["a {c}"], batchsize=4),
+        lambda: EvalOptions.from_kwargs(None, batchsize=4),
+    ],
+)
 def test_an_unknown_keyword_is_named(call):
     with pytest.raises(TypeError, match=r"unexpected keyword argument\(s\) \['batchsize'\].*did you mean 'batch_size'"):
         call()
@@ -129,10 +165,12 @@ def test_an_unknown_keyword_is_named(call):
 def test_options_of_the_wrong_type_or_value_are_refused_by_name():
     with pytest.raises(TypeError, match=r"options must be an EvalOptions or None, got int 64"):
         evaluate_retrieval(ToyCLIP(), to_tensor, ToyTokenizer(), "unused", options=64)
-    for bad, match in (({"batch_size": 0}, "batch_size must be an integer >= 1, got 0"),
-                       ({"batch_size": 2.5}, "batch_size must be an integer >= 1, got 2.5"),
-                       ({"workers": -1}, "workers must be an integer >= 0, got -1"),
-                       ({"precision": "fp8"}, r"precision must be one of .*got 'fp8'")):
+    for bad, match in (
+        ({"batch_size": 0}, "batch_size must be an integer >= 1, got 0"),
+        ({"batch_size": 2.5}, "batch_size must be an integer >= 1, got 2.5"),
+        ({"workers": -1}, "workers must be an integer >= 0, got -1"),
+        ({"precision": "fp8"}, r"precision must be one of .*got 'fp8'"),
+    ):
         with pytest.raises(ValueError, match=match):
             EvalOptions(**bad)
     assert EvalOptions(batch_size=np.int64(4)).batch_size == 4

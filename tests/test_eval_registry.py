@@ -1,5 +1,6 @@
 """The evaluation task registry: a task added by one file and one registration line runs through
 ``clip-dcl eval`` and its report; re-registration warns; the evaluation modules import no cycle."""
+
 from __future__ import annotations
 
 import ast
@@ -16,7 +17,7 @@ from clip_dcl.eval import registry
 PACKAGE = Path(__file__).resolve().parents[1] / "clip_dcl"
 
 # The whole of a new task: this file, plus the import of its module (its registration line runs there).
-TOY_TASK = '''
+TOY_TASK = """
 import torch
 
 from clip_dcl.eval.registry import EvalTask, TaskResult, register_task
@@ -38,7 +39,7 @@ register_task(EvalTask(name="textnorm", help="mean norm of the text features", d
                        add_arguments=add_arguments, run=run, metrics=("mean_text_norm",),
                        table=lambda metrics, args: metrics_table(metrics), benchmark_name="text_norm",
                        benchmark_metrics=lambda m: {"norm": m["mean_text_norm"]}))
-'''
+"""
 
 
 @pytest.fixture
@@ -65,13 +66,28 @@ def test_a_new_task_runs_through_the_cli_and_the_report(toy_task, tmp_path, caps
     assert "textnorm" in build_parser().format_help()
     torch.manual_seed(0)
     ckpt = tmp_path / "ckpt.pt"
-    torch.save({"state_dict": open_clip.create_model(TINY_MODEL).state_dict(), "clip_dcl": {"model": TINY_MODEL}},
-               ckpt)
+    torch.save({"state_dict": open_clip.create_model(TINY_MODEL).state_dict(), "clip_dcl": {"model": TINY_MODEL}}, ckpt)
     captions = tmp_path / "captions.txt"
     captions.write_text("a red square\ntwo blue circles\n")
     out = tmp_path / "r" / "ours.json"
-    assert main(["textnorm", "--checkpoint", str(ckpt), "--data", str(captions), "--output", str(out),
-                 "--format", "clip_benchmark", "--dataset-name", "toy"]) == 0
+    assert (
+        main(
+            [
+                "textnorm",
+                "--checkpoint",
+                str(ckpt),
+                "--data",
+                str(captions),
+                "--output",
+                str(out),
+                "--format",
+                "clip_benchmark",
+                "--dataset-name",
+                "toy",
+            ]
+        )
+        == 0
+    )
     printed = capsys.readouterr().out
     doc = json.loads(out.read_text())
     model, _, tokenizer = load_checkpoint(ckpt)
@@ -103,7 +119,10 @@ def test_each_built_in_task_declares_its_options_metrics_table_and_clip_benchmar
 
     tasks = registered_tasks()
     assert {n: t.benchmark_name for n, t in tasks.items() if n in ("retrieval", "zeroshot", "fewshot")} == {
-        "retrieval": "zeroshot_retrieval", "zeroshot": "zeroshot_classification", "fewshot": "linear_probe"}
+        "retrieval": "zeroshot_retrieval",
+        "zeroshot": "zeroshot_classification",
+        "fewshot": "linear_probe",
+    }
     for task in tasks.values():
         assert task.metrics and task.table is not None and task.benchmark_run is not None
 
@@ -157,8 +176,16 @@ def test_the_shipped_tasks_are_listed_in_one_order_whichever_module_registered_f
 
     shipped = {name: registry.get_task(name) for name in registry.BUILTIN_ORDER}
     # as a process that imported clip_dcl.eval.zeroshot before the others would have them
-    monkeypatch.setattr(registry, "_TASKS", {"zeroshot": shipped["zeroshot"], "mine": shipped["fewshot"],
-                                             "fewshot": shipped["fewshot"], "retrieval": shipped["retrieval"]})
+    monkeypatch.setattr(
+        registry,
+        "_TASKS",
+        {
+            "zeroshot": shipped["zeroshot"],
+            "mine": shipped["fewshot"],
+            "fewshot": shipped["fewshot"],
+            "retrieval": shipped["retrieval"],
+        },
+    )
     assert list(registry.registered_tasks()) == ["retrieval", "zeroshot", "fewshot", "mine"]
     with pytest.raises(KeyError, match="registered: retrieval, zeroshot, fewshot, mine"):
         registry.get_task("nope")

@@ -1,4 +1,5 @@
 """Retrieval metrics (chunked ranks, several captions per image) and the retrieval evaluator."""
+
 from __future__ import annotations
 
 import json
@@ -67,13 +68,19 @@ def test_multi_caption_ranks_and_recall_match_brute_force_and_torchmetrics(seed)
     for k in (1, 5, 10):
         # image -> text: one query per image over all texts (several relevant)
         hit = RetrievalHitRate(top_k=k)
-        ref = hit(torch.from_numpy(s).flatten(), torch.from_numpy(pos).flatten(),
-                  indexes=torch.arange(n_img).repeat_interleave(n_txt))
+        ref = hit(
+            torch.from_numpy(s).flatten(),
+            torch.from_numpy(pos).flatten(),
+            indexes=torch.arange(n_img).repeat_interleave(n_txt),
+        )
         assert m[f"image_to_text_R@{k}"] == pytest.approx(float(ref), abs=1e-6)
         assert m[f"text_retrieval_recall@{k}"] == m[f"image_to_text_R@{k}"]
         hit = RetrievalHitRate(top_k=k)
-        ref = hit(torch.from_numpy(s.T).flatten(), torch.from_numpy(pos.T).flatten(),
-                  indexes=torch.arange(n_txt).repeat_interleave(n_img))
+        ref = hit(
+            torch.from_numpy(s.T).flatten(),
+            torch.from_numpy(pos.T).flatten(),
+            indexes=torch.arange(n_txt).repeat_interleave(n_img),
+        )
         assert m[f"text_to_image_R@{k}"] == pytest.approx(float(ref), abs=1e-6)
         assert m[f"image_retrieval_recall@{k}"] == m[f"text_to_image_R@{k}"]
     assert m["image_to_text_mean_rank"] == pytest.approx(ref_i2t.mean() + 1)
@@ -117,8 +124,9 @@ def _retrieval_fixture(tmp_path):
     caps = []
     for i, rgb in enumerate(rgbs):
         n = 1 + i % 3
-        caps.append([f"a patch rgb {' '.join(str(int(v) + int(rng.integers(-60, 61))) for v in rgb)} #{j}"
-                     for j in range(n)])
+        caps.append(
+            [f"a patch rgb {' '.join(str(int(v) + int(rng.integers(-60, 61))) for v in rgb)} #{j}" for j in range(n)]
+        )
     samples = [(f"{i:09d}", rgb, c[0], c if len(c) > 1 else None) for i, (rgb, c) in enumerate(zip(rgbs, caps))]
     (tmp_path / "shards").mkdir()
     write_shard(tmp_path / "shards" / "val-000.tar", samples[:4])
@@ -140,8 +148,9 @@ def test_evaluate_retrieval_shards_and_csv_match_direct_features(tmp_path):
     txt = F.normalize(tok(texts) - 0.5, dim=-1)
     expected = retrieval_metrics(img, txt, t2i)
     assert 0 < expected["image_to_text_R@1"] < 1  # the noise makes it a real ranking problem
-    got_wds, info = evaluate_retrieval(model, to_tensor, tok, tmp_path / "shards", batch_size=4, progress=False,
-                                       return_info=True)
+    got_wds, info = evaluate_retrieval(
+        model, to_tensor, tok, tmp_path / "shards", batch_size=4, progress=False, return_info=True
+    )
     got_csv = evaluate_retrieval(model, to_tensor, tok, tmp_path / "pairs.csv", batch_size=4, progress=False)
     assert info == {"num_images": 6, "num_texts": len(texts), "skipped": {}}
     for k, v in expected.items():
@@ -154,15 +163,28 @@ def test_retrieval_cli_writes_flat_json(tmp_path):
 
     _retrieval_fixture(tmp_path)
     out = tmp_path / "r.json"
-    rc = main(["retrieval", "--model", "clip-dcl-tiny", "--data", str(tmp_path / "pairs.csv"), "--output", str(out),
-               "--no-progress", "--device", "cpu"])
+    rc = main(
+        [
+            "retrieval",
+            "--model",
+            "clip-dcl-tiny",
+            "--data",
+            str(tmp_path / "pairs.csv"),
+            "--output",
+            str(out),
+            "--no-progress",
+            "--device",
+            "cpu",
+        ]
+    )
     assert rc == 0
     doc = json.loads(out.read_text())
     assert doc["model"]["name"] == "clip-dcl-tiny" and doc["data"]["num_images"] == 6
     assert 0 <= doc["image_to_text_R@1"] <= doc["image_to_text_R@5"] <= 1
     assert doc["settings"]["chunk_size"] == 1024
-    assert main(["retrieval", "--model", "clip-dcl-tiny", "--data", str(tmp_path / "nothere.csv"),
-                 "--no-progress"]) == 2
+    assert (
+        main(["retrieval", "--model", "clip-dcl-tiny", "--data", str(tmp_path / "nothere.csv"), "--no-progress"]) == 2
+    )
 
 
 def test_a_corrupt_image_in_retrieval_shards_is_skipped_logged_and_counted(tmp_path, caplog):
@@ -179,8 +201,9 @@ def test_a_corrupt_image_in_retrieval_shards_is_skipped_logged_and_counted(tmp_p
             tf.addfile(info, io.BytesIO(data))
     caplog.set_level(logging.WARNING)
     model, tok = ToyCLIP(), ToyTokenizer()
-    got, info = evaluate_retrieval(model, to_tensor, tok, tmp_path / "shards", batch_size=4, progress=False,
-                                   return_info=True)
+    got, info = evaluate_retrieval(
+        model, to_tensor, tok, tmp_path / "shards", batch_size=4, progress=False, return_info=True
+    )
     assert info["num_images"] == 6  # the six good samples, scored as without the bad one
     assert info["skipped"] == {"undecodable image": 1}
     messages = [r.getMessage() for r in caplog.records]
@@ -190,8 +213,10 @@ def test_a_corrupt_image_in_retrieval_shards_is_skipped_logged_and_counted(tmp_p
 def test_output_json_writes_null_for_nan(tmp_path):
     from clip_dcl.eval.report import write_json
 
-    path = write_json(tmp_path / "r.json", {"acc1": 0.5, "acc5": float("nan"), "nested": {"x": [float("inf"), 1.0]},
-                                            "t": torch.tensor(float("nan"))})
+    path = write_json(
+        tmp_path / "r.json",
+        {"acc1": 0.5, "acc5": float("nan"), "nested": {"x": [float("inf"), 1.0]}, "t": torch.tensor(float("nan"))},
+    )
     text = path.read_text()
     assert "NaN" not in text and "Infinity" not in text
     assert json.loads(text) == {"acc1": 0.5, "acc5": None, "nested": {"x": [None, 1.0]}, "t": None}

@@ -1,4 +1,5 @@
 """Zero-shot classification: metrics against scikit-learn, class-name resolution, the evaluator and CLI."""
+
 from __future__ import annotations
 
 import json
@@ -58,15 +59,22 @@ def test_imagenet_names_for_synset_folders_and_errors(tmp_path):
 
 def test_a_name_list_must_name_each_folder_in_sorted_order(tmp_path):
     folders = ["003_big_circle", "golden_retriever", "tabby"]
-    assert resolve_classnames(tmp_path, folders, ["big circle", "Golden Retriever", "tabby"])[0][1] == \
-        "Golden Retriever"
+    assert (
+        resolve_classnames(tmp_path, folders, ["big circle", "Golden Retriever", "tabby"])[0][1] == "Golden Retriever"
+    )
     # the user's own order: refused, naming the line, the folder it names and the folder of that label
-    with pytest.raises(ValueError, match=r"not in sorted folder order: line 1, 'tabby', names folder 'tabby', but "
-                                         r"label 0 is folder '003_big_circle'.*classnames.json"):
+    with pytest.raises(
+        ValueError,
+        match=r"not in sorted folder order: line 1, 'tabby', names folder 'tabby', but "
+        r"label 0 is folder '003_big_circle'.*classnames.json",
+    ):
         resolve_classnames(tmp_path, folders, ["tabby", "big circle", "golden retriever"])
     # names that are not the folders' (synset ids, numbers): their order cannot be checked
-    with pytest.raises(ValueError, match=r"line 1, 'tench', does not name folder 'n01440764' .*cannot be checked.*"
-                                         r"classnames.json.*\{\"n01440764\": \"...\""):
+    with pytest.raises(
+        ValueError,
+        match=r"line 1, 'tench', does not name folder 'n01440764' .*cannot be checked.*"
+        r"classnames.json.*\{\"n01440764\": \"...\"",
+    ):
         resolve_classnames(tmp_path, ["n01440764", "n01443537"], ["tench", "goldfish"])
 
 
@@ -129,8 +137,11 @@ def test_cli_refuses_misaligned_names_before_the_model_loads(tmp_path, monkeypat
     monkeypatch.setattr(cli, "_load_model", no_model)
     assert cli.main(["zeroshot", "--model", "clip-dcl-tiny", "--data", str(root), "--no-progress"]) == 2
     err = capsys.readouterr().err.strip()
-    assert err.startswith("clip-dcl eval zeroshot: class names from ") and "line 1, 'red', names folder " \
-        "'red_folder', but label 0 is folder 'blue_folder'" in err and len(err.splitlines()) == 1
+    assert (
+        err.startswith("clip-dcl eval zeroshot: class names from ")
+        and "line 1, 'red', names folder 'red_folder', but label 0 is folder 'blue_folder'" in err
+        and len(err.splitlines()) == 1
+    )
     assert cli.main(["zeroshot", "--model", "clip-dcl-tiny", "--data", str(tmp_path / "nothing")]) == 2
     assert "is in neither layout" in capsys.readouterr().err
 
@@ -143,8 +154,23 @@ def test_zeroshot_cli_with_tiny_model(tmp_path):
     (root / "classnames.txt").write_text("\n".join(sorted(names)) + "\n")  # label order: the sorted folders
     (root / "templates.txt").write_text("a photo of a {c} thing.\n")
     out = tmp_path / "z.json"
-    assert main(["zeroshot", "--model", "clip-dcl-tiny", "--data", str(root), "--output", str(out),
-                 "--no-progress", "--batch-size", "5"]) == 0
+    assert (
+        main(
+            [
+                "zeroshot",
+                "--model",
+                "clip-dcl-tiny",
+                "--data",
+                str(root),
+                "--output",
+                str(out),
+                "--no-progress",
+                "--batch-size",
+                "5",
+            ]
+        )
+        == 0
+    )
     doc = json.loads(out.read_text())
     assert {"top1", "top5", "mean_per_class_recall", "model", "data", "settings"} <= doc.keys()
     assert doc["data"]["num_classes"] == 6 and doc["settings"]["num_templates"] == 1

@@ -4,6 +4,7 @@ Every test writes its own tiny PNGs, zips and tars. The helpers at the top (imag
 toy CLIP whose embeddings are the mean colour of an image or the colour a caption names) are
 shared with the evaluator tests.
 """
+
 from __future__ import annotations
 
 import io
@@ -23,8 +24,12 @@ from clip_dcl.data import evalsets as es
 # Shared helpers
 # ----------------------------------------------------------------------------------------------
 COLOURS = {
-    "red": (230, 20, 20), "green": (20, 230, 20), "blue": (20, 20, 230),
-    "yellow": (230, 230, 20), "purple": (230, 20, 230), "cyan": (20, 230, 230),
+    "red": (230, 20, 20),
+    "green": (20, 230, 20),
+    "blue": (20, 20, 230),
+    "yellow": (230, 230, 20),
+    "purple": (230, 20, 230),
+    "cyan": (20, 230, 230),
 }
 
 
@@ -61,7 +66,7 @@ class ToyTokenizer:
             words = t.replace(",", " ").replace(".", " ").split()
             if "rgb" in words:
                 i = words.index("rgb")
-                rgb = [float(w) for w in words[i + 1:i + 4]]
+                rgb = [float(w) for w in words[i + 1 : i + 4]]
             else:
                 rgb = next(COLOURS[w] for w in words if w in COLOURS)
             out.append(torch.tensor(rgb, dtype=torch.float32) / 255.0)
@@ -157,11 +162,14 @@ def test_iris_path_with_spaces_and_multilabel(tmp_path):
     assert d.multilabel
 
 
-@pytest.mark.parametrize("line, message", [
-    ("img.png x", "not comma-separated integers"),
-    ("img.png", "expected '<image_path> <label ids>'"),
-    ("img.png 7", "outside [0, 3)"),
-])
+@pytest.mark.parametrize(
+    "line, message",
+    [
+        ("img.png x", "not comma-separated integers"),
+        ("img.png", "expected '<image_path> <label ids>'"),
+        ("img.png 7", "outside [0, 3)"),
+    ],
+)
 def test_malformed_index_line_names_file_and_line(tmp_path, line, message):
     folder = tmp_path / "bad"
     folder.mkdir()
@@ -199,8 +207,11 @@ def test_missing_labels_file_and_unknown_layout(tmp_path):
     (tmp_path / "empty").mkdir()
     (tmp_path / "empty" / "notes.md").write_text("x")
     # neither layout: the message names both and what was found
-    with pytest.raises(ValueError, match=r"(?s)toolkit's download layout.*one folder a data set.*Found in "
-                                         r".*empty': notes.md; in .*: c/, empty/"):
+    with pytest.raises(
+        ValueError,
+        match=r"(?s)toolkit's download layout.*one folder a data set.*Found in "
+        r".*empty': notes.md; in .*: c/, empty/",
+    ):
         es.read_fewshot_dataset(tmp_path, "empty")
     assert es.list_fewshot_datasets(tmp_path) == ["c"]
 
@@ -231,10 +242,14 @@ def test_coco_index(tmp_path):
     with zipfile.ZipFile(folder / "images.zip", "w") as zf:
         zf.writestr("a.png", png_bytes((10, 10, 10)))
         zf.writestr("b.png", png_bytes((200, 10, 10)))
-    doc = {"images": [{"id": 1, "file_name": "a.png", "zip_file": "images.zip"},
-                      {"id": 2, "file_name": "b.png", "zip_file": "images.zip"}],
-           "annotations": [{"image_id": 2, "category_id": 2}, {"image_id": 1, "category_id": 1}],
-           "categories": [{"id": 2, "name": "hateful"}, {"id": 1, "name": "benign"}]}
+    doc = {
+        "images": [
+            {"id": 1, "file_name": "a.png", "zip_file": "images.zip"},
+            {"id": 2, "file_name": "b.png", "zip_file": "images.zip"},
+        ],
+        "annotations": [{"image_id": 2, "category_id": 2}, {"image_id": 1, "category_id": 1}],
+        "categories": [{"id": 2, "name": "hateful"}, {"id": 1, "name": "benign"}],
+    }
     (folder / "train.json").write_text(json.dumps(doc))
     (folder / "test.json").write_text(json.dumps(doc))
     d = es.read_fewshot_dataset(tmp_path, "memes")
@@ -308,8 +323,10 @@ def test_retrieval_csv_groups_captions_per_image(tmp_path):
 
 
 def test_shards_expand_and_yield_caption_lists(tmp_path):
-    write_shard(tmp_path / "val-000.tar", [("000000000", (1, 2, 3), "only txt", None),
-                                           ("000000001", (4, 5, 6), "main", ["main", "second"])])
+    write_shard(
+        tmp_path / "val-000.tar",
+        [("000000000", (1, 2, 3), "only txt", None), ("000000001", (4, 5, 6), "main", ["main", "second"])],
+    )
     write_shard(tmp_path / "val-001.tar", [("000000002", (7, 8, 9), None, ["json only"])])
     shards = es.expand_shards(tmp_path)
     assert [Path(s).name for s in shards] == ["val-000.tar", "val-001.tar"]

@@ -1,5 +1,6 @@
 """`clip-dcl data fashion-mnist`: the IDX reader, the pixel attributes, the captions and the layout written,
 on small IDX files written here (Fashion-MNIST's names gzipped, MNIST-like files plain; never the real set)."""
+
 from __future__ import annotations
 
 import gzip
@@ -21,15 +22,19 @@ def _images(rng, n, rows=28, cols=28):
     for i in range(n):
         h, w = rng.integers(4, rows - 2), rng.integers(4, cols - 2)
         top, left = rng.integers(0, rows - h), rng.integers(0, cols - w)
-        x[i, top:top + h, left:left + w] = rng.integers(60, 200) + rng.integers(0, rng.integers(1, 56), size=(h, w))
+        x[i, top : top + h, left : left + w] = rng.integers(60, 200) + rng.integers(0, rng.integers(1, 56), size=(h, w))
     return x
 
 
 def _write_set(folder: Path, n_train=240, n_test=60, classes=10, rows=28, cols=28, gz=True, seed=0):
     rng = np.random.default_rng(seed)
     folder.mkdir(parents=True, exist_ok=True)
-    arrays = {"train_images": _images(rng, n_train, rows, cols), "train_labels": np.arange(n_train) % classes,
-              "test_images": _images(rng, n_test, rows, cols), "test_labels": np.arange(n_test) % classes}
+    arrays = {
+        "train_images": _images(rng, n_train, rows, cols),
+        "train_labels": np.arange(n_train) % classes,
+        "test_images": _images(rng, n_test, rows, cols),
+        "test_labels": np.arange(n_test) % classes,
+    }
     for key, name in fashion.FILES.items():
         write_idx(folder / (name if gz else name[:-3]), arrays[key])
     return arrays
@@ -46,7 +51,13 @@ def test_idx_round_trip_gzipped_or_not_and_any_image_size(tmp_path, name):
 
 def test_idx_header_is_read_as_the_format_says(tmp_path):
     # written byte by byte here, not with write_idx: magic 0x00000803, then big-endian sizes
-    body = bytes([0, 0, 8, 3]) + (2).to_bytes(4, "big") + (2).to_bytes(4, "big") + (3).to_bytes(4, "big") + bytes(range(12))
+    body = (
+        bytes([0, 0, 8, 3])
+        + (2).to_bytes(4, "big")
+        + (2).to_bytes(4, "big")
+        + (3).to_bytes(4, "big")
+        + bytes(range(12))
+    )
     (tmp_path / "a").write_bytes(body)
     np.testing.assert_array_equal(read_idx(tmp_path / "a"), np.arange(12, dtype=np.uint8).reshape(2, 2, 3))
 
@@ -110,8 +121,9 @@ def test_captions_name_the_class_and_at_least_two_measured_attributes():
     rng = np.random.default_rng(4)
     bins = {"brightness": 2, "fill": 0, "aspect": 2, "texture": 1}
     own = {name: set(fashion.ATTRIBUTE_WORDS[name][b]) for name, b in bins.items()}
-    others = {w for name, b in bins.items() for k, words in enumerate(fashion.ATTRIBUTE_WORDS[name]) if k != b
-              for w in words}
+    others = {
+        w for name, b in bins.items() for k, words in enumerate(fashion.ATTRIBUTE_WORDS[name]) if k != b for w in words
+    }
     captions = {fashion.make_caption("ankle boot", bins, rng) for _ in range(300)}
     assert len(captions) > 50  # varied, not one string
     for cap in captions:
@@ -153,6 +165,7 @@ def test_layout_has_every_split_the_project_reads(tmp_path):
     out = tmp_path / "out"
     assert (s["train"]["num_samples"], s["val"]["num_samples"], s["test"]["num_samples"]) == (140, 100, 40)
     assert s["tau_plus"] == pytest.approx(sum((np.bincount(np.arange(240) % 10) / 240) ** 2), abs=0.01)
+
     # train and validation are disjoint draws of the official training images; test is the official test set
     def keys_and_labels(split):
         rows = []
@@ -160,6 +173,7 @@ def test_layout_has_every_split_the_project_reads(tmp_path):
             with tarfile.open(shard) as tar:
                 rows += [json.load(tar.extractfile(m)) for m in tar.getmembers() if m.name.endswith(".json")]
         return rows
+
     train, val, test = (keys_and_labels(k) for k in ("train", "val", "test"))
     assert len(train) == 140 and len(val) == 100
     assert [r["label"] for r in test] == arrays["test_labels"][:40].tolist()
@@ -205,8 +219,9 @@ def test_draw_changes_the_split_and_the_same_draw_gives_the_same_bytes(tmp_path)
 
 def test_mnist_like_plain_files_of_another_size_with_their_class_names(tmp_path):
     _write_set(tmp_path / "mnist", gz=False, rows=20, cols=20, classes=3)
-    s = _generate(tmp_path / "out", tmp_path / "mnist", classnames=["zero", "one", "two"], image_size=24,
-                  val_samples=30)
+    s = _generate(
+        tmp_path / "out", tmp_path / "mnist", classnames=["zero", "one", "two"], image_size=24, val_samples=30
+    )
     assert s["classes"]["names"] == ["zero", "one", "two"] and s["source"]["image_shape"] == [20, 20]
     with pytest.raises(ValueError, match="3 class names for labels 0..9"):
         _write_set(tmp_path / "ten")
@@ -266,8 +281,24 @@ def test_command_writes_the_layout_and_the_packed_set(tmp_path, capsys):
     from clip_dcl.data.packed import load_packed
 
     _write_set(tmp_path / "src")
-    rc, out = _cli([tmp_path / "out", "--from", tmp_path / "src", "--val-samples", "100", "--fewshot-train-per-class",
-                    "5", "--fewshot-test-per-class", "2", "--train-samples", "100", "--pack", "--quiet"], capsys)
+    rc, out = _cli(
+        [
+            tmp_path / "out",
+            "--from",
+            tmp_path / "src",
+            "--val-samples",
+            "100",
+            "--fewshot-train-per-class",
+            "5",
+            "--fewshot-test-per-class",
+            "2",
+            "--train-samples",
+            "100",
+            "--pack",
+            "--quiet",
+        ],
+        capsys,
+    )
     assert rc == 0, out.err
     assert f"train_packed {tmp_path / 'out' / 'train.npz'}" in out.out
     packed = load_packed(tmp_path / "out" / "train.npz")

@@ -1,5 +1,6 @@
 """`clip-dcl data fashion-scenes`: scenes, captions, splits and the layout, on small IDX files written here
 (never the real set)."""
+
 from __future__ import annotations
 
 import gzip
@@ -26,18 +27,30 @@ def _write_set(folder: Path, n_train=240, n_test=80, seed=0):
         for i in range(n):
             h, w = rng.integers(6, 26, size=2)
             top, left = rng.integers(0, 28 - h), rng.integers(0, 28 - w)
-            x[i, top:top + h, left:left + w] = rng.integers(60, 250, size=(h, w))
+            x[i, top : top + h, left : left + w] = rng.integers(60, 250, size=(h, w))
         return x
 
-    arrays = {"train_images": images(n_train), "train_labels": np.arange(n_train) % 10,
-              "test_images": images(n_test), "test_labels": np.arange(n_test) % 10}
+    arrays = {
+        "train_images": images(n_train),
+        "train_labels": np.arange(n_train) % 10,
+        "test_images": images(n_test),
+        "test_labels": np.arange(n_test) % 10,
+    }
     for key, name in fashion.FILES.items():
         write_idx(folder / name, arrays[key])
     return arrays
 
 
-_SMALL = dict(holdout=100, train_samples=60, val_samples=150, test_samples=60, shard_size=40,
-              fewshot_train_per_class=5, fewshot_test_per_class=1, verbose=False)
+_SMALL = dict(
+    holdout=100,
+    train_samples=60,
+    val_samples=150,
+    test_samples=60,
+    shard_size=40,
+    fewshot_train_per_class=5,
+    fewshot_test_per_class=1,
+    verbose=False,
+)
 
 
 def _read_split(out: Path, split: str):
@@ -49,8 +62,13 @@ def _read_split(out: Path, split: str):
             files = {m.name: tar.extractfile(m).read() for m in tar.getmembers()}
         for name in sorted(n for n in files if n.endswith(".json")):
             key = name[:-5]
-            rows.append((np.asarray(Image.open(io.BytesIO(files[key + ".png"])).convert("L")),
-                         files[key + ".txt"].decode(), json.loads(files[name])))
+            rows.append(
+                (
+                    np.asarray(Image.open(io.BytesIO(files[key + ".png"])).convert("L")),
+                    files[key + ".txt"].decode(),
+                    json.loads(files[name]),
+                )
+            )
     return rows
 
 
@@ -65,16 +83,23 @@ def written(tmp_path_factory):
 def test_layout_has_every_split_the_readers_expect(written):
     out, _, s = written
     assert (s["train"]["num_samples"], s["val"]["num_samples"], s["test"]["num_samples"]) == (60, 150, 60)
-    for name in ("summary.json", "zeroshot/classnames.txt", "zeroshot/templates.txt", "zeroshot_test/classnames.txt",
-                 "fewshot/catalog.json", "fewshot/fashion-scenes"):
+    for name in (
+        "summary.json",
+        "zeroshot/classnames.txt",
+        "zeroshot/templates.txt",
+        "zeroshot_test/classnames.txt",
+        "fewshot/catalog.json",
+        "fewshot/fashion-scenes",
+    ):
         assert (out / name).exists(), name
     # the zero-shot trees hold every validation / test scene, in the folder of its top-left item's class
     assert sum(1 for _ in (out / "zeroshot").rglob("*.png")) == 150
     assert sum(1 for _ in (out / "zeroshot_test").rglob("*.png")) == 60
     for folder, split in (("zeroshot", "val"), ("zeroshot_test", "test")):
         counts = np.bincount([m["label"] for _, _, m in _read_split(out, split)], minlength=10)
-        assert [len(list(d.glob("*.png"))) for d in sorted(p for p in (out / folder).iterdir() if p.is_dir())] == \
-            counts.tolist()
+        assert [
+            len(list(d.glob("*.png"))) for d in sorted(p for p in (out / folder).iterdir() if p.is_dir())
+        ] == counts.tolist()
     assert (out / "zeroshot" / "classnames.txt").read_text().split("\n")[:10] == list(fashion.CLASSNAMES)
     assert s["scene_classes"] > 1 and 0 < s["tau_plus"] < 1
     # the study engine reads the splits off the summary
@@ -110,7 +135,7 @@ def test_each_split_draws_its_photographs_from_its_own_pool(written):
             for item in meta["items"]:
                 r, c = divmod(scenes.POSITIONS[2].index(item["position"]), 2)
                 occupied.add((r, c))
-                cell = image[r * side:(r + 1) * side, c * side:(c + 1) * side]
+                cell = image[r * side : (r + 1) * side, c * side : (c + 1) * side]
                 match = np.flatnonzero((pool == cell).all(axis=(1, 2)))
                 assert len(match), (split, item)  # the cell is one of the split's photographs, shrunk
                 labels = arrays["test_labels" if split == "test" else "train_labels"][match]
@@ -119,7 +144,7 @@ def test_each_split_draws_its_photographs_from_its_own_pool(written):
             for r in range(2):
                 for c in range(2):
                     if (r, c) not in occupied:
-                        assert not image[r * side:(r + 1) * side, c * side:(c + 1) * side].any()
+                        assert not image[r * side : (r + 1) * side, c * side : (c + 1) * side].any()
     assert found["val"] <= set(val_idx.tolist())
     assert not found["train"] & set(val_idx.tolist())
 
@@ -132,8 +157,12 @@ def test_captions_name_each_item_its_cell_and_only_its_own_attribute_words(writt
             assert txt == meta["captions"][0]
             assert len(meta["captions"]) == (5 if split == "train" else 1)
             for cap in meta["captions"]:
-                allowed = {w for it in meta["items"] for name, b in it["attributes"].items()
-                           for w in fashion.ATTRIBUTE_WORDS[name][b]}
+                allowed = {
+                    w
+                    for it in meta["items"]
+                    for name, b in it["attributes"].items()
+                    for w in fashion.ATTRIBUTE_WORDS[name][b]
+                }
                 words = set(re.findall(r"[a-z-]+", cap))
                 assert not (every - allowed) & words, cap
                 for it in meta["items"]:
@@ -191,9 +220,25 @@ def test_command_line_writes_the_layout_and_names_what_is_missing(tmp_path, caps
     from clip_dcl.data.cli import main
 
     src = written[0].parent / "src"
-    argv = ["fashion-scenes", str(tmp_path / "o"), "--from", str(src), "--holdout", "100", "--train-samples", "20",
-            "--val-samples", "150", "--test-samples", "60", "--fewshot-train-per-class", "5",
-            "--fewshot-test-per-class", "1", "--quiet"]
+    argv = [
+        "fashion-scenes",
+        str(tmp_path / "o"),
+        "--from",
+        str(src),
+        "--holdout",
+        "100",
+        "--train-samples",
+        "20",
+        "--val-samples",
+        "150",
+        "--test-samples",
+        "60",
+        "--fewshot-train-per-class",
+        "5",
+        "--fewshot-test-per-class",
+        "1",
+        "--quiet",
+    ]
     assert main(argv) == 0
     printed = capsys.readouterr().out
     assert "train_data " in printed and (tmp_path / "o" / "summary.json").is_file()

@@ -1,6 +1,7 @@
 """Smaller things a first hour meets: the top-level help names every `data` subcommand, class folders read
 underscores as spaces, zero-shot evaluation names the layout of image-caption data it was given, and
 retrieval on captions that are mostly the same few texts warns."""
+
 from __future__ import annotations
 
 import logging
@@ -34,9 +35,9 @@ def test_class_folders_read_underscores_as_spaces_unless_a_name_file_says_otherw
 
 
 def _shards(folder):
-    from clip_dcl.data.shards import CaptionShardWriter
-
     import io
+
+    from clip_dcl.data.shards import CaptionShardWriter
 
     buf = io.BytesIO()
     Image.new("RGB", (8, 8)).save(buf, format="PNG")

@@ -3,6 +3,7 @@
 Driven directly through the trainer's hook (:class:`clip_dcl.train.steps.LossWithIds` and
 :func:`clip_dcl.train.steps.log_epoch_health`), and once through a tiny training.
 """
+
 from __future__ import annotations
 
 import logging
@@ -10,12 +11,12 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from conftest import train_in_process
 from open_clip.loss import ClipLoss
+from test_dcl_same_class import features, paired
 
 from clip_dcl.losses import create_loss
 from clip_dcl.train.steps import LossWithIds, log_epoch_health
-from conftest import train_in_process
-from test_dcl_same_class import features, paired
 
 MASTER = SimpleNamespace(rank=0)
 
@@ -80,11 +81,44 @@ def test_a_training_logs_the_warning_once_per_epoch(tmp_path, monkeypatch):
     import clip_dcl.losses.dcl as dcl
 
     monkeypatch.setattr(dcl, "FLOOR_WARNING_RATE", -1.0)
-    res = train_in_process([
-        "--model", "clip-dcl-tiny", "--dataset-type", "synthetic", "--train-num-samples", "32",
-        "--batch-size", "16", "--epochs", "2", "--precision", "fp32", "--device", "cpu", "--workers", "1",
-        "--lr", "1e-3", "--warmup", "1", "--log-every-n-steps", "1", "--seed", "0", "--report-to", "",
-        "--logs", tmp_path, "--name", "floor", "--loss", "dcl", "--tau-plus", "0.05"])
+    res = train_in_process(
+        [
+            "--model",
+            "clip-dcl-tiny",
+            "--dataset-type",
+            "synthetic",
+            "--train-num-samples",
+            "32",
+            "--batch-size",
+            "16",
+            "--epochs",
+            "2",
+            "--precision",
+            "fp32",
+            "--device",
+            "cpu",
+            "--workers",
+            "1",
+            "--lr",
+            "1e-3",
+            "--warmup",
+            "1",
+            "--log-every-n-steps",
+            "1",
+            "--seed",
+            "0",
+            "--report-to",
+            "",
+            "--logs",
+            tmp_path,
+            "--name",
+            "floor",
+            "--loss",
+            "dcl",
+            "--tau-plus",
+            "0.05",
+        ]
+    )
     assert res.returncode == 0, res.stderr[-5000:]
     log = (tmp_path / "floor" / "out.log").read_text().splitlines()
     warnings = [line for line in log if "of the anchor rows sat at the floor" in line]

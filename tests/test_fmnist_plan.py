@@ -1,13 +1,13 @@
 """benchmarks/fmnist_confirmatory_plan.py: the choices come from the screen's validation scores, the spreads are
 the paired ones (floored at the pooled spread), and the plan it writes is one `clip-dcl study` accepts."""
+
 import math
 import statistics
-import tomllib
 from pathlib import Path
 
-import pytest
-
 import benchmark_script
+import pytest
+import tomllib
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -45,8 +45,14 @@ def test_spreads_are_paired_and_floored_at_the_pooled_one(fp, arms):
     chosen = fp.choose(s, arms)
     rows = {(r["a"], r["b"]): r for r in fp.comparisons(s, arms, chosen)}
     # B = 64's tuned InfoNCE is clip itself: compared once
-    assert set(rows) == {("debiased-b32", "clip-b32"), ("debiased-b32", "tuned-b32"), ("decl-b32", "clip-b32"),
-                         ("decl-b32", "tuned-b32"), ("debiased-b64", "clip-b64"), ("decl-b64", "clip-b64")}
+    assert set(rows) == {
+        ("debiased-b32", "clip-b32"),
+        ("debiased-b32", "tuned-b32"),
+        ("decl-b32", "clip-b32"),
+        ("decl-b32", "tuned-b32"),
+        ("debiased-b64", "clip-b64"),
+        ("decl-b64", "clip-b64"),
+    }
     d = [s[("decl-b32", k)] - s[("infonce-scale10-b32", k)] for k in (1, 2)]
     r = rows[("decl-b32", "tuned-b32")]
     assert r["diffs"] == pytest.approx(d) and r["expected"] == pytest.approx(statistics.mean(d))
@@ -82,7 +88,9 @@ def test_the_written_plan_is_valid_and_carries_the_choices(fp, arms, tmp_path):
     plan = load_plan(path)
     assert not plan.exploratory and plan.metric == "zeroshot/top1" and list(plan.seeds)[0] == 100
     names = sorted(a.name for a in plan.arms)
-    assert names == sorted(["debiased-b32", "decl-b32", "clip-b32", "tuned-b32", "debiased-b64", "decl-b64", "clip-b64"])
+    assert names == sorted(
+        ["debiased-b32", "decl-b32", "clip-b32", "tuned-b32", "debiased-b64", "decl-b64", "clip-b64"]
+    )
     deb = next(a for a in plan.arms if a.name == "debiased-b64")
     assert list(deb.flags) == arms["dcl-top0.1-b32"]
     decl = next(a for a in plan.arms if a.name == "decl-b32")

@@ -1,12 +1,12 @@
 """benchmarks/fscenes_gate.py: the gate's rule read off a work folder of runs written here."""
+
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
-import pytest
-
 import fscenes_gate as gate
+import pytest
 
 PLAN = Path(gate.STUDIES) / "fscenes_gate.toml"
 
@@ -17,18 +17,25 @@ def _work(tmp_path: Path, scores: dict) -> Path:
         for seed, v in zip((1, 2, 3), values):
             folder = tmp_path / "runs" / f"clip-b{b}" / f"seed{seed}"
             folder.mkdir(parents=True)
-            r = {"retrieval/mean_R@1": v / 100, "retrieval/image_to_text_R@1": v / 100,
-                 "retrieval/text_to_image_R@1": v / 100, "zeroshot/top1": 0.3}
+            r = {
+                "retrieval/mean_R@1": v / 100,
+                "retrieval/image_to_text_R@1": v / 100,
+                "retrieval/text_to_image_R@1": v / 100,
+                "zeroshot/top1": 0.3,
+            }
             (folder / "scores-validation.json").write_text(json.dumps(r))
             (folder / "run.json").write_text(json.dumps({"train_seconds": 100.0, "commit": "abc"}))
     return tmp_path
 
 
-@pytest.mark.parametrize("small, large, verdict", [
-    ([20, 21, 22], [25, 26, 27], "pass"),
-    ([20, 21, 22], [22.5, 23, 24], "fail"),  # every seed above, gain under 3 points
-    ([20, 21, 30], [26, 27, 28], "fail"),  # gain over 3 points, one seed of 16 above one of 256
-])
+@pytest.mark.parametrize(
+    "small, large, verdict",
+    [
+        ([20, 21, 22], [25, 26, 27], "pass"),
+        ([20, 21, 22], [22.5, 23, 24], "fail"),  # every seed above, gain under 3 points
+        ([20, 21, 30], [26, 27, 28], "fail"),  # gain over 3 points, one seed of 16 above one of 256
+    ],
+)
 def test_the_rule_needs_the_gain_and_every_seed_above(tmp_path, small, large, verdict):
     g = gate.read_gate(PLAN, _work(tmp_path, {16: small, 32: [22] * 3, 64: [23] * 3, 128: [24] * 3, 256: large}))
     assert g["status"] == "complete" and g["verdict"] == verdict

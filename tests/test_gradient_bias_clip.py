@@ -4,6 +4,7 @@ The decisive check: averaged over *every* partition of a small data set into bat
 of DeCL's decomposed loss with the exact (full-data) rates equals the full-data gradient, while
 InfoNCE's does not; so what the benchmark reports as bias is bias, not a wrong reference.
 """
+
 from __future__ import annotations
 
 import itertools

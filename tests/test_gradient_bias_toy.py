@@ -2,12 +2,11 @@
 
 import json
 
+import benchmark_script
 import numpy as np
 import pytest
 import torch
 from scipy import optimize
-
-import benchmark_script
 
 toy = benchmark_script.load("gradient_bias_toy")
 
@@ -23,8 +22,13 @@ def test_exact_optimum_is_the_numerical_minimiser(reg):
     opt = toy.exact_optimum(reg)
     assert np.abs(toy.objective_grad(opt, reg)).max() < 1e-12
     for start in ([0.0, 0.0], [2.0, 1.0], [-1.5, 2.5]):
-        res = optimize.minimize(_neg_log_f, start, args=(reg,), method="Nelder-Mead",
-                                options={"xatol": 1e-10, "fatol": 1e-15, "maxiter": 20000})
+        res = optimize.minimize(
+            _neg_log_f,
+            start,
+            args=(reg,),
+            method="Nelder-Mead",
+            options={"xatol": 1e-10, "fatol": 1e-15, "maxiter": 20000},
+        )
         np.testing.assert_allclose(res.x, opt, atol=1e-7)
     assert _neg_log_f(opt, reg) == pytest.approx(float(toy.objective(opt, reg)), abs=1e-14)
 
@@ -33,7 +37,7 @@ def test_objective_and_gradient_match_autograd():
     rng = np.random.default_rng(0)
     s = rng.normal(0.0, 2.0, size=(64, 2))
     st = torch.tensor(s, requires_grad=True)
-    j = -torch.log_softmax(st, dim=-1)[:, 0] + 0.1 * (st ** 2).sum(-1)
+    j = -torch.log_softmax(st, dim=-1)[:, 0] + 0.1 * (st**2).sum(-1)
     j.sum().backward()
     np.testing.assert_allclose(toy.objective(s), j.detach().numpy(), rtol=1e-13, atol=1e-13)
     np.testing.assert_allclose(toy.objective_grad(s), st.grad.numpy(), rtol=1e-12, atol=1e-13)
@@ -52,7 +56,7 @@ def test_stochastic_losses_match_autograd(positivity):
     raw = e[:, 0] + e[:, 1] + dt
     c = torch.full_like(raw, floor) if positivity == "denominator" else e[:, 0] + floor
     den = torch.where(raw > c, raw, c)
-    reg_t = reg * (st ** 2).sum(-1)
+    reg_t = reg * (st**2).sum(-1)
     sgd = den.log() - st[:, 0] + reg_t
     decl = ut * den - st[:, 0] + reg_t
     (g_sgd,) = torch.autograd.grad(sgd.sum(), st, retain_graph=True)
@@ -100,8 +104,11 @@ def test_rate_is_a_moving_average_of_the_noisy_denominators_read_after_update():
             rate = den if rate is None else (1 - gamma) * rate + gamma * den
             assert res["rate"][t, k] == pytest.approx(rate, rel=1e-13)
             u = eps[t, k] / rate
-            step = np.array([u * e[0] - 1.0, u * e[1]]) + 0.2 * traj[t, k] if e.sum() + deltas[t, k] > 1e-2 \
+            step = (
+                np.array([u * e[0] - 1.0, u * e[1]]) + 0.2 * traj[t, k]
+                if e.sum() + deltas[t, k] > 1e-2
                 else np.array([-1.0, 0.0]) + 0.2 * traj[t, k]
+            )
             np.testing.assert_allclose(traj[t + 1, k], traj[t, k] - 0.1 * step, rtol=1e-12, atol=1e-12)
 
 
@@ -121,7 +128,7 @@ def test_expected_update_matches_monte_carlo(method, positivity):
         m_den, m_grad = den.mean(), dden.mean(axis=0)
         se_den, se_grad = den.std() / np.sqrt(delta.size), dden.std(axis=0) / np.sqrt(delta.size)
         mc = m_grad / m_den - np.array([1.0, 0.0]) + 0.2 * s
-        se = np.hypot(se_grad / m_den, m_grad * se_den / m_den ** 2)  # delta method for the ratio
+        se = np.hypot(se_grad / m_den, m_grad * se_den / m_den**2)  # delta method for the ratio
     assert np.all(np.abs(mc - expected) < 5 * se + 1e-9)
 
 
@@ -130,13 +137,19 @@ def test_expected_update_matches_monte_carlo(method, positivity):
 def test_expected_update_is_the_gradient_of_the_potential(method, positivity):
     s, h = np.array([0.5, -1.2]), 1e-5
     for v in (0.0, 0.3):
-        fd = [(toy.potential(method, s + h * e, v, positivity=positivity)
-               - toy.potential(method, s - h * e, v, positivity=positivity)) / (2 * h) for e in np.eye(2)]
-        np.testing.assert_allclose(fd, toy.expected_update_direction(method, s, v, positivity=positivity),
-                                   atol=1e-7)
+        fd = [
+            (
+                toy.potential(method, s + h * e, v, positivity=positivity)
+                - toy.potential(method, s - h * e, v, positivity=positivity)
+            )
+            / (2 * h)
+            for e in np.eye(2)
+        ]
+        np.testing.assert_allclose(fd, toy.expected_update_direction(method, s, v, positivity=positivity), atol=1e-7)
     # The grid scan's trapezoid rule agrees with the adaptive quadrature.
     assert toy.potential("sgd", s, 0.3, positivity=positivity, nodes=1201) == pytest.approx(
-        toy.potential("sgd", s, 0.3, positivity=positivity), abs=1e-5)
+        toy.potential("sgd", s, 0.3, positivity=positivity), abs=1e-5
+    )
 
 
 def test_predicted_fixed_points():
@@ -168,8 +181,24 @@ def test_bad_input_is_rejected():
 
 
 def test_main_writes_the_report(tmp_path, capsys):
-    assert toy.main(["--seeds", "2", "--steps", "20", "--variances", "0.2", "--step-check", "0",
-                     "--floor-check", "--out-dir", str(tmp_path)]) == 0
+    assert (
+        toy.main(
+            [
+                "--seeds",
+                "2",
+                "--steps",
+                "20",
+                "--variances",
+                "0.2",
+                "--step-check",
+                "0",
+                "--floor-check",
+                "--out-dir",
+                str(tmp_path),
+            ]
+        )
+        == 0
+    )
     data = json.loads((tmp_path / "gradient_bias_toy.json").read_text())
     assert len(data["runs"]["denominator"]["0.2"]["sgd"]["dist_final"]) == 2
     report = (tmp_path / "gradient_bias_toy.md").read_text()

@@ -1,5 +1,6 @@
 """The training flags' help and the loss summaries state what a flag does, never what a study found: the
 findings live in the README's "What the studies found", which the help points to."""
+
 from __future__ import annotations
 
 import re

@@ -3,6 +3,7 @@
 The recipe's training flags are fed to clip-dcl's own flag parser, so a recipe that OpenCLIP or
 clip-dcl would reject fails here rather than on a cluster.
 """
+
 from __future__ import annotations
 
 import os
@@ -18,17 +19,21 @@ SCRIPTS = sorted(p for p in LAUNCH.iterdir() if p.suffix in (".sh", ".sbatch"))
 
 
 def dry_run(script, *args, **env):
-    full_env = {k: v for k, v in os.environ.items()
-                if k not in ("NPROC", "NNODES", "RDZV_HOST", "LOSS", "CC3M_TRAIN", "TRAIN_DATA", "SLURM_JOB_NODELIST")}
+    full_env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("NPROC", "NNODES", "RDZV_HOST", "LOSS", "CC3M_TRAIN", "TRAIN_DATA", "SLURM_JOB_NODELIST")
+    }
     full_env.update(DRY_RUN="1", PYTHON="python", **env)
-    return subprocess.run(["bash", str(LAUNCH / script), *args], capture_output=True, text=True, env=full_env,
-                          timeout=30)
+    return subprocess.run(
+        ["bash", str(LAUNCH / script), *args], capture_output=True, text=True, env=full_env, timeout=30
+    )
 
 
 def training_args(command_line: str):
     """The words after ``-m clip_dcl.train`` (and torchrun's ``--``)."""
     words = shlex.split(command_line.strip().splitlines()[-1])
-    rest = words[words.index("clip_dcl.train") + 1:]
+    rest = words[words.index("clip_dcl.train") + 1 :]
     return rest[1:] if rest[:1] == ["--"] else rest
 
 
@@ -44,8 +49,11 @@ def test_bash_syntax_and_documented_variables(script):
     assert "Variables (environment, default in brackets):" in text
     # every ${VAR:-default} / ${VAR-default} / ${VAR:?} the script reads is documented in its header
     header = text.split("set -euo pipefail")[0]
-    used = set(re.findall(r"\$\{([A-Z][A-Z0-9_]*)[:}-]", text)) - {"SLURM_JOB_NODELIST", "SLURM_SUBMIT_DIR",
-                                                                    "BASH_SOURCE"}
+    used = set(re.findall(r"\$\{([A-Z][A-Z0-9_]*)[:}-]", text)) - {
+        "SLURM_JOB_NODELIST",
+        "SLURM_SUBMIT_DIR",
+        "BASH_SOURCE",
+    }
     for var in used:
         assert re.search(rf"#\s+{var}\b", header) or f"{var}=" in header, (script.name, var)
 
@@ -57,17 +65,21 @@ def test_single_node_runs_torchrun_with_the_separator():
     assert words[:4] == ["python", "-m", "clip_dcl.train.torchrun", "--standalone"]  # torchrun, its exit codes ours
     assert words[words.index("--nproc_per_node") + 1] == "4"
     # the `--` keeps torchrun from reading OpenCLIP's --logs as its own --logs-specs
-    assert words[words.index("clip_dcl.train") + 1:] == ["--", "--logs", "/tmp/x", "--loss", "dcl"]
+    assert words[words.index("clip_dcl.train") + 1 :] == ["--", "--logs", "/tmp/x", "--loss", "dcl"]
 
 
 def test_multi_node_needs_a_rendezvous_host_and_passes_it():
     assert dry_run("train_multi_node.sh", "--loss", "clip").returncode == 2
-    out = dry_run("train_multi_node.sh", "--loss", "clip", RDZV_HOST="node001", NNODES="3", NPROC="8",
-                  RDZV_ID="job7")
+    out = dry_run("train_multi_node.sh", "--loss", "clip", RDZV_HOST="node001", NNODES="3", NPROC="8", RDZV_ID="job7")
     assert out.returncode == 0, out.stderr
     words = shlex.split(out.stdout)
-    for flag, value in (("--nnodes", "3"), ("--nproc_per_node", "8"), ("--rdzv_backend", "c10d"),
-                        ("--rdzv_endpoint", "node001:29400"), ("--rdzv_id", "job7")):
+    for flag, value in (
+        ("--nnodes", "3"),
+        ("--nproc_per_node", "8"),
+        ("--rdzv_backend", "c10d"),
+        ("--rdzv_endpoint", "node001:29400"),
+        ("--rdzv_id", "job7"),
+    ):
         assert words[words.index(flag) + 1] == value
     assert training_args(out.stdout) == ["--loss", "clip"]
 
@@ -87,8 +99,9 @@ def test_cc3m_recipe_is_the_papers_openclip_run_and_parses(loss, launcher):
 
     from clip_dcl.train.flags import parse_train_args
 
-    out = dry_run("cc3m_rn50x4.sh", "--workers", "4", LOSS=loss, CC3M_TRAIN="/data/cc3m", LAUNCHER=launcher,
-                  RDZV_HOST="node001")
+    out = dry_run(
+        "cc3m_rn50x4.sh", "--workers", "4", LOSS=loss, CC3M_TRAIN="/data/cc3m", LAUNCHER=launcher, RDZV_HOST="node001"
+    )
     assert out.returncode == 0, out.stderr
     cfg = parse_train_args(training_args(out.stdout), check_files=False)  # clip-dcl's validation, no files touched
     assert cfg.loss == loss

@@ -1,4 +1,5 @@
 """benchmarks/loss_speed.py: the report it writes and the flags it refuses (timings themselves are not tested)."""
+
 from __future__ import annotations
 
 import json
@@ -20,8 +21,23 @@ def _restore_precision():
 
 @pytest.mark.slow  # a child process per loss for its peak memory
 def test_a_bf16_autocast_run_reports_every_loss_against_clip_on_the_devices_asked(tmp_path):
-    assert loss_speed.main(["--devices", "cpu", "--batches", "64", "--rounds", "1", "--precision", "amp_bf16",
-                            "--output", str(tmp_path / "ls.md")]) == 0
+    assert (
+        loss_speed.main(
+            [
+                "--devices",
+                "cpu",
+                "--batches",
+                "64",
+                "--rounds",
+                "1",
+                "--precision",
+                "amp_bf16",
+                "--output",
+                str(tmp_path / "ls.md"),
+            ]
+        )
+        == 0
+    )
     doc = json.loads((tmp_path / "ls.json").read_text())
     assert doc["precision"] == "amp_bf16" and doc["devices"] == ["cpu"]
     assert [r["loss"] for r in doc["rows"]] == list(loss_speed.LOSSES) and {r["G"] for r in doc["rows"]} == {64}

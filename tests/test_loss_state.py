@@ -4,6 +4,7 @@ The losses here are built for a rank of a world without a process group (buildin
 collective); the collectives themselves run in test_losses_distributed.py and
 test_train_distributed.py.
 """
+
 from __future__ import annotations
 
 import os
@@ -50,8 +51,10 @@ def test_shards_partition_the_ids(world):
 def test_reshard_between_world_sizes_is_exact(src_world, dst_world):
     table = full_table()
     loaded = []
-    sources = [(r, src_world, (lambda r=r: loaded.append(r) or shard_of(table, r, src_world).clone()))
-               for r in range(src_world)]
+    sources = [
+        (r, src_world, (lambda r=r: loaded.append(r) or shard_of(table, r, src_world).clone()))
+        for r in range(src_world)
+    ]
     for rank in range(dst_world):
         loaded.clear()
         out = torch.empty(2, shard_size(N, rank, dst_world))
@@ -75,7 +78,7 @@ def test_digest_sums_of_shards_add_up_to_the_whole(dtype):
     whole = table_sums(table, N)
     for world in (2, 3, 7):
         parts = sum(table_sums(shard_of(table, r, world).contiguous(), N, r, world) for r in range(world))
-        assert torch.equal(torch.remainder(parts, 2 ** 31 - 1), whole)
+        assert torch.equal(torch.remainder(parts, 2**31 - 1), whole)
 
 
 def test_digest_changes_with_any_entry_or_position():
@@ -118,9 +121,14 @@ def test_sixteen_bit_state_stores_in_sixteen_bits():
 
 
 def args_for(tmp_path, epochs=3, save_frequency=1, **kw):
-    return Namespace(logs=str(tmp_path), checkpoint_path=str(tmp_path / "checkpoints"), epochs=epochs,
-                     save_frequency=save_frequency, save_most_recent=kw.get("save_most_recent", False),
-                     delete_previous_checkpoint=kw.get("delete_previous_checkpoint", False))
+    return Namespace(
+        logs=str(tmp_path),
+        checkpoint_path=str(tmp_path / "checkpoints"),
+        epochs=epochs,
+        save_frequency=save_frequency,
+        save_most_recent=kw.get("save_most_recent", False),
+        delete_previous_checkpoint=kw.get("delete_previous_checkpoint", False),
+    )
 
 
 def write_run(tmp_path, table, world, epoch, **kw):
@@ -133,8 +141,14 @@ def write_run(tmp_path, table, world, epoch, **kw):
         loss.calls.fill_(7)
         folder = loss_state.write_shards(loss, args, epoch)
     ckpt = Path(args.checkpoint_path) / f"epoch_{epoch}.pt"
-    torch.save({"epoch": epoch, "loss_state": saving.small_state(loss),
-                "clip_dcl": {saving.SHARD_INDEX_KEY: saving.shard_index(loss, folder, args.checkpoint_path)}}, ckpt)
+    torch.save(
+        {
+            "epoch": epoch,
+            "loss_state": saving.small_state(loss),
+            "clip_dcl": {saving.SHARD_INDEX_KEY: saving.shard_index(loss, folder, args.checkpoint_path)},
+        },
+        ckpt,
+    )
     return ckpt
 
 
@@ -151,8 +165,9 @@ def test_checkpoint_shards_resume_on_any_world_size(tmp_path, new_world, state):
     assert torch.equal(whole["log_rate"].nan_to_num(-9), table.nan_to_num(-9))
     for rank in range(new_world):
         loss = sharded_loss(rank, new_world, state=state)
-        restored = loss_state.restore_sharded(loss, saved["loss_state"], saved["clip_dcl"][saving.SHARD_INDEX_KEY],
-                                              str(ckpt))
+        restored = loss_state.restore_sharded(
+            loss, saved["loss_state"], saved["clip_dcl"][saving.SHARD_INDEX_KEY], str(ckpt)
+        )
         loss.load_state_dict(restored)
         want = shard_of(table, rank, new_world) if loss.sharded else table
         assert torch.equal(loss.log_rate.nan_to_num(-9), want.nan_to_num(-9)) and int(loss.calls) == 7
@@ -184,19 +199,27 @@ def test_shards_of_epochs_without_a_kept_checkpoint_are_pruned(tmp_path):
 @pytest.mark.slow
 def test_flag_validation_does_not_allocate_the_buffer(tmp_path):
     """400M samples would be a 3.2 GB buffer: validating the flags must not build it."""
-    code = ("import resource, sys\n"
-            "from clip_dcl.train import main\n"
-            "from clip_dcl.train.flags import parse_train_args\n"
-            "cfg = parse_train_args(['--loss', 'decl', '--decl-num-samples', '400000000', '--val-data', 'x.tar'], check_files=False)\n"
-            "assert cfg.loss_kwargs['num_samples'] == 400000000\n"
-            "rc = main(['--loss', 'decl', '--decl-num-samples', '400000000'])\n"
-            "print('rss_kb', resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)\n"
-            "sys.exit(rc)\n")
+    code = (
+        "import resource, sys\n"
+        "from clip_dcl.train import main\n"
+        "from clip_dcl.train.flags import parse_train_args\n"
+        "cfg = parse_train_args(['--loss', 'decl', '--decl-num-samples', '400000000', '--val-data', 'x.tar'], "
+        "check_files=False)\n"
+        "assert cfg.loss_kwargs['num_samples'] == 400000000\n"
+        "rc = main(['--loss', 'decl', '--decl-num-samples', '400000000'])\n"
+        "print('rss_kb', resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)\n"
+        "sys.exit(rc)\n"
+    )
     # a fresh interpreter: its peak resident memory is the measurement
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
-                         env={**os.environ, "CUDA_VISIBLE_DEVICES": ""})
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "CUDA_VISIBLE_DEVICES": ""},
+    )
     assert out.returncode == 2, out.stderr[-2000:]
     assert "nothing to train or evaluate: give --train-data" in out.stderr
-    rss_gb = int(out.stdout.split("rss_kb")[1]) / 2 ** 20
+    rss_gb = int(out.stdout.split("rss_kb")[1]) / 2**20
     # the buffer alone would add 3.2 GB to the interpreter's own (torch, OpenCLIP: about 1.5 GB)
     assert rss_gb < 2.5, f"peak resident memory {rss_gb:.2f} GB"

@@ -1,15 +1,16 @@
 """The losses against slow float64 re-computations, single process."""
+
 from __future__ import annotations
 
 import math
 
+import loss_reference as ref
 import pytest
 import torch
 import torch.nn.functional as F
 from open_clip.loss import ClipLoss
 
-import loss_reference as ref
-from clip_dcl.losses import LOSSES, DeCLLoss, DebiasedClipLoss, create_loss
+from clip_dcl.losses import LOSSES, DebiasedClipLoss, DeCLLoss, create_loss
 
 SCALES = [1.0, 14.3, 100.0]
 #: two float32 computations of one value by different kernels (an AVX-512 sum against an AVX2 one) differ by
@@ -25,8 +26,7 @@ def features(n, d=16, seed=0, dtype=torch.float64, align=0.0):
 
 
 def leaves(f, g, s):
-    return (f.clone().requires_grad_(), g.clone().requires_grad_(),
-            torch.tensor(s, dtype=f.dtype, requires_grad=True))
+    return (f.clone().requires_grad_(), g.clone().requires_grad_(), torch.tensor(s, dtype=f.dtype, requires_grad=True))
 
 
 def grads(loss, tensors):
@@ -51,27 +51,30 @@ def test_registry_names_and_factory():
         create_loss("nope")
 
 
-@pytest.mark.parametrize("kwargs, pattern", [
-    (dict(name="dcl", tau_plus=1.0), "tau_plus=1.0"),
-    (dict(name="dcl", tau_plus=-0.1), "tau_plus=-0.1"),
-    (dict(name="dcl", clamp="soft"), "clamp='soft'"),
-    (dict(name="decl", rate="momentum"), "rate='momentum'"),
-    (dict(name="decl", rate="batch", schedule="cosine"), "schedule='cosine'"),
-    (dict(name="decl", rate="index"), "num_samples"),
-    (dict(name="decl", rate="index", num_samples=0), "num_samples=0"),
-    (dict(name="decl", rate="batch", schedule="constant", lam=1.5), "lam=1.5"),
-    (dict(name="decl", rate="batch", schedule="harmonic", lam=0.0), "lam=0.0"),
-    (dict(name="decl", rate="batch", gamma=0.0), "gamma=0.0"),
-    (dict(name="decl", rate="batch", gamma_schedule="cosine", gamma_decay_steps=5), "rate='batch' has no gamma"),
-    (dict(name="decl", rate="queue", gamma_schedule="cosine", gamma_decay_steps=5), "rate='queue' has no gamma"),
-    (dict(name="decl", rate="index", num_samples=4, gamma_schedule="cosine"), "gamma_decay_steps=None"),
-    (dict(name="decl", rate="index", num_samples=4, gamma_schedule="linear"), "gamma_schedule='linear'"),
-    (dict(name="decl", rate="index", num_samples=4, first_visit="zero"), "first_visit='zero'"),
-    (dict(name="decl", rate="batch", include_current=True), "include_current=True"),
-    (dict(name="decl", rate="queue", queue_size=0), "queue_size=0"),
-    (dict(name="decl", rate="batch", accum_freq=0), "accum_freq=0"),
-    (dict(name="dcl", rank=2, world_size=2), "rank=2"),
-])
+@pytest.mark.parametrize(
+    "kwargs, pattern",
+    [
+        (dict(name="dcl", tau_plus=1.0), "tau_plus=1.0"),
+        (dict(name="dcl", tau_plus=-0.1), "tau_plus=-0.1"),
+        (dict(name="dcl", clamp="soft"), "clamp='soft'"),
+        (dict(name="decl", rate="momentum"), "rate='momentum'"),
+        (dict(name="decl", rate="batch", schedule="cosine"), "schedule='cosine'"),
+        (dict(name="decl", rate="index"), "num_samples"),
+        (dict(name="decl", rate="index", num_samples=0), "num_samples=0"),
+        (dict(name="decl", rate="batch", schedule="constant", lam=1.5), "lam=1.5"),
+        (dict(name="decl", rate="batch", schedule="harmonic", lam=0.0), "lam=0.0"),
+        (dict(name="decl", rate="batch", gamma=0.0), "gamma=0.0"),
+        (dict(name="decl", rate="batch", gamma_schedule="cosine", gamma_decay_steps=5), "rate='batch' has no gamma"),
+        (dict(name="decl", rate="queue", gamma_schedule="cosine", gamma_decay_steps=5), "rate='queue' has no gamma"),
+        (dict(name="decl", rate="index", num_samples=4, gamma_schedule="cosine"), "gamma_decay_steps=None"),
+        (dict(name="decl", rate="index", num_samples=4, gamma_schedule="linear"), "gamma_schedule='linear'"),
+        (dict(name="decl", rate="index", num_samples=4, first_visit="zero"), "first_visit='zero'"),
+        (dict(name="decl", rate="batch", include_current=True), "include_current=True"),
+        (dict(name="decl", rate="queue", queue_size=0), "queue_size=0"),
+        (dict(name="decl", rate="batch", accum_freq=0), "accum_freq=0"),
+        (dict(name="dcl", rank=2, world_size=2), "rank=2"),
+    ],
+)
 def test_bad_arguments_name_the_value(kwargs, pattern):
     kwargs = dict(kwargs)
     with pytest.raises(ValueError, match=pattern.replace("(", r"\(").replace(")", r"\)")):
@@ -156,8 +159,9 @@ def test_dcl_tau_zero_is_infonce(s, kwargs):
 
 def test_dcl_differs_from_infonce_when_tau_positive():
     f, g = features(9, seed=11)
-    assert not torch.isclose(create_loss("dcl", tau_plus=0.1)(f, g, torch.tensor(10.0)),
-                             ClipLoss()(f, g, torch.tensor(10.0)))
+    assert not torch.isclose(
+        create_loss("dcl", tau_plus=0.1)(f, g, torch.tensor(10.0)), ClipLoss()(f, g, torch.tensor(10.0))
+    )
 
 
 @pytest.mark.parametrize("n", [3, 8])
@@ -166,8 +170,15 @@ def test_dcl_differs_from_infonce_when_tau_positive():
 def test_decl_batch_rate_matches_reference(n, s, lam):
     f, g = features(n, seed=n + 1)
     a, b = leaves(f, g, s), leaves(f, g, s)
-    loss_fn = create_loss("decl", estimate="absolute",
-                          temperature_mode="learned", rate="batch", schedule="constant", lam=lam, sample_u=False)
+    loss_fn = create_loss(
+        "decl",
+        estimate="absolute",
+        temperature_mode="learned",
+        rate="batch",
+        schedule="constant",
+        lam=lam,
+        sample_u=False,
+    )
     out = loss_fn(*a, output_dict=True)
     assert set(out) == {"decl_loss"}
     rates = ref.batch_mean_negative_score(*b)
@@ -192,27 +203,52 @@ def test_decl_lambda_zero_is_infonce(s):
         assert_close_all(grads(got, a), grads(expected, b), rtol=1e-10, atol=1e-12)
 
 
-@pytest.mark.parametrize("first_visit, include_current, gamma_schedule, drift", [
-    ("batch", False, "constant", True), ("mean", False, "constant", True), ("batch", True, "constant", True),
-    ("mean", False, "cosine", True), ("batch", False, "constant", False), ("batch", True, "constant", False),
-])
+@pytest.mark.parametrize(
+    "first_visit, include_current, gamma_schedule, drift",
+    [
+        ("batch", False, "constant", True),
+        ("mean", False, "constant", True),
+        ("batch", True, "constant", True),
+        ("mean", False, "cosine", True),
+        ("batch", False, "constant", False),
+        ("batch", True, "constant", False),
+    ],
+)
 def test_decl_index_buffer_follows_moving_average_over_steps(first_visit, include_current, gamma_schedule, drift):
     gamma, s, n, decay = 0.3, 20.0, 6, 3
-    loss_fn = create_loss("decl", estimate="absolute",
-                          temperature_mode="learned", rate="index", num_samples=10, gamma=gamma, schedule="decl", sample_u=False,
-                          first_visit=first_visit, include_current=include_current, gamma_schedule=gamma_schedule,
-                          gamma_decay_steps=decay if gamma_schedule == "cosine" else None, drift_correction=drift)
+    loss_fn = create_loss(
+        "decl",
+        estimate="absolute",
+        temperature_mode="learned",
+        rate="index",
+        num_samples=10,
+        gamma=gamma,
+        schedule="decl",
+        sample_u=False,
+        first_visit=first_visit,
+        include_current=include_current,
+        gamma_schedule=gamma_schedule,
+        gamma_decay_steps=decay if gamma_schedule == "cosine" else None,
+        drift_correction=drift,
+    )
     tracker = ref.IndexRates(gamma, first_visit=first_visit, include_current=include_current, drift=drift)
-    id_batches = [torch.tensor([0, 1, 2, 3, 4, 5]), torch.tensor([6, 7, 2, 3, 8, 9]),
-                  torch.tensor([1, 1, 4, 9, 0, 7]), torch.tensor([5, 6, 8, 2, 3, 1])]
+    id_batches = [
+        torch.tensor([0, 1, 2, 3, 4, 5]),
+        torch.tensor([6, 7, 2, 3, 8, 9]),
+        torch.tensor([1, 1, 4, 9, 0, 7]),
+        torch.tensor([5, 6, 8, 2, 3, 1]),
+    ]
     # revisits, first visits after the first step, and a repeated id inside one batch
     for step, ids in enumerate(id_batches):
         f, g = features(n, seed=100 + step)
         a, b = leaves(f, g, s), leaves(f, g, s)
         got = loss_fn(*a, sample_ids=ids)
         # cosine: gamma_t = gamma + (1 - gamma) (1 + cos(pi min(1, (t - 1) / T))) / 2, t = step + 1
-        g_t = gamma if gamma_schedule == "constant" else \
-            gamma + (1 - gamma) * (1 + math.cos(math.pi * min(1.0, step / decay))) / 2
+        g_t = (
+            gamma
+            if gamma_schedule == "constant"
+            else gamma + (1 - gamma) * (1 + math.cos(math.pi * min(1.0, step / decay))) / 2
+        )
         assert float(loss_fn.metrics["gamma_t"]) == pytest.approx(g_t)
         rates = tracker.visit(ids, ref.batch_mean_negative_score(*b), gamma=g_t)
         expected, _, _ = ref.decl(*b, rates, torch.ones_like(rates), 1.0)
@@ -221,8 +257,7 @@ def test_decl_index_buffer_follows_moving_average_over_steps(first_visit, includ
         assert_close_all(grads(got, a), grads(expected, b), rtol=1e-4, atol=1e-6)
     for d in range(2):
         for sid in range(10):
-            torch.testing.assert_close(float(loss_fn.log_rate[d, sid]), tracker.log_rate(d, sid),
-                                       rtol=1e-5, atol=1e-5)
+            torch.testing.assert_close(float(loss_fn.log_rate[d, sid]), tracker.log_rate(d, sid), rtol=1e-5, atol=1e-5)
     assert int(loss_fn.calls) == 4
 
 
@@ -231,9 +266,17 @@ def test_decl_index_second_call_reads_the_rate_stored_by_the_first():
     first call, not one that includes the second call's own batch."""
     n, s = 8, 15.0
     ids = torch.tensor([4, 0, 7, 2, 9, 5, 1, 3])
-    loss_fn = create_loss("decl", estimate="absolute",
-                          temperature_mode="learned", rate="index", num_samples=10, gamma=0.9, schedule="decl",
-                          sample_u=False, include_current=False)
+    loss_fn = create_loss(
+        "decl",
+        estimate="absolute",
+        temperature_mode="learned",
+        rate="index",
+        num_samples=10,
+        gamma=0.9,
+        schedule="decl",
+        sample_u=False,
+        include_current=False,
+    )
     f1, g1 = features(n, seed=1)
     loss_fn(f1, g1, torch.tensor(s), sample_ids=ids)
     # float32 in the buffer; stored relative to the step's mean estimate, which is the next step's level
@@ -266,8 +309,7 @@ def test_decl_update_then_read_is_the_batch_rate_on_first_visits_and_read_then_u
     kw = dict(schedule="decl", sample_u=True, seed=5)
     coupled = create_loss("decl", temperature_mode="learned", rate="index", num_samples=12, **kw)
     assert coupled.include_current
-    default = create_loss("decl", temperature_mode="learned", rate="index", num_samples=12, include_current=False,
-                          **kw)
+    default = create_loss("decl", temperature_mode="learned", rate="index", num_samples=12, include_current=False, **kw)
     batch = create_loss("decl", temperature_mode="learned", rate="batch", **kw)
     for step, ids in enumerate([torch.arange(6), torch.arange(6, 12), torch.arange(6)]):
         f, g = features(n, seed=40 + step, dtype=torch.float32)
@@ -281,9 +323,17 @@ def test_decl_update_then_read_is_the_batch_rate_on_first_visits_and_read_then_u
 
 def test_decl_first_visit_mean_reads_the_previous_steps_mean_estimate():
     n, s = 6, 12.0
-    loss_fn = create_loss("decl", estimate="absolute",
-                          temperature_mode="learned", rate="index", num_samples=20, first_visit="mean",
-                          schedule="decl", sample_u=False, include_current=False)
+    loss_fn = create_loss(
+        "decl",
+        estimate="absolute",
+        temperature_mode="learned",
+        rate="index",
+        num_samples=20,
+        first_visit="mean",
+        schedule="decl",
+        sample_u=False,
+        include_current=False,
+    )
     f, g = features(n, seed=7)
     loss_fn(f, g, torch.tensor(s), sample_ids=torch.arange(6))
     assert float(loss_fn.metrics["first_visit_rate"]) == 1.0
@@ -298,8 +348,15 @@ def test_decl_first_visit_mean_reads_the_previous_steps_mean_estimate():
 
 
 def test_cosine_gamma_schedule_goes_from_one_to_gamma():
-    loss_fn = create_loss("decl", temperature_mode="learned", rate="index", num_samples=4, gamma=0.2, gamma_schedule="cosine",
-                          gamma_decay_steps=10)
+    loss_fn = create_loss(
+        "decl",
+        temperature_mode="learned",
+        rate="index",
+        num_samples=4,
+        gamma=0.2,
+        gamma_schedule="cosine",
+        gamma_decay_steps=10,
+    )
     assert loss_fn.gamma_at(1) == 1.0
     assert loss_fn.gamma_at(6) == pytest.approx(0.6)  # half way: (1 + 0.2) / 2
     assert loss_fn.gamma_at(11) == pytest.approx(0.2) and loss_fn.gamma_at(500) == pytest.approx(0.2)
@@ -329,8 +386,16 @@ def test_old_checkpoint_without_prev_log_rate_loads():
 def test_decl_queue_rate_matches_reference(include_current, estimate):
     """Also the anchor-relative estimate: every score divided by the anchor's positive exp(l_ii)."""
     s, n, q = 12.0, 5, 7
-    loss_fn = create_loss("decl", temperature_mode="learned", rate="queue", queue_size=q, schedule="decl", sample_u=False,
-                          include_current=include_current, estimate=estimate)
+    loss_fn = create_loss(
+        "decl",
+        temperature_mode="learned",
+        rate="queue",
+        queue_size=q,
+        schedule="decl",
+        sample_u=False,
+        include_current=include_current,
+        estimate=estimate,
+    )
     relative = estimate == "relative"
     history_img, history_txt = [], []
     for step in range(3):
@@ -362,8 +427,9 @@ def test_decl_queue_rate_matches_reference(include_current, estimate):
 def test_decl_sampled_u_is_exponential_per_anchor():
     # With rate="batch" the exponent is 0, so loss1 + mean(l_ii) is the mean of the eps draws.
     n, steps = 64, 60
-    loss_fn = create_loss("decl", estimate="absolute",
-                          temperature_mode="learned", rate="batch", schedule="decl", sample_u=True, seed=3)
+    loss_fn = create_loss(
+        "decl", estimate="absolute", temperature_mode="learned", rate="batch", schedule="decl", sample_u=True, seed=3
+    )
     means = []
     for step in range(steps):
         f, g = features(n, seed=step)
@@ -375,8 +441,9 @@ def test_decl_sampled_u_is_exponential_per_anchor():
     assert abs(float(means.mean()) - 1.0) < 4 / math.sqrt(2 * n * steps)
     assert float(means.std()) == pytest.approx(1 / math.sqrt(2 * n), rel=0.35)
     # fixed seed: the same draws again
-    again = create_loss("decl", estimate="absolute",
-                        temperature_mode="learned", rate="batch", schedule="decl", sample_u=True, seed=3)
+    again = create_loss(
+        "decl", estimate="absolute", temperature_mode="learned", rate="batch", schedule="decl", sample_u=True, seed=3
+    )
     f, g = features(n, seed=0)
     again(f, g, torch.tensor(10.0))
     assert float(again.metrics["loss1"] + (10.0 * (f * g).sum(-1)).mean()) == pytest.approx(float(means[0]))
@@ -396,7 +463,9 @@ def test_schedules_count_optimizer_steps():
     }
     for schedule, values in expect.items():
         lam = 2.0 if schedule == "harmonic" else 0.25
-        loss_fn = create_loss("decl", temperature_mode="learned", rate="batch", schedule=schedule, lam=lam, accum_freq=2)
+        loss_fn = create_loss(
+            "decl", temperature_mode="learned", rate="batch", schedule=schedule, lam=lam, accum_freq=2
+        )
         seen = []
         for _ in range(5):  # two calls per optimizer step
             loss_fn(f, g, torch.tensor(5.0))
@@ -422,7 +491,9 @@ def test_accumulation_matches_one_big_step(rate):
     n, micro, s = 8, 2, 15.0
     kw = {"num_samples": 20} if rate == "index" else {"queue_size": 16} if rate == "queue" else {}
     big = create_loss("decl", temperature_mode="learned", rate=rate, schedule="decl", sample_u=True, seed=1, **kw)
-    acc = create_loss("decl", temperature_mode="learned", rate=rate, schedule="decl", sample_u=True, seed=1, accum_freq=micro, **kw)
+    acc = create_loss(
+        "decl", temperature_mode="learned", rate=rate, schedule="decl", sample_u=True, seed=1, accum_freq=micro, **kw
+    )
     ids = torch.tensor([3, 9, 1, 14, 7, 0, 12, 5])
     for step in range(3):
         f, g = features(n, seed=300 + step)
@@ -431,10 +502,10 @@ def test_accumulation_matches_one_big_step(rate):
         fb, gb, sb = leaves(f, g, s)
         size = n // micro
         for j in range(micro):
-            blocks_f = [f[k * size:(k + 1) * size] for k in range(micro)]
-            blocks_g = [g[k * size:(k + 1) * size] for k in range(micro)]
-            blocks_f[j] = fb[j * size:(j + 1) * size]
-            blocks_g[j] = gb[j * size:(j + 1) * size]
+            blocks_f = [f[k * size : (k + 1) * size] for k in range(micro)]
+            blocks_g = [g[k * size : (k + 1) * size] for k in range(micro)]
+            blocks_f[j] = fb[j * size : (j + 1) * size]
+            blocks_g[j] = gb[j * size : (j + 1) * size]
             acc(torch.cat(blocks_f), torch.cat(blocks_g), sb, sample_ids=ids).backward()
         torch.testing.assert_close(fb.grad, fa.grad)
         torch.testing.assert_close(gb.grad, ga.grad)
@@ -471,14 +542,17 @@ def test_state_dict_round_trip_continues_exactly(rate):
         assert torch.equal(torch.nan_to_num(x), torch.nan_to_num(y)), name
 
 
-@pytest.mark.parametrize("name, kwargs", [
-    ("clip", {}),
-    ("dcl", {"tau_plus": 0.1}),
-    ("dcl", {"tau_plus": 0.1, "clamp": "biased"}),
-    ("decl", {"rate": "index", "num_samples": 64}),
-    ("decl", {"rate": "queue", "queue_size": 64}),
-    ("decl", {"rate": "batch", "schedule": "harmonic"}),
-])
+@pytest.mark.parametrize(
+    "name, kwargs",
+    [
+        ("clip", {}),
+        ("dcl", {"tau_plus": 0.1}),
+        ("dcl", {"tau_plus": 0.1, "clamp": "biased"}),
+        ("decl", {"rate": "index", "num_samples": 64}),
+        ("decl", {"rate": "queue", "queue_size": 64}),
+        ("decl", {"rate": "batch", "schedule": "harmonic"}),
+    ],
+)
 @pytest.mark.parametrize("align", [0.0, 4.0])
 def test_bf16_autocast_at_max_scale_is_finite(name, kwargs, align):
     logit_scale_param = torch.tensor(math.log(100.0), requires_grad=True)
@@ -514,11 +588,14 @@ def _saved_square_tensors(loss_fn, n):
     return len(storages)
 
 
-@pytest.mark.parametrize("name, kwargs", [
-    ("dcl", {"tau_plus": 0.1}),
-    ("decl", {"rate": "index", "num_samples": 64}),
-    ("decl", {"rate": "queue", "queue_size": 16}),
-])
+@pytest.mark.parametrize(
+    "name, kwargs",
+    [
+        ("dcl", {"tau_plus": 0.1}),
+        ("decl", {"rate": "index", "num_samples": 64}),
+        ("decl", {"rate": "queue", "queue_size": 16}),
+    ],
+)
 def test_autograd_keeps_one_logits_matrix(name, kwargs):
     """Beyond the logits matrix, the losses keep only O(batch) tensors for backward."""
     assert _saved_square_tensors(create_loss(name, **kwargs), 64) == 1
@@ -558,8 +635,10 @@ def test_no_grad_gather_needs_local_loss_and_excludes_gather_with_grad(name):
         create_loss(name, no_grad_gather=True, local_loss=True, gather_with_grad=True, **kw)
 
 
-@pytest.mark.parametrize("name, kw", [("clip", {}), ("dcl", {"tau_plus": 0.2}),
-                                      ("decl", {"rate": "index", "num_samples": 12, "sample_u": True})])
+@pytest.mark.parametrize(
+    "name, kw",
+    [("clip", {}), ("dcl", {"tau_plus": 0.2}), ("decl", {"rate": "index", "num_samples": 12, "sample_u": True})],
+)
 def test_no_grad_gather_in_one_process_changes_nothing(name, kw):
     f, g = features(12, seed=4)
     ids = torch.arange(12)
@@ -589,9 +668,11 @@ def test_coca_objective_with_infonce_equals_openclip_cocaloss(weights):
     a, b = leaves(f, g, 10.0), leaves(f, g, 10.0)
     la, lb = logits.clone().requires_grad_(), logits.clone().requires_grad_()
     ours = CoCaObjective(create_loss("dcl", tau_plus=0.0), caption_w, contrastive_w)(
-        a[0], a[1], la, labels, a[2], output_dict=True)
+        a[0], a[1], la, labels, a[2], output_dict=True
+    )
     want = CoCaLoss(caption_loss_weight=caption_w, clip_loss_weight=contrastive_w)(
-        b[0], b[1], lb, labels, b[2], output_dict=True)
+        b[0], b[1], lb, labels, b[2], output_dict=True
+    )
     assert set(ours) == {"dcl_loss", "caption_loss"}
     torch.testing.assert_close(ours["dcl_loss"], want["contrastive_loss"])
     torch.testing.assert_close(ours["caption_loss"], want["caption_loss"])

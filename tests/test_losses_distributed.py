@@ -7,6 +7,7 @@ rates, queues, step counter) are identical on all ranks after every step. OpenCL
 DeCL's sharded rate buffer equals the replicated one bit for bit (values, gradients, state), on 2
 and 4 ranks, and each rank holds only its share of it.
 """
+
 from __future__ import annotations
 
 import os
@@ -29,8 +30,17 @@ def launch(python, out, world_size, mode="all", timeout=600):
     start from too) saves torch's import in each."""
     env = dict(os.environ, OMP_NUM_THREADS="1", CUDA_VISIBLE_DEVICES="")
     env["PYTHONPATH"] = os.pathsep.join([str(HERE.parent), env.get("PYTHONPATH", "")])
-    cmd = [python, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(world_size),
-           str(HERE / "distributed" / "loss_harness.py"), str(out), mode]
+    cmd = [
+        python,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc_per_node",
+        str(world_size),
+        str(HERE / "distributed" / "loss_harness.py"),
+        str(out),
+        mode,
+    ]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
     saved = sorted(p.name for p in out.glob("rank*.pt"))
     assert proc.returncode == 0, f"saved: {saved}\n" + proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -50,21 +60,29 @@ def four_rank_results(tmp_path_factory, preloaded):
 CASES = [(name, loss, kw, local) for name, loss, kw in harness.CONFIGS for local in (False, True)]
 
 
-@pytest.mark.parametrize("name, loss_name, kwargs, local_loss", CASES,
-                         ids=[f"{c[0]}-{'local' if c[3] else 'global'}" for c in CASES])
+@pytest.mark.parametrize(
+    "name, loss_name, kwargs, local_loss", CASES, ids=[f"{c[0]}-{'local' if c[3] else 'global'}" for c in CASES]
+)
 def test_two_ranks_equal_one_process(rank_results, name, loss_name, kwargs, local_loss):
     single = harness.run(loss_name, kwargs)
     ranks = [r[(name, local_loss)] for r in rank_results]
     for step, ref_step in enumerate(single):
         for rank, recs in enumerate(ranks):
             got = recs[step]
-            torch.testing.assert_close(got["loss"], ref_step["loss"], rtol=1e-10, atol=1e-12,
-                                       msg=f"loss, step {step}, rank {rank}")
+            torch.testing.assert_close(
+                got["loss"], ref_step["loss"], rtol=1e-10, atol=1e-12, msg=f"loss, step {step}, rank {rank}"
+            )
             for p, (a, b) in enumerate(zip(got["grads"], ref_step["grads"])):
                 torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-11, msg=f"grad {p}, step {step}, rank {rank}")
             for key, buf in ref_step["buffers"].items():
-                torch.testing.assert_close(got["buffers"][key], buf, rtol=1e-10, atol=1e-12, equal_nan=True,
-                                           msg=f"buffer {key}, step {step}, rank {rank}")
+                torch.testing.assert_close(
+                    got["buffers"][key],
+                    buf,
+                    rtol=1e-10,
+                    atol=1e-12,
+                    equal_nan=True,
+                    msg=f"buffer {key}, step {step}, rank {rank}",
+                )
         for key, buf in ranks[0][step]["buffers"].items():  # replicas identical bit for bit
             assert torch.equal(torch.nan_to_num(buf), torch.nan_to_num(ranks[1][step]["buffers"][key])), key
 

@@ -6,6 +6,7 @@ gradients and loss state of every step, in float64 and float32, with and without
 accumulation. (A module of its own: under ``pytest -n`` one worker runs a module's launches while
 the other runs the rest.)
 """
+
 from __future__ import annotations
 
 import pytest
@@ -30,7 +31,9 @@ TOL = {"torch.float64": dict(rtol=1e-10, atol=1e-10), "torch.float32": dict(rtol
 
 @pytest.mark.parametrize("world_size", [2, 4])
 @pytest.mark.parametrize("dtype", ["torch.float64", "torch.float32"])
-@pytest.mark.parametrize("name, loss_name, kwargs", harness.NO_GRAD_CONFIGS, ids=[c[0] for c in harness.NO_GRAD_CONFIGS])
+@pytest.mark.parametrize(
+    "name, loss_name, kwargs", harness.NO_GRAD_CONFIGS, ids=[c[0] for c in harness.NO_GRAD_CONFIGS]
+)
 def test_no_grad_gather_equals_one_process(no_grad_results, world_size, dtype, name, loss_name, kwargs):
     """Loss, feature gradients, DDP parameter gradients and loss state of every step, on every rank."""
     single = harness.run(loss_name, kwargs, dtype=getattr(torch, dtype.split(".")[1]))
@@ -41,7 +44,7 @@ def test_no_grad_gather_equals_one_process(no_grad_results, world_size, dtype, n
             torch.testing.assert_close(got["loss"], ref_step["loss"], **TOL[dtype], msg=f"loss, {where}")
             for a, ref_grad in zip(got["feature_grads"], ref_step["feature_grads"]):
                 # each rank's loss is the mean over its own anchors: W times its share of the global mean
-                want = world_size * ref_grad[rank * b:(rank + 1) * b]
+                want = world_size * ref_grad[rank * b : (rank + 1) * b]
                 # float32 rounds relative to the largest entry (gradients reach ~100 at s = 100)
                 tol = dict(TOL[dtype], atol=TOL[dtype]["atol"] * max(1.0, float(want.abs().max())))
                 torch.testing.assert_close(a, want, **tol, msg=f"feature grad, {where}")
@@ -51,9 +54,10 @@ def test_no_grad_gather_equals_one_process(no_grad_results, world_size, dtype, n
                 torch.testing.assert_close(a, ref_grad, **tol, msg=f"grad {p}, {where}")
             for key, buf in ref_step["buffers"].items():
                 # a 16-bit buffer rounds float32's last-bit differences to one of its own ulps
-                tol = dict(rtol=2 ** -7, atol=1e-5) if buf.element_size() == 2 else TOL[dtype]
-                torch.testing.assert_close(got["buffers"][key], buf, **tol, equal_nan=True,
-                                           msg=f"buffer {key}, {where}")
+                tol = dict(rtol=2**-7, atol=1e-5) if buf.element_size() == 2 else TOL[dtype]
+                torch.testing.assert_close(
+                    got["buffers"][key], buf, **tol, equal_nan=True, msg=f"buffer {key}, {where}"
+                )
 
 
 @pytest.mark.parametrize("world_size", [2, 4])

@@ -4,17 +4,18 @@ Every loss against the slow float64 re-computations of ``loss_reference`` (value
 and the reductions that must hold exactly: ``M = 1`` and ``beta = 0`` are today's ``dcl``, ``curl``
 with blocks of one is InfoNCE, ``dcl`` with ``tau_plus = 0`` and M positives is ``clip`` with M.
 """
+
 from __future__ import annotations
 
 import math
 import warnings
 
+import loss_reference as ref
 import pytest
 import torch
 import torch.nn.functional as F
-
-import loss_reference as ref
 from loss_reference import features
+
 from clip_dcl.losses import LOSSES, BlockContrastiveLoss, create_loss, register_loss
 from clip_dcl.losses.base import ContrastiveLoss
 from clip_dcl.losses.gather import anchor_stats
@@ -22,10 +23,8 @@ from clip_dcl.losses.gather import anchor_stats
 SCALES = [1.0, 14.3, 100.0]
 
 
-
 def leaves(f, g, s):
-    return (f.clone().requires_grad_(), g.clone().requires_grad_(),
-            torch.tensor(s, dtype=f.dtype, requires_grad=True))
+    return (f.clone().requires_grad_(), g.clone().requires_grad_(), torch.tensor(s, dtype=f.dtype, requires_grad=True))
 
 
 def value_and_grads(fn, f, g, s):
@@ -57,8 +56,9 @@ def test_anchor_stats_with_m_captions_are_the_blocks(m):
         torch.testing.assert_close(st.image.lse_neg[i], torch.logsumexp(logits[i, others], 0))
     for c in range(5 * m):
         torch.testing.assert_close(st.text.pos[c], logits[c // m, c])
-        torch.testing.assert_close(st.text.lse_neg[c], torch.logsumexp(torch.cat([logits[:c // m, c],
-                                                                                  logits[c // m + 1:, c]]), 0))
+        torch.testing.assert_close(
+            st.text.lse_neg[c], torch.logsumexp(torch.cat([logits[: c // m, c], logits[c // m + 1 :, c]]), 0)
+        )
     assert (st.image.num_negatives, st.text.num_negatives, st.captions_per_image) == (4 * m, 4, m)
 
 
@@ -84,7 +84,8 @@ def test_dcl_general_matches_reference(n, m, tau_plus, beta, s):
         loss = create_loss("dcl", tau_plus=tau_plus, beta=beta, clamp=clamp)
         got, got_grads, _ = value_and_grads(loss, f, g, s)
         want, want_grads, (_, rate) = value_and_grads(
-            lambda a, b, c: ref.dcl_general(a, b, c, tau_plus, clamp, beta), f, g, s)
+            lambda a, b, c: ref.dcl_general(a, b, c, tau_plus, clamp, beta), f, g, s
+        )
         torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-12)
         assert_close_all(got_grads, want_grads)
         assert float(loss.metrics["clamp_rate"]) == pytest.approx(rate)
@@ -116,8 +117,9 @@ def test_beta_zero_and_one_caption_are_todays_dcl_bit_for_bit(tau_plus, clamp, s
     value, grads_, _ = value_and_grads(explicit, f, g, s)
     assert torch.equal(value, plain)
     assert all(torch.equal(a, b) for a, b in zip(grads_, plain_grads))
-    want, _, _ = value_and_grads(lambda a, b, c: ref.dcl(a.double(), b.double(), c.double(), tau_plus, clamp)[0],
-                                 f, g, s)
+    want, _, _ = value_and_grads(
+        lambda a, b, c: ref.dcl(a.double(), b.double(), c.double(), tau_plus, clamp)[0], f, g, s
+    )
     torch.testing.assert_close(plain.double(), want, rtol=2e-5, atol=2e-5)
 
 
@@ -152,15 +154,18 @@ def test_more_captions_change_the_dcl_estimate():
     assert abs(float(with_three - first_only)) > 1e-3
 
 
-@pytest.mark.parametrize("kwargs, pattern", [
-    (dict(beta=-0.5), "beta=-0.5"),
-    (dict(beta=float("inf")), "beta=inf"),
-    (dict(tau_plus="sometimes"), "tau_plus='sometimes'"),
-    (dict(temperature=0.0), "temperature=0.0"),
-    (dict(tau_plus="auto", tau_momentum=0.0), "tau_momentum=0.0"),
-    (dict(beta=1.0, no_grad_gather=True, local_loss=True), "beta=1 "),
-    (dict(temperature=0.1, no_grad_gather=True, local_loss=True), "temperature=0.1"),
-])
+@pytest.mark.parametrize(
+    "kwargs, pattern",
+    [
+        (dict(beta=-0.5), "beta=-0.5"),
+        (dict(beta=float("inf")), "beta=inf"),
+        (dict(tau_plus="sometimes"), "tau_plus='sometimes'"),
+        (dict(temperature=0.0), "temperature=0.0"),
+        (dict(tau_plus="auto", tau_momentum=0.0), "tau_momentum=0.0"),
+        (dict(beta=1.0, no_grad_gather=True, local_loss=True), "beta=1 "),
+        (dict(temperature=0.1, no_grad_gather=True, local_loss=True), "temperature=0.1"),
+    ],
+)
 def test_dcl_bad_arguments_name_the_value(kwargs, pattern):
     with pytest.raises(ValueError, match=pattern):
         create_loss("dcl", **kwargs)
@@ -238,13 +243,21 @@ def rows_of_ids(per_id, m):
 @pytest.mark.parametrize("s", SCALES)
 def test_decl_batch_rate_with_m_captions_matches_reference(n, m, lam, s):
     f, g = features(n, m, seed=20 * n + m)
-    loss_fn = create_loss("decl", estimate="absolute",
-                          temperature_mode="learned", rate="batch", schedule="constant", lam=lam, sample_u=False)
+    loss_fn = create_loss(
+        "decl",
+        estimate="absolute",
+        temperature_mode="learned",
+        rate="batch",
+        schedule="constant",
+        lam=lam,
+        sample_u=False,
+    )
     got, got_grads, _ = value_and_grads(loss_fn, f, g, s)
     rates = ref.row_mean_negative_scores(f, g, torch.tensor(s, dtype=torch.float64))  # each row's own estimate
     ones = [torch.ones_like(r) for r in rates]
-    want, want_grads, (_, l1, l2) = value_and_grads(lambda a, b, c: ref.decl_general(a, b, c, rates, ones, lam),
-                                                     f, g, s)
+    want, want_grads, (_, l1, l2) = value_and_grads(
+        lambda a, b, c: ref.decl_general(a, b, c, rates, ones, lam), f, g, s
+    )
     torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-12)
     assert_close_all(got_grads, want_grads, rtol=1e-8, atol=1e-10)
     torch.testing.assert_close(loss_fn.metrics["loss1"], l1.detach(), rtol=1e-10, atol=1e-12)
@@ -268,12 +281,25 @@ def test_decl_index_with_m_captions_keeps_one_rate_per_id_and_direction(first_vi
     """Over steps with revisits, first visits and a repeated id: each id's text-direction rate is the
     mean of its M captions' estimates, read by every one of its captions (float64 re-computation)."""
     gamma, s, n, m = 0.3, 15.0, 6, 3
-    loss_fn = create_loss("decl", estimate="absolute",
-                          temperature_mode="learned", rate="index", num_samples=10, gamma=gamma, schedule="decl", sample_u=False,
-                          first_visit=first_visit, include_current=include_current)
+    loss_fn = create_loss(
+        "decl",
+        estimate="absolute",
+        temperature_mode="learned",
+        rate="index",
+        num_samples=10,
+        gamma=gamma,
+        schedule="decl",
+        sample_u=False,
+        first_visit=first_visit,
+        include_current=include_current,
+    )
     tracker = ref.IndexRates(gamma, first_visit=first_visit, include_current=include_current)
-    id_batches = [torch.tensor([0, 1, 2, 3, 4, 5]), torch.tensor([6, 7, 2, 3, 8, 9]),
-                  torch.tensor([1, 1, 4, 9, 0, 7]), torch.tensor([5, 6, 8, 2, 3, 1])]
+    id_batches = [
+        torch.tensor([0, 1, 2, 3, 4, 5]),
+        torch.tensor([6, 7, 2, 3, 8, 9]),
+        torch.tensor([1, 1, 4, 9, 0, 7]),
+        torch.tensor([5, 6, 8, 2, 3, 1]),
+    ]
     for step, ids in enumerate(id_batches):
         f, g = features(n, m, seed=300 + step)
         got, got_grads, _ = value_and_grads(lambda x, y, z: loss_fn(x, y, z, sample_ids=ids), f, g, s)
@@ -292,8 +318,9 @@ def test_decl_index_with_m_captions_keeps_one_rate_per_id_and_direction(first_vi
 def test_decl_index_text_rate_is_the_mean_over_the_captions_not_one_caption():
     f, g = features(5, 3, seed=12)
     s = torch.tensor(9.0, dtype=torch.float64)
-    loss_fn = create_loss("decl", estimate="absolute",
-                          temperature_mode="learned", rate="index", num_samples=5, drift_correction=False)
+    loss_fn = create_loss(
+        "decl", estimate="absolute", temperature_mode="learned", rate="index", num_samples=5, drift_correction=False
+    )
     loss_fn(f, g, s, sample_ids=torch.arange(5))
     rows = ref.row_mean_negative_scores(f, g, s)[1].reshape(5, 3)
     stored = loss_fn.log_rate[1].double()
@@ -306,9 +333,16 @@ def test_decl_queue_with_m_captions_matches_reference(include_current):
     """Image anchors against the queued captions (one per earlier image: the first of its M), captions
     against the queued images; the batch at the first step."""
     s, n, m, q = 12.0, 4, 3, 6
-    loss_fn = create_loss("decl", estimate="absolute",
-                          temperature_mode="learned", rate="queue", queue_size=q, schedule="decl", sample_u=False,
-                          include_current=include_current)
+    loss_fn = create_loss(
+        "decl",
+        estimate="absolute",
+        temperature_mode="learned",
+        rate="queue",
+        queue_size=q,
+        schedule="decl",
+        sample_u=False,
+        include_current=include_current,
+    )
     history_img, history_txt = [], []
     for step in range(3):
         f, g = features(n, m, seed=400 + step)
@@ -337,8 +371,9 @@ def test_decl_draws_one_u_per_anchor_row_with_m_captions():
     """``sample_u``: G image draws, then G M caption draws, from the generator seeded by (seed, step)."""
     n, m, s, seed = 5, 3, 8.0, 7
     f, g = features(n, m, seed=1)
-    loss_fn = create_loss("decl", estimate="absolute",
-                          temperature_mode="learned", rate="batch", schedule="decl", sample_u=True, seed=seed)
+    loss_fn = create_loss(
+        "decl", estimate="absolute", temperature_mode="learned", rate="batch", schedule="decl", sample_u=True, seed=seed
+    )
     got, got_grads, _ = value_and_grads(loss_fn, f, g, s)
     gen = torch.Generator().manual_seed(seed * 1_000_003 + 1)
     eps = torch.empty(1 + m, n, dtype=torch.float64).exponential_(1.0, generator=gen)
@@ -350,10 +385,18 @@ def test_decl_draws_one_u_per_anchor_row_with_m_captions():
     assert_close_all(got_grads, want_grads, rtol=1e-8, atol=1e-10)
 
 
-@pytest.mark.parametrize("name, kwargs", [("dcl", {"tau_plus": 0.1, "beta": 1.0}), ("dcl", {"tau_plus": 0.2}),
-                                          ("curl", {}), ("curl", {"link": "hinge"}), ("clip", {}),
-                                          ("decl", {"rate": "batch", "sample_u": True}),
-                                          ("decl", {"rate": "queue"})])
+@pytest.mark.parametrize(
+    "name, kwargs",
+    [
+        ("dcl", {"tau_plus": 0.1, "beta": 1.0}),
+        ("dcl", {"tau_plus": 0.2}),
+        ("curl", {}),
+        ("curl", {"link": "hinge"}),
+        ("clip", {}),
+        ("decl", {"rate": "batch", "sample_u": True}),
+        ("decl", {"rate": "queue"}),
+    ],
+)
 def test_bf16_autocast_with_m_captions_at_max_scale_is_finite(name, kwargs):
     f, g = features(8, 3, dtype=torch.float32, align=4.0)
     f, g = f.bfloat16().requires_grad_(), g.bfloat16().requires_grad_()
@@ -397,8 +440,10 @@ def test_every_registered_loss_declares_flags_for_its_own_arguments():
         for flag in getattr(cls, "flags", ()):
             if flag.kwarg not in params:  # a value the loss turns into its arguments from the data
                 own = getattr(cls, "resolve_data_params", None)
-                assert own is not None and own.__func__ is not ContrastiveLoss.resolve_data_params.__func__, \
-                    (name, flag.flag)
+                assert own is not None and own.__func__ is not ContrastiveLoss.resolve_data_params.__func__, (
+                    name,
+                    flag.flag,
+                )
                 assert flag.default_text, (name, flag.flag)  # the docs say how the default is resolved
             assert flag.flag.startswith("--") and flag.help
 
@@ -434,8 +479,12 @@ def clustered(labels, d=64, cls=1.0, inst=0.7, noise=0.5, seed=0):
     centres = torch.randn(c, d, generator=gen, dtype=torch.float64)
     y = torch.as_tensor(labels)
     own = torch.randn(n, d, generator=gen, dtype=torch.float64)
-    f = F.normalize(cls * centres[y] + inst * own + noise * torch.randn(n, d, generator=gen, dtype=torch.float64), dim=-1)
-    g = F.normalize(cls * centres[y] + inst * own + noise * torch.randn(n, d, generator=gen, dtype=torch.float64), dim=-1)
+    f = F.normalize(
+        cls * centres[y] + inst * own + noise * torch.randn(n, d, generator=gen, dtype=torch.float64), dim=-1
+    )
+    g = F.normalize(
+        cls * centres[y] + inst * own + noise * torch.randn(n, d, generator=gen, dtype=torch.float64), dim=-1
+    )
     return f, g
 
 
@@ -445,11 +494,22 @@ def test_two_gaussian_em_matches_scikit_learn():
     from clip_dcl.losses.prior import fit_two_gaussians
 
     gen = torch.Generator().manual_seed(0)
-    x = torch.cat([torch.randn(3000, generator=gen, dtype=torch.float64) * 0.7 - 1.0,
-                   torch.randn(1000, generator=gen, dtype=torch.float64) * 0.4 + 1.5])
+    x = torch.cat(
+        [
+            torch.randn(3000, generator=gen, dtype=torch.float64) * 0.7 - 1.0,
+            torch.randn(1000, generator=gen, dtype=torch.float64) * 0.4 + 1.5,
+        ]
+    )
     w, mu, var = fit_two_gaussians(x, (-0.5, 1.0), (1.0, 0.5), (0.9, 0.1), iters=1000, tol=1e-12)
-    gm = GaussianMixture(2, weights_init=[0.9, 0.1], means_init=[[-0.5], [1.0]], precisions_init=[[[1.0]], [[2.0]]],
-                         tol=1e-12, max_iter=1000, reg_covar=0.0).fit(x.numpy()[:, None])
+    gm = GaussianMixture(
+        2,
+        weights_init=[0.9, 0.1],
+        means_init=[[-0.5], [1.0]],
+        precisions_init=[[[1.0]], [[2.0]]],
+        tol=1e-12,
+        max_iter=1000,
+        reg_covar=0.0,
+    ).fit(x.numpy()[:, None])
     torch.testing.assert_close(w, torch.as_tensor(gm.weights_), rtol=1e-6, atol=1e-6)
     torch.testing.assert_close(mu, torch.as_tensor(gm.means_[:, 0]), rtol=1e-6, atol=1e-6)
     torch.testing.assert_close(var, torch.as_tensor(gm.covariances_[:, 0, 0]), rtol=1e-5, atol=1e-6)

@@ -1,5 +1,6 @@
 """OpenCLIP sees clip-dcl's models after ``import clip_dcl``: ``open_clip.create_model_and_transforms(
 "clip-dcl-tiny", pretrained=...)`` loads our training checkpoints and our exports, in a fresh process."""
+
 from __future__ import annotations
 
 import json
@@ -27,8 +28,9 @@ def _open_clip_features(pretrained) -> torch.Tensor:
     env = {**os.environ, "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": ""}
     # a fresh interpreter, not the preloaded one: the script checks that `import clip_dcl` imports neither torch
     # nor OpenCLIP, which only an interpreter that has not imported them yet can tell
-    res = subprocess.run([sys.executable, "-c", SCRIPT, str(pretrained)], capture_output=True, text=True, env=env,
-                         timeout=300)
+    res = subprocess.run(
+        [sys.executable, "-c", SCRIPT, str(pretrained)], capture_output=True, text=True, env=env, timeout=300
+    )
     assert res.returncode == 0, res.stderr[-3000:]
     return torch.tensor(json.loads(res.stdout.strip().splitlines()[-1]))
 

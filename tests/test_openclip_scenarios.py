@@ -9,6 +9,7 @@ that stops taking effect on one of OpenCLIP's paths fails here. The runs are in 
 (the command line itself is tested in ``test_train.py``), but for CoCa's, each in a fresh process; the
 synthetic-data one is the session's shared run of each objective.
 """
+
 from __future__ import annotations
 
 import json
@@ -30,16 +31,41 @@ TERMS = {"clip": "Contrastive_loss:", "dcl": "Dcl_loss:", "decl": "Decl_loss:"}
 def tiny_coca(folder: Path) -> Path:
     """A CoCa config small enough for a CPU test (OpenCLIP treats a model named *coca* as CoCa)."""
     path = folder / "tiny-coca.json"
-    path.write_text(json.dumps({
-        "embed_dim": 64,
-        "vision_cfg": {"image_size": 64, "layers": 1, "width": 64, "head_width": 32, "patch_size": 16,
-                       "attentional_pool": True, "attn_pooler_heads": 2, "output_tokens": True},
-        "text_cfg": {"context_length": 16, "vocab_size": 49408, "width": 64, "heads": 2, "layers": 1,
-                     "embed_cls": True, "output_tokens": True},
-        "multimodal_cfg": {"context_length": 16, "vocab_size": 49408, "width": 64, "heads": 2, "layers": 1,
-                           "attn_pooler_heads": 2},
-        "custom_text": True,
-    }))
+    path.write_text(
+        json.dumps(
+            {
+                "embed_dim": 64,
+                "vision_cfg": {
+                    "image_size": 64,
+                    "layers": 1,
+                    "width": 64,
+                    "head_width": 32,
+                    "patch_size": 16,
+                    "attentional_pool": True,
+                    "attn_pooler_heads": 2,
+                    "output_tokens": True,
+                },
+                "text_cfg": {
+                    "context_length": 16,
+                    "vocab_size": 49408,
+                    "width": 64,
+                    "heads": 2,
+                    "layers": 1,
+                    "embed_cls": True,
+                    "output_tokens": True,
+                },
+                "multimodal_cfg": {
+                    "context_length": 16,
+                    "vocab_size": 49408,
+                    "width": 64,
+                    "heads": 2,
+                    "layers": 1,
+                    "attn_pooler_heads": 2,
+                },
+                "custom_text": True,
+            }
+        )
+    )
     return path
 
 
@@ -70,9 +96,34 @@ def read_run(run: Path, loss: str):
 def train(tmp_path, name, data_flags, loss, extra=(), model=("--model", "clip-dcl-tiny"), cli=False):
     """One epoch in this process, or through ``python -m clip_dcl.train`` with ``cli`` (conftest's train_run)."""
     logs = tmp_path / "logs"
-    argv = [*model, *data_flags, "--batch-size", "16", "--epochs", "1", "--precision", "fp32", "--device", "cpu",
-            "--workers", "1", "--lr", "1e-3", "--warmup", "1", "--log-every-n-steps", "1", "--logs", str(logs),
-            "--name", name, "--loss", loss, *SHARED_RUN_FLAGS[loss], *extra]
+    argv = [
+        *model,
+        *data_flags,
+        "--batch-size",
+        "16",
+        "--epochs",
+        "1",
+        "--precision",
+        "fp32",
+        "--device",
+        "cpu",
+        "--workers",
+        "1",
+        "--lr",
+        "1e-3",
+        "--warmup",
+        "1",
+        "--log-every-n-steps",
+        "1",
+        "--logs",
+        str(logs),
+        "--name",
+        name,
+        "--loss",
+        loss,
+        *SHARED_RUN_FLAGS[loss],
+        *extra,
+    ]
     out = train_run(argv, cli=cli)
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-5000:]
     return read_run(logs / name, loss)
@@ -104,23 +155,38 @@ def test_csv_resume_warns_when_the_rows_changed(tmp_path):
     shorter = tmp_path / "csv" / "shorter.csv"
     shorter.write_text("\n".join(csv.read_text().splitlines()[:33]) + "\n")  # 32 rows
     path = tmp_path / "logs" / "first" / "checkpoints" / "epoch_1.pt"
-    _, log = train(tmp_path, "resumed", ["--train-data", str(shorter), "--dataset-type", "csv"], "decl",
-                   extra=["--resume", str(path), "--epochs", "2", "--decl-num-samples", "48"])
+    _, log = train(
+        tmp_path,
+        "resumed",
+        ["--train-data", str(shorter), "--dataset-type", "csv"],
+        "decl",
+        extra=["--resume", str(path), "--epochs", "2", "--decl-num-samples", "48"],
+    )
     assert "was trained on 48 samples of --train-data, which now has 32" in log
 
 
 @pytest.mark.parametrize("loss", list(TERMS))
 def test_accumulation_with_a_locked_image_tower(tmp_path, loss):
-    ckpt, _ = train(tmp_path, f"accum-{loss}", ["--dataset-type", "synthetic", "--train-num-samples", "64"], loss,
-                    extra=["--accum-freq", "2", "--lock-image", "--lock-image-unlocked-groups", "1"])
+    ckpt, _ = train(
+        tmp_path,
+        f"accum-{loss}",
+        ["--dataset-type", "synthetic", "--train-num-samples", "64"],
+        loss,
+        extra=["--accum-freq", "2", "--lock-image", "--lock-image-unlocked-groups", "1"],
+    )
     if loss == "decl":  # 64 samples / (16 x 2) = 2 optimizer steps, 2 loss calls each
         assert int(ckpt["loss_state"]["calls"]) == 4 and visited(ckpt) == list(range(64))
 
 
 @pytest.mark.parametrize("loss", ["clip", "decl"])
 def test_torchscript(tmp_path, loss):
-    train(tmp_path, f"torchscript-{loss}", ["--dataset-type", "synthetic", "--train-num-samples", "32"], loss,
-          extra=["--torchscript"])
+    train(
+        tmp_path,
+        f"torchscript-{loss}",
+        ["--dataset-type", "synthetic", "--train-num-samples", "32"],
+        loss,
+        extra=["--torchscript"],
+    )
 
 
 @pytest.mark.parametrize("loss", list(TERMS))
@@ -129,10 +195,15 @@ def test_coca(tmp_path, preloaded, loss):
     # main, unpatched, gives another caption loss at the same seed on the third run and 2e31 on the fourth);
     # the preloaded python's workers are fresh in that sense (forked from a server that only imported)
     config = tiny_coca(tmp_path)
-    ckpt, log = train(tmp_path, f"coca-{loss}", ["--dataset-type", "synthetic", "--train-num-samples", "32"], loss,
-                      model=("--model-config", str(config)),
-                      extra=["--coca-caption-loss-weight", "2.0", "--coca-contrastive-loss-weight", "1.0"],
-                      cli=preloaded.python)
+    ckpt, log = train(
+        tmp_path,
+        f"coca-{loss}",
+        ["--dataset-type", "synthetic", "--train-num-samples", "32"],
+        loss,
+        model=("--model-config", str(config)),
+        extra=["--coca-caption-loss-weight", "2.0", "--coca-contrastive-loss-weight", "1.0"],
+        cli=preloaded.python,
+    )
     captions = [float(v) for v in re.findall(r"Caption_loss: (\S+)", log)]
     assert captions and all(math.isfinite(v) for v in captions), captions
     if loss == "decl":

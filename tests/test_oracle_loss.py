@@ -1,4 +1,5 @@
 """The benchmark-only ``unbiased`` oracle loss against a loop re-computation."""
+
 from __future__ import annotations
 
 import sys

@@ -1,5 +1,6 @@
 """Your own images and captions: `clip-dcl data shards` from a folder of image + .txt pairs or a CSV, then the
 training and retrieval commands it prints; the same CSV read by training and by evaluation."""
+
 from __future__ import annotations
 
 import contextlib
@@ -13,8 +14,22 @@ from PIL import Image
 
 from clip_dcl.cli import main as clip_dcl
 
-TRAIN = ["--model", "clip-dcl-tiny", "--epochs", "1", "--lr", "1e-3", "--warmup", "1", "--workers", "0",
-         "--seed", "0", "--report-to", ""]
+TRAIN = [
+    "--model",
+    "clip-dcl-tiny",
+    "--epochs",
+    "1",
+    "--lr",
+    "1e-3",
+    "--warmup",
+    "1",
+    "--workers",
+    "0",
+    "--seed",
+    "0",
+    "--report-to",
+    "",
+]
 
 
 def run(argv, cwd=None, monkeypatch=None):
@@ -63,8 +78,9 @@ def test_a_folder_of_pngs_and_captions_trains_decl_and_evaluates_with_the_printe
 
 def test_training_and_evaluation_given_the_folder_itself_name_the_command(tmp_path, monkeypatch):
     write_pairs(tmp_path / "pics", 3)
-    code, _, err = run(["train", "--loss", "decl", "--train-data", "pics", *TRAIN], cwd=tmp_path,
-                       monkeypatch=monkeypatch)
+    code, _, err = run(
+        ["train", "--loss", "decl", "--train-data", "pics", *TRAIN], cwd=tmp_path, monkeypatch=monkeypatch
+    )
     assert code == 2 and len(err.strip().splitlines()) == 1, err
     assert "clip-dcl data shards pics OUT" in err
     code, _, err = run(["eval", "retrieval", "--model", "clip-dcl-tiny", "--data", "pics"])
@@ -72,12 +88,15 @@ def test_training_and_evaluation_given_the_folder_itself_name_the_command(tmp_pa
 
 
 def test_shards_from_a_tab_csv_group_an_images_captions_and_name_what_they_skip(tmp_path):
-    from clip_dcl.data.pairs import CsvColumns, csv_columns, write_pairs as write
+    from clip_dcl.data.pairs import CsvColumns, csv_columns
+    from clip_dcl.data.pairs import write_pairs as write
 
     write_pairs(tmp_path / "img", 4)
-    (tmp_path / "pairs.tsv").write_text("filepath\ttitle\nimg/img000.png\tone\nimg/img001.png\ttwo\n"
-                                        "img/img000.png\tone again\nimg/gone.png\tlost\nimg/img002.png\t \n"
-                                        "img/img003.png\tthree\n")
+    (tmp_path / "pairs.tsv").write_text(
+        "filepath\ttitle\nimg/img000.png\tone\nimg/img001.png\ttwo\n"
+        "img/img000.png\tone again\nimg/gone.png\tlost\nimg/img002.png\t \n"
+        "img/img003.png\tthree\n"
+    )
     summary = write(tmp_path / "pairs.tsv", tmp_path / "out", val_fraction=0, verbose=False)
     assert summary["splits"]["train"]["pairs"] == 3 and "val" not in summary["splits"]
     assert summary["skipped"]["image not found"]["count"] == 1 and summary["skipped"]["empty caption"]["count"] == 1
@@ -95,8 +114,11 @@ def test_a_comma_csv_with_other_columns_is_refused_in_one_line_naming_the_flags(
     write_pairs(tmp_path / "img", 2)
     (tmp_path / "pairs.csv").write_text("picture,words\nimg/img000.png,one\nimg/img001.png,two\n")
     for loss in ("clip", "decl"):
-        code, _, err = run(["train", "--loss", loss, "--train-data", "pairs.csv", "--batch-size", "2", *TRAIN],
-                           cwd=tmp_path, monkeypatch=monkeypatch)
+        code, _, err = run(
+            ["train", "--loss", loss, "--train-data", "pairs.csv", "--batch-size", "2", *TRAIN],
+            cwd=tmp_path,
+            monkeypatch=monkeypatch,
+        )
         lines = err.strip().splitlines()
         assert code == 2 and len(lines) == 1, err[-3000:]
         assert "'picture', 'words'" in lines[0] and "--csv-img-key" in lines[0] and "--csv-caption-key" in lines[0]
@@ -112,8 +134,24 @@ def test_the_csv_evaluation_reads_trains_from_any_folder(tmp_path, monkeypatch):
     (data / "pairs.csv").write_text("image,caption\n" + rows)
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
-    code, _, err = run(["train", "--loss", "decl", "--train-data", data / "pairs.csv", "--batch-size", "16",
-                        "--logs", "logs", "--name", "csv", *TRAIN], cwd=elsewhere, monkeypatch=monkeypatch)
+    code, _, err = run(
+        [
+            "train",
+            "--loss",
+            "decl",
+            "--train-data",
+            data / "pairs.csv",
+            "--batch-size",
+            "16",
+            "--logs",
+            "logs",
+            "--name",
+            "csv",
+            *TRAIN,
+        ],
+        cwd=elsewhere,
+        monkeypatch=monkeypatch,
+    )
     assert code == 0, err[-3000:]
     assert (elsewhere / "logs" / "csv" / "checkpoints" / "epoch_1.pt").is_file()
     params = (elsewhere / "logs" / "csv" / "params.txt").read_text()

@@ -5,6 +5,7 @@ a named precision is kept; ``--report-to`` with a logger whose package is missin
 any work, naming the extra. The last two train one tiny epoch with ``--report-to tensorboard`` and
 ``wandb`` (offline), where those packages are installed.
 """
+
 from __future__ import annotations
 
 import importlib.util
@@ -12,14 +13,27 @@ import io
 
 import pytest
 import torch
+from conftest import train_in_process
 
 from clip_dcl.train import precision
 from clip_dcl.train.flags import FlagError, parse_train_args
 
-from conftest import train_in_process
-
-BASE = ["--model", "clip-dcl-tiny", "--dataset-type", "synthetic", "--train-num-samples", "32",
-        "--batch-size", "16", "--epochs", "1", "--workers", "0", "--report-to", ""]
+BASE = [
+    "--model",
+    "clip-dcl-tiny",
+    "--dataset-type",
+    "synthetic",
+    "--train-num-samples",
+    "32",
+    "--batch-size",
+    "16",
+    "--epochs",
+    "1",
+    "--workers",
+    "0",
+    "--report-to",
+    "",
+]
 
 
 def settle(argv, cuda=False, monkeypatch=None):
@@ -35,8 +49,9 @@ def test_a_cpu_run_with_no_precision_gets_fp32_and_one_line_saying_so(monkeypatc
         assert len(said.splitlines()) == 1 and "--precision fp32" in said and "amp" in said
 
 
-@pytest.mark.parametrize("named", [["--precision", "amp"], ["--precision=bf16"], ["--prec", "amp_bf16"],
-                                   ["--precision", "fp32"]])
+@pytest.mark.parametrize(
+    "named", [["--precision", "amp"], ["--precision=bf16"], ["--prec", "amp_bf16"], ["--precision", "fp32"]]
+)
 def test_a_named_precision_is_kept_on_the_cpu(monkeypatch, named):
     argv, said = settle(BASE + ["--device", "cpu"] + named, monkeypatch=monkeypatch)
     assert argv == BASE + ["--device", "cpu"] + named and said == ""
@@ -67,12 +82,16 @@ def test_the_parsed_training_config_hands_fp32_to_openclip(monkeypatch, capsys):
 
 def test_a_missing_logger_is_refused_naming_the_extra(monkeypatch):
     real = importlib.util.find_spec
-    monkeypatch.setattr(importlib.util, "find_spec",
-                        lambda name, *a: None if name in ("tensorboard", "wandb") else real(name, *a))
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name in ("tensorboard", "wandb") else real(name, *a)
+    )
     with pytest.raises(FlagError, match=r"tensorboard package is not installed.*clip-dcl\[tensorboard\]"):
         precision.check_loggers("tensorboard")
-    with pytest.raises(FlagError, match=r"tensorboard and wandb packages are not installed.*"
-                                        r"clip-dcl\[tensorboard,wandb\]"):
+    with pytest.raises(
+        FlagError,
+        match=r"tensorboard and wandb packages are not installed.*"
+        r"clip-dcl\[tensorboard,wandb\]",
+    ):
         precision.check_loggers("all")
     with pytest.raises(FlagError, match=r"wandb package.*clip-dcl\[wandb\]"):
         precision.check_loggers("wandb")
@@ -100,32 +119,39 @@ def test_a_refused_logger_exits_2_before_any_work(monkeypatch, tmp_path):
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "wandb" else real(name, *a))
     argv = [w for w in BASE if w not in ("--report-to", "")]
-    res = train_in_process(argv + ["--device", "cpu", "--report-to", "wandb", "--logs", tmp_path, "--name", "x",
-                                   "--loss", "clip"])
+    res = train_in_process(
+        argv + ["--device", "cpu", "--report-to", "wandb", "--logs", tmp_path, "--name", "x", "--loss", "clip"]
+    )
     assert res.returncode == 2 and "clip-dcl[wandb]" in res.stderr
     assert not (tmp_path / "x").exists()
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(importlib.util.find_spec("tensorboard") is None,
-                    reason="tensorboard is not installed (pip install 'clip-dcl[tensorboard]')")
+@pytest.mark.skipif(
+    importlib.util.find_spec("tensorboard") is None,
+    reason="tensorboard is not installed (pip install 'clip-dcl[tensorboard]')",
+)
 def test_report_to_tensorboard_trains_and_writes_events(tmp_path):
     argv = [w for w in BASE if w not in ("--report-to", "")]
-    res = train_in_process(argv + ["--device", "cpu", "--report-to", "tensorboard", "--logs", tmp_path,
-                                   "--name", "tb", "--loss", "decl"])
+    res = train_in_process(
+        argv + ["--device", "cpu", "--report-to", "tensorboard", "--logs", tmp_path, "--name", "tb", "--loss", "decl"]
+    )
     assert res.returncode == 0, res.stderr[-3000:]
     events = list((tmp_path / "tb" / "tensorboard").glob("events.out.tfevents.*"))
     assert events and events[0].stat().st_size > 0
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(importlib.util.find_spec("wandb") is None,
-                    reason="wandb is not installed (pip install 'clip-dcl[wandb]')")
+@pytest.mark.skipif(
+    importlib.util.find_spec("wandb") is None, reason="wandb is not installed (pip install 'clip-dcl[wandb]')"
+)
 def test_report_to_wandb_trains_offline(tmp_path, monkeypatch):
     monkeypatch.setenv("WANDB_MODE", "offline")  # no account, nothing sent: the run is written locally
     monkeypatch.setenv("WANDB_DIR", str(tmp_path))
     argv = [w for w in BASE if w not in ("--report-to", "")]
-    res = train_in_process(argv + ["--device", "cpu", "--report-to", "wandb", "--logs", tmp_path / "logs",
-                                   "--name", "wb", "--loss", "clip"])
+    res = train_in_process(
+        argv
+        + ["--device", "cpu", "--report-to", "wandb", "--logs", tmp_path / "logs", "--name", "wb", "--loss", "clip"]
+    )
     assert res.returncode == 0, res.stderr[-3000:]
     assert list((tmp_path / "wandb").glob("offline-run-*"))

@@ -3,12 +3,12 @@
 The short soak launches two gloo ranks five times and an uninterrupted run once (minutes on a loaded CPU):
 marked slow, as the suite's other end-to-end runs.
 """
+
 from __future__ import annotations
 
 import json
 
 import pytest
-
 from benchmark_script import load
 
 soak = load("preempt_soak")
@@ -42,8 +42,9 @@ def test_soak_short_three_faults_survived_and_digests_equal(tmp_path):
     generate(data, quick=True, verbose=False)  # in this process: the data's command line is not what this tests
     # seed 2: SIGTERM to one rank mid-step, SIGKILL to both during a save, SIGTERM to one rank in start-up
     out = tmp_path / "report" / "preempt_soak"
-    rc = soak.main(["--faults", "3", "--seed", "2", "--data", str(data), "--work", str(tmp_path / "work"),
-                    "--out", str(out)])
+    rc = soak.main(
+        ["--faults", "3", "--seed", "2", "--data", str(data), "--work", str(tmp_path / "work"), "--out", str(out)]
+    )
     result = json.loads(out.with_suffix(".json").read_text())
     table = [(r["kind"], r["signal"], r["target"], r["where"], r["rc"], r["last_line"]) for r in result["faults"]]
     assert rc == 0, table

@@ -1,4 +1,5 @@
 """The quality benchmark's pure pieces: ablation flags, the paired comparison, the mean R@1."""
+
 from __future__ import annotations
 
 import math
@@ -66,8 +67,9 @@ def test_paired_differences_match_a_slow_recomputation_on_random_scores():
         for name in ("clip", "a", "b"):
             mine = [s for s in seeds if rng.random() > 0.2]  # some seeds missing in some runs
             rng.shuffle(mine)  # records in any order
-            scores[name] = [{"m": float(rng.random()) if rng.random() > 0.1 else math.nan, "seed": int(s)}
-                            for s in mine]
+            scores[name] = [
+                {"m": float(rng.random()) if rng.random() > 0.1 else math.nan, "seed": int(s)} for s in mine
+            ]
         out = ex.paired_differences(scores, "clip", ["m", "absent"])
         assert set(out) == {"a", "b"}
         for name in ("a", "b"):
@@ -91,8 +93,10 @@ def test_paired_differences_reject_a_missing_reference_and_repeated_seeds():
 
 
 def test_paired_table_shows_per_seed_points_mean_and_wins():
-    scores = {"clip": [{k: 0.5 for k, _ in q.HEADLINE} | {"seed": s} for s in (0, 1, 2)],
-              "dcl": [{k: v for k, _ in q.HEADLINE} | {"seed": s} for s, v in ((0, 0.52), (1, 0.5), (2, 0.56))]}
+    scores = {
+        "clip": [{k: 0.5 for k, _ in q.HEADLINE} | {"seed": s} for s in (0, 1, 2)],
+        "dcl": [{k: v for k, _ in q.HEADLINE} | {"seed": s} for s, v in ((0, 0.52), (1, 0.5), (2, 0.56))],
+    }
     paired = ex.paired_differences(scores, "clip", [k for k, _ in q.HEADLINE])
     first = paired["dcl"][q.HEADLINE[0][0]]
     assert (first["wins"], first["ties"], first["losses"]) == (2, 1, 0)  # a tie is not a win

@@ -6,6 +6,7 @@ Outside the blocks, the Benchmarks sections of docs/results.md (the batch-size t
 quotes through its own generated block) hold no typed measurement: no decimal number, percentage, ratio
 or ± outside code spans. Rewrite the blocks with ``python benchmarks/quotes.py README.md docs/*.md``.
 """
+
 from __future__ import annotations
 
 import json
@@ -14,7 +15,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 import quotes
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -31,7 +31,8 @@ def test_each_generated_block_equals_its_rendering_from_the_committed_json(quote
         assert quote.begin in text, f"{name} lacks the begin marker of {quote.name!r} (or it was edited)"
         assert quotes.read_block(text, quote.name) == quotes.render(quote), (
             f"{name}: block {quote.name!r} differs from {quote.results}; run "
-            "`python benchmarks/quotes.py README.md docs/*.md`")
+            "`python benchmarks/quotes.py README.md docs/*.md`"
+        )
 
 
 def test_the_rewrite_command_finds_nothing_to_change():
@@ -62,7 +63,7 @@ def benchmark_sections(text: str):
     """(title, body) of the ``### `` subsections under ``## Benchmarks`` (to the next ``## `` or the end)."""
     start = text.index("\n## Benchmarks")
     end = text.find("\n## ", start + 1)
-    parts = re.split(r"\n(?=### )", text[start:end if end >= 0 else None])
+    parts = re.split(r"\n(?=### )", text[start : end if end >= 0 else None])
     return [(p.splitlines()[0], p) for p in parts if p.startswith("### ")]
 
 
@@ -98,8 +99,11 @@ def test_quality_records_every_loss_full_flags_with_the_decl_estimate():
 
     flags = quality.full_loss_flags(["--loss", "decl", "--decl-rate", "index"])
     assert flags[:4] == ["--loss", "decl", "--decl-rate", "index"] and "--decl-estimate" in flags
-    assert quality.full_loss_flags(["--loss", "decl", "--decl-estimate", "absolute"])[
-        quality.full_loss_flags(["--loss", "decl", "--decl-estimate", "absolute"]).index("--decl-estimate") + 1
-    ] == "absolute"
+    assert (
+        quality.full_loss_flags(["--loss", "decl", "--decl-estimate", "absolute"])[
+            quality.full_loss_flags(["--loss", "decl", "--decl-estimate", "absolute"]).index("--decl-estimate") + 1
+        ]
+        == "absolute"
+    )
     assert quality.full_loss_flags(["--loss", "clip"]) == ["--loss", "clip"]
     assert "estimate" in quality.decl_estimate({"loss_flags": {"decl": flags}})

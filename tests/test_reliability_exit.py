@@ -10,6 +10,7 @@ and writes no checkpoint of the NaN weights, so the last finite one stays the ne
 
 ``nonfinite_eval``: every evaluation task exits 2 with one line on a NaN checkpoint.
 """
+
 from __future__ import annotations
 
 import os
@@ -22,7 +23,6 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from conftest import train_in_process
 from test_train_distributed import write_shards
 
@@ -45,11 +45,42 @@ def _env(**extra):
 
 
 def _flags(pattern, logs, name, *extra):
-    return ["--model", "clip-dcl-tiny", "--train-data", pattern, "--dataset-type", "webdataset",
-            "--dataset-resampled", "--train-num-samples", "64", "--batch-size", "8", "--workers", "1",
-            "--epochs", "2", "--precision", "fp32", "--device", "cpu", "--seed", "0", "--lr", "1e-3",
-            "--warmup", "1", "--log-every-n-steps", "1", "--report-to", "", "--logs", str(logs), "--name", name,
-            *extra]
+    return [
+        "--model",
+        "clip-dcl-tiny",
+        "--train-data",
+        pattern,
+        "--dataset-type",
+        "webdataset",
+        "--dataset-resampled",
+        "--train-num-samples",
+        "64",
+        "--batch-size",
+        "8",
+        "--workers",
+        "1",
+        "--epochs",
+        "2",
+        "--precision",
+        "fp32",
+        "--device",
+        "cpu",
+        "--seed",
+        "0",
+        "--lr",
+        "1e-3",
+        "--warmup",
+        "1",
+        "--log-every-n-steps",
+        "1",
+        "--report-to",
+        "",
+        "--logs",
+        str(logs),
+        "--name",
+        name,
+        *extra,
+    ]
 
 
 def _default_sigint():
@@ -60,9 +91,15 @@ def _default_sigint():
 
 def _launch(args, env=None):
     """Start ``python ARGS``; return the process and its start time."""
-    return subprocess.Popen([sys.executable, *map(str, args)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, env=env or _env(), start_new_session=True,
-                            preexec_fn=_default_sigint), time.monotonic()
+    return subprocess.Popen(
+        [sys.executable, *map(str, args)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env or _env(),
+        start_new_session=True,
+        preexec_fn=_default_sigint,
+    ), time.monotonic()
 
 
 def _finish(proc, timeout=BOUND):
@@ -140,8 +177,9 @@ def test_hang_ctrl_c_stops_at_the_next_step_while_training_and_at_once_otherwise
 @pytest.mark.slow
 def test_hang_an_error_in_the_loss_with_a_worker_exits(shards, tmp_path):
     # keys up to 63 and a buffer of 8 ids: the loss raises on the first step
-    proc, _ = _launch(["-m", "clip_dcl.train", *_flags(shards, tmp_path / "logs", "ids", "--loss", "decl",
-                                                       "--decl-num-samples", "8")])
+    proc, _ = _launch(
+        ["-m", "clip_dcl.train", *_flags(shards, tmp_path / "logs", "ids", "--loss", "decl", "--decl-num-samples", "8")]
+    )
     rc, err, took = _finish(proc)
     assert rc == 1, err[-3000:]
     last = err.strip().splitlines()[-1]
@@ -190,10 +228,36 @@ def _two_ranks(shards, tmp_path, fault, *extra):
     port = str(_free_port())
     procs = []
     for rank in (0, 1):
-        env = _env(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=port,
-                   PREEMPT_AT_STEP="3", PREEMPT_RANK="1", PREEMPT_SIGNAL=fault)
-        procs.append(_launch([HELPER, *_flags(shards, tmp_path / "logs", "peer", "--loss", "dcl", "--local-loss",
-                                              "--gather-with-grad", "--epochs", "3", *extra)], env=env)[0])
+        env = _env(
+            RANK=str(rank),
+            LOCAL_RANK=str(rank),
+            WORLD_SIZE="2",
+            MASTER_ADDR="127.0.0.1",
+            MASTER_PORT=port,
+            PREEMPT_AT_STEP="3",
+            PREEMPT_RANK="1",
+            PREEMPT_SIGNAL=fault,
+        )
+        procs.append(
+            _launch(
+                [
+                    HELPER,
+                    *_flags(
+                        shards,
+                        tmp_path / "logs",
+                        "peer",
+                        "--loss",
+                        "dcl",
+                        "--local-loss",
+                        "--gather-with-grad",
+                        "--epochs",
+                        "3",
+                        *extra,
+                    ),
+                ],
+                env=env,
+            )[0]
+        )
     try:
         return _finish(procs[0]), procs[1]
     finally:
@@ -220,11 +284,14 @@ def test_hang_a_hung_peer_ends_the_other_rank_after_dist_timeout(shards, tmp_pat
     assert "rank 0: a collective with the other ranks failed" in err and "Timed out" in err
 
 
-@pytest.mark.parametrize("flags, named", [
-    (["--max-nonfinite-steps", "-1"], "--max-nonfinite-steps must be >= 0 (0: never stop), got -1"),
-    (["--dist-timeout", "0"], "--dist-timeout must be a number of seconds > 0, got 0"),
-    (["--dist-timeout", "nan"], "--dist-timeout must be a number of seconds > 0, got nan"),
-])
+@pytest.mark.parametrize(
+    "flags, named",
+    [
+        (["--max-nonfinite-steps", "-1"], "--max-nonfinite-steps must be >= 0 (0: never stop), got -1"),
+        (["--dist-timeout", "0"], "--dist-timeout must be a number of seconds > 0, got 0"),
+        (["--dist-timeout", "nan"], "--dist-timeout must be a number of seconds > 0, got nan"),
+    ],
+)
 def test_hang_and_diverge_flags_with_bad_values_exit_2_naming_them(capsys, flags, named):
     from clip_dcl.train import main
 
@@ -241,8 +308,10 @@ def test_hang_dist_timeout_reaches_init_process_group(monkeypatch):
     monkeypatch.setattr(torch.distributed, "init_process_group", lambda *a, **kw: calls.append(kw))
     init_process_group_with_timeout(7.5)(backend="gloo", init_method="env://")
     init_process_group_with_timeout(None)(backend="gloo")
-    assert calls == [{"backend": "gloo", "init_method": "env://", "timeout": datetime.timedelta(seconds=7.5)},
-                     {"backend": "gloo"}]
+    assert calls == [
+        {"backend": "gloo", "init_method": "env://", "timeout": datetime.timedelta(seconds=7.5)},
+        {"backend": "gloo"},
+    ]
 
 
 # -- divergence -------------------------------------------------------------------------------------------
@@ -264,9 +333,39 @@ def test_diverge_count_trips_after_n_nonfinite_steps_in_a_row():
 
 
 def _synthetic(logs, name, *extra):
-    return ["--model", "clip-dcl-tiny", "--dataset-type", "synthetic", "--train-num-samples", "64", "--batch-size", "8",
-            "--epochs", "3", "--workers", "1", "--precision", "fp32", "--device", "cpu", "--seed", "0", "--lr", "1e-3",
-            "--warmup", "1", "--report-to", "", "--logs", str(logs), "--name", name, "--loss", "dcl", *extra]
+    return [
+        "--model",
+        "clip-dcl-tiny",
+        "--dataset-type",
+        "synthetic",
+        "--train-num-samples",
+        "64",
+        "--batch-size",
+        "8",
+        "--epochs",
+        "3",
+        "--workers",
+        "1",
+        "--precision",
+        "fp32",
+        "--device",
+        "cpu",
+        "--seed",
+        "0",
+        "--lr",
+        "1e-3",
+        "--warmup",
+        "1",
+        "--report-to",
+        "",
+        "--logs",
+        str(logs),
+        "--name",
+        name,
+        "--loss",
+        "dcl",
+        *extra,
+    ]
 
 
 @pytest.mark.slow
@@ -281,8 +380,11 @@ def test_diverge_nan_weights_stop_at_the_first_epoch_end_without_a_checkpoint(tm
     res = train_in_process(_synthetic(tmp_path, "wd"))
     assert res.returncode == 1
     # 8 steps an epoch, fewer than --max-nonfinite-steps 10: the weights at the epoch end stop it
-    assert ("training diverged: after epoch 0, " in res.stderr and "weight tensor(s) hold NaN or inf" in res.stderr
-            and "the loss was first NaN or inf at step 1 of epoch 0" in res.stderr), res.stderr[-3000:]
+    assert (
+        "training diverged: after epoch 0, " in res.stderr
+        and "weight tensor(s) hold NaN or inf" in res.stderr
+        and "the loss was first NaN or inf at step 1 of epoch 0" in res.stderr
+    ), res.stderr[-3000:]
     assert "Train Epoch: 1" not in res.stderr
     assert not list(tmp_path.glob("**/*.pt"))
 
@@ -320,10 +422,11 @@ def test_diverge_mid_run_stops_naming_the_step_and_keeps_the_last_finite_checkpo
     res = train_in_process(_synthetic(tmp_path, "mid", "--max-nonfinite-steps", "2", "--log-every-n-steps", "1"))
     folder = tmp_path / "mid" / "checkpoints"
     assert res.returncode == 1, res.stderr[-3000:]
-    assert ("training diverged: the loss was NaN or inf for 2 optimizer steps in a row (--max-nonfinite-steps 2), "
-            "from step 2 of epoch 1; no checkpoint of these weights was written; the newest, "
-            f"{folder / 'epoch_1.pt'}, is what the same command with --resume latest resumes") in res.stderr, \
-        res.stderr[-3000:]
+    assert (
+        "training diverged: the loss was NaN or inf for 2 optimizer steps in a row (--max-nonfinite-steps 2), "
+        "from step 2 of epoch 1; no checkpoint of these weights was written; the newest, "
+        f"{folder / 'epoch_1.pt'}, is what the same command with --resume latest resumes"
+    ) in res.stderr, res.stderr[-3000:]
     assert "Train Epoch: 1 [32/64" in res.stderr and "Train Epoch: 1 [40/64" not in res.stderr  # after step 3
     assert sorted(p.name for p in folder.glob("*.pt")) == ["epoch_1.pt"]
     model, _, _ = load_checkpoint(folder / "epoch_1.pt")
@@ -336,8 +439,10 @@ def test_diverge_a_mid_epoch_save_of_nan_weights_is_refused_and_the_previous_one
     # a save at every step boundary: step 1's is finite, step 2's would be NaN
     res = train_in_process(_synthetic(tmp_path, "step", "--save-every-minutes", "1e-9"))
     assert res.returncode == 1, res.stderr[-3000:]
-    assert ("training diverged: not writing the checkpoint of step 2 of epoch 0: " in res.stderr
-            and "weight tensor(s) hold NaN or inf" in res.stderr), res.stderr[-3000:]
+    assert (
+        "training diverged: not writing the checkpoint of step 2 of epoch 0: " in res.stderr
+        and "weight tensor(s) hold NaN or inf" in res.stderr
+    ), res.stderr[-3000:]
     assert sorted(p.name for p in (tmp_path / "step" / "checkpoints").glob("*.pt")) == ["epoch_0_step_1.pt"]
 
 
@@ -372,18 +477,23 @@ def nan_eval(tmp_path_factory):
     summary = generate(root / "synth", quick=True, verbose=False)
     register_builtin_configs()
     model = open_clip.create_model("clip-dcl-tiny")
-    state = {k: torch.full_like(v, float("nan")) if v.is_floating_point() else v
-             for k, v in model.state_dict().items()}
+    state = {k: torch.full_like(v, float("nan")) if v.is_floating_point() else v for k, v in model.state_dict().items()}
     torch.save({"epoch": 1, "state_dict": state, "clip_dcl": {"model": "clip-dcl-tiny"}}, root / "nan.pt")
     return root, Path(summary["out_dir"])
 
 
-@pytest.mark.parametrize("task, data, what", [
-    ("zeroshot", ["--data", "zeroshot"], "class prompts (the zero-shot classifier)"),
-    ("retrieval", ["--data", "val"], "retrieval images"),
-    ("fewshot", ["--data", "fewshot", "--datasets", "synth-shape", "--seeds", "0", "--grid", "reduced"],
-     "synth-shape train"),
-])
+@pytest.mark.parametrize(
+    "task, data, what",
+    [
+        ("zeroshot", ["--data", "zeroshot"], "class prompts (the zero-shot classifier)"),
+        ("retrieval", ["--data", "val"], "retrieval images"),
+        (
+            "fewshot",
+            ["--data", "fewshot", "--datasets", "synth-shape", "--seeds", "0", "--grid", "reduced"],
+            "synth-shape train",
+        ),
+    ],
+)
 def test_nonfinite_eval_every_task_exits_2_with_one_line(nan_eval, capsys, task, data, what):
     from clip_dcl.eval.cli import main
 
@@ -393,22 +503,39 @@ def test_nonfinite_eval_every_task_exits_2_with_one_line(nan_eval, capsys, task,
     err = capsys.readouterr()
     assert rc == 2
     line = err.err.strip()
-    assert "\n" not in line and line.startswith(f"clip-dcl eval {task}: the model's features of the {what} hold "
-                                                "NaN or inf (")
+    assert "\n" not in line and line.startswith(
+        f"clip-dcl eval {task}: the model's features of the {what} hold NaN or inf ("
+    )
     assert "weight tensors (" in line and "nothing is scored" in line
     assert "acc1" not in err.out and "nan" not in err.out.lower()
 
 
 def test_nonfinite_eval_benchmark_exits_2(nan_eval, tmp_path, capsys):
-    from clip_dcl.eval.cli import main
-
     from test_eval_benchmark_layout import _classification_set
+
+    from clip_dcl.eval.cli import main
 
     root, _ = nan_eval
     _classification_set(tmp_path / "wds_toy_colours")
-    rc = main(["benchmark", "--dataset", "wds/toy_colours", "--dataset_root", str(tmp_path / "wds_{dataset_cleaned}"),
-               "--model", "clip-dcl-tiny", "--pretrained", str(root / "nan.pt"), "--num_workers", "0", "--no_amp",
-               "--output", str(tmp_path / "out" / "{dataset}.json"), "--quiet"])
+    rc = main(
+        [
+            "benchmark",
+            "--dataset",
+            "wds/toy_colours",
+            "--dataset_root",
+            str(tmp_path / "wds_{dataset_cleaned}"),
+            "--model",
+            "clip-dcl-tiny",
+            "--pretrained",
+            str(root / "nan.pt"),
+            "--num_workers",
+            "0",
+            "--no_amp",
+            "--output",
+            str(tmp_path / "out" / "{dataset}.json"),
+            "--quiet",
+        ]
+    )
     assert rc == 2
     assert "clip-dcl eval benchmark: the model's features of the" in capsys.readouterr().err
     assert not (tmp_path / "out").exists()

@@ -7,6 +7,7 @@ command, and run.
   resumes", which is true since --resume latest there takes the newest of epoch_latest.pt and epoch_N.pt;
 - a folder that holds a run: "run the same command with --resume latest", "give another --name".
 """
+
 from __future__ import annotations
 
 import os
@@ -15,13 +16,35 @@ import shlex
 import shutil
 
 import pytest
-
 from conftest import train_in_process
 from test_reliability_exit import HELPER, _env, _finish, _flags, _launch, nan_after_step, shards  # noqa: F401
 
-SYNTHETIC = ["--model", "clip-dcl-tiny", "--dataset-type", "synthetic", "--train-num-samples", "32", "--batch-size", "8",
-             "--workers", "0", "--precision", "fp32", "--device", "cpu", "--seed", "0", "--lr", "1e-3", "--warmup", "1",
-             "--report-to", "", "--loss", "dcl"]
+SYNTHETIC = [
+    "--model",
+    "clip-dcl-tiny",
+    "--dataset-type",
+    "synthetic",
+    "--train-num-samples",
+    "32",
+    "--batch-size",
+    "8",
+    "--workers",
+    "0",
+    "--precision",
+    "fp32",
+    "--device",
+    "cpu",
+    "--seed",
+    "0",
+    "--lr",
+    "1e-3",
+    "--warmup",
+    "1",
+    "--report-to",
+    "",
+    "--loss",
+    "dcl",
+]
 
 
 def _alternatives(message: str, before: str, after: str):
@@ -39,8 +62,9 @@ def _with_logs(flags, logs):
 
 # -- a stop on a signal -------------------------------------------------------------------------------------
 @pytest.mark.slow
-@pytest.mark.parametrize("sig, code, choice", [("SIGTERM", 75, 1), ("SIGINT", 130, 0)],
-                         ids=["SIGTERM-resume-path", "SIGINT-resume-latest"])
+@pytest.mark.parametrize(
+    "sig, code, choice", [("SIGTERM", 75, 1), ("SIGINT", 130, 0)], ids=["SIGTERM-resume-path", "SIGINT-resume-latest"]
+)
 def test_hint_of_a_stop_on_a_signal_continues_the_run(shards, tmp_path, sig, code, choice):  # noqa: F811
     logs = tmp_path / "logs"
     flags = _flags(shards, logs, "x", "--loss", "dcl", "--epochs", "1", "--train-num-samples", "32")
@@ -79,7 +103,10 @@ def test_hint_of_a_full_disk_continues_the_run_once_there_is_space(tmp_path):
 
 # -- --resume latest with --save-most-recent --------------------------------------------------------------------
 @pytest.mark.slow
-def test_hint_of_a_divergence_names_what_resume_latest_resumes_under_save_most_recent(tmp_path, nan_after_step):  # noqa: F811
+def test_hint_of_a_divergence_names_what_resume_latest_resumes_under_save_most_recent(
+    tmp_path,
+    nan_after_step,  # noqa: F811
+):
     logs = tmp_path / "logs"
     base = [*SYNTHETIC, "--logs", str(logs), "--name", "x"]
     checkpoints = logs / "x" / "checkpoints"

@@ -1,6 +1,7 @@
 """One run per run folder: a second process in a folder where a run is training stops within seconds with one
 line naming it; the lock of a process that died (on this host, or on another one of a shared file system) is
 taken over with a line saying so; a folder that holds a run takes only a command that continues it."""
+
 from __future__ import annotations
 
 import json
@@ -12,7 +13,6 @@ import sys
 import time
 
 import pytest
-
 from test_reliability_exit import HELPER, _env, _finish, _flags, _launch, shards  # noqa: F401 (a fixture)
 
 
@@ -25,8 +25,9 @@ def _dead_pid() -> int:
 def _write_lock(folder, **holder):
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / "run.lock"
-    path.write_text(json.dumps({"pid": 1, "host": socket.gethostname(), "started": time.time(), "token": "x",
-                                **holder}))
+    path.write_text(
+        json.dumps({"pid": 1, "host": socket.gethostname(), "started": time.time(), "token": "x", **holder})
+    )
     return path
 
 
@@ -37,8 +38,11 @@ def test_lock_a_second_holder_is_refused_with_the_first_ones_pid_and_host(tmp_pa
     first = RunLock(tmp_path / "run")
     assert first.acquire() is None and first.held
     second = RunLock(tmp_path / "run")
-    with pytest.raises(RunFolderBusy, match=rf"is in use by another run: pid {os.getpid()} on host "
-                                            rf"{socket.gethostname()}, running since .*kill -TERM {os.getpid()}"):
+    with pytest.raises(
+        RunFolderBusy,
+        match=rf"is in use by another run: pid {os.getpid()} on host "
+        rf"{socket.gethostname()}, running since .*kill -TERM {os.getpid()}",
+    ):
         second.acquire()
     first.release()
     assert not (tmp_path / "run" / "run.lock").exists()
@@ -109,9 +113,11 @@ def test_folder_a_run_folder_takes_only_a_command_that_continues_it(tmp_path):
     folder.mkdir(parents=True)
     log.write_text("a run\n")
     refused = folder_problem(folder, log, None, False, "x")
-    assert refused == (f"{folder} already holds a run (its log: {log}): to continue it, run the same command with "
-                       f"--resume latest; to start a new run, give another --name (e.g. --name x-2) or move {folder} "
-                       "away")
+    assert refused == (
+        f"{folder} already holds a run (its log: {log}): to continue it, run the same command with "
+        f"--resume latest; to start a new run, give another --name (e.g. --name x-2) or move {folder} "
+        "away"
+    )
     assert "{}" not in refused
     assert folder_problem(folder, log, None, True, "x") is None  # --resume latest
     assert folder_problem(folder, log, str(folder / "checkpoints" / "epoch_1.pt"), False, "x") is None
@@ -146,8 +152,7 @@ def _run_flags(shards, logs, *extra):  # noqa: F811
 
 def _held_run(shards, logs, release):  # noqa: F811
     """A run held after its 2nd step until ``release`` exists; returns it once it holds."""
-    proc, _ = _launch([HELPER, *_run_flags(shards, logs)],
-                      env=_env(PAUSE_AT_STEP="2", PAUSE_FILE=str(release)))
+    proc, _ = _launch([HELPER, *_run_flags(shards, logs)], env=_env(PAUSE_AT_STEP="2", PAUSE_FILE=str(release)))
     deadline = time.monotonic() + 90
     while not os.path.exists(f"{release}.paused"):
         assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()[1][-3000:]
@@ -165,8 +170,10 @@ def test_two_processes_the_second_stops_at_once_naming_the_first(shards, tmp_pat
         rc, err, took = _finish(second, timeout=60)
         assert rc == 1, err[-3000:]
         lines = err.strip().splitlines()
-        assert lines[-1].startswith(f"clip-dcl train: error: {logs / 'x'} is in use by another run: pid {first.pid} on "
-                                    f"host {socket.gethostname()}"), err[-3000:]
+        assert lines[-1].startswith(
+            f"clip-dcl train: error: {logs / 'x'} is in use by another run: pid {first.pid} on "
+            f"host {socket.gethostname()}"
+        ), err[-3000:]
         assert "Traceback" not in err
         assert (logs / "x" / "run.lock").exists()  # the first one's, untouched
         log = (logs / "x" / "out.log").read_text()

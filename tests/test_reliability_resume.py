@@ -4,6 +4,7 @@ a setting that changes what the saved loss state means is refused with the flag 
 that grew is refused with the ways on, and ``--decl-grow-state`` keeps the rates of the ids seen; an
 unwritable ``--logs``/``--output``, a bad ``--lr``, a template with an unknown placeholder, a
 ``--resume`` folder and a partial file of a killed save are each met before any work."""
+
 from __future__ import annotations
 
 import argparse
@@ -14,15 +15,38 @@ import sys
 
 import pytest
 import torch
+from conftest import train_in_process
 
 from clip_dcl.train import main
-from conftest import train_in_process
 
 PY = sys.executable
 #: the shared decl run's flags (conftest.trained_run): 48 synthetic pairs, batches of 16, one epoch
-SHARED = ["--model", "clip-dcl-tiny", "--dataset-type", "synthetic", "--train-num-samples", "48", "--precision", "fp32",
-          "--device", "cpu", "--workers", "1", "--lr", "1e-3", "--warmup", "1", "--log-every-n-steps", "1", "--seed",
-          "0", "--report-to", "", "--loss", "decl"]
+SHARED = [
+    "--model",
+    "clip-dcl-tiny",
+    "--dataset-type",
+    "synthetic",
+    "--train-num-samples",
+    "48",
+    "--precision",
+    "fp32",
+    "--device",
+    "cpu",
+    "--workers",
+    "1",
+    "--lr",
+    "1e-3",
+    "--warmup",
+    "1",
+    "--log-every-n-steps",
+    "1",
+    "--seed",
+    "0",
+    "--report-to",
+    "",
+    "--loss",
+    "decl",
+]
 
 
 def _with(flags, **values):
@@ -69,16 +93,39 @@ def test_world_size_1_to_2_to_1_resume(trained_run, tmp_path):
     """One process -> two gloo ranks -> one process, each resuming the last one's checkpoint: the model
     loads (strict), AdamW's step counts and the loss's calls continue, and the loss state restored on
     every rank is the saved one (sharded over the two ranks, then gathered from their files)."""
-    from clip_dcl.train.saving import read_loss_state
-    from clip_dcl.train.saving import loss_state_digest
+    from clip_dcl.train.saving import loss_state_digest, read_loss_state
 
     first = trained_run("decl") / "checkpoints" / "epoch_1.pt"  # 3 steps of 16 on one process
     logs = tmp_path / "logs"
     env = {**os.environ, "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": ""}
-    two = subprocess.run([PY, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", "-m",
-                          "clip_dcl.train", "--", *_with(SHARED, workers=0), "--batch-size", "8", "--epochs", "2",
-                          "--logs", logs, "--name", "two", "--resume", first],
-                         capture_output=True, text=True, timeout=300, env={k: str(v) for k, v in env.items()})
+    two = subprocess.run(
+        [
+            PY,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc_per_node",
+            "2",
+            "-m",
+            "clip_dcl.train",
+            "--",
+            *_with(SHARED, workers=0),
+            "--batch-size",
+            "8",
+            "--epochs",
+            "2",
+            "--logs",
+            logs,
+            "--name",
+            "two",
+            "--resume",
+            first,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={k: str(v) for k, v in env.items()},
+    )
     assert two.returncode == 0, two.stderr[-6000:]
     assert "Missing key" not in two.stderr
     assert _restored_digests(two.stderr) == [loss_state_digest(read_loss_state(first))] * 2  # both ranks
@@ -88,8 +135,21 @@ def test_world_size_1_to_2_to_1_resume(trained_run, tmp_path):
     assert _optimizer_steps(saved) == {6} and int(saved["loss_state"]["calls"]) == 6  # 3 + 3 steps of 2 x 8
     assert "log_rate" not in saved["loss_state"]  # sharded: one file per rank beside the checkpoint
 
-    back = train_in_process([*_with(SHARED, workers=0), "--batch-size", "16", "--epochs", "3", "--logs", logs, "--name", "back",
-                             "--resume", second])
+    back = train_in_process(
+        [
+            *_with(SHARED, workers=0),
+            "--batch-size",
+            "16",
+            "--epochs",
+            "3",
+            "--logs",
+            logs,
+            "--name",
+            "back",
+            "--resume",
+            second,
+        ]
+    )
     assert back.returncode == 0, back.stderr[-6000:]
     assert _restored_digests((logs / "back" / "out.log").read_text()) == [loss_state_digest(read_loss_state(second))]
     third = torch.load(logs / "back" / "checkpoints" / "epoch_3.pt", map_location="cpu", weights_only=True)
@@ -110,22 +170,43 @@ def _resume(tmp_path, saved_args, now_args, reset=False, grow=False, id_block=No
     from clip_dcl.train.run import TrainingRun
 
     path = str(tmp_path / "epoch_1.pt")
-    torch.save({"epoch": 1, "name": "x", "state_dict": {}, "optimizer": {},
-                "loss_state": {"calls": torch.tensor(3), "log_rate": torch.zeros(2, saved_args["num_samples"])},
-                "clip_dcl": {"model": "m", "loss": "decl", "loss_args": saved_args}}, path)
-    run = TrainingRun(TrainConfig("decl", {}, now_args, num_samples=now_args.get("num_samples"), loss_reset=reset,
-                                  grow_state=grow, id_block=id_block))
+    torch.save(
+        {
+            "epoch": 1,
+            "name": "x",
+            "state_dict": {},
+            "optimizer": {},
+            "loss_state": {"calls": torch.tensor(3), "log_rate": torch.zeros(2, saved_args["num_samples"])},
+            "clip_dcl": {"model": "m", "loss": "decl", "loss_args": saved_args},
+        },
+        path,
+    )
+    run = TrainingRun(
+        TrainConfig(
+            "decl",
+            {},
+            now_args,
+            num_samples=now_args.get("num_samples"),
+            loss_reset=reset,
+            grow_state=grow,
+            id_block=id_block,
+        )
+    )
     run.args = argparse.Namespace(checkpoint_path=str(tmp_path), resume=path, distributed=False, horovod=False)
     return run, path
 
 
-@pytest.mark.parametrize("saved, now, add", [
-    ({}, {"estimate": "absolute"}, "--decl-estimate relative"),
-    ({}, {"drift_correction": False}, "--decl-drift-correction"),
-    ({"drift_correction": False}, {}, "--no-decl-drift-correction"),
-    ({}, {"state_dtype": "bfloat16"}, "--decl-state-dtype float32"),
-    ({}, {"rate": "queue"}, "--decl-rate index"),
-], ids=["estimate", "drift-correction-off", "drift-correction-on", "state-dtype", "rate"])
+@pytest.mark.parametrize(
+    "saved, now, add",
+    [
+        ({}, {"estimate": "absolute"}, "--decl-estimate relative"),
+        ({}, {"drift_correction": False}, "--decl-drift-correction"),
+        ({"drift_correction": False}, {}, "--no-decl-drift-correction"),
+        ({}, {"state_dtype": "bfloat16"}, "--decl-state-dtype float32"),
+        ({}, {"rate": "queue"}, "--decl-rate index"),
+    ],
+    ids=["estimate", "drift-correction-off", "drift-correction-on", "state-dtype", "rate"],
+)
 def test_resume_refuses_changed_state_settings_with_the_flag_to_add(tmp_path, saved, now, add):
     from clip_dcl.train.run import LossSettingMismatch
 
@@ -139,9 +220,18 @@ def test_resume_refuses_changed_state_settings_with_the_flag_to_add(tmp_path, sa
     assert reset.pt_load(path)["epoch"] == 1 and reset.resumed is None  # fresh loss state, model and optimizer kept
 
 
-@pytest.mark.parametrize("now", [{"gamma": 0.5}, {"schedule": "decl"}, {"first_visit": "mean"}, {"queue_size": 7},
-                                 {"state": "replicated"}, {"sample_u": True}],
-                         ids=["gamma", "schedule", "first-visit", "queue-size-of-index", "layout", "sample-u"])
+@pytest.mark.parametrize(
+    "now",
+    [
+        {"gamma": 0.5},
+        {"schedule": "decl"},
+        {"first_visit": "mean"},
+        {"queue_size": 7},
+        {"state": "replicated"},
+        {"sample_u": True},
+    ],
+    ids=["gamma", "schedule", "first-visit", "queue-size-of-index", "layout", "sample-u"],
+)
 def test_resume_refuses_only_what_the_state_depends_on(tmp_path, now):
     run, path = _resume(tmp_path, _decl_args(), _decl_args(**now))
     assert run.pt_load(path)["epoch"] == 1 and int(run.resumed["loss_state"]["calls"]) == 3
@@ -172,11 +262,28 @@ def test_resume_refuses_changed_estimate_before_any_training(trained_run, tmp_pa
     silently (its stored rates read as the absolute estimate); now one line and exit 1, nothing left."""
     path = trained_run("decl") / "checkpoints" / "epoch_1.pt"
     logs = tmp_path / "logs"
-    res = train_in_process([*_with(SHARED, workers=0), "--batch-size", "16", "--epochs", "2", "--logs", logs, "--name", "r",
-                            "--resume", path, "--decl-estimate", "absolute"])
+    res = train_in_process(
+        [
+            *_with(SHARED, workers=0),
+            "--batch-size",
+            "16",
+            "--epochs",
+            "2",
+            "--logs",
+            logs,
+            "--name",
+            "r",
+            "--resume",
+            path,
+            "--decl-estimate",
+            "absolute",
+        ]
+    )
     assert res.returncode == 1
-    assert (f"{path} was trained with --decl-estimate relative; resuming it with --decl-estimate absolute would "
-            "read its saved --loss decl state as another quantity") in res.stderr
+    assert (
+        f"{path} was trained with --decl-estimate relative; resuming it with --decl-estimate absolute would "
+        "read its saved --loss decl state as another quantity"
+    ) in res.stderr
     assert "Train Epoch" not in res.stderr and not (logs / "r").exists()
 
 
@@ -200,8 +307,11 @@ def test_resume_refuses_other_num_samples_with_the_ways_on(tmp_path):
     added, path = _resume(tmp_path, _decl_args(num_samples=512), _decl_args(num_samples=768), grow=True, id_block=256)
     assert added.pt_load(path)["epoch"] == 1 and added.grow_from == 512  # a third source of the same block
     shrunk, path = _resume(tmp_path, _decl_args(num_samples=512), _decl_args(num_samples=384))
-    with pytest.raises(LossSettingMismatch, match=r"the data set shrank\. Either add --decl-num-samples 512 .* "
-                                                  r"or add --loss-reset"):
+    with pytest.raises(
+        LossSettingMismatch,
+        match=r"the data set shrank\. Either add --decl-num-samples 512 .* "
+        r"or add --loss-reset",
+    ):
         shrunk.pt_load(path)
 
 
@@ -220,14 +330,17 @@ def test_world_size_any_grows_sharded_state_keeping_the_saved_rates(tmp_path, ne
     grown = torch.cat([table, torch.full((2, 9), float("nan"))], dim=1)
     for rank in range(new_world):
         loss = create_loss("decl", rate="index", num_samples=N + 9, rank=rank, world_size=new_world)
-        state = loss_state.restore_sharded(loss, saved["loss_state"], saved["clip_dcl"][saving.SHARD_INDEX_KEY], ckpt,
-                                           grow=True)
+        state = loss_state.restore_sharded(
+            loss, saved["loss_state"], saved["clip_dcl"][saving.SHARD_INDEX_KEY], ckpt, grow=True
+        )
         loss.load_state_dict(state)
         assert torch.equal(loss.log_rate.nan_to_num(-9), shard_of(grown, rank, new_world).nan_to_num(-9))
         assert int(loss.calls) == 7
     with pytest.raises(saving.LossStateFilesError, match="num_samples=23"):  # never shrinks
         small = create_loss("decl", rate="index", num_samples=N - 1)
-        loss_state.restore_sharded(small, saved["loss_state"], saved["clip_dcl"][saving.SHARD_INDEX_KEY], ckpt, grow=True)
+        loss_state.restore_sharded(
+            small, saved["loss_state"], saved["clip_dcl"][saving.SHARD_INDEX_KEY], ckpt, grow=True
+        )
 
 
 @pytest.mark.slow
@@ -239,8 +352,17 @@ def test_resume_refuses_a_grown_data_set_then_decl_grow_state_keeps_the_rates(tr
 
     path = trained_run("decl") / "checkpoints" / "epoch_1.pt"
     logs = tmp_path / "logs"
-    flags = [*_with(SHARED, train_num_samples=64, workers=0), "--batch-size", "16", "--epochs", "2", "--logs", logs,
-             "--resume", path]
+    flags = [
+        *_with(SHARED, train_num_samples=64, workers=0),
+        "--batch-size",
+        "16",
+        "--epochs",
+        "2",
+        "--logs",
+        logs,
+        "--resume",
+        path,
+    ]
     refused = train_in_process([*flags, "--name", "refused"])
     assert refused.returncode == 1
     assert "--decl-grow-state" in refused.stderr and "--loss-reset" in refused.stderr
@@ -259,40 +381,67 @@ def test_resume_refuses_a_grown_data_set_then_decl_grow_state_keeps_the_rates(tr
 
 
 def test_resume_refuses_decl_grow_state_without_what_it_needs(tmp_path, capsys):
-    base = ["--dataset-type", "synthetic", "--train-num-samples", "48", "--device", "cpu", "--logs", tmp_path / "l",
-            "--decl-grow-state"]
+    base = [
+        "--dataset-type",
+        "synthetic",
+        "--train-num-samples",
+        "48",
+        "--device",
+        "cpu",
+        "--logs",
+        tmp_path / "l",
+        "--decl-grow-state",
+    ]
     ckpt = tmp_path / "epoch_1.pt"
     ckpt.write_bytes(b"")
-    for extra, named in ((["--loss", "decl"], "give --resume"),
-                         (["--loss", "decl", "--decl-rate", "queue", "--resume", ckpt], "--decl-rate queue"),
-                         (["--loss", "dcl", "--resume", ckpt], "not --loss dcl"),
-                         (["--loss", "decl", "--resume", ckpt, "--loss-reset"], "give one of them")):
+    for extra, named in (
+        (["--loss", "decl"], "give --resume"),
+        (["--loss", "decl", "--decl-rate", "queue", "--resume", ckpt], "--decl-rate queue"),
+        (["--loss", "dcl", "--resume", ckpt], "not --loss dcl"),
+        (["--loss", "decl", "--resume", ckpt, "--loss-reset"], "give one of them"),
+    ):
         assert main([str(a) for a in base + extra]) == 2
         assert named in capsys.readouterr().err
     assert not (tmp_path / "l").exists()
 
 
 # -- bad values and paths fail before the work --------------------------------------------------------
-@pytest.mark.parametrize("flag, value, named", [
-    ("--lr", "nan", "--lr nan: must be a finite number > 0"),
-    ("--lr", "-1", "--lr -1: must be a finite number > 0"),
-    ("--lr", "0", "--lr 0: must be a finite number > 0"),
-    ("--wd", "-0.1", "--wd -0.1: must be a finite number >= 0"),
-    ("--wd", "inf", "--wd inf: must be a finite number >= 0"),
-    ("--beta2", "1", "--beta2 1: must be in [0, 1)"),
-    ("--eps", "0", "--eps 0: must be a finite number > 0"),
-    ("--warmup", "-5", "--warmup -5: must be an integer >= 0"),
-])
-def test_bad_optimizer_values_exit_2_naming_them_before_the_model_is_built(tmp_path, capsys, monkeypatch, flag,
-                                                                           value, named):
+@pytest.mark.parametrize(
+    "flag, value, named",
+    [
+        ("--lr", "nan", "--lr nan: must be a finite number > 0"),
+        ("--lr", "-1", "--lr -1: must be a finite number > 0"),
+        ("--lr", "0", "--lr 0: must be a finite number > 0"),
+        ("--wd", "-0.1", "--wd -0.1: must be a finite number >= 0"),
+        ("--wd", "inf", "--wd inf: must be a finite number >= 0"),
+        ("--beta2", "1", "--beta2 1: must be in [0, 1)"),
+        ("--eps", "0", "--eps 0: must be a finite number > 0"),
+        ("--warmup", "-5", "--warmup -5: must be an integer >= 0"),
+    ],
+)
+def test_bad_optimizer_values_exit_2_naming_them_before_the_model_is_built(
+    tmp_path, capsys, monkeypatch, flag, value, named
+):
     import open_clip
 
     def no_model(*a, **k):
         raise AssertionError("the model was built")
 
     monkeypatch.setattr(open_clip, "create_model_and_transforms", no_model)
-    rc = main(["--dataset-type", "synthetic", "--train-num-samples", "16", "--device", "cpu", "--logs",
-               str(tmp_path / "logs"), flag, value])
+    rc = main(
+        [
+            "--dataset-type",
+            "synthetic",
+            "--train-num-samples",
+            "16",
+            "--device",
+            "cpu",
+            "--logs",
+            str(tmp_path / "logs"),
+            flag,
+            value,
+        ]
+    )
     assert rc == 2
     assert f"clip-dcl train: error: {named}" in capsys.readouterr().err
     assert not (tmp_path / "logs").exists()
@@ -328,7 +477,16 @@ def test_unwritable_logs_exit_2_before_any_work(tmp_path, capsys):
 
 
 def test_resume_of_a_folder_or_a_missing_file_exits_2(tmp_path, capsys):
-    base = ["--dataset-type", "synthetic", "--train-num-samples", "16", "--device", "cpu", "--logs", str(tmp_path / "l")]
+    base = [
+        "--dataset-type",
+        "synthetic",
+        "--train-num-samples",
+        "16",
+        "--device",
+        "cpu",
+        "--logs",
+        str(tmp_path / "l"),
+    ]
     assert main([*base, "--resume", str(tmp_path)]) == 2
     assert f"--resume {tmp_path} is a folder, not a checkpoint file" in capsys.readouterr().err
     assert main([*base, "--resume", str(tmp_path / "epoch_9.pt")]) == 2
@@ -385,8 +543,22 @@ def test_template_placeholders_are_checked_when_the_templates_are_read(tmp_path,
     _no_model(monkeypatch)
     from clip_dcl.eval.cli import main as eval_main
 
-    assert eval_main(["zeroshot", "--data", str(tmp_path), "--model", "clip-dcl-tiny", "--device", "cpu",
-                      "--templates", str(bad)]) == 2
+    assert (
+        eval_main(
+            [
+                "zeroshot",
+                "--data",
+                str(tmp_path),
+                "--model",
+                "clip-dcl-tiny",
+                "--device",
+                "cpu",
+                "--templates",
+                str(bad),
+            ]
+        )
+        == 2
+    )
     assert "--templates: template file" in capsys.readouterr().err
 
 
@@ -395,7 +567,10 @@ def test_stale_partial_files_are_removed_at_start_with_a_log_line(tmp_path):
     """A SIGKILL during a save leaves ``*.partial`` files (a checkpoint's, a loss-state shard's); the next
     run in that folder removes them as it starts, and says so."""
     checkpoints = tmp_path / "logs" / "p" / "checkpoints"
-    stale = [checkpoints / "epoch_1.pt.partial", checkpoints / "loss_state" / "epoch_1" / "log_rate.rank00000-of-00001.state.partial"]
+    stale = [
+        checkpoints / "epoch_1.pt.partial",
+        checkpoints / "loss_state" / "epoch_1" / "log_rate.rank00000-of-00001.state.partial",
+    ]
     for path in stale:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_bytes(b"torn")
@@ -403,9 +578,32 @@ def test_stale_partial_files_are_removed_at_start_with_a_log_line(tmp_path):
     keep.write_text("kept")
     link = checkpoints / "epoch_9.pt.partial"  # a link is none of a save's making: left alone
     link.symlink_to(keep)
-    res = train_in_process(["--model", "clip-dcl-tiny", "--dataset-type", "synthetic", "--train-num-samples", "16",
-                            "--batch-size", "16", "--epochs", "1", "--precision", "fp32", "--device", "cpu",
-                            "--workers", "0", "--report-to", "", "--logs", tmp_path / "logs", "--name", "p"])
+    res = train_in_process(
+        [
+            "--model",
+            "clip-dcl-tiny",
+            "--dataset-type",
+            "synthetic",
+            "--train-num-samples",
+            "16",
+            "--batch-size",
+            "16",
+            "--epochs",
+            "1",
+            "--precision",
+            "fp32",
+            "--device",
+            "cpu",
+            "--workers",
+            "0",
+            "--report-to",
+            "",
+            "--logs",
+            tmp_path / "logs",
+            "--name",
+            "p",
+        ]
+    )
     assert res.returncode == 0, res.stderr[-6000:]
     assert not any(p.exists() for p in stale) and keep.read_text() == "kept" and link.is_symlink()
     log = (tmp_path / "logs" / "p" / "out.log").read_text()

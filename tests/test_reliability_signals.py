@@ -4,6 +4,7 @@ during a save exits 130 and leaves no file; torchrun's exit on a signal passes t
 Each launch runs in its own process group with a timeout (``test_reliability_exit._finish``), so a
 regression fails the test instead of hanging the suite.
 """
+
 from __future__ import annotations
 
 import os
@@ -15,8 +16,15 @@ import time
 
 import pytest
 import torch
-
-from test_reliability_exit import HELPER, _default_sigint, _env, _finish, _flags, _launch, shards  # noqa: F401 (a fixture)
+from test_reliability_exit import (  # noqa: F401 (shards: a fixture)
+    HELPER,
+    _default_sigint,
+    _env,
+    _finish,
+    _flags,
+    _launch,
+    shards,
+)
 
 
 def _last_line(err: str) -> str:
@@ -30,8 +38,13 @@ def test_exit_stopped_loader_workers_end_quietly_and_leave_pytorchs_watch():
 
     signals = StopSignals(["SIGTERM"], ctrl_c=True).install()  # the trainer's, inherited by the workers
     try:
-        loader = torch.utils.data.DataLoader(list(range(8)), batch_size=2, num_workers=2, persistent_workers=True,
-                                             worker_init_fn=worker_ignores_stop_signals)
+        loader = torch.utils.data.DataLoader(
+            list(range(8)),
+            batch_size=2,
+            num_workers=2,
+            persistent_workers=True,
+            worker_init_fn=worker_ignores_stop_signals,
+        )
         it = iter(loader)
         next(it)
         workers = list(it._workers)
@@ -55,14 +68,22 @@ def test_exit_a_failed_run_with_two_workers_ends_on_its_own_line(shards, tmp_pat
     bare = tmp_path / "bare"
     shutil.copytree(os.path.dirname(shards), bare)
     (bare / "sizes.json").unlink()
-    flags = _flags(str(bare / os.path.basename(shards)), tmp_path / "logs", "big", "--loss", "dcl", "--batch-size",
-                   "128", "--workers", "2")
+    flags = _flags(
+        str(bare / os.path.basename(shards)),
+        tmp_path / "logs",
+        "big",
+        "--loss",
+        "dcl",
+        "--batch-size",
+        "128",
+        "--workers",
+        "2",
+    )
     flags.remove("--dataset-resampled")  # one pass over the 64 samples of the shards
     proc, _ = _launch(["-m", "clip_dcl.train", *flags])
     rc, err, _ = _finish(proc)
     assert rc == 1, err[-3000:]
-    assert _last_line(err).endswith("check --train-data") and "yielded no batch of 128" in _last_line(err), \
-        err[-3000:]
+    assert _last_line(err).endswith("check --train-data") and "yielded no batch of 128" in _last_line(err), err[-3000:]
     assert "Traceback" not in err and "exited unexpectedly" not in err, err[-3000:]
 
 
@@ -141,11 +162,26 @@ def test_failed_save_on_two_ranks_leaves_no_shard_folder_without_its_checkpoint(
     folder = tmp_path / "logs" / "full" / "checkpoints"
     folder.mkdir(parents=True)
     (folder / "epoch_2.pt.partial").symlink_to("/dev/full")  # epoch 1 saves, epoch 2 finds the disk full
-    flags = _flags(shards, tmp_path / "logs", "full", "--loss", "decl", "--decl-num-samples", "400",
-                   "--decl-state", "sharded", "--local-loss", "--gather-with-grad", "--dist-timeout", "20",
-                   "--train-num-samples", "32")
-    proc, _ = _launch(["-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", "-m", "clip_dcl.train",
-                       "--", *flags])
+    flags = _flags(
+        shards,
+        tmp_path / "logs",
+        "full",
+        "--loss",
+        "decl",
+        "--decl-num-samples",
+        "400",
+        "--decl-state",
+        "sharded",
+        "--local-loss",
+        "--gather-with-grad",
+        "--dist-timeout",
+        "20",
+        "--train-num-samples",
+        "32",
+    )
+    proc, _ = _launch(
+        ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", "-m", "clip_dcl.train", "--", *flags]
+    )
     rc, err, _ = _finish(proc)
     assert rc != 0 and f"cannot write checkpoint {folder / 'epoch_2.pt'}: the disk is full" in err, err[-3000:]
     assert sorted(p.name for p in folder.glob("*.pt")) == ["epoch_1.pt"]
@@ -165,8 +201,20 @@ def test_torchrun_exit_codes_pass_the_ranks_stop_through():
 
 
 def _two_rank_flags(shards, logs, *extra):  # noqa: F811
-    return _flags(shards, logs, "x", "--loss", "dcl", "--local-loss", "--gather-with-grad", "--epochs", "20",
-                  "--train-num-samples", "32", *extra)
+    return _flags(
+        shards,
+        logs,
+        "x",
+        "--loss",
+        "dcl",
+        "--local-loss",
+        "--gather-with-grad",
+        "--epochs",
+        "20",
+        "--train-num-samples",
+        "32",
+        *extra,
+    )
 
 
 @pytest.mark.slow
@@ -175,9 +223,15 @@ def test_torchrun_ctrl_c_through_the_launch_script_exits_130_after_the_ranks_sav
 
     script = Path(__file__).resolve().parents[1] / "launch" / "train_single_node.sh"
     logs = tmp_path / "logs"
-    proc = subprocess.Popen(["bash", str(script), *_two_rank_flags(shards, logs)], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, env=_env(PYTHON=sys.executable, NPROC="2"),
-                            start_new_session=True, preexec_fn=_default_sigint)
+    proc = subprocess.Popen(
+        ["bash", str(script), *_two_rank_flags(shards, logs)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=_env(PYTHON=sys.executable, NPROC="2"),
+        start_new_session=True,
+        preexec_fn=_default_sigint,
+    )
     deadline = time.monotonic() + 90
     log = logs / "x" / "out.log"
     while not (log.exists() and "Train Epoch: 0" in log.read_text()):
@@ -195,8 +249,19 @@ def test_torchrun_ctrl_c_through_the_launch_script_exits_130_after_the_ranks_sav
 @pytest.mark.slow
 def test_torchrun_ranks_stopped_by_their_own_signal_exit_75(shards, tmp_path):  # noqa: F811
     # a scheduler's SIGTERM to the rank (not to torchrun): it saves, exits 75, and torchrun's failure passes it on
-    proc, _ = _launch(["-m", "clip_dcl.train.torchrun", "--standalone", "--nproc_per_node", "1", HELPER, "--",
-                       *_two_rank_flags(shards, tmp_path / "logs")], env=_env(PREEMPT_AT_STEP="2"))
+    proc, _ = _launch(
+        [
+            "-m",
+            "clip_dcl.train.torchrun",
+            "--standalone",
+            "--nproc_per_node",
+            "1",
+            HELPER,
+            "--",
+            *_two_rank_flags(shards, tmp_path / "logs"),
+        ],
+        env=_env(PREEMPT_AT_STEP="2"),
+    )
     rc, err, _ = _finish(proc)
     assert rc == 75, err[-3000:]
     assert _last_line(err) == "clip-dcl train: the ranks stopped on a signal (exit codes 75); exit code 75"

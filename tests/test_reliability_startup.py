@@ -11,6 +11,7 @@ starts (the GPU count is faked: this CPU has none).
 
 Each launch runs in its own process group with a timeout (``test_reliability_exit._finish``).
 """
+
 from __future__ import annotations
 
 import os
@@ -23,7 +24,6 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-
 from test_reliability_exit import HELPER, _env, _flags, _launch, shards  # noqa: F401 (a fixture)
 from test_reliability_exit import _finish as _finish_group
 
@@ -50,7 +50,7 @@ def _wait_for(path: Path, proc, timeout=LAUNCH_BOUND_S):
 
 def _descendants(pid: int) -> list:
     out = []
-    for task in (os.listdir(f"/proc/{pid}/task") if os.path.isdir(f"/proc/{pid}/task") else []):
+    for task in os.listdir(f"/proc/{pid}/task") if os.path.isdir(f"/proc/{pid}/task") else []:
         try:
             with open(f"/proc/{pid}/task/{task}/children") as f:
                 for child in map(int, f.read().split()):
@@ -130,9 +130,11 @@ def test_startup_a_stop_signal_before_the_first_step_stops_at_once_and_after_it_
 def test_startup_the_line_says_nothing_was_trained():
     from clip_dcl.train.exits import startup_stop_line
 
-    assert startup_stop_line("SIGTERM") == ("clip-dcl train: stopped on SIGTERM during start-up, before the first "
-                                            "training step: nothing was trained since the last checkpoint; exit "
-                                            "code 75")
+    assert startup_stop_line("SIGTERM") == (
+        "clip-dcl train: stopped on SIGTERM during start-up, before the first "
+        "training step: nothing was trained since the last checkpoint; exit "
+        "code 75"
+    )
     assert startup_stop_line("SIGINT", "1").startswith("clip-dcl train: interrupted (Ctrl-C) (rank 1) during start-up")
     assert startup_stop_line("SIGINT").endswith("exit code 130")
 
@@ -170,8 +172,9 @@ def test_startup_the_launcher_names_the_rank_that_failed_first_not_those_it_stop
 def test_startup_a_signal_before_the_first_step_ends_the_run_within_5s(shards, tmp_path, sig, code):  # noqa: F811
     marker = tmp_path / "m"
     env = _env(STARTUP_PAUSE="1", PAUSE_FILE=str(marker))
-    proc, _ = _launch([HELPER, *_flags(shards, tmp_path / "logs", "s", "--loss", "decl", "--decl-num-samples", "400")],
-                      env=env)
+    proc, _ = _launch(
+        [HELPER, *_flags(shards, tmp_path / "logs", "s", "--loss", "decl", "--decl-num-samples", "400")], env=env
+    )
     _wait_for(Path(str(marker) + ".startup"), proc)  # the model is built, the loss is being built
     sent = time.monotonic()
     os.kill(proc.pid, sig)
@@ -179,8 +182,10 @@ def test_startup_a_signal_before_the_first_step_ends_the_run_within_5s(shards, t
     assert rc == code, err[-3000:]
     assert took < STOP_BOUND_S, f"{took:.1f} s"
     what = "stopped on SIGTERM" if sig == signal.SIGTERM else "interrupted (Ctrl-C)"
-    assert _last_line(err).endswith(f"clip-dcl train: {what} during start-up, before the first training step: "
-                                    f"nothing was trained since the last checkpoint; exit code {code}"), err[-3000:]
+    assert _last_line(err).endswith(
+        f"clip-dcl train: {what} during start-up, before the first training step: "
+        f"nothing was trained since the last checkpoint; exit code {code}"
+    ), err[-3000:]
     assert "Traceback" not in err, err[-3000:]
     assert not (tmp_path / "logs" / "s").exists()  # no checkpoint: the folder goes, the same command runs again
 
@@ -191,10 +196,20 @@ def test_startup_a_rank_killed_before_the_rendezvous_ends_the_waiting_one_within
     # SIGTERM, which its Python handler cannot see there: the wakeup pipe's reader ends it
     marker = tmp_path / "m"
     env = _env(FREEZE_RANK="1", PAUSE_FILE=str(marker))
-    flags = _flags(shards, tmp_path / "logs", "r", "--loss", "decl", "--decl-num-samples", "400", "--local-loss",
-                   "--gather-with-grad")
-    proc, _ = _launch(["-m", "clip_dcl.train.torchrun", "--standalone", "--nproc_per_node", "2", HELPER, "--", *flags],
-                      env=env)
+    flags = _flags(
+        shards,
+        tmp_path / "logs",
+        "r",
+        "--loss",
+        "decl",
+        "--decl-num-samples",
+        "400",
+        "--local-loss",
+        "--gather-with-grad",
+    )
+    proc, _ = _launch(
+        ["-m", "clip_dcl.train.torchrun", "--standalone", "--nproc_per_node", "2", HELPER, "--", *flags], env=env
+    )
     _wait_for(Path(str(marker) + ".frozen"), proc)
     _wait_for(Path(str(marker) + ".rdzv.0"), proc)
     time.sleep(1.0)  # rank 0 is in the rendezvous's wait
@@ -268,8 +283,13 @@ def test_devices_the_launch_script_refuses_2_ranks_on_1_gpu_before_any_rank_star
     env["PYTHONPATH"] = os.pathsep.join([str(fake), env["PYTHONPATH"]])
     env.pop("CUDA_VISIBLE_DEVICES")
     flags = [f for f in _flags(shards, tmp_path / "logs", "g") if f not in ("cpu", "--device")]
-    proc = subprocess.run(["bash", str(ROOT / "launch" / "train_single_node.sh"), *flags], capture_output=True,
-                          text=True, env=env, timeout=LAUNCH_BOUND_S)
+    proc = subprocess.run(
+        ["bash", str(ROOT / "launch" / "train_single_node.sh"), *flags],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=LAUNCH_BOUND_S,
+    )
     assert proc.returncode == 2, proc.stderr[-3000:]
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1, proc.stderr[-3000:]
@@ -282,12 +302,15 @@ def test_devices_the_launch_script_refuses_2_ranks_on_1_gpu_before_any_rank_star
 def test_oneline_too_few_shards_for_two_ranks_is_one_line_before_any_rank_starts(shards, tmp_path):  # noqa: F811
     flags = _flags(shards, tmp_path / "logs", "w", "--loss", "dcl", "--workers", "4")
     flags.remove("--dataset-resampled")
-    proc, _ = _launch(["-m", "clip_dcl.train.torchrun", "--standalone", "--nproc_per_node", "2", "-m",
-                       "clip_dcl.train", "--", *flags])
+    proc, _ = _launch(
+        ["-m", "clip_dcl.train.torchrun", "--standalone", "--nproc_per_node", "2", "-m", "clip_dcl.train", "--", *flags]
+    )
     rc, err, _ = _finish(proc, timeout=LAUNCH_BOUND_S)
     assert rc == 2, err[-3000:]
-    line = ("clip-dcl train: error: --train-data has 4 shard(s) for --workers 4 x 2 ranks: each worker reads shards "
-            "of its own, so 8 are needed; give --workers 2 or fewer, more shards, or --dataset-resampled")
+    line = (
+        "clip-dcl train: error: --train-data has 4 shard(s) for --workers 4 x 2 ranks: each worker reads shards "
+        "of its own, so 8 are needed; give --workers 2 or fewer, more shards, or --dataset-resampled"
+    )
     assert err.strip() == line, err[-3000:]  # once, alone: no rank started
     assert not (tmp_path / "logs").exists()
 
@@ -311,8 +334,9 @@ def test_oneline_the_entry_point_refuses_too_few_shards_on_its_world(monkeypatch
 def test_oneline_an_error_every_rank_meets_is_printed_once_without_traceback(shards, tmp_path):  # noqa: F811
     # keys up to 63 and a buffer of 8 ids: the loss raises on the first step, on both ranks
     flags = _flags(shards, tmp_path / "logs", "o", "--loss", "decl", "--decl-num-samples", "8")
-    proc, _ = _launch(["-m", "clip_dcl.train.torchrun", "--standalone", "--nproc_per_node", "2", "-m",
-                       "clip_dcl.train", "--", *flags])
+    proc, _ = _launch(
+        ["-m", "clip_dcl.train.torchrun", "--standalone", "--nproc_per_node", "2", "-m", "clip_dcl.train", "--", *flags]
+    )
     rc, err, _ = _finish(proc, timeout=LAUNCH_BOUND_S)
     assert rc == 1, err[-3000:]
     assert err.count("is outside [0, num_samples=8)") == 1, err[-3000:]
@@ -337,13 +361,20 @@ print("went on after the signal", file=sys.stderr)
 
 @pytest.mark.parametrize("sig,code", [("TERM", 75), ("INT", 130)])
 def test_startup_the_command_leaves_from_the_handler_whatever_catches_exceptions_around_it(sig, code):
-    proc = subprocess.run([sys.executable, "-c", _SWALLOWING.format(sig=sig)], capture_output=True, text=True,
-                          env=_env(), timeout=LAUNCH_BOUND_S, preexec_fn=lambda: signal.signal(signal.SIGINT,
-                                                                                                signal.SIG_DFL))
+    proc = subprocess.run(
+        [sys.executable, "-c", _SWALLOWING.format(sig=sig)],
+        capture_output=True,
+        text=True,
+        env=_env(),
+        timeout=LAUNCH_BOUND_S,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
     assert proc.returncode == code, proc.stderr
     what = "stopped on SIGTERM" if sig == "TERM" else "interrupted (Ctrl-C)"
-    assert proc.stderr.strip() == (f"clip-dcl train: {what} during start-up, before the first training step: "
-                                   f"nothing was trained since the last checkpoint; exit code {code}")
+    assert proc.stderr.strip() == (
+        f"clip-dcl train: {what} during start-up, before the first training step: "
+        f"nothing was trained since the last checkpoint; exit code {code}"
+    )
 
 
 def test_startup_no_thread_of_the_trainer_runs_while_the_process_forks():
@@ -393,12 +424,32 @@ def _catches(pid: int, sig: int) -> bool:
     return bool(mask >> (int(sig) - 1) & 1)
 
 
-@pytest.mark.parametrize("sig,code,name", [(signal.SIGTERM, 75, "SIGTERM"), (signal.SIGINT, 130, "SIGINT (Ctrl-C)")],
-                         ids=["SIGTERM", "SIGINT"])
+@pytest.mark.parametrize(
+    "sig,code,name",
+    [(signal.SIGTERM, 75, "SIGTERM"), (signal.SIGINT, 130, "SIGINT (Ctrl-C)")],
+    ids=["SIGTERM", "SIGINT"],
+)
 def test_startup_the_launcher_stopped_before_it_starts_a_rank_says_so_in_one_line(tmp_path, sig, code, name):
-    proc, _ = _launch(["-m", "clip_dcl.train.torchrun", "--standalone", "--nproc_per_node", "2", "-m",
-                       "clip_dcl.train", "--", "--model", "clip-dcl-tiny", "--dataset-type", "synthetic",
-                       "--device", "cpu", "--logs", str(tmp_path / "logs")])
+    proc, _ = _launch(
+        [
+            "-m",
+            "clip_dcl.train.torchrun",
+            "--standalone",
+            "--nproc_per_node",
+            "2",
+            "-m",
+            "clip_dcl.train",
+            "--",
+            "--model",
+            "clip-dcl-tiny",
+            "--dataset-type",
+            "synthetic",
+            "--device",
+            "cpu",
+            "--logs",
+            str(tmp_path / "logs"),
+        ]
+    )
     deadline = time.monotonic() + 30
     # its first lines ran (SIGTERM is caught: Python catches SIGINT from its own start), torch is not imported yet
     while not _catches(proc.pid, signal.SIGTERM) and time.monotonic() < deadline:
@@ -406,8 +457,10 @@ def test_startup_the_launcher_stopped_before_it_starts_a_rank_says_so_in_one_lin
     os.kill(proc.pid, sig)
     rc, err, _ = _finish(proc, timeout=LAUNCH_BOUND_S)
     assert rc == code, err[-3000:]
-    assert err.strip() == (f"clip-dcl train: the launcher stopped on {name} before it started any rank: nothing "
-                           f"was trained; exit code {code}"), err[-3000:]
+    assert err.strip() == (
+        f"clip-dcl train: the launcher stopped on {name} before it started any rank: nothing "
+        f"was trained; exit code {code}"
+    ), err[-3000:]
     assert not (tmp_path / "logs").exists()
 
 
@@ -440,10 +493,35 @@ def test_startup_ctrl_c_while_the_launcher_starts_the_ranks_leaves_no_rank_runni
     pids = tmp_path / "pids"
     env = _env(RANK_PIDS=str(pids))
     env["PYTHONPATH"] = os.pathsep.join([str(hook), env["PYTHONPATH"]])
-    proc, _ = _launch(["-m", "clip_dcl.train.torchrun", "--standalone", "--nproc_per_node", "2", "-m",
-                       "clip_dcl.train", "--", "--model", "clip-dcl-tiny", "--dataset-type", "synthetic",
-                       "--train-num-samples", "16", "--batch-size", "8", "--device", "cpu", "--report-to", "",
-                       "--logs", str(tmp_path / "logs"), "--name", "c"], env=env)
+    proc, _ = _launch(
+        [
+            "-m",
+            "clip_dcl.train.torchrun",
+            "--standalone",
+            "--nproc_per_node",
+            "2",
+            "-m",
+            "clip_dcl.train",
+            "--",
+            "--model",
+            "clip-dcl-tiny",
+            "--dataset-type",
+            "synthetic",
+            "--train-num-samples",
+            "16",
+            "--batch-size",
+            "8",
+            "--device",
+            "cpu",
+            "--report-to",
+            "",
+            "--logs",
+            str(tmp_path / "logs"),
+            "--name",
+            "c",
+        ],
+        env=env,
+    )
     deadline = time.monotonic() + LAUNCH_BOUND_S
     while proc.poll() is None and time.monotonic() < deadline:
         time.sleep(0.05)

@@ -1,4 +1,5 @@
 """The benchmarks' reporting kit (``clip_dcl.experiment.reporting``) and memory readings."""
+
 from __future__ import annotations
 
 import json
@@ -19,10 +20,18 @@ def test_markdown_table_lays_out_header_rule_and_rows():
 
 
 def test_report_writes_markdown_and_json_with_its_about_items_first(tmp_path):
-    report = Report.at(tmp_path / "sub" / "bench", "python benchmarks/bench.py --quick", date="2030-01-02 03:04",
-                       machine="a test machine")
-    assert report.about(status="complete") == ["- Status: complete", "- Command: `python benchmarks/bench.py --quick`",
-                                               "- Date (UTC): 2030-01-02 03:04", "- Machine: a test machine"]
+    report = Report.at(
+        tmp_path / "sub" / "bench",
+        "python benchmarks/bench.py --quick",
+        date="2030-01-02 03:04",
+        machine="a test machine",
+    )
+    assert report.about(status="complete") == [
+        "- Status: complete",
+        "- Command: `python benchmarks/bench.py --quick`",
+        "- Date (UTC): 2030-01-02 03:04",
+        "- Machine: a test machine",
+    ]
     assert report.about(date="later")[1] == "- Date (UTC): later"
     md = report.write(["# title", "", "body\n\n"], {"rows": [1, 2], "path": tmp_path, "machine": "overridden"})
     assert md == tmp_path / "sub" / "bench.md" and md.read_text() == "# title\n\nbody\n"
@@ -34,9 +43,15 @@ def test_report_writes_markdown_and_json_with_its_about_items_first(tmp_path):
 
 def test_a_published_json_names_paths_under_the_work_folder_relative_to_it_and_the_interpreter_python(tmp_path):
     work = tmp_path / "work"
-    doc = {"command": [sys.executable, "-m", "clip_dcl.train", "--train-data", str(work / "data" / "{0..3}.tar")],
-           "checkpoint": work / "runs" / "c.pt", "work": str(work), "beside": str(tmp_path / "work2" / "x"),
-           "rows": [{"interpreter": "/opt/env/bin/python3.11"}], "n": 3, "text": "a/b"}
+    doc = {
+        "command": [sys.executable, "-m", "clip_dcl.train", "--train-data", str(work / "data" / "{0..3}.tar")],
+        "checkpoint": work / "runs" / "c.pt",
+        "work": str(work),
+        "beside": str(tmp_path / "work2" / "x"),
+        "rows": [{"interpreter": "/opt/env/bin/python3.11"}],
+        "n": 3,
+        "text": "a/b",
+    }
     got = json.loads(write_json(tmp_path / "r.json", doc, roots=[work]).read_text())
     assert got["command"] == ["python", "-m", "clip_dcl.train", "--train-data", "data/{0..3}.tar"]
     assert (got["checkpoint"], got["work"], got["rows"][0]["interpreter"]) == ("runs/c.pt", ".", "python")
@@ -73,8 +88,13 @@ print(json.dumps({"before": before, "during": during, "after": after, "peak": me
 
 def test_peak_memory_keeps_an_allocation_that_current_memory_gives_back():
     # a fresh interpreter (no torch): a small process whose resident memory the probe can move measurably
-    out = subprocess.run([sys.executable, "-c", _MEMORY_PROBE], capture_output=True, text=True, check=True,
-                         cwd=Path(__file__).resolve().parents[1]).stdout
+    out = subprocess.run(
+        [sys.executable, "-c", _MEMORY_PROBE],
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=Path(__file__).resolve().parents[1],
+    ).stdout
     r = json.loads(out)
     mib = r["mib"]
     assert r["during"] - r["before"] > 48 * mib

@@ -1,5 +1,6 @@
 """How a sample's id is made from its shard (:mod:`clip_dcl.data.ids`): the key's order of preference
 and the hash fallback's collision rate that the module documents."""
+
 from __future__ import annotations
 
 import math

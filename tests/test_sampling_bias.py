@@ -1,4 +1,5 @@
 """The sampling-bias benchmark: run list, aggregation, the oracle driver through clip_dcl.train."""
+
 from __future__ import annotations
 
 import statistics
@@ -32,8 +33,10 @@ def test_bad_tau_plus_is_named(bad):
 
 def test_summary_matches_numpy_and_skips_missing_values():
     rng = np.random.default_rng(0)
-    scores = {"a": [{"m": float(v), "seed": i} for i, v in enumerate(rng.random(5))],
-              "b": [{"m": 0.3}, {"m": float("nan")}, {}]}
+    scores = {
+        "a": [{"m": float(v), "seed": i} for i, v in enumerate(rng.random(5))],
+        "b": [{"m": 0.3}, {"m": float("nan")}, {}],
+    }
     out = sb.summarize(scores, ["m"])
     vals = [s["m"] for s in scores["a"]]
     assert out["a"]["m"]["mean"] == pytest.approx(np.mean(vals))
@@ -46,8 +49,11 @@ def test_summary_matches_numpy_and_skips_missing_values():
 def test_tau_table_lists_each_run_with_its_prior_and_spread():
     runs = sb.make_runs([0.25])
     keys = [k for k, _ in sb.HEADLINE]
-    scores = {"clip": [{k: 0.5 for k in keys}, {k: 0.7 for k in keys}],
-              "dcl tau+=0.25": [{k: 0.8 for k in keys}], sb.ORACLE: []}
+    scores = {
+        "clip": [{k: 0.5 for k in keys}, {k: 0.7 for k in keys}],
+        "dcl tau+=0.25": [{k: 0.8 for k in keys}],
+        sb.ORACLE: [],
+    }
     have = {n: v for n, v in scores.items() if v}
     table = sb.tau_table(runs, sb.summarize(have, keys), {keys[0]: 0.25})
     rows = table.splitlines()
@@ -104,8 +110,14 @@ def test_oracle_trains_through_clip_dcl_train_and_checkpoint_has_no_labels(tmp_p
 
     data = generate(tmp_path / "data", quick=True, num_classes=3, train_samples=96, verbose=False)
     budget = ex.Budget(epochs=2, batch_size=32, warmup=1, workers=0, log_every_n_steps=1)
-    res = ex.train(ex.Run("oracle", ("--loss", "unbiased")), data, tmp_path / "runs", budget, echo=lambda s: None,
-                   entry=[preloaded.python, str(BENCH / "train_oracle.py")])  # the benchmark's script, as run
+    res = ex.train(
+        ex.Run("oracle", ("--loss", "unbiased")),
+        data,
+        tmp_path / "runs",
+        budget,
+        echo=lambda s: None,
+        entry=[preloaded.python, str(BENCH / "train_oracle.py")],
+    )  # the benchmark's script, as run
     # each epoch's checkpoint replaced the one before: a run keeps one
     assert sorted(p.name for p in res.checkpoint.parent.glob("*.pt")) == ["epoch_2.pt"]
     ckpt = torch.load(res.checkpoint, map_location="cpu", weights_only=False)
@@ -129,11 +141,14 @@ def test_extra_runs_parse_with_the_training_flags_and_their_table_gives_ratios_t
     assert {r.flags[1] for r in m3} == {"clip", "dcl", "curl", "decl"}
     assert [sb.run_tau_plus(r) for r in runs if "auto" in r.flags] == [None]
     log = tmp_path
-    (log / "metrics.jsonl").write_text('{"kind": "train", "clamp_rate": 0.2, "tau_plus": 0.1}\n'
-                                       '{"kind": "train", "clamp_rate": 0.4, "tau_plus": 0.2}\n')
+    (log / "metrics.jsonl").write_text(
+        '{"kind": "train", "clamp_rate": 0.2, "tau_plus": 0.1}\n{"kind": "train", "clamp_rate": 0.4, "tau_plus": 0.2}\n'
+    )
     assert sb.log_means(log) == {"clamp_rate": pytest.approx(0.3), "tau_plus_final": 0.2}
-    summary = {"clip": {k: {"mean": 0.5, "std": 0.1, "n": 3} for k, _ in sb.HEADLINE},
-               runs[1].name: {k: {"mean": 0.6, "std": 0.1, "n": 3} for k, _ in sb.HEADLINE}}
+    summary = {
+        "clip": {k: {"mean": 0.5, "std": 0.1, "n": 3} for k, _ in sb.HEADLINE},
+        runs[1].name: {k: {"mean": 0.6, "std": 0.1, "n": 3} for k, _ in sb.HEADLINE},
+    }
     table = sb.extra_table(runs, summary, {runs[1].name: [sb.log_means(log)]}, {})
     assert "60.0 ± 10.0 (1.20x)" in table and "| 0.30 | 0.200 |" in table
 
@@ -149,13 +164,24 @@ def test_prior_diagnosis_splits_the_pairs_by_relation_and_names_the_runs():
     assert pd.name_of(["--loss", "clip"]) == "clip"
     assert pd.name_of(["--loss", "dcl", "--tau-plus", "auto"]) == "dcl tau+=auto"
     assert pd.name_of(["--loss", "dcl", "--tau-plus", "0.25", "--hcl-beta", "1"]) == ""
-    rows = [{"estimate": 0.4, "sklearn_estimate": 0.45, "positive": {"mean": 9.0}, "clean_estimate": 0.5,
-             "clean_truth": 0.5,
-             **{r: {"mean": 1.0, "sd": 2.0, "share": 0.25} for r in pd.RELATIONS}}]
+    rows = [
+        {
+            "estimate": 0.4,
+            "sklearn_estimate": 0.45,
+            "positive": {"mean": 9.0},
+            "clean_estimate": 0.5,
+            "clean_truth": 0.5,
+            **{r: {"mean": 1.0, "sd": 2.0, "share": 0.25} for r in pd.RELATIONS},
+        }
+    ]
     md = pd.table({"clip": rows, "dcl tau+=auto": []}, 0.25)
     assert "| clip | 1 | 0.400 | 0.450 | 9.00 | 1.00 ± 2.00 (0.25) |" in md and "auto" not in md
-    scores = torch.cat([torch.randn(3000, generator=torch.Generator().manual_seed(0)),
-                        8 + torch.randn(1000, generator=torch.Generator().manual_seed(1))])
+    scores = torch.cat(
+        [
+            torch.randn(3000, generator=torch.Generator().manual_seed(0)),
+            8 + torch.randn(1000, generator=torch.Generator().manual_seed(1)),
+        ]
+    )
     assert pd.sklearn_upper_weight(scores) == pytest.approx(0.25, abs=0.02)
 
 

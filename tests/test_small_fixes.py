@@ -1,5 +1,6 @@
 """Small things a first user meets: the study's --help in plain text, zero-shot's top5 NaN explained, and a
 package description setuptools reads without a deprecation warning."""
+
 from __future__ import annotations
 
 import math
@@ -33,8 +34,10 @@ def test_zeroshot_says_why_top5_is_nan():
     from clip_dcl.eval.zeroshot import zeroshot_table
 
     few = zeroshot_table({"top1": 0.5, "top5": math.nan, "mean_per_class_recall": 0.5})
-    assert few.splitlines()[-1] == ("top5 and acc5 are nan: the data have fewer than 5 classes, so the true class is "
-                                    "always among the top 5 and they measure nothing")
+    assert few.splitlines()[-1] == (
+        "top5 and acc5 are nan: the data have fewer than 5 classes, so the true class is "
+        "always among the top 5 and they measure nothing"
+    )
     assert "fewer than 5 classes" not in zeroshot_table({"top1": 0.5, "top5": 0.9, "mean_per_class_recall": 0.5})
 
 

@@ -1,5 +1,6 @@
 """A toy stateful loss added by one class and one registration: it trains, resumes and rolls back through the
 real trainer (``clip_dcl.train``), which reads only the :class:`~clip_dcl.losses.base.StatefulLoss` contract."""
+
 import torch
 from conftest import train_in_process
 from test_train import _train_in_process
@@ -55,10 +56,38 @@ def test_the_toy_loss_trains_and_resumes_through_the_trainer(tmp_path):
         log = (tmp_path / "logs" / "toy" / "out.log").read_text()
         assert f"digest {digest_of_state_dict(state)}" in log  # the rank-agreement digest of the contract
         assert "Running_mean:" in log
-        out = train_in_process(["--dataset-type", "synthetic", "--train-num-samples", "16", "--batch-size", "4",
-                                "--epochs", "2", "--workers", "0", "--model", "clip-dcl-tiny", "--logs",
-                                tmp_path / "logs", "--name", "toy", "--report-to", "", "--seed", "0", "--warmup", "1",
-                                "--device", "cpu", "--loss", name, "--resume", "latest"])
+        out = train_in_process(
+            [
+                "--dataset-type",
+                "synthetic",
+                "--train-num-samples",
+                "16",
+                "--batch-size",
+                "4",
+                "--epochs",
+                "2",
+                "--workers",
+                "0",
+                "--model",
+                "clip-dcl-tiny",
+                "--logs",
+                tmp_path / "logs",
+                "--name",
+                "toy",
+                "--report-to",
+                "",
+                "--seed",
+                "0",
+                "--warmup",
+                "1",
+                "--device",
+                "cpu",
+                "--loss",
+                name,
+                "--resume",
+                "latest",
+            ]
+        )
         assert out.returncode == 0, out.stderr[-3000:]
         again = torch.load(tmp_path / "logs" / "toy" / "checkpoints" / "epoch_2.pt", weights_only=True)
         assert int(again["loss_state"]["steps"]) == 8  # the restored state went on counting

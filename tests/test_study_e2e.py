@@ -1,5 +1,6 @@
 """The docs' example study end to end: `study run --parallel 2`, and the lines of `study commands` run as a
 Slurm array would run them (``sed -n "${i}p"``, from another folder), give the same per-seed differences."""
+
 from __future__ import annotations
 
 import functools
@@ -18,8 +19,14 @@ def run_study(python, *args, cwd=ROOT):
     """``python -m clip_dcl.cli study ARGS`` in a process of its own: its runs' lines are shell lines, and the
     commands they start (data, trainings, scores) start from ``python`` (the preloaded one) too."""
     env = {**os.environ, "PYTHONPATH": str(ROOT), "CUDA_VISIBLE_DEVICES": ""}
-    return subprocess.run([python, "-m", "clip_dcl.cli", "study", *map(str, args)], cwd=cwd, env=env,
-                          capture_output=True, text=True, timeout=900)
+    return subprocess.run(
+        [python, "-m", "clip_dcl.cli", "study", *map(str, args)],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
 
 
 @pytest.mark.slow
@@ -37,10 +44,18 @@ def test_the_example_study_gives_the_same_report_run_here_and_through_its_lines(
     assert len(got.stdout.splitlines()) == 4
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
-    array = ("seq 1 4 | xargs -P 2 -I{} bash -c 'line=$(sed -n \"{}p\" ../lines.sh); "
-             "bash -c \"$line\" > task{}.log 2>&1 || { echo task {} failed; cat task{}.log; exit 1; }'")
-    done = subprocess.run(["bash", "-c", array], cwd=elsewhere, capture_output=True, text=True, timeout=900,
-                          env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"})
+    array = (
+        'seq 1 4 | xargs -P 2 -I{} bash -c \'line=$(sed -n "{}p" ../lines.sh); '
+        'bash -c "$line" > task{}.log 2>&1 || { echo task {} failed; cat task{}.log; exit 1; }\''
+    )
+    done = subprocess.run(
+        ["bash", "-c", array],
+        cwd=elsewhere,
+        capture_output=True,
+        text=True,
+        timeout=900,
+        env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"},
+    )
     assert done.returncode == 0, done.stdout[-5000:] + done.stderr[-3000:]
 
     # finished runs are not run again

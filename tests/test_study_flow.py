@@ -4,6 +4,7 @@ Runs are stood in for by their files (``run.json`` and the two splits' scores), 
 shell line in place of the real one (``clip_dcl.experiment.study.local.shell_line``), so these tests check
 the study's bookkeeping; tests/test_study_e2e.py trains for real.
 """
+
 from __future__ import annotations
 
 import json
@@ -14,9 +15,9 @@ from pathlib import Path
 import pytest
 
 from clip_dcl.experiment.study import cli, load_plan, run_study
-from clip_dcl.experiment.study.plan import PlanError
 from clip_dcl.experiment.study import local as L
 from clip_dcl.experiment.study import work as W
+from clip_dcl.experiment.study.plan import PlanError
 
 PLAN = """
 seeds = [0, 1]
@@ -50,8 +51,14 @@ b = "clip"
 rule = "beats"
 """
 #: each run's mean R@1 on the validation and test splits; decl beats clip by 5 points on the test split
-SCORES = {("clip", 0): (0.20, 0.30), ("decl", 0): (0.21, 0.35), ("clip", 1): (0.22, 0.31), ("decl", 1): (0.20, 0.36),
-          ("clip", 2): (0.20, 0.30), ("decl", 2): (0.22, 0.355)}
+SCORES = {
+    ("clip", 0): (0.20, 0.30),
+    ("decl", 0): (0.21, 0.35),
+    ("clip", 1): (0.22, 0.31),
+    ("decl", 1): (0.20, 0.36),
+    ("clip", 2): (0.20, 0.30),
+    ("decl", 2): (0.22, 0.355),
+}
 HARDWARE = "cpu X / no GPU / torch 2"
 
 
@@ -75,9 +82,18 @@ def write_plan(tmp_path, extra="", seeds=None):
 
 def files_of(arm, seed, hardware=HARDWARE):
     val, test = SCORES[(arm, seed)]
-    return {"run.json": {"arm": arm, "seed": seed, "recipe": "custom", "commit": "abc", "hardware": hardware,
-                         "started": "2030-01-01 00:00:00"},
-            "scores-validation.json": {"retrieval/mean_R@1": val}, "scores-test.json": {"retrieval/mean_R@1": test}}
+    return {
+        "run.json": {
+            "arm": arm,
+            "seed": seed,
+            "recipe": "custom",
+            "commit": "abc",
+            "hardware": hardware,
+            "started": "2030-01-01 00:00:00",
+        },
+        "scores-validation.json": {"retrieval/mean_R@1": val},
+        "scores-test.json": {"retrieval/mean_R@1": test},
+    }
 
 
 def finish(work, arm, seed, hardware=HARDWARE):
@@ -89,14 +105,18 @@ def finish(work, arm, seed, hardware=HARDWARE):
 
 def stand_in_line(work, log: Path, fail=()):
     """A shell_line stand-in: append ``arm seed`` to ``log``, then write the run's files (or exit 3 for ``fail``)."""
+
     def line(plan, work_, splits, arm, seed, threads):
         if (arm, seed) in fail:
             return f"echo {arm} {seed} >> {shlex.quote(str(log))}; exit 3"
         folder = W.run_dir(work, arm, seed)
         cmds = [f"echo {arm} {seed} >> {shlex.quote(str(log))}", f"mkdir -p {shlex.quote(str(folder))}"]
-        cmds += [f"echo {shlex.quote(json.dumps(doc))} > {shlex.quote(str(folder / name))}"
-                 for name, doc in files_of(arm, seed).items()]
+        cmds += [
+            f"echo {shlex.quote(json.dumps(doc))} > {shlex.quote(str(folder / name))}"
+            for name, doc in files_of(arm, seed).items()
+        ]
         return " && ".join(cmds)
+
     return line
 
 
@@ -173,8 +193,10 @@ def test_an_unfinished_study_prints_no_test_split_verdict_and_reads_no_test_scor
     out = capsys.readouterr().out
     assert out.startswith("complete")
     # one look: none named; the numbers in points, the verdict with its reason in words
-    assert "  decl beats clip (test split, 2 seeds): mean +5.00 points, 90 % interval [+5.00, +5.00] -> beats: the " \
+    assert (
+        "  decl beats clip (test split, 2 seeds): mean +5.00 points, 90 % interval [+5.00, +5.00] -> beats: the "
         "whole interval lies above zero and its mean (+5.00) is past the resolution of ±1 point\n" in out
+    )
     assert "test" in read
     doc = json.loads((work / "STUDY.json").read_text())
     final = doc["comparisons"][0]["final"]
@@ -202,6 +224,7 @@ def test_finished_runs_are_skipped_and_a_failed_run_is_rerun_and_listed(tmp_path
     doc = json.loads((work / "STUDY.json").read_text()) if (work / "STUDY.json").exists() else None
     assert doc is None  # run writes no report
     from clip_dcl.experiment.study.report import write_report
+
     doc = write_report(plan, work)["doc"]
     assert doc["status"] == "complete"
     assert [(r["arm"], r["seed"], r["exit"]) for r in doc["reruns"]] == [("decl", 1, 3), ("decl", 1, 3)]
@@ -219,6 +242,7 @@ def test_a_sequential_plan_stops_at_the_first_look_that_decides_every_comparison
     out = run_study(plan, work, parallel=1, threads=1, echo=lambda s: None)
     assert out["stopped_at_look"] == 1 and {s for _, s in ran(log)} == {"0", "1"}
     from clip_dcl.experiment.study.report import write_report
+
     doc = write_report(plan, work)["doc"]
     final = doc["comparisons"][0]["final"]
     assert final["look"] == 1 and final["verdict"] == "beats" and final["confidence"] == pytest.approx(0.95)
@@ -234,6 +258,7 @@ def test_runs_on_different_machines_are_not_paired_unless_the_plan_says_so(tmp_p
         for arm, seed in plan.runs():
             finish(work, arm, seed, hardware="other GPU" if (arm, seed) == ("decl", 1) else HARDWARE)
         from clip_dcl.experiment.study.report import build
+
         final = build(plan, work)["comparisons"][0]["final"]
         if extra:
             assert final["seeds"] == [0, 1] and not final["left_out"]
@@ -243,8 +268,9 @@ def test_runs_on_different_machines_are_not_paired_unless_the_plan_says_so(tmp_p
 
 
 def test_margin_gain_is_the_share_of_the_paired_gain_on_the_judged_split(tmp_path):
-    text = PLAN.format(extra="").replace('rule = "beats"', 'rule = "reaches"\n'
-                                         'margin_gain = {from = "clip", to = "decl", share = 0.5}')
+    text = PLAN.format(extra="").replace(
+        'rule = "beats"', 'rule = "reaches"\nmargin_gain = {from = "clip", to = "decl", share = 0.5}'
+    )
     (tmp_path / "p.toml").write_text(text)
     plan = load_plan(tmp_path / "p.toml")
     work = tmp_path / "work"
@@ -252,6 +278,7 @@ def test_margin_gain_is_the_share_of_the_paired_gain_on_the_judged_split(tmp_pat
     for run in plan.runs():
         finish(work, *run)
     from clip_dcl.experiment.study.report import build
+
     final = build(plan, work)["comparisons"][0]["final"]
     assert final["margin"] == pytest.approx(0.5 * 0.05)  # half the test split's mean gain decl - clip
 
@@ -264,14 +291,25 @@ def test_the_slurm_script_runs_the_line_of_its_array_task(tmp_path):
     lines = tmp_path / "lines.sh"
     lines.write_text(f"echo first > {tmp_path}/out\necho second > {tmp_path}/out\n")
     env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
-    got = subprocess.run(["bash", str(script), str(lines)], env={**env, "SLURM_ARRAY_TASK_ID": "2", "DRY_RUN": "1"},
-                         capture_output=True, text=True, cwd=tmp_path)
+    got = subprocess.run(
+        ["bash", str(script), str(lines)],
+        env={**env, "SLURM_ARRAY_TASK_ID": "2", "DRY_RUN": "1"},
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+    )
     assert got.returncode == 0 and got.stdout.strip() == f"echo second > {tmp_path}/out"
-    got = subprocess.run(["bash", str(script), str(lines)], env={**env, "SLURM_ARRAY_TASK_ID": "2"},
-                         capture_output=True, text=True, cwd="/")
+    got = subprocess.run(
+        ["bash", str(script), str(lines)],
+        env={**env, "SLURM_ARRAY_TASK_ID": "2"},
+        capture_output=True,
+        text=True,
+        cwd="/",
+    )
     assert got.returncode == 0 and (tmp_path / "out").read_text() == "second\n"
-    got = subprocess.run(["bash", str(script), str(lines)], env={**env, "SLURM_ARRAY_TASK_ID": "3"},
-                         capture_output=True, text=True)
+    got = subprocess.run(
+        ["bash", str(script), str(lines)], env={**env, "SLURM_ARRAY_TASK_ID": "3"}, capture_output=True, text=True
+    )
     assert got.returncode == 2 and "no line 3" in got.stderr
     assert subprocess.run(["bash", str(script), str(lines)], env=env, capture_output=True).returncode != 0
 
@@ -286,6 +324,7 @@ def test_an_exploratory_study_reads_the_validation_split_only(tmp_path, monkeypa
     real = W.read_scores
     monkeypatch.setattr(W, "read_scores", lambda w, a, s, split: read.append(split) or real(w, a, s, split))
     from clip_dcl.experiment.study.report import write_report
+
     doc = write_report(plan, work)["doc"]
     final = doc["comparisons"][0]["final"]
     assert final["split"] == "validation" and final["diffs"] == pytest.approx([0.01, -0.02])
@@ -297,7 +336,9 @@ def test_a_registered_recipe_brings_its_data_command_and_training_flags(tmp_path
     from clip_dcl.experiment.recipes import RECIPES
     from clip_dcl.experiment.study.lines import shell_line
 
-    text = PLAN.format(extra='recipe = "micro-bpe"').split("[data]")[0] + """
+    text = (
+        PLAN.format(extra='recipe = "micro-bpe"').split("[data]")[0]
+        + """
 [train]
 epochs = 3
 device = "cpu"
@@ -317,18 +358,21 @@ a = "decl-b16"
 b = "clip-b16"
 rule = "beats"
 """
+    )
     (tmp_path / "p.toml").write_text(text)
     plan = load_plan(tmp_path / "p.toml")
     assert plan.data["command"] == list(RECIPES["micro-bpe"].data_argv) and plan.data["from_summary"]
     work = tmp_path / "work"
     splits = {"validation": "/v.tar", "test": "/t.tar"}
     words = shlex.split(shell_line(plan, work, splits, "decl-b16", 1, threads=2).split(" && ")[0])
-    argv = words[words.index("--") + 1:]
+    argv = words[words.index("--") + 1 :]
     data = str(W.data_dir(work))
-    want = RECIPES["micro-bpe"].train_argv(batch_size=16, seed=1, epochs=3, name="seed1",
-                                           objective=("--loss", "decl"), device="cpu")
-    assert argv == [a.replace("{DATA}", data).replace("{LOGS}", str(W.run_dir(work, "decl-b16", 1).parent))
-                    for a in want] + ["--resume", "latest"]
+    want = RECIPES["micro-bpe"].train_argv(
+        batch_size=16, seed=1, epochs=3, name="seed1", objective=("--loss", "decl"), device="cpu"
+    )
+    assert argv == [
+        a.replace("{DATA}", data).replace("{LOGS}", str(W.run_dir(work, "decl-b16", 1).parent)) for a in want
+    ] + ["--resume", "latest"]
     with pytest.raises(Exception, match=r"unknown key 'lr' in \[train\]"):
         load_plan((tmp_path / "p.toml").write_text(text.replace("epochs = 3", "lr = 0.1")) and tmp_path / "p.toml")
 
@@ -361,14 +405,23 @@ seeds = 2
 """
 
 
-def test_a_comparison_with_fewer_seeds_trains_its_arms_only_on_those_and_is_judged_on_them(tmp_path, capsys,
-                                                                                           monkeypatch):
+def test_a_comparison_with_fewer_seeds_trains_its_arms_only_on_those_and_is_judged_on_them(
+    tmp_path, capsys, monkeypatch
+):
     path = write_plan(tmp_path, seeds=[0, 1, 2])
     path.write_text(path.read_text() + THREE_ARMS)
     plan = load_plan(path)
     assert plan.arm_seeds("tuned") == (0, 1) and plan.arm_seeds("decl") == (0, 1, 2)
-    assert plan.runs() == [("clip", 0), ("decl", 0), ("tuned", 0), ("clip", 1), ("decl", 1), ("tuned", 1),
-                           ("clip", 2), ("decl", 2)]
+    assert plan.runs() == [
+        ("clip", 0),
+        ("decl", 0),
+        ("tuned", 0),
+        ("clip", 1),
+        ("decl", 1),
+        ("tuned", 1),
+        ("clip", 2),
+        ("decl", 2),
+    ]
     work = tmp_path / "work"
     W.seal(plan, work)
     monkeypatch.setitem(SCORES, ("tuned", 0), (0.20, 0.31))
@@ -390,10 +443,14 @@ def test_a_comparison_with_fewer_seeds_trains_its_arms_only_on_those_and_is_judg
 def test_per_comparison_seeds_are_checked_and_sealed(tmp_path, capsys):
     path = write_plan(tmp_path, seeds=[0, 1, 2])
     path.write_text(path.read_text() + THREE_ARMS.replace("seeds = 2", "seeds = 4"))
-    with pytest.raises(PlanError, match=r"comparisons\[1\].seeds = 4: expected a number of seeds from 2 to the plan's 3"):
+    with pytest.raises(
+        PlanError, match=r"comparisons\[1\].seeds = 4: expected a number of seeds from 2 to the plan's 3"
+    ):
         load_plan(path)
     path.write_text(path.read_text().replace("seeds = 4", "seeds = 2") + "\n")
-    with_looks = path.read_text().replace("resolution = 0.01", "resolution = 0.01\nlooks = [2, 3]\nalpha_split = \"bonferroni\"")
+    with_looks = path.read_text().replace(
+        "resolution = 0.01", 'resolution = 0.01\nlooks = [2, 3]\nalpha_split = "bonferroni"'
+    )
     (tmp_path / "looks.toml").write_text(with_looks)
     with pytest.raises(PlanError, match=r"comparisons\[1\].seeds: a sequential plan"):
         load_plan(tmp_path / "looks.toml")
@@ -409,8 +466,9 @@ def test_a_plan_without_per_comparison_seeds_keeps_its_sealed_form(tmp_path):
     assert all("seeds" not in c for c in plan.canonical()["comparisons"])
 
 
-def test_a_study_split_across_machines_by_seed_runs_each_share_and_skips_runs_copied_in_meanwhile(tmp_path, monkeypatch,
-                                                                                          capsys):
+def test_a_study_split_across_machines_by_seed_runs_each_share_and_skips_runs_copied_in_meanwhile(
+    tmp_path, monkeypatch, capsys
+):
     path = write_plan(tmp_path, seeds=[0, 1, 2])
     plan, log = load_plan(path), tmp_path / "ran.txt"
     assert plan.pick_seeds(["2", "0-1"]) == (0, 1, 2) and plan.pick_seeds(["1,2"]) == (1, 2)
@@ -432,6 +490,7 @@ def test_a_study_split_across_machines_by_seed_runs_each_share_and_skips_runs_co
             for arm in ("clip", "decl"):
                 shutil.copytree(W.run_dir(other, arm, 2), W.run_dir(work, arm, 2))
         return real_one_finish(*a, **k)
+
     monkeypatch.setattr(L.subprocess, "Popen", copy_in_then_run)
     printed = []
     out = run_study(plan, work, parallel=1, threads=1, echo=printed.append)
@@ -474,14 +533,16 @@ def test_check_names_a_missing_shard_and_a_split_it_cannot_count(tmp_path, capsy
     assert cli.main(["check", str(path)]) == 2
     assert capsys.readouterr().err.strip() == (
         f"clip-dcl study: {path}: [data] test: {tmp_path}/shards/test/0.tar does not exist (a relative path is read "
-        "from the plan file's folder)")
+        "from the plan file's folder)"
+    )
     (tmp_path / "shards" / "test" / "0.tar").touch()
     path.write_text(path.read_text().replace("test_samples = 8\n", ""))  # no count, no sizes.json
     (tmp_path / "shards" / "test" / "sizes.json").unlink()
     assert cli.main(["check", str(path)]) == 2
     err = capsys.readouterr().err.strip()
-    assert err.startswith(f"clip-dcl study: cannot count the samples of {tmp_path}/shards/test/0.tar") and \
-        err.endswith("give [data] test_samples")
+    assert err.startswith(f"clip-dcl study: cannot count the samples of {tmp_path}/shards/test/0.tar") and err.endswith(
+        "give [data] test_samples"
+    )
 
 
 def test_a_run_that_fails_before_any_training_leaves_the_work_folder_unsealed(tmp_path, capsys, monkeypatch):
@@ -493,16 +554,21 @@ def test_a_run_that_fails_before_any_training_leaves_the_work_folder_unsealed(tm
     assert not (work / "SEAL.json").exists()
     (tmp_path / "shards" / "val" / "0.tar").touch()
     # every run fails before a training step: still unsealed, and the corrected plan is taken
-    monkeypatch.setattr(L, "shell_line", stand_in_line(work, tmp_path / "ran.txt",
-                                                      fail={(a, s) for a in ("clip", "decl") for s in (0, 1)}))
+    monkeypatch.setattr(
+        L,
+        "shell_line",
+        stand_in_line(work, tmp_path / "ran.txt", fail={(a, s) for a in ("clip", "decl") for s in (0, 1)}),
+    )
     assert cli.main(["run", str(path), "--work", str(work)]) == 1
     assert "is left unsealed" in capsys.readouterr().out
     assert not (work / "SEAL.json").exists()
     path.write_text(path.read_text().replace("epochs = 1", "epochs = 2"))
+
     # one run trained (it left a checkpoint): the folder stays sealed, and a changed plan is refused
     def one_checkpoint(plan, work_, splits, arm, seed, threads):
         folder = W.run_dir(work, arm, seed) / "checkpoints"
         return f"mkdir -p {shlex.quote(str(folder))} && touch {shlex.quote(str(folder / 'epoch_1.pt'))}; exit 1"
+
     monkeypatch.setattr(L, "shell_line", one_checkpoint)
     assert cli.main(["run", str(path), "--work", str(work)]) == 1
     assert (work / "SEAL.json").exists()

@@ -1,4 +1,5 @@
 """A study's plan: parsing, the checks that name the bad key, the runs, the design and the diff of two plans."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -64,41 +65,50 @@ def test_runs_go_seed_after_seed_and_an_arm_keeps_its_overrides():
     assert p.design() == [(3, pytest.approx(0.1))] and "one look" in p.design_text()
 
 
-@pytest.mark.parametrize("extra, match", [
-    ('seed = 3\n', r"unknown key 'seed' in the top level"),
-    ('power = 1.5\n', r"power = 1.5: expected a number between 0 and 1"),
-    ('threads = 0\n', r"threads = 0: expected an integer >= 1"),
-    ('pair_across = ["gpus"]\n', r"pair_across = \['gpus'\]"),
-    ('looks = [2, 3]\n', r"looks = \[2, 3\] needs alpha_split"),
-    ('looks = [2, 3]\nalpha_split = [0.08, 0.08]\n', r"alpha_split = \[0.08, 0.08\]: spends 0.16"),
-    ('looks = [2, 4]\nalpha_split = "bonferroni"\n', r"looks = \[2, 4\]: expected increasing seed counts ending at"),
-    ('alpha_split = [0.1]\n', r"alpha_split = \[0.1\]: an error split without looks"),
-])
+@pytest.mark.parametrize(
+    "extra, match",
+    [
+        ("seed = 3\n", r"unknown key 'seed' in the top level"),
+        ("power = 1.5\n", r"power = 1.5: expected a number between 0 and 1"),
+        ("threads = 0\n", r"threads = 0: expected an integer >= 1"),
+        ('pair_across = ["gpus"]\n', r"pair_across = \['gpus'\]"),
+        ("looks = [2, 3]\n", r"looks = \[2, 3\] needs alpha_split"),
+        ("looks = [2, 3]\nalpha_split = [0.08, 0.08]\n", r"alpha_split = \[0.08, 0.08\]: spends 0.16"),
+        (
+            'looks = [2, 4]\nalpha_split = "bonferroni"\n',
+            r"looks = \[2, 4\]: expected increasing seed counts ending at",
+        ),
+        ("alpha_split = [0.1]\n", r"alpha_split = \[0.1\]: an error split without looks"),
+    ],
+)
 def test_a_bad_top_level_value_is_one_line_naming_it(extra, match):
     with pytest.raises(PlanError, match=match) as err:
         plan(extra)
     assert "\n" not in str(err.value) and str(err.value).startswith("p.toml: ")
 
 
-@pytest.mark.parametrize("old, new, match", [
-    ('seeds = [0, 1, 2]', 'seeds = [0, 1, 1]', r"seeds = \[0, 1, 1\]: give one or more distinct seeds"),
-    ('metric = "retrieval/mean_R@1"', 'metric = "R@1"', r"metric = 'R@1': choose one of"),
-    ('confidence = 0.9', 'confidence = 90', r"confidence = 90.0: expected a number between 0 and 1"),
-    ('epochs = 2', 'epochs = "2"', r"train.epochs = '2': expected int"),
-    ('epochs = 2', 'epoch = 2', r"unknown key 'epoch' in \[train\]"),
-    ('batch_size = 64', 'batch = 64', r"unknown key 'batch' in \[arms\[1\]\]"),
-    ('name = "decl"', 'name = "decl default"', r"arms\[1\].name = 'decl default': use letters"),
-    ('name = "decl"', 'name = "clip"', r"arms.name = 'clip': two arms have this name"),
-    ('a = "decl"', 'a = "dcl"', r"comparisons\[0\].a = 'dcl': no such arm; the arms are clip, decl"),
-    ('rule = "reaches"', 'rule = "wins"', r"comparisons\[0\].rule = 'wins': choose beats, reaches, matches"),
-    ('margin = 0.02', 'margin = -0.02', r"comparisons\[0\].margin = -0.02: expected a number > 0.0"),
-    ('margin = 0.02', 'expected = 0.0', r"rule 'reaches' needs exactly one of margin and margin_gain"),
-    ('rule = "reaches"', 'rule = "beats"', r"'beats' has no margin"),
-    ('test_samples = 10', 'test_sample = 10', r"unknown key 'test_sample' in \[data\]"),
-    ('test = "/d/test/0.tar"', '', r"\[data\] lacks test"),
-    ('train = "/d/train/{0..1}.tar"', 'train = "{DATA}/train.tar"', r"data.train = .*there is no command"),
-    ('metric = "retrieval/mean_R@1"', 'metric = "zeroshot/top1"', r"needs \[data\] validation_zeroshot"),
-])
+@pytest.mark.parametrize(
+    "old, new, match",
+    [
+        ("seeds = [0, 1, 2]", "seeds = [0, 1, 1]", r"seeds = \[0, 1, 1\]: give one or more distinct seeds"),
+        ('metric = "retrieval/mean_R@1"', 'metric = "R@1"', r"metric = 'R@1': choose one of"),
+        ("confidence = 0.9", "confidence = 90", r"confidence = 90.0: expected a number between 0 and 1"),
+        ("epochs = 2", 'epochs = "2"', r"train.epochs = '2': expected int"),
+        ("epochs = 2", "epoch = 2", r"unknown key 'epoch' in \[train\]"),
+        ("batch_size = 64", "batch = 64", r"unknown key 'batch' in \[arms\[1\]\]"),
+        ('name = "decl"', 'name = "decl default"', r"arms\[1\].name = 'decl default': use letters"),
+        ('name = "decl"', 'name = "clip"', r"arms.name = 'clip': two arms have this name"),
+        ('a = "decl"', 'a = "dcl"', r"comparisons\[0\].a = 'dcl': no such arm; the arms are clip, decl"),
+        ('rule = "reaches"', 'rule = "wins"', r"comparisons\[0\].rule = 'wins': choose beats, reaches, matches"),
+        ("margin = 0.02", "margin = -0.02", r"comparisons\[0\].margin = -0.02: expected a number > 0.0"),
+        ("margin = 0.02", "expected = 0.0", r"rule 'reaches' needs exactly one of margin and margin_gain"),
+        ('rule = "reaches"', 'rule = "beats"', r"'beats' has no margin"),
+        ("test_samples = 10", "test_sample = 10", r"unknown key 'test_sample' in \[data\]"),
+        ('test = "/d/test/0.tar"', "", r"\[data\] lacks test"),
+        ('train = "/d/train/{0..1}.tar"', 'train = "{DATA}/train.tar"', r"data.train = .*there is no command"),
+        ('metric = "retrieval/mean_R@1"', 'metric = "zeroshot/top1"', r"needs \[data\] validation_zeroshot"),
+    ],
+)
 def test_a_bad_key_or_value_is_refused_with_one_line_naming_it(old, new, match):
     assert old in BASE
     with pytest.raises(PlanError, match=match) as err:
@@ -114,14 +124,14 @@ def test_missing_keys_and_broken_toml_are_named():
     with pytest.raises(PlanError, match=r"p.toml: cannot read the plan"):
         load_plan("p.toml")
     with pytest.raises(PlanError, match=r"data.command = .*must write into \{DATA\}"):
-        parse_plan(BASE.replace('[data]\n', '[data]\ncommand = "data synth /tmp/x"\n'), "p.toml")
+        parse_plan(BASE.replace("[data]\n", '[data]\ncommand = "data synth /tmp/x"\n'), "p.toml")
 
 
 def test_a_sequential_design_spends_its_error_over_its_looks():
     p = plan('looks = [2, 3]\nalpha_split = "bonferroni"\n')
     assert p.design() == [(2, pytest.approx(0.05)), (3, pytest.approx(0.05))]
     assert "sequential: 2 looks, at 2, 3 seeds" in p.design_text()
-    q = plan('looks = [2, 3]\nalpha_split = [0.02, 0.08]\n')
+    q = plan("looks = [2, 3]\nalpha_split = [0.02, 0.08]\n")
     assert [a for _, a in q.design()] == [0.02, 0.08]
 
 
@@ -137,14 +147,18 @@ def test_plan_changes_name_each_changed_key():
     assert plan_changes(a, plan().canonical()) == []
     # comments and layout are not the plan
     assert plan_changes(a, parse_plan("# a comment\n" + BASE, "p.toml").canonical()) == []
-    assert plan_changes(a, plan(text=BASE.replace("[0, 1, 2]", "[0, 1, 2, 3]")).canonical()) == \
-        ["seeds: [0, 1, 2] -> [0, 1, 2, 3]"]
-    assert plan_changes(a, plan(text=BASE.replace("margin = 0.02", "margin = 0.03")).canonical()) == \
-        ["comparisons[0].margin: 0.02 -> 0.03"]
+    assert plan_changes(a, plan(text=BASE.replace("[0, 1, 2]", "[0, 1, 2, 3]")).canonical()) == [
+        "seeds: [0, 1, 2] -> [0, 1, 2, 3]"
+    ]
+    assert plan_changes(a, plan(text=BASE.replace("margin = 0.02", "margin = 0.03")).canonical()) == [
+        "comparisons[0].margin: 0.02 -> 0.03"
+    ]
     renamed = BASE.replace('name = "decl"', 'name = "decl2"').replace('a = "decl"', 'a = "decl2"')
-    assert plan_changes(a, plan(text=renamed).canonical()) == ["arms[1].name: 'decl' -> 'decl2'",
-                                                                "comparisons[0].a: 'decl' -> 'decl2'"]
-    assert plan_changes(a, plan("recipe = \"mine\"\n").canonical()) == ["recipe: 'custom' -> 'mine'"]
+    assert plan_changes(a, plan(text=renamed).canonical()) == [
+        "arms[1].name: 'decl' -> 'decl2'",
+        "comparisons[0].a: 'decl' -> 'decl2'",
+    ]
+    assert plan_changes(a, plan('recipe = "mine"\n').canonical()) == ["recipe: 'custom' -> 'mine'"]
 
 
 def plan_with_data(tmp_path, extra_top: str = "", text: str = BASE):

@@ -1,5 +1,6 @@
 """The study report keeps what the plan knew: each comparison's planned power and `check`'s seed shortfall; a
 difference that rounds to zero reads +0.00; the figure is legible with one comparison and with twenty."""
+
 from __future__ import annotations
 
 import json
@@ -41,13 +42,19 @@ expected = 0.01
 paired_sd = 0.04
 """
 #: (validation, test) mean R@1 per run: decl - clip is -0.00001 on the validation split (rounds to zero)
-SCORES = {("clip", 0): (0.20001, 0.30), ("decl", 0): (0.20, 0.31), ("clip", 1): (0.22001, 0.31),
-          ("decl", 1): (0.22, 0.30)}
+SCORES = {
+    ("clip", 0): (0.20001, 0.30),
+    ("decl", 0): (0.20, 0.31),
+    ("clip", 1): (0.22001, 0.31),
+    ("decl", 1): (0.22, 0.30),
+}
 
 
 def finished_study(tmp_path, comparisons: int = 1):
-    text = PLAN + "".join(f'\n[[comparisons]]\na = "decl"\nb = "clip"\nrule = "reaches"\nmargin = 0.0{i % 9 + 1}\n'
-                          for i in range(comparisons - 1))
+    text = PLAN + "".join(
+        f'\n[[comparisons]]\na = "decl"\nb = "clip"\nrule = "reaches"\nmargin = 0.0{i % 9 + 1}\n'
+        for i in range(comparisons - 1)
+    )
     for name in ("train", "val", "test"):
         (tmp_path / "shards" / name).mkdir(parents=True)
         (tmp_path / "shards" / name / "0.tar").touch()
@@ -58,10 +65,18 @@ def finished_study(tmp_path, comparisons: int = 1):
     for (arm, seed), (val, test) in SCORES.items():
         folder = W.run_dir(work, arm, seed)
         folder.mkdir(parents=True)
-        files = {"run.json": {"arm": arm, "seed": seed, "recipe": "custom", "commit": "abc", "hardware": "cpu",
-                              "started": "2030-01-01 00:00:00"},
-                 "scores-validation.json": {"retrieval/mean_R@1": val},
-                 "scores-test.json": {"retrieval/mean_R@1": test}}
+        files = {
+            "run.json": {
+                "arm": arm,
+                "seed": seed,
+                "recipe": "custom",
+                "commit": "abc",
+                "hardware": "cpu",
+                "started": "2030-01-01 00:00:00",
+            },
+            "scores-validation.json": {"retrieval/mean_R@1": val},
+            "scores-test.json": {"retrieval/mean_R@1": test},
+        }
         for name, doc in files.items():
             (folder / name).write_text(json.dumps(doc))
     return plan, work
@@ -75,8 +90,10 @@ def test_the_report_names_the_planned_power_and_checks_shortfall(tmp_path, capsy
     got = R.write_report(plan, work)
     md = got["markdown"].read_text()
     assert "- Too few seeds for power 0.8: decl beats clip (see Planned power)" in md
-    assert ("  - decl beats clip: power 0.08 with its 2 seeds (paired sd 4.00 points from the comparison's "
-            "paired_sd, true difference assumed +1.00 points); 101 seeds give 0.8 -- TOO FEW SEEDS") in md
+    assert (
+        "  - decl beats clip: power 0.08 with its 2 seeds (paired sd 4.00 points from the comparison's "
+        "paired_sd, true difference assumed +1.00 points); 101 seeds give 0.8 -- TOO FEW SEEDS"
+    ) in md
     planned = json.loads(got["json"].read_text())["comparisons"][0]["planned"]
     assert planned["short"] and planned["need"] == 101 and round(planned["power"], 2) == 0.08
     assert "-0.00" not in md and "| +0.00 |" in md  # the validation split's mean difference, -0.001 points
@@ -98,8 +115,7 @@ def _drawn(tmp_path, monkeypatch, comparisons: int):
     return fig
 
 
-def test_the_figure_of_one_comparison_keeps_its_legend_inside_the_image_and_off_the_axis_label(tmp_path,
-                                                                                               monkeypatch):
+def test_the_figure_of_one_comparison_keeps_its_legend_inside_the_image_and_off_the_axis_label(tmp_path, monkeypatch):
     fig = _drawn(tmp_path, monkeypatch, 1)
     (ax,) = fig.axes
     renderer = fig.canvas.get_renderer()

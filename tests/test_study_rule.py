@@ -1,5 +1,6 @@
 """The study's rule against a slow, obviously correct recomputation, and its power against simulation and a
 textbook table."""
+
 from __future__ import annotations
 
 import math
@@ -56,9 +57,9 @@ def test_the_interval_and_every_verdict_equal_the_slow_recomputation_on_many_ran
         assert got["verdict"] == want, (rule, diffs, confidence, margin)
         seen.add((rule, want))
     # every reading of every rule came up
-    assert seen == {("beats", v) for v in ("beats", "trails", "tie", "no verdict")} | \
-        {("reaches", v) for v in ("reaches", "does not reach", "no verdict")} | \
-        {("matches", v) for v in ("matches", "differs", "no verdict")}
+    assert seen == {("beats", v) for v in ("beats", "trails", "tie", "no verdict")} | {
+        ("reaches", v) for v in ("reaches", "does not reach", "no verdict")
+    } | {("matches", v) for v in ("matches", "differs", "no verdict")}
 
 
 def test_edges_a_single_seed_and_a_margin_the_rule_needs():
@@ -76,25 +77,53 @@ def test_edges_a_single_seed_and_a_margin_the_rule_needs():
     assert verdict("beats", t_interval([0.05, 0.06, 0.05]), min_seeds=3) == "beats"
 
 
-@pytest.mark.parametrize("rule, diffs, margin, said, words", [
-    ("beats", [0.0, 0.0], None, "no verdict", "the interval crosses zero: the data cannot tell which is better"),
-    ("beats", [0.05, -0.04, 0.02], None, "no verdict", "the interval crosses zero: the data cannot tell which is "
-                                                       "better"),
-    ("beats", [0.004, 0.005, 0.006], None, "tie", "a tie: the interval lies on one side of zero, but its mean (+0.50) "
-                                                  "is within the resolution of ±1 point"),
-    ("beats", [0.05, 0.06, 0.04], None, "beats", "the whole interval lies above zero and its mean (+5.00) is past "
-                                                 "the resolution of ±1 point"),
-    ("beats", [-0.05, -0.06, -0.04], None, "trails", "the whole interval lies below zero"),
-    ("reaches", [0.0, -0.01, 0.005], 0.02, "reaches", "is above the bar of -2.00 points (minus the margin of 2.00 "
-                                                      "points): any shortfall is within the margin"),
-    ("reaches", [-0.05, -0.06, -0.04], 0.02, "does not reach", "is below the bar of -2.00 points"),
-    ("reaches", [0.0, -0.05, 0.01], 0.02, "no verdict", "the interval crosses the bar of -2.00 points (minus the "
-                                                        "margin of 2.00 points): the data cannot tell"),
-    ("matches", [0.0, 0.005, -0.005], 0.03, "matches", "the whole interval lies within ±3.00 points (the margin)"),
-    ("matches", [0.1, 0.11, 0.12], 0.03, "differs", "the whole interval lies outside ±3.00 points"),
-    ("matches", [0.0, 0.06, -0.01], 0.03, "no verdict", "the interval crosses ±3.00 points (the margin)"),
-    ("beats", [0.05], None, "no verdict", "1 paired seed(s): an interval needs 2 or more"),
-])
+@pytest.mark.parametrize(
+    "rule, diffs, margin, said, words",
+    [
+        ("beats", [0.0, 0.0], None, "no verdict", "the interval crosses zero: the data cannot tell which is better"),
+        (
+            "beats",
+            [0.05, -0.04, 0.02],
+            None,
+            "no verdict",
+            "the interval crosses zero: the data cannot tell which is better",
+        ),
+        (
+            "beats",
+            [0.004, 0.005, 0.006],
+            None,
+            "tie",
+            "a tie: the interval lies on one side of zero, but its mean (+0.50) is within the resolution of ±1 point",
+        ),
+        (
+            "beats",
+            [0.05, 0.06, 0.04],
+            None,
+            "beats",
+            "the whole interval lies above zero and its mean (+5.00) is past the resolution of ±1 point",
+        ),
+        ("beats", [-0.05, -0.06, -0.04], None, "trails", "the whole interval lies below zero"),
+        (
+            "reaches",
+            [0.0, -0.01, 0.005],
+            0.02,
+            "reaches",
+            "is above the bar of -2.00 points (minus the margin of 2.00 points): any shortfall is within the margin",
+        ),
+        ("reaches", [-0.05, -0.06, -0.04], 0.02, "does not reach", "is below the bar of -2.00 points"),
+        (
+            "reaches",
+            [0.0, -0.05, 0.01],
+            0.02,
+            "no verdict",
+            "the interval crosses the bar of -2.00 points (minus the margin of 2.00 points): the data cannot tell",
+        ),
+        ("matches", [0.0, 0.005, -0.005], 0.03, "matches", "the whole interval lies within ±3.00 points (the margin)"),
+        ("matches", [0.1, 0.11, 0.12], 0.03, "differs", "the whole interval lies outside ±3.00 points"),
+        ("matches", [0.0, 0.06, -0.01], 0.03, "no verdict", "the interval crosses ±3.00 points (the margin)"),
+        ("beats", [0.05], None, "no verdict", "1 paired seed(s): an interval needs 2 or more"),
+    ],
+)
 def test_each_verdict_says_why_in_words(rule, diffs, margin, said, words):
     row = judge(rule, diffs, 0.9, resolution=0.01, margin=margin)
     assert row["verdict"] == said
@@ -115,12 +144,15 @@ def simulated_power(rule, n, sd, confidence, expected, margin, draws=40000, seed
     return float(np.mean((lo > -margin) & (hi < margin)))
 
 
-@pytest.mark.parametrize("rule, n, sd, confidence, expected, margin", [
-    ("beats", 5, 0.02, 0.9, 0.02, None),
-    ("beats", 12, 0.04, 0.95, 0.03, None),
-    ("reaches", 4, 0.02, 0.9, 0.0, 0.02),
-    ("reaches", 8, 0.04, 0.9, -0.01, 0.03),
-])
+@pytest.mark.parametrize(
+    "rule, n, sd, confidence, expected, margin",
+    [
+        ("beats", 5, 0.02, 0.9, 0.02, None),
+        ("beats", 12, 0.04, 0.95, 0.03, None),
+        ("reaches", 4, 0.02, 0.9, 0.0, 0.02),
+        ("reaches", 8, 0.04, 0.9, -0.01, 0.03),
+    ],
+)
 def test_power_equals_a_simulation_of_the_rule(rule, n, sd, confidence, expected, margin):
     got = power(rule, n, sd, confidence, expected=expected, margin=margin)
     assert got == pytest.approx(simulated_power(rule, n, sd, confidence, expected, margin), abs=0.01)

@@ -5,6 +5,7 @@ exit code is 75 or 130, and the next `study run` continues the stopped runs and 
 The fast test stands in a small script for the trainer (it starts a helper process of its own, as a trainer
 starts its data-loader workers, and saves a "checkpoint" when signalled); the slow one trains for real.
 """
+
 from __future__ import annotations
 
 import json
@@ -16,7 +17,6 @@ import time
 from pathlib import Path
 
 import pytest
-
 from test_study_flow import files_of, write_plan
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -25,7 +25,7 @@ ROOT = Path(__file__).resolve().parents[1]
 #: "trains" until a signal (with a helper process that only a signal to the group ends), saves a checkpoint
 #: and exits 75 / 130 as the trainer does; otherwise, or when it finds the checkpoint, it finishes the run
 #: (its record and scores).
-FAKE_TRAINER = r'''
+FAKE_TRAINER = r"""
 import json, os, signal, subprocess, sys, time
 folder, arm, seed, pids, files = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4], json.loads(sys.argv[5])
 checkpoints = os.path.join(folder, "checkpoints")
@@ -49,10 +49,10 @@ with open(pids, "a") as f:
     f.write(f"{os.getpid()} {helper.pid}\n")
 while True:
     time.sleep(0.05)
-'''
+"""
 
 #: ``python -c`` of `study run` with the stand-in trainer as each run's line.
-DRIVER = r'''
+DRIVER = r"""
 import json, shlex, sys
 from clip_dcl.experiment.study import cli, local
 from clip_dcl.experiment.study import work as W
@@ -65,7 +65,7 @@ def line(plan, work, splits, arm, seed, threads):
 
 local.shell_line = line
 sys.exit(cli.main(sys.argv[5:]))
-'''
+"""
 
 
 def alive(pid: int) -> bool:
@@ -81,10 +81,28 @@ def start_driver(python, tmp_path, plan, work):
     files = {f"{a} {s}": files_of(a, s) for a in ("clip", "decl") for s in (0, 1)}
     (tmp_path / "fake.py").write_text(FAKE_TRAINER)
     env = {**os.environ, "PYTHONPATH": str(ROOT), "CUDA_VISIBLE_DEVICES": ""}
-    return subprocess.Popen([python, "-c", DRIVER, str(tmp_path / "fake.py"), str(tmp_path / "pids.txt"),
-                             sys.executable, json.dumps(files), "run", str(plan), "--work", str(work), "--parallel",
-                             "2"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
-                            start_new_session=True)
+    return subprocess.Popen(
+        [
+            python,
+            "-c",
+            DRIVER,
+            str(tmp_path / "fake.py"),
+            str(tmp_path / "pids.txt"),
+            sys.executable,
+            json.dumps(files),
+            "run",
+            str(plan),
+            "--work",
+            str(work),
+            "--parallel",
+            "2",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+        start_new_session=True,
+    )
 
 
 def finish(proc, timeout: float = 60):
@@ -109,7 +127,8 @@ def wait_for(condition, seconds: float, what: str):
 
 @pytest.mark.parametrize("signame", ["SIGTERM", "SIGINT"])
 def test_a_signal_stops_every_run_and_its_children_notes_each_and_the_next_run_continues_them(
-        tmp_path, preloaded, signame):
+    tmp_path, preloaded, signame
+):
     plan, work, pids = write_plan(tmp_path), tmp_path / "work", tmp_path / "pids.txt"
     hold = tmp_path / "pids.txt.hold"
     hold.touch()
@@ -135,8 +154,9 @@ def test_a_signal_stops_every_run_and_its_children_notes_each_and_the_next_run_c
     for pid in (int(p) for x in pids.read_text().splitlines() for p in x.split()):
         assert not alive(pid), f"process {pid} outlived the study"  # the trainers and their helpers
     tried = [json.loads(x) for x in (work / "attempts.jsonl").read_text().splitlines()]
-    assert len(tried) == 2 and all(a["stopped"] == signame and a["exit"] == code and
-                                   a["checkpoint"] == "epoch_0_step_1.pt" for a in tried)
+    assert len(tried) == 2 and all(
+        a["stopped"] == signame and a["exit"] == code and a["checkpoint"] == "epoch_0_step_1.pt" for a in tried
+    )
 
     hold.unlink()
     again = start_driver(preloaded.python, tmp_path, plan, work)
@@ -145,8 +165,10 @@ def test_a_signal_stops_every_run_and_its_children_notes_each_and_the_next_run_c
     assert out.count(": continues from its checkpoint epoch_0_step_1.pt (its last attempt, ") == 2
     assert out.count(f"was stopped by {said})") == 2
     for a, s in ((a["arm"], a["seed"]) for a in tried):
-        assert "a new attempt continues this run from checkpoints/epoch_0_step_1.pt" in \
-            (work / "runs" / a / f"seed{s}" / "out.log").read_text()
+        assert (
+            "a new attempt continues this run from checkpoints/epoch_0_step_1.pt"
+            in (work / "runs" / a / f"seed{s}" / "out.log").read_text()
+        )
     from clip_dcl.experiment.study import load_plan
     from clip_dcl.experiment.study.report import write_report
 
@@ -177,24 +199,40 @@ def descendants(pid: int) -> set:
 def trainer_of(work: Path, arm: str, seconds: float = 120) -> set:
     """Once run ``arm`` seed 0 logs a training step: its trainer's pid (from its run lock) and its children."""
     folder = work / "runs" / arm / "seed0"
-    wait_for(lambda: (folder / "run.lock").is_file() and (folder / "out.log").is_file()
-             and "Train Epoch:" in (folder / "out.log").read_text(errors="replace"), seconds, f"{arm} training")
+    wait_for(
+        lambda: (
+            (folder / "run.lock").is_file()
+            and (folder / "out.log").is_file()
+            and "Train Epoch:" in (folder / "out.log").read_text(errors="replace")
+        ),
+        seconds,
+        f"{arm} training",
+    )
     return descendants(int(json.loads((folder / "run.lock").read_text())["pid"]))
 
 
 @pytest.mark.slow
 def test_the_real_trainer_stopped_by_sigterm_then_ctrl_c_is_continued_and_the_study_completes(tmp_path, preloaded):
     plan = tmp_path / "plan.toml"
-    plan.write_text((ROOT / "benchmarks" / "studies" / "example.toml").read_text()
-                    .replace("seeds = [0, 1]", "seeds = [0]").replace('"--train-samples", "128"', '"--train-samples", "320"')
-                    .replace("log_every_n_steps = 2", "log_every_n_steps = 1"))
+    plan.write_text(
+        (ROOT / "benchmarks" / "studies" / "example.toml")
+        .read_text()
+        .replace("seeds = [0, 1]", "seeds = [0]")
+        .replace('"--train-samples", "128"', '"--train-samples", "320"')
+        .replace("log_every_n_steps = 2", "log_every_n_steps = 1")
+    )
     work = tmp_path / "work"
     env = {**os.environ, "PYTHONPATH": str(ROOT), "CUDA_VISIBLE_DEVICES": ""}
 
     def study(*args):
-        return subprocess.Popen([preloaded.python, "-m", "clip_dcl.cli", "study", "run", str(plan), "--work",
-                                 str(work), *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
-                                start_new_session=True)
+        return subprocess.Popen(
+            [preloaded.python, "-m", "clip_dcl.cli", "study", "run", str(plan), "--work", str(work), *args],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
+            start_new_session=True,
+        )
 
     first = study()
     trainer = trainer_of(work, "clip")
@@ -219,8 +257,13 @@ def test_the_real_trainer_stopped_by_sigterm_then_ctrl_c_is_continued_and_the_st
     out, err = finish(third, 300)
     assert third.returncode == 0, out + err
     assert "decl seed 0: continues from its checkpoint" in out or "decl seed 0: reruns from the start" in out
-    report = subprocess.run([preloaded.python, "-m", "clip_dcl.cli", "study", "report", str(plan), "--work", str(work)],
-                            capture_output=True, text=True, env=env, timeout=300)
+    report = subprocess.run(
+        [preloaded.python, "-m", "clip_dcl.cli", "study", "report", str(plan), "--work", str(work)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
     assert report.returncode == 0 and report.stdout.startswith("complete"), report.stdout + report.stderr
     md = (work / "STUDY.md").read_text()
     assert "clip seed 0 (stopped by SIGTERM " in md and "decl seed 0 (stopped by SIGINT " in md

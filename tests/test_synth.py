@@ -3,6 +3,7 @@
 Shards are read back with the standard library's ``tarfile`` (not with the writer's code), the
 zero-shot tree with torchvision's ``ImageFolder``, few-shot zips with ``zipfile``.
 """
+
 from __future__ import annotations
 
 import collections
@@ -22,15 +23,16 @@ import pytest
 from PIL import Image
 
 from clip_dcl.data import synth
-from clip_dcl.data.synth import captions as synth_captions
-from clip_dcl.data.synth import render as synth_render
 from clip_dcl.data.cli import main as data_main
 from clip_dcl.data.shards import CaptionShardWriter, format_key, img2dataset_key, shard_pattern
+from clip_dcl.data.synth import captions as synth_captions
+from clip_dcl.data.synth import render as synth_render
 
 QUICK = synth.SynthConfig.quick()
 # An even smaller set for the tests that generate twice.
-TINY = synth.SynthConfig.quick(train_samples=40, val_samples=8, shard_size=16, captions_per_image=3,
-                               zeroshot_per_class=2, fewshot_test_per_class=2)
+TINY = synth.SynthConfig.quick(
+    train_samples=40, val_samples=8, shard_size=16, captions_per_image=3, zeroshot_per_class=2, fewshot_test_per_class=2
+)
 
 
 def read_shards(directory: Path) -> list[dict]:
@@ -71,8 +73,12 @@ def test_same_seed_same_bytes_different_seed_different(tmp_path):
     a = tree_bytes(Path(synth.generate(tmp_path / "a", TINY, verbose=False)["out_dir"]))
     # The second copy comes from another process with another string-hash seed, through the CLI.
     env = {**os.environ, "PYTHONHASHSEED": "12345"}
-    subprocess.run([sys.executable, "-m", "clip_dcl.cli", "data", "synth", str(tmp_path / "b"), "--quiet",
-                    *_cli_flags(TINY)], check=True, env=env, cwd=tmp_path)
+    subprocess.run(
+        [sys.executable, "-m", "clip_dcl.cli", "data", "synth", str(tmp_path / "b"), "--quiet", *_cli_flags(TINY)],
+        check=True,
+        env=env,
+        cwd=tmp_path,
+    )
     b = tree_bytes(tmp_path / "b")
     assert a.keys() == b.keys()
     suffixes = {Path(name).suffix for name in a}
@@ -97,8 +103,9 @@ def test_a_test_split_leaves_the_other_splits_unchanged_and_shares_no_image_with
     both = tree_bytes(Path(summary["out_dir"]))
     assert "test_data" not in synth.generate(tmp_path / "plain", TINY, reuse=True, verbose=False)
     # every file of the set without a test split is byte-identical with one (summary.json records the config)
-    assert {n: b for n, b in both.items() if n in plain and n != "summary.json"} == \
-        {n: b for n, b in plain.items() if n != "summary.json"}
+    assert {n: b for n, b in both.items() if n in plain and n != "summary.json"} == {
+        n: b for n, b in plain.items() if n != "summary.json"
+    }
     test = read_shards(tmp_path / "with" / "test")
     val = read_shards(tmp_path / "with" / "val")
     train = read_shards(tmp_path / "with" / "train")
@@ -109,8 +116,9 @@ def test_a_test_split_leaves_the_other_splits_unchanged_and_shares_no_image_with
     zs_val = {b for n, b in both.items() if n.startswith("zeroshot/") and n.endswith(".jpg")}
     zs_test = {b for n, b in both.items() if n.startswith("zeroshot_test/") and n.endswith(".jpg")}
     assert len(zs_test) == TINY.num_classes * TINY.zeroshot_per_class and not zs_val & zs_test
-    assert (tmp_path / "with" / "zeroshot_test" / "classnames.txt").read_text() == \
-        (tmp_path / "with" / "zeroshot" / "classnames.txt").read_text()
+    assert (tmp_path / "with" / "zeroshot_test" / "classnames.txt").read_text() == (
+        tmp_path / "with" / "zeroshot" / "classnames.txt"
+    ).read_text()
     with pytest.raises(ValueError, match="test_samples=-1"):
         synth.SynthConfig(test_samples=-1).validate()
 
@@ -172,8 +180,22 @@ def test_openclip_get_wds_dataset_reads_shards(quick_set):
     register_builtin_configs()
     _, preprocess_train, preprocess_val = open_clip.create_model_and_transforms(TINY_MODEL)
     tokenizer = open_clip.get_tokenizer(TINY_MODEL)
-    args = parse_args(["--train-data", summary["train_data"], "--val-data", summary["val_data"],
-                       "--batch-size", "16", "--workers", "0", "--seed", "0", "--dataset-type", "webdataset"])
+    args = parse_args(
+        [
+            "--train-data",
+            summary["train_data"],
+            "--val-data",
+            summary["val_data"],
+            "--batch-size",
+            "16",
+            "--workers",
+            "0",
+            "--seed",
+            "0",
+            "--dataset-type",
+            "webdataset",
+        ]
+    )
     args.world_size = 1
 
     train = get_wds_dataset(args, preprocess_train, is_train=True, epoch=0, tokenizer=tokenizer)
@@ -194,8 +216,10 @@ def test_openclip_get_wds_dataset_reads_shards(quick_set):
 def test_shard_samples_layout_and_labels(quick_set):
     out, summary = quick_set
     grid = synth.class_grid(QUICK.num_classes)
-    for split, n, k in (("train", QUICK.train_samples, QUICK.captions_per_image),
-                        ("val", QUICK.val_samples, QUICK.val_captions_per_image)):
+    for split, n, k in (
+        ("train", QUICK.train_samples, QUICK.captions_per_image),
+        ("val", QUICK.val_samples, QUICK.val_captions_per_image),
+    ):
         samples = read_shards(out / split)
         sizes = json.loads((out / split / "sizes.json").read_text())
         assert sizes == dict(collections.Counter(s["shard"] for s in samples))
@@ -369,11 +393,23 @@ def test_class_grid_covers_every_class_count():
     assert synth.grid_shape(12) == (3, 4) and synth.grid_shape(48) == (6, 8)
 
 
-@pytest.mark.parametrize("field,value", [
-    ("num_classes", 49), ("num_classes", 1), ("image_size", 8), ("seed", -1), ("train_samples", 3),
-    ("fewshot_train_per_class", 4), ("fewshot_test_per_class", 500), ("jpeg_quality", 0), ("shard_size", 0),
-    ("captions_per_image", 0), ("class_imbalance", -1.0), ("num_classes", 2.5),
-])
+@pytest.mark.parametrize(
+    "field,value",
+    [
+        ("num_classes", 49),
+        ("num_classes", 1),
+        ("image_size", 8),
+        ("seed", -1),
+        ("train_samples", 3),
+        ("fewshot_train_per_class", 4),
+        ("fewshot_test_per_class", 500),
+        ("jpeg_quality", 0),
+        ("shard_size", 0),
+        ("captions_per_image", 0),
+        ("class_imbalance", -1.0),
+        ("num_classes", 2.5),
+    ],
+)
 def test_bad_values_are_named_before_any_work(tmp_path, field, value):
     with pytest.raises(ValueError, match=rf"{field}={value!r}"):
         synth.generate(tmp_path / "out", quick=True, verbose=False, **{field: value})
@@ -395,16 +431,37 @@ def test_existing_output_needs_overwrite_or_reuse(tmp_path):
 
 
 def test_cli_synth(tmp_path, capsys):
-    rc = data_main(["synth", str(tmp_path), "--quick", "--train-samples", "24", "--shard-size", "10",
-                    "--val-samples", "4", "--num-classes", "4", "--zeroshot-per-class", "1",
-                    "--fewshot-test-per-class", "1", "--seed", "5"])
+    rc = data_main(
+        [
+            "synth",
+            str(tmp_path),
+            "--quick",
+            "--train-samples",
+            "24",
+            "--shard-size",
+            "10",
+            "--val-samples",
+            "4",
+            "--num-classes",
+            "4",
+            "--zeroshot-per-class",
+            "1",
+            "--fewshot-test-per-class",
+            "1",
+            "--seed",
+            "5",
+        ]
+    )
     assert rc == 0
     text = capsys.readouterr().out
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert f"tau_plus {summary['tau_plus']:.6f}" in text
     assert summary["config"]["seed"] == 5 and summary["config"]["num_classes"] == 4
     assert json.loads((tmp_path / "train" / "sizes.json").read_text()) == {
-        "00000.tar": 10, "00001.tar": 10, "00002.tar": 4}
+        "00000.tar": 10,
+        "00001.tar": 10,
+        "00002.tar": 4,
+    }
     with pytest.raises(SystemExit) as exc:
         data_main(["synth", str(tmp_path / "x"), "--num-classes", "60"])
     assert exc.value.code == 2

@@ -1,4 +1,5 @@
 """The testbed recipe's pieces: the caption vocabulary, packed training sets, the batched crop, --adamw-impl."""
+
 from __future__ import annotations
 
 import gzip
@@ -11,14 +12,14 @@ import numpy as np
 import pytest
 import torch
 import webdataset as wds
+from conftest import train_run
 from PIL import Image
 
 import clip_dcl  # noqa: F401  (registers the shipped model configs with OpenCLIP)
 from clip_dcl.data.packed import load_packed, pack_shards
 from clip_dcl.data.synth import words
 from clip_dcl.experiment.recipes import DEFAULT_RECIPE, RECIPES, fill, get_recipe
-from clip_dcl.train.packed import (PackedDataError, PackedLoader, crop_boxes, resized_crops, transform_spec)
-from conftest import train_run
+from clip_dcl.train.packed import PackedDataError, PackedLoader, crop_boxes, resized_crops, transform_spec
 
 WORDS_DIR = Path(clip_dcl.__file__).parent / "model_configs" / "words"
 
@@ -55,6 +56,7 @@ def test_shipped_vocabulary_is_the_one_learned_from_the_captions_and_reads_them_
     assert cfg["text_cfg"]["vocab_size"] == words.vocab_size(merges)
 
     import open_clip
+
     from clip_dcl.data.synth import COLOURS, SHAPES, make_caption, sample_attributes
 
     tok = open_clip.get_tokenizer("clip-dcl-micro-words")
@@ -113,9 +115,16 @@ def test_resized_crops_match_torchvision_on_pil_images(size, scale):
     images[:12, 8:20, 4:28] = 255  # sharp edges, where the bicubic kernel overshoots
     boxes = crop_boxes(24, 32, 32, scale, (3 / 4, 4 / 3), torch.Generator().manual_seed(1))
     ours = resized_crops(torch.from_numpy(images).permute(0, 3, 1, 2).float() / 255, boxes, (size, size))
-    ref = torch.stack([TF.to_tensor(TF.resized_crop(Image.fromarray(a), int(t), int(l), int(h), int(w), [size, size],
-                                                    InterpolationMode.BICUBIC))
-                       for a, (t, l, h, w) in zip(images, boxes.tolist())])
+    ref = torch.stack(
+        [
+            TF.to_tensor(
+                TF.resized_crop(
+                    Image.fromarray(a), int(t), int(left), int(h), int(w), [size, size], InterpolationMode.BICUBIC
+                )
+            )
+            for a, (t, left, h, w) in zip(images, boxes.tolist())
+        ]
+    )
     assert ours.shape == ref.shape
     assert (ours - ref).abs().max().item() * 255 < 2.5
     assert (ours - ref).abs().mean().item() * 255 < 0.5
@@ -127,8 +136,9 @@ def test_transform_spec_reads_openclips_train_transform_and_refuses_what_it_cann
     spec = transform_spec(image_transform(32, is_train=True))
     assert spec["size"] == (32, 32) and spec["scale"] == (0.9, 1.0)
     assert len(spec["mean"]) == 3 and len(spec["std"]) == 3
-    jitter = image_transform(32, is_train=True, aug_cfg=AugmentationCfg(color_jitter_prob=0.5,
-                                                                         color_jitter=(0.4, 0.4, 0.4, 0.1)))
+    jitter = image_transform(
+        32, is_train=True, aug_cfg=AugmentationCfg(color_jitter_prob=0.5, color_jitter=(0.4, 0.4, 0.4, 0.1))
+    )
     with pytest.raises(PackedDataError, match="train on the shards"):
         transform_spec(jitter)
 
@@ -176,12 +186,21 @@ def test_pack_refuses_a_wrong_suffix_and_a_missing_shard(tmp_path):
 
 
 def _loader(n, batch, rank, world, seed, epoch):
-    from open_clip_train.data import SharedEpoch
     from open_clip.transform import image_transform
+    from open_clip_train.data import SharedEpoch
 
     images = torch.arange(n, dtype=torch.uint8).view(n, 1, 1, 1).expand(n, 3, 8, 8).contiguous()
-    return PackedLoader(images, torch.arange(n).view(n, 1), torch.arange(n) + 1000, batch, rank=rank, world_size=world,
-                        seed=seed, shared_epoch=SharedEpoch(epoch), spec=transform_spec(image_transform(8, True)))
+    return PackedLoader(
+        images,
+        torch.arange(n).view(n, 1),
+        torch.arange(n) + 1000,
+        batch,
+        rank=rank,
+        world_size=world,
+        seed=seed,
+        shared_epoch=SharedEpoch(epoch),
+        spec=transform_spec(image_transform(8, True)),
+    )
 
 
 def test_packed_loader_reads_each_sample_once_an_epoch_split_across_ranks_and_reshuffles_per_epoch():
@@ -212,17 +231,51 @@ def test_recipes_fill_their_placeholders_and_name_the_unknown():
 
 
 def _packed_argv(tmp_path, data, *flags):
-    return ["--model", "clip-dcl-micro-words", "--train-data", data, "--batch-size", "8", "--epochs", "1",
-            "--precision", "fp32", "--device", "cpu", "--logs", str(tmp_path / "logs"), "--name", "p", "--lr", "1e-3",
-            "--warmup", "1", "--log-every-n-steps", "1", *flags]
+    return [
+        "--model",
+        "clip-dcl-micro-words",
+        "--train-data",
+        data,
+        "--batch-size",
+        "8",
+        "--epochs",
+        "1",
+        "--precision",
+        "fp32",
+        "--device",
+        "cpu",
+        "--logs",
+        str(tmp_path / "logs"),
+        "--name",
+        "p",
+        "--lr",
+        "1e-3",
+        "--warmup",
+        "1",
+        "--log-every-n-steps",
+        "1",
+        *flags,
+    ]
 
 
 @pytest.mark.slow
 def test_training_on_a_packed_set_visits_every_sample_id_with_fused_adamw_and_the_initial_scale(tmp_path):
     pattern, _ = _shards(tmp_path / "shards", n=48)
     pack_shards(pattern, tmp_path / "train.npz", verbose=False)
-    out = train_run(_packed_argv(tmp_path, tmp_path / "train.npz", "--loss", "decl", "--decl-rate", "index",
-                                 "--adamw-impl", "fused", "--init-logit-scale", "30"))
+    out = train_run(
+        _packed_argv(
+            tmp_path,
+            tmp_path / "train.npz",
+            "--loss",
+            "decl",
+            "--decl-rate",
+            "index",
+            "--adamw-impl",
+            "fused",
+            "--init-logit-scale",
+            "30",
+        )
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     log = (tmp_path / "logs" / "p" / "out.log").read_text()
     assert "fused: True" in log and "Packed training set" in log

@@ -1,5 +1,6 @@
 """benchmarks/testbed_speed.py's report across calls: a part made elsewhere (a lent GPU's CUDA part) is merged
 in with where it was made, and the generated block names the GPU and whether the goal was met."""
+
 from __future__ import annotations
 
 import json
@@ -12,21 +13,45 @@ def _module():
 
 
 def _cuda_run(seed, seconds):
-    return {"recipe": "micro-words", "batch_size": 32, "epochs": 20, "seed": seed, "steps": 7500, "seconds": seconds,
-            "ms_per_step": 1000 * seconds / 7500, "threads": 1, "device": "cuda", "load_before": 1.0, "load_after": 5.0}
+    return {
+        "recipe": "micro-words",
+        "batch_size": 32,
+        "epochs": 20,
+        "seed": seed,
+        "steps": 7500,
+        "seconds": seconds,
+        "ms_per_step": 1000 * seconds / 7500,
+        "threads": 1,
+        "device": "cuda",
+        "load_before": 1.0,
+        "load_after": 5.0,
+    }
 
 
 def _cpu_report():
-    return {"command": "python benchmarks/testbed_speed.py", "date": "2026-11-26 13:00", "commit": "aaa",
-            "machine": "AMD EPYC, 2 CPU cores (2 torch threads), no GPU; Linux, Python 3.11.7, torch 2.14.1",
-            "speed": [{"recipe": "micro-words", "batch_size": 32, "seconds": 198.0}], "ratios": {"32": 0.284},
-            "cuda": None, "cuda_note": "No GPU was visible", "gate": [{"batch_size": 16}], "gate_verdict": {"holds": False}}
+    return {
+        "command": "python benchmarks/testbed_speed.py",
+        "date": "2026-11-26 13:00",
+        "commit": "aaa",
+        "machine": "AMD EPYC, 2 CPU cores (2 torch threads), no GPU; Linux, Python 3.11.7, torch 2.14.1",
+        "speed": [{"recipe": "micro-words", "batch_size": 32, "seconds": 198.0}],
+        "ratios": {"32": 0.284},
+        "cuda": None,
+        "cuda_note": "No GPU was visible",
+        "gate": [{"batch_size": 16}],
+        "gate_verdict": {"holds": False},
+    }
 
 
 def _gpu_report():
-    return {"command": "python benchmarks/testbed_speed.py --parts cuda", "date": "2026-11-27 00:05", "commit": "bbb",
-            "machine": "Intel Xeon, 16 CPU cores (16 torch threads), NVIDIA H100 80GB HBM3; Linux, Python 3.12.3, torch 2.11.0",
-            "cuda": [_cuda_run(0, 183.3), _cuda_run(1, 182.5)]}
+    return {
+        "command": "python benchmarks/testbed_speed.py --parts cuda",
+        "date": "2026-11-27 00:05",
+        "commit": "bbb",
+        "machine": "Intel Xeon, 16 CPU cores (16 torch threads), NVIDIA H100 80GB HBM3; Linux, Python 3.12.3, torch "
+        "2.11.0",
+        "cuda": [_cuda_run(0, 183.3), _cuda_run(1, 182.5)],
+    }
 
 
 def test_merge_takes_each_part_from_the_report_that_has_it_and_records_where_it_was_made():
@@ -49,9 +74,20 @@ def test_merge_takes_each_part_from_the_report_that_has_it_and_records_where_it_
 
 def test_report_and_block_name_the_gpu_and_the_goal_of_the_merged_cuda_part(tmp_path):
     ts = _module()
-    doc = ts.merged({"commit": "ccc", "status": "complete", "data_argv": ["data", "synth"], "train_argv": ["--x"],
-                     "recipe": "micro-words", "baseline_recipe": "micro-bpe", "goal": 0.33},
-                    [_gpu_report()], ran=[], made={"command": "merge", "date": "now", "machine": "here", "commit": "ccc"})
+    doc = ts.merged(
+        {
+            "commit": "ccc",
+            "status": "complete",
+            "data_argv": ["data", "synth"],
+            "train_argv": ["--x"],
+            "recipe": "micro-words",
+            "baseline_recipe": "micro-bpe",
+            "goal": 0.33,
+        },
+        [_gpu_report()],
+        ran=[],
+        made={"command": "merge", "date": "now", "machine": "here", "commit": "ccc"},
+    )
     block = ts.readme_block(doc)
     assert "CUDA (NVIDIA H100 80GB HBM3): 2 runs of `micro-words` at once" in block
     assert "the slowest 183 s (goal <= 60 s): **not met**" in block
@@ -73,15 +109,24 @@ def test_the_gate_read_paired_by_seed_matches_a_slow_recomputation():
     def run(b, seed, r1):
         return {"batch_size": b, "seed": seed, "metrics": {ts.MEAN_R1: r1}}
 
-    runs = [run(16, 0, 0.238), run(16, 1, 0.193), run(16, 2, 0.152), run(512, 0, 0.328), run(512, 1, 0.236),
-            run(512, 2, 0.297), run(512, 3, 0.9)]  # seed 3 has no B = 16 run: not paired
+    runs = [
+        run(16, 0, 0.238),
+        run(16, 1, 0.193),
+        run(16, 2, 0.152),
+        run(512, 0, 0.328),
+        run(512, 1, 0.236),
+        run(512, 2, 0.297),
+        run(512, 3, 0.9),
+    ]  # seed 3 has no B = 16 run: not paired
     p = ts.gate_paired(runs)
     diffs = [0.328 - 0.238, 0.236 - 0.193, 0.297 - 0.152]
     mean = sum(diffs) / 3
     sd = (sum((d - mean) ** 2 for d in diffs) / 2) ** 0.5
-    half = stats.t.ppf(0.95, 2) * sd / 3 ** 0.5
+    half = stats.t.ppf(0.95, 2) * sd / 3**0.5
     assert p["seeds"] == [0, 1, 2] and p["diffs"] == diffs
-    assert abs(p["mean"] - mean) < 1e-12 and abs(p["lo"] - (mean - half)) < 1e-12 and abs(p["hi"] - (mean + half)) < 1e-12
+    assert (
+        abs(p["mean"] - mean) < 1e-12 and abs(p["lo"] - (mean - half)) < 1e-12 and abs(p["hi"] - (mean + half)) < 1e-12
+    )
     # the ranges touch (0.236 < 0.238) while every seed's pair rises: the gate fails, the paired reading is above 0
     assert not ts.gate_verdict(runs[:6])["apart"] and p["lo"] > 0
     text = ts._paired_text(p)

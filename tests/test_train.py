@@ -5,6 +5,7 @@ OpenCLIP's own ``train_one_epoch``, flag validation); the ``slow`` ones train on
 written here, on CPU, in the test's process (``clip_dcl.train.main``) and once through
 ``python -m clip_dcl.train``.
 """
+
 from __future__ import annotations
 
 import io
@@ -17,13 +18,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-
-from clip_dcl.losses.base import LossDeclaration
 import webdataset as wds
+from conftest import train_in_process, train_run
 from PIL import Image
 
+from clip_dcl.losses.base import LossDeclaration
 from clip_dcl.train import main
-from conftest import train_in_process, train_run
 
 
 # -- data written by the tests ----------------------------------------------------------------------
@@ -42,8 +42,12 @@ def write_shards(out: Path, keys_per_shard, corrupt_image=(), no_caption=()):
                 key = f"{k:09d}"
                 buf = io.BytesIO()
                 Image.fromarray(rng.integers(0, 255, (64, 64, 3), dtype=np.uint8)).save(buf, format="JPEG")
-                sample = {"__key__": key, "jpg": buf.getvalue(), "txt": f"sample {k}",
-                          "json": json.dumps({"key": key, "caption": f"sample {k}"}).encode()}
+                sample = {
+                    "__key__": key,
+                    "jpg": buf.getvalue(),
+                    "txt": f"sample {k}",
+                    "json": json.dumps({"key": key, "caption": f"sample {k}"}).encode(),
+                }
                 if k in corrupt_image:
                     sample["jpg"] = b"not a jpeg at all"
                 if k in no_caption:
@@ -67,8 +71,19 @@ def gapped_keys(num_shards=4, per_shard=16):
 def _pipeline_args(pattern, *extra, workers=2, batch_size=16):
     from open_clip_train.params import parse_args
 
-    args = parse_args(["--train-data", pattern, "--dataset-type", "webdataset", "--batch-size", str(batch_size),
-                       "--workers", str(workers), *extra])
+    args = parse_args(
+        [
+            "--train-data",
+            pattern,
+            "--dataset-type",
+            "webdataset",
+            "--batch-size",
+            str(batch_size),
+            "--workers",
+            str(workers),
+            *extra,
+        ]
+    )
     args.world_size, args.rank, args.decl_num_samples = 1, 0, None
     return args
 
@@ -89,8 +104,9 @@ def test_train_pipeline_ids_stay_aligned_across_workers_and_epochs(tmp_path):
     pattern = write_shards(tmp_path / "shards", keys_per_shard)
     all_keys = sorted(k for keys in keys_per_shard for k in keys)
     # The "image" is a constant and the "text" is the number in the caption, so texts == ids means aligned rows.
-    info = get_wds_train_dataset(_pipeline_args(pattern), lambda img: torch.zeros(1), epoch=0,
-                                 tokenizer=_caption_number)
+    info = get_wds_train_dataset(
+        _pipeline_args(pattern), lambda img: torch.zeros(1), epoch=0, tokenizer=_caption_number
+    )
     assert info.dataloader.num_batches == 4
     orders = []
     for epoch in (0, 1):
@@ -104,8 +120,9 @@ def test_train_pipeline_ids_stay_aligned_across_workers_and_epochs(tmp_path):
         orders.append(seen)
     assert orders[0] != orders[1]  # reshuffled per epoch
     # A fresh pipeline started at epoch 1 (a resumed run) yields the same order as the first one's epoch 1.
-    fresh = get_wds_train_dataset(_pipeline_args(pattern), lambda img: torch.zeros(1), epoch=1,
-                                  tokenizer=_caption_number)
+    fresh = get_wds_train_dataset(
+        _pipeline_args(pattern), lambda img: torch.zeros(1), epoch=1, tokenizer=_caption_number
+    )
     assert torch.cat([ids for _, _, ids in _epoch_batches(fresh, 1)]).tolist() == orders[1]
 
 
@@ -114,8 +131,9 @@ def test_train_pipeline_resampled_ids_stay_aligned(tmp_path):
 
     keys_per_shard = gapped_keys()
     pattern = write_shards(tmp_path / "shards", keys_per_shard)
-    info = get_wds_train_dataset(_pipeline_args(pattern, "--dataset-resampled"), lambda img: torch.zeros(1),
-                                 tokenizer=_caption_number)
+    info = get_wds_train_dataset(
+        _pipeline_args(pattern, "--dataset-resampled"), lambda img: torch.zeros(1), tokenizer=_caption_number
+    )
     batches = _epoch_batches(info, 0)
     assert len(batches) == 4
     for _, texts, ids in batches:
@@ -129,14 +147,17 @@ def test_train_pipeline_logs_and_skips_corrupt_samples(tmp_path, caplog):
     keys_per_shard = dense_keys(num_shards=2, per_shard=8)
     pattern = write_shards(tmp_path / "shards", keys_per_shard, corrupt_image={3}, no_caption={10})
     caplog.set_level(logging.WARNING)
-    info = get_wds_train_dataset(_pipeline_args(pattern, workers=0, batch_size=1), lambda img: torch.zeros(1),
-                                 tokenizer=_caption_number)
+    info = get_wds_train_dataset(
+        _pipeline_args(pattern, workers=0, batch_size=1), lambda img: torch.zeros(1), tokenizer=_caption_number
+    )
     seen = [int(ids) for _, _, ids in _epoch_batches(info, 0)]
     # 16 batches of 1 from 14 good samples: the epoch restarts the shards to fill up, as OpenCLIP's does
     assert len(seen) == 16 and set(seen) == set(range(16)) - {3, 10}
     messages = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert any("'000000010'" in m and "no caption" in m for m in messages), messages
-    assert any("'000000003' in" in m and "00000.tar: undecodable (UnidentifiedImageError" in m for m in messages), messages
+    assert any("'000000003' in" in m and "00000.tar: undecodable (UnidentifiedImageError" in m for m in messages), (
+        messages
+    )
 
 
 # -- ids around OpenCLIP's own train_one_epoch --------------------------------------------------------
@@ -149,8 +170,11 @@ class _Toy(torch.nn.Module):
         self.logit_scale = torch.nn.Parameter(torch.tensor(0.0))
 
     def forward(self, images, texts):
-        return {"image_features": images * self.w, "text_features": texts.float() * self.w,
-                "logit_scale": self.logit_scale.exp()}
+        return {
+            "image_features": images * self.w,
+            "text_features": texts.float() * self.w,
+            "logit_scale": self.logit_scale.exp(),
+        }
 
 
 class _RecordingLoss(LossDeclaration, torch.nn.Module):
@@ -162,8 +186,7 @@ class _RecordingLoss(LossDeclaration, torch.nn.Module):
         self.calls = []
         self.metrics = {}
 
-    def forward(self, image_features, text_features, logit_scale, logit_bias=None, output_dict=False,
-                sample_ids=None):
+    def forward(self, image_features, text_features, logit_scale, logit_bias=None, output_dict=False, sample_ids=None):
         self.calls.append((image_features[:, 0].detach().long().clone(), sample_ids.clone()))
         self.metrics = {"rows": torch.tensor(float(len(sample_ids)))}
         value = (image_features * 0).sum() + (text_features * 0).sum() + 1.0
@@ -198,22 +221,39 @@ def test_ids_reach_the_loss_aligned_through_openclip_train_one_epoch(accum_freq,
     ids = torch.randperm(5000, generator=gen)[:48]
     batches = []
     for b in range(6):
-        chunk = ids[b * 8:(b + 1) * 8]
+        chunk = ids[b * 8 : (b + 1) * 8]
         images = torch.cat([chunk[:, None].float(), torch.randn(8, 3, generator=gen)], dim=1)
         batches.append((images, torch.zeros(8, 4, dtype=torch.long), chunk))
     args = parse_args(["--accum-freq", str(accum_freq), "--log-every-n-steps", "1", "--batch-size", "8"])
-    args.device, args.rank, args.world_size, args.distributed, args.distill, args.wandb = "cpu", 0, 1, False, False, False
+    args.device, args.rank, args.world_size, args.distributed, args.distill, args.wandb = (
+        "cpu",
+        0,
+        1,
+        False,
+        False,
+        False,
+    )
     model, loss, writer = _Toy(), _RecordingLoss(), _Writer()
     run = TrainingRun(TrainConfig("decl", {}, {}))
     caplog.set_level(logging.INFO)
-    run.train_one_epoch(model, {"train": DataInfo(_Loader(batches))}, loss, 3, torch.optim.SGD(model.parameters(), 0.1),
-                        None, lambda step: None, None, args, tb_writer=writer)
+    run.train_one_epoch(
+        model,
+        {"train": DataInfo(_Loader(batches))},
+        loss,
+        3,
+        torch.optim.SGD(model.parameters(), 0.1),
+        None,
+        lambda step: None,
+        None,
+        args,
+        tb_writer=writer,
+    )
 
     assert len(loss.calls) == 6  # accum_freq calls per step, 6 / accum_freq steps
     for c, (feature_ids, sample_ids) in enumerate(loss.calls):
         step = c // accum_freq
         assert torch.equal(feature_ids, sample_ids)  # rows and ids in the same order
-        assert torch.equal(sample_ids, ids[step * 8 * accum_freq:(step + 1) * 8 * accum_freq])
+        assert torch.equal(sample_ids, ids[step * 8 * accum_freq : (step + 1) * 8 * accum_freq])
     lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("Train Epoch:")]
     assert len(lines) == 6 // accum_freq
     assert all("Toy_loss:" in line and f"Rows: {8.0 * accum_freq:#.5g}" in line for line in lines)
@@ -222,10 +262,13 @@ def test_ids_reach_the_loss_aligned_through_openclip_train_one_epoch(accum_freq,
     assert openclip_steps == [3 * (6 // accum_freq) + i for i in range(6 // accum_freq)]
 
 
-@pytest.mark.parametrize("bad, message", [
-    (20_000, r"sample id 20000 is outside \[0, num_samples=10\).*set --decl-num-samples above the largest key"),
-    (-3, r"sample id -3 is negative: ids index the per-sample rate buffer \[0, num_samples=10\) and must be >= 0$"),
-])
+@pytest.mark.parametrize(
+    "bad, message",
+    [
+        (20_000, r"sample id 20000 is outside \[0, num_samples=10\).*set --decl-num-samples above the largest key"),
+        (-3, r"sample id -3 is negative: ids index the per-sample rate buffer \[0, num_samples=10\) and must be >= 0$"),
+    ],
+)
 def test_ids_out_of_range_stop_with_the_flag_to_set(bad, message):
     from clip_dcl.losses import create_loss
     from clip_dcl.train.ids import SampleIdOutOfRange
@@ -236,33 +279,39 @@ def test_ids_out_of_range_stop_with_the_flag_to_set(bad, message):
     f = torch.nn.functional.normalize(torch.randn(2, 4), dim=-1)
     with pytest.raises(SampleIdOutOfRange, match=message):
         LossWithIds(create_loss("decl", rate="index", num_samples=10), channel, torch.device("cpu"))(
-            f, f, torch.tensor(1.0), output_dict=True)
+            f, f, torch.tensor(1.0), output_dict=True
+        )
 
 
 # -- flags ----------------------------------------------------------------------------------------------
-@pytest.mark.parametrize("flags, named", [
-    (["--loss", "dcl", "--tau-plus", "1.5"], "--tau-plus"),
-    (["--loss", "decl", "--decl-gamma", "0"], "--decl-gamma"),
-    (["--loss", "decl", "--decl-schedule", "constant", "--decl-lambda", "2"], "--decl-lambda"),
-    (["--loss", "decl", "--decl-rate", "queue", "--decl-queue-size", "0"], "--decl-queue-size"),
-    (["--loss", "decl", "--decl-num-samples", "0"], "--decl-num-samples"),
-    (["--loss", "decl", "--decl-rate", "batch", "--decl-gamma-schedule", "cosine"], "--decl-gamma-schedule"),
-    (["--loss", "decl", "--decl-gamma-decay-epochs", "2"], "--decl-gamma-decay-epochs"),
-    (["--loss", "decl", "--decl-gamma-schedule", "cosine", "--decl-gamma-decay-epochs", "0"],
-     "--decl-gamma-decay-epochs"),
-    (["--loss", "decl", "--decl-rate", "batch", "--decl-include-current"], "--decl-include-current"),
-    (["--loss", "dcl", "--decl-first-visit", "mean"], "--decl-first-visit"),
-    (["--loss", "clip", "--decl-state", "replicated"], "--decl-state"),
-    (["--loss", "dcl", "--no-grad-gather"], "--local-loss"),
-    (["--loss", "decl", "--no-grad-gather", "--local-loss", "--gather-with-grad"], "--gather-with-grad"),
-    (["--loss", "clip", "--no-grad-gather", "--local-loss", "--siglip"], "--siglip"),
-    (["--loss", "decl", "--no-grad-gather", "--local-loss", "--model", "coca_ViT-B-32"], "CoCa"),
-    (["--loss", "decl", "--decl-state", "everywhere"], "everywhere"),
-    (["--loss", "decl", "--decl-state-dtype", "int8"], "int8"),
-    (["--loss", "decl", "--tau-plus", "0.1"], "--tau-plus"),
-    (["--loss", "dcl", "--siglip"], "--siglip"),
-    (["--model-config", "/nonexistent/cfg.json"], "/nonexistent/cfg.json"),
-])
+@pytest.mark.parametrize(
+    "flags, named",
+    [
+        (["--loss", "dcl", "--tau-plus", "1.5"], "--tau-plus"),
+        (["--loss", "decl", "--decl-gamma", "0"], "--decl-gamma"),
+        (["--loss", "decl", "--decl-schedule", "constant", "--decl-lambda", "2"], "--decl-lambda"),
+        (["--loss", "decl", "--decl-rate", "queue", "--decl-queue-size", "0"], "--decl-queue-size"),
+        (["--loss", "decl", "--decl-num-samples", "0"], "--decl-num-samples"),
+        (["--loss", "decl", "--decl-rate", "batch", "--decl-gamma-schedule", "cosine"], "--decl-gamma-schedule"),
+        (["--loss", "decl", "--decl-gamma-decay-epochs", "2"], "--decl-gamma-decay-epochs"),
+        (
+            ["--loss", "decl", "--decl-gamma-schedule", "cosine", "--decl-gamma-decay-epochs", "0"],
+            "--decl-gamma-decay-epochs",
+        ),
+        (["--loss", "decl", "--decl-rate", "batch", "--decl-include-current"], "--decl-include-current"),
+        (["--loss", "dcl", "--decl-first-visit", "mean"], "--decl-first-visit"),
+        (["--loss", "clip", "--decl-state", "replicated"], "--decl-state"),
+        (["--loss", "dcl", "--no-grad-gather"], "--local-loss"),
+        (["--loss", "decl", "--no-grad-gather", "--local-loss", "--gather-with-grad"], "--gather-with-grad"),
+        (["--loss", "clip", "--no-grad-gather", "--local-loss", "--siglip"], "--siglip"),
+        (["--loss", "decl", "--no-grad-gather", "--local-loss", "--model", "coca_ViT-B-32"], "CoCa"),
+        (["--loss", "decl", "--decl-state", "everywhere"], "everywhere"),
+        (["--loss", "decl", "--decl-state-dtype", "int8"], "int8"),
+        (["--loss", "decl", "--tau-plus", "0.1"], "--tau-plus"),
+        (["--loss", "dcl", "--siglip"], "--siglip"),
+        (["--model-config", "/nonexistent/cfg.json"], "/nonexistent/cfg.json"),
+    ],
+)
 def test_bad_flag_values_fail_before_any_work(tmp_path, capsys, flags, named):
     pattern = write_shards(tmp_path / "shards", dense_keys(num_shards=1, per_shard=2))
     logs = tmp_path / "logs"
@@ -287,19 +336,44 @@ def test_argparse_errors_exit_nonzero(capsys):
     assert "high" in capsys.readouterr().err
 
 
-SYNTHETIC_RUN = ["--model", "clip-dcl-tiny", "--dataset-type", "synthetic", "--train-num-samples", "16",
-                 "--batch-size", "8", "--epochs", "1", "--precision", "fp32", "--device", "cpu", "--workers", "0",
-                 "--report-to", ""]
+SYNTHETIC_RUN = [
+    "--model",
+    "clip-dcl-tiny",
+    "--dataset-type",
+    "synthetic",
+    "--train-num-samples",
+    "16",
+    "--batch-size",
+    "8",
+    "--epochs",
+    "1",
+    "--precision",
+    "fp32",
+    "--device",
+    "cpu",
+    "--workers",
+    "0",
+    "--report-to",
+    "",
+]
 
 
-@pytest.mark.parametrize("words, line", [
-    # OpenCLIP's parser would take --los for --loss-dist-impl and train the default loss
-    (["--los", "decl"], "--los is not a flag (flags are spelled out in full); it could mean --loss, "
-                        "--loss-dist-impl, --loss-reset"),
-    (["--decl-ra", "index"], "--decl-ra is not a flag (flags are spelled out in full); it could mean --decl-rate"),
-    (["--mod=clip-dcl-tiny"], "--mod is not a flag (flags are spelled out in full); it could mean --model, "
-                              "--model-config"),
-], ids=["ours-and-openclip", "ours", "with-equals"])
+@pytest.mark.parametrize(
+    "words, line",
+    [
+        # OpenCLIP's parser would take --los for --loss-dist-impl and train the default loss
+        (
+            ["--los", "decl"],
+            "--los is not a flag (flags are spelled out in full); it could mean --loss, --loss-dist-impl, --loss-reset",
+        ),
+        (["--decl-ra", "index"], "--decl-ra is not a flag (flags are spelled out in full); it could mean --decl-rate"),
+        (
+            ["--mod=clip-dcl-tiny"],
+            "--mod is not a flag (flags are spelled out in full); it could mean --model, --model-config",
+        ),
+    ],
+    ids=["ours-and-openclip", "ours", "with-equals"],
+)
 def test_a_flag_not_spelled_out_is_refused_naming_what_it_could_mean(tmp_path, capsys, words, line):
     rc = main([*SYNTHETIC_RUN, "--logs", str(tmp_path), "--name", "abbrev", *words])
     assert rc == 2
@@ -308,11 +382,13 @@ def test_a_flag_not_spelled_out_is_refused_naming_what_it_could_mean(tmp_path, c
 
 
 def test_a_flag_not_spelled_out_is_refused_by_the_module_command(tmp_path):
-    res = train_run(["--", *SYNTHETIC_RUN, "--logs", tmp_path, "--name", "abbrev", "--batch-si", "8"], cli=True,
-                    timeout=300)
+    res = train_run(
+        ["--", *SYNTHETIC_RUN, "--logs", tmp_path, "--name", "abbrev", "--batch-si", "8"], cli=True, timeout=300
+    )
     assert res.returncode == 2
-    assert res.stderr.strip() == ("clip-dcl train: error: --batch-si is not a flag (flags are spelled out in full); "
-                                  "it could mean --batch-size")
+    assert res.stderr.strip() == (
+        "clip-dcl train: error: --batch-si is not a flag (flags are spelled out in full); it could mean --batch-size"
+    )
     assert not list(tmp_path.iterdir())
 
 
@@ -335,12 +411,43 @@ def test_flags_resolve_and_pass_openclip_flags_through(tmp_path):
 
     pattern = write_shards(tmp_path / "shards", dense_keys())
     # --model must reach OpenCLIP whole (with abbreviations it would be taken for --model-config).
-    cfg = parse_train_args(["--model", "clip-dcl-tiny", "--train-data", pattern, "--loss", "decl",
-                            "--accum-freq", "2", "--seed", "7", "--decl-schedule", "harmonic", "--decl-lambda", "5",
-                            "--no-decl-sample-u", "--precision", "fp32",  # a named precision: no CPU default added
-                            "--batch-size", "16"])
-    assert cfg.openclip_argv == ["--model", "clip-dcl-tiny", "--train-data", pattern, "--accum-freq", "2", "--seed", "7",
-                                 "--precision", "fp32", "--batch-size", "16"]
+    cfg = parse_train_args(
+        [
+            "--model",
+            "clip-dcl-tiny",
+            "--train-data",
+            pattern,
+            "--loss",
+            "decl",
+            "--accum-freq",
+            "2",
+            "--seed",
+            "7",
+            "--decl-schedule",
+            "harmonic",
+            "--decl-lambda",
+            "5",
+            "--no-decl-sample-u",
+            "--precision",
+            "fp32",  # a named precision: no CPU default added
+            "--batch-size",
+            "16",
+        ]
+    )
+    assert cfg.openclip_argv == [
+        "--model",
+        "clip-dcl-tiny",
+        "--train-data",
+        pattern,
+        "--accum-freq",
+        "2",
+        "--seed",
+        "7",
+        "--precision",
+        "fp32",
+        "--batch-size",
+        "16",
+    ]
     assert cfg.num_samples == 64  # sum of sizes.json
     assert cfg.loss_kwargs == {"schedule": "harmonic", "lam": 5.0, "sample_u": False, "accum_freq": 2, "seed": 7}
     assert cfg.loss_args["num_samples"] == 64  # resolved by the loss from the data
@@ -349,8 +456,9 @@ def test_flags_resolve_and_pass_openclip_flags_through(tmp_path):
 
     custom = tmp_path / "my-model.json"
     custom.write_text(tiny_config_path().read_text())
-    cfg = parse_train_args(["--model-config", str(custom), "--train-data", pattern, "--precision", "fp32",
-                            "--batch-size", "16"])
+    cfg = parse_train_args(
+        ["--model-config", str(custom), "--train-data", pattern, "--precision", "fp32", "--batch-size", "16"]
+    )
     assert cfg.openclip_argv[-2:] == ["--model", "my-model"] and cfg.loss == "clip"
     import open_clip
 
@@ -360,8 +468,17 @@ def test_flags_resolve_and_pass_openclip_flags_through(tmp_path):
 def test_help_lists_openclip_flags_and_ours(capsys):
     assert main(["--help"]) == 0
     out = capsys.readouterr().out
-    for flag in ("--loss", "--tau-plus", "--decl-rate", "--decl-num-samples", "--model-config",  # ours
-                 "--train-data", "--accum-freq", "--local-loss", "--resume"):  # OpenCLIP's
+    for flag in (
+        "--loss",
+        "--tau-plus",
+        "--decl-rate",
+        "--decl-num-samples",
+        "--model-config",  # ours
+        "--train-data",
+        "--accum-freq",
+        "--local-loss",
+        "--resume",
+    ):  # OpenCLIP's
         assert re.search(rf"^\s+{flag}(?:\s|,|$)", out, re.M), flag
 
 
@@ -376,9 +493,33 @@ def test_cli_dispatches_to_train(capsys):
 def train(tmp_path, name, pattern, *flags, check=True, timeout=300, cli=False):
     """One run on ``pattern``'s shards: in this process, or through ``python -m clip_dcl.train`` with ``cli``
     (conftest's train_run)."""
-    argv = ["--model", "clip-dcl-tiny", "--train-data", pattern, "--dataset-type", "webdataset", "--batch-size", "16",
-            "--precision", "fp32", "--device", "cpu", "--logs", str(tmp_path / "logs"), "--name", name, "--lr", "1e-3",
-            "--lr-scheduler", "const", "--warmup", "1", "--log-every-n-steps", "1", *flags]
+    argv = [
+        "--model",
+        "clip-dcl-tiny",
+        "--train-data",
+        pattern,
+        "--dataset-type",
+        "webdataset",
+        "--batch-size",
+        "16",
+        "--precision",
+        "fp32",
+        "--device",
+        "cpu",
+        "--logs",
+        str(tmp_path / "logs"),
+        "--name",
+        name,
+        "--lr",
+        "1e-3",
+        "--lr-scheduler",
+        "const",
+        "--warmup",
+        "1",
+        "--log-every-n-steps",
+        "1",
+        *flags,
+    ]
     out = train_run(argv, cli=cli, timeout=timeout)
     if check:
         assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-5000:]
@@ -386,8 +527,9 @@ def train(tmp_path, name, pattern, *flags, check=True, timeout=300, cli=False):
 
 
 def checkpoint(tmp_path, name, epoch):
-    return torch.load(tmp_path / "logs" / name / "checkpoints" / f"epoch_{epoch}.pt", map_location="cpu",
-                      weights_only=True)
+    return torch.load(
+        tmp_path / "logs" / name / "checkpoints" / f"epoch_{epoch}.pt", map_location="cpu", weights_only=True
+    )
 
 
 def train_lines(tmp_path, name):
@@ -400,12 +542,18 @@ def visited(loss_state):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("loss, flags, terms", [
-    ("clip", [], ["Contrastive_loss:"]),
-    ("dcl", ["--tau-plus", "0.1"], ["Dcl_loss:", "Clamp_rate:"]),
-    ("decl", ["--decl-rate", "index", "--workers", "2"],
-     ["Decl_loss:", "Term: ", "Lambda_t:", "Mean_log_rate:", "Weight_max:"]),
-])
+@pytest.mark.parametrize(
+    "loss, flags, terms",
+    [
+        ("clip", [], ["Contrastive_loss:"]),
+        ("dcl", ["--tau-plus", "0.1"], ["Dcl_loss:", "Clamp_rate:"]),
+        (
+            "decl",
+            ["--decl-rate", "index", "--workers", "2"],
+            ["Decl_loss:", "Term: ", "Lambda_t:", "Mean_log_rate:", "Weight_max:"],
+        ),
+    ],
+)
 def test_one_epoch_writes_checkpoint_with_loss_state_and_logs_terms(tmp_path, loss, flags, terms):
     import open_clip
 
@@ -425,8 +573,14 @@ def test_one_epoch_writes_checkpoint_with_loss_state_and_logs_terms(tmp_path, lo
     for term in terms + ["Loss:"]:
         assert all(term in line for line in lines), (term, lines[-1])
     if loss == "dcl":
-        assert ckpt["clip_dcl"]["loss_args"] == {"tau_plus": 0.1, "clamp": "clamp", "beta": 0.0, "temperature": None,
-                                                 "tau_momentum": 0.05, "same_class": "positive"}
+        assert ckpt["clip_dcl"]["loss_args"] == {
+            "tau_plus": 0.1,
+            "clamp": "clamp",
+            "beta": 0.0,
+            "temperature": None,
+            "tau_momentum": 0.05,
+            "same_class": "positive",
+        }
     if loss == "decl":
         state = ckpt["loss_state"]
         assert int(state["calls"]) == 4
@@ -441,8 +595,23 @@ def test_one_epoch_writes_checkpoint_with_loss_state_and_logs_terms(tmp_path, lo
 def test_decl_with_accum_freq_2_counts_steps_and_visits_every_key(tmp_path):
     keys_per_shard = gapped_keys()
     pattern = write_shards(tmp_path / "shards", keys_per_shard)
-    train(tmp_path, "accum", pattern, "--epochs", "1", "--accum-freq", "2", "--batch-size", "8", "--workers", "2",
-          "--loss", "decl", "--decl-num-samples", "400")
+    train(
+        tmp_path,
+        "accum",
+        pattern,
+        "--epochs",
+        "1",
+        "--accum-freq",
+        "2",
+        "--batch-size",
+        "8",
+        "--workers",
+        "2",
+        "--loss",
+        "decl",
+        "--decl-num-samples",
+        "400",
+    )
     state = checkpoint(tmp_path, "accum", 1)["loss_state"]
     assert int(state["calls"]) == 8  # 8 micro-batches of 8 -> 4 optimizer steps x 2 loss calls
     assert visited(state) == sorted(k for keys in keys_per_shard for k in keys)
@@ -456,11 +625,24 @@ def test_decl_with_accum_freq_2_counts_steps_and_visits_every_key(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("decl_flags", [[], ["--decl-gamma-schedule", "cosine", "--decl-gamma", "0.2",
-                                             "--decl-first-visit", "mean"],
-                                        ["--decl-estimate", "relative", "--decl-temperature-mode", "rgclg",
-                                         "--decl-gamma-schedule", "cosine", "--decl-gamma", "0.2"]],
-                         ids=["default", "cosine-mean", "relative-rgclg"])
+@pytest.mark.parametrize(
+    "decl_flags",
+    [
+        [],
+        ["--decl-gamma-schedule", "cosine", "--decl-gamma", "0.2", "--decl-first-visit", "mean"],
+        [
+            "--decl-estimate",
+            "relative",
+            "--decl-temperature-mode",
+            "rgclg",
+            "--decl-gamma-schedule",
+            "cosine",
+            "--decl-gamma",
+            "0.2",
+        ],
+    ],
+    ids=["default", "cosine-mean", "relative-rgclg"],
+)
 def test_resume_continues_decl_state_exactly(tmp_path, decl_flags):
     pattern = write_shards(tmp_path / "shards", gapped_keys())
     common = ["--loss", "decl", "--decl-num-samples", "400", "--workers", "2", *decl_flags]
@@ -502,8 +684,19 @@ def test_corrupt_samples_are_logged_and_skipped_and_the_run_finishes(tmp_path):
 def test_sample_ids_beyond_the_buffer_stop_the_run_naming_the_flag(tmp_path, preloaded):
     pattern = write_shards(tmp_path / "shards", gapped_keys())  # keys up to 315, sizes.json sums to 64
     # through `python -m clip_dcl.train`: the error line and exit code are the command's
-    out = train(tmp_path, "small", pattern, "--epochs", "1", "--workers", "0", "--loss", "decl", check=False,
-                cli=preloaded.python)
+    out = train(
+        tmp_path,
+        "small",
+        pattern,
+        "--epochs",
+        "1",
+        "--workers",
+        "0",
+        "--loss",
+        "decl",
+        check=False,
+        cli=preloaded.python,
+    )
     assert out.returncode == 1
     assert "--decl-num-samples" in out.stderr
     assert not (tmp_path / "logs" / "small" / "checkpoints" / "epoch_1.pt").exists()
@@ -522,7 +715,7 @@ def test_openclip_logging_setup_leaves_torch_loggers_alone():
         setup_logging(None, logging.INFO)
         assert dynamo.level == before and other.level == logging.INFO
     finally:
-        for h in logging.root.handlers[len(root_handlers):]:
+        for h in logging.root.handlers[len(root_handlers) :]:
             logging.root.removeHandler(h)
         other.setLevel(logging.NOTSET)
 
@@ -539,7 +732,9 @@ def test_batches_without_ids_name_the_rates_that_need_none():
     list(channel)
     f = torch.nn.functional.normalize(torch.randn(2, 4), dim=-1)
     with pytest.raises(MissingSampleIds, match="--decl-rate queue / batch"):
-        LossWithIds(create_loss("decl", rate="index", num_samples=10), channel, torch.device("cpu"))(f, f, torch.tensor(1.0))
+        LossWithIds(create_loss("decl", rate="index", num_samples=10), channel, torch.device("cpu"))(
+            f, f, torch.tensor(1.0)
+        )
 
 
 def test_synthetic_and_csv_data_size_the_decl_buffer(tmp_path):
@@ -551,8 +746,9 @@ def test_synthetic_and_csv_data_size_the_decl_buffer(tmp_path):
     csv.write_text("filepath\ttitle\n" + "".join(f"x{i}.png\tcaption {i}\n" for i in range(7)))
     cfg = parse_train_args(["--loss", "decl", "--train-data", str(csv)], check_files=False)
     assert cfg.num_samples == 7
-    cfg = parse_train_args(["--loss", "dcl", "--model", "coca_ViT-B-32", "--dataset-type", "synthetic",
-                            "--train-num-samples", "8"])
+    cfg = parse_train_args(
+        ["--loss", "dcl", "--model", "coca_ViT-B-32", "--dataset-type", "synthetic", "--train-num-samples", "8"]
+    )
     assert cfg.loss == "dcl"  # CoCa takes our contrastive term
 
 
@@ -562,9 +758,10 @@ def test_docs_loss_flag_table_is_the_registrys():
 
     docs = (Path(__file__).resolve().parents[1] / "docs" / "training.md").read_text()
     start = docs.index("<!-- loss flags: generated")
-    block = docs[docs.index("\n", start) + 1:docs.index("<!-- end of the generated loss flags -->")].strip()
-    assert block == loss_flags_table(), ("regenerate the table in docs/training.md with "
-                                         "clip_dcl.train.flags.loss_flags_table()")
+    block = docs[docs.index("\n", start) + 1 : docs.index("<!-- end of the generated loss flags -->")].strip()
+    assert block == loss_flags_table(), (
+        "regenerate the table in docs/training.md with clip_dcl.train.flags.loss_flags_table()"
+    )
     assert "| `--decl-sample-u` / `--no-decl-sample-u` | decl |" in block and block.count("| off |") >= 1
 
 
@@ -573,9 +770,35 @@ def _train_in_process(tmp_path, name, *flags):
     """One epoch of ``clip_dcl.train`` in this process on 16 synthetic samples (4 steps of 4)."""
     from clip_dcl.models import TINY_MODEL
 
-    out = train_in_process(["--dataset-type", "synthetic", "--train-num-samples", "16", "--batch-size", "4",
-                            "--epochs", "1", "--workers", "0", "--model", TINY_MODEL, "--logs", tmp_path / "logs",
-                            "--name", name, "--report-to", "", "--seed", "0", "--warmup", "1", "--device", "cpu", *flags])
+    out = train_in_process(
+        [
+            "--dataset-type",
+            "synthetic",
+            "--train-num-samples",
+            "16",
+            "--batch-size",
+            "4",
+            "--epochs",
+            "1",
+            "--workers",
+            "0",
+            "--model",
+            TINY_MODEL,
+            "--logs",
+            tmp_path / "logs",
+            "--name",
+            name,
+            "--report-to",
+            "",
+            "--seed",
+            "0",
+            "--warmup",
+            "1",
+            "--device",
+            "cpu",
+            *flags,
+        ]
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     run = tmp_path / "logs" / name
     params = dict(line.split(": ", 1) for line in (run / "params.txt").read_text().splitlines())
@@ -583,8 +806,9 @@ def _train_in_process(tmp_path, name, *flags):
 
 
 def test_params_and_checkpoint_record_the_resolved_decl_arguments(tmp_path):
-    params, ckpt = _train_in_process(tmp_path, "cosine", "--loss", "decl", "--decl-gamma-schedule", "cosine",
-                                     "--decl-gamma-decay-epochs", "0.5")
+    params, ckpt = _train_in_process(
+        tmp_path, "cosine", "--loss", "decl", "--decl-gamma-schedule", "cosine", "--decl-gamma-decay-epochs", "0.5"
+    )
     recorded = ckpt["clip_dcl"]["loss_args"]
     # 16 samples / batch 4 = 4 steps an epoch: gamma 1 through it, then a decay of half an epoch; one id per sample
     assert (recorded["gamma_hold_steps"], recorded["gamma_decay_steps"], recorded["num_samples"]) == (4, 2, 16)
@@ -612,8 +836,7 @@ class DataSizedLoss(LossDeclaration, torch.nn.Module):
         self.infonce = InfoNCEFromStats(**dist_kwargs)
         self.register_buffer("visits", torch.zeros(num_samples, dtype=torch.long))
 
-    def forward(self, image_features, text_features, logit_scale, logit_bias=None, output_dict=False,
-                sample_ids=None):
+    def forward(self, image_features, text_features, logit_scale, logit_bias=None, output_dict=False, sample_ids=None):
         if self.training:
             self.visits.index_add_(0, sample_ids, torch.ones_like(sample_ids))
         return self.infonce(image_features, text_features, logit_scale, logit_bias, output_dict=output_dict)

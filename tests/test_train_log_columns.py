@@ -2,6 +2,7 @@
 steps and the columns of its last ``Train Epoch:`` line (after OpenCLIP's ``Logit Scale``) are compared
 with the row's. DeCL's ``Loss`` is its InfoNCE term (``Loss`` compares with ``clip``'s), and its total keeps
 its own column, ``Decl_loss``."""
+
 from __future__ import annotations
 
 import re
@@ -9,7 +10,6 @@ import shlex
 from pathlib import Path
 
 import pytest
-
 from conftest import SHARED_RUN_FLAGS, train_in_process
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -20,7 +20,7 @@ END = "<!-- end of the logged columns -->"
 def documented_rows():
     """``[(flags, [column, ...])]`` of the table between the markers in docs/training.md."""
     text = (ROOT / "docs" / "training.md").read_text()
-    table = text[text.index(BEGIN):text.index(END)].splitlines()[3:]
+    table = text[text.index(BEGIN) : text.index(END)].splitlines()[3:]
     rows = []
     for line in table:
         flags, columns = [cell.strip() for cell in line.strip().strip("|").split("|")]
@@ -41,9 +41,10 @@ def last_train_line(run_dir: Path) -> str:
 def test_the_table_is_there_and_reads_as_flags_and_columns():
     rows = documented_rows()
     assert len(rows) >= 9 and all(flags[:1] == ["--loss"] and columns for flags, columns in rows)
-    assert logged_columns("x Train Epoch: 0 [16/48 (33%)] LR: 0.001000 Logit Scale: 14.286 Decl_loss: 1.0000 "
-                          "(1.0000) Loss: 2.7726 (2.7726) Term: loss1 Lambda_t: 1.0000 (1.0000)") == \
-        ["Decl_loss", "Loss", "Term", "Lambda_t"]
+    assert logged_columns(
+        "x Train Epoch: 0 [16/48 (33%)] LR: 0.001000 Logit Scale: 14.286 Decl_loss: 1.0000 "
+        "(1.0000) Loss: 2.7726 (2.7726) Term: loss1 Lambda_t: 1.0000 (1.0000)"
+    ) == ["Decl_loss", "Loss", "Term", "Lambda_t"]
 
 
 @pytest.mark.slow
@@ -53,11 +54,41 @@ def test_each_rows_training_logs_exactly_its_columns(tmp_path, trained_run, flag
     if flags == ["--loss", loss, *SHARED_RUN_FLAGS.get(loss, ["-"])]:
         run_dir = trained_run(loss)
     else:
-        res = train_in_process([
-            "--model", "clip-dcl-tiny", "--dataset-type", "synthetic", "--train-num-samples", "48",
-            "--batch-size", "16", "--epochs", "1", "--precision", "fp32", "--device", "cpu", "--workers", "1",
-            "--lr", "1e-3", "--warmup", "1", "--log-every-n-steps", "1", "--seed", "0", "--report-to", "",
-            "--logs", tmp_path, "--name", "run", *flags])
+        res = train_in_process(
+            [
+                "--model",
+                "clip-dcl-tiny",
+                "--dataset-type",
+                "synthetic",
+                "--train-num-samples",
+                "48",
+                "--batch-size",
+                "16",
+                "--epochs",
+                "1",
+                "--precision",
+                "fp32",
+                "--device",
+                "cpu",
+                "--workers",
+                "1",
+                "--lr",
+                "1e-3",
+                "--warmup",
+                "1",
+                "--log-every-n-steps",
+                "1",
+                "--seed",
+                "0",
+                "--report-to",
+                "",
+                "--logs",
+                tmp_path,
+                "--name",
+                "run",
+                *flags,
+            ]
+        )
         assert res.returncode == 0, res.stderr[-3000:]
         run_dir = tmp_path / "run"
     assert logged_columns(last_train_line(run_dir)) == columns
@@ -66,8 +97,9 @@ def test_each_rows_training_logs_exactly_its_columns(tmp_path, trained_run, flag
 @pytest.mark.slow
 def test_decls_loss_is_its_infonce_term_and_its_total_has_its_own_column(trained_run):
     lines = [ln for ln in (trained_run("decl") / "out.log").read_text().splitlines() if "Train Epoch:" in ln]
-    value = {name: [float(re.search(rf"\b{name}: (\S+)", ln).group(1)) for ln in lines]
-             for name in ("Loss", "Decl_loss")}
+    value = {
+        name: [float(re.search(rf"\b{name}: (\S+)", ln).group(1)) for ln in lines] for name in ("Loss", "Decl_loss")
+    }
     terms = [re.search(r"Term: (\w+)", ln).group(1) for ln in lines]
     assert terms[:2] == ["loss1", "infonce"]
     # the InfoNCE step optimises InfoNCE alone: there the total is the logged Loss; on a loss1 step it is not

@@ -1,11 +1,11 @@
 """A trained run folder holds its metrics as data: one ``metrics.jsonl`` line per logged step and per evaluation,
 with the same values as the human log's ``Train Epoch:`` line."""
+
 from __future__ import annotations
 
 import json
 
 import pytest
-
 from test_train_log_columns import last_train_line, logged_columns
 
 from clip_dcl.train.metrics import MetricsWriter, read_metrics
@@ -36,14 +36,21 @@ def test_the_writer_passes_scalars_on_and_writes_one_record_per_flush(tmp_path):
 
 
 def test_a_resumed_runs_records_replace_those_of_the_steps_it_repeats(tmp_path):
-    steps = [{"kind": "train", "step": s} for s in range(4)] + [{"kind": "val", "step": 2, "epoch": 1},
-                                                                {"kind": "val", "step": 4, "epoch": 2}]
+    steps = [{"kind": "train", "step": s} for s in range(4)] + [
+        {"kind": "val", "step": 2, "epoch": 1},
+        {"kind": "val", "step": 4, "epoch": 2},
+    ]
     resumed = [{"kind": "train", "step": 2, "again": True}, {"kind": "train", "step": 3, "again": True}]
     order = sorted(steps, key=lambda r: (r["step"], r["kind"] == "val")) + resumed
     (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in order))
     kept = read_metrics(tmp_path)
     assert [(r["kind"], r["step"], "again" in r) for r in kept] == [
-        ("train", 0, False), ("train", 1, False), ("val", 2, False), ("train", 2, True), ("train", 3, True)]
+        ("train", 0, False),
+        ("train", 1, False),
+        ("val", 2, False),
+        ("train", 2, True),
+        ("train", 3, True),
+    ]
 
 
 @pytest.mark.slow
@@ -52,7 +59,10 @@ def test_a_decl_run_writes_every_logged_step_with_its_terms_scale_lr_and_columns
     records = read_metrics(run_dir)
     assert [r["kind"] for r in records] == ["train"] * 3  # 48 samples in batches of 16, every step logged
     assert [(r["step"], r["epoch"], r["samples"], r["samples_per_epoch"]) for r in records] == [
-        (0, 0, 16, 48), (1, 0, 32, 48), (2, 0, 48, 48)]
+        (0, 0, 16, 48),
+        (1, 0, 32, 48),
+        (2, 0, 48, 48),
+    ]
     last = records[-1]
     assert OPENCLIP_SCALARS | {"decl_loss", "loss"} <= set(last)
     # the loss's own columns, as the human line shows them (in its order after OpenCLIP's terms)
@@ -72,8 +82,9 @@ def test_a_validated_run_writes_its_evaluations_and_the_runner_reads_them(tmp_pa
     data = generate(tmp_path / "data", quick=True, num_classes=3, train_samples=64, verbose=False)
     budget = ex.Budget(epochs=2, batch_size=32, warmup=1, workers=0, log_every_n_steps=1)
     echoed = []
-    res = ex.train(ex.Run("clip", ("--loss", "clip")), data, tmp_path / "runs", budget, echo=echoed.append,
-                   device="cpu")
+    res = ex.train(
+        ex.Run("clip", ("--loss", "clip")), data, tmp_path / "runs", budget, echo=echoed.append, device="cpu"
+    )
     val = read_metrics(res.log_dir, "val")
     assert [r["epoch"] for r in val] == [1, 2] and all("clip_val_loss" in r for r in val)
     assert [r["step"] for r in val] == [2, 4]  # the optimizer steps taken when each evaluation ran

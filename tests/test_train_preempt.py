@@ -6,6 +6,7 @@ The end-to-end tests run clip-dcl-tiny through ``tests/distributed/preempt_train
 its K-th optimizer step (on one chosen rank), so that the stop lands mid-epoch at a known step
 whatever the machine's speed.
 """
+
 from __future__ import annotations
 
 import os
@@ -17,7 +18,6 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from test_train_distributed import write_shards
 
 HERE = Path(__file__).resolve().parent
@@ -26,12 +26,15 @@ HELPER = HERE / "distributed" / "preempt_train.py"
 
 
 # -- flags ------------------------------------------------------------------------------------------
-@pytest.mark.parametrize("flags, named", [
-    (["--preempt-signals", "SIGFOO"], "--preempt-signals SIGFOO: unknown signal"),
-    (["--preempt-signals", "KILL"], "--preempt-signals KILL: SIGKILL cannot be caught"),
-    (["--preempt-check-every", "0"], "--preempt-check-every must be >= 1, got 0"),
-    (["--save-every-minutes", "0"], "--save-every-minutes must be > 0, got 0"),
-])
+@pytest.mark.parametrize(
+    "flags, named",
+    [
+        (["--preempt-signals", "SIGFOO"], "--preempt-signals SIGFOO: unknown signal"),
+        (["--preempt-signals", "KILL"], "--preempt-signals KILL: SIGKILL cannot be caught"),
+        (["--preempt-check-every", "0"], "--preempt-check-every must be >= 1, got 0"),
+        (["--save-every-minutes", "0"], "--save-every-minutes must be > 0, got 0"),
+    ],
+)
 def test_preempt_flags_with_bad_values_exit_2_naming_them(tmp_path, capsys, flags, named):
     from clip_dcl.train import main
 
@@ -44,8 +47,9 @@ def test_preempt_flags_resolve():
 
     base = ["--dataset-type", "synthetic", "--train-num-samples", "8"]
     assert parse_train_args(base).preempt.signals == ["SIGTERM", "SIGUSR1"]
-    cfg = parse_train_args(base + ["--preempt-signals", "usr2", "15", "--preempt-check-every", "5",
-                                   "--save-every-minutes", "30"])
+    cfg = parse_train_args(
+        base + ["--preempt-signals", "usr2", "15", "--preempt-check-every", "5", "--save-every-minutes", "30"]
+    )
     assert (cfg.preempt.signals, cfg.preempt.check_every, cfg.preempt.save_every_minutes) == (["usr2", "15"], 5, 30)
     assert parse_train_args(base + ["--preempt-signals", "none"]).preempt.signals == []
     assert "--preempt-signals" not in " ".join(cfg.openclip_argv)  # ours, not passed on to OpenCLIP
@@ -106,8 +110,13 @@ def test_preempt_stops_between_optimizer_steps_and_a_resume_skips_them(accum):
     assert asked == [0, 1, 2]  # once per optimizer step, before its first micro-batch is fetched
     # resumed at step 2: the first 2 x accum batches are read and dropped, then the rest of the epoch
     marks = []
-    resumed = IdChannel(_Loader(8), accum, skip=2 * accum, resumed=lambda: marks.append("resumed"),
-                         at_boundary=lambda step: marks.append(step) and False)
+    resumed = IdChannel(
+        _Loader(8),
+        accum,
+        skip=2 * accum,
+        resumed=lambda: marks.append("resumed"),
+        at_boundary=lambda step: marks.append(step) and False,
+    )
     got = [int(images) for images, _ in resumed]
     assert got == list(range(2 * accum, 8)) and resumed.stopped_at is None
     assert marks == ["resumed"] + list(range(2, 8 // accum))  # no stop asked after the epoch's last step
@@ -129,14 +138,15 @@ def test_preempt_checkpoint_names_sort_where_resume_latest_looks(tmp_path):
 def _slurm(tmp_path, srun_rc, *args, **env):
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir(exist_ok=True)
-    (bin_dir / "srun").write_text(f"#!/bin/sh\necho \"$@\" > {tmp_path}/srun.args\nexit {srun_rc}\n")
-    (bin_dir / "scontrol").write_text(f"#!/bin/sh\necho \"$@\" >> {tmp_path}/scontrol.args\n")
+    (bin_dir / "srun").write_text(f'#!/bin/sh\necho "$@" > {tmp_path}/srun.args\nexit {srun_rc}\n')
+    (bin_dir / "scontrol").write_text(f'#!/bin/sh\necho "$@" >> {tmp_path}/scontrol.args\n')
     for f in bin_dir.iterdir():
         f.chmod(0o755)
     full_env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_") and k != "DRY_RUN"}
     full_env.update(PATH=f"{bin_dir}:{os.environ['PATH']}", SLURM_JOB_ID="4242", **env)
-    return subprocess.run(["bash", str(LAUNCH / "train_slurm.sbatch"), *args], capture_output=True, text=True,
-                          env=full_env, timeout=30)
+    return subprocess.run(
+        ["bash", str(LAUNCH / "train_slurm.sbatch"), *args], capture_output=True, text=True, env=full_env, timeout=30
+    )
 
 
 def test_preempt_slurm_script_asks_for_the_signal_and_requeues_on_exit_75(tmp_path):
@@ -163,13 +173,61 @@ def test_preempt_slurm_script_asks_for_the_signal_and_requeues_on_exit_75(tmp_pa
 
 # -- end to end: stop mid-epoch on a signal, resume, and end where the uninterrupted run ends -----------------
 def _run(tmp_path, name, pattern, nproc, extra=(), env=None):
-    launch = ([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(nproc),
-               str(HELPER), "--"] if nproc > 1 else [sys.executable, str(HELPER)])
-    cmd = [*launch, "--model", "clip-dcl-tiny", "--train-data", pattern, "--dataset-type", "webdataset",
-           "--dataset-resampled", "--train-num-samples", "64", "--batch-size", "8", "--workers", "1",
-           "--epochs", "2", "--precision", "fp32", "--device", "cpu", "--seed", "3", "--lr", "1e-3",
-           "--warmup", "2", "--log-every-n-steps", "1", "--logs", str(tmp_path / "logs"), "--name", name,
-           "--loss", "decl", "--decl-rate", "index", "--decl-num-samples", "400", *extra]
+    launch = (
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc_per_node",
+            str(nproc),
+            str(HELPER),
+            "--",
+        ]
+        if nproc > 1
+        else [sys.executable, str(HELPER)]
+    )
+    cmd = [
+        *launch,
+        "--model",
+        "clip-dcl-tiny",
+        "--train-data",
+        pattern,
+        "--dataset-type",
+        "webdataset",
+        "--dataset-resampled",
+        "--train-num-samples",
+        "64",
+        "--batch-size",
+        "8",
+        "--workers",
+        "1",
+        "--epochs",
+        "2",
+        "--precision",
+        "fp32",
+        "--device",
+        "cpu",
+        "--seed",
+        "3",
+        "--lr",
+        "1e-3",
+        "--warmup",
+        "2",
+        "--log-every-n-steps",
+        "1",
+        "--logs",
+        str(tmp_path / "logs"),
+        "--name",
+        name,
+        "--loss",
+        "decl",
+        "--decl-rate",
+        "index",
+        "--decl-num-samples",
+        "400",
+        *extra,
+    ]
     if nproc > 1:
         cmd += ["--local-loss", "--gather-with-grad"]
     full_env = {**os.environ, "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": "", **(env or {})}
@@ -207,8 +265,9 @@ def test_preempt_two_ranks_sigterm_mid_epoch_resumes_to_the_uninterrupted_weight
     folder = tmp_path / "logs" / "cut" / "checkpoints"
     assert sorted(p.name for p in folder.glob("*.pt")) == ["epoch_1.pt", "epoch_1_step_2.pt"]
     # rank 0 never got the signal: it stopped at the same step because the ranks agree in one collective
-    assert "Saved " + str(folder / "epoch_1_step_2.pt") + ": step 2 of epoch 1 (on a signal on another rank)" \
-        in cut.stderr
+    assert (
+        "Saved " + str(folder / "epoch_1_step_2.pt") + ": step 2 of epoch 1 (on a signal on another rank)" in cut.stderr
+    )
     assert "Stopped on SIGTERM after step 2 of epoch 1" in cut.stderr
     saved = torch.load(folder / "epoch_1_step_2.pt", map_location="cpu", weights_only=True)
     assert saved["epoch"] == 1 and saved["clip_dcl"]["resume"]["step"] == 2
@@ -218,8 +277,10 @@ def test_preempt_two_ranks_sigterm_mid_epoch_resumes_to_the_uninterrupted_weight
     assert resumed.returncode == 0, resumed.stderr[-4000:]
     assert resumed.stderr.count("Resumed epoch 1 at step 2 of 4") == 2
     _assert_same_end(tmp_path, "full", "cut")
-    digests = {n: re.findall(r"Loss state after epoch 1 on rank \d: calls 8, digest (\w+)", out.stderr)
-               for n, out in (("full", full), ("resumed", resumed))}
+    digests = {
+        n: re.findall(r"Loss state after epoch 1 on rank \d: calls 8, digest (\w+)", out.stderr)
+        for n, out in (("full", full), ("resumed", resumed))
+    }
     assert len(set(digests["full"])) == 1 and digests["full"] == digests["resumed"]
     # the epoch's checkpoint supersedes the mid-epoch one
     assert sorted(p.name for p in folder.glob("*.pt")) == ["epoch_1.pt", "epoch_2.pt"]

@@ -1,29 +1,41 @@
 """What a real run meets: wrong paths, torn checkpoints, a changed objective, bad shards, colliding
 sample ids, and an OpenCLIP that is not the one the patches were written for."""
+
 from __future__ import annotations
 
 import argparse
 import io
 import json
-import re
 import logging
 import os
+import re
 import subprocess
 import types
 
 import pytest
 import torch
+from test_train import dense_keys, write_shards
 
 from clip_dcl.train import main
-from test_train import dense_keys, write_shards
 
 
 # -- wrong data paths fail before any work -----------------------------------------------------------
 @pytest.mark.parametrize("extra", [["--train-num-samples", "320"], []], ids=["with-num-samples", "without"])
 def test_a_missing_shard_is_named_before_any_work(tmp_path, capsys, extra):
     logs = tmp_path / "logs"
-    rc = main(["--train-data", "/nonexistent/{00000..00004}.tar", "--dataset-type", "webdataset", "--logs", str(logs),
-               "--device", "cpu", *extra])
+    rc = main(
+        [
+            "--train-data",
+            "/nonexistent/{00000..00004}.tar",
+            "--dataset-type",
+            "webdataset",
+            "--logs",
+            str(logs),
+            "--device",
+            "cpu",
+            *extra,
+        ]
+    )
     assert rc == 2
     err = capsys.readouterr().err
     assert "--train-data: '/nonexistent/00000.tar' does not exist (and 4 more of 5)" in err
@@ -46,8 +58,24 @@ def test_decl_lambda_with_a_schedule_that_ignores_it_is_refused(tmp_path, capsys
     assert "--decl-lambda 0.5 has no effect with --decl-schedule alternate" in capsys.readouterr().err
     from clip_dcl.train.flags import parse_train_args
 
-    cfg = parse_train_args(["--train-data", pattern, "--loss", "decl", "--decl-schedule", "constant",
-                            "--decl-lambda", "0.5", "--decl-num-samples", "2", "--workers", "1", "--batch-size", "2"])
+    cfg = parse_train_args(
+        [
+            "--train-data",
+            pattern,
+            "--loss",
+            "decl",
+            "--decl-schedule",
+            "constant",
+            "--decl-lambda",
+            "0.5",
+            "--decl-num-samples",
+            "2",
+            "--workers",
+            "1",
+            "--batch-size",
+            "2",
+        ]
+    )
     assert cfg.loss_kwargs["lam"] == 0.5
 
 
@@ -63,25 +91,44 @@ def _resume_run(loss, tmp_path, latest=False, reset=False):
 
 
 def _save(path, epoch, loss="decl", loss_args=None):
-    torch.save({"epoch": epoch, "name": "x", "state_dict": {}, "optimizer": {},
-                "loss_state": {"calls": torch.tensor(epoch)},
-                "clip_dcl": {"model": "m", "loss": loss, "loss_args": loss_args or {}}}, path)
+    torch.save(
+        {
+            "epoch": epoch,
+            "name": "x",
+            "state_dict": {},
+            "optimizer": {},
+            "loss_state": {"calls": torch.tensor(epoch)},
+            "clip_dcl": {"model": "m", "loss": loss, "loss_args": loss_args or {}},
+        },
+        path,
+    )
 
 
 def test_resuming_another_objective_is_refused_with_the_flags_to_add(tmp_path):
     from clip_dcl.train.run import ObjectiveMismatch
 
     path = str(tmp_path / "epoch_1.pt")
-    _save(path, 1, "decl", {"rate": "index", "schedule": "harmonic", "lam": 5.0, "sample_u": True,
-                            "num_samples": 400, "accum_freq": 1, "seed": 0})
+    _save(
+        path,
+        1,
+        "decl",
+        {
+            "rate": "index",
+            "schedule": "harmonic",
+            "lam": 5.0,
+            "sample_u": True,
+            "num_samples": 400,
+            "accum_freq": 1,
+            "seed": 0,
+        },
+    )
     run = _resume_run("clip", tmp_path)
     run.args.resume = path
     with pytest.raises(ObjectiveMismatch) as err:
         run.pt_load(path)
     msg = str(err.value)
     assert "resuming it with --loss clip would change the objective" in msg
-    assert ("add: --loss decl --decl-schedule harmonic --decl-lambda 5 --decl-sample-u "
-            "--decl-num-samples 400") in msg
+    assert ("add: --loss decl --decl-schedule harmonic --decl-lambda 5 --decl-sample-u --decl-num-samples 400") in msg
     assert "--loss-reset" in msg
     reset = _resume_run("clip", tmp_path, reset=True)
     assert reset.pt_load(path)["epoch"] == 1 and reset.resumed is None  # the loss state is dropped
@@ -131,9 +178,27 @@ def test_a_failed_start_removes_its_log_folder_so_the_rerun_works(tmp_path, prel
     cfg["vision_cfg"]["width"] = -5
     (tmp_path / "unbuildable.json").write_text(json.dumps(cfg))
     # processes of their own: what one start leaves behind when its interpreter exits is what the next one meets
-    cmd = [preloaded.python, "-m", "clip_dcl.train", "--model-config", str(tmp_path / "unbuildable.json"),
-           "--train-data", pattern, "--dataset-type", "webdataset", "--workers", "1", "--batch-size", "4",
-           "--device", "cpu", "--logs", str(tmp_path / "logs"), "--name", "x"]
+    cmd = [
+        preloaded.python,
+        "-m",
+        "clip_dcl.train",
+        "--model-config",
+        str(tmp_path / "unbuildable.json"),
+        "--train-data",
+        pattern,
+        "--dataset-type",
+        "webdataset",
+        "--workers",
+        "1",
+        "--batch-size",
+        "4",
+        "--device",
+        "cpu",
+        "--logs",
+        str(tmp_path / "logs"),
+        "--name",
+        "x",
+    ]
     env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "OMP_NUM_THREADS": "1"}
     for _ in range(2):
         out = subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=env)
@@ -145,7 +210,8 @@ def test_a_failed_start_removes_its_log_folder_so_the_rerun_works(tmp_path, prel
 
 # -- OpenCLIP drift -----------------------------------------------------------------------------------
 def _modules(changes=None):
-    from open_clip_train import data, main as oc_main, params, train
+    from open_clip_train import data, params, train
+    from open_clip_train import main as oc_main
 
     modules = {}
     for name, mod in {"main": oc_main, "train": train, "data": data, "params": params}.items():
@@ -164,8 +230,9 @@ def _main_without_module_lookups(args):
     return None
 
 
-def _train_step_logging_otherwise(model, data, loss, epoch, optimizer, scaler, scheduler, dist_model, args,
-                                  tb_writer=None):
+def _train_step_logging_otherwise(
+    model, data, loss, epoch, optimizer, scaler, scheduler, dist_model, args, tb_writer=None
+):
     return None
 
 
@@ -176,19 +243,28 @@ def test_the_installed_openclip_fits_the_patches():
     assert openclip_problems("3.3.0", _modules()) == []
 
 
-@pytest.mark.parametrize("version, changes, named", [
-    ("4.2.0.dev0", {}, "version 4.2.0.dev0"),
-    ("3.3.0", {("main", "create_loss"): None}, "open_clip_train.main.create_loss is missing"),
-    ("3.3.0", {("main", "pt_load"): None}, "open_clip_train.main.pt_load is missing"),
-    ("3.3.0", {("main", "train_one_epoch"): lambda model, data, loss, epoch, task, args: None},
-     "open_clip_train.main.train_one_epoch"),
-    ("3.3.0", {("data", "_SAMPLE_SHUFFLE_SIZE"): None}, "_SAMPLE_SHUFFLE_SIZE is missing"),
-    # main no longer calls torch.save through its module global: the torch stand-in would do nothing
-    ("3.3.0", {("main", "main"): _main_without_module_lookups}, "main.main no longer looks up parse_args, "),
-    # a training step that does nothing: the first thing the trainer relies on that it no longer does
-    ("3.3.0", {("train", "train_one_epoch"): _train_step_logging_otherwise},
-     "train_one_epoch no longer calls the loss once per batch"),
-])
+@pytest.mark.parametrize(
+    "version, changes, named",
+    [
+        ("4.2.0.dev0", {}, "version 4.2.0.dev0"),
+        ("3.3.0", {("main", "create_loss"): None}, "open_clip_train.main.create_loss is missing"),
+        ("3.3.0", {("main", "pt_load"): None}, "open_clip_train.main.pt_load is missing"),
+        (
+            "3.3.0",
+            {("main", "train_one_epoch"): lambda model, data, loss, epoch, task, args: None},
+            "open_clip_train.main.train_one_epoch",
+        ),
+        ("3.3.0", {("data", "_SAMPLE_SHUFFLE_SIZE"): None}, "_SAMPLE_SHUFFLE_SIZE is missing"),
+        # main no longer calls torch.save through its module global: the torch stand-in would do nothing
+        ("3.3.0", {("main", "main"): _main_without_module_lookups}, "main.main no longer looks up parse_args, "),
+        # a training step that does nothing: the first thing the trainer relies on that it no longer does
+        (
+            "3.3.0",
+            {("train", "train_one_epoch"): _train_step_logging_otherwise},
+            "train_one_epoch no longer calls the loss once per batch",
+        ),
+    ],
+)
 def test_openclip_drift_fails_with_one_message_naming_the_supported_range(version, changes, named):
     from clip_dcl.train.upstream import OpenCLIPMismatch, check_openclip
 
@@ -247,29 +323,60 @@ def test_the_checks_run_takes_no_optimizer_step_that_global_hooks_see():
 
 
 def test_an_openclip_release_formatted_otherwise_is_accepted():
-    from open_clip_train import main as oc_main, train
+    from open_clip_train import main as oc_main
+    from open_clip_train import train
 
     from clip_dcl.train.upstream import openclip_problems
 
     step, _ = _rewritten(train, "train_one_epoch")
     evaluate, _ = _rewritten(train, "evaluate")
     main, _ = _rewritten(oc_main, "main")
-    assert openclip_problems("3.3.0", _modules({("train", "train_one_epoch"): step, ("train", "evaluate"): evaluate,
-                                                 ("main", "main"): main})) == []
+    assert (
+        openclip_problems(
+            "3.3.0",
+            _modules({("train", "train_one_epoch"): step, ("train", "evaluate"): evaluate, ("main", "main"): main}),
+        )
+        == []
+    )
 
 
-@pytest.mark.parametrize("module, name, edit, named", [
-    ("train", "train_one_epoch", ("total_loss = sum(losses.values())", "total_loss = next(iter(losses.values()))"),
-     "train_one_epoch no longer stores the sum of the loss terms under losses['loss']; open_clip_train.train."
-     "train_one_epoch no longer back-propagates the sum of the loss terms"),
-    ("train", "train_one_epoch", ("scheduler(step)", "scheduler(i)"), "no longer calls the scheduler with each step"),
-    ("train", "train_one_epoch", ('logging.info(f"Train Epoch', 'logging.getLogger("x").info(f"Train Epoch'),
-     "no longer logs a 'Train Epoch:' line per logged step on the root logger"),
-    ("train", "evaluate", ("tb_writer.add_scalar(name, val, epoch)", "pass"),
-     "open_clip_train.train.evaluate no longer writes each of its metrics through tb_writer.add_scalar"),
-    ("main", "main", ("torch.save(", "save_file("), "open_clip_train.main.main no longer looks up torch.save through"),
-    ("main", "main", ("create_loss(args)", "make_loss(args)"), "no longer looks up create_loss through"),
-])
+@pytest.mark.parametrize(
+    "module, name, edit, named",
+    [
+        (
+            "train",
+            "train_one_epoch",
+            ("total_loss = sum(losses.values())", "total_loss = next(iter(losses.values()))"),
+            "train_one_epoch no longer stores the sum of the loss terms under losses['loss']; open_clip_train.train."
+            "train_one_epoch no longer back-propagates the sum of the loss terms",
+        ),
+        (
+            "train",
+            "train_one_epoch",
+            ("scheduler(step)", "scheduler(i)"),
+            "no longer calls the scheduler with each step",
+        ),
+        (
+            "train",
+            "train_one_epoch",
+            ('logging.info(f"Train Epoch', 'logging.getLogger("x").info(f"Train Epoch'),
+            "no longer logs a 'Train Epoch:' line per logged step on the root logger",
+        ),
+        (
+            "train",
+            "evaluate",
+            ("tb_writer.add_scalar(name, val, epoch)", "pass"),
+            "open_clip_train.train.evaluate no longer writes each of its metrics through tb_writer.add_scalar",
+        ),
+        (
+            "main",
+            "main",
+            ("torch.save(", "save_file("),
+            "open_clip_train.main.main no longer looks up torch.save through",
+        ),
+        ("main", "main", ("create_loss(args)", "make_loss(args)"), "no longer looks up create_loss through"),
+    ],
+)
 def test_an_openclip_release_that_behaves_otherwise_is_refused_naming_what_changed(module, name, edit, named):
     import open_clip_train
 
@@ -289,10 +396,13 @@ def test_a_dataset_fn_that_no_longer_returns_its_module_loaders_is_refused():
     from clip_dcl.train.upstream import openclip_problems
 
     fixed = {"webdataset": data.get_wds_dataset, "csv": data.get_csv_dataset, "synthetic": data.get_synthetic_dataset}
-    problems = openclip_problems("3.3.0", _modules({("data", "get_dataset_fn"): lambda data_path, dataset_type:
-                                                    fixed[dataset_type]}))
-    assert problems == ["open_clip_train.data.get_dataset_fn no longer returns the module's get_wds_dataset, "
-                        "get_csv_dataset, get_synthetic_dataset"]
+    problems = openclip_problems(
+        "3.3.0", _modules({("data", "get_dataset_fn"): lambda data_path, dataset_type: fixed[dataset_type]})
+    )
+    assert problems == [
+        "open_clip_train.data.get_dataset_fn no longer returns the module's get_wds_dataset, "
+        "get_csv_dataset, get_synthetic_dataset"
+    ]
 
 
 def test_the_readers_read_records_not_log_text(tmp_path):
@@ -301,9 +411,11 @@ def test_the_readers_read_records_not_log_text(tmp_path):
 
     (tmp_path / "out.log").write_text("x | INFO | Train Epoch: 0 [ 16/64 (25%)] t_data=0.1 loss=4.1\n")
     assert read_step_times(tmp_path) == [] and read_curves(tmp_path) == {"epoch": [], "loss": []}
-    (tmp_path / "metrics.jsonl").write_text('{"kind": "train", "step": 0, "epoch": 0, "samples": 16, '
-                                            '"samples_per_epoch": 64, "loss": 4.1, "data_time": 0.1, '
-                                            '"batch_time": 0.2, "samples_per_second": 80.0}\n')
+    (tmp_path / "metrics.jsonl").write_text(
+        '{"kind": "train", "step": 0, "epoch": 0, "samples": 16, '
+        '"samples_per_epoch": 64, "loss": 4.1, "data_time": 0.1, '
+        '"batch_time": 0.2, "samples_per_second": 80.0}\n'
+    )
     assert [s.samples_per_second for s in read_step_times(tmp_path)] == [80.0]
     assert read_curves(tmp_path) == {"epoch": [0.25], "loss": [4.1]}
 
@@ -340,7 +452,7 @@ def _epoch(info, epoch=0):
 
 def _truncate(path, keep):
     data = path.read_bytes()
-    path.write_bytes(data[:keep(data)])
+    path.write_bytes(data[: keep(data)])
 
 
 def _member_offsets(path):
@@ -354,26 +466,34 @@ def test_truncated_shards_are_reported_with_shard_key_and_cause(tmp_path, caplog
     from clip_dcl.train.pipeline import id_collisions, summary_line
 
     pattern = write_shards(tmp_path / "shards", dense_keys(num_shards=2, per_shard=8), corrupt_image={12})
-    boundary = [o for name, o, _ in _member_offsets(tmp_path / "shards" / "00000.tar") if name.startswith("000000005.")][0]
+    boundary = [
+        o for name, o, _ in _member_offsets(tmp_path / "shards" / "00000.tar") if name.startswith("000000005.")
+    ][0]
     _truncate(tmp_path / "shards" / "00000.tar", lambda data: boundary)  # samples 0-4 intact, then nothing
-    middle = [(o, end) for name, o, end in _member_offsets(tmp_path / "shards" / "00001.tar")
-              if name == "000000010.txt"][0]
+    middle = [
+        (o, end) for name, o, end in _member_offsets(tmp_path / "shards" / "00001.tar") if name == "000000010.txt"
+    ][0]
     _truncate(tmp_path / "shards" / "00001.tar", lambda data: middle[0] + 520)  # inside 10.txt's header+data
     caplog.set_level(logging.INFO)
     info = _pipeline(pattern, batch_size=1, num_samples=64)
     seen = _epoch(info)
     assert set(seen) == {0, 1, 2, 3, 4, 8, 9}
     messages = [r.getMessage() for r in caplog.records]
-    assert any("Shard" in m and "00000.tar ended early after 5 samples (no end-of-archive marker" in m
-               for m in messages), messages
+    assert any(
+        "Shard" in m and "00000.tar ended early after 5 samples (no end-of-archive marker" in m for m in messages
+    ), messages
     assert any("00001.tar ended early after 2 samples" in m for m in messages), messages
     assert any("Skipping sample '000000010'" in m and "truncated shard" in m for m in messages), messages
     assert not any("no caption" in m for m in messages), messages  # the cut sample is not mistaken for one
     report = info.dataloader.data_stats.collect(0)
     assert report["counts"]["truncated shard"] >= 1 and set(map(os.path.basename, report["ended_early"])) == {
-        "00000.tar", "00001.tar"}
+        "00000.tar",
+        "00001.tar",
+    }
     line = summary_line(0, report)
-    assert line.startswith("Training data, epoch 0: ") and "2 shard(s) ended early: 00000.tar (no end-of-archive" in line
+    assert (
+        line.startswith("Training data, epoch 0: ") and "2 shard(s) ended early: 00000.tar (no end-of-archive" in line
+    )
     samples, ids = id_collisions(report["pairs"])
     assert samples == ids == 7  # ids tracked in the first epoch: no collision
 
@@ -388,8 +508,10 @@ def test_a_shard_that_disappears_is_skipped_and_no_shard_left_is_an_error_not_a_
     caplog.set_level(logging.WARNING)
     seen = _epoch(info)
     assert len(seen) == 16 and set(seen) == set(range(16)) - {8, 9, 10, 11}
-    assert any(f"Skipping shard {tmp_path / 'shards' / '00002.tar'}: cannot open it after 3 tries" in r.getMessage()
-               for r in caplog.records)
+    assert any(
+        f"Skipping shard {tmp_path / 'shards' / '00002.tar'}: cannot open it after 3 tries" in r.getMessage()
+        for r in caplog.records
+    )
     report = info.dataloader.data_stats.collect(0)
     assert list(map(os.path.basename, report["unreadable"])) == ["00002.tar"]
     for name in ("00000.tar", "00001.tar", "00003.tar"):
@@ -408,8 +530,9 @@ def _loss_refuses(ids, num_samples, match):
 
     f = torch.nn.functional.normalize(torch.randn(len(ids), 4), dim=-1)
     with pytest.raises(SampleIdError, match=match):
-        create_loss("decl", rate="index", num_samples=num_samples)(f, f, torch.tensor(1.0),
-                                                                   sample_ids=torch.tensor(ids))
+        create_loss("decl", rate="index", num_samples=num_samples)(
+            f, f, torch.tensor(1.0), sample_ids=torch.tensor(ids)
+        )
 
 
 def test_joined_sources_get_disjoint_ids_and_collisions_are_counted(tmp_path, caplog):
@@ -432,8 +555,9 @@ def test_joined_sources_get_disjoint_ids_and_collisions_are_counted(tmp_path, ca
     # a key beyond the source's range is logged with its shard and key, naming the flag, and given an id
     # outside the buffer, which the loss refuses
     ids = _epoch(_pipeline(joined, batch_size=4, num_samples=20, block=10))
-    assert re.search(r"key 1[0-5], not below the 10 ids of each of the 2 ::-joined sources .* --decl-num-samples",
-                     caplog.text)
+    assert re.search(
+        r"key 1[0-5], not below the 10 ids of each of the 2 ::-joined sources .* --decl-num-samples", caplog.text
+    )
     assert max(ids) >= 20
     _loss_refuses(ids, 20, r"outside \[0, num_samples=20\)")
 
@@ -444,11 +568,11 @@ def test_a_negative_key_gets_its_own_message(tmp_path, caplog):
     (tmp_path / "s").mkdir()
     with wds.TarWriter(str(tmp_path / "s" / "00000.tar")) as w:
         for k in (1, -5, 2, 3):
-            w.write({"__key__": f"s{k + 10}", "jpg": _jpeg(), "txt": f"sample {k}",
-                     "json": json.dumps({"key": k}).encode()})
+            w.write(
+                {"__key__": f"s{k + 10}", "jpg": _jpeg(), "txt": f"sample {k}", "json": json.dumps({"key": k}).encode()}
+            )
     with caplog.at_level("ERROR"):
-        ids = _epoch(_pipeline(str(tmp_path / "s" / "00000.tar"), batch_size=2, num_samples=100,
-                               train_num_samples=4))
+        ids = _epoch(_pipeline(str(tmp_path / "s" / "00000.tar"), batch_size=2, num_samples=100, train_num_samples=4))
     assert re.search(r"sample 's5' in .*00000.tar has the negative key -5: .* cannot help", caplog.text)
     _loss_refuses(ids, 100, r"sample id -5 is negative")
 
@@ -475,14 +599,32 @@ def test_hashed_ids_that_collide_are_warned_about_at_the_end_of_the_first_epoch(
             for i in range(16):
                 w.write({"__key__": f"img_{s}_{i}", "jpg": _jpeg(), "txt": f"sample {i}"})
     pattern = str(tmp_path / "s" / "{00000..00001}.tar")
-    out = train(tmp_path, "h", pattern, "--epochs", "1", "--workers", "2", "--loss", "decl", "--decl-rate", "index",
-                "--decl-num-samples", "32", "--train-num-samples", "32")
+    out = train(
+        tmp_path,
+        "h",
+        pattern,
+        "--epochs",
+        "1",
+        "--workers",
+        "2",
+        "--loss",
+        "decl",
+        "--decl-rate",
+        "index",
+        "--decl-num-samples",
+        "32",
+        "--train-num-samples",
+        "32",
+    )
     log = (tmp_path / "logs" / "h" / "out.log").read_text()
     assert "Training data, epoch 0: 32 samples read, 0 skipped; 0 shard(s) ended early; 32 sample ids hashed" in log
     import re
 
-    m = re.search(r"Sample ids, epoch 0: 32 distinct samples but (\d+) distinct ids: (\d+) samples share a rate row "
-                  r"with another \(their keys are not numeric", log)
+    m = re.search(
+        r"Sample ids, epoch 0: 32 distinct samples but (\d+) distinct ids: (\d+) samples share a rate row "
+        r"with another \(their keys are not numeric",
+        log,
+    )
     assert m and int(m.group(1)) < 32, log[-3000:] + out.stderr[-2000:]
 
 

@@ -1,4 +1,5 @@
 """The training-throughput benchmark's pure parts: reading the step records, statistics, run order, commands."""
+
 from __future__ import annotations
 
 import json
@@ -15,9 +16,17 @@ import train_throughput as tt  # noqa: E402
 
 def step_record(epoch, done, total, data_t, batch_t, batch_size):
     """A training record of ``metrics.jsonl`` as the trainer writes it (one step per record)."""
-    return {"kind": "train", "step": done // batch_size - 1, "epoch": epoch, "samples": done,
-            "samples_per_epoch": total, "data_time": data_t, "batch_time": batch_t,
-            "samples_per_second": batch_size / batch_t, "loss": 3.7102}
+    return {
+        "kind": "train",
+        "step": done // batch_size - 1,
+        "epoch": epoch,
+        "samples": done,
+        "samples_per_epoch": total,
+        "data_time": data_t,
+        "batch_time": batch_t,
+        "samples_per_second": batch_size / batch_t,
+        "loss": 3.7102,
+    }
 
 
 def write_records(path, records):
@@ -48,8 +57,9 @@ def test_steady_rates_drops_warmup_and_rejects_multi_step_lines(tmp_path):
     steps = tt.read_step_times(write_records(tmp_path / "a.jsonl", records))
     rates = tt.steady_rates(steps, warmup_steps=3)
     np.testing.assert_allclose(rates, [32 / (0.1 * (i + 1)) for i in range(3, 10)], rtol=1e-5)
-    every_5 = tt.read_step_times(write_records(tmp_path / "b.jsonl",
-                                               [step_record(0, d, 320, 0.01, 0.5, 32) for d in (32, 192, 320)]))
+    every_5 = tt.read_step_times(
+        write_records(tmp_path / "b.jsonl", [step_record(0, d, 320, 0.01, 0.5, 32) for d in (32, 192, 320)])
+    )
     with pytest.raises(ValueError, match="log-every-n-steps 1"):
         tt.steady_rates(every_5, 0)
     with pytest.raises(ValueError, match="none left"):
@@ -79,8 +89,9 @@ def test_summarize_matches_a_direct_computation():
         # throughput: samples over time, each step one batch (any batch size cancels out)
         rates = np.concatenate([r[n] for r in kept])
         assert out[n]["throughput"] == pytest.approx(len(rates) / np.sum(1 / rates))
-        fast = [np.percentile(r[n], 75, method="weibull") / np.percentile(r["clip"], 75, method="weibull")
-                for r in kept]
+        fast = [
+            np.percentile(r[n], 75, method="weibull") / np.percentile(r["clip"], 75, method="weibull") for r in kept
+        ]
         assert out[n]["fast_ratios"] == pytest.approx(fast)
     assert out["clip"]["ratios"] == pytest.approx([1.0] * 4)
     with pytest.raises(ValueError, match="baseline"):
@@ -117,13 +128,14 @@ def test_child_commands_pass_the_training_parser(tiny_data):
         argv = config.openclip_argv
         assert argv[argv.index("--train-num-samples") + 1] == str(16 * (2 + 3 + 2))  # warm-up, timed, tail
         assert argv[argv.index("--log-every-n-steps") + 1] == "1"
-    rate = {o.name: parse_train_args(tt.child_command(o, tiny_data, setup, "logs")[4:]).loss_kwargs.get("rate")
-            for o in tt.objectives(0.1)}
+    rate = {
+        o.name: parse_train_args(tt.child_command(o, tiny_data, setup, "logs")[4:]).loss_kwargs.get("rate")
+        for o in tt.objectives(0.1)
+    }
     assert rate["decl rate=queue"] == "queue" and rate["decl rate=batch"] == "batch"
 
 
-@pytest.mark.parametrize("field, value", [("batch_size", 0), ("steps", 0), ("warmup_steps", -1),
-                                          ("device", "tpu")])
+@pytest.mark.parametrize("field, value", [("batch_size", 0), ("steps", 0), ("warmup_steps", -1), ("device", "tpu")])
 def test_bad_setup_is_named(field, value):
     with pytest.raises(ValueError, match=field):
         tt.Setup(**{field: value}).validate()

@@ -5,6 +5,7 @@ so that a run recorded under a name keeps its meaning whatever the package defau
 the screens each change one setting of the package default the screen ran against; the temperature controls
 fix one arm's logit scale at the other's final one, read from the validation sweep's archived runs.
 """
+
 from __future__ import annotations
 
 import functools
@@ -111,8 +112,11 @@ def archived_runs(data_config: Optional[dict] = None) -> List[dict]:
 
 def final_scale(label: str, b: int) -> Optional[float]:
     """The mean final logit scale of ``label`` at batch ``b`` over the validation sweep's seeds."""
-    ends = [r["logit_scale"][-1] for r in archived_runs() if r["label"] == label and r["batch_size"] == b
-            and r["logit_scale"]]
+    ends = [
+        r["logit_scale"][-1]
+        for r in archived_runs()
+        if r["label"] == label and r["batch_size"] == b and r["logit_scale"]
+    ]
     return round(sum(ends) / len(ends), 1) if ends else None
 
 
@@ -125,10 +129,11 @@ def control_objectives() -> Dict[str, tuple]:
         if decl_s:  # without --dcl-same-class, which a prior of 0 leaves unused: the flags the arm first ran with
             flags = loss_flags("dcl", tau_plus=0.0, temperature=round(1 / decl_s, 5))
             at = flags.index("--dcl-same-class") if "--dcl-same-class" in flags else None
-            out[f"clip at decl's scale (B={b})"] = flags if at is None else flags[:at] + flags[at + 2:]
+            out[f"clip at decl's scale (B={b})"] = flags if at is None else flags[:at] + flags[at + 2 :]
         if clip_s:
-            out[f"decl at clip's scale (B={b})"] = loss_flags("decl", temperature_mode="fixed",
-                                                              temperature=round(1 / clip_s, 5))
+            out[f"decl at clip's scale (B={b})"] = loss_flags(
+                "decl", temperature_mode="fixed", temperature=round(1 / clip_s, 5)
+            )
     return out
 
 

@@ -6,6 +6,7 @@ half of ``clip``'s own gain from B to 2B; it **beats** ``clip`` at B by the stud
 its paired intervals against zero (:func:`noise_reading`, :data:`DCL_RULE`). Everything here is a function of
 the runs' records (dicts with ``label``, ``batch_size``, ``seed``, ``metrics`` and ``test_metrics``).
 """
+
 from __future__ import annotations
 
 import json
@@ -16,9 +17,19 @@ from clip_dcl.experiment.scoring import MEAN_R1
 from clip_dcl.experiment.stats import mean_std, t_interval
 from clip_dcl.experiment.study.rule import verdict
 
-from .objectives import (DCL_DEFAULT, DCL_DEFAULT_SIZE, DCL_SWEEP_SIZES, DCL_SWEEP_VARIANTS, DCL_VARIANTS,
-                         DECISIVE_SIZES, GATE_POINTS, RESULTS, SCREEN16_SIZE, SCREEN16_VARIANTS, VERDICT_SIZES)
-
+from .objectives import (
+    DCL_DEFAULT,
+    DCL_DEFAULT_SIZE,
+    DCL_SWEEP_SIZES,
+    DCL_SWEEP_VARIANTS,
+    DCL_VARIANTS,
+    DECISIVE_SIZES,
+    GATE_POINTS,
+    RESULTS,
+    SCREEN16_SIZE,
+    SCREEN16_VARIANTS,
+    VERDICT_SIZES,
+)
 
 CONFIDENCE = 0.90
 #: the evaluation's resolution: about one point of mean R@1 on 1,000 images (fractions here)
@@ -37,28 +48,37 @@ RULE = (
     f"interval across zero gave no verdict. Seeds were added one at a time on the test split "
     f"({MIN_SEEDS} at least, {SEED_CAP} at most) until the reach verdict was given, a stopping rule that inflates "
     f"the false-verdict rate; the testbed is archived, and the confirmatory study, its seeds fixed before its "
-    f"first run, decides instead (docs/results.md).")
+    f"first run, decides instead (docs/results.md)."
+)
 
 
 def plateau(curve: Sequence[float]) -> Optional[float]:
     """Change of the validation R@1 over the last fifth of training (points; small = a plateau)."""
     if len(curve) < 5:
         return None
-    tail = curve[-max(2, len(curve) // 5):]
+    tail = curve[-max(2, len(curve) // 5) :]
     return 100 * (tail[-1] - tail[0])
 
 
 def gate(records: List[dict], sizes: Sequence[int]) -> Optional[dict]:
     """``clip``'s R@1 at the largest batch minus the smallest, and whether the seeds' ranges overlap."""
-    by_b = {b: [r["metrics"][MEAN_R1] for r in records if r["label"] == "clip" and r["batch_size"] == b]
-            for b in (min(sizes), max(sizes))}
+    by_b = {
+        b: [r["metrics"][MEAN_R1] for r in records if r["label"] == "clip" and r["batch_size"] == b]
+        for b in (min(sizes), max(sizes))
+    }
     lo, hi = by_b[min(sizes)], by_b[max(sizes)]
     if not lo or not hi:
         return None
     gain = sum(hi) / len(hi) - sum(lo) / len(lo)
     separate = min(hi) > max(lo)
-    return {"small": min(sizes), "large": max(sizes), "gain": gain, "separate": separate,
-            "seeds": (len(lo), len(hi)), "passed": gain >= GATE_POINTS and separate and min(len(lo), len(hi)) >= 3}
+    return {
+        "small": min(sizes),
+        "large": max(sizes),
+        "gain": gain,
+        "separate": separate,
+        "seeds": (len(lo), len(hi)),
+        "passed": gain >= GATE_POINTS and separate and min(len(lo), len(hi)) >= 3,
+    }
 
 
 def per_seed(records: List[dict], key: str = "test_metrics") -> Dict[tuple, float]:
@@ -66,27 +86,42 @@ def per_seed(records: List[dict], key: str = "test_metrics") -> Dict[tuple, floa
     return {(r["label"], r["batch_size"], r["seed"]): r[key][MEAN_R1] for r in records if r.get(key)}
 
 
-def comparison(records: List[dict], label: str, b: int, other: int, key: str = "test_metrics",
-               reference: str = "clip") -> dict:
+def comparison(
+    records: List[dict], label: str, b: int, other: int, key: str = "test_metrics", reference: str = "clip"
+) -> dict:
     """``label`` at ``b`` minus ``reference`` at ``other``, paired by seed: the seeds, the per-seed
     differences, their interval, and ``clip``'s own gain from ``b`` to ``2 b`` on the same seeds."""
     idx = per_seed(records, key)
-    seeds = sorted(s for (lab, bb, s) in idx if lab == label and bb == b and (reference, other, s) in idx
-                   and (reference, b, s) in idx and (reference, 2 * b, s) in idx)
+    seeds = sorted(
+        s
+        for (lab, bb, s) in idx
+        if lab == label
+        and bb == b
+        and (reference, other, s) in idx
+        and (reference, b, s) in idx
+        and (reference, 2 * b, s) in idx
+    )
     diffs = [idx[(label, b, s)] - idx[(reference, other, s)] for s in seeds]
     gains = [idx[(reference, 2 * b, s)] - idx[(reference, b, s)] for s in seeds]
-    return {"label": label, "batch_size": b, "against": f"{reference} at {other}", "seeds": seeds, "diffs": diffs,
-            "gain": mean_std(gains)["mean"], **t_interval(diffs)}
+    return {
+        "label": label,
+        "batch_size": b,
+        "against": f"{reference} at {other}",
+        "seeds": seeds,
+        "diffs": diffs,
+        "gain": mean_std(gains)["mean"],
+        **t_interval(diffs),
+    }
 
 
 def reach_verdict(c: dict) -> str:
-    """"reaches", "does not reach" or "no verdict": the interval of decl@B - clip@2B against minus half of
+    """ "reaches", "does not reach" or "no verdict": the interval of decl@B - clip@2B against minus half of
     ``clip``'s gain from B to 2B (the study rule's ``reaches``; no verdict below :data:`MIN_SEEDS` seeds)."""
     return verdict("reaches", c, margin=c["gain"] / 2, min_seeds=MIN_SEEDS)
 
 
 def beat_verdict(c: dict) -> str:
-    """"beats" or "trails" (the interval on one side of zero), "tie" (that, with a mean inside
+    """ "beats" or "trails" (the interval on one side of zero), "tie" (that, with a mean inside
     :data:`RESOLUTION`) or "no verdict" (an interval across zero) for decl@B - clip@B (the study rule's ``beats``)."""
     return verdict("beats", c, resolution=RESOLUTION, min_seeds=MIN_SEEDS)
 
@@ -116,8 +151,13 @@ def verdicts(records: List[dict], archived: Sequence[dict] = (), label: str = "d
 
 def draw_rows(draws: Dict[int, List[dict]], sizes: Sequence[int] = DECISIVE_SIZES) -> List[dict]:
     """The decisive comparisons (reach and beat, test split, :data:`RULE`) on each other draw of the data."""
-    return [{**r, "data_seed": seed} for seed, records in sorted(draws.items()) for b in sizes
-            for r in judged(records, "decl default", b) if r["n"]]
+    return [
+        {**r, "data_seed": seed}
+        for seed, records in sorted(draws.items())
+        for b in sizes
+        for r in judged(records, "decl default", b)
+        if r["n"]
+    ]
 
 
 def screen16_choice(records: List[dict], seed: int = 0) -> dict:
@@ -128,8 +168,12 @@ def screen16_choice(records: List[dict], seed: int = 0) -> dict:
     names = ("decl default", *SCREEN16_VARIANTS)
     scores = {n: val[(n, SCREEN16_SIZE, seed)] for n in names if (n, SCREEN16_SIZE, seed) in val}
     missing = [n for n in names if n not in scores]
-    return {"seed": seed, "scores": scores, "missing": missing,
-            "best": None if missing else max(scores, key=scores.get)}
+    return {
+        "seed": seed,
+        "scores": scores,
+        "missing": missing,
+        "best": None if missing else max(scores, key=scores.get),
+    }
 
 
 def screen16_rows(records: List[dict], best: Optional[str]) -> List[dict]:
@@ -157,13 +201,22 @@ def control_leads(records: List[dict]) -> Dict[int, Dict[str, dict]]:
     idx = per_seed(records)
     out = {}
     for b in DECISIVE_SIZES:
-        arms = {"clip": ("clip", b), "decl": ("decl default", b), "clip at decl scale": (f"clip at decl's scale (B={b})", b),
-                "decl at clip scale": (f"decl at clip's scale (B={b})", b)}
-        controlled = {s for (lab, bb, s) in idx if (lab, bb) in (arms["clip at decl scale"], arms["decl at clip scale"])}
+        arms = {
+            "clip": ("clip", b),
+            "decl": ("decl default", b),
+            "clip at decl scale": (f"clip at decl's scale (B={b})", b),
+            "decl at clip scale": (f"decl at clip's scale (B={b})", b),
+        }
+        controlled = {
+            s for (lab, bb, s) in idx if (lab, bb) in (arms["clip at decl scale"], arms["decl at clip scale"])
+        }
         comparisons = {}
-        for name, (x, y) in {"decl - clip": ("decl", "clip"), "decl - clip at decl scale": ("decl", "clip at decl scale"),
-                             "clip at decl scale - clip": ("clip at decl scale", "clip"),
-                             "decl at clip scale - clip": ("decl at clip scale", "clip")}.items():
+        for name, (x, y) in {
+            "decl - clip": ("decl", "clip"),
+            "decl - clip at decl scale": ("decl", "clip at decl scale"),
+            "clip at decl scale - clip": ("clip at decl scale", "clip"),
+            "decl at clip scale - clip": ("decl at clip scale", "clip"),
+        }.items():
             seeds = sorted(s for s in controlled if (*arms[x], s) in idx and (*arms[y], s) in idx)
             if seeds:
                 diffs = [idx[(*arms[x], s)] - idx[(*arms[y], s)] for s in seeds]
@@ -182,12 +235,21 @@ def dcl_default_rows(records: List[dict]) -> List[dict]:
     rows = []
     for split, key in (("test", "test_metrics"), ("validation", "metrics")):
         idx = per_seed(records, key)
-        seeds = sorted(s for (lab, b, s) in idx if lab == DCL_DEFAULT and b == DCL_DEFAULT_SIZE
-                       and ("clip", b, s) in idx)
+        seeds = sorted(
+            s for (lab, b, s) in idx if lab == DCL_DEFAULT and b == DCL_DEFAULT_SIZE and ("clip", b, s) in idx
+        )
         diffs = [idx[(DCL_DEFAULT, DCL_DEFAULT_SIZE, s)] - idx[("clip", DCL_DEFAULT_SIZE, s)] for s in seeds]
         st = t_interval(diffs)
-        rows.append({"split": split, "batch_size": DCL_DEFAULT_SIZE, "seeds": seeds, "diffs": diffs, **st,
-                     "verdict": noise_reading(st)})
+        rows.append(
+            {
+                "split": split,
+                "batch_size": DCL_DEFAULT_SIZE,
+                "seeds": seeds,
+                "diffs": diffs,
+                **st,
+                "verdict": noise_reading(st),
+            }
+        )
     return rows
 
 
@@ -207,7 +269,8 @@ DCL_RULE = (
     f"t-interval of its retrieval mean R@1 minus `clip`'s (test split, paired by seed, {MIN_SEEDS} seeds at least) "
     "holds zero or lies above it. Among the settings that pass, the default is the one with the best zero-shot "
     "top-1 on the sampling-bias data (4 and 10 classes). If none passes, `dcl`'s default stays `tau_plus` 0 "
-    "(InfoNCE exactly) and the README and `--help` say so.")
+    "(InfoNCE exactly) and the README and `--help` say so."
+)
 #: the sampling-bias reports of the ``dcl`` sweep (``benchmarks/sampling_bias.py --stem ...``), by class count
 DCL_BIAS_REPORTS = {4: "sampling_bias_dcl_4classes.json", 10: "sampling_bias_dcl_10classes.json"}
 
@@ -228,8 +291,11 @@ def dcl_sweep_rows(records: List[dict], labels: Sequence[str] = DCL_SWEEP_VARIAN
                     diffs = [idx[(label, s)][key][metric] - idx[("clip", s)][key][metric] for s in both]
                     row[f"{split}_{name}"] = {"seeds": both, "diffs": diffs, **t_interval(diffs)}
             row["reading"] = noise_reading(row["test_r1"])
-            clamps = [r["clamp_rate"] for r in records if r["label"] == label and r["batch_size"] == b
-                      and r.get("clamp_rate") is not None]
+            clamps = [
+                r["clamp_rate"]
+                for r in records
+                if r["label"] == label and r["batch_size"] == b and r.get("clamp_rate") is not None
+            ]
             row["clamp_rate"] = sum(clamps) / len(clamps) if clamps else None
             rows.append(row)
     return rows
@@ -253,10 +319,18 @@ def bias_rows(paths: Sequence[Path]) -> List[dict]:
             if label == "clip":
                 continue
             pairs = [(r["seed"], r["metrics"]["zeroshot/top1"] - clip[r["seed"]]) for r in runs if r["seed"] in clip]
-            rows.append({"classes": doc["data"]["config"]["num_classes"], "true_tau_plus": doc["true_tau_plus"],
-                         "label": label, "report": path.name, "complete": doc.get("complete", False),
-                         "seeds": [s for s, _ in pairs], "diffs": [d for _, d in pairs],
-                         **t_interval([d for _, d in pairs])})
+            rows.append(
+                {
+                    "classes": doc["data"]["config"]["num_classes"],
+                    "true_tau_plus": doc["true_tau_plus"],
+                    "label": label,
+                    "report": path.name,
+                    "complete": doc.get("complete", False),
+                    "seeds": [s for s, _ in pairs],
+                    "diffs": [d for _, d in pairs],
+                    **t_interval([d for _, d in pairs]),
+                }
+            )
     return rows
 
 
@@ -277,10 +351,16 @@ def dcl_sweep_decision(rows: List[dict], bias: List[dict], labels: Sequence[str]
         missing = [b for b in DCL_SWEEP_SIZES if b not in mine or mine[b]["reading"] == "no verdict"]
         trails = [b for b in DCL_SWEEP_SIZES if b in mine and mine[b]["reading"] == "trails"]
         zs = [r["mean"] for r in bias if r["label"] == bias_label(label) and r["n"]]
-        out[label] = {"passes": not missing and not trails, "trails_at": trails, "missing": missing,
-                      "bias_zeroshot": sum(zs) / len(zs) if zs else None}
+        out[label] = {
+            "passes": not missing and not trails,
+            "trails_at": trails,
+            "missing": missing,
+            "bias_zeroshot": sum(zs) / len(zs) if zs else None,
+        }
     passing = [lab for lab, d in out.items() if d["passes"]]
-    best = max(passing, key=lambda lab: out[lab]["bias_zeroshot"] if out[lab]["bias_zeroshot"] is not None
-               else float("-inf"), default=None)
-    return {"settings": out, "default": best,
-            "waiting": any(d["missing"] and not d["trails_at"] for d in out.values())}
+    best = max(
+        passing,
+        key=lambda lab: out[lab]["bias_zeroshot"] if out[lab]["bias_zeroshot"] is not None else float("-inf"),
+        default=None,
+    )
+    return {"settings": out, "default": best, "waiting": any(d["missing"] and not d["trails_at"] for d in out.values())}

@@ -18,6 +18,7 @@ Subcommands:
 * ``pack PATTERN OUT.npz``: training shards decoded once into one file that training holds in memory
   (:func:`clip_dcl.data.packed.pack_shards`; ``--train-data OUT.npz`` trains on it).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -33,8 +34,8 @@ _SYNTH_HELP = {
     "train_samples": "training samples (written to OUT_DIR/train)",
     "val_samples": "validation retrieval samples (written to OUT_DIR/val): the split that choices are made on",
     "test_samples": "test retrieval samples (OUT_DIR/test, and zeroshot_per_class images per class in "
-                    "OUT_DIR/zeroshot_test), from seed streams of their own: the split quoted numbers come from; "
-                    "0 writes none, and the other splits are the same either way",
+    "OUT_DIR/zeroshot_test), from seed streams of their own: the split quoted numbers come from; "
+    "0 writes none, and the other splits are the same either way",
     "shard_size": "samples per .tar shard",
     "captions_per_image": "captions per training image (the first one is the .txt, all are in the json)",
     "val_captions_per_image": "captions per retrieval image (json 'captions')",
@@ -50,10 +51,13 @@ def _add_synth_parser(subparsers) -> None:
 
     defaults, quick = SynthConfig(), SynthConfig.quick()
     p = subparsers.add_parser(
-        "synth", allow_abbrev=False, help="generate the synthetic image-caption data with latent classes",
+        "synth",
+        allow_abbrev=False,
+        help="generate the synthetic image-caption data with latent classes",
         description="Generate synthetic captioned shapes with latent classes: train/val shards in the "
-                    "Conceptual Captions layout, a zero-shot ImageFolder set and an ELEVATER-layout few-shot "
-                    "suite (see clip_dcl.data.synth).")
+        "Conceptual Captions layout, a zero-shot ImageFolder set and an ELEVATER-layout few-shot "
+        "suite (see clip_dcl.data.synth).",
+    )
     p.add_argument("out_dir", metavar="OUT_DIR", help="output folder")
     _add_config_flags(p, defaults, _SYNTH_HELP, quick)
     p.add_argument("--quick", action="store_true", help="a tiny set for tests and smoke runs")
@@ -74,11 +78,15 @@ def _add_config_flags(p, defaults, helps: dict, quick=None) -> None:
 def _add_output_flags(p, same: str) -> None:
     """The flags every data writer shares: --overwrite, --reuse (when the summary has ``same``), --quiet, --pack."""
     p.add_argument("--overwrite", action="store_true", help="replace earlier outputs in OUT_DIR")
-    p.add_argument("--reuse", action="store_true",
-                   help=f"keep earlier outputs in OUT_DIR when their summary.json has {same}")
+    p.add_argument(
+        "--reuse", action="store_true", help=f"keep earlier outputs in OUT_DIR when their summary.json has {same}"
+    )
     p.add_argument("--quiet", action="store_true", help="no progress lines")
-    p.add_argument("--pack", action="store_true",
-                   help="also write OUT_DIR/train.npz: the training shards decoded once (see `clip-dcl data pack`)")
+    p.add_argument(
+        "--pack",
+        action="store_true",
+        help="also write OUT_DIR/train.npz: the training shards decoded once (see `clip-dcl data pack`)",
+    )
 
 
 def _run_synth(args) -> int:
@@ -86,8 +94,14 @@ def _run_synth(args) -> int:
 
     overrides = {f: getattr(args, f) for f in _SYNTH_HELP if getattr(args, f) is not None}
     try:
-        summary = generate(args.out_dir, quick=args.quick, overwrite=args.overwrite, reuse=args.reuse,
-                           verbose=not args.quiet, **overrides)
+        summary = generate(
+            args.out_dir,
+            quick=args.quick,
+            overwrite=args.overwrite,
+            reuse=args.reuse,
+            verbose=not args.quiet,
+            **overrides,
+        )
     except (ValueError, FileExistsError) as e:
         args.parser.error(str(e))
     print(f"tau_plus {summary['tau_plus']:.6f}")
@@ -104,10 +118,10 @@ def _run_synth(args) -> int:
 
 _FASHION_HELP = {
     "seed": "the data draw: which training images are held out for validation and which train, and the "
-            "captions' wording; the test split is the official test set whatever the draw",
+    "captions' wording; the test split is the official test set whatever the draw",
     "image_size": "image side in pixels (the 28 px images are centred on a black square; smaller sizes resize)",
     "val_samples": "validation images held out of the official training set (choices are made on them; the "
-                   "zero-shot tree zeroshot/ and the few-shot pools are made of them)",
+    "zero-shot tree zeroshot/ and the few-shot pools are made of them)",
     "train_samples": "training images (0: every official training image not held out)",
     "test_samples": "test images, the first of the official test set (0: all of them)",
     "captions_per_image": "captions per training image (the first one is the .txt, all are in the json)",
@@ -123,18 +137,30 @@ def _add_fashion_parser(subparsers) -> None:
 
     defaults = FashionConfig()
     p = subparsers.add_parser(
-        "fashion-mnist", allow_abbrev=False, help="Fashion-MNIST (real photographs) as captioned shards and eval sets",
+        "fashion-mnist",
+        allow_abbrev=False,
+        help="Fashion-MNIST (real photographs) as captioned shards and eval sets",
         description="Write Fashion-MNIST's images with captions measured from their pixels (class name, brightness, "
-                    "size in the frame, width against height, texture) in the layout the trainer, the evaluators and "
-                    "`clip-dcl study` read: train/val/test shards, zero-shot trees with the real class names, an "
-                    "ELEVATER-layout few-shot suite, summary.json (see clip_dcl.data.fashion). It reads the four "
-                    f"official files ({', '.join(FILES.values())}): `apt-get install {DEBIAN_PACKAGE}` puts them "
-                    f"in {DEBIAN_DIR}. Any IDX image/label pair of that layout works (MNIST: give --classnames).")
+        "size in the frame, width against height, texture) in the layout the trainer, the evaluators and "
+        "`clip-dcl study` read: train/val/test shards, zero-shot trees with the real class names, an "
+        "ELEVATER-layout few-shot suite, summary.json (see clip_dcl.data.fashion). It reads the four "
+        f"official files ({', '.join(FILES.values())}): `apt-get install {DEBIAN_PACKAGE}` puts them "
+        f"in {DEBIAN_DIR}. Any IDX image/label pair of that layout works (MNIST: give --classnames).",
+    )
     p.add_argument("out_dir", metavar="OUT_DIR", help="output folder")
-    p.add_argument("--from", dest="source", default=DEBIAN_DIR, metavar="DIR",
-                   help=f"folder of the four IDX files (default {DEBIAN_DIR})")
-    p.add_argument("--classnames", default=None, metavar="FILE",
-                   help="one class name a line, in label order (default: Fashion-MNIST's ten names)")
+    p.add_argument(
+        "--from",
+        dest="source",
+        default=DEBIAN_DIR,
+        metavar="DIR",
+        help=f"folder of the four IDX files (default {DEBIAN_DIR})",
+    )
+    p.add_argument(
+        "--classnames",
+        default=None,
+        metavar="FILE",
+        help="one class name a line, in label order (default: Fashion-MNIST's ten names)",
+    )
     _add_config_flags(p, defaults, _FASHION_HELP)
     _add_output_flags(p, "the same settings and files")
     p.set_defaults(func=_run_fashion, parser=p)
@@ -144,7 +170,7 @@ _SCENES_HELP = {
     "seed": "the data draw: which training images are held out for validation, the scenes and the captions' wording",
     "image_size": "canvas side in pixels (each photograph is shrunk to one cell: image size / grid)",
     "grid": "cells per side: 2 (top left ... bottom right) or 3 (adds the centre row and column; captions of more "
-            "than four items outgrow the 64 tokens clip-dcl-micro-fscenes reads)",
+    "than four items outgrow the 64 tokens clip-dcl-micro-fscenes reads)",
     "min_items": "fewest photographs in a scene (the top-left cell always holds one)",
     "max_items": "most photographs in a scene",
     "min_attributes": "fewest measured attributes named per item",
@@ -156,7 +182,8 @@ _SCENES_HELP = {
     "captions_per_image": "captions per training scene (the first one is the .txt, all are in the json)",
     "val_captions_per_image": "captions per validation and test scene (retrieval's targets; distinct in a split)",
     "shard_size": "samples per .tar shard",
-    "fewshot_train_per_class": "few-shot training scenes per class of the top-left item (from the validation scenes; >= 5)",
+    "fewshot_train_per_class": "few-shot training scenes per class of the top-left item (from the validation scenes; "
+    ">= 5)",
     "fewshot_test_per_class": "few-shot test scenes per class (from the test scenes)",
 }
 
@@ -166,19 +193,26 @@ def _add_scenes_parser(subparsers) -> None:
     from .scenes import ScenesConfig
 
     p = subparsers.add_parser(
-        "fashion-scenes", allow_abbrev=False,
+        "fashion-scenes",
+        allow_abbrev=False,
         help="scenes of 2-4 Fashion-MNIST photographs at named places, captioned, in the same layout",
         description="Write scenes of Fashion-MNIST photographs: each image a grid of cells (2 x 2 by default) holding "
-                    "two to four photographs, its caption naming each item's class, its cell and one or two attributes "
-                    "measured from its pixels (\"a faint coat on the top left and a small sneaker at the bottom "
-                    "right.\"); training scenes from the official training images, validation scenes from training "
-                    "images held out, test scenes from the official test images; the zero-shot class is the item on the "
-                    "top left (see clip_dcl.data.scenes). Same layout as `clip-dcl data fashion-mnist`; it reads the "
-                    f"same four files ({', '.join(FILES.values())}; `apt-get install {DEBIAN_PACKAGE}` puts them in "
-                    f"{DEBIAN_DIR}).")
+        "two to four photographs, its caption naming each item's class, its cell and one or two attributes "
+        'measured from its pixels ("a faint coat on the top left and a small sneaker at the bottom '
+        'right."); training scenes from the official training images, validation scenes from training '
+        "images held out, test scenes from the official test images; the zero-shot class is the item on the "
+        "top left (see clip_dcl.data.scenes). Same layout as `clip-dcl data fashion-mnist`; it reads the "
+        f"same four files ({', '.join(FILES.values())}; `apt-get install {DEBIAN_PACKAGE}` puts them in "
+        f"{DEBIAN_DIR}).",
+    )
     p.add_argument("out_dir", metavar="OUT_DIR", help="output folder")
-    p.add_argument("--from", dest="source", default=DEBIAN_DIR, metavar="DIR",
-                   help=f"folder of the four IDX files (default {DEBIAN_DIR})")
+    p.add_argument(
+        "--from",
+        dest="source",
+        default=DEBIAN_DIR,
+        metavar="DIR",
+        help=f"folder of the four IDX files (default {DEBIAN_DIR})",
+    )
     _add_config_flags(p, ScenesConfig(), _SCENES_HELP)
     _add_output_flags(p, "the same settings and files")
     p.set_defaults(func=_run_scenes, parser=p)
@@ -192,8 +226,9 @@ def _run_scenes(args) -> int:
 
     overrides = {f: getattr(args, f) for f in _SCENES_HELP if getattr(args, f) is not None}
     try:
-        summary = generate(args.out_dir, args.source, overwrite=args.overwrite, reuse=args.reuse,
-                           verbose=not args.quiet, **overrides)
+        summary = generate(
+            args.out_dir, args.source, overwrite=args.overwrite, reuse=args.reuse, verbose=not args.quiet, **overrides
+        )
     except DataMissing as e:
         print(f"clip-dcl data fashion-scenes: {e}", file=sys.stderr)
         return 2
@@ -229,8 +264,15 @@ def _run_fashion(args) -> int:
             args.parser.error(f"--classnames {args.classnames}: no such file")
         classnames = [line.strip() for line in path.read_text().splitlines() if line.strip()]
     try:
-        summary = generate(args.out_dir, args.source, classnames=classnames, overwrite=args.overwrite,
-                           reuse=args.reuse, verbose=not args.quiet, **overrides)
+        summary = generate(
+            args.out_dir,
+            args.source,
+            classnames=classnames,
+            overwrite=args.overwrite,
+            reuse=args.reuse,
+            verbose=not args.quiet,
+            **overrides,
+        )
     except DataMissing as e:
         print(f"clip-dcl data fashion-mnist: {e}", file=sys.stderr)
         return 2
@@ -241,11 +283,16 @@ def _run_fashion(args) -> int:
 
 def _add_pack_parser(subparsers) -> None:
     p = subparsers.add_parser(
-        "pack", allow_abbrev=False, help="decode training shards once into one .npz that training holds in memory",
+        "pack",
+        allow_abbrev=False,
+        help="decode training shards once into one .npz that training holds in memory",
         description="Read the shards of PATTERN once, in order, and write OUT (.npz): the decoded images (one size), "
-                    "their .txt captions, keys and sample ids. `python -m clip_dcl.train -- --train-data OUT ...` "
-                    "then trains without decoding or tokenising per epoch (see clip_dcl.train.packed).")
-    p.add_argument("pattern", metavar="PATTERN", help="training shards, as --train-data takes them ('train/{00000..00007}.tar')")
+        "their .txt captions, keys and sample ids. `python -m clip_dcl.train -- --train-data OUT ...` "
+        "then trains without decoding or tokenising per epoch (see clip_dcl.train.packed).",
+    )
+    p.add_argument(
+        "pattern", metavar="PATTERN", help="training shards, as --train-data takes them ('train/{00000..00007}.tar')"
+    )
     p.add_argument("out", metavar="OUT", help="the packed file to write (.npz)")
     p.add_argument("--quiet", action="store_true", help="no progress lines")
     p.set_defaults(func=_run_pack, parser=p)
@@ -264,24 +311,35 @@ def _run_pack(args) -> int:
 
 def _add_benchmark_parser(subparsers) -> None:
     p = subparsers.add_parser(
-        "benchmark", allow_abbrev=False, help="write shards or an image folder in CLIP_benchmark's webdataset layout",
+        "benchmark",
+        allow_abbrev=False,
+        help="write shards or an image folder in CLIP_benchmark's webdataset layout",
         description="Write image-caption shards (img2dataset's layout, e.g. synth's val/ or test/) as a CLIP_benchmark "
-                    "retrieval set, or an ImageFolder tree (e.g. synth's zeroshot/) as a classification set: "
-                    "OUT_DIR/<split>/nshards.txt, 0.tar ... and the set's metadata. Evaluate it with `clip-dcl eval "
-                    "benchmark --dataset wds/<name> --dataset_root OUT_DIR` (a folder named wds_<name> is how "
-                    "CLIP_benchmark publishes <name>).")
+        "retrieval set, or an ImageFolder tree (e.g. synth's zeroshot/) as a classification set: "
+        "OUT_DIR/<split>/nshards.txt, 0.tar ... and the set's metadata. Evaluate it with `clip-dcl eval "
+        "benchmark --dataset wds/<name> --dataset_root OUT_DIR` (a folder named wds_<name> is how "
+        "CLIP_benchmark publishes <name>).",
+    )
     p.add_argument("source", metavar="SOURCE", help="a folder of .tar shards, a shard pattern, or an ImageFolder root")
     p.add_argument("out_dir", metavar="OUT_DIR", help="output folder (its split folder must be absent or empty)")
-    p.add_argument("--kind", choices=["auto", "retrieval", "classification"], default="auto",
-                   help="auto (default): retrieval for shards, classification for an ImageFolder tree")
+    p.add_argument(
+        "--kind",
+        choices=["auto", "retrieval", "classification"],
+        default="auto",
+        help="auto (default): retrieval for shards, classification for an ImageFolder tree",
+    )
     p.add_argument("--split", default="test", help="split folder to write (default test)")
     p.add_argument("--shard-size", type=int, default=1000, help="samples per shard (default 1000)")
-    p.add_argument("--classnames", default=None,
-                   help="classification: class-name file, JSON {\"folder\": \"name\", ...} or one name a line in "
-                        "sorted folder order, each line naming its folder (default: SOURCE/classnames.json or "
-                        "SOURCE/classnames.txt, else ImageNet's names for its synset folders, else the folder names)")
-    p.add_argument("--templates", default=None,
-                   help="classification: template file (default: SOURCE/templates.txt when present)")
+    p.add_argument(
+        "--classnames",
+        default=None,
+        help='classification: class-name file, JSON {"folder": "name", ...} or one name a line in '
+        "sorted folder order, each line naming its folder (default: SOURCE/classnames.json or "
+        "SOURCE/classnames.txt, else ImageNet's names for its synset folders, else the folder names)",
+    )
+    p.add_argument(
+        "--templates", default=None, help="classification: template file (default: SOURCE/templates.txt when present)"
+    )
     p.set_defaults(func=_run_benchmark, parser=p)
 
 
@@ -289,9 +347,15 @@ def _run_benchmark(args) -> int:
     from .evalsets.write_benchmark import write_benchmark_shards
 
     try:
-        written = write_benchmark_shards(args.source, args.out_dir, kind=args.kind, split=args.split,
-                                         shard_size=args.shard_size, classnames=args.classnames,
-                                         templates=args.templates)
+        written = write_benchmark_shards(
+            args.source,
+            args.out_dir,
+            kind=args.kind,
+            split=args.split,
+            shard_size=args.shard_size,
+            classnames=args.classnames,
+            templates=args.templates,
+        )
     except ValueError as e:
         args.parser.error(str(e))
     print(f"{written.dataset_type} {len(written.shards)} shards {written.root / written.split}")
@@ -300,25 +364,40 @@ def _run_benchmark(args) -> int:
 
 def _add_shards_parser(subparsers) -> None:
     p = subparsers.add_parser(
-        "shards", allow_abbrev=False, help="your own images and captions (a folder or a CSV) as training shards",
+        "shards",
+        allow_abbrev=False,
+        help="your own images and captions (a folder or a CSV) as training shards",
         description="Write your own image-caption pairs as webdataset shards that training and evaluation read: "
-                    "OUT_DIR/train and OUT_DIR/val (a held-out share), each numbered .tar files with sizes.json, and "
-                    "OUT_DIR/summary.json. SRC is a folder of image files, each with its caption in a .txt of the "
-                    "same name (x.jpg + x.txt, sub-folders included), or a CSV/TSV of image paths (relative to its "
-                    "folder) and captions. Prints what it wrote and skipped, and the commands to train and evaluate.")
+        "OUT_DIR/train and OUT_DIR/val (a held-out share), each numbered .tar files with sizes.json, and "
+        "OUT_DIR/summary.json. SRC is a folder of image files, each with its caption in a .txt of the "
+        "same name (x.jpg + x.txt, sub-folders included), or a CSV/TSV of image paths (relative to its "
+        "folder) and captions. Prints what it wrote and skipped, and the commands to train and evaluate.",
+    )
     p.add_argument("source", metavar="SRC", help="a folder of images with .txt captions, or a CSV/TSV file")
     p.add_argument("out_dir", metavar="OUT_DIR", help="output folder")
-    p.add_argument("--val-fraction", type=float, default=0.1,
-                   help="share of the pairs held out in OUT_DIR/val for evaluation (default 0.1; 0: none)")
+    p.add_argument(
+        "--val-fraction",
+        type=float,
+        default=0.1,
+        help="share of the pairs held out in OUT_DIR/val for evaluation (default 0.1; 0: none)",
+    )
     p.add_argument("--shard-size", type=int, default=1000, help="pairs per .tar shard (default 1000)")
     p.add_argument("--seed", type=int, default=0, help="the shuffle that decides which pairs are held out (default 0)")
-    p.add_argument("--img-key", default=None,
-                   help="CSV: the image column (default: the first of filepath, image, image_path, img, path, file, "
-                        "filename)")
-    p.add_argument("--caption-key", default=None,
-                   help="CSV: the caption column (default: the first of title, caption, text, captions)")
-    p.add_argument("--separator", default=None,
-                   help="CSV: the separator (default: a tab when the header line has one, else a comma)")
+    p.add_argument(
+        "--img-key",
+        default=None,
+        help="CSV: the image column (default: the first of filepath, image, image_path, img, path, file, filename)",
+    )
+    p.add_argument(
+        "--caption-key",
+        default=None,
+        help="CSV: the caption column (default: the first of title, caption, text, captions)",
+    )
+    p.add_argument(
+        "--separator",
+        default=None,
+        help="CSV: the separator (default: a tab when the header line has one, else a comma)",
+    )
     p.add_argument("--overwrite", action="store_true", help="replace earlier outputs in OUT_DIR")
     p.add_argument("--quiet", action="store_true", help="no progress lines")
     p.set_defaults(func=_run_shards, parser=p)
@@ -330,17 +409,28 @@ def _run_shards(args) -> int:
     from .pairs import next_commands, write_pairs
 
     try:
-        summary = write_pairs(args.source, args.out_dir, val_fraction=args.val_fraction, shard_size=args.shard_size,
-                              seed=args.seed, img_key=args.img_key, caption_key=args.caption_key, sep=args.separator,
-                              overwrite=args.overwrite, verbose=not args.quiet)
+        summary = write_pairs(
+            args.source,
+            args.out_dir,
+            val_fraction=args.val_fraction,
+            shard_size=args.shard_size,
+            seed=args.seed,
+            img_key=args.img_key,
+            caption_key=args.caption_key,
+            sep=args.separator,
+            overwrite=args.overwrite,
+            verbose=not args.quiet,
+        )
     except ValueError as e:
         print(f"clip-dcl data shards: {e}", file=sys.stderr)
         return 2
     for name, split in summary["splits"].items():
         print(f"{name}: {split['pairs']} pairs in {split['shards']} shard(s), {split['folder']}")
     skipped = summary["skipped"]
-    print(f"skipped: {sum(s['count'] for s in skipped.values())}" + "".join(
-        f"\n  {cause}: {s['count']} (e.g. {s['examples'][0]})" for cause, s in skipped.items()))
+    print(
+        f"skipped: {sum(s['count'] for s in skipped.values())}"
+        + "".join(f"\n  {cause}: {s['count']} (e.g. {s['examples'][0]})" for cause, s in skipped.items())
+    )
     print(f"summary: {args.out_dir}/summary.json")
     print("next (on a GPU: a larger --model, e.g. ViT-B-32, and more --epochs):")
     for command in next_commands(summary, args.out_dir):
@@ -349,8 +439,7 @@ def _run_shards(args) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = FlagParser(prog="clip-dcl data", description="Generate or convert data sets.",
-                                     allow_abbrev=False)
+    parser = FlagParser(prog="clip-dcl data", description="Generate or convert data sets.", allow_abbrev=False)
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
     subparsers.required = True
     _add_synth_parser(subparsers)

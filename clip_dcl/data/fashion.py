@@ -35,6 +35,7 @@ default: no pixel is resampled; a smaller size resizes), stored as lossless RGB 
 Written here by hand (no library writes IDX data into captioned shards); the IDX reader is
 :mod:`clip_dcl.data.idx`, the shards go through :class:`clip_dcl.data.shards.CaptionShardWriter`.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -56,11 +57,14 @@ from .shards import CaptionShardWriter, format_key
 DEBIAN_DIR = "/usr/share/datasets/fashion-mnist"
 DEBIAN_PACKAGE = "dataset-fashion-mnist"
 #: the official file names (gzipped; the same names without ``.gz`` are read too)
-FILES = {"train_images": "train-images-idx3-ubyte.gz", "train_labels": "train-labels-idx1-ubyte.gz",
-         "test_images": "t10k-images-idx3-ubyte.gz", "test_labels": "t10k-labels-idx1-ubyte.gz"}
+FILES = {
+    "train_images": "train-images-idx3-ubyte.gz",
+    "train_labels": "train-labels-idx1-ubyte.gz",
+    "test_images": "t10k-images-idx3-ubyte.gz",
+    "test_labels": "t10k-labels-idx1-ubyte.gz",
+}
 #: Fashion-MNIST's class names, in label order (its authors' names, lower case)
-CLASSNAMES = ("t-shirt/top", "trouser", "pullover", "dress", "coat", "sandal", "shirt", "sneaker", "bag",
-              "ankle boot")
+CLASSNAMES = ("t-shirt/top", "trouser", "pullover", "dress", "coat", "sandal", "shirt", "sneaker", "bag", "ankle boot")
 
 #: attribute -> words of its bins, low to high (synonyms per bin)
 ATTRIBUTE_WORDS = {
@@ -71,13 +75,25 @@ ATTRIBUTE_WORDS = {
 }
 #: caption templates: {a} the attribute words, {c} the class name
 CAPTION_TEMPLATES = (
-    "{a} {c}.", "one {a} {c}.", "photo of one {a} {c}.", "a product photo: {a} {c}.",
-    "{a} {c} on a black background.", "there is one {a} {c} in the picture.", "{c}, {a}.",
+    "{a} {c}.",
+    "one {a} {c}.",
+    "photo of one {a} {c}.",
+    "a product photo: {a} {c}.",
+    "{a} {c} on a black background.",
+    "there is one {a} {c} in the picture.",
+    "{c}, {a}.",
     "an image of one {a} {c}.",
 )
 #: zero-shot prompts, in the captions' own words
-ZEROSHOT_TEMPLATES = ("{c}.", "one {c}.", "photo of one {c}.", "a product photo: {c}.", "{c} on a black background.",
-                      "there is one {c} in the picture.", "an image of one {c}.")
+ZEROSHOT_TEMPLATES = (
+    "{c}.",
+    "one {c}.",
+    "photo of one {c}.",
+    "a product photo: {c}.",
+    "{c} on a black background.",
+    "there is one {c} in the picture.",
+    "an image of one {c}.",
+)
 #: few-shot prompts (ELEVATER's templates.txt of the task)
 FEWSHOT_TEMPLATES = ("photo of one {c}.", "one {c}.", "a product photo: {c}.")
 #: a pixel counts as the garment's above this grey level (the background is 0; edges are faint)
@@ -106,6 +122,7 @@ class FashionConfig:
 
     def validate(self, n_train: int, n_test: int, n_classes: int) -> None:
         """Raise ``ValueError`` naming the first bad value (field and its flag) against the files' sizes."""
+
         def bad(field, why):
             raise ValueError(f"--{field.replace('_', '-')} {getattr(self, field)!r}: {why}")
 
@@ -116,8 +133,11 @@ class FashionConfig:
         if not 1 <= self.val_samples < n_train:
             bad("val_samples", f"must be within [1, {n_train - 1}] (the official training set has {n_train} images)")
         if not 0 <= self.train_samples <= n_train - self.val_samples:
-            bad("train_samples", f"must be within [0, {n_train - self.val_samples}] (0: all {n_train} training "
-                                 f"images but the {self.val_samples} held out)")
+            bad(
+                "train_samples",
+                f"must be within [0, {n_train - self.val_samples}] (0: all {n_train} training "
+                f"images but the {self.val_samples} held out)",
+            )
         if not 0 <= self.test_samples <= n_test:
             bad("test_samples", f"must be within [0, {n_test}] (0: all of them)")
         for field in ("captions_per_image", "val_captions_per_image"):
@@ -130,8 +150,11 @@ class FashionConfig:
         if self.fewshot_test_per_class < 1:
             bad("fewshot_test_per_class", "must be >= 1")
         if self.fewshot_train_per_class * n_classes > self.val_samples:
-            bad("fewshot_train_per_class", f"needs {self.fewshot_train_per_class * n_classes} held-out images, "
-                                           f"more than --val-samples {self.val_samples}")
+            bad(
+                "fewshot_train_per_class",
+                f"needs {self.fewshot_train_per_class * n_classes} held-out images, "
+                f"more than --val-samples {self.val_samples}",
+            )
 
 
 # ------------------------------------------------------------------------------------------
@@ -145,9 +168,11 @@ def _locate(directory: Path, name: str) -> Path:
 
 def missing_line(directory, problem: str) -> str:
     """The one line that says what to install or download."""
-    return (f"{problem}: Fashion-MNIST's four files {', '.join(FILES.values())} are needed in {directory}; "
-            f"install them with `apt-get install {DEBIAN_PACKAGE}` (into {DEBIAN_DIR}), or download the same files "
-            f"from Fashion-MNIST's authors and give their folder with --from DIR")
+    return (
+        f"{problem}: Fashion-MNIST's four files {', '.join(FILES.values())} are needed in {directory}; "
+        f"install them with `apt-get install {DEBIAN_PACKAGE}` (into {DEBIAN_DIR}), or download the same files "
+        f"from Fashion-MNIST's authors and give their folder with --from DIR"
+    )
 
 
 def load_idx_set(directory: str | os.PathLike = DEBIAN_DIR) -> Dict[str, np.ndarray]:
@@ -163,13 +188,18 @@ def load_idx_set(directory: str | os.PathLike = DEBIAN_DIR) -> Dict[str, np.ndar
     try:
         out = {}
         for split in ("train", "test"):
-            out[f"{split}_images"], out[f"{split}_labels"] = read_idx_pair(paths[f"{split}_images"],
-                                                                           paths[f"{split}_labels"])
+            out[f"{split}_images"], out[f"{split}_labels"] = read_idx_pair(
+                paths[f"{split}_images"], paths[f"{split}_labels"]
+            )
     except IdxError as e:
         raise DataMissing(missing_line(directory, str(e))) from None
     if out["train_images"].shape[1:] != out["test_images"].shape[1:]:
-        raise DataMissing(missing_line(directory, f"training images are {out['train_images'].shape[1:]} but test "
-                                                  f"images {out['test_images'].shape[1:]}"))
+        raise DataMissing(
+            missing_line(
+                directory,
+                f"training images are {out['train_images'].shape[1:]} but test images {out['test_images'].shape[1:]}",
+            )
+        )
     return out
 
 
@@ -190,16 +220,22 @@ def pixel_attributes(images: np.ndarray) -> Dict[str, np.ndarray]:
     rows, cols = ink.any(axis=2), ink.any(axis=1)
     height = np.where(count > 0, rows.shape[1] - rows[:, ::-1].argmax(1) - rows.argmax(1), 1)
     width = np.where(count > 0, cols.shape[1] - cols[:, ::-1].argmax(1) - cols.argmax(1), 1)
-    return {"brightness": mean, "fill": count / float(ink.shape[1] * ink.shape[2]),
-            "aspect": width / np.maximum(height, 1), "texture": np.sqrt(var) / np.maximum(mean, 1.0)}
+    return {
+        "brightness": mean,
+        "fill": count / float(ink.shape[1] * ink.shape[2]),
+        "aspect": width / np.maximum(height, 1),
+        "texture": np.sqrt(var) / np.maximum(mean, 1.0),
+    }
 
 
 def attribute_cuts(reference: np.ndarray) -> Dict[str, List[float]]:
     """Each attribute's bin edges: quantiles of ``reference`` images' values (the whole official training
     set, so the same for every draw), as many as the attribute has bins less one."""
     values = pixel_attributes(reference)
-    return {name: [float(q) for q in np.quantile(values[name], np.linspace(0, 1, len(words) + 1)[1:-1])]
-            for name, words in ATTRIBUTE_WORDS.items()}
+    return {
+        name: [float(q) for q in np.quantile(values[name], np.linspace(0, 1, len(words) + 1)[1:-1])]
+        for name, words in ATTRIBUTE_WORDS.items()
+    }
 
 
 def attribute_bins(images: np.ndarray, cuts: Dict[str, List[float]]) -> Dict[str, np.ndarray]:
@@ -248,7 +284,7 @@ def _png(image: np.ndarray, size: int) -> bytes:
     if h <= size and w <= size:
         canvas = np.zeros((size, size), dtype=np.uint8)
         top, left = (size - h) // 2, (size - w) // 2
-        canvas[top:top + h, left:left + w] = image
+        canvas[top : top + h, left : left + w] = image
         img = Image.fromarray(canvas, "L")
     else:
         img = Image.fromarray(image, "L").resize((size, size), Image.BILINEAR)
@@ -258,9 +294,12 @@ def _png(image: np.ndarray, size: int) -> bytes:
 
 
 def class_folders(names: Sequence[str]) -> List[str]:
-    """Folder names whose sorted order is the label order: ``0_t-shirt-top``, ``9_ankle-boot`` (zero-padded to the widest label)."""
+    """Folder names whose sorted order is the label order: ``0_t-shirt-top``, ``9_ankle-boot`` (zero-padded
+    to the widest label)."""
     width = len(str(len(names) - 1))
-    return [f"{k:0{width}d}_" + "".join(ch if ch.isalnum() or ch == "-" else "-" for ch in n) for k, n in enumerate(names)]
+    return [
+        f"{k:0{width}d}_" + "".join(ch if ch.isalnum() or ch == "-" else "-" for ch in n) for k, n in enumerate(names)
+    ]
 
 
 def write_pairs(directory: Path, samples, count: int, shard_size: int, tag: str, verbose: bool) -> dict:
@@ -275,28 +314,43 @@ def write_pairs(directory: Path, samples, count: int, shard_size: int, tag: str,
             writer.write(format_key(i, width), png, caps[0], meta, ext="png")
             if verbose and (i + 1) % 10000 == 0:
                 print(f"[{tag}] {directory.name}: {i + 1}/{count} ({time.perf_counter() - start:.1f} s)", flush=True)
-    return {"dir": directory.name, "pattern": f"{directory.name}/{Path(writer.pattern).name}",
-            "num_samples": writer.num_samples, "num_shards": len(writer.sizes),
-            "captions_per_image": len(caps) if count else 0, "key_scheme": "dense", "key_width": width,
-            "distinct_captions": {name: len(v) for (_, name), v in sorted(captions_by_class.items())}}
+    return {
+        "dir": directory.name,
+        "pattern": f"{directory.name}/{Path(writer.pattern).name}",
+        "num_samples": writer.num_samples,
+        "num_shards": len(writer.sizes),
+        "captions_per_image": len(caps) if count else 0,
+        "key_scheme": "dense",
+        "key_width": width,
+        "distinct_captions": {name: len(v) for (_, name), v in sorted(captions_by_class.items())},
+    }
 
 
-def _write_pairs(directory: Path, images, labels, bins, names, cfg: FashionConfig, per_image: int,
-                 stream: str, verbose: bool) -> dict:
+def _write_pairs(
+    directory: Path, images, labels, bins, names, cfg: FashionConfig, per_image: int, stream: str, verbose: bool
+) -> dict:
     rng = np.random.default_rng([cfg.seed, _STREAMS[stream]])
 
     def samples():
         for i, (image, label) in enumerate(zip(images, labels)):
             sample_bins = {k: int(v[i]) for k, v in bins.items()}
             caps = [make_caption(names[label], sample_bins, rng) for _ in range(per_image)]
-            meta = {"label": int(label), "classname": names[label], "captions": caps,
-                    "attributes": sample_bins, "width": cfg.image_size, "height": cfg.image_size}
+            meta = {
+                "label": int(label),
+                "classname": names[label],
+                "captions": caps,
+                "attributes": sample_bins,
+                "width": cfg.image_size,
+                "height": cfg.image_size,
+            }
             yield _png(image, cfg.image_size), caps, meta
 
     return write_pairs(directory, samples(), len(images), cfg.shard_size, "fashion-mnist", verbose)
 
 
-def write_tree(directory: Path, images, labels, names, size: int, templates: Sequence[str] = ZEROSHOT_TEMPLATES) -> dict:
+def write_tree(
+    directory: Path, images, labels, names, size: int, templates: Sequence[str] = ZEROSHOT_TEMPLATES
+) -> dict:
     """An ImageFolder tree of ``images`` (one folder a class, :func:`class_folders`), classnames.txt, templates.txt."""
     folders = class_folders(names)
     for folder in folders:
@@ -307,8 +361,13 @@ def write_tree(directory: Path, images, labels, names, size: int, templates: Seq
         seen[label] += 1
     (directory / "classnames.txt").write_text("\n".join(names) + "\n")
     (directory / "templates.txt").write_text("\n".join(templates) + "\n")
-    return {"dir": directory.name, "num_classes": len(names), "num_images": int(len(images)),
-            "classnames": f"{directory.name}/classnames.txt", "templates": f"{directory.name}/templates.txt"}
+    return {
+        "dir": directory.name,
+        "num_classes": len(names),
+        "num_images": int(len(images)),
+        "classnames": f"{directory.name}/classnames.txt",
+        "templates": f"{directory.name}/templates.txt",
+    }
 
 
 def _per_class(labels: np.ndarray, per_class: int, num_classes: int, rng) -> np.ndarray:
@@ -321,27 +380,45 @@ def _per_class(labels: np.ndarray, per_class: int, num_classes: int, rng) -> np.
     return np.stack(picks, axis=1).reshape(-1)
 
 
-def write_fewshot(directory: Path, sets, names, cfg, stream: int = _STREAMS["fewshot"], task: str = "fashion-mnist",
-                  templates: Sequence[str] = FEWSHOT_TEMPLATES) -> dict:
+def write_fewshot(
+    directory: Path,
+    sets,
+    names,
+    cfg,
+    stream: int = _STREAMS["fewshot"],
+    task: str = "fashion-mnist",
+    templates: Sequence[str] = FEWSHOT_TEMPLATES,
+) -> dict:
     """The ELEVATER-layout task ``task``: pools of ``sets["val"]``, test images of ``sets["test"]`` (``(images,
     labels)``; ``cfg`` gives the seed, the image size and the per-class counts)."""
     from .synth.layout import _write_iris
 
     rng = np.random.default_rng([cfg.seed, stream])
     splits = {}
-    for split, (images, labels), per_class in (("train", sets["val"], cfg.fewshot_train_per_class),
-                                               ("test", sets["test"], cfg.fewshot_test_per_class)):
+    for split, (images, labels), per_class in (
+        ("train", sets["val"], cfg.fewshot_train_per_class),
+        ("test", sets["test"], cfg.fewshot_test_per_class),
+    ):
         idx = _per_class(labels, per_class, len(names), rng)
         splits[split] = [(f"{n:06d}.png", _png(images[i], cfg.image_size), int(labels[i])) for n, i in enumerate(idx)]
     _write_iris(directory / task, list(names), list(templates), splits)
-    catalog = {task: {"metric": "accuracy", "num_classes": len(names), "multilabel": False,
-                      "classes": list(names), "train": len(splits["train"]), "test": len(splits["test"])}}
+    catalog = {
+        task: {
+            "metric": "accuracy",
+            "num_classes": len(names),
+            "multilabel": False,
+            "classes": list(names),
+            "train": len(splits["train"]),
+            "test": len(splits["test"]),
+        }
+    }
     (directory / "catalog.json").write_text(json.dumps(catalog, indent=1) + "\n")
     return {"dir": directory.name, "catalog": f"{directory.name}/catalog.json", "datasets": catalog}
 
 
-def prepare_out(out: Path, record: dict, outputs: Sequence[str], *, reuse: bool, overwrite: bool, verbose: bool,
-                tag: str) -> Optional[dict]:
+def prepare_out(
+    out: Path, record: dict, outputs: Sequence[str], *, reuse: bool, overwrite: bool, verbose: bool, tag: str
+) -> Optional[dict]:
     """The earlier summary (with paths) when ``reuse`` and it has ``record``'s settings; otherwise ``out`` cleared
     of ``outputs`` (``FileExistsError`` when it holds some and not ``overwrite``) and None."""
     from .synth.layout import _with_paths
@@ -373,8 +450,16 @@ def holdout(seed: int, n_train: int, val_samples: int, train_samples: int = 0):
 _OUTPUTS = ("summary.json", "train", "val", "test", "zeroshot", "zeroshot_test", "fewshot", "train.npz")
 
 
-def generate(out_dir, source: str | os.PathLike = DEBIAN_DIR, *, classnames: Optional[Sequence[str]] = None,
-             overwrite: bool = False, reuse: bool = False, verbose: bool = True, **overrides) -> dict:
+def generate(
+    out_dir,
+    source: str | os.PathLike = DEBIAN_DIR,
+    *,
+    classnames: Optional[Sequence[str]] = None,
+    overwrite: bool = False,
+    reuse: bool = False,
+    verbose: bool = True,
+    **overrides,
+) -> dict:
     """Write the layout of the module docstring under ``out_dir`` from the IDX files in ``source``.
 
     ``classnames`` (default: Fashion-MNIST's) names the labels 0..C-1; ``overrides`` set fields of
@@ -382,8 +467,8 @@ def generate(out_dir, source: str | os.PathLike = DEBIAN_DIR, *, classnames: Opt
     plus ``out_dir`` and absolute ``train_data``/``val_data``/``test_data``). Raises :class:`DataMissing` when
     the files are not there, ``ValueError`` for a bad value (named), ``FileExistsError`` when ``out_dir`` holds
     earlier outputs and neither ``overwrite`` nor a reusable summary (``reuse``, same settings and files)."""
-    from .synth.layout import _with_paths
     from .synth.attributes import same_class_rate_distinct, tau_plus_from_labels
+    from .synth.layout import _with_paths
 
     unknown = sorted(set(overrides) - {f.name for f in dataclasses.fields(FashionConfig)})
     if unknown:
@@ -397,9 +482,16 @@ def generate(out_dir, source: str | os.PathLike = DEBIAN_DIR, *, classnames: Opt
     n_train, n_test = len(data["train_labels"]), len(data["test_labels"])
     cfg.validate(n_train, n_test, n_classes)
     out = Path(out_dir)
-    record = {"config": dataclasses.asdict(cfg), "classnames": list(names),
-              "source": {"dir": str(Path(source)), "train_images": n_train, "test_images": n_test,
-                         "image_shape": list(data["train_images"].shape[1:])}}
+    record = {
+        "config": dataclasses.asdict(cfg),
+        "classnames": list(names),
+        "source": {
+            "dir": str(Path(source)),
+            "train_images": n_train,
+            "test_images": n_test,
+            "image_shape": list(data["train_images"].shape[1:]),
+        },
+    }
     summary = prepare_out(out, record, _OUTPUTS, reuse=reuse, overwrite=overwrite, verbose=verbose, tag="fashion-mnist")
     if summary is not None:
         return summary
@@ -407,29 +499,51 @@ def generate(out_dir, source: str | os.PathLike = DEBIAN_DIR, *, classnames: Opt
 
     val_idx, train_idx = holdout(cfg.seed, n_train, cfg.val_samples, cfg.train_samples)
     test_n = cfg.test_samples or n_test
-    sets = {"train": (data["train_images"][train_idx], data["train_labels"][train_idx]),
-            "val": (data["train_images"][val_idx], data["train_labels"][val_idx]),
-            "test": (data["test_images"][:test_n], data["test_labels"][:test_n])}
+    sets = {
+        "train": (data["train_images"][train_idx], data["train_labels"][train_idx]),
+        "val": (data["train_images"][val_idx], data["train_labels"][val_idx]),
+        "test": (data["test_images"][:test_n], data["test_labels"][:test_n]),
+    }
     cuts = attribute_cuts(data["train_images"])
     if verbose:
-        print(f"[fashion-mnist] {n_classes} classes from {source}; draw {cfg.seed}: {len(train_idx)} train, "
-              f"{len(val_idx)} validation (held out of the official training set), {test_n} test -> {out}", flush=True)
+        print(
+            f"[fashion-mnist] {n_classes} classes from {source}; draw {cfg.seed}: {len(train_idx)} train, "
+            f"{len(val_idx)} validation (held out of the official training set), {test_n} test -> {out}",
+            flush=True,
+        )
     parts = {}
-    for split, per_image in (("train", cfg.captions_per_image), ("val", cfg.val_captions_per_image),
-                             ("test", cfg.val_captions_per_image)):
+    for split, per_image in (
+        ("train", cfg.captions_per_image),
+        ("val", cfg.val_captions_per_image),
+        ("test", cfg.val_captions_per_image),
+    ):
         images, labels = sets[split]
-        parts[split] = _write_pairs(out / split, images, labels, attribute_bins(images, cuts), names, cfg, per_image,
-                                    f"captions-{split}", verbose)
+        parts[split] = _write_pairs(
+            out / split,
+            images,
+            labels,
+            attribute_bins(images, cuts),
+            names,
+            cfg,
+            per_image,
+            f"captions-{split}",
+            verbose,
+        )
     parts["zeroshot"] = write_tree(out / "zeroshot", *sets["val"], names, cfg.image_size)
     parts["zeroshot_test"] = write_tree(out / "zeroshot_test", *sets["test"], names, cfg.image_size)
     parts["fewshot"] = write_fewshot(out / "fewshot", sets, names, cfg)
     train_labels = sets["train"][1]
     summary = {
-        "format": "clip-dcl-idx/1", **record,
-        "classes": {"names": list(names), "folders": class_folders(names),
-                    "train_counts": np.bincount(train_labels, minlength=n_classes).tolist(),
-                    "distinct_train_captions": parts["train"]["distinct_captions"]},
-        "attribute_cuts": cuts, "attribute_words": {k: [list(b) for b in v] for k, v in ATTRIBUTE_WORDS.items()},
+        "format": "clip-dcl-idx/1",
+        **record,
+        "classes": {
+            "names": list(names),
+            "folders": class_folders(names),
+            "train_counts": np.bincount(train_labels, minlength=n_classes).tolist(),
+            "distinct_train_captions": parts["train"]["distinct_captions"],
+        },
+        "attribute_cuts": cuts,
+        "attribute_words": {k: [list(b) for b in v] for k, v in ATTRIBUTE_WORDS.items()},
         "tau_plus": tau_plus_from_labels(train_labels, n_classes),
         "same_class_rate_distinct_pairs": same_class_rate_distinct(train_labels),
         **parts,
@@ -437,7 +551,10 @@ def generate(out_dir, source: str | os.PathLike = DEBIAN_DIR, *, classnames: Opt
     (out / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
     seconds = time.perf_counter() - start
     if verbose:
-        print(f"[fashion-mnist] tau_plus = sum_c p_c^2 = {summary['tau_plus']:.4f}; distinct training captions per "
-              f"class {min(parts['train']['distinct_captions'].values())}-"
-              f"{max(parts['train']['distinct_captions'].values())}; {seconds:.1f} s", flush=True)
+        print(
+            f"[fashion-mnist] tau_plus = sum_c p_c^2 = {summary['tau_plus']:.4f}; distinct training captions per "
+            f"class {min(parts['train']['distinct_captions'].values())}-"
+            f"{max(parts['train']['distinct_captions'].values())}; {seconds:.1f} s",
+            flush=True,
+        )
     return _with_paths(summary, out, seconds)

@@ -25,6 +25,7 @@ packed training set (:mod:`clip_dcl.data.packed`) stores the same ids.
 
 Written here because neither OpenCLIP nor webdataset makes ids of sample keys.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -32,7 +33,7 @@ import os
 from typing import Mapping, Optional
 
 #: Ids of the hash fallback without a buffer size are taken modulo this (they fit an int64).
-_HASH_MODULUS = 2 ** 62
+_HASH_MODULUS = 2**62
 
 
 def _numeric(key) -> Optional[int]:

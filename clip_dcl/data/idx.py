@@ -6,6 +6,7 @@ then the values in C order; images are type ``0x08`` (unsigned bytes) with three
 published ones are). Not torchvision's ``read_sn3_pascalvincent_tensor``: it opens a path only (no gzip, no
 bytes) and checks with bare ``assert``s, so every check and message below would stay around it.
 """
+
 from __future__ import annotations
 
 import gzip
@@ -16,8 +17,14 @@ from pathlib import Path
 import numpy as np
 
 #: IDX type byte -> NumPy dtype (big-endian where it matters)
-_TYPES = {0x08: np.dtype("u1"), 0x09: np.dtype("i1"), 0x0B: np.dtype(">i2"), 0x0C: np.dtype(">i4"),
-          0x0D: np.dtype(">f4"), 0x0E: np.dtype(">f8")}
+_TYPES = {
+    0x08: np.dtype("u1"),
+    0x09: np.dtype("i1"),
+    0x0B: np.dtype(">i2"),
+    0x0C: np.dtype(">i4"),
+    0x0D: np.dtype(">f4"),
+    0x0E: np.dtype(">f8"),
+}
 
 
 class IdxError(ValueError):
@@ -48,8 +55,10 @@ def read_idx(path: str | os.PathLike) -> np.ndarray:
     shape = struct.unpack(f">{ndim}I", raw[4:header])
     expected = header + int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
     if len(raw) != expected:
-        raise IdxError(f"{path}: the header gives shape {tuple(shape)} ({expected} bytes) but the file holds "
-                       f"{len(raw)} bytes: truncated or not this file")
+        raise IdxError(
+            f"{path}: the header gives shape {tuple(shape)} ({expected} bytes) but the file holds "
+            f"{len(raw)} bytes: truncated or not this file"
+        )
     return np.frombuffer(raw, dtype=dtype, offset=header).reshape(shape).astype(dtype.newbyteorder("="))
 
 

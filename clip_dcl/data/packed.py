@@ -17,6 +17,7 @@ through OpenCLIP's own loop (:mod:`clip_dcl.train.packed`). Samples without an i
 size than the first one are refused, naming the sample. Written here by hand (webdataset reads the
 shards; NumPy writes the file): no library packs decoded shards for OpenCLIP.
 """
+
 from __future__ import annotations
 
 import logging
@@ -42,8 +43,10 @@ def pack_shards(pattern: str, out, verbose: bool = True) -> Dict[str, object]:
 
     out = Path(out)
     if out.suffix != ".npz":
-        raise ValueError(f"the packed file must end in .npz (OpenCLIP's --dataset-type auto reads it by its "
-                         f"extension); got {str(out)!r}")
+        raise ValueError(
+            f"the packed file must end in .npz (OpenCLIP's --dataset-type auto reads it by its "
+            f"extension); got {str(out)!r}"
+        )
     urls, _ = expand_urls(pattern)
     missing = [u for u in urls if "://" not in u and not Path(u).is_file()]
     if missing:
@@ -56,13 +59,19 @@ def pack_shards(pattern: str, out, verbose: bool = True) -> Dict[str, object]:
         caption = sample.get("txt")
         if image is None or not isinstance(caption, str) or not caption.strip():
             skipped += 1
-            logging.warning("packing %s: sample %s has no %s; skipped", sample.get("__url__"), sample.get("__key__"),
-                            "image" if image is None else "caption")
+            logging.warning(
+                "packing %s: sample %s has no %s; skipped",
+                sample.get("__url__"),
+                sample.get("__key__"),
+                "image" if image is None else "caption",
+            )
             continue
         if images and image.shape != images[0].shape:
-            raise ValueError(f"sample {sample.get('__key__')!r} of {sample.get('__url__')!r} is {image.shape[1]}x"
-                             f"{image.shape[0]}, the first one {images[0].shape[1]}x{images[0].shape[0]}: a packed "
-                             "set holds images of one size")
+            raise ValueError(
+                f"sample {sample.get('__key__')!r} of {sample.get('__url__')!r} is {image.shape[1]}x"
+                f"{image.shape[0]}, the first one {images[0].shape[1]}x{images[0].shape[0]}: a packed "
+                "set holds images of one size"
+            )
         images.append(np.ascontiguousarray(image, dtype=np.uint8))
         captions.append(caption)
         keys.append(str(sample["__key__"]))
@@ -73,8 +82,14 @@ def pack_shards(pattern: str, out, verbose: bool = True) -> Dict[str, object]:
         raise ValueError(f"no sample with an image and a caption in {pattern!r}")
     out.parent.mkdir(parents=True, exist_ok=True)
     partial = out.with_name(out.name + ".partial.npz")
-    np.savez(partial, images=np.stack(images), captions=np.array(captions), keys=np.array(keys),
-             ids=np.array(ids, dtype=np.int64), source=np.array(pattern))
+    np.savez(
+        partial,
+        images=np.stack(images),
+        captions=np.array(captions),
+        keys=np.array(keys),
+        ids=np.array(ids, dtype=np.int64),
+        source=np.array(pattern),
+    )
     partial.replace(out)
     if verbose:
         print(f"[pack] {len(images)} samples ({skipped} skipped) -> {out}", flush=True)
@@ -104,12 +119,15 @@ def load_packed(path) -> Dict[str, np.ndarray]:
         raise ValueError(f"{str(path)!r} is not a readable packed training set ({e})") from None
     absent = [k for k in FIELDS if k not in arrays]
     if absent:
-        raise ValueError(f"{str(path)!r} lacks the arrays {absent} of a packed training set "
-                         "(write one with `clip-dcl data pack`)")
+        raise ValueError(
+            f"{str(path)!r} lacks the arrays {absent} of a packed training set (write one with `clip-dcl data pack`)"
+        )
     n = len(arrays["images"])
     if arrays["images"].dtype != np.uint8 or arrays["images"].ndim != 4 or arrays["images"].shape[-1] != 3:
-        raise ValueError(f"{str(path)!r}: images must be uint8 (N, H, W, 3); got {arrays['images'].dtype} "
-                         f"{tuple(arrays['images'].shape)}")
+        raise ValueError(
+            f"{str(path)!r}: images must be uint8 (N, H, W, 3); got {arrays['images'].dtype} "
+            f"{tuple(arrays['images'].shape)}"
+        )
     if not (len(arrays["captions"]) == len(arrays["keys"]) == len(arrays["ids"]) == n):
         raise ValueError(f"{str(path)!r}: images, captions, keys and ids differ in length")
     return arrays

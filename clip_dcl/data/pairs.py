@@ -14,6 +14,7 @@ The pairs are shuffled once (``seed``) and split into ``OUT/train`` and ``OUT/va
 files are stored as they are; other formats are re-encoded as PNG. A pair that cannot be used is
 skipped and counted by cause.
 """
+
 from __future__ import annotations
 
 import csv
@@ -63,8 +64,13 @@ def _separator(first_line: str, suffix: str) -> str:
     return "\t" if suffix == ".tsv" else ","
 
 
-def csv_columns(path, img_key: str | None = None, caption_key: str | None = None, sep: str | None = None,
-                flags: tuple = ("--csv-img-key", "--csv-caption-key", "--csv-separator")) -> CsvColumns:
+def csv_columns(
+    path,
+    img_key: str | None = None,
+    caption_key: str | None = None,
+    sep: str | None = None,
+    flags: tuple = ("--csv-img-key", "--csv-caption-key", "--csv-separator"),
+) -> CsvColumns:
     """The separator and the image and caption columns of the CSV/TSV at ``path``: those given, else
     detected (the separator from the header line, the columns from :data:`CSV_IMAGE_KEYS` and
     :data:`CSV_CAPTION_KEYS`). ``flags`` name the flags that give them, for the message.
@@ -84,22 +90,29 @@ def csv_columns(path, img_key: str | None = None, caption_key: str | None = None
     header = [c.strip() for c in next(csv.reader([first], delimiter=sep))] if first else []
     shown = ", ".join(repr(c) for c in header) if header else "none"
     named = "tab" if sep == "\t" else repr(sep)
-    fix = (f"give {flags[0]} COLUMN and {flags[1]} COLUMN (and {flags[2]} for a separator other than {named})")
+    fix = f"give {flags[0]} COLUMN and {flags[1]} COLUMN (and {flags[2]} for a separator other than {named})"
 
     def pick(given, candidates, what, flag):
         if given is not None:
             if given not in header:
-                raise CsvColumnsError(f"{path} has no column {given!r} ({flag}); columns found with separator {named}: "
-                                      f"{shown}; {fix}")
+                raise CsvColumnsError(
+                    f"{path} has no column {given!r} ({flag}); columns found with separator {named}: {shown}; {fix}"
+                )
             return given
         for c in candidates:
             if c in header:
                 return c
-        raise CsvColumnsError(f"{path}: no {what} column ({'/'.join(candidates[:2])}) among the columns found with "
-                              f"separator {named}: {shown}; {fix}")
+        raise CsvColumnsError(
+            f"{path}: no {what} column ({'/'.join(candidates[:2])}) among the columns found with "
+            f"separator {named}: {shown}; {fix}"
+        )
 
-    return CsvColumns(sep, pick(img_key, CSV_IMAGE_KEYS, "image", flags[0]),
-                      pick(caption_key, CSV_CAPTION_KEYS, "caption", flags[1]), header)
+    return CsvColumns(
+        sep,
+        pick(img_key, CSV_IMAGE_KEYS, "image", flags[0]),
+        pick(caption_key, CSV_CAPTION_KEYS, "caption", flags[1]),
+        header,
+    )
 
 
 def is_caption_folder(folder) -> bool:
@@ -116,8 +129,10 @@ def is_caption_folder(folder) -> bool:
 
 def caption_folder_hint(folder) -> str:
     """The one line that tells how to turn a folder of images and captions into shards."""
-    return (f"{folder} is a folder of images with their captions (.txt), not of shards: write shards from it with "
-            f"`clip-dcl data shards {folder} OUT`, then give OUT/train (training) or OUT/val (evaluation)")
+    return (
+        f"{folder} is a folder of images with their captions (.txt), not of shards: write shards from it with "
+        f"`clip-dcl data shards {folder} OUT`, then give OUT/train (training) or OUT/val (evaluation)"
+    )
 
 
 @dataclass
@@ -170,8 +185,14 @@ def list_csv(path: Path, columns: CsvColumns) -> Listed:
     """The CSV's rows as pairs, grouped by image (the order of first appearance)."""
     import pandas as pd
 
-    frame = pd.read_csv(path, sep=columns.sep, usecols=[columns.img_key, columns.caption_key], dtype=str,
-                        keep_default_na=False, engine="python" if len(columns.sep) > 1 else "c")
+    frame = pd.read_csv(
+        path,
+        sep=columns.sep,
+        usecols=[columns.img_key, columns.caption_key],
+        dtype=str,
+        keep_default_na=False,
+        engine="python" if len(columns.sep) > 1 else "c",
+    )
     listed, index = Listed([]), {}
     for line, (image, caption) in enumerate(zip(frame[columns.img_key], frame[columns.caption_key]), 2):
         where = f"{path.name} line {line}"
@@ -209,9 +230,19 @@ def image_entry(path: Path) -> tuple:
         return "png", out.getvalue()
 
 
-def write_pairs(source, out_dir, *, val_fraction: float = 0.1, shard_size: int = 1000, seed: int = 0,
-                img_key: str | None = None, caption_key: str | None = None, sep: str | None = None,
-                overwrite: bool = False, verbose: bool = True) -> dict:
+def write_pairs(
+    source,
+    out_dir,
+    *,
+    val_fraction: float = 0.1,
+    shard_size: int = 1000,
+    seed: int = 0,
+    img_key: str | None = None,
+    caption_key: str | None = None,
+    sep: str | None = None,
+    overwrite: bool = False,
+    verbose: bool = True,
+) -> dict:
     """Write the pairs of ``source`` (a folder of images with ``.txt`` captions, or a CSV/TSV) as shards in
     ``out_dir/train`` and ``out_dir/val``; return the summary also written to ``out_dir/summary.json``.
 
@@ -227,14 +258,21 @@ def write_pairs(source, out_dir, *, val_fraction: float = 0.1, shard_size: int =
     if source.is_dir():
         listed, kind = list_folder(source), "folder"
     elif source.is_file():
-        listed, kind = list_csv(source, csv_columns(source, img_key, caption_key, sep, flags=(
-            "--img-key", "--caption-key", "--separator"))), "csv"
+        listed, kind = (
+            list_csv(
+                source,
+                csv_columns(source, img_key, caption_key, sep, flags=("--img-key", "--caption-key", "--separator")),
+            ),
+            "csv",
+        )
     else:
         raise ValueError(f"{source} does not exist: give a folder of images with .txt captions, or a CSV/TSV file")
     earlier = [out / name for name in ("train", "val", "summary.json") if (out / name).exists()]
     if earlier and not overwrite:
-        raise ValueError(f"{out} already holds {', '.join(p.name for p in earlier)}: give --overwrite to replace "
-                         "them, or another OUT")
+        raise ValueError(
+            f"{out} already holds {', '.join(p.name for p in earlier)}: give --overwrite to replace "
+            "them, or another OUT"
+        )
     if not listed.pairs:
         found = "; ".join(f"{c} {len(w)} (e.g. {w[0]})" for c, w in listed.skipped.items()) or "no image file"
         raise ValueError(f"{source}: no image with a caption to write ({found})")
@@ -257,8 +295,9 @@ def write_pairs(source, out_dir, *, val_fraction: float = 0.1, shard_size: int =
         for pair in splits[name]:
             done += 1
             if verbose and (done % 1000 == 0 or done == total) and total >= 1000:
-                print(f"[shards] {done}/{total} pairs ({time.perf_counter() - start:.0f} s)", file=sys.stderr,
-                      flush=True)
+                print(
+                    f"[shards] {done}/{total} pairs ({time.perf_counter() - start:.0f} s)", file=sys.stderr, flush=True
+                )
             try:
                 ext, data = image_entry(pair.image)
             except Exception as e:  # noqa: BLE001 - what PIL raises on a bad file varies
@@ -267,20 +306,41 @@ def write_pairs(source, out_dir, *, val_fraction: float = 0.1, shard_size: int =
             if writer is None:
                 writer = shard_writer(out / name, shard_size)
             key = format_key(sum(sizes.values()))
-            writer.write({"__key__": key, ext: data, "txt": pair.captions[0],
-                          "json": {"key": key, "caption": pair.captions[0], "captions": pair.captions,
-                                   "source": str(pair.image)}})
+            writer.write(
+                {
+                    "__key__": key,
+                    ext: data,
+                    "txt": pair.captions[0],
+                    "json": {
+                        "key": key,
+                        "caption": pair.captions[0],
+                        "captions": pair.captions,
+                        "source": str(pair.image),
+                    },
+                }
+            )
             sizes[os.path.basename(writer.fname)] += 1
         if writer is not None:
             writer.close()
             write_sizes_json(out / name, dict(sorted(sizes.items())))
-            written[name] = {"pairs": sum(sizes.values()), "shards": len(sizes), "pattern": folder_pattern(out / name),
-                             "folder": str(out / name)}
+            written[name] = {
+                "pairs": sum(sizes.values()),
+                "shards": len(sizes),
+                "pattern": folder_pattern(out / name),
+                "folder": str(out / name),
+            }
     if "train" not in written:
         raise ValueError(f"{source}: no training pair left (every image was skipped or held out; lower --val-fraction)")
-    summary = {"format": FORMAT, "source": str(source), "kind": kind, "seed": seed, "val_fraction": val_fraction,
-               "shard_size": shard_size, "splits": written,
-               "skipped": {c: {"count": len(w), "examples": w[:5]} for c, w in skipped.items()}}
+    summary = {
+        "format": FORMAT,
+        "source": str(source),
+        "kind": kind,
+        "seed": seed,
+        "val_fraction": val_fraction,
+        "shard_size": shard_size,
+        "splits": written,
+        "skipped": {c: {"count": len(w), "examples": w[:5]} for c, w in skipped.items()},
+    }
     (out / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
     return summary
 
@@ -294,19 +354,40 @@ def next_commands(summary: dict, out_dir, name: str = "decl", epochs: int = 10) 
     size, shards = summary["shard_size"], train["shards"]
     sizes = sorted([size] * (shards - 1) + [train["pairs"] - size * (shards - 1)])
     workers = min(2, shards)
-    least = sum(sizes[:shards // workers])  # the fewest pairs a worker may be given (whole shards)
+    least = sum(sizes[: shards // workers])  # the fewest pairs a worker may be given (whole shards)
     batch = 2
     while batch * 2 <= min(128, least):
         batch *= 2
     steps = max(1, train["pairs"] // batch)
     out = Path(out_dir)
-    words = ["clip-dcl", "train", "--loss", "decl", "--model", "clip-dcl-tiny", "--train-data", str(out / "train"),
-             "--batch-size", str(batch), "--epochs", str(epochs), "--lr", "1e-3",
-             "--warmup", str(min(100, steps * epochs // 10 + 1)), "--workers", str(workers),
-             "--logs", "logs", "--name", name]
+    words = [
+        "clip-dcl",
+        "train",
+        "--loss",
+        "decl",
+        "--model",
+        "clip-dcl-tiny",
+        "--train-data",
+        str(out / "train"),
+        "--batch-size",
+        str(batch),
+        "--epochs",
+        str(epochs),
+        "--lr",
+        "1e-3",
+        "--warmup",
+        str(min(100, steps * epochs // 10 + 1)),
+        "--workers",
+        str(workers),
+        "--logs",
+        "logs",
+        "--name",
+        name,
+    ]
     commands = [shlex.join(words)]
     if "val" in summary["splits"]:
         checkpoint = f"logs/{name}/checkpoints/epoch_{epochs}.pt"
-        commands.append(shlex.join(["clip-dcl", "eval", "retrieval", "--checkpoint", checkpoint,
-                                    "--data", str(out / "val")]))
+        commands.append(
+            shlex.join(["clip-dcl", "eval", "retrieval", "--checkpoint", checkpoint, "--data", str(out / "val")])
+        )
     return commands

@@ -30,6 +30,7 @@ again), so that retrieval has one right answer per query.
 over the validation scenes (``zeroshot/``) and the test scenes (``zeroshot_test/``); the few-shot task
 (``fewshot/fashion-scenes``) has the same labels. Retrieval mean R@1 is the metric these scenes are for.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -49,8 +50,17 @@ from .fashion import ATTRIBUTE_WORDS, CLASSNAMES, DEBIAN_DIR, with_article
 #: cell names of each grid, row by row
 POSITIONS = {
     2: ("top left", "top right", "bottom left", "bottom right"),
-    3: ("top left", "top centre", "top right", "centre left", "centre", "centre right", "bottom left",
-        "bottom centre", "bottom right"),
+    3: (
+        "top left",
+        "top centre",
+        "top right",
+        "centre left",
+        "centre",
+        "centre right",
+        "bottom left",
+        "bottom centre",
+        "bottom right",
+    ),
 }
 #: how an item is put in its cell
 PREPOSITIONS = ("on the", "at the")
@@ -86,6 +96,7 @@ class ScenesConfig:
 
     def validate(self, n_train: int, n_classes: int) -> None:
         """Raise ``ValueError`` naming the first bad value (its flag)."""
+
         def bad(field, why):
             raise ValueError(f"--{field.replace('_', '-')} {getattr(self, field)!r}: {why}")
 
@@ -97,14 +108,16 @@ class ScenesConfig:
             bad("image_size", f"must be within [{4 * self.grid}, 512] pixels (cells of at least 4 pixels)")
         if not 1 <= self.min_items <= self.max_items:
             bad("min_items", f"must be within [1, --max-items {self.max_items}]")
-        if self.max_items > self.grid ** 2:
-            bad("max_items", f"must be at most {self.grid ** 2} (the cells of a {self.grid} x {self.grid} grid)")
+        if self.max_items > self.grid**2:
+            bad("max_items", f"must be at most {self.grid**2} (the cells of a {self.grid} x {self.grid} grid)")
         if not 0 <= self.min_attributes <= self.max_attributes:
             bad("min_attributes", f"must be within [0, --max-attributes {self.max_attributes}]")
         if self.max_attributes > len(ATTRIBUTE_WORDS):
             bad("max_attributes", f"must be at most {len(ATTRIBUTE_WORDS)} (the attributes measured)")
         if not self.max_items <= self.holdout < n_train:
-            bad("holdout", f"must be within [{self.max_items}, {n_train - 1}] (the official training set has {n_train})")
+            bad(
+                "holdout", f"must be within [{self.max_items}, {n_train - 1}] (the official training set has {n_train})"
+            )
         for field in ("train_samples", "val_samples", "test_samples", "shard_size"):
             if getattr(self, field) < 1:
                 bad(field, "must be >= 1")
@@ -117,8 +130,11 @@ class ScenesConfig:
             bad("fewshot_test_per_class", "must be >= 1")
         for field, split in (("fewshot_train_per_class", "val_samples"), ("fewshot_test_per_class", "test_samples")):
             if getattr(self, field) * n_classes > getattr(self, split):
-                bad(field, f"needs {getattr(self, field) * n_classes} scenes, more than --{split.replace('_', '-')} "
-                           f"{getattr(self, split)}")
+                bad(
+                    field,
+                    f"needs {getattr(self, field) * n_classes} scenes, more than --{split.replace('_', '-')} "
+                    f"{getattr(self, split)}",
+                )
 
 
 # ------------------------------------------------------------------------------------------
@@ -128,25 +144,29 @@ def draw_scene(rng: np.random.Generator, pool_size: int, cfg: ScenesConfig) -> L
     """``[(cell, item), ...]``: the top-left cell (0) and ``min_items - 1`` to ``max_items - 1`` other random
     cells, each with a distinct random item of the pool (an index below ``pool_size``), in cell order."""
     n = int(rng.integers(cfg.min_items, cfg.max_items + 1))
-    cells = [0, *(1 + rng.permutation(cfg.grid ** 2 - 1)[:n - 1])]
+    cells = [0, *(1 + rng.permutation(cfg.grid**2 - 1)[: n - 1])]
     items = rng.choice(pool_size, size=n, replace=False)
     return sorted((int(c), int(i)) for c, i in zip(cells, items))
 
 
-def item_phrase(classname: str, bins: Dict[str, int], position: str, cfg: ScenesConfig,
-                rng: np.random.Generator) -> str:
-    """"a small wide sneaker on the bottom right": the class with some of its attribute words, and its cell."""
+def item_phrase(
+    classname: str, bins: Dict[str, int], position: str, cfg: ScenesConfig, rng: np.random.Generator
+) -> str:
+    """ "a small wide sneaker on the bottom right": the class with some of its attribute words, and its cell."""
     names = list(ATTRIBUTE_WORDS)
     k = int(rng.integers(cfg.min_attributes, cfg.max_attributes + 1))
     words = []
     for j in rng.permutation(len(names))[:k]:
         options = ATTRIBUTE_WORDS[names[j]][int(bins[names[j]])]
         words.append(options[int(rng.integers(len(options)))])
-    return f"{with_article(' '.join([*words, classname]))} {PREPOSITIONS[int(rng.integers(len(PREPOSITIONS)))]} {position}"
+    return (
+        f"{with_article(' '.join([*words, classname]))} {PREPOSITIONS[int(rng.integers(len(PREPOSITIONS)))]} {position}"
+    )
 
 
 def scene_caption(items: Sequence[Tuple[str, Dict[str, int], str]], cfg: ScenesConfig, rng: np.random.Generator) -> str:
-    """One caption of a scene: every item (``(classname, bins, position)``) named in a random order, in a random template."""
+    """One caption of a scene: every item (``(classname, bins, position)``) named in a random order, in a
+    random template."""
     phrases = [item_phrase(*items[k], cfg, rng) for k in rng.permutation(len(items))]
     joined = phrases[0] if len(phrases) == 1 else ", ".join(phrases[:-1]) + " and " + phrases[-1]
     return SCENE_TEMPLATES[int(rng.integers(len(SCENE_TEMPLATES)))].format(s=joined)
@@ -176,7 +196,7 @@ def canvas(cells: np.ndarray, scene: Sequence[Tuple[int, int]], cfg: ScenesConfi
     side = cells.shape[1]
     for cell, item in scene:
         r, c = divmod(cell, cfg.grid)
-        out[r * side:(r + 1) * side, c * side:(c + 1) * side] = cells[item]
+        out[r * side : (r + 1) * side, c * side : (c + 1) * side] = cells[item]
     return out
 
 
@@ -186,8 +206,13 @@ def _compose(images, labels, bins, cfg: ScenesConfig, count: int, per_image: int
     cells = shrink(images, cfg.image_size // cfg.grid)
     positions = POSITIONS[cfg.grid]
     seen: set = set()
-    out = {"canvas": np.zeros((count, cfg.image_size, cfg.image_size), np.uint8), "label": np.zeros(count, np.int64),
-           "scene_class": [], "captions": [], "meta": []}
+    out = {
+        "canvas": np.zeros((count, cfg.image_size, cfg.image_size), np.uint8),
+        "label": np.zeros(count, np.int64),
+        "scene_class": [],
+        "captions": [],
+        "meta": [],
+    }
     for n in range(count):
         for _ in range(_TRIES):
             scene = draw_scene(rng, len(images), cfg)
@@ -196,25 +221,43 @@ def _compose(images, labels, bins, cfg: ScenesConfig, count: int, per_image: int
             if not distinct or not seen & set(caps):
                 break
         else:
-            raise ValueError(f"could not draw {count} scenes with distinct captions in {stream}: lower the samples "
-                             "or raise --max-items / --max-attributes")
+            raise ValueError(
+                f"could not draw {count} scenes with distinct captions in {stream}: lower the samples "
+                "or raise --max-items / --max-attributes"
+            )
         seen.update(caps)
         out["canvas"][n] = canvas(cells, scene, cfg)
         out["label"][n] = labels[scene[0][1]]
         out["scene_class"].append(tuple((c, int(labels[i])) for c, i in scene))
         out["captions"].append(caps)
-        out["meta"].append({"label": int(labels[scene[0][1]]), "classname": CLASSNAMES[labels[scene[0][1]]],
-                            "captions": caps, "width": cfg.image_size, "height": cfg.image_size,
-                            "items": [{"position": p, "label": int(labels[i]), "classname": name, "attributes": b}
-                                      for (name, b, p), (_, i) in zip(items, scene)]})
+        out["meta"].append(
+            {
+                "label": int(labels[scene[0][1]]),
+                "classname": CLASSNAMES[labels[scene[0][1]]],
+                "captions": caps,
+                "width": cfg.image_size,
+                "height": cfg.image_size,
+                "items": [
+                    {"position": p, "label": int(labels[i]), "classname": name, "attributes": b}
+                    for (name, b, p), (_, i) in zip(items, scene)
+                ],
+            }
+        )
     return out
 
 
 _OUTPUTS = ("summary.json", "train", "val", "test", "zeroshot", "zeroshot_test", "fewshot", "train.npz")
 
 
-def generate(out_dir, source: str | os.PathLike = DEBIAN_DIR, *, overwrite: bool = False, reuse: bool = False,
-             verbose: bool = True, **overrides) -> dict:
+def generate(
+    out_dir,
+    source: str | os.PathLike = DEBIAN_DIR,
+    *,
+    overwrite: bool = False,
+    reuse: bool = False,
+    verbose: bool = True,
+    **overrides,
+) -> dict:
     """Write the layout of the module docstring under ``out_dir`` from the IDX files in ``source``.
 
     ``overrides`` set fields of :class:`ScenesConfig`. Returns the summary (relative paths, plus ``out_dir`` and
@@ -230,54 +273,99 @@ def generate(out_dir, source: str | os.PathLike = DEBIAN_DIR, *, overwrite: bool
     data = fashion.load_idx_set(source)
     n_classes = int(max(data["train_labels"].max(), data["test_labels"].max())) + 1
     if n_classes != len(CLASSNAMES):
-        raise ValueError(f"labels 0..{n_classes - 1} in {source}: the scenes name Fashion-MNIST's {len(CLASSNAMES)} classes")
+        raise ValueError(
+            f"labels 0..{n_classes - 1} in {source}: the scenes name Fashion-MNIST's {len(CLASSNAMES)} classes"
+        )
     n_train, n_test = len(data["train_labels"]), len(data["test_labels"])
     cfg.validate(n_train, n_classes)
     out = Path(out_dir)
-    record = {"config": dataclasses.asdict(cfg), "classnames": list(CLASSNAMES),
-              "source": {"dir": str(Path(source)), "train_images": n_train, "test_images": n_test,
-                         "image_shape": list(data["train_images"].shape[1:])}}
-    summary = fashion.prepare_out(out, record, _OUTPUTS, reuse=reuse, overwrite=overwrite, verbose=verbose,
-                                  tag="fashion-scenes")
+    record = {
+        "config": dataclasses.asdict(cfg),
+        "classnames": list(CLASSNAMES),
+        "source": {
+            "dir": str(Path(source)),
+            "train_images": n_train,
+            "test_images": n_test,
+            "image_shape": list(data["train_images"].shape[1:]),
+        },
+    }
+    summary = fashion.prepare_out(
+        out, record, _OUTPUTS, reuse=reuse, overwrite=overwrite, verbose=verbose, tag="fashion-scenes"
+    )
     if summary is not None:
         return summary
     start = time.perf_counter()
     val_idx, train_idx = fashion.holdout(cfg.seed, n_train, cfg.holdout)
-    pools = {"train": (data["train_images"][train_idx], data["train_labels"][train_idx]),
-             "val": (data["train_images"][val_idx], data["train_labels"][val_idx]),
-             "test": (data["test_images"], data["test_labels"])}
+    pools = {
+        "train": (data["train_images"][train_idx], data["train_labels"][train_idx]),
+        "val": (data["train_images"][val_idx], data["train_labels"][val_idx]),
+        "test": (data["test_images"], data["test_labels"]),
+    }
     cuts = fashion.attribute_cuts(data["train_images"])
     if verbose:
-        print(f"[fashion-scenes] draw {cfg.seed}: {cfg.train_samples} training scenes of {len(train_idx)} images, "
-              f"{cfg.val_samples} validation scenes of {len(val_idx)} held-out images, {cfg.test_samples} test scenes "
-              f"of the {n_test} official test images; {cfg.min_items}-{cfg.max_items} items on a {cfg.grid} x "
-              f"{cfg.grid} grid at {cfg.image_size} px -> {out}", flush=True)
+        print(
+            f"[fashion-scenes] draw {cfg.seed}: {cfg.train_samples} training scenes of {len(train_idx)} images, "
+            f"{cfg.val_samples} validation scenes of {len(val_idx)} held-out images, {cfg.test_samples} test scenes "
+            f"of the {n_test} official test images; {cfg.min_items}-{cfg.max_items} items on a {cfg.grid} x "
+            f"{cfg.grid} grid at {cfg.image_size} px -> {out}",
+            flush=True,
+        )
     scenes, parts = {}, {}
-    for split, count, per_image in (("train", cfg.train_samples, cfg.captions_per_image),
-                                    ("val", cfg.val_samples, cfg.val_captions_per_image),
-                                    ("test", cfg.test_samples, cfg.val_captions_per_image)):
+    for split, count, per_image in (
+        ("train", cfg.train_samples, cfg.captions_per_image),
+        ("val", cfg.val_samples, cfg.val_captions_per_image),
+        ("test", cfg.test_samples, cfg.val_captions_per_image),
+    ):
         images, labels = pools[split]
-        s = scenes[split] = _compose(images, labels, fashion.attribute_bins(images, cuts), cfg, count, per_image,
-                                     f"scenes-{split}", distinct=split != "train")
-        samples = ((fashion._png(c, cfg.image_size), caps, meta) for c, caps, meta in zip(s["canvas"], s["captions"], s["meta"]))
+        s = scenes[split] = _compose(
+            images,
+            labels,
+            fashion.attribute_bins(images, cuts),
+            cfg,
+            count,
+            per_image,
+            f"scenes-{split}",
+            distinct=split != "train",
+        )
+        samples = (
+            (fashion._png(c, cfg.image_size), caps, meta)
+            for c, caps, meta in zip(s["canvas"], s["captions"], s["meta"])
+        )
         parts[split] = fashion.write_pairs(out / split, samples, count, cfg.shard_size, "fashion-scenes", verbose)
     folders = {"val": "zeroshot", "test": "zeroshot_test"}
     for split, folder in folders.items():
-        parts[folder] = fashion.write_tree(out / folder, scenes[split]["canvas"], scenes[split]["label"], CLASSNAMES,
-                                           cfg.image_size, ZEROSHOT_TEMPLATES)
-    parts["fewshot"] = fashion.write_fewshot(out / "fewshot", {k: (scenes[k]["canvas"], scenes[k]["label"]) for k in folders},
-                                             CLASSNAMES, cfg, stream=_STREAMS["fewshot"], task="fashion-scenes",
-                                             templates=FEWSHOT_TEMPLATES)
+        parts[folder] = fashion.write_tree(
+            out / folder,
+            scenes[split]["canvas"],
+            scenes[split]["label"],
+            CLASSNAMES,
+            cfg.image_size,
+            ZEROSHOT_TEMPLATES,
+        )
+    parts["fewshot"] = fashion.write_fewshot(
+        out / "fewshot",
+        {k: (scenes[k]["canvas"], scenes[k]["label"]) for k in folders},
+        CLASSNAMES,
+        cfg,
+        stream=_STREAMS["fewshot"],
+        task="fashion-scenes",
+        templates=FEWSHOT_TEMPLATES,
+    )
     kinds = {k: i for i, k in enumerate(sorted(set(scenes["train"]["scene_class"])))}
     scene_ids = np.array([kinds[k] for k in scenes["train"]["scene_class"]])
     summary = {
-        "format": "clip-dcl-idx-scenes/1", **record,
-        "classes": {"names": list(CLASSNAMES), "folders": fashion.class_folders(CLASSNAMES),
-                    "zeroshot": "the class of the item on the top left",
-                    "train_counts": np.bincount(scenes["train"]["label"], minlength=n_classes).tolist(),
-                    "distinct_train_captions": parts["train"]["distinct_captions"]},
+        "format": "clip-dcl-idx-scenes/1",
+        **record,
+        "classes": {
+            "names": list(CLASSNAMES),
+            "folders": fashion.class_folders(CLASSNAMES),
+            "zeroshot": "the class of the item on the top left",
+            "train_counts": np.bincount(scenes["train"]["label"], minlength=n_classes).tolist(),
+            "distinct_train_captions": parts["train"]["distinct_captions"],
+        },
         "positions": list(POSITIONS[cfg.grid]),
-        "attribute_cuts": cuts, "attribute_words": {k: [list(b) for b in v] for k, v in ATTRIBUTE_WORDS.items()},
+        "attribute_cuts": cuts,
+        "attribute_words": {k: [list(b) for b in v] for k, v in ATTRIBUTE_WORDS.items()},
         # scene classes: the same kinds of item in the same cells (attributes aside)
         "scene_classes": len(kinds),
         "tau_plus": tau_plus_from_labels(scene_ids, len(kinds)),
@@ -287,6 +375,9 @@ def generate(out_dir, source: str | os.PathLike = DEBIAN_DIR, *, overwrite: bool
     (out / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
     seconds = time.perf_counter() - start
     if verbose:
-        print(f"[fashion-scenes] {len(kinds)} scene classes (kinds of item per cell) among the training scenes, "
-              f"tau_plus = {summary['tau_plus']:.5f}; {seconds:.1f} s", flush=True)
+        print(
+            f"[fashion-scenes] {len(kinds)} scene classes (kinds of item per cell) among the training scenes, "
+            f"tau_plus = {summary['tau_plus']:.5f}; {seconds:.1f} s",
+            flush=True,
+        )
     return _with_paths(summary, out, seconds)

@@ -16,6 +16,7 @@ Two key schemes are in use (both give numeric keys unique across shards):
   (:func:`img2dataset_key`), what img2dataset writes; keys have gaps when the shard size is not
   a power of ten.
 """
+
 from __future__ import annotations
 
 import json
@@ -85,14 +86,17 @@ def folder_pattern(folder: str | os.PathLike) -> str:
         raise ValueError(f"{folder!r} is a folder with no .tar shard in it: give the shards' pattern, e.g. {example!r}")
     if len(names) == 1:
         return os.path.join(folder, names[0])
-    stems = [n[:-len(".tar")] for n in names]
+    stems = [n[: -len(".tar")] for n in names]
     width = len(stems[0])
-    if all(s.isdigit() and len(s) == width for s in stems) and \
-            [int(s) for s in stems] == list(range(int(stems[0]), int(stems[0]) + len(stems))):
+    if all(s.isdigit() and len(s) == width for s in stems) and [int(s) for s in stems] == list(
+        range(int(stems[0]), int(stems[0]) + len(stems))
+    ):
         return _brace(folder, names[0], names[-1])
     if any(c in s for s in stems for c in ",{}"):
-        raise ValueError(f"the shard names in {folder!r} cannot be listed in a brace pattern: give the shards' "
-                         f"pattern, e.g. {example!r}")
+        raise ValueError(
+            f"the shard names in {folder!r} cannot be listed in a brace pattern: give the shards' "
+            f"pattern, e.g. {example!r}"
+        )
     return os.path.join(folder, "{" + ",".join(stems) + "}.tar")
 
 
@@ -103,16 +107,27 @@ def write_sizes_json(directory: str | os.PathLike, sizes: dict[str, int]) -> Pat
     return path
 
 
-def shard_writer(directory: str | os.PathLike, shard_size: int, *, start_shard: int = 0, pattern: str = _SHARD_PATTERN,
-                 **kw):
+def shard_writer(
+    directory: str | os.PathLike, shard_size: int, *, start_shard: int = 0, pattern: str = _SHARD_PATTERN, **kw
+):
     """webdataset's ``ShardWriter`` writing ``00000.tar``, ... (``pattern``, from ``start_shard``) in ``directory``,
     ``shard_size`` samples each, uncompressed and with fixed tar headers; ``kw`` goes to its ``TarWriter``."""
     import webdataset as wds
 
     Path(directory).mkdir(parents=True, exist_ok=True)
-    return wds.ShardWriter(os.path.join(str(directory), pattern), maxcount=shard_size, maxsize=float("inf"),
-                           start_shard=start_shard, verbose=0, user=TAR_OWNER, group=TAR_OWNER, mode=TAR_MODE,
-                           mtime=TAR_MTIME, compress=False, **kw)
+    return wds.ShardWriter(
+        os.path.join(str(directory), pattern),
+        maxcount=shard_size,
+        maxsize=float("inf"),
+        start_shard=start_shard,
+        verbose=0,
+        user=TAR_OWNER,
+        group=TAR_OWNER,
+        mode=TAR_MODE,
+        mtime=TAR_MTIME,
+        compress=False,
+        **kw,
+    )
 
 
 class CaptionShardWriter:
@@ -173,12 +188,14 @@ class CaptionShardWriter:
         record = {"key": key, "caption": caption, **meta}
         if self._writer is None:
             self._writer = shard_writer(self.directory, self.shard_size, start_shard=self.start_shard, encoder=False)
-        self._writer.write({
-            "__key__": key,
-            ext: bytes(jpg),
-            "txt": caption.encode("utf-8"),
-            "json": json.dumps(record).encode("utf-8"),
-        })
+        self._writer.write(
+            {
+                "__key__": key,
+                ext: bytes(jpg),
+                "txt": caption.encode("utf-8"),
+                "json": json.dumps(record).encode("utf-8"),
+            }
+        )
         self.sizes[os.path.basename(self._writer.fname)] = self._writer.count
         self._last_key = int(key)
 

@@ -4,12 +4,20 @@
 tokenizer, data)`` and return a flat ``dict[str, float]``; how they run is one `EvalOptions`. Tasks
 register in `clip_dcl.eval.registry`. Submodules are imported on first use.
 """
+
 from __future__ import annotations
 
 import importlib
 
-__all__ = ["evaluate_retrieval", "evaluate_zeroshot", "evaluate_fewshot", "run_fewshot", "retrieval_metrics",
-           "run_benchmark", "EvalOptions"]
+__all__ = [
+    "evaluate_retrieval",
+    "evaluate_zeroshot",
+    "evaluate_fewshot",
+    "run_fewshot",
+    "retrieval_metrics",
+    "run_benchmark",
+    "EvalOptions",
+]
 
 _EXPORTS = {
     "evaluate_retrieval": "retrieval",

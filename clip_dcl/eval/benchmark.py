@@ -4,6 +4,7 @@ The same flags, defaults, grid, ``--skip_existing``, ``--output`` templates and 
 ``clip_benchmark eval``; flags for its downloads, launcher or probe training are refused, naming
 them. ``--task linear_probe`` runs ELEVATER's few-shot probe (``--fewshot_k`` 5 by default here).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -18,8 +19,19 @@ from typing import Sequence
 from .report import DEFAULT_OUTPUT, name_part, output_path, pretrained_slug, short_name, write_json
 from .tasks import benchmark_task, registered_tasks
 
-__all__ = ["run_benchmark", "plan_runs", "resolve_task", "locate_dataset", "output_path", "DEFAULT_OUTPUT",
-           "short_name", "pretrained_slug", "name_part", "add_benchmark_arguments", "BenchmarkRun"]
+__all__ = [
+    "run_benchmark",
+    "plan_runs",
+    "resolve_task",
+    "locate_dataset",
+    "output_path",
+    "DEFAULT_OUTPUT",
+    "short_name",
+    "pretrained_slug",
+    "name_part",
+    "add_benchmark_arguments",
+    "BenchmarkRun",
+]
 
 log = logging.getLogger(__name__)
 
@@ -29,22 +41,37 @@ OTHER_TASKS = {
     "image_caption_selection": "image_caption_selection (SugarCrepe, Winoground) is not evaluated here",
 }
 #: CLIP_benchmark's names of retrieval data sets (its ``--task auto`` rule), besides ``dataset_type.txt``.
-RETRIEVAL_NAMES = ("flickr30k", "flickr8k", "mscoco_captions", "multilingual_mscoco_captions", "flickr30k-200",
-                   "crossmodal3600", "xtd10", "xtd200")
-_LINEAR_PROBE = ("only CLIP_benchmark's own linear_probe training reads it; here --task linear_probe runs "
-                 "ELEVATER's few-shot probe, whose sweep chooses its epochs, learning rate and weight decay on the "
-                 "data set's own train/test split (see `clip-dcl eval fewshot`)")
+RETRIEVAL_NAMES = (
+    "flickr30k",
+    "flickr8k",
+    "mscoco_captions",
+    "multilingual_mscoco_captions",
+    "flickr30k-200",
+    "crossmodal3600",
+    "xtd10",
+    "xtd200",
+)
+_LINEAR_PROBE = (
+    "only CLIP_benchmark's own linear_probe training reads it; here --task linear_probe runs "
+    "ELEVATER's few-shot probe, whose sweep chooses its epochs, learning rate and weight decay on the "
+    "data set's own train/test split (see `clip-dcl eval fewshot`)"
+)
 #: CLIP_benchmark ``eval`` flags refused here, with the reason printed.
 REFUSED_FLAGS = {
     "--distributed": "it splits the runs across the ranks of a launcher; here the runs go one after another",
     "--wds_cache_dir": "it caches shards streamed from a hub; here shards are read from --dataset_root on disk",
     "--annotation_file": "it feeds CLIP_benchmark's own COCO/Flickr readers; here retrieval data is read in "
-                         "its webdataset layout (--dataset wds/<name>)",
+    "its webdataset layout (--dataset wds/<name>)",
     "--save_clf": "saving the zero-shot classifier is not supported",
     "--load_clfs": "loading and averaging saved zero-shot classifiers is not supported",
-    "--fewshot_epochs": _LINEAR_PROBE, "--fewshot_lr": _LINEAR_PROBE,
-    "--skip_load": _LINEAR_PROBE, "--feature_root": _LINEAR_PROBE, "--train_split": _LINEAR_PROBE,
-    "--val_split": _LINEAR_PROBE, "--val_proportion": _LINEAR_PROBE, "--normalize": _LINEAR_PROBE,
+    "--fewshot_epochs": _LINEAR_PROBE,
+    "--fewshot_lr": _LINEAR_PROBE,
+    "--skip_load": _LINEAR_PROBE,
+    "--feature_root": _LINEAR_PROBE,
+    "--train_split": _LINEAR_PROBE,
+    "--val_split": _LINEAR_PROBE,
+    "--val_proportion": _LINEAR_PROBE,
+    "--normalize": _LINEAR_PROBE,
 }
 #: CLIP_benchmark's ``--pretrained_model`` collection names: they list hub weights.
 MODEL_COLLECTIONS = ("openai", "openclip_base", "openclip_multilingual", "openclip_all", "openclip_full")
@@ -69,59 +96,114 @@ def add_benchmark_arguments(p: argparse.ArgumentParser) -> None:
     the others refused (`REFUSED_FLAGS`).
     """
     g = p.add_argument_group("data (CLIP_benchmark's flags)")
-    g.add_argument("--dataset", nargs="+", required=True,
-                   help="wds/<name> (CLIP_benchmark's webdataset layout under --dataset_root), a folder, or a text "
-                        "file with one such name a line")
-    g.add_argument("--dataset_root", default="root",
-                   help="the data set's folder; a template with {dataset} (the name without wds/) and "
-                        "{dataset_cleaned} ('/' made '-'), e.g. /data/wds_{dataset_cleaned} (default root)")
+    g.add_argument(
+        "--dataset",
+        nargs="+",
+        required=True,
+        help="wds/<name> (CLIP_benchmark's webdataset layout under --dataset_root), a folder, or a text "
+        "file with one such name a line",
+    )
+    g.add_argument(
+        "--dataset_root",
+        default="root",
+        help="the data set's folder; a template with {dataset} (the name without wds/) and "
+        "{dataset_cleaned} ('/' made '-'), e.g. /data/wds_{dataset_cleaned} (default root)",
+    )
     g.add_argument("--split", "--test_split", dest="split", default="test", help="split folder (default test)")
-    g.add_argument("--task", dest="bench_task", default="auto", choices=benchmark_tasks() + list(OTHER_TASKS),
-                   help="auto (default): zeroshot_retrieval when dataset_type.txt says retrieval, the name is one "
-                        "of CLIP_benchmark's retrieval sets or the folder holds image-caption .tar shards (what "
-                        "`clip-dcl data synth` writes in val/), else zeroshot_classification; linear_probe: "
-                        "ELEVATER's few-shot probe on one few-shot data set folder")
-    g.add_argument("--language", nargs="+", default=["en"],
-                   help="language(s), recorded in the result and its file name (default en)")
-    g.add_argument("--custom_classname_file", default=None,
-                   help="JSON: data set name (wds/<name> or <name>) -> class names, replacing the data's")
-    g.add_argument("--custom_template_file", default=None,
-                   help="JSON: data set name (wds/<name>, <name>, else imagenet1k) -> templates (a list with {c}, "
-                        "or CuPL's class -> prompts)")
+    g.add_argument(
+        "--task",
+        dest="bench_task",
+        default="auto",
+        choices=benchmark_tasks() + list(OTHER_TASKS),
+        help="auto (default): zeroshot_retrieval when dataset_type.txt says retrieval, the name is one "
+        "of CLIP_benchmark's retrieval sets or the folder holds image-caption .tar shards (what "
+        "`clip-dcl data synth` writes in val/), else zeroshot_classification; linear_probe: "
+        "ELEVATER's few-shot probe on one few-shot data set folder",
+    )
+    g.add_argument(
+        "--language",
+        nargs="+",
+        default=["en"],
+        help="language(s), recorded in the result and its file name (default en)",
+    )
+    g.add_argument(
+        "--custom_classname_file",
+        default=None,
+        help="JSON: data set name (wds/<name> or <name>) -> class names, replacing the data's",
+    )
+    g.add_argument(
+        "--custom_template_file",
+        default=None,
+        help="JSON: data set name (wds/<name>, <name>, else imagenet1k) -> templates (a list with {c}, "
+        "or CuPL's class -> prompts)",
+    )
     g.add_argument("--dump_classnames", action="store_true", help="write the class names into the result file")
     g.add_argument("--dump_templates", action="store_true", help="write the templates into the result file")
     g = p.add_argument_group("model (CLIP_benchmark's flags)")
-    g.add_argument("--model", nargs="+", default=["ViT-B-32-quickgelu"],
-                   help="OpenCLIP model name(s), local-dir:FOLDER included (default ViT-B-32-quickgelu)")
-    g.add_argument("--pretrained", nargs="+", default=["laion400m_e32"],
-                   help="per model: an OpenCLIP tag, a weights file, a clip-dcl trainer checkpoint (epoch_K.pt) or "
-                        "exported folder, or 'none' for random weights (default laion400m_e32)")
-    g.add_argument("--pretrained_model", nargs="+", default=None,
-                   help="'MODEL,PRETRAINED' pairs, or a file of such lines; replaces --model/--pretrained")
+    g.add_argument(
+        "--model",
+        nargs="+",
+        default=["ViT-B-32-quickgelu"],
+        help="OpenCLIP model name(s), local-dir:FOLDER included (default ViT-B-32-quickgelu)",
+    )
+    g.add_argument(
+        "--pretrained",
+        nargs="+",
+        default=["laion400m_e32"],
+        help="per model: an OpenCLIP tag, a weights file, a clip-dcl trainer checkpoint (epoch_K.pt) or "
+        "exported folder, or 'none' for random weights (default laion400m_e32)",
+    )
+    g.add_argument(
+        "--pretrained_model",
+        nargs="+",
+        default=None,
+        help="'MODEL,PRETRAINED' pairs, or a file of such lines; replaces --model/--pretrained",
+    )
     g.add_argument("--model_type", default="open_clip", choices=["open_clip"], help="only open_clip")
     g.add_argument("--model_cache_dir", default=None, help="OpenCLIP's cache folder for tagged weights")
     g = p.add_argument_group("run (CLIP_benchmark's flags)")
     g.add_argument("--recall_k", type=int, nargs="+", default=[5], help="k of recall@k for retrieval (default 5)")
     g.add_argument("--batch_size", type=int, default=64, help="images per batch (default 64)")
     g.add_argument("--num_workers", type=int, default=4, help="data-loading processes (default 4)")
-    g.add_argument("--no_amp", action="store_false", dest="amp",
-                   help="encode in float32; by default the encoders run under torch.autocast (bf16 on CPU, fp16 "
-                        "on CUDA), as CLIP_benchmark's")
-    g.add_argument("--seed", type=int, default=0,
-                   help="torch.manual_seed before each run, and linear_probe's k-shot draw (default 0)")
-    g.add_argument("--fewshot_k", type=int, default=5,
-                   help="linear_probe: images per class (default 5 here; CLIP_benchmark's -1, the whole train "
-                        "split, is not the few-shot protocol run here)")
-    g.add_argument("--fewshot_grid", choices=["full", "reduced", "toolkit-exact"], default="full",
-                   help="(ours) linear_probe: the lr x weight-decay sweep of `clip-dcl eval fewshot --grid` "
-                        "(default full)")
-    g.add_argument("--output", default=DEFAULT_OUTPUT,
-                   help="result file, a template with {dataset} {pretrained} {pretrained_full_path} {model} "
-                        f"{{language}} {{task}} (default {DEFAULT_OUTPUT})")
+    g.add_argument(
+        "--no_amp",
+        action="store_false",
+        dest="amp",
+        help="encode in float32; by default the encoders run under torch.autocast (bf16 on CPU, fp16 "
+        "on CUDA), as CLIP_benchmark's",
+    )
+    g.add_argument(
+        "--seed",
+        type=int,
+        default=0,
+        help="torch.manual_seed before each run, and linear_probe's k-shot draw (default 0)",
+    )
+    g.add_argument(
+        "--fewshot_k",
+        type=int,
+        default=5,
+        help="linear_probe: images per class (default 5 here; CLIP_benchmark's -1, the whole train "
+        "split, is not the few-shot protocol run here)",
+    )
+    g.add_argument(
+        "--fewshot_grid",
+        choices=["full", "reduced", "toolkit-exact"],
+        default="full",
+        help="(ours) linear_probe: the lr x weight-decay sweep of `clip-dcl eval fewshot --grid` (default full)",
+    )
+    g.add_argument(
+        "--output",
+        default=DEFAULT_OUTPUT,
+        help="result file, a template with {dataset} {pretrained} {pretrained_full_path} {model} "
+        f"{{language}} {{task}} (default {DEFAULT_OUTPUT})",
+    )
     g.add_argument("--skip_existing", action="store_true", help="skip a run whose result file exists")
     g.add_argument("--quiet", dest="verbose", action="store_false", help="no progress bars and messages")
-    g.add_argument("--device", default="auto",
-                   help="(ours) torch device; auto (default): cuda when a GPU is visible, else cpu, as CLIP_benchmark")
+    g.add_argument(
+        "--device",
+        default="auto",
+        help="(ours) torch device; auto (default): cuda when a GPU is visible, else cpu, as CLIP_benchmark",
+    )
     for flag, reason in REFUSED_FLAGS.items():
         p.add_argument(flag, action=_Refuse, reason=reason)
 
@@ -131,15 +213,17 @@ def add_benchmark_arguments(p: argparse.ArgumentParser) -> None:
 # ----------------------------------------------------------------------------------------------
 def benchmark_tasks() -> list[str]:
     """``--task`` values run here: ``auto`` and the CLIP_benchmark name of every registered task that has one."""
-    return ["auto"] + [t.benchmark_name for t in registered_tasks().values()
-                       if t.benchmark_name and t.benchmark_run is not None]
+    return ["auto"] + [
+        t.benchmark_name for t in registered_tasks().values() if t.benchmark_name and t.benchmark_run is not None
+    ]
 
 
 # ----------------------------------------------------------------------------------------------
 # The runs
 # ----------------------------------------------------------------------------------------------
-def expand_models(models: Sequence[str], pretrained: Sequence[str],
-                  pretrained_model: Sequence[str] | None = None) -> list[tuple[str, str]]:
+def expand_models(
+    models: Sequence[str], pretrained: Sequence[str], pretrained_model: Sequence[str] | None = None
+) -> list[tuple[str, str]]:
     """(model, pretrained) pairs: CLIP_benchmark's product, or the ``--pretrained_model`` pairs and files."""
     if not pretrained_model:
         return list(product(models, pretrained))
@@ -149,8 +233,10 @@ def expand_models(models: Sequence[str], pretrained: Sequence[str],
             lines = [ln.strip() for ln in Path(item).read_text().splitlines() if ln.strip()]
             pairs.extend(expand_models((), (), lines))
         elif item in MODEL_COLLECTIONS:
-            raise ValueError(f"--pretrained_model {item!r} is a collection of hub weights; name the pairs "
-                             "('MODEL,PRETRAINED') whose weights you have")
+            raise ValueError(
+                f"--pretrained_model {item!r} is a collection of hub weights; name the pairs "
+                "('MODEL,PRETRAINED') whose weights you have"
+            )
         elif item.count(",") == 1:
             model, tag = item.split(",")
             pairs.append((model.strip(), tag.strip()))
@@ -195,11 +281,15 @@ def locate_dataset(dataset: str, template: str, split: str = "test") -> Path:
     try:
         root = template.format(dataset=short, dataset_cleaned=short.replace("/", "-"))
     except (KeyError, IndexError, ValueError) as e:
-        raise ValueError(f"--dataset_root {template!r}: unknown or malformed field ({e}); the fields are "
-                         "{dataset} and {dataset_cleaned}") from e
+        raise ValueError(
+            f"--dataset_root {template!r}: unknown or malformed field ({e}); the fields are "
+            "{dataset} and {dataset_cleaned}"
+        ) from e
     if _is_remote(root):
-        raise ValueError(f"--dataset_root {root!r} is a remote location (a hub download); download the shards and "
-                         "point --dataset_root at the local folder")
+        raise ValueError(
+            f"--dataset_root {root!r} is a remote location (a hub download); download the shards and "
+            "point --dataset_root at the local folder"
+        )
     if dataset.startswith("wds/"):
         from ..data.evalsets.benchmark import benchmark_layout_root
         from ..data.evalsets.files import describe_folder
@@ -207,16 +297,20 @@ def locate_dataset(dataset: str, template: str, split: str = "test") -> Path:
         if not Path(root).exists():
             raise ValueError(f"data set {dataset!r}: --dataset_root {root!r} does not exist")
         if benchmark_layout_root(root, split) is None:
-            raise ValueError(f"data set {dataset!r}: {root!r} is not in CLIP_benchmark's webdataset layout (no "
-                             f"{split}/nshards.txt); found {describe_folder(root)}")
+            raise ValueError(
+                f"data set {dataset!r}: {root!r} is not in CLIP_benchmark's webdataset layout (no "
+                f"{split}/nshards.txt); found {describe_folder(root)}"
+            )
         return Path(root)
     if Path(dataset).exists():  # a folder or file named directly
         return Path(dataset)
     if Path(root).exists() and template != "root":
         return Path(root)
-    raise ValueError(f"data set {dataset!r}: CLIP_benchmark builds it with its own downloader, which is not run "
-                     f"here; give wds/<name> with --dataset_root pointing at its shards in CLIP_benchmark's "
-                     f"webdataset layout, or a local folder")
+    raise ValueError(
+        f"data set {dataset!r}: CLIP_benchmark builds it with its own downloader, which is not run "
+        f"here; give wds/<name> with --dataset_root pointing at its shards in CLIP_benchmark's "
+        f"webdataset layout, or a local folder"
+    )
 
 
 def resolve_task(task: str, dataset: str, root: Path, split: str = "test") -> str:
@@ -318,17 +412,25 @@ def load_benchmark_model(model: str, pretrained: str, device: str, cache_dir: st
 
         return load_checkpoint(pretrained, device, model)
     try:
-        net, _, preprocess = open_clip.create_model_and_transforms(model, pretrained=pretrained, device=device,
-                                                                   cache_dir=cache_dir)
+        net, _, preprocess = open_clip.create_model_and_transforms(
+            model, pretrained=pretrained, device=device, cache_dir=cache_dir
+        )
     except RuntimeError as e:
         raise ValueError(f"--model {model!r} --pretrained {pretrained!r}: {str(e).splitlines()[0]}") from e
     return net.eval(), preprocess, open_clip.get_tokenizer(model)
 
 
-def plan_runs(dataset: Sequence[str], dataset_root: str = "root", model: Sequence[str] = ("ViT-B-32-quickgelu",),
-              pretrained: Sequence[str] = ("laion400m_e32",), pretrained_model: Sequence[str] | None = None,
-              task: str = "auto", language: Sequence[str] = ("en",), split: str = "test",
-              output: str = DEFAULT_OUTPUT) -> list[BenchmarkRun]:
+def plan_runs(
+    dataset: Sequence[str],
+    dataset_root: str = "root",
+    model: Sequence[str] = ("ViT-B-32-quickgelu",),
+    pretrained: Sequence[str] = ("laion400m_e32",),
+    pretrained_model: Sequence[str] | None = None,
+    task: str = "auto",
+    language: Sequence[str] = ("en",),
+    split: str = "test",
+    output: str = DEFAULT_OUTPUT,
+) -> list[BenchmarkRun]:
     """Every run of the grid in CLIP_benchmark's order, its data, task and result path checked first."""
     pairs = expand_models(model, pretrained, pretrained_model)
     names = expand_datasets(dataset)
@@ -380,8 +482,10 @@ def run_benchmark(
     if min(recall_k) < 1:
         raise ValueError(f"--recall_k values must be >= 1, got {list(recall_k)}")
     if fewshot_k < 1:
-        raise ValueError(f"--fewshot_k {fewshot_k}: give K >= 1 images per class; the probe here is ELEVATER's k-shot "
-                         "protocol (CLIP_benchmark's -1, the whole train split, is not run)")
+        raise ValueError(
+            f"--fewshot_k {fewshot_k}: give K >= 1 images per class; the probe here is ELEVATER's k-shot "
+            "protocol (CLIP_benchmark's -1, the whole train split, is not run)"
+        )
     if fewshot_grid not in ("full", "reduced", "toolkit-exact"):
         raise ValueError(f"--fewshot_grid must be full, reduced or toolkit-exact, got {fewshot_grid!r}")
     device = resolve_device(device)
@@ -389,18 +493,30 @@ def run_benchmark(
     if problem:
         raise ValueError(f"--device {device!r}: {problem}")
     precision = benchmark_precision(amp, device)
-    options = EvalOptions(batch_size=batch_size, device=device, workers=num_workers, progress=verbose,
-                          precision=precision)
+    options = EvalOptions(
+        batch_size=batch_size, device=device, workers=num_workers, progress=verbose, precision=precision
+    )
     runs = plan_runs(dataset, dataset_root, model, pretrained, pretrained_model, task, language, split, output)
-    settings = BenchmarkSettings(options=options, split=split, recall_k=list(recall_k), seed=seed, fewshot_k=fewshot_k,
-                                 fewshot_grid=fewshot_grid, custom_classname_file=custom_classname_file,
-                                 custom_template_file=custom_template_file, dump_classnames=dump_classnames,
-                                 dump_templates=dump_templates)
+    settings = BenchmarkSettings(
+        options=options,
+        split=split,
+        recall_k=list(recall_k),
+        seed=seed,
+        fewshot_k=fewshot_k,
+        fewshot_grid=fewshot_grid,
+        custom_classname_file=custom_classname_file,
+        custom_template_file=custom_template_file,
+        dump_classnames=dump_classnames,
+        dump_templates=dump_templates,
+    )
     checked = set()  # every data set's data read as far as it can be without a model, before the first one loads
     for run in runs:
         evaluation = benchmark_task(run.task)
-        if (run.dataset, run.task) in checked or evaluation.benchmark_check is None or \
-                (skip_existing and run.output.exists()):
+        if (
+            (run.dataset, run.task) in checked
+            or evaluation.benchmark_check is None
+            or (skip_existing and run.output.exists())
+        ):
             continue
         evaluation.benchmark_check(run, settings)
         checked.add((run.dataset, run.task))
@@ -412,8 +528,10 @@ def run_benchmark(
                 print(f"Skip {run.output}, exists already.")
             continue
         if verbose:
-            print(f"Running '{run.task}' on '{run.dataset}' with the model '{run.model}' / '{run.pretrained}' on "
-                  f"language '{run.language}'")
+            print(
+                f"Running '{run.task}' on '{run.dataset}' with the model '{run.model}' / '{run.pretrained}' on "
+                f"language '{run.language}'"
+            )
         if loaded_key != (run.model, run.pretrained):
             loaded = None  # free the previous model first
             loaded = load_benchmark_model(run.model, run.pretrained, device, model_cache_dir)
@@ -424,8 +542,16 @@ def run_benchmark(
         check_logit_scale(net, evaluation.uses_logit_scale, f"clip-dcl eval benchmark --task {run.task}")
         metrics, extra = evaluation.benchmark_run(net, preprocess, tokenizer, run, settings)
         keep = evaluation.benchmark_metrics(metrics) if evaluation.benchmark_metrics else metrics
-        run.document = {"dataset": run.dataset, "model": run.model, "pretrained": run.pretrained, "task": run.task,
-                        "metrics": keep, "language": run.language, **extra, "precision": precision}
+        run.document = {
+            "dataset": run.dataset,
+            "model": run.model,
+            "pretrained": run.pretrained,
+            "task": run.task,
+            "metrics": keep,
+            "language": run.language,
+            **extra,
+            "precision": precision,
+        }
         write_json(run.output, run.document)
         if verbose:
             print(json.dumps(keep))
@@ -441,14 +567,31 @@ def main(args: argparse.Namespace) -> int:
         logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(message)s")
     try:
         run_benchmark(
-            args.dataset, dataset_root=args.dataset_root, model=args.model, pretrained=args.pretrained,
-            pretrained_model=args.pretrained_model, task=args.bench_task, language=args.language, split=args.split,
-            recall_k=args.recall_k, batch_size=args.batch_size, num_workers=args.num_workers, amp=args.amp,
-            seed=args.seed, output=args.output, skip_existing=args.skip_existing,
-            custom_classname_file=args.custom_classname_file, custom_template_file=args.custom_template_file,
-            dump_classnames=args.dump_classnames, dump_templates=args.dump_templates,
-            model_cache_dir=args.model_cache_dir, device=args.device, verbose=args.verbose, fewshot_k=args.fewshot_k,
-            fewshot_grid=args.fewshot_grid)
+            args.dataset,
+            dataset_root=args.dataset_root,
+            model=args.model,
+            pretrained=args.pretrained,
+            pretrained_model=args.pretrained_model,
+            task=args.bench_task,
+            language=args.language,
+            split=args.split,
+            recall_k=args.recall_k,
+            batch_size=args.batch_size,
+            num_workers=args.num_workers,
+            amp=args.amp,
+            seed=args.seed,
+            output=args.output,
+            skip_existing=args.skip_existing,
+            custom_classname_file=args.custom_classname_file,
+            custom_template_file=args.custom_template_file,
+            dump_classnames=args.dump_classnames,
+            dump_templates=args.dump_templates,
+            model_cache_dir=args.model_cache_dir,
+            device=args.device,
+            verbose=args.verbose,
+            fewshot_k=args.fewshot_k,
+            fewshot_grid=args.fewshot_grid,
+        )
     except ValueError as e:
         print(f"clip-dcl eval benchmark: {e}", file=sys.stderr)
         return 2

@@ -3,6 +3,7 @@
 Each subcommand loads the model, runs one task, prints its table and with ``--output`` writes the
 JSON; a bad invocation is one `FlagError` line naming the flag (exit 2).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -19,41 +20,66 @@ log = logging.getLogger(__name__)
 
 def _add_common(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("model")
-    g.add_argument("--checkpoint", default=None,
-                   help="trainer checkpoint (epoch_K.pt) or a folder written by `clip-dcl export`")
-    g.add_argument("--model", default=None,
-                   help="OpenCLIP model name; needed when the checkpoint does not record it, or with no checkpoint")
+    g.add_argument(
+        "--checkpoint", default=None, help="trainer checkpoint (epoch_K.pt) or a folder written by `clip-dcl export`"
+    )
+    g.add_argument(
+        "--model",
+        default=None,
+        help="OpenCLIP model name; needed when the checkpoint does not record it, or with no checkpoint",
+    )
     g.add_argument("--model-config", default=None, help="model config JSON for a custom architecture")
-    g.add_argument("--unsafe-pickle", action="store_true",
-                   help="load a --checkpoint that is not weights-only by full unpickling, which can run code from "
-                        "the file: only for files you trust")
-    g.add_argument("--pretrained", default=None,
-                   help="OpenCLIP pretrained tag or weights file, used only without --checkpoint")
+    g.add_argument(
+        "--unsafe-pickle",
+        action="store_true",
+        help="load a --checkpoint that is not weights-only by full unpickling, which can run code from "
+        "the file: only for files you trust",
+    )
+    g.add_argument(
+        "--pretrained", default=None, help="OpenCLIP pretrained tag or weights file, used only without --checkpoint"
+    )
     g = p.add_argument_group("run")
     g.add_argument("--batch-size", type=int, default=64, help="images per encoder batch (default 64)")
     g.add_argument("--device", default="auto", help="torch device; auto (default): cuda if a GPU is visible, else cpu")
-    g.add_argument("--precision", choices=PRECISIONS, default="fp32",
-                   help="encoder precision (default fp32; CLIP_benchmark runs under autocast unless --no_amp, "
-                        "compare with amp_bf16/amp_fp16 there). Recorded in the JSON")
+    g.add_argument(
+        "--precision",
+        choices=PRECISIONS,
+        default="fp32",
+        help="encoder precision (default fp32; CLIP_benchmark runs under autocast unless --no_amp, "
+        "compare with amp_bf16/amp_fp16 there). Recorded in the JSON",
+    )
     g.add_argument("--workers", type=int, default=0, help="data-loading worker processes (default 0)")
-    g.add_argument("--output", default=None,
-                   help="write the results as JSON to this path (checked for writing before the evaluation starts)")
-    g.add_argument("--strict", action="store_true",
-                   help="stop at the first sample that would be skipped (no or empty caption, a caption or image "
-                        "that does not decode, a shard that ends early), naming it (exit 2); by default such "
-                        "samples are logged, left out and counted by cause in the JSON's \"skipped\"")
+    g.add_argument(
+        "--output",
+        default=None,
+        help="write the results as JSON to this path (checked for writing before the evaluation starts)",
+    )
+    g.add_argument(
+        "--strict",
+        action="store_true",
+        help="stop at the first sample that would be skipped (no or empty caption, a caption or image "
+        "that does not decode, a shard that ends early), naming it (exit 2); by default such "
+        'samples are logged, left out and counted by cause in the JSON\'s "skipped"',
+    )
     g.add_argument("--no-progress", action="store_true", help="no progress bars")
 
 
 def _add_benchmark_format(p: argparse.ArgumentParser, task: str) -> None:
     g = p.add_argument_group("CLIP_benchmark output")
-    g.add_argument("--format", choices=["flat", "clip_benchmark"], default="flat",
-                   help="clip_benchmark: also write CLIP_benchmark's per-task JSON (dataset, model, pretrained, "
-                        f"task={task}, metrics, language) beside --output (default flat: ours only)")
-    g.add_argument("--dataset-name", default=None,
-                   help="data set name in the CLIP_benchmark JSON (default: wds/<name> for its webdataset "
-                        "layout in a folder wds_<name> or <name>, else the data's file or folder name; fewshot: "
-                        "the set's name, one file per set)")
+    g.add_argument(
+        "--format",
+        choices=["flat", "clip_benchmark"],
+        default="flat",
+        help="clip_benchmark: also write CLIP_benchmark's per-task JSON (dataset, model, pretrained, "
+        f"task={task}, metrics, language) beside --output (default flat: ours only)",
+    )
+    g.add_argument(
+        "--dataset-name",
+        default=None,
+        help="data set name in the CLIP_benchmark JSON (default: wds/<name> for its webdataset "
+        "layout in a folder wds_<name> or <name>, else the data's file or folder name; fewshot: "
+        "the set's name, one file per set)",
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -74,13 +100,16 @@ def build_parser() -> argparse.ArgumentParser:
         if task.benchmark_name:
             _add_benchmark_format(p, task.benchmark_name)
 
-    p = sub.add_parser("benchmark", allow_abbrev=False,
-                       help="CLIP_benchmark's `eval` command line (its flags, defaults and result files)",
-                       description="Run a CLIP_benchmark `clip_benchmark eval ...` command line locally: "
-                                   "zeroshot_classification, zeroshot_retrieval and linear_probe (ELEVATER's "
-                                   "few-shot probe) on its webdataset layout (--dataset wds/<name> --dataset_root "
-                                   "FOLDER) or a local folder, over the model x pretrained x dataset x language grid; "
-                                   "result files as CLIP_benchmark names and writes them.")
+    p = sub.add_parser(
+        "benchmark",
+        allow_abbrev=False,
+        help="CLIP_benchmark's `eval` command line (its flags, defaults and result files)",
+        description="Run a CLIP_benchmark `clip_benchmark eval ...` command line locally: "
+        "zeroshot_classification, zeroshot_retrieval and linear_probe (ELEVATER's "
+        "few-shot probe) on its webdataset layout (--dataset wds/<name> --dataset_root "
+        "FOLDER) or a local folder, over the model x pretrained x dataset x language grid; "
+        "result files as CLIP_benchmark names and writes them.",
+    )
     add_benchmark_arguments(p)
     return parser
 
@@ -94,8 +123,9 @@ def _load_model(args):
     if args.checkpoint:
         from ..checkpoint import load_checkpoint
 
-        model, preprocess, tokenizer = load_checkpoint(args.checkpoint, args.device, args.model, args.model_config,
-                                                       allow_unsafe_pickle=args.unsafe_pickle)
+        model, preprocess, tokenizer = load_checkpoint(
+            args.checkpoint, args.device, args.model, args.model_config, allow_unsafe_pickle=args.unsafe_pickle
+        )
         # the model scored, never --model as given (an exported folder loads what its config says)
         info = {"name": model.clip_dcl_model_name, "checkpoint": str(args.checkpoint)}
         if getattr(model, "clip_dcl_exported_model", None):
@@ -163,11 +193,23 @@ def main(argv: list[str] | None = None) -> int:
     from ..data.evalsets.skips import SkipCounter
 
     skips = SkipCounter(strict=args.strict)  # every evaluator counts into it: the JSON's "skipped"
-    common = dict(options=EvalOptions(batch_size=args.batch_size, device=args.device, workers=args.workers,
-                                      progress=not args.no_progress, precision=args.precision, strict=args.strict),
-                  skips=skips)
-    settings = {"batch_size": args.batch_size, "device": args.device, "workers": args.workers,
-                "precision": args.precision}
+    common = dict(
+        options=EvalOptions(
+            batch_size=args.batch_size,
+            device=args.device,
+            workers=args.workers,
+            progress=not args.no_progress,
+            precision=args.precision,
+            strict=args.strict,
+        ),
+        skips=skips,
+    )
+    settings = {
+        "batch_size": args.batch_size,
+        "device": args.device,
+        "workers": args.workers,
+        "precision": args.precision,
+    }
     try:
         model, preprocess, tokenizer, model_info = _load_model(args)
         check_logit_scale(model, task.uses_logit_scale, f"clip-dcl eval {task.name}")
@@ -188,8 +230,16 @@ def main(argv: list[str] | None = None) -> int:
             if task.benchmark_documents is not None:
                 benches = task.benchmark_documents(result, model_info, args, args.precision)
             else:
-                benches = [benchmark_document(task.benchmark_name, task.benchmark_metrics(result.metrics), model_info,
-                                              args.data, args.dataset_name, args.precision)]
+                benches = [
+                    benchmark_document(
+                        task.benchmark_name,
+                        task.benchmark_metrics(result.metrics),
+                        model_info,
+                        args.data,
+                        args.dataset_name,
+                        args.precision,
+                    )
+                ]
             for bench in benches:
                 path = write_json(benchmark_output_path(args.output, bench), bench)
                 print(f"wrote {path}")

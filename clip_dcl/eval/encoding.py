@@ -6,6 +6,7 @@ zero-shot classifier, the precision they run at, and progress bars.
 come back as finite float32 on the CPU: `encode_batch` refuses NaN or inf with `NonFiniteFeatures`,
 since a diverged checkpoint would otherwise score chance or NaN and look like a result.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -63,8 +64,12 @@ class EvalOptions:
         fields = [f.name for f in dataclasses.fields(cls)]
         unknown = [k for k in kwargs if k not in fields]
         if unknown:
-            hints = "".join(f" ({k!r}: did you mean {m[0]!r}?)" for k in unknown
-                            for m in [difflib.get_close_matches(k, fields, n=1)] if m)
+            hints = "".join(
+                f" ({k!r}: did you mean {m[0]!r}?)"
+                for k in unknown
+                for m in [difflib.get_close_matches(k, fields, n=1)]
+                if m
+            )
             raise TypeError(f"unexpected keyword argument(s) {unknown}{hints}; the evaluation options are {fields}")
         return dataclasses.replace(options, **kwargs) if kwargs else options
 
@@ -105,7 +110,8 @@ def check_logit_scale(model, scored_with_it: bool, what: str) -> None:
         raise NonFiniteFeatures(f"{problem}, and the scores of {what} depend on it: nothing is scored")
     logging.getLogger(__name__).warning(
         f"{what}: {problem}; the scores below do not depend on it (cosine similarities, CLIP's fixed logit scale "
-        "100), but the checkpoint's training did not end well")
+        "100), but the checkpoint's training did not end well"
+    )
 
 
 def finite_features(features: torch.Tensor, model, desc: str) -> torch.Tensor:
@@ -115,16 +121,25 @@ def finite_features(features: torch.Tensor, model, desc: str) -> torch.Tensor:
         return features
     rows = int((~finite.reshape(finite.shape[0], -1).all(1)).sum()) if features.ndim else 1
     total = features.shape[0] if features.ndim else 1
-    bad = [name for name, p in model.named_parameters() if not bool(torch.isfinite(p.detach()).all())] \
-        if hasattr(model, "named_parameters") else []
-    weights = (f", and so do {len(bad)} of its weight tensors ({', '.join(bad[:3])}{', ...' if len(bad) > 3 else ''}; "
-               "a training that diverged)" if bad else "")
-    raise NonFiniteFeatures(f"the model's features of the {desc} hold NaN or inf ({rows} of {total} rows){weights}: "
-                            "nothing is scored")
+    bad = (
+        [name for name, p in model.named_parameters() if not bool(torch.isfinite(p.detach()).all())]
+        if hasattr(model, "named_parameters")
+        else []
+    )
+    weights = (
+        f", and so do {len(bad)} of its weight tensors ({', '.join(bad[:3])}{', ...' if len(bad) > 3 else ''}; "
+        "a training that diverged)"
+        if bad
+        else ""
+    )
+    raise NonFiniteFeatures(
+        f"the model's features of the {desc} hold NaN or inf ({rows} of {total} rows){weights}: nothing is scored"
+    )
 
 
-def encode_batch(model, kind: str, inputs: torch.Tensor, options: "EvalOptions", normalize: bool = True,
-                 desc: str | None = None) -> torch.Tensor:
+def encode_batch(
+    model, kind: str, inputs: torch.Tensor, options: "EvalOptions", normalize: bool = True, desc: str | None = None
+) -> torch.Tensor:
     """One batch through ``encode_image`` or ``encode_text`` at the options' precision: (B, D) float32 on CPU."""
     encode = {"image": model.encode_image, "text": model.encode_text}[kind]
     with autocast(options.device, options.precision):
@@ -171,8 +186,16 @@ def _collate_indexed(batch):
 
 
 @torch.no_grad()
-def encode_images(model, dataset, *, options: EvalOptions | None = None, normalize: bool = True,
-                  desc: str = "images", skips=None, **kwargs):
+def encode_images(
+    model,
+    dataset,
+    *,
+    options: EvalOptions | None = None,
+    normalize: bool = True,
+    desc: str = "images",
+    skips=None,
+    **kwargs,
+):
     """``model.encode_image`` over a dataset of ``(image_tensor, index)``: (N, D) float32 on CPU, in order.
 
     With ``skips``, items whose image is a ``Skip`` are recorded and left out, and the result is
@@ -184,14 +207,20 @@ def encode_images(model, dataset, *, options: EvalOptions | None = None, normali
     device = options.device
     n = len(dataset)
     marked = skips is not None
-    loader = DataLoader(dataset, batch_size=options.batch_size, shuffle=False, num_workers=options.workers,
-                        pin_memory=torch.device(device).type == "cuda", collate_fn=_collate_indexed if marked else None)
+    loader = DataLoader(
+        dataset,
+        batch_size=options.batch_size,
+        shuffle=False,
+        num_workers=options.workers,
+        pin_memory=torch.device(device).type == "cuda",
+        collate_fn=_collate_indexed if marked else None,
+    )
     out = None
     done = torch.zeros(n, dtype=torch.bool)
     model.eval()
     for batch in progress_bar(loader, f"encoding {desc}", len(loader), options.progress):
         images, idx = batch[0], batch[1]
-        for skip in (batch[2] if marked else ()):
+        for skip in batch[2] if marked else ():
             skips.record(skip)
         if images is None:
             continue
@@ -201,7 +230,9 @@ def encode_images(model, dataset, *, options: EvalOptions | None = None, normali
         out[idx] = feats
         done[idx] = True
     if out is None:
-        raise ValueError(f"no {desc} to encode" + (f" ({skips.summary()})" if skips is not None and skips.total else ""))
+        raise ValueError(
+            f"no {desc} to encode" + (f" ({skips.summary()})" if skips is not None and skips.total else "")
+        )
     if skips is None:
         return out
     kept = done.nonzero().flatten()
@@ -209,14 +240,23 @@ def encode_images(model, dataset, *, options: EvalOptions | None = None, normali
 
 
 @torch.no_grad()
-def encode_texts(model, tokenizer, texts: Sequence[str], *, options: EvalOptions | None = None,
-                 batch_size: int = 256, normalize: bool = True, desc: str = "texts", **kwargs) -> torch.Tensor:
+def encode_texts(
+    model,
+    tokenizer,
+    texts: Sequence[str],
+    *,
+    options: EvalOptions | None = None,
+    batch_size: int = 256,
+    normalize: bool = True,
+    desc: str = "texts",
+    **kwargs,
+) -> torch.Tensor:
     """``model.encode_text(tokenizer(texts))`` in batches of ``batch_size`` texts; (T, D) float32 on CPU."""
     options = EvalOptions.from_kwargs(options, **kwargs)
     out = []
     steps = range(0, len(texts), batch_size)
     for s in progress_bar(steps, f"encoding {desc}", len(steps), options.progress):
-        out.append(encode_batch(model, "text", tokenizer(list(texts[s:s + batch_size])), options, normalize, desc))
+        out.append(encode_batch(model, "text", tokenizer(list(texts[s : s + batch_size])), options, normalize, desc))
     if not out:
         raise ValueError(f"no {desc} to encode")
     return torch.cat(out)
@@ -257,8 +297,9 @@ def normalize_templates(templates) -> list | dict:
     return out
 
 
-def zeroshot_classifier(model, tokenizer, classnames: Sequence[str], templates, *,
-                        options: EvalOptions | None = None, **kwargs) -> torch.Tensor:
+def zeroshot_classifier(
+    model, tokenizer, classnames: Sequence[str], templates, *, options: EvalOptions | None = None, **kwargs
+) -> torch.Tensor:
     """(D, C) zero-shot weights (float32, CPU): column c is the re-normalised mean of class c's prompts'
     embeddings, through ``open_clip.build_zero_shot_classifier`` (CuPL prompts one class at a time).
     """
@@ -274,17 +315,29 @@ def zeroshot_classifier(model, tokenizer, classnames: Sequence[str], templates, 
         if isinstance(templates, dict):
             missing = [c for c in classnames if c not in templates]
             if missing:
-                raise ValueError(f"per-class templates have no prompts for classes {missing[:5]}"
-                                 f"{' ...' if len(missing) > 5 else ''} ({len(missing)} of {len(classnames)})")
+                raise ValueError(
+                    f"per-class templates have no prompts for classes {missing[:5]}"
+                    f"{' ...' if len(missing) > 5 else ''} ({len(missing)} of {len(classnames)})"
+                )
             cols = []
             for c in progress_bar(classnames, "encoding class prompts", len(classnames), progress):
                 prompts = [(lambda _, p=p: p) for p in templates[c]]
-                cols.append(build_zero_shot_classifier(model, tokenizer, [c], prompts, num_classes_per_batch=1,
-                                                       device=device, use_tqdm=False))
+                cols.append(
+                    build_zero_shot_classifier(
+                        model, tokenizer, [c], prompts, num_classes_per_batch=1, device=device, use_tqdm=False
+                    )
+                )
             w = torch.cat(cols, dim=1)
         else:
-            w = build_zero_shot_classifier(model, tokenizer, list(classnames), templates,
-                                           num_classes_per_batch=10, device=device, use_tqdm=progress)
+            w = build_zero_shot_classifier(
+                model,
+                tokenizer,
+                list(classnames),
+                templates,
+                num_classes_per_batch=10,
+                device=device,
+                use_tqdm=progress,
+            )
     # (D, C): one column a class
     return finite_features(w.float().cpu().T, model, "class prompts (the zero-shot classifier)").T
 

@@ -4,6 +4,7 @@ The Elevater_Toolkit_IC linear probe on features encoded once per set: draws in 
 head and sweep in `clip_dcl.eval.probe`. The 20 sets' class names and templates ship as package data
 and take precedence over a set's label map, as in the toolkit.
 """
+
 from __future__ import annotations
 
 import json
@@ -62,8 +63,9 @@ def load_catalog(root: str | os.PathLike | None = None) -> dict[str, dict]:
         local = local.get("datasets", local)
         for name, entry in local.items():
             if not isinstance(entry, dict) or entry.get("metric") not in ELEVATER_METRICS:
-                raise ValueError(f"catalogue {str(path)!r}: entry {name!r} needs a metric in {ELEVATER_METRICS}, "
-                                 f"got {entry!r}")
+                raise ValueError(
+                    f"catalogue {str(path)!r}: entry {name!r} needs a metric in {ELEVATER_METRICS}, got {entry!r}"
+                )
             cat[name] = dict(cat.get(name, {}), **entry, name=name)
     return cat
 
@@ -74,12 +76,15 @@ def _check_enough_shots(d, name: str, shots: int) -> None:
     for _, ys in d.train:
         for y in set(ys):
             counts[y] += 1
-    short = [(d.classnames[c] if c < len(d.classnames) else str(c), int(counts[c]))
-             for c in np.flatnonzero(counts < shots)]
+    short = [
+        (d.classnames[c] if c < len(d.classnames) else str(c), int(counts[c])) for c in np.flatnonzero(counts < shots)
+    ]
     if short:
         listed = ", ".join(f"{c!r} {k}" for c, k in short[:5]) + (", ..." if len(short) > 5 else "")
-        raise ValueError(f"--shots {shots}: data set {name!r} has {len(short)} class(es) with fewer train images "
-                         f"({listed}); use --shots {int(counts.min())} or less")
+        raise ValueError(
+            f"--shots {shots}: data set {name!r} has {len(short)} class(es) with fewer train images "
+            f"({listed}); use --shots {int(counts.min())} or less"
+        )
 
 
 def builtin_prompts() -> dict[str, dict]:
@@ -116,8 +121,13 @@ class FewShotReport:
             d = asdict(p)
             d.update(last=p.last, toolkit=p.toolkit)
             probes.append(d)
-        return {"metrics": self.metrics, "probes": probes, "datasets": self.datasets, "settings": self.settings,
-                "skipped": dict(self.skipped or {})}
+        return {
+            "metrics": self.metrics,
+            "probes": probes,
+            "datasets": self.datasets,
+            "settings": self.settings,
+            "skipped": dict(self.skipped or {}),
+        }
 
 
 def _square_transform(model, preprocess):
@@ -128,8 +138,14 @@ def _square_transform(model, preprocess):
     if "size" not in cfg:
         log.warning("model has no preprocess_cfg; using its own preprocessing for a no-crop data set")
         return preprocess
-    return image_transform(cfg["size"], is_train=False, mean=cfg.get("mean"), std=cfg.get("std"),
-                           resize_mode="squash", interpolation=cfg.get("interpolation"))
+    return image_transform(
+        cfg["size"],
+        is_train=False,
+        mean=cfg.get("mean"),
+        std=cfg.get("std"),
+        resize_mode="squash",
+        interpolation=cfg.get("interpolation"),
+    )
 
 
 def _dataset_spec(data: FewShotData, catalog: dict) -> dict:
@@ -138,24 +154,32 @@ def _dataset_spec(data: FewShotData, catalog: dict) -> dict:
         log.info("%s: not in the catalogue; scoring with accuracy", data.name)
         entry = {"metric": "accuracy"}
     if "num_classes" in entry and int(entry["num_classes"]) != data.num_classes:
-        raise ValueError(f"{data.name}: the catalogue says {entry['num_classes']} classes, its label list has "
-                         f"{data.num_classes}")
+        raise ValueError(
+            f"{data.name}: the catalogue says {entry['num_classes']} classes, its label list has {data.num_classes}"
+        )
     multilabel = bool(entry.get("multilabel", data.multilabel))
     metric = entry["metric"]
     if metric == "roc_auc" and data.num_classes != 2:
         raise ValueError(f"{data.name}: roc_auc needs 2 classes, found {data.num_classes}")
     if not multilabel and data.multilabel:
         raise ValueError(f"{data.name}: images carry several labels but the catalogue marks it single-label")
-    return {"metric": metric, "multilabel": multilabel, "center_crop": bool(entry.get("center_crop", True)),
-            "num_classes": data.num_classes, "layout": data.layout, "folder": data.folder}
+    return {
+        "metric": metric,
+        "multilabel": multilabel,
+        "center_crop": bool(entry.get("center_crop", True)),
+        "num_classes": data.num_classes,
+        "layout": data.layout,
+        "folder": data.folder,
+    }
 
 
 def _read_dataset(root, name: str, catalog: dict) -> tuple[FewShotData, str]:
     """Read one set with the shipped class names of a catalogued set; (data, templates source)."""
     entry = catalog.get(name) or {}
     shipped = dataset_prompts(name, catalog)
-    data = read_fewshot_dataset(root, name, toolkit=entry.get("toolkit"),
-                                classnames=shipped["classnames"] if shipped else None)
+    data = read_fewshot_dataset(
+        root, name, toolkit=entry.get("toolkit"), classnames=shipped["classnames"] if shipped else None
+    )
     if shipped:
         data.classnames_source = "clip_dcl/eval/elevater_prompts.json"
     if data.templates is not None:
@@ -202,15 +226,19 @@ def run_fewshot(
     catalog = load_catalog(root)
     toolkit_sets = {n: e["toolkit"] for n, e in catalog.items() if e.get("toolkit") and n == e["name"]}
     available = list_fewshot_datasets(root, toolkit_sets)
-    names = [catalog[n]["name"] if n in catalog and n not in available else n for n in datasets] if datasets \
-        else available
+    names = (
+        [catalog[n]["name"] if n in catalog and n not in available else n for n in datasets] if datasets else available
+    )
     missing = [n for n in names if n not in available]
     if missing:
-        raise ValueError(f"data sets {missing} not found under {str(root)!r} (found: {available}). Expected "
-                         f"{FEWSHOT_LAYOUTS[0]}; or {FEWSHOT_LAYOUTS[1]}")
+        raise ValueError(
+            f"data sets {missing} not found under {str(root)!r} (found: {available}). Expected "
+            f"{FEWSHOT_LAYOUTS[0]}; or {FEWSHOT_LAYOUTS[1]}"
+        )
     if not names:
-        raise ValueError(f"no few-shot data sets under {str(root)!r}. Expected {FEWSHOT_LAYOUTS[0]}; or "
-                         f"{FEWSHOT_LAYOUTS[1]}")
+        raise ValueError(
+            f"no few-shot data sets under {str(root)!r}. Expected {FEWSHOT_LAYOUTS[0]}; or {FEWSHOT_LAYOUTS[1]}"
+        )
     # Read and check every data set before encoding anything.
     data, template_sources = {}, {}
     for n in names:
@@ -235,15 +263,22 @@ def run_fewshot(
         enc = dict(options=options, normalize=False, skips=skips)
         where = f"{name} ({d.folder})"
         x_train, kept_train = encode_images(
-            model, ImageListDataset([d.train[i][0] for i in needed], d.source, transform, markers=True, where=where),
-            desc=f"{name} train", **enc)
+            model,
+            ImageListDataset([d.train[i][0] for i in needed], d.source, transform, markers=True, where=where),
+            desc=f"{name} train",
+            **enc,
+        )
         row = {needed[j]: r for r, j in enumerate(kept_train.tolist())}
         x_test, kept_test = encode_images(
-            model, ImageListDataset([r for r, _ in d.test], d.source, transform, markers=True, where=where),
-            desc=f"{name} test", **enc)
+            model,
+            ImageListDataset([r for r, _ in d.test], d.source, transform, markers=True, where=where),
+            desc=f"{name} test",
+            **enc,
+        )
         t_test = labels_to_targets([d.test[i][1] for i in kept_test.tolist()], c, multilabel)
-        text_w = zeroshot_classifier(model, tokenizer, d.classnames, d.templates, options=options,
-                                     progress=False)  # (D, C)
+        text_w = zeroshot_classifier(
+            model, tokenizer, d.classnames, d.templates, options=options, progress=False
+        )  # (D, C)
         zeroshot[name] = float(elevater_scores(metric, 100.0 * F.normalize(x_test, dim=-1) @ text_w, t_test))
         if text_init:
             init_w, init_b = text_w.T.contiguous(), torch.zeros(c)
@@ -253,12 +288,34 @@ def run_fewshot(
         for s in seeds:
             drawn = [i for i in subsets[s] if i in row]  # a train image that did not decode is left out
             idx = [row[i] for i in drawn]
-            res = linear_probe(x_train[idx], [train_labels[i] for i in drawn], x_test, t_test, c, metric,
-                               multilabel, grid, init_w, init_b, dataset=name, seed=s, shots=shots,
-                               merge_final=merge_final)
+            res = linear_probe(
+                x_train[idx],
+                [train_labels[i] for i in drawn],
+                x_test,
+                t_test,
+                c,
+                metric,
+                multilabel,
+                grid,
+                init_w,
+                init_b,
+                dataset=name,
+                seed=s,
+                shots=shots,
+                merge_final=merge_final,
+            )
             probes.append(res)
-            log.info("%s seed %d: %s %.4f (last) %.4f (best test epoch), lr %.0e wd %.1e, mean classifier %.4f",
-                     name, s, metric, res.last, res.toolkit, res.best_lr, res.best_wd, res.mean_classifier)
+            log.info(
+                "%s seed %d: %s %.4f (last) %.4f (best test epoch), lr %.0e wd %.1e, mean classifier %.4f",
+                name,
+                s,
+                metric,
+                res.last,
+                res.toolkit,
+                res.best_lr,
+                res.best_wd,
+                res.mean_classifier,
+            )
     metrics: dict[str, float] = {}
     for name in names:
         rs = [p for p in probes if p.dataset == name]
@@ -271,15 +328,36 @@ def run_fewshot(
         metrics[f"{name}/zeroshot"] = zeroshot[name]
     for key in ("linear_probe", "linear_probe_last", "linear_probe_toolkit", "mean_classifier", "zeroshot"):
         metrics[f"average/{key}"] = float(np.mean([metrics[f"{n}/{key}"] for n in names]))
-    settings = {"shots": shots, "shots_drawn": draw, "final_run_merges_val": merge_final, "seeds": seeds,
-                "grid": grid.name, "learning_rates": list(grid.lrs), "sweep_epochs": grid.epochs,
-                "final_epochs": grid.final_epochs, "refinement_spans": list(grid.spans),
-                "trains_unstable_pairs": grid.exact, "epoch_selection": epoch_selection, "text_init": text_init,
-                "val_split": VAL_SPLIT, "batch_size_head": BATCH_SIZE, "precision": options.precision,
-                "seconds": round(time.time() - t0, 1)}
-    per_set = {n: dict(specs[n], num_train=len(data[n].train), num_test=len(data[n].test),
-                       classnames=data[n].classnames_source, templates=template_sources[n],
-                       num_templates=len(data[n].templates), skipped=per_set_skips.get(n, {})) for n in names}
+    settings = {
+        "shots": shots,
+        "shots_drawn": draw,
+        "final_run_merges_val": merge_final,
+        "seeds": seeds,
+        "grid": grid.name,
+        "learning_rates": list(grid.lrs),
+        "sweep_epochs": grid.epochs,
+        "final_epochs": grid.final_epochs,
+        "refinement_spans": list(grid.spans),
+        "trains_unstable_pairs": grid.exact,
+        "epoch_selection": epoch_selection,
+        "text_init": text_init,
+        "val_split": VAL_SPLIT,
+        "batch_size_head": BATCH_SIZE,
+        "precision": options.precision,
+        "seconds": round(time.time() - t0, 1),
+    }
+    per_set = {
+        n: dict(
+            specs[n],
+            num_train=len(data[n].train),
+            num_test=len(data[n].test),
+            classnames=data[n].classnames_source,
+            templates=template_sources[n],
+            num_templates=len(data[n].templates),
+            skipped=per_set_skips.get(n, {}),
+        )
+        for n in names
+    }
     return FewShotReport(metrics=metrics, probes=probes, datasets=per_set, settings=settings, skipped=skips.as_dict())
 
 
@@ -302,8 +380,20 @@ def evaluate_fewshot(
     one folder per set): flat metrics per set (``{ds}/linear_probe``, ``_last``, ``_toolkit``,
     ``_seed{s}``, ``mean_classifier``, ``zeroshot``) and their ``average/...``.
     """
-    return run_fewshot(model, preprocess, tokenizer, root, datasets=datasets, shots=shots, seeds=seeds, grid=grid,
-                       epoch_selection=epoch_selection, text_init=text_init, options=options, **kwargs).metrics
+    return run_fewshot(
+        model,
+        preprocess,
+        tokenizer,
+        root,
+        datasets=datasets,
+        shots=shots,
+        seeds=seeds,
+        grid=grid,
+        epoch_selection=epoch_selection,
+        text_init=text_init,
+        options=options,
+        **kwargs,
+    ).metrics
 
 
 # ----------------------------------------------------------------------------------------------
@@ -312,28 +402,47 @@ def evaluate_fewshot(
 #: Score families of the few-shot table, one column each.
 FEWSHOT_COLUMNS = ("linear_probe", "linear_probe_last", "linear_probe_toolkit", "mean_classifier", "zeroshot")
 #: ELEVATER metric -> the key of a ``linear_probe`` result (CLIP_benchmark's ``lp_`` names where it has one).
-LINEAR_PROBE_KEYS = {"accuracy": "lp_acc1", "mean_per_class": "lp_mean_per_class_recall",
-                     "11point_mAP": "lp_mean_average_precision_11point", "roc_auc": "lp_roc_auc"}
+LINEAR_PROBE_KEYS = {
+    "accuracy": "lp_acc1",
+    "mean_per_class": "lp_mean_per_class_recall",
+    "11point_mAP": "lp_mean_average_precision_11point",
+    "roc_auc": "lp_roc_auc",
+}
 
 
 def _add_arguments(p) -> None:
     import argparse
 
-    p.add_argument("--data", required=True,
-                   help="the ELEVATER toolkit's data root as downloaded (classification/<root_folder>/...), or one "
-                        "folder per data set (iris index, COCO json or train/test ImageFolder); optional catalog.json")
+    p.add_argument(
+        "--data",
+        required=True,
+        help="the ELEVATER toolkit's data root as downloaded (classification/<root_folder>/...), or one "
+        "folder per data set (iris index, COCO json or train/test ImageFolder); optional catalog.json",
+    )
     p.add_argument("--datasets", nargs="+", default=None, help="data set names under --data (default: all)")
     p.add_argument("--shots", type=int, default=5, help="images per class (default 5)")
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2], help="sampling seeds (default 0 1 2)")
-    p.add_argument("--grid", choices=list(GRIDS), default="full",
-                   help="lr x weight-decay sweep: the toolkit's full grid (default; pairs with lr*wd >= 3.8 "
-                        "skipped), a reduced one for quick runs, or toolkit-exact (the full grid, every pair trained "
-                        "and scored as the toolkit does)")
-    p.add_argument("--epoch-selection", choices=list(EPOCH_SELECTIONS), default="last",
-                   help="the probe column: the final run's last epoch (default), or its best test epoch, which is "
-                        "what the toolkit reports; the table shows both")
-    p.add_argument("--text-init", action=argparse.BooleanOptionalAction, default=True,
-                   help="initialise the head with the zero-shot text classifier (default on)")
+    p.add_argument(
+        "--grid",
+        choices=list(GRIDS),
+        default="full",
+        help="lr x weight-decay sweep: the toolkit's full grid (default; pairs with lr*wd >= 3.8 "
+        "skipped), a reduced one for quick runs, or toolkit-exact (the full grid, every pair trained "
+        "and scored as the toolkit does)",
+    )
+    p.add_argument(
+        "--epoch-selection",
+        choices=list(EPOCH_SELECTIONS),
+        default="last",
+        help="the probe column: the final run's last epoch (default), or its best test epoch, which is "
+        "what the toolkit reports; the table shows both",
+    )
+    p.add_argument(
+        "--text-init",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="initialise the head with the zero-shot text classifier (default on)",
+    )
 
 
 def _check(args) -> None:
@@ -344,12 +453,26 @@ def _check(args) -> None:
 
 
 def _run(model, preprocess, tokenizer, args, common) -> TaskResult:
-    report = run_fewshot(model, preprocess, tokenizer, args.data, datasets=args.datasets, shots=args.shots,
-                         seeds=args.seeds, grid=args.grid, epoch_selection=args.epoch_selection,
-                         text_init=args.text_init, **common)
-    return TaskResult(report.metrics, {"path": str(args.data), "datasets": report.datasets},
-                      settings=dict(report.settings), details=report.to_dict()["probes"],
-                      facts={"datasets": report.datasets})
+    report = run_fewshot(
+        model,
+        preprocess,
+        tokenizer,
+        args.data,
+        datasets=args.datasets,
+        shots=args.shots,
+        seeds=args.seeds,
+        grid=args.grid,
+        epoch_selection=args.epoch_selection,
+        text_init=args.text_init,
+        **common,
+    )
+    return TaskResult(
+        report.metrics,
+        {"path": str(args.data), "datasets": report.datasets},
+        settings=dict(report.settings),
+        details=report.to_dict()["probes"],
+        facts={"datasets": report.datasets},
+    )
 
 
 def fewshot_table(metrics: dict[str, float]) -> str:
@@ -363,13 +486,18 @@ def fewshot_table(metrics: dict[str, float]) -> str:
             names.append(name)
     names.append("average")
     rows = [[n] + [metrics.get(f"{n}/{c}", float("nan")) for c in FEWSHOT_COLUMNS] for n in names]
-    headers = ["data set", "probe", "probe (last epoch)", "probe (best test epoch, as ELEVATER reports)",
-               "mean classifier", "zero-shot"]
+    headers = [
+        "data set",
+        "probe",
+        "probe (last epoch)",
+        "probe (best test epoch, as ELEVATER reports)",
+        "mean classifier",
+        "zero-shot",
+    ]
     return format_table(headers, rows)
 
 
-def linear_probe_metrics(name: str, metrics: dict[str, float], metric: str, settings: dict,
-                         probes: list[dict]) -> dict:
+def linear_probe_metrics(name: str, metrics: dict[str, float], metric: str, settings: dict, probes: list[dict]) -> dict:
     """CLIP_benchmark ``linear_probe`` metrics of one set: the probe score under `LINEAR_PROBE_KEYS` of its
     ELEVATER metric, and the settings (the protocol is ELEVATER's, see docs/evaluation.md).
     """
@@ -402,8 +530,10 @@ def _benchmark_check(run, settings) -> None:
     from ..data.evalsets.fewshot import fewshot_layout
 
     if not run.root.is_dir() or fewshot_layout(run.root) is None:
-        raise ValueError(f"--task linear_probe: data set {run.dataset!r} ({str(run.root)!r}) is not a few-shot data "
-                         f"set folder; expected {FEWSHOT_LAYOUTS[1]}")
+        raise ValueError(
+            f"--task linear_probe: data set {run.dataset!r} ({str(run.root)!r}) is not a few-shot data "
+            f"set folder; expected {FEWSHOT_LAYOUTS[1]}"
+        )
 
 
 def _benchmark_run(model, preprocess, tokenizer, run, settings):
@@ -411,25 +541,36 @@ def _benchmark_run(model, preprocess, tokenizer, run, settings):
     _benchmark_check(run, settings)
     folder = run.root
     name = folder.resolve().name
-    report = run_fewshot(model, preprocess, tokenizer, folder.resolve().parent, datasets=[name],
-                         shots=settings.fewshot_k, seeds=[settings.seed], grid=settings.fewshot_grid,
-                         options=settings.options)
+    report = run_fewshot(
+        model,
+        preprocess,
+        tokenizer,
+        folder.resolve().parent,
+        datasets=[name],
+        shots=settings.fewshot_k,
+        seeds=[settings.seed],
+        grid=settings.fewshot_grid,
+        options=settings.options,
+    )
     probes = report.to_dict()["probes"]
     return linear_probe_metrics(name, report.metrics, report.datasets[name]["metric"], report.settings, probes), {}
 
 
-register_task(EvalTask(
-    name="fewshot",
-    help="ELEVATER k-shot linear probe (and mean classifier)",
-    description="ELEVATER few-shot linear probe on frozen features.",
-    add_arguments=_add_arguments,
-    check=_check,
-    run=_run,
-    metrics=tuple(f"{{dataset}}/{c}" for c in FEWSHOT_COLUMNS) + ("{dataset}/linear_probe_seed{s}",)
-    + tuple(f"average/{c}" for c in FEWSHOT_COLUMNS),
-    table=lambda metrics, args: fewshot_table(metrics),
-    benchmark_name="linear_probe",
-    benchmark_documents=_benchmark_documents,
-    benchmark_run=_benchmark_run,
-    benchmark_check=_benchmark_check,
-))
+register_task(
+    EvalTask(
+        name="fewshot",
+        help="ELEVATER k-shot linear probe (and mean classifier)",
+        description="ELEVATER few-shot linear probe on frozen features.",
+        add_arguments=_add_arguments,
+        check=_check,
+        run=_run,
+        metrics=tuple(f"{{dataset}}/{c}" for c in FEWSHOT_COLUMNS)
+        + ("{dataset}/linear_probe_seed{s}",)
+        + tuple(f"average/{c}" for c in FEWSHOT_COLUMNS),
+        table=lambda metrics, args: fewshot_table(metrics),
+        benchmark_name="linear_probe",
+        benchmark_documents=_benchmark_documents,
+        benchmark_run=_benchmark_run,
+        benchmark_check=_benchmark_check,
+    )
+)

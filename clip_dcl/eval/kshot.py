@@ -4,6 +4,7 @@ Pure functions over label lists (vision-datasets 0.2.17's samplers), tested with
 probe is, as in the toolkit's ``linear_probe.py``, a 2-shot draw whose final run does not merge train
 and validation (`shot_plan`).
 """
+
 from __future__ import annotations
 
 import math
@@ -54,8 +55,9 @@ def sample_few_shot(labels: Sequence[Sequence[int]], num_classes: int, shots: in
     return kept
 
 
-def split_train_val(labels: Sequence[Sequence[int]], num_classes: int, multilabel: bool,
-                    val_split: float = VAL_SPLIT) -> tuple[list[int], list[int]]:
+def split_train_val(
+    labels: Sequence[Sequence[int]], num_classes: int, multilabel: bool, val_split: float = VAL_SPLIT
+) -> tuple[list[int], list[int]]:
     """(train positions, val positions) within a subset, as the toolkit's ``get_dataloader(val_split=0.2)``.
 
     Single-label: each class's first ``ceil(val_split * n_c)`` images go to val. Multilabel: the toolkit's

@@ -5,6 +5,7 @@ and scikit-learn scores one class and one call at a time; `retrieval_ranks` coun
 with several captions per image, and the ELEVATER metrics are batched over heads. Each is tested
 against scikit-learn or a slow re-computation.
 """
+
 from __future__ import annotations
 
 import math
@@ -38,7 +39,7 @@ def _count_at_least(scores: torch.Tensor, thresholds: torch.Tensor) -> torch.Ten
     step = max(1, _COUNT_BLOCK // max(cols, 1))
     out = torch.empty(rows, dtype=torch.long, device=scores.device)
     for r in range(0, rows, step):
-        out[r:r + step] = (scores[r:r + step] >= thresholds[r:r + step, None]).sum(1)
+        out[r : r + step] = (scores[r : r + step] >= thresholds[r : r + step, None]).sum(1)
     return out
 
 
@@ -182,8 +183,9 @@ def mean_average_precision(scores: torch.Tensor, targets: torch.Tensor) -> float
     from sklearn.metrics import average_precision_score
 
     if scores.ndim != 2 or targets.shape != scores.shape:
-        raise ValueError(f"scores and multi-hot targets must both be (N, C), got {tuple(scores.shape)} and "
-                         f"{tuple(targets.shape)}")
+        raise ValueError(
+            f"scores and multi-hot targets must both be (N, C), got {tuple(scores.shape)} and {tuple(targets.shape)}"
+        )
     s = scores.detach().double().cpu().numpy()
     t = (targets.detach().cpu().numpy() > 0).astype(int)
     ap = [average_precision_score(t[:, c], s[:, c]) if t[:, c].any() else 0.0 for c in range(s.shape[1])]
@@ -255,7 +257,9 @@ def binary_roc_auc(scores: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     end_run = torch.ones_like(s, dtype=torch.bool)
     end_run[:, :-1] = s[:, :-1] != s[:, 1:]
     first = torch.cummax(torch.where(new_run, pos, torch.zeros_like(pos)), -1).values
-    last = torch.flip(torch.cummin(torch.flip(torch.where(end_run, pos, torch.full_like(pos, n)), [-1]), -1).values, [-1])
+    last = torch.flip(
+        torch.cummin(torch.flip(torch.where(end_run, pos, torch.full_like(pos, n)), [-1]), -1).values, [-1]
+    )
     avg_rank = (first + last).double() / 2 + 1
     r_pos = (avg_rank * y[idx]).sum(-1)
     return (r_pos - p * (p + 1) / 2) / (p * q)

@@ -13,6 +13,7 @@ heads as the toolkit does instead.
 Batching is exact: features are frozen, there is no augmentation and every run sees the same
 batches, so runs differ in (lr, wd) alone and a sweep round trains as one stack of heads.
 """
+
 from __future__ import annotations
 
 import logging
@@ -96,8 +97,9 @@ def train_heads(
     if small:
         torch.set_num_threads(1)
     try:
-        return _train_heads(x, y, lrs, wds, batches, init_weight, init_bias, eval_sets, metric, multilabel,
-                            score_diverged)
+        return _train_heads(
+            x, y, lrs, wds, batches, init_weight, init_bias, eval_sets, metric, multilabel, score_diverged
+        )
     finally:
         if small:
             torch.set_num_threads(threads)
@@ -131,8 +133,9 @@ def _train_heads(x, y, lrs, wds, batches, init_weight, init_bias, eval_sets, met
             nb = len(idx)
             # Sum over heads of each head's mean loss: head h's gradient is that of its own loss.
             if multilabel:
-                loss = F.binary_cross_entropy_with_logits(logits, yf[idx][None].expand(h, -1, -1),
-                                                          reduction="sum") / (nb * c)
+                loss = F.binary_cross_entropy_with_logits(logits, yf[idx][None].expand(h, -1, -1), reduction="sum") / (
+                    nb * c
+                )
             else:
                 loss = F.cross_entropy(logits.reshape(-1, c), yf[idx].repeat(h), reduction="sum") / nb
             gw, gb = torch.autograd.grad(loss, (w, b))
@@ -153,8 +156,12 @@ def _train_heads(x, y, lrs, wds, batches, init_weight, init_bias, eval_sets, met
             alive &= torch.isfinite(w).flatten(1).all(1) & torch.isfinite(b).all(1)
             for name, (xe, ye) in eval_sets.items():
                 xn = (xe.float() - running_mean) / torch.sqrt(running_var + BN_EPS)
-                epoch_scores = elevater_scores(metric, torch.matmul(xn, w.transpose(1, 2)) + b[:, None, :], ye,
-                                               nan_rule="toolkit" if score_diverged else "zero")
+                epoch_scores = elevater_scores(
+                    metric,
+                    torch.matmul(xn, w.transpose(1, 2)) + b[:, None, :],
+                    ye,
+                    nan_rule="toolkit" if score_diverged else "zero",
+                )
                 keep = alive | score_diverged
                 scores[name][epoch] = torch.where(keep, epoch_scores.double(), float("nan"))
     return scores, w.detach(), b.detach()
@@ -204,8 +211,15 @@ def stable(lr: float, wd: float) -> bool:
 
 
 def sweep_hyperparameters(
-    x_train: torch.Tensor, y_train: torch.Tensor, x_val: torch.Tensor, y_val: torch.Tensor,
-    grid: SweepGrid, metric: str, multilabel: bool, init_weight: torch.Tensor, init_bias: torch.Tensor,
+    x_train: torch.Tensor,
+    y_train: torch.Tensor,
+    x_val: torch.Tensor,
+    y_val: torch.Tensor,
+    grid: SweepGrid,
+    metric: str,
+    multilabel: bool,
+    init_weight: torch.Tensor,
+    init_bias: torch.Tensor,
 ) -> SweepResult:
     """The toolkit's ``hyperparameter_sweep_lr`` over ``grid``; a pair is trained once (runs are deterministic)."""
     batches = epoch_batches(len(x_train), grid.epochs)
@@ -216,14 +230,25 @@ def sweep_hyperparameters(
         todo = [p for p in dict.fromkeys(pairs) if p not in cache]
         for i, j in [p for p in todo if not grid.exact and not stable(grid.lrs[p[0]], grid.wds[p[1]])]:
             cache[(i, j)] = float("nan")
-            runs.append({"lr": grid.lrs[i], "wd": grid.wds[j], "wd_index": j, "val_score": float("nan"),
-                         "unstable": True})
+            runs.append(
+                {"lr": grid.lrs[i], "wd": grid.wds[j], "wd_index": j, "val_score": float("nan"), "unstable": True}
+            )
         todo = [p for p in todo if p not in cache]
         if not todo:
             return
         scores, _, _ = train_heads(
-            x_train, y_train, [grid.lrs[i] for i, _ in todo], [grid.wds[j] for _, j in todo], batches,
-            init_weight, init_bias, {"val": (x_val, y_val)}, metric, multilabel, score_diverged=grid.exact)
+            x_train,
+            y_train,
+            [grid.lrs[i] for i, _ in todo],
+            [grid.wds[j] for _, j in todo],
+            batches,
+            init_weight,
+            init_bias,
+            {"val": (x_val, y_val)},
+            metric,
+            multilabel,
+            score_diverged=grid.exact,
+        )
         best = scores["val"].amax(0)  # a run scores its best epoch (NaN when it diverged)
         for (i, j), s in zip(todo, best.tolist()):
             cache[(i, j)] = s
@@ -274,8 +299,9 @@ def labels_to_targets(labels: Sequence[Sequence[int]], num_classes: int, multila
     return torch.tensor([ys[0] for ys in labels], dtype=torch.long)
 
 
-def mean_classifier_logits(x_train: torch.Tensor, t_train: torch.Tensor, x_test: torch.Tensor,
-                           num_classes: int) -> torch.Tensor:
+def mean_classifier_logits(
+    x_train: torch.Tensor, t_train: torch.Tensor, x_test: torch.Tensor, num_classes: int
+) -> torch.Tensor:
     """Arora et al. (2019), Definition 2.1: ``100 f(x)^T mu_c``, ``mu_c`` the mean normalised embedding
     of class c (0 without examples); 100 is CLIP's logit scale, which the softmax metrics see.
     """
@@ -318,9 +344,20 @@ class ProbeResult:
 
 
 def linear_probe(
-    x_subset: torch.Tensor, labels_subset: Sequence[Sequence[int]], x_test: torch.Tensor, t_test: torch.Tensor,
-    num_classes: int, metric: str, multilabel: bool, grid: SweepGrid, init_weight: torch.Tensor,
-    init_bias: torch.Tensor, dataset: str = "", seed: int = 0, shots: int = 0, merge_final: bool = True,
+    x_subset: torch.Tensor,
+    labels_subset: Sequence[Sequence[int]],
+    x_test: torch.Tensor,
+    t_test: torch.Tensor,
+    num_classes: int,
+    metric: str,
+    multilabel: bool,
+    grid: SweepGrid,
+    init_weight: torch.Tensor,
+    init_bias: torch.Tensor,
+    dataset: str = "",
+    seed: int = 0,
+    shots: int = 0,
+    merge_final: bool = True,
 ) -> ProbeResult:
     """Split, sweep, final run and mean classifier for one k-shot subset (features in subset order).
 
@@ -328,32 +365,61 @@ def linear_probe(
     """
     t_subset = labels_to_targets(labels_subset, num_classes, multilabel)
     tr, va = split_train_val(labels_subset, num_classes, multilabel)
-    sweep = sweep_hyperparameters(x_subset[tr], t_subset[tr], x_subset[va], t_subset[va], grid, metric,
-                                  multilabel, init_weight, init_bias)
+    sweep = sweep_hyperparameters(
+        x_subset[tr], t_subset[tr], x_subset[va], t_subset[va], grid, metric, multilabel, init_weight, init_bias
+    )
     final = list(range(len(x_subset))) if merge_final else tr
     x_final, t_final = x_subset[final], t_subset[final]
     batches = epoch_batches(len(final), grid.final_epochs)
     # The selected pair first, then the other trained pairs by validation score (stable sort:
     # the toolkit's order breaks ties), in case the 50-epoch final run diverges (not with an
     # exact grid: the toolkit reports the selected pair's run, whatever it gives).
-    ranked = sorted((r for r in sweep.runs if math.isfinite(r["val_score"])
-                     and (r["lr"], r["wd"]) != (sweep.best_lr, sweep.best_wd)),
-                    key=lambda r: -r["val_score"])
+    ranked = sorted(
+        (
+            r
+            for r in sweep.runs
+            if math.isfinite(r["val_score"]) and (r["lr"], r["wd"]) != (sweep.best_lr, sweep.best_wd)
+        ),
+        key=lambda r: -r["val_score"],
+    )
     candidates = [(sweep.best_lr, sweep.best_wd, sweep.best_score)]
     if not grid.exact:
         candidates += [(r["lr"], r["wd"], r["val_score"]) for r in ranked]
     runs = list(sweep.runs)
     for lr, wd, val_score in candidates:
-        scores, _, _ = train_heads(x_final, t_final, [lr], [wd], batches, init_weight, init_bias,
-                                   {"test": (x_test, t_test)}, metric, multilabel, score_diverged=grid.exact)
+        scores, _, _ = train_heads(
+            x_final,
+            t_final,
+            [lr],
+            [wd],
+            batches,
+            init_weight,
+            init_bias,
+            {"test": (x_test, t_test)},
+            metric,
+            multilabel,
+            score_diverged=grid.exact,
+        )
         if not bool(torch.isnan(scores["test"]).any()):
             break
         runs.append({"lr": lr, "wd": wd, "final_run_diverged": True})
-        log.warning("%s seed %d: the final run at lr=%g wd=%g diverged; taking the next-best sweep pair",
-                    dataset, seed, lr, wd)
+        log.warning(
+            "%s seed %d: the final run at lr=%g wd=%g diverged; taking the next-best sweep pair", dataset, seed, lr, wd
+        )
     mc = elevater_scores(metric, mean_classifier_logits(x_final, t_final, x_test, num_classes), t_test)
     return ProbeResult(
-        dataset=dataset, seed=seed, metric=metric, shots=shots, n_train=len(tr), n_val=len(va), n_test=len(x_test),
+        dataset=dataset,
+        seed=seed,
+        metric=metric,
+        shots=shots,
+        n_train=len(tr),
+        n_val=len(va),
+        n_test=len(x_test),
         n_final=len(final),
-        best_lr=lr, best_wd=wd, val_score=val_score,
-        test_scores=scores["test"][:, 0].tolist(), mean_classifier=float(mc), runs=runs)
+        best_lr=lr,
+        best_wd=wd,
+        val_score=val_score,
+        test_scores=scores["test"][:, 0].tolist(),
+        mean_classifier=float(mc),
+        runs=runs,
+    )

@@ -5,6 +5,7 @@ need, and registers itself with `register_task` at import; a second registration
 the first with a warning, as timm's registry does. This module imports nothing else of
 `clip_dcl.eval`, so every task module can import it.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -68,8 +69,10 @@ class EvalTask:
         if self.name == "benchmark":
             raise ValueError("task name 'benchmark' is taken by `clip-dcl eval benchmark`")
         if self.benchmark_name and self.benchmark_metrics is None and self.benchmark_documents is None:
-            raise ValueError(f"task {self.name!r} names CLIP_benchmark's {self.benchmark_name!r} but declares "
-                             "neither benchmark_metrics nor benchmark_documents")
+            raise ValueError(
+                f"task {self.name!r} names CLIP_benchmark's {self.benchmark_name!r} but declares "
+                "neither benchmark_metrics nor benchmark_documents"
+            )
 
 
 _TASKS: dict[str, EvalTask] = {}
@@ -88,8 +91,7 @@ def register_task(task: EvalTask) -> EvalTask:
     if not isinstance(task, EvalTask):
         raise TypeError(f"register_task takes an EvalTask, got {type(task).__name__}")
     if task.name in _TASKS:
-        warnings.warn(f"evaluation task {task.name!r} is registered again; the new one replaces the old",
-                      stacklevel=2)
+        warnings.warn(f"evaluation task {task.name!r} is registered again; the new one replaces the old", stacklevel=2)
     _TASKS[task.name] = task
     return task
 

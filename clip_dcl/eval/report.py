@@ -4,6 +4,7 @@ The JSON an evaluation writes is flat: ``metric -> value`` at the top level plus
 ``settings`` (every option that changes a number), ``skipped`` (counts by cause) and, for the
 few-shot probe, ``details``. Non-finite values are written as ``null``.
 """
+
 from __future__ import annotations
 
 import json
@@ -41,8 +42,7 @@ def metrics_table(metrics: dict[str, float]) -> str:
     return format_table(["metric", "value"], [[k, v] for k, v in metrics.items()])
 
 
-def result_document(metrics: dict[str, float], model: dict, data: dict, settings: dict,
-                    details=None) -> dict:
+def result_document(metrics: dict[str, float], model: dict, data: dict, settings: dict, details=None) -> dict:
     """The flat JSON document: metrics at the top level plus the reserved keys."""
     clash = [k for k in metrics if k in RESERVED_KEYS]
     if clash:
@@ -76,7 +76,6 @@ def write_json(path: str | os.PathLike, document: dict) -> Path:
     return path
 
 
-
 # ----------------------------------------------------------------------------------------------
 # CLIP_benchmark's result files: names and the common part of their contents
 # ----------------------------------------------------------------------------------------------
@@ -86,7 +85,7 @@ DEFAULT_OUTPUT = "{dataset}_{pretrained}_{model}_{language}_{task}.json"
 
 def short_name(dataset: str) -> str:
     """The name without ``wds/`` (what CLIP_benchmark formats ``--dataset_root`` and file names with)."""
-    return dataset[len("wds/"):] if dataset.startswith("wds/") else dataset
+    return dataset[len("wds/") :] if dataset.startswith("wds/") else dataset
 
 
 def name_part(value: str) -> str:
@@ -112,11 +111,19 @@ def output_path(template: str, dataset: str, model: str, pretrained: str, langua
     p = str(pretrained)
     full = os.path.abspath(p).replace(os.sep, "_") if (os.path.isfile(p) or os.path.isdir(p)) else p
     try:
-        name = template.format(dataset=name_part(short_name(dataset)), model=name_part(model),
-                               pretrained=pretrained_slug(p), pretrained_full_path=full, language=language, task=task)
+        name = template.format(
+            dataset=name_part(short_name(dataset)),
+            model=name_part(model),
+            pretrained=pretrained_slug(p),
+            pretrained_full_path=full,
+            language=language,
+            task=task,
+        )
     except (KeyError, IndexError, ValueError) as e:
-        raise ValueError(f"--output {template!r}: unknown or malformed field ({e}); the fields are {{dataset}} "
-                         "{pretrained} {pretrained_full_path} {model} {language} {task}") from e
+        raise ValueError(
+            f"--output {template!r}: unknown or malformed field ({e}); the fields are {{dataset}} "
+            "{pretrained} {pretrained_full_path} {model} {language} {task}"
+        ) from e
     return Path(name)
 
 
@@ -130,7 +137,7 @@ def benchmark_dataset_name(data) -> str:
         found = benchmark_layout_root(data)
         if found is not None:
             folder = found[0].resolve().name
-            return f"wds/{folder[len('wds_'):] if folder.startswith('wds_') and len(folder) > 4 else folder}"
+            return f"wds/{folder[len('wds_') :] if folder.startswith('wds_') and len(folder) > 4 else folder}"
         return Path(data).resolve().stem
     return type(data).__name__
 
@@ -142,12 +149,19 @@ def benchmark_pretrained(model: dict) -> str:
             return str(model[key])
     name = str(model.get("name") or "")
     if name.startswith("local-dir:"):
-        return name[len("local-dir:"):]
+        return name[len("local-dir:") :]
     return "none"
 
 
-def benchmark_document(benchmark_name: str, metrics: dict, model: dict, data, dataset_name: str | None = None,
-                       precision: str = "fp32", language: str = "en") -> dict:
+def benchmark_document(
+    benchmark_name: str,
+    metrics: dict,
+    model: dict,
+    data,
+    dataset_name: str | None = None,
+    precision: str = "fp32",
+    language: str = "en",
+) -> dict:
     """CLIP_benchmark's per-task result JSON for ``benchmark_name``, ``metrics`` under its keys, plus
     ``precision`` (CLIP_benchmark encodes under autocast by default).
     """

@@ -5,6 +5,7 @@ a CSV/TSV with several rows per image allowed, or a ``Dataset`` / ``DataLoader``
 Features are L2-normalised (cosine, as CLIP_benchmark and OpenCLIP's validation) and scored in
 chunks by `clip_dcl.eval.metrics.retrieval_metrics`, so 100k x 100k never materialises.
 """
+
 from __future__ import annotations
 
 import logging
@@ -61,7 +62,7 @@ def _encode_batches(model, batches, options: EvalOptions, what: str, skips: Skip
     model.eval()
     for batch in progress_bar(batches, "encoding retrieval images", None, options.progress):
         images, caps = batch[0], batch[1]
-        for skip in (batch[2] if len(batch) > 2 else ()):
+        for skip in batch[2] if len(batch) > 2 else ():
             skips.record(skip)
         if images is None:
             continue
@@ -79,9 +80,11 @@ def duplicate_captions_warning(texts: Sequence[str], num_images: int) -> str | N
     distinct = len(set(texts))
     if num_images < 10 or distinct >= num_images / 2:
         return None
-    line = (f"retrieval: only {distinct} distinct captions among the {len(texts)} captions of {num_images} images: "
-            "a caption shared by several images is scored as found only at its own image, so recall stays near "
-            "chance whatever the model; give each image a caption of its own")
+    line = (
+        f"retrieval: only {distinct} distinct captions among the {len(texts)} captions of {num_images} images: "
+        "a caption shared by several images is scored as found only at its own image, so recall stays near "
+        "chance whatever the model; give each image a caption of its own"
+    )
     log.warning(line)
     return line
 
@@ -118,14 +121,19 @@ def embed_retrieval_data(
         captions = [table.captions[i] for i in kept.tolist()]
     else:
         shards = expand_shards(data)
-        loader = DataLoader(retrieval_wds(shards, preprocess, markers=True), batch_size=options.batch_size,
-                            num_workers=options.workers, collate_fn=_collate)
+        loader = DataLoader(
+            retrieval_wds(shards, preprocess, markers=True),
+            batch_size=options.batch_size,
+            num_workers=options.workers,
+            collate_fn=_collate,
+        )
         image_features, captions = _encode_batches(model, loader, options, f"the shards {list(shards)[:3]}", skips)
     text_to_image = torch.tensor([i for i, caps in enumerate(captions) for _ in caps], dtype=torch.long)
     texts = [c for caps in captions for c in caps]
     duplicate_captions_warning(texts, len(captions))
-    text_features = encode_texts(model, tokenizer, texts, options=options, batch_size=max(options.batch_size, 256),
-                                 desc="retrieval captions")
+    text_features = encode_texts(
+        model, tokenizer, texts, options=options, batch_size=max(options.batch_size, 256), desc="retrieval captions"
+    )
     return image_features, text_features, text_to_image
 
 
@@ -155,8 +163,17 @@ def evaluate_retrieval(
         raise ValueError(f"recall@k needs k >= 1, got {ks}")
     options = EvalOptions.from_kwargs(options, **kwargs)
     skips = SkipCounter(options.strict) if skips is None else skips
-    img, txt, t2i = embed_retrieval_data(model, preprocess, tokenizer, data, options=options, csv_img_key=csv_img_key,
-                                         csv_caption_key=csv_caption_key, csv_separator=csv_separator, skips=skips)
+    img, txt, t2i = embed_retrieval_data(
+        model,
+        preprocess,
+        tokenizer,
+        data,
+        options=options,
+        csv_img_key=csv_img_key,
+        csv_caption_key=csv_caption_key,
+        csv_separator=csv_separator,
+        skips=skips,
+    )
     log.info("retrieval: %d images, %d captions; %s", img.shape[0], txt.shape[0], skips.summary())
     # Ranking runs where the model runs: on a GPU the chunked matmuls are the whole cost.
     device = options.device
@@ -170,15 +187,28 @@ def evaluate_retrieval(
 # The task: `clip-dcl eval retrieval` and CLIP_benchmark's zeroshot_retrieval
 # ----------------------------------------------------------------------------------------------
 def _add_arguments(p) -> None:
-    p.add_argument("--data", required=True,
-                   help="folder of .tar shards, a shard pattern ('val-{000..003}.tar'), or a CSV/TSV of image,caption")
+    p.add_argument(
+        "--data",
+        required=True,
+        help="folder of .tar shards, a shard pattern ('val-{000..003}.tar'), or a CSV/TSV of image,caption",
+    )
     p.add_argument("--csv-img-key", default=None, help="CSV image-path column (default: filepath/image/...)")
     p.add_argument("--csv-caption-key", default=None, help="CSV caption column (default: title/caption/...)")
     p.add_argument("--csv-separator", default=None, help="CSV separator (default: tab for .tsv, else comma)")
-    p.add_argument("--recall-k", type=int, nargs="+", default=[1, 5, 10], metavar="K",
-                   help="the k of recall@k, one or more (default 1 5 10)")
-    p.add_argument("--chunk-size", type=int, default=1024,
-                   help="query rows scored at once; memory ~ chunk x N x 5 bytes (default 1024)")
+    p.add_argument(
+        "--recall-k",
+        type=int,
+        nargs="+",
+        default=[1, 5, 10],
+        metavar="K",
+        help="the k of recall@k, one or more (default 1 5 10)",
+    )
+    p.add_argument(
+        "--chunk-size",
+        type=int,
+        default=1024,
+        help="query rows scored at once; memory ~ chunk x N x 5 bytes (default 1024)",
+    )
 
 
 def _check(args) -> None:
@@ -197,19 +227,35 @@ def _check(args) -> None:
 
 
 def _run(model, preprocess, tokenizer, args, common) -> TaskResult:
-    metrics, info = evaluate_retrieval(model, preprocess, tokenizer, args.data, chunk_size=args.chunk_size,
-                                       csv_img_key=args.csv_img_key, csv_caption_key=args.csv_caption_key,
-                                       csv_separator=args.csv_separator, ks=args.recall_k, return_info=True, **common)
-    return TaskResult(metrics, {"path": str(args.data), **info},
-                      settings=dict(chunk_size=args.chunk_size, normalize=True, recall_k=args.recall_k))
+    metrics, info = evaluate_retrieval(
+        model,
+        preprocess,
+        tokenizer,
+        args.data,
+        chunk_size=args.chunk_size,
+        csv_img_key=args.csv_img_key,
+        csv_caption_key=args.csv_caption_key,
+        csv_separator=args.csv_separator,
+        ks=args.recall_k,
+        return_info=True,
+        **common,
+    )
+    return TaskResult(
+        metrics,
+        {"path": str(args.data), **info},
+        settings=dict(chunk_size=args.chunk_size, normalize=True, recall_k=args.recall_k),
+    )
 
 
 def retrieval_table(metrics: dict[str, float], ks: Sequence[int] = (1, 5, 10)) -> str:
     """Rows image->text and text->image; columns R@k for each k of ``ks``, mean and median rank."""
     rows = []
     for prefix, label in (("image_to_text", "image -> text"), ("text_to_image", "text -> image")):
-        rows.append([label] + [metrics[f"{prefix}_R@{k}"] for k in ks]
-                    + [metrics[f"{prefix}_mean_rank"], metrics[f"{prefix}_median_rank"]])
+        rows.append(
+            [label]
+            + [metrics[f"{prefix}_R@{k}"] for k in ks]
+            + [metrics[f"{prefix}_mean_rank"], metrics[f"{prefix}_median_rank"]]
+        )
     return format_table(["direction"] + [f"R@{k}" for k in ks] + ["mean rank", "median rank"], rows)
 
 
@@ -224,23 +270,33 @@ def _benchmark_run(model, preprocess, tokenizer, run, settings):
     data = run.root
     if not data.is_file() and (data / settings.split / "nshards.txt").is_file():
         data = data / settings.split
-    metrics = evaluate_retrieval(model, preprocess, tokenizer, data, ks=tuple(settings.recall_k),
-                                 options=settings.options)
+    metrics = evaluate_retrieval(
+        model, preprocess, tokenizer, data, ks=tuple(settings.recall_k), options=settings.options
+    )
     return metrics, {}
 
 
-register_task(EvalTask(
-    name="retrieval",
-    help="image<->text recall@k and ranks on val shards or a CSV",
-    description="Image-to-text and text-to-image recall@1/5/10, mean and median rank.",
-    add_arguments=_add_arguments,
-    check=_check,
-    run=_run,
-    metrics=("image_to_text_R@{k}", "text_to_image_R@{k}", "image_to_text_mean_rank", "text_to_image_mean_rank",
-             "image_to_text_median_rank", "text_to_image_median_rank", "image_retrieval_recall@{k}",
-             "text_retrieval_recall@{k}"),
-    table=lambda metrics, args: retrieval_table(metrics, args.recall_k),
-    benchmark_name="zeroshot_retrieval",
-    benchmark_metrics=benchmark_retrieval_metrics,
-    benchmark_run=_benchmark_run,
-))
+register_task(
+    EvalTask(
+        name="retrieval",
+        help="image<->text recall@k and ranks on val shards or a CSV",
+        description="Image-to-text and text-to-image recall@1/5/10, mean and median rank.",
+        add_arguments=_add_arguments,
+        check=_check,
+        run=_run,
+        metrics=(
+            "image_to_text_R@{k}",
+            "text_to_image_R@{k}",
+            "image_to_text_mean_rank",
+            "text_to_image_mean_rank",
+            "image_to_text_median_rank",
+            "text_to_image_median_rank",
+            "image_retrieval_recall@{k}",
+            "text_retrieval_recall@{k}",
+        ),
+        table=lambda metrics, args: retrieval_table(metrics, args.recall_k),
+        benchmark_name="zeroshot_retrieval",
+        benchmark_metrics=benchmark_retrieval_metrics,
+        benchmark_run=_benchmark_run,
+    )
+)

@@ -4,6 +4,7 @@ As OpenCLIP's ``zero_shot.py``: a class's weight is the re-normalised mean of it
 embeddings, ``logits = 100 * normalize(f(x)) @ W``. A tree's class names are tied to its folders
 (`folder_classnames`), so they cannot silently misalign with the labels.
 """
+
 from __future__ import annotations
 
 import logging
@@ -35,13 +36,16 @@ from .report import metrics_table
 log = logging.getLogger(__name__)
 
 #: The layouts a zero-shot data folder may have, for error messages.
-ZEROSHOT_LAYOUTS = ("an ImageFolder tree ROOT/<class>/<image> (ImageNet's synset folders, or with classnames.txt)",
-                    "CLIP_benchmark's webdataset layout ROOT/test/nshards.txt + ROOT/test/0.tar ... with "
-                    "classnames.txt and zeroshot_classification_templates.txt")
+ZEROSHOT_LAYOUTS = (
+    "an ImageFolder tree ROOT/<class>/<image> (ImageNet's synset folders, or with classnames.txt)",
+    "CLIP_benchmark's webdataset layout ROOT/test/nshards.txt + ROOT/test/0.tar ... with "
+    "classnames.txt and zeroshot_classification_templates.txt",
+)
 
 
-def resolve_classnames(root: str | os.PathLike, folders: Sequence[str],
-                       classnames: Sequence[str] | dict | str | os.PathLike | None = None) -> tuple[list[str], str]:
+def resolve_classnames(
+    root: str | os.PathLike, folders: Sequence[str], classnames: Sequence[str] | dict | str | os.PathLike | None = None
+) -> tuple[list[str], str]:
     """(class names in label order, their source) for ``root``'s sorted folders, each tied to its folder."""
     return folder_classnames(root, folders, classnames)
 
@@ -88,8 +92,15 @@ def _collate_labelled(batch):
 
 
 @torch.no_grad()
-def encode_labelled(model, batches, *, options: EvalOptions | None = None, desc: str = "zero-shot images",
-                    skips: SkipCounter | None = None, **kwargs) -> tuple[torch.Tensor, torch.Tensor]:
+def encode_labelled(
+    model,
+    batches,
+    *,
+    options: EvalOptions | None = None,
+    desc: str = "zero-shot images",
+    skips: SkipCounter | None = None,
+    **kwargs,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """``(normalised image features (N, D), labels)`` over batches of (images, labels[, skips])."""
     options = EvalOptions.from_kwargs(options, **kwargs)
     feats, labels = [], []
@@ -99,7 +110,7 @@ def encode_labelled(model, batches, *, options: EvalOptions | None = None, desc:
         if not isinstance(batch, (list, tuple)) or len(batch) < 2:
             raise ValueError(f"zero-shot data must yield (images, labels) batches, got {type(batch).__name__}")
         images, y = batch[0], batch[1]
-        for skip in (batch[2] if len(batch) > 2 and isinstance(batch[2], list) else ()):
+        for skip in batch[2] if len(batch) > 2 and isinstance(batch[2], list) else ():
             skips.record(skip)
         if images is None:
             continue
@@ -132,8 +143,9 @@ class ZeroshotData:
     bench: object | None = None  #: CLIP_benchmark's shards (`BenchmarkShards`)
 
 
-def zeroshot_data(root, classnames=None, templates=None, split: str = "test",
-                  multilabel: bool | None = None) -> ZeroshotData:
+def zeroshot_data(
+    root, classnames=None, templates=None, split: str = "test", multilabel: bool | None = None
+) -> ZeroshotData:
     """The layout, class names and templates of ``root``, read without the model, so that bad data is a
     ``ValueError`` naming it before the model loads.
     """
@@ -143,15 +155,19 @@ def zeroshot_data(root, classnames=None, templates=None, split: str = "test",
         own = classnames if classnames is not None else _dataset_attr(root, "classes")
         if own is None:
             raise ValueError("a Dataset/DataLoader needs classnames (or a `classes` attribute)")
-        source = str(own) if isinstance(own, (str, os.PathLike)) else \
-            ("argument" if classnames is not None else "dataset.classes")
+        source = (
+            str(own)
+            if isinstance(own, (str, os.PathLike))
+            else ("argument" if classnames is not None else "dataset.classes")
+        )
         tmpls, tmpl_source = resolve_templates(None, templates, _dataset_attr(root, "templates"), "dataset.templates")
         return ZeroshotData("dataset", _names_of(own), source, tmpls, tmpl_source, multilabel)
     if benchmark_layout_root(root, split) is not None:
         bench = read_benchmark_shards(root, split)
         if bench.dataset_type == "retrieval":
-            raise ValueError(f"{str(bench.root)!r} is a retrieval data set (dataset_type.txt); use the retrieval "
-                             f"evaluation")
+            raise ValueError(
+                f"{str(bench.root)!r} is a retrieval data set (dataset_type.txt); use the retrieval evaluation"
+            )
         if classnames is not None:
             names = _names_of(classnames)
             source = str(classnames) if isinstance(classnames, (str, os.PathLike)) else "argument"
@@ -159,8 +175,9 @@ def zeroshot_data(root, classnames=None, templates=None, split: str = "test",
             names, source = bench.classnames, str(bench.root / "classnames.txt")
         else:
             raise ValueError(f"no class names for {str(bench.root)!r}: classnames.txt is missing; pass classnames")
-        tmpls, tmpl_source = resolve_templates(None, templates, bench.templates,
-                                               str(bench.root / "zeroshot_classification_templates.txt"))
+        tmpls, tmpl_source = resolve_templates(
+            None, templates, bench.templates, str(bench.root / "zeroshot_classification_templates.txt")
+        )
         if multilabel is None:
             multilabel = bench.dataset_type == "multilabel"
         return ZeroshotData("clip_benchmark", names, source, tmpls, tmpl_source, multilabel, bench=bench)
@@ -169,8 +186,10 @@ def zeroshot_data(root, classnames=None, templates=None, split: str = "test",
         names, source = resolve_classnames(root, folders, classnames)
         tmpls, tmpl_source = resolve_templates(root, templates)
         return ZeroshotData("imagefolder", names, source, tmpls, tmpl_source, multilabel, samples=samples)
-    raise ValueError(f"zero-shot data {str(root)!r} is in neither layout: expected {ZEROSHOT_LAYOUTS[0]}, or "
-                     f"{ZEROSHOT_LAYOUTS[1]}; found {_found(root)}")
+    raise ValueError(
+        f"zero-shot data {str(root)!r} is in neither layout: expected {ZEROSHOT_LAYOUTS[0]}, or "
+        f"{ZEROSHOT_LAYOUTS[1]}; found {_found(root)}"
+    )
 
 
 def _found(root) -> str:
@@ -181,16 +200,20 @@ def _found(root) -> str:
     from ..data.pairs import is_caption_folder
 
     if is_caption_folder(root):
-        return (f"images with .txt captions: image-caption pairs, not classes; write shards with `clip-dcl data "
-                f"shards {shlex.quote(str(root))} OUT`, then evaluate them with "
-                "`clip-dcl eval retrieval --data OUT/val`")
+        return (
+            f"images with .txt captions: image-caption pairs, not classes; write shards with `clip-dcl data "
+            f"shards {shlex.quote(str(root))} OUT`, then evaluate them with "
+            "`clip-dcl eval retrieval --data OUT/val`"
+        )
     try:
         shards = expand_shards(str(root))
     except (ValueError, OSError):
         shards = []
     if shards:
-        return (f"{len(shards)} .tar shard(s) in img2dataset's layout: image-caption pairs, not classes; evaluate "
-                f"them with `clip-dcl eval retrieval --data {shlex.quote(str(root))}`")
+        return (
+            f"{len(shards)} .tar shard(s) in img2dataset's layout: image-caption pairs, not classes; evaluate "
+            f"them with `clip-dcl eval retrieval --data {shlex.quote(str(root))}`"
+        )
     return describe_folder(root)
 
 
@@ -218,20 +241,28 @@ def evaluate_zeroshot(
     skips = SkipCounter(options.strict) if skips is None else skips
     data = zeroshot_data(root, classnames, templates, split=split, multilabel=multilabel)
     names, tmpls, multilabel = data.classnames, data.templates, data.multilabel
-    log.info("zero-shot: %d classes (names: %s), %d templates (%s)", len(names), data.classnames_source,
-             len(tmpls), data.templates_source)
+    log.info(
+        "zero-shot: %d classes (names: %s), %d templates (%s)",
+        len(names),
+        data.classnames_source,
+        len(tmpls),
+        data.templates_source,
+    )
     batches = samples = None
     if data.layout == "dataset":
         batches = labelled_batches(root, batch_size, workers)
     elif data.layout == "clip_benchmark":
-        batches = labelled_batches(classification_wds(data.bench.shards, preprocess, multilabel, markers=True),
-                                   batch_size, workers, collate=_collate_labelled)
+        batches = labelled_batches(
+            classification_wds(data.bench.shards, preprocess, multilabel, markers=True),
+            batch_size,
+            workers,
+            collate=_collate_labelled,
+        )
     else:
         samples = data.samples
     classifier = zeroshot_classifier(model, tokenizer, names, tmpls, options=options)
     if samples is not None:
-        dataset = ImageListDataset([p for p, _ in samples], ImageSource("/"), preprocess, markers=True,
-                                   where=str(root))
+        dataset = ImageListDataset([p for p, _ in samples], ImageSource("/"), preprocess, markers=True, where=str(root))
         feats, kept = encode_images(model, dataset, options=options, desc="zero-shot images", skips=skips)
         labels = torch.tensor([y for _, y in samples])[kept]
     else:
@@ -242,14 +273,22 @@ def evaluate_zeroshot(
     if labels.ndim == 2 and labels.shape[1] != len(names):
         raise ValueError(f"multi-hot labels have {labels.shape[1]} columns but there are {len(names)} class names")
     if labels.ndim == 1 and len(labels) and (labels.min() < 0 or labels.max() >= len(names)):
-        raise ValueError(f"labels run from {int(labels.min())} to {int(labels.max())}, outside the {len(names)} "
-                         f"class names")
+        raise ValueError(
+            f"labels run from {int(labels.min())} to {int(labels.max())}, outside the {len(names)} class names"
+        )
     metrics = zeroshot_metrics(feats, classifier, labels)
     if return_info:
-        info = {"num_images": int(feats.shape[0]), "num_classes": len(names), "layout": data.layout,
-                "classnames_source": data.classnames_source, "templates_source": data.templates_source,
-                "num_templates": len(tmpls),
-                "classnames": list(names), "templates": _printable_templates(tmpls), "skipped": skips.as_dict()}
+        info = {
+            "num_images": int(feats.shape[0]),
+            "num_classes": len(names),
+            "layout": data.layout,
+            "classnames_source": data.classnames_source,
+            "templates_source": data.templates_source,
+            "num_templates": len(tmpls),
+            "classnames": list(names),
+            "templates": _printable_templates(tmpls),
+            "skipped": skips.as_dict(),
+        }
         return metrics, info
     return metrics
 
@@ -265,9 +304,11 @@ def _names_of(classnames) -> list[str]:
     """A list of names in label order, or a file of them; a mapping has no order without folders: refused."""
     names = load_classnames(classnames) if isinstance(classnames, (str, os.PathLike)) else classnames
     if isinstance(names, dict):
-        raise ValueError(f"class names from {classnames if isinstance(classnames, (str, os.PathLike)) else 'argument'}"
-                         " map folders to names, but these labels are numbers, not class folders; give the names "
-                         "as a list in label order")
+        raise ValueError(
+            f"class names from {classnames if isinstance(classnames, (str, os.PathLike)) else 'argument'}"
+            " map folders to names, but these labels are numbers, not class folders; give the names "
+            "as a list in label order"
+        )
     return list(names)
 
 
@@ -275,18 +316,27 @@ def _names_of(classnames) -> list[str]:
 # The task: `clip-dcl eval zeroshot` and CLIP_benchmark's zeroshot_classification
 # ----------------------------------------------------------------------------------------------
 def _add_arguments(p) -> None:
-    p.add_argument("--data", required=True,
-                   help="ImageFolder root ROOT/<class>/<images>, or a CLIP_benchmark webdataset data set "
-                        "(ROOT/test/nshards.txt, classnames.txt, zeroshot_classification_templates.txt)")
+    p.add_argument(
+        "--data",
+        required=True,
+        help="ImageFolder root ROOT/<class>/<images>, or a CLIP_benchmark webdataset data set "
+        "(ROOT/test/nshards.txt, classnames.txt, zeroshot_classification_templates.txt)",
+    )
     p.add_argument("--split", default="test", help="split folder of CLIP_benchmark's layout (default test)")
-    p.add_argument("--classnames", default=None,
-                   help="class-name file: JSON {\"folder\": \"name\", ...} for an ImageFolder tree, or one name a "
-                        "line in label order (each line must name its folder: sorted folder order); default: the "
-                        "data's classnames.json or classnames.txt, ImageNet's names for its synset folders, else the "
-                        "folder names")
-    p.add_argument("--templates", default=None,
-                   help="template file: one per line with {c}, or JSON (a list, or CuPL's class -> prompts) "
-                        "(default: the data's templates, or OpenAI's 80)")
+    p.add_argument(
+        "--classnames",
+        default=None,
+        help='class-name file: JSON {"folder": "name", ...} for an ImageFolder tree, or one name a '
+        "line in label order (each line must name its folder: sorted folder order); default: the "
+        "data's classnames.json or classnames.txt, ImageNet's names for its synset folders, else the "
+        "folder names",
+    )
+    p.add_argument(
+        "--templates",
+        default=None,
+        help="template file: one per line with {c}, or JSON (a list, or CuPL's class -> prompts) "
+        "(default: the data's templates, or OpenAI's 80)",
+    )
 
 
 def _check(args) -> None:
@@ -310,26 +360,49 @@ def _benchmark_check(run, settings) -> None:
 
 
 def _run(model, preprocess, tokenizer, args, common) -> TaskResult:
-    metrics, info = evaluate_zeroshot(model, preprocess, tokenizer, args.data, classnames=args.classnames,
-                                      templates=args.templates, split=args.split, return_info=True, **common)
+    metrics, info = evaluate_zeroshot(
+        model,
+        preprocess,
+        tokenizer,
+        args.data,
+        classnames=args.classnames,
+        templates=args.templates,
+        split=args.split,
+        return_info=True,
+        **common,
+    )
     info.pop("classnames")
     info.pop("templates")
-    settings = dict(classnames=info.pop("classnames_source"), templates=info.pop("templates_source"),
-                    num_templates=info.pop("num_templates"))
+    settings = dict(
+        classnames=info.pop("classnames_source"),
+        templates=info.pop("templates_source"),
+        num_templates=info.pop("num_templates"),
+    )
     return TaskResult(metrics, {"path": str(args.data), **info}, settings=settings)
 
 
 def benchmark_classification_metrics(metrics: dict[str, float]) -> dict[str, float]:
     """CLIP_benchmark's keys of the metrics."""
-    keys = ("mean_average_precision",) if "mean_average_precision" in metrics else \
-        ("acc1", "acc5", "mean_per_class_recall")
+    keys = (
+        ("mean_average_precision",)
+        if "mean_average_precision" in metrics
+        else ("acc1", "acc5", "mean_per_class_recall")
+    )
     return {k: metrics[k] for k in keys}
 
 
 def _benchmark_run(model, preprocess, tokenizer, run, settings):
-    metrics, info = evaluate_zeroshot(model, preprocess, tokenizer, run.root, classnames=settings.classnames(run),
-                                      templates=settings.templates(run), split=settings.split, return_info=True,
-                                      options=settings.options)
+    metrics, info = evaluate_zeroshot(
+        model,
+        preprocess,
+        tokenizer,
+        run.root,
+        classnames=settings.classnames(run),
+        templates=settings.templates(run),
+        split=settings.split,
+        return_info=True,
+        options=settings.options,
+    )
     extra = {}
     if settings.dump_classnames:
         extra["classnames"] = info["classnames"]
@@ -343,23 +416,27 @@ def zeroshot_table(metrics: dict[str, float], args=None) -> str:
     table = metrics_table(metrics)
     top5 = metrics.get("top5")
     if isinstance(top5, float) and math.isnan(top5):
-        table += ("\ntop5 and acc5 are nan: the data have fewer than 5 classes, so the true class is always among "
-                  "the top 5 and they measure nothing")
+        table += (
+            "\ntop5 and acc5 are nan: the data have fewer than 5 classes, so the true class is always among "
+            "the top 5 and they measure nothing"
+        )
     return table
 
 
-register_task(EvalTask(
-    name="zeroshot",
-    help="zero-shot top-1/top-5/mean per-class recall (or mAP for multi-label data)",
-    description="Zero-shot classification on an ImageFolder tree (ImageNet synset folders use OpenCLIP's class "
-                "names and templates) or CLIP_benchmark's webdataset layout.",
-    add_arguments=_add_arguments,
-    check=_check,
-    run=_run,
-    metrics=("acc1", "acc5", "mean_per_class_recall", "mean_average_precision (multi-label data)"),
-    table=zeroshot_table,
-    benchmark_name="zeroshot_classification",
-    benchmark_metrics=benchmark_classification_metrics,
-    benchmark_run=_benchmark_run,
-    benchmark_check=_benchmark_check,
-))
+register_task(
+    EvalTask(
+        name="zeroshot",
+        help="zero-shot top-1/top-5/mean per-class recall (or mAP for multi-label data)",
+        description="Zero-shot classification on an ImageFolder tree (ImageNet synset folders use OpenCLIP's class "
+        "names and templates) or CLIP_benchmark's webdataset layout.",
+        add_arguments=_add_arguments,
+        check=_check,
+        run=_run,
+        metrics=("acc1", "acc5", "mean_per_class_recall", "mean_average_precision (multi-label data)"),
+        table=zeroshot_table,
+        benchmark_name="zeroshot_classification",
+        benchmark_metrics=benchmark_classification_metrics,
+        benchmark_run=_benchmark_run,
+        benchmark_check=_benchmark_check,
+    )
+)

@@ -3,6 +3,7 @@
 Each check ends the program through ``SystemExit`` with the message, as ``argparse`` does for a
 bad flag, so a benchmark's ``main`` reads as a list of checks.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -60,13 +61,27 @@ def benchmark_parser(script: str, doc: str) -> argparse.ArgumentParser:
     description, defaults shown, no abbreviated flags (a typo must not select another flag)."""
     from ..arguments import FlagParser
 
-    return FlagParser(prog=f"benchmarks/{script}", allow_abbrev=False, description=doc.split("\n\n")[0],
-                      formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    return FlagParser(
+        prog=f"benchmarks/{script}",
+        allow_abbrev=False,
+        description=doc.split("\n\n")[0],
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
 
 
-def add_comparison_arguments(p: argparse.ArgumentParser, *, quick: str, work: str, results: str, quick_report: str,
-                             num_classes: int, train_samples: Optional[int], train_samples_help: str,
-                             epochs_help: str, seeds_help: str) -> None:
+def add_comparison_arguments(
+    p: argparse.ArgumentParser,
+    *,
+    quick: str,
+    work: str,
+    results: str,
+    quick_report: str,
+    num_classes: int,
+    train_samples: Optional[int],
+    train_samples_help: str,
+    epochs_help: str,
+    seeds_help: str,
+) -> None:
     """The flags of a benchmark that compares objectives trained on the synthetic data.
 
     ``--quick`` (``quick``: what the smoke run does), ``--work`` (data and runs, default ``work``),
@@ -75,8 +90,9 @@ def add_comparison_arguments(p: argparse.ArgumentParser, *, quick: str, work: st
     """
     p.add_argument("--quick", action="store_true", help=f"smoke run: {quick}; report under --work")
     p.add_argument("--work", default=work, help="folder for the data and the runs")
-    p.add_argument("--results", default=None,
-                   help=f"folder of the report (default: {results}; with --quick: {quick_report})")
+    p.add_argument(
+        "--results", default=None, help=f"folder of the report (default: {results}; with --quick: {quick_report})"
+    )
     p.add_argument("--num-classes", type=int, default=num_classes, help="latent classes (tau_plus = 1 / classes)")
     p.add_argument("--train-samples", type=int, default=train_samples, help=train_samples_help)
     p.add_argument("--epochs", type=int, default=None, help=epochs_help)

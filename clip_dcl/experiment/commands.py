@@ -6,6 +6,7 @@ package default changes. :func:`loss_flags` reads each registered loss's flag ta
 (:class:`clip_dcl.losses.base.LossFlag`), its defaults (``defaults()``) and which settings its
 configuration reads (``reads_setting``).
 """
+
 from __future__ import annotations
 
 from typing import Dict

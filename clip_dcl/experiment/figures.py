@@ -1,4 +1,5 @@
 """Figures of the reports: matplotlib without a display, and one way to write a PNG."""
+
 from __future__ import annotations
 
 import os

@@ -3,11 +3,12 @@
 The CPU allocator keeps no peak counter, so a benchmark runs a call in a fresh process and takes
 `peak_rss_bytes` after it minus `current_rss_bytes` before it. Linux only.
 """
+
 from __future__ import annotations
 
 import resource
 
-MIB = 2 ** 20
+MIB = 2**20
 
 
 def peak_rss_bytes() -> int:

@@ -12,6 +12,7 @@ For a comparison of objectives trained on the synthetic data, :func:`write_repor
 whole report: a table of the scores over seeds (:func:`comparison_table`), the raw numbers and
 settings, and the training curves and scores (:func:`plot`).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -51,8 +52,10 @@ def machine_info() -> str:
 
     cpu = cpu_model()
     gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "no GPU"
-    return (f"{cpu}, {os.cpu_count()} CPU cores ({torch.get_num_threads()} torch threads), {gpu}; "
-            f"{platform.system()} {platform.release()}, Python {platform.python_version()}, torch {torch.__version__}")
+    return (
+        f"{cpu}, {os.cpu_count()} CPU cores ({torch.get_num_threads()} torch threads), {gpu}; "
+        f"{platform.system()} {platform.release()}, Python {platform.python_version()}, torch {torch.__version__}"
+    )
 
 
 def code_commit(where: Optional[os.PathLike] = None) -> str:
@@ -67,6 +70,7 @@ def code_commit(where: Optional[os.PathLike] = None) -> str:
             return subprocess.run(["git", *a], cwd=where, capture_output=True, text=True, timeout=30).stdout.strip()
         except (OSError, subprocess.SubprocessError):
             return ""
+
     head = git("rev-parse", "--short=10", "HEAD") or "unknown"
     return head + ("+changes" if head != "unknown" and git("status", "--porcelain", "--untracked-files=no") else "")
 
@@ -89,8 +93,11 @@ def about_lines(*, command: str, date: str, machine: Optional[str] = None, statu
     """The opening items of a benchmark's Markdown report: status (when given), command, date
     (``date``: the words after "Date (UTC):") and machine (default :func:`machine_info`)."""
     lines = [f"- Status: {status}"] if status is not None else []
-    return lines + [f"- Command: `{command}`", f"- Date (UTC): {date}",
-                    f"- Machine: {machine_info() if machine is None else machine}"]
+    return lines + [
+        f"- Command: `{command}`",
+        f"- Date (UTC): {date}",
+        f"- Machine: {machine_info() if machine is None else machine}",
+    ]
 
 
 def utc_date(fmt: str = "%Y-%m-%d %H:%M") -> str:
@@ -115,7 +122,8 @@ _PYTHON = re.compile(r"python[\d.]*")
 def portable(doc, roots: Sequence[os.PathLike] = ()):
     """``doc`` (JSON's types, paths as :class:`~pathlib.Path` or ``str``) without the paths of the machine that
     made it, for a published report: an absolute path under one of ``roots`` (a benchmark's work folder, the
-    repository) is written relative to the innermost, the interpreter of a recorded command (an absolute path named ``python*``) as
+    repository) is written relative to the innermost, the interpreter of a recorded command (an absolute path named
+    ``python*``) as
     ``python``; any other value is kept."""
     bases = []
     for root in roots:
@@ -190,8 +198,9 @@ class Report:
     def about(self, status: Optional[str] = None, date: Optional[str] = None) -> List[str]:
         """The report's opening items: status (when given), command, date (default :attr:`date`; a
         longer text may say more, such as the time taken) and machine."""
-        return about_lines(status=status, command=self.command, date=self.date if date is None else date,
-                           machine=self.machine)
+        return about_lines(
+            status=status, command=self.command, date=self.date if date is None else date, machine=self.machine
+        )
 
     def write(self, markdown: Union[str, Sequence[str]], doc: Optional[dict] = None, sep: str = "\n") -> Path:
         """Write the Markdown (a text, or its parts joined by ``sep``, ending in one newline) and, when
@@ -201,8 +210,11 @@ class Report:
         md = self.path(".md")
         md.write_text(text.rstrip("\n") + "\n")
         if doc is not None:
-            write_json(self.path(".json"), {"command": self.command, "date": self.date, "machine": self.machine, **doc},
-                       roots=[*([self.work] if self.work else []), *self.roots])
+            write_json(
+                self.path(".json"),
+                {"command": self.command, "date": self.date, "machine": self.machine, **doc},
+                roots=[*([self.work] if self.work else []), *self.roots],
+            )
         return md
 
     def figure(self, fig, title: str = "", **options) -> Path:
@@ -213,8 +225,12 @@ class Report:
 def add_report_arguments(parser, stem: str, quick: str) -> None:
     """``--out`` (the report's path without suffix, read by :func:`report_path`) and ``--quick``
     (``quick``: what the smoke run does) of a benchmark that writes ``benchmarks/results/<stem>``."""
-    parser.add_argument("--out", default=None, help=f"the report's path without suffix (default "
-                        f"benchmarks/results/{stem}; with --quick a new temporary folder)")
+    parser.add_argument(
+        "--out",
+        default=None,
+        help=f"the report's path without suffix (default "
+        f"benchmarks/results/{stem}; with --quick a new temporary folder)",
+    )
     parser.add_argument("--quick", action="store_true", help=f"smoke run: {quick}")
 
 
@@ -228,8 +244,9 @@ def report_path(given: Optional[os.PathLike], default: os.PathLike, quick: bool)
     return Path(tempfile.mkdtemp(prefix=f"{default.name}_")) / default.name if quick else default
 
 
-def comparison_table(scores: Dict[str, List[Dict[str, float]]], rows: Sequence[tuple],
-                     chance: Dict[str, float], bold: bool = True) -> str:
+def comparison_table(
+    scores: Dict[str, List[Dict[str, float]]], rows: Sequence[tuple], chance: Dict[str, float], bold: bool = True
+) -> str:
     """Markdown: one row per metric, one column per run (mean ± sample std over seeds), in percent.
 
     ``scores``: run name -> one metrics dict per seed. The best mean of a row is in bold, unless ``bold`` is
@@ -240,8 +257,9 @@ def comparison_table(scores: Dict[str, List[Dict[str, float]]], rows: Sequence[t
     lines = [header, "|" + "---|" * (len(names) + 2)]
     for key, label in rows:
         values = {n: [s.get(key, float("nan")) for s in scores[n]] for n in names}
-        means = {n: (sum(v) / len(v) if v and all(math.isfinite(x) for x in v) else float("nan"))
-                 for n, v in values.items()}
+        means = {
+            n: (sum(v) / len(v) if v and all(math.isfinite(x) for x in v) else float("nan")) for n, v in values.items()
+        }
         finite = [m for m in means.values() if math.isfinite(m)]
         best = max(finite) if finite else None
         cells = []
@@ -253,8 +271,14 @@ def comparison_table(scores: Dict[str, List[Dict[str, float]]], rows: Sequence[t
     return "\n".join(lines)
 
 
-def plot(results: Dict[str, List[TrainResult]], scores: Dict[str, List[Dict[str, float]]],
-         rows: Sequence[tuple], chance: Dict[str, float], path: os.PathLike, title: str = "") -> Path:
+def plot(
+    results: Dict[str, List[TrainResult]],
+    scores: Dict[str, List[Dict[str, float]]],
+    rows: Sequence[tuple],
+    chance: Dict[str, float],
+    path: os.PathLike,
+    title: str = "",
+) -> Path:
     """A PNG: training loss and validation R@1 per epoch (left), headline scores per run (right)."""
     import numpy as np
 
@@ -285,12 +309,22 @@ def plot(results: Dict[str, List[TrainResult]], scores: Dict[str, List[Dict[str,
     x = np.arange(len(rows))
     for i, name in enumerate(names):
         means = [100 * np.nanmean([s.get(k, np.nan) for s in scores[name]]) for k, _ in rows]
-        errs = [100 * (np.nanstd([s.get(k, np.nan) for s in scores[name]], ddof=1) if len(scores[name]) > 1 else 0)
-                for k, _ in rows]
-        ax.bar(x + (i - (len(names) - 1) / 2) * width, means, width, yerr=errs, label=name,
-               color=colours[i % len(colours)], capsize=2)
-    ax.scatter(x, [100 * chance.get(k, np.nan) for k, _ in rows], marker="_", s=300, color="black",
-               label="chance", zorder=3)
+        errs = [
+            100 * (np.nanstd([s.get(k, np.nan) for s in scores[name]], ddof=1) if len(scores[name]) > 1 else 0)
+            for k, _ in rows
+        ]
+        ax.bar(
+            x + (i - (len(names) - 1) / 2) * width,
+            means,
+            width,
+            yerr=errs,
+            label=name,
+            color=colours[i % len(colours)],
+            capsize=2,
+        )
+    ax.scatter(
+        x, [100 * chance.get(k, np.nan) for k, _ in rows], marker="_", s=300, color="black", label="chance", zorder=3
+    )
     ax.set_xticks(x, [label for _, label in rows], rotation=60, ha="right", fontsize=7)
     ax.set(ylabel="%", title="held-out scores")
     ax.grid(axis="y", alpha=0.3)
@@ -298,18 +332,28 @@ def plot(results: Dict[str, List[TrainResult]], scores: Dict[str, List[Dict[str,
     return save_figure(fig, path, title)
 
 
-def write_report(out_dir: os.PathLike, stem: str, *, data: dict, budget: Budget,
-                 results: Dict[str, List[TrainResult]], scores: Dict[str, List[Dict[str, float]]],
-                 header: str = "", extra: Optional[dict] = None, roots: Sequence[os.PathLike] = (),
-                 smoke_test: Optional[str] = None) -> Dict[str, Path]:
+def write_report(
+    out_dir: os.PathLike,
+    stem: str,
+    *,
+    data: dict,
+    budget: Budget,
+    results: Dict[str, List[TrainResult]],
+    scores: Dict[str, List[Dict[str, float]]],
+    header: str = "",
+    extra: Optional[dict] = None,
+    roots: Sequence[os.PathLike] = (),
+    smoke_test: Optional[str] = None,
+) -> Dict[str, Path]:
     """Write ``<stem>.md`` (table), ``<stem>.json`` (raw numbers, commands; paths relative to the work folder,
     the one that holds the data's ``out_dir``, or to one of ``roots``) and ``<stem>.png``.
 
     ``smoke_test``: the sentence that says the numbers only show the job ran (a run too small to compare
     anything): written above the table and into the JSON, and no number is in bold."""
     work = Path(data["out_dir"]).parent if data.get("out_dir") else None
-    report = Report(out_dir, stem, command=" ".join([Path(sys.argv[0]).name] + sys.argv[1:]), work=work,
-                    roots=tuple(roots))
+    report = Report(
+        out_dir, stem, command=" ".join([Path(sys.argv[0]).name] + sys.argv[1:]), work=work, roots=tuple(roots)
+    )
     rows = headline_metrics(data)
     chance = chance_levels(data)
     table = comparison_table(scores, rows, chance, bold=smoke_test is None)
@@ -320,17 +364,35 @@ def write_report(out_dir: os.PathLike, stem: str, *, data: dict, budget: Budget,
         "chance": chance,
         "table": table,
         "runs": {
-            name: [{"flags": list(r.run.flags), "seed": s.get("seed"), "checkpoint": str(r.checkpoint),
-                    "train_seconds": r.seconds, "command": r.command, "curves": r.curves, "val": r.val,
-                    "metrics": {k: v for k, v in s.items() if k != "seed"}}
-                   for r, s in zip(results[name], scores[name])]
+            name: [
+                {
+                    "flags": list(r.run.flags),
+                    "seed": s.get("seed"),
+                    "checkpoint": str(r.checkpoint),
+                    "train_seconds": r.seconds,
+                    "command": r.command,
+                    "curves": r.curves,
+                    "val": r.val,
+                    "metrics": {k: v for k, v in s.items() if k != "seed"},
+                }
+                for r, s in zip(results[name], scores[name])
+            ]
             for name in results
         },
         **(extra or {}),
         **({"smoke_test": smoke_test} if smoke_test else {}),
     }
-    md = report.write([*([header, ""] if header else []), *report.about(),
-                       f"- raw numbers, commands and curves: `{stem}.json`", "",
-                       *([f"**{smoke_test}**", ""] if smoke_test else []), table, "",
-                       f"![curves and scores]({png.name})"], doc)
+    md = report.write(
+        [
+            *([header, ""] if header else []),
+            *report.about(),
+            f"- raw numbers, commands and curves: `{stem}.json`",
+            "",
+            *([f"**{smoke_test}**", ""] if smoke_test else []),
+            table,
+            "",
+            f"![curves and scores]({png.name})",
+        ],
+        doc,
+    )
     return {"markdown": md, "json": report.path(".json"), "png": png, "table": table}

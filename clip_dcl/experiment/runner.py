@@ -9,6 +9,7 @@ The child is a process group of its own: Ctrl-C (or SIGTERM, under ``stop_on_sig
 process only, which passes it on once to the child's group, waits for it to save and exit (``STOP_GRACE_S``
 at most) and raises on, so that the caller can say what it kept and nothing it started outlives it.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -54,8 +55,10 @@ def stop_on_signals():
     def stop(signum, frame):
         raise Stopped(signal.Signals(signum).name)
 
-    before = {signal.SIGTERM: signal.signal(signal.SIGTERM, stop),
-              signal.SIGINT: signal.signal(signal.SIGINT, signal.default_int_handler)}
+    before = {
+        signal.SIGTERM: signal.signal(signal.SIGTERM, stop),
+        signal.SIGINT: signal.signal(signal.SIGINT, signal.default_int_handler),
+    }
     try:
         yield
     finally:
@@ -121,16 +124,26 @@ def resolve_device(device: Optional[str]) -> str:
     return _resolve(device)
 
 
-def train_command(run: Run, data: dict, logs: os.PathLike, budget: Budget,
-                  entry: Optional[Sequence[str]] = None, *, precision: str = "fp32", device: str = "auto",
-                  num_samples: Optional[int] = None, validate: bool = True) -> List[str]:
+def train_command(
+    run: Run,
+    data: dict,
+    logs: os.PathLike,
+    budget: Budget,
+    entry: Optional[Sequence[str]] = None,
+    *,
+    precision: str = "fp32",
+    device: str = "auto",
+    num_samples: Optional[int] = None,
+    validate: bool = True,
+) -> List[str]:
     """The ``python -m clip_dcl.train -- ...`` command line of ``run`` (``data``: a synth summary).
 
     ``entry`` replaces ``[python, "-m", "clip_dcl.train"]``, e.g. with a script that registers
     an extra loss before calling :func:`clip_dcl.train.main`. ``precision`` and ``device`` are
     OpenCLIP's; ``device="auto"`` (the default) is ``cuda`` when a GPU is visible here, else ``cpu``;
     ``device=None`` leaves the flag out, so that the machine that runs the line picks (OpenCLIP's ``cuda``,
-    which falls back to the CPU where there is no GPU): a line written on one machine to run on another. ``num_samples`` makes every epoch that many samples drawn with replacement
+    which falls back to the CPU where there is no GPU): a line written on one machine to run on another.
+    ``num_samples`` makes every epoch that many samples drawn with replacement
     (``--dataset-resampled``), whatever the shard sizes and the loader workers, in place of one
     pass over the data's training split: an exact number of steps, as a timing needs.
     ``validate=False`` only trains: no validation, and no checkpoint but the last epoch's.
@@ -140,23 +153,53 @@ def train_command(run: Run, data: dict, logs: os.PathLike, budget: Budget,
     """
     every_epoch = "1" if validate else "0"
     return [
-        *(entry or [sys.executable, "-m", "clip_dcl.train"]), "--",
-        "--model", budget.model,
-        "--train-data", data["train_data"], *(["--val-data", data["val_data"]] if validate else []),
-        "--dataset-type", data.get("dataset_type", "webdataset"),
+        *(entry or [sys.executable, "-m", "clip_dcl.train"]),
+        "--",
+        "--model",
+        budget.model,
+        "--train-data",
+        data["train_data"],
+        *(["--val-data", data["val_data"]] if validate else []),
+        "--dataset-type",
+        data.get("dataset_type", "webdataset"),
         *(["--dataset-resampled"] if num_samples is not None else []),
-        "--train-num-samples", str(data["train"]["num_samples"] if num_samples is None else num_samples),
+        "--train-num-samples",
+        str(data["train"]["num_samples"] if num_samples is None else num_samples),
         *(["--val-num-samples", str(data["val"]["num_samples"])] if validate else []),
-        "--batch-size", str(budget.batch_size), "--epochs", str(budget.epochs),
-        "--lr", repr(budget.lr), "--wd", repr(budget.wd), "--warmup", str(budget.warmup),
-        "--seed", str(budget.seed), "--workers", str(budget.workers),
-        "--precision", precision, *(["--device", resolve_device(device)] if device is not None else []),
-        "--logs", str(logs), "--name", run.slug,
-        "--log-every-n-steps", str(budget.log_every_n_steps),
-        "--save-frequency", every_epoch, "--zeroshot-frequency", "0", "--val-frequency", every_epoch,
+        "--batch-size",
+        str(budget.batch_size),
+        "--epochs",
+        str(budget.epochs),
+        "--lr",
+        repr(budget.lr),
+        "--wd",
+        repr(budget.wd),
+        "--warmup",
+        str(budget.warmup),
+        "--seed",
+        str(budget.seed),
+        "--workers",
+        str(budget.workers),
+        "--precision",
+        precision,
+        *(["--device", resolve_device(device)] if device is not None else []),
+        "--logs",
+        str(logs),
+        "--name",
+        run.slug,
+        "--log-every-n-steps",
+        str(budget.log_every_n_steps),
+        "--save-frequency",
+        every_epoch,
+        "--zeroshot-frequency",
+        "0",
+        "--val-frequency",
+        every_epoch,
         "--delete-previous-checkpoint",
-        "--report-to", "",
-        *budget.extra, *run.flags,
+        "--report-to",
+        "",
+        *budget.extra,
+        *run.flags,
     ]
 
 
@@ -200,10 +243,21 @@ def machine_lock(echo: Callable[[str], None] = print):
             fcntl.flock(handle, fcntl.LOCK_UN)
 
 
-def train(run: Run, data: dict, logs: os.PathLike, budget: Budget, *, echo: Callable[[str], None] = print,
-          env: Optional[dict] = None, entry: Optional[Sequence[str]] = None, precision: str = "fp32",
-          device: str = "auto", num_samples: Optional[int] = None, validate: bool = True,
-          lock: bool = True) -> TrainResult:
+def train(
+    run: Run,
+    data: dict,
+    logs: os.PathLike,
+    budget: Budget,
+    *,
+    echo: Callable[[str], None] = print,
+    env: Optional[dict] = None,
+    entry: Optional[Sequence[str]] = None,
+    precision: str = "fp32",
+    device: str = "auto",
+    num_samples: Optional[int] = None,
+    validate: bool = True,
+    lock: bool = True,
+) -> TrainResult:
     """Train ``run`` in a child process; stream its progress through ``echo``; return its results.
 
     An earlier run of the same name under ``logs`` is replaced (OpenCLIP refuses to reuse a
@@ -219,8 +273,9 @@ def train(run: Run, data: dict, logs: os.PathLike, budget: Budget, *, echo: Call
     device = resolve_device(device)
     logs = Path(logs)
     log_dir = logs / run.slug
-    cmd = train_command(run, data, logs, budget, entry, precision=precision, device=device,
-                        num_samples=num_samples, validate=validate)
+    cmd = train_command(
+        run, data, logs, budget, entry, precision=precision, device=device, num_samples=num_samples, validate=validate
+    )
     no_gpu = {"CUDA_VISIBLE_DEVICES": ""} if device == "cpu" else {}
     child_env = {**os.environ, **no_gpu, "PYTHONUNBUFFERED": "1", **(env or {})}
     with machine_lock(echo) if lock else contextlib.nullcontext():
@@ -236,10 +291,10 @@ def train(run: Run, data: dict, logs: os.PathLike, budget: Budget, *, echo: Call
     tail = lines[-60:]
     checkpoint = log_dir / "checkpoints" / f"epoch_{budget.epochs}.pt"
     if code != 0 or not checkpoint.is_file():
-        raise RuntimeError(f"training {run.name!r} failed (exit code {code}): {' '.join(cmd)}\n"
-                           + "\n".join(tail))
-    return TrainResult(run, checkpoint, log_dir, seconds, cmd, read_curves(log_dir / METRICS_FILE),
-                       read_val(log_dir / METRICS_FILE))
+        raise RuntimeError(f"training {run.name!r} failed (exit code {code}): {' '.join(cmd)}\n" + "\n".join(tail))
+    return TrainResult(
+        run, checkpoint, log_dir, seconds, cmd, read_curves(log_dir / METRICS_FILE), read_val(log_dir / METRICS_FILE)
+    )
 
 
 def progress_line(name: str, record: dict, epochs: int, seconds: float) -> str:
@@ -248,8 +303,10 @@ def progress_line(name: str, record: dict, epochs: int, seconds: float) -> str:
     pct = round(100 * min(1.0, epoch_position(record) - record["epoch"]))
     term, loss2 = record.get("term"), record.get("loss2")
     extra = (f" ({term} step)" if term else "") + (f", InfoNCE {float(loss2):.4f}" if loss2 is not None else "")
-    return (f"  [{name}] epoch {record['epoch'] + 1}/{epochs} {pct:3d}%  loss {float(record['loss']):.4f}{extra}  "
-            f"({seconds:.0f} s)")
+    return (
+        f"  [{name}] epoch {record['epoch'] + 1}/{epochs} {pct:3d}%  loss {float(record['loss']):.4f}{extra}  "
+        f"({seconds:.0f} s)"
+    )
 
 
 def _val_line(name: str, record: dict) -> str:
@@ -270,13 +327,15 @@ def _stream(cmd, env, run: Run, budget: Budget, echo, start: float, metrics: Pat
             now = time.perf_counter()
             if record.get("kind") == "val":
                 echo(_val_line(run.name, record))
-            elif record.get("kind") == "train" and (now - last_echo > 5 or
-                                                    record["samples"] >= record["samples_per_epoch"]):
+            elif record.get("kind") == "train" and (
+                now - last_echo > 5 or record["samples"] >= record["samples_per_epoch"]
+            ):
                 echo(progress_line(run.name, record, budget.epochs, now - start))
                 last_echo = now
 
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
-                            start_new_session=True)
+    proc = subprocess.Popen(
+        cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, start_new_session=True
+    )
     with proc.stdout:
         try:
             for line in proc.stdout:
@@ -294,6 +353,7 @@ def stop_child(proc: subprocess.Popen, signum: int, lines: Optional[List[str]] =
     """Pass ``signum`` to the group of ``proc`` (a session leader), read what it still prints while it saves,
     and return its exit code; the group is killed :data:`STOP_GRACE_S` after the signal. A Ctrl-C meanwhile
     is passed on too (the trainer's second Ctrl-C stops it at once, without saving)."""
+
     def send(num):
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(proc.pid, num)
@@ -349,8 +409,10 @@ def read_step_times(metrics: os.PathLike) -> List[StepTime]:
     ``data_seconds`` and ``batch_seconds`` are the last step's (OpenCLIP's ``train/data_time`` and
     ``train/batch_time``), ``samples_per_second`` the global batch over that step's time.
     """
-    return [StepTime(r["epoch"], r["samples"], r["data_time"], r["batch_time"], r["samples_per_second"])
-            for r in read_metrics(metrics, "train")]
+    return [
+        StepTime(r["epoch"], r["samples"], r["data_time"], r["batch_time"], r["samples_per_second"])
+        for r in read_metrics(metrics, "train")
+    ]
 
 
 def packed_training_set(data: dict, verbose: bool = True) -> dict:

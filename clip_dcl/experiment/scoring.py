@@ -5,6 +5,7 @@ held-out splits; :func:`train_and_evaluate` trains and scores a run once and rem
 :func:`chance_levels` gives what a random embedding would score, worked out from the data's
 sizes; :func:`headline_metrics` names the rows of a comparison.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -38,10 +39,19 @@ class Outcome:
     source: str
 
 
-def train_and_evaluate(run: Run, data: dict, logs: os.PathLike, budget: Budget, cache: os.PathLike, *,
-                       fewshot_seeds: Sequence[int] = (0, 1, 2), entry: Optional[Sequence[str]] = None,
-                       env: Optional[dict] = None, echo: Callable[[str], None] = print,
-                       device: str = "auto") -> Outcome:
+def train_and_evaluate(
+    run: Run,
+    data: dict,
+    logs: os.PathLike,
+    budget: Budget,
+    cache: os.PathLike,
+    *,
+    fewshot_seeds: Sequence[int] = (0, 1, 2),
+    entry: Optional[Sequence[str]] = None,
+    env: Optional[dict] = None,
+    echo: Callable[[str], None] = print,
+    device: str = "auto",
+) -> Outcome:
     """:func:`train` then :func:`evaluate`, remembered in the JSON file ``cache``.
 
     A later call with the same run flags, budget, data config and few-shot seeds reuses the
@@ -54,14 +64,29 @@ def train_and_evaluate(run: Run, data: dict, logs: os.PathLike, budget: Budget, 
     # the loss's package defaults too (a loss without flags, clip, has none): a run named by a few
     # flags (``--loss decl``) changes meaning when a default changes, and must then train again
     defaults = defaults_of(run.flags)
-    key = json.loads(json.dumps({"flags": list(run.flags), "budget": dataclasses.asdict(budget),
-                                 "data": data["config"], "fewshot_seeds": list(fewshot_seeds),
-                                 **({"loss_defaults": defaults} if defaults else {})}))
+    key = json.loads(
+        json.dumps(
+            {
+                "flags": list(run.flags),
+                "budget": dataclasses.asdict(budget),
+                "data": data["config"],
+                "fewshot_seeds": list(fewshot_seeds),
+                **({"loss_defaults": defaults} if defaults else {}),
+            }
+        )
+    )
     doc = json.loads(cache.read_text()) if cache.is_file() else {}
     res = None
     if doc.get("settings") == key and Path(doc.get("checkpoint", "")).is_file():
-        res = TrainResult(run, Path(doc["checkpoint"]), Path(doc["log_dir"]), doc["seconds"], doc["command"],
-                          doc["curves"], doc["val"])
+        res = TrainResult(
+            run,
+            Path(doc["checkpoint"]),
+            Path(doc["log_dir"]),
+            doc["seconds"],
+            doc["command"],
+            doc["curves"],
+            doc["val"],
+        )
         if doc.get("evaluator") == EVALUATOR:
             return Outcome(res, doc["metrics"], doc["eval_seconds"], doc["finished"], "reused")
     source = "evaluated" if res is not None else "trained"
@@ -72,19 +97,44 @@ def train_and_evaluate(run: Run, data: dict, logs: os.PathLike, budget: Budget, 
     secs = time.perf_counter() - t0
     finished = time.strftime("%Y-%m-%d %H:%M", time.gmtime())
     cache.parent.mkdir(parents=True, exist_ok=True)
-    cache.write_text(json.dumps({
-        "settings": key, "evaluator": EVALUATOR, "checkpoint": str(res.checkpoint), "log_dir": str(res.log_dir),
-        "seconds": res.seconds, "command": res.command, "curves": res.curves, "val": res.val, "metrics": metrics,
-        "eval_seconds": secs, "finished": finished}, default=str) + "\n")
+    cache.write_text(
+        json.dumps(
+            {
+                "settings": key,
+                "evaluator": EVALUATOR,
+                "checkpoint": str(res.checkpoint),
+                "log_dir": str(res.log_dir),
+                "seconds": res.seconds,
+                "command": res.command,
+                "curves": res.curves,
+                "val": res.val,
+                "metrics": metrics,
+                "eval_seconds": secs,
+                "finished": finished,
+            },
+            default=str,
+        )
+        + "\n"
+    )
     return Outcome(res, metrics, secs, finished, source)
 
 
 # ------------------------------------------------------------------------------------------
 # Evaluation
 # ------------------------------------------------------------------------------------------
-def evaluate(checkpoint: os.PathLike, data: dict, *, shots: int = 5, fewshot_seeds: Sequence[int] = (0, 1, 2),
-             grid: str = "reduced", batch_size: int = 256, progress: bool = False,
-             device: str = "auto", split: str = "validation", fewshot: bool = True) -> Dict[str, float]:
+def evaluate(
+    checkpoint: os.PathLike,
+    data: dict,
+    *,
+    shots: int = 5,
+    fewshot_seeds: Sequence[int] = (0, 1, 2),
+    grid: str = "reduced",
+    batch_size: int = 256,
+    progress: bool = False,
+    device: str = "auto",
+    split: str = "validation",
+    fewshot: bool = True,
+) -> Dict[str, float]:
     """Retrieval, zero-shot and few-shot scores of a checkpoint on a synthetic data set.
 
     Keys: ``retrieval/<metric>``, ``zeroshot/<metric>``, ``fewshot/<data set>/<score>`` (the
@@ -98,9 +148,8 @@ def evaluate(checkpoint: os.PathLike, data: dict, *, shots: int = 5, fewshot_see
         raise ValueError(f"split={split!r}: choose 'validation' or 'test'")
     if split == "test" and "test_data" not in data:
         raise ValueError(f"split='test': the data under {data.get('out_dir')} were written without a test split")
-    from ..eval.encoding import EvalOptions, resolve_device
-
     from ..checkpoint import load_checkpoint
+    from ..eval.encoding import EvalOptions, resolve_device
     from ..eval.fewshot import evaluate_fewshot
     from ..eval.retrieval import evaluate_retrieval
     from ..eval.zeroshot import evaluate_zeroshot
@@ -110,8 +159,11 @@ def evaluate(checkpoint: os.PathLike, data: dict, *, shots: int = 5, fewshot_see
     model, preprocess, tokenizer = load_checkpoint(checkpoint, device)
     out: Dict[str, float] = {}
     options = EvalOptions(batch_size=batch_size, progress=progress, device=device)
-    pairs, zeroshot = ((data["val_data"], data.get("zeroshot")) if split == "validation"
-                       else (data["test_data"], data.get("zeroshot_test")))
+    pairs, zeroshot = (
+        (data["val_data"], data.get("zeroshot"))
+        if split == "validation"
+        else (data["test_data"], data.get("zeroshot_test"))
+    )
     ret = evaluate_retrieval(model, preprocess, tokenizer, pairs, options=options)
     out.update({f"retrieval/{k}": float(v) for k, v in ret.items()})
     if zeroshot is not None:  # a study on a user's shards may have no zero-shot set (an absolute "dir" stays itself)
@@ -119,8 +171,16 @@ def evaluate(checkpoint: os.PathLike, data: dict, *, shots: int = 5, fewshot_see
         out.update({f"zeroshot/{k}": float(v) for k, v in zs.items()})
     if not fewshot:
         return out
-    fs = evaluate_fewshot(model, preprocess, tokenizer, root / data["fewshot"]["dir"], shots=shots,
-                          seeds=tuple(fewshot_seeds), grid=grid, options=options)
+    fs = evaluate_fewshot(
+        model,
+        preprocess,
+        tokenizer,
+        root / data["fewshot"]["dir"],
+        shots=shots,
+        seeds=tuple(fewshot_seeds),
+        grid=grid,
+        options=options,
+    )
     out.update({f"fewshot/{k}": float(v) for k, v in fs.items()})
     return out
 
@@ -175,8 +235,10 @@ def headline_metrics(data: dict) -> List[tuple]:
     rows.append(("zeroshot/mean_per_class_recall", "zero-shot mean per-class recall"))
     for name in data["fewshot"]["datasets"]:
         rows.append((f"fewshot/{name}/linear_probe", f"5-shot probe {name}"))
-    rows += [("fewshot/average/linear_probe", "5-shot probe average"),
-             ("fewshot/average/mean_classifier", "5-shot mean classifier average")]
+    rows += [
+        ("fewshot/average/linear_probe", "5-shot probe average"),
+        ("fewshot/average/mean_classifier", "5-shot mean classifier average"),
+    ]
     return rows
 
 

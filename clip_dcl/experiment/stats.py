@@ -3,6 +3,7 @@
 Seeds share the data and, seed for seed, the initialisation, so two objectives are compared by
 their per-seed differences (`paired_differences`) and `t_interval`, as well as by `mean_std`.
 """
+
 from __future__ import annotations
 
 import math
@@ -28,19 +29,28 @@ def format_mean_std(st: Dict[str, float], scale: float = 100.0, digits: int = 1)
 
 def summarize(scores: Dict[str, List[Dict[str, float]]], keys: Sequence[str]) -> Dict[str, Dict[str, dict]]:
     """``{run: {metric: mean_std over seeds}}`` for the given metric keys (missing -> nan)."""
-    return {name: {k: mean_std([s.get(k, float("nan")) for s in per_seed]) for k in keys}
-            for name, per_seed in scores.items()}
+    return {
+        name: {k: mean_std([s.get(k, float("nan")) for s in per_seed]) for k in keys}
+        for name, per_seed in scores.items()
+    }
 
 
 def wins(diffs: Sequence[float]) -> Dict[str, float]:
     """``{"mean", "std", "wins", "losses", "ties", "n"}`` of paired differences (wins: the first higher)."""
     st = mean_std(diffs)
-    return {"mean": st["mean"], "std": st["std"], "wins": sum(d > 0 for d in diffs),
-            "losses": sum(d < 0 for d in diffs), "ties": sum(d == 0 for d in diffs), "n": len(diffs)}
+    return {
+        "mean": st["mean"],
+        "std": st["std"],
+        "wins": sum(d > 0 for d in diffs),
+        "losses": sum(d < 0 for d in diffs),
+        "ties": sum(d == 0 for d in diffs),
+        "n": len(diffs),
+    }
 
 
-def paired_differences(scores: Dict[str, List[Dict[str, float]]], reference: str,
-                       keys: Sequence[str]) -> Dict[str, Dict[str, dict]]:
+def paired_differences(
+    scores: Dict[str, List[Dict[str, float]]], reference: str, keys: Sequence[str]
+) -> Dict[str, Dict[str, dict]]:
     """Per-seed differences ``run - reference`` of each metric, paired by ``"seed"`` where both are finite.
 
     For each other run and key: ``{"seeds", "diffs", "mean", "std", "wins", "losses", "ties", "n"}``.
@@ -80,6 +90,9 @@ def t_interval(diffs: Sequence[float], confidence: float = 0.90) -> Dict[str, fl
     from scipy import stats
 
     st = mean_std(diffs)
-    half = (float(stats.t.ppf((1 + confidence) / 2, st["n"] - 1)) * st["std"] / st["n"] ** 0.5
-            if st["n"] > 1 else float("nan"))
+    half = (
+        float(stats.t.ppf((1 + confidence) / 2, st["n"] - 1)) * st["std"] / st["n"] ** 0.5
+        if st["n"] > 1
+        else float("nan")
+    )
     return {"mean": st["mean"], "lo": st["mean"] - half, "hi": st["mean"] + half, "std": st["std"], "n": st["n"]}

@@ -5,6 +5,7 @@ it on gloo ranks of this machine with the hidden flags of :func:`add_worker_argu
 sees ``args.worker`` set, measures inside :func:`process_group` and leaves one JSON record per rank
 (:func:`write_rank_record`), which :func:`launch` returns in rank order.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -35,8 +36,19 @@ def launch(script: os.PathLike, nproc: int, argv: Sequence[str], *, threads: int
         RuntimeError: torchrun or a rank failed.
     """
     with tempfile.TemporaryDirectory() as out:
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(nproc),
-               str(script), "--worker", "--worker-out", out, *argv]
+        cmd = [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc_per_node",
+            str(nproc),
+            str(script),
+            "--worker",
+            "--worker-out",
+            out,
+            *argv,
+        ]
         env = {**os.environ, "OMP_NUM_THREADS": str(threads), "CUDA_VISIBLE_DEVICES": ""}
         proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
         if proc.returncode:

@@ -10,6 +10,7 @@ Every loss follows OpenCLIP's ``ClipLoss`` call contract and also accepts ``samp
 Each class declares its ``flags`` and a one-line ``summary``, from which ``clip_dcl.train`` builds
 its command line; docs/extending-losses.md adds one.
 """
+
 from __future__ import annotations
 
 import warnings
@@ -17,8 +18,17 @@ from typing import Dict, Type
 
 import torch.nn as nn
 
-from .base import (ContrastiveLoss, DataFacts, DataSizeUnknown, LossDeclaration, LossFlag, StateBuffer, StatefulLoss,
-                   declared, stateful)
+from .base import (
+    ContrastiveLoss,
+    DataFacts,
+    DataSizeUnknown,
+    LossDeclaration,
+    LossFlag,
+    StateBuffer,
+    StatefulLoss,
+    declared,
+    stateful,
+)
 from .clip import InfoNCEFromStats, InfoNCELoss
 from .curl import BlockContrastiveLoss
 from .dcl import DebiasedClipLoss
@@ -32,12 +42,17 @@ def register_loss(name: str):
 
     def wrap(cls):
         if not (isinstance(cls, type) and issubclass(cls, LossDeclaration)):
-            raise TypeError(f"register_loss({name!r}): {cls!r} must derive from clip_dcl.losses.base.LossDeclaration "
-                            "(ContrastiveLoss or StatefulLoss do)")
+            raise TypeError(
+                f"register_loss({name!r}): {cls!r} must derive from clip_dcl.losses.base.LossDeclaration "
+                "(ContrastiveLoss or StatefulLoss do)"
+            )
         old = LOSSES.get(name)
         if old is not None and old is not cls:
-            warnings.warn(f"register_loss({name!r}) replaces {old.__module__}.{old.__qualname__} with "
-                          f"{cls.__module__}.{cls.__qualname__}", stacklevel=2)
+            warnings.warn(
+                f"register_loss({name!r}) replaces {old.__module__}.{old.__qualname__} with "
+                f"{cls.__module__}.{cls.__qualname__}",
+                stacklevel=2,
+            )
         LOSSES[name] = cls
         return cls
 
@@ -51,8 +66,12 @@ def unregister_loss(name: str) -> None:
     del LOSSES[name]
 
 
-for _name, _cls in (("clip", InfoNCELoss), ("dcl", DebiasedClipLoss), ("decl", DeCLLoss),
-                    ("curl", BlockContrastiveLoss)):
+for _name, _cls in (
+    ("clip", InfoNCELoss),
+    ("dcl", DebiasedClipLoss),
+    ("decl", DeCLLoss),
+    ("curl", BlockContrastiveLoss),
+):
     register_loss(_name)(_cls)
 
 
@@ -70,7 +89,24 @@ def resolve_loss_args(name: str, kwargs: Dict[str, object], data: DataFacts) -> 
     return LOSSES[name].resolve_data_params(dict(kwargs), data)
 
 
-__all__ = ["LOSSES", "create_loss", "register_loss", "unregister_loss", "resolve_loss_args", "DataFacts",
-           "DataSizeUnknown", "InfoNCELoss", "InfoNCEFromStats", "DebiasedClipLoss", "DeCLLoss",
-           "BlockContrastiveLoss", "ContrastiveLoss", "LossDeclaration", "LossFlag", "StateBuffer", "StatefulLoss",
-           "declared", "stateful"]
+__all__ = [
+    "LOSSES",
+    "create_loss",
+    "register_loss",
+    "unregister_loss",
+    "resolve_loss_args",
+    "DataFacts",
+    "DataSizeUnknown",
+    "InfoNCELoss",
+    "InfoNCEFromStats",
+    "DebiasedClipLoss",
+    "DeCLLoss",
+    "BlockContrastiveLoss",
+    "ContrastiveLoss",
+    "LossDeclaration",
+    "LossFlag",
+    "StateBuffer",
+    "StatefulLoss",
+    "declared",
+    "stateful",
+]

@@ -1,6 +1,7 @@
 """What every clip-dcl loss shares: its declaration (flags, data-dependent parameters), the call
 contract, the `StatefulLoss` contract of a loss that keeps state, and small numeric helpers.
 """
+
 from __future__ import annotations
 
 import abc
@@ -103,8 +104,11 @@ def contrast_rows(pos: torch.Tensor, log_ng: torch.Tensor) -> torch.Tensor:
 
 def signature_defaults(cls) -> Dict[str, object]:
     """``{keyword: default}`` of a loss class's constructor: the one place the defaults are read."""
-    return {p.name: p.default for p in inspect.signature(cls).parameters.values()
-            if p.default is not inspect.Parameter.empty and p.kind is not p.VAR_KEYWORD}
+    return {
+        p.name: p.default
+        for p in inspect.signature(cls).parameters.values()
+        if p.default is not inspect.Parameter.empty and p.kind is not p.VAR_KEYWORD
+    }
 
 
 class LossDeclaration:
@@ -197,8 +201,16 @@ class ContrastiveLoss(LossDeclaration, nn.Module):
     #: positive, which is what the ``no_grad_gather`` column term needs (see `clip_dcl.losses.gather`)
     supports_no_grad_gather = True
 
-    def __init__(self, local_loss: bool = False, gather_with_grad: bool = False, cache_labels: bool = False,
-                 rank: int = 0, world_size: int = 1, use_horovod: bool = False, no_grad_gather: bool = False):
+    def __init__(
+        self,
+        local_loss: bool = False,
+        gather_with_grad: bool = False,
+        cache_labels: bool = False,
+        rank: int = 0,
+        world_size: int = 1,
+        use_horovod: bool = False,
+        no_grad_gather: bool = False,
+    ):
         super().__init__()
         if use_horovod:
             raise ValueError("use_horovod=True is not supported by clip-dcl losses; use torch.distributed")
@@ -207,11 +219,15 @@ class ContrastiveLoss(LossDeclaration, nn.Module):
         if no_grad_gather and not local_loss and world_size > 1:
             raise ValueError("no_grad_gather=True needs local_loss=True (each rank scores its own anchors)")
         if no_grad_gather and gather_with_grad:
-            raise ValueError("no_grad_gather=True replaces gather_with_grad=True (exact gradients without the "
-                             "backward collective); pass one of them")
+            raise ValueError(
+                "no_grad_gather=True replaces gather_with_grad=True (exact gradients without the "
+                "backward collective); pass one of them"
+            )
         if no_grad_gather and not self.supports_no_grad_gather:
-            raise ValueError(f"no_grad_gather=True is not available for {self._no_grad_gather_blocker()}: its gradient "
-                             "does not follow from each anchor's (pos, lse_neg); use gather_with_grad=True")
+            raise ValueError(
+                f"no_grad_gather=True is not available for {self._no_grad_gather_blocker()}: its gradient "
+                "does not follow from each anchor's (pos, lse_neg); use gather_with_grad=True"
+            )
         self.local_loss = bool(local_loss)
         self.gather_with_grad = bool(gather_with_grad)
         self.no_grad_gather = bool(no_grad_gather)
@@ -228,14 +244,36 @@ class ContrastiveLoss(LossDeclaration, nn.Module):
         """The features of the global batch (OpenCLIP's ``gather_features``), for ``stats(gathered=...)``."""
         if self.world_size <= 1:
             return image_features, text_features
-        return gather_features(image_features, text_features, local_loss=self.local_loss,
-                               gather_with_grad=self.gather_with_grad, rank=self.rank, world_size=self.world_size)
+        return gather_features(
+            image_features,
+            text_features,
+            local_loss=self.local_loss,
+            gather_with_grad=self.gather_with_grad,
+            rank=self.rank,
+            world_size=self.world_size,
+        )
 
-    def stats(self, image_features, text_features, logit_scale, logit_bias=None, beta: float = 0.0,
-              top_share: float = 0.0, gathered: Optional[tuple] = None) -> PairStats:
+    def stats(
+        self,
+        image_features,
+        text_features,
+        logit_scale,
+        logit_bias=None,
+        beta: float = 0.0,
+        top_share: float = 0.0,
+        gathered: Optional[tuple] = None,
+    ) -> PairStats:
         st = anchor_stats(
-            image_features, text_features, logit_scale, logit_bias, rank=self.rank, world_size=self.world_size,
-            local_loss=self.local_loss, gather_with_grad=self.gather_with_grad, beta=beta, gathered=gathered,
+            image_features,
+            text_features,
+            logit_scale,
+            logit_bias,
+            rank=self.rank,
+            world_size=self.world_size,
+            local_loss=self.local_loss,
+            gather_with_grad=self.gather_with_grad,
+            beta=beta,
+            gathered=gathered,
             top_share=top_share,
         )
         if self.no_grad_gather:
@@ -245,24 +283,28 @@ class ContrastiveLoss(LossDeclaration, nn.Module):
     def compute(self, image_features, text_features, logit_scale, logit_bias, sample_ids):
         raise NotImplementedError
 
-    def forward(self, image_features, text_features, logit_scale, logit_bias=None, output_dict=False,
-                sample_ids=None):
+    def forward(self, image_features, text_features, logit_scale, logit_bias=None, output_dict=False, sample_ids=None):
         if self.no_grad_gather and text_features.shape[0] != image_features.shape[0]:
-            raise ValueError(f"no_grad_gather=True needs one caption per image; got {text_features.shape[0]} text rows "
-                             f"for {image_features.shape[0]} images (M > 1 positives change the column gradient): "
-                             "use gather_with_grad=True")
+            raise ValueError(
+                f"no_grad_gather=True needs one caption per image; got {text_features.shape[0]} text rows "
+                f"for {image_features.shape[0]} images (M > 1 positives change the column gradient): "
+                "use gather_with_grad=True"
+            )
         loss, metrics = self.compute(image_features, text_features, logit_scale, logit_bias, sample_ids)
         if self.no_grad_gather:
             stats, self._pending_stats = self._pending_stats, []
             if self.world_size > 1 and loss.requires_grad:
-                loss = loss + column_surrogate(loss, stats, image_features, text_features, logit_bias, self.rank,
-                                               self.world_size)
+                loss = loss + column_surrogate(
+                    loss, stats, image_features, text_features, logit_bias, self.rank, self.world_size
+                )
         self.metrics = {k: (v.detach() if torch.is_tensor(v) else torch.tensor(float(v))) for k, v in metrics.items()}
         return {self.output_key: loss} if output_dict else loss
 
     def extra_repr(self) -> str:
-        return f"rank={self.rank}, world_size={self.world_size}, local_loss={self.local_loss}, " \
-               f"gather_with_grad={self.gather_with_grad}"
+        return (
+            f"rank={self.rank}, world_size={self.world_size}, local_loss={self.local_loss}, "
+            f"gather_with_grad={self.gather_with_grad}"
+        )
 
 
 @dataclass(frozen=True)
@@ -303,8 +345,9 @@ class StatefulLoss(ContrastiveLoss, metaclass=abc.ABCMeta):
         """The per-sample table, if the state has one."""
         return next((b for b in self.state_buffers() if b.per_sample), None)
 
-    def adapt_saved_state(self, state: Dict[str, torch.Tensor],
-                          saved_args: Dict[str, object]) -> Tuple[Dict[str, torch.Tensor], List[str]]:
+    def adapt_saved_state(
+        self, state: Dict[str, torch.Tensor], saved_args: Dict[str, object]
+    ) -> Tuple[Dict[str, torch.Tensor], List[str]]:
         """A saved state converted for a setting that changes its units, and one log line per conversion."""
         return state, []
 
@@ -319,7 +362,7 @@ class StatefulLoss(ContrastiveLoss, metaclass=abc.ABCMeta):
                 sums = table_sums(buf, b.shape[-1], rank, world)
                 if b.sharded:
                     dist.all_reduce(sums)
-                    sums = torch.remainder(sums, 2 ** 31 - 1)
+                    sums = torch.remainder(sums, 2**31 - 1)
                 entries.append((name, buf.dtype, b.shape, sums))
             else:
                 entries.append((name, buf.dtype, buf.shape, plain_sums(buf)))

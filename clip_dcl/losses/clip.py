@@ -3,6 +3,7 @@
 What ``ClipLoss`` lacks, ``no_grad_gather`` and ``M > 1`` captions per image (each in turn the
 positive, ``L_img = mean_{i, m}[-l_im + log(S_im + sum_{j neg} S_ij)]``), is `InfoNCEFromStats`.
 """
+
 from __future__ import annotations
 
 from open_clip.loss import ClipLoss
@@ -24,24 +25,44 @@ class InfoNCELoss(LossDeclaration, ClipLoss):
         """``ClipLoss`` itself, or `InfoNCEFromStats` for ``no_grad_gather=True``."""
         return InfoNCEFromStats(**kwargs) if kwargs.get("no_grad_gather") else cls(**kwargs)
 
-    def __init__(self, local_loss=False, gather_with_grad=False, cache_labels=True, rank=0, world_size=1,
-                 use_horovod=False, no_grad_gather=False):
+    def __init__(
+        self,
+        local_loss=False,
+        gather_with_grad=False,
+        cache_labels=True,
+        rank=0,
+        world_size=1,
+        use_horovod=False,
+        no_grad_gather=False,
+    ):
         if no_grad_gather:
-            raise ValueError("ClipLoss has no no_grad_gather mode: use create_loss('clip', no_grad_gather=True), "
-                             "which builds InfoNCEFromStats")
-        super().__init__(local_loss=local_loss, gather_with_grad=gather_with_grad, cache_labels=cache_labels,
-                         rank=rank, world_size=world_size, use_horovod=use_horovod)
+            raise ValueError(
+                "ClipLoss has no no_grad_gather mode: use create_loss('clip', no_grad_gather=True), "
+                "which builds InfoNCEFromStats"
+            )
+        super().__init__(
+            local_loss=local_loss,
+            gather_with_grad=gather_with_grad,
+            cache_labels=cache_labels,
+            rank=rank,
+            world_size=world_size,
+            use_horovod=use_horovod,
+        )
         self.metrics = {}
 
-    def forward(self, image_features, text_features, logit_scale, logit_bias=None, output_dict=False,
-                sample_ids=None):
+    def forward(self, image_features, text_features, logit_scale, logit_bias=None, output_dict=False, sample_ids=None):
         if text_features.shape[0] != image_features.shape[0]:  # M captions per image: not ClipLoss's layout
             if getattr(self, "_multi", None) is None:
-                self._multi = InfoNCEFromStats(local_loss=self.local_loss, gather_with_grad=self.gather_with_grad,
-                                               rank=self.rank, world_size=self.world_size)
+                self._multi = InfoNCEFromStats(
+                    local_loss=self.local_loss,
+                    gather_with_grad=self.gather_with_grad,
+                    rank=self.rank,
+                    world_size=self.world_size,
+                )
             return self._multi(image_features, text_features, logit_scale, logit_bias, output_dict=output_dict)
-        return super().forward(image_features, text_features, logit_scale, logit_bias=logit_bias,
-                               output_dict=output_dict)
+        return super().forward(
+            image_features, text_features, logit_scale, logit_bias=logit_bias, output_dict=output_dict
+        )
 
 
 class InfoNCEFromStats(ContrastiveLoss):

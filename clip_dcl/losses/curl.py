@@ -7,6 +7,7 @@ A block is the ``M`` captions of one image. With ``p_j = mean_m g_jm`` (not reno
 ``log(1 + sum_{k != i} exp(-v_ik))`` or ``hinge`` ``max(0, 1 + max_{k != i} (-v_ik))``; a caption's
 positive block is its image. At ``M = 1`` ``logistic`` is InfoNCE. No ``no_grad_gather``.
 """
+
 from __future__ import annotations
 
 import torch
@@ -24,8 +25,7 @@ def _row_loss(logits: torch.Tensor, pos_cols: torch.Tensor, link: str) -> torch.
     pos = logits[rows, pos_cols]
     if link == "logistic":  # log(1 + sum_k exp(l_k - l_pos)) = logsumexp_all l - l_pos
         return torch.logsumexp(logits, dim=1) - pos
-    masked = logits.index_put((rows, pos_cols), torch.tensor(float("-inf"), dtype=logits.dtype,
-                                                              device=logits.device))
+    masked = logits.index_put((rows, pos_cols), torch.tensor(float("-inf"), dtype=logits.dtype, device=logits.device))
     return torch.clamp(1.0 + masked.max(dim=1).values - pos, min=0.0)
 
 
@@ -38,8 +38,14 @@ class BlockContrastiveLoss(ContrastiveLoss):
 
     output_key = "curl_loss"
     summary = "block contrastive loss (CURL, Arora et al. 2019): the captions of an image as one block"
-    flags = (LossFlag("--curl-link", "link", choices=LINKS,
-                      help="the loss on the block score differences: logistic (the paper's experiments) or hinge"),)
+    flags = (
+        LossFlag(
+            "--curl-link",
+            "link",
+            choices=LINKS,
+            help="the loss on the block score differences: logistic (the paper's experiments) or hinge",
+        ),
+    )
     supports_no_grad_gather = False
     supports_captions_per_image = True
 
@@ -56,9 +62,14 @@ class BlockContrastiveLoss(ContrastiveLoss):
         m = captions_per_image(image_features, text_features)
         batch = image_features.shape[0]
         if self.world_size > 1:
-            all_img, all_txt = gather_features(image_features, text_features, local_loss=self.local_loss,
-                                               gather_with_grad=self.gather_with_grad, rank=self.rank,
-                                               world_size=self.world_size)
+            all_img, all_txt = gather_features(
+                image_features,
+                text_features,
+                local_loss=self.local_loss,
+                gather_with_grad=self.gather_with_grad,
+                rank=self.rank,
+                world_size=self.world_size,
+            )
         else:
             all_img, all_txt = image_features, text_features
         num_images = all_img.shape[0]

@@ -30,6 +30,7 @@ takes instead the mass of the row's ``k = tau_plus N`` highest-scoring negatives
 ``Ng_i`` is ``N`` times the mean score of the negatives left, summed over them in log space
 (``neg - top`` would cancel in float32). ``tau_plus="auto"`` estimates the prior per batch (`.prior`).
 """
+
 from __future__ import annotations
 
 import math
@@ -58,8 +59,15 @@ def parse_tau_plus(text: str):
         raise ValueError(f"tau_plus={text!r} is neither a number nor 'auto'") from None
 
 
-def debiased_log_negatives(stats: AnchorStats, num_negatives: int, tau_plus, logit_scale: torch.Tensor,
-                           clamp: str = "clamp", beta: float = 0.0, same_class: str = "positive"):
+def debiased_log_negatives(
+    stats: AnchorStats,
+    num_negatives: int,
+    tau_plus,
+    logit_scale: torch.Tensor,
+    clamp: str = "clamp",
+    beta: float = 0.0,
+    same_class: str = "positive",
+):
     """``(log Ng_i, clamped_i)`` of Eq. 7 for one direction, in log space.
 
     ``stats`` holds ``pos`` ((n,) or (n, M)) and ``lse_neg``, plus ``lse_hard``/``lse_weight`` when
@@ -106,37 +114,73 @@ class DebiasedClipLoss(ContrastiveLoss):
 
     output_key = "dcl_loss"
     supports_captions_per_image = True
-    summary = ("debiased contrastive loss (DCL; with --hcl-beta, hard negatives as HCL); InfoNCE until --tau-plus "
-               "is given")
+    summary = (
+        "debiased contrastive loss (DCL; with --hcl-beta, hard negatives as HCL); InfoNCE until --tau-plus is given"
+    )
     flags = (
-        LossFlag("--tau-plus", "tau_plus", type=parse_tau_plus, metavar="TAU|auto",
-                 help="class prior tau+ in [0, 1), the chance that a negative shares the anchor's class, or auto "
-                      "(estimated from the batches' scores, logged as Tau_plus). Default 0: InfoNCE exactly. How "
-                      "the settings fared: README, 'What the studies found'"),
-        LossFlag("--dcl-clamp", "clamp", choices=CLAMP_MODES,
-                 help="rows whose negative estimate hits the floor N e^{-1/t}: keep the floor (clamp) or use the "
-                      "uncorrected row (biased)"),
-        LossFlag("--dcl-same-class", "same_class", choices=SAME_CLASS_MODES,
-                 help="the same-class negatives' mass subtracted from the negatives: N tau+ times the positive's "
-                      "score (positive, the paper's Eq. 7) or the mass of the row's tau+ N highest-scoring "
-                      "negatives (top, ours for paired captions, whose positive scores far above any same-class "
-                      "negative; fractional k weighs the next one, tau+ 0 is InfoNCE; not with --no-grad-gather)"),
-        LossFlag("--hcl-beta", "beta", type=float,
-                 help="hard-negative concentration beta >= 0 (HCL, Robinson et al. 2021): negatives weighted by "
-                      "exp(beta l), normalised to mean 1; 0 is plain dcl"),
-        LossFlag("--dcl-temperature", "temperature", type=float,
-                 help="a fixed temperature t > 0 for this loss (the paper's t; logits s <f, g> with s = 1/t) instead "
-                      "of CLIP's learned logit scale, which then gets no gradient",
-                 default_text="learned"),
-        LossFlag("--dcl-tau-momentum", "tau_momentum", type=float,
-                 help="--tau-plus auto: weight of each step's estimate in the moving average, in (0, 1]"),
+        LossFlag(
+            "--tau-plus",
+            "tau_plus",
+            type=parse_tau_plus,
+            metavar="TAU|auto",
+            help="class prior tau+ in [0, 1), the chance that a negative shares the anchor's class, or auto "
+            "(estimated from the batches' scores, logged as Tau_plus). Default 0: InfoNCE exactly. How "
+            "the settings fared: README, 'What the studies found'",
+        ),
+        LossFlag(
+            "--dcl-clamp",
+            "clamp",
+            choices=CLAMP_MODES,
+            help="rows whose negative estimate hits the floor N e^{-1/t}: keep the floor (clamp) or use the "
+            "uncorrected row (biased)",
+        ),
+        LossFlag(
+            "--dcl-same-class",
+            "same_class",
+            choices=SAME_CLASS_MODES,
+            help="the same-class negatives' mass subtracted from the negatives: N tau+ times the positive's "
+            "score (positive, the paper's Eq. 7) or the mass of the row's tau+ N highest-scoring "
+            "negatives (top, ours for paired captions, whose positive scores far above any same-class "
+            "negative; fractional k weighs the next one, tau+ 0 is InfoNCE; not with --no-grad-gather)",
+        ),
+        LossFlag(
+            "--hcl-beta",
+            "beta",
+            type=float,
+            help="hard-negative concentration beta >= 0 (HCL, Robinson et al. 2021): negatives weighted by "
+            "exp(beta l), normalised to mean 1; 0 is plain dcl",
+        ),
+        LossFlag(
+            "--dcl-temperature",
+            "temperature",
+            type=float,
+            help="a fixed temperature t > 0 for this loss (the paper's t; logits s <f, g> with s = 1/t) instead "
+            "of CLIP's learned logit scale, which then gets no gradient",
+            default_text="learned",
+        ),
+        LossFlag(
+            "--dcl-tau-momentum",
+            "tau_momentum",
+            type=float,
+            help="--tau-plus auto: weight of each step's estimate in the moving average, in (0, 1]",
+        ),
     )
 
-    def __init__(self, tau_plus=0.0, clamp: str = "clamp", beta: float = 0.0, temperature: Optional[float] = None,
-                 tau_momentum: float = 0.05, same_class: str = "positive", device=None, **dist_kwargs):
+    def __init__(
+        self,
+        tau_plus=0.0,
+        clamp: str = "clamp",
+        beta: float = 0.0,
+        temperature: Optional[float] = None,
+        tau_momentum: float = 0.05,
+        same_class: str = "positive",
+        device=None,
+        **dist_kwargs,
+    ):
         auto = isinstance(tau_plus, str) and tau_plus == "auto"
-        if not auto and (isinstance(tau_plus, bool) or not isinstance(tau_plus, (int, float))
-                         or not 0.0 <= float(tau_plus) < 1.0):
+        if not auto and (
+            isinstance(tau_plus, bool) or not isinstance(tau_plus, (int, float)) or not 0.0 <= float(tau_plus) < 1.0
+        ):
             raise ValueError(f"tau_plus={tau_plus!r} is outside [0, 1) and not 'auto'")
         if clamp not in CLAMP_MODES:
             raise ValueError(f"clamp={clamp!r} is not one of {CLAMP_MODES}")
@@ -206,8 +250,15 @@ class DebiasedClipLoss(ContrastiveLoss):
                 dtype = compute_dtype(image_features, text_features)
                 scale = torch.as_tensor(logit_scale).to(dtype)
                 tau_plus = self._prior(gathered[0].to(dtype), gathered[1].to(dtype), scale)
-            st = self.stats(image_features, text_features, logit_scale, logit_bias, beta=self.beta,
-                            top_share=tau_plus, gathered=gathered)
+            st = self.stats(
+                image_features,
+                text_features,
+                logit_scale,
+                logit_bias,
+                beta=self.beta,
+                top_share=tau_plus,
+                gathered=gathered,
+            )
         else:
             st = self.stats(image_features, text_features, logit_scale, logit_bias, beta=self.beta)
             if self.auto:
@@ -218,8 +269,9 @@ class DebiasedClipLoss(ContrastiveLoss):
                 metrics["tau_plus_batch"] = self._last_estimate
         losses, clamped = [], []
         for direction in (st.image, st.text):
-            log_ng, c = debiased_log_negatives(direction, direction.num_negatives, tau_plus, st.logit_scale,
-                                               self.clamp, self.beta, self.same_class)
+            log_ng, c = debiased_log_negatives(
+                direction, direction.num_negatives, tau_plus, st.logit_scale, self.clamp, self.beta, self.same_class
+            )
             losses.append(contrast_rows(direction.pos, log_ng))
             clamped.append(c)
         loss = (losses[0] + losses[1]) / 2
@@ -232,8 +284,10 @@ class DebiasedClipLoss(ContrastiveLoss):
         if loss_args.get("tau_plus", 0.0) != 0 or loss_args.get("beta", 0.0):
             return None
         at = "" if loss_args.get("temperature") is None else f" at the fixed temperature {loss_args['temperature']:g}"
-        return (f"--loss dcl at --tau-plus 0 (its default) is InfoNCE exactly{at}, the objective of --loss clip; "
-                f"give --tau-plus for the debiased loss")
+        return (
+            f"--loss dcl at --tau-plus 0 (its default) is InfoNCE exactly{at}, the objective of --loss clip; "
+            f"give --tau-plus for the debiased loss"
+        )
 
     def epoch_warning(self, epoch_means):
         """A warning when the epoch's mean ``clamp_rate`` is over one half, naming what moves rows off the floor."""
@@ -243,13 +297,17 @@ class DebiasedClipLoss(ContrastiveLoss):
         what = "their negatives got no gradient" if self.clamp == "clamp" else "they fell back to InfoNCE"
         tries = []
         if self.same_class == "positive":
-            tries.append("--dcl-same-class top (the same-class mass from the highest-scoring negatives, not the "
-                         "positive's score)")
+            tries.append(
+                "--dcl-same-class top (the same-class mass from the highest-scoring negatives, not the "
+                "positive's score)"
+            )
         tries.append("a smaller --tau-plus" + ("" if self.auto else f" (now {self.tau_plus:g})"))
         if self.clamp == "clamp":
             tries.append("--dcl-clamp biased (InfoNCE for the floored rows)")
-        return (f"dcl: {rate:.1%} of the anchor rows sat at the floor N e^(-s) of the negatives' estimate on "
-                f"average over the epoch (Clamp_rate), so {what}; try " + ", or ".join(tries) + ".")
+        return (
+            f"dcl: {rate:.1%} of the anchor rows sat at the floor N e^(-s) of the negatives' estimate on "
+            f"average over the epoch (Clamp_rate), so {what}; try " + ", or ".join(tries) + "."
+        )
 
     def extra_repr(self) -> str:
         extra = f"beta={self.beta}, " if self.beta else ""

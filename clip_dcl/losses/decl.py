@@ -21,6 +21,7 @@ draws ``u`` from a generator seeded by ``(seed, t)`` for the whole global batch 
 W ranks draw what one process would), the later ones reuse them. With M captions per image the
 image anchor's positive is ``mean_m l_im`` and each caption anchor has its own ``u_c``.
 """
+
 from __future__ import annotations
 
 import math
@@ -33,13 +34,18 @@ from .base import DataFacts, PairStats, SampleIdError, StateBuffer, StatefulLoss
 from .decl_flags import ESTIMATES, FLAGS, resolve_data_params
 from .decl_log import DeCLLog
 from .decl_rates import FIRST_VISITS, RATE_TYPES, RATES, STATES, IndexRate, build_rate
-from .decl_schedules import (GAMMA_SCHEDULE_TYPES, GAMMA_SCHEDULES, LAMBDA_SCHEDULES, RGCLG_ENTROPY, SCHEDULES,
-                             TEMPERATURE_MODES, lambda_schedule)
+from .decl_schedules import (
+    GAMMA_SCHEDULE_TYPES,
+    GAMMA_SCHEDULES,
+    LAMBDA_SCHEDULES,
+    RGCLG_ENTROPY,
+    SCHEDULES,
+    TEMPERATURE_MODES,
+    lambda_schedule,
+)
 from .decl_schedules import temperature_mode as make_temperature_mode
 from .gather import anchor_stats
 from .state import STATE_DTYPES
-
-
 
 __all__ = ["DeCLLoss", "SampleIdError", "RATES", "SCHEDULES", "ESTIMATES", "TEMPERATURE_MODES"]  # noqa: F401
 
@@ -99,21 +105,41 @@ class DeCLLoss(DeCLLog, StatefulLoss):
         converted = torch.full_like(state["calls"], steps * self.accum_freq)
         return {**state, "calls": converted}, [
             f"the step counter: {calls} loss calls at --accum-freq {saved} are {steps} optimizer steps, "
-            f"{int(converted)} calls at --accum-freq {self.accum_freq}"]
+            f"{int(converted)} calls at --accum-freq {self.accum_freq}"
+        ]
 
     @classmethod
     def resolve_data_params(cls, kwargs: Dict[str, object], data: DataFacts) -> Dict[str, object]:
         """``kwargs`` completed from the data (`clip_dcl.losses.decl_flags.resolve_data_params`)."""
         return resolve_data_params(kwargs, data, cls.defaults())
 
-    def __init__(self, rate: str = "index", schedule: str = "alternate", lam: float = 1.0, gamma: float = 0.9,
-                 gamma_schedule: str = "constant", gamma_decay_steps: Optional[int] = None,
-                 gamma_hold_steps: int = 0, estimate: str = "relative",
-                 first_visit: str = "batch", include_current: Optional[bool] = None, drift_correction: bool = True,
-                 sample_u: bool = False, num_samples: Optional[int] = None, state: str = "sharded",
-                 state_dtype: str = "float32", queue_size: int = 4096, accum_freq: int = 1,
-                 max_log_ratio: float = 20.0, temperature_mode: str = "infonce", temperature: Optional[float] = None,
-                 rho: Optional[float] = None, seed: int = 0, device=None, **dist_kwargs):
+    def __init__(
+        self,
+        rate: str = "index",
+        schedule: str = "alternate",
+        lam: float = 1.0,
+        gamma: float = 0.9,
+        gamma_schedule: str = "constant",
+        gamma_decay_steps: Optional[int] = None,
+        gamma_hold_steps: int = 0,
+        estimate: str = "relative",
+        first_visit: str = "batch",
+        include_current: Optional[bool] = None,
+        drift_correction: bool = True,
+        sample_u: bool = False,
+        num_samples: Optional[int] = None,
+        state: str = "sharded",
+        state_dtype: str = "float32",
+        queue_size: int = 4096,
+        accum_freq: int = 1,
+        max_log_ratio: float = 20.0,
+        temperature_mode: str = "infonce",
+        temperature: Optional[float] = None,
+        rho: Optional[float] = None,
+        seed: int = 0,
+        device=None,
+        **dist_kwargs,
+    ):
         super().__init__(**dist_kwargs)
         if estimate not in ESTIMATES:
             raise ValueError(f"estimate={estimate!r} is not one of {ESTIMATES}")
@@ -126,30 +152,39 @@ class DeCLLoss(DeCLLog, StatefulLoss):
         self.lambdas = lambda_schedule(schedule, lam)
         self.lambdas.check()
         if temperature_mode == "infonce" and self.lambdas.always_loss1():
-            warnings.warn(f"schedule={schedule!r}" + (f" with lam={lam!r}" if self.lambdas.uses_lam else "")
-                          + " takes no InfoNCE step, and temperature_mode='infonce' trains the logit scale on "
-                          "InfoNCE terms only: the scale keeps its initial value for the whole run. Fix it on "
-                          "purpose (temperature_mode='fixed' with a temperature) or train it ('rgclg' or 'learned')",
-                          stacklevel=2)
+            warnings.warn(
+                f"schedule={schedule!r}"
+                + (f" with lam={lam!r}" if self.lambdas.uses_lam else "")
+                + " takes no InfoNCE step, and temperature_mode='infonce' trains the logit scale on "
+                "InfoNCE terms only: the scale keeps its initial value for the whole run. Fix it on "
+                "purpose (temperature_mode='fixed' with a temperature) or train it ('rgclg' or 'learned')",
+                stacklevel=2,
+            )
         if not 0.0 < gamma <= 1.0:
             raise ValueError(f"gamma={gamma!r} is outside (0, 1]")
         if gamma_schedule not in GAMMA_SCHEDULES:
             raise ValueError(f"gamma_schedule={gamma_schedule!r} is not one of {GAMMA_SCHEDULES}")
         if gamma_schedule != "constant":
             if not RATE_TYPES[rate].has_gamma:
-                raise ValueError(f"gamma_schedule={gamma_schedule!r} applies to rate='index' only (the moving "
-                                 f"average of the per-sample rates); rate={rate!r} has no gamma")
+                raise ValueError(
+                    f"gamma_schedule={gamma_schedule!r} applies to rate='index' only (the moving "
+                    f"average of the per-sample rates); rate={rate!r} has no gamma"
+                )
             if gamma_decay_steps is None or int(gamma_decay_steps) < 1:
-                raise ValueError(f"gamma_decay_steps={gamma_decay_steps!r} must be >= 1 for "
-                                 f"gamma_schedule={gamma_schedule!r}")
+                raise ValueError(
+                    f"gamma_decay_steps={gamma_decay_steps!r} must be >= 1 for gamma_schedule={gamma_schedule!r}"
+                )
         if first_visit not in FIRST_VISITS:
             raise ValueError(f"first_visit={first_visit!r} is not one of {FIRST_VISITS}")
         if include_current and rate == "batch":
-            raise ValueError("include_current=True applies to rate='index' and 'queue'; rate='batch' always "
-                             "uses the current batch")
+            raise ValueError(
+                "include_current=True applies to rate='index' and 'queue'; rate='batch' always uses the current batch"
+            )
         if rate == "index" and num_samples is None:
-            raise ValueError("num_samples is required for rate='index' (the size of the per-sample rate "
-                             "buffer); or use rate='queue' or rate='batch', which need no sample ids")
+            raise ValueError(
+                "num_samples is required for rate='index' (the size of the per-sample rate "
+                "buffer); or use rate='queue' or rate='batch', which need no sample ids"
+            )
         if state not in STATES:
             raise ValueError(f"state={state!r} is not one of {STATES}")
         if state_dtype not in STATE_DTYPES:
@@ -175,8 +210,18 @@ class DeCLLoss(DeCLLog, StatefulLoss):
         self.max_log_ratio, self.seed = float(max_log_ratio), int(seed)
         self.state, self.state_dtype = state, state_dtype
         self.register_buffer("calls", torch.zeros((), dtype=torch.long, device=device))
-        self.rates = build_rate(self, rate, num_samples, self.include_current, first_visit, self.drift_correction,
-                                state, state_dtype, queue_size, device)
+        self.rates = build_rate(
+            self,
+            rate,
+            num_samples,
+            self.include_current,
+            first_visit,
+            self.drift_correction,
+            state,
+            state_dtype,
+            queue_size,
+            device,
+        )
         #: the index buffer is split over the ranks (with one rank, sharded and replicated coincide)
         self.sharded = isinstance(self.rates, IndexRate) and self.rates.sharded
         self.requires_sample_ids = self.rates.requires_sample_ids
@@ -248,8 +293,10 @@ class DeCLLoss(DeCLLog, StatefulLoss):
         gen = torch.Generator().manual_seed(self.seed * 1_000_003 + step)
         eps = torch.empty(1 + m, global_rows, dtype=torch.float64).exponential_(1.0, generator=gen)
         img, txt = eps[0], eps[1:].reshape(-1)  # (G,) and (G M,): M = 1 is the (2, G) draw of one caption
-        return [e[row_offset * k:(row_offset + n_rows) * k].to(device=device, dtype=dtype)
-                for e, k in ((img, 1), (txt, m))]
+        return [
+            e[row_offset * k : (row_offset + n_rows) * k].to(device=device, dtype=dtype)
+            for e, k in ((img, 1), (txt, m))
+        ]
 
     # -- the loss ----------------------------------------------------------------------------
     def compute(self, image_features, text_features, logit_scale, logit_bias, sample_ids):
@@ -273,13 +320,19 @@ class DeCLLoss(DeCLLog, StatefulLoss):
             self.rates.begin_step()
         if first_call or cache is None or cache[0] != step or cache[1][0].shape[0] != n_rows:
             local_rows = self.local_loss and self.world_size > 1
-            anchors = (image_features, text_features) if local_rows else (st.all_image_features,
-                                                                          st.all_text_features)
+            anchors = (image_features, text_features) if local_rows else (st.all_image_features, st.all_text_features)
             with torch.no_grad():
                 log_r, fresh = self.rates.log_rates(st, sample_ids, n_rows, training, self.gamma_at(step), anchors)
                 log_r = [r.to(device=st.image.pos.device, dtype=st.image.pos.dtype) for r in log_r]
-                eps = self._draw_eps(step, n_rows, st.row_offset, st.all_image_features.shape[0], m,
-                                     st.image.pos.device, st.image.pos.dtype)
+                eps = self._draw_eps(
+                    step,
+                    n_rows,
+                    st.row_offset,
+                    st.all_image_features.shape[0],
+                    m,
+                    st.image.pos.device,
+                    st.image.pos.dtype,
+                )
             cache = (step, log_r, eps, fresh)
             self._step_cache = cache if training else None
         _, log_r, eps, fresh = cache
@@ -309,7 +362,8 @@ class DeCLLoss(DeCLLog, StatefulLoss):
             "lambda_t": lam_t,
             "loss1": loss1.detach(),
             "loss2": loss2.detach(),
-            "mean_log_rate": all_r[torch.isfinite(all_r)].mean() if bool(torch.isfinite(all_r).any())
+            "mean_log_rate": all_r[torch.isfinite(all_r)].mean()
+            if bool(torch.isfinite(all_r).any())
             else torch.tensor(float("nan")),
             "clamp_rate": torch.cat(clamped).float().mean(),
             "log_ratio_mean": ratios.mean(),
@@ -318,8 +372,12 @@ class DeCLLoss(DeCLLog, StatefulLoss):
             "weight_max": weights.max(),
             **self.rates.step_metrics(fresh, self.gamma_at(step), training),
         }
-        loss = self.scale_mode.finish(loss, model_scale, live_scale, lambda: self._rgclg_term(
-            st, image_features, text_features, live_scale, logit_bias, log_r))
+        loss = self.scale_mode.finish(
+            loss,
+            model_scale,
+            live_scale,
+            lambda: self._rgclg_term(st, image_features, text_features, live_scale, logit_bias, log_r),
+        )
         return loss, metrics
 
     def rgclg_rho(self, num_negatives: int) -> float:
@@ -336,9 +394,15 @@ class DeCLLoss(DeCLLog, StatefulLoss):
         uses ``r_i exp(-l_ii)``. The features enter detached: only the scale is trained by it.
         """
         g_stats = anchor_stats(
-            image_features.detach(), text_features.detach(), scale,
-            None if logit_bias is None else logit_bias.detach(), rank=self.rank, world_size=self.world_size,
-            local_loss=self.local_loss, gathered=(st.all_image_features.detach(), st.all_text_features.detach()))
+            image_features.detach(),
+            text_features.detach(),
+            scale,
+            None if logit_bias is None else logit_bias.detach(),
+            rank=self.rank,
+            world_size=self.world_size,
+            local_loss=self.local_loss,
+            gathered=(st.all_image_features.detach(), st.all_text_features.detach()),
+        )
         s_det = scale.detach()
         total = 0.0
         for d, (fixed, live) in enumerate(zip((st.image, st.text), (g_stats.image, g_stats.text))):
@@ -350,13 +414,14 @@ class DeCLLoss(DeCLLog, StatefulLoss):
         return total / 2
 
     def extra_repr(self) -> str:
-        return (f"rate={self.rate!r}, schedule={self.schedule!r}, lam={self.lam}, gamma={self.gamma}, "
-                f"gamma_schedule={self.gamma_schedule!r}, gamma_decay_steps={self.gamma_decay_steps}, "
-                f"first_visit={self.first_visit!r}, include_current={self.include_current}, "
-                f"drift_correction={self.drift_correction}, "
-                f"sample_u={self.sample_u}, num_samples={self.num_samples}, state={self.state!r}, "
-                f"state_dtype={self.state_dtype!r}, queue_size={self.queue_size}, estimate={self.estimate!r}, "
-                f"temperature_mode={self.temperature_mode!r}, temperature={self.temperature}, rho={self.rho}, "
-                f"gamma_hold_steps={self.gamma_hold_steps}, max_log_ratio={self.max_log_ratio}, "
-                f"accum_freq={self.accum_freq}, " + super().extra_repr())
-
+        return (
+            f"rate={self.rate!r}, schedule={self.schedule!r}, lam={self.lam}, gamma={self.gamma}, "
+            f"gamma_schedule={self.gamma_schedule!r}, gamma_decay_steps={self.gamma_decay_steps}, "
+            f"first_visit={self.first_visit!r}, include_current={self.include_current}, "
+            f"drift_correction={self.drift_correction}, "
+            f"sample_u={self.sample_u}, num_samples={self.num_samples}, state={self.state!r}, "
+            f"state_dtype={self.state_dtype!r}, queue_size={self.queue_size}, estimate={self.estimate!r}, "
+            f"temperature_mode={self.temperature_mode!r}, temperature={self.temperature}, rho={self.rho}, "
+            f"gamma_hold_steps={self.gamma_hold_steps}, max_log_ratio={self.max_log_ratio}, "
+            f"accum_freq={self.accum_freq}, " + super().extra_repr()
+        )

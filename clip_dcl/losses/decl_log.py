@@ -1,6 +1,7 @@
 """What DeCL's training log shows: its comparable ``Loss``, the columns that can change, the step's
 term and the ``max_log_ratio`` ceiling's epoch warning (docs/training.md lists the columns).
 """
+
 from __future__ import annotations
 
 import math
@@ -64,7 +65,9 @@ class DeCLLog:
         """A line when the ceiling bit where the configuration bounds the ratio below it (its column is not logged)."""
         rate = epoch_means.get("clamp_rate", 0.0)
         if rate > 0 and not self.ceiling_can_bite(self._captions_per_image):
-            return (f"DeCL's log-ratio ceiling (max_log_ratio {self.max_log_ratio:g}) bit on {100 * rate:.3g}% of the "
-                    f"anchor rows on average; with --decl-rate {self.rate} reading this step's estimate it binds only "
-                    "where two rows of a batch share a sample id (resampled data, hashed keys)")
+            return (
+                f"DeCL's log-ratio ceiling (max_log_ratio {self.max_log_ratio:g}) bit on {100 * rate:.3g}% of the "
+                f"anchor rows on average; with --decl-rate {self.rate} reading this step's estimate it binds only "
+                "where two rows of a batch share a sample id (resampled data, hashed keys)"
+            )
         return None

@@ -16,6 +16,7 @@ the relative estimate); only ``log r`` is stored, and non-finite estimates are d
   last ``queue_size`` embeddings less ``log(count)``; the batch is enqueued after use.
 - `BatchRate` (``batch``, the ablation): ``log r_i = e_i``, the coupling DeCL is meant to remove.
 """
+
 from __future__ import annotations
 
 import math
@@ -112,8 +113,11 @@ class QueueRate(RateEstimator):
 
     def buffers(self):
         h = self.host
-        return (StateBuffer("queue", h.queue.dtype, tuple(h.queue.shape)),
-                StateBuffer("queue_ptr", torch.long, ()), StateBuffer("queue_count", torch.long, ()))
+        return (
+            StateBuffer("queue", h.queue.dtype, tuple(h.queue.shape)),
+            StateBuffer("queue_ptr", torch.long, ()),
+            StateBuffer("queue_count", torch.long, ()),
+        )
 
     def adapt_loaded(self, state_dict, prefix):
         key = prefix + "queue"
@@ -139,14 +143,15 @@ class QueueRate(RateEstimator):
                 q = h.queue[d, :count].to(anchor)
                 lse_q = torch.logsumexp((st.logit_scale.detach() * anchor.detach()) @ q.T, 1)
             if self.include_current:  # the batch's negatives counted with the queue's
-                log_r.append(torch.logaddexp(stats.lse_neg.detach(), lse_q) - math.log(stats.num_negatives + count)
-                             - shift)
+                log_r.append(
+                    torch.logaddexp(stats.lse_neg.detach(), lse_q) - math.log(stats.num_negatives + count) - shift
+                )
             else:
                 log_r.append(lse_q - math.log(count) - shift)
         if update:
             with torch.no_grad():
                 # one caption per image (the first of its M), so that both queues advance by G
-                texts = st.all_text_features[::st.captions_per_image].detach()
+                texts = st.all_text_features[:: st.captions_per_image].detach()
                 images = st.all_image_features.detach()
                 # only finite pairs are queued: a NaN or inf embedding would poison every later rate
                 ok = torch.isfinite(texts).all(dim=1) & torch.isfinite(images).all(dim=1)
@@ -157,7 +162,7 @@ class QueueRate(RateEstimator):
                 idx = ((int(h.queue_ptr) + torch.arange(n)) % self.queue_size).to(h.queue.device)
                 self.undo = (int(h.queue_ptr), count, idx, h.queue[:, idx].clone())
                 for d, feats in enumerate((texts, images)):
-                    h.queue[d, idx] = feats[texts.shape[0] - n:].to(h.queue)
+                    h.queue[d, idx] = feats[texts.shape[0] - n :].to(h.queue)
                 h.queue_ptr.fill_((int(h.queue_ptr) + n) % self.queue_size)
                 h.queue_count.fill_(min(self.queue_size, count + n))
         return log_r, None
@@ -177,12 +182,23 @@ class IndexRate(RateEstimator):
     state_settings = ("estimate", "drift_correction", "state_dtype")
     reads = ("gamma", "gamma_schedule", "first_visit", "drift_correction", "state", "state_dtype", "include_current")
 
-    def __init__(self, host, num_samples, include_current: bool, first_visit: str, drift_correction: bool,
-                 state: str, state_dtype: str, device):
+    def __init__(
+        self,
+        host,
+        num_samples,
+        include_current: bool,
+        first_visit: str,
+        drift_correction: bool,
+        state: str,
+        state_dtype: str,
+        device,
+    ):
         super().__init__(host)
         if num_samples is None:
-            raise ValueError("num_samples is required for rate='index' (the size of the per-sample rate "
-                             "buffer); or use rate='queue' or rate='batch', which need no sample ids")
+            raise ValueError(
+                "num_samples is required for rate='index' (the size of the per-sample rate "
+                "buffer); or use rate='queue' or rate='batch', which need no sample ids"
+            )
         if int(num_samples) < 1:
             raise ValueError(f"num_samples={num_samples!r} must be >= 1")
         self.num_samples = int(num_samples)
@@ -190,15 +206,17 @@ class IndexRate(RateEstimator):
         #: the buffer is split over the ranks (with one rank, sharded and replicated coincide)
         self.sharded = state == "sharded" and host.world_size > 1
         cols = shard_size(self.num_samples, host.rank, host.world_size) if self.sharded else self.num_samples
-        host.register_buffer("log_rate", torch.full((2, cols), float("nan"), dtype=STATE_DTYPES[state_dtype],
-                                                    device=device))
+        host.register_buffer(
+            "log_rate", torch.full((2, cols), float("nan"), dtype=STATE_DTYPES[state_dtype], device=device)
+        )
         host.register_buffer("prev_log_rate", torch.full((2,), float("nan"), device=device))
 
     def buffers(self):
         h = self.host
-        return (StateBuffer("log_rate", h.log_rate.dtype, (2, self.num_samples), per_sample=True,
-                            sharded=self.sharded),
-                StateBuffer("prev_log_rate", h.prev_log_rate.dtype, (2,)))
+        return (
+            StateBuffer("log_rate", h.log_rate.dtype, (2, self.num_samples), per_sample=True, sharded=self.sharded),
+            StateBuffer("prev_log_rate", h.prev_log_rate.dtype, (2,)),
+        )
 
     def step_metrics(self, fresh, gamma, training):
         out = {"gamma_t": gamma}
@@ -219,8 +237,12 @@ class IndexRate(RateEstimator):
             # entries (which becomes the level) when drift correction is on
             rates = state_dict[prefix + "log_rate"]
             finite = torch.isfinite(rates)
-            level = torch.stack([rates[d][finite[d]].mean() if bool(finite[d].any()) else
-                                 torch.tensor(float("nan")) for d in range(rates.shape[0])])
+            level = torch.stack(
+                [
+                    rates[d][finite[d]].mean() if bool(finite[d].any()) else torch.tensor(float("nan"))
+                    for d in range(rates.shape[0])
+                ]
+            )
             if self.drift_correction:
                 state_dict[prefix + "log_rate"] = rates - level[:, None].to(rates)
             state_dict[key] = level.to(torch.float32)
@@ -234,14 +256,19 @@ class IndexRate(RateEstimator):
         want = tuple(h.log_rate.shape)
         if tuple(table.shape) == want:
             return table
-        layout = (f"sharded, rank {h.rank} of {h.world_size}: {want[1]} columns" if self.sharded
-                  else "replicated: all of them")
+        layout = (
+            f"sharded, rank {h.rank} of {h.world_size}: {want[1]} columns"
+            if self.sharded
+            else "replicated: all of them"
+        )
         if self.sharded and tuple(table.shape) == (2, self.num_samples):
             out = torch.empty(want, dtype=table.dtype)
             return reshard([(0, 1, lambda: table)], self.num_samples, h.rank, h.world_size, out)
-        raise ValueError(f"the saved log_rate has shape {tuple(table.shape)}, but this loss has num_samples="
-                         f"{self.num_samples} ({layout}); resume with the --decl-num-samples it was trained with, with "
-                         "--decl-grow-state (the data set grew: the new ids start unvisited) or with --loss-reset")
+        raise ValueError(
+            f"the saved log_rate has shape {tuple(table.shape)}, but this loss has num_samples="
+            f"{self.num_samples} ({layout}); resume with the --decl-num-samples it was trained with, with "
+            "--decl-grow-state (the data set grew: the new ids start unvisited) or with --loss-reset"
+        )
 
     def full_table(self) -> torch.Tensor:
         h = self.host
@@ -249,11 +276,11 @@ class IndexRate(RateEstimator):
             return h.log_rate.clone()
         width = shard_size(self.num_samples, 0, h.world_size)
         padded = torch.full((2, width), float("nan"), dtype=h.log_rate.dtype, device=h.log_rate.device)
-        padded[:, :h.log_rate.shape[1]] = h.log_rate
+        padded[:, : h.log_rate.shape[1]] = h.log_rate
         parts = [torch.empty_like(padded) for _ in range(h.world_size)]
         dist.all_gather(parts, padded)
         # column j of rank r is id r + W j: interleave the shards
-        return torch.stack(parts, dim=2).reshape(2, -1)[:, :self.num_samples].clone()
+        return torch.stack(parts, dim=2).reshape(2, -1)[:, : self.num_samples].clone()
 
     def _read_rates(self, ids: torch.Tensor, local_rows: Optional[torch.Tensor] = None, row_offset: int = 0):
         """Stored relative rates of the global batch's ``ids`` (``(2, G)``), on every rank.
@@ -269,7 +296,7 @@ class IndexRate(RateEstimator):
         vals = torch.zeros(2 if local_rows is None else 4, ids.numel(), dtype=work, device=h.log_rate.device)
         vals[:2, mine] = h.log_rate[:, ids[mine] // h.world_size].to(work)
         if local_rows is not None:
-            vals[2:, row_offset:row_offset + local_rows.shape[1]] = local_rows
+            vals[2:, row_offset : row_offset + local_rows.shape[1]] = local_rows
         dist.all_reduce(vals)  # one rank adds each value, every other rank adds 0: exact
         return vals[:2], (None if local_rows is None else vals[2:])
 
@@ -292,16 +319,22 @@ class IndexRate(RateEstimator):
         ids = torch.as_tensor(sample_ids).to(device=h.log_rate.device, dtype=torch.long).reshape(-1)
         all_ids = all_gather_cat(ids, h.world_size)
         if all_ids.numel() != st.all_image_features.shape[0]:
-            raise ValueError(f"sample_ids has {ids.numel()} entries but the features have "
-                             f"{st.all_image_features.shape[0] // h.world_size} rows; pass one id per row")
+            raise ValueError(
+                f"sample_ids has {ids.numel()} entries but the features have "
+                f"{st.all_image_features.shape[0] // h.world_size} rows; pass one id per row"
+            )
         # checked on the gathered ids, so that every rank raises (none is left waiting in a collective)
         if bool((all_ids < 0).any()):
-            raise SampleIdError(f"sample id {int(all_ids[all_ids < 0][0])} is negative: ids index the per-sample "
-                                f"rate buffer [0, num_samples={self.num_samples}) and must be >= 0")
+            raise SampleIdError(
+                f"sample id {int(all_ids[all_ids < 0][0])} is negative: ids index the per-sample "
+                f"rate buffer [0, num_samples={self.num_samples}) and must be >= 0"
+            )
         if bool((all_ids >= self.num_samples).any()):
             worst = int(all_ids.max())
-            raise SampleIdError(f"sample id {worst} is outside [0, num_samples={self.num_samples}); raise "
-                                "num_samples (--decl-num-samples) to exceed the largest sample id")
+            raise SampleIdError(
+                f"sample id {worst} is outside [0, num_samples={self.num_samples}); raise "
+                "num_samples (--decl-num-samples) to exceed the largest sample id"
+            )
         return ids, all_ids
 
     def log_rates(self, st: PairStats, sample_ids, n_rows: int, update: bool, gamma: float, anchors):
@@ -328,8 +361,11 @@ class IndexRate(RateEstimator):
             # also means "unvisited"); the level m_t is their mean, the previous level when there is none
             finite = torch.isfinite(e_keep)
             n_finite = finite.sum(dim=1)
-            level = torch.where(finite.all(dim=1), e_keep.mean(dim=1),  # m_t: this step's mean estimate
-                                torch.where(finite, e_keep, 0.0).sum(dim=1) / n_finite.clamp(min=1))
+            level = torch.where(
+                finite.all(dim=1),
+                e_keep.mean(dim=1),  # m_t: this step's mean estimate
+                torch.where(finite, e_keep, 0.0).sum(dim=1) / n_finite.clamp(min=1),
+            )
             level = torch.where(n_finite > 0, level, h.prev_log_rate)
             new = e_keep - level[:, None] if self.drift_correction else e_keep
             updated = torch.where(finite, moving_average_log_rate(old, new, gamma), old)
@@ -359,12 +395,21 @@ class IndexRate(RateEstimator):
         return [log_r[0], log_r[1] if m == 1 else log_r[1].repeat_interleave(m)], fresh
 
 
-def build_rate(host, rate: str, num_samples, include_current: bool, first_visit: str, drift_correction: bool,
-               state: str, state_dtype: str, queue_size: int, device) -> RateEstimator:
+def build_rate(
+    host,
+    rate: str,
+    num_samples,
+    include_current: bool,
+    first_visit: str,
+    drift_correction: bool,
+    state: str,
+    state_dtype: str,
+    queue_size: int,
+    device,
+) -> RateEstimator:
     """The estimator ``rate`` for ``host``, its arguments checked (the messages name the bad value)."""
     if rate == "index":
-        est = IndexRate(host, num_samples, include_current, first_visit, drift_correction, state, state_dtype,
-                        device)
+        est = IndexRate(host, num_samples, include_current, first_visit, drift_correction, state, state_dtype, device)
     elif rate == "queue":
         est = QueueRate(host, queue_size, include_current, device)
     else:

@@ -4,6 +4,7 @@
 Appendix (``lambda_t``); Wei et al. 2024, arXiv 2407.01445 (FastCLIP: the cosine ``gamma`` schedule,
 ``adjust_gamma``, and v3's RGCL-g temperature objective).
 """
+
 from __future__ import annotations
 
 import math
@@ -252,5 +253,6 @@ def temperature_mode(name: str, temperature: Optional[float], rho: Optional[floa
         raise ValueError(f"rho={rho!r} applies to temperature_mode='rgclg' only, not {name!r}")
     if rho is not None and not (isinstance(rho, (int, float)) and math.isfinite(rho)):
         raise ValueError(f"rho={rho!r} must be a finite number")
-    return TEMPERATURE_MODE_TYPES[name](None if temperature is None else float(temperature),
-                                        None if rho is None else float(rho))
+    return TEMPERATURE_MODE_TYPES[name](
+        None if temperature is None else float(temperature), None if rho is None else float(rho)
+    )

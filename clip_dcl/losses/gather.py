@@ -18,6 +18,7 @@ adds ``S - S.detach()`` with ``S = sum_{i, k local} c_i p_ik l_ik``, ``l_ik`` bu
 scale, bias and remote features: its gradient is the exact column gradient; DDP's all-reduce does the
 rest. The idea is FastCLIP's (Wei et al. 2024, arXiv 2407.01445, which exchanges InfoNCE's weights).
 """
+
 from __future__ import annotations
 
 import math
@@ -121,9 +122,14 @@ def _tail_stats(masked: torch.Tensor, dim: int, k: float, beta: float):
 
 def captions_per_image(image_features: torch.Tensor, text_features: torch.Tensor) -> int:
     """``M`` from the row counts (``(B, d)`` and ``(B * M, d)``); ``ValueError`` otherwise."""
-    if image_features.dim() != 2 or text_features.dim() != 2 or image_features.shape[1] != text_features.shape[1] \
-            or image_features.shape[0] < 1 or text_features.shape[0] % image_features.shape[0] \
-            or text_features.shape[0] < image_features.shape[0]:
+    if (
+        image_features.dim() != 2
+        or text_features.dim() != 2
+        or image_features.shape[1] != text_features.shape[1]
+        or image_features.shape[0] < 1
+        or text_features.shape[0] % image_features.shape[0]
+        or text_features.shape[0] < image_features.shape[0]
+    ):
         raise ValueError(
             f"image_features must be (B, d) and text_features (B * M, d) with M >= 1 captions per image, in image "
             f"order; got {tuple(image_features.shape)} and {tuple(text_features.shape)}"
@@ -160,8 +166,12 @@ def anchor_stats(
     elif world_size > 1:
         # Gather in the features' own dtype (half the traffic under bf16), as ClipLoss does.
         all_img, all_txt = gather_features(
-            image_features, text_features, local_loss=local_loss, gather_with_grad=gather_with_grad,
-            rank=rank, world_size=world_size,
+            image_features,
+            text_features,
+            local_loss=local_loss,
+            gather_with_grad=gather_with_grad,
+            rank=rank,
+            world_size=world_size,
         )
     else:
         all_img, all_txt = image_features, text_features
@@ -254,9 +264,15 @@ def all_gather_cat(tensor: torch.Tensor, world_size: int, dim: int = 0) -> torch
     return torch.cat(parts, dim=dim)
 
 
-def column_surrogate(loss: torch.Tensor, stats: List[PairStats], image_features: torch.Tensor,
-                     text_features: torch.Tensor, logit_bias: Optional[torch.Tensor], rank: int,
-                     world_size: int) -> torch.Tensor:
+def column_surrogate(
+    loss: torch.Tensor,
+    stats: List[PairStats],
+    image_features: torch.Tensor,
+    text_features: torch.Tensor,
+    logit_bias: Optional[torch.Tensor],
+    rank: int,
+    world_size: int,
+) -> torch.Tensor:
     """``S - S.detach()``: zero, with the gradient every rank's anchors put on the local features.
 
     See the module docstring. ``stats``: one or several sets of the local anchors' statistics from the
@@ -282,8 +298,9 @@ def column_surrogate(loss: torch.Tensor, stats: List[PairStats], image_features:
     cols = torch.arange(batch, device=rows.device)
     total = loss.new_zeros(())
     # image anchors (all G) against the local texts; text anchors (all G) against the local images
-    for d, (anchors, local_feats) in enumerate(((st.all_image_features, text_features),
-                                                (st.all_text_features, image_features))):
+    for d, (anchors, local_feats) in enumerate(
+        ((st.all_image_features, text_features), (st.all_text_features, image_features))
+    ):
         feats = local_feats.to(anchors.dtype)
         with torch.no_grad():
             logits = (s * anchors.detach()) @ feats.detach().T  # (G, B)

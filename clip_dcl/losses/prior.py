@@ -9,6 +9,7 @@ measures what the embedding scores like positives, which is not the class prior 
 separates only part of a class. EM is written here because scikit-learn's ``GaussianMixture`` fits
 on the host every step; `fit_two_gaussians` is tested equal to it.
 """
+
 from __future__ import annotations
 
 import math
@@ -20,8 +21,15 @@ import torch
 MAX_SCORES = 8192
 
 
-def fit_two_gaussians(x: torch.Tensor, means: Tuple[float, float], variances: Tuple[float, float],
-                      weights: Tuple[float, float], iters: int = 100, tol: float = 1e-6, var_floor: float = 1e-6):
+def fit_two_gaussians(
+    x: torch.Tensor,
+    means: Tuple[float, float],
+    variances: Tuple[float, float],
+    weights: Tuple[float, float],
+    iters: int = 100,
+    tol: float = 1e-6,
+    var_floor: float = 1e-6,
+):
     """EM for a two-component Gaussian mixture on 1-D ``x``: ``(weights, means, variances)``, each (2,) float64.
 
     Stops when the mean log-likelihood gains less than ``10 tol`` over 10 iterations, or after ``iters``.
@@ -59,8 +67,9 @@ def estimate_tau_plus(neg_scores: torch.Tensor, pos_scores: torch.Tensor, min_se
         return 0.0
     var_neg = float(neg.var()) if neg.numel() > 1 else 1.0
     var_pos = float(pos.var()) if pos.numel() > 1 else var_neg
-    w, mu, var = fit_two_gaussians(neg, (float(neg.mean()), float(pos.mean())), (var_neg, max(var_pos, 1e-6)),
-                                   (0.9, 0.1))
+    w, mu, var = fit_two_gaussians(
+        neg, (float(neg.mean()), float(pos.mean())), (var_neg, max(var_pos, 1e-6)), (0.9, 0.1)
+    )
     upper, lower = (1, 0) if mu[1] >= mu[0] else (0, 1)
     spread = math.sqrt(float(w[0] * var[0] + w[1] * var[1]))
     if float(mu[upper] - mu[lower]) < min_separation * spread:

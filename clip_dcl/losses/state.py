@@ -6,6 +6,7 @@ world size's, one source at a time. `state_digest` adds ``bits(x) * w(p) mod P``
 positions ``p``, exactly in int64 on the tensor's device: integer sums do not depend on the order,
 so a sharded table digests as the replicated one, bit for bit, without a host copy.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -14,7 +15,7 @@ from typing import Callable, Dict, Iterable, Optional, Sequence, Tuple
 import torch
 
 #: modulus and weight multipliers of the digest sums
-_P = 2 ** 31 - 1
+_P = 2**31 - 1
 _MULTIPLIERS = (48271, 69621)
 #: columns per chunk when digesting or re-sharding (bounds the temporaries)
 CHUNK = 1 << 20
@@ -27,15 +28,21 @@ def shard_size(num_samples: int, rank: int, world_size: int) -> int:
     return max(0, (num_samples - rank + world_size - 1) // world_size)
 
 
-def global_ids(num_samples: int, rank: int, world_size: int, start: int = 0, stop: Optional[int] = None,
-               device=None) -> torch.Tensor:
+def global_ids(
+    num_samples: int, rank: int, world_size: int, start: int = 0, stop: Optional[int] = None, device=None
+) -> torch.Tensor:
     """Global ids of local columns ``start:stop`` of rank ``rank``'s shard."""
     stop = shard_size(num_samples, rank, world_size) if stop is None else stop
     return rank + world_size * torch.arange(start, stop, dtype=torch.long, device=device)
 
 
-def reshard(sources: Iterable[Tuple[int, int, Callable[[], torch.Tensor]]], num_samples: int, rank: int,
-            world_size: int, out: torch.Tensor) -> torch.Tensor:
+def reshard(
+    sources: Iterable[Tuple[int, int, Callable[[], torch.Tensor]]],
+    num_samples: int,
+    rank: int,
+    world_size: int,
+    out: torch.Tensor,
+) -> torch.Tensor:
     """Fill ``out`` (rank ``rank``'s shard) from another layout's shards, one at a time.
 
     ``sources`` yields ``(source_rank, source_world_size, load)``; a replicated table is ``(0, 1, load)``.
@@ -46,8 +53,9 @@ def reshard(sources: Iterable[Tuple[int, int, Callable[[], torch.Tensor]]], num_
         src = load()
         want = (out.shape[0], shard_size(num_samples, src_rank, src_world))
         if tuple(src.shape) != want:
-            raise ValueError(f"shard {src_rank} of {src_world} has shape {tuple(src.shape)}; "
-                             f"num_samples={num_samples} needs {want}")
+            raise ValueError(
+                f"shard {src_rank} of {src_world} has shape {tuple(src.shape)}; num_samples={num_samples} needs {want}"
+            )
         if src_world == world_size and src_rank == rank:  # same layout: a straight copy
             out.copy_(src)
             covered += out.shape[1]
@@ -61,8 +69,10 @@ def reshard(sources: Iterable[Tuple[int, int, Callable[[], torch.Tensor]]], num_
                     covered += int(mine.sum())
         del src
     if covered != out.shape[1]:
-        raise ValueError(f"the source shards cover {covered} of the {out.shape[1]} columns of rank {rank} of "
-                         f"{world_size}: a shard is missing or repeated")
+        raise ValueError(
+            f"the source shards cover {covered} of the {out.shape[1]} columns of rank {rank} of "
+            f"{world_size}: a shard is missing or repeated"
+        )
     return out
 
 

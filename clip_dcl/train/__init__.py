@@ -9,6 +9,7 @@ OpenCLIP flag, plus ``--loss {clip,dcl,decl}`` and the loss's flags (see ``--hel
 
 From Python, ``main([...])`` takes the same words and returns the exit code.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -99,16 +100,16 @@ def main(argv: Optional[List[str]] = None, prog: Optional[str] = None, exiting: 
         if config is None:  # --help
             return 0
 
-        from .saving import CheckpointDiskFull, CheckpointUnreadable
-        from .ids import MissingSampleIds
         from .divergence import Diverged
-        from .ids import SampleIdOutOfRange
-        from .patch import PeerFailure, run_training
-        from .run import LossStateMismatch
-        from .pipeline import TrainingDataError
-        from .runfolder import RunFolderBusy, RunFolderTaken
-        from .preempt import INTERRUPTED_EXIT_CODE, PREEMPTED_EXIT_CODE, signal_number
         from .exits import record_for_launcher, stop_loader_workers
+        from .ids import MissingSampleIds, SampleIdOutOfRange
+        from .patch import PeerFailure, run_training
+        from .pipeline import TrainingDataError
+        from .preempt import INTERRUPTED_EXIT_CODE, PREEMPTED_EXIT_CODE, signal_number
+        from .run import LossStateMismatch
+        from .runfolder import RunFolderBusy, RunFolderTaken
+        from .saving import CheckpointDiskFull, CheckpointUnreadable
+
         guard.check()
         proceeding = True
     except StartupStop as e:
@@ -118,8 +119,11 @@ def main(argv: Optional[List[str]] = None, prog: Optional[str] = None, exiting: 
         if not proceeding:
             guard.remove()
     # the run's handlers (StopSignals) take over the signals they catch from the guard; it keeps none of the others
-    taken = ({signal_number(s) for s in config.preempt.signals} | {signal_number("SIGINT")}
-             if config.preempt.signals else set())
+    taken = (
+        {signal_number(s) for s in config.preempt.signals} | {signal_number("SIGINT")}
+        if config.preempt.signals
+        else set()
+    )
     guard.remove(keep=taken)
 
     code = None
@@ -128,12 +132,25 @@ def main(argv: Optional[List[str]] = None, prog: Optional[str] = None, exiting: 
         try:
             code = run_training(config, at_once=exiting)
             if code in (PREEMPTED_EXIT_CODE, INTERRUPTED_EXIT_CODE):  # saved its step: when, for the launcher
-                record_for_launcher(f"clip-dcl train: stopped on a signal after saving its step; exit code {code}",
-                                    "stop")
-        except (MissingSampleIds, SampleIdOutOfRange, LossStateMismatch, CheckpointUnreadable, TrainingDataError,
-                CheckpointDiskFull, Diverged, PeerFailure, RunFolderBusy, RunFolderTaken) as e:
-            _report(f"clip-dcl train: error: {_without_worker_traceback(e)}", "peer" if isinstance(e, PeerFailure)
-                    else "error")
+                record_for_launcher(
+                    f"clip-dcl train: stopped on a signal after saving its step; exit code {code}", "stop"
+                )
+        except (
+            MissingSampleIds,
+            SampleIdOutOfRange,
+            LossStateMismatch,
+            CheckpointUnreadable,
+            TrainingDataError,
+            CheckpointDiskFull,
+            Diverged,
+            PeerFailure,
+            RunFolderBusy,
+            RunFolderTaken,
+        ) as e:
+            _report(
+                f"clip-dcl train: error: {_without_worker_traceback(e)}",
+                "peer" if isinstance(e, PeerFailure) else "error",
+            )
             code = 2 if isinstance(e, RunFolderTaken) else 1  # a taken --name is a refusal, as a bad flag is
         except StartupStop as e:  # a stop signal or Ctrl-C before the first step: nothing to save
             _report(startup_stop_line(e.signame, launched_rank()), "stop")

@@ -1,4 +1,5 @@
 """``python -m clip_dcl.train ARGS`` and ``torchrun ... -m clip_dcl.train -- ARGS``."""
+
 import sys
 
 from clip_dcl.train import main

@@ -4,6 +4,7 @@ After a NaN loss every later step is NaN and each epoch end would write a NaN ch
 ``--resume latest`` picks. `NonFiniteSteps` counts consecutive bad steps on the device (under fp16 a
 single one can be an overflow GradScaler skips); the ranks stop at the same step with `Diverged`.
 """
+
 from __future__ import annotations
 
 from typing import Iterable, List, Optional, Tuple
@@ -82,8 +83,9 @@ class NonFiniteSteps:
         self.run_start = torch.where(bad & (self.run == 1), step, torch.where(bad, self.run_start, -1))
         self.first_bad = torch.where(bad & (self.first_bad < 0), step, self.first_bad)
         if self.limit > 0:
-            self.trip_start = torch.where((self.run >= self.limit) & (self.trip_start < 0), self.run_start,
-                                          self.trip_start)
+            self.trip_start = torch.where(
+                (self.run >= self.limit) & (self.trip_start < 0), self.run_start, self.trip_start
+            )
         self.bad_now = torch.zeros_like(self.bad_now)
         if self._event is not None and self.limit > 0:
             self._host.copy_(self.trip_start, non_blocking=True)

@@ -24,6 +24,7 @@ rendezvous until torchrun's SIGKILL) or thrown through it (``terminate called af
 its line (:func:`leave_now`), and a run called from Python records the signal and raises :class:`StartupStop`
 where only Python of ours is running.
 """
+
 from __future__ import annotations
 
 import gc
@@ -65,7 +66,6 @@ def stop_loader_workers() -> int:
     return stopped
 
 
-
 # -- a stop before the first training step ------------------------------------------------------------------
 class StartupStop(KeyboardInterrupt):
     """A stop signal or Ctrl-C before the run's first training step: the process ends at once, saving nothing.
@@ -96,8 +96,10 @@ def startup_stop_line(signame: str, rank: Optional[object] = None) -> str:
     what = "interrupted (Ctrl-C)" if signame == "SIGINT" else f"stopped on {signame}"
     who = f" (rank {rank})" if rank is not None else ""
     code = INTERRUPTED_EXIT_CODE if signame == "SIGINT" else PREEMPTED_EXIT_CODE
-    return (f"clip-dcl train: {what}{who} during start-up, before the first training step: nothing was trained "
-            f"since the last checkpoint; exit code {code}")
+    return (
+        f"clip-dcl train: {what}{who} during start-up, before the first training step: nothing was trained "
+        f"since the last checkpoint; exit code {code}"
+    )
 
 
 class StartupGuard:
@@ -238,8 +240,17 @@ def record_for_launcher(line: str, kind: str = "error") -> bool:
     if os.environ.get(LAUNCHER_ENV) != "1" or not path:
         return False
     now = time.time()
-    data = {"message": {"message": line, "extraInfo": {"timestamp": str(int(now)), "clip_dcl_time": repr(now),
-                                                       "clip_dcl_kind": kind, "py_callstack": ""}}}
+    data = {
+        "message": {
+            "message": line,
+            "extraInfo": {
+                "timestamp": str(int(now)),
+                "clip_dcl_time": repr(now),
+                "clip_dcl_kind": kind,
+                "py_callstack": "",
+            },
+        }
+    }
     try:
         with open(path, "w") as f:
             json.dump(data, f)

@@ -1,6 +1,7 @@
 """What OpenCLIP's training flags tell about the training data, for the losses that size themselves from it
 (`DataFacts`; sizes read once, when a loss asks).
 """
+
 from __future__ import annotations
 
 import functools
@@ -28,7 +29,9 @@ def data_facts(oc_args) -> DataFacts:
     training = bool(oc_args.train_data) or synthetic
     kind = "synthetic" if synthetic else (train_data_kind(oc_args) if oc_args.train_data else None)
     return DataFacts(
-        epochs=oc_args.epochs, training=training, sample_ids=_SAMPLE_IDS.get(kind),
+        epochs=oc_args.epochs,
+        training=training,
+        sample_ids=_SAMPLE_IDS.get(kind),
         description=f"--dataset-type {oc_args.dataset_type!r} with --train-data {oc_args.train_data!r}",
         num_sources=num_sources(oc_args.train_data) if oc_args.train_data and not synthetic else 1,
         sizes=functools.lru_cache(maxsize=None)(functools.partial(_sizes, oc_args, kind)),
@@ -39,8 +42,11 @@ def _sizes(oc_args, kind) -> Tuple[int, Tuple[int, ...]]:
     """``(total, per-source sizes)`` of the training data (see `DataFacts.sizes`)."""
     if kind == "synthetic":
         if not oc_args.train_num_samples:
-            raise DataSizeUnknown("--dataset-type synthetic makes --train-num-samples samples (their indices are "
-                                  "the sample ids) and --train-num-samples is not set", "set --train-num-samples")
+            raise DataSizeUnknown(
+                "--dataset-type synthetic makes --train-num-samples samples (their indices are "
+                "the sample ids) and --train-num-samples is not set",
+                "set --train-num-samples",
+            )
         return int(oc_args.train_num_samples), (int(oc_args.train_num_samples),)
     if kind == "packed":
         from clip_dcl.data.packed import packed_size
@@ -48,15 +54,19 @@ def _sizes(oc_args, kind) -> Tuple[int, Tuple[int, ...]]:
         try:
             total = packed_size(oc_args.train_data)
         except (OSError, ValueError, KeyError) as e:
-            raise DataSizeUnknown(f"the packed training set {oc_args.train_data!r} cannot be read ({e})",
-                                  "write it again with `clip-dcl data pack`") from None
+            raise DataSizeUnknown(
+                f"the packed training set {oc_args.train_data!r} cannot be read ({e})",
+                "write it again with `clip-dcl data pack`",
+            ) from None
         return total, (total,)
     if kind == "csv":
         rows = _csv_rows(oc_args)
         return rows, (rows,)
     if kind != "webdataset":
-        raise DataSizeUnknown(f"--dataset-type {oc_args.dataset_type!r} with --train-data {oc_args.train_data!r} "
-                              "has no size that clip-dcl can read")
+        raise DataSizeUnknown(
+            f"--dataset-type {oc_args.dataset_type!r} with --train-data {oc_args.train_data!r} "
+            "has no size that clip-dcl can read"
+        )
     from open_clip_train.data import get_dataset_size
 
     try:
@@ -85,5 +95,7 @@ def _csv_rows(oc_args) -> int:
     try:
         return len(pd.read_csv(oc_args.train_data, sep=oc_args.csv_separator, usecols=[oc_args.csv_caption_key]))
     except (OSError, ValueError) as e:
-        raise DataSizeUnknown(f"--train-data {oc_args.train_data!r}: the CSV's column {oc_args.csv_caption_key!r} "
-                              f"cannot be read ({e})", "fix it") from None
+        raise DataSizeUnknown(
+            f"--train-data {oc_args.train_data!r}: the CSV's column {oc_args.csv_caption_key!r} cannot be read ({e})",
+            "fix it",
+        ) from None

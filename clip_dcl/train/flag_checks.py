@@ -3,6 +3,7 @@ the output folders, the data's paths, and what a packed training set cannot hono
 
 Split from :mod:`clip_dcl.train.flags`, which calls them (and re-exports them under their names).
 """
+
 from __future__ import annotations
 
 import math
@@ -18,21 +19,26 @@ def check_optimizer_values(oc_args) -> None:
     def bad(value, ok) -> bool:
         return value is not None and not (isinstance(value, (int, float)) and math.isfinite(value) and ok(value))
 
-    checks = (("--lr", oc_args.lr, lambda v: v > 0, "a finite number > 0"),
-              ("--wd", oc_args.wd, lambda v: v >= 0, "a finite number >= 0"),
-              ("--beta1", oc_args.beta1, lambda v: 0 <= v < 1, "in [0, 1)"),
-              ("--beta2", oc_args.beta2, lambda v: 0 <= v < 1, "in [0, 1)"),
-              ("--eps", oc_args.eps, lambda v: v > 0, "a finite number > 0"),
-              ("--momentum", getattr(oc_args, "momentum", None), lambda v: v >= 0, "a finite number >= 0"),
-              ("--grad-clip-norm", oc_args.grad_clip_norm, lambda v: v > 0, "a finite number > 0"),
-              ("--warmup", oc_args.warmup, lambda v: v >= 0, "an integer >= 0"),
-              ("--batch-size", oc_args.batch_size, lambda v: v >= 1, "an integer >= 1"),
-              ("--accum-freq", oc_args.accum_freq, lambda v: v >= 1, "an integer >= 1"),
-              ("--epochs", oc_args.epochs, lambda v: v >= 0, "an integer >= 0"))
+    checks = (
+        ("--lr", oc_args.lr, lambda v: v > 0, "a finite number > 0"),
+        ("--wd", oc_args.wd, lambda v: v >= 0, "a finite number >= 0"),
+        ("--beta1", oc_args.beta1, lambda v: 0 <= v < 1, "in [0, 1)"),
+        ("--beta2", oc_args.beta2, lambda v: 0 <= v < 1, "in [0, 1)"),
+        ("--eps", oc_args.eps, lambda v: v > 0, "a finite number > 0"),
+        ("--momentum", getattr(oc_args, "momentum", None), lambda v: v >= 0, "a finite number >= 0"),
+        ("--grad-clip-norm", oc_args.grad_clip_norm, lambda v: v > 0, "a finite number > 0"),
+        ("--warmup", oc_args.warmup, lambda v: v >= 0, "an integer >= 0"),
+        ("--batch-size", oc_args.batch_size, lambda v: v >= 1, "an integer >= 1"),
+        ("--accum-freq", oc_args.accum_freq, lambda v: v >= 1, "an integer >= 1"),
+        ("--epochs", oc_args.epochs, lambda v: v >= 0, "an integer >= 0"),
+    )
     for flag, value, ok, want in checks:
         if bad(value, ok):
-            raise FlagError(f"{flag} {value:g}: must be {want}" if isinstance(value, (int, float)) else
-                            f"{flag} {value!r}: must be {want}")
+            raise FlagError(
+                f"{flag} {value:g}: must be {want}"
+                if isinstance(value, (int, float))
+                else f"{flag} {value!r}: must be {want}"
+            )
 
 
 def check_global_batch(oc_args) -> None:
@@ -45,9 +51,11 @@ def check_global_batch(oc_args) -> None:
     world = world_info_from_env()[2]
     pairs = oc_args.batch_size * oc_args.accum_freq * world
     if pairs < 2:
-        raise FlagError(f"--batch-size {oc_args.batch_size}: a contrastive loss needs at least 2 pairs a step, and "
-                        f"--batch-size {oc_args.batch_size} x --accum-freq {oc_args.accum_freq} x {world} rank(s) "
-                        f"gives {pairs}: give --batch-size 2 or more")
+        raise FlagError(
+            f"--batch-size {oc_args.batch_size}: a contrastive loss needs at least 2 pairs a step, and "
+            f"--batch-size {oc_args.batch_size} x --accum-freq {oc_args.accum_freq} x {world} rank(s) "
+            f"gives {pairs}: give --batch-size 2 or more"
+        )
 
 
 def shard_folders_as_patterns(words: list) -> tuple:
@@ -70,7 +78,7 @@ def shard_folders_as_patterns(words: list) -> tuple:
             if word == flag and i + 1 < len(out):
                 at, value, prefix = i + 1, out[i + 1], ""
             elif word.startswith(flag + "="):
-                at, value, prefix = i, word[len(flag) + 1:], flag + "="
+                at, value, prefix = i, word[len(flag) + 1 :], flag + "="
             else:
                 continue
             parts = value.split("::")
@@ -125,8 +133,12 @@ def check_worker_batches(oc_args, world: int | None = None) -> None:
 
     from .facts import train_data_kind
 
-    if (not oc_args.train_data or oc_args.dataset_type == "synthetic" or oc_args.dataset_resampled
-            or train_data_kind(oc_args) != "webdataset"):
+    if (
+        not oc_args.train_data
+        or oc_args.dataset_type == "synthetic"
+        or oc_args.dataset_resampled
+        or train_data_kind(oc_args) != "webdataset"
+    ):
         return
     try:
         urls, _ = expand_urls(oc_args.train_data)
@@ -138,25 +150,29 @@ def check_worker_batches(oc_args, world: int | None = None) -> None:
     ranks = f" x {world} ranks" if world > 1 else ""
     if len(urls) < readers:
         fewer = max(1, len(urls) // world)
-        raise FlagError(f"--train-data has {len(urls)} shard(s) for --workers {oc_args.workers}{ranks}: each worker "
-                        f"reads shards of its own, so {readers} are needed; give --workers {fewer} or fewer, more "
-                        "shards, or --dataset-resampled")
+        raise FlagError(
+            f"--train-data has {len(urls)} shard(s) for --workers {oc_args.workers}{ranks}: each worker "
+            f"reads shards of its own, so {readers} are needed; give --workers {fewer} or fewer, more "
+            "shards, or --dataset-resampled"
+        )
     sizes = _shard_sizes(urls)
     if sizes is None:
         return
 
     def fewest(n_readers: int) -> int:
-        return sum(sorted(sizes)[:len(sizes) // n_readers])
+        return sum(sorted(sizes)[: len(sizes) // n_readers])
 
     least = fewest(readers)
     if oc_args.batch_size > least:
         fix = f"give --batch-size {least} or less"
         if per_rank > 1 and fewest(world) >= oc_args.batch_size:
             fix += ", or fewer --workers"
-        raise FlagError(f"--batch-size {oc_args.batch_size} is more than the {least} samples a data-loader worker may "
-                        f"be given: the {len(sizes)} training shard(s) ({sum(sizes)} samples) are split over {readers} "
-                        f"worker(s) (--workers {oc_args.workers}{ranks}), and each fills whole batches from its own "
-                        f"shards; {fix}")
+        raise FlagError(
+            f"--batch-size {oc_args.batch_size} is more than the {least} samples a data-loader worker may "
+            f"be given: the {len(sizes)} training shard(s) ({sum(sizes)} samples) are split over {readers} "
+            f"worker(s) (--workers {oc_args.workers}{ranks}), and each fills whole batches from its own "
+            f"shards; {fix}"
+        )
 
 
 def check_output_paths(oc_args) -> None:
@@ -172,8 +188,10 @@ def check_output_paths(oc_args) -> None:
     resume = oc_args.resume
     if resume and resume != "latest" and "://" not in str(resume):
         if os.path.isdir(resume):
-            raise FlagError(f"--resume {resume} is a folder, not a checkpoint file: give a file in it "
-                            "(e.g. checkpoints/epoch_N.pt), or --resume latest with the run's --logs and --name")
+            raise FlagError(
+                f"--resume {resume} is a folder, not a checkpoint file: give a file in it "
+                "(e.g. checkpoints/epoch_N.pt), or --resume latest with the run's --logs and --name"
+            )
         if not os.path.exists(resume):
             raise FlagError(f"--resume {resume} does not exist")
 
@@ -228,9 +246,11 @@ def check_ranks_against_devices(local_ranks: int, device: str) -> None:
     if local_ranks > gpus:
         visible = os.environ.get("CUDA_VISIBLE_DEVICES")
         where = f" (CUDA_VISIBLE_DEVICES={visible})" if visible else ""
-        raise FlagError(f"{local_ranks} ranks on this node but {gpus} GPU{'s' if gpus != 1 else ''} visible{where}: "
-                        f"one rank per GPU; start {gpus} (NPROC={gpus}, --nproc_per_node {gpus}), or train on the "
-                        "CPU with --device cpu")
+        raise FlagError(
+            f"{local_ranks} ranks on this node but {gpus} GPU{'s' if gpus != 1 else ''} visible{where}: "
+            f"one rank per GPU; start {gpus} (NPROC={gpus}, --nproc_per_node {gpus}), or train on the "
+            "CPU with --device cpu"
+        )
 
 
 def _word_value(words: list, flag: str):
@@ -240,7 +260,7 @@ def _word_value(words: list, flag: str):
         if word == flag and i + 1 < len(words):
             value = words[i + 1]
         elif word.startswith(flag + "="):
-            value = word[len(flag) + 1:]
+            value = word[len(flag) + 1 :]
     return value
 
 
@@ -280,17 +300,21 @@ def csv_data_flags(words: list) -> list:
         wanted = {"--csv-separator": cols.sep, "--csv-img-key": cols.img_key, "--csv-caption-key": cols.caption_key}
         for name, value in wanted.items():
             if given[name] is None and seen.setdefault(name, value) != value:
-                raise FlagError(f"--train-data and --val-data are CSVs of different {name[6:]}s ({seen[name]!r}, "
-                                f"{value!r}): give {name}")
+                raise FlagError(
+                    f"--train-data and --val-data are CSVs of different {name[6:]}s ({seen[name]!r}, "
+                    f"{value!r}): give {name}"
+                )
         try:
-            images = pd.read_csv(path, sep=cols.sep, usecols=[cols.img_key], dtype=str, nrows=CSV_ROWS_CHECKED,
-                                 keep_default_na=False)[cols.img_key]
+            images = pd.read_csv(
+                path, sep=cols.sep, usecols=[cols.img_key], dtype=str, nrows=CSV_ROWS_CHECKED, keep_default_na=False
+            )[cols.img_key]
         except (ValueError, OSError) as e:  # pandas' ParserError is a ValueError
             raise FlagError(f"{flag} {path} cannot be read as a CSV: {' '.join(str(e).split())}") from None
         for line, image in enumerate(images, 2):
             if not (os.path.isfile(os.path.join(os.path.dirname(path), image)) or os.path.isfile(image)):
-                raise FlagError(f"{flag} {path} line {line}: image {image!r} is neither beside the CSV nor in the "
-                                "working folder")
+                raise FlagError(
+                    f"{flag} {path} line {line}: image {image!r} is neither beside the CSV nor in the working folder"
+                )
     for name, value in seen.items():
         added += [name, value]
     return list(words) + added
@@ -301,5 +325,7 @@ def csv_images_beside(dataset, csv_path: str) -> None:
     ``clip-dcl eval retrieval`` reads them); a path found only from the working folder (OpenCLIP's reading)
     is kept."""
     folder = os.path.dirname(csv_path)
-    dataset.images = [p if os.path.isabs(str(p)) or not os.path.isfile(os.path.join(folder, str(p)))
-                      else os.path.join(folder, str(p)) for p in dataset.images]
+    dataset.images = [
+        p if os.path.isabs(str(p)) or not os.path.isfile(os.path.join(folder, str(p))) else os.path.join(folder, str(p))
+        for p in dataset.images
+    ]

@@ -15,6 +15,7 @@ their own arguments and name the bad value, and no buffer is allocated, however 
 buffer); the error is reported with the flag that set it. The loss is resolved again when it is
 built, once the data's batches per epoch are known.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -28,9 +29,17 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Dict, List, Optional
 
 from ..errors import FlagError  # noqa: F401  (raised here, and imported from here by callers)
-from .flag_checks import (check_data_paths, check_global_batch, check_optimizer_values,  # noqa: F401 (re-exported)
-                          check_output_paths, check_packed_flags, check_ranks_against_devices,
-                          check_worker_batches, csv_data_flags, shard_folders_as_patterns)
+from .flag_checks import (  # noqa: F401 (re-exported)
+    check_data_paths,
+    check_global_batch,
+    check_optimizer_values,
+    check_output_paths,
+    check_packed_flags,
+    check_ranks_against_devices,
+    check_worker_batches,
+    csv_data_flags,
+    shard_folders_as_patterns,
+)
 
 if TYPE_CHECKING:
     from clip_dcl.losses.base import DataFacts
@@ -64,8 +73,16 @@ def __getattr__(name):  # LOSS_FLAGS: computed from the registry when asked for
 
 #: Keyword arguments that OpenCLIP's flags give every loss whose signature takes them.
 OPENCLIP_LOSS_FLAGS = {"accum_freq": "--accum-freq", "seed": "--seed"}
-_DIST_KWARGS = {"rank", "world_size", "local_loss", "gather_with_grad", "cache_labels", "use_horovod",
-                "no_grad_gather", "device"}
+_DIST_KWARGS = {
+    "rank",
+    "world_size",
+    "local_loss",
+    "gather_with_grad",
+    "cache_labels",
+    "use_horovod",
+    "no_grad_gather",
+    "device",
+}
 
 
 def _flag(dest: str) -> str:
@@ -121,22 +138,33 @@ def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
 
     defaults = _loss_defaults()
     parser = argparse.ArgumentParser(
-        prog=prog, add_help=False, allow_abbrev=False,
+        prog=prog,
+        add_help=False,
+        allow_abbrev=False,
         description="OpenCLIP's training (open_clip_train.main) with a choice of objective. "
-                    "Every OpenCLIP flag works as in OpenCLIP; clip-dcl adds these:",
+        "Every OpenCLIP flag works as in OpenCLIP; clip-dcl adds these:",
     )
     g = parser.add_argument_group("clip-dcl objective")
     registered = tuple(LOSSES)  # the package's objectives first (registered on import), then any other
     described = "; ".join(f"{n} = {LOSSES[n].summary or LOSSES[n].__name__}" for n in registered)
     default = next((n for n in registered if openclip_native(n)), registered[0])
-    g.add_argument("--loss", choices=registered, default=default,
-                   help=f"training objective: {described}; or any other loss registered in clip_dcl.losses.LOSSES "
-                        f"before this parser is built (default: {default})")
+    g.add_argument(
+        "--loss",
+        choices=registered,
+        default=default,
+        help=f"training objective: {described}; or any other loss registered in clip_dcl.losses.LOSSES "
+        f"before this parser is built (default: {default})",
+    )
     multi = ", ".join(n for n in registered if LOSSES[n].supports_captions_per_image)
-    g.add_argument("--captions-per-image", type=int, default=1, metavar="M",
-                   help="captions drawn per training image from the json 'captions' list (or the .txt lines), "
-                        "repeated in order when an image has fewer; the model encodes B x M texts and the loss takes "
-                        f"them as M positives of each image (webdataset shards; --loss {multi}) (default: 1)")
+    g.add_argument(
+        "--captions-per-image",
+        type=int,
+        default=1,
+        metavar="M",
+        help="captions drawn per training image from the json 'captions' list (or the .txt lines), "
+        "repeated in order when an image has fewer; the model encodes B x M texts and the loss takes "
+        f"them as M positives of each image (webdataset shards; --loss {multi}) (default: 1)",
+    )
     for name in registered:
         for flag in LOSSES[name].flags:
             value = defaults.get(name, {}).get(flag.kwarg, None)
@@ -153,62 +181,109 @@ def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
                 if flag.metavar:
                     kwargs["metavar"] = flag.metavar
             g.add_argument(flag.flag, **kwargs)
-    g.add_argument("--no-grad-gather", action="store_true",
-                   help="gather the features without autograd and exchange two numbers per anchor instead: exact "
-                        "gradients with no backward collective (needs --local-loss, replaces --gather-with-grad; --loss clip "
-                        "then uses clip-dcl's InfoNCE, equal to OpenCLIP's; not with --loss curl, --hcl-beta > 0, "
-                        "--dcl-temperature or --captions-per-image > 1, whose gradients need more than two numbers)")
-    g.add_argument("--loss-reset", action="store_true",
-                   help="with --resume: train the configured --loss from a checkpoint trained with another one, or "
-                        "with another value of a setting its loss state depends on (e.g. --decl-estimate, "
-                        "--decl-drift-correction, --decl-state-dtype), or for another number of "
-                        "sample ids; the saved loss state is dropped, the model and optimizer kept (without it "
-                        "such a resume is refused)")
-    g.add_argument("--decl-grow-state", action="store_true",
-                   help="with --resume and --loss decl --decl-rate index: the training data grew since the "
-                        "checkpoint (--decl-num-samples above the saved one); keep the learned rates of the ids it "
-                        "holds and start the new ids unvisited, as a fresh buffer starts them (without it such a "
-                        "resume is refused)")
-    g.add_argument("--model-config", default=None, metavar="PATH",
-                   help="a model config JSON (or a folder of them) to register with OpenCLIP; the model name is "
-                        "the file name without .json, and --model defaults to it")
+    g.add_argument(
+        "--no-grad-gather",
+        action="store_true",
+        help="gather the features without autograd and exchange two numbers per anchor instead: exact "
+        "gradients with no backward collective (needs --local-loss, replaces --gather-with-grad; --loss clip "
+        "then uses clip-dcl's InfoNCE, equal to OpenCLIP's; not with --loss curl, --hcl-beta > 0, "
+        "--dcl-temperature or --captions-per-image > 1, whose gradients need more than two numbers)",
+    )
+    g.add_argument(
+        "--loss-reset",
+        action="store_true",
+        help="with --resume: train the configured --loss from a checkpoint trained with another one, or "
+        "with another value of a setting its loss state depends on (e.g. --decl-estimate, "
+        "--decl-drift-correction, --decl-state-dtype), or for another number of "
+        "sample ids; the saved loss state is dropped, the model and optimizer kept (without it "
+        "such a resume is refused)",
+    )
+    g.add_argument(
+        "--decl-grow-state",
+        action="store_true",
+        help="with --resume and --loss decl --decl-rate index: the training data grew since the "
+        "checkpoint (--decl-num-samples above the saved one); keep the learned rates of the ids it "
+        "holds and start the new ids unvisited, as a fresh buffer starts them (without it such a "
+        "resume is refused)",
+    )
+    g.add_argument(
+        "--model-config",
+        default=None,
+        metavar="PATH",
+        help="a model config JSON (or a folder of them) to register with OpenCLIP; the model name is "
+        "the file name without .json, and --model defaults to it",
+    )
     from .preempt import DEFAULT_SIGNALS, PREEMPTED_EXIT_CODE
 
     g = parser.add_argument_group("preemption")
-    g.add_argument("--preempt-signals", nargs="+", default=None, metavar="SIG",
-                   help="signals on which every rank finishes its step, a checkpoint is saved at that step and the "
-                        f"run exits with code {PREEMPTED_EXIT_CODE}; with them, the first Ctrl-C during training steps "
-                        "does the same and exits with code 130 ('none': no handler) "
-                        f"(default: {' '.join(DEFAULT_SIGNALS)})")
-    g.add_argument("--preempt-check-every", type=int, default=1, metavar="N",
-                   help="look for a signal (and the --save-every-minutes clock) every N optimizer steps; with "
-                        "several ranks each look is one all-reduce of three int32 (default: 1)")
-    g.add_argument("--save-every-minutes", type=float, default=None, metavar="M",
-                   help="also save a mid-epoch checkpoint every M minutes (rank 0's clock), at a step boundary, to "
-                        "the file a preemption writes (default: only at epoch ends and on a signal)")
+    g.add_argument(
+        "--preempt-signals",
+        nargs="+",
+        default=None,
+        metavar="SIG",
+        help="signals on which every rank finishes its step, a checkpoint is saved at that step and the "
+        f"run exits with code {PREEMPTED_EXIT_CODE}; with them, the first Ctrl-C during training steps "
+        "does the same and exits with code 130 ('none': no handler) "
+        f"(default: {' '.join(DEFAULT_SIGNALS)})",
+    )
+    g.add_argument(
+        "--preempt-check-every",
+        type=int,
+        default=1,
+        metavar="N",
+        help="look for a signal (and the --save-every-minutes clock) every N optimizer steps; with "
+        "several ranks each look is one all-reduce of three int32 (default: 1)",
+    )
+    g.add_argument(
+        "--save-every-minutes",
+        type=float,
+        default=None,
+        metavar="M",
+        help="also save a mid-epoch checkpoint every M minutes (rank 0's clock), at a step boundary, to "
+        "the file a preemption writes (default: only at epoch ends and on a signal)",
+    )
     from .divergence import DEFAULT_MAX_NONFINITE_STEPS
 
     g = parser.add_argument_group("failures")
-    g.add_argument("--max-nonfinite-steps", type=int, default=DEFAULT_MAX_NONFINITE_STEPS, metavar="N",
-                   help="stop the run (exit code 1, naming the first bad step) after N consecutive optimizer steps "
-                        "whose loss is NaN or inf, or at an epoch end or a save whose model weights are; no "
-                        "checkpoint of non-finite weights is written, so the last finite one stays the latest; "
-                        f"0: never stop on a non-finite loss (default: {DEFAULT_MAX_NONFINITE_STEPS})")
-    g.add_argument("--dist-timeout", type=float, default=None, metavar="SECONDS",
-                   help="seconds a collective (all-reduce, barrier, ...) waits for the other ranks before this rank "
-                        "fails with a line naming it, so that a rank that died or hangs ends the others "
-                        "(torch.distributed's init_process_group timeout; default: torch's, 30 minutes for gloo, "
-                        "10 for nccl)")
+    g.add_argument(
+        "--max-nonfinite-steps",
+        type=int,
+        default=DEFAULT_MAX_NONFINITE_STEPS,
+        metavar="N",
+        help="stop the run (exit code 1, naming the first bad step) after N consecutive optimizer steps "
+        "whose loss is NaN or inf, or at an epoch end or a save whose model weights are; no "
+        "checkpoint of non-finite weights is written, so the last finite one stays the latest; "
+        f"0: never stop on a non-finite loss (default: {DEFAULT_MAX_NONFINITE_STEPS})",
+    )
+    g.add_argument(
+        "--dist-timeout",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="seconds a collective (all-reduce, barrier, ...) waits for the other ranks before this rank "
+        "fails with a line naming it, so that a rank that died or hangs ends the others "
+        "(torch.distributed's init_process_group timeout; default: torch's, 30 minutes for gloo, "
+        "10 for nccl)",
+    )
     g = parser.add_argument_group("model")
-    g.add_argument("--init-logit-scale", type=float, default=None, metavar="S",
-                   help="the model's learned logit scale starts at S (a temperature of 1/S), for tuning InfoNCE's "
-                        "temperature from several starting points; OpenCLIP's --lock-* flags and the loss's own "
-                        "fixed temperatures are unaffected (default: the model's, 1/0.07 for CLIP models)")
+    g.add_argument(
+        "--init-logit-scale",
+        type=float,
+        default=None,
+        metavar="S",
+        help="the model's learned logit scale starts at S (a temperature of 1/S), for tuning InfoNCE's "
+        "temperature from several starting points; OpenCLIP's --lock-* flags and the loss's own "
+        "fixed temperatures are unaffected (default: the model's, 1/0.07 for CLIP models)",
+    )
     g = parser.add_argument_group("speed")
-    g.add_argument("--adamw-impl", choices=ADAMW_IMPLS, default=None,
-                   help="PyTorch's AdamW kernel for OpenCLIP's --opt adamw: 'foreach' (one kernel per step over all "
-                        "parameters) or 'fused'; the same update, in fewer, larger operations, which pays on a small "
-                        "model (default: PyTorch's choice: for-loop on CPU, foreach on CUDA)")
+    g.add_argument(
+        "--adamw-impl",
+        choices=ADAMW_IMPLS,
+        default=None,
+        help="PyTorch's AdamW kernel for OpenCLIP's --opt adamw: 'foreach' (one kernel per step over all "
+        "parameters) or 'fused'; the same update, in fewer, larger operations, which pays on a small "
+        "model (default: PyTorch's choice: for-loop on CPU, foreach on CUDA)",
+    )
     return parser
 
 
@@ -305,10 +380,16 @@ def loss_flags_table() -> str:
     rows = []
     for name, cls in LOSSES.items():
         for flag in cls.flags:
-            spelled = f"`{flag.flag}` / `--no-{flag.flag[2:]}`" if flag.boolean else (
-                f"`{flag.flag} {{{','.join(map(str, flag.choices))}}}`" if flag.choices else f"`{flag.flag}`")
+            spelled = (
+                f"`{flag.flag}` / `--no-{flag.flag[2:]}`"
+                if flag.boolean
+                else (f"`{flag.flag} {{{','.join(map(str, flag.choices))}}}`" if flag.choices else f"`{flag.flag}`")
+            )
             meaning = flag.help.replace("|", "\\|")
-            rows.append(f"| {spelled} | {name} | {meaning} | {flag.default_text or _default_text(defaults[name].get(flag.kwarg))} |")
+            rows.append(
+                f"| {spelled} | {name} | {meaning} | "
+                f"{flag.default_text or _default_text(defaults[name].get(flag.kwarg))} |"
+            )
     return "\n".join(rows)
 
 
@@ -347,8 +428,11 @@ def _explain(err: Exception, loss: str, kwargs: Dict[str, object]) -> str:
     """The loss's own message, plus the flags that set the arguments it names."""
     msg = str(err)
     # a keyword argument named in the message, not a word of a flag the message names itself (``--decl-rate``)
-    flags = [_flag(dest) for dest, (owner, kwarg) in flag_owners().items()
-             if owner == loss and re.search(rf"(?<![-\w]){kwarg}\b", msg)]
+    flags = [
+        _flag(dest)
+        for dest, (owner, kwarg) in flag_owners().items()
+        if owner == loss and re.search(rf"(?<![-\w]){kwarg}\b", msg)
+    ]
     flags += [flag for kwarg, flag in OPENCLIP_LOSS_FLAGS.items() if re.search(rf"\b{kwarg}\b", msg)]
     where = f" (set by {', '.join(flags)})" if flags else ""
     return f"--loss {loss}: {msg}{where}"
@@ -363,24 +447,36 @@ def full_loss_args(loss: str, kwargs: Dict[str, object]) -> Dict[str, object]:
 
 def _check_no_grad_gather(oc_args) -> None:
     if not oc_args.local_loss:
-        raise FlagError("--no-grad-gather needs --local-loss (each rank scores its own anchors against the "
-                        "gathered features)")
+        raise FlagError(
+            "--no-grad-gather needs --local-loss (each rank scores its own anchors against the gathered features)"
+        )
     if oc_args.gather_with_grad:
-        raise FlagError("--no-grad-gather replaces --gather-with-grad (the same exact gradients without the "
-                        "backward collective): drop one of them")
-    for bad, why in ((oc_args.siglip, "--siglip"), (oc_args.distill_model, "--distill-model"),
-                     ("coca" in oc_args.model.lower(), f"--model {oc_args.model} (CoCa)"),
-                     (oc_args.horovod, "--horovod")):
+        raise FlagError(
+            "--no-grad-gather replaces --gather-with-grad (the same exact gradients without the "
+            "backward collective): drop one of them"
+        )
+    for bad, why in (
+        (oc_args.siglip, "--siglip"),
+        (oc_args.distill_model, "--distill-model"),
+        ("coca" in oc_args.model.lower(), f"--model {oc_args.model} (CoCa)"),
+        (oc_args.horovod, "--horovod"),
+    ):
         if bad:
             raise FlagError(f"--no-grad-gather cannot be combined with {why}: that objective is OpenCLIP's own")
 
 
 def _require_data(oc_args) -> None:
     """OpenCLIP's main asserts this only after building the model; fail before any work instead."""
-    if not (oc_args.train_data or oc_args.dataset_type == "synthetic" or oc_args.val_data
-            or oc_args.imagenet_val or oc_args.imagenet_v2):
-        raise FlagError("nothing to train or evaluate: give --train-data (or --val-data / --imagenet-val to "
-                        "evaluate only)")
+    if not (
+        oc_args.train_data
+        or oc_args.dataset_type == "synthetic"
+        or oc_args.val_data
+        or oc_args.imagenet_val
+        or oc_args.imagenet_v2
+    ):
+        raise FlagError(
+            "nothing to train or evaluate: give --train-data (or --val-data / --imagenet-val to evaluate only)"
+        )
 
 
 def check_spelled_out(argv: List[str], parsers: List[argparse.ArgumentParser]) -> None:
@@ -404,8 +500,9 @@ def check_spelled_out(argv: List[str], parsers: List[argparse.ArgumentParser]) -
             continue
         candidates = sorted(flag for flag in known if flag.startswith(name))
         if candidates:
-            raise FlagError(f"{name} is not a flag (flags are spelled out in full); it could mean "
-                            f"{', '.join(candidates)}")
+            raise FlagError(
+                f"{name} is not a flag (flags are spelled out in full); it could mean {', '.join(candidates)}"
+            )
 
 
 def check_known(argv: List[str], parsers: List[argparse.ArgumentParser]) -> None:
@@ -488,6 +585,7 @@ def parse_train_args(argv: List[str], check_files: bool = True, prog: str = PROG
     from open_clip_train.params import parse_args as openclip_parse_args
 
     from clip_dcl.models import model_name_problem, register_builtin_configs, register_model_config
+
     from .precision import _is_first_rank, settle_machine_flags
 
     register_builtin_configs()
@@ -524,11 +622,15 @@ def parse_train_args(argv: List[str], check_files: bool = True, prog: str = PROG
 
     if not openclip_native(loss):  # a CoCa model takes our contrastive term (clip_dcl.losses.coca)
         native = " / ".join(f"--loss {n}" for n in LOSSES if openclip_native(n))
-        for bad, why in ((oc_args.siglip, "--siglip"), (oc_args.distill_model, "--distill-model"),
-                         (oc_args.horovod, "--horovod")):
+        for bad, why in (
+            (oc_args.siglip, "--siglip"),
+            (oc_args.distill_model, "--distill-model"),
+            (oc_args.horovod, "--horovod"),
+        ):
             if bad:
-                raise FlagError(f"--loss {loss} cannot be combined with {why}: that objective is OpenCLIP's own; "
-                                f"use {native}")
+                raise FlagError(
+                    f"--loss {loss} cannot be combined with {why}: that objective is OpenCLIP's own; use {native}"
+                )
     _check_captions_per_image(ours, oc_args, loss)
     preempt = _preempt_config(ours)
     if ours.max_nonfinite_steps < 0:
@@ -572,12 +674,14 @@ def parse_train_args(argv: List[str], check_files: bool = True, prog: str = PROG
             id_block = num_samples // data.num_sources
     if ours.decl_grow_state:
         if not oc_args.resume:
-            raise FlagError("--decl-grow-state widens the per-sample state of the checkpoint being resumed: give "
-                            "--resume")
+            raise FlagError(
+                "--decl-grow-state widens the per-sample state of the checkpoint being resumed: give --resume"
+            )
         if not per_sample:
-            raise FlagError(f"--decl-grow-state applies to a loss with per-sample state (--loss decl --decl-rate "
-                            f"index), not --loss {loss}" + (f" --decl-rate {resolved.get('rate')}"
-                                                           if loss == "decl" else ""))
+            raise FlagError(
+                f"--decl-grow-state applies to a loss with per-sample state (--loss decl --decl-rate "
+                f"index), not --loss {loss}" + (f" --decl-rate {resolved.get('rate')}" if loss == "decl" else "")
+            )
         if ours.loss_reset:
             raise FlagError("--decl-grow-state keeps the saved rates and --loss-reset drops them: give one of them")
     sys.stderr.write(machine_notes.getvalue())
@@ -586,11 +690,25 @@ def parse_train_args(argv: List[str], check_files: bool = True, prog: str = PROG
             print(f"clip-dcl train: {flag} {folder} is a folder: reading its shards {pattern}", file=sys.stderr)
         if notice:
             print(f"clip-dcl train: {notice}", file=sys.stderr)
-    return TrainConfig(loss, kwargs, full_args, list(rest), ours.model_config, num_samples,
-                       data, no_grad_gather=ours.no_grad_gather, captions_per_image=ours.captions_per_image,
-                       loss_reset=ours.loss_reset, grow_state=ours.decl_grow_state, id_block=id_block,
-                       preempt=preempt, max_nonfinite_steps=ours.max_nonfinite_steps, dist_timeout=timeout,
-                       adamw_impl=ours.adamw_impl, init_logit_scale=ours.init_logit_scale)
+    return TrainConfig(
+        loss,
+        kwargs,
+        full_args,
+        list(rest),
+        ours.model_config,
+        num_samples,
+        data,
+        no_grad_gather=ours.no_grad_gather,
+        captions_per_image=ours.captions_per_image,
+        loss_reset=ours.loss_reset,
+        grow_state=ours.decl_grow_state,
+        id_block=id_block,
+        preempt=preempt,
+        max_nonfinite_steps=ours.max_nonfinite_steps,
+        dist_timeout=timeout,
+        adamw_impl=ours.adamw_impl,
+        init_logit_scale=ours.init_logit_scale,
+    )
 
 
 def openclip_native(loss: str) -> bool:
@@ -637,15 +755,22 @@ def _check_captions_per_image(ours, oc_args, loss: str) -> None:
     if not LOSSES[loss].supports_captions_per_image:
         raise FlagError(f"--captions-per-image {m}: --loss {loss} takes one caption per image")
     if ours.no_grad_gather:
-        raise FlagError(f"--captions-per-image {m} cannot be combined with --no-grad-gather: with M positives the "
-                        "column gradient needs more than each anchor's (pos, lse_neg); use --gather-with-grad")
-    for bad, why in ((oc_args.siglip, "--siglip"), (oc_args.distill_model, "--distill-model"),
-                     ("coca" in oc_args.model.lower(), f"--model {oc_args.model} (CoCa)")):
+        raise FlagError(
+            f"--captions-per-image {m} cannot be combined with --no-grad-gather: with M positives the "
+            "column gradient needs more than each anchor's (pos, lse_neg); use --gather-with-grad"
+        )
+    for bad, why in (
+        (oc_args.siglip, "--siglip"),
+        (oc_args.distill_model, "--distill-model"),
+        ("coca" in oc_args.model.lower(), f"--model {oc_args.model} (CoCa)"),
+    ):
         if bad:
             raise FlagError(f"--captions-per-image {m} cannot be combined with {why}")
     from .facts import train_data_kind
 
     if oc_args.train_data and train_data_kind(oc_args) != "webdataset":
-        raise FlagError(f"--captions-per-image {m} reads the captions from webdataset shards (json 'captions' or "
-                        f".txt lines), but --dataset-type is {oc_args.dataset_type!r} for --train-data "
-                        f"{oc_args.train_data!r}")
+        raise FlagError(
+            f"--captions-per-image {m} reads the captions from webdataset shards (json 'captions' or "
+            f".txt lines), but --dataset-type is {oc_args.dataset_type!r} for --train-data "
+            f"{oc_args.train_data!r}"
+        )

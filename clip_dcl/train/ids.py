@@ -3,6 +3,7 @@
 With ``k`` ``::``-joined sources, source ``i`` owns ids ``[i * B, (i + 1) * B)`` (``B`` is
 ``--decl-num-samples`` or the largest source), so keys that each start at 0 do not collide.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -62,9 +63,16 @@ def with_indices(info):
     from torch.utils.data import DataLoader
 
     old = info.dataloader
-    loader = DataLoader(IndexedDataset(old.dataset), batch_size=old.batch_size, sampler=old.sampler,
-                        num_workers=old.num_workers, pin_memory=old.pin_memory, drop_last=old.drop_last,
-                        collate_fn=old.collate_fn, persistent_workers=old.persistent_workers,
-                        worker_init_fn=chain_worker_init(old.worker_init_fn))
+    loader = DataLoader(
+        IndexedDataset(old.dataset),
+        batch_size=old.batch_size,
+        sampler=old.sampler,
+        num_workers=old.num_workers,
+        pin_memory=old.pin_memory,
+        drop_last=old.drop_last,
+        collate_fn=old.collate_fn,
+        persistent_workers=old.persistent_workers,
+        worker_init_fn=chain_worker_init(old.worker_init_fn),
+    )
     loader.num_samples, loader.num_batches = old.num_samples, old.num_batches
     return dataclasses.replace(info, dataloader=loader)

@@ -1,6 +1,7 @@
 """This rank's part of a sharded loss state: written to, and rebuilt from, the shard files of
 `clip_dcl.train.saving` (which says why and where), for any world size on resume.
 """
+
 from __future__ import annotations
 
 import logging
@@ -70,12 +71,19 @@ def _save_shard(loss, folder: Path) -> None:
     owner = stateful(loss)
     state = owner.state_dict()
     for buf in owner.sharded_buffers():
-        saving.save_loss_shard(saving.shard_path(folder, owner.rank, owner.world_size, buf.name), buf.name,
-                               state[buf.name], owner.rank, owner.world_size, buf.shape[-1])
+        saving.save_loss_shard(
+            saving.shard_path(folder, owner.rank, owner.world_size, buf.name),
+            buf.name,
+            state[buf.name],
+            owner.rank,
+            owner.world_size,
+            buf.shape[-1],
+        )
 
 
-def restore_sharded(loss, state: Dict[str, torch.Tensor], index: Dict[str, object], ckpt_path: str,
-                    grow: bool = False) -> dict:
+def restore_sharded(
+    loss, state: Dict[str, torch.Tensor], index: Dict[str, object], ckpt_path: str, grow: bool = False
+) -> dict:
     """``state`` completed with this rank's part of the saved shards, one saved shard at a time.
 
     With ``grow`` the ids beyond the saved ones start unvisited (NaN); a missing or unfitting shard raises
@@ -88,18 +96,26 @@ def restore_sharded(loss, state: Dict[str, torch.Tensor], index: Dict[str, objec
     for name in index.get("buffers", []):
         buf = layout.get(name)
         if buf is None or not buf.per_sample:
-            raise saving.LossStateFilesError(f"{ckpt_path} keeps a sharded buffer {name!r} that this loss does "
-                                             "not have")
+            raise saving.LossStateFilesError(
+                f"{ckpt_path} keeps a sharded buffer {name!r} that this loss does not have"
+            )
         num_samples = buf.shape[-1]
         if saved_n != num_samples and not (grow and saved_n < num_samples):
-            raise saving.LossStateFilesError(f"{ckpt_path} holds DeCL rates for num_samples={saved_n}, but this "
-                                             f"run has --decl-num-samples {num_samples}")
+            raise saving.LossStateFilesError(
+                f"{ckpt_path} holds DeCL rates for num_samples={saved_n}, but this "
+                f"run has --decl-num-samples {num_samples}"
+            )
         rank, world = (owner.rank, owner.world_size) if buf.sharded else (0, 1)
         out = torch.full((*buf.shape[:-1], shard_size(num_samples, rank, world)), float("nan"), dtype=buf.dtype)
         # a shard's ids rise with its columns, so the saved ids are its first shard_size(saved_n, ...) columns
         try:
-            reshard(saving.shard_sources(index, ckpt_path, name), saved_n, rank, world,
-                    out[:, :shard_size(saved_n, rank, world)])
+            reshard(
+                saving.shard_sources(index, ckpt_path, name),
+                saved_n,
+                rank,
+                world,
+                out[:, : shard_size(saved_n, rank, world)],
+            )
         except ValueError as e:
             raise saving.LossStateFilesError(f"the loss state files of {ckpt_path}: {e}") from None
         out_state[name] = out

@@ -6,6 +6,7 @@ that writer's place, passes each scalar on to the real one (when tensorboard is 
 scalars into one record. The readers (the runner, the study engine, the benchmarks) use
 :func:`read_metrics`, never OpenCLIP's log text. Imports nothing heavy: readers load it without torch.
 """
+
 from __future__ import annotations
 
 import json
@@ -102,8 +103,13 @@ def superseded(records: List[dict]) -> List[dict]:
     for record in records:
         step = record.get("step")
         if record.get("kind") == "train" and isinstance(step, int):
-            out = [r for r in out if not isinstance(r.get("step"), int) or r["step"] < step
-                   or (r["step"] == step and r.get("kind") == "val")]
+            out = [
+                r
+                for r in out
+                if not isinstance(r.get("step"), int)
+                or r["step"] < step
+                or (r["step"] == step and r.get("kind") == "val")
+            ]
         out.append(record)
     return out
 
@@ -117,7 +123,7 @@ def read_new_records(path, offset: int = 0):
             data = f.read()
     except FileNotFoundError:
         return [], offset
-    whole = data[:data.rfind(b"\n") + 1]
+    whole = data[: data.rfind(b"\n") + 1]
     records = []
     for line in whole.splitlines():
         try:

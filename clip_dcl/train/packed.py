@@ -6,7 +6,8 @@ once; captions are tokenised once, with the run's tokenizer; each batch is gathe
 OpenCLIP's own training transform is applied to the whole batch at once: the
 ``RandomResizedCrop`` (scale and ratio read from the transform OpenCLIP built, the crop boxes drawn
 as torchvision draws them, resampled bicubically as PIL does, by two batched matrix products) and
-the ``Normalize`` (its mean and std); only PIL's rounding to 8 bits after the resize is left out. A transform with any other step (colour jitter, grey scale, timm's) is refused:
+the ``Normalize`` (its mean and std); only PIL's rounding to 8 bits after the resize is left out. A transform with any
+other step (colour jitter, grey scale, timm's) is refused:
 it would silently not be applied.
 
 Batches are ``(images, texts, ids)``, as from :func:`clip_dcl.train.pipeline.get_wds_train_dataset`,
@@ -22,6 +23,7 @@ one caption a sample), ``--dataset-resampled`` and ``--train-data-upsampling-fac
 Written here by hand: the loader and the batched crop (torchvision's ``RandomResizedCrop`` works on
 one image at a time).
 """
+
 from __future__ import annotations
 
 import logging
@@ -57,16 +59,27 @@ def transform_spec(preprocess) -> dict:
         elif name == "Normalize":
             spec.update(mean=tuple(float(m) for m in step.mean), std=tuple(float(s) for s in step.std))
         elif name not in _PASS_THROUGH:
-            raise PackedDataError(f"packed training data applies OpenCLIP's random crop and normalisation only; the "
-                                  f"train transform also has {name} (from --aug-cfg): train on the shards instead")
+            raise PackedDataError(
+                f"packed training data applies OpenCLIP's random crop and normalisation only; the "
+                f"train transform also has {name} (from --aug-cfg): train on the shards instead"
+            )
     if "size" not in spec or "mean" not in spec:
-        raise PackedDataError(f"packed training data needs a RandomResizedCrop and a Normalize in the train "
-                              f"transform; got {[type(s).__name__ for s in steps]}")
+        raise PackedDataError(
+            f"packed training data needs a RandomResizedCrop and a Normalize in the train "
+            f"transform; got {[type(s).__name__ for s in steps]}"
+        )
     return spec
 
 
-def crop_boxes(n: int, height: int, width: int, scale: Tuple[float, float], ratio: Tuple[float, float],
-               generator: torch.Generator, tries: int = 10) -> torch.Tensor:
+def crop_boxes(
+    n: int,
+    height: int,
+    width: int,
+    scale: Tuple[float, float],
+    ratio: Tuple[float, float],
+    generator: torch.Generator,
+    tries: int = 10,
+) -> torch.Tensor:
     """``(n, 4)`` boxes ``(top, left, h, w)`` drawn as torchvision's ``RandomResizedCrop.get_params``
     draws one: up to ``tries`` draws of an area share in ``scale`` and a log-uniform aspect ratio in
     ``ratio``, the first that fits; otherwise the central crop clamped to ``ratio``."""
@@ -109,12 +122,12 @@ def resize_matrices(start: torch.Tensor, length: torch.Tensor, in_size: int, out
     """``(n, out_size, in_size)`` matrices that resample ``[start, start + length)`` of an axis of
     ``in_size`` pixels to ``out_size``, bicubic as PIL resamples (pixel centres at ``i + 0.5``; the kernel
     widened by the scale when shrinking, taps outside the box dropped, weights renormalised)."""
-    scale = length / out_size                                             # (n,)
+    scale = length / out_size  # (n,)
     widen = scale.clamp(min=1.0)
     centre = start[:, None] + (torch.arange(out_size) + 0.5) * scale[:, None]  # (n, S)
     taps = 2 * int(math.ceil(2 * float(widen.max()))) + 1
     first = torch.floor(centre - 2 * widen[:, None])
-    x = first[..., None] + torch.arange(taps)                             # (n, S, T) source pixels
+    x = first[..., None] + torch.arange(taps)  # (n, S, T) source pixels
     w = _cubic((x + 0.5 - centre[..., None]) / widen[:, None, None])
     # PIL crops first: taps outside the box (not only outside the image) are dropped
     w = w * ((x >= start[:, None, None]) & (x < (start + length)[:, None, None]))
@@ -129,19 +142,30 @@ def resized_crops(images: torch.Tensor, boxes: torch.Tensor, size: Tuple[int, in
     matrix products (separable, as PIL's resize is)."""
     _, _, height, width = images.shape
     top, left, h, w = boxes.unbind(1)
-    rows = resize_matrices(top, h, height, size[0])                       # (n, S0, H)
-    cols = resize_matrices(left, w, width, size[1])                       # (n, S1, W)
+    rows = resize_matrices(top, h, height, size[0])  # (n, S0, H)
+    cols = resize_matrices(left, w, width, size[1])  # (n, S1, W)
     # PIL resamples the width first and stores that pass in 8 bits: clipped and rounded, which at the sharp
     # edges of the synthetic shapes differs from an unrounded pass by up to a tenth of the range
     across = (images @ cols.transpose(1, 2)[:, None]).mul_(255).round_().clamp_(0, 255).div_(255)
-    return (rows[:, None] @ across).clamp_(0, 1)                           # (n, C, S0, S1)
+    return (rows[:, None] @ across).clamp_(0, 1)  # (n, C, S0, S1)
 
 
 class PackedLoader:
     """The training batches of a packed set, one epoch an iteration (see the module docstring)."""
 
-    def __init__(self, images: torch.Tensor, tokens: torch.Tensor, ids: torch.Tensor, batch_size: int, *,
-                 rank: int, world_size: int, seed: int, shared_epoch, spec: dict):
+    def __init__(
+        self,
+        images: torch.Tensor,
+        tokens: torch.Tensor,
+        ids: torch.Tensor,
+        batch_size: int,
+        *,
+        rank: int,
+        world_size: int,
+        seed: int,
+        shared_epoch,
+        spec: dict,
+    ):
         self.images, self.tokens, self.ids = images, tokens, ids  # (N, 3, H, W) uint8, (N, L), (N,)
         self.batch_size, self.rank, self.world_size, self.seed = batch_size, rank, world_size, seed
         self.shared_epoch, self.spec = shared_epoch, spec
@@ -161,7 +185,7 @@ class PackedLoader:
         b, global_batch = self.batch_size, self.batch_size * self.world_size
         _, _, height, width = self.images.shape
         for k in range(self.num_batches):
-            idx = order[k * global_batch + self.rank * b: k * global_batch + (self.rank + 1) * b]
+            idx = order[k * global_batch + self.rank * b : k * global_batch + (self.rank + 1) * b]
             boxes = crop_boxes(b, height, width, self.spec["scale"], self.spec["ratio"], crops)
             x = resized_crops(self.images[idx].float().div_(255), boxes, self.spec["size"])
             yield (x - self.mean) / self.std, self.tokens[idx], self.ids[idx]
@@ -170,11 +194,15 @@ class PackedLoader:
 def check_flags(args) -> None:
     """Refuse the flags a packed training set cannot honour (called before any work)."""
     if int(getattr(args, "captions_per_image", 1) or 1) > 1:
-        raise PackedDataError(f"--captions-per-image {args.captions_per_image}: a packed training set holds one "
-                              "caption a sample; train on the shards to draw several")
+        raise PackedDataError(
+            f"--captions-per-image {args.captions_per_image}: a packed training set holds one "
+            "caption a sample; train on the shards to draw several"
+        )
     if getattr(args, "dataset_resampled", False) or getattr(args, "train_data_upsampling_factors", None):
-        raise PackedDataError("--dataset-resampled and --train-data-upsampling-factors draw shards; a packed "
-                              "training set is read whole every epoch: drop them, or train on the shards")
+        raise PackedDataError(
+            "--dataset-resampled and --train-data-upsampling-factors draw shards; a packed "
+            "training set is read whole every epoch: drop them, or train on the shards"
+        )
 
 
 def get_packed_train_dataset(args, preprocess_img, epoch: int = 0, tokenizer=None) -> "oc_data.DataInfo":
@@ -187,19 +215,34 @@ def get_packed_train_dataset(args, preprocess_img, epoch: int = 0, tokenizer=Non
     arrays = load_packed(args.train_data)
     images = torch.from_numpy(arrays["images"]).permute(0, 3, 1, 2).contiguous()
     captions = [str(c) for c in arrays["captions"]]
-    tokens = torch.cat([tokenizer(captions[i:i + 4096]) for i in range(0, len(captions), 4096)])
+    tokens = torch.cat([tokenizer(captions[i : i + 4096]) for i in range(0, len(captions), 4096)])
     ids = torch.from_numpy(arrays["ids"]).long()
     if args.train_num_samples is not None and int(args.train_num_samples) != len(ids):
-        logging.warning(f"--train-num-samples {args.train_num_samples}: the packed set {args.train_data} holds "
-                        f"{len(ids)} samples, and each epoch reads all of them")
+        logging.warning(
+            f"--train-num-samples {args.train_num_samples}: the packed set {args.train_data} holds "
+            f"{len(ids)} samples, and each epoch reads all of them"
+        )
     if len(ids) < args.batch_size * args.world_size:
-        raise PackedDataError(f"the packed set {args.train_data} holds {len(ids)} samples, fewer than one global "
-                              f"batch ({args.batch_size} x {args.world_size} ranks)")
+        raise PackedDataError(
+            f"the packed set {args.train_data} holds {len(ids)} samples, fewer than one global "
+            f"batch ({args.batch_size} x {args.world_size} ranks)"
+        )
     shared_epoch = oc_data.SharedEpoch(epoch=epoch)
-    loader = PackedLoader(images, tokens, ids, args.batch_size, rank=args.rank, world_size=args.world_size,
-                          seed=args.seed, shared_epoch=shared_epoch, spec=spec)
-    logging.info(f"Packed training set {args.train_data}: {len(ids)} samples of {tuple(images.shape[1:])} in memory, "
-                 f"captions tokenised in {time.perf_counter() - t0:.1f} s; {loader.num_batches} batches an epoch")
+    loader = PackedLoader(
+        images,
+        tokens,
+        ids,
+        args.batch_size,
+        rank=args.rank,
+        world_size=args.world_size,
+        seed=args.seed,
+        shared_epoch=shared_epoch,
+        spec=spec,
+    )
+    logging.info(
+        f"Packed training set {args.train_data}: {len(ids)} samples of {tuple(images.shape[1:])} in memory, "
+        f"captions tokenised in {time.perf_counter() - t0:.1f} s; {loader.num_batches} batches an epoch"
+    )
     return oc_data.DataInfo(dataloader=loader, shared_epoch=shared_epoch)
 
 

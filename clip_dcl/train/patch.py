@@ -83,6 +83,7 @@ and checkpoint bookkeeping), with the step plumbing in :mod:`clip_dcl.train.step
 ``open_clip_train`` surface they rely on is checked (version, names, behaviour) when
 :mod:`clip_dcl.train.upstream` is imported (before anything here is swapped).
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -101,7 +102,6 @@ from open_clip_train import data as oc_data
 from open_clip_train import distributed as oc_distributed
 from open_clip_train import main as oc_main
 from open_clip_train import params as oc_params
-
 
 from . import preempt as preemption
 from .flags import TrainConfig
@@ -122,16 +122,36 @@ def patched(run: TrainingRun):
         (oc_main, "pt_load"): run.pt_load,
         (oc_main, "setup_logging"): run.setup_logging,
         (oc_main, "os"): Overlay(os, path=Overlay(os.path, exists=run.path_exists)),
-        (oc_main, "torch"): Overlay(torch, save=run.save, nn=Overlay(
-            torch.nn, parallel=Overlay(torch.nn.parallel, DistributedDataParallel=cpu_safe_ddp))),
-        (oc_distributed, "torch"): Overlay(torch, distributed=Overlay(
-            torch.distributed, init_process_group=init_process_group_with_timeout(run.config.dist_timeout))),
+        (oc_main, "torch"): Overlay(
+            torch,
+            save=run.save,
+            nn=Overlay(torch.nn, parallel=Overlay(torch.nn.parallel, DistributedDataParallel=cpu_safe_ddp)),
+        ),
+        (oc_distributed, "torch"): Overlay(
+            torch,
+            distributed=Overlay(
+                torch.distributed, init_process_group=init_process_group_with_timeout(run.config.dist_timeout)
+            ),
+        ),
         (oc_data, "get_dataset_fn"): run.get_dataset_fn,
-        **({(oc_main, "create_model_and_transforms"): functools.partial(
-            oc_main.create_model_and_transforms, init_logit_scale=math.log(run.config.init_logit_scale))}
-           if run.config.init_logit_scale is not None else {}),
-        **({(oc_main, "optim"): Overlay(torch.optim, AdamW=functools.partial(torch.optim.AdamW, **{
-            run.config.adamw_impl: True}))} if run.config.adamw_impl else {}),
+        **(
+            {
+                (oc_main, "create_model_and_transforms"): functools.partial(
+                    oc_main.create_model_and_transforms, init_logit_scale=math.log(run.config.init_logit_scale)
+                )
+            }
+            if run.config.init_logit_scale is not None
+            else {}
+        ),
+        **(
+            {
+                (oc_main, "optim"): Overlay(
+                    torch.optim, AdamW=functools.partial(torch.optim.AdamW, **{run.config.adamw_impl: True})
+                )
+            }
+            if run.config.adamw_impl
+            else {}
+        ),
         (oc_data, "get_wds_dataset"): run.get_wds_dataset,
         (oc_data, "get_csv_dataset"): run.get_csv_dataset,
         (oc_data, "get_synthetic_dataset"): run.get_synthetic_dataset,
@@ -160,8 +180,10 @@ class PeerFailure(RuntimeError):
 
 #: What the process-group backends say when a peer is gone or a collective timed out (gloo raises a plain
 #: RuntimeError; torch's own DistError types are recognised by class).
-_COLLECTIVE_FAILURE = re.compile(r"Connection (?:closed|reset) by peer|[Tt]imed out|gloo/transport|NCCL error|"
-                                 r"ProcessGroup\w* .*(?:aborted|timeout)|Broken pipe")
+_COLLECTIVE_FAILURE = re.compile(
+    r"Connection (?:closed|reset) by peer|[Tt]imed out|gloo/transport|NCCL error|"
+    r"ProcessGroup\w* .*(?:aborted|timeout)|Broken pipe"
+)
 
 
 def collective_failed(err: BaseException) -> bool:
@@ -199,11 +221,17 @@ def run_training(config: TrainConfig, at_once: bool = False) -> int:
             return
         cleaned.append(True)
         # only the holder of the folder's lock: a run refused there must not remove the folder of the one running
-        if result is not None and created and run.lock is not None and os.path.isdir(log_dir) and not glob.glob(
-                os.path.join(log_dir, "checkpoints", "**", "*.pt"), recursive=True):
+        if (
+            result is not None
+            and created
+            and run.lock is not None
+            and os.path.isdir(log_dir)
+            and not glob.glob(os.path.join(log_dir, "checkpoints", "**", "*.pt"), recursive=True)
+        ):
             shutil.rmtree(log_dir, ignore_errors=True)
-            logging.error(f"The run failed before writing a checkpoint; removed {log_dir}, so the same command "
-                          "can be run again.")
+            logging.error(
+                f"The run failed before writing a checkpoint; removed {log_dir}, so the same command can be run again."
+            )
         if run.lock is not None:
             run.lock.release()
 
@@ -220,22 +248,25 @@ def run_training(config: TrainConfig, at_once: bool = False) -> int:
         interrupted = e.signame == "SIGINT"
         result = preemption.INTERRUPTED_EXIT_CODE if interrupted else preemption.PREEMPTED_EXIT_CODE
         if e.path:
-            how = (f"run {run.rerun(f'--resume latest (or --resume {e.path})')}; it continues at step {e.step} of "
-                   f"epoch {e.epoch}")
+            how = (
+                f"run {run.rerun(f'--resume latest (or --resume {e.path})')}; it continues at step {e.step} of "
+                f"epoch {e.epoch}"
+            )
         elif run.args is not None and run.args.rank == 0:
             how = "no checkpoint was written (no --logs)"
         else:
             how = "rank 0 saved the checkpoint"
-        logging.warning(f"Stopped on {e.signame} after step {e.step} of epoch {e.epoch}: {how}. Exit code "
-                        f"{result}.")
+        logging.warning(f"Stopped on {e.signame} after step {e.step} of epoch {e.epoch}: {how}. Exit code {result}.")
     except RuntimeError as e:
         if not (getattr(run.args, "world_size", 1) > 1 and collective_failed(e)):
             raise
         # a collective failed: another rank died (gloo: "Connection closed by peer") or --dist-timeout ran out
         rank = getattr(run.args, "rank", "?") if run.args is not None else "?"
-        raise PeerFailure(f"rank {rank}: a collective with the other ranks failed, so this rank stops: "
-                          f"{_first_line(e)} (another rank died or hangs? its own log says why; --dist-timeout "
-                          "bounds the wait for a rank that hangs)") from None
+        raise PeerFailure(
+            f"rank {rank}: a collective with the other ranks failed, so this rank stops: "
+            f"{_first_line(e)} (another rank died or hangs? its own log says why; --dist-timeout "
+            "bounds the wait for a rank that hangs)"
+        ) from None
     finally:
         if run.signals is not None:
             run.signals.restore()

@@ -39,6 +39,7 @@ their assembly and what neither does: the per-shard accounting around webdataset
 ``tar_file_iterator``, the retries of a shard's opening, and the counters sent from the dataloader
 workers to the main process.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -58,8 +59,8 @@ import webdataset as wds
 from open_clip_train import data as oc_data
 from torch.utils.data import get_worker_info
 from webdataset import autodecode, tariterators
-from webdataset.gopen import gopen
 from webdataset.filters import _shuffle
+from webdataset.gopen import gopen
 
 from ..data.ids import sample_id
 from ..data.shards import TailRecorder
@@ -76,6 +77,7 @@ CAUSES = ("no caption", "empty caption", "no image", "undecodable", "truncated s
 
 class TrainingDataError(RuntimeError):
     """The training shards cannot fill an epoch (all unreadable, or too few good samples)."""
+
 
 _IMAGE_EXTS = ("jpg", "png", "jpeg", "webp")  # the order of OpenCLIP's rename
 
@@ -104,8 +106,10 @@ def has_caption_and_image(sample, stats: Optional["DataStats"] = None) -> bool:
         return False
     text = sample["txt"]
     if not (text.strip() if isinstance(text, (bytes, str)) else text):
-        logging.warning(f"Skipping sample {sample.get('__key__')!r} in {sample.get('__url__')}: empty caption "
-                        "(.txt holds no caption).")
+        logging.warning(
+            f"Skipping sample {sample.get('__key__')!r} in {sample.get('__url__')}: empty caption "
+            "(.txt holds no caption)."
+        )
         if stats is not None:
             stats.skipped("empty caption")
         return False
@@ -165,9 +169,14 @@ class DataStats:
 
     def report(self) -> None:
         rank, world_size, worker, num_workers = wds.utils.pytorch_worker_info()
-        item = {"worker": (rank, worker), "epoch": self.epoch, "counts": dict(self.counts),
-                "ended_early": dict(self.ended_early), "unreadable": dict(self.unreadable),
-                "pairs": np.asarray(self.pairs, dtype=np.int64).reshape(-1, 2)}
+        item = {
+            "worker": (rank, worker),
+            "epoch": self.epoch,
+            "counts": dict(self.counts),
+            "ended_early": dict(self.ended_early),
+            "unreadable": dict(self.unreadable),
+            "pairs": np.asarray(self.pairs, dtype=np.int64).reshape(-1, 2),
+        }
         self.pairs = []
         if self.queue is None:
             self.local.append(item)
@@ -201,8 +210,12 @@ class DataStats:
             counts.update(item["counts"])
             ended.update(item["ended_early"])
             unreadable.update(item["unreadable"])
-        return {"counts": counts, "ended_early": ended, "unreadable": unreadable,
-                "pairs": np.concatenate(pairs) if pairs else np.zeros((0, 2), dtype=np.int64)}
+        return {
+            "counts": counts,
+            "ended_early": ended,
+            "unreadable": unreadable,
+            "pairs": np.concatenate(pairs) if pairs else np.zeros((0, 2), dtype=np.int64),
+        }
 
 
 def summary_line(epoch: int, report: dict) -> str:
@@ -218,7 +231,8 @@ def summary_line(epoch: int, report: dict) -> str:
         line += ": " + ", ".join(f"{os.path.basename(u)} ({why})" for u, why in sorted(ended.items()))
     if unreadable:
         line += f"; {len(unreadable)} shard(s) could not be opened: " + ", ".join(
-            os.path.basename(u) for u in sorted(unreadable))
+            os.path.basename(u) for u in sorted(unreadable)
+        )
     if counts["hashed"]:
         line += f"; {counts['hashed']} sample ids hashed (no numeric key)"
     return line + "."
@@ -252,15 +266,16 @@ class _OpenShards:
                 except Exception as e:  # noqa: BLE001 - any failure to open is the shard's
                     error = e
                     if attempt + 1 < OPEN_TRIES:
-                        time.sleep(OPEN_RETRY_SECONDS * 2 ** attempt)
+                        time.sleep(OPEN_RETRY_SECONDS * 2**attempt)
             else:
                 why = f"{type(error).__name__}: {error}"
                 logging.warning(f"Skipping shard {url}: cannot open it after {OPEN_TRIES} tries ({why}).")
                 self.stats.shard_unreadable(url, why)
                 failed.add(url)
                 if len(failed) >= self.num_urls:
-                    raise TrainingDataError(f"none of the {self.num_urls} training shards can be opened "
-                                            f"(the last: {url}: {why})")
+                    raise TrainingDataError(
+                        f"none of the {self.num_urls} training shards can be opened (the last: {url}: {why})"
+                    )
                 continue
             failed.clear()
             yield dict(sample, stream=stream)
@@ -347,8 +362,10 @@ class _Decode:
             try:
                 yield self.decoder(sample)
             except Exception as e:  # noqa: BLE001 - what PIL raises on a bad file varies
-                logging.warning(f"Skipping sample {sample.get('__key__')!r} in {sample.get('__url__')}: "
-                                f"undecodable ({type(e).__name__}: {e}).")
+                logging.warning(
+                    f"Skipping sample {sample.get('__key__')!r} in {sample.get('__url__')}: "
+                    f"undecodable ({type(e).__name__}: {e})."
+                )
                 self.stats.skipped("undecodable")
 
 
@@ -375,7 +392,8 @@ class _EveryPassYields:
                 f"{self.batch_size}: {c['read']} samples read, skipped: {skipped}; "
                 f"{len(self.stats.unreadable)} shard(s) could not be opened, {len(self.stats.ended_early)} ended "
                 "early (see the warnings above); each worker fills whole batches from its own shards: lower "
-                "--batch-size or --workers, or check --train-data")
+                "--batch-size or --workers, or check --train-data"
+            )
 
 
 class SeededSampleShuffle(wds.PipelineStage):
@@ -397,7 +415,7 @@ class SeededSampleShuffle(wds.PipelineStage):
         seed = mix_seed(self.seed, self.epoch.get_value(), rank, worker)
         if get_worker_info() is not None:
             random.seed(seed)
-            np.random.seed(seed % 2 ** 32)
+            np.random.seed(seed % 2**32)
             torch.manual_seed(seed)
         return _shuffle(src, self.bufsize, self.initial, random.Random(seed))
 
@@ -468,14 +486,16 @@ class _AttachId:
                 logging.error(
                     f"sample {sample.get('__key__')!r} in {sample.get('__url__')} has the negative key {value}: "
                     "--decl-rate index needs sample keys >= 0 (the json 'key' of img2dataset shards); fix the "
-                    "shards' keys (a larger --decl-num-samples cannot help)")
+                    "shards' keys (a larger --decl-num-samples cannot help)"
+                )
             elif self.block is not None:
                 if value >= block:
                     logging.error(
                         f"sample {sample.get('__key__')!r} in {sample.get('__url__')} has the key {value}, not below "
                         f"the {block} ids of each of the {max(self.sources.values()) + 1} ::-joined sources (source "
                         f"{source} starts at id {source * block}): set --decl-num-samples above the largest key of "
-                        "any source")
+                        "any source"
+                    )
                     value = self.num_samples + value  # out of the buffer: the loss stops the run
                 else:
                     value += source * block
@@ -483,8 +503,9 @@ class _AttachId:
                 if hashed:
                     self.stats.skipped("hashed")
                 if self.stats.tracking():
-                    digest = hashlib.blake2b(f"{sample.get('__url__')}/{sample.get('__key__')}".encode(),
-                                             digest_size=8).digest()
+                    digest = hashlib.blake2b(
+                        f"{sample.get('__url__')}/{sample.get('__key__')}".encode(), digest_size=8
+                    ).digest()
                     self.stats.pairs.append((value, int.from_bytes(digest, "big") >> 1))
             sample["__id__"] = torch.tensor(value, dtype=torch.long)
             yield sample
@@ -516,7 +537,8 @@ def get_wds_train_dataset(args, preprocess_img, is_train=True, epoch=0, floor=Fa
         if not num_samples:
             raise RuntimeError(
                 "Currently, the number of dataset samples must be specified for the training dataset. "
-                "Please specify it via `--train-num-samples` if no dataset length info is present.")
+                "Please specify it via `--train-num-samples` if no dataset length info is present."
+            )
     if args.train_data_upsampling_factors is not None and not resampled:
         raise ValueError("--train-data-upsampling-factors is only supported with --dataset-resampled")
     shared_epoch = oc_data.SharedEpoch(epoch=epoch)
@@ -526,15 +548,24 @@ def get_wds_train_dataset(args, preprocess_img, is_train=True, epoch=0, floor=Fa
     stats = DataStats(args.workers, shared_epoch, track_epoch=epoch if track else None)
     sources, block = id_layout(input_shards, getattr(args, "decl_id_block", None))
     if resampled:
-        pipeline = [oc_data.ResampledShards2(
-            input_shards, weights=args.train_data_upsampling_factors, deterministic=True, epoch=shared_epoch,
-            worker_seed=_ResampleSeed(args.seed),
-        )]
+        pipeline = [
+            oc_data.ResampledShards2(
+                input_shards,
+                weights=args.train_data_upsampling_factors,
+                deterministic=True,
+                epoch=shared_epoch,
+                worker_seed=_ResampleSeed(args.seed),
+            )
+        ]
     else:
         pipeline = [
             wds.SimpleShardList(input_shards),
-            oc_data.detshuffle2(bufsize=oc_data._SHARD_SHUFFLE_SIZE, initial=oc_data._SHARD_SHUFFLE_INITIAL,
-                                seed=args.seed, epoch=shared_epoch),
+            oc_data.detshuffle2(
+                bufsize=oc_data._SHARD_SHUFFLE_SIZE,
+                initial=oc_data._SHARD_SHUFFLE_INITIAL,
+                seed=args.seed,
+                epoch=shared_epoch,
+            ),
             wds.split_by_node,
             wds.split_by_worker,
         ]
@@ -567,9 +598,11 @@ def get_wds_train_dataset(args, preprocess_img, is_train=True, epoch=0, floor=Fa
     if not resampled:
         num_shards = num_shards or len(oc_data.expand_urls(input_shards)[0])
         if num_shards < args.workers * args.world_size:
-            raise TrainingDataError(f"{num_shards} training shards for {args.workers} workers x {args.world_size} "
-                                    "ranks: the number of shards must be >= workers x ranks (or use "
-                                    "--dataset-resampled)")
+            raise TrainingDataError(
+                f"{num_shards} training shards for {args.workers} workers x {args.world_size} "
+                "ranks: the number of shards must be >= workers x ranks (or use "
+                "--dataset-resampled)"
+            )
     # As OpenCLIP: every worker yields the same number of full batches, so some samples repeat.
     round_fn = math.floor if floor else math.ceil
     global_batch_size = args.batch_size * args.world_size
@@ -581,7 +614,11 @@ def get_wds_train_dataset(args, preprocess_img, is_train=True, epoch=0, floor=Fa
     dataset = dataset.with_epoch(num_worker_batches)
 
     dataloader = wds.WebLoader(
-        dataset, batch_size=None, shuffle=False, num_workers=args.workers, persistent_workers=args.workers > 0,
+        dataset,
+        batch_size=None,
+        shuffle=False,
+        num_workers=args.workers,
+        persistent_workers=args.workers > 0,
         worker_init_fn=worker_ignores_stop_signals,  # the trainer stops on them, after a whole step
     )
     dataloader.num_batches = num_batches

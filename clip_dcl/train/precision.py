@@ -5,6 +5,7 @@ slower than float32 and no more accurate: a CPU run that names no precision gets
 one line. A ``--report-to`` logger that is not installed would fail only after the model and data
 are built, with a bare ``AssertionError``: it is refused first, naming the extra that installs it.
 """
+
 from __future__ import annotations
 
 import importlib.util
@@ -54,18 +55,22 @@ def check_loggers(report_to: str, installed: bool = True) -> None:
     names = [n.strip() for n in report_to.split(",") if n.strip()]
     unknown = [n for n in names if n not in LOGGERS and n != "all"]
     if unknown:
-        raise FlagError(f"--report-to {report_to}: {', '.join(unknown)} is not one of "
-                        f"{', '.join([*LOGGERS, 'all'])} (comma-separated)")
+        raise FlagError(
+            f"--report-to {report_to}: {', '.join(unknown)} is not one of "
+            f"{', '.join([*LOGGERS, 'all'])} (comma-separated)"
+        )
     wanted = list(LOGGERS) if "all" in names else names
     if not installed:
         return
     missing = [n for n in wanted if importlib.util.find_spec(LOGGERS[n][0]) is None]
     if missing:
         extras = ",".join(LOGGERS[n][1] for n in missing)
-        raise FlagError(f"--report-to {report_to}: the {' and '.join(missing)} package"
-                        f"{'s are' if len(missing) > 1 else ' is'} not installed; run "
-                        f"`pip install 'clip-dcl[{extras}]'` (or `pip install {' '.join(missing)}`), "
-                        "or leave --report-to out")
+        raise FlagError(
+            f"--report-to {report_to}: the {' and '.join(missing)} package"
+            f"{'s are' if len(missing) > 1 else ' is'} not installed; run "
+            f"`pip install 'clip-dcl[{extras}]'` (or `pip install {' '.join(missing)}`), "
+            "or leave --report-to out"
+        )
 
 
 def settle_machine_flags(argv: Sequence[str], this_machine: bool = True, log=None) -> List[str]:
@@ -80,8 +85,11 @@ def settle_machine_flags(argv: Sequence[str], this_machine: bool = True, log=Non
     if this_machine and runs_on_cpu(args.device) and not names_precision(argv):
         argv += ["--precision", CPU_PRECISION]
         if _is_first_rank():
-            print(f"clip-dcl train: on the CPU (--device {args.device}{'' if args.device == 'cpu' else ', no GPU visible'}) "
-                  f"with no --precision: using --precision {CPU_PRECISION} instead of OpenCLIP's default "
-                  f"{args.precision}, which is many times slower on a CPU; name --precision to choose",
-                  file=log or sys.stderr)
+            print(
+                f"clip-dcl train: on the CPU (--device {args.device}"
+                f"{'' if args.device == 'cpu' else ', no GPU visible'}) "
+                f"with no --precision: using --precision {CPU_PRECISION} instead of OpenCLIP's default "
+                f"{args.precision}, which is many times slower on a CPU; name --precision to choose",
+                file=log or sys.stderr,
+            )
     return argv

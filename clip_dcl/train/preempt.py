@@ -8,7 +8,8 @@ save (``--save-every-minutes`` on rank 0's clock): with more than one rank, by o
 (MAX) of three int32 (the third: whether a rank's training diverged, see
 :mod:`clip_dcl.train.divergence`), so that all ranks take the same decision at the same step and
 none is left waiting in a collective. On a stop the trainer saves a checkpoint at that step
-(:func:`clip_dcl.train.saving.save_step_checkpoint`) and the process exits with :data:`PREEMPTED_EXIT_CODE`; on the first
+(:func:`clip_dcl.train.saving.save_step_checkpoint`) and the process exits with :data:`PREEMPTED_EXIT_CODE`; on the
+first
 Ctrl-C during training steps the same, with :data:`INTERRUPTED_EXIT_CODE`.
 
 Before the run's first step (building the model, reading shards, resuming a checkpoint, waiting for
@@ -29,6 +30,7 @@ checkpoint's position (:func:`rng_state`, gathered on rank 0, into
 so that anything drawing from it (dropout, augmentation with ``--workers 0``) continues as if
 the run had not stopped.
 """
+
 from __future__ import annotations
 
 import logging
@@ -43,8 +45,14 @@ from typing import Dict, List, Optional, Sequence
 import numpy as np
 import torch
 
-from .exits import (INTERRUPTED_EXIT_CODE, PREEMPTED_EXIT_CODE, StartupGuard, StartupStop,  # noqa: F401
-                    as_forked_child, leave_now)
+from .exits import (  # noqa: F401
+    INTERRUPTED_EXIT_CODE,
+    PREEMPTED_EXIT_CODE,
+    StartupGuard,
+    StartupStop,
+    as_forked_child,
+    leave_now,
+)
 from .threads import ForkSafeThread
 
 #: Signals that stop a run, by default.
@@ -81,8 +89,9 @@ def worker_ignores_stop_signals(worker_id: Optional[int] = None) -> None:
     # blocked in this (the worker's only) thread before any other starts: every thread inherits the mask
     signal.pthread_sigmask(signal.SIG_BLOCK, numbers)
     parent = os.getppid()
-    threading.Thread(target=_exit_on_parents_signal, args=(numbers, parent), daemon=True,
-                     name="clip-dcl-stop-signals").start()
+    threading.Thread(
+        target=_exit_on_parents_signal, args=(numbers, parent), daemon=True, name="clip-dcl-stop-signals"
+    ).start()
 
 
 def _exit_on_parents_signal(numbers, parent: int) -> None:
@@ -207,13 +216,16 @@ class StopSignals:
             if self.received is not None or not self.armed:
                 raise KeyboardInterrupt
             self.received = "SIGINT"
-            logging.warning("Ctrl-C: finishing the current step, then saving a checkpoint and stopping (Ctrl-C "
-                            "again stops at once, without saving).")
+            logging.warning(
+                "Ctrl-C: finishing the current step, then saving a checkpoint and stopping (Ctrl-C "
+                "again stops at once, without saving)."
+            )
             return
         if self.received is None:
             self.received = name
-            logging.warning(f"Received {self.received}: finishing the current step, then saving a checkpoint "
-                            "and stopping.")
+            logging.warning(
+                f"Received {self.received}: finishing the current step, then saving a checkpoint and stopping."
+            )
 
     def install(self) -> "StopSignals":
         for num in self.numbers:
@@ -291,8 +303,7 @@ class StopSignals:
 class StepGate:
     """The decision taken at optimizer-step boundaries: ``(stop, save)``, the same on every rank."""
 
-    def __init__(self, config: PreemptConfig, signals: Optional[StopSignals], world_size: int, rank: int,
-                 device):
+    def __init__(self, config: PreemptConfig, signals: Optional[StopSignals], world_size: int, rank: int, device):
         self.config, self.signals = config, signals
         self.world_size, self.rank = world_size, rank
         self.device = torch.device(device)
@@ -300,8 +311,10 @@ class StepGate:
         self.signame: Optional[str] = None
         self.diverged = False  # agreed by the last poll: some rank's training diverged
         if world_size > 1 and not (torch.distributed.is_available() and torch.distributed.is_initialized()):
-            logging.warning("several ranks without torch.distributed (--horovod): each rank decides alone when to "
-                            "stop on a signal, so the signal must reach every rank at the same step")
+            logging.warning(
+                "several ranks without torch.distributed (--horovod): each rank decides alone when to "
+                "stop on a signal, so the signal must reach every rank at the same step"
+            )
 
     def _local(self) -> tuple:
         stop = self.signals is not None and self.signals.received is not None
@@ -325,7 +338,9 @@ class StepGate:
             stop, save, bad = (int(v) for v in flags.tolist())
         self.diverged = bool(bad)
         if stop:
-            self.signame = self.signals.received if self.signals and self.signals.received else "a signal on another rank"
+            self.signame = (
+                self.signals.received if self.signals and self.signals.received else "a signal on another rank"
+            )
         return bool(stop), bool(save)
 
     def saved(self) -> None:
@@ -337,9 +352,11 @@ def rng_state() -> Dict[str, object]:
     """This process's Python, NumPy, torch (and CUDA) random state, in weights-only-loadable types."""
     version, mt, gauss = random.getstate()
     name, keys, pos, has_gauss, cached = np.random.get_state()
-    state = {"python": [version, list(mt), gauss], "numpy": [name, torch.from_numpy(keys.astype(np.int64)), int(pos),
-                                                            int(has_gauss), float(cached)],
-             "torch": torch.get_rng_state()}
+    state = {
+        "python": [version, list(mt), gauss],
+        "numpy": [name, torch.from_numpy(keys.astype(np.int64)), int(pos), int(has_gauss), float(cached)],
+        "torch": torch.get_rng_state(),
+    }
     if torch.cuda.is_available() and torch.cuda.is_initialized():
         state["cuda"] = torch.cuda.get_rng_state_all()
     return state

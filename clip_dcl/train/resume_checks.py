@@ -1,6 +1,7 @@
 """Refusals of a resume whose saved loss state the configured loss would misread; each message names
 the flags that continue the same training, and ``--loss-reset`` (or ``--decl-grow-state``).
 """
+
 from __future__ import annotations
 
 import logging
@@ -32,7 +33,8 @@ def check_objective(cfg: TrainConfig, ckpt: dict, path) -> None:
     raise ObjectiveMismatch(
         f"{path} was trained with {saved_flags}; resuming it with --loss {cfg.loss} would change the "
         f"objective. To continue the same training, add: {saved_flags}. To train --loss {cfg.loss} from "
-        f"this checkpoint on purpose (the saved loss state is dropped), add --loss-reset.")
+        f"this checkpoint on purpose (the saved loss state is dropped), add --loss-reset."
+    )
 
 
 def check_state_settings(cfg: TrainConfig, ckpt: dict, path) -> Optional[int]:
@@ -57,7 +59,8 @@ def check_state_settings(cfg: TrainConfig, ckpt: dict, path) -> Optional[int]:
             f"{path} was trained with {saved}; resuming it with {given} would read its saved --loss {cfg.loss} "
             f"state as another quantity. To continue the same training, add: {saved}. To train with {given} "
             "from this checkpoint on purpose (the loss state starts fresh; the model and optimizer are kept), "
-            "add --loss-reset.")
+            "add --loss-reset."
+        )
     return _check_num_samples(cfg, entry, path)
 
 
@@ -76,17 +79,22 @@ def _check_num_samples(cfg: TrainConfig, entry: dict, path) -> Optional[int]:
                 f"--decl-grow-state keeps every id's rate in its place, but with ::-joined sources the ids of "
                 f"source j start at j x {cfg.id_block} (the block of each source), and {path}'s {saved} ids were "
                 "laid out in other blocks: the rates would move to other samples. Add --loss-reset instead, or "
-                f"resume with the --decl-num-samples that gives the saved blocks.")
+                f"resume with the --decl-num-samples that gives the saved blocks."
+            )
         if cfg.grow_state:
-            logging.info(f"--decl-grow-state: {path} holds the rates of {saved} sample ids; they are kept, "
-                         f"and the {now - saved} new ids [{saved}, {now}) start unvisited.")
+            logging.info(
+                f"--decl-grow-state: {path} holds the rates of {saved} sample ids; they are kept, "
+                f"and the {now - saved} new ids [{saved}, {now}) start unvisited."
+            )
             return saved
         raise LossSettingMismatch(
             f"{path} holds --loss {cfg.loss} state for {saved} sample ids, and this run needs {now} "
             f"(--decl-num-samples {now}: the training data's size unless given): the data set grew. Either "
             f"add --decl-grow-state to keep the learned rates of the {saved} ids seen and start the "
-            f"{now - saved} new ids unvisited, as a fresh buffer starts them; or {reset}.")
+            f"{now - saved} new ids unvisited, as a fresh buffer starts them; or {reset}."
+        )
     raise LossSettingMismatch(
         f"{path} holds --loss {cfg.loss} state for {saved} sample ids, and this run has --decl-num-samples {now} "
         f"(the training data's size unless given): the data set shrank. Either add --decl-num-samples {saved} to "
-        f"keep the learned rates (every id of the smaller data set is below it); or {reset}.")
+        f"keep the learned rates (every id of the smaller data set is below it); or {reset}."
+    )

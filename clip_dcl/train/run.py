@@ -6,6 +6,7 @@ and restores the loss, runs each epoch through OpenCLIP's ``train_one_epoch`` wi
 around it (:mod:`clip_dcl.train.steps`), saves mid-epoch checkpoints, and adds the loss state and
 clip-dcl's entry to every checkpoint ``main`` writes, all through :mod:`clip_dcl.train.saving`.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -22,22 +23,41 @@ from open_clip_train import train as oc_train
 
 from clip_dcl.losses.base import stateful
 
-from . import loss_state
+from . import loss_state, runfolder, saving
 from . import preempt as preemption
-from . import runfolder, saving
 from .divergence import Diverged, NonFiniteSteps, describe_tensors, nonfinite_tensors
 from .flags import TrainConfig, full_loss_args, openclip_native
 from .ids import with_indices
-from .packed import PackedDataError, get_packed_train_dataset, is_packed
-from .resume_checks import (LossSettingMismatch, LossStateMismatch, ObjectiveMismatch,  # noqa: F401 (its errors)
-                            check_objective, check_state_settings)
-from .pipeline import get_wds_train_dataset
 from .metrics import MetricsWriter, metrics_path
-from .steps import (IdChannel, LossWithIds, SkippedSteps, TrainLineHook, log_data_stats, log_epoch_health,
-                    seed_main_process, train_record)
-from .upstream import (OPENCLIP_CREATE_LOSS, OPENCLIP_EVALUATE, OPENCLIP_GET_CSV_DATASET, OPENCLIP_GET_DATASET_FN,
-                       OPENCLIP_GET_SYNTHETIC_DATASET, OPENCLIP_GET_WDS_DATASET, OPENCLIP_PT_LOAD,
-                       OPENCLIP_TRAIN_ONE_EPOCH)
+from .packed import PackedDataError, get_packed_train_dataset, is_packed
+from .pipeline import get_wds_train_dataset
+from .resume_checks import (  # noqa: F401 (its errors)
+    LossSettingMismatch,
+    LossStateMismatch,
+    ObjectiveMismatch,
+    check_objective,
+    check_state_settings,
+)
+from .steps import (
+    IdChannel,
+    LossWithIds,
+    SkippedSteps,
+    TrainLineHook,
+    log_data_stats,
+    log_epoch_health,
+    seed_main_process,
+    train_record,
+)
+from .upstream import (
+    OPENCLIP_CREATE_LOSS,
+    OPENCLIP_EVALUATE,
+    OPENCLIP_GET_CSV_DATASET,
+    OPENCLIP_GET_DATASET_FN,
+    OPENCLIP_GET_SYNTHETIC_DATASET,
+    OPENCLIP_GET_WDS_DATASET,
+    OPENCLIP_PT_LOAD,
+    OPENCLIP_TRAIN_ONE_EPOCH,
+)
 from .upstream import setup_logging as upstream_setup_logging
 
 
@@ -111,12 +131,16 @@ class TrainingRun:
         if took:
             logging.warning(took)
         if self.resume_latest and args.save_most_recent and self.named:
-            logging.info(f"--resume latest with --save-most-recent: {args.resume or 'no checkpoint'} (the newest of "
-                         "epoch_latest.pt and epoch_N.pt).")
+            logging.info(
+                f"--resume latest with --save-most-recent: {args.resume or 'no checkpoint'} (the newest of "
+                "epoch_latest.pt and epoch_N.pt)."
+            )
         folder = os.path.join(args.logs, args.name, "checkpoints")
         for path in saving.remove_stale_partials(folder):
-            logging.info(f"Removed {path}: the partial file of a save that was killed halfway (the checkpoint it "
-                         "was writing was never completed).")
+            logging.info(
+                f"Removed {path}: the partial file of a save that was killed halfway (the checkpoint it "
+                "was writing was never completed)."
+            )
 
     # open_clip_train.main.os.path.exists
     def path_exists(self, path) -> bool:
@@ -139,8 +163,10 @@ class TrainingRun:
             if grow_from is not None:
                 self.grow_from = grow_from
             if self.config.loss_reset:
-                logging.info(f"--loss-reset: the {self.config.loss} loss starts with fresh state; {path} keeps "
-                             "only the model and optimizer.")
+                logging.info(
+                    f"--loss-reset: the {self.config.loss} loss starts with fresh state; {path} keeps "
+                    "only the model and optimizer."
+                )
                 return ckpt
             self.resumed = saving.entries_of(ckpt)
             self.resumed_path = path
@@ -148,7 +174,8 @@ class TrainingRun:
 
     def _fit_model_keys(self, ckpt):
         """The checkpoint with its model keys fitting this run's model: DDP's ``module.`` prefix added on
-        several ranks and removed on one, whatever world size saved it (:func:`clip_dcl.train.saving.model_keys_for`)."""
+        several ranks and removed on one, whatever world size saved it
+        (:func:`clip_dcl.train.saving.model_keys_for`)."""
         args = self.args
         if args is None or not isinstance(ckpt, dict):
             return ckpt
@@ -161,8 +188,9 @@ class TrainingRun:
         return ckpt
 
     def _load_resumable(self, path, map_location):
-        found = saving.load_resumable(path, map_location, self.resume_latest,
-                                      getattr(self.args, "checkpoint_path", None), OPENCLIP_PT_LOAD)
+        found = saving.load_resumable(
+            path, map_location, self.resume_latest, getattr(self.args, "checkpoint_path", None), OPENCLIP_PT_LOAD
+        )
         if found.path != path:
             self.args.resume = found.path  # main logs the file it resumed from args.resume
         return found.checkpoint
@@ -182,8 +210,15 @@ class TrainingRun:
             on_device = {"device": args.device} if "device" in LOSSES[cfg.loss].defaults() else {}
             if cfg.no_grad_gather:
                 on_device["no_grad_gather"] = True
-            loss = create_loss(cfg.loss, rank=args.rank, world_size=args.world_size, local_loss=args.local_loss,
-                               gather_with_grad=args.gather_with_grad, **kwargs, **on_device)
+            loss = create_loss(
+                cfg.loss,
+                rank=args.rank,
+                world_size=args.world_size,
+                local_loss=args.local_loss,
+                gather_with_grad=args.gather_with_grad,
+                **kwargs,
+                **on_device,
+            )
         loss = loss.to(args.device) if isinstance(loss, torch.nn.Module) else loss
         self._restore(loss)
         self.loss = loss  # the module whose state is checkpointed
@@ -191,8 +226,11 @@ class TrainingRun:
             # CoCa: our contrastive term, OpenCLIP's captioning term, both with OpenCLIP's weights
             from clip_dcl.losses.coca import CoCaObjective
 
-            loss = CoCaObjective(loss, caption_loss_weight=args.coca_caption_loss_weight,
-                                 contrastive_loss_weight=args.coca_contrastive_loss_weight)
+            loss = CoCaObjective(
+                loss,
+                caption_loss_weight=args.coca_caption_loss_weight,
+                contrastive_loss_weight=args.coca_contrastive_loss_weight,
+            )
         if args.rank == 0:
             logging.info(f"Loss: {cfg.loss} {cfg.loss_args} -> {loss}")
         return loss
@@ -230,15 +268,19 @@ class TrainingRun:
         state, meta = self.resumed[saving.LOSS_STATE_KEY], self.resumed[saving.CKPT_KEY] or {}
         saved_size = meta.get("train_data_size")
         if saved_size is not None and self.train_data_size is not None and saved_size != self.train_data_size:
-            logging.warning(f"{self.resumed_path} was trained on {saved_size} samples of --train-data, which now has "
-                            f"{self.train_data_size}: its rows are the sample ids, so rows that moved read the rates "
-                            "of other samples (keep the CSV's rows in place between a run and its resume)")
+            logging.warning(
+                f"{self.resumed_path} was trained on {saved_size} samples of --train-data, which now has "
+                f"{self.train_data_size}: its rows are the sample ids, so rows that moved read the rates "
+                "of other samples (keep the CSV's rows in place between a run and its resume)"
+            )
         has_state = isinstance(loss, torch.nn.Module) and len(loss.state_dict()) > 0
         saved_loss = meta.get("loss")
         if saved_loss is not None and saved_loss != self.config.loss:
             if has_state:
-                logging.warning(f"{self.resumed_path} was trained with --loss {saved_loss}; --loss "
-                                f"{self.config.loss} starts with fresh loss state.")
+                logging.warning(
+                    f"{self.resumed_path} was trained with --loss {saved_loss}; --loss "
+                    f"{self.config.loss} starts with fresh loss state."
+                )
             return
         if state is None:
             if has_state:
@@ -252,22 +294,25 @@ class TrainingRun:
         try:
             index = meta.get(saving.SHARD_INDEX_KEY)
             if index:  # a sharded buffer: in files beside the checkpoint, built into this rank's part
-                state = loss_state.restore_sharded(loss, state, index, self.resumed_path,
-                                                   grow=self.grow_from is not None)
+                state = loss_state.restore_sharded(
+                    loss, state, index, self.resumed_path, grow=self.grow_from is not None
+                )
             elif self.grow_from is not None:  # the whole table, its new ids' columns unvisited
                 state = loss_state.grown_state(loss, state)
             loss.load_state_dict(state)
         except (RuntimeError, KeyError, ValueError) as e:
             raise LossStateMismatch(
                 f"cannot restore the {self.config.loss} loss state from {self.resumed_path} (it was trained with "
-                f"{meta.get('loss_args')}; now {self.config.loss_args}): {e}") from None
+                f"{meta.get('loss_args')}; now {self.config.loss_args}): {e}"
+            ) from None
         if has_state:
-            logging.info(f"Restored the {self.config.loss} loss state from {self.resumed_path} "
-                         f"(digest {saving.loss_state_digest(loss)}).")
+            logging.info(
+                f"Restored the {self.config.loss} loss state from {self.resumed_path} "
+                f"(digest {saving.loss_state_digest(loss)})."
+            )
 
     # open_clip_train.main.train_one_epoch
-    def train_one_epoch(self, model, data, loss, epoch, optimizer, scaler, scheduler, dist_model, args,
-                        tb_writer=None):
+    def train_one_epoch(self, model, data, loss, epoch, optimizer, scaler, scheduler, dist_model, args, tb_writer=None):
         """OpenCLIP's ``train_one_epoch``, called as is, with ids carried around it (see module doc)."""
         self._startup_point()
         if self.preprocess_cfg is None:
@@ -277,8 +322,7 @@ class TrainingRun:
                 self.preprocess_cfg = {}
         seed_main_process(args, epoch)
         if self.gate is None:
-            self.gate = preemption.StepGate(self.config.preempt, self.signals, args.world_size, args.rank,
-                                            args.device)
+            self.gate = preemption.StepGate(self.config.preempt, self.signals, args.world_size, args.rank, args.device)
         self.model = model
         if self.nonfinite is None:
             self.nonfinite = NonFiniteSteps(self.config.max_nonfinite_steps, args.device)
@@ -305,19 +349,26 @@ class TrainingRun:
             if self.gate.diverged:
                 raise self._diverged(args)
             if stop or save:
-                self.last_step_save = self.save_step(model, optimizer, scaler, epoch, step, args,
-                                                     self.gate.signame if stop else None)
+                self.last_step_save = self.save_step(
+                    model, optimizer, scaler, epoch, step, args, self.gate.signame if stop else None
+                )
                 self.gate.saved()
             return stop
 
-        channel = IdChannel(data["train"].dataloader, args.accum_freq, skip=skip_steps * args.accum_freq,
-                             resumed=resumed, at_boundary=at_boundary)
+        channel = IdChannel(
+            data["train"].dataloader,
+            args.accum_freq,
+            skip=skip_steps * args.accum_freq,
+            resumed=resumed,
+            at_boundary=at_boundary,
+        )
         data = {**data, "train": dataclasses.replace(data["train"], dataloader=channel)}
         if skip_steps and scheduler is not None:  # OpenCLIP counts the epoch's steps from 0 again
             schedule = scheduler
 
             def scheduler(step):
                 return schedule(step + skip_steps)
+
         wrapped = LossWithIds(loss, channel, torch.device(args.device), on_output=self.nonfinite.record)
         writer = MetricsWriter(metrics_path(args), tb_writer)
 
@@ -329,8 +380,9 @@ class TrainingRun:
         if self.signals is not None:
             self.signals.armed = True  # a first Ctrl-C now stops at the next step boundary, with a save
         try:
-            OPENCLIP_TRAIN_ONE_EPOCH(model, data, wrapped, epoch, optimizer, scaler, scheduler, dist_model, args,
-                                      tb_writer=writer)
+            OPENCLIP_TRAIN_ONE_EPOCH(
+                model, data, wrapped, epoch, optimizer, scaler, scheduler, dist_model, args, tb_writer=writer
+            )
         finally:
             logging.getLogger().removeFilter(hook)
             log_step()
@@ -348,8 +400,9 @@ class TrainingRun:
             self.shards = loss_state.write_shards(loss, args, epoch + 1, self.unsaved_shards)
             state = loss.state_dict()
             calls = f"calls {int(state['calls'])}, " if "calls" in state else ""
-            logging.info(f"Loss state after epoch {epoch} on rank {args.rank}: {calls}"
-                         f"digest {saving.loss_state_digest(loss)}")
+            logging.info(
+                f"Loss state after epoch {epoch} on rank {args.rank}: {calls}digest {saving.loss_state_digest(loss)}"
+            )
 
     # open_clip_train.main.evaluate
     def evaluate(self, model, data, epoch, args, tb_writer=None, tokenizer=None):
@@ -382,11 +435,16 @@ class TrainingRun:
         per = (self.epoch_num_batches or 0) // max(1, args.accum_freq)
         first = count.first()
         if weights is not None:
-            why = weights + (f"; the loss was first NaN or inf at {count.where(per, first)}" if first >= 0 else
-                             "; every step's loss was finite")
+            why = weights + (
+                f"; the loss was first NaN or inf at {count.where(per, first)}"
+                if first >= 0
+                else "; every step's loss was finite"
+            )
         elif count.tripped(wait=True):
-            why = (f"the loss was NaN or inf for {count.limit} optimizer steps in a row (--max-nonfinite-steps "
-                   f"{count.limit}), from {count.where(per)}")
+            why = (
+                f"the loss was NaN or inf for {count.limit} optimizer steps in a row (--max-nonfinite-steps "
+                f"{count.limit}), from {count.where(per)}"
+            )
             if first >= 0 and first != int(count.trip_start):
                 why += f" (the first non-finite loss: {count.where(per, first)})"
         else:
@@ -395,11 +453,17 @@ class TrainingRun:
             why = f"rank {args.rank}: {why}"
         folder = getattr(args, "checkpoint_path", None)
         newest = runfolder.latest_checkpoint(folder, args.save_most_recent) if folder and args.save_logs else None
-        kept = (f"no checkpoint of these weights was written; the newest, {newest}, is what "
-                f"{self.rerun('--resume latest')} resumes" if newest else "no checkpoint of these weights was written")
+        kept = (
+            f"no checkpoint of these weights was written; the newest, {newest}, is what "
+            f"{self.rerun('--resume latest')} resumes"
+            if newest
+            else "no checkpoint of these weights was written"
+        )
         fp32 = "" if args.precision == "fp32" else ", or train with --precision fp32"
-        return Diverged(f"training diverged: {why}; {kept}. Lower --lr (or lengthen --warmup), check --wd and "
-                        f"the other optimizer flags{fp32}")
+        return Diverged(
+            f"training diverged: {why}; {kept}. Lower --lr (or lengthen --warmup), check --wd and "
+            f"the other optimizer flags{fp32}"
+        )
 
     def _refuse_nonfinite(self, path) -> None:
         """:class:`Diverged` instead of writing ``path`` when the trained model's parameters are not finite.
@@ -410,8 +474,10 @@ class TrainingRun:
             return
         names, count = nonfinite_tensors(oc_train.unwrap_model(self.model).named_parameters())
         if count:
-            raise Diverged(f"training diverged: not writing {path}: {describe_tensors(names, count)}; the "
-                           "previous checkpoints are kept")
+            raise Diverged(
+                f"training diverged: not writing {path}: {describe_tensors(names, count)}; the "
+                "previous checkpoints are kept"
+            )
 
     def _resume_point(self, epoch: int, args, num_batches: int):
         """``(optimizer steps to skip, callback after the skip)`` for ``epoch``: a mid-epoch checkpoint's
@@ -424,16 +490,20 @@ class TrainingRun:
         now = saving.resume_settings(args, num_batches)
         changed = [f"{k} {pos.get(k)} -> {v}" for k, v in now.items() if pos.get(k) != v]
         if changed:
-            logging.warning(f"Resuming epoch {epoch} at step {step} with other settings than the stopped run "
-                            f"({', '.join(changed)}): the learning-rate schedule continues at the step, but the rest "
-                            "of the epoch is another draw of the data than the stopped run would have seen.")
+            logging.warning(
+                f"Resuming epoch {epoch} at step {step} with other settings than the stopped run "
+                f"({', '.join(changed)}): the learning-rate schedule continues at the step, but the rest "
+                "of the epoch is another draw of the data than the stopped run would have seen."
+            )
         rng = pos.get("rng") or []
 
         def resumed():
             if len(rng) == args.world_size:
                 preemption.set_rng_state(rng[args.rank])
-            logging.info(f"Resumed epoch {epoch} at step {step} of {num_batches // args.accum_freq}: the "
-                         f"{step * args.accum_freq} batches of the steps already taken were read again, not trained on.")
+            logging.info(
+                f"Resumed epoch {epoch} at step {step} of {num_batches // args.accum_freq}: the "
+                f"{step * args.accum_freq} batches of the steps already taken were read again, not trained on."
+            )
 
         return step, resumed
 
@@ -452,15 +522,29 @@ class TrainingRun:
         rng = preemption.gather_rng_states(args.world_size)
         if not (args.logs and str(args.logs).lower() != "none"):
             return None
-        folder = (loss_state.write_step_shards(self.loss, args, epoch, step, self.unsaved_shards)
-                  if self.loss is not None else None)
+        folder = (
+            loss_state.write_step_shards(self.loss, args, epoch, step, self.unsaved_shards)
+            if self.loss is not None
+            else None
+        )
         path = None
         if args.save_logs:
             resume = saving.resume_entry(epoch, step, args, self.epoch_num_batches, rng, signame)
             with self._shards_of(folder):
-                path = saving.save_step_checkpoint(model, optimizer, scaler, epoch, step, args, self.loss,
-                                                   self.checkpoint_meta(), folder, resume, self._torch_save,
-                                                   self.rerun())
+                path = saving.save_step_checkpoint(
+                    model,
+                    optimizer,
+                    scaler,
+                    epoch,
+                    step,
+                    args,
+                    self.loss,
+                    self.checkpoint_meta(),
+                    folder,
+                    resume,
+                    self._torch_save,
+                    self.rerun(),
+                )
             why = f"on {signame}" if signame else f"every {self.config.preempt.save_every_minutes:g} minutes"
             logging.info(f"Saved {path}: step {step} of epoch {epoch} ({why}).")
         if args.world_size > 1 and torch.distributed.is_available() and torch.distributed.is_initialized():
@@ -479,8 +563,9 @@ class TrainingRun:
             self._refuse_nonfinite(f)  # no NaN file over the last good one
             obj = saving.training_checkpoint(obj, self.loss, self.checkpoint_meta(), self.shards, folder)
         with self._shards_of(self.shards if training else None):
-            saving.save_checkpoint(obj, f, folder, lambda o, fh: torch.save(o, fh, *args, **kwargs), training,
-                                   self.rerun())
+            saving.save_checkpoint(
+                obj, f, folder, lambda o, fh: torch.save(o, fh, *args, **kwargs), training, self.rerun()
+            )
 
     def rerun(self, flags: Optional[str] = None) -> str:
         """:data:`clip_dcl.train.saving.RERUN`, with this run's ``--name`` when OpenCLIP made it up; with ``flags``,
@@ -503,8 +588,9 @@ class TrainingRun:
     def checkpoint_meta(self) -> dict:
         """What a downstream loader needs without the training flags (``ckpt["clip_dcl"]``)."""
         args = self.args
-        entry = saving.checkpoint_entry(args.model, saving.trained_model_config(args), self.preprocess_cfg,
-                                        self.config.loss, self.config.loss_args)
+        entry = saving.checkpoint_entry(
+            args.model, saving.trained_model_config(args), self.preprocess_cfg, self.config.loss, self.config.loss_args
+        )
         if self.train_data_size is not None:  # CSV rows / synthetic samples: the ids are their indices
             entry["train_data_size"] = self.train_data_size
         return entry
@@ -512,12 +598,12 @@ class TrainingRun:
     # open_clip_train.data.get_wds_dataset
     def get_wds_dataset(self, args, preprocess_img, is_train, epoch=0, floor=False, tokenizer=None):
         if is_train:
-            info = get_wds_train_dataset(args, preprocess_img, is_train=True, epoch=epoch, floor=floor,
-                                         tokenizer=tokenizer)
+            info = get_wds_train_dataset(
+                args, preprocess_img, is_train=True, epoch=epoch, floor=floor, tokenizer=tokenizer
+            )
             self.train_num_batches = info.dataloader.num_batches
             return info
-        return OPENCLIP_GET_WDS_DATASET(args, preprocess_img, is_train, epoch=epoch, floor=floor,
-                                         tokenizer=tokenizer)
+        return OPENCLIP_GET_WDS_DATASET(args, preprocess_img, is_train, epoch=epoch, floor=floor, tokenizer=tokenizer)
 
     # open_clip_train.data.get_dataset_fn: a packed set (.npz, --dataset-type auto) is ours, the rest OpenCLIP's
     def get_dataset_fn(self, data_path, dataset_type):

@@ -20,6 +20,7 @@ own see no ``out.log``): a folder that holds a run may be continued by ``--resum
 ``--resume`` of a checkpoint inside it; any other command is refused with the folder's name and the
 ways on.
 """
+
 from __future__ import annotations
 
 import glob
@@ -95,8 +96,15 @@ class RunLock:
         self._beat: Optional[ForkSafeThread] = None
 
     def _mine(self) -> bytes:
-        return json.dumps({"pid": os.getpid(), "host": socket.gethostname(), "started": time.time(),
-                           "start": _process_start(os.getpid()), "token": self.token}).encode()
+        return json.dumps(
+            {
+                "pid": os.getpid(),
+                "host": socket.gethostname(),
+                "started": time.time(),
+                "start": _process_start(os.getpid()),
+                "token": self.token,
+            }
+        ).encode()
 
     def acquire(self) -> Optional[str]:
         """Hold the lock; return a line about the dead holder it took over from, if any.
@@ -127,15 +135,22 @@ class RunLock:
                 holder = json.loads(raw)
             except ValueError:  # its holder is writing it now, or died doing so
                 holder = {}
-            gone = holder_gone(holder, mtime) if holder else (
-                "its lock is empty" if time.time() - mtime > HEARTBEAT_SECONDS else None)
+            gone = (
+                holder_gone(holder, mtime)
+                if holder
+                else ("its lock is empty" if time.time() - mtime > HEARTBEAT_SECONDS else None)
+            )
             if gone is None:
                 raise RunFolderBusy(self._busy(holder))
             if self._take_over(raw):
-                took = (f"Took over {self.path}: its holder (pid {holder.get('pid', '?')} on host "
-                        f"{holder.get('host', '?')}, started {_when(holder.get('started', mtime))}) is gone: {gone}.")
-        raise RunFolderBusy(f"{self.folder}: could not take its lock {self.path} (other processes kept taking it); "
-                            "is another run starting there?")
+                took = (
+                    f"Took over {self.path}: its holder (pid {holder.get('pid', '?')} on host "
+                    f"{holder.get('host', '?')}, started {_when(holder.get('started', mtime))}) is gone: {gone}."
+                )
+        raise RunFolderBusy(
+            f"{self.folder}: could not take its lock {self.path} (other processes kept taking it); "
+            "is another run starting there?"
+        )
 
     def _take_over(self, raw: bytes) -> bool:
         """Move the dead holder's lock (its bytes ``raw``) aside; False when another taker was first."""
@@ -158,10 +173,12 @@ class RunLock:
     def _busy(self, holder: dict) -> str:
         pid, host = holder.get("pid", "?"), holder.get("host", "?")
         since = f", running since {_when(holder['started'])}" if "started" in holder else ""
-        return (f"{self.folder} is in use by another run: pid {pid} on host {host}{since} (its lock: {self.path}). "
-                "Two runs in one folder would write the same checkpoints and log. Wait for it to end, or stop it "
-                f"(kill -TERM {pid} on {host}: it saves its step and exits), then run this command again; or give "
-                "another --name")
+        return (
+            f"{self.folder} is in use by another run: pid {pid} on host {host}{since} (its lock: {self.path}). "
+            "Two runs in one folder would write the same checkpoints and log. Wait for it to end, or stop it "
+            f"(kill -TERM {pid} on {host}: it saves its step and exits), then run this command again; or give "
+            "another --name"
+        )
 
     def _heartbeat(self, stopping: threading.Event) -> None:
         while not stopping.wait(HEARTBEAT_SECONDS):
@@ -202,13 +219,17 @@ def folder_problem(folder, log_path, resume, resume_latest: bool, name: str) -> 
         return None
     if resume_latest or (resume and _inside(resume, folder)):
         return None
-    ways = (f"to continue it, run the same command with --resume latest; to start a new run, give another --name "
-            f"(e.g. --name {name}-2) or move {folder} away")
+    ways = (
+        f"to continue it, run the same command with --resume latest; to start a new run, give another --name "
+        f"(e.g. --name {name}-2) or move {folder} away"
+    )
     if resume:
-        return (f"{folder} already holds a run (its log: {log_path}), and --resume {resume} is a checkpoint of "
-                f"another folder: continuing it here would mix two runs in one log and one checkpoint folder; to "
-                f"continue {resume} in a folder of its own, give another --name (e.g. --name {name}-2); to continue "
-                f"the run of {folder}, give --resume latest")
+        return (
+            f"{folder} already holds a run (its log: {log_path}), and --resume {resume} is a checkpoint of "
+            f"another folder: continuing it here would mix two runs in one log and one checkpoint folder; to "
+            f"continue {resume} in a folder of its own, give another --name (e.g. --name {name}-2); to continue "
+            f"the run of {folder}, give --resume latest"
+        )
     return f"{folder} already holds a run (its log: {log_path}): {ways}"
 
 

@@ -7,6 +7,7 @@ so a killed save never leaves a torn ``*.pt``. A sharded loss buffer is written 
 ``--resume latest`` would pick), rather than gathered onto one host; resume rebuilds each rank's part
 for any world size. `checkpointed` and `_kept` restate which epochs OpenCLIP checkpoints and keeps.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -66,11 +67,18 @@ class LossStateFilesError(RuntimeError):
 
 
 # -- what a training checkpoint holds ---------------------------------------------------------------
-def checkpoint_entry(model: str, model_config: Optional[dict], preprocess_cfg: Optional[dict], loss: str,
-                     loss_args: dict) -> dict:
+def checkpoint_entry(
+    model: str, model_config: Optional[dict], preprocess_cfg: Optional[dict], loss: str, loss_args: dict
+) -> dict:
     """The `CKPT_KEY` entry of a training checkpoint: what a loader needs without the flags."""
-    return {"model": model, "model_config": model_config, "preprocess_cfg": preprocess_cfg, "loss": loss,
-            "loss_args": dict(loss_args), "version": __version__}
+    return {
+        "model": model,
+        "model_config": model_config,
+        "preprocess_cfg": preprocess_cfg,
+        "loss": loss,
+        "loss_args": dict(loss_args),
+        "version": __version__,
+    }
 
 
 def trained_model_config(args) -> Optional[dict]:
@@ -95,15 +103,18 @@ def trained_model_config(args) -> Optional[dict]:
     return cfg
 
 
-def training_checkpoint(obj: dict, loss, entry: dict, shards: Optional[Path], checkpoint_path: Optional[str],
-                        resume: Optional[dict] = None) -> dict:
+def training_checkpoint(
+    obj: dict, loss, entry: dict, shards: Optional[Path], checkpoint_path: Optional[str], resume: Optional[dict] = None
+) -> dict:
     """OpenCLIP's checkpoint dict ``obj`` with ``loss``'s state and ``entry`` (a sharded loss: its shard index)."""
     entry = dict(entry)
     if is_sharded(loss):  # the shards are in files beside (written by every rank)
         if shards is None:
-            raise RuntimeError("OpenCLIP saves a checkpoint for an epoch whose loss-state shards were not "
-                               "written; clip_dcl.train.saving.checkpointed() no longer matches its "
-                               "conditions")
+            raise RuntimeError(
+                "OpenCLIP saves a checkpoint for an epoch whose loss-state shards were not "
+                "written; clip_dcl.train.saving.checkpointed() no longer matches its "
+                "conditions"
+            )
         state = small_state(loss)
         entry[SHARD_INDEX_KEY] = shard_index(loss, shards, checkpoint_path)
     else:
@@ -144,7 +155,7 @@ def model_keys_for(state_dict: dict, wrapped: bool) -> dict:
     """
     bare = state_dict
     if state_dict and all(k.startswith(DDP_PREFIX) for k in state_dict):
-        bare = {k[len(DDP_PREFIX):]: v for k, v in state_dict.items()}
+        bare = {k[len(DDP_PREFIX) :]: v for k, v in state_dict.items()}
     if not wrapped or not bare:
         return bare
     return {DDP_PREFIX + k: v for k, v in bare.items()}
@@ -165,8 +176,20 @@ def save_checkpoint(obj, f, checkpoint_path: Optional[str], save: Callable, trai
         prune_step_folders(checkpoint_path, before_epoch=completed)
 
 
-def save_step_checkpoint(model, optimizer, scaler, epoch: int, step: int, args, loss, entry: dict,
-                         shards: Optional[Path], resume: dict, save: Callable, rerun: str = RERUN) -> str:
+def save_step_checkpoint(
+    model,
+    optimizer,
+    scaler,
+    epoch: int,
+    step: int,
+    args,
+    loss,
+    entry: dict,
+    shards: Optional[Path],
+    resume: dict,
+    save: Callable,
+    rerun: str = RERUN,
+) -> str:
     """The master: write step ``step`` of ``epoch`` as ``epoch_latest.pt`` (``--save-most-recent``) or
     ``epoch_{epoch}_step_{step}.pt``, remove the earlier mid-epoch file, and return the path.
     """
@@ -175,8 +198,7 @@ def save_step_checkpoint(model, optimizer, scaler, epoch: int, step: int, args, 
     name = LATEST_CHECKPOINT_NAME if args.save_most_recent else f"epoch_{epoch}_step_{step}.pt"
     path = os.path.join(args.checkpoint_path, name)
     original = getattr(model, "_orig_mod", model)  # torch.compile's wrapper: save the model's own keys
-    ckpt = {"epoch": epoch, "name": args.name, "state_dict": original.state_dict(),
-            "optimizer": optimizer.state_dict()}
+    ckpt = {"epoch": epoch, "name": args.name, "state_dict": original.state_dict(), "optimizer": optimizer.state_dict()}
     if scaler is not None:
         ckpt["scaler"] = scaler.state_dict()
     ckpt = training_checkpoint(ckpt, loss, entry, shards, args.checkpoint_path, resume)
@@ -277,17 +299,23 @@ def _disk_full_message(obj, path: str, err: OSError, rerun: str = RERUN) -> str:
         free = "free space unknown"
     needs = f"it needs about {_size(need)}, {free} on that disk" if need else free
     parts = Path(folder).parts  # a shard's folder is under the checkpoints' (CHECKPOINTS/loss_state/epoch_N)
-    checkpoints = str(Path(*parts[:parts.index(SHARD_FOLDER)])) if SHARD_FOLDER in parts else folder
+    checkpoints = str(Path(*parts[: parts.index(SHARD_FOLDER)])) if SHARD_FOLDER in parts else folder
     others = sorted(glob.glob(os.path.join(checkpoints, "**", "*.pt"), recursive=True), key=natural_key)
     newest = others[-1] if others else None
     if newest:
-        previous = (f"the previous checkpoint, {newest}, is intact (the partial file was removed). Free "
-                    f"space, then run {rerun.format(f'--resume latest (or --resume {newest})')}")
+        previous = (
+            f"the previous checkpoint, {newest}, is intact (the partial file was removed). Free "
+            f"space, then run {rerun.format(f'--resume latest (or --resume {newest})')}"
+        )
     else:
-        previous = ("the partial file was removed; there is no earlier checkpoint in that folder, so the run "
-                    "would start over. Free space (or give --logs another disk) and run it again")
-    return (f"cannot write checkpoint {path}: the disk is full ({err.strerror or err}); {needs}. "
-            f"{previous[0].upper()}{previous[1:]}.")
+        previous = (
+            "the partial file was removed; there is no earlier checkpoint in that folder, so the run "
+            "would start over. Free space (or give --logs another disk) and run it again"
+        )
+    return (
+        f"cannot write checkpoint {path}: the disk is full ({err.strerror or err}); {needs}. "
+        f"{previous[0].upper()}{previous[1:]}."
+    )
 
 
 def supersede_step_files(checkpoint_path: str, completed_epoch: int, keep: Optional[str] = None) -> None:
@@ -314,8 +342,10 @@ def read_checkpoint(path, allow_unsafe_pickle: bool = False, mmap: bool = False)
     except UnsafeCheckpoint:
         raise
     except (RuntimeError, EOFError, OSError, ValueError) as e:
-        raise CheckpointUnreadable(f"checkpoint {str(path)!r} cannot be read; it is truncated (a save that was "
-                                   f"interrupted?) or not a torch checkpoint ({_first_line(e)})") from None
+        raise CheckpointUnreadable(
+            f"checkpoint {str(path)!r} cannot be read; it is truncated (a save that was "
+            f"interrupted?) or not a torch checkpoint ({_first_line(e)})"
+        ) from None
 
 
 def _torch_load(path: Path, allow_unsafe_pickle: bool = False, mmap: bool = False):
@@ -326,12 +356,14 @@ def _torch_load(path: Path, allow_unsafe_pickle: bool = False, mmap: bool = Fals
         reason = str(e).splitlines()[0]
     if allow_unsafe_pickle:  # the caller's explicit opt-in: the file is trusted
         logging.getLogger(__name__).warning(
-            "%s: weights-only load failed (%s); fully unpickling it as asked (allow_unsafe_pickle)", path, reason)
+            "%s: weights-only load failed (%s); fully unpickling it as asked (allow_unsafe_pickle)", path, reason
+        )
         return torch.load(path, map_location="cpu", weights_only=False)
     raise UnsafeCheckpoint(
         f"checkpoint {str(path)!r} does not load as weights only ({reason}); loading it would unpickle "
         "arbitrary objects, which can run code. If you trust the file, pass allow_unsafe_pickle=True "
-        "(--unsafe-pickle on the command line)")
+        "(--unsafe-pickle on the command line)"
+    )
 
 
 class Resumable(NamedTuple):
@@ -348,29 +380,33 @@ def load_resumable(path, map_location, resume_latest: bool, checkpoint_path: Opt
     unreadable = (RuntimeError, EOFError, OSError, ValueError, pickle.UnpicklingError)
     if os.path.isdir(path):  # checked with the flags too; here for callers from Python
         raise CheckpointUnreadable(
-            f"--resume {path} is a folder, not a checkpoint file: give a file in it (epoch_N.pt) or "
-            "--resume latest") from None
+            f"--resume {path} is a folder, not a checkpoint file: give a file in it (epoch_N.pt) or --resume latest"
+        ) from None
     try:
         return Resumable(pt_load(path, map_location=map_location), path)
     except unreadable as e:
         if not resume_latest:
             raise CheckpointUnreadable(
                 f"--resume {path}: the checkpoint cannot be read; it is truncated (a save that was "
-                f"interrupted?) or not a torch checkpoint ({_first_line(e)})") from None
+                f"interrupted?) or not a torch checkpoint ({_first_line(e)})"
+            ) from None
         failed = [(path, _first_line(e))]
     folder = checkpoint_path or os.path.dirname(path)
     older = sorted(glob.glob(os.path.join(folder, "**", "*.pt"), recursive=True), key=natural_key)
     older = [c for c in older if natural_key(c) < natural_key(path)]
     for candidate in reversed(older):
-        logging.warning(f"--resume latest: {failed[-1][0]} cannot be read ({failed[-1][1]}); trying the "
-                        f"previous checkpoint, {candidate}.")
+        logging.warning(
+            f"--resume latest: {failed[-1][0]} cannot be read ({failed[-1][1]}); trying the "
+            f"previous checkpoint, {candidate}."
+        )
         try:
             return Resumable(pt_load(candidate, map_location=map_location), candidate)
         except unreadable as e:
             failed.append((candidate, _first_line(e)))
     raise CheckpointUnreadable(
         f"--resume latest: no checkpoint under {folder} can be read ("
-        f"{'; '.join(f'{p}: {why}' for p, why in failed)}); remove the torn files, or start without --resume")
+        f"{'; '.join(f'{p}: {why}' for p, why in failed)}); remove the torn files, or start without --resume"
+    )
 
 
 # -- the sharded loss state's files ------------------------------------------------------------------
@@ -391,8 +427,12 @@ def shard_index(loss, folder: Path, checkpoint_path: str) -> Dict[str, object]:
     """The shard index (`SHARD_INDEX_KEY` of the checkpoint's entry) for shards in ``folder``."""
     owner = stateful(loss)
     sharded = owner.sharded_buffers()
-    return {"folder": os.path.relpath(folder, Path(checkpoint_path)), "world_size": owner.world_size,
-            "num_samples": sharded[0].shape[-1], "buffers": [b.name for b in sharded]}
+    return {
+        "folder": os.path.relpath(folder, Path(checkpoint_path)),
+        "world_size": owner.world_size,
+        "num_samples": sharded[0].shape[-1],
+        "buffers": [b.name for b in sharded],
+    }
 
 
 def shard_path(folder: Path, rank: int, world_size: int, name: str) -> Path:
@@ -411,8 +451,9 @@ def step_folder(checkpoint_path: str, epoch: int, step: int) -> Path:
 
 def save_loss_shard(path, name: str, tensor, rank: int, world_size: int, num_samples: int) -> None:
     """Write one rank's shard of the loss buffer ``name`` atomically, with its rank, world size and size."""
-    save_atomically({name: tensor.detach().cpu(), "rank": rank, "world_size": world_size,
-                     "num_samples": num_samples}, path)
+    save_atomically(
+        {name: tensor.detach().cpu(), "rank": rank, "world_size": world_size, "num_samples": num_samples}, path
+    )
 
 
 def load_loss_shard(path, name: str):
@@ -424,7 +465,9 @@ def checkpointed(args, completed_epoch: int) -> bool:
     """Whether OpenCLIP's ``main`` writes a checkpoint after ``completed_epoch`` (its own conditions)."""
     if not (args.logs and str(args.logs).lower() != "none" and getattr(args, "checkpoint_path", None)):
         return False
-    numbered = completed_epoch == args.epochs or (args.save_frequency > 0 and completed_epoch % args.save_frequency == 0)
+    numbered = completed_epoch == args.epochs or (
+        args.save_frequency > 0 and completed_epoch % args.save_frequency == 0
+    )
     return numbered or bool(args.save_most_recent)
 
 
@@ -465,8 +508,10 @@ def shard_sources(index: Dict[str, object], ckpt_path: str, name: str) -> List[t
     paths = [shard_path(folder, r, world, name) for r in range(world)]
     missing = [str(p) for p in paths if not p.is_file()]
     if missing:
-        raise LossStateFilesError(f"{ckpt_path} keeps its loss state in {folder}, but {missing[0]} is missing "
-                                  f"({len(missing)} of {world} shard files): copy the folder with the checkpoint")
+        raise LossStateFilesError(
+            f"{ckpt_path} keeps its loss state in {folder}, but {missing[0]} is missing "
+            f"({len(missing)} of {world} shard files): copy the folder with the checkpoint"
+        )
 
     def loader(path: Path):
         return lambda: load_loss_shard(path, name)

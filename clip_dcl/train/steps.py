@@ -7,6 +7,7 @@ GradScaler skipped, :class:`TrainLineHook` adds the loss's metrics to the traini
 :func:`train_record` writes each logged step as data;
 :func:`log_epoch_health` logs the loss's own check of the epoch's metrics (its ``epoch_warning``).
 """
+
 from __future__ import annotations
 
 import logging
@@ -23,6 +24,7 @@ from clip_dcl.losses.base import SampleIdError, declared, stateful
 from .ids import MissingSampleIds, SampleIdOutOfRange
 from .pipeline import id_collisions, mix_seed, summary_line
 from .upstream import LoggedLoss
+
 
 class SkippedSteps:
     """Undoes the loss state's update of an optimizer step that AMP's GradScaler skipped.
@@ -46,8 +48,10 @@ class SkippedSteps:
         scale = self.scaler.get_scale()
         if scale < self.scale and self.loss is not None and self.loss.rollback_step():
             self.count += 1
-            logging.warning(f"Epoch {epoch}, step {step}: the AMP GradScaler skipped the optimizer step (inf or NaN "
-                            "gradients); the loss state's update of that step was undone")
+            logging.warning(
+                f"Epoch {epoch}, step {step}: the AMP GradScaler skipped the optimizer step (inf or NaN "
+                "gradients); the loss state's update of that step was undone"
+            )
         self.scale = scale
 
 
@@ -89,8 +93,12 @@ class IdChannel:
         if self.resumed is not None:
             self.resumed()
         while True:
-            if (self.at_boundary is not None and self.fetched % self.accum_freq == 0
-                    and self.fetched < self.num_batches and self.at_boundary(self.fetched // self.accum_freq)):
+            if (
+                self.at_boundary is not None
+                and self.fetched % self.accum_freq == 0
+                and self.fetched < self.num_batches
+                and self.at_boundary(self.fetched // self.accum_freq)
+            ):
                 self.stopped_at = self.fetched // self.accum_freq
                 return
             try:
@@ -134,16 +142,22 @@ class LossWithIds:
         if self.declared is not None and self.declared.requires_sample_ids:
             ids = self.channel.ids()
             if ids is None:
-                raise MissingSampleIds("--decl-rate index needs sample ids and the training batches carry none: "
-                                       "train on webdataset shards, a CSV or --dataset-type synthetic, or use "
-                                       "--decl-rate queue / batch (no ids needed)")
+                raise MissingSampleIds(
+                    "--decl-rate index needs sample ids and the training batches carry none: "
+                    "train on webdataset shards, a CSV or --dataset-type synthetic, or use "
+                    "--decl-rate queue / batch (no ids needed)"
+                )
             kwargs["sample_ids"] = ids.to(self.device, non_blocking=True)
         try:
             # the loss checks the ids of the whole global batch, so every rank raises together
             out = self.loss(*args, **kwargs)
         except SampleIdError as e:
-            hint = ("" if "negative" in str(e) else " (img2dataset keys are shard * 10^k + index, so they can "
-                    "exceed the sample count in sizes.json: set --decl-num-samples above the largest key)")
+            hint = (
+                ""
+                if "negative" in str(e)
+                else " (img2dataset keys are shard * 10^k + index, so they can "
+                "exceed the sample count in sizes.json: set --decl-num-samples above the largest key)"
+            )
             raise SampleIdOutOfRange(f"{e}{hint}") from None
         # Kept as tensors: reading them (a device sync) waits for OpenCLIP's logging steps.
         self.metrics = dict(self.declared.metrics) if self.declared is not None else {}
@@ -197,8 +211,11 @@ class TrainLineHook(logging.Filter):
         for name, value in owner.logged_metrics(self.wrapped.metrics).items():
             self.meters.setdefault(name, oc_train.AverageMeter()).update(float(value))
         note = owner.step_note()
-        record.msg += (" " + note if note else "") + " " + " ".join(
-            f"{name.capitalize()}: {m.val:#.5g} ({m.avg:#.5g})" for name, m in self.meters.items())
+        record.msg += (
+            (" " + note if note else "")
+            + " "
+            + " ".join(f"{name.capitalize()}: {m.val:#.5g} ({m.avg:#.5g})" for name, m in self.meters.items())
+        )
         return True
 
 
@@ -216,8 +233,9 @@ def loss_columns(wrapped: LossWithIds) -> Dict[str, object]:
     return out
 
 
-def train_record(writer, wrapped: LossWithIds, epoch: int, skip_steps: int, steps_per_epoch: int,
-                 samples_per_epoch: int, args) -> Optional[dict]:
+def train_record(
+    writer, wrapped: LossWithIds, epoch: int, skip_steps: int, steps_per_epoch: int, samples_per_epoch: int, args
+) -> Optional[dict]:
     """Flush one logged step's record into ``metrics.jsonl`` (None when OpenCLIP logged nothing since).
 
     OpenCLIP counts the epoch's steps from 0 again after a mid-epoch resume, so its step is shifted by the
@@ -238,8 +256,13 @@ def train_record(writer, wrapped: LossWithIds, epoch: int, skip_steps: int, step
             writer.values[key] = value
     step = writer.step + skip_steps
     samples = (step - steps_per_epoch * epoch + 1) * args.batch_size * args.accum_freq * args.world_size
-    return writer.flush(kind="train", step=step, epoch=epoch, samples=min(samples, samples_per_epoch),
-                        samples_per_epoch=samples_per_epoch)
+    return writer.flush(
+        kind="train",
+        step=step,
+        epoch=epoch,
+        samples=min(samples, samples_per_epoch),
+        samples_per_epoch=samples_per_epoch,
+    )
 
 
 def log_data_stats(dataloader, epoch: int, args) -> None:
@@ -257,18 +280,21 @@ def log_data_stats(dataloader, epoch: int, args) -> None:
     if samples == ids:
         logging.info(f"Sample ids, epoch {epoch}{where}: {samples} distinct samples, {ids} distinct ids.")
         return
-    why = ("their keys are not numeric, so their ids are hashed into --decl-num-samples rows; give the shards "
-           "numeric json keys, or raise --decl-num-samples to share fewer rows"
-           if report["counts"]["hashed"] else
-           "two samples carry the same key (shards whose keys restart, or a key repeated); give every sample "
-           "a unique numeric json 'key'")
-    logging.warning(f"Sample ids, epoch {epoch}{where}: {samples} distinct samples but {ids} distinct ids: "
-                    f"{samples - ids} samples share a rate row with another ({why}).")
+    why = (
+        "their keys are not numeric, so their ids are hashed into --decl-num-samples rows; give the shards "
+        "numeric json keys, or raise --decl-num-samples to share fewer rows"
+        if report["counts"]["hashed"]
+        else "two samples carry the same key (shards whose keys restart, or a key repeated); give every sample "
+        "a unique numeric json 'key'"
+    )
+    logging.warning(
+        f"Sample ids, epoch {epoch}{where}: {samples} distinct samples but {ids} distinct ids: "
+        f"{samples - ids} samples share a rate row with another ({why})."
+    )
 
 
 def seed_main_process(args, epoch: int) -> None:
     seed = mix_seed(args.seed, epoch, args.rank)
     random.seed(seed)
-    np.random.seed(seed % 2 ** 32)
+    np.random.seed(seed % 2**32)
     torch.manual_seed(seed)
-

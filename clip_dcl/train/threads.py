@@ -18,6 +18,7 @@ worker (seconds each, on every epoch without ``--persistent-workers``), need Ope
 transforms to pickle, and change how each of OpenCLIP's loaders runs; stopping two threads of ours
 changes nothing else.
 """
+
 from __future__ import annotations
 
 import os
@@ -106,5 +107,4 @@ def _after_fork_in_child() -> None:
 
 
 if hasattr(os, "register_at_fork"):
-    os.register_at_fork(before=_before_fork, after_in_parent=_after_fork_in_parent,
-                        after_in_child=_after_fork_in_child)
+    os.register_at_fork(before=_before_fork, after_in_parent=_after_fork_in_parent, after_in_child=_after_fork_in_child)

@@ -30,6 +30,7 @@ launcher leaves at once with its line, 75 or 130 (from the handler, with ``os._e
 raised inside torch's import, see :mod:`clip_dcl.train.exits`). Once torchrun is done, both are
 ignored while the last line is written.
 """
+
 from __future__ import annotations
 
 import os
@@ -40,8 +41,13 @@ import sys
 def _stopped_before_the_ranks(signum, frame):
     """SIGTERM or Ctrl-C before torchrun took the signals over: no rank has started; the line, and leave."""
     name, code = ("SIGINT (Ctrl-C)", 130) if signum == signal.SIGINT else (signal.Signals(signum).name, 75)
-    os.write(2, (f"clip-dcl train: the launcher stopped on {name} before it started any rank: nothing was "
-                 f"trained; exit code {code}\n").encode())
+    os.write(
+        2,
+        (
+            f"clip-dcl train: the launcher stopped on {name} before it started any rank: nothing was "
+            f"trained; exit code {code}\n"
+        ).encode(),
+    )
     os._exit(code)
 
 
@@ -129,7 +135,8 @@ def precheck(argv: List[str]) -> Optional[Tuple[str, int]]:
     except SystemExit as e:  # argparse's usage error, printed into err
         text = err.getvalue().strip()
         return (text.splitlines()[-1] if text else "clip-dcl train: error: bad flags"), (
-            e.code if isinstance(e.code, int) else 2)
+            e.code if isinstance(e.code, int) else 2
+        )
     finally:
         for k, v in before.items():
             if v is None:
@@ -167,6 +174,7 @@ def _first_failure(failures):
     the others, else the first that stopped on a signal, else one SIGTERM killed, else the first whose collective
     failed. Ranks that torchrun stopped when the cause failed (75 / 130, or SIGTERM on their way out), or whose
     collective failed then, come after it."""
+
     def when(item):
         rank, f = item
         try:
@@ -177,8 +185,11 @@ def _first_failure(failures):
     for kind in ("error", "other", "stop", "terminated", "peer"):
         found = [item for item in failures if _kind(item[1]) == kind]
         if found:
-            return min(found, key=when) if kind != "other" else min(
-                found, key=lambda item: (item[1].exitcode == -signal.SIGABRT, item[0]))
+            return (
+                min(found, key=when)
+                if kind != "other"
+                else min(found, key=lambda item: (item[1].exitcode == -signal.SIGABRT, item[0]))
+            )
     return min(failures, key=when)
 
 
@@ -194,7 +205,8 @@ STOP_SIGNALS = {signal.SIGTERM, signal.SIGINT}
 
 
 def _trains(argv: List[str]) -> bool:
-    """Whether torchrun's command line ``argv`` runs ``-m clip_dcl.train`` (whose ranks unblock :data:`STOP_SIGNALS`)."""
+    """Whether torchrun's command line ``argv`` runs ``-m clip_dcl.train`` (whose ranks unblock
+    ``STOP_SIGNALS``)."""
     from torch.distributed.run import get_args_parser
 
     try:
@@ -265,32 +277,41 @@ def main(argv: Optional[List[str]] = None) -> int:
                 signal.signal(num, signal.SIG_IGN)
     except SignalException as e:
         name, code = signal_exit(e.sigval)
-        print(f"clip-dcl train: torchrun stopped on {name}: its ranks were told to save their step and stop (their "
-              f"lines above say where); exit code {code}", file=sys.stderr)
+        print(
+            f"clip-dcl train: torchrun stopped on {name}: its ranks were told to save their step and stop (their "
+            f"lines above say where); exit code {code}",
+            file=sys.stderr,
+        )
         return code
     except ChildFailedError as e:
         failures = sorted(e.failures.items())
         codes = ", ".join(str(f.exitcode) for _, f in failures)
         code = exit_code([f.exitcode for _, f in failures])
         if code != 1:
-            print(f"clip-dcl train: the ranks stopped on a signal (exit codes {codes}); exit code {code}",
-                  file=sys.stderr)
+            print(
+                f"clip-dcl train: the ranks stopped on a signal (exit codes {codes}); exit code {code}", file=sys.stderr
+            )
             return code
         rank, first = _first_failure(failures)
         others = f"; {len(failures) - 1} more rank(s) stopped after it" if len(failures) > 1 else ""
         kind = _kind(first)
         if kind == "stop" or kind == "terminated":  # a signal stopped one rank first; the others with it
-            print(f"clip-dcl train: rank {rank} stopped on a signal first (its line above says whether it saved), "
-                  f"the others with it (exit codes {codes}); exit code {max(first.exitcode, PREEMPTED_EXIT_CODE)}",
-                  file=sys.stderr)
+            print(
+                f"clip-dcl train: rank {rank} stopped on a signal first (its line above says whether it saved), "
+                f"the others with it (exit codes {codes}); exit code {max(first.exitcode, PREEMPTED_EXIT_CODE)}",
+                file=sys.stderr,
+            )
             return max(first.exitcode, PREEMPTED_EXIT_CODE)
         line = _rank_line(first)
         if line is not None and kind == "error":  # the rank's own line, printed once (the others' are in their logs)
             print(f"{line} (rank {rank}{others})", file=sys.stderr)
             return first.exitcode if first.exitcode > 0 else 1
-        how = (f"was killed by {first.signal_name()}" if first.exitcode < 0 else f"exited with code {first.exitcode}")
-        print(f"clip-dcl train: error: rank {rank} (local rank {first.local_rank}, pid {first.pid}) {how} first"
-              f"{others}; its own lines above say why", file=sys.stderr)
+        how = f"was killed by {first.signal_name()}" if first.exitcode < 0 else f"exited with code {first.exitcode}"
+        print(
+            f"clip-dcl train: error: rank {rank} (local rank {first.local_rank}, pid {first.pid}) {how} first"
+            f"{others}; its own lines above say why",
+            file=sys.stderr,
+        )
         return 1
     return 0
 

@@ -11,6 +11,7 @@ OpenCLIP's originals of the patched names (the ``OPENCLIP_*`` constants) and the
 thing about them (:func:`setup_logging`, :func:`cpu_safe_ddp`, :func:`init_process_group_with_timeout`,
 :class:`Overlay`).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -44,8 +45,18 @@ def _params(fn) -> Optional[list]:
         return None
 
 
-_TRAIN_STEP_ARGS = ["model", "data", "loss", "epoch", "optimizer", "scaler", "scheduler", "dist_model", "args",
-                    "tb_writer"]
+_TRAIN_STEP_ARGS = [
+    "model",
+    "data",
+    "loss",
+    "epoch",
+    "optimizer",
+    "scaler",
+    "scheduler",
+    "dist_model",
+    "args",
+    "tb_writer",
+]
 #: ``(module name, attribute) -> expected parameter names`` (None: must exist, not a callable we wrap).
 _TARGETS = {
     ("main", "main"): ["args"],
@@ -81,23 +92,47 @@ _TARGETS = {
     ("data", "_SHARD_SHUFFLE_INITIAL"): None,
     ("data", "_SAMPLE_SHUFFLE_SIZE"): None,
     ("data", "_SAMPLE_SHUFFLE_INITIAL"): None,
-    ("distributed", "init_distributed_device_so"): ["device", "dist_backend", "dist_url", "horovod",
-                                                    "no_set_device_rank"],
+    ("distributed", "init_distributed_device_so"): [
+        "device",
+        "dist_backend",
+        "dist_url",
+        "horovod",
+        "no_set_device_rank",
+    ],
     ("distributed", "torch"): None,
 }
 #: The module globals each function must look up when it runs (with the attributes read from them), so that
 #: swapping them (:func:`clip_dcl.train.patch.patched`) takes effect; read from the bytecode (:func:`global_lookups`).
 _LOOKS_UP = {
-    ("main", "main"): ["parse_args", "create_loss", "train_one_epoch", "evaluate", "pt_load", "setup_logging",
-                       "get_latest_checkpoint", "create_model_and_transforms", "optim.AdamW", "os.path.exists",
-                       "torch.save", "torch.nn.parallel.DistributedDataParallel"],
+    ("main", "main"): [
+        "parse_args",
+        "create_loss",
+        "train_one_epoch",
+        "evaluate",
+        "pt_load",
+        "setup_logging",
+        "get_latest_checkpoint",
+        "create_model_and_transforms",
+        "optim.AdamW",
+        "os.path.exists",
+        "torch.save",
+        "torch.nn.parallel.DistributedDataParallel",
+    ],
     ("distributed", "init_distributed_device_so"): ["torch.distributed.init_process_group"],
     ("params", "parse_args"): ["argparse.ArgumentParser"],
 }
 #: Attributes of ``args`` main reads: the "already exists" check that clip_dcl.train.runfolder.folder_problem
 #: replaces, and the epochs it checkpoints and keeps, restated by clip_dcl.train.saving.checkpointed / _kept.
-_READS = {("main", "main"): ["log_path", "save_logs", "save_frequency", "delete_previous_checkpoint",
-                             "save_most_recent", "epochs"]}
+_READS = {
+    ("main", "main"): [
+        "log_path",
+        "save_logs",
+        "save_frequency",
+        "delete_previous_checkpoint",
+        "save_most_recent",
+        "epochs",
+    ]
+}
 
 
 def global_lookups(code: types.CodeType) -> set:
@@ -108,7 +143,7 @@ def global_lookups(code: types.CodeType) -> set:
     for i, op in enumerate(ops):
         if op.opname == "LOAD_GLOBAL":
             chain = [op.argval]
-            for nxt in ops[i + 1:]:
+            for nxt in ops[i + 1 :]:
                 if nxt.opname not in ("LOAD_ATTR", "LOAD_METHOD"):
                     break
                 chain.append(nxt.argval)
@@ -158,15 +193,17 @@ def openclip_problems(version: str, modules: Dict[str, types.ModuleType]) -> lis
             if not isinstance(value, types.ModuleType):
                 problems.append(f"open_clip_train.{mod}.{name} is not the {name} module")
         elif expected is not None and _params(value) != expected:
-            problems.append(f"open_clip_train.{mod}.{name}{tuple(_params(value) or ())} differs from "
-                            f"{name}{tuple(expected)}")
+            problems.append(
+                f"open_clip_train.{mod}.{name}{tuple(_params(value) or ())} differs from {name}{tuple(expected)}"
+            )
     for (mod, name), needed in _LOOKS_UP.items():
         code = getattr(getattr(modules[mod], name, None), "__code__", None)
         found = global_lookups(code) if code is not None else set()
         missing = [n for n in needed if n not in found]
         if missing:
-            problems.append(f"open_clip_train.{mod}.{name} no longer looks up {', '.join(missing)} through its "
-                            "module's globals")
+            problems.append(
+                f"open_clip_train.{mod}.{name} no longer looks up {', '.join(missing)} through its module's globals"
+            )
     for (mod, name), needed in _READS.items():
         code = getattr(getattr(modules[mod], name, None), "__code__", None)
         found = _all_names(code) if code is not None else set()
@@ -195,7 +232,8 @@ def check_openclip(version: Optional[str] = None, modules: Optional[Dict[str, ty
         raise OpenCLIPMismatch(
             f"clip-dcl's trainer supports open_clip_torch >={a}.{b},<{c}.{d} (its open_clip_train), and the "
             f"installed one does not fit: {'; '.join(problems)}. Install a supported release: "
-            f"pip install 'open_clip_torch>={a}.{b},<{c}.{d}'")
+            f"pip install 'open_clip_torch>={a}.{b},<{c}.{d}'"
+        )
 
 
 def openclip_parser() -> argparse.ArgumentParser:
@@ -240,8 +278,11 @@ def _caught_parser(parse_args) -> Optional[argparse.ArgumentParser]:
 def torch_log_levels_kept():
     """Give PyTorch's loggers their levels back after the block (OpenCLIP's ``setup_logging`` inside it
     sets every existing logger to INFO, and TorchDynamo then prints its statistics at exit)."""
-    torch_loggers = {name: logging.getLogger(name).level for name in list(logging.root.manager.loggerDict)
-                     if name == "torch" or name.startswith("torch.")}
+    torch_loggers = {
+        name: logging.getLogger(name).level
+        for name in list(logging.root.manager.loggerDict)
+        if name == "torch" or name.startswith("torch.")
+    }
     try:
         yield
     finally:
@@ -253,7 +294,6 @@ def setup_logging(log_file, level, include_host=False):
     """OpenCLIP's ``setup_logging``, with PyTorch's own loggers left at their levels (:func:`torch_log_levels_kept`)."""
     with torch_log_levels_kept():
         OPENCLIP_SETUP_LOGGING(log_file, level, include_host=include_host)
-
 
 
 def init_process_group_with_timeout(seconds: Optional[float]):
@@ -320,8 +360,11 @@ class _ProbeModel(torch.nn.Module):
         self.logit_scale = torch.nn.Parameter(torch.tensor(0.0))
 
     def forward(self, images, texts):
-        return {"image_features": images * self.weight, "text_features": texts * self.weight,
-                "logit_scale": self.logit_scale.exp()}
+        return {
+            "image_features": images * self.weight,
+            "text_features": texts * self.weight,
+            "logit_scale": self.logit_scale.exp(),
+        }
 
 
 class _ProbeData:
@@ -381,16 +424,32 @@ def _root_records():
 
 
 def _probe_args(**more) -> argparse.Namespace:
-    return argparse.Namespace(device="cpu", precision="fp32", distill=False, accum_freq=1, skip_scheduler=False,
-                              horovod=False, grad_clip_norm=None, log_every_n_steps=1, world_size=1, batch_size=2,
-                              wandb=False, rank=0, local_rank=0, distributed=False, **more)
+    return argparse.Namespace(
+        device="cpu",
+        precision="fp32",
+        distill=False,
+        accum_freq=1,
+        skip_scheduler=False,
+        horovod=False,
+        grad_clip_norm=None,
+        log_every_n_steps=1,
+        world_size=1,
+        batch_size=2,
+        wandb=False,
+        rank=0,
+        local_rank=0,
+        distributed=False,
+        **more,
+    )
 
 
 def _train_step_problems(train_one_epoch) -> list:
     """What ``train_one_epoch`` no longer does, of what the trainer relies on, in epoch 1 of two batches of a
     stand-in model."""
-    batches = [(torch.tensor([[1.0, 2.0], [3.0, 4.0]]), torch.tensor([[0.5, 1.0], [1.5, 2.0]])),
-               (torch.tensor([[2.0, 0.0], [1.0, 1.0]]), torch.tensor([[1.0, 3.0], [0.0, 1.0]]))]
+    batches = [
+        (torch.tensor([[1.0, 2.0], [3.0, 4.0]]), torch.tensor([[0.5, 1.0], [1.5, 2.0]])),
+        (torch.tensor([[2.0, 0.0], [1.0, 1.0]]), torch.tensor([[1.0, 3.0], [0.0, 1.0]])),
+    ]
     model, writer, steps, calls, sums = _ProbeModel(), _ProbeWriter(), [], [], []
 
     class Terms(LoggedLoss):  # LoggedLoss's contract: the sum trains, the "loss" entry shows the logged value
@@ -404,13 +463,24 @@ def _train_step_problems(train_one_epoch) -> list:
         return Terms({"a_loss": image_features.sum(), "b_loss": 2 * text_features.sum()}, torch.tensor(-1.0))
 
     # not a torch optimizer: its global step hooks (e.g. a test's step counter) must not see the probe
-    optimizer = types.SimpleNamespace(param_groups=[{"lr": 0.0}], step=lambda: None,
-                                      zero_grad=lambda: model.zero_grad(set_to_none=True))
+    optimizer = types.SimpleNamespace(
+        param_groups=[{"lr": 0.0}], step=lambda: None, zero_grad=lambda: model.zero_grad(set_to_none=True)
+    )
     name = "open_clip_train.train.train_one_epoch"
     try:
         with _root_records() as records:
-            train_one_epoch(model, {"train": _ProbeData(batches)}, loss, 1, optimizer, None, steps.append, None,
-                            _probe_args(), tb_writer=writer)
+            train_one_epoch(
+                model,
+                {"train": _ProbeData(batches)},
+                loss,
+                1,
+                optimizer,
+                None,
+                steps.append,
+                None,
+                _probe_args(),
+                tb_writer=writer,
+            )
     except Exception as e:  # noqa: BLE001 - any failure is the answer
         return [f"{name} fails on a stand-in model ({type(e).__name__}: {e})"]
     problems = []
@@ -430,8 +500,9 @@ def _train_step_problems(train_one_epoch) -> list:
         problems.append(f"{name} no longer logs a 'Train Epoch:' line per logged step on the root logger")
     wanted = {(f"train/{k}", s) for k in ("loss", "a_loss", "b_loss", "scale", "lr") for s in (2, 3)}
     if not wanted <= set(writer.scalars) or writer.scalars.get(("train/loss", 3)) != -1.0:
-        problems.append(f"{name} no longer writes each logged step's loss terms, loss, scale and lr through "
-                        "tb_writer.add_scalar")
+        problems.append(
+            f"{name} no longer writes each logged step's loss terms, loss, scale and lr through tb_writer.add_scalar"
+        )
     return problems
 
 
@@ -445,21 +516,30 @@ def _evaluate_problems(evaluate) -> list:
     name = "open_clip_train.train.evaluate"
     try:
         with tempfile.TemporaryDirectory() as folder, _root_records():
-            metrics = evaluate(_ProbeModel(), {"val": _ProbeData(batches)}, 1, _probe_args(
-                val_frequency=1, epochs=1, save_logs=True, checkpoint_path=folder, zeroshot_frequency=0),
-                tb_writer=writer)
+            metrics = evaluate(
+                _ProbeModel(),
+                {"val": _ProbeData(batches)},
+                1,
+                _probe_args(val_frequency=1, epochs=1, save_logs=True, checkpoint_path=folder, zeroshot_frequency=0),
+                tb_writer=writer,
+            )
     except Exception as e:  # noqa: BLE001
         return [f"{name} fails on a stand-in model ({type(e).__name__}: {e})"]
-    if not metrics or "clip_val_loss" not in metrics or any(
-            writer.scalars.get((f"val/{k}", 1)) != float(v) for k, v in metrics.items()):
+    if (
+        not metrics
+        or "clip_val_loss" not in metrics
+        or any(writer.scalars.get((f"val/{k}", 1)) != float(v) for k, v in metrics.items())
+    ):
         return [f"{name} no longer writes each of its metrics through tb_writer.add_scalar"]
     return []
 
 
 def _dataset_fn_problems(get_dataset_fn) -> list:
     """Whether ``get_dataset_fn`` still returns the loaders it finds in its module's globals (the patched ones)."""
-    namespace, kinds = get_dataset_fn.__globals__, {"webdataset": "get_wds_dataset", "csv": "get_csv_dataset",
-                                                    "synthetic": "get_synthetic_dataset"}
+    namespace, kinds = (
+        get_dataset_fn.__globals__,
+        {"webdataset": "get_wds_dataset", "csv": "get_csv_dataset", "synthetic": "get_synthetic_dataset"},
+    )
     saved = {fn: namespace.get(fn) for fn in kinds.values()}
     markers = {fn: (lambda *a, **k: None) for fn in kinds.values()}
     namespace.update(markers)

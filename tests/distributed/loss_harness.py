@@ -7,6 +7,7 @@ saves the global loss, the averaged gradients and the loss buffers of every step
 ``OUT/rank{r}.pt``. :func:`run` with ``world_size=1`` gives the single-process reference on the
 concatenated batch, which the test compares against.
 """
+
 from __future__ import annotations
 
 import os
@@ -32,32 +33,80 @@ CONFIGS = [
     ("decl_queue", "decl", {"rate": "queue", "queue_size": 24, "schedule": "harmonic", "lam": 2.0}),
     ("decl_batch", "decl", {"rate": "batch", "schedule": "constant", "lam": 0.7, "sample_u": True}),
     ("decl_alternate", "decl", {"rate": "index", "num_samples": NUM_SAMPLES, "sample_u": False}),
-    ("decl_index_mean_cosine", "decl", {"rate": "index", "num_samples": NUM_SAMPLES, "first_visit": "mean",
-                                        "gamma": 0.2, "gamma_schedule": "cosine", "gamma_decay_steps": 2}),
+    (
+        "decl_index_mean_cosine",
+        "decl",
+        {
+            "rate": "index",
+            "num_samples": NUM_SAMPLES,
+            "first_visit": "mean",
+            "gamma": 0.2,
+            "gamma_schedule": "cosine",
+            "gamma_decay_steps": 2,
+        },
+    ),
     ("decl_index_coupled", "decl", {"rate": "index", "num_samples": NUM_SAMPLES, "include_current": True}),
     ("decl_queue_coupled", "decl", {"rate": "queue", "queue_size": 24, "include_current": True}),
     # read order, the anchor-relative estimate of every rate, the temperature modes
-    ("decl_read_then_update", "decl", {"rate": "index", "num_samples": NUM_SAMPLES, "include_current": False,
-                                       "sample_u": True}),
-    ("decl_relative_index", "decl", {"rate": "index", "num_samples": NUM_SAMPLES, "estimate": "relative",
-                                     "gamma": 0.5, "sample_u": True}),
+    (
+        "decl_read_then_update",
+        "decl",
+        {"rate": "index", "num_samples": NUM_SAMPLES, "include_current": False, "sample_u": True},
+    ),
+    (
+        "decl_relative_index",
+        "decl",
+        {"rate": "index", "num_samples": NUM_SAMPLES, "estimate": "relative", "gamma": 0.5, "sample_u": True},
+    ),
     ("decl_relative_queue", "decl", {"rate": "queue", "queue_size": 24, "estimate": "relative"}),
     ("decl_relative_batch", "decl", {"rate": "batch", "estimate": "relative", "schedule": "constant", "lam": 0.7}),
     ("decl_learned_scale", "decl", {"rate": "index", "num_samples": NUM_SAMPLES, "temperature_mode": "learned"}),
-    ("decl_fixed_temperature", "decl", {"rate": "index", "num_samples": NUM_SAMPLES, "temperature_mode": "fixed",
-                                        "temperature": 0.1}),
-    ("decl_rgclg", "decl", {"rate": "index", "num_samples": NUM_SAMPLES, "estimate": "relative",
-                            "temperature_mode": "rgclg", "schedule": "harmonic", "lam": 2.0}),
+    (
+        "decl_fixed_temperature",
+        "decl",
+        {"rate": "index", "num_samples": NUM_SAMPLES, "temperature_mode": "fixed", "temperature": 0.1},
+    ),
+    (
+        "decl_rgclg",
+        "decl",
+        {
+            "rate": "index",
+            "num_samples": NUM_SAMPLES,
+            "estimate": "relative",
+            "temperature_mode": "rgclg",
+            "schedule": "harmonic",
+            "lam": 2.0,
+        },
+    ),
     # the index buffer kept whole on every rank, and in 16 bits: each must equal its sharded twin
-    ("decl_relative_index_replicated", "decl", {"rate": "index", "num_samples": NUM_SAMPLES, "estimate": "relative",
-                                                "gamma": 0.5, "sample_u": True, "state": "replicated"}),
-    ("decl_index_replicated", "decl", {"rate": "index", "num_samples": NUM_SAMPLES, "gamma": 0.5,
-                                       "sample_u": True, "state": "replicated"}),
-    ("decl_alternate_replicated", "decl", {"rate": "index", "num_samples": NUM_SAMPLES, "sample_u": False,
-                                           "state": "replicated"}),
+    (
+        "decl_relative_index_replicated",
+        "decl",
+        {
+            "rate": "index",
+            "num_samples": NUM_SAMPLES,
+            "estimate": "relative",
+            "gamma": 0.5,
+            "sample_u": True,
+            "state": "replicated",
+        },
+    ),
+    (
+        "decl_index_replicated",
+        "decl",
+        {"rate": "index", "num_samples": NUM_SAMPLES, "gamma": 0.5, "sample_u": True, "state": "replicated"},
+    ),
+    (
+        "decl_alternate_replicated",
+        "decl",
+        {"rate": "index", "num_samples": NUM_SAMPLES, "sample_u": False, "state": "replicated"},
+    ),
     ("decl_index_bf16", "decl", {"rate": "index", "num_samples": NUM_SAMPLES, "state_dtype": "bfloat16"}),
-    ("decl_index_bf16_replicated", "decl", {"rate": "index", "num_samples": NUM_SAMPLES,
-                                            "state_dtype": "bfloat16", "state": "replicated"}),
+    (
+        "decl_index_bf16_replicated",
+        "decl",
+        {"rate": "index", "num_samples": NUM_SAMPLES, "state_dtype": "bfloat16", "state": "replicated"},
+    ),
     # M captions per image ("captions": M, the harness's own key), hard negatives, the block loss, tau_plus auto
     ("clip_m3", "clip", {"captions": 3}),
     ("dcl_m3", "dcl", {"tau_plus": 0.1, "captions": 3}),
@@ -66,13 +115,25 @@ CONFIGS = [
     ("curl_m3", "curl", {"captions": 3}),
     ("curl_hinge_m2", "curl", {"link": "hinge", "captions": 2}),
     ("dcl_auto_m2", "dcl", {"tau_plus": "auto", "tau_momentum": 0.5, "captions": 2}),
-    ("decl_index_m3", "decl", {"rate": "index", "num_samples": NUM_SAMPLES, "gamma": 0.5, "sample_u": True,
-                               "captions": 3}),
-    ("decl_index_m3_replicated", "decl", {"rate": "index", "num_samples": NUM_SAMPLES, "gamma": 0.5,
-                                          "sample_u": True, "captions": 3, "state": "replicated"}),
+    (
+        "decl_index_m3",
+        "decl",
+        {"rate": "index", "num_samples": NUM_SAMPLES, "gamma": 0.5, "sample_u": True, "captions": 3},
+    ),
+    (
+        "decl_index_m3_replicated",
+        "decl",
+        {
+            "rate": "index",
+            "num_samples": NUM_SAMPLES,
+            "gamma": 0.5,
+            "sample_u": True,
+            "captions": 3,
+            "state": "replicated",
+        },
+    ),
     ("decl_queue_m2", "decl", {"rate": "queue", "queue_size": 24, "sample_u": True, "captions": 2}),
-    ("decl_batch_m3", "decl", {"rate": "batch", "schedule": "constant", "lam": 0.7, "sample_u": True,
-                               "captions": 3}),
+    ("decl_batch_m3", "decl", {"rate": "batch", "schedule": "constant", "lam": 0.7, "sample_u": True, "captions": 3}),
 ]
 #: dcl's same-class estimate for paired captions (same_class="top"), in a mode of its own ("same_class"): global
 #: batch 16, so k = 0.15 * 15 = 2.25 (fractional) for the texts and 0.15 * 15 * 3 = 6.75 for the images with
@@ -81,22 +142,37 @@ SAME_CLASS_CONFIGS = [
     ("dcl_top", "dcl", {"tau_plus": 0.15, "same_class": "top"}),
     ("dcl_top_integer_k", "dcl", {"tau_plus": 0.2, "same_class": "top"}),
     ("dcl_top_m3", "dcl", {"tau_plus": 0.15, "same_class": "top", "captions": 3}),
-    ("dcl_top_hcl_m2_biased", "dcl", {"tau_plus": 0.3, "same_class": "top", "beta": 0.5, "clamp": "biased",
-                                      "captions": 2}),
+    (
+        "dcl_top_hcl_m2_biased",
+        "dcl",
+        {"tau_plus": 0.3, "same_class": "top", "beta": 0.5, "clamp": "biased", "captions": 2},
+    ),
     ("dcl_top_auto_m2", "dcl", {"tau_plus": "auto", "tau_momentum": 0.5, "same_class": "top", "captions": 2}),
 ]
 #: (sharded config, its replicated twin): equal bit for bit on any world size
-TWINS = [("decl_index", "decl_index_replicated"), ("decl_relative_index", "decl_relative_index_replicated"), ("decl_alternate", "decl_alternate_replicated"),
-         ("decl_index_bf16", "decl_index_bf16_replicated"), ("decl_index_m3", "decl_index_m3_replicated")]
+TWINS = [
+    ("decl_index", "decl_index_replicated"),
+    ("decl_relative_index", "decl_relative_index_replicated"),
+    ("decl_alternate", "decl_alternate_replicated"),
+    ("decl_index_bf16", "decl_index_bf16_replicated"),
+    ("decl_index_m3", "decl_index_m3_replicated"),
+]
 #: what the 4-rank run covers (the index buffer's layouts)
 INDEX_CONFIGS = [c for c in CONFIGS if c[2].get("rate") == "index"]
 #: gathered without autograd (no_grad_gather): every clip-dcl loss whose gradient follows from (pos, lse_neg)
-NO_GRAD_CONFIGS = [c for c in CONFIGS if c[1] not in ("openclip", "curl") and "captions" not in c[2]
-                   and not c[2].get("beta")]
+NO_GRAD_CONFIGS = [
+    c for c in CONFIGS if c[1] not in ("openclip", "curl") and "captions" not in c[2] and not c[2].get("beta")
+]
 #: with accum_freq=2 (OpenCLIP's accumulation: each micro-batch's features recomputed with gradient)
-ACCUM_CONFIGS = [("clip", "clip", {}), ("dcl", "dcl", {"tau_plus": 0.1}),
-                 ("decl_index", "decl", {"rate": "index", "num_samples": NUM_SAMPLES, "gamma": 0.5,
-                                         "sample_u": True, "accum_freq": 2})]
+ACCUM_CONFIGS = [
+    ("clip", "clip", {}),
+    ("dcl", "dcl", {"tau_plus": 0.1}),
+    (
+        "decl_index",
+        "decl",
+        {"rate": "index", "num_samples": NUM_SAMPLES, "gamma": 0.5, "sample_u": True, "accum_freq": 2},
+    ),
+]
 
 
 class Towers(nn.Module):
@@ -143,8 +219,17 @@ def build_loss(loss_name, kwargs, rank, world_size, local_loss, gather_with_grad
     return create_loss(loss_name, **dist_kwargs, **kwargs)
 
 
-def run(loss_name, kwargs, rank=0, world_size=1, local_loss=False, gather_with_grad=True, no_grad_gather=False,
-        dtype=torch.float64, accum_freq=1):
+def run(
+    loss_name,
+    kwargs,
+    rank=0,
+    world_size=1,
+    local_loss=False,
+    gather_with_grad=True,
+    no_grad_gather=False,
+    dtype=torch.float64,
+    accum_freq=1,
+):
     """Train STEPS steps; return per-step global loss, averaged gradients, feature gradients and loss buffers.
 
     ``accum_freq > 1`` follows OpenCLIP's accumulation: the step's micro-batches are first encoded
@@ -176,7 +261,7 @@ def run(loss_name, kwargs, rank=0, world_size=1, local_loss=False, gather_with_g
             loss.backward()
             feature_grads = (f.grad.detach().clone(), g.grad.detach().clone())
         else:  # micro-batch j of this rank: its rows j::accum_freq of the rank's slice, in fetch order
-            micro = [rows[j * b // accum_freq:(j + 1) * b // accum_freq] for j in range(accum_freq)]
+            micro = [rows[j * b // accum_freq : (j + 1) * b // accum_freq] for j in range(accum_freq)]
             with torch.no_grad():
                 cached = [model(x[m], y[m]) for m in micro]
             for j in range(accum_freq):
@@ -194,14 +279,16 @@ def run(loss_name, kwargs, rank=0, world_size=1, local_loss=False, gather_with_g
         buffers = {k: v.detach().clone() for k, v in loss_fn.named_buffers()}
         if "log_rate" in buffers:  # the whole table, gathered from the shards when sharded
             buffers["log_rate"] = loss_fn.full_log_rate()
-        records.append({
-            "loss": value,
-            "feature_grads": feature_grads,
-            "grads": [p.grad.detach().clone() for p in model.parameters()],
-            "buffers": buffers,
-            "digest": loss_fn.state_digest() if hasattr(loss_fn, "state_digest") else None,
-            "shard_columns": tuple(loss_fn.log_rate.shape) if hasattr(loss_fn, "log_rate") else None,
-        })
+        records.append(
+            {
+                "loss": value,
+                "feature_grads": feature_grads,
+                "grads": [p.grad.detach().clone() for p in model.parameters()],
+                "buffers": buffers,
+                "digest": loss_fn.state_digest() if hasattr(loss_fn, "state_digest") else None,
+                "shard_columns": tuple(loss_fn.log_rate.shape) if hasattr(loss_fn, "log_rate") else None,
+            }
+        )
         opt.step()
     return records
 
@@ -234,8 +321,9 @@ def nonfinite(rank, world_size, kwargs, bad_value):
 
     out = {}
     for label, steps in (("with_bad_step", (0, 1, 2)), ("without", (0, 2))):
-        loss_fn = create_loss("decl", rank=rank, world_size=world_size, local_loss=True, gather_with_grad=False,
-                              **kwargs)
+        loss_fn = create_loss(
+            "decl", rank=rank, world_size=world_size, local_loss=True, gather_with_grad=False, **kwargs
+        )
         model = Towers()
         b = GLOBAL_BATCH // world_size
         rows = torch.arange(rank * b, (rank + 1) * b)
@@ -255,8 +343,11 @@ def nonfinite(rank, world_size, kwargs, bad_value):
                 table = loss_fn.full_log_rate() if "log_rate" in state else None
                 clean = all(bool(torch.isfinite(v).all()) for k, v in state.items() if k != "log_rate")
                 if table is not None:
-                    clean = clean and not bool((visited & torch.isnan(table)).any()) and \
-                        bool(torch.isfinite(table[~torch.isnan(table)]).all())
+                    clean = (
+                        clean
+                        and not bool((visited & torch.isnan(table)).any())
+                        and bool(torch.isfinite(table[~torch.isnan(table)]).all())
+                    )
                 out[(label, "finite_state")] = clean
                 out[(label, "rolled_back")] = loss_fn.rollback_step()
             elif hasattr(loss_fn, "log_rate"):
@@ -285,15 +376,15 @@ def main(out_dir, mode="all"):
     elif mode == "no_grad":
         for name, loss_name, kwargs in NO_GRAD_CONFIGS:
             for dtype in (torch.float64, torch.float32):
-                results[(name, str(dtype))] = run(loss_name, kwargs, rank, world_size, True, no_grad_gather=True,
-                                                  dtype=dtype)
+                results[(name, str(dtype))] = run(
+                    loss_name, kwargs, rank, world_size, True, no_grad_gather=True, dtype=dtype
+                )
         # without the column surrogate: local rows against features gathered without autograd
         results[("clip_plain_local", "torch.float64")] = run("clip", {}, rank, world_size, True, gather_with_grad=False)
         for name, loss_name, kwargs in ACCUM_CONFIGS:
-            results[(name, "accum")] = run(loss_name, kwargs, rank, world_size, True, no_grad_gather=True,
-                                           accum_freq=2)
+            results[(name, "accum")] = run(loss_name, kwargs, rank, world_size, True, no_grad_gather=True, accum_freq=2)
     else:
-        for name, loss_name, kwargs in (CONFIGS if mode == "all" else INDEX_CONFIGS):
+        for name, loss_name, kwargs in CONFIGS if mode == "all" else INDEX_CONFIGS:
             for local_loss in (False, True):
                 results[(name, local_loss)] = run(loss_name, kwargs, rank, world_size, local_loss)
     if mode == "all":

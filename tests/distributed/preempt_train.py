@@ -14,13 +14,12 @@ other rank writes ``PATH.rdzv.RANK`` as it enters ``init_process_group`` (it wai
 With ``STARTUP_PAUSE=1`` and ``PAUSE_FILE=PATH`` the process writes ``PATH.startup`` as it builds its loss (the
 model is built, no step taken) and waits there (at most a minute): a run held in start-up.
 """
+
 import os
 import signal
 import subprocess
 import sys
 import time
-
-
 
 
 def _children(pid: int) -> list:

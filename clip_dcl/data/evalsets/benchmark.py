@@ -1,4 +1,5 @@
 """CLIP_benchmark's webdataset layout: metadata and classification shards as (image, label)."""
+
 from __future__ import annotations
 
 import io
@@ -20,12 +21,12 @@ BENCHMARK_TYPES = ("classification", "retrieval", "multilabel")
 class BenchmarkShards:
     """A data set in CLIP_benchmark's webdataset layout (what ``clip_benchmark_export_wds`` writes)::
 
-        ROOT/dataset_type.txt                       retrieval | multilabel (absent: classification)
-        ROOT/classnames.txt                         one class name per line (classification)
-        ROOT/zeroshot_classification_templates.txt  one template per line, {c} for the name
-        ROOT/<split>/nshards.txt                    the shard count n
-        ROOT/<split>/0.tar ... (n-1).tar            samples: image + .txt (captions, one per line),
-                                                    .cls (label id) or .npy (multi-hot labels)
+    ROOT/dataset_type.txt                       retrieval | multilabel (absent: classification)
+    ROOT/classnames.txt                         one class name per line (classification)
+    ROOT/zeroshot_classification_templates.txt  one template per line, {c} for the name
+    ROOT/<split>/nshards.txt                    the shard count n
+    ROOT/<split>/0.tar ... (n-1).tar            samples: image + .txt (captions, one per line),
+                                                .cls (label id) or .npy (multi-hot labels)
     """
 
     root: Path
@@ -46,13 +47,14 @@ def benchmark_layout_root(path: str | os.PathLike, split: str = "test") -> tuple
     return None
 
 
-
 def read_benchmark_shards(path: str | os.PathLike, split: str = "test") -> BenchmarkShards:
     """The metadata of a CLIP_benchmark data set (root or split folder); ``ValueError`` naming what is amiss."""
     found = benchmark_layout_root(path, split)
     if found is None:
-        raise ValueError(f"{str(path)!r} is not in CLIP_benchmark's webdataset layout (no {split}/nshards.txt); "
-                         f"found {describe_folder(path)}")
+        raise ValueError(
+            f"{str(path)!r} is not in CLIP_benchmark's webdataset layout (no {split}/nshards.txt); "
+            f"found {describe_folder(path)}"
+        )
     root, split = found
     nfile = root / split / "nshards.txt"
     try:
@@ -69,13 +71,15 @@ def read_benchmark_shards(path: str | os.PathLike, split: str = "test") -> Bench
     if (root / "dataset_type.txt").is_file():
         dataset_type = (root / "dataset_type.txt").read_text().strip().lower()
         if dataset_type not in BENCHMARK_TYPES:
-            raise ValueError(f"{str(root / 'dataset_type.txt')!r} says {dataset_type!r}; expected one of "
-                             f"{list(BENCHMARK_TYPES)}")
+            raise ValueError(
+                f"{str(root / 'dataset_type.txt')!r} says {dataset_type!r}; expected one of {list(BENCHMARK_TYPES)}"
+            )
     classnames = read_classnames(root / "classnames.txt") if (root / "classnames.txt").is_file() else None
     tfile = root / "zeroshot_classification_templates.txt"
     templates = read_templates(tfile) if tfile.is_file() else None
-    return BenchmarkShards(root=root, split=split, shards=shards, dataset_type=dataset_type,
-                           classnames=classnames, templates=templates)
+    return BenchmarkShards(
+        root=root, split=split, shards=shards, dataset_type=dataset_type, classnames=classnames, templates=templates
+    )
 
 
 def _classification_item(transform: Callable, multilabel: bool, sample: dict):
@@ -99,12 +103,12 @@ def _classification_item(transform: Callable, multilabel: bool, sample: dict):
     return transform(img), label
 
 
-def classification_wds(shards: Sequence[str], transform: Callable, multilabel: bool = False, markers: bool = False,
-                       strict: bool = False):
+def classification_wds(
+    shards: Sequence[str], transform: Callable, multilabel: bool = False, markers: bool = False, strict: bool = False
+):
     """Dataset of ``(transform(image), label)`` in shard order (``.cls`` ids, or ``.npy`` multi-hot with
     ``multilabel``); an unusable sample is a `Skip` (see `ShardSamples`).
     """
     import functools
 
     return ShardSamples(shards, functools.partial(_classification_item, transform, multilabel), markers, strict)
-

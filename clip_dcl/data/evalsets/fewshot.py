@@ -1,4 +1,5 @@
 """Few-shot data sets: ELEVATER's download layout and iris index files, COCO json indices, folders."""
+
 from __future__ import annotations
 
 import glob
@@ -10,6 +11,7 @@ from typing import Sequence
 
 from .files import ImageSource, describe_folder, read_classnames, read_templates
 from .folders import scan_image_folder
+
 
 def parse_index_line(line: str, where: str) -> tuple[str, list[int]]:
     """``'<path> <ids>'`` -> ``(path, [ids])``, splitting on the last space (paths may hold spaces)."""
@@ -38,8 +40,10 @@ def read_index_file(path: str | os.PathLike, num_classes: int | None = None) -> 
         if num_classes is not None:
             bad = [y for y in labels if not 0 <= y < num_classes]
             if bad:
-                raise ValueError(f"index file {str(path)!r} line {lineno}: label ids {bad} outside "
-                                 f"[0, {num_classes}) (labels.txt has {num_classes} classes)")
+                raise ValueError(
+                    f"index file {str(path)!r} line {lineno}: label ids {bad} outside "
+                    f"[0, {num_classes}) (labels.txt has {num_classes} classes)"
+                )
         items.append((ref, labels))
     if not items:
         raise ValueError(f"index file {str(path)!r} lists no images")
@@ -128,8 +132,9 @@ def find_toolkit_folder(root: str | os.PathLike, root_folder: str) -> Path | Non
             return cand
     stem = rel.name.rsplit("_", 1)[0]
     for base in (root / rel.parent, root):
-        hits = sorted(p for p in base.glob(f"{glob.escape(stem)}_*")
-                      if p.is_dir() and p.name[len(stem) + 1:].isdigit())
+        hits = sorted(
+            p for p in base.glob(f"{glob.escape(stem)}_*") if p.is_dir() and p.name[len(stem) + 1 :].isdigit()
+        )
         if hits:
             return hits[-1]
     return None
@@ -140,17 +145,24 @@ def list_fewshot_datasets(root: str | os.PathLike, toolkit: dict[str, dict] | No
     root = Path(root)
     if not root.is_dir():
         raise ValueError(f"few-shot root {str(root)!r} does not exist")
-    found = {name: find_toolkit_folder(root, entry["root_folder"])
-             for name, entry in (toolkit or {}).items() if entry.get("root_folder")}
+    found = {
+        name: find_toolkit_folder(root, entry["root_folder"])
+        for name, entry in (toolkit or {}).items()
+        if entry.get("root_folder")
+    }
     found = {name: folder.resolve() for name, folder in found.items() if folder is not None}
     # a toolkit folder is listed under its data set's name, not its folder name
-    names = {p.name for p in root.iterdir() if p.is_dir() and fewshot_layout(p) is not None
-             and p.resolve() not in found.values()}
+    names = {
+        p.name
+        for p in root.iterdir()
+        if p.is_dir() and fewshot_layout(p) is not None and p.resolve() not in found.values()
+    }
     return sorted(names | set(found))
 
 
-def _read_labels(folder: Path, labelmap: str | None, names_given: Sequence[str] | None,
-                 fallback: list[str] | None = None) -> tuple[list[str], str]:
+def _read_labels(
+    folder: Path, labelmap: str | None, names_given: Sequence[str] | None, fallback: list[str] | None = None
+) -> tuple[list[str], str]:
     """(class names, their source): given (and checked), else the label map, else ``fallback``."""
     from_file = None
     if labelmap and (folder / labelmap).is_file():
@@ -158,24 +170,33 @@ def _read_labels(folder: Path, labelmap: str | None, names_given: Sequence[str] 
     if names_given is not None:
         names = list(names_given)
         if from_file is not None and len(from_file) != len(names):
-            raise ValueError(f"{str(folder / labelmap)!r} names {len(from_file)} classes, but {len(names)} "
-                             f"class names were given for it")
+            raise ValueError(
+                f"{str(folder / labelmap)!r} names {len(from_file)} classes, but {len(names)} "
+                f"class names were given for it"
+            )
         if fallback is not None and len(fallback) != len(names):
-            raise ValueError(f"{str(folder)!r} has {len(fallback)} classes, but {len(names)} class names "
-                             f"were given for it")
+            raise ValueError(
+                f"{str(folder)!r} has {len(fallback)} classes, but {len(names)} class names were given for it"
+            )
         return names, "given"
     if from_file is not None:
         if fallback is not None and len(fallback) != len(from_file):
-            raise ValueError(f"{str(folder / labelmap)!r} names {len(from_file)} classes but the index has "
-                             f"{len(fallback)}")
+            raise ValueError(
+                f"{str(folder / labelmap)!r} names {len(from_file)} classes but the index has {len(fallback)}"
+            )
         return from_file, str(folder / labelmap)
     if fallback is not None:
         return fallback, "index"
     raise ValueError(f"no class names for {str(folder)!r}: {labelmap or 'labels.txt'} is missing")
 
 
-def read_fewshot_dataset(root: str | os.PathLike, name: str, check_files: bool = True,
-                         toolkit: dict | None = None, classnames: Sequence[str] | None = None) -> FewShotData:
+def read_fewshot_dataset(
+    root: str | os.PathLike,
+    name: str,
+    check_files: bool = True,
+    toolkit: dict | None = None,
+    classnames: Sequence[str] | None = None,
+) -> FewShotData:
     """The data set ``name`` under ``root``, every image reference checked.
 
     With ``toolkit`` (its catalogue entry), the toolkit's download folder is read as is. Class names:
@@ -189,20 +210,29 @@ def read_fewshot_dataset(root: str | os.PathLike, name: str, check_files: bool =
         train_index, test_index, labelmap = toolkit["train"], toolkit["test"], toolkit.get("labelmap")
         for idx in (train_index, test_index):
             if not (folder / idx).is_file():
-                raise ValueError(f"{name}: the toolkit's folder {str(folder)!r} has no index file {idx!r} "
-                                 f"(found {describe_folder(folder)})")
+                raise ValueError(
+                    f"{name}: the toolkit's folder {str(folder)!r} has no index file {idx!r} "
+                    f"(found {describe_folder(folder)})"
+                )
     else:
         folder = Path(root) / name
         layout = fewshot_layout(folder)
         if layout is None:
-            where = (f"neither {str(Path(root) / toolkit['root_folder'])!r} nor " if toolkit and
-                     toolkit.get("root_folder") else "not ")
-            raise ValueError(f"few-shot data set {name!r}: {where}{str(folder)!r} holds a data set. Expected "
-                             f"{FEWSHOT_LAYOUTS[0]}; or {FEWSHOT_LAYOUTS[1]}. Found in {str(folder)!r}: "
-                             f"{describe_folder(folder)}; in {str(root)!r}: {describe_folder(root)}")
-        train_index, test_index, labelmap = {"iris": ("train.txt", "test.txt", "labels.txt"),
-                                             "coco": ("train.json", "test.json", "labels.txt"),
-                                             "imagefolder": ("train", "test", "labels.txt")}[layout]
+            where = (
+                f"neither {str(Path(root) / toolkit['root_folder'])!r} nor "
+                if toolkit and toolkit.get("root_folder")
+                else "not "
+            )
+            raise ValueError(
+                f"few-shot data set {name!r}: {where}{str(folder)!r} holds a data set. Expected "
+                f"{FEWSHOT_LAYOUTS[0]}; or {FEWSHOT_LAYOUTS[1]}. Found in {str(folder)!r}: "
+                f"{describe_folder(folder)}; in {str(root)!r}: {describe_folder(root)}"
+            )
+        train_index, test_index, labelmap = {
+            "iris": ("train.txt", "test.txt", "labels.txt"),
+            "coco": ("train.json", "test.json", "labels.txt"),
+            "imagefolder": ("train", "test", "labels.txt"),
+        }[layout]
     templates = None
     for tname in ("templates.txt", "templates.json"):
         if (folder / tname).is_file():
@@ -216,7 +246,9 @@ def read_fewshot_dataset(root: str | os.PathLike, name: str, check_files: bool =
         cats, train = read_coco_classification(folder / train_index)
         test_cats, test = read_coco_classification(folder / test_index)
         if test_cats != cats:
-            raise ValueError(f"{str(folder / test_index)!r} and {str(folder / train_index)!r} list different categories")
+            raise ValueError(
+                f"{str(folder / test_index)!r} and {str(folder / train_index)!r} list different categories"
+            )
         names, names_source = _read_labels(folder, labelmap, classnames, fallback=cats)
     elif layout == "imagefolder":
         folders, train_s = scan_image_folder(folder / "train")
@@ -226,12 +258,24 @@ def read_fewshot_dataset(root: str | os.PathLike, name: str, check_files: bool =
             raise ValueError(f"few-shot data set {str(folder / 'test')!r} holds no images")
         train = [(os.path.relpath(p, folder), [y]) for p, y in train_s]
         test = [(os.path.relpath(p, folder), [y]) for p, y in test_s]
-        names, names_source = _read_labels(folder, labelmap, classnames, fallback=[f.replace("_", " ") for f in folders])
+        names, names_source = _read_labels(
+            folder, labelmap, classnames, fallback=[f.replace("_", " ") for f in folders]
+        )
     else:
         raise ValueError(f"{name}: unknown index format {layout!r} (expected 'iris' or 'coco')")
     if check_files:
         source.check([r for r, _ in train], f"{name} train split")
         source.check([r for r, _ in test], f"{name} test split")
     multilabel = any(len(y) > 1 for _, y in train + test)
-    return FewShotData(name=name, classnames=names, train=train, test=test, source=source, layout=layout,
-                       templates=templates, multilabel=multilabel, folder=str(folder), classnames_source=names_source)
+    return FewShotData(
+        name=name,
+        classnames=names,
+        train=train,
+        test=test,
+        source=source,
+        layout=layout,
+        templates=templates,
+        multilabel=multilabel,
+        folder=str(folder),
+        classnames_source=names_source,
+    )

@@ -1,4 +1,5 @@
 """Text files, images as paths or zip members read in place, and folder listings for the evaluation readers."""
+
 from __future__ import annotations
 
 import io
@@ -65,15 +66,21 @@ def read_templates(path: str | os.PathLike) -> list[str] | dict[str, list[str]]:
         except json.JSONDecodeError as e:
             raise ValueError(f"template file {str(path)!r} is not valid JSON: {e}") from e
         if isinstance(doc, dict):
-            bad = [k for k, v in doc.items() if not isinstance(v, list) or not v
-                   or not all(isinstance(p, str) and p.strip() for p in v)]
+            bad = [
+                k
+                for k, v in doc.items()
+                if not isinstance(v, list) or not v or not all(isinstance(p, str) and p.strip() for p in v)
+            ]
             if not doc or bad:
-                raise ValueError(f"template file {str(path)!r}: per-class prompts must map each class name to a "
-                                 f"non-empty list of strings; bad entries: {bad[:5]}")
+                raise ValueError(
+                    f"template file {str(path)!r}: per-class prompts must map each class name to a "
+                    f"non-empty list of strings; bad entries: {bad[:5]}"
+                )
             return {k: [p.strip() for p in v] for k, v in doc.items()}
         if not isinstance(doc, list) or not all(isinstance(t, str) for t in doc):
-            raise ValueError(f"template file {str(path)!r} must hold a list of templates or an object "
-                             f"class name -> list of prompts")
+            raise ValueError(
+                f"template file {str(path)!r} must hold a list of templates or an object class name -> list of prompts"
+            )
         lines = [t.strip() for t in doc if t.strip()]
         if not lines:
             raise ValueError(f"template file {str(path)!r} is empty")
@@ -165,8 +172,14 @@ class ImageSource:
 class ImageListDataset(Dataset):
     """``dataset[i] -> (transform(image_i), i)``; with ``markers``, an undecodable image gives ``(Skip, i)``."""
 
-    def __init__(self, refs: Sequence[str], source: ImageSource, transform: Callable, markers: bool = False,
-                 where: str | None = None):
+    def __init__(
+        self,
+        refs: Sequence[str],
+        source: ImageSource,
+        transform: Callable,
+        markers: bool = False,
+        where: str | None = None,
+    ):
         self.refs = list(refs)
         self.source = source
         self.transform = transform
@@ -186,7 +199,6 @@ class ImageListDataset(Dataset):
         return self.transform(image), i
 
 
-
 def describe_folder(path: str | os.PathLike, limit: int = 8) -> str:
     """A short listing of a folder's entries for error messages."""
     path = Path(path)
@@ -199,4 +211,3 @@ def describe_folder(path: str | os.PathLike, limit: int = 8) -> str:
         return "an empty folder"
     more = f" and {len(names) - limit} more" if len(names) > limit else ""
     return ", ".join(names[:limit]) + more
-

@@ -1,4 +1,5 @@
 """ImageFolder trees, their class names tied to the folders, and ImageNet's synset folders."""
+
 from __future__ import annotations
 
 import os
@@ -11,8 +12,9 @@ from .files import IMAGE_EXTENSIONS, read_classnames
 _SYNSET = re.compile(r"^n\d{8}$")
 
 
-def scan_image_folder(root: str | os.PathLike, class_to_idx: dict[str, int] | None = None,
-                      allow_empty: bool = False) -> tuple[list[str], list[tuple[str, int]]]:
+def scan_image_folder(
+    root: str | os.PathLike, class_to_idx: dict[str, int] | None = None, allow_empty: bool = False
+) -> tuple[list[str], list[tuple[str, int]]]:
     """(sorted class folders, [(image path, label)]) of ``root/<class>/<image>``; an empty class folder, or
     one outside ``class_to_idx`` when given, raises ``ValueError``.
     """
@@ -87,8 +89,10 @@ def load_classnames(path: str | os.PathLike) -> list[str] | dict[str, str]:
         return {k: v.strip() for k, v in doc.items()}
     if isinstance(doc, list) and all(isinstance(v, str) and v.strip() for v in doc):
         return [v.strip() for v in doc]
-    raise ValueError(f"class-name file {str(path)!r} must hold a JSON object mapping each class folder to its "
-                     f"name ({{\"n01440764\": \"tench\", ...}}), or a list of names")
+    raise ValueError(
+        f"class-name file {str(path)!r} must hold a JSON object mapping each class folder to its "
+        f'name ({{"n01440764": "tench", ...}}), or a list of names'
+    )
 
 
 def _words(text: str) -> list[str]:
@@ -98,7 +102,7 @@ def _words(text: str) -> list[str]:
 def names_folder(name: str, folder: str) -> bool:
     """Whether ``name``'s words run, in order, inside ``folder``'s (``golden retriever``, ``003_golden-retriever``)."""
     words, held = _words(name), _words(folder)
-    return bool(words) and any(held[i:i + len(words)] == words for i in range(len(held) - len(words) + 1))
+    return bool(words) and any(held[i : i + len(words)] == words for i in range(len(held) - len(words) + 1))
 
 
 def _mapping_example(folders: Sequence[str]) -> str:
@@ -111,8 +115,9 @@ def checked_name_list(names: Sequence[str], folders: Sequence[str], source: str,
     """
     names = list(names)
     if len(names) != len(folders):
-        raise ValueError(f"class names from {source} count {len(names)}, but {str(root)!r} has {len(folders)} "
-                         f"class folders")
+        raise ValueError(
+            f"class names from {source} count {len(names)}, but {str(root)!r} has {len(folders)} class folders"
+        )
     if is_imagenet_synsets(folders) and len(folders) == 1000 and names == imagenet_classnames_for(folders):
         return names
     json_file = Path(root) / CLASSNAME_FILES[0]
@@ -124,12 +129,14 @@ def checked_name_list(names: Sequence[str], folders: Sequence[str], source: str,
             raise ValueError(
                 f"class names from {source} are not in sorted folder order: line {i + 1}, {name!r}, names folder "
                 f"{elsewhere[0]!r}, but label {i} is folder {folder!r}; sort the lines by folder name, or write "
-                f"{str(json_file)!r} mapping each folder to its name ({_mapping_example(folders)})")
+                f"{str(json_file)!r} mapping each folder to its name ({_mapping_example(folders)})"
+            )
         raise ValueError(
             f"class names from {source}: line {i + 1}, {name!r}, does not name folder {folder!r} (label {i} in "
             f"sorted folder order), so the order of the names cannot be checked against the folders; write "
             f"{str(json_file)!r} mapping each folder to its name ({_mapping_example(folders)}), or pass that file "
-            f"as the class names")
+            f"as the class names"
+        )
     return names
 
 
@@ -143,13 +150,15 @@ def mapped_names(mapping: dict[str, str], folders: Sequence[str], source: str, r
             parts.append(f"no name for the folder(s) {missing[:5]}" + (" ..." if len(missing) > 5 else ""))
         if unknown:
             parts.append(f"names for {unknown[:5]}{' ...' if len(unknown) > 5 else ''} that are not class folders")
-        raise ValueError(f"class names from {source} do not match the class folders of {str(root)!r}: "
-                         + "; ".join(parts))
+        raise ValueError(
+            f"class names from {source} do not match the class folders of {str(root)!r}: " + "; ".join(parts)
+        )
     return [mapping[f] for f in folders]
 
 
-def folder_classnames(root: str | os.PathLike, folders: Sequence[str],
-                      classnames: Sequence[str] | dict | str | os.PathLike | None = None) -> tuple[list[str], str]:
+def folder_classnames(
+    root: str | os.PathLike, folders: Sequence[str], classnames: Sequence[str] | dict | str | os.PathLike | None = None
+) -> tuple[list[str], str]:
     """(class names in label order, their source) for ``root``'s sorted class ``folders``.
 
     ``classnames``, else ``classnames.json``, else ``classnames.txt``, else ImageNet's names for synset

@@ -1,4 +1,5 @@
 """Retrieval pairs: a CSV/TSV of (image path, caption) rows, or webdataset shards (folder, pattern, list)."""
+
 from __future__ import annotations
 
 import csv
@@ -12,6 +13,7 @@ from .benchmark import benchmark_layout_root, read_benchmark_shards
 from .files import ImageSource, describe_folder
 from .samples import ShardSamples, sample_captions, sample_image
 from .skips import Skip
+
 
 @dataclass
 class RetrievalCSV:
@@ -78,9 +80,11 @@ def expand_shards(data: str | os.PathLike | Sequence[str]) -> list[str]:
 
             if is_caption_folder(data):
                 raise ValueError(caption_folder_hint(data))
-            raise ValueError(f"shard folder {data!r} is in neither layout: no .tar shards (img2dataset's "
-                             f"layout) and no test/nshards.txt (CLIP_benchmark's webdataset layout); found "
-                             f"{describe_folder(data)}")
+            raise ValueError(
+                f"shard folder {data!r} is in neither layout: no .tar shards (img2dataset's "
+                f"layout) and no test/nshards.txt (CLIP_benchmark's webdataset layout); found "
+                f"{describe_folder(data)}"
+            )
         return shards
     import braceexpand
 

@@ -1,6 +1,7 @@
 """Webdataset samples for the evaluation readers: shards read to their end (a break is a skip, not an
 exception), a sample's image and captions, and the ``IterableDataset`` of items.
 """
+
 from __future__ import annotations
 
 import io
@@ -121,7 +122,7 @@ class ShardSamples(IterableDataset):
         from torch.utils.data import get_worker_info
 
         info = get_worker_info()
-        urls = self.shards if info is None else self.shards[info.id::info.num_workers]
+        urls = self.shards if info is None else self.shards[info.id :: info.num_workers]
         counter = None if self.markers else SkipCounter(self.strict)
         for sample in shard_samples(urls):
             item = sample if isinstance(sample, Skip) else self.to_item(sample)

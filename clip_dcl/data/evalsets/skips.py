@@ -1,11 +1,20 @@
 """Skipped samples: what the evaluation readers leave out, why, and the count of each cause."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 #: Why an evaluation sample (or a shard's rest) is left out, in the order the counts are listed.
-SKIP_CAUSES = ("no caption", "empty caption", "undecodable caption", "no image", "undecodable image", "no label",
-               "undecodable label", "shard ended early")
+SKIP_CAUSES = (
+    "no caption",
+    "empty caption",
+    "undecodable caption",
+    "no image",
+    "undecodable image",
+    "no label",
+    "undecodable label",
+    "shard ended early",
+)
 
 
 @dataclass(frozen=True)
@@ -54,4 +63,5 @@ class SkipCounter:
 
     def summary(self) -> str:
         return f"{self.total} skipped" + (
-            f" ({', '.join(f'{c} {n}' for c, n in self.as_dict().items())})" if self.total else "")
+            f" ({', '.join(f'{c} {n}' for c, n in self.as_dict().items())})" if self.total else ""
+        )

@@ -1,4 +1,5 @@
 """Writing a data set in CLIP_benchmark's webdataset layout (``clip-dcl data benchmark``)."""
+
 from __future__ import annotations
 
 import os
@@ -9,9 +10,15 @@ from .files import read_templates
 from .skips import Skip
 
 
-def write_benchmark_shards(source: str | os.PathLike, out_dir: str | os.PathLike, kind: str = "auto",
-                           split: str = "test", shard_size: int = 1000, classnames: str | os.PathLike | None = None,
-                           templates: str | os.PathLike | None = None) -> BenchmarkShards:
+def write_benchmark_shards(
+    source: str | os.PathLike,
+    out_dir: str | os.PathLike,
+    kind: str = "auto",
+    split: str = "test",
+    shard_size: int = 1000,
+    classnames: str | os.PathLike | None = None,
+    templates: str | os.PathLike | None = None,
+) -> BenchmarkShards:
     """Write ``source`` in CLIP_benchmark's webdataset layout under ``out_dir``.
 
     Image-caption shards become a ``retrieval`` set; an ImageFolder tree a classification set, its class
@@ -49,8 +56,14 @@ def write_benchmark_shards(source: str | os.PathLike, out_dir: str | os.PathLike
                     raise ValueError(caps.describe())
                 ext = next((k for k in BENCHMARK_IMAGE_KEYS if k in sample), None)
                 if ext is None:
-                    raise ValueError(Skip(sample.get("__url__"), sample.get("__key__"), "no image",
-                                          f"none of .{', .'.join(BENCHMARK_IMAGE_KEYS)}").describe())
+                    raise ValueError(
+                        Skip(
+                            sample.get("__url__"),
+                            sample.get("__key__"),
+                            "no image",
+                            f"none of .{', .'.join(BENCHMARK_IMAGE_KEYS)}",
+                        ).describe()
+                    )
                 yield {ext: sample[ext], "txt": "\n".join(caps)}
         else:
             for path, label in samples:
@@ -62,8 +75,9 @@ def write_benchmark_shards(source: str | os.PathLike, out_dir: str | os.PathLike
         if tfile.is_file():
             found = read_templates(tfile)
             if isinstance(found, dict):
-                raise ValueError(f"templates {str(tfile)!r} are per class (CuPL); CLIP_benchmark's layout holds one "
-                                 "template a line")
+                raise ValueError(
+                    f"templates {str(tfile)!r} are per class (CuPL); CLIP_benchmark's layout holds one template a line"
+                )
             # CLIP_benchmark fills a template with str.format(c=name): {} is written as {c}
             lines = [t.replace("{}", "{c}") for t in found]
             (out / "zeroshot_classification_templates.txt").write_text("\n".join(lines) + "\n")

@@ -17,19 +17,59 @@ written depends on the clock or the output path. Under ``OUT_DIR``::
 
 Submodules: `.attributes`, `.render`, `.captions`, `.layout` (`generate`).
 """
+
 from __future__ import annotations
 
-from .attributes import (BACKGROUNDS, COLOURS, COUNT_PROBS, COUNTS, MAX_CLASSES, POSITIONS, SCATTERED, SHAPES, SIZES,
-                         class_counts, class_folders, class_grid, class_names, grid_shape, same_class_rate_distinct,
-                         sample_attributes, tau_plus_from_labels)
+from .attributes import (
+    BACKGROUNDS,
+    COLOURS,
+    COUNT_PROBS,
+    COUNTS,
+    MAX_CLASSES,
+    POSITIONS,
+    SCATTERED,
+    SHAPES,
+    SIZES,
+    class_counts,
+    class_folders,
+    class_grid,
+    class_names,
+    grid_shape,
+    same_class_rate_distinct,
+    sample_attributes,
+    tau_plus_from_labels,
+)
 from .captions import ZEROSHOT_TEMPLATES, make_caption, make_captions
 from .layout import DIGIT_NAMES, SynthConfig, fewshot_tasks, generate, render_sample, split_labels
 from .render import draw_image, encode_jpeg
 
 __all__ = [
-    "SynthConfig", "generate", "class_grid", "class_names", "class_folders", "class_counts", "grid_shape",
-    "tau_plus_from_labels", "same_class_rate_distinct", "split_labels", "sample_attributes", "draw_image",
-    "make_caption", "make_captions", "render_sample", "encode_jpeg", "fewshot_tasks", "SHAPES", "COLOURS",
-    "SIZES", "COUNTS", "POSITIONS", "BACKGROUNDS", "ZEROSHOT_TEMPLATES", "DIGIT_NAMES", "MAX_CLASSES",
-    "SCATTERED", "COUNT_PROBS",
+    "SynthConfig",
+    "generate",
+    "class_grid",
+    "class_names",
+    "class_folders",
+    "class_counts",
+    "grid_shape",
+    "tau_plus_from_labels",
+    "same_class_rate_distinct",
+    "split_labels",
+    "sample_attributes",
+    "draw_image",
+    "make_caption",
+    "make_captions",
+    "render_sample",
+    "encode_jpeg",
+    "fewshot_tasks",
+    "SHAPES",
+    "COLOURS",
+    "SIZES",
+    "COUNTS",
+    "POSITIONS",
+    "BACKGROUNDS",
+    "ZEROSHOT_TEMPLATES",
+    "DIGIT_NAMES",
+    "MAX_CLASSES",
+    "SCATTERED",
+    "COUNT_PROBS",
 ]

@@ -1,6 +1,7 @@
 """The latent attributes of a synthetic sample and the classes made of them: vocabularies, the class
 grid, class frequencies and ``tau_plus``, and the draw of the nuisance attributes.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -30,8 +31,7 @@ def grid_shape(num_classes: int) -> tuple[int, int]:
     """``(n_shapes, n_colours)`` of the class grid for ``num_classes`` classes, the most even that fits."""
     if not 1 <= num_classes <= MAX_CLASSES:
         raise ValueError(f"num_classes={num_classes} must be within [1, {MAX_CLASSES}]")
-    grids = [(s, c) for s in range(1, len(SHAPES) + 1) for c in range(1, len(COLOURS) + 1)
-             if s * c >= num_classes]
+    grids = [(s, c) for s in range(1, len(SHAPES) + 1) for c in range(1, len(COLOURS) + 1) if s * c >= num_classes]
     # Fewest unused cells, then most even, then more colours than shapes.
     return min(grids, key=lambda g: (g[0] * g[1] - num_classes, abs(g[0] - g[1]), g[0]))
 
@@ -101,5 +101,12 @@ def sample_attributes(rng: np.random.Generator, shape: str, colour: str, **fixed
         position = SCATTERED
         quadrants = [_QUADRANTS[q] for q in sorted(rng.choice(4, size=count, replace=False))]
     background = fixed.get("background") or BACKGROUNDS[rng.integers(len(BACKGROUNDS))]
-    return {"shape": shape, "colour": colour, "size": size, "count": count, "position": position,
-            "background": background, "quadrants": quadrants}
+    return {
+        "shape": shape,
+        "colour": colour,
+        "size": size,
+        "count": count,
+        "position": position,
+        "background": background,
+        "quadrants": quadrants,
+    }

@@ -1,4 +1,5 @@
 """How a synthetic sample is worded: synonyms per attribute value, sentence patterns, zero-shot prompts."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -32,8 +33,13 @@ _P_SIZE, _P_POSITION, _P_BACKGROUND = 0.8, 0.8, 0.75
 
 #: Zero-shot prompts, in the captions' own words (no article before {c}: "an orange ...").
 ZEROSHOT_TEMPLATES = (
-    "{c}.", "one {c}.", "a picture of one {c}.", "an image of one {c}.", "there is one {c}.",
-    "one small {c}.", "one big {c}.",
+    "{c}.",
+    "one {c}.",
+    "a picture of one {c}.",
+    "an image of one {c}.",
+    "there is one {c}.",
+    "one small {c}.",
+    "one big {c}.",
 )
 
 

@@ -1,6 +1,7 @@
 """The synthetic data set on disk: its configuration, seed streams, the writers of each part of the
 layout and `generate` (``clip-dcl data synth``); see `clip_dcl.data.synth`.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -18,16 +19,42 @@ from pathlib import Path
 import numpy as np
 
 from ..shards import KEY_WIDTH, CaptionShardWriter, format_key
-from .attributes import (BACKGROUNDS, COLOURS, COUNTS, MAX_CLASSES, POSITIONS, SCATTERED, SHAPES, SIZES, class_counts,
-                         class_folders, class_grid, class_names, grid_shape, same_class_rate_distinct,
-                         sample_attributes, tau_plus_from_labels)
+from .attributes import (
+    BACKGROUNDS,
+    COLOURS,
+    COUNTS,
+    MAX_CLASSES,
+    POSITIONS,
+    SCATTERED,
+    SHAPES,
+    SIZES,
+    class_counts,
+    class_folders,
+    class_grid,
+    class_names,
+    grid_shape,
+    same_class_rate_distinct,
+    sample_attributes,
+    tau_plus_from_labels,
+)
 from .captions import ZEROSHOT_TEMPLATES, make_captions
 from .render import draw_image, encode_jpeg
 
 # Seed-stream ids (the second entry of every SeedSequence).
-_STREAM = {"train": 0, "val": 1, "zeroshot": 2, "labels-train": 3, "labels-val": 4,
-           "test": 5, "labels-test": 6, "zeroshot-test": 7,
-           "synth-shape": 10, "synth-colour": 11, "synth-count": 12, "synth-position": 13}
+_STREAM = {
+    "train": 0,
+    "val": 1,
+    "zeroshot": 2,
+    "labels-train": 3,
+    "labels-val": 4,
+    "test": 5,
+    "labels-test": 6,
+    "zeroshot-test": 7,
+    "synth-shape": 10,
+    "synth-colour": 11,
+    "synth-count": 12,
+    "synth-position": 13,
+}
 # Few-shot train and test images of one task come from disjoint index ranges of its stream.
 _TEST_OFFSET = 1 << 30
 
@@ -59,12 +86,19 @@ class SynthConfig:
     @classmethod
     def quick(cls, **overrides) -> "SynthConfig":
         """A tiny set for tests and smoke runs (a second or two to generate)."""
-        base = dict(train_samples=256, val_samples=64, shard_size=64, zeroshot_per_class=4,
-                    fewshot_train_per_class=5, fewshot_test_per_class=4)
+        base = dict(
+            train_samples=256,
+            val_samples=64,
+            shard_size=64,
+            zeroshot_per_class=4,
+            fewshot_train_per_class=5,
+            fewshot_test_per_class=4,
+        )
         return cls(**{**base, **overrides})
 
     def validate(self) -> None:
         """Raise ``ValueError`` naming the first bad value (field and its flag)."""
+
         def bad(field, why):
             flag = "--" + field.replace("_", "-")
             raise ValueError(f"{field}={getattr(self, field)!r} ({flag}): {why}")
@@ -79,8 +113,11 @@ class SynthConfig:
         if not 32 <= self.image_size <= 1024:
             bad("image_size", "must be within [32, 1024] pixels")
         if not 2 <= self.num_classes <= MAX_CLASSES:
-            bad("num_classes", f"must be within [2, {MAX_CLASSES}]: the classes are shape x colour "
-                               f"combinations and there are {len(SHAPES)} shapes x {len(COLOURS)} colours")
+            bad(
+                "num_classes",
+                f"must be within [2, {MAX_CLASSES}]: the classes are shape x colour "
+                f"combinations and there are {len(SHAPES)} shapes x {len(COLOURS)} colours",
+            )
         if not (math.isfinite(self.class_imbalance) and self.class_imbalance >= 0):
             bad("class_imbalance", "must be a finite number >= 0 (0 = balanced classes)")
         if self.train_samples < self.num_classes:
@@ -100,14 +137,19 @@ class SynthConfig:
         if self.fewshot_train_per_class < 5:
             bad("fewshot_train_per_class", "must be >= 5 (the few-shot protocol samples 5 shots per class)")
         if not 1 <= self.fewshot_test_per_class <= 150:
-            bad("fewshot_test_per_class", "must be within [1, 150] (the digits have >= 174 images per class, "
-                                          "and keep >= 24 for training)")
+            bad(
+                "fewshot_test_per_class",
+                "must be within [1, 150] (the digits have >= 174 images per class, and keep >= 24 for training)",
+            )
         if not 1 <= self.jpeg_quality <= 95:
             bad("jpeg_quality", "must be within [1, 95]")
         counts = class_counts(self.train_samples, self.num_classes, self.class_imbalance)
         if counts.min() == 0:
-            bad("class_imbalance", f"leaves class {int(np.argmin(counts))} without a training sample "
-                                   f"at train_samples={self.train_samples}")
+            bad(
+                "class_imbalance",
+                f"leaves class {int(np.argmin(counts))} without a training sample "
+                f"at train_samples={self.train_samples}",
+            )
 
 
 def split_labels(seed: int, split: str, num_samples: int, num_classes: int, imbalance: float) -> np.ndarray:
@@ -117,8 +159,9 @@ def split_labels(seed: int, split: str, num_samples: int, num_classes: int, imba
     return np.random.default_rng([seed, _STREAM[f"labels-{split}"]]).permutation(labels)
 
 
-def render_sample(seed: int, stream: str | int, index: int, shape: str, colour: str, image_size: int,
-                  num_captions: int = 0, **fixed) -> tuple[object, dict, list[str]]:
+def render_sample(
+    seed: int, stream: str | int, index: int, shape: str, colour: str, image_size: int, num_captions: int = 0, **fixed
+) -> tuple[object, dict, list[str]]:
     """Image, attributes and captions of sample ``index`` of a seed stream (pure: same in, same out)."""
     stream_id = _STREAM[stream] if isinstance(stream, str) else int(stream)
     rng = np.random.default_rng([seed, stream_id, index])
@@ -149,8 +192,9 @@ def _public_attrs(attrs: dict) -> dict:
     return {k: attrs[k] for k in ("shape", "colour", "size", "count", "position", "background")}
 
 
-def _write_shards(directory: Path, split: str, labels: np.ndarray, cfg: SynthConfig, num_captions: int,
-                  verbose: bool) -> dict:
+def _write_shards(
+    directory: Path, split: str, labels: np.ndarray, cfg: SynthConfig, num_captions: int, verbose: bool
+) -> dict:
     grid = class_grid(cfg.num_classes)
     width = max(KEY_WIDTH, len(str(len(labels) - 1)))
     progress = _Progress(verbose, f"{split} shards", len(labels))
@@ -158,13 +202,25 @@ def _write_shards(directory: Path, split: str, labels: np.ndarray, cfg: SynthCon
         for i, label in enumerate(labels):
             shape, colour = grid[label]
             image, attrs, captions = render_sample(cfg.seed, split, i, shape, colour, cfg.image_size, num_captions)
-            meta = {"label": int(label), "classname": f"{colour} {shape}", **_public_attrs(attrs),
-                    "captions": captions, "width": cfg.image_size, "height": cfg.image_size}
+            meta = {
+                "label": int(label),
+                "classname": f"{colour} {shape}",
+                **_public_attrs(attrs),
+                "captions": captions,
+                "width": cfg.image_size,
+                "height": cfg.image_size,
+            }
             writer.write(format_key(i, width), encode_jpeg(image, cfg.jpeg_quality), captions[0], meta)
             progress.update(i + 1)
-    return {"dir": directory.name, "pattern": f"{directory.name}/{Path(writer.pattern).name}",
-            "num_samples": writer.num_samples, "num_shards": len(writer.sizes),
-            "captions_per_image": num_captions, "key_scheme": "dense", "key_width": width}
+    return {
+        "dir": directory.name,
+        "pattern": f"{directory.name}/{Path(writer.pattern).name}",
+        "num_samples": writer.num_samples,
+        "num_shards": len(writer.sizes),
+        "captions_per_image": num_captions,
+        "key_scheme": "dense",
+        "key_width": width,
+    }
 
 
 def _write_zeroshot(directory: Path, cfg: SynthConfig, verbose: bool, stream: str = "zeroshot") -> dict:
@@ -175,15 +231,21 @@ def _write_zeroshot(directory: Path, cfg: SynthConfig, verbose: bool, stream: st
     for label, ((shape, colour), folder) in enumerate(zip(grid, folders)):
         (directory / folder).mkdir(parents=True)
         for j in range(cfg.zeroshot_per_class):
-            image, _, _ = render_sample(cfg.seed, stream, label * cfg.zeroshot_per_class + j, shape, colour,
-                                        cfg.image_size)
+            image, _, _ = render_sample(
+                cfg.seed, stream, label * cfg.zeroshot_per_class + j, shape, colour, cfg.image_size
+            )
             (directory / folder / f"{j:05d}.jpg").write_bytes(encode_jpeg(image, cfg.jpeg_quality))
             done += 1
             progress.update(done)
     (directory / "classnames.txt").write_text("\n".join(class_names(cfg.num_classes)) + "\n")
     (directory / "templates.txt").write_text("\n".join(ZEROSHOT_TEMPLATES) + "\n")
-    return {"dir": directory.name, "num_classes": cfg.num_classes, "num_images": done,
-            "classnames": f"{directory.name}/classnames.txt", "templates": f"{directory.name}/templates.txt"}
+    return {
+        "dir": directory.name,
+        "num_classes": cfg.num_classes,
+        "num_images": done,
+        "classnames": f"{directory.name}/classnames.txt",
+        "templates": f"{directory.name}/templates.txt",
+    }
 
 
 def _zip_stored(path: Path, files: list[tuple[str, bytes]]) -> None:
@@ -196,8 +258,9 @@ def _zip_stored(path: Path, files: list[tuple[str, bytes]]) -> None:
             zf.writestr(info, data)
 
 
-def _write_iris(directory: Path, labels_txt: list[str], templates: list[str],
-                splits: dict[str, list[tuple[str, bytes, int]]]) -> None:
+def _write_iris(
+    directory: Path, labels_txt: list[str], templates: list[str], splits: dict[str, list[tuple[str, bytes, int]]]
+) -> None:
     """One ELEVATER iris data set: labels.txt, templates.txt, {split}.txt and {split}_images.zip."""
     directory.mkdir(parents=True)
     (directory / "labels.txt").write_text("\n".join(labels_txt) + "\n")
@@ -225,13 +288,18 @@ def fewshot_tasks(num_classes: int) -> dict[str, list[str]]:
     grid = class_grid(num_classes)
     shapes = [s for s in SHAPES if any(s == g[0] for g in grid)]
     colours = [c for c in COLOURS if any(c == g[1] for g in grid)]
-    tasks = {"synth-shape": shapes, "synth-colour": colours,
-             "synth-count": ["one", "two", "three"], "synth-position": list(POSITIONS)}
+    tasks = {
+        "synth-shape": shapes,
+        "synth-colour": colours,
+        "synth-count": ["one", "two", "three"],
+        "synth-position": list(POSITIONS),
+    }
     return {name: values for name, values in tasks.items() if len(values) >= 2}
 
 
-def _fewshot_item(cfg: SynthConfig, task: str, index: int, value_index: int, values: list[str],
-                  shapes: list[str], colours: list[str]) -> bytes:
+def _fewshot_item(
+    cfg: SynthConfig, task: str, index: int, value_index: int, values: list[str], shapes: list[str], colours: list[str]
+) -> bytes:
     # Everything but the task's attribute is drawn at random from the training vocabulary.
     rng = np.random.default_rng([cfg.seed, _STREAM[task], index])
     shape = values[value_index] if task == "synth-shape" else shapes[rng.integers(len(shapes))]
@@ -253,8 +321,10 @@ def _write_fewshot(directory: Path, cfg: SynthConfig, verbose: bool) -> dict:
     catalog: dict[str, dict] = {}
     for task, values in tasks.items():
         splits = {}
-        for split, per_class, offset in (("train", cfg.fewshot_train_per_class, 0),
-                                         ("test", cfg.fewshot_test_per_class, _TEST_OFFSET)):
+        for split, per_class, offset in (
+            ("train", cfg.fewshot_train_per_class, 0),
+            ("test", cfg.fewshot_test_per_class, _TEST_OFFSET),
+        ):
             # Class-interleaved order (0, 1, ..., C-1, 0, 1, ...) so that files do not sort by class.
             items = []
             for n in range(per_class * len(values)):
@@ -263,11 +333,20 @@ def _write_fewshot(directory: Path, cfg: SynthConfig, verbose: bool) -> dict:
                 items.append((f"{n:06d}.jpg", data, label))
             splits[split] = items
         _write_iris(directory / task, values, list(_FEWSHOT_TEMPLATES[task]), splits)
-        catalog[task] = {"metric": "accuracy", "num_classes": len(values), "multilabel": False,
-                         "classes": values, "train": len(splits["train"]), "test": len(splits["test"])}
+        catalog[task] = {
+            "metric": "accuracy",
+            "num_classes": len(values),
+            "multilabel": False,
+            "classes": values,
+            "train": len(splits["train"]),
+            "test": len(splits["test"]),
+        }
         if verbose:
-            print(f"[synth] few-shot {task}: {len(values)} classes, {len(splits['train'])} train, "
-                  f"{len(splits['test'])} test", flush=True)
+            print(
+                f"[synth] few-shot {task}: {len(values)} classes, {len(splits['train'])} train, "
+                f"{len(splits['test'])} test",
+                flush=True,
+            )
     catalog["digits"] = _write_digits(directory / "digits", cfg)
     if verbose:
         d = catalog["digits"]
@@ -298,14 +377,26 @@ def _write_digits(directory: Path, cfg: SynthConfig) -> dict:
     from sklearn.model_selection import train_test_split
 
     encoded, target = _digit_images(cfg.image_size)
-    idx_train, idx_test = train_test_split(np.arange(len(target)), test_size=10 * cfg.fewshot_test_per_class,
-                                           stratify=target, random_state=cfg.seed % (2**32))
-    splits = {split: [(f"{n:06d}.png", encoded[i], int(target[i])) for n, i in enumerate(sorted(idx))]
-              for split, idx in (("train", idx_train), ("test", idx_test))}
+    idx_train, idx_test = train_test_split(
+        np.arange(len(target)),
+        test_size=10 * cfg.fewshot_test_per_class,
+        stratify=target,
+        random_state=cfg.seed % (2**32),
+    )
+    splits = {
+        split: [(f"{n:06d}.png", encoded[i], int(target[i])) for n, i in enumerate(sorted(idx))]
+        for split, idx in (("train", idx_train), ("test", idx_test))
+    }
     _write_iris(directory, list(DIGIT_NAMES), list(_DIGIT_TEMPLATES), splits)
     # The training split is unbalanced (the digit classes are), hence mean per-class accuracy.
-    return {"metric": "mean_per_class", "num_classes": 10, "multilabel": False, "classes": list(DIGIT_NAMES),
-            "train": len(splits["train"]), "test": len(splits["test"])}
+    return {
+        "metric": "mean_per_class",
+        "num_classes": 10,
+        "multilabel": False,
+        "classes": list(DIGIT_NAMES),
+        "train": len(splits["train"]),
+        "test": len(splits["test"]),
+    }
 
 
 # ------------------------------------------------------------------------------------------
@@ -314,8 +405,16 @@ def _write_digits(directory: Path, cfg: SynthConfig) -> dict:
 _OUTPUTS = ("summary.json", "train", "val", "zeroshot", "fewshot", "test", "zeroshot_test")
 
 
-def generate(out_dir, config: SynthConfig | None = None, *, quick: bool = False, overwrite: bool = False,
-             reuse: bool = False, verbose: bool = True, **overrides) -> dict:
+def generate(
+    out_dir,
+    config: SynthConfig | None = None,
+    *,
+    quick: bool = False,
+    overwrite: bool = False,
+    reuse: bool = False,
+    verbose: bool = True,
+    **overrides,
+) -> dict:
     """Write the whole synthetic data set under ``out_dir``; return ``summary.json``'s content plus
     ``out_dir``, ``train_data`` / ``val_data`` (brace patterns) and ``seconds``.
 
@@ -330,8 +429,12 @@ def generate(out_dir, config: SynthConfig | None = None, *, quick: bool = False,
     cfg = dataclasses.replace(base, **overrides)
     cfg.validate()
     # Plain Python numbers from here on (numpy integers would not serialise to summary.json).
-    cfg = SynthConfig(**{f.name: (float if f.type in ("float", float) else int)(getattr(cfg, f.name))
-                         for f in dataclasses.fields(cfg)})
+    cfg = SynthConfig(
+        **{
+            f.name: (float if f.type in ("float", float) else int)(getattr(cfg, f.name))
+            for f in dataclasses.fields(cfg)
+        }
+    )
     out = Path(out_dir)
     existing = [name for name in _OUTPUTS if (out / name).exists()]
     if existing and reuse and (out / "summary.json").exists():
@@ -341,8 +444,9 @@ def generate(out_dir, config: SynthConfig | None = None, *, quick: bool = False,
                 print(f"[synth] reusing {out} (same config)", flush=True)
             return _with_paths(summary, out, seconds=0.0)
     if existing and not overwrite:
-        raise FileExistsError(f"{str(out)!r} already holds {existing}; pass overwrite=True (--overwrite) "
-                              f"to replace them")
+        raise FileExistsError(
+            f"{str(out)!r} already holds {existing}; pass overwrite=True (--overwrite) to replace them"
+        )
     for name in existing:
         path = out / name
         shutil.rmtree(path) if path.is_dir() else path.unlink()
@@ -351,8 +455,11 @@ def generate(out_dir, config: SynthConfig | None = None, *, quick: bool = False,
     start = time.perf_counter()
     if verbose:
         n_s, n_c = grid_shape(cfg.num_classes)
-        print(f"[synth] {cfg.num_classes} classes ({n_s} shapes x {n_c} colours grid), seed {cfg.seed}, "
-              f"{cfg.image_size}x{cfg.image_size} -> {out}", flush=True)
+        print(
+            f"[synth] {cfg.num_classes} classes ({n_s} shapes x {n_c} colours grid), seed {cfg.seed}, "
+            f"{cfg.image_size}x{cfg.image_size} -> {out}",
+            flush=True,
+        )
     train_labels = split_labels(cfg.seed, "train", cfg.train_samples, cfg.num_classes, cfg.class_imbalance)
     val_labels = split_labels(cfg.seed, "val", cfg.val_samples, cfg.num_classes, cfg.class_imbalance)
     train = _write_shards(out / "train", "train", train_labels, cfg, cfg.captions_per_image, verbose)
@@ -362,22 +469,32 @@ def generate(out_dir, config: SynthConfig | None = None, *, quick: bool = False,
     test = {}
     if cfg.test_samples:  # after the other parts: each draws from its own seed streams, so nothing above moves
         test_labels = split_labels(cfg.seed, "test", cfg.test_samples, cfg.num_classes, cfg.class_imbalance)
-        test = {"test": _write_shards(out / "test", "test", test_labels, cfg, cfg.val_captions_per_image, verbose),
-                "zeroshot_test": _write_zeroshot(out / "zeroshot_test", cfg, verbose, stream="zeroshot-test")}
+        test = {
+            "test": _write_shards(out / "test", "test", test_labels, cfg, cfg.val_captions_per_image, verbose),
+            "zeroshot_test": _write_zeroshot(out / "zeroshot_test", cfg, verbose, stream="zeroshot-test"),
+        }
 
     tau_plus = tau_plus_from_labels(train_labels, cfg.num_classes)
     summary = {
         "format": "clip-dcl-synth/1",
         "config": dataclasses.asdict(cfg),
-        "classes": {"names": class_names(cfg.num_classes), "folders": class_folders(cfg.num_classes),
-                    "shapes": sorted({s for s, _ in class_grid(cfg.num_classes)}, key=SHAPES.index),
-                    "colours": sorted({c for _, c in class_grid(cfg.num_classes)}, key=COLOURS.index),
-                    "train_counts": np.bincount(train_labels, minlength=cfg.num_classes).tolist()},
+        "classes": {
+            "names": class_names(cfg.num_classes),
+            "folders": class_folders(cfg.num_classes),
+            "shapes": sorted({s for s, _ in class_grid(cfg.num_classes)}, key=SHAPES.index),
+            "colours": sorted({c for _, c in class_grid(cfg.num_classes)}, key=COLOURS.index),
+            "train_counts": np.bincount(train_labels, minlength=cfg.num_classes).tolist(),
+        },
         "tau_plus": tau_plus,
         "same_class_rate_distinct_pairs": same_class_rate_distinct(train_labels),
-        "attributes": {"shape": list(SHAPES), "colour": list(COLOURS), "size": list(SIZES),
-                       "count": list(COUNTS), "position": list(POSITIONS) + [SCATTERED],
-                       "background": list(BACKGROUNDS)},
+        "attributes": {
+            "shape": list(SHAPES),
+            "colour": list(COLOURS),
+            "size": list(SIZES),
+            "count": list(COUNTS),
+            "position": list(POSITIONS) + [SCATTERED],
+            "background": list(BACKGROUNDS),
+        },
         "train": train,
         "val": val,
         "zeroshot": zeroshot,
@@ -387,8 +504,11 @@ def generate(out_dir, config: SynthConfig | None = None, *, quick: bool = False,
     (out / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
     seconds = time.perf_counter() - start
     if verbose:
-        print(f"[synth] tau_plus = sum_c p_c^2 = {tau_plus:.6f} (1/C = {1 / cfg.num_classes:.6f}); "
-              f"{train['num_samples']} train / {val['num_samples']} val samples in {seconds:.1f} s", flush=True)
+        print(
+            f"[synth] tau_plus = sum_c p_c^2 = {tau_plus:.6f} (1/C = {1 / cfg.num_classes:.6f}); "
+            f"{train['num_samples']} train / {val['num_samples']} val samples in {seconds:.1f} s",
+            flush=True,
+        )
     return _with_paths(summary, out, seconds)
 
 

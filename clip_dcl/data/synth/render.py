@@ -1,4 +1,5 @@
 """How a synthetic sample looks: drawn with PIL, written as JPEG bytes that depend on the image only."""
+
 from __future__ import annotations
 
 import io
@@ -7,15 +8,26 @@ import math
 import numpy as np
 
 _RGB = {
-    "red": (215, 35, 35), "blue": (35, 75, 225), "green": (35, 165, 55), "yellow": (240, 215, 30),
-    "purple": (135, 50, 185), "orange": (245, 135, 25), "pink": (245, 120, 185), "cyan": (30, 200, 215),
+    "red": (215, 35, 35),
+    "blue": (35, 75, 225),
+    "green": (35, 165, 55),
+    "yellow": (240, 215, 30),
+    "purple": (135, 50, 185),
+    "orange": (245, 135, 25),
+    "pink": (245, 120, 185),
+    "cyan": (30, 200, 215),
 }
 _BACKGROUND_LEVEL = {"grey": 128, "white": 236, "black": 22}
 #: Half-extent of a shape as a fraction of the image side.
 _RADIUS = {"small": 0.12, "large": 0.2}
 #: Centres (x, y) as fractions of the image side.
-_CENTRES = {"top left": (0.25, 0.25), "top right": (0.75, 0.25), "bottom left": (0.25, 0.75),
-            "bottom right": (0.75, 0.75), "center": (0.5, 0.5)}
+_CENTRES = {
+    "top left": (0.25, 0.25),
+    "top right": (0.75, 0.25),
+    "bottom left": (0.25, 0.75),
+    "bottom right": (0.75, 0.75),
+    "center": (0.5, 0.5),
+}
 
 
 def _outline(shape: str, cx: float, cy: float, r: float, angle: float) -> list[tuple[float, float]]:
@@ -27,12 +39,26 @@ def _outline(shape: str, cx: float, cy: float, r: float, angle: float) -> list[t
     elif shape == "triangle":
         pts = [(1.15 * math.cos(a), 1.15 * math.sin(a) + 0.15) for a in np.radians([-90, 30, 150])]
     elif shape == "star":
-        pts = [((1.15 if k % 2 == 0 else 0.5) * math.cos(a), (1.15 if k % 2 == 0 else 0.5) * math.sin(a))
-               for k, a in enumerate(np.radians(np.arange(10) * 36.0 - 90.0))]
+        pts = [
+            ((1.15 if k % 2 == 0 else 0.5) * math.cos(a), (1.15 if k % 2 == 0 else 0.5) * math.sin(a))
+            for k, a in enumerate(np.radians(np.arange(10) * 36.0 - 90.0))
+        ]
     elif shape == "cross":
         w = 0.36
-        pts = [(-w, -1), (w, -1), (w, -w), (1, -w), (1, w), (w, w), (w, 1), (-w, 1), (-w, w), (-1, w),
-               (-1, -w), (-w, -w)]
+        pts = [
+            (-w, -1),
+            (w, -1),
+            (w, -w),
+            (1, -w),
+            (1, w),
+            (w, w),
+            (w, 1),
+            (-w, 1),
+            (-w, w),
+            (-1, w),
+            (-1, -w),
+            (-w, -w),
+        ]
     else:
         raise ValueError(f"unknown shape {shape!r}")
     c, s = math.cos(angle), math.sin(angle)
@@ -64,7 +90,9 @@ def draw_image(attrs: dict, image_size: int, rng: np.random.Generator):
             draw.polygon(_outline(attrs["shape"], cx, cy, r, math.radians(rng.uniform(-10, 10))), fill=rgb)
     if ss > 1:
         img = img.reduce(ss)
-    pixels = np.asarray(img, dtype=np.int16) + np.rint(rng.normal(0.0, 3.0, (image_size, image_size, 3))).astype(np.int16)
+    pixels = np.asarray(img, dtype=np.int16) + np.rint(rng.normal(0.0, 3.0, (image_size, image_size, 3))).astype(
+        np.int16
+    )
     return Image.fromarray(np.clip(pixels, 0, 255).astype(np.uint8), "RGB")
 
 

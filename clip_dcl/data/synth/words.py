@@ -4,6 +4,7 @@ OpenCLIP's 49,408 tokens would make most of a tiny model's parameters a token ta
 hundred words, so `learn_merges` learns byte-pair merges until each caption word is one token, and
 OpenCLIP's ``SimpleTokenizer`` reads them word by word (it ships no learner).
 """
+
 from __future__ import annotations
 
 import gzip
@@ -41,11 +42,26 @@ def caption_words() -> List[str]:
     from .attributes import BACKGROUNDS, POSITIONS, SIZES
     from .layout import DIGIT_NAMES
 
-    texts = list(_strings([_captions._SHAPE_NOUNS, _captions._COLOUR_WORDS, _captions._SIZE_WORDS,
-                           _captions._COUNT_WORDS, _captions._POSITION_PHRASES, _captions._BACKGROUND_WORDS,
-                           _captions._PREFIXES, _captions.ZEROSHOT_TEMPLATES, list(SHAPES), list(COLOURS),
-                           list(DIGIT_NAMES), list(POSITIONS), list(SIZES),
-                           list(BACKGROUNDS)]))
+    texts = list(
+        _strings(
+            [
+                _captions._SHAPE_NOUNS,
+                _captions._COLOUR_WORDS,
+                _captions._SIZE_WORDS,
+                _captions._COUNT_WORDS,
+                _captions._POSITION_PHRASES,
+                _captions._BACKGROUND_WORDS,
+                _captions._PREFIXES,
+                _captions.ZEROSHOT_TEMPLATES,
+                list(SHAPES),
+                list(COLOURS),
+                list(DIGIT_NAMES),
+                list(POSITIONS),
+                list(SIZES),
+                list(BACKGROUNDS),
+            ]
+        )
+    )
     rng = np.random.default_rng(0)
     for _ in range(_DRAWS):
         attrs = sample_attributes(rng, SHAPES[rng.integers(len(SHAPES))], COLOURS[rng.integers(len(COLOURS))])

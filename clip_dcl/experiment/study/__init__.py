@@ -7,6 +7,7 @@ in its work folder by the first run (:mod:`.work`); its runs are shell lines (:m
 the report (:mod:`.report`) judges the paired differences by the rule (:mod:`.rule`) once every planned run
 has its scores. ``clip-dcl study check|commands|run|report`` (:mod:`.cli`) wraps it; docs/studies.md shows it.
 """
+
 from __future__ import annotations
 
 from .local import run_study
@@ -15,6 +16,26 @@ from .report import build, decisions, write_report
 from .rule import judge, power, seeds_needed, verdict
 from .work import StudyError, check_seal, prepare_data, seal
 
-__all__ = ["Plan", "Arm", "Comparison", "PlanError", "StudyError", "load_plan", "parse_plan", "plan_changes",
-           "METRICS", "RULES", "seal", "check_seal", "prepare_data", "run_study", "build", "decisions",
-           "write_report", "judge", "verdict", "power", "seeds_needed"]
+__all__ = [
+    "Plan",
+    "Arm",
+    "Comparison",
+    "PlanError",
+    "StudyError",
+    "load_plan",
+    "parse_plan",
+    "plan_changes",
+    "METRICS",
+    "RULES",
+    "seal",
+    "check_seal",
+    "prepare_data",
+    "run_study",
+    "build",
+    "decisions",
+    "write_report",
+    "judge",
+    "verdict",
+    "power",
+    "seeds_needed",
+]

@@ -1,7 +1,8 @@
 """``clip-dcl study check|commands|run|report|score``: thin wrappers over the study's functions.
 
 * ``check PLAN``: validate the plan (each arm's training command through the trainer's own flag checks, as
-  ``commands`` and ``run`` also do, with the data, before they seal); print its runs and, from a paired spread (the plan's ``paired_sd``, a
+  ``commands`` and ``run`` also do, with the data, before they seal); print its runs and, from a paired spread (the
+  plan's ``paired_sd``, a
   comparison's own, or an earlier study's ``STUDY.json`` named by ``spread_from``), the seeds each comparison
   needs for the plan's power at its confidence, one look. Exit 1 when a comparison has fewer seeds than it
   needs (the plan says so before any run), 0 otherwise.
@@ -20,6 +21,7 @@
 A plan changed after DIR was sealed is refused by ``commands``, ``run`` and ``report`` with one line naming
 the change. Exit 2 on a bad plan or a refused call.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -42,9 +44,8 @@ def check(plan: Plan, echo=print) -> int:
     Raises:
         StudyError: a shard or zero-shot folder of [data] does not exist, or a split's samples cannot be counted.
     """
-    from .work import check_splits, plan_splits
-
     from .lines import check_arms, placeholder_splits
+    from .work import check_splits, plan_splits
 
     splits = None if "command" in plan.data else check_splits(plan_splits(plan), plan.source)
     # not this machine's files: the work folder is not known here
@@ -56,22 +57,33 @@ def check(plan: Plan, echo=print) -> int:
     if splits is None:
         echo("  data: made by its [data] command at the first `commands` or `run` (checked then)")
     else:
-        echo("  data: " + "; ".join(f"{key} {splits[key]} ({splits[key + '_samples']} samples)"
-                                    for key in ("train", "validation", "test"))
-             + "".join(f"; {key} {splits[key]}" for key in ("validation_zeroshot", "test_zeroshot") if splits[key]))
+        echo(
+            "  data: "
+            + "; ".join(
+                f"{key} {splits[key]} ({splits[key + '_samples']} samples)" for key in ("train", "validation", "test")
+            )
+            + "".join(f"; {key} {splits[key]}" for key in ("validation_zeroshot", "test_zeroshot") if splits[key])
+        )
     for arm in plan.arms:
         extra = "".join(f" {k}={v}" for k, v in arm.overrides)
         echo(f"  arm {arm.name}: {' '.join(arm.flags) or '(no flags)'}{extra}")
-    echo("  each arm's training command passes the trainer's checks"
-         + (" of its flags (the rest once the data are made)" if splits is None else ""))
+    echo(
+        "  each arm's training command passes the trainer's checks"
+        + (" of its flags (the rest once the data are made)" if splits is None else "")
+    )
     runs = plan.runs()
     uneven = len(runs) < len(plan.arms) * len(plan.seeds)
     if uneven:
-        echo("  seeds per arm (the first ones its comparisons read): "
-             + ", ".join(f"{a.name} {len(plan.arm_seeds(a.name))}" for a in plan.arms))
-    echo(f"runs: {len(runs)} ({len(plan.arms)} arms x {len(plan.seeds)} seeds {list(plan.seeds)}"
-         + (", fewer for some arms" if uneven else "") + "): "
-         + ", ".join(f"{a}/s{s}" for a, s in runs))
+        echo(
+            "  seeds per arm (the first ones its comparisons read): "
+            + ", ".join(f"{a.name} {len(plan.arm_seeds(a.name))}" for a in plan.arms)
+        )
+    echo(
+        f"runs: {len(runs)} ({len(plan.arms)} arms x {len(plan.seeds)} seeds {list(plan.seeds)}"
+        + (", fewer for some arms" if uneven else "")
+        + "): "
+        + ", ".join(f"{a}/s{s}" for a, s in runs)
+    )
     short = 0
     for c in plan.comparisons:
         p = planned_power(plan, c)
@@ -79,11 +91,14 @@ def check(plan: Plan, echo=print) -> int:
             echo(f"  {c.label}: seeds not checked: {p['unchecked']}")
             continue
         short += p["short"]
-        echo(f"  {c.label}: paired sd {100 * p['sd']:.2f} points ({p['where']}), true difference assumed "
-             f"{100 * p['expected']:+.2f} points" + (f", margin {100 * c.margin:.2f} points" if c.margin else "")
-             + f": needs {p['need'] if p['need'] else 'more than 1000'} seeds for power {plan.power:g} at "
-             f"{100 * plan.confidence:.0f} % (one look); its {p['n']} give power {p['power']:.2f}"
-             + (" -- TOO FEW SEEDS" if p["short"] else ""))
+        echo(
+            f"  {c.label}: paired sd {100 * p['sd']:.2f} points ({p['where']}), true difference assumed "
+            f"{100 * p['expected']:+.2f} points"
+            + (f", margin {100 * c.margin:.2f} points" if c.margin else "")
+            + f": needs {p['need'] if p['need'] else 'more than 1000'} seeds for power {plan.power:g} at "
+            f"{100 * plan.confidence:.0f} % (one look); its {p['n']} give power {p['power']:.2f}"
+            + (" -- TOO FEW SEEDS" if p["short"] else "")
+        )
     if short:
         echo(f"too few seeds: {short} comparison(s) below power {plan.power:g}")
     return 1 if short else 0
@@ -91,29 +106,45 @@ def check(plan: Plan, echo=print) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     doc = plain_text(__doc__)
-    p = FlagParser(prog="clip-dcl study", allow_abbrev=False, description=doc.split("\n\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter,
-                                epilog="\n\n".join(doc.split("\n\n")[1:]))
+    p = FlagParser(
+        prog="clip-dcl study",
+        allow_abbrev=False,
+        description=doc.split("\n\n")[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="\n\n".join(doc.split("\n\n")[1:]),
+    )
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
     c = sub.add_parser("check", allow_abbrev=False, help="validate a plan; its runs and the seeds it needs")
     c.add_argument("plan", metavar="PLAN")
-    for name, text in (("commands", "make the data, seal the plan, print one shell line per run"),
-                       ("run", "run the plan's runs on this machine"),
-                       ("report", "write STUDY.md/.json/.png from the finished runs")):
+    for name, text in (
+        ("commands", "make the data, seal the plan, print one shell line per run"),
+        ("run", "run the plan's runs on this machine"),
+        ("report", "write STUDY.md/.json/.png from the finished runs"),
+    ):
         s = sub.add_parser(name, allow_abbrev=False, help=text)
         s.add_argument("plan", metavar="PLAN")
         s.add_argument("--work", required=True, help="the study's folder (sealed by the first commands or run)")
         if name in ("commands", "run"):
-            s.add_argument("--threads", type=int, default=None,
-                           help="torch threads per run (default: the plan's threads, else "
-                                + ("1" if name == "commands" else "the cores split between the parallel runs") + ")")
+            s.add_argument(
+                "--threads",
+                type=int,
+                default=None,
+                help="torch threads per run (default: the plan's threads, else "
+                + ("1" if name == "commands" else "the cores split between the parallel runs")
+                + ")",
+            )
         if name in ("commands", "run"):
-            s.add_argument("--seeds", nargs="+", default=None, metavar="SEED",
-                           help="only these of the plan's seeds (ranges A-B too): this machine's share of a study "
-                                "split across machines by whole seeds, so that each seed's pairs are made on one "
-                                "machine (the report pairs runs of one machine only, unless the plan's pair_across "
-                                "names machines)")
+            s.add_argument(
+                "--seeds",
+                nargs="+",
+                default=None,
+                metavar="SEED",
+                help="only these of the plan's seeds (ranges A-B too): this machine's share of a study "
+                "split across machines by whole seeds, so that each seed's pairs are made on one "
+                "machine (the report pairs runs of one machine only, unless the plan's pair_across "
+                "names machines)",
+            )
         if name == "commands":
             s.add_argument("--look", type=int, default=None, help="sequential plans: only the runs of looks 1..LOOK")
             s.add_argument("--python", default=None, help="the Python that runs the lines (default: this one)")
@@ -121,8 +152,12 @@ def build_parser() -> argparse.ArgumentParser:
             s.add_argument("--parallel", type=int, default=1, help="runs at once (default 1)")
         if name == "report":
             s.add_argument("--out", default=None, help="folder of STUDY.md/.json/.png (default: --work)")
-            s.add_argument("--name", default="STUDY", help="the report files' name: NAME.md, NAME.json, NAME.png "
-                                                          "(default STUDY), e.g. to publish it beside other reports")
+            s.add_argument(
+                "--name",
+                default="STUDY",
+                help="the report files' name: NAME.md, NAME.json, NAME.png "
+                "(default STUDY), e.g. to publish it beside other reports",
+            )
     sub.add_parser("score", add_help=False, help="a run's last step: score both splits into its folder")
     return p
 
@@ -131,6 +166,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["score"]:
         from .score import main as score_main
+
         return score_main(argv[1:])
     args = build_parser().parse_args(argv)
     for name in ("threads", "parallel", "look"):
@@ -146,6 +182,7 @@ def main(argv: Optional[List[str]] = None) -> int:
             return _commands(plan, args)
         if args.command == "run":
             from .local import STOP_EXIT, run_study
+
             seeds = plan.pick_seeds(args.seeds) if args.seeds else None
             out = run_study(plan, Path(args.work), args.parallel, args.threads, seeds=seeds)
             if out["signal"]:
@@ -183,7 +220,8 @@ def _commands(plan: Plan, args) -> int:
 
 
 def _report(plan: Plan, args) -> int:
-    from .report import _points as points, planned_text, verdict_line, write_report
+    from .report import _points as points
+    from .report import planned_text, verdict_line, write_report
 
     command = " ".join(["clip-dcl", "study", "report", *map(shlex.quote, [args.plan, "--work", args.work])])
     if not args.name or "/" in args.name or args.name.startswith("."):

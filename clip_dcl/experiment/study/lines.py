@@ -6,6 +6,7 @@ task (``sed -n "${SLURM_ARRAY_TASK_ID}p" lines.sh``), a GPU box, or `study run` 
 command is :func:`clip_dcl.experiment.train_command`'s, with ``--resume latest`` so that a line run again
 after an interruption goes on from the run's last checkpoint; the scoring step is ``clip-dcl study score``.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -39,8 +40,9 @@ def epochs(plan: Plan, arm: str) -> int:
     return int(settings(plan, arm).get("epochs", 20 if registered_recipe(plan.recipe) else Budget().epochs))
 
 
-def train_argv(plan: Plan, work, splits: Dict[str, object], arm: str, seed: int,
-               python: Optional[str] = None) -> List[str]:
+def train_argv(
+    plan: Plan, work, splits: Dict[str, object], arm: str, seed: int, python: Optional[str] = None
+) -> List[str]:
     """``python -m clip_dcl.train -- ...`` of one run (``splits``: :func:`prepare_data`'s): the registered
     recipe's flags (:meth:`clip_dcl.experiment.recipes.Recipe.train_argv`), or :func:`train_command`'s from the
     plan's [train] keys; then the arm's flags and ``--resume latest``."""
@@ -51,29 +53,62 @@ def train_argv(plan: Plan, work, splits: Dict[str, object], arm: str, seed: int,
         from ..recipes import fill
 
         folder = run_dir(work, arm, seed)
-        argv = recipe.train_argv(batch_size=int(s.get("batch_size", 32)), seed=seed, epochs=epochs(plan, arm),
-                                 name=folder.name, objective=(*s.get("flags", ()), *plan.arm(arm).flags),
-                                 device=s.get("device", "cpu"))
+        argv = recipe.train_argv(
+            batch_size=int(s.get("batch_size", 32)),
+            seed=seed,
+            epochs=epochs(plan, arm),
+            name=folder.name,
+            objective=(*s.get("flags", ()), *plan.arm(arm).flags),
+            device=s.get("device", "cpu"),
+        )
         return entry + fill(argv, str(data_dir(work)), str(folder.parent)) + ["--resume", "latest"]
-    data = {"train_data": splits["train"], "val_data": splits["validation"],
-            "train": {"num_samples": splits["train_samples"]}, "val": {"num_samples": splits["validation_samples"]}}
+    data = {
+        "train_data": splits["train"],
+        "val_data": splits["validation"],
+        "train": {"num_samples": splits["train_samples"]},
+        "val": {"num_samples": splits["validation_samples"]},
+    }
     folder = run_dir(work, arm, seed)
     device = s.get("device", "auto")
-    argv = train_command(Run(folder.name, plan.arm(arm).flags), data, folder.parent, budget(plan, arm, seed),
-                         [python or sys.executable, "-m", "clip_dcl.train"], precision=s.get("precision", "fp32"),
-                         device=None if device == "auto" else device, validate=s.get("validate", True))
+    argv = train_command(
+        Run(folder.name, plan.arm(arm).flags),
+        data,
+        folder.parent,
+        budget(plan, arm, seed),
+        [python or sys.executable, "-m", "clip_dcl.train"],
+        precision=s.get("precision", "fp32"),
+        device=None if device == "auto" else device,
+        validate=s.get("validate", True),
+    )
     return argv + ["--resume", "latest"]
 
 
-def score_argv(plan: Plan, work, splits: Dict[str, object], arm: str, seed: int,
-               python: Optional[str] = None) -> List[str]:
+def score_argv(
+    plan: Plan, work, splits: Dict[str, object], arm: str, seed: int, python: Optional[str] = None
+) -> List[str]:
     """``clip-dcl study score ...`` of one run: both splits' scores and the run's record into its folder."""
     s = settings(plan, arm)
     folder = run_dir(work, arm, seed)
-    argv = [python or sys.executable, "-m", "clip_dcl.cli", "study", "score", str(folder),
-            "--checkpoint", str(folder / "checkpoints" / f"epoch_{epochs(plan, arm)}.pt"),
-            "--validation", str(splits["validation"]), "--test", str(splits["test"]),
-            "--recipe", plan.recipe, "--arm", arm, "--seed", str(seed)]
+    argv = [
+        python or sys.executable,
+        "-m",
+        "clip_dcl.cli",
+        "study",
+        "score",
+        str(folder),
+        "--checkpoint",
+        str(folder / "checkpoints" / f"epoch_{epochs(plan, arm)}.pt"),
+        "--validation",
+        str(splits["validation"]),
+        "--test",
+        str(splits["test"]),
+        "--recipe",
+        plan.recipe,
+        "--arm",
+        arm,
+        "--seed",
+        str(seed),
+    ]
     for key in ("validation_zeroshot", "test_zeroshot"):
         if splits.get(key):
             argv += [f"--{key.replace('_', '-')}", str(splits[key])]
@@ -81,8 +116,9 @@ def score_argv(plan: Plan, work, splits: Dict[str, object], arm: str, seed: int,
     return argv + ["--device", device]
 
 
-def shell_line(plan: Plan, work, splits: Dict[str, object], arm: str, seed: int, threads: int,
-               python: Optional[str] = None) -> str:
+def shell_line(
+    plan: Plan, work, splits: Dict[str, object], arm: str, seed: int, threads: int, python: Optional[str] = None
+) -> str:
     """The run's line: ``env THREADS PYTHONPATH python -m clip_dcl.train -- ... && env ... study score ...``."""
     env = ["env", f"OMP_NUM_THREADS={threads}", f"MKL_NUM_THREADS={threads}", f"PYTHONPATH={package_root()}"]
     train = " ".join(map(shlex.quote, env + train_argv(plan, work, splits, arm, seed, python)))
@@ -90,13 +126,22 @@ def shell_line(plan: Plan, work, splits: Dict[str, object], arm: str, seed: int,
     return f"{train} && {score}"
 
 
-def all_lines(plan: Plan, work, splits: Dict[str, object], threads: int, look: Optional[int] = None,
-              only: Optional[Sequence[int]] = None) -> List[tuple]:
+def all_lines(
+    plan: Plan,
+    work,
+    splits: Dict[str, object],
+    threads: int,
+    look: Optional[int] = None,
+    only: Optional[Sequence[int]] = None,
+) -> List[tuple]:
     """``(arm, seed, line)`` of every run of the plan (of its first ``look`` looks' seeds only, when given; of
     the seeds in ``only`` only, when given)."""
-    seeds = plan.seeds if look is None else plan.seeds[:plan.design()[look - 1][0]]
-    return [(arm, seed, shell_line(plan, work, splits, arm, seed, threads)) for arm, seed in plan.runs()
-            if seed in seeds and (only is None or seed in only)]
+    seeds = plan.seeds if look is None else plan.seeds[: plan.design()[look - 1][0]]
+    return [
+        (arm, seed, shell_line(plan, work, splits, arm, seed, threads))
+        for arm, seed in plan.runs()
+        if seed in seeds and (only is None or seed in only)
+    ]
 
 
 def placeholder_splits(plan: Plan) -> Dict[str, object]:
@@ -126,7 +171,7 @@ def check_arms(plan: Plan, work, splits: Dict[str, object], check_files: bool = 
         if not seeds:
             continue
         argv = train_argv(plan, work, splits, arm.name, seeds[0])
-        argv = argv[argv.index("--") + 1:]
+        argv = argv[argv.index("--") + 1 :]
         said = io.StringIO()
         try:
             with contextlib.redirect_stderr(said), contextlib.redirect_stdout(io.StringIO()):

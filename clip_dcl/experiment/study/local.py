@@ -16,6 +16,7 @@ stopped run from its checkpoint, or reruns it from the start when it saved none,
 ``out.log`` then says where a new attempt begins, or the earlier one is kept beside it as
 ``out.attempt<K>.log``, so that no log mixes two sessions without saying so.
 """
+
 from __future__ import annotations
 
 import concurrent.futures
@@ -149,8 +150,14 @@ class Runs:
                 pass
 
 
-def run_study(plan: Plan, work: Path, parallel: int = 1, threads: Optional[int] = None,
-              echo: Callable[[str], None] = print, seeds: Optional[Sequence[int]] = None) -> dict:
+def run_study(
+    plan: Plan,
+    work: Path,
+    parallel: int = 1,
+    threads: Optional[int] = None,
+    echo: Callable[[str], None] = print,
+    seeds: Optional[Sequence[int]] = None,
+) -> dict:
     """Check each arm's training command against the trainer, make the data, seal ``work``, then run every
     unfinished run (of ``seeds`` only, when given: the share of a study this machine takes), ``parallel`` at
     once; return ``{"finished", "failed", "skipped", "stopped", "planned", "stopped_at_look", "signal"}`` (runs
@@ -164,11 +171,20 @@ def run_study(plan: Plan, work: Path, parallel: int = 1, threads: Optional[int] 
     if parallel < 1:
         raise ValueError(f"parallel={parallel}: must be >= 1")
     work = Path(work).resolve()
-    command = " ".join(["clip-dcl", "study", "run", *map(shlex.quote, [plan.source, "--work", str(work)])]
-                       + ([f"--parallel {parallel}"] if parallel > 1 else [])
-                       + (["--seeds", *map(str, seeds)] if seeds is not None else []))
-    out = {"finished": [], "failed": [], "skipped": [], "stopped": [], "planned": 0, "stopped_at_look": None,
-           "signal": None}
+    command = " ".join(
+        ["clip-dcl", "study", "run", *map(shlex.quote, [plan.source, "--work", str(work)])]
+        + ([f"--parallel {parallel}"] if parallel > 1 else [])
+        + (["--seeds", *map(str, seeds)] if seeds is not None else [])
+    )
+    out = {
+        "finished": [],
+        "failed": [],
+        "skipped": [],
+        "stopped": [],
+        "planned": 0,
+        "stopped_at_look": None,
+        "signal": None,
+    }
     with Runs() as live:
         try:
             sealed_before = W.check_seal(plan, work) is not None  # a changed plan is refused before any work
@@ -180,8 +196,10 @@ def run_study(plan: Plan, work: Path, parallel: int = 1, threads: Optional[int] 
             W.seal(plan, work)  # once the data are there: a plan whose data cannot be read is not sealed
         except Stopped as e:
             out["signal"] = e.signame
-            echo(f"[study] stopped by {_said(e.signame)} before any run started (while making the data or checking "
-                 f"the plan); nothing trained; continue with: {command}")
+            echo(
+                f"[study] stopped by {_said(e.signame)} before any run started (while making the data or checking "
+                f"the plan); nothing trained; continue with: {command}"
+            )
             return out
         live.raising = False
         return _run(plan, work, parallel, threads, echo, seeds, splits, sealed_before, command, out, live)
@@ -191,9 +209,14 @@ def _check_arms(plan, work, splits, sealed_before, **how) -> None:
     try:
         check_arms(plan, work, splits, **how)
     except W.StudyError as e:
-        raise W.StudyError(f"{e}; " + ("no run was started (the plan is sealed here: a corrected plan is a new "
-                                       "study, in a new --work folder)" if sealed_before else
-                                       "nothing was sealed or trained: correct the arm's flags in the plan")) from None
+        raise W.StudyError(
+            f"{e}; "
+            + (
+                "no run was started (the plan is sealed here: a corrected plan is a new study, in a new --work folder)"
+                if sealed_before
+                else "nothing was sealed or trained: correct the arm's flags in the plan"
+            )
+        ) from None
 
 
 def _said(signame: str) -> str:
@@ -246,19 +269,27 @@ def _run(plan, work, parallel, threads, echo, seeds, splits, sealed_before, comm
             if code == 0:
                 out["finished"].append(job)
                 val = W.read_scores(work, arm, seed, "validation") or {}
-                echo(f"{where}: done in {seconds:.0f} s (validation {plan.metric} "
-                     f"{100 * val.get(plan.metric, float('nan')):.2f} points)")
+                echo(
+                    f"{where}: done in {seconds:.0f} s (validation {plan.metric} "
+                    f"{100 * val.get(plan.metric, float('nan')):.2f} points)"
+                )
             else:
                 out["failed"].append(job)
                 why = W.error_line(log, offset)
-                echo(f"{where}: FAILED (exit {code}) after {seconds:.0f} s" + (f": {why}" if why else "")
-                     + f"; log {log}; a later `study run` reruns it")
+                echo(
+                    f"{where}: FAILED (exit {code}) after {seconds:.0f} s"
+                    + (f": {why}" if why else "")
+                    + f"; log {log}; a later `study run` reruns it"
+                )
 
     design = plan.design()
-    echo(f"[study] {len(runs)} runs planned ({len(plan.arms)} arms x {len(plan.seeds)} seeds"
-         + (", fewer for some arms" if len(plan.runs()) < len(plan.arms) * len(plan.seeds) else "")
-         + (f"; here seeds {', '.join(map(str, seeds))} only" if seeds is not None else "") + f"), {parallel} at once, "
-         f"{threads} torch thread(s) each -> {work}")
+    echo(
+        f"[study] {len(runs)} runs planned ({len(plan.arms)} arms x {len(plan.seeds)} seeds"
+        + (", fewer for some arms" if len(plan.runs()) < len(plan.arms) * len(plan.seeds) else "")
+        + (f"; here seeds {', '.join(map(str, seeds))} only" if seeds is not None else "")
+        + f"), {parallel} at once, "
+        f"{threads} torch thread(s) each -> {work}"
+    )
     for k, (n, _) in enumerate(design, start=1):
         look_seeds = set(plan.seeds[:n])
         todo: List[tuple] = []
@@ -278,21 +309,28 @@ def _run(plan, work, parallel, threads, echo, seeds, splits, sealed_before, comm
             break
         if len(design) > 1 and k < len(design) and all_decided(decisions(plan, work)):
             out["stopped_at_look"] = k
-            echo(f"[study] every comparison has its verdict at look {k} ({n} seeds): the later looks' runs are "
-                 "not needed")
+            echo(
+                f"[study] every comparison has its verdict at look {k} ({n} seeds): the later looks' runs are "
+                "not needed"
+            )
             break
     done = len(out["finished"]) + len(out["skipped"])
     if live.signame is not None:
         out["signal"] = live.signame
         what = "; ".join(_stopped_text(work, job) for job in out["stopped"]) or "no run was running"
-        echo(f"[study] stopped by {_said(live.signame)}: {what}; {done} of {len(runs)} runs have their scores"
-             + (f", {len(out['failed'])} failed" if out["failed"] else "") + f"; continue with: {command}")
+        echo(
+            f"[study] stopped by {_said(live.signame)}: {what}; {done} of {len(runs)} runs have their scores"
+            + (f", {len(out['failed'])} failed" if out["failed"] else "")
+            + f"; continue with: {command}"
+        )
         return out
     if out["failed"] and not sealed_before and W.unseal_untrained(work):
         echo(f"[study] no run trained: {work} is left unsealed, so the plan may still be corrected")
-    echo(f"[study] {done} of {len(runs)} runs have their scores" + (f"; {len(out['failed'])} failed: run "
-         "`clip-dcl study run` again to rerun them" if out["failed"] else "")
-         + f"; the report: clip-dcl study report {plan.source} --work {work}")
+    echo(
+        f"[study] {done} of {len(runs)} runs have their scores"
+        + (f"; {len(out['failed'])} failed: run `clip-dcl study run` again to rerun them" if out["failed"] else "")
+        + f"; the report: clip-dcl study report {plan.source} --work {work}"
+    )
     return out
 
 
@@ -327,20 +365,28 @@ def _before_attempt(work: Path, arm: str, seed: int, started: str, echo) -> Opti
         return None
     earlier = [a for a in W.attempts(work) if (a["arm"], a["seed"]) == (arm, seed)]
     last = earlier[-1] if earlier else None
-    how = ("" if last is None else f" (its last attempt, {last['started']}, "
-           + (f"was stopped by {_said(last['stopped'])}" if last.get("stopped") else f"ended with exit {last['exit']}")
-           + ")")
+    how = (
+        ""
+        if last is None
+        else f" (its last attempt, {last['started']}, "
+        + (f"was stopped by {_said(last['stopped'])}" if last.get("stopped") else f"ended with exit {last['exit']}")
+        + ")"
+    )
     checkpoint = W.latest_checkpoint(work, arm, seed)
     if checkpoint is not None:
         with open(log, "a") as f:
-            f.write(f"==== clip-dcl study run {started}: a new attempt continues this run from "
-                    f"checkpoints/{checkpoint}{how} ====\n")
+            f.write(
+                f"==== clip-dcl study run {started}: a new attempt continues this run from "
+                f"checkpoints/{checkpoint}{how} ====\n"
+            )
         echo(f"[study] {arm} seed {seed}: continues from its checkpoint {checkpoint}{how}")
         return checkpoint
     k = 1
     while (folder / f"out.attempt{k}.log").exists():
         k += 1
     log.rename(folder / f"out.attempt{k}.log")
-    echo(f"[study] {arm} seed {seed}: reruns from the start: no checkpoint was saved{how}; the earlier log is kept "
-         f"as out.attempt{k}.log")
+    echo(
+        f"[study] {arm} seed {seed}: reruns from the start: no checkpoint was saved{how}; the earlier log is kept "
+        f"as out.attempt{k}.log"
+    )
     return None

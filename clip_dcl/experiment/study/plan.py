@@ -6,6 +6,7 @@ flags. `load_plan` parses and checks a file; `Plan.runs` enumerates its runs see
 that the looks of a sequential design complete in order); `plan_changes` names what differs between
 two plans (how a sealed study refuses an edited plan).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -24,20 +25,59 @@ except ModuleNotFoundError:  # pragma: no cover - Python 3.10
 
 RULES = ("beats", "reaches", "matches")
 #: the scores `clip-dcl study score` writes (retrieval always; zero-shot where the data have a zero-shot set)
-METRICS = tuple([f"retrieval/{d}_R@{k}" for d in ("image_to_text", "text_to_image") for k in (1, 5, 10)]
-                + ["retrieval/mean_R@1", "zeroshot/top1", "zeroshot/top5", "zeroshot/mean_per_class_recall"])
+METRICS = tuple(
+    [f"retrieval/{d}_R@{k}" for d in ("image_to_text", "text_to_image") for k in (1, 5, 10)]
+    + ["retrieval/mean_R@1", "zeroshot/top1", "zeroshot/top5", "zeroshot/mean_per_class_recall"]
+)
 #: [train] keys (and the arms' overrides) -> their type; they map onto `clip_dcl.experiment.Budget`
 #: and `clip_dcl.experiment.train_command`'s options
-TRAIN_KEYS = {"model": str, "epochs": int, "batch_size": int, "lr": float, "wd": float, "warmup": int,
-              "workers": int, "log_every_n_steps": int, "precision": str, "device": str, "validate": bool,
-              "flags": list}
+TRAIN_KEYS = {
+    "model": str,
+    "epochs": int,
+    "batch_size": int,
+    "lr": float,
+    "wd": float,
+    "warmup": int,
+    "workers": int,
+    "log_every_n_steps": int,
+    "precision": str,
+    "device": str,
+    "validate": bool,
+    "flags": list,
+}
 #: what a plan of a registered recipe may set (the recipe sets the rest)
 RECIPE_TRAIN_KEYS = ("epochs", "batch_size", "device", "flags")
-DATA_KEYS = ("command", "train", "train_samples", "validation", "validation_samples", "validation_zeroshot",
-             "test", "test_samples", "test_zeroshot")
-TOP_KEYS = ("title", "recipe", "exploratory", "seeds", "metric", "confidence", "resolution", "power", "paired_sd",
-            "spread_from",
-            "looks", "alpha_split", "threads", "pair_across", "data", "train", "arms", "comparisons")
+DATA_KEYS = (
+    "command",
+    "train",
+    "train_samples",
+    "validation",
+    "validation_samples",
+    "validation_zeroshot",
+    "test",
+    "test_samples",
+    "test_zeroshot",
+)
+TOP_KEYS = (
+    "title",
+    "recipe",
+    "exploratory",
+    "seeds",
+    "metric",
+    "confidence",
+    "resolution",
+    "power",
+    "paired_sd",
+    "spread_from",
+    "looks",
+    "alpha_split",
+    "threads",
+    "pair_across",
+    "data",
+    "train",
+    "arms",
+    "comparisons",
+)
 ARM_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.+=-]*$")
 
 
@@ -115,13 +155,16 @@ class Plan:
 
     def comparison_seeds(self, c: Comparison) -> Tuple[int, ...]:
         """The seeds ``c`` is judged on: the plan's first ``c.seeds`` (all of them when not given)."""
-        return self.seeds if c.seeds is None else self.seeds[:c.seeds]
+        return self.seeds if c.seeds is None else self.seeds[: c.seeds]
 
     def arm_seeds(self, name: str) -> Tuple[int, ...]:
         """The seeds arm ``name`` trains: as many as its comparisons read, all of them for an arm none names."""
-        counts = [len(self.comparison_seeds(c)) for c in self.comparisons
-                  if name in (c.a, c.b) or (c.margin_gain is not None and name in c.margin_gain[:2])]
-        return self.seeds[:max(counts)] if counts else self.seeds
+        counts = [
+            len(self.comparison_seeds(c))
+            for c in self.comparisons
+            if name in (c.a, c.b) or (c.margin_gain is not None and name in c.margin_gain[:2])
+        ]
+        return self.seeds[: max(counts)] if counts else self.seeds
 
     def pick_seeds(self, values: Sequence[str]) -> Tuple[int, ...]:
         """The plan's seeds named by ``values`` (seeds and ranges ``A-B``), in the plan's order."""
@@ -160,13 +203,19 @@ class Plan:
         looks = self.design()
         if len(looks) == 1:
             if any(c.seeds is not None for c in self.comparisons):
-                return (f"one look, when every planned run has its scores (each comparison on its own number of the "
-                        f"{len(self.seeds)} seeds); {100 * self.confidence:.0f} % t-intervals")
-            return (f"one look, when all {len(self.seeds)} seeds have run; {100 * self.confidence:.0f} % "
-                    "t-intervals")
-        return (f"sequential: {len(looks)} looks, at " + ", ".join(str(n) for n, _ in looks) + " seeds, the error "
-                + f"{1 - self.confidence:.3g} spent over them as " + ", ".join(f"{a:.3g}" for _, a in looks)
-                + " (each look's interval at 1 minus its share; a comparison stops at its first verdict)")
+                return (
+                    f"one look, when every planned run has its scores (each comparison on its own number of the "
+                    f"{len(self.seeds)} seeds); {100 * self.confidence:.0f} % t-intervals"
+                )
+            return f"one look, when all {len(self.seeds)} seeds have run; {100 * self.confidence:.0f} % t-intervals"
+        return (
+            f"sequential: {len(looks)} looks, at "
+            + ", ".join(str(n) for n, _ in looks)
+            + " seeds, the error "
+            + f"{1 - self.confidence:.3g} spent over them as "
+            + ", ".join(f"{a:.3g}" for _, a in looks)
+            + " (each look's interval at 1 minus its share; a comparison stops at its first verdict)"
+        )
 
     def canonical(self) -> Dict[str, Any]:
         """The plan as plain data (what `plan_changes` compares)."""
@@ -223,8 +272,10 @@ def parse_plan(text: str, source: str = "plan") -> Plan:
     train = _train(c, doc.get("train", {}), "train", allowed)
     arms = _arms(c, doc["arms"], allowed)
     names = [a.name for a in arms]
-    comparisons = tuple(_comparison(c, x, f"comparisons[{i}]", names, len(seeds))
-                        for i, x in enumerate(c.tables(doc["comparisons"], "comparisons")))
+    comparisons = tuple(
+        _comparison(c, x, f"comparisons[{i}]", names, len(seeds))
+        for i, x in enumerate(c.tables(doc["comparisons"], "comparisons"))
+    )
     if not comparisons:
         raise PlanError(f"{source}: comparisons: declare at least one [[comparisons]]")
     power = c.fraction(doc.get("power", 0.8), "power")
@@ -233,22 +284,43 @@ def parse_plan(text: str, source: str = "plan") -> Plan:
     looks, alpha = _looks(c, doc, len(seeds), confidence)
     per_comparison = next((i for i, x in enumerate(comparisons) if x.seeds is not None), None)
     if looks and per_comparison is not None:
-        raise PlanError(f"{source}: comparisons[{per_comparison}].seeds: a sequential plan (looks) judges every "
-                        "comparison on the seeds of each look; give seeds per comparison in a one-look plan only")
+        raise PlanError(
+            f"{source}: comparisons[{per_comparison}].seeds: a sequential plan (looks) judges every "
+            "comparison on the seeds of each look; give seeds per comparison in a one-look plan only"
+        )
     threads = c.int_value(doc["threads"], "threads", minimum=1) if "threads" in doc else None
     pair_across = tuple(c.str_list(doc.get("pair_across", []), "pair_across"))
     for value in pair_across:
         if value not in ("machines", "recipes"):
             raise PlanError(f"{source}: pair_across = {list(pair_across)!r}: the values are 'machines' and 'recipes'")
-    if metric.startswith("zeroshot/") and not data.get("from_summary") and not (
-            data.get("validation_zeroshot") and data.get("test_zeroshot")):
+    if (
+        metric.startswith("zeroshot/")
+        and not data.get("from_summary")
+        and not (data.get("validation_zeroshot") and data.get("test_zeroshot"))
+    ):
         raise PlanError(f"{source}: metric = {metric!r} needs [data] validation_zeroshot and test_zeroshot")
-    return Plan(seeds=tuple(seeds), metric=metric, confidence=confidence, resolution=resolution, data=data,
-                train=train, arms=arms, comparisons=comparisons,
-                recipe=recipe, title=c.typed(doc.get("title", ""), str, "title"),
-                exploratory=c.typed(doc.get("exploratory", False), bool, "exploratory"),
-                power=power, paired_sd=paired_sd, spread_from=spread_from, looks=looks, alpha_split=alpha,
-                threads=threads, pair_across=pair_across, text=text, source=source)
+    return Plan(
+        seeds=tuple(seeds),
+        metric=metric,
+        confidence=confidence,
+        resolution=resolution,
+        data=data,
+        train=train,
+        arms=arms,
+        comparisons=comparisons,
+        recipe=recipe,
+        title=c.typed(doc.get("title", ""), str, "title"),
+        exploratory=c.typed(doc.get("exploratory", False), bool, "exploratory"),
+        power=power,
+        paired_sd=paired_sd,
+        spread_from=spread_from,
+        looks=looks,
+        alpha_split=alpha,
+        threads=threads,
+        pair_across=pair_across,
+        text=text,
+        source=source,
+    )
 
 
 class _Checker:
@@ -330,8 +402,10 @@ def _data(c: _Checker, table) -> Dict[str, Any]:
         out["from_summary"] = True  # the synthetic layout's summary.json names the splits
     elif len(given) < 3:
         missing = [k for k in ("train", "validation", "test") if k not in out]
-        raise PlanError(f"{c.source}: [data] lacks {', '.join(missing)}: give train, validation and test (shards), "
-                        "or a command whose output's summary.json names them")
+        raise PlanError(
+            f"{c.source}: [data] lacks {', '.join(missing)}: give train, validation and test (shards), "
+            "or a command whose output's summary.json names them"
+        )
     if "command" not in out:
         for key, value in out.items():
             if "{DATA}" in str(value):
@@ -354,8 +428,16 @@ def _train(c: _Checker, table, where: str, allowed=TRAIN_KEYS) -> Dict[str, Any]
             out[key] = c.number(value, f"{where}.{key}", minimum=0.0, strict=key == "lr")
         else:
             out[key] = c.typed(value, kind, f"{where}.{key}")
-    if "precision" in out and out["precision"] not in ("fp32", "amp", "amp_bf16", "fp16", "bf16", "pure_bf16",
-                                                        "pure_fp16", "amp_bfloat16"):
+    if "precision" in out and out["precision"] not in (
+        "fp32",
+        "amp",
+        "amp_bf16",
+        "fp16",
+        "bf16",
+        "pure_bf16",
+        "pure_fp16",
+        "amp_bfloat16",
+    ):
         c.fail(f"{where}.precision", out["precision"], "not one of OpenCLIP's precisions")
     return out
 
@@ -407,8 +489,11 @@ def _comparison(c: _Checker, table: dict, where: str, names: List[str], n_seeds:
                 c.fail(f"{where}.margin_gain.{key}", g[key], f"no such arm; the arms are {', '.join(names)}")
         gain = (g["from"], g["to"], c.number(g["share"], f"{where}.margin_gain.share", minimum=0.0, strict=True))
     if rule == "beats" and (margin is not None or gain is not None):
-        c.fail(f"{where}.margin", table.get("margin", table.get("margin_gain")),
-               "'beats' has no margin (its bar is zero and the resolution)")
+        c.fail(
+            f"{where}.margin",
+            table.get("margin", table.get("margin_gain")),
+            "'beats' has no margin (its bar is zero and the resolution)",
+        )
     if rule != "beats" and (margin is None) == (gain is None):
         raise PlanError(f"{c.source}: {where}: rule {rule!r} needs exactly one of margin and margin_gain")
     expected = c.typed(table["expected"], float, f"{where}.expected") if "expected" in table else None
@@ -430,19 +515,24 @@ def _looks(c: _Checker, doc: dict, n_seeds: int, confidence: float):
     if not looks or looks != sorted(set(looks)) or looks[-1] != n_seeds:
         c.fail("looks", looks, f"expected increasing seed counts ending at the plan's {n_seeds} seeds")
     if "alpha_split" not in doc:
-        raise PlanError(f"{c.source}: looks = {looks!r} needs alpha_split: the error {1 - confidence:.3g} spent over "
-                        "the looks (a list, or \"bonferroni\" for equal shares)")
+        raise PlanError(
+            f"{c.source}: looks = {looks!r} needs alpha_split: the error {1 - confidence:.3g} spent over "
+            'the looks (a list, or "bonferroni" for equal shares)'
+        )
     split = doc["alpha_split"]
     total = 1 - confidence
     if split == "bonferroni":
         alpha = [total / len(looks)] * len(looks)
     else:
         if not isinstance(split, list) or len(split) != len(looks):
-            c.fail("alpha_split", split, f"expected {len(looks)} numbers (one a look) or \"bonferroni\"")
+            c.fail("alpha_split", split, f'expected {len(looks)} numbers (one a look) or "bonferroni"')
         alpha = [c.fraction(v, "alpha_split") for v in split]
         if sum(alpha) > total + 1e-9:
-            c.fail("alpha_split", split, f"spends {sum(alpha):.4g}, more than the plan's error 1 - confidence = "
-                   f"{total:.4g}")
+            c.fail(
+                "alpha_split",
+                split,
+                f"spends {sum(alpha):.4g}, more than the plan's error 1 - confidence = {total:.4g}",
+            )
     return tuple(looks), tuple(alpha)
 
 
@@ -459,7 +549,11 @@ def plan_changes(old: Dict[str, Any], new: Dict[str, Any], where: str = "") -> L
             else:
                 out += plan_changes(old[key], new[key], sub)
         return out
-    if (isinstance(old, list) and isinstance(new, list) and len(old) == len(new)
-            and any(isinstance(v, (dict, list)) for v in old)):
+    if (
+        isinstance(old, list)
+        and isinstance(new, list)
+        and len(old) == len(new)
+        and any(isinstance(v, (dict, list)) for v in old)
+    ):
         return [c for i, (x, y) in enumerate(zip(old, new)) for c in plan_changes(x, y, f"{where}[{i}]")]
     return [] if old == new else [f"{where}: {old!r} -> {new!r}"]

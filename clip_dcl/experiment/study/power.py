@@ -2,6 +2,7 @@
 spread (the comparison's ``paired_sd``, the plan's, or an earlier study's ``STUDY.json`` named by
 ``spread_from``), the seeds each comparison needs for the plan's power at its confidence (one look), and the
 power its own seeds give."""
+
 from __future__ import annotations
 
 import json
@@ -52,5 +53,13 @@ def planned_power(plan: Plan, c) -> dict:
     need = seeds_needed(c.rule, sd, plan.confidence, plan.power, expected=expected, margin=c.margin)
     n = len(plan.comparison_seeds(c))
     have = power(c.rule, n, sd, plan.confidence, expected=expected, margin=c.margin)
-    return {"n": n, "sd": sd, "where": where, "expected": expected, "need": need, "power": have,
-            "target": plan.power, "short": not (need is not None and need <= n)}
+    return {
+        "n": n,
+        "sd": sd,
+        "where": where,
+        "expected": expected,
+        "need": need,
+        "power": have,
+        "target": plan.power,
+        "short": not (need is not None and need <= n),
+    }

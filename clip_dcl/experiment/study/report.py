@@ -12,6 +12,7 @@ minus its share of the error, and stops a comparison at its first verdict. Runs 
 hardware (CPU model, GPU, torch) are never paired unless the plan's ``pair_across`` says so: such a seed is
 left out and the comparison gets no verdict.
 """
+
 from __future__ import annotations
 
 from collections import Counter
@@ -28,12 +29,12 @@ from .rule import judge, reason
 
 RULE_TEXT = {
     "beats": "**beats**: the interval lies above zero and the mean exceeds the resolution ({res}); **trails**: the "
-             "mirror image; an interval on one side of zero whose mean is inside the resolution is a **tie**; an "
-             "interval across zero gives **no verdict**",
+    "mirror image; an interval on one side of zero whose mean is inside the resolution is a **tie**; an "
+    "interval across zero gives **no verdict**",
     "reaches": "**reaches**: the interval lies above minus the margin; **does not reach**: it lies below; otherwise "
-               "**no verdict**",
+    "**no verdict**",
     "matches": "**matches**: the interval lies inside plus or minus the margin; **differs**: it lies wholly "
-               "outside; otherwise **no verdict**",
+    "outside; otherwise **no verdict**",
 }
 
 
@@ -55,8 +56,14 @@ def plan_committed(plan: Plan, commit: Optional[str]) -> Optional[str]:
 
     def git(*args) -> Optional[str]:
         try:
-            out = subprocess.run(["git", *args], cwd=source.parent, capture_output=True, text=True, timeout=30,
-                                 env={**os.environ, "TZ": "UTC"})
+            out = subprocess.run(
+                ["git", *args],
+                cwd=source.parent,
+                capture_output=True,
+                text=True,
+                timeout=30,
+                env={**os.environ, "TZ": "UTC"},
+            )
         except (OSError, subprocess.SubprocessError):
             return None
         return out.stdout if out.returncode == 0 else None
@@ -67,8 +74,9 @@ def plan_committed(plan: Plan, commit: Optional[str]) -> Optional[str]:
             return None
     except ValueError:  # PlanError, or a file that is no plan
         return None
-    return (git("log", "-1", "--format=%cd", "--date=format-local:%Y-%m-%d %H:%M:%S", ref, "--", source.name)
-            or "").strip() or None
+    return (
+        git("log", "-1", "--format=%cd", "--date=format-local:%Y-%m-%d %H:%M:%S", ref, "--", source.name) or ""
+    ).strip() or None
 
 
 def progress(plan: Plan, work: Path) -> Dict[str, object]:
@@ -133,15 +141,24 @@ def decisions(plan: Plan, work: Path, state: Optional[dict] = None) -> List[dict
     out = []
     for c in plan.comparisons:
         looks, final = [], None
-        for k, (n, alpha) in enumerate(design[:state["complete_looks"]], start=1):
+        for k, (n, alpha) in enumerate(design[: state["complete_looks"]], start=1):
             seeds = [s for s in plan.seeds[:n] if s in plan.comparison_seeds(c)]
             row = {"look": k, "alpha": alpha, **judged(plan, work, c, seeds, plan.split, 1 - alpha)}
             looks.append(row)
             if row["verdict"] != "no verdict" or k == len(design):
                 final = row
                 break
-        out.append({"a": c.a, "b": c.b, "rule": c.rule, "label": c.label, "looks": looks, "final": final,
-                    "planned": _planned(plan, c)})
+        out.append(
+            {
+                "a": c.a,
+                "b": c.b,
+                "rule": c.rule,
+                "label": c.label,
+                "looks": looks,
+                "final": final,
+                "planned": _planned(plan, c),
+            }
+        )
     return out
 
 
@@ -159,11 +176,14 @@ def planned_text(c: dict) -> str:
     if "power" not in p:
         return f"not planned: {p.get('unchecked', 'no paired spread given')}"
     need = p["need"] if p["need"] else "more than 1000"
-    text = (f"power {p['power']:.2f} with its {p['n']} seeds (paired sd {_points(p['sd'], False)} points from "
-            f"{p['where']}, true difference assumed {_points(p['expected'])} points); {need} seeds give "
-            f"{p['target']:g}")
-    return text + (" -- TOO FEW SEEDS: a real difference of that size would often give no verdict"
-                   if p["short"] else "")
+    text = (
+        f"power {p['power']:.2f} with its {p['n']} seeds (paired sd {_points(p['sd'], False)} points from "
+        f"{p['where']}, true difference assumed {_points(p['expected'])} points); {need} seeds give "
+        f"{p['target']:g}"
+    )
+    return text + (
+        " -- TOO FEW SEEDS: a real difference of that size would often give no verdict" if p["short"] else ""
+    )
 
 
 def all_decided(rows: List[dict]) -> bool:
@@ -206,10 +226,15 @@ def verdict_line(c: dict, doc: dict) -> str:
     r = c["final"]
     looks = len(doc.get("looks") or [1])
     look = f", look {r['look']} of {looks}" if looks > 1 else ""
-    interval = "no interval" if r["n"] < 2 else \
-        f"{100 * r['confidence']:.0f} % interval [{_points(r['lo'])}, {_points(r['hi'])}]"
-    return (f"{c['label']} ({r['split']} split, {r['n']} seeds{look}): mean {_points(r['mean'])} points, {interval} "
-            f"-> {r['verdict']}: {why(c, r, doc['resolution'])}")
+    interval = (
+        "no interval"
+        if r["n"] < 2
+        else f"{100 * r['confidence']:.0f} % interval [{_points(r['lo'])}, {_points(r['hi'])}]"
+    )
+    return (
+        f"{c['label']} ({r['split']} split, {r['n']} seeds{look}): mean {_points(r['mean'])} points, {interval} "
+        f"-> {r['verdict']}: {why(c, r, doc['resolution'])}"
+    )
 
 
 #: What the report's words mean, for a reader who has not met the rule; it opens the report.
@@ -225,8 +250,7 @@ GLOSSARY = [
     "- **look**: a point, fixed in the plan, at which the report may judge (a number of seeds); a one-look plan "
     "judges once, when every run has its scores. Each extra look costs confidence, so each is judged at a "
     "stricter interval.",
-    "- **no verdict**: the interval crosses the bar it is read against; the data cannot tell, and more seeds "
-    "might.",
+    "- **no verdict**: the interval crosses the bar it is read against; the data cannot tell, and more seeds might.",
 ]
 
 
@@ -237,8 +261,11 @@ def build(plan: Plan, work: Path) -> dict:
     state = progress(plan, work)
     rows = decisions(plan, work, state)
     design = plan.design()
-    tested = set(plan.seeds[:design[state["complete_looks"] - 1][0]]) if state["complete_looks"] and \
-        not plan.exploratory else set()
+    tested = (
+        set(plan.seeds[: design[state["complete_looks"] - 1][0]])
+        if state["complete_looks"] and not plan.exploratory
+        else set()
+    )
     runs = []
     for arm, seed in plan.runs():
         rec = W.read_record(work, arm, seed)
@@ -247,15 +274,33 @@ def build(plan: Plan, work: Path) -> dict:
             continue
         val = W.read_scores(work, arm, seed, "validation") or {}
         test = W.read_scores(work, arm, seed, "test") if seed in tested else None
-        runs.append({**rec, "arm": arm, "seed": seed, "finished": (arm, seed) in state["done"], "validation": val,
-                     **({"test": test} if test is not None else {})})
-    validation = [{"label": c.label, **judged(plan, work, c, plan.comparison_seeds(c), "validation", plan.confidence)}
-                  for c in plan.comparisons]
+        runs.append(
+            {
+                **rec,
+                "arm": arm,
+                "seed": seed,
+                "finished": (arm, seed) in state["done"],
+                "validation": val,
+                **({"test": test} if test is not None else {}),
+            }
+        )
+    validation = [
+        {"label": c.label, **judged(plan, work, c, plan.comparison_seeds(c), "validation", plan.confidence)}
+        for c in plan.comparisons
+    ]
     for v in validation:
         v.pop("verdict")  # the validation split chooses; it never judges
     failed = [a for a in W.attempts(work) if a["exit"] != 0]
-    reruns = [{"arm": a["arm"], "seed": a["seed"], "failed": a["started"], "exit": a["exit"],
-               **({"stopped": a["stopped"]} if a.get("stopped") else {})} for a in failed]
+    reruns = [
+        {
+            "arm": a["arm"],
+            "seed": a["seed"],
+            "failed": a["started"],
+            "exit": a["exit"],
+            **({"stopped": a["stopped"]} if a.get("stopped") else {}),
+        }
+        for a in failed
+    ]
     reruns += [{"arm": r["arm"], "seed": r["seed"], "resumed": True} for r in runs if r.get("resumed")]
     starts = [a["started"] for a in W.attempts(work) if a.get("started")]
     starts += [r["started"] for r in runs if r.get("started")]
@@ -263,21 +308,40 @@ def build(plan: Plan, work: Path) -> dict:
     if decided and state["n_done"] == state["n_planned"]:
         status = "complete"
     elif decided:
-        status = (f"complete: every comparison decided at a look ({state['n_done']} of {state['n_planned']} runs; "
-                  "later looks' runs not needed)")
+        status = (
+            f"complete: every comparison decided at a look ({state['n_done']} of {state['n_planned']} runs; "
+            "later looks' runs not needed)"
+        )
     else:
         status = f"incomplete: {state['n_done']} of {state['n_planned']} runs"
         if state["complete_looks"]:
             status += f" (look {state['complete_looks']} of {len(design)} complete)"
-    return {"title": plan.title or Path(plan.source).stem, "status": status, "plan": plan.source,
-            "plan_sha256": plan.sha256, "sealed": seal and seal["sealed"], "sealed_commit": seal and seal["commit"],
-            "plan_committed": plan_committed(plan, seal and seal["commit"]), "first_run": min(starts, default=None),
-            "recipe": plan.recipe, "split": plan.split, "exploratory": plan.exploratory,
-            "design": plan.design_text(), "looks": [list(x) for x in design],
-            "metric": plan.metric, "confidence": plan.confidence, "resolution": plan.resolution,
-            "pair_across": list(plan.pair_across), "runs_done": state["n_done"], "runs_planned": state["n_planned"],
-            "comparisons": rows, "validation": validation, "reruns": reruns, "runs": runs,
-            "plan_canonical": plan.canonical()}
+    return {
+        "title": plan.title or Path(plan.source).stem,
+        "status": status,
+        "plan": plan.source,
+        "plan_sha256": plan.sha256,
+        "sealed": seal and seal["sealed"],
+        "sealed_commit": seal and seal["commit"],
+        "plan_committed": plan_committed(plan, seal and seal["commit"]),
+        "first_run": min(starts, default=None),
+        "recipe": plan.recipe,
+        "split": plan.split,
+        "exploratory": plan.exploratory,
+        "design": plan.design_text(),
+        "looks": [list(x) for x in design],
+        "metric": plan.metric,
+        "confidence": plan.confidence,
+        "resolution": plan.resolution,
+        "pair_across": list(plan.pair_across),
+        "runs_done": state["n_done"],
+        "runs_planned": state["n_planned"],
+        "comparisons": rows,
+        "validation": validation,
+        "reruns": reruns,
+        "runs": runs,
+        "plan_canonical": plan.canonical(),
+    }
 
 
 def provenance(doc: dict) -> str:
@@ -291,12 +355,15 @@ def provenance(doc: dict) -> str:
     committed = doc.get("plan_committed")
     if committed:
         when = "before" if first is None or committed < first else "after"
-        return (f"committed {committed[:16]}, {when} its first run ({first or 'none yet'}); sealed {sealed} at commit "
-                f"{commit}")
+        return (
+            f"committed {committed[:16]}, {when} its first run ({first or 'none yet'}); sealed {sealed} at commit "
+            f"{commit}"
+        )
     # A seal's date is a local file's word, and its commit is the code's: neither vouches for the plan.
-    return (f"the plan was not committed to git, so no date of record shows it fixed before its runs; its work "
-            f"folder was sealed {sealed} (clip-dcl at commit {commit or '-'})"
-            + (f", first run {first}" if first else ""))
+    return (
+        f"the plan was not committed to git, so no date of record shows it fixed before its runs; its work "
+        f"folder was sealed {sealed} (clip-dcl at commit {commit or '-'})" + (f", first run {first}" if first else "")
+    )
 
 
 def _rerun_text(r: dict) -> str:
@@ -314,66 +381,137 @@ def markdown(doc: dict, plan: Plan, figure_name: str = "STUDY.png") -> List[str]
     commits = Counter(r["commit"] for r in done)
     machines = Counter(r.get("hardware", "?") for r in done)
     rules = sorted({c.rule for c in plan.comparisons}, key=list(RULE_TEXT).index)
-    lines = [f"# Study: {doc['title']}", "", f"- Status: **{doc['status']}**", "", "## How to read it", "",
-             *GLOSSARY, "", "## The plan and its runs", "",
-             f"- Plan: `{doc['plan']}` (sha256 {doc['plan_sha256'][:12]}), {provenance(doc)}; recipe `{doc['recipe']}`",
-             f"- Design: {doc['design']}",
-             f"- Metric: `{doc['metric']}` in points (percent); resolution ±{_points(doc['resolution'], False)} "
-             "points",
-             "- Runs' commits: " + (", ".join(f"{c} ({n} runs)" for c, n in commits.items()) or "none yet"),
-             "- Runs' machines: " + ("; ".join(f"{m} ({n} runs)" for m, n in machines.items()) or "none yet")
-             + ("" if not doc["pair_across"] else f" (the plan pairs across {', '.join(doc['pair_across'])})"),
-             "- Rerun runs: " + (", ".join(f"{r['arm']} seed {r['seed']} (" + _rerun_text(r) + ")"
-                                  for r in doc["reruns"]) or "none"),
-             "- The rule (paired by seed; mean difference and its t-interval): "
-             + "; ".join(RULE_TEXT[r].format(res=_points(doc["resolution"], False) + " points") for r in rules)
-             + ".",
-             f"- Planned power (as `clip-dcl study check` computed it, at {100 * doc['confidence']:.0f} %, one look):",
-             *[f"  - {c['label']}: {planned_text(c)}" for c in doc["comparisons"]], ""]
+    lines = [
+        f"# Study: {doc['title']}",
+        "",
+        f"- Status: **{doc['status']}**",
+        "",
+        "## How to read it",
+        "",
+        *GLOSSARY,
+        "",
+        "## The plan and its runs",
+        "",
+        f"- Plan: `{doc['plan']}` (sha256 {doc['plan_sha256'][:12]}), {provenance(doc)}; recipe `{doc['recipe']}`",
+        f"- Design: {doc['design']}",
+        f"- Metric: `{doc['metric']}` in points (percent); resolution ±{_points(doc['resolution'], False)} points",
+        "- Runs' commits: " + (", ".join(f"{c} ({n} runs)" for c, n in commits.items()) or "none yet"),
+        "- Runs' machines: "
+        + ("; ".join(f"{m} ({n} runs)" for m, n in machines.items()) or "none yet")
+        + ("" if not doc["pair_across"] else f" (the plan pairs across {', '.join(doc['pair_across'])})"),
+        "- Rerun runs: "
+        + (", ".join(f"{r['arm']} seed {r['seed']} (" + _rerun_text(r) + ")" for r in doc["reruns"]) or "none"),
+        "- The rule (paired by seed; mean difference and its t-interval): "
+        + "; ".join(RULE_TEXT[r].format(res=_points(doc["resolution"], False) + " points") for r in rules)
+        + ".",
+        f"- Planned power (as `clip-dcl study check` computed it, at {100 * doc['confidence']:.0f} %, one look):",
+        *[f"  - {c['label']}: {planned_text(c)}" for c in doc["comparisons"]],
+        "",
+    ]
     short = [c["label"] for c in doc["comparisons"] if (c.get("planned") or {}).get("short")]
     if short:  # check's warning, kept where the verdicts are read
         lines[2:3] = [lines[2], f"- Too few seeds for power {plan.power:g}: {', '.join(short)} (see Planned power)"]
     tested = [c for c in doc["comparisons"] if c["looks"]]
     if tested:
-        lines += ["## Verdicts (test split)" if not doc["exploratory"] else
-                  "## Readings (validation split: an exploratory study chooses, it makes no claim)", ""]
+        lines += [
+            "## Verdicts (test split)"
+            if not doc["exploratory"]
+            else "## Readings (validation split: an exploratory study chooses, it makes no claim)",
+            "",
+        ]
         table = []
         for c in doc["comparisons"]:
             for r in c["looks"]:
                 final = c["final"] is r
-                table.append([f"{c['a']} - {c['b']} ({c['rule']})", f"{r['look']} at {100 * (1 - r['alpha']):.3g} %",
-                              r["n"], _per_seed(r), _points(r["mean"]), _interval(r),
-                              _threshold(c["rule"], r["margin"], doc["resolution"]),
-                              f"**{r['verdict']}**" if final else f"{r['verdict']} (look goes on)"])
+                table.append(
+                    [
+                        f"{c['a']} - {c['b']} ({c['rule']})",
+                        f"{r['look']} at {100 * (1 - r['alpha']):.3g} %",
+                        r["n"],
+                        _per_seed(r),
+                        _points(r["mean"]),
+                        _interval(r),
+                        _threshold(c["rule"], r["margin"], doc["resolution"]),
+                        f"**{r['verdict']}**" if final else f"{r['verdict']} (look goes on)",
+                    ]
+                )
             if not c["looks"]:
                 table.append([f"{c['a']} - {c['b']} ({c['rule']})", "-", 0, "-", "-", "-", "-", "not judged yet"])
-        lines += [markdown_table(["comparison", "look, interval", "seeds", "per-seed differences (points)", "mean",
-                                  "interval", "read against (points)", "verdict"], table, "llrlrlll"), ""]
-        lines += [f"- {c['label']}: **{c['final']['verdict']}**: {why(c, c['final'], doc['resolution'])}."
-                  for c in doc["comparisons"] if c["final"]] + [""]
-        notes = [f"- {c['label']}: left out " + "; ".join(r["left_out"]) for c in doc["comparisons"]
-                 for r in c["looks"] if r["left_out"]]
+        lines += [
+            markdown_table(
+                [
+                    "comparison",
+                    "look, interval",
+                    "seeds",
+                    "per-seed differences (points)",
+                    "mean",
+                    "interval",
+                    "read against (points)",
+                    "verdict",
+                ],
+                table,
+                "llrlrlll",
+            ),
+            "",
+        ]
+        lines += [
+            f"- {c['label']}: **{c['final']['verdict']}**: {why(c, c['final'], doc['resolution'])}."
+            for c in doc["comparisons"]
+            if c["final"]
+        ] + [""]
+        notes = [
+            f"- {c['label']}: left out " + "; ".join(r["left_out"])
+            for c in doc["comparisons"]
+            for r in c["looks"]
+            if r["left_out"]
+        ]
         lines += notes + ([""] if notes else [])
     else:
-        lines += [f"**{doc['status']}**: no verdict and no " + ("reading" if doc["exploratory"] else "test-split score")
-                  + " until every planned run of a look has its scores.", ""]
+        lines += [
+            f"**{doc['status']}**: no verdict and no "
+            + ("reading" if doc["exploratory"] else "test-split score")
+            + " until every planned run of a look has its scores.",
+            "",
+        ]
     if not doc["exploratory"] or not tested:
-        lines += ["## Validation split (for choices; never a verdict)", "",
-                  markdown_table(["comparison", "seeds", "per-seed differences (points)", "mean",
-                                  f"{100 * doc['confidence']:.0f} % interval"],
-                                 [[v["label"], v["n"], _per_seed(v), _points(v["mean"]), _interval(v)]
-                                  for v in doc["validation"]], "lrlrl"), ""]
+        lines += [
+            "## Validation split (for choices; never a verdict)",
+            "",
+            markdown_table(
+                [
+                    "comparison",
+                    "seeds",
+                    "per-seed differences (points)",
+                    "mean",
+                    f"{100 * doc['confidence']:.0f} % interval",
+                ],
+                [[v["label"], v["n"], _per_seed(v), _points(v["mean"]), _interval(v)] for v in doc["validation"]],
+                "lrlrl",
+            ),
+            "",
+        ]
     show_test = any("test" in r for r in doc["runs"])
     head = ["arm", "seed", "recipe", "commit", "started", f"validation {doc['metric']}"]
     rows = []
     for r in doc["runs"]:
-        cells = [r["arm"], r["seed"], r.get("recipe", "-"), r.get("commit", "-"), r.get("started") or "-",
-                 _points(r.get("validation", {}).get(doc["metric"]), False) if r.get("finished") else "not run"]
+        cells = [
+            r["arm"],
+            r["seed"],
+            r.get("recipe", "-"),
+            r.get("commit", "-"),
+            r.get("started") or "-",
+            _points(r.get("validation", {}).get(doc["metric"]), False) if r.get("finished") else "not run",
+        ]
         if show_test:
             cells.append(_points(r["test"].get(doc["metric"]), False) if "test" in r else "-")
         rows.append(cells)
-    lines += ["## Runs", "", markdown_table(head + ([f"test {doc['metric']}"] if show_test else []), rows), "",
-              f"![every comparison on one axis: seeds, mean, interval, zero and margins]({figure_name})"]
+    lines += [
+        "## Runs",
+        "",
+        markdown_table(head + ([f"test {doc['metric']}"] if show_test else []), rows),
+        "",
+        f"![every comparison on one axis: seeds, mean, interval, zero and margins]({figure_name})",
+    ]
     return lines
 
 
@@ -392,9 +530,19 @@ def forest_rows(doc: dict) -> List[dict]:
             bars = [-100 * margin]
         elif c["rule"] == "matches" and margin is not None:
             bars = [-100 * margin, 100 * margin]
-        rows.append({"label": c["label"], "rule": c["rule"], "split": split, "verdict": verdict, "n": r["n"],
-                     "seeds": [100 * d for d in r["diffs"]], "mean": 100 * r["mean"] if r["n"] else None,
-                     "interval": (100 * r["lo"], 100 * r["hi"]) if r["n"] >= 2 else None, "bars": bars})
+        rows.append(
+            {
+                "label": c["label"],
+                "rule": c["rule"],
+                "split": split,
+                "verdict": verdict,
+                "n": r["n"],
+                "seeds": [100 * d for d in r["diffs"]],
+                "mean": 100 * r["mean"] if r["n"] else None,
+                "interval": (100 * r["lo"], 100 * r["hi"]) if r["n"] >= 2 else None,
+                "bars": bars,
+            }
+        )
     return rows
 
 
@@ -418,24 +566,37 @@ def figure(doc: dict, path: Path) -> Path:
     for i, row in enumerate(rows):
         y = len(rows) - 1 - i  # the plan's first comparison on top
         if row["rule"] == "beats" and res > 0:
-            ax.fill_betweenx([y - 0.35, y + 0.35], -res, res, color="grey", alpha=0.18, lw=0,
-                             label=once("± resolution (beats)"))
+            ax.fill_betweenx(
+                [y - 0.35, y + 0.35], -res, res, color="grey", alpha=0.18, lw=0, label=once("± resolution (beats)")
+            )
         for x in row["bars"]:
             ax.plot([x, x], [y - 0.35, y + 0.35], color="C2", ls="--", lw=1.5, label=once("margin"))
         k = len(row["seeds"])
         offsets = [0.0] if k == 1 else [-0.2 + 0.4 * j / (k - 1) for j in range(k)]  # spread, so dots do not hide
-        ax.scatter(row["seeds"], [y + o for o in offsets], s=16, color="C0", alpha=0.75, zorder=3,
-                   label=once("one seed"))
+        ax.scatter(
+            row["seeds"], [y + o for o in offsets], s=16, color="C0", alpha=0.75, zorder=3, label=once("one seed")
+        )
         if row["interval"] is not None:
             lo, hi = row["interval"]
-            ax.errorbar([row["mean"]], [y], xerr=[[row["mean"] - lo], [hi - row["mean"]]], fmt="s", color="C3",
-                        ms=7, capsize=5, lw=2, zorder=4, label=once(f"mean, {100 * doc['confidence']:.0f} % interval"))
+            ax.errorbar(
+                [row["mean"]],
+                [y],
+                xerr=[[row["mean"] - lo], [hi - row["mean"]]],
+                fmt="s",
+                color="C3",
+                ms=7,
+                capsize=5,
+                lw=2,
+                zorder=4,
+                label=once(f"mean, {100 * doc['confidence']:.0f} % interval"),
+            )
         elif row["mean"] is not None:
             ax.plot([row["mean"]], [y], "s", color="C3", ms=7, zorder=4)
     ax.axvline(0, color="black", lw=1)
     ax.set_yticks(range(len(rows)))
-    ax.set_yticklabels([f"{r['label']}\n{r['verdict']} ({r['split']}, {r['n']} seeds)" for r in reversed(rows)],
-                       fontsize=9)
+    ax.set_yticklabels(
+        [f"{r['label']}\n{r['verdict']} ({r['split']}, {r['n']} seeds)" for r in reversed(rows)], fontsize=9
+    )
     ax.set_ylim(-0.7, len(rows) - 0.3)
     ax.set_xlabel(f"a - b, {doc['metric']} in points (paired by seed)")
     ax.grid(axis="x", alpha=0.3)
@@ -444,8 +605,9 @@ def figure(doc: dict, path: Path) -> Path:
     return save_figure(fig, path, doc["title"])
 
 
-def write_report(plan: Plan, work: Path, out: Optional[Path] = None, command: str = "",
-                 name: str = "STUDY") -> Dict[str, object]:
+def write_report(
+    plan: Plan, work: Path, out: Optional[Path] = None, command: str = "", name: str = "STUDY"
+) -> Dict[str, object]:
     """Write ``NAME.md/.json/.png`` (default ``STUDY``) into ``out`` (default ``work``); return the document
     and the paths."""
     work = Path(work)

@@ -1,6 +1,7 @@
 """The study's decision rule on paired differences (docs/studies.md, "The rule"), and the seeds it
 needs for a stated power: `power` (noncentral t) and `seeds_needed`.
 """
+
 from __future__ import annotations
 
 import math
@@ -11,8 +12,14 @@ from ..stats import t_interval
 POSITIVE = {"beats": "beats", "reaches": "reaches", "matches": "matches"}
 
 
-def verdict(rule: str, interval: Dict[str, float], *, resolution: float = 0.0, margin: Optional[float] = None,
-            min_seeds: int = 2) -> str:
+def verdict(
+    rule: str,
+    interval: Dict[str, float],
+    *,
+    resolution: float = 0.0,
+    margin: Optional[float] = None,
+    min_seeds: int = 2,
+) -> str:
     """The rule's reading of ``interval`` (`t_interval`'s); "no verdict" below ``min_seeds`` differences."""
     n, lo, hi, mean = interval["n"], interval["lo"], interval["hi"], interval["mean"]
     if n < max(2, min_seeds) or not (math.isfinite(lo) and math.isfinite(hi)):
@@ -54,11 +61,15 @@ def reason(rule: str, row: Dict[str, object], resolution: float = 0.0) -> str:
         if said == "no verdict":
             return "the interval crosses zero: the data cannot tell which is better"
         if said == "tie":
-            return (f"a tie: the interval lies on one side of zero, but its mean ({_pt(mean)}) is within the "
-                    f"resolution of ±{_points(resolution)}, too small a difference to count")
+            return (
+                f"a tie: the interval lies on one side of zero, but its mean ({_pt(mean)}) is within the "
+                f"resolution of ±{_points(resolution)}, too small a difference to count"
+            )
         side = "above" if said == "beats" else "below"
-        return (f"the whole interval lies {side} zero and its mean ({_pt(mean)}) is past the resolution of "
-                f"±{_points(resolution)}")
+        return (
+            f"the whole interval lies {side} zero and its mean ({_pt(mean)}) is past the resolution of "
+            f"±{_points(resolution)}"
+        )
     if margin is None:
         return "no margin to read the interval against"
     bar = f"the bar of {_pt(-margin)} points (minus the margin of {_points(margin)})"
@@ -75,16 +86,34 @@ def reason(rule: str, row: Dict[str, object], resolution: float = 0.0) -> str:
     return f"the interval crosses ±{_points(margin)} (the margin): the data cannot tell whether they match"
 
 
-def judge(rule: str, diffs: Sequence[float], confidence: float, *, resolution: float = 0.0,
-          margin: Optional[float] = None, min_seeds: int = 2) -> Dict[str, object]:
+def judge(
+    rule: str,
+    diffs: Sequence[float],
+    confidence: float,
+    *,
+    resolution: float = 0.0,
+    margin: Optional[float] = None,
+    min_seeds: int = 2,
+) -> Dict[str, object]:
     """`t_interval` of ``diffs`` with the rule's ``verdict`` (and the ``margin`` it read)."""
     st = t_interval(list(diffs), confidence)
-    return {**st, "margin": margin, "verdict": verdict(rule, st, resolution=resolution, margin=margin,
-                                                       min_seeds=min_seeds)}
+    return {
+        **st,
+        "margin": margin,
+        "verdict": verdict(rule, st, resolution=resolution, margin=margin, min_seeds=min_seeds),
+    }
 
 
-def power(rule: str, n: int, sd: float, confidence: float, *, expected: float = 0.0, margin: Optional[float] = None,
-          resolution: float = 0.0) -> float:
+def power(
+    rule: str,
+    n: int,
+    sd: float,
+    confidence: float,
+    *,
+    expected: float = 0.0,
+    margin: Optional[float] = None,
+    resolution: float = 0.0,
+) -> float:
     """P(the rule's positive verdict) with ``n`` seeds, paired differences ~ Normal(``expected``, ``sd``).
 
     The bound clears ``c`` when ``(mean - c) / (s / sqrt n) > t_{(1 + confidence) / 2, n - 1}``, a noncentral
@@ -111,16 +140,25 @@ def power(rule: str, n: int, sd: float, confidence: float, *, expected: float = 
     raise ValueError(f"unknown rule {rule!r}")
 
 
-def planned_power(rule: str, n: int, sd: float, confidence: float, expected: float,
-                  margin: Optional[float] = None) -> float:
+def planned_power(
+    rule: str, n: int, sd: float, confidence: float, expected: float, margin: Optional[float] = None
+) -> float:
     """A plan's stated power: for ``beats`` a verdict in the expected direction counts (a plan expecting
     ``a`` to trail plans for trails).
     """
     return power(rule, n, sd, confidence, expected=abs(expected) if rule == "beats" else expected, margin=margin)
 
 
-def seeds_needed(rule: str, sd: float, confidence: float, target: float = 0.8, *, expected: float = 0.0,
-                 margin: Optional[float] = None, cap: int = 1000) -> Optional[int]:
+def seeds_needed(
+    rule: str,
+    sd: float,
+    confidence: float,
+    target: float = 0.8,
+    *,
+    expected: float = 0.0,
+    margin: Optional[float] = None,
+    cap: int = 1000,
+) -> Optional[int]:
     """The fewest seeds (2 at least) whose `power` reaches ``target``; None when ``cap`` seeds do not."""
     for n in range(2, cap + 1):
         if power(rule, n, sd, confidence, expected=expected, margin=margin) >= target:

@@ -4,6 +4,7 @@ The last step of each run's line: scores on the validation and test splits
 (`clip_dcl.experiment.scoring.evaluate`) and ``run.json`` (arm, seed, recipe, commit, machine,
 training times, checkpoint). It prints no score: the test split is read by the report, once.
 """
+
 from __future__ import annotations
 
 import json
@@ -27,14 +28,20 @@ def hardware() -> str:
 
 def training_times(out_log: Path) -> Dict[str, Optional[str]]:
     """The first and last time stamps of OpenCLIP's ``out.log`` and the seconds between."""
-    stamps = re.findall(r"^(\d{4}-\d\d-\d\d,\d\d:\d\d:\d\d)", out_log.read_text(errors="replace"), flags=re.M) \
-        if out_log.is_file() else []
+    stamps = (
+        re.findall(r"^(\d{4}-\d\d-\d\d,\d\d:\d\d:\d\d)", out_log.read_text(errors="replace"), flags=re.M)
+        if out_log.is_file()
+        else []
+    )
     if not stamps:
         return {"started": None, "ended": None, "train_seconds": None}
     fmt = "%Y-%m-%d,%H:%M:%S"
     a, b = datetime.strptime(stamps[0], fmt), datetime.strptime(stamps[-1], fmt)
-    return {"started": a.strftime("%Y-%m-%d %H:%M:%S"), "ended": b.strftime("%Y-%m-%d %H:%M:%S"),
-            "train_seconds": (b - a).total_seconds()}
+    return {
+        "started": a.strftime("%Y-%m-%d %H:%M:%S"),
+        "ended": b.strftime("%Y-%m-%d %H:%M:%S"),
+        "train_seconds": (b - a).total_seconds(),
+    }
 
 
 def work_relative(folder, path) -> str:
@@ -44,9 +51,19 @@ def work_relative(folder, path) -> str:
     return os.path.relpath(Path(path).resolve(), base)
 
 
-def score_run(folder, checkpoint, *, validation: str, test: str, validation_zeroshot: Optional[str] = None,
-              test_zeroshot: Optional[str] = None, recipe: str = "custom", arm: str = "", seed: int = 0,
-              device: str = "auto") -> dict:
+def score_run(
+    folder,
+    checkpoint,
+    *,
+    validation: str,
+    test: str,
+    validation_zeroshot: Optional[str] = None,
+    test_zeroshot: Optional[str] = None,
+    recipe: str = "custom",
+    arm: str = "",
+    seed: int = 0,
+    device: str = "auto",
+) -> dict:
     """Score ``checkpoint`` on both splits and write the run's files into ``folder``; return its record."""
     from ..scoring import evaluate
 
@@ -56,14 +73,24 @@ def score_run(folder, checkpoint, *, validation: str, test: str, validation_zero
         data["zeroshot"] = {"dir": str(Path(validation_zeroshot).resolve())}
     if test_zeroshot:
         data["zeroshot_test"] = {"dir": str(Path(test_zeroshot).resolve())}
-    scores = {split: with_mean_r1(evaluate(checkpoint, data, split=split, fewshot=False, device=device))
-              for split in ("validation", "test")}
+    scores = {
+        split: with_mean_r1(evaluate(checkpoint, data, split=split, fewshot=False, device=device))
+        for split in ("validation", "test")
+    }
     log = folder / "out.log"
-    record = {"arm": arm, "seed": seed, "recipe": recipe, "commit": code_commit(), "machine": machine_info(),
-              "hardware": hardware(), **training_times(log), "scored": utc_date("%Y-%m-%d %H:%M:%S"),
-              "checkpoint": work_relative(folder, checkpoint),
-              "resumed": log.is_file() and "=> resuming checkpoint" in log.read_text(errors="replace"),
-              "threads": int(os.environ.get("OMP_NUM_THREADS", "0")) or None}
+    record = {
+        "arm": arm,
+        "seed": seed,
+        "recipe": recipe,
+        "commit": code_commit(),
+        "machine": machine_info(),
+        "hardware": hardware(),
+        **training_times(log),
+        "scored": utc_date("%Y-%m-%d %H:%M:%S"),
+        "checkpoint": work_relative(folder, checkpoint),
+        "resumed": log.is_file() and "=> resuming checkpoint" in log.read_text(errors="replace"),
+        "threads": int(os.environ.get("OMP_NUM_THREADS", "0")) or None,
+    }
     for split, values in scores.items():  # the record last: a run counts as finished once it exists
         (folder / f"scores-{split}.json").write_text(json.dumps(values, indent=1) + "\n")
     (folder / "run.json").write_text(json.dumps(record, indent=1) + "\n")
@@ -74,8 +101,7 @@ def main(argv: List[str]) -> int:
     from ...arguments import FlagParser
     from ..arguments import plain_text
 
-    p = FlagParser(prog="clip-dcl study score", allow_abbrev=False,
-                                description=plain_text(__doc__.split("\n\n")[0]))
+    p = FlagParser(prog="clip-dcl study score", allow_abbrev=False, description=plain_text(__doc__.split("\n\n")[0]))
     p.add_argument("folder", metavar="RUN_DIR", help="the run's folder (OpenCLIP's --logs/--name)")
     p.add_argument("--checkpoint", required=True, help="the checkpoint to score")
     p.add_argument("--validation", required=True, help="validation retrieval shards")
@@ -89,8 +115,17 @@ def main(argv: List[str]) -> int:
     args = p.parse_args(argv)
     if not Path(args.checkpoint).is_file():
         p.error(f"--checkpoint {args.checkpoint}: no such file (did the training finish?)")
-    score_run(args.folder, args.checkpoint, validation=args.validation, test=args.test,
-              validation_zeroshot=args.validation_zeroshot, test_zeroshot=args.test_zeroshot, recipe=args.recipe,
-              arm=args.arm, seed=args.seed, device=args.device)
+    score_run(
+        args.folder,
+        args.checkpoint,
+        validation=args.validation,
+        test=args.test,
+        validation_zeroshot=args.validation_zeroshot,
+        test_zeroshot=args.test_zeroshot,
+        recipe=args.recipe,
+        arm=args.arm,
+        seed=args.seed,
+        device=args.device,
+    )
     print(f"[study] scored {args.folder}: scores-validation.json, scores-test.json, run.json")
     return 0

@@ -14,6 +14,7 @@ Layout under ``WORK``::
     logs/<arm>-seed<N>.log   the output of the run's line under `study run`
     attempts.jsonl       one line per attempt `study run` made (start, end, exit code)
 """
+
 from __future__ import annotations
 
 import json
@@ -50,8 +51,11 @@ def check_seal(plan: Plan, work: Path) -> Optional[dict]:
         return None
     changes = plan_changes(seal["plan"], plan.canonical())
     if changes:
-        raise StudyError(f"the plan changed since {work} was sealed ({seal['sealed']}, {seal['source']}): "
-                         + "; ".join(changes) + "; a changed plan is a new study: give it a new --work folder")
+        raise StudyError(
+            f"the plan changed since {work} was sealed ({seal['sealed']}, {seal['source']}): "
+            + "; ".join(changes)
+            + "; a changed plan is a new study: give it a new --work folder"
+        )
     return seal
 
 
@@ -67,9 +71,15 @@ def seal(plan: Plan, work: Path) -> dict:
         return found
     work.mkdir(parents=True, exist_ok=True)
     # the plan as given on the command line (no path of this machine), its text and hash beside it
-    doc = {"plan_sha256": plan.sha256, "source": plan.source,
-           "sealed": utc_date(), "commit": code_commit(), "machine": machine_info(), "plan": plan.canonical(),
-           "plan_text": plan.text}
+    doc = {
+        "plan_sha256": plan.sha256,
+        "source": plan.source,
+        "sealed": utc_date(),
+        "commit": code_commit(),
+        "machine": machine_info(),
+        "plan": plan.canonical(),
+        "plan_text": plan.text,
+    }
     (work / "plan.toml").write_text(plan.text)
     tmp = work / (SEAL + ".tmp")
     tmp.write_text(json.dumps(doc, indent=1) + "\n")
@@ -124,9 +134,15 @@ def prepare_data(plan: Plan, work: Path, echo: Callable[[str], None] = print) ->
         log = work / "logs" / "data.log"
         log.parent.mkdir(parents=True, exist_ok=True)
         with open(log, "w") as out:
-            proc = subprocess.run([sys.executable, "-m", "clip_dcl.cli", *argv], stdout=out, stderr=subprocess.STDOUT,
-                                  env={**os.environ, "PYTHONPATH": os.pathsep.join(
-                                      [package_root(), *filter(None, [os.environ.get("PYTHONPATH")])])})
+            proc = subprocess.run(
+                [sys.executable, "-m", "clip_dcl.cli", *argv],
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                env={
+                    **os.environ,
+                    "PYTHONPATH": os.pathsep.join([package_root(), *filter(None, [os.environ.get("PYTHONPATH")])]),
+                },
+            )
         if proc.returncode != 0:
             tail = log.read_text().strip().splitlines()[-1:] or ["(no output)"]
             raise StudyError(f"the [data] command failed (exit {proc.returncode}; log {log}): {tail[0]}")
@@ -184,14 +200,18 @@ def check_splits(splits: Dict[str, object], source: str = "") -> Dict[str, objec
         missing = [s for s in shards if not os.path.isfile(s)]
         if missing:
             more = f" (and {len(missing) - 1} more of {len(shards)})" if len(missing) > 1 else ""
-            raise StudyError(f"{where}[data] {key}: {missing[0]} does not exist{more} (a relative path is read from "
-                             "the plan file's folder)")
+            raise StudyError(
+                f"{where}[data] {key}: {missing[0]} does not exist{more} (a relative path is read from "
+                "the plan file's folder)"
+            )
         if not splits.get(f"{key}_samples"):
             splits[f"{key}_samples"] = shard_samples(str(splits[key]), key)
     for key in TREE_KEYS:
         if splits.get(key) and not os.path.isdir(str(splits[key])):
-            raise StudyError(f"{where}[data] {key}: {splits[key]} is not a folder (a relative path is read from the "
-                             "plan file's folder)")
+            raise StudyError(
+                f"{where}[data] {key}: {splits[key]} is not a folder (a relative path is read from the "
+                "plan file's folder)"
+            )
     return splits
 
 
@@ -203,11 +223,16 @@ def _from_summary(folder: Path) -> Dict[str, object]:
     s = json.loads(path.read_text())
     if "test" not in s:
         raise StudyError(f"{path}: the data have no test split; add --test-samples N to the [data] command")
-    return {"train": str(folder / s["train"]["pattern"]), "train_samples": s["train"]["num_samples"],
-            "validation": str(folder / s["val"]["pattern"]), "validation_samples": s["val"]["num_samples"],
-            "test": str(folder / s["test"]["pattern"]), "test_samples": s["test"]["num_samples"],
-            "validation_zeroshot": str(folder / s["zeroshot"]["dir"]),
-            "test_zeroshot": str(folder / s["zeroshot_test"]["dir"])}
+    return {
+        "train": str(folder / s["train"]["pattern"]),
+        "train_samples": s["train"]["num_samples"],
+        "validation": str(folder / s["val"]["pattern"]),
+        "validation_samples": s["val"]["num_samples"],
+        "test": str(folder / s["test"]["pattern"]),
+        "test_samples": s["test"]["num_samples"],
+        "validation_zeroshot": str(folder / s["zeroshot"]["dir"]),
+        "test_zeroshot": str(folder / s["zeroshot_test"]["dir"]),
+    }
 
 
 def shard_samples(pattern: str, split: str) -> int:
@@ -264,8 +289,12 @@ def note_attempt(work: Path, arm: str, seed: int, started: str, seconds: float, 
     the one it left, ``continued``: the one it started from)."""
     path = Path(work) / "attempts.jsonl"
     with open(path, "a") as f:
-        f.write(json.dumps({"arm": arm, "seed": seed, "started": started, "seconds": round(seconds, 1),
-                            "exit": code, **more}) + "\n")
+        f.write(
+            json.dumps(
+                {"arm": arm, "seed": seed, "started": started, "seconds": round(seconds, 1), "exit": code, **more}
+            )
+            + "\n"
+        )
         f.flush()
         os.fsync(f.fileno())
 
