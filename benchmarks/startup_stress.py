@@ -49,6 +49,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Dict, List, Optional
 
+from clip_dcl.experiment.reporting import code_commit, machine_info
+
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 KINDS = ("launcher-SIGTERM", "group-SIGINT", "rank-SIGTERM", "rank-SIGKILL", "none")
@@ -389,6 +391,11 @@ def write_report(result: dict, out: Path) -> None:
     lines = [
         "# Start-up stress",
         "",
+        f"- Command: `{result.get('command', '-')}`",
+        f"- Date (UTC): {result.get('date', '-')}",
+        f"- Machine: {result.get('machine', '-')}; load: {result.get('load', '-')}",
+        f"- Code: {result.get('commit', '-')}",
+        "",
         f"`benchmarks/startup_stress.py --launches {result['launches']} --seed {result['seed']}`: launches of two "
         "gloo ranks through `python -m clip_dcl.train.torchrun`, each with one fault at a random moment of the "
         f"first {result['window_s']:g} s of the process it is sent to (see the script's docstring). Status: {status}.",
@@ -455,6 +462,13 @@ def main(argv: Optional[List[str]] = None) -> int:
             if args.launches < 1
             else f"--kinds: unknown {', '.join(unknown) or '(none given)'}; choose from {', '.join(KINDS)}"
         )
+    made = {
+        "command": " ".join(["python", "benchmarks/startup_stress.py", *(sys.argv[1:] if argv is None else argv)]),
+        "date": time.strftime("%Y-%m-%d %H:%M", time.gmtime()),
+        "machine": machine_info(),
+        "commit": code_commit(),
+        "load": f"1-minute load average {os.getloadavg()[0]:.1f} at the start",
+    }
     faults = plan_faults(args.launches, args.seed, args.window, kinds)
     work = args.work or Path(tempfile.mkdtemp(prefix="startup_stress_"))
     launches = []
@@ -468,8 +482,10 @@ def main(argv: Optional[List[str]] = None) -> int:
             f"{rec.rc}, {after}; {state}",
             flush=True,
         )
-        write_report(summarize(launches, args), args.out)  # as it goes: a long run can be read while it runs
-    result = summarize(launches, args)
+        write_report(
+            {**summarize(launches, args), **made}, args.out
+        )  # as it goes: a long run can be read while it runs
+    result = {**summarize(launches, args), **made}
     write_report(result, args.out)
     if args.work is None and result["clean"] == result["launches"]:
         shutil.rmtree(work, ignore_errors=True)
