@@ -212,7 +212,8 @@ def markdown(doc: dict) -> str:
                 f"The highest mean is at B = {best} ({g['batches'][best]['mean_R@1']:.2f})"
                 + (
                     f"; B = {LARGE} is {g['batches'][best]['mean_R@1'] - g['batches'][LARGE]['mean_R@1']:.2f} points "
-                    f"below it (a fixed budget in epochs gives a bigger batch fewer optimizer steps)."
+                    "below it (one reading, not tested here: a fixed budget in epochs gives a bigger batch fewer "
+                    "optimizer steps)."
                     if LARGE in g["batches"] and best != LARGE
                     else "."
                 ),
@@ -238,7 +239,8 @@ def readme_block(doc: dict) -> str:
         if "gain" in g:
             parts.append(
                 f"gate {k} ({g['plan']}) **{g['verdict']}ed**: retrieval mean R@1 {b[SMALL]['mean_R@1']:.1f} at "
-                f"B = {SMALL}, {b[LARGE]['mean_R@1']:.1f} at B = {LARGE} ({g['gain']:+.1f} points; every seed of "
+                f"B = {SMALL}, {b[LARGE]['mean_R@1']:.1f} at B = {LARGE} ({g['gain']:+.1f} points, paired by seed "
+                f"[{g['paired_gain']['lo']:+.1f}, {g['paired_gain']['hi']:+.1f}], 90 % interval; every seed of "
                 f"{LARGE} above every seed of {SMALL}: {'yes' if g['every_large_above_every_small'] else 'no'}; the "
                 "highest "
                 f"mean, {max(v['mean_R@1'] for v in b.values()):.1f}, at B = "
