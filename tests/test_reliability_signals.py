@@ -224,7 +224,8 @@ def test_torchrun_ctrl_c_through_the_launch_script_exits_130_after_the_ranks_sav
     script = Path(__file__).resolve().parents[1] / "launch" / "train_single_node.sh"
     logs = tmp_path / "logs"
     proc = subprocess.Popen(
-        ["bash", str(script), *_two_rank_flags(shards, logs)],
+        # a long first epoch (60 steps a rank): the Ctrl-C lands while steps run, not in the epoch's save
+        ["bash", str(script), *_two_rank_flags(shards, logs, "--train-num-samples", "960")],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
