@@ -267,3 +267,25 @@ def test_torchrun_ranks_stopped_by_their_own_signal_exit_75(shards, tmp_path):  
     assert rc == 75, err[-3000:]
     assert _last_line(err) == "clip-dcl train: the ranks stopped on a signal (exit codes 75); exit code 75"
     assert "ChildFailedError" not in err
+
+
+# -- a scheduler's SIGTERM to the whole job, validation workers included ------------------------------------
+@pytest.mark.slow
+def test_sigterm_to_the_process_group_after_a_validation_saves_and_exits_75(shards, tmp_path):  # noqa: F811
+    # OpenCLIP keeps its validation loader's workers alive between evaluations: the signal reaches them too, and
+    # one that died of it would fail the run's next step ("DataLoader worker ... is killed by signal")
+    logs = tmp_path / "logs"
+    flags = _flags(shards, logs, "val", "--val-data", shards, "--val-num-samples", "32", "--val-frequency", "1")
+    flags += ["--epochs", "3", "--train-num-samples", "480"]  # 60 steps an epoch: the signal lands in epoch 1
+    proc, _ = _launch(["-m", "clip_dcl.train", "--", *flags])
+    deadline = time.monotonic() + 90
+    log = logs / "val" / "out.log"
+    while not (log.exists() and "Train Epoch: 1" in log.read_text()):
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()[1][-3000:]
+        time.sleep(0.2)
+    os.killpg(proc.pid, signal.SIGTERM)
+    rc, err, _ = _finish(proc)
+    assert rc == 75, err[-3000:]
+    assert "Stopped on SIGTERM after step" in err and "Eval Epoch: 1" in log.read_text(), err[-3000:]
+    assert "Traceback" not in err and "killed by signal" not in err, err[-3000:]
+    assert len(list((logs / "val" / "checkpoints").glob("epoch_1_step_*.pt"))) == 1

@@ -108,6 +108,19 @@ def chain_worker_init(fn):
     return _Chained(fn)
 
 
+def quiet_workers(loader) -> None:
+    """Give ``loader``'s workers :func:`worker_ignores_stop_signals` (once), for loaders built by OpenCLIP
+    (validation, zero-shot): its validation workers live on between evaluations, and a signal sent to the
+    whole job would end them and fail the run's next step."""
+    from torch.utils.data import DataLoader
+
+    for stage in getattr(loader, "pipeline", [loader]):  # webdataset's WebLoader holds its DataLoader first
+        if isinstance(stage, DataLoader) and stage.num_workers > 0:
+            fn = stage.worker_init_fn
+            if fn is not worker_ignores_stop_signals and not isinstance(fn, _Chained):
+                stage.worker_init_fn = chain_worker_init(fn)
+
+
 class _Chained:
     def __init__(self, fn):
         self.fn = fn

@@ -408,6 +408,8 @@ class TrainingRun:
     def evaluate(self, model, data, epoch, args, tb_writer=None, tokenizer=None):
         """OpenCLIP's ``evaluate``, its scalars also written as one ``val`` record of ``metrics.jsonl``."""
         writer = MetricsWriter(metrics_path(args), tb_writer)
+        for info in data.values():  # before their workers start: they outlive this call
+            preemption.quiet_workers(getattr(info, "dataloader", None))
         try:
             return OPENCLIP_EVALUATE(model, data, epoch, args, tb_writer=writer, tokenizer=tokenizer)
         finally:
