@@ -609,3 +609,25 @@ def test_the_report_opens_with_its_words_and_draws_every_comparison_on_one_axis(
     assert {0.0, -2.0} <= xs
     dots = [c for c in ax.collections if c.get_label() == "one seed"]
     assert len(dots) == 1 and dots[0].get_offsets().shape == (2, 2)
+
+
+def test_a_work_folder_moved_elsewhere_reads_its_data_from_where_it_is_now(tmp_path):
+    text = PLAN.format(extra='recipe = "micro-bpe"').split("[data]")[0] + PLAN.split("[train]")[1].join(["[train]", ""])
+    (tmp_path / "p.toml").write_text(text)
+    plan = load_plan(tmp_path / "p.toml")
+    old, work = tmp_path / "old", tmp_path / "moved"
+    summary = {
+        "train": {"pattern": "train/{0..1}.tar", "num_samples": 64},
+        "val": {"pattern": "val/0.tar", "num_samples": 8},
+        "test": {"pattern": "test/0.tar", "num_samples": 8},
+        "zeroshot": {"dir": "zeroshot"},
+        "zeroshot_test": {"dir": "zeroshot_test"},
+    }
+    (work / "data").mkdir(parents=True)
+    (work / "data" / "summary.json").write_text(json.dumps(summary))
+    made = {k: str(old / "data" / "val/0.tar") for k in ("train", "validation", "test")}
+    (work / "data.json").write_text(json.dumps({"plan_data": plan.data, "splits": made}))  # made in `old`
+    splits = W.prepare_data(plan, work, echo=lambda line: pytest.fail(f"the data were made again: {line}"))
+    assert splits["validation"] == str(work.resolve() / "data" / "val" / "0.tar")
+    assert splits["train"] == str(work.resolve() / "data" / "train" / "{0..1}.tar")
+    assert splits["test_zeroshot"] == str(work.resolve() / "data" / "zeroshot_test")

@@ -125,8 +125,8 @@ def prepare_data(plan: Plan, work: Path, echo: Callable[[str], None] = print) ->
     spec = plan.data
     if path.is_file():
         done = json.loads(path.read_text())
-        if done.get("plan_data") == spec:
-            return done["splits"]
+        if done.get("plan_data") == spec:  # made here: read again from this folder, which may have moved
+            return _from_summary(data_dir(work)) if spec.get("from_summary") else done["splits"]
     folder = data_dir(work)
     if "command" in spec:
         argv = [w.replace("{DATA}", str(folder)) for w in spec["command"]]
