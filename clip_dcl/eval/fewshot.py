@@ -207,7 +207,8 @@ def run_fewshot(
     skips: SkipCounter | None = None,
     **kwargs,
 ) -> FewShotReport:
-    """The probe with everything it measured (`FewShotReport`); arguments as `evaluate_fewshot`.
+    """ELEVATER k-shot linear probe of ``model`` on the data sets under ``root`` (the toolkit's download or
+    one folder per set), with everything it measured (`FewShotReport`).
 
     An image that does not decode is logged, counted and left out (a train image leaves its draw one
     shot short), or raises `SampleSkipped` under ``strict``.
@@ -361,39 +362,11 @@ def run_fewshot(
     return FewShotReport(metrics=metrics, probes=probes, datasets=per_set, settings=settings, skipped=skips.as_dict())
 
 
-def evaluate_fewshot(
-    model,
-    preprocess: Callable,
-    tokenizer: Callable,
-    root: str | os.PathLike,
-    datasets: Sequence[str] | None = None,
-    shots: int = 5,
-    seeds: Sequence[int] = (0, 1, 2),
-    grid: str | SweepGrid = "full",
-    epoch_selection: str = "last",
-    text_init: bool = True,
-    *,
-    options: EvalOptions | None = None,
-    **kwargs,
-) -> dict[str, float]:
-    """ELEVATER k-shot linear probe of ``model`` on the data sets under ``root`` (the toolkit's download or
-    one folder per set): flat metrics per set (``{ds}/linear_probe``, ``_last``, ``_toolkit``,
-    ``_seed{s}``, ``mean_classifier``, ``zeroshot``) and their ``average/...``.
+def evaluate_fewshot(model, preprocess: Callable, tokenizer: Callable, root: str | os.PathLike, *args, **kwargs):
+    """The flat metrics of `run_fewshot` (same arguments): per set ``{ds}/linear_probe``, ``_last``,
+    ``_toolkit``, ``_seed{s}``, ``mean_classifier``, ``zeroshot``, and their ``average/...``.
     """
-    return run_fewshot(
-        model,
-        preprocess,
-        tokenizer,
-        root,
-        datasets=datasets,
-        shots=shots,
-        seeds=seeds,
-        grid=grid,
-        epoch_selection=epoch_selection,
-        text_init=text_init,
-        options=options,
-        **kwargs,
-    ).metrics
+    return run_fewshot(model, preprocess, tokenizer, root, *args, **kwargs).metrics
 
 
 # ----------------------------------------------------------------------------------------------
