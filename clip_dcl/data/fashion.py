@@ -42,7 +42,6 @@ import dataclasses
 import io
 import json
 import os
-import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -352,6 +351,8 @@ def write_tree(
     directory: Path, images, labels, names, size: int, templates: Sequence[str] = ZEROSHOT_TEMPLATES
 ) -> dict:
     """An ImageFolder tree of ``images`` (one folder a class, :func:`class_folders`), classnames.txt, templates.txt."""
+    from .synth.layout import tree_files
+
     folders = class_folders(names)
     for folder in folders:
         (directory / folder).mkdir(parents=True)
@@ -359,15 +360,7 @@ def write_tree(
     for image, label in zip(images, labels):
         (directory / folders[label] / f"{seen[label]:05d}.png").write_bytes(_png(image, size))
         seen[label] += 1
-    (directory / "classnames.txt").write_text("\n".join(names) + "\n")
-    (directory / "templates.txt").write_text("\n".join(templates) + "\n")
-    return {
-        "dir": directory.name,
-        "num_classes": len(names),
-        "num_images": int(len(images)),
-        "classnames": f"{directory.name}/classnames.txt",
-        "templates": f"{directory.name}/templates.txt",
-    }
+    return tree_files(directory, names, templates, int(len(images)))
 
 
 def _per_class(labels: np.ndarray, per_class: int, num_classes: int, rng) -> np.ndarray:
@@ -391,7 +384,7 @@ def write_fewshot(
 ) -> dict:
     """The ELEVATER-layout task ``task``: pools of ``sets["val"]``, test images of ``sets["test"]`` (``(images,
     labels)``; ``cfg`` gives the seed, the image size and the per-class counts)."""
-    from .synth.layout import _write_iris
+    from .synth.layout import _write_iris, catalog_entry
 
     rng = np.random.default_rng([cfg.seed, stream])
     splits = {}
@@ -402,41 +395,9 @@ def write_fewshot(
         idx = _per_class(labels, per_class, len(names), rng)
         splits[split] = [(f"{n:06d}.png", _png(images[i], cfg.image_size), int(labels[i])) for n, i in enumerate(idx)]
     _write_iris(directory / task, list(names), list(templates), splits)
-    catalog = {
-        task: {
-            "metric": "accuracy",
-            "num_classes": len(names),
-            "multilabel": False,
-            "classes": list(names),
-            "train": len(splits["train"]),
-            "test": len(splits["test"]),
-        }
-    }
+    catalog = {task: catalog_entry("accuracy", names, splits)}
     (directory / "catalog.json").write_text(json.dumps(catalog, indent=1) + "\n")
     return {"dir": directory.name, "catalog": f"{directory.name}/catalog.json", "datasets": catalog}
-
-
-def prepare_out(
-    out: Path, record: dict, outputs: Sequence[str], *, reuse: bool, overwrite: bool, verbose: bool, tag: str
-) -> Optional[dict]:
-    """The earlier summary (with paths) when ``reuse`` and it has ``record``'s settings; otherwise ``out`` cleared
-    of ``outputs`` (``FileExistsError`` when it holds some and not ``overwrite``) and None."""
-    from .synth.layout import _with_paths
-
-    existing = [name for name in outputs if (out / name).exists()]
-    if existing and reuse and (out / "summary.json").is_file():
-        summary = json.loads((out / "summary.json").read_text())
-        if all(summary.get(k) == v for k, v in record.items()):
-            if verbose:
-                print(f"[{tag}] reusing {out} (same settings and files)", flush=True)
-            return _with_paths(summary, out, seconds=0.0)
-    if existing and not overwrite:
-        raise FileExistsError(f"{str(out)!r} already holds {existing}; pass --overwrite to replace them")
-    for name in existing:
-        path = out / name
-        shutil.rmtree(path) if path.is_dir() else path.unlink()
-    out.mkdir(parents=True, exist_ok=True)
-    return None
 
 
 def holdout(seed: int, n_train: int, val_samples: int, train_samples: int = 0):
@@ -445,6 +406,20 @@ def holdout(seed: int, n_train: int, val_samples: int, train_samples: int = 0):
     order = np.random.default_rng([seed, _STREAMS["split"]]).permutation(n_train)
     rest = order[val_samples:]
     return np.sort(order[:val_samples]), (rest[:train_samples] if train_samples else rest)
+
+
+def source_record(cfg, names: Sequence[str], source, data: Dict[str, np.ndarray]) -> dict:
+    """The settings and source files summary.json records (what --reuse compares)."""
+    return {
+        "config": dataclasses.asdict(cfg),
+        "classnames": list(names),
+        "source": {
+            "dir": str(Path(source)),
+            "train_images": len(data["train_labels"]),
+            "test_images": len(data["test_labels"]),
+            "image_shape": list(data["train_images"].shape[1:]),
+        },
+    }
 
 
 _OUTPUTS = ("summary.json", "train", "val", "test", "zeroshot", "zeroshot_test", "fewshot", "train.npz")
@@ -468,7 +443,7 @@ def generate(
     the files are not there, ``ValueError`` for a bad value (named), ``FileExistsError`` when ``out_dir`` holds
     earlier outputs and neither ``overwrite`` nor a reusable summary (``reuse``, same settings and files)."""
     from .synth.attributes import same_class_rate_distinct, tau_plus_from_labels
-    from .synth.layout import _with_paths
+    from .synth.layout import _with_paths, prepare_out
 
     unknown = sorted(set(overrides) - {f.name for f in dataclasses.fields(FashionConfig)})
     if unknown:
@@ -482,17 +457,8 @@ def generate(
     n_train, n_test = len(data["train_labels"]), len(data["test_labels"])
     cfg.validate(n_train, n_test, n_classes)
     out = Path(out_dir)
-    record = {
-        "config": dataclasses.asdict(cfg),
-        "classnames": list(names),
-        "source": {
-            "dir": str(Path(source)),
-            "train_images": n_train,
-            "test_images": n_test,
-            "image_shape": list(data["train_images"].shape[1:]),
-        },
-    }
-    summary = prepare_out(out, record, _OUTPUTS, reuse=reuse, overwrite=overwrite, verbose=verbose, tag="fashion-mnist")
+    record = source_record(cfg, names, source, data)
+    summary = prepare_out(out, record, _OUTPUTS, reuse, overwrite, verbose, "fashion-mnist")
     if summary is not None:
         return summary
     start = time.perf_counter()

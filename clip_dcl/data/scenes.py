@@ -264,7 +264,7 @@ def generate(
     absolute ``train_data``/``val_data``/``test_data``). Raises :class:`clip_dcl.data.fashion.DataMissing` when the
     files are not there, ``ValueError`` for a bad value (named), ``FileExistsError`` as ``fashion.generate`` does."""
     from .synth.attributes import same_class_rate_distinct, tau_plus_from_labels
-    from .synth.layout import _with_paths
+    from .synth.layout import _with_paths, prepare_out
 
     unknown = sorted(set(overrides) - {f.name for f in dataclasses.fields(ScenesConfig)})
     if unknown:
@@ -279,19 +279,8 @@ def generate(
     n_train, n_test = len(data["train_labels"]), len(data["test_labels"])
     cfg.validate(n_train, n_classes)
     out = Path(out_dir)
-    record = {
-        "config": dataclasses.asdict(cfg),
-        "classnames": list(CLASSNAMES),
-        "source": {
-            "dir": str(Path(source)),
-            "train_images": n_train,
-            "test_images": n_test,
-            "image_shape": list(data["train_images"].shape[1:]),
-        },
-    }
-    summary = fashion.prepare_out(
-        out, record, _OUTPUTS, reuse=reuse, overwrite=overwrite, verbose=verbose, tag="fashion-scenes"
-    )
+    record = fashion.source_record(cfg, CLASSNAMES, source, data)
+    summary = prepare_out(out, record, _OUTPUTS, reuse, overwrite, verbose, "fashion-scenes")
     if summary is not None:
         return summary
     start = time.perf_counter()
