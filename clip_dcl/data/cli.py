@@ -1,23 +1,5 @@
-"""``clip-dcl data ...``: data-set commands, each a thin wrapper over a Python function.
-
-Subcommands:
-
-* ``synth OUT_DIR``: the synthetic image-caption data with latent classes
-  (:func:`clip_dcl.data.synth.generate`).
-* ``benchmark SOURCE OUT_DIR``: image-caption shards (retrieval) or an ImageFolder tree
-  (classification) written in CLIP_benchmark's webdataset layout, for ``clip-dcl eval benchmark
-  --dataset wds/<name>`` and CLIP_benchmark itself
-  (:func:`clip_dcl.data.evalsets.write_benchmark.write_benchmark_shards`).
-* ``fashion-mnist OUT_DIR [--from DIR]``: Fashion-MNIST's (or any IDX set's) images with captions from their
-  pixels, in the same layout (:func:`clip_dcl.data.fashion.generate`).
-* ``fashion-scenes OUT_DIR [--from DIR]``: scenes of two to four Fashion-MNIST photographs at named places, with
-  captions naming each item, its place and attributes measured from its pixels, in the same layout
-  (:func:`clip_dcl.data.scenes.generate`).
-* ``shards SRC OUT_DIR``: your own pairs (a folder of images with ``.txt`` captions, or a CSV/TSV) as
-  training and validation shards (:func:`clip_dcl.data.pairs.write_pairs`).
-* ``pack PATTERN OUT.npz``: training shards decoded once into one file that training holds in memory
-  (:func:`clip_dcl.data.packed.pack_shards`; ``--train-data OUT.npz`` trains on it).
-"""
+"""``clip-dcl data ...``: the data-set commands (synth, fashion-mnist, fashion-scenes, benchmark, shards, pack),
+each a thin wrapper over the Python function its description names."""
 
 from __future__ import annotations
 

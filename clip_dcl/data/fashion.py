@@ -1,39 +1,24 @@
 """Fashion-MNIST (or any IDX image/label pair of its layout) in the layout the rest of clip-dcl reads.
 
-``clip-dcl data fashion-mnist OUT [--from DIR]`` reads the four official files
-(``train-images-idx3-ubyte.gz``, ``train-labels-idx1-ubyte.gz``, ``t10k-images-idx3-ubyte.gz``,
-``t10k-labels-idx1-ubyte.gz``; Debian's ``dataset-fashion-mnist`` installs them in
-:data:`DEBIAN_DIR`) and writes, under ``OUT``::
+``clip-dcl data fashion-mnist OUT [--from DIR]`` reads the four official files (:data:`FILES`; Debian's
+``dataset-fashion-mnist`` installs them in :data:`DEBIAN_DIR`) and writes, under ``OUT``::
 
     summary.json                  config, classes, per-class distinct captions, sizes, relative paths
-    train/00000.tar ...           training pairs ({key}.png/.txt/.json), drawn from the official training set
-    val/00000.tar                 validation pairs: images held out of the official training set (choices)
-    test/00000.tar ...            the official test images (verdicts)
-    zeroshot/<NN_name>/*.png      ImageFolder tree of the validation images, classnames.txt, templates.txt
-    zeroshot_test/<NN_name>/...   the same of the test images
-    fewshot/fashion-mnist/...     ELEVATER layout: 5-shot pools from the validation images, test from the test set
-    fewshot/catalog.json
+    train/, val/, test/           caption shards ({key}.png/.txt/.json)
+    zeroshot/, zeroshot_test/     ImageFolder trees of the validation and test images
+    fewshot/fashion-mnist/ ...    ELEVATER layout (5-shot pools from the validation images), catalog.json
     train.npz                     with --pack: the training pairs decoded once (clip_dcl.data.packed)
 
-so that a study plan, the trainer and every evaluator take it as they take the synthetic data.
+**Splits.** A seeded permutation (``--seed``) of the official training images holds out ``val_samples``
+for validation and the next ``train_samples`` (default: all the rest) train; the test split is the
+official test set (its first ``test_samples``) whatever the draw.
 
-**Splits.** A seeded permutation (``--seed``, the data draw) of the official training images holds out
-``val_samples`` for validation, and the next ``train_samples`` (default: all the rest) train; the test
-split is the official test set (its first ``test_samples``, default all 10,000), whatever the draw.
+**Captions.** The class name in a sentence template with two to four attributes measured from the image's
+pixels (:func:`pixel_attributes`), each cut into bins at quantiles of the whole official training set, a
+few words a bin; so captions of one class differ, and classes share words.
 
-**Captions.** The class name in one of several sentence templates, with two to four attributes measured
-from the image's own pixels (:func:`pixel_attributes`): how bright the garment's pixels are, how much of the
-frame it fills, its width against its height, and how much its pixels vary. Each attribute is cut into
-bins at quantiles of the whole official training set (fixed for every draw), and each bin has a few
-words. Captions of one class therefore differ, and images of one class share words with one another
-and with other classes (a "large bright coat" and a "large bright pullover"). ``summary.json`` reports
-the distinct captions of each class.
-
-**Images.** The 28 x 28 grey images are centred on a black square of ``image_size`` pixels (32 by
-default: no pixel is resampled; a smaller size resizes), stored as lossless RGB PNGs.
-
-Written here by hand (no library writes IDX data into captioned shards); the IDX reader is
-:mod:`clip_dcl.data.idx`, the shards go through :class:`clip_dcl.data.shards.CaptionShardWriter`.
+**Images.** The 28 x 28 grey images centred on a black ``image_size`` square (a smaller size resizes), as
+lossless RGB PNGs.
 """
 
 from __future__ import annotations
@@ -156,9 +141,7 @@ class FashionConfig:
             )
 
 
-# ------------------------------------------------------------------------------------------
 # Reading
-# ------------------------------------------------------------------------------------------
 def _locate(directory: Path, name: str) -> Path:
     """The file ``name`` in ``directory``, or the same without ``.gz``; the ``.gz`` path when neither exists."""
     plain = directory / name[:-3]
@@ -202,9 +185,7 @@ def load_idx_set(directory: str | os.PathLike = DEBIAN_DIR) -> Dict[str, np.ndar
     return out
 
 
-# ------------------------------------------------------------------------------------------
 # Pixels -> attributes -> captions
-# ------------------------------------------------------------------------------------------
 def pixel_attributes(images: np.ndarray) -> Dict[str, np.ndarray]:
     """Per image (``(N, H, W)`` grey bytes): ``brightness`` (mean grey level of the garment's pixels),
     ``fill`` (share of the frame they cover), ``aspect`` (their bounding box's width over its height) and
@@ -272,9 +253,7 @@ def caption_words() -> List[str]:
     return sorted(found)
 
 
-# ------------------------------------------------------------------------------------------
 # Writing
-# ------------------------------------------------------------------------------------------
 def _png(image: np.ndarray, size: int) -> bytes:
     """Lossless RGB PNG of a grey image, centred on a black ``size`` square (resized when larger)."""
     from PIL import Image
