@@ -36,9 +36,7 @@ DEFAULT_TEMPLATES = ("a photo of a {}",)
 EPOCH_SELECTIONS = ("last", "toolkit")
 
 
-# ----------------------------------------------------------------------------------------------
 # Catalogue and prompts
-# ----------------------------------------------------------------------------------------------
 def builtin_catalog() -> dict[str, dict]:
     """The 20 ELEVATER data sets (``catalog.json``): name -> metric, classes, layout and the like."""
     doc = json.loads((Path(__file__).with_name("catalog.json")).read_text())
@@ -101,9 +99,7 @@ def dataset_prompts(name: str, catalog: dict[str, dict]) -> dict | None:
     return builtin_prompts().get(entry["name"])
 
 
-# ----------------------------------------------------------------------------------------------
 # The suite over a model
-# ----------------------------------------------------------------------------------------------
 @dataclass
 class FewShotReport:
     """Everything `run_fewshot` measured: flat metrics, per-(set, seed) records, per-set facts, settings."""
@@ -369,9 +365,7 @@ def evaluate_fewshot(model, preprocess: Callable, tokenizer: Callable, root: str
     return run_fewshot(model, preprocess, tokenizer, root, *args, **kwargs).metrics
 
 
-# ----------------------------------------------------------------------------------------------
 # The task: `clip-dcl eval fewshot` and CLIP_benchmark's linear_probe
-# ----------------------------------------------------------------------------------------------
 #: Score families of the few-shot table, one column each.
 FEWSHOT_COLUMNS = ("linear_probe", "linear_probe_last", "linear_probe_toolkit", "mean_classifier", "zeroshot")
 #: ELEVATER metric -> the key of a ``linear_probe`` result (CLIP_benchmark's ``lp_`` names where it has one).
