@@ -1,23 +1,5 @@
-"""``clip-dcl data ...``: data-set commands, each a thin wrapper over a Python function.
-
-Subcommands:
-
-* ``synth OUT_DIR``: the synthetic image-caption data with latent classes
-  (:func:`clip_dcl.data.synth.generate`).
-* ``benchmark SOURCE OUT_DIR``: image-caption shards (retrieval) or an ImageFolder tree
-  (classification) written in CLIP_benchmark's webdataset layout, for ``clip-dcl eval benchmark
-  --dataset wds/<name>`` and CLIP_benchmark itself
-  (:func:`clip_dcl.data.evalsets.write_benchmark.write_benchmark_shards`).
-* ``fashion-mnist OUT_DIR [--from DIR]``: Fashion-MNIST's (or any IDX set's) images with captions from their
-  pixels, in the same layout (:func:`clip_dcl.data.fashion.generate`).
-* ``fashion-scenes OUT_DIR [--from DIR]``: scenes of two to four Fashion-MNIST photographs at named places, with
-  captions naming each item, its place and attributes measured from its pixels, in the same layout
-  (:func:`clip_dcl.data.scenes.generate`).
-* ``shards SRC OUT_DIR``: your own pairs (a folder of images with ``.txt`` captions, or a CSV/TSV) as
-  training and validation shards (:func:`clip_dcl.data.pairs.write_pairs`).
-* ``pack PATTERN OUT.npz``: training shards decoded once into one file that training holds in memory
-  (:func:`clip_dcl.data.packed.pack_shards`; ``--train-data OUT.npz`` trains on it).
-"""
+"""``clip-dcl data ...``: the data-set commands (synth, fashion-mnist, fashion-scenes, benchmark, shards, pack),
+each a thin wrapper over the Python function its description names."""
 
 from __future__ import annotations
 
@@ -92,21 +74,30 @@ def _add_output_flags(p, same: str) -> None:
 def _run_synth(args) -> int:
     from .synth import generate
 
-    overrides = {f: getattr(args, f) for f in _SYNTH_HELP if getattr(args, f) is not None}
+    return _run_writer(args, generate, _SYNTH_HELP, quick=args.quick)
+
+
+def _run_writer(args, generate, helps: dict, **kwargs) -> int:
+    """Run a data writer with the config flags given and print what it wrote; with --pack, pack its training
+    shards. Missing source files are one line (exit 2), a bad value a usage error."""
+    import sys
+
+    from .fashion import DataMissing
+
+    overrides = {f: getattr(args, f) for f in helps if getattr(args, f) is not None}
     try:
         summary = generate(
-            args.out_dir,
-            quick=args.quick,
-            overwrite=args.overwrite,
-            reuse=args.reuse,
-            verbose=not args.quiet,
-            **overrides,
+            args.out_dir, overwrite=args.overwrite, reuse=args.reuse, verbose=not args.quiet, **kwargs, **overrides
         )
+    except DataMissing as e:
+        print(f"clip-dcl data {args.command}: {e}", file=sys.stderr)
+        return 2
     except (ValueError, FileExistsError) as e:
         args.parser.error(str(e))
     print(f"tau_plus {summary['tau_plus']:.6f}")
-    print(f"train_data {summary['train_data']}")
-    print(f"val_data {summary['val_data']}")
+    for key in ("train_data", "val_data", "test_data"):
+        if key in summary:
+            print(f"{key} {summary[key]}")
     print(f"summary {summary['out_dir']}/summary.json")
     if args.pack:
         from .packed import pack_synth
@@ -132,6 +123,20 @@ _FASHION_HELP = {
 }
 
 
+def _add_source_flags(p) -> None:
+    """OUT_DIR and --from DIR, of the writers that read Fashion-MNIST's files."""
+    from .fashion import DEBIAN_DIR
+
+    p.add_argument("out_dir", metavar="OUT_DIR", help="output folder")
+    p.add_argument(
+        "--from",
+        dest="source",
+        default=DEBIAN_DIR,
+        metavar="DIR",
+        help=f"folder of the four IDX files (default {DEBIAN_DIR})",
+    )
+
+
 def _add_fashion_parser(subparsers) -> None:
     from .fashion import DEBIAN_DIR, DEBIAN_PACKAGE, FILES, FashionConfig
 
@@ -147,14 +152,7 @@ def _add_fashion_parser(subparsers) -> None:
         f"official files ({', '.join(FILES.values())}): `apt-get install {DEBIAN_PACKAGE}` puts them "
         f"in {DEBIAN_DIR}. Any IDX image/label pair of that layout works (MNIST: give --classnames).",
     )
-    p.add_argument("out_dir", metavar="OUT_DIR", help="output folder")
-    p.add_argument(
-        "--from",
-        dest="source",
-        default=DEBIAN_DIR,
-        metavar="DIR",
-        help=f"folder of the four IDX files (default {DEBIAN_DIR})",
-    )
+    _add_source_flags(p)
     p.add_argument(
         "--classnames",
         default=None,
@@ -205,80 +203,30 @@ def _add_scenes_parser(subparsers) -> None:
         f"same four files ({', '.join(FILES.values())}; `apt-get install {DEBIAN_PACKAGE}` puts them in "
         f"{DEBIAN_DIR}).",
     )
-    p.add_argument("out_dir", metavar="OUT_DIR", help="output folder")
-    p.add_argument(
-        "--from",
-        dest="source",
-        default=DEBIAN_DIR,
-        metavar="DIR",
-        help=f"folder of the four IDX files (default {DEBIAN_DIR})",
-    )
+    _add_source_flags(p)
     _add_config_flags(p, ScenesConfig(), _SCENES_HELP)
     _add_output_flags(p, "the same settings and files")
     p.set_defaults(func=_run_scenes, parser=p)
 
 
 def _run_scenes(args) -> int:
-    import sys
-
-    from .fashion import DataMissing
     from .scenes import generate
 
-    overrides = {f: getattr(args, f) for f in _SCENES_HELP if getattr(args, f) is not None}
-    try:
-        summary = generate(
-            args.out_dir, args.source, overwrite=args.overwrite, reuse=args.reuse, verbose=not args.quiet, **overrides
-        )
-    except DataMissing as e:
-        print(f"clip-dcl data fashion-scenes: {e}", file=sys.stderr)
-        return 2
-    except (ValueError, FileExistsError) as e:
-        args.parser.error(str(e))
-    return _print_written(args, summary)
-
-
-def _print_written(args, summary) -> int:
-    """The lines `clip-dcl data fashion-mnist` and `fashion-scenes` print; packs the training pairs with --pack."""
-    print(f"tau_plus {summary['tau_plus']:.6f}")
-    for key in ("train_data", "val_data", "test_data"):
-        print(f"{key} {summary[key]}")
-    print(f"summary {summary['out_dir']}/summary.json")
-    if args.pack:
-        from .packed import pack_synth
-
-        print(f"train_packed {pack_synth(summary, reuse=args.reuse, verbose=not args.quiet)}")
-    return 0
+    return _run_writer(args, generate, _SCENES_HELP, source=args.source)
 
 
 def _run_fashion(args) -> int:
-    import sys
     from pathlib import Path
 
-    from .fashion import DataMissing, generate
+    from .fashion import generate
 
-    overrides = {f: getattr(args, f) for f in _FASHION_HELP if getattr(args, f) is not None}
     classnames = None
     if args.classnames:
         path = Path(args.classnames)
         if not path.is_file():
             args.parser.error(f"--classnames {args.classnames}: no such file")
         classnames = [line.strip() for line in path.read_text().splitlines() if line.strip()]
-    try:
-        summary = generate(
-            args.out_dir,
-            args.source,
-            classnames=classnames,
-            overwrite=args.overwrite,
-            reuse=args.reuse,
-            verbose=not args.quiet,
-            **overrides,
-        )
-    except DataMissing as e:
-        print(f"clip-dcl data fashion-mnist: {e}", file=sys.stderr)
-        return 2
-    except (ValueError, FileExistsError) as e:
-        args.parser.error(str(e))
-    return _print_written(args, summary)
+    return _run_writer(args, generate, _FASHION_HELP, source=args.source, classnames=classnames)
 
 
 def _add_pack_parser(subparsers) -> None:

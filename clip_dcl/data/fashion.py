@@ -1,39 +1,24 @@
 """Fashion-MNIST (or any IDX image/label pair of its layout) in the layout the rest of clip-dcl reads.
 
-``clip-dcl data fashion-mnist OUT [--from DIR]`` reads the four official files
-(``train-images-idx3-ubyte.gz``, ``train-labels-idx1-ubyte.gz``, ``t10k-images-idx3-ubyte.gz``,
-``t10k-labels-idx1-ubyte.gz``; Debian's ``dataset-fashion-mnist`` installs them in
-:data:`DEBIAN_DIR`) and writes, under ``OUT``::
+``clip-dcl data fashion-mnist OUT [--from DIR]`` reads the four official files (:data:`FILES`; Debian's
+``dataset-fashion-mnist`` installs them in :data:`DEBIAN_DIR`) and writes, under ``OUT``::
 
     summary.json                  config, classes, per-class distinct captions, sizes, relative paths
-    train/00000.tar ...           training pairs ({key}.png/.txt/.json), drawn from the official training set
-    val/00000.tar                 validation pairs: images held out of the official training set (choices)
-    test/00000.tar ...            the official test images (verdicts)
-    zeroshot/<NN_name>/*.png      ImageFolder tree of the validation images, classnames.txt, templates.txt
-    zeroshot_test/<NN_name>/...   the same of the test images
-    fewshot/fashion-mnist/...     ELEVATER layout: 5-shot pools from the validation images, test from the test set
-    fewshot/catalog.json
+    train/, val/, test/           caption shards ({key}.png/.txt/.json)
+    zeroshot/, zeroshot_test/     ImageFolder trees of the validation and test images
+    fewshot/fashion-mnist/ ...    ELEVATER layout (5-shot pools from the validation images), catalog.json
     train.npz                     with --pack: the training pairs decoded once (clip_dcl.data.packed)
 
-so that a study plan, the trainer and every evaluator take it as they take the synthetic data.
+**Splits.** A seeded permutation (``--seed``) of the official training images holds out ``val_samples``
+for validation and the next ``train_samples`` (default: all the rest) train; the test split is the
+official test set (its first ``test_samples``) whatever the draw.
 
-**Splits.** A seeded permutation (``--seed``, the data draw) of the official training images holds out
-``val_samples`` for validation, and the next ``train_samples`` (default: all the rest) train; the test
-split is the official test set (its first ``test_samples``, default all 10,000), whatever the draw.
+**Captions.** The class name in a sentence template with two to four attributes measured from the image's
+pixels (:func:`pixel_attributes`), each cut into bins at quantiles of the whole official training set, a
+few words a bin; so captions of one class differ, and classes share words.
 
-**Captions.** The class name in one of several sentence templates, with two to four attributes measured
-from the image's own pixels (:func:`pixel_attributes`): how bright the garment's pixels are, how much of the
-frame it fills, its width against its height, and how much its pixels vary. Each attribute is cut into
-bins at quantiles of the whole official training set (fixed for every draw), and each bin has a few
-words. Captions of one class therefore differ, and images of one class share words with one another
-and with other classes (a "large bright coat" and a "large bright pullover"). ``summary.json`` reports
-the distinct captions of each class.
-
-**Images.** The 28 x 28 grey images are centred on a black square of ``image_size`` pixels (32 by
-default: no pixel is resampled; a smaller size resizes), stored as lossless RGB PNGs.
-
-Written here by hand (no library writes IDX data into captioned shards); the IDX reader is
-:mod:`clip_dcl.data.idx`, the shards go through :class:`clip_dcl.data.shards.CaptionShardWriter`.
+**Images.** The 28 x 28 grey images centred on a black ``image_size`` square (a smaller size resizes), as
+lossless RGB PNGs.
 """
 
 from __future__ import annotations
@@ -42,7 +27,6 @@ import dataclasses
 import io
 import json
 import os
-import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -157,9 +141,7 @@ class FashionConfig:
             )
 
 
-# ------------------------------------------------------------------------------------------
 # Reading
-# ------------------------------------------------------------------------------------------
 def _locate(directory: Path, name: str) -> Path:
     """The file ``name`` in ``directory``, or the same without ``.gz``; the ``.gz`` path when neither exists."""
     plain = directory / name[:-3]
@@ -203,9 +185,7 @@ def load_idx_set(directory: str | os.PathLike = DEBIAN_DIR) -> Dict[str, np.ndar
     return out
 
 
-# ------------------------------------------------------------------------------------------
 # Pixels -> attributes -> captions
-# ------------------------------------------------------------------------------------------
 def pixel_attributes(images: np.ndarray) -> Dict[str, np.ndarray]:
     """Per image (``(N, H, W)`` grey bytes): ``brightness`` (mean grey level of the garment's pixels),
     ``fill`` (share of the frame they cover), ``aspect`` (their bounding box's width over its height) and
@@ -273,9 +253,7 @@ def caption_words() -> List[str]:
     return sorted(found)
 
 
-# ------------------------------------------------------------------------------------------
 # Writing
-# ------------------------------------------------------------------------------------------
 def _png(image: np.ndarray, size: int) -> bytes:
     """Lossless RGB PNG of a grey image, centred on a black ``size`` square (resized when larger)."""
     from PIL import Image
@@ -352,6 +330,8 @@ def write_tree(
     directory: Path, images, labels, names, size: int, templates: Sequence[str] = ZEROSHOT_TEMPLATES
 ) -> dict:
     """An ImageFolder tree of ``images`` (one folder a class, :func:`class_folders`), classnames.txt, templates.txt."""
+    from .synth.layout import tree_files
+
     folders = class_folders(names)
     for folder in folders:
         (directory / folder).mkdir(parents=True)
@@ -359,15 +339,7 @@ def write_tree(
     for image, label in zip(images, labels):
         (directory / folders[label] / f"{seen[label]:05d}.png").write_bytes(_png(image, size))
         seen[label] += 1
-    (directory / "classnames.txt").write_text("\n".join(names) + "\n")
-    (directory / "templates.txt").write_text("\n".join(templates) + "\n")
-    return {
-        "dir": directory.name,
-        "num_classes": len(names),
-        "num_images": int(len(images)),
-        "classnames": f"{directory.name}/classnames.txt",
-        "templates": f"{directory.name}/templates.txt",
-    }
+    return tree_files(directory, names, templates, int(len(images)))
 
 
 def _per_class(labels: np.ndarray, per_class: int, num_classes: int, rng) -> np.ndarray:
@@ -391,7 +363,7 @@ def write_fewshot(
 ) -> dict:
     """The ELEVATER-layout task ``task``: pools of ``sets["val"]``, test images of ``sets["test"]`` (``(images,
     labels)``; ``cfg`` gives the seed, the image size and the per-class counts)."""
-    from .synth.layout import _write_iris
+    from .synth.layout import _write_iris, catalog_entry
 
     rng = np.random.default_rng([cfg.seed, stream])
     splits = {}
@@ -402,41 +374,9 @@ def write_fewshot(
         idx = _per_class(labels, per_class, len(names), rng)
         splits[split] = [(f"{n:06d}.png", _png(images[i], cfg.image_size), int(labels[i])) for n, i in enumerate(idx)]
     _write_iris(directory / task, list(names), list(templates), splits)
-    catalog = {
-        task: {
-            "metric": "accuracy",
-            "num_classes": len(names),
-            "multilabel": False,
-            "classes": list(names),
-            "train": len(splits["train"]),
-            "test": len(splits["test"]),
-        }
-    }
+    catalog = {task: catalog_entry("accuracy", names, splits)}
     (directory / "catalog.json").write_text(json.dumps(catalog, indent=1) + "\n")
     return {"dir": directory.name, "catalog": f"{directory.name}/catalog.json", "datasets": catalog}
-
-
-def prepare_out(
-    out: Path, record: dict, outputs: Sequence[str], *, reuse: bool, overwrite: bool, verbose: bool, tag: str
-) -> Optional[dict]:
-    """The earlier summary (with paths) when ``reuse`` and it has ``record``'s settings; otherwise ``out`` cleared
-    of ``outputs`` (``FileExistsError`` when it holds some and not ``overwrite``) and None."""
-    from .synth.layout import _with_paths
-
-    existing = [name for name in outputs if (out / name).exists()]
-    if existing and reuse and (out / "summary.json").is_file():
-        summary = json.loads((out / "summary.json").read_text())
-        if all(summary.get(k) == v for k, v in record.items()):
-            if verbose:
-                print(f"[{tag}] reusing {out} (same settings and files)", flush=True)
-            return _with_paths(summary, out, seconds=0.0)
-    if existing and not overwrite:
-        raise FileExistsError(f"{str(out)!r} already holds {existing}; pass --overwrite to replace them")
-    for name in existing:
-        path = out / name
-        shutil.rmtree(path) if path.is_dir() else path.unlink()
-    out.mkdir(parents=True, exist_ok=True)
-    return None
 
 
 def holdout(seed: int, n_train: int, val_samples: int, train_samples: int = 0):
@@ -445,6 +385,20 @@ def holdout(seed: int, n_train: int, val_samples: int, train_samples: int = 0):
     order = np.random.default_rng([seed, _STREAMS["split"]]).permutation(n_train)
     rest = order[val_samples:]
     return np.sort(order[:val_samples]), (rest[:train_samples] if train_samples else rest)
+
+
+def source_record(cfg, names: Sequence[str], source, data: Dict[str, np.ndarray]) -> dict:
+    """The settings and source files summary.json records (what --reuse compares)."""
+    return {
+        "config": dataclasses.asdict(cfg),
+        "classnames": list(names),
+        "source": {
+            "dir": str(Path(source)),
+            "train_images": len(data["train_labels"]),
+            "test_images": len(data["test_labels"]),
+            "image_shape": list(data["train_images"].shape[1:]),
+        },
+    }
 
 
 _OUTPUTS = ("summary.json", "train", "val", "test", "zeroshot", "zeroshot_test", "fewshot", "train.npz")
@@ -468,7 +422,7 @@ def generate(
     the files are not there, ``ValueError`` for a bad value (named), ``FileExistsError`` when ``out_dir`` holds
     earlier outputs and neither ``overwrite`` nor a reusable summary (``reuse``, same settings and files)."""
     from .synth.attributes import same_class_rate_distinct, tau_plus_from_labels
-    from .synth.layout import _with_paths
+    from .synth.layout import _with_paths, prepare_out
 
     unknown = sorted(set(overrides) - {f.name for f in dataclasses.fields(FashionConfig)})
     if unknown:
@@ -482,17 +436,8 @@ def generate(
     n_train, n_test = len(data["train_labels"]), len(data["test_labels"])
     cfg.validate(n_train, n_test, n_classes)
     out = Path(out_dir)
-    record = {
-        "config": dataclasses.asdict(cfg),
-        "classnames": list(names),
-        "source": {
-            "dir": str(Path(source)),
-            "train_images": n_train,
-            "test_images": n_test,
-            "image_shape": list(data["train_images"].shape[1:]),
-        },
-    }
-    summary = prepare_out(out, record, _OUTPUTS, reuse=reuse, overwrite=overwrite, verbose=verbose, tag="fashion-mnist")
+    record = source_record(cfg, names, source, data)
+    summary = prepare_out(out, record, _OUTPUTS, reuse, overwrite, verbose, "fashion-mnist")
     if summary is not None:
         return summary
     start = time.perf_counter()

@@ -1,21 +1,12 @@
 """A training set decoded once: webdataset shards packed into one ``.npz`` that training holds in memory.
 
-OpenCLIP's webdataset loader decodes each JPEG, runs the PIL transform and tokenises each caption
-anew at every epoch, one sample at a time; on a model as small as the testbed's that costs more
-than the model's step. :func:`pack_shards` reads a set of shards once, in their order, and writes
-
-``images``   uint8 ``(N, H, W, 3)``, each image as OpenCLIP's loader decodes it (PIL, RGB);
-``captions`` the ``.txt`` caption of each sample (str);
-``keys``     the ``__key__`` of each sample (str);
-``ids``      int64, the sample id the webdataset training pipeline gives the same sample
-             (:func:`clip_dcl.data.ids.sample_id`), so that DeCL's per-sample rates index alike;
-``source``   the shard pattern read (a 0-d str array).
-
-``python -m clip_dcl.train -- --train-data PATH.npz`` (``--dataset-type auto``) trains on it
-through OpenCLIP's own loop (:mod:`clip_dcl.train.packed`). Samples without an image or a caption
-(missing or empty) are skipped and counted, as the training pipeline skips them; images of another
-size than the first one are refused, naming the sample. Written here by hand (webdataset reads the
-shards; NumPy writes the file): no library packs decoded shards for OpenCLIP.
+OpenCLIP's webdataset loader decodes and tokenises every sample anew each epoch, which on the testbed's
+small model costs more than the step. :func:`pack_shards` reads the shards once, in order, and writes
+``images`` (uint8 ``(N, H, W, 3)``, decoded as OpenCLIP's loader does), ``captions`` (the ``.txt``),
+``keys``, ``ids`` (the sample ids the webdataset pipeline gives, :func:`clip_dcl.data.ids.sample_id`, so
+that DeCL's per-sample rates index alike) and ``source`` (the pattern read). ``--train-data PATH.npz``
+trains on it (:mod:`clip_dcl.train.packed`). Samples without an image or a caption are skipped and
+counted; an image of another size than the first is refused. No library packs decoded shards for OpenCLIP.
 """
 
 from __future__ import annotations

@@ -1,34 +1,23 @@
 """Scenes of Fashion-MNIST photographs: many latent classes from real pixels.
 
-``clip-dcl data fashion-scenes OUT [--from DIR]`` reads the same four IDX files as ``clip-dcl data
-fashion-mnist`` (:mod:`clip_dcl.data.fashion`) and writes the same layout under ``OUT`` (train/val/test
-shards, zeroshot/ and zeroshot_test/ trees, an ELEVATER-layout few-shot task, summary.json, train.npz with
---pack), but each image is a scene: a ``grid`` x ``grid`` canvas whose cells hold ``min_items`` to
-``max_items`` photographs, shrunk to a cell each, on black. The top-left cell always holds one; the other
-items take random cells.
+``clip-dcl data fashion-scenes OUT [--from DIR]`` reads the IDX files of :mod:`clip_dcl.data.fashion` and
+writes its layout, but each image is a ``grid`` x ``grid`` canvas on black whose cells hold ``min_items`` to
+``max_items`` photographs (the top-left cell always one). A caption names every item's class, its cell and
+``min_attributes`` to ``max_attributes`` of the attributes measured from its pixels (binned at the official
+training set's quantiles), e.g. "a picture of a faint coat on the top left and a small wide sneaker at the
+bottom right."
 
-**Why.** Ten classes make a batch's negatives mostly easy, and a bigger batch adds little (the
-``fmnist-words`` testbed). A scene's caption names every item and its cell, so that two scenes match only
-when the same kinds of item sit in the same cells: thousands of latent classes, each scene's negatives
-ranging from easy (nothing in common) to hard (one item or one cell differs), which is where the batch
-size can matter.
+**Why.** With ten classes a batch's negatives are mostly easy; two scenes match only when the same kinds of
+item sit in the same cells, so there are thousands of latent classes and negatives from easy to hard.
 
-**Splits.** As in ``fashion-mnist``: a seeded permutation (``--seed``, the data draw) holds ``holdout``
-official training images out; validation scenes are made of them only, training scenes of the other
-training images only, test scenes of the official test images only. Items are drawn with replacement
-across scenes (a photograph may appear in several scenes of its split), never across splits.
+**Splits.** As in ``fashion-mnist``, with ``holdout`` training images held out: validation scenes use only
+them, training scenes only the others, test scenes only the official test images. Items are drawn with
+replacement across the scenes of a split, never across splits. Validation and test scenes have one caption
+each, distinct within their split, so that retrieval has one right answer per query.
 
-**Captions.** Each item is named with its class, its cell ("on the top left") and ``min_attributes`` to
-``max_attributes`` of the attributes measured from its own 28 px pixels (:func:`clip_dcl.data.fashion.pixel_attributes`,
-binned at the whole official training set's quantiles), in a random order of items, e.g. "a picture of a
-faint coat on the top left, a small wide sneaker at the bottom right and a bright bag on the top right."
-Training scenes get ``captions_per_image`` captions (other words, orders and attributes); validation and
-test scenes one each, distinct within their split (a scene whose caption was already written is drawn
-again), so that retrieval has one right answer per query.
-
-**Zero-shot.** The class of the item on the top left (ten classes, prompts such as "coat on the top left."),
-over the validation scenes (``zeroshot/``) and the test scenes (``zeroshot_test/``); the few-shot task
-(``fewshot/fashion-scenes``) has the same labels. Retrieval mean R@1 is the metric these scenes are for.
+**Zero-shot.** The class of the item on the top left, over the validation (``zeroshot/``) and test
+(``zeroshot_test/``) scenes; the few-shot task has the same labels. Retrieval R@1 is the metric these
+scenes are for.
 """
 
 from __future__ import annotations
@@ -137,9 +126,7 @@ class ScenesConfig:
                 )
 
 
-# ------------------------------------------------------------------------------------------
 # Scenes and their captions
-# ------------------------------------------------------------------------------------------
 def draw_scene(rng: np.random.Generator, pool_size: int, cfg: ScenesConfig) -> List[Tuple[int, int]]:
     """``[(cell, item), ...]``: the top-left cell (0) and ``min_items - 1`` to ``max_items - 1`` other random
     cells, each with a distinct random item of the pool (an index below ``pool_size``), in cell order."""
@@ -264,7 +251,7 @@ def generate(
     absolute ``train_data``/``val_data``/``test_data``). Raises :class:`clip_dcl.data.fashion.DataMissing` when the
     files are not there, ``ValueError`` for a bad value (named), ``FileExistsError`` as ``fashion.generate`` does."""
     from .synth.attributes import same_class_rate_distinct, tau_plus_from_labels
-    from .synth.layout import _with_paths
+    from .synth.layout import _with_paths, prepare_out
 
     unknown = sorted(set(overrides) - {f.name for f in dataclasses.fields(ScenesConfig)})
     if unknown:
@@ -279,19 +266,8 @@ def generate(
     n_train, n_test = len(data["train_labels"]), len(data["test_labels"])
     cfg.validate(n_train, n_classes)
     out = Path(out_dir)
-    record = {
-        "config": dataclasses.asdict(cfg),
-        "classnames": list(CLASSNAMES),
-        "source": {
-            "dir": str(Path(source)),
-            "train_images": n_train,
-            "test_images": n_test,
-            "image_shape": list(data["train_images"].shape[1:]),
-        },
-    }
-    summary = fashion.prepare_out(
-        out, record, _OUTPUTS, reuse=reuse, overwrite=overwrite, verbose=verbose, tag="fashion-scenes"
-    )
+    record = fashion.source_record(cfg, CLASSNAMES, source, data)
+    summary = prepare_out(out, record, _OUTPUTS, reuse, overwrite, verbose, "fashion-scenes")
     if summary is not None:
         return summary
     start = time.perf_counter()

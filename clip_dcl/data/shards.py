@@ -1,20 +1,13 @@
 """Writing image-caption shards in the layout ``img2dataset`` writes for Conceptual Captions.
 
-A shard is a ``.tar`` holding, per sample, ``{key}.jpg``, ``{key}.txt`` (one caption) and
-``{key}.json`` (``{"key": key, "caption": caption, ...}``); ``sizes.json`` next to the shards maps
-each shard's basename to its sample count, which is what OpenCLIP's ``get_dataset_size`` reads.
+A shard is a ``.tar`` holding, per sample, ``{key}.jpg``, ``{key}.txt`` (one caption) and ``{key}.json``
+(``{"key": key, "caption": caption, ...}``); ``sizes.json`` beside the shards maps each shard's basename to
+its sample count (what OpenCLIP's ``get_dataset_size`` reads). webdataset's ``ShardWriter`` writes them
+(:func:`shard_writer`, fixed tar headers: same samples, same bytes); added here are key checks,
+``sizes.json`` and the brace pattern OpenCLIP expands.
 
-The shards are written by ``webdataset.ShardWriter`` (:func:`shard_writer`, with a fixed ``mtime``/owner/mode
-so that the same samples give the same bytes); what is added here is key checks, ``sizes.json`` and the
-brace pattern OpenCLIP expands.
-
-Two key schemes are in use (both give numeric keys unique across shards):
-
-* dense: ``key = running index`` over the whole split (0, 1, ..., N-1); a per-sample table
-  indexed by key then needs exactly N rows. The synthetic data uses this one.
-* img2dataset: ``key = shard_id * 10**ceil(log10(shard_size)) + index_in_shard``
-  (:func:`img2dataset_key`), what img2dataset writes; keys have gaps when the shard size is not
-  a power of ten.
+Keys are dense (``key = running index`` over the split, what the synthetic data uses) or img2dataset's
+(:func:`img2dataset_key`, with gaps when the shard size is not a power of ten).
 """
 
 from __future__ import annotations
@@ -161,14 +154,12 @@ class CaptionShardWriter:
         self._last_key: int | None = None
         self._closed = False
 
-    # -- context manager ------------------------------------------------------------------
     def __enter__(self) -> "CaptionShardWriter":
         return self
 
     def __exit__(self, exc_type, exc, tb) -> None:
         self.close()
 
-    # -- writing --------------------------------------------------------------------------
     def write(self, key: str, jpg: bytes, caption: str, meta: dict | None = None, *, ext: str = "jpg") -> None:
         """Append one sample; opens the next shard when the current one is full. ``ext`` names the image's
         entry (``jpg``, or ``png`` for lossless images: OpenCLIP's loader and our readers take either)."""
@@ -209,7 +200,6 @@ class CaptionShardWriter:
             self._closed = True
         return dict(self.sizes)
 
-    # -- results --------------------------------------------------------------------------
     @property
     def num_samples(self) -> int:
         return sum(self.sizes.values())

@@ -16,22 +16,8 @@ from itertools import product
 from pathlib import Path
 from typing import Sequence
 
-from .report import DEFAULT_OUTPUT, name_part, output_path, pretrained_slug, short_name, write_json
+from .report import DEFAULT_OUTPUT, output_path, short_name, write_json
 from .tasks import benchmark_task, registered_tasks
-
-__all__ = [
-    "run_benchmark",
-    "plan_runs",
-    "resolve_task",
-    "locate_dataset",
-    "output_path",
-    "DEFAULT_OUTPUT",
-    "short_name",
-    "pretrained_slug",
-    "name_part",
-    "add_benchmark_arguments",
-    "BenchmarkRun",
-]
 
 log = logging.getLogger(__name__)
 
@@ -208,9 +194,7 @@ def add_benchmark_arguments(p: argparse.ArgumentParser) -> None:
         p.add_argument(flag, action=_Refuse, reason=reason)
 
 
-# ----------------------------------------------------------------------------------------------
 # Names, as CLIP_benchmark makes them
-# ----------------------------------------------------------------------------------------------
 def benchmark_tasks() -> list[str]:
     """``--task`` values run here: ``auto`` and the CLIP_benchmark name of every registered task that has one."""
     return ["auto"] + [
@@ -218,9 +202,7 @@ def benchmark_tasks() -> list[str]:
     ]
 
 
-# ----------------------------------------------------------------------------------------------
 # The runs
-# ----------------------------------------------------------------------------------------------
 def expand_models(
     models: Sequence[str], pretrained: Sequence[str], pretrained_model: Sequence[str] | None = None
 ) -> list[tuple[str, str]]:
@@ -561,37 +543,15 @@ def run_benchmark(
 
 def main(args: argparse.Namespace) -> int:
     """``clip-dcl eval benchmark``: `run_benchmark` with the parsed flags."""
+    import inspect
     import sys
 
     if not logging.getLogger().handlers:
         logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(message)s")
+    # every parameter of run_benchmark is the flag of its name (--task's dest is bench_task)
+    names = inspect.signature(run_benchmark).parameters
     try:
-        run_benchmark(
-            args.dataset,
-            dataset_root=args.dataset_root,
-            model=args.model,
-            pretrained=args.pretrained,
-            pretrained_model=args.pretrained_model,
-            task=args.bench_task,
-            language=args.language,
-            split=args.split,
-            recall_k=args.recall_k,
-            batch_size=args.batch_size,
-            num_workers=args.num_workers,
-            amp=args.amp,
-            seed=args.seed,
-            output=args.output,
-            skip_existing=args.skip_existing,
-            custom_classname_file=args.custom_classname_file,
-            custom_template_file=args.custom_template_file,
-            dump_classnames=args.dump_classnames,
-            dump_templates=args.dump_templates,
-            model_cache_dir=args.model_cache_dir,
-            device=args.device,
-            verbose=args.verbose,
-            fewshot_k=args.fewshot_k,
-            fewshot_grid=args.fewshot_grid,
-        )
+        run_benchmark(**{name: getattr(args, "bench_task" if name == "task" else name) for name in names})
     except ValueError as e:
         print(f"clip-dcl eval benchmark: {e}", file=sys.stderr)
         return 2

@@ -193,23 +193,9 @@ def main(argv: list[str] | None = None) -> int:
     from ..data.evalsets.skips import SkipCounter
 
     skips = SkipCounter(strict=args.strict)  # every evaluator counts into it: the JSON's "skipped"
-    common = dict(
-        options=EvalOptions(
-            batch_size=args.batch_size,
-            device=args.device,
-            workers=args.workers,
-            progress=not args.no_progress,
-            precision=args.precision,
-            strict=args.strict,
-        ),
-        skips=skips,
-    )
-    settings = {
-        "batch_size": args.batch_size,
-        "device": args.device,
-        "workers": args.workers,
-        "precision": args.precision,
-    }
+    settings = {key: getattr(args, key) for key in ("batch_size", "device", "workers", "precision")}
+    options = EvalOptions(**settings, progress=not args.no_progress, strict=args.strict)
+    common = dict(options=options, skips=skips)
     try:
         model, preprocess, tokenizer, model_info = _load_model(args)
         check_logit_scale(model, task.uses_logit_scale, f"clip-dcl eval {task.name}")

@@ -186,6 +186,22 @@ def _collate_indexed(batch):
 
 
 @torch.no_grad()
+def encode_batches(model, batches, options: EvalOptions, desc: str, skips):
+    """``(image features, batch[1])`` of each batch of (images or None, labels or captions[, skips]); the skips
+    are recorded in ``skips``."""
+    model.eval()
+    for batch in progress_bar(batches, f"encoding {desc}", None, options.progress):
+        if not isinstance(batch, (list, tuple)) or len(batch) < 2:
+            raise ValueError(
+                f"{desc}: the data must yield (images, labels or captions) batches, got {type(batch).__name__}"
+            )
+        for skip in batch[2] if len(batch) > 2 and isinstance(batch[2], list) else ():
+            skips.record(skip)
+        if batch[0] is not None:
+            yield encode_batch(model, "image", batch[0], options, desc=desc), batch[1]
+
+
+@torch.no_grad()
 def encode_images(
     model,
     dataset,

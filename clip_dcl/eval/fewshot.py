@@ -36,9 +36,7 @@ DEFAULT_TEMPLATES = ("a photo of a {}",)
 EPOCH_SELECTIONS = ("last", "toolkit")
 
 
-# ----------------------------------------------------------------------------------------------
 # Catalogue and prompts
-# ----------------------------------------------------------------------------------------------
 def builtin_catalog() -> dict[str, dict]:
     """The 20 ELEVATER data sets (``catalog.json``): name -> metric, classes, layout and the like."""
     doc = json.loads((Path(__file__).with_name("catalog.json")).read_text())
@@ -101,9 +99,7 @@ def dataset_prompts(name: str, catalog: dict[str, dict]) -> dict | None:
     return builtin_prompts().get(entry["name"])
 
 
-# ----------------------------------------------------------------------------------------------
 # The suite over a model
-# ----------------------------------------------------------------------------------------------
 @dataclass
 class FewShotReport:
     """Everything `run_fewshot` measured: flat metrics, per-(set, seed) records, per-set facts, settings."""
@@ -207,7 +203,8 @@ def run_fewshot(
     skips: SkipCounter | None = None,
     **kwargs,
 ) -> FewShotReport:
-    """The probe with everything it measured (`FewShotReport`); arguments as `evaluate_fewshot`.
+    """ELEVATER k-shot linear probe of ``model`` on the data sets under ``root`` (the toolkit's download or
+    one folder per set), with everything it measured (`FewShotReport`).
 
     An image that does not decode is logged, counted and left out (a train image leaves its draw one
     shot short), or raises `SampleSkipped` under ``strict``.
@@ -361,44 +358,14 @@ def run_fewshot(
     return FewShotReport(metrics=metrics, probes=probes, datasets=per_set, settings=settings, skipped=skips.as_dict())
 
 
-def evaluate_fewshot(
-    model,
-    preprocess: Callable,
-    tokenizer: Callable,
-    root: str | os.PathLike,
-    datasets: Sequence[str] | None = None,
-    shots: int = 5,
-    seeds: Sequence[int] = (0, 1, 2),
-    grid: str | SweepGrid = "full",
-    epoch_selection: str = "last",
-    text_init: bool = True,
-    *,
-    options: EvalOptions | None = None,
-    **kwargs,
-) -> dict[str, float]:
-    """ELEVATER k-shot linear probe of ``model`` on the data sets under ``root`` (the toolkit's download or
-    one folder per set): flat metrics per set (``{ds}/linear_probe``, ``_last``, ``_toolkit``,
-    ``_seed{s}``, ``mean_classifier``, ``zeroshot``) and their ``average/...``.
+def evaluate_fewshot(model, preprocess: Callable, tokenizer: Callable, root: str | os.PathLike, *args, **kwargs):
+    """The flat metrics of `run_fewshot` (same arguments): per set ``{ds}/linear_probe``, ``_last``,
+    ``_toolkit``, ``_seed{s}``, ``mean_classifier``, ``zeroshot``, and their ``average/...``.
     """
-    return run_fewshot(
-        model,
-        preprocess,
-        tokenizer,
-        root,
-        datasets=datasets,
-        shots=shots,
-        seeds=seeds,
-        grid=grid,
-        epoch_selection=epoch_selection,
-        text_init=text_init,
-        options=options,
-        **kwargs,
-    ).metrics
+    return run_fewshot(model, preprocess, tokenizer, root, *args, **kwargs).metrics
 
 
-# ----------------------------------------------------------------------------------------------
 # The task: `clip-dcl eval fewshot` and CLIP_benchmark's linear_probe
-# ----------------------------------------------------------------------------------------------
 #: Score families of the few-shot table, one column each.
 FEWSHOT_COLUMNS = ("linear_probe", "linear_probe_last", "linear_probe_toolkit", "mean_classifier", "zeroshot")
 #: ELEVATER metric -> the key of a ``linear_probe`` result (CLIP_benchmark's ``lp_`` names where it has one).

@@ -18,9 +18,7 @@ import torch
 ELEVATER_METRICS = ("accuracy", "mean_per_class", "11point_mAP", "roc_auc")
 
 
-# ----------------------------------------------------------------------------------------------
 # Retrieval
-# ----------------------------------------------------------------------------------------------
 def _check_features(name: str, x: torch.Tensor) -> None:
     if x.ndim != 2:
         raise ValueError(f"{name} must be 2-D (N, D), got shape {tuple(x.shape)}")
@@ -140,9 +138,7 @@ def retrieval_metrics(
     return out
 
 
-# ----------------------------------------------------------------------------------------------
 # Classification
-# ----------------------------------------------------------------------------------------------
 def topk_accuracy(logits: torch.Tensor, labels: torch.Tensor, k: int = 1) -> float:
     """Fraction of rows whose label is among the k highest logits; NaN when k > #classes."""
     if k > logits.shape[-1]:
@@ -192,9 +188,7 @@ def mean_average_precision(scores: torch.Tensor, targets: torch.Tensor) -> float
     return float(np.mean(ap))
 
 
-# ----------------------------------------------------------------------------------------------
 # ELEVATER metrics, batched over a leading dimension (heads)
-# ----------------------------------------------------------------------------------------------
 def targets_to_matrix(targets: torch.Tensor, num_classes: int) -> torch.Tensor:
     """(N,) class ids -> (N, C) one-hot; (N, C) multi-hot returned as is (as a float tensor)."""
     if targets.ndim == 1:

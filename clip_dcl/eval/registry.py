@@ -80,12 +80,6 @@ _TASKS: dict[str, EvalTask] = {}
 BUILTIN_ORDER = ("retrieval", "zeroshot", "fewshot")
 
 
-def _ordered() -> dict[str, EvalTask]:
-    """The registered tasks: the shipped ones in `BUILTIN_ORDER`, then the others in registration order."""
-    first = {name: _TASKS[name] for name in BUILTIN_ORDER if name in _TASKS}
-    return {**first, **{name: task for name, task in _TASKS.items() if name not in first}}
-
-
 def register_task(task: EvalTask) -> EvalTask:
     """Add ``task`` under ``task.name`` and return it; a name registered before is replaced, with a warning."""
     if not isinstance(task, EvalTask):
@@ -97,8 +91,10 @@ def register_task(task: EvalTask) -> EvalTask:
 
 
 def registered_tasks() -> dict[str, EvalTask]:
-    """The tasks registered so far, by name, the shipped ones first (a copy)."""
-    return _ordered()
+    """The tasks registered so far, by name (a copy): the shipped ones in `BUILTIN_ORDER`, then the others in
+    registration order."""
+    first = {name: _TASKS[name] for name in BUILTIN_ORDER if name in _TASKS}
+    return {**first, **{name: task for name, task in _TASKS.items() if name not in first}}
 
 
 def get_task(name: str) -> EvalTask:
@@ -106,7 +102,7 @@ def get_task(name: str) -> EvalTask:
     try:
         return _TASKS[name]
     except KeyError:
-        raise KeyError(f"no evaluation task {name!r}; registered: {', '.join(_ordered()) or 'none'}") from None
+        raise KeyError(f"no evaluation task {name!r}; registered: {', '.join(registered_tasks()) or 'none'}") from None
 
 
 def benchmark_task(benchmark_name: str) -> EvalTask | None:

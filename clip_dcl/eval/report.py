@@ -76,9 +76,7 @@ def write_json(path: str | os.PathLike, document: dict) -> Path:
     return path
 
 
-# ----------------------------------------------------------------------------------------------
 # CLIP_benchmark's result files: names and the common part of their contents
-# ----------------------------------------------------------------------------------------------
 #: CLIP_benchmark's default ``--output`` template.
 DEFAULT_OUTPUT = "{dataset}_{pretrained}_{model}_{language}_{task}.json"
 

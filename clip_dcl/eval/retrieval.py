@@ -19,7 +19,7 @@ from ..data.evalsets.files import ImageListDataset
 from ..data.evalsets.retrieval import expand_shards, read_retrieval_csv, retrieval_wds
 from ..data.evalsets.samples import split_captions
 from ..data.evalsets.skips import Skip, SkipCounter
-from .encoding import EvalOptions, encode_batch, encode_images, encode_texts, labelled_batches, progress_bar
+from .encoding import EvalOptions, encode_batches, encode_images, encode_texts, labelled_batches
 from .metrics import retrieval_metrics
 from .registry import EvalTask, TaskResult, register_task
 from .report import format_table
@@ -55,18 +55,11 @@ def _caption_list(caps, where: str) -> list[str]:
     return out
 
 
-@torch.no_grad()
 def _encode_batches(model, batches, options: EvalOptions, what: str, skips: SkipCounter):
     """(image features, captions per image) over batches of (images, captions of each image[, skips])."""
     feats, captions = [], []
-    model.eval()
-    for batch in progress_bar(batches, "encoding retrieval images", None, options.progress):
-        images, caps = batch[0], batch[1]
-        for skip in batch[2] if len(batch) > 2 else ():
-            skips.record(skip)
-        if images is None:
-            continue
-        feats.append(encode_batch(model, "image", images, options, desc="retrieval images"))
+    for f, caps in encode_batches(model, batches, options, "retrieval images", skips):
+        feats.append(f)
         captions.extend(_caption_list(c, what) for c in caps)
     if not feats:
         raise ValueError(f"no samples in {what}" + (f" ({skips.summary()})" if skips.total else ""))
@@ -183,9 +176,7 @@ def evaluate_retrieval(
     return metrics
 
 
-# ----------------------------------------------------------------------------------------------
 # The task: `clip-dcl eval retrieval` and CLIP_benchmark's zeroshot_retrieval
-# ----------------------------------------------------------------------------------------------
 def _add_arguments(p) -> None:
     p.add_argument(
         "--data",

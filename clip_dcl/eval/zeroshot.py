@@ -22,11 +22,10 @@ from ..data.evalsets.folders import folder_classnames, load_classnames, scan_ima
 from ..data.evalsets.skips import Skip, SkipCounter
 from .encoding import (
     EvalOptions,
-    encode_batch,
+    encode_batches,
     encode_images,
     labelled_batches,
     normalize_templates,
-    progress_bar,
     zeroshot_classifier,
 )
 from .metrics import classification_metrics, mean_average_precision
@@ -105,16 +104,8 @@ def encode_labelled(
     options = EvalOptions.from_kwargs(options, **kwargs)
     feats, labels = [], []
     skips = SkipCounter(options.strict) if skips is None else skips
-    model.eval()
-    for batch in progress_bar(batches, f"encoding {desc}", None, options.progress):
-        if not isinstance(batch, (list, tuple)) or len(batch) < 2:
-            raise ValueError(f"zero-shot data must yield (images, labels) batches, got {type(batch).__name__}")
-        images, y = batch[0], batch[1]
-        for skip in batch[2] if len(batch) > 2 and isinstance(batch[2], list) else ():
-            skips.record(skip)
-        if images is None:
-            continue
-        feats.append(encode_batch(model, "image", images, options, desc=desc))
+    for f, y in encode_batches(model, batches, options, desc, skips):
+        feats.append(f)
         labels.append(torch.as_tensor(y).cpu())
     if not feats:
         raise ValueError(f"no {desc} to encode" + (f" ({skips.summary()})" if skips.total else ""))
@@ -312,9 +303,7 @@ def _names_of(classnames) -> list[str]:
     return list(names)
 
 
-# ----------------------------------------------------------------------------------------------
 # The task: `clip-dcl eval zeroshot` and CLIP_benchmark's zeroshot_classification
-# ----------------------------------------------------------------------------------------------
 def _add_arguments(p) -> None:
     p.add_argument(
         "--data",

@@ -6,6 +6,7 @@ it, not an hour into encoding.
 
 from __future__ import annotations
 
+# ruff: noqa: F401 (the imports below are the package's names)
 from .benchmark import (
     BENCHMARK_IMAGE_KEYS,
     BENCHMARK_TYPES,
@@ -47,57 +48,3 @@ from .folders import (
 from .retrieval import RetrievalCSV, expand_shards, read_retrieval_csv, retrieval_wds
 from .samples import WDS_IMAGE_KEYS, ShardSamples, sample_captions, sample_image, shard_samples, split_captions
 from .skips import SKIP_CAUSES, SampleSkipped, Skip, SkipCounter
-
-__all__ = [
-    # files and images
-    "IMAGE_EXTENSIONS",
-    "read_lines",
-    "read_classnames",
-    "read_templates",
-    "split_zip_ref",
-    "ImageSource",
-    "ImageListDataset",
-    "describe_folder",
-    # skipped samples
-    "SKIP_CAUSES",
-    "Skip",
-    "SampleSkipped",
-    "SkipCounter",
-    # webdataset samples
-    "WDS_IMAGE_KEYS",
-    "shard_samples",
-    "sample_image",
-    "sample_captions",
-    "split_captions",
-    "ShardSamples",
-    # retrieval pairs
-    "RetrievalCSV",
-    "read_retrieval_csv",
-    "expand_shards",
-    "retrieval_wds",
-    # CLIP_benchmark's layout
-    "BENCHMARK_IMAGE_KEYS",
-    "BENCHMARK_TYPES",
-    "BenchmarkShards",
-    "benchmark_layout_root",
-    "read_benchmark_shards",
-    "classification_wds",
-    # ImageFolder trees
-    "scan_image_folder",
-    "is_imagenet_synsets",
-    "imagenet_classnames_for",
-    "CLASSNAME_FILES",
-    "folder_classnames",
-    "load_classnames",
-    "names_folder",
-    # few-shot data sets
-    "parse_index_line",
-    "read_index_file",
-    "FewShotData",
-    "read_coco_classification",
-    "FEWSHOT_LAYOUTS",
-    "fewshot_layout",
-    "find_toolkit_folder",
-    "list_fewshot_datasets",
-    "read_fewshot_dataset",
-]

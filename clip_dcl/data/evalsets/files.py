@@ -16,9 +16,7 @@ from .skips import Skip
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
 
 
-# ----------------------------------------------------------------------------------------------
 # Plain text files
-# ----------------------------------------------------------------------------------------------
 def read_lines(path: str | os.PathLike, what: str = "file") -> list[str]:
     """Non-empty, stripped lines of a UTF-8 text file; ``ValueError`` naming it if missing or empty."""
     path = Path(path)
@@ -95,9 +93,7 @@ def read_templates(path: str | os.PathLike) -> list[str] | dict[str, list[str]]:
     return out
 
 
-# ----------------------------------------------------------------------------------------------
 # Image access: plain files and members of uncompressed zips, read in place
-# ----------------------------------------------------------------------------------------------
 def split_zip_ref(ref: str) -> tuple[str, str] | None:
     """``'train.zip@a/b.png'`` -> ``('train.zip', 'a/b.png')``; ``None`` for a plain path."""
     if "@" not in ref:

@@ -65,9 +65,7 @@ def imagenet_classnames_for(folders: Sequence[str]) -> list[str]:
     return list(IMAGENET_CLASSNAMES)
 
 
-# ----------------------------------------------------------------------------------------------
 # Class names of an ImageFolder tree: every label's name tied to its folder
-# ----------------------------------------------------------------------------------------------
 #: The files of a tree's own class names, in the order they are looked for.
 CLASSNAME_FILES = ("classnames.json", "classnames.txt")
 

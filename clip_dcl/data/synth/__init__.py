@@ -20,6 +20,7 @@ Submodules: `.attributes`, `.render`, `.captions`, `.layout` (`generate`).
 
 from __future__ import annotations
 
+# ruff: noqa: F401 (the imports below are the package's names)
 from .attributes import (
     BACKGROUNDS,
     COLOURS,
@@ -42,34 +43,3 @@ from .attributes import (
 from .captions import ZEROSHOT_TEMPLATES, make_caption, make_captions
 from .layout import DIGIT_NAMES, SynthConfig, fewshot_tasks, generate, render_sample, split_labels
 from .render import draw_image, encode_jpeg
-
-__all__ = [
-    "SynthConfig",
-    "generate",
-    "class_grid",
-    "class_names",
-    "class_folders",
-    "class_counts",
-    "grid_shape",
-    "tau_plus_from_labels",
-    "same_class_rate_distinct",
-    "split_labels",
-    "sample_attributes",
-    "draw_image",
-    "make_caption",
-    "make_captions",
-    "render_sample",
-    "encode_jpeg",
-    "fewshot_tasks",
-    "SHAPES",
-    "COLOURS",
-    "SIZES",
-    "COUNTS",
-    "POSITIONS",
-    "BACKGROUNDS",
-    "ZEROSHOT_TEMPLATES",
-    "DIGIT_NAMES",
-    "MAX_CLASSES",
-    "SCATTERED",
-    "COUNT_PROBS",
-]

@@ -6,10 +6,8 @@ from __future__ import annotations
 
 import numpy as np
 
-# ------------------------------------------------------------------------------------------
 # Attribute vocabularies. Order matters: the first entries are the most distinct ones and are
 # the ones a small class grid uses.
-# ------------------------------------------------------------------------------------------
 SHAPES = ("circle", "square", "triangle", "star", "cross", "diamond")
 COLOURS = ("red", "blue", "green", "yellow", "purple", "orange", "pink", "cyan")
 SIZES = ("small", "large")
@@ -24,9 +22,7 @@ COUNT_PROBS = (0.5, 0.25, 0.25)
 _QUADRANTS = POSITIONS[:4]
 
 
-# ------------------------------------------------------------------------------------------
 # Classes and their frequencies (pure functions)
-# ------------------------------------------------------------------------------------------
 def grid_shape(num_classes: int) -> tuple[int, int]:
     """``(n_shapes, n_colours)`` of the class grid for ``num_classes`` classes, the most even that fits."""
     if not 1 <= num_classes <= MAX_CLASSES:

@@ -59,9 +59,7 @@ _STREAM = {
 _TEST_OFFSET = 1 << 30
 
 
-# ------------------------------------------------------------------------------------------
 # Configuration
-# ------------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class SynthConfig:
     """Sizes and knobs of a synthetic data set; see `clip_dcl.data.synth` for their meaning."""
@@ -171,9 +169,7 @@ def render_sample(
     return image, attrs, captions
 
 
-# ------------------------------------------------------------------------------------------
 # Writers for each part of the layout
-# ------------------------------------------------------------------------------------------
 class _Progress:
     """Log lines at most every ``every`` seconds (plus the last one); silent when not verbose."""
 
@@ -237,12 +233,17 @@ def _write_zeroshot(directory: Path, cfg: SynthConfig, verbose: bool, stream: st
             (directory / folder / f"{j:05d}.jpg").write_bytes(encode_jpeg(image, cfg.jpeg_quality))
             done += 1
             progress.update(done)
-    (directory / "classnames.txt").write_text("\n".join(class_names(cfg.num_classes)) + "\n")
-    (directory / "templates.txt").write_text("\n".join(ZEROSHOT_TEMPLATES) + "\n")
+    return tree_files(directory, class_names(cfg.num_classes), ZEROSHOT_TEMPLATES, done)
+
+
+def tree_files(directory: Path, names, templates, num_images: int) -> dict:
+    """An ImageFolder tree's classnames.txt and templates.txt; its entry in summary.json."""
+    (directory / "classnames.txt").write_text("\n".join(names) + "\n")
+    (directory / "templates.txt").write_text("\n".join(templates) + "\n")
     return {
         "dir": directory.name,
-        "num_classes": cfg.num_classes,
-        "num_images": done,
+        "num_classes": len(names),
+        "num_images": num_images,
         "classnames": f"{directory.name}/classnames.txt",
         "templates": f"{directory.name}/templates.txt",
     }
@@ -333,14 +334,7 @@ def _write_fewshot(directory: Path, cfg: SynthConfig, verbose: bool) -> dict:
                 items.append((f"{n:06d}.jpg", data, label))
             splits[split] = items
         _write_iris(directory / task, values, list(_FEWSHOT_TEMPLATES[task]), splits)
-        catalog[task] = {
-            "metric": "accuracy",
-            "num_classes": len(values),
-            "multilabel": False,
-            "classes": values,
-            "train": len(splits["train"]),
-            "test": len(splits["test"]),
-        }
+        catalog[task] = catalog_entry("accuracy", values, splits)
         if verbose:
             print(
                 f"[synth] few-shot {task}: {len(values)} classes, {len(splits['train'])} train, "
@@ -389,19 +383,22 @@ def _write_digits(directory: Path, cfg: SynthConfig) -> dict:
     }
     _write_iris(directory, list(DIGIT_NAMES), list(_DIGIT_TEMPLATES), splits)
     # The training split is unbalanced (the digit classes are), hence mean per-class accuracy.
+    return catalog_entry("mean_per_class", DIGIT_NAMES, splits)
+
+
+def catalog_entry(metric: str, classes, splits: dict) -> dict:
+    """A few-shot task's entry in catalog.json (``splits``: its train and test items)."""
     return {
-        "metric": "mean_per_class",
-        "num_classes": 10,
+        "metric": metric,
+        "num_classes": len(classes),
         "multilabel": False,
-        "classes": list(DIGIT_NAMES),
+        "classes": list(classes),
         "train": len(splits["train"]),
         "test": len(splits["test"]),
     }
 
 
-# ------------------------------------------------------------------------------------------
 # Entry point
-# ------------------------------------------------------------------------------------------
 _OUTPUTS = ("summary.json", "train", "val", "zeroshot", "fewshot", "test", "zeroshot_test")
 
 
@@ -436,22 +433,9 @@ def generate(
         }
     )
     out = Path(out_dir)
-    existing = [name for name in _OUTPUTS if (out / name).exists()]
-    if existing and reuse and (out / "summary.json").exists():
-        summary = json.loads((out / "summary.json").read_text())
-        if summary.get("config") == dataclasses.asdict(cfg):
-            if verbose:
-                print(f"[synth] reusing {out} (same config)", flush=True)
-            return _with_paths(summary, out, seconds=0.0)
-    if existing and not overwrite:
-        raise FileExistsError(
-            f"{str(out)!r} already holds {existing}; pass overwrite=True (--overwrite) to replace them"
-        )
-    for name in existing:
-        path = out / name
-        shutil.rmtree(path) if path.is_dir() else path.unlink()
-    out.mkdir(parents=True, exist_ok=True)
-
+    summary = prepare_out(out, {"config": dataclasses.asdict(cfg)}, _OUTPUTS, reuse, overwrite, verbose, "synth")
+    if summary is not None:
+        return summary
     start = time.perf_counter()
     if verbose:
         n_s, n_c = grid_shape(cfg.num_classes)
@@ -510,6 +494,27 @@ def generate(
             flush=True,
         )
     return _with_paths(summary, out, seconds)
+
+
+def prepare_out(out: Path, record: dict, outputs, reuse: bool, overwrite: bool, verbose: bool, tag: str) -> dict | None:
+    """The earlier summary (with paths) when ``reuse`` and it has ``record``'s settings; otherwise ``out`` cleared
+    of ``outputs`` (``FileExistsError`` when it holds some and not ``overwrite``) and None."""
+    existing = [name for name in outputs if (out / name).exists()]
+    if existing and reuse and (out / "summary.json").is_file():
+        summary = json.loads((out / "summary.json").read_text())
+        if all(summary.get(k) == v for k, v in record.items()):
+            if verbose:
+                print(f"[{tag}] reusing {out} (same settings)", flush=True)
+            return _with_paths(summary, out, seconds=0.0)
+    if existing and not overwrite:
+        raise FileExistsError(
+            f"{str(out)!r} already holds {existing}; pass overwrite=True (--overwrite) to replace them"
+        )
+    for name in existing:
+        path = out / name
+        shutil.rmtree(path) if path.is_dir() else path.unlink()
+    out.mkdir(parents=True, exist_ok=True)
+    return None
 
 
 def _with_paths(summary: dict, out: Path, seconds: float) -> dict:
