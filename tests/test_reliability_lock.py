@@ -4,6 +4,7 @@ taken over with a line saying so; a folder that holds a run takes only a command
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -101,6 +102,84 @@ def test_lock_heartbeat_refreshes_it_and_release_leaves_anothers(tmp_path, monke
     lock.path.write_text(json.dumps({"pid": 1, "host": "x", "token": "someone else's"}))
     lock.release()
     assert lock.path.exists()  # not this holder's any more: left alone
+
+
+def _holder_process(folder, fork_child: bool = False):
+    """Another process holding the run lock of ``folder`` (and, with ``fork_child``, a forked child of it that
+    outlives it, as a data-loader worker would); returns it once it holds."""
+    code = (
+        "import os, sys, time\n"
+        "from clip_dcl.train.runfolder import RunLock\n"
+        f"lock = RunLock({str(folder)!r}); lock.acquire()\n"
+        f"if {fork_child} and os.fork() == 0:\n"
+        "    lock.release(); time.sleep(60); os._exit(0)\n"
+        "print('held', flush=True); time.sleep(60)\n"
+    )
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True, start_new_session=True)
+    assert proc.stdout.readline().strip() == "held"
+    return proc
+
+
+def test_lock_held_by_another_live_process_is_refused_even_if_its_record_names_a_dead_one(tmp_path):
+    from clip_dcl.train.runfolder import RunFolderBusy, RunLock
+
+    holder = _holder_process(tmp_path / "run")
+    try:
+        with pytest.raises(RunFolderBusy, match=f"pid {holder.pid} on host {socket.gethostname()}, running since"):
+            RunLock(tmp_path / "run").acquire()
+        # the kernel lock decides on this host, not the record: one naming a dead process does not free it
+        _write_lock(tmp_path / "run", pid=_dead_pid())
+        with pytest.raises(RunFolderBusy):
+            RunLock(tmp_path / "run").acquire()
+    finally:
+        os.killpg(holder.pid, signal.SIGKILL)
+        holder.wait()
+
+
+@pytest.mark.parametrize("fork_child", [False, True])
+def test_lock_of_a_holder_killed_with_sigkill_is_taken_over(tmp_path, fork_child):
+    from clip_dcl.train.runfolder import RunLock
+
+    holder = _holder_process(tmp_path / "run", fork_child)
+    os.kill(holder.pid, signal.SIGKILL)  # its forked child (a data-loader worker) lives on, holding nothing
+    holder.wait()
+    try:
+        assert json.loads((tmp_path / "run" / "run.lock").read_text())["pid"] == holder.pid  # left behind
+        lock = RunLock(tmp_path / "run")
+        took = lock.acquire()
+        assert took is not None and took.endswith(f"is gone: no process {holder.pid} on this host.")
+        lock.release()
+        assert not (tmp_path / "run" / "run.lock").exists()
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(holder.pid, signal.SIGKILL)
+
+
+def test_lock_without_flock_on_the_file_system_is_its_record(tmp_path, monkeypatch):
+    import errno
+
+    import filelock._native._unix as unix
+
+    from clip_dcl.train.runfolder import RunFolderBusy, RunLock
+
+    def no_flock(fd):
+        raise OSError(errno.ENOSYS, "Function not implemented")
+
+    monkeypatch.setattr(unix, "lock_fd_nonblocking", no_flock)
+    first = RunLock(tmp_path / "run")
+    assert first.acquire() is None
+    with pytest.raises(RunFolderBusy, match=f"pid {os.getpid()} on host"):
+        RunLock(tmp_path / "run").acquire()  # the record names a live process of this host
+    first.release()
+    assert not (tmp_path / "run" / "run.lock").exists()
+    _write_lock(tmp_path / "run", host="node-elsewhere", pid=4242)
+    with pytest.raises(RunFolderBusy, match="pid 4242 on host node-elsewhere"):
+        RunLock(tmp_path / "run").acquire()
+    pid = _dead_pid()
+    _write_lock(tmp_path / "run", pid=pid)
+    lock = RunLock(tmp_path / "run")
+    assert lock.acquire().endswith(f"is gone: no process {pid} on this host.")
+    lock.release()
 
 
 # -- which command may run in a folder that holds a run ----------------------------------------------------

@@ -3,14 +3,17 @@
 **The lock.** Two processes training in one folder both write its checkpoints and its ``out.log``; a
 requeued job that starts while its predecessor is still alive does exactly that. The master rank
 holds :class:`RunLock`, the file ``run.lock`` in the folder, from before its log is opened until the
-run ends: it is created with ``O_CREAT | O_EXCL`` (atomic, also on NFS v3+) and names its holder
-(pid, host, start time). A second process finds it and stops with :class:`RunFolderBusy`, naming the
-holder. A lock whose holder is gone is taken over, with a line saying so: on the same host when its
-pid no longer exists (or is another process now: its start time differs); on another host (a shared
-file system) when its modification time, which a thread of the holder refreshes every
-:data:`HEARTBEAT_SECONDS` (a :class:`clip_dcl.train.threads.ForkSafeThread`: stopped while the process
-forks its data-loader workers), is older than :data:`STALE_SECONDS`. A taker first renames the lock aside,
-which only one of several takers can do, then creates its own, so two takers never both hold it.
+run ends: a :class:`filelock.FileLock` (``flock``: the kernel releases it when its holder dies, however
+it dies; filelock closes it in forked children, so a data-loader worker never keeps it), into which the
+holder writes its name (pid, host, start time). A second process finds it locked and stops with
+:class:`RunFolderBusy`, naming the holder. ``flock`` does not reach other hosts on every shared file
+system (NFS with local locks; Lustre without ``-o flock`` has none, and the name alone is the lock), and
+a flock names no holder, so an unlocked file's name is checked too (by hand, as filelock does not): its
+holder is alive, and the lock refused, while on this host its pid exists with its start time, or, on
+another host, while the file's modification time, which a thread of the holder refreshes every
+:data:`HEARTBEAT_SECONDS`, is younger than :data:`STALE_SECONDS`; else it is taken over with a line saying
+so. That thread is a :class:`clip_dcl.train.threads.ForkSafeThread`: filelock's lease heartbeat would
+run across the forks of the data-loader workers.
 
 **The folder's run.** OpenCLIP refuses to start where ``out.log`` exists unless ``--resume latest``
 ("Experiment already exists. Use --name {} to specify a new experiment.", with the ``{}`` as
@@ -23,6 +26,7 @@ ways on.
 
 from __future__ import annotations
 
+import errno
 import glob
 import json
 import os
@@ -33,6 +37,8 @@ import threading
 import time
 from pathlib import Path
 from typing import Optional, Tuple
+
+import filelock
 
 from .threads import ForkSafeThread
 
@@ -85,6 +91,19 @@ def holder_gone(holder: dict, mtime: float, now: Optional[float] = None) -> Opti
     return None
 
 
+def _holder(raw: bytes) -> dict:
+    """The holder a lock file's bytes name; empty while its holder writes them (or died doing so)."""
+    try:
+        holder = json.loads(raw)
+    except ValueError:
+        return {}
+    return holder if isinstance(holder, dict) else {}
+
+
+class _Replaced(Exception):
+    """The file locked is no longer the one at the lock's path (its holder removed it on release): try again."""
+
+
 class RunLock:
     """The lock of one run folder (see the module docstring); :meth:`acquire`, then :meth:`release`."""
 
@@ -93,6 +112,10 @@ class RunLock:
         self.path = self.folder / LOCK_NAME
         self.token = secrets.token_hex(8)
         self.held = False
+        self._pid = os.getpid()
+        self._lock = filelock.FileLock(self.path, mode=0o644, thread_local=False, on_acquired=self._claim)
+        self._existed = False
+        self._took: Optional[str] = None
         self._beat: Optional[ForkSafeThread] = None
 
     def _mine(self) -> bytes:
@@ -106,6 +129,13 @@ class RunLock:
             }
         ).encode()
 
+    def _read(self) -> Tuple[dict, float]:
+        """The holder the lock file names (empty when it names none) and its modification time."""
+        try:
+            return _holder(self.path.read_bytes()), self.path.stat().st_mtime
+        except OSError:  # removed meanwhile
+            return {}, time.time()
+
     def acquire(self) -> Optional[str]:
         """Hold the lock; return a line about the dead holder it took over from, if any.
 
@@ -113,62 +143,67 @@ class RunLock:
             RunFolderBusy: a live process holds it (the message names it and how to proceed).
         """
         self.folder.mkdir(parents=True, exist_ok=True)
-        took = None
-        for _ in range(5):
+        for attempt in range(10):
+            self._existed, self._took = self.path.exists(), None
             try:
-                fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
-            except FileExistsError:
-                pass
-            else:
-                with os.fdopen(fd, "wb") as f:
-                    f.write(self._mine())
-                    f.flush()
-                    os.fsync(f.fileno())
-                self.held = True
-                self._beat = ForkSafeThread("clip-dcl-run-lock", self._heartbeat).start()
-                return took
-            try:
-                raw, mtime = self.path.read_bytes(), self.path.stat().st_mtime
-            except FileNotFoundError:  # released meanwhile
+                self._lock.acquire(blocking=False)
+            except filelock.Timeout:  # its kernel lock is held: a live process
+                holder, mtime = self._read()
+                if attempt == 9 or (holder and holder_gone(holder, mtime) is None):
+                    raise RunFolderBusy(self._busy(holder)) from None
+                time.sleep(0.1)  # it holds the lock and is writing its name into it now
                 continue
-            try:
-                holder = json.loads(raw)
-            except ValueError:  # its holder is writing it now, or died doing so
-                holder = {}
-            gone = (
-                holder_gone(holder, mtime)
-                if holder
-                else ("its lock is empty" if time.time() - mtime > HEARTBEAT_SECONDS else None)
-            )
-            if gone is None:
-                raise RunFolderBusy(self._busy(holder))
-            if self._take_over(raw):
-                took = (
-                    f"Took over {self.path}: its holder (pid {holder.get('pid', '?')} on host "
-                    f"{holder.get('host', '?')}, started {_when(holder.get('started', mtime))}) is gone: {gone}."
-                )
+            except _Replaced:
+                continue
+            except OSError as e:  # no flock on this file system: the record and its heartbeat are the whole lock
+                if e.errno != errno.ENOSYS:
+                    raise
+                if not self._claim_unlocked():
+                    continue
+            self.held = True
+            self._beat = ForkSafeThread("clip-dcl-run-lock", self._heartbeat).start()
+            return self._took
         raise RunFolderBusy(
             f"{self.folder}: could not take its lock {self.path} (other processes kept taking it); "
             "is another run starting there?"
         )
 
-    def _take_over(self, raw: bytes) -> bool:
-        """Move the dead holder's lock (its bytes ``raw``) aside; False when another taker was first."""
-        aside = self.path.with_name(f"{LOCK_NAME}.{os.getpid()}.{self.token}.dead")
+    def _claim_unlocked(self) -> bool:
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
         try:
-            os.rename(self.path, aside)  # one taker wins; the others find no file
-        except FileNotFoundError:
-            return False
-        try:
-            if aside.read_bytes() != raw:  # another taker's fresh lock, not the dead one: put it back
-                try:
-                    os.link(aside, self.path)
-                except FileExistsError:
-                    pass
-                return False
+            self._claim(fd)
             return True
+        except _Replaced:
+            return False
         finally:
-            aside.unlink(missing_ok=True)
+            os.close(fd)
+
+    def _claim(self, fd: int) -> None:
+        """With the file ``fd`` locked: refuse a live holder it names, else write this holder's record into it."""
+        st = os.fstat(fd)
+        try:
+            if not os.path.samestat(os.stat(self.path), st):
+                raise _Replaced
+        except FileNotFoundError:
+            raise _Replaced from None
+        raw = os.pread(fd, 1 << 16, 0)
+        holder = _holder(raw)
+        if holder:
+            gone = holder_gone(holder, st.st_mtime)
+        elif raw or self._existed:  # being written on a host the flock does not reach, or its writer died doing so
+            gone = "its lock is empty" if time.time() - st.st_mtime > HEARTBEAT_SECONDS else None
+        else:  # created just now by this acquire
+            gone = ""
+        if gone is None:
+            raise RunFolderBusy(self._busy(holder))
+        if gone:
+            self._took = (
+                f"Took over {self.path}: its holder (pid {holder.get('pid', '?')} on host "
+                f"{holder.get('host', '?')}, started {_when(holder.get('started', st.st_mtime))}) is gone: {gone}."
+            )
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, self._mine(), 0)
+        os.fsync(fd)
 
     def _busy(self, holder: dict) -> str:
         pid, host = holder.get("pid", "?"), holder.get("host", "?")
@@ -188,18 +223,20 @@ class RunLock:
                 pass
 
     def release(self) -> None:
-        """Stop refreshing the lock and remove it, if it is still this holder's."""
+        """Stop refreshing the lock, remove it if it is still this holder's, and unlock it."""
         if self._beat is not None:
             self._beat.stop()
             self._beat = None
-        if not self.held:
+        if not self.held or os.getpid() != self._pid:  # a forked child holds nothing
             return
         self.held = False
-        try:
-            if json.loads(self.path.read_bytes()).get("token") == self.token:
+        try:  # removed while still locked: a process waiting on the file finds it unlinked and opens the next one
+            if _holder(self.path.read_bytes()).get("token") == self.token:
                 self.path.unlink()
-        except (OSError, ValueError):
+        except OSError:
             pass
+        finally:
+            self._lock.release()
 
 
 def _inside(path, folder) -> bool:
