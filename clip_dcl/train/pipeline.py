@@ -1,43 +1,23 @@
 """The training webdataset pipeline: OpenCLIP's, with sample ids, logged skips and fixed seeds.
 
-:func:`get_wds_train_dataset` stands in for ``open_clip_train.data.get_wds_dataset`` when
-``is_train`` is true (validation keeps OpenCLIP's own). It builds the same pipeline from
-OpenCLIP's own stages (``ResampledShards2`` / ``SimpleShardList`` + ``detshuffle2``,
-``split_by_node``, ``split_by_worker``, ``tarfile_to_samples_nothrow``, the same shuffle buffer
-sizes, the same epoch length rounding, the same ``WebLoader``) and differs in these places:
+:func:`get_wds_train_dataset` stands in for ``open_clip_train.data.get_wds_dataset`` when ``is_train``
+is true. It assembles OpenCLIP's own stages, shuffle sizes, epoch rounding and ``WebLoader``, and
+differs in these places:
 
-- batches are ``(images, texts, ids)``: ``ids`` is a LongTensor of :func:`clip_dcl.data.ids.sample_id`,
-  computed in the same stage that builds the tuple, so it stays aligned with the images and texts
-  whatever the number of workers, with ``--dataset-resampled`` and through the shuffle buffer;
-- every skip is logged with its shard, key and cause, and counted (:class:`DataStats`): a sample
-  without a caption or an image (OpenCLIP drops it silently), one whose caption is empty (OpenCLIP
-  trains on it), an undecodable image (OpenCLIP logs
-  the exception alone), a shard that cannot be opened (tried :data:`OPEN_TRIES` times, then
-  skipped), a shard that ends early: a read error inside a member, or no end-of-archive marker
-  (a tar truncated at a member boundary, which ``tarfile`` reads as a normal end). The main
-  process logs one line per epoch: samples read, skipped by cause, shards that ended early;
-- a pass over the shards that yields no batch (every shard gone, or fewer good samples than a
-  batch) raises :class:`TrainingDataError` instead of being repeated for ever by ``with_epoch``;
-- with ``--decl-rate index``, the first epoch's sample ids are checked for collisions (two
-  distinct samples, by shard url and key, with one id), and ``::``-joined sources get disjoint id
-  ranges (see :mod:`clip_dcl.train.ids`);
-- the sample shuffle buffer and, inside dataloader workers, Python/NumPy/torch RNGs (image
-  augmentation) are seeded from ``(--seed, epoch, rank, worker)``, and ``--dataset-resampled``
-  draws shards from the same seed; OpenCLIP seeds its sample shuffle from the clock. So a run
-  resumed at epoch ``e`` sees the same samples in the same order with the same augmentations as
-  an uninterrupted run, which is what lets stateful losses (DeCL's buffers) continue exactly;
-- ``--decl-num-samples`` (``args.decl_num_samples``) bounds the hash fallback of the ids;
-- the data-loader workers ignore the signals the trainer stops on (``--preempt-signals``): a
-  scheduler signals every process of a task, and a worker that died of it would fail the run at
-  once rather than after the step and its checkpoint;
-- with ``--captions-per-image M > 1`` (``args.captions_per_image``) each sample yields M captions
-  (:func:`draw_captions`): texts are batched as ``(B * M, context)``, the M captions of each image
-  in image order, which is what the model encodes and the loss reads M from; ids stay per image.
-
-The pipeline stages are called from ``open_clip_train.data`` and ``webdataset``; written here are
-their assembly and what neither does: the per-shard accounting around webdataset's
-``tar_file_iterator``, the retries of a shard's opening, and the counters sent from the dataloader
-workers to the main process.
+- batches are ``(images, texts, ids)``, the ids (:func:`clip_dcl.data.ids.sample_id`) made in the stage
+  that builds the tuple, so they stay aligned through workers, resampling and the shuffle buffer;
+  ``::``-joined sources get disjoint id ranges, and the first epoch's ids are checked for collisions;
+- every skip is logged with its shard, key and cause, and counted (:class:`DataStats`, one line per
+  epoch): no caption or image, an empty caption (OpenCLIP trains on it), an undecodable image, a shard
+  that cannot be opened (tried :data:`OPEN_TRIES` times) or that ends early (``tarfile`` reads a tar cut
+  at a member boundary as a normal end);
+- a pass that yields no batch raises :class:`TrainingDataError` (``with_epoch`` would repeat it for ever);
+- the sample shuffle, ``--dataset-resampled`` and the workers' RNGs are seeded from ``(--seed, epoch,
+  rank, worker)`` (OpenCLIP seeds its sample shuffle from the clock), so a run resumed at an epoch
+  boundary sees the same samples and augmentations, which lets stateful losses continue exactly;
+- the workers ignore the trainer's stop signals (:func:`clip_dcl.train.preempt.worker_ignores_stop_signals`);
+- ``--captions-per-image M > 1`` draws M captions an image (:func:`draw_captions`), batched as
+  ``(B * M, context)`` in image order; ids stay per image.
 """
 
 from __future__ import annotations
@@ -625,6 +605,3 @@ def get_wds_train_dataset(args, preprocess_img, is_train=True, epoch=0, floor=Fa
     dataloader.num_samples = num_samples
     dataloader.data_stats = stats
     return oc_data.DataInfo(dataloader=dataloader, shared_epoch=shared_epoch)
-
-
-# -- ids on OpenCLIP's map-style data paths (CSV, synthetic) ---------------------------------------

@@ -294,6 +294,8 @@ def log_data_stats(dataloader, epoch: int, args) -> None:
 
 
 def seed_main_process(args, epoch: int) -> None:
+    """Seed the main process's RNGs from ``(--seed, epoch, rank)``: a run resumed at an epoch boundary
+    repeats an uninterrupted one (the data workers do the same: :class:`.pipeline.SeededSampleShuffle`)."""
     seed = mix_seed(args.seed, epoch, args.rank)
     random.seed(seed)
     np.random.seed(seed % 2**32)
