@@ -1,13 +1,8 @@
-"""Training with OpenCLIP's own loop and a clip / dcl / decl objective.
+"""Training with OpenCLIP's own loop and a clip-dcl objective.
 
-``python -m clip_dcl.train ARGS``, ``torchrun ... -m clip_dcl.train -- ARGS`` and
-``clip-dcl train ARGS`` all call :func:`main`: OpenCLIP's ``open_clip_train.main`` with every
-OpenCLIP flag, plus ``--loss {clip,dcl,decl}`` and the loss's flags (see ``--help``)::
-
-    python -m clip_dcl.train --model clip-dcl-tiny --train-data 'shards/{00000..00003}.tar' \\
-        --loss decl --decl-rate index --batch-size 32 --epochs 2 --device cpu
-
-From Python, ``main([...])`` takes the same words and returns the exit code.
+``python -m clip_dcl.train ARGS``, ``torchrun ... -m clip_dcl.train -- ARGS`` and ``clip-dcl train ARGS``
+all call :func:`main`: ``open_clip_train.main`` with every OpenCLIP flag, plus ``--loss`` and the loss's
+flags (see ``--help``). From Python, ``main([...])`` takes the same words and returns the exit code.
 """
 
 from __future__ import annotations

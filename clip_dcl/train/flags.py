@@ -41,10 +41,8 @@ ADAMW_IMPLS = ("foreach", "fused")
 
 
 def flag_owners() -> Dict[str, tuple]:
-    """Our loss flags' ``dest`` -> (the loss it belongs to, that loss's keyword argument), from the registry.
-
-    Each loss class declares its flags (``flags``, :class:`clip_dcl.losses.base.LossFlag`).
-    """
+    """Our loss flags' ``dest`` -> (the loss it belongs to, that loss's keyword argument), from each registered
+    loss's ``flags``."""
     from clip_dcl.losses import LOSSES
 
     out = {}
@@ -120,11 +118,8 @@ PROG = "python -m clip_dcl.train"
 
 
 def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
-    """The parser of clip-dcl's own training flags (OpenCLIP's are parsed by OpenCLIP).
-
-    ``--loss`` and the loss flags come from ``clip_dcl.losses.LOSSES`` (each class's ``flags`` and
-    ``summary``); the defaults shown are those of the classes' signatures.
-    """
+    """The parser of clip-dcl's own training flags; ``--loss`` and the loss flags come from the registry
+    (``clip_dcl.losses.LOSSES``), their defaults from the classes' signatures."""
     from clip_dcl.losses import LOSSES
 
     defaults = _loss_defaults()
@@ -268,7 +263,8 @@ def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
 
 @dataclass
 class TrainConfig:
-    """Everything the training run needs beyond OpenCLIP's own arguments."""
+    """Everything the training run needs beyond OpenCLIP's own arguments; a field without a comment holds the
+    flag of its name (``grow_state``: ``--decl-grow-state``; ``preempt``: the preemption group)."""
 
     loss: str
     #: what the command line gives the loss: its flags' values, and OpenCLIP's flags that its signature
@@ -285,25 +281,16 @@ class TrainConfig:
     num_samples: Optional[int] = None
     #: what the training data tells the loss, as known before the data is loaded (see ``clip_dcl.train.facts``)
     data: Optional["DataFacts"] = None
-    #: ``--no-grad-gather``: the loss is built with ``no_grad_gather=True`` (clip-dcl's, for every --loss)
     no_grad_gather: bool = False
-    #: ``--loss-reset``: resume a checkpoint of another objective, with fresh loss state
     loss_reset: bool = False
-    #: ``--decl-grow-state``: resume a per-sample state saved for fewer ids, the new ids unvisited
     grow_state: bool = False
     #: ids per source of ``::``-joined ``--train-data`` (None for one source; see clip_dcl.train.ids)
     id_block: Optional[int] = None
-    #: ``--captions-per-image``: M captions per training image (the pipeline draws them, the loss takes B x M texts)
     captions_per_image: int = 1
-    #: ``--preempt-signals``, ``--preempt-check-every``, ``--save-every-minutes``
     preempt: "PreemptConfig" = field(default_factory=lambda: _default_preempt())
-    #: ``--max-nonfinite-steps``: consecutive non-finite steps that stop the run (0: never)
     max_nonfinite_steps: int = field(default_factory=lambda: _default_max_nonfinite_steps())
-    #: ``--dist-timeout``: seconds a collective waits (None: torch's default)
     dist_timeout: Optional[float] = None
-    #: ``--adamw-impl``: ``foreach`` or ``fused`` for OpenCLIP's AdamW (None: PyTorch's choice)
     adamw_impl: Optional[str] = None
-    #: ``--init-logit-scale``: the learned logit scale's initial value (None: the model's)
     init_logit_scale: Optional[float] = None
 
 
@@ -465,15 +452,9 @@ def _require_data(oc_args) -> None:
 
 
 def check_spelled_out(argv: List[str], parsers: List[argparse.ArgumentParser]) -> None:
-    """Refuse a ``--flag`` that none of ``parsers`` knows by that exact name but some flag begins with.
-
-    OpenCLIP's parser allows abbreviations, so a prefix of any of its flags selects that flag: a
-    mistyped ``--los decl`` would set ``--loss-dist-impl`` and train the default loss. A word is
-    checked as argparse would read it: an option up to its ``=``; a word with a space is a value.
-
-    Raises:
-        FlagError: naming the word and every flag it could mean.
-    """
+    """Refuse (`FlagError`) a ``--flag`` that none of ``parsers`` knows by that exact name but some flag begins
+    with: OpenCLIP's parser takes abbreviations, so a mistyped ``--los decl`` would set ``--loss-dist-impl``.
+    A word is read as argparse reads it: an option up to its ``=``; a word with a space is a value."""
     known = set()
     for parser in parsers:
         known.update(parser._option_string_actions)  # argparse keeps no public list of its option strings
@@ -491,15 +472,8 @@ def check_spelled_out(argv: List[str], parsers: List[argparse.ArgumentParser]) -
 
 
 def check_known(argv: List[str], parsers: List[argparse.ArgumentParser]) -> None:
-    """Refuse a ``--flag`` that none of ``parsers`` knows, naming the closest flags they do know.
-
-    argparse would only say "unrecognized arguments"; a typo (``--batchsize``, ``--decl-gama``) is then
-    left to the reader. A word with no flag close to it is left to argparse's own message. Words are
-    read as in :func:`check_spelled_out`, which runs first (a word that begins a flag is named there).
-
-    Raises:
-        FlagError: naming the word and up to three flags close to it.
-    """
+    """Refuse (`FlagError`) a ``--flag`` that none of ``parsers`` knows, naming the closest flags they do know
+    (argparse would only say "unrecognized arguments"); one with no flag close to it is left to argparse."""
     from ..arguments import misspelt_flag
 
     found = misspelt_flag(argv, [flag for parser in parsers for flag in parser._option_string_actions])
@@ -520,10 +494,8 @@ def _loss_flags_given(ours) -> Dict[str, object]:
 
 
 def check_flag_words(argv: List[str], prog: str = PROG) -> None:
-    """The checks of a training command line that need neither its data nor this machine: every word a flag
-    of clip-dcl or OpenCLIP, spelled out, with a value of its type and among its choices (both parsers' own
-    checks), and no loss flag of another loss than ``--loss``. For a command whose data are not made yet
-    (``clip-dcl study check``); :func:`parse_train_args` checks the rest once they are.
+    """The checks of a training command line that need neither its data nor this machine (both parsers', and
+    no loss flag of another loss than ``--loss``), for a command whose data are not made yet.
 
     Raises:
         FlagError: a flag that cannot work (the message names it).
@@ -554,9 +526,8 @@ def parse_train_args(argv: List[str], check_files: bool = True, prog: str = PROG
     """Parse and validate a training command line; ``None`` when ``--help`` was printed.
 
     Registers clip-dcl's model configs (and ``--model-config``) with OpenCLIP in this process.
-    ``check_files=False`` skips :func:`check_data_paths` and what depends on this machine (the loggers'
-    packages, the CPU precision of :mod:`clip_dcl.train.precision`), to validate a command for another one.
-    ``prog`` names the command in the usage and error lines of both parsers.
+    ``check_files=False`` skips the checks of the data's files and of this machine, to validate a command for
+    another one; ``prog`` names the command in both parsers' usage and errors.
 
     Raises:
         FlagError: a flag value that cannot work (the message names it).
@@ -698,12 +669,8 @@ def openclip_native(loss: str) -> bool:
 
 
 def create_loss_checked(loss: str, kwargs: Dict[str, object], oc_args, no_grad_gather: bool = False):
-    """Build the loss once with ``world_size=1`` (on ``meta`` when it allocates) so it checks its arguments;
-    return it (its buffers, on ``meta``, hold no values).
-
-    Raises:
-        FlagError: the loss rejected an argument; the message names the flag that set it.
-    """
+    """Build the loss once with ``world_size=1`` (on ``meta`` when it allocates: no buffer holds values) so it
+    checks its arguments; `FlagError` naming the flag that set a rejected one."""
     from clip_dcl.losses import LOSSES, create_loss
 
     try:

@@ -146,10 +146,8 @@ def _first_line(err: BaseException) -> str:
 def run_training(config: TrainConfig, at_once: bool = False) -> int:
     """Run ``open_clip_train.main.main`` with ``config``'s objective; return an exit code.
 
-    A run that fails before writing any checkpoint removes the ``--logs/--name`` folder it created
-    (OpenCLIP would refuse the rerun: "Experiment already exists"); its log went to stderr too.
-    ``at_once``: a stop signal before the first step ends the process from its handler (the command line;
-    :class:`clip_dcl.train.preempt.StopSignals`), instead of raising :class:`StartupStop` at the next safe point.
+    A run that fails before writing any checkpoint removes the ``--logs/--name`` folder it created, so that
+    the same command can run again. ``at_once``: see :class:`clip_dcl.train.preempt.StopSignals`.
     """
     run = TrainingRun(config)
     log_dir = _log_dir(config.openclip_argv)

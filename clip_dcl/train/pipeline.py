@@ -22,6 +22,7 @@ differs in these places:
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import logging
 import math
@@ -99,11 +100,9 @@ def has_caption_and_image(sample, stats: Optional["DataStats"] = None) -> bool:
 class DataStats:
     """What one dataloader worker read and skipped in the current epoch, reported to the main process.
 
-    Each worker holds its own copy (the object is pickled or forked into it) and, after every batch,
-    sends its counts for the epoch so far (and, in the epoch ``track_epoch``, the ``(id,
-    fingerprint)`` pairs of the samples since the last report) through a multiprocessing queue;
-    without workers the reports stay in this process. :meth:`collect` (main process, end of an
-    epoch) merges the latest report of every worker.
+    Each worker's copy sends its counts for the epoch so far after every batch (and, in the epoch
+    ``track_epoch``, the ``(id, fingerprint)`` pairs since the last report) through a multiprocessing
+    queue; :meth:`collect` merges the latest report of every worker at the end of an epoch.
     """
 
     def __init__(self, workers: int, shared_epoch, track_epoch: Optional[int] = None):
@@ -322,14 +321,6 @@ class _GroupSamples:
             yield sample
 
 
-class _Select:
-    def __init__(self, stats: DataStats):
-        self.stats = stats
-
-    def __call__(self, src):
-        return (s for s in src if has_caption_and_image(s, self.stats))
-
-
 class _Decode:
     """webdataset's ``pilrgb`` decoder; an undecodable sample is logged with its shard and key."""
 
@@ -377,12 +368,8 @@ class _EveryPassYields:
 
 
 class SeededSampleShuffle(wds.PipelineStage):
-    """The sample shuffle buffer, seeded from ``(seed, epoch, rank, worker)``.
-
-    Inside a dataloader worker it also seeds ``random``, NumPy and torch at the start of every
-    epoch, so that image augmentations are a function of the same tuple (the main process is
-    reseeded per epoch by the training loop; see ``clip_dcl.train.patch``).
-    """
+    """The sample shuffle buffer, seeded from ``(seed, epoch, rank, worker)``; inside a dataloader worker it
+    also seeds ``random``, NumPy and torch every epoch, so that image augmentations follow the same tuple."""
 
     def __init__(self, bufsize: int, initial: int, seed: int, epoch: "oc_data.SharedEpoch"):
         self.bufsize = bufsize
@@ -440,12 +427,9 @@ def _flatten_captions(batch):
 
 
 class _AttachId:
-    """Stage adding ``sample["__id__"]`` (a picklable callable, for dataloader workers).
-
-    With ``--decl-rate index`` (``num_samples`` set) it also checks the id (see
-    :func:`clip_dcl.data.ids.sample_id`), places it in its source's range when sources are
-    ``::``-joined, and records ``(id, fingerprint of url and key)`` in the tracked epoch.
-    """
+    """Stage adding ``sample["__id__"]``; with ``--decl-rate index`` (``num_samples`` set) it also checks the
+    id, places it in its source's range when sources are ``::``-joined, and records ``(id, fingerprint of url
+    and key)`` in the tracked epoch."""
 
     def __init__(self, num_samples, stats: Optional[DataStats] = None, sources=None, block=None):
         self.num_samples, self.stats, self.sources, self.block = num_samples, stats, sources, block
@@ -503,11 +487,8 @@ class _ResampleSeed:
 
 
 def get_wds_train_dataset(args, preprocess_img, is_train=True, epoch=0, floor=False, tokenizer=None):
-    """``open_clip_train.data.get_wds_dataset`` for training, yielding ``(images, texts, ids)`` batches.
-
-    Same signature and return value (``DataInfo`` whose ``dataloader`` has ``num_batches`` and
-    ``num_samples``) as OpenCLIP's; see the module docstring for the differences.
-    """
+    """``open_clip_train.data.get_wds_dataset`` for training (same signature and ``DataInfo``), yielding
+    ``(images, texts, ids)`` batches; see the module docstring for the differences."""
     input_shards = args.train_data
     assert input_shards is not None
     resampled = bool(getattr(args, "dataset_resampled", False))
@@ -556,7 +537,7 @@ def get_wds_train_dataset(args, preprocess_img, is_train=True, epoch=0, floor=Fa
         _ExpandTars(stats),
         _GroupSamples(stats),
         SeededSampleShuffle(oc_data._SAMPLE_SHUFFLE_SIZE, oc_data._SAMPLE_SHUFFLE_INITIAL, args.seed, shared_epoch),
-        _Select(stats),
+        wds.select(functools.partial(has_caption_and_image, stats=stats)),
         _Decode(stats),
         _AttachId(getattr(args, "decl_num_samples", None), stats, sources if block else None, block),
     ]

@@ -139,15 +139,10 @@ def signal_number(name: str) -> signal.Signals:
 class StopSignals:
     """Handlers that record the first of ``signals`` received; :meth:`restore` puts the old ones back.
 
-    Until :meth:`training_started` (the first step boundary of the run), any of them, Ctrl-C included,
-    stops the start-up: nothing is trained yet, so nothing is lost. With ``at_once`` (the command line)
-    the handler leaves at once (:func:`clip_dcl.train.exits.leave_now`, after :attr:`on_forced_exit`);
-    else it records the signal and :meth:`check_startup` raises :class:`StartupStop` (see the module doc).
-
-    With ``ctrl_c``, SIGINT too: the first Ctrl-C while :attr:`armed` (training steps are running,
-    so the step boundary where the run saves comes soon) is recorded like a stop signal; a Ctrl-C
-    otherwise (evaluating, saving), or a second one, raises ``KeyboardInterrupt`` at once, as
-    Python's own handler does.
+    Until :meth:`training_started`, any of them, Ctrl-C included, stops the start-up: with ``at_once`` the
+    handler leaves at once (:func:`clip_dcl.train.exits.leave_now`, after :attr:`on_forced_exit`), else
+    :meth:`check_startup` raises :class:`StartupStop`. With ``ctrl_c``, SIGINT too: the first Ctrl-C while
+    :attr:`armed` (training steps run) is recorded like a stop signal; any other raises ``KeyboardInterrupt``.
     """
 
     def __init__(self, signals: Sequence[str], ctrl_c: bool = False, at_once: bool = False):
@@ -301,11 +296,8 @@ class StepGate:
         return int(stop), int(save)
 
     def poll(self, boundary: int, diverged=None) -> tuple:
-        """At the ``boundary``-th step boundary of an epoch: whether to stop, whether to save now.
-
-        ``diverged`` (a callable: whether this rank's training diverged) is asked at the same
-        boundaries and agreed on in the same all-reduce: :attr:`diverged` is then true on every rank
-        when it is on one (:mod:`clip_dcl.train.divergence`)."""
+        """At the ``boundary``-th step boundary of an epoch: whether to stop, whether to save now. ``diverged()``
+        (this rank's training diverged) is agreed on in the same all-reduce, into :attr:`diverged`."""
         if boundary % max(1, self.config.check_every):
             return False, False
         stop, save = self._local()
