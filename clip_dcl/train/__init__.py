@@ -1,13 +1,8 @@
-"""Training with OpenCLIP's own loop and a clip / dcl / decl objective.
+"""Training with OpenCLIP's own loop and a clip-dcl objective.
 
-``python -m clip_dcl.train ARGS``, ``torchrun ... -m clip_dcl.train -- ARGS`` and
-``clip-dcl train ARGS`` all call :func:`main`: OpenCLIP's ``open_clip_train.main`` with every
-OpenCLIP flag, plus ``--loss {clip,dcl,decl}`` and the loss's flags (see ``--help``)::
-
-    python -m clip_dcl.train --model clip-dcl-tiny --train-data 'shards/{00000..00003}.tar' \\
-        --loss decl --decl-rate index --batch-size 32 --epochs 2 --device cpu
-
-From Python, ``main([...])`` takes the same words and returns the exit code.
+``python -m clip_dcl.train ARGS``, ``torchrun ... -m clip_dcl.train -- ARGS`` and ``clip-dcl train ARGS``
+all call :func:`main`: ``open_clip_train.main`` with every OpenCLIP flag, plus ``--loss`` and the loss's
+flags (see ``--help``). From Python, ``main([...])`` takes the same words and returns the exit code.
 """
 
 from __future__ import annotations
@@ -45,37 +40,26 @@ def _run_log_handlers_closed():
 
 
 def main(argv: Optional[List[str]] = None, prog: Optional[str] = None, exiting: bool = False) -> int:
-    """Train from a command line (a list of words, as after ``python -m clip_dcl.train``); ``prog``
-    names the command in its usage and errors (default ``python -m clip_dcl.train``). ``exiting``: the
-    caller exits with the code at once (the command line): once the run is over, SIGTERM and Ctrl-C
-    are ignored, so that a launcher's SIGTERM to a rank on its way out (torchrun's, when another rank
-    ended first) does not replace the rank's exit code with a death by signal.
+    """Train from a command line (the words after ``python -m clip_dcl.train``); ``prog`` names the command
+    in its usage and errors. ``exiting``: the caller exits with the code at once (the command line), so
+    once the run is over SIGTERM and Ctrl-C are ignored: a launcher's SIGTERM to a rank on its way out must
+    not replace the rank's exit code with a death by signal.
 
-    Returns the exit code, which a caller must check (the command line exits with it):
+    Returns the exit code, which a caller must check:
 
     - ``0``: OpenCLIP's ``main`` finished (or ``--help`` was printed);
-    - ``2``: a flag was refused before any work (the message, naming the flag, is on stderr), or the run
-      folder holds a run that the command does not continue (``--resume latest``, or ``--resume`` of a
-      checkpoint in it, does);
-    - ``75`` (:data:`clip_dcl.train.preempt.PREEMPTED_EXIT_CODE`): the run stopped on a signal
-      (``--preempt-signals``) after saving a checkpoint at its last step; ``--resume latest``
-      continues there;
-    - ``130`` (:data:`clip_dcl.train.preempt.INTERRUPTED_EXIT_CODE`): Ctrl-C; the first one during
-      training steps saves a checkpoint at the step, as a signal does (with ``--preempt-signals``
-      on); one at another time, or a second one, stops at once without saving;
-    - ``75`` or ``130`` also for a stop signal or Ctrl-C during start-up (before the first training
-      step): the run ends at once, within seconds even while it waits for the other ranks, and says
-      that nothing was trained since the last checkpoint;
-    - ``1``: the run stopped with a clear error (logged, and on stderr): another process trains in the
-      run folder, OpenCLIP refused to start, a sample id is missing or does not fit the buffer, the
-      loss state of ``--resume`` does not fit, a checkpoint cannot be read, no training data, or a
-      checkpoint cannot be written because the disk is full (the message names the file and the
-      previous checkpoint, which is intact), the training diverged (``--max-nonfinite-steps``; the
-      message names the first bad step; nothing was saved), or a collective with another rank
-      failed (the message names this rank and the cause).
+    - ``2``: a flag, or a run folder holding a run the command does not continue, was refused before any
+      work (one line on stderr);
+    - ``75`` (``PREEMPTED_EXIT_CODE``): stopped on a ``--preempt-signals`` signal after saving its step;
+      ``--resume latest`` continues there;
+    - ``130`` (``INTERRUPTED_EXIT_CODE``): Ctrl-C; the first during training steps saves as a signal does,
+      any other stops at once without saving;
+    - ``75`` or ``130`` also for a stop during start-up, which ends at once, having trained nothing;
+    - ``1``: a clear error, logged and on stderr (the run folder busy, OpenCLIP refused to start, a sample id
+      missing or out of range, a loss state that does not fit, an unreadable checkpoint, no training data,
+      a full disk, a diverged run, a failed collective).
 
-    Any other exception (a bug, or a failure inside OpenCLIP) propagates, as from OpenCLIP's own
-    ``main``.
+    Any other exception (a bug, or a failure inside OpenCLIP) propagates, as from OpenCLIP's own ``main``.
     """
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["--"]:  # torchrun ... -m clip_dcl.train -- ARGS
@@ -101,7 +85,7 @@ def main(argv: Optional[List[str]] = None, prog: Optional[str] = None, exiting: 
             return 0
 
         from .divergence import Diverged
-        from .exits import record_for_launcher, stop_loader_workers
+        from .exits import exit_flushed, record_for_launcher, stop_loader_workers
         from .ids import MissingSampleIds, SampleIdOutOfRange
         from .patch import PeerFailure, run_training
         from .pipeline import TrainingDataError
@@ -169,23 +153,9 @@ def main(argv: Optional[List[str]] = None, prog: Optional[str] = None, exiting: 
                 guard.remove()
             if code != 0:  # failed: no loader is read again, and none may outlive this line (see exits.py)
                 stop_loader_workers()
-    if exiting and stopped_in_startup:
-        _leave_now(code)
+    if exiting and stopped_in_startup:  # nothing left to write: no teardown of the model and the data
+        exit_flushed(code)
     return code
-
-
-def _leave_now(code: int) -> None:
-    """End the process with ``code`` without the interpreter's teardown of the model, the data and the
-    libraries (seconds of CPU, many more on a busy machine): a stop during start-up has nothing to write
-    (its loaders' workers are stopped, its folder cleaned, its line written and flushed)."""
-    for handler in logging.getLogger().handlers:
-        try:
-            handler.flush()
-        except Exception:  # noqa: BLE001 - leaving anyway
-            pass
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)
 
 
 def _report(line: str, kind: str = "error") -> None:

@@ -1,28 +1,17 @@
-"""How a failed run leaves: its one error line last, whatever its data-loader workers and its saves were doing.
+"""How a failed or stopped run leaves: its one line last, whatever its data-loader workers and saves were doing.
 
-:func:`stop_loader_workers` shuts down the workers of every data loader still alive in this process.
-A run that fails leaves its loaders' persistent workers running until the interpreter exits; there,
-``multiprocessing``'s exit handler terminates them (SIGTERM: exit code 143) and PyTorch's SIGCHLD
-handler, which still counts them as its workers, raises "DataLoader worker (pid N) exited
-unexpectedly with exit code 143" inside that exit handler: a traceback printed after the run's
-error line, in some runs and not others (it depends on which worker the collector reached first).
-Shut down by PyTorch's own shutdown (workers told to stop, joined, then removed from that handler's
-list), they exit quietly.
+A failed run's persistent loader workers would be terminated by ``multiprocessing``'s exit handler, and
+PyTorch's SIGCHLD handler would then print "DataLoader worker ... exited unexpectedly" after the run's
+error line: :func:`stop_loader_workers` shuts them down first, as PyTorch itself does. Under
+:mod:`clip_dcl.train.torchrun` a rank's error line goes to torchrun's error file (:func:`report_error`),
+and the launcher prints the first failed rank's line once.
 
-Under :mod:`clip_dcl.train.torchrun` a rank's error line (:func:`report_error`) goes to torchrun's
-error file and the rank's log file, not to the shared stderr: the launcher prints the line of the
-rank that failed first, once (every rank meets a bad input, and each would print it).
-
-A stop signal or Ctrl-C before the first training step ends the process at once (exit 75 or 130, one line,
-:func:`startup_stop_line`): during the command's first seconds through :class:`StartupGuard`, then through
-the run's handlers (:class:`clip_dcl.train.preempt.StopSignals`). No handler raises: Python runs a handler
-between two bytecodes of the main thread, and during start-up those are often Python that C++ called (torch's
-extension imports NumPy and initialises ``torch.distributed`` from C++). An exception raised there was either
-swallowed by the C++ (torch goes on without NumPy: the signal is lost and the rank trains, or waits at the
-rendezvous until torchrun's SIGKILL) or thrown through it (``terminate called after throwing an instance of
-'pybind11::error_already_set'``, SIGABRT). So the command line leaves from the handler with ``os._exit`` after
-its line (:func:`leave_now`), and a run called from Python records the signal and raises :class:`StartupStop`
-where only Python of ours is running.
+A stop signal or Ctrl-C before the first training step ends the process at once (exit 75 or 130, one
+line). No handler raises: during start-up Python's handlers often run inside Python that C++ called
+(torch's import of NumPy, ``torch.distributed``'s init), where an exception is swallowed (the signal is
+lost) or thrown through the C++ (``terminate called``, SIGABRT). So the command line leaves from the
+handler with ``os._exit`` (:func:`leave_now`), and a run called from Python records the signal and raises
+:class:`StartupStop` where only Python of ours runs.
 """
 
 from __future__ import annotations
@@ -104,11 +93,8 @@ def startup_stop_line(signame: str, rank: Optional[object] = None) -> str:
 
 class StartupGuard:
     """SIGTERM and Ctrl-C from the command's first seconds (imports, flags) until the run's own handlers take
-    over (:class:`clip_dcl.train.preempt.StopSignals`): a stop before the first training step.
-
-    The handler raises nothing (see the module doc): with ``at_once`` (the command line, whose process ends
-    with the code anyway) it leaves at once (:func:`leave_now`); else it records the signal, and
-    :meth:`check`, called where the main thread runs only Python of ours, raises :class:`StartupStop`."""
+    over (:class:`clip_dcl.train.preempt.StopSignals`). With ``at_once`` (the command line) the handler leaves
+    at once (:func:`leave_now`); else it records the signal, and :meth:`check` raises :class:`StartupStop`."""
 
     def __init__(self, at_once: bool):
         self.at_once = at_once
@@ -172,13 +158,9 @@ _LEAVING = threading.Lock()
 
 
 def leave_now(signame: str, clean_up=None) -> None:
-    """End the process on ``signame`` before the first training step, now, without unwinding anything: run
-    ``clean_up`` (the run folder a start-up made, the lock it took), tell this process's children (data-loader
-    workers) to stop, write the one line (stderr, and the launcher's error file), and ``os._exit`` with 75 or 130.
-
-    Called from a signal handler, which may run inside Python that C++ called (torch's import of NumPy, its
-    ``_c10d_init``): an exception raised there is swallowed by the C++ (the signal is lost: the rank goes on to
-    wait at the rendezvous) or thrown through it (``terminate called``, SIGABRT). ``os._exit`` unwinds nothing."""
+    """End the process on ``signame`` before the first training step, from a signal handler, without unwinding
+    anything (see the module doc): run ``clean_up`` (the run folder a start-up made, its lock), stop this
+    process's children (data-loader workers), write the one line, and ``os._exit`` with 75 or 130."""
     if not _LEAVING.acquire(blocking=False):  # another thread is leaving now: it ends the process
         while True:
             time.sleep(1)
@@ -203,6 +185,19 @@ def leave_now(signame: str, clean_up=None) -> None:
             os.write(2, (line + "\n").encode())
         finally:
             os._exit(code)
+
+
+def exit_flushed(code: int) -> None:
+    """End the process with ``code`` once the logs are flushed, without the interpreter's teardown of torch,
+    the model and the data (seconds of CPU on a busy machine, while the job still looks alive)."""
+    for handler in logging.getLogger().handlers:
+        try:
+            handler.flush()
+        except Exception:  # noqa: BLE001 - leaving anyway
+            pass
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 def _stop_children() -> None:

@@ -1,7 +1,5 @@
-"""The checks of OpenCLIP's parsed training flags that run before any work: values, the global batch,
-the output folders, the data's paths, and what a packed training set cannot honour.
-
-Split from :mod:`clip_dcl.train.flags`, which calls them (and re-exports them under their names).
+"""The checks of OpenCLIP's parsed training flags that run before any work (called by :mod:`clip_dcl.train.flags`):
+values, the global batch, the output folders, the data's paths, and what a packed training set cannot honour.
 """
 
 from __future__ import annotations
@@ -59,16 +57,9 @@ def check_global_batch(oc_args) -> None:
 
 
 def shard_folders_as_patterns(words: list) -> tuple:
-    """``words`` with each ``--train-data`` / ``--val-data`` value that names a folder (or a
-    ``::``-joined part that does) replaced by the pattern of the ``.tar`` shards in it
-    (:func:`clip_dcl.data.shards.folder_pattern`); and ``(flag, folder, pattern)`` for each replaced.
-
-    OpenCLIP reads these values as brace patterns of files, and a folder would fail as a missing
-    file; ``clip-dcl eval retrieval --data`` takes a folder, so training takes it too.
-
-    Raises:
-        FlagError: a folder with no shard, or shards a pattern cannot list (the message gives the pattern to give).
-    """
+    """``words`` with each ``--train-data`` / ``--val-data`` value (or ``::``-joined part) that names a folder
+    replaced by the pattern of its ``.tar`` shards, as ``clip-dcl eval retrieval --data`` reads a folder; and
+    ``(flag, folder, pattern)`` for each replaced. `FlagError` for a folder no pattern lists."""
     from clip_dcl.data.pairs import caption_folder_hint, is_caption_folder
     from clip_dcl.data.shards import folder_pattern
 
@@ -118,14 +109,10 @@ def _shard_sizes(urls: list):
 
 def check_worker_batches(oc_args, world: int | None = None) -> None:
     """Every data-loader worker can fill a batch from its own shards, checked before the model is built
-    (``world``: the ranks, default torchrun's ``WORLD_SIZE``). The shards' count against workers x ranks
-    is known from the file list alone; the pipeline would raise it on every rank, after the model is built.
+    (``world``: the ranks, default torchrun's ``WORLD_SIZE``); the pipeline would find out only after it.
 
-    Without ``--dataset-resampled``, webdataset shards are split over the ranks, then over each rank's
-    ``--workers`` (one reader with 0), and each reader fills whole batches (``partial=False``) from the
-    shards it was given, in an order shuffled each epoch; OpenCLIP's pipeline learns that a reader has
-    too few samples only when a whole pass of it yields no batch, after the model was built, and its
-    message names neither flag. With the shard sizes known (``sizes.json``), a reader gets at least
+    Without ``--dataset-resampled`` the shards are split over the ranks, then over each rank's ``--workers``,
+    and each reader fills whole batches from its own; with ``sizes.json`` known, a reader gets at least
     ``shards // readers`` shards, so the smallest of those hold the fewest samples it may be given.
     """
     from open_clip_train.data import expand_urls
@@ -197,12 +184,9 @@ def check_output_paths(oc_args) -> None:
 
 
 def check_data_paths(oc_args) -> None:
-    """Every local shard of ``--train-data`` / ``--val-data`` (a CSV file for ``--dataset-type csv``)
-    exists and is readable, so that a wrong path fails here, naming the first missing file, and
-    not in the data workers (which log a ``FileNotFoundError`` per shard and retry).
-
-    ``pipe:`` and ``scheme://`` urls are left to the pipeline; ``--dataset-type synthetic`` reads none.
-    """
+    """Every local file of ``--train-data`` / ``--val-data`` exists and is readable, so that a wrong path fails
+    here, naming the first missing file, not in the data workers (``pipe:`` and ``scheme://`` urls are left
+    to the pipeline)."""
     from open_clip_train.data import expand_urls
 
     for flag, value in (("--train-data", oc_args.train_data), ("--val-data", oc_args.val_data)):
@@ -234,10 +218,8 @@ def check_packed_flags(oc_args) -> None:
 
 
 def check_ranks_against_devices(local_ranks: int, device: str) -> None:
-    """On CUDA, one process per GPU: ``local_ranks`` processes on this node (torchrun's ``--nproc_per_node``)
-    need as many visible GPUs (each rank takes ``cuda:LOCAL_RANK``, and one past the last fails in CUDA).
-    Nothing to check on a CPU (gloo runs any number), nor where no GPU is visible (OpenCLIP then falls back
-    to the CPU)."""
+    """On CUDA, ``local_ranks`` processes on this node need as many visible GPUs (each rank takes
+    ``cuda:LOCAL_RANK``); nothing to check on a CPU, nor where no GPU is visible (OpenCLIP falls back to it)."""
     import torch
 
     if local_ranks <= 1 or str(device).split(":")[0] != "cuda" or not torch.cuda.is_available():
@@ -269,15 +251,11 @@ CSV_ROWS_CHECKED = 1000
 
 
 def csv_data_flags(words: list) -> list:
-    """``words`` with OpenCLIP's ``--csv-separator``, ``--csv-img-key`` and ``--csv-caption-key`` added where
-    ``--train-data`` / ``--val-data`` is a CSV/TSV and the words do not give them: the separator and the
-    columns that ``clip-dcl eval retrieval`` reads in the same file (header ``image,caption`` or OpenCLIP's
-    ``filepath,title``; comma or tab). The images of the first :data:`CSV_ROWS_CHECKED` rows are looked for
-    beside the CSV (where the training reads them, see :func:`csv_images_beside`) or from the working folder.
-
-    Raises:
-        FlagError: a column that is not there (one line naming the columns found and the flags to give), or a
-            missing image.
+    """``words`` with OpenCLIP's ``--csv-separator``, ``--csv-img-key`` and ``--csv-caption-key`` added, where
+    ``--train-data`` / ``--val-data`` is a CSV/TSV and the words do not give them, as ``clip-dcl eval
+    retrieval`` reads the same file; the images of the first :data:`CSV_ROWS_CHECKED` rows are looked for
+    beside the CSV (:func:`csv_images_beside`) or from the working folder. `FlagError` for a missing column
+    or image.
     """
     import pandas as pd
 

@@ -1,19 +1,10 @@
 """clip-dcl's training flags, parsed beside OpenCLIP's and validated before any work starts.
 
-``python -m clip_dcl.train`` takes every flag of ``open_clip_train.main`` plus the ones built by
-:func:`build_parser`. Ours are taken out with ``parse_known_args`` on a parser with
-``allow_abbrev=False`` (with abbreviations, OpenCLIP's ``--model tiny`` would be read as
-``--model-config tiny``); the rest is parsed by OpenCLIP's own ``parse_args`` here, once, so
-that a bad OpenCLIP flag also fails before anything starts. OpenCLIP's parser takes abbreviations,
-so a word that only begins a flag of either parser is refused first (:func:`check_spelled_out`), and a
-misspelt one with the flags closest to it (:func:`check_known`).
-
-The loss values are completed from the training data by the loss's own ``resolve_data_params``
-(with the facts of :func:`clip_dcl.train.facts.data_facts`; no loss is known here by name) and
-validated by building the loss once with ``world_size=1`` on the ``meta`` device (the losses check
-their own arguments and name the bad value, and no buffer is allocated, however large a per-sample
-buffer); the error is reported with the flag that set it. The loss is resolved again when it is
-built, once the data's batches per epoch are known.
+Ours are taken out with ``parse_known_args`` on a parser with ``allow_abbrev=False`` (with
+abbreviations, OpenCLIP's ``--model tiny`` would be read as ``--model-config tiny``); the rest is
+parsed by OpenCLIP's own ``parse_args`` here, once, so that a bad OpenCLIP flag also fails before
+anything starts. The loss values are completed by the loss's own ``resolve_data_params`` and
+validated by building the loss once on the ``meta`` device (:func:`create_loss_checked`).
 """
 
 from __future__ import annotations
@@ -50,10 +41,8 @@ ADAMW_IMPLS = ("foreach", "fused")
 
 
 def flag_owners() -> Dict[str, tuple]:
-    """Our loss flags' ``dest`` -> (the loss it belongs to, that loss's keyword argument), from the registry.
-
-    Each loss class declares its flags (``flags``, :class:`clip_dcl.losses.base.LossFlag`).
-    """
+    """Our loss flags' ``dest`` -> (the loss it belongs to, that loss's keyword argument), from each registered
+    loss's ``flags``."""
     from clip_dcl.losses import LOSSES
 
     out = {}
@@ -89,18 +78,20 @@ def _flag(dest: str) -> str:
     return "--" + dest.replace("_", "-")
 
 
+def _words(dest: str, value) -> List[str]:
+    """The command-line words that give the flag of ``dest`` the value ``value``."""
+    if isinstance(value, bool):
+        return [_flag(dest) if value else "--no-" + _flag(dest)[2:]]
+    return [_flag(dest), f"{value:g}" if isinstance(value, float) else str(value)]
+
+
 def loss_command(loss: str, loss_args: Dict[str, object]) -> List[str]:
     """The command-line words that select ``loss`` with ``loss_args`` (values at their default left out)."""
     words = ["--loss", loss]
     defaults = _loss_defaults().get(loss, {})
     for dest, (owner, kwarg) in flag_owners().items():
-        if owner != loss or kwarg not in loss_args or loss_args[kwarg] == defaults.get(kwarg, object()):
-            continue
-        value = loss_args[kwarg]
-        if isinstance(value, bool):
-            words.append(_flag(dest) if value else "--no-" + _flag(dest)[2:])
-        else:
-            words += [_flag(dest), f"{value:g}" if isinstance(value, float) else str(value)]
+        if owner == loss and kwarg in loss_args and loss_args[kwarg] != defaults.get(kwarg, object()):
+            words += _words(dest, loss_args[kwarg])
     return words
 
 
@@ -108,9 +99,7 @@ def setting_words(loss: str, kwarg: str, value) -> List[str]:
     """The command-line words that give ``loss``'s keyword argument ``kwarg`` the value ``value``."""
     for dest, (owner, name) in flag_owners().items():
         if owner == loss and name == kwarg:
-            if isinstance(value, bool):
-                return [_flag(dest) if value else "--no-" + _flag(dest)[2:]]
-            return [_flag(dest), f"{value:g}" if isinstance(value, float) else str(value)]
+            return _words(dest, value)
     if kwarg in OPENCLIP_LOSS_FLAGS:
         return [OPENCLIP_LOSS_FLAGS[kwarg], str(value)]
     return [f"{kwarg}={value!r}"]  # a keyword argument no flag sets (a loss used from Python)
@@ -129,11 +118,8 @@ PROG = "python -m clip_dcl.train"
 
 
 def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
-    """The parser of clip-dcl's own training flags (OpenCLIP's are parsed by OpenCLIP).
-
-    ``--loss`` and the loss flags come from ``clip_dcl.losses.LOSSES`` (each class's ``flags`` and
-    ``summary``); the defaults shown are those of the classes' signatures.
-    """
+    """The parser of clip-dcl's own training flags; ``--loss`` and the loss flags come from the registry
+    (``clip_dcl.losses.LOSSES``), their defaults from the classes' signatures."""
     from clip_dcl.losses import LOSSES
 
     defaults = _loss_defaults()
@@ -184,27 +170,21 @@ def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
     g.add_argument(
         "--no-grad-gather",
         action="store_true",
-        help="gather the features without autograd and exchange two numbers per anchor instead: exact "
-        "gradients with no backward collective (needs --local-loss, replaces --gather-with-grad; --loss clip "
-        "then uses clip-dcl's InfoNCE, equal to OpenCLIP's; not with --loss curl, --hcl-beta > 0, "
-        "--dcl-temperature or --captions-per-image > 1, whose gradients need more than two numbers)",
+        help="gather the features without autograd and exchange two numbers per anchor: exact gradients "
+        "with no backward collective (needs --local-loss, replaces --gather-with-grad; not with --loss curl, "
+        "--hcl-beta > 0, --dcl-temperature or --captions-per-image > 1)",
     )
     g.add_argument(
         "--loss-reset",
         action="store_true",
-        help="with --resume: train the configured --loss from a checkpoint trained with another one, or "
-        "with another value of a setting its loss state depends on (e.g. --decl-estimate, "
-        "--decl-drift-correction, --decl-state-dtype), or for another number of "
-        "sample ids; the saved loss state is dropped, the model and optimizer kept (without it "
-        "such a resume is refused)",
+        help="with --resume: resume a checkpoint of another --loss, another setting its loss state depends "
+        "on, or another number of sample ids; the saved loss state is dropped, the model and optimizer kept",
     )
     g.add_argument(
         "--decl-grow-state",
         action="store_true",
-        help="with --resume and --loss decl --decl-rate index: the training data grew since the "
-        "checkpoint (--decl-num-samples above the saved one); keep the learned rates of the ids it "
-        "holds and start the new ids unvisited, as a fresh buffer starts them (without it such a "
-        "resume is refused)",
+        help="with --resume and --loss decl --decl-rate index, when the training data grew since the "
+        "checkpoint: keep the learned rates of its ids and start the new ids unvisited",
     )
     g.add_argument(
         "--model-config",
@@ -221,26 +201,25 @@ def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
         nargs="+",
         default=None,
         metavar="SIG",
-        help="signals on which every rank finishes its step, a checkpoint is saved at that step and the "
-        f"run exits with code {PREEMPTED_EXIT_CODE}; with them, the first Ctrl-C during training steps "
-        "does the same and exits with code 130 ('none': no handler) "
-        f"(default: {' '.join(DEFAULT_SIGNALS)})",
+        help=f"signals on which every rank finishes its step, saves a checkpoint there and exits with code "
+        f"{PREEMPTED_EXIT_CODE} (the first Ctrl-C during training steps: the same, code 130); 'none': no "
+        f"handler (default: {' '.join(DEFAULT_SIGNALS)})",
     )
     g.add_argument(
         "--preempt-check-every",
         type=int,
         default=1,
         metavar="N",
-        help="look for a signal (and the --save-every-minutes clock) every N optimizer steps; with "
-        "several ranks each look is one all-reduce of three int32 (default: 1)",
+        help="look for a signal (and the --save-every-minutes clock) every N optimizer steps, one small "
+        "all-reduce each with several ranks (default: 1)",
     )
     g.add_argument(
         "--save-every-minutes",
         type=float,
         default=None,
         metavar="M",
-        help="also save a mid-epoch checkpoint every M minutes (rank 0's clock), at a step boundary, to "
-        "the file a preemption writes (default: only at epoch ends and on a signal)",
+        help="also save a mid-epoch checkpoint every M minutes (rank 0's clock), at a step boundary "
+        "(default: only at epoch ends and on a signal)",
     )
     from .divergence import DEFAULT_MAX_NONFINITE_STEPS
 
@@ -250,20 +229,17 @@ def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
         type=int,
         default=DEFAULT_MAX_NONFINITE_STEPS,
         metavar="N",
-        help="stop the run (exit code 1, naming the first bad step) after N consecutive optimizer steps "
-        "whose loss is NaN or inf, or at an epoch end or a save whose model weights are; no "
-        "checkpoint of non-finite weights is written, so the last finite one stays the latest; "
-        f"0: never stop on a non-finite loss (default: {DEFAULT_MAX_NONFINITE_STEPS})",
+        help="stop the run (exit code 1) after N consecutive optimizer steps whose loss is NaN or inf, or at "
+        "an epoch end or a save whose weights are, without writing them; 0: never stop on a non-finite loss "
+        f"(default: {DEFAULT_MAX_NONFINITE_STEPS})",
     )
     g.add_argument(
         "--dist-timeout",
         type=float,
         default=None,
         metavar="SECONDS",
-        help="seconds a collective (all-reduce, barrier, ...) waits for the other ranks before this rank "
-        "fails with a line naming it, so that a rank that died or hangs ends the others "
-        "(torch.distributed's init_process_group timeout; default: torch's, 30 minutes for gloo, "
-        "10 for nccl)",
+        help="seconds a collective waits for the other ranks before this rank fails, so that a rank that "
+        "died or hangs ends the others (init_process_group's timeout; default: torch's)",
     )
     g = parser.add_argument_group("model")
     g.add_argument(
@@ -271,25 +247,24 @@ def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
         type=float,
         default=None,
         metavar="S",
-        help="the model's learned logit scale starts at S (a temperature of 1/S), for tuning InfoNCE's "
-        "temperature from several starting points; OpenCLIP's --lock-* flags and the loss's own "
-        "fixed temperatures are unaffected (default: the model's, 1/0.07 for CLIP models)",
+        help="the model's learned logit scale starts at S (a temperature of 1/S); the loss's own fixed "
+        "temperatures are unaffected (default: the model's, 1/0.07 for CLIP models)",
     )
     g = parser.add_argument_group("speed")
     g.add_argument(
         "--adamw-impl",
         choices=ADAMW_IMPLS,
         default=None,
-        help="PyTorch's AdamW kernel for OpenCLIP's --opt adamw: 'foreach' (one kernel per step over all "
-        "parameters) or 'fused'; the same update, in fewer, larger operations, which pays on a small "
-        "model (default: PyTorch's choice: for-loop on CPU, foreach on CUDA)",
+        help="PyTorch's AdamW kernel for OpenCLIP's --opt adamw: the same update in fewer, larger "
+        "operations (default: PyTorch's choice: for-loop on CPU, foreach on CUDA)",
     )
     return parser
 
 
 @dataclass
 class TrainConfig:
-    """Everything the training run needs beyond OpenCLIP's own arguments."""
+    """Everything the training run needs beyond OpenCLIP's own arguments; a field without a comment holds the
+    flag of its name (``grow_state``: ``--decl-grow-state``; ``preempt``: the preemption group)."""
 
     loss: str
     #: what the command line gives the loss: its flags' values, and OpenCLIP's flags that its signature
@@ -306,25 +281,16 @@ class TrainConfig:
     num_samples: Optional[int] = None
     #: what the training data tells the loss, as known before the data is loaded (see ``clip_dcl.train.facts``)
     data: Optional["DataFacts"] = None
-    #: ``--no-grad-gather``: the loss is built with ``no_grad_gather=True`` (clip-dcl's, for every --loss)
     no_grad_gather: bool = False
-    #: ``--loss-reset``: resume a checkpoint of another objective, with fresh loss state
     loss_reset: bool = False
-    #: ``--decl-grow-state``: resume a per-sample state saved for fewer ids, the new ids unvisited
     grow_state: bool = False
     #: ids per source of ``::``-joined ``--train-data`` (None for one source; see clip_dcl.train.ids)
     id_block: Optional[int] = None
-    #: ``--captions-per-image``: M captions per training image (the pipeline draws them, the loss takes B x M texts)
     captions_per_image: int = 1
-    #: ``--preempt-signals``, ``--preempt-check-every``, ``--save-every-minutes``
     preempt: "PreemptConfig" = field(default_factory=lambda: _default_preempt())
-    #: ``--max-nonfinite-steps``: consecutive non-finite steps that stop the run (0: never)
     max_nonfinite_steps: int = field(default_factory=lambda: _default_max_nonfinite_steps())
-    #: ``--dist-timeout``: seconds a collective waits (None: torch's default)
     dist_timeout: Optional[float] = None
-    #: ``--adamw-impl``: ``foreach`` or ``fused`` for OpenCLIP's AdamW (None: PyTorch's choice)
     adamw_impl: Optional[str] = None
-    #: ``--init-logit-scale``: the learned logit scale's initial value (None: the model's)
     init_logit_scale: Optional[float] = None
 
 
@@ -342,8 +308,6 @@ def _default_preempt():
 
 def _preempt_config(ours):
     """The preemption flags checked: known signals, N >= 1, M > 0."""
-    import math
-
     from .preempt import DEFAULT_SIGNALS, PreemptConfig, signal_number
 
     names = list(DEFAULT_SIGNALS) if ours.preempt_signals is None else list(ours.preempt_signals)
@@ -455,14 +419,22 @@ def _check_no_grad_gather(oc_args) -> None:
             "--no-grad-gather replaces --gather-with-grad (the same exact gradients without the "
             "backward collective): drop one of them"
         )
+    why = _openclip_objective(oc_args)
+    if why:
+        raise FlagError(f"--no-grad-gather cannot be combined with {why}: that objective is OpenCLIP's own")
+
+
+def _openclip_objective(oc_args, coca: bool = True, horovod: bool = True) -> Optional[str]:
+    """The first flag given that selects an objective only OpenCLIP's own loss trains, or None."""
     for bad, why in (
         (oc_args.siglip, "--siglip"),
         (oc_args.distill_model, "--distill-model"),
-        ("coca" in oc_args.model.lower(), f"--model {oc_args.model} (CoCa)"),
-        (oc_args.horovod, "--horovod"),
+        (coca and "coca" in oc_args.model.lower(), f"--model {oc_args.model} (CoCa)"),
+        (horovod and oc_args.horovod, "--horovod"),
     ):
         if bad:
-            raise FlagError(f"--no-grad-gather cannot be combined with {why}: that objective is OpenCLIP's own")
+            return why
+    return None
 
 
 def _require_data(oc_args) -> None:
@@ -480,15 +452,9 @@ def _require_data(oc_args) -> None:
 
 
 def check_spelled_out(argv: List[str], parsers: List[argparse.ArgumentParser]) -> None:
-    """Refuse a ``--flag`` that none of ``parsers`` knows by that exact name but some flag begins with.
-
-    OpenCLIP's parser allows abbreviations, so a prefix of any of its flags selects that flag: a
-    mistyped ``--los decl`` would set ``--loss-dist-impl`` and train the default loss. A word is
-    checked as argparse would read it: an option up to its ``=``; a word with a space is a value.
-
-    Raises:
-        FlagError: naming the word and every flag it could mean.
-    """
+    """Refuse (`FlagError`) a ``--flag`` that none of ``parsers`` knows by that exact name but some flag begins
+    with: OpenCLIP's parser takes abbreviations, so a mistyped ``--los decl`` would set ``--loss-dist-impl``.
+    A word is read as argparse reads it: an option up to its ``=``; a word with a space is a value."""
     known = set()
     for parser in parsers:
         known.update(parser._option_string_actions)  # argparse keeps no public list of its option strings
@@ -506,15 +472,8 @@ def check_spelled_out(argv: List[str], parsers: List[argparse.ArgumentParser]) -
 
 
 def check_known(argv: List[str], parsers: List[argparse.ArgumentParser]) -> None:
-    """Refuse a ``--flag`` that none of ``parsers`` knows, naming the closest flags they do know.
-
-    argparse would only say "unrecognized arguments"; a typo (``--batchsize``, ``--decl-gama``) is then
-    left to the reader. A word with no flag close to it is left to argparse's own message. Words are
-    read as in :func:`check_spelled_out`, which runs first (a word that begins a flag is named there).
-
-    Raises:
-        FlagError: naming the word and up to three flags close to it.
-    """
+    """Refuse (`FlagError`) a ``--flag`` that none of ``parsers`` knows, naming the closest flags they do know
+    (argparse would only say "unrecognized arguments"); one with no flag close to it is left to argparse."""
     from ..arguments import misspelt_flag
 
     found = misspelt_flag(argv, [flag for parser in parsers for flag in parser._option_string_actions])
@@ -535,10 +494,8 @@ def _loss_flags_given(ours) -> Dict[str, object]:
 
 
 def check_flag_words(argv: List[str], prog: str = PROG) -> None:
-    """The checks of a training command line that need neither its data nor this machine: every word a flag
-    of clip-dcl or OpenCLIP, spelled out, with a value of its type and among its choices (both parsers' own
-    checks), and no loss flag of another loss than ``--loss``. For a command whose data are not made yet
-    (``clip-dcl study check``); :func:`parse_train_args` checks the rest once they are.
+    """The checks of a training command line that need neither its data nor this machine (both parsers', and
+    no loss flag of another loss than ``--loss``), for a command whose data are not made yet.
 
     Raises:
         FlagError: a flag that cannot work (the message names it).
@@ -546,6 +503,14 @@ def check_flag_words(argv: List[str], prog: str = PROG) -> None:
     """
     from open_clip_train.params import parse_args as openclip_parse_args
 
+    parser, ours, rest = _parse_ours(argv, prog)
+    with program_named(prog):
+        openclip_parse_args(list(rest))
+    _loss_flags_given(ours)
+
+
+def _parse_ours(argv: List[str], prog: str):
+    """``(our parser, our flags, the words left for OpenCLIP)``, once every word is a flag spelled out in full."""
     from .upstream import openclip_parser
 
     parser = build_parser(prog)
@@ -554,30 +519,21 @@ def check_flag_words(argv: List[str], prog: str = PROG) -> None:
     check_known(argv, parsers)
     with program_named(prog):
         ours, rest = parser.parse_known_args(argv)
-        openclip_parse_args(list(rest))
-    _loss_flags_given(ours)
+    return parser, ours, rest
 
 
 def parse_train_args(argv: List[str], check_files: bool = True, prog: str = PROG) -> Optional[TrainConfig]:
     """Parse and validate a training command line; ``None`` when ``--help`` was printed.
 
     Registers clip-dcl's model configs (and ``--model-config``) with OpenCLIP in this process.
-    ``check_files=False`` skips :func:`check_data_paths` and what depends on this machine (the loggers'
-    packages, the CPU precision of :mod:`clip_dcl.train.precision`), to validate a command for another one.
-    ``prog`` names the command in the usage and error lines of both parsers.
+    ``check_files=False`` skips the checks of the data's files and of this machine, to validate a command for
+    another one; ``prog`` names the command in both parsers' usage and errors.
 
     Raises:
         FlagError: a flag value that cannot work (the message names it).
         SystemExit: OpenCLIP's or our argparse rejected a flag (argparse prints the message).
     """
-    parser = build_parser(prog)
-    from .upstream import openclip_parser
-
-    parsers = [parser, openclip_parser()]
-    check_spelled_out(argv, parsers)
-    check_known(argv, parsers)
-    with program_named(prog):
-        ours, rest = parser.parse_known_args(argv)
+    parser, ours, rest = _parse_ours(argv, prog)
     if "-h" in rest or "--help" in rest:
         print_help(parser)
         return None
@@ -620,17 +576,10 @@ def parse_train_args(argv: List[str], check_files: bool = True, prog: str = PROG
 
     from .facts import data_facts
 
-    if not openclip_native(loss):  # a CoCa model takes our contrastive term (clip_dcl.losses.coca)
+    why = None if openclip_native(loss) else _openclip_objective(oc_args, coca=False)  # CoCa takes our term
+    if why:
         native = " / ".join(f"--loss {n}" for n in LOSSES if openclip_native(n))
-        for bad, why in (
-            (oc_args.siglip, "--siglip"),
-            (oc_args.distill_model, "--distill-model"),
-            (oc_args.horovod, "--horovod"),
-        ):
-            if bad:
-                raise FlagError(
-                    f"--loss {loss} cannot be combined with {why}: that objective is OpenCLIP's own; use {native}"
-                )
+        raise FlagError(f"--loss {loss} cannot be combined with {why}: that objective is OpenCLIP's own; use {native}")
     _check_captions_per_image(ours, oc_args, loss)
     preempt = _preempt_config(ours)
     if ours.max_nonfinite_steps < 0:
@@ -720,12 +669,8 @@ def openclip_native(loss: str) -> bool:
 
 
 def create_loss_checked(loss: str, kwargs: Dict[str, object], oc_args, no_grad_gather: bool = False):
-    """Build the loss once with ``world_size=1`` (on ``meta`` when it allocates) so it checks its arguments;
-    return it (its buffers, on ``meta``, hold no values).
-
-    Raises:
-        FlagError: the loss rejected an argument; the message names the flag that set it.
-    """
+    """Build the loss once with ``world_size=1`` (on ``meta`` when it allocates: no buffer holds values) so it
+    checks its arguments; `FlagError` naming the flag that set a rejected one."""
     from clip_dcl.losses import LOSSES, create_loss
 
     try:
@@ -759,13 +704,9 @@ def _check_captions_per_image(ours, oc_args, loss: str) -> None:
             f"--captions-per-image {m} cannot be combined with --no-grad-gather: with M positives the "
             "column gradient needs more than each anchor's (pos, lse_neg); use --gather-with-grad"
         )
-    for bad, why in (
-        (oc_args.siglip, "--siglip"),
-        (oc_args.distill_model, "--distill-model"),
-        ("coca" in oc_args.model.lower(), f"--model {oc_args.model} (CoCa)"),
-    ):
-        if bad:
-            raise FlagError(f"--captions-per-image {m} cannot be combined with {why}")
+    why = _openclip_objective(oc_args, horovod=False)
+    if why:
+        raise FlagError(f"--captions-per-image {m} cannot be combined with {why}")
     from .facts import train_data_kind
 
     if oc_args.train_data and train_data_kind(oc_args) != "webdataset":

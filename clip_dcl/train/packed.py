@@ -1,27 +1,16 @@
 """Training on a packed set (:mod:`clip_dcl.data.packed`) held in memory: batches without a decode.
 
-``--train-data PATH.npz`` (``--dataset-type auto``, which OpenCLIP resolves by the extension)
-gives OpenCLIP's loop a :class:`PackedLoader` in place of its webdataset loader. The set is read
-once; captions are tokenised once, with the run's tokenizer; each batch is gathered by index, and
-OpenCLIP's own training transform is applied to the whole batch at once: the
-``RandomResizedCrop`` (scale and ratio read from the transform OpenCLIP built, the crop boxes drawn
-as torchvision draws them, resampled bicubically as PIL does, by two batched matrix products) and
-the ``Normalize`` (its mean and std); only PIL's rounding to 8 bits after the resize is left out. A transform with any
-other step (colour jitter, grey scale, timm's) is refused:
-it would silently not be applied.
+``--train-data PATH.npz`` gives OpenCLIP's loop a :class:`PackedLoader` in place of its webdataset
+loader. The set is read and its captions tokenised once; each batch is gathered by index and OpenCLIP's
+training transform applied to the whole batch: its ``RandomResizedCrop`` (boxes drawn as torchvision
+draws them, resampled bicubically as PIL does, by two batched matrix products: torchvision's works on
+one image at a time) and its ``Normalize``. A transform with any other step is refused (it would
+silently not be applied), as are ``--captions-per-image`` above 1, ``--dataset-resampled`` and
+``--train-data-upsampling-factors``.
 
-Batches are ``(images, texts, ids)``, as from :func:`clip_dcl.train.pipeline.get_wds_train_dataset`,
-``ids`` being those the webdataset pipeline gives the same samples (stored in the file). The order
-is a permutation of the whole set drawn from ``(--seed, epoch)``, the same on every rank; global
-batch ``k`` is its ``k``-th run of ``batch_size x world_size`` samples, rank ``r`` taking the
-``r``-th slice; the incomplete last batch is dropped. The crops are drawn from ``(--seed, epoch,
-rank)``. So a run resumed at an epoch boundary, or mid-epoch (the loop reads the batches already
-trained on again), sees the same batches as an uninterrupted one.
-
-Not supported (refused with the flag to change): ``--captions-per-image`` above 1 (the file holds
-one caption a sample), ``--dataset-resampled`` and ``--train-data-upsampling-factors``.
-Written here by hand: the loader and the batched crop (torchvision's ``RandomResizedCrop`` works on
-one image at a time).
+Batches are ``(images, texts, ids)``, with the ids the webdataset pipeline gives the same samples. The
+order is a permutation drawn from ``(--seed, epoch)``, rank ``r`` taking the ``r``-th slice of each
+global batch, the crops drawn from ``(--seed, epoch, rank)``: a resumed run sees the same batches.
 """
 
 from __future__ import annotations

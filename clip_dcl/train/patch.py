@@ -1,87 +1,28 @@
 """The one module that patches ``open_clip_train``: OpenCLIP's ``main`` with a clip-dcl objective.
 
-:func:`run_training` calls ``open_clip_train.main.main`` with these names swapped for the
-duration of the call (and restored afterwards):
+:func:`run_training` calls ``open_clip_train.main.main`` with these names swapped for the duration of
+the call, each for a method of one :class:`~clip_dcl.train.run.TrainingRun` (whose docstrings say what
+each changes):
 
-``open_clip_train.main.parse_args``
-    OpenCLIP's parser, plus our flags as attributes of ``args`` (so ``params.txt`` lists them).
-``open_clip_train.main.create_loss``
-    ``--loss clip`` is OpenCLIP's own ``create_loss(args)`` unchanged (one caption per image); the others come from
-    ``clip_dcl.losses.create_loss`` with OpenCLIP's distributed arguments. The loss is moved to
-    the device and, on ``--resume``, its state is restored from the checkpoint.
-``open_clip_train.main.train_one_epoch``
-    OpenCLIP's own ``train_one_epoch`` (nothing re-implemented), handed a dataloader and a loss
-    that carry the sample ids around it (see :class:`clip_dcl.train.steps.IdChannel`), a log filter that adds
-    ``loss.metrics`` to OpenCLIP's training log line, and a ``tb_writer`` that also writes each logged step's
-    scalars and the loss's columns as one line of the run's ``metrics.jsonl`` (:mod:`clip_dcl.train.metrics`).
-``open_clip_train.main.evaluate``
-    OpenCLIP's, its scalars also written as one ``val`` line of ``metrics.jsonl``.
-``open_clip_train.main.pt_load``
-    OpenCLIP's loader; fits the model keys to this run's model (DDP's ``module.`` prefix added on
-    several ranks, removed on one: any checkpoint resumes on any number of ranks), keeps the
-    ``loss_state`` of the checkpoint being resumed, refuses one trained with another ``--loss`` or
-    another value of a setting its loss state depends on, or for another number of sample ids
-    (unless ``--loss-reset``; ``--decl-grow-state`` keeps the rates of a data set that grew), and on
-    ``--resume latest`` passes over a checkpoint that does not load (a torn file) to the previous
-    one, with a warning.
-``open_clip_train.main.setup_logging``
-    OpenCLIP's, leaving PyTorch's own loggers at their levels (it sets every logger to INFO); then
-    the master removes the ``.partial`` files that a save killed halfway left in the checkpoint
-    folder, with a log line. Before that (main calls it once the run is named, before its log is
-    opened) the master takes the run folder's lock and checks that the command may run in a folder
-    that holds a run (:mod:`clip_dcl.train.runfolder`); every rank stops if not.
-``open_clip_train.main.os``
-    ``os`` itself except for ``os.path.exists`` of the run's log, which main's "Experiment already
-    exists" check sees as absent: that check refuses ``--resume`` of a checkpoint in the run's own
-    folder (the hint of our messages), and names the run with a literal ``{}``;
-    :func:`clip_dcl.train.runfolder.folder_problem` takes its place.
-``open_clip_train.main.torch``
-    ``torch`` itself except for two names that only ``main`` sees: ``torch.save`` adds
-    the loss state and clip-dcl's entry to every training checkpoint main writes
-    (``epoch_N.pt``, ``epoch_latest.pt``; written by :mod:`clip_dcl.train.saving`, which defines the
-    format) under a temporary name first (:func:`clip_dcl.train.saving.save_atomically`), and
-    ``torch.nn.parallel.DistributedDataParallel``
-    drops ``device_ids`` for CPU devices (main passes ``device_ids=[device]`` even on CPU, which
-    DDP rejects, so gloo training on CPU would fail).
-``open_clip_train.main.create_model_and_transforms``
-    with ``--init-logit-scale S``, OpenCLIP's, given ``init_logit_scale=log(S)`` (a model keyword OpenCLIP itself
-    sets only for SigLIP), so the learned scale starts at ``S``.
-``open_clip_train.main.optim``
-    with ``--adamw-impl``, ``torch.optim`` except for ``AdamW``, which gets ``foreach=True`` or ``fused=True``
-    (the same update; OpenCLIP passes neither, so PyTorch's for-loop runs on CPU).
-``open_clip_train.distributed.torch``
-    ``torch`` itself except for ``torch.distributed.init_process_group``, which gets ``--dist-timeout``
-    as its ``timeout`` (OpenCLIP passes none), so that a collective waiting for a rank that died or
-    hangs fails within that time, on every other rank.
-``open_clip_train.data.get_dataset_fn``
-    OpenCLIP's, except that ``--dataset-type auto`` with a ``.npz`` ``--train-data`` (a packed set, which
-    OpenCLIP has no reader for) gets :func:`clip_dcl.train.packed.get_packed_train_dataset`.
-``open_clip_train.data.get_wds_dataset``
-    for training, :func:`clip_dcl.train.pipeline.get_wds_train_dataset` (batches carry ids);
-    validation keeps OpenCLIP's.
-``open_clip_train.data.get_csv_dataset``, ``get_synthetic_dataset``
-    OpenCLIP's, with each training batch extended by the samples' indices (the CSV row, the
-    synthetic sample's index) as their ids (:func:`clip_dcl.train.ids.with_indices`).
+- ``main.parse_args``: our flags added to ``args`` (so ``params.txt`` lists them);
+- ``main.create_loss``: OpenCLIP's for ``--loss clip``, else ``clip_dcl.losses.create_loss``; the loss
+  state restored on ``--resume``;
+- ``main.train_one_epoch``: OpenCLIP's own, with the sample ids carried around it
+  (:mod:`clip_dcl.train.steps`), step-boundary saves and stops (:mod:`clip_dcl.train.preempt`,
+  :mod:`clip_dcl.train.divergence`) and ``metrics.jsonl`` (:mod:`clip_dcl.train.metrics`);
+- ``main.evaluate``: OpenCLIP's, also written to ``metrics.jsonl``;
+- ``main.pt_load``: model keys fitted to this run's world size, resume checks, torn files passed over;
+- ``main.setup_logging``: the run folder's lock and check (:mod:`clip_dcl.train.runfolder`), PyTorch's
+  loggers left at their levels, stale ``.partial`` files removed;
+- ``main.os``: ``os.path.exists`` blind to the run's log (the run folder's check replaces main's);
+- ``main.torch``: ``torch.save`` through :mod:`clip_dcl.train.saving` (loss state, atomic writes), and
+  DDP without ``device_ids`` on CPU (which DDP rejects);
+- ``main.create_model_and_transforms`` (``--init-logit-scale``) and ``main.optim`` (``--adamw-impl``);
+- ``distributed.torch``: ``init_process_group`` with ``--dist-timeout``;
+- ``data.get_dataset_fn``, ``get_wds_dataset``, ``get_csv_dataset``, ``get_synthetic_dataset``: training
+  batches that carry sample ids; a packed ``.npz`` set (:mod:`clip_dcl.train.packed`).
 
-Between optimizer steps (in the dataloader handed to ``train_one_epoch``): a signal of
-``--preempt-signals`` (or ``--save-every-minutes``) saves a checkpoint at that step and, for a
-signal, ends the run (:mod:`clip_dcl.train.preempt`); a resume from such a checkpoint reads the
-epoch's batches already trained on again without training on them and shifts the scheduler's step
-by as many steps, so the epoch continues where it stopped (the first Ctrl-C does the same, when
-``--preempt-signals`` is on). A run of ``--max-nonfinite-steps`` steps whose loss is NaN or inf,
-or weights that are not finite at an epoch end or a save, end the run on every rank without
-writing a checkpoint (:mod:`clip_dcl.train.divergence`).
-
-Also per epoch: the main process's RNGs are seeded from ``(--seed, epoch, rank)``, so that a run
-resumed at an epoch boundary repeats an uninterrupted run (the data workers do the same, see
-``pipeline.py``); every rank logs a digest of the whole loss state (identical on all ranks, whether
-DeCL's buffer is sharded or replicated); a sharded buffer is checkpointed one file per rank (see
-``saving.py``).
-
-The replacements are the methods of one :class:`~clip_dcl.train.run.TrainingRun` (the run's state
-and checkpoint bookkeeping), with the step plumbing in :mod:`clip_dcl.train.steps`; the
-``open_clip_train`` surface they rely on is checked (version, names, behaviour) when
-:mod:`clip_dcl.train.upstream` is imported (before anything here is swapped).
+The ``open_clip_train`` surface these rely on is checked when :mod:`clip_dcl.train.upstream` is imported.
 """
 
 from __future__ import annotations
@@ -205,10 +146,8 @@ def _first_line(err: BaseException) -> str:
 def run_training(config: TrainConfig, at_once: bool = False) -> int:
     """Run ``open_clip_train.main.main`` with ``config``'s objective; return an exit code.
 
-    A run that fails before writing any checkpoint removes the ``--logs/--name`` folder it created
-    (OpenCLIP would refuse the rerun: "Experiment already exists"); its log went to stderr too.
-    ``at_once``: a stop signal before the first step ends the process from its handler (the command line;
-    :class:`clip_dcl.train.preempt.StopSignals`), instead of raising :class:`StartupStop` at the next safe point.
+    A run that fails before writing any checkpoint removes the ``--logs/--name`` folder it created, so that
+    the same command can run again. ``at_once``: see :class:`clip_dcl.train.preempt.StopSignals`.
     """
     run = TrainingRun(config)
     log_dir = _log_dir(config.openclip_argv)

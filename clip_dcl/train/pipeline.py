@@ -1,47 +1,28 @@
 """The training webdataset pipeline: OpenCLIP's, with sample ids, logged skips and fixed seeds.
 
-:func:`get_wds_train_dataset` stands in for ``open_clip_train.data.get_wds_dataset`` when
-``is_train`` is true (validation keeps OpenCLIP's own). It builds the same pipeline from
-OpenCLIP's own stages (``ResampledShards2`` / ``SimpleShardList`` + ``detshuffle2``,
-``split_by_node``, ``split_by_worker``, ``tarfile_to_samples_nothrow``, the same shuffle buffer
-sizes, the same epoch length rounding, the same ``WebLoader``) and differs in these places:
+:func:`get_wds_train_dataset` stands in for ``open_clip_train.data.get_wds_dataset`` when ``is_train``
+is true. It assembles OpenCLIP's own stages, shuffle sizes, epoch rounding and ``WebLoader``, and
+differs in these places:
 
-- batches are ``(images, texts, ids)``: ``ids`` is a LongTensor of :func:`clip_dcl.data.ids.sample_id`,
-  computed in the same stage that builds the tuple, so it stays aligned with the images and texts
-  whatever the number of workers, with ``--dataset-resampled`` and through the shuffle buffer;
-- every skip is logged with its shard, key and cause, and counted (:class:`DataStats`): a sample
-  without a caption or an image (OpenCLIP drops it silently), one whose caption is empty (OpenCLIP
-  trains on it), an undecodable image (OpenCLIP logs
-  the exception alone), a shard that cannot be opened (tried :data:`OPEN_TRIES` times, then
-  skipped), a shard that ends early: a read error inside a member, or no end-of-archive marker
-  (a tar truncated at a member boundary, which ``tarfile`` reads as a normal end). The main
-  process logs one line per epoch: samples read, skipped by cause, shards that ended early;
-- a pass over the shards that yields no batch (every shard gone, or fewer good samples than a
-  batch) raises :class:`TrainingDataError` instead of being repeated for ever by ``with_epoch``;
-- with ``--decl-rate index``, the first epoch's sample ids are checked for collisions (two
-  distinct samples, by shard url and key, with one id), and ``::``-joined sources get disjoint id
-  ranges (see :mod:`clip_dcl.train.ids`);
-- the sample shuffle buffer and, inside dataloader workers, Python/NumPy/torch RNGs (image
-  augmentation) are seeded from ``(--seed, epoch, rank, worker)``, and ``--dataset-resampled``
-  draws shards from the same seed; OpenCLIP seeds its sample shuffle from the clock. So a run
-  resumed at epoch ``e`` sees the same samples in the same order with the same augmentations as
-  an uninterrupted run, which is what lets stateful losses (DeCL's buffers) continue exactly;
-- ``--decl-num-samples`` (``args.decl_num_samples``) bounds the hash fallback of the ids;
-- the data-loader workers ignore the signals the trainer stops on (``--preempt-signals``): a
-  scheduler signals every process of a task, and a worker that died of it would fail the run at
-  once rather than after the step and its checkpoint;
-- with ``--captions-per-image M > 1`` (``args.captions_per_image``) each sample yields M captions
-  (:func:`draw_captions`): texts are batched as ``(B * M, context)``, the M captions of each image
-  in image order, which is what the model encodes and the loss reads M from; ids stay per image.
-
-The pipeline stages are called from ``open_clip_train.data`` and ``webdataset``; written here are
-their assembly and what neither does: the per-shard accounting around webdataset's
-``tar_file_iterator``, the retries of a shard's opening, and the counters sent from the dataloader
-workers to the main process.
+- batches are ``(images, texts, ids)``, the ids (:func:`clip_dcl.data.ids.sample_id`) made in the stage
+  that builds the tuple, so they stay aligned through workers, resampling and the shuffle buffer;
+  ``::``-joined sources get disjoint id ranges, and the first epoch's ids are checked for collisions;
+- every skip is logged with its shard, key and cause, and counted (:class:`DataStats`, one line per
+  epoch): no caption or image, an empty caption (OpenCLIP trains on it), an undecodable image, a shard
+  that cannot be opened (tried :data:`OPEN_TRIES` times) or that ends early (``tarfile`` reads a tar cut
+  at a member boundary as a normal end);
+- a pass that yields no batch raises :class:`TrainingDataError` (``with_epoch`` would repeat it for ever);
+- the sample shuffle, ``--dataset-resampled`` and the workers' RNGs are seeded from ``(--seed, epoch,
+  rank, worker)`` (OpenCLIP seeds its sample shuffle from the clock), so a run resumed at an epoch
+  boundary sees the same samples and augmentations, which lets stateful losses continue exactly;
+- the workers ignore the trainer's stop signals (:func:`clip_dcl.train.preempt.worker_ignores_stop_signals`);
+- ``--captions-per-image M > 1`` draws M captions an image (:func:`draw_captions`), batched as
+  ``(B * M, context)`` in image order; ids stay per image.
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import logging
 import math
@@ -119,11 +100,9 @@ def has_caption_and_image(sample, stats: Optional["DataStats"] = None) -> bool:
 class DataStats:
     """What one dataloader worker read and skipped in the current epoch, reported to the main process.
 
-    Each worker holds its own copy (the object is pickled or forked into it) and, after every batch,
-    sends its counts for the epoch so far (and, in the epoch ``track_epoch``, the ``(id,
-    fingerprint)`` pairs of the samples since the last report) through a multiprocessing queue;
-    without workers the reports stay in this process. :meth:`collect` (main process, end of an
-    epoch) merges the latest report of every worker.
+    Each worker's copy sends its counts for the epoch so far after every batch (and, in the epoch
+    ``track_epoch``, the ``(id, fingerprint)`` pairs since the last report) through a multiprocessing
+    queue; :meth:`collect` merges the latest report of every worker at the end of an epoch.
     """
 
     def __init__(self, workers: int, shared_epoch, track_epoch: Optional[int] = None):
@@ -342,14 +321,6 @@ class _GroupSamples:
             yield sample
 
 
-class _Select:
-    def __init__(self, stats: DataStats):
-        self.stats = stats
-
-    def __call__(self, src):
-        return (s for s in src if has_caption_and_image(s, self.stats))
-
-
 class _Decode:
     """webdataset's ``pilrgb`` decoder; an undecodable sample is logged with its shard and key."""
 
@@ -397,12 +368,8 @@ class _EveryPassYields:
 
 
 class SeededSampleShuffle(wds.PipelineStage):
-    """The sample shuffle buffer, seeded from ``(seed, epoch, rank, worker)``.
-
-    Inside a dataloader worker it also seeds ``random``, NumPy and torch at the start of every
-    epoch, so that image augmentations are a function of the same tuple (the main process is
-    reseeded per epoch by the training loop; see ``clip_dcl.train.patch``).
-    """
+    """The sample shuffle buffer, seeded from ``(seed, epoch, rank, worker)``; inside a dataloader worker it
+    also seeds ``random``, NumPy and torch every epoch, so that image augmentations follow the same tuple."""
 
     def __init__(self, bufsize: int, initial: int, seed: int, epoch: "oc_data.SharedEpoch"):
         self.bufsize = bufsize
@@ -460,12 +427,9 @@ def _flatten_captions(batch):
 
 
 class _AttachId:
-    """Stage adding ``sample["__id__"]`` (a picklable callable, for dataloader workers).
-
-    With ``--decl-rate index`` (``num_samples`` set) it also checks the id (see
-    :func:`clip_dcl.data.ids.sample_id`), places it in its source's range when sources are
-    ``::``-joined, and records ``(id, fingerprint of url and key)`` in the tracked epoch.
-    """
+    """Stage adding ``sample["__id__"]``; with ``--decl-rate index`` (``num_samples`` set) it also checks the
+    id, places it in its source's range when sources are ``::``-joined, and records ``(id, fingerprint of url
+    and key)`` in the tracked epoch."""
 
     def __init__(self, num_samples, stats: Optional[DataStats] = None, sources=None, block=None):
         self.num_samples, self.stats, self.sources, self.block = num_samples, stats, sources, block
@@ -523,11 +487,8 @@ class _ResampleSeed:
 
 
 def get_wds_train_dataset(args, preprocess_img, is_train=True, epoch=0, floor=False, tokenizer=None):
-    """``open_clip_train.data.get_wds_dataset`` for training, yielding ``(images, texts, ids)`` batches.
-
-    Same signature and return value (``DataInfo`` whose ``dataloader`` has ``num_batches`` and
-    ``num_samples``) as OpenCLIP's; see the module docstring for the differences.
-    """
+    """``open_clip_train.data.get_wds_dataset`` for training (same signature and ``DataInfo``), yielding
+    ``(images, texts, ids)`` batches; see the module docstring for the differences."""
     input_shards = args.train_data
     assert input_shards is not None
     resampled = bool(getattr(args, "dataset_resampled", False))
@@ -576,7 +537,7 @@ def get_wds_train_dataset(args, preprocess_img, is_train=True, epoch=0, floor=Fa
         _ExpandTars(stats),
         _GroupSamples(stats),
         SeededSampleShuffle(oc_data._SAMPLE_SHUFFLE_SIZE, oc_data._SAMPLE_SHUFFLE_INITIAL, args.seed, shared_epoch),
-        _Select(stats),
+        wds.select(functools.partial(has_caption_and_image, stats=stats)),
         _Decode(stats),
         _AttachId(getattr(args, "decl_num_samples", None), stats, sources if block else None, block),
     ]
@@ -625,6 +586,3 @@ def get_wds_train_dataset(args, preprocess_img, is_train=True, epoch=0, floor=Fa
     dataloader.num_samples = num_samples
     dataloader.data_stats = stats
     return oc_data.DataInfo(dataloader=dataloader, shared_epoch=shared_epoch)
-
-
-# -- ids on OpenCLIP's map-style data paths (CSV, synthetic) ---------------------------------------

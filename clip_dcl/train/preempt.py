@@ -1,33 +1,20 @@
 """Stopping a run at a step boundary on a signal, and saving it there.
 
-Slurm (and most schedulers) send SIGTERM, or a signal asked for with ``--signal``, some time
-before they kill a job. :class:`StopSignals` turns each configured signal into a flag (the handler
-does nothing else). At every ``--preempt-check-every``-th optimizer-step boundary, before the next
-batch is fetched, :class:`StepGate` decides whether to stop (a signal on *any* rank) and whether to
-save (``--save-every-minutes`` on rank 0's clock): with more than one rank, by one all-reduce
-(MAX) of three int32 (the third: whether a rank's training diverged, see
-:mod:`clip_dcl.train.divergence`), so that all ranks take the same decision at the same step and
-none is left waiting in a collective. On a stop the trainer saves a checkpoint at that step
-(:func:`clip_dcl.train.saving.save_step_checkpoint`) and the process exits with :data:`PREEMPTED_EXIT_CODE`; on the
-first
-Ctrl-C during training steps the same, with :data:`INTERRUPTED_EXIT_CODE`.
+Schedulers send SIGTERM (or a signal asked for) some time before they kill a job. :class:`StopSignals`
+turns each configured signal into a flag; at every ``--preempt-check-every``-th optimizer-step boundary
+:class:`StepGate` decides, by one all-reduce (MAX) over the ranks, whether to stop (a signal on any
+rank), to save (``--save-every-minutes``, rank 0's clock) or to end a diverged run
+(:mod:`clip_dcl.train.divergence`), so that every rank takes the same decision at the same step. On a
+stop the trainer saves the step and exits :data:`PREEMPTED_EXIT_CODE` (the first Ctrl-C during training
+steps: the same, with :data:`INTERRUPTED_EXIT_CODE`).
 
-Before the run's first step (building the model, reading shards, resuming a checkpoint, waiting for
-the other ranks at the rendezvous) there is no step to save at and nothing trained to lose: a stop
-signal or Ctrl-C ends the process at once (exit 75 or 130, one line), from the handler itself
-(:func:`clip_dcl.train.exits.leave_now`, which raises nothing: see :mod:`clip_dcl.train.exits`) or,
-in a run called from Python, at the next point where only Python of ours runs (:class:`StartupStop`).
-Python runs a signal's handler only between bytecodes of the main thread, and a rank waiting at the
-rendezvous sits in one C++ call for as long as the wait lasts (``--dist-timeout``): so the signal
-is also written to a wakeup pipe (``signal.set_wakeup_fd``), whose reader thread ends the process
-itself (:data:`STARTUP_GRACE_S` after the signal) when the main thread has not. The reader is a
-:class:`clip_dcl.train.threads.ForkSafeThread`, stopped while the process forks its data-loader workers,
-and for good at the first step.
+Before the first step there is nothing to save: a signal ends the start-up at once
+(:mod:`clip_dcl.train.exits`). A rank waiting at the rendezvous sits in one C++ call, where no Python
+handler runs, so the signal is also written to a wakeup pipe whose reader (a
+:class:`clip_dcl.train.threads.ForkSafeThread`) ends the process itself :data:`STARTUP_GRACE_S` later.
 
-The per-rank random state of the main process (Python, NumPy, torch, CUDA) is saved with the
-checkpoint's position (:func:`rng_state`, gathered on rank 0, into
-:func:`clip_dcl.train.saving.resume_entry`) and restored on resume (:func:`set_rng_state`),
-so that anything drawing from it (dropout, augmentation with ``--workers 0``) continues as if
+Each rank's main-process RNG state is saved with a mid-epoch checkpoint (:func:`rng_state`) and restored
+on resume (:func:`set_rng_state`), so that dropout and ``--workers 0`` augmentation continue as if
 the run had not stopped.
 """
 
@@ -64,20 +51,11 @@ _STOP_SIGNALS: List[signal.Signals] = []
 def worker_ignores_stop_signals(worker_id: Optional[int] = None) -> None:
     """``worker_init_fn`` of the training data loaders: a stop signal ends the worker only when its parent sends it.
 
-    A scheduler signals every process of a task, data-loader workers included. PyTorch's workers
-    die of a SIGTERM from anyone but their parent, and the main process then fails at once
-    ("DataLoader worker ... is killed by signal"), in the middle of a step or of the save; the
-    trainer decides when to stop, and the workers end with it. But the parent also stops its
-    workers with SIGTERM on its way out (``multiprocessing``'s exit handler terminates daemonic
-    children and then joins them, as does PyTorch's loader shutdown when a worker does not
-    answer): a worker that ignored it would keep a failed run from ever exiting.
-
-    So the signals are blocked here and a daemon thread waits for them with ``sigwaitinfo``, which
-    tells who sent each one: the parent's ends the worker at once, anyone else's is dropped.
-
-    A terminal's Ctrl-C reaches the workers too, which inherit the trainer's handler (:class:`StopSignals`)
-    when it is installed: they ignore it instead (the parent decides, and stops them on its way out),
-    rather than announce a save they will not make.
+    A scheduler signals every process of a task; a worker that died of it would fail the run mid-step. But
+    the parent also stops its workers with SIGTERM on its way out, so ignoring it would keep a failed run
+    from exiting. So the signals are blocked and a daemon thread waits for them with ``sigwaitinfo``, which
+    tells who sent each one: the parent's ends the worker, anyone else's is dropped. A terminal's Ctrl-C,
+    which reaches the workers too, is ignored (the parent decides).
     """
     if isinstance(getattr(signal.getsignal(signal.SIGINT), "__self__", None), StopSignals):
         signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -174,15 +152,10 @@ def signal_number(name: str) -> signal.Signals:
 class StopSignals:
     """Handlers that record the first of ``signals`` received; :meth:`restore` puts the old ones back.
 
-    Until :meth:`training_started` (the first step boundary of the run), any of them, Ctrl-C included,
-    stops the start-up: nothing is trained yet, so nothing is lost. With ``at_once`` (the command line)
-    the handler leaves at once (:func:`clip_dcl.train.exits.leave_now`, after :attr:`on_forced_exit`);
-    else it records the signal and :meth:`check_startup` raises :class:`StartupStop` (see the module doc).
-
-    With ``ctrl_c``, SIGINT too: the first Ctrl-C while :attr:`armed` (training steps are running,
-    so the step boundary where the run saves comes soon) is recorded like a stop signal; a Ctrl-C
-    otherwise (evaluating, saving), or a second one, raises ``KeyboardInterrupt`` at once, as
-    Python's own handler does.
+    Until :meth:`training_started`, any of them, Ctrl-C included, stops the start-up: with ``at_once`` the
+    handler leaves at once (:func:`clip_dcl.train.exits.leave_now`, after :attr:`on_forced_exit`), else
+    :meth:`check_startup` raises :class:`StartupStop`. With ``ctrl_c``, SIGINT too: the first Ctrl-C while
+    :attr:`armed` (training steps run) is recorded like a stop signal; any other raises ``KeyboardInterrupt``.
     """
 
     def __init__(self, signals: Sequence[str], ctrl_c: bool = False, at_once: bool = False):
@@ -336,11 +309,8 @@ class StepGate:
         return int(stop), int(save)
 
     def poll(self, boundary: int, diverged=None) -> tuple:
-        """At the ``boundary``-th step boundary of an epoch: whether to stop, whether to save now.
-
-        ``diverged`` (a callable: whether this rank's training diverged) is asked at the same
-        boundaries and agreed on in the same all-reduce: :attr:`diverged` is then true on every rank
-        when it is on one (:mod:`clip_dcl.train.divergence`)."""
+        """At the ``boundary``-th step boundary of an epoch: whether to stop, whether to save now. ``diverged()``
+        (this rank's training diverged) is agreed on in the same all-reduce, into :attr:`diverged`."""
         if boundary % max(1, self.config.check_every):
             return False, False
         stop, save = self._local()

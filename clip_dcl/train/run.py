@@ -1,10 +1,7 @@
 """The state of one training run through OpenCLIP's ``main``: its loss, resume and checkpoint bookkeeping.
 
-:class:`TrainingRun` holds what the replacements of ``open_clip_train``'s names need across one
-``main`` call (:func:`clip_dcl.train.patch.patched` swaps them in): it parses the arguments, builds
-and restores the loss, runs each epoch through OpenCLIP's ``train_one_epoch`` with the ids carried
-around it (:mod:`clip_dcl.train.steps`), saves mid-epoch checkpoints, and adds the loss state and
-clip-dcl's entry to every checkpoint ``main`` writes, all through :mod:`clip_dcl.train.saving`.
+:class:`TrainingRun`'s methods replace ``open_clip_train``'s names for one ``main`` call
+(:func:`clip_dcl.train.patch.patched` swaps them in).
 """
 
 from __future__ import annotations
@@ -116,10 +113,8 @@ class TrainingRun:
 
     # open_clip_train.main.setup_logging
     def setup_logging(self, log_file, level, include_host=False):
-        """OpenCLIP's (as :func:`clip_dcl.train.upstream.setup_logging` keeps it), then, on the master rank,
-        the removal of the partial files a save killed halfway left in the run's checkpoint folder
-        (main calls it once the folder is known, before any save). Before both, the run claims its folder
-        (:func:`clip_dcl.train.runfolder.claim`: its lock, and the check in place of OpenCLIP's)."""
+        """The run claims its folder (:func:`clip_dcl.train.runfolder.claim`), then OpenCLIP's (PyTorch's loggers
+        kept), then the master removes the partial files a killed save left (main calls it before any save)."""
         self._startup_point()
         args = self.args
         took = None
@@ -173,9 +168,8 @@ class TrainingRun:
         return ckpt
 
     def _fit_model_keys(self, ckpt):
-        """The checkpoint with its model keys fitting this run's model: DDP's ``module.`` prefix added on
-        several ranks and removed on one, whatever world size saved it
-        (:func:`clip_dcl.train.saving.model_keys_for`)."""
+        """The checkpoint with DDP's ``module.`` prefix on its model keys as this run's model has it, whatever
+        world size saved it."""
         args = self.args
         if args is None or not isinstance(ckpt, dict):
             return ckpt
@@ -468,10 +462,8 @@ class TrainingRun:
         )
 
     def _refuse_nonfinite(self, path) -> None:
-        """:class:`Diverged` instead of writing ``path`` when the trained model's parameters are not finite.
-
-        The parameters, not the state dict: a buffer may hold inf on purpose (a causal ``attn_mask``,
-        which a TorchScript model keeps in its state dict)."""
+        """:class:`Diverged` instead of writing ``path`` when the trained model's parameters are not finite (the
+        parameters, not the state dict: a buffer may hold inf on purpose, a causal ``attn_mask``)."""
         if self.model is None:
             return
         names, count = nonfinite_tensors(oc_train.unwrap_model(self.model).named_parameters())
@@ -510,14 +502,9 @@ class TrainingRun:
         return step, resumed
 
     def save_step(self, model, optimizer, scaler, epoch: int, step: int, args, signame: Optional[str]):
-        """Every rank: save a checkpoint after ``step`` optimizer steps of ``epoch`` (the master writes it).
-
-        The file is ``epoch_latest.pt`` with ``--save-most-recent`` (what ``--resume latest`` reads then),
-        else ``epoch_{epoch}_step_{step}.pt`` (after ``epoch_{epoch}.pt`` and before ``epoch_{epoch+1}.pt``
-        in ``--resume latest``'s order); an earlier mid-epoch file is removed once it is written.
-        ``"epoch"`` is the epochs completed, as OpenCLIP's main reads it, and ``ckpt["clip_dcl"]["resume"]``
-        the step, the settings it was taken with and every rank's random state. Returns the path
-        (None on other ranks, or without --logs).
+        """Every rank: save a checkpoint after ``step`` optimizer steps of ``epoch`` (the master writes it, with
+        the step, its settings and every rank's random state: :func:`clip_dcl.train.saving.save_step_checkpoint`).
+        Returns the path (None on other ranks, or without --logs).
         """
         # every rank (DDP keeps the weights equal on all), before any collective: all stop together
         self._refuse_nonfinite(f"the checkpoint of step {step} of epoch {epoch}")

@@ -1,11 +1,9 @@
 """Writing and reading training checkpoints; the files' format is defined here.
 
 A checkpoint is OpenCLIP's dict plus `LOSS_STATE_KEY` (the loss's ``state_dict()`` less a sharded
-buffer) and `CKPT_KEY` (`checkpoint_entry`). Files are written under a temporary name and renamed,
-so a killed save never leaves a torn ``*.pt``. A sharded loss buffer is written one file per rank,
-``CHECKPOINTS/loss_state/epoch_N/<buffer>.rank00001-of-00008.state`` (not ``.pt``, which
-``--resume latest`` would pick), rather than gathered onto one host; resume rebuilds each rank's part
-for any world size. `checkpointed` and `_kept` restate which epochs OpenCLIP checkpoints and keeps.
+buffer) and `CKPT_KEY` (`checkpoint_entry`), written under a temporary name and renamed. A sharded loss
+buffer is written one file per rank (``loss_state/epoch_N/<buffer>.rank00001-of-00008.state``, not
+``.pt``, which ``--resume latest`` would pick), not gathered onto one host.
 """
 
 from __future__ import annotations
@@ -224,10 +222,11 @@ def save_atomically(obj, path, save=None, rerun: str = RERUN) -> None:
     except BaseException as e:
         with contextlib.suppress(OSError):
             os.remove(tmp)
-        full = _disk_full(e)
+        no_space = (errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC))
+        full = next((c for c in _chain(e) if isinstance(c, OSError) and c.errno in no_space), None)
         if full is not None:
             raise CheckpointDiskFull(_disk_full_message(obj, path, full, rerun)) from e
-        if not isinstance(e, KeyboardInterrupt) and _interrupted(e):
+        if not isinstance(e, KeyboardInterrupt) and any(isinstance(c, KeyboardInterrupt) for c in _chain(e)):
             raise KeyboardInterrupt from None
         raise
 
@@ -247,26 +246,14 @@ def remove_stale_partials(folder) -> list:
     return removed
 
 
-def _interrupted(err: BaseException) -> bool:
-    """Whether ``err`` or its ``__context__`` is a ``KeyboardInterrupt`` (torch's zip writer hides it)."""
-    seen = set()
-    while err is not None and id(err) not in seen:
-        if isinstance(err, KeyboardInterrupt):
-            return True
-        seen.add(id(err))
-        err = err.__cause__ or err.__context__
-    return False
-
-
-def _disk_full(err: BaseException) -> Optional[OSError]:
-    """The ``ENOSPC`` / ``EDQUOT`` ``OSError`` in ``err``'s chain (torch wraps it in a RuntimeError)."""
+def _chain(err: Optional[BaseException]):
+    """``err`` and the errors it was raised from or during (torch's writer wraps a full disk in a RuntimeError,
+    and hides a Ctrl-C)."""
     seen = set()
     while err is not None and id(err) not in seen:
         seen.add(id(err))
-        if isinstance(err, OSError) and err.errno in (errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC)):
-            return err
+        yield err
         err = err.__cause__ or err.__context__
-    return None
 
 
 def _payload_bytes(obj) -> int:

@@ -1,11 +1,7 @@
 """Around OpenCLIP's own ``train_one_epoch``, between its steps: sample ids, skipped steps, logged metrics.
 
-OpenCLIP's loop unpacks ``images, texts = batch`` and calls the loss without ids; :class:`IdChannel`
-(the dataloader it iterates) keeps each batch's ids aside and :class:`LossWithIds` (the loss it
-calls) hands them on. :class:`SkippedSteps` undoes the loss state's update of a step that AMP's
-GradScaler skipped, :class:`TrainLineHook` adds the loss's metrics to the training log line and
-:func:`train_record` writes each logged step as data;
-:func:`log_epoch_health` logs the loss's own check of the epoch's metrics (its ``epoch_warning``).
+OpenCLIP's loop calls the loss without ids: :class:`IdChannel` (the dataloader it iterates) keeps each
+batch's ids aside and :class:`LossWithIds` (the loss it calls) hands them on.
 """
 
 from __future__ import annotations
@@ -27,14 +23,9 @@ from .upstream import LoggedLoss
 
 
 class SkippedSteps:
-    """Undoes the loss state's update of an optimizer step that AMP's GradScaler skipped.
-
-    GradScaler skips the step and lowers its scale when it finds inf or NaN gradients; the loss
-    state (DeCL's rates or queue, its step counter) must then stay as it was, so that the run goes
-    on as if the step had not happened. Checked between steps, when the loop asks for the next
-    batch: a lower scale than at the previous check means the step just taken was skipped, and
-    ``rollback_step()`` of the loss undoes its update. No scaler (fp32, bf16): nothing to check.
-    """
+    """Undoes the loss state's update of an optimizer step that AMP's GradScaler skipped (inf or NaN
+    gradients), so that the run goes on as if the step had not happened: checked between steps, a lower
+    scale than at the previous check means the step just taken was skipped."""
 
     def __init__(self, scaler, loss):
         self.scaler = scaler if scaler is not None and getattr(scaler, "is_enabled", lambda: True)() else None
@@ -56,20 +47,13 @@ class SkippedSteps:
 
 
 class IdChannel:
-    """Iterates the training dataloader for OpenCLIP's loop, keeping each batch's ids aside.
+    """Iterates the training dataloader for OpenCLIP's loop (which unpacks ``images, texts = batch``), keeping
+    each batch's ids for :class:`LossWithIds`. The loop calls the loss on the concatenation of a step's
+    ``accum_freq`` micro-batches in fetch order, so a call's ids are those of the last ``accum_freq`` fetched.
 
-    OpenCLIP's ``train_one_epoch`` unpacks ``images, texts = batch``, so the ids are held here and
-    handed to the loss by :class:`LossWithIds`. The loop calls the loss after fetching the last
-    micro-batch of an optimizer step and before fetching the next one, each time on the
-    concatenation of the step's ``accum_freq`` micro-batches in fetch order (micro-batch ``j``'s
-    rows recomputed with gradients, the others cached); so the ids of every call are the
-    concatenation of the ids of the last ``accum_freq`` batches fetched.
-
-    Two more things happen here, between optimizer steps (a step ends when the loop asks for the
-    first micro-batch of the next one): ``skip`` batches are read and dropped at the start of the
-    epoch (a mid-epoch resume: the steps the checkpoint already took), then ``resumed()`` is
-    called; and before every later step, ``at_boundary(step)`` (steps taken in the epoch) may end
-    the epoch here, which ends OpenCLIP's loop after a whole step.
+    Between optimizer steps: ``skip`` batches are read and dropped at the start of the epoch (a mid-epoch
+    resume), then ``resumed()`` is called; before every later step ``at_boundary(steps taken)`` may end the
+    epoch, which ends OpenCLIP's loop after a whole step.
     """
 
     def __init__(self, dataloader, accum_freq: int, skip: int = 0, resumed=None, at_boundary=None):
@@ -177,11 +161,7 @@ class LossWithIds:
 
 def log_epoch_health(loss, wrapped: LossWithIds, epoch: int, args) -> Optional[str]:
     """Rank 0, after a whole epoch: the loss's ``epoch_warning`` of the epoch's mean metrics, logged as one
-    warning line naming the epoch (returned too); None when the loss has no check or nothing to say.
-
-    Any loss may declare the check (:meth:`clip_dcl.losses.base.ContrastiveLoss.epoch_warning`); the
-    trainer knows no loss by name. OpenCLIP's own losses have none.
-    """
+    warning naming the epoch (returned too); None when the loss has no check or nothing to say."""
     owner = declared(loss)
     if owner is None or args.rank != 0 or not wrapped.calls:
         return None
@@ -192,12 +172,8 @@ def log_epoch_health(loss, wrapped: LossWithIds, epoch: int, args) -> Optional[s
 
 
 class TrainLineHook(logging.Filter):
-    """Adds the loss's metrics to OpenCLIP's ``Train Epoch:`` log line, for the human reader.
-
-    The metrics are those of the step's last loss call, with the running average over logged steps
-    in parentheses, in OpenCLIP's own format; the same values reach ``metrics.jsonl``, tensorboard and
-    wandb as data (:func:`train_record`).
-    """
+    """Adds the loss's metrics (the step's last call, and their running average) to OpenCLIP's ``Train Epoch:``
+    log line, in OpenCLIP's format; the same values reach ``metrics.jsonl`` as data (:func:`train_record`)."""
 
     def __init__(self, wrapped: LossWithIds):
         super().__init__()
@@ -294,6 +270,8 @@ def log_data_stats(dataloader, epoch: int, args) -> None:
 
 
 def seed_main_process(args, epoch: int) -> None:
+    """Seed the main process's RNGs from ``(--seed, epoch, rank)``: a run resumed at an epoch boundary
+    repeats an uninterrupted one (the data workers do the same: :class:`.pipeline.SeededSampleShuffle`)."""
     seed = mix_seed(args.seed, epoch, args.rank)
     random.seed(seed)
     np.random.seed(seed % 2**32)

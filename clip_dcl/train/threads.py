@@ -1,22 +1,13 @@
 """The trainer's own threads, none of them alive while the process forks.
 
-Beside its main thread the trainer runs two of its own: the reader of the start-up's wakeup pipe
-(:class:`clip_dcl.train.preempt.StopSignals`) and the heartbeat of the run folder's lock
-(:class:`clip_dcl.train.runfolder.RunLock`). OpenCLIP's data loaders fork their workers (PyTorch's
-default on Linux) while both run. A forked child holds only the thread that forked; a lock another
-thread held at that moment (the interpreter's, the C library's, a file object's) stays held in the
-child for good, and the child's first use of it waits on a futex forever: a data-loader worker stuck
-right after its fork, and the ranks waiting on it in a collective.
-
-Of the two ways out, data-loader workers started with ``spawn`` or ``forkserver`` (which inherit no
-thread) or no thread of ours alive when the process forks, this module takes the second:
-:class:`ForkSafeThread` runs a loop that an :func:`os.register_at_fork` hook stops and joins before
-every fork of the process (each loop waits only on its own event, or a pipe the hook writes to, so
-this takes well under a millisecond) and starts again in the parent after it; the child starts none.
-``spawn`` or ``forkserver`` workers would import torch, OpenCLIP and the data pipeline again in every
-worker (seconds each, on every epoch without ``--persistent-workers``), need OpenCLIP's datasets and
-transforms to pickle, and change how each of OpenCLIP's loaders runs; stopping two threads of ours
-changes nothing else.
+The trainer runs two threads of its own (the start-up's wakeup-pipe reader,
+:class:`clip_dcl.train.preempt.StopSignals`, and the run lock's heartbeat,
+:class:`clip_dcl.train.runfolder.RunLock`) while OpenCLIP's data loaders fork their workers. A lock
+another thread held at the fork stays held in the child for good: a worker stuck right after its fork,
+and the ranks waiting on it. :class:`ForkSafeThread` stops and joins its loop before every fork
+(:func:`os.register_at_fork`; well under a millisecond) and starts it again in the parent. Workers
+started with ``spawn`` would avoid it too, at the cost of importing torch, OpenCLIP and the pipeline again
+in every worker and of pickling OpenCLIP's datasets.
 """
 
 from __future__ import annotations
@@ -79,11 +70,6 @@ class ForkSafeThread:
                 pass
         if thread is not threading.current_thread():
             thread.join(timeout)
-
-
-def running() -> list:
-    """The names of this process's fork-safe threads that are alive now."""
-    return [t.name for t in _RUNNING if t.alive]
 
 
 def _before_fork() -> None:

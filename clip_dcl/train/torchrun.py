@@ -1,34 +1,16 @@
 """``python -m clip_dcl.train.torchrun ARGS``: torchrun (``torch.distributed.run``, same arguments) whose exit on
 a signal is the run's: 130 for Ctrl-C, 75 for a stop signal, with one line instead of a traceback.
 
-torchrun turns SIGTERM and SIGINT into a ``SignalException``, sends the signal on to its ranks, waits up
-to 30 s for them, then exits 1 with that exception's traceback, whatever the ranks did; the ranks stop
-at their next step, save it and exit 75 (130 for Ctrl-C), and a scheduler that requeues on 75 never sees
-it. Here:
+torchrun turns SIGTERM and SIGINT into a ``SignalException``, sends the signal on to its ranks (which save
+their step and exit 75 or 130), waits, then exits 1 with a traceback, which a scheduler that requeues on 75
+never sees. Here a ``SignalException``, or ranks that all stopped on a signal, exit 75 (130 for Ctrl-C); any
+other failure exits 1 with one line naming the rank that failed first (its own error line, which ranks write
+to torchrun's error file: :func:`clip_dcl.train.exits.report_error`), not the ranks stopped because of it.
 
-- a ``SignalException`` (the ranks were told, and had the 30 s to save) exits
-  :data:`~clip_dcl.train.preempt.PREEMPTED_EXIT_CODE`, or
-  :data:`~clip_dcl.train.preempt.INTERRUPTED_EXIT_CODE` for Ctrl-C;
-- ranks that stopped on their own signal (a scheduler signals every process of a job, ranks included)
-  fail torchrun with their exit codes: 75 or 130 on every failed rank passes through;
-- any other failure of a rank exits 1 with one line naming it (its own error line is above).
-
-Before any rank starts, the training command line (``-m clip_dcl.train -- ARGS``) is checked here as each rank
-would check it, with the world size and the ranks of this node torchrun will start: a bad flag, a missing
-shard, fewer shards than workers x ranks, more ranks than visible GPUs is one line and exit 2, with no rank
-started. A rank that fails on a known bad input later writes its line to torchrun's error file instead of
-stderr (:func:`clip_dcl.train.exits.report_error`); the launcher prints the line of the rank that failed
-first, once. Ranks that torchrun stopped because another failed (75 or 130, a stop during start-up) are not
-the cause: the last line names the first rank that failed otherwise, and why.
-
-torchrun starts each rank in a session of its own, so a Ctrl-C at the terminal reaches torchrun alone,
-which sends it on to the ranks once: they take it as their first Ctrl-C (save the step, exit 130).
-
-SIGTERM and Ctrl-C are handled from the launcher's first line, before it imports torch (seconds on a
-busy machine): until torchrun installs its own handlers, just before it starts the first rank, the
-launcher leaves at once with its line, 75 or 130 (from the handler, with ``os._exit``: nothing is
-raised inside torch's import, see :mod:`clip_dcl.train.exits`). Once torchrun is done, both are
-ignored while the last line is written.
+Before any rank starts, ``-m clip_dcl.train -- ARGS`` is checked as each rank would check it (:func:`precheck`):
+a bad flag or missing shard is one line and exit 2. Until torchrun installs its own handlers, SIGTERM and
+Ctrl-C end the launcher at once with its line (from the handler, with ``os._exit``: nothing is raised inside
+torch's import, see :mod:`clip_dcl.train.exits`).
 """
 
 from __future__ import annotations
@@ -59,7 +41,7 @@ if __name__ == "__main__":  # the launcher itself (not a test importing it): bef
 import logging  # noqa: E402
 from typing import List, Optional, Tuple  # noqa: E402
 
-from .exits import INTERRUPTED_EXIT_CODE, PREEMPTED_EXIT_CODE  # noqa: E402
+from .exits import INTERRUPTED_EXIT_CODE, LAUNCHER_KINDS, PREEMPTED_EXIT_CODE, exit_flushed  # noqa: E402
 
 
 def exit_code(failed_codes: List[int]) -> int:
@@ -159,7 +141,7 @@ def _kind(failure) -> str:
     """``error`` (the rank's own error), ``stop`` (75 / 130: stopped on a signal), ``peer`` (a collective failed
     because another rank did) or ``other`` (no line of ours: killed by a signal, or an exception of no known kind)."""
     kind = _ours(failure).get("clip_dcl_kind")
-    if kind in ("error", "stop", "peer"):
+    if kind in LAUNCHER_KINDS:
         return kind
     if failure.exitcode in (PREEMPTED_EXIT_CODE, INTERRUPTED_EXIT_CODE):
         return "stop"
@@ -217,19 +199,13 @@ def _trains(argv: List[str]) -> bool:
 
 
 def _ranks_start_with_stop_signals_blocked() -> None:
-    """torchrun starts its ranks with SIGTERM and SIGINT blocked in the launcher, and each rank with them blocked;
-    the rank unblocks them once its handlers are in (:func:`clip_dcl.train.main`), and one sent before then is
-    handled there.
+    """Start every rank with SIGTERM and SIGINT blocked; the rank unblocks them once its handlers are in
+    (:func:`clip_dcl.train.main`), and one sent before then is handled there.
 
-    A rank's first instructions (the interpreter's start, its first imports) run with no handler of ours: a
-    SIGTERM then (a scheduler's, or torchrun's when another rank failed first) killed it with no line, and the
-    launcher could not tell the rank it was sent to from the ranks it stopped because of it. In the launcher, a
-    signal while torchrun starts the ranks raised its ``SignalException`` between a rank's start and torchrun's
-    record of it (the ranks are recorded together, once all have started): torchrun then stopped the ranks it
-    had recorded, none, and exited; the others ran on, alone, waiting at the rendezvous. So while the ranks
-    start, a signal is only recorded (by a Python handler: other threads of the launcher, the rendezvous store's,
-    may take a process's signal whatever this thread blocks), and sent again once all are recorded, to
-    torchrun's own handler, which stops them all."""
+    Without it, a SIGTERM during a rank's first imports killed it with no line, and one sent to the launcher
+    while torchrun started the ranks (before it recorded them) left the started ones running alone. So while
+    the ranks start, a signal to the launcher is only recorded (by a handler: another thread of the launcher
+    may take it, whatever this one blocks), and sent again once all are recorded, to torchrun's own handler."""
     from torch.distributed.elastic.multiprocessing.api import SubprocessContext
 
     start = SubprocessContext._start
@@ -316,18 +292,5 @@ def main(argv: Optional[List[str]] = None) -> int:
     return 0
 
 
-def _leave(code: int) -> None:
-    """Exit with ``code`` once the last line is out, without the interpreter's teardown of torch (seconds on a busy
-    machine, during which the job still looks alive): the launcher has nothing left to write."""
-    for handler in logging.getLogger().handlers:
-        try:
-            handler.flush()
-        except Exception:  # noqa: BLE001 - leaving anyway
-            pass
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)
-
-
 if __name__ == "__main__":
-    _leave(main(sys.argv[1:]))
+    exit_flushed(main(sys.argv[1:]))  # the launcher has nothing left to write

@@ -1,15 +1,11 @@
 """The ``open_clip_train`` surface that clip-dcl's trainer relies on, checked when this module is imported.
 
-Everything here targets open_clip_train 3.3; upstream 4.x replaces this surface (training tasks with dict
-batches). :func:`check_openclip` checks the installed version, the signature of every name patched (by
-:func:`clip_dcl.train.patch.patched`) or called, the module globals the patched functions look up (from
-their bytecode, which formatting does not change), and what they do: a two-batch run of ``train_one_epoch``
-and an ``evaluate`` on a stand-in model (:func:`behaviour_problems`, milliseconds). A release that behaves
-the same is accepted; one that does not fails with one message naming what changed, rather than with an
-``AttributeError`` halfway through a run, or a patch that silently stops taking effect. Then it keeps
-OpenCLIP's originals of the patched names (the ``OPENCLIP_*`` constants) and the stand-ins that change one
-thing about them (:func:`setup_logging`, :func:`cpu_safe_ddp`, :func:`init_process_group_with_timeout`,
-:class:`Overlay`).
+It targets open_clip_train 3.3 (4.x replaces this surface). :func:`check_openclip` checks the version, the
+signature of every name patched (:func:`clip_dcl.train.patch.patched`) or called, the module globals the
+patched functions look up (from their bytecode), and what they do on a stand-in model
+(:func:`behaviour_problems`, milliseconds): a release that behaves the same is accepted, one that does not
+fails with one message naming what changed, not halfway through a run. Then it keeps OpenCLIP's originals
+(the ``OPENCLIP_*`` constants) and the stand-ins that change one thing about them.
 """
 
 from __future__ import annotations
@@ -196,20 +192,16 @@ def openclip_problems(version: str, modules: Dict[str, types.ModuleType]) -> lis
             problems.append(
                 f"open_clip_train.{mod}.{name}{tuple(_params(value) or ())} differs from {name}{tuple(expected)}"
             )
-    for (mod, name), needed in _LOOKS_UP.items():
-        code = getattr(getattr(modules[mod], name, None), "__code__", None)
-        found = global_lookups(code) if code is not None else set()
-        missing = [n for n in needed if n not in found]
-        if missing:
-            problems.append(
-                f"open_clip_train.{mod}.{name} no longer looks up {', '.join(missing)} through its module's globals"
-            )
-    for (mod, name), needed in _READS.items():
-        code = getattr(getattr(modules[mod], name, None), "__code__", None)
-        found = _all_names(code) if code is not None else set()
-        missing = [n for n in needed if n not in found]
-        if missing:
-            problems.append(f"open_clip_train.{mod}.{name} no longer reads args.{', args.'.join(missing)}")
+    for table, names_in, what, sep in (
+        (_LOOKS_UP, global_lookups, "looks up {} through its module's globals", ", "),
+        (_READS, _all_names, "reads args.{}", ", args."),
+    ):
+        for (mod, name), needed in table.items():
+            code = getattr(getattr(modules[mod], name, None), "__code__", None)
+            found = names_in(code) if code is not None else set()
+            missing = [n for n in needed if n not in found]
+            if missing:
+                problems.append(f"open_clip_train.{mod}.{name} no longer {what.format(sep.join(missing))}")
     if not problems:  # the names are there: what the patched functions do with them
         problems += behaviour_problems(modules)
     return problems
@@ -237,12 +229,8 @@ def check_openclip(version: Optional[str] = None, modules: Optional[Dict[str, ty
 
 
 def openclip_parser() -> argparse.ArgumentParser:
-    """OpenCLIP's training parser, as ``open_clip_train.params.parse_args`` builds it.
-
-    That function builds the parser and parses with it in one call, and returns only the namespace;
-    the parser is caught at its ``parse_args``, so that the flags it knows can be listed without parsing
-    anything (:func:`clip_dcl.train.flags.check_spelled_out` refuses abbreviations with this list).
-    """
+    """OpenCLIP's training parser, caught at its ``parse_args`` (``open_clip_train.params.parse_args`` returns
+    only the namespace), so that its flags can be listed without parsing anything."""
     parser = _caught_parser(oc_params.parse_args)
     if parser is None:
         raise OpenCLIPMismatch("open_clip_train.params.parse_args returned without calling its parser's parse_args")
@@ -332,12 +320,9 @@ class Overlay(types.ModuleType):
 class LoggedLoss(dict):
     """A loss's terms (``output_dict=True``) whose ``"loss"`` entry shows ``logged`` instead of their sum.
 
-    OpenCLIP's ``train_one_epoch`` sums the terms into ``total_loss``, back-propagates that variable,
-    and stores it under ``losses["loss"]``, which it logs as ``Loss`` and writes as ``train/loss``
-    (checked by :func:`check_openclip`). For a loss whose total is not on InfoNCE's scale
-    (:meth:`clip_dcl.losses.base.LossDeclaration.logged_loss`) that entry takes the loss's InfoNCE
-    value, so that ``Loss`` compares across runs; the sum that trains is OpenCLIP's variable,
-    untouched, and each term keeps its own column.
+    OpenCLIP back-propagates its own sum of the terms and stores it under ``losses["loss"]``, logged as
+    ``Loss``; for a loss whose total is not on InfoNCE's scale that entry takes its InfoNCE value
+    (:meth:`clip_dcl.losses.base.LossDeclaration.logged_loss`), so that ``Loss`` compares across runs.
     """
 
     def __init__(self, terms: dict, logged: torch.Tensor):
