@@ -11,7 +11,6 @@ positive block is its image. At ``M = 1`` ``logistic`` is InfoNCE. No ``no_grad_
 from __future__ import annotations
 
 import torch
-from open_clip.loss import gather_features
 
 from .base import ContrastiveLoss, LossFlag
 from .gather import captions_per_image, compute_dtype
@@ -61,17 +60,7 @@ class BlockContrastiveLoss(ContrastiveLoss):
     def compute(self, image_features, text_features, logit_scale, logit_bias, sample_ids):
         m = captions_per_image(image_features, text_features)
         batch = image_features.shape[0]
-        if self.world_size > 1:
-            all_img, all_txt = gather_features(
-                image_features,
-                text_features,
-                local_loss=self.local_loss,
-                gather_with_grad=self.gather_with_grad,
-                rank=self.rank,
-                world_size=self.world_size,
-            )
-        else:
-            all_img, all_txt = image_features, text_features
+        all_img, all_txt = self.gather(image_features, text_features)
         num_images = all_img.shape[0]
         if num_images < 2:
             raise ValueError(f"a contrastive loss needs at least 2 pairs in the global batch; got {num_images}")

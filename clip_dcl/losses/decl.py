@@ -33,7 +33,7 @@ import torch
 from .base import DataFacts, PairStats, SampleIdError, StateBuffer, StatefulLoss, contrast_rows
 from .decl_flags import ESTIMATES, FLAGS, resolve_data_params
 from .decl_log import DeCLLog
-from .decl_rates import FIRST_VISITS, RATE_TYPES, RATES, STATES, IndexRate, build_rate
+from .decl_rates import FIRST_VISITS, RATE_TYPES, RATES, STATES, BatchRate, IndexRate, QueueRate
 from .decl_schedules import (
     GAMMA_SCHEDULE_TYPES,
     GAMMA_SCHEDULES,
@@ -210,18 +210,14 @@ class DeCLLoss(DeCLLog, StatefulLoss):
         self.max_log_ratio, self.seed = float(max_log_ratio), int(seed)
         self.state, self.state_dtype = state, state_dtype
         self.register_buffer("calls", torch.zeros((), dtype=torch.long, device=device))
-        self.rates = build_rate(
-            self,
-            rate,
-            num_samples,
-            self.include_current,
-            first_visit,
-            self.drift_correction,
-            state,
-            state_dtype,
-            queue_size,
-            device,
-        )
+        if rate == "index":
+            self.rates = IndexRate(
+                self, num_samples, self.include_current, first_visit, self.drift_correction, state, state_dtype, device
+            )
+        elif rate == "queue":
+            self.rates = QueueRate(self, queue_size, self.include_current, device)
+        else:
+            self.rates = BatchRate(self)
         #: the index buffer is split over the ranks (with one rank, sharded and replicated coincide)
         self.sharded = isinstance(self.rates, IndexRate) and self.rates.sharded
         self.requires_sample_ids = self.rates.requires_sample_ids
