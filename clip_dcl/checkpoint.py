@@ -357,14 +357,13 @@ def export_main(argv: list[str] | None = None) -> int:
     """``clip-dcl export CKPT OUT_DIR [--model NAME] [--model-config PATH]``."""
     parser = FlagParser(
         prog="clip-dcl export",
-        allow_abbrev=False,
         description="Export a checkpoint to OpenCLIP's local-dir layout "
         "(open_clip.create_model_and_transforms('local-dir:OUT_DIR') loads it).",
     )
     parser.add_argument("checkpoint", help="trainer checkpoint (epoch_K.pt) or an exported folder")
     parser.add_argument("out_dir", help="folder to write open_clip_config.json and open_clip_model.safetensors to")
-    parser.add_argument("--model", default=None, help="OpenCLIP model name, when the checkpoint does not record it")
-    parser.add_argument("--model-config", default=None, help="model config JSON for a custom architecture")
+    parser.add_argument("--model", help="OpenCLIP model name, when the checkpoint does not record it")
+    parser.add_argument("--model-config", help="model config JSON for a custom architecture")
     parser.add_argument(
         "--unsafe-pickle",
         action="store_true",

@@ -23,10 +23,8 @@ def current_rss_bytes() -> int:
 
 
 def peak_rss_mib() -> float:
-    """`peak_rss_bytes` in MiB."""
     return peak_rss_bytes() / MIB
 
 
 def current_rss_mib() -> float:
-    """`current_rss_bytes` in MiB."""
     return current_rss_bytes() / MIB
