@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 
 from .base import ContrastiveLoss, LossFlag
-from .gather import captions_per_image, compute_dtype
+from .gather import captions_per_image, compute_dtype, scaled_logits
 
 LINKS = ("logistic", "hinge")
 
@@ -73,11 +73,8 @@ class BlockContrastiveLoss(ContrastiveLoss):
             blocks = all_txt.reshape(num_images, m, -1).mean(dim=1)  # (G, d): p_j, the mean caption of image j
             img_rows = image_features.to(dtype) if local else all_img
             txt_rows = text_features.to(dtype) if local else all_txt
-            logits_img = (s * img_rows) @ blocks.T  # (n, G)
-            logits_txt = (s * txt_rows) @ all_img.T  # (n M, G)
-            if logit_bias is not None:
-                logits_img = logits_img + logit_bias
-                logits_txt = logits_txt + logit_bias
+            logits_img = scaled_logits(s, img_rows, blocks, logit_bias)  # (n, G)
+            logits_txt = scaled_logits(s, txt_rows, all_img, logit_bias)  # (n M, G)
             dev = logits_img.device
             pos_img = torch.arange(img_rows.shape[0], device=dev) + offset
             pos_txt = (torch.arange(txt_rows.shape[0], device=dev) + offset * m) // m

@@ -410,14 +410,9 @@ class DeCLLoss(DeCLLog, StatefulLoss):
         return total / 2
 
     def extra_repr(self) -> str:
-        return (
-            f"rate={self.rate!r}, schedule={self.schedule!r}, lam={self.lam}, gamma={self.gamma}, "
-            f"gamma_schedule={self.gamma_schedule!r}, gamma_decay_steps={self.gamma_decay_steps}, "
-            f"first_visit={self.first_visit!r}, include_current={self.include_current}, "
-            f"drift_correction={self.drift_correction}, "
-            f"sample_u={self.sample_u}, num_samples={self.num_samples}, state={self.state!r}, "
-            f"state_dtype={self.state_dtype!r}, queue_size={self.queue_size}, estimate={self.estimate!r}, "
-            f"temperature_mode={self.temperature_mode!r}, temperature={self.temperature}, rho={self.rho}, "
-            f"gamma_hold_steps={self.gamma_hold_steps}, max_log_ratio={self.max_log_ratio}, "
-            f"accum_freq={self.accum_freq}, " + super().extra_repr()
+        shown = (
+            "rate schedule lam gamma gamma_schedule gamma_decay_steps first_visit include_current drift_correction "
+            "sample_u num_samples state state_dtype queue_size estimate temperature_mode temperature rho "
+            "gamma_hold_steps max_log_ratio accum_freq"
         )
+        return "".join(f"{k}={getattr(self, k)!r}, " for k in shown.split()) + super().extra_repr()
