@@ -18,6 +18,7 @@ import os
 import re
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import List, Optional
 
@@ -108,14 +109,8 @@ def main(argv: Optional[List[str]] = None) -> int:
         print(f"clip-dcl demo: --device {args.device!r}: {device_error}", file=sys.stderr)
         return 2
     # --quick: the small budget on the demo's own model and optimizer, so that it runs the same path
-    base = (
-        ex.Budget(**{**QUICK_BUDGET.__dict__, "model": DEMO_BUDGET.model, "extra": DEMO_BUDGET.extra})
-        if args.quick
-        else DEMO_BUDGET
-    )
-    budget = ex.Budget(
-        **{**base.__dict__, "seed": args.seed, "epochs": args.epochs if args.epochs is not None else base.epochs}
-    )
+    base = replace(QUICK_BUDGET, model=DEMO_BUDGET.model, extra=DEMO_BUDGET.extra) if args.quick else DEMO_BUDGET
+    budget = replace(base, seed=args.seed, epochs=args.epochs if args.epochs is not None else base.epochs)
     fewshot_seeds = args.fewshot_seeds or ([0] if args.quick else [0, 1, 2])
     out = Path(args.out)
     settings = {

@@ -1,42 +1,28 @@
 """The testbed's recipes: the data, model, loader and trainer settings that a testbed run is made of.
 
-A recipe is everything a run shares with every other run of its kind (the batch size, seed and
-objective aside): the argv after ``clip-dcl`` that writes its data into a folder (``{DATA}``), and
-the argv after ``python -m clip_dcl.train --`` of one run reading ``{DATA}`` and writing under
-``{LOGS}`` (:meth:`Recipe.train_argv`). Runs record the name of their recipe; runs of two recipes are
-never paired or pooled (they train other models on other inputs).
+A recipe is everything a run shares with every other run of its kind (the batch size, seed and objective
+aside): the argv after ``clip-dcl`` that writes its data into ``{DATA}``, and the argv after ``python -m
+clip_dcl.train --`` of one run (:meth:`Recipe.train_argv`). Runs of two recipes are never paired or pooled.
 
 ``micro-bpe``
     The testbed until 2026-11: ``clip-dcl-micro`` (2+2-layer ViT at 32 px, width 64) with OpenCLIP's
-    49,408-token BPE, on the webdataset shards (each image decoded, transformed and its caption
-    tokenised per sample, per epoch, in one loader worker), validation after every epoch.
+    49,408-token BPE on the synthetic webdataset shards, decoded per sample and epoch.
 ``micro-words`` (:data:`DEFAULT_RECIPE`)
-    The same data draw, packed once into memory (``clip-dcl data synth --pack``:
-    :mod:`clip_dcl.data.packed`, :mod:`clip_dcl.train.packed`); ``clip-dcl-micro-words``: the same
-    vision tower, a 1-layer text tower over the captions' own 745-token vocabulary
-    (:mod:`clip_dcl.data.synth.words`); PyTorch's fused AdamW (``--adamw-impl fused``); validation
-    every 4th epoch. ``benchmarks/testbed_speed.py`` measures both, and checks that batch size still
-    matters on it (the gate).
+    The same data packed once into memory (:mod:`clip_dcl.data.packed`); ``clip-dcl-micro-words``: the same
+    vision tower, a 1-layer text tower over the captions' 745-token vocabulary. ``benchmarks/testbed_speed.py``
+    measures both, and checks that batch size still matters on it (the gate).
 ``fmnist-words``
-    Real images: Fashion-MNIST (``clip-dcl data fashion-mnist``, :mod:`clip_dcl.data.fashion`; 10 classes
-    of product photographs, 28 px grey centred at 32 px) with captions measured from the pixels; 20,000
-    training pairs of the official training set, 2,000 held out for validation, the official 10,000 test
-    images; ``clip-dcl-micro-fmnist`` (the micro ViT, a 1-layer text tower over the captions' own words)
-    on the packed pairs, fused AdamW. With 10 balanced classes an anchor at B = 32 meets about 3
-    same-class negatives (tau+ = 0.1). Its studies read zero-shot top-1 with the real class names
-    (retrieval's targets are near-duplicate captions). Needs the IDX files (``apt-get install
-    dataset-fashion-mnist``); the synthetic recipes need nothing.
+    Real images: Fashion-MNIST (:mod:`clip_dcl.data.fashion`; 10 classes, 28 px grey centred at 32 px) with
+    captions measured from the pixels, on ``clip-dcl-micro-fmnist``. An anchor at B = 32 meets about 3
+    same-class negatives (tau+ = 0.1). Its studies read zero-shot top-1 with the real class names (retrieval's
+    targets are near-duplicate captions). Needs the IDX files (``apt-get install dataset-fashion-mnist``).
 ``fscenes-words``
-    Scenes of Fashion-MNIST's real photographs (``clip-dcl data fashion-scenes``, :mod:`clip_dcl.data.scenes`):
-    two to four photographs, shrunk to 16 px, in the cells of a 2 x 2 grid at 32 px, the caption naming each
-    item's class, cell and one or two measured attributes; thousands of latent classes (the kinds of item per
-    cell). 20,000 training scenes, 2,000 validation scenes made of 5,000 held-out training images, 2,000 test
-    scenes of the official test images; ``clip-dcl-micro-fscenes`` (the micro ViT, a 1-layer text tower over the
-    scenes' words, 64 tokens of context) on the packed pairs, fused AdamW. Its metric is retrieval mean R@1 (one
-    distinct caption per validation or test scene). Needs the IDX files, as ``fmnist-words`` does.
+    Scenes of two to four Fashion-MNIST photographs at 16 px in a 2 x 2 grid (:mod:`clip_dcl.data.scenes`), the
+    caption naming each item's class, cell and measured attributes: thousands of latent classes. On
+    ``clip-dcl-micro-fscenes``; its metric is retrieval mean R@1. Needs the IDX files.
 ``fscenes4-words``
-    The same, but every scene fills all four cells and every item is named with two attributes: harder
-    negatives at every batch size (the scene testbed's second gate).
+    The same with four items a scene, each named with two attributes: harder negatives at every batch size
+    (the scene testbed's second gate).
 """
 
 from __future__ import annotations

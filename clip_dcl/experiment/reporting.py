@@ -50,21 +50,26 @@ def machine_info() -> str:
     )
 
 
+def git(*args: str, cwd: os.PathLike, **env: str) -> Optional[str]:
+    """The output of ``git args`` in ``cwd`` (``env`` added to the environment); None when it fails."""
+    import subprocess
+
+    try:
+        out = subprocess.run(
+            ["git", *args], cwd=cwd, capture_output=True, text=True, timeout=30, env={**os.environ, **env}
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout if out.returncode == 0 else None
+
+
 def code_commit(where: Optional[os.PathLike] = None) -> str:
     """The commit the code at ``where`` (default: this package's repository) is at, with ``+changes`` when
     tracked files differ from it; ``unknown`` outside a git checkout (an installed wheel)."""
-    import subprocess
-
     where = Path(where) if where is not None else Path(__file__).resolve().parents[2]
-
-    def git(*a):
-        try:
-            return subprocess.run(["git", *a], cwd=where, capture_output=True, text=True, timeout=30).stdout.strip()
-        except (OSError, subprocess.SubprocessError):
-            return ""
-
-    head = git("rev-parse", "--short=10", "HEAD") or "unknown"
-    return head + ("+changes" if head != "unknown" and git("status", "--porcelain", "--untracked-files=no") else "")
+    head = (git("rev-parse", "--short=10", "HEAD", cwd=where) or "").strip() or "unknown"
+    changed = head != "unknown" and (git("status", "--porcelain", "--untracked-files=no", cwd=where) or "").strip()
+    return head + ("+changes" if changed else "")
 
 
 def command_line(script: str, argv: Sequence[str], python: str = ".venv/bin/python") -> str:

@@ -90,25 +90,9 @@ def train_and_evaluate(
     secs = time.perf_counter() - t0
     finished = time.strftime("%Y-%m-%d %H:%M", time.gmtime())
     cache.parent.mkdir(parents=True, exist_ok=True)
-    cache.write_text(
-        json.dumps(
-            {
-                "settings": key,
-                "evaluator": EVALUATOR,
-                "checkpoint": str(res.checkpoint),
-                "log_dir": str(res.log_dir),
-                "seconds": res.seconds,
-                "command": res.command,
-                "curves": res.curves,
-                "val": res.val,
-                "metrics": metrics,
-                "eval_seconds": secs,
-                "finished": finished,
-            },
-            default=str,
-        )
-        + "\n"
-    )
+    trained = {f.name: getattr(res, f.name) for f in dataclasses.fields(res) if f.name != "run"}
+    evaluated = {"metrics": metrics, "eval_seconds": secs, "finished": finished}
+    cache.write_text(json.dumps({"settings": key, "evaluator": EVALUATOR, **trained, **evaluated}, default=str) + "\n")
     return Outcome(res, metrics, secs, finished, source)
 
 

@@ -47,11 +47,11 @@ def train_argv(
     plan's [train] keys; then the arm's flags and ``--resume latest``."""
     s = settings(plan, arm)
     entry = [python or sys.executable, "-m", "clip_dcl.train", "--"]
+    folder = run_dir(work, arm, seed)
     recipe = registered_recipe(plan.recipe)
     if recipe is not None:
         from ..recipes import fill
 
-        folder = run_dir(work, arm, seed)
         argv = recipe.train_argv(
             batch_size=int(s.get("batch_size", 32)),
             seed=seed,
@@ -67,14 +67,13 @@ def train_argv(
         "train": {"num_samples": splits["train_samples"]},
         "val": {"num_samples": splits["validation_samples"]},
     }
-    folder = run_dir(work, arm, seed)
     device = s.get("device", "auto")
     argv = train_command(
         Run(folder.name, plan.arm(arm).flags),
         data,
         folder.parent,
         budget(plan, arm, seed),
-        [python or sys.executable, "-m", "clip_dcl.train"],
+        entry[:-1],
         precision=s.get("precision", "fp32"),
         device=None if device == "auto" else device,
         validate=s.get("validate", True),

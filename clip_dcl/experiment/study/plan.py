@@ -1,10 +1,8 @@
 """A study's plan: one TOML file that declares, before anything runs, what is compared and how it is judged.
 
-The keys are documented in docs/studies.md; every one is checked, and an unknown key or a bad value
-is one `PlanError` line naming it. A registered ``recipe`` brings its data command and training
-flags. `load_plan` parses and checks a file; `Plan.runs` enumerates its runs seed after seed (so
-that the looks of a sequential design complete in order); `plan_changes` names what differs between
-two plans (how a sealed study refuses an edited plan).
+The keys are documented in docs/studies.md; every one is checked, and an unknown key or a bad value is one
+`PlanError` line naming it. `plan_changes` names what differs between two plans (a sealed study refuses an
+edited plan).
 """
 
 from __future__ import annotations

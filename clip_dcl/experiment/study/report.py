@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Dict, List, Optional, Tuple
 
 from ..figures import pyplot, save_figure
-from ..reporting import Report, markdown_table
+from ..reporting import Report, git, markdown_table
 from ..stats import t_interval
 from . import work as W
 from .plan import Comparison, Plan, PlanError
@@ -36,38 +36,21 @@ def plan_committed(plan: Plan, commit: Optional[str]) -> Optional[str]:
     """When (UTC, ``YYYY-MM-DD HH:MM:SS``) the plan file was last committed at or before ``commit`` (the seal's),
     provided the file committed there is this plan (comments may differ), else None: a commit's date, unlike a
     seal's, makes "planned before its first run" checkable by anyone."""
-    import os
-    import subprocess
-
     from .plan import parse_plan
 
     source = Path(plan.source).resolve()
     if not commit or not source.is_file():
         return None
     ref = commit.split("+")[0]
-
-    def git(*args) -> Optional[str]:
-        try:
-            out = subprocess.run(
-                ["git", *args],
-                cwd=source.parent,
-                capture_output=True,
-                text=True,
-                timeout=30,
-                env={**os.environ, "TZ": "UTC"},
-            )
-        except (OSError, subprocess.SubprocessError):
-            return None
-        return out.stdout if out.returncode == 0 else None
-
-    text = git("show", f"{ref}:./{source.name}")
+    text = git("show", f"{ref}:./{source.name}", cwd=source.parent)
     try:
         if text is None or parse_plan(text, str(source)).canonical() != plan.canonical():
             return None
     except ValueError:  # PlanError, or a file that is no plan
         return None
+    date = "--date=format-local:%Y-%m-%d %H:%M:%S"
     return (
-        git("log", "-1", "--format=%cd", "--date=format-local:%Y-%m-%d %H:%M:%S", ref, "--", source.name) or ""
+        git("log", "-1", "--format=%cd", date, ref, "--", source.name, cwd=source.parent, TZ="UTC") or ""
     ).strip() or None
 
 
