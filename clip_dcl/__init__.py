@@ -4,10 +4,8 @@ Public API::
 
     from clip_dcl import create_loss, LOSSES, load_checkpoint
 
-Importing ``clip_dcl`` makes its model configs (``clip-dcl-tiny``) visible to OpenCLIP, so that
-``open_clip.create_model_and_transforms("clip-dcl-tiny", pretrained=CHECKPOINT)`` loads one of our
-training checkpoints (or an export's ``open_clip_model.safetensors``). It does so without importing
-torch or OpenCLIP itself: see :func:`clip_dcl.models.register_on_open_clip_import`.
+Importing ``clip_dcl`` makes its model configs (``clip-dcl-tiny``) visible to OpenCLIP, without importing
+torch or OpenCLIP itself (:func:`clip_dcl.models.register_on_open_clip_import`).
 """
 
 from __future__ import annotations

@@ -75,13 +75,6 @@ def register_config_dict(name: str, config: dict) -> str:
     return name
 
 
-class _QuietRandomInit(logging.Filter):
-    """Drops OpenCLIP's "initialized randomly" warning: our weights are loaded right after."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        return "No pretrained weights loaded" not in record.getMessage()
-
-
 #: ``preprocess_cfg`` keys of a checkpoint's entry -> ``create_model_and_transforms`` arguments
 #: (the ``--image-*`` flags OpenCLIP's trainer applies; the size follows the model config).
 _PREPROCESS_ARGS = {
@@ -100,8 +93,11 @@ def _create_empty(name: str, preprocess_cfg: dict | None = None):
         for key, arg in _PREPROCESS_ARGS.items()
         if preprocess_cfg and preprocess_cfg.get(key) is not None
     }
+
+    def quiet(record: logging.LogRecord) -> bool:  # OpenCLIP's "initialized randomly": our weights come next
+        return "No pretrained weights loaded" not in record.getMessage()
+
     root = logging.getLogger()
-    quiet = _QuietRandomInit()
     root.addFilter(quiet)
     try:
         net, _, preprocess = open_clip.create_model_and_transforms(name, pretrained=None, **kwargs)
@@ -211,12 +207,11 @@ def load_checkpoint(
     model_config: str | os.PathLike | dict | None = None,
     allow_unsafe_pickle: bool = False,
 ):
-    """Load a trained model for downstream use: ``(model, preprocess, tokenizer)``.
+    """Load a trained model for downstream use: ``(model in eval mode, OpenCLIP's preprocess_val, tokenizer)``.
 
-    The model is in eval mode on ``device``; ``preprocess`` is OpenCLIP's ``preprocess_val``.
     ``model``/``model_config`` say what the checkpoint does not; ``allow_unsafe_pickle`` permits full
-    unpickling, which can run code, for trusted files. Raises ``ValueError`` (also `CheckpointUnreadable`
-    and `UnsafeCheckpoint`) when the file or its model cannot be read.
+    unpickling, which can run code, for trusted files. ``ValueError`` (also `CheckpointUnreadable` and
+    `UnsafeCheckpoint`) when the file or its model cannot be read.
     """
     import open_clip
 
@@ -262,11 +257,8 @@ def load_checkpoint(
 
 
 def exported_model_name(folder: Path, model: str | None = None) -> str | None:
-    """The model name an exported folder records (None for one OpenCLIP wrote), checked against ``model``.
-
-    The folder's config decides the architecture, so a ``model`` naming another one is a ``ValueError``
-    rather than ignored; for a folder that records none, a registered model with the same config passes.
-    """
+    """The model name an exported folder records (None for one OpenCLIP wrote); a ``model`` of another
+    architecture than the folder's config is a ``ValueError``, not ignored."""
     import open_clip
 
     doc = json.loads((folder / CONFIG_NAME).read_text())
@@ -357,14 +349,13 @@ def export_main(argv: list[str] | None = None) -> int:
     """``clip-dcl export CKPT OUT_DIR [--model NAME] [--model-config PATH]``."""
     parser = FlagParser(
         prog="clip-dcl export",
-        allow_abbrev=False,
         description="Export a checkpoint to OpenCLIP's local-dir layout "
         "(open_clip.create_model_and_transforms('local-dir:OUT_DIR') loads it).",
     )
     parser.add_argument("checkpoint", help="trainer checkpoint (epoch_K.pt) or an exported folder")
     parser.add_argument("out_dir", help="folder to write open_clip_config.json and open_clip_model.safetensors to")
-    parser.add_argument("--model", default=None, help="OpenCLIP model name, when the checkpoint does not record it")
-    parser.add_argument("--model-config", default=None, help="model config JSON for a custom architecture")
+    parser.add_argument("--model", help="OpenCLIP model name, when the checkpoint does not record it")
+    parser.add_argument("--model-config", help="model config JSON for a custom architecture")
     parser.add_argument(
         "--unsafe-pickle",
         action="store_true",

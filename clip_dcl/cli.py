@@ -1,8 +1,5 @@
-"""The ``clip-dcl`` command: ``clip-dcl data|train|eval|export|demo|study ...``.
-
-Each subcommand is a thin wrapper over a Python function that takes the remaining
-command-line words; the modules are imported only when their command runs, so that
-``clip-dcl --help`` stays fast.
+"""The ``clip-dcl`` command: ``clip-dcl data|train|eval|export|demo|study ...``, each a function of the
+remaining words, imported only when its command runs (so that ``clip-dcl --help`` stays fast).
 """
 
 from __future__ import annotations

@@ -1,19 +1,13 @@
 """``clip-dcl demo``: the whole job on the embedded synthetic data, on a CPU, in minutes.
 
-1. writes the synthetic caption shards, the held-out retrieval split, the zero-shot class set
-   and the few-shot suite (:func:`clip_dcl.data.synth.generate`; reused when already there);
-2. packs the training shards once into memory (:func:`clip_dcl.experiment.packed_training_set`) and
-   trains the demo's tiny model (:data:`clip_dcl.experiment.budgets.DEMO_MODEL`) with ``clip``,
-   ``dcl`` (``tau_plus`` = the data's measured
-   class prior) and ``decl`` (rate ``index``) under the same seed and budget, each through
-   ``python -m clip_dcl.train`` as a user would run it;
-3. then evaluates each final checkpoint: retrieval R@1/5/10, zero-shot top-1/top-5, the 5-shot
-   linear probe and the mean classifier on the few-shot suite;
-4. prints one comparison table with the chance level of every metric and writes it as
-   ``demo.md``, the raw numbers as ``demo.json`` and the curves and scores as ``demo.png``.
+1. writes the synthetic data (:func:`clip_dcl.data.synth.generate`; reused when already there);
+2. trains the demo's tiny model on the packed training set with ``clip``, ``dcl`` (``tau_plus`` = the
+   data's class prior) and ``decl`` under the same seed and budget, each through ``python -m clip_dcl.train``;
+3. evaluates each final checkpoint: retrieval, zero-shot and the 5-shot probe;
+4. prints one comparison table with the chance level of every metric and writes ``demo.md``, ``demo.json``
+   and ``demo.png``.
 
-``--quick`` runs a tiny version (small data, one short epoch, one few-shot seed) for tests: a smoke test, said
-so above its table (:data:`SMOKE_TEST`), with no number in bold.
+``--quick`` runs a smoke test (:data:`SMOKE_TEST`): small data, one short epoch, one few-shot seed.
 """
 
 from __future__ import annotations
@@ -24,6 +18,7 @@ import os
 import re
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import List, Optional
 
@@ -32,7 +27,6 @@ from .arguments import FlagParser
 from .experiment.budgets import DEMO_BUDGET, DEMO_CLASSES, QUICK_BUDGET
 from .experiment.runner import Stopped, stop_on_signals
 
-#: ``clip-dcl demo --help``'s first lines.
 DESCRIPTION = (
     "The whole job on the embedded synthetic data: synthetic caption shards and evaluation sets, "
     "training of each objective with the same seed and budget, retrieval, zero-shot and few-shot "
@@ -41,8 +35,7 @@ DESCRIPTION = (
 )
 
 
-#: What ``--quick`` prints above its table and writes into demo.md and demo.json: its numbers show that the
-#: whole job runs, not which objective is better (one short epoch on a small set stays near chance).
+#: What ``--quick`` prints above its table and writes into demo.md and demo.json.
 SMOKE_TEST = (
     "--quick is a smoke test: one short epoch on a small set shows that every step runs, and its numbers "
     "(near chance) say nothing about which objective is better; no number is marked best. Run `clip-dcl "
@@ -51,7 +44,7 @@ SMOKE_TEST = (
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = FlagParser(prog="clip-dcl demo", allow_abbrev=False, description=DESCRIPTION)
+    p = FlagParser(prog="clip-dcl demo", description=DESCRIPTION)
     p.add_argument("--out", default="demo_out", help="folder for the data, the runs and the report (default demo_out)")
     p.add_argument(
         "--quick",
@@ -72,7 +65,6 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--epochs",
         type=int,
-        default=None,
         help=f"training epochs (default {DEMO_BUDGET.epochs}; quick {QUICK_BUDGET.epochs})",
     )
     p.add_argument("--seed", type=int, default=0, help="training seed shared by every run (default 0)")
@@ -86,7 +78,6 @@ def build_parser() -> argparse.ArgumentParser:
         "--fewshot-seeds",
         type=int,
         nargs="+",
-        default=None,
         help="k-shot draws of the few-shot probe (default 0 1 2; quick 0)",
     )
     p.add_argument(
@@ -118,14 +109,8 @@ def main(argv: Optional[List[str]] = None) -> int:
         print(f"clip-dcl demo: --device {args.device!r}: {device_error}", file=sys.stderr)
         return 2
     # --quick: the small budget on the demo's own model and optimizer, so that it runs the same path
-    base = (
-        ex.Budget(**{**QUICK_BUDGET.__dict__, "model": DEMO_BUDGET.model, "extra": DEMO_BUDGET.extra})
-        if args.quick
-        else DEMO_BUDGET
-    )
-    budget = ex.Budget(
-        **{**base.__dict__, "seed": args.seed, "epochs": args.epochs if args.epochs is not None else base.epochs}
-    )
+    base = replace(QUICK_BUDGET, model=DEMO_BUDGET.model, extra=DEMO_BUDGET.extra) if args.quick else DEMO_BUDGET
+    budget = replace(base, seed=args.seed, epochs=args.epochs if args.epochs is not None else base.epochs)
     fewshot_seeds = args.fewshot_seeds or ([0] if args.quick else [0, 1, 2])
     out = Path(args.out)
     settings = {
@@ -190,8 +175,7 @@ def main(argv: Optional[List[str]] = None) -> int:
 
 
 def _train_and_evaluate(args, out: Path, budget, device: str, fewshot_seeds, results: dict, scores: dict, state: dict):
-    """Steps 1-3 of the demo: the data (returned), every training, then every evaluation (the step counter
-    only goes forward); ``results``, ``scores`` and ``state`` filled as they go, for :func:`stopped_line`."""
+    """Steps 1-3 of the demo; the data returned, ``results``, ``scores`` and ``state`` filled as they go."""
     print(f"[demo] 1/4 synthetic data -> {out / 'data'} (training and evaluation on {device})", flush=True)
     data = ex.packed_training_set(ex.synth_data(out / "data", quick=args.quick, num_classes=args.num_classes))
     state["data"] = True
@@ -264,8 +248,8 @@ _ECHOED = re.compile(r"\] epoch (\d+)/(\d+)\s+(\d+)%")
 
 
 class Progress:
-    """The demo's progress line: its step, the share of the whole demo done and the time left, estimated from
-    the trainings and evaluations measured so far (before the first training ends: from its logged steps)."""
+    """The demo's progress line: its step, the share done and the time left, estimated from the trainings and
+    evaluations measured so far (before the first training ends: from its logged steps)."""
 
     def __init__(self, runs: int, start: float, stream=None):
         self.runs, self.start, self.stream = runs, start, stream or sys.stdout
@@ -352,9 +336,7 @@ def stopped_line(said: str, state: dict, out: Path, results: dict) -> str:
 
 
 def readme_block(doc: dict) -> str:
-    """The README's demo table, from a ``demo.json`` (the README's generated block ``demo table``,
-    ``benchmarks/quotes.py``): where and when it ran, its time, each objective's training time,
-    then the comparison table with the chance level of every metric."""
+    """The README's generated block ``demo table`` (``benchmarks/quotes.py``), from a ``demo.json``."""
     runs = doc["runs"]
     trained = " / ".join(f"{runs[name][0]['train_seconds']:.0f} s" for name in runs)
     return (
@@ -366,8 +348,8 @@ def readme_block(doc: dict) -> str:
 
 
 def _load_average() -> Optional[float]:
-    """The machine's 1-minute load average (runnable processes, this one's included), None where the
-    system has none: beside the run's time, it says whether other work shared the cores."""
+    """The machine's 1-minute load average (None where the system has none): beside the run's time, whether
+    other work shared the cores."""
     try:
         return os.getloadavg()[0]
     except (AttributeError, OSError):
@@ -375,9 +357,7 @@ def _load_average() -> Optional[float]:
 
 
 def readme_time_block(doc: dict) -> str:
-    """The README's sentence on how long ``make demo`` takes, from a ``demo.json`` (the generated block
-    ``demo time``): the recorded run's minutes, machine and date (and the load average at its start and
-    end, where recorded), that busy cores take proportionally longer, and ``--quick``."""
+    """The README's generated block ``demo time``, on how long ``make demo`` takes, from a ``demo.json``."""
     load = doc.get("load_average") or {}
     loads = (
         f" (1-minute load average {load['start']:.1f} at its start and {load['end']:.1f} at its end)"

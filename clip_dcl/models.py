@@ -49,9 +49,6 @@ def register_model_config(path: str | os.PathLike) -> str:
     return path.stem
 
 
-#: The testbed's model with the synthetic captions' word vocabulary (`clip_dcl.data.synth.words`):
-#: ``clip-dcl-micro`` with a 745-token table in place of OpenCLIP's 49,408.
-WORDS_MODEL = "clip-dcl-micro-words"
 #: configs whose tokenizer reads a merges file shipped beside them (``text_cfg.tokenizer_kwargs.bpe_path``)
 _WORDS_DIR = _CONFIG_DIR / "words"
 

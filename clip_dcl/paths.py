@@ -1,11 +1,8 @@
-"""Where a command will write, checked before the work that writes there.
+"""Where a command will write, checked before the work that writes there: a training's ``--logs`` or an
+evaluation's ``--output`` that cannot be written fails first, naming the path and why, not after hours.
 
-A training run writes its folder (``--logs``) and an evaluation its JSON (``--output``) only after
-minutes or hours of work; a path that cannot be written must fail first, naming the path and why,
-not with ``os.makedirs``'s traceback at the start of training or after the whole evaluation.
-
-Writability is tested by creating (and removing) a temporary file with :mod:`tempfile` in the
-nearest folder that exists: permission bits say nothing for root, nor for a read-only mount.
+Writability is tested by creating a temporary file in the nearest folder that exists: permission bits say
+nothing for root, nor for a read-only mount.
 """
 
 from __future__ import annotations
@@ -26,10 +23,8 @@ def _try_write(folder: Path) -> Optional[str]:
 
 
 def folder_problem(folder: str | os.PathLike) -> Optional[str]:
-    """Why files cannot be written under ``folder`` (created if missing), or None when they can.
-
-    The folder, or the nearest of its parents that exists, must be a folder one can write in.
-    """
+    """Why files cannot be written under ``folder`` (created if missing: the nearest of its parents that
+    exists must be a folder one can write in), or None when they can."""
     path = Path(os.path.abspath(folder))
     for candidate in (path, *path.parents):
         if candidate.exists():

@@ -1,45 +1,12 @@
 """Train several objectives on one data set and compare them: the engine of ``clip-dcl demo``.
 
-A comparison is a list of :class:`Run` (a label and the ``--loss ...`` flags of one objective)
-trained under the same seed, data, model and budget (:class:`Budget`) through the real training
-entry point, ``python -m clip_dcl.train``, in a child process (as a user would launch it), then
-evaluated with the package's evaluators on the synthetic data's held-out splits:
-
-* retrieval R@1/5/10 on the validation shards (several captions per image);
-* zero-shot top-1/top-5 and mean per-class recall over the latent classes;
-* the ELEVATER 5-shot linear probe (reduced grid by default) and the mean classifier over the
-  few-shot suite.
-
-Beside every score, :func:`chance_levels` gives what a random embedding would score, worked out
-from the data's sizes (not measured). The report is a Markdown table, a JSON document with the
-raw numbers and settings, and a PNG with the training curves and the scores
-(:func:`write_report`). The benchmarks in ``benchmarks/`` reuse the same pieces with more seeds.
-
-The pieces (their main names also importable from here):
-
-* :mod:`~clip_dcl.experiment.runner` runs trainings as a user would: the command line
-  (:func:`train_command`), the child process under a machine-wide lock (:func:`train`,
-  :func:`machine_lock`) and what the run logged as data (:func:`read_curves`, :func:`read_val`,
-  :func:`read_step_times`), and the synthetic data (:func:`synth_data`);
-* :mod:`~clip_dcl.experiment.scoring` evaluates and compares: :func:`evaluate`,
-  :func:`train_and_evaluate` (with its cache), :func:`chance_levels`, :func:`headline_metrics`;
-* :mod:`~clip_dcl.experiment.reporting`, the benchmarks' reporting kit: a report's files and
-  opening lines (:class:`Report`: :func:`command_line`, :func:`utc_date`, :func:`machine_info`,
-  :func:`run_status`, :func:`about_lines`), tables (:func:`markdown_table`), JSON
-  (:func:`write_json`), and a comparison's whole report (:func:`write_report`,
-  :func:`comparison_table`, :func:`plot`);
-* :mod:`~clip_dcl.experiment.memory`: a process's peak and current resident memory;
-* :mod:`~clip_dcl.experiment.stats`: mean and spread over seeds, paired differences and wins;
-* :mod:`~clip_dcl.experiment.figures`: matplotlib without a display, :func:`save_figure`;
-* :mod:`~clip_dcl.experiment.budgets`: the demo's budgets, which the quality benchmark shares;
-* :mod:`~clip_dcl.experiment.commands`: a loss's full flags from the loss registry;
-* :mod:`~clip_dcl.experiment.arguments`: the benchmarks' command-line checks;
-* :mod:`~clip_dcl.experiment.torchrun`: a benchmark that launches itself on several gloo ranks;
-* :mod:`~clip_dcl.experiment.study`: ``clip-dcl study``, a comparison declared in one plan file, sealed by its
-  first run, run as shell lines here or on a cluster, judged once every run has its scores (docs/studies.md).
-
-The generators of the README's and docs' blocks and the archived batch-size testbed are scripts of the
-repository, not of the package: ``benchmarks/quotes.py``, ``benchmarks/testbed/``.
+A comparison is a list of :class:`Run` (a label and its ``--loss ...`` flags) trained under one seed, data,
+model and :class:`Budget` through ``python -m clip_dcl.train`` in a child process, as a user would launch
+it, then scored by the package's evaluators on the synthetic data's held-out splits (retrieval, zero-shot,
+the 5-shot probe), beside the chance level of every score (:func:`chance_levels`). The pieces:
+:mod:`.runner` (the training child), :mod:`.scoring` (evaluation), :mod:`.reporting` (the benchmarks'
+report files), :mod:`.stats`, :mod:`.memory`, :mod:`.figures`, :mod:`.budgets`, :mod:`.commands`,
+:mod:`.arguments`, :mod:`.torchrun` and :mod:`.study` (``clip-dcl study``, docs/studies.md).
 
 Tests that replace a piece (a stand-in for :func:`train`) patch the module that owns it
 (``clip_dcl.experiment.runner.train``), which is where the other pieces look it up.

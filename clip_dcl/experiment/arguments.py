@@ -21,8 +21,7 @@ def plain_text(text: str) -> str:
 
 
 def parse(parser: argparse.ArgumentParser, argv: Optional[Sequence[str]]) -> Tuple[argparse.Namespace, List[str]]:
-    """``parser``'s arguments from ``argv`` (default: the command line) and those words, which the
-    report repeats as its command."""
+    """``parser``'s arguments from ``argv`` (default: the command line) and those words (the report's command)."""
     argv = list(sys.argv[1:] if argv is None else argv)
     return parser.parse_args(argv), argv
 
@@ -57,13 +56,11 @@ def check_seeds(seeds: Sequence[int], name: str = "seeds") -> None:
 
 
 def benchmark_parser(script: str, doc: str) -> argparse.ArgumentParser:
-    """The parser of ``benchmarks/<script>``: its module docstring's first paragraph as the
-    description, defaults shown, no abbreviated flags (a typo must not select another flag)."""
+    """The parser of ``benchmarks/<script>``: ``doc``'s first paragraph as the description, defaults shown."""
     from ..arguments import FlagParser
 
     return FlagParser(
         prog=f"benchmarks/{script}",
-        allow_abbrev=False,
         description=doc.split("\n\n")[0],
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
@@ -82,26 +79,20 @@ def add_comparison_arguments(
     epochs_help: str,
     seeds_help: str,
 ) -> None:
-    """The flags of a benchmark that compares objectives trained on the synthetic data.
-
-    ``--quick`` (``quick``: what the smoke run does), ``--work`` (data and runs, default ``work``),
-    ``--results`` (the report's folder, default ``results``; ``quick_report`` with ``--quick``),
-    ``--num-classes``, ``--train-samples``, ``--epochs`` and ``--seeds`` (their defaults and helps).
-    """
+    """The flags of a benchmark that compares objectives trained on the synthetic data (the arguments: their
+    defaults and helps)."""
     p.add_argument("--quick", action="store_true", help=f"smoke run: {quick}; report under --work")
     p.add_argument("--work", default=work, help="folder for the data and the runs")
-    p.add_argument(
-        "--results", default=None, help=f"folder of the report (default: {results}; with --quick: {quick_report})"
-    )
+    p.add_argument("--results", help=f"folder of the report (default: {results}; with --quick: {quick_report})")
     p.add_argument("--num-classes", type=int, default=num_classes, help="latent classes (tau_plus = 1 / classes)")
     p.add_argument("--train-samples", type=int, default=train_samples, help=train_samples_help)
-    p.add_argument("--epochs", type=int, default=None, help=epochs_help)
-    p.add_argument("--seeds", type=int, nargs="+", default=None, help=seeds_help)
+    p.add_argument("--epochs", type=int, help=epochs_help)
+    p.add_argument("--seeds", type=int, nargs="+", help=seeds_help)
 
 
 def work_and_results(args: argparse.Namespace, results: Path) -> Tuple[Path, Path]:
-    """The run's folders: ``--work`` plus ``quick`` or ``full`` (a smoke run never reuses a full
-    run's data or runs), and the report's: ``--results``, else ``<work>/report`` for a smoke run
-    (which must not overwrite the published results), else ``results``."""
+    """The run's folder, ``--work`` plus ``quick`` or ``full`` (a smoke run never reuses a full run's), and the
+    report's: ``--results``, else ``<work>/report`` for a smoke run (never the published results), else
+    ``results``."""
     work = Path(args.work) / ("quick" if args.quick else "full")
     return work, Path(args.results) if args.results else (work / "report" if args.quick else Path(results))

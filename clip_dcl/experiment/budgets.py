@@ -1,18 +1,13 @@
-"""The training budgets that the demo and the benchmarks share.
-
-The quality benchmark repeats the demo's comparison over more seeds, so it must train under the
-demo's own budget; both read it from here.
-"""
+"""The training budgets that the demo and the benchmarks share (the quality benchmark repeats the demo's
+comparison over more seeds, under the demo's own budget)."""
 
 from __future__ import annotations
 
 from .runner import Budget
 
-#: The demo's model: ``clip-dcl-tiny``'s towers with 16 px patches (16 image tokens, not 64), the synthetic
-#: captions' word vocabulary (745 tokens, not OpenCLIP's 49,408) and one text layer, registered from
-#: ``clip_dcl/model_configs/words``. It trains on the packed training set
-#: (`clip_dcl.experiment.runner.packed_training_set`) with PyTorch's fused AdamW; together faster
-#: than ``clip-dcl-tiny`` on the shards by the ratio ``benchmarks/demo_speed.py`` measures.
+#: The demo's model: ``clip-dcl-tiny``'s towers with 16 px patches, the synthetic captions' 745-word vocabulary
+#: and one text layer (``clip_dcl/model_configs/words``), trained on the packed training set with fused AdamW:
+#: faster than ``clip-dcl-tiny`` on the shards by the ratio ``benchmarks/demo_speed.py`` measures.
 DEMO_MODEL = "clip-dcl-tiny-words"
 #: The full demo's budget: chosen so that the three runs and their evaluations, with the set-up of a
 #: fresh clone, take under ten minutes on 2 idle cores of a laptop CPU.

@@ -1,10 +1,5 @@
-"""A loss's full ``--loss ...`` flags, written out from the loss registry.
-
-A benchmark that caches its runs by their flags must write every setting out, not only those
-that differ from the defaults: otherwise a cached run would silently change meaning when a
-package default changes. :func:`loss_flags` reads each registered loss's flag table
-(:class:`clip_dcl.losses.base.LossFlag`), its defaults (``defaults()``) and which settings its
-configuration reads (``reads_setting``).
+"""A loss's full ``--loss ...`` flags, written out from the loss registry: a benchmark that caches its runs
+by their flags writes every setting, so that a cached run keeps its meaning when a package default changes.
 """
 
 from __future__ import annotations
@@ -22,21 +17,16 @@ def loss_defaults(name: str) -> Dict[str, object]:
 
 
 def defaults_of(flags) -> Dict[str, object]:
-    """The package defaults of the loss that ``flags`` (a training command's) name with ``--loss``
-    (``clip`` when none is named)."""
+    """The package defaults of the loss that ``flags`` name with ``--loss`` (``clip`` when none)."""
     flags = list(flags)
     name = flags[flags.index("--loss") + 1] if "--loss" in flags[:-1] else "clip"
     return loss_defaults(name)
 
 
 def loss_flags(name: str, **settings) -> tuple:
-    """``--loss NAME`` and every flag of the loss's table with its value: the package default unless
-    given in ``settings`` (so a cached run keeps its meaning when a default changes). ``None`` values,
-    ``num_samples`` (the data's) and the settings the configuration does not read (the loss's
-    ``reads_setting``) are left out.
-
-    Raises:
-        ValueError: a setting that is not a flag of the loss.
+    """``--loss NAME`` and every flag of the loss's table with its value, the package default unless given in
+    ``settings``; ``None`` values, ``num_samples`` (the data's) and settings the configuration does not read
+    are left out. ``ValueError`` for a setting that is not a flag of the loss.
     """
     from ..losses import LOSSES
 

@@ -1,7 +1,5 @@
-"""Resident memory of this process, as the benchmarks measure it: its peak so far and its size now.
-
-The CPU allocator keeps no peak counter, so a benchmark runs a call in a fresh process and takes
-`peak_rss_bytes` after it minus `current_rss_bytes` before it. Linux only.
+"""Resident memory of this process, as the benchmarks measure it: its peak so far and its size now (the CPU
+allocator keeps no peak counter, so a benchmark runs a call in a fresh process). Linux only.
 """
 
 from __future__ import annotations
@@ -23,10 +21,8 @@ def current_rss_bytes() -> int:
 
 
 def peak_rss_mib() -> float:
-    """`peak_rss_bytes` in MiB."""
     return peak_rss_bytes() / MIB
 
 
 def current_rss_mib() -> float:
-    """`current_rss_bytes` in MiB."""
     return current_rss_bytes() / MIB

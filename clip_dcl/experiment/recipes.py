@@ -1,42 +1,28 @@
 """The testbed's recipes: the data, model, loader and trainer settings that a testbed run is made of.
 
-A recipe is everything a run shares with every other run of its kind (the batch size, seed and
-objective aside): the argv after ``clip-dcl`` that writes its data into a folder (``{DATA}``), and
-the argv after ``python -m clip_dcl.train --`` of one run reading ``{DATA}`` and writing under
-``{LOGS}`` (:meth:`Recipe.train_argv`). Runs record the name of their recipe; runs of two recipes are
-never paired or pooled (they train other models on other inputs).
+A recipe is everything a run shares with every other run of its kind (the batch size, seed and objective
+aside): the argv after ``clip-dcl`` that writes its data into ``{DATA}``, and the argv after ``python -m
+clip_dcl.train --`` of one run (:meth:`Recipe.train_argv`). Runs of two recipes are never paired or pooled.
 
 ``micro-bpe``
     The testbed until 2026-11: ``clip-dcl-micro`` (2+2-layer ViT at 32 px, width 64) with OpenCLIP's
-    49,408-token BPE, on the webdataset shards (each image decoded, transformed and its caption
-    tokenised per sample, per epoch, in one loader worker), validation after every epoch.
+    49,408-token BPE on the synthetic webdataset shards, decoded per sample and epoch.
 ``micro-words`` (:data:`DEFAULT_RECIPE`)
-    The same data draw, packed once into memory (``clip-dcl data synth --pack``:
-    :mod:`clip_dcl.data.packed`, :mod:`clip_dcl.train.packed`); ``clip-dcl-micro-words``: the same
-    vision tower, a 1-layer text tower over the captions' own 745-token vocabulary
-    (:mod:`clip_dcl.data.synth.words`); PyTorch's fused AdamW (``--adamw-impl fused``); validation
-    every 4th epoch. ``benchmarks/testbed_speed.py`` measures both, and checks that batch size still
-    matters on it (the gate).
+    The same data packed once into memory (:mod:`clip_dcl.data.packed`); ``clip-dcl-micro-words``: the same
+    vision tower, a 1-layer text tower over the captions' 745-token vocabulary. ``benchmarks/testbed_speed.py``
+    measures both, and checks that batch size still matters on it (the gate).
 ``fmnist-words``
-    Real images: Fashion-MNIST (``clip-dcl data fashion-mnist``, :mod:`clip_dcl.data.fashion`; 10 classes
-    of product photographs, 28 px grey centred at 32 px) with captions measured from the pixels; 20,000
-    training pairs of the official training set, 2,000 held out for validation, the official 10,000 test
-    images; ``clip-dcl-micro-fmnist`` (the micro ViT, a 1-layer text tower over the captions' own words)
-    on the packed pairs, fused AdamW. With 10 balanced classes an anchor at B = 32 meets about 3
-    same-class negatives (tau+ = 0.1). Its studies read zero-shot top-1 with the real class names
-    (retrieval's targets are near-duplicate captions). Needs the IDX files (``apt-get install
-    dataset-fashion-mnist``); the synthetic recipes need nothing.
+    Real images: Fashion-MNIST (:mod:`clip_dcl.data.fashion`; 10 classes, 28 px grey centred at 32 px) with
+    captions measured from the pixels, on ``clip-dcl-micro-fmnist``. An anchor at B = 32 meets about 3
+    same-class negatives (tau+ = 0.1). Its studies read zero-shot top-1 with the real class names (retrieval's
+    targets are near-duplicate captions). Needs the IDX files (``apt-get install dataset-fashion-mnist``).
 ``fscenes-words``
-    Scenes of Fashion-MNIST's real photographs (``clip-dcl data fashion-scenes``, :mod:`clip_dcl.data.scenes`):
-    two to four photographs, shrunk to 16 px, in the cells of a 2 x 2 grid at 32 px, the caption naming each
-    item's class, cell and one or two measured attributes; thousands of latent classes (the kinds of item per
-    cell). 20,000 training scenes, 2,000 validation scenes made of 5,000 held-out training images, 2,000 test
-    scenes of the official test images; ``clip-dcl-micro-fscenes`` (the micro ViT, a 1-layer text tower over the
-    scenes' words, 64 tokens of context) on the packed pairs, fused AdamW. Its metric is retrieval mean R@1 (one
-    distinct caption per validation or test scene). Needs the IDX files, as ``fmnist-words`` does.
+    Scenes of two to four Fashion-MNIST photographs at 16 px in a 2 x 2 grid (:mod:`clip_dcl.data.scenes`), the
+    caption naming each item's class, cell and measured attributes: thousands of latent classes. On
+    ``clip-dcl-micro-fscenes``; its metric is retrieval mean R@1. Needs the IDX files.
 ``fscenes4-words``
-    The same, but every scene fills all four cells and every item is named with two attributes: harder
-    negatives at every batch size (the scene testbed's second gate).
+    The same with four items a scene, each named with two attributes: harder negatives at every batch size
+    (the scene testbed's second gate).
 """
 
 from __future__ import annotations
@@ -44,57 +30,29 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Dict, List, Sequence, Tuple
 
+from .runner import flag_words
+
 #: the synthetic testbed data: 48 shape x colour classes at 32 px, 12,000 training pairs, 1,000 validation
 #: and 1,000 test images (5 captions each), 20 zero-shot images per class in each of the two splits
-_SYNTH = (
-    "data",
-    "synth",
-    "{DATA}",
-    "--image-size",
-    "32",
-    "--num-classes",
-    "48",
-    "--train-samples",
-    "12000",
-    "--test-samples",
-    "1000",
-)
+_SYNTH = tuple("data synth {DATA} --image-size 32 --num-classes 48 --train-samples 12000 --test-samples 1000".split())
 #: Fashion-MNIST (real images): 20,000 training pairs, 2,000 validation images held out of the official
 #: training set, the official 10,000 test images
-_FMNIST = ("data", "fashion-mnist", "{DATA}", "--train-samples", "20000", "--val-samples", "2000")
+_FMNIST = tuple("data fashion-mnist {DATA} --train-samples 20000 --val-samples 2000".split())
 #: Fashion-MNIST scenes: 20,000 training scenes, 2,000 validation scenes (of 5,000 held-out training images),
 #: 2,000 test scenes (of the official test images)
-_FSCENES = (
-    "data",
-    "fashion-scenes",
-    "{DATA}",
-    "--train-samples",
-    "20000",
-    "--val-samples",
-    "2000",
-    "--test-samples",
-    "2000",
-)
+_FSCENES = tuple("data fashion-scenes {DATA} --train-samples 20000 --val-samples 2000 --test-samples 2000".split())
 #: trainer settings every recipe shares (OpenCLIP's flags)
-_COMMON = (
-    "--lr",
-    "1e-3",
-    "--wd",
-    "0.1",
-    "--warmup",
-    "50",
-    "--workers",
-    "1",
-    "--log-every-n-steps",
-    "50",
-    "--save-frequency",
-    "1",
-    "--delete-previous-checkpoint",
-    "--zeroshot-frequency",
-    "0",
-    "--report-to",
-    "",
-)
+_COMMON = {
+    "--lr": "1e-3",
+    "--wd": "0.1",
+    "--warmup": 50,
+    "--workers": 1,
+    "--log-every-n-steps": 50,
+    "--save-frequency": 1,
+    "--delete-previous-checkpoint": True,
+    "--zeroshot-frequency": 0,
+    "--report-to": "",
+}
 
 
 @dataclass(frozen=True)
@@ -129,40 +87,46 @@ class Recipe:
         device: str = "cpu",
     ) -> List[str]:
         """The argv after ``python -m clip_dcl.train --`` of one run (``{DATA}``, ``{LOGS}`` left to fill in)."""
-        precision = ["--precision", "fp32"] if device == "cpu" else []
-        return [
-            "--model",
-            self.model,
-            "--train-data",
-            self.train_data,
-            "--dataset-type",
-            self.dataset_type,
-            "--val-data",
-            self.val_data,
-            "--val-num-samples",
-            str(self.val_samples),
-            "--train-num-samples",
-            str(self.train_samples),
-            *_COMMON,
-            "--val-frequency",
-            str(self.val_frequency),
-            *self.extra,
-            "--batch-size",
-            str(batch_size),
-            "--epochs",
-            str(epochs),
-            "--seed",
-            str(seed),
-            "--device",
-            device,
-            *precision,
-            "--logs",
-            "{LOGS}",
-            "--name",
-            name,
-            *objective,
-        ]
+        data = {
+            "--model": self.model,
+            "--train-data": self.train_data,
+            "--dataset-type": self.dataset_type,
+            "--val-data": self.val_data,
+            "--val-num-samples": self.val_samples,
+            "--train-num-samples": self.train_samples,
+            **_COMMON,
+            "--val-frequency": self.val_frequency,
+        }
+        run = {
+            "--batch-size": batch_size,
+            "--epochs": epochs,
+            "--seed": seed,
+            "--device": device,
+            "--precision": "fp32" if device == "cpu" else None,
+            "--logs": "{LOGS}",
+            "--name": name,
+        }
+        return [*flag_words(data), *self.extra, *flag_words(run), *objective]
 
+
+def _packed(name: str, summary: str, model: str, data_argv: Tuple[str, ...], **more) -> Recipe:
+    """A recipe on the training pairs packed in memory (``--pack``), with fused AdamW, validating every 4th
+    epoch."""
+    return Recipe(
+        name,
+        summary,
+        model,
+        data_argv + ("--pack",),
+        "{DATA}/train.npz",
+        "auto",
+        val_frequency=4,
+        extra=("--adamw-impl", "fused"),
+        **more,
+    )
+
+
+#: the Fashion-MNIST recipes' sizes
+_FASHION = {"train_samples": 20000, "val_samples": 2000}
 
 RECIPES: Dict[str, Recipe] = {
     "micro-bpe": Recipe(
@@ -174,55 +138,36 @@ RECIPES: Dict[str, Recipe] = {
         "webdataset",
         val_frequency=1,
     ),
-    "micro-words": Recipe(
+    "micro-words": _packed(
         "micro-words",
         "clip-dcl-micro-words (word vocabulary, 1-layer text tower) on the shards packed in "
         "memory, fused AdamW, validation every 4th epoch",
         "clip-dcl-micro-words",
-        _SYNTH + ("--pack",),
-        "{DATA}/train.npz",
-        "auto",
-        val_frequency=4,
-        extra=("--adamw-impl", "fused"),
+        _SYNTH,
     ),
-    "fmnist-words": Recipe(
+    "fmnist-words": _packed(
         "fmnist-words",
         "clip-dcl-micro-fmnist on Fashion-MNIST's real images (captions from their pixels), packed "
         "in memory, fused AdamW, validation every 4th epoch",
         "clip-dcl-micro-fmnist",
-        _FMNIST + ("--pack",),
-        "{DATA}/train.npz",
-        "auto",
-        val_frequency=4,
-        extra=("--adamw-impl", "fused"),
-        train_samples=20000,
-        val_samples=2000,
+        _FMNIST,
+        **_FASHION,
     ),
-    "fscenes-words": Recipe(
+    "fscenes-words": _packed(
         "fscenes-words",
         "clip-dcl-micro-fscenes on scenes of 2-4 Fashion-MNIST photographs in a 2 x 2 grid (captions "
         "naming each item, its cell and measured attributes), packed in memory, fused AdamW, "
         "validation every 4th epoch",
         "clip-dcl-micro-fscenes",
-        _FSCENES + ("--pack",),
-        "{DATA}/train.npz",
-        "auto",
-        val_frequency=4,
-        extra=("--adamw-impl", "fused"),
-        train_samples=20000,
-        val_samples=2000,
+        _FSCENES,
+        **_FASHION,
     ),
-    "fscenes4-words": Recipe(
+    "fscenes4-words": _packed(
         "fscenes4-words",
         "fscenes-words with four items a scene, each named with two attributes",
         "clip-dcl-micro-fscenes",
-        _FSCENES + ("--min-items", "4", "--min-attributes", "2", "--pack"),
-        "{DATA}/train.npz",
-        "auto",
-        val_frequency=4,
-        extra=("--adamw-impl", "fused"),
-        train_samples=20000,
-        val_samples=2000,
+        _FSCENES + ("--min-items", "4", "--min-attributes", "2"),
+        **_FASHION,
     ),
 }
 #: the recipe the testbed uses unless told otherwise

@@ -1,16 +1,8 @@
 """The reporting kit of the benchmarks: a report's files and opening lines, tables, JSON, figures.
 
-Every benchmark writes ``<stem>.md``, ``<stem>.json`` and (most) ``<stem>.png`` into one folder
-through a :class:`Report`, which holds what each results file records besides the measurement:
-the command (:func:`command_line`), the date (:func:`utc_date`), the machine (:func:`machine_info`)
-and, for a benchmark that rewrites its report while it runs, its status (:func:`run_status`).
-:meth:`Report.about` gives the report's opening items (:func:`about_lines`), :meth:`Report.write`
-writes the Markdown and the JSON (:func:`write_json`, the about items first),
-:meth:`Report.figure` the PNG; :func:`markdown_table` lays out any table.
-
-For a comparison of objectives trained on the synthetic data, :func:`write_report` writes the
-whole report: a table of the scores over seeds (:func:`comparison_table`), the raw numbers and
-settings, and the training curves and scores (:func:`plot`).
+Every benchmark writes ``<stem>.md``, ``<stem>.json`` and (most) ``<stem>.png`` through a :class:`Report`,
+which records the command, the date and the machine beside the measurement. :func:`write_report` writes a
+whole comparison of objectives trained on the synthetic data.
 """
 
 from __future__ import annotations
@@ -58,21 +50,26 @@ def machine_info() -> str:
     )
 
 
+def git(*args: str, cwd: os.PathLike, **env: str) -> Optional[str]:
+    """The output of ``git args`` in ``cwd`` (``env`` added to the environment); None when it fails."""
+    import subprocess
+
+    try:
+        out = subprocess.run(
+            ["git", *args], cwd=cwd, capture_output=True, text=True, timeout=30, env={**os.environ, **env}
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout if out.returncode == 0 else None
+
+
 def code_commit(where: Optional[os.PathLike] = None) -> str:
     """The commit the code at ``where`` (default: this package's repository) is at, with ``+changes`` when
     tracked files differ from it; ``unknown`` outside a git checkout (an installed wheel)."""
-    import subprocess
-
     where = Path(where) if where is not None else Path(__file__).resolve().parents[2]
-
-    def git(*a):
-        try:
-            return subprocess.run(["git", *a], cwd=where, capture_output=True, text=True, timeout=30).stdout.strip()
-        except (OSError, subprocess.SubprocessError):
-            return ""
-
-    head = git("rev-parse", "--short=10", "HEAD") or "unknown"
-    return head + ("+changes" if head != "unknown" and git("status", "--porcelain", "--untracked-files=no") else "")
+    head = (git("rev-parse", "--short=10", "HEAD", cwd=where) or "").strip() or "unknown"
+    changed = head != "unknown" and (git("status", "--porcelain", "--untracked-files=no", cwd=where) or "").strip()
+    return head + ("+changes" if changed else "")
 
 
 def command_line(script: str, argv: Sequence[str], python: str = ".venv/bin/python") -> str:
@@ -121,10 +118,8 @@ _PYTHON = re.compile(r"python[\d.]*")
 
 def portable(doc, roots: Sequence[os.PathLike] = ()):
     """``doc`` (JSON's types, paths as :class:`~pathlib.Path` or ``str``) without the paths of the machine that
-    made it, for a published report: an absolute path under one of ``roots`` (a benchmark's work folder, the
-    repository) is written relative to the innermost, the interpreter of a recorded command (an absolute path named
-    ``python*``) as
-    ``python``; any other value is kept."""
+    made it: an absolute path under one of ``roots`` is written relative to the innermost, an interpreter
+    (an absolute path named ``python*``) as ``python``; any other value is kept."""
     bases = []
     for root in roots:
         for form in (Path(root).absolute(), Path(root).resolve()):
@@ -162,13 +157,8 @@ def write_json(path: os.PathLike, doc: dict, roots: Sequence[os.PathLike] = ()) 
 
 @dataclass
 class Report:
-    """One benchmark's results: ``<stem>.md``, ``.json`` and ``.png`` in ``folder``.
-
-    ``command`` (:func:`command_line`), ``date`` (default now, :func:`utc_date`) and ``machine``
-    (default :func:`machine_info`) are recorded in the opening items of the Markdown
-    (:meth:`about`) and at the top of the JSON (:meth:`write`). The JSON names paths under ``work`` (the
-    benchmark's work folder) or ``roots`` relative to them, and the interpreter as ``python`` (:func:`portable`).
-    """
+    """One benchmark's results: ``<stem>.md``, ``.json`` and ``.png`` in ``folder``; ``command``, ``date`` and
+    ``machine`` open the Markdown and the JSON, whose paths are :func:`portable` (``work`` and ``roots``)."""
 
     folder: Path
     stem: str
@@ -196,8 +186,7 @@ class Report:
         return self.path(".png")
 
     def about(self, status: Optional[str] = None, date: Optional[str] = None) -> List[str]:
-        """The report's opening items: status (when given), command, date (default :attr:`date`; a
-        longer text may say more, such as the time taken) and machine."""
+        """The report's opening items (:func:`about_lines`); ``date`` may say more than :attr:`date`."""
         return about_lines(
             status=status, command=self.command, date=self.date if date is None else date, machine=self.machine
         )
@@ -227,7 +216,6 @@ def add_report_arguments(parser, stem: str, quick: str) -> None:
     (``quick``: what the smoke run does) of a benchmark that writes ``benchmarks/results/<stem>``."""
     parser.add_argument(
         "--out",
-        default=None,
         help=f"the report's path without suffix (default "
         f"benchmarks/results/{stem}; with --quick a new temporary folder)",
     )
@@ -235,9 +223,8 @@ def add_report_arguments(parser, stem: str, quick: str) -> None:
 
 
 def report_path(given: Optional[os.PathLike], default: os.PathLike, quick: bool) -> Path:
-    """Where a report goes, as a path without suffix: ``given`` (a flag's value), else for a smoke run
-    ``<a new temporary folder>/<default's name>`` (a smoke run must not overwrite the committed
-    results), else ``default``."""
+    """Where a report goes, as a path without suffix: ``given``, else for a smoke run a new temporary folder
+    (it must not overwrite the committed results), else ``default``."""
     if given:
         return Path(given)
     default = Path(default)
@@ -247,11 +234,8 @@ def report_path(given: Optional[os.PathLike], default: os.PathLike, quick: bool)
 def comparison_table(
     scores: Dict[str, List[Dict[str, float]]], rows: Sequence[tuple], chance: Dict[str, float], bold: bool = True
 ) -> str:
-    """Markdown: one row per metric, one column per run (mean ± sample std over seeds), in percent.
-
-    ``scores``: run name -> one metrics dict per seed. The best mean of a row is in bold, unless ``bold`` is
-    False (numbers that cannot rank the runs, such as a smoke test's).
-    """
+    """Markdown: one row per metric, one column per run (mean ± sample std over seeds, ``scores``: run -> one
+    metrics dict per seed), in percent; the best mean of a row in bold, unless ``bold`` is False."""
     names = list(scores)
     header = "| metric (%) | chance | " + " | ".join(names) + " |"
     lines = [header, "|" + "---|" * (len(names) + 2)]
@@ -345,11 +329,9 @@ def write_report(
     roots: Sequence[os.PathLike] = (),
     smoke_test: Optional[str] = None,
 ) -> Dict[str, Path]:
-    """Write ``<stem>.md`` (table), ``<stem>.json`` (raw numbers, commands; paths relative to the work folder,
-    the one that holds the data's ``out_dir``, or to one of ``roots``) and ``<stem>.png``.
-
-    ``smoke_test``: the sentence that says the numbers only show the job ran (a run too small to compare
-    anything): written above the table and into the JSON, and no number is in bold."""
+    """Write ``<stem>.md`` (table), ``<stem>.json`` (raw numbers, commands; :func:`portable` paths) and
+    ``<stem>.png``. ``smoke_test``: the sentence that says the numbers only show the job ran, written above
+    the table and into the JSON, with no number in bold."""
     work = Path(data["out_dir"]).parent if data.get("out_dir") else None
     report = Report(
         out_dir, stem, command=" ".join([Path(sys.argv[0]).name] + sys.argv[1:]), work=work, roots=tuple(roots)

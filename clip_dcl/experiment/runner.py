@@ -36,7 +36,8 @@ STOP_GRACE_S = 90.0
 
 
 class Stopped(Exception):
-    """SIGTERM under :func:`stop_on_signals`: raised in the main thread, as Ctrl-C raises KeyboardInterrupt."""
+    """A stop signal (``signame``; SIGTERM under :func:`stop_on_signals`) raised in the main thread, as Ctrl-C
+    raises KeyboardInterrupt."""
 
     def __init__(self, signame: str = "SIGTERM"):
         super().__init__(signame)
@@ -114,9 +115,7 @@ def default_runs(tau_plus: float) -> List[Run]:
     ]
 
 
-# ------------------------------------------------------------------------------------------
-# Training
-# ------------------------------------------------------------------------------------------
+# -- training --------------------------------------------------------------------------------------
 def resolve_device(device: Optional[str]) -> str:
     """``"auto"`` (or None) -> ``"cuda"`` when a GPU is visible, else ``"cpu"``; other names unchanged."""
     from ..eval.encoding import resolve_device as _resolve
@@ -138,69 +137,53 @@ def train_command(
 ) -> List[str]:
     """The ``python -m clip_dcl.train -- ...`` command line of ``run`` (``data``: a synth summary).
 
-    ``entry`` replaces ``[python, "-m", "clip_dcl.train"]``, e.g. with a script that registers
-    an extra loss before calling :func:`clip_dcl.train.main`. ``precision`` and ``device`` are
-    OpenCLIP's; ``device="auto"`` (the default) is ``cuda`` when a GPU is visible here, else ``cpu``;
-    ``device=None`` leaves the flag out, so that the machine that runs the line picks (OpenCLIP's ``cuda``,
-    which falls back to the CPU where there is no GPU): a line written on one machine to run on another.
-    ``num_samples`` makes every epoch that many samples drawn with replacement
-    (``--dataset-resampled``), whatever the shard sizes and the loader workers, in place of one
-    pass over the data's training split: an exact number of steps, as a timing needs.
-    ``validate=False`` only trains: no validation, and no checkpoint but the last epoch's.
-    With validation each epoch's checkpoint replaces the one before (``--delete-previous-checkpoint``):
-    a run keeps one checkpoint, enough to resume or score, not one per epoch (a 20-epoch testbed
-    run would otherwise leave 800 MB).
+    ``entry`` replaces ``[python, "-m", "clip_dcl.train"]`` (e.g. a script that registers a loss first).
+    ``device="auto"`` is ``cuda`` when a GPU is visible here; ``None`` leaves the flag out, for a line that
+    runs on another machine. ``num_samples``: every epoch that many samples drawn with replacement, an exact
+    number of steps for a timing. ``validate=False`` only trains (one checkpoint, the last epoch's); with
+    validation each epoch's checkpoint replaces the one before, so that a run keeps one.
     """
     every_epoch = "1" if validate else "0"
-    return [
-        *(entry or [sys.executable, "-m", "clip_dcl.train"]),
-        "--",
-        "--model",
-        budget.model,
-        "--train-data",
-        data["train_data"],
-        *(["--val-data", data["val_data"]] if validate else []),
-        "--dataset-type",
-        data.get("dataset_type", "webdataset"),
-        *(["--dataset-resampled"] if num_samples is not None else []),
-        "--train-num-samples",
-        str(data["train"]["num_samples"] if num_samples is None else num_samples),
-        *(["--val-num-samples", str(data["val"]["num_samples"])] if validate else []),
-        "--batch-size",
-        str(budget.batch_size),
-        "--epochs",
-        str(budget.epochs),
-        "--lr",
-        repr(budget.lr),
-        "--wd",
-        repr(budget.wd),
-        "--warmup",
-        str(budget.warmup),
-        "--seed",
-        str(budget.seed),
-        "--workers",
-        str(budget.workers),
-        "--precision",
-        precision,
-        *(["--device", resolve_device(device)] if device is not None else []),
-        "--logs",
-        str(logs),
-        "--name",
-        run.slug,
-        "--log-every-n-steps",
-        str(budget.log_every_n_steps),
-        "--save-frequency",
-        every_epoch,
-        "--zeroshot-frequency",
-        "0",
-        "--val-frequency",
-        every_epoch,
-        "--delete-previous-checkpoint",
-        "--report-to",
-        "",
-        *budget.extra,
-        *run.flags,
-    ]
+    options = {
+        "--model": budget.model,
+        "--train-data": data["train_data"],
+        "--val-data": data["val_data"] if validate else None,
+        "--dataset-type": data.get("dataset_type", "webdataset"),
+        "--dataset-resampled": num_samples is not None,
+        "--train-num-samples": data["train"]["num_samples"] if num_samples is None else num_samples,
+        "--val-num-samples": data["val"]["num_samples"] if validate else None,
+        "--batch-size": budget.batch_size,
+        "--epochs": budget.epochs,
+        "--lr": repr(budget.lr),
+        "--wd": repr(budget.wd),
+        "--warmup": budget.warmup,
+        "--seed": budget.seed,
+        "--workers": budget.workers,
+        "--precision": precision,
+        "--device": None if device is None else resolve_device(device),
+        "--logs": logs,
+        "--name": run.slug,
+        "--log-every-n-steps": budget.log_every_n_steps,
+        "--save-frequency": every_epoch,
+        "--zeroshot-frequency": 0,
+        "--val-frequency": every_epoch,
+        "--delete-previous-checkpoint": True,
+        "--report-to": "",
+    }
+    entry = entry or [sys.executable, "-m", "clip_dcl.train"]
+    return [*entry, "--", *flag_words(options), *budget.extra, *run.flags]
+
+
+def flag_words(options: Dict[str, object]) -> List[str]:
+    """``{"--flag": value}`` as command-line words, in order: ``True`` the flag alone, ``None`` or ``False``
+    nothing, any other value the flag and its ``str``."""
+    words: List[str] = []
+    for flag, value in options.items():
+        if value is True:
+            words.append(flag)
+        elif value is not None and value is not False:
+            words += [flag, str(value)]
+    return words
 
 
 @dataclass
@@ -216,12 +199,9 @@ class TrainResult:
 
 @contextmanager
 def machine_lock(echo: Callable[[str], None] = print):
-    """Hold a machine-wide lock while a training child runs (POSIX ``flock``).
-
-    Two trainings sharing a small CPU run several times slower each than one after the other
-    (their thread pools fight for the cores), so comparisons started side by side on one
-    machine take turns. The lock file is ``$CLIP_DCL_TRAIN_LOCK`` (default
-    ``<tmp>/clip-dcl-train.lock``); set the variable to an empty string to run side by side.
+    """Hold a machine-wide ``flock`` while a training child runs: two trainings sharing a small CPU run
+    several times slower each than one after the other. The lock file is ``$CLIP_DCL_TRAIN_LOCK`` (default
+    ``<tmp>/clip-dcl-train.lock``); an empty value runs side by side.
     """
     path = os.environ.get("CLIP_DCL_TRAIN_LOCK", os.path.join(tempfile.gettempdir(), "clip-dcl-train.lock"))
     try:
@@ -260,14 +240,11 @@ def train(
 ) -> TrainResult:
     """Train ``run`` in a child process; stream its progress through ``echo``; return its results.
 
-    An earlier run of the same name under ``logs`` is replaced (OpenCLIP refuses to reuse a
-    folder). The child's full output is kept in ``logs/<name>/stdout.txt``; on failure its tail
-    is raised in a ``RuntimeError``. Runs take turns with other trainings started through this
-    function on the same machine (:func:`machine_lock`); ``lock=False`` is for a caller that holds
-    the lock itself around several trainings (a second hold from the same process would wait for
-    ever). ``precision``, ``device``, ``num_samples`` and ``validate`` go to :func:`train_command`;
-    ``device="auto"`` (the default) trains on the GPU when one is visible; on ``device="cpu"`` the
-    child sees no GPU. ``env`` is added to the child's environment.
+    An earlier run of the same name under ``logs`` is replaced (OpenCLIP refuses to reuse a folder). The
+    child's output is kept in ``logs/<name>/stdout.txt``; on failure its tail is raised in a ``RuntimeError``.
+    ``lock=False``: the caller holds :func:`machine_lock` itself. ``precision``, ``device``, ``num_samples``
+    and ``validate`` go to :func:`train_command`; on ``device="cpu"`` the child sees no GPU. ``env`` is added
+    to the child's environment.
     """
     budget.validate()
     device = resolve_device(device)
@@ -377,12 +354,8 @@ def stop_child(proc: subprocess.Popen, signum: int, lines: Optional[List[str]] =
 
 
 def read_curves(metrics: os.PathLike) -> Dict[str, list]:
-    """Training loss against epochs from a run's ``metrics.jsonl`` (or its folder): ``{"epoch", "loss"}``.
-
-    ``epoch`` is fractional (epoch index plus the share of the epoch done at the logged step); ``loss``
-    is the step's ``loss`` as OpenCLIP logs it (the total; DeCL's InfoNCE value, since its total moves
-    between its two terms as ``lambda_t`` changes).
-    """
+    """Training loss against fractional epochs from a run's ``metrics.jsonl`` (or its folder):
+    ``{"epoch", "loss"}``, the loss as logged (DeCL's InfoNCE value)."""
     records = read_metrics(metrics, "train")
     return {"epoch": [epoch_position(r) for r in records], "loss": [r["loss"] for r in records]}
 
@@ -404,11 +377,7 @@ class StepTime:
 
 
 def read_step_times(metrics: os.PathLike) -> List[StepTime]:
-    """The logged training steps of a run's ``metrics.jsonl``, in order.
-
-    ``data_seconds`` and ``batch_seconds`` are the last step's (OpenCLIP's ``train/data_time`` and
-    ``train/batch_time``), ``samples_per_second`` the global batch over that step's time.
-    """
+    """The logged training steps of a run's ``metrics.jsonl``, in order (OpenCLIP's data and batch times)."""
     return [
         StepTime(r["epoch"], r["samples"], r["data_time"], r["batch_time"], r["samples_per_second"])
         for r in read_metrics(metrics, "train")
@@ -416,11 +385,9 @@ def read_step_times(metrics: os.PathLike) -> List[StepTime]:
 
 
 def packed_training_set(data: dict, verbose: bool = True) -> dict:
-    """``data`` (a synth summary) training on its training shards packed once into ``OUT_DIR/train.npz``
-    (:func:`clip_dcl.data.packed.pack_shards`: images decoded and kept in memory, captions tokenised once),
-    through ``--dataset-type auto``: the same samples in the same order as the shards, without a loader
-    worker decoding each image every epoch. A packed file written after the data's summary is reused
-    (:func:`clip_dcl.data.packed.pack_synth`)."""
+    """``data`` (a synth summary) training on its shards packed once into ``OUT_DIR/train.npz``
+    (:func:`clip_dcl.data.packed.pack_synth`): the same samples in the same order, without decoding each
+    image every epoch."""
     from ..data.packed import pack_synth
 
     return {**data, "train_data": str(pack_synth(data, verbose=verbose)), "dataset_type": "auto"}

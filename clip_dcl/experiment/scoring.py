@@ -1,10 +1,5 @@
-"""Evaluating trained runs and putting their scores next to chance.
-
-:func:`evaluate` scores a checkpoint with the package's evaluators on the synthetic data's
-held-out splits; :func:`train_and_evaluate` trains and scores a run once and remembers both;
-:func:`chance_levels` gives what a random embedding would score, worked out from the data's
-sizes; :func:`headline_metrics` names the rows of a comparison.
-"""
+"""Evaluating trained runs and putting their scores next to chance (what a random embedding would score,
+worked out from the data's sizes)."""
 
 from __future__ import annotations
 
@@ -54,15 +49,13 @@ def train_and_evaluate(
 ) -> Outcome:
     """:func:`train` then :func:`evaluate`, remembered in the JSON file ``cache``.
 
-    A later call with the same run flags, budget, data config and few-shot seeds reuses the
-    cached training, and its scores too unless :data:`EVALUATOR` changed since (then the
-    checkpoint is evaluated again), so that an interrupted benchmark resumes where it stopped.
-    ``device``: where both run (``auto``: the GPU when one is visible).
+    A later call with the same run flags, loss defaults, budget, data config and few-shot seeds reuses the
+    cached training, and its scores too unless :data:`EVALUATOR` changed since, so that an interrupted
+    benchmark resumes where it stopped.
     """
     cache = Path(cache)
-    # compared as JSON holds it (tuples come back as lists)
-    # the loss's package defaults too (a loss without flags, clip, has none): a run named by a few
-    # flags (``--loss decl``) changes meaning when a default changes, and must then train again
+    # compared as JSON holds it (tuples come back as lists); a loss's defaults too: ``--loss decl`` changes
+    # meaning when a default changes
     defaults = defaults_of(run.flags)
     key = json.loads(
         json.dumps(
@@ -97,31 +90,13 @@ def train_and_evaluate(
     secs = time.perf_counter() - t0
     finished = time.strftime("%Y-%m-%d %H:%M", time.gmtime())
     cache.parent.mkdir(parents=True, exist_ok=True)
-    cache.write_text(
-        json.dumps(
-            {
-                "settings": key,
-                "evaluator": EVALUATOR,
-                "checkpoint": str(res.checkpoint),
-                "log_dir": str(res.log_dir),
-                "seconds": res.seconds,
-                "command": res.command,
-                "curves": res.curves,
-                "val": res.val,
-                "metrics": metrics,
-                "eval_seconds": secs,
-                "finished": finished,
-            },
-            default=str,
-        )
-        + "\n"
-    )
+    trained = {f.name: getattr(res, f.name) for f in dataclasses.fields(res) if f.name != "run"}
+    evaluated = {"metrics": metrics, "eval_seconds": secs, "finished": finished}
+    cache.write_text(json.dumps({"settings": key, "evaluator": EVALUATOR, **trained, **evaluated}, default=str) + "\n")
     return Outcome(res, metrics, secs, finished, source)
 
 
-# ------------------------------------------------------------------------------------------
-# Evaluation
-# ------------------------------------------------------------------------------------------
+# -- evaluation ------------------------------------------------------------------------------------
 def evaluate(
     checkpoint: os.PathLike,
     data: dict,
@@ -135,14 +110,11 @@ def evaluate(
     split: str = "validation",
     fewshot: bool = True,
 ) -> Dict[str, float]:
-    """Retrieval, zero-shot and few-shot scores of a checkpoint on a synthetic data set.
+    """Retrieval, zero-shot and few-shot scores of a checkpoint on a synthetic data set: the evaluators' own
+    keys under ``retrieval/``, ``zeroshot/`` (where ``data`` has a zero-shot set) and ``fewshot/``.
 
-    Keys: ``retrieval/<metric>``, ``zeroshot/<metric>``, ``fewshot/<data set>/<score>`` (the
-    evaluators' own names under a prefix). ``device``: ``auto`` (the GPU when one is visible),
-    ``cpu``, ``cuda``... ``split``: ``"validation"`` (the held-out retrieval split and zero-shot
-    set) or ``"test"`` (the data's test split, when it was written with one); ``fewshot=False``
-    leaves the few-shot probe out. Without a ``zeroshot`` (``zeroshot_test``) entry in ``data`` the split
-    has no zero-shot scores.
+    ``split``: ``"validation"`` or ``"test"`` (when the data have one); ``fewshot=False`` leaves the few-shot
+    probe out.
     """
     if split not in ("validation", "test"):
         raise ValueError(f"split={split!r}: choose 'validation' or 'test'")
@@ -247,8 +219,7 @@ MEAN_R1 = "retrieval/mean_R@1"
 
 
 def with_mean_r1(metrics: Dict[str, float]) -> Dict[str, float]:
-    """``metrics`` plus :data:`MEAN_R1`, the mean of the image->text and text->image R@1 (nan when
-    either is missing)."""
+    """``metrics`` plus :data:`MEAN_R1` (nan when either R@1 is missing)."""
     i2t, t2i = metrics.get("retrieval/image_to_text_R@1"), metrics.get("retrieval/text_to_image_R@1")
     out = dict(metrics)
     out[MEAN_R1] = (i2t + t2i) / 2 if i2t is not None and t2i is not None else float("nan")

@@ -1,8 +1,5 @@
-"""Statistics of the benchmarks' seeds: mean and spread, paired differences, wins, t-intervals.
-
-Seeds share the data and, seed for seed, the initialisation, so two objectives are compared by
-their per-seed differences (`paired_differences`) and `t_interval`, as well as by `mean_std`.
-"""
+"""Statistics of the benchmarks' seeds: mean and spread, and, since seeds share the data and, seed for
+seed, the initialisation, paired differences, wins and t-intervals."""
 
 from __future__ import annotations
 

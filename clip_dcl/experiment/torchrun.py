@@ -20,20 +20,16 @@ from typing import Iterator, List, Sequence, Tuple
 
 
 def add_worker_arguments(parser: argparse.ArgumentParser) -> None:
-    """The hidden flags :func:`launch` passes: ``--worker`` (run as one rank) and ``--worker-out``
-    (the folder of the ranks' records)."""
+    """The hidden flags :func:`launch` passes: ``--worker`` and ``--worker-out`` (the ranks' records)."""
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
-    parser.add_argument("--worker-out", default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--worker-out", help=argparse.SUPPRESS)
 
 
 def launch(script: os.PathLike, nproc: int, argv: Sequence[str], *, threads: int = 1, what: str = "") -> List[dict]:
     """Run ``script --worker ... argv`` on ``nproc`` gloo ranks (one machine, no GPU); each rank's record.
 
-    ``threads``: ``OMP_NUM_THREADS`` of every rank (ranks share the cores). On failure the tail
-    of the ranks' stderr is raised, after ``what`` (the configuration) when given.
-
-    Raises:
-        RuntimeError: torchrun or a rank failed.
+    ``threads``: ``OMP_NUM_THREADS`` of every rank. A failure raises ``RuntimeError`` with the tail of the
+    ranks' stderr, after ``what`` when given.
     """
     with tempfile.TemporaryDirectory() as out:
         cmd = [
@@ -58,8 +54,7 @@ def launch(script: os.PathLike, nproc: int, argv: Sequence[str], *, threads: int
 
 @contextmanager
 def process_group() -> Iterator[Tuple[int, int]]:
-    """The gloo process group of a worker started by :func:`launch`: yields ``(rank, world_size)``
-    and tears the group down afterwards."""
+    """The gloo process group of a worker started by :func:`launch`: yields ``(rank, world_size)``."""
     import torch.distributed as dist
 
     dist.init_process_group("gloo")

@@ -102,15 +102,6 @@ def contrast_rows(pos: torch.Tensor, log_ng: torch.Tensor) -> torch.Tensor:
     return (torch.logaddexp(pos, log_ng) - pos).mean()
 
 
-def signature_defaults(cls) -> Dict[str, object]:
-    """``{keyword: default}`` of a loss class's constructor: the one place the defaults are read."""
-    return {
-        p.name: p.default
-        for p in inspect.signature(cls).parameters.values()
-        if p.default is not inspect.Parameter.empty and p.kind is not p.VAR_KEYWORD
-    }
-
-
 class LossDeclaration:
     """What a registered loss class declares, read by the command line, the trainer and the checkpoints."""
 
@@ -132,8 +123,12 @@ class LossDeclaration:
 
     @classmethod
     def defaults(cls) -> Dict[str, object]:
-        """The defaults of the class's keyword arguments (`signature_defaults`)."""
-        return signature_defaults(cls)
+        """``{keyword: default}`` of the class's constructor: the one place the defaults are read."""
+        return {
+            p.name: p.default
+            for p in inspect.signature(cls).parameters.values()
+            if p.default is not inspect.Parameter.empty and p.kind is not p.VAR_KEYWORD
+        }
 
     @classmethod
     def from_args(cls, **kwargs):

@@ -11,10 +11,9 @@ positive block is its image. At ``M = 1`` ``logistic`` is InfoNCE. No ``no_grad_
 from __future__ import annotations
 
 import torch
-from open_clip.loss import gather_features
 
 from .base import ContrastiveLoss, LossFlag
-from .gather import captions_per_image, compute_dtype
+from .gather import captions_per_image, compute_dtype, scaled_logits
 
 LINKS = ("logistic", "hinge")
 
@@ -61,17 +60,7 @@ class BlockContrastiveLoss(ContrastiveLoss):
     def compute(self, image_features, text_features, logit_scale, logit_bias, sample_ids):
         m = captions_per_image(image_features, text_features)
         batch = image_features.shape[0]
-        if self.world_size > 1:
-            all_img, all_txt = gather_features(
-                image_features,
-                text_features,
-                local_loss=self.local_loss,
-                gather_with_grad=self.gather_with_grad,
-                rank=self.rank,
-                world_size=self.world_size,
-            )
-        else:
-            all_img, all_txt = image_features, text_features
+        all_img, all_txt = self.gather(image_features, text_features)
         num_images = all_img.shape[0]
         if num_images < 2:
             raise ValueError(f"a contrastive loss needs at least 2 pairs in the global batch; got {num_images}")
@@ -84,11 +73,8 @@ class BlockContrastiveLoss(ContrastiveLoss):
             blocks = all_txt.reshape(num_images, m, -1).mean(dim=1)  # (G, d): p_j, the mean caption of image j
             img_rows = image_features.to(dtype) if local else all_img
             txt_rows = text_features.to(dtype) if local else all_txt
-            logits_img = (s * img_rows) @ blocks.T  # (n, G)
-            logits_txt = (s * txt_rows) @ all_img.T  # (n M, G)
-            if logit_bias is not None:
-                logits_img = logits_img + logit_bias
-                logits_txt = logits_txt + logit_bias
+            logits_img = scaled_logits(s, img_rows, blocks, logit_bias)  # (n, G)
+            logits_txt = scaled_logits(s, txt_rows, all_img, logit_bias)  # (n M, G)
             dev = logits_img.device
             pos_img = torch.arange(img_rows.shape[0], device=dev) + offset
             pos_txt = (torch.arange(txt_rows.shape[0], device=dev) + offset * m) // m

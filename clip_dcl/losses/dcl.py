@@ -103,13 +103,9 @@ def debiased_log_negatives(
 
 
 class DebiasedClipLoss(ContrastiveLoss):
-    """Debiased symmetric contrastive loss (``dcl``; Chuang et al., NeurIPS 2020), see the module docstring.
-
-    ``tau_plus``: prior in [0, 1) or ``"auto"``; 0 (default) is InfoNCE. ``clamp``: ``"clamp"`` or
-    ``"biased"``. ``beta``: HCL concentration >= 0. ``same_class``: ``"positive"`` (Eq. 7) or ``"top"``.
-    ``temperature``: fixed ``t``, or None for the learned scale. ``tau_momentum``: weight of each new
-    estimate under ``"auto"``. ``metrics``: ``clamp_rate``, and ``tau_plus``/``tau_plus_batch`` under
-    ``"auto"``. ``no_grad_gather`` is refused with ``beta``, ``temperature`` or ``"top"``.
+    """Debiased symmetric contrastive loss (``dcl``; Chuang et al., NeurIPS 2020), see the module docstring;
+    the arguments are its flags'. ``metrics``: ``clamp_rate``, and ``tau_plus``/``tau_plus_batch`` under
+    ``tau_plus="auto"``.
     """
 
     output_key = "dcl_loss"

@@ -33,7 +33,7 @@ import torch
 from .base import DataFacts, PairStats, SampleIdError, StateBuffer, StatefulLoss, contrast_rows
 from .decl_flags import ESTIMATES, FLAGS, resolve_data_params
 from .decl_log import DeCLLog
-from .decl_rates import FIRST_VISITS, RATE_TYPES, RATES, STATES, IndexRate, build_rate
+from .decl_rates import FIRST_VISITS, RATE_TYPES, RATES, STATES, BatchRate, IndexRate, QueueRate
 from .decl_schedules import (
     GAMMA_SCHEDULE_TYPES,
     GAMMA_SCHEDULES,
@@ -210,18 +210,14 @@ class DeCLLoss(DeCLLog, StatefulLoss):
         self.max_log_ratio, self.seed = float(max_log_ratio), int(seed)
         self.state, self.state_dtype = state, state_dtype
         self.register_buffer("calls", torch.zeros((), dtype=torch.long, device=device))
-        self.rates = build_rate(
-            self,
-            rate,
-            num_samples,
-            self.include_current,
-            first_visit,
-            self.drift_correction,
-            state,
-            state_dtype,
-            queue_size,
-            device,
-        )
+        if rate == "index":
+            self.rates = IndexRate(
+                self, num_samples, self.include_current, first_visit, self.drift_correction, state, state_dtype, device
+            )
+        elif rate == "queue":
+            self.rates = QueueRate(self, queue_size, self.include_current, device)
+        else:
+            self.rates = BatchRate(self)
         #: the index buffer is split over the ranks (with one rank, sharded and replicated coincide)
         self.sharded = isinstance(self.rates, IndexRate) and self.rates.sharded
         self.requires_sample_ids = self.rates.requires_sample_ids
@@ -414,14 +410,9 @@ class DeCLLoss(DeCLLog, StatefulLoss):
         return total / 2
 
     def extra_repr(self) -> str:
-        return (
-            f"rate={self.rate!r}, schedule={self.schedule!r}, lam={self.lam}, gamma={self.gamma}, "
-            f"gamma_schedule={self.gamma_schedule!r}, gamma_decay_steps={self.gamma_decay_steps}, "
-            f"first_visit={self.first_visit!r}, include_current={self.include_current}, "
-            f"drift_correction={self.drift_correction}, "
-            f"sample_u={self.sample_u}, num_samples={self.num_samples}, state={self.state!r}, "
-            f"state_dtype={self.state_dtype!r}, queue_size={self.queue_size}, estimate={self.estimate!r}, "
-            f"temperature_mode={self.temperature_mode!r}, temperature={self.temperature}, rho={self.rho}, "
-            f"gamma_hold_steps={self.gamma_hold_steps}, max_log_ratio={self.max_log_ratio}, "
-            f"accum_freq={self.accum_freq}, " + super().extra_repr()
+        shown = (
+            "rate schedule lam gamma gamma_schedule gamma_decay_steps first_visit include_current drift_correction "
+            "sample_u num_samples state state_dtype queue_size estimate temperature_mode temperature rho "
+            "gamma_hold_steps max_log_ratio accum_freq"
         )
+        return "".join(f"{k}={getattr(self, k)!r}, " for k in shown.split()) + super().extra_repr()

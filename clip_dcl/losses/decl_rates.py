@@ -194,12 +194,7 @@ class IndexRate(RateEstimator):
         device,
     ):
         super().__init__(host)
-        if num_samples is None:
-            raise ValueError(
-                "num_samples is required for rate='index' (the size of the per-sample rate "
-                "buffer); or use rate='queue' or rate='batch', which need no sample ids"
-            )
-        if int(num_samples) < 1:
+        if int(num_samples) < 1:  # None is refused by DeCLLoss
             raise ValueError(f"num_samples={num_samples!r} must be >= 1")
         self.num_samples = int(num_samples)
         self.include_current, self.first_visit, self.drift_correction = include_current, first_visit, drift_correction
@@ -393,28 +388,6 @@ class IndexRate(RateEstimator):
         # every caption of an id reads the id's text-direction rate
         m = st.captions_per_image
         return [log_r[0], log_r[1] if m == 1 else log_r[1].repeat_interleave(m)], fresh
-
-
-def build_rate(
-    host,
-    rate: str,
-    num_samples,
-    include_current: bool,
-    first_visit: str,
-    drift_correction: bool,
-    state: str,
-    state_dtype: str,
-    queue_size: int,
-    device,
-) -> RateEstimator:
-    """The estimator ``rate`` for ``host``, its arguments checked (the messages name the bad value)."""
-    if rate == "index":
-        est = IndexRate(host, num_samples, include_current, first_visit, drift_correction, state, state_dtype, device)
-    elif rate == "queue":
-        est = QueueRate(host, queue_size, include_current, device)
-    else:
-        est = BatchRate(host)
-    return est
 
 
 RATE_TYPES: Dict[str, type] = {c.name: c for c in (IndexRate, QueueRate, BatchRate)}

@@ -110,11 +110,6 @@ def lambda_schedule(name: str, lam: float) -> LambdaSchedule:
     return LAMBDA_SCHEDULES[name](lam)
 
 
-def schedule_lambda(schedule: str, step: int, lam: float) -> float:
-    """``lambda_t`` of the stochastic-EM schedule ``schedule`` at optimizer step ``step`` (1-based)."""
-    return lambda_schedule(schedule, lam).value(step)
-
-
 # -- gamma_t: the weight of the new estimate in the index rate's moving average ---------------------
 class GammaSchedule:
     name = ""
@@ -147,13 +142,6 @@ class CosineGamma(GammaSchedule):
 
 GAMMA_SCHEDULE_TYPES: Dict[str, type] = {c.name: c for c in (ConstantGamma, CosineGamma)}
 GAMMA_SCHEDULES = tuple(GAMMA_SCHEDULE_TYPES)
-
-
-def schedule_gamma(schedule: str, step: int, gamma: float, decay_steps: Optional[int], hold_steps: int = 0) -> float:
-    """``gamma_t`` at optimizer step ``step`` (1-based)."""
-    if schedule not in GAMMA_SCHEDULE_TYPES:
-        raise ValueError(f"gamma_schedule={schedule!r} is not one of {GAMMA_SCHEDULES}")
-    return GAMMA_SCHEDULE_TYPES[schedule](gamma, decay_steps, hold_steps).value(step)
 
 
 # -- what trains the logit scale --------------------------------------------------------------------
@@ -231,9 +219,6 @@ class RGCLG(TemperatureMode):
             term = rgclg_term()
             return loss + (term - term.detach())  # value 0: only the scale's gradient
         return super().finish(loss, model_scale, live_scale, rgclg_term)
-
-    def rho_for(self, num_negatives: int) -> float:
-        return self.rho if self.rho is not None else math.log(num_negatives) - RGCLG_ENTROPY
 
 
 TEMPERATURE_MODE_TYPES: Dict[str, type] = {c.name: c for c in (Learned, InfoNCEScale, Fixed, RGCLG)}

@@ -70,6 +70,12 @@ def compute_dtype(*tensors: torch.Tensor) -> torch.dtype:
     return torch.float64 if any(t.dtype == torch.float64 for t in tensors) else torch.float32
 
 
+def scaled_logits(scale, anchors: torch.Tensor, candidates: torch.Tensor, bias=None) -> torch.Tensor:
+    """``s <a, c>`` (plus the bias), the scale on the (n x d) anchors rather than the (n x G) product."""
+    logits = (scale * anchors) @ candidates.T
+    return logits if bias is None else logits + bias
+
+
 def _masked_stats(logits: torch.Tensor, offset: int, both_axes: bool):
     # logits: (n, G) with the positive of row i at column i + offset.
     diag = logits.diagonal(offset)
@@ -191,13 +197,11 @@ def anchor_stats(
         local = local_loss and world_size > 1
         offset = rank * batch if local else 0
         img_rows = image_features.to(dtype) if local else all_img
+
         if m == 1 and local:
             txt = text_features.to(dtype)
-            logits_img = (s * img_rows) @ all_txt.T  # (B, G)
-            logits_txt = (s * txt) @ all_img.T  # (B, G)
-            if logit_bias is not None:
-                logits_img = logits_img + logit_bias
-                logits_txt = logits_txt + logit_bias
+            logits_img = scaled_logits(s, img_rows, all_txt, logit_bias)  # (B, G)
+            logits_txt = scaled_logits(s, txt, all_img, logit_bias)  # (B, G)
             pos_i, lse_i, _ = _masked_stats(logits_img, offset, both_axes=False)
             pos_t, lse_t, _ = _masked_stats(logits_txt, offset, both_axes=False)
             if beta:
@@ -205,9 +209,8 @@ def anchor_stats(
             if top_share:
                 tails = [_tail_stats(logits_img, 1, k_img, beta), _tail_stats(logits_txt, 1, k_txt, beta)]
         elif m == 1:
-            logits = (s * all_img) @ all_txt.T  # (G, G): rows are image anchors, columns text anchors
-            if logit_bias is not None:
-                logits = logits + logit_bias
+            # (G, G): rows are image anchors, columns text anchors
+            logits = scaled_logits(s, all_img, all_txt, logit_bias)
             pos_i, lse_i, lse_t = _masked_stats(logits, 0, both_axes=True)
             pos_t = pos_i
             if beta:
@@ -217,9 +220,7 @@ def anchor_stats(
         else:
             rows = torch.arange(img_rows.shape[0], device=all_txt.device) + offset  # global image index of each row
             pos_cols = rows[:, None] * m + torch.arange(m, device=rows.device)  # (n, M)
-            logits_img = (s * img_rows) @ all_txt.T  # (n, G M)
-            if logit_bias is not None:
-                logits_img = logits_img + logit_bias
+            logits_img = scaled_logits(s, img_rows, all_txt, logit_bias)  # (n, G M)
             pos_i, lse_i, lse_cols = _masked_block_stats(logits_img, pos_cols, both_axes=not local)
             if beta:
                 hard[:2] = _hard_stats(logits_img, beta, 1)
@@ -227,9 +228,7 @@ def anchor_stats(
                 tails[0] = _tail_stats(logits_img, 1, k_img, beta)
             if local:
                 txt = text_features.to(dtype)
-                logits_txt = (s * txt) @ all_img.T  # (B M, G)
-                if logit_bias is not None:
-                    logits_txt = logits_txt + logit_bias
+                logits_txt = scaled_logits(s, txt, all_img, logit_bias)  # (B M, G)
                 owner = (torch.arange(txt.shape[0], device=txt.device) + offset * m) // m
                 pos_t, lse_t, _ = _masked_block_stats(logits_txt, owner[:, None], both_axes=False)
                 pos_t = pos_t[:, 0]

@@ -1,11 +1,10 @@
 """``clip-dcl study check|commands|run|report|score``: thin wrappers over the study's functions.
 
 * ``check PLAN``: validate the plan (each arm's training command through the trainer's own flag checks, as
-  ``commands`` and ``run`` also do, with the data, before they seal); print its runs and, from a paired spread (the
-  plan's ``paired_sd``, a
-  comparison's own, or an earlier study's ``STUDY.json`` named by ``spread_from``), the seeds each comparison
+  ``commands`` and ``run`` also do, with the data, before they seal); print its runs and, from a paired spread
+  (``paired_sd`` or an earlier study's ``STUDY.json`` named by ``spread_from``), the seeds each comparison
   needs for the plan's power at its confidence, one look. Exit 1 when a comparison has fewer seeds than it
-  needs (the plan says so before any run), 0 otherwise.
+  needs, 0 otherwise.
 * ``commands PLAN --work DIR``: make and check the data, seal the plan in DIR, print one shell line per run on stdout
   (``> lines.sh``; a Slurm array runs line ``$SLURM_ARRAY_TASK_ID`` with ``sed -n``).
 * ``run PLAN --work DIR --parallel N``: the same lines on this machine, N at once; finished runs skipped.
@@ -38,18 +37,14 @@ from .work import StudyError
 
 
 def check(plan: Plan, echo=print) -> int:
-    """``study check``: what the plan runs, that its data can be read, and whether its seeds suffice for its
-    power. Data that a [data] command makes are checked when they are made (``commands`` or ``run``).
-
-    Raises:
-        StudyError: a shard or zero-shot folder of [data] does not exist, or a split's samples cannot be counted.
-    """
+    """``study check``: what the plan runs, that its data can be read (``StudyError`` otherwise; data that a
+    [data] command makes are checked when made), and whether its seeds suffice for its power."""
     from .lines import check_arms, placeholder_splits
     from .work import check_splits, plan_splits
 
     splits = None if "command" in plan.data else check_splits(plan_splits(plan), plan.source)
-    # not this machine's files: the work folder is not known here
-    if splits is None:  # the data are not made yet: the flags only
+    # not this machine's files (the work folder is not known here); without data, the flags only
+    if splits is None:
         check_arms(plan, Path("WORK"), placeholder_splits(plan), check_files=False, data=False)
     else:
         check_arms(plan, Path("WORK"), splits, check_files=False)
@@ -108,37 +103,33 @@ def build_parser() -> argparse.ArgumentParser:
     doc = plain_text(__doc__)
     p = FlagParser(
         prog="clip-dcl study",
-        allow_abbrev=False,
         description=doc.split("\n\n")[0],
         formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog="\n\n".join(doc.split("\n\n")[1:]),
     )
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
-    c = sub.add_parser("check", allow_abbrev=False, help="validate a plan; its runs and the seeds it needs")
+    c = sub.add_parser("check", help="validate a plan; its runs and the seeds it needs")
     c.add_argument("plan", metavar="PLAN")
     for name, text in (
         ("commands", "make the data, seal the plan, print one shell line per run"),
         ("run", "run the plan's runs on this machine"),
         ("report", "write STUDY.md/.json/.png from the finished runs"),
     ):
-        s = sub.add_parser(name, allow_abbrev=False, help=text)
+        s = sub.add_parser(name, help=text)
         s.add_argument("plan", metavar="PLAN")
         s.add_argument("--work", required=True, help="the study's folder (sealed by the first commands or run)")
         if name in ("commands", "run"):
             s.add_argument(
                 "--threads",
                 type=int,
-                default=None,
                 help="torch threads per run (default: the plan's threads, else "
                 + ("1" if name == "commands" else "the cores split between the parallel runs")
                 + ")",
             )
-        if name in ("commands", "run"):
             s.add_argument(
                 "--seeds",
                 nargs="+",
-                default=None,
                 metavar="SEED",
                 help="only these of the plan's seeds (ranges A-B too): this machine's share of a study "
                 "split across machines by whole seeds, so that each seed's pairs are made on one "
@@ -146,12 +137,12 @@ def build_parser() -> argparse.ArgumentParser:
                 "names machines)",
             )
         if name == "commands":
-            s.add_argument("--look", type=int, default=None, help="sequential plans: only the runs of looks 1..LOOK")
-            s.add_argument("--python", default=None, help="the Python that runs the lines (default: this one)")
+            s.add_argument("--look", type=int, help="sequential plans: only the runs of looks 1..LOOK")
+            s.add_argument("--python", help="the Python that runs the lines (default: this one)")
         if name == "run":
             s.add_argument("--parallel", type=int, default=1, help="runs at once (default 1)")
         if name == "report":
-            s.add_argument("--out", default=None, help="folder of STUDY.md/.json/.png (default: --work)")
+            s.add_argument("--out", help="folder of STUDY.md/.json/.png (default: --work)")
             s.add_argument(
                 "--name",
                 default="STUDY",
@@ -207,9 +198,7 @@ def _commands(plan: Plan, args) -> int:
     work = Path(args.work).resolve()
     check_seal(plan, work)
     splits = prepare_data(plan, work, echo=lambda s: print(s, file=sys.stderr))
-    # a command the trainer would refuse is named before the seal (not this machine's checks: the lines may
-    # run on another)
-    check_arms(plan, work, splits, check_files=False)
+    check_arms(plan, work, splits, check_files=False)  # before the seal; the lines may run on another machine
     seal(plan, work)  # once the data are there (see seal)
     threads = args.threads or plan.threads or 1
     for _, _, line in all_lines(plan, work, splits, threads, args.look, only):

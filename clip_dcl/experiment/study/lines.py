@@ -15,7 +15,7 @@ import shlex
 import sys
 from typing import Dict, List, Optional, Sequence
 
-from ..runner import Budget, Run, train_command
+from ..runner import Budget, Run, flag_words, train_command
 from .plan import Plan, registered_recipe
 from .work import StudyError, data_dir, package_root, run_dir
 
@@ -29,8 +29,7 @@ def settings(plan: Plan, arm: str) -> Dict[str, object]:
 
 
 def budget(plan: Plan, arm: str, seed: int) -> Budget:
-    """The :class:`Budget` of one run; a key the plan leaves out keeps Budget's default (the printed
-    command shows every value)."""
+    """The :class:`Budget` of one run (Budget's defaults where the plan is silent)."""
     s = settings(plan, arm)
     return Budget(**{k: s[k] for k in _BUDGET if k in s}, seed=seed, extra=tuple(s.get("flags", ())))
 
@@ -48,11 +47,11 @@ def train_argv(
     plan's [train] keys; then the arm's flags and ``--resume latest``."""
     s = settings(plan, arm)
     entry = [python or sys.executable, "-m", "clip_dcl.train", "--"]
+    folder = run_dir(work, arm, seed)
     recipe = registered_recipe(plan.recipe)
     if recipe is not None:
         from ..recipes import fill
 
-        folder = run_dir(work, arm, seed)
         argv = recipe.train_argv(
             batch_size=int(s.get("batch_size", 32)),
             seed=seed,
@@ -68,14 +67,13 @@ def train_argv(
         "train": {"num_samples": splits["train_samples"]},
         "val": {"num_samples": splits["validation_samples"]},
     }
-    folder = run_dir(work, arm, seed)
     device = s.get("device", "auto")
     argv = train_command(
         Run(folder.name, plan.arm(arm).flags),
         data,
         folder.parent,
         budget(plan, arm, seed),
-        [python or sys.executable, "-m", "clip_dcl.train"],
+        entry[:-1],
         precision=s.get("precision", "fp32"),
         device=None if device == "auto" else device,
         validate=s.get("validate", True),
@@ -89,31 +87,18 @@ def score_argv(
     """``clip-dcl study score ...`` of one run: both splits' scores and the run's record into its folder."""
     s = settings(plan, arm)
     folder = run_dir(work, arm, seed)
-    argv = [
-        python or sys.executable,
-        "-m",
-        "clip_dcl.cli",
-        "study",
-        "score",
-        str(folder),
-        "--checkpoint",
-        str(folder / "checkpoints" / f"epoch_{epochs(plan, arm)}.pt"),
-        "--validation",
-        str(splits["validation"]),
-        "--test",
-        str(splits["test"]),
-        "--recipe",
-        plan.recipe,
-        "--arm",
-        arm,
-        "--seed",
-        str(seed),
-    ]
-    for key in ("validation_zeroshot", "test_zeroshot"):
-        if splits.get(key):
-            argv += [f"--{key.replace('_', '-')}", str(splits[key])]
-    device = s.get("device", "cpu" if registered_recipe(plan.recipe) else "auto")
-    return argv + ["--device", device]
+    options = {
+        "--checkpoint": folder / "checkpoints" / f"epoch_{epochs(plan, arm)}.pt",
+        "--validation": splits["validation"],
+        "--test": splits["test"],
+        "--recipe": plan.recipe,
+        "--arm": arm,
+        "--seed": seed,
+        "--validation-zeroshot": splits.get("validation_zeroshot") or None,
+        "--test-zeroshot": splits.get("test_zeroshot") or None,
+        "--device": s.get("device", "cpu" if registered_recipe(plan.recipe) else "auto"),
+    }
+    return [python or sys.executable, "-m", "clip_dcl.cli", "study", "score", str(folder), *flag_words(options)]
 
 
 def shell_line(
@@ -134,8 +119,8 @@ def all_lines(
     look: Optional[int] = None,
     only: Optional[Sequence[int]] = None,
 ) -> List[tuple]:
-    """``(arm, seed, line)`` of every run of the plan (of its first ``look`` looks' seeds only, when given; of
-    the seeds in ``only`` only, when given)."""
+    """``(arm, seed, line)`` of every run of the plan, of its first ``look`` looks and of ``only``'s seeds when
+    given."""
     seeds = plan.seeds if look is None else plan.seeds[: plan.design()[look - 1][0]]
     return [
         (arm, seed, shell_line(plan, work, splits, arm, seed, threads))
@@ -155,14 +140,10 @@ def placeholder_splits(plan: Plan) -> Dict[str, object]:
 
 
 def check_arms(plan: Plan, work, splits: Dict[str, object], check_files: bool = True, data: bool = True) -> None:
-    """Each arm's training command (its first seed's) through the trainer's own parsing and the checks that
-    need only flags and files, in this process: no model is built and nothing trains. A command the trainer
-    would refuse is then named with its arm before the plan is sealed, not in the log of each of its runs.
-    ``check_files=False``: not the files of this machine (the work folder is not known); ``data=False``: the
-    flags only, neither the data nor what the loss learns from them (the data are not made yet).
-
-    Raises:
-        StudyError: naming the arm and the trainer's own message.
+    """Each arm's training command (its first seed's) through the trainer's own parsing and checks, in this
+    process (nothing trains), so that a refused command is named before the seal, not in each run's log:
+    ``StudyError`` naming the arm and the trainer's message. ``check_files=False``: not this machine's files;
+    ``data=False``: the flags only (the data are not made yet).
     """
     from clip_dcl.train.flags import FlagError, check_flag_words, parse_train_args
 

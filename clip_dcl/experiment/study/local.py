@@ -1,25 +1,19 @@
 """``study run``: a study's lines on this machine, N at once, the cores split between them.
 
-Each run is its shell line (:func:`.lines.shell_line`, the same line `study commands` prints), run with
-``bash -c`` in a process group of its own and its output kept in ``logs/<arm>-seed<N>.log``. A run that has
-its scores is skipped; a failed run is reported (its exit code, its log and the line of it that names the
-error), noted in ``attempts.jsonl``, and run again by the next call. With a sequential plan the runs go look
-by look, and stop once every comparison has its verdict.
+Each run is its shell line (:func:`.lines.shell_line`), run with ``bash -c`` in a process group of its own,
+its output in ``logs/<arm>-seed<N>.log``. A run that has its scores is skipped; a failed run is reported,
+noted in ``attempts.jsonl`` and run again by the next call. A sequential plan runs look by look.
 
-SIGTERM or Ctrl-C to `study run` is passed to every run's process group (a terminal's Ctrl-C does not reach
-them otherwise: each is a group of its own, so that a signal reaches the trainer and whatever it started, and
-nothing of the study outlives it). The trainer saves at its step and exits (``clip_dcl.train.preempt``); the
-study waits for each group to end (:data:`STOP_GRACE_S` at most, then kills what is left), notes every
-attempt that started, with how it ended, prints one line naming what it stopped and the command that goes
-on, and returns; ``clip-dcl study run`` then exits 75 (SIGTERM) or 130 (Ctrl-C). The next call continues a
-stopped run from its checkpoint, or reruns it from the start when it saved none, and says which; a run's
-``out.log`` then says where a new attempt begins, or the earlier one is kept beside it as
-``out.attempt<K>.log``, so that no log mixes two sessions without saying so.
+SIGTERM or Ctrl-C is passed to every run's group; the trainers save at their step, the study waits for
+each group (:data:`STOP_GRACE_S` at most, then kills it), notes every attempt and returns. The next call
+continues a stopped run from its checkpoint, or reruns it from the start, its earlier ``out.log`` kept as
+``out.attempt<K>.log`` (no log mixes two sessions without saying so).
 """
 
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import os
 import shlex
 import signal
@@ -30,6 +24,7 @@ from pathlib import Path
 from typing import Callable, Dict, List, Optional, Sequence
 
 from ..reporting import utc_date
+from ..runner import Stopped
 from . import work as W
 from .lines import check_arms, placeholder_splits, shell_line
 from .plan import Plan
@@ -44,14 +39,6 @@ STOP_GRACE_S = 90.0
 def default_threads(parallel: int) -> int:
     """Torch threads per run when the plan and the caller leave it open: the cores split between the runs."""
     return max(1, (os.cpu_count() or 1) // parallel)
-
-
-class Stopped(Exception):
-    """The study was stopped (``signame``) while no run was running (making the data, checking the plan)."""
-
-    def __init__(self, signame: str):
-        super().__init__(signame)
-        self.signame = signame
 
 
 def group_alive(pgid: int) -> bool:
@@ -78,8 +65,8 @@ def group_alive(pgid: int) -> bool:
 
 
 class Runs:
-    """The runs this study has started, each the leader of a process group; a stop signal is passed to every
-    group. The handlers are installed for the call (from the main thread only) and restored after it."""
+    """The runs this study has started, each the leader of a process group, to which a stop signal is passed
+    (the handlers installed from the main thread only)."""
 
     def __init__(self):
         self.live: Dict[tuple, subprocess.Popen] = {}
@@ -112,10 +99,8 @@ class Runs:
 
     def _signal(self, job, proc, signum) -> None:
         self.signalled.add(job)
-        try:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(proc.pid, signum)
-        except (ProcessLookupError, PermissionError):
-            pass
 
     def start(self, job, argv, **kwargs) -> Optional[subprocess.Popen]:
         """Start ``argv`` as the leader of a new process group; None once the study is stopped."""
@@ -144,10 +129,8 @@ class Runs:
 
     def _overdue(self, proc) -> None:
         if self.stopped_at is not None and time.monotonic() - self.stopped_at > STOP_GRACE_S:
-            try:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(proc.pid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
 
 
 def run_study(
@@ -159,14 +142,10 @@ def run_study(
     seeds: Optional[Sequence[int]] = None,
 ) -> dict:
     """Check each arm's training command against the trainer, make the data, seal ``work``, then run every
-    unfinished run (of ``seeds`` only, when given: the share of a study this machine takes), ``parallel`` at
-    once; return ``{"finished", "failed", "skipped", "stopped", "planned", "stopped_at_look", "signal"}`` (runs
-    as ``(arm, seed)``; ``signal``: the name of the signal that stopped the study, else None). A run whose
-    scores appear while the study runs (copied in from another machine's work folder) is skipped when its turn
-    comes.
-
-    Raises:
-        StudyError: a changed plan, data that cannot be made, an arm whose command the trainer refuses.
+    unfinished run (of ``seeds`` only, when given), ``parallel`` at once; return ``{"finished", "failed",
+    "skipped", "stopped", "planned", "stopped_at_look", "signal"}`` (runs as ``(arm, seed)``; ``signal``: the
+    signal that stopped the study, else None). ``StudyError``: a changed plan, data that cannot be made, an arm
+    whose command the trainer refuses.
     """
     if parallel < 1:
         raise ValueError(f"parallel={parallel}: must be >= 1")
@@ -356,9 +335,9 @@ def _stopped_text(work: Path, job) -> str:
 
 
 def _before_attempt(work: Path, arm: str, seed: int, started: str, echo) -> Optional[str]:
-    """Ready the run's folder for a new attempt when an earlier one left its ``out.log``, and say what the
-    attempt does: continue from the checkpoint (a line in ``out.log`` marks where it begins; returns the
-    checkpoint's name), or start afresh (the earlier log kept as ``out.attempt<K>.log``; returns None)."""
+    """Ready the run's folder when an earlier attempt left its ``out.log``, and say what the new one does:
+    continue from the checkpoint (marked in ``out.log``; its name returned), or start afresh (the earlier log
+    kept as ``out.attempt<K>.log``; None)."""
     folder = W.run_dir(work, arm, seed)
     log = folder / "out.log"
     if not log.is_file():

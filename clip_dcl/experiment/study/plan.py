@@ -1,10 +1,8 @@
 """A study's plan: one TOML file that declares, before anything runs, what is compared and how it is judged.
 
-The keys are documented in docs/studies.md; every one is checked, and an unknown key or a bad value
-is one `PlanError` line naming it. A registered ``recipe`` brings its data command and training
-flags. `load_plan` parses and checks a file; `Plan.runs` enumerates its runs seed after seed (so
-that the looks of a sequential design complete in order); `plan_changes` names what differs between
-two plans (how a sealed study refuses an edited plan).
+The keys are documented in docs/studies.md; every one is checked, and an unknown key or a bad value is one
+`PlanError` line naming it. `plan_changes` names what differs between two plans (a sealed study refuses an
+edited plan).
 """
 
 from __future__ import annotations
@@ -45,6 +43,8 @@ TRAIN_KEYS = {
     "validate": bool,
     "flags": list,
 }
+#: OpenCLIP's ``--precision`` values
+PRECISIONS = ("fp32", "amp", "amp_bf16", "fp16", "bf16", "pure_bf16", "pure_fp16", "amp_bfloat16")
 #: what a plan of a registered recipe may set (the recipe sets the rest)
 RECIPE_TRAIN_KEYS = ("epochs", "batch_size", "device", "flags")
 DATA_KEYS = (
@@ -428,16 +428,7 @@ def _train(c: _Checker, table, where: str, allowed=TRAIN_KEYS) -> Dict[str, Any]
             out[key] = c.number(value, f"{where}.{key}", minimum=0.0, strict=key == "lr")
         else:
             out[key] = c.typed(value, kind, f"{where}.{key}")
-    if "precision" in out and out["precision"] not in (
-        "fp32",
-        "amp",
-        "amp_bf16",
-        "fp16",
-        "bf16",
-        "pure_bf16",
-        "pure_fp16",
-        "amp_bfloat16",
-    ):
+    if "precision" in out and out["precision"] not in PRECISIONS:
         c.fail(f"{where}.precision", out["precision"], "not one of OpenCLIP's precisions")
     return out
 

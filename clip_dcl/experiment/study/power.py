@@ -1,7 +1,6 @@
 """A plan's power, as ``clip-dcl study check`` reports it and the study's report repeats it: from a paired
-spread (the comparison's ``paired_sd``, the plan's, or an earlier study's ``STUDY.json`` named by
-``spread_from``), the seeds each comparison needs for the plan's power at its confidence (one look), and the
-power its own seeds give."""
+spread, the seeds each comparison needs for the plan's power at its confidence (one look), and the power its
+own seeds give."""
 
 from __future__ import annotations
 

@@ -1,16 +1,10 @@
 """A study's report, ``STUDY.md``, ``STUDY.json`` and ``STUDY.png``: per comparison the paired differences per
-seed, their interval and the verdict by the plan's rule, with its reason in words. The Markdown opens with
-what its words mean (:data:`GLOSSARY`), every number is in points, and the figure is one forest plot of
-every comparison on a shared axis.
+seed, their interval and the verdict by the plan's rule with its reason in words, in points; the figure is
+one forest plot of every comparison on a shared axis.
 
-Verdicts come only from a complete look (every planned run of its seeds has its scores: for a one-look
-plan, every run), and the test split is read only then. Before, the report says "incomplete: k of n runs"
-and shows the validation split's differences, labelled as such (the split for choices, never a verdict).
-An exploratory plan (a screen, a sweep, a spread measurement) is judged on the validation split and
-never reads the test split. A sequential plan judges each comparison at its looks in order, each at one
-minus its share of the error, and stops a comparison at its first verdict. Runs of different recipes or
-hardware (CPU model, GPU, torch) are never paired unless the plan's ``pair_across`` says so: such a seed is
-left out and the comparison gets no verdict.
+Verdicts come only from a complete look, and the test split is read only then (an exploratory plan reads
+the validation split only); before, the report shows the validation split's differences, never a verdict.
+Runs of different recipes or hardware are paired only where the plan's ``pair_across`` says so.
 """
 
 from __future__ import annotations
@@ -20,12 +14,12 @@ from pathlib import Path
 from typing import Dict, List, Optional, Tuple
 
 from ..figures import pyplot, save_figure
-from ..reporting import Report, markdown_table
+from ..reporting import Report, git, markdown_table
 from ..stats import t_interval
 from . import work as W
 from .plan import Comparison, Plan, PlanError
 from .power import planned_power
-from .rule import judge, reason
+from .rule import _pt, judge, reason
 
 RULE_TEXT = {
     "beats": "**beats**: the interval lies above zero and the mean exceeds the resolution ({res}); **trails**: the "
@@ -40,42 +34,23 @@ RULE_TEXT = {
 
 def plan_committed(plan: Plan, commit: Optional[str]) -> Optional[str]:
     """When (UTC, ``YYYY-MM-DD HH:MM:SS``) the plan file was last committed at or before ``commit`` (the seal's),
-    from git, provided the file as committed there is this plan (every key equal: comments may differ); None
-    outside a checkout, for a plan git does not track, or for one whose committed keys differ. What makes
-    "planned before its first run" checkable by anyone: a seal's date is a local file's word, a commit's is in
-    the history."""
-    import os
-    import subprocess
-
+    provided the file committed there is this plan (comments may differ), else None: a commit's date, unlike a
+    seal's, makes "planned before its first run" checkable by anyone."""
     from .plan import parse_plan
 
     source = Path(plan.source).resolve()
     if not commit or not source.is_file():
         return None
     ref = commit.split("+")[0]
-
-    def git(*args) -> Optional[str]:
-        try:
-            out = subprocess.run(
-                ["git", *args],
-                cwd=source.parent,
-                capture_output=True,
-                text=True,
-                timeout=30,
-                env={**os.environ, "TZ": "UTC"},
-            )
-        except (OSError, subprocess.SubprocessError):
-            return None
-        return out.stdout if out.returncode == 0 else None
-
-    text = git("show", f"{ref}:./{source.name}")
+    text = git("show", f"{ref}:./{source.name}", cwd=source.parent)
     try:
         if text is None or parse_plan(text, str(source)).canonical() != plan.canonical():
             return None
     except ValueError:  # PlanError, or a file that is no plan
         return None
+    date = "--date=format-local:%Y-%m-%d %H:%M:%S"
     return (
-        git("log", "-1", "--format=%cd", "--date=format-local:%Y-%m-%d %H:%M:%S", ref, "--", source.name) or ""
+        git("log", "-1", "--format=%cd", date, ref, "--", source.name, cwd=source.parent, TZ="UTC") or ""
     ).strip() or None
 
 
@@ -191,10 +166,7 @@ def all_decided(rows: List[dict]) -> bool:
 
 
 def _points(x: Optional[float], sign: bool = True) -> str:
-    if x is None or x != x:
-        return "-"
-    value = round(100 * x, 2) + 0.0  # + 0.0: a value that rounds to zero is "+0.00", never "-0.00"
-    return f"{value:+.2f}" if sign else f"{value:.2f}"
+    return "-" if x is None or x != x else _pt(x, sign)
 
 
 def _interval(r: dict) -> str:
@@ -215,7 +187,7 @@ def _threshold(rule: str, margin: Optional[float], resolution: float) -> str:
 
 
 def why(c: dict, r: dict, resolution: float) -> str:
-    """Why row ``r`` of comparison ``c`` has its verdict, in words (:func:`clip_dcl.experiment.study.rule.reason`)."""
+    """Why row ``r`` of comparison ``c`` has its verdict, in words."""
     if r.get("left_out"):
         return "seeds left out (" + "; ".join(r["left_out"]) + ")"
     return reason(c["rule"], r, resolution)
@@ -345,10 +317,8 @@ def build(plan: Plan, work: Path) -> dict:
 
 
 def provenance(doc: dict) -> str:
-    """Where and when the plan was fixed, against its first run (the earliest attempt), in words: "committed
-    DATE, before its first run (DATE); sealed DATE at commit C" when git holds the plan file itself at the
-    seal's commit (:func:`plan_committed`), and "before its first run" only when the dates say so; else that
-    the plan was not committed (the commit is then only the code's, and no date is the plan's)."""
+    """Where and when the plan was fixed, against its first run, in words: its commit date where git holds
+    the plan at the seal's commit (:func:`plan_committed`), else that it was not committed."""
     sealed, commit, first = doc.get("sealed"), doc.get("sealed_commit"), doc.get("first_run")
     if not sealed:
         return "not sealed yet"
@@ -516,8 +486,8 @@ def markdown(doc: dict, plan: Plan, figure_name: str = "STUDY.png") -> List[str]
 
 
 def forest_rows(doc: dict) -> List[dict]:
-    """The rows of :func:`figure`, top to bottom: per comparison its row (the test split at its final or last
-    look, else the validation split's), the split, the verdict shown and the bars it is read against, in points."""
+    """The rows of :func:`figure`, top to bottom, in points: per comparison its final or last look, else its
+    validation split's row, and the bars it is read against."""
     rows = []
     for c, v in zip(doc["comparisons"], doc["validation"]):
         r = c["final"] or (c["looks"][-1] if c["looks"] else None)
@@ -547,10 +517,9 @@ def forest_rows(doc: dict) -> List[dict]:
 
 
 def figure(doc: dict, path: Path) -> Path:
-    """One forest plot: every comparison on one shared axis of differences ``a - b`` in points, so that the
-    eye compares them: each seed a dot, the mean a square with its interval, zero a line, and the bars each
-    is read against (minus the margin for reaches, ± the margin for matches; for beats, ± the resolution
-    shaded, the band where a mean is a tie)."""
+    """One forest plot of every comparison on a shared axis of differences ``a - b`` in points: each seed a
+    dot, the mean a square with its interval, zero a line, the margins dashed and, for beats, ± the
+    resolution shaded."""
     plt = pyplot()
     rows = forest_rows(doc)
     fig, ax = plt.subplots(figsize=(9.5, 1.5 + 0.6 * len(rows)))  # the height from the rows: one or twenty
@@ -608,8 +577,7 @@ def figure(doc: dict, path: Path) -> Path:
 def write_report(
     plan: Plan, work: Path, out: Optional[Path] = None, command: str = "", name: str = "STUDY"
 ) -> Dict[str, object]:
-    """Write ``NAME.md/.json/.png`` (default ``STUDY``) into ``out`` (default ``work``); return the document
-    and the paths."""
+    """Write ``NAME.md/.json/.png`` into ``out`` (default ``work``); return the document and the paths."""
     work = Path(work)
     out = Path(out) if out else work
     doc = build(plan, work)

@@ -9,8 +9,6 @@ from typing import Dict, Optional, Sequence
 
 from ..stats import t_interval
 
-POSITIVE = {"beats": "beats", "reaches": "reaches", "matches": "matches"}
-
 
 def verdict(
     rule: str,

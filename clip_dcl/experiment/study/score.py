@@ -101,13 +101,13 @@ def main(argv: List[str]) -> int:
     from ...arguments import FlagParser
     from ..arguments import plain_text
 
-    p = FlagParser(prog="clip-dcl study score", allow_abbrev=False, description=plain_text(__doc__.split("\n\n")[0]))
+    p = FlagParser(prog="clip-dcl study score", description=plain_text(__doc__.split("\n\n")[0]))
     p.add_argument("folder", metavar="RUN_DIR", help="the run's folder (OpenCLIP's --logs/--name)")
     p.add_argument("--checkpoint", required=True, help="the checkpoint to score")
     p.add_argument("--validation", required=True, help="validation retrieval shards")
     p.add_argument("--test", required=True, help="test retrieval shards")
-    p.add_argument("--validation-zeroshot", default=None, help="validation zero-shot ImageFolder (optional)")
-    p.add_argument("--test-zeroshot", default=None, help="test zero-shot ImageFolder (optional)")
+    p.add_argument("--validation-zeroshot", help="validation zero-shot ImageFolder (optional)")
+    p.add_argument("--test-zeroshot", help="test zero-shot ImageFolder (optional)")
     p.add_argument("--recipe", default="custom", help="the recipe's name, recorded")
     p.add_argument("--arm", default="", help="the arm's name, recorded")
     p.add_argument("--seed", type=int, default=0, help="the training seed, recorded")

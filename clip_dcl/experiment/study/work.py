@@ -35,9 +35,7 @@ class StudyError(RuntimeError):
     """A study that cannot go on (a changed plan, data that cannot be made): one line saying why."""
 
 
-# ------------------------------------------------------------------------------------------
-# The seal
-# ------------------------------------------------------------------------------------------
+# -- the seal --------------------------------------------------------------------------------------
 def read_seal(work: Path) -> Optional[dict]:
     path = Path(work) / SEAL
     return json.loads(path.read_text()) if path.is_file() else None
@@ -60,11 +58,9 @@ def check_seal(plan: Plan, work: Path) -> Optional[dict]:
 
 
 def seal(plan: Plan, work: Path) -> dict:
-    """Seal ``work`` with ``plan`` unless it is sealed already (then check it, :func:`check_seal`).
-
-    ``commands`` and ``run`` seal once the data are made and checked, just before the first line, so that
-    a plan whose data cannot be read can be corrected and run in the same folder; ``run`` also unseals a
-    folder it sealed where no run trained (:func:`unseal_untrained`)."""
+    """Seal ``work`` with ``plan`` unless it is sealed already (then :func:`check_seal`). ``commands`` and
+    ``run`` seal once the data are made and checked, so that a plan whose data cannot be read can be
+    corrected in the same folder."""
     work = Path(work)
     found = check_seal(plan, work)
     if found is not None:
@@ -108,18 +104,14 @@ def unseal_untrained(work: Path) -> bool:
     return True
 
 
-# ------------------------------------------------------------------------------------------
-# The data
-# ------------------------------------------------------------------------------------------
+# -- the data --------------------------------------------------------------------------------------
 def data_dir(work: Path) -> Path:
     return Path(work).resolve() / "data"
 
 
 def prepare_data(plan: Plan, work: Path, echo: Callable[[str], None] = print) -> Dict[str, object]:
-    """The splits the runs read (``work/data.json``), made first by the plan's [data] command when it has one
-    (once: a later call reuses them). Keys: ``train``, ``train_samples``, ``validation``,
-    ``validation_samples``, ``test``, ``test_samples``, ``validation_zeroshot``, ``test_zeroshot`` (None
-    when absent); paths absolute."""
+    """The splits the runs read (``work/data.json``; :func:`plan_splits`' keys, paths absolute), made first by
+    the plan's [data] command when it has one (once: a later call reuses them)."""
     work = Path(work).resolve()
     path = work / "data.json"
     spec = plan.data
@@ -165,9 +157,9 @@ def plan_folder(plan: Plan) -> Path:
 
 
 def plan_splits(plan: Plan, folder: Optional[Path] = None) -> Dict[str, object]:
-    """The splits a plan's [data] names: ``{DATA}`` replaced by ``folder`` (the data a command writes), a
-    relative path read from :func:`plan_folder`, a folder of shards taken as the pattern of its ``.tar``
-    files; the sample counts as the plan gives them (None where it does not)."""
+    """The splits a plan's [data] names (``train``, ``validation``, ``test``, their ``*_samples`` and the
+    ``*_zeroshot`` folders; None where absent): ``{DATA}`` replaced by ``folder``, relative paths read from
+    :func:`plan_folder`, a folder of shards taken as the pattern of its ``.tar`` files."""
     from clip_dcl.data.shards import folder_pattern
 
     spec, base = plan.data, plan_folder(plan)
@@ -255,9 +247,7 @@ def package_root() -> str:
     return str(Path(__file__).resolve().parents[3])
 
 
-# ------------------------------------------------------------------------------------------
-# Runs
-# ------------------------------------------------------------------------------------------
+# -- runs ------------------------------------------------------------------------------------------
 def run_dir(work: Path, arm: str, seed: int) -> Path:
     return Path(work).resolve() / "runs" / arm / f"seed{seed}"
 
@@ -284,9 +274,8 @@ def read_scores(work: Path, arm: str, seed: int, split: str) -> Optional[Dict[st
 
 
 def note_attempt(work: Path, arm: str, seed: int, started: str, seconds: float, code: int, **more) -> None:
-    """Append one attempt of ``study run`` to ``attempts.jsonl``: its start, length and exit code (negative: the
-    line died of that signal), and ``more`` (``stopped``: the signal that stopped the study, ``checkpoint``:
-    the one it left, ``continued``: the one it started from)."""
+    """Append one attempt of ``study run`` to ``attempts.jsonl``: its start, length, exit code (negative: the
+    signal it died of) and ``more`` (``stopped``, ``checkpoint`` it left, ``continued`` from)."""
     path = Path(work) / "attempts.jsonl"
     with open(path, "a") as f:
         f.write(
@@ -306,12 +295,6 @@ def attempts(work: Path) -> List[dict]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
-def resumed(work: Path, arm: str, seed: int) -> bool:
-    """Whether the run's training resumed from a checkpoint of an earlier attempt (OpenCLIP logs it)."""
-    log = run_dir(work, arm, seed) / "out.log"
-    return log.is_file() and "=> resuming checkpoint" in log.read_text(errors="replace")
-
-
 def latest_checkpoint(work: Path, arm: str, seed: int) -> Optional[str]:
     """The newest checkpoint of the run (its name under ``checkpoints/``), the one ``--resume latest``
     continues from; None when the run saved none."""
@@ -320,8 +303,8 @@ def latest_checkpoint(work: Path, arm: str, seed: int) -> Optional[str]:
 
 
 def error_line(log: Path, offset: int = 0) -> Optional[str]:
-    """The line of ``log`` (from byte ``offset``: one attempt's output) that says why it failed: the last that
-    names an error, else the last line; None for an empty log."""
+    """The line of ``log`` (from byte ``offset``) that says why it failed: the last that names an error, else
+    the last line; None for an empty log."""
     try:
         with open(log, "rb") as f:
             f.seek(offset)
