@@ -81,7 +81,8 @@ def plan_body(
     counts: List[int],
 ) -> List[str]:
     """The plan's TOML after its comments: the study's keys, [data], [train], one [[arms]] per ``(name, batch,
-    flags)`` and one [[comparisons]] per row with its seed count (``expected`` by its size for ``beats``)."""
+    flags)`` and one [[comparisons]] per row with its seed count, its ``margin`` (or ``margin_gain``, given as
+    ``(from, to, share)``) and ``expected`` (by its size for ``beats``)."""
     toml = [
         f'title = "{title}"',
         f'recipe = "{recipe}"',
@@ -104,7 +105,10 @@ def plan_body(
         toml += ["", "[[arms]]", f'name = "{name}"', f"batch_size = {b}", f"flags = {json.dumps(list(flags))}"]
     for r, k in zip(rows, counts):
         toml += ["", "[[comparisons]]", f'a = "{r["a"]}"', f'b = "{r["b"]}"', f'rule = "{r["rule"]}"', f"seeds = {k}"]
-        if "margin" in r:
+        if "margin_gain" in r:
+            low, high, share = r["margin_gain"]
+            toml.append(f'margin_gain = {{from = "{low}", to = "{high}", share = {share}}}')
+        elif "margin" in r:
             toml.append(f"margin = {round(r['margin'], 4)}")
         toml += [
             f"expected = {round(abs(r['expected']) if r['rule'] == 'beats' else r['expected'], 4)}",
