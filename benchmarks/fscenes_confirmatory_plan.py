@@ -170,16 +170,8 @@ def write(rows: list, counts: list, tuned: dict, arms: dict, floor: float, recip
     return "\n".join(toml) + "\n"
 
 
-def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0], allow_abbrev=False)
-    p.add_argument("--dry-run", action="store_true", help="print the choices and numbers; write nothing")
-    p.add_argument("--min-seeds", type=int, default=4, help="the fewest seeds a comparison is judged on (default 4)")
-    p.add_argument(
-        "--max-seeds", type=int, default=4, help="more than this for power 0.8 is not powered here (default 4)"
-    )
-    args = p.parse_args(argv)
-    if not 2 <= args.min_seeds <= args.max_seeds:
-        p.error(f"expected 2 <= --min-seeds <= --max-seeds, got {args.min_seeds} and {args.max_seeds}")
+def build(min_seeds: int, max_seeds: int) -> tuple:
+    """The plan's text from the published screen and gate, and each comparison's seed count."""
     screen = tomllib.loads(SCREEN.read_text())
     arms = {a["name"]: a["flags"] for a in screen["arms"]}
     s = validation_scores(METRIC, RESULTS / "fscenes_screen.json")
@@ -190,8 +182,22 @@ def main(argv=None) -> int:
         for b in SIZES
     }
     rows = comparisons(s, arms, tuned)
-    counts = affordable_counts([needed(r) for r in rows], args.min_seeds, args.max_seeds)
+    counts = affordable_counts([needed(r) for r in rows], min_seeds, max_seeds)
     text = write(rows, counts, tuned, arms, pooled_sd(s, arms), screen["recipe"])
+    return text, counts
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0], allow_abbrev=False)
+    p.add_argument("--dry-run", action="store_true", help="print the choices and numbers; write nothing")
+    p.add_argument("--min-seeds", type=int, default=4, help="the fewest seeds a comparison is judged on (default 4)")
+    p.add_argument(
+        "--max-seeds", type=int, default=4, help="more than this for power 0.8 is not powered here (default 4)"
+    )
+    args = p.parse_args(argv)
+    if not 2 <= args.min_seeds <= args.max_seeds:
+        p.error(f"expected 2 <= --min-seeds <= --max-seeds, got {args.min_seeds} and {args.max_seeds}")
+    text, counts = build(args.min_seeds, args.max_seeds)
     print("\n".join(x[2:] for x in text.splitlines() if x.startswith("#   ")))
     print(f"seeds: {max(counts)} (per comparison: {counts})")
     return write_once(PLAN, text, args.dry_run)
