@@ -169,6 +169,13 @@ TESTBEDS = (
         "benchmarks/results/fmnist_confirmatory.json",
         "benchmarks/studies/fmnist_confirmatory.toml",
     ),
+    (
+        "Fashion-MNIST scenes",
+        "four real photographs a scene in a 2 x 2 grid, captions naming each item, its cell and two measured "
+        "attributes (`fscenes4-words`)",
+        "benchmarks/results/fscenes_confirmatory.json",
+        "benchmarks/studies/fscenes_confirmatory.toml",
+    ),
 )
 _METRIC_NAMES = {"retrieval/mean_R@1": "retrieval mean R@1", "zeroshot/top1": "zero-shot top-1"}
 
