@@ -27,10 +27,10 @@ lint: venv
 	$(PY) -m ruff format --check .
 
 test: lint
-	$(PY) -m pytest tests -n $(PYTEST_WORKERS) --dist loadfile --durations=15 $(PYTEST_ARGS)
+	$(PY) -m pytest tests -n $(PYTEST_WORKERS) --dist loadfile --no-loadscope-reorder --durations=15 $(PYTEST_ARGS)
 
 test-quick: venv
-	$(PY) -m pytest tests -m "not slow" -n $(PYTEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
+	$(PY) -m pytest tests -m "not slow" -n $(PYTEST_WORKERS) --dist loadfile --no-loadscope-reorder $(PYTEST_ARGS)
 
 demo: venv
 	$(VENV)/bin/clip-dcl demo $(DEMO_ARGS)

@@ -127,3 +127,33 @@ def preloaded(tmp_path_factory):
 
     with Preloaded(tmp_path_factory.mktemp("preloaded")) as server:
         yield server
+
+
+#: The modules that take longest, longest first (wall time, one module at a time, on a loaded 2-core machine:
+#: test_train.py 250 s down to test_loss_speed_bench.py 50 s). ``make test`` hands them to its pytest-xdist
+#: workers first (``--dist loadfile --no-loadscope-reorder``), so that no long module starts last and runs
+#: alone at the end; xdist's own order (modules with the most tests first) started them last.
+LONGEST_FIRST = (
+    "test_train.py",
+    "test_train_preempt.py",
+    "test_preempt_soak.py",
+    "test_reliability_exit.py",
+    "test_reliability_signals.py",
+    "test_openclip_scenarios.py",
+    "test_reliability_hints.py",
+    "test_reliability_startup.py",
+    "test_demo.py",
+    "test_docs_commands.py",
+    "test_reliability_lock.py",
+    "test_train_distributed.py",
+    "test_captions_per_image.py",
+    "test_demo_speed.py",
+    "test_train_log_columns.py",
+    "test_loss_speed_bench.py",
+)
+
+
+def pytest_collection_modifyitems(config, items):
+    """The modules of :data:`LONGEST_FIRST` first, in its order; the others after them, as collected."""
+    rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))
