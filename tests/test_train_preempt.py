@@ -13,7 +13,6 @@ import os
 import re
 import signal
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -172,10 +171,12 @@ def test_preempt_slurm_script_asks_for_the_signal_and_requeues_on_exit_75(tmp_pa
 
 
 # -- end to end: stop mid-epoch on a signal, resume, and end where the uninterrupted run ends -----------------
-def _run(tmp_path, name, pattern, nproc, extra=(), env=None):
+def _run(python, tmp_path, name, pattern, nproc, extra=(), env=None):
+    """The run through ``python`` (the preloaded one: torchrun, its ranks and the one-process run are processes of
+    their own, started without importing torch again; the stop is a signal each sends itself)."""
     launch = (
         [
-            sys.executable,
+            python,
             "-m",
             "torch.distributed.run",
             "--standalone",
@@ -185,7 +186,7 @@ def _run(tmp_path, name, pattern, nproc, extra=(), env=None):
             "--",
         ]
         if nproc > 1
-        else [sys.executable, str(HELPER)]
+        else [python, str(HELPER)]
     )
     cmd = [
         *launch,
@@ -254,12 +255,12 @@ def _assert_same_end(tmp_path, a, b):
 
 
 @pytest.mark.slow
-def test_preempt_two_ranks_sigterm_mid_epoch_resumes_to_the_uninterrupted_weights_and_loss_state(tmp_path):
+def test_preempt_two_ranks_sigterm_mid_epoch_resumes_to_the_uninterrupted_weights_and_loss_state(tmp_path, preloaded):
     """2 gloo ranks, 4 steps an epoch, 2 epochs; SIGTERM reaches rank 1 only, after its 6th step."""
     pattern = write_shards(tmp_path / "shards", num_shards=2, per_shard=16)
-    full = _run(tmp_path, "full", pattern, 2)
+    full = _run(preloaded.python, tmp_path, "full", pattern, 2)
     assert full.returncode == 0, full.stderr[-4000:]
-    cut = _run(tmp_path, "cut", pattern, 2, env={"PREEMPT_AT_STEP": "6", "PREEMPT_RANK": "1"})
+    cut = _run(preloaded.python, tmp_path, "cut", pattern, 2, env={"PREEMPT_AT_STEP": "6", "PREEMPT_RANK": "1"})
     # each rank exits 75; torchrun reports its workers' failure with its own code
     assert cut.returncode != 0 and re.search(r"exitcode\s*: 75", cut.stderr), cut.stderr[-4000:]
     folder = tmp_path / "logs" / "cut" / "checkpoints"
@@ -273,7 +274,7 @@ def test_preempt_two_ranks_sigterm_mid_epoch_resumes_to_the_uninterrupted_weight
     assert saved["epoch"] == 1 and saved["clip_dcl"]["resume"]["step"] == 2
     assert int(saved["loss_state"]["calls"]) == 6  # DeCL's optimizer-step counter: 4 + 2
     assert (folder / "loss_state" / "epoch_1_step_2").is_dir()  # the sharded rates: one file per rank
-    resumed = _run(tmp_path, "cut", pattern, 2, extra=["--resume", "latest"])
+    resumed = _run(preloaded.python, tmp_path, "cut", pattern, 2, extra=["--resume", "latest"])
     assert resumed.returncode == 0, resumed.stderr[-4000:]
     assert resumed.stderr.count("Resumed epoch 1 at step 2 of 4") == 2
     _assert_same_end(tmp_path, "full", "cut")
@@ -288,21 +289,29 @@ def test_preempt_two_ranks_sigterm_mid_epoch_resumes_to_the_uninterrupted_weight
 
 
 @pytest.mark.slow
-def test_preempt_one_process_usr1_with_save_most_recent_and_periodic_saves(tmp_path):
+def test_preempt_one_process_usr1_with_save_most_recent_and_periodic_saves(tmp_path, preloaded):
     """SIGUSR1 (Slurm's --signal) on one process, --save-most-recent (the stop goes to epoch_latest.pt,
     where OpenCLIP's --resume latest looks then) and --save-every-minutes (saves at step boundaries
     that do not stop the run); the resumed run ends where the uninterrupted one does."""
     pattern = write_shards(tmp_path / "shards", num_shards=2, per_shard=16)
     flags = ["--save-most-recent", "--save-every-minutes", "1e-9"]
-    full = _run(tmp_path, "full", pattern, 1, extra=flags)
+    full = _run(preloaded.python, tmp_path, "full", pattern, 1, extra=flags)
     assert full.returncode == 0, full.stderr[-4000:]
     assert full.stderr.count("(every 1e-09 minutes)") == 2 * 8  # before steps 0..7 of each 8-step epoch
-    cut = _run(tmp_path, "cut", pattern, 1, extra=flags, env={"PREEMPT_AT_STEP": "11", "PREEMPT_SIGNAL": "SIGUSR1"})
+    cut = _run(
+        preloaded.python,
+        tmp_path,
+        "cut",
+        pattern,
+        1,
+        extra=flags,
+        env={"PREEMPT_AT_STEP": "11", "PREEMPT_SIGNAL": "SIGUSR1"},
+    )
     assert cut.returncode == 75, cut.stderr[-4000:]
     latest = tmp_path / "logs" / "cut" / "checkpoints" / "epoch_latest.pt"
     assert f"Saved {latest}: step 3 of epoch 1 (on SIGUSR1)" in cut.stderr
     assert not list(latest.parent.glob("epoch_*_step_*.pt"))  # with --save-most-recent, only epoch_latest.pt
-    resumed = _run(tmp_path, "cut", pattern, 1, extra=["--resume", "latest", *flags])
+    resumed = _run(preloaded.python, tmp_path, "cut", pattern, 1, extra=["--resume", "latest", *flags])
     assert resumed.returncode == 0, resumed.stderr[-4000:]
     assert "Resumed epoch 1 at step 3 of 8" in resumed.stderr
     _assert_same_end(tmp_path, "full", "cut")
