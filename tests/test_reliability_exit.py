@@ -89,10 +89,11 @@ def _default_sigint():
     signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
-def _launch(args, env=None):
-    """Start ``python ARGS``; return the process and its start time."""
+def _launch(args, env=None, python=None):
+    """Start ``python ARGS`` (this interpreter, or the ``python`` given: the preloaded one); return the process
+    and its start time."""
     return subprocess.Popen(
-        [sys.executable, *map(str, args)],
+        [python or sys.executable, *map(str, args)],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,

@@ -65,10 +65,11 @@ def _with_logs(flags, logs):
 @pytest.mark.parametrize(
     "sig, code, choice", [("SIGTERM", 75, 1), ("SIGINT", 130, 0)], ids=["SIGTERM-resume-path", "SIGINT-resume-latest"]
 )
-def test_hint_of_a_stop_on_a_signal_continues_the_run(shards, tmp_path, sig, code, choice):  # noqa: F811
+def test_hint_of_a_stop_on_a_signal_continues_the_run(shards, tmp_path, preloaded, sig, code, choice):  # noqa: F811
     logs = tmp_path / "logs"
     flags = _flags(shards, logs, "x", "--loss", "dcl", "--epochs", "1", "--train-num-samples", "32")
-    proc, _ = _launch([HELPER, *flags], env=_env(PREEMPT_AT_STEP="2", PREEMPT_SIGNAL=sig))
+    # a process of its own (the signal is one it sends itself), started without importing torch again
+    proc, _ = _launch([HELPER, *flags], env=_env(PREEMPT_AT_STEP="2", PREEMPT_SIGNAL=sig), python=preloaded.python)
     rc, err, _ = _finish(proc)
     assert rc == code, err[-3000:]
     words = _alternatives(err, "run the same command with", "; it continues at step 2 of epoch 0")[choice]
