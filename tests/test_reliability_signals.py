@@ -158,7 +158,7 @@ def test_ctrl_c_a_second_one_during_the_save_exits_130_and_leaves_no_file(shards
 # -- a save that fails leaves no shard folder ----------------------------------------------------------------
 @pytest.mark.slow
 @pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full")
-def test_failed_save_on_two_ranks_leaves_no_shard_folder_without_its_checkpoint(shards, tmp_path):  # noqa: F811
+def test_failed_save_on_two_ranks_leaves_no_shard_folder_without_its_checkpoint(shards, tmp_path, preloaded):  # noqa: F811
     folder = tmp_path / "logs" / "full" / "checkpoints"
     folder.mkdir(parents=True)
     (folder / "epoch_2.pt.partial").symlink_to("/dev/full")  # epoch 1 saves, epoch 2 finds the disk full
@@ -179,8 +179,9 @@ def test_failed_save_on_two_ranks_leaves_no_shard_folder_without_its_checkpoint(
         "--train-num-samples",
         "32",
     )
-    proc, _ = _launch(
-        ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", "-m", "clip_dcl.train", "--", *flags]
+    proc, _ = _launch(  # torchrun and its ranks from the preloaded python: no signal comes from outside
+        ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", "-m", "clip_dcl.train", "--", *flags],
+        python=preloaded.python,
     )
     rc, err, _ = _finish(proc)
     assert rc != 0 and f"cannot write checkpoint {folder / 'epoch_2.pt'}: the disk is full" in err, err[-3000:]

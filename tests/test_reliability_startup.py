@@ -331,11 +331,23 @@ def test_oneline_the_entry_point_refuses_too_few_shards_on_its_world(monkeypatch
 
 
 @pytest.mark.slow
-def test_oneline_an_error_every_rank_meets_is_printed_once_without_traceback(shards, tmp_path):  # noqa: F811
-    # keys up to 63 and a buffer of 8 ids: the loss raises on the first step, on both ranks
+def test_oneline_an_error_every_rank_meets_is_printed_once_without_traceback(shards, tmp_path, preloaded):  # noqa: F811
+    # keys up to 63 and a buffer of 8 ids: the loss raises on the first step, on both ranks (started from the
+    # preloaded python: what is tested is what the ranks and the launcher print, not how they start)
     flags = _flags(shards, tmp_path / "logs", "o", "--loss", "decl", "--decl-num-samples", "8")
     proc, _ = _launch(
-        ["-m", "clip_dcl.train.torchrun", "--standalone", "--nproc_per_node", "2", "-m", "clip_dcl.train", "--", *flags]
+        [
+            "-m",
+            "clip_dcl.train.torchrun",
+            "--standalone",
+            "--nproc_per_node",
+            "2",
+            "-m",
+            "clip_dcl.train",
+            "--",
+            *flags,
+        ],
+        python=preloaded.python,
     )
     rc, err, _ = _finish(proc, timeout=LAUNCH_BOUND_S)
     assert rc == 1, err[-3000:]
