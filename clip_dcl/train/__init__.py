@@ -151,8 +151,11 @@ def main(argv: Optional[List[str]] = None, prog: Optional[str] = None, exiting: 
                     signal.signal(num, signal.SIG_IGN)
             else:
                 guard.remove()
-            if code != 0:  # failed: no loader is read again, and none may outlive this line (see exits.py)
-                stop_loader_workers()
+            # the run is over: no loader is read again. A failed run's workers may not outlive its line (see
+            # exits.py); a finished one's would otherwise be stopped by the garbage collector, which in a process
+            # that goes on (a second run, a notebook) meets their queues already closed and waits 5 s a worker
+            # before it kills them
+            stop_loader_workers()
     if exiting and stopped_in_startup:  # nothing left to write: no teardown of the model and the data
         exit_flushed(code)
     return code
