@@ -240,12 +240,13 @@ def _held_run(shards, logs, release):  # noqa: F811
 
 
 @pytest.mark.slow
-def test_two_processes_the_second_stops_at_once_naming_the_first(shards, tmp_path):  # noqa: F811
+def test_two_processes_the_second_stops_at_once_naming_the_first(shards, tmp_path, preloaded):  # noqa: F811
     logs, release = tmp_path / "logs", tmp_path / "release"
     first = _held_run(shards, logs, release)
     try:
-        # the requeued job's case: the same command, --resume latest, while the first still trains
-        second, _ = _launch(["-m", "clip_dcl.train", *_run_flags(shards, logs)])
+        # the requeued job's case: the same command, --resume latest, while the first still trains (the second and
+        # the third start from the preloaded python; the first, whose pid the refusal names, from this one)
+        second, _ = _launch(["-m", "clip_dcl.train", *_run_flags(shards, logs)], python=preloaded.python)
         rc, err, took = _finish(second, timeout=60)
         assert rc == 1, err[-3000:]
         lines = err.strip().splitlines()
@@ -263,7 +264,7 @@ def test_two_processes_the_second_stops_at_once_naming_the_first(shards, tmp_pat
     assert rc == 0, err[-3000:]
     assert not (logs / "x" / "run.lock").exists()
     # "wait for it to end, then run this command again": the same command now continues the run
-    again, _ = _launch(["-m", "clip_dcl.train", *_run_flags(shards, logs)])
+    again, _ = _launch(["-m", "clip_dcl.train", *_run_flags(shards, logs)], python=preloaded.python)
     rc, err, _ = _finish(again)
     assert rc == 0, err[-3000:]
     assert f"=> resuming checkpoint '{logs / 'x' / 'checkpoints' / 'epoch_2.pt'}' (epoch 2)" in err

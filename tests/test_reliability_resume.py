@@ -11,7 +11,6 @@ import argparse
 import os
 import re
 import subprocess
-import sys
 
 import pytest
 import torch
@@ -19,7 +18,6 @@ from conftest import train_in_process
 
 from clip_dcl.train import main
 
-PY = sys.executable
 #: the shared decl run's flags (conftest.trained_run): 48 synthetic pairs, batches of 16, one epoch
 SHARED = [
     "--model",
@@ -89,7 +87,7 @@ def test_world_size_model_keys_fit_the_model_either_way():
 
 
 @pytest.mark.slow
-def test_world_size_1_to_2_to_1_resume(trained_run, tmp_path):
+def test_world_size_1_to_2_to_1_resume(trained_run, tmp_path, preloaded):
     """One process -> two gloo ranks -> one process, each resuming the last one's checkpoint: the model
     loads (strict), AdamW's step counts and the loss's calls continue, and the loss state restored on
     every rank is the saved one (sharded over the two ranks, then gathered from their files)."""
@@ -98,9 +96,9 @@ def test_world_size_1_to_2_to_1_resume(trained_run, tmp_path):
     first = trained_run("decl") / "checkpoints" / "epoch_1.pt"  # 3 steps of 16 on one process
     logs = tmp_path / "logs"
     env = {**os.environ, "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": ""}
-    two = subprocess.run(
+    two = subprocess.run(  # torchrun and its ranks from the preloaded python: the subject is the resume
         [
-            PY,
+            preloaded.python,
             "-m",
             "torch.distributed.run",
             "--standalone",

@@ -381,9 +381,11 @@ def test_a_flag_not_spelled_out_is_refused_naming_what_it_could_mean(tmp_path, c
     assert not list(tmp_path.iterdir())  # no run started
 
 
-def test_a_flag_not_spelled_out_is_refused_by_the_module_command(tmp_path):
+def test_a_flag_not_spelled_out_is_refused_by_the_module_command(tmp_path, preloaded):
     res = train_run(
-        ["--", *SYNTHETIC_RUN, "--logs", tmp_path, "--name", "abbrev", "--batch-si", "8"], cli=True, timeout=300
+        ["--", *SYNTHETIC_RUN, "--logs", tmp_path, "--name", "abbrev", "--batch-si", "8"],
+        cli=preloaded.python,
+        timeout=300,
     )
     assert res.returncode == 2
     assert res.stderr.strip() == (
