@@ -46,6 +46,8 @@ BASELINE = "clip (OpenCLIP ClipLoss)"
 PRECISIONS = ("fp32", "amp_bf16")
 #: the precision every step runs at (``--precision``; set once by :func:`main`, read by the child processes too)
 PRECISION = "fp32"
+#: the interpreter of the per-loss child processes that measure peak memory
+PYTHON = sys.executable
 
 
 def autocast(device):
@@ -137,7 +139,7 @@ def peak_memory_cpu_child(name, batch):
 
 def peak_memory_cpu(name, batch):
     out = subprocess.run(
-        [sys.executable, __file__, "--precision", PRECISION, "--child-memory", name, str(batch)],
+        [PYTHON, __file__, "--precision", PRECISION, "--child-memory", name, str(batch)],
         capture_output=True,
         text=True,
         check=True,
