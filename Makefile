@@ -5,10 +5,11 @@ PY := $(VENV)/bin/python
 # torch pinned to the build available offline on our machines; override with TORCH_PIN= to skip.
 TORCH_PIN ?= torch==2.14.1 torchvision==0.29.1
 PYTEST_ARGS ?=
-# pytest-xdist workers, two per core and at most 8 (many tests wait on processes they start, so more workers
-# than cores finish sooner); `make test PYTEST_WORKERS=0` runs the suite in one process. A test
-# module runs on one worker, so its module fixtures (a torchrun launch, a trained checkpoint) run once.
-PYTEST_WORKERS ?= $(or $(shell nproc 2>/dev/null | awk '{n = 2 * $$1; print (n > 8 ? 8 : n)}'),auto)
+# pytest-xdist workers, three for two cores and at most 8 (many tests wait on processes they start, so more
+# workers than cores finish sooner; each worker also collects the suite and imports torch: on 2 cores, 3 workers
+# beat 4); `make test PYTEST_WORKERS=0` runs the suite in one process. A test module runs on one worker,
+# so its module fixtures (a torchrun launch, a trained checkpoint) run once.
+PYTEST_WORKERS ?= $(or $(shell nproc 2>/dev/null | awk '{n = int(1.5 * $$1); print (n > 8 ? 8 : n)}'),auto)
 
 .PHONY: test test-quick lint demo venv clean
 

@@ -74,7 +74,7 @@ def test_a_decl_run_writes_every_logged_step_with_its_terms_scale_lr_and_columns
 
 
 @pytest.mark.slow
-def test_a_validated_run_writes_its_evaluations_and_the_runner_reads_them(tmp_path, monkeypatch):
+def test_a_validated_run_writes_its_evaluations_and_the_runner_reads_them(tmp_path, monkeypatch, preloaded):
     from clip_dcl import experiment as ex
     from clip_dcl.data.synth import generate
 
@@ -83,7 +83,13 @@ def test_a_validated_run_writes_its_evaluations_and_the_runner_reads_them(tmp_pa
     budget = ex.Budget(epochs=2, batch_size=32, warmup=1, workers=0, log_every_n_steps=1)
     echoed = []
     res = ex.train(
-        ex.Run("clip", ("--loss", "clip")), data, tmp_path / "runs", budget, echo=echoed.append, device="cpu"
+        ex.Run("clip", ("--loss", "clip")),
+        data,
+        tmp_path / "runs",
+        budget,
+        echo=echoed.append,
+        device="cpu",
+        entry=[preloaded.python, "-m", "clip_dcl.train"],
     )
     val = read_metrics(res.log_dir, "val")
     assert [r["epoch"] for r in val] == [1, 2] and all("clip_val_loss" in r for r in val)
