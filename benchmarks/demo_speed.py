@@ -36,6 +36,8 @@ from clip_dcl.experiment.reporting import Report, add_report_arguments, command_
 HERE = Path(__file__).resolve().parent
 #: the demo's training before it moved to its own model and the packed set
 BEFORE = dataclasses.replace(DEMO_BUDGET, model="clip-dcl-tiny", extra=())
+#: the trainer's command before its flags (None: ``python -m clip_dcl.train`` with this interpreter)
+ENTRY = None
 
 
 def main(argv=None) -> int:
@@ -69,6 +71,7 @@ def main(argv=None) -> int:
             device="cpu",
             validate=False,
             echo=lambda line: None,
+            entry=ENTRY,
         )
         rows.append(
             {
