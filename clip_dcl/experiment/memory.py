@@ -10,7 +10,13 @@ MIB = 2**20
 
 
 def peak_rss_bytes() -> int:
-    """The largest resident set this process has had since it started (``ru_maxrss``), in bytes."""
+    """The largest resident set this process has had since it started (``VmHWM`` of ``/proc/self/status``), in
+    bytes. Not ``ru_maxrss``: Linux carries that over an exec, so a child started by a larger process reads its
+    parent's peak."""
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
