@@ -34,7 +34,15 @@ import sys
 from pathlib import Path
 
 import tomllib
-from plan_writing import affordable_counts, diffs, plan_body, seeds_for_power, validation_scores, write_once
+from plan_writing import (
+    affordable_counts,
+    diffs,
+    plan_body,
+    plan_footer,
+    seeds_for_power,
+    validation_scores,
+    write_once,
+)
 
 from clip_dcl.experiment.commands import loss_flags
 from clip_dcl.experiment.study.rule import planned_power
@@ -183,19 +191,7 @@ def write(rows: list, counts: list, chosen: dict, arms: dict, floor: float, reci
         *lines,
         "# Each comparison is judged on the plan's first seeds, as many as it says (`seeds`); an arm trains as many",
         "# as its comparisons read.",
-        *[
-            f"# {r['a']} beats {r['b']} would need more seeds than this plan can run: judged on {k}, its interval is"
-            " reported, and a 'no verdict' there is the expected outcome, not a finding."
-            for r, k in zip(rows, counts)
-            if needed(r) > k
-        ],
-        "#",
-        "#   clip-dcl study check benchmarks/studies/fmnist_confirmatory.toml",
-        "#   clip-dcl study run benchmarks/studies/fmnist_confirmatory.toml --work WORK/fmnist_confirmatory "
-        "--parallel 2",
-        "#   clip-dcl study report benchmarks/studies/fmnist_confirmatory.toml --work WORK/fmnist_confirmatory \\",
-        "#       --out benchmarks/results --name fmnist_confirmatory",
-        "",
+        *plan_footer("fmnist_confirmatory", rows, counts, needed),
     ]
     toml += plan_body(
         title="Fashion-MNIST: the debiased loss and decl against clip and a tuned InfoNCE, B = 32 and 64 "

@@ -34,7 +34,15 @@ from pathlib import Path
 
 import tomllib
 from fmnist_confirmatory_plan import is_infonce, mean_of, pooled_sd
-from plan_writing import affordable_counts, diffs, plan_body, seeds_for_power, validation_scores, write_once
+from plan_writing import (
+    affordable_counts,
+    diffs,
+    plan_body,
+    plan_footer,
+    seeds_for_power,
+    validation_scores,
+    write_once,
+)
 
 from clip_dcl.experiment.commands import loss_flags
 from clip_dcl.experiment.recipes import get_recipe
@@ -138,19 +146,7 @@ def write(rows: list, counts: list, tuned: dict, arms: dict, floor: float, recip
         "# Each comparison is judged on the plan's first seeds, as many as it says (`seeds`); an arm trains as many",
         f"# as its comparisons read. {len(out_arms) * n} runs of 5-6 minutes, two at once: what two CPU cores run in",
         "# about 80 minutes, which is what this plan could afford.",
-        *[
-            f"# {r['a']} {r['rule']} {r['b']} would need more seeds than this plan can run: judged on {k}, its"
-            " interval is reported, and a 'no verdict' there is the expected outcome, not a finding."
-            for r, k in zip(rows, counts)
-            if needed(r) > k
-        ],
-        "#",
-        "#   clip-dcl study check benchmarks/studies/fscenes_confirmatory.toml",
-        "#   clip-dcl study run benchmarks/studies/fscenes_confirmatory.toml --work WORK/fscenes_confirmatory "
-        "--parallel 2",
-        "#   clip-dcl study report benchmarks/studies/fscenes_confirmatory.toml --work WORK/fscenes_confirmatory \\",
-        "#       --out benchmarks/results --name fscenes_confirmatory",
-        "",
+        *plan_footer("fscenes_confirmatory", rows, counts, needed),
     ]
     toml += plan_body(
         title="Fashion-MNIST scenes: decl against clip at B and 2B and against a tuned InfoNCE, B = 32 and 64 "

@@ -65,6 +65,25 @@ def write_once(path: Path, text: str, dry_run: bool, echo: Callable[[str], None]
     return 0
 
 
+def plan_footer(name: str, rows: List[dict], counts: List[int], need: Callable[[dict], int]) -> List[str]:
+    """The plan's last comment lines: each comparison its seeds cannot power (``need(row)`` more than it is judged
+    on), and the commands that check, run and report ``benchmarks/studies/<name>.toml``."""
+    return [
+        *[
+            f"# {r['a']} {r['rule']} {r['b']} would need more seeds than this plan can run: judged on {k}, its interval"
+            " is reported, and a 'no verdict' there is the expected outcome, not a finding."
+            for r, k in zip(rows, counts)
+            if need(r) > k
+        ],
+        "#",
+        f"#   clip-dcl study check benchmarks/studies/{name}.toml",
+        f"#   clip-dcl study run benchmarks/studies/{name}.toml --work WORK/{name} --parallel 2",
+        f"#   clip-dcl study report benchmarks/studies/{name}.toml --work WORK/{name} \\",
+        f"#       --out benchmarks/results --name {name}",
+        "",
+    ]
+
+
 def plan_body(
     *,
     title: str,
