@@ -52,6 +52,8 @@ TARGETS = ("one", "all")
 STARTUP_POINTS = ("rendezvous", "resume", "loss")
 #: Steps of one epoch: --train-num-samples 64 over 2 ranks x --batch-size 8.
 STEPS_PER_EPOCH = 4
+#: The interpreter that starts each launch's torchrun (and so its ranks).
+PYTHON = sys.executable
 
 
 @dataclass
@@ -273,7 +275,7 @@ def _env(extra: Optional[dict] = None) -> dict:
 def launch(flags: List[str], timeout: float, extra_env: Optional[dict] = None) -> dict:
     """One launch of the two ranks; ``{rc, seconds, hung, last_line, stderr}``."""
     cmd = [
-        sys.executable,
+        PYTHON,
         "-m",
         "clip_dcl.train.torchrun",
         "--standalone",

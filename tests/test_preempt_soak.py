@@ -36,8 +36,13 @@ def test_soak_refuses_no_faults(capsys):
 
 
 @pytest.mark.slow
-def test_soak_short_two_faults_survived_and_digests_equal(tmp_path):
+def test_soak_short_two_faults_survived_and_digests_equal(tmp_path, preloaded, monkeypatch):
     from clip_dcl.data.synth import generate
+
+    # torchrun and its ranks start from the preloaded python: this soak's subject is that a run resumes exactly
+    # after each fault, not an interpreter's start (test_reliability_startup, startup_stress.py). A SIGKILL to a
+    # rank then ends its process, and torchrun sees its shim exit 137 instead of a death by signal.
+    monkeypatch.setattr(soak, "PYTHON", preloaded.python)
 
     data = tmp_path / "data"
     generate(data, quick=True, verbose=False)  # in this process: the data's command line is not what this tests

@@ -176,10 +176,16 @@ def test_hang_ctrl_c_stops_at_the_next_step_while_training_and_at_once_otherwise
 
 # -- end to end: each way a run fails, with a worker alive ----------------------------------------------
 @pytest.mark.slow
-def test_hang_an_error_in_the_loss_with_a_worker_exits(shards, tmp_path):
-    # keys up to 63 and a buffer of 8 ids: the loss raises on the first step
+def test_hang_an_error_in_the_loss_with_a_worker_exits(shards, tmp_path, preloaded):
+    # keys up to 63 and a buffer of 8 ids: the loss raises on the first step (the run starts from the preloaded
+    # python: the error comes from within, after start-up)
     proc, _ = _launch(
-        ["-m", "clip_dcl.train", *_flags(shards, tmp_path / "logs", "ids", "--loss", "decl", "--decl-num-samples", "8")]
+        [
+            "-m",
+            "clip_dcl.train",
+            *_flags(shards, tmp_path / "logs", "ids", "--loss", "decl", "--decl-num-samples", "8"),
+        ],
+        python=preloaded.python,
     )
     rc, err, took = _finish(proc)
     assert rc == 1, err[-3000:]
@@ -190,11 +196,13 @@ def test_hang_an_error_in_the_loss_with_a_worker_exits(shards, tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full")
-def test_hang_a_full_disk_at_a_save_with_a_worker_exits(shards, tmp_path):
+def test_hang_a_full_disk_at_a_save_with_a_worker_exits(shards, tmp_path, preloaded):
     folder = tmp_path / "logs" / "full" / "checkpoints"
     folder.mkdir(parents=True)
     (folder / "epoch_1.pt.partial").symlink_to("/dev/full")  # every write to it fails with ENOSPC
-    proc, _ = _launch(["-m", "clip_dcl.train", *_flags(shards, tmp_path / "logs", "full", "--loss", "dcl")])
+    proc, _ = _launch(
+        ["-m", "clip_dcl.train", *_flags(shards, tmp_path / "logs", "full", "--loss", "dcl")], python=preloaded.python
+    )
     rc, err, _ = _finish(proc)
     assert rc == 1, err[-3000:]
     assert f"cannot write checkpoint {folder / 'epoch_1.pt'}: the disk is full" in err
@@ -223,9 +231,10 @@ def _free_port():
         return s.getsockname()[1]
 
 
-def _two_ranks(shards, tmp_path, fault, *extra):
+def _two_ranks(shards, tmp_path, fault, *extra, python=None):
     """Rank 0 and rank 1 started by hand (no torchrun to kill the survivor); rank 1 sends ``fault`` to itself
-    and its worker after its 3rd step. Returns (rank 0's rc, stderr, seconds), rank 1's process."""
+    and its worker after its 3rd step. Rank 0, whom no signal reaches, starts from ``python`` (the preloaded
+    one); rank 1 is a process of its own. Returns (rank 0's rc, stderr, seconds), rank 1's process."""
     port = str(_free_port())
     procs = []
     for rank in (0, 1):
@@ -257,6 +266,7 @@ def _two_ranks(shards, tmp_path, fault, *extra):
                     ),
                 ],
                 env=env,
+                python=python if rank == 0 else None,
             )[0]
         )
     try:
@@ -269,8 +279,8 @@ def _two_ranks(shards, tmp_path, fault, *extra):
 
 
 @pytest.mark.slow
-def test_hang_a_dead_peer_ends_the_other_rank_with_a_line_naming_it(shards, tmp_path):
-    (rc, err, _), peer = _two_ranks(shards, tmp_path, "SIGKILL")
+def test_hang_a_dead_peer_ends_the_other_rank_with_a_line_naming_it(shards, tmp_path, preloaded):
+    (rc, err, _), peer = _two_ranks(shards, tmp_path, "SIGKILL", python=preloaded.python)
     assert peer.returncode == -signal.SIGKILL
     assert rc == 1, err[-3000:]
     # gloo's own words vary ("Connection reset by peer", "[...] Connection closed by peer")
@@ -280,6 +290,8 @@ def test_hang_a_dead_peer_ends_the_other_rank_with_a_line_naming_it(shards, tmp_
 
 @pytest.mark.slow
 def test_hang_a_hung_peer_ends_the_other_rank_after_dist_timeout(shards, tmp_path):
+    # both ranks fresh interpreters: --dist-timeout also bounds the rendezvous, and a preloaded rank 0 would wait
+    # there for rank 1's start-up longer than 5 s on a loaded machine
     (rc, err, took), _ = _two_ranks(shards, tmp_path, "SIGSTOP", "--dist-timeout", "5")
     assert rc == 1, err[-3000:]
     assert "rank 0: a collective with the other ranks failed" in err and "Timed out" in err
