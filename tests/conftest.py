@@ -17,8 +17,10 @@ from __future__ import annotations
 import contextlib
 import io
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -119,12 +121,44 @@ def trained_run(tmp_path_factory):
     return get
 
 
+#: Where pytest-xdist's controller started the preloaded python its workers share.
+SHARED_PRELOADED = "CLIP_DCL_TESTS_PRELOADED"
+_shared_key = pytest.StashKey()
+
+
+def pytest_configure(config):
+    """Under pytest-xdist, the controller starts one preloaded python for all its workers (not waited for here:
+    the first test that needs it waits), where each worker would import torch and OpenCLIP for a server of its
+    own; the workers, started after this hook, find its folder in their environment."""
+    if hasattr(config, "workerinput") or not config.pluginmanager.hasplugin("xdist"):
+        return
+    if not config.getoption("numprocesses", None) or SHARED_PRELOADED in os.environ:
+        return
+    from preloaded import Preloaded
+
+    server = Preloaded(tempfile.mkdtemp(prefix="clip-dcl-preloaded-")).start()
+    config.stash[_shared_key] = server
+    os.environ[SHARED_PRELOADED] = server.folder
+
+
+def pytest_unconfigure(config):
+    server = config.stash.get(_shared_key, None)
+    if server is not None:
+        server.stop()
+        shutil.rmtree(server.folder, ignore_errors=True)
+        os.environ.pop(SHARED_PRELOADED, None)
+
+
 @pytest.fixture(scope="session")
 def preloaded(tmp_path_factory):
     """The session's :class:`preloaded.Preloaded`: ``.python`` (a path, for ``python -c``/``-m`` commands) and
-    ``.env(env)`` (``env`` with its ``python`` and ``clip-dcl`` first on the PATH)."""
+    ``.env(env)`` (``env`` with its ``python`` and ``clip-dcl`` first on the PATH); under pytest-xdist, the one
+    the controller started."""
     from preloaded import Preloaded
 
+    if os.environ.get(SHARED_PRELOADED):
+        yield Preloaded.attach(os.environ[SHARED_PRELOADED])
+        return
     with Preloaded(tmp_path_factory.mktemp("preloaded")) as server:
         yield server
 

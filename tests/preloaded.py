@@ -52,6 +52,8 @@ def _send(conn: socket.socket, doc: dict, fds=()) -> None:
 
 def _receive(conn: socket.socket):
     data, fds, _, _ = socket.recv_fds(conn, 1 << 16, 3)
+    if len(data) < 4:  # Preloaded.attach's probe: it connects and leaves
+        raise ConnectionError("the client left before its request")
     (size,) = struct.unpack("!I", data[:4])
     body = data[4:]
     while len(body) < size:
@@ -239,18 +241,40 @@ def _finish(code: int) -> None:
 
 
 class Preloaded:
-    """The server for one test module or session: ``with Preloaded(folder) as p: p.python, p.env(env)``."""
+    """The server for one test module or session: ``with Preloaded(folder) as p: p.python, p.env(env)``.
+
+    ``Preloaded(folder).start()`` starts it without waiting for it to be ready (the first command waits), and
+    ``Preloaded.attach(folder)`` uses one that another process started in ``folder`` (pytest-xdist's workers
+    share the controller's: each would otherwise import torch and OpenCLIP for a server of its own)."""
 
     def __init__(self, folder) -> None:
         import tempfile
 
         self.folder = str(folder)
-        # a socket's path has at most 107 bytes, so it lives in a short folder of its own
-        self.socket = os.path.join(tempfile.mkdtemp(prefix="preloaded-"), "python.sock")
         self.python = os.path.join(self.folder, "bin", "python")
+        # a socket's path has at most 107 bytes: it lives in a short folder of its own unless the folder is short
+        short = len(os.path.join(self.folder, "python.sock")) < 100
+        self.socket = os.path.join(self.folder if short else tempfile.mkdtemp(prefix="preloaded-"), "python.sock")
         self.proc = None
 
-    def __enter__(self) -> "Preloaded":
+    @classmethod
+    def attach(cls, folder, timeout: float = 120) -> "Preloaded":
+        """The server another process started in ``folder``, once it accepts commands."""
+        import time
+
+        server = cls(folder)
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+                    probe.connect(server.socket)  # the server binds once it has imported what it preloads
+                return server
+            except OSError:
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"the preloaded python at {server.socket} did not start in {timeout} s")
+                time.sleep(0.2)
+
+    def start(self) -> "Preloaded":
         import subprocess
 
         os.makedirs(os.path.dirname(self.python), exist_ok=True)
@@ -269,6 +293,10 @@ class Preloaded:
             text=True,
             env={**os.environ, "CUDA_VISIBLE_DEVICES": ""},
         )
+        return self
+
+    def __enter__(self) -> "Preloaded":
+        self.start()
         if self.proc.stdout.readline().strip() != "ready":
             self.proc.kill()
             raise RuntimeError("the preloaded python did not start")
@@ -278,12 +306,17 @@ class Preloaded:
         """``env`` with the shims first on its PATH."""
         return {**env, "PATH": os.pathsep.join([os.path.dirname(self.python), env.get("PATH", "")])}
 
-    def __exit__(self, *exc) -> None:
+    def stop(self) -> None:
         self.proc.terminate()
         self.proc.wait(timeout=30)
         self.proc.stdout.close()
-        os.unlink(self.socket)
-        os.rmdir(os.path.dirname(self.socket))
+        if os.path.exists(self.socket):
+            os.unlink(self.socket)
+        if os.path.dirname(self.socket) != self.folder:
+            os.rmdir(os.path.dirname(self.socket))
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
 
 
 if __name__ == "__main__":
