@@ -163,27 +163,30 @@ def preloaded(tmp_path_factory):
         yield server
 
 
-#: The modules that take longest, longest first (wall time in a `make test` on 2 cores with 2 workers:
-#: test_reliability_signals.py 57 s down to test_study_signals.py 13 s). ``make test`` hands them to its
+#: The modules that take longest, longest first (wall time in a `make test` on 2 cores with 3 workers:
+#: test_reliability_signals.py 124 s down to test_train_log_columns.py 27 s). ``make test`` hands them to its
 #: pytest-xdist workers first (``--dist loadfile --no-loadscope-reorder``), so that no long module starts last and
 #: runs alone at the end; xdist's own order (modules with the most tests first) started them last.
 LONGEST_FIRST = (
     "test_reliability_signals.py",
-    "test_preempt_soak.py",
     "test_reliability_exit.py",
     "test_train.py",
-    "test_reliability_startup.py",
     "test_train_preempt.py",
     "test_openclip_scenarios.py",
-    "test_study_e2e.py",
     "test_docs_commands.py",
+    "test_reliability_startup.py",
+    "test_preempt_soak.py",
+    "test_study_e2e.py",
+    "test_reliability_hints.py",
+    "test_train_distributed.py",
     "test_reliability_lock.py",
     "test_startup_stress.py",
-    "test_train_distributed.py",
     "test_losses_distributed.py",
-    "test_reliability_hints.py",
-    "test_losses_distributed_no_grad.py",
     "test_study_signals.py",
+    "test_losses_distributed_no_grad.py",
+    "test_demo.py",
+    "test_checkpoint.py",
+    "test_train_log_columns.py",
 )
 
 
