@@ -1,6 +1,6 @@
 """``benchmarks/startup_stress.py``: its plan of faults, how it judges a launch's end, and a short stress end to end.
 
-The short stress launches two gloo ranks four times, one fault each in their first seconds (no launch without a
+The short stress launches two gloo ranks ten times, one fault each in their first seconds (no launch without a
 fault: that one trains to the end, the costliest and the least about start-up): marked slow, as the suite's
 other end-to-end runs.
 """
@@ -85,13 +85,13 @@ def test_stress_refuses_no_launches_and_unknown_kinds(capsys):
 
 
 @pytest.mark.slow
-def test_stress_short_four_faulted_launches_end_clean(tmp_path):
+def test_stress_short_ten_faulted_launches_end_clean(tmp_path):
     out = tmp_path / "report" / "startup_stress"
     kinds = "launcher-SIGTERM,group-SIGINT,rank-SIGTERM,rank-SIGKILL"
     rc = stress.main(
         [
             "--launches",
-            "4",
+            "10",
             "--seed",
             "0",
             "--window",
@@ -112,7 +112,7 @@ def test_stress_short_four_faulted_launches_end_clean(tmp_path):
         for r in result["runs"]
     ]
     assert rc == 0, table
-    assert result["launches"] == result["clean"] == 4, table
+    assert result["launches"] == result["clean"] == 10, table
     assert result["hung"] == result["aborted"] == result["tracebacks"] == result["wrong_blame"] == 0, table
     assert sorted(result["faults"]) == sorted(kinds.split(","))
     assert result["slowest_exit_s"] <= result["bound_s"]

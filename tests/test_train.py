@@ -877,15 +877,23 @@ def test_a_second_run_in_the_same_process_writes_only_its_own_log(tmp_path):
     assert "Train Epoch:" in (tmp_path / "logs" / "second" / "out.log").read_text()
 
 
-def test_a_finished_run_leaves_no_data_loader_worker_behind(tmp_path):
+def test_a_finished_run_leaves_no_data_loader_worker_behind(tmp_path, monkeypatch):
     """The persistent workers of a finished run are shut down when it returns: left to the garbage collector,
     they were found during a later run in the same process with their queues closed, and each cost a 5 s wait
     before it was killed (and PyTorch's 'DataLoader worker exited unexpectedly' at exit)."""
     import gc
+    import multiprocessing
 
     from torch.utils.data.dataloader import _MultiProcessingDataLoaderIter
 
+    from clip_dcl.train import exits
+
+    scans = []  # the run's own loaders are watched: it stops their workers without a scan of the whole heap
+    real = gc.get_objects
+    monkeypatch.setattr(exits.gc, "get_objects", lambda *a: scans.append(1) or real(*a))
     pattern = write_shards(tmp_path / "shards", gapped_keys())
     train(tmp_path, "x", pattern, "--epochs", "1", "--workers", "2", "--loss", "clip")
+    monkeypatch.undo()
     live = [o for o in gc.get_objects() if type(o) is _MultiProcessingDataLoaderIter and not o._shutdown]
     assert live == [], [[w.pid for w in it._workers] for it in live]
+    assert multiprocessing.active_children() == [] and scans == []

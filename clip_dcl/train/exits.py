@@ -37,22 +37,49 @@ PREEMPTED_EXIT_CODE = 75
 INTERRUPTED_EXIT_CODE = 130
 
 
+#: The data loaders of this process's runs (OpenCLIP's ``data``) by id, whose workers :func:`stop_loader_workers`
+#: stops.
+_WATCHED: dict = {}
+
+
+def watch_loaders(loaders) -> None:
+    """Remember ``loaders`` (DataLoaders, or webdataset's WebLoaders around one) until the run's workers stop."""
+    _WATCHED.update((id(loader), loader) for loader in loaders)
+
+
+def _kept_iterators(loader) -> list:
+    """The iterator a DataLoader with persistent workers keeps between epochs (a WebLoader's inner one)."""
+    from torch.utils.data import DataLoader
+
+    if isinstance(loader, DataLoader):
+        return [loader._iterator] if getattr(loader, "_iterator", None) is not None else []
+    return [it for stage in getattr(loader, "pipeline", None) or [] for it in _kept_iterators(stage)]
+
+
 def stop_loader_workers() -> int:
     """Shut down the worker processes of every multiprocessing data-loader iterator of this process;
     return how many iterators were shut down. Call it only when no loader will be read again."""
+    import multiprocessing
+
     from torch.utils.data.dataloader import _MultiProcessingDataLoaderIter
 
-    stopped = 0
-    # The iterators are held by OpenCLIP's main (its ``data``), which the failure has left: found by type
-    # (``type()``, not ``isinstance``, which would ask every object for its ``__class__``, and some warn).
-    for obj in gc.get_objects():
-        if issubclass(type(obj), _MultiProcessingDataLoaderIter) and not getattr(obj, "_shutdown", True):
-            try:
-                obj._shutdown_workers()  # PyTorch's own: tell, join, forget, and terminate a worker that hangs
-            except Exception as e:  # noqa: BLE001 - the run has failed already; its line must stay the last
-                logging.debug(f"shutting down a data loader's workers failed: {e!r}")
-            stopped += 1
-    return stopped
+    def stop(it) -> int:
+        if not issubclass(type(it), _MultiProcessingDataLoaderIter) or getattr(it, "_shutdown", True):
+            return 0
+        try:
+            it._shutdown_workers()  # PyTorch's own: tell, join, forget, and terminate a worker that hangs
+        except Exception as e:  # noqa: BLE001 - the run has failed already; its line must stay the last
+            logging.debug(f"shutting down a data loader's workers failed: {e!r}")
+        return 1
+
+    stopped = sum(stop(it) for loader in _WATCHED.values() for it in _kept_iterators(loader))
+    _WATCHED.clear()
+    if not multiprocessing.active_children():  # loader workers are multiprocessing's children: none is left
+        return stopped
+    # Workers of a loader nobody watched (an evaluation's, an iterator a failure left mid-epoch): their iterators
+    # are found on the heap by type (``type()``, not ``isinstance``, which would ask every object for its
+    # ``__class__``, and some warn). A scan of every object: a tenth of a second in a large process.
+    return stopped + sum(stop(obj) for obj in gc.get_objects() if issubclass(type(obj), _MultiProcessingDataLoaderIter))
 
 
 # -- a stop before the first training step ------------------------------------------------------------------

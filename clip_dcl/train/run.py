@@ -23,6 +23,7 @@ from clip_dcl.losses.base import stateful
 from . import loss_state, runfolder, saving
 from . import preempt as preemption
 from .divergence import Diverged, NonFiniteSteps, describe_tensors, nonfinite_tensors
+from .exits import watch_loaders
 from .flags import TrainConfig, full_loss_args, openclip_native
 from .ids import with_indices
 from .metrics import MetricsWriter, metrics_path
@@ -321,6 +322,7 @@ class TrainingRun:
         if self.nonfinite is None:
             self.nonfinite = NonFiniteSteps(self.config.max_nonfinite_steps, args.device)
         self.epoch_num_batches = data["train"].dataloader.num_batches
+        watch_loaders(info.dataloader for info in data.values() if hasattr(info, "dataloader"))
         skip_steps, resumed = self._resume_point(epoch, args, self.epoch_num_batches)
         steps_per_epoch = self.epoch_num_batches // args.accum_freq
 
