@@ -121,7 +121,7 @@ def trained_run(tmp_path_factory):
     return get
 
 
-#: Where pytest-xdist's controller started the preloaded python its workers share.
+#: The socket of the preloaded python pytest-xdist's controller started for its workers (in a folder of its own).
 SHARED_PRELOADED = "CLIP_DCL_TESTS_PRELOADED"
 _shared_key = pytest.StashKey()
 
@@ -136,9 +136,10 @@ def pytest_configure(config):
         return
     from preloaded import Preloaded
 
-    server = Preloaded(tempfile.mkdtemp(prefix="clip-dcl-preloaded-")).start()
+    folder = tempfile.mkdtemp(prefix="clip-dcl-preloaded-")
+    server = Preloaded(folder, os.path.join(folder, "python.sock")).start()
     config.stash[_shared_key] = server
-    os.environ[SHARED_PRELOADED] = server.folder
+    os.environ[SHARED_PRELOADED] = server.socket
 
 
 def pytest_unconfigure(config):

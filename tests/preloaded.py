@@ -244,25 +244,27 @@ class Preloaded:
     """The server for one test module or session: ``with Preloaded(folder) as p: p.python, p.env(env)``.
 
     ``Preloaded(folder).start()`` starts it without waiting for it to be ready (the first command waits), and
-    ``Preloaded.attach(folder)`` uses one that another process started in ``folder`` (pytest-xdist's workers
+    ``Preloaded.attach(socket)`` uses one that another process started in a short folder (pytest-xdist's workers
     share the controller's: each would otherwise import torch and OpenCLIP for a server of its own)."""
 
-    def __init__(self, folder) -> None:
+    def __init__(self, folder, socket_path=None) -> None:
         import tempfile
 
         self.folder = str(folder)
         self.python = os.path.join(self.folder, "bin", "python")
         # a socket's path has at most 107 bytes: it lives in a short folder of its own unless the folder is short
         short = len(os.path.join(self.folder, "python.sock")) < 100
-        self.socket = os.path.join(self.folder if short else tempfile.mkdtemp(prefix="preloaded-"), "python.sock")
+        self.socket = socket_path or os.path.join(
+            self.folder if short else tempfile.mkdtemp(prefix="preloaded-"), "python.sock"
+        )
         self.proc = None
 
     @classmethod
-    def attach(cls, folder, timeout: float = 120) -> "Preloaded":
-        """The server another process started in ``folder``, once it accepts commands."""
+    def attach(cls, socket_path, timeout: float = 120) -> "Preloaded":
+        """The server another process started at ``socket_path`` (its folder's), once it accepts commands."""
         import time
 
-        server = cls(folder)
+        server = cls(os.path.dirname(socket_path), socket_path)
         deadline = time.monotonic() + timeout
         while True:
             try:
