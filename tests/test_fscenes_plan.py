@@ -50,3 +50,26 @@ def test_a_reach_expected_short_is_powered_toward_does_not_reach(sp, expected, m
     hits = [t_interval(x, sp.CONFIDENCE)["hi"] < -margin for x in rng.normal(expected, sd, (4000, n))]
     assert p == pytest.approx(np.mean(hits), abs=0.03)
     assert sp.directed(dict(r, expected=-margin / 2)) == dict(r, expected=-margin / 2)  # expected to reach
+
+
+def test_the_readmes_inside_the_resolution_sentence_holds_in_the_report():
+    """The README says that at B = 64 both same-batch intervals lie inside the plan's resolution and that at
+    B = 32 they do not: the report's JSON must say the same."""
+    import json
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    report = json.loads((root / "benchmarks" / "results" / "fscenes_confirmatory.json").read_text())
+    inside = {
+        c["label"]: -report["resolution"] < c["final"]["lo"] and c["final"]["hi"] < report["resolution"]
+        for c in report["comparisons"]
+        if c["rule"] == "beats"
+    }
+    assert inside == {
+        "decl-b32 beats clip-b32": False,
+        "decl-b32 beats tuned-b32": False,
+        "decl-b64 beats clip-b64": True,
+        "decl-b64 beats tuned-b64": True,
+    }
+    readme = " ".join((root / "README.md").read_text().split())
+    assert "At B = 64 both intervals (against `clip` and the tuned InfoNCE) lie inside the plan's resolution" in readme
