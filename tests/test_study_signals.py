@@ -267,3 +267,56 @@ def test_the_real_trainer_stopped_by_sigterm_then_ctrl_c_is_continued_and_the_st
     assert report.returncode == 0 and report.stdout.startswith("complete"), report.stdout + report.stderr
     md = (work / "STUDY.md").read_text()
     assert "clip seed 0 (stopped by SIGTERM " in md and "decl seed 0 (stopped by SIGINT " in md
+
+
+#: ``python -c`` of `study score` whose evaluation waits (a marker file says it started) until a signal comes.
+SCORING = r"""
+import sys, time
+from pathlib import Path
+from clip_dcl.experiment import scoring
+from clip_dcl.experiment.study import cli
+
+def evaluate(checkpoint, data, split, fewshot, device):
+    if split == "test":
+        Path(sys.argv[1]).touch()
+        time.sleep(600)
+    return {"image_retrieval_recall@1": 0.5, "text_retrieval_recall@1": 0.5}
+
+scoring.evaluate = evaluate
+sys.exit(cli.main(["score", *sys.argv[2:]]))
+"""
+
+
+@pytest.mark.parametrize("signame", ["SIGTERM", "SIGINT"])
+def test_a_signal_while_a_run_is_scored_ends_it_as_a_stop_and_leaves_it_unfinished(tmp_path, signame):
+    """A study's stop that reaches a run's last step (its scoring) is noted as a stop (75 / 130), not a kill by
+    the signal, and leaves no record that would count the run as finished."""
+    folder, marker = tmp_path / "runs" / "clip" / "seed0", tmp_path / "scoring"
+    (folder / "checkpoints").mkdir(parents=True)
+    (folder / "checkpoints" / "epoch_1.pt").touch()
+    argv = [str(folder), "--checkpoint", str(folder / "checkpoints" / "epoch_1.pt")]
+    argv += ["--validation", "v/{0..1}.tar", "--test", "t/{0..1}.tar"]
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "CUDA_VISIBLE_DEVICES": ""}
+    proc = subprocess.Popen(
+        [sys.executable, "-c", SCORING, str(marker), *argv],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+    try:
+        wait_for(marker.is_file, 60, "scoring")
+    except AssertionError:
+        finish(proc, 0.1)
+        raise
+    proc.send_signal(getattr(signal, signame))
+    out, err = finish(proc)
+    assert proc.returncode == {"SIGTERM": 75, "SIGINT": 130}[signame], out + err
+    assert "Traceback" not in err
+    said = "Ctrl-C" if signame == "SIGINT" else signame
+    assert err.strip().splitlines() == [
+        f"[study] scoring stopped by {said}: the run is not recorded as finished; the next `clip-dcl study run` "
+        "scores it"
+    ]
+    assert not (folder / "run.json").exists() and not (folder / "scores-test.json").exists()
+    assert not list(folder.glob("*.partial"))

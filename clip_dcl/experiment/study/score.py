@@ -92,12 +92,41 @@ def score_run(
         "threads": int(os.environ.get("OMP_NUM_THREADS", "0")) or None,
     }
     for split, values in scores.items():  # the record last: a run counts as finished once it exists
-        (folder / f"scores-{split}.json").write_text(json.dumps(values, indent=1) + "\n")
-    (folder / "run.json").write_text(json.dumps(record, indent=1) + "\n")
+        _write_json(folder / f"scores-{split}.json", values)
+    _write_json(folder / "run.json", record)
     return record
 
 
+def _write_json(path: Path, doc: dict) -> None:
+    """Whole or not at all: a stop mid-write must not leave a file that makes the run look finished."""
+    tmp = path.with_name(path.name + ".partial")
+    tmp.write_text(json.dumps(doc, indent=1) + "\n")
+    os.replace(tmp, path)
+
+
 def main(argv: List[str]) -> int:
+    """The command; SIGTERM or Ctrl-C while scoring ends it with one line and 75 or 130: a stop, which the study
+    notes as one and continues (``run.json`` is written last, whole or not at all)."""
+    import sys
+
+    from ...train.exits import INTERRUPTED_EXIT_CODE, PREEMPTED_EXIT_CODE
+    from ..runner import Stopped, stop_on_signals
+
+    with stop_on_signals():
+        try:
+            return _main(argv)
+        except (Stopped, KeyboardInterrupt) as e:
+            signame = getattr(e, "signame", "SIGINT")
+            said = "Ctrl-C" if signame == "SIGINT" else signame
+            print(
+                f"[study] scoring stopped by {said}: the run is not recorded as finished; the next `clip-dcl study "
+                "run` scores it",
+                file=sys.stderr,
+            )
+            return INTERRUPTED_EXIT_CODE if signame == "SIGINT" else PREEMPTED_EXIT_CODE
+
+
+def _main(argv: List[str]) -> int:
     from ...arguments import FlagParser
     from ..arguments import plain_text
 
