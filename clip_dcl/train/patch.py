@@ -1,28 +1,8 @@
 """The one module that patches ``open_clip_train``: OpenCLIP's ``main`` with a clip-dcl objective.
 
-:func:`run_training` calls ``open_clip_train.main.main`` with these names swapped for the duration of
-the call, each for a method of one :class:`~clip_dcl.train.run.TrainingRun` (whose docstrings say what
-each changes):
-
-- ``main.parse_args``: our flags added to ``args`` (so ``params.txt`` lists them);
-- ``main.create_loss``: OpenCLIP's for ``--loss clip``, else ``clip_dcl.losses.create_loss``; the loss
-  state restored on ``--resume``;
-- ``main.train_one_epoch``: OpenCLIP's own, with the sample ids carried around it
-  (:mod:`clip_dcl.train.steps`), step-boundary saves and stops (:mod:`clip_dcl.train.preempt`,
-  :mod:`clip_dcl.train.divergence`) and ``metrics.jsonl`` (:mod:`clip_dcl.train.metrics`);
-- ``main.evaluate``: OpenCLIP's, also written to ``metrics.jsonl``;
-- ``main.pt_load``: model keys fitted to this run's world size, resume checks, torn files passed over;
-- ``main.setup_logging``: the run folder's lock and check (:mod:`clip_dcl.train.runfolder`), PyTorch's
-  loggers left at their levels, stale ``.partial`` files removed;
-- ``main.os``: ``os.path.exists`` blind to the run's log (the run folder's check replaces main's);
-- ``main.torch``: ``torch.save`` through :mod:`clip_dcl.train.saving` (loss state, atomic writes), and
-  DDP without ``device_ids`` on CPU (which DDP rejects);
-- ``main.create_model_and_transforms`` (``--init-logit-scale``) and ``main.optim`` (``--adamw-impl``);
-- ``distributed.torch``: ``init_process_group`` with ``--dist-timeout``;
-- ``data.get_dataset_fn``, ``get_wds_dataset``, ``get_csv_dataset``, ``get_synthetic_dataset``: training
-  batches that carry sample ids; a packed ``.npz`` set (:mod:`clip_dcl.train.packed`).
-
-The ``open_clip_train`` surface these rely on is checked when :mod:`clip_dcl.train.upstream` is imported.
+:func:`patched` swaps names of ``open_clip_train`` (main, data, distributed) for methods of one
+:class:`~clip_dcl.train.run.TrainingRun` for the duration of a ``main`` call; the ``open_clip_train``
+surface these rely on is checked when :mod:`clip_dcl.train.upstream` is imported.
 """
 
 from __future__ import annotations
@@ -54,7 +34,7 @@ __all__ = ["patched", "run_training", "PeerFailure", "collective_failed"]
 
 @contextlib.contextmanager
 def patched(run: TrainingRun):
-    """Swap the names listed in the module docstring for ``run``'s, and restore them on exit."""
+    """Swap OpenCLIP's names for ``run``'s, and restore them on exit."""
     targets = {
         (oc_main, "parse_args"): run.parse_args,
         (oc_main, "create_loss"): run.create_loss,
@@ -144,11 +124,8 @@ def _first_line(err: BaseException) -> str:
 
 
 def run_training(config: TrainConfig, at_once: bool = False) -> int:
-    """Run ``open_clip_train.main.main`` with ``config``'s objective; return an exit code.
-
-    A run that fails before writing any checkpoint removes the ``--logs/--name`` folder it created, so that
-    the same command can run again. ``at_once``: see :class:`clip_dcl.train.preempt.StopSignals`.
-    """
+    """Run ``open_clip_train.main.main`` with ``config``'s objective; return an exit code. A run that fails
+    before writing any checkpoint removes the ``--logs/--name`` folder it created, so the command can run again."""
     run = TrainingRun(config)
     log_dir = _log_dir(config.openclip_argv)
     created = log_dir is not None and not os.path.exists(log_dir)
@@ -199,7 +176,6 @@ def run_training(config: TrainConfig, at_once: bool = False) -> int:
     except RuntimeError as e:
         if not (getattr(run.args, "world_size", 1) > 1 and collective_failed(e)):
             raise
-        # a collective failed: another rank died (gloo: "Connection closed by peer") or --dist-timeout ran out
         rank = getattr(run.args, "rank", "?") if run.args is not None else "?"
         raise PeerFailure(
             f"rank {rank}: a collective with the other ranks failed, so this rank stops: "

@@ -1,27 +1,11 @@
 """One run per run folder (``--logs/--name``), and which command may start in a folder that holds a run.
 
-**The lock.** Two processes training in one folder both write its checkpoints and its ``out.log``; a
-requeued job that starts while its predecessor is still alive does exactly that. The master rank
-holds :class:`RunLock`, the file ``run.lock`` in the folder, from before its log is opened until the
-run ends: a :class:`filelock.FileLock` (``flock``: the kernel releases it when its holder dies, however
-it dies; filelock closes it in forked children, so a data-loader worker never keeps it), into which the
-holder writes its name (pid, host, start time). A second process finds it locked and stops with
-:class:`RunFolderBusy`, naming the holder. ``flock`` does not reach other hosts on every shared file
-system (NFS with local locks; Lustre without ``-o flock`` has none, and the name alone is the lock), and
-a flock names no holder, so an unlocked file's name is checked too (by hand, as filelock does not): its
-holder is alive, and the lock refused, while on this host its pid exists with its start time, or, on
-another host, while the file's modification time, which a thread of the holder refreshes every
-:data:`HEARTBEAT_SECONDS`, is younger than :data:`STALE_SECONDS`; else it is taken over with a line saying
-so. That thread is a :class:`clip_dcl.train.threads.ForkSafeThread`: filelock's lease heartbeat would
-run across the forks of the data-loader workers.
-
-**The folder's run.** OpenCLIP refuses to start where ``out.log`` exists unless ``--resume latest``
-("Experiment already exists. Use --name {} to specify a new experiment.", with the ``{}`` as
-printed); so the hint our own messages give, ``--resume PATH`` of a checkpoint in that folder, was
-refused too. :func:`folder_problem` is the check in its place (the patch of ``main`` makes OpenCLIP's
-own see no ``out.log``): a folder that holds a run may be continued by ``--resume latest`` or by
-``--resume`` of a checkpoint inside it; any other command is refused with the folder's name and the
-ways on.
+The master holds :class:`RunLock` (``run.lock``, a ``flock`` the kernel releases however its holder dies)
+while the run lasts, so that a requeued job cannot train beside its live predecessor. ``flock`` does not
+reach other hosts on every shared file system and names no holder, so the holder's record in the file
+(pid, host, start time) is checked too, and a thread refreshes its modification time: a ForkSafeThread,
+as filelock's lease heartbeat would run across the data-loader workers' forks. :func:`folder_problem`
+replaces OpenCLIP's "Experiment already exists" check, which also refused ``--resume PATH`` of the folder.
 """
 
 from __future__ import annotations
@@ -42,7 +26,6 @@ import filelock
 
 from .threads import ForkSafeThread
 
-#: The lock's file name inside the run folder.
 LOCK_NAME = "run.lock"
 #: How often the holder refreshes the lock's modification time.
 HEARTBEAT_SECONDS = 10.0
@@ -105,7 +88,7 @@ class _Replaced(Exception):
 
 
 class RunLock:
-    """The lock of one run folder (see the module docstring); :meth:`acquire`, then :meth:`release`."""
+    """The lock of one run folder (see the module docstring)."""
 
     def __init__(self, folder):
         self.folder = Path(folder)
@@ -137,11 +120,7 @@ class RunLock:
             return {}, time.time()
 
     def acquire(self) -> Optional[str]:
-        """Hold the lock; return a line about the dead holder it took over from, if any.
-
-        Raises:
-            RunFolderBusy: a live process holds it (the message names it and how to proceed).
-        """
+        """Hold the lock; return a line about the dead holder it took over from, if any (RunFolderBusy if it lives)."""
         self.folder.mkdir(parents=True, exist_ok=True)
         for attempt in range(10):
             self._existed, self._took = self.path.exists(), None
@@ -247,11 +226,8 @@ def _inside(path, folder) -> bool:
 
 
 def folder_problem(folder, log_path, resume, resume_latest: bool, name: str) -> Optional[str]:
-    """Why this command may not run in ``folder`` (``--logs/--name``) whose log is ``log_path``, or None.
-
-    A folder without a log is free; one with a log holds a run, which ``--resume latest`` or
-    ``--resume`` of a checkpoint inside the folder continues; any other command is refused.
-    """
+    """Why this command may not run in ``folder`` whose log is ``log_path``, or None: a folder with a log is
+    continued only by ``--resume latest`` or ``--resume`` of a checkpoint inside it."""
     if not log_path or not os.path.exists(log_path):
         return None
     if resume_latest or (resume and _inside(resume, folder)):
@@ -271,15 +247,9 @@ def folder_problem(folder, log_path, resume, resume_latest: bool, name: str) -> 
 
 
 def claim(args, resume_latest: bool) -> Tuple[Optional[RunLock], Optional[str]]:
-    """Every rank of ``args`` (OpenCLIP's, once main named the run): the master locks the run folder and checks
-    that this command may run there (:func:`folder_problem`); all ranks learn the outcome (one broadcast), so
-    that all stop together. Returns the master's held lock (None on the other ranks, or without ``--logs``)
-    and the line to log about a dead holder it took over from (None when there was none).
-
-    Raises:
-        RunFolderBusy: another process trains in the folder.
-        RunFolderTaken: the folder holds a run this command does not continue.
-    """
+    """Every rank: the master locks the run folder and checks it (:func:`folder_problem`), and all ranks raise
+    its RunFolderBusy / RunFolderTaken together (one broadcast). Returns the master's held lock (else None) and
+    the line to log about a dead holder it took over from (or None)."""
     lock, problem, took = None, None, None
     if args.rank == 0 and args.logs and str(args.logs).lower() != "none":
         folder = os.path.join(args.logs, args.name)
@@ -324,14 +294,9 @@ def _position(path: str) -> Optional[tuple]:
 
 
 def latest_checkpoint(checkpoint_path, save_most_recent: bool) -> Optional[str]:
-    """The checkpoint ``--resume latest`` resumes in ``checkpoint_path``.
-
-    Without ``--save-most-recent``, OpenCLIP's rule: the last ``*.pt`` under it in natural order
-    (``epoch_E_step_K.pt`` after ``epoch_E.pt``). With it, OpenCLIP looks at ``epoch_latest.pt`` alone and
-    starts from scratch where only ``epoch_N.pt`` exist (a run that saved without the flag before); here
-    the newest of ``epoch_latest.pt``, ``epoch_N.pt`` and ``epoch_E_step_K.pt`` by the position it holds,
-    ``epoch_latest.pt`` on a tie.
-    """
+    """The checkpoint ``--resume latest`` resumes in ``checkpoint_path``: OpenCLIP's last ``*.pt`` in natural order;
+    with ``--save-most-recent`` (where OpenCLIP looks at ``epoch_latest.pt`` alone) the newest by the position
+    it holds of ``epoch_latest.pt``, ``epoch_N.pt`` and ``epoch_E_step_K.pt``, ``epoch_latest.pt`` on a tie."""
     from open_clip_train.main import LATEST_CHECKPOINT_NAME, natural_key
 
     folder = os.fspath(checkpoint_path)
