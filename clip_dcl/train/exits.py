@@ -1,17 +1,11 @@
 """How a failed or stopped run leaves: its one line last, whatever its data-loader workers and saves were doing.
 
-A failed run's persistent loader workers would be terminated by ``multiprocessing``'s exit handler, and
-PyTorch's SIGCHLD handler would then print "DataLoader worker ... exited unexpectedly" after the run's
-error line: :func:`stop_loader_workers` shuts them down first, as PyTorch itself does. Under
-:mod:`clip_dcl.train.torchrun` a rank's error line goes to torchrun's error file (:func:`report_error`),
-and the launcher prints the first failed rank's line once.
-
-A stop signal or Ctrl-C before the first training step ends the process at once (exit 75 or 130, one
-line). No handler raises: during start-up Python's handlers often run inside Python that C++ called
-(torch's import of NumPy, ``torch.distributed``'s init), where an exception is swallowed (the signal is
-lost) or thrown through the C++ (``terminate called``, SIGABRT). So the command line leaves from the
-handler with ``os._exit`` (:func:`leave_now`), and a run called from Python records the signal and raises
-:class:`StartupStop` where only Python of ours runs.
+A failed run's loader workers are shut down first (:func:`stop_loader_workers`), else PyTorch's SIGCHLD handler
+prints "DataLoader worker ... exited unexpectedly" after the error line. A stop before the first training step
+ends the process at once: no handler raises, as during start-up a handler often runs inside Python that C++
+called (torch's import of NumPy, ``torch.distributed``'s init), where an exception is swallowed or thrown through
+the C++ (SIGABRT); the command line leaves with ``os._exit`` (:func:`leave_now`), a run called from Python
+raises :class:`StartupStop` where only Python of ours runs.
 """
 
 from __future__ import annotations
@@ -37,8 +31,7 @@ PREEMPTED_EXIT_CODE = 75
 INTERRUPTED_EXIT_CODE = 130
 
 
-#: The data loaders of this process's runs (OpenCLIP's ``data``) by id, whose workers :func:`stop_loader_workers`
-#: stops.
+#: The data loaders of this process's runs by id, whose workers :func:`stop_loader_workers` stops.
 _WATCHED: dict = {}
 
 
@@ -84,10 +77,8 @@ def stop_loader_workers() -> int:
 
 # -- a stop before the first training step ------------------------------------------------------------------
 class StartupStop(KeyboardInterrupt):
-    """A stop signal or Ctrl-C before the run's first training step: the process ends at once, saving nothing.
-
-    A ``KeyboardInterrupt`` (as Ctrl-C's is), so that what cleans up after an interruption (PyTorch's data
-    loaders, ``finally`` blocks) does so, and no ``except Exception`` takes it for an error to handle."""
+    """A stop signal or Ctrl-C before the run's first training step; a ``KeyboardInterrupt`` so that what cleans up
+    after an interruption does so, and no ``except Exception`` takes it for an error to handle."""
 
     def __init__(self, signame: str):
         self.signame = signame
@@ -254,10 +245,8 @@ LAUNCHER_KINDS = ("error", "stop", "peer")
 
 
 def record_for_launcher(line: str, kind: str = "error") -> bool:
-    """Under :mod:`clip_dcl.train.torchrun`, write ``line`` to this rank's torchrun error file, in torchrun's
-    format plus the time to the microsecond (``clip_dcl_time``: which rank met its error first) and ``kind``
-    (one of :data:`LAUNCHER_KINDS`); return whether it was written (the launcher then prints an error's
-    line, so the rank does not)."""
+    """Under :mod:`clip_dcl.train.torchrun`, write ``line`` to this rank's torchrun error file with the time to the
+    microsecond (which rank failed first) and ``kind`` (:data:`LAUNCHER_KINDS`); return whether it was written."""
     path = os.environ.get("TORCHELASTIC_ERROR_FILE")
     if os.environ.get(LAUNCHER_ENV) != "1" or not path:
         return False

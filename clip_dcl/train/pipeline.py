@@ -1,23 +1,11 @@
 """The training webdataset pipeline: OpenCLIP's, with sample ids, logged skips and fixed seeds.
 
-:func:`get_wds_train_dataset` stands in for ``open_clip_train.data.get_wds_dataset`` when ``is_train``
-is true. It assembles OpenCLIP's own stages, shuffle sizes, epoch rounding and ``WebLoader``, and
-differs in these places:
-
-- batches are ``(images, texts, ids)``, the ids (:func:`clip_dcl.data.ids.sample_id`) made in the stage
-  that builds the tuple, so they stay aligned through workers, resampling and the shuffle buffer;
-  ``::``-joined sources get disjoint id ranges, and the first epoch's ids are checked for collisions;
-- every skip is logged with its shard, key and cause, and counted (:class:`DataStats`, one line per
-  epoch): no caption or image, an empty caption (OpenCLIP trains on it), an undecodable image, a shard
-  that cannot be opened (tried :data:`OPEN_TRIES` times) or that ends early (``tarfile`` reads a tar cut
-  at a member boundary as a normal end);
-- a pass that yields no batch raises :class:`TrainingDataError` (``with_epoch`` would repeat it for ever);
-- the sample shuffle, ``--dataset-resampled`` and the workers' RNGs are seeded from ``(--seed, epoch,
-  rank, worker)`` (OpenCLIP seeds its sample shuffle from the clock), so a run resumed at an epoch
-  boundary sees the same samples and augmentations, which lets stateful losses continue exactly;
-- the workers ignore the trainer's stop signals (:func:`clip_dcl.train.preempt.worker_ignores_stop_signals`);
-- ``--captions-per-image M > 1`` draws M captions an image (:func:`draw_captions`), batched as
-  ``(B * M, context)`` in image order; ids stay per image.
+:func:`get_wds_train_dataset` stands in for ``open_clip_train.data.get_wds_dataset`` when ``is_train``, with
+OpenCLIP's own stages, shuffle sizes, epoch rounding and ``WebLoader``, except: batches are ``(images, texts,
+ids)``, the ids made in the stage that builds the tuple so they stay aligned through workers and shuffles;
+every skip is logged and counted (:class:`DataStats`); the shuffles and the workers' RNGs are seeded from
+``(--seed, epoch, rank, worker)`` (OpenCLIP seeds its sample shuffle from the clock), so a run resumed at an
+epoch boundary sees the same samples and augmentations; ``--captions-per-image M`` draws M captions an image.
 """
 
 from __future__ import annotations
@@ -98,12 +86,8 @@ def has_caption_and_image(sample, stats: Optional["DataStats"] = None) -> bool:
 
 
 class DataStats:
-    """What one dataloader worker read and skipped in the current epoch, reported to the main process.
-
-    Each worker's copy sends its counts for the epoch so far after every batch (and, in the epoch
-    ``track_epoch``, the ``(id, fingerprint)`` pairs since the last report) through a multiprocessing
-    queue; :meth:`collect` merges the latest report of every worker at the end of an epoch.
-    """
+    """What one dataloader worker read and skipped in the current epoch: each worker's copy sends its counts
+    (and, in ``track_epoch``, its ``(id, fingerprint)`` pairs) after every batch; :meth:`collect` merges them."""
 
     def __init__(self, workers: int, shared_epoch, track_epoch: Optional[int] = None):
         self.queue = multiprocessing.Queue() if workers > 0 else None
@@ -443,9 +427,8 @@ class _AttachId:
             source = source_index(self.sources, sample.get("__url__")) if self.sources else 0
             block = self.block or self.num_samples
             value, hashed = sample_id(sample, block, with_kind=True)
-            # A bad id is logged here with its shard and key, and passed on: the loss checks the ids of the
-            # whole global batch and stops every rank together (raising in one rank's loader would leave
-            # the other ranks waiting in a collective).
+            # A bad id is logged and passed on: the loss checks the global batch's ids and stops every rank
+            # together (raising in one rank's loader would leave the other ranks waiting in a collective).
             if value < 0:
                 logging.error(
                     f"sample {sample.get('__key__')!r} in {sample.get('__url__')} has the negative key {value}: "
@@ -532,7 +515,7 @@ def get_wds_train_dataset(args, preprocess_img, is_train=True, epoch=0, floor=Fa
         ]
     m = int(getattr(args, "captions_per_image", 1) or 1)
     stages = [
-        # OpenCLIP's tarfile_to_samples_nothrow, with each shard's account (see the module docstring)
+        # OpenCLIP's tarfile_to_samples_nothrow, with each shard's account
         _OpenShards(stats, len(all_urls)),
         _ExpandTars(stats),
         _GroupSamples(stats),

@@ -1,21 +1,11 @@
 """Stopping a run at a step boundary on a signal, and saving it there.
 
-Schedulers send SIGTERM (or a signal asked for) some time before they kill a job. :class:`StopSignals`
-turns each configured signal into a flag; at every ``--preempt-check-every``-th optimizer-step boundary
-:class:`StepGate` decides, by one all-reduce (MAX) over the ranks, whether to stop (a signal on any
-rank), to save (``--save-every-minutes``, rank 0's clock) or to end a diverged run
-(:mod:`clip_dcl.train.divergence`), so that every rank takes the same decision at the same step. On a
-stop the trainer saves the step and exits :data:`PREEMPTED_EXIT_CODE` (the first Ctrl-C during training
-steps: the same, with :data:`INTERRUPTED_EXIT_CODE`).
-
-Before the first step there is nothing to save: a signal ends the start-up at once
-(:mod:`clip_dcl.train.exits`). A rank waiting at the rendezvous sits in one C++ call, where no Python
-handler runs, so the signal is also written to a wakeup pipe whose reader (a
-:class:`clip_dcl.train.threads.ForkSafeThread`) ends the process itself :data:`STARTUP_GRACE_S` later.
-
-Each rank's main-process RNG state is saved with a mid-epoch checkpoint (:func:`rng_state`) and restored
-on resume (:func:`set_rng_state`), so that dropout and ``--workers 0`` augmentation continue as if
-the run had not stopped.
+:class:`StopSignals` turns each configured signal into a flag; at every ``--preempt-check-every``-th step
+boundary :class:`StepGate` decides by one all-reduce whether to stop, save or end a diverged run, so that
+every rank takes the same decision at the same step. Before the first step a signal ends the start-up at once;
+a rank waiting at the rendezvous sits in a C++ call where no Python handler runs, so a wakeup pipe's reader
+thread ends the process :data:`STARTUP_GRACE_S` later. Each rank's RNG state is saved with a mid-epoch
+checkpoint, so that dropout and ``--workers 0`` augmentation continue as if the run had not stopped.
 """
 
 from __future__ import annotations
@@ -49,14 +39,9 @@ _STOP_SIGNALS: List[signal.Signals] = []
 
 
 def worker_ignores_stop_signals(worker_id: Optional[int] = None) -> None:
-    """``worker_init_fn`` of the training data loaders: a stop signal ends the worker only when its parent sends it.
-
-    A scheduler signals every process of a task; a worker that died of it would fail the run mid-step. But
-    the parent also stops its workers with SIGTERM on its way out, so ignoring it would keep a failed run
-    from exiting. So the signals are blocked and a daemon thread waits for them with ``sigwaitinfo``, which
-    tells who sent each one: the parent's ends the worker, anyone else's is dropped. A terminal's Ctrl-C,
-    which reaches the workers too, is ignored (the parent decides).
-    """
+    """``worker_init_fn`` of the training data loaders: a stop signal ends the worker only when its parent sends it
+    (a scheduler's would fail the run mid-step, but the parent's SIGTERM on its way out must end it), told apart
+    by ``sigwaitinfo`` in a daemon thread. Ctrl-C is ignored: the parent decides."""
     if isinstance(getattr(signal.getsignal(signal.SIGINT), "__self__", None), StopSignals):
         signal.signal(signal.SIGINT, signal.SIG_IGN)
     if not _STOP_SIGNALS or not hasattr(signal, "sigwaitinfo"):  # not POSIX: ignore them, as before
@@ -150,13 +135,9 @@ def signal_number(name: str) -> signal.Signals:
 
 
 class StopSignals:
-    """Handlers that record the first of ``signals`` received; :meth:`restore` puts the old ones back.
-
-    Until :meth:`training_started`, any of them, Ctrl-C included, stops the start-up: with ``at_once`` the
-    handler leaves at once (:func:`clip_dcl.train.exits.leave_now`, after :attr:`on_forced_exit`), else
-    :meth:`check_startup` raises :class:`StartupStop`. With ``ctrl_c``, SIGINT too: the first Ctrl-C while
-    :attr:`armed` (training steps run) is recorded like a stop signal; any other raises ``KeyboardInterrupt``.
-    """
+    """Handlers that record the first of ``signals`` received. Until :meth:`training_started` any of them stops the
+    start-up (at once with ``at_once``, else at :meth:`check_startup`). With ``ctrl_c``, the first Ctrl-C while
+    :attr:`armed` is recorded like a stop signal; any other raises ``KeyboardInterrupt``."""
 
     def __init__(self, signals: Sequence[str], ctrl_c: bool = False, at_once: bool = False):
         self.numbers = [signal_number(s) for s in signals]

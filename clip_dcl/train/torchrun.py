@@ -1,16 +1,9 @@
 """``python -m clip_dcl.train.torchrun ARGS``: torchrun (``torch.distributed.run``, same arguments) whose exit on
 a signal is the run's: 130 for Ctrl-C, 75 for a stop signal, with one line instead of a traceback.
 
-torchrun turns SIGTERM and SIGINT into a ``SignalException``, sends the signal on to its ranks (which save
-their step and exit 75 or 130), waits, then exits 1 with a traceback, which a scheduler that requeues on 75
-never sees. Here a ``SignalException``, or ranks that all stopped on a signal, exit 75 (130 for Ctrl-C); any
-other failure exits 1 with one line naming the rank that failed first (its own error line, which ranks write
-to torchrun's error file: :func:`clip_dcl.train.exits.report_error`), not the ranks stopped because of it.
-
-Before any rank starts, ``-m clip_dcl.train -- ARGS`` is checked as each rank would check it (:func:`precheck`):
-a bad flag or missing shard is one line and exit 2. Until torchrun installs its own handlers, SIGTERM and
-Ctrl-C end the launcher at once with its line (from the handler, with ``os._exit``: nothing is raised inside
-torch's import, see :mod:`clip_dcl.train.exits`).
+torchrun exits 1 with a traceback on SIGTERM, which a scheduler that requeues on 75 never sees; any other failure
+here exits 1 with one line naming the rank that failed first (:func:`_first_failure`). Before any rank starts,
+the training flags are checked as each rank would check them (:func:`precheck`: one line and exit 2).
 """
 
 from __future__ import annotations
@@ -69,12 +62,9 @@ def _int(text) -> Optional[int]:
 
 def precheck(argv: List[str]) -> Optional[Tuple[str, int]]:
     """``(the line, the exit code)`` when torchrun's command line ``argv`` starts ``-m clip_dcl.train`` with
-    training flags that every rank would refuse, else None: the checks of ``clip_dcl.train``'s parser that
-    need only the flags and the files, with the world size torchrun will give the ranks, and the ranks of
-    this node against the GPUs it sees."""
+    training flags that every rank would refuse (with the world size torchrun will give the ranks), else None."""
     import contextlib
     import io
-    import os
 
     from torch.distributed.run import get_args_parser
 
@@ -129,8 +119,7 @@ def precheck(argv: List[str]) -> Optional[Tuple[str, int]]:
 
 
 def _ours(failure) -> dict:
-    """``extraInfo`` of the error file a rank of ours wrote (:func:`clip_dcl.train.exits.record_for_launcher`),
-    else ``{}``."""
+    """``extraInfo`` of the error file a rank of ours wrote (:func:`~clip_dcl.train.exits.record_for_launcher`)."""
     data = failure.error_file_data if isinstance(failure.error_file_data, dict) else {}
     info = data.get("message")
     extra = info.get("extraInfo") if isinstance(info, dict) else None
@@ -150,12 +139,9 @@ def _kind(failure) -> str:
 
 
 def _first_failure(failures):
-    """``(global rank, failure)`` of the cause among the failed ranks: a rank's own error (the first, by the time
-    it wrote its line), else a rank that died with no line of ours (the lowest rank) of another signal than
-    SIGTERM, one that aborted (SIGABRT: what a C++ library does when a peer's death fails its collective) after
-    the others, else the first that stopped on a signal, else one SIGTERM killed, else the first whose collective
-    failed. Ranks that torchrun stopped when the cause failed (75 / 130, or SIGTERM on their way out), or whose
-    collective failed then, come after it."""
+    """``(global rank, failure)`` of the cause among the failed ranks, by kind: the first rank's own error, else a
+    rank that died with no line of ours (SIGABRT last: what a C++ library does when a peer's death fails its
+    collective), else the first stopped on a signal, else one SIGTERM killed, else the first failed collective."""
 
     def when(item):
         rank, f = item
@@ -187,8 +173,7 @@ STOP_SIGNALS = {signal.SIGTERM, signal.SIGINT}
 
 
 def _trains(argv: List[str]) -> bool:
-    """Whether torchrun's command line ``argv`` runs ``-m clip_dcl.train`` (whose ranks unblock
-    ``STOP_SIGNALS``)."""
+    """Whether torchrun's command line ``argv`` runs ``-m clip_dcl.train`` (whose ranks unblock ``STOP_SIGNALS``)."""
     from torch.distributed.run import get_args_parser
 
     try:
@@ -199,13 +184,9 @@ def _trains(argv: List[str]) -> bool:
 
 
 def _ranks_start_with_stop_signals_blocked() -> None:
-    """Start every rank with SIGTERM and SIGINT blocked; the rank unblocks them once its handlers are in
-    (:func:`clip_dcl.train.main`), and one sent before then is handled there.
-
-    Without it, a SIGTERM during a rank's first imports killed it with no line, and one sent to the launcher
-    while torchrun started the ranks (before it recorded them) left the started ones running alone. So while
-    the ranks start, a signal to the launcher is only recorded (by a handler: another thread of the launcher
-    may take it, whatever this one blocks), and sent again once all are recorded, to torchrun's own handler."""
+    """Start every rank with SIGTERM and SIGINT blocked until its handlers are in (:func:`clip_dcl.train.main`); a
+    signal to the launcher while torchrun starts the ranks is recorded and sent again once all are recorded (else
+    the ranks started before it would run on alone)."""
     from torch.distributed.elastic.multiprocessing.api import SubprocessContext
 
     start = SubprocessContext._start
