@@ -1,16 +1,10 @@
 """Training on a packed set (:mod:`clip_dcl.data.packed`) held in memory: batches without a decode.
 
-``--train-data PATH.npz`` gives OpenCLIP's loop a :class:`PackedLoader` in place of its webdataset
-loader. The set is read and its captions tokenised once; each batch is gathered by index and OpenCLIP's
-training transform applied to the whole batch: its ``RandomResizedCrop`` (boxes drawn as torchvision
-draws them, resampled bicubically as PIL does, by two batched matrix products: torchvision's works on
-one image at a time) and its ``Normalize``. A transform with any other step is refused (it would
-silently not be applied), as are ``--captions-per-image`` above 1, ``--dataset-resampled`` and
-``--train-data-upsampling-factors``.
-
-Batches are ``(images, texts, ids)``, with the ids the webdataset pipeline gives the same samples. The
-order is a permutation drawn from ``(--seed, epoch)``, rank ``r`` taking the ``r``-th slice of each
-global batch, the crops drawn from ``(--seed, epoch, rank)``: a resumed run sees the same batches.
+``--train-data PATH.npz`` gives OpenCLIP's loop a :class:`PackedLoader`: each batch is gathered by index and
+OpenCLIP's train transform (``RandomResizedCrop``, bicubic as PIL, then ``Normalize``) applied to the whole
+batch by batched matrix products; a transform with any other step is refused (it would silently not be
+applied). Batches are ``(images, texts, ids)`` with the webdataset pipeline's ids; order and crops are drawn
+from ``(--seed, epoch[, rank])``, so a resumed run sees the same batches.
 """
 
 from __future__ import annotations
@@ -69,9 +63,7 @@ def crop_boxes(
     generator: torch.Generator,
     tries: int = 10,
 ) -> torch.Tensor:
-    """``(n, 4)`` boxes ``(top, left, h, w)`` drawn as torchvision's ``RandomResizedCrop.get_params``
-    draws one: up to ``tries`` draws of an area share in ``scale`` and a log-uniform aspect ratio in
-    ``ratio``, the first that fits; otherwise the central crop clamped to ``ratio``."""
+    """``(n, 4)`` boxes ``(top, left, h, w)`` drawn as torchvision's ``RandomResizedCrop.get_params`` draws one."""
     area = height * width
     target = area * torch.empty(n, tries).uniform_(scale[0], scale[1], generator=generator)
     log_r = torch.empty(n, tries).uniform_(math.log(ratio[0]), math.log(ratio[1]), generator=generator)
@@ -126,9 +118,8 @@ def resize_matrices(start: torch.Tensor, length: torch.Tensor, in_size: int, out
 
 
 def resized_crops(images: torch.Tensor, boxes: torch.Tensor, size: Tuple[int, int]) -> torch.Tensor:
-    """Each image ``(n, C, H, W)`` (float in [0, 1]) cropped to its box ``(top, left, h, w)`` and resized
-    to ``size``, bicubic as PIL does it: one resampling matrix per axis and image, applied as two batched
-    matrix products (separable, as PIL's resize is)."""
+    """Each image ``(n, C, H, W)`` (float in [0, 1]) cropped to its box ``(top, left, h, w)`` and resized to
+    ``size``, bicubic as PIL does it: one resampling matrix per axis and image (PIL's resize is separable)."""
     _, _, height, width = images.shape
     top, left, h, w = boxes.unbind(1)
     rows = resize_matrices(top, h, height, size[0])  # (n, S0, H)

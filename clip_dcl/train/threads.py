@@ -1,13 +1,9 @@
 """The trainer's own threads, none of them alive while the process forks.
 
-The trainer runs two threads of its own (the start-up's wakeup-pipe reader,
-:class:`clip_dcl.train.preempt.StopSignals`, and the run lock's heartbeat,
-:class:`clip_dcl.train.runfolder.RunLock`) while OpenCLIP's data loaders fork their workers. A lock
-another thread held at the fork stays held in the child for good: a worker stuck right after its fork,
-and the ranks waiting on it. :class:`ForkSafeThread` stops and joins its loop before every fork
-(:func:`os.register_at_fork`; well under a millisecond) and starts it again in the parent. Workers
-started with ``spawn`` would avoid it too, at the cost of importing torch, OpenCLIP and the pipeline again
-in every worker and of pickling OpenCLIP's datasets.
+A lock another thread held at a fork stays held in the child for good (a data-loader worker stuck right after
+its fork, and the ranks waiting on it): :class:`ForkSafeThread` stops and joins its loop before every fork
+(well under a millisecond) and starts it again in the parent. ``spawn`` workers would avoid it too, at the cost
+of importing torch, OpenCLIP and the pipeline again in every worker and of pickling OpenCLIP's datasets.
 """
 
 from __future__ import annotations
@@ -26,11 +22,8 @@ JOIN_S = 5.0
 
 
 class ForkSafeThread:
-    """A daemon thread running ``loop(stopping)`` until :meth:`stop`, and never across a fork (see the module doc).
-
-    ``loop`` must return soon after the :class:`threading.Event` ``stopping`` is set, and keep what it must not
-    lose across a restart outside itself; ``wake`` (optional) is called after setting it, to wake a loop that
-    waits elsewhere (a pipe's read)."""
+    """A daemon thread running ``loop(stopping)`` until :meth:`stop`, and never across a fork; ``loop`` returns soon
+    after ``stopping`` is set and keeps its state outside itself; ``wake`` wakes a loop that waits elsewhere."""
 
     def __init__(self, name: str, loop: Callable[[threading.Event], None], wake: Optional[Callable[[], None]] = None):
         self.name, self.loop, self.wake = name, loop, wake
