@@ -147,10 +147,8 @@ def resume_position(ckpt: dict) -> Optional[dict]:
 
 
 def model_keys_for(state_dict: dict, wrapped: bool) -> dict:
-    """``state_dict`` with DDP's ``module.`` prefix on all keys (``wrapped``) or on none.
-
-    OpenCLIP's resume strips the prefix for one process but never adds it for several.
-    """
+    """``state_dict`` with DDP's ``module.`` prefix on all keys (``wrapped``) or on none (OpenCLIP's resume strips
+    the prefix for one process but never adds it for several)."""
     bare = state_dict
     if state_dict and all(k.startswith(DDP_PREFIX) for k in state_dict):
         bare = {k[len(DDP_PREFIX) :]: v for k, v in state_dict.items()}
@@ -162,8 +160,7 @@ def model_keys_for(state_dict: dict, wrapped: bool) -> dict:
 # -- writing -----------------------------------------------------------------------------------------
 def save_checkpoint(obj, f, checkpoint_path: Optional[str], save: Callable, training: bool, rerun: str = RERUN) -> None:
     """Write a checkpoint OpenCLIP's ``main`` saves (atomically for a path); after an epoch's checkpoint,
-    remove earlier epochs' mid-epoch files and their shard folders.
-    """
+    remove earlier epochs' mid-epoch files and their shard folders."""
     if not isinstance(f, (str, os.PathLike)):
         save(obj, f)
         return
@@ -189,8 +186,7 @@ def save_step_checkpoint(
     rerun: str = RERUN,
 ) -> str:
     """The master: write step ``step`` of ``epoch`` as ``epoch_latest.pt`` (``--save-most-recent``) or
-    ``epoch_{epoch}_step_{step}.pt``, remove the earlier mid-epoch file, and return the path.
-    """
+    ``epoch_{epoch}_step_{step}.pt``, remove the earlier mid-epoch file, and return the path."""
     from open_clip_train.main import LATEST_CHECKPOINT_NAME
 
     name = LATEST_CHECKPOINT_NAME if args.save_most_recent else f"epoch_{epoch}_step_{step}.pt"
@@ -208,8 +204,7 @@ def save_step_checkpoint(
 
 def save_atomically(obj, path, save=None, rerun: str = RERUN) -> None:
     """``torch.save`` through ``path + PARTIAL_SUFFIX``, flushed, then renamed; the partial file goes on any
-    error (`CheckpointDiskFull` for a full disk, a Ctrl-C torch's writer hid re-raised as such).
-    """
+    error (`CheckpointDiskFull` for a full disk, a Ctrl-C torch's writer hid re-raised as such)."""
     save = save or torch.save
     path = os.fspath(path)
     tmp = path + PARTIAL_SUFFIX
@@ -232,10 +227,8 @@ def save_atomically(obj, path, save=None, rerun: str = RERUN) -> None:
 
 
 def remove_stale_partials(folder) -> list:
-    """Remove the partial files a killed save left under ``folder`` and return their paths.
-
-    Call it only where no save can be running; links are left alone.
-    """
+    """Remove the partial files a killed save left under ``folder`` (not links; only where no save can be
+    running) and return their paths."""
     removed = []
     for path in sorted(glob.glob(os.path.join(os.fspath(folder), "**", "*" + PARTIAL_SUFFIX), recursive=True)):
         if os.path.islink(path) or not os.path.isfile(path):
@@ -272,7 +265,6 @@ def _size(n: int) -> str:
         if n < 1024 or unit == "TB":
             return f"{n:.0f} {unit}" if unit == "bytes" else f"{n:.1f} {unit}"
         n /= 1024
-    return f"{n} bytes"
 
 
 def _disk_full_message(obj, path: str, err: OSError, rerun: str = RERUN) -> str:
@@ -322,8 +314,7 @@ def _first_line(err: BaseException) -> str:
 
 def read_checkpoint(path, allow_unsafe_pickle: bool = False, mmap: bool = False):
     """The object in a checkpoint file, loaded weights-only on the CPU (``mmap``: memory-mapped); raises
-    `CheckpointUnreadable`, or `UnsafeCheckpoint` when it needs full unpickling not allowed.
-    """
+    `CheckpointUnreadable`, or `UnsafeCheckpoint` when it needs full unpickling not allowed."""
     try:
         return _torch_load(Path(path), allow_unsafe_pickle, mmap)
     except UnsafeCheckpoint:
@@ -360,8 +351,7 @@ class Resumable(NamedTuple):
 
 def load_resumable(path, map_location, resume_latest: bool, checkpoint_path: Optional[str], pt_load) -> Resumable:
     """OpenCLIP's ``pt_load`` of ``path``; on ``--resume latest``, the newest checkpoint that loads, with a
-    warning for each torn one passed over. Raises `CheckpointUnreadable` when none can be read.
-    """
+    warning for each torn one passed over. Raises `CheckpointUnreadable` when none can be read."""
     from open_clip_train.main import natural_key  # the order OpenCLIP's --resume latest picks in
 
     unreadable = (RuntimeError, EOFError, OSError, ValueError, pickle.UnpicklingError)

@@ -1,11 +1,9 @@
 """The ``open_clip_train`` surface that clip-dcl's trainer relies on, checked when this module is imported.
 
 It targets open_clip_train 3.3 (4.x replaces this surface). :func:`check_openclip` checks the version, the
-signature of every name patched (:func:`clip_dcl.train.patch.patched`) or called, the module globals the
-patched functions look up (from their bytecode), and what they do on a stand-in model
-(:func:`behaviour_problems`, milliseconds): a release that behaves the same is accepted, one that does not
-fails with one message naming what changed, not halfway through a run. Then it keeps OpenCLIP's originals
-(the ``OPENCLIP_*`` constants) and the stand-ins that change one thing about them.
+signatures of the names patched or called, the globals the patched functions look up (from their bytecode)
+and what they do on a stand-in model (milliseconds), so that a release that behaves otherwise fails with one
+message naming what changed, not halfway through a run. Then it keeps OpenCLIP's originals (``OPENCLIP_*``).
 """
 
 from __future__ import annotations
@@ -163,11 +161,8 @@ def _installed_modules() -> Dict[str, types.ModuleType]:
 
 
 def openclip_problems(version: str, modules: Dict[str, types.ModuleType]) -> list:
-    """What keeps the patches from working with these ``open_clip_train`` modules (empty: nothing).
-
-    ``modules`` maps ``"main"``, ``"train"``, ``"data"``, ``"params"``, ``"distributed"`` to the modules
-    (the installed ones for those it leaves out).
-    """
+    """What keeps the patches from working with these ``open_clip_train`` modules (``"main"``, ``"train"``,
+    ``"data"``, ``"params"``, ``"distributed"``; the installed ones for those left out); empty: nothing."""
     modules = {**_installed_modules(), **modules}
     problems = []
     try:
@@ -285,9 +280,8 @@ def setup_logging(log_file, level, include_host=False):
 
 
 def init_process_group_with_timeout(seconds: Optional[float]):
-    """``torch.distributed.init_process_group`` with ``timeout=seconds`` (OpenCLIP's
-    ``init_distributed_device`` passes none, so a collective waits torch's default, 30 minutes for
-    gloo, for a rank that died or hangs); unchanged when ``seconds`` is None."""
+    """``torch.distributed.init_process_group`` with ``timeout=seconds`` when not None (OpenCLIP passes none,
+    so a collective waits torch's default, 30 minutes for gloo, for a rank that died or hangs)."""
     import datetime
 
     def init_process_group(*args, **kwargs):
@@ -318,12 +312,8 @@ class Overlay(types.ModuleType):
 
 
 class LoggedLoss(dict):
-    """A loss's terms (``output_dict=True``) whose ``"loss"`` entry shows ``logged`` instead of their sum.
-
-    OpenCLIP back-propagates its own sum of the terms and stores it under ``losses["loss"]``, logged as
-    ``Loss``; for a loss whose total is not on InfoNCE's scale that entry takes its InfoNCE value
-    (:meth:`clip_dcl.losses.base.LossDeclaration.logged_loss`), so that ``Loss`` compares across runs.
-    """
+    """A loss's terms (``output_dict=True``) whose ``"loss"`` entry, which OpenCLIP logs as ``Loss`` after
+    back-propagating the sum, shows ``logged`` instead (InfoNCE-scale, so that ``Loss`` compares across runs)."""
 
     def __init__(self, terms: dict, logged: torch.Tensor):
         super().__init__(terms)
@@ -429,8 +419,7 @@ def _probe_args(**more) -> argparse.Namespace:
 
 
 def _train_step_problems(train_one_epoch) -> list:
-    """What ``train_one_epoch`` no longer does, of what the trainer relies on, in epoch 1 of two batches of a
-    stand-in model."""
+    """What ``train_one_epoch`` no longer does that the trainer relies on, in two batches of a stand-in model."""
     batches = [
         (torch.tensor([[1.0, 2.0], [3.0, 4.0]]), torch.tensor([[0.5, 1.0], [1.5, 2.0]])),
         (torch.tensor([[2.0, 0.0], [1.0, 1.0]]), torch.tensor([[1.0, 3.0], [0.0, 1.0]])),
