@@ -40,10 +40,8 @@ def check_optimizer_values(oc_args) -> None:
 
 
 def check_global_batch(oc_args) -> None:
-    """A training step of fewer than 2 pairs has no negative: every objective's loss is 0 (clip) or undefined.
-
-    OpenCLIP's loop scores the ``--accum-freq`` micro-batches of a step together, over every rank (the
-    world size is the launcher's, read as OpenCLIP reads it)."""
+    """Refuse a training step (``--accum-freq`` micro-batches over every rank) of fewer than 2 pairs: with no
+    negative, every objective's loss is 0 (clip) or undefined."""
     from open_clip_train.distributed import world_info_from_env
 
     world = world_info_from_env()[2]
@@ -108,13 +106,9 @@ def _shard_sizes(urls: list):
 
 
 def check_worker_batches(oc_args, world: int | None = None) -> None:
-    """Every data-loader worker can fill a batch from its own shards, checked before the model is built
-    (``world``: the ranks, default torchrun's ``WORLD_SIZE``); the pipeline would find out only after it.
-
-    Without ``--dataset-resampled`` the shards are split over the ranks, then over each rank's ``--workers``,
-    and each reader fills whole batches from its own; with ``sizes.json`` known, a reader gets at least
-    ``shards // readers`` shards, so the smallest of those hold the fewest samples it may be given.
-    """
+    """Every data-loader worker can fill a batch from its own shards (``world``: the ranks, default torchrun's
+    ``WORLD_SIZE``); with ``sizes.json`` known, a worker's fewest samples are those of the ``shards // workers``
+    smallest shards. Checked before the model is built; the pipeline would find out only after it."""
     from open_clip_train.data import expand_urls
     from open_clip_train.distributed import world_info_from_env
 
@@ -251,19 +245,16 @@ CSV_ROWS_CHECKED = 1000
 
 
 def csv_data_flags(words: list) -> list:
-    """``words`` with OpenCLIP's ``--csv-separator``, ``--csv-img-key`` and ``--csv-caption-key`` added, where
-    ``--train-data`` / ``--val-data`` is a CSV/TSV and the words do not give them, as ``clip-dcl eval
-    retrieval`` reads the same file; the images of the first :data:`CSV_ROWS_CHECKED` rows are looked for
-    beside the CSV (:func:`csv_images_beside`) or from the working folder. `FlagError` for a missing column
-    or image.
-    """
+    """``words`` with OpenCLIP's ``--csv-*`` flags added for a CSV/TSV ``--train-data`` / ``--val-data`` where not
+    given, as ``clip-dcl eval retrieval`` reads the file; `FlagError` for a missing column or for an image of the
+    first :data:`CSV_ROWS_CHECKED` rows found neither beside the CSV nor from the working folder."""
     import pandas as pd
 
     from clip_dcl.data.pairs import CsvColumnsError, csv_columns
 
     dataset_type = _word_value(words, "--dataset-type") or "auto"
     given = {flag: _word_value(words, flag) for flag in ("--csv-separator", "--csv-img-key", "--csv-caption-key")}
-    added, seen = [], {}
+    seen = {}
     for flag in ("--train-data", "--val-data"):
         path = _word_value(words, flag)
         if not path or not os.path.isfile(path):
@@ -293,9 +284,7 @@ def csv_data_flags(words: list) -> list:
                 raise FlagError(
                     f"{flag} {path} line {line}: image {image!r} is neither beside the CSV nor in the working folder"
                 )
-    for name, value in seen.items():
-        added += [name, value]
-    return list(words) + added
+    return list(words) + [word for pair in seen.items() for word in pair]
 
 
 def csv_images_beside(dataset, csv_path: str) -> None:

@@ -1,10 +1,8 @@
 """clip-dcl's training flags, parsed beside OpenCLIP's and validated before any work starts.
 
-Ours are taken out with ``parse_known_args`` on a parser with ``allow_abbrev=False`` (with
-abbreviations, OpenCLIP's ``--model tiny`` would be read as ``--model-config tiny``); the rest is
-parsed by OpenCLIP's own ``parse_args`` here, once, so that a bad OpenCLIP flag also fails before
-anything starts. The loss values are completed by the loss's own ``resolve_data_params`` and
-validated by building the loss once on the ``meta`` device (:func:`create_loss_checked`).
+Ours are taken out by a parser with ``allow_abbrev=False`` (else OpenCLIP's ``--model tiny`` would be read as
+``--model-config tiny``); the rest is parsed by OpenCLIP's ``parse_args`` here, so that a bad OpenCLIP flag also
+fails before anything starts; the loss's values are validated by building it once on ``meta``.
 """
 
 from __future__ import annotations
@@ -495,12 +493,7 @@ def _loss_flags_given(ours) -> Dict[str, object]:
 
 def check_flag_words(argv: List[str], prog: str = PROG) -> None:
     """The checks of a training command line that need neither its data nor this machine (both parsers', and
-    no loss flag of another loss than ``--loss``), for a command whose data are not made yet.
-
-    Raises:
-        FlagError: a flag that cannot work (the message names it).
-        SystemExit: OpenCLIP's or our argparse rejected a flag (argparse prints the message).
-    """
+    no loss flag of another loss than ``--loss``): `FlagError`, or ``SystemExit`` once argparse printed why."""
     from open_clip_train.params import parse_args as openclip_parse_args
 
     parser, ours, rest = _parse_ours(argv, prog)
@@ -523,16 +516,9 @@ def _parse_ours(argv: List[str], prog: str):
 
 
 def parse_train_args(argv: List[str], check_files: bool = True, prog: str = PROG) -> Optional[TrainConfig]:
-    """Parse and validate a training command line; ``None`` when ``--help`` was printed.
-
-    Registers clip-dcl's model configs (and ``--model-config``) with OpenCLIP in this process.
-    ``check_files=False`` skips the checks of the data's files and of this machine, to validate a command for
-    another one; ``prog`` names the command in both parsers' usage and errors.
-
-    Raises:
-        FlagError: a flag value that cannot work (the message names it).
-        SystemExit: OpenCLIP's or our argparse rejected a flag (argparse prints the message).
-    """
+    """Parse and validate a training command line (`FlagError`, or ``SystemExit`` once argparse printed why);
+    ``None`` when ``--help`` was printed. Registers clip-dcl's model configs with OpenCLIP in this process.
+    ``check_files=False`` skips the checks of the data's files and of this machine (a command for another one)."""
     parser, ours, rest = _parse_ours(argv, prog)
     if "-h" in rest or "--help" in rest:
         print_help(parser)
