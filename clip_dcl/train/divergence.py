@@ -53,10 +53,8 @@ def describe_tensors(names: List[str], count: int) -> str:
 
 
 class NonFiniteSteps:
-    """Consecutive optimizer steps with a non-finite loss, counted on ``device``.
-
-    `record` takes every loss output of a step and `end_step` its global step number; neither syncs.
-    """
+    """Consecutive optimizer steps with a non-finite loss, counted on ``device`` without a sync: `record` takes
+    every loss output of a step, `end_step` its global step number."""
 
     def __init__(self, limit: int, device):
         self.limit = int(limit)

@@ -44,9 +44,7 @@ def source_index(sources: Mapping[str, int], url) -> int:
 
 
 class IndexedDataset(torch.utils.data.Dataset):
-    """A map-style data set whose items carry their index as the sample id (a CSV's row, stable while the
-    CSV keeps its rows in place).
-    """
+    """A map-style data set whose items carry their index as the sample id (a CSV's row)."""
 
     def __init__(self, base):
         self.base = base

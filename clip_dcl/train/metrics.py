@@ -1,10 +1,8 @@
 """A run's metrics as data: one JSON line per logged training step and per evaluation, in ``metrics.jsonl``.
 
-OpenCLIP's ``train_one_epoch`` and ``evaluate`` write every scalar through ``tb_writer.add_scalar(name,
-value, step)`` (``train/...`` at each logged step, ``val/...`` per evaluation). :class:`MetricsWriter` takes
-that writer's place, passes each scalar on to the real one (when tensorboard is on) and gathers a step's
-scalars into one record. The readers (the runner, the study engine, the benchmarks) use
-:func:`read_metrics`, never OpenCLIP's log text. Imports nothing heavy: readers load it without torch.
+:class:`MetricsWriter` takes the place of OpenCLIP's ``tb_writer``, through which its loop writes every scalar;
+readers (the runner, the study engine, the benchmarks) use :func:`read_metrics`, never OpenCLIP's log text.
+Imports nothing heavy: readers load it without torch.
 """
 
 from __future__ import annotations
@@ -29,11 +27,8 @@ def _number(value):
 
 
 class MetricsWriter:
-    """Stands in for OpenCLIP's ``tb_writer``: scalars go on to ``inner`` and into the record of their step.
-
-    :meth:`flush` appends the gathered record (plus the caller's fields) to ``path`` as one line; with
-    ``path`` None nothing is written (another rank, or no ``--logs``).
-    """
+    """Stands in for OpenCLIP's ``tb_writer``: scalars go on to ``inner`` and into the record of their step,
+    which :meth:`flush` appends to ``path`` (None: not written)."""
 
     def __init__(self, path: Optional[str], inner=None):
         self.path, self.inner = path, inner
@@ -73,11 +68,8 @@ def metrics_path(args) -> Optional[str]:
 
 
 def read_metrics(path, kind: Optional[str] = None) -> List[dict]:
-    """The records of a ``metrics.jsonl`` (or of the run folder holding one), in order; ``kind``: only
-    ``"train"`` or ``"val"`` records. A torn line (a killed run) is skipped; no file: no records.
-
-    A resumed run repeats the steps after its checkpoint, appending to the file: the records of a repeated
-    step replace those of that step and after (:func:`superseded`)."""
+    """The records of a ``metrics.jsonl`` (or of the run folder holding one), in order, of ``kind`` if given;
+    torn lines skipped, and the records a resumed run repeated replaced (:func:`superseded`)."""
     path = os.fspath(path)
     if os.path.isdir(path):
         path = os.path.join(path, METRICS_FILE)

@@ -1,9 +1,8 @@
 """What a training command line needs on the machine it runs on, settled before any work.
 
-On a CPU OpenCLIP's default ``--precision amp`` runs every matmul under bfloat16 autocast, many times
-slower than float32 and no more accurate: a CPU run that names no precision gets ``fp32``, said in
-one line. A ``--report-to`` logger that is not installed would fail only after the model and data
-are built, with a bare ``AssertionError``: it is refused first, naming the extra that installs it.
+On a CPU OpenCLIP's default ``--precision amp`` runs every matmul under bfloat16 autocast, many times slower
+than float32 and no more accurate: a CPU run that names no precision gets ``fp32``. A ``--report-to`` logger
+that is not installed would fail only after the model and data are built: it is refused first.
 """
 
 from __future__ import annotations
@@ -74,11 +73,8 @@ def check_loggers(report_to: str, installed: bool = True) -> None:
 
 
 def settle_machine_flags(argv: Sequence[str], this_machine: bool = True, log=None) -> List[str]:
-    """OpenCLIP's words ``argv``, loggers checked and ``--precision fp32`` added for a CPU run that names none.
-
-    ``this_machine=False`` checks the logger names only. `FlagError` for a bad logger; ``SystemExit``
-    when OpenCLIP's parser rejected a word.
-    """
+    """OpenCLIP's words ``argv``, loggers checked (`FlagError`) and ``--precision fp32`` added for a CPU run that
+    names none; ``this_machine=False`` checks the logger names only."""
     argv = list(argv)
     args = _openclip_args(argv)
     check_loggers(args.report_to, installed=this_machine)

@@ -48,13 +48,8 @@ class SkippedSteps:
 
 class IdChannel:
     """Iterates the training dataloader for OpenCLIP's loop (which unpacks ``images, texts = batch``), keeping
-    each batch's ids for :class:`LossWithIds`. The loop calls the loss on the concatenation of a step's
-    ``accum_freq`` micro-batches in fetch order, so a call's ids are those of the last ``accum_freq`` fetched.
-
-    Between optimizer steps: ``skip`` batches are read and dropped at the start of the epoch (a mid-epoch
-    resume), then ``resumed()`` is called; before every later step ``at_boundary(steps taken)`` may end the
-    epoch, which ends OpenCLIP's loop after a whole step.
-    """
+    the ids of the last ``accum_freq`` batches (a loss call's) for :class:`LossWithIds`. It drops ``skip``
+    batches first (a mid-epoch resume); ``at_boundary(steps taken)`` may end the epoch before any later step."""
 
     def __init__(self, dataloader, accum_freq: int, skip: int = 0, resumed=None, at_boundary=None):
         self.dataloader = dataloader
@@ -212,11 +207,8 @@ def loss_columns(wrapped: LossWithIds) -> Dict[str, object]:
 def train_record(
     writer, wrapped: LossWithIds, epoch: int, skip_steps: int, steps_per_epoch: int, samples_per_epoch: int, args
 ) -> Optional[dict]:
-    """Flush one logged step's record into ``metrics.jsonl`` (None when OpenCLIP logged nothing since).
-
-    OpenCLIP counts the epoch's steps from 0 again after a mid-epoch resume, so its step is shifted by the
-    ``skip_steps`` already taken; the loss's numeric columns also go to tensorboard and wandb as ``train/...``.
-    """
+    """Flush one logged step's record into ``metrics.jsonl`` (None when OpenCLIP logged nothing since); the step
+    is shifted by ``skip_steps`` (OpenCLIP counts from 0 again after a mid-epoch resume)."""
     if not writer.values:
         return None
     columns = loss_columns(wrapped)
