@@ -40,27 +40,12 @@ def _run_log_handlers_closed():
 
 
 def main(argv: Optional[List[str]] = None, prog: Optional[str] = None, exiting: bool = False) -> int:
-    """Train from a command line (the words after ``python -m clip_dcl.train``); ``prog`` names the command
-    in its usage and errors. ``exiting``: the caller exits with the code at once (the command line), so
-    once the run is over SIGTERM and Ctrl-C are ignored: a launcher's SIGTERM to a rank on its way out must
-    not replace the rank's exit code with a death by signal.
-
-    Returns the exit code, which a caller must check:
-
-    - ``0``: OpenCLIP's ``main`` finished (or ``--help`` was printed);
-    - ``2``: a flag, or a run folder holding a run the command does not continue, was refused before any
-      work (one line on stderr);
-    - ``75`` (``PREEMPTED_EXIT_CODE``): stopped on a ``--preempt-signals`` signal after saving its step;
-      ``--resume latest`` continues there;
-    - ``130`` (``INTERRUPTED_EXIT_CODE``): Ctrl-C; the first during training steps saves as a signal does,
-      any other stops at once without saving;
-    - ``75`` or ``130`` also for a stop during start-up, which ends at once, having trained nothing;
-    - ``1``: a clear error, logged and on stderr (the run folder busy, OpenCLIP refused to start, a sample id
-      missing or out of range, a loss state that does not fit, an unreadable checkpoint, no training data,
-      a full disk, a diverged run, a failed collective).
-
-    Any other exception (a bug, or a failure inside OpenCLIP) propagates, as from OpenCLIP's own ``main``.
-    """
+    """Train from a command line (the words after ``python -m clip_dcl.train``); return the exit code: 0 done (or
+    ``--help``); 2 refused before any work (a flag, or a run folder holding another run); 75 stopped on a
+    ``--preempt-signals`` signal after saving its step, 130 on Ctrl-C (both also for a stop during start-up, which
+    saves nothing); 1 a clear error, logged and on stderr. Any other exception propagates, as from OpenCLIP's
+    ``main``. ``exiting``: the caller exits with the code at once, so SIGTERM and Ctrl-C are ignored once the run
+    is over (a launcher's SIGTERM to a rank on its way out must not replace its exit code)."""
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["--"]:  # torchrun ... -m clip_dcl.train -- ARGS
         argv = argv[1:]
@@ -151,10 +136,8 @@ def main(argv: Optional[List[str]] = None, prog: Optional[str] = None, exiting: 
                     signal.signal(num, signal.SIG_IGN)
             else:
                 guard.remove()
-            # the run is over: no loader is read again. A failed run's workers may not outlive its line (see
-            # exits.py); a finished one's would otherwise be stopped by the garbage collector, which in a process
-            # that goes on (a second run, a notebook) meets their queues already closed and waits 5 s a worker
-            # before it kills them
+            # a failed run's workers may not outlive its line; a finished one's would be stopped by the garbage
+            # collector, which in a process that goes on meets their queues closed and waits 5 s a worker
             stop_loader_workers()
     if exiting and stopped_in_startup:  # nothing left to write: no teardown of the model and the data
         exit_flushed(code)

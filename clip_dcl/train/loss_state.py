@@ -18,11 +18,8 @@ from . import saving
 
 
 def write_shards(loss, args, completed_epoch: int, fresh: Optional[Set[Path]] = None) -> Optional[Path]:
-    """Every rank: write this rank's shard for ``completed_epoch`` if OpenCLIP checkpoints it; the folder or None.
-
-    Collective (a barrier after writing, so the master's checkpoint follows complete shards); ``fresh``
-    gets the folder when this call made it.
-    """
+    """Every rank (collective, so the master's checkpoint follows complete shards): write this rank's shard for
+    ``completed_epoch`` if OpenCLIP checkpoints it; the folder (added to ``fresh`` if made here) or None."""
     if not (saving.is_sharded(loss) and saving.checkpointed(args, completed_epoch)):
         return None
     folder = saving.epoch_folder(args.checkpoint_path, completed_epoch)
@@ -84,11 +81,8 @@ def _save_shard(loss, folder: Path) -> None:
 def restore_sharded(
     loss, state: Dict[str, torch.Tensor], index: Dict[str, object], ckpt_path: str, grow: bool = False
 ) -> dict:
-    """``state`` completed with this rank's part of the saved shards, one saved shard at a time.
-
-    With ``grow`` the ids beyond the saved ones start unvisited (NaN); a missing or unfitting shard raises
-    `LossStateFilesError`.
-    """
+    """``state`` completed with this rank's part of the saved shards, one at a time (`LossStateFilesError` for a
+    missing or unfitting one); with ``grow`` the ids beyond the saved ones start unvisited (NaN)."""
     owner = stateful(loss)
     layout = {b.name: b for b in owner.state_buffers()}
     saved_n = int(index["num_samples"])

@@ -38,11 +38,8 @@ def check_objective(cfg: TrainConfig, ckpt: dict, path) -> None:
 
 
 def check_state_settings(cfg: TrainConfig, ckpt: dict, path) -> Optional[int]:
-    """Refuse to resume loss state that this run's settings would read as another quantity.
-
-    A differing `state_meaning` value is refused with the flag to add. A per-sample buffer for another
-    number of ids is refused, unless ``--decl-grow-state``: then the saved id count is returned (else None).
-    """
+    """Refuse to resume loss state that this run's settings would read as another quantity (a differing
+    `state_meaning` value, or another id count unless ``--decl-grow-state``: then that count is returned)."""
     from clip_dcl.losses import LOSSES
 
     entry = ckpt.get(saving.CKPT_KEY)
