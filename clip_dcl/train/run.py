@@ -505,9 +505,7 @@ class TrainingRun:
 
     def save_step(self, model, optimizer, scaler, epoch: int, step: int, args, signame: Optional[str]):
         """Every rank: save a checkpoint after ``step`` optimizer steps of ``epoch`` (the master writes it, with
-        the step, its settings and every rank's random state: :func:`clip_dcl.train.saving.save_step_checkpoint`).
-        Returns the path (None on other ranks, or without --logs).
-        """
+        the step, its settings and every rank's random state); returns the path (None on other ranks, no --logs)."""
         # every rank (DDP keeps the weights equal on all), before any collective: all stop together
         self._refuse_nonfinite(f"the checkpoint of step {step} of epoch {epoch}")
         rng = preemption.gather_rng_states(args.world_size)
