@@ -69,9 +69,8 @@ def stop_loader_workers() -> int:
     _WATCHED.clear()
     if not multiprocessing.active_children():  # loader workers are multiprocessing's children: none is left
         return stopped
-    # Workers of a loader nobody watched (an evaluation's, an iterator a failure left mid-epoch): their iterators
-    # are found on the heap by type (``type()``, not ``isinstance``, which would ask every object for its
-    # ``__class__``, and some warn). A scan of every object: a tenth of a second in a large process.
+    # Workers of a loader nobody watched: found on the heap by ``type()`` (``isinstance`` would ask every object for
+    # its ``__class__``, and some warn); a tenth of a second in a large process.
     return stopped + sum(stop(obj) for obj in gc.get_objects() if issubclass(type(obj), _MultiProcessingDataLoaderIter))
 
 
