@@ -211,10 +211,6 @@ def attribute_bins(images: np.ndarray, cuts: Dict[str, List[float]]) -> Dict[str
     return {name: np.searchsorted(np.asarray(cuts[name]), values[name], side="right") for name in ATTRIBUTE_WORDS}
 
 
-def with_article(phrase: str) -> str:
-    return ("an " if phrase[0] in "aeiou" else "a ") + phrase
-
-
 def make_caption(classname: str, bins: Dict[str, int], rng: np.random.Generator) -> str:
     """The class name in a random template with 2-4 of the image's attribute words, random synonyms, in random order."""
     names = list(ATTRIBUTE_WORDS)

@@ -22,7 +22,8 @@ from typing import Dict, List, Sequence, Tuple
 import numpy as np
 
 from . import fashion
-from .fashion import ATTRIBUTE_WORDS, CLASSNAMES, DEBIAN_DIR, with_article
+from .fashion import ATTRIBUTE_WORDS, CLASSNAMES, DEBIAN_DIR
+from .synth.captions import with_article
 
 #: cell names of each grid, row by row
 POSITIONS = {

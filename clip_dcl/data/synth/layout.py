@@ -412,12 +412,9 @@ def generate(
     verbose: bool = True,
     **overrides,
 ) -> dict:
-    """Write the whole synthetic data set under ``out_dir``; return ``summary.json``'s content plus
-    ``out_dir``, ``train_data`` / ``val_data`` (brace patterns) and ``seconds``.
-
-    ``config`` defaults to ``SynthConfig()`` (``quick()`` with ``quick``), ``overrides`` replace fields.
-    ``reuse`` returns an existing summary of the same config; earlier outputs without ``overwrite``
-    raise ``FileExistsError``.
+    """Write the synthetic data set under ``out_dir``: ``summary.json``'s content plus ``out_dir``, ``train_data``
+    / ``val_data`` (brace patterns) and ``seconds``. ``reuse`` returns an existing summary of the same config;
+    earlier outputs without ``overwrite`` raise ``FileExistsError``.
     """
     base = config if config is not None else (SynthConfig.quick() if quick else SynthConfig())
     unknown = sorted(set(overrides) - {f.name for f in dataclasses.fields(SynthConfig)})
