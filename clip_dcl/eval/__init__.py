@@ -1,8 +1,5 @@
-"""Evaluations: retrieval, zero-shot classification, ELEVATER few-shot linear probe.
-
-``evaluate_retrieval``, ``evaluate_zeroshot`` and ``evaluate_fewshot`` take ``(model, preprocess,
-tokenizer, data)`` and return a flat ``dict[str, float]``; how they run is one `EvalOptions`. Tasks
-register in `clip_dcl.eval.registry`. Submodules are imported on first use.
+"""Evaluations: retrieval, zero-shot classification, ELEVATER few-shot linear probe. The ``evaluate_*`` functions
+take ``(model, preprocess, tokenizer, data)`` and return a flat ``dict[str, float]``; submodules load on first use.
 """
 
 from __future__ import annotations
