@@ -133,7 +133,6 @@ class FashionConfig:
             )
 
 
-# Reading
 def _locate(directory: Path, name: str) -> Path:
     """The file ``name`` in ``directory``, or the same without ``.gz``; the ``.gz`` path when neither exists."""
     plain = directory / name[:-3]
@@ -175,7 +174,6 @@ def load_idx_set(directory: str | os.PathLike = DEBIAN_DIR) -> Dict[str, np.ndar
     return out
 
 
-# Pixels -> attributes -> captions
 def pixel_attributes(images: np.ndarray) -> Dict[str, np.ndarray]:
     """Per image of the garment's pixels (above ``_INK``): mean grey ``brightness``, ``fill`` of the frame, bounding
     box width / height ``aspect``, ``texture`` (grey std / mean); no such pixel: 0, 0, 1, 0."""
@@ -234,7 +232,6 @@ def caption_words() -> List[str]:
     return sorted(found)
 
 
-# Writing
 def _png(image: np.ndarray, size: int) -> bytes:
     """Lossless RGB PNG of a grey image, centred on a black ``size`` square (resized when larger)."""
     from PIL import Image

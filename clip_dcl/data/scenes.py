@@ -115,7 +115,6 @@ class ScenesConfig:
                 )
 
 
-# Scenes and their captions
 def draw_scene(rng: np.random.Generator, pool_size: int, cfg: ScenesConfig) -> List[Tuple[int, int]]:
     """``[(cell, item), ...]`` in cell order: cell 0 and random others, each a distinct item below ``pool_size``."""
     n = int(rng.integers(cfg.min_items, cfg.max_items + 1))

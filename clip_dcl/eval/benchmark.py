@@ -189,7 +189,6 @@ def add_benchmark_arguments(p: argparse.ArgumentParser) -> None:
         p.add_argument(flag, action=_Refuse, reason=reason)
 
 
-# Names, as CLIP_benchmark makes them
 def benchmark_tasks() -> list[str]:
     """``--task`` values run here: ``auto`` and the CLIP_benchmark name of every registered task that has one."""
     return ["auto"] + [
@@ -197,7 +196,6 @@ def benchmark_tasks() -> list[str]:
     ]
 
 
-# The runs
 def expand_models(
     models: Sequence[str], pretrained: Sequence[str], pretrained_model: Sequence[str] | None = None
 ) -> list[tuple[str, str]]:

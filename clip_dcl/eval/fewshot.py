@@ -33,7 +33,6 @@ DEFAULT_TEMPLATES = ("a photo of a {}",)
 EPOCH_SELECTIONS = ("last", "toolkit")
 
 
-# Catalogue and prompts
 def builtin_catalog() -> dict[str, dict]:
     """The 20 ELEVATER data sets (``catalog.json``): name -> metric, classes, layout and the like."""
     doc = json.loads((Path(__file__).with_name("catalog.json")).read_text())
@@ -96,7 +95,6 @@ def dataset_prompts(name: str, catalog: dict[str, dict]) -> dict | None:
     return builtin_prompts().get(entry["name"])
 
 
-# The suite over a model
 @dataclass
 class FewShotReport:
     """Everything `run_fewshot` measured: flat metrics, per-(set, seed) records, per-set facts, settings."""

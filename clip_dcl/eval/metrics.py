@@ -15,7 +15,6 @@ import torch
 ELEVATER_METRICS = ("accuracy", "mean_per_class", "11point_mAP", "roc_auc")
 
 
-# Retrieval
 def _check_features(name: str, x: torch.Tensor) -> None:
     if x.ndim != 2:
         raise ValueError(f"{name} must be 2-D (N, D), got shape {tuple(x.shape)}")
@@ -133,7 +132,6 @@ def retrieval_metrics(
     return out
 
 
-# Classification
 def topk_accuracy(logits: torch.Tensor, labels: torch.Tensor, k: int = 1) -> float:
     """Fraction of rows whose label is among the k highest logits; NaN when k > #classes."""
     if k > logits.shape[-1]:

@@ -46,7 +46,6 @@ def epoch_batches(n: int, epochs: int, batch_size: int = BATCH_SIZE, seed: int =
     return out
 
 
-# Training stacks of linear heads
 def default_head_init(num_classes: int, dim: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
     """``nn.Linear``'s default init, U(-1/sqrt(D), 1/sqrt(D)) for weight and bias, from a seeded generator."""
     g = torch.Generator().manual_seed(seed)
@@ -152,7 +151,6 @@ def _train_heads(x, y, lrs, wds, batches, init_weight, init_bias, eval_sets, met
     return scores, w.detach(), b.detach()
 
 
-# Hyper-parameter sweep
 @dataclass(frozen=True)
 class SweepGrid:
     """Learning rates, weight-decay grid, coarse indices, refinement spans, epochs per run; ``exact``: the
@@ -265,7 +263,6 @@ def sweep_hyperparameters(
     return SweepResult(best_lr=best_lr, best_wd=best_wd, best_score=best_score, runs=runs)
 
 
-# One data set, one seed
 def labels_to_targets(labels: Sequence[Sequence[int]], num_classes: int, multilabel: bool) -> torch.Tensor:
     """(N,) long class ids, or (N, C) float multi-hot when ``multilabel``."""
     if multilabel:

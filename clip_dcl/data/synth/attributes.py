@@ -22,7 +22,6 @@ COUNT_PROBS = (0.5, 0.25, 0.25)
 _QUADRANTS = POSITIONS[:4]
 
 
-# Classes and their frequencies (pure functions)
 def grid_shape(num_classes: int) -> tuple[int, int]:
     """``(n_shapes, n_colours)`` of the class grid for ``num_classes`` classes, the most even that fits."""
     if not 1 <= num_classes <= MAX_CLASSES:

@@ -59,7 +59,6 @@ _STREAM = {
 _TEST_OFFSET = 1 << 30
 
 
-# Configuration
 @dataclass(frozen=True)
 class SynthConfig:
     """Sizes and knobs of a synthetic data set; see `clip_dcl.data.synth` for their meaning."""
@@ -169,7 +168,6 @@ def render_sample(
     return image, attrs, captions
 
 
-# Writers for each part of the layout
 class _Progress:
     """Log lines at most every ``every`` seconds (plus the last one); silent when not verbose."""
 
@@ -398,7 +396,6 @@ def catalog_entry(metric: str, classes, splits: dict) -> dict:
     }
 
 
-# Entry point
 _OUTPUTS = ("summary.json", "train", "val", "zeroshot", "fewshot", "test", "zeroshot_test")
 
 
