@@ -6,16 +6,6 @@ from __future__ import annotations
 
 import importlib
 
-__all__ = [
-    "evaluate_retrieval",
-    "evaluate_zeroshot",
-    "evaluate_fewshot",
-    "run_fewshot",
-    "retrieval_metrics",
-    "run_benchmark",
-    "EvalOptions",
-]
-
 _EXPORTS = {
     "evaluate_retrieval": "retrieval",
     "evaluate_zeroshot": "zeroshot",
@@ -25,6 +15,7 @@ _EXPORTS = {
     "run_benchmark": "benchmark",
     "EvalOptions": "encoding",
 }
+__all__ = list(_EXPORTS)
 
 
 def __getattr__(name):

@@ -1,6 +1,4 @@
-"""The synthetic data set on disk: its configuration, seed streams, the writers of each part of the
-layout and `generate` (``clip-dcl data synth``); see `clip_dcl.data.synth`.
-"""
+"""The synthetic data set on disk (``clip-dcl data synth``): configuration, seed streams, writers, `generate`."""
 
 from __future__ import annotations
 
@@ -125,10 +123,9 @@ class SynthConfig:
             bad("test_samples", "must be >= 0 (0: no test split)")
         if self.shard_size < 1:
             bad("shard_size", "must be >= 1")
-        if not 1 <= self.captions_per_image <= 20:
-            bad("captions_per_image", "must be within [1, 20]")
-        if not 1 <= self.val_captions_per_image <= 20:
-            bad("val_captions_per_image", "must be within [1, 20]")
+        for field in ("captions_per_image", "val_captions_per_image"):
+            if not 1 <= getattr(self, field) <= 20:
+                bad(field, "must be within [1, 20]")
         if self.zeroshot_per_class < 1:
             bad("zeroshot_per_class", "must be >= 1")
         if self.fewshot_train_per_class < 5:
