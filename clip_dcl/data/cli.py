@@ -48,8 +48,8 @@ def _add_synth_parser(subparsers) -> None:
 
 
 def _add_config_flags(p, defaults, helps: dict, quick=None) -> None:
-    """One ``--field-name`` flag per field of the config dataclass ``defaults`` (its type, default None: the
-    config's own default applies), its help from ``helps`` with the default (and ``quick``'s, where it differs)."""
+    """One ``--field-name`` flag per field of the config ``defaults`` (default None: the config's own applies), its
+    help from ``helps`` with the default (and ``quick``'s, where it differs)."""
     for field in dataclasses.fields(defaults):
         value = getattr(defaults, field.name)
         small = value if quick is None else getattr(quick, field.name)
@@ -78,8 +78,8 @@ def _run_synth(args) -> int:
 
 
 def _run_writer(args, generate, helps: dict, **kwargs) -> int:
-    """Run a data writer with the config flags given and print what it wrote; with --pack, pack its training
-    shards. Missing source files are one line (exit 2), a bad value a usage error."""
+    """Run a data writer with the config flags given, print what it wrote and with --pack pack its training shards;
+    missing source files are one line (exit 2), a bad value a usage error."""
     import sys
 
     from .fashion import DataMissing
@@ -388,8 +388,7 @@ def _run_shards(args) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = FlagParser(prog="clip-dcl data", description="Generate or convert data sets.", allow_abbrev=False)
-    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
-    subparsers.required = True
+    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     _add_synth_parser(subparsers)
     _add_fashion_parser(subparsers)
     _add_scenes_parser(subparsers)

@@ -9,16 +9,8 @@
     fewshot/fashion-mnist/ ...    ELEVATER layout (5-shot pools from the validation images), catalog.json
     train.npz                     with --pack: the training pairs decoded once (clip_dcl.data.packed)
 
-**Splits.** A seeded permutation (``--seed``) of the official training images holds out ``val_samples``
-for validation and the next ``train_samples`` (default: all the rest) train; the test split is the
-official test set (its first ``test_samples``) whatever the draw.
-
-**Captions.** The class name in a sentence template with two to four attributes measured from the image's
-pixels (:func:`pixel_attributes`), each cut into bins at quantiles of the whole official training set, a
-few words a bin; so captions of one class differ, and classes share words.
-
-**Images.** The 28 x 28 grey images centred on a black ``image_size`` square (a smaller size resizes), as
-lossless RGB PNGs.
+Captions put the class name and two to four attributes measured from the pixels, binned at quantiles of the
+official training set, in a template: captions of one class differ, and classes share words.
 """
 
 from __future__ import annotations
@@ -141,7 +133,6 @@ class FashionConfig:
             )
 
 
-# Reading
 def _locate(directory: Path, name: str) -> Path:
     """The file ``name`` in ``directory``, or the same without ``.gz``; the ``.gz`` path when neither exists."""
     plain = directory / name[:-3]
@@ -158,10 +149,8 @@ def missing_line(directory, problem: str) -> str:
 
 
 def load_idx_set(directory: str | os.PathLike = DEBIAN_DIR) -> Dict[str, np.ndarray]:
-    """``{"train_images", "train_labels", "test_images", "test_labels"}`` read from ``directory``.
-
-    Raises :class:`DataMissing` (one line naming the package and the four files) when a file is missing,
-    truncated or not IDX, or when the training and test images differ in size."""
+    """``{"train_images", "train_labels", "test_images", "test_labels"}`` from ``directory``; `DataMissing` when a
+    file is missing, truncated or not IDX, or the training and test images differ in size."""
     directory = Path(directory)
     paths = {k: _locate(directory, name) for k, name in FILES.items()}
     absent = [p.name for p in paths.values() if not p.is_file()]
@@ -185,12 +174,9 @@ def load_idx_set(directory: str | os.PathLike = DEBIAN_DIR) -> Dict[str, np.ndar
     return out
 
 
-# Pixels -> attributes -> captions
 def pixel_attributes(images: np.ndarray) -> Dict[str, np.ndarray]:
-    """Per image (``(N, H, W)`` grey bytes): ``brightness`` (mean grey level of the garment's pixels),
-    ``fill`` (share of the frame they cover), ``aspect`` (their bounding box's width over its height) and
-    ``texture`` (the spread of their grey levels over their mean). A pixel is the garment's above
-    grey level 32; an image without one gets 0 brightness, fill and texture, and aspect 1."""
+    """Per image of the garment's pixels (above ``_INK``): mean grey ``brightness``, ``fill`` of the frame, bounding
+    box width / height ``aspect``, ``texture`` (grey std / mean); no such pixel: 0, 0, 1, 0."""
     x = images.astype(np.float32)
     ink = images > _INK
     count = ink.sum(axis=(1, 2))
@@ -209,8 +195,7 @@ def pixel_attributes(images: np.ndarray) -> Dict[str, np.ndarray]:
 
 
 def attribute_cuts(reference: np.ndarray) -> Dict[str, List[float]]:
-    """Each attribute's bin edges: quantiles of ``reference`` images' values (the whole official training
-    set, so the same for every draw), as many as the attribute has bins less one."""
+    """Each attribute's bin edges at quantiles of ``reference`` (the official training set: the same every draw)."""
     values = pixel_attributes(reference)
     return {
         name: [float(q) for q in np.quantile(values[name], np.linspace(0, 1, len(words) + 1)[1:-1])]
@@ -224,13 +209,8 @@ def attribute_bins(images: np.ndarray, cuts: Dict[str, List[float]]) -> Dict[str
     return {name: np.searchsorted(np.asarray(cuts[name]), values[name], side="right") for name in ATTRIBUTE_WORDS}
 
 
-def with_article(phrase: str) -> str:
-    return ("an " if phrase[0] in "aeiou" else "a ") + phrase
-
-
 def make_caption(classname: str, bins: Dict[str, int], rng: np.random.Generator) -> str:
-    """One caption: the class name in a random template with two to four of the image's attribute words
-    (a random subset, in a random order; a random synonym per bin)."""
+    """The class name in a random template with 2-4 of the image's attribute words, random synonyms, in random order."""
     names = list(ATTRIBUTE_WORDS)
     chosen = rng.permutation(len(names))[: int(rng.integers(2, len(names) + 1))]
     words = []
@@ -243,8 +223,7 @@ def make_caption(classname: str, bins: Dict[str, int], rng: np.random.Generator)
 
 
 def caption_words() -> List[str]:
-    """Every word this data set writes (captions, class names, zero-shot and few-shot prompts), lower
-    case and sorted: the vocabulary of the ``clip-dcl-micro-fmnist`` model's tokenizer."""
+    """Every word this data set writes, lower case and sorted: the ``clip-dcl-micro-fmnist`` tokenizer's vocabulary."""
     import re
 
     texts = [*CLASSNAMES, *CAPTION_TEMPLATES, *ZEROSHOT_TEMPLATES, *FEWSHOT_TEMPLATES, "and"]
@@ -253,7 +232,6 @@ def caption_words() -> List[str]:
     return sorted(found)
 
 
-# Writing
 def _png(image: np.ndarray, size: int) -> bytes:
     """Lossless RGB PNG of a grey image, centred on a black ``size`` square (resized when larger)."""
     from PIL import Image
@@ -272,8 +250,7 @@ def _png(image: np.ndarray, size: int) -> bytes:
 
 
 def class_folders(names: Sequence[str]) -> List[str]:
-    """Folder names whose sorted order is the label order: ``0_t-shirt-top``, ``9_ankle-boot`` (zero-padded
-    to the widest label)."""
+    """Folder names whose sorted order is the label order: ``0_t-shirt-top``, ``9_ankle-boot`` (zero-padded)."""
     width = len(str(len(names) - 1))
     return [
         f"{k:0{width}d}_" + "".join(ch if ch.isalnum() or ch == "-" else "-" for ch in n) for k, n in enumerate(names)
@@ -281,8 +258,8 @@ def class_folders(names: Sequence[str]) -> List[str]:
 
 
 def write_pairs(directory: Path, samples, count: int, shard_size: int, tag: str, verbose: bool) -> dict:
-    """Write ``count`` samples (``(png, captions, meta)``, ``meta`` with ``label`` and ``classname``) as caption
-    shards: the first caption is the ``.txt``; returns the split's summary, with the distinct captions per class."""
+    """Write ``count`` ``(png, captions, meta)`` samples as caption shards; the split's summary, with the distinct
+    captions per class."""
     width = max(9, len(str(count - 1)))
     captions_by_class: Dict[str, set] = {}
     start = time.perf_counter()
@@ -361,8 +338,7 @@ def write_fewshot(
     task: str = "fashion-mnist",
     templates: Sequence[str] = FEWSHOT_TEMPLATES,
 ) -> dict:
-    """The ELEVATER-layout task ``task``: pools of ``sets["val"]``, test images of ``sets["test"]`` (``(images,
-    labels)``; ``cfg`` gives the seed, the image size and the per-class counts)."""
+    """The ELEVATER-layout task ``task``: train pools of ``sets["val"]``, test images of ``sets["test"]``."""
     from .synth.layout import _write_iris, catalog_entry
 
     rng = np.random.default_rng([cfg.seed, stream])
@@ -380,8 +356,8 @@ def write_fewshot(
 
 
 def holdout(seed: int, n_train: int, val_samples: int, train_samples: int = 0):
-    """``(val_idx, train_idx)``: a seeded permutation of the official training images holds out ``val_samples``
-    (sorted) for validation; the next ``train_samples`` (0: all the rest, in the seeded order) train."""
+    """``(val_idx sorted, train_idx)`` of a seeded permutation: ``val_samples`` held out, then ``train_samples``
+    (0: all the rest)."""
     order = np.random.default_rng([seed, _STREAMS["split"]]).permutation(n_train)
     rest = order[val_samples:]
     return np.sort(order[:val_samples]), (rest[:train_samples] if train_samples else rest)
@@ -414,13 +390,9 @@ def generate(
     verbose: bool = True,
     **overrides,
 ) -> dict:
-    """Write the layout of the module docstring under ``out_dir`` from the IDX files in ``source``.
-
-    ``classnames`` (default: Fashion-MNIST's) names the labels 0..C-1; ``overrides`` set fields of
-    :class:`FashionConfig`. Returns the summary (as :func:`clip_dcl.data.synth.generate` does: relative paths,
-    plus ``out_dir`` and absolute ``train_data``/``val_data``/``test_data``). Raises :class:`DataMissing` when
-    the files are not there, ``ValueError`` for a bad value (named), ``FileExistsError`` when ``out_dir`` holds
-    earlier outputs and neither ``overwrite`` nor a reusable summary (``reuse``, same settings and files)."""
+    """Write the layout of the module docstring under ``out_dir`` from the IDX files in ``source`` (``overrides``:
+    `FashionConfig` fields); the summary as ``clip_dcl.data.synth.generate`` returns it. `DataMissing` without the
+    files; ``FileExistsError`` for earlier outputs without ``overwrite`` or a reusable summary (``reuse``)."""
     from .synth.attributes import same_class_rate_distinct, tau_plus_from_labels
     from .synth.layout import _with_paths, prepare_out
 

@@ -1,10 +1,7 @@
-"""Reading IDX files: the format of MNIST, Fashion-MNIST and their look-alikes.
+"""Reading IDX files (MNIST, Fashion-MNIST): header ``0 0 <type> <ndim>``, ``ndim`` big-endian uint32 sizes, values.
 
-An IDX file is a big-endian header, ``0 0 <type> <ndim>``, then ``ndim`` unsigned 32-bit sizes,
-then the values in C order; images are type ``0x08`` (unsigned bytes) with three dimensions
-``(N, rows, cols)``, labels the same type with one dimension ``(N,)``. Files may be gzipped (the
-published ones are). Not torchvision's ``read_sn3_pascalvincent_tensor``: it opens a path only (no gzip, no
-bytes) and checks with bare ``assert``s, so every check and message below would stay around it.
+Not torchvision's ``read_sn3_pascalvincent_tensor``: it opens a path only (no gzip, no bytes) and checks with bare
+``assert``s, so every check and message below would stay around it.
 """
 
 from __future__ import annotations
@@ -32,11 +29,8 @@ class IdxError(ValueError):
 
 
 def read_idx(path: str | os.PathLike) -> np.ndarray:
-    """The array stored in the IDX file ``path`` (gzipped or not; the gzip magic decides).
-
-    Raises :class:`IdxError` naming the file when it is missing, not IDX, or shorter (or longer)
-    than its header says: a truncated download is refused, never read as fewer images.
-    """
+    """The array in the IDX file ``path`` (gzipped or not); `IdxError` naming the file when it is missing, not IDX,
+    or shorter or longer than its header says (a truncated download is never read as fewer images)."""
     path = Path(path)
     if not path.is_file():
         raise IdxError(f"{path}: no such file")
@@ -63,10 +57,7 @@ def read_idx(path: str | os.PathLike) -> np.ndarray:
 
 
 def read_idx_pair(images: str | os.PathLike, labels: str | os.PathLike) -> tuple[np.ndarray, np.ndarray]:
-    """``(images (N, rows, cols) uint8, labels (N,) int64)`` of an image file and its label file.
-
-    Raises :class:`IdxError` when either file is bad, the images are not ``(N, rows, cols)`` bytes, the
-    labels not ``(N,)``, or the two counts differ."""
+    """``(images (N, rows, cols) uint8, labels (N,) int64)``; `IdxError` when a file is bad or the shapes disagree."""
     x, y = read_idx(images), read_idx(labels)
     if x.ndim != 3 or x.dtype != np.uint8:
         raise IdxError(f"{images}: expected unsigned-byte images (N, rows, cols); got {x.dtype} {x.shape}")

@@ -1,12 +1,6 @@
-"""A training set decoded once: webdataset shards packed into one ``.npz`` that training holds in memory.
-
-OpenCLIP's webdataset loader decodes and tokenises every sample anew each epoch, which on the testbed's
-small model costs more than the step. :func:`pack_shards` reads the shards once, in order, and writes
-``images`` (uint8 ``(N, H, W, 3)``, decoded as OpenCLIP's loader does), ``captions`` (the ``.txt``),
-``keys``, ``ids`` (the sample ids the webdataset pipeline gives, :func:`clip_dcl.data.ids.sample_id`, so
-that DeCL's per-sample rates index alike) and ``source`` (the pattern read). ``--train-data PATH.npz``
-trains on it (:mod:`clip_dcl.train.packed`). Samples without an image or a caption are skipped and
-counted; an image of another size than the first is refused. No library packs decoded shards for OpenCLIP.
+"""A training set decoded once: webdataset shards packed into one ``.npz`` that training holds in memory
+(``--train-data PATH.npz``, ``clip_dcl.train.packed``). OpenCLIP's loader decodes and tokenises every sample each
+epoch, which on the testbed's small model costs more than the step; no library packs decoded shards for it.
 """
 
 from __future__ import annotations
@@ -22,10 +16,9 @@ FIELDS = ("images", "captions", "keys", "ids", "source")
 
 
 def pack_shards(pattern: str, out, verbose: bool = True) -> Dict[str, object]:
-    """Pack the shards of ``pattern`` (a brace pattern, as ``--train-data`` takes) into ``out`` (``.npz``).
+    """Pack the shards of ``pattern`` into ``out`` (``.npz``); ids as the webdataset pipeline gives them (`sample_id`).
 
-    Returns ``{"path", "num_samples", "skipped", "image_shape"}``. Raises ``ValueError`` when no
-    sample is left, an image has another shape than the first, or ``out`` does not end in ``.npz``.
+    Returns ``{"path", "num_samples", "skipped", "image_shape"}``; ``ValueError``: no sample, mixed shapes, not .npz.
     """
     import webdataset as wds
     from open_clip_train.data import expand_urls
@@ -88,9 +81,8 @@ def pack_shards(pattern: str, out, verbose: bool = True) -> Dict[str, object]:
 
 
 def pack_synth(summary: dict, reuse: bool = True, verbose: bool = True) -> Path:
-    """``OUT_DIR/train.npz``: the training shards of a synthetic data set (``summary``, as
-    :func:`clip_dcl.data.synth.generate` returns it) packed with :func:`pack_shards`. With ``reuse``, a
-    packed file written after the data's ``summary.json`` (written last, so after every shard) is kept."""
+    """``OUT_DIR/train.npz`` of a generated data set's ``summary``; with ``reuse``, one newer than ``summary.json``
+    (written last, after every shard) is kept."""
     out_dir = Path(summary["out_dir"])
     out = out_dir / "train.npz"
     marker = out_dir / "summary.json"

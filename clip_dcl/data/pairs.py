@@ -1,18 +1,6 @@
-"""Your own image-caption pairs as training and validation shards (``clip-dcl data shards``).
-
-Two sources are read:
-
-* a folder of image files, each with its caption in a ``.txt`` of the same stem beside it
-  (``cat.jpg`` + ``cat.txt``), searched through sub-folders; the whole ``.txt`` is one caption;
-* a CSV or TSV of image paths and captions (:func:`csv_columns` finds the separator and the
-  columns), image paths relative to the file's folder unless absolute; rows of one image give it
-  several captions (the first is its ``.txt``, all are in its json ``captions``).
-
-The pairs are shuffled once (``seed``) and split into ``OUT/train`` and ``OUT/val`` (a share
-``val_fraction``), each a folder of ``.tar`` shards in img2dataset's layout with ``sizes.json``
-(see :mod:`clip_dcl.data.shards`), written by webdataset's ``ShardWriter``. JPEG, PNG and WebP
-files are stored as they are; other formats are re-encoded as PNG. A pair that cannot be used is
-skipped and counted by cause.
+"""Your own image-caption pairs as training and validation shards (``clip-dcl data shards``): a folder of images
+with same-stem ``.txt`` captions, or a CSV/TSV of image paths (relative to its folder) and captions, several rows
+of one image giving it several captions (the first is its ``.txt``, all are in its json ``captions``).
 """
 
 from __future__ import annotations
@@ -71,13 +59,8 @@ def csv_columns(
     sep: str | None = None,
     flags: tuple = ("--csv-img-key", "--csv-caption-key", "--csv-separator"),
 ) -> CsvColumns:
-    """The separator and the image and caption columns of the CSV/TSV at ``path``: those given, else
-    detected (the separator from the header line, the columns from :data:`CSV_IMAGE_KEYS` and
-    :data:`CSV_CAPTION_KEYS`). ``flags`` name the flags that give them, for the message.
-
-    Raises:
-        CsvColumnsError: the file cannot be read, or a column is missing; one line naming the columns
-            found and the flags to give.
+    """The separator and the image and caption columns of the CSV/TSV at ``path``: those given, else found from the
+    header line; `CsvColumnsError` naming the columns found and the ``flags`` to give when one is missing.
     """
     path = Path(path)
     try:
@@ -243,12 +226,8 @@ def write_pairs(
     overwrite: bool = False,
     verbose: bool = True,
 ) -> dict:
-    """Write the pairs of ``source`` (a folder of images with ``.txt`` captions, or a CSV/TSV) as shards in
-    ``out_dir/train`` and ``out_dir/val``; return the summary also written to ``out_dir/summary.json``.
-
-    Raises:
-        ValueError: a source that is neither, no usable pair, bad settings, or outputs already in ``out_dir``
-            without ``overwrite``.
+    """Shuffle (``seed``) and write the pairs of ``source`` as shards in ``out_dir/train`` and ``out_dir/val``; the
+    summary also written to ``out_dir/summary.json``. Unusable pairs are skipped and counted by cause.
     """
     source, out = Path(source), Path(out_dir)
     if not 0 <= val_fraction < 1:

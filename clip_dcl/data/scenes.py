@@ -1,23 +1,11 @@
-"""Scenes of Fashion-MNIST photographs: many latent classes from real pixels.
+"""Scenes of Fashion-MNIST photographs (``clip-dcl data fashion-scenes``): ``clip_dcl.data.fashion``'s layout, each
+image a ``grid`` x ``grid`` canvas holding 2-4 captioned items ("a faint coat on the top left and a small wide
+sneaker at the bottom right."). Two scenes match only when the same kinds of item sit in the same cells: thousands
+of latent classes, negatives from easy to hard (ten classes give mostly easy ones).
 
-``clip-dcl data fashion-scenes OUT [--from DIR]`` reads the IDX files of :mod:`clip_dcl.data.fashion` and
-writes its layout, but each image is a ``grid`` x ``grid`` canvas on black whose cells hold ``min_items`` to
-``max_items`` photographs (the top-left cell always one). A caption names every item's class, its cell and
-``min_attributes`` to ``max_attributes`` of the attributes measured from its pixels (binned at the official
-training set's quantiles), e.g. "a picture of a faint coat on the top left and a small wide sneaker at the
-bottom right."
-
-**Why.** With ten classes a batch's negatives are mostly easy; two scenes match only when the same kinds of
-item sit in the same cells, so there are thousands of latent classes and negatives from easy to hard.
-
-**Splits.** As in ``fashion-mnist``, with ``holdout`` training images held out: validation scenes use only
-them, training scenes only the others, test scenes only the official test images. Items are drawn with
-replacement across the scenes of a split, never across splits. Validation and test scenes have one caption
-each, distinct within their split, so that retrieval has one right answer per query.
-
-**Zero-shot.** The class of the item on the top left, over the validation (``zeroshot/``) and test
-(``zeroshot_test/``) scenes; the few-shot task has the same labels. Retrieval R@1 is the metric these
-scenes are for.
+Validation scenes use only the ``holdout`` training images, training scenes the others, test scenes the official
+test images; validation and test captions are distinct within their split (one right answer per query). The
+zero-shot and few-shot class is the item on the top left.
 """
 
 from __future__ import annotations
@@ -34,7 +22,8 @@ from typing import Dict, List, Sequence, Tuple
 import numpy as np
 
 from . import fashion
-from .fashion import ATTRIBUTE_WORDS, CLASSNAMES, DEBIAN_DIR, with_article
+from .fashion import ATTRIBUTE_WORDS, CLASSNAMES, DEBIAN_DIR
+from .synth.captions import with_article
 
 #: cell names of each grid, row by row
 POSITIONS = {
@@ -126,10 +115,8 @@ class ScenesConfig:
                 )
 
 
-# Scenes and their captions
 def draw_scene(rng: np.random.Generator, pool_size: int, cfg: ScenesConfig) -> List[Tuple[int, int]]:
-    """``[(cell, item), ...]``: the top-left cell (0) and ``min_items - 1`` to ``max_items - 1`` other random
-    cells, each with a distinct random item of the pool (an index below ``pool_size``), in cell order."""
+    """``[(cell, item), ...]`` in cell order: cell 0 and random others, each a distinct item below ``pool_size``."""
     n = int(rng.integers(cfg.min_items, cfg.max_items + 1))
     cells = [0, *(1 + rng.permutation(cfg.grid**2 - 1)[: n - 1])]
     items = rng.choice(pool_size, size=n, replace=False)
@@ -152,16 +139,14 @@ def item_phrase(
 
 
 def scene_caption(items: Sequence[Tuple[str, Dict[str, int], str]], cfg: ScenesConfig, rng: np.random.Generator) -> str:
-    """One caption of a scene: every item (``(classname, bins, position)``) named in a random order, in a
-    random template."""
+    """One caption: every item (``(classname, bins, position)``) in a random order, in a random template."""
     phrases = [item_phrase(*items[k], cfg, rng) for k in rng.permutation(len(items))]
     joined = phrases[0] if len(phrases) == 1 else ", ".join(phrases[:-1]) + " and " + phrases[-1]
     return SCENE_TEMPLATES[int(rng.integers(len(SCENE_TEMPLATES)))].format(s=joined)
 
 
 def scene_words() -> List[str]:
-    """Every word the scenes write (captions, class names, cells, prompts), lower case and sorted: the
-    vocabulary of the ``clip-dcl-micro-fscenes`` model's tokenizer."""
+    """Every word the scenes write, lower case and sorted: the ``clip-dcl-micro-fscenes`` tokenizer's vocabulary."""
     texts = [*CLASSNAMES, *SCENE_TEMPLATES, *ZEROSHOT_TEMPLATES, *FEWSHOT_TEMPLATES, *PREPOSITIONS, "a", "an", "and"]
     texts += [p for cells in POSITIONS.values() for p in cells]
     texts += [w for bins in ATTRIBUTE_WORDS.values() for words in bins for w in words]
@@ -245,11 +230,8 @@ def generate(
     verbose: bool = True,
     **overrides,
 ) -> dict:
-    """Write the layout of the module docstring under ``out_dir`` from the IDX files in ``source``.
-
-    ``overrides`` set fields of :class:`ScenesConfig`. Returns the summary (relative paths, plus ``out_dir`` and
-    absolute ``train_data``/``val_data``/``test_data``). Raises :class:`clip_dcl.data.fashion.DataMissing` when the
-    files are not there, ``ValueError`` for a bad value (named), ``FileExistsError`` as ``fashion.generate`` does."""
+    """Write the scenes under ``out_dir`` from the IDX files in ``source`` (``overrides``: `ScenesConfig` fields);
+    the summary, raising as ``fashion.generate`` does."""
     from .synth.attributes import same_class_rate_distinct, tau_plus_from_labels
     from .synth.layout import _with_paths, prepare_out
 

@@ -1,13 +1,6 @@
-"""Writing image-caption shards in the layout ``img2dataset`` writes for Conceptual Captions.
-
-A shard is a ``.tar`` holding, per sample, ``{key}.jpg``, ``{key}.txt`` (one caption) and ``{key}.json``
-(``{"key": key, "caption": caption, ...}``); ``sizes.json`` beside the shards maps each shard's basename to
-its sample count (what OpenCLIP's ``get_dataset_size`` reads). webdataset's ``ShardWriter`` writes them
-(:func:`shard_writer`, fixed tar headers: same samples, same bytes); added here are key checks,
-``sizes.json`` and the brace pattern OpenCLIP expands.
-
-Keys are dense (``key = running index`` over the split, what the synthetic data uses) or img2dataset's
-(:func:`img2dataset_key`, with gaps when the shard size is not a power of ten).
+"""Image-caption shards in img2dataset's layout (``{key}.jpg/.txt/.json`` per sample, ``sizes.json`` beside them,
+read by OpenCLIP's ``get_dataset_size``), written by webdataset's ``ShardWriter`` with fixed tar headers (same
+samples, same bytes); added here are key checks, ``sizes.json`` and the brace pattern OpenCLIP expands.
 """
 
 from __future__ import annotations
@@ -46,10 +39,7 @@ def img2dataset_key(shard_id: int, index_in_shard: int, shard_size: int) -> int:
 
 
 def shard_pattern(directory: str | os.PathLike, num_shards: int, name_format: str = SHARD_NAME_FORMAT) -> str:
-    """Brace pattern over ``num_shards`` numbered shards, e.g. ``dir/{00000..00007}.tar``.
-
-    A single shard gives its plain path (``braceexpand`` would also accept ``{00000..00000}``).
-    """
+    """Brace pattern over ``num_shards`` numbered shards, ``dir/{00000..00007}.tar``; one shard: its plain path."""
     if num_shards < 1:
         raise ValueError(f"num_shards must be >= 1, got {num_shards}")
     return _brace(directory, name_format.format(0), name_format.format(num_shards - 1))
@@ -64,13 +54,8 @@ def _brace(directory: str | os.PathLike, first: str, last: str) -> str:
 
 
 def folder_pattern(folder: str | os.PathLike) -> str:
-    """The shard pattern of every ``.tar`` in ``folder``: its plain path for one shard, a range
-    (``dir/{00000..00003}.tar``) for shards numbered without a gap, else a brace list
-    (``dir/{a,b}.tar``); what OpenCLIP's ``--train-data`` expands (with braceexpand, not a glob).
-
-    Raises:
-        ValueError: no ``.tar`` in the folder, or names a brace pattern cannot hold (``,{}``); the
-            message shows the pattern to give.
+    """The brace pattern (OpenCLIP's ``--train-data`` expands no glob) of every ``.tar`` in ``folder``: a plain path,
+    a range for shards numbered without a gap, else a list; ``ValueError`` when there is none or a name holds ``,{}``.
     """
     folder = str(folder)
     names = sorted(n for n in os.listdir(folder) if n.endswith(".tar") and os.path.isfile(os.path.join(folder, n)))
@@ -124,22 +109,10 @@ def shard_writer(
 
 
 class CaptionShardWriter:
-    """Write ``(key, jpg bytes, caption, json dict)`` samples into numbered ``.tar`` shards.
+    """Writes ``(key, image bytes, caption, meta)`` samples into numbered shards, ``sizes.json`` at `close`.
 
-    Each shard holds ``shard_size`` samples (the last one fewer); :meth:`close` writes
-    ``sizes.json``. Keys must be decimal strings, strictly increasing over the writer's life
-    (which makes them unique across shards without keeping a set of all keys). The json entry
+    Keys are decimal strings, strictly increasing (unique across shards without a set of all keys); the json entry
     is ``{"key": key, "caption": caption, **meta}``, in that order.
-
-    Example::
-
-        with CaptionShardWriter("out/train", shard_size=1000) as w:
-            w.write("000000000", jpg_bytes, "a red circle", {"label": 3})
-        w.pattern  # 'out/train/00000.tar'
-
-    Raises:
-        ValueError: ``shard_size < 1``, a non-numeric or non-increasing key, or ``meta`` with
-            ``key``/``caption`` entries that contradict the arguments.
     """
 
     def __init__(self, directory: str | os.PathLike, shard_size: int, *, start_shard: int = 0):

@@ -1,23 +1,10 @@
-"""Evaluations: retrieval, zero-shot classification, ELEVATER few-shot linear probe.
-
-``evaluate_retrieval``, ``evaluate_zeroshot`` and ``evaluate_fewshot`` take ``(model, preprocess,
-tokenizer, data)`` and return a flat ``dict[str, float]``; how they run is one `EvalOptions`. Tasks
-register in `clip_dcl.eval.registry`. Submodules are imported on first use.
+"""Evaluations: retrieval, zero-shot classification, ELEVATER few-shot linear probe. The ``evaluate_*`` functions
+take ``(model, preprocess, tokenizer, data)`` and return a flat ``dict[str, float]``; submodules load on first use.
 """
 
 from __future__ import annotations
 
 import importlib
-
-__all__ = [
-    "evaluate_retrieval",
-    "evaluate_zeroshot",
-    "evaluate_fewshot",
-    "run_fewshot",
-    "retrieval_metrics",
-    "run_benchmark",
-    "EvalOptions",
-]
 
 _EXPORTS = {
     "evaluate_retrieval": "retrieval",
@@ -28,6 +15,7 @@ _EXPORTS = {
     "run_benchmark": "benchmark",
     "EvalOptions": "encoding",
 }
+__all__ = list(_EXPORTS)
 
 
 def __getattr__(name):

@@ -1,8 +1,5 @@
-"""CLIP_benchmark's ``eval`` command line, run locally: ``clip-dcl eval benchmark``.
-
-The same flags, defaults, grid, ``--skip_existing``, ``--output`` templates and result files as
-``clip_benchmark eval``; flags for its downloads, launcher or probe training are refused, naming
-them. ``--task linear_probe`` runs ELEVATER's few-shot probe (``--fewshot_k`` 5 by default here).
+"""CLIP_benchmark's ``eval`` command line, run locally: ``clip-dcl eval benchmark``, with its flags, defaults, grid
+and result files; flags for its downloads, launcher or probe training are refused, naming them.
 """
 
 from __future__ import annotations
@@ -78,9 +75,7 @@ class _Refuse(argparse.Action):
 
 
 def add_benchmark_arguments(p: argparse.ArgumentParser) -> None:
-    """CLIP_benchmark 1.6's ``eval`` flags that mean something locally, with its defaults, plus ``--device``;
-    the others refused (`REFUSED_FLAGS`).
-    """
+    """CLIP_benchmark 1.6's ``eval`` flags that mean something here, with its defaults; the others refused."""
     g = p.add_argument_group("data (CLIP_benchmark's flags)")
     g.add_argument(
         "--dataset",
@@ -194,7 +189,6 @@ def add_benchmark_arguments(p: argparse.ArgumentParser) -> None:
         p.add_argument(flag, action=_Refuse, reason=reason)
 
 
-# Names, as CLIP_benchmark makes them
 def benchmark_tasks() -> list[str]:
     """``--task`` values run here: ``auto`` and the CLIP_benchmark name of every registered task that has one."""
     return ["auto"] + [
@@ -202,7 +196,6 @@ def benchmark_tasks() -> list[str]:
     ]
 
 
-# The runs
 def expand_models(
     models: Sequence[str], pretrained: Sequence[str], pretrained_model: Sequence[str] | None = None
 ) -> list[tuple[str, str]]:
@@ -297,9 +290,7 @@ def locate_dataset(dataset: str, template: str, split: str = "test") -> Path:
 
 def resolve_task(task: str, dataset: str, root: Path, split: str = "test") -> str:
     """The CLIP_benchmark task of a run; ``auto`` is ``zeroshot_retrieval`` for retrieval data (its
-    ``dataset_type.txt``, a retrieval set's name, a CSV/TSV, image-caption shards), else
-    ``zeroshot_classification``. A task nothing runs is a ``ValueError``.
-    """
+    ``dataset_type.txt``, a retrieval set's name, a CSV/TSV, shards), else ``zeroshot_classification``."""
     if task in OTHER_TASKS:
         raise ValueError(f"--task {task}: {OTHER_TASKS[task]}")
     if task != "auto":
@@ -372,11 +363,8 @@ def benchmark_precision(amp: bool, device: str) -> str:
 
 
 def load_benchmark_model(model: str, pretrained: str, device: str, cache_dir: str | None = None):
-    """(model, preprocess, tokenizer) for a (``--model``, ``--pretrained``) pair.
-
-    ``local-dir:`` models load through OpenCLIP (``pretrained`` ignored); otherwise ``pretrained`` is a
-    clip-dcl checkpoint or export, an OpenCLIP weights file or tag, or ``none`` (random weights).
-    """
+    """(model, preprocess, tokenizer) for a (``--model``, ``--pretrained``) pair; ``local-dir:`` models ignore
+    ``pretrained``."""
     import open_clip
 
     from ..models import register_builtin_configs

@@ -1,7 +1,5 @@
-"""``clip-dcl eval retrieval|zeroshot|fewshot|benchmark``: thin wrappers over the evaluate_* functions.
-
-Each subcommand loads the model, runs one task, prints its table and with ``--output`` writes the
-JSON; a bad invocation is one `FlagError` line naming the flag (exit 2).
+"""``clip-dcl eval retrieval|zeroshot|fewshot|benchmark``: thin wrappers over the evaluate_* functions; a bad
+invocation is one `FlagError` line naming the flag (exit 2).
 """
 
 from __future__ import annotations

@@ -1,10 +1,6 @@
-"""Encoding shared by every evaluator: `EvalOptions`, images and texts through the model, the
-zero-shot classifier, the precision they run at, and progress bars.
-
-``--precision`` is ``fp32`` (default: numbers independent of the device's mixed-precision kernels),
-``amp_bf16`` or ``amp_fp16``; CLIP_benchmark encodes under autocast unless ``--no_amp``. Features
-come back as finite float32 on the CPU: `encode_batch` refuses NaN or inf with `NonFiniteFeatures`,
-since a diverged checkpoint would otherwise score chance or NaN and look like a result.
+"""Encoding shared by every evaluator: `EvalOptions`, images and texts through the model at a precision, the
+zero-shot classifier. Features come back as finite float32 on the CPU: NaN or inf raise `NonFiniteFeatures`, since
+a diverged checkpoint would otherwise score chance or NaN and look like a result.
 """
 
 from __future__ import annotations
@@ -31,11 +27,8 @@ def check_precision(precision: str) -> str:
 
 @dataclass(frozen=True)
 class EvalOptions:
-    """How an evaluation runs, as opposed to what it measures: the settings every evaluator shares.
-
-    Keywords of the same names override its fields (`from_kwargs`); frozen, so one object can serve
-    several evaluations. ``strict``: a sample that would be left out raises `SampleSkipped`.
-    """
+    """How an evaluation runs, as opposed to what it measures; ``strict``: a sample that would be left out raises
+    `SampleSkipped`."""
 
     batch_size: int = 64
     device: str | torch.device = "cpu"
@@ -96,11 +89,8 @@ def logit_scale_problem(model) -> str | None:
 
 
 def check_logit_scale(model, scored_with_it: bool, what: str) -> None:
-    """Refuse a model whose ``logit_scale`` is not finite when ``what``'s score depends on it, else warn.
-
-    The built-in tasks score at CLIP's fixed scale 100; a task that reads the model's scale declares
-    ``EvalTask.uses_logit_scale``.
-    """
+    """Refuse a model whose ``logit_scale`` is not finite when ``what``'s score depends on it
+    (``EvalTask.uses_logit_scale``), else warn."""
     import logging
 
     problem = logit_scale_problem(model)
@@ -187,8 +177,7 @@ def _collate_indexed(batch):
 
 @torch.no_grad()
 def encode_batches(model, batches, options: EvalOptions, desc: str, skips):
-    """``(image features, batch[1])`` of each batch of (images or None, labels or captions[, skips]); the skips
-    are recorded in ``skips``."""
+    """``(image features, batch[1])`` of each batch of (images or None, labels or captions[, skips to record])."""
     model.eval()
     for batch in progress_bar(batches, f"encoding {desc}", None, options.progress):
         if not isinstance(batch, (list, tuple)) or len(batch) < 2:
@@ -212,11 +201,8 @@ def encode_images(
     skips=None,
     **kwargs,
 ):
-    """``model.encode_image`` over a dataset of ``(image_tensor, index)``: (N, D) float32 on CPU, in order.
-
-    With ``skips``, items whose image is a ``Skip`` are recorded and left out, and the result is
-    ``(features (K, D), kept (K,))``.
-    """
+    """``model.encode_image`` over a dataset of ``(image_tensor, index)``: (N, D) float32 on CPU, in order; with
+    ``skips``, `Skip` items are recorded and left out, and the result is ``(features (K, D), kept (K,))``."""
     from torch.utils.data import DataLoader
 
     options = EvalOptions.from_kwargs(options, **kwargs)
@@ -279,10 +265,8 @@ def encode_texts(
 
 
 def normalize_templates(templates) -> list | dict:
-    """Templates as the classifier builders take them: strings with ``{c}`` or ``{}`` or callables, as a
-    list (``{c}`` rewritten to ``{}``), or a CuPL mapping ``class name -> [prompts]`` as a dict.
-    Bad templates raise ``ValueError`` naming them.
-    """
+    """Templates as the classifier builders take them: a list of strings (``{c}`` rewritten to ``{}``) or
+    callables, or a CuPL mapping ``class name -> [prompts]`` as a dict; ``ValueError`` naming a bad one."""
     if isinstance(templates, Mapping):
         if not templates:
             raise ValueError("per-class templates must not be empty")
@@ -316,9 +300,8 @@ def normalize_templates(templates) -> list | dict:
 def zeroshot_classifier(
     model, tokenizer, classnames: Sequence[str], templates, *, options: EvalOptions | None = None, **kwargs
 ) -> torch.Tensor:
-    """(D, C) zero-shot weights (float32, CPU): column c is the re-normalised mean of class c's prompts'
-    embeddings, through ``open_clip.build_zero_shot_classifier`` (CuPL prompts one class at a time).
-    """
+    """(D, C) zero-shot weights (float32, CPU) from ``open_clip.build_zero_shot_classifier`` (CuPL prompts one
+    class at a time)."""
     from open_clip import build_zero_shot_classifier
 
     if options is None:
@@ -354,7 +337,6 @@ def zeroshot_classifier(
                 device=device,
                 use_tqdm=progress,
             )
-    # (D, C): one column a class
     return finite_features(w.float().cpu().T, model, "class prompts (the zero-shot classifier)").T
 
 

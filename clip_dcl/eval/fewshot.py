@@ -1,8 +1,5 @@
-"""ELEVATER few-shot linear probe (image classification): `evaluate_fewshot`.
-
-The Elevater_Toolkit_IC linear probe on features encoded once per set: draws in `clip_dcl.eval.kshot`,
-head and sweep in `clip_dcl.eval.probe`. The 20 sets' class names and templates ship as package data
-and take precedence over a set's label map, as in the toolkit.
+"""ELEVATER few-shot linear probe (Elevater_Toolkit_IC) on features encoded once per set. The 20 sets' class names
+and templates ship as package data and take precedence over a set's label map, as in the toolkit.
 """
 
 from __future__ import annotations
@@ -36,7 +33,6 @@ DEFAULT_TEMPLATES = ("a photo of a {}",)
 EPOCH_SELECTIONS = ("last", "toolkit")
 
 
-# Catalogue and prompts
 def builtin_catalog() -> dict[str, dict]:
     """The 20 ELEVATER data sets (``catalog.json``): name -> metric, classes, layout and the like."""
     doc = json.loads((Path(__file__).with_name("catalog.json")).read_text())
@@ -99,7 +95,6 @@ def dataset_prompts(name: str, catalog: dict[str, dict]) -> dict | None:
     return builtin_prompts().get(entry["name"])
 
 
-# The suite over a model
 @dataclass
 class FewShotReport:
     """Everything `run_fewshot` measured: flat metrics, per-(set, seed) records, per-set facts, settings."""
@@ -203,12 +198,8 @@ def run_fewshot(
     skips: SkipCounter | None = None,
     **kwargs,
 ) -> FewShotReport:
-    """ELEVATER k-shot linear probe of ``model`` on the data sets under ``root`` (the toolkit's download or
-    one folder per set), with everything it measured (`FewShotReport`).
-
-    An image that does not decode is logged, counted and left out (a train image leaves its draw one
-    shot short), or raises `SampleSkipped` under ``strict``.
-    """
+    """ELEVATER k-shot linear probe of ``model`` on the data sets under ``root`` (the toolkit's download or one
+    folder per set); an image that does not decode is left out (a train image leaves its draw one shot short)."""
     if epoch_selection not in EPOCH_SELECTIONS:
         raise ValueError(f"epoch_selection must be 'last' or 'toolkit', got {epoch_selection!r}")
     if isinstance(grid, str):
@@ -236,7 +227,6 @@ def run_fewshot(
         raise ValueError(
             f"no few-shot data sets under {str(root)!r}. Expected {FEWSHOT_LAYOUTS[0]}; or {FEWSHOT_LAYOUTS[1]}"
         )
-    # Read and check every data set before encoding anything.
     data, template_sources = {}, {}
     for n in names:
         data[n], template_sources[n] = _read_dataset(root, n, catalog)
@@ -359,9 +349,8 @@ def run_fewshot(
 
 
 def evaluate_fewshot(model, preprocess: Callable, tokenizer: Callable, root: str | os.PathLike, *args, **kwargs):
-    """The flat metrics of `run_fewshot` (same arguments): per set ``{ds}/linear_probe``, ``_last``,
-    ``_toolkit``, ``_seed{s}``, ``mean_classifier``, ``zeroshot``, and their ``average/...``.
-    """
+    """The flat metrics of `run_fewshot` (same arguments): per set ``{ds}/linear_probe``, ``_last``, ``_toolkit``,
+    ``_seed{s}``, ``mean_classifier``, ``zeroshot``, and their ``average/...``."""
     return run_fewshot(model, preprocess, tokenizer, root, *args, **kwargs).metrics
 
 
@@ -465,9 +454,8 @@ def fewshot_table(metrics: dict[str, float]) -> str:
 
 
 def linear_probe_metrics(name: str, metrics: dict[str, float], metric: str, settings: dict, probes: list[dict]) -> dict:
-    """CLIP_benchmark ``linear_probe`` metrics of one set: the probe score under `LINEAR_PROBE_KEYS` of its
-    ELEVATER metric, and the settings (the protocol is ELEVATER's, see docs/evaluation.md).
-    """
+    """CLIP_benchmark ``linear_probe`` metrics of one set: the probe score under `LINEAR_PROBE_KEYS` and the
+    settings (the protocol is ELEVATER's, see docs/evaluation.md)."""
     mine = [p for p in probes if p["dataset"] == name]
     return {
         LINEAR_PROBE_KEYS[metric]: metrics[f"{name}/linear_probe"],

@@ -1,9 +1,4 @@
-"""k-shot subsets and the train / validation split as the ELEVATER toolkit draws them.
-
-Pure functions over label lists (vision-datasets 0.2.17's samplers), tested without images. A 1-shot
-probe is, as in the toolkit's ``linear_probe.py``, a 2-shot draw whose final run does not merge train
-and validation (`shot_plan`).
-"""
+"""k-shot subsets and the train / validation split as the ELEVATER toolkit (vision-datasets 0.2.17) draws them."""
 
 from __future__ import annotations
 
@@ -17,18 +12,16 @@ VAL_SPLIT = 0.2
 
 
 def shot_plan(shots: int) -> tuple[int, bool]:
-    """``(images drawn per class, whether the final run merges train and validation)`` for ``shots``."""
+    """``(images drawn per class, whether the final run merges train and validation)``: a 1-shot probe is a 2-shot
+    draw without the merge, as the toolkit's ``linear_probe.py`` does."""
     if shots < 1:
         raise ValueError(f"shots must be >= 1, got {shots}")
     return (2, False) if shots == 1 else (shots, True)
 
 
 def sample_few_shot(labels: Sequence[Sequence[int]], num_classes: int, shots: int, seed: int) -> list[int]:
-    """Indices of the k-shot subset, in the order kept, as ``DatasetManifest.sample_few_shot_subset`` draws.
-
-    ``random.Random(seed)`` shuffles the train indices; an image is kept while a class has fewer than k
-    (multilabel: while ``min(counts) <= k/2 or max(counts) <= 1.5k`` over its labels and not all full).
-    """
+    """Indices of the k-shot subset, in the order kept, as ``DatasetManifest.sample_few_shot_subset`` draws them
+    (multilabel: kept while ``min(counts) <= k/2 or max(counts) <= 1.5k`` over its labels and not all full)."""
     if shots < 1:
         raise ValueError(f"shots must be >= 1, got {shots}")
     order = list(range(len(labels)))
@@ -58,10 +51,8 @@ def sample_few_shot(labels: Sequence[Sequence[int]], num_classes: int, shots: in
 def split_train_val(
     labels: Sequence[Sequence[int]], num_classes: int, multilabel: bool, val_split: float = VAL_SPLIT
 ) -> tuple[list[int], list[int]]:
-    """(train positions, val positions) within a subset, as the toolkit's ``get_dataloader(val_split=0.2)``.
-
-    Single-label: each class's first ``ceil(val_split * n_c)`` images go to val. Multilabel: the toolkit's
-    greedy fill, the first image holding the first class still short.
+    """(train positions, val positions) within a subset, as the toolkit's ``get_dataloader(val_split=0.2)``: each
+    class's first ``ceil(val_split * n_c)`` to val; multilabel: a greedy fill, first image of the first class short.
     """
     n = len(labels)
     if multilabel:

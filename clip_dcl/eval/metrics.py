@@ -1,9 +1,6 @@
-"""Metric functions over tensors: retrieval ranks, classification scores, ELEVATER's four metrics.
-
-Written here because OpenCLIP's ``get_clip_metrics`` materialises the N x N logits (1:1 pairs only)
-and scikit-learn scores one class and one call at a time; `retrieval_ranks` counts chunk by chunk
-with several captions per image, and the ELEVATER metrics are batched over heads. Each is tested
-against scikit-learn or a slow re-computation.
+"""Metric functions over tensors: retrieval ranks, classification scores, ELEVATER's four metrics. Written here
+because OpenCLIP's ``get_clip_metrics`` materialises the N x N logits (1:1 pairs only) and scikit-learn scores one
+class and one call at a time; each is tested against scikit-learn or a slow re-computation.
 """
 
 from __future__ import annotations
@@ -18,7 +15,6 @@ import torch
 ELEVATER_METRICS = ("accuracy", "mean_per_class", "11point_mAP", "roc_auc")
 
 
-# Retrieval
 def _check_features(name: str, x: torch.Tensor) -> None:
     if x.ndim != 2:
         raise ValueError(f"{name} must be 2-D (N, D), got shape {tuple(x.shape)}")
@@ -32,7 +28,7 @@ _COUNT_BLOCK = 1 << 20
 
 
 def _count_at_least(scores: torch.Tensor, thresholds: torch.Tensor) -> torch.Tensor:
-    """Per row i, ``#{j : scores[i, j] >= thresholds[i]}``, a few rows at a time (a boolean sum copies to int64)."""
+    """Per row i, ``#{j : scores[i, j] >= thresholds[i]}``, `_COUNT_BLOCK` elements at a time."""
     rows, cols = scores.shape
     step = max(1, _COUNT_BLOCK // max(cols, 1))
     out = torch.empty(rows, dtype=torch.long, device=scores.device)
@@ -129,16 +125,13 @@ def retrieval_metrics(
     ``image_retrieval_recall@k`` = text_to_image_R@k).
     """
     i2t, t2i = retrieval_ranks(image_features, text_features, text_to_image, chunk_size)
-    out = {}
-    out.update(rank_metrics(i2t, "image_to_text", ks))
-    out.update(rank_metrics(t2i, "text_to_image", ks))
+    out = {**rank_metrics(i2t, "image_to_text", ks), **rank_metrics(t2i, "text_to_image", ks)}
     for k in ks:
         out[f"text_retrieval_recall@{k}"] = out[f"image_to_text_R@{k}"]
         out[f"image_retrieval_recall@{k}"] = out[f"text_to_image_R@{k}"]
     return out
 
 
-# Classification
 def topk_accuracy(logits: torch.Tensor, labels: torch.Tensor, k: int = 1) -> float:
     """Fraction of rows whose label is among the k highest logits; NaN when k > #classes."""
     if k > logits.shape[-1]:
@@ -148,10 +141,8 @@ def topk_accuracy(logits: torch.Tensor, labels: torch.Tensor, k: int = 1) -> flo
 
 
 def mean_per_class_recall(preds: torch.Tensor, labels: torch.Tensor) -> float:
-    """Mean over the classes present of ``P(pred = c | label = c)`` (scikit-learn's balanced accuracy).
-
-    ``preds`` are class ids, or logits (argmax taken).
-    """
+    """Mean over the classes present of ``P(pred = c | label = c)`` (scikit-learn's balanced accuracy), of class
+    ids or logits."""
     if preds.ndim == 2:
         preds = preds.argmax(-1)
     preds, labels = preds.cpu(), labels.cpu()
@@ -172,10 +163,9 @@ def classification_metrics(logits: torch.Tensor, labels: torch.Tensor) -> dict[s
 
 
 def mean_average_precision(scores: torch.Tensor, targets: torch.Tensor) -> float:
-    """Mean over classes of the average precision of ``scores[:, c]`` against multi-hot ``targets[:, c]``,
-    as CLIP_benchmark reports it (a class without a positive counts 0). Raw scores, not torchmetrics'
-    sigmoid, which saturates CLIP's 100x logits into ties.
-    """
+    """Mean over classes of the average precision against multi-hot ``targets``, as CLIP_benchmark reports it (a
+    class without a positive counts 0); raw scores, not torchmetrics' sigmoid, which saturates CLIP's 100x logits
+    into ties."""
     from sklearn.metrics import average_precision_score
 
     if scores.ndim != 2 or targets.shape != scores.shape:
@@ -268,11 +258,8 @@ def numpy_argmax(scores: torch.Tensor) -> torch.Tensor:
 
 
 def elevater_scores(metric: str, logits: torch.Tensor, targets: torch.Tensor, nan_rule: str = "zero") -> torch.Tensor:
-    """An ELEVATER data set's metric for a batch of heads: logits (B, N, C) -> scores (B,) in [0, 1].
-
-    On ``softmax(logits)`` as the toolkit scores, classes without a positive dropped. A non-finite head
-    scores 0 (``nan_rule="zero"``) or as vision-evaluation 0.2.9 does (``"toolkit"``).
-    """
+    """An ELEVATER metric of ``softmax(logits)`` for a batch of heads, (B, N, C) -> (B,), classes without a positive
+    dropped; a non-finite head scores 0 (``nan_rule="zero"``) or as vision-evaluation 0.2.9 does (``"toolkit"``)."""
     if nan_rule not in ("zero", "toolkit"):
         raise ValueError(f"nan_rule must be 'zero' or 'toolkit', got {nan_rule!r}")
     if metric not in ELEVATER_METRICS:

@@ -1,17 +1,8 @@
-"""The linear-probe head and its hyper-parameter sweep as the ELEVATER toolkit trains them
-(``full_model_finetune.py``), on frozen features cached once; and Arora et al.'s mean classifier.
-
-The head is ``Linear(BatchNorm1d(f(x), affine=False))``, text-initialised or PyTorch's default init
-from a generator seeded 0 (the toolkit's global random state cannot be replayed), trained by SGD
-(momentum 0.9, batch 64) in an order seeded 0 for every run. `sweep_hyperparameters` follows the
-toolkit's lr x wd search; `linear_probe` trains the final 50-epoch run and keeps both its last epoch
-and its best test epoch (what the toolkit reports). Ours: SGD with momentum ``m`` on the weight decay
-alone diverges when ``lr * wd >= 2 (1 + m)``, so such pairs score NaN untrained, NaN is never selected
-and a diverged final run falls back to the next-best pair; grid ``toolkit-exact`` scores diverged
-heads as the toolkit does instead.
-
-Batching is exact: features are frozen, there is no augmentation and every run sees the same
-batches, so runs differ in (lr, wd) alone and a sweep round trains as one stack of heads.
+"""The ELEVATER toolkit's linear-probe head ``Linear(BatchNorm1d(f(x), affine=False))`` and lr x wd sweep
+(``full_model_finetune.py``) on frozen features, and Arora et al.'s mean classifier. Every run sees the same
+batches (seeded 0, no augmentation), so a sweep round trains as one stack of heads. Ours: SGD with momentum ``m``
+on the weight decay alone diverges when ``lr * wd >= 2 (1 + m)``, so such pairs score NaN untrained and a diverged
+final run falls back to the next-best pair; grid ``toolkit-exact`` scores diverged heads as the toolkit does.
 """
 
 from __future__ import annotations
@@ -39,9 +30,8 @@ SINGLE_THREAD_WORK = 1 << 24
 
 
 def epoch_batches(n: int, epochs: int, batch_size: int = BATCH_SIZE, seed: int = 0) -> list[list[torch.Tensor]]:
-    """Index batches per epoch of a shuffled ``DataLoader(range(n), batch_size)`` with a generator seeded
-    ``seed``, size-1 batches dropped; the generator's draws are replayed without building the loader.
-    """
+    """Index batches per epoch of a shuffled ``DataLoader(range(n), batch_size)`` seeded ``seed``, size-1 batches
+    dropped; the generator's draws are replayed without building the loader."""
     from torch.utils.data import RandomSampler
 
     if n == 0:
@@ -56,7 +46,6 @@ def epoch_batches(n: int, epochs: int, batch_size: int = BATCH_SIZE, seed: int =
     return out
 
 
-# Training stacks of linear heads
 def default_head_init(num_classes: int, dim: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
     """``nn.Linear``'s default init, U(-1/sqrt(D), 1/sqrt(D)) for weight and bias, from a seeded generator."""
     g = torch.Generator().manual_seed(seed)
@@ -79,11 +68,8 @@ def train_heads(
     multilabel: bool = False,
     score_diverged: bool = False,
 ) -> tuple[dict[str, torch.Tensor], torch.Tensor, torch.Tensor]:
-    """Train H = len(lrs) heads ``Linear(BN(x))`` at once; score every eval set after each epoch.
-
-    Returns ``(name -> (epochs, H) scores, weights (H, C, D), biases (H, C))``. A head that turns
-    non-finite scores NaN from then on, or by the toolkit's rule with ``score_diverged``.
-    """
+    """Train H = len(lrs) heads at once: ``(eval set -> (epochs, H) scores, weights (H, C, D), biases (H, C))``; a
+    head that turns non-finite scores NaN from then on, or by the toolkit's rule with ``score_diverged``."""
     h = len(lrs)
     if len(wds) != h:
         raise ValueError(f"{h} learning rates but {len(wds)} weight decays")
@@ -165,12 +151,10 @@ def _train_heads(x, y, lrs, wds, batches, init_weight, init_bias, eval_sets, met
     return scores, w.detach(), b.detach()
 
 
-# Hyper-parameter sweep
 @dataclass(frozen=True)
 class SweepGrid:
-    """Learning rates, weight-decay grid, coarse indices, refinement spans, epochs per run; ``exact``:
-    the toolkit's handling of diverged heads (module docstring, step 4).
-    """
+    """Learning rates, weight-decay grid, coarse indices, refinement spans, epochs per run; ``exact``: the
+    toolkit's handling of diverged heads."""
 
     name: str
     lrs: tuple[float, ...]
@@ -279,7 +263,6 @@ def sweep_hyperparameters(
     return SweepResult(best_lr=best_lr, best_wd=best_wd, best_score=best_score, runs=runs)
 
 
-# One data set, one seed
 def labels_to_targets(labels: Sequence[Sequence[int]], num_classes: int, multilabel: bool) -> torch.Tensor:
     """(N,) long class ids, or (N, C) float multi-hot when ``multilabel``."""
     if multilabel:
@@ -296,9 +279,8 @@ def labels_to_targets(labels: Sequence[Sequence[int]], num_classes: int, multila
 def mean_classifier_logits(
     x_train: torch.Tensor, t_train: torch.Tensor, x_test: torch.Tensor, num_classes: int
 ) -> torch.Tensor:
-    """Arora et al. (2019), Definition 2.1: ``100 f(x)^T mu_c``, ``mu_c`` the mean normalised embedding
-    of class c (0 without examples); 100 is CLIP's logit scale, which the softmax metrics see.
-    """
+    """Arora et al. (2019), Definition 2.1: ``100 f(x)^T mu_c``, ``mu_c`` the mean normalised embedding of class c
+    (0 without examples); 100 is CLIP's logit scale, which the softmax metrics see."""
     f_train = F.normalize(x_train.float(), dim=-1)
     onehot = t_train.float() if t_train.ndim == 2 else F.one_hot(t_train, num_classes).float()
     mu = onehot.T @ f_train / onehot.sum(0).clamp_min(1)[:, None]
@@ -353,10 +335,8 @@ def linear_probe(
     shots: int = 0,
     merge_final: bool = True,
 ) -> ProbeResult:
-    """Split, sweep, final run and mean classifier for one k-shot subset (features in subset order).
-
-    ``merge_final``: train the final run on train + validation, or on train only (the 1-shot rule).
-    """
+    """Split, sweep, final run (on train + validation with ``merge_final``) and mean classifier of one k-shot
+    subset (features in subset order)."""
     t_subset = labels_to_targets(labels_subset, num_classes, multilabel)
     tr, va = split_train_val(labels_subset, num_classes, multilabel)
     sweep = sweep_hyperparameters(

@@ -1,9 +1,5 @@
-"""The evaluation task registry: a name on the command line maps to one `EvalTask`.
-
-A task declares where it is defined what the command line, the report and the CLIP_benchmark writer
-need, and registers itself with `register_task` at import; a second registration of a name replaces
-the first with a warning, as timm's registry does. This module imports nothing else of
-`clip_dcl.eval`, so every task module can import it.
+"""The evaluation task registry: a name on the command line maps to one `EvalTask`, registered at import (a second
+registration replaces the first with a warning, as timm's does). Imports nothing else of `clip_dcl.eval`.
 """
 
 from __future__ import annotations
@@ -18,9 +14,8 @@ __all__ = ["EvalTask", "TaskResult", "register_task", "get_task", "registered_ta
 
 @dataclass
 class TaskResult:
-    """What one run of a task gives the report: flat ``metrics``, the JSON's ``data``, the task's own
-    ``settings``, per-record ``details`` (or None) and ``facts`` for its CLIP_benchmark writer.
-    """
+    """One run of a task: flat ``metrics``, the JSON's ``data``, its ``settings``, per-record ``details`` (or None)
+    and ``facts`` for its CLIP_benchmark writer."""
 
     metrics: dict
     data: dict
@@ -30,23 +25,19 @@ class TaskResult:
 
 
 def _no_options(parser: argparse.ArgumentParser) -> None:
-    """A task without options of its own."""
+    pass
 
 
 def _no_check(args: argparse.Namespace) -> None:
-    """A task without checks of its own."""
+    pass
 
 
 @dataclass(frozen=True)
 class EvalTask:
-    """One evaluation: ``clip-dcl eval <name>`` and its report; docs/extending-eval.md explains ``run``,
-    ``check``, ``table`` and the CLIP_benchmark fields.
-
-    ``help``/``description``: its lines in ``--help``; ``add_arguments(parser)``: its own options
-    (``--data`` and the model flags are shared); ``metrics``: the names it reports (``{k}``, ``{dataset}``
-    stand for option values); ``benchmark_check(run, settings)``: reads a run's data before any model
-    loads (``ValueError``); ``uses_logit_scale``: a model whose scale is not finite is refused, not warned.
-    """
+    """One evaluation, ``clip-dcl eval <name>`` (docs/extending-eval.md). ``help``/``description``: its ``--help``
+    lines; ``add_arguments``: its own options; ``metrics``: the names it reports (``{k}``, ``{dataset}`` stand for
+    option values); ``benchmark_check(run, settings)``: reads a run's data before any model loads (``ValueError``);
+    ``uses_logit_scale``: a model whose scale is not finite is refused, not warned."""
 
     name: str
     help: str
@@ -91,8 +82,7 @@ def register_task(task: EvalTask) -> EvalTask:
 
 
 def registered_tasks() -> dict[str, EvalTask]:
-    """The tasks registered so far, by name (a copy): the shipped ones in `BUILTIN_ORDER`, then the others in
-    registration order."""
+    """The tasks registered so far, by name (a copy): `BUILTIN_ORDER` first, then in registration order."""
     first = {name: _TASKS[name] for name in BUILTIN_ORDER if name in _TASKS}
     return {**first, **{name: task for name, task in _TASKS.items() if name not in first}}
 

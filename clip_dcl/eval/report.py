@@ -1,8 +1,5 @@
-"""Readable tables and JSON files for evaluation results, and CLIP_benchmark's result files.
-
-The JSON an evaluation writes is flat: ``metric -> value`` at the top level plus ``model``, ``data``,
-``settings`` (every option that changes a number), ``skipped`` (counts by cause) and, for the
-few-shot probe, ``details``. Non-finite values are written as ``null``.
+"""Readable tables and JSON files for evaluation results, and CLIP_benchmark's result files. Our JSON is flat:
+``metric -> value`` plus `RESERVED_KEYS`; non-finite values are written as ``null``.
 """
 
 from __future__ import annotations
@@ -76,7 +73,6 @@ def write_json(path: str | os.PathLike, document: dict) -> Path:
     return path
 
 
-# CLIP_benchmark's result files: names and the common part of their contents
 #: CLIP_benchmark's default ``--output`` template.
 DEFAULT_OUTPUT = "{dataset}_{pretrained}_{model}_{language}_{task}.json"
 
@@ -87,9 +83,8 @@ def short_name(dataset: str) -> str:
 
 
 def name_part(value: str) -> str:
-    """``value`` as one piece of a file name: its parts between '/', the path separator and ':' joined by
-    '_', without empty, ``.`` and ``..`` parts (``../data/val/`` -> ``data_val``).
-    """
+    """``value`` as one piece of a file name: its parts between '/', the path separator and ':' joined by '_',
+    without empty, ``.`` and ``..`` parts (``../data/val/`` -> ``data_val``)."""
     parts = str(value).replace(os.sep, "/").replace(":", "/").split("/")
     return "_".join(p for p in parts if p not in ("", ".", "..")) or "_"
 
@@ -103,9 +98,8 @@ def pretrained_slug(pretrained: str) -> str:
 
 
 def output_path(template: str, dataset: str, model: str, pretrained: str, language: str, task: str) -> Path:
-    """``template`` with CLIP_benchmark's fields filled; a '/' inside a model name is made '_' so that the
-    name stays one file (CLIP_benchmark inserts it raw).
-    """
+    """``template`` with CLIP_benchmark's fields filled; a '/' inside a model name is made '_' so that the name
+    stays one file (CLIP_benchmark inserts it raw)."""
     p = str(pretrained)
     full = os.path.abspath(p).replace(os.sep, "_") if (os.path.isfile(p) or os.path.isdir(p)) else p
     try:
@@ -126,9 +120,8 @@ def output_path(template: str, dataset: str, model: str, pretrained: str, langua
 
 
 def benchmark_dataset_name(data) -> str:
-    """CLIP_benchmark's ``--dataset`` name for ``data``: ``wds/<name>`` for a folder ``wds_<name>`` in its
-    layout, else the file or folder name.
-    """
+    """CLIP_benchmark's ``--dataset`` name for ``data``: ``wds/<name>`` for a folder ``wds_<name>`` in its layout,
+    else the file or folder name."""
     from ..data.evalsets.benchmark import benchmark_layout_root
 
     if isinstance(data, (str, os.PathLike)):
@@ -160,9 +153,8 @@ def benchmark_document(
     precision: str = "fp32",
     language: str = "en",
 ) -> dict:
-    """CLIP_benchmark's per-task result JSON for ``benchmark_name``, ``metrics`` under its keys, plus
-    ``precision`` (CLIP_benchmark encodes under autocast by default).
-    """
+    """CLIP_benchmark's per-task result JSON for ``benchmark_name``, plus ``precision`` (CLIP_benchmark encodes
+    under autocast by default)."""
     return {
         "dataset": dataset_name or benchmark_dataset_name(data),
         "model": model.get("name"),

@@ -1,9 +1,5 @@
-"""Image-text retrieval: recall@k, mean and median rank, several captions per image.
-
-Data (`clip_dcl.data.evalsets`): webdataset shards (Conceptual Captions' or CLIP_benchmark's layout),
-a CSV/TSV with several rows per image allowed, or a ``Dataset`` / ``DataLoader`` of (image, captions).
-Features are L2-normalised (cosine, as CLIP_benchmark and OpenCLIP's validation) and scored in
-chunks by `clip_dcl.eval.metrics.retrieval_metrics`, so 100k x 100k never materialises.
+"""Image-text retrieval: recall@k, mean and median rank, several captions per image, on L2-normalised features
+(cosine, as CLIP_benchmark and OpenCLIP's validation) scored in chunks, so 100k x 100k never materialises.
 """
 
 from __future__ import annotations
@@ -32,7 +28,7 @@ def is_csv(data) -> bool:
 
 
 def _collate(batch):
-    """Stack a batch, skipped samples returned apart: ``(images or None, captions, skips)``."""
+    """``(images or None, captions, skips)``."""
     good, skips = [], []
     for item in batch:
         if isinstance(item, Skip):
@@ -67,9 +63,7 @@ def _encode_batches(model, batches, options: EvalOptions, what: str, skips: Skip
 
 
 def duplicate_captions_warning(texts: Sequence[str], num_images: int) -> str | None:
-    """Warn (and return the line) when the captions are mostly the same few texts: fewer distinct
-    captions than half the images. A caption shared by several images counts as found only at its own
-    image, so the scores sit near chance whatever the model."""
+    """Warn (and return the line) when there are fewer distinct captions than half the images."""
     distinct = len(set(texts))
     if num_images < 10 or distinct >= num_images / 2:
         return None
@@ -95,11 +89,8 @@ def embed_retrieval_data(
     skips: SkipCounter | None = None,
     **kwargs,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """``(image_features (I, D), text_features (T, D), text_to_image (T,))``, L2-normalised, on CPU.
-
-    ``data``: a CSV/TSV, a folder of shards, a shard pattern or list, or a ``Dataset`` / ``DataLoader`` of
-    (image tensor, captions as a list or lines). Unusable samples are counted by cause in ``skips``.
-    """
+    """``(image_features (I, D), text_features (T, D), text_to_image (T,))``, L2-normalised, on CPU, of a CSV/TSV,
+    shards (folder, pattern or list) or a ``Dataset`` / ``DataLoader`` of (image, captions as a list or lines)."""
     from torch.utils.data import DataLoader, Dataset
 
     options = EvalOptions.from_kwargs(options, **kwargs)
@@ -146,11 +137,8 @@ def evaluate_retrieval(
     skips: SkipCounter | None = None,
     **kwargs,
 ):
-    """Retrieval metrics of ``model`` on ``data`` (forms as `embed_retrieval_data`).
-
-    Returns `clip_dcl.eval.metrics.retrieval_metrics`'s dict for ``ks``, and with ``return_info``
-    ``{"num_images", "num_texts", "skipped"}``. Under ``strict`` a skipped sample raises `SampleSkipped`.
-    """
+    """`retrieval_metrics` of ``model`` on ``data`` (as `embed_retrieval_data` reads it), and with ``return_info``
+    ``{"num_images", "num_texts", "skipped"}``."""
     ks = [int(k) for k in ks]
     if not ks or min(ks) < 1:
         raise ValueError(f"recall@k needs k >= 1, got {ks}")
@@ -203,7 +191,7 @@ def _add_arguments(p) -> None:
 
 
 def _check(args) -> None:
-    """``--recall-k``, and ``--data`` read as the evaluation will read it, before the model loads."""
+    """``--recall-k`` and ``--data``, before the model loads."""
     from ..errors import FlagError
 
     if min(args.recall_k) < 1:

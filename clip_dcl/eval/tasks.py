@@ -1,9 +1,5 @@
-"""The evaluation tasks clip-dcl ships; importing this module registers each of them.
-
-Each module below defines its task and registers it (`clip_dcl.eval.registry.register_task`)
-at its end. A new task is one new module that does the same, plus one line here; a task defined
-outside clip-dcl only needs its module imported before ``clip_dcl.eval.cli.main`` runs.
-"""
+"""The evaluation tasks clip-dcl ships; importing this module registers each of them (a new task: one module
+that calls `register_task`, plus one line here)."""
 
 from __future__ import annotations
 

@@ -1,8 +1,5 @@
-"""Zero-shot classification on ImageFolder trees, CLIP_benchmark's shards, or any (image, label) data.
-
-As OpenCLIP's ``zero_shot.py``: a class's weight is the re-normalised mean of its prompts'
-embeddings, ``logits = 100 * normalize(f(x)) @ W``. A tree's class names are tied to its folders
-(`folder_classnames`), so they cannot silently misalign with the labels.
+"""Zero-shot classification, as OpenCLIP's ``zero_shot.py``, on ImageFolder trees (class names tied to their
+folders), CLIP_benchmark's shards, or any (image, label) data.
 """
 
 from __future__ import annotations
@@ -42,11 +39,7 @@ ZEROSHOT_LAYOUTS = (
 )
 
 
-def resolve_classnames(
-    root: str | os.PathLike, folders: Sequence[str], classnames: Sequence[str] | dict | str | os.PathLike | None = None
-) -> tuple[list[str], str]:
-    """(class names in label order, their source) for ``root``'s sorted folders, each tied to its folder."""
-    return folder_classnames(root, folders, classnames)
+resolve_classnames = folder_classnames
 
 
 def resolve_templates(root: str | os.PathLike | None, templates=None, own=None, own_source: str = "") -> tuple:
@@ -67,8 +60,7 @@ def resolve_templates(root: str | os.PathLike | None, templates=None, own=None, 
 
 def zeroshot_metrics(image_features: torch.Tensor, classifier: torch.Tensor, labels: torch.Tensor) -> dict[str, float]:
     """Metrics of ``logits = 100 * normalize(image_features) @ classifier``: single-label for (N,) labels,
-    ``mean_average_precision`` for (N, C) multi-hot.
-    """
+    ``mean_average_precision`` for (N, C) multi-hot."""
     feats = torch.nn.functional.normalize(image_features.float(), dim=-1)
     logits = 100.0 * feats @ classifier.float()
     if labels.ndim == 2:
@@ -137,9 +129,7 @@ class ZeroshotData:
 def zeroshot_data(
     root, classnames=None, templates=None, split: str = "test", multilabel: bool | None = None
 ) -> ZeroshotData:
-    """The layout, class names and templates of ``root``, read without the model, so that bad data is a
-    ``ValueError`` naming it before the model loads.
-    """
+    """The layout, class names and templates of ``root``, read without the model (bad data: ``ValueError``)."""
     from torch.utils.data import DataLoader, Dataset
 
     if isinstance(root, (Dataset, DataLoader)):
@@ -223,10 +213,8 @@ def evaluate_zeroshot(
     skips: SkipCounter | None = None,
     **kwargs,
 ):
-    """Zero-shot classification metrics of ``model`` on ``root`` (a tree, CLIP_benchmark's layout, or a
-    ``Dataset`` / ``DataLoader`` of ``(image, label or multi-hot)``); with ``return_info`` also a dict of
-    what was used. ``multilabel`` forces ``mean_average_precision``.
-    """
+    """Zero-shot metrics of ``model`` on ``root`` (a tree, CLIP_benchmark's layout, or a ``Dataset`` /
+    ``DataLoader`` of ``(image, label or multi-hot)``); with ``return_info`` also a dict of what was used."""
     options = EvalOptions.from_kwargs(options, **kwargs)
     batch_size, workers = options.batch_size, options.workers
     skips = SkipCounter(options.strict) if skips is None else skips

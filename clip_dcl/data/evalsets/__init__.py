@@ -1,7 +1,5 @@
-"""Readers for the evaluation data sets: retrieval pairs, ImageFolder trees, ELEVATER index files.
-
-Every layout is checked in full before any image is decoded, so a bad path fails in seconds, naming
-it, not an hour into encoding.
+"""Readers for the evaluation data sets, each layout checked in full before any image is decoded (a bad path fails
+in seconds, naming it, not an hour into encoding).
 """
 
 from __future__ import annotations

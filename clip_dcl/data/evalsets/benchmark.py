@@ -107,8 +107,7 @@ def classification_wds(
     shards: Sequence[str], transform: Callable, multilabel: bool = False, markers: bool = False, strict: bool = False
 ):
     """Dataset of ``(transform(image), label)`` in shard order (``.cls`` ids, or ``.npy`` multi-hot with
-    ``multilabel``); an unusable sample is a `Skip` (see `ShardSamples`).
-    """
+    ``multilabel``); an unusable sample is a `Skip` (see `ShardSamples`)."""
     import functools
 
     return ShardSamples(shards, functools.partial(_classification_item, transform, multilabel), markers, strict)

@@ -52,9 +52,8 @@ def read_index_file(path: str | os.PathLike, num_classes: int | None = None) -> 
 
 @dataclass
 class FewShotData:
-    """One few-shot data set, images not decoded: ``train``/``test`` as ``[(image_ref, [label ids])]`` in
-    the order the sampler shuffles, opened through ``source``.
-    """
+    """One few-shot data set: ``train``/``test`` as ``[(image_ref, [label ids])]`` in the order the sampler
+    shuffles, opened through ``source``."""
 
     name: str
     classnames: list[str]
@@ -73,11 +72,8 @@ class FewShotData:
 
 
 def read_coco_classification(path: str | os.PathLike) -> tuple[list[str], list[tuple[str, list[int]]]]:
-    """A COCO-style classification index (three ELEVATER sets): ``(class names, [(image_ref, [ids])])``.
-
-    Labels are category positions in id order; images come back sorted by id, as vision-datasets
-    re-sorts them, so that a k-shot draw shuffles the toolkit's list.
-    """
+    """A COCO-style classification index: ``(class names, [(image_ref, [ids])])``, labels the category positions in
+    id order, images sorted by id as vision-datasets sorts them (a k-shot draw shuffles the toolkit's list)."""
     path = Path(path)
     if not path.is_file():
         raise ValueError(f"index file {str(path)!r} does not exist")
@@ -197,11 +193,8 @@ def read_fewshot_dataset(
     toolkit: dict | None = None,
     classnames: Sequence[str] | None = None,
 ) -> FewShotData:
-    """The data set ``name`` under ``root``, every image reference checked.
-
-    With ``toolkit`` (its catalogue entry), the toolkit's download folder is read as is. Class names:
-    ``classnames``, else ``labels.txt``, else COCO categories or folder names; ``templates.*`` is optional.
-    """
+    """The data set ``name`` under ``root`` (with ``toolkit``, its catalogue entry: the toolkit's download folder),
+    every image reference checked; class names: ``classnames``, else ``labels.txt``, else the index's or folders'."""
     folder = None
     if toolkit and toolkit.get("root_folder"):
         folder = find_toolkit_folder(root, toolkit["root_folder"])

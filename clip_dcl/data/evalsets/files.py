@@ -16,7 +16,6 @@ from .skips import Skip
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
 
 
-# Plain text files
 def read_lines(path: str | os.PathLike, what: str = "file") -> list[str]:
     """Non-empty, stripped lines of a UTF-8 text file; ``ValueError`` naming it if missing or empty."""
     path = Path(path)
@@ -52,9 +51,8 @@ def template_problem(template: str) -> str | None:
 
 
 def read_templates(path: str | os.PathLike) -> list[str] | dict[str, list[str]]:
-    """Prompt templates from a file: text (one a line, ``{c}`` or ``{}``) or JSON (a list, or CuPL's
-    ``{"class name": [prompts]}``). Text templates come back with ``{}``; bad ones raise ``ValueError``.
-    """
+    """Prompt templates from a text file (one a line) or JSON (a list, or CuPL's ``{"class name": [prompts]}``);
+    text templates come back with ``{}`` for ``{c}``, bad ones raise ``ValueError``."""
     path = Path(path)
     if path.suffix.lower() == ".json":
         if not path.is_file():
@@ -93,7 +91,6 @@ def read_templates(path: str | os.PathLike) -> list[str] | dict[str, list[str]]:
     return out
 
 
-# Image access: plain files and members of uncompressed zips, read in place
 def split_zip_ref(ref: str) -> tuple[str, str] | None:
     """``'train.zip@a/b.png'`` -> ``('train.zip', 'a/b.png')``; ``None`` for a plain path."""
     if "@" not in ref:
@@ -105,10 +102,8 @@ def split_zip_ref(ref: str) -> tuple[str, str] | None:
 
 
 class ImageSource:
-    """Opens images given as paths relative to ``base_dir`` or as ``zipname@member``.
-
-    Zip handles are cached per process and dropped after a fork, so workers share no file offset.
-    """
+    """Opens images given as paths relative to ``base_dir`` or as ``zipname@member``; zip handles are cached per
+    process (dropped after a fork, so workers share no file offset)."""
 
     def __init__(self, base_dir: str | os.PathLike):
         self.base_dir = Path(base_dir)

@@ -15,9 +15,8 @@ _SYNSET = re.compile(r"^n\d{8}$")
 def scan_image_folder(
     root: str | os.PathLike, class_to_idx: dict[str, int] | None = None, allow_empty: bool = False
 ) -> tuple[list[str], list[tuple[str, int]]]:
-    """(sorted class folders, [(image path, label)]) of ``root/<class>/<image>``; an empty class folder, or
-    one outside ``class_to_idx`` when given, raises ``ValueError``.
-    """
+    """(sorted class folders, [(image path, label)]) of ``root/<class>/<image>``; ``ValueError`` for an empty class
+    folder, or one outside ``class_to_idx`` when given."""
     from torchvision.datasets.folder import find_classes, make_dataset
 
     root = Path(root).absolute()
@@ -47,10 +46,8 @@ def is_imagenet_synsets(folders: Sequence[str]) -> bool:
 
 
 def imagenet_classnames_for(folders: Sequence[str]) -> list[str]:
-    """OpenCLIP's ImageNet class names for the 1000 synset folders (sorted synsets are the label order).
-
-    With fewer folders the mapping is ambiguous (OpenCLIP ships no synset list): ``ValueError``.
-    """
+    """OpenCLIP's ImageNet class names for the 1000 sorted synset folders; fewer are ambiguous (OpenCLIP ships no
+    synset list): ``ValueError``."""
     from open_clip.zero_shot_metadata import IMAGENET_CLASSNAMES
 
     if not is_imagenet_synsets(folders):
@@ -65,7 +62,6 @@ def imagenet_classnames_for(folders: Sequence[str]) -> list[str]:
     return list(IMAGENET_CLASSNAMES)
 
 
-# Class names of an ImageFolder tree: every label's name tied to its folder
 #: The files of a tree's own class names, in the order they are looked for.
 CLASSNAME_FILES = ("classnames.json", "classnames.txt")
 
@@ -108,9 +104,8 @@ def _mapping_example(folders: Sequence[str]) -> str:
 
 
 def checked_name_list(names: Sequence[str], folders: Sequence[str], source: str, root: str | os.PathLike) -> list[str]:
-    """``names`` once line i names the i-th sorted folder; otherwise ``ValueError`` naming the first that
-    does not (a list in another order would score every image against the wrong name).
-    """
+    """``names`` once line i names the i-th sorted folder, else ``ValueError`` (a list in another order would score
+    every image against the wrong name)."""
     names = list(names)
     if len(names) != len(folders):
         raise ValueError(
@@ -157,12 +152,9 @@ def mapped_names(mapping: dict[str, str], folders: Sequence[str], source: str, r
 def folder_classnames(
     root: str | os.PathLike, folders: Sequence[str], classnames: Sequence[str] | dict | str | os.PathLike | None = None
 ) -> tuple[list[str], str]:
-    """(class names in label order, their source) for ``root``'s sorted class ``folders``.
-
-    ``classnames``, else ``classnames.json``, else ``classnames.txt``, else ImageNet's names for synset
-    folders, else the folder names with underscores read as spaces (``ankle_boot`` is ``ankle boot``); each
-    name must be tied to its folder (``ValueError`` otherwise).
-    """
+    """(class names in label order, their source) for ``root``'s sorted class ``folders``: ``classnames``, else
+    `CLASSNAME_FILES`, else ImageNet's for synset folders, else the folder names, ``_`` read as a space; each name
+    tied to its folder (``ValueError`` otherwise)."""
     if classnames is None:
         found = next((Path(root) / n for n in CLASSNAME_FILES if (Path(root) / n).is_file()), None)
         if found is None:

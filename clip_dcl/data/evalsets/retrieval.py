@@ -30,11 +30,8 @@ def read_retrieval_csv(
     caption_key: str | None = None,
     sep: str | None = None,
 ) -> RetrievalCSV:
-    """A CSV/TSV of (image path, caption) rows, rows of one image grouped in order of first appearance.
-
-    Separator and columns, where not given, are found as training finds them (``clip_dcl.data.pairs.csv_columns``);
-    relative paths are read from the CSV's folder.
-    """
+    """A CSV/TSV of (image path, caption) rows (columns found as `csv_columns` finds them), rows of one image grouped
+    in order of first appearance, relative paths read from the CSV's folder."""
     from ..pairs import csv_columns
 
     path = Path(path)

@@ -1,6 +1,4 @@
-"""Webdataset samples for the evaluation readers: shards read to their end (a break is a skip, not an
-exception), a sample's image and captions, and the ``IterableDataset`` of items.
-"""
+"""Webdataset samples for the evaluation readers: shards read to their end (a break is a skip, not an exception)."""
 
 from __future__ import annotations
 
@@ -23,9 +21,8 @@ def split_captions(txt: str) -> list[str]:
 
 
 def shard_samples(urls: Sequence[str]):
-    """The samples of ``urls`` in order, and a `Skip` for a shard that cannot be read to its end (the
-    samples before the break are yielded, the one it cut is dropped).
-    """
+    """The samples of ``urls`` in order, and a `Skip` for a shard that cannot be read to its end (the samples before
+    the break are yielded, the one it cut is dropped)."""
     import webdataset as wds
     from webdataset import tariterators
 
@@ -110,10 +107,8 @@ def sample_captions(sample: dict):
 
 
 class ShardSamples(IterableDataset):
-    """An ``IterableDataset`` of ``to_item(sample)`` over shards in order, each worker reading whole shards.
-
-    With ``markers`` skips are yielded for the caller to count; without, logged and left out.
-    """
+    """``to_item(sample)`` over shards in order, each worker reading whole shards; with ``markers`` skips are
+    yielded for the caller to count, without, logged and left out."""
 
     def __init__(self, shards: Sequence[str], to_item: Callable, markers: bool = False, strict: bool = False):
         self.shards, self.to_item, self.markers, self.strict = list(shards), to_item, markers, strict

@@ -19,13 +19,8 @@ def write_benchmark_shards(
     classnames: str | os.PathLike | None = None,
     templates: str | os.PathLike | None = None,
 ) -> BenchmarkShards:
-    """Write ``source`` in CLIP_benchmark's webdataset layout under ``out_dir``.
-
-    Image-caption shards become a ``retrieval`` set; an ImageFolder tree a classification set, its class
-    names tied to its folders (`folder_classnames`). ``kind``: ``auto``, ``retrieval`` or
-    ``classification``. Image bytes are copied unchanged, so the written set scores as the source.
-    A sample without captions or image, or an ``out_dir`` holding the split, raises ``ValueError``.
-    """
+    """Write image-caption shards (a ``retrieval`` set) or an ImageFolder tree (classification) in CLIP_benchmark's
+    webdataset layout under ``out_dir``, image bytes unchanged (the written set scores as the source)."""
     from ..shards import shard_writer
     from .folders import folder_classnames, scan_image_folder
     from .retrieval import expand_shards

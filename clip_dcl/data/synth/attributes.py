@@ -1,6 +1,4 @@
-"""The latent attributes of a synthetic sample and the classes made of them: vocabularies, the class
-grid, class frequencies and ``tau_plus``, and the draw of the nuisance attributes.
-"""
+"""The latent attributes of a synthetic sample and the classes made of them (shape x colour), with ``tau_plus``."""
 
 from __future__ import annotations
 
@@ -22,7 +20,6 @@ COUNT_PROBS = (0.5, 0.25, 0.25)
 _QUADRANTS = POSITIONS[:4]
 
 
-# Classes and their frequencies (pure functions)
 def grid_shape(num_classes: int) -> tuple[int, int]:
     """``(n_shapes, n_colours)`` of the class grid for ``num_classes`` classes, the most even that fits."""
     if not 1 <= num_classes <= MAX_CLASSES:
@@ -80,9 +77,8 @@ def same_class_rate_distinct(labels) -> float:
 
 
 def sample_attributes(rng: np.random.Generator, shape: str, colour: str, **fixed) -> dict:
-    """Draw the nuisance attributes for a class; ``fixed`` pins any of them (``position`` is
-    ``"scattered"`` when ``count > 1``).
-    """
+    """Draw the nuisance attributes for a class; ``fixed`` pins any of them (``position`` is ``"scattered"`` when
+    ``count > 1``)."""
     unknown = sorted(set(fixed) - {"size", "count", "position", "background"})
     if unknown:
         raise ValueError(f"unknown attribute(s) {unknown}; size, count, position, background can be fixed")

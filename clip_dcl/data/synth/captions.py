@@ -47,7 +47,7 @@ def _pick(rng: np.random.Generator, options):
     return options[rng.integers(len(options))]
 
 
-def _with_article(phrase: str) -> str:
+def with_article(phrase: str) -> str:
     return ("an " if phrase[0] in "aeiou" else "a ") + phrase
 
 
@@ -60,7 +60,7 @@ def make_caption(attrs: dict, rng: np.random.Generator) -> str:
         words.insert(0, _pick(rng, _SIZE_WORDS[attrs["size"]]))
     core = " ".join(words)
     if count == 1:
-        obj = "one " + core if rng.random() < 0.3 else _with_article(core)
+        obj = "one " + core if rng.random() < 0.3 else with_article(core)
     else:
         obj = _pick(rng, _COUNT_WORDS[count]) + " " + core
     pos = _pick(rng, _POSITION_PHRASES[attrs["position"]]) if rng.random() < _P_POSITION else ""
@@ -71,20 +71,18 @@ def make_caption(attrs: dict, rng: np.random.Generator) -> str:
     if pattern == 3 and not pos:
         pattern = 2
     sp_pos = " " + pos if pos else ""
+    bg_on = f" on {with_article(bg)} background" if bg else ""
     if pattern == 0:
-        bg_on = f" on {_with_article(bg)} background" if bg else ""
         text = f"{_pick(rng, _PREFIXES)}{obj}{sp_pos}{bg_on}"
     elif pattern == 1:
-        text = f"{_with_article(bg)} background with {obj}{sp_pos}"
+        text = f"{with_article(bg)} background with {obj}{sp_pos}"
     elif pattern == 2:
-        bg_on = f" on {_with_article(bg)} background" if bg else ""
         verb = "is" if count == 1 or obj.startswith("a pair") else "are"
         text = f"there {verb} {obj}{sp_pos}{bg_on}"
     elif pattern == 3:
-        bg_on = f" on {_with_article(bg)} background" if bg else ""
         text = f"{pos}, {obj}{bg_on}"
     else:
-        bg_against = f" against {_with_article(bg)} {_pick(rng, ('backdrop', 'background'))}" if bg else ""
+        bg_against = f" against {with_article(bg)} {_pick(rng, ('backdrop', 'background'))}" if bg else ""
         text = f"{_pick(rng, _PREFIXES)}{obj}{bg_against}{sp_pos}"
     return text
 

@@ -1,6 +1,4 @@
-"""The synthetic data set on disk: its configuration, seed streams, the writers of each part of the
-layout and `generate` (``clip-dcl data synth``); see `clip_dcl.data.synth`.
-"""
+"""The synthetic data set on disk (``clip-dcl data synth``): configuration, seed streams, writers, `generate`."""
 
 from __future__ import annotations
 
@@ -59,7 +57,6 @@ _STREAM = {
 _TEST_OFFSET = 1 << 30
 
 
-# Configuration
 @dataclass(frozen=True)
 class SynthConfig:
     """Sizes and knobs of a synthetic data set; see `clip_dcl.data.synth` for their meaning."""
@@ -126,10 +123,9 @@ class SynthConfig:
             bad("test_samples", "must be >= 0 (0: no test split)")
         if self.shard_size < 1:
             bad("shard_size", "must be >= 1")
-        if not 1 <= self.captions_per_image <= 20:
-            bad("captions_per_image", "must be within [1, 20]")
-        if not 1 <= self.val_captions_per_image <= 20:
-            bad("val_captions_per_image", "must be within [1, 20]")
+        for field in ("captions_per_image", "val_captions_per_image"):
+            if not 1 <= getattr(self, field) <= 20:
+                bad(field, "must be within [1, 20]")
         if self.zeroshot_per_class < 1:
             bad("zeroshot_per_class", "must be >= 1")
         if self.fewshot_train_per_class < 5:
@@ -169,7 +165,6 @@ def render_sample(
     return image, attrs, captions
 
 
-# Writers for each part of the layout
 class _Progress:
     """Log lines at most every ``every`` seconds (plus the last one); silent when not verbose."""
 
@@ -398,7 +393,6 @@ def catalog_entry(metric: str, classes, splits: dict) -> dict:
     }
 
 
-# Entry point
 _OUTPUTS = ("summary.json", "train", "val", "zeroshot", "fewshot", "test", "zeroshot_test")
 
 
@@ -412,12 +406,9 @@ def generate(
     verbose: bool = True,
     **overrides,
 ) -> dict:
-    """Write the whole synthetic data set under ``out_dir``; return ``summary.json``'s content plus
-    ``out_dir``, ``train_data`` / ``val_data`` (brace patterns) and ``seconds``.
-
-    ``config`` defaults to ``SynthConfig()`` (``quick()`` with ``quick``), ``overrides`` replace fields.
-    ``reuse`` returns an existing summary of the same config; earlier outputs without ``overwrite``
-    raise ``FileExistsError``.
+    """Write the synthetic data set under ``out_dir``: ``summary.json``'s content plus ``out_dir``, ``train_data``
+    / ``val_data`` (brace patterns) and ``seconds``. ``reuse`` returns an existing summary of the same config;
+    earlier outputs without ``overwrite`` raise ``FileExistsError``.
     """
     base = config if config is not None else (SynthConfig.quick() if quick else SynthConfig())
     unknown = sorted(set(overrides) - {f.name for f in dataclasses.fields(SynthConfig)})

@@ -66,9 +66,8 @@ def _outline(shape: str, cx: float, cy: float, r: float, angle: float) -> list[t
 
 
 def draw_image(attrs: dict, image_size: int, rng: np.random.Generator):
-    """The attributes as an RGB image of side ``image_size``, drawn at ``ss`` times and box-averaged, with
-    colour, placement, rotation and noise jittered from ``rng``.
-    """
+    """The attributes as an RGB image of side ``image_size``, supersampled, with colour, placement, rotation and
+    noise jittered from ``rng``."""
     from PIL import Image, ImageDraw
 
     ss = max(1, math.ceil(256 / image_size))

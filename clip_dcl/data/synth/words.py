@@ -1,8 +1,5 @@
-"""A word-level vocabulary for the synthetic captions, in the format of OpenCLIP's own tokenizer.
-
-OpenCLIP's 49,408 tokens would make most of a tiny model's parameters a token table for under a
-hundred words, so `learn_merges` learns byte-pair merges until each caption word is one token, and
-OpenCLIP's ``SimpleTokenizer`` reads them word by word (it ships no learner).
+"""A word-level vocabulary for the synthetic captions as byte-pair merges OpenCLIP's ``SimpleTokenizer`` reads (it
+ships no learner): its 49,408 tokens would make most of a tiny model's parameters a table for a hundred words.
 """
 
 from __future__ import annotations
@@ -70,11 +67,8 @@ def caption_words() -> List[str]:
 
 
 def learn_merges(words: Sequence[str]) -> List[Tuple[str, str]]:
-    """Byte-pair merges, in rank order, after which each of ``words`` (non-empty letters) is one symbol.
-
-    Each round merges the adjacent pair in most words not yet whole (ties: the smallest pair), from
-    characters with the last marked ``</w>``, as ``SimpleTokenizer`` applies them.
-    """
+    """Byte-pair merges, in rank order, after which each of ``words`` (non-empty letters) is one symbol: each round
+    merges the adjacent pair in most words not yet whole (ties: the smallest), the last character marked ``</w>``."""
     bad = [w for w in words if not w or not _WORD.fullmatch(w)]
     if bad:
         raise ValueError(f"words must be runs of letters; got {bad[:3]!r}")
