@@ -1,13 +1,6 @@
-"""``clip-dcl demo``: the whole job on the embedded synthetic data, on a CPU, in minutes.
-
-1. writes the synthetic data (:func:`clip_dcl.data.synth.generate`; reused when already there);
-2. trains the demo's tiny model on the packed training set with ``clip``, ``dcl`` (``tau_plus`` = the
-   data's class prior) and ``decl`` under the same seed and budget, each through ``python -m clip_dcl.train``;
-3. evaluates each final checkpoint: retrieval, zero-shot and the 5-shot probe;
-4. prints one comparison table with the chance level of every metric and writes ``demo.md``, ``demo.json``
-   and ``demo.png``.
-
-``--quick`` runs a smoke test (:data:`SMOKE_TEST`): small data, one short epoch, one few-shot seed.
+"""``clip-dcl demo``: the whole job on the embedded synthetic data, on a CPU, in minutes: the data, then
+``clip``, ``dcl`` (``tau_plus`` = the data's class prior) and ``decl`` trained under one seed and budget,
+evaluated, and one comparison table beside chance (``demo.md``, ``demo.json``, ``demo.png``).
 """
 
 from __future__ import annotations
@@ -249,7 +242,7 @@ _ECHOED = re.compile(r"\] epoch (\d+)/(\d+)\s+(\d+)%")
 
 class Progress:
     """The demo's progress line: its step, the share done and the time left, estimated from the trainings and
-    evaluations measured so far (before the first training ends: from its logged steps)."""
+    evaluations measured so far."""
 
     def __init__(self, runs: int, start: float, stream=None):
         self.runs, self.start, self.stream = runs, start, stream or sys.stdout
@@ -293,7 +286,7 @@ class Progress:
         return f"{100 * spent / (spent + left):.0f}% of the demo done, about {_duration(left)} left"
 
     def echo(self, line: str) -> None:
-        """A line of the training under way (:func:`clip_dcl.experiment.train`'s ``echo``), with the demo's status."""
+        """A line of the training under way, with the demo's status."""
         match = _ECHOED.search(line)
         if not match:
             return self.say(line)
@@ -348,8 +341,7 @@ def readme_block(doc: dict) -> str:
 
 
 def _load_average() -> Optional[float]:
-    """The machine's 1-minute load average (None where the system has none): beside the run's time, whether
-    other work shared the cores."""
+    """The machine's 1-minute load average, None where the system has none."""
     try:
         return os.getloadavg()[0]
     except (AttributeError, OSError):

@@ -1,10 +1,7 @@
-"""Model configs shipped with clip-dcl and their registration with OpenCLIP.
+"""Model configs shipped with clip-dcl and their registration with OpenCLIP's per-process registry.
 
-OpenCLIP's model registry is per process, so every process registers the configs it uses before
-``create_model_and_transforms`` sees a custom name: ``import clip_dcl`` does it for the shipped
-ones, `register_model_config` for one's own. Registration goes through ``open_clip.add_model_config``;
-a one-shot import hook defers it until OpenCLIP is imported, because importing it (and torch) in
-``import clip_dcl`` would cost seconds and keep the launcher from handling signals before torch loads.
+``import clip_dcl`` registers the shipped ones through a one-shot import hook that waits for OpenCLIP's import:
+importing it (and torch) there would cost seconds and keep the launcher from handling signals before torch loads.
 """
 
 from __future__ import annotations

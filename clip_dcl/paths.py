@@ -1,8 +1,6 @@
-"""Where a command will write, checked before the work that writes there: a training's ``--logs`` or an
-evaluation's ``--output`` that cannot be written fails first, naming the path and why, not after hours.
+"""Where a command will write, checked before the work that writes there (``--logs``, ``--output``).
 
-Writability is tested by creating a temporary file in the nearest folder that exists: permission bits say
-nothing for root, nor for a read-only mount.
+Writability is tested by creating a file: permission bits say nothing for root, nor for a read-only mount.
 """
 
 from __future__ import annotations

@@ -1,15 +1,8 @@
-"""Train several objectives on one data set and compare them: the engine of ``clip-dcl demo``.
+"""Train several objectives on one data set and compare them: the engine of ``clip-dcl demo``, the benchmarks
+and ``clip-dcl study``. Each run trains through ``python -m clip_dcl.train`` in a child process, as a user would
+launch it, and is scored beside the chance level of every score.
 
-A comparison is a list of :class:`Run` (a label and its ``--loss ...`` flags) trained under one seed, data,
-model and :class:`Budget` through ``python -m clip_dcl.train`` in a child process, as a user would launch
-it, then scored by the package's evaluators on the synthetic data's held-out splits (retrieval, zero-shot,
-the 5-shot probe), beside the chance level of every score (:func:`chance_levels`). The pieces:
-:mod:`.runner` (the training child), :mod:`.scoring` (evaluation), :mod:`.reporting` (the benchmarks'
-report files), :mod:`.stats`, :mod:`.memory`, :mod:`.figures`, :mod:`.budgets`, :mod:`.commands`,
-:mod:`.arguments`, :mod:`.torchrun` and :mod:`.study` (``clip-dcl study``, docs/studies.md).
-
-Tests that replace a piece (a stand-in for :func:`train`) patch the module that owns it
-(``clip_dcl.experiment.runner.train``), which is where the other pieces look it up.
+A test that replaces a piece patches the module that owns it (``clip_dcl.experiment.runner.train``).
 """
 
 from __future__ import annotations

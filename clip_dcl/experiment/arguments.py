@@ -1,8 +1,5 @@
-"""The command-line checks that the benchmarks share, with errors that name the flag and its value.
-
-Each check ends the program through ``SystemExit`` with the message, as ``argparse`` does for a
-bad flag, so a benchmark's ``main`` reads as a list of checks.
-"""
+"""The command-line checks that the benchmarks share: each ends the program through ``SystemExit`` with a
+message naming the flag and its value, as ``argparse`` does for a bad flag."""
 
 from __future__ import annotations
 

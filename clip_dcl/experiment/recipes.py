@@ -2,27 +2,8 @@
 
 A recipe is everything a run shares with every other run of its kind (the batch size, seed and objective
 aside): the argv after ``clip-dcl`` that writes its data into ``{DATA}``, and the argv after ``python -m
-clip_dcl.train --`` of one run (:meth:`Recipe.train_argv`). Runs of two recipes are never paired or pooled.
-
-``micro-bpe``
-    The testbed until 2026-11: ``clip-dcl-micro`` (2+2-layer ViT at 32 px, width 64) with OpenCLIP's
-    49,408-token BPE on the synthetic webdataset shards, decoded per sample and epoch.
-``micro-words`` (:data:`DEFAULT_RECIPE`)
-    The same data packed once into memory (:mod:`clip_dcl.data.packed`); ``clip-dcl-micro-words``: the same
-    vision tower, a 1-layer text tower over the captions' 745-token vocabulary. ``benchmarks/testbed_speed.py``
-    measures both, and checks that batch size still matters on it (the gate).
-``fmnist-words``
-    Real images: Fashion-MNIST (:mod:`clip_dcl.data.fashion`; 10 classes, 28 px grey centred at 32 px) with
-    captions measured from the pixels, on ``clip-dcl-micro-fmnist``. An anchor at B = 32 meets about 3
-    same-class negatives (tau+ = 0.1). Its studies read zero-shot top-1 with the real class names (retrieval's
-    targets are near-duplicate captions). Needs the IDX files (``apt-get install dataset-fashion-mnist``).
-``fscenes-words``
-    Scenes of two to four Fashion-MNIST photographs at 16 px in a 2 x 2 grid (:mod:`clip_dcl.data.scenes`), the
-    caption naming each item's class, cell and measured attributes: thousands of latent classes. On
-    ``clip-dcl-micro-fscenes``; its metric is retrieval mean R@1. Needs the IDX files.
-``fscenes4-words``
-    The same with four items a scene, each named with two attributes: harder negatives at every batch size
-    (the scene testbed's second gate).
+clip_dcl.train --`` of one run. Runs of two recipes are never paired or pooled. ``micro-bpe`` was the testbed
+until 2026-11; the Fashion-MNIST recipes need the IDX files (``apt-get install dataset-fashion-mnist``).
 """
 
 from __future__ import annotations
@@ -57,8 +38,6 @@ _COMMON = {
 
 @dataclass(frozen=True)
 class Recipe:
-    """One testbed recipe (see the module docstring)."""
-
     name: str
     summary: str
     model: str
@@ -110,8 +89,6 @@ class Recipe:
 
 
 def _packed(name: str, summary: str, model: str, data_argv: Tuple[str, ...], **more) -> Recipe:
-    """A recipe on the training pairs packed in memory (``--pack``), with fused AdamW, validating every 4th
-    epoch."""
     return Recipe(
         name,
         summary,
@@ -125,7 +102,6 @@ def _packed(name: str, summary: str, model: str, data_argv: Tuple[str, ...], **m
     )
 
 
-#: the Fashion-MNIST recipes' sizes
 _FASHION = {"train_samples": 20000, "val_samples": 2000}
 
 RECIPES: Dict[str, Recipe] = {

@@ -1,9 +1,5 @@
-"""The reporting kit of the benchmarks: a report's files and opening lines, tables, JSON, figures.
-
-Every benchmark writes ``<stem>.md``, ``<stem>.json`` and (most) ``<stem>.png`` through a :class:`Report`,
-which records the command, the date and the machine beside the measurement. :func:`write_report` writes a
-whole comparison of objectives trained on the synthetic data.
-"""
+"""The reporting kit of the benchmarks: a report's files and opening lines, tables, JSON, figures (a `Report`
+records the command, the date and the machine beside the measurement)."""
 
 from __future__ import annotations
 
@@ -73,8 +69,7 @@ def code_commit(where: Optional[os.PathLike] = None) -> str:
 
 
 def command_line(script: str, argv: Sequence[str], python: str = ".venv/bin/python") -> str:
-    """How a report says it was made: ``python benchmarks/<script> <argv>``, quoted for a shell, as
-    run from the repository root."""
+    """How a report says it was made: ``python benchmarks/<script> <argv>``, quoted for a shell."""
     return " ".join([python, f"benchmarks/{script}", *map(shlex.quote, argv)])
 
 
@@ -87,8 +82,7 @@ def run_status(scores: Dict[str, list], complete: bool) -> str:
 
 
 def about_lines(*, command: str, date: str, machine: Optional[str] = None, status: Optional[str] = None) -> List[str]:
-    """The opening items of a benchmark's Markdown report: status (when given), command, date
-    (``date``: the words after "Date (UTC):") and machine (default :func:`machine_info`)."""
+    """The opening items of a benchmark's Markdown report: status (when given), command, date and machine."""
     lines = [f"- Status: {status}"] if status is not None else []
     return lines + [
         f"- Command: `{command}`",
@@ -103,10 +97,7 @@ def utc_date(fmt: str = "%Y-%m-%d %H:%M") -> str:
 
 
 def markdown_table(head: Sequence[str], rows: Iterable[Sequence[object]], align: str = "") -> str:
-    """A Markdown table: the header cells ``head``, then one line per row of ``rows`` (cells as ``str``).
-
-    ``align``: one letter a column, ``l`` (``---``) or ``r`` (``---:``); columns without one are ``---``.
-    """
+    """A Markdown table of ``head`` and ``rows``; ``align``: one letter a column, ``l`` (default) or ``r``."""
     rule = "|" + "|".join("---:" if a == "r" else "---" for a in align.ljust(len(head), "l")) + "|"
     lines = ["| " + " | ".join(map(str, head)) + " |", rule]
     return "\n".join(lines + ["| " + " | ".join(map(str, cells)) + " |" for cells in rows])

@@ -1,9 +1,4 @@
-"""Running trainings as a user would: ``python -m clip_dcl.train`` in a child process.
-
-A :class:`Run` (a label and its ``--loss ...`` flags) and a :class:`Budget` (what every run of a
-comparison shares) make one command line (:func:`train_command`); :func:`train` runs it under the
-machine-wide lock (:func:`machine_lock`), streams its progress and reads back the run's
-``metrics.jsonl`` (:func:`read_curves`, :func:`read_val`, :func:`read_step_times`).
+"""Running trainings as a user would: ``python -m clip_dcl.train`` in a child process, under a machine-wide lock.
 
 The child is a process group of its own: Ctrl-C (or SIGTERM, under ``stop_on_signals``) reaches this
 process only, which passes it on once to the child's group, waits for it to save and exit (``STOP_GRACE_S``
@@ -36,8 +31,7 @@ STOP_GRACE_S = 90.0
 
 
 class Stopped(Exception):
-    """A stop signal (``signame``; SIGTERM under :func:`stop_on_signals`) raised in the main thread, as Ctrl-C
-    raises KeyboardInterrupt."""
+    """A stop signal (``signame``) raised in the main thread, as Ctrl-C raises KeyboardInterrupt."""
 
     def __init__(self, signame: str = "SIGTERM"):
         super().__init__(signame)
@@ -46,9 +40,8 @@ class Stopped(Exception):
 
 @contextmanager
 def stop_on_signals():
-    """Inside (from the main thread only), SIGTERM raises :class:`Stopped` and SIGINT KeyboardInterrupt (also
-    where the process was started with SIGINT ignored, as a shell starts a background job), so that a
-    training child is stopped and waited for; the handlers before are restored after."""
+    """Inside (from the main thread only), SIGTERM raises `Stopped` and SIGINT KeyboardInterrupt, even where
+    SIGINT was ignored at start (a shell's background job); the handlers before are restored after."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
@@ -115,14 +108,6 @@ def default_runs(tau_plus: float) -> List[Run]:
     ]
 
 
-# -- training --------------------------------------------------------------------------------------
-def resolve_device(device: Optional[str]) -> str:
-    """``"auto"`` (or None) -> ``"cuda"`` when a GPU is visible, else ``"cpu"``; other names unchanged."""
-    from ..eval.encoding import resolve_device as _resolve
-
-    return _resolve(device)
-
-
 def train_command(
     run: Run,
     data: dict,
@@ -137,12 +122,11 @@ def train_command(
 ) -> List[str]:
     """The ``python -m clip_dcl.train -- ...`` command line of ``run`` (``data``: a synth summary).
 
-    ``entry`` replaces ``[python, "-m", "clip_dcl.train"]`` (e.g. a script that registers a loss first).
-    ``device="auto"`` is ``cuda`` when a GPU is visible here; ``None`` leaves the flag out, for a line that
-    runs on another machine. ``num_samples``: every epoch that many samples drawn with replacement, an exact
-    number of steps for a timing. ``validate=False`` only trains (one checkpoint, the last epoch's); with
-    validation each epoch's checkpoint replaces the one before, so that a run keeps one.
+    ``entry`` replaces ``[python, "-m", "clip_dcl.train"]``; ``device=None`` leaves the flag out (a line for
+    another machine); ``num_samples``: that many samples drawn with replacement per epoch, for a timing.
     """
+    from ..eval.encoding import resolve_device
+
     every_epoch = "1" if validate else "0"
     options = {
         "--model": budget.model,
@@ -175,8 +159,7 @@ def train_command(
 
 
 def flag_words(options: Dict[str, object]) -> List[str]:
-    """``{"--flag": value}`` as command-line words, in order: ``True`` the flag alone, ``None`` or ``False``
-    nothing, any other value the flag and its ``str``."""
+    """``{"--flag": value}`` as command-line words: ``True`` the flag alone, ``None`` or ``False`` nothing."""
     words: List[str] = []
     for flag, value in options.items():
         if value is True:
@@ -199,10 +182,8 @@ class TrainResult:
 
 @contextmanager
 def machine_lock(echo: Callable[[str], None] = print):
-    """Hold a machine-wide ``flock`` while a training child runs: two trainings sharing a small CPU run
-    several times slower each than one after the other. The lock file is ``$CLIP_DCL_TRAIN_LOCK`` (default
-    ``<tmp>/clip-dcl-train.lock``); an empty value runs side by side.
-    """
+    """Hold a machine-wide ``flock`` (``$CLIP_DCL_TRAIN_LOCK``; empty: none) while a training child runs: two
+    trainings sharing a small CPU run several times slower each than one after the other."""
     path = os.environ.get("CLIP_DCL_TRAIN_LOCK", os.path.join(tempfile.gettempdir(), "clip-dcl-train.lock"))
     try:
         import fcntl
@@ -240,12 +221,11 @@ def train(
 ) -> TrainResult:
     """Train ``run`` in a child process; stream its progress through ``echo``; return its results.
 
-    An earlier run of the same name under ``logs`` is replaced (OpenCLIP refuses to reuse a folder). The
-    child's output is kept in ``logs/<name>/stdout.txt``; on failure its tail is raised in a ``RuntimeError``.
-    ``lock=False``: the caller holds :func:`machine_lock` itself. ``precision``, ``device``, ``num_samples``
-    and ``validate`` go to :func:`train_command`; on ``device="cpu"`` the child sees no GPU. ``env`` is added
-    to the child's environment.
+    An earlier run of the same name under ``logs`` is replaced (OpenCLIP refuses to reuse a folder); on
+    failure the output's tail is raised in a ``RuntimeError``. ``lock=False``: the caller holds the lock.
     """
+    from ..eval.encoding import resolve_device
+
     budget.validate()
     device = resolve_device(device)
     logs = Path(logs)
@@ -275,8 +255,7 @@ def train(
 
 
 def progress_line(name: str, record: dict, epochs: int, seconds: float) -> str:
-    """The echo of one training record of ``metrics.jsonl``: epoch, share and the logged ``loss`` (DeCL's
-    InfoNCE value); for DeCL the step's term, and the InfoNCE of records that log it as ``loss2``."""
+    """The echo of one training record of ``metrics.jsonl``: epoch, share, the logged ``loss`` and DeCL's term."""
     pct = round(100 * min(1.0, epoch_position(record) - record["epoch"]))
     term, loss2 = record.get("term"), record.get("loss2")
     extra = (f" ({term} step)" if term else "") + (f", InfoNCE {float(loss2):.4f}" if loss2 is not None else "")
@@ -292,8 +271,7 @@ def _val_line(name: str, record: dict) -> str:
 
 
 def _stream(cmd, env, run: Run, budget: Budget, echo, start: float, metrics: Path):
-    """Run ``cmd``; echo its progress from the records it appends to ``metrics``; return the exit code and
-    the output's lines."""
+    """Run ``cmd``, echoing its progress from ``metrics``; return the exit code and the output's lines."""
     lines: List[str] = []
     last_echo, offset = 0.0, 0
 
@@ -328,7 +306,7 @@ def _stream(cmd, env, run: Run, budget: Budget, echo, start: float, metrics: Pat
 
 def stop_child(proc: subprocess.Popen, signum: int, lines: Optional[List[str]] = None) -> int:
     """Pass ``signum`` to the group of ``proc`` (a session leader), read what it still prints while it saves,
-    and return its exit code; the group is killed :data:`STOP_GRACE_S` after the signal. A Ctrl-C meanwhile
+    and return its exit code; the group is killed ``STOP_GRACE_S`` after the signal. A Ctrl-C meanwhile
     is passed on too (the trainer's second Ctrl-C stops it at once, without saving)."""
 
     def send(num):
@@ -354,8 +332,7 @@ def stop_child(proc: subprocess.Popen, signum: int, lines: Optional[List[str]] =
 
 
 def read_curves(metrics: os.PathLike) -> Dict[str, list]:
-    """Training loss against fractional epochs from a run's ``metrics.jsonl`` (or its folder):
-    ``{"epoch", "loss"}``, the loss as logged (DeCL's InfoNCE value)."""
+    """``{"epoch", "loss"}``: the logged training loss against fractional epochs of a run's ``metrics.jsonl``."""
     records = read_metrics(metrics, "train")
     return {"epoch": [epoch_position(r) for r in records], "loss": [r["loss"] for r in records]}
 
@@ -377,7 +354,7 @@ class StepTime:
 
 
 def read_step_times(metrics: os.PathLike) -> List[StepTime]:
-    """The logged training steps of a run's ``metrics.jsonl``, in order (OpenCLIP's data and batch times)."""
+    """The logged training steps of a run's ``metrics.jsonl``, in order."""
     return [
         StepTime(r["epoch"], r["samples"], r["data_time"], r["batch_time"], r["samples_per_second"])
         for r in read_metrics(metrics, "train")
@@ -385,17 +362,15 @@ def read_step_times(metrics: os.PathLike) -> List[StepTime]:
 
 
 def packed_training_set(data: dict, verbose: bool = True) -> dict:
-    """``data`` (a synth summary) training on its shards packed once into ``OUT_DIR/train.npz``
-    (:func:`clip_dcl.data.packed.pack_synth`): the same samples in the same order, without decoding each
-    image every epoch."""
+    """``data`` (a synth summary) training on its shards packed once into ``OUT_DIR/train.npz``: the same
+    samples in the same order, without decoding each image every epoch."""
     from ..data.packed import pack_synth
 
     return {**data, "train_data": str(pack_synth(data, verbose=verbose)), "dataset_type": "auto"}
 
 
 def synth_data(out_dir: os.PathLike, *, quick: bool = False, verbose: bool = True, **overrides) -> dict:
-    """The synthetic data set under ``out_dir``: reused when written with the same config, else
-    written afresh (``out_dir`` holds outputs of a comparison, nothing else)."""
+    """The synthetic data set under ``out_dir``: reused when written with the same config, else written afresh."""
     from ..data.synth import generate
 
     try:

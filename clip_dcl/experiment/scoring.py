@@ -15,16 +15,13 @@ from . import runner
 from .commands import defaults_of
 from .runner import Budget, Run, TrainResult
 
-#: Version of what :func:`evaluate` reports; bumped when an evaluator changes its numbers, so that
-#: cached runs (:func:`train_and_evaluate`) are evaluated again. 2: the few-shot probe ignores
-#: diverged heads.
+#: Version of what `evaluate` reports, bumped when an evaluator changes its numbers so that cached runs are
+#: evaluated again. 2: the few-shot probe ignores diverged heads.
 EVALUATOR = 2
 
 
 @dataclass
 class Outcome:
-    """A trained and evaluated run (:func:`train_and_evaluate`)."""
-
     result: TrainResult
     metrics: Dict[str, float]
     eval_seconds: float
@@ -47,12 +44,8 @@ def train_and_evaluate(
     echo: Callable[[str], None] = print,
     device: str = "auto",
 ) -> Outcome:
-    """:func:`train` then :func:`evaluate`, remembered in the JSON file ``cache``.
-
-    A later call with the same run flags, loss defaults, budget, data config and few-shot seeds reuses the
-    cached training, and its scores too unless :data:`EVALUATOR` changed since, so that an interrupted
-    benchmark resumes where it stopped.
-    """
+    """`train` then `evaluate`, remembered in the JSON file ``cache``: a later call with the same settings
+    reuses the training, and its scores unless `EVALUATOR` changed, so that a benchmark resumes."""
     cache = Path(cache)
     # compared as JSON holds it (tuples come back as lists); a loss's defaults too: ``--loss decl`` changes
     # meaning when a default changes
@@ -96,7 +89,6 @@ def train_and_evaluate(
     return Outcome(res, metrics, secs, finished, source)
 
 
-# -- evaluation ------------------------------------------------------------------------------------
 def evaluate(
     checkpoint: os.PathLike,
     data: dict,
@@ -111,11 +103,7 @@ def evaluate(
     fewshot: bool = True,
 ) -> Dict[str, float]:
     """Retrieval, zero-shot and few-shot scores of a checkpoint on a synthetic data set: the evaluators' own
-    keys under ``retrieval/``, ``zeroshot/`` (where ``data`` has a zero-shot set) and ``fewshot/``.
-
-    ``split``: ``"validation"`` or ``"test"`` (when the data have one); ``fewshot=False`` leaves the few-shot
-    probe out.
-    """
+    keys under ``retrieval/``, ``zeroshot/`` (where ``data`` has a zero-shot set) and ``fewshot/``."""
     if split not in ("validation", "test"):
         raise ValueError(f"split={split!r}: choose 'validation' or 'test'")
     if split == "test" and "test_data" not in data:

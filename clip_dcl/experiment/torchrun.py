@@ -1,9 +1,5 @@
-"""Benchmarks that measure on several ranks: the script launches itself under ``torchrun``.
-
-A benchmark script is both the launcher and the worker: :func:`launch` starts ``--nproc`` copies of
-it on gloo ranks of this machine with the hidden flags of :func:`add_worker_arguments`; each copy
-sees ``args.worker`` set, measures inside :func:`process_group` and leaves one JSON record per rank
-(:func:`write_rank_record`), which :func:`launch` returns in rank order.
+"""Benchmarks that measure on several ranks: the script launches itself under ``torchrun`` (`launch`), and each
+copy, with ``args.worker`` set, measures inside `process_group` and leaves one JSON record per rank.
 """
 
 from __future__ import annotations
@@ -27,10 +23,7 @@ def add_worker_arguments(parser: argparse.ArgumentParser) -> None:
 
 def launch(script: os.PathLike, nproc: int, argv: Sequence[str], *, threads: int = 1, what: str = "") -> List[dict]:
     """Run ``script --worker ... argv`` on ``nproc`` gloo ranks (one machine, no GPU); each rank's record.
-
-    ``threads``: ``OMP_NUM_THREADS`` of every rank. A failure raises ``RuntimeError`` with the tail of the
-    ranks' stderr, after ``what`` when given.
-    """
+    A failure raises ``RuntimeError`` with the tail of the ranks' stderr, after ``what`` when given."""
     with tempfile.TemporaryDirectory() as out:
         cmd = [
             sys.executable,

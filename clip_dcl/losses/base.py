@@ -54,11 +54,8 @@ def _size_unknown() -> Tuple[int, ...]:
 
 @dataclass(frozen=True)
 class DataFacts:
-    """What the training data tells a loss about the parameters it leaves to the data.
-
-    Given to ``resolve_data_params`` twice: when the flags are checked (``steps_per_epoch`` None, data
-    not loaded) and when the loss is built. Sizes are read once, and only when asked for.
-    """
+    """What the training data tells a loss about the parameters it leaves to the data; given to
+    ``resolve_data_params`` when the flags are checked (``steps_per_epoch`` None) and when the loss is built."""
 
     epochs: int  #: ``--epochs``
     #: optimizer steps per epoch (the training data's batches per epoch / ``--accum-freq``); None
@@ -176,19 +173,14 @@ class LossDeclaration:
         return ""
 
     def logged_loss(self, metrics: Dict[str, object]) -> Optional[torch.Tensor]:
-        """The value logged as OpenCLIP's ``Loss`` when it should not be the total (None: the total).
-
-        A loss whose total is not on InfoNCE's scale logs its InfoNCE value so that runs compare.
-        """
+        """The value logged as OpenCLIP's ``Loss`` when it should not be the total (None: the total), so that a
+        loss whose total is not on InfoNCE's scale logs a value that compares."""
         return None
 
 
 class ContrastiveLoss(LossDeclaration, nn.Module):
-    """Base class: OpenCLIP's distributed arguments, the ``ClipLoss`` call contract, metrics.
-
-    Subclasses implement `compute` returning ``(loss, metrics)``; ``metrics`` keeps the last call's
-    detached scalars. A loss with ``requires_sample_ids`` has ``num_samples``, the ids' range.
-    """
+    """Base class: OpenCLIP's distributed arguments and the ``ClipLoss`` call contract. Subclasses implement
+    `compute` returning ``(loss, metrics)``; ``metrics`` keeps the last call's detached scalars."""
 
     #: key of the loss term in the ``output_dict=True`` result
     output_key = "contrastive_loss"
@@ -317,12 +309,8 @@ class StateBuffer:
 
 
 class StatefulLoss(ContrastiveLoss, metaclass=abc.ABCMeta):
-    """The contract of a loss that keeps state across optimizer steps; the trainer reads nothing else.
-
-    The state is the registered buffers: `state_buffers` gives their layout across ranks,
-    `rollback_step` undoes a step AMP skipped, `state_digest` checks that ranks agree and
-    `adapt_saved_state` converts units (docs/extending-losses.md).
-    """
+    """The contract of a loss that keeps state (its registered buffers) across optimizer steps; the trainer reads
+    nothing else (docs/extending-losses.md)."""
 
     @abc.abstractmethod
     def state_buffers(self) -> Tuple[StateBuffer, ...]:

@@ -13,11 +13,8 @@ from .base import LossWrapper
 
 
 class CoCaObjective(LossWrapper):
-    """``contrastive_weight * contrastive(...) + OpenCLIP's CoCa captioning term``.
-
-    ``forward`` takes the CoCa model's outputs and returns ``{contrastive key, "caption_loss"}`` with
-    ``output_dict=True``, else their sum. ``pad_id`` is ignored by the caption cross-entropy.
-    """
+    """``forward`` takes the CoCa model's outputs and returns ``{contrastive key, "caption_loss"}`` with
+    ``output_dict=True``, else their sum."""
 
     def __init__(
         self, contrastive: nn.Module, caption_loss_weight: float, contrastive_loss_weight: float, pad_id: int = 0

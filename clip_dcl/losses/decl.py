@@ -224,15 +224,11 @@ class DeCLLoss(DeCLLog, StatefulLoss):
         self._step_cache = self._calls_at_step = self._last_step = None
         self._captions_per_image = 1  # M of the last call, for the log's bound on the ratio
 
-    # -- the StatefulLoss contract ----------------------------------------------------------
     def state_buffers(self):
         return (StateBuffer("calls", torch.long, ()),) + self.rates.buffers()
 
     def rollback_step(self) -> bool:
-        """Undo the last optimizer step's state update and counter (a step AMP's GradScaler skipped).
-
-        Returns whether there was an update to undo.
-        """
+        """Undo the last optimizer step's state update and counter (a step AMP skipped); whether there was one."""
         if self._calls_at_step is None:
             return False
         with torch.no_grad():
@@ -260,7 +256,6 @@ class DeCLLoss(DeCLLog, StatefulLoss):
         """``gamma_t`` of the moving average at optimizer step ``step`` (1-based)."""
         return self.gammas.value(step)
 
-    # -- the estimates ------------------------------------------------------------------------
     @staticmethod
     def positive(stats) -> torch.Tensor:
         """The anchor's positive logit: ``l_ii``, or ``mean_m l_im`` over its M captions."""
@@ -294,7 +289,6 @@ class DeCLLoss(DeCLLog, StatefulLoss):
             for e, k in ((img, 1), (txt, m))
         ]
 
-    # -- the loss ----------------------------------------------------------------------------
     def compute(self, image_features, text_features, logit_scale, logit_bias, sample_ids):
         training = self.training
         calls = int(self.calls)

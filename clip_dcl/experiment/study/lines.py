@@ -1,10 +1,8 @@
 """One self-contained shell line per run: train through ``python -m clip_dcl.train``, then score both splits.
 
-A line names everything by absolute path and sets its own environment (torch threads, this code first on
-``PYTHONPATH``), so that it runs from any folder, on any machine that sees the work folder: a Slurm array
-task (``sed -n "${SLURM_ARRAY_TASK_ID}p" lines.sh``), a GPU box, or `study run` here. The training
-command is :func:`clip_dcl.experiment.train_command`'s, with ``--resume latest`` so that a line run again
-after an interruption goes on from the run's last checkpoint; the scoring step is ``clip-dcl study score``.
+A line names everything by absolute path and sets its own environment, so that it runs from any folder on
+any machine that sees the work folder (a Slurm array task, a GPU box, `study run` here); ``--resume latest``
+lets a line run again after an interruption go on from the run's last checkpoint.
 """
 
 from __future__ import annotations
@@ -42,9 +40,8 @@ def epochs(plan: Plan, arm: str) -> int:
 def train_argv(
     plan: Plan, work, splits: Dict[str, object], arm: str, seed: int, python: Optional[str] = None
 ) -> List[str]:
-    """``python -m clip_dcl.train -- ...`` of one run (``splits``: :func:`prepare_data`'s): the registered
-    recipe's flags (:meth:`clip_dcl.experiment.recipes.Recipe.train_argv`), or :func:`train_command`'s from the
-    plan's [train] keys; then the arm's flags and ``--resume latest``."""
+    """``python -m clip_dcl.train -- ...`` of one run: the registered recipe's flags, or `train_command`'s from
+    the plan's [train] keys; then the arm's flags and ``--resume latest``."""
     s = settings(plan, arm)
     entry = [python or sys.executable, "-m", "clip_dcl.train", "--"]
     folder = run_dir(work, arm, seed)
@@ -140,11 +137,8 @@ def placeholder_splits(plan: Plan) -> Dict[str, object]:
 
 
 def check_arms(plan: Plan, work, splits: Dict[str, object], check_files: bool = True, data: bool = True) -> None:
-    """Each arm's training command (its first seed's) through the trainer's own parsing and checks, in this
-    process (nothing trains), so that a refused command is named before the seal, not in each run's log:
-    ``StudyError`` naming the arm and the trainer's message. ``check_files=False``: not this machine's files;
-    ``data=False``: the flags only (the data are not made yet).
-    """
+    """Each arm's training command (its first seed's) through the trainer's own checks, in this process, so
+    that a refused command is named before the seal (``StudyError``), not in each run's log."""
     from clip_dcl.train.flags import FlagError, check_flag_words, parse_train_args
 
     for arm in plan.arms:

@@ -65,8 +65,7 @@ def group_alive(pgid: int) -> bool:
 
 
 class Runs:
-    """The runs this study has started, each the leader of a process group, to which a stop signal is passed
-    (the handlers installed from the main thread only)."""
+    """The runs this study has started, each the leader of a process group, to which a stop signal is passed."""
 
     def __init__(self):
         self.live: Dict[tuple, subprocess.Popen] = {}
@@ -141,12 +140,9 @@ def run_study(
     echo: Callable[[str], None] = print,
     seeds: Optional[Sequence[int]] = None,
 ) -> dict:
-    """Check each arm's training command against the trainer, make the data, seal ``work``, then run every
-    unfinished run (of ``seeds`` only, when given), ``parallel`` at once; return ``{"finished", "failed",
-    "skipped", "stopped", "planned", "stopped_at_look", "signal"}`` (runs as ``(arm, seed)``; ``signal``: the
-    signal that stopped the study, else None). ``StudyError``: a changed plan, data that cannot be made, an arm
-    whose command the trainer refuses.
-    """
+    """Check the arms, make the data, seal ``work``, then run every unfinished run, ``parallel`` at once; return
+    ``{"finished", "failed", "skipped", "stopped", "planned", "stopped_at_look", "signal"}`` (runs as
+    ``(arm, seed)``; ``signal``: the one that stopped the study, else None)."""
     if parallel < 1:
         raise ValueError(f"parallel={parallel}: must be >= 1")
     work = Path(work).resolve()

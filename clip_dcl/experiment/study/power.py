@@ -1,6 +1,5 @@
-"""A plan's power, as ``clip-dcl study check`` reports it and the study's report repeats it: from a paired
-spread, the seeds each comparison needs for the plan's power at its confidence (one look), and the power its
-own seeds give."""
+"""A plan's power, as ``clip-dcl study check`` and the report give it: from a paired spread, the seeds each
+comparison needs (one look), and the power its own seeds give."""
 
 from __future__ import annotations
 

@@ -1,6 +1,5 @@
 """A study's report, ``STUDY.md``, ``STUDY.json`` and ``STUDY.png``: per comparison the paired differences per
-seed, their interval and the verdict by the plan's rule with its reason in words, in points; the figure is
-one forest plot of every comparison on a shared axis.
+seed, their interval and the verdict by the plan's rule with its reason in words, in points.
 
 Verdicts come only from a complete look, and the test split is read only then (an exploratory plan reads
 the validation split only); before, the report shows the validation split's differences, never a verdict.
@@ -517,9 +516,7 @@ def forest_rows(doc: dict) -> List[dict]:
 
 
 def figure(doc: dict, path: Path) -> Path:
-    """One forest plot of every comparison on a shared axis of differences ``a - b`` in points: each seed a
-    dot, the mean a square with its interval, zero a line, the margins dashed and, for beats, ± the
-    resolution shaded."""
+    """One forest plot of every comparison on a shared axis of differences ``a - b`` in points."""
     plt = pyplot()
     rows = forest_rows(doc)
     fig, ax = plt.subplots(figsize=(9.5, 1.5 + 0.6 * len(rows)))  # the height from the rows: one or twenty

@@ -35,7 +35,6 @@ class StudyError(RuntimeError):
     """A study that cannot go on (a changed plan, data that cannot be made): one line saying why."""
 
 
-# -- the seal --------------------------------------------------------------------------------------
 def read_seal(work: Path) -> Optional[dict]:
     path = Path(work) / SEAL
     return json.loads(path.read_text()) if path.is_file() else None
@@ -58,9 +57,8 @@ def check_seal(plan: Plan, work: Path) -> Optional[dict]:
 
 
 def seal(plan: Plan, work: Path) -> dict:
-    """Seal ``work`` with ``plan`` unless it is sealed already (then :func:`check_seal`). ``commands`` and
-    ``run`` seal once the data are made and checked, so that a plan whose data cannot be read can be
-    corrected in the same folder."""
+    """Seal ``work`` with ``plan`` unless it is sealed already (then `check_seal`). Called once the data are
+    made and checked, so that a plan whose data cannot be read can be corrected in the same folder."""
     work = Path(work)
     found = check_seal(plan, work)
     if found is not None:
@@ -104,7 +102,6 @@ def unseal_untrained(work: Path) -> bool:
     return True
 
 
-# -- the data --------------------------------------------------------------------------------------
 def data_dir(work: Path) -> Path:
     return Path(work).resolve() / "data"
 
@@ -151,8 +148,7 @@ TREE_KEYS = ("validation_zeroshot", "test_zeroshot")
 
 
 def plan_folder(plan: Plan) -> Path:
-    """The folder a plan's relative paths are read from: the plan file's own (the current folder for a
-    plan parsed from text), so that a plan means the same data from wherever it is run."""
+    """The plan file's folder (the current one for a plan parsed from text): its relative paths' base."""
     return Path(plan.source).resolve().parent if plan.source else Path.cwd()
 
 
@@ -247,7 +243,6 @@ def package_root() -> str:
     return str(Path(__file__).resolve().parents[3])
 
 
-# -- runs ------------------------------------------------------------------------------------------
 def run_dir(work: Path, arm: str, seed: int) -> Path:
     return Path(work).resolve() / "runs" / arm / f"seed{seed}"
 
