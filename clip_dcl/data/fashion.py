@@ -282,9 +282,10 @@ def write_pairs(directory: Path, samples, count: int, shard_size: int, tag: str,
 
 
 def _write_pairs(
-    directory: Path, images, labels, bins, names, cfg: FashionConfig, per_image: int, stream: str, verbose: bool
+    directory: Path, images, labels, cuts, names, cfg: FashionConfig, per_image: int, stream: str, verbose: bool
 ) -> dict:
     rng = np.random.default_rng([cfg.seed, _STREAMS[stream]])
+    bins = attribute_bins(images, cuts)
 
     def samples():
         for i, (image, label) in enumerate(zip(images, labels)):
@@ -434,17 +435,8 @@ def generate(
         ("val", cfg.val_captions_per_image),
         ("test", cfg.val_captions_per_image),
     ):
-        images, labels = sets[split]
         parts[split] = _write_pairs(
-            out / split,
-            images,
-            labels,
-            attribute_bins(images, cuts),
-            names,
-            cfg,
-            per_image,
-            f"captions-{split}",
-            verbose,
+            out / split, *sets[split], cuts, names, cfg, per_image, f"captions-{split}", verbose
         )
     parts["zeroshot"] = write_tree(out / "zeroshot", *sets["val"], names, cfg.image_size)
     parts["zeroshot_test"] = write_tree(out / "zeroshot_test", *sets["test"], names, cfg.image_size)

@@ -172,9 +172,10 @@ def canvas(cells: np.ndarray, scene: Sequence[Tuple[int, int]], cfg: ScenesConfi
     return out
 
 
-def _compose(images, labels, bins, cfg: ScenesConfig, count: int, per_image: int, stream: str, distinct: bool):
+def _compose(images, labels, cuts, cfg: ScenesConfig, count: int, per_image: int, stream: str, distinct: bool):
     """``count`` scenes of one split: their canvases, top-left labels, scene-class ids, captions and metadata."""
     rng = np.random.default_rng([cfg.seed, _STREAMS[stream]])
+    bins = fashion.attribute_bins(images, cuts)
     cells = shrink(images, cfg.image_size // cfg.grid)
     positions = POSITIONS[cfg.grid]
     seen: set = set()
@@ -274,35 +275,19 @@ def generate(
         ("val", cfg.val_samples, cfg.val_captions_per_image),
         ("test", cfg.test_samples, cfg.val_captions_per_image),
     ):
-        images, labels = pools[split]
-        s = scenes[split] = _compose(
-            images,
-            labels,
-            fashion.attribute_bins(images, cuts),
-            cfg,
-            count,
-            per_image,
-            f"scenes-{split}",
-            distinct=split != "train",
-        )
+        s = scenes[split] = _compose(*pools[split], cuts, cfg, count, per_image, f"scenes-{split}", split != "train")
         samples = (
             (fashion._png(c, cfg.image_size), caps, meta)
             for c, caps, meta in zip(s["canvas"], s["captions"], s["meta"])
         )
         parts[split] = fashion.write_pairs(out / split, samples, count, cfg.shard_size, "fashion-scenes", verbose)
     folders = {"val": "zeroshot", "test": "zeroshot_test"}
+    sets = {k: (scenes[k]["canvas"], scenes[k]["label"]) for k in folders}
     for split, folder in folders.items():
-        parts[folder] = fashion.write_tree(
-            out / folder,
-            scenes[split]["canvas"],
-            scenes[split]["label"],
-            CLASSNAMES,
-            cfg.image_size,
-            ZEROSHOT_TEMPLATES,
-        )
+        parts[folder] = fashion.write_tree(out / folder, *sets[split], CLASSNAMES, cfg.image_size, ZEROSHOT_TEMPLATES)
     parts["fewshot"] = fashion.write_fewshot(
         out / "fewshot",
-        {k: (scenes[k]["canvas"], scenes[k]["label"]) for k in folders},
+        sets,
         CLASSNAMES,
         cfg,
         stream=_STREAMS["fewshot"],
