@@ -270,13 +270,7 @@ def write_pairs(directory: Path, samples, count: int, shard_size: int, tag: str,
             if verbose and (i + 1) % 10000 == 0:
                 print(f"[{tag}] {directory.name}: {i + 1}/{count} ({time.perf_counter() - start:.1f} s)", flush=True)
     return {
-        "dir": directory.name,
-        "pattern": f"{directory.name}/{Path(writer.pattern).name}",
-        "num_samples": writer.num_samples,
-        "num_shards": len(writer.sizes),
-        "captions_per_image": len(caps) if count else 0,
-        "key_scheme": "dense",
-        "key_width": width,
+        **writer.entry(len(caps) if count else 0, width),
         "distinct_captions": {name: len(v) for (_, name), v in sorted(captions_by_class.items())},
     }
 
@@ -395,7 +389,7 @@ def generate(
     `FashionConfig` fields); the summary as ``clip_dcl.data.synth.generate`` returns it. `DataMissing` without the
     files; ``FileExistsError`` for earlier outputs without ``overwrite`` or a reusable summary (``reuse``)."""
     from .synth.attributes import same_class_rate_distinct, tau_plus_from_labels
-    from .synth.layout import _with_paths, prepare_out
+    from .synth.layout import finish, prepare_out
 
     unknown = sorted(set(overrides) - {f.name for f in dataclasses.fields(FashionConfig)})
     if unknown:
@@ -457,13 +451,9 @@ def generate(
         "same_class_rate_distinct_pairs": same_class_rate_distinct(train_labels),
         **parts,
     }
-    (out / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
-    seconds = time.perf_counter() - start
-    if verbose:
-        print(
-            f"[fashion-mnist] tau_plus = sum_c p_c^2 = {summary['tau_plus']:.4f}; distinct training captions per "
-            f"class {min(parts['train']['distinct_captions'].values())}-"
-            f"{max(parts['train']['distinct_captions'].values())}; {seconds:.1f} s",
-            flush=True,
-        )
-    return _with_paths(summary, out, seconds)
+    line = (
+        f"[fashion-mnist] tau_plus = sum_c p_c^2 = {summary['tau_plus']:.4f}; distinct training captions per "
+        f"class {min(parts['train']['distinct_captions'].values())}-"
+        f"{max(parts['train']['distinct_captions'].values())}; "
+    )
+    return finish(out, summary, start, verbose, line)

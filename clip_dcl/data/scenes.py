@@ -11,7 +11,6 @@ zero-shot and few-shot class is the item on the top left.
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 import re
 import time
@@ -234,7 +233,7 @@ def generate(
     """Write the scenes under ``out_dir`` from the IDX files in ``source`` (``overrides``: `ScenesConfig` fields);
     the summary, raising as ``fashion.generate`` does."""
     from .synth.attributes import same_class_rate_distinct, tau_plus_from_labels
-    from .synth.layout import _with_paths, prepare_out
+    from .synth.layout import finish, prepare_out
 
     unknown = sorted(set(overrides) - {f.name for f in dataclasses.fields(ScenesConfig)})
     if unknown:
@@ -315,12 +314,8 @@ def generate(
         "same_class_rate_distinct_pairs": same_class_rate_distinct(scene_ids),
         **parts,
     }
-    (out / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
-    seconds = time.perf_counter() - start
-    if verbose:
-        print(
-            f"[fashion-scenes] {len(kinds)} scene classes (kinds of item per cell) among the training scenes, "
-            f"tau_plus = {summary['tau_plus']:.5f}; {seconds:.1f} s",
-            flush=True,
-        )
-    return _with_paths(summary, out, seconds)
+    line = (
+        f"[fashion-scenes] {len(kinds)} scene classes (kinds of item per cell) among the training scenes, "
+        f"tau_plus = {summary['tau_plus']:.5f}; "
+    )
+    return finish(out, summary, start, verbose, line)

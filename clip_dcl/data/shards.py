@@ -173,6 +173,19 @@ class CaptionShardWriter:
             self._closed = True
         return dict(self.sizes)
 
+    def entry(self, captions_per_image: int, key_width: int) -> dict:
+        """The split's entry in a generated set's summary.json: its folder, shards and dense keys."""
+        name = self.directory.name
+        return {
+            "dir": name,
+            "pattern": f"{name}/{Path(self.pattern).name}",
+            "num_samples": self.num_samples,
+            "num_shards": len(self.sizes),
+            "captions_per_image": captions_per_image,
+            "key_scheme": "dense",
+            "key_width": key_width,
+        }
+
     @property
     def num_samples(self) -> int:
         return sum(self.sizes.values())

@@ -203,15 +203,7 @@ def _write_shards(
             }
             writer.write(format_key(i, width), encode_jpeg(image, cfg.jpeg_quality), captions[0], meta)
             progress.update(i + 1)
-    return {
-        "dir": directory.name,
-        "pattern": f"{directory.name}/{Path(writer.pattern).name}",
-        "num_samples": writer.num_samples,
-        "num_shards": len(writer.sizes),
-        "captions_per_image": num_captions,
-        "key_scheme": "dense",
-        "key_width": width,
-    }
+    return writer.entry(num_captions, width)
 
 
 def _write_zeroshot(directory: Path, cfg: SynthConfig, verbose: bool, stream: str = "zeroshot") -> dict:
@@ -476,15 +468,11 @@ def generate(
         "fewshot": fewshot,
         **test,
     }
-    (out / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
-    seconds = time.perf_counter() - start
-    if verbose:
-        print(
-            f"[synth] tau_plus = sum_c p_c^2 = {tau_plus:.6f} (1/C = {1 / cfg.num_classes:.6f}); "
-            f"{train['num_samples']} train / {val['num_samples']} val samples in {seconds:.1f} s",
-            flush=True,
-        )
-    return _with_paths(summary, out, seconds)
+    line = (
+        f"[synth] tau_plus = sum_c p_c^2 = {tau_plus:.6f} (1/C = {1 / cfg.num_classes:.6f}); "
+        f"{train['num_samples']} train / {val['num_samples']} val samples in "
+    )
+    return finish(out, summary, start, verbose, line)
 
 
 def prepare_out(out: Path, record: dict, outputs, reuse: bool, overwrite: bool, verbose: bool, tag: str) -> dict | None:
@@ -506,6 +494,15 @@ def prepare_out(out: Path, record: dict, outputs, reuse: bool, overwrite: bool, 
         shutil.rmtree(path) if path.is_dir() else path.unlink()
     out.mkdir(parents=True, exist_ok=True)
     return None
+
+
+def finish(out: Path, summary: dict, start: float, verbose: bool, line: str) -> dict:
+    """Write summary.json and (verbose) ``line`` ended by the seconds since ``start``; the summary with its paths."""
+    (out / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
+    seconds = time.perf_counter() - start
+    if verbose:
+        print(f"{line}{seconds:.1f} s", flush=True)
+    return _with_paths(summary, out, seconds)
 
 
 def _with_paths(summary: dict, out: Path, seconds: float) -> dict:
