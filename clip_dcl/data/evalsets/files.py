@@ -130,12 +130,10 @@ class ImageSource:
 
         parts = split_zip_ref(ref)
         if parts is None:
-            with open(self.base_dir / ref, "rb") as f:
-                data = f.read()
+            data = (self.base_dir / ref).read_bytes()
         else:
             data = self._zip(parts[0]).read(parts[1])
-        img = Image.open(io.BytesIO(data))
-        return img.convert("RGB")
+        return Image.open(io.BytesIO(data)).convert("RGB")
 
     def check(self, refs: Sequence[str], what: str) -> None:
         """Raise ``ValueError`` naming the first reference in ``refs`` that cannot be found."""

@@ -22,18 +22,15 @@ def scan_image_folder(
     root = Path(root).absolute()
     if not root.is_dir():
         raise ValueError(f"image folder {str(root)!r} does not exist")
-    try:
+    try:  # both torchvision calls raise FileNotFoundError for an empty tree or class folder
         classes, found = find_classes(root)
-    except FileNotFoundError as e:
-        raise ValueError(f"image folder {str(root)!r}: {e}") from e
-    if class_to_idx is None:
-        class_to_idx = found
-    else:
-        unknown = sorted(set(classes) - set(class_to_idx))
-        if unknown:
-            raise ValueError(f"image folder {str(root)!r} has class folders {unknown} absent from the train split")
-        classes = sorted(class_to_idx, key=class_to_idx.get)
-    try:
+        if class_to_idx is None:
+            class_to_idx = found
+        else:
+            unknown = sorted(set(classes) - set(class_to_idx))
+            if unknown:
+                raise ValueError(f"image folder {str(root)!r} has class folders {unknown} absent from the train split")
+            classes = sorted(class_to_idx, key=class_to_idx.get)
         samples = make_dataset(str(root), class_to_idx, extensions=IMAGE_EXTENSIONS, allow_empty=allow_empty)
     except FileNotFoundError as e:
         raise ValueError(f"image folder {str(root)!r}: {e}") from e

@@ -63,10 +63,7 @@ def read_retrieval_csv(
 def expand_shards(data: str | os.PathLike | Sequence[str]) -> list[str]:
     """Shard paths from a folder, a brace pattern, ``::``-joined patterns, a ``.tar`` or a list of those."""
     if isinstance(data, (list, tuple)):
-        out = []
-        for d in data:
-            out.extend(expand_shards(d))
-        return out
+        return [s for d in data for s in expand_shards(d)]
     data = str(data)
     if os.path.isdir(data):
         if benchmark_layout_root(data) is not None:
@@ -85,9 +82,7 @@ def expand_shards(data: str | os.PathLike | Sequence[str]) -> list[str]:
         return shards
     import braceexpand
 
-    shards = []
-    for part in data.split("::"):
-        shards.extend(braceexpand.braceexpand(part))
+    shards = [s for part in data.split("::") for s in braceexpand.braceexpand(part)]
     for s in shards:
         if not os.path.isfile(s):
             raise ValueError(f"shard {s!r} does not exist")

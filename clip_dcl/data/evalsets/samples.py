@@ -121,10 +121,7 @@ class ShardSamples(IterableDataset):
         counter = None if self.markers else SkipCounter(self.strict)
         for sample in shard_samples(urls):
             item = sample if isinstance(sample, Skip) else self.to_item(sample)
-            if isinstance(item, Skip):
-                if counter is None:
-                    yield item
-                else:
-                    counter.record(item)
-                continue
-            yield item
+            if isinstance(item, Skip) and counter is not None:
+                counter.record(item)
+            else:
+                yield item
