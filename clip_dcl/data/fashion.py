@@ -228,8 +228,7 @@ def caption_words() -> List[str]:
 
     texts = [*CLASSNAMES, *CAPTION_TEMPLATES, *ZEROSHOT_TEMPLATES, *FEWSHOT_TEMPLATES, "and"]
     texts += [w for bins in ATTRIBUTE_WORDS.values() for words in bins for w in words]
-    found = {w.lower() for t in texts for w in re.findall(r"[^\W\d_]+", t.replace("{a}", "").replace("{c}", ""))}
-    return sorted(found)
+    return sorted({w.lower() for t in texts for w in re.findall(r"[^\W\d_]+", t.replace("{a}", "").replace("{c}", ""))})
 
 
 def _png(image: np.ndarray, size: int) -> bytes:

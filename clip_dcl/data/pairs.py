@@ -237,13 +237,8 @@ def write_pairs(
     if source.is_dir():
         listed, kind = list_folder(source), "folder"
     elif source.is_file():
-        listed, kind = (
-            list_csv(
-                source,
-                csv_columns(source, img_key, caption_key, sep, flags=("--img-key", "--caption-key", "--separator")),
-            ),
-            "csv",
-        )
+        flags = ("--img-key", "--caption-key", "--separator")
+        listed, kind = list_csv(source, csv_columns(source, img_key, caption_key, sep, flags=flags)), "csv"
     else:
         raise ValueError(f"{source} does not exist: give a folder of images with .txt captions, or a CSV/TSV file")
     earlier = [out / name for name in ("train", "val", "summary.json") if (out / name).exists()]
