@@ -388,12 +388,9 @@ def generate(
     `FashionConfig` fields); the summary as ``clip_dcl.data.synth.generate`` returns it. `DataMissing` without the
     files; ``FileExistsError`` for earlier outputs without ``overwrite`` or a reusable summary (``reuse``)."""
     from .synth.attributes import same_class_rate_distinct, tau_plus_from_labels
-    from .synth.layout import finish, prepare_out
+    from .synth.layout import configured, finish, prepare_out
 
-    unknown = sorted(set(overrides) - {f.name for f in dataclasses.fields(FashionConfig)})
-    if unknown:
-        raise ValueError(f"unknown Fashion-MNIST data option(s) {unknown}")
-    cfg = FashionConfig(**overrides)
+    cfg = configured(FashionConfig(), overrides, "Fashion-MNIST")
     data = load_idx_set(source)
     names = tuple(classnames) if classnames is not None else CLASSNAMES
     n_classes = int(max(data["train_labels"].max(), data["test_labels"].max())) + 1

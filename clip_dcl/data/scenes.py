@@ -10,7 +10,6 @@ zero-shot and few-shot class is the item on the top left.
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import re
 import time
@@ -233,12 +232,9 @@ def generate(
     """Write the scenes under ``out_dir`` from the IDX files in ``source`` (``overrides``: `ScenesConfig` fields);
     the summary, raising as ``fashion.generate`` does."""
     from .synth.attributes import same_class_rate_distinct, tau_plus_from_labels
-    from .synth.layout import finish, prepare_out
+    from .synth.layout import configured, finish, prepare_out
 
-    unknown = sorted(set(overrides) - {f.name for f in dataclasses.fields(ScenesConfig)})
-    if unknown:
-        raise ValueError(f"unknown fashion-scenes data option(s) {unknown}")
-    cfg = ScenesConfig(**overrides)
+    cfg = configured(ScenesConfig(), overrides, "fashion-scenes")
     data = fashion.load_idx_set(source)
     n_classes = int(max(data["train_labels"].max(), data["test_labels"].max())) + 1
     if n_classes != len(CLASSNAMES):

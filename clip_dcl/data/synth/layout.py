@@ -403,10 +403,7 @@ def generate(
     earlier outputs without ``overwrite`` raise ``FileExistsError``.
     """
     base = config if config is not None else (SynthConfig.quick() if quick else SynthConfig())
-    unknown = sorted(set(overrides) - {f.name for f in dataclasses.fields(SynthConfig)})
-    if unknown:
-        raise ValueError(f"unknown synthetic data option(s) {unknown}")
-    cfg = dataclasses.replace(base, **overrides)
+    cfg = configured(base, overrides, "synthetic")
     cfg.validate()
     # Plain Python numbers from here on (numpy integers would not serialise to summary.json).
     cfg = SynthConfig(
@@ -473,6 +470,14 @@ def generate(
         f"{train['num_samples']} train / {val['num_samples']} val samples in "
     )
     return finish(out, summary, start, verbose, line)
+
+
+def configured(base, overrides: dict, what: str):
+    """``base`` (a config) with ``overrides``; ``ValueError`` naming any that is not one of its fields."""
+    unknown = sorted(set(overrides) - {f.name for f in dataclasses.fields(base)})
+    if unknown:
+        raise ValueError(f"unknown {what} data option(s) {unknown}")
+    return dataclasses.replace(base, **overrides)
 
 
 def prepare_out(out: Path, record: dict, outputs, reuse: bool, overwrite: bool, verbose: bool, tag: str) -> dict | None:
