@@ -38,11 +38,11 @@ def img2dataset_key(shard_id: int, index_in_shard: int, shard_size: int) -> int:
     return shard_id * 10 ** math.ceil(math.log10(shard_size)) + index_in_shard
 
 
-def shard_pattern(directory: str | os.PathLike, num_shards: int, name_format: str = SHARD_NAME_FORMAT) -> str:
+def shard_pattern(directory: str | os.PathLike, num_shards: int) -> str:
     """Brace pattern over ``num_shards`` numbered shards, ``dir/{00000..00007}.tar``; one shard: its plain path."""
     if num_shards < 1:
         raise ValueError(f"num_shards must be >= 1, got {num_shards}")
-    return _brace(directory, name_format.format(0), name_format.format(num_shards - 1))
+    return _brace(directory, SHARD_NAME_FORMAT.format(0), SHARD_NAME_FORMAT.format(num_shards - 1))
 
 
 def _brace(directory: str | os.PathLike, first: str, last: str) -> str:
@@ -85,10 +85,8 @@ def write_sizes_json(directory: str | os.PathLike, sizes: dict[str, int]) -> Pat
     return path
 
 
-def shard_writer(
-    directory: str | os.PathLike, shard_size: int, *, start_shard: int = 0, pattern: str = _SHARD_PATTERN, **kw
-):
-    """webdataset's ``ShardWriter`` writing ``00000.tar``, ... (``pattern``, from ``start_shard``) in ``directory``,
+def shard_writer(directory: str | os.PathLike, shard_size: int, *, pattern: str = _SHARD_PATTERN, **kw):
+    """webdataset's ``ShardWriter`` writing ``00000.tar``, ... (``pattern``, from shard 0) in ``directory``,
     ``shard_size`` samples each, uncompressed and with fixed tar headers; ``kw`` goes to its ``TarWriter``."""
     import webdataset as wds
 
@@ -97,7 +95,6 @@ def shard_writer(
         os.path.join(str(directory), pattern),
         maxcount=shard_size,
         maxsize=float("inf"),
-        start_shard=start_shard,
         verbose=0,
         user=TAR_OWNER,
         group=TAR_OWNER,
@@ -115,13 +112,12 @@ class CaptionShardWriter:
     is ``{"key": key, "caption": caption, **meta}``, in that order.
     """
 
-    def __init__(self, directory: str | os.PathLike, shard_size: int, *, start_shard: int = 0):
+    def __init__(self, directory: str | os.PathLike, shard_size: int):
         if shard_size < 1:
             raise ValueError(f"shard_size must be >= 1, got {shard_size}")
         self.directory = Path(directory)
         self.directory.mkdir(parents=True, exist_ok=True)
         self.shard_size = shard_size
-        self.start_shard = start_shard
         self.sizes: dict[str, int] = {}
         self._writer = None  # webdataset's ShardWriter opens its first shard at once: made at the first sample
         self._last_key: int | None = None
@@ -151,7 +147,7 @@ class CaptionShardWriter:
             meta.pop(field, None)
         record = {"key": key, "caption": caption, **meta}
         if self._writer is None:
-            self._writer = shard_writer(self.directory, self.shard_size, start_shard=self.start_shard, encoder=False)
+            self._writer = shard_writer(self.directory, self.shard_size, encoder=False)
         self._writer.write(
             {
                 "__key__": key,
