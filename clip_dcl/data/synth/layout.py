@@ -154,15 +154,13 @@ def split_labels(seed: int, split: str, num_samples: int, num_classes: int, imba
 
 
 def render_sample(
-    seed: int, stream: str | int, index: int, shape: str, colour: str, image_size: int, num_captions: int = 0, **fixed
+    seed: int, stream: str, index: int, shape: str, colour: str, image_size: int, num_captions: int = 0
 ) -> tuple[object, dict, list[str]]:
     """Image, attributes and captions of sample ``index`` of a seed stream (pure: same in, same out)."""
-    stream_id = _STREAM[stream] if isinstance(stream, str) else int(stream)
-    rng = np.random.default_rng([seed, stream_id, index])
-    attrs = sample_attributes(rng, shape, colour, **fixed)
+    rng = np.random.default_rng([seed, _STREAM[stream], index])
+    attrs = sample_attributes(rng, shape, colour)
     image = draw_image(attrs, image_size, rng)
-    captions = make_captions(attrs, rng, num_captions) if num_captions else []
-    return image, attrs, captions
+    return image, attrs, make_captions(attrs, rng, num_captions)
 
 
 class _Progress:
