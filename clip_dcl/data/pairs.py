@@ -334,31 +334,19 @@ def next_commands(summary: dict, out_dir, name: str = "decl", epochs: int = 10) 
         batch *= 2
     steps = max(1, train["pairs"] // batch)
     out = Path(out_dir)
-    words = [
-        "clip-dcl",
-        "train",
-        "--loss",
-        "decl",
-        "--model",
-        "clip-dcl-tiny",
-        "--train-data",
-        str(out / "train"),
-        "--batch-size",
-        str(batch),
-        "--epochs",
-        str(epochs),
-        "--lr",
-        "1e-3",
-        "--warmup",
-        str(min(100, steps * epochs // 10 + 1)),
-        "--workers",
-        str(workers),
-        "--logs",
-        "logs",
-        "--name",
-        name,
-    ]
-    commands = [shlex.join(words)]
+    flags = {
+        "--loss": "decl",
+        "--model": "clip-dcl-tiny",
+        "--train-data": str(out / "train"),
+        "--batch-size": str(batch),
+        "--epochs": str(epochs),
+        "--lr": "1e-3",
+        "--warmup": str(min(100, steps * epochs // 10 + 1)),
+        "--workers": str(workers),
+        "--logs": "logs",
+        "--name": name,
+    }
+    commands = [shlex.join(["clip-dcl", "train", *(word for pair in flags.items() for word in pair)])]
     if "val" in summary["splits"]:
         checkpoint = f"logs/{name}/checkpoints/epoch_{epochs}.pt"
         commands.append(

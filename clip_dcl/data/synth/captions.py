@@ -73,18 +73,17 @@ def make_caption(attrs: dict, rng: np.random.Generator) -> str:
     sp_pos = " " + pos if pos else ""
     bg_on = f" on {with_article(bg)} background" if bg else ""
     if pattern == 0:
-        text = f"{_pick(rng, _PREFIXES)}{obj}{sp_pos}{bg_on}"
+        return f"{_pick(rng, _PREFIXES)}{obj}{sp_pos}{bg_on}"
     elif pattern == 1:
-        text = f"{with_article(bg)} background with {obj}{sp_pos}"
+        return f"{with_article(bg)} background with {obj}{sp_pos}"
     elif pattern == 2:
         verb = "is" if count == 1 or obj.startswith("a pair") else "are"
-        text = f"there {verb} {obj}{sp_pos}{bg_on}"
+        return f"there {verb} {obj}{sp_pos}{bg_on}"
     elif pattern == 3:
-        text = f"{pos}, {obj}{bg_on}"
+        return f"{pos}, {obj}{bg_on}"
     else:
         bg_against = f" against {with_article(bg)} {_pick(rng, ('backdrop', 'background'))}" if bg else ""
-        text = f"{_pick(rng, _PREFIXES)}{obj}{bg_against}{sp_pos}"
-    return text
+        return f"{_pick(rng, _PREFIXES)}{obj}{bg_against}{sp_pos}"
 
 
 def make_captions(attrs: dict, rng: np.random.Generator, k: int) -> list[str]:
