@@ -164,13 +164,9 @@ def load_idx_set(directory: str | os.PathLike = DEBIAN_DIR) -> Dict[str, np.ndar
             )
     except IdxError as e:
         raise DataMissing(missing_line(directory, str(e))) from None
-    if out["train_images"].shape[1:] != out["test_images"].shape[1:]:
-        raise DataMissing(
-            missing_line(
-                directory,
-                f"training images are {out['train_images'].shape[1:]} but test images {out['test_images'].shape[1:]}",
-            )
-        )
+    train_shape, test_shape = out["train_images"].shape[1:], out["test_images"].shape[1:]
+    if train_shape != test_shape:
+        raise DataMissing(missing_line(directory, f"training images are {train_shape} but test images {test_shape}"))
     return out
 
 
