@@ -241,24 +241,15 @@ def run_fewshot(
         needed = sorted(set().union(*subsets.values()))
         transform = preprocess if spec["center_crop"] else _square_transform(model, preprocess)
         enc = dict(options=options, normalize=False, skips=skips)
-        where = f"{name} ({d.folder})"
-        x_train, kept_train = encode_images(
-            model,
-            ImageListDataset([d.train[i][0] for i in needed], d.source, transform, markers=True, where=where),
-            desc=f"{name} train",
-            **enc,
-        )
+        encoded = []
+        for split, paths in (("train", [d.train[i][0] for i in needed]), ("test", [r for r, _ in d.test])):
+            dataset = ImageListDataset(paths, d.source, transform, markers=True, where=f"{name} ({d.folder})")
+            encoded.append(encode_images(model, dataset, desc=f"{name} {split}", **enc))
+        (x_train, kept_train), (x_test, kept_test) = encoded
         row = {needed[j]: r for r, j in enumerate(kept_train.tolist())}
-        x_test, kept_test = encode_images(
-            model,
-            ImageListDataset([r for r, _ in d.test], d.source, transform, markers=True, where=where),
-            desc=f"{name} test",
-            **enc,
-        )
         t_test = labels_to_targets([d.test[i][1] for i in kept_test.tolist()], c, multilabel)
-        text_w = zeroshot_classifier(
-            model, tokenizer, d.classnames, d.templates, options=options, progress=False
-        )  # (D, C)
+        # the zero-shot text classifier, (D, C)
+        text_w = zeroshot_classifier(model, tokenizer, d.classnames, d.templates, options=options, progress=False)
         zeroshot[name] = float(elevater_scores(metric, 100.0 * F.normalize(x_test, dim=-1) @ text_w, t_test))
         if text_init:
             init_w, init_b = text_w.T.contiguous(), torch.zeros(c)
