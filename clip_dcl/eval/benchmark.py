@@ -246,10 +246,6 @@ class BenchmarkRun:
     document: dict = field(default_factory=dict)
 
 
-def _is_remote(root: str) -> bool:
-    return "://" in root or root.startswith(("hf:", "hf-hub:", "s3:", "gs:", "pipe:"))
-
-
 def locate_dataset(dataset: str, template: str, split: str = "test") -> Path:
     """``--dataset_root`` formatted for ``dataset`` and checked (``wds/<name>``: CLIP_benchmark's layout)."""
     short = short_name(dataset)
@@ -260,7 +256,7 @@ def locate_dataset(dataset: str, template: str, split: str = "test") -> Path:
             f"--dataset_root {template!r}: unknown or malformed field ({e}); the fields are "
             "{dataset} and {dataset_cleaned}"
         ) from e
-    if _is_remote(root):
+    if "://" in root or root.startswith(("hf:", "hf-hub:", "s3:", "gs:", "pipe:")):
         raise ValueError(
             f"--dataset_root {root!r} is a remote location (a hub download); download the shards and "
             "point --dataset_root at the local folder"

@@ -171,16 +171,12 @@ def main(argv: list[str] | None = None) -> int:
 
         return benchmark_main(args)
     task = get_task(args.task)
-    try:
-        _check_common(args)
-    except FlagError as e:
-        print(f"clip-dcl eval: {e}", file=sys.stderr)
-        return 2
-    try:
-        task.check(args)
-    except FlagError as e:
-        print(f"clip-dcl eval {task.name}: {e}", file=sys.stderr)
-        return 2
+    for check, prog in ((_check_common, "clip-dcl eval"), (task.check, f"clip-dcl eval {task.name}")):
+        try:
+            check(args)
+        except FlagError as e:
+            print(f"{prog}: {e}", file=sys.stderr)
+            return 2
     if not logging.getLogger().handlers:
         logging.basicConfig(level=logging.INFO, format="%(message)s")
     args.device = resolve_device(args.device)

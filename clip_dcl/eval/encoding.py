@@ -206,7 +206,6 @@ def encode_images(
     from torch.utils.data import DataLoader
 
     options = EvalOptions.from_kwargs(options, **kwargs)
-    device = options.device
     n = len(dataset)
     marked = skips is not None
     loader = DataLoader(
@@ -214,7 +213,7 @@ def encode_images(
         batch_size=options.batch_size,
         shuffle=False,
         num_workers=options.workers,
-        pin_memory=torch.device(device).type == "cuda",
+        pin_memory=torch.device(options.device).type == "cuda",
         collate_fn=_collate_indexed if marked else None,
     )
     out = None

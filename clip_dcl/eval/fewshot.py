@@ -35,8 +35,7 @@ EPOCH_SELECTIONS = ("last", "toolkit")
 
 def builtin_catalog() -> dict[str, dict]:
     """The 20 ELEVATER data sets (``catalog.json``): name -> metric, classes, layout and the like."""
-    doc = json.loads((Path(__file__).with_name("catalog.json")).read_text())
-    return doc["datasets"]
+    return json.loads(Path(__file__).with_name("catalog.json").read_text())["datasets"]
 
 
 def load_catalog(root: str | os.PathLike | None = None) -> dict[str, dict]:
@@ -83,8 +82,7 @@ def _check_enough_shots(d, name: str, shots: int) -> None:
 
 def builtin_prompts() -> dict[str, dict]:
     """Class names and templates of the 20 ELEVATER sets (``elevater_prompts.json``)."""
-    doc = json.loads((Path(__file__).with_name("elevater_prompts.json")).read_text())
-    return doc["datasets"]
+    return json.loads(Path(__file__).with_name("elevater_prompts.json").read_text())["datasets"]
 
 
 def dataset_prompts(name: str, catalog: dict[str, dict]) -> dict | None:
@@ -107,14 +105,9 @@ class FewShotReport:
     skipped: dict = None
 
     def to_dict(self) -> dict:
-        probes = []
-        for p in self.probes:
-            d = asdict(p)
-            d.update(last=p.last, toolkit=p.toolkit)
-            probes.append(d)
         return {
             "metrics": self.metrics,
-            "probes": probes,
+            "probes": [dict(asdict(p), last=p.last, toolkit=p.toolkit) for p in self.probes],
             "datasets": self.datasets,
             "settings": self.settings,
             "skipped": dict(self.skipped or {}),
@@ -248,24 +241,15 @@ def run_fewshot(
         needed = sorted(set().union(*subsets.values()))
         transform = preprocess if spec["center_crop"] else _square_transform(model, preprocess)
         enc = dict(options=options, normalize=False, skips=skips)
-        where = f"{name} ({d.folder})"
-        x_train, kept_train = encode_images(
-            model,
-            ImageListDataset([d.train[i][0] for i in needed], d.source, transform, markers=True, where=where),
-            desc=f"{name} train",
-            **enc,
-        )
+        encoded = []
+        for split, paths in (("train", [d.train[i][0] for i in needed]), ("test", [r for r, _ in d.test])):
+            dataset = ImageListDataset(paths, d.source, transform, markers=True, where=f"{name} ({d.folder})")
+            encoded.append(encode_images(model, dataset, desc=f"{name} {split}", **enc))
+        (x_train, kept_train), (x_test, kept_test) = encoded
         row = {needed[j]: r for r, j in enumerate(kept_train.tolist())}
-        x_test, kept_test = encode_images(
-            model,
-            ImageListDataset([r for r, _ in d.test], d.source, transform, markers=True, where=where),
-            desc=f"{name} test",
-            **enc,
-        )
         t_test = labels_to_targets([d.test[i][1] for i in kept_test.tolist()], c, multilabel)
-        text_w = zeroshot_classifier(
-            model, tokenizer, d.classnames, d.templates, options=options, progress=False
-        )  # (D, C)
+        # the zero-shot text classifier, (D, C)
+        text_w = zeroshot_classifier(model, tokenizer, d.classnames, d.templates, options=options, progress=False)
         zeroshot[name] = float(elevater_scores(metric, 100.0 * F.normalize(x_test, dim=-1) @ text_w, t_test))
         if text_init:
             init_w, init_b = text_w.T.contiguous(), torch.zeros(c)
@@ -313,7 +297,7 @@ def run_fewshot(
             metrics[f"{name}/linear_probe_seed{p.seed}"] = p.score(epoch_selection)
         metrics[f"{name}/mean_classifier"] = float(np.mean([p.mean_classifier for p in rs]))
         metrics[f"{name}/zeroshot"] = zeroshot[name]
-    for key in ("linear_probe", "linear_probe_last", "linear_probe_toolkit", "mean_classifier", "zeroshot"):
+    for key in FEWSHOT_COLUMNS:
         metrics[f"average/{key}"] = float(np.mean([metrics[f"{n}/{key}"] for n in names]))
     settings = {
         "shots": shots,
@@ -435,13 +419,8 @@ def fewshot_table(metrics: dict[str, float]) -> str:
     """One row per data set (and ``average``), one column per score family."""
     from .report import format_table
 
-    names = []
-    for key in metrics:
-        name = key.rsplit("/", 1)[0]
-        if "/" in key and name not in names and name != "average":
-            names.append(name)
-    names.append("average")
-    rows = [[n] + [metrics.get(f"{n}/{c}", float("nan")) for c in FEWSHOT_COLUMNS] for n in names]
+    names = [n for n in dict.fromkeys(key.rsplit("/", 1)[0] for key in metrics if "/" in key) if n != "average"]
+    rows = [[n] + [metrics.get(f"{n}/{c}", float("nan")) for c in FEWSHOT_COLUMNS] for n in names + ["average"]]
     headers = [
         "data set",
         "probe",
@@ -493,7 +472,6 @@ def _benchmark_check(run, settings) -> None:
 
 def _benchmark_run(model, preprocess, tokenizer, run, settings):
     """CLIP_benchmark's ``--task linear_probe``, run as ELEVATER's probe on one folder (``--dataset``)."""
-    _benchmark_check(run, settings)
     folder = run.root
     name = folder.resolve().name
     report = run_fewshot(

@@ -24,12 +24,8 @@ class TaskResult:
     facts: dict = field(default_factory=dict)
 
 
-def _no_options(parser: argparse.ArgumentParser) -> None:
-    pass
-
-
-def _no_check(args: argparse.Namespace) -> None:
-    pass
+def _nothing(_) -> None:
+    """A task's default ``add_arguments`` and ``check``: no options of its own, nothing to check."""
 
 
 @dataclass(frozen=True)
@@ -43,8 +39,8 @@ class EvalTask:
     help: str
     description: str
     run: Callable
-    add_arguments: Callable[[argparse.ArgumentParser], None] = _no_options
-    check: Callable[[argparse.Namespace], None] = _no_check
+    add_arguments: Callable[[argparse.ArgumentParser], None] = _nothing
+    check: Callable[[argparse.Namespace], None] = _nothing
     metrics: Sequence[str] = ()
     table: Callable | None = None
     benchmark_name: str | None = None
@@ -97,7 +93,4 @@ def get_task(name: str) -> EvalTask:
 
 def benchmark_task(benchmark_name: str) -> EvalTask | None:
     """The task whose CLIP_benchmark name is ``benchmark_name``, ``None`` when none is registered."""
-    for task in _TASKS.values():
-        if task.benchmark_name == benchmark_name:
-            return task
-    return None
+    return next((task for task in _TASKS.values() if task.benchmark_name == benchmark_name), None)

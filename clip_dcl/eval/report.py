@@ -14,11 +14,7 @@ RESERVED_KEYS = ("model", "data", "settings", "details", "skipped")
 
 
 def _fmt(v) -> str:
-    if isinstance(v, float):
-        if math.isnan(v):
-            return "nan"
-        return f"{v:.4f}"
-    return str(v)
+    return f"{v:.4f}" if isinstance(v, float) else str(v)  # NaN formats as "nan"
 
 
 def format_table(headers: Sequence[str], rows: Iterable[Sequence]) -> str:
@@ -44,8 +40,7 @@ def result_document(metrics: dict[str, float], model: dict, data: dict, settings
     clash = [k for k in metrics if k in RESERVED_KEYS]
     if clash:
         raise ValueError(f"metric names {clash} clash with the reserved keys {RESERVED_KEYS}")
-    doc = dict(metrics)
-    doc.update(model=model, data=data, settings=settings)
+    doc = dict(metrics, model=model, data=data, settings=settings)
     if details is not None:
         doc["details"] = details
     return doc

@@ -228,14 +228,10 @@ def _run(model, preprocess, tokenizer, args, common) -> TaskResult:
 
 def retrieval_table(metrics: dict[str, float], ks: Sequence[int] = (1, 5, 10)) -> str:
     """Rows image->text and text->image; columns R@k for each k of ``ks``, mean and median rank."""
-    rows = []
-    for prefix, label in (("image_to_text", "image -> text"), ("text_to_image", "text -> image")):
-        rows.append(
-            [label]
-            + [metrics[f"{prefix}_R@{k}"] for k in ks]
-            + [metrics[f"{prefix}_mean_rank"], metrics[f"{prefix}_median_rank"]]
-        )
-    return format_table(["direction"] + [f"R@{k}" for k in ks] + ["mean rank", "median rank"], rows)
+    keys = [f"R@{k}" for k in ks] + ["mean_rank", "median_rank"]
+    directions = (("image_to_text", "image -> text"), ("text_to_image", "text -> image"))
+    rows = [[label] + [metrics[f"{prefix}_{key}"] for key in keys] for prefix, label in directions]
+    return format_table(["direction"] + [key.replace("_", " ") for key in keys], rows)
 
 
 def benchmark_retrieval_metrics(metrics: dict[str, float]) -> dict[str, float]:
@@ -249,10 +245,9 @@ def _benchmark_run(model, preprocess, tokenizer, run, settings):
     data = run.root
     if not data.is_file() and (data / settings.split / "nshards.txt").is_file():
         data = data / settings.split
-    metrics = evaluate_retrieval(
+    return evaluate_retrieval(
         model, preprocess, tokenizer, data, ks=tuple(settings.recall_k), options=settings.options
-    )
-    return metrics, {}
+    ), {}
 
 
 register_task(

@@ -216,7 +216,6 @@ def evaluate_zeroshot(
     """Zero-shot metrics of ``model`` on ``root`` (a tree, CLIP_benchmark's layout, or a ``Dataset`` /
     ``DataLoader`` of ``(image, label or multi-hot)``); with ``return_info`` also a dict of what was used."""
     options = EvalOptions.from_kwargs(options, **kwargs)
-    batch_size, workers = options.batch_size, options.workers
     skips = SkipCounter(options.strict) if skips is None else skips
     data = zeroshot_data(root, classnames, templates, split=split, multilabel=multilabel)
     names, tmpls, multilabel = data.classnames, data.templates, data.multilabel
@@ -227,23 +226,21 @@ def evaluate_zeroshot(
         len(tmpls),
         data.templates_source,
     )
-    batches = samples = None
     if data.layout == "dataset":
-        batches = labelled_batches(root, batch_size, workers)
+        batches = labelled_batches(root, options.batch_size, options.workers)
     elif data.layout == "clip_benchmark":
         batches = labelled_batches(
             classification_wds(data.bench.shards, preprocess, multilabel, markers=True),
-            batch_size,
-            workers,
+            options.batch_size,
+            options.workers,
             collate=_collate_labelled,
         )
-    else:
-        samples = data.samples
     classifier = zeroshot_classifier(model, tokenizer, names, tmpls, options=options)
-    if samples is not None:
-        dataset = ImageListDataset([p for p, _ in samples], ImageSource("/"), preprocess, markers=True, where=str(root))
+    if data.layout == "imagefolder":
+        images = [p for p, _ in data.samples]
+        dataset = ImageListDataset(images, ImageSource("/"), preprocess, markers=True, where=str(root))
         feats, kept = encode_images(model, dataset, options=options, desc="zero-shot images", skips=skips)
-        labels = torch.tensor([y for _, y in samples])[kept]
+        labels = torch.tensor([y for _, y in data.samples])[kept]
     else:
         feats, labels = encode_labelled(model, batches, options=options, skips=skips)
     log.info("zero-shot: %d images; %s", feats.shape[0], skips.summary())
@@ -380,12 +377,8 @@ def _benchmark_run(model, preprocess, tokenizer, run, settings):
         return_info=True,
         options=settings.options,
     )
-    extra = {}
-    if settings.dump_classnames:
-        extra["classnames"] = info["classnames"]
-    if settings.dump_templates:
-        extra["templates"] = info["templates"]
-    return metrics, extra
+    dumps = {"classnames": settings.dump_classnames, "templates": settings.dump_templates}
+    return metrics, {key: info[key] for key, dump in dumps.items() if dump}
 
 
 def zeroshot_table(metrics: dict[str, float], args=None) -> str:
