@@ -87,6 +87,12 @@ class SampleIdError(ValueError):
     """A sample id that cannot index a loss's per-sample state (negative, or ``>= num_samples``)."""
 
 
+def check_choice(name: str, value, choices: tuple) -> None:
+    """``ValueError`` unless ``value`` is one of ``choices``: the check of a loss's named options."""
+    if value not in choices:
+        raise ValueError(f"{name}={value!r} is not one of {choices}")
+
+
 def log1mexp(x: torch.Tensor) -> torch.Tensor:
     """``log(1 - exp(x))`` for ``x < 0``, accurate at both ends (Maechler 2012)."""
     return torch.where(x > -math.log(2.0), torch.log(-torch.expm1(x)), torch.log1p(-torch.exp(x)))

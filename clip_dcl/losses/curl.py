@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from .base import ContrastiveLoss, LossFlag
+from .base import ContrastiveLoss, LossFlag, check_choice
 from .gather import captions_per_image, compute_dtype, scaled_logits
 
 LINKS = ("logistic", "hinge")
@@ -52,8 +52,7 @@ class BlockContrastiveLoss(ContrastiveLoss):
         return "curl (block means and hinge maxima)"
 
     def __init__(self, link: str = "logistic", **dist_kwargs):
-        if link not in LINKS:
-            raise ValueError(f"link={link!r} is not one of {LINKS}")
+        check_choice("link", link, LINKS)
         super().__init__(**dist_kwargs)
         self.link = link
 

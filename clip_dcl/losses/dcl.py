@@ -38,7 +38,7 @@ from typing import Optional
 
 import torch
 
-from .base import ContrastiveLoss, LossFlag, contrast_rows, log1mexp
+from .base import ContrastiveLoss, LossFlag, check_choice, contrast_rows, log1mexp
 from .gather import AnchorStats, compute_dtype
 
 CLAMP_MODES = ("clamp", "biased")
@@ -178,10 +178,8 @@ class DebiasedClipLoss(ContrastiveLoss):
             isinstance(tau_plus, bool) or not isinstance(tau_plus, (int, float)) or not 0.0 <= float(tau_plus) < 1.0
         ):
             raise ValueError(f"tau_plus={tau_plus!r} is outside [0, 1) and not 'auto'")
-        if clamp not in CLAMP_MODES:
-            raise ValueError(f"clamp={clamp!r} is not one of {CLAMP_MODES}")
-        if same_class not in SAME_CLASS_MODES:
-            raise ValueError(f"same_class={same_class!r} is not one of {SAME_CLASS_MODES}")
+        check_choice("clamp", clamp, CLAMP_MODES)
+        check_choice("same_class", same_class, SAME_CLASS_MODES)
         if isinstance(beta, bool) or not isinstance(beta, (int, float)) or not 0.0 <= float(beta) < math.inf:
             raise ValueError(f"beta={beta!r} must be a finite number >= 0")
         if temperature is not None and not (isinstance(temperature, (int, float)) and 0 < temperature < math.inf):

@@ -30,7 +30,7 @@ from typing import Dict, Optional
 
 import torch
 
-from .base import DataFacts, PairStats, SampleIdError, StateBuffer, StatefulLoss, contrast_rows
+from .base import DataFacts, PairStats, SampleIdError, StateBuffer, StatefulLoss, check_choice, contrast_rows
 from .decl_flags import ESTIMATES, FLAGS, resolve_data_params
 from .decl_log import DeCLLog
 from .decl_rates import FIRST_VISITS, RATE_TYPES, RATES, STATES, BatchRate, IndexRate, QueueRate
@@ -141,14 +141,12 @@ class DeCLLoss(DeCLLog, StatefulLoss):
         **dist_kwargs,
     ):
         super().__init__(**dist_kwargs)
-        if estimate not in ESTIMATES:
-            raise ValueError(f"estimate={estimate!r} is not one of {ESTIMATES}")
+        check_choice("estimate", estimate, ESTIMATES)
         self.temperature_mode = temperature_mode
         self.scale_mode = make_temperature_mode(temperature_mode, temperature, rho)
         if int(gamma_hold_steps) < 0:
             raise ValueError(f"gamma_hold_steps={gamma_hold_steps!r} must be >= 0")
-        if rate not in RATES:
-            raise ValueError(f"rate={rate!r} is not one of {RATES}")
+        check_choice("rate", rate, RATES)
         self.lambdas = lambda_schedule(schedule, lam)
         self.lambdas.check()
         if temperature_mode == "infonce" and self.lambdas.always_loss1():
@@ -162,8 +160,7 @@ class DeCLLoss(DeCLLog, StatefulLoss):
             )
         if not 0.0 < gamma <= 1.0:
             raise ValueError(f"gamma={gamma!r} is outside (0, 1]")
-        if gamma_schedule not in GAMMA_SCHEDULES:
-            raise ValueError(f"gamma_schedule={gamma_schedule!r} is not one of {GAMMA_SCHEDULES}")
+        check_choice("gamma_schedule", gamma_schedule, GAMMA_SCHEDULES)
         if gamma_schedule != "constant":
             if not RATE_TYPES[rate].has_gamma:
                 raise ValueError(
@@ -174,8 +171,7 @@ class DeCLLoss(DeCLLog, StatefulLoss):
                 raise ValueError(
                     f"gamma_decay_steps={gamma_decay_steps!r} must be >= 1 for gamma_schedule={gamma_schedule!r}"
                 )
-        if first_visit not in FIRST_VISITS:
-            raise ValueError(f"first_visit={first_visit!r} is not one of {FIRST_VISITS}")
+        check_choice("first_visit", first_visit, FIRST_VISITS)
         if include_current and rate == "batch":
             raise ValueError(
                 "include_current=True applies to rate='index' and 'queue'; rate='batch' always uses the current batch"
@@ -185,8 +181,7 @@ class DeCLLoss(DeCLLog, StatefulLoss):
                 "num_samples is required for rate='index' (the size of the per-sample rate "
                 "buffer); or use rate='queue' or rate='batch', which need no sample ids"
             )
-        if state not in STATES:
-            raise ValueError(f"state={state!r} is not one of {STATES}")
+        check_choice("state", state, STATES)
         if state_dtype not in STATE_DTYPES:
             raise ValueError(f"state_dtype={state_dtype!r} is not one of {tuple(STATE_DTYPES)}")
         if int(accum_freq) < 1:

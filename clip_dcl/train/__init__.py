@@ -70,7 +70,7 @@ def main(argv: Optional[List[str]] = None, prog: Optional[str] = None, exiting: 
             return 0
 
         from .divergence import Diverged
-        from .exits import exit_flushed, record_for_launcher, stop_loader_workers
+        from .exits import exit_flushed, record_for_launcher, report_error, stop_loader_workers
         from .ids import MissingSampleIds, SampleIdOutOfRange
         from .patch import PeerFailure, run_training
         from .pipeline import TrainingDataError
@@ -116,17 +116,17 @@ def main(argv: Optional[List[str]] = None, prog: Optional[str] = None, exiting: 
             RunFolderBusy,
             RunFolderTaken,
         ) as e:
-            _report(
+            report_error(
                 f"clip-dcl train: error: {_without_worker_traceback(e)}",
                 "peer" if isinstance(e, PeerFailure) else "error",
             )
             code = 2 if isinstance(e, RunFolderTaken) else 1  # a taken --name is a refusal, as a bad flag is
         except StartupStop as e:  # a stop signal or Ctrl-C before the first step: nothing to save
-            _report(startup_stop_line(e.signame, launched_rank()), "stop")
+            report_error(startup_stop_line(e.signame, launched_rank()), "stop")
             code = e.exit_code
             stopped_in_startup = True
         except KeyboardInterrupt:
-            _report("clip-dcl train: interrupted (Ctrl-C); no checkpoint was saved at this point", "stop")
+            report_error("clip-dcl train: interrupted (Ctrl-C); no checkpoint was saved at this point", "stop")
             code = INTERRUPTED_EXIT_CODE
         finally:
             if exiting:  # the run is over: the process leaves with its code (its workers stop below)
@@ -142,12 +142,6 @@ def main(argv: Optional[List[str]] = None, prog: Optional[str] = None, exiting: 
     if exiting and stopped_in_startup:  # nothing left to write: no teardown of the model and the data
         exit_flushed(code)
     return code
-
-
-def _report(line: str, kind: str = "error") -> None:
-    from .exits import report_error
-
-    report_error(line, kind)
 
 
 def _refuse(line: str) -> None:

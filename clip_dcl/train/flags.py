@@ -382,10 +382,6 @@ def program_named(prog: str):
         sys.argv[:1] = argv0
 
 
-def _given_model(argv: List[str]) -> bool:
-    return any(a == "--model" or a.startswith("--model=") for a in argv)
-
-
 def _explain(err: Exception, loss: str, kwargs: Dict[str, object]) -> str:
     """The loss's own message, plus the flags that set the arguments it names."""
     msg = str(err)
@@ -536,7 +532,7 @@ def parse_train_args(argv: List[str], check_files: bool = True, prog: str = PROG
             name = register_model_config(ours.model_config)
         except ValueError as e:
             raise FlagError(f"--model-config: {e}") from None
-        if not _given_model(rest):
+        if not any(a == "--model" or a.startswith("--model=") for a in rest):
             rest = rest + ["--model", name]
     folders = []
     if check_files:  # a folder of shards is read as the pattern of its .tar files

@@ -209,100 +209,82 @@ def id_collisions(pairs: np.ndarray) -> tuple:
     return len(np.unique(unique[:, 1])), len(np.unique(unique[:, 0]))
 
 
-class _OpenShards:
+def _open_shards(src, stats: DataStats, num_urls: int):
     """webdataset's ``url_opener`` with retries: a shard that cannot be opened after
     :data:`OPEN_TRIES` attempts is logged, counted and skipped; when every shard of the list
     failed since the last one that opened, :class:`TrainingDataError` ends the epoch."""
-
-    def __init__(self, stats: DataStats, num_urls: int):
-        self.stats, self.num_urls = stats, num_urls
-
-    def __call__(self, src):
-        self.stats.begin_pass()
-        failed = set()
-        for sample in src:
-            url = sample["url"]
-            for attempt in range(OPEN_TRIES):
-                try:
-                    stream = gopen(url)
-                    break
-                except Exception as e:  # noqa: BLE001 - any failure to open is the shard's
-                    error = e
-                    if attempt + 1 < OPEN_TRIES:
-                        time.sleep(OPEN_RETRY_SECONDS * 2**attempt)
-            else:
-                why = f"{type(error).__name__}: {error}"
-                logging.warning(f"Skipping shard {url}: cannot open it after {OPEN_TRIES} tries ({why}).")
-                self.stats.shard_unreadable(url, why)
-                failed.add(url)
-                if len(failed) >= self.num_urls:
-                    raise TrainingDataError(
-                        f"none of the {self.num_urls} training shards can be opened (the last: {url}: {why})"
-                    )
-                continue
-            failed.clear()
-            yield dict(sample, stream=stream)
+    stats.begin_pass()
+    failed = set()
+    for sample in src:
+        url = sample["url"]
+        for attempt in range(OPEN_TRIES):
+            try:
+                stream = gopen(url)
+                break
+            except Exception as e:  # noqa: BLE001 - any failure to open is the shard's
+                error = e
+                if attempt + 1 < OPEN_TRIES:
+                    time.sleep(OPEN_RETRY_SECONDS * 2**attempt)
+        else:
+            why = f"{type(error).__name__}: {error}"
+            logging.warning(f"Skipping shard {url}: cannot open it after {OPEN_TRIES} tries ({why}).")
+            stats.shard_unreadable(url, why)
+            failed.add(url)
+            if len(failed) >= num_urls:
+                raise TrainingDataError(
+                    f"none of the {num_urls} training shards can be opened (the last: {url}: {why})"
+                )
+            continue
+        failed.clear()
+        yield dict(sample, stream=stream)
 
 
-class _ExpandTars:
+def _expand_tars(src, stats: DataStats):
     """webdataset's ``tar_file_iterator`` per shard, with the shard's account: the files of a sample
     are held until the next sample starts, so that a sample cut by a truncated shard is dropped
     (and logged as such) rather than passed on as a sample without a caption."""
-
-    def __init__(self, stats: DataStats):
-        self.stats = stats
-
-    def _drop(self, url, held, why):
-        if held:
-            logging.warning(f"Skipping sample {held[0][0]!r} in {url}: truncated shard ({why}).")
-            self.stats.skipped("truncated shard")
-
-    def __call__(self, src):
-        for source in src:
-            url, stream = source["url"], TailRecorder(source["stream"])
-            held, samples, why, last_members = [], 0, None, None
-            try:
-                for f in tariterators.tar_file_iterator(stream, handler=wds.reraise_exception):
-                    key, ext = tariterators.base_plus_ext(f["fname"])
-                    if held and key != held[0][0]:
-                        samples += 1
-                        last_members = {e for _, e, _, _ in held}
-                        yield from (dict(fname=n, data=d, __url__=url) for _, _, n, d in held)
-                        held = []
-                    held.append((key, ext, f["fname"], f["data"]))
-                # tarfile stops reading at the first zero block; the rest of the marker is still unread
-                while stream.read(1 << 16):
-                    pass
-            except Exception as e:  # noqa: BLE001 - a read error ends the shard, whatever its type
-                why = f"{type(e).__name__}: {str(e).split(' @ ')[0]}"
-            finally:
-                stream.close()
-            if why is None and not stream.complete():
-                why = "no end-of-archive marker: truncated"
-                # Cut at a member boundary: the last sample is whole when it has the members of the one before.
-                if held and {e for _, e, _, _ in held} == last_members:
+    for source in src:
+        url, stream = source["url"], TailRecorder(source["stream"])
+        held, samples, why, last_members = [], 0, None, None
+        try:
+            for f in tariterators.tar_file_iterator(stream, handler=wds.reraise_exception):
+                key, ext = tariterators.base_plus_ext(f["fname"])
+                if held and key != held[0][0]:
                     samples += 1
+                    last_members = {e for _, e, _, _ in held}
                     yield from (dict(fname=n, data=d, __url__=url) for _, _, n, d in held)
                     held = []
-            if why is not None:
-                self._drop(url, held, why)
-                logging.warning(f"Shard {url} ended early after {samples} samples ({why}); the rest of it is lost.")
-                self.stats.shard_ended_early(url, why)
-                continue
-            if held:
+                held.append((key, ext, f["fname"], f["data"]))
+            # tarfile stops reading at the first zero block; the rest of the marker is still unread
+            while stream.read(1 << 16):
+                pass
+        except Exception as e:  # noqa: BLE001 - a read error ends the shard, whatever its type
+            why = f"{type(e).__name__}: {str(e).split(' @ ')[0]}"
+        finally:
+            stream.close()
+        if why is None and not stream.complete():
+            why = "no end-of-archive marker: truncated"
+            # Cut at a member boundary: the last sample is whole when it has the members of the one before.
+            if held and {e for _, e, _, _ in held} == last_members:
+                samples += 1
                 yield from (dict(fname=n, data=d, __url__=url) for _, _, n, d in held)
+                held = []
+        if why is not None:
+            if held:
+                logging.warning(f"Skipping sample {held[0][0]!r} in {url}: truncated shard ({why}).")
+                stats.skipped("truncated shard")
+            logging.warning(f"Shard {url} ended early after {samples} samples ({why}); the rest of it is lost.")
+            stats.shard_ended_early(url, why)
+            continue
+        if held:
+            yield from (dict(fname=n, data=d, __url__=url) for _, _, n, d in held)
 
 
-class _GroupSamples:
+def _group_samples(src, stats: DataStats):
     """OpenCLIP's ``group_by_keys_nothrow``, counting the samples read."""
-
-    def __init__(self, stats: DataStats):
-        self.stats = stats
-
-    def __call__(self, src):
-        for sample in oc_data.group_by_keys_nothrow(src):
-            self.stats.read()
-            yield sample
+    for sample in oc_data.group_by_keys_nothrow(src):
+        stats.read()
+        yield sample
 
 
 class _Decode:
@@ -324,31 +306,26 @@ class _Decode:
                 self.stats.skipped("undecodable")
 
 
-class _EveryPassYields:
+def _every_pass_yields(src, stats: DataStats, batch_size: int):
     """Ends the epoch with :class:`TrainingDataError` when a whole pass over the shards yields no
     batch (``with_epoch`` would otherwise start the pass again for ever); reports the counts."""
-
-    def __init__(self, stats: DataStats, batch_size: int):
-        self.stats, self.batch_size = stats, batch_size
-
-    def __call__(self, src):
-        batches = 0
-        for batch in src:
-            batches += 1
-            self.stats.report()
-            yield batch
-        if batches == 0:
-            self.stats.report()
-            c = self.stats.counts
-            skipped = ", ".join(f"{cause} {c[cause]}" for cause in CAUSES if c[cause]) or "none"
-            rank, _, worker, _ = wds.utils.pytorch_worker_info()
-            raise TrainingDataError(
-                f"a full pass over the training shards (rank {rank}, worker {worker}) yielded no batch of "
-                f"{self.batch_size}: {c['read']} samples read, skipped: {skipped}; "
-                f"{len(self.stats.unreadable)} shard(s) could not be opened, {len(self.stats.ended_early)} ended "
-                "early (see the warnings above); each worker fills whole batches from its own shards: lower "
-                "--batch-size or --workers, or check --train-data"
-            )
+    batches = 0
+    for batch in src:
+        batches += 1
+        stats.report()
+        yield batch
+    if batches == 0:
+        stats.report()
+        c = stats.counts
+        skipped = ", ".join(f"{cause} {c[cause]}" for cause in CAUSES if c[cause]) or "none"
+        rank, _, worker, _ = wds.utils.pytorch_worker_info()
+        raise TrainingDataError(
+            f"a full pass over the training shards (rank {rank}, worker {worker}) yielded no batch of "
+            f"{batch_size}: {c['read']} samples read, skipped: {skipped}; "
+            f"{len(stats.unreadable)} shard(s) could not be opened, {len(stats.ended_early)} ended "
+            "early (see the warnings above); each worker fills whole batches from its own shards: lower "
+            "--batch-size or --workers, or check --train-data"
+        )
 
 
 class SeededSampleShuffle(wds.PipelineStage):
@@ -458,15 +435,10 @@ class _AttachId:
             yield sample
 
 
-class _ResampleSeed:
+def _resample_seed(seed: int) -> int:
     """Deterministic shard-resampling seed per (seed, rank, worker); ResampledShards2 adds the epoch."""
-
-    def __init__(self, seed):
-        self.seed = seed
-
-    def __call__(self):
-        rank, worker = _worker_position()
-        return mix_seed(self.seed, rank, worker)
+    rank, worker = _worker_position()
+    return mix_seed(seed, rank, worker)
 
 
 def get_wds_train_dataset(args, preprocess_img, is_train=True, epoch=0, floor=False, tokenizer=None):
@@ -498,7 +470,7 @@ def get_wds_train_dataset(args, preprocess_img, is_train=True, epoch=0, floor=Fa
                 weights=args.train_data_upsampling_factors,
                 deterministic=True,
                 epoch=shared_epoch,
-                worker_seed=_ResampleSeed(args.seed),
+                worker_seed=functools.partial(_resample_seed, args.seed),
             )
         ]
     else:
@@ -516,9 +488,9 @@ def get_wds_train_dataset(args, preprocess_img, is_train=True, epoch=0, floor=Fa
     m = int(getattr(args, "captions_per_image", 1) or 1)
     stages = [
         # OpenCLIP's tarfile_to_samples_nothrow, with each shard's account
-        _OpenShards(stats, len(all_urls)),
-        _ExpandTars(stats),
-        _GroupSamples(stats),
+        functools.partial(_open_shards, stats=stats, num_urls=len(all_urls)),
+        functools.partial(_expand_tars, stats=stats),
+        functools.partial(_group_samples, stats=stats),
         SeededSampleShuffle(oc_data._SAMPLE_SHUFFLE_SIZE, oc_data._SAMPLE_SHUFFLE_INITIAL, args.seed, shared_epoch),
         wds.select(functools.partial(has_caption_and_image, stats=stats)),
         _Decode(stats),
@@ -535,7 +507,7 @@ def get_wds_train_dataset(args, preprocess_img, is_train=True, epoch=0, floor=Fa
     ]
     if m > 1:
         stages.append(wds.map(_flatten_captions))
-    stages.append(_EveryPassYields(stats, args.batch_size))
+    stages.append(functools.partial(_every_pass_yields, stats=stats, batch_size=args.batch_size))
     pipeline.extend(stages)
     dataset = wds.DataPipeline(*pipeline)
 

@@ -54,7 +54,7 @@ def _when(seconds: float) -> str:
     return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(seconds))
 
 
-def holder_gone(holder: dict, mtime: float, now: Optional[float] = None) -> Optional[str]:
+def holder_gone(holder: dict, mtime: float) -> Optional[str]:
     """Why the process that wrote the lock ``holder`` (modified at ``mtime``) is gone, or None while it may live."""
     if holder.get("host") == socket.gethostname():
         pid = int(holder.get("pid", -1))
@@ -68,7 +68,7 @@ def holder_gone(holder: dict, mtime: float, now: Optional[float] = None) -> Opti
         if holder.get("start") and start is not None and start != holder["start"]:
             return f"process {pid} on this host is another process now"
         return None
-    age = (time.time() if now is None else now) - mtime
+    age = time.time() - mtime
     if age > STALE_SECONDS:
         return f"its lock was last refreshed {age:.0f} s ago (its holder refreshes it every {HEARTBEAT_SECONDS:g} s)"
     return None

@@ -36,11 +36,11 @@ class ForkSafeThread:
             self._start()
         return self
 
-    def stop(self, timeout: float = JOIN_S) -> None:
-        """Stop the loop for good and wait for it (at most ``timeout`` seconds)."""
+    def stop(self) -> None:
+        """Stop the loop for good and wait for it (at most `JOIN_S` seconds)."""
         with _LOCK:
             _RUNNING.discard(self)
-            self._halt(timeout)
+            self._halt()
 
     @property
     def alive(self) -> bool:
@@ -51,7 +51,7 @@ class ForkSafeThread:
         self._thread = threading.Thread(target=self.loop, args=(self._stopping,), daemon=True, name=self.name)
         self._thread.start()
 
-    def _halt(self, timeout: float) -> None:
+    def _halt(self) -> None:
         thread, self._thread = self._thread, None
         if thread is None:
             return
@@ -62,13 +62,13 @@ class ForkSafeThread:
             except OSError:
                 pass
         if thread is not threading.current_thread():
-            thread.join(timeout)
+            thread.join(JOIN_S)
 
 
 def _before_fork() -> None:
     _LOCK.acquire()
     for thread in list(_RUNNING):
-        thread._halt(JOIN_S)
+        thread._halt()
 
 
 def _after_fork_in_parent() -> None:
