@@ -148,15 +148,8 @@ def run_study(
         + ([f"--parallel {parallel}"] if parallel > 1 else [])
         + (["--seeds", *map(str, seeds)] if seeds is not None else [])
     )
-    out = {
-        "finished": [],
-        "failed": [],
-        "skipped": [],
-        "stopped": [],
-        "planned": 0,
-        "stopped_at_look": None,
-        "signal": None,
-    }
+    out = {key: [] for key in ("finished", "failed", "skipped", "stopped")}
+    out.update(planned=0, stopped_at_look=None, signal=None)
     with Runs() as live:
         try:
             sealed_before = W.check_seal(plan, work) is not None  # a changed plan is refused before any work
