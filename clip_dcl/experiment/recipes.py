@@ -112,7 +112,6 @@ RECIPES: Dict[str, Recipe] = {
         _SYNTH,
         "{DATA}/train/{00000..00007}.tar",
         "webdataset",
-        val_frequency=1,
     ),
     "micro-words": _packed(
         "micro-words",

@@ -308,13 +308,8 @@ def stop_child(proc: subprocess.Popen, signum: int, lines: Optional[List[str]] =
     """Pass ``signum`` to the group of ``proc`` (a session leader), read what it still prints while it saves,
     and return its exit code; the group is killed ``STOP_GRACE_S`` after the signal. A Ctrl-C meanwhile
     is passed on too (the trainer's second Ctrl-C stops it at once, without saving)."""
-
-    def send(num):
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(proc.pid, num)
-
-    send(signum)
-    timer = threading.Timer(STOP_GRACE_S, send, args=(signal.SIGKILL,))
+    signal_group(proc.pid, signum)
+    timer = threading.Timer(STOP_GRACE_S, signal_group, args=(proc.pid, signal.SIGKILL))
     timer.daemon = True
     timer.start()
     try:
@@ -326,9 +321,15 @@ def stop_child(proc: subprocess.Popen, signum: int, lines: Optional[List[str]] =
                             lines.append(line.rstrip())
                 return proc.wait()
             except KeyboardInterrupt:
-                send(signal.SIGINT)
+                signal_group(proc.pid, signal.SIGINT)
     finally:
         timer.cancel()
+
+
+def signal_group(pgid: int, signum: int) -> None:
+    """Send ``signum`` to the process group ``pgid``; a group already gone (or not ours) is no error."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, signum)
 
 
 def read_curves(metrics: os.PathLike) -> Dict[str, list]:

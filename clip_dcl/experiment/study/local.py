@@ -13,7 +13,6 @@ continues a stopped run from its checkpoint, or reruns it from the start, its ea
 from __future__ import annotations
 
 import concurrent.futures
-import contextlib
 import os
 import shlex
 import signal
@@ -24,7 +23,7 @@ from pathlib import Path
 from typing import Callable, Dict, List, Optional, Sequence
 
 from ..reporting import utc_date
-from ..runner import Stopped
+from ..runner import Stopped, signal_group
 from . import work as W
 from .lines import check_arms, placeholder_splits, shell_line
 from .plan import Plan
@@ -98,8 +97,7 @@ class Runs:
 
     def _signal(self, job, proc, signum) -> None:
         self.signalled.add(job)
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(proc.pid, signum)
+        signal_group(proc.pid, signum)
 
     def start(self, job, argv, **kwargs) -> Optional[subprocess.Popen]:
         """Start ``argv`` as the leader of a new process group; None once the study is stopped."""
@@ -128,8 +126,7 @@ class Runs:
 
     def _overdue(self, proc) -> None:
         if self.stopped_at is not None and time.monotonic() - self.stopped_at > STOP_GRACE_S:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(proc.pid, signal.SIGKILL)
+            signal_group(proc.pid, signal.SIGKILL)
 
 
 def run_study(
@@ -151,15 +148,8 @@ def run_study(
         + ([f"--parallel {parallel}"] if parallel > 1 else [])
         + (["--seeds", *map(str, seeds)] if seeds is not None else [])
     )
-    out = {
-        "finished": [],
-        "failed": [],
-        "skipped": [],
-        "stopped": [],
-        "planned": 0,
-        "stopped_at_look": None,
-        "signal": None,
-    }
+    out = {key: [] for key in ("finished", "failed", "skipped", "stopped")}
+    out.update(planned=0, stopped_at_look=None, signal=None)
     with Runs() as live:
         try:
             sealed_before = W.check_seal(plan, work) is not None  # a changed plan is refused before any work

@@ -197,11 +197,7 @@ def verdict_line(c: dict, doc: dict) -> str:
     r = c["final"]
     looks = len(doc.get("looks") or [1])
     look = f", look {r['look']} of {looks}" if looks > 1 else ""
-    interval = (
-        "no interval"
-        if r["n"] < 2
-        else f"{100 * r['confidence']:.0f} % interval [{_points(r['lo'])}, {_points(r['hi'])}]"
-    )
+    interval = "no interval" if r["n"] < 2 else f"{100 * r['confidence']:.0f} % interval {_interval(r)}"
     return (
         f"{c['label']} ({r['split']} split, {r['n']} seeds{look}): mean {_points(r['mean'])} points, {interval} "
         f"-> {r['verdict']}: {why(c, r, doc['resolution'])}"

@@ -110,7 +110,6 @@ def power(
     *,
     expected: float = 0.0,
     margin: Optional[float] = None,
-    resolution: float = 0.0,
 ) -> float:
     """P(the rule's positive verdict) with ``n`` seeds, paired differences ~ Normal(``expected``, ``sd``).
 

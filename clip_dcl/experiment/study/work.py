@@ -84,9 +84,7 @@ def seal(plan: Plan, work: Path) -> dict:
 def trained_anything(work: Path) -> bool:
     """Whether any run in ``work`` got as far as a training step: a logged step, a checkpoint or scores."""
     for folder in (Path(work) / "runs").glob("*/seed*"):
-        if any(folder.glob("scores-*.json")) or any(folder.glob("checkpoints/*.pt")):
-            return True
-        if read_metrics(folder, "train"):
+        if any(folder.glob("scores-*.json")) or any(folder.glob("checkpoints/*.pt")) or read_metrics(folder, "train"):
             return True
     return False
 
