@@ -38,6 +38,11 @@ class Stopped(Exception):
         self.signame = signame
 
 
+def said(signame: str) -> str:
+    """How a stop signal is named to the user: ``Ctrl-C`` for SIGINT, else its name."""
+    return "Ctrl-C" if signame == "SIGINT" else signame
+
+
 @contextmanager
 def stop_on_signals():
     """Inside (from the main thread only), SIGTERM raises `Stopped` and SIGINT KeyboardInterrupt, even where

@@ -31,6 +31,11 @@ PREEMPTED_EXIT_CODE = 75
 INTERRUPTED_EXIT_CODE = 130
 
 
+def stop_exit_code(signame: str) -> int:
+    """The exit code of a run stopped by ``signame``: 130 for Ctrl-C (SIGINT), else 75."""
+    return INTERRUPTED_EXIT_CODE if signame == "SIGINT" else PREEMPTED_EXIT_CODE
+
+
 #: The data loaders of this process's runs by id, whose workers :func:`stop_loader_workers` stops.
 _WATCHED: dict = {}
 
@@ -85,7 +90,7 @@ class StartupStop(KeyboardInterrupt):
 
     @property
     def exit_code(self) -> int:
-        return INTERRUPTED_EXIT_CODE if self.signame == "SIGINT" else PREEMPTED_EXIT_CODE
+        return stop_exit_code(self.signame)
 
 
 def launched_rank() -> Optional[str]:
@@ -101,7 +106,7 @@ def startup_stop_line(signame: str, rank: Optional[object] = None) -> str:
     """The one line of a process stopped by ``signame`` before its first training step."""
     what = "interrupted (Ctrl-C)" if signame == "SIGINT" else f"stopped on {signame}"
     who = f" (rank {rank})" if rank is not None else ""
-    code = INTERRUPTED_EXIT_CODE if signame == "SIGINT" else PREEMPTED_EXIT_CODE
+    code = stop_exit_code(signame)
     return (
         f"clip-dcl train: {what}{who} during start-up, before the first training step: nothing was trained "
         f"since the last checkpoint; exit code {code}"
@@ -181,7 +186,7 @@ def leave_now(signame: str, clean_up=None) -> None:
     if not _LEAVING.acquire(blocking=False):  # another thread is leaving now: it ends the process
         while True:
             time.sleep(1)
-    code = INTERRUPTED_EXIT_CODE if signame == "SIGINT" else PREEMPTED_EXIT_CODE
+    code = stop_exit_code(signame)
     line = startup_stop_line(signame, launched_rank())
     try:
         if clean_up is not None:

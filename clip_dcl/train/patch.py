@@ -25,6 +25,7 @@ from open_clip_train import main as oc_main
 from open_clip_train import params as oc_params
 
 from . import preempt as preemption
+from .exits import stop_exit_code
 from .flags import TrainConfig
 from .run import TrainingRun
 from .upstream import Overlay, cpu_safe_ddp, init_process_group_with_timeout
@@ -161,8 +162,7 @@ def run_training(config: TrainConfig, at_once: bool = False) -> int:
             warnings.filterwarnings("ignore", message=".*'pin_memory' argument is set as true but no accelerator")
             result = oc_main.main(list(config.openclip_argv))
     except preemption.Preempted as e:
-        interrupted = e.signame == "SIGINT"
-        result = preemption.INTERRUPTED_EXIT_CODE if interrupted else preemption.PREEMPTED_EXIT_CODE
+        result = stop_exit_code(e.signame)
         if e.path:
             how = (
                 f"run {run.rerun(f'--resume latest (or --resume {e.path})')}; it continues at step {e.step} of "

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Callable, Dict, List, Optional, Sequence
 
 from ..reporting import utc_date
-from ..runner import Stopped, signal_group
+from ..runner import Stopped, said, signal_group
 from . import work as W
 from .lines import check_arms, placeholder_splits, shell_line
 from .plan import Plan
@@ -162,7 +162,7 @@ def run_study(
         except Stopped as e:
             out["signal"] = e.signame
             echo(
-                f"[study] stopped by {_said(e.signame)} before any run started (while making the data or checking "
+                f"[study] stopped by {said(e.signame)} before any run started (while making the data or checking "
                 f"the plan); nothing trained; continue with: {command}"
             )
             return out
@@ -182,10 +182,6 @@ def _check_arms(plan, work, splits, sealed_before, **how) -> None:
                 else "nothing was sealed or trained: correct the arm's flags in the plan"
             )
         ) from None
-
-
-def _said(signame: str) -> str:
-    return "Ctrl-C" if signame == "SIGINT" else signame
 
 
 def _run(plan, work, parallel, threads, echo, seeds, splits, sealed_before, command, out, live: Runs) -> dict:
@@ -284,7 +280,7 @@ def _run(plan, work, parallel, threads, echo, seeds, splits, sealed_before, comm
         out["signal"] = live.signame
         what = "; ".join(_stopped_text(work, job) for job in out["stopped"]) or "no run was running"
         echo(
-            f"[study] stopped by {_said(live.signame)}: {what}; {done} of {len(runs)} runs have their scores"
+            f"[study] stopped by {said(live.signame)}: {what}; {done} of {len(runs)} runs have their scores"
             + (f", {len(out['failed'])} failed" if out["failed"] else "")
             + f"; continue with: {command}"
         )
@@ -334,7 +330,7 @@ def _before_attempt(work: Path, arm: str, seed: int, started: str, echo) -> Opti
         ""
         if last is None
         else f" (its last attempt, {last['started']}, "
-        + (f"was stopped by {_said(last['stopped'])}" if last.get("stopped") else f"ended with exit {last['exit']}")
+        + (f"was stopped by {said(last['stopped'])}" if last.get("stopped") else f"ended with exit {last['exit']}")
         + ")"
     )
     checkpoint = W.latest_checkpoint(work, arm, seed)

@@ -7,15 +7,16 @@ training times, checkpoint). It prints no score: the test split is read by the r
 
 from __future__ import annotations
 
-import json
 import os
 import re
+import sys
 from datetime import datetime
 from pathlib import Path
 from typing import Dict, List, Optional
 
 from ..reporting import code_commit, cpu_model, machine_info, utc_date
 from ..scoring import with_mean_r1
+from .work import write_json
 
 
 def hardware() -> str:
@@ -92,38 +93,28 @@ def score_run(
         "threads": int(os.environ.get("OMP_NUM_THREADS", "0")) or None,
     }
     for split, values in scores.items():  # the record last: a run counts as finished once it exists
-        _write_json(folder / f"scores-{split}.json", values)
-    _write_json(folder / "run.json", record)
+        write_json(folder / f"scores-{split}.json", values)
+    write_json(folder / "run.json", record)  # whole or not at all: a stop must not leave a run looking finished
     return record
-
-
-def _write_json(path: Path, doc: dict) -> None:
-    """Whole or not at all: a stop mid-write must not leave a file that makes the run look finished."""
-    tmp = path.with_name(path.name + ".partial")
-    tmp.write_text(json.dumps(doc, indent=1) + "\n")
-    os.replace(tmp, path)
 
 
 def main(argv: List[str]) -> int:
     """The command; SIGTERM or Ctrl-C while scoring ends it with one line and 75 or 130: a stop, which the study
     notes as one and continues (``run.json`` is written last, whole or not at all)."""
-    import sys
-
-    from ...train.exits import INTERRUPTED_EXIT_CODE, PREEMPTED_EXIT_CODE
-    from ..runner import Stopped, stop_on_signals
+    from ...train.exits import stop_exit_code
+    from ..runner import Stopped, said, stop_on_signals
 
     with stop_on_signals():
         try:
             return _main(argv)
         except (Stopped, KeyboardInterrupt) as e:
             signame = getattr(e, "signame", "SIGINT")
-            said = "Ctrl-C" if signame == "SIGINT" else signame
             print(
-                f"[study] scoring stopped by {said}: the run is not recorded as finished; the next `clip-dcl study "
-                "run` scores it",
+                f"[study] scoring stopped by {said(signame)}: the run is not recorded as finished; the next "
+                "`clip-dcl study run` scores it",
                 file=sys.stderr,
             )
-            return INTERRUPTED_EXIT_CODE if signame == "SIGINT" else PREEMPTED_EXIT_CODE
+            return stop_exit_code(signame)
 
 
 def _main(argv: List[str]) -> int:

@@ -75,10 +75,15 @@ def seal(plan: Plan, work: Path) -> dict:
         "plan_text": plan.text,
     }
     (work / "plan.toml").write_text(plan.text)
-    tmp = work / (SEAL + ".tmp")
-    tmp.write_text(json.dumps(doc, indent=1) + "\n")
-    os.replace(tmp, work / SEAL)  # never half a seal
+    write_json(work / SEAL, doc)  # never half a seal
     return doc
+
+
+def write_json(path: Path, doc: dict) -> None:
+    """``doc`` into ``path`` whole or not at all (a stop mid-write leaves the file as it was)."""
+    tmp = path.with_name(path.name + ".partial")
+    tmp.write_text(json.dumps(doc, indent=1) + "\n")
+    os.replace(tmp, path)
 
 
 def trained_anything(work: Path) -> bool:
