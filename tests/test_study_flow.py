@@ -289,7 +289,10 @@ def test_the_slurm_script_runs_the_line_of_its_array_task(tmp_path):
 
     script = Path(__file__).resolve().parents[1] / "launch" / "study_slurm.sbatch"
     lines = tmp_path / "lines.sh"
-    lines.write_text(f"echo first > {tmp_path}/out\necho second > {tmp_path}/out\n")
+    lines.write_text(
+        f"echo first > {tmp_path}/out # clip-dcl study run 1 of 2\n"
+        f"echo second > {tmp_path}/out # clip-dcl study run 2 of 2\n"
+    )
     env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
     got = subprocess.run(
         ["bash", str(script), str(lines)],
@@ -298,7 +301,7 @@ def test_the_slurm_script_runs_the_line_of_its_array_task(tmp_path):
         text=True,
         cwd=tmp_path,
     )
-    assert got.returncode == 0 and got.stdout.strip() == f"echo second > {tmp_path}/out"
+    assert got.returncode == 0 and got.stdout.strip() == f"echo second > {tmp_path}/out # clip-dcl study run 2 of 2"
     got = subprocess.run(
         ["bash", str(script), str(lines)],
         env={**env, "SLURM_ARRAY_TASK_ID": "2"},

@@ -189,7 +189,7 @@ def main(argv: Optional[List[str]] = None) -> int:
 
 
 def _commands(plan: Plan, args) -> int:
-    from .lines import all_lines, check_arms
+    from .lines import all_lines, check_arms, run_tag
     from .work import check_seal, prepare_data, seal
 
     if args.look is not None and args.look > len(plan.design()):
@@ -201,10 +201,11 @@ def _commands(plan: Plan, args) -> int:
     check_arms(plan, work, splits, check_files=False)  # before the seal; the lines may run on another machine
     seal(plan, work)  # once the data are there (see seal)
     threads = args.threads or plan.threads or 1
-    for _, _, line in all_lines(plan, work, splits, threads, args.look, only):
+    lines = all_lines(plan, work, splits, threads, args.look, only)
+    for i, (_, _, line) in enumerate(lines, 1):
         if args.python:
             line = line.replace(shlex.quote(sys.executable), shlex.quote(args.python))
-        print(line)
+        print(f"{line} {run_tag(i, len(lines))}")
     return 0
 
 

@@ -14,7 +14,7 @@ import sys
 from typing import Dict, List, Optional, Sequence
 
 from ..runner import Budget, Run, flag_words, train_command
-from .plan import Plan, registered_recipe
+from .plan import CONTROL, Plan, registered_recipe
 from .work import StudyError, data_dir, package_root, run_dir
 
 #: [train] keys that map onto :class:`Budget` fields
@@ -105,7 +105,16 @@ def shell_line(
     env = ["env", f"OMP_NUM_THREADS={threads}", f"MKL_NUM_THREADS={threads}", f"PYTHONPATH={package_root()}"]
     train = " ".join(map(shlex.quote, env + train_argv(plan, work, splits, arm, seed, python)))
     score = " ".join(map(shlex.quote, env + score_argv(plan, work, splits, arm, seed, python)))
-    return f"{train} && {score}"
+    line = f"{train} && {score}"
+    if CONTROL.search(line):  # the plan's values are checked; a path given on the command line is not
+        raise StudyError(f"a run's line would hold a control character: {line!r}; use paths without them")
+    return line
+
+
+def run_tag(i: int, n: int) -> str:
+    """The comment that ends line ``i`` of ``n`` in `study commands`: launch/study_slurm.sbatch runs a file only
+    when every line carries its own number and the file has ``n`` lines (a run split over two lines would not)."""
+    return f"# clip-dcl study run {i} of {n}"
 
 
 def all_lines(

@@ -78,7 +78,25 @@ TOP_KEYS = (
     "arms",
     "comparisons",
 )
-ARM_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.+=-]*$")
+ARM_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.+=-]*")  # used with fullmatch: `$` would pass a final newline
+#: characters no plan string may hold: a run is one physical line of `study commands` (Slurm and GNU parallel
+#: read it line by line), so a newline or carriage return inside a value would split it and run the rest
+CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]")
+
+
+def check_no_control(doc, source: str, where: str = "") -> None:
+    """Refuse (`PlanError`, naming the field) a control character in any key or string of the parsed plan."""
+    items = doc.items() if isinstance(doc, dict) else enumerate(doc) if isinstance(doc, list) else ()
+    for key, value in items:
+        field_name = f"{where}[{key}]" if isinstance(key, int) else f"{where}.{key}" if where else str(key)
+        if isinstance(key, str) and CONTROL.search(key):
+            raise PlanError(f"{source}: key {key!r}: a control character in a key; write it on one line")
+        if isinstance(value, str) and CONTROL.search(value):
+            raise PlanError(
+                f"{source}: {field_name} = {value!r}: holds a control character "
+                f"({CONTROL.search(value).group()!r}); a plan's values must be plain one-line text"
+            )
+        check_no_control(value, source, field_name)
 
 
 def registered_recipe(name: str):
@@ -252,6 +270,7 @@ def parse_plan(text: str, source: str = "plan") -> Plan:
         doc = tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:
         raise PlanError(f"{source}: not valid TOML: {e}") from None
+    check_no_control(doc, source)
     c = _Checker(source)
     c.keys(doc, TOP_KEYS, "")
     recipe = c.typed(doc.get("recipe", "custom"), str, "recipe")
@@ -440,7 +459,7 @@ def _arms(c: _Checker, value, allowed=TRAIN_KEYS) -> Tuple[Arm, ...]:
         if "name" not in table:
             raise PlanError(f"{c.source}: {where} has no name")
         name = c.typed(table["name"], str, f"{where}.name")
-        if not ARM_NAME.match(name):
+        if not ARM_NAME.fullmatch(name):
             c.fail(f"{where}.name", name, "use letters, digits and _ . + = - (it names the arm's folder)")
         rest = {k: v for k, v in table.items() if k != "name"}
         settings = _train(c, rest, where, allowed=("flags", *(k for k in allowed if k != "flags")))
