@@ -24,17 +24,9 @@ from typing import Optional
 #: (``TORCHELASTIC_ERROR_FILE``), and the launcher prints the first failed rank's line, once.
 LAUNCHER_ENV = "CLIP_DCL_LAUNCHER"
 
-#: Exit code of a run that stopped on a signal after saving its checkpoint (sysexits' EX_TEMPFAIL:
-#: a temporary failure, try again). ``launch/train_slurm.sbatch`` requeues the job on it.
-PREEMPTED_EXIT_CODE = 75
-#: Exit code of a run stopped by Ctrl-C (128 + SIGINT, what a shell shows for a process SIGINT ended).
-INTERRUPTED_EXIT_CODE = 130
-
-
-def stop_exit_code(signame: str) -> int:
-    """The exit code of a run stopped by ``signame``: 130 for Ctrl-C (SIGINT), else 75."""
-    return INTERRUPTED_EXIT_CODE if signame == "SIGINT" else PREEMPTED_EXIT_CODE
-
+from ..exitcodes import INTERRUPTED as INTERRUPTED_EXIT_CODE  # noqa: E402,F401
+from ..exitcodes import PREEMPTED as PREEMPTED_EXIT_CODE  # noqa: E402,F401
+from ..exitcodes import stop_exit_code  # noqa: E402,F401
 
 #: The data loaders of this process's runs by id, whose workers :func:`stop_loader_workers` stops.
 _WATCHED: dict = {}
