@@ -11,14 +11,18 @@ PYTEST_ARGS ?=
 # so its module fixtures (a torchrun launch, a trained checkpoint) run once.
 PYTEST_WORKERS ?= $(or $(shell nproc 2>/dev/null | awk '{n = int(1.5 * $$1); print (n > 8 ? 8 : n)}'),auto)
 
-.PHONY: test test-quick lint demo venv clean
+.PHONY: test test-quick test-upstream lint demo venv clean
 
 $(VENV)/.installed: pyproject.toml
-	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -q --upgrade pip
-	$(if $(TORCH_PIN),$(PY) -m pip install -q $(TORCH_PIN))
-	$(PY) -m pip install -q -e '.[dev]' $(TORCH_PIN)
-	touch $@
+	@test -x $(PY) || { echo "make: creating $(VENV) with $(PYTHON) -m venv"; $(PYTHON) -m venv $(VENV); }
+	@echo "make: upgrading pip in $(VENV)"
+	@$(PY) -m pip install -q --upgrade pip
+	$(if $(TORCH_PIN),@echo "make: installing $(TORCH_PIN) (a few minutes the first time)")
+	$(if $(TORCH_PIN),@$(PY) -m pip install -q $(TORCH_PIN))
+	@echo "make: installing clip-dcl[dev] and its dependencies (OpenCLIP, webdataset, ...) in editable mode"
+	@$(PY) -m pip install -q -e '.[dev]' $(TORCH_PIN)
+	@touch $@
+	@echo "make: $(VENV) is ready"
 
 venv: $(VENV)/.installed
 
@@ -33,8 +37,23 @@ test: lint
 test-quick: venv
 	$(PY) -m pytest tests -m "not slow" -n $(PYTEST_WORKERS) --dist loadfile --no-loadscope-reorder $(PYTEST_ARGS)
 
+# The oldest OpenCLIP clip-dcl supports, in a folder of its own whose packages come before .venv's
+# (PYTHONPATH): the training, checkpoint and export tests run again with it.
+UPSTREAM_OPENCLIP ?= open_clip_torch==2.32.0
+UPSTREAM := .venv-upstream
+UPSTREAM_TESTS ?= tests/test_openclip_release.py tests/test_checkpoint.py tests/test_train.py tests/test_train_reliability.py
+
+$(UPSTREAM)/.installed: $(VENV)/.installed
+	@echo "make: installing $(UPSTREAM_OPENCLIP) into $(UPSTREAM) (it shadows .venv's OpenCLIP for make test-upstream)"
+	@$(PY) -m pip install -q --no-deps --target $(UPSTREAM) $(UPSTREAM_OPENCLIP)
+	@touch $@
+
+test-upstream: $(UPSTREAM)/.installed
+	PYTHONPATH=$(CURDIR)/$(UPSTREAM) CLIP_DCL_EXPECT_OPENCLIP=$(subst open_clip_torch==,,$(UPSTREAM_OPENCLIP)) \
+		$(PY) -m pytest $(UPSTREAM_TESTS) -n $(PYTEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
+
 demo: venv
 	$(VENV)/bin/clip-dcl demo $(DEMO_ARGS)
 
 clean:
-	rm -rf $(VENV) build *.egg-info
+	rm -rf $(VENV) $(UPSTREAM) build *.egg-info

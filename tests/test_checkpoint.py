@@ -24,7 +24,7 @@ def trained(tmp_path_factory):
     """A real checkpoint: one epoch of OpenCLIP's own training loop on synthetic data (CPU)."""
     import open_clip_train.main
 
-    from clip_dcl.train.upstream import torch_log_levels_kept
+    from clip_dcl.train.compat import torch_log_levels_kept
 
     logs = tmp_path_factory.mktemp("logs")
     register_builtin_configs()

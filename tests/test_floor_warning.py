@@ -1,6 +1,6 @@
 """The training log's per-epoch floor warning: a loss's ``epoch_warning`` over the epoch's mean metrics.
 
-Driven directly through the trainer's hook (:class:`clip_dcl.train.steps.LossWithIds` and
+Driven directly through the trainer's loss call (:class:`clip_dcl.train.loop.LossCall` and
 :func:`clip_dcl.train.steps.log_epoch_health`), and once through a tiny training.
 """
 
@@ -16,16 +16,17 @@ from open_clip.loss import ClipLoss
 from test_dcl_same_class import features, paired
 
 from clip_dcl.losses import create_loss
-from clip_dcl.train.steps import LossWithIds, log_epoch_health
+from clip_dcl.train.loop import LossCall
+from clip_dcl.train.steps import log_epoch_health
 
 MASTER = SimpleNamespace(rank=0)
 
 
 def epoch(loss, batches, caplog, args=MASTER, number=4):
     """Call ``loss`` on each ``(f, g)`` as one epoch's training calls; return (message, warning lines)."""
-    wrapped = LossWithIds(loss, channel=None, device=torch.device("cpu"))
+    wrapped = LossCall(loss, device=torch.device("cpu"))
     for f, g in batches:
-        wrapped(f, g, torch.tensor(30.0))
+        wrapped({"image_features": f, "text_features": g, "logit_scale": torch.tensor(30.0)}, None)
     caplog.clear()
     with caplog.at_level(logging.WARNING):
         message = log_epoch_health(loss, wrapped, number, args)

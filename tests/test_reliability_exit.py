@@ -315,12 +315,16 @@ def test_hang_and_diverge_flags_with_bad_values_exit_2_naming_them(capsys, flags
 def test_hang_dist_timeout_reaches_init_process_group(monkeypatch):
     import datetime
 
-    from clip_dcl.train.upstream import init_process_group_with_timeout
+    from clip_dcl.train.compat import init_process_group_timeout
 
     calls = []
     monkeypatch.setattr(torch.distributed, "init_process_group", lambda *a, **kw: calls.append(kw))
-    init_process_group_with_timeout(7.5)(backend="gloo", init_method="env://")
-    init_process_group_with_timeout(None)(backend="gloo")
+    fake = torch.distributed.init_process_group
+    with init_process_group_timeout(7.5):
+        torch.distributed.init_process_group(backend="gloo", init_method="env://")
+    assert torch.distributed.init_process_group is fake  # restored once the set-up returns
+    with init_process_group_timeout(None):
+        torch.distributed.init_process_group(backend="gloo")
     assert calls == [
         {"backend": "gloo", "init_method": "env://", "timeout": datetime.timedelta(seconds=7.5)},
         {"backend": "gloo"},

@@ -272,14 +272,12 @@ def test_ids_reach_the_loss_aligned_through_openclip_train_one_epoch(accum_freq,
 def test_ids_out_of_range_stop_with_the_flag_to_set(bad, message):
     from clip_dcl.losses import create_loss
     from clip_dcl.train.ids import SampleIdOutOfRange
-    from clip_dcl.train.steps import IdChannel, LossWithIds
+    from clip_dcl.train.loop import LossCall
 
-    channel = IdChannel(_Loader([(torch.zeros(2, 4), torch.zeros(2, 4), torch.tensor([5, bad]))]), 1)
-    list(channel)
     f = torch.nn.functional.normalize(torch.randn(2, 4), dim=-1)
     with pytest.raises(SampleIdOutOfRange, match=message):
-        LossWithIds(create_loss("decl", rate="index", num_samples=10), channel, torch.device("cpu"))(
-            f, f, torch.tensor(1.0), output_dict=True
+        LossCall(create_loss("decl", rate="index", num_samples=10), torch.device("cpu"))(
+            {"image_features": f, "text_features": f, "logit_scale": torch.tensor(1.0)}, torch.tensor([5, bad])
         )
 
 
@@ -399,7 +397,7 @@ def test_openclip_parser_is_caught_whole_and_its_module_left_as_it_was():
 
     from open_clip_train import params
 
-    from clip_dcl.train.upstream import openclip_parser
+    from clip_dcl.train.compat import openclip_parser
 
     parser = openclip_parser()
     assert {"--batch-size", "--loss-dist-impl", "--train-data", "--help"} <= set(parser._option_string_actions)
@@ -708,7 +706,7 @@ def test_openclip_logging_setup_leaves_torch_loggers_alone():
     """OpenCLIP's setup_logging sets every logger to INFO: TorchDynamo would print statistics at exit."""
     import logging
 
-    from clip_dcl.train.upstream import setup_logging
+    from clip_dcl.train.compat import setup_logging
 
     dynamo, other = logging.getLogger("torch._dynamo"), logging.getLogger("clip_dcl_test_user_logger")
     before = dynamo.level
@@ -725,17 +723,14 @@ def test_openclip_logging_setup_leaves_torch_loggers_alone():
 def test_batches_without_ids_name_the_rates_that_need_none():
     from clip_dcl.losses import create_loss
     from clip_dcl.train.ids import MissingSampleIds
-    from clip_dcl.train.steps import IdChannel, LossWithIds
+    from clip_dcl.train.loop import LossCall, _split
 
-    class TwoTuples(list):  # a data path whose batches are (images, texts) only
-        num_batches, num_samples = 1, 2
-
-    channel = IdChannel(TwoTuples([(torch.zeros(2, 4), torch.zeros(2, 4))]), 1)
-    list(channel)
+    batch = (torch.zeros(2, 4), torch.zeros(2, 4))  # a data path whose batches are (images, texts) only
+    ids = _split(batch)[2]
     f = torch.nn.functional.normalize(torch.randn(2, 4), dim=-1)
     with pytest.raises(MissingSampleIds, match="--decl-rate queue / batch"):
-        LossWithIds(create_loss("decl", rate="index", num_samples=10), channel, torch.device("cpu"))(
-            f, f, torch.tensor(1.0)
+        LossCall(create_loss("decl", rate="index", num_samples=10), torch.device("cpu"))(
+            {"image_features": f, "text_features": f, "logit_scale": torch.tensor(1.0)}, ids
         )
 
 

@@ -151,14 +151,21 @@ def test_an_epoch_where_the_ceiling_bites_anyway_ends_with_a_warning():
     assert loss.epoch_warning({"clamp_rate": 0.0}) is None
 
 
-def test_openclips_loss_entry_takes_the_logged_value_and_its_sum_still_trains():
+def test_the_loss_column_takes_the_logged_value_and_its_sum_still_trains():
     import torch
 
-    from clip_dcl.train.upstream import LoggedLoss
+    from clip_dcl.losses import create_loss
+    from clip_dcl.train.loop import LossCall
 
-    objective = torch.tensor(1.0, requires_grad=True) * 3.0
-    losses = LoggedLoss({"decl_loss": objective}, torch.tensor(2.5))
-    total_loss = sum(losses.values())  # what OpenCLIP's train_one_epoch then does, and back-propagates
-    losses["loss"] = total_loss
-    assert float(losses["loss"]) == 2.5 and float(total_loss) == 3.0 and total_loss.requires_grad
-    assert list(losses) == ["decl_loss", "loss"] and losses["decl_loss"] is objective
+    loss = create_loss("decl", rate="batch")
+    call = LossCall(loss, torch.device("cpu"))
+    f, t = _pairs(16, 0)
+    f.requires_grad_(True)
+    losses = call({"image_features": f, "text_features": t, "logit_scale": torch.tensor(10.0)}, None)
+    total_loss = sum(losses.values())  # what the loop back-propagates
+    logged = loss.logged_loss(loss.metrics)
+    assert logged is not None and float(logged) != float(total_loss.detach())
+    assert float(call.shown_loss(total_loss)) == float(logged) and total_loss.requires_grad
+    assert list(losses) == ["decl_loss"]
+    total_loss.backward()
+    assert f.grad is not None and float(f.grad.abs().sum()) > 0

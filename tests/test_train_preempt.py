@@ -95,7 +95,7 @@ class _Loader:
 
 @pytest.mark.parametrize("accum", [1, 2])
 def test_preempt_stops_between_optimizer_steps_and_a_resume_skips_them(accum):
-    from clip_dcl.train.steps import IdChannel
+    from clip_dcl.train.loop import StepBatches
 
     asked = []
 
@@ -103,20 +103,20 @@ def test_preempt_stops_between_optimizer_steps_and_a_resume_skips_them(accum):
         asked.append(step)
         return step == 2
 
-    channel = IdChannel(_Loader(8), accum, at_boundary=at_boundary)
-    got = [int(images) for images, _ in channel]
+    channel = StepBatches(_Loader(8), accum, at_boundary=at_boundary)
+    got = [int(images) for _, group in channel for images, _, _ in group]
     assert got == list(range(2 * accum)) and channel.stopped_at == 2
     assert asked == [0, 1, 2]  # once per optimizer step, before its first micro-batch is fetched
     # resumed at step 2: the first 2 x accum batches are read and dropped, then the rest of the epoch
     marks = []
-    resumed = IdChannel(
+    resumed = StepBatches(
         _Loader(8),
         accum,
-        skip=2 * accum,
+        skip=2,
         resumed=lambda: marks.append("resumed"),
         at_boundary=lambda step: marks.append(step) and False,
     )
-    got = [int(images) for images, _ in resumed]
+    got = [int(images) for _, group in resumed for images, _, _ in group]
     assert got == list(range(2 * accum, 8)) and resumed.stopped_at is None
     assert marks == ["resumed"] + list(range(2, 8 // accum))  # no stop asked after the epoch's last step
 

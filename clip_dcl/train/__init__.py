@@ -1,8 +1,8 @@
-"""Training with OpenCLIP's own loop and a clip-dcl objective.
+"""Training a CLIP model with a clip-dcl objective: our loop over OpenCLIP's parts.
 
 ``python -m clip_dcl.train ARGS``, ``torchrun ... -m clip_dcl.train -- ARGS`` and ``clip-dcl train ARGS``
-all call :func:`main`: ``open_clip_train.main`` with every OpenCLIP flag, plus ``--loss`` and the loss's
-flags (see ``--help``). From Python, ``main([...])`` takes the same words and returns the exit code.
+all call :func:`main`: every OpenCLIP training flag, plus ``--loss`` and the loss's flags (see ``--help``).
+From Python, ``main([...])`` takes the same words and returns the exit code.
 """
 
 from __future__ import annotations
@@ -43,8 +43,8 @@ def main(argv: Optional[List[str]] = None, prog: Optional[str] = None, exiting: 
     """Train from a command line (the words after ``python -m clip_dcl.train``); return the exit code: 0 done (or
     ``--help``); 2 refused before any work (a flag, or a run folder holding another run); 75 stopped on a
     ``--preempt-signals`` signal after saving its step, 130 on Ctrl-C (both also for a stop during start-up, which
-    saves nothing); 1 a clear error, logged and on stderr. Any other exception propagates, as from OpenCLIP's
-    ``main``. ``exiting``: the caller exits with the code at once, so SIGTERM and Ctrl-C are ignored once the run
+    saves nothing); 1 a clear error, logged and on stderr. Any other exception propagates.
+    ``exiting``: the caller exits with the code at once, so SIGTERM and Ctrl-C are ignored once the run
     is over (a launcher's SIGTERM to a rank on its way out must not replace its exit code)."""
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["--"]:  # torchrun ... -m clip_dcl.train -- ARGS
@@ -72,12 +72,12 @@ def main(argv: Optional[List[str]] = None, prog: Optional[str] = None, exiting: 
         from .divergence import Diverged
         from .exits import exit_flushed, record_for_launcher, report_error, stop_loader_workers
         from .ids import MissingSampleIds, SampleIdOutOfRange
-        from .patch import PeerFailure, run_training
         from .pipeline import TrainingDataError
         from .preempt import INTERRUPTED_EXIT_CODE, PREEMPTED_EXIT_CODE, signal_number
         from .run import LossStateMismatch
         from .runfolder import RunFolderBusy, RunFolderTaken
         from .saving import CheckpointDiskFull, CheckpointUnreadable
+        from .session import PeerFailure, SetupError, run_training
 
         guard.check()
         proceeding = True
@@ -113,6 +113,7 @@ def main(argv: Optional[List[str]] = None, prog: Optional[str] = None, exiting: 
             CheckpointDiskFull,
             Diverged,
             PeerFailure,
+            SetupError,
             RunFolderBusy,
             RunFolderTaken,
         ) as e:

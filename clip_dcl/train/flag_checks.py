@@ -4,6 +4,7 @@ values, the global batch, the output folders, the data's paths, and what a packe
 
 from __future__ import annotations
 
+import glob
 import math
 import os
 
@@ -75,6 +76,9 @@ def shard_folders_as_patterns(words: list) -> tuple:
                 if part and os.path.isdir(part):
                     if is_caption_folder(part):
                         raise FlagError(f"{flag} {caption_folder_hint(part)}")
+                    split = os.path.join(part, "train" if flag == "--train-data" else "val")
+                    if not glob.glob(os.path.join(glob.escape(part), "*.tar")) and os.path.isdir(split):
+                        part = split  # the folder `clip-dcl data shards` or `data synth` wrote: its split
                     try:
                         parts[j] = folder_pattern(part)
                     except (ValueError, OSError) as e:

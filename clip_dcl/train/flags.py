@@ -115,13 +115,30 @@ def _loss_defaults() -> Dict[str, Dict[str, object]]:
 PROG = "python -m clip_dcl.train"
 
 
+class OneLineParser(argparse.ArgumentParser):
+    """A refused word in one line, naming the closest valid choice (``--loss DeCL`` -> ``decl``), without the
+    usage block (``--help`` has it)."""
+
+    def error(self, message):
+        import difflib
+        import re
+
+        m = re.search(r"invalid choice: '([^']*)' \(choose from (.*)\)", message)
+        if m:
+            choices = re.findall(r"'?([^',\s]+)'?", m.group(2))
+            close = difflib.get_close_matches(m.group(1).lower(), choices, n=1, cutoff=0.5)
+            if close:
+                message += f"; did you mean {close[0]!r}?"
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
 def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
     """The parser of clip-dcl's own training flags; ``--loss`` and the loss flags come from the registry
     (``clip_dcl.losses.LOSSES``), their defaults from the classes' signatures."""
     from clip_dcl.losses import LOSSES
 
     defaults = _loss_defaults()
-    parser = argparse.ArgumentParser(
+    parser = OneLineParser(
         prog=prog,
         add_help=False,
         allow_abbrev=False,
@@ -500,7 +517,7 @@ def check_flag_words(argv: List[str], prog: str = PROG) -> None:
 
 def _parse_ours(argv: List[str], prog: str):
     """``(our parser, our flags, the words left for OpenCLIP)``, once every word is a flag spelled out in full."""
-    from .upstream import openclip_parser
+    from .compat import openclip_parser
 
     parser = build_parser(prog)
     parsers = [parser, openclip_parser()]

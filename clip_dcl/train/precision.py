@@ -81,9 +81,12 @@ def settle_machine_flags(argv: Sequence[str], this_machine: bool = True, log=Non
     if this_machine and runs_on_cpu(args.device) and not names_precision(argv):
         argv += ["--precision", CPU_PRECISION]
         if _is_first_rank():
+            typed = any(w == "--device" or w.startswith("--device=") for w in argv)
+            why = f"--device {args.device}" if typed else "no GPU visible"
+            if typed and args.device != "cpu":
+                why += ", no GPU visible"
             print(
-                f"clip-dcl train: on the CPU (--device {args.device}"
-                f"{'' if args.device == 'cpu' else ', no GPU visible'}) "
+                f"clip-dcl train: training on the CPU ({why}) "
                 f"with no --precision: using --precision {CPU_PRECISION} instead of OpenCLIP's default "
                 f"{args.precision}, which is many times slower on a CPU; name --precision to choose",
                 file=log or sys.stderr,

@@ -1,7 +1,7 @@
-"""The state of one training run through OpenCLIP's ``main``: its loss, resume and checkpoint bookkeeping.
+"""The state of one training run: its flags, folder, loss, data, resume and checkpoints.
 
-:class:`TrainingRun`'s methods replace ``open_clip_train``'s names for one ``main`` call
-(:func:`clip_dcl.train.patch.patched` swaps them in).
+:func:`clip_dcl.train.session.train` calls :class:`TrainingRun`'s methods at their points of the set-up, and
+:mod:`clip_dcl.train.loop` calls :meth:`TrainingRun.at_boundary` between steps.
 """
 
 from __future__ import annotations
@@ -15,6 +15,8 @@ from typing import Optional
 
 import open_clip
 import torch
+from open_clip_train import data as oc_data
+from open_clip_train import file_utils as oc_file_utils
 from open_clip_train import params as oc_params
 from open_clip_train import train as oc_train
 
@@ -22,10 +24,13 @@ from clip_dcl.losses.base import stateful
 
 from . import loss_state, runfolder, saving
 from . import preempt as preemption
+from .compat import setup_logging as openclip_setup_logging
 from .divergence import Diverged, NonFiniteSteps, describe_tensors, nonfinite_tensors
 from .exits import watch_loaders
 from .flags import TrainConfig, full_loss_args, openclip_native
 from .ids import with_indices
+from .loop import train_one_epoch as train_epoch
+from .loop import unwrap
 from .metrics import MetricsWriter, metrics_path
 from .packed import PackedDataError, get_packed_train_dataset, is_packed
 from .pipeline import get_wds_train_dataset
@@ -36,27 +41,7 @@ from .resume_checks import (  # noqa: F401 (its errors)
     check_objective,
     check_state_settings,
 )
-from .steps import (
-    IdChannel,
-    LossWithIds,
-    SkippedSteps,
-    TrainLineHook,
-    log_data_stats,
-    log_epoch_health,
-    seed_main_process,
-    train_record,
-)
-from .upstream import (
-    OPENCLIP_CREATE_LOSS,
-    OPENCLIP_EVALUATE,
-    OPENCLIP_GET_CSV_DATASET,
-    OPENCLIP_GET_DATASET_FN,
-    OPENCLIP_GET_SYNTHETIC_DATASET,
-    OPENCLIP_GET_WDS_DATASET,
-    OPENCLIP_PT_LOAD,
-    OPENCLIP_TRAIN_ONE_EPOCH,
-)
-from .upstream import setup_logging as upstream_setup_logging
+from .steps import SkippedSteps, log_data_stats, log_epoch_health, seed_main_process
 
 
 class TrainingRun:
@@ -91,7 +76,6 @@ class TrainingRun:
         if self.signals is not None:
             self.signals.check_startup()
 
-    # open_clip_train.main.parse_args
     def parse_args(self, argv):
         self._startup_point()
         args = oc_params.parse_args(argv)
@@ -112,7 +96,6 @@ class TrainingRun:
         self.args = args
         return args
 
-    # open_clip_train.main.setup_logging
     def setup_logging(self, log_file, level, include_host=False):
         """The run claims its folder (:func:`clip_dcl.train.runfolder.claim`), then OpenCLIP's (PyTorch's loggers
         kept), then the master removes the partial files a killed save left (main calls it before any save)."""
@@ -121,7 +104,7 @@ class TrainingRun:
         took = None
         if args is not None:
             self.lock, took = runfolder.claim(args, self.resume_latest)
-        upstream_setup_logging(log_file, level, include_host=include_host)
+        openclip_setup_logging(log_file, level, include_host=include_host)
         if args is None or getattr(args, "rank", 0) != 0 or not args.logs or str(args.logs).lower() == "none":
             return
         if took:
@@ -138,15 +121,6 @@ class TrainingRun:
                 "was writing was never completed)."
             )
 
-    # open_clip_train.main.os.path.exists
-    def path_exists(self, path) -> bool:
-        """``os.path.exists``, except that OpenCLIP's "Experiment already exists" check sees no log: the
-        run's own check (:func:`clip_dcl.train.runfolder.folder_problem`) takes its place in setup_logging."""
-        if self.args is not None and path is not None and path == getattr(self.args, "log_path", None):
-            return False
-        return os.path.exists(path)
-
-    # open_clip_train.main.pt_load
     def pt_load(self, path, map_location="cpu"):
         self._startup_point()
         ckpt = self._load_resumable(path, map_location)
@@ -184,19 +158,18 @@ class TrainingRun:
 
     def _load_resumable(self, path, map_location):
         found = saving.load_resumable(
-            path, map_location, self.resume_latest, getattr(self.args, "checkpoint_path", None), OPENCLIP_PT_LOAD
+            path, map_location, self.resume_latest, getattr(self.args, "checkpoint_path", None), oc_file_utils.pt_load
         )
         if found.path != path:
             self.args.resume = found.path  # main logs the file it resumed from args.resume
         return found.checkpoint
 
-    # open_clip_train.main.create_loss
     def create_loss(self, args):
         self._startup_point()
         cfg = self.config
         native = openclip_native(cfg.loss)
         if native and not cfg.no_grad_gather and cfg.captions_per_image == 1:
-            loss = OPENCLIP_CREATE_LOSS(args)
+            loss = open_clip.create_loss(args)
         else:
             from clip_dcl.losses import LOSSES, create_loss
 
@@ -232,8 +205,7 @@ class TrainingRun:
 
     def resolve_loss_args(self, args) -> dict:
         """The loss's keyword arguments resolved by the loss from the data, now that its batches per epoch
-        are known; recorded in ``config.loss_args``, ``args.loss_args`` and params.txt (which OpenCLIP
-        wrote before it loaded the data)."""
+        are known; recorded in ``config.loss_args`` and ``args.loss_args`` (params.txt is written after)."""
         from clip_dcl.losses import resolve_loss_args
 
         from .facts import data_facts
@@ -245,8 +217,6 @@ class TrainingRun:
         if resolved != cfg.loss_args:
             cfg.loss_args = resolved
             args.loss_args = dict(resolved)
-            if args.rank == 0 and args.logs and args.name:
-                rewrite_param(os.path.join(args.logs, args.name, "params.txt"), "loss_args", args.loss_args)
         return kwargs
 
     def epoch_steps(self, args) -> int:
@@ -306,13 +276,13 @@ class TrainingRun:
                 f"(digest {saving.loss_state_digest(loss)})."
             )
 
-    # open_clip_train.main.train_one_epoch
     def train_one_epoch(self, model, data, loss, epoch, optimizer, scaler, scheduler, dist_model, args, tb_writer=None):
-        """OpenCLIP's ``train_one_epoch``, called as is, with ids carried around it (see module doc)."""
+        """One epoch of :func:`clip_dcl.train.loop.train_one_epoch`, with what the run checks around it: the
+        step gate (stop, save, divergence), skipped AMP steps, the loss state written after the epoch."""
         self._startup_point()
         if self.preprocess_cfg is None:
             try:
-                self.preprocess_cfg = dict(open_clip.get_model_preprocess_cfg(oc_train.unwrap_model(model)))
+                self.preprocess_cfg = dict(open_clip.get_model_preprocess_cfg(unwrap(model)))
             except AttributeError:  # not an OpenCLIP model
                 self.preprocess_cfg = {}
         seed_main_process(args, epoch)
@@ -323,74 +293,25 @@ class TrainingRun:
             self.nonfinite = NonFiniteSteps(self.config.max_nonfinite_steps, args.device)
         self.epoch_num_batches = data["train"].dataloader.num_batches
         watch_loaders(info.dataloader for info in data.values() if hasattr(info, "dataloader"))
-        skip_steps, resumed = self._resume_point(epoch, args, self.epoch_num_batches)
-        steps_per_epoch = self.epoch_num_batches // args.accum_freq
-
-        skipped = SkippedSteps(scaler, loss)
-        ended = [skip_steps]  # steps of the epoch whose loss the count has taken in
-
-        def end_steps(taken: int) -> None:
-            if taken > ended[0]:  # one step at each boundary
-                self.nonfinite.end_step(steps_per_epoch * epoch + taken - 1)
-                ended[0] = taken
-
-        def at_boundary(step: int) -> bool:
-            log_step()  # the previous step's record, before anything here may end the epoch
-            if self.signals is not None and not self.signals.started:  # the run's first: a signal now saves here
-                self._startup_point()
-                self.signals.training_started()
-            skipped.check(epoch, step)
-            end_steps(step)
-            stop, save = self.gate.poll(step, diverged=self.nonfinite.tripped)
-            if self.gate.diverged:
-                raise self._diverged(args)
-            if stop or save:
-                self.last_step_save = self.save_step(
-                    model, optimizer, scaler, epoch, step, args, self.gate.signame if stop else None
-                )
-                self.gate.saved()
-            return stop
-
-        channel = IdChannel(
-            data["train"].dataloader,
-            args.accum_freq,
-            skip=skip_steps * args.accum_freq,
-            resumed=resumed,
-            at_boundary=at_boundary,
-        )
-        data = {**data, "train": dataclasses.replace(data["train"], dataloader=channel)}
-        if skip_steps and scheduler is not None:  # OpenCLIP counts the epoch's steps from 0 again
-            schedule = scheduler
-
-            def scheduler(step):
-                return schedule(step + skip_steps)
-
-        wrapped = LossWithIds(loss, channel, torch.device(args.device), on_output=self.nonfinite.record)
+        self.skip_steps, self._resumed = self._resume_point(epoch, args, self.epoch_num_batches)
+        self._skipped = SkippedSteps(scaler, loss)
+        self._ended = self.skip_steps  # steps of the epoch whose loss the count has taken in
+        self._epoch, self._args, self._optimizer, self._scaler = epoch, args, optimizer, scaler
         writer = MetricsWriter(metrics_path(args), tb_writer)
-
-        def log_step():
-            train_record(writer, wrapped, epoch, skip_steps, steps_per_epoch, channel.num_samples, args)
-
-        hook = TrainLineHook(wrapped)
-        logging.getLogger().addFilter(hook)
         if self.signals is not None:
             self.signals.armed = True  # a first Ctrl-C now stops at the next step boundary, with a save
         try:
-            OPENCLIP_TRAIN_ONE_EPOCH(
-                model, data, wrapped, epoch, optimizer, scaler, scheduler, dist_model, args, tb_writer=writer
+            stopped_at = train_epoch(
+                self, model, data, loss, epoch, optimizer, scaler, scheduler, dist_model, args, writer
             )
         finally:
-            logging.getLogger().removeFilter(hook)
-            log_step()
             if self.signals is not None:
                 self.signals.armed = False
-        skipped.check(epoch, channel.fetched // args.accum_freq)  # the epoch's last step
-        end_steps(channel.fetched // args.accum_freq)
-        self._check_finite(model, epoch, args)  # before main evaluates and saves the epoch
-        if channel.stopped_at is not None:
-            raise preemption.Preempted(self.gate.signame or "a signal", self.last_step_save, epoch, channel.stopped_at)
-        log_epoch_health(loss, wrapped, epoch, args)  # a whole epoch (a preempted one ended above)
-        log_data_stats(data["train"].dataloader.dataloader, epoch, args)
+        self._check_finite(model, epoch, args)  # before the epoch is evaluated and saved
+        if stopped_at is not None:
+            raise preemption.Preempted(self.gate.signame or "a signal", self.last_step_save, epoch, stopped_at)
+        log_epoch_health(loss, self.loss_call, epoch, args)  # a whole epoch (a preempted one ended above)
+        log_data_stats(data["train"].dataloader, epoch, args)
         loss = self.loss  # the module whose state is checkpointed (CoCa: its contrastive term)
         if isinstance(loss, torch.nn.Module) and len(loss.state_dict()):
             self.shards = loss_state.write_shards(loss, args, epoch + 1, self.unsaved_shards)
@@ -400,22 +321,62 @@ class TrainingRun:
                 f"Loss state after epoch {epoch} on rank {args.rank}: {calls}digest {saving.loss_state_digest(loss)}"
             )
 
-    # open_clip_train.main.evaluate
+    def resumed_epoch(self) -> None:
+        """Called by the loop once a mid-epoch resume has read the batches of the steps already taken."""
+        if self._resumed is not None:
+            self._resumed()
+
+    def record_output(self, total) -> None:
+        """Each step's loss, for the count of non-finite steps."""
+        self.nonfinite.record(total)
+
+    def _end_steps(self, taken: int) -> None:
+        if taken > self._ended:  # one step at each boundary
+            steps = self.epoch_num_batches // self._args.accum_freq
+            self.nonfinite.end_step(steps * self._epoch + taken - 1)
+            self._ended = taken
+
+    def at_boundary(self, step: int, last: bool = False) -> bool:
+        """Before step ``step`` of the epoch (``last``: after its last step): account for the step just taken;
+        then whether to stop here, saving first when the gate says so (and raise :class:`Diverged`)."""
+        epoch, args = self._epoch, self._args
+        if self.signals is not None and not self.signals.started:  # the run's first: a signal now saves here
+            self._startup_point()
+            self.signals.training_started()
+        self._skipped.check(epoch, step)
+        self._end_steps(step)
+        if last:
+            return False
+        stop, save = self.gate.poll(step, diverged=self.nonfinite.tripped)
+        if self.gate.diverged:
+            raise self._diverged(args)
+        if stop or save:
+            self.last_step_save = self.save_step(
+                self.model, self._optimizer, self._scaler, epoch, step, args, self.gate.signame if stop else None
+            )
+            self.gate.saved()
+        return stop
+
     def evaluate(self, model, data, epoch, args, tb_writer=None, tokenizer=None):
-        """OpenCLIP's ``evaluate``, its scalars also written as one ``val`` record of ``metrics.jsonl``."""
-        writer = MetricsWriter(metrics_path(args), tb_writer)
+        """OpenCLIP's ``evaluate`` (validation loss and retrieval, zero-shot ImageNet); its metrics become one
+        ``val`` record of ``metrics.jsonl``."""
         for info in data.values():  # before their workers start: they outlive this call
             preemption.quiet_workers(getattr(info, "dataloader", None))
-        try:
-            return OPENCLIP_EVALUATE(model, data, epoch, args, tb_writer=writer, tokenizer=tokenizer)
-        finally:
+        metrics = oc_train.evaluate(model, data, epoch, args, tb_writer=tb_writer, tokenizer=tokenizer)
+        path = metrics_path(args)
+        if metrics and path:
+            writer = MetricsWriter(path)
+            for name, value in metrics.items():
+                if isinstance(value, (int, float)) or torch.is_tensor(value):
+                    writer.add_scalar(f"val/{name}", value)
             per = (self.epoch_num_batches or 0) // max(1, args.accum_freq)
             writer.flush(kind="val", step=per * epoch if per else None, epoch=epoch)
+        return metrics
 
     def _check_finite(self, model, epoch: int, args) -> None:
         """Every rank: stop (:class:`Diverged`) if the weights hold NaN or inf, or the loss was not finite
         for ``--max-nonfinite-steps`` steps in a row, on any rank (one all-reduce)."""
-        original = oc_train.unwrap_model(model)
+        original = unwrap(model)
         names, count = nonfinite_tensors(original.named_parameters())
         tripped = self.nonfinite.tripped(wait=True)
         flags = torch.tensor([int(count > 0), int(tripped)], dtype=torch.int32, device=args.device)
@@ -468,7 +429,7 @@ class TrainingRun:
         parameters, not the state dict: a buffer may hold inf on purpose, a causal ``attn_mask``)."""
         if self.model is None:
             return
-        names, count = nonfinite_tensors(oc_train.unwrap_model(self.model).named_parameters())
+        names, count = nonfinite_tensors(unwrap(self.model).named_parameters())
         if count:
             raise Diverged(
                 f"training diverged: not writing {path}: {describe_tensors(names, count)}; the "
@@ -544,7 +505,6 @@ class TrainingRun:
     def _torch_save(obj, fh):
         torch.save(obj, fh)
 
-    # open_clip_train.main.torch.save
     def save(self, obj, f, *args, **kwargs):
         training = isinstance(obj, dict) and "state_dict" in obj and "epoch" in obj and self.loss is not None
         folder = getattr(self.args, "checkpoint_path", None) if self.args is not None else None
@@ -584,60 +544,45 @@ class TrainingRun:
             entry["train_data_size"] = self.train_data_size
         return entry
 
-    # open_clip_train.data.get_wds_dataset
-    def get_wds_dataset(self, args, preprocess_img, is_train, epoch=0, floor=False, tokenizer=None):
-        if is_train:
-            info = get_wds_train_dataset(
-                args, preprocess_img, is_train=True, epoch=epoch, floor=floor, tokenizer=tokenizer
-            )
+    def get_data(self, args, preprocess_fns, epoch: int = 0, tokenizer=None) -> dict:
+        """OpenCLIP's data sets (``get_data``'s keys), the training set through our readers: webdataset shards
+        through :mod:`.pipeline`, a packed ``.npz`` through :mod:`.packed`, a CSV or the synthetic set through
+        OpenCLIP's readers with each row's index as its sample id. Every batch is ``(images, texts, ids)``."""
+        preprocess_train, preprocess_val = preprocess_fns
+        data = {}
+        if args.train_data or args.dataset_type == "synthetic":
+            info = self._train_data(args, preprocess_train, epoch, tokenizer)
             self.train_num_batches = info.dataloader.num_batches
-            return info
-        return OPENCLIP_GET_WDS_DATASET(args, preprocess_img, is_train, epoch=epoch, floor=floor, tokenizer=tokenizer)
+            data["train"] = info
+        if args.val_data:
+            if args.dataset_type == "auto" and is_packed(args.val_data):
+                raise PackedDataError(f"--val-data {args.val_data}: a packed set is for training; validate on shards")
+            read = oc_data.get_dataset_fn(args.val_data, args.dataset_type)
+            if read is oc_data.get_csv_dataset:
+                read = _csv_dataset
+            data["val"] = read(args, preprocess_val, is_train=False, tokenizer=tokenizer)
+        for key, split in (("imagenet-val", "val"), ("imagenet-v2", "v2")):
+            if getattr(args, key.replace("-", "_")) is not None:
+                data[key] = oc_data.get_imagenet(args, preprocess_fns, split)
+        return data
 
-    # open_clip_train.data.get_dataset_fn: a packed set (.npz, --dataset-type auto) is ours, the rest OpenCLIP's
-    def get_dataset_fn(self, data_path, dataset_type):
-        if dataset_type == "auto" and is_packed(data_path):
-            return self.get_packed_dataset
-        return OPENCLIP_GET_DATASET_FN(data_path, dataset_type)
-
-    def get_packed_dataset(self, args, preprocess_img, is_train, epoch=0, floor=False, tokenizer=None):
-        if not is_train:
-            raise PackedDataError(f"--val-data {args.val_data}: a packed set is for training; validate on shards")
-        info = get_packed_train_dataset(args, preprocess_img, epoch=epoch, tokenizer=tokenizer)
-        self.train_num_batches = info.dataloader.num_batches
+    def _train_data(self, args, preprocess, epoch, tokenizer):
+        if args.dataset_type == "auto" and is_packed(args.train_data):
+            return get_packed_train_dataset(args, preprocess, epoch=epoch, tokenizer=tokenizer)
+        read = oc_data.get_dataset_fn(args.train_data, args.dataset_type)
+        if read is oc_data.get_wds_dataset:
+            return get_wds_train_dataset(args, preprocess, is_train=True, epoch=epoch, tokenizer=tokenizer)
+        if read is oc_data.get_csv_dataset:
+            read = _csv_dataset
+        info = with_indices(read(args, preprocess, True, epoch=epoch, tokenizer=tokenizer))
+        self.train_data_size = info.dataloader.num_samples  # the row (CSV) or index (synthetic) is the sample id
         return info
-
-    # open_clip_train.data.get_csv_dataset / get_synthetic_dataset
-    def _map_style(self, load, args, preprocess_fn, is_train, epoch=0, tokenizer=None):
-        info = load(args, preprocess_fn, is_train, epoch=epoch, tokenizer=tokenizer)
-        if not is_train:
-            return info
-        info = with_indices(info)  # the row (CSV) or index (synthetic) is the sample id
-        self.train_num_batches = info.dataloader.num_batches
-        self.train_data_size = info.dataloader.num_samples
-        return info
-
-    def get_csv_dataset(self, args, preprocess_fn, is_train, epoch=0, tokenizer=None):
-        return self._map_style(_csv_dataset, args, preprocess_fn, is_train, epoch, tokenizer)
-
-    def get_synthetic_dataset(self, args, preprocess_fn, is_train, epoch=0, tokenizer=None):
-        return self._map_style(OPENCLIP_GET_SYNTHETIC_DATASET, args, preprocess_fn, is_train, epoch, tokenizer)
 
 
 def _csv_dataset(args, preprocess_fn, is_train, epoch=0, tokenizer=None):
     """OpenCLIP's CSV dataset, its relative image paths read beside the CSV as evaluation reads them."""
     from .flag_checks import csv_images_beside
 
-    info = OPENCLIP_GET_CSV_DATASET(args, preprocess_fn, is_train, epoch=epoch, tokenizer=tokenizer)
+    info = oc_data.get_csv_dataset(args, preprocess_fn, is_train, epoch=epoch, tokenizer=tokenizer)
     csv_images_beside(info.dataloader.dataset, args.train_data if is_train else args.val_data)
     return info
-
-
-def rewrite_param(params_file: str, name: str, value) -> None:
-    """Replace the ``name: value`` line of OpenCLIP's params.txt (its format), when the file exists."""
-    if not os.path.isfile(params_file):
-        return
-    with open(params_file) as f:
-        lines = f.read().splitlines(keepends=True)
-    with open(params_file, "w") as f:
-        f.writelines(f"{name}: {value}\n" if line.startswith(f"{name}: ") else line for line in lines)

@@ -94,7 +94,7 @@ def trained_model_config(args) -> Optional[dict]:
     if args.force_image_size is not None:
         size = args.force_image_size
         cfg["vision_cfg"]["image_size"] = size[0] if isinstance(size, (list, tuple)) and len(size) == 1 else size
-    if args.force_context_length is not None:
+    if getattr(args, "force_context_length", None) is not None:  # OpenCLIP 3.x
         cfg["text_cfg"]["context_length"] = args.force_context_length
     if args.force_custom_text:
         cfg["custom_text"] = True
@@ -109,9 +109,8 @@ def training_checkpoint(
     if is_sharded(loss):  # the shards are in files beside (written by every rank)
         if shards is None:
             raise RuntimeError(
-                "OpenCLIP saves a checkpoint for an epoch whose loss-state shards were not "
-                "written; clip_dcl.train.saving.checkpointed() no longer matches its "
-                "conditions"
+                "a checkpoint is saved for an epoch whose loss-state shards were not written "
+                "(clip_dcl.train.saving.checkpointed() said it would not be)"
             )
         state = small_state(loss)
         entry[SHARD_INDEX_KEY] = shard_index(loss, shards, checkpoint_path)
@@ -159,7 +158,7 @@ def model_keys_for(state_dict: dict, wrapped: bool) -> dict:
 
 # -- writing -----------------------------------------------------------------------------------------
 def save_checkpoint(obj, f, checkpoint_path: Optional[str], save: Callable, training: bool, rerun: str = RERUN) -> None:
-    """Write a checkpoint OpenCLIP's ``main`` saves (atomically for a path); after an epoch's checkpoint,
+    """Write a checkpoint of the run (atomically for a path); after an epoch's checkpoint,
     remove earlier epochs' mid-epoch files and their shard folders."""
     if not isinstance(f, (str, os.PathLike)):
         save(obj, f)
@@ -187,9 +186,7 @@ def save_step_checkpoint(
 ) -> str:
     """The master: write step ``step`` of ``epoch`` as ``epoch_latest.pt`` (``--save-most-recent``) or
     ``epoch_{epoch}_step_{step}.pt``, remove the earlier mid-epoch file, and return the path."""
-    from open_clip_train.main import LATEST_CHECKPOINT_NAME
-
-    name = LATEST_CHECKPOINT_NAME if args.save_most_recent else f"epoch_{epoch}_step_{step}.pt"
+    name = "epoch_latest.pt" if args.save_most_recent else f"epoch_{epoch}_step_{step}.pt"
     path = os.path.join(args.checkpoint_path, name)
     original = getattr(model, "_orig_mod", model)  # torch.compile's wrapper: save the model's own keys
     ckpt = {"epoch": epoch, "name": args.name, "state_dict": original.state_dict(), "optimizer": optimizer.state_dict()}
@@ -438,21 +435,21 @@ def load_loss_shard(path, name: str):
     return torch.load(path, map_location="cpu", mmap=True, weights_only=True)[name]
 
 
+def numbered(args, completed_epoch: int) -> bool:
+    """Whether the run writes ``epoch_{completed_epoch}.pt``: every ``--save-frequency`` epochs, and the last."""
+    return completed_epoch == args.epochs or (args.save_frequency > 0 and completed_epoch % args.save_frequency == 0)
+
+
 def checkpointed(args, completed_epoch: int) -> bool:
-    """Whether OpenCLIP's ``main`` writes a checkpoint after ``completed_epoch`` (its own conditions)."""
+    """Whether the run writes a checkpoint after ``completed_epoch`` (numbered, or ``epoch_latest.pt``)."""
     if not (args.logs and str(args.logs).lower() != "none" and getattr(args, "checkpoint_path", None)):
         return False
-    numbered = completed_epoch == args.epochs or (
-        args.save_frequency > 0 and completed_epoch % args.save_frequency == 0
-    )
-    return numbered or bool(args.save_most_recent)
+    return numbered(args, completed_epoch) or bool(args.save_most_recent)
 
 
 def _kept(args, epoch: int) -> bool:
-    """Whether OpenCLIP keeps ``epoch_{epoch}.pt`` for good."""
-    if args.delete_previous_checkpoint:
-        return False
-    return epoch == args.epochs or (args.save_frequency > 0 and epoch % args.save_frequency == 0)
+    """Whether ``epoch_{epoch}.pt`` stays for good."""
+    return not args.delete_previous_checkpoint and numbered(args, epoch)
 
 
 def prune_epoch_shards(args, rank: int, world_size: int, completed_epoch: int) -> None:
