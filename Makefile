@@ -13,12 +13,17 @@ PYTEST_WORKERS ?= $(or $(shell nproc 2>/dev/null | awk '{n = int(1.5 * $$1); pri
 
 .PHONY: test test-quick lint demo venv clean
 
+# One line a step says what is being installed; pip itself stays quiet.
 $(VENV)/.installed: pyproject.toml
-	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -q --upgrade pip
-	$(if $(TORCH_PIN),$(PY) -m pip install -q $(TORCH_PIN))
-	$(PY) -m pip install -q -e '.[dev]' $(TORCH_PIN)
-	touch $@
+	@test -x $(PY) || { echo "[make] creating $(VENV) with $(PYTHON)" && $(PYTHON) -m venv $(VENV); }
+	@echo "[make] updating pip in $(VENV)"
+	@$(PY) -m pip install -q --upgrade pip
+	$(if $(TORCH_PIN),@echo "[make] installing $(TORCH_PIN) (the largest download)")
+	$(if $(TORCH_PIN),@$(PY) -m pip install -q $(TORCH_PIN))
+	@echo "[make] installing clip-dcl and its dependencies (open_clip_torch, webdataset, ...; pytest and ruff for make test)"
+	@$(PY) -m pip install -q -e '.[dev]' $(TORCH_PIN)
+	@touch $@
+	@echo "[make] $(VENV) is ready"
 
 venv: $(VENV)/.installed
 
