@@ -18,7 +18,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .classes import ZeroshotTree, class_tree
+from .classes import CAPTION, ZeroshotTree, class_tree
 from .evalsets.files import IMAGE_EXTENSIONS
 from .shards import folder_pattern, format_key, shard_writer, write_sizes_json
 
@@ -170,8 +170,6 @@ def list_folder(folder: Path) -> Listed:
 
 def list_classes(samples: list, names: dict) -> Listed:
     """A tree of class folders' images (`classes.class_tree`), each captioned with its class name."""
-    from .classes import CAPTION
-
     return Listed([Pair(path, [CAPTION.format(c=names[label])], str(path), label) for path, label in samples])
 
 
@@ -260,7 +258,8 @@ def write_pairs(
     verbose: bool = True,
 ) -> dict:
     """Shuffle (``seed``) and write the pairs of ``source`` as shards in ``out_dir/train`` and ``out_dir/val``; the
-    summary also written to ``out_dir/summary.json``. Unusable pairs are skipped and counted by cause.
+    summary also written to ``out_dir/summary.json``. Unusable pairs are skipped and counted by cause. A folder of
+    class folders also gives ``out_dir/zeroshot``, its held-out images (`classes.ZeroshotTree`).
     """
     source, out = Path(source), Path(out_dir)
     if not 0 <= val_fraction < 1:
@@ -276,7 +275,10 @@ def write_pairs(
         flags = ("--img-key", "--caption-key", "--separator")
         listed, kind = list_csv(source, csv_columns(source, img_key, caption_key, sep, flags=flags)), "csv"
     else:
-        raise ValueError(f"{source} does not exist: give a folder of images with .txt captions, or a CSV/TSV file")
+        raise ValueError(
+            f"{source} does not exist: give a folder of images with .txt captions, a folder of class folders, or a "
+            "CSV/TSV file"
+        )
     earlier = [out / name for name in ("train", "val", "zeroshot", "summary.json") if (out / name).exists()]
     if earlier and not overwrite:
         raise ValueError(
