@@ -13,16 +13,17 @@ PYTEST_WORKERS ?= $(or $(shell nproc 2>/dev/null | awk '{n = int(1.5 * $$1); pri
 
 .PHONY: test test-quick test-upstream lint demo venv clean
 
+# One line a step says what is being installed; pip itself stays quiet.
 $(VENV)/.installed: pyproject.toml
-	@test -x $(PY) || { echo "make: creating $(VENV) with $(PYTHON) -m venv"; $(PYTHON) -m venv $(VENV); }
-	@echo "make: upgrading pip in $(VENV)"
+	@test -x $(PY) || { echo "[make] creating $(VENV) with $(PYTHON)" && $(PYTHON) -m venv $(VENV); }
+	@echo "[make] updating pip in $(VENV)"
 	@$(PY) -m pip install -q --upgrade pip
-	$(if $(TORCH_PIN),@echo "make: installing $(TORCH_PIN) (a few minutes the first time)")
+	$(if $(TORCH_PIN),@echo "[make] installing $(TORCH_PIN) (the largest download)")
 	$(if $(TORCH_PIN),@$(PY) -m pip install -q $(TORCH_PIN))
-	@echo "make: installing clip-dcl[dev] and its dependencies (OpenCLIP, webdataset, ...) in editable mode"
+	@echo "[make] installing clip-dcl and its dependencies (open_clip_torch, webdataset, ...; pytest and ruff for make test)"
 	@$(PY) -m pip install -q -e '.[dev]' $(TORCH_PIN)
 	@touch $@
-	@echo "make: $(VENV) is ready"
+	@echo "[make] $(VENV) is ready"
 
 venv: $(VENV)/.installed
 
@@ -44,7 +45,7 @@ UPSTREAM := .venv-upstream
 UPSTREAM_TESTS ?= tests/test_openclip_release.py tests/test_checkpoint.py tests/test_train.py tests/test_train_reliability.py
 
 $(UPSTREAM)/.installed: $(VENV)/.installed
-	@echo "make: installing $(UPSTREAM_OPENCLIP) into $(UPSTREAM) (it shadows .venv's OpenCLIP for make test-upstream)"
+	@echo "[make] installing $(UPSTREAM_OPENCLIP) into $(UPSTREAM) (it shadows .venv's OpenCLIP for make test-upstream)"
 	@$(PY) -m pip install -q --no-deps --target $(UPSTREAM) $(UPSTREAM_OPENCLIP)
 	@touch $@
 

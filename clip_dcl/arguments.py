@@ -1,5 +1,6 @@
-"""The argument parser of the ``clip-dcl`` commands: flags spelled out in full, and an unknown flag refused
-with the flags closest to it (``--batchsize`` -> ``--batch-size``) before any work."""
+"""The argument parser of the ``clip-dcl`` commands: flags spelled out in full, and a refusal in one line that
+names the closest valid word: an unknown flag (``--batchsize`` -> ``--batch-size``), subcommand (``synt`` ->
+``synth``) or choice (``DeCL`` -> ``decl``), before any work."""
 
 from __future__ import annotations
 
@@ -25,13 +26,31 @@ def misspelt_flag(words: Sequence[str], known: Iterable[str]) -> Optional[Tuple[
     return None
 
 
+def closest_word(word: str, words: Iterable[str]) -> Optional[str]:
+    """The word of ``words`` closest to ``word``, letter case aside (difflib's ratio, at least 0.6), else None."""
+    words = [str(w) for w in words]
+    lowered = {w.lower(): w for w in reversed(words)}  # the first of words that differ only in case
+    close = difflib.get_close_matches(str(word).lower(), list(lowered), n=1)
+    return lowered[close[0]] if close else None
+
+
+def not_one_of(word: str, words: Sequence[str], what: str) -> str:
+    """The one-line refusal of ``word`` where one of ``words`` is due: ``'trian' is not a command; the closest:
+    train (one of: ...)``."""
+    words = [str(w) for w in words]
+    close = closest_word(word, words)
+    hint = f"; the closest: {close}" if close else ""
+    return f"{word!r} is not {what}{hint} (one of: {', '.join(words)})"
+
+
 def _subcommand(parser: argparse.ArgumentParser) -> Optional[argparse.Action]:
     return next((a for a in parser._actions if isinstance(a, argparse._SubParsersAction)), None)
 
 
 class FlagParser(argparse.ArgumentParser):
-    """``argparse.ArgumentParser`` without abbreviations whose ``parse_args`` names the closest flags of the
-    (sub)command for a misspelt one, in one line, exit 2; subcommands' parsers are of this class too."""
+    """``argparse.ArgumentParser`` without abbreviations whose errors are one line with no usage block before it
+    (``--help`` has that), exit 2: a misspelt flag, subcommand or choice value named with the closest valid one.
+    Subcommands' parsers are of this class too."""
 
     def __init__(self, *args, **kwargs):
         kwargs.setdefault("allow_abbrev", False)
@@ -52,3 +71,18 @@ class FlagParser(argparse.ArgumentParser):
                 name, close = found
                 parser.exit(2, f"{parser.prog}: error: {name} is not a flag; the closest: {', '.join(close)}\n")
         return super().parse_args(args, namespace)
+
+    def _check_value(self, action, value):
+        # argparse's one place that refuses a choice (a subcommand is one too); it has no hook for the message
+        if action.choices is None or value in action.choices:
+            return
+        if isinstance(action, argparse._SubParsersAction):
+            what = "a command"
+        elif action.option_strings:
+            what = f"a choice of {action.option_strings[-1]}"
+        else:
+            what = f"a choice of {action.metavar or action.dest}"
+        raise argparse.ArgumentError(None, not_one_of(value, list(action.choices), what))
+
+    def error(self, message):
+        self.exit(2, f"{self.prog}: error: {message}\n")

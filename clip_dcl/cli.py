@@ -45,8 +45,9 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     name, rest = argv[0], argv[1:]
     if name not in COMMANDS:
-        print(f"clip-dcl: unknown command {name!r}; expected one of {', '.join(COMMANDS)}\n", file=sys.stderr)
-        print(_usage(), file=sys.stderr)
+        from .arguments import not_one_of
+
+        print(f"clip-dcl: error: {not_one_of(name, list(COMMANDS), 'a command')}", file=sys.stderr)
         return 2
     target, _ = COMMANDS[name]
     module_name, func_name = target.split(":")

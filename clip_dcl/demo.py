@@ -241,8 +241,8 @@ _ECHOED = re.compile(r"\] epoch (\d+)/(\d+)\s+(\d+)%")
 
 
 class Progress:
-    """The demo's progress line: its step, the share done and the time left, estimated from the trainings and
-    evaluations measured so far."""
+    """The demo's progress line: its step, the share of its work done (`done`) and the time left, estimated from
+    the trainings and evaluations measured so far."""
 
     def __init__(self, runs: int, start: float, stream=None):
         self.runs, self.start, self.stream = runs, start, stream or sys.stdout
@@ -278,12 +278,19 @@ class Progress:
             left += (current if current is not None else max(whole, now)) - now - whole
         return max(left, 0.0)
 
+    def done(self) -> float:
+        """The share of the demo's work done: a training is one unit, counted by its steps, an evaluation
+        `EVAL_SHARE` of one. Counted in work, not time: a share of time goes backwards whenever a step takes
+        longer than estimated, as the first training does (what it does after its last step is in no estimate
+        made from its steps)."""
+        units = len(self.trained) + EVAL_SHARE * len(self.evaluated) + (self.share if self.kind == "train" else 0.0)
+        return units / (self.runs * (1 + EVAL_SHARE))
+
     def status(self) -> str:
         left = self.left()
         if left is None:
             return "time left: estimated once the first training has logged two steps"
-        spent = time.perf_counter() - self.start
-        return f"{100 * spent / (spent + left):.0f}% of the demo done, about {_duration(left)} left"
+        return f"{100 * self.done():.0f}% of the demo done, about {_duration(left)} left"
 
     def echo(self, line: str) -> None:
         """A line of the training under way, with the demo's status."""

@@ -59,3 +59,45 @@ def test_flag_parser_reads_subcommands_and_leaves_the_rest_to_argparse(capsys):
     assert "unrecognized arguments: --unrelated" in capsys.readouterr().err
     assert misspelt_flag(["--", "--batchsize"], ["--batch-size"]) is None  # after --: positional
     assert misspelt_flag(["--batchsize=3"], ["--batch-size"]) == ("--batchsize", ["--batch-size"])
+
+
+@pytest.mark.parametrize(
+    "argv, bad, closest",
+    [
+        (["trian"], "trian", "train"),
+        (["Eval"], "Eval", "eval"),
+        (["data", "synt", "OUT"], "synt", "synth"),
+        (["eval", "zeroshoot", "--data", "x"], "zeroshoot", "zeroshot"),
+        (["study", "chek", "plan.toml"], "chek", "check"),
+        (["eval", "retrieval", "--data", "x", "--precision", "fp23"], "fp23", "fp32"),
+        (["eval", "zeroshot", "--data", "x", "--format", "clip-benchmark"], "clip-benchmark", "clip_benchmark"),
+        (["eval", "benchmark", "--task", "linear_prob"], "linear_prob", "linear_probe"),
+        (["data", "benchmark", "SRC", "OUT", "--kind", "Retrieval"], "Retrieval", "retrieval"),
+        (["demo", "--losses", "clip", "DeCL"], "DeCL", "decl"),
+    ],
+)
+def test_a_bad_command_or_choice_is_one_line_naming_the_closest(argv, bad, closest, tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    try:
+        code = cli_main(argv)
+    except SystemExit as e:
+        code = e.code
+    captured = capsys.readouterr()
+    err = captured.err
+    assert code == 2, err
+    assert len(err.strip().splitlines()) == 1 and not captured.out, err  # no usage block
+    assert f"'{bad}' is not a " in err and f"; the closest: {closest} (one of: " in err, err
+    assert "usage:" not in err and list(tmp_path.iterdir()) == []
+
+
+def test_help_keeps_the_usage_and_a_far_word_is_refused_with_the_choices(capsys):
+    from clip_dcl.arguments import closest_word
+
+    with pytest.raises(SystemExit) as e:
+        cli_main(["eval", "retrieval", "--help"])
+    assert e.value.code == 0 and "usage: clip-dcl eval retrieval" in capsys.readouterr().out
+    assert cli_main(["xyzzy"]) == 2
+    err = capsys.readouterr().err
+    assert "'xyzzy' is not a command (one of: data, train" in err and "closest" not in err
+    assert closest_word("DECL", ["clip", "dcl", "decl"]) == "decl"
+    assert closest_word("zzz", ["clip", "dcl"]) is None

@@ -219,7 +219,8 @@ def test_progress_estimates_the_time_left_from_the_steps_measured(monkeypatch):
     progress.echo("  [clip] epoch 2/2  50%  loss 3.0000  (6 s)")  # a quarter more in 1 s
     # 1 s more of it (7 s in all), one more training of 7 s, two evaluations (EVAL_SHARE of a training each)
     assert progress.left() == pytest.approx(1 + 7 + 2 * demo.EVAL_SHARE * 7)
-    assert stream.getvalue().splitlines()[-1].endswith("| 34% of the demo done, about 12 s left")
+    # three quarters of the first training: 0.75 of 2 x (1 + EVAL_SHARE) units of work
+    assert stream.getvalue().splitlines()[-1].endswith("| 30% of the demo done, about 12 s left")
     clock[0] = 7.0
     assert progress.end() == 7.0
     progress.begin("eval")
@@ -407,3 +408,39 @@ def test_packed_training_set_holds_the_shards_and_is_remade_only_when_they_are(t
     os.utime(summary, ns=(stamp + 10**9, stamp + 10**9))
     ex.packed_training_set(data, verbose=False)
     assert path.stat().st_mtime_ns != stamp
+
+
+def test_the_share_done_never_goes_backwards_when_a_step_takes_longer_than_estimated(monkeypatch):
+    """The first training's end, after its last step (its checkpoint, its process's exit), is in no estimate made
+    from its steps: the time left grows when it ends, and a share of time would go backwards there."""
+    import io
+    import re
+
+    from clip_dcl import demo
+
+    clock = [15.0]  # the data took 15 s
+    monkeypatch.setattr(demo.time, "perf_counter", lambda: clock[0])
+    stream = io.StringIO()
+    progress = demo.Progress(3, 0.0, stream)
+    for name, steps, ended in (
+        ("clip", (37, 45, 50, 61), 95),
+        ("dcl", (38, 48, 53, 56), 63),
+        ("decl", (24, 29, 35, 37), 60),
+    ):
+        began = clock[0]
+        progress.begin("train")
+        for at, pct in zip(steps, (12, 38, 62, 100)):
+            clock[0] = began + at
+            progress.echo(f"  [{name}] epoch 1/1 {pct:3d}%  loss 3.5000  ({at} s)")
+        clock[0] = began + ended
+        progress.end()
+        progress.say(f"[demo]     {name}: trained; {progress.status()}")
+    for seconds in (12, 19, 12):
+        progress.begin("eval")
+        clock[0] += seconds
+        progress.end()
+        progress.say(f"[demo]     evaluated; {progress.status()}")
+    shares = [int(m) for m in re.findall(r"(\d+)% of the demo done", stream.getvalue())]
+    assert len(shares) == 17 and shares == sorted(shares) and shares[-1] == 100, stream.getvalue()
+    left = [float(m) for m in re.findall(r"about ([\d.]+) min left", stream.getvalue())]
+    assert left[2] < left[3]  # the time left did grow at the first training's end: the estimate says so

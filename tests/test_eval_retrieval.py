@@ -152,13 +152,15 @@ def test_evaluate_retrieval_shards_and_csv_match_direct_features(tmp_path):
         model, to_tensor, tok, tmp_path / "shards", batch_size=4, progress=False, return_info=True
     )
     got_csv = evaluate_retrieval(model, to_tensor, tok, tmp_path / "pairs.csv", batch_size=4, progress=False)
+    chance = info.pop("chance")
     assert info == {"num_images": 6, "num_texts": len(texts), "skipped": {}}
+    assert chance["image_to_text_R@1"]["queries"] == 6 and chance["text_to_image_R@1"]["queries"] == len(texts)
     for k, v in expected.items():
         assert got_wds[k] == pytest.approx(v, abs=1e-6), k
         assert got_csv[k] == pytest.approx(v, abs=1e-6), k
 
 
-def test_retrieval_cli_writes_flat_json(tmp_path):
+def test_retrieval_cli_writes_flat_json(tmp_path, capsys):
     from clip_dcl.eval.cli import main
 
     _retrieval_fixture(tmp_path)
@@ -182,6 +184,13 @@ def test_retrieval_cli_writes_flat_json(tmp_path):
     assert doc["model"]["name"] == "clip-dcl-tiny" and doc["data"]["num_images"] == 6
     assert 0 <= doc["image_to_text_R@1"] <= doc["image_to_text_R@5"] <= 1
     assert doc["settings"]["chunk_size"] == 1024
+    # 6 images, 12 captions: a text finds its image by chance k / 6, and R@10 over 6 images measures nothing
+    assert doc["chance"]["text_to_image_R@1"]["chance"] == pytest.approx(1 / 6)
+    assert doc["chance"]["text_to_image_R@1"]["queries"] == 12 and doc["chance"]["image_to_text_R@1"]["queries"] == 6
+    assert doc["chance"]["text_to_image_R@10"]["mark"] == doc["chance"]["image_retrieval_recall@10"]["mark"]
+    assert doc["chance"]["text_to_image_R@10"]["mark"] == "meaningless"
+    printed = capsys.readouterr().out
+    assert "\n  chance " in printed and "\n! meaningless: chance is 1" in printed, printed
     assert (
         main(["retrieval", "--model", "clip-dcl-tiny", "--data", str(tmp_path / "nothere.csv"), "--no-progress"]) == 2
     )

@@ -146,7 +146,7 @@ def test_cli_refuses_misaligned_names_before_the_model_loads(tmp_path, monkeypat
     assert "is in neither layout" in capsys.readouterr().err
 
 
-def test_zeroshot_cli_with_tiny_model(tmp_path):
+def test_zeroshot_cli_with_tiny_model(tmp_path, capsys):
     from clip_dcl.eval.cli import main
 
     names = ["blue", "green", "red", "yellow", "purple", "cyan"]
@@ -175,6 +175,11 @@ def test_zeroshot_cli_with_tiny_model(tmp_path):
     assert {"top1", "top5", "mean_per_class_recall", "model", "data", "settings"} <= doc.keys()
     assert doc["data"]["num_classes"] == 6 and doc["settings"]["num_templates"] == 1
     assert 0 <= doc["top1"] <= doc["top5"] <= 1
+    # 6 classes, 12 images: top-1 by chance 1/6, top-5 5/6, each over the 12 images
+    assert doc["chance"]["acc1"]["chance"] == pytest.approx(1 / 6) and doc["chance"]["top1"]["queries"] == 12
+    assert doc["chance"]["top5"]["chance"] == pytest.approx(5 / 6) and doc["chance"]["top5"]["mark"] != "meaningless"
+    printed = capsys.readouterr().out
+    assert "metric" in printed and " chance" in printed.splitlines()[0], printed
     (root / "classnames.txt").write_text("just one\n")
     assert main(["zeroshot", "--model", "clip-dcl-tiny", "--data", str(root), "--no-progress"]) == 2
     assert main(["zeroshot", "--model", "clip-dcl-tiny", "--data", str(root), "--device", "gpu0"]) == 2

@@ -1,5 +1,5 @@
-"""Your own images and captions: `clip-dcl data shards` from a folder of image + .txt pairs or a CSV, then the
-training and retrieval commands it prints; the same CSV read by training and by evaluation."""
+"""Your own images and captions: `clip-dcl data shards` from a folder of image + .txt pairs, a CSV or a folder of
+class folders, then the training and evaluation commands it prints; the same CSV read by training and by evaluation."""
 
 from __future__ import annotations
 
@@ -156,3 +156,50 @@ def test_the_csv_evaluation_reads_trains_from_any_folder(tmp_path, monkeypatch):
     assert (elsewhere / "logs" / "csv" / "checkpoints" / "epoch_1.pt").is_file()
     params = (elsewhere / "logs" / "csv" / "params.txt").read_text()
     assert "csv_img_key: image" in params and "csv_caption_key: caption" in params and "csv_separator: ," in params
+
+
+def write_class_tree(root, classes, per_class):
+    """``per_class`` 16x16 JPEGs in a folder of each class, no caption: ImageFolder's layout."""
+    for c, name in enumerate(classes):
+        (root / name).mkdir(parents=True)
+        for i in range(per_class):
+            Image.new("RGB", (16, 16), ((80 * c + 9 * i) % 256, (40 * c) % 256, (150 + 7 * i) % 256)).save(
+                root / name / f"{i}.jpg"
+            )
+
+
+def test_class_folders_give_a_zero_shot_set_that_the_printed_eval_command_reads(tmp_path, monkeypatch, trained_run):
+    import tarfile
+
+    write_class_tree(tmp_path / "pets", ["golden_retriever", "tabby-cat", "003.red_fox"], per_class=5)
+    code, out, err = run(["data", "shards", "pets", "pet_shards"], cwd=tmp_path, monkeypatch=monkeypatch)
+    assert code == 0, err
+    assert "zeroshot: 3 images of 3 classes, pet_shards/zeroshot" in out, out  # one of each class held out
+    zeroshot = tmp_path / "pet_shards" / "zeroshot"
+    assert (zeroshot / "classnames.txt").read_text().splitlines() == ["red fox", "golden retriever", "tabby cat"]
+    assert "a photo of a {c}." in (zeroshot / "templates.txt").read_text().splitlines()
+    assert [len(list(d.iterdir())) for d in sorted(zeroshot.iterdir()) if d.is_dir()] == [1, 1, 1]
+    with tarfile.open(tmp_path / "pet_shards" / "train" / "00000.tar") as tar:
+        captions = sorted({tar.extractfile(m).read().decode() for m in tar.getmembers() if m.name.endswith(".txt")})
+    assert captions == ["a photo of a golden retriever.", "a photo of a red fox.", "a photo of a tabby cat."]
+    commands = [line.strip() for line in out.splitlines() if line.strip().startswith("clip-dcl ")]
+    assert [c.split()[:3] for c in commands] == [["clip-dcl", "train", "--loss"], ["clip-dcl", "eval", "zeroshot"]]
+    # the printed command as it is, on a checkpoint the session has trained instead of the run it names
+    argv = shlex.split(commands[1])[1:]
+    argv[argv.index("--checkpoint") + 1] = str(trained_run("clip") / "checkpoints" / "epoch_1.pt")
+    code, out, err = run(argv + ["--no-progress", "--output", "zs.json"])
+    assert code == 0, err[-3000:]
+    doc = json.loads((tmp_path / "zs.json").read_text())
+    assert doc["data"]["num_classes"] == 3 and doc["data"]["num_images"] == 3
+    assert doc["settings"]["classnames"].endswith("classnames.txt") and doc["settings"]["num_templates"] == 80
+
+
+def test_class_folders_with_captions_stay_image_caption_pairs(tmp_path):
+    from clip_dcl.data.classes import readable_classname
+    from clip_dcl.data.pairs import write_pairs as write
+
+    write_pairs(tmp_path / "src" / "2023-01", 3)
+    write_pairs(tmp_path / "src" / "2023-02", 3)
+    summary = write(tmp_path / "src", tmp_path / "out", val_fraction=0, verbose=False)
+    assert summary["kind"] == "folder" and "zeroshot" not in summary and not (tmp_path / "out" / "zeroshot").exists()
+    assert readable_classname("n01440764") == "n01440764" and readable_classname("12") == "12"

@@ -319,9 +319,14 @@ def _add_shards_parser(subparsers) -> None:
         "OUT_DIR/train and OUT_DIR/val (a held-out share), each numbered .tar files with sizes.json, and "
         "OUT_DIR/summary.json. SRC is a folder of image files, each with its caption in a .txt of the "
         "same name (x.jpg + x.txt, sub-folders included), or a CSV/TSV of image paths (relative to its "
-        "folder) and captions. Prints what it wrote and skipped, and the commands to train and evaluate.",
+        "folder) and captions. A folder of class folders (SRC/<class>/<image>, no .txt: ImageFolder's layout) "
+        "gives each image its class name as caption, holds out a share of each class, and also writes the held-out "
+        "images as OUT/zeroshot, the zero-shot set `clip-dcl eval zeroshot` reads (classnames.txt from the folder "
+        "names, templates.txt). Prints what it wrote and skipped, and the commands to train and evaluate.",
     )
-    p.add_argument("source", metavar="SRC", help="a folder of images with .txt captions, or a CSV/TSV file")
+    p.add_argument(
+        "source", metavar="SRC", help="a folder of images with .txt captions, a folder of class folders, or a CSV/TSV"
+    )
     p.add_argument("out_dir", metavar="OUT_DIR", help="output folder")
     p.add_argument(
         "--val-fraction",
@@ -374,6 +379,10 @@ def _run_shards(args) -> int:
         return 2
     for name, split in summary["splits"].items():
         print(f"{name}: {split['pairs']} pairs in {split['shards']} shard(s), {split['folder']}")
+    if "zeroshot" in summary:
+        zs = summary["zeroshot"]
+        left = f" (no image held out of {', '.join(zs['left_out'])})" if zs["left_out"] else ""
+        print(f"zeroshot: {zs['images']} images of {zs['classes']} classes, {zs['folder']}{left}")
     skipped = summary["skipped"]
     print(
         f"skipped: {sum(s['count'] for s in skipped.values())}"

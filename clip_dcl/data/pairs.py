@@ -1,6 +1,7 @@
 """Your own image-caption pairs as training and validation shards (``clip-dcl data shards``): a folder of images
 with same-stem ``.txt`` captions, or a CSV/TSV of image paths (relative to its folder) and captions, several rows
-of one image giving it several captions (the first is its ``.txt``, all are in its json ``captions``).
+of one image giving it several captions (the first is its ``.txt``, all are in its json ``captions``); or a folder
+of class folders, also written as a zero-shot set (`clip_dcl.data.classes`).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .classes import CAPTION, ZeroshotTree, class_tree
 from .evalsets.files import IMAGE_EXTENSIONS
 from .shards import folder_pattern, format_key, shard_writer, write_sizes_json
 
@@ -120,11 +122,13 @@ def caption_folder_hint(folder) -> str:
 
 @dataclass
 class Pair:
-    """One image and its captions; ``where`` names it in messages (its path, or the CSV line)."""
+    """One image and its captions; ``where`` names it in messages (its path, or the CSV line); ``label``: its class
+    folder, in a tree of class folders."""
 
     image: Path
     captions: list
     where: str
+    label: str | None = None
 
 
 @dataclass
@@ -162,6 +166,33 @@ def list_folder(folder: Path) -> Listed:
         elif suffix == ".txt" and path.with_suffix("") not in images:
             listed.skip("caption without an image", str(path))
     return listed
+
+
+def list_classes(samples: list, names: dict) -> Listed:
+    """A tree of class folders' images (`classes.class_tree`), each captioned with its class name."""
+    return Listed([Pair(path, [CAPTION.format(c=names[label])], str(path), label) for path, label in samples])
+
+
+def held_out(pairs: list, val_fraction: float, seed: int) -> dict:
+    """``{"val", "train"}``: ``val_fraction`` of the pairs drawn by ``seed`` (at least one when any is asked for);
+    pairs with a class are drawn class by class (one at least of each class of two or more), then shuffled."""
+    rng = random.Random(seed)
+    if not any(p.label for p in pairs):
+        pairs = list(pairs)
+        rng.shuffle(pairs)
+        n_val = round(len(pairs) * val_fraction) if len(pairs) > 1 else 0
+        n_val = max(n_val, 1) if val_fraction > 0 and len(pairs) > 1 else n_val
+        return {"val": pairs[:n_val], "train": pairs[n_val:]}
+    splits = {"val": [], "train": []}
+    for label in sorted({p.label for p in pairs}):
+        group = [p for p in pairs if p.label == label]
+        rng.shuffle(group)
+        n_val = max(1, round(len(group) * val_fraction)) if val_fraction > 0 and len(group) > 1 else 0
+        splits["val"] += group[:n_val]
+        splits["train"] += group[n_val:]
+    for split in splits.values():
+        rng.shuffle(split)
+    return splits
 
 
 def list_csv(path: Path, columns: CsvColumns) -> Listed:
@@ -227,21 +258,28 @@ def write_pairs(
     verbose: bool = True,
 ) -> dict:
     """Shuffle (``seed``) and write the pairs of ``source`` as shards in ``out_dir/train`` and ``out_dir/val``; the
-    summary also written to ``out_dir/summary.json``. Unusable pairs are skipped and counted by cause.
+    summary also written to ``out_dir/summary.json``. Unusable pairs are skipped and counted by cause. A folder of
+    class folders also gives ``out_dir/zeroshot``, its held-out images (`classes.ZeroshotTree`).
     """
     source, out = Path(source), Path(out_dir)
     if not 0 <= val_fraction < 1:
         raise ValueError(f"--val-fraction {val_fraction:g}: must be in [0, 1)")
     if shard_size < 1:
         raise ValueError(f"--shard-size {shard_size}: must be >= 1")
-    if source.is_dir():
+    tree = class_tree(source) if source.is_dir() else None
+    if tree is not None:
+        listed, kind = list_classes(*tree), "classes"
+    elif source.is_dir():
         listed, kind = list_folder(source), "folder"
     elif source.is_file():
         flags = ("--img-key", "--caption-key", "--separator")
         listed, kind = list_csv(source, csv_columns(source, img_key, caption_key, sep, flags=flags)), "csv"
     else:
-        raise ValueError(f"{source} does not exist: give a folder of images with .txt captions, or a CSV/TSV file")
-    earlier = [out / name for name in ("train", "val", "summary.json") if (out / name).exists()]
+        raise ValueError(
+            f"{source} does not exist: give a folder of images with .txt captions, a folder of class folders, or a "
+            "CSV/TSV file"
+        )
+    earlier = [out / name for name in ("train", "val", "zeroshot", "summary.json") if (out / name).exists()]
     if earlier and not overwrite:
         raise ValueError(
             f"{out} already holds {', '.join(p.name for p in earlier)}: give --overwrite to replace "
@@ -256,13 +294,10 @@ def write_pairs(
         else:
             path.unlink()
 
-    pairs = list(listed.pairs)
-    random.Random(seed).shuffle(pairs)
-    n_val = round(len(pairs) * val_fraction) if len(pairs) > 1 else 0
-    n_val = max(n_val, 1) if val_fraction > 0 and len(pairs) > 1 else n_val
-    splits = {"val": pairs[:n_val], "train": pairs[n_val:]}
+    splits = held_out(listed.pairs, val_fraction, seed)
+    zeroshot = ZeroshotTree(out / "zeroshot", tree[1]) if tree is not None else None
     skipped = {c: list(w) for c, w in listed.skipped.items()}
-    written, start, done, total = {}, time.perf_counter(), 0, len(pairs)
+    written, start, done, total = {}, time.perf_counter(), 0, len(listed.pairs)
     for name in ("train", "val"):
         sizes: Counter = Counter()
         writer = None
@@ -294,6 +329,8 @@ def write_pairs(
                 }
             )
             sizes[os.path.basename(writer.fname)] += 1
+            if zeroshot is not None and name == "val":
+                zeroshot.add(pair.label, key, ext, data)
         if writer is not None:
             writer.close()
             write_sizes_json(out / name, dict(sorted(sizes.items())))
@@ -315,13 +352,16 @@ def write_pairs(
         "splits": written,
         "skipped": {c: {"count": len(w), "examples": w[:5]} for c, w in skipped.items()},
     }
+    made = zeroshot.finish() if zeroshot is not None else None
+    if made is not None:
+        summary["zeroshot"] = made
     (out / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
     return summary
 
 
 def next_commands(summary: dict, out_dir, name: str = "decl", epochs: int = 10) -> list:
-    """The ``clip-dcl train`` and ``clip-dcl eval retrieval`` commands for what :func:`write_pairs` wrote: a
-    batch and a worker count every data-loader worker can fill from its own shards."""
+    """The ``clip-dcl train`` and ``clip-dcl eval retrieval`` (or, for class folders, ``eval zeroshot``) commands for
+    what :func:`write_pairs` wrote: a batch and a worker count every data-loader worker can fill from its own shards."""
     import shlex
 
     train = summary["splits"]["train"]
@@ -347,9 +387,13 @@ def next_commands(summary: dict, out_dir, name: str = "decl", epochs: int = 10) 
         "--name": name,
     }
     commands = [shlex.join(["clip-dcl", "train", *(word for pair in flags.items() for word in pair)])]
-    if "val" in summary["splits"]:
-        checkpoint = f"logs/{name}/checkpoints/epoch_{epochs}.pt"
+    checkpoint = f"logs/{name}/checkpoints/epoch_{epochs}.pt"
+    if "val" in summary["splits"] and summary.get("kind") != "classes":  # one caption a class: retrieval says nothing
         commands.append(
             shlex.join(["clip-dcl", "eval", "retrieval", "--checkpoint", checkpoint, "--data", str(out / "val")])
+        )
+    if "zeroshot" in summary:
+        commands.append(
+            shlex.join(["clip-dcl", "eval", "zeroshot", "--checkpoint", checkpoint, "--data", str(out / "zeroshot")])
         )
     return commands

@@ -198,12 +198,15 @@ def main(argv: list[str] | None = None) -> int:
         print(f"clip-dcl eval {task.name}: {e}", file=sys.stderr)
         return 2
     settings.update(result.settings)
-    print(task.table(result.metrics, args) if task.table else metrics_table(result.metrics))
+    shown = {"chance": result.chance} if result.chance else {}  # a task that reports chance levels shows them
+    print(task.table(result.metrics, args, **shown) if task.table else metrics_table(result.metrics))
     if args.output:
         data = dict(result.data)
         data.pop("skipped", None)
         doc = result_document(result.metrics, model_info, data, settings, result.details)
         doc["skipped"] = skips.as_dict()
+        if result.chance:
+            doc["chance"] = result.chance
         path = write_json(args.output, doc)
         print(f"wrote {path}")
         if getattr(args, "format", "flat") == "clip_benchmark":

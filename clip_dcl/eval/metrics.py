@@ -162,6 +162,83 @@ def classification_metrics(logits: torch.Tensor, labels: torch.Tensor) -> dict[s
     }
 
 
+#: A score within this many standard errors of its chance level is "near chance": a content-blind model lands
+#: there about 19 times in 20 (the normal approximation of the binomial count of hits over the queries).
+NOISE_SE = 2.0
+
+
+def any_hit_chance(num_candidates: int, num_true: int, k: int) -> float:
+    """P(at least one of ``num_true`` relevant items in a uniformly random top ``k`` of ``num_candidates``):
+    ``1 - C(M - m, k) / C(M, k)``; ``k / M`` for one relevant item."""
+    k = min(k, num_candidates)
+    miss = 1.0
+    for i in range(k):
+        miss *= max(0, num_candidates - num_true - i) / (num_candidates - i)
+    return 1.0 - miss
+
+
+def _level(per_query: torch.Tensor) -> tuple[float, float, int]:
+    """``(chance, standard error, queries)`` of a mean of independent hits with these chances."""
+    p = per_query.double()
+    n = len(p)
+    return float(p.mean()), float((p * (1 - p)).sum().sqrt() / n), n
+
+
+def retrieval_chance(text_to_image: torch.Tensor, num_images: int, ks: Sequence[int] = (1, 5, 10)) -> dict:
+    """``{metric: (chance, standard error, queries)}`` of every R@k key of `retrieval_metrics` for a ranking that
+    ignores the content: an image query hits when any of its ``m_i`` texts is in a random top k of the ``T``
+    texts (`any_hit_chance`), a text query when its image is in a random top k of the ``N`` images (``k / N``)."""
+    text_to_image = torch.as_tensor(text_to_image).long().cpu()
+    counts = torch.bincount(text_to_image, minlength=num_images)
+    num_texts = len(text_to_image)
+    sizes, inverse = torch.unique(counts, return_inverse=True)
+    out = {}
+    for k in ks:
+        by_size = torch.tensor([any_hit_chance(num_texts, int(m), k) for m in sizes], dtype=torch.double)
+        i2t = _level(by_size[inverse])
+        t2i = _level(torch.full((num_texts,), min(1.0, k / num_images), dtype=torch.double))
+        for key, level in (
+            (f"image_to_text_R@{k}", i2t),
+            (f"text_retrieval_recall@{k}", i2t),
+            (f"text_to_image_R@{k}", t2i),
+            (f"image_retrieval_recall@{k}", t2i),
+        ):
+            out[key] = level
+    return out
+
+
+def classification_chance(num_classes: int, num_images: int) -> dict:
+    """``{metric: (chance, standard error, queries)}`` of `classification_metrics`' keys (and ``acc1``/``acc5``)
+    for a classifier that ignores the image: top-k ``k / C``, mean per-class recall ``1 / C`` (its standard error
+    is exact for balanced classes, an approximation otherwise)."""
+    out = {}
+    for k, keys in ((1, ("top1", "acc1", "mean_per_class_recall")), (5, ("top5", "acc5"))):
+        level = _level(torch.full((num_images,), min(1.0, k / num_classes), dtype=torch.double))
+        out.update({key: level for key in keys})
+    return out
+
+
+def against_chance(metrics: dict, levels: dict) -> dict:
+    """For each metric with a chance level: ``{"chance", "noise", "queries", "mark"}``. ``noise`` is `NOISE_SE`
+    standard errors; ``mark`` is ``"meaningless"`` where chance is 1 (R@k with k at or above the candidates,
+    top-k with k at or above the classes: every model scores 1), ``"near chance"`` where the score is within
+    ``noise`` of chance, else None."""
+    out = {}
+    for key, (level, se, queries) in levels.items():
+        if key not in metrics:
+            continue
+        value = metrics[key]
+        noise = NOISE_SE * se
+        if level >= 1.0 - 1e-12:
+            mark = "meaningless"
+        elif math.isfinite(value) and abs(value - level) <= noise:
+            mark = "near chance"
+        else:
+            mark = None
+        out[key] = {"chance": level, "noise": noise, "queries": queries, "mark": mark}
+    return out
+
+
 def mean_average_precision(scores: torch.Tensor, targets: torch.Tensor) -> float:
     """Mean over classes of the average precision against multi-hot ``targets``, as CLIP_benchmark reports it (a
     class without a positive counts 0); raw scores, not torchmetrics' sigmoid, which saturates CLIP's 100x logits

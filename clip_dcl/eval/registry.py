@@ -14,14 +14,16 @@ __all__ = ["EvalTask", "TaskResult", "register_task", "get_task", "registered_ta
 
 @dataclass
 class TaskResult:
-    """One run of a task: flat ``metrics``, the JSON's ``data``, its ``settings``, per-record ``details`` (or None)
-    and ``facts`` for its CLIP_benchmark writer."""
+    """One run of a task: flat ``metrics``, the JSON's ``data``, its ``settings``, per-record ``details`` (or None),
+    ``facts`` for its CLIP_benchmark writer and ``chance``, each metric against its chance level
+    (`metrics.against_chance`; given to the task's ``table`` as ``chance=`` and written to the JSON)."""
 
     metrics: dict
     data: dict
     settings: dict = field(default_factory=dict)
     details: list | None = None
     facts: dict = field(default_factory=dict)
+    chance: dict = field(default_factory=dict)
 
 
 def _nothing(_) -> None:

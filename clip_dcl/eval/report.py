@@ -10,7 +10,7 @@ import os
 from pathlib import Path
 from typing import Iterable, Sequence
 
-RESERVED_KEYS = ("model", "data", "settings", "details", "skipped")
+RESERVED_KEYS = ("model", "data", "settings", "details", "skipped", "chance")
 
 
 def _fmt(v) -> str:
@@ -33,6 +33,27 @@ def format_table(headers: Sequence[str], rows: Iterable[Sequence]) -> str:
 def metrics_table(metrics: dict[str, float]) -> str:
     """Two columns, metric and value, in the dict's order."""
     return format_table(["metric", "value"], [[k, v] for k, v in metrics.items()])
+
+
+#: The marks of `metrics.against_chance` in a printed table, and what each means.
+CHANCE_MARKS = {
+    "near chance": ("*", "within noise of chance: within {se:g} standard errors of what a content-blind model scores"),
+    "meaningless": ("!", "meaningless: chance is 1 (k at or above the candidates or classes), every model scores 1"),
+}
+
+
+def marked(value, entry: dict | None) -> str:
+    """``value`` formatted, then its chance mark (two characters, blank when unmarked, so that columns align)."""
+    mark = CHANCE_MARKS[entry["mark"]][0] if entry and entry["mark"] else ""
+    return f"{_fmt(value)} {mark or ' '}"
+
+
+def chance_footnotes(chance: dict) -> list[str]:
+    """A line for each mark used in ``chance`` (`metrics.against_chance`), for below a table."""
+    from .metrics import NOISE_SE
+
+    used = {entry["mark"] for entry in chance.values()}
+    return [f"{sign} {text.format(se=NOISE_SE)}" for mark, (sign, text) in CHANCE_MARKS.items() if mark in used]
 
 
 def result_document(metrics: dict[str, float], model: dict, data: dict, settings: dict, details=None) -> dict:

@@ -16,9 +16,9 @@ from ..data.evalsets.retrieval import expand_shards, read_retrieval_csv, retriev
 from ..data.evalsets.samples import split_captions
 from ..data.evalsets.skips import Skip, SkipCounter
 from .encoding import EvalOptions, encode_batches, encode_images, encode_texts, labelled_batches
-from .metrics import retrieval_metrics
+from .metrics import against_chance, retrieval_chance, retrieval_metrics
 from .registry import EvalTask, TaskResult, register_task
-from .report import format_table
+from .report import chance_footnotes, format_table, marked
 
 log = logging.getLogger(__name__)
 
@@ -138,7 +138,7 @@ def evaluate_retrieval(
     **kwargs,
 ):
     """`retrieval_metrics` of ``model`` on ``data`` (as `embed_retrieval_data` reads it), and with ``return_info``
-    ``{"num_images", "num_texts", "skipped"}``."""
+    ``{"num_images", "num_texts", "skipped", "chance"}`` (each R@k against its chance level, `against_chance`)."""
     ks = [int(k) for k in ks]
     if not ks or min(ks) < 1:
         raise ValueError(f"recall@k needs k >= 1, got {ks}")
@@ -160,7 +160,9 @@ def evaluate_retrieval(
     device = options.device
     metrics = retrieval_metrics(img.to(device), txt.to(device), t2i.to(device), ks=ks, chunk_size=chunk_size)
     if return_info:
-        return metrics, {"num_images": int(img.shape[0]), "num_texts": int(txt.shape[0]), "skipped": skips.as_dict()}
+        chance = against_chance(metrics, retrieval_chance(t2i, img.shape[0], ks))
+        info = {"num_images": int(img.shape[0]), "num_texts": int(txt.shape[0]), "skipped": skips.as_dict()}
+        return metrics, {**info, "chance": chance}
     return metrics
 
 
@@ -219,19 +221,30 @@ def _run(model, preprocess, tokenizer, args, common) -> TaskResult:
         return_info=True,
         **common,
     )
+    chance = info.pop("chance")
     return TaskResult(
         metrics,
         {"path": str(args.data), **info},
         settings=dict(chunk_size=args.chunk_size, normalize=True, recall_k=args.recall_k),
+        chance=chance,
     )
 
 
-def retrieval_table(metrics: dict[str, float], ks: Sequence[int] = (1, 5, 10)) -> str:
-    """Rows image->text and text->image; columns R@k for each k of ``ks``, mean and median rank."""
+def retrieval_table(metrics: dict[str, float], ks: Sequence[int] = (1, 5, 10), chance: dict | None = None) -> str:
+    """Rows image->text and text->image; columns R@k for each k of ``ks``, mean and median rank. With ``chance``
+    (`against_chance`): a chance row under each direction, marked cells and a line for each mark used."""
     keys = [f"R@{k}" for k in ks] + ["mean_rank", "median_rank"]
     directions = (("image_to_text", "image -> text"), ("text_to_image", "text -> image"))
-    rows = [[label] + [metrics[f"{prefix}_{key}"] for key in keys] for prefix, label in directions]
-    return format_table(["direction"] + [key.replace("_", " ") for key in keys], rows)
+    rows = []
+    for prefix, label in directions:
+        if chance is None:
+            rows.append([label] + [metrics[f"{prefix}_{key}"] for key in keys])
+            continue
+        entries = [chance.get(f"{prefix}_{key}") for key in keys]
+        rows.append([label] + [marked(metrics[f"{prefix}_{key}"], e) for key, e in zip(keys, entries)])
+        rows.append(["  chance"] + [marked(e["chance"], None) if e else "" for e in entries])
+    table = format_table(["direction"] + [key.replace("_", " ") for key in keys], rows)
+    return "\n".join([table, *chance_footnotes(chance or {})])
 
 
 def benchmark_retrieval_metrics(metrics: dict[str, float]) -> dict[str, float]:
@@ -268,7 +281,7 @@ register_task(
             "image_retrieval_recall@{k}",
             "text_retrieval_recall@{k}",
         ),
-        table=lambda metrics, args: retrieval_table(metrics, args.recall_k),
+        table=lambda metrics, args, chance=None: retrieval_table(metrics, args.recall_k, chance),
         benchmark_name="zeroshot_retrieval",
         benchmark_metrics=benchmark_retrieval_metrics,
         benchmark_run=_benchmark_run,

@@ -25,9 +25,9 @@ from .encoding import (
     normalize_templates,
     zeroshot_classifier,
 )
-from .metrics import classification_metrics, mean_average_precision
+from .metrics import against_chance, classification_chance, classification_metrics, mean_average_precision
 from .registry import EvalTask, TaskResult, register_task
-from .report import metrics_table
+from .report import chance_footnotes, format_table, marked, metrics_table
 
 log = logging.getLogger(__name__)
 
@@ -214,7 +214,8 @@ def evaluate_zeroshot(
     **kwargs,
 ):
     """Zero-shot metrics of ``model`` on ``root`` (a tree, CLIP_benchmark's layout, or a ``Dataset`` /
-    ``DataLoader`` of ``(image, label or multi-hot)``); with ``return_info`` also a dict of what was used."""
+    ``DataLoader`` of ``(image, label or multi-hot)``); with ``return_info`` also a dict of what was used, and
+    ``chance``: each single-label metric against its chance level (`against_chance`)."""
     options = EvalOptions.from_kwargs(options, **kwargs)
     skips = SkipCounter(options.strict) if skips is None else skips
     data = zeroshot_data(root, classnames, templates, split=split, multilabel=multilabel)
@@ -254,6 +255,8 @@ def evaluate_zeroshot(
         )
     metrics = zeroshot_metrics(feats, classifier, labels)
     if return_info:
+        # single-label scores against what a classifier blind to the image scores (mAP has no such level here)
+        levels = classification_chance(len(names), len(labels)) if labels.ndim == 1 else {}
         info = {
             "num_images": int(feats.shape[0]),
             "num_classes": len(names),
@@ -264,6 +267,7 @@ def evaluate_zeroshot(
             "classnames": list(names),
             "templates": _printable_templates(tmpls),
             "skipped": skips.as_dict(),
+            "chance": against_chance(metrics, levels),
         }
         return metrics, info
     return metrics
@@ -347,12 +351,13 @@ def _run(model, preprocess, tokenizer, args, common) -> TaskResult:
     )
     info.pop("classnames")
     info.pop("templates")
+    chance = info.pop("chance")
     settings = dict(
         classnames=info.pop("classnames_source"),
         templates=info.pop("templates_source"),
         num_templates=info.pop("num_templates"),
     )
-    return TaskResult(metrics, {"path": str(args.data), **info}, settings=settings)
+    return TaskResult(metrics, {"path": str(args.data), **info}, settings=settings, chance=chance)
 
 
 def benchmark_classification_metrics(metrics: dict[str, float]) -> dict[str, float]:
@@ -381,9 +386,17 @@ def _benchmark_run(model, preprocess, tokenizer, run, settings):
     return metrics, {key: info[key] for key, dump in dumps.items() if dump}
 
 
-def zeroshot_table(metrics: dict[str, float], args=None) -> str:
-    """The metrics' table, with a line saying why ``top5`` is NaN when it is."""
-    table = metrics_table(metrics)
+def zeroshot_table(metrics: dict[str, float], args=None, chance: dict | None = None) -> str:
+    """The metrics' table, with a line saying why ``top5`` is NaN when it is; with ``chance``
+    (`against_chance`) a chance column, marked values and a line for each mark used."""
+    if chance:
+        rows = [
+            [k, marked(v, chance.get(k)), marked(chance[k]["chance"], None) if k in chance else ""]
+            for k, v in metrics.items()
+        ]
+        table = "\n".join([format_table(["metric", "value", "chance"], rows), *chance_footnotes(chance)])
+    else:
+        table = metrics_table(metrics)
     top5 = metrics.get("top5")
     if isinstance(top5, float) and math.isnan(top5):
         table += (

@@ -145,15 +145,6 @@ def evaluate(
     return out
 
 
-def _any_hit_chance(num_candidates: int, num_true: int, k: int) -> float:
-    """P(at least one of ``num_true`` relevant items in a uniformly random top ``k``)."""
-    k = min(k, num_candidates)
-    miss = 1.0
-    for i in range(k):
-        miss *= max(0, num_candidates - num_true - i) / (num_candidates - i)
-    return 1.0 - miss
-
-
 def chance_levels(data: dict) -> Dict[str, float]:
     """What an embedding unrelated to the content scores on each headline metric, in expectation.
 
@@ -163,11 +154,13 @@ def chance_levels(data: dict) -> Dict[str, float]:
     Few-shot: ``1 / C`` for accuracy and mean per-class recall (the synthetic suite and the
     digits are balanced or near it, so accuracy's chance is the same to within a point).
     """
+    from ..eval.metrics import any_hit_chance
+
     n_img = int(data["val"]["num_samples"])
     m = int(data["config"]["val_captions_per_image"])
     chance: Dict[str, float] = {}
     for k in (1, 5, 10):
-        chance[f"retrieval/image_to_text_R@{k}"] = _any_hit_chance(n_img * m, m, k)
+        chance[f"retrieval/image_to_text_R@{k}"] = any_hit_chance(n_img * m, m, k)
         chance[f"retrieval/text_to_image_R@{k}"] = min(1.0, k / n_img)
     c = int(data["zeroshot"]["num_classes"])
     chance["zeroshot/top1"] = 1 / c

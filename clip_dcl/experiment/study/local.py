@@ -40,6 +40,16 @@ def default_threads(parallel: int) -> int:
     return max(1, (os.cpu_count() or 1) // parallel)
 
 
+def time_left(seconds: Sequence[float], remaining: int, parallel: int) -> str:
+    """``; about 12 min left (...)``: ``remaining`` runs at the mean time of the runs this call has finished
+    (``seconds``), ``parallel`` at once; empty before the first has finished and after the last."""
+    if not seconds or remaining < 1:
+        return ""
+    left = -(-remaining // parallel) * sum(seconds) / len(seconds)
+    shown = f"{left:.0f} s" if left < 90 else f"{left / 60:.0f} min" if left < 5400 else f"{left / 3600:.1f} h"
+    return f"; about {shown} left ({remaining} run(s) to go at the mean of the {len(seconds)} finished here)"
+
+
 def group_alive(pgid: int) -> bool:
     """Whether a process of group ``pgid`` is still running (a zombie, which nobody may reap here, is not)."""
     try:
@@ -190,6 +200,7 @@ def _run(plan, work, parallel, threads, echo, seeds, splits, sealed_before, comm
     out["planned"] = len(runs)
     lock = threading.Lock()
     count = [0]
+    took: List[float] = []  # the times of the runs finished by this call: the time left
 
     def one(job):
         arm, seed = job
@@ -229,10 +240,12 @@ def _run(plan, work, parallel, threads, echo, seeds, splits, sealed_before, comm
             count[0] += 1
             if code == 0:
                 out["finished"].append(job)
+                took.append(seconds)
                 val = W.read_scores(work, arm, seed, "validation") or {}
                 echo(
                     f"{where}: done in {seconds:.0f} s (validation {plan.metric} "
                     f"{100 * val.get(plan.metric, float('nan')):.2f} points)"
+                    + time_left(took, len(runs) - count[0], parallel)
                 )
             else:
                 out["failed"].append(job)
