@@ -76,7 +76,7 @@ def main(argv: Optional[List[str]] = None, prog: Optional[str] = None, exiting: 
         from .preempt import INTERRUPTED_EXIT_CODE, PREEMPTED_EXIT_CODE, signal_number
         from .run import LossStateMismatch
         from .runfolder import RunFolderBusy, RunFolderTaken
-        from .saving import CheckpointDiskFull, CheckpointUnreadable
+        from .saving import CheckpointDiskFull, CheckpointUnreadable, UnsafeCheckpoint
         from .session import PeerFailure, SetupError, run_training
 
         guard.check()
@@ -109,6 +109,7 @@ def main(argv: Optional[List[str]] = None, prog: Optional[str] = None, exiting: 
             SampleIdOutOfRange,
             LossStateMismatch,
             CheckpointUnreadable,
+            UnsafeCheckpoint,
             TrainingDataError,
             CheckpointDiskFull,
             Diverged,

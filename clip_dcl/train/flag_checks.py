@@ -4,9 +4,11 @@ values, the global batch, the output folders, the data's paths, and what a packe
 
 from __future__ import annotations
 
+import argparse
 import glob
 import math
 import os
+from typing import List
 
 from ..errors import FlagError
 
@@ -30,7 +32,11 @@ def check_optimizer_values(oc_args) -> None:
         ("--batch-size", oc_args.batch_size, lambda v: v >= 1, "an integer >= 1"),
         ("--accum-freq", oc_args.accum_freq, lambda v: v >= 1, "an integer >= 1"),
         ("--epochs", oc_args.epochs, lambda v: v >= 0, "an integer >= 0"),
+        ("--train-num-samples", oc_args.train_num_samples, lambda v: v >= 1, "an integer >= 1"),
     )
+    training = bool(oc_args.train_data) or oc_args.dataset_type == "synthetic"
+    if training and oc_args.epochs == 0:
+        raise FlagError("--epochs 0: the run would train nothing; give --epochs 1 or more")
     for flag, value, ok, want in checks:
         if bad(value, ok):
             raise FlagError(
@@ -300,3 +306,33 @@ def csv_images_beside(dataset, csv_path: str) -> None:
         p if os.path.isabs(str(p)) or not os.path.isfile(os.path.join(folder, str(p))) else os.path.join(folder, str(p))
         for p in dataset.images
     ]
+
+
+def check_spelled_out(argv: List[str], parsers: List[argparse.ArgumentParser]) -> None:
+    """Refuse (`FlagError`) a ``--flag`` that none of ``parsers`` knows by that exact name but some flag begins
+    with: OpenCLIP's parser takes abbreviations, so a mistyped ``--los decl`` would set ``--loss-dist-impl``.
+    A word is read as argparse reads it: an option up to its ``=``; a word with a space is a value."""
+    known = set()
+    for parser in parsers:
+        known.update(parser._option_string_actions)  # argparse keeps no public list of its option strings
+    for word in argv:
+        if word == "--":  # what follows is positional
+            break
+        name = word.split("=", 1)[0]
+        if not name.startswith("--") or name == "--" or " " in name or name in known:
+            continue
+        candidates = sorted(flag for flag in known if flag.startswith(name))
+        if candidates:
+            raise FlagError(
+                f"{name} is not a flag (flags are spelled out in full); it could mean {', '.join(candidates)}"
+            )
+
+
+def check_known(argv: List[str], parsers: List[argparse.ArgumentParser]) -> None:
+    """Refuse (`FlagError`) a ``--flag`` that none of ``parsers`` knows, naming the closest flags they do know
+    (argparse would only say "unrecognized arguments"); one with no flag close to it is left to argparse."""
+    from ..arguments import misspelt_flag
+
+    found = misspelt_flag(argv, [flag for parser in parsers for flag in parser._option_string_actions])
+    if found:
+        raise FlagError(f"{found[0]} is not a flag of clip-dcl or OpenCLIP; the closest: {', '.join(found[1])}")

@@ -21,13 +21,26 @@ from ..errors import FlagError  # noqa: F401  (raised here, and imported from he
 from .flag_checks import (  # noqa: F401 (re-exported)
     check_data_paths,
     check_global_batch,
+    check_known,
     check_optimizer_values,
     check_output_paths,
     check_packed_flags,
     check_ranks_against_devices,
+    check_spelled_out,
     check_worker_batches,
     csv_data_flags,
     shard_folders_as_patterns,
+)
+from .loss_flags import (  # noqa: F401 (re-exported)
+    _DIST_KWARGS,
+    OPENCLIP_LOSS_FLAGS,
+    _flag,
+    _loss_defaults,
+    _words,
+    flag_owners,
+    loss_command,
+    loss_flags_table,
+    setting_words,
 )
 
 if TYPE_CHECKING:
@@ -38,98 +51,15 @@ if TYPE_CHECKING:
 ADAMW_IMPLS = ("foreach", "fused")
 
 
-def flag_owners() -> Dict[str, tuple]:
-    """Our loss flags' ``dest`` -> (the loss it belongs to, that loss's keyword argument), from each registered
-    loss's ``flags``."""
-    from clip_dcl.losses import LOSSES
-
-    out = {}
-    for name, cls in LOSSES.items():
-        for flag in cls.flags:
-            if flag.dest in out and out[flag.dest][0] != name:
-                raise ValueError(f"{flag.flag} is declared by the losses {out[flag.dest][0]!r} and {name!r}")
-            out[flag.dest] = (name, flag.kwarg)
-    return out
-
-
 def __getattr__(name):  # LOSS_FLAGS: computed from the registry when asked for
     if name == "LOSS_FLAGS":
         return flag_owners()
     raise AttributeError(name)
 
 
-#: Keyword arguments that OpenCLIP's flags give every loss whose signature takes them.
-OPENCLIP_LOSS_FLAGS = {"accum_freq": "--accum-freq", "seed": "--seed"}
-_DIST_KWARGS = {
-    "rank",
-    "world_size",
-    "local_loss",
-    "gather_with_grad",
-    "cache_labels",
-    "use_horovod",
-    "no_grad_gather",
-    "device",
-}
-
-
-def _flag(dest: str) -> str:
-    return "--" + dest.replace("_", "-")
-
-
-def _words(dest: str, value) -> List[str]:
-    """The command-line words that give the flag of ``dest`` the value ``value``."""
-    if isinstance(value, bool):
-        return [_flag(dest) if value else "--no-" + _flag(dest)[2:]]
-    return [_flag(dest), f"{value:g}" if isinstance(value, float) else str(value)]
-
-
-def loss_command(loss: str, loss_args: Dict[str, object]) -> List[str]:
-    """The command-line words that select ``loss`` with ``loss_args`` (values at their default left out)."""
-    words = ["--loss", loss]
-    defaults = _loss_defaults().get(loss, {})
-    for dest, (owner, kwarg) in flag_owners().items():
-        if owner == loss and kwarg in loss_args and loss_args[kwarg] != defaults.get(kwarg, object()):
-            words += _words(dest, loss_args[kwarg])
-    return words
-
-
-def setting_words(loss: str, kwarg: str, value) -> List[str]:
-    """The command-line words that give ``loss``'s keyword argument ``kwarg`` the value ``value``."""
-    for dest, (owner, name) in flag_owners().items():
-        if owner == loss and name == kwarg:
-            return _words(dest, value)
-    if kwarg in OPENCLIP_LOSS_FLAGS:
-        return [OPENCLIP_LOSS_FLAGS[kwarg], str(value)]
-    return [f"{kwarg}={value!r}"]  # a keyword argument no flag sets (a loss used from Python)
-
-
-def _loss_defaults() -> Dict[str, Dict[str, object]]:
-    """``{loss name: {kwarg: default}}`` read from the loss classes' signatures (for --help)."""
-    from clip_dcl.losses import LOSSES
-
-    return {name: cls.defaults() for name, cls in LOSSES.items()}
-
-
 #: How the training command is named in its usage and errors when run as ``python -m clip_dcl.train``
 #: (or under torchrun); ``clip-dcl train`` names itself so.
 PROG = "python -m clip_dcl.train"
-
-
-class OneLineParser(argparse.ArgumentParser):
-    """A refused word in one line, naming the closest valid choice (``--loss DeCL`` -> ``decl``), without the
-    usage block (``--help`` has it)."""
-
-    def error(self, message):
-        import difflib
-        import re
-
-        m = re.search(r"invalid choice: '([^']*)' \(choose from (.*)\)", message)
-        if m:
-            choices = re.findall(r"'?([^',\s]+)'?", m.group(2))
-            close = difflib.get_close_matches(m.group(1).lower(), choices, n=1, cutoff=0.5)
-            if close:
-                message += f"; did you mean {close[0]!r}?"
-        self.exit(2, f"{self.prog}: error: {message}\n")
 
 
 def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
@@ -138,7 +68,9 @@ def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
     from clip_dcl.losses import LOSSES
 
     defaults = _loss_defaults()
-    parser = OneLineParser(
+    from clip_dcl.arguments import FlagParser
+
+    parser = FlagParser(
         prog=prog,
         add_help=False,
         allow_abbrev=False,
@@ -341,37 +273,6 @@ def _preempt_config(ours):
     return PreemptConfig(signals=names, check_every=ours.preempt_check_every, save_every_minutes=minutes)
 
 
-def _default_text(value) -> str:
-    if value is None:
-        return "(see meaning)"
-    if isinstance(value, bool):
-        return "on" if value else "off"
-    return f"`{value}`" if isinstance(value, str) else repr(value)
-
-
-def loss_flags_table() -> str:
-    """Markdown rows ``| flag | loss | meaning | default |`` of every registered loss's flags, from
-    the registry (the flag's help, the default of the class's signature): docs/training.md holds
-    this table verbatim, and a test keeps the two equal."""
-    from clip_dcl.losses import LOSSES
-
-    defaults = _loss_defaults()
-    rows = []
-    for name, cls in LOSSES.items():
-        for flag in cls.flags:
-            spelled = (
-                f"`{flag.flag}` / `--no-{flag.flag[2:]}`"
-                if flag.boolean
-                else (f"`{flag.flag} {{{','.join(map(str, flag.choices))}}}`" if flag.choices else f"`{flag.flag}`")
-            )
-            meaning = flag.help.replace("|", "\\|")
-            rows.append(
-                f"| {spelled} | {name} | {meaning} | "
-                f"{flag.default_text or _default_text(defaults[name].get(flag.kwarg))} |"
-            )
-    return "\n".join(rows)
-
-
 def print_help(parser: argparse.ArgumentParser, file=None) -> None:
     """Our flags, then OpenCLIP's own ``--help``."""
     from open_clip_train.params import parse_args as openclip_parse_args
@@ -460,36 +361,6 @@ def _require_data(oc_args) -> None:
         raise FlagError(
             "nothing to train or evaluate: give --train-data (or --val-data / --imagenet-val to evaluate only)"
         )
-
-
-def check_spelled_out(argv: List[str], parsers: List[argparse.ArgumentParser]) -> None:
-    """Refuse (`FlagError`) a ``--flag`` that none of ``parsers`` knows by that exact name but some flag begins
-    with: OpenCLIP's parser takes abbreviations, so a mistyped ``--los decl`` would set ``--loss-dist-impl``.
-    A word is read as argparse reads it: an option up to its ``=``; a word with a space is a value."""
-    known = set()
-    for parser in parsers:
-        known.update(parser._option_string_actions)  # argparse keeps no public list of its option strings
-    for word in argv:
-        if word == "--":  # what follows is positional
-            break
-        name = word.split("=", 1)[0]
-        if not name.startswith("--") or name == "--" or " " in name or name in known:
-            continue
-        candidates = sorted(flag for flag in known if flag.startswith(name))
-        if candidates:
-            raise FlagError(
-                f"{name} is not a flag (flags are spelled out in full); it could mean {', '.join(candidates)}"
-            )
-
-
-def check_known(argv: List[str], parsers: List[argparse.ArgumentParser]) -> None:
-    """Refuse (`FlagError`) a ``--flag`` that none of ``parsers`` knows, naming the closest flags they do know
-    (argparse would only say "unrecognized arguments"); one with no flag close to it is left to argparse."""
-    from ..arguments import misspelt_flag
-
-    found = misspelt_flag(argv, [flag for parser in parsers for flag in parser._option_string_actions])
-    if found:
-        raise FlagError(f"{found[0]} is not a flag of clip-dcl or OpenCLIP; the closest: {', '.join(found[1])}")
 
 
 def _loss_flags_given(ours) -> Dict[str, object]:

@@ -56,15 +56,16 @@ class IndexedDataset(torch.utils.data.Dataset):
         return (*self.base[idx], torch.tensor(idx, dtype=torch.long))
 
 
-def with_indices(info):
-    """OpenCLIP's ``DataInfo`` of a map-style set with sample ids in its batches, in OpenCLIP's own order."""
+def with_indices(info, wrap=IndexedDataset, sampler=None):
+    """OpenCLIP's ``DataInfo`` of a map-style set with sample ids in its batches (``wrap(dataset)``'s items),
+    in OpenCLIP's own order (``sampler``: another one, for a set whose rows changed)."""
     from torch.utils.data import DataLoader
 
     old = info.dataloader
     loader = DataLoader(
-        IndexedDataset(old.dataset),
+        wrap(old.dataset),
         batch_size=old.batch_size,
-        sampler=old.sampler,
+        sampler=sampler or old.sampler,
         num_workers=old.num_workers,
         pin_memory=old.pin_memory,
         drop_last=old.drop_last,
@@ -72,5 +73,5 @@ def with_indices(info):
         persistent_workers=old.persistent_workers,
         worker_init_fn=chain_worker_init(old.worker_init_fn),
     )
-    loader.num_samples, loader.num_batches = old.num_samples, old.num_batches
-    return dataclasses.replace(info, dataloader=loader)
+    loader.num_samples, loader.num_batches = old.num_samples, len(loader)
+    return dataclasses.replace(info, dataloader=loader, sampler=sampler or info.sampler)

@@ -25,6 +25,7 @@ from clip_dcl.losses.base import stateful
 from . import loss_state, runfolder, saving
 from . import preempt as preemption
 from .compat import setup_logging as openclip_setup_logging
+from .csv_data import DecodedRows, leave_out_bad_rows
 from .divergence import Diverged, NonFiniteSteps, describe_tensors, nonfinite_tensors
 from .exits import watch_loaders
 from .flags import TrainConfig, full_loss_args, openclip_native
@@ -573,8 +574,13 @@ class TrainingRun:
         if read is oc_data.get_wds_dataset:
             return get_wds_train_dataset(args, preprocess, is_train=True, epoch=epoch, tokenizer=tokenizer)
         if read is oc_data.get_csv_dataset:
-            read = _csv_dataset
-        info = with_indices(read(args, preprocess, True, epoch=epoch, tokenizer=tokenizer))
+            info = _csv_dataset(args, preprocess, True, epoch=epoch, tokenizer=tokenizer)
+            sampler = info.sampler
+            if isinstance(sampler, torch.utils.data.DistributedSampler):  # sized before rows were left out
+                sampler = torch.utils.data.DistributedSampler(info.dataloader.dataset)
+            info = with_indices(info, lambda rows: DecodedRows(rows, args.train_data), sampler=sampler)
+        else:
+            info = with_indices(read(args, preprocess, True, epoch=epoch, tokenizer=tokenizer))
         self.train_data_size = info.dataloader.num_samples  # the row (CSV) or index (synthetic) is the sample id
         return info
 
@@ -584,5 +590,10 @@ def _csv_dataset(args, preprocess_fn, is_train, epoch=0, tokenizer=None):
     from .flag_checks import csv_images_beside
 
     info = oc_data.get_csv_dataset(args, preprocess_fn, is_train, epoch=epoch, tokenizer=tokenizer)
-    csv_images_beside(info.dataloader.dataset, args.train_data if is_train else args.val_data)
+    path = args.train_data if is_train else args.val_data
+    csv_images_beside(info.dataloader.dataset, path)
+    if leave_out_bad_rows(info.dataloader.dataset, path):  # fewer rows: the loader's counts follow
+        info.dataloader.num_samples = len(info.dataloader.dataset)
+        if not is_train:  # a training set's loader is made again (with_indices)
+            info.dataloader.num_batches = len(info.dataloader)
     return info

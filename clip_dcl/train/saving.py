@@ -328,7 +328,11 @@ def _torch_load(path: Path, allow_unsafe_pickle: bool = False, mmap: bool = Fals
     try:
         return torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
     except pickle.UnpicklingError as e:
-        reason = str(e).splitlines()[0]
+        text = str(e)
+        reason = text.splitlines()[0]
+        if "global" not in text.lower():  # not a pickle that asks for objects: bytes that are no checkpoint
+            detail = next((ln.strip() for ln in text.splitlines()[1:] if ln.strip()), reason)
+            raise CheckpointUnreadable(f"{str(path)!r} is not a checkpoint (it does not unpickle: {detail})") from None
     if allow_unsafe_pickle:  # the caller's explicit opt-in: the file is trusted
         logging.getLogger(__name__).warning(
             "%s: weights-only load failed (%s); fully unpickling it as asked (allow_unsafe_pickle)", path, reason

@@ -8,11 +8,13 @@ plain calls of :class:`~clip_dcl.train.run.TrainingRun`, and each epoch is :mod:
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import glob
 import logging
 import math
 import os
+import pickle
 import re
 import shutil
 import warnings
@@ -310,26 +312,27 @@ def train(run: TrainingRun) -> int:
         model_kwargs["init_logit_scale"] = math.log(config.init_logit_scale)
     if getattr(args, "force_context_length", None) is not None:  # OpenCLIP 3.x
         model_kwargs["force_context_length"] = args.force_context_length
-    model, preprocess_train, preprocess_val = create_model_and_transforms(
-        args.model,
-        args.pretrained,
-        precision=args.precision,
-        device=device,
-        jit=args.torchscript,
-        force_quick_gelu=args.force_quick_gelu,
-        force_custom_text=args.force_custom_text,
-        force_patch_dropout=args.force_patch_dropout,
-        force_image_size=args.force_image_size,
-        image_mean=args.image_mean,
-        image_std=args.image_std,
-        image_interpolation=args.image_interpolation,
-        image_resize_mode=args.image_resize_mode,
-        aug_cfg=args.aug_cfg,
-        pretrained_image=args.pretrained_image,
-        output_dict=True,
-        cache_dir=args.cache_dir,
-        **model_kwargs,
-    )
+    with _pretrained_read(args.pretrained):
+        model, preprocess_train, preprocess_val = create_model_and_transforms(
+            args.model,
+            args.pretrained,
+            precision=args.precision,
+            device=device,
+            jit=args.torchscript,
+            force_quick_gelu=args.force_quick_gelu,
+            force_custom_text=args.force_custom_text,
+            force_patch_dropout=args.force_patch_dropout,
+            force_image_size=args.force_image_size,
+            image_mean=args.image_mean,
+            image_std=args.image_std,
+            image_interpolation=args.image_interpolation,
+            image_resize_mode=args.image_resize_mode,
+            aug_cfg=args.aug_cfg,
+            pretrained_image=args.pretrained_image,
+            output_dict=True,
+            cache_dir=args.cache_dir,
+            **model_kwargs,
+        )
     dist_model = None
     if args.distill:
         dist_model, _, _ = create_model_and_transforms(
@@ -482,6 +485,31 @@ def train(run: TrainingRun) -> int:
         ok = remote_sync(base, os.path.join(args.remote_sync, args.name), args.remote_sync_protocol)
         logging.info("Final remote sync successful." if ok else "Final remote sync failed.")
     return 0
+
+
+@contextlib.contextmanager
+def _pretrained_read(pretrained: Optional[str]):
+    """A ``--pretrained`` file that OpenCLIP cannot read: one line naming it (a pickle that asks for objects, which
+    weights-only loading refuses, apart from bytes that are no checkpoint at all)."""
+    try:
+        yield
+    except (pickle.UnpicklingError, RuntimeError, EOFError, ValueError) as e:
+        if not (pretrained and os.path.isfile(pretrained)):
+            raise
+        chain = [e]
+        while chain[-1].__cause__ or chain[-1].__context__:  # OpenCLIP may raise its own around torch's
+            chain.append(chain[-1].__cause__ or chain[-1].__context__)
+        text = "\n".join(str(c) for c in chain)
+        if any(isinstance(c, pickle.UnpicklingError) for c in chain) and "unsupported global" in text.lower():
+            raise saving.UnsafeCheckpoint(
+                f"--pretrained {pretrained} does not load as weights only: it asks for Python objects, which can "
+                "run code; load only a file you trust, converted to a plain state dict"
+            ) from None
+        text = text.split("WeightsUnpickler error:", 1)[-1]  # torch's own detail, after its advice
+        first = next((ln.strip() for ln in text.splitlines() if ln.strip()), type(e).__name__)
+        raise saving.CheckpointUnreadable(
+            f"--pretrained {pretrained} is not a checkpoint OpenCLIP can read ({first})"
+        ) from None
 
 
 def _barrier(args) -> None:

@@ -12,10 +12,14 @@ import os
 import signal
 import sys
 
+from ..exitcodes import INTERRUPTED, PREEMPTED
+
 
 def _stopped_before_the_ranks(signum, frame):
     """SIGTERM or Ctrl-C before torchrun took the signals over: no rank has started; the line, and leave."""
-    name, code = ("SIGINT (Ctrl-C)", 130) if signum == signal.SIGINT else (signal.Signals(signum).name, 75)
+    name, code = (
+        ("SIGINT (Ctrl-C)", INTERRUPTED) if signum == signal.SIGINT else (signal.Signals(signum).name, PREEMPTED)
+    )
     os.write(
         2,
         (

@@ -1,0 +1,103 @@
+"""The loss flags as command-line words: which loss owns each flag, the words that set a loss's keyword
+argument, and the table of every loss's flags that docs/training.md holds (all from the loss registry)."""
+
+from __future__ import annotations
+
+from typing import Dict, List
+
+
+def flag_owners() -> Dict[str, tuple]:
+    """Our loss flags' ``dest`` -> (the loss it belongs to, that loss's keyword argument), from each registered
+    loss's ``flags``."""
+    from clip_dcl.losses import LOSSES
+
+    out = {}
+    for name, cls in LOSSES.items():
+        for flag in cls.flags:
+            if flag.dest in out and out[flag.dest][0] != name:
+                raise ValueError(f"{flag.flag} is declared by the losses {out[flag.dest][0]!r} and {name!r}")
+            out[flag.dest] = (name, flag.kwarg)
+    return out
+
+
+#: Keyword arguments that OpenCLIP's flags give every loss whose signature takes them.
+OPENCLIP_LOSS_FLAGS = {"accum_freq": "--accum-freq", "seed": "--seed"}
+_DIST_KWARGS = {
+    "rank",
+    "world_size",
+    "local_loss",
+    "gather_with_grad",
+    "cache_labels",
+    "use_horovod",
+    "no_grad_gather",
+    "device",
+}
+
+
+def _flag(dest: str) -> str:
+    return "--" + dest.replace("_", "-")
+
+
+def _words(dest: str, value) -> List[str]:
+    """The command-line words that give the flag of ``dest`` the value ``value``."""
+    if isinstance(value, bool):
+        return [_flag(dest) if value else "--no-" + _flag(dest)[2:]]
+    return [_flag(dest), f"{value:g}" if isinstance(value, float) else str(value)]
+
+
+def loss_command(loss: str, loss_args: Dict[str, object]) -> List[str]:
+    """The command-line words that select ``loss`` with ``loss_args`` (values at their default left out)."""
+    words = ["--loss", loss]
+    defaults = _loss_defaults().get(loss, {})
+    for dest, (owner, kwarg) in flag_owners().items():
+        if owner == loss and kwarg in loss_args and loss_args[kwarg] != defaults.get(kwarg, object()):
+            words += _words(dest, loss_args[kwarg])
+    return words
+
+
+def setting_words(loss: str, kwarg: str, value) -> List[str]:
+    """The command-line words that give ``loss``'s keyword argument ``kwarg`` the value ``value``."""
+    for dest, (owner, name) in flag_owners().items():
+        if owner == loss and name == kwarg:
+            return _words(dest, value)
+    if kwarg in OPENCLIP_LOSS_FLAGS:
+        return [OPENCLIP_LOSS_FLAGS[kwarg], str(value)]
+    return [f"{kwarg}={value!r}"]  # a keyword argument no flag sets (a loss used from Python)
+
+
+def _loss_defaults() -> Dict[str, Dict[str, object]]:
+    """``{loss name: {kwarg: default}}`` read from the loss classes' signatures (for --help)."""
+    from clip_dcl.losses import LOSSES
+
+    return {name: cls.defaults() for name, cls in LOSSES.items()}
+
+
+def _default_text(value) -> str:
+    if value is None:
+        return "(see meaning)"
+    if isinstance(value, bool):
+        return "on" if value else "off"
+    return f"`{value}`" if isinstance(value, str) else repr(value)
+
+
+def loss_flags_table() -> str:
+    """Markdown rows ``| flag | loss | meaning | default |`` of every registered loss's flags, from
+    the registry (the flag's help, the default of the class's signature): docs/training.md holds
+    this table verbatim, and a test keeps the two equal."""
+    from clip_dcl.losses import LOSSES
+
+    defaults = _loss_defaults()
+    rows = []
+    for name, cls in LOSSES.items():
+        for flag in cls.flags:
+            spelled = (
+                f"`{flag.flag}` / `--no-{flag.flag[2:]}`"
+                if flag.boolean
+                else (f"`{flag.flag} {{{','.join(map(str, flag.choices))}}}`" if flag.choices else f"`{flag.flag}`")
+            )
+            meaning = flag.help.replace("|", "\\|")
+            rows.append(
+                f"| {spelled} | {name} | {meaning} | "
+                f"{flag.default_text or _default_text(defaults[name].get(flag.kwarg))} |"
+            )
+    return "\n".join(rows)
