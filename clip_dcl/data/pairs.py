@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import csv
 import io
-import json
 import os
 import random
 import shutil
@@ -17,6 +16,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..paths import write_json
 from .evalsets.files import IMAGE_EXTENSIONS
 from .shards import folder_pattern, format_key, shard_writer, write_sizes_json
 
@@ -315,7 +315,7 @@ def write_pairs(
         "splits": written,
         "skipped": {c: {"count": len(w), "examples": w[:5]} for c, w in skipped.items()},
     }
-    (out / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
+    write_json(out / "summary.json", summary)
     return summary
 
 
