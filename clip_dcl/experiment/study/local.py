@@ -5,7 +5,7 @@ its output in ``logs/<arm>-seed<N>.log``. A run that has its scores is skipped; 
 noted in ``attempts.jsonl`` and run again by the next call. A sequential plan runs look by look.
 
 SIGTERM or Ctrl-C is passed to every run's group; the trainers save at their step, the study waits for
-each group (:data:`STOP_GRACE_S` at most, then kills it), notes every attempt and returns. The next call
+each group (``clip_dcl.process.STOP_GRACE_S`` at most, then kills it), notes every attempt and returns. The next call
 continues a stopped run from its checkpoint, or reruns it from the start, its earlier ``out.log`` kept as
 ``out.attempt<K>.log`` (no log mixes two sessions without saying so).
 """
@@ -22,45 +22,21 @@ import time
 from pathlib import Path
 from typing import Callable, Dict, List, Optional, Sequence
 
+from ... import exitcodes, process
+from ...process import Stopped, said
 from ..reporting import utc_date
-from ..runner import Stopped, said, signal_group
 from . import work as W
 from .lines import check_arms, placeholder_splits, shell_line
 from .plan import Plan
 from .report import all_decided, decisions
 
-#: The exit codes of a study stopped by a signal, as the trainer's (``clip_dcl.train.preempt``).
-STOP_EXIT = {"SIGTERM": 75, "SIGINT": 130}
-#: Seconds the runs get to save and exit once the study is stopped, before what is left of them is killed.
-STOP_GRACE_S = 90.0
+#: The exit codes of a study stopped by a signal, as the trainer's.
+STOP_EXIT = {"SIGTERM": exitcodes.PREEMPTED, "SIGINT": exitcodes.INTERRUPTED}
 
 
 def default_threads(parallel: int) -> int:
     """Torch threads per run when the plan and the caller leave it open: the cores split between the runs."""
     return max(1, (os.cpu_count() or 1) // parallel)
-
-
-def group_alive(pgid: int) -> bool:
-    """Whether a process of group ``pgid`` is still running (a zombie, which nobody may reap here, is not)."""
-    try:
-        entries = os.listdir("/proc")
-    except OSError:  # no /proc: ask the kernel, which counts zombies too
-        try:
-            os.killpg(pgid, 0)
-            return True
-        except (ProcessLookupError, PermissionError):
-            return False
-    for entry in entries:
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-        except (OSError, IndexError):
-            continue
-        if len(fields) > 2 and int(fields[2]) == pgid and fields[0] not in ("Z", "X"):
-            return True
-    return False
 
 
 class Runs:
@@ -73,17 +49,14 @@ class Runs:
         self.signame: Optional[str] = None
         self.stopped_at: Optional[float] = None
         self.raising = True  # raise Stopped from the handler (only while no run can be running)
-        self._before = {}
+        self._signals = process.on_stop_signals(self._on_signal)
 
     def __enter__(self):
-        if threading.current_thread() is threading.main_thread():
-            for num in (signal.SIGTERM, signal.SIGINT):
-                self._before[num] = signal.signal(num, self._on_signal)
+        self._signals.__enter__()
         return self
 
     def __exit__(self, *exc):
-        for num, handler in self._before.items():
-            signal.signal(num, handler)
+        self._signals.__exit__(*exc)
         return False
 
     def _on_signal(self, signum, frame):
@@ -93,40 +66,28 @@ class Runs:
             raise Stopped(self.signame)
         with self.lock:
             for job, proc in list(self.live.items()):
-                self._signal(job, proc, signum)
+                self.signalled.add(job)
+                process.signal_group(proc.pid, signum)
 
-    def _signal(self, job, proc, signum) -> None:
-        self.signalled.add(job)
-        signal_group(proc.pid, signum)
-
-    def start(self, job, argv, **kwargs) -> Optional[subprocess.Popen]:
-        """Start ``argv`` as the leader of a new process group; None once the study is stopped."""
+    def start(self, job, argv, prepare: Callable[[], None] = lambda: None, **kwargs) -> Optional[subprocess.Popen]:
+        """``prepare()``, then start ``argv`` as the leader of a new process group, both before a stop's handler
+        passes the stop on (it waits for this lock), so that a started run is always signalled; None, with
+        neither done, once the study is stopped."""
         with self.lock:
             if self.signame is not None:
                 return None
-            proc = subprocess.Popen(argv, start_new_session=True, **kwargs)
+            prepare()
+            proc = process.start_group(argv, **kwargs)
             self.live[job] = proc
             return proc
 
     def wait(self, job, proc: subprocess.Popen) -> int:
-        """The exit code of ``proc``; once the study is stopped, also wait for the rest of its group (a child
-        the line left behind), killing the group :data:`STOP_GRACE_S` after the stop."""
-        while True:
-            try:
-                code = proc.wait(timeout=0.5)
-                break
-            except subprocess.TimeoutExpired:
-                self._overdue(proc)
-        while self.signame is not None and group_alive(proc.pid):
-            self._overdue(proc)
-            time.sleep(0.2)
-        with self.lock:
-            self.live.pop(job, None)
-        return code
-
-    def _overdue(self, proc) -> None:
-        if self.stopped_at is not None and time.monotonic() - self.stopped_at > STOP_GRACE_S:
-            signal_group(proc.pid, signal.SIGKILL)
+        """The exit code of ``proc``; once the study is stopped, also its group's (`process.reap_group`)."""
+        try:
+            return process.reap_group(proc, lambda: self.stopped_at)
+        finally:
+            with self.lock:
+                self.live.pop(job, None)
 
 
 def run_study(
@@ -205,16 +166,22 @@ def _run(plan, work, parallel, threads, echo, seeds, splits, sealed_before, comm
         log = W.log_path(work, arm, seed)
         log.parent.mkdir(parents=True, exist_ok=True)
         started, t0 = utc_date("%Y-%m-%d %H:%M:%S"), time.perf_counter()
-        resumes = _before_attempt(work, arm, seed, started, echo)
-        offset = log.stat().st_size if log.is_file() else 0
+        ready: dict = {}
         with open(log, "a") as f:
-            f.write(f"$ {line}\n")
-            f.flush()
+
+            def prepare():  # under the start's lock: a stop comes before all of it or after the shell started
+                ready["resumes"] = _before_attempt(work, arm, seed, started, echo)
+                ready["offset"] = f.tell()
+                f.write(f"$ {line}\n")
+                f.flush()
+
             # the trap: bash waits for the trainer to save and exit rather than die of the signal at once
-            proc = live.start(job, ["bash", "-c", f"trap : TERM INT; {line}"], stdout=f, stderr=subprocess.STDOUT)
-            if proc is None:  # stopped just before: not started, nothing to note
+            argv = ["bash", "-c", f"trap : TERM INT; {line}"]
+            proc = live.start(job, argv, prepare=prepare, stdout=f, stderr=subprocess.STDOUT)
+            if proc is None:  # stopped before: nothing prepared, nothing started, nothing to note
                 return
             code = live.wait(job, proc)
+        resumes, offset = ready["resumes"], ready["offset"]
         seconds = time.perf_counter() - t0
         if code == 0 and not W.finished(work, arm, seed):
             code = -1  # the line ended without the run's scores
