@@ -12,8 +12,20 @@ import tempfile
 from pathlib import Path
 from typing import Optional
 
-_UMASK = os.umask(0o022)  # read once, at import (setting it is process-wide)
-os.umask(_UMASK)
+
+def current_umask() -> int:
+    """The process's umask, read without setting it where the kernel says it (setting it, even to restore it at
+    once, is process-wide: another thread's file would get the wrong mode meanwhile)."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
 
 
 def _try_write(folder: Path) -> Optional[str]:
@@ -77,12 +89,14 @@ def write_json(path: str | os.PathLike, doc, *, indent: Optional[int] = 1, **dum
         os.fsync(fd)
         os.close(fd)
         fd = -1
-        os.chmod(tmp, 0o666 & ~_UMASK)  # what a plain open(path, "w") gives (mkstemp's is 0600)
+        os.chmod(tmp, 0o666 & ~current_umask())  # what a plain open(path, "w") gives (mkstemp's is 0600)
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as e:
         if fd >= 0:
             os.close(fd)
         with contextlib.suppress(OSError):
             os.unlink(tmp)
+        if isinstance(e, OSError) and e.filename is None:  # os.write names no file: name the one being written
+            raise OSError(e.errno, e.strerror, str(path)) from None
         raise
     return path
