@@ -301,6 +301,15 @@ def check_export(folder: Path, allow_unsafe_pickle: bool = False) -> None:
                     "export the model again"
                 ) from None
         else:  # read weights-only first: a pickle that needs code is refused before OpenCLIP reads it
+            import zipfile
+
+            with open(path, "rb") as f:
+                pickled = f.read(1) == b"\x80"  # a pickle's protocol mark
+            if not (pickled or zipfile.is_zipfile(path)):  # random bytes earn no --unsafe-pickle hint
+                raise ValueError(
+                    f"{str(path)!r} is not a checkpoint (neither torch's zip format nor a pickle); export the "
+                    "model again"
+                )
             saving.read_checkpoint(path, allow_unsafe_pickle)
 
 

@@ -222,7 +222,10 @@ def test_corrupt_or_malicious_export_weights_are_refused_in_one_line_and_run_not
         load_checkpoint(out)
     assert "is not a safetensors file" in str(e.value) and "unsafe" not in str(e.value)
     assert "\n" not in str(e.value)
-    (out / WEIGHTS_NAME).unlink()
+    (out / WEIGHTS_NAME).rename(out / "open_clip_pytorch_model.bin")
+    with pytest.raises(ValueError) as e:
+        load_checkpoint(out)
+    assert "is not a checkpoint" in str(e.value) and "unsafe" not in str(e.value)
     marker = tmp_path / "ran"
     with open(out / "open_clip_pytorch_model.bin", "wb") as f:
         pickle.dump(RunsCode(str(marker)), f)
