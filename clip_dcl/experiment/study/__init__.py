@@ -2,7 +2,8 @@
 
 A study is one TOML plan (:mod:`.plan`): the data, the common training flags, the arms, the seeds, the metric
 and the comparisons with their rule (beats, reaches, matches), confidence and resolution. The plan is sealed
-in its work folder by the first run (:mod:`.work`); its runs are shell lines (:mod:`.lines`) that train through
+in its work folder, once its data are made, by the first run or commands (:mod:`.seal`, the folder's layout in
+:mod:`.work`); its runs are shell lines (:mod:`.lines`) that train through
 ``python -m clip_dcl.train`` and score both splits (:mod:`.score`), run by a cluster or here (:mod:`.local`);
 the report (:mod:`.report`) judges the paired differences by the rule (:mod:`.rule`) once every planned run
 has its scores. ``clip-dcl study check|commands|run|report`` (:mod:`.cli`) wraps it; docs/studies.md shows it.

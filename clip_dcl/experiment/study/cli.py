@@ -210,8 +210,9 @@ def main(argv: Optional[List[str]] = None) -> int:
 
 
 def _commands(plan: Plan, args) -> int:
-    from .lines import all_lines, check_arms, run_tag
-    from .work import check_seal, prepare_data, seal
+    from .lines import all_lines, run_tag
+    from .seal import seal_study
+    from .work import check_seal
 
     if args.look is not None and args.look > len(plan.design()):
         raise PlanError(f"--look {args.look}: the plan has {len(plan.design())} look(s)")
@@ -225,9 +226,8 @@ def _commands(plan: Plan, args) -> int:
             file=sys.stderr,
             flush=True,
         )
-    splits = prepare_data(plan, work, echo=lambda s: print(s, file=sys.stderr))
-    check_arms(plan, work, splits, check_files=False)  # before the seal; the lines may run on another machine
-    seal(plan, work)  # once the data are there (see seal)
+    # the data files are not looked for in the arms' checks: the lines may run on another machine
+    splits, _ = seal_study(plan, work, lambda s: print(s, file=sys.stderr), check_files=False)
     threads = args.threads or plan.threads or 1
     lines = all_lines(plan, work, splits, threads, args.look, only)
     for i, (_, _, line) in enumerate(lines, 1):

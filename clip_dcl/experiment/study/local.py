@@ -26,9 +26,10 @@ from ... import exitcodes, process
 from ...process import Stopped, said
 from ..reporting import utc_date
 from . import work as W
-from .lines import check_arms, placeholder_splits, shell_line
+from .lines import shell_line
 from .plan import Plan
 from .report import all_decided, decisions
+from .seal import seal_study
 
 #: The exit codes of a study stopped by a signal, as the trainer's.
 STOP_EXIT = {"SIGTERM": exitcodes.PREEMPTED, "SIGINT": exitcodes.INTERRUPTED}
@@ -113,13 +114,7 @@ def run_study(
     out.update(planned=0, stopped_at_look=None, signal=None)
     with Runs() as live:
         try:
-            sealed_before = W.check_seal(plan, work) is not None  # a changed plan is refused before any work
-            made = (work / "data.json").is_file()
-            if not made:  # the flags first: a typo is named before the data are made
-                _check_arms(plan, work, placeholder_splits(plan), sealed_before, check_files=False, data=False)
-            splits = W.prepare_data(plan, work, echo)
-            _check_arms(plan, work, splits, sealed_before)
-            W.seal(plan, work)  # once the data are there: a plan whose data cannot be read is not sealed
+            splits, sealed_before = seal_study(plan, work, echo)
         except Stopped as e:
             out["signal"] = e.signame
             echo(
@@ -129,20 +124,6 @@ def run_study(
             return out
         live.raising = False
         return _run(plan, work, parallel, threads, echo, seeds, splits, sealed_before, command, out, live)
-
-
-def _check_arms(plan, work, splits, sealed_before, **how) -> None:
-    try:
-        check_arms(plan, work, splits, **how)
-    except W.StudyError as e:
-        raise W.StudyError(
-            f"{e}; "
-            + (
-                "no run was started (the plan is sealed here: a corrected plan is a new study, in a new --work folder)"
-                if sealed_before
-                else "nothing was sealed or trained: correct the arm's flags in the plan"
-            )
-        ) from None
 
 
 def _run(plan, work, parallel, threads, echo, seeds, splits, sealed_before, command, out, live: Runs) -> dict:
