@@ -12,10 +12,10 @@ has its scores. ``clip-dcl study check|commands|run|report`` (:mod:`.cli`) wraps
 from __future__ import annotations
 
 from .local import run_study
-from .plan import METRICS, RULES, Arm, Comparison, Plan, PlanError, load_plan, parse_plan, plan_changes
+from .plan import METRICS, RULES, Arm, Comparison, Plan, PlanError, load_plan, parse_plan
 from .report import build, decisions, write_report
 from .rule import judge, power, seeds_needed, verdict
-from .work import StudyError, check_seal, prepare_data, seal
+from .work import StudyError, check_seal, plan_changes, prepare_data, seal
 
 __all__ = [
     "Plan",

@@ -1,8 +1,7 @@
 """A study's plan: one TOML file that declares, before anything runs, what is compared and how it is judged.
 
 The keys are documented in docs/studies.md; every one is checked, and an unknown key or a bad value is one
-`PlanError` line naming it. `plan_changes` names what differs between two plans (a sealed study refuses an
-edited plan).
+`PlanError` line naming it.
 """
 
 from __future__ import annotations
@@ -82,34 +81,18 @@ ARM_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.+=-]*")  # used with fullmatch: `
 #: characters no plan string may hold: a run is one physical line of `study commands` (Slurm and GNU parallel
 #: read it line by line), so a newline or carriage return inside a value would split it and run the rest
 CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]")
-
-
 #: the training flags a study sets itself, each with the plan's own setting for it: an arm's or [train]'s flag
 #: would come after the study's on the command line and win (a run trained outside its folder never finishes)
 STUDY_FLAGS = {
-    "--logs": "the run's folder, WORK/runs/<arm>/seed<N>",
-    "--name": "the run's folder, WORK/runs/<arm>/seed<N>",
+    **dict.fromkeys(("--logs", "--name"), "the run's folder, WORK/runs/<arm>/seed<N>"),
     "--resume": "every line's --resume latest (a stopped run continues)",
     "--seed": "the plan's seeds",
-    "--train-data": "[data] train",
-    "--val-data": "[data] validation",
-    "--train-num-samples": "[data] train_samples",
-    "--val-num-samples": "[data] validation_samples",
-    "--dataset-type": "[data] (shards)",
-    "--dataset-resampled": "[data] (every sample once an epoch)",
-    "--model": "[train] model",
-    "--epochs": "[train] epochs",
-    "--batch-size": "[train] batch_size",
-    "--lr": "[train] lr",
-    "--wd": "[train] wd",
-    "--warmup": "[train] warmup",
-    "--workers": "[train] workers",
-    "--precision": "[train] precision",
-    "--device": "[train] device",
-    "--log-every-n-steps": "[train] log_every_n_steps",
-    "--save-frequency": "a checkpoint every epoch (the runs are scored from their last)",
+    **{f"--{flag}": f"[data] {key}" for flag, key in (("train-data", "train"), ("val-data", "validation"))},
+    **{f"--{flag}-num-samples": f"[data] {key}_samples" for flag, key in (("train", "train"), ("val", "validation"))},
+    **dict.fromkeys(("--dataset-type", "--dataset-resampled"), "[data] (shards, every sample once an epoch)"),
+    **{"--" + key.replace("_", "-"): f"[train] {key}" for key in TRAIN_KEYS if key not in ("validate", "flags")},
     "--val-frequency": "[train] validate",
-    "--delete-previous-checkpoint": "the study's own checkpoint keeping",
+    **dict.fromkeys(("--save-frequency", "--delete-previous-checkpoint"), "a checkpoint every epoch, the last kept"),
 }
 #: the `clip-dcl data` writers a [data] command may run (each writes a folder with a summary.json)
 DATA_WRITERS = ("synth", "fashion-mnist", "fashion-scenes", "shards")
@@ -120,10 +103,8 @@ def check_flags(flags: Sequence[str], source: str, where: str) -> None:
     for word in flags:
         flag = word.split("=", 1)[0]
         if flag in STUDY_FLAGS:
-            raise PlanError(
-                f"{source}: {where} = [... {word!r} ...]: the study sets {flag} itself (from {STUDY_FLAGS[flag]}); "
-                "leave it out"
-            )
+            setting = STUDY_FLAGS[flag]
+            raise PlanError(f"{source}: {where} = [... {word!r} ...]: the study sets {flag} itself (from {setting})")
 
 
 def check_data_command(words: Sequence[str], source: str) -> None:
@@ -616,26 +597,3 @@ def _looks(c: _Checker, doc: dict, n_seeds: int, confidence: float):
                 f"spends {sum(alpha):.4g}, more than the plan's error 1 - confidence = {total:.4g}",
             )
     return tuple(looks), tuple(alpha)
-
-
-def plan_changes(old: Dict[str, Any], new: Dict[str, Any], where: str = "") -> List[str]:
-    """What differs between two `Plan.canonical` plans, one ``key: old -> new`` a change."""
-    if isinstance(old, dict) and isinstance(new, dict):
-        out = []
-        for key in list(old) + [k for k in new if k not in old]:
-            sub = f"{where}.{key}" if where else key
-            if key not in new:
-                out.append(f"{sub} removed (was {old[key]!r})")
-            elif key not in old:
-                out.append(f"{sub} added ({new[key]!r})")
-            else:
-                out += plan_changes(old[key], new[key], sub)
-        return out
-    if (
-        isinstance(old, list)
-        and isinstance(new, list)
-        and len(old) == len(new)
-        and any(isinstance(v, (dict, list)) for v in old)
-    ):
-        return [c for i, (x, y) in enumerate(zip(old, new)) for c in plan_changes(x, y, f"{where}[{i}]")]
-    return [] if old == new else [f"{where}: {old!r} -> {new!r}"]

@@ -23,13 +23,13 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
-from typing import Callable, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional
 
 from ... import paths, process
 from ...paths import expand_pattern
 from ...train.metrics import read_metrics
 from ..reporting import code_commit, machine_info, utc_date
-from .plan import Plan, plan_changes
+from .plan import Plan
 
 SEAL = "SEAL.json"
 
@@ -68,6 +68,29 @@ def check_seal(plan: Plan, work: Path) -> Optional[dict]:
             + "; a changed plan is a new study: give it a new --work folder"
         )
     return seal
+
+
+def plan_changes(old: Dict[str, Any], new: Dict[str, Any], where: str = "") -> List[str]:
+    """What differs between two `Plan.canonical` plans, one ``key: old -> new`` a change."""
+    if isinstance(old, dict) and isinstance(new, dict):
+        out = []
+        for key in list(old) + [k for k in new if k not in old]:
+            sub = f"{where}.{key}" if where else key
+            if key not in new:
+                out.append(f"{sub} removed (was {old[key]!r})")
+            elif key not in old:
+                out.append(f"{sub} added ({new[key]!r})")
+            else:
+                out += plan_changes(old[key], new[key], sub)
+        return out
+    if (
+        isinstance(old, list)
+        and isinstance(new, list)
+        and len(old) == len(new)
+        and any(isinstance(v, (dict, list)) for v in old)
+    ):
+        return [c for i, (x, y) in enumerate(zip(old, new)) for c in plan_changes(x, y, f"{where}[{i}]")]
+    return [] if old == new else [f"{where}: {old!r} -> {new!r}"]
 
 
 def seal(plan: Plan, work: Path) -> dict:
