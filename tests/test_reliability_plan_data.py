@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 from test_study_flow import PLAN, stand_in_line, write_plan
 
+from clip_dcl.experiment.study import attempts as A
 from clip_dcl.experiment.study import cli, load_plan, run_study
 from clip_dcl.experiment.study import local as L
 from clip_dcl.experiment.study import work as W
@@ -131,7 +132,7 @@ def test_a_stop_right_between_two_runs_notes_the_attempt_whose_shell_started(tmp
     line = stand_in_line(work, log)
     monkeypatch.setattr(L, "shell_line", lambda *a: "sleep 2 && " + line(*a))
     calls = []
-    before = L._before_attempt
+    before = A.before_attempt
 
     def stop_now(*a, **k):  # the second run is being readied: the stop lands now, from outside
         calls.append(a[1:3])
@@ -140,14 +141,14 @@ def test_a_stop_right_between_two_runs_notes_the_attempt_whose_shell_started(tmp
             time.sleep(1.0)  # the main thread's handler runs meanwhile
         return before(*a, **k)
 
-    monkeypatch.setattr(L, "_before_attempt", stop_now)
+    monkeypatch.setattr(A, "before_attempt", stop_now)
     printed = []
     out = run_study(plan, work, parallel=1, threads=1, echo=printed.append)
     assert out["signal"] == "SIGTERM"
-    noted = [(a["arm"], a["seed"]) for a in W.attempts(work)]
+    noted = [(a["arm"], a["seed"]) for a in A.attempts(work)]
     headed = [p.name for p in (work / "logs").glob("*.log") if "$ " in p.read_text()]
     assert len(noted) == len(headed) == 2, (noted, headed)  # every attempt whose shell started is noted
-    assert W.attempts(work)[-1]["stopped"] == "SIGTERM" and out["stopped"] == [calls[1]]
+    assert A.attempts(work)[-1]["stopped"] == "SIGTERM" and out["stopped"] == [calls[1]]
     stop_line = next(p for p in printed if "stopped by SIGTERM" in p)
     assert "no run was running" not in stop_line and f"{calls[1][0]} seed {calls[1][1]}" in stop_line
 

@@ -25,6 +25,7 @@ from typing import Callable, Dict, List, Optional, Sequence
 from ... import exitcodes, process
 from ...process import Stopped, said
 from ..reporting import utc_date
+from . import attempts as A
 from . import work as W
 from .lines import shell_line
 from .plan import Plan
@@ -151,7 +152,7 @@ def _run(plan, work, parallel, threads, echo, seeds, splits, sealed_before, comm
         with open(log, "a") as f:
 
             def prepare():  # under the start's lock: a stop comes before all of it or after the shell started
-                ready["resumes"] = _before_attempt(work, arm, seed, started, echo)
+                ready["resumes"] = A.before_attempt(work, arm, seed, started, echo)
                 ready["offset"] = f.tell()
                 f.write(f"$ {line}\n")
                 f.flush()
@@ -167,8 +168,8 @@ def _run(plan, work, parallel, threads, echo, seeds, splits, sealed_before, comm
         if code == 0 and not W.finished(work, arm, seed):
             code = -1  # the line ended without the run's scores
         stopped = live.signame if (code != 0 and job in live.signalled) else None
-        more = {"stopped": stopped, "checkpoint": W.latest_checkpoint(work, arm, seed)} if stopped else {}
-        W.note_attempt(work, arm, seed, started, seconds, code, **more, **({"continued": resumes} if resumes else {}))
+        more = {"stopped": stopped, "checkpoint": A.latest_checkpoint(work, arm, seed)} if stopped else {}
+        A.note_attempt(work, arm, seed, started, seconds, code, **more, **({"continued": resumes} if resumes else {}))
         with lock:
             where = f"[study] {count[0] + 1}/{len(runs)} {arm} seed {seed}"
             if stopped:
@@ -184,7 +185,7 @@ def _run(plan, work, parallel, threads, echo, seeds, splits, sealed_before, comm
                 )
             else:
                 out["failed"].append(job)
-                why = W.error_line(log, offset)
+                why = A.error_line(log, offset)
                 echo(
                     f"{where}: FAILED (exit {code}) after {seconds:.0f} s"
                     + (f": {why}" if why else "")
@@ -226,7 +227,7 @@ def _run(plan, work, parallel, threads, echo, seeds, splits, sealed_before, comm
     done = len(out["finished"]) + len(out["skipped"])
     if live.signame is not None:
         out["signal"] = live.signame
-        what = "; ".join(_stopped_text(work, job) for job in out["stopped"]) or "no run was running"
+        what = "; ".join(A.stopped_text(work, job) for job in out["stopped"]) or "no run was running"
         echo(
             f"[study] stopped by {said(live.signame)}: {what}; {done} of {len(runs)} runs have their scores"
             + (f", {len(out['failed'])} failed" if out["failed"] else "")
@@ -250,52 +251,3 @@ def _result(future) -> None:
             return future.result(timeout=0.5)
         except concurrent.futures.TimeoutError:
             continue
-
-
-def _stopped_text(work: Path, job) -> str:
-    """How a stopped run ended, from its last attempt: ``decl seed 1 (exit 75; saved epoch_0_step_3.pt)``."""
-    arm, seed = job
-    last = [a for a in W.attempts(work) if (a["arm"], a["seed"]) == (arm, seed)][-1:]
-    if not last:
-        return f"{arm} seed {seed}"
-    a = last[0]
-    ended = f"killed by signal {-a['exit']}" if a["exit"] < 0 else f"exit {a['exit']}"
-    kept = f"its checkpoint {a['checkpoint']} kept" if a.get("checkpoint") else "no checkpoint yet"
-    return f"{arm} seed {seed} ({ended}; {kept})"
-
-
-def _before_attempt(work: Path, arm: str, seed: int, started: str, echo) -> Optional[str]:
-    """Ready the run's folder when an earlier attempt left its ``out.log``, and say what the new one does:
-    continue from the checkpoint (marked in ``out.log``; its name returned), or start afresh (the earlier log
-    kept as ``out.attempt<K>.log``; None)."""
-    folder = W.run_dir(work, arm, seed)
-    log = folder / "out.log"
-    if not log.is_file():
-        return None
-    earlier = [a for a in W.attempts(work) if (a["arm"], a["seed"]) == (arm, seed)]
-    last = earlier[-1] if earlier else None
-    how = (
-        ""
-        if last is None
-        else f" (its last attempt, {last['started']}, "
-        + (f"was stopped by {said(last['stopped'])}" if last.get("stopped") else f"ended with exit {last['exit']}")
-        + ")"
-    )
-    checkpoint = W.latest_checkpoint(work, arm, seed)
-    if checkpoint is not None:
-        with open(log, "a") as f:
-            f.write(
-                f"==== clip-dcl study run {started}: a new attempt continues this run from "
-                f"checkpoints/{checkpoint}{how} ====\n"
-            )
-        echo(f"[study] {arm} seed {seed}: continues from its checkpoint {checkpoint}{how}")
-        return checkpoint
-    k = 1
-    while (folder / f"out.attempt{k}.log").exists():
-        k += 1
-    log.rename(folder / f"out.attempt{k}.log")
-    echo(
-        f"[study] {arm} seed {seed}: reruns from the start: no checkpoint was saved{how}; the earlier log is kept "
-        f"as out.attempt{k}.log"
-    )
-    return None
