@@ -1,8 +1,9 @@
 """Running trainings as a user would: ``python -m clip_dcl.train`` in a child process, under a machine-wide lock.
 
-The child is a process group of its own: Ctrl-C (or SIGTERM, under ``stop_on_signals``) reaches this
-process only, which passes it on once to the child's group, waits for it to save and exit (``STOP_GRACE_S``
-at most) and raises on, so that the caller can say what it kept and nothing it started outlives it.
+The child is a process group of its own (:mod:`clip_dcl.process`): Ctrl-C (or SIGTERM, under
+``stop_on_signals``) reaches this process only, which passes it on once to the child's group, waits for it to
+save and exit (``STOP_GRACE_S`` at most) and raises on, so that the caller can say what it kept and nothing it
+started outlives it.
 """
 
 from __future__ import annotations
@@ -21,10 +22,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Dict, List, Optional, Sequence
 
-from ..process import STOP_GRACE_S, Stopped, said, signal_group, start_group, stop_group, stop_on_signals
+from ..process import Stopped, start_group, stop_group
 from ..train.metrics import METRICS_FILE, epoch_position, read_metrics, read_new_records
-
-__all__ = ["STOP_GRACE_S", "Stopped", "said", "signal_group", "stop_on_signals"]  # (clip_dcl.process's, re-exported)
 
 #: The model every demo run trains (registered by clip_dcl.models).
 DEFAULT_MODEL = "clip-dcl-tiny"
