@@ -20,7 +20,7 @@ import pytest
 from PIL import Image
 from test_reliability_plan_data import read_only
 
-from clip_dcl.checkpoint import WEIGHTS_NAME, export, export_main, load_checkpoint
+from clip_dcl.checkpoint import CONFIG_NAME, WEIGHTS_NAME, export, export_main, load_checkpoint
 from clip_dcl.data import cli as data_cli
 
 MARK = ".clip-dcl-writing"  # what a writer holds while it writes (clip_dcl.data.output)
@@ -222,6 +222,11 @@ def test_corrupt_or_malicious_export_weights_are_refused_in_one_line_and_run_not
         load_checkpoint(out)
     assert "is not a safetensors file" in str(e.value) and "unsafe" not in str(e.value)
     assert "\n" not in str(e.value)
+    config = (out / CONFIG_NAME).read_text()
+    (out / CONFIG_NAME).write_text(config[: len(config) // 2])  # a config cut short
+    with pytest.raises(ValueError, match="is not a readable model config.*export the model again"):
+        load_checkpoint(out)
+    (out / CONFIG_NAME).write_text(config)
     (out / WEIGHTS_NAME).rename(out / "open_clip_pytorch_model.bin")
     with pytest.raises(ValueError) as e:
         load_checkpoint(out)
@@ -315,6 +320,39 @@ def test_one_module_starts_signals_and_reaps_child_groups_and_installs_stop_hand
             ]
             assert not codes, f"{rel}: the exit code as a number on line(s) {codes}"
     assert found == {name: ["clip_dcl/process.py"] for name in found} and len(found) == 3
+
+
+def test_a_stop_while_a_child_group_runs_is_passed_to_its_group_and_raised(tmp_path):
+    """What the study's data step and the runner rely on: SIGTERM to this process, while a child group runs,
+    reaches every process of the group (a grandchild too), and `Stopped` is raised once the group has ended."""
+    import signal
+    import threading
+    import time
+
+    from clip_dcl import process
+
+    if threading.current_thread() is not threading.main_thread():
+        pytest.skip("stop handlers are installed from the main thread only")
+    pid_file = tmp_path / "pid"
+    before = signal.getsignal(signal.SIGTERM)
+    timer = threading.Timer(1.0, os.kill, (os.getpid(), signal.SIGTERM))
+    with process.stop_on_signals():
+        timer.start()
+        with pytest.raises(process.Stopped):
+            process.run_group(["bash", "-c", f"sleep 60 & echo $! > {pid_file}; wait"])
+    assert signal.getsignal(signal.SIGTERM) is before
+    grandchild = int(pid_file.read_text())
+    deadline = time.monotonic() + 10
+    while _running(grandchild):
+        assert time.monotonic() < deadline, "the grandchild outlived the stop"
+        time.sleep(0.05)
+
+
+def _running(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+    except OSError:
+        return False
 
 
 # -- small shards --------------------------------------------------------------------------------------------------
