@@ -32,6 +32,7 @@ from pathlib import Path
 import tomllib
 
 from clip_dcl.experiment.reporting import code_commit, machine_info, utc_date
+from clip_dcl.paths import write_json
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
@@ -231,7 +232,7 @@ def main(argv=None) -> int:
         },
     }
     out = Path(args.out)
-    out.with_suffix(".json").write_text(json.dumps(doc, indent=1) + "\n")
+    write_json(out.with_suffix(".json"), doc)
     out.with_suffix(".md").write_text(markdown(doc))
     print(f"wrote {out.with_suffix('.md')} and .json ({doc['status']})")
     return 0

@@ -29,6 +29,7 @@ import tomllib
 from clip_dcl.experiment.recipes import get_recipe
 from clip_dcl.experiment.reporting import code_commit, machine_info, utc_date
 from clip_dcl.experiment.stats import t_interval
+from clip_dcl.paths import write_json
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
@@ -327,7 +328,7 @@ def main(argv=None) -> int:
         "gates": gates,
     }
     out = Path(args.out)
-    out.with_suffix(".json").write_text(json.dumps(doc, indent=1) + "\n")
+    write_json(out.with_suffix(".json"), doc)
     out.with_suffix(".md").write_text(markdown(doc))
     print(f"wrote {out.with_suffix('.md')} and .json: " + "; ".join(f"{g['plan']} {g['verdict']}" for g in gates))
     return 0

@@ -44,6 +44,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Dict, List, Optional
 
+from clip_dcl import process
+
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 KINDS = ("mid-step", "save", "startup", "after-resume")
@@ -287,14 +289,8 @@ def launch(flags: List[str], timeout: float, extra_env: Optional[dict] = None) -
         *flags,
     ]
     start = time.monotonic()
-    proc = subprocess.Popen(
-        cmd,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=_env(extra_env),
-        start_new_session=True,
-        cwd=ROOT,
+    proc = process.start_group(
+        cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=_env(extra_env), cwd=ROOT
     )
     hung = False
     try:

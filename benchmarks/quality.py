@@ -44,6 +44,7 @@ from clip_dcl.experiment import arguments
 from clip_dcl.experiment.budgets import DEMO_BUDGET, DEMO_CLASSES, QUICK_BUDGET
 from clip_dcl.experiment.scoring import MEAN_R1, with_mean_r1
 from clip_dcl.experiment.stats import paired_differences, summarize
+from clip_dcl.paths import write_json
 
 HERE = Path(__file__).resolve().parent
 STEM = "quality"
@@ -317,7 +318,7 @@ def main(argv: Optional[List[str]] = None) -> int:
                     "torch_threads": args.eval_threads,
                     "settings": settings,
                 }
-                timing_file.write_text(json.dumps(timing) + "\n")
+                write_json(timing_file, timing, indent=None)
             shown = with_mean_r1(metrics)
             print(
                 f"[quality]     trained {res.seconds:.0f} s, evaluated {secs:.0f} s: "

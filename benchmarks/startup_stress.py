@@ -34,13 +34,11 @@ step boundary left to stop at) may leave exit 0. A launch with none of these pro
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import random
 import re
 import shutil
 import signal
-import subprocess
 import sys
 import tempfile
 import time
@@ -49,7 +47,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Dict, List, Optional
 
+from clip_dcl import process
 from clip_dcl.experiment.reporting import code_commit, machine_info
+from clip_dcl.paths import write_json
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
@@ -183,12 +183,6 @@ def train_flags(logs: Path, samples: int) -> List[str]:
     ]
 
 
-def _default_sigint():
-    """In the launcher before it starts: SIGINT at its default, as at a terminal (a benchmark started in the
-    background inherits it ignored, and Python then installs no Ctrl-C handler)."""
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
-
-
 def expected(fault: Fault) -> str:
     """What the fault's launch must end with, in words."""
     return {
@@ -248,9 +242,9 @@ def run_launch(index: int, fault: Fault, work: Path, args) -> Launch:
     rec = Launch(index, fault.kind, fault.rank, fault.at)
     with open(folder / "stdout.txt", "w") as out, open(folder / "stderr.txt", "w") as err:
         start = time.monotonic()
-        proc = subprocess.Popen(
-            cmd, stdout=out, stderr=err, env=env, cwd=folder, start_new_session=True, preexec_fn=_default_sigint
-        )
+        # SIGINT at its default in the launcher, as at a terminal (a benchmark started in the background
+        # inherits it ignored, and Python then installs no Ctrl-C handler)
+        proc = process.start_group(cmd, default_sigint=True, stdout=out, stderr=err, env=env, cwd=folder)
     seen: Dict[int, Optional[int]] = {}  # every process of the launch: pid -> rank (None: a worker)
     born: Dict[int, float] = {}  # the launcher's children: when each was first seen
     fired_at: Optional[float] = None
@@ -274,7 +268,7 @@ def run_launch(index: int, fault: Fault, work: Path, args) -> Launch:
             os.kill(proc.pid, signal.SIGTERM)
             return True
         if fault.kind == "group-SIGINT":
-            os.killpg(proc.pid, signal.SIGINT)
+            process.signal_group(proc.pid, signal.SIGINT)
             return True
         target = [pid for pid, rank in seen.items() if rank == fault.rank and _alive(pid)]
         if not target:
@@ -384,7 +378,7 @@ def summarize(launches: List[Launch], args) -> dict:
 
 def write_report(result: dict, out: Path) -> None:
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.with_suffix(".json").write_text(json.dumps(result, indent=1) + "\n")
+    write_json(out.with_suffix(".json"), result)
     bad = [r for r in result["runs"] if not r["clean"]]
     status = "clean" if not bad else f"{len(bad)} launch(es) with a problem"
     faults = ", ".join(f"{k} {result['faults'].get(k, 0)}" for k in KINDS)

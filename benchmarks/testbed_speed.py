@@ -51,6 +51,7 @@ from clip_dcl.experiment import arguments
 from clip_dcl.experiment.recipes import DEFAULT_RECIPE, RECIPES, fill, get_recipe
 from clip_dcl.experiment.reporting import Report, code_commit, command_line, markdown_table, utc_date
 from clip_dcl.experiment.scoring import MEAN_R1, with_mean_r1
+from clip_dcl.paths import write_json
 
 HERE = Path(__file__).resolve().parent
 STEM = "testbed_speed"
@@ -220,7 +221,7 @@ def gate_run(data: Path, summary: dict, work: Path, b: int, seed: int, epochs: i
     scores = with_mean_r1(evaluate(r["checkpoint"], summary, split="validation", fewshot=False, device="cpu"))
     record = {**r, "commit": code_commit(), "metrics": scores, "finished": utc_date()}
     cache.parent.mkdir(parents=True, exist_ok=True)
-    cache.write_text(json.dumps(record, indent=1) + "\n")
+    write_json(cache, record)
     return {**record, "source": "trained"}
 
 

@@ -11,11 +11,14 @@ import hashlib
 import json
 import logging
 import os
+import shutil
 import sys
 import tempfile
 from pathlib import Path
 
+from . import exitcodes
 from .arguments import FlagParser
+from .paths import current_umask, write_json
 from .train import saving
 from .train.saving import CheckpointUnreadable, UnsafeCheckpoint
 
@@ -217,14 +220,19 @@ def load_checkpoint(
 
     path = Path(path)
     if path.is_dir():
-        if not (path / CONFIG_NAME).is_file():
-            raise ValueError(f"folder {str(path)!r} holds no {CONFIG_NAME} (not an exported model)")
+        check_export(path, allow_unsafe_pickle)
         from .models import register_builtin_configs
 
         register_builtin_configs()
         recorded = exported_model_name(path, model)
         name = f"local-dir:{path}"
-        net, _, preprocess = open_clip.create_model_and_transforms(name, device=device)
+        try:
+            net, _, preprocess = open_clip.create_model_and_transforms(name, device=device)
+        except (RuntimeError, KeyError, TypeError) as e:  # weights that do not fit the config
+            raise ValueError(
+                f"exported folder {str(path)!r} does not load: its weights do not fit its {CONFIG_NAME} "
+                f"({str(e).splitlines()[0][:300]}); export it again"
+            ) from None
         # what the evaluations record: the name OpenCLIP loads it by, and the model its config was exported from
         net.clip_dcl_model_name, net.clip_dcl_exported_model = name, recorded
         return net.eval(), preprocess, open_clip.get_tokenizer(name)
@@ -256,6 +264,55 @@ def load_checkpoint(
     return net, preprocess, open_clip.get_tokenizer(name)
 
 
+#: what OpenCLIP's local-dir loader reads as weights, by the ending of the file's name
+WEIGHT_ENDINGS = (".safetensors", ".bin", ".pth")
+
+
+def check_export(folder: Path, allow_unsafe_pickle: bool = False) -> None:
+    """Refuse (``ValueError``, one line naming the file and the fix) an exported folder that OpenCLIP would load
+    wrongly or with a traceback: no config, a config that is not JSON, no weights (an export that did not
+    finish: OpenCLIP would build a randomly initialised model), weights that are not a safetensors file or a
+    weights-only checkpoint. Nothing in the files is run."""
+    config = folder / CONFIG_NAME
+    if not config.is_file():
+        raise ValueError(f"folder {str(folder)!r} holds no {CONFIG_NAME} (not an exported model)")
+    try:
+        doc = json.loads(config.read_text())
+        if not isinstance(doc, dict) or not isinstance(doc.get("model_cfg", {}), dict):
+            raise ValueError("not a model config")
+    except (OSError, ValueError) as e:
+        raise ValueError(f"{str(config)!r} is not a readable model config ({e}); export the model again") from None
+    weights = sorted(p for p in folder.iterdir() if p.suffix in WEIGHT_ENDINGS and p.is_file())
+    if not weights:
+        raise ValueError(
+            f"exported folder {str(folder)!r} holds no weights ({WEIGHTS_NAME}): an export that did not finish; "
+            "export the model again"
+        )
+    for path in weights:
+        if path.suffix == ".safetensors":
+            from safetensors import SafetensorError, safe_open
+
+            try:
+                with safe_open(str(path), framework="pt") as f:
+                    f.keys()
+            except (SafetensorError, OSError, ValueError) as e:
+                raise ValueError(
+                    f"{str(path)!r} is not a safetensors file (cut or corrupt: {str(e).splitlines()[0][:200]}); "
+                    "export the model again"
+                ) from None
+        else:  # read weights-only first: a pickle that needs code is refused before OpenCLIP reads it
+            import zipfile
+
+            with open(path, "rb") as f:
+                pickled = f.read(1) == b"\x80"  # a pickle's protocol mark
+            if not (pickled or zipfile.is_zipfile(path)):  # random bytes earn no --unsafe-pickle hint
+                raise ValueError(
+                    f"{str(path)!r} is not a checkpoint (neither torch's zip format nor a pickle); export the "
+                    "model again"
+                )
+            saving.read_checkpoint(path, allow_unsafe_pickle)
+
+
 def exported_model_name(folder: Path, model: str | None = None) -> str | None:
     """The model name an exported folder records (None for one OpenCLIP wrote); a ``model`` of another
     architecture than the folder's config is a ``ValueError``, not ignored."""
@@ -277,9 +334,7 @@ def exported_model_name(folder: Path, model: str | None = None) -> str | None:
 
 def _plain_file_mode(path: Path) -> None:
     """Give ``path`` the mode a plain ``open(path, "w")`` gives (safetensors writes 0600)."""
-    umask = os.umask(0)
-    os.umask(umask)
-    path.chmod(0o666 & ~umask)
+    path.chmod(0o666 & ~current_umask())
 
 
 def export(
@@ -330,19 +385,45 @@ def export(
     preprocess_cfg = {
         k: pp[k] for k in ("size", "mode", "mean", "std", "interpolation", "resize_mode", "fill_color") if k in pp
     }
-    out.mkdir(parents=True, exist_ok=True)
     doc = {
         "model_cfg": model_cfg,
         "preprocess_cfg": preprocess_cfg,
         saving.CKPT_KEY: {"model": name, "source": str(Path(ckpt).absolute())},
     }
-    (out / CONFIG_NAME).write_text(json.dumps(doc, indent=2, default=list) + "\n")
-    # Clones: safetensors refuses tensors that share storage.
-    tensors = {k: v.detach().cpu().contiguous().clone() for k, v in net.state_dict().items()}
-    save_file(tensors, str(out / WEIGHTS_NAME))
-    _plain_file_mode(out / WEIGHTS_NAME)
+    # Written into a folder beside OUT_DIR and renamed into place: a stop or a full disk between the two
+    # writes leaves no OUT_DIR with a config and no weights (which OpenCLIP would load as a random model).
+    out.parent.mkdir(parents=True, exist_ok=True)
+    partial = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.", suffix=".partial"))
+    try:
+        partial.chmod(0o777 & ~current_umask())
+        write_json(partial / CONFIG_NAME, doc, indent=2, default=list)
+        # Clones: safetensors refuses tensors that share storage.
+        tensors = {k: v.detach().cpu().contiguous().clone() for k, v in net.state_dict().items()}
+        save_file(tensors, str(partial / WEIGHTS_NAME))
+        _plain_file_mode(partial / WEIGHTS_NAME)
+        _replace_folder(partial, out)
+    except BaseException:
+        shutil.rmtree(partial, ignore_errors=True)
+        raise
     log.info("exported %s (%s) to %s", ckpt, name, out)
     return out
+
+
+def _replace_folder(new: Path, out: Path) -> None:
+    """Put the finished export ``new`` at ``out``: renamed there whole, or, into a folder that holds other
+    files (``--force``), its files moved in with the config last, so that no moment shows a config beside
+    missing or other weights (the earlier config goes first: a folder without one is refused, not misread)."""
+    if out.is_dir() and any(out.iterdir()):
+        (out / CONFIG_NAME).unlink(missing_ok=True)
+        os.replace(new / WEIGHTS_NAME, out / WEIGHTS_NAME)
+        os.replace(new / CONFIG_NAME, out / CONFIG_NAME)
+        new.rmdir()
+        return
+    if out.is_dir():
+        out.rmdir()
+    elif out.exists():
+        out.unlink()
+    new.rename(out)
 
 
 def export_main(argv: list[str] | None = None) -> int:
@@ -369,5 +450,15 @@ def export_main(argv: list[str] | None = None) -> int:
     except ValueError as e:
         print(f"clip-dcl export: {e}", file=sys.stderr)
         return 2
+    except OSError as e:  # a read-only folder, a full disk: nothing was left at OUT_DIR
+        print(
+            f"clip-dcl export: cannot write {e.filename or args.out_dir!r} ({e.strerror or e}): free space or give "
+            f"an OUT_DIR you can write in; {args.out_dir!r} is as it was",
+            file=sys.stderr,
+        )
+        return exitcodes.FAILED
+    except KeyboardInterrupt:
+        print(f"clip-dcl export: interrupted (Ctrl-C); {args.out_dir!r} is as it was", file=sys.stderr)
+        return exitcodes.INTERRUPTED
     print(f"exported to {out}; load with open_clip.create_model_and_transforms('local-dir:{out}')")
     return 0

@@ -17,8 +17,10 @@ from typing import List, Optional
 
 from . import experiment as ex
 from .arguments import FlagParser
+from .exitcodes import stop_exit_code
 from .experiment.budgets import DEMO_BUDGET, DEMO_CLASSES, QUICK_BUDGET
-from .experiment.runner import Stopped, stop_on_signals
+from .paths import write_json
+from .process import Stopped, said, stop_on_signals
 
 DESCRIPTION = (
     "The whole job on the embedded synthetic data: synthetic caption shards and evaluation sets, "
@@ -120,7 +122,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         print(f"clip-dcl demo: {refusal}", file=sys.stderr)
         return 2
     out.mkdir(parents=True, exist_ok=True)
-    (out / SETTINGS).write_text(json.dumps(settings, indent=1) + "\n")
+    write_json(out / SETTINGS, settings)
     start, load_at_start = time.perf_counter(), _load_average()
     results, scores = {}, {}
     state = {"step": "writing the synthetic data", "progress": Progress(len(settings["losses"]), start)}
@@ -128,10 +130,10 @@ def main(argv: Optional[List[str]] = None) -> int:
         with stop_on_signals():
             data = _train_and_evaluate(args, out, budget, device, fewshot_seeds, results, scores, state)
     except (KeyboardInterrupt, Stopped) as e:
-        said, code = ("SIGTERM", 75) if isinstance(e, Stopped) else ("Ctrl-C", 130)
+        signame = e.signame if isinstance(e, Stopped) else "SIGINT"
         state["progress"].say("")
-        print(stopped_line(said, state, out, results), file=sys.stderr, flush=True)
-        return code
+        print(stopped_line(said(signame), state, out, results), file=sys.stderr, flush=True)
+        return stop_exit_code(signame)
 
     minutes = (time.perf_counter() - start) / 60
     header = (
@@ -321,7 +323,7 @@ def _duration(seconds: float) -> str:
     return f"{seconds:.0f} s" if seconds < 90 else f"{seconds / 60:.1f} min"
 
 
-def stopped_line(said: str, state: dict, out: Path, results: dict) -> str:
+def stopped_line(stop: str, state: dict, out: Path, results: dict) -> str:
     """The one line of a demo stopped by Ctrl-C or SIGTERM: where it was, and what it kept."""
     if not state.get("data"):
         kept = f"nothing finished (a rerun writes the data in {out / 'data'} again)"
@@ -330,7 +332,7 @@ def stopped_line(said: str, state: dict, out: Path, results: dict) -> str:
     if results:
         kept += f" and the finished training(s) of {', '.join(results)} in {out / 'runs'} (a rerun trains them again)"
     return (
-        f"[demo] stopped by {said} while {state['step']}: kept {kept}; no report was written (demo.md, demo.json and "
+        f"[demo] stopped by {stop} while {state['step']}: kept {kept}; no report was written (demo.md, demo.json and "
         f"demo.png in {out} are an earlier run's, if there)"
     )
 

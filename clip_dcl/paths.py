@@ -1,14 +1,31 @@
-"""Where a command will write, checked before the work that writes there (``--logs``, ``--output``).
+"""Where a command will write, checked before the work that writes there (``--logs``, ``--output``); JSON
+written whole or not at all (`write_json`); shard patterns expanded with their backslashes kept.
 
 Writability is tested by creating a file: permission bits say nothing for root, nor for a read-only mount.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import tempfile
 from pathlib import Path
 from typing import Optional
+
+
+def current_umask() -> int:
+    """The process's umask, read without setting it where the kernel says it (setting it, even to restore it at
+    once, is process-wide: another thread's file would get the wrong mode meanwhile)."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
 
 
 def _try_write(folder: Path) -> Optional[str]:
@@ -46,3 +63,40 @@ def output_file_problem(path: str | os.PathLike) -> Optional[str]:
             return f"cannot write {str(target)!r} ({e.strerror or e})"
         return None
     return folder_problem(target.parent if str(target.parent) else ".")
+
+
+def expand_pattern(pattern: str) -> list:
+    """The paths of a shard pattern (``train/{00000..00007}.tar``, several joined by ``::``), in order. A
+    backslash is part of a path here, never an escape (``back\\slash/0.tar`` stays as written)."""
+    import braceexpand
+
+    return [path for part in str(pattern).split("::") for path in braceexpand.braceexpand(part, escape=False)]
+
+
+def write_json(path: str | os.PathLike, doc, *, indent: Optional[int] = 1, **dumps) -> Path:
+    """Write ``doc`` as JSON into ``path`` whole or not at all: into a temporary file beside it, then renamed over
+    it, so that a stop or a full disk mid-write leaves the earlier file (or none), never a cut one. ``dumps``:
+    `json.dumps`' other options. Returns ``path``."""
+    import json
+
+    path = Path(path)
+    data = (json.dumps(doc, indent=indent, **dumps) + "\n").encode()
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".partial")
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view) :]
+        os.fsync(fd)
+        os.close(fd)
+        fd = -1
+        os.chmod(tmp, 0o666 & ~current_umask())  # what a plain open(path, "w") gives (mkstemp's is 0600)
+        os.replace(tmp, path)
+    except BaseException as e:
+        if fd >= 0:
+            os.close(fd)
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        if isinstance(e, OSError) and e.filename is None:  # os.write names no file: name the one being written
+            raise OSError(e.errno, e.strerror, str(path)) from None
+        raise
+    return path

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from clip_dcl.experiment.study import attempts as A
 from clip_dcl.experiment.study import cli, load_plan, run_study
 from clip_dcl.experiment.study import local as L
 from clip_dcl.experiment.study import work as W
@@ -215,7 +216,7 @@ def test_finished_runs_are_skipped_and_a_failed_run_is_rerun_and_listed(tmp_path
     assert out["skipped"] == [("clip", 0), ("decl", 0)] and out["failed"] == [("decl", 1)]
     assert any("decl seed 1: FAILED (exit 3)" in p for p in printed)
     assert any("clip seed 0: finished earlier, skipped" in p for p in printed)
-    assert W.attempts(work)[-1]["exit"] in (0, 3) and not W.finished(work, "decl", 1)
+    assert A.attempts(work)[-1]["exit"] in (0, 3) and not W.finished(work, "decl", 1)
     assert cli.main(["run", str(plan.source), "--work", str(work)]) == 1  # still failing: exit 1
     monkeypatch.setattr(L, "shell_line", stand_in_line(work, log))
     log.unlink()

@@ -161,3 +161,55 @@ def test_reading_random_bytes_says_not_a_checkpoint_and_a_pickle_of_objects_name
     _evil(tmp_path / "evil.pt")
     with pytest.raises(UnsafeCheckpoint, match="--unsafe-pickle"):
         read_checkpoint(tmp_path / "evil.pt")
+
+
+def test_a_run_folder_removed_mid_run_ends_in_one_line(tmp_path, capsys):
+    import shutil
+
+    from clip_dcl.losses import DeCLLoss
+    from clip_dcl.train import main
+
+    folder = tmp_path / "logs" / "x"
+    calls = []
+    forward = DeCLLoss.forward
+
+    def removing(self, *args, **kwargs):
+        calls.append(1)
+        if len(calls) == 2:
+            shutil.rmtree(folder)
+        return forward(self, *args, **kwargs)
+
+    DeCLLoss.forward = removing
+    try:
+        code = main(
+            [
+                "--loss",
+                "clip",
+                "--no-grad-gather",
+                "--local-loss",
+                "--dataset-type",
+                "synthetic",
+                "--train-num-samples",
+                "48",
+                "--batch-size",
+                "8",
+                "--model",
+                "clip-dcl-tiny",
+                "--device",
+                "cpu",
+                "--workers",
+                "0",
+                "--log-every-n-steps",
+                "1",
+                "--logs",
+                str(tmp_path / "logs"),
+                "--name",
+                "x",
+            ]  # fmt: skip
+        )
+    finally:
+        DeCLLoss.forward = forward
+    err = capsys.readouterr().err
+    assert len(calls) >= 2 and code == 1 and "Traceback" not in err
+    said = [line for line in err.splitlines() if "clip-dcl train: error:" in line]
+    assert len(said) == 1 and f"the run folder {folder} was removed while the run trained" in said[0]

@@ -16,6 +16,7 @@ from clip_dcl.experiment.figures import pyplot, save_figure
 from clip_dcl.experiment.runner import Budget
 from clip_dcl.experiment.scoring import MEAN_R1
 from clip_dcl.experiment.stats import format_mean_std, mean_std, t_interval, wins
+from clip_dcl.paths import write_json
 
 from .objectives import (
     ARCHIVE,
@@ -412,7 +413,7 @@ def write_dcl_screen(
         "objectives": objectives(),
         "runs": records,
     }
-    (out / f"{stem}.json").write_text(json.dumps(doc, indent=1, default=str) + "\n")
+    write_json(out / f"{stem}.json", doc, default=str)
 
 
 def _seeds(n: int) -> str:
@@ -582,7 +583,7 @@ def write_dcl_sweep(
         "objectives": {n: objectives()[n] for n in labels},
         "runs": records,
     }
-    (out / f"{stem}.json").write_text(json.dumps(doc, indent=1, default=str) + "\n")
+    write_json(out / f"{stem}.json", doc, default=str)
 
 
 def write(
@@ -835,4 +836,4 @@ def write(
         "objectives": objectives(),
         "runs": records,
     }
-    (out / f"{stem}.json").write_text(json.dumps(doc, indent=1, default=str) + "\n")
+    write_json(out / f"{stem}.json", doc, default=str)

@@ -4,6 +4,7 @@ each a thin wrapper over the Python function its description names."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 
 from ..arguments import FlagParser
@@ -77,6 +78,51 @@ def _run_synth(args) -> int:
     return _run_writer(args, generate, _SYNTH_HELP, quick=args.quick)
 
 
+class WriterStopped(Exception):
+    """A writer that ended with its one line said; ``code`` is its exit code."""
+
+    def __init__(self, code: int):
+        super().__init__(code)
+        self.code = code
+
+
+@contextlib.contextmanager
+def held(args, out, overwrite: bool = False, folder: bool = True):
+    """Write ``out`` holding it (`clip_dcl.data.output.writing`); a second writer, an unfinished output, a full
+    disk, a read-only folder and Ctrl-C each end in one line naming the output and the fix (`WriterStopped`)."""
+    import errno
+    import sys
+
+    from .. import exitcodes
+    from .output import OutputBusy, OutputUnfinished, writing
+
+    command = f"clip-dcl data {args.command}"
+
+    def said(text: str, code: int):
+        print(f"{command}: {text}", file=sys.stderr, flush=True)
+        raise WriterStopped(code)
+
+    try:
+        with writing(out, command, overwrite=overwrite, folder=folder):
+            yield
+    except (OutputBusy, OutputUnfinished) as e:
+        said(str(e), exitcodes.USAGE)
+    except KeyboardInterrupt:
+        said(
+            f"interrupted (Ctrl-C): {str(out)!r} is unfinished; run the command again with --overwrite",
+            exitcodes.INTERRUPTED,
+        )
+    except OSError as e:
+        where = e.filename or out
+        if e.errno == errno.ENOSPC:
+            fix = "free space on its disk (or write elsewhere) and run the command again with --overwrite"
+        elif e.errno in (errno.EROFS, errno.EACCES, errno.EPERM):
+            fix = "write into a folder you can write in"
+        else:
+            raise
+        said(f"cannot write {str(where)!r} ({e.strerror or e}): {fix}", exitcodes.FAILED)
+
+
 def _run_writer(args, generate, helps: dict, **kwargs) -> int:
     """Run a data writer with the config flags given, print what it wrote and with --pack pack its training shards;
     missing source files are one line (exit 2), a bad value a usage error."""
@@ -86,14 +132,17 @@ def _run_writer(args, generate, helps: dict, **kwargs) -> int:
 
     overrides = {f: getattr(args, f) for f in helps if getattr(args, f) is not None}
     try:
-        summary = generate(
-            args.out_dir, overwrite=args.overwrite, reuse=args.reuse, verbose=not args.quiet, **kwargs, **overrides
-        )
+        with held(args, args.out_dir, overwrite=args.overwrite):
+            summary = generate(
+                args.out_dir, overwrite=args.overwrite, reuse=args.reuse, verbose=not args.quiet, **kwargs, **overrides
+            )
     except DataMissing as e:
         print(f"clip-dcl data {args.command}: {e}", file=sys.stderr)
         return 2
     except (ValueError, FileExistsError) as e:
         args.parser.error(str(e))
+    except WriterStopped as e:
+        return e.code
     print(f"tau_plus {summary['tau_plus']:.6f}")
     for key in ("train_data", "val_data", "test_data"):
         if key in summary:
@@ -250,9 +299,13 @@ def _run_pack(args) -> int:
     from .packed import pack_shards
 
     try:
-        written = pack_shards(args.pattern, args.out, verbose=not args.quiet)
+        # the file is written whole (renamed into place), so an earlier writer's unfinished mark is no matter
+        with held(args, args.out, overwrite=True, folder=False):
+            written = pack_shards(args.pattern, args.out, verbose=not args.quiet)
     except ValueError as e:
         args.parser.error(str(e))
+    except WriterStopped as e:
+        return e.code
     print(f"train_packed {written['path']} {written['num_samples']} samples")
     return 0
 
@@ -362,21 +415,24 @@ def _run_shards(args) -> int:
     from .pairs import next_commands, write_pairs
 
     try:
-        summary = write_pairs(
-            args.source,
-            args.out_dir,
-            val_fraction=args.val_fraction,
-            shard_size=args.shard_size,
-            seed=args.seed,
-            img_key=args.img_key,
-            caption_key=args.caption_key,
-            sep=args.separator,
-            overwrite=args.overwrite,
-            verbose=not args.quiet,
-        )
+        with held(args, args.out_dir, overwrite=args.overwrite):
+            summary = write_pairs(
+                args.source,
+                args.out_dir,
+                val_fraction=args.val_fraction,
+                shard_size=args.shard_size,
+                seed=args.seed,
+                img_key=args.img_key,
+                caption_key=args.caption_key,
+                sep=args.separator,
+                overwrite=args.overwrite,
+                verbose=not args.quiet,
+            )
     except ValueError as e:
         print(f"clip-dcl data shards: {e}", file=sys.stderr)
         return 2
+    except WriterStopped as e:
+        return e.code
     for name, split in summary["splits"].items():
         print(f"{name}: {split['pairs']} pairs in {split['shards']} shard(s), {split['folder']}")
     if "zeroshot" in summary:

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import dataclasses
 import io
-import json
 import os
 import time
 from dataclasses import dataclass
@@ -26,6 +25,7 @@ from typing import Dict, List, Optional, Sequence
 
 import numpy as np
 
+from ..paths import write_json
 from .idx import IdxError, read_idx_pair
 from .shards import CaptionShardWriter, format_key
 
@@ -341,7 +341,7 @@ def write_fewshot(
         splits[split] = [(f"{n:06d}.png", _png(images[i], cfg.image_size), int(labels[i])) for n, i in enumerate(idx)]
     _write_iris(directory / task, list(names), list(templates), splits)
     catalog = {task: catalog_entry("accuracy", names, splits)}
-    (directory / "catalog.json").write_text(json.dumps(catalog, indent=1) + "\n")
+    write_json(directory / "catalog.json", catalog)
     return {"dir": directory.name, "catalog": f"{directory.name}/catalog.json", "datasets": catalog}
 
 

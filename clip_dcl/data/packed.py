@@ -21,8 +21,8 @@ def pack_shards(pattern: str, out, verbose: bool = True) -> Dict[str, object]:
     Returns ``{"path", "num_samples", "skipped", "image_shape"}``; ``ValueError``: no sample, mixed shapes, not .npz.
     """
     import webdataset as wds
-    from open_clip_train.data import expand_urls
 
+    from ..paths import expand_pattern
     from .ids import sample_id
 
     out = Path(out)
@@ -31,13 +31,19 @@ def pack_shards(pattern: str, out, verbose: bool = True) -> Dict[str, object]:
             f"the packed file must end in .npz (OpenCLIP's --dataset-type auto reads it by its "
             f"extension); got {str(out)!r}"
         )
-    urls, _ = expand_urls(pattern)
+    urls = expand_pattern(pattern)
     missing = [u for u in urls if "://" not in u and not Path(u).is_file()]
     if missing:
         raise ValueError(f"shard {missing[0]!r} of {pattern!r} does not exist")
     images, captions, keys, ids = [], [], [], []
     skipped = 0
-    dataset = wds.WebDataset(urls, shardshuffle=False).decode("rgb8")
+    undecodable = []
+
+    def skip_undecodable(exn) -> bool:  # a broken image or a decompression bomb: skipped and counted
+        undecodable.append(exn)
+        return True
+
+    dataset = wds.WebDataset(urls, shardshuffle=False).decode("rgb8", handler=skip_undecodable)
     for sample in dataset:
         image = next((sample[k] for k in ("jpg", "png", "jpeg", "webp") if k in sample), None)
         caption = sample.get("txt")
@@ -62,6 +68,14 @@ def pack_shards(pattern: str, out, verbose: bool = True) -> Dict[str, object]:
         ids.append(int(sample_id(sample)))
         if verbose and len(images) % 5000 == 0:
             print(f"[pack] {len(images)} samples", flush=True)
+    if undecodable:
+        skipped += len(undecodable)
+        logging.warning(
+            "packing %s: %d sample(s) with an undecodable image skipped (e.g. %s)",
+            pattern,
+            len(undecodable),
+            str(undecodable[0]).splitlines()[0][:300] if str(undecodable[0]) else type(undecodable[0]).__name__,
+        )
     if not images:
         raise ValueError(f"no sample with an image and a caption in {pattern!r}")
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import csv
 import io
-import json
 import os
 import random
 import shutil
@@ -18,6 +17,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..paths import write_json
 from .classes import CAPTION, ZeroshotTree, class_tree
 from .evalsets.files import IMAGE_EXTENSIONS
 from .shards import folder_pattern, format_key, shard_writer, write_sizes_json
@@ -355,7 +355,7 @@ def write_pairs(
     made = zeroshot.finish() if zeroshot is not None else None
     if made is not None:
         summary["zeroshot"] = made
-    (out / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
+    write_json(out / "summary.json", summary)
     return summary
 
 

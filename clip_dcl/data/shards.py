@@ -10,6 +10,8 @@ import math
 import os
 from pathlib import Path
 
+from ..paths import write_json
+
 #: Shard file names: ``00000.tar``, ``00001.tar``, ... (img2dataset's naming).
 SHARD_NAME_FORMAT = "{:05d}.tar"
 #: The same names as webdataset's ``ShardWriter`` pattern.
@@ -81,7 +83,7 @@ def folder_pattern(folder: str | os.PathLike) -> str:
 def write_sizes_json(directory: str | os.PathLike, sizes: dict[str, int]) -> Path:
     """Write ``sizes.json`` (shard basename -> sample count) into ``directory``; return its path."""
     path = Path(directory) / "sizes.json"
-    path.write_text(json.dumps(dict(sizes), indent=1) + "\n")
+    write_json(path, dict(sizes))
     return path
 
 

@@ -161,11 +161,34 @@ def _check_common(args) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run ``clip-dcl eval`` with ``argv``; the exit code (2 for a bad invocation or unusable data)."""
+    """Run ``clip-dcl eval`` with ``argv``; the exit code (2 for a bad invocation or unusable data, 1 for an
+    ``--output`` that cannot be written, 130 for Ctrl-C: each with one line)."""
+    import errno
+
+    from .. import exitcodes
+
+    args = build_parser().parse_args(argv)
+    prog = f"clip-dcl eval {args.task}" if args.task else "clip-dcl eval"
+    try:
+        return _main(args)
+    except KeyboardInterrupt:
+        print(f"{prog}: interrupted (Ctrl-C); no --output was written", file=sys.stderr, flush=True)
+        return exitcodes.INTERRUPTED
+    except OSError as e:
+        if e.errno not in (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM):
+            raise
+        print(
+            f"{prog}: cannot write {e.filename or args.output!r} ({e.strerror}): free space or give an --output "
+            "you can write; nothing was left half-written",
+            file=sys.stderr,
+        )
+        return exitcodes.FAILED
+
+
+def _main(args) -> int:
     from .report import benchmark_document, benchmark_output_path, result_document, write_json
     from .tasks import get_task
 
-    args = build_parser().parse_args(argv)
     if args.task == "benchmark":
         from .benchmark import main as benchmark_main
 

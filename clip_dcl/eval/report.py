@@ -4,11 +4,12 @@
 
 from __future__ import annotations
 
-import json
 import math
 import os
 from pathlib import Path
 from typing import Iterable, Sequence
+
+from .. import paths
 
 RESERVED_KEYS = ("model", "data", "settings", "details", "skipped", "chance")
 
@@ -85,7 +86,7 @@ def write_json(path: str | os.PathLike, document: dict) -> Path:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     # NaN and infinities (e.g. acc5 with fewer than 5 classes) are not JSON: strict parsers reject them.
-    path.write_text(json.dumps(_finite(document), indent=2, default=str, allow_nan=False) + "\n")
+    paths.write_json(path, _finite(document), indent=2, default=str, allow_nan=False)
     return path
 
 

@@ -4,7 +4,6 @@ records the command, the date and the machine beside the measurement)."""
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 import os
 import platform
@@ -17,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Dict, Iterable, List, Optional, Sequence, Tuple, Union
 
+from .. import paths
 from .figures import pyplot, save_figure
 from .runner import Budget, TrainResult
 from .scoring import chance_levels, headline_metrics
@@ -142,7 +142,7 @@ def write_json(path: os.PathLike, doc: dict, roots: Sequence[os.PathLike] = ()) 
     ``roots``), folders created."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(portable(doc, roots), indent=1, default=str) + "\n")
+    paths.write_json(path, portable(doc, roots), default=str)
     return path
 
 

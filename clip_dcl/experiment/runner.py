@@ -1,8 +1,9 @@
 """Running trainings as a user would: ``python -m clip_dcl.train`` in a child process, under a machine-wide lock.
 
-The child is a process group of its own: Ctrl-C (or SIGTERM, under ``stop_on_signals``) reaches this
-process only, which passes it on once to the child's group, waits for it to save and exit (``STOP_GRACE_S``
-at most) and raises on, so that the caller can say what it kept and nothing it started outlives it.
+The child is a process group of its own (:mod:`clip_dcl.process`): Ctrl-C (or SIGTERM, under
+``stop_on_signals``) reaches this process only, which passes it on once to the child's group, waits for it to
+save and exit (``STOP_GRACE_S`` at most) and raises on, so that the caller can say what it kept and nothing it
+started outlives it.
 """
 
 from __future__ import annotations
@@ -15,54 +16,17 @@ import signal
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Dict, List, Optional, Sequence
 
+from ..process import Stopped, start_group, stop_group
 from ..train.metrics import METRICS_FILE, epoch_position, read_metrics, read_new_records
 
 #: The model every demo run trains (registered by clip_dcl.models).
 DEFAULT_MODEL = "clip-dcl-tiny"
-#: Seconds a training child gets to save and exit once stopped, before its process group is killed.
-STOP_GRACE_S = 90.0
-
-
-class Stopped(Exception):
-    """A stop signal (``signame``) raised in the main thread, as Ctrl-C raises KeyboardInterrupt."""
-
-    def __init__(self, signame: str = "SIGTERM"):
-        super().__init__(signame)
-        self.signame = signame
-
-
-def said(signame: str) -> str:
-    """How a stop signal is named to the user: ``Ctrl-C`` for SIGINT, else its name."""
-    return "Ctrl-C" if signame == "SIGINT" else signame
-
-
-@contextmanager
-def stop_on_signals():
-    """Inside (from the main thread only), SIGTERM raises `Stopped` and SIGINT KeyboardInterrupt, even where
-    SIGINT was ignored at start (a shell's background job); the handlers before are restored after."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    def stop(signum, frame):
-        raise Stopped(signal.Signals(signum).name)
-
-    before = {
-        signal.SIGTERM: signal.signal(signal.SIGTERM, stop),
-        signal.SIGINT: signal.signal(signal.SIGINT, signal.default_int_handler),
-    }
-    try:
-        yield
-    finally:
-        for num, handler in before.items():
-            signal.signal(num, handler)
 
 
 @dataclass(frozen=True)
@@ -293,48 +257,18 @@ def _stream(cmd, env, run: Run, budget: Budget, echo, start: float, metrics: Pat
                 echo(progress_line(run.name, record, budget.epochs, now - start))
                 last_echo = now
 
-    proc = subprocess.Popen(
-        cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, start_new_session=True
-    )
+    proc = start_group(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
     with proc.stdout:
         try:
             for line in proc.stdout:
                 lines.append(line.rstrip())
                 echo_new()
         except (KeyboardInterrupt, Stopped) as e:
-            stop_child(proc, signal.SIGTERM if isinstance(e, Stopped) else signal.SIGINT, lines)
+            stop_group(proc, signal.SIGTERM if isinstance(e, Stopped) else signal.SIGINT, lines)
             raise
     code = proc.wait()
     echo_new()
     return code, lines
-
-
-def stop_child(proc: subprocess.Popen, signum: int, lines: Optional[List[str]] = None) -> int:
-    """Pass ``signum`` to the group of ``proc`` (a session leader), read what it still prints while it saves,
-    and return its exit code; the group is killed ``STOP_GRACE_S`` after the signal. A Ctrl-C meanwhile
-    is passed on too (the trainer's second Ctrl-C stops it at once, without saving)."""
-    signal_group(proc.pid, signum)
-    timer = threading.Timer(STOP_GRACE_S, signal_group, args=(proc.pid, signal.SIGKILL))
-    timer.daemon = True
-    timer.start()
-    try:
-        while True:
-            try:
-                if proc.stdout is not None and not proc.stdout.closed:
-                    for line in proc.stdout:
-                        if lines is not None:
-                            lines.append(line.rstrip())
-                return proc.wait()
-            except KeyboardInterrupt:
-                signal_group(proc.pid, signal.SIGINT)
-    finally:
-        timer.cancel()
-
-
-def signal_group(pgid: int, signum: int) -> None:
-    """Send ``signum`` to the process group ``pgid``; a group already gone (or not ours) is no error."""
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(pgid, signum)
 
 
 def read_curves(metrics: os.PathLike) -> Dict[str, list]:

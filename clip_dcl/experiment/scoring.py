@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Dict, List, Optional, Sequence
 
+from ..paths import write_json
 from . import runner
 from .commands import defaults_of
 from .runner import Budget, Run, TrainResult
@@ -85,7 +86,7 @@ def train_and_evaluate(
     cache.parent.mkdir(parents=True, exist_ok=True)
     trained = {f.name: getattr(res, f.name) for f in dataclasses.fields(res) if f.name != "run"}
     evaluated = {"metrics": metrics, "eval_seconds": secs, "finished": finished}
-    cache.write_text(json.dumps({"settings": key, "evaluator": EVALUATOR, **trained, **evaluated}, default=str) + "\n")
+    write_json(cache, {"settings": key, "evaluator": EVALUATOR, **trained, **evaluated}, indent=None, default=str)
     return Outcome(res, metrics, secs, finished, source)
 
 

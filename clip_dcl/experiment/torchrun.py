@@ -14,6 +14,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator, List, Sequence, Tuple
 
+from ..paths import write_json
+
 
 def add_worker_arguments(parser: argparse.ArgumentParser) -> None:
     """The hidden flags :func:`launch` passes: ``--worker`` and ``--worker-out`` (the ranks' records)."""
@@ -61,4 +63,4 @@ def write_rank_record(args: argparse.Namespace, rank: int, record: dict) -> None
     """Leave this rank's ``record`` for :func:`launch` (``args``: the worker's parsed flags)."""
     if not args.worker_out:
         raise ValueError("write_rank_record needs --worker-out: run the script through launch()")
-    Path(args.worker_out, f"rank{rank}.json").write_text(json.dumps(record))
+    write_json(Path(args.worker_out, f"rank{rank}.json"), record, indent=None)

@@ -49,8 +49,13 @@ class MetricsWriter:
         record = {**fields, **self.values, "time": round(time.time(), 3)}
         self.values = {}
         if self.path is not None:
-            with open(self.path, "a") as f:
-                f.write(json.dumps(record) + "\n")
+            try:
+                with open(self.path, "a") as f:
+                    f.write(json.dumps(record) + "\n")
+            except FileNotFoundError:  # the run folder went away under the run
+                from .runfolder import RunFolderGone
+
+                raise RunFolderGone(self.path) from None
         return record
 
     def __getattr__(self, name):  # anything else a caller asks of the real writer

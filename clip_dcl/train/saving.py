@@ -214,6 +214,10 @@ def save_atomically(obj, path, save=None, rerun: str = RERUN) -> None:
     except BaseException as e:
         with contextlib.suppress(OSError):
             os.remove(tmp)
+        if isinstance(e, FileNotFoundError) and not os.path.isdir(os.path.dirname(path) or "."):
+            from .runfolder import RunFolderGone
+
+            raise RunFolderGone(path) from None
         no_space = (errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC))
         full = next((c for c in _chain(e) if isinstance(c, OSError) and c.errno in no_space), None)
         if full is not None:

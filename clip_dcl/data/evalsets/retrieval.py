@@ -80,9 +80,9 @@ def expand_shards(data: str | os.PathLike | Sequence[str]) -> list[str]:
                 f"{describe_folder(data)}"
             )
         return shards
-    import braceexpand
+    from ...paths import expand_pattern
 
-    shards = [s for part in data.split("::") for s in braceexpand.braceexpand(part)]
+    shards = expand_pattern(data)
     for s in shards:
         if not os.path.isfile(s):
             raise ValueError(f"shard {s!r} does not exist")

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ...paths import write_json
 from ..shards import KEY_WIDTH, CaptionShardWriter, format_key
 from .attributes import (
     BACKGROUNDS,
@@ -330,7 +331,7 @@ def _write_fewshot(directory: Path, cfg: SynthConfig, verbose: bool) -> dict:
     if verbose:
         d = catalog["digits"]
         print(f"[synth] few-shot digits: 10 classes, {d['train']} train, {d['test']} test", flush=True)
-    (directory / "catalog.json").write_text(json.dumps(catalog, indent=1) + "\n")
+    write_json(directory / "catalog.json", catalog)
     return {"dir": directory.name, "catalog": f"{directory.name}/catalog.json", "datasets": catalog}
 
 
@@ -501,7 +502,7 @@ def prepare_out(out: Path, record: dict, outputs, reuse: bool, overwrite: bool, 
 
 def finish(out: Path, summary: dict, start: float, verbose: bool, line: str) -> dict:
     """Write summary.json and (verbose) ``line`` ended by the seconds since ``start``; the summary with its paths."""
-    (out / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
+    write_json(out / "summary.json", summary)
     seconds = time.perf_counter() - start
     if verbose:
         print(f"{line}{seconds:.1f} s", flush=True)

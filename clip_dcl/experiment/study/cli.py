@@ -5,7 +5,8 @@
   (``paired_sd`` or an earlier study's ``STUDY.json`` named by ``spread_from``), the seeds each comparison
   needs for the plan's power at its confidence, one look. Exit 1 when a comparison has fewer seeds than it
   needs, 0 otherwise.
-* ``commands PLAN --work DIR``: make and check the data, seal the plan in DIR, print one shell line per run on stdout
+* ``commands PLAN --work DIR``: make the data first (a [data] command runs here, and says so before it starts)
+  and check them, seal the plan in DIR, print one shell line per run on stdout
   (``> lines.sh``; a Slurm array runs line ``$SLURM_ARRAY_TASK_ID`` with ``sed -n``).
 * ``run PLAN --work DIR --parallel N``: the same lines on this machine, N at once; finished runs skipped.
   SIGTERM or Ctrl-C stops every run (each saves at its step), notes them and exits 75 or 130; the next
@@ -24,12 +25,15 @@ the change. Exit 2 on a bad plan or a refused call.
 from __future__ import annotations
 
 import argparse
+import errno
 import shlex
 import sys
 from pathlib import Path
 from typing import List, Optional
 
+from ... import exitcodes
 from ...arguments import FlagParser
+from ...process import Stopped, said, stop_on_signals
 from ..arguments import plain_text
 from .plan import Plan, PlanError, load_plan
 from .power import planned_power, spread_of  # noqa: F401 (spread_of: imported from here too)
@@ -169,8 +173,15 @@ def main(argv: Optional[List[str]] = None) -> int:
         plan = load_plan(args.plan)
         if args.command == "check":
             return check(plan)
+        if args.command in ("commands", "run"):
+            from ...paths import folder_problem
+
+            problem = folder_problem(args.work)
+            if problem:
+                raise StudyError(f"--work {args.work}: {problem}; give a --work folder you can write in")
         if args.command == "commands":
-            return _commands(plan, args)
+            with stop_on_signals():  # a SIGTERM while the data are made is passed on to their writer
+                return _commands(plan, args)
         if args.command == "run":
             from .local import STOP_EXIT, run_study
 
@@ -183,23 +194,40 @@ def main(argv: Optional[List[str]] = None) -> int:
     except (PlanError, StudyError) as e:
         print(f"clip-dcl study: {e}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
-        print(f"clip-dcl study {args.command}: interrupted (Ctrl-C)", file=sys.stderr)
-        return 130
+    except OSError as e:  # a full disk or a folder that turned read-only meanwhile
+        if e.errno not in (errno.ENOSPC, errno.EROFS, errno.EACCES, errno.EPERM, errno.EDQUOT):
+            raise
+        print(
+            f"clip-dcl study {args.command}: cannot write {e.filename or args.work!r} ({e.strerror}); free space or "
+            "give a --work folder you can write in, then run it again",
+            file=sys.stderr,
+        )
+        return exitcodes.FAILED
+    except (KeyboardInterrupt, Stopped) as e:
+        signame = getattr(e, "signame", "SIGINT")
+        print(f"clip-dcl study {args.command}: stopped by {said(signame)}", file=sys.stderr)
+        return exitcodes.stop_exit_code(signame)
 
 
 def _commands(plan: Plan, args) -> int:
-    from .lines import all_lines, check_arms, run_tag
-    from .work import check_seal, prepare_data, seal
+    from .lines import all_lines, run_tag
+    from .seal import seal_study
+    from .work import check_seal
 
     if args.look is not None and args.look > len(plan.design()):
         raise PlanError(f"--look {args.look}: the plan has {len(plan.design())} look(s)")
     only = plan.pick_seeds(args.seeds) if args.seeds else None
     work = Path(args.work).resolve()
     check_seal(plan, work)
-    splits = prepare_data(plan, work, echo=lambda s: print(s, file=sys.stderr))
-    check_arms(plan, work, splits, check_files=False)  # before the seal; the lines may run on another machine
-    seal(plan, work)  # once the data are there (see seal)
+    if "command" in plan.data and not (work / "data.json").is_file():
+        print(
+            f"[study] commands: first makes the data: the plan's [data] command writes {work / 'data'} (minutes, on "
+            "this machine), then the plan is sealed and the lines are printed",
+            file=sys.stderr,
+            flush=True,
+        )
+    # the data files are not looked for in the arms' checks: the lines may run on another machine
+    splits, _ = seal_study(plan, work, lambda s: print(s, file=sys.stderr), check_files=False)
     threads = args.threads or plan.threads or 1
     lines = all_lines(plan, work, splits, threads, args.look, only)
     for i, (_, _, line) in enumerate(lines, 1):

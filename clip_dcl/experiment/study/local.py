@@ -5,7 +5,7 @@ its output in ``logs/<arm>-seed<N>.log``. A run that has its scores is skipped; 
 noted in ``attempts.jsonl`` and run again by the next call. A sequential plan runs look by look.
 
 SIGTERM or Ctrl-C is passed to every run's group; the trainers save at their step, the study waits for
-each group (:data:`STOP_GRACE_S` at most, then kills it), notes every attempt and returns. The next call
+each group (``clip_dcl.process.STOP_GRACE_S`` at most, then kills it), notes every attempt and returns. The next call
 continues a stopped run from its checkpoint, or reruns it from the start, its earlier ``out.log`` kept as
 ``out.attempt<K>.log`` (no log mixes two sessions without saying so).
 """
@@ -22,17 +22,18 @@ import time
 from pathlib import Path
 from typing import Callable, Dict, List, Optional, Sequence
 
+from ... import exitcodes, process
+from ...process import Stopped, said
 from ..reporting import utc_date
-from ..runner import Stopped, said, signal_group
+from . import attempts as A
 from . import work as W
-from .lines import check_arms, placeholder_splits, shell_line
+from .lines import shell_line
 from .plan import Plan
 from .report import all_decided, decisions
+from .seal import seal_study
 
-#: The exit codes of a study stopped by a signal, as the trainer's (``clip_dcl.train.preempt``).
-STOP_EXIT = {"SIGTERM": 75, "SIGINT": 130}
-#: Seconds the runs get to save and exit once the study is stopped, before what is left of them is killed.
-STOP_GRACE_S = 90.0
+#: The exit codes of a study stopped by a signal, as the trainer's.
+STOP_EXIT = {"SIGTERM": exitcodes.PREEMPTED, "SIGINT": exitcodes.INTERRUPTED}
 
 
 def default_threads(parallel: int) -> int:
@@ -50,29 +51,6 @@ def time_left(seconds: Sequence[float], remaining: int, parallel: int) -> str:
     return f"; about {shown} left ({remaining} run(s) to go at the mean of the {len(seconds)} finished here)"
 
 
-def group_alive(pgid: int) -> bool:
-    """Whether a process of group ``pgid`` is still running (a zombie, which nobody may reap here, is not)."""
-    try:
-        entries = os.listdir("/proc")
-    except OSError:  # no /proc: ask the kernel, which counts zombies too
-        try:
-            os.killpg(pgid, 0)
-            return True
-        except (ProcessLookupError, PermissionError):
-            return False
-    for entry in entries:
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-        except (OSError, IndexError):
-            continue
-        if len(fields) > 2 and int(fields[2]) == pgid and fields[0] not in ("Z", "X"):
-            return True
-    return False
-
-
 class Runs:
     """The runs this study has started, each the leader of a process group, to which a stop signal is passed."""
 
@@ -83,17 +61,14 @@ class Runs:
         self.signame: Optional[str] = None
         self.stopped_at: Optional[float] = None
         self.raising = True  # raise Stopped from the handler (only while no run can be running)
-        self._before = {}
+        self._signals = process.on_stop_signals(self._on_signal)
 
     def __enter__(self):
-        if threading.current_thread() is threading.main_thread():
-            for num in (signal.SIGTERM, signal.SIGINT):
-                self._before[num] = signal.signal(num, self._on_signal)
+        self._signals.__enter__()
         return self
 
     def __exit__(self, *exc):
-        for num, handler in self._before.items():
-            signal.signal(num, handler)
+        self._signals.__exit__(*exc)
         return False
 
     def _on_signal(self, signum, frame):
@@ -103,40 +78,28 @@ class Runs:
             raise Stopped(self.signame)
         with self.lock:
             for job, proc in list(self.live.items()):
-                self._signal(job, proc, signum)
+                self.signalled.add(job)
+                process.signal_group(proc.pid, signum)
 
-    def _signal(self, job, proc, signum) -> None:
-        self.signalled.add(job)
-        signal_group(proc.pid, signum)
-
-    def start(self, job, argv, **kwargs) -> Optional[subprocess.Popen]:
-        """Start ``argv`` as the leader of a new process group; None once the study is stopped."""
+    def start(self, job, argv, prepare: Callable[[], None] = lambda: None, **kwargs) -> Optional[subprocess.Popen]:
+        """``prepare()``, then start ``argv`` as the leader of a new process group, both before a stop's handler
+        passes the stop on (it waits for this lock), so that a started run is always signalled; None, with
+        neither done, once the study is stopped."""
         with self.lock:
             if self.signame is not None:
                 return None
-            proc = subprocess.Popen(argv, start_new_session=True, **kwargs)
+            prepare()
+            proc = process.start_group(argv, **kwargs)
             self.live[job] = proc
             return proc
 
     def wait(self, job, proc: subprocess.Popen) -> int:
-        """The exit code of ``proc``; once the study is stopped, also wait for the rest of its group (a child
-        the line left behind), killing the group :data:`STOP_GRACE_S` after the stop."""
-        while True:
-            try:
-                code = proc.wait(timeout=0.5)
-                break
-            except subprocess.TimeoutExpired:
-                self._overdue(proc)
-        while self.signame is not None and group_alive(proc.pid):
-            self._overdue(proc)
-            time.sleep(0.2)
-        with self.lock:
-            self.live.pop(job, None)
-        return code
-
-    def _overdue(self, proc) -> None:
-        if self.stopped_at is not None and time.monotonic() - self.stopped_at > STOP_GRACE_S:
-            signal_group(proc.pid, signal.SIGKILL)
+        """The exit code of ``proc``; once the study is stopped, also its group's (`process.reap_group`)."""
+        try:
+            return process.reap_group(proc, lambda: self.stopped_at)
+        finally:
+            with self.lock:
+                self.live.pop(job, None)
 
 
 def run_study(
@@ -162,13 +125,7 @@ def run_study(
     out.update(planned=0, stopped_at_look=None, signal=None)
     with Runs() as live:
         try:
-            sealed_before = W.check_seal(plan, work) is not None  # a changed plan is refused before any work
-            made = (work / "data.json").is_file()
-            if not made:  # the flags first: a typo is named before the data are made
-                _check_arms(plan, work, placeholder_splits(plan), sealed_before, check_files=False, data=False)
-            splits = W.prepare_data(plan, work, echo)
-            _check_arms(plan, work, splits, sealed_before)
-            W.seal(plan, work)  # once the data are there: a plan whose data cannot be read is not sealed
+            splits, sealed_before = seal_study(plan, work, echo)
         except Stopped as e:
             out["signal"] = e.signame
             echo(
@@ -178,20 +135,6 @@ def run_study(
             return out
         live.raising = False
         return _run(plan, work, parallel, threads, echo, seeds, splits, sealed_before, command, out, live)
-
-
-def _check_arms(plan, work, splits, sealed_before, **how) -> None:
-    try:
-        check_arms(plan, work, splits, **how)
-    except W.StudyError as e:
-        raise W.StudyError(
-            f"{e}; "
-            + (
-                "no run was started (the plan is sealed here: a corrected plan is a new study, in a new --work folder)"
-                if sealed_before
-                else "nothing was sealed or trained: correct the arm's flags in the plan"
-            )
-        ) from None
 
 
 def _run(plan, work, parallel, threads, echo, seeds, splits, sealed_before, command, out, live: Runs) -> dict:
@@ -216,22 +159,28 @@ def _run(plan, work, parallel, threads, echo, seeds, splits, sealed_before, comm
         log = W.log_path(work, arm, seed)
         log.parent.mkdir(parents=True, exist_ok=True)
         started, t0 = utc_date("%Y-%m-%d %H:%M:%S"), time.perf_counter()
-        resumes = _before_attempt(work, arm, seed, started, echo)
-        offset = log.stat().st_size if log.is_file() else 0
+        ready: dict = {}
         with open(log, "a") as f:
-            f.write(f"$ {line}\n")
-            f.flush()
+
+            def prepare():  # under the start's lock: a stop comes before all of it or after the shell started
+                ready["resumes"] = A.before_attempt(work, arm, seed, started, echo)
+                ready["offset"] = f.tell()
+                f.write(f"$ {line}\n")
+                f.flush()
+
             # the trap: bash waits for the trainer to save and exit rather than die of the signal at once
-            proc = live.start(job, ["bash", "-c", f"trap : TERM INT; {line}"], stdout=f, stderr=subprocess.STDOUT)
-            if proc is None:  # stopped just before: not started, nothing to note
+            argv = ["bash", "-c", f"trap : TERM INT; {line}"]
+            proc = live.start(job, argv, prepare=prepare, stdout=f, stderr=subprocess.STDOUT)
+            if proc is None:  # stopped before: nothing prepared, nothing started, nothing to note
                 return
             code = live.wait(job, proc)
+        resumes, offset = ready["resumes"], ready["offset"]
         seconds = time.perf_counter() - t0
         if code == 0 and not W.finished(work, arm, seed):
             code = -1  # the line ended without the run's scores
         stopped = live.signame if (code != 0 and job in live.signalled) else None
-        more = {"stopped": stopped, "checkpoint": W.latest_checkpoint(work, arm, seed)} if stopped else {}
-        W.note_attempt(work, arm, seed, started, seconds, code, **more, **({"continued": resumes} if resumes else {}))
+        more = {"stopped": stopped, "checkpoint": A.latest_checkpoint(work, arm, seed)} if stopped else {}
+        A.note_attempt(work, arm, seed, started, seconds, code, **more, **({"continued": resumes} if resumes else {}))
         with lock:
             where = f"[study] {count[0] + 1}/{len(runs)} {arm} seed {seed}"
             if stopped:
@@ -249,7 +198,7 @@ def _run(plan, work, parallel, threads, echo, seeds, splits, sealed_before, comm
                 )
             else:
                 out["failed"].append(job)
-                why = W.error_line(log, offset)
+                why = A.error_line(log, offset)
                 echo(
                     f"{where}: FAILED (exit {code}) after {seconds:.0f} s"
                     + (f": {why}" if why else "")
@@ -291,7 +240,7 @@ def _run(plan, work, parallel, threads, echo, seeds, splits, sealed_before, comm
     done = len(out["finished"]) + len(out["skipped"])
     if live.signame is not None:
         out["signal"] = live.signame
-        what = "; ".join(_stopped_text(work, job) for job in out["stopped"]) or "no run was running"
+        what = "; ".join(A.stopped_text(work, job) for job in out["stopped"]) or "no run was running"
         echo(
             f"[study] stopped by {said(live.signame)}: {what}; {done} of {len(runs)} runs have their scores"
             + (f", {len(out['failed'])} failed" if out["failed"] else "")
@@ -315,52 +264,3 @@ def _result(future) -> None:
             return future.result(timeout=0.5)
         except concurrent.futures.TimeoutError:
             continue
-
-
-def _stopped_text(work: Path, job) -> str:
-    """How a stopped run ended, from its last attempt: ``decl seed 1 (exit 75; saved epoch_0_step_3.pt)``."""
-    arm, seed = job
-    last = [a for a in W.attempts(work) if (a["arm"], a["seed"]) == (arm, seed)][-1:]
-    if not last:
-        return f"{arm} seed {seed}"
-    a = last[0]
-    ended = f"killed by signal {-a['exit']}" if a["exit"] < 0 else f"exit {a['exit']}"
-    kept = f"its checkpoint {a['checkpoint']} kept" if a.get("checkpoint") else "no checkpoint yet"
-    return f"{arm} seed {seed} ({ended}; {kept})"
-
-
-def _before_attempt(work: Path, arm: str, seed: int, started: str, echo) -> Optional[str]:
-    """Ready the run's folder when an earlier attempt left its ``out.log``, and say what the new one does:
-    continue from the checkpoint (marked in ``out.log``; its name returned), or start afresh (the earlier log
-    kept as ``out.attempt<K>.log``; None)."""
-    folder = W.run_dir(work, arm, seed)
-    log = folder / "out.log"
-    if not log.is_file():
-        return None
-    earlier = [a for a in W.attempts(work) if (a["arm"], a["seed"]) == (arm, seed)]
-    last = earlier[-1] if earlier else None
-    how = (
-        ""
-        if last is None
-        else f" (its last attempt, {last['started']}, "
-        + (f"was stopped by {said(last['stopped'])}" if last.get("stopped") else f"ended with exit {last['exit']}")
-        + ")"
-    )
-    checkpoint = W.latest_checkpoint(work, arm, seed)
-    if checkpoint is not None:
-        with open(log, "a") as f:
-            f.write(
-                f"==== clip-dcl study run {started}: a new attempt continues this run from "
-                f"checkpoints/{checkpoint}{how} ====\n"
-            )
-        echo(f"[study] {arm} seed {seed}: continues from its checkpoint {checkpoint}{how}")
-        return checkpoint
-    k = 1
-    while (folder / f"out.attempt{k}.log").exists():
-        k += 1
-    log.rename(folder / f"out.attempt{k}.log")
-    echo(
-        f"[study] {arm} seed {seed}: reruns from the start: no checkpoint was saved{how}; the earlier log is kept "
-        f"as out.attempt{k}.log"
-    )
-    return None

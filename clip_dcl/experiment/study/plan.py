@@ -1,8 +1,7 @@
 """A study's plan: one TOML file that declares, before anything runs, what is compared and how it is judged.
 
 The keys are documented in docs/studies.md; every one is checked, and an unknown key or a bad value is one
-`PlanError` line naming it. `plan_changes` names what differs between two plans (a sealed study refuses an
-edited plan).
+`PlanError` line naming it.
 """
 
 from __future__ import annotations
@@ -82,6 +81,56 @@ ARM_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.+=-]*")  # used with fullmatch: `
 #: characters no plan string may hold: a run is one physical line of `study commands` (Slurm and GNU parallel
 #: read it line by line), so a newline or carriage return inside a value would split it and run the rest
 CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]")
+#: the training flags a study sets itself, each with the plan's own setting for it: an arm's or [train]'s flag
+#: would come after the study's on the command line and win (a run trained outside its folder never finishes)
+STUDY_FLAGS = {
+    **dict.fromkeys(("--logs", "--name"), "the run's folder, WORK/runs/<arm>/seed<N>"),
+    "--resume": "every line's --resume latest (a stopped run continues)",
+    "--seed": "the plan's seeds",
+    **{f"--{flag}": f"[data] {key}" for flag, key in (("train-data", "train"), ("val-data", "validation"))},
+    **{f"--{flag}-num-samples": f"[data] {key}_samples" for flag, key in (("train", "train"), ("val", "validation"))},
+    **dict.fromkeys(("--dataset-type", "--dataset-resampled"), "[data] (shards, every sample once an epoch)"),
+    **{"--" + key.replace("_", "-"): f"[train] {key}" for key in TRAIN_KEYS if key not in ("validate", "flags")},
+    "--val-frequency": "[train] validate",
+    **dict.fromkeys(("--save-frequency", "--delete-previous-checkpoint"), "a checkpoint every epoch, the last kept"),
+}
+#: the `clip-dcl data` writers a [data] command may run (each writes a folder with a summary.json)
+DATA_WRITERS = ("synth", "fashion-mnist", "fashion-scenes", "shards")
+
+
+def check_flags(flags: Sequence[str], source: str, where: str) -> None:
+    """Refuse (`PlanError`) a flag the study sets itself (`STUDY_FLAGS`), naming the plan's setting for it."""
+    for word in flags:
+        flag = word.split("=", 1)[0]
+        if flag in STUDY_FLAGS:
+            setting = STUDY_FLAGS[flag]
+            raise PlanError(f"{source}: {where} = [... {word!r} ...]: the study sets {flag} itself (from {setting})")
+
+
+def check_data_command(words: Sequence[str], source: str) -> None:
+    """Refuse (`PlanError`) a [data] command that is not one of `DATA_WRITERS` or writes outside ``{DATA}``."""
+    import contextlib
+    import io
+    import posixpath
+
+    from ...data.cli import build_parser
+
+    def fail(problem: str):
+        raise PlanError(f"{source}: data.command = {list(words)!r}: {problem}")
+
+    if len(words) < 2 or words[0] != "data" or words[1] not in DATA_WRITERS:
+        fail(f"not a data writer; the command is the words after clip-dcl: data {' | '.join(DATA_WRITERS)} ...")
+    root = "/{DATA}"  # a stand-in folder: where the output lands is a matter of the words alone
+    said = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(said), contextlib.redirect_stdout(io.StringIO()):
+            args = build_parser().parse_args([w.replace("{DATA}", root) for w in words[1:]])
+    except SystemExit:
+        lines = [x for x in said.getvalue().splitlines() if x.strip()]
+        fail(lines[-1].split(": error: ", 1)[-1] if lines else "refused by clip-dcl data")
+    out = posixpath.normpath(args.out_dir)
+    if out != root and not out.startswith(root + "/"):
+        fail(f"its output {args.out_dir.replace(root, '{DATA}')!r} is not {{DATA}} or a folder inside it")
 
 
 def check_no_control(doc, source: str, where: str = "") -> None:
@@ -388,8 +437,10 @@ class _Checker:
         return [self.int_value(v, key, minimum) for v in value]
 
     def str_list(self, value, key: str) -> List[str]:
-        if isinstance(value, str):  # a command written as one string
-            return shlex.split(value)
+        if isinstance(value, str):  # a command written as one string; a backslash is part of a path, no escape
+            words = shlex.shlex(value, posix=True)
+            words.whitespace_split, words.escape, words.commenters = True, "", ""
+            return list(words)
         if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
             self.fail(key, value, "expected a list of strings")
         return list(value)
@@ -412,6 +463,7 @@ def _data(c: _Checker, table) -> Dict[str, Any]:
             out[key] = c.str_list(table[key], "data.command")
             if not any("{DATA}" in w for w in out[key]):
                 c.fail("data.command", table[key], "the command must write into {DATA} (the study's data folder)")
+            check_data_command(out[key], c.source)
         elif key.endswith("_samples"):
             out[key] = c.int_value(table[key], f"data.{key}", minimum=1)
         else:
@@ -441,6 +493,7 @@ def _train(c: _Checker, table, where: str, allowed=TRAIN_KEYS) -> Dict[str, Any]
         kind = TRAIN_KEYS[key]
         if kind is list:
             out[key] = c.str_list(value, f"{where}.{key}")
+            check_flags(out[key], c.source, f"{where}.{key}")
         elif kind is int:
             out[key] = c.int_value(value, f"{where}.{key}", minimum=0 if key in ("warmup", "workers") else 1)
         elif kind is float:
@@ -544,26 +597,3 @@ def _looks(c: _Checker, doc: dict, n_seeds: int, confidence: float):
                 f"spends {sum(alpha):.4g}, more than the plan's error 1 - confidence = {total:.4g}",
             )
     return tuple(looks), tuple(alpha)
-
-
-def plan_changes(old: Dict[str, Any], new: Dict[str, Any], where: str = "") -> List[str]:
-    """What differs between two `Plan.canonical` plans, one ``key: old -> new`` a change."""
-    if isinstance(old, dict) and isinstance(new, dict):
-        out = []
-        for key in list(old) + [k for k in new if k not in old]:
-            sub = f"{where}.{key}" if where else key
-            if key not in new:
-                out.append(f"{sub} removed (was {old[key]!r})")
-            elif key not in old:
-                out.append(f"{sub} added ({new[key]!r})")
-            else:
-                out += plan_changes(old[key], new[key], sub)
-        return out
-    if (
-        isinstance(old, list)
-        and isinstance(new, list)
-        and len(old) == len(new)
-        and any(isinstance(v, (dict, list)) for v in old)
-    ):
-        return [c for i, (x, y) in enumerate(zip(old, new)) for c in plan_changes(x, y, f"{where}[{i}]")]
-    return [] if old == new else [f"{where}: {old!r} -> {new!r}"]

@@ -15,6 +15,7 @@ from typing import Dict, List, Optional, Tuple
 from ..figures import pyplot, save_figure
 from ..reporting import Report, git, markdown_table
 from ..stats import t_interval
+from . import attempts as A
 from . import work as W
 from .plan import Comparison, Plan, PlanError
 from .power import planned_power
@@ -257,7 +258,7 @@ def build(plan: Plan, work: Path) -> dict:
     ]
     for v in validation:
         v.pop("verdict")  # the validation split chooses; it never judges
-    failed = [a for a in W.attempts(work) if a["exit"] != 0]
+    failed = [a for a in A.attempts(work) if a["exit"] != 0]
     reruns = [
         {
             "arm": a["arm"],
@@ -269,7 +270,7 @@ def build(plan: Plan, work: Path) -> dict:
         for a in failed
     ]
     reruns += [{"arm": r["arm"], "seed": r["seed"], "resumed": True} for r in runs if r.get("resumed")]
-    starts = [a["started"] for a in W.attempts(work) if a.get("started")]
+    starts = [a["started"] for a in A.attempts(work) if a.get("started")]
     starts += [r["started"] for r in runs if r.get("started")]
     decided = all_decided(rows)
     if decided and state["n_done"] == state["n_planned"]:

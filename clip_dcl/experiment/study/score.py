@@ -101,8 +101,8 @@ def score_run(
 def main(argv: List[str]) -> int:
     """The command; SIGTERM or Ctrl-C while scoring ends it with one line and 75 or 130: a stop, which the study
     notes as one and continues (``run.json`` is written last, whole or not at all)."""
-    from ...train.exits import stop_exit_code
-    from ..runner import Stopped, said, stop_on_signals
+    from ...exitcodes import stop_exit_code
+    from ...process import Stopped, said, stop_on_signals
 
     with stop_on_signals():
         try:

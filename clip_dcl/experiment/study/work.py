@@ -19,14 +19,17 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
-from typing import Callable, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional
 
+from ... import paths, process
+from ...paths import expand_pattern
 from ...train.metrics import read_metrics
 from ..reporting import code_commit, machine_info, utc_date
-from .plan import Plan, plan_changes
+from .plan import Plan
 
 SEAL = "SEAL.json"
 
@@ -37,7 +40,18 @@ class StudyError(RuntimeError):
 
 def read_seal(work: Path) -> Optional[dict]:
     path = Path(work) / SEAL
-    return json.loads(path.read_text()) if path.is_file() else None
+    return read_json(path) if path.is_file() else None
+
+
+def read_json(path: Path):
+    """The JSON in ``path``; :class:`StudyError` naming the file when it is empty or cut (a copy that failed)."""
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError) as e:
+        raise StudyError(
+            f"{path} cannot be read ({'empty' if path.is_file() and path.stat().st_size == 0 else e}); copy it "
+            "again from where it was made, or remove it to have it made again"
+        ) from None
 
 
 def check_seal(plan: Plan, work: Path) -> Optional[dict]:
@@ -54,6 +68,29 @@ def check_seal(plan: Plan, work: Path) -> Optional[dict]:
             + "; a changed plan is a new study: give it a new --work folder"
         )
     return seal
+
+
+def plan_changes(old: Dict[str, Any], new: Dict[str, Any], where: str = "") -> List[str]:
+    """What differs between two `Plan.canonical` plans, one ``key: old -> new`` a change."""
+    if isinstance(old, dict) and isinstance(new, dict):
+        out = []
+        for key in list(old) + [k for k in new if k not in old]:
+            sub = f"{where}.{key}" if where else key
+            if key not in new:
+                out.append(f"{sub} removed (was {old[key]!r})")
+            elif key not in old:
+                out.append(f"{sub} added ({new[key]!r})")
+            else:
+                out += plan_changes(old[key], new[key], sub)
+        return out
+    if (
+        isinstance(old, list)
+        and isinstance(new, list)
+        and len(old) == len(new)
+        and any(isinstance(v, (dict, list)) for v in old)
+    ):
+        return [c for i, (x, y) in enumerate(zip(old, new)) for c in plan_changes(x, y, f"{where}[{i}]")]
+    return [] if old == new else [f"{where}: {old!r} -> {new!r}"]
 
 
 def seal(plan: Plan, work: Path) -> dict:
@@ -81,9 +118,7 @@ def seal(plan: Plan, work: Path) -> dict:
 
 def write_json(path: Path, doc: dict) -> None:
     """``doc`` into ``path`` whole or not at all (a stop mid-write leaves the file as it was)."""
-    tmp = path.with_name(path.name + ".partial")
-    tmp.write_text(json.dumps(doc, indent=1) + "\n")
-    os.replace(tmp, path)
+    paths.write_json(path, doc)
 
 
 def trained_anything(work: Path) -> bool:
@@ -112,21 +147,28 @@ def data_dir(work: Path) -> Path:
 def prepare_data(plan: Plan, work: Path, echo: Callable[[str], None] = print) -> Dict[str, object]:
     """The splits the runs read (``work/data.json``; :func:`plan_splits`' keys, paths absolute), made first by
     the plan's [data] command when it has one (once: a later call reuses them)."""
+    from ...data.output import mark_of
+    from ...data.output import state as output_state
+
     work = Path(work).resolve()
     path = work / "data.json"
     spec = plan.data
-    if path.is_file():
-        done = json.loads(path.read_text())
-        if done.get("plan_data") == spec:  # made here: read again from this folder, which may have moved
-            return _from_summary(data_dir(work)) if spec.get("from_summary") else done["splits"]
     folder = data_dir(work)
+    done = _read_data_json(path, echo) if path.is_file() else None
+    if done is not None and done.get("plan_data") == spec:  # made here: read again from this folder, which may move
+        return _from_summary(folder) if spec.get("from_summary") else done["splits"]
     if "command" in spec:
+        if output_state(folder) == "unfinished" or done is not None:
+            # this study's own data folder, which its [data] command left unfinished (a stop in the data step) or
+            # made for another [data] of an unsealed plan: made again
+            echo(f"[study] data: {folder} is unfinished or of another [data]; making it again")
+            shutil.rmtree(folder) if folder.is_dir() else mark_of(folder).unlink(missing_ok=True)
         argv = [w.replace("{DATA}", str(folder)) for w in spec["command"]]
         echo(f"[study] data: clip-dcl {' '.join(argv)}")
         log = work / "logs" / "data.log"
         log.parent.mkdir(parents=True, exist_ok=True)
         with open(log, "w") as out:
-            proc = subprocess.run(
+            code = process.run_group(
                 [sys.executable, "-m", "clip_dcl.cli", *argv],
                 stdout=out,
                 stderr=subprocess.STDOUT,
@@ -135,14 +177,28 @@ def prepare_data(plan: Plan, work: Path, echo: Callable[[str], None] = print) ->
                     "PYTHONPATH": os.pathsep.join([package_root(), *filter(None, [os.environ.get("PYTHONPATH")])]),
                 },
             )
-        if proc.returncode != 0:
+        if code != 0:
             tail = log.read_text().strip().splitlines()[-1:] or ["(no output)"]
-            raise StudyError(f"the [data] command failed (exit {proc.returncode}; log {log}): {tail[0]}")
+            raise StudyError(f"the [data] command failed (exit {code}; log {log}): {tail[0]}")
     splits = _from_summary(folder) if spec.get("from_summary") else plan_splits(plan, folder)
     check_splits(splits)
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps({"plan_data": spec, "splits": splits, "made": utc_date()}, indent=1) + "\n")
+    write_json(path, {"plan_data": spec, "splits": splits, "made": utc_date()})
     return splits
+
+
+def _read_data_json(path: Path, echo) -> Optional[dict]:
+    """``WORK/data.json``, or None (said) when it cannot be read: the data step then runs again."""
+    try:
+        doc = json.loads(path.read_text())
+        if isinstance(doc, dict) and "plan_data" in doc and "splits" in doc:
+            return doc
+        problem = "not the record of a data step"
+    except (OSError, ValueError) as e:
+        problem = f"unreadable ({'empty' if path.stat().st_size == 0 else e})"
+    echo(f"[study] data: {path} is {problem}; the data step runs again")
+    path.unlink()
+    return {}
 
 
 #: [data] keys that name shards (a pattern or a folder of .tar files), and those that name ImageFolder trees
@@ -183,11 +239,9 @@ def plan_splits(plan: Plan, folder: Optional[Path] = None) -> Dict[str, object]:
 def check_splits(splits: Dict[str, object], source: str = "") -> Dict[str, object]:
     """``splits`` with every shard and zero-shot tree checked to exist and each split's sample count known
     (from ``sizes.json`` where [data] does not give it); :class:`StudyError` naming the first that is not."""
-    import braceexpand
-
     where = f"{source}: " if source else ""
     for key in SHARD_KEYS:
-        shards = list(braceexpand.braceexpand(str(splits[key])))
+        shards = expand_pattern(str(splits[key]))
         missing = [s for s in shards if not os.path.isfile(s)]
         if missing:
             more = f" (and {len(missing) - 1} more of {len(shards)})" if len(missing) > 1 else ""
@@ -229,10 +283,8 @@ def _from_summary(folder: Path) -> Dict[str, object]:
 def shard_samples(pattern: str, split: str) -> int:
     """The samples of the shards ``pattern`` from the ``sizes.json`` beside them (what ``clip-dcl data``
     and img2dataset write); :class:`StudyError` when a shard is not listed."""
-    import braceexpand
-
     total = 0
-    for shard in braceexpand.braceexpand(pattern):
+    for shard in expand_pattern(pattern):
         sizes = Path(shard).parent / "sizes.json"
         counts = json.loads(sizes.read_text()) if sizes.is_file() else {}
         if Path(shard).name not in counts:
@@ -262,54 +314,10 @@ def finished(work: Path, arm: str, seed: int) -> bool:
 
 def read_record(work: Path, arm: str, seed: int) -> Optional[dict]:
     path = run_dir(work, arm, seed) / "run.json"
-    return json.loads(path.read_text()) if path.is_file() else None
+    return read_json(path) if path.is_file() else None
 
 
 def read_scores(work: Path, arm: str, seed: int, split: str) -> Optional[Dict[str, float]]:
     """The run's scores on ``split`` ("validation" or "test"), None when not scored yet."""
     path = run_dir(work, arm, seed) / f"scores-{split}.json"
-    return json.loads(path.read_text()) if path.is_file() else None
-
-
-def note_attempt(work: Path, arm: str, seed: int, started: str, seconds: float, code: int, **more) -> None:
-    """Append one attempt of ``study run`` to ``attempts.jsonl``: its start, length, exit code (negative: the
-    signal it died of) and ``more`` (``stopped``, ``checkpoint`` it left, ``continued`` from)."""
-    path = Path(work) / "attempts.jsonl"
-    with open(path, "a") as f:
-        f.write(
-            json.dumps(
-                {"arm": arm, "seed": seed, "started": started, "seconds": round(seconds, 1), "exit": code, **more}
-            )
-            + "\n"
-        )
-        f.flush()
-        os.fsync(f.fileno())
-
-
-def attempts(work: Path) -> List[dict]:
-    path = Path(work) / "attempts.jsonl"
-    if not path.is_file():
-        return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-
-
-def latest_checkpoint(work: Path, arm: str, seed: int) -> Optional[str]:
-    """The newest checkpoint of the run (its name under ``checkpoints/``), the one ``--resume latest``
-    continues from; None when the run saved none."""
-    files = sorted((run_dir(work, arm, seed) / "checkpoints").glob("*.pt"), key=lambda p: p.stat().st_mtime)
-    return files[-1].name if files else None
-
-
-def error_line(log: Path, offset: int = 0) -> Optional[str]:
-    """The line of ``log`` (from byte ``offset``) that says why it failed: the last that names an error, else
-    the last line; None for an empty log."""
-    try:
-        with open(log, "rb") as f:
-            f.seek(offset)
-            text = f.read().decode(errors="replace")
-    except OSError:
-        return None
-    lines = [x.strip() for x in text.splitlines() if x.strip() and not x.startswith("$ ")]
-    named = [x for x in lines if "error" in x.lower() or "refus" in x.lower()]
-    line = (named or lines or [None])[-1]
-    return line if line is None or len(line) <= 400 else line[:400] + " ..."
+    return read_json(path) if path.is_file() else None
