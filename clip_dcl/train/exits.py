@@ -11,7 +11,6 @@ raises :class:`StartupStop` where only Python of ours runs.
 from __future__ import annotations
 
 import gc
-import json
 import logging
 import os
 import signal
@@ -27,6 +26,7 @@ LAUNCHER_ENV = "CLIP_DCL_LAUNCHER"
 from ..exitcodes import INTERRUPTED as INTERRUPTED_EXIT_CODE  # noqa: E402,F401
 from ..exitcodes import PREEMPTED as PREEMPTED_EXIT_CODE  # noqa: E402,F401
 from ..exitcodes import stop_exit_code  # noqa: E402,F401
+from ..paths import write_json  # noqa: E402
 
 #: The data loaders of this process's runs by id, whose workers :func:`stop_loader_workers` stops.
 _WATCHED: dict = {}
@@ -259,8 +259,7 @@ def record_for_launcher(line: str, kind: str = "error") -> bool:
         }
     }
     try:
-        with open(path, "w") as f:
-            json.dump(data, f)
+        write_json(path, data, indent=None)
     except OSError:
         return False
     return True
