@@ -49,7 +49,8 @@ def main(argv: Optional[List[str]] = None, prog: Optional[str] = None, exiting: 
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["--"]:  # torchrun ... -m clip_dcl.train -- ARGS
         argv = argv[1:]
-    from .exits import StartupGuard, StartupStop, launched_rank, startup_stop_line
+    from .exits import StartupStop, launched_rank, startup_stop_line
+    from .signals import StartupGuard
 
     # SIGTERM and Ctrl-C from here until the run's own handlers (run_training): imports, flags
     guard = StartupGuard(at_once=exiting).install()
@@ -133,10 +134,9 @@ def main(argv: Optional[List[str]] = None, prog: Optional[str] = None, exiting: 
             code = INTERRUPTED_EXIT_CODE
         finally:
             if exiting:  # the run is over: the process leaves with its code (its workers stop below)
-                import signal
+                from .signals import ignore_stop_signals
 
-                for num in (signal.SIGTERM, signal.SIGINT):
-                    signal.signal(num, signal.SIG_IGN)
+                ignore_stop_signals()
             else:
                 guard.remove()
             # a failed run's workers may not outlive its line; a finished one's would be stopped by the garbage

@@ -105,68 +105,6 @@ def startup_stop_line(signame: str, rank: Optional[object] = None) -> str:
     )
 
 
-class StartupGuard:
-    """SIGTERM and Ctrl-C from the command's first seconds (imports, flags) until the run's own handlers take
-    over (:class:`clip_dcl.train.preempt.StopSignals`). With ``at_once`` (the command line) the handler leaves
-    at once (:func:`leave_now`); else it records the signal, and :meth:`check` raises :class:`StartupStop`."""
-
-    def __init__(self, at_once: bool):
-        self.at_once = at_once
-        self.signame: Optional[str] = None
-        self.over = False  # the run's handlers gave the signals back: the run is over, this is no start-up stop
-        self._pid = os.getpid()
-        self._saved: dict = {}
-
-    def install(self) -> "StartupGuard":
-        if threading.current_thread() is threading.main_thread():
-            for num in (signal.SIGTERM, signal.SIGINT):
-                if signal.getsignal(num) in (signal.SIG_DFL, signal.default_int_handler):
-                    self._saved[num] = signal.signal(num, self._handle)
-        return self
-
-    def unblock(self) -> None:
-        """Unblock SIGTERM and SIGINT in this thread, which :mod:`clip_dcl.train.torchrun` starts a rank with blocked:
-        one sent since is handled now, by the handlers just installed."""
-        if hasattr(signal, "pthread_sigmask") and threading.current_thread() is threading.main_thread():
-            signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM, signal.SIGINT})
-
-    def _handle(self, signum, frame):
-        if os.getpid() != self._pid:
-            as_forked_child(signum)
-            return
-        if self.over:  # the command leaves with the run's own code; called from Python, as without the guard
-            if self.at_once:
-                return
-            if signum == signal.SIGINT:
-                raise KeyboardInterrupt
-            signal.signal(signum, signal.SIG_DFL)
-            os.kill(os.getpid(), signum)
-            return
-        if self.signame is None:
-            self.signame = signal.Signals(signum).name
-        if self.at_once:
-            leave_now(self.signame)
-
-    def check(self) -> None:
-        """Raise :class:`StartupStop` if a stop signal came."""
-        if self.signame is not None:
-            raise StartupStop(self.signame)
-
-    def remove(self, keep=()) -> None:
-        """Put back the handlers it replaced (those still its own), except for the signals in ``keep``."""
-        for num in [n for n in self._saved if n not in keep]:
-            old = self._saved.pop(num)
-            if signal.getsignal(num) == self._handle:
-                signal.signal(num, old)
-
-
-def as_forked_child(signum: int) -> None:
-    """A start-up handler run in a process forked from the one that installed it (a data-loader worker before its
-    ``worker_init_fn``): Ctrl-C is its parent's to act on; another signal ends it, as the signal's default would."""
-    if signum != signal.SIGINT:
-        os._exit(128 + signum)
-
-
 #: Taken by the first thread that leaves (:func:`leave_now`): the main thread's handler, or the wakeup pipe's reader.
 _LEAVING = threading.Lock()
 

@@ -140,7 +140,7 @@ def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
         help="a model config JSON (or a folder of them) to register with OpenCLIP; the model name is "
         "the file name without .json, and --model defaults to it",
     )
-    from .preempt import DEFAULT_SIGNALS, PREEMPTED_EXIT_CODE
+    from .preempt import DEFAULT_SIGNALS, INTERRUPTED_EXIT_CODE, PREEMPTED_EXIT_CODE
 
     g = parser.add_argument_group("preemption")
     g.add_argument(
@@ -149,8 +149,8 @@ def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
         default=None,
         metavar="SIG",
         help=f"signals on which every rank finishes its step, saves a checkpoint there and exits with code "
-        f"{PREEMPTED_EXIT_CODE} (the first Ctrl-C during training steps: the same, code 130); 'none': no "
-        f"handler (default: {' '.join(DEFAULT_SIGNALS)})",
+        f"{PREEMPTED_EXIT_CODE} (the first Ctrl-C during training steps: the same, code {INTERRUPTED_EXIT_CODE}); "
+        f"'none': no handler (default: {' '.join(DEFAULT_SIGNALS)})",
     )
     g.add_argument(
         "--preempt-check-every",

@@ -11,86 +11,25 @@ checkpoint, so that dropout and ``--workers 0`` augmentation continue as if the 
 from __future__ import annotations
 
 import logging
-import os
 import random
-import signal
-import threading
 import time
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, List, Optional
 
 import numpy as np
 import torch
 
-from .exits import (  # noqa: F401
-    INTERRUPTED_EXIT_CODE,
-    PREEMPTED_EXIT_CODE,
+from .exits import INTERRUPTED_EXIT_CODE, PREEMPTED_EXIT_CODE, StartupStop  # noqa: F401
+from .signals import (  # noqa: F401 (the run's signals live there; imported from here too)
+    DEFAULT_SIGNALS,
+    STARTUP_GRACE_S,
     StartupGuard,
-    StartupStop,
-    as_forked_child,
-    leave_now,
+    StopSignals,
+    chain_worker_init,
+    quiet_workers,
+    signal_number,
+    worker_ignores_stop_signals,
 )
-from .threads import ForkSafeThread
-
-#: Signals that stop a run, by default.
-DEFAULT_SIGNALS = ("SIGTERM", "SIGUSR1")
-#: The signals this process stops on, which its data-loader workers (forked after) take from it alone.
-_STOP_SIGNALS: List[signal.Signals] = []
-
-
-def worker_ignores_stop_signals(worker_id: Optional[int] = None) -> None:
-    """``worker_init_fn`` of the training data loaders: a stop signal ends the worker only when its parent sends it
-    (a scheduler's would fail the run mid-step, but the parent's SIGTERM on its way out must end it), told apart
-    by ``sigwaitinfo`` in a daemon thread. Ctrl-C is ignored: the parent decides."""
-    if isinstance(getattr(signal.getsignal(signal.SIGINT), "__self__", None), StopSignals):
-        signal.signal(signal.SIGINT, signal.SIG_IGN)
-    if not _STOP_SIGNALS or not hasattr(signal, "sigwaitinfo"):  # not POSIX: ignore them, as before
-        for num in _STOP_SIGNALS:
-            signal.signal(num, signal.SIG_IGN)
-        return
-    numbers = set(_STOP_SIGNALS)
-    # blocked in this (the worker's only) thread before any other starts: every thread inherits the mask
-    signal.pthread_sigmask(signal.SIG_BLOCK, numbers)
-    parent = os.getppid()
-    threading.Thread(
-        target=_exit_on_parents_signal, args=(numbers, parent), daemon=True, name="clip-dcl-stop-signals"
-    ).start()
-
-
-def _exit_on_parents_signal(numbers, parent: int) -> None:
-    while True:
-        info = signal.sigwaitinfo(numbers)
-        if info.si_pid == parent or os.getppid() != parent:
-            os._exit(128 + info.si_signo)  # as the signal's default action would end it
-
-
-def chain_worker_init(fn):
-    """A ``worker_init_fn`` that runs :func:`worker_ignores_stop_signals`, then ``fn`` (if any)."""
-    if fn is None:
-        return worker_ignores_stop_signals
-    return _Chained(fn)
-
-
-def quiet_workers(loader) -> None:
-    """Give ``loader``'s workers :func:`worker_ignores_stop_signals` (once), for loaders built by OpenCLIP
-    (validation, zero-shot): its validation workers live on between evaluations, and a signal sent to the
-    whole job would end them and fail the run's next step."""
-    from torch.utils.data import DataLoader
-
-    for stage in getattr(loader, "pipeline", [loader]):  # webdataset's WebLoader holds its DataLoader first
-        if isinstance(stage, DataLoader) and stage.num_workers > 0:
-            fn = stage.worker_init_fn
-            if fn is not worker_ignores_stop_signals and not isinstance(fn, _Chained):
-                stage.worker_init_fn = chain_worker_init(fn)
-
-
-class _Chained:
-    def __init__(self, fn):
-        self.fn = fn
-
-    def __call__(self, worker_id):
-        worker_ignores_stop_signals(worker_id)
-        self.fn(worker_id)
 
 
 @dataclass
@@ -102,11 +41,6 @@ class PreemptConfig:
     save_every_minutes: Optional[float] = None
 
 
-#: Seconds the wakeup pipe's reader gives the main thread to leave after a stop signal during start-up, before
-#: it ends the process itself (the main thread is then stuck in a C++ call: the rendezvous, a long load).
-STARTUP_GRACE_S = 2.5
-
-
 class Preempted(Exception):
     """The run stopped on a signal after saving its checkpoint at ``path`` (step ``step`` of ``epoch``)."""
 
@@ -114,157 +48,6 @@ class Preempted(Exception):
         self.signame, self.path, self.epoch, self.step = signame, path, epoch, step
         where = f"saved {path}" if path else "no checkpoint written (no --logs)"
         super().__init__(f"stopped on {signame} after step {step} of epoch {epoch}; {where}")
-
-
-def signal_number(name: str) -> signal.Signals:
-    """``"SIGTERM"``, ``"TERM"`` or ``"15"`` -> ``signal.SIGTERM``; ``ValueError`` naming an unknown one."""
-    text = str(name).strip().upper()
-    if text.isdigit():
-        try:
-            return signal.Signals(int(text))
-        except ValueError:
-            raise ValueError(f"no signal number {text}") from None
-    if not text.startswith("SIG"):
-        text = "SIG" + text
-    if text in ("SIGKILL", "SIGSTOP"):
-        raise ValueError(f"{text} cannot be caught")
-    try:
-        return signal.Signals[text]
-    except KeyError:
-        raise ValueError(f"unknown signal {name!r} (e.g. SIGTERM, SIGUSR1, USR2)") from None
-
-
-class StopSignals:
-    """Handlers that record the first of ``signals`` received. Until :meth:`training_started` any of them stops the
-    start-up (at once with ``at_once``, else at :meth:`check_startup`). With ``ctrl_c``, the first Ctrl-C while
-    :attr:`armed` is recorded like a stop signal; any other raises ``KeyboardInterrupt``."""
-
-    def __init__(self, signals: Sequence[str], ctrl_c: bool = False, at_once: bool = False):
-        self.numbers = [signal_number(s) for s in signals]
-        if ctrl_c and signal.SIGINT not in self.numbers:
-            self.numbers.append(signal.SIGINT)
-        self.at_once = at_once
-        self.received: Optional[str] = None
-        self.armed = False
-        self.started = False  # the first step boundary was reached: signals wait for a step to save at
-        self.startup_stop: Optional[str] = None  # the signal that ended the start-up
-        self.on_forced_exit = None  # called before a stop during start-up ends the process (leave_now)
-        self._saved: Dict[int, object] = {}
-        self._pipe: Optional[tuple] = None
-        self._old_wakeup: Optional[int] = None
-        self._reader = None
-        self._pending: Optional[tuple] = None  # (signal name, when the reader ends the process) during start-up
-        self._pid = os.getpid()
-
-    def training_started(self) -> None:
-        """From now on a stop signal is a flag, acted on at the next step boundary (with a save)."""
-        self.started = True
-        if self._reader is not None:  # the rendezvous is over: no C++ wait left that a handler cannot leave
-            self._reader.stop()
-            self._reader = None
-
-    def check_startup(self) -> None:
-        """Raise :class:`StartupStop` if a stop signal came before the first step (a run called from Python)."""
-        if not self.started and self.startup_stop is not None:
-            raise StartupStop(self.startup_stop)
-
-    def _handle(self, signum, frame):  # only sets the flag: the training loop acts on it
-        name = signal.Signals(signum).name
-        if not self.started:
-            if os.getpid() != self._pid:  # a worker forked before its worker_init_fn
-                as_forked_child(signum)
-                return
-            if self.startup_stop is None:
-                self.startup_stop = name
-            if self.at_once:
-                leave_now(self.startup_stop, self.on_forced_exit)
-            return
-        if signum == signal.SIGINT:
-            if self.received is not None or not self.armed:
-                raise KeyboardInterrupt
-            self.received = "SIGINT"
-            logging.warning(
-                "Ctrl-C: finishing the current step, then saving a checkpoint and stopping (Ctrl-C "
-                "again stops at once, without saving)."
-            )
-            return
-        if self.received is None:
-            self.received = name
-            logging.warning(
-                f"Received {self.received}: finishing the current step, then saving a checkpoint and stopping."
-            )
-
-    def install(self) -> "StopSignals":
-        for num in self.numbers:
-            try:
-                self._saved[num] = signal.signal(num, self._handle)
-            except ValueError:  # not the main thread of the main interpreter: signals cannot be caught here
-                logging.warning(f"cannot catch {num.name} outside the main thread; a preemption will not be saved")
-        _STOP_SIGNALS[:] = [num for num in self._saved if num != signal.SIGINT]  # the workers ignore SIGINT
-        if self._saved:
-            self._watch_wakeup_pipe()
-        return self
-
-    def _watch_wakeup_pipe(self) -> None:
-        """Have every caught signal written to a pipe, read by a thread that acts when the main thread cannot."""
-        if not hasattr(signal, "set_wakeup_fd"):
-            return
-        r, w = os.pipe()
-        os.set_blocking(w, False)
-        try:
-            old = signal.set_wakeup_fd(w, warn_on_full_buffer=False)
-        except ValueError:  # not the main thread
-            old = None
-        if old != -1:  # not the main thread, or someone else's (an event loop), which stays
-            if old is not None:
-                signal.set_wakeup_fd(old)
-            os.close(r)
-            os.close(w)
-            return
-        self._pipe, self._old_wakeup = (r, w), old
-        self._reader = ForkSafeThread("clip-dcl-startup-signals", self._read_wakeup_pipe, wake=self._wake).start()
-
-    def _wake(self) -> None:
-        if self._pipe is not None:
-            os.write(self._pipe[1], b"\0")  # not a signal's number: the reader sees it is told to stop
-
-    def _read_wakeup_pipe(self, stopping: threading.Event) -> None:
-        numbers = {int(n) for n in self._saved}
-        fd = self._pipe[0]
-        while not stopping.is_set():
-            if self._pending is not None:  # the main thread leaves when it runs Python; if it has not by then, stuck
-                name, deadline = self._pending
-                if stopping.wait(max(0.0, deadline - time.monotonic())):
-                    return  # a fork, or the run closed: _pending stays for the reader that comes after
-                if self.started and self.startup_stop is None:  # it came as training started: a flag, as after
-                    self._pending = None
-                    continue
-                leave_now(self.startup_stop or name, self.on_forced_exit)
-            try:
-                data = os.read(fd, 64)
-            except OSError:
-                return
-            hit = [b for b in data if b in numbers]
-            if hit and not self.started and self._pending is None:
-                self._pending = (signal.Signals(hit[0]).name, time.monotonic() + STARTUP_GRACE_S)
-
-    def restore(self) -> None:
-        if self._pipe is not None:
-            signal.set_wakeup_fd(self._old_wakeup if self._old_wakeup is not None else -1)
-        if self._reader is not None:
-            self._reader.stop()
-            self._reader = None
-        if self._pipe is not None:
-            for fd in self._pipe:
-                os.close(fd)
-            self._pipe = None
-        for num, old in self._saved.items():
-            guard = getattr(old, "__self__", None)
-            if isinstance(guard, StartupGuard):  # the guard of the command's first seconds: the run is over now
-                guard.over = True
-            signal.signal(num, old)
-        self._saved = {}
-        _STOP_SIGNALS[:] = []
 
 
 class StepGate:

@@ -31,9 +31,9 @@ def _stopped_before_the_ranks(signum, frame):
 
 
 if __name__ == "__main__":  # the launcher itself (not a test importing it): before any other import
-    for _num in (signal.SIGINT, signal.SIGTERM):  # SIGTERM last: once it is caught, both are
-        if signal.getsignal(_num) in (signal.SIG_DFL, signal.default_int_handler):
-            signal.signal(_num, _stopped_before_the_ranks)
+    from .signals import stopped_before_the_ranks
+
+    stopped_before_the_ranks(_stopped_before_the_ranks)
 
 import logging  # noqa: E402
 from typing import List, Optional, Tuple  # noqa: E402
@@ -172,7 +172,7 @@ def _rank_line(failure) -> Optional[str]:
     return str(failure.error_file_data["message"].get("message", "")) or None
 
 
-#: The signals a rank is started with blocked (:func:`_ranks_start_with_stop_signals_blocked`).
+#: The signals a rank is started with blocked (:func:`clip_dcl.train.signals.ranks_start_with_stop_signals_blocked`).
 STOP_SIGNALS = {signal.SIGTERM, signal.SIGINT}
 
 
@@ -185,32 +185,6 @@ def _trains(argv: List[str]) -> bool:
     except SystemExit:
         return False
     return bool(args.module and args.training_script == "clip_dcl.train")
-
-
-def _ranks_start_with_stop_signals_blocked() -> None:
-    """Start every rank with SIGTERM and SIGINT blocked until its handlers are in (:func:`clip_dcl.train.main`); a
-    signal to the launcher while torchrun starts the ranks is recorded and sent again once all are recorded (else
-    the ranks started before it would run on alone)."""
-    from torch.distributed.elastic.multiprocessing.api import SubprocessContext
-
-    start = SubprocessContext._start
-
-    def _start(self):
-        got = []
-        saved = {num: signal.signal(num, lambda signum, frame: got.append(signum)) for num in STOP_SIGNALS}
-        old = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)  # what the ranks start with
-        try:
-            return start(self)
-        finally:
-            try:
-                for num, handler in saved.items():
-                    signal.signal(num, handler)
-            finally:
-                signal.pthread_sigmask(signal.SIG_SETMASK, old)
-            if got:
-                os.kill(os.getpid(), got[0])
-
-    SubprocessContext._start = _start
 
 
 def main(argv: Optional[List[str]] = None) -> int:
@@ -227,15 +201,18 @@ def main(argv: Optional[List[str]] = None) -> int:
         return refused[1]
     os.environ[LAUNCHER_ENV] = "1"  # the ranks' error lines come here (clip_dcl.train.exits.report_error)
     if _trains(argv) and hasattr(signal, "pthread_sigmask"):
-        _ranks_start_with_stop_signals_blocked()
+        from .signals import ranks_start_with_stop_signals_blocked
+
+        ranks_start_with_stop_signals_blocked(STOP_SIGNALS)
     # torchrun's record() logs an error when it has no error file of its own to copy a rank's into: our line says it
     logging.getLogger("torch.distributed.elastic.multiprocessing.errors.error_handler").setLevel(logging.CRITICAL)
     try:
         try:
             torchrun_main(argv)
         finally:  # the outcome is decided: a late signal must not replace the last line with a traceback
-            for num in (signal.SIGTERM, signal.SIGINT):
-                signal.signal(num, signal.SIG_IGN)
+            from .signals import ignore_stop_signals
+
+            ignore_stop_signals()
     except SignalException as e:
         name, code = signal_exit(e.sigval)
         print(
