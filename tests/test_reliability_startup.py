@@ -360,7 +360,7 @@ def test_oneline_an_error_every_rank_meets_is_printed_once_without_traceback(sha
 # -- startup: no exception from a handler, no thread across a fork ---------------------------------------------
 _SWALLOWING = """\
 import os, signal, sys, time
-from clip_dcl.train.exits import StartupGuard
+from clip_dcl.train.signals import StartupGuard
 StartupGuard(at_once=True).install()
 try:  # as torch's C++ does around its import of NumPy: an exception raised in here would be lost
     os.kill(os.getpid(), signal.SIG{sig})
