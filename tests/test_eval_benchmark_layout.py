@@ -117,6 +117,8 @@ def test_retrieval_shards_with_several_captions_per_txt(tmp_path):
         model, to_tensor, tok, tmp_path / "coco", batch_size=4, progress=False, return_info=True, ks=(1, 2, 5)
     )
     # several captions per image come back as several captions, not one text with newlines
+    chance = info.pop("chance")  # the chance levels, tested in tests/test_eval_chance.py
+    assert chance["image_retrieval_recall@1"]["queries"] == 36 and chance["text_retrieval_recall@1"]["queries"] == 12
     assert info == {"num_images": 12, "num_texts": 36, "skipped": {}}
     images, captions = _read_tars_as_benchmark_does(tmp_path / "coco")
     assert sorted(map(tuple, captions)) == sorted(map(tuple, truth))

@@ -184,15 +184,15 @@ def test_a_run_folder_removed_mid_run_ends_in_one_line(tmp_path, capsys):
         code = main(
             [
                 "--loss",
-                "clip",
-                "--no-grad-gather",
-                "--local-loss",
+                "decl",
                 "--dataset-type",
                 "synthetic",
                 "--train-num-samples",
                 "48",
                 "--batch-size",
                 "8",
+                "--epochs",
+                "1",
                 "--model",
                 "clip-dcl-tiny",
                 "--device",

@@ -76,8 +76,8 @@ def main(argv: Optional[List[str]] = None, prog: Optional[str] = None, exiting: 
         from .pipeline import TrainingDataError
         from .preempt import INTERRUPTED_EXIT_CODE, PREEMPTED_EXIT_CODE, signal_number
         from .run import LossStateMismatch
-        from .runfolder import RunFolderBusy, RunFolderGone, RunFolderTaken
-        from .saving import CheckpointDiskFull, CheckpointUnreadable, UnsafeCheckpoint
+        from .runfolder import RunFolderBusy, RunFolderTaken
+        from .saving import CheckpointDiskFull, CheckpointUnreadable, RunFolderGone, UnsafeCheckpoint
         from .session import PeerFailure, SetupError, run_training
 
         guard.check()

@@ -53,7 +53,7 @@ class MetricsWriter:
                 with open(self.path, "a") as f:
                     f.write(json.dumps(record) + "\n")
             except FileNotFoundError:  # the run folder went away under the run
-                from .runfolder import RunFolderGone
+                from .saving import RunFolderGone
 
                 raise RunFolderGone(self.path) from None
         return record

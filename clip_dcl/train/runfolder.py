@@ -37,17 +37,6 @@ class RunFolderBusy(RuntimeError):
     """Another process holds the run folder's lock: it is training there now."""
 
 
-class RunFolderGone(RuntimeError):
-    """The run's folder was removed (or moved) while it trained: nothing more can be written there."""
-
-    def __init__(self, path: str):
-        folder = os.path.dirname(os.path.dirname(path)) if "checkpoints" in path else os.path.dirname(path)
-        super().__init__(
-            f"the run folder {folder} was removed while the run trained (writing {path}): its checkpoints and logs "
-            "there are gone; start the run again, in a folder nothing else removes"
-        )
-
-
 class RunFolderTaken(RuntimeError):
     """The run folder holds a run (its ``out.log``) that this command does not continue."""
 

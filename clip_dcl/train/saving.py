@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import glob
+import io
 import logging
 import os
 import pickle
@@ -58,6 +59,17 @@ class CheckpointUnreadable(ValueError):
 
 class CheckpointDiskFull(RuntimeError):
     """No space left for a checkpoint; the message names the file, the intact previous one and how to resume."""
+
+
+class RunFolderGone(RuntimeError):
+    """The run's folder was removed (or moved) while it trained: nothing more can be written there."""
+
+    def __init__(self, path: str):
+        folder = os.path.dirname(os.path.dirname(path)) if "checkpoints" in path else os.path.dirname(path)
+        super().__init__(
+            f"the run folder {folder} was removed while the run trained (writing {path}): its checkpoints and logs "
+            "there are gone; start the run again, in a folder nothing else removes"
+        )
 
 
 class LossStateFilesError(RuntimeError):
@@ -215,8 +227,6 @@ def save_atomically(obj, path, save=None, rerun: str = RERUN) -> None:
         with contextlib.suppress(OSError):
             os.remove(tmp)
         if isinstance(e, FileNotFoundError) and not os.path.isdir(os.path.dirname(path) or "."):
-            from .runfolder import RunFolderGone
-
             raise RunFolderGone(path) from None
         no_space = (errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC))
         full = next((c for c in _chain(e) if isinstance(c, OSError) and c.errno in no_space), None)
@@ -327,6 +337,33 @@ def read_checkpoint(path, allow_unsafe_pickle: bool = False, mmap: bool = False)
         ) from None
 
 
+def asks_for_objects(path) -> bool:
+    """Whether ``path`` holds a pickle (torch's zip format or plain pickles) that names Python objects to build,
+    read with :mod:`pickletools` (nothing is built or run): such a file earns the ``--unsafe-pickle`` hint, random
+    bytes do not."""
+    import pickletools
+    import zipfile
+
+    named = {"GLOBAL", "STACK_GLOBAL", "INST", "OBJ", "NEWOBJ", "NEWOBJ_EX", "REDUCE"}
+    try:
+        if zipfile.is_zipfile(path):
+            with zipfile.ZipFile(path) as z:
+                pickles = [io.BytesIO(z.read(n)) for n in z.namelist() if n.endswith(".pkl")]
+        else:
+            pickles = [open(path, "rb")]
+    except (OSError, zipfile.BadZipFile):
+        return False
+    for stream in pickles:
+        with stream:
+            try:
+                while True:  # the consecutive pickles of a file, until one is not a pickle
+                    if any(op.name in named for op, _, _ in pickletools.genops(stream)):
+                        return True
+            except Exception:  # noqa: BLE001 - the end of the pickles (or none at all)
+                continue
+    return False
+
+
 def _torch_load(path: Path, allow_unsafe_pickle: bool = False, mmap: bool = False):
     """``torch.load`` weights-only; full unpickling (which can run code) only when ``allow_unsafe_pickle``."""
     try:
@@ -334,8 +371,8 @@ def _torch_load(path: Path, allow_unsafe_pickle: bool = False, mmap: bool = Fals
     except pickle.UnpicklingError as e:
         text = str(e)
         reason = text.splitlines()[0]
-        if "global" not in text.lower():  # not a pickle that asks for objects: bytes that are no checkpoint
-            detail = next((ln.strip() for ln in text.splitlines()[1:] if ln.strip()), reason)
+        if not asks_for_objects(path):  # bytes that are no pickle of objects: not a checkpoint, nothing to trust
+            detail = text.split("WeightsUnpickler error:", 1)[-1].strip().splitlines()[0] if text.strip() else reason
             raise CheckpointUnreadable(f"{str(path)!r} is not a checkpoint (it does not unpickle: {detail})") from None
     if allow_unsafe_pickle:  # the caller's explicit opt-in: the file is trusted
         logging.getLogger(__name__).warning(
