@@ -203,3 +203,13 @@ def test_class_folders_with_captions_stay_image_caption_pairs(tmp_path):
     summary = write(tmp_path / "src", tmp_path / "out", val_fraction=0, verbose=False)
     assert summary["kind"] == "folder" and "zeroshot" not in summary and not (tmp_path / "out" / "zeroshot").exists()
     assert readable_classname("n01440764") == "n01440764" and readable_classname("12") == "12"
+
+
+def test_printed_run_names_follow_the_data_and_never_collide(tmp_path, monkeypatch):
+    from clip_dcl.data.pairs import run_name
+
+    monkeypatch.chdir(tmp_path)
+    assert run_name(tmp_path / "my_shards") == "my_shards-decl"
+    assert run_name(tmp_path / "other_shards") == "other_shards-decl"
+    (tmp_path / "logs" / "my_shards-decl").mkdir(parents=True)
+    assert run_name(tmp_path / "my_shards") == "my_shards-decl-2"

@@ -147,7 +147,15 @@ def test_hint_of_a_folder_that_holds_a_run_both_ways_on_work(tmp_path):
     logs = tmp_path / "logs"
     flags = [*SYNTHETIC, "--logs", str(logs), "--name", "x", "--epochs", "1"]
     assert train_in_process(flags).returncode == 0
-    refused = train_in_process(flags)
+    # the same command again: the run has trained every epoch asked for, so no --resume latest is offered
+    finished = train_in_process(flags)
+    assert finished.returncode == 2
+    line = finished.stderr.strip().splitlines()[-1]
+    assert line.startswith(f"clip-dcl train: error: {logs / 'x'} holds a finished run (all 1 epochs"), line
+    assert "to train it further, raise --epochs above 1 and add --resume latest" in line
+    assert "to continue it" not in line
+    # with epochs left: continuing is offered
+    refused = train_in_process([*flags, "--epochs", "2"])
     assert refused.returncode == 2
     line = refused.stderr.strip().splitlines()[-1]
     assert line.startswith(f"clip-dcl train: error: {logs / 'x'} already holds a run"), refused.stderr[-3000:]

@@ -16,6 +16,7 @@ import time
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Optional
 
 from ..paths import write_json
 from .classes import CAPTION, ZeroshotTree, class_tree
@@ -359,10 +360,23 @@ def write_pairs(
     return summary
 
 
-def next_commands(summary: dict, out_dir, name: str = "decl", epochs: int = 10) -> list:
+def run_name(out_dir, loss: str = "decl", logs="logs") -> str:
+    """``DATA-LOSS`` (``my_shards-decl``), with ``-2``, ``-3``, ... when ``logs`` already holds a run of that name."""
+    base = f"{Path(out_dir).resolve().name}-{loss}"
+    name, n = base, 1
+    while (Path(logs) / name).exists():
+        n += 1
+        name = f"{base}-{n}"
+    return name
+
+
+def next_commands(summary: dict, out_dir, name: Optional[str] = None, epochs: int = 10) -> list:
     """The ``clip-dcl train`` and ``clip-dcl eval retrieval`` (or, for class folders, ``eval zeroshot``) commands for
-    what :func:`write_pairs` wrote: a batch and a worker count every data-loader worker can fill from its own shards."""
+    what :func:`write_pairs` wrote: a batch and a worker count every data-loader worker can fill from its own shards;
+    the run named after the data and the loss (:func:`run_name`)."""
     import shlex
+
+    name = name or run_name(out_dir)
 
     train = summary["splits"]["train"]
     size, shards = summary["shard_size"], train["shards"]

@@ -225,25 +225,43 @@ def _inside(path, folder) -> bool:
         return False
 
 
-def folder_problem(folder, log_path, resume, resume_latest: bool, name: str) -> Optional[str]:
+def folder_problem(
+    folder, log_path, resume, resume_latest: bool, name: str, epochs: Optional[int] = None
+) -> Optional[str]:
     """Why this command may not run in ``folder`` whose log is ``log_path``, or None: a folder with a log is
-    continued only by ``--resume latest`` or ``--resume`` of a checkpoint inside it."""
+    continued only by ``--resume latest`` or ``--resume`` of a checkpoint inside it (offered only while the
+    command's ``epochs`` are not all trained there)."""
     if not log_path or not os.path.exists(log_path):
         return None
     if resume_latest or (resume and _inside(resume, folder)):
         return None
-    ways = (
-        f"to continue it, run the same command with --resume latest; to start a new run, give another --name "
-        f"(e.g. --name {name}-2) or move {folder} away"
-    )
+    new = f"give another --name (e.g. --name {_free_name(folder, name)}) or move {folder} away"
+    newest = latest_checkpoint(os.path.join(folder, "checkpoints"), False)
+    done = _position(newest) if newest else None
+    if not resume and epochs is not None and done is not None and done[0] >= epochs and not done[1]:
+        return (
+            f"{folder} holds a finished run (all {done[0]} epochs, the last in {newest}): to start a new run, "
+            f"{new}; to train it further, raise --epochs above {done[0]} and add --resume latest"
+        )
+    ways = f"to continue it, run the same command with --resume latest; to start a new run, {new}"
     if resume:
         return (
             f"{folder} already holds a run (its log: {log_path}), and --resume {resume} is a checkpoint of "
             f"another folder: continuing it here would mix two runs in one log and one checkpoint folder; to "
-            f"continue {resume} in a folder of its own, give another --name (e.g. --name {name}-2); to continue "
+            f"continue {resume} in a folder of its own, give another --name (e.g. --name {_free_name(folder, name)}); "
+            "to continue "
             f"the run of {folder}, give --resume latest"
         )
     return f"{folder} already holds a run (its log: {log_path}): {ways}"
+
+
+def _free_name(folder, name: str) -> str:
+    """``name-2``, ``name-3``, ...: the first run name beside ``folder`` that no folder has yet."""
+    parent = os.path.dirname(os.fspath(folder))
+    n = 2
+    while os.path.exists(os.path.join(parent, f"{name}-{n}")):
+        n += 1
+    return f"{name}-{n}"
 
 
 def claim(args, resume_latest: bool) -> Tuple[Optional[RunLock], Optional[str]]:
@@ -256,7 +274,7 @@ def claim(args, resume_latest: bool) -> Tuple[Optional[RunLock], Optional[str]]:
         lock = RunLock(folder)
         try:
             took = lock.acquire()
-            why = folder_problem(folder, args.log_path, args.resume, resume_latest, args.name)
+            why = folder_problem(folder, args.log_path, args.resume, resume_latest, args.name, args.epochs)
             if why:
                 lock.release()
                 problem = RunFolderTaken(why)
