@@ -92,7 +92,7 @@ def run_training(config: TrainConfig, at_once: bool = False) -> int:
         cleaned.append(True)
         # only the holder of the folder's lock: a run refused there must not remove the folder of the one running
         if (
-            result is not None
+            result != 0  # a finished run keeps its folder, checkpoints or not (--save-frequency 0)
             and created
             and run.lock is not None
             and os.path.isdir(log_dir)
