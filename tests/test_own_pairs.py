@@ -213,3 +213,22 @@ def test_printed_run_names_follow_the_data_and_never_collide(tmp_path, monkeypat
     assert run_name(tmp_path / "other_shards") == "other_shards-decl"
     (tmp_path / "logs" / "my_shards-decl").mkdir(parents=True)
     assert run_name(tmp_path / "my_shards") == "my_shards-decl-2"
+
+
+def test_a_validation_split_that_decodes_to_nothing_is_said(tmp_path, capsys):
+    from clip_dcl.data.pairs import write_pairs as write
+
+    write_pairs(tmp_path / "img", 6)
+    (tmp_path / "img" / "img000.png").write_bytes(b"not an image")  # every image but this one decodes
+    lines = "".join(f"img/img{i:03d}.png\tcaption {i}\n" for i in range(6))
+    (tmp_path / "pairs.tsv").write_text("filepath\ttitle\n" + lines)
+    for seed in range(50):  # a draw whose one held-out pair is the undecodable one
+        out = tmp_path / f"out{seed}"
+        summary = write(tmp_path / "pairs.tsv", out, val_fraction=0.1, seed=seed, verbose=False)
+        if "val" not in summary["splits"]:
+            break
+    else:
+        pytest.fail("no draw held out the undecodable image")
+    err = capsys.readouterr().err
+    assert "no validation split: none of the 1 pair(s) held out for it decoded" in err
+    assert summary["skipped"]["undecodable image"]["count"] == 1

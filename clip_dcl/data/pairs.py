@@ -343,6 +343,12 @@ def write_pairs(
             }
     if "train" not in written:
         raise ValueError(f"{source}: no training pair left (every image was skipped or held out; lower --val-fraction)")
+    if splits["val"] and "val" not in written:  # drawn before they were decoded: none of them decoded
+        print(
+            f"[shards] no validation split: none of the {len(splits['val'])} pair(s) held out for it decoded (see "
+            "the skipped images); evaluate on other held-out pairs, or run again with another --seed",
+            file=sys.stderr,
+        )
     summary = {
         "format": FORMAT,
         "source": str(source),
