@@ -11,6 +11,9 @@ from typing import Callable, Dict, List, Tuple
 
 from clip_dcl.experiment.study.rule import seeds_needed
 
+#: the repository's root
+ROOT = Path(__file__).resolve().parents[1]
+
 
 def validation_scores(metric: str, *reports: Path) -> Dict[Tuple[str, int], float]:
     """``{(arm, seed): validation score}`` over the runs of complete study reports (``SystemExit`` otherwise)."""
