@@ -19,7 +19,6 @@ those plans list. It refuses to overwrite an existing plan: a plan is written on
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import sys
 
@@ -30,11 +29,14 @@ from clip_dcl.data.scenes import ScenesConfig
 from clip_dcl.experiment.recipes import get_recipe
 from clip_dcl.experiment.study.rule import planned_power
 
-RESULTS, STUDIES = pw.ROOT / "benchmarks" / "results", pw.ROOT / "benchmarks" / "studies"
+STUDIES = pw.STUDIES
 EARLIER, PLAN = STUDIES / "fscenes_confirmatory.toml", STUDIES / "fscenes_powered.toml"
-REPORT = RESULTS / "fscenes_confirmatory.json"
-METRIC = "retrieval/mean_R@1"
-CONFIDENCE, POWER, RESOLUTION, EXPECTED = 0.90, 0.8, 0.005, 0.005
+REPORT = pw.RESULTS / "fscenes_confirmatory.json"
+RULE = pw.Rule(metric="retrieval/mean_R@1", confidence=0.90, resolution=0.005, power=0.8)
+METRIC, CONFIDENCE, RESOLUTION, POWER = RULE
+TITLE = "Fashion-MNIST scenes: decl against clip and a tuned InfoNCE at B = 32, powered for 0.5 points (confirmatory)"
+#: the true difference each comparison is powered for: the resolution
+EXPECTED = RESOLUTION
 ARMS = ("decl-b32", "clip-b32", "tuned-b32")
 COMPARED = (("decl-b32", "clip-b32"), ("decl-b32", "tuned-b32"))
 FIRST_SEED = 200
@@ -109,22 +111,9 @@ def write(rows: list, counts: list, flags: dict, recipe: str, draw: int, seeds: 
         f"# arm trains as many as its comparisons read: {runs} runs of the recipe, two at once on two CPU cores.",
         *pw.plan_footer("fscenes_powered", rows, counts, lambda r: pw.seeds_for_power(r, CONFIDENCE, POWER)),
     ]
-    toml += pw.plan_body(
-        title="Fashion-MNIST scenes: decl against clip and a tuned InfoNCE at B = 32, powered for 0.5 points "
-        "(confirmatory)",
-        recipe=recipe,
-        seeds=seeds,
-        metric=METRIC,
-        confidence=CONFIDENCE,
-        resolution=RESOLUTION,
-        power=POWER,
-        data_command=list(get_recipe(recipe).data_argv) + ["--seed", str(draw)],
-        epochs=10,
-        arms=[(name, 32, flags[name]) for name in ARMS],
-        rows=rows,
-        counts=counts,
-    )
-    return "\n".join(toml) + "\n"
+    data = list(get_recipe(recipe).data_argv) + ["--seed", str(draw)]
+    arms = [(name, 32, flags[name]) for name in ARMS]
+    return pw.plan_text(toml, TITLE, recipe, seeds, RULE, data, 10, arms, rows, counts)
 
 
 def build(min_seeds: int) -> tuple:
@@ -141,12 +130,7 @@ def build(min_seeds: int) -> tuple:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0], allow_abbrev=False)
-    p.add_argument("--dry-run", action="store_true", help="print the numbers; write nothing")
-    p.add_argument("--min-seeds", type=int, default=4, help="the fewest seeds a comparison is judged on (default 4)")
-    args = p.parse_args(argv)
-    if args.min_seeds < 2:
-        p.error(f"expected --min-seeds >= 2, got {args.min_seeds}")
+    args = pw.plan_arguments(__doc__, argv, min_seeds=4)
     text, counts = build(args.min_seeds)
     print("\n".join(x[2:] for x in text.splitlines() if x.startswith("#   ")))
     print(f"seeds: {max(counts)} (per comparison: {counts})")
