@@ -67,3 +67,14 @@ def test_each_comparison_has_the_seeds_its_power_needs_from_the_validation_sprea
 def test_it_refuses_to_overwrite_the_plan(pp, capsys):
     assert pp.main([]) == 1
     assert "a plan is written once" in capsys.readouterr().err
+
+
+def test_the_report_shows_the_plan_committed_before_its_first_run(pp):
+    import json
+
+    from clip_dcl.experiment.study.plan import load_plan
+
+    report = json.loads((pp.pw.RESULTS / "fscenes_powered.json").read_text())
+    assert report["plan"] == "benchmarks/studies/fscenes_powered.toml" and not report["exploratory"]
+    assert report["plan_sha256"] == load_plan(pp.PLAN).sha256
+    assert report["plan_committed"] and report["first_run"] and report["plan_committed"] < report["first_run"]
