@@ -370,10 +370,10 @@ def report(stage: str, work: Path, out: Path) -> Path:
     command = f"benchmarks/batch_size.py report {stage} --work {work}"
     started = datetime.now(timezone.utc)
     if stage == "testbed_dcl_screen":
-        R.write_dcl_screen(out, records, len(plan.runs()), data, budget, command, started, "dcl_screen")
+        R.write_dcl_screen(R.Inputs(out, records, len(plan.runs()), data, budget, command, started, "dcl_screen"))
         return out / "dcl_screen.md"
     if stage == "testbed_dcl_sweep":
-        R.write_dcl_sweep(out, records, len(plan.runs()), data, budget, command, started, "dcl_sweep")
+        R.write_dcl_sweep(R.Inputs(out, records, len(plan.runs()), data, budget, command, started, "dcl_sweep"))
         return out / "dcl_sweep.md"
     R.write(out, records, len(plan.runs()), data, budget, command, started, [stage], O.BATCH_SIZES, stage)
     return out / f"{stage}.md"
@@ -401,23 +401,11 @@ def regenerate(out: Path, results: Path = O.RESULTS) -> Dict[str, dict]:
         doc = json.loads((results / f"{stem}.json").read_text())
         budget = Budget(**{**doc["budget"], "extra": tuple(doc["budget"]["extra"])})
         data, runs, machine = _data_of(doc), doc["runs"], doc["machine"]
+        again = R.Inputs(out, runs, len(runs), data, budget, doc["command"], started, stem, machine)
         if stem == "dcl_screen":
-            R.write_dcl_screen(out, runs, len(runs), data, budget, doc["command"], started, stem, machine=machine)
+            R.write_dcl_screen(again)
         elif stem == "dcl_sweep":
-            R.write_dcl_sweep(
-                out,
-                runs,
-                len(runs),
-                data,
-                budget,
-                doc["command"],
-                started,
-                stem,
-                tuple(doc["objectives"]),
-                gathered=len(runs),
-                machine=machine,
-                results=results,
-            )
+            R.write_dcl_sweep(again, tuple(doc["objectives"]), gathered=len(runs), results=results)
         else:
             R.write(
                 out,

@@ -22,24 +22,21 @@ overwrite an existing plan: a plan is written once, committed, and then only run
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import sys
 from pathlib import Path
 
+import plan_writing as pw
 import tomllib
-from plan_writing import affordable_counts, diffs, plan_body, seeds_for_power, validation_scores, write_once
 from testbed.objectives import loss_flags
 
 from clip_dcl.experiment.study.rule import planned_power
 
-ROOT = Path(__file__).resolve().parents[1]
-
-RESULTS = ROOT / "benchmarks" / "results"
-STUDIES = ROOT / "benchmarks" / "studies"
+RESULTS, STUDIES = pw.RESULTS, pw.STUDIES
 PLAN = STUDIES / "confirmatory.toml"
-METRIC = "retrieval/mean_R@1"
-CONFIDENCE, POWER, RESOLUTION = 0.90, 0.8, 0.01
+RULE = pw.Rule(metric="retrieval/mean_R@1", confidence=0.90, resolution=0.01, power=0.8)
+METRIC, CONFIDENCE, RESOLUTION, POWER = RULE
+TITLE = "decl against clip at B and 2B and against a tuned InfoNCE, B = 32 and 64 (confirmatory)"
 SIZES = (32, 64)
 DATA_SEED = 3
 FIRST_SEED = 300
@@ -47,16 +44,16 @@ FIRST_SEED = 300
 
 def scores(*reports: Path) -> dict:
     """``{(arm, seed): validation score}`` over the finished runs of the given study reports."""
-    return validation_scores(METRIC, *reports)
+    return pw.validation_scores(METRIC, *reports)
 
 
 def comparisons(s: dict) -> list:
     """Per B: decl against clip at B (beats), the tuned InfoNCE at B (beats), clip at 2B (reaches)."""
     rows = []
     for b in SIZES:
-        gain = statistics.mean(diffs(s, f"clip-b{2 * b}", f"clip-b{b}"))
+        gain = statistics.mean(pw.diffs(s, f"clip-b{2 * b}", f"clip-b{b}"))
         for other, rule in ((f"clip-b{b}", "beats"), (f"tuned-b{b}", "beats"), (f"clip-b{2 * b}", "reaches")):
-            d = diffs(s, f"decl-b{b}", other)
+            d = pw.diffs(s, f"decl-b{b}", other)
             row = {
                 "a": f"decl-b{b}",
                 "b": other,
@@ -74,12 +71,12 @@ def comparisons(s: dict) -> list:
 
 def needed(row: dict) -> int:
     """Seeds for power :data:`POWER` (beats: a verdict in the direction of the expected difference)."""
-    return seeds_for_power(row, CONFIDENCE, POWER)
+    return pw.seeds_for_power(row, CONFIDENCE, POWER)
 
 
 def seed_counts(rows: list, floor: int, cap: int) -> list:
     """Per comparison: its seed count (see the module's text)."""
-    return affordable_counts([needed(r) for r in rows], floor, cap)
+    return pw.affordable_counts([needed(r) for r in rows], floor, cap)
 
 
 def write(rows: list, counts: list, tuned: dict) -> str:
@@ -121,64 +118,15 @@ def write(rows: list, counts: list, tuned: dict) -> str:
         *lines,
         "# Each comparison is judged on the plan's first seeds, as many as it says (`seeds`), at least the floor,",
         "# since a spread from three seeds may be low; an arm trains as many as its comparisons read.",
-        *[
-            f"# {r['a']} {r['rule']} {r['b']} would need more seeds than this plan can run: judged on {k}, its"
-            " interval is reported, and a 'no verdict' there is the expected outcome, not a finding."
-            for r, k in zip(rows, counts)
-            if needed(r) > k
-        ],
-        "#",
-        "#   clip-dcl study check benchmarks/studies/confirmatory.toml",
-        "#   clip-dcl study run benchmarks/studies/confirmatory.toml --work WORK/confirmatory --parallel 2",
-        "#   clip-dcl study report benchmarks/studies/confirmatory.toml --work WORK/confirmatory \\",
-        "#       --out benchmarks/results --name confirmatory",
-        "",
+        *pw.plan_footer("confirmatory", rows, counts, needed),
     ]
-    toml += plan_body(
-        title="decl against clip at B and 2B and against a tuned InfoNCE, B = 32 and 64 (confirmatory)",
-        recipe="micro-words",
-        seeds=seeds,
-        metric=METRIC,
-        confidence=CONFIDENCE,
-        resolution=RESOLUTION,
-        power=POWER,
-        data_command=[
-            "data",
-            "synth",
-            "{DATA}",
-            "--image-size",
-            "32",
-            "--num-classes",
-            "48",
-            "--train-samples",
-            "12000",
-            "--test-samples",
-            "1000",
-            "--pack",
-            "--seed",
-            str(DATA_SEED),
-        ],
-        epochs=20,
-        arms=arms,
-        rows=rows,
-        counts=counts,
-    )
-    return "\n".join(toml) + "\n"
+    data = "data synth {DATA} --image-size 32 --num-classes 48 --train-samples 12000 --test-samples 1000 --pack".split()
+    data += ["--seed", str(DATA_SEED)]
+    return pw.plan_text(toml, TITLE, "micro-words", seeds, RULE, data, 20, arms, rows, counts)
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0], allow_abbrev=False)
-    p.add_argument("--dry-run", action="store_true", help="print the numbers; write nothing")
-    p.add_argument("--min-seeds", type=int, default=6, help="the fewest seeds a comparison is judged on (default 6)")
-    p.add_argument(
-        "--max-seeds",
-        type=int,
-        default=20,
-        help="a comparison needing more for power 0.8 is not powered here (default 20)",
-    )
-    args = p.parse_args(argv)
-    if not 2 <= args.min_seeds <= args.max_seeds:
-        p.error(f"expected 2 <= --min-seeds <= --max-seeds, got {args.min_seeds} and {args.max_seeds}")
+    args = pw.plan_arguments(__doc__, argv, min_seeds=6, max_seeds=20)
     s = scores(RESULTS / "spread.json", RESULTS / "spread_tuned.json")
     rows = comparisons(s)
     counts = seed_counts(rows, args.min_seeds, args.max_seeds)
@@ -187,7 +135,7 @@ def main(argv=None) -> int:
     text = write(rows, counts, tuned)
     print("\n".join(x[4:] for x in text.splitlines() if x.startswith("#   ") and "seeds for power" in x))
     print(f"seeds: {max(counts)} (per comparison: {counts})")
-    return write_once(PLAN, text, args.dry_run)
+    return pw.write_once(PLAN, text, args.dry_run)
 
 
 if __name__ == "__main__":

@@ -27,39 +27,29 @@ overwrite an existing plan: a plan is written once, committed, and then only run
 
 from __future__ import annotations
 
-import argparse
 import math
 import statistics
 import sys
 from pathlib import Path
 
+import plan_writing as pw
 import tomllib
-from plan_writing import (
-    affordable_counts,
-    diffs,
-    plan_body,
-    plan_footer,
-    seeds_for_power,
-    validation_scores,
-    write_once,
-)
 
 from clip_dcl.experiment.commands import loss_flags
 from clip_dcl.experiment.study.rule import planned_power
 
-ROOT = Path(__file__).resolve().parents[1]
-RESULTS = ROOT / "benchmarks" / "results"
-STUDIES = ROOT / "benchmarks" / "studies"
+RESULTS, STUDIES = pw.RESULTS, pw.STUDIES
 SCREEN, PLAN = STUDIES / "fmnist_screen.toml", STUDIES / "fmnist_confirmatory.toml"
-METRIC = "zeroshot/top1"
-CONFIDENCE, POWER, RESOLUTION = 0.90, 0.8, 0.005
+RULE = pw.Rule(metric="zeroshot/top1", confidence=0.90, resolution=0.005, power=0.8)
+METRIC, CONFIDENCE, RESOLUTION, POWER = RULE
+TITLE = "Fashion-MNIST: the debiased loss and decl against clip and a tuned InfoNCE, B = 32 and 64 (confirmatory)"
 SIZES = (32, 64)
 DATA_SEED, FIRST_SEED = 1, 100
 
 
 def screen_scores(report: Path) -> dict:
     """``{(arm, seed): validation score}`` of the screen's finished runs."""
-    return validation_scores(METRIC, report)
+    return pw.validation_scores(METRIC, report)
 
 
 def mean_of(s: dict, arm: str) -> float:
@@ -95,7 +85,7 @@ def pooled_sd(s: dict, arms: dict) -> float:
         b = name.rsplit("-b", 1)[1]
         if name == f"clip-b{b}":
             continue
-        d = diffs(s, name, f"clip-b{b}")
+        d = pw.diffs(s, name, f"clip-b{b}")
         if len(d) > 1:
             ss += (len(d) - 1) * statistics.variance(d)
             df += len(d) - 1
@@ -115,7 +105,7 @@ def comparisons(s: dict, arms: dict, chosen: dict) -> list:
             for b_name, b_screen in others:
                 stand_in = a_name == "debiased" and deb is None
                 ref = b_screen if not stand_in else ("clip-b32" if b_name == "clip" else chosen["tuned"][32])
-                d = diffs(s, a_screen, ref)
+                d = pw.diffs(s, a_screen, ref)
                 rows.append(
                     {
                         "a": f"{a_name}-b{b}",
@@ -132,11 +122,11 @@ def comparisons(s: dict, arms: dict, chosen: dict) -> list:
 
 
 def needed(row: dict) -> int:
-    return seeds_for_power(row, CONFIDENCE, POWER)
+    return pw.seeds_for_power(row, CONFIDENCE, POWER)
 
 
 def seed_counts(rows: list, floor: int, cap: int) -> list:
-    return affordable_counts([needed(r) for r in rows], floor, cap)
+    return pw.affordable_counts([needed(r) for r in rows], floor, cap)
 
 
 def write(rows: list, counts: list, chosen: dict, arms: dict, floor: float, recipe: str) -> str:
@@ -191,51 +181,23 @@ def write(rows: list, counts: list, chosen: dict, arms: dict, floor: float, reci
         *lines,
         "# Each comparison is judged on the plan's first seeds, as many as it says (`seeds`); an arm trains as many",
         "# as its comparisons read.",
-        *plan_footer("fmnist_confirmatory", rows, counts, needed),
+        *pw.plan_footer("fmnist_confirmatory", rows, counts, needed),
     ]
-    toml += plan_body(
-        title="Fashion-MNIST: the debiased loss and decl against clip and a tuned InfoNCE, B = 32 and 64 "
-        "(confirmatory)",
-        recipe=recipe,
-        seeds=seeds,
-        metric=METRIC,
-        confidence=CONFIDENCE,
-        resolution=RESOLUTION,
-        power=POWER,
-        data_command=[
-            "data",
-            "fashion-mnist",
-            "{DATA}",
-            "--train-samples",
-            "20000",
-            "--val-samples",
-            "2000",
-            "--pack",
-            "--seed",
-            str(DATA_SEED),
-        ],
-        epochs=10,
-        arms=out_arms,
-        rows=rows,
-        counts=counts,
-    )
-    return "\n".join(toml) + "\n"
+    data = "data fashion-mnist {DATA} --train-samples 20000 --val-samples 2000 --pack --seed".split() + [str(DATA_SEED)]
+    return pw.plan_text(toml, TITLE, recipe, seeds, RULE, data, 10, out_arms, rows, counts)
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0], allow_abbrev=False)
-    p.add_argument("--dry-run", action="store_true", help="print the choices and numbers; write nothing")
-    p.add_argument("--report", default=str(RESULTS / "fmnist_screen.json"), help="the screen's report JSON")
-    p.add_argument("--min-seeds", type=int, default=5, help="the fewest seeds a comparison is judged on (default 5)")
-    p.add_argument(
-        "--max-seeds",
-        type=int,
-        default=10,
-        help="a comparison needing more for power 0.8 is not powered here (default 10)",
+    args = pw.plan_arguments(
+        __doc__,
+        argv,
+        min_seeds=5,
+        max_seeds=10,
+        dry_run="print the choices and numbers; write nothing",
+        more=lambda p: p.add_argument(
+            "--report", default=str(RESULTS / "fmnist_screen.json"), help="the screen's report JSON"
+        ),
     )
-    args = p.parse_args(argv)
-    if not 2 <= args.min_seeds <= args.max_seeds:
-        p.error(f"expected 2 <= --min-seeds <= --max-seeds, got {args.min_seeds} and {args.max_seeds}")
     screen = tomllib.loads(SCREEN.read_text())
     arms = {a["name"]: a["flags"] for a in screen["arms"]}
     s = screen_scores(Path(args.report))
@@ -245,7 +207,7 @@ def main(argv=None) -> int:
     text = write(rows, counts, chosen, arms, pooled_sd(s, arms), screen["recipe"])
     print("\n".join(x[2:] for x in text.splitlines() if x.startswith("# The ") or x.startswith("#   ")))
     print(f"seeds: {max(counts)} (per comparison: {counts})")
-    return write_once(PLAN, text, args.dry_run)
+    return pw.write_once(PLAN, text, args.dry_run)
 
 
 if __name__ == "__main__":

@@ -31,7 +31,7 @@ from pathlib import Path
 
 import tomllib
 
-from clip_dcl.experiment.reporting import code_commit, machine_info, utc_date
+from clip_dcl.experiment.reporting import about_lines, code_commit, machine_info, utc_date
 from clip_dcl.paths import write_json
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -132,10 +132,7 @@ def markdown(doc: dict) -> str:
     out = [
         "# Fashion-MNIST screen: readings (exploratory, validation split)",
         "",
-        f"- Status: {doc['status']}",
-        f"- Command: `{doc['command']}`",
-        f"- Date (UTC): {doc['date']}",
-        f"- Machine: {doc['machine']}",
+        *about_lines(command=doc["command"], date=doc["date"], machine=doc["machine"], status=doc["status"]),
         f"- Code: {doc['commit']}",
         f"- Plan: `benchmarks/studies/fmnist_screen.toml` (its verdict table: [fmnist_screen.md](fmnist_screen.md)); "
         f"data: {doc['data']}",

@@ -26,36 +26,25 @@ to overwrite an existing plan: a plan is written once, committed, and then only 
 
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
 import sys
 from pathlib import Path
 
+import plan_writing as pw
 import tomllib
-from fmnist_confirmatory_plan import is_infonce, mean_of, pooled_sd
-from plan_writing import (
-    affordable_counts,
-    diffs,
-    plan_body,
-    plan_footer,
-    seeds_for_power,
-    validation_scores,
-    write_once,
-)
+from fmnist_confirmatory_plan import SIZES, is_infonce, mean_of, pooled_sd
 
 from clip_dcl.experiment.commands import loss_flags
 from clip_dcl.experiment.recipes import get_recipe
 from clip_dcl.experiment.study.rule import planned_power
 
-ROOT = Path(__file__).resolve().parents[1]
-RESULTS = ROOT / "benchmarks" / "results"
-STUDIES = ROOT / "benchmarks" / "studies"
+RESULTS, STUDIES = pw.RESULTS, pw.STUDIES
 SCREEN, PLAN = STUDIES / "fscenes_screen.toml", STUDIES / "fscenes_confirmatory.toml"
-METRIC = "retrieval/mean_R@1"
-CONFIDENCE, POWER, RESOLUTION = 0.90, 0.8, 0.01
-SIZES = (32, 64)
-DATA_SEED, FIRST_SEED = 1, 100
+RULE = pw.Rule(metric="retrieval/mean_R@1", confidence=0.90, resolution=0.01, power=0.8)
+METRIC, CONFIDENCE, RESOLUTION, POWER = RULE
+DATA_SEED, FIRST_SEED = 1, 100  # the batch sizes (SIZES) are the Fashion-MNIST study's
+TITLE = "Fashion-MNIST scenes: decl against clip at B and 2B and against a tuned InfoNCE, B = 32 and 64 (confirmatory)"
 
 
 def gate_scores(report: Path, gate: int = 2) -> dict:
@@ -69,12 +58,12 @@ def comparisons(s: dict, arms: dict, tuned: dict) -> list:
     rows = []
     for b in SIZES:
         for other in (f"clip-b{b}", tuned[b]):
-            d = diffs(s, f"decl-b{b}", other)
+            d = pw.diffs(s, f"decl-b{b}", other)
             name = "clip" if other == f"clip-b{b}" else "tuned"
             rows.append({"a": f"decl-b{b}", "b": f"{name}-b{b}", "rule": "beats", "diffs": d, "screen": other})
     for b in SIZES:
-        gain = statistics.mean(diffs(s, f"clip-b{2 * b}", f"clip-b{b}"))
-        d = diffs(s, f"decl-b{b}", f"clip-b{2 * b}")
+        gain = statistics.mean(pw.diffs(s, f"clip-b{2 * b}", f"clip-b{b}"))
+        d = pw.diffs(s, f"decl-b{b}", f"clip-b{2 * b}")
         rows.append(
             {"a": f"decl-b{b}", "b": f"clip-b{2 * b}", "rule": "reaches", "diffs": d, "screen": f"clip-b{2 * b}"}
         )
@@ -94,7 +83,7 @@ def directed(r: dict) -> dict:
 
 
 def needed(r: dict) -> int:
-    return seeds_for_power(directed(r), CONFIDENCE, POWER)
+    return pw.seeds_for_power(directed(r), CONFIDENCE, POWER)
 
 
 def write(rows: list, counts: list, tuned: dict, arms: dict, floor: float, recipe: str) -> str:
@@ -146,31 +135,16 @@ def write(rows: list, counts: list, tuned: dict, arms: dict, floor: float, recip
         "# Each comparison is judged on the plan's first seeds, as many as it says (`seeds`); an arm trains as many",
         f"# as its comparisons read. {len(out_arms) * n} runs of 5-6 minutes, two at once: what two CPU cores run in",
         "# about 80 minutes, which is what this plan could afford.",
-        *plan_footer("fscenes_confirmatory", rows, counts, needed),
+        *pw.plan_footer("fscenes_confirmatory", rows, counts, needed),
     ]
-    toml += plan_body(
-        title="Fashion-MNIST scenes: decl against clip at B and 2B and against a tuned InfoNCE, B = 32 and 64 "
-        "(confirmatory)",
-        recipe=recipe,
-        seeds=seeds,
-        metric=METRIC,
-        confidence=CONFIDENCE,
-        resolution=RESOLUTION,
-        power=POWER,
-        data_command=data,
-        epochs=10,
-        arms=out_arms,
-        rows=rows,
-        counts=counts,
-    )
-    return "\n".join(toml) + "\n"
+    return pw.plan_text(toml, TITLE, recipe, seeds, RULE, data, 10, out_arms, rows, counts)
 
 
 def build(min_seeds: int, max_seeds: int) -> tuple:
     """The plan's text from the published screen and gate, and each comparison's seed count."""
     screen = tomllib.loads(SCREEN.read_text())
     arms = {a["name"]: a["flags"] for a in screen["arms"]}
-    s = validation_scores(METRIC, RESULTS / "fscenes_screen.json")
+    s = pw.validation_scores(METRIC, RESULTS / "fscenes_screen.json")
     gate = gate_scores(RESULTS / "fscenes_gate.json")
     s.update({k: v for k, v in gate.items() if k[0] == "clip-b128" and k[1] in {seed for _, seed in s}})
     tuned = {
@@ -178,25 +152,19 @@ def build(min_seeds: int, max_seeds: int) -> tuple:
         for b in SIZES
     }
     rows = comparisons(s, arms, tuned)
-    counts = affordable_counts([needed(r) for r in rows], min_seeds, max_seeds)
+    counts = pw.affordable_counts([needed(r) for r in rows], min_seeds, max_seeds)
     text = write(rows, counts, tuned, arms, pooled_sd(s, arms), screen["recipe"])
     return text, counts
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0], allow_abbrev=False)
-    p.add_argument("--dry-run", action="store_true", help="print the choices and numbers; write nothing")
-    p.add_argument("--min-seeds", type=int, default=4, help="the fewest seeds a comparison is judged on (default 4)")
-    p.add_argument(
-        "--max-seeds", type=int, default=4, help="more than this for power 0.8 is not powered here (default 4)"
+    args = pw.plan_arguments(
+        __doc__, argv, min_seeds=4, max_seeds=4, dry_run="print the choices and numbers; write nothing"
     )
-    args = p.parse_args(argv)
-    if not 2 <= args.min_seeds <= args.max_seeds:
-        p.error(f"expected 2 <= --min-seeds <= --max-seeds, got {args.min_seeds} and {args.max_seeds}")
     text, counts = build(args.min_seeds, args.max_seeds)
     print("\n".join(x[2:] for x in text.splitlines() if x.startswith("#   ")))
     print(f"seeds: {max(counts)} (per comparison: {counts})")
-    return write_once(PLAN, text, args.dry_run)
+    return pw.write_once(PLAN, text, args.dry_run)
 
 
 if __name__ == "__main__":

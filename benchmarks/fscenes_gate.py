@@ -27,7 +27,7 @@ from pathlib import Path
 import tomllib
 
 from clip_dcl.experiment.recipes import get_recipe
-from clip_dcl.experiment.reporting import code_commit, machine_info, utc_date
+from clip_dcl.experiment.reporting import about_lines, code_commit, machine_info, utc_date
 from clip_dcl.experiment.stats import t_interval
 from clip_dcl.paths import write_json
 
@@ -164,10 +164,7 @@ def markdown(doc: dict) -> str:
     out = [
         "# The scene testbed's gates (exploratory, validation split)",
         "",
-        f"- Status: {doc['status']}",
-        f"- Command: `{doc['command']}`",
-        f"- Date (UTC): {doc['date']}",
-        f"- Machine: {doc['machine']}",
+        *about_lines(command=doc["command"], date=doc["date"], machine=doc["machine"], status=doc["status"]),
         f"- Code: {doc['commit']}",
         f"- Rule (stated in each plan before its runs): retrieval mean R@1 on the validation scenes gains at least "
         f"{MIN_GAIN:g} points from B = {SMALL} to B = {LARGE} (means over the seeds), and every seed of B = {LARGE} "

@@ -13,6 +13,7 @@ Nothing in it is typed: it is rendered by ``python benchmarks/quotes.py``.
 from __future__ import annotations
 
 import re
+from pathlib import PurePosixPath
 from typing import Dict, List, Optional, Tuple
 
 from clip_dcl.experiment.study.report import provenance
@@ -155,7 +156,12 @@ def readme_block(doc: dict, link_prefix: str = "") -> str:
     return "\n".join(lines)
 
 
-#: the testbeds whose confirmatory verdicts the README's table gives: (name, what it is, report JSON, plan)
+_SCENES = (
+    "four real photographs a scene in a 2 x 2 grid, captions naming each item, its cell and two measured "
+    "attributes (`fscenes4-words`)"
+)
+#: the confirmatory studies whose verdicts the README's table gives: (name, what its testbed is, report JSON,
+#: plan); a testbed's later study is named "testbed, what sets it apart"
 TESTBEDS = (
     (
         "synthetic",
@@ -171,10 +177,15 @@ TESTBEDS = (
     ),
     (
         "Fashion-MNIST scenes",
-        "four real photographs a scene in a 2 x 2 grid, captions naming each item, its cell and two measured "
-        "attributes (`fscenes4-words`)",
+        _SCENES,
         "benchmarks/results/fscenes_confirmatory.json",
         "benchmarks/studies/fscenes_confirmatory.toml",
+    ),
+    (
+        "Fashion-MNIST scenes, powered",
+        _SCENES,
+        "benchmarks/results/fscenes_powered.json",
+        "benchmarks/studies/fscenes_powered.toml",
     ),
 )
 _METRIC_NAMES = {"retrieval/mean_R@1": "retrieval mean R@1", "zeroshot/top1": "zero-shot top-1"}
@@ -227,7 +238,8 @@ def verdict_table_block(doc: dict) -> str:
             studies.append((name, plan, json.loads(path.read_text())))
         else:
             missing.append(f"| [{name}]({plan}) | not run yet: no verdict | | | | |")
-    legend = "; ".join(f"**{name}**: {what}" for name, what, _, _ in TESTBEDS)
+    testbeds = dict.fromkeys((name.split(",")[0], what) for name, what, _, _ in TESTBEDS)
+    legend = "; ".join(f"**{name}**: {what}" for name, what in testbeds)
     arms = []
     for name, plan, d in studies:  # what the arms named for a role (tuned, debiased) train, at their first batch
         seen = {}
@@ -235,9 +247,161 @@ def verdict_table_block(doc: dict) -> str:
             role = a["name"].rsplit("-b", 1)[0]
             if role in ("tuned", "debiased") and role not in seen:
                 seen[role] = f"`{role}` is `{' '.join(a.get('flags', []))}` at B = {a['name'].rsplit('-b', 1)[1]}"
-        if seen:
-            arms.append(f"{name}: " + "; ".join(seen.values()))
+        line = f"{name.split(',')[0]}: " + "; ".join(seen.values())
+        if seen and line not in arms:  # a testbed's later study with the same arms: said once
+            arms.append(line)
     lines = [verdict_table(studies), *missing, "", f"Testbeds: {legend}."]
     if arms:
         lines.append("Arms (the plans give every arm's flags): " + ". ".join(arms) + ".")
     return "\n".join(lines)
+
+
+#: the scene testbed's first confirmatory study (few seeds), which :func:`scenes_block` keeps beside the later one
+SCENES_FIRST = ("benchmarks/results/fscenes_confirmatory.json", "benchmarks/studies/fscenes_confirmatory.toml")
+
+
+def _target(c: dict) -> str:
+    """What ``decl`` is held against in comparison ``c``, in words: "`clip` at B = 32", "the tuned InfoNCE at
+    B = 64", "`clip` at B = 64 from B = 32"."""
+    kind, batch = _arm(c["b"])
+    own = _arm(c["a"])[1]
+    who = "`clip`" if kind == "clip" else "the tuned InfoNCE" if kind == "tuned" else f"`{kind}`"
+    return f"{who} at B = {batch}" + ("" if batch == own else f" from B = {own}")
+
+
+def _draw(doc: dict) -> str:
+    command = doc["plan_canonical"].get("data", {}).get("command", [])
+    return f"data draw {command[command.index('--seed') + 1]}" if "--seed" in command else "the default data draw"
+
+
+def _beyond(r: dict, resolution: float) -> str:
+    """How many seeds differ by more than the resolution, each way ("k of n seeds" counts only those)."""
+    ahead = sum(round(d, 9) > resolution for d in r["diffs"])
+    behind = sum(round(d, 9) < -resolution for d in r["diffs"])
+    return f"`decl` ahead by more than the resolution in {ahead} of {r['n']} seeds" + (
+        f", behind by more in {behind}" if behind else ""
+    )
+
+
+#: why a verdict of ``beats`` reads as it does, briefly (clip_dcl.experiment.study.rule.reason says it in full)
+_WHY = {
+    "beats": "the interval above zero, the mean past the resolution",
+    "trails": "the interval below zero, the mean past the resolution",
+    "tie": "the interval on one side of zero, its mean inside the resolution: a tie, not a win",
+    "no verdict": "the interval crosses zero",
+}
+
+
+def _planned_words(doc: dict) -> str:
+    rows = [c for c in doc["comparisons"] if "power" in c.get("planned", {})]
+    if not rows:
+        return "no planned power"
+    seeds = " and ".join(f"{c['planned']['n']} against {_target(c)}" for c in rows)
+    powers = " and ".join(f"{c['planned']['power']:.2f}" for c in rows)
+    expected = {c["planned"]["expected"] for c in rows}
+    at = f" at a true difference of {_pts(expected.pop())} points" if len(expected) == 1 else ""
+    return f"seeds {seeds}, planned power {powers}{at}"
+
+
+def scene_study_line(doc: dict, plan: str, link_prefix: str = "") -> str:
+    """The later scene study in words: its plan, data draw, seeds and planned power, then per comparison its
+    interval, verdict and why, and how many seeds differ by more than the resolution (while runs are missing:
+    its status, and no number)."""
+    res = doc["resolution"]
+    head = f"[plan]({link_prefix}{plan}), {_draw(doc)}; {_planned_words(doc)}; resolution {100 * res:g} points"
+    if not doc["status"].startswith("complete"):
+        return f"{head}: **{doc['status']}**; it states nothing until every planned run has its scores"
+    parts = []
+    for c in doc["comparisons"]:
+        r = c["final"]
+        why = _WHY.get(r["verdict"], "") if c["rule"] == "beats" else ""
+        parts.append(
+            f"against {_target(c)} {_pts(r['mean'])} [{_pts(r['lo'])}, {_pts(r['hi'])}], **{r['verdict']}** ("
+            + "; ".join(x for x in (why, _beyond(r, res) if c["rule"] == "beats" else "") if x)
+            + ")"
+        )
+    splits = sorted({c["final"]["split"] for c in doc["comparisons"]})
+    return f"{head}; {', '.join(splits)} split, {100 * doc['confidence']:g} % intervals, points: " + "; ".join(parts)
+
+
+def scene_summary_line(doc: dict, plan: str, link_prefix: str = "") -> str:
+    """A scene study's verdicts grouped, in words ("**no verdict** against `clip` at B = 32 and ..."), with its
+    seeds and the planned power its plan gave them."""
+    if not doc["status"].startswith("complete"):
+        return f"[plan]({link_prefix}{plan}), {_draw(doc)}: **{doc['status']}**; it states nothing yet"
+    by: Dict[str, List[str]] = {}
+    for c in doc["comparisons"]:
+        by.setdefault(c["final"]["verdict"], []).append(_target(c))
+    said = "; ".join(
+        f"**{v}** {'against ' if v in _WHY else ''}{', '.join(t[:-1]) + ' and ' if len(t) > 1 else ''}{t[-1]}"
+        for v, t in by.items()
+    )
+    seeds = sorted({c["final"]["n"] for c in doc["comparisons"]})
+    powers = [c["planned"]["power"] for c in doc["comparisons"] if "power" in c.get("planned", {})]
+    power = f"; planned power {min(powers):.2f} to {max(powers):.2f}" if powers else ""
+    splits = sorted({c["final"]["split"] for c in doc["comparisons"]})
+    return (
+        f"[plan]({link_prefix}{plan}), {_draw(doc)}, {' or '.join(map(str, seeds))} seeds{power}; "
+        f"{', '.join(splits)} split: {said}"
+    )
+
+
+def _batches(doc: dict) -> str:
+    sizes = sorted({_arm(c["a"])[1] for c in doc["comparisons"]})
+    return ", ".join(map(str, sizes[:-1])) + " and " + str(sizes[-1]) if len(sizes) > 1 else str(sizes[0])
+
+
+def _enough(doc: dict) -> str:
+    """Whether the plan's seeds were as many as its power asked for (`study check`'s TOO FEW SEEDS), in words."""
+    planned = [c["planned"] for c in doc["comparisons"] if "power" in c.get("planned", {})]
+    if not planned:
+        return "its seeds not planned for a power"
+    short = sum(p["short"] for p in planned)
+    if not short:
+        return "as many seeds as its plan's power asked for"
+    return "fewer seeds than its plan's power asked for" + ("" if short == len(planned) else " in some comparisons")
+
+
+def scenes_block(doc: dict, link_prefix: str = "") -> str:
+    """The README's sentence on the scene testbed (real pixels where the batch mattered), from the later,
+    powered study's JSON (``doc``) with the first study's (:data:`SCENES_FIRST`, read from the repository)
+    beside it."""
+    import json
+    from pathlib import Path
+
+    first_report, first_plan = SCENES_FIRST
+    first = json.loads((Path(__file__).resolve().parents[1] / first_report).read_text())
+    for d in (doc, first):
+        if d["exploratory"]:
+            raise ValueError(f"{d['plan']} is exploratory: the scene sentence takes confirmatory studies only")
+    return "\n".join(
+        [
+            "- **Fashion-MNIST scenes** (four real photographs a scene in a two-by-two grid, captions naming each",
+            "  item, its cell and two measured attributes; retrieval mean R@1), where `clip` gained with the batch",
+            "  in the testbed's gate: does `decl` beat `clip` and the tuned InfoNCE? Two studies, each on a data",
+            "  draw of its own:",
+            f"  - the second, at B = {_batches(doc)}, {_enough(doc)}: "
+            + scene_study_line(doc, doc["plan"], link_prefix)
+            + ".",
+            f"  - the first, at B = {_batches(first)}, with the seeds two cores could run in a session, "
+            f"{_enough(first)}: " + scene_summary_line(first, first_plan, link_prefix) + ".",
+        ]
+    )
+
+
+def scenes_brief(doc: dict) -> str:
+    """One paragraph for "Which loss when": what the later scene study found (``doc``: its JSON), its verdicts and
+    intervals, or while runs are missing that it states nothing yet."""
+    head = (
+        f"On the Fashion-MNIST scenes, the second confirmatory study (B = {_batches(doc)}, {_enough(doc)}, "
+        f"{_draw(doc)}; [report](benchmarks/results/{PurePosixPath(doc['plan']).stem}.md))"
+    )
+    if not doc["status"].startswith("complete"):
+        return f"{head} is **{doc['status']}**: no verdict is read before every planned run has its scores."
+    said = [
+        f"against {_target(c)} **{c['final']['verdict']}** ({_pts(c['final']['mean'])} "
+        f"[{_pts(c['final']['lo'])}, {_pts(c['final']['hi'])}] points, {c['final']['n']} seeds)"
+        for c in doc["comparisons"]
+    ]
+    splits = sorted({c["final"]["split"] for c in doc["comparisons"]})
+    return f"{head}, {', '.join(splits)} split: `decl` " + "; ".join(said) + "."

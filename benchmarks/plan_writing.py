@@ -1,15 +1,70 @@
-"""What the confirmatory-plan writers share (``confirmatory_plan.py``, ``fmnist_confirmatory_plan.py``): the
-screens' paired differences, the seed count each comparison needs for a stated power, the counts a plan can
-afford, and writing a plan once."""
+"""What the confirmatory-plan writers share (``confirmatory_plan.py``, ``fmnist_confirmatory_plan.py``,
+``fscenes_confirmatory_plan.py``, ``fscenes_powered_plan.py``): where the results and plans live, the plan's rule,
+the command line, the screens' paired differences, the seed count each comparison needs for a stated power, the
+counts a plan can afford, the plan's text, and writing a plan once."""
 
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 from pathlib import Path
-from typing import Callable, Dict, List, Tuple
+from typing import Callable, Dict, List, NamedTuple, Optional, Sequence, Tuple
 
 from clip_dcl.experiment.study.rule import seeds_needed
+
+#: the repository's root, the published reports and the plans
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "benchmarks" / "results"
+STUDIES = ROOT / "benchmarks" / "studies"
+
+
+class Rule(NamedTuple):
+    """How a plan reads its runs: the metric, the intervals' confidence, the resolution (a smaller difference is a
+    tie) and the power its seeds are planned for."""
+
+    metric: str
+    confidence: float
+    resolution: float
+    power: float
+
+
+def plan_arguments(
+    doc: str,
+    argv: Optional[Sequence[str]],
+    min_seeds: int,
+    max_seeds: Optional[int] = None,
+    dry_run: str = "print the numbers; write nothing",
+    more: Callable[[argparse.ArgumentParser], None] = lambda p: None,
+) -> argparse.Namespace:
+    """A plan writer's command line (its description the first line of ``doc``): ``--dry-run``, the arguments
+    ``more`` adds, ``--min-seeds`` (default ``min_seeds``) and, unless ``max_seeds`` is None, ``--max-seeds``;
+    refused unless 2 <= --min-seeds (<= --max-seeds)."""
+    p = argparse.ArgumentParser(description=doc.splitlines()[0], allow_abbrev=False)
+    p.add_argument("--dry-run", action="store_true", help=dry_run)
+    more(p)
+    p.add_argument(
+        "--min-seeds",
+        type=int,
+        default=min_seeds,
+        help=f"the fewest seeds a comparison is judged on (default {min_seeds})",
+    )
+    if max_seeds is not None:
+        p.add_argument(
+            "--max-seeds",
+            type=int,
+            default=max_seeds,
+            help=f"a comparison needing more for power 0.8 is not powered here (default {max_seeds})",
+        )
+    args = p.parse_args(argv)
+    top = args.max_seeds if max_seeds is not None else args.min_seeds
+    if not 2 <= args.min_seeds <= top:
+        p.error(
+            f"expected 2 <= --min-seeds <= --max-seeds, got {args.min_seeds} and {args.max_seeds}"
+            if max_seeds is not None
+            else f"expected --min-seeds >= 2, got {args.min_seeds}"
+        )
+    return args
 
 
 def validation_scores(metric: str, *reports: Path) -> Dict[Tuple[str, int], float]:
@@ -84,24 +139,23 @@ def plan_footer(name: str, rows: List[dict], counts: List[int], need: Callable[[
     ]
 
 
-def plan_body(
-    *,
+def plan_text(
+    comments: List[str],
     title: str,
     recipe: str,
     seeds: List[int],
-    metric: str,
-    confidence: float,
-    resolution: float,
-    power: float,
+    rule: Rule,
     data_command: List[str],
     epochs: int,
     arms: List[tuple],
     rows: List[dict],
     counts: List[int],
-) -> List[str]:
-    """The plan's TOML after its comments: the study's keys, [data], [train], one [[arms]] per ``(name, batch,
-    flags)`` and one [[comparisons]] per row with its seed count, its ``margin`` (or ``margin_gain``, given as
-    ``(from, to, share)``) and ``expected`` (by its size for ``beats``)."""
+) -> str:
+    """The plan's text: its ``comments`` (each a line), then the TOML: the study's keys (``rule`` among them),
+    [data], [train], one [[arms]] per ``(name, batch, flags)`` and one [[comparisons]] per row with its seed count,
+    its ``margin`` (or ``margin_gain``, given as ``(from, to, share)``) and ``expected`` (by its size for
+    ``beats``)."""
+    metric, confidence, resolution, power = rule
     toml = [
         f'title = "{title}"',
         f'recipe = "{recipe}"',
@@ -133,4 +187,4 @@ def plan_body(
             f"expected = {round(abs(r['expected']) if r['rule'] == 'beats' else r['expected'], 4)}",
             f"paired_sd = {round(r['paired_sd'], 4)}",
         ]
-    return toml
+    return "\n".join(comments + toml) + "\n"

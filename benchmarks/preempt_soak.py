@@ -44,6 +44,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Dict, List, Optional
 
+from launch_kit import children, tiny_cpu_flags
+
 from clip_dcl import process
 
 HERE = Path(__file__).resolve().parent
@@ -89,21 +91,6 @@ def epochs_for(n: int) -> int:
 
 
 # -- the ranks' side ----------------------------------------------------------------------------------------
-def _children(pid: int) -> List[int]:
-    out = []
-    try:
-        tasks = os.listdir(f"/proc/{pid}/task")
-    except OSError:
-        return out
-    for task in tasks:
-        try:
-            with open(f"/proc/{pid}/task/{task}/children") as f:
-                out += [int(c) for c in f.read().split()]
-        except OSError:
-            pass
-    return out
-
-
 class _Injector:
     """In a rank: sends the fault's signal, from another process, to its targets, once."""
 
@@ -125,7 +112,7 @@ class _Injector:
             pids = [int(p.read_text()) for p in sorted(self.folder.glob("pid.*"))]
         with open(self.folder / "fired", "a") as f:
             f.write(json.dumps({"rank": self.rank, "where": where, "time": time.time()}) + "\n")
-        targets = [c for pid in pids for c in _children(pid)] + pids  # the workers first, as a scheduler's
+        targets = [c for pid in pids for c in children(pid)] + pids  # the workers first, as a scheduler's
         subprocess.run(
             ["kill", f"-{self.fault.signal[3:]}", *map(str, targets)], check=False, stderr=subprocess.DEVNULL
         )
@@ -232,22 +219,7 @@ def train_flags(data: Path, logs: Path, name: str, epochs: int) -> List[str]:
         "--dataset-resampled",
         "--train-num-samples",
         "64",
-        "--batch-size",
-        "8",
-        "--workers",
-        "1",
-        "--epochs",
-        str(epochs),
-        "--precision",
-        "fp32",
-        "--device",
-        "cpu",
-        "--seed",
-        "0",
-        "--lr",
-        "1e-3",
-        "--warmup",
-        "2",
+        *tiny_cpu_flags(epochs, warmup=2),
         "--report-to",
         "",
         "--logs",
@@ -310,7 +282,7 @@ def launch(flags: List[str], timeout: float, extra_env: Optional[dict] = None) -
 
 
 def _kill_tree(pid: int) -> None:
-    for child in _children(pid):
+    for child in children(pid):
         _kill_tree(child)
     try:
         os.kill(pid, signal.SIGKILL)

@@ -39,6 +39,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence
 
+from seed_jobs import Tally, train_job
+
 from clip_dcl import experiment as ex
 from clip_dcl.experiment import arguments
 from clip_dcl.experiment.budgets import DEMO_BUDGET, DEMO_CLASSES, QUICK_BUDGET
@@ -281,10 +283,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     jobs = [(run, seed, budget) for seed in seeds for run in main_runs] + [
         (run, seed, abl_budget) for seed in ablation_seeds for run in abl_list
     ]
-    every = main_runs + abl_list
-    results: Dict[str, List[ex.TrainResult]] = {r.name: [] for r in every}
-    scores: Dict[str, List[Dict[str, float]]] = {r.name: [] for r in every}
-    eval_seconds: Dict[str, List[float]] = {r.name: [] for r in every}
+    tally = Tally.of(main_runs + abl_list)
     finish_times: List[str] = []
     timing_file = work / "scores" / "fewshot_timing.json"
     timing: dict = {}
@@ -292,20 +291,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         timing = json.loads(timing_file.read_text())
         timing = timing if timing.get("settings") == settings else {}
     for done, (run, seed, job_budget) in enumerate(jobs, 1):
-        cache = work / "scores" / f"{run.slug}-seed{seed}.json"
-        print(
-            f"[quality] {done}/{len(jobs)} {run.name} ({' '.join(run.flags)}), seed {seed}, "
-            f"{job_budget.epochs} epoch(s) of {data['train']['num_samples']} pairs",
-            flush=True,
-        )
-        out = ex.train_and_evaluate(
-            run,
-            data,
-            work / "runs" / f"seed{seed}",
-            dataclasses.replace(job_budget, seed=seed),
-            cache,
-            fewshot_seeds=fewshot_seeds,
-        )
+        out = train_job("quality", done, len(jobs), run, seed, job_budget, data, work, fewshot_seeds=fewshot_seeds)
         res, metrics, secs, finished = out.result, out.metrics, out.eval_seconds, out.finished
         if out.source != "reused":
             if not timing:
@@ -325,17 +311,13 @@ def main(argv: Optional[List[str]] = None) -> int:
                 + ", ".join(f"{label} {100 * shown[key]:.1f}" for key, label in HEADLINE),
                 flush=True,
             )
-        results[run.name].append(res)
-        scores[run.name].append({**with_mean_r1(metrics), "seed": seed})
-        eval_seconds[run.name].append(secs)
+        tally.add(run.name, res, with_mean_r1(metrics), seed, secs)
         finish_times.append(finished)
         write(
             results_dir,
             main_runs,
             abl_list,
-            results,
-            scores,
-            eval_seconds,
+            tally,
             timing,
             data,
             budget,
@@ -358,9 +340,7 @@ def write(
     out: Path,
     main_runs,
     abl_runs,
-    results,
-    scores,
-    eval_seconds,
+    tally: Tally,
     timing,
     data,
     budget,
@@ -375,6 +355,7 @@ def write(
     complete: bool,
 ) -> None:
     """(Re)write the report from the runs finished so far."""
+    results, scores, eval_seconds = tally.results, tally.scores, tally.eval_seconds
     have = {n: v for n, v in scores.items() if v}
     rows = table_rows(data)
     chance = with_mean_r1(ex.chance_levels(data))

@@ -83,6 +83,8 @@ QUOTES: Tuple[Quote, ...] = (
     Quote("testbed speed", "testbed_speed.py", "testbed_speed.json"),
     Quote("confirmatory verdicts", "headline.py", "confirmatory.json", render="docs_block"),
     Quote("verdict table", "headline.py", "confirmatory.json", ("README.md",), "verdict_table_block"),
+    Quote("scene verdicts", "headline.py", "fscenes_powered.json", ("README.md",), "scenes_block"),
+    Quote("scene verdicts in brief", "headline.py", "fscenes_powered.json", ("README.md",), "scenes_brief"),
     Quote("fmnist screen", "fmnist_readings.py", "fmnist_readings.json"),
     Quote("fscenes gate", "fscenes_gate.py", "fscenes_gate.json", ("README.md",)),
 )

@@ -47,6 +47,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence
 
+from seed_jobs import Tally, train_job
+
 from clip_dcl import experiment as ex
 from clip_dcl.experiment import arguments
 from clip_dcl.experiment.budgets import QUICK_BUDGET
@@ -353,47 +355,26 @@ def main(argv: Optional[List[str]] = None) -> int:
         import train_oracle  # noqa: F401  registers the oracle's loss here too: the run cache reads its defaults
 
     entry = {ORACLE: [sys.executable, str(HERE / "train_oracle.py")]}
-    results: Dict[str, List[ex.TrainResult]] = {r.name: [] for r in runs}
-    scores: Dict[str, List[Dict[str, float]]] = {r.name: [] for r in runs}
-    eval_seconds: Dict[str, List[float]] = {r.name: [] for r in runs}
+    tally = Tally.of(runs)
     total = len(runs) * len(seeds)
     done = 0
     # Seed-major order: every objective of seed 0 first, so a partial report compares like with like.
     for seed in seeds:
-        seed_budget = dataclasses.replace(budget, seed=seed)
         for run in runs:
             done += 1
-            cache = work / "scores" / f"{run.slug}-seed{seed}.json"
-            print(
-                f"[sampling_bias] {done}/{total} {run.name} ({' '.join(run.flags)}), seed {seed}, "
-                f"{budget.epochs} epoch(s) of {data['train']['num_samples']} pairs",
-                flush=True,
-            )
-            out = ex.train_and_evaluate(
-                run,
-                data,
-                work / "runs" / f"seed{seed}",
-                seed_budget,
-                cache,
-                fewshot_seeds=fewshot_seeds,
-                entry=entry.get(run.name),
-                env=thread_env,
-            )
+            more = dict(fewshot_seeds=fewshot_seeds, entry=entry.get(run.name), env=thread_env)
+            out = train_job("sampling_bias", done, total, run, seed, budget, data, work, **more)
             res, metrics, secs = out.result, out.metrics, out.eval_seconds
             print(
                 f"[sampling_bias]     {out.source}; training {res.seconds:.0f} s, evaluation {secs:.0f} s: "
                 + ", ".join(f"{label} {100 * metrics[key]:.1f}" for key, label in HEADLINE),
                 flush=True,
             )
-            results[run.name].append(res)
-            scores[run.name].append({**metrics, "seed": seed})
-            eval_seconds[run.name].append(secs)
+            tally.add(run.name, res, metrics, seed, secs)
             write(
                 results_dir,
                 runs,
-                results,
-                scores,
-                eval_seconds,
+                tally,
                 data,
                 budget,
                 seeds,
@@ -413,9 +394,7 @@ def main(argv: Optional[List[str]] = None) -> int:
 def write(
     out: Path,
     runs,
-    results,
-    scores,
-    eval_seconds,
+    tally: Tally,
     data,
     budget,
     seeds,
@@ -430,6 +409,7 @@ def write(
     """(Re)write the report from the runs finished so far under ``stem``; ``extra``: the other objectives' report
     (default: ``stem`` is not ``sampling_bias``)."""
     main_report = stem == STEM if extra is None else not extra
+    results, scores, eval_seconds = tally.results, tally.scores, tally.eval_seconds
     have = {n: v for n, v in scores.items() if v}
     res = {n: results[n] for n in have}
     chance = ex.chance_levels(data)

@@ -47,6 +47,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Dict, List, Optional
 
+from launch_kit import children, tiny_cpu_flags
+
 from clip_dcl import process
 from clip_dcl.experiment.reporting import code_commit, machine_info
 from clip_dcl.paths import write_json
@@ -104,21 +106,6 @@ class Launch:
         return not self.problems
 
 
-def _children(pid: int) -> List[int]:
-    out = []
-    try:
-        tasks = os.listdir(f"/proc/{pid}/task")
-    except OSError:
-        return out
-    for task in tasks:
-        try:
-            with open(f"/proc/{pid}/task/{task}/children") as f:
-                out += [int(c) for c in f.read().split()]
-        except OSError:
-            pass
-    return out
-
-
 def _alive(pid: int) -> bool:
     try:
         with open(f"/proc/{pid}/stat") as f:
@@ -154,22 +141,7 @@ def train_flags(logs: Path, samples: int) -> List[str]:
         "synthetic",
         "--train-num-samples",
         str(samples),
-        "--batch-size",
-        "8",
-        "--workers",
-        "1",
-        "--epochs",
-        "1",
-        "--precision",
-        "fp32",
-        "--device",
-        "cpu",
-        "--seed",
-        "0",
-        "--lr",
-        "1e-3",
-        "--warmup",
-        "1",
+        *tiny_cpu_flags(1, warmup=1),
         "--log-every-n-steps",
         "1",
         "--report-to",
@@ -252,13 +224,13 @@ def run_launch(index: int, fault: Fault, work: Path, args) -> Launch:
     deadline = start + args.launch_timeout
 
     def watch():
-        for child in _children(proc.pid):
+        for child in children(proc.pid):
             born.setdefault(child, time.monotonic())
             if seen.get(child) is None:  # a rank: known once it runs its own program (its environment has RANK)
                 seen[child] = _rank_of(child)
         for pid, rank in list(seen.items()):
             if rank is not None:
-                for worker in _children(pid):
+                for worker in children(pid):
                     seen.setdefault(worker, None)
 
     def fire() -> bool:

@@ -467,7 +467,9 @@ def test_the_dcl_sweep_report_and_block_say_the_rules_verdict(tmp_path):
     budget = ex.Budget(epochs=20, model=O.MODEL)
     trailing = {**{b: [0.01, -0.01, 0.0] for b in O.DCL_SWEEP_SIZES}, 256: [-0.2, -0.25, -0.22]}
     records = [{**r, "logit_scale": [], "val_r1": [], "train_seconds": 1.0} for r in sweep_records(trailing)]
-    R.write_dcl_sweep(tmp_path, records, len(records), data, budget, "cmd", datetime.now(timezone.utc), "dcl_sweep")
+    R.write_dcl_sweep(
+        R.Inputs(tmp_path, records, len(records), data, budget, "cmd", datetime.now(timezone.utc), "dcl_sweep")
+    )
     text = (tmp_path / "dcl_sweep.md").read_text()
     assert "fails: trails `clip` at B = 256" in text and "default stays `tau_plus` 0" in text
     assert "| `dcl tau+ 0.01` | 256 | 3 | s0 -20.0, s1 -25.0, s2 -22.0 |" in text
@@ -476,7 +478,9 @@ def test_the_dcl_sweep_report_and_block_say_the_rules_verdict(tmp_path):
     assert "B = 256: -22.3 [" in block and "(3 seeds, trails)" in block
     assert "no setting passes at every batch size" in block
     partial = [r for r in records if r["batch_size"] != 16]
-    R.write_dcl_sweep(tmp_path, partial, len(records), data, budget, "cmd", datetime.now(timezone.utc), "partial")
+    R.write_dcl_sweep(
+        R.Inputs(tmp_path, partial, len(records), data, budget, "cmd", datetime.now(timezone.utc), "partial")
+    )
     assert "PARTIAL" in (tmp_path / "partial.md").read_text()
 
 

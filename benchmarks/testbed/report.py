@@ -9,7 +9,7 @@ import json
 import re
 from datetime import datetime
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, List, NamedTuple, Optional, Sequence
 
 from clip_dcl.experiment import reporting
 from clip_dcl.experiment.figures import pyplot, save_figure
@@ -321,22 +321,52 @@ def dcl_default_table(rows: List[dict]) -> str:
     )
 
 
-def write_dcl_screen(
-    out: Path,
-    records: List[dict],
-    planned: int,
-    data: dict,
-    budget: Budget,
-    command: str,
-    started: datetime,
-    stem: str,
-    machine: Optional[str] = None,
-) -> None:
+class Inputs(NamedTuple):
+    """What the ``dcl`` screen's and sweep's reports are written from: the folder, the finished runs' records and
+    how many were planned, the data (its config and class prior), the budget, the command, when the call started,
+    the reports' file stem, and the machine (this one unless given: a report written again from its JSON)."""
+
+    out: Path
+    records: List[dict]
+    planned: int
+    data: dict
+    budget: Budget
+    command: str
+    started: datetime
+    stem: str
+    machine: Optional[str] = None
+
+    def status(self) -> str:
+        """ "complete", or how many of the planned runs have finished."""
+        n = len(self.records)
+        return "complete" if n == self.planned else f"PARTIAL: {n} of {self.planned} planned runs"
+
+    def about(self, status: str) -> List[str]:
+        """The report's opening lines (`reporting.about_lines`): machine, status, command, when its runs
+        finished and when this call started."""
+        done = sorted(r.get("finished", "") for r in self.records) or ["-"]
+        return reporting.about_lines(
+            machine=self.machine,
+            status=status,
+            command=self.command,
+            date=f"runs finished {done[0]} to {done[-1]}; report written by a call started "
+            f"{self.started:%Y-%m-%d %H:%M}.",
+        )
+
+    def publish(self, parts: List[str], status: str, **fields) -> None:
+        """Write ``stem``.md (``parts``, a line each) and ``stem``.json: the machine, the command and ``status``,
+        then ``fields`` in their order."""
+        doc = {"machine": self.machine or reporting.machine_info(), "command": self.command, "status": status}
+        (self.out / f"{self.stem}.md").write_text("\n".join(parts) + "\n")
+        write_json(self.out / f"{self.stem}.json", {**doc, **fields}, default=str)
+
+
+def write_dcl_screen(run: Inputs) -> None:
     """The ``dcl`` screen's report: validation-split scores of every setting and its difference from ``clip``
     at the same batch and seed (the split the defaults are chosen on)."""
+    out, records, data, budget = run.out, run.records, run.data, run.budget
     out.mkdir(parents=True, exist_ok=True)
-    status = "complete" if len(records) == planned else f"PARTIAL: {len(records)} of {planned} planned runs"
-    finished = sorted(r.get("finished", "") for r in records)
+    status = run.status()
     idx = per_seed(records, "metrics")
     # the screen's bar: clip's lowest validation score over the sweep's seeds at that batch (the seeds' noise)
     floor = {}
@@ -365,14 +395,7 @@ def write_dcl_screen(
     parts = [
         "# The `dcl` screen on the testbed (validation split)",
         "",
-        *reporting.about_lines(
-            machine=machine,
-            status=status,
-            command=command,
-            date=f"runs finished {finished[0] if finished else '-'} to "
-            f"{finished[-1] if finished else '-'}; report written by a call started "
-            f"{started:%Y-%m-%d %H:%M}.",
-        ),
+        *run.about(status),
         f"- Code: commit(s) {', '.join(sorted({r.get('commit', 'unrecorded') for r in records}))}.",
         f"- Data and training: as [`batch_size.md`](batch_size.md) ({budget.epochs} epochs, `{budget.model}`); "
         "**every score here is on the validation split**, the split defaults are chosen on.",
@@ -400,20 +423,17 @@ def write_dcl_screen(
         "",
         table(records),
     ]
-    (out / f"{stem}.md").write_text("\n".join(parts) + "\n")
-    doc = {
-        "machine": machine or reporting.machine_info(),
-        "command": command,
-        "status": status,
-        "split": "validation",
-        "passing": passing,
-        "bars": {str(b): v for b, v in floor.items()},
-        "budget": dataclasses.asdict(budget),
-        "data": data["config"],
-        "objectives": objectives(),
-        "runs": records,
-    }
-    write_json(out / f"{stem}.json", doc, default=str)
+    run.publish(
+        parts,
+        status,
+        split="validation",
+        passing=passing,
+        bars={str(b): v for b, v in floor.items()},
+        budget=dataclasses.asdict(budget),
+        data=data["config"],
+        objectives=objectives(),
+        runs=records,
+    )
 
 
 def _seeds(n: int) -> str:
@@ -428,30 +448,18 @@ def _interval(st: dict) -> str:
 
 
 def write_dcl_sweep(
-    out: Path,
-    records: List[dict],
-    planned: int,
-    data: dict,
-    budget: Budget,
-    command: str,
-    started: datetime,
-    stem: str,
+    run: Inputs,
     labels: Sequence[str] = DCL_SWEEP_VARIANTS,
     gathered: Optional[int] = None,
-    machine: Optional[str] = None,
     results: Path = RESULTS,
 ) -> None:
     """The ``dcl`` sweep's report: per setting and batch size its paired difference from ``clip`` on the test
     split with the rule's reading (:data:`DCL_RULE`), the sampling-bias data's zero-shot differences (the
     reports in ``results``), and the default the rule picks (``gathered``: the number of finished runs a
     report-only call read, for the status)."""
+    out, records, data, budget = run.out, run.records, run.data, run.budget
     out.mkdir(parents=True, exist_ok=True)
-    status = (
-        ("complete" if len(records) == planned else f"PARTIAL: {len(records)} of {planned} planned runs")
-        if gathered is None
-        else f"{gathered} finished runs gathered from the cache (stage dcl-sweep)"
-    )
-    finished = sorted(r.get("finished", "") for r in records)
+    status = run.status() if gathered is None else f"{gathered} finished runs gathered from the cache (stage dcl-sweep)"
     rows = dcl_sweep_rows(records, labels)
     commits = sorted({r.get("commit", "unrecorded") for r in records})
     bias = dcl_bias_rows(results)
@@ -507,14 +515,7 @@ def write_dcl_sweep(
     parts = [
         "# The `dcl` sweep on the testbed (test split)",
         "",
-        *reporting.about_lines(
-            machine=machine,
-            status=status,
-            command=command,
-            date=f"runs finished {finished[0] if finished else '-'} to "
-            f"{finished[-1] if finished else '-'}; report written by a call started "
-            f"{started:%Y-%m-%d %H:%M}.",
-        ),
+        *run.about(status),
         f"- Code: commit(s) {', '.join(commits)} (each run's own in the JSON)." + code_checks_line(commits),
         f"- Data and training: as [`batch_size.md`](batch_size.md) ({budget.epochs} epochs, `{budget.model}`, "
         f"true prior {float(data['tau_plus']):.3f}). **The rule reads the test split**; the settings swept are "
@@ -566,24 +567,21 @@ def write_dcl_sweep(
         "",
         table(records),
     ]
-    (out / f"{stem}.md").write_text("\n".join(parts) + "\n")
-    doc = {
-        "machine": machine or reporting.machine_info(),
-        "command": command,
-        "status": status,
-        "split": "test",
-        "confidence": CONFIDENCE,
-        "rule": DCL_RULE,
-        "sizes": list(DCL_SWEEP_SIZES),
-        "rows": rows,
-        "sampling_bias": bias,
-        "decision": decision,
-        "budget": dataclasses.asdict(budget),
-        "data": data["config"],
-        "objectives": {n: objectives()[n] for n in labels},
-        "runs": records,
-    }
-    write_json(out / f"{stem}.json", doc, default=str)
+    run.publish(
+        parts,
+        status,
+        split="test",
+        confidence=CONFIDENCE,
+        rule=DCL_RULE,
+        sizes=list(DCL_SWEEP_SIZES),
+        rows=rows,
+        sampling_bias=bias,
+        decision=decision,
+        budget=dataclasses.asdict(budget),
+        data=data["config"],
+        objectives={n: objectives()[n] for n in labels},
+        runs=records,
+    )
 
 
 def write(
@@ -605,9 +603,9 @@ def write(
     temperature controls and both splits' scores; ``{stem}.json`` holds the numbers the docs quote
     (:func:`readme_block`)."""
     if list(stages) == ["dcl-screen"]:
-        return write_dcl_screen(out, records, planned, data, budget, command, started, stem)
+        return write_dcl_screen(Inputs(out, records, planned, data, budget, command, started, stem))
     if list(stages) == ["dcl-sweep"]:
-        return write_dcl_sweep(out, records, planned, data, budget, command, started, stem)
+        return write_dcl_sweep(Inputs(out, records, planned, data, budget, command, started, stem))
     out.mkdir(parents=True, exist_ok=True)
     rows = verdicts(records, archived_runs(data["config"]))
     if list(stages) == ["report of finished runs"]:
@@ -816,24 +814,21 @@ def write(
     png = plot(records, out / f"{stem}.png")
     if png is not None:
         parts += ["", f"![R@1 against the batch size, validation curves and logit scale]({png.name})"]
-    (out / f"{stem}.md").write_text("\n".join(parts) + "\n")
-    doc = {
-        "machine": machine or reporting.machine_info(),
-        "command": command,
-        "status": status,
-        "budget": dataclasses.asdict(budget),
-        "data": cfg,
-        "splits": splits,
-        "rule": RULE,
-        "confidence": CONFIDENCE,
-        "resolution": RESOLUTION,
-        "seed_cap": SEED_CAP,
-        "gate": gate(records, sizes),
-        "verdicts": rows,
-        "draws": again_rows,
-        "dcl_default": dcl_rows,
-        "screen16": {**choice, "verdicts": rows16},
-        "objectives": objectives(),
-        "runs": records,
-    }
-    write_json(out / f"{stem}.json", doc, default=str)
+    Inputs(out, records, planned, data, budget, command, started, stem, machine).publish(
+        parts,
+        status,
+        budget=dataclasses.asdict(budget),
+        data=cfg,
+        splits=splits,
+        rule=RULE,
+        confidence=CONFIDENCE,
+        resolution=RESOLUTION,
+        seed_cap=SEED_CAP,
+        gate=gate(records, sizes),
+        verdicts=rows,
+        draws=again_rows,
+        dcl_default=dcl_rows,
+        screen16={**choice, "verdicts": rows16},
+        objectives=objectives(),
+        runs=records,
+    )
