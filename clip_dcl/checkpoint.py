@@ -203,6 +203,25 @@ def _mismatch_message(path, ckpt: dict, name: str, asked: str | None, model_conf
     )
 
 
+def _exported_without_local_dir(folder: Path):
+    """``(model, preprocess_val, name)`` of an exported folder for an OpenCLIP without ``local-dir:``: its config
+    registered under a name of its own, its weights (safetensors, else weights-only torch) loaded strictly."""
+    doc = json.loads((folder / CONFIG_NAME).read_text())
+    name = register_config_dict(
+        f"clip-dcl-export-{hashlib.sha1(str(folder).encode()).hexdigest()[:8]}", doc["model_cfg"]
+    )
+    net, preprocess = _create_empty(name, doc.get("preprocess_cfg"))
+    weights = sorted(p for p in folder.iterdir() if p.suffix in WEIGHT_ENDINGS and p.is_file())[0]
+    if weights.suffix == ".safetensors":
+        from safetensors.torch import load_file
+
+        state = load_file(str(weights))
+    else:
+        state = saving.read_checkpoint(weights)
+    net.load_state_dict(state.get("state_dict", state), strict=True)
+    return net, preprocess, name
+
+
 def load_checkpoint(
     path: str | os.PathLike,
     device: str = "cpu",
@@ -227,7 +246,11 @@ def load_checkpoint(
         recorded = exported_model_name(path, model)
         name = f"local-dir:{path}"
         try:
-            net, _, preprocess = open_clip.create_model_and_transforms(name, device=device)
+            if hasattr(open_clip.factory, "LOCAL_DIR_PREFIX"):
+                net, _, preprocess = open_clip.create_model_and_transforms(name, device=device)
+            else:  # an OpenCLIP before local-dir (2.32): the same config and weights, read here
+                net, preprocess, name = _exported_without_local_dir(path)
+                net = net.to(device)
         except (RuntimeError, KeyError, TypeError) as e:  # weights that do not fit the config
             raise ValueError(
                 f"exported folder {str(path)!r} does not load: its weights do not fit its {CONFIG_NAME} "
