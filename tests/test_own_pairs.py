@@ -232,3 +232,15 @@ def test_a_validation_split_that_decodes_to_nothing_is_said(tmp_path, capsys):
     err = capsys.readouterr().err
     assert "no validation split: none of the 1 pair(s) held out for it decoded" in err
     assert summary["skipped"]["undecodable image"]["count"] == 1
+
+
+def test_a_folder_data_shards_wrote_given_to_train_data_reads_its_train_split(tmp_path, capsys):
+    from clip_dcl.data.pairs import write_pairs as write
+    from clip_dcl.train.flags import parse_train_args
+
+    write_pairs(tmp_path / "pics", 6)
+    write(tmp_path / "pics", tmp_path / "my_shards", val_fraction=0.2, verbose=False)
+    config = parse_train_args(["--loss", "clip", "--workers", "1", "--train-data", str(tmp_path / "my_shards")])
+    words = config.openclip_argv
+    assert words[words.index("--train-data") + 1].startswith(str(tmp_path / "my_shards" / "train" / "0"))
+    assert f"--train-data {tmp_path / 'my_shards'} is a folder: reading its shards" in capsys.readouterr().err
