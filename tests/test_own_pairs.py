@@ -240,7 +240,9 @@ def test_a_folder_data_shards_wrote_given_to_train_data_reads_its_train_split(tm
 
     write_pairs(tmp_path / "pics", 6)
     write(tmp_path / "pics", tmp_path / "my_shards", val_fraction=0.2, verbose=False)
-    config = parse_train_args(["--loss", "clip", "--workers", "1", "--train-data", str(tmp_path / "my_shards")])
+    config = parse_train_args(
+        ["--loss", "clip", "--workers", "1", "--batch-size", "2", "--train-data", str(tmp_path / "my_shards")]
+    )
     words = config.openclip_argv
     assert words[words.index("--train-data") + 1].startswith(str(tmp_path / "my_shards" / "train" / "0"))
     assert f"--train-data {tmp_path / 'my_shards'} is a folder: reading its shards" in capsys.readouterr().err
