@@ -245,4 +245,4 @@ def test_a_folder_data_shards_wrote_given_to_train_data_reads_its_train_split(tm
     )
     words = config.openclip_argv
     assert words[words.index("--train-data") + 1].startswith(str(tmp_path / "my_shards" / "train" / "0"))
-    assert f"--train-data {tmp_path / 'my_shards'} is a folder: reading its shards" in capsys.readouterr().err
+    assert f"--train-data {tmp_path / 'my_shards' / 'train'} is a folder: reading its shards" in capsys.readouterr().err
