@@ -35,14 +35,30 @@ from clip_dcl.experiment.reporting import Report, command_line, markdown_table, 
 from clip_dcl.losses import create_loss
 
 DIM = 512
+#: the column-tile width of the tiled rows
+TILE = 1024
+_INDEX = {"rate": "index", "num_samples": 1_000_000}
+#: every loss twice: the whole logit matrix (tile=0) and tiled (tile=TILE); clip's tiled twin is InfoNCEFromStats
 LOSSES = {
-    "clip (OpenCLIP ClipLoss)": ("clip", {}),
-    "dcl": ("dcl", {"tau_plus": 0.1}),
-    "decl rate=index": ("decl", {"rate": "index", "num_samples": 1_000_000}),
-    "decl rate=queue (Q=4096)": ("decl", {"rate": "queue", "queue_size": 4096}),
-    "decl rate=batch": ("decl", {"rate": "batch"}),
+    "clip (OpenCLIP ClipLoss)": ("clip", {"tile": 0}),
+    f"clip tile={TILE}": ("clip", {"tile": TILE}),
+    "dcl": ("dcl", {"tau_plus": 0.1, "tile": 0}),
+    f"dcl tile={TILE}": ("dcl", {"tau_plus": 0.1, "tile": TILE}),
+    "dcl HCL beta=1": ("dcl", {"tau_plus": 0.1, "beta": 1.0, "tile": 0}),
+    f"dcl HCL beta=1 tile={TILE}": ("dcl", {"tau_plus": 0.1, "beta": 1.0, "tile": TILE}),
+    "decl rate=index": ("decl", {**_INDEX, "tile": 0}),
+    f"decl rate=index tile={TILE}": ("decl", {**_INDEX, "tile": TILE}),
+    "decl rate=queue (Q=4096)": ("decl", {"rate": "queue", "queue_size": 4096, "tile": 0}),
+    f"decl rate=queue (Q=4096) tile={TILE}": ("decl", {"rate": "queue", "queue_size": 4096, "tile": TILE}),
+    "decl rate=batch": ("decl", {"rate": "batch", "tile": 0}),
+    f"decl rate=batch tile={TILE}": ("decl", {"rate": "batch", "tile": TILE}),
 }
 BASELINE = "clip (OpenCLIP ClipLoss)"
+#: the losses of the batch ceiling (the largest G whose forward and backward fit in CEILING bytes)
+CEILING_LOSSES = (BASELINE, "dcl", "dcl HCL beta=1", "decl rate=index") + tuple(
+    f"{n} tile={TILE}" for n in ("clip", "dcl", "dcl HCL beta=1", "decl rate=index")
+)
+CEILING = 4 * 2**30
 PRECISIONS = ("fp32", "amp_bf16")
 #: the precision every step runs at (``--precision``; set once by :func:`main`, read by the child processes too)
 PRECISION = "fp32"

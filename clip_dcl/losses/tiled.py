@@ -66,6 +66,7 @@ class Reduction:
     axis: int
     gamma: float  #: the logits' multiplier: 1, 1 + beta or beta
     tail: bool = False  #: over the negatives below the ``top`` threshold only
+    role: str = "plain"  #: ``"plain"``, ``"hard"`` (1 + beta) or ``"weight"`` (beta): beta may be 1
 
 
 @dataclass
@@ -80,6 +81,7 @@ class TilePlan:
     col_threshold: Optional[torch.Tensor] = None
     row_keep: float = 0.0
     col_keep: float = 0.0
+    beta: float = 0.0  #: HCL's beta: the statistics of (1 + beta) l and beta l are asked along every axis
 
     def tiles(self, num_cols: int):
         """``(start, end, rows, cols)`` of each column tile, with the positives inside it (cols tile-relative)."""
@@ -103,15 +105,71 @@ class TilePlan:
         zero = logits.new_zeros(())
         return torch.where(logits < thr, zero, torch.where(logits == thr, zero + keep, zero + NEG_INF))
 
-    def exponent(self, logits, red: Reduction, j0, j1) -> torch.Tensor:
-        x = logits if red.gamma == 1.0 else red.gamma * logits
-        return x + self.tail_weight(logits, red.axis, j0, j1) if red.tail else x
+    def axes(self):
+        return sorted({r.axis for r in self.reductions}, reverse=True)
+
+    def _index(self, axis: int, role: str, tail: bool = False) -> Optional[int]:
+        for k, r in enumerate(self.reductions):
+            if (r.axis, r.role, r.tail) == (axis, role, tail):
+                return k
+        return None
+
+    def exponentials(self, z, logits, axis, j0, j1):
+        """``(k, exp(gamma_k z + w))`` of each statistic ``k`` along ``axis``, ``z`` the shifted tile."""
+        plain = self._index(axis, "plain")
+        e1 = z.exp()
+        yield plain, e1
+        if self.beta:  # exp((1 + beta) z) = exp(z) exp(beta z)
+            eb = (self.beta * z).exp_()
+            yield self._index(axis, "weight"), eb
+            yield self._index(axis, "hard"), e1 * eb
+        for k, r in enumerate(self.reductions):
+            if r.axis == axis and r.tail:
+                x = z if r.gamma == 1.0 else r.gamma * z
+                yield k, (x + self.tail_weight(logits, axis, j0, j1)).exp_()
+
+    def logit_gradient(self, logits, outs, grads, j0, j1) -> torch.Tensor:
+        """``dL/dl`` of the tile: ``sum_k gamma_k G_k exp(gamma_k l + w - LSE_k)`` over every statistic."""
+        d_logits = None
+
+        def add(x, scale):  # d_logits += x * scale, x a tile of this function's own
+            nonlocal d_logits
+            d_logits = x.mul_(scale) if d_logits is None else d_logits.addcmul_(x, scale)
+
+        for axis in self.axes():
+            plain = self._index(axis, "plain")
+            lse1, c1 = _line(outs[plain], axis, j0, j1), _line(grads[plain], axis, j0, j1)
+            e1 = (logits - lse1).exp_()  # the plain softmax weights
+            if self.beta:
+                # exp((1 + b) l - LSE_h) = exp(l - LSE_1) exp(b l - LSE_b) exp(LSE_1 + LSE_b - LSE_h), the last
+                # factor between 1 and N: d = e1 (c1 + c_h f eb) + c_b eb, with c_k = gamma_k G_k
+                weight, hard = self._index(axis, "weight"), self._index(axis, "hard")
+                lse_b, lse_h = _line(outs[weight], axis, j0, j1), _line(outs[hard], axis, j0, j1)
+                eb = torch.add(-lse_b, logits, alpha=self.beta).exp_()
+                factor = (lse1 + lse_b - lse_h).exp_().mul_((1.0 + self.beta) * _line(grads[hard], axis, j0, j1))
+                x = torch.addcmul(c1, eb, factor).mul_(e1).addcmul_(eb, self.beta * _line(grads[weight], axis, j0, j1))
+                d_logits = x if d_logits is None else d_logits.add_(x)
+            else:
+                add(e1, c1)
+            for k, r in enumerate(self.reductions):
+                if r.axis == axis and r.tail:
+                    x = logits if r.gamma == 1.0 else r.gamma * logits
+                    x = (x + self.tail_weight(logits, axis, j0, j1)).sub_(_line(outs[k], axis, j0, j1)).exp_()
+                    add(x, r.gamma * _line(grads[k], axis, j0, j1))
+        return d_logits
+
+
+def _line(vec: torch.Tensor, axis: int, j0: int, j1: int) -> torch.Tensor:
+    """A per-row ``(n, 1)`` or per-column ``(1, t)`` view of a statistic for the tile ``[j0, j1)``."""
+    return vec[:, None] if axis == 1 else vec[None, j0:j1]
 
 
 class TiledLSE(torch.autograd.Function):
     """``(anchors (n, d), candidates (C, d), plan)`` -> one tensor per ``plan.reductions`` (``(n,)`` or ``(C,)``).
 
-    See the module docstring for the forward reduction and the recomputing backward.
+    See the module docstring for the forward reduction and the recomputing backward. The elementwise work
+    is what costs beside the matmuls: one shift per row (or column) serves every statistic, and HCL's
+    ``exp((1 + beta) l)`` is the product of the plain and the weight exponentials, one ``exp`` fewer.
     """
 
     @staticmethod
@@ -120,12 +178,17 @@ class TiledLSE(torch.autograd.Function):
         outs = [anchors.new_full((n if r.axis == 1 else c,), NEG_INF) for r in plan.reductions]
         for j0, j1, rows, cols in plan.tiles(c):
             logits = plan.masked_tile(anchors, candidates, j0, j1, rows, cols)
-            for out, red in zip(outs, plan.reductions):
-                x = plan.exponent(logits, red, j0, j1)
-                if red.axis == 1:  # online: merge this tile's log-sum-exp into the row's
-                    torch.logaddexp(out, torch.logsumexp(x, dim=1), out=out)
-                else:  # a tile holds every row: the column's statistic is complete
-                    out[j0:j1] = torch.logsumexp(x, dim=0)
+            for axis in plan.axes():
+                shift = logits.amax(dim=axis, keepdim=True)
+                shift = torch.where(shift == NEG_INF, 0.0, shift)  # a line of masked entries only sums to 0
+                z = logits - shift  # <= 0: no exp below overflows
+                for k, x in plan.exponentials(z, logits, axis, j0, j1):
+                    red = plan.reductions[k]
+                    lse = torch.log(x.sum(dim=axis)).add_(red.gamma * shift.reshape(-1))
+                    if axis == 1:  # online: merge this tile's log-sum-exp into the row's
+                        torch.logaddexp(outs[k], lse, out=outs[k])
+                    else:  # a tile holds every row: the column's statistic is complete
+                        outs[k][j0:j1] = lse
         ctx.save_for_backward(anchors, candidates, *outs)
         ctx.plan = plan
         return tuple(outs)
@@ -137,19 +200,9 @@ class TiledLSE(torch.autograd.Function):
         plan: TilePlan = ctx.plan
         d_anchors = torch.zeros_like(anchors)
         d_candidates = torch.zeros_like(candidates)
-        wanted = [(red, out, g) for red, out, g in zip(plan.reductions, outs, grads) if g is not None]
-        if not wanted:
-            return d_anchors, d_candidates, None
         for j0, j1, rows, cols in plan.tiles(candidates.shape[0]):
             logits = plan.masked_tile(anchors, candidates, j0, j1, rows, cols)
-            d_logits = None
-            for red, out, g in wanted:
-                # gamma_k G_k exp(gamma_k l + w - LSE_k): the softmax weights of this statistic, scaled
-                x = plan.exponent(logits, red, j0, j1)
-                lse, weight = (out[:, None], g[:, None]) if red.axis == 1 else (out[None, j0:j1], g[None, j0:j1])
-                x = x - lse if x is logits else x.sub_(lse)  # the tile itself serves the next statistic
-                x.exp_().mul_(red.gamma * weight)
-                d_logits = x if d_logits is None else d_logits.add_(x)
+            d_logits = plan.logit_gradient(logits, outs, grads, j0, j1)
             d_anchors.addmm_(d_logits, candidates[j0:j1])
             d_candidates[j0:j1] = d_logits.T @ anchors
         return d_anchors, d_candidates, None
@@ -201,16 +254,16 @@ def tiled_matrix_stats(
     pos = (a[:, None, :] * candidates[pos_cols]).sum(-1)  # (n, M): l_iv, a row-wise dot product
     if bias is not None:
         pos = pos + bias
-    # the six fields in AnchorStats order, (gamma, tail) of each; the hard-negative ones only with beta
-    gammas = (1.0, 1.0 + beta, beta) if beta else (1.0, None, None)
-    fields = [None if g is None else (g, tail) for tail in (False, True) for g in gammas]
+    # the six fields in AnchorStats order, (gamma, role) of each; the hard-negative ones only with beta
+    roles = [(1.0, "plain")] + ([(1.0 + beta, "hard"), (beta, "weight")] if beta else [None, None])
+    fields = [None if r is None else (r[0], tail, r[1]) for tail in (False, True) for r in roles]
     reductions, slots = [], []
     for axis, k in [(1, k_rows)] + ([(0, k_cols)] if both_axes else []):
         for slot, f in enumerate(fields):
             if f is not None and (not f[1] or k):
                 reductions.append(Reduction(axis, *f))
                 slots.append((axis, slot))
-    plan = TilePlan(pos_cols, tuple(reductions), tile)
+    plan = TilePlan(pos_cols, tuple(reductions), tile, beta=float(beta))
     cols_top = k_cols if both_axes and k_cols else None
     if k_rows or cols_top:
         plan.row_threshold, plan.col_threshold = top_thresholds(
