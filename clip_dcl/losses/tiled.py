@@ -173,11 +173,12 @@ class TiledLSE(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, anchors, candidates, plan: TilePlan):
+    def forward(ctx, anchors, candidates, scale, plan: TilePlan):
         n, c = anchors.shape[0], candidates.shape[0]
+        a = scale * anchors  # (n, d): the scale on the anchors, as scaled_logits does; not kept
         outs = [anchors.new_full((n if r.axis == 1 else c,), NEG_INF) for r in plan.reductions]
         for j0, j1, rows, cols in plan.tiles(c):
-            logits = plan.masked_tile(anchors, candidates, j0, j1, rows, cols)
+            logits = plan.masked_tile(a, candidates, j0, j1, rows, cols)
             for axis in plan.axes():
                 shift = logits.amax(dim=axis, keepdim=True)
                 shift = torch.where(shift == NEG_INF, 0.0, shift)  # a line of masked entries only sums to 0
@@ -189,23 +190,25 @@ class TiledLSE(torch.autograd.Function):
                         torch.logaddexp(outs[k], lse, out=outs[k])
                     else:  # a tile holds every row: the column's statistic is complete
                         outs[k][j0:j1] = lse
-        ctx.save_for_backward(anchors, candidates, *outs)
+        ctx.save_for_backward(anchors, candidates, scale, *outs)
         ctx.plan = plan
         return tuple(outs)
 
     @staticmethod
     @once_differentiable
     def backward(ctx, *grads):
-        anchors, candidates, *outs = ctx.saved_tensors
+        anchors, candidates, scale, *outs = ctx.saved_tensors
         plan: TilePlan = ctx.plan
-        d_anchors = torch.zeros_like(anchors)
+        a = scale * anchors
+        d_a = torch.zeros_like(anchors)  # dL/d(s a)
         d_candidates = torch.zeros_like(candidates)
         for j0, j1, rows, cols in plan.tiles(candidates.shape[0]):
-            logits = plan.masked_tile(anchors, candidates, j0, j1, rows, cols)
+            logits = plan.masked_tile(a, candidates, j0, j1, rows, cols)
             d_logits = plan.logit_gradient(logits, outs, grads, j0, j1)
-            d_anchors.addmm_(d_logits, candidates[j0:j1])
-            d_candidates[j0:j1] = d_logits.T @ anchors
-        return d_anchors, d_candidates, None
+            d_a.addmm_(d_logits, candidates[j0:j1])
+            d_candidates[j0:j1] = d_logits.T @ a
+        d_scale = (d_a * anchors).sum().reshape(scale.shape) if ctx.needs_input_grad[2] else None
+        return d_a.mul_(scale), d_candidates, d_scale, None
 
 
 @torch.no_grad()
@@ -243,15 +246,19 @@ def tiled_matrix_stats(
     beta: float = 0.0,
     k_rows: Optional[float] = None,
     k_cols: Optional[float] = None,
+    pos_dot: Optional[torch.Tensor] = None,
 ):
     """The statistics of ``s <anchors, candidates> (+ bias)`` with ``pos_cols`` ``(n, M)`` masked, tiled.
 
     Returns ``(pos (n, M), row stats, column stats or None)``, each stats a list
     ``[lse, lse_hard, lse_weight, lse_tail, lse_hard_tail, lse_weight_tail]`` (None where not asked:
-    the hard ones without ``beta``, the tails without ``k``), the fields of `AnchorStats`.
+    the hard ones without ``beta``, the tails without ``k``), the fields of `AnchorStats`. ``pos_dot``: the
+    positives' ``<a_i, c_v>`` ``(n, M)`` when the caller has them from views of the features (a gather by
+    ``pos_cols`` would keep a copy of the positives for backward).
     """
-    a = scale * anchors  # (n, d): the scale on the anchors, as scaled_logits does
-    pos = (a[:, None, :] * candidates[pos_cols]).sum(-1)  # (n, M): l_iv, a row-wise dot product
+    if pos_dot is None:
+        pos_dot = (anchors[:, None, :] * candidates[pos_cols]).sum(-1)
+    pos = scale * pos_dot  # (n, M): l_iv
     if bias is not None:
         pos = pos + bias
     # the six fields in AnchorStats order, (gamma, role) of each; the hard-negative ones only with beta
@@ -266,11 +273,12 @@ def tiled_matrix_stats(
     plan = TilePlan(pos_cols, tuple(reductions), tile, beta=float(beta))
     cols_top = k_cols if both_axes and k_cols else None
     if k_rows or cols_top:
-        plan.row_threshold, plan.col_threshold = top_thresholds(
-            a.detach(), candidates.detach(), plan, k_rows or None, cols_top
-        )
+        with torch.no_grad():
+            plan.row_threshold, plan.col_threshold = top_thresholds(
+                scale * anchors, candidates, plan, k_rows or None, cols_top
+            )
         plan.row_keep, plan.col_keep = _keep(k_rows or 0.0), _keep(cols_top or 0.0)
-    outs = TiledLSE.apply(a, candidates, plan)
+    outs = TiledLSE.apply(anchors, candidates, scale, plan)
     found = {1: [None] * 6, 0: [None] * 6}
     for red, (axis, slot), out in zip(reductions, slots, outs):
         found[axis][slot] = out if bias is None else out + red.gamma * bias
@@ -289,15 +297,38 @@ def tiled_directions(
     image_index = torch.arange(img_rows.shape[0], device=device) + offset  # each row's image in the global batch
     pos_cols = image_index[:, None] * m + torch.arange(m, device=device)  # (n, M): its captions
     both = txt_rows is None
+    n, d = img_rows.shape
+    # <f_i, g_v> of the positives from views (the image's M captions are consecutive rows)
+    own_captions = all_txt[offset * m : (offset + n) * m].view(n, m, d)
     pos_i, img, cols = tiled_matrix_stats(
-        scale, img_rows, all_txt, bias, pos_cols, tile=tile, both_axes=both, beta=beta, k_rows=k_img, k_cols=k_txt
+        scale,
+        img_rows,
+        all_txt,
+        bias,
+        pos_cols,
+        tile=tile,
+        both_axes=both,
+        beta=beta,
+        k_rows=k_img,
+        k_cols=k_txt,
+        pos_dot=(img_rows[:, None, :] * own_captions).sum(-1),
     )
     if both:
         pos_t, txt = pos_i.reshape(-1), cols
     else:
         owner = (torch.arange(txt_rows.shape[0], device=device) + offset * m) // m  # each caption's image
+        pos_dot = (txt_rows.view(n, m, d) * all_img[offset : offset + n, None, :]).sum(-1).reshape(-1, 1)
         pos_t, txt, _ = tiled_matrix_stats(
-            scale, txt_rows, all_img, bias, owner[:, None], tile=tile, both_axes=False, beta=beta, k_rows=k_txt
+            scale,
+            txt_rows,
+            all_img,
+            bias,
+            owner[:, None],
+            tile=tile,
+            both_axes=False,
+            beta=beta,
+            k_rows=k_txt,
+            pos_dot=pos_dot,
         )
         pos_t = pos_t[:, 0]
     return [pos_i[:, 0] if m == 1 else pos_i, *img], [pos_t, *txt]
