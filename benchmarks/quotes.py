@@ -85,6 +85,7 @@ QUOTES: Tuple[Quote, ...] = (
     Quote("verdict table", "headline.py", "confirmatory.json", ("README.md",), "verdict_table_block"),
     Quote("fmnist screen", "fmnist_readings.py", "fmnist_readings.json"),
     Quote("fscenes gate", "fscenes_gate.py", "fscenes_gate.json", ("README.md",)),
+    Quote("loss memory", "loss_speed.py", "loss_speed.json", ("README.md",)),
 )
 
 

@@ -1,6 +1,6 @@
 """Tiled anchor statistics: the per-anchor log-sum-exps of `clip_dcl.losses.gather` without the G x G matrix.
 
-Every loss here reads the logits ``l_ij = <a_i, c_j>`` (the scale folded into the anchors ``a``) only
+Every loss here reads the logits ``l_ij = s <f_i, c_j>`` (``a_i = s f_i``, the scale on the anchors) only
 through per-row (and, for the square matrix, per-column) reductions over the negatives::
 
     LSE_k,i = logsumexp_{j neg} (gamma_k l_ij + w_ij)        gamma_k in {1, 1 + beta, beta}
@@ -8,12 +8,13 @@ through per-row (and, for the square matrix, per-column) reductions over the neg
 with ``w_ij = 0`` for the plain and hard-negative sums, and for the ``same_class="top"`` tail
 ``w_ij = -inf`` above the row's threshold (its ``floor(k) + 1``-th largest negative), ``log(1 - frac(k))``
 at it and 0 below. `TiledLSE` computes them over column tiles of width ``tile`` with an online
-reduction and keeps only the features and the statistics for backward. Its backward recomputes each
-tile: with ``G_k,i = dL/dLSE_k,i`` (autograd's gradient of the per-row epilogue: the DCL clamp, HCL,
-DeCL's ratio, InfoNCE; 0 on a clamped row)::
+reduction and keeps only the features, the scale and the statistics for backward. Its backward forms
+``s f`` again and recomputes each tile: with ``G_k,i = dL/dLSE_k,i`` (autograd's gradient of the
+per-row epilogue: the DCL clamp, HCL, DeCL's ratio, InfoNCE; 0 on a clamped row)::
 
     dL/dl_ij = sum_k G_k,i gamma_k exp(gamma_k l_ij + w_ij - LSE_k,i)   (+ the column analogues)
-    dL/da_i = sum_j dL/dl_ij c_j,      dL/dc_j = sum_i dL/dl_ij a_i
+    dL/da_i = sum_j dL/dl_ij c_j,      dL/dc_j = sum_i dL/dl_ij a_i,
+    dL/df_i = s dL/da_i,               dL/ds = sum_i <dL/da_i, f_i>
 
 so a tile costs two matmuls forward-and-recompute and two for the gradients, and memory is a few
 ``n x tile`` blocks. The positives' logits are row-wise dot products in ordinary autograd, and a
