@@ -407,7 +407,7 @@ def batch_ceilings(rows, names):
         out.append(
             {
                 "loss": name,
-                "ceiling": int(ceiling) // 256 * 256,
+                "ceiling": math.floor(ceiling * (1 + 1e-9)) // 256 * 256,  # down to 256: a fit, not a bisection
                 "model": "a G + b" if tiled else "a G^2 + b G",
                 "coefficients": [a, b],
                 "largest_measured": points[-1][0],
