@@ -239,3 +239,21 @@ def test_the_flag_parses_a_width():
         parse_tile("x")
     with pytest.raises(ValueError, match="tile=-3 must be an integer >= 0"):
         parse_tile("-3")
+
+
+@pytest.mark.parametrize("kwargs", [{"same_class": "top", "tau_plus": 0.6}, {"tau_plus": 0.1, "beta": 3.0}])
+def test_float32_at_the_largest_scale_equals_the_whole_matrix(kwargs):
+    """At s = 100 a row spans 200 in logits: each statistic is shifted by its own maximum (the tail's lies
+    below the top k), so none underflows in float32."""
+    f, g = features(96, m=2, d=16, dtype=torch.float32, align=2.0)
+    s = torch.tensor(100.0)
+    out = []
+    for tile in (0, 40):
+        fb, gb = f.clone().requires_grad_(), g.clone().requires_grad_()
+        loss_fn = create_loss("dcl", tile=tile, **kwargs)
+        loss = loss_fn(fb, gb, s)
+        loss.backward()
+        out.append((loss.detach(), fb.grad, gb.grad, loss_fn.metrics["clamp_rate"]))
+    assert float(out[1][3]) == float(out[0][3])
+    for a, b in zip(out[1][:3], out[0][:3]):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5 * float(b.abs().max()))

@@ -115,8 +115,8 @@ class TilePlan:
                 return k
         return None
 
-    def exponentials(self, z, logits, axis, j0, j1):
-        """``(k, exp(gamma_k z + w))`` of each statistic ``k`` along ``axis``, ``z`` the shifted tile."""
+    def exponentials(self, z, axis):
+        """``(k, exp(gamma_k z))`` of each statistic ``k`` along ``axis`` but the tails, ``z`` the shifted tile."""
         plain = self._index(axis, "plain")
         e1 = z.exp()
         yield plain, e1
@@ -124,10 +124,6 @@ class TilePlan:
             eb = (self.beta * z).exp_()
             yield self._index(axis, "weight"), eb
             yield self._index(axis, "hard"), e1 * eb
-        for k, r in enumerate(self.reductions):
-            if r.axis == axis and r.tail:
-                x = z if r.gamma == 1.0 else r.gamma * z
-                yield k, (x + self.tail_weight(logits, axis, j0, j1)).exp_()
 
     def logit_gradient(self, logits, outs, grads, j0, j1) -> torch.Tensor:
         """``dL/dl`` of the tile: ``sum_k gamma_k G_k exp(gamma_k l + w - LSE_k)`` over every statistic."""
@@ -184,9 +180,15 @@ class TiledLSE(torch.autograd.Function):
                 shift = logits.amax(dim=axis, keepdim=True)
                 shift = torch.where(shift == NEG_INF, 0.0, shift)  # a line of masked entries only sums to 0
                 z = logits - shift  # <= 0: no exp below overflows
-                for k, x in plan.exponentials(z, logits, axis, j0, j1):
-                    red = plan.reductions[k]
-                    lse = torch.log(x.sum(dim=axis)).add_(red.gamma * shift.reshape(-1))
+                found = [
+                    (k, torch.log(x.sum(dim=axis)).add_(plan.reductions[k].gamma * shift.reshape(-1)))
+                    for k, x in plan.exponentials(z, axis)
+                ]
+                for k, r in enumerate(plan.reductions):
+                    if r.axis == axis and r.tail:  # shifted by its own maximum: the row's lies in the top k
+                        x = logits if r.gamma == 1.0 else r.gamma * logits
+                        found.append((k, torch.logsumexp(x + plan.tail_weight(logits, axis, j0, j1), dim=axis)))
+                for k, lse in found:
                     if axis == 1:  # online: merge this tile's log-sum-exp into the row's
                         torch.logaddexp(outs[k], lse, out=outs[k])
                     else:  # a tile holds every row: the column's statistic is complete
