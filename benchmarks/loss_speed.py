@@ -437,17 +437,31 @@ def readme_block(doc) -> str:
     ceilings = {c["loss"]: c for c in doc.get("ceilings", [])}
     text = (
         f"On the CPU every loss is computed over column tiles of {tile} logits, recomputed in backward "
-        f"(`--loss-tile`, docs/training.md): at G = {batch:,} (one process, d = {doc['dim']}) the extra peak memory "
+        "(`--loss-tile`, [training.md](docs/training.md#the-loss-over-column-tiles---loss-tile)): "
+        f"at G = {batch:,} (one process, d = {doc['dim']}) the extra peak memory "
         f"against OpenCLIP's `ClipLoss` is {peaks}, in {min(times):.2f}x to {max(times):.2f}x its time"
     )
     name = f"decl rate=index tile={tile}"
     if BASELINE in ceilings and name in ceilings:
+        base, ours_c = ceilings[BASELINE], ceilings[name]
         text += (
-            f"; the largest G whose forward and backward fit in {doc['ceiling_bytes'] / 2**30:g} GiB is about "
-            f"{ceilings[BASELINE]['ceiling']:,} for `ClipLoss` and {ceilings[name]['ceiling']:,} for tiled `decl` "
-            f"(fits of the measured peaks, up to G = {ceilings[name]['largest_measured']:,})"
+            f"; the largest G whose forward and backward fit in {doc['ceiling_bytes'] / 2**30:g} GiB, from fits of "
+            f"the measured peaks, is {base['ceiling']:,} for `ClipLoss` (measured to G = "
+            f"{base['largest_measured']:,}) and {ours_c['ceiling']:,} for tiled `decl` (its memory linear in G, "
+            f"measured to G = {ours_c['largest_measured']:,})"
         )
     return text + f" ([results](benchmarks/results/loss_speed.md), {doc['date'][:10]}, {doc['machine']})."
+
+
+def peak_block(doc) -> str:
+    """The README's figure of the tiled losses' memory at the largest G (from ``loss_speed_32k.json``)."""
+    rows = sorted(doc["peak_rows"], key=lambda r: r["G"])
+    last = rows[-1]
+    return (
+        f"At G = {last['G']:,}, `{last['loss']}` peaks at {last['peak_extra_bytes'] / MIB:,.0f} MiB over its inputs "
+        f"on the CPU, where the four G x G float32 matrices that `ClipLoss`'s peak holds take "
+        f"{16 * last['G'] ** 2 / 2**30:,.0f} GiB ([results](benchmarks/results/loss_speed_32k.md), {doc['date'][:10]})."
+    )
 
 
 def _device_name(device):

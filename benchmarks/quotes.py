@@ -86,6 +86,7 @@ QUOTES: Tuple[Quote, ...] = (
     Quote("fmnist screen", "fmnist_readings.py", "fmnist_readings.json"),
     Quote("fscenes gate", "fscenes_gate.py", "fscenes_gate.json", ("README.md",)),
     Quote("loss memory", "loss_speed.py", "loss_speed.json", ("README.md",)),
+    Quote("loss memory at scale", "loss_speed.py", "loss_speed_32k.json", ("README.md",), "peak_block"),
 )
 
 
