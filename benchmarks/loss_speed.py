@@ -436,7 +436,8 @@ def readme_block(doc) -> str:
     times = [_ratio(doc, name, "seconds", batch) for _, name in ours]
     ceilings = {c["loss"]: c for c in doc.get("ceilings", [])}
     text = (
-        f"On the CPU every loss is computed over column tiles of {tile} logits, recomputed in backward "
+        f"On the CPU `dcl`, `decl` and `curl` compute the logits' statistics over column tiles of {tile} by default, "
+        "recomputed in backward "
         "(`--loss-tile`, [training.md](docs/training.md#the-loss-over-column-tiles---loss-tile)): "
         f"at G = {batch:,} (one process, d = {doc['dim']}) the extra peak memory "
         f"against OpenCLIP's `ClipLoss` is {peaks}, in {min(times):.2f}x to {max(times):.2f}x its time"
