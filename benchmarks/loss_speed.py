@@ -436,7 +436,7 @@ def readme_block(doc) -> str:
     times = [_ratio(doc, name, "seconds", batch) for _, name in ours]
     ceilings = {c["loss"]: c for c in doc.get("ceilings", [])}
     text = (
-        f"On the CPU `dcl`, `decl` and `curl` compute the logits' statistics over column tiles of {tile} by default, "
+        f"With `--loss-tile {tile}` every loss computes the logits' statistics over column tiles of {tile}, "
         "recomputed in backward "
         "(`--loss-tile`, [training.md](docs/training.md#the-loss-over-column-tiles---loss-tile)): "
         f"at G = {batch:,} (one process, d = {doc['dim']}) the extra peak memory "

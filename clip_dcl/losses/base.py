@@ -115,7 +115,7 @@ TILE_FLAG = LossFlag(
     help="compute the loss over column tiles of N logits per anchor, recomputed in backward, so that the "
     "G x G logit matrix is never held (memory linear in the batch, the same loss and gradients); 0: the "
     "whole matrix (with --loss clip, OpenCLIP's ClipLoss)",
-    default_text="1024 on a CPU, 0 elsewhere (clip: 0)",
+    default_text="0",
 )
 
 
