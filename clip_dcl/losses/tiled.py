@@ -118,14 +118,17 @@ class TilePlan:
         return None
 
     def exponentials(self, z, axis):
-        """``(k, exp(gamma_k z))`` of each statistic ``k`` along ``axis`` but the tails, ``z`` the shifted tile."""
-        plain = self._index(axis, "plain")
-        e1 = z.exp()
-        yield plain, e1
-        if self.beta:  # exp((1 + beta) z) = exp(z) exp(beta z)
-            eb = (self.beta * z).exp_()
+        """``(k, exp(gamma_k z))`` of each statistic ``k`` along ``axis`` but the tails, ``z`` the shifted tile.
+
+        Each is summed before the next is asked for, so they share ``z``'s memory: ``exp(z)`` is formed in place
+        and becomes ``exp((1 + beta) z) = exp(z) exp(beta z)`` in place.
+        """
+        eb = (self.beta * z).exp_() if self.beta else None
+        e1 = z.exp_()
+        yield self._index(axis, "plain"), e1
+        if self.beta:
             yield self._index(axis, "weight"), eb
-            yield self._index(axis, "hard"), e1 * eb
+            yield self._index(axis, "hard"), e1.mul_(eb)
 
     def logit_gradient(self, logits, outs, grads, j0, j1) -> torch.Tensor:
         """``dL/dl`` of the tile: ``sum_k gamma_k G_k exp(gamma_k l + w - LSE_k)`` over every statistic."""
