@@ -438,7 +438,7 @@ def readme_block(doc) -> str:
     text = (
         f"With `--loss-tile {tile}` every loss computes the logits' statistics over column tiles of {tile}, "
         "recomputed in backward "
-        "(`--loss-tile`, [training.md](docs/training.md#the-loss-over-column-tiles---loss-tile)): "
+        "([training.md](docs/training.md#the-loss-over-column-tiles---loss-tile)): "
         f"at G = {batch:,} (one process, d = {doc['dim']}) the extra peak memory "
         f"against OpenCLIP's `ClipLoss` is {peaks}, in {min(times):.2f}x to {max(times):.2f}x its time"
     )
