@@ -87,6 +87,8 @@ QUOTES: Tuple[Quote, ...] = (
     Quote("scene verdicts in brief", "headline.py", "fscenes_powered.json", ("README.md",), "scenes_brief"),
     Quote("fmnist screen", "fmnist_readings.py", "fmnist_readings.json"),
     Quote("fscenes gate", "fscenes_gate.py", "fscenes_gate.json", ("README.md",)),
+    Quote("loss memory", "loss_speed.py", "loss_speed.json", ("README.md",)),
+    Quote("loss memory at scale", "loss_speed.py", "loss_speed_32k.json", ("README.md",), "peak_block"),
 )
 
 

@@ -597,8 +597,9 @@ def _saved_square_tensors(loss_fn, n):
     ],
 )
 def test_autograd_keeps_one_logits_matrix(name, kwargs):
-    """Beyond the logits matrix, the losses keep only O(batch) tensors for backward."""
-    assert _saved_square_tensors(create_loss(name, **kwargs), 64) == 1
+    """Beyond the logits matrix, the losses keep only O(batch) tensors for backward; tiled, not even that."""
+    assert _saved_square_tensors(create_loss(name, tile=0, **kwargs), 64) == 1
+    assert _saved_square_tensors(create_loss(name, tile=16, **kwargs), 64) == 0
     assert _saved_square_tensors(create_loss("clip"), 64) >= 2  # the baseline keeps one per direction
 
 

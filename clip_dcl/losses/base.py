@@ -18,6 +18,7 @@ from open_clip.loss import gather_features
 
 from .gather import PairStats, anchor_stats, column_surrogate
 from .state import plain_sums, state_digest, table_sums
+from .tiled import check_tile, parse_tile, resolve_tile
 
 
 @dataclass(frozen=True)
@@ -105,11 +106,26 @@ def contrast_rows(pos: torch.Tensor, log_ng: torch.Tensor) -> torch.Tensor:
     return (torch.logaddexp(pos, log_ng) - pos).mean()
 
 
+#: ``--loss-tile``: every loss's column-tile width (`clip_dcl.losses.tiled`), a keyword of `ContrastiveLoss`
+TILE_FLAG = LossFlag(
+    "--loss-tile",
+    "tile",
+    type=parse_tile,
+    metavar="N",
+    help="compute the loss over column tiles of N logits per anchor, recomputed in backward, so that the "
+    "G x G logit matrix is never held (memory linear in the batch, the same loss and gradients); 0: the "
+    "whole matrix (with --loss clip, OpenCLIP's ClipLoss)",
+    default_text="0",
+)
+
+
 class LossDeclaration:
     """What a registered loss class declares, read by the command line, the trainer and the checkpoints."""
 
     #: the loss's command-line flags (see `LossFlag`)
     flags: tuple = ()
+    #: flags every registered loss takes, declared once here (their keywords go to `ContrastiveLoss`)
+    shared_flags: tuple = (TILE_FLAG,)
     #: one line for ``--loss``'s help
     summary: str = ""
     #: whether ``forward`` needs ``sample_ids``; such a loss has ``num_samples``, the ids' range
@@ -203,8 +219,10 @@ class ContrastiveLoss(LossDeclaration, nn.Module):
         world_size: int = 1,
         use_horovod: bool = False,
         no_grad_gather: bool = False,
+        tile: Optional[int] = None,
     ):
         super().__init__()
+        check_tile(tile)
         if use_horovod:
             raise ValueError("use_horovod=True is not supported by clip-dcl losses; use torch.distributed")
         if world_size < 1 or not 0 <= rank < world_size:
@@ -226,6 +244,8 @@ class ContrastiveLoss(LossDeclaration, nn.Module):
         self.no_grad_gather = bool(no_grad_gather)
         self.rank = int(rank)
         self.world_size = int(world_size)
+        #: column-tile width of the statistics (0: the whole matrix; None: `resolve_tile`'s device default)
+        self.tile = tile
         self.metrics: dict = {}
         self._pending_stats: List[PairStats] = []
 
@@ -268,10 +288,15 @@ class ContrastiveLoss(LossDeclaration, nn.Module):
             beta=beta,
             gathered=gathered,
             top_share=top_share,
+            tile=self.tile_for(image_features),
         )
         if self.no_grad_gather:
             self._pending_stats.append(st)
         return st
+
+    def tile_for(self, features: torch.Tensor) -> int:
+        """The column-tile width in effect for ``features``' device (``tile``, or that device's default)."""
+        return resolve_tile(self.tile, features.device)
 
     def compute(self, image_features, text_features, logit_scale, logit_bias, sample_ids):
         raise NotImplementedError
@@ -288,7 +313,14 @@ class ContrastiveLoss(LossDeclaration, nn.Module):
             stats, self._pending_stats = self._pending_stats, []
             if self.world_size > 1 and loss.requires_grad:
                 loss = loss + column_surrogate(
-                    loss, stats, image_features, text_features, logit_bias, self.rank, self.world_size
+                    loss,
+                    stats,
+                    image_features,
+                    text_features,
+                    logit_bias,
+                    self.rank,
+                    self.world_size,
+                    tile=self.tile_for(image_features),
                 )
         self.metrics = {k: (v.detach() if torch.is_tensor(v) else torch.tensor(float(v))) for k, v in metrics.items()}
         return {self.output_key: loss} if output_dict else loss
@@ -296,7 +328,7 @@ class ContrastiveLoss(LossDeclaration, nn.Module):
     def extra_repr(self) -> str:
         return (
             f"rank={self.rank}, world_size={self.world_size}, local_loss={self.local_loss}, "
-            f"gather_with_grad={self.gather_with_grad}"
+            f"gather_with_grad={self.gather_with_grad}" + ("" if self.tile is None else f", tile={self.tile}")
         )
 
 

@@ -1,7 +1,8 @@
 """``clip``: OpenCLIP's own InfoNCE (``open_clip.loss.ClipLoss``), the baseline.
 
-What ``ClipLoss`` lacks, ``no_grad_gather`` and ``M > 1`` captions per image (each in turn the
-positive, ``L_img = mean_{i, m}[-l_im + log(S_im + sum_{j neg} S_ij)]``), is `InfoNCEFromStats`.
+What ``ClipLoss`` lacks, ``no_grad_gather``, ``M > 1`` captions per image (each in turn the
+positive, ``L_img = mean_{i, m}[-l_im + log(S_im + sum_{j neg} S_ij)]``) and the tiled statistics
+(``tile > 0``), is `InfoNCEFromStats`.
 """
 
 from __future__ import annotations
@@ -22,8 +23,11 @@ class InfoNCELoss(LossDeclaration, ClipLoss):
 
     @classmethod
     def from_args(cls, **kwargs):
-        """``ClipLoss`` itself, or `InfoNCEFromStats` for ``no_grad_gather=True``."""
-        return InfoNCEFromStats(**kwargs) if kwargs.get("no_grad_gather") else cls(**kwargs)
+        """``ClipLoss`` itself, or `InfoNCEFromStats` for ``no_grad_gather=True`` or a ``tile`` (its default: 0)."""
+        if kwargs.get("no_grad_gather") or kwargs.get("tile"):
+            return InfoNCEFromStats(**kwargs)
+        kwargs.pop("tile", None)
+        return cls(**kwargs)
 
     def __init__(
         self,

@@ -5,7 +5,9 @@ block against negative blocks, ``L_block = E[ l( f(x)^T (mean_i f(x_i^+) - mean_
 A block is the ``M`` captions of one image. With ``p_j = mean_m g_jm`` (not renormalised) and
 ``v_ik = s <f_i, p_i> - s <f_i, p_k>``, image anchor ``i`` scores ``logistic``
 ``log(1 + sum_{k != i} exp(-v_ik))`` or ``hinge`` ``max(0, 1 + max_{k != i} (-v_ik))``; a caption's
-positive block is its image. At ``M = 1`` ``logistic`` is InfoNCE. No ``no_grad_gather``.
+positive block is its image. At ``M = 1`` ``logistic`` is InfoNCE. No ``no_grad_gather``. With a
+``tile``, ``logistic`` is computed over column tiles (`clip_dcl.losses.tiled`); ``hinge`` (a maximum) keeps
+the whole matrix.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import torch
 
 from .base import ContrastiveLoss, LossFlag, check_choice
 from .gather import captions_per_image, compute_dtype, scaled_logits
+from .tiled import tiled_matrix_stats
 
 LINKS = ("logistic", "hinge")
 
@@ -26,6 +29,12 @@ def _row_loss(logits: torch.Tensor, pos_cols: torch.Tensor, link: str) -> torch.
         return torch.logsumexp(logits, dim=1) - pos
     masked = logits.index_put((rows, pos_cols), torch.tensor(float("-inf"), dtype=logits.dtype, device=logits.device))
     return torch.clamp(1.0 + masked.max(dim=1).values - pos, min=0.0)
+
+
+def _tiled_logistic(scale, rows, candidates, bias, pos_cols: torch.Tensor, tile: int) -> torch.Tensor:
+    # logsumexp over all columns = logaddexp(l_pos, logsumexp over the others): the tiled statistics' lse_neg
+    pos, stats, _ = tiled_matrix_stats(scale, rows, candidates, bias, pos_cols[:, None], tile=tile, both_axes=False)
+    return torch.logaddexp(pos[:, 0], stats[0]) - pos[:, 0]
 
 
 class BlockContrastiveLoss(ContrastiveLoss):
@@ -72,13 +81,18 @@ class BlockContrastiveLoss(ContrastiveLoss):
             blocks = all_txt.reshape(num_images, m, -1).mean(dim=1)  # (G, d): p_j, the mean caption of image j
             img_rows = image_features.to(dtype) if local else all_img
             txt_rows = text_features.to(dtype) if local else all_txt
-            logits_img = scaled_logits(s, img_rows, blocks, logit_bias)  # (n, G)
-            logits_txt = scaled_logits(s, txt_rows, all_img, logit_bias)  # (n M, G)
-            dev = logits_img.device
+            dev = all_img.device
             pos_img = torch.arange(img_rows.shape[0], device=dev) + offset
             pos_txt = (torch.arange(txt_rows.shape[0], device=dev) + offset * m) // m
-            rows_img = _row_loss(logits_img, pos_img, self.link)
-            rows_txt = _row_loss(logits_txt, pos_txt, self.link)
+            tile = self.tile_for(image_features) if self.link == "logistic" else 0  # hinge: a max, not a sum
+            if tile:
+                rows_img = _tiled_logistic(s, img_rows, blocks, logit_bias, pos_img, tile)
+                rows_txt = _tiled_logistic(s, txt_rows, all_img, logit_bias, pos_txt, tile)
+            else:
+                logits_img = scaled_logits(s, img_rows, blocks, logit_bias)  # (n, G)
+                logits_txt = scaled_logits(s, txt_rows, all_img, logit_bias)  # (n M, G)
+                rows_img = _row_loss(logits_img, pos_img, self.link)
+                rows_txt = _row_loss(logits_txt, pos_txt, self.link)
         loss = (rows_img.mean() + rows_txt.mean()) / 2
         metrics = {"block_size": float(m)}
         if self.link == "hinge":

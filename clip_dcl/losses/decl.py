@@ -387,6 +387,7 @@ class DeCLLoss(DeCLLog, StatefulLoss):
             world_size=self.world_size,
             local_loss=self.local_loss,
             gathered=(st.all_image_features.detach(), st.all_text_features.detach()),
+            tile=self.tile_for(image_features),
         )
         s_det = scale.detach()
         total = 0.0

@@ -141,7 +141,10 @@ class QueueRate(RateEstimator):
                 continue
             with torch.no_grad():
                 q = h.queue[d, :count].to(anchor)
-                lse_q = torch.logsumexp((st.logit_scale.detach() * anchor.detach()) @ q.T, 1)
+                scaled = st.logit_scale.detach() * anchor.detach()
+                # rows of the (n, Q) scores a tile at a time: the queue is as long as a batch
+                rows = scaled.split(h.tile_for(anchor) or scaled.shape[0])
+                lse_q = torch.cat([torch.logsumexp(part @ q.T, 1) for part in rows])
             if self.include_current:  # the batch's negatives counted with the queue's
                 log_r.append(
                     torch.logaddexp(stats.lse_neg.detach(), lse_q) - math.log(stats.num_negatives + count) - shift

@@ -29,6 +29,8 @@ import torch
 import torch.distributed as dist
 from open_clip.loss import gather_features
 
+from .tiled import tiled_directions
+
 
 @dataclass
 class AnchorStats:
@@ -156,6 +158,7 @@ def anchor_stats(
     beta: float = 0.0,
     gathered: Optional[tuple] = None,
     top_share: float = 0.0,
+    tile: int = 0,
 ) -> PairStats:
     """Gather features across ranks and return the per-anchor statistics of both directions.
 
@@ -163,7 +166,9 @@ def anchor_stats(
     order), ``logit_scale`` exponentiated. Image anchor ``i`` has captions ``i M .. i M + M - 1`` as
     positives and the other images' ``(G - 1) M`` captions as negatives; a caption anchor has its image
     and ``G - 1`` negatives. ``beta > 0`` adds ``lse_hard``/``lse_weight``; ``top_share`` adds the tail
-    masses (`_tail_stats`); ``gathered`` reuses features gathered earlier in the step.
+    masses (`_tail_stats`); ``gathered`` reuses features gathered earlier in the step. ``tile > 0``
+    computes the same statistics over column tiles of that width, never holding the matrix
+    (`clip_dcl.losses.tiled`).
     """
     m = captions_per_image(image_features, text_features)
     batch = image_features.shape[0]
@@ -198,6 +203,31 @@ def anchor_stats(
         offset = rank * batch if local else 0
         img_rows = image_features.to(dtype) if local else all_img
 
+        if tile:
+            image, text = tiled_directions(
+                s,
+                img_rows,
+                text_features.to(dtype) if local else None,
+                all_img,
+                all_txt,
+                logit_bias,
+                m,
+                offset,
+                tile=tile,
+                beta=beta,
+                k_img=k_img or None,
+                k_txt=k_txt or None,
+            )
+            return PairStats(
+                image=AnchorStats(image[0], image[1], (num_images - 1) * m, *image[2:]),
+                text=AnchorStats(text[0], text[1], num_images - 1, *text[2:]),
+                num_negatives=num_images - 1,
+                row_offset=offset,
+                all_image_features=all_img,
+                all_text_features=all_txt,
+                logit_scale=s,
+                captions_per_image=m,
+            )
         if m == 1 and local:
             txt = text_features.to(dtype)
             logits_img = scaled_logits(s, img_rows, all_txt, logit_bias)  # (B, G)
@@ -271,11 +301,12 @@ def column_surrogate(
     logit_bias: Optional[torch.Tensor],
     rank: int,
     world_size: int,
+    tile: int = 0,
 ) -> torch.Tensor:
     """``S - S.detach()``: zero, with the gradient every rank's anchors put on the local features.
 
     See the module docstring. ``stats``: one or several sets of the local anchors' statistics from the
-    same features, whose derivatives add up.
+    same features, whose derivatives add up. ``tile > 0`` takes the ``(G, B)`` weights ``tile`` anchors at a time.
     """
     st = stats[0]
     c_local = d_local = None
@@ -302,11 +333,17 @@ def column_surrogate(
     ):
         feats = local_feats.to(anchors.dtype)
         with torch.no_grad():
-            logits = (s * anchors.detach()) @ feats.detach().T  # (G, B)
-            if logit_bias is not None:
-                logits = logits + logit_bias.detach().to(logits.dtype)
-            weights = c_all[d][:, None] * torch.exp(logits - lse_all[d][:, None])
-            weights[rows, cols] = d_local[d].detach().to(weights.dtype)  # the local positives
-            pulled = weights.T @ (s * anchors.detach())  # (B, d): dS/d(local features)
+            scaled = s * anchors.detach()
+            pulled = torch.zeros_like(feats)  # (B, d): dS/d(local features)
+            step = tile or scaled.shape[0]
+            for i0 in range(0, scaled.shape[0], step):
+                part = scaled[i0 : i0 + step]
+                logits = part @ feats.detach().T  # (t, B)
+                if logit_bias is not None:
+                    logits = logits + logit_bias.detach().to(logits.dtype)
+                weights = c_all[d][i0 : i0 + step, None] * torch.exp(logits - lse_all[d][i0 : i0 + step, None])
+                here = (rows >= i0) & (rows < i0 + step)  # the local positives in this block of anchors
+                weights[rows[here] - i0, cols[here]] = d_local[d].detach().to(weights.dtype)[here]
+                pulled.addmm_(weights.T, part)
         total = total + (pulled * feats).sum()
     return total - total.detach()

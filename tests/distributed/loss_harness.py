@@ -174,6 +174,20 @@ ACCUM_CONFIGS = [
     ),
 ]
 
+#: tiled statistics on the ranks, in tiles of TILE columns (several per matrix of the global batch of 16), against
+#: one process's whole matrix: every clip-dcl configuration on 2 ranks, a share of each family on 4
+TILE = 5
+TILED_CONFIGS = [c for c in CONFIGS + SAME_CLASS_CONFIGS if c[1] != "openclip"]
+TILED_FOUR_RANKS = (
+    "clip clip_m3 dcl hcl dcl_m3 dcl_top dcl_top_m3 dcl_top_hcl_m2_biased decl_index decl_index_m3 decl_queue "
+    "decl_rgclg decl_relative_index_replicated curl_m3"
+).split()
+TILED_NO_GRAD = [c for c in NO_GRAD_CONFIGS if c[0] in ("clip", "dcl", "dcl_biased", "decl_index", "decl_rgclg")]
+
+
+def tiled(kwargs, tile=TILE):
+    return {**kwargs, "tile": tile}
+
 
 class Towers(nn.Module):
     def __init__(self, dtype=torch.float64):
@@ -373,6 +387,17 @@ def main(out_dir, mode="all"):
         for name, loss_name, kwargs in SAME_CLASS_CONFIGS:
             for local_loss in (False, True):
                 results[(name, local_loss)] = run(loss_name, kwargs, rank, world_size, local_loss)
+    elif mode in ("tiled", "tiled4"):
+        four = mode == "tiled4"
+        for name, loss_name, kwargs in TILED_CONFIGS:
+            if not four or name in TILED_FOUR_RANKS:
+                for local_loss in (False, True):
+                    results[(name, local_loss)] = run(loss_name, tiled(kwargs), rank, world_size, local_loss)
+        for name, loss_name, kwargs in TILED_NO_GRAD:
+            results[(name, "no_grad")] = run(loss_name, tiled(kwargs), rank, world_size, True, no_grad_gather=True)
+        for name, loss_name, kwargs in ACCUM_CONFIGS:
+            if not four:
+                results[(name, "accum")] = run(loss_name, tiled(kwargs), rank, world_size, True, accum_freq=2)
     elif mode == "no_grad":
         for name, loss_name, kwargs in NO_GRAD_CONFIGS:
             for dtype in (torch.float64, torch.float32):
