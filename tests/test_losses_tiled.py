@@ -258,3 +258,44 @@ def test_float32_at_the_largest_scale_equals_the_whole_matrix(kwargs):
     assert float(out[1][3]) == float(out[0][3])
     for a, b in zip(out[1][:3], out[0][:3]):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5 * float(b.abs().max()))
+
+
+def test_the_trainer_builds_the_tiled_loss_from_loss_tile(tmp_path):
+    from conftest import train_in_process
+
+    from clip_dcl.train.flags import parse_train_args
+
+    config = parse_train_args(
+        ["--loss", "decl", "--loss-tile", "8", "--dataset-type", "synthetic", "--train-num-samples", "16"]
+    )
+    assert config.loss_kwargs["tile"] == 8
+    config = parse_train_args(["--loss", "clip", "--loss-tile", "8", "--dataset-type", "synthetic"])
+    assert config.loss_kwargs["tile"] == 8
+    res = train_in_process(
+        [
+            "--loss",
+            "clip",
+            "--loss-tile",
+            "4",
+            "--dataset-type",
+            "synthetic",
+            "--train-num-samples",
+            "16",
+            "--batch-size",
+            "8",
+            "--epochs",
+            "1",
+            "--model",
+            "clip-dcl-tiny",
+            "--device",
+            "cpu",
+            "--workers",
+            "0",
+            "--logs",
+            tmp_path,
+            "--name",
+            "x",
+        ]  # fmt: skip
+    )
+    assert res.returncode == 0, res.stderr
+    assert "-> InfoNCEFromStats(" in (log := (tmp_path / "x" / "out.log").read_text()) and "tile=4)" in log

@@ -362,7 +362,8 @@ SYNTHETIC_RUN = [
         # OpenCLIP's parser would take --los for --loss-dist-impl and train the default loss
         (
             ["--los", "decl"],
-            "--los is not a flag (flags are spelled out in full); it could mean --loss, --loss-dist-impl, --loss-reset",
+            "--los is not a flag (flags are spelled out in full); it could mean --loss, --loss-dist-impl, "
+            "--loss-reset, --loss-tile",
         ),
         (["--decl-ra", "index"], "--decl-ra is not a flag (flags are spelled out in full); it could mean --decl-rate"),
         (

@@ -114,6 +114,13 @@ def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
                 if flag.metavar:
                     kwargs["metavar"] = flag.metavar
             g.add_argument(flag.flag, **kwargs)
+    from clip_dcl.losses.base import LossDeclaration
+
+    for flag in LossDeclaration.shared_flags:  # every loss's: declared once, on the base
+        shown = f" (default: {flag.default_text})" if flag.default_text else ""
+        g.add_argument(
+            flag.flag, type=flag.type, metavar=flag.metavar, default=None, help=f"every loss: {flag.help}{shown}"
+        )
     g.add_argument(
         "--no-grad-gather",
         action="store_true",
@@ -465,6 +472,14 @@ def parse_train_args(argv: List[str], check_files: bool = True, prog: str = PROG
     if ours.no_grad_gather:
         _check_no_grad_gather(oc_args)
     kwargs = {flag_map[d][1]: v for d, v in given.items()}
+    from clip_dcl.losses.base import LossDeclaration
+
+    shared = {f.kwarg: getattr(ours, f.dest) for f in LossDeclaration.shared_flags if getattr(ours, f.dest) is not None}
+    if shared.get("tile") and openclip_native(loss) and (_openclip_objective(oc_args, coca=False)):
+        raise FlagError(
+            f"--loss-tile applies to the contrastive losses, not to {_openclip_objective(oc_args, coca=False)}"
+        )
+    kwargs.update(shared)
     takes = LOSSES[loss].defaults()
     kwargs.update({kwarg: getattr(oc_args, kwarg) for kwarg in OPENCLIP_LOSS_FLAGS if kwarg in takes})
     data = data_facts(oc_args)

@@ -52,7 +52,16 @@ def loss_command(loss: str, loss_args: Dict[str, object]) -> List[str]:
     for dest, (owner, kwarg) in flag_owners().items():
         if owner == loss and kwarg in loss_args and loss_args[kwarg] != defaults.get(kwarg, object()):
             words += _words(dest, loss_args[kwarg])
+    for flag in _shared_flags():  # every loss's (--loss-tile): given only when set
+        if loss_args.get(flag.kwarg):
+            words += _words(flag.dest, loss_args[flag.kwarg])
     return words
+
+
+def _shared_flags() -> tuple:
+    from clip_dcl.losses.base import LossDeclaration
+
+    return LossDeclaration.shared_flags
 
 
 def setting_words(loss: str, kwarg: str, value) -> List[str]:
@@ -60,6 +69,9 @@ def setting_words(loss: str, kwarg: str, value) -> List[str]:
     for dest, (owner, name) in flag_owners().items():
         if owner == loss and name == kwarg:
             return _words(dest, value)
+    for flag in _shared_flags():
+        if flag.kwarg == kwarg:
+            return _words(flag.dest, value)
     if kwarg in OPENCLIP_LOSS_FLAGS:
         return [OPENCLIP_LOSS_FLAGS[kwarg], str(value)]
     return [f"{kwarg}={value!r}"]  # a keyword argument no flag sets (a loss used from Python)
@@ -88,16 +100,16 @@ def loss_flags_table() -> str:
 
     defaults = _loss_defaults()
     rows = []
-    for name, cls in LOSSES.items():
-        for flag in cls.flags:
-            spelled = (
-                f"`{flag.flag}` / `--no-{flag.flag[2:]}`"
-                if flag.boolean
-                else (f"`{flag.flag} {{{','.join(map(str, flag.choices))}}}`" if flag.choices else f"`{flag.flag}`")
-            )
-            meaning = flag.help.replace("|", "\\|")
-            rows.append(
-                f"| {spelled} | {name} | {meaning} | "
-                f"{flag.default_text or _default_text(defaults[name].get(flag.kwarg))} |"
-            )
+    shared = [("every", flag) for flag in _shared_flags()]
+    for name, flag in shared + [(name, flag) for name, cls in LOSSES.items() for flag in cls.flags]:
+        spelled = (
+            f"`{flag.flag}` / `--no-{flag.flag[2:]}`"
+            if flag.boolean
+            else (f"`{flag.flag} {{{','.join(map(str, flag.choices))}}}`" if flag.choices else f"`{flag.flag}`")
+        )
+        meaning = flag.help.replace("|", "\\|")
+        rows.append(
+            f"| {spelled} | {name} | {meaning} | "
+            f"{flag.default_text or _default_text(defaults.get(name, {}).get(flag.kwarg))} |"
+        )
     return "\n".join(rows)

@@ -169,7 +169,7 @@ class TrainingRun:
         self._startup_point()
         cfg = self.config
         native = openclip_native(cfg.loss)
-        if native and not cfg.no_grad_gather and cfg.captions_per_image == 1:
+        if native and not cfg.no_grad_gather and cfg.captions_per_image == 1 and not cfg.loss_kwargs.get("tile"):
             loss = open_clip.create_loss(args)
         else:
             from clip_dcl.losses import LOSSES, create_loss
