@@ -213,3 +213,19 @@ def test_a_run_folder_removed_mid_run_ends_in_one_line(tmp_path, capsys):
     assert len(calls) >= 2 and code == 1 and "Traceback" not in err
     said = [line for line in err.splitlines() if "clip-dcl train: error:" in line]
     assert len(said) == 1 and f"the run folder {folder} was removed while the run trained" in said[0]
+
+
+@pytest.mark.parametrize(
+    "words, closest",
+    [
+        (["--loss", "DeCL"], "the closest: decl"),
+        (["--precision", "fp23"], "the closest: fp32"),
+        (["--precision=amp_bf6"], "the closest: amp_bf16"),
+    ],
+)
+def test_a_bad_choice_of_any_training_flag_is_one_line_naming_the_closest(capsys, words, closest):
+    from clip_dcl.train import main
+
+    assert main(["--dataset-type", "synthetic", *words]) == 2
+    out = capsys.readouterr()
+    assert closest in out.err and len(out.err.strip().splitlines()) == 1 and "usage:" not in out.err + out.out

@@ -336,3 +336,26 @@ def check_known(argv: List[str], parsers: List[argparse.ArgumentParser]) -> None
     found = misspelt_flag(argv, [flag for parser in parsers for flag in parser._option_string_actions])
     if found:
         raise FlagError(f"{found[0]} is not a flag of clip-dcl or OpenCLIP; the closest: {', '.join(found[1])}")
+
+
+def check_choices(argv: List[str], parsers: List[argparse.ArgumentParser]) -> None:
+    """Refuse (`FlagError`, one line) a value that is not one of its flag's choices, in either parser, naming the
+    closest choice (OpenCLIP's parser would print its whole usage block first)."""
+    from ..arguments import not_one_of
+
+    actions = {s: a for parser in parsers for s, a in parser._option_string_actions.items() if a.choices}
+    for i, word in enumerate(argv):
+        if word == "--":
+            break
+        name, eq, value = word.partition("=")
+        action = actions.get(name)
+        if action is None or (not eq and i + 1 >= len(argv)):
+            continue
+        value = value if eq else argv[i + 1]
+        if callable(action.type):  # choices of another type than str are compared as argparse would
+            try:
+                value = action.type(value)
+            except (TypeError, ValueError):
+                continue  # argparse's own message names the bad value
+        if value not in action.choices:
+            raise FlagError(not_one_of(value, list(action.choices), f"a choice of {name}"))

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Dict, List, Optional
 
 from ..errors import FlagError  # noqa: F401  (raised here, and imported from here by callers)
 from .flag_checks import (  # noqa: F401 (re-exported)
+    check_choices,
     check_data_paths,
     check_global_batch,
     check_known,
@@ -401,6 +402,7 @@ def _parse_ours(argv: List[str], prog: str):
     parsers = [parser, openclip_parser()]
     check_spelled_out(argv, parsers)
     check_known(argv, parsers)
+    check_choices(argv, parsers)
     with program_named(prog):
         ours, rest = parser.parse_known_args(argv)
     return parser, ours, rest
