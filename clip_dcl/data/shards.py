@@ -225,3 +225,43 @@ class TailRecorder:
 
     def close(self):
         self.stream.close()
+
+
+def tar_samples(stream, url: str, emit):
+    """Read one shard's tar ``stream`` (a :class:`TailRecorder`) sample by sample: the members of a sample are held
+    until the next one starts, and ``yield from emit(key, [(ext, name, data), ...])`` passes each whole sample on.
+    Returns ``(samples, why, cut)``: why the shard ended early (a read error, or no end-of-archive marker) or None,
+    and the key of the sample it cut short (dropped) or None. The one shard reader of training and evaluation."""
+    import webdataset as wds
+    from webdataset import tariterators
+
+    held, key, previous, count, why = [], None, None, 0, None
+    try:
+        for f in tariterators.tar_file_iterator(stream, handler=wds.reraise_exception):
+            name_key, ext = tariterators.base_plus_ext(f["fname"])
+            if name_key is None:
+                continue
+            if held and name_key != key:
+                count += 1
+                previous = {e for e, _, _ in held}
+                yield from emit(key, held)
+                held = []
+            key = name_key
+            held.append((ext, f["fname"], f["data"]))
+        while stream.read(1 << 16):  # tarfile stops at the first zero block: read the rest of the marker
+            pass
+    except Exception as e:  # noqa: BLE001 - whatever tarfile raises, the shard ends here
+        why = f"{type(e).__name__}: {str(e).split(' @ ')[0]}"
+    finally:
+        stream.close()
+    if why is None and not stream.complete():
+        why = "no end-of-archive marker: truncated"
+        if held and {e for e, _, _ in held} == previous:  # cut at a member boundary after a whole sample
+            count += 1
+            yield from emit(key, held)
+            held = []
+    if why is None and held:
+        count += 1
+        yield from emit(key, held)
+        held = []
+    return count, why, (key if held else None)

@@ -27,12 +27,12 @@ import torch
 import webdataset as wds
 from open_clip_train import data as oc_data
 from torch.utils.data import get_worker_info
-from webdataset import autodecode, tariterators
+from webdataset import autodecode
 from webdataset.filters import _shuffle
 from webdataset.gopen import gopen
 
 from ..data.ids import sample_id
-from ..data.shards import TailRecorder
+from ..data.shards import TailRecorder, tar_samples
 from .ids import id_layout, source_index
 from .preempt import worker_ignores_stop_signals
 
@@ -240,44 +240,21 @@ def _open_shards(src, stats: DataStats, num_urls: int):
 
 
 def _expand_tars(src, stats: DataStats):
-    """webdataset's ``tar_file_iterator`` per shard, with the shard's account: the files of a sample
-    are held until the next sample starts, so that a sample cut by a truncated shard is dropped
-    (and logged as such) rather than passed on as a sample without a caption."""
+    """Each shard's samples through :func:`clip_dcl.data.shards.tar_samples`, with the shard's account: a sample
+    cut by a truncated shard is dropped (and logged as such) rather than passed on without a caption."""
     for source in src:
-        url, stream = source["url"], TailRecorder(source["stream"])
-        held, samples, why, last_members = [], 0, None, None
-        try:
-            for f in tariterators.tar_file_iterator(stream, handler=wds.reraise_exception):
-                key, ext = tariterators.base_plus_ext(f["fname"])
-                if held and key != held[0][0]:
-                    samples += 1
-                    last_members = {e for _, e, _, _ in held}
-                    yield from (dict(fname=n, data=d, __url__=url) for _, _, n, d in held)
-                    held = []
-                held.append((key, ext, f["fname"], f["data"]))
-            # tarfile stops reading at the first zero block; the rest of the marker is still unread
-            while stream.read(1 << 16):
-                pass
-        except Exception as e:  # noqa: BLE001 - a read error ends the shard, whatever its type
-            why = f"{type(e).__name__}: {str(e).split(' @ ')[0]}"
-        finally:
-            stream.close()
-        if why is None and not stream.complete():
-            why = "no end-of-archive marker: truncated"
-            # Cut at a member boundary: the last sample is whole when it has the members of the one before.
-            if held and {e for _, e, _, _ in held} == last_members:
-                samples += 1
-                yield from (dict(fname=n, data=d, __url__=url) for _, _, n, d in held)
-                held = []
+        url = source["url"]
+
+        def members(key, held, url=url):
+            return (dict(fname=name, data=data, __url__=url) for _, name, data in held)
+
+        samples, why, cut = yield from tar_samples(TailRecorder(source["stream"]), url, members)
         if why is not None:
-            if held:
-                logging.warning(f"Skipping sample {held[0][0]!r} in {url}: truncated shard ({why}).")
+            if cut is not None:
+                logging.warning(f"Skipping sample {cut!r} in {url}: truncated shard ({why}).")
                 stats.skipped("truncated shard")
             logging.warning(f"Shard {url} ended early after {samples} samples ({why}); the rest of it is lost.")
             stats.shard_ended_early(url, why)
-            continue
-        if held:
-            yield from (dict(fname=n, data=d, __url__=url) for _, _, n, d in held)
 
 
 def _group_samples(src, stats: DataStats):

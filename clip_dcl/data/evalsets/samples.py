@@ -8,7 +8,7 @@ from typing import Callable, Sequence
 
 from torch.utils.data import IterableDataset
 
-from ..shards import TailRecorder
+from ..shards import TailRecorder, tar_samples
 from .skips import Skip, SkipCounter
 
 #: Image keys accepted in a webdataset sample, in the order OpenCLIP's trainer tries them.
@@ -22,47 +22,21 @@ def split_captions(txt: str) -> list[str]:
 
 def shard_samples(urls: Sequence[str]):
     """The samples of ``urls`` in order, and a `Skip` for a shard that cannot be read to its end (the samples before
-    the break are yielded, the one it cut is dropped)."""
-    import webdataset as wds
-    from webdataset import tariterators
-
+    the break are yielded, the one it cut is dropped): :func:`clip_dcl.data.shards.tar_samples`, training's reader."""
     for url in urls:
         try:
             stream = TailRecorder(open(url, "rb"))
         except OSError as e:
             yield Skip(url, None, "shard ended early", f"cannot open it: {e}")
             continue
-        held: dict = {}
-        held_key, previous, count, why = None, None, 0, None
-        try:
-            for f in tariterators.tar_file_iterator(stream, handler=wds.reraise_exception):
-                key, ext = tariterators.base_plus_ext(f["fname"])
-                if key is None:
-                    continue
-                if held and key != held_key:
-                    count += 1
-                    previous = set(held)
-                    yield {**held, "__key__": held_key, "__url__": url}
-                    held = {}
-                held_key = key
-                held[ext.lower()] = f["data"]
-            while stream.read(1 << 16):  # tarfile stops at the first zero block: read the rest of the marker
-                pass
-        except Exception as e:  # noqa: BLE001 - whatever tarfile raises, the shard ends here
-            why = f"{type(e).__name__}: {str(e).split(' @ ')[0]}"
-        finally:
-            stream.close()
-        if why is None and not stream.complete():
-            why = "no end-of-archive marker: truncated"
-            if held and set(held) == previous:  # cut at a member boundary after a whole sample
-                count += 1
-                yield {**held, "__key__": held_key, "__url__": url}
-                held = {}
+
+        def sample(key, held, url=url):
+            return [{**{ext.lower(): data for ext, _, data in held}, "__key__": key, "__url__": url}]
+
+        count, why, cut = yield from tar_samples(stream, url, sample)
         if why is not None:
-            cut = f"; sample {held_key!r} cut short" if held else ""
-            yield Skip(url, None, "shard ended early", f"after {count} samples{cut}: {why}")
-        elif held:
-            yield {**held, "__key__": held_key, "__url__": url}
+            cut_short = f"; sample {cut!r} cut short" if cut is not None else ""
+            yield Skip(url, None, "shard ended early", f"after {count} samples{cut_short}: {why}")
 
 
 def sample_image(sample: dict, keys: Sequence[str] = WDS_IMAGE_KEYS):
