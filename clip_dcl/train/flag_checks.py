@@ -8,7 +8,7 @@ import argparse
 import glob
 import math
 import os
-from typing import List
+from typing import List, Optional
 
 from ..errors import FlagError
 
@@ -359,3 +359,16 @@ def check_choices(argv: List[str], parsers: List[argparse.ArgumentParser]) -> No
                 continue  # argparse's own message names the bad value
         if value not in action.choices:
             raise FlagError(not_one_of(value, list(action.choices), f"a choice of {name}"))
+
+
+def _openclip_objective(oc_args, coca: bool = True, horovod: bool = True) -> Optional[str]:
+    """The first flag given that selects an objective only OpenCLIP's own loss trains, or None."""
+    for bad, why in (
+        (oc_args.siglip, "--siglip"),
+        (oc_args.distill_model, "--distill-model"),
+        (coca and "coca" in oc_args.model.lower(), f"--model {oc_args.model} (CoCa)"),
+        (horovod and oc_args.horovod, "--horovod"),
+    ):
+        if bad:
+            return why
+    return None

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Dict, List, Optional
 
 from ..errors import FlagError  # noqa: F401  (raised here, and imported from here by callers)
 from .flag_checks import (  # noqa: F401 (re-exported)
+    _openclip_objective,
     check_choices,
     check_data_paths,
     check_global_batch,
@@ -344,19 +345,6 @@ def _check_no_grad_gather(oc_args) -> None:
         raise FlagError(f"--no-grad-gather cannot be combined with {why}: that objective is OpenCLIP's own")
 
 
-def _openclip_objective(oc_args, coca: bool = True, horovod: bool = True) -> Optional[str]:
-    """The first flag given that selects an objective only OpenCLIP's own loss trains, or None."""
-    for bad, why in (
-        (oc_args.siglip, "--siglip"),
-        (oc_args.distill_model, "--distill-model"),
-        (coca and "coca" in oc_args.model.lower(), f"--model {oc_args.model} (CoCa)"),
-        (horovod and oc_args.horovod, "--horovod"),
-    ):
-        if bad:
-            return why
-    return None
-
-
 def _require_data(oc_args) -> None:
     """OpenCLIP's main asserts this only after building the model; fail before any work instead."""
     if not (
@@ -477,10 +465,9 @@ def parse_train_args(argv: List[str], check_files: bool = True, prog: str = PROG
     from clip_dcl.losses.base import LossDeclaration
 
     shared = {f.kwarg: getattr(ours, f.dest) for f in LossDeclaration.shared_flags if getattr(ours, f.dest) is not None}
-    if shared.get("tile") and openclip_native(loss) and (_openclip_objective(oc_args, coca=False)):
-        raise FlagError(
-            f"--loss-tile applies to the contrastive losses, not to {_openclip_objective(oc_args, coca=False)}"
-        )
+    own = _openclip_objective(oc_args, coca=False)
+    if shared.get("tile") and own:
+        raise FlagError(f"--loss-tile applies to the contrastive losses, not to the objective of {own}")
     kwargs.update(shared)
     takes = LOSSES[loss].defaults()
     kwargs.update({kwarg: getattr(oc_args, kwarg) for kwarg in OPENCLIP_LOSS_FLAGS if kwarg in takes})
