@@ -86,3 +86,14 @@ class FlagParser(argparse.ArgumentParser):
 
     def error(self, message):
         self.exit(2, f"{self.prog}: error: {message}\n")
+
+
+def flag_words(options: dict) -> list:
+    """``{"--flag": value}`` as command-line words: ``True`` the flag alone, ``None`` or ``False`` nothing."""
+    words: list = []
+    for flag, value in options.items():
+        if value is True:
+            words.append(flag)
+        elif value is not None and value is not False:
+            words += [flag, str(value)]
+    return words

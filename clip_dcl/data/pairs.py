@@ -406,7 +406,9 @@ def next_commands(summary: dict, out_dir, name: Optional[str] = None, epochs: in
         "--logs": "logs",
         "--name": name,
     }
-    commands = [shlex.join(["clip-dcl", "train", *(word for pair in flags.items() for word in pair)])]
+    from ..arguments import flag_words
+
+    commands = [shlex.join(["clip-dcl", "train", *flag_words(flags)])]
     checkpoint = f"logs/{name}/checkpoints/epoch_{epochs}.pt"
     if "val" in summary["splits"] and summary.get("kind") != "classes":  # one caption a class: retrieval says nothing
         commands.append(

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Dict, List, Optional, Sequence
 
+from ..arguments import flag_words  # noqa: F401 (imported from here too)
 from ..process import Stopped, start_group, stop_group
 from ..train.metrics import METRICS_FILE, epoch_position, read_metrics, read_new_records
 
@@ -125,17 +126,6 @@ def train_command(
     }
     entry = entry or [sys.executable, "-m", "clip_dcl.train"]
     return [*entry, "--", *flag_words(options), *budget.extra, *run.flags]
-
-
-def flag_words(options: Dict[str, object]) -> List[str]:
-    """``{"--flag": value}`` as command-line words: ``True`` the flag alone, ``None`` or ``False`` nothing."""
-    words: List[str] = []
-    for flag, value in options.items():
-        if value is True:
-            words.append(flag)
-        elif value is not None and value is not False:
-            words += [flag, str(value)]
-    return words
 
 
 @dataclass
