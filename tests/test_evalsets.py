@@ -316,8 +316,14 @@ def test_retrieval_csv_groups_captions_per_image(tmp_path):
     assert t.images == ["img/b.png", "img/a.png"]
     assert t.captions == [["one, b", "two b"], ["a"]]
     (tmp_path / "pairs.tsv").write_text("image\tcaption\nimg/a.png\tx\nimg/c.png\ty\n")
-    with pytest.raises(ValueError, match=r"image .*img/c.png' does not exist"):
-        es.read_retrieval_csv(tmp_path / "pairs.tsv")
+    # a missing image is skipped and counted, as data shards and training do; --strict refuses it
+    from clip_dcl.data.evalsets.skips import SampleSkipped, SkipCounter
+
+    skips = SkipCounter()
+    t = es.read_retrieval_csv(tmp_path / "pairs.tsv", skips=skips)
+    assert t.images == ["img/a.png"] and skips.as_dict() == {"no image": 1}
+    with pytest.raises(SampleSkipped, match=r"line 3.*no image \(img/c.png\)"):
+        es.read_retrieval_csv(tmp_path / "pairs.tsv", skips=SkipCounter(strict=True))
     with pytest.raises(ValueError, match="has no column 'url'"):
         es.read_retrieval_csv(tmp_path / "pairs.csv", img_key="url")
 

@@ -246,3 +246,29 @@ def test_a_folder_data_shards_wrote_given_to_train_data_reads_its_train_split(tm
     words = config.openclip_argv
     assert words[words.index("--train-data") + 1].startswith(str(tmp_path / "my_shards" / "train" / "0"))
     assert f"--train-data {tmp_path / 'my_shards' / 'train'} is a folder: reading its shards" in capsys.readouterr().err
+
+
+def test_data_shards_and_eval_skip_the_same_rows_of_a_csv_for_the_same_causes(tmp_path):
+    import open_clip
+
+    from clip_dcl.data.pairs import write_pairs as write
+    from clip_dcl.eval.retrieval import evaluate_retrieval
+    from clip_dcl.models import register_builtin_configs
+
+    write_pairs(tmp_path / "img", 6)
+    (tmp_path / "img" / "img005.png").write_bytes(b"\x89PNG\r\n\x1a\n not an image")
+    rows = [f"img/img{i:03d}.png\tcaption {i}\n" for i in range(6)] + [
+        "img/img000.png\t \n",
+        "img/gone.png\tlost\n",
+    ]
+    (tmp_path / "pairs.tsv").write_text("filepath\ttitle\n" + "".join(rows))
+    shards = write(tmp_path / "pairs.tsv", tmp_path / "out", val_fraction=0, verbose=False)
+    register_builtin_configs()
+    model, _, preprocess = open_clip.create_model_and_transforms("clip-dcl-tiny")
+    _, info = evaluate_retrieval(
+        model.eval(), preprocess, open_clip.get_tokenizer("clip-dcl-tiny"), tmp_path / "pairs.tsv",
+        progress=False, return_info=True,
+    )  # fmt: skip
+    counted = {cause: entry["count"] for cause, entry in shards["skipped"].items()}
+    assert counted == {"empty caption": 1, "image not found": 1, "undecodable image": 1}
+    assert info["skipped"] == {"empty caption": 1, "no image": 1, "undecodable image": 1}

@@ -99,7 +99,7 @@ def embed_retrieval_data(
         batches = labelled_batches(data, options.batch_size, options.workers, collate=_collate)
         image_features, captions = _encode_batches(model, batches, options, "the dataset", skips)
     elif is_csv(data):
-        table = read_retrieval_csv(data, csv_img_key, csv_caption_key, csv_separator)
+        table = read_retrieval_csv(data, csv_img_key, csv_caption_key, csv_separator, skips=skips)
         dataset = ImageListDataset(table.images, table.source, preprocess, markers=True, where=str(data))
         image_features, kept = encode_images(model, dataset, options=options, desc="retrieval images", skips=skips)
         captions = [table.captions[i] for i in kept.tolist()]
@@ -200,7 +200,8 @@ def _check(args) -> None:
         raise FlagError(f"--recall-k values must be >= 1, got {args.recall_k}")
     try:
         if is_csv(args.data):
-            read_retrieval_csv(args.data, args.csv_img_key, args.csv_caption_key, args.csv_separator)
+            quiet = SkipCounter(strict=getattr(args, "strict", False), log=False)  # said when the evaluation runs
+            read_retrieval_csv(args.data, args.csv_img_key, args.csv_caption_key, args.csv_separator, skips=quiet)
         else:
             expand_shards(args.data)
     except (ValueError, OSError) as e:

@@ -10,9 +10,9 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 from .benchmark import benchmark_layout_root, read_benchmark_shards
-from .files import ImageSource, describe_folder
+from .files import ImageSource, describe_folder, split_zip_ref
 from .samples import ShardSamples, sample_captions, sample_image
-from .skips import Skip
+from .skips import Skip, SkipCounter
 
 
 @dataclass
@@ -29,9 +29,12 @@ def read_retrieval_csv(
     img_key: str | None = None,
     caption_key: str | None = None,
     sep: str | None = None,
+    skips: SkipCounter | None = None,
 ) -> RetrievalCSV:
     """A CSV/TSV of (image path, caption) rows (columns found as `csv_columns` finds them), rows of one image grouped
-    in order of first appearance, relative paths read from the CSV's folder."""
+    in order of first appearance, relative paths read from the CSV's folder. A row with an empty caption or image
+    path, or whose image file is missing, is skipped and counted in ``skips`` (`--strict` refuses it); a `SkipCounter`
+    of its own when none is given."""
     from ..pairs import csv_columns
 
     path = Path(path)
@@ -44,10 +47,16 @@ def read_retrieval_csv(
         index: dict[str, int] = {}
         images: list[str] = []
         captions: list[list[str]] = []
+        skips = SkipCounter() if skips is None else skips
+        base = path.parent
         for lineno, row in enumerate(reader, 2):
             img, cap = row.get(ik), row.get(ck)
-            if not img or cap is None or not cap.strip():
-                raise ValueError(f"retrieval CSV {str(path)!r} line {lineno}: empty image path or caption")
+            cause = "empty caption" if cap is None or not cap.strip() else None
+            if not img or (split_zip_ref(img) is None and not (base / img).is_file()):
+                cause = "no image"
+            if cause is not None:  # the rules of data shards and training: skipped and counted
+                skips.record(Skip(str(path), f"line {lineno}", cause, img or ""))
+                continue
             if img not in index:
                 index[img] = len(images)
                 images.append(img)

@@ -36,12 +36,12 @@ class SampleSkipped(ValueError):
 
 
 class SkipCounter:
-    """Counts skips by cause, logging each; with ``strict`` the first raises `SampleSkipped`."""
+    """Counts skips by cause, logging each (unless not ``log``); with ``strict`` the first raises `SampleSkipped`."""
 
-    def __init__(self, strict: bool = False):
+    def __init__(self, strict: bool = False, log: bool = True):
         import collections
 
-        self.strict = strict
+        self.strict, self.log = strict, log
         self.counts: collections.Counter = collections.Counter()
 
     def record(self, skip: Skip) -> None:
@@ -50,7 +50,8 @@ class SkipCounter:
         import logging
 
         self.counts[skip.cause] += 1
-        logging.getLogger(__name__).warning("skipping %s", skip.describe())
+        if self.log:
+            logging.getLogger(__name__).warning("skipping %s", skip.describe())
 
     @property
     def total(self) -> int:
