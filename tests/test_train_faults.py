@@ -69,7 +69,7 @@ def test_a_csv_whose_captions_are_all_empty_or_missing_is_refused_in_one_line(tm
     assert leave_out_bad_rows(rows, "pairs.csv") == {"no image": 1, "empty caption": 1}
     assert rows.images == [str(tmp_path / "ok0.png")] and rows.captions == ["one"]
     Rows.captions = [" ", float("nan"), ""]
-    with pytest.raises(ValueError, match="no row has an image and a caption"):
+    with pytest.raises(RuntimeError, match="no row has an image and a caption"):
         leave_out_bad_rows(Rows(), "pairs.csv")
 
     class Reads:
@@ -229,3 +229,38 @@ def test_a_bad_choice_of_any_training_flag_is_one_line_naming_the_closest(capsys
     assert main(["--dataset-type", "synthetic", *words]) == 2
     out = capsys.readouterr()
     assert closest in out.err and len(out.err.strip().splitlines()) == 1 and "usage:" not in out.err + out.out
+
+
+@pytest.mark.parametrize("bad", ["undecodable image", "empty caption"])
+def test_strict_refuses_the_first_sample_training_would_skip(tmp_path, bad):
+    rows = [(f"ok{i}.png", f"a picture number {i}") for i in range(6)]
+    rows.append(("bad.png", "a broken one") if bad == "undecodable image" else ("ok0.png", ""))
+    csv = _csv(tmp_path, rows)
+    res = train_in_process(
+        [
+            "--train-data",
+            csv,
+            "--csv-img-key",
+            "filepath",
+            "--csv-caption-key",
+            "title",
+            "--batch-size",
+            "7",
+            "--epochs",
+            "1",
+            "--model",
+            "clip-dcl-tiny",
+            "--device",
+            "cpu",
+            "--workers",
+            "0",
+            "--strict",
+            "--logs",
+            tmp_path / "logs",
+            "--name",
+            "r",
+        ]  # fmt: skip
+    )
+    assert res.returncode == 1 and "Traceback" not in res.stderr
+    said = [line for line in res.stderr.splitlines() if "clip-dcl train: error:" in line]
+    assert len(said) == 1 and "--strict" in said[0] and ("row 7" in said[0])

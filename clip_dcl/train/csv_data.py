@@ -19,9 +19,11 @@ def _empty(caption) -> bool:
     return caption is None or (isinstance(caption, float) and math.isnan(caption)) or not str(caption).strip()
 
 
-def leave_out_bad_rows(dataset, csv_path: str) -> dict:
+def leave_out_bad_rows(dataset, csv_path: str, strict: bool = False) -> dict:
     """Drop the rows of OpenCLIP's ``CsvDataset`` with an empty caption or a missing image; log one line per cause
-    (count and first example) and return ``{cause: count}``."""
+    (count and first example) and return ``{cause: count}`` (``strict``: `TrainingDataError` at the first)."""
+    from .pipeline import TrainingDataError
+
     folder = os.path.dirname(csv_path)
     keep, left_out = [], {}
     for row, (image, caption) in enumerate(zip(dataset.images, dataset.captions)):
@@ -32,6 +34,8 @@ def leave_out_bad_rows(dataset, csv_path: str) -> dict:
         if cause is None:
             keep.append(row)
             continue
+        if strict:
+            raise TrainingDataError(f"--strict: {csv_path} row {row + 1} ({path}) would be left out: {cause}")
         count, example = left_out.get(cause, (0, None))
         left_out[cause] = (count + 1, example or f"row {row + 1}, {path}")
     for cause, (count, example) in left_out.items():
@@ -40,7 +44,7 @@ def leave_out_bad_rows(dataset, csv_path: str) -> dict:
         dataset.images = [dataset.images[i] for i in keep]
         dataset.captions = [dataset.captions[i] for i in keep]
     if not keep:
-        raise ValueError(f"{csv_path}: no row has an image and a caption (folder {folder or '.'})")
+        raise TrainingDataError(f"{csv_path}: no row has an image and a caption (folder {folder or '.'})")
     return {cause: count for cause, (count, _) in left_out.items()}
 
 
@@ -48,8 +52,8 @@ class DecodedRows(torch.utils.data.Dataset):
     """A CSV data set whose items carry their row as the sample id; a row whose image does not decode is said
     once and replaced by the next row that does."""
 
-    def __init__(self, base, csv_path: str):
-        self.base, self.csv_path = base, csv_path
+    def __init__(self, base, csv_path: str, strict: bool = False):
+        self.base, self.csv_path, self.strict = base, csv_path, strict
 
     def __len__(self):
         return len(self.base)
@@ -60,8 +64,16 @@ class DecodedRows(torch.utils.data.Dataset):
             try:
                 return (*self.base[row], torch.tensor(row, dtype=torch.long))
             except (OSError, ValueError, SyntaxError) as e:  # PIL's errors for a file that is not a whole image
+                if self.strict:
+                    from .pipeline import TrainingDataError
+
+                    raise TrainingDataError(
+                        f"--strict: {self.csv_path} row {row + 1}: undecodable image {self.base.images[row]}"
+                    ) from None
                 logging.warning(
                     f"{self.csv_path}: skipping row {row + 1}: undecodable image {self.base.images[row]} "
                     f"({type(e).__name__}: {e}); the next row takes its place"
                 )
-        raise ValueError(f"{self.csv_path}: no image of the CSV decodes")
+        from .pipeline import TrainingDataError
+
+        raise TrainingDataError(f"{self.csv_path}: no image of the CSV decodes")

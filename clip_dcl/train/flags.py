@@ -124,6 +124,12 @@ def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
             flag.flag, type=flag.type, metavar=flag.metavar, default=None, help=f"every loss: {flag.help}{shown}"
         )
     g.add_argument(
+        "--strict",
+        action="store_true",
+        help="refuse the first training sample a reader would skip (an empty caption, a missing or undecodable "
+        "image, a truncated shard), naming it, instead of skipping and counting it",
+    )
+    g.add_argument(
         "--no-grad-gather",
         action="store_true",
         help="gather the features without autograd and exchange two numbers per anchor: exact gradients "
@@ -248,6 +254,7 @@ class TrainConfig:
     dist_timeout: Optional[float] = None
     adamw_impl: Optional[str] = None
     init_logit_scale: Optional[float] = None
+    strict: bool = False
 
 
 def _default_max_nonfinite_steps() -> int:
@@ -522,6 +529,7 @@ def parse_train_args(argv: List[str], check_files: bool = True, prog: str = PROG
         num_samples,
         data,
         no_grad_gather=ours.no_grad_gather,
+        strict=ours.strict,
         captions_per_image=ours.captions_per_image,
         loss_reset=ours.loss_reset,
         grow_state=ours.decl_grow_state,

@@ -71,7 +71,7 @@ def has_caption_and_image(sample, stats: Optional["DataStats"] = None) -> bool:
         missing = " and ".join(m for m, ok in (("caption (.txt)", has_caption), ("image", has_image)) if not ok)
         logging.warning(f"Skipping sample {sample.get('__key__')!r} in {sample.get('__url__')}: no {missing}.")
         if stats is not None:
-            stats.skipped("no caption" if not has_caption else "no image")
+            stats.skipped("no caption" if not has_caption else "no image", sample)
         return False
     text = sample["txt"]
     if not (text.strip() if isinstance(text, (bytes, str)) else text):
@@ -80,7 +80,7 @@ def has_caption_and_image(sample, stats: Optional["DataStats"] = None) -> bool:
             "(.txt holds no caption)."
         )
         if stats is not None:
-            stats.skipped("empty caption")
+            stats.skipped("empty caption", sample)
         return False
     return True
 
@@ -89,7 +89,8 @@ class DataStats:
     """What one dataloader worker read and skipped in the current epoch: each worker's copy sends its counts
     (and, in ``track_epoch``, its ``(id, fingerprint)`` pairs) after every batch; :meth:`collect` merges them."""
 
-    def __init__(self, workers: int, shared_epoch, track_epoch: Optional[int] = None):
+    def __init__(self, workers: int, shared_epoch, track_epoch: Optional[int] = None, strict: bool = False):
+        self.strict = strict  # --strict: the first skip ends the run, naming the sample
         self.queue = multiprocessing.Queue() if workers > 0 else None
         self.local: List[dict] = []
         self.shared_epoch = shared_epoch
@@ -118,7 +119,10 @@ class DataStats:
     def read(self, n: int = 1) -> None:
         self.counts["read"] += n
 
-    def skipped(self, cause: str) -> None:
+    def skipped(self, cause: str, sample: Optional[dict] = None) -> None:
+        if self.strict:
+            where = f" (sample {sample.get('__key__')!r} in {sample.get('__url__')})" if sample else ""
+            raise TrainingDataError(f"--strict: a training sample would be skipped: {cause}{where}")
         self.counts[cause] += 1
 
     def shard_ended_early(self, url: str, why: str) -> None:
@@ -280,7 +284,7 @@ class _Decode:
                     f"Skipping sample {sample.get('__key__')!r} in {sample.get('__url__')}: "
                     f"undecodable ({type(e).__name__}: {e})."
                 )
-                self.stats.skipped("undecodable")
+                self.stats.skipped("undecodable", sample)
 
 
 def _every_pass_yields(src, stats: DataStats, batch_size: int):
@@ -438,7 +442,9 @@ def get_wds_train_dataset(args, preprocess_img, is_train=True, epoch=0, floor=Fa
 
     all_urls, _ = oc_data.expand_urls(input_shards)
     track = getattr(args, "decl_num_samples", None) is not None
-    stats = DataStats(args.workers, shared_epoch, track_epoch=epoch if track else None)
+    stats = DataStats(
+        args.workers, shared_epoch, track_epoch=epoch if track else None, strict=getattr(args, "strict_data", False)
+    )
     sources, block = id_layout(input_shards, getattr(args, "decl_id_block", None))
     if resampled:
         pipeline = [

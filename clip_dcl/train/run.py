@@ -85,6 +85,7 @@ class TrainingRun:
         args.loss_args = dict(cfg.loss_args)
         args.model_config = cfg.model_config
         args.no_grad_gather = cfg.no_grad_gather
+        args.strict_data = cfg.strict  # read by the shards' pipeline in its workers
         args.decl_num_samples = cfg.num_samples
         args.loss_reset = cfg.loss_reset
         args.decl_id_block = cfg.id_block
@@ -578,7 +579,9 @@ class TrainingRun:
             sampler = info.sampler
             if isinstance(sampler, torch.utils.data.DistributedSampler):  # sized before rows were left out
                 sampler = torch.utils.data.DistributedSampler(info.dataloader.dataset)
-            info = with_indices(info, lambda rows: DecodedRows(rows, args.train_data), sampler=sampler)
+            info = with_indices(
+                info, lambda rows: DecodedRows(rows, args.train_data, args.strict_data), sampler=sampler
+            )
         else:
             info = with_indices(read(args, preprocess, True, epoch=epoch, tokenizer=tokenizer))
         self.train_data_size = info.dataloader.num_samples  # the row (CSV) or index (synthetic) is the sample id
@@ -592,7 +595,9 @@ def _csv_dataset(args, preprocess_fn, is_train, epoch=0, tokenizer=None):
     info = oc_data.get_csv_dataset(args, preprocess_fn, is_train, epoch=epoch, tokenizer=tokenizer)
     path = args.train_data if is_train else args.val_data
     csv_images_beside(info.dataloader.dataset, path)
-    if leave_out_bad_rows(info.dataloader.dataset, path):  # fewer rows: the loader's counts follow
+    if leave_out_bad_rows(
+        info.dataloader.dataset, path, getattr(args, "strict_data", False)
+    ):  # fewer rows: the loader's counts follow
         info.dataloader.num_samples = len(info.dataloader.dataset)
         if not is_train:  # a training set's loader is made again (with_indices)
             info.dataloader.num_batches = len(info.dataloader)
