@@ -7,6 +7,13 @@ import pytest
 from conftest import train_in_process
 from PIL import Image
 
+#: one epoch of the tiny model on the CPU, in this process's loader
+TINY = ["--epochs", "1", "--model", "clip-dcl-tiny", "--device", "cpu", "--workers", "0"]
+
+
+def csv_flags(csv) -> list:
+    return ["--train-data", csv, "--csv-img-key", "filepath", "--csv-caption-key", "title"]
+
 
 def _csv(tmp_path, rows):
     for i in range(6):
@@ -23,22 +30,10 @@ def test_a_csv_with_an_undecodable_image_and_an_empty_caption_trains_and_names_b
     csv = _csv(tmp_path, rows)
     res = train_in_process(
         [
-            "--train-data",
-            csv,
-            "--csv-img-key",
-            "filepath",
-            "--csv-caption-key",
-            "title",
+            *csv_flags(csv),
             "--batch-size",
             "2",
-            "--epochs",
-            "1",
-            "--model",
-            "clip-dcl-tiny",
-            "--device",
-            "cpu",
-            "--workers",
-            "0",
+            *TINY,
             "--loss",
             "decl",
             "--logs",
@@ -191,14 +186,7 @@ def test_a_run_folder_removed_mid_run_ends_in_one_line(tmp_path, capsys):
                 "48",
                 "--batch-size",
                 "8",
-                "--epochs",
-                "1",
-                "--model",
-                "clip-dcl-tiny",
-                "--device",
-                "cpu",
-                "--workers",
-                "0",
+                *TINY,
                 "--log-every-n-steps",
                 "1",
                 "--logs",
@@ -238,22 +226,10 @@ def test_strict_refuses_the_first_sample_training_would_skip(tmp_path, bad):
     csv = _csv(tmp_path, rows)
     res = train_in_process(
         [
-            "--train-data",
-            csv,
-            "--csv-img-key",
-            "filepath",
-            "--csv-caption-key",
-            "title",
+            *csv_flags(csv),
             "--batch-size",
             "7",
-            "--epochs",
-            "1",
-            "--model",
-            "clip-dcl-tiny",
-            "--device",
-            "cpu",
-            "--workers",
-            "0",
+            *TINY,
             "--strict",
             "--logs",
             tmp_path / "logs",
