@@ -73,6 +73,21 @@ def expand_pattern(pattern: str) -> list:
     return [path for part in str(pattern).split("::") for path in braceexpand.braceexpand(part, escape=False)]
 
 
+def expand_sources(pattern: str, weights: Optional[str] = None) -> tuple:
+    """``(paths, weights)``: :func:`expand_pattern`'s paths of ``::``-joined sources, each path with its source's
+    weight (``weights`` ``::``-joined as ``--train-data-upsampling-factors``; None without), the pairing of
+    OpenCLIP's ``expand_urls``, whose brace expansion would drop a backslash."""
+    parts = str(pattern).split("::")
+    paths = [expand_pattern(part) for part in parts]
+    flat = [path for group in paths for path in group]
+    if weights is None:
+        return flat, None
+    factors = [float(w) for w in str(weights).split("::")]
+    if len(factors) != len(parts):
+        raise ValueError(f"{len(parts)} data sources but {len(factors)} upsampling factors ({weights!r})")
+    return flat, [w for group, w in zip(paths, factors) for _ in group]
+
+
 def write_json(path: str | os.PathLike, doc, *, indent: Optional[int] = 1, **dumps) -> Path:
     """Write ``doc`` as JSON into ``path`` whole or not at all: into a temporary file beside it, then renamed over
     it, so that a stop or a full disk mid-write leaves the earlier file (or none), never a cut one. ``dumps``:

@@ -317,12 +317,12 @@ def test_retrieval_csv_groups_captions_per_image(tmp_path):
     assert t.captions == [["one, b", "two b"], ["a"]]
     (tmp_path / "pairs.tsv").write_text("image\tcaption\nimg/a.png\tx\nimg/c.png\ty\n")
     # a missing image is skipped and counted, as data shards and training do; --strict refuses it
-    from clip_dcl.data.evalsets.skips import SampleSkipped, SkipCounter
+    from clip_dcl.data.skips import SampleSkipped, SkipCounter
 
     skips = SkipCounter()
     t = es.read_retrieval_csv(tmp_path / "pairs.tsv", skips=skips)
-    assert t.images == ["img/a.png"] and skips.as_dict() == {"no image": 1}
-    with pytest.raises(SampleSkipped, match=r"line 3.*no image \(img/c.png\)"):
+    assert t.images == ["img/a.png"] and skips.as_dict() == {"image not found": 1}
+    with pytest.raises(SampleSkipped, match=r"line 3.*image not found \(img/c.png\)"):
         es.read_retrieval_csv(tmp_path / "pairs.tsv", skips=SkipCounter(strict=True))
     with pytest.raises(ValueError, match="has no column 'url'"):
         es.read_retrieval_csv(tmp_path / "pairs.csv", img_key="url")

@@ -155,9 +155,9 @@ def test_train_pipeline_logs_and_skips_corrupt_samples(tmp_path, caplog):
     assert len(seen) == 16 and set(seen) == set(range(16)) - {3, 10}
     messages = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert any("'000000010'" in m and "no caption" in m for m in messages), messages
-    assert any("'000000003' in" in m and "00000.tar: undecodable (UnidentifiedImageError" in m for m in messages), (
-        messages
-    )
+    assert any(
+        "'000000003' in" in m and "00000.tar: undecodable image (UnidentifiedImageError" in m for m in messages
+    ), messages
 
 
 # -- ids around OpenCLIP's own train_one_epoch --------------------------------------------------------
@@ -676,7 +676,9 @@ def test_corrupt_samples_are_logged_and_skipped_and_the_run_finishes(tmp_path):
     log = (tmp_path / "logs" / "corrupt" / "out.log").read_text()
     assert "Skipping sample '000000020'" in log and "no caption" in log
     assert "Skipping sample '000000005'" in log and "undecodable" in log
-    assert re.search(r"Training data, epoch 0: \d+ samples read, \d+ skipped \(no caption \d+, undecodable \d+\)", log)
+    assert re.search(
+        r"Training data, epoch 0: \d+ samples read, \d+ skipped \(no caption \d+, undecodable image \d+\)", log
+    )
     state = checkpoint(tmp_path, "corrupt", 1)["loss_state"]
     assert set(visited(state)) <= set(range(64)) - {5, 20}
 

@@ -3,6 +3,8 @@ caption trains (exit 0, both skips named, no caption read as "nan"); a training 
 
 from __future__ import annotations
 
+import os
+
 import pytest
 from conftest import train_in_process
 from PIL import Image
@@ -61,7 +63,7 @@ def test_a_csv_whose_captions_are_all_empty_or_missing_is_refused_in_one_line(tm
 
     _csv(tmp_path, [])
     rows = Rows()
-    assert leave_out_bad_rows(rows, "pairs.csv") == {"no image": 1, "empty caption": 1}
+    assert leave_out_bad_rows(rows, "pairs.csv") == {"image not found": 1, "empty caption": 1}
     assert rows.images == [str(tmp_path / "ok0.png")] and rows.captions == ["one"]
     Rows.captions = [" ", float("nan"), ""]
     with pytest.raises(RuntimeError, match="no row has an image and a caption"):
@@ -240,3 +242,33 @@ def test_strict_refuses_the_first_sample_training_would_skip(tmp_path, bad):
     assert res.returncode == 1 and "Traceback" not in res.stderr
     said = [line for line in res.stderr.splitlines() if "clip-dcl train: error:" in line]
     assert len(said) == 1 and "--strict" in said[0] and ("row 7" in said[0])
+
+
+def test_training_shard_paths_keep_their_backslashes(tmp_path):
+    """Issue: a backslash in a path was dropped (OpenCLIP's brace expansion reads it as an escape), so shards under
+    ``back\\slash`` were looked for under ``backslash``: every reader of ``--train-data`` and ``--val-data`` keeps it,
+    with one source or several and with --dataset-resampled's per-source factors."""
+    import torch
+    from test_train import _epoch_batches, _pipeline_args, write_shards
+
+    from clip_dcl.train.flag_checks import check_data_paths
+    from clip_dcl.train.ids import id_layout
+    from clip_dcl.train.pipeline import get_wds_train_dataset
+
+    one = write_shards(tmp_path / "back\\slash", [[0, 1, 2, 3], [4, 5, 6, 7]])
+    two = write_shards(tmp_path / "other\\one", [[10, 11, 12, 13]])
+    assert "back\\slash" in one and not (tmp_path / "backslash").exists()
+    args = _pipeline_args(one, "--val-data", two, workers=0, batch_size=2)
+    check_data_paths(args)  # no "does not exist"
+    info = get_wds_train_dataset(args, lambda img: torch.zeros(1), tokenizer=lambda text: [torch.tensor(0)])
+    assert sorted(int(i) for _, _, ids in _epoch_batches(info, 0) for i in ids) == list(range(8))
+    sources, block = id_layout(f"{one}::{two}", 1000)
+    assert block == 1000 and set(sources.values()) == {0, 1} and len(sources) == 3
+    assert all("\\" in url and os.path.isfile(url) for url in sources)
+
+    both = _pipeline_args(
+        f"{one}::{two}", "--dataset-resampled", "--train-data-upsampling-factors", "1::3", "--train-num-samples", "8",
+        workers=0, batch_size=2,
+    )  # fmt: skip
+    info = get_wds_train_dataset(both, lambda img: torch.zeros(1), tokenizer=lambda text: [torch.tensor(0)])
+    assert len(_epoch_batches(info, 0)) == 4

@@ -386,10 +386,10 @@ def test_truncated_shards_are_reported_with_shard_key_and_cause(tmp_path, caplog
         "Shard" in m and "00000.tar ended early after 5 samples (no end-of-archive marker" in m for m in messages
     ), messages
     assert any("00001.tar ended early after 2 samples" in m for m in messages), messages
-    assert any("Skipping sample '000000010'" in m and "truncated shard" in m for m in messages), messages
+    assert any("Skipping sample '000000010'" in m and "shard ended early" in m for m in messages), messages
     assert not any("no caption" in m for m in messages), messages  # the cut sample is not mistaken for one
     report = info.dataloader.data_stats.collect(0)
-    assert report["counts"]["truncated shard"] >= 1 and set(map(os.path.basename, report["ended_early"])) == {
+    assert report["counts"]["shard ended early"] >= 1 and set(map(os.path.basename, report["ended_early"])) == {
         "00000.tar",
         "00001.tar",
     }

@@ -22,6 +22,7 @@ from ..paths import write_json
 from .classes import CAPTION, ZeroshotTree, class_tree
 from .evalsets.files import IMAGE_EXTENSIONS
 from .shards import folder_pattern, format_key, shard_writer, write_sizes_json
+from .skips import row_cause
 
 #: The CSV columns read without flags: an image column and a caption column, the first found of each
 #: (OpenCLIP's trainer names them ``filepath`` and ``title``).
@@ -153,19 +154,19 @@ def list_folder(folder: Path) -> Listed:
         if suffix in IMAGE_EXTENSIONS:
             text = path.with_suffix(".txt")
             if not text.is_file():
-                listed.skip("no caption file", str(path))
+                listed.skip("no caption", str(path))
                 continue
             try:
                 caption = " ".join(text.read_text(encoding="utf-8").split())
             except UnicodeDecodeError:
-                listed.skip("caption not UTF-8", str(text))
+                listed.skip("undecodable caption", str(text))
                 continue
             if not caption:
                 listed.skip("empty caption", str(text))
                 continue
             listed.pairs.append(Pair(path, [caption], str(path)))
         elif suffix == ".txt" and path.with_suffix("") not in images:
-            listed.skip("caption without an image", str(path))
+            listed.skip("no image", str(path))
     return listed
 
 
@@ -212,17 +213,12 @@ def list_csv(path: Path, columns: CsvColumns) -> Listed:
     for line, (image, caption) in enumerate(zip(frame[columns.img_key], frame[columns.caption_key]), 2):
         where = f"{path.name} line {line}"
         caption = " ".join(caption.split())
-        if not image.strip():
-            listed.skip("no image path", where)
-            continue
-        if not caption:
-            listed.skip("empty caption", where)
-            continue
         file = Path(image) if os.path.isabs(image) else path.parent / image
+        cause = row_cause(image, caption, lambda _: file in index or file.is_file())
+        if cause is not None:
+            listed.skip(cause, f"{where}: {file}" if cause == "image not found" else where)
+            continue
         if file not in index:
-            if not file.is_file():
-                listed.skip("image not found", f"{where}: {file}")
-                continue
             index[file] = len(listed.pairs)
             listed.pairs.append(Pair(file, [], where))
         listed.pairs[index[file]].captions.append(caption)

@@ -207,7 +207,7 @@ def _main(args) -> int:
     if device_error:
         print(f"clip-dcl eval: --device {args.device!r}: {device_error}", file=sys.stderr)
         return 2
-    from ..data.evalsets.skips import SkipCounter
+    from ..data.skips import SkipCounter
 
     skips = SkipCounter(strict=args.strict)  # every evaluator counts into it: the JSON's "skipped"
     settings = {key: getattr(args, key) for key in ("batch_size", "device", "workers", "precision")}

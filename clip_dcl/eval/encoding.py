@@ -165,7 +165,7 @@ def progress_bar(iterable, desc: str, total: int | None, enabled: bool):
 
 def _collate_indexed(batch):
     """``(images or None, indices, skips)`` of ``(image, index)`` items, some carrying a ``Skip``."""
-    from ..data.evalsets.skips import Skip
+    from ..data.skips import Skip
 
     good = [(img, i) for img, i in batch if not isinstance(img, Skip)]
     skips = [img for img, _ in batch if isinstance(img, Skip)]

@@ -18,7 +18,7 @@ import torch.nn.functional as F
 
 from ..data.evalsets.fewshot import FEWSHOT_LAYOUTS, FewShotData, list_fewshot_datasets, read_fewshot_dataset
 from ..data.evalsets.files import ImageListDataset
-from ..data.evalsets.skips import SkipCounter
+from ..data.skips import SkipCounter
 from .encoding import EvalOptions, encode_images, zeroshot_classifier
 from .kshot import VAL_SPLIT, sample_few_shot, shot_plan
 from .metrics import ELEVATER_METRICS, elevater_scores

@@ -14,7 +14,7 @@ import torch
 from ..data.evalsets.files import ImageListDataset
 from ..data.evalsets.retrieval import expand_shards, read_retrieval_csv, retrieval_wds
 from ..data.evalsets.samples import split_captions
-from ..data.evalsets.skips import Skip, SkipCounter
+from ..data.skips import Skip, SkipCounter
 from .encoding import EvalOptions, encode_batches, encode_images, encode_texts, labelled_batches
 from .metrics import against_chance, retrieval_chance, retrieval_metrics
 from .registry import EvalTask, TaskResult, register_task

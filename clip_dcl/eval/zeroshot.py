@@ -16,7 +16,7 @@ import torch
 from ..data.evalsets.benchmark import benchmark_layout_root, classification_wds, read_benchmark_shards
 from ..data.evalsets.files import ImageListDataset, ImageSource, describe_folder, read_templates
 from ..data.evalsets.folders import folder_classnames, load_classnames, scan_image_folder
-from ..data.evalsets.skips import Skip, SkipCounter
+from ..data.skips import Skip, SkipCounter
 from .encoding import (
     EvalOptions,
     encode_batches,

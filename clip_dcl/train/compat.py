@@ -40,7 +40,6 @@ CALLED = {
             "get_synthetic_dataset",
             "get_imagenet",
             "get_dataset_size",
-            "expand_urls",
             "group_by_keys_nothrow",
             "log_and_continue",
             "detshuffle2",

@@ -9,28 +9,24 @@ takes its place in the batch (every rank keeps its batch size).
 from __future__ import annotations
 
 import logging
-import math
 import os
 
 import torch
 
-
-def _empty(caption) -> bool:
-    return caption is None or (isinstance(caption, float) and math.isnan(caption)) or not str(caption).strip()
+from ..data.skips import row_cause
 
 
 def leave_out_bad_rows(dataset, csv_path: str, strict: bool = False) -> dict:
-    """Drop the rows of OpenCLIP's ``CsvDataset`` with an empty caption or a missing image; log one line per cause
-    (count and first example) and return ``{cause: count}`` (``strict``: `TrainingDataError` at the first)."""
+    """Drop the rows of OpenCLIP's ``CsvDataset`` that `clip_dcl.data.skips.row_cause` leaves out (no image path,
+    an empty caption, an image not found); log one line per cause (count and first example) and return
+    ``{cause: count}`` (``strict``: `TrainingDataError` at the first)."""
     from .pipeline import TrainingDataError
 
     folder = os.path.dirname(csv_path)
     keep, left_out = [], {}
     for row, (image, caption) in enumerate(zip(dataset.images, dataset.captions)):
         path = str(image)
-        cause = "empty caption" if _empty(caption) else None
-        if cause is None and not os.path.isfile(path):
-            cause = "no image"
+        cause = row_cause(image, caption, os.path.isfile)
         if cause is None:
             keep.append(row)
             continue

@@ -119,9 +119,9 @@ def check_worker_batches(oc_args, world: int | None = None) -> None:
     """Every data-loader worker can fill a batch from its own shards (``world``: the ranks, default torchrun's
     ``WORLD_SIZE``); with ``sizes.json`` known, a worker's fewest samples are those of the ``shards // workers``
     smallest shards. Checked before the model is built; the pipeline would find out only after it."""
-    from open_clip_train.data import expand_urls
     from open_clip_train.distributed import world_info_from_env
 
+    from ..paths import expand_pattern
     from .facts import train_data_kind
 
     if (
@@ -132,7 +132,7 @@ def check_worker_batches(oc_args, world: int | None = None) -> None:
     ):
         return
     try:
-        urls, _ = expand_urls(oc_args.train_data)
+        urls = expand_pattern(oc_args.train_data)
     except (ValueError, TypeError):
         return  # check_data_paths names a pattern that does not expand
     world = world if world is not None else world_info_from_env()[2]
@@ -191,13 +191,13 @@ def check_data_paths(oc_args) -> None:
     """Every local file of ``--train-data`` / ``--val-data`` exists and is readable, so that a wrong path fails
     here, naming the first missing file, not in the data workers (``pipe:`` and ``scheme://`` urls are left
     to the pipeline)."""
-    from open_clip_train.data import expand_urls
+    from ..paths import expand_pattern
 
     for flag, value in (("--train-data", oc_args.train_data), ("--val-data", oc_args.val_data)):
         if not value or oc_args.dataset_type == "synthetic":
             continue
         try:
-            urls, _ = expand_urls(value)
+            urls = expand_pattern(value)
         except (ValueError, TypeError) as e:
             raise FlagError(f"{flag} {value!r}: cannot expand the shard pattern ({e})") from None
         local = [u for u in urls if "://" not in u and not u.startswith("pipe:")]

@@ -29,11 +29,11 @@ def num_sources(train_data: Optional[str]) -> int:
 
 def id_layout(train_data: str, block: Optional[int]) -> Tuple[Dict[str, int], Optional[int]]:
     """``({shard url: source index}, ids per source)`` of ``--train-data``; ``block`` is None for one source."""
-    from open_clip_train.data import expand_urls
+    from ..paths import expand_pattern
 
     sources = {}
     for i, part in enumerate(train_data.split("::")):
-        for url in expand_urls(part)[0]:
+        for url in expand_pattern(part):
             sources.setdefault(url, i)
     return sources, (block if num_sources(train_data) > 1 else None)
 

@@ -33,6 +33,8 @@ from webdataset.gopen import gopen
 
 from ..data.ids import sample_id
 from ..data.shards import TailRecorder, tar_samples
+from ..data.skips import SKIP_CAUSES
+from ..paths import expand_sources
 from .ids import id_layout, source_index
 from .preempt import worker_ignores_stop_signals
 
@@ -40,8 +42,8 @@ from .preempt import worker_ignores_stop_signals
 OPEN_TRIES = 3
 #: Seconds before the second attempt; doubled for each further one.
 OPEN_RETRY_SECONDS = 0.5
-#: Skip causes, in the order of the epoch summary.
-CAUSES = ("no caption", "empty caption", "no image", "undecodable", "truncated shard")
+#: Skip causes, in the order of the epoch summary: the names every reader of pairs uses.
+CAUSES = SKIP_CAUSES
 
 
 class TrainingDataError(RuntimeError):
@@ -255,8 +257,8 @@ def _expand_tars(src, stats: DataStats):
         samples, why, cut = yield from tar_samples(TailRecorder(source["stream"]), url, members)
         if why is not None:
             if cut is not None:
-                logging.warning(f"Skipping sample {cut!r} in {url}: truncated shard ({why}).")
-                stats.skipped("truncated shard")
+                logging.warning(f"Skipping sample {cut!r} in {url}: shard ended early ({why}).")
+                stats.skipped("shard ended early")
             logging.warning(f"Shard {url} ended early after {samples} samples ({why}); the rest of it is lost.")
             stats.shard_ended_early(url, why)
 
@@ -282,9 +284,9 @@ class _Decode:
             except Exception as e:  # noqa: BLE001 - what PIL raises on a bad file varies
                 logging.warning(
                     f"Skipping sample {sample.get('__key__')!r} in {sample.get('__url__')}: "
-                    f"undecodable ({type(e).__name__}: {e})."
+                    f"undecodable image ({type(e).__name__}: {e})."
                 )
-                self.stats.skipped("undecodable", sample)
+                self.stats.skipped("undecodable image", sample)
 
 
 def _every_pass_yields(src, stats: DataStats, batch_size: int):
@@ -427,10 +429,11 @@ def get_wds_train_dataset(args, preprocess_img, is_train=True, epoch=0, floor=Fa
     ``(images, texts, ids)`` batches; see the module docstring for the differences."""
     input_shards = args.train_data
     assert input_shards is not None
+    all_urls, url_weights = expand_sources(input_shards, args.train_data_upsampling_factors)
     resampled = bool(getattr(args, "dataset_resampled", False))
     num_samples, num_shards = (args.train_num_samples, None)
     if num_samples is None:
-        num_samples, num_shards = oc_data.get_dataset_size(input_shards)
+        num_samples, num_shards = oc_data.get_dataset_size(all_urls)
         if not num_samples:
             raise RuntimeError(
                 "Currently, the number of dataset samples must be specified for the training dataset. "
@@ -440,7 +443,6 @@ def get_wds_train_dataset(args, preprocess_img, is_train=True, epoch=0, floor=Fa
         raise ValueError("--train-data-upsampling-factors is only supported with --dataset-resampled")
     shared_epoch = oc_data.SharedEpoch(epoch=epoch)
 
-    all_urls, _ = oc_data.expand_urls(input_shards)
     track = getattr(args, "decl_num_samples", None) is not None
     stats = DataStats(
         args.workers, shared_epoch, track_epoch=epoch if track else None, strict=getattr(args, "strict_data", False)
@@ -449,8 +451,8 @@ def get_wds_train_dataset(args, preprocess_img, is_train=True, epoch=0, floor=Fa
     if resampled:
         pipeline = [
             oc_data.ResampledShards2(
-                input_shards,
-                weights=args.train_data_upsampling_factors,
+                all_urls,
+                weights=url_weights,
                 deterministic=True,
                 epoch=shared_epoch,
                 worker_seed=functools.partial(_resample_seed, args.seed),
@@ -458,7 +460,7 @@ def get_wds_train_dataset(args, preprocess_img, is_train=True, epoch=0, floor=Fa
         ]
     else:
         pipeline = [
-            wds.SimpleShardList(input_shards),
+            wds.SimpleShardList(all_urls),
             oc_data.detshuffle2(
                 bufsize=oc_data._SHARD_SHUFFLE_SIZE,
                 initial=oc_data._SHARD_SHUFFLE_INITIAL,
@@ -495,7 +497,7 @@ def get_wds_train_dataset(args, preprocess_img, is_train=True, epoch=0, floor=Fa
     dataset = wds.DataPipeline(*pipeline)
 
     if not resampled:
-        num_shards = num_shards or len(oc_data.expand_urls(input_shards)[0])
+        num_shards = num_shards or len(all_urls)
         if num_shards < args.workers * args.world_size:
             raise TrainingDataError(
                 f"{num_shards} training shards for {args.workers} workers x {args.world_size} "

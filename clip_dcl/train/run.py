@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 import contextlib
+import copy
 import dataclasses
 import logging
 import math
@@ -21,6 +22,7 @@ from open_clip_train import params as oc_params
 from open_clip_train import train as oc_train
 
 from clip_dcl.losses.base import stateful
+from clip_dcl.paths import expand_pattern
 
 from . import loss_state, runfolder, saving
 from . import preempt as preemption
@@ -562,7 +564,11 @@ class TrainingRun:
             read = oc_data.get_dataset_fn(args.val_data, args.dataset_type)
             if read is oc_data.get_csv_dataset:
                 read = _csv_dataset
-            data["val"] = read(args, preprocess_val, is_train=False, tokenizer=tokenizer)
+            val_args = args
+            if read is oc_data.get_wds_dataset:  # its shard paths as a list: OpenCLIP's expansion drops backslashes
+                val_args = copy.copy(args)
+                val_args.val_data = expand_pattern(args.val_data)
+            data["val"] = read(val_args, preprocess_val, is_train=False, tokenizer=tokenizer)
         for key, split in (("imagenet-val", "val"), ("imagenet-v2", "v2")):
             if getattr(args, key.replace("-", "_")) is not None:
                 data[key] = oc_data.get_imagenet(args, preprocess_fns, split)

@@ -4,6 +4,8 @@ in seconds, naming it, not an hour into encoding).
 
 from __future__ import annotations
 
+from ..skips import SKIP_CAUSES, SampleSkipped, Skip, SkipCounter
+
 # ruff: noqa: F401 (the imports below are the package's names)
 from .benchmark import (
     BENCHMARK_IMAGE_KEYS,
@@ -45,4 +47,3 @@ from .folders import (
 )
 from .retrieval import RetrievalCSV, expand_shards, read_retrieval_csv, retrieval_wds
 from .samples import WDS_IMAGE_KEYS, ShardSamples, sample_captions, sample_image, shard_samples, split_captions
-from .skips import SKIP_CAUSES, SampleSkipped, Skip, SkipCounter

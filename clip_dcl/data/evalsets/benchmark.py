@@ -8,9 +8,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Sequence
 
+from ..skips import Skip
 from .files import describe_folder, read_classnames, read_templates
 from .samples import ShardSamples, sample_image
-from .skips import Skip
 
 #: Image keys CLIP_benchmark's webdataset reader accepts, in its order.
 BENCHMARK_IMAGE_KEYS = ("webp", "png", "jpg", "jpeg")

@@ -11,7 +11,7 @@ from typing import Callable, Sequence
 
 from torch.utils.data import Dataset
 
-from .skips import Skip
+from ..skips import Skip
 
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
 

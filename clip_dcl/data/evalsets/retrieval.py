@@ -9,10 +9,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Sequence
 
+from ..skips import Skip, SkipCounter, row_cause
 from .benchmark import benchmark_layout_root, read_benchmark_shards
 from .files import ImageSource, describe_folder, split_zip_ref
 from .samples import ShardSamples, sample_captions, sample_image
-from .skips import Skip, SkipCounter
 
 
 @dataclass
@@ -51,9 +51,7 @@ def read_retrieval_csv(
         base = path.parent
         for lineno, row in enumerate(reader, 2):
             img, cap = row.get(ik), row.get(ck)
-            cause = "empty caption" if cap is None or not cap.strip() else None
-            if not img or (split_zip_ref(img) is None and not (base / img).is_file()):
-                cause = "no image"
+            cause = row_cause(img, cap, lambda ref: split_zip_ref(ref) is not None or (base / ref).is_file())
             if cause is not None:  # the rules of data shards and training: skipped and counted
                 skips.record(Skip(str(path), f"line {lineno}", cause, img or ""))
                 continue

@@ -9,7 +9,7 @@ from typing import Callable, Sequence
 from torch.utils.data import IterableDataset
 
 from ..shards import TailRecorder, tar_samples
-from .skips import Skip, SkipCounter
+from ..skips import Skip, SkipCounter
 
 #: Image keys accepted in a webdataset sample, in the order OpenCLIP's trainer tries them.
 WDS_IMAGE_KEYS = ("jpg", "png", "jpeg", "webp")

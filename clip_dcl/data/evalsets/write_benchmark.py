@@ -5,9 +5,9 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from ..skips import Skip
 from .benchmark import BENCHMARK_IMAGE_KEYS, BenchmarkShards, read_benchmark_shards
 from .files import read_templates
-from .skips import Skip
 
 
 def write_benchmark_shards(

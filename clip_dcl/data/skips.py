@@ -1,20 +1,42 @@
-"""Skipped samples: what the evaluation readers leave out, why, and the count of each cause."""
+"""Skipped samples: what every reader of image-caption pairs leaves out (training's shards and CSV, ``data shards``,
+``data pack``, ``eval``), why, in one vocabulary of causes, and the count of each cause."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
+from typing import Callable, Optional
 
-#: Why an evaluation sample (or a shard's rest) is left out, in the order the counts are listed.
+#: Why a sample (or a shard's rest) is left out, in the order the counts are listed. The same cause has the same
+#: name in every reader, so that training, ``data shards`` and ``eval`` count one file alike.
 SKIP_CAUSES = (
     "no caption",
     "empty caption",
     "undecodable caption",
     "no image",
+    "image not found",
     "undecodable image",
     "no label",
     "undecodable label",
     "shard ended early",
 )
+
+
+def empty_caption(caption) -> bool:
+    """Whether a listed caption is no caption: None, blank, or pandas' NaN for an empty CSV cell (which would
+    otherwise train as the text "nan")."""
+    return caption is None or (isinstance(caption, float) and math.isnan(caption)) or not str(caption).strip()
+
+
+def row_cause(image, caption, image_exists: Callable[[str], bool]) -> Optional[str]:
+    """Why a listed pair (a CSV's row) is left out, or None: ``"no image"`` (no path), ``"empty caption"``,
+    ``"image not found"`` (``image_exists(image)`` is false), in that order. Every reader of a CSV applies it,
+    each resolving a relative path as it documents."""
+    if image is None or (isinstance(image, float) and math.isnan(image)) or not str(image).strip():
+        return "no image"
+    if empty_caption(caption):
+        return "empty caption"
+    return None if image_exists(str(image)) else "image not found"
 
 
 @dataclass(frozen=True)
