@@ -74,6 +74,7 @@ from clip_dcl.experiment.study import work as W
 from clip_dcl.experiment.study.lines import epochs, settings
 from clip_dcl.experiment.study.report import progress
 from clip_dcl.experiment.study.rule import seeds_needed
+from clip_dcl.experiment.study.seal import check_seal
 from clip_dcl.train.metrics import read_metrics
 
 HERE = Path(__file__).resolve().parent
@@ -302,7 +303,7 @@ def records_of(plan_path: Path, work: Path) -> List[dict]:
     (the test split's once every planned run has its scores, or never for an exploratory plan), the commit,
     the validation and logit-scale curves, the late clamp rate, the command)."""
     plan = load_plan(plan_path)
-    W.check_seal(plan, work)
+    check_seal(plan, work)
     labels = {arm_name(lab, b): (lab, b) for lab in O.objectives() for b in O.BATCH_SIZES}
     state = progress(plan, work)
     test = state["n_done"] == state["n_planned"] and not plan.exploratory

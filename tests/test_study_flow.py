@@ -19,6 +19,7 @@ from clip_dcl.experiment.study import cli, load_plan, run_study
 from clip_dcl.experiment.study import local as L
 from clip_dcl.experiment.study import work as W
 from clip_dcl.experiment.study.plan import PlanError
+from clip_dcl.experiment.study.seal import seal as seal_plan
 
 PLAN = """
 seeds = [0, 1]
@@ -152,7 +153,7 @@ def test_the_seal_and_the_run_records_name_no_path_of_the_machine(tmp_path, monk
 
     write_plan(tmp_path)
     monkeypatch.chdir(tmp_path)
-    seal = W.seal(load_plan("plan.toml"), Path("work"))
+    seal = seal_plan(load_plan("plan.toml"), Path("work"))
     assert seal["source"] == "plan.toml" and json.loads((tmp_path / "work" / "SEAL.json").read_text()) == seal
     folder = W.run_dir(tmp_path / "work", "clip", 0)  # WORK/runs/<arm>/seed<N>: relative to WORK
     assert work_relative(folder, folder / "checkpoints" / "epoch_2.pt") == "runs/clip/seed0/checkpoints/epoch_2.pt"
@@ -162,7 +163,7 @@ def test_the_seal_and_the_run_records_name_no_path_of_the_machine(tmp_path, monk
 def test_a_margin_moved_or_an_arm_renamed_is_named(tmp_path, capsys):
     plan = write_plan(tmp_path, extra="")
     work = tmp_path / "work"
-    W.seal(load_plan(plan), work)
+    seal_plan(load_plan(plan), work)
     plan.write_text(plan.read_text().replace('name = "decl"', 'name = "decl2"').replace('a = "decl"', 'a = "decl2"'))
     assert cli.main(["report", str(plan), "--work", str(work)]) == 2
     assert "arms[1].name: 'decl' -> 'decl2'; comparisons[0].a: 'decl' -> 'decl2'" in capsys.readouterr().err
@@ -171,7 +172,7 @@ def test_a_margin_moved_or_an_arm_renamed_is_named(tmp_path, capsys):
 def test_an_unfinished_study_prints_no_test_split_verdict_and_reads_no_test_score(tmp_path, capsys, monkeypatch):
     plan = write_plan(tmp_path)
     work = tmp_path / "work"
-    W.seal(load_plan(plan), work)
+    seal_plan(load_plan(plan), work)
     for run in (("clip", 0), ("decl", 0), ("clip", 1)):
         finish(work, *run)
     read = []
@@ -255,7 +256,7 @@ def test_runs_on_different_machines_are_not_paired_unless_the_plan_says_so(tmp_p
     for extra, verdict in (("", "no verdict"), ('pair_across = ["machines"]', "beats")):
         plan = load_plan(write_plan(tmp_path, extra=extra))
         work = tmp_path / f"work{len(extra)}"
-        W.seal(plan, work)
+        seal_plan(plan, work)
         for arm, seed in plan.runs():
             finish(work, arm, seed, hardware="other GPU" if (arm, seed) == ("decl", 1) else HARDWARE)
         from clip_dcl.experiment.study.report import build
@@ -275,7 +276,7 @@ def test_margin_gain_is_the_share_of_the_paired_gain_on_the_judged_split(tmp_pat
     (tmp_path / "p.toml").write_text(text)
     plan = load_plan(tmp_path / "p.toml")
     work = tmp_path / "work"
-    W.seal(plan, work)
+    seal_plan(plan, work)
     for run in plan.runs():
         finish(work, *run)
     from clip_dcl.experiment.study.report import build
@@ -321,7 +322,7 @@ def test_the_slurm_script_runs_the_line_of_its_array_task(tmp_path):
 def test_an_exploratory_study_reads_the_validation_split_only(tmp_path, monkeypatch):
     plan = load_plan(write_plan(tmp_path, extra="exploratory = true"))
     work = tmp_path / "work"
-    W.seal(plan, work)
+    seal_plan(plan, work)
     for run in plan.runs():
         finish(work, *run)
     read = []
@@ -384,7 +385,7 @@ rule = "beats"
 def test_a_report_published_under_a_name_links_its_own_figure(tmp_path, capsys):
     plan = write_plan(tmp_path)
     work, out = tmp_path / "work", tmp_path / "results"
-    W.seal(load_plan(plan), work)
+    seal_plan(load_plan(plan), work)
     for run in (("clip", 0), ("decl", 0), ("clip", 1), ("decl", 1)):
         finish(work, *run)
     assert cli.main(["report", str(plan), "--work", str(work), "--out", str(out), "--name", "my_study"]) == 0
@@ -427,7 +428,7 @@ def test_a_comparison_with_fewer_seeds_trains_its_arms_only_on_those_and_is_judg
         ("decl", 2),
     ]
     work = tmp_path / "work"
-    W.seal(plan, work)
+    seal_plan(plan, work)
     monkeypatch.setitem(SCORES, ("tuned", 0), (0.20, 0.31))
     monkeypatch.setitem(SCORES, ("tuned", 1), (0.21, 0.33))
     for job in plan.runs()[:-1]:
@@ -459,7 +460,7 @@ def test_per_comparison_seeds_are_checked_and_sealed(tmp_path, capsys):
     with pytest.raises(PlanError, match=r"comparisons\[1\].seeds: a sequential plan"):
         load_plan(tmp_path / "looks.toml")
     work = tmp_path / "work"
-    W.seal(load_plan(path), work)
+    seal_plan(load_plan(path), work)
     path.write_text(path.read_text().replace("seeds = 2", "seeds = 3"))
     assert cli.main(["report", str(path), "--work", str(work)]) == 2
     assert "comparisons[1].seeds: 2 -> 3" in capsys.readouterr().err
@@ -588,7 +589,7 @@ def test_the_report_opens_with_its_words_and_draws_every_comparison_on_one_axis(
     path.write_text(path.read_text() + '\n[[comparisons]]\na = "decl"\nb = "clip"\nrule = "reaches"\nmargin = 0.02\n')
     plan = load_plan(path)
     work = tmp_path / "work"
-    W.seal(plan, work)  # tmp_path is no git checkout: the plan was not committed
+    seal_plan(plan, work)  # tmp_path is no git checkout: the plan was not committed
     for arm in ("clip", "decl"):
         for seed in (0, 1):
             finish(work, arm, seed)

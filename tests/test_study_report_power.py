@@ -8,6 +8,7 @@ import json
 from clip_dcl.experiment.study import load_plan
 from clip_dcl.experiment.study import report as R
 from clip_dcl.experiment.study import work as W
+from clip_dcl.experiment.study.seal import seal as seal_plan
 
 PLAN = """
 seeds = [0, 1]
@@ -61,7 +62,7 @@ def finished_study(tmp_path, comparisons: int = 1):
         (tmp_path / "shards" / name / "sizes.json").write_text('{"0.tar": 64}')  # the trainer's checks read it
     (tmp_path / "plan.toml").write_text(text)
     plan, work = load_plan(tmp_path / "plan.toml"), tmp_path / "work"
-    W.seal(plan, work)
+    seal_plan(plan, work)
     for (arm, seed), (val, test) in SCORES.items():
         folder = W.run_dir(work, arm, seed)
         folder.mkdir(parents=True)

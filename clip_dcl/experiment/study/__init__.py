@@ -16,7 +16,8 @@ from .local import run_study
 from .plan import METRICS, RULES, Arm, Comparison, Plan, PlanError, load_plan, parse_plan
 from .report import build, decisions, write_report
 from .rule import judge, power, seeds_needed, verdict
-from .work import StudyError, check_seal, plan_changes, prepare_data, seal
+from .seal import check_seal, plan_changes, seal
+from .work import StudyError, prepare_data
 
 __all__ = [
     "Plan",

@@ -211,8 +211,7 @@ def main(argv: Optional[List[str]] = None) -> int:
 
 def _commands(plan: Plan, args) -> int:
     from .lines import all_lines, run_tag
-    from .seal import seal_study
-    from .work import check_seal
+    from .seal import check_seal, seal_study
 
     if args.look is not None and args.look > len(plan.design()):
         raise PlanError(f"--look {args.look}: the plan has {len(plan.design())} look(s)")

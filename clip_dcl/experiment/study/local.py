@@ -30,7 +30,7 @@ from . import work as W
 from .lines import shell_line
 from .plan import Plan
 from .report import all_decided, decisions
-from .seal import seal_study
+from .seal import seal_study, unseal_untrained
 
 #: The exit codes of a study stopped by a signal, as the trainer's.
 STOP_EXIT = {"SIGTERM": exitcodes.PREEMPTED, "SIGINT": exitcodes.INTERRUPTED}
@@ -247,7 +247,7 @@ def _run(plan, work, parallel, threads, echo, seeds, splits, sealed_before, comm
             + f"; continue with: {command}"
         )
         return out
-    if out["failed"] and not sealed_before and W.unseal_untrained(work):
+    if out["failed"] and not sealed_before and unseal_untrained(work):
         echo(f"[study] no run trained: {work} is left unsealed, so the plan may still be corrected")
     echo(
         f"[study] {done} of {len(runs)} runs have their scores"

@@ -20,6 +20,7 @@ from . import work as W
 from .plan import Comparison, Plan, PlanError
 from .power import planned_power
 from .rule import _pt, judge, reason
+from .seal import check_seal
 
 RULE_TEXT = {
     "beats": "**beats**: the interval lies above zero and the mean exceeds the resolution ({res}); **trails**: the "
@@ -225,7 +226,7 @@ GLOSSARY = [
 def build(plan: Plan, work: Path) -> dict:
     """Everything the report says, as one JSON document (the test split read only at complete looks)."""
     work = Path(work)
-    seal = W.check_seal(plan, work)
+    seal = check_seal(plan, work)
     state = progress(plan, work)
     rows = decisions(plan, work, state)
     design = plan.design()

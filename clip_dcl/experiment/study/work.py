@@ -1,4 +1,5 @@
-"""A study's work folder: its seal, its data, its runs' folders and their attempts.
+"""A study's work folder: its layout, its data step (the plan's [data] command and ``data.json``) and its runs'
+records. The seal is :mod:`.seal`'s, the attempts :mod:`.attempts`'.
 
 Layout under ``WORK``::
 
@@ -23,12 +24,11 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Optional
+from typing import Callable, Dict, Optional
 
 from ... import paths, process
 from ...paths import expand_pattern
-from ...train.metrics import read_metrics
-from ..reporting import code_commit, machine_info, utc_date
+from ..reporting import utc_date
 from .plan import Plan
 
 SEAL = "SEAL.json"
@@ -36,11 +36,6 @@ SEAL = "SEAL.json"
 
 class StudyError(RuntimeError):
     """A study that cannot go on (a changed plan, data that cannot be made): one line saying why."""
-
-
-def read_seal(work: Path) -> Optional[dict]:
-    path = Path(work) / SEAL
-    return read_json(path) if path.is_file() else None
 
 
 def read_json(path: Path):
@@ -54,90 +49,9 @@ def read_json(path: Path):
         ) from None
 
 
-def check_seal(plan: Plan, work: Path) -> Optional[dict]:
-    """The seal of ``work`` (None when not sealed yet); :class:`StudyError` naming the change when ``plan``
-    is not the plan sealed there (comments and layout of the file may change; no key may)."""
-    seal = read_seal(work)
-    if seal is None:
-        return None
-    changes = plan_changes(seal["plan"], plan.canonical())
-    if changes:
-        raise StudyError(
-            f"the plan changed since {work} was sealed ({seal['sealed']}, {seal['source']}): "
-            + "; ".join(changes)
-            + "; a changed plan is a new study: give it a new --work folder"
-        )
-    return seal
-
-
-def plan_changes(old: Dict[str, Any], new: Dict[str, Any], where: str = "") -> List[str]:
-    """What differs between two `Plan.canonical` plans, one ``key: old -> new`` a change."""
-    if isinstance(old, dict) and isinstance(new, dict):
-        out = []
-        for key in list(old) + [k for k in new if k not in old]:
-            sub = f"{where}.{key}" if where else key
-            if key not in new:
-                out.append(f"{sub} removed (was {old[key]!r})")
-            elif key not in old:
-                out.append(f"{sub} added ({new[key]!r})")
-            else:
-                out += plan_changes(old[key], new[key], sub)
-        return out
-    if (
-        isinstance(old, list)
-        and isinstance(new, list)
-        and len(old) == len(new)
-        and any(isinstance(v, (dict, list)) for v in old)
-    ):
-        return [c for i, (x, y) in enumerate(zip(old, new)) for c in plan_changes(x, y, f"{where}[{i}]")]
-    return [] if old == new else [f"{where}: {old!r} -> {new!r}"]
-
-
-def seal(plan: Plan, work: Path) -> dict:
-    """Seal ``work`` with ``plan`` unless it is sealed already (then `check_seal`). Called once the data are
-    made and checked, so that a plan whose data cannot be read can be corrected in the same folder."""
-    work = Path(work)
-    found = check_seal(plan, work)
-    if found is not None:
-        return found
-    work.mkdir(parents=True, exist_ok=True)
-    # the plan as given on the command line (no path of this machine), its text and hash beside it
-    doc = {
-        "plan_sha256": plan.sha256,
-        "source": plan.source,
-        "sealed": utc_date(),
-        "commit": code_commit(),
-        "machine": machine_info(),
-        "plan": plan.canonical(),
-        "plan_text": plan.text,
-    }
-    (work / "plan.toml").write_text(plan.text)
-    write_json(work / SEAL, doc)  # never half a seal
-    return doc
-
-
 def write_json(path: Path, doc: dict) -> None:
     """``doc`` into ``path`` whole or not at all (a stop mid-write leaves the file as it was)."""
     paths.write_json(path, doc)
-
-
-def trained_anything(work: Path) -> bool:
-    """Whether any run in ``work`` got as far as a training step: a logged step, a checkpoint or scores."""
-    for folder in (Path(work) / "runs").glob("*/seed*"):
-        if any(folder.glob("scores-*.json")) or any(folder.glob("checkpoints/*.pt")) or read_metrics(folder, "train"):
-            return True
-    return False
-
-
-def unseal_untrained(work: Path) -> bool:
-    """Remove the seal of ``work`` when no run trained (nothing was learnt from the plan's runs, so it may
-    still change); return whether it was removed. The runs' failed attempts stay in ``attempts.jsonl``."""
-    path = Path(work) / SEAL
-    if not path.is_file() or trained_anything(work):
-        return False
-    path.unlink()
-    (Path(work) / "plan.toml").unlink(missing_ok=True)
-    return True
 
 
 def data_dir(work: Path) -> Path:
