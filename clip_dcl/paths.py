@@ -1,5 +1,6 @@
 """Where a command will write, checked before the work that writes there (``--logs``, ``--output``); JSON
-written whole or not at all (`write_json`); shard patterns expanded with their backslashes kept.
+written whole or not at all (`write_json`); shard patterns expanded with their backslashes kept; how a
+committed result names a path (`shown_path`, `shown_text`: never a path of the machine it ran on).
 
 Writability is tested by creating a file: permission bits say nothing for root, nor for a read-only mount.
 """
@@ -8,9 +9,18 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import tempfile
 from pathlib import Path
-from typing import Optional
+from typing import Iterable, Optional
+
+#: the repository's root: a result names a path inside it relative to this folder
+REPO = Path(__file__).resolve().parents[1]
+#: what a result writes for the folders above a path outside the repository (docs/studies.md, "Paths in results")
+OUTSIDE = "$OUTSIDE"
+#: an absolute path in a text: a slash after no name, dot, tilde, dash, slash or backslash, and no second slash
+#: after it (a URL's ``//``), then everything up to a space, a quote or a backtick
+_ABSOLUTE_IN_TEXT = re.compile(r"(?<![\w.~/\\-])/(?![/\s])[^\s'\"`]*")
 
 
 def current_umask() -> int:
@@ -115,3 +125,41 @@ def write_json(path: str | os.PathLike, doc, *, indent: Optional[int] = 1, **dum
             raise OSError(e.errno, e.strerror, str(path)) from None
         raise
     return path
+
+
+def _forms(folder: os.PathLike) -> list:
+    """``folder`` absolute as given and with its links resolved, the longer first."""
+    forms = {os.path.abspath(folder).rstrip(os.sep), str(Path(folder).resolve()).rstrip(os.sep)}
+    return sorted(forms, key=len, reverse=True)
+
+
+def _under(text: str, prefix: str) -> Optional[str]:
+    """The part of path ``text`` below folder ``prefix`` (``""`` for the folder itself), or None."""
+    if text == prefix:
+        return ""
+    return text[len(prefix) + 1 :] if prefix and text.startswith(prefix + os.sep) else None
+
+
+def shown_path(path: str | os.PathLike, folders: Iterable = (), repo: os.PathLike = REPO) -> str:
+    """How a committed result names ``path``: inside the repository, relative to its root; outside it,
+    ``$OUTSIDE/`` and the path from the outermost of ``folders`` (a ``--work`` folder) that holds it, that folder's
+    name first, else its last part alone. A relative path, and ``/`` alone, are kept."""
+    text = os.fspath(path)
+    if not text.startswith("/") or not text.strip("/"):
+        return text
+    for prefix in _forms(repo):
+        rest = _under(text, prefix)
+        if rest is not None:
+            return rest or "."
+    for prefix in sorted((form for folder in folders for form in _forms(folder)), key=len):
+        rest = _under(text, prefix)
+        if rest is not None:
+            shown = f"{OUTSIDE}/{os.path.basename(prefix)}"
+            return f"{shown}/{rest}" if rest else shown
+    return f"{OUTSIDE}/{os.path.basename(text.rstrip(os.sep))}"
+
+
+def shown_text(text: str, folders: Iterable = (), repo: os.PathLike = REPO) -> str:
+    """``text`` (a command line, a log line) with each absolute path in it as :func:`shown_path` writes it."""
+    folders = list(folders)
+    return _ABSOLUTE_IN_TEXT.sub(lambda m: shown_path(m.group(0), folders, repo), text)

@@ -10,7 +10,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from clip_dcl.experiment.reporting import Report, markdown_table, report_path, write_json
+from clip_dcl.experiment.reporting import Report, command_line, markdown_table, report_path, write_json
+from clip_dcl.paths import REPO, shown_path, shown_text
 
 
 def test_markdown_table_lays_out_header_rule_and_rows():
@@ -60,6 +61,29 @@ def test_a_published_json_names_paths_under_the_work_folder_relative_to_it_and_t
     report = Report.at(tmp_path / "bench", "python benchmarks/bench.py", work=work)
     report.write("# x", {"checkpoint": str(work / "runs" / "c.pt")})
     assert json.loads(report.path(".json").read_text())["checkpoint"] == "runs/c.pt"
+
+
+def test_a_report_names_no_path_of_the_machine_in_its_command(tmp_path):
+    work, out = tmp_path / "sb10", tmp_path / "x" / "r.json"
+    argv = ["--work", str(work), "--output", str(out), "--logs", str(work / "runs"), "--only", "decl rate=index"]
+    line = command_line("b.py", [*argv, str(REPO / "benchmarks" / "work" / "w")])
+    assert line == (
+        ".venv/bin/python benchmarks/b.py --work $OUTSIDE/sb10 --output $OUTSIDE/r.json --logs $OUTSIDE/sb10/runs"
+        " --only 'decl rate=index' benchmarks/work/w"
+    )
+    report = Report.at(tmp_path / "bench", f"bench --work {work} --x={work}/a", work=work, machine="m")
+    report.write("# x", {})
+    assert json.loads(report.path(".json").read_text())["command"] == "bench --work $OUTSIDE/sb10 --x=$OUTSIDE/sb10/a"
+    assert report.about()[0] == "- Command: `bench --work $OUTSIDE/sb10 --x=$OUTSIDE/sb10/a`"
+
+
+def test_a_shown_path_is_relative_inside_the_repository_and_outside_from_the_folder_given():
+    assert shown_path(REPO / "benchmarks" / "results") == "benchmarks/results" and shown_path(REPO) == "."
+    assert shown_path("/w/a/runs/x.pt", ["/w/a/runs", "/w/a"]) == "$OUTSIDE/a/runs/x.pt"  # the outermost folder
+    assert shown_path("/elsewhere/out.md", ["/w/a"]) == "$OUTSIDE/out.md"
+    assert (shown_path("runs/x"), shown_path("/")) == ("runs/x", "/")
+    text = "found in /w/a/ckpt. see https://x.org/w/a, 3/4 and a / b"
+    assert shown_text(text, ["/w/a"]) == "found in $OUTSIDE/a/ckpt. see https://x.org/w/a, 3/4 and a / b"
 
 
 def test_a_smoke_run_reports_into_a_new_folder_and_a_given_path_wins(tmp_path):

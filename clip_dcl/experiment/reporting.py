@@ -69,8 +69,11 @@ def code_commit(where: Optional[os.PathLike] = None) -> str:
 
 
 def command_line(script: str, argv: Sequence[str], python: str = ".venv/bin/python") -> str:
-    """How a report says it was made: ``python benchmarks/<script> <argv>``, quoted for a shell."""
-    return " ".join([python, f"benchmarks/{script}", *map(shlex.quote, argv)])
+    """How a report says it was made: ``python benchmarks/<script> <argv>``, quoted for a shell, its absolute
+    paths as :func:`clip_dcl.paths.shown_text` writes them, each absolute argument one of its folders (a path
+    under ``--work DIR`` is written from DIR's name)."""
+    line = " ".join([python, f"benchmarks/{script}", *map(shlex.quote, argv)])
+    return paths.shown_text(line, [a for a in argv if os.path.isabs(a)])
 
 
 def run_status(scores: Dict[str, list], complete: bool) -> str:
@@ -149,7 +152,8 @@ def write_json(path: os.PathLike, doc: dict, roots: Sequence[os.PathLike] = ()) 
 @dataclass
 class Report:
     """One benchmark's results: ``<stem>.md``, ``.json`` and ``.png`` in ``folder``; ``command``, ``date`` and
-    ``machine`` open the Markdown and the JSON, whose paths are :func:`portable` (``work`` and ``roots``)."""
+    ``machine`` open the Markdown and the JSON, whose paths are :func:`portable` (``work`` and ``roots``); the
+    command's paths are :func:`clip_dcl.paths.shown_text`'s, ``work`` and ``roots`` its folders."""
 
     folder: Path
     stem: str
@@ -161,6 +165,7 @@ class Report:
 
     def __post_init__(self):
         self.folder = Path(self.folder)
+        self.command = paths.shown_text(self.command, [*([self.work] if self.work else []), *self.roots])
 
     @classmethod
     def at(cls, path: os.PathLike, command: str, **about) -> "Report":

@@ -12,6 +12,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Dict, List, Optional, Tuple
 
+from ...paths import shown_text
 from ..figures import pyplot, save_figure
 from ..reporting import Report, git, markdown_table
 from ..stats import t_interval
@@ -572,11 +573,12 @@ def figure(doc: dict, path: Path) -> Path:
 def write_report(
     plan: Plan, work: Path, out: Optional[Path] = None, command: str = "", name: str = "STUDY"
 ) -> Dict[str, object]:
-    """Write ``NAME.md/.json/.png`` into ``out`` (default ``work``); return the document and the paths."""
+    """Write ``NAME.md/.json/.png`` into ``out`` (default ``work``); return the document and the paths. The
+    command names ``work`` as :func:`~clip_dcl.paths.shown_text` does (never a path of the machine)."""
     work = Path(work)
     out = Path(out) if out else work
     doc = build(plan, work)
-    report = Report(out, name, command=command or "clip-dcl study report")
+    report = Report(out, name, command=shown_text(command or "clip-dcl study report", [work]))
     png = figure(doc, report.png)
     lines = markdown(doc, plan, figure_name=png.name)
     md = report.write([*lines[:3], *report.about()[:2], *lines[3:]], doc)  # the command and date after the status
