@@ -66,7 +66,7 @@ from testbed.blocks import (  # noqa: F401
     which_loss_block,
 )
 
-from clip_dcl.experiment.recipes import DEFAULT_RECIPE, RECIPES
+from clip_dcl.experiment.recipes import DEFAULT_RECIPE, RECIPES, get_recipe
 from clip_dcl.experiment.runner import Budget
 from clip_dcl.experiment.scoring import MEAN_R1, with_mean_r1
 from clip_dcl.experiment.study import load_plan, parse_plan, run_study
@@ -359,15 +359,7 @@ def report(stage: str, work: Path, out: Path) -> Path:
     records = records_of(plan_path, work)
     plan = load_plan(plan_path)
     data = json.loads((W.data_dir(work) / "summary.json").read_text())
-    budget = Budget(
-        epochs=epochs(plan, plan.arms[0].name),
-        lr=1e-3,
-        wd=0.1,
-        warmup=50,
-        model=O.MODEL,
-        log_every_n_steps=50,
-        workers=1,
-    )
+    budget = get_recipe(plan.recipe).budget(epochs=epochs(plan, plan.arms[0].name))
     command = f"benchmarks/batch_size.py report {stage} --work {work}"
     started = datetime.now(timezone.utc)
     if stage == "testbed_dcl_screen":

@@ -39,7 +39,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence
 
-from seed_jobs import Tally, train_job
+from seed_jobs import RESULTS, Sweep, Tally, add_fewshot_seeds, fewshot_draws, sweep_parser, train_job
 
 from clip_dcl import experiment as ex
 from clip_dcl.experiment import arguments
@@ -48,7 +48,6 @@ from clip_dcl.experiment.scoring import MEAN_R1, with_mean_r1
 from clip_dcl.experiment.stats import paired_differences, summarize
 from clip_dcl.paths import write_json
 
-HERE = Path(__file__).resolve().parent
 STEM = "quality"
 #: The scores of the paired comparison.
 HEADLINE = (
@@ -168,13 +167,10 @@ def time_fewshot(checkpoint: Path, data: dict, fewshot_seeds: Sequence[int]) -> 
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = arguments.benchmark_parser("quality.py", __doc__)
-    arguments.add_comparison_arguments(
-        p,
+    p = sweep_parser(
+        "quality.py",
+        __doc__,
         quick="tiny data, 1 short epoch, seeds 0 1, one ablation",
-        work="/tmp/clip_dcl_quality",
-        results=str(HERE / "results"),
-        quick_report="WORK/quick/report",
         num_classes=DEMO_CLASSES,
         train_samples=None,
         train_samples_help="training pairs (default: the demo's data set)",
@@ -202,13 +198,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="training epochs of the ablation (default: the main comparison's); when they differ, the "
         "default decl is trained again at that budget as the ablation's reference",
     )
-    p.add_argument(
-        "--fewshot-seeds",
-        type=int,
-        nargs="+",
-        default=None,
-        help="k-shot draws of the 5-shot probe (default 0 1 2; quick 0)",
-    )
+    add_fewshot_seeds(p)
     p.add_argument(
         "--objectives",
         nargs="+",
@@ -237,7 +227,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     names = (
         args.ablations if args.ablations is not None else (["rate=batch"] if args.quick else list(DEFAULT_ABLATIONS))
     )
-    fewshot_seeds = args.fewshot_seeds or ([0] if args.quick else [0, 1, 2])
+    fewshot_seeds = fewshot_draws(args)
     import torch
 
     # The evaluations run outside the machine's training lock, beside other trainings: one thread
@@ -251,7 +241,7 @@ def main(argv: Optional[List[str]] = None) -> int:
             f"--ablation-seeds must be among --seeds {seeds} (at the main budget the ablation's "
             f"reference is the main comparison's decl run of the same seed), got {ablation_seeds}"
         )
-    work, results_dir = arguments.work_and_results(args, HERE / "results")
+    work, results_dir = arguments.work_and_results(args, RESULTS)
     command = ex.command_line("quality.py", argv)
     started = datetime.now(timezone.utc)
     t_start = time.perf_counter()
@@ -278,6 +268,8 @@ def main(argv: Optional[List[str]] = None) -> int:
         return json.loads(json.dumps(doc))  # as the cache files hold it (tuples become lists)
 
     settings = settings_of(budget)
+    sweep = Sweep(results_dir, data, budget, seeds, fewshot_seeds, command, started, t_start)
+    ablation = Ablation(abl_list, abl_budget, ablation_seeds)
     # Every main objective of a seed before the next seed (a partial report compares like with
     # like), then the ablation variants.
     jobs = [(run, seed, budget) for seed in seeds for run in main_runs] + [
@@ -313,50 +305,31 @@ def main(argv: Optional[List[str]] = None) -> int:
             )
         tally.add(run.name, res, with_mean_r1(metrics), seed, secs)
         finish_times.append(finished)
-        write(
-            results_dir,
-            main_runs,
-            abl_list,
-            tally,
-            timing,
-            data,
-            budget,
-            abl_budget,
-            seeds,
-            ablation_seeds,
-            fewshot_seeds,
-            command,
-            started,
-            time.perf_counter() - t_start,
-            finish_times,
-            complete=(done == len(jobs)),
-        )
+        write(sweep, main_runs, ablation, tally, timing, finish_times, complete=(done == len(jobs)))
     print(f"[quality] wrote {results_dir / (STEM + '.md')}, .json, .png", flush=True)
     print((results_dir / f"{STEM}.md").read_text().split("![")[0])
     return 0
 
 
+@dataclasses.dataclass
+class Ablation:
+    """The DeCL ablation as trained: its runs (led by the default decl when it trains its own reference), budget
+    and training seeds."""
+
+    runs: List[ex.Run]
+    budget: ex.Budget
+    seeds: List[int]
+
+
 def write(
-    out: Path,
-    main_runs,
-    abl_runs,
-    tally: Tally,
-    timing,
-    data,
-    budget,
-    abl_budget,
-    seeds,
-    ablation_seeds,
-    fewshot_seeds,
-    command,
-    started,
-    seconds,
-    finish_times,
-    complete: bool,
+    sweep: Sweep, main_runs, ablation: Ablation, tally: Tally, timing: dict, finish_times: List[str], complete: bool
 ) -> None:
     """(Re)write the report from the runs finished so far."""
-    results, scores, eval_seconds = tally.results, tally.scores, tally.eval_seconds
-    have = {n: v for n, v in scores.items() if v}
+    data, budget, seeds, fewshot_seeds = sweep.data, sweep.budget, sweep.seeds, sweep.fewshot_seeds
+    abl_runs, abl_budget, ablation_seeds = ablation.runs, ablation.budget, ablation.seeds
+    seconds, started = sweep.seconds(), sweep.started
+    results, eval_seconds = tally.results, tally.eval_seconds
+    have = tally.finished()
     rows = table_rows(data)
     chance = with_mean_r1(ex.chance_levels(data))
     keys = [k for k, _ in HEADLINE]
@@ -391,7 +364,7 @@ def write(
             "",
             *ex.about_lines(
                 status=status,
-                command=command,
+                command=sweep.command,
                 date=f"{span} (report written by a call started {started:%Y-%m-%d %H:%M}, {seconds / 60:.1f} min "
                 f"wall; runs finished by an earlier call with the same settings are reused). Time over all runs: "
                 f"training {train_s / 60:.1f} min, evaluation {eval_s / 60:.1f} min; {fs}. The CPU was shared with "
@@ -428,18 +401,11 @@ def write(
             f"- Raw numbers per seed, commands, curves: `{STEM}.json`; figure: `{STEM}.png`.",
         ]
     )
-    out.mkdir(parents=True, exist_ok=True)
-    res = {n: results[n] for n in have}
-    ex.write_report(
-        out,
+    sweep.write_report(
         STEM,
-        data=data,
-        budget=budget,
-        results=res,
-        scores=have,
-        header=header,
-        extra={
-            "seeds": seeds,
+        tally,
+        header,
+        {
             "ablation_seeds": ablation_seeds,
             "ablation_budget": dataclasses.asdict(abl_budget),
             "fewshot_seeds": fewshot_seeds,
@@ -484,7 +450,7 @@ def write(
             paired_table(paired_abl, ABL_REF) if paired_abl else "(no ablation run finished yet)",
         ]
     parts.append(f"![training curves, validation R@1 and held-out scores]({STEM}.png)")
-    ex.Report(out, STEM, command).write("# " + "\n\n".join(p for p in parts if p))
+    ex.Report(sweep.out, STEM, sweep.command).write("# " + "\n\n".join(p for p in parts if p))
 
 
 # ------------------------------------------------------------------------------------------

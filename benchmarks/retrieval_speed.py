@@ -82,15 +82,12 @@ def measure(mode: str, n: int, dim: int, chunk: int, threads: int, live: bool) -
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--sizes", type=int, nargs="+", default=[20000], help="N for the chunked computation only")
-    p.add_argument(
-        "--naive-sizes",
-        type=int,
-        nargs="+",
-        default=[5000, 10000, 20000],
-        help="N for both computations (default 5000 10000 20000)",
-    )
-    p.add_argument("--chunk-sizes", type=int, nargs="+", default=[256, 1024], help="chunk sizes (default 256 1024)")
+    for flag, default, what in (
+        ("--sizes", [20000], "N for the chunked computation only"),
+        ("--naive-sizes", [5000, 10000, 20000], "N for both computations (default 5000 10000 20000)"),
+        ("--chunk-sizes", [256, 1024], "chunk sizes (default 256 1024)"),
+    ):
+        p.add_argument(flag, type=int, nargs="+", default=default, help=what)
     p.add_argument("--dim", type=int, default=512, help="embedding size (default 512, ViT-B)")
     p.add_argument("--threads", type=int, default=2, help="torch threads (default 2)")
     p.add_argument("--output", default=None, help="also write the raw results as JSON")

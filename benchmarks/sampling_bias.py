@@ -47,7 +47,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence
 
-from seed_jobs import Tally, train_job
+from seed_jobs import RESULTS, Sweep, Tally, add_fewshot_seeds, fewshot_draws, sweep_parser, train_job
 
 from clip_dcl import experiment as ex
 from clip_dcl.experiment import arguments
@@ -258,13 +258,10 @@ def machine() -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = arguments.benchmark_parser("sampling_bias.py", __doc__)
-    arguments.add_comparison_arguments(
-        p,
+    p = sweep_parser(
+        "sampling_bias.py",
+        __doc__,
         quick="tiny data, 1 short epoch, seed 0, tau_plus 0.25 only",
-        work="/tmp/clip_dcl_sampling_bias",
-        results=str(HERE / "results"),
-        quick_report="WORK/report",
         num_classes=4,
         train_samples=6000,
         train_samples_help="training pairs (quick: the quick set's 256)",
@@ -285,13 +282,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="run the other objectives (M captions, curl, hcl, tau_plus auto, clamp biased, fixed "
         "temperature, decl) against clip and dcl at the true prior; report sampling_bias_extra.md",
     )
-    p.add_argument(
-        "--fewshot-seeds",
-        type=int,
-        nargs="+",
-        default=None,
-        help="k-shot draws of the 5-shot probe (default 0 1 2; quick 0)",
-    )
+    add_fewshot_seeds(p)
     p.add_argument(
         "--stem",
         default=None,
@@ -331,14 +322,14 @@ def main(argv: Optional[List[str]] = None) -> int:
     if not re.fullmatch(r"[A-Za-z0-9_.-]+", stem):
         raise SystemExit(f"--stem must be a file name without a folder, got {stem!r}")
     taus = args.tau_plus if args.tau_plus is not None else ([0.25] if args.quick else [0.05, 0.1, 0.25, 0.4])
-    fewshot_seeds = args.fewshot_seeds or ([0] if args.quick else [0, 1, 2])
+    fewshot_seeds = fewshot_draws(args)
     if args.extra and args.tau_plus is not None:
         raise SystemExit("--extra measures dcl at the true prior 1 / --num-classes; drop --tau-plus")
     try:
         runs = make_runs(taus, oracle=not args.no_oracle)
     except ValueError as e:
         raise SystemExit(f"--tau-plus: {e}")
-    work, results_dir = arguments.work_and_results(args, HERE / "results")
+    work, results_dir = arguments.work_and_results(args, RESULTS)
     command = ex.command_line("sampling_bias.py", argv)
     started = datetime.now(timezone.utc)
     t_start = time.perf_counter()
@@ -354,6 +345,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     if not args.no_oracle:
         import train_oracle  # noqa: F401  registers the oracle's loss here too: the run cache reads its defaults
 
+    sweep = Sweep(results_dir, data, budget, seeds, fewshot_seeds, command, started, t_start)
     entry = {ORACLE: [sys.executable, str(HERE / "train_oracle.py")]}
     tally = Tally.of(runs)
     total = len(runs) * len(seeds)
@@ -371,47 +363,22 @@ def main(argv: Optional[List[str]] = None) -> int:
                 flush=True,
             )
             tally.add(run.name, res, metrics, seed, secs)
-            write(
-                results_dir,
-                runs,
-                tally,
-                data,
-                budget,
-                seeds,
-                fewshot_seeds,
-                command,
-                started,
-                time.perf_counter() - t_start,
-                complete=(done == total),
-                stem=stem,
-                extra=args.extra,
-            )
+            write(sweep, runs, tally, complete=(done == total), stem=stem, extra=args.extra)
     print(f"[sampling_bias] wrote {results_dir / (stem + '.md')}, .json, .png", flush=True)
     print((results_dir / f"{stem}.md").read_text().split("## Full comparison")[0])
     return 0
 
 
 def write(
-    out: Path,
-    runs,
-    tally: Tally,
-    data,
-    budget,
-    seeds,
-    fewshot_seeds,
-    command,
-    started,
-    seconds,
-    complete: bool,
-    stem: str = STEM,
-    extra: Optional[bool] = None,
+    sweep: Sweep, runs: Sequence[ex.Run], tally: Tally, complete: bool, stem: str = STEM, extra: Optional[bool] = None
 ) -> None:
     """(Re)write the report from the runs finished so far under ``stem``; ``extra``: the other objectives' report
     (default: ``stem`` is not ``sampling_bias``)."""
     main_report = stem == STEM if extra is None else not extra
-    results, scores, eval_seconds = tally.results, tally.scores, tally.eval_seconds
-    have = {n: v for n, v in scores.items() if v}
-    res = {n: results[n] for n in have}
+    data, budget, seeds, fewshot_seeds = sweep.data, sweep.budget, sweep.seeds, sweep.fewshot_seeds
+    command, started, seconds = sweep.command, sweep.started, sweep.seconds()
+    results, eval_seconds = tally.results, tally.eval_seconds
+    have = tally.finished()
     chance = ex.chance_levels(data)
     keys = sorted({k for per_seed in have.values() for s in per_seed for k in s if k != "seed"})
     summary = summarize(have, keys)
@@ -422,7 +389,7 @@ def write(
         f"{budget.epochs} epochs, batch {budget.batch_size}, seeds {seeds}"
     )
     status = ex.run_status(have, complete)
-    train_s = [r.seconds for rs in res.values() for r in rs]
+    train_s = [r.seconds for n in have for r in results[n]]
     eval_s = [s for n in have for s in eval_seconds[n]]
     header = "\n".join(
         [
@@ -469,18 +436,12 @@ def write(
             f"- Raw numbers per seed, commands and training curves: `{stem}.json`; figure: `{stem}.png`.",
         ]
     )
-    out.mkdir(parents=True, exist_ok=True)
     logs = {n: [log_means(r.log_dir) for r in results[n]] for n in have}
-    report = ex.write_report(
-        out,
+    report = sweep.write_report(
         stem,
-        data=data,
-        budget=budget,
-        results=res,
-        scores=have,
-        header=header,
-        extra={
-            "seeds": seeds,
+        tally,
+        header,
+        {
             "fewshot_seeds": fewshot_seeds,
             "command": command,
             "date": f"{started:%Y-%m-%d %H:%M} UTC",
@@ -497,7 +458,7 @@ def write(
     )  # the oracle's entry point: benchmarks/train_oracle.py
     ordered = [r for r in runs if r.name in have]
     if main_report:
-        plot_tau(ordered, have, chance, true_tau, out / f"{stem}.png", title=title)
+        plot_tau(ordered, have, chance, true_tau, sweep.out / f"{stem}.png", title=title)
         headline = [
             "## Headline scores against tau_plus (%, mean ± sample std over training seeds)",
             tau_table(ordered, summary, chance),
@@ -510,7 +471,7 @@ def write(
             extra_table(ordered, summary, logs, chance),
             f"![curves and scores]({stem}.png)",
         ]
-    ex.Report(out, stem, command).write(
+    ex.Report(sweep.out, stem, command).write(
         [
             header,
             *headline,

@@ -88,12 +88,20 @@ class FlagParser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message}\n")
 
 
-def flag_words(options: dict) -> list:
-    """``{"--flag": value}`` as command-line words: ``True`` the flag alone, ``None`` or ``False`` nothing."""
+def flag_words(options: dict, *, negate: bool = False, floats: str = "") -> list:
+    """``{"--flag": value}`` as command-line words, the package's one writer of them: ``True`` the flag alone,
+    ``None`` nothing, ``False`` nothing or, with ``negate``, the flag's ``--no-`` form (a loss's switches have
+    one); any other value as ``str()`` writes it, a float in the format ``floats`` when one is given.
+
+    Commands that are run or recorded (study plans, a benchmark's cached runs) keep ``str()``, so that those
+    already committed read the same (``0.0``, not ``0``); the words a message quotes back to a person (a
+    checkpoint's loss flags when a resume is refused) use ``floats="g"`` (``1``, not ``1.0``)."""
     words: list = []
     for flag, value in options.items():
         if value is True:
             words.append(flag)
-        elif value is not None and value is not False:
-            words += [flag, str(value)]
+        elif value is False:
+            words += ["--no-" + flag[2:]] if negate else []
+        elif value is not None:
+            words += [flag, format(value, floats) if floats and isinstance(value, float) else str(value)]
     return words

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import List, Optional
 
 from . import experiment as ex
-from .arguments import FlagParser
+from .arguments import FlagParser, flag_words
 from .exitcodes import stop_exit_code
 from .experiment.budgets import DEMO_BUDGET, DEMO_CLASSES, QUICK_BUDGET
 from .paths import write_json
@@ -229,12 +229,10 @@ def settings_problem(out: Path, settings: dict) -> Optional[str]:
 
 
 def _words(key: str, value) -> str:
-    if key == "quick":
-        return "--quick" if value else "no --quick"
-    if value is None:
-        return f"no --{key.replace('_', '-')}"
+    """A setting as its flag's words (a list's items after the flag), or ``no --flag`` when it is off or unset."""
+    flag = "--" + key.replace("_", "-")
     shown = " ".join(map(str, value)) if isinstance(value, list) else value
-    return f"--{key.replace('_', '-')} {shown}"
+    return " ".join(flag_words({flag: shown})) or f"no {flag}"
 
 
 #: One evaluation's time as a share of one training's, until the first evaluation is measured.

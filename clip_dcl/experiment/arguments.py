@@ -69,7 +69,6 @@ def add_comparison_arguments(
     quick: str,
     work: str,
     results: str,
-    quick_report: str,
     num_classes: int,
     train_samples: Optional[int],
     train_samples_help: str,
@@ -77,10 +76,10 @@ def add_comparison_arguments(
     seeds_help: str,
 ) -> None:
     """The flags of a benchmark that compares objectives trained on the synthetic data (the arguments: their
-    defaults and helps)."""
+    defaults and helps; a smoke run's report goes where :func:`work_and_results` puts it)."""
     p.add_argument("--quick", action="store_true", help=f"smoke run: {quick}; report under --work")
     p.add_argument("--work", default=work, help="folder for the data and the runs")
-    p.add_argument("--results", help=f"folder of the report (default: {results}; with --quick: {quick_report})")
+    p.add_argument("--results", help=f"folder of the report (default: {results}; with --quick: WORK/quick/report)")
     p.add_argument("--num-classes", type=int, default=num_classes, help="latent classes (tau_plus = 1 / classes)")
     p.add_argument("--train-samples", type=int, default=train_samples, help=train_samples_help)
     p.add_argument("--epochs", type=int, help=epochs_help)

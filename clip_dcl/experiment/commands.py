@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from typing import Dict
 
+from ..arguments import flag_words
+
 
 def loss_defaults(name: str) -> Dict[str, object]:
     """``{kwarg: default}`` of a registered loss's flags (the class's ``defaults()``)."""
@@ -35,13 +37,10 @@ def loss_flags(name: str, **settings) -> tuple:
     if unknown:
         raise ValueError(f"{sorted(unknown)} are not flags of --loss {name}")
     values = cls.settings_in_effect({**loss_defaults(name), **settings})
-    out = ["--loss", name]
+    chosen = {}
     for flag in cls.flags:
         value = values.get(flag.kwarg)
         if value is None or flag.kwarg == "num_samples" or not cls.reads_setting(flag.kwarg, values):
             continue
-        if flag.boolean:
-            out.append(flag.flag if value else "--no-" + flag.flag[2:])
-        else:
-            out += [flag.flag, str(value)]
-    return tuple(out)
+        chosen[flag.flag] = bool(value) if flag.boolean else value
+    return ("--loss", name, *flag_words(chosen, negate=True))

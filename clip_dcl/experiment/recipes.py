@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Dict, List, Sequence, Tuple
 
-from .runner import flag_words
+from .runner import Budget, flag_words
 
 #: the synthetic testbed data: 48 shape x colour classes at 32 px, 12,000 training pairs, 1,000 validation
 #: and 1,000 test images (5 captions each), 20 zero-shot images per class in each of the two splits
@@ -86,6 +86,20 @@ class Recipe:
             "--name": name,
         }
         return [*flag_words(data), *self.extra, *flag_words(run), *objective]
+
+    def budget(self, **fields) -> Budget:
+        """The recipe as a :class:`Budget` (its model, trainer settings and extra flags; ``fields``: the rest, such
+        as the epochs), for a report that states what its runs trained with."""
+        return Budget(
+            lr=float(_COMMON["--lr"]),
+            wd=float(_COMMON["--wd"]),
+            warmup=_COMMON["--warmup"],
+            workers=_COMMON["--workers"],
+            model=self.model,
+            log_every_n_steps=_COMMON["--log-every-n-steps"],
+            extra=self.extra,
+            **fields,
+        )
 
 
 def _packed(name: str, summary: str, model: str, data_argv: Tuple[str, ...], **more) -> Recipe:

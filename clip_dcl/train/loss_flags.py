@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from typing import Dict, List
 
+from clip_dcl.arguments import flag_words
+
 
 def flag_owners() -> Dict[str, tuple]:
     """Our loss flags' ``dest`` -> (the loss it belongs to, that loss's keyword argument), from each registered
@@ -38,11 +40,12 @@ def _flag(dest: str) -> str:
     return "--" + dest.replace("_", "-")
 
 
-def _words(dest: str, value) -> List[str]:
-    """The command-line words that give the flag of ``dest`` the value ``value``."""
-    if isinstance(value, bool):
-        return [_flag(dest) if value else "--no-" + _flag(dest)[2:]]
-    return [_flag(dest), f"{value:g}" if isinstance(value, float) else str(value)]
+def _words(flag: str, value) -> List[str]:
+    """The command-line words that give ``flag`` the value ``value``, as a message quotes them back (floats as
+    ``:g`` writes them, an unset value as ``None``)."""
+    if value is None:
+        return [flag, "None"]
+    return flag_words({flag: value}, negate=True, floats="g")
 
 
 def loss_command(loss: str, loss_args: Dict[str, object]) -> List[str]:
@@ -51,10 +54,10 @@ def loss_command(loss: str, loss_args: Dict[str, object]) -> List[str]:
     defaults = _loss_defaults().get(loss, {})
     for dest, (owner, kwarg) in flag_owners().items():
         if owner == loss and kwarg in loss_args and loss_args[kwarg] != defaults.get(kwarg, object()):
-            words += _words(dest, loss_args[kwarg])
+            words += _words(_flag(dest), loss_args[kwarg])
     for flag in _shared_flags():  # every loss's (--loss-tile): given only when set
         if loss_args.get(flag.kwarg):
-            words += _words(flag.dest, loss_args[flag.kwarg])
+            words += _words(_flag(flag.dest), loss_args[flag.kwarg])
     return words
 
 
@@ -68,12 +71,12 @@ def setting_words(loss: str, kwarg: str, value) -> List[str]:
     """The command-line words that give ``loss``'s keyword argument ``kwarg`` the value ``value``."""
     for dest, (owner, name) in flag_owners().items():
         if owner == loss and name == kwarg:
-            return _words(dest, value)
+            return _words(_flag(dest), value)
     for flag in _shared_flags():
         if flag.kwarg == kwarg:
-            return _words(flag.dest, value)
+            return _words(_flag(flag.dest), value)
     if kwarg in OPENCLIP_LOSS_FLAGS:
-        return [OPENCLIP_LOSS_FLAGS[kwarg], str(value)]
+        return _words(OPENCLIP_LOSS_FLAGS[kwarg], value)
     return [f"{kwarg}={value!r}"]  # a keyword argument no flag sets (a loss used from Python)
 
 
