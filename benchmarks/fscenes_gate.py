@@ -29,7 +29,7 @@ import tomllib
 from clip_dcl.experiment.recipes import get_recipe
 from clip_dcl.experiment.reporting import about_lines, code_commit, machine_info, utc_date
 from clip_dcl.experiment.stats import t_interval
-from clip_dcl.paths import write_json
+from clip_dcl.paths import shown_text, write_json
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
@@ -42,7 +42,8 @@ SMALL, LARGE = 16, 256
 def keep_records(work: Path, records: Path) -> int:
     """Copy a gate's records (no data, no checkpoints) from its work folder into ``records``: the seal, the
     attempts, the plan, the data's summary and per finished run ``run.json``, both score files, ``params.txt`` and
-    OpenCLIP's ``out.log`` gzipped. Returns the runs copied."""
+    OpenCLIP's ``out.log`` gzipped, their paths as `clip_dcl.paths.shown_text` writes them. Returns the runs
+    copied."""
     import gzip
     import shutil
 
@@ -56,15 +57,17 @@ def keep_records(work: Path, records: Path) -> int:
             continue
         dest = records / run.relative_to(work)
         dest.mkdir(parents=True, exist_ok=True)
-        for name in ("run.json", "scores-validation.json", "scores-test.json", "params.txt"):
+        for name in ("run.json", "scores-validation.json", "scores-test.json"):
             if (run / name).is_file():
                 shutil.copyfile(run / name, dest / name)
+        if (run / "params.txt").is_file():
+            (dest / "params.txt").write_text(shown_text((run / "params.txt").read_text(), [work]))
         if (run / "out.log").is_file():
             with (
                 open(dest / "out.log.gz", "wb") as raw,
                 gzip.GzipFile(filename="", mode="wb", fileobj=raw, mtime=0) as f,
             ):
-                f.write((run / "out.log").read_bytes())
+                f.write(shown_text((run / "out.log").read_text(errors="replace"), [work]).encode())
         copied += 1
     return copied
 

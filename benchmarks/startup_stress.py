@@ -50,8 +50,8 @@ from typing import Dict, List, Optional
 from launch_kit import children, tiny_cpu_flags
 
 from clip_dcl import process
-from clip_dcl.experiment.reporting import code_commit, machine_info
-from clip_dcl.paths import write_json
+from clip_dcl.experiment.reporting import code_commit, command_line, machine_info
+from clip_dcl.paths import shown_text, write_json
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
@@ -287,7 +287,7 @@ def run_launch(index: int, fault: Fault, work: Path, args) -> Launch:
         rec.why = "not sent: the launch had ended before its moment"
     text = (folder / "stdout.txt").read_text(errors="replace") + (folder / "stderr.txt").read_text(errors="replace")
     lines = [line for line in (folder / "stderr.txt").read_text(errors="replace").splitlines() if line.strip()]
-    rec.last_line = lines[-1] if lines else ""
+    rec.last_line = shown_text(lines[-1], [work]) if lines else ""  # no path of this machine in the result
     rec.aborted = "terminate called" in text or "SIGABRT" in text or rec.rc in (-6, 134)
     rec.traceback = "Traceback (most recent call last)" in text
     ckpt = folder / "logs" / "run" / "checkpoints" / "epoch_1.pt"
@@ -429,7 +429,7 @@ def main(argv: Optional[List[str]] = None) -> int:
             else f"--kinds: unknown {', '.join(unknown) or '(none given)'}; choose from {', '.join(KINDS)}"
         )
     made = {
-        "command": " ".join(["python", "benchmarks/startup_stress.py", *(sys.argv[1:] if argv is None else argv)]),
+        "command": command_line("startup_stress.py", sys.argv[1:] if argv is None else argv, python="python"),
         "date": time.strftime("%Y-%m-%d %H:%M", time.gmtime()),
         "machine": machine_info(),
         "commit": code_commit(),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gzip
 import json
 from pathlib import Path
 
@@ -52,9 +53,14 @@ def test_no_verdict_while_an_end_of_the_range_lacks_a_seed(tmp_path):
 
 def test_kept_records_hold_no_checkpoint(tmp_path):
     work = _work(tmp_path / "w", {16: [20, 21, 22]})
-    (work / "runs" / "clip-b16" / "seed1" / "out.log").write_text("log\n")
+    (work / "runs" / "clip-b16" / "seed1" / "out.log").write_text(f"log of {work}/runs/clip-b16/seed1\n")
+    (work / "runs" / "clip-b16" / "seed1" / "params.txt").write_text(f"logs: {work}/runs/clip-b16\n")
     (work / "runs" / "clip-b16" / "seed1" / "checkpoints").mkdir()
     (work / "runs" / "clip-b16" / "seed1" / "checkpoints" / "epoch_10.pt").write_bytes(b"x")
     assert gate.keep_records(work, tmp_path / "kept") == 3
     kept = {p.relative_to(tmp_path / "kept").as_posix() for p in (tmp_path / "kept").rglob("*") if p.is_file()}
     assert "runs/clip-b16/seed1/out.log.gz" in kept and not any(".pt" in k for k in kept)
+    # no path of this machine in what is kept: the work folder is written from its name
+    seed1 = tmp_path / "kept" / "runs" / "clip-b16" / "seed1"
+    assert (seed1 / "params.txt").read_text() == "logs: $OUTSIDE/w/runs/clip-b16\n"  # _work's folder is w/...
+    assert gzip.decompress((seed1 / "out.log.gz").read_bytes()).decode() == "log of $OUTSIDE/w/runs/clip-b16/seed1\n"
