@@ -99,7 +99,7 @@ def _exit_within(proc, since: float):
 
 # -- startup: the handlers ------------------------------------------------------------------------------------
 def test_startup_a_stop_signal_before_the_first_step_stops_at_once_and_after_it_waits_for_the_step():
-    from clip_dcl.train.preempt import StartupStop, StopSignals
+    from clip_dcl.train.signals import StartupStop, StopSignals
 
     before = signal.getsignal(signal.SIGUSR2)
     signals = StopSignals(["USR2"], ctrl_c=True).install()  # called from Python: no exit from the handler

@@ -34,7 +34,7 @@ from webdataset.gopen import gopen
 from ..data.ids import sample_id
 from ..data.shards import TailRecorder, tar_samples
 from .ids import id_layout, source_index
-from .preempt import worker_ignores_stop_signals
+from .signals import worker_ignores_stop_signals
 
 #: Attempts at opening a shard before it is skipped (a network file system may fail transiently).
 OPEN_TRIES = 3

@@ -23,7 +23,7 @@ from open_clip_train import train as oc_train
 from clip_dcl.losses.base import stateful
 
 from . import loss_state, runfolder, saving
-from . import preempt as preemption
+from . import signals as preemption
 from .compat import setup_logging as openclip_setup_logging
 from .csv_data import DecodedRows, leave_out_bad_rows
 from .divergence import Diverged, NonFiniteSteps, describe_tensors, nonfinite_tensors
