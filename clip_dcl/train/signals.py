@@ -24,7 +24,6 @@ from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Sequence
 
 from .exits import StartupStop, leave_now
-from .threads import ForkSafeThread
 
 #: Signals that stop a run, by default.
 DEFAULT_SIGNALS = ("SIGTERM", "SIGUSR1")
@@ -128,16 +127,14 @@ class StopSignals:
         self._saved: Dict[int, object] = {}
         self._pipe: Optional[tuple] = None
         self._old_wakeup: Optional[int] = None
-        self._reader = None
-        self._pending: Optional[tuple] = None  # (signal name, when the reader ends the process) during start-up
+        self._reader: Optional[threading.Thread] = None
+        self._stopping = threading.Event()  # the reader is told to end
         self._pid = os.getpid()
 
     def training_started(self) -> None:
         """From now on a stop signal is a flag, acted on at the next step boundary (with a save)."""
         self.started = True
-        if self._reader is not None:  # the rendezvous is over: no C++ wait left that a handler cannot leave
-            self._reader.stop()
-            self._reader = None
+        self._stop_reader()  # the rendezvous is over: no C++ wait left that a handler cannot leave
 
     def check_startup(self) -> None:
         """Raise :class:`StartupStop` if a stop signal came before the first step (a run called from Python)."""
@@ -198,38 +195,43 @@ class StopSignals:
             os.close(w)
             return
         self._pipe, self._old_wakeup = (r, w), old
-        self._reader = ForkSafeThread("clip-dcl-startup-signals", self._read_wakeup_pipe, wake=self._wake).start()
+        self._reader = threading.Thread(target=self._read_wakeup_pipe, daemon=True, name="clip-dcl-startup-signals")
+        self._reader.start()
 
-    def _wake(self) -> None:
-        if self._pipe is not None:
-            os.write(self._pipe[1], b"\0")  # not a signal's number: the reader sees it is told to stop
+    def _stop_reader(self) -> None:
+        if self._reader is None:
+            return
+        self._stopping.set()
+        try:
+            os.write(self._pipe[1], b"\0")  # not a signal's number: wakes the reader, which sees it is told to end
+        except OSError:
+            pass
+        if self._reader is not threading.current_thread():
+            self._reader.join(1.0)
+        self._reader = None
 
-    def _read_wakeup_pipe(self, stopping: threading.Event) -> None:
-        numbers = {int(n) for n in self._saved}
-        fd = self._pipe[0]
-        while not stopping.is_set():
-            if self._pending is not None:  # the main thread leaves when it runs Python; if it has not by then, stuck
-                name, deadline = self._pending
-                if stopping.wait(max(0.0, deadline - time.monotonic())):
-                    return  # a fork, or the run closed: _pending stays for the reader that comes after
-                if self.started and self.startup_stop is None:  # it came as training started: a flag, as after
-                    self._pending = None
-                    continue
-                leave_now(self.startup_stop or name, self.on_forced_exit)
+    def _read_wakeup_pipe(self) -> None:
+        """A plain thread, alive while the data-loader workers fork: it holds no lock a worker could need (it waits
+        in ``os.read`` and on its own event), and a worker takes no thread of its parent along."""
+        numbers, fd = {int(n) for n in self._saved}, self._pipe[0]
+        while not self._stopping.is_set():
             try:
                 data = os.read(fd, 64)
             except OSError:
                 return
             hit = [b for b in data if b in numbers]
-            if hit and not self.started and self._pending is None:
-                self._pending = (signal.Signals(hit[0]).name, time.monotonic() + STARTUP_GRACE_S)
+            if not hit or self.started:
+                continue
+            # the main thread leaves when it runs Python; if it has not within the grace, it is stuck in C++
+            if self._stopping.wait(STARTUP_GRACE_S):
+                return
+            if not self.started or self.startup_stop is not None:  # else it came as training started: a flag
+                leave_now(self.startup_stop or signal.Signals(hit[0]).name, self.on_forced_exit)
 
     def restore(self) -> None:
         if self._pipe is not None:
             signal.set_wakeup_fd(self._old_wakeup if self._old_wakeup is not None else -1)
-        if self._reader is not None:
-            self._reader.stop()
-            self._reader = None
+        self._stop_reader()
         if self._pipe is not None:
             for fd in self._pipe:
                 os.close(fd)
