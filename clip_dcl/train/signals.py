@@ -126,7 +126,6 @@ class StopSignals:
         self.on_forced_exit = None  # called before a stop during start-up ends the process (leave_now)
         self._saved: Dict[int, object] = {}
         self._pipe: Optional[tuple] = None
-        self._old_wakeup: Optional[int] = None
         self._reader: Optional[threading.Thread] = None
         self._stopping = threading.Event()  # the reader is told to end
         self._pid = os.getpid()
@@ -194,7 +193,7 @@ class StopSignals:
             os.close(r)
             os.close(w)
             return
-        self._pipe, self._old_wakeup = (r, w), old
+        self._pipe = (r, w)
         self._reader = threading.Thread(target=self._read_wakeup_pipe, daemon=True, name="clip-dcl-startup-signals")
         self._reader.start()
 
@@ -230,7 +229,7 @@ class StopSignals:
 
     def restore(self) -> None:
         if self._pipe is not None:
-            signal.set_wakeup_fd(self._old_wakeup if self._old_wakeup is not None else -1)
+            signal.set_wakeup_fd(-1)  # none was set before (else it stays, and no pipe of ours was)
         self._stop_reader()
         if self._pipe is not None:
             for fd in self._pipe:
