@@ -19,14 +19,14 @@ import threading
 import time
 from typing import Optional
 
+from ..exitcodes import INTERRUPTED as INTERRUPTED_EXIT_CODE  # noqa: F401 (the trainer's name for it)
+from ..exitcodes import PREEMPTED as PREEMPTED_EXIT_CODE  # noqa: F401
+from ..exitcodes import stop_exit_code
+from ..paths import write_json
+
 #: Set by :mod:`clip_dcl.train.torchrun` for its ranks: a rank's error line goes to torchrun's error file
 #: (``TORCHELASTIC_ERROR_FILE``), and the launcher prints the first failed rank's line, once.
 LAUNCHER_ENV = "CLIP_DCL_LAUNCHER"
-
-from ..exitcodes import INTERRUPTED as INTERRUPTED_EXIT_CODE  # noqa: E402,F401
-from ..exitcodes import PREEMPTED as PREEMPTED_EXIT_CODE  # noqa: E402,F401
-from ..exitcodes import stop_exit_code  # noqa: E402,F401
-from ..paths import write_json  # noqa: E402
 
 #: The data loaders of this process's runs by id, whose workers :func:`stop_loader_workers` stops.
 _WATCHED: dict = {}
