@@ -117,7 +117,7 @@ def _finish(proc, timeout=BOUND):
 
 # -- the worker: its parent's SIGTERM ends it, anyone else's does not -------------------------------------
 def _worker(ready):
-    from clip_dcl.train.preempt import worker_ignores_stop_signals
+    from clip_dcl.train.signals import worker_ignores_stop_signals
 
     worker_ignores_stop_signals(0)  # what a training data-loader worker runs first
     ready.set()
@@ -129,7 +129,7 @@ def _worker(ready):
 def test_hang_a_worker_ends_on_its_parents_sigterm_and_ignores_anyone_elses():
     import multiprocessing
 
-    from clip_dcl.train.preempt import StopSignals
+    from clip_dcl.train.signals import StopSignals
 
     signals = StopSignals(["SIGTERM"]).install()  # the trainer's handlers, inherited by the forked worker
     ctx = multiprocessing.get_context("fork")
@@ -154,7 +154,7 @@ def test_hang_a_worker_ends_on_its_parents_sigterm_and_ignores_anyone_elses():
 
 
 def test_hang_ctrl_c_stops_at_the_next_step_while_training_and_at_once_otherwise():
-    from clip_dcl.train.preempt import StopSignals
+    from clip_dcl.train.signals import StopSignals
 
     before = signal.getsignal(signal.SIGINT)
     signals = StopSignals(["SIGTERM"], ctrl_c=True).install()

@@ -34,7 +34,7 @@ def _last_line(err: str) -> str:
 # -- the loader's workers at exit --------------------------------------------------------------------------
 def test_exit_stopped_loader_workers_end_quietly_and_leave_pytorchs_watch():
     from clip_dcl.train.exits import stop_loader_workers
-    from clip_dcl.train.preempt import StopSignals, worker_ignores_stop_signals
+    from clip_dcl.train.signals import StopSignals, worker_ignores_stop_signals
 
     signals = StopSignals(["SIGTERM"], ctrl_c=True).install()  # the trainer's, inherited by the workers
     try:
@@ -113,7 +113,7 @@ def test_ctrl_c_hidden_by_torchs_writer_is_a_ctrl_c_and_leaves_no_file(tmp_path)
 def test_ctrl_c_reaches_the_workers_and_is_theirs_to_ignore():
     import multiprocessing
 
-    from clip_dcl.train.preempt import StopSignals, worker_ignores_stop_signals
+    from clip_dcl.train.signals import StopSignals, worker_ignores_stop_signals
 
     def worker(ready):
         worker_ignores_stop_signals(0)

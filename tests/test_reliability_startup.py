@@ -99,7 +99,7 @@ def _exit_within(proc, since: float):
 
 # -- startup: the handlers ------------------------------------------------------------------------------------
 def test_startup_a_stop_signal_before_the_first_step_stops_at_once_and_after_it_waits_for_the_step():
-    from clip_dcl.train.preempt import StartupStop, StopSignals
+    from clip_dcl.train.signals import StartupStop, StopSignals
 
     before = signal.getsignal(signal.SIGUSR2)
     signals = StopSignals(["USR2"], ctrl_c=True).install()  # called from Python: no exit from the handler
@@ -357,7 +357,7 @@ def test_oneline_an_error_every_rank_meets_is_printed_once_without_traceback(sha
     assert "Traceback" not in err, err[-3000:]
 
 
-# -- startup: no exception from a handler, no thread across a fork ---------------------------------------------
+# -- startup: no exception from a handler -------------------------------------------------------------------------
 _SWALLOWING = """\
 import os, signal, sys, time
 from clip_dcl.train.signals import StartupGuard
@@ -387,43 +387,6 @@ def test_startup_the_command_leaves_from_the_handler_whatever_catches_exceptions
         f"clip-dcl train: {what} during start-up, before the first training step: "
         f"nothing was trained since the last checkpoint; exit code {code}"
     )
-
-
-def test_startup_no_thread_of_the_trainer_runs_while_the_process_forks():
-    from clip_dcl.train.threads import ForkSafeThread
-
-    state = {"in_loop": 0, "starts": 0}
-
-    def loop(stopping):
-        state["in_loop"] += 1
-        state["starts"] += 1
-        try:
-            while not stopping.wait(0.01):
-                pass
-        finally:
-            state["in_loop"] -= 1
-
-    thread = ForkSafeThread("test-fork-safe", loop).start()
-    try:
-        while not state["in_loop"]:
-            time.sleep(0.01)
-        r, w = os.pipe()
-        pid = os.fork()
-        if pid == 0:  # the child: the loop was not running when the process forked, and none runs here
-            os.write(w, str(state["in_loop"]).encode())
-            os._exit(0)
-        os.close(w)
-        in_child = os.read(r, 16).decode()
-        os.close(r)
-        os.waitpid(pid, 0)
-        assert in_child == "0"
-        deadline = time.monotonic() + 10
-        while state["starts"] < 2 and time.monotonic() < deadline:
-            time.sleep(0.01)
-        assert thread.alive and state["starts"] == 2  # started again in the parent
-    finally:
-        thread.stop()
-    assert not thread.alive and state["in_loop"] == 0
 
 
 def _catches(pid: int, sig: int) -> bool:

@@ -56,7 +56,7 @@ def test_preempt_flags_resolve():
 
 # -- the signal and the decision ----------------------------------------------------------------------
 def test_preempt_signal_sets_a_flag_and_the_old_handler_comes_back():
-    from clip_dcl.train.preempt import PreemptConfig, StepGate, StopSignals
+    from clip_dcl.train.signals import PreemptConfig, StepGate, StopSignals
 
     before = signal.getsignal(signal.SIGUSR2)
     signals = StopSignals(["USR2"]).install()
@@ -74,7 +74,7 @@ def test_preempt_signal_sets_a_flag_and_the_old_handler_comes_back():
 
 
 def test_preempt_gate_saves_on_rank_0s_clock():
-    from clip_dcl.train.preempt import PreemptConfig, StepGate
+    from clip_dcl.train.signals import PreemptConfig, StepGate
 
     gate = StepGate(PreemptConfig(save_every_minutes=1e-9), None, world_size=1, rank=0, device="cpu")
     assert gate.poll(1) == (False, True)
@@ -149,7 +149,7 @@ def _slurm(tmp_path, srun_rc, *args, **env):
 
 
 def test_preempt_slurm_script_asks_for_the_signal_and_requeues_on_exit_75(tmp_path):
-    from clip_dcl.train.preempt import PREEMPTED_EXIT_CODE
+    from clip_dcl.train.exits import PREEMPTED_EXIT_CODE
 
     text = (LAUNCH / "train_slurm.sbatch").read_text()
     assert "#SBATCH --signal=USR1@120" in text and "#SBATCH --requeue" in text

@@ -71,14 +71,21 @@ def main(argv: Optional[List[str]] = None, prog: Optional[str] = None, exiting: 
             return 0
 
         from .divergence import Diverged
-        from .exits import exit_flushed, record_for_launcher, report_error, stop_loader_workers
+        from .exits import (
+            INTERRUPTED_EXIT_CODE,
+            PREEMPTED_EXIT_CODE,
+            exit_flushed,
+            record_for_launcher,
+            report_error,
+            stop_loader_workers,
+        )
         from .ids import MissingSampleIds, SampleIdOutOfRange
         from .pipeline import TrainingDataError
-        from .preempt import INTERRUPTED_EXIT_CODE, PREEMPTED_EXIT_CODE, signal_number
         from .run import LossStateMismatch
         from .runfolder import RunFolderBusy, RunFolderTaken
         from .saving import CheckpointDiskFull, CheckpointUnreadable, RunFolderGone, UnsafeCheckpoint
         from .session import PeerFailure, SetupError, run_training
+        from .signals import signal_number
 
         guard.check()
         proceeding = True

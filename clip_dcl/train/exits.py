@@ -19,14 +19,14 @@ import threading
 import time
 from typing import Optional
 
+from ..exitcodes import INTERRUPTED as INTERRUPTED_EXIT_CODE  # noqa: F401 (the trainer's name for it)
+from ..exitcodes import PREEMPTED as PREEMPTED_EXIT_CODE  # noqa: F401
+from ..exitcodes import stop_exit_code
+from ..paths import write_json
+
 #: Set by :mod:`clip_dcl.train.torchrun` for its ranks: a rank's error line goes to torchrun's error file
 #: (``TORCHELASTIC_ERROR_FILE``), and the launcher prints the first failed rank's line, once.
 LAUNCHER_ENV = "CLIP_DCL_LAUNCHER"
-
-from ..exitcodes import INTERRUPTED as INTERRUPTED_EXIT_CODE  # noqa: E402,F401
-from ..exitcodes import PREEMPTED as PREEMPTED_EXIT_CODE  # noqa: E402,F401
-from ..exitcodes import stop_exit_code  # noqa: E402,F401
-from ..paths import write_json  # noqa: E402
 
 #: The data loaders of this process's runs by id, whose workers :func:`stop_loader_workers` stops.
 _WATCHED: dict = {}
@@ -179,25 +179,21 @@ LAUNCHER_KINDS = ("error", "stop", "peer")
 
 
 def record_for_launcher(line: str, kind: str = "error") -> bool:
-    """Under :mod:`clip_dcl.train.torchrun`, write ``line`` to this rank's torchrun error file with the time to the
-    microsecond (which rank failed first) and ``kind`` (:data:`LAUNCHER_KINDS`); return whether it was written."""
+    """Under :mod:`clip_dcl.train.torchrun`, write ``line`` to this rank's torchrun error file
+    (``TORCHELASTIC_ERROR_FILE``); return whether it was written.
+
+    The file is in the layout torch's ``ErrorHandler`` writes and its ``ProcessFailure`` reads in the launcher (the
+    launcher's side is torch's own), but written here, not by torch's ``record``: that writes ``Type: message``, a
+    traceback and the second, for an exception; the launcher prints this line instead of a traceback, for a stop
+    too (no exception), and needs the time to the microsecond (which of two ranks failing in one second failed
+    first) and ``kind`` (:data:`LAUNCHER_KINDS`: a rank's own error, not the failed collectives of the others)."""
     path = os.environ.get("TORCHELASTIC_ERROR_FILE")
     if os.environ.get(LAUNCHER_ENV) != "1" or not path:
         return False
     now = time.time()
-    data = {
-        "message": {
-            "message": line,
-            "extraInfo": {
-                "timestamp": str(int(now)),
-                "clip_dcl_time": repr(now),
-                "clip_dcl_kind": kind,
-                "py_callstack": "",
-            },
-        }
-    }
+    extra = {"timestamp": str(int(now)), "clip_dcl_time": repr(now), "clip_dcl_kind": kind}
     try:
-        write_json(path, data, indent=None)
+        write_json(path, {"message": {"message": line, "extraInfo": extra}}, indent=None)
     except OSError:
         return False
     return True

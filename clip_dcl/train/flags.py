@@ -47,7 +47,7 @@ from .loss_flags import (  # noqa: F401 (re-exported)
 
 if TYPE_CHECKING:
     from clip_dcl.losses.base import DataFacts
-    from clip_dcl.train.preempt import PreemptConfig
+    from clip_dcl.train.signals import PreemptConfig
 
 #: ``--adamw-impl`` choices: the keyword of ``torch.optim.AdamW`` each sets
 ADAMW_IMPLS = ("foreach", "fused")
@@ -155,7 +155,8 @@ def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
         help="a model config JSON (or a folder of them) to register with OpenCLIP; the model name is "
         "the file name without .json, and --model defaults to it",
     )
-    from .preempt import DEFAULT_SIGNALS, INTERRUPTED_EXIT_CODE, PREEMPTED_EXIT_CODE
+    from .exits import INTERRUPTED_EXIT_CODE, PREEMPTED_EXIT_CODE
+    from .signals import DEFAULT_SIGNALS
 
     g = parser.add_argument_group("preemption")
     g.add_argument(
@@ -264,14 +265,14 @@ def _default_max_nonfinite_steps() -> int:
 
 
 def _default_preempt():
-    from .preempt import PreemptConfig
+    from .signals import PreemptConfig
 
     return PreemptConfig()
 
 
 def _preempt_config(ours):
     """The preemption flags checked: known signals, N >= 1, M > 0."""
-    from .preempt import DEFAULT_SIGNALS, PreemptConfig, signal_number
+    from .signals import DEFAULT_SIGNALS, PreemptConfig, signal_number
 
     names = list(DEFAULT_SIGNALS) if ours.preempt_signals is None else list(ours.preempt_signals)
     if [n.lower() for n in names] == ["none"]:

@@ -11,7 +11,7 @@ from typing import Dict, Mapping, Optional, Tuple
 
 import torch
 
-from .preempt import chain_worker_init
+from .signals import chain_worker_init
 
 
 class MissingSampleIds(RuntimeError):

@@ -36,7 +36,7 @@ from ..data.shards import TailRecorder, tar_samples
 from ..data.skips import SKIP_CAUSES
 from ..paths import expand_sources
 from .ids import id_layout, source_index
-from .preempt import worker_ignores_stop_signals
+from .signals import worker_ignores_stop_signals
 
 #: Attempts at opening a shard before it is skipped (a network file system may fail transiently).
 OPEN_TRIES = 3

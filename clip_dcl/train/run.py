@@ -25,7 +25,7 @@ from clip_dcl.losses.base import stateful
 from clip_dcl.paths import expand_pattern
 
 from . import loss_state, runfolder, saving
-from . import preempt as preemption
+from . import signals as preemption
 from .compat import setup_logging as openclip_setup_logging
 from .csv_data import DecodedRows, leave_out_bad_rows
 from .divergence import Diverged, NonFiniteSteps, describe_tensors, nonfinite_tensors

@@ -3,8 +3,8 @@
 The master holds :class:`RunLock` (``run.lock``, a ``flock`` the kernel releases however its holder dies)
 while the run lasts, so that a requeued job cannot train beside its live predecessor. ``flock`` does not
 reach other hosts on every shared file system and names no holder, so the holder's record in the file
-(pid, host, start time) is checked too, and a thread refreshes its modification time: a ForkSafeThread,
-as filelock's lease heartbeat would run across the data-loader workers' forks. :func:`folder_problem`
+(pid, host, start time) is checked too, and a thread refreshes its modification time (a plain one: it waits on
+its own event and calls ``utime``, nothing a data-loader worker forked meanwhile could need). :func:`folder_problem`
 replaces OpenCLIP's "Experiment already exists" check, which also refused ``--resume PATH`` of the folder.
 """
 
@@ -23,8 +23,6 @@ from pathlib import Path
 from typing import Optional, Tuple
 
 import filelock
-
-from .threads import ForkSafeThread
 
 LOCK_NAME = "run.lock"
 #: How often the holder refreshes the lock's modification time.
@@ -99,7 +97,7 @@ class RunLock:
         self._lock = filelock.FileLock(self.path, mode=0o644, thread_local=False, on_acquired=self._claim)
         self._existed = False
         self._took: Optional[str] = None
-        self._beat: Optional[ForkSafeThread] = None
+        self._stopping = threading.Event()  # the heartbeat is told to end
 
     def _mine(self) -> bytes:
         return json.dumps(
@@ -140,7 +138,8 @@ class RunLock:
                 if not self._claim_unlocked():
                     continue
             self.held = True
-            self._beat = ForkSafeThread("clip-dcl-run-lock", self._heartbeat).start()
+            self._stopping = threading.Event()
+            threading.Thread(target=self._heartbeat, daemon=True, name="clip-dcl-run-lock").start()
             return self._took
         raise RunFolderBusy(
             f"{self.folder}: could not take its lock {self.path} (other processes kept taking it); "
@@ -194,8 +193,8 @@ class RunLock:
             "another --name"
         )
 
-    def _heartbeat(self, stopping: threading.Event) -> None:
-        while not stopping.wait(HEARTBEAT_SECONDS):
+    def _heartbeat(self) -> None:
+        while not self._stopping.wait(HEARTBEAT_SECONDS):
             try:
                 os.utime(self.path)
             except OSError:
@@ -203,9 +202,7 @@ class RunLock:
 
     def release(self) -> None:
         """Stop refreshing the lock, remove it if it is still this holder's, and unlock it."""
-        if self._beat is not None:
-            self._beat.stop()
-            self._beat = None
+        self._stopping.set()
         if not self.held or os.getpid() != self._pid:  # a forked child holds nothing
             return
         self.held = False

@@ -30,8 +30,8 @@ from open_clip_train import scheduler as oc_scheduler
 from open_clip_train.distributed import broadcast_object, init_distributed_device, is_master
 from open_clip_train.file_utils import remote_sync, start_sync_process
 
-from . import preempt as preemption
 from . import saving
+from . import signals as preemption
 from .compat import cpu_safe_ddp, init_process_group_timeout
 from .exits import stop_exit_code
 from .flags import TrainConfig

@@ -1,21 +1,29 @@
-"""The one module of the trainer that installs signal handlers: a run's stop signals and Ctrl-C, from the
-command's first seconds (:class:`StartupGuard`) through training (:class:`StopSignals`) to its exit
-(:func:`ignore_stop_signals`), in its data-loader workers (:func:`worker_ignores_stop_signals`) and in the ranks
-that torchrun starts (:func:`ranks_start_with_stop_signals_blocked`). Imports nothing heavy: the launcher and
-the command line install their handlers before torch is imported.
+"""The one module of the trainer that installs signal handlers, and a run's stop at a step boundary.
+
+Handlers from the command's first seconds (:class:`StartupGuard`) through training (:class:`StopSignals`) to its
+exit (:func:`ignore_stop_signals`), in its data-loader workers (:func:`worker_ignores_stop_signals`) and in the
+ranks that torchrun starts (:func:`ranks_start_with_stop_signals_blocked`). During training a signal is a flag: at
+every ``--preempt-check-every``-th step boundary :class:`StepGate` decides by one all-reduce whether to stop, save
+or end a diverged run, so that every rank takes the same decision at the same step; each rank's RNG state is saved
+with a mid-epoch checkpoint (:func:`rng_state`), so that dropout and ``--workers 0`` augmentation continue as if
+the run had not stopped. Before the first step a signal ends the start-up at once; a rank waiting at the
+rendezvous sits in a C++ call where no Python handler runs, so a wakeup pipe's reader thread ends the process
+:data:`STARTUP_GRACE_S` later. Imports nothing heavy at the top (torch and NumPy inside the functions that use
+them): the launcher and the command line install their handlers before torch is imported.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import random
 import signal
 import threading
 import time
+from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Sequence
 
 from .exits import StartupStop, leave_now
-from .threads import ForkSafeThread
 
 #: Signals that stop a run, by default.
 DEFAULT_SIGNALS = ("SIGTERM", "SIGUSR1")
@@ -118,17 +126,14 @@ class StopSignals:
         self.on_forced_exit = None  # called before a stop during start-up ends the process (leave_now)
         self._saved: Dict[int, object] = {}
         self._pipe: Optional[tuple] = None
-        self._old_wakeup: Optional[int] = None
-        self._reader = None
-        self._pending: Optional[tuple] = None  # (signal name, when the reader ends the process) during start-up
+        self._reader: Optional[threading.Thread] = None
+        self._stopping = threading.Event()  # the reader is told to end
         self._pid = os.getpid()
 
     def training_started(self) -> None:
         """From now on a stop signal is a flag, acted on at the next step boundary (with a save)."""
         self.started = True
-        if self._reader is not None:  # the rendezvous is over: no C++ wait left that a handler cannot leave
-            self._reader.stop()
-            self._reader = None
+        self._stop_reader()  # the rendezvous is over: no C++ wait left that a handler cannot leave
 
     def check_startup(self) -> None:
         """Raise :class:`StartupStop` if a stop signal came before the first step (a run called from Python)."""
@@ -188,39 +193,44 @@ class StopSignals:
             os.close(r)
             os.close(w)
             return
-        self._pipe, self._old_wakeup = (r, w), old
-        self._reader = ForkSafeThread("clip-dcl-startup-signals", self._read_wakeup_pipe, wake=self._wake).start()
+        self._pipe = (r, w)
+        self._reader = threading.Thread(target=self._read_wakeup_pipe, daemon=True, name="clip-dcl-startup-signals")
+        self._reader.start()
 
-    def _wake(self) -> None:
-        if self._pipe is not None:
-            os.write(self._pipe[1], b"\0")  # not a signal's number: the reader sees it is told to stop
+    def _stop_reader(self) -> None:
+        if self._reader is None:
+            return
+        self._stopping.set()
+        try:
+            os.write(self._pipe[1], b"\0")  # not a signal's number: wakes the reader, which sees it is told to end
+        except OSError:
+            pass
+        if self._reader is not threading.current_thread():
+            self._reader.join(1.0)
+        self._reader = None
 
-    def _read_wakeup_pipe(self, stopping: threading.Event) -> None:
-        numbers = {int(n) for n in self._saved}
-        fd = self._pipe[0]
-        while not stopping.is_set():
-            if self._pending is not None:  # the main thread leaves when it runs Python; if it has not by then, stuck
-                name, deadline = self._pending
-                if stopping.wait(max(0.0, deadline - time.monotonic())):
-                    return  # a fork, or the run closed: _pending stays for the reader that comes after
-                if self.started and self.startup_stop is None:  # it came as training started: a flag, as after
-                    self._pending = None
-                    continue
-                leave_now(self.startup_stop or name, self.on_forced_exit)
+    def _read_wakeup_pipe(self) -> None:
+        """A plain thread, alive while the data-loader workers fork: it holds no lock a worker could need (it waits
+        in ``os.read`` and on its own event), and a worker takes no thread of its parent along."""
+        numbers, fd = {int(n) for n in self._saved}, self._pipe[0]
+        while not self._stopping.is_set():
             try:
                 data = os.read(fd, 64)
             except OSError:
                 return
             hit = [b for b in data if b in numbers]
-            if hit and not self.started and self._pending is None:
-                self._pending = (signal.Signals(hit[0]).name, time.monotonic() + STARTUP_GRACE_S)
+            if not hit or self.started:
+                continue
+            # the main thread leaves when it runs Python; if it has not within the grace, it is stuck in C++
+            if self._stopping.wait(STARTUP_GRACE_S):
+                return
+            if not self.started or self.startup_stop is not None:  # else it came as training started: a flag
+                leave_now(self.startup_stop or signal.Signals(hit[0]).name, self.on_forced_exit)
 
     def restore(self) -> None:
         if self._pipe is not None:
-            signal.set_wakeup_fd(self._old_wakeup if self._old_wakeup is not None else -1)
-        if self._reader is not None:
-            self._reader.stop()
-            self._reader = None
+            signal.set_wakeup_fd(-1)  # none was set before (else it stays, and no pipe of ours was)
+        self._stop_reader()
         if self._pipe is not None:
             for fd in self._pipe:
                 os.close(fd)
@@ -236,7 +246,7 @@ class StopSignals:
 
 class StartupGuard:
     """SIGTERM and Ctrl-C from the command's first seconds (imports, flags) until the run's own handlers take
-    over (:class:`clip_dcl.train.preempt.StopSignals`). With ``at_once`` (the command line) the handler leaves
+    over (:class:`StopSignals`). With ``at_once`` (the command line) the handler leaves
     at once (:func:`leave_now`); else it records the signal, and :meth:`check` raises :class:`StartupStop`."""
 
     def __init__(self, at_once: bool):
@@ -334,3 +344,115 @@ def stopped_before_the_ranks(handler) -> None:
     for num in (signal.SIGINT, signal.SIGTERM):  # SIGTERM last: once it is caught, both are
         if signal.getsignal(num) in (signal.SIG_DFL, signal.default_int_handler):
             signal.signal(num, handler)
+
+
+# -- the step boundary ----------------------------------------------------------------------------------------
+@dataclass
+class PreemptConfig:
+    """``--preempt-signals``, ``--preempt-check-every``, ``--save-every-minutes``."""
+
+    signals: List[str] = field(default_factory=lambda: list(DEFAULT_SIGNALS))
+    check_every: int = 1
+    save_every_minutes: Optional[float] = None
+
+
+class Preempted(Exception):
+    """The run stopped on a signal after saving its checkpoint at ``path`` (step ``step`` of ``epoch``)."""
+
+    def __init__(self, signame: str, path: Optional[str], epoch: int, step: int):
+        self.signame, self.path, self.epoch, self.step = signame, path, epoch, step
+        where = f"saved {path}" if path else "no checkpoint written (no --logs)"
+        super().__init__(f"stopped on {signame} after step {step} of epoch {epoch}; {where}")
+
+
+class StepGate:
+    """The decision taken at optimizer-step boundaries: ``(stop, save)``, the same on every rank."""
+
+    def __init__(self, config: PreemptConfig, signals: Optional[StopSignals], world_size: int, rank: int, device):
+        import torch
+
+        self.config, self.signals = config, signals
+        self.world_size, self.rank = world_size, rank
+        self.device = torch.device(device)
+        self.last_save = time.monotonic()
+        self.signame: Optional[str] = None
+        self.diverged = False  # agreed by the last poll: some rank's training diverged
+        if world_size > 1 and not (torch.distributed.is_available() and torch.distributed.is_initialized()):
+            logging.warning(
+                "several ranks without torch.distributed (--horovod): each rank decides alone when to "
+                "stop on a signal, so the signal must reach every rank at the same step"
+            )
+
+    def _local(self) -> tuple:
+        stop = self.signals is not None and self.signals.received is not None
+        minutes = self.config.save_every_minutes
+        save = bool(minutes) and self.rank == 0 and time.monotonic() - self.last_save >= minutes * 60
+        return int(stop), int(save)
+
+    def poll(self, boundary: int, diverged=None) -> tuple:
+        """At the ``boundary``-th step boundary of an epoch: whether to stop, whether to save now. ``diverged()``
+        (this rank's training diverged) is agreed on in the same all-reduce, into :attr:`diverged`."""
+        import torch
+
+        if boundary % max(1, self.config.check_every):
+            return False, False
+        stop, save = self._local()
+        bad = int(bool(diverged())) if diverged is not None else 0
+        if self.world_size > 1 and torch.distributed.is_available() and torch.distributed.is_initialized():
+            flags = torch.tensor([stop, save, bad], dtype=torch.int32, device=self.device)
+            torch.distributed.all_reduce(flags, op=torch.distributed.ReduceOp.MAX)
+            stop, save, bad = (int(v) for v in flags.tolist())
+        self.diverged = bool(bad)
+        if stop:
+            self.signame = (
+                self.signals.received if self.signals and self.signals.received else "a signal on another rank"
+            )
+        return bool(stop), bool(save)
+
+    def saved(self) -> None:
+        self.last_save = time.monotonic()
+
+
+# -- the main process's random state ---------------------------------------------------------------
+def rng_state() -> Dict[str, object]:
+    """This process's Python, NumPy, torch (and CUDA) random state, in weights-only-loadable types."""
+    import numpy as np
+    import torch
+
+    version, mt, gauss = random.getstate()
+    name, keys, pos, has_gauss, cached = np.random.get_state()
+    state = {
+        "python": [version, list(mt), gauss],
+        "numpy": [name, torch.from_numpy(keys.astype(np.int64)), int(pos), int(has_gauss), float(cached)],
+        "torch": torch.get_rng_state(),
+    }
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: Dict[str, object]) -> None:
+    import numpy as np
+    import torch
+
+    version, mt, gauss = state["python"]
+    random.setstate((version, tuple(mt), gauss))
+    name, keys, pos, has_gauss, cached = state["numpy"]
+    np.random.set_state((name, keys.numpy().astype(np.uint32), pos, has_gauss, cached))
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        cuda = state["cuda"]
+        if len(cuda) == torch.cuda.device_count():
+            torch.cuda.set_rng_state_all(cuda)
+
+
+def gather_rng_states(world_size: int) -> List[Dict[str, object]]:
+    """Every rank's :func:`rng_state`, in rank order (collective when distributed)."""
+    import torch
+
+    mine = rng_state()
+    if world_size > 1 and torch.distributed.is_available() and torch.distributed.is_initialized():
+        out: List[Optional[dict]] = [None] * world_size
+        torch.distributed.all_gather_object(out, mine)
+        return out
+    return [mine]

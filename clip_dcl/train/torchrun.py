@@ -11,15 +11,21 @@ from __future__ import annotations
 import os
 import signal
 import sys
+from typing import List, Optional, Tuple
 
 from ..exitcodes import INTERRUPTED, PREEMPTED
 
 
+def signal_exit(signum: int) -> Tuple[str, int]:
+    """``(the signal's name, the exit code)`` of torchrun stopped by signal ``signum``: 130 for Ctrl-C, else 75."""
+    if signum == signal.SIGINT:
+        return "SIGINT (Ctrl-C)", INTERRUPTED
+    return signal.Signals(signum).name, PREEMPTED
+
+
 def _stopped_before_the_ranks(signum, frame):
     """SIGTERM or Ctrl-C before torchrun took the signals over: no rank has started; the line, and leave."""
-    name, code = (
-        ("SIGINT (Ctrl-C)", INTERRUPTED) if signum == signal.SIGINT else (signal.Signals(signum).name, PREEMPTED)
-    )
+    name, code = signal_exit(signum)
     os.write(
         2,
         (
@@ -36,25 +42,17 @@ if __name__ == "__main__":  # the launcher itself (not a test importing it): bef
     stopped_before_the_ranks(_stopped_before_the_ranks)
 
 import logging  # noqa: E402
-from typing import List, Optional, Tuple  # noqa: E402
 
-from .exits import INTERRUPTED_EXIT_CODE, LAUNCHER_KINDS, PREEMPTED_EXIT_CODE, exit_flushed  # noqa: E402
+from .exits import LAUNCHER_ENV, LAUNCHER_KINDS, exit_flushed  # noqa: E402
 
 
 def exit_code(failed_codes: List[int]) -> int:
     """The exit code for ranks that failed with ``failed_codes``: 130 or 75 when every one stopped on a signal
     after its save (130 if any took a Ctrl-C), else 1."""
     codes = set(failed_codes)
-    if codes and codes <= {PREEMPTED_EXIT_CODE, INTERRUPTED_EXIT_CODE}:
-        return INTERRUPTED_EXIT_CODE if INTERRUPTED_EXIT_CODE in codes else PREEMPTED_EXIT_CODE
+    if codes and codes <= {PREEMPTED, INTERRUPTED}:
+        return INTERRUPTED if INTERRUPTED in codes else PREEMPTED
     return 1
-
-
-def signal_exit(signum: int) -> Tuple[str, int]:
-    """``(the signal's name, the exit code)`` of torchrun stopped by signal ``signum``: 130 for Ctrl-C, else 75."""
-    if signum == signal.SIGINT:
-        return "SIGINT (Ctrl-C)", INTERRUPTED_EXIT_CODE
-    return signal.Signals(signum).name, PREEMPTED_EXIT_CODE
 
 
 def _int(text) -> Optional[int]:
@@ -136,7 +134,7 @@ def _kind(failure) -> str:
     kind = _ours(failure).get("clip_dcl_kind")
     if kind in LAUNCHER_KINDS:
         return kind
-    if failure.exitcode in (PREEMPTED_EXIT_CODE, INTERRUPTED_EXIT_CODE):
+    if failure.exitcode in (PREEMPTED, INTERRUPTED):
         return "stop"
     # killed by SIGTERM with no line: what torchrun sends the others when one fails (or a scheduler sends all)
     return "terminated" if failure.exitcode == -signal.SIGTERM else "other"
@@ -192,8 +190,6 @@ def main(argv: Optional[List[str]] = None) -> int:
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import main as torchrun_main
 
-    from .exits import LAUNCHER_ENV
-
     argv = list(sys.argv[1:] if argv is None else argv)
     refused = precheck(argv)
     if refused is not None:
@@ -236,10 +232,10 @@ def main(argv: Optional[List[str]] = None) -> int:
         if kind == "stop" or kind == "terminated":  # a signal stopped one rank first; the others with it
             print(
                 f"clip-dcl train: rank {rank} stopped on a signal first (its line above says whether it saved), "
-                f"the others with it (exit codes {codes}); exit code {max(first.exitcode, PREEMPTED_EXIT_CODE)}",
+                f"the others with it (exit codes {codes}); exit code {max(first.exitcode, PREEMPTED)}",
                 file=sys.stderr,
             )
-            return max(first.exitcode, PREEMPTED_EXIT_CODE)
+            return max(first.exitcode, PREEMPTED)
         line = _rank_line(first)
         if line is not None and kind == "error":  # the rank's own line, printed once (the others' are in their logs)
             print(f"{line} (rank {rank}{others})", file=sys.stderr)
