@@ -71,14 +71,8 @@ def shard_folders_as_patterns(words: list) -> tuple:
     from clip_dcl.data.shards import folder_pattern
 
     out, replaced = list(words), []
-    for i, word in enumerate(out):
-        for flag in ("--train-data", "--val-data"):
-            if word == flag and i + 1 < len(out):
-                at, value, prefix = i + 1, out[i + 1], ""
-            elif word.startswith(flag + "="):
-                at, value, prefix = i, word[len(flag) + 1 :], flag + "="
-            else:
-                continue
+    for flag in ("--train-data", "--val-data"):
+        for at, value, prefix in _flag_values(out, flag):
             parts = value.split("::")
             for j, part in enumerate(parts):
                 if part and os.path.isdir(part):
@@ -117,10 +111,10 @@ def _shard_sizes(urls: list):
     return sizes
 
 
-def check_worker_batches(oc_args, world: int | None = None) -> None:
-    """Every data-loader worker can fill a batch from its own shards (``world``: the ranks, default torchrun's
-    ``WORLD_SIZE``); with ``sizes.json`` known, a worker's fewest samples are those of the ``shards // workers``
-    smallest shards. Checked before the model is built; the pipeline would find out only after it."""
+def check_worker_batches(oc_args) -> None:
+    """Every data-loader worker of every rank can fill a batch from its own shards; with ``sizes.json`` known, a
+    worker's fewest samples are those of the ``shards // workers`` smallest shards. Checked before the model is
+    built; the pipeline would find out only after it."""
     from open_clip_train.distributed import world_info_from_env
 
     from ..paths import expand_pattern
@@ -137,7 +131,7 @@ def check_worker_batches(oc_args, world: int | None = None) -> None:
         urls = expand_pattern(oc_args.train_data)
     except (ValueError, TypeError):
         return  # check_data_paths names a pattern that does not expand
-    world = world if world is not None else world_info_from_env()[2]
+    world = world_info_from_env()[2]
     per_rank = max(1, oc_args.workers)
     readers = per_rank * world
     ranks = f" x {world} ranks" if world > 1 else ""
@@ -241,15 +235,19 @@ def check_ranks_against_devices(local_ranks: int, device: str) -> None:
         )
 
 
-def _word_value(words: list, flag: str):
-    """The value ``words`` give ``flag`` (``--flag V`` or ``--flag=V``; the last one counts), or None."""
-    value = None
+def _flag_values(words: list, flag: str):
+    """``(index, value, prefix)`` of each value ``words`` give ``flag``: ``--flag V`` or ``--flag=V``."""
     for i, word in enumerate(words):
         if word == flag and i + 1 < len(words):
-            value = words[i + 1]
+            yield i + 1, words[i + 1], ""
         elif word.startswith(flag + "="):
-            value = word[len(flag) + 1 :]
-    return value
+            yield i, word[len(flag) + 1 :], flag + "="
+
+
+def _word_value(words: list, flag: str):
+    """The value ``words`` give ``flag`` (the last one counts), or None."""
+    values = [value for _, value, _ in _flag_values(words, flag)]
+    return values[-1] if values else None
 
 
 #: How many rows of a training CSV have their image looked for before training (the rest fail in the loader).
