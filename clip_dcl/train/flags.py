@@ -191,19 +191,13 @@ def _preempt_config(ours) -> PreemptConfig:
     )
 
 
-def print_help(parser: argparse.ArgumentParser, file=None) -> None:
+def print_help(parser: argparse.ArgumentParser) -> None:
     """Our flags, then OpenCLIP's own ``--help``."""
     from open_clip_train.params import parse_args as openclip_parse_args
 
-    file = file or sys.stdout
-    file.write(parser.format_help())
-    file.write("\nOpenCLIP's flags (open_clip_train.main), all accepted:\n\n")
-    file.flush()
-    with program_named(parser.prog):
-        try:
-            openclip_parse_args(["--help"])
-        except SystemExit:
-            pass
+    print(parser.format_help() + "\nOpenCLIP's flags (open_clip_train.main), all accepted:\n", flush=True)
+    with program_named(parser.prog), contextlib.suppress(SystemExit):
+        openclip_parse_args(["--help"])
 
 
 @contextlib.contextmanager
