@@ -125,14 +125,14 @@ def full_loss_flags(flags: Sequence[str]) -> List[str]:
     loss's defaults are unchanged (:func:`clip_dcl.experiment.train_and_evaluate`), so the defaults at report time
     are those it ran with."""
     from clip_dcl.losses import LOSSES
-    from clip_dcl.train.flags import LOSS_FLAGS, build_parser
+    from clip_dcl.train.flags import build_parser
+    from clip_dcl.train.loss_flags import flag_owners
 
+    owners = flag_owners()
     given = vars(build_parser().parse_known_args(list(flags))[0])
     name = given.get("loss") or "clip"
     own = {f.kwarg for f in LOSSES[name].flags}
-    settings = {
-        LOSS_FLAGS[d][1]: v for d, v in given.items() if d in LOSS_FLAGS and v is not None and LOSS_FLAGS[d][1] in own
-    }
+    settings = {owners[d][1]: v for d, v in given.items() if d in owners and v is not None and owners[d][1] in own}
     return list(ex.loss_flags(name, **settings))
 
 

@@ -20,15 +20,16 @@ from clip_dcl import experiment as ex
 from clip_dcl.experiment import study
 from clip_dcl.experiment.commands import loss_flags
 from clip_dcl.losses import DeCLLoss
-from clip_dcl.train.flags import LOSS_FLAGS, build_parser, parse_train_args
+from clip_dcl.train.flags import build_parser, parse_train_args
+from clip_dcl.train.loss_flags import flag_owners
 
 STUDIES = Path(__file__).resolve().parents[1] / "benchmarks" / "studies"
 
 
 def decl_kwargs(flags):
     """The decl keyword arguments a variant's flags set."""
-    ours = vars(build_parser().parse_known_args(list(flags))[0])
-    return {LOSS_FLAGS[d][1]: v for d, v in ours.items() if d in LOSS_FLAGS and v is not None}
+    ours, owners = vars(build_parser().parse_known_args(list(flags))[0]), flag_owners()
+    return {owners[d][1]: v for d, v in ours.items() if d in owners and v is not None}
 
 
 def test_default_variant_is_the_package_default():

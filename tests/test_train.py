@@ -754,13 +754,13 @@ def test_synthetic_and_csv_data_size_the_decl_buffer(tmp_path):
 
 def test_docs_loss_flag_table_is_the_registrys():
     """docs/training.md holds the loss flags' table generated from the registry, so help and docs agree."""
-    from clip_dcl.train.flags import loss_flags_table
+    from clip_dcl.train.loss_flags import loss_flags_table
 
     docs = (Path(__file__).resolve().parents[1] / "docs" / "training.md").read_text()
     start = docs.index("<!-- loss flags: generated")
     block = docs[docs.index("\n", start) + 1 : docs.index("<!-- end of the generated loss flags -->")].strip()
     assert block == loss_flags_table(), (
-        "regenerate the table in docs/training.md with clip_dcl.train.flags.loss_flags_table()"
+        "regenerate the table in docs/training.md with clip_dcl.train.loss_flags.loss_flags_table()"
     )
     assert "| `--decl-sample-u` / `--no-decl-sample-u` | decl |" in block and block.count("| off |") >= 1
 

@@ -47,8 +47,8 @@ def _sizes(oc_args, kind) -> Tuple[int, Tuple[int, ...]]:
                 "the sample ids) and --train-num-samples is not set",
                 "set --train-num-samples",
             )
-        return int(oc_args.train_num_samples), (int(oc_args.train_num_samples),)
-    if kind == "packed":
+        total = int(oc_args.train_num_samples)
+    elif kind == "packed":
         from clip_dcl.data.packed import packed_size
 
         try:
@@ -58,10 +58,18 @@ def _sizes(oc_args, kind) -> Tuple[int, Tuple[int, ...]]:
                 f"the packed training set {oc_args.train_data!r} cannot be read ({e})",
                 "write it again with `clip-dcl data pack`",
             ) from None
+    elif kind == "csv":  # OpenCLIP's CsvDataset's size: its rows (one column read)
+        import pandas as pd
+
+        column = oc_args.csv_caption_key
+        try:
+            total = len(pd.read_csv(oc_args.train_data, sep=oc_args.csv_separator, usecols=[column]))
+        except (OSError, ValueError) as e:
+            raise DataSizeUnknown(
+                f"--train-data {oc_args.train_data!r}: the CSV's column {column!r} cannot be read ({e})", "fix it"
+            ) from None
+    if kind in ("synthetic", "packed", "csv"):
         return total, (total,)
-    if kind == "csv":
-        rows = _csv_rows(oc_args)
-        return rows, (rows,)
     if kind != "webdataset":
         raise DataSizeUnknown(
             f"--dataset-type {oc_args.dataset_type!r} with --train-data {oc_args.train_data!r} "
@@ -86,16 +94,3 @@ def _sizes(oc_args, kind) -> Tuple[int, Tuple[int, ...]]:
         except (KeyError, OSError, ValueError):
             per_source.append(0)
     return int(total), tuple(per_source)
-
-
-def _csv_rows(oc_args) -> int:
-    """Rows of the training CSV (one column read), OpenCLIP's ``CsvDataset`` size."""
-    import pandas as pd
-
-    try:
-        return len(pd.read_csv(oc_args.train_data, sep=oc_args.csv_separator, usecols=[oc_args.csv_caption_key]))
-    except (OSError, ValueError) as e:
-        raise DataSizeUnknown(
-            f"--train-data {oc_args.train_data!r}: the CSV's column {oc_args.csv_caption_key!r} cannot be read ({e})",
-            "fix it",
-        ) from None

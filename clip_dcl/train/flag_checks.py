@@ -1,5 +1,5 @@
-"""The checks of OpenCLIP's parsed training flags that run before any work (called by :mod:`clip_dcl.train.flags`):
-values, the global batch, the output folders, the data's paths, and what a packed training set cannot honour.
+"""The checks of a training command line that run before any work (called by :mod:`clip_dcl.train.flags`): its
+words, values, the global batch, the output folders, the data's paths, what a packed training set cannot honour.
 """
 
 from __future__ import annotations
@@ -13,14 +13,22 @@ from typing import List, Optional
 from ..errors import FlagError
 
 
+def first_bad_value(*checks):
+    """``(flag, value, want)`` of the first ``(flag, value, ok, want)`` whose value is given but not a finite
+    number that passes ``ok``, or None."""
+    for flag, value, ok, want in checks:
+        if value is not None and not (isinstance(value, (int, float)) and math.isfinite(value) and ok(value)):
+            return flag, value, want
+    return None
+
+
 def check_optimizer_values(oc_args) -> None:
     """OpenCLIP's optimizer and schedule values that cannot train, refused before the model is built
     (torch's optimizer would raise its own traceback after it): the first bad one is named."""
-
-    def bad(value, ok) -> bool:
-        return value is not None and not (isinstance(value, (int, float)) and math.isfinite(value) and ok(value))
-
-    checks = (
+    training = bool(oc_args.train_data) or oc_args.dataset_type == "synthetic"
+    if training and oc_args.epochs == 0:
+        raise FlagError("--epochs 0: the run would train nothing; give --epochs 1 or more")
+    bad = first_bad_value(
         ("--lr", oc_args.lr, lambda v: v > 0, "a finite number > 0"),
         ("--wd", oc_args.wd, lambda v: v >= 0, "a finite number >= 0"),
         ("--beta1", oc_args.beta1, lambda v: 0 <= v < 1, "in [0, 1)"),
@@ -34,16 +42,10 @@ def check_optimizer_values(oc_args) -> None:
         ("--epochs", oc_args.epochs, lambda v: v >= 0, "an integer >= 0"),
         ("--train-num-samples", oc_args.train_num_samples, lambda v: v >= 1, "an integer >= 1"),
     )
-    training = bool(oc_args.train_data) or oc_args.dataset_type == "synthetic"
-    if training and oc_args.epochs == 0:
-        raise FlagError("--epochs 0: the run would train nothing; give --epochs 1 or more")
-    for flag, value, ok, want in checks:
-        if bad(value, ok):
-            raise FlagError(
-                f"{flag} {value:g}: must be {want}"
-                if isinstance(value, (int, float))
-                else f"{flag} {value!r}: must be {want}"
-            )
+    if bad:
+        flag, value, want = bad
+        shown = f"{value:g}" if isinstance(value, (int, float)) else repr(value)
+        raise FlagError(f"{flag} {shown}: must be {want}")
 
 
 def check_global_batch(oc_args) -> None:
@@ -69,14 +71,8 @@ def shard_folders_as_patterns(words: list) -> tuple:
     from clip_dcl.data.shards import folder_pattern
 
     out, replaced = list(words), []
-    for i, word in enumerate(out):
-        for flag in ("--train-data", "--val-data"):
-            if word == flag and i + 1 < len(out):
-                at, value, prefix = i + 1, out[i + 1], ""
-            elif word.startswith(flag + "="):
-                at, value, prefix = i, word[len(flag) + 1 :], flag + "="
-            else:
-                continue
+    for flag in ("--train-data", "--val-data"):
+        for at, value, prefix in _flag_values(out, flag):
             parts = value.split("::")
             for j, part in enumerate(parts):
                 if part and os.path.isdir(part):
@@ -115,10 +111,10 @@ def _shard_sizes(urls: list):
     return sizes
 
 
-def check_worker_batches(oc_args, world: int | None = None) -> None:
-    """Every data-loader worker can fill a batch from its own shards (``world``: the ranks, default torchrun's
-    ``WORLD_SIZE``); with ``sizes.json`` known, a worker's fewest samples are those of the ``shards // workers``
-    smallest shards. Checked before the model is built; the pipeline would find out only after it."""
+def check_worker_batches(oc_args) -> None:
+    """Every data-loader worker of every rank can fill a batch from its own shards; with ``sizes.json`` known, a
+    worker's fewest samples are those of the ``shards // workers`` smallest shards. Checked before the model is
+    built; the pipeline would find out only after it."""
     from open_clip_train.distributed import world_info_from_env
 
     from ..paths import expand_pattern
@@ -135,7 +131,7 @@ def check_worker_batches(oc_args, world: int | None = None) -> None:
         urls = expand_pattern(oc_args.train_data)
     except (ValueError, TypeError):
         return  # check_data_paths names a pattern that does not expand
-    world = world if world is not None else world_info_from_env()[2]
+    world = world_info_from_env()[2]
     per_rank = max(1, oc_args.workers)
     readers = per_rank * world
     ranks = f" x {world} ranks" if world > 1 else ""
@@ -239,15 +235,19 @@ def check_ranks_against_devices(local_ranks: int, device: str) -> None:
         )
 
 
-def _word_value(words: list, flag: str):
-    """The value ``words`` give ``flag`` (``--flag V`` or ``--flag=V``; the last one counts), or None."""
-    value = None
+def _flag_values(words: list, flag: str):
+    """``(index, value, prefix)`` of each value ``words`` give ``flag``: ``--flag V`` or ``--flag=V``."""
     for i, word in enumerate(words):
         if word == flag and i + 1 < len(words):
-            value = words[i + 1]
+            yield i + 1, words[i + 1], ""
         elif word.startswith(flag + "="):
-            value = word[len(flag) + 1 :]
-    return value
+            yield i, word[len(flag) + 1 :], flag + "="
+
+
+def _word_value(words: list, flag: str):
+    """The value ``words`` give ``flag`` (the last one counts), or None."""
+    values = [value for _, value, _ in _flag_values(words, flag)]
+    return values[-1] if values else None
 
 
 #: How many rows of a training CSV have their image looked for before training (the rest fail in the loader).
@@ -308,48 +308,31 @@ def csv_images_beside(dataset, csv_path: str) -> None:
     ]
 
 
-def check_spelled_out(argv: List[str], parsers: List[argparse.ArgumentParser]) -> None:
-    """Refuse (`FlagError`) a ``--flag`` that none of ``parsers`` knows by that exact name but some flag begins
-    with: OpenCLIP's parser takes abbreviations, so a mistyped ``--los decl`` would set ``--loss-dist-impl``.
-    A word is read as argparse reads it: an option up to its ``=``; a word with a space is a value."""
-    known = set()
-    for parser in parsers:
-        known.update(parser._option_string_actions)  # argparse keeps no public list of its option strings
-    for word in argv:
-        if word == "--":  # what follows is positional
-            break
+def check_words(argv: List[str], parsers: List[argparse.ArgumentParser]) -> None:
+    """Refuse (`FlagError`, one line) a word that ``parsers`` would misread or answer with a usage block: a
+    ``--flag`` not spelled out in full (OpenCLIP's parser takes abbreviations, so a mistyped ``--los decl`` would
+    set ``--loss-dist-impl``), one no parser knows (naming the closest; argparse says "unrecognized arguments"),
+    and a value that is not one of its flag's choices (naming the closest). A word is read as argparse reads it:
+    an option up to its ``=``; a word with a space is a value; what follows ``--`` is positional."""
+    from ..arguments import misspelt_flag, not_one_of
+
+    actions = {s: a for parser in parsers for s, a in parser._option_string_actions.items()}  # no public list
+    words = argv[: argv.index("--")] if "--" in argv else list(argv)
+    for word in words:
         name = word.split("=", 1)[0]
-        if not name.startswith("--") or name == "--" or " " in name or name in known:
-            continue
-        candidates = sorted(flag for flag in known if flag.startswith(name))
-        if candidates:
-            raise FlagError(
-                f"{name} is not a flag (flags are spelled out in full); it could mean {', '.join(candidates)}"
-            )
-
-
-def check_known(argv: List[str], parsers: List[argparse.ArgumentParser]) -> None:
-    """Refuse (`FlagError`) a ``--flag`` that none of ``parsers`` knows, naming the closest flags they do know
-    (argparse would only say "unrecognized arguments"); one with no flag close to it is left to argparse."""
-    from ..arguments import misspelt_flag
-
-    found = misspelt_flag(argv, [flag for parser in parsers for flag in parser._option_string_actions])
+        if name.startswith("--") and name != "--" and " " not in name and name not in actions:
+            candidates = sorted(flag for flag in actions if flag.startswith(name))
+            if candidates:
+                raise FlagError(
+                    f"{name} is not a flag (flags are spelled out in full); it could mean {', '.join(candidates)}"
+                )
+    found = misspelt_flag(words, actions)
     if found:
         raise FlagError(f"{found[0]} is not a flag of clip-dcl or OpenCLIP; the closest: {', '.join(found[1])}")
-
-
-def check_choices(argv: List[str], parsers: List[argparse.ArgumentParser]) -> None:
-    """Refuse (`FlagError`, one line) a value that is not one of its flag's choices, in either parser, naming the
-    closest choice (OpenCLIP's parser would print its whole usage block first)."""
-    from ..arguments import not_one_of
-
-    actions = {s: a for parser in parsers for s, a in parser._option_string_actions.items() if a.choices}
-    for i, word in enumerate(argv):
-        if word == "--":
-            break
+    for i, word in enumerate(words):
         name, eq, value = word.partition("=")
         action = actions.get(name)
-        if action is None or (not eq and i + 1 >= len(argv)):
+        if action is None or not action.choices or (not eq and i + 1 >= len(argv)):
             continue
         value = value if eq else argv[i + 1]
         if callable(action.type):  # choices of another type than str are compared as argparse would

@@ -10,54 +10,34 @@ from __future__ import annotations
 import argparse
 import contextlib
 import io
-import math
 import os
 import re
 import sys
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Dict, List, Optional
+from typing import TYPE_CHECKING, Dict, Iterable, List, Optional
 
-from ..errors import FlagError  # noqa: F401  (raised here, and imported from here by callers)
-from .flag_checks import (  # noqa: F401 (re-exported)
+from ..errors import FlagError
+from ..exitcodes import INTERRUPTED, PREEMPTED
+from .divergence import DEFAULT_MAX_NONFINITE_STEPS
+from .flag_checks import (
     _openclip_objective,
-    check_choices,
     check_data_paths,
     check_global_batch,
-    check_known,
     check_optimizer_values,
     check_output_paths,
     check_packed_flags,
     check_ranks_against_devices,
-    check_spelled_out,
+    check_words,
     check_worker_batches,
     csv_data_flags,
+    first_bad_value,
     shard_folders_as_patterns,
 )
-from .loss_flags import (  # noqa: F401 (re-exported)
-    _DIST_KWARGS,
-    OPENCLIP_LOSS_FLAGS,
-    _flag,
-    _loss_defaults,
-    _words,
-    flag_owners,
-    loss_command,
-    loss_flags_table,
-    setting_words,
-)
+from .loss_flags import _DIST_KWARGS, OPENCLIP_LOSS_FLAGS, _flag, _loss_defaults, flag_owners
+from .signals import DEFAULT_SIGNALS, PreemptConfig, signal_number
 
 if TYPE_CHECKING:
     from clip_dcl.losses.base import DataFacts
-    from clip_dcl.train.signals import PreemptConfig
-
-#: ``--adamw-impl`` choices: the keyword of ``torch.optim.AdamW`` each sets
-ADAMW_IMPLS = ("foreach", "fused")
-
-
-def __getattr__(name):  # LOSS_FLAGS: computed from the registry when asked for
-    if name == "LOSS_FLAGS":
-        return flag_owners()
-    raise AttributeError(name)
-
 
 #: How the training command is named in its usage and errors when run as ``python -m clip_dcl.train``
 #: (or under torchrun); ``clip-dcl train`` names itself so.
@@ -67,10 +47,51 @@ PROG = "python -m clip_dcl.train"
 def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
     """The parser of clip-dcl's own training flags; ``--loss`` and the loss flags come from the registry
     (``clip_dcl.losses.LOSSES``), their defaults from the classes' signatures."""
-    from clip_dcl.losses import LOSSES
-
-    defaults = _loss_defaults()
     from clip_dcl.arguments import FlagParser
+    from clip_dcl.losses import LOSSES
+    from clip_dcl.losses.base import LossDeclaration
+
+    registered = tuple(LOSSES)  # the package's objectives first (registered on import), then any other
+    described = "; ".join(f"{n} = {LOSSES[n].summary or LOSSES[n].__name__}" for n in registered)
+    default = next((n for n in registered if openclip_native(n)), registered[0])
+    multi = ", ".join(n for n in registered if LOSSES[n].supports_captions_per_image)
+    about = {  # each flag's --help
+        "--loss": f"training objective: {described}; or any other loss registered in clip_dcl.losses.LOSSES "
+        f"before this parser is built (default: {default})",
+        "--captions-per-image": "captions drawn per training image from the json 'captions' list (or the .txt "
+        "lines), repeated in order when an image has fewer; the model encodes B x M texts and the loss takes "
+        f"them as M positives of each image (webdataset shards; --loss {multi}) (default: 1)",
+        "--strict": "refuse the first training sample a reader would skip (an empty caption, a missing or "
+        "undecodable image, a truncated shard), naming it, instead of skipping and counting it",
+        "--no-grad-gather": "gather the features without autograd and exchange two numbers per anchor: exact "
+        "gradients with no backward collective (needs --local-loss, replaces --gather-with-grad; not with --loss "
+        "curl, --hcl-beta > 0, --dcl-temperature or --captions-per-image > 1)",
+        "--loss-reset": "with --resume: resume a checkpoint of another --loss, another setting its loss state "
+        "depends on, or another number of sample ids; the saved loss state is dropped, the model and optimizer kept",
+        "--decl-grow-state": "with --resume and --loss decl --decl-rate index, when the training data grew since "
+        "the checkpoint: keep the learned rates of its ids and start the new ids unvisited",
+        "--model-config": "a model config JSON (or a folder of them) to register with OpenCLIP; the model name is "
+        "the file name without .json, and --model defaults to it",
+        "--preempt-signals": "signals on which every rank finishes its step, saves a checkpoint there and exits "
+        f"with code {PREEMPTED} (the first Ctrl-C during training steps: the same, code {INTERRUPTED}); "
+        f"'none': no handler (default: {' '.join(DEFAULT_SIGNALS)})",
+        "--preempt-check-every": "look for a signal (and the --save-every-minutes clock) every N optimizer steps, "
+        "one small all-reduce each with several ranks (default: 1)",
+        "--save-every-minutes": "also save a mid-epoch checkpoint every M minutes (rank 0's clock), at a step "
+        "boundary (default: only at epoch ends and on a signal)",
+        "--max-nonfinite-steps": "stop the run (exit code 1) after N consecutive optimizer steps whose loss is NaN "
+        "or inf, or at an epoch end or a save whose weights are, without writing them; 0: never stop on a "
+        f"non-finite loss (default: {DEFAULT_MAX_NONFINITE_STEPS})",
+        "--dist-timeout": "seconds a collective waits for the other ranks before this rank fails, so that a rank "
+        "that died or hangs ends the others (init_process_group's timeout; default: torch's)",
+        "--init-logit-scale": "the model's learned logit scale starts at S (a temperature of 1/S); the loss's own "
+        "fixed temperatures are unaffected (default: the model's, 1/0.07 for CLIP models)",
+        "--adamw-impl": "PyTorch's AdamW kernel for OpenCLIP's --opt adamw: the same update in fewer, larger "
+        "operations (default: PyTorch's choice: for-loop on CPU, foreach on CUDA)",
+    }
+
+    def add(group, flag: str, **kwargs) -> None:
+        group.add_argument(flag, help=about[flag], **kwargs)
 
     parser = FlagParser(
         prog=prog,
@@ -80,147 +101,38 @@ def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
         "Every OpenCLIP flag works as in OpenCLIP; clip-dcl adds these:",
     )
     g = parser.add_argument_group("clip-dcl objective")
-    registered = tuple(LOSSES)  # the package's objectives first (registered on import), then any other
-    described = "; ".join(f"{n} = {LOSSES[n].summary or LOSSES[n].__name__}" for n in registered)
-    default = next((n for n in registered if openclip_native(n)), registered[0])
-    g.add_argument(
-        "--loss",
-        choices=registered,
-        default=default,
-        help=f"training objective: {described}; or any other loss registered in clip_dcl.losses.LOSSES "
-        f"before this parser is built (default: {default})",
-    )
-    multi = ", ".join(n for n in registered if LOSSES[n].supports_captions_per_image)
-    g.add_argument(
-        "--captions-per-image",
-        type=int,
-        default=1,
-        metavar="M",
-        help="captions drawn per training image from the json 'captions' list (or the .txt lines), "
-        "repeated in order when an image has fewer; the model encodes B x M texts and the loss takes "
-        f"them as M positives of each image (webdataset shards; --loss {multi}) (default: 1)",
-    )
+    add(g, "--loss", choices=registered, default=default)
+    add(g, "--captions-per-image", type=int, default=1, metavar="M")
+    defaults = _loss_defaults()
     for name in registered:
+        own = defaults.get(name, {})
         for flag in LOSSES[name].flags:
-            value = defaults.get(name, {}).get(flag.kwarg, None)
-            shown = "" if value is None else f" (default: {value})"
-            if flag.kwarg not in defaults.get(name, {}) and flag.default_text:  # resolved by the loss
+            shown = "" if own.get(flag.kwarg) is None else f" (default: {own[flag.kwarg]})"
+            if flag.kwarg not in own and flag.default_text:  # resolved by the loss
                 shown = f" (default: {flag.default_text.replace('`', '')})"
-            kwargs = dict(default=None, help=f"{name}: {flag.help}{shown}")
+            kwargs = dict(help=f"{name}: {flag.help}{shown}")
             if flag.boolean:
                 kwargs["action"] = argparse.BooleanOptionalAction
             elif flag.choices is not None:
                 kwargs["choices"] = flag.choices
             else:
-                kwargs["type"] = flag.type
-                if flag.metavar:
-                    kwargs["metavar"] = flag.metavar
+                kwargs.update(type=flag.type, metavar=flag.metavar or None)
             g.add_argument(flag.flag, **kwargs)
-    from clip_dcl.losses.base import LossDeclaration
-
     for flag in LossDeclaration.shared_flags:  # every loss's: declared once, on the base
         shown = f" (default: {flag.default_text})" if flag.default_text else ""
-        g.add_argument(
-            flag.flag, type=flag.type, metavar=flag.metavar, default=None, help=f"every loss: {flag.help}{shown}"
-        )
-    g.add_argument(
-        "--strict",
-        action="store_true",
-        help="refuse the first training sample a reader would skip (an empty caption, a missing or undecodable "
-        "image, a truncated shard), naming it, instead of skipping and counting it",
-    )
-    g.add_argument(
-        "--no-grad-gather",
-        action="store_true",
-        help="gather the features without autograd and exchange two numbers per anchor: exact gradients "
-        "with no backward collective (needs --local-loss, replaces --gather-with-grad; not with --loss curl, "
-        "--hcl-beta > 0, --dcl-temperature or --captions-per-image > 1)",
-    )
-    g.add_argument(
-        "--loss-reset",
-        action="store_true",
-        help="with --resume: resume a checkpoint of another --loss, another setting its loss state depends "
-        "on, or another number of sample ids; the saved loss state is dropped, the model and optimizer kept",
-    )
-    g.add_argument(
-        "--decl-grow-state",
-        action="store_true",
-        help="with --resume and --loss decl --decl-rate index, when the training data grew since the "
-        "checkpoint: keep the learned rates of its ids and start the new ids unvisited",
-    )
-    g.add_argument(
-        "--model-config",
-        default=None,
-        metavar="PATH",
-        help="a model config JSON (or a folder of them) to register with OpenCLIP; the model name is "
-        "the file name without .json, and --model defaults to it",
-    )
-    from .exits import INTERRUPTED_EXIT_CODE, PREEMPTED_EXIT_CODE
-    from .signals import DEFAULT_SIGNALS
-
+        g.add_argument(flag.flag, type=flag.type, metavar=flag.metavar, help=f"every loss: {flag.help}{shown}")
+    for switch in ("--strict", "--no-grad-gather", "--loss-reset", "--decl-grow-state"):
+        add(g, switch, action="store_true")
+    add(g, "--model-config", metavar="PATH")
     g = parser.add_argument_group("preemption")
-    g.add_argument(
-        "--preempt-signals",
-        nargs="+",
-        default=None,
-        metavar="SIG",
-        help=f"signals on which every rank finishes its step, saves a checkpoint there and exits with code "
-        f"{PREEMPTED_EXIT_CODE} (the first Ctrl-C during training steps: the same, code {INTERRUPTED_EXIT_CODE}); "
-        f"'none': no handler (default: {' '.join(DEFAULT_SIGNALS)})",
-    )
-    g.add_argument(
-        "--preempt-check-every",
-        type=int,
-        default=1,
-        metavar="N",
-        help="look for a signal (and the --save-every-minutes clock) every N optimizer steps, one small "
-        "all-reduce each with several ranks (default: 1)",
-    )
-    g.add_argument(
-        "--save-every-minutes",
-        type=float,
-        default=None,
-        metavar="M",
-        help="also save a mid-epoch checkpoint every M minutes (rank 0's clock), at a step boundary "
-        "(default: only at epoch ends and on a signal)",
-    )
-    from .divergence import DEFAULT_MAX_NONFINITE_STEPS
-
+    add(g, "--preempt-signals", nargs="+", metavar="SIG")
+    add(g, "--preempt-check-every", type=int, default=1, metavar="N")
+    add(g, "--save-every-minutes", type=float, metavar="M")
     g = parser.add_argument_group("failures")
-    g.add_argument(
-        "--max-nonfinite-steps",
-        type=int,
-        default=DEFAULT_MAX_NONFINITE_STEPS,
-        metavar="N",
-        help="stop the run (exit code 1) after N consecutive optimizer steps whose loss is NaN or inf, or at "
-        "an epoch end or a save whose weights are, without writing them; 0: never stop on a non-finite loss "
-        f"(default: {DEFAULT_MAX_NONFINITE_STEPS})",
-    )
-    g.add_argument(
-        "--dist-timeout",
-        type=float,
-        default=None,
-        metavar="SECONDS",
-        help="seconds a collective waits for the other ranks before this rank fails, so that a rank that "
-        "died or hangs ends the others (init_process_group's timeout; default: torch's)",
-    )
-    g = parser.add_argument_group("model")
-    g.add_argument(
-        "--init-logit-scale",
-        type=float,
-        default=None,
-        metavar="S",
-        help="the model's learned logit scale starts at S (a temperature of 1/S); the loss's own fixed "
-        "temperatures are unaffected (default: the model's, 1/0.07 for CLIP models)",
-    )
-    g = parser.add_argument_group("speed")
-    g.add_argument(
-        "--adamw-impl",
-        choices=ADAMW_IMPLS,
-        default=None,
-        help="PyTorch's AdamW kernel for OpenCLIP's --opt adamw: the same update in fewer, larger "
-        "operations (default: PyTorch's choice: for-loop on CPU, foreach on CUDA)",
-    )
+    add(g, "--max-nonfinite-steps", type=int, default=DEFAULT_MAX_NONFINITE_STEPS, metavar="N")
+    add(g, "--dist-timeout", type=float, metavar="SECONDS")
+    add(parser.add_argument_group("model"), "--init-logit-scale", type=float, metavar="S")
+    add(parser.add_argument_group("speed"), "--adamw-impl", choices=("foreach", "fused"))  # torch AdamW's keyword
     return parser
 
 
@@ -250,31 +162,22 @@ class TrainConfig:
     #: ids per source of ``::``-joined ``--train-data`` (None for one source; see clip_dcl.train.ids)
     id_block: Optional[int] = None
     captions_per_image: int = 1
-    preempt: "PreemptConfig" = field(default_factory=lambda: _default_preempt())
-    max_nonfinite_steps: int = field(default_factory=lambda: _default_max_nonfinite_steps())
+    preempt: PreemptConfig = field(default_factory=PreemptConfig)
+    max_nonfinite_steps: int = DEFAULT_MAX_NONFINITE_STEPS
     dist_timeout: Optional[float] = None
     adamw_impl: Optional[str] = None
     init_logit_scale: Optional[float] = None
     strict: bool = False
 
 
-def _default_max_nonfinite_steps() -> int:
-    from .divergence import DEFAULT_MAX_NONFINITE_STEPS
-
-    return DEFAULT_MAX_NONFINITE_STEPS
-
-
-def _default_preempt():
-    from .signals import PreemptConfig
-
-    return PreemptConfig()
+def same_named(obj, names: Iterable[str]) -> Dict[str, object]:
+    """``obj``'s attributes ``names`` as keyword arguments: for a call whose keywords are named as the flags."""
+    return {name: getattr(obj, name) for name in names}
 
 
-def _preempt_config(ours):
-    """The preemption flags checked: known signals, N >= 1, M > 0."""
-    from .signals import DEFAULT_SIGNALS, PreemptConfig, signal_number
-
-    names = list(DEFAULT_SIGNALS) if ours.preempt_signals is None else list(ours.preempt_signals)
+def _preempt_config(ours) -> PreemptConfig:
+    """The preemption group's flags, each signal name checked."""
+    names = list(DEFAULT_SIGNALS if ours.preempt_signals is None else ours.preempt_signals)
     if [n.lower() for n in names] == ["none"]:
         names = []
     for name in names:
@@ -282,27 +185,18 @@ def _preempt_config(ours):
             signal_number(name)
         except ValueError as e:
             raise FlagError(f"--preempt-signals {name}: {e}") from None
-    if ours.preempt_check_every < 1:
-        raise FlagError(f"--preempt-check-every must be >= 1, got {ours.preempt_check_every}")
-    minutes = ours.save_every_minutes
-    if minutes is not None and not (minutes > 0 and math.isfinite(minutes)):
-        raise FlagError(f"--save-every-minutes must be > 0, got {minutes:g}")
-    return PreemptConfig(signals=names, check_every=ours.preempt_check_every, save_every_minutes=minutes)
+    return PreemptConfig(
+        signals=names, check_every=ours.preempt_check_every, save_every_minutes=ours.save_every_minutes
+    )
 
 
-def print_help(parser: argparse.ArgumentParser, file=None) -> None:
+def print_help(parser: argparse.ArgumentParser) -> None:
     """Our flags, then OpenCLIP's own ``--help``."""
     from open_clip_train.params import parse_args as openclip_parse_args
 
-    file = file or sys.stdout
-    file.write(parser.format_help())
-    file.write("\nOpenCLIP's flags (open_clip_train.main), all accepted:\n\n")
-    file.flush()
-    with program_named(parser.prog):
-        try:
-            openclip_parse_args(["--help"])
-        except SystemExit:
-            pass
+    print(parser.format_help() + "\nOpenCLIP's flags (open_clip_train.main), all accepted:\n", flush=True)
+    with program_named(parser.prog), contextlib.suppress(SystemExit):
+        openclip_parse_args(["--help"])
 
 
 @contextlib.contextmanager
@@ -367,16 +261,16 @@ def _require_data(oc_args) -> None:
         )
 
 
-def _loss_flags_given(ours) -> Dict[str, object]:
-    """The loss flags given (``dest`` -> value); :class:`FlagError` for one of another loss than ``--loss``."""
-    flag_map = flag_owners()
-    given = {dest: getattr(ours, dest) for dest in flag_map if getattr(ours, dest, None) is not None}
-    foreign = [f"{_flag(d)}" for d in given if flag_map[d][0] != ours.loss]
+def _loss_kwargs_given(ours) -> Dict[str, object]:
+    """The loss flags given, as the loss's keyword arguments; :class:`FlagError` for one of another loss."""
+    owners = flag_owners()
+    given = {dest: getattr(ours, dest) for dest in owners if getattr(ours, dest, None) is not None}
+    foreign = [dest for dest in given if owners[dest][0] != ours.loss]
     if foreign:
-        owners = sorted({flag_map[d][0] for d in given if flag_map[d][0] != ours.loss})
+        losses = " / ".join(sorted({owners[dest][0] for dest in foreign}))
         verb = "applies" if len(foreign) == 1 else "apply"
-        raise FlagError(f"{', '.join(foreign)} only {verb} to --loss {' / '.join(owners)}, not --loss {ours.loss}")
-    return given
+        raise FlagError(f"{', '.join(map(_flag, foreign))} only {verb} to --loss {losses}, not --loss {ours.loss}")
+    return {owners[dest][1]: value for dest, value in given.items()}
 
 
 def check_flag_words(argv: List[str], prog: str = PROG) -> None:
@@ -387,7 +281,7 @@ def check_flag_words(argv: List[str], prog: str = PROG) -> None:
     parser, ours, rest = _parse_ours(argv, prog)
     with program_named(prog):
         openclip_parse_args(list(rest))
-    _loss_flags_given(ours)
+    _loss_kwargs_given(ours)
 
 
 def _parse_ours(argv: List[str], prog: str):
@@ -395,10 +289,7 @@ def _parse_ours(argv: List[str], prog: str):
     from .compat import openclip_parser
 
     parser = build_parser(prog)
-    parsers = [parser, openclip_parser()]
-    check_spelled_out(argv, parsers)
-    check_known(argv, parsers)
-    check_choices(argv, parsers)
+    check_words(argv, [parser, openclip_parser()])
     with program_named(prog):
         ours, rest = parser.parse_known_args(argv)
     return parser, ours, rest
@@ -415,8 +306,11 @@ def parse_train_args(argv: List[str], check_files: bool = True, prog: str = PROG
 
     from open_clip_train.params import parse_args as openclip_parse_args
 
+    from clip_dcl.losses import LOSSES, resolve_loss_args
+    from clip_dcl.losses.base import LossDeclaration
     from clip_dcl.models import model_name_problem, register_builtin_configs, register_model_config
 
+    from .facts import data_facts
     from .precision import _is_first_rank, settle_machine_flags
 
     register_builtin_configs()
@@ -445,35 +339,28 @@ def parse_train_args(argv: List[str], check_files: bool = True, prog: str = PROG
     check_packed_flags(oc_args)
 
     loss = ours.loss
-    flag_map = flag_owners()
-    given = _loss_flags_given(ours)
-    from clip_dcl.losses import LOSSES, resolve_loss_args
-
-    from .facts import data_facts
-
-    why = None if openclip_native(loss) else _openclip_objective(oc_args, coca=False)  # CoCa takes our term
-    if why:
+    kwargs = _loss_kwargs_given(ours)
+    own = _openclip_objective(oc_args, coca=False)  # CoCa takes our term
+    if own and not openclip_native(loss):
         native = " / ".join(f"--loss {n}" for n in LOSSES if openclip_native(n))
-        raise FlagError(f"--loss {loss} cannot be combined with {why}: that objective is OpenCLIP's own; use {native}")
-    _check_captions_per_image(ours, oc_args, loss)
+        raise FlagError(f"--loss {loss} cannot be combined with {own}: that objective is OpenCLIP's own; use {native}")
+    bad = first_bad_value(
+        ("--captions-per-image", ours.captions_per_image, lambda v: v >= 1, ">= 1"),
+        ("--preempt-check-every", ours.preempt_check_every, lambda v: v >= 1, ">= 1"),
+        ("--save-every-minutes", ours.save_every_minutes, lambda v: v > 0, "> 0"),
+        ("--max-nonfinite-steps", ours.max_nonfinite_steps, lambda v: v >= 0, ">= 0 (0: never stop)"),
+        ("--dist-timeout", ours.dist_timeout, lambda v: v > 0, "a number of seconds > 0"),
+        ("--init-logit-scale", ours.init_logit_scale, lambda v: v > 0, "a number > 0"),
+    )
+    if bad:
+        raise FlagError(f"{bad[0]} must be {bad[2]}, got {bad[1]:g}")
     preempt = _preempt_config(ours)
-    if ours.max_nonfinite_steps < 0:
-        raise FlagError(f"--max-nonfinite-steps must be >= 0 (0: never stop), got {ours.max_nonfinite_steps}")
-    timeout = ours.dist_timeout
-    if timeout is not None and not (timeout > 0 and math.isfinite(timeout)):
-        raise FlagError(f"--dist-timeout must be a number of seconds > 0, got {timeout:g}")
-
-    if ours.init_logit_scale is not None and not (ours.init_logit_scale > 0 and math.isfinite(ours.init_logit_scale)):
-        raise FlagError(f"--init-logit-scale must be a number > 0, got {ours.init_logit_scale:g}")
+    _check_captions_per_image(ours, oc_args, loss)
     if ours.adamw_impl and getattr(oc_args, "opt", "adamw").lower() != "adamw":
         raise FlagError(f"--adamw-impl {ours.adamw_impl} applies to --opt adamw, not --opt {oc_args.opt}")
     if ours.no_grad_gather:
         _check_no_grad_gather(oc_args)
-    kwargs = {flag_map[d][1]: v for d, v in given.items()}
-    from clip_dcl.losses.base import LossDeclaration
-
     shared = {f.kwarg: getattr(ours, f.dest) for f in LossDeclaration.shared_flags if getattr(ours, f.dest) is not None}
-    own = _openclip_objective(oc_args, coca=False)
     if shared.get("tile") and own:
         raise FlagError(f"--loss-tile applies to the contrastive losses, not to the objective of {own}")
     kwargs.update(shared)
@@ -521,31 +408,23 @@ def parse_train_args(argv: List[str], check_files: bool = True, prog: str = PROG
             print(f"clip-dcl train: {flag} {folder} is a folder: reading its shards {pattern}", file=sys.stderr)
         if notice:
             print(f"clip-dcl train: {notice}", file=sys.stderr)
+    same = ("loss", "model_config", "no_grad_gather", "loss_reset", "captions_per_image", "strict")
+    same += ("max_nonfinite_steps", "dist_timeout", "adamw_impl", "init_logit_scale")
     return TrainConfig(
-        loss,
-        kwargs,
-        full_args,
-        list(rest),
-        ours.model_config,
-        num_samples,
-        data,
-        no_grad_gather=ours.no_grad_gather,
-        strict=ours.strict,
-        captions_per_image=ours.captions_per_image,
-        loss_reset=ours.loss_reset,
+        loss_kwargs=kwargs,
+        loss_args=full_args,
+        openclip_argv=list(rest),
+        num_samples=num_samples,
+        data=data,
         grow_state=ours.decl_grow_state,
         id_block=id_block,
         preempt=preempt,
-        max_nonfinite_steps=ours.max_nonfinite_steps,
-        dist_timeout=timeout,
-        adamw_impl=ours.adamw_impl,
-        init_logit_scale=ours.init_logit_scale,
+        **same_named(ours, same),
     )
 
 
 def openclip_native(loss: str) -> bool:
-    """Whether ``loss`` is OpenCLIP's own objective, which OpenCLIP's ``create_loss(args)`` builds (see
-    ``openclip_native`` on the loss class)."""
+    """Whether ``loss`` is OpenCLIP's own objective, which OpenCLIP's ``create_loss(args)`` builds."""
     from clip_dcl.losses import LOSSES
 
     return bool(LOSSES[loss].openclip_native)
@@ -572,13 +451,13 @@ def create_loss_checked(loss: str, kwargs: Dict[str, object], oc_args, no_grad_g
 
 
 def _check_captions_per_image(ours, oc_args, loss: str) -> None:
-    """``--captions-per-image``: at least 1; above 1 only where the pipeline and the loss take it."""
+    """``--captions-per-image`` above 1 only where the pipeline and the loss take it."""
     m = ours.captions_per_image
-    if m < 1:
-        raise FlagError(f"--captions-per-image must be >= 1, got {m}")
     if m == 1:
         return
     from clip_dcl.losses import LOSSES
+
+    from .facts import train_data_kind
 
     if not LOSSES[loss].supports_captions_per_image:
         raise FlagError(f"--captions-per-image {m}: --loss {loss} takes one caption per image")
@@ -590,8 +469,6 @@ def _check_captions_per_image(ours, oc_args, loss: str) -> None:
     why = _openclip_objective(oc_args, horovod=False)
     if why:
         raise FlagError(f"--captions-per-image {m} cannot be combined with {why}")
-    from .facts import train_data_kind
-
     if oc_args.train_data and train_data_kind(oc_args) != "webdataset":
         raise FlagError(
             f"--captions-per-image {m} reads the captions from webdataset shards (json 'captions' or "

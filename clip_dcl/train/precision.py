@@ -12,8 +12,8 @@ import os
 import sys
 from typing import List, Sequence
 
-#: ``--report-to`` names -> (the module OpenCLIP imports for it, the extra that installs it).
-LOGGERS = {"tensorboard": ("tensorboard", "tensorboard"), "wandb": ("wandb", "wandb")}
+#: ``--report-to`` names: each the module OpenCLIP imports for it and the extra that installs it.
+LOGGERS = ("tensorboard", "wandb")
 #: The precision a CPU run gets when the command line names none.
 CPU_PRECISION = "fp32"
 
@@ -34,13 +34,11 @@ def names_precision(argv: Sequence[str]) -> bool:
 def runs_on_cpu(device: str) -> bool:
     """Whether ``--device`` ends up on the CPU: ``cpu``, or ``cuda[:N]`` with no GPU visible."""
     kind = device.split(":", 1)[0]
-    if kind == "cpu":
-        return True
     if kind == "cuda":
         import torch
 
         return not torch.cuda.is_available()
-    return False
+    return kind == "cpu"
 
 
 def _is_first_rank() -> bool:
@@ -58,12 +56,11 @@ def check_loggers(report_to: str, installed: bool = True) -> None:
             f"--report-to {report_to}: {', '.join(unknown)} is not one of "
             f"{', '.join([*LOGGERS, 'all'])} (comma-separated)"
         )
-    wanted = list(LOGGERS) if "all" in names else names
     if not installed:
         return
-    missing = [n for n in wanted if importlib.util.find_spec(LOGGERS[n][0]) is None]
+    missing = [n for n in (LOGGERS if "all" in names else names) if importlib.util.find_spec(n) is None]
     if missing:
-        extras = ",".join(LOGGERS[n][1] for n in missing)
+        extras = ",".join(missing)
         raise FlagError(
             f"--report-to {report_to}: the {' and '.join(missing)} package"
             f"{'s are' if len(missing) > 1 else ' is'} not installed; run "

@@ -8,7 +8,8 @@ import logging
 from typing import Optional
 
 from . import saving
-from .flags import TrainConfig, loss_command, setting_words
+from .flags import TrainConfig
+from .loss_flags import loss_command, setting_words
 
 
 class LossStateMismatch(RuntimeError):
