@@ -12,8 +12,45 @@ import logging
 import os
 
 import torch
+from open_clip_train import data as oc_data
 
 from ..data.skips import row_cause
+from .ids import with_indices
+
+
+def csv_dataset(args, preprocess_fn, is_train, epoch=0, tokenizer=None):
+    """OpenCLIP's CSV dataset, its relative image paths read beside the CSV as evaluation reads them, less the
+    rows :func:`leave_out_bad_rows` leaves out."""
+    info = oc_data.get_csv_dataset(args, preprocess_fn, is_train, epoch=epoch, tokenizer=tokenizer)
+    path = args.train_data if is_train else args.val_data
+    images_beside(info.dataloader.dataset, path)
+    if leave_out_bad_rows(
+        info.dataloader.dataset, path, getattr(args, "strict_data", False)
+    ):  # fewer rows: the loader's counts follow
+        info.dataloader.num_samples = len(info.dataloader.dataset)
+        if not is_train:  # a training set's loader is made again (with_indices)
+            info.dataloader.num_batches = len(info.dataloader)
+    return info
+
+
+def csv_train_data(args, preprocess_fn, epoch=0, tokenizer=None):
+    """:func:`csv_dataset` for training, each batch with its rows as sample ids (:class:`DecodedRows`)."""
+    info = csv_dataset(args, preprocess_fn, True, epoch=epoch, tokenizer=tokenizer)
+    sampler = info.sampler
+    if isinstance(sampler, torch.utils.data.DistributedSampler):  # sized before rows were left out
+        sampler = torch.utils.data.DistributedSampler(info.dataloader.dataset)
+    return with_indices(info, lambda rows: DecodedRows(rows, args.train_data, args.strict_data), sampler=sampler)
+
+
+def images_beside(dataset, csv_path: str) -> None:
+    """Point a CSV dataset's relative image paths at the CSV's folder where the image is there (where
+    ``clip-dcl eval retrieval`` reads them); a path found only from the working folder (OpenCLIP's reading)
+    is kept."""
+    folder = os.path.dirname(csv_path)
+    dataset.images = [
+        p if os.path.isabs(str(p)) or not os.path.isfile(os.path.join(folder, str(p))) else os.path.join(folder, str(p))
+        for p in dataset.images
+    ]
 
 
 def leave_out_bad_rows(dataset, csv_path: str, strict: bool = False) -> dict:

@@ -297,17 +297,6 @@ def csv_data_flags(words: list) -> list:
     return list(words) + [word for pair in seen.items() for word in pair]
 
 
-def csv_images_beside(dataset, csv_path: str) -> None:
-    """Point a CSV dataset's relative image paths at the CSV's folder where the image is there (where
-    ``clip-dcl eval retrieval`` reads them); a path found only from the working folder (OpenCLIP's reading)
-    is kept."""
-    folder = os.path.dirname(csv_path)
-    dataset.images = [
-        p if os.path.isabs(str(p)) or not os.path.isfile(os.path.join(folder, str(p))) else os.path.join(folder, str(p))
-        for p in dataset.images
-    ]
-
-
 def check_words(argv: List[str], parsers: List[argparse.ArgumentParser]) -> None:
     """Refuse (`FlagError`, one line) a word that ``parsers`` would misread or answer with a usage block: a
     ``--flag`` not spelled out in full (OpenCLIP's parser takes abbreviations, so a mistyped ``--los decl`` would

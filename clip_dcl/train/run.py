@@ -27,7 +27,7 @@ from clip_dcl.paths import expand_pattern
 from . import loss_state, runfolder, saving
 from . import signals as preemption
 from .compat import setup_logging as openclip_setup_logging
-from .csv_data import DecodedRows, leave_out_bad_rows
+from .csv_data import csv_dataset, csv_train_data
 from .divergence import Diverged, NonFiniteSteps, describe_tensors, nonfinite_tensors
 from .exits import watch_loaders
 from .flags import TrainConfig, full_loss_args, openclip_native
@@ -563,7 +563,7 @@ class TrainingRun:
                 raise PackedDataError(f"--val-data {args.val_data}: a packed set is for training; validate on shards")
             read = oc_data.get_dataset_fn(args.val_data, args.dataset_type)
             if read is oc_data.get_csv_dataset:
-                read = _csv_dataset
+                read = csv_dataset
             val_args = args
             if read is oc_data.get_wds_dataset:  # its shard paths as a list: OpenCLIP's expansion drops backslashes
                 val_args = copy.copy(args)
@@ -581,30 +581,8 @@ class TrainingRun:
         if read is oc_data.get_wds_dataset:
             return get_wds_train_dataset(args, preprocess, is_train=True, epoch=epoch, tokenizer=tokenizer)
         if read is oc_data.get_csv_dataset:
-            info = _csv_dataset(args, preprocess, True, epoch=epoch, tokenizer=tokenizer)
-            sampler = info.sampler
-            if isinstance(sampler, torch.utils.data.DistributedSampler):  # sized before rows were left out
-                sampler = torch.utils.data.DistributedSampler(info.dataloader.dataset)
-            info = with_indices(
-                info, lambda rows: DecodedRows(rows, args.train_data, args.strict_data), sampler=sampler
-            )
+            info = csv_train_data(args, preprocess, epoch, tokenizer)
         else:
             info = with_indices(read(args, preprocess, True, epoch=epoch, tokenizer=tokenizer))
         self.train_data_size = info.dataloader.num_samples  # the row (CSV) or index (synthetic) is the sample id
         return info
-
-
-def _csv_dataset(args, preprocess_fn, is_train, epoch=0, tokenizer=None):
-    """OpenCLIP's CSV dataset, its relative image paths read beside the CSV as evaluation reads them."""
-    from .flag_checks import csv_images_beside
-
-    info = oc_data.get_csv_dataset(args, preprocess_fn, is_train, epoch=epoch, tokenizer=tokenizer)
-    path = args.train_data if is_train else args.val_data
-    csv_images_beside(info.dataloader.dataset, path)
-    if leave_out_bad_rows(
-        info.dataloader.dataset, path, getattr(args, "strict_data", False)
-    ):  # fewer rows: the loader's counts follow
-        info.dataloader.num_samples = len(info.dataloader.dataset)
-        if not is_train:  # a training set's loader is made again (with_indices)
-            info.dataloader.num_batches = len(info.dataloader)
-    return info
