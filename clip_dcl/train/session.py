@@ -34,11 +34,16 @@ from . import saving
 from . import signals as preemption
 from .compat import cpu_safe_ddp, init_process_group_timeout
 from .exits import stop_exit_code
-from .flags import TrainConfig
+from .flags import TrainConfig, same_named
 from .run import TrainingRun
 
 __all__ = ["train", "run_training", "PeerFailure", "collective_failed"]
 LATEST = "epoch_latest.pt"  # OpenCLIP's name for --save-most-recent
+#: The flags passed to OpenCLIP's model factory under their own names.
+MODEL_FLAGS = (
+    "precision", "force_quick_gelu", "force_custom_text", "force_patch_dropout", "force_image_size", "image_mean",
+    "image_std", "image_interpolation", "image_resize_mode", "aug_cfg", "pretrained_image", "cache_dir",
+)  # fmt: skip
 
 
 def _log_dir(argv) -> Optional[str]:
@@ -316,21 +321,10 @@ def train(run: TrainingRun) -> int:
         model, preprocess_train, preprocess_val = create_model_and_transforms(
             args.model,
             args.pretrained,
-            precision=args.precision,
             device=device,
             jit=args.torchscript,
-            force_quick_gelu=args.force_quick_gelu,
-            force_custom_text=args.force_custom_text,
-            force_patch_dropout=args.force_patch_dropout,
-            force_image_size=args.force_image_size,
-            image_mean=args.image_mean,
-            image_std=args.image_std,
-            image_interpolation=args.image_interpolation,
-            image_resize_mode=args.image_resize_mode,
-            aug_cfg=args.aug_cfg,
-            pretrained_image=args.pretrained_image,
             output_dict=True,
-            cache_dir=args.cache_dir,
+            **same_named(args, MODEL_FLAGS),
             **model_kwargs,
         )
     dist_model = None
