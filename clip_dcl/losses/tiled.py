@@ -147,15 +147,15 @@ class TilePlan:
     def powers(self, z, spare):
         """``(gamma, exp(gamma z))`` for `gammas`, ``z`` the row-shifted tile, each to be used before the next.
 
-        ``exp(z)`` is formed in place of ``z``; HCL's ``exp(beta z)`` in ``spare`` (``exp(z)`` itself when
+        ``exp(z)`` is formed in place of ``z``; HCL's ``exp(beta z)`` in ``spare()`` (``exp(z)`` itself when
         beta = 1), and ``exp((1 + beta) z) = exp(z) exp(beta z)`` then in place of it: one ``exp`` per entry, two
         with beta other than 1.
         """
-        eb = torch.mul(z, self.beta, out=spare).exp_() if self.beta and self.beta != 1.0 else None
+        eb = torch.mul(z, self.beta, out=spare()).exp_() if self.beta and self.beta != 1.0 else None
         e1 = z.exp_()
         yield 1.0, e1
         if self.beta == 1.0:
-            yield 2.0, torch.mul(e1, e1, out=spare)
+            yield 2.0, torch.mul(e1, e1, out=spare())
         elif self.beta:
             yield self.beta, eb
             yield 1.0 + self.beta, eb.mul_(e1)
@@ -203,11 +203,13 @@ class _Buffers:
     """The ``n x tile`` blocks a call reuses across its tiles (a fresh one per tile costs the allocator more
     than the arithmetic on the CPU)."""
 
-    def __init__(self, like: torch.Tensor, n: int, tile: int, count: int):
-        self.n = n
-        self.flat = [like.new_empty(n * tile) for _ in range(count)]
+    def __init__(self, like: torch.Tensor, n: int, tile: int):
+        self.like, self.n, self.tile = like, n, tile
+        self.flat = {}  # made at first use: a loss without HCL never asks for the spare one
 
     def __call__(self, i: int, width: int) -> torch.Tensor:
+        if i not in self.flat:
+            self.flat[i] = self.like.new_empty(self.n * self.tile)
         return self.flat[i][: self.n * width].view(self.n, width)
 
 
@@ -223,7 +225,7 @@ class TiledLSE(torch.autograd.Function):
         n, c = anchors.shape[0], candidates.shape[0]
         a = scale * anchors  # (n, d): the scale on the anchors, as scaled_logits does; not kept
         outs = [anchors.new_full((n if r.axis == 1 else c,), NEG_INF) for r in plan.reductions]
-        buffers = _Buffers(a, n, min(plan.tile, c), 2)
+        buffers = _Buffers(a, n, min(plan.tile, c))
         ones = a.new_ones(min(plan.tile, c))
         by_gamma = {}  # gamma -> [(k, axis)] of the statistics but the tails
         for k, r in enumerate(plan.reductions):
@@ -234,7 +236,7 @@ class TiledLSE(torch.autograd.Function):
             found = plan.tail_stats(logits, j0, j1)  # before the tile is overwritten by its exponentials
             tile = _Tile(logits)
             z = logits.sub_(tile.shift[:, None])
-            for gamma, p in plan.powers(z, buffers(1, j1 - j0)):
+            for gamma, p in plan.powers(z, lambda: buffers(1, j1 - j0)):
                 targets = by_gamma.get(gamma, [])
                 if any(axis == 1 for _, axis in targets):
                     row = torch.mv(p, ones[: j1 - j0]).log_().add_(tile.shift, alpha=gamma)
@@ -264,7 +266,7 @@ class TiledLSE(torch.autograd.Function):
         a = scale * anchors
         d_a = torch.zeros_like(anchors)  # dL/d(s a)
         d_candidates = torch.empty_like(candidates)
-        buffers = _Buffers(a, n, min(plan.tile, c), 3)
+        buffers = _Buffers(a, n, min(plan.tile, c))
         for j0, j1, rows, cols in plan.tiles(c):
             logits = plan.masked_tile(a, candidates, j0, j1, rows, cols, out=buffers(0, j1 - j0))
             d_tail = plan.tail_gradient(logits, outs, grads, j0, j1)  # before the tile is overwritten
@@ -312,7 +314,7 @@ def _logit_gradient(plan: TilePlan, logits, outs, grads, buffers, a, candidates,
             u = torch.stack([rho, tile.weights(gamma)], dim=1)
             factors[gamma] = (u, torch.stack([torch.ones_like(kappa), kappa]))
     z = logits.sub_(tile.shift[:, None])
-    powers = plan.powers(z, buffers(1, width))
+    powers = plan.powers(z, lambda: buffers(1, width))
     d = buffers(2, width)
     _, p1 = next(powers)
     if not plan.beta:
