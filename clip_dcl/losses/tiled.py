@@ -34,8 +34,8 @@ from torch.autograd.function import once_differentiable
 
 #: the column-tile width a device type uses when a loss is given ``tile=None``, where the tiled path was measured at
 #: least as fast as the whole matrix; 0 (the whole matrix) elsewhere. None is yet: on the CPU (2 cores,
-#: benchmarks/results/loss_speed.md, measured before the tiles shared their exponentials) tiles of 1024 took longer
-#: than the whole matrix for dcl and decl at G = 4096 and 8192 (and less than ClipLoss), for a fifth of its memory.
+#: benchmarks/results/loss_speed.md) tiles of 1024 now take less time than the whole matrix for dcl, HCL and decl at
+#: G = 4096 and 8192, but a CPU default waits for the whole test suite run under it (docs/training.md).
 DEFAULT_TILE: Dict[str, int] = {}
 
 NEG_INF = float("-inf")
