@@ -238,6 +238,22 @@ def test_resume_refuses_only_what_the_state_depends_on(tmp_path, now):
     assert queue.pt_load(path)["epoch"] == 1
 
 
+@pytest.mark.parametrize("saved_tile, now_tile", [(0, 256), (256, 0)])
+def test_a_loss_tile_is_recorded_and_never_refuses_a_resume(tmp_path, saved_tile, now_tile):
+    """--loss-tile changes how the loss is computed, not what: the record keeps it, a resume takes another."""
+    from clip_dcl.train.flags import parse_train_args
+    from clip_dcl.train.loss_flags import loss_command
+
+    saved, now = _decl_args(tile=saved_tile), _decl_args(tile=now_tile)
+    assert saved["tile"] == saved_tile and now["tile"] == now_tile
+    assert "--loss-tile 256" in " ".join(loss_command("decl", _decl_args(tile=256)))
+    run, path = _resume(tmp_path, saved, now)
+    assert run.pt_load(path)["epoch"] == 1 and int(run.resumed["loss_state"]["calls"]) == 3
+    argv = ["--loss", "decl", "--dataset-type", "synthetic", "--train-num-samples", "16"]
+    assert parse_train_args(argv + ["--loss-tile", str(now_tile)]).loss_args["tile"] == now_tile
+    assert "tile" not in parse_train_args(argv).loss_args  # not given: the device's default, nothing recorded
+
+
 def test_resume_refuses_nothing_for_another_accum_freq_and_keeps_the_step_count(tmp_path):
     """Doubling the ranks and halving --accum-freq keeps the global batch: DeCL's step counter (loss calls)
     is converted, not refused, so lambda_t and gamma_t continue at the same optimizer step."""

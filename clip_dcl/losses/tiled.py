@@ -34,8 +34,8 @@ from torch.autograd.function import once_differentiable
 
 #: the column-tile width a device type uses when a loss is given ``tile=None``, where the tiled path was measured at
 #: least as fast as the whole matrix; 0 (the whole matrix) elsewhere. None is yet: on the CPU (2 cores,
-#: benchmarks/results/loss_speed.md) tiles of 1024 took about 1.4x the whole matrix's time for dcl and decl at
-#: G = 4096 and 8192 (and less than ClipLoss's), for a fifth of its memory.
+#: benchmarks/results/loss_speed.md) tiles of 1024 now take less time than the whole matrix for dcl, HCL and decl at
+#: G = 4096 and 8192, but a CPU default waits for the whole test suite run under it (docs/training.md).
 DEFAULT_TILE: Dict[str, int] = {}
 
 NEG_INF = float("-inf")
@@ -94,9 +94,20 @@ class TilePlan:
             rows, m = ((inside_all >= j0) & (inside_all < j1)).nonzero(as_tuple=True)
             yield j0, j1, rows, inside_all[rows, m] - j0
 
-    def masked_tile(self, anchors, candidates, j0, j1, rows, cols) -> torch.Tensor:
-        logits = anchors @ candidates[j0:j1].T  # (n, t)
+    def masked_tile(self, anchors, candidates, j0, j1, rows, cols, out=None) -> torch.Tensor:
+        """The tile's logits ``(n, j1 - j0)`` with the positives at -inf, written into ``out`` when given."""
+        logits = torch.mm(anchors, candidates[j0:j1].T, out=out)
         logits[rows, cols] = NEG_INF
+        return logits
+
+    def masked_columns(self, anchors, candidates, j0, j1, rows, cols, idx) -> torch.Tensor:
+        """The logits of the tile's columns ``idx`` only ``(n, len(idx))``, positives at -inf."""
+        logits = anchors @ candidates[j0 + idx].T
+        where = torch.full((j1 - j0,), -1, dtype=torch.long, device=idx.device)
+        where[idx] = torch.arange(idx.numel(), device=idx.device)
+        at = where[cols]
+        inside = at >= 0
+        logits[rows[inside], at[inside]] = NEG_INF
         return logits
 
     def tail_weight(self, logits: torch.Tensor, axis: int, j0: int, j1: int) -> torch.Tensor:
@@ -108,57 +119,46 @@ class TilePlan:
         zero = logits.new_zeros(())
         return torch.where(logits < thr, zero, torch.where(logits == thr, zero + keep, zero + NEG_INF))
 
-    def axes(self):
-        return sorted({r.axis for r in self.reductions}, reverse=True)
+    def gammas(self) -> Tuple[float, ...]:
+        """The distinct multipliers of the statistics but the tails: 1, and beta and 1 + beta with HCL."""
+        return (1.0,) if not self.beta else ((1.0, 2.0) if self.beta == 1.0 else (1.0, self.beta, 1.0 + self.beta))
 
-    def _index(self, axis: int, role: str, tail: bool = False) -> Optional[int]:
+    def tail_stats(self, logits, j0, j1):
+        """``(k, this tile's log-sum-exp)`` of the tails, each shifted by its own maximum (the row's lies in the
+        top k)."""
+        found = []
         for k, r in enumerate(self.reductions):
-            if (r.axis, r.role, r.tail) == (axis, role, tail):
-                return k
-        return None
+            if r.tail:
+                x = logits if r.gamma == 1.0 else r.gamma * logits
+                found.append((k, torch.logsumexp(x + self.tail_weight(logits, r.axis, j0, j1), dim=r.axis)))
+        return found
 
-    def exponentials(self, z, axis):
-        """``(k, exp(gamma_k z))`` of each statistic ``k`` along ``axis`` but the tails, ``z`` the shifted tile.
+    def tail_gradient(self, logits, outs, grads, j0, j1) -> Optional[torch.Tensor]:
+        """``sum_k gamma_k G_k exp(gamma_k l + w - LSE_k)`` over the tails (None without any)."""
+        d = None
+        for k, r in enumerate(self.reductions):
+            if r.tail:
+                x = logits if r.gamma == 1.0 else r.gamma * logits
+                x = (x + self.tail_weight(logits, r.axis, j0, j1)).sub_(_line(outs[k], r.axis, j0, j1)).exp_()
+                x.mul_(r.gamma * _line(grads[k], r.axis, j0, j1))
+                d = x if d is None else d.add_(x)
+        return d
 
-        Each is summed before the next is asked for, so they share ``z``'s memory: ``exp(z)`` is formed in place
-        and becomes ``exp((1 + beta) z) = exp(z) exp(beta z)`` in place.
+    def powers(self, z, spare):
+        """``(gamma, exp(gamma z))`` for `gammas`, ``z`` the row-shifted tile, each to be used before the next.
+
+        ``exp(z)`` is formed in place of ``z``; HCL's ``exp(beta z)`` in ``spare()`` (``exp(z)`` itself when
+        beta = 1), and ``exp((1 + beta) z) = exp(z) exp(beta z)`` then in place of it: one ``exp`` per entry, two
+        with beta other than 1.
         """
-        eb = (self.beta * z).exp_() if self.beta else None
+        eb = torch.mul(z, self.beta, out=spare()).exp_() if self.beta and self.beta != 1.0 else None
         e1 = z.exp_()
-        yield self._index(axis, "plain"), e1
-        if self.beta:
-            yield self._index(axis, "weight"), eb
-            yield self._index(axis, "hard"), e1.mul_(eb)
-
-    def logit_gradient(self, logits, outs, grads, j0, j1) -> torch.Tensor:
-        """``dL/dl`` of the tile: ``sum_k gamma_k G_k exp(gamma_k l + w - LSE_k)`` over every statistic."""
-        d_logits = None
-
-        def add(x, scale):  # d_logits += x * scale, x a tile of this function's own
-            nonlocal d_logits
-            d_logits = x.mul_(scale) if d_logits is None else d_logits.addcmul_(x, scale)
-
-        for axis in self.axes():
-            plain = self._index(axis, "plain")
-            lse1, c1 = _line(outs[plain], axis, j0, j1), _line(grads[plain], axis, j0, j1)
-            e1 = (logits - lse1).exp_()  # the plain softmax weights
-            if self.beta:
-                # exp((1 + b) l - LSE_h) = exp(l - LSE_1) exp(b l - LSE_b) exp(LSE_1 + LSE_b - LSE_h), the last
-                # factor between 1 and N: d = e1 (c1 + c_h f eb) + c_b eb, with c_k = gamma_k G_k
-                weight, hard = self._index(axis, "weight"), self._index(axis, "hard")
-                lse_b, lse_h = _line(outs[weight], axis, j0, j1), _line(outs[hard], axis, j0, j1)
-                eb = torch.add(-lse_b, logits, alpha=self.beta).exp_()
-                factor = (lse1 + lse_b - lse_h).exp_().mul_((1.0 + self.beta) * _line(grads[hard], axis, j0, j1))
-                x = torch.addcmul(c1, eb, factor).mul_(e1).addcmul_(eb, self.beta * _line(grads[weight], axis, j0, j1))
-                d_logits = x if d_logits is None else d_logits.add_(x)
-            else:
-                add(e1, c1)
-            for k, r in enumerate(self.reductions):
-                if r.axis == axis and r.tail:
-                    x = logits if r.gamma == 1.0 else r.gamma * logits
-                    x = (x + self.tail_weight(logits, axis, j0, j1)).sub_(_line(outs[k], axis, j0, j1)).exp_()
-                    add(x, r.gamma * _line(grads[k], axis, j0, j1))
-        return d_logits
+        yield 1.0, e1
+        if self.beta == 1.0:
+            yield 2.0, torch.mul(e1, e1, out=spare())
+        elif self.beta:
+            yield self.beta, eb
+            yield 1.0 + self.beta, eb.mul_(e1)
 
 
 def _line(vec: torch.Tensor, axis: int, j0: int, j1: int) -> torch.Tensor:
@@ -166,12 +166,58 @@ def _line(vec: torch.Tensor, axis: int, j0: int, j1: int) -> torch.Tensor:
     return vec[:, None] if axis == 1 else vec[None, j0:j1]
 
 
+def _log_floor(dtype: torch.dtype, n: int) -> float:
+    """The least ``log S_j`` of a column sum formed from row-shifted exponentials that keeps its dtype's precision.
+
+    Each of the ``n`` terms ``exp(gamma (l_ij - r_i)) exp(gamma (r_i - M))`` is either accurate to ``eps`` of its
+    size or below ``tiny`` (an underflow), so ``S_j`` is within ``eps S_j + 4 n tiny``; below this floor the
+    column is summed again from its own logits.
+    """
+    info = torch.finfo(dtype)
+    return math.log(4 * n * info.tiny / info.eps)
+
+
+class _Tile:
+    """One tile's row shifts: ``r_i`` its row maxima, ``M`` the largest of them.
+
+    Every exponential of the tile is taken once, row-shifted: ``P_ij = exp(gamma (l_ij - r_i)) <= 1``. A row's
+    statistic is ``log sum_j P_ij + gamma r_i`` (its online merge as before); a column's is
+    ``log S_j + gamma M`` with ``S_j = sum_i P_ij exp(gamma (r_i - M))``, a matrix-vector product. The column
+    statistic is exact whenever ``log S_j`` clears `_log_floor` (in float64 always, for logits within
+    +-700); a column below it is recomputed from its own logits.
+    """
+
+    def __init__(self, logits: torch.Tensor):
+        self.r = logits.amax(dim=1)  # (n,)
+        self.shift = torch.where(self.r == NEG_INF, 0.0, self.r)  # a line of masked entries only sums to 0
+        top = self.r.max()
+        self.top = torch.where(top == NEG_INF, 0.0, top)
+        self.floor = _log_floor(logits.dtype, logits.shape[0])
+
+    def weights(self, gamma: float) -> torch.Tensor:
+        """``exp(gamma (r_i - M))`` ``(n,)``: 0 on a row of masked entries."""
+        return ((self.r - self.top) * gamma).exp_()
+
+
+class _Buffers:
+    """The ``n x tile`` blocks a call reuses across its tiles (a fresh one per tile costs the allocator more
+    than the arithmetic on the CPU)."""
+
+    def __init__(self, like: torch.Tensor, n: int, tile: int):
+        self.like, self.n, self.tile = like, n, tile
+        self.flat = {}  # made at first use: a loss without HCL never asks for the spare one
+
+    def __call__(self, i: int, width: int) -> torch.Tensor:
+        if i not in self.flat:
+            self.flat[i] = self.like.new_empty(self.n * self.tile)
+        return self.flat[i][: self.n * width].view(self.n, width)
+
+
 class TiledLSE(torch.autograd.Function):
     """``(anchors (n, d), candidates (C, d), plan)`` -> one tensor per ``plan.reductions`` (``(n,)`` or ``(C,)``).
 
-    See the module docstring for the forward reduction and the recomputing backward. The elementwise work
-    is what costs beside the matmuls: one shift per row (or column) serves every statistic, and HCL's
-    ``exp((1 + beta) l)`` is the product of the plain and the weight exponentials, one ``exp`` fewer.
+    See the module docstring for the forward reduction and the recomputing backward, and `_Tile` for how one
+    set of row-shifted exponentials serves the row and the column statistics alike.
     """
 
     @staticmethod
@@ -179,25 +225,34 @@ class TiledLSE(torch.autograd.Function):
         n, c = anchors.shape[0], candidates.shape[0]
         a = scale * anchors  # (n, d): the scale on the anchors, as scaled_logits does; not kept
         outs = [anchors.new_full((n if r.axis == 1 else c,), NEG_INF) for r in plan.reductions]
+        buffers = _Buffers(a, n, min(plan.tile, c))
+        ones = a.new_ones(min(plan.tile, c))
+        by_gamma = {}  # gamma -> [(k, axis)] of the statistics but the tails
+        for k, r in enumerate(plan.reductions):
+            if not r.tail:
+                by_gamma.setdefault(r.gamma, []).append((k, r.axis))
         for j0, j1, rows, cols in plan.tiles(c):
-            logits = plan.masked_tile(a, candidates, j0, j1, rows, cols)
-            for axis in plan.axes():
-                shift = logits.amax(dim=axis, keepdim=True)
-                shift = torch.where(shift == NEG_INF, 0.0, shift)  # a line of masked entries only sums to 0
-                z = logits - shift  # <= 0: no exp below overflows
-                found = [
-                    (k, torch.log(x.sum(dim=axis)).add_(plan.reductions[k].gamma * shift.reshape(-1)))
-                    for k, x in plan.exponentials(z, axis)
-                ]
-                for k, r in enumerate(plan.reductions):
-                    if r.axis == axis and r.tail:  # shifted by its own maximum: the row's lies in the top k
-                        x = logits if r.gamma == 1.0 else r.gamma * logits
-                        found.append((k, torch.logsumexp(x + plan.tail_weight(logits, axis, j0, j1), dim=axis)))
-                for k, lse in found:
-                    if axis == 1:  # online: merge this tile's log-sum-exp into the row's
-                        torch.logaddexp(outs[k], lse, out=outs[k])
-                    else:  # a tile holds every row: the column's statistic is complete
-                        outs[k][j0:j1] = lse
+            logits = plan.masked_tile(a, candidates, j0, j1, rows, cols, out=buffers(0, j1 - j0))
+            found = plan.tail_stats(logits, j0, j1)  # before the tile is overwritten by its exponentials
+            tile = _Tile(logits)
+            z = logits.sub_(tile.shift[:, None])
+            for gamma, p in plan.powers(z, lambda: buffers(1, j1 - j0)):
+                targets = by_gamma.get(gamma, [])
+                if any(axis == 1 for _, axis in targets):
+                    row = torch.mv(p, ones[: j1 - j0]).log_().add_(tile.shift, alpha=gamma)
+                if any(axis == 0 for _, axis in targets):
+                    col = torch.mv(p.T, tile.weights(gamma)).log_()
+                    low = (col < tile.floor).nonzero()[:, 0]
+                    col.add_(gamma * tile.top)
+                    if low.numel():  # summed again from their own logits, each shifted by its own maximum
+                        again = plan.masked_columns(a, candidates, j0, j1, rows, cols, low)
+                        col[low] = torch.logsumexp(gamma * again, dim=0)
+                found += [(k, row if axis == 1 else col) for k, axis in targets]
+            for k, lse in found:
+                if plan.reductions[k].axis == 1:  # online: merge this tile's log-sum-exp into the row's
+                    torch.logaddexp(outs[k], lse, out=outs[k])
+                else:  # a tile holds every row: the column's statistic is complete
+                    outs[k][j0:j1] = lse
         ctx.save_for_backward(anchors, candidates, scale, *outs)
         ctx.plan = plan
         return tuple(outs)
@@ -207,16 +262,80 @@ class TiledLSE(torch.autograd.Function):
     def backward(ctx, *grads):
         anchors, candidates, scale, *outs = ctx.saved_tensors
         plan: TilePlan = ctx.plan
+        n, c = anchors.shape[0], candidates.shape[0]
         a = scale * anchors
         d_a = torch.zeros_like(anchors)  # dL/d(s a)
-        d_candidates = torch.zeros_like(candidates)
-        for j0, j1, rows, cols in plan.tiles(candidates.shape[0]):
-            logits = plan.masked_tile(a, candidates, j0, j1, rows, cols)
-            d_logits = plan.logit_gradient(logits, outs, grads, j0, j1)
+        d_candidates = torch.empty_like(candidates)
+        buffers = _Buffers(a, n, min(plan.tile, c))
+        for j0, j1, rows, cols in plan.tiles(c):
+            logits = plan.masked_tile(a, candidates, j0, j1, rows, cols, out=buffers(0, j1 - j0))
+            d_tail = plan.tail_gradient(logits, outs, grads, j0, j1)  # before the tile is overwritten
+            d_logits = _logit_gradient(plan, logits, outs, grads, buffers, a, candidates, j0, j1, rows, cols)
+            if d_tail is not None:
+                d_logits.add_(d_tail)
             d_a.addmm_(d_logits, candidates[j0:j1])
-            d_candidates[j0:j1] = d_logits.T @ a
+            torch.mm(d_logits.T, a, out=d_candidates[j0:j1])
         d_scale = (d_a * anchors).sum().reshape(scale.shape) if ctx.needs_input_grad[2] else None
         return d_a.mul_(scale), d_candidates, d_scale, None
+
+
+def _logit_gradient(plan: TilePlan, logits, outs, grads, buffers, a, candidates, j0, j1, rows, cols):
+    """``dL/dl`` of the tile from the statistics but the tails, from one set of row-shifted exponentials.
+
+    With ``P_g = exp(g (l - r))`` (`_Tile`), each statistic's term ``g G_k exp(g l - LSE_k)`` is
+    ``P_g rho_i`` along rows, ``rho_i = g G_k,i exp(g r_i - LSE_k,i) <= g G_k,i``, and ``P_g w_i kappa_j`` along
+    columns, ``w_i = exp(g (r_i - M)) <= 1``, ``kappa_j = g G_k,j exp(g M - LSE_k,j)``: so
+    ``dL/dl = sum_g P_g (U_g V_g)``, ``U_g = [rho, w]`` ``(n, 2)`` and ``V_g = [1, kappa]`` ``(2, t)``, a rank-two
+    product each. HCL's ``P_(1+b) = P_1 P_b`` folds into ``P_1 (U_1 V_1 + P_b (U_h V_h)) + P_b (U_b V_b)``.
+    A column whose sum fell below the floor in forward (`_log_floor`) gets its term from its own logits.
+    """
+    width = j1 - j0
+    tile = _Tile(logits)
+    low = {}  # gamma -> the columns summed again
+    factors = {}
+    for gamma in plan.gammas():
+        rho = logits.new_zeros(logits.shape[0])
+        kappa = None
+        for k, r in enumerate(plan.reductions):
+            if r.tail or r.gamma != gamma:
+                continue
+            if r.axis == 1:
+                rho += (gamma * tile.shift - outs[k]).exp_().mul_(gamma * grads[k])
+            else:
+                log_s = outs[k][j0:j1] - gamma * tile.top
+                term = log_s.neg().exp_().mul_(gamma * grads[k][j0:j1])
+                below = log_s < tile.floor
+                kappa = torch.where(below, 0.0, term) if kappa is None else kappa + torch.where(below, 0.0, term)
+                low.setdefault(gamma, []).append((k, below))
+        rho = torch.where(tile.r == NEG_INF, 0.0, rho)
+        if kappa is None:
+            factors[gamma] = (rho[:, None], logits.new_ones(1, width))
+        else:
+            u = torch.stack([rho, tile.weights(gamma)], dim=1)
+            factors[gamma] = (u, torch.stack([torch.ones_like(kappa), kappa]))
+    z = logits.sub_(tile.shift[:, None])
+    powers = plan.powers(z, lambda: buffers(1, width))
+    d = buffers(2, width)
+    _, p1 = next(powers)
+    if not plan.beta:
+        torch.mm(*factors[1.0], out=d).mul_(p1)
+    elif plan.beta == 1.0:
+        # P_1 (U_1 V_1 + P_1 (U_2 V_2)): P_2 = P_1 P_1 is never formed
+        torch.mm(*factors[2.0], out=d).mul_(p1).addmm_(*factors[1.0]).mul_(p1)
+    else:
+        beta = plan.beta
+        _, pb = next(powers)  # P_1 (U_1 V_1 + P_b (U_h V_h)) + P_b (U_b V_b), U_b V_b formed where P_1 was
+        torch.mm(*factors[1.0 + beta], out=d).mul_(pb).addmm_(*factors[1.0]).mul_(p1)
+        d.addcmul_(pb, torch.mm(*factors[beta], out=p1))
+    for gamma, entries in low.items():
+        idx = torch.stack([b for _, b in entries]).any(dim=0).nonzero()[:, 0]
+        if idx.numel():
+            again = gamma * plan.masked_columns(a, candidates, j0, j1, rows, cols, idx)
+            for k, below in entries:
+                lse = outs[k][j0 + idx]
+                x = (again - lse).exp_().mul_(gamma * torch.where(below[idx], grads[k][j0 + idx], 0.0))
+                d.index_add_(1, idx, torch.where(lse == NEG_INF, 0.0, x))
+    return d
 
 
 @torch.no_grad()

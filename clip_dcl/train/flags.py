@@ -226,10 +226,17 @@ def _explain(err: Exception, loss: str, kwargs: Dict[str, object]) -> str:
 
 
 def full_loss_args(loss: str, kwargs: Dict[str, object]) -> Dict[str, object]:
-    """``kwargs`` completed with the defaults of the loss class's signature."""
+    """``kwargs`` completed with the defaults of the loss class's signature, and every loss's shared flags
+    (``--loss-tile``) where given: recorded so that a run says what it ran with (a tile never changes the math,
+    so no resume compares it)."""
     from clip_dcl.losses import LOSSES
+    from clip_dcl.losses.base import LossDeclaration
 
-    return {k: kwargs.get(k, v) for k, v in LOSSES[loss].defaults().items() if k not in _DIST_KWARGS}
+    out = {k: kwargs.get(k, v) for k, v in LOSSES[loss].defaults().items() if k not in _DIST_KWARGS}
+    for flag in LossDeclaration.shared_flags:
+        if kwargs.get(flag.kwarg) is not None:
+            out[flag.kwarg] = kwargs[flag.kwarg]
+    return out
 
 
 def _check_no_grad_gather(oc_args) -> None:
