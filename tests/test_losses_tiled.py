@@ -199,8 +199,11 @@ def test_bf16_autocast_gives_the_whole_matrix_result():
         loss.backward()
         assert torch.isfinite(loss) and torch.isfinite(fb.grad).all() and torch.isfinite(gb.grad).all()
         out.append((loss.detach(), fb.grad, gb.grad))
-    for a, b in zip(*out):
-        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5 * float(b.abs().max()))
+    torch.testing.assert_close(out[0][0], out[1][0], rtol=1e-5, atol=1e-5 * float(out[1][0].abs()))
+    # the gradients reach the float32 leaves through the bfloat16 cast: the two paths' float32 gradients differ by
+    # float32 rounding, which may fall on either side of a bfloat16 midpoint, so they agree to one bfloat16 step
+    for a, b in zip(out[0][1:], out[1][1:]):
+        torch.testing.assert_close(a, b, rtol=2**-7, atol=1e-5 * float(b.abs().max()))
 
 
 def test_coca_takes_the_tiled_term():
@@ -219,10 +222,18 @@ def test_coca_takes_the_tiled_term():
 
 def test_the_default_tile_is_the_devices():
     assert create_loss("dcl").tile is None
-    for device in ("cpu", "meta"):  # a device type without a default measured faster: the whole matrix
-        assert resolve_tile(None, torch.device(device)) == DEFAULT_TILE.get(device, 0)
+    g, width = DEFAULT_TILE["cpu"]  # the CPU tiles from the G where it was measured faster, square matrices only
+    assert resolve_tile(None, torch.device("cpu"), g) == width > 0
+    assert resolve_tile(None, torch.device("cpu"), g - 1) == 0
+    assert resolve_tile(None, torch.device("cpu"), g, square=False) == 0
+    assert resolve_tile(None, torch.device("meta"), 10 * g) == DEFAULT_TILE.get("meta", (0, 0))[1] == 0
     assert resolve_tile(7, torch.device("cpu")) == 7
-    assert resolve_tile(0, torch.device("cpu")) == 0
+    assert resolve_tile(0, torch.device("cpu"), 10 * g) == 0
+    # a loss counts the gathered columns: B x world_size
+    assert create_loss("dcl").tile_for(torch.zeros(g, 2)) == width
+    assert create_loss("dcl", world_size=2, rank=0).tile_for(torch.zeros(g // 2, 2)) == width
+    assert create_loss("dcl", world_size=2, rank=0, local_loss=True).tile_for(torch.zeros(g // 2, 2)) == 0
+    assert create_loss("dcl").tile_for(torch.zeros(g // 2, 2)) == 0
     assert isinstance(create_loss("clip"), ClipLoss)  # the baseline stays OpenCLIP's own unless a tile is asked
 
 

@@ -115,7 +115,7 @@ TILE_FLAG = LossFlag(
     help="compute the loss over column tiles of N logits per anchor, recomputed in backward, so that the "
     "G x G logit matrix is never held (memory linear in the batch, the same loss and gradients); 0: the "
     "whole matrix (with --loss clip, OpenCLIP's ClipLoss)",
-    default_text="0",
+    default_text="1024 on the CPU from a global batch of 4096 without --local-loss on several ranks, else 0",
 )
 
 
@@ -295,8 +295,10 @@ class ContrastiveLoss(LossDeclaration, nn.Module):
         return st
 
     def tile_for(self, features: torch.Tensor) -> int:
-        """The column-tile width in effect for ``features``' device (``tile``, or that device's default)."""
-        return resolve_tile(self.tile, features.device)
+        """The column-tile width in effect for this rank's ``features`` (``tile``, or its device's default for the
+        gathered G = B x world_size columns; a B x G matrix under ``local_loss`` on several ranks keeps 0)."""
+        square = not (self.local_loss and self.world_size > 1)
+        return resolve_tile(self.tile, features.device, features.shape[0] * self.world_size, square)
 
     def compute(self, image_features, text_features, logit_scale, logit_bias, sample_ids):
         raise NotImplementedError

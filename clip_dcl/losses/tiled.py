@@ -32,11 +32,12 @@ from typing import Dict, Optional, Tuple
 import torch
 from torch.autograd.function import once_differentiable
 
-#: the column-tile width a device type uses when a loss is given ``tile=None``, where the tiled path was measured at
-#: least as fast as the whole matrix; 0 (the whole matrix) elsewhere. None is yet: on the CPU (2 cores,
-#: benchmarks/results/loss_speed.md) tiles of 1024 now take less time than the whole matrix for dcl, HCL and decl at
-#: G = 4096 and 8192, but a CPU default waits for the whole test suite run under it (docs/training.md).
-DEFAULT_TILE: Dict[str, int] = {}
+#: ``{device type: (G, tile)}``: the tile width a loss given ``tile=None`` uses on that device from a square G x G
+#: logit matrix of G columns up, where the tiled path was measured at least as fast as the whole matrix for every
+#: loss; 0 (the whole matrix) below G, for a B x G matrix (``--local-loss`` on several ranks) and on other devices.
+#: On the CPU (2 cores, benchmarks/results/loss_speed.md) tiles of 1024 took less time than the whole matrix for
+#: dcl, HCL and decl at G = 4096 and 8192, more at G <= 1024, and more for dcl and decl at 2048.
+DEFAULT_TILE: Dict[str, Tuple[int, int]] = {"cpu": (4096, 1024)}
 
 NEG_INF = float("-inf")
 
@@ -57,9 +58,13 @@ def parse_tile(text: str) -> int:
     return tile
 
 
-def resolve_tile(tile: Optional[int], device: torch.device) -> int:
-    """The tile width in effect: ``tile``, or the default of ``device``'s type for None."""
-    return DEFAULT_TILE.get(device.type, 0) if tile is None else tile
+def resolve_tile(tile: Optional[int], device: torch.device, columns: int = 0, square: bool = True) -> int:
+    """The tile width in effect: ``tile``, or for None `DEFAULT_TILE`'s for ``device``'s type and a logit matrix of
+    ``columns`` columns (``square``: as many rows)."""
+    if tile is not None:
+        return tile
+    from_columns, width = DEFAULT_TILE.get(device.type, (0, 0))
+    return width if width and square and columns >= from_columns else 0
 
 
 @dataclass(frozen=True)
