@@ -35,8 +35,8 @@ from torch.autograd.function import once_differentiable
 #: ``{device type: (G, tile)}``: the tile width a loss given ``tile=None`` uses on that device from a square G x G
 #: logit matrix of G columns up, where the tiled path was measured at least as fast as the whole matrix for every
 #: loss; 0 (the whole matrix) below G, for a B x G matrix (``--local-loss`` on several ranks) and on other devices.
-#: On the CPU (2 cores, benchmarks/results/loss_speed.md) tiles of 1024 took less time than the whole matrix for
-#: dcl, HCL and decl at G = 4096 and 8192, more at G <= 1024, and more for dcl and decl at 2048.
+#: On the CPU (2 cores, benchmarks/results/loss_speed.md and loss_speed_small.md) tiles of 1024 took less time than
+#: the whole matrix for dcl, HCL and decl at G = 4096 and 8192, and more for dcl and decl at G = 32 to 2048.
 DEFAULT_TILE: Dict[str, Tuple[int, int]] = {"cpu": (4096, 1024)}
 
 NEG_INF = float("-inf")
