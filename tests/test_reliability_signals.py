@@ -290,3 +290,34 @@ def test_sigterm_to_the_process_group_after_a_validation_saves_and_exits_75(shar
     assert "Stopped on SIGTERM after step" in err and "Eval Epoch: 1" in log.read_text(), err[-3000:]
     assert "Traceback" not in err and "killed by signal" not in err, err[-3000:]
     assert len(list((logs / "val" / "checkpoints").glob("epoch_1_step_*.pt"))) == 1
+
+
+class _BlockedSignals(torch.utils.data.Dataset):
+    """One item: the signals blocked in the worker that reads it (its mask from its fork)."""
+
+    def __len__(self):
+        return 1
+
+    def __getitem__(self, i):
+        return torch.tensor(sorted(int(s) for s in signal.pthread_sigmask(signal.SIG_BLOCK, [])))
+
+
+def test_loader_workers_are_born_with_the_stop_signals_blocked(monkeypatch):
+    """Issue (startup stress, 1 of 100): torchrun stops its ranks with killpg, which reaches a loader worker just
+    forked too, before its worker_init_fn; torch's worker loop has set its own SIGTERM handler by then, which ends
+    a worker on a signal not from its parent, and the rank's step failed with a traceback. Workers started in
+    the loop are born with the stop signals blocked (one waits for worker_ignores_stop_signals' thread), and the
+    rank's own mask is as it was afterwards."""
+    from clip_dcl.train import signals as S
+
+    monkeypatch.setattr(S, "_STOP_SIGNALS", [signal.SIGTERM, signal.SIGUSR1])
+    before = signal.pthread_sigmask(signal.SIG_BLOCK, [])
+    loader = torch.utils.data.DataLoader(_BlockedSignals(), num_workers=1, batch_size=None)
+    with S.workers_born_blocked():
+        batches = iter(loader)
+    assert signal.pthread_sigmask(signal.SIG_BLOCK, []) == before
+    blocked = set(next(batches).tolist())
+    assert {int(signal.SIGTERM), int(signal.SIGUSR1)} <= blocked
+    del batches
+    # without the block, a worker is born with the rank's mask: the window the block closes
+    assert int(signal.SIGTERM) not in set(next(iter(loader)).tolist())

@@ -22,6 +22,7 @@ from open_clip_train.precision import get_autocast
 from clip_dcl.losses.base import SampleIdError, declared
 
 from .ids import MissingSampleIds, SampleIdOutOfRange
+from .signals import workers_born_blocked
 
 
 def unwrap(model):
@@ -227,7 +228,8 @@ class StepBatches:
         self.taken = skip  # the steps of the epoch yielded so far
 
     def __iter__(self):
-        batches = iter(self.dataloader)
+        with workers_born_blocked():  # the loader's workers start here
+            batches = iter(self.dataloader)
         for _ in range(self.skip * self.accum):  # the batches of the steps already taken: read, not trained on
             if next(batches, None) is None:
                 return

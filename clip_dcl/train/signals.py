@@ -14,6 +14,7 @@ them): the launcher and the command line install their handlers before torch is 
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import random
@@ -48,6 +49,23 @@ def worker_ignores_stop_signals(worker_id: Optional[int] = None) -> None:
     threading.Thread(
         target=_exit_on_parents_signal, args=(numbers, parent), daemon=True, name="clip-dcl-stop-signals"
     ).start()
+
+
+@contextlib.contextmanager
+def workers_born_blocked():
+    """Around the start of a data loader's workers (``iter(loader)``): the stop signals blocked in this thread, so the
+    workers forked meanwhile are born with them blocked. Else one sent to the whole process group (torchrun stops its
+    ranks with ``killpg``) in the moments before a worker's ``worker_init_fn`` meets the SIGTERM handler torch's
+    worker loop sets first, which ends a worker on a signal not from its parent and fails the rank's step; blocked,
+    it waits for :func:`worker_ignores_stop_signals`. This process receives its own when the block ends."""
+    if not _STOP_SIGNALS or not hasattr(signal, "pthread_sigmask"):
+        yield
+        return
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, set(_STOP_SIGNALS))
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)
 
 
 def _exit_on_parents_signal(numbers, parent: int) -> None:
