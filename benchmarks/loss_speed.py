@@ -465,6 +465,42 @@ def peak_block(doc) -> str:
     )
 
 
+def default_block(doc) -> str:
+    """The README's sentence on the CPU's default tile (`clip_dcl.losses.tiled.DEFAULT_TILE`), from the small
+    batches' ``loss_speed_small.json`` and the large ones' ``loss_speed.json``: where each loss took less time tiled
+    than with the whole matrix."""
+    import json
+
+    from clip_dcl.losses.tiled import DEFAULT_TILE
+
+    large = json.loads((Path(__file__).parent / "results" / "loss_speed.json").read_text())
+    start, tile = DEFAULT_TILE["cpu"]
+    losses = [("`dcl`", "dcl"), ("HCL", "dcl HCL beta=1"), ("`decl`", "decl rate=index")]
+
+    def faster_tiled(d, batch):  # the losses whose tiled row took less time than their whole-matrix row
+        return [
+            label
+            for label, name in losses
+            if _ratio(d, f"{name} tile={tile}", "seconds", batch) < _ratio(d, name, "seconds", batch)
+        ]
+
+    def listed(gs):
+        return ", ".join(f"{g:,}" for g in gs[:-1]) + (" and " if len(gs) > 1 else "") + f"{gs[-1]:,}"
+
+    above = sorted({r["G"] for r in large["rows"] if r["device"] == "cpu" and r["G"] >= start})
+    below = sorted({r["G"] for r in doc["rows"] if r["device"] == "cpu" and r["G"] < start})
+    every = all(len(faster_tiled(large, g)) == len(losses) for g in above)
+    whole = [label for label, _ in losses if all(label not in faster_tiled(doc, g) for g in below)]
+    return (
+        f"The default follows the measurements: on a CPU a square logit matrix of {start:,} columns or more takes "
+        f"tiles of {tile} (at G = {listed(above)} the tiles took less time than the whole matrix for "
+        f"{'every loss' if every else 'some losses'}: [results](benchmarks/results/loss_speed.md)), a smaller one the "
+        f"whole matrix (at G = {listed(below)} it took less time for {' and '.join(whole) or 'no loss'}; "
+        f"[results](benchmarks/results/loss_speed_small.md), {doc['date'][:10]}); on a GPU the whole matrix, until "
+        "the tiled code is measured there."
+    )
+
+
 def _device_name(device):
     return torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
 

@@ -89,6 +89,7 @@ QUOTES: Tuple[Quote, ...] = (
     Quote("fscenes gate", "fscenes_gate.py", "fscenes_gate.json", ("README.md",)),
     Quote("loss memory", "loss_speed.py", "loss_speed.json", ("README.md",)),
     Quote("loss memory at scale", "loss_speed.py", "loss_speed_32k.json", ("README.md",), "peak_block"),
+    Quote("default tile", "loss_speed.py", "loss_speed_small.json", ("README.md",), "default_block"),
 )
 
 

@@ -8,11 +8,17 @@ Writability is tested by creating a file: permission bits say nothing for root, 
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import re
 import tempfile
 from pathlib import Path
 from typing import Iterable, Optional
+
+#: The errors of a write the disk refuses (full, or over quota) and of one the folder refuses (read-only, denied):
+#: each command says them in one line with the fix, and lets any other error through.
+DISK_FULL = (errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC))
+NOT_WRITABLE = (errno.EROFS, errno.EACCES, errno.EPERM)
 
 #: the repository's root: a result names a path inside it relative to this folder
 REPO = Path(__file__).resolve().parents[1]

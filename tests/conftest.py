@@ -40,6 +40,10 @@ class InProcessRun:
     stderr: str
 
 
+#: one epoch of the tiny model on the CPU, in the process's own loader: the flags of a quick training
+TINY = ["--epochs", "1", "--model", "clip-dcl-tiny", "--device", "cpu", "--workers", "0"]
+
+
 def train_in_process(argv) -> InProcessRun:
     """``clip_dcl.train.main(argv)`` here, its stdout and stderr captured (messages its data workers
     print go to the test's own stderr; their log lines still reach ``out.log``)."""

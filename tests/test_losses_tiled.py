@@ -272,7 +272,7 @@ def test_float32_at_the_largest_scale_equals_the_whole_matrix(kwargs):
 
 
 def test_the_trainer_builds_the_tiled_loss_from_loss_tile(tmp_path):
-    from conftest import train_in_process
+    from conftest import TINY, train_in_process
 
     from clip_dcl.train.flags import parse_train_args
 
@@ -282,31 +282,7 @@ def test_the_trainer_builds_the_tiled_loss_from_loss_tile(tmp_path):
     assert config.loss_kwargs["tile"] == 8
     config = parse_train_args(["--loss", "clip", "--loss-tile", "8", "--dataset-type", "synthetic"])
     assert config.loss_kwargs["tile"] == 8
-    res = train_in_process(
-        [
-            "--loss",
-            "clip",
-            "--loss-tile",
-            "4",
-            "--dataset-type",
-            "synthetic",
-            "--train-num-samples",
-            "16",
-            "--batch-size",
-            "8",
-            "--epochs",
-            "1",
-            "--model",
-            "clip-dcl-tiny",
-            "--device",
-            "cpu",
-            "--workers",
-            "0",
-            "--logs",
-            tmp_path,
-            "--name",
-            "x",
-        ]  # fmt: skip
-    )
+    synthetic = ["--dataset-type", "synthetic", "--train-num-samples", "16", "--batch-size", "8"]
+    res = train_in_process(["--loss", "clip", "--loss-tile", "4", *synthetic, *TINY, "--logs", tmp_path, "--name", "x"])
     assert res.returncode == 0, res.stderr
     assert "-> InfoNCEFromStats(" in (log := (tmp_path / "x" / "out.log").read_text()) and "tile=4)" in log

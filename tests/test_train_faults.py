@@ -6,11 +6,8 @@ from __future__ import annotations
 import os
 
 import pytest
-from conftest import train_in_process
+from conftest import TINY, train_in_process
 from PIL import Image
-
-#: one epoch of the tiny model on the CPU, in this process's loader
-TINY = ["--epochs", "1", "--model", "clip-dcl-tiny", "--device", "cpu", "--workers", "0"]
 
 
 def csv_flags(csv) -> list:

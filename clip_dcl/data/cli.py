@@ -90,10 +90,10 @@ class WriterStopped(Exception):
 def held(args, out, overwrite: bool = False, folder: bool = True):
     """Write ``out`` holding it (`clip_dcl.data.output.writing`); a second writer, an unfinished output, a full
     disk, a read-only folder and Ctrl-C each end in one line naming the output and the fix (`WriterStopped`)."""
-    import errno
     import sys
 
     from .. import exitcodes
+    from ..paths import DISK_FULL, NOT_WRITABLE
     from .output import OutputBusy, OutputUnfinished, writing
 
     command = f"clip-dcl data {args.command}"
@@ -114,9 +114,9 @@ def held(args, out, overwrite: bool = False, folder: bool = True):
         )
     except OSError as e:
         where = e.filename or out
-        if e.errno == errno.ENOSPC:
+        if e.errno in DISK_FULL:
             fix = "free space on its disk (or write elsewhere) and run the command again with --overwrite"
-        elif e.errno in (errno.EROFS, errno.EACCES, errno.EPERM):
+        elif e.errno in NOT_WRITABLE:
             fix = "write into a folder you can write in"
         else:
             raise

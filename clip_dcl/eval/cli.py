@@ -163,9 +163,8 @@ def _check_common(args) -> None:
 def main(argv: list[str] | None = None) -> int:
     """Run ``clip-dcl eval`` with ``argv``; the exit code (2 for a bad invocation or unusable data, 1 for an
     ``--output`` that cannot be written, 130 for Ctrl-C: each with one line)."""
-    import errno
-
     from .. import exitcodes
+    from ..paths import DISK_FULL, NOT_WRITABLE
 
     args = build_parser().parse_args(argv)
     prog = f"clip-dcl eval {args.task}" if args.task else "clip-dcl eval"
@@ -175,7 +174,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{prog}: interrupted (Ctrl-C); no --output was written", file=sys.stderr, flush=True)
         return exitcodes.INTERRUPTED
     except OSError as e:
-        if e.errno not in (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM):
+        if e.errno not in DISK_FULL + NOT_WRITABLE:
             raise
         print(
             f"{prog}: cannot write {e.filename or args.output!r} ({e.strerror}): free space or give an --output "

@@ -218,16 +218,7 @@ def anchor_stats(
                 k_img=k_img or None,
                 k_txt=k_txt or None,
             )
-            return PairStats(
-                image=AnchorStats(image[0], image[1], (num_images - 1) * m, *image[2:]),
-                text=AnchorStats(text[0], text[1], num_images - 1, *text[2:]),
-                num_negatives=num_images - 1,
-                row_offset=offset,
-                all_image_features=all_img,
-                all_text_features=all_txt,
-                logit_scale=s,
-                captions_per_image=m,
-            )
+            return _pair_stats(image, text, num_images, m, offset, all_img, all_txt, s)
         if m == 1 and local:
             txt = text_features.to(dtype)
             logits_img = scaled_logits(s, img_rows, all_txt, logit_bias)  # (B, G)
@@ -272,9 +263,16 @@ def anchor_stats(
                     hard[2:] = _hard_stats(logits_img, beta, 0)
                 if top_share:
                     tails[1] = _tail_stats(logits_img, 0, k_txt, beta)
+    image = (pos_i, lse_i, hard[0], hard[1], *tails[0])
+    return _pair_stats(image, (pos_t, lse_t, hard[2], hard[3], *tails[1]), num_images, m, offset, all_img, all_txt, s)
+
+
+def _pair_stats(image, text, num_images, m, offset, all_img, all_txt, s) -> PairStats:
+    """`PairStats` from each direction's ``(positive, lse, hard..., tail...)``: an image row has ``(N - 1) m``
+    negatives (every caption of the other images), a caption row ``N - 1``."""
     return PairStats(
-        image=AnchorStats(pos_i, lse_i, (num_images - 1) * m, hard[0], hard[1], *tails[0]),
-        text=AnchorStats(pos_t, lse_t, num_images - 1, hard[2], hard[3], *tails[1]),
+        image=AnchorStats(image[0], image[1], (num_images - 1) * m, *image[2:]),
+        text=AnchorStats(text[0], text[1], num_images - 1, *text[2:]),
         num_negatives=num_images - 1,
         row_offset=offset,
         all_image_features=all_img,

@@ -25,7 +25,6 @@ the change. Exit 2 on a bad plan or a refused call.
 from __future__ import annotations
 
 import argparse
-import errno
 import shlex
 import sys
 from pathlib import Path
@@ -33,6 +32,7 @@ from typing import List, Optional
 
 from ... import exitcodes
 from ...arguments import FlagParser
+from ...paths import DISK_FULL, NOT_WRITABLE
 from ...process import Stopped, said, stop_on_signals
 from ..arguments import plain_text
 from .plan import Plan, PlanError, load_plan
@@ -195,7 +195,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         print(f"clip-dcl study: {e}", file=sys.stderr)
         return 2
     except OSError as e:  # a full disk or a folder that turned read-only meanwhile
-        if e.errno not in (errno.ENOSPC, errno.EROFS, errno.EACCES, errno.EPERM, errno.EDQUOT):
+        if e.errno not in DISK_FULL + NOT_WRITABLE:
             raise
         print(
             f"clip-dcl study {args.command}: cannot write {e.filename or args.work!r} ({e.strerror}); free space or "
