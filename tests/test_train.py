@@ -262,6 +262,72 @@ def test_ids_reach_the_loss_aligned_through_openclip_train_one_epoch(accum_freq,
     assert openclip_steps == [3 * (6 // accum_freq) + i for i in range(6 // accum_freq)]
 
 
+class _HostReads(torch.Tensor):
+    """A tensor that counts its reads into Python numbers (on a GPU each waits for the device)."""
+
+    reads = 0
+
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        if func in (torch.Tensor.__float__, torch.Tensor.item, torch.Tensor.tolist):
+            cls.reads += 1
+        return super().__torch_function__(func, types, args, kwargs or {})
+
+
+class _ToyCountingScale(_Toy):
+    def forward(self, images, texts):
+        out = super().forward(images, texts)
+        out["logit_scale"] = out["logit_scale"].as_subclass(_HostReads)
+        return out
+
+
+def test_the_loop_reads_the_logit_scale_and_the_amp_scale_on_logged_steps_only():
+    """OpenCLIP's loop reads the logit scale on logged steps only; a read every step would sync the GPU every step.
+    The GradScaler's scale (a read too) is looked at only for a loss whose state an AMP-skipped step must undo."""
+    from open_clip_train.data import DataInfo
+    from open_clip_train.params import parse_args
+
+    from clip_dcl.losses import create_loss
+    from clip_dcl.train.flags import TrainConfig
+    from clip_dcl.train.run import TrainingRun
+    from clip_dcl.train.steps import SkippedSteps
+
+    batches = [(torch.randn(8, 4), torch.zeros(8, 4, dtype=torch.long), torch.arange(8) + 8 * b) for b in range(6)]
+    args = parse_args(["--log-every-n-steps", "4", "--batch-size", "8"])
+    args.device, args.rank, args.world_size, args.distributed, args.distill, args.wandb = (
+        "cpu",
+        0,
+        1,
+        False,
+        False,
+        False,
+    )
+    model = _ToyCountingScale()
+    run = TrainingRun(TrainConfig("decl", {}, {}))
+    _HostReads.reads = 0
+    run.train_one_epoch(
+        model, {"train": DataInfo(_Loader(batches))}, _RecordingLoss(), 0,
+        torch.optim.SGD(model.parameters(), 0.1), None, lambda step: None, None, args, tb_writer=_Writer(),
+    )  # fmt: skip
+    assert _HostReads.reads == 3  # of the 6 steps, 0, 4 and 5 (the last) are logged
+
+    class Scaler:
+        reads = 0
+
+        def get_scale(self):
+            Scaler.reads += 1
+            return 1.0
+
+    skipped = SkippedSteps(Scaler(), create_loss("clip"))  # no state to undo
+    for step in range(4):
+        skipped.check(0, step)
+    assert Scaler.reads == 0
+    skipped = SkippedSteps(Scaler(), create_loss("decl", num_samples=16))
+    for step in range(4):
+        skipped.check(0, step)
+    assert Scaler.reads == 4  # at the start, then after each of steps 0, 1 and 2
+
+
 @pytest.mark.parametrize(
     "bad, message",
     [

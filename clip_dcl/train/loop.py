@@ -170,6 +170,7 @@ def train_one_epoch(run, model, data, loss, epoch, optimizer, scaler, scheduler,
             run_left = left + per_step * steps * (args.epochs - epoch - 1)
             samples = min(done * args.batch_size * accum * args.world_size, samples_per_epoch)
             lr = optimizer.param_groups[0]["lr"]
+            logit_scale = float(logit_scale)
             note = call.declared.step_note() if call.declared is not None and call.metrics else ""
 
             def show(names):
@@ -251,7 +252,7 @@ class StepBatches:
 
 def _step(call: LossCall, model, dist_model, group, autocast, scaler, args):
     """Forward and backward of one optimizer step over ``group`` (``--accum-freq`` micro-batches); returns the
-    last loss call's terms, its total and the logit scale."""
+    last loss call's terms, its total and the logit scale, as tensors (read on logged steps only: a read syncs)."""
     if len(group) == 1:
         images, texts, ids = group[0]
         with autocast():
@@ -262,7 +263,7 @@ def _step(call: LossCall, model, dist_model, group, autocast, scaler, args):
             losses = call(model_out, ids)
             total = sum(losses.values())
         _backward(total, scaler)
-        return losses, total.detach(), float(model_out["logit_scale"].detach())
+        return losses, total.detach(), model_out["logit_scale"].detach()
     # --accum-freq: every micro-batch's features without gradients, then each forward again with gradients
     # against the others' cached features (the whole step's batch as negatives), one backward each
     cached: Dict[str, list] = {}
@@ -281,7 +282,7 @@ def _step(call: LossCall, model, dist_model, group, autocast, scaler, args):
             losses = call({**inputs, **fixed}, ids)
             total = sum(losses.values())
         _backward(total, scaler)
-    return losses, total.detach(), float(fixed["logit_scale"].detach())
+    return losses, total.detach(), fixed["logit_scale"].detach()
 
 
 def _backward(total, scaler) -> None:

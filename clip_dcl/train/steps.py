@@ -20,8 +20,9 @@ class SkippedSteps:
     scale than at the previous check means the step just taken was skipped."""
 
     def __init__(self, scaler, loss):
-        self.scaler = scaler if scaler is not None and getattr(scaler, "is_enabled", lambda: True)() else None
-        self.loss = stateful(loss)  # None: no state to roll back
+        self.loss = stateful(loss)  # None: no state to roll back, and no scale read (each read syncs the device)
+        enabled = scaler is not None and getattr(scaler, "is_enabled", lambda: True)()
+        self.scaler = scaler if enabled and self.loss is not None else None
         self.scale = self.scaler.get_scale() if self.scaler is not None else None
         self.count = 0
 
@@ -29,7 +30,7 @@ class SkippedSteps:
         if self.scaler is None or step == 0:
             return
         scale = self.scaler.get_scale()
-        if scale < self.scale and self.loss is not None and self.loss.rollback_step():
+        if scale < self.scale and self.loss.rollback_step():
             self.count += 1
             logging.warning(
                 f"Epoch {epoch}, step {step}: the AMP GradScaler skipped the optimizer step (inf or NaN "
