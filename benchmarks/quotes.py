@@ -90,6 +90,7 @@ QUOTES: Tuple[Quote, ...] = (
     Quote("loss memory", "loss_speed.py", "loss_speed.json", ("README.md",)),
     Quote("loss memory at scale", "loss_speed.py", "loss_speed_32k.json", ("README.md",), "peak_block"),
     Quote("default tile", "loss_speed.py", "loss_speed_small.json", ("README.md",), "default_block"),
+    Quote("code size", "code_size.py", "code_size.json", ("docs/development.md",), "trainer_block"),
 )
 
 
