@@ -349,6 +349,29 @@ def test_diverge_count_trips_after_n_nonfinite_steps_in_a_row():
     assert not never.tripped() and never.first() == 0
 
 
+def test_diverge_count_makes_no_tensor_of_host_values_at_a_step_end():
+    """A tensor made of a Python value on a GPU is a host-to-device copy that waits for the device: the count keeps
+    the step boundary free of it (its steps' values are combined on the device)."""
+    from torch.overrides import TorchFunctionMode
+
+    from clip_dcl.train.divergence import NonFiniteSteps
+
+    class Made(TorchFunctionMode):
+        calls = 0
+
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            Made.calls += func in (torch.tensor, torch.as_tensor, torch.full, torch.scalar_tensor)
+            return func(*args, **(kwargs or {}))
+
+    count = NonFiniteSteps(2, "cpu")
+    loss = torch.tensor(float("nan"))
+    with Made():
+        for step in range(3):
+            count.record(loss)
+            count.end_step(step)
+    assert Made.calls == 0 and count.tripped() and count.where(10) == "step 0 of epoch 0"
+
+
 def _synthetic(logs, name, *extra):
     return [
         "--model",

@@ -75,8 +75,7 @@ class NonFiniteSteps:
             self.bad_now |= ~torch.isfinite(term.detach()).all()
 
     def end_step(self, step: int) -> None:
-        bad = self.bad_now
-        step = torch.tensor(step, dtype=torch.long, device=self.run.device)
+        bad = self.bad_now  # ``step`` stays a Python number: a tensor made of it is a host-to-device copy, a sync
         self.run = torch.where(bad, self.run + 1, torch.zeros_like(self.run))
         self.run_start = torch.where(bad & (self.run == 1), step, torch.where(bad, self.run_start, -1))
         self.first_bad = torch.where(bad & (self.first_bad < 0), step, self.first_bad)
