@@ -1,4 +1,5 @@
-"""Training throughput (samples/s) of ``dcl`` and ``decl`` against OpenCLIP's own loss, end to end.
+"""Training throughput (samples/s) of ``dcl`` and ``decl`` against OpenCLIP's own loss, and of clip-dcl's
+training loop against OpenCLIP's own trainer, end to end.
 
 What is timed is a whole training step as a user runs it: ``python -m clip_dcl.train`` in a child
 process (data loading, forward, loss, backward, optimizer step), one child per (round, objective),
@@ -6,20 +7,27 @@ all with the same model, data, seed, batch size and precision. The objectives ar
 (OpenCLIP's ``ClipLoss``, the baseline), ``--loss dcl`` (``--tau-plus`` = the data's class prior)
 and ``--loss decl`` with each rate estimator (``--decl-rate index``, ``queue``, ``batch``).
 
-Step times come from OpenCLIP itself: with ``--log-every-n-steps 1`` every step's record in the run's
-``metrics.jsonl`` holds OpenCLIP's ``batch_time`` and ``samples_per_second``, the wall time from the end of
+One more child per round runs OpenCLIP's own trainer (:data:`OPENCLIP`: ``open_clip_train.main``, its
+``train_one_epoch`` and its ``ClipLoss``) on the same OpenCLIP flags minus ``--loss clip``, with clip-dcl's
+model configs registered first so that ``clip-dcl-tiny`` exists. ``clip`` over it, within a round, says
+whether clip-dcl's own loop is as fast as OpenCLIP's on the same model, data and flags.
+
+Step times are the trainers' own: with ``--log-every-n-steps 1`` every step's record in a clip-dcl run's
+``metrics.jsonl`` holds the loop's ``batch_time`` and ``samples_per_second``, the wall time from the end of
 the previous step to the end of this one (so the wait for the data loader is included), over one step
-(:func:`clip_dcl.experiment.read_step_times`). Start-up (imports, model, data pipeline) never
-enters; the first ``--warmup-steps`` of every child are dropped (the shuffle buffer filling,
+(:func:`clip_dcl.experiment.read_step_times`). OpenCLIP's main writes no ``metrics.jsonl``: its step
+lines in ``out.log`` give the same quantity (:func:`read_logged_steps`). Start-up (imports, model, data
+pipeline) never enters; the first ``--warmup-steps`` of every child are dropped (the shuffle buffer filling,
 allocator and thread pool warm-up, on CUDA kernel selection), and so are the last two per loader
 worker (:attr:`Setup.tail_steps`: prefetched batches, trained after the workers stop). Per child
 the median samples/s over the remaining steps is robust to a burst of load from elsewhere; the
 throughput over all of them (samples over summed time) is recorded beside it.
 
-Runs are interleaved: every round trains each objective once, and the order rotates by one each
-round, so that slow drift of the machine hits every objective alike. The ratio to ``clip`` is
-taken within a round (:func:`summarize`); the report gives the median over rounds and the range.
-The goal stated for the project is a ratio of at least 0.97.
+Runs are interleaved: every round trains each objective (and OpenCLIP's trainer) once, and the order
+rotates by one each round, so that slow drift of the machine hits every child alike. The ratio to
+``clip`` is taken within a round (:func:`summarize`), and so is every row's ratio to OpenCLIP's trainer
+(:func:`to_reference`); the report gives the median over rounds and the range. The goal stated for the
+project is a ratio of at least 0.97: each objective against ``clip``, and ``clip`` against OpenCLIP's.
 
 On a CPU (the default, and what a laptop user sees) the model is the tiny registered
 ``clip-dcl-tiny`` (64x64 images) at fp32 on synthetic shards from
@@ -27,8 +35,8 @@ On a CPU (the default, and what a laptop user sees) the model is the tiny regist
 say how much the objective and its sample-id plumbing cost in a real step. ``--device cuda``
 (only where ``torch.cuda.is_available()``) trains OpenCLIP's ``ViT-B-32`` at 224 px with
 ``--precision amp_bf16`` on synthetic shards drawn at 224 px. With ``--log-every-n-steps 1``
-OpenCLIP reads the loss with ``.item()`` every step, which waits for the GPU, so the logged step
-time is the device time and not only the launch time.
+both loops read the loss every step, which waits for the GPU, so the logged step time is the device
+time and not only the launch time.
 
 Trainings started through :mod:`clip_dcl.experiment` on this machine take turns under a lock
 (:func:`clip_dcl.experiment.machine_lock`); the benchmark holds it for all its rounds, so that the
@@ -48,6 +56,7 @@ import contextlib
 import dataclasses
 import math
 import os
+import re
 import shutil
 import statistics
 import sys
@@ -65,8 +74,17 @@ from clip_dcl.experiment.reporting import Report, markdown_table
 HERE = Path(__file__).resolve().parent
 STEM = "train_throughput"
 BASELINE = "clip"
-#: The project's goal: every objective at >= this share of the baseline's samples/s.
+#: The row of OpenCLIP's own trainer: ``BASELINE`` over it is clip-dcl's loop against OpenCLIP's.
+OPENCLIP = "openclip (its own main and loop)"
+#: The project's goal: every objective at >= this share of the baseline's samples/s, and the baseline
+#: at >= this share of OpenCLIP's own trainer's.
 GOAL = 0.97
+#: The OpenCLIP child's program (``python -c``): clip-dcl's model configs registered, then OpenCLIP's own
+#: ``main`` on the words after ``--``; its return value (None when done, -1 on a taken ``--name``) the exit code.
+OPENCLIP_MAIN = (
+    "import sys; from clip_dcl.models import register_builtin_configs; register_builtin_configs(); "
+    "import open_clip_train.main as m; a = sys.argv[1:]; sys.exit(m.main(a[1:] if a[:1] == ['--'] else a))"
+)
 
 
 def objectives(tau_plus: float) -> List[Run]:
@@ -80,6 +98,11 @@ def objectives(tau_plus: float) -> List[Run]:
         Run("decl rate=queue", ("--loss", "decl", "--decl-rate", "queue")),
         Run("decl rate=batch", ("--loss", "decl", "--decl-rate", "batch")),
     ]
+
+
+def runs(tau_plus: float) -> List[Run]:
+    """What each round trains: the :func:`objectives`, then OpenCLIP's own trainer (no clip-dcl flags)."""
+    return objectives(tau_plus) + [Run(OPENCLIP)]
 
 
 def round_order(items: Sequence, round_index: int) -> list:
@@ -171,6 +194,29 @@ CUDA_SETUP = Setup(
 # ------------------------------------------------------------------------------------------
 # Statistics (pure)
 # ------------------------------------------------------------------------------------------
+#: The timing part of a training step's log line, as OpenCLIP's ``train_one_epoch`` writes it and clip-dcl's
+#: loop keeps it: ``Train Epoch: 0 [ 256/3456 (7%)] Data (t): 0.004 Batch (t): 0.491, 260.412/s, ...``
+STEP_LINE = re.compile(
+    r"Train Epoch: (?P<epoch>\d+) \[\s*(?P<done>\d+)/\d+ \(\d+%\)\] "
+    r"Data \(t\): (?P<data>[\d.]+) Batch \(t\): (?P<batch>[\d.]+), (?P<rate>[\d.eE+-]+)/s\b"
+)
+
+
+def read_logged_steps(log: os.PathLike) -> List[StepTime]:
+    """The training steps of a run's log (``out.log``), in order: how OpenCLIP's own main, which writes no
+    ``metrics.jsonl``, is timed. A line's samples/s is ``batch / batch_time`` over the steps since the previous
+    line (one with ``--log-every-n-steps 1``), printed to 6 significant digits; ``Batch (t)`` and ``Data (t)``
+    only to the millisecond."""
+    steps = []
+    for line in Path(log).read_text(errors="replace").splitlines():
+        m = STEP_LINE.search(line)
+        if m:
+            steps.append(
+                StepTime(int(m["epoch"]), int(m["done"]), float(m["data"]), float(m["batch"]), float(m["rate"]))
+            )
+    return steps
+
+
 def steady_rates(steps: Sequence[StepTime], warmup_steps: int, tail_steps: int = 0) -> List[float]:
     """Samples/s of the steps between the first ``warmup_steps`` and the last ``tail_steps`` lines.
 
@@ -253,17 +299,49 @@ def summarize(rounds: Sequence[Dict[str, Sequence[float]]], baseline: str = BASE
     return out
 
 
+#: The fields of :func:`summarize` that are ratios to its baseline.
+RATIO_FIELDS = ("ratios", "ratio_median", "ratio_min", "ratio_max", "fast_ratios", "fast_ratio_median")
+
+
+def to_reference(rounds: Sequence[Dict[str, Sequence[float]]], reference: str = OPENCLIP) -> Dict[str, dict]:
+    """Per row, its ratios to ``reference`` within each round (:data:`RATIO_FIELDS` of :func:`summarize`);
+    ``{}`` when no round holds ``reference``. ``to_reference(rounds)[BASELINE]`` is clip-dcl's loop against
+    OpenCLIP's."""
+    if not any(r.get(reference) for r in rounds):
+        return {}
+    return {name: {k: s[k] for k in RATIO_FIELDS} for name, s in summarize(rounds, reference).items()}
+
+
+def per_round_rates(records: Sequence[dict]) -> List[Dict[str, List[float]]]:
+    """``{objective: steady samples/s}`` of each round that holds a child, in round order."""
+    rounds: Dict[int, Dict[str, List[float]]] = {}
+    for rec in records:
+        rounds.setdefault(rec["round"], {})[rec["objective"]] = rec["steady_samples_per_second"]
+    return [rounds[r] for r in sorted(rounds)]
+
+
+def spread(values: Sequence[float]) -> float:
+    """(max - min) / median: how far a row's round medians moved, the noise floor of a ratio."""
+    return (max(values) - min(values)) / statistics.median(values) if values else math.nan
+
+
 # ------------------------------------------------------------------------------------------
 # Children
 # ------------------------------------------------------------------------------------------
-def child_command(objective: Run, data: dict, setup: Setup, logs: os.PathLike) -> List[str]:
-    """``python -m clip_dcl.train -- ...`` of one timed child: one epoch of ``setup.train_steps`` steps.
+def entry(objective: Run) -> Optional[List[str]]:
+    """The program a child runs: OpenCLIP's own main for :data:`OPENCLIP`, else None (``python -m clip_dcl.train``)."""
+    return [sys.executable, "-c", OPENCLIP_MAIN] if objective.name == OPENCLIP else None
 
-    No validation or zero-shot evaluation: the child does nothing but train (OpenCLIP still writes
+
+def child_command(objective: Run, data: dict, setup: Setup, logs: os.PathLike) -> List[str]:
+    """``python -m clip_dcl.train -- ...`` of one timed child: one epoch of ``setup.train_steps`` steps
+    (``python -c OPENCLIP_MAIN -- ...`` with the same OpenCLIP flags for :data:`OPENCLIP`).
+
+    No validation or zero-shot evaluation: the child does nothing but train (both trainers still write
     the final checkpoint under ``logs``, after the timed steps). ``--dataset-resampled`` lets the
     epoch hold exactly the steps asked for, whatever the shard sizes and the loader workers.
     """
-    return ex.train_command(objective, data, logs, setup.budget, **setup.child_options)
+    return ex.train_command(objective, data, logs, setup.budget, entry(objective), **setup.child_options)
 
 
 def run_child(objective: Run, data: dict, setup: Setup, logs: Path, echo: Callable[[str], None] = print) -> dict:
@@ -271,8 +349,18 @@ def run_child(objective: Run, data: dict, setup: Setup, logs: Path, echo: Callab
     command, wall seconds, load average before and after, and step times."""
     env = {"OMP_NUM_THREADS": str(setup.threads), "MKL_NUM_THREADS": str(setup.threads)} if setup.threads else None
     load_before = os.getloadavg()
-    res = ex.train(objective, data, logs, setup.budget, echo=echo, env=env, lock=False, **setup.child_options)
-    steps = read_step_times(res.log_dir)
+    res = ex.train(
+        objective,
+        data,
+        logs,
+        setup.budget,
+        echo=echo,
+        env=env,
+        entry=entry(objective),
+        lock=False,
+        **setup.child_options,
+    )
+    steps = read_logged_steps(res.log_dir / "out.log") if objective.name == OPENCLIP else read_step_times(res.log_dir)
     shutil.rmtree(res.log_dir / "checkpoints", ignore_errors=True)  # only the timing is kept
     return {
         "command": res.command,
@@ -315,13 +403,22 @@ def measure(
 # ------------------------------------------------------------------------------------------
 # Report
 # ------------------------------------------------------------------------------------------
-def table(summary: Dict[str, dict], objs: Sequence[Run]) -> str:
+def table(summary: Dict[str, dict], objs: Sequence[Run], to_openclip: Optional[Dict[str, dict]] = None) -> str:
+    """One row per objective (and OpenCLIP's trainer): samples/s, ratios to ``clip`` and to ``openclip``, and
+    the goal: each objective against ``clip``, ``clip`` (our loop) against ``openclip`` (OpenCLIP's)."""
+    to_openclip = to_openclip or {}
     rows = []
     for obj in objs:
         s = summary.get(obj.name)
         if not s:
             continue
-        meets = "baseline" if obj.name == BASELINE else ("yes" if s["ratio_median"] >= GOAL else "**no**")
+        o = to_openclip.get(obj.name)
+        if obj.name == OPENCLIP:
+            meets = "reference"
+        elif obj.name == BASELINE:
+            meets = "baseline" if o is None else ("yes" if o["ratio_median"] >= GOAL else "**no**") + " (/ openclip)"
+        else:
+            meets = "yes" if s["ratio_median"] >= GOAL else "**no**"
         rows.append(
             [
                 obj.name,
@@ -330,8 +427,9 @@ def table(summary: Dict[str, dict], objs: Sequence[Run]) -> str:
                 f"{s['throughput']:.1f}",
                 f"{s['ratio_median']:.3f}",
                 f"{s['ratio_min']:.3f} - {s['ratio_max']:.3f}",
-                meets,
                 f"{s['fast_ratio_median']:.3f}",
+                "-" if o is None else f"{o['ratio_median']:.3f} ({o['ratio_min']:.3f} - {o['ratio_max']:.3f})",
+                meets,
             ]
         )
     return markdown_table(
@@ -342,16 +440,60 @@ def table(summary: Dict[str, dict], objs: Sequence[Run]) -> str:
             "samples/s (pooled)",
             "/ clip (median of per-round ratios)",
             "ratio range",
-            ">= 0.97x",
             "/ clip, faster steps (upper quartile)",
+            "/ openclip (median of per-round ratios; range)",
+            f">= {GOAL}x",
         ],
         rows,
     )
 
 
-def plot(records: Sequence[dict], summary: Dict[str, dict], objs: Sequence[Run], report: Report, title: str) -> Path:
+def loop_line(summary: Dict[str, dict], to_openclip: Dict[str, dict]) -> str:
+    """The loop comparison in one line: ``clip`` over ``openclip`` within a round, its range, the goal."""
+    if BASELINE not in to_openclip:
+        return f"Loop comparison: no round timed both `{BASELINE}` and `{OPENCLIP}`."
+    o = to_openclip[BASELINE]
+    pooled = summary[BASELINE]["throughput"] / summary[OPENCLIP]["throughput"]
+    return (
+        f"**clip-dcl's loop against OpenCLIP's:** `{BASELINE}` / `{OPENCLIP}` = {o['ratio_median']:.3f} "
+        f"(median of {len(o['ratios'])} per-round ratios, range {o['ratio_min']:.3f} - {o['ratio_max']:.3f}; "
+        f"faster steps {o['fast_ratio_median']:.3f}; pooled samples/s {pooled:.3f}); OpenCLIP's the faster in "
+        f"{sum(r < 1 for r in o['ratios'])} of {len(o['ratios'])} rounds; goal >= {GOAL}: "
+        f"{'met' if o['ratio_median'] >= GOAL else '**missed**'} by the median, "
+        f"{'met' if pooled >= GOAL else '**missed**'} pooled; "
+        f"noise floor: `{BASELINE}` {100 * spread(summary[BASELINE]['per_round']):.1f} %, `{OPENCLIP}` "
+        f"{100 * spread(summary[OPENCLIP]['per_round']):.1f} % (max - min over its round medians)."
+    )
+
+
+def slowest_steps(records: Sequence[dict], setup: Setup) -> Dict[str, str]:
+    """Per row: its children's slowest timed step (samples/s, median over children) and the step of the epoch
+    where it fell most often: a recurring stall shows as one step in every child."""
+    out = {}
+    for name in dict.fromkeys(rec["objective"] for rec in records):
+        rates, where = [], []
+        for rec in records:
+            if rec["objective"] == name:
+                y = rec["steady_samples_per_second"]
+                rates.append(min(y))
+                where.append(setup.warmup_steps + y.index(min(y)))
+        step = statistics.mode(where)
+        out[name] = f"{statistics.median(rates):.0f} (step {step} in {where.count(step)} of {len(where)})"
+    return out
+
+
+def plot(
+    records: Sequence[dict],
+    summary: Dict[str, dict],
+    objs: Sequence[Run],
+    report: Report,
+    title: str,
+    to_openclip: Optional[Dict[str, dict]] = None,
+) -> Path:
     """Left: per-step samples/s of every child (one dot per step) and each round's median.
-    Right: each round's ratio to clip, the median over rounds, and the 0.97 goal."""
+    Right: each round's ratio to clip, the median over rounds, and the 0.97 goal; in OpenCLIP's column
+    ``clip`` / ``openclip`` instead (our loop against OpenCLIP's, read against the same goal)."""
+    to_openclip = to_openclip or {}
     names = [o.name for o in objs if o.name in summary]
     fig, (ax0, ax1) = pyplot().subplots(1, 2, figsize=(13, 4.6))
     rounds = sorted({rec["round"] for rec in records})
@@ -374,20 +516,27 @@ def plot(records: Sequence[dict], summary: Dict[str, dict], objs: Sequence[Run],
     ax0.set(ylabel="samples/s per step (after warm-up)", title="per-step throughput (bars: round medians)")
     ax0.grid(axis="y", alpha=0.3)
     ax0.legend(fontsize=8)
+    ticks = []
     for i, name in enumerate(names):
-        ratios = summary[name]["ratios"]
-        ax1.scatter([i] * len(ratios), ratios, color="C0", alpha=0.7, label="per round" if i == 0 else None)
-        ax1.plot(
-            [i - 0.25, i + 0.25],
-            [summary[name]["ratio_median"]] * 2,
-            color="black",
-            lw=2,
-            label="median" if i == 0 else None,
+        loop = name == OPENCLIP and BASELINE in to_openclip
+        s = to_openclip[BASELINE] if loop else summary[name]
+        ratios = s["ratios"]
+        ax1.scatter(
+            [i] * len(ratios),
+            ratios,
+            color="C1" if loop else "C0",
+            alpha=0.7,
+            label="clip / openclip per round" if loop else ("per round" if i == 0 else None),
         )
+        ax1.plot([i - 0.25, i + 0.25], [s["ratio_median"]] * 2, color="black", lw=2, label="median" if i == 0 else None)
+        ticks.append("clip / openclip" if loop else name)
     ax1.axhline(GOAL, color="red", ls="--", lw=1, label=f"goal {GOAL}x")
     ax1.axhline(1.0, color="grey", lw=0.8)
-    ax1.set_xticks(range(len(names)), names, rotation=20)
-    ax1.set(ylabel="samples/s / clip's in the same round", title="ratio to OpenCLIP's loss")
+    ax1.set_xticks(range(len(names)), ticks, rotation=20)
+    ax1.set(
+        ylabel="samples/s / clip's in the same round",
+        title="ratio to OpenCLIP's loss; clip-dcl's loop / OpenCLIP's",
+    )
     ax1.grid(axis="y", alpha=0.3)
     ax1.legend(fontsize=8)
     return report.figure(fig, title)
@@ -397,16 +546,15 @@ def write_report(
     report: Report, records: List[dict], objs: Sequence[Run], setup: Setup, rounds: int, data: dict, about: dict
 ) -> Dict[str, Path]:
     """``train_throughput.md`` (settings, machine, command, table), ``.json`` (raw steps), ``.png``."""
-    per_round: List[Dict[str, List[float]]] = [{} for _ in range(rounds)]
-    for rec in records:
-        per_round[rec["round"]][rec["objective"]] = rec["steady_samples_per_second"]
-    summary = summarize([r for r in per_round if r])
+    per_round = per_round_rates(records)
+    summary = summarize(per_round)
+    to_openclip = to_reference(per_round)
     device_words = about["gpu"] if setup.device == "cuda" else "CPU"
     title = (
         f"training throughput, {setup.model} {setup.precision} on {device_words}, batch {setup.batch_size}, "
         f"{rounds} rounds"
     )
-    png = plot(records, summary, objs, report, title)
+    png = plot(records, summary, objs, report, title, to_openclip)
     data_time = {
         name: statistics.median(
             s["data_seconds"]
@@ -420,27 +568,36 @@ def write_report(
         name: statistics.median(rec["wall_seconds"] for rec in records if rec["objective"] == name) for name in summary
     }
     lines = [
-        f"# Training throughput: dcl and decl against OpenCLIP's loss ({setup.device})",
+        f"# Training throughput: dcl and decl against OpenCLIP's loss, clip-dcl's loop against OpenCLIP's "
+        f"({setup.device})",
         "",
         *report.about(),
         f"- load average (1/5/15 min) before: {fmt_load(about['load_before'])}; after: {fmt_load(about['load_after'])}",
-        f"- setup: `python -m clip_dcl.train` children, model `{setup.model}` ({setup.image_size} px synthetic "
+        f"- setup: `python -m clip_dcl.train` children, and `{OPENCLIP}`: OpenCLIP's `open_clip_train.main` "
+        "(its `train_one_epoch`, its `ClipLoss`) with the same OpenCLIP flags and no `--loss`; "
+        f"model `{setup.model}` ({setup.image_size} px synthetic "
         f"shards), `--precision {setup.precision} --device {setup.device}`, batch {setup.batch_size}, "
         f"{setup.workers} loader worker(s), seed {setup.seed}, torch threads per child: "
         f"{setup.threads or 'torch default'}; each child trains {setup.train_steps} steps: the first "
         f"{setup.warmup_steps} (warm-up) and the last {setup.tail_steps} (already prefetched when the loader "
-        f"stops, so they run without it) are dropped, {setup.steps} are timed (OpenCLIP's per-step "
-        f"`Batch (t)` with `--log-every-n-steps 1`, data wait included)",
-        f"- {rounds} rounds x {len(objs)} objectives, interleaved, order rotated by one each round; ratios are "
+        f"stops, so they run without it) are dropped, {setup.steps} are timed (each loop's per-step "
+        f"`Batch (t)` and samples/s with `--log-every-n-steps 1`, data wait included: clip-dcl's from its "
+        "`metrics.jsonl`, OpenCLIP's from its `out.log`)",
+        f"- {rounds} rounds x {len(objs)} children, interleaved, order rotated by one each round; ratios are "
         f"taken within a round; raw per-step numbers and commands: `{STEM}.json`",
-        f"- goal: >= {GOAL}x the samples/s of `--loss clip`",
+        f"- goal: >= {GOAL}x the samples/s of `--loss clip` for each objective, and `--loss clip` (clip-dcl's loop) "
+        f"at >= {GOAL}x `{OPENCLIP}`",
         "",
-        table(summary, objs),
+        table(summary, objs, to_openclip),
         "",
+        *([loop_line(summary, to_openclip), ""] if OPENCLIP in summary else []),
         "Median data-loader wait per step (s): "
         + ", ".join(f"{n} {data_time[n]:.3f}" for n in summary)
         + ". Median child wall time including start-up (s): "
         + ", ".join(f"{n} {wall[n]:.1f}" for n in summary)
+        + ". Slowest timed step, samples/s (median over rounds; the epoch's step where it fell most often: a "
+        "stall at one step in every child of a row is that program's own, not outside load): "
+        + ", ".join(f"{n} {v}" for n, v in slowest_steps(records, setup).items())
         + ".",
         "",
         f"![per-step throughput and ratios]({png.name})",
@@ -453,24 +610,63 @@ def write_report(
         "rounds": rounds,
         "goal": GOAL,
         "baseline": BASELINE,
+        "reference": OPENCLIP,
         "data": {k: data.get(k) for k in ("out_dir", "train_data", "tau_plus")},
         "summary": summary,
+        "to_openclip": to_openclip,
         "children": records,
     }
     md = report.write(lines, doc)
-    return {"markdown": md, "json": report.path(".json"), "png": png, "summary": summary}
+    return {"markdown": md, "json": report.path(".json"), "png": png, "summary": summary, "to_openclip": to_openclip}
 
 
 def notes(records: Sequence[dict], setup: Setup, about: dict) -> str:
-    """How to read the table: the baseline's own spread over rounds (the noise floor), load, the GPU path."""
-    base = [statistics.median(r["steady_samples_per_second"]) for r in records if r["objective"] == BASELINE]
-    spread = (max(base) - min(base)) / statistics.median(base) if base else math.nan
+    """How to read the table: the baseline's own spread over rounds (the noise floor), the loop comparison and
+    what differs between the two loops, load, the GPU path."""
+    per_round = per_round_rates(records)
+    summary = summarize(per_round)
+    to_openclip = to_reference(per_round)
+    floor = spread(summary[BASELINE]["per_round"])
     loads = [r["load_before"][0] for r in records]
     lines = [
         "## Reading it",
         "",
-        f"- Noise floor: `clip` itself moved by {100 * spread:.1f} % (max - min over its round medians) from "
+        f"- Noise floor: `clip` itself moved by {100 * floor:.1f} % (max - min over its round medians) from "
         "round to round; a ratio within about that distance of 1.0 is no measurable difference.",
+    ]
+    if BASELINE in to_openclip:
+        o = to_openclip[BASELINE]
+        floor = max(floor, spread(summary[OPENCLIP]["per_round"]))
+        gap = o["ratio_median"] - 1.0
+        pooled = summary[BASELINE]["throughput"] / summary[OPENCLIP]["throughput"]
+        one_side = len(o["ratios"]) > 1 and (all(r < 1 for r in o["ratios"]) or all(r > 1 for r in o["ratios"]))
+        faster = "OpenCLIP's" if gap < 0 else "clip-dcl's"
+        if abs(gap) > floor:
+            verdict = f"{'slower' if gap < 0 else 'faster'} by {100 * abs(gap):.1f} %, beyond the noise floor"
+        elif one_side:
+            verdict = (
+                f"a gap of {100 * abs(gap):.1f} %, within the noise floor, but {faster} loop was the faster in "
+                f"every round ({len(o['ratios'])} of {len(o['ratios'])})"
+            )
+        else:
+            verdict = "within the noise floor, and the rounds differ in sign: no measurable difference"
+        lines += [
+            f"- Loop: `clip` / `openclip` (clip-dcl's loop with `--loss clip` over OpenCLIP's own main and loop, "
+            f"same flags, same `ClipLoss`) is {o['ratio_median']:.3f}, per round {o['ratio_min']:.3f} - "
+            f"{o['ratio_max']:.3f}, faster steps {o['fast_ratio_median']:.3f}, pooled samples/s {pooled:.3f} "
+            f"(the pooled figure counts every slow step, the medians hardly any); noise floor {100 * floor:.1f} % "
+            f"(the larger round-to-round spread of the two rows): {verdict}. Goal >= {GOAL}: "
+            f"{'met' if o['ratio_median'] >= GOAL else 'missed'} by the median of per-round ratios, "
+            f"{'met' if pooled >= GOAL else 'missed'} by the pooled samples/s.",
+            "- What the two do differently per step, besides the loss: clip-dcl's loader makes each sample's id "
+            "in the worker and carries it in the batch, counts skipped samples and seeds its shuffles from "
+            "`--seed` (OpenCLIP's sample shuffle is not seeded from it, so its children read the same shards in "
+            "another order); clip-dcl's loop asks at each step boundary whether to stop or save, counts "
+            "non-finite losses, and appends one `metrics.jsonl` record per logged step (here every step), where "
+            "OpenCLIP writes its log line only. Both read the loss and the logit scale on every logged step. "
+            "Start-up (imports, model, data pipeline) is not timed; the wall times above include it.",
+        ]
+    lines += [
         f"- Load: 1-minute load average {min(loads):.2f} - {max(loads):.2f} when the children started. "
         + (
             "The benchmark held the clip-dcl training lock, so no other training started through "
@@ -488,7 +684,8 @@ def notes(records: Sequence[dict], setup: Setup, about: dict) -> str:
             "JPEG decoding of the loader worker (which shares the cores), and the loss is a few milliseconds "
             "of it at this batch (see `loss_speed.md` for the loss alone).",
             "- GPU: not run here (no GPU on this machine). `--device cuda` times OpenCLIP's ViT-B-32 at 224 px "
-            "with `--precision amp_bf16`, batch 256, 8 loader workers, on synthetic shards drawn at 224 px.",
+            "with `--precision amp_bf16`, batch 256, 8 loader workers, on synthetic shards drawn at 224 px, "
+            "with the same OpenCLIP row.",
         ]
     return "\n".join(lines)
 
@@ -527,7 +724,7 @@ def build_parser() -> argparse.ArgumentParser:
         nargs="+",
         default=None,
         metavar="NAME",
-        help="time only these objectives (clip is always added), e.g. --only dcl 'decl rate=index'",
+        help=f"time only these objectives (clip and {OPENCLIP!r} are always added), e.g. --only dcl 'decl rate=index'",
     )
     p.add_argument(
         "--no-lock",
@@ -569,7 +766,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     rounds = args.rounds if args.rounds is not None else (1 if args.quick else 5)
     if rounds < 1:
         raise SystemExit(f"--rounds must be >= 1, got {rounds}")
-    known = {o.name for o in objectives(0.0)}
+    known = {o.name for o in runs(0.0)}
     bad = [n for n in args.only or () if n not in known]
     if bad:
         raise SystemExit(f"--only: unknown objective(s) {bad}; known: {sorted(known)}")
@@ -594,15 +791,15 @@ def main(argv: Optional[List[str]] = None) -> int:
         shard_size=math.ceil(samples / max(4, setup.workers)),
         num_classes=10,
     )
-    objs = objectives(float(data["tau_plus"]))
+    objs = runs(float(data["tau_plus"]))
     if args.only:
-        objs = [o for o in objs if o.name == BASELINE or o.name in args.only]
+        objs = [o for o in objs if o.name in (BASELINE, OPENCLIP) or o.name in args.only]
 
     report = Report(
         out_dir, STEM, ex.command_line("train_throughput.py", sys.argv[1:] if argv is None else argv), work=work
     )
     print(
-        f"{len(objs)} objectives x {rounds} rounds, {setup.train_steps} steps each "
+        f"{len(objs)} children x {rounds} rounds, {setup.train_steps} steps each "
         f"({setup.warmup_steps} warm-up, {setup.tail_steps} tail) at batch {setup.batch_size} on {setup.device}",
         flush=True,
     )
@@ -621,7 +818,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     }
     about["notes"] = notes(records, setup, about)
     written = write_report(report, records, objs, setup, rounds, data, about)
-    print(table(written["summary"], objs))
+    print(table(written["summary"], objs, written["to_openclip"]))
+    if OPENCLIP in written["summary"]:
+        print(loop_line(written["summary"], written["to_openclip"]))
     print(f"wrote {written['markdown']}, {written['json'].name}, {written['png'].name}")
     return 0
 
@@ -630,17 +829,29 @@ def main(argv: Optional[List[str]] = None) -> int:
 # The README's numbers (benchmarks/quotes.py)
 # ------------------------------------------------------------------------------------------
 def readme_block(doc: dict) -> str:
-    """The README's sentence: the baseline's samples/s and spread, each objective's median ratio to it."""
+    """The README's sentences: the baseline's samples/s and spread, each objective's median ratio to it, and
+    the baseline's ratio to OpenCLIP's own trainer (clip-dcl's loop against OpenCLIP's) where it was timed."""
     s, setup, base = doc["summary"], doc["setup"], doc["baseline"]
+    ref = doc.get("reference")
     b = s[base]
-    ratios = ", ".join(f"`{name}` {v['ratio_median']:.2f}" for name, v in s.items() if name != base)
+    ratios = ", ".join(f"`{name}` {v['ratio_median']:.2f}" for name, v in s.items() if name not in (base, ref))
     rounds = len(b["per_round"])
-    return (
+    text = (
         f"On {doc['machine'].split(';')[0]} with `{setup['model']}` at batch {setup['batch_size']} "
         f"({setup['device']}, {setup['precision']}), `{base}` runs {b['median']:.0f} samples/s (median over {rounds} "
-        f"rounds; its own rounds spread by {100 * (b['max'] - b['min']) / b['median']:.1f} %). Median ratios to it: "
+        f"rounds; its own rounds spread by {100 * spread(b['per_round']):.1f} %). Median ratios to it: "
         f"{ratios} (goal: at least {doc['goal']:.2f})."
     )
+    loop = doc.get("to_openclip", {}).get(base)
+    if loop:
+        text += (
+            f" Against OpenCLIP's own trainer (`open_clip_train.main`, same flags, {s[ref]['median']:.0f} samples/s), "
+            f"clip-dcl's loop with `--loss {base}` runs at {loop['ratio_median']:.2f} of its samples/s "
+            f"(per round {loop['ratio_min']:.2f} - {loop['ratio_max']:.2f}, OpenCLIP's the faster in "
+            f"{sum(r < 1 for r in loop['ratios'])} of {len(loop['ratios'])}; its own rounds spread by "
+            f"{100 * spread(s[ref]['per_round']):.1f} %)."
+        )
+    return text
 
 
 if __name__ == "__main__":

@@ -139,3 +139,113 @@ def test_child_commands_pass_the_training_parser(tiny_data):
 def test_bad_setup_is_named(field, value):
     with pytest.raises(ValueError, match=field):
         tt.Setup(**{field: value}).validate()
+
+
+#: Step lines as the two trainers write them in ``out.log`` (OpenCLIP 3.3's main, then clip-dcl's loop).
+OPENCLIP_LINES = [
+    "2026-12-07,07:47:05 | INFO | Train Epoch: 0 [ 32/320 (10%)] Data (t): 0.192 Batch (t): 0.417, 76.6482/s, "
+    "76.6482/s/gpu LR: 0.000500 Logit Scale: 14.286 Contrastive_loss: 3.9101 (3.9101) Loss: 3.9101 (3.9101)",
+    "2026-12-07,07:47:05 | INFO | Train Epoch: 0 [ 64/320 (20%)] Data (t): 0.006 Batch (t): 0.129, 247.315/s, "
+    "247.315/s/gpu LR: 0.001000 Logit Scale: 14.279 Contrastive_loss: 3.5257 (3.7179) Loss: 3.5257 (3.7179)",
+]
+CLIP_DCL_LINE = (
+    "2026-12-07,07:46:48 | INFO | Train Epoch: 0 [ 96/320 (30%)] Data (t): 0.004 Batch (t): 0.118, 271.186/s, "
+    "271.186/s/gpu Elapsed: 0:00, left 0:04 (run 0:04) LR: 0.000500 Logit Scale: 14.286 Decl_loss: 1.0000 "
+    "(1.0000) Loss: 3.7102 (3.7102) Term: loss1 Lambda_t: 1.0000 (1.0000) Log_ratio_mean: 3.7253e-09 (3.7253e-09)"
+)
+
+
+def test_read_logged_steps_reads_both_trainers_step_lines_and_nothing_else(tmp_path):
+    log = tmp_path / "out.log"
+    log.write_text(
+        "\n".join(
+            [
+                "2026-12-07,07:47:04 | INFO | Start epoch 0",
+                OPENCLIP_LINES[0],
+                "2026-12-07,07:47:05 | INFO |   batch_size: 32",
+                OPENCLIP_LINES[1],
+                CLIP_DCL_LINE,
+                "Train Epoch: 0 [ 128/320 (40%)] Data (t): 0.004",  # torn: no step time
+            ]
+        )
+        + "\n"
+    )
+    steps = tt.read_logged_steps(log)
+    assert [(s.epoch, s.samples_done) for s in steps] == [(0, 32), (0, 64), (0, 96)]
+    assert [s.data_seconds for s in steps] == [0.192, 0.006, 0.004]
+    assert [s.batch_seconds for s in steps] == [0.417, 0.129, 0.118]
+    # samples/s from its own field (6 significant digits), not from the millisecond Batch (t)
+    assert [s.samples_per_second for s in steps] == [76.6482, 247.315, 271.186]
+    assert tt.steady_rates(steps[:2], warmup_steps=1) == [247.315]
+
+
+def test_openclip_child_runs_openclips_main_on_the_clip_childs_flags_without_loss(tiny_data):
+    from open_clip_train.params import parse_args
+
+    from clip_dcl.train.flags import parse_train_args
+
+    setup = tt.Setup(batch_size=16, warmup_steps=2, steps=3)
+    runs = tt.runs(float(tiny_data["tau_plus"]))
+    assert [r.name for r in runs][-1] == tt.OPENCLIP and runs[:-1] == tt.objectives(float(tiny_data["tau_plus"]))
+    oc = tt.child_command(runs[-1], tiny_data, setup, "logs")
+    clip = tt.child_command(runs[0], tiny_data, setup, "logs")
+    assert oc[1:4] == ["-c", tt.OPENCLIP_MAIN, "--"] and "clip_dcl.train" not in oc
+    words = oc[4:]
+    assert "--loss" not in words
+    # the same OpenCLIP words as the clip child's, which differs by its run name and --loss clip alone
+    assert clip[4:] == [*words[: words.index("--name") + 1], "clip", *words[words.index("--name") + 2 :]] + [
+        "--loss",
+        "clip",
+    ]
+    args = parse_args(words)  # OpenCLIP's own parser takes every word
+    ours = parse_args(parse_train_args(clip[4:]).openclip_argv)
+    for name in ("model", "batch_size", "train_num_samples", "log_every_n_steps", "precision", "device", "seed"):
+        assert getattr(args, name) == getattr(ours, name), name
+    assert args.dataset_resampled and args.train_num_samples == 16 * (2 + 3 + 2)
+
+
+def test_openclip_child_program_passes_the_words_after_the_separator_to_openclips_main(monkeypatch):
+    """``python -c OPENCLIP_MAIN -- WORDS``: OpenCLIP's main gets WORDS, with clip-dcl-tiny known; its None
+    (done) exits 0 and its -1 (a taken --name) does not."""
+    import open_clip
+    import open_clip_train.main
+
+    seen = []
+
+    def fake_main(argv):
+        seen.append((argv, "clip-dcl-tiny" in open_clip.list_models()))
+        return -1 if "--taken" in argv else None
+
+    monkeypatch.setattr(open_clip_train.main, "main", fake_main)
+    for words, code in ((["--model", "clip-dcl-tiny"], None), (["--taken"], -1)):
+        monkeypatch.setattr(sys, "argv", ["-c", "--", *words])
+        with pytest.raises(SystemExit) as stop:
+            exec(tt.OPENCLIP_MAIN, {})
+        assert stop.value.code == code
+    assert seen == [(["--model", "clip-dcl-tiny"], True), (["--taken"], True)]
+
+
+def test_loop_ratio_is_clip_over_openclip_within_each_round():
+    rng = np.random.default_rng(2)
+    rounds = [{n: list(rng.uniform(200, 300, 8)) for n in ("clip", "dcl", tt.OPENCLIP)} for _ in range(3)]
+    del rounds[1][tt.OPENCLIP]  # a round without OpenCLIP's child gives no loop ratio
+    loop = tt.to_reference(rounds)["clip"]
+    expected = [float(np.median(r["clip"]) / np.median(r[tt.OPENCLIP])) for r in (rounds[0], rounds[2])]
+    assert loop["ratios"] == pytest.approx(expected)
+    assert loop["ratio_median"] == pytest.approx(float(np.median(expected)))
+    assert tt.to_reference([{"clip": [1.0], "dcl": [2.0]}]) == {}
+    # the README's sentence: objectives against clip, then clip against OpenCLIP's trainer
+    doc = {
+        "machine": "a CPU; Linux",
+        "setup": {"model": "m", "batch_size": 8, "device": "cpu", "precision": "fp32"},
+        "baseline": "clip",
+        "reference": tt.OPENCLIP,
+        "goal": tt.GOAL,
+        "summary": tt.summarize(rounds),
+        "to_openclip": tt.to_reference(rounds),
+    }
+    text = tt.readme_block(doc)
+    assert f"`{tt.OPENCLIP}`" not in text.split("Median ratios to it:")[1].split("(goal")[0]
+    assert f"runs at {loop['ratio_median']:.2f} of its samples/s" in text
+    del doc["reference"], doc["to_openclip"], doc["summary"][tt.OPENCLIP]
+    assert "OpenCLIP's own trainer" not in tt.readme_block(doc)
