@@ -9,6 +9,7 @@ import logging
 import os
 import types
 
+import pytest
 import torch
 from conftest import train_in_process
 
@@ -98,3 +99,37 @@ def test_no_name_is_replaced_while_a_training_runs(tmp_path):
     during = seen[0]
     replaced = sorted(k for k in before.keys() & during.keys() if before[k] != during[k])
     assert replaced == []
+
+
+def test_the_set_ups_objects_are_frozen_while_the_run_trains_and_given_back_after(tmp_path):
+    """A full garbage collection walks every object: the set-up's are frozen (``gc.freeze``) while the steps run,
+    so that one costs what the steps made, and given back when the run ends, a failed one too."""
+    import gc
+
+    from clip_dcl.losses import DeCLLoss
+
+    frozen = []
+    forward = DeCLLoss.forward
+
+    def probing(self, *args, **kwargs):
+        frozen.append(gc.get_freeze_count())
+        if fail and len(frozen) == 4 + 3:  # the second run's third call (the first run made four)
+            raise RuntimeError("a loss that fails at its third call")
+        return forward(self, *args, **kwargs)
+
+    argv = ["--loss", "decl", "--dataset-type", "synthetic", "--train-num-samples", "64", "--batch-size", "16",
+            "--epochs", "1", "--model", "clip-dcl-tiny", "--device", "cpu", "--workers", "0", "--warmup", "1",
+            "--logs", tmp_path]  # fmt: skip
+    assert gc.get_freeze_count() == 0
+    DeCLLoss.forward = probing
+    try:
+        fail = False
+        done = train_in_process(argv + ["--name", "done"])
+        fail = True
+        with pytest.raises(RuntimeError, match="a loss that fails at its third call"):  # an error of no known kind
+            train_in_process(argv + ["--name", "failed"])
+    finally:
+        DeCLLoss.forward = forward
+    assert done.returncode == 0, done.stderr
+    assert len(frozen) == 4 + 3 and min(frozen) > 10_000  # every call of the loss: the set-up's objects frozen
+    assert gc.get_freeze_count() == 0  # given back, after the finished run and after the failed one

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import gc
 import glob
 import logging
 import math
@@ -403,6 +404,7 @@ def train(run: TrainingRun) -> int:
         else:  # a bare state dict: fine-tuning or evaluation
             model.load_state_dict(checkpoint)
             logging.info(f"=> loaded checkpoint '{args.resume}' (epoch {start_epoch})")
+        del checkpoint  # its weights are in the model now: no second copy kept through the training
 
     context = getattr(args, "force_context_length", None)
     tokenizer = get_tokenizer(args.model, cache_dir=args.cache_dir, **({"context_length": context} if context else {}))
@@ -456,17 +458,20 @@ def train(run: TrainingRun) -> int:
             wandb.watch(model, log="all")
         wandb.save(os.path.join(base, "params.txt"))
 
-    for epoch in range(start_epoch, args.epochs):
-        if is_master(args):
-            logging.info(f"Start epoch {epoch}")
-        run.train_one_epoch(model, data, loss, epoch, optimizer, scaler, scheduler, dist_model, args, tb_writer=writer)
-        done = epoch + 1
-        if any(v in data for v in ("val", "imagenet-val", "imagenet-v2")):
-            run.evaluate(model, data, done, args, tb_writer=writer, tokenizer=tokenizer)
+    with _setup_frozen():
+        for epoch in range(start_epoch, args.epochs):
+            if is_master(args):
+                logging.info(f"Start epoch {epoch}")
+            run.train_one_epoch(
+                model, data, loss, epoch, optimizer, scaler, scheduler, dist_model, args, tb_writer=writer
+            )
+            done = epoch + 1
+            if any(v in data for v in ("val", "imagenet-val", "imagenet-v2")):
+                run.evaluate(model, data, done, args, tb_writer=writer, tokenizer=tokenizer)
+                _barrier(args)
+            if args.save_logs:
+                _save_epoch(run, original, optimizer, scaler, done, args)
             _barrier(args)
-        if args.save_logs:
-            _save_epoch(run, original, optimizer, scaler, done, args)
-        _barrier(args)
 
     if args.wandb and is_master(args):
         import wandb
@@ -479,6 +484,18 @@ def train(run: TrainingRun) -> int:
         ok = remote_sync(base, os.path.join(args.remote_sync, args.name), args.remote_sync_protocol)
         logging.info("Final remote sync successful." if ok else "Final remote sync failed.")
     return 0
+
+
+@contextlib.contextmanager
+def _setup_frozen():
+    """The set-up's objects (modules, the model, the data pipeline: hundreds of thousands) out of the garbage
+    collector's sight while the run trains (``gc.freeze``), given back after: a full collection walks every object
+    it sees, and one that comes in the middle of a step stalls the step (and the GPU's queue) that long."""
+    gc.freeze()  # the set-up's garbage with them: it goes once they are given back
+    try:
+        yield
+    finally:
+        gc.unfreeze()
 
 
 @contextlib.contextmanager
