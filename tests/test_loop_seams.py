@@ -128,8 +128,15 @@ def test_the_set_ups_objects_are_frozen_while_the_run_trains_and_given_back_afte
         fail = True
         with pytest.raises(RuntimeError, match="a loss that fails at its third call"):  # an error of no known kind
             train_in_process(argv + ["--name", "failed"])
+        fail = False
+        gc.freeze()  # a caller that froze its own objects: the run leaves them frozen
+        callers = gc.get_freeze_count()
+        assert train_in_process(argv + ["--name", "caller"]).returncode == 0
+        still = gc.get_freeze_count()
+        gc.unfreeze()
     finally:
         DeCLLoss.forward = forward
     assert done.returncode == 0, done.stderr
-    assert len(frozen) == 4 + 3 and min(frozen) > 10_000  # every call of the loss: the set-up's objects frozen
+    assert len(frozen) == 4 + 3 + 4 and min(frozen) > 10_000  # every call of the loss: the set-up's objects frozen
     assert gc.get_freeze_count() == 0  # given back, after the finished run and after the failed one
+    assert still > callers // 2  # the caller's objects still frozen (those freed meanwhile leave the count)

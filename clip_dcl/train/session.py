@@ -491,6 +491,9 @@ def _setup_frozen():
     """The set-up's objects (modules, the model, the data pipeline: hundreds of thousands) out of the garbage
     collector's sight while the run trains (``gc.freeze``), given back after: a full collection walks every object
     it sees, and one that comes in the middle of a step stalls the step (and the GPU's queue) that long."""
+    if gc.get_freeze_count():  # a caller that froze its own objects manages the collector: left as it is
+        yield
+        return
     gc.freeze()  # the set-up's garbage with them: it goes once they are given back
     try:
         yield
