@@ -14,13 +14,12 @@ from __future__ import annotations
 import argparse
 import ast
 import io
-import subprocess
 import sys
 import tokenize
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence
 
-from clip_dcl.experiment.reporting import Report, code_commit, command_line, markdown_table
+from clip_dcl.experiment.reporting import Report, code_commit, command_line, git, markdown_table
 
 ROOT = Path(__file__).resolve().parents[1]
 KINDS = ("code", "docstring", "comment", "blank")
@@ -65,7 +64,10 @@ def line_kinds(source: str) -> Dict[str, int]:
 
 
 def _git(*args: str) -> str:
-    return subprocess.run(["git", *args], cwd=ROOT, check=True, capture_output=True, text=True).stdout
+    out = git(*args, cwd=ROOT)
+    if out is None:
+        raise SystemExit(f"git {' '.join(args)} failed in {ROOT}: a clone with its history is needed")
+    return out
 
 
 def sources(folder: str, rev: Optional[str] = None) -> Dict[str, str]:

@@ -448,21 +448,48 @@ def table(summary: Dict[str, dict], objs: Sequence[Run], to_openclip: Optional[D
     )
 
 
+def loop_reading(summary: Dict[str, dict], to_openclip: Dict[str, dict]) -> Optional[dict]:
+    """``clip`` over ``openclip`` read once for the report's line, its notes and the docs' sentence: the per-round
+    ratios, the pooled ratio, the noise floor (the larger round-to-round spread of the two rows) and the verdict
+    (a gap within the floor whose rounds differ in sign is no measurable difference); None when not timed."""
+    if BASELINE not in to_openclip or OPENCLIP not in summary:
+        return None
+    o = to_openclip[BASELINE]
+    floor = max(spread(summary[BASELINE]["per_round"]), spread(summary[OPENCLIP]["per_round"]))
+    gap = o["ratio_median"] - 1.0
+    one_side = len(o["ratios"]) > 1 and (all(r < 1 for r in o["ratios"]) or all(r > 1 for r in o["ratios"]))
+    if abs(gap) > floor:
+        verdict = f"{'slower' if gap < 0 else 'faster'} by {100 * abs(gap):.1f} %, beyond the noise floor"
+    elif one_side:
+        verdict = (
+            f"a gap of {100 * abs(gap):.1f} %, within the noise floor, but {'OpenCLIP' if gap < 0 else 'clip-dcl'}'s "
+            f"loop was the faster in every round ({len(o['ratios'])} of {len(o['ratios'])})"
+        )
+    else:
+        verdict = "within the noise floor, and the rounds differ in sign: no measurable difference"
+    return {
+        **o,
+        "pooled": summary[BASELINE]["throughput"] / summary[OPENCLIP]["throughput"],
+        "floor": floor,
+        "openclip_faster": sum(r < 1 for r in o["ratios"]),
+        "verdict": verdict,
+    }
+
+
 def loop_line(summary: Dict[str, dict], to_openclip: Dict[str, dict]) -> str:
     """The loop comparison in one line: ``clip`` over ``openclip`` within a round, its range, the goal."""
-    if BASELINE not in to_openclip:
+    r = loop_reading(summary, to_openclip)
+    if r is None:
         return f"Loop comparison: no round timed both `{BASELINE}` and `{OPENCLIP}`."
-    o = to_openclip[BASELINE]
-    pooled = summary[BASELINE]["throughput"] / summary[OPENCLIP]["throughput"]
     return (
-        f"**clip-dcl's loop against OpenCLIP's:** `{BASELINE}` / `{OPENCLIP}` = {o['ratio_median']:.3f} "
-        f"(median of {len(o['ratios'])} per-round ratios, range {o['ratio_min']:.3f} - {o['ratio_max']:.3f}; "
-        f"faster steps {o['fast_ratio_median']:.3f}; pooled samples/s {pooled:.3f}); OpenCLIP's the faster in "
-        f"{sum(r < 1 for r in o['ratios'])} of {len(o['ratios'])} rounds; goal >= {GOAL}: "
-        f"{'met' if o['ratio_median'] >= GOAL else '**missed**'} by the median, "
-        f"{'met' if pooled >= GOAL else '**missed**'} pooled; "
-        f"noise floor: `{BASELINE}` {100 * spread(summary[BASELINE]['per_round']):.1f} %, `{OPENCLIP}` "
-        f"{100 * spread(summary[OPENCLIP]['per_round']):.1f} % (max - min over its round medians)."
+        f"**clip-dcl's loop against OpenCLIP's:** `{BASELINE}` / `{OPENCLIP}` = {r['ratio_median']:.3f} "
+        f"(median of {len(r['ratios'])} per-round ratios, range {r['ratio_min']:.3f} - {r['ratio_max']:.3f}; "
+        f"faster steps {r['fast_ratio_median']:.3f}; pooled samples/s {r['pooled']:.3f}); OpenCLIP's the faster in "
+        f"{r['openclip_faster']} of {len(r['ratios'])} rounds; noise floor {100 * r['floor']:.1f} % (the larger "
+        f"max - min over the two rows' round medians): {r['verdict']}. Goal >= {GOAL}: "
+        f"{'met' if r['ratio_median'] >= GOAL else '**missed**'} by the median, "
+        f"{'met' if r['pooled'] >= GOAL else '**missed**'} pooled (the pooled figure counts every slow step, "
+        "the medians hardly any)."
     )
 
 
@@ -634,30 +661,11 @@ def notes(records: Sequence[dict], setup: Setup, about: dict) -> str:
         f"- Noise floor: `clip` itself moved by {100 * floor:.1f} % (max - min over its round medians) from "
         "round to round; a ratio within about that distance of 1.0 is no measurable difference.",
     ]
-    if BASELINE in to_openclip:
-        o = to_openclip[BASELINE]
-        floor = max(floor, spread(summary[OPENCLIP]["per_round"]))
-        gap = o["ratio_median"] - 1.0
-        pooled = summary[BASELINE]["throughput"] / summary[OPENCLIP]["throughput"]
-        one_side = len(o["ratios"]) > 1 and (all(r < 1 for r in o["ratios"]) or all(r > 1 for r in o["ratios"]))
-        faster = "OpenCLIP's" if gap < 0 else "clip-dcl's"
-        if abs(gap) > floor:
-            verdict = f"{'slower' if gap < 0 else 'faster'} by {100 * abs(gap):.1f} %, beyond the noise floor"
-        elif one_side:
-            verdict = (
-                f"a gap of {100 * abs(gap):.1f} %, within the noise floor, but {faster} loop was the faster in "
-                f"every round ({len(o['ratios'])} of {len(o['ratios'])})"
-            )
-        else:
-            verdict = "within the noise floor, and the rounds differ in sign: no measurable difference"
+    reading = loop_reading(summary, to_openclip)
+    if reading is not None:
         lines += [
             f"- Loop: `clip` / `openclip` (clip-dcl's loop with `--loss clip` over OpenCLIP's own main and loop, "
-            f"same flags, same `ClipLoss`) is {o['ratio_median']:.3f}, per round {o['ratio_min']:.3f} - "
-            f"{o['ratio_max']:.3f}, faster steps {o['fast_ratio_median']:.3f}, pooled samples/s {pooled:.3f} "
-            f"(the pooled figure counts every slow step, the medians hardly any); noise floor {100 * floor:.1f} % "
-            f"(the larger round-to-round spread of the two rows): {verdict}. Goal >= {GOAL}: "
-            f"{'met' if o['ratio_median'] >= GOAL else 'missed'} by the median of per-round ratios, "
-            f"{'met' if pooled >= GOAL else 'missed'} by the pooled samples/s.",
+            f"same flags, same `ClipLoss`; the line under the table): {reading['verdict']}.",
             "- What the two do differently per step, besides the loss: clip-dcl's loader makes each sample's id "
             "in the worker and carries it in the batch, counts skipped samples and seeds its shuffles from "
             "`--seed` (OpenCLIP's sample shuffle is not seeded from it, so its children read the same shards in "
@@ -842,14 +850,14 @@ def readme_block(doc: dict) -> str:
         f"rounds; its own rounds spread by {100 * spread(b['per_round']):.1f} %). Median ratios to it: "
         f"{ratios} (goal: at least {doc['goal']:.2f})."
     )
-    loop = doc.get("to_openclip", {}).get(base)
+    loop = loop_reading(s, doc.get("to_openclip", {})) if ref else None
     if loop:
         text += (
             f" Against OpenCLIP's own trainer (`open_clip_train.main`, same flags, {s[ref]['median']:.0f} samples/s), "
             f"clip-dcl's loop with `--loss {base}` runs at {loop['ratio_median']:.2f} of its samples/s "
             f"(per round {loop['ratio_min']:.2f} - {loop['ratio_max']:.2f}, OpenCLIP's the faster in "
-            f"{sum(r < 1 for r in loop['ratios'])} of {len(loop['ratios'])}; its own rounds spread by "
-            f"{100 * spread(s[ref]['per_round']):.1f} %)."
+            f"{loop['openclip_faster']} of {len(loop['ratios'])}; noise floor {100 * loop['floor']:.1f} %): "
+            f"{loop['verdict']}."
         )
     return text
 
